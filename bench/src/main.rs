@@ -1,0 +1,151 @@
+//! `cargo run --release -p drover-bench -- handshake [--iterations N]`
+//!
+//! Launches the rawexec plugin N times and measures launch → handshake → health →
+//! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
+//! process-spawn floor on this machine), measured interleaved in the same run.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+
+#[derive(Parser)]
+#[command(name = "drover-bench")]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Plugin launch-to-first-RPC latency against the spawn floor.
+    Handshake {
+        /// How many launches (and as many /bin/true spawns).
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+        /// Plugin binary (default: drover-driver-rawexec next to this binary, built if missing).
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().bench {
+        Bench::Handshake { iterations, plugin } => {
+            let plugin = match plugin {
+                Some(p) => p,
+                None => sibling_binary("drover-driver-rawexec", "drover-driver-rawexec")?,
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(handshake(&plugin, iterations))
+        }
+    }
+}
+
+/// The binary `name` from this workspace, next to the running bench (same profile).
+/// Built with cargo when missing, since `cargo run -p drover-bench` builds only the bench.
+fn sibling_binary(package: &str, name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("bench binary has no directory")?;
+    let path = dir.join(name);
+    if !path.exists() {
+        let release = dir.ends_with("release");
+        eprintln!("building {name} ({})", if release { "release" } else { "debug" });
+        let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "-p", package, "--bin", name]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().context("running cargo build")?;
+        if !status.success() || !path.exists() {
+            bail!("could not build {name}; build it with `cargo build --release -p {package}`");
+        }
+    }
+    Ok(path)
+}
+
+struct Stats {
+    median: Duration,
+    p99: Duration,
+    min: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        median: at(0.5),
+        p99: at(0.99),
+        min: samples[0],
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
+    if iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    let socket_dir = std::env::temp_dir().join(format!("drover-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&socket_dir)?;
+    // One warm-up of each, so page cache and dynamic loader state are the same for both.
+    let warm = launch_once(plugin, &socket_dir).await?;
+    drop(warm);
+    std::process::Command::new("/bin/true").status()?;
+
+    let mut plugin_samples = Vec::with_capacity(iterations);
+    let mut spawn_samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        let status = tokio::process::Command::new("/bin/true").status().await?;
+        spawn_samples.push(t.elapsed());
+        if !status.success() {
+            bail!("/bin/true failed: {status}");
+        }
+        plugin_samples.push(launch_once(plugin, &socket_dir).await?);
+    }
+    let _ = std::fs::remove_dir_all(&socket_dir);
+    let p = stats(plugin_samples);
+    let s = stats(spawn_samples);
+    println!("handshake benchmark: {iterations} iterations, plugin {}", plugin.display());
+    println!(
+        "  plugin launch -> handshake -> health -> PluginInfo: median {}  p99 {}  min {}",
+        ms(p.median),
+        ms(p.p99),
+        ms(p.min)
+    );
+    println!(
+        "  spawn+wait /bin/true (floor):                     median {}  p99 {}  min {}",
+        ms(s.median),
+        ms(s.p99),
+        ms(s.min)
+    );
+    println!(
+        "  ratio plugin/floor: median {:.2}x  p99 {:.2}x",
+        p.median.as_secs_f64() / s.median.as_secs_f64(),
+        p.p99.as_secs_f64() / s.p99.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Launch, handshake, first RPC; returns the time that took. Shutdown is not timed.
+async fn launch_once(plugin: &Path, socket_dir: &Path) -> anyhow::Result<Duration> {
+    let mut opts = LaunchOptions::new("bench", plugin);
+    opts.socket_dir = Some(socket_dir.to_owned());
+    let t = Instant::now();
+    let process = PluginProcess::launch(opts).await?;
+    let info = process.client().plugin_info().await?;
+    let elapsed = t.elapsed();
+    if info.0.name.is_empty() {
+        bail!("plugin answered PluginInfo without a name");
+    }
+    process.shutdown().await;
+    Ok(elapsed)
+}

@@ -1,0 +1,138 @@
+//! The agent daemon: config in, plugins loaded, API served, until told to stop.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::{Catalog, LoadContext};
+use crate::config::AgentConfig;
+use crate::loader::Builtin;
+use crate::tasks::TaskManager;
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// A directory could not be prepared.
+    #[error("cannot prepare {path}: {source}")]
+    Dir {
+        /// Which directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The API socket could not be bound.
+    #[error("cannot listen on {path}: {reason}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn ensure_dir(path: &Path, mode: u32) -> Result<(), AgentError> {
+    let err = |source| AgentError::Dir {
+        path: path.to_owned(),
+        source,
+    };
+    if !path.exists() {
+        std::fs::create_dir_all(path).map_err(err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Bind the API socket (mode 0600). A stale socket file left by a dead agent is
+/// replaced; one that a live agent answers on is an error.
+fn bind_api(path: &Path) -> Result<tokio::net::UnixListener, AgentError> {
+    let listen_err = |reason: String| AgentError::Listen {
+        path: path.to_owned(),
+        reason,
+    };
+    if !drover_plugin_sdk::client::socket_path_fits(path) {
+        return Err(listen_err(format!(
+            "the path is {} bytes, longer than a unix socket allows (107); choose a shorter data_dir or api_socket",
+            path.as_os_str().len()
+        )));
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(listen_err("another agent is already serving on it".into()));
+        }
+        std::fs::remove_file(path).map_err(|e| listen_err(format!("cannot remove stale socket: {e}")))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(|e| listen_err(e.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| listen_err(e.to_string()))?;
+    Ok(listener)
+}
+
+/// Run the agent until `stop` fires: prepare directories, bind the API, load plugins,
+/// serve. On stop: stop serving, then shut plugins down.
+pub async fn run(
+    config: AgentConfig,
+    builtins: Vec<Builtin>,
+    stop: CancellationToken,
+) -> Result<(), AgentError> {
+    let data_dir = config.data_dir();
+    ensure_dir(&data_dir, 0o700)?;
+    let plugin_dir = config.plugin_dir();
+    if config.dev {
+        ensure_dir(&plugin_dir, 0o755)?;
+    }
+    let run_dir = data_dir.join("run");
+    ensure_dir(&run_dir, 0o700)?;
+    let alloc_dir = data_dir.join("alloc");
+    ensure_dir(&alloc_dir, 0o711)?;
+    let api_path = config.api_socket();
+    let listener = bind_api(&api_path)?;
+    tracing::info!(
+        api = %api_path.display(),
+        data_dir = %data_dir.display(),
+        plugin_dir = %plugin_dir.display(),
+        dev = config.dev,
+        "drover agent starting"
+    );
+
+    let ctx = Arc::new(LoadContext {
+        timeout: config.handshake_timeout,
+        socket_dir: run_dir,
+        accepted: drover_plugin_sdk::version::supported_api_range(),
+        agent: drover_plugin_sdk::AgentInfo {
+            alloc_dir: alloc_dir.clone(),
+            plugin_state_dir: data_dir.join("plugin-state"),
+            api_version: String::new(),
+        },
+        settings: config.plugin.clone(),
+    });
+    let catalog = Arc::new(Catalog::default());
+    let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir));
+    let plugins_stop = stop.child_token();
+
+    // Serve the API at once: `plugin status` answers while plugins are still loading.
+    let api = tokio::spawn(crate::api::serve(
+        listener,
+        crate::api::ApiState {
+            catalog: catalog.clone(),
+            tasks,
+        },
+        stop.clone(),
+        Duration::from_secs(5),
+    ));
+    tokio::select! {
+        () = catalog.load(&config, &builtins, ctx, plugins_stop.clone()) => {}
+        () = stop.cancelled() => {}
+    }
+    stop.cancelled().await;
+    tracing::info!("drover agent stopping");
+    let _ = api.await;
+    plugins_stop.cancel();
+    catalog.shutdown_all().await;
+    let _ = std::fs::remove_file(&api_path);
+    tracing::info!("drover agent stopped");
+    Ok(())
+}

@@ -1,0 +1,281 @@
+//! Agent configuration: built-in defaults < TOML files < `DROVER_*` environment <
+//! command-line flags, merged by figment. Parsing is a pure function of its sources.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Format as _, Serialized, Toml};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// How the agent writes its own logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Settings for one plugin, `[plugin.NAME]` in TOML.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSettings {
+    /// Plugin configuration, validated against the plugin's schema, then `SetConfig`.
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+    /// Expected sha256 (hex) of the plugin binary. A mismatch skips the plugin.
+    #[serde(default)]
+    pub sha256: Option<String>,
+}
+
+impl Default for PluginSettings {
+    fn default() -> Self {
+        PluginSettings {
+            config: empty_object(),
+            sha256: None,
+        }
+    }
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// The agent's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Dev mode: defaults suited to a laptop (data under the temp dir).
+    pub dev: bool,
+    /// Where state, task directories and the API socket live.
+    pub data_dir: Option<PathBuf>,
+    /// Where third-party plugin binaries are found. Default: `<data_dir>/plugins`.
+    pub plugin_dir: Option<PathBuf>,
+    /// The API socket. Default: `<data_dir>/api.sock`.
+    pub api_socket: Option<PathBuf>,
+    /// Time from launching a plugin to its first successful RPC.
+    #[serde(
+        serialize_with = "ser_duration",
+        deserialize_with = "de_duration"
+    )]
+    pub handshake_timeout: Duration,
+    /// Only plugins with these names (file or plugin name) load. Empty: all.
+    pub plugin_allow: Vec<String>,
+    /// Plugins with these names (file or plugin name) never load.
+    pub plugin_deny: Vec<String>,
+    /// When an external plugin and a built-in share a name, the built-in wins.
+    pub prefer_builtin: bool,
+    /// Per-plugin settings, by plugin name.
+    pub plugin: BTreeMap<String, PluginSettings>,
+    /// Log filter (`tracing` EnvFilter syntax), e.g. `info` or `drover=debug`.
+    pub log_level: String,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            dev: false,
+            data_dir: None,
+            plugin_dir: None,
+            api_socket: None,
+            handshake_timeout: Duration::from_secs(5),
+            plugin_allow: Vec::new(),
+            plugin_deny: Vec::new(),
+            prefer_builtin: false,
+            plugin: BTreeMap::new(),
+            log_level: "info".into(),
+            log_format: LogFormat::Human,
+        }
+    }
+}
+
+fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Millis(u64),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Text(t) => humantime::parse_duration(&t)
+            .map_err(|e| serde::de::Error::custom(format!("{t:?} is not a duration like \"5s\": {e}"))),
+        Raw::Millis(ms) => Ok(Duration::from_millis(ms)),
+    }
+}
+
+/// Environment keys (after `DROVER_`) that configure the agent. Others, such as
+/// `DROVER_ADDR` for the CLI, are not agent settings.
+const ENV_KEYS: &[&str] = &[
+    "dev",
+    "data_dir",
+    "plugin_dir",
+    "api_socket",
+    "handshake_timeout",
+    "log_level",
+    "log_format",
+    "prefer_builtin",
+];
+
+/// The config error, with figment's account of which source and key were wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid agent configuration: {0}")]
+pub struct ConfigError(String);
+
+impl AgentConfig {
+    /// Merge defaults < `files` < `DROVER_*` env < `flags` (a map of the flag values
+    /// that were given) into a config.
+    pub fn load(
+        files: &[PathBuf],
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(AgentConfig::default()));
+        for file in files {
+            if !file.is_file() {
+                return Err(ConfigError(format!("config file {} does not exist", file.display())));
+            }
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        let env: BTreeMap<String, String> = env.into_iter().collect();
+        for key in ENV_KEYS {
+            if let Some(v) = env.get(&format!("DROVER_{}", key.to_uppercase())) {
+                figment = figment.merge(Serialized::global(key, parse_env_value(v)));
+            }
+        }
+        figment = figment.merge(Serialized::defaults(flags.clone()));
+        figment.extract().map_err(|e| {
+            let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+            ConfigError(msgs.join("; "))
+        })
+    }
+
+    /// The data directory, with the dev-mode default.
+    pub fn data_dir(&self) -> PathBuf {
+        if let Some(d) = &self.data_dir {
+            return d.clone();
+        }
+        if self.dev {
+            std::env::temp_dir().join(format!("drover-dev-{}", rustix::process::getuid().as_raw()))
+        } else {
+            PathBuf::from("/var/lib/drover")
+        }
+    }
+
+    /// The plugin directory.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.plugin_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir().join("plugins"))
+    }
+
+    /// The API socket path.
+    pub fn api_socket(&self) -> PathBuf {
+        self.api_socket
+            .clone()
+            .unwrap_or_else(|| default_api_socket(&self.data_dir()))
+    }
+
+    /// Settings for plugin `name` (defaults when not configured).
+    pub fn plugin_settings(&self, name: &str) -> PluginSettings {
+        self.plugin.get(name).cloned().unwrap_or_default()
+    }
+}
+
+/// `<data_dir>/api.sock`.
+pub fn default_api_socket(data_dir: &Path) -> PathBuf {
+    data_dir.join("api.sock")
+}
+
+fn parse_env_value(v: &str) -> figment::value::Value {
+    match v {
+        "true" => true.into(),
+        "false" => false.into(),
+        _ => v.to_string().into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(pairs: &[(&str, serde_json::Value)]) -> serde_json::Map<String, serde_json::Value> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
+    }
+
+    #[test]
+    fn layers_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            "data_dir = \"/from/file\"\nplugin_dir = \"/file/plugins\"\nhandshake_timeout = \"3s\"\n\
+             [plugin.rawexec]\nconfig = { a = 1 }\n",
+        )
+        .unwrap();
+        let env = vec![("DROVER_PLUGIN_DIR".to_owned(), "/env/plugins".to_owned())];
+        let c = AgentConfig::load(
+            std::slice::from_ref(&file),
+            env,
+            &flags(&[("api_socket", "/flag/api.sock".into())]),
+        )
+        .unwrap();
+        assert_eq!(c.data_dir(), PathBuf::from("/from/file"));
+        assert_eq!(c.plugin_dir(), PathBuf::from("/env/plugins"));
+        assert_eq!(c.api_socket(), PathBuf::from("/flag/api.sock"));
+        assert_eq!(c.handshake_timeout, Duration::from_secs(3));
+        assert_eq!(c.plugin_settings("rawexec").config["a"], 1);
+
+        let c = AgentConfig::load(
+            &[file],
+            vec![],
+            &flags(&[("plugin_dir", "/flag/plugins".into())]),
+        )
+        .unwrap();
+        assert_eq!(c.plugin_dir(), PathBuf::from("/flag/plugins"));
+    }
+
+    #[test]
+    fn typo_in_file_names_key_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, "plugn_dir = \"/x\"\n").unwrap();
+        let err = AgentConfig::load(&[file.clone()], vec![], &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("plugn_dir"), "{err}");
+        assert!(err.contains(&file.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_is_explained() {
+        let env = vec![("DROVER_HANDSHAKE_TIMEOUT".to_owned(), "soon".to_owned())];
+        let err = AgentConfig::load(&[], env, &Default::default()).unwrap_err().to_string();
+        assert!(err.contains("soon"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let err = AgentConfig::load(&[PathBuf::from("/nonexistent/agent.toml")], vec![], &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/agent.toml"), "{err}");
+    }
+
+    #[test]
+    fn dev_defaults() {
+        let c = AgentConfig::load(&[], vec![], &flags(&[("dev", true.into())])).unwrap();
+        assert!(c.data_dir().to_string_lossy().contains("drover-dev-"));
+        assert_eq!(c.api_socket(), c.data_dir().join("api.sock"));
+        assert_eq!(c.plugin_dir(), c.data_dir().join("plugins"));
+    }
+}

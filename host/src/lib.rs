@@ -1,0 +1,16 @@
+//! # drover-host
+//!
+//! The Drover agent as a library: configuration, the plugin loader and catalog, the
+//! task manager and the HTTP API. The `drover` binary wires these to a CLI and links
+//! the built-in drivers; this library never names a driver.
+
+pub mod agent;
+pub mod api;
+pub mod catalog;
+pub mod cli;
+pub mod config;
+pub mod loader;
+pub mod tasks;
+
+pub use agent::run;
+pub use config::AgentConfig;

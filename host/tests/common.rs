@@ -1,0 +1,201 @@
+//! Shared helpers for the agent's end-to-end tests: real binaries, real processes.
+#![allow(dead_code)]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `drover` binary under test.
+pub fn drover() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// Another workspace binary, from the same target directory. `scripts/test.sh` builds
+/// them all (`cargo build --workspace --bins`) before the tests run.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let path = drover().parent().expect("target dir").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace binaries first (`cargo build --workspace --bins`, \
+         which scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// Write an executable file.
+pub fn write_exec(path: &Path, body: &str, mode: u32) {
+    std::fs::write(path, body).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A running agent, killed (with its plugins) when dropped.
+pub struct Agent {
+    pub child: Child,
+    pub data_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub socket: PathBuf,
+    pub started: Instant,
+    pub log: PathBuf,
+    pub marker: String,
+}
+
+impl Agent {
+    /// Start `drover agent` on fresh dirs under `root`. Every process it starts inherits
+    /// `DROVER_TEST_MARKER=<marker>` so the test can find leftovers.
+    pub fn start(root: &Path, plugin_dir: &Path, extra: &[&str]) -> Agent {
+        let data_dir = root.join("data");
+        let log = root.join("agent.log");
+        let marker = format!("zoo-{}-{}", std::process::id(), root.display().to_string().len());
+        let marker = format!("{marker}-{}", rand_suffix());
+        let child = Command::new(drover())
+            .arg("agent")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--plugin-dir")
+            .arg(plugin_dir)
+            .args(extra)
+            .env("DROVER_TEST_MARKER", &marker)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start drover agent");
+        let socket = data_dir.join("api.sock");
+        let agent = Agent {
+            child,
+            data_dir,
+            plugin_dir: plugin_dir.to_owned(),
+            socket,
+            started: Instant::now(),
+            log,
+            marker,
+        };
+        agent.wait_for_socket();
+        agent
+    }
+
+    fn wait_for_socket(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.socket.exists() {
+            assert!(Instant::now() < deadline, "agent API socket never appeared; log:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Run the CLI against this agent.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(drover())
+            .args(args)
+            .env("DROVER_ADDR", format!("unix://{}", self.socket.display()))
+            .output()
+            .expect("run drover cli")
+    }
+
+    /// Run the CLI and parse its stdout as JSON; panics with stderr on failure.
+    pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "drover {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("drover {args:?} printed non-JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+        })
+    }
+
+    /// Poll `plugin status --json` until `done` holds for it, or panic after `within`.
+    pub fn wait_plugins(&self, within: Duration, done: impl Fn(&[serde_json::Value]) -> bool) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let rows = self.cli_json(&["plugin", "status", "--json"]);
+            let rows = rows.as_array().cloned().unwrap_or_default();
+            if done(&rows) {
+                return rows;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plugins did not settle within {within:?}: {rows:#?}\nagent log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Pids of live processes carrying this agent's marker (plugins and their children),
+    /// excluding the agent itself.
+    pub fn marked_pids(&self) -> Vec<u32> {
+        let needle = format!("DROVER_TEST_MARKER={}", self.marker);
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            if pid == self.child.id() {
+                continue;
+            }
+            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+            // Zombies have an empty environ; they are not running processes.
+            if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
+                pids.push(pid);
+            }
+        }
+        pids.sort();
+        pids
+    }
+
+    /// SIGTERM the agent and wait for it to exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let _ = nix_kill(self.child.id(), 15);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "agent did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = nix_kill(self.child.id(), 15);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        // Plugins outlive a killed agent by design; the test owns them, so end them.
+        for pid in self.marked_pids() {
+            let _ = nix_kill(pid, 9);
+        }
+    }
+}
+
+pub fn nix_kill(pid: u32, sig: i32) -> nix::Result<()> {
+    let signal = nix::sys::signal::Signal::try_from(sig)?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    h.finish()
+}
+
+/// Field `key` of the row named `name`.
+pub fn row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    rows.iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no plugin row named {name:?} in {rows:#?}"))
+}

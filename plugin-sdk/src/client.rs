@@ -1,0 +1,825 @@
+//! The host side: launch a plugin binary, check its handshake, connect, call it, and
+//! shut it down. Used by the Drover agent, the benchmarks and plugin tests.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use drover_proto::goplugin;
+use drover_proto::v1 as pb;
+use pb::base_plugin_client::BasePluginClient;
+use pb::driver_client::DriverClient;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::handshake::{self, HandshakeError, HandshakeLine, PluginAddr};
+use crate::types::{
+    AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, PluginInfo, TaskEvent,
+    TaskHandle, TaskSpec, TaskStats, TaskStatus, to_duration,
+};
+use crate::DriverError;
+
+/// How many lines of a plugin's stderr are kept to explain a failed launch.
+const STDERR_TAIL_LINES: usize = 8;
+/// Longest handshake line accepted; a plugin that prints more without a newline is
+/// printing garbage.
+const MAX_HANDSHAKE_LINE: u64 = 4096;
+/// How long a plugin may take to exit after `GRPCController.Shutdown` (go-plugin's value).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// How to start a plugin.
+///
+/// ```
+/// use drover_plugin_sdk::client::LaunchOptions;
+/// let opts = LaunchOptions::new("rawexec", "/usr/lib/drover/plugins/rawexec");
+/// assert_eq!(opts.handshake_timeout, std::time::Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Name used in logs until the plugin tells its own.
+    pub name: String,
+    /// The executable.
+    pub command: PathBuf,
+    /// Its arguments (built-in drivers: `plugin serve NAME`).
+    pub args: Vec<OsString>,
+    /// Extra environment, on top of the host's.
+    pub env: Vec<(OsString, OsString)>,
+    /// Time from spawn to a healthy connection.
+    pub handshake_timeout: Duration,
+    /// Passed as `PLUGIN_UNIX_SOCKET_DIR` when set.
+    pub socket_dir: Option<PathBuf>,
+    /// App protocol versions the host speaks.
+    pub app_protocol_versions: Vec<u32>,
+}
+
+impl LaunchOptions {
+    /// Options with the defaults: 5 s handshake timeout, the SDK's app protocols.
+    pub fn new(name: impl Into<String>, command: impl Into<PathBuf>) -> Self {
+        LaunchOptions {
+            name: name.into(),
+            command: command.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            handshake_timeout: Duration::from_secs(5),
+            socket_dir: None,
+            app_protocol_versions: handshake::APP_PROTOCOL_VERSIONS.to_vec(),
+        }
+    }
+}
+
+/// Why a plugin could not be launched. Every message is meant for an operator.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// The binary could not be started at all.
+    #[error("cannot start {path}: {source}")]
+    Spawn {
+        /// The executable.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// It exited before completing the handshake.
+    #[error("exited ({status}) before the handshake{stderr}")]
+    Exited {
+        /// How it exited.
+        status: String,
+        /// The last stderr lines, formatted for appending.
+        stderr: String,
+    },
+    /// No handshake line within the timeout.
+    #[error("no handshake line within {after:?} (is it a Drover plugin?){stderr}")]
+    Timeout {
+        /// The timeout.
+        after: Duration,
+        /// The last stderr lines, formatted for appending.
+        stderr: String,
+    },
+    /// It printed something that is not a handshake line.
+    #[error("bad handshake: {error}{stderr}")]
+    BadHandshake {
+        /// What was wrong.
+        error: HandshakeError,
+        /// The last stderr lines, formatted for appending.
+        stderr: String,
+    },
+    /// It printed more than a line's worth of bytes without a newline.
+    #[error("printed {MAX_HANDSHAKE_LINE} bytes on stdout without a newline; not a handshake")]
+    Garbage,
+    /// It chose an app protocol version the host does not speak.
+    #[error("plugin chose app protocol version {plugin}, host speaks {host:?}")]
+    AppProtocol {
+        /// The plugin's choice.
+        plugin: u32,
+        /// The host's versions.
+        host: Vec<u32>,
+    },
+    /// The handshake named an address nothing answers on.
+    #[error("handshake named {addr} but connecting failed: {error}")]
+    Connect {
+        /// The address.
+        addr: PluginAddr,
+        /// The cause.
+        error: String,
+    },
+    /// The health service did not report `plugin` as SERVING.
+    #[error("health check failed: {0}")]
+    Health(String),
+}
+
+/// Everything needed to find a running plugin again after the host restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReattachConfig {
+    /// Where it listens.
+    pub addr: PluginAddr,
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time in clock ticks since boot (`/proc/<pid>/stat` field 22), to tell
+    /// it apart from a later process that got the same pid.
+    pub start_time: u64,
+    /// The negotiated app protocol version.
+    pub app_protocol_version: u32,
+    /// The binary.
+    pub path: PathBuf,
+}
+
+/// Start time of a process in clock ticks since boot, from `/proc/<pid>/stat`.
+///
+/// ```
+/// let t = drover_plugin_sdk::client::process_start_time(std::process::id()).unwrap();
+/// assert!(t > 0);
+/// ```
+pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Field 2 (comm) is in parentheses and may contain spaces or ')'; everything after
+    // the last ')' is space-separated, starting with field 3. starttime is field 22.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| std::io::Error::other("unexpected /proc stat format"))?;
+    after
+        .split_whitespace()
+        .nth(22 - 3)
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no start time in /proc stat"))
+}
+
+fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
+    let lines = tail.lock().map(|t| t.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("; its stderr ended with: {}", lines.join(" | "))
+    }
+}
+
+fn describe_status(status: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => format!("{status}"),
+    }
+}
+
+/// Kill a plugin's whole process group. Plugins are started as group leaders, so this
+/// also takes any helper they forked, but not tasks, which run in groups of their own.
+fn kill_group(pid: u32) {
+    if let Ok(raw) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(raw),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// A running, connected, healthy plugin process.
+#[derive(Debug, Clone)]
+pub struct PluginProcess {
+    name: String,
+    pid: u32,
+    line: HandshakeLine,
+    path: PathBuf,
+    channel: Channel,
+    exit: watch::Receiver<Option<ExitStatus>>,
+}
+
+/// Read the first stdout line, bounded in length.
+async fn read_handshake_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+) -> Result<Option<String>, LaunchError> {
+    let mut buf = Vec::new();
+    let n = (&mut *reader)
+        .take(MAX_HANDSHAKE_LINE)
+        .read_until(b'\n', &mut buf)
+        .await
+        .map_err(|e| LaunchError::Exited {
+            status: format!("stdout unreadable: {e}"),
+            stderr: String::new(),
+        })?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if !buf.ends_with(b"\n") && n as u64 >= MAX_HANDSHAKE_LINE {
+        return Err(LaunchError::Garbage);
+    }
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+}
+
+async fn connect_unix(path: PathBuf, timeout: Duration) -> Result<Channel, String> {
+    let endpoint = Endpoint::try_from("http://plugin")
+        .map_err(|e| e.to_string())?
+        .connect_timeout(timeout);
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| {
+            // tonic wraps the io error; the innermost cause is what an operator needs.
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = s.to_string();
+                src = s.source();
+            }
+            msg
+        })
+}
+
+async fn connect(addr: &PluginAddr, timeout: Duration) -> Result<Channel, String> {
+    match addr {
+        PluginAddr::Unix(p) => connect_unix(p.clone(), timeout).await,
+        PluginAddr::Tcp(a) => Endpoint::from_shared(format!("http://{a}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(timeout)
+            .connect()
+            .await
+            .map_err(|e| e.to_string()),
+    }
+}
+
+async fn check_health(channel: Channel) -> Result<(), LaunchError> {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    let resp = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "plugin".into(),
+        })
+        .await
+        .map_err(|s| LaunchError::Health(format!("{}: {}", s.code(), s.message())))?;
+    let status = resp.into_inner().status;
+    if status != ServingStatus::Serving as i32 {
+        return Err(LaunchError::Health(format!(
+            "service \"plugin\" is {:?}, not SERVING",
+            ServingStatus::try_from(status).unwrap_or(ServingStatus::Unknown)
+        )));
+    }
+    Ok(())
+}
+
+impl PluginProcess {
+    /// Start the plugin, read and check its handshake, connect and health-check it, all
+    /// within `opts.handshake_timeout`. On any failure the process group is killed and
+    /// reaped before returning, so nothing is left behind.
+    ///
+    /// The plugin's stderr is forwarded into `tracing` (see
+    /// [`crate::logging::forward_plugin_log`]) for as long as it runs.
+    pub async fn launch(opts: LaunchOptions) -> Result<Self, LaunchError> {
+        let started = Instant::now();
+        let mut cmd = tokio::process::Command::new(&opts.command);
+        cmd.args(&opts.args)
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
+            .env(handshake::MAGIC_COOKIE_KEY, handshake::MAGIC_COOKIE_VALUE)
+            .env(
+                handshake::ENV_PROTOCOL_VERSIONS,
+                opts.app_protocol_versions
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+            .env(handshake::ENV_MIN_PORT, "10000")
+            .env(handshake::ENV_MAX_PORT, "25000")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group: a Ctrl-C at the agent's terminal does not reach it,
+            // and a failed launch can be killed as a whole.
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(dir) = &opts.socket_dir {
+            cmd.env(handshake::ENV_UNIX_SOCKET_DIR, dir);
+        }
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+            path: opts.command.clone(),
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let stderr_done = child
+            .stderr
+            .take()
+            .map(|err| spawn_stderr_forwarder(opts.name.clone(), err, tail.clone()));
+        let Some(stdout) = child.stdout.take() else {
+            kill_group(pid);
+            return Err(LaunchError::Exited {
+                status: "no stdout pipe".into(),
+                stderr: String::new(),
+            });
+        };
+        let mut stdout = BufReader::new(stdout);
+
+        // Whatever goes wrong from here on: kill the group, reap, explain.
+        let fail = |child: tokio::process::Child| async move {
+            kill_group(pid);
+            let mut child = child;
+            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+        };
+
+        let first = tokio::time::timeout(opts.handshake_timeout, read_handshake_line(&mut stdout)).await;
+        let line_text = match first {
+            Err(_) => {
+                fail(child).await;
+                return Err(LaunchError::Timeout {
+                    after: opts.handshake_timeout,
+                    stderr: format_tail(&tail),
+                });
+            }
+            Ok(Err(e)) => {
+                fail(child).await;
+                return Err(e);
+            }
+            Ok(Ok(None)) => {
+                // stdout closed without a line: it exited (or closed stdout and hangs).
+                let status = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
+                let status = match status {
+                    Ok(Ok(s)) => describe_status(&s),
+                    _ => {
+                        fail(child).await;
+                        "closed stdout without a handshake".into()
+                    }
+                };
+                // Let the stderr reader catch the last lines it printed.
+                if let Some(done) = stderr_done {
+                    let _ = tokio::time::timeout(Duration::from_millis(200), done).await;
+                }
+                return Err(LaunchError::Exited {
+                    status,
+                    stderr: format_tail(&tail),
+                });
+            }
+            Ok(Ok(Some(line))) => line,
+        };
+        let line: HandshakeLine = match line_text.parse() {
+            Ok(l) => l,
+            Err(error) => {
+                fail(child).await;
+                return Err(LaunchError::BadHandshake {
+                    error,
+                    stderr: format_tail(&tail),
+                });
+            }
+        };
+        if !opts.app_protocol_versions.contains(&line.app_protocol_version) {
+            fail(child).await;
+            return Err(LaunchError::AppProtocol {
+                plugin: line.app_protocol_version,
+                host: opts.app_protocol_versions.clone(),
+            });
+        }
+        if line.server_cert.is_some() {
+            fail(child).await;
+            return Err(LaunchError::Connect {
+                addr: line.addr.clone(),
+                error: "plugin requires automatic mTLS, which this host does not offer".into(),
+            });
+        }
+        let remaining = opts
+            .handshake_timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(100));
+        let channel = match tokio::time::timeout(remaining, connect(&line.addr, remaining)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(error)) => {
+                fail(child).await;
+                return Err(LaunchError::Connect {
+                    addr: line.addr.clone(),
+                    error,
+                });
+            }
+            Err(_) => {
+                fail(child).await;
+                return Err(LaunchError::Connect {
+                    addr: line.addr.clone(),
+                    error: format!("no answer within {remaining:?}"),
+                });
+            }
+        };
+        let remaining = opts
+            .handshake_timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(100));
+        match tokio::time::timeout(remaining, check_health(channel.clone())).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                fail(child).await;
+                return Err(e);
+            }
+            Err(_) => {
+                fail(child).await;
+                return Err(LaunchError::Health(format!("no answer within {remaining:?}")));
+            }
+        }
+
+        // Healthy. Keep draining stdout so a chatty plugin never blocks on a full pipe.
+        let name = opts.name.clone();
+        tokio::spawn(async move {
+            let mut lines = stdout.lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                tracing::info!(target: "drover::plugin", plugin = %name, "stdout: {l}");
+            }
+        });
+        let (exit_tx, exit_rx) = watch::channel(None);
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = exit_tx.send(Some(status.unwrap_or_else(|_| {
+                use std::os::unix::process::ExitStatusExt as _;
+                ExitStatus::from_raw(0)
+            })));
+        });
+        let process = PluginProcess {
+            name: opts.name,
+            pid,
+            line,
+            path: opts.command,
+            channel,
+            exit: exit_rx,
+        };
+        process.spawn_stdio_mirror();
+        Ok(process)
+    }
+
+    /// go-plugin plugins written in Go mirror their stdout/stderr over `GRPCStdio`;
+    /// read it so they never block, and log it. Drover plugins send nothing on it.
+    fn spawn_stdio_mirror(&self) {
+        let mut client = goplugin::grpc_stdio_client::GrpcStdioClient::new(self.channel.clone());
+        let name = self.name.clone();
+        let mut exit = self.exit.clone();
+        tokio::spawn(async move {
+            let Ok(resp) = client.stream_stdio(()).await else {
+                return;
+            };
+            let mut stream = resp.into_inner();
+            loop {
+                tokio::select! {
+                    msg = stream.next() => match msg {
+                        Some(Ok(data)) => {
+                            for line in String::from_utf8_lossy(&data.data).lines() {
+                                crate::logging::forward_plugin_log(&name, line);
+                            }
+                        }
+                        _ => return,
+                    },
+                    _ = exit.wait_for(Option::is_some) => return,
+                }
+            }
+        });
+    }
+
+    /// The plugin's pid (also its process group id).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The name given at launch.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The handshake line it printed.
+    pub fn handshake(&self) -> &HandshakeLine {
+        &self.line
+    }
+
+    /// Exit status, once it has exited.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        *self.exit.borrow()
+    }
+
+    /// Resolves when the process exits; returns how it exited.
+    pub async fn exited(&self) -> String {
+        let mut exit = self.exit.clone();
+        match exit.wait_for(Option::is_some).await {
+            Ok(s) => s.as_ref().map(describe_status).unwrap_or_default(),
+            Err(_) => "watcher gone".into(),
+        }
+    }
+
+    /// What a host stores to reattach to this process later.
+    pub fn reattach_config(&self) -> ReattachConfig {
+        ReattachConfig {
+            addr: self.line.addr.clone(),
+            pid: self.pid,
+            start_time: process_start_time(self.pid).unwrap_or(0),
+            app_protocol_version: self.line.app_protocol_version,
+            path: self.path.clone(),
+        }
+    }
+
+    /// A typed client for this plugin's RPCs.
+    pub fn client(&self) -> PluginClient {
+        PluginClient {
+            name: self.name.clone(),
+            channel: self.channel.clone(),
+            exit: self.exit.clone(),
+        }
+    }
+
+    /// Ask the plugin to exit (`GRPCController.Shutdown`), wait up to
+    /// [`SHUTDOWN_GRACE`], then SIGKILL its process group. Returns how it exited.
+    pub async fn shutdown(&self) -> String {
+        if self.exit_status().is_none() {
+            let mut ctl = goplugin::grpc_controller_client::GrpcControllerClient::new(self.channel.clone());
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, ctl.shutdown(goplugin::Empty {})).await;
+            if tokio::time::timeout(SHUTDOWN_GRACE, self.exited()).await.is_err() {
+                tracing::warn!(plugin = %self.name, pid = self.pid, "plugin did not exit after Shutdown; killing it");
+                kill_group(self.pid);
+            }
+        }
+        self.exited().await
+    }
+
+    /// SIGKILL the plugin's process group at once and wait for it.
+    pub async fn kill(&self) -> String {
+        if self.exit_status().is_none() {
+            kill_group(self.pid);
+        }
+        self.exited().await
+    }
+}
+
+fn spawn_stderr_forwarder(
+    name: String,
+    stderr: tokio::process::ChildStderr,
+    tail: Arc<Mutex<VecDeque<String>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            crate::logging::forward_plugin_log(&name, &line);
+            if let Ok(mut t) = tail.lock() {
+                if t.len() == STDERR_TAIL_LINES {
+                    t.pop_front();
+                }
+                let shown = crate::logging::PluginLogLine::parse(&line)
+                    .map(|l| l.message)
+                    .unwrap_or(line);
+                t.push_back(shown.chars().take(300).collect());
+            }
+        }
+    })
+}
+
+/// Typed calls to one plugin. Every call fails fast with
+/// [`DriverError::Unavailable`] once the plugin process has exited, instead of hanging.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+/// let plugin = PluginProcess::launch(LaunchOptions::new("rawexec", "./drover-driver-rawexec")).await?;
+/// let info = plugin.client().plugin_info().await?;
+/// println!("{} {}", info.0.name, info.0.version);
+/// plugin.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PluginClient {
+    name: String,
+    channel: Channel,
+    exit: watch::Receiver<Option<ExitStatus>>,
+}
+
+impl PluginClient {
+    fn base(&self) -> BasePluginClient<Channel> {
+        BasePluginClient::new(self.channel.clone())
+            .max_decoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+    }
+
+    fn driver(&self) -> DriverClient<Channel> {
+        DriverClient::new(self.channel.clone())
+            .max_decoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+    }
+
+    /// Run one RPC, failing as soon as the plugin process exits.
+    async fn guard<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, DriverError> {
+        let mut exit = self.exit.clone();
+        if let Some(status) = *exit.borrow() {
+            return Err(DriverError::Unavailable(format!(
+                "plugin {} exited ({})",
+                self.name,
+                describe_status(&status)
+            )));
+        }
+        tokio::select! {
+            r = call => r.map(tonic::Response::into_inner).map_err(DriverError::from),
+            s = exit.wait_for(Option::is_some) => Err(DriverError::Unavailable(format!(
+                "plugin {} exited ({})",
+                self.name,
+                s.ok().and_then(|s| s.as_ref().map(describe_status)).unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// `PluginInfo`: identity plus the plugin API versions it offers.
+    pub async fn plugin_info(&self) -> Result<(PluginInfo, Vec<String>, i32), DriverError> {
+        let r = self.guard(self.base().plugin_info(pb::PluginInfoRequest {})).await?;
+        Ok((PluginInfo::new(r.name, r.plugin_version), r.plugin_api_versions, r.r#type))
+    }
+
+    /// `ConfigSchema`: JSON Schema of the plugin configuration.
+    pub async fn config_schema(&self) -> Result<String, DriverError> {
+        Ok(self
+            .guard(self.base().config_schema(pb::ConfigSchemaRequest {}))
+            .await?
+            .json_schema)
+    }
+
+    /// `SetConfig`.
+    pub async fn set_config(&self, config_json: String, agent: &AgentInfo) -> Result<(), DriverError> {
+        self.guard(self.base().set_config(pb::SetConfigRequest {
+            config_json,
+            plugin_api_version: agent.api_version.clone(),
+            agent_config: Some(pb::AgentConfig {
+                alloc_dir: agent.alloc_dir.display().to_string(),
+                plugin_state_dir: agent.plugin_state_dir.display().to_string(),
+            }),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `TaskConfigSchema`: JSON Schema of the driver's task config.
+    pub async fn task_config_schema(&self) -> Result<String, DriverError> {
+        Ok(self
+            .guard(self.driver().task_config_schema(pb::TaskConfigSchemaRequest {}))
+            .await?
+            .json_schema)
+    }
+
+    /// `Capabilities`.
+    pub async fn capabilities(&self) -> Result<Capabilities, DriverError> {
+        Ok(self
+            .guard(self.driver().capabilities(pb::CapabilitiesRequest {}))
+            .await?
+            .capabilities
+            .unwrap_or_default()
+            .into())
+    }
+
+    /// `Fingerprint`: a stream of fingerprints; the first arrives at once.
+    pub async fn fingerprint(
+        &self,
+    ) -> Result<impl Stream<Item = Result<Fingerprint, DriverError>> + use<>, DriverError> {
+        let s = self.guard(self.driver().fingerprint(pb::FingerprintRequest {})).await?;
+        Ok(s.map(|r| r.map(Fingerprint::from).map_err(DriverError::from)))
+    }
+
+    /// `StartTask`.
+    pub async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        let r = self
+            .guard(self.driver().start_task(pb::StartTaskRequest {
+                task: Some(spec.into()),
+            }))
+            .await?;
+        r.handle
+            .map(TaskHandle::from)
+            .ok_or_else(|| DriverError::Internal("StartTask answered without a handle".into()))
+    }
+
+    /// `WaitTask`: blocks until the task exits.
+    pub async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
+        let r = self
+            .guard(self.driver().wait_task(pb::WaitTaskRequest {
+                task_id: task_id.into(),
+            }))
+            .await?;
+        Ok(r.result.map(ExitResult::from).unwrap_or_default())
+    }
+
+    /// `StopTask`.
+    pub async fn stop_task(&self, task_id: &str, timeout: Duration, signal: &str) -> Result<(), DriverError> {
+        self.guard(self.driver().stop_task(pb::StopTaskRequest {
+            task_id: task_id.into(),
+            timeout: Some(to_duration(timeout)),
+            signal: signal.into(),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `DestroyTask`.
+    pub async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
+        self.guard(self.driver().destroy_task(pb::DestroyTaskRequest {
+            task_id: task_id.into(),
+            force,
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `InspectTask`.
+    pub async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
+        let r = self
+            .guard(self.driver().inspect_task(pb::InspectTaskRequest {
+                task_id: task_id.into(),
+            }))
+            .await?;
+        r.task
+            .map(TaskStatus::from)
+            .ok_or_else(|| DriverError::Internal("InspectTask answered without a status".into()))
+    }
+
+    /// `RecoverTask`.
+    pub async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        self.guard(self.driver().recover_task(pb::RecoverTaskRequest {
+            task_id: handle.spec.id.clone(),
+            handle: Some(handle.into()),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `SignalTask`.
+    pub async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
+        self.guard(self.driver().signal_task(pb::SignalTaskRequest {
+            task_id: task_id.into(),
+            signal: signal.into(),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `TaskStats`: a sample every `interval`.
+    pub async fn task_stats(
+        &self,
+        task_id: &str,
+        interval: Duration,
+    ) -> Result<impl Stream<Item = Result<TaskStats, DriverError>> + use<>, DriverError> {
+        let s = self
+            .guard(self.driver().task_stats(pb::TaskStatsRequest {
+                task_id: task_id.into(),
+                interval: Some(to_duration(interval)),
+            }))
+            .await?;
+        Ok(s.map(|r| r.map(TaskStats::from).map_err(DriverError::from)))
+    }
+
+    /// `TaskEvents`.
+    pub async fn task_events(
+        &self,
+    ) -> Result<impl Stream<Item = Result<TaskEvent, DriverError>> + use<>, DriverError> {
+        let s = self.guard(self.driver().task_events(pb::TaskEventsRequest {})).await?;
+        Ok(s.map(|r| r.map(TaskEvent::from).map_err(DriverError::from)))
+    }
+
+    /// `ExecTask`.
+    pub async fn exec_task(
+        &self,
+        task_id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, DriverError> {
+        let r = self
+            .guard(self.driver().exec_task(pb::ExecTaskRequest {
+                task_id: task_id.into(),
+                command,
+                timeout: Some(to_duration(timeout)),
+            }))
+            .await?;
+        Ok(ExecOutput {
+            stdout: r.stdout,
+            stderr: r.stderr,
+            result: r.result.map(ExitResult::from).unwrap_or_default(),
+        })
+    }
+}
+
+/// Whether `path` is a usable unix socket path (fits `sun_path`).
+pub fn socket_path_fits(path: &Path) -> bool {
+    path.as_os_str().len() <= handshake::MAX_UNIX_SOCKET_PATH
+}

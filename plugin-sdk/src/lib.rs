@@ -1,0 +1,35 @@
+//! # drover-plugin-sdk
+//!
+//! Write a Drover task driver as one trait impl, serve it as a plugin process that any
+//! Drover agent (or HashiCorp go-plugin host using the same cookie) can launch, and
+//! connect to plugins from the host side.
+//!
+//! - Plugin authors: implement [`DriverPlugin`] and call [`serve`] from `main`. See
+//!   `examples/skeleton-driver` in the Drover repository for a complete driver to copy.
+//! - Hosts and tests: [`client::PluginProcess::launch`] starts a plugin binary and
+//!   gives a typed [`client::PluginClient`].
+//!
+//! The wire protocol (go-plugin's handshake plus `drover.plugin.v1`) is described in
+//! the `.proto` files of [`drover_proto`], re-exported here so versions never skew.
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod driver;
+pub mod error;
+pub mod handshake;
+pub mod logging;
+pub mod server;
+pub mod types;
+pub mod version;
+
+pub use driver::{DriverPlugin, EmptyConfig, parse_signal};
+pub use error::DriverError;
+pub use server::serve;
+pub use types::*;
+
+pub use drover_proto as proto;
+pub use schemars;
+pub use serde;
+pub use serde_json;
+pub use tokio;
+pub use tracing;

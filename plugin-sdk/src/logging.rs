@@ -1,0 +1,220 @@
+//! Plugin logs: JSON lines on stderr (plugin side) and their replay into the host's
+//! `tracing` (host side).
+//!
+//! A line is one JSON object with `@level` (trace/debug/info/warn/error), `@message`,
+//! `@timestamp` (RFC 3339, UTC, exactly 6 fractional digits) and `@module`; any other
+//! keys are fields. This is go-plugin's hclog JSON format, so Go plugins log the same way.
+
+use std::io::Write as _;
+
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+
+/// Environment variable holding the plugin's log filter (`tracing` EnvFilter syntax).
+pub const ENV_PLUGIN_LOG: &str = "DROVER_PLUGIN_LOG";
+
+/// A `tracing` layer that writes every event as one hclog-style JSON line to stderr.
+#[derive(Debug, Default)]
+pub struct JsonStderrLayer;
+
+struct FieldsVisitor<'a>(&'a mut Map<String, Value>);
+
+impl Visit for FieldsVisitor<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.insert(field, Value::String(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.insert(field, Value::String(value.to_owned()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.insert(field, Value::from(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.insert(field, Value::from(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.insert(field, Value::from(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.insert(field, Value::from(value));
+    }
+}
+
+impl FieldsVisitor<'_> {
+    fn insert(&mut self, field: &Field, value: Value) {
+        let key = if field.name() == "message" {
+            "@message".to_owned()
+        } else {
+            field.name().to_owned()
+        };
+        self.0.insert(key, value);
+    }
+}
+
+fn level_name(level: &Level) -> &'static str {
+    match *level {
+        Level::TRACE => "trace",
+        Level::DEBUG => "debug",
+        Level::INFO => "info",
+        Level::WARN => "warn",
+        Level::ERROR => "error",
+    }
+}
+
+/// Format one log line. Public so that tests and non-`tracing` code can produce the
+/// exact format.
+///
+/// ```
+/// let line = drover_plugin_sdk::logging::format_line("info", "hello", "my_driver", Default::default(),
+///     std::time::SystemTime::UNIX_EPOCH);
+/// assert_eq!(line, r#"{"@level":"info","@message":"hello","@module":"my_driver","@timestamp":"1970-01-01T00:00:00.000000Z"}"#);
+/// ```
+pub fn format_line(
+    level: &str,
+    message: &str,
+    module: &str,
+    mut fields: Map<String, Value>,
+    at: std::time::SystemTime,
+) -> String {
+    fields.insert("@level".into(), Value::String(level.into()));
+    fields.insert("@message".into(), Value::String(message.into()));
+    fields.insert("@module".into(), Value::String(module.into()));
+    fields.insert(
+        "@timestamp".into(),
+        Value::String(humantime::format_rfc3339_micros(at).to_string()),
+    );
+    Value::Object(fields).to_string()
+}
+
+impl<S: Subscriber> Layer<S> for JsonStderrLayer {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let mut fields = Map::new();
+        event.record(&mut FieldsVisitor(&mut fields));
+        let message = match fields.remove("@message") {
+            Some(Value::String(s)) => s,
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        let meta = event.metadata();
+        let line = format_line(
+            level_name(meta.level()),
+            &message,
+            meta.target(),
+            fields,
+            std::time::SystemTime::now(),
+        );
+        // One write per line so lines from several threads never interleave.
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+/// Install the JSON stderr logger as the global `tracing` subscriber, filtered by
+/// [`ENV_PLUGIN_LOG`] (default `info`). [`crate::serve`] calls this; call it yourself
+/// only if you serve by other means.
+pub fn init_plugin_logging() {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_env(ENV_PLUGIN_LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(JsonStderrLayer)
+        .try_init();
+}
+
+/// A parsed plugin log line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginLogLine {
+    /// Its level.
+    pub level: Level,
+    /// `@message`.
+    pub message: String,
+    /// `@module`, if any.
+    pub module: Option<String>,
+    /// Every other key, as compact JSON (`{}` when none).
+    pub fields: String,
+}
+
+impl PluginLogLine {
+    /// Parse one stderr line; `None` when it is not an hclog-style JSON object.
+    ///
+    /// ```
+    /// use drover_plugin_sdk::logging::PluginLogLine;
+    /// let l = PluginLogLine::parse(r#"{"@level":"warn","@message":"disk low","free":3}"#).unwrap();
+    /// assert_eq!(l.level, tracing::Level::WARN);
+    /// assert_eq!(l.fields, r#"{"free":3}"#);
+    /// assert!(PluginLogLine::parse("panicked at main.rs").is_none());
+    /// ```
+    pub fn parse(line: &str) -> Option<Self> {
+        let Value::Object(mut map) = serde_json::from_str::<Value>(line.trim()).ok()? else {
+            return None;
+        };
+        let level = match map.remove("@level")?.as_str()? {
+            "trace" => Level::TRACE,
+            "debug" => Level::DEBUG,
+            "info" => Level::INFO,
+            "warn" | "warning" => Level::WARN,
+            "error" => Level::ERROR,
+            _ => return None,
+        };
+        let message = match map.remove("@message")? {
+            Value::String(s) => s,
+            other => other.to_string(),
+        };
+        let module = map
+            .remove("@module")
+            .and_then(|m| m.as_str().map(str::to_owned));
+        map.remove("@timestamp");
+        let fields = Value::Object(map).to_string();
+        Some(PluginLogLine {
+            level,
+            message,
+            module,
+            fields,
+        })
+    }
+}
+
+/// Replay one line of a plugin's stderr as a host `tracing` event with field
+/// `plugin = name`. Lines that are not plugin JSON are logged verbatim at info.
+pub fn forward_plugin_log(plugin: &str, line: &str) {
+    let Some(l) = PluginLogLine::parse(line) else {
+        tracing::info!(target: "drover::plugin", plugin, "{}", line.trim_end());
+        return;
+    };
+    let module = l.module.as_deref().unwrap_or("");
+    let fields = if l.fields == "{}" { "" } else { &l.fields };
+    match l.level {
+        Level::TRACE => tracing::trace!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
+        Level::DEBUG => tracing::debug!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
+        Level::INFO => tracing::info!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
+        Level::WARN => tracing::warn!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
+        Level::ERROR => tracing::error!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamp_has_six_fraction_digits() {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_234_567_891);
+        let line = format_line("info", "m", "x", Map::new(), at);
+        assert!(line.contains(r#""@timestamp":"1970-01-01T00:00:01.234567Z""#), "{line}");
+    }
+
+    #[test]
+    fn round_trip_through_parser() {
+        let mut f = Map::new();
+        f.insert("task".into(), Value::String("t1".into()));
+        let line = format_line("error", "boom", "drv", f, std::time::SystemTime::now());
+        let parsed = PluginLogLine::parse(&line).unwrap();
+        assert_eq!(parsed.level, Level::ERROR);
+        assert_eq!(parsed.message, "boom");
+        assert_eq!(parsed.module.as_deref(), Some("drv"));
+        assert_eq!(parsed.fields, r#"{"task":"t1"}"#);
+    }
+}

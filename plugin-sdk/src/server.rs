@@ -1,0 +1,564 @@
+//! The plugin side: [`serve`] turns a [`DriverPlugin`] into a go-plugin compatible
+//! plugin process.
+
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use drover_proto::goplugin;
+use drover_proto::v1 as pb;
+use tokio_stream::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::driver::DriverPlugin;
+use crate::handshake::{self, HandshakeLine, PluginAddr};
+use crate::types::{AgentInfo, TaskSpec, from_duration, validate_task_id};
+use crate::DriverError;
+
+/// Largest gRPC message a plugin accepts or sends (go-plugin hosts allow more than
+/// gRPC's 4 MiB default; task configs and exec output can be large).
+pub const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+
+/// How long a plugin waits for in-flight calls after a shutdown request before it
+/// exits anyway; go-plugin hosts kill the process 2 s after asking.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
+
+/// Fingerprints are resent at least this often even when nothing changed.
+const FINGERPRINT_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// Why a plugin could not start serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The socket directory could not be created.
+    #[error("cannot create plugin socket directory under {dir}: {source}")]
+    SocketDir {
+        /// The parent directory.
+        dir: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The socket path does not fit in `sun_path`.
+    #[error(
+        "plugin socket path {path} is {len} bytes, longer than the {max} a unix socket allows; \
+         set PLUGIN_UNIX_SOCKET_DIR (or TMPDIR) to a shorter directory"
+    )]
+    SocketPathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Binding the socket failed.
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Writing the handshake line failed (stdout closed).
+    #[error("cannot write the handshake line to stdout: {0}")]
+    Handshake(std::io::Error),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Serve `driver` as a plugin process and exit. Call it from `main`.
+///
+/// It checks the magic cookie (a person running the binary by hand gets a sentence on
+/// stderr and exit code 1), logs JSON lines to stderr, binds a unix socket (mode 0600
+/// in a fresh 0700 directory), serves health, go-plugin's controller/stdio/broker and
+/// Drover's BasePlugin and Driver services, prints the handshake line, ignores SIGINT,
+/// and exits when the host calls `GRPCController.Shutdown` or sends SIGTERM.
+///
+/// ```no_run
+/// # struct MyDriver;
+/// # impl MyDriver { fn new() -> Self { MyDriver } }
+/// fn main() {
+///     # /*
+///     drover_plugin_sdk::serve(MyDriver::new())
+///     # */
+/// }
+/// ```
+pub fn serve<D: DriverPlugin>(driver: D) -> ! {
+    if std::env::var(handshake::MAGIC_COOKIE_KEY).as_deref() != Ok(handshake::MAGIC_COOKIE_VALUE) {
+        let name = std::env::args().next().unwrap_or_else(|| "this program".into());
+        eprintln!(
+            "{name} is a Drover plugin. It is not meant to be run by hand: put it in the \
+             agent's plugin_dir and the Drover agent will start it."
+        );
+        std::process::exit(1);
+    }
+    crate::logging::init_plugin_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime);
+    let code = match runtime.and_then(|rt| rt.block_on(serve_async(driver))) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("plugin failed: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+/// Create the 0700 socket directory and return it with the socket path inside.
+fn socket_dir() -> Result<(tempfile::TempDir, PathBuf), ServeError> {
+    let base = std::env::var_os(handshake::ENV_UNIX_SOCKET_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = tempfile::Builder::new()
+        .prefix("drover-plugin-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(&base)
+        .map_err(|source| ServeError::SocketDir {
+            dir: base.clone(),
+            source,
+        })?;
+    let path = dir.path().join("plugin.sock");
+    check_socket_path(&path)?;
+    Ok((dir, path))
+}
+
+/// Refuse a socket path longer than `sun_path` with a clear error rather than letting
+/// bind fail with a cryptic one (or, on some systems, silently truncate it).
+pub(crate) fn check_socket_path(path: &Path) -> Result<(), ServeError> {
+    let len = path.as_os_str().len();
+    if len > handshake::MAX_UNIX_SOCKET_PATH {
+        return Err(ServeError::SocketPathTooLong {
+            path: path.to_owned(),
+            len,
+            max: handshake::MAX_UNIX_SOCKET_PATH,
+        });
+    }
+    Ok(())
+}
+
+async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
+    let app_version = handshake::negotiate_app_protocol(
+        handshake::APP_PROTOCOL_VERSIONS,
+        std::env::var(handshake::ENV_PROTOCOL_VERSIONS).ok().as_deref(),
+    );
+    let (dir, path) = socket_dir()?;
+    let listener = tokio::net::UnixListener::bind(&path).map_err(|source| ServeError::Bind {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        ServeError::Bind {
+            path: path.clone(),
+            source,
+        }
+    })?;
+
+    let stop = CancellationToken::new();
+    let driver = Arc::new(driver);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("plugin", tonic_health::ServingStatus::Serving)
+        .await;
+
+    let router = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(
+            Controller { stop: stop.clone() },
+        ))
+        .add_service(goplugin::grpc_stdio_server::GrpcStdioServer::new(Stdio))
+        .add_service(goplugin::grpc_broker_server::GrpcBrokerServer::new(Broker))
+        .add_service(
+            pb::base_plugin_server::BasePluginServer::new(BaseService(driver.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        )
+        .add_service(
+            pb::driver_server::DriverServer::new(DriverService(driver.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        );
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let server_stop = stop.clone();
+    let server = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, server_stop.cancelled_owned())
+            .await
+    });
+
+    // The listener is bound and being served: only now announce it.
+    let line = HandshakeLine {
+        core_protocol_version: handshake::CORE_PROTOCOL_VERSION,
+        app_protocol_version: app_version,
+        addr: PluginAddr::Unix(path.clone()),
+        server_cert: None,
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .map_err(ServeError::Handshake)?;
+    }
+    tracing::debug!(socket = %path.display(), "plugin serving");
+
+    spawn_signal_handlers(stop.clone());
+    stop.cancelled().await;
+    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE / 2, driver.shutdown()).await;
+    // Open streams (Fingerprint, WaitTask) keep a graceful shutdown waiting forever;
+    // give in-flight calls until the deadline, then exit regardless.
+    let _ = tokio::time::timeout_at(deadline.into(), server).await;
+    drop(dir);
+    Ok(())
+}
+
+/// SIGINT is ignored (a Ctrl-C at the agent's terminal must not kill plugins; the
+/// host drives shutdown). SIGTERM shuts down gracefully.
+fn spawn_signal_handlers(stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    if let Ok(mut int) = signal(SignalKind::interrupt()) {
+        tokio::spawn(async move { while int.recv().await.is_some() {} });
+    }
+    if let Ok(mut term) = signal(SignalKind::terminate()) {
+        tokio::spawn(async move {
+            if term.recv().await.is_some() {
+                tracing::info!("SIGTERM received, shutting down");
+                stop.cancel();
+            }
+        });
+    }
+}
+
+struct Controller {
+    stop: CancellationToken,
+}
+
+#[tonic::async_trait]
+impl goplugin::grpc_controller_server::GrpcController for Controller {
+    async fn shutdown(
+        &self,
+        _: Request<goplugin::Empty>,
+    ) -> Result<Response<goplugin::Empty>, Status> {
+        tracing::debug!("shutdown requested by host");
+        // Answer first; the process exits right after.
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            stop.cancel();
+        });
+        Ok(Response::new(goplugin::Empty {}))
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// go-plugin's stdio mirror. Drover plugins log to stderr directly, so the stream stays
+/// open and sends nothing.
+struct Stdio;
+
+#[tonic::async_trait]
+impl goplugin::grpc_stdio_server::GrpcStdio for Stdio {
+    type StreamStdioStream = BoxStream<goplugin::StdioData>;
+    async fn stream_stdio(
+        &self,
+        _: Request<()>,
+    ) -> Result<Response<Self::StreamStdioStream>, Status> {
+        Ok(Response::new(Box::pin(tokio_stream::pending())))
+    }
+}
+
+/// go-plugin's connection broker. Drover multiplexes nothing over it; the stream stays
+/// open and sends nothing.
+struct Broker;
+
+#[tonic::async_trait]
+impl goplugin::grpc_broker_server::GrpcBroker for Broker {
+    type StartStreamStream = BoxStream<goplugin::ConnInfo>;
+    async fn start_stream(
+        &self,
+        _: Request<tonic::Streaming<goplugin::ConnInfo>>,
+    ) -> Result<Response<Self::StartStreamStream>, Status> {
+        Ok(Response::new(Box::pin(tokio_stream::pending())))
+    }
+}
+
+fn schema_json<T: schemars::JsonSchema>() -> String {
+    serde_json::to_string(&schemars::schema_for!(T)).unwrap_or_else(|_| "{}".into())
+}
+
+/// Parse JSON text into a typed config; an empty text is an empty object.
+fn parse_config<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T, DriverError> {
+    let text = if json.trim().is_empty() { "{}" } else { json };
+    serde_json::from_str(text).map_err(|e| DriverError::InvalidConfig(format!("{what}: {e}")))
+}
+
+struct BaseService<D>(Arc<D>);
+
+#[tonic::async_trait]
+impl<D: DriverPlugin> pb::base_plugin_server::BasePlugin for BaseService<D> {
+    async fn plugin_info(
+        &self,
+        _: Request<pb::PluginInfoRequest>,
+    ) -> Result<Response<pb::PluginInfoResponse>, Status> {
+        let info = self.0.info();
+        Ok(Response::new(pb::PluginInfoResponse {
+            r#type: pb::PluginType::Driver as i32,
+            name: info.name,
+            plugin_version: info.version,
+            plugin_api_versions: self.0.api_versions(),
+        }))
+    }
+
+    async fn config_schema(
+        &self,
+        _: Request<pb::ConfigSchemaRequest>,
+    ) -> Result<Response<pb::ConfigSchemaResponse>, Status> {
+        Ok(Response::new(pb::ConfigSchemaResponse {
+            json_schema: schema_json::<D::Config>(),
+        }))
+    }
+
+    async fn set_config(
+        &self,
+        req: Request<pb::SetConfigRequest>,
+    ) -> Result<Response<pb::SetConfigResponse>, Status> {
+        let req = req.into_inner();
+        let config: D::Config = parse_config("plugin config", &req.config_json)?;
+        let agent = req.agent_config.unwrap_or_default();
+        let info = AgentInfo {
+            alloc_dir: agent.alloc_dir.into(),
+            plugin_state_dir: agent.plugin_state_dir.into(),
+            api_version: req.plugin_api_version,
+        };
+        self.0.set_config(config, info).await?;
+        Ok(Response::new(pb::SetConfigResponse {}))
+    }
+}
+
+struct DriverService<D>(Arc<D>);
+
+#[tonic::async_trait]
+impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
+    async fn task_config_schema(
+        &self,
+        _: Request<pb::TaskConfigSchemaRequest>,
+    ) -> Result<Response<pb::TaskConfigSchemaResponse>, Status> {
+        Ok(Response::new(pb::TaskConfigSchemaResponse {
+            json_schema: schema_json::<D::TaskConfig>(),
+        }))
+    }
+
+    async fn capabilities(
+        &self,
+        _: Request<pb::CapabilitiesRequest>,
+    ) -> Result<Response<pb::CapabilitiesResponse>, Status> {
+        Ok(Response::new(pb::CapabilitiesResponse {
+            capabilities: Some(self.0.capabilities().into()),
+        }))
+    }
+
+    type FingerprintStream = BoxStream<pb::FingerprintResponse>;
+
+    async fn fingerprint(
+        &self,
+        _: Request<pb::FingerprintRequest>,
+    ) -> Result<Response<Self::FingerprintStream>, Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let driver = self.0.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            let mut last_sent = Instant::now();
+            loop {
+                let fp = driver.fingerprint().await;
+                if last.as_ref() != Some(&fp) || last_sent.elapsed() >= FINGERPRINT_HEARTBEAT {
+                    if tx.send(Ok(fp.clone().into())).await.is_err() {
+                        return;
+                    }
+                    last_sent = Instant::now();
+                    last = Some(fp);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(driver.fingerprint_interval()) => {}
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn start_task(
+        &self,
+        req: Request<pb::StartTaskRequest>,
+    ) -> Result<Response<pb::StartTaskResponse>, Status> {
+        let task = req
+            .into_inner()
+            .task
+            .ok_or_else(|| Status::invalid_argument("StartTask without a task"))?;
+        let spec = TaskSpec::from(task);
+        validate_task_id(&spec.id)?;
+        let config: D::TaskConfig = parse_config("task config", &spec.driver_config_json)?;
+        let handle = self.0.start_task(spec, config).await?;
+        Ok(Response::new(pb::StartTaskResponse {
+            handle: Some(handle.into()),
+        }))
+    }
+
+    async fn wait_task(
+        &self,
+        req: Request<pb::WaitTaskRequest>,
+    ) -> Result<Response<pb::WaitTaskResponse>, Status> {
+        let result = self.0.wait_task(&req.into_inner().task_id).await?;
+        Ok(Response::new(pb::WaitTaskResponse {
+            result: Some(result.into()),
+        }))
+    }
+
+    async fn stop_task(
+        &self,
+        req: Request<pb::StopTaskRequest>,
+    ) -> Result<Response<pb::StopTaskResponse>, Status> {
+        let req = req.into_inner();
+        let timeout = from_duration(req.timeout).unwrap_or(Duration::from_secs(5));
+        self.0.stop_task(&req.task_id, timeout, &req.signal).await?;
+        Ok(Response::new(pb::StopTaskResponse {}))
+    }
+
+    async fn destroy_task(
+        &self,
+        req: Request<pb::DestroyTaskRequest>,
+    ) -> Result<Response<pb::DestroyTaskResponse>, Status> {
+        let req = req.into_inner();
+        self.0.destroy_task(&req.task_id, req.force).await?;
+        Ok(Response::new(pb::DestroyTaskResponse {}))
+    }
+
+    async fn inspect_task(
+        &self,
+        req: Request<pb::InspectTaskRequest>,
+    ) -> Result<Response<pb::InspectTaskResponse>, Status> {
+        let status = self.0.inspect_task(&req.into_inner().task_id).await?;
+        Ok(Response::new(pb::InspectTaskResponse {
+            task: Some(status.into()),
+        }))
+    }
+
+    async fn recover_task(
+        &self,
+        req: Request<pb::RecoverTaskRequest>,
+    ) -> Result<Response<pb::RecoverTaskResponse>, Status> {
+        let req = req.into_inner();
+        let handle = req
+            .handle
+            .ok_or_else(|| Status::invalid_argument("RecoverTask without a handle"))?;
+        let mut handle = crate::TaskHandle::from(handle);
+        if handle.spec.id.is_empty() {
+            handle.spec.id = req.task_id;
+        }
+        validate_task_id(&handle.spec.id)?;
+        self.0.recover_task(handle).await?;
+        Ok(Response::new(pb::RecoverTaskResponse {}))
+    }
+
+    async fn signal_task(
+        &self,
+        req: Request<pb::SignalTaskRequest>,
+    ) -> Result<Response<pb::SignalTaskResponse>, Status> {
+        let req = req.into_inner();
+        self.0.signal_task(&req.task_id, &req.signal).await?;
+        Ok(Response::new(pb::SignalTaskResponse {}))
+    }
+
+    type TaskStatsStream = BoxStream<pb::TaskStatsResponse>;
+
+    async fn task_stats(
+        &self,
+        req: Request<pb::TaskStatsRequest>,
+    ) -> Result<Response<Self::TaskStatsStream>, Status> {
+        let req = req.into_inner();
+        let interval = from_duration(req.interval)
+            .unwrap_or(Duration::from_secs(1))
+            .max(Duration::from_millis(100));
+        // The first sample answers the call, so an unsupported or unknown task fails it.
+        let first = self.0.task_stats(&req.task_id).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let driver = self.0.clone();
+        let task_id = req.task_id;
+        tokio::spawn(async move {
+            let mut sample = Ok(first);
+            loop {
+                let msg = sample
+                    .map(|s| s.into_pb(task_id.clone()))
+                    .map_err(Status::from);
+                let failed = msg.is_err();
+                if tx.send(msg).await.is_err() || failed {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    () = tx.closed() => return,
+                }
+                sample = driver.task_stats(&task_id).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    type TaskEventsStream = BoxStream<pb::DriverTaskEvent>;
+
+    async fn task_events(
+        &self,
+        _: Request<pb::TaskEventsRequest>,
+    ) -> Result<Response<Self::TaskEventsStream>, Status> {
+        let Some(mut events) = self.0.task_events() else {
+            return Err(DriverError::Unimplemented("TaskEvents".into()).into());
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let msg = match events.recv().await {
+                    Ok(e) => Ok(e.into()),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        Err(Status::data_loss(format!("{n} task events were dropped")))
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn exec_task(
+        &self,
+        req: Request<pb::ExecTaskRequest>,
+    ) -> Result<Response<pb::ExecTaskResponse>, Status> {
+        let req = req.into_inner();
+        if req.command.is_empty() {
+            return Err(Status::invalid_argument("ExecTask needs a command"));
+        }
+        let timeout = from_duration(req.timeout).unwrap_or(Duration::from_secs(60));
+        let out = self.0.exec_task(&req.task_id, req.command, timeout).await?;
+        Ok(Response::new(pb::ExecTaskResponse {
+            stdout: out.stdout,
+            stderr: out.stderr,
+            result: Some(out.result.into()),
+        }))
+    }
+}

@@ -1,0 +1,652 @@
+//! Plain Rust types a driver works with, and their conversions to and from the wire.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use drover_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::DriverError;
+
+/// Identity of a plugin, answered by `PluginInfo`.
+///
+/// ```
+/// let info = drover_plugin_sdk::PluginInfo::new("rawexec", env!("CARGO_PKG_VERSION"));
+/// assert_eq!(info.name, "rawexec");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginInfo {
+    /// Unique name, lowercase `[a-z0-9_-]`.
+    pub name: String,
+    /// Semver of the plugin binary.
+    pub version: String,
+}
+
+impl PluginInfo {
+    /// A plugin named `name` at `version`.
+    pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        PluginInfo {
+            name: name.into(),
+            version: version.into(),
+        }
+    }
+}
+
+/// How much of the host file system a task sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsIsolation {
+    /// The task sees the host file system (rawexec).
+    #[default]
+    None,
+    /// The task runs in a chroot built from the task directory (exec, java).
+    Chroot,
+    /// The task runs in its own image (docker, qemu).
+    Image,
+}
+
+/// What a driver supports. Optional RPCs a driver does not support answer
+/// `UNIMPLEMENTED`; these flags let the host know up front.
+///
+/// ```
+/// let caps = drover_plugin_sdk::Capabilities { send_signals: true, ..Default::default() };
+/// assert!(!caps.exec);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// `SignalTask` works.
+    pub send_signals: bool,
+    /// `ExecTask` works.
+    pub exec: bool,
+    /// File system isolation of tasks.
+    pub fs_isolation: FsIsolation,
+    /// `TaskStats` works.
+    pub task_stats: bool,
+    /// `TaskEvents` works.
+    pub task_events: bool,
+    /// Tasks outlive the plugin process and `RecoverTask` reattaches to them.
+    pub recover: bool,
+}
+
+/// Driver health on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    /// The driver cannot run on this node (e.g. docker is not installed).
+    #[default]
+    Undetected,
+    /// The driver should work but does not right now.
+    Unhealthy,
+    /// Ready to run tasks.
+    Healthy,
+}
+
+/// One fingerprint: health plus node attributes.
+///
+/// ```
+/// let fp = drover_plugin_sdk::Fingerprint::healthy("ready")
+///     .attribute("driver.rawexec.version", "0.1.0");
+/// assert_eq!(fp.attributes["driver.rawexec.version"], "0.1.0");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// Health.
+    pub health: Health,
+    /// A sentence saying why, for people.
+    pub description: String,
+    /// Node attributes, e.g. `driver.docker.version`.
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl Fingerprint {
+    /// A healthy fingerprint with a description.
+    pub fn healthy(description: impl Into<String>) -> Self {
+        Fingerprint {
+            health: Health::Healthy,
+            description: description.into(),
+            attributes: BTreeMap::new(),
+        }
+    }
+    /// An unhealthy or undetected fingerprint with the reason.
+    pub fn not_ready(health: Health, description: impl Into<String>) -> Self {
+        Fingerprint {
+            health,
+            description: description.into(),
+            attributes: BTreeMap::new(),
+        }
+    }
+    /// Add one attribute.
+    pub fn attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.attributes.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// Resources requested for a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Resources {
+    /// Relative CPU weight.
+    pub cpu_shares: i64,
+    /// Memory reservation in MiB (0: none).
+    pub memory_mb: i64,
+    /// Hard memory limit in MiB (0: same as `memory_mb`).
+    pub memory_max_mb: i64,
+}
+
+/// Log rotation limits for a task's stdout and stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogConfig {
+    /// How many files to keep per stream.
+    pub max_files: u32,
+    /// Size of one file in MiB.
+    pub max_file_size_mb: u32,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            max_files: 10,
+            max_file_size_mb: 10,
+        }
+    }
+}
+
+/// Everything about a task except its driver-specific config, which the driver gets
+/// separately as its typed `TaskConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// Unique id, `[A-Za-z0-9_.-]{1,128}` (validated by the SDK before the driver sees it).
+    pub id: String,
+    /// Human name.
+    pub name: String,
+    /// Environment for the task.
+    pub env: BTreeMap<String, String>,
+    /// Requested resources.
+    pub resources: Resources,
+    /// The task's directory (empty: the driver picks none).
+    pub task_dir: PathBuf,
+    /// Where stdout goes (empty: discarded).
+    pub stdout_path: PathBuf,
+    /// Where stderr goes (empty: discarded).
+    pub stderr_path: PathBuf,
+    /// Log rotation limits.
+    pub logs: LogConfig,
+    /// User to run as (empty: the plugin's user).
+    pub user: String,
+    /// The raw driver config JSON, kept so that a recovered task knows its config.
+    pub driver_config_json: String,
+}
+
+/// Check a task id against `[A-Za-z0-9_.-]{1,128}`, not `.` or `..`: ids become
+/// file and socket names, so nothing else is allowed.
+///
+/// ```
+/// assert!(drover_plugin_sdk::validate_task_id("web-1.a_b").is_ok());
+/// assert!(drover_plugin_sdk::validate_task_id("../etc").is_err());
+/// ```
+pub fn validate_task_id(id: &str) -> Result<(), DriverError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    if id.is_empty() || id.len() > 128 || id == "." || id == ".." || !id.chars().all(ok_char) {
+        return Err(DriverError::InvalidConfig(format!(
+            "task id {id:?} must be 1-128 characters of [A-Za-z0-9_.-]"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a task is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Not known.
+    #[default]
+    Unknown,
+    /// Running.
+    Running,
+    /// Exited; the exit result is known.
+    Exited,
+}
+
+/// How a task ended.
+///
+/// ```
+/// let r = drover_plugin_sdk::ExitResult::code(3);
+/// assert!(!r.successful());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ExitResult {
+    /// Exit code (0 when killed by a signal).
+    pub exit_code: i32,
+    /// Signal that killed it, 0 if none.
+    pub signal: i32,
+    /// Killed by the OOM killer.
+    pub oom_killed: bool,
+    /// Set when the driver could not tell how the task ended.
+    pub err: Option<String>,
+}
+
+impl ExitResult {
+    /// Exited with `code`.
+    pub fn code(code: i32) -> Self {
+        ExitResult {
+            exit_code: code,
+            ..Default::default()
+        }
+    }
+    /// Killed by signal number `signal`.
+    pub fn signaled(signal: i32) -> Self {
+        ExitResult {
+            signal,
+            ..Default::default()
+        }
+    }
+    /// From a std exit status.
+    pub fn from_status(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt as _;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitResult::code(code),
+            (None, Some(sig)) => ExitResult::signaled(sig),
+            (None, None) => ExitResult {
+                err: Some(format!("unknown exit status {status:?}")),
+                ..Default::default()
+            },
+        }
+    }
+    /// Exit code 0, no signal, no error.
+    pub fn successful(&self) -> bool {
+        self.exit_code == 0 && self.signal == 0 && !self.oom_killed && self.err.is_none()
+    }
+}
+
+/// The state a driver needs to find a task again after the plugin restarts. The host
+/// stores it and hands it back to `recover_task`; it never looks inside `driver_state`.
+///
+/// ```
+/// use drover_plugin_sdk::{TaskHandle, TaskSpec};
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct State { pid: u32 }
+/// let h = TaskHandle::new(TaskSpec::default(), 1, &State { pid: 42 }).unwrap();
+/// let back: State = h.decode_state(1).unwrap();
+/// assert_eq!(back.pid, 42);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskHandle {
+    /// Version of the `driver_state` encoding, chosen by the driver.
+    pub version: u32,
+    /// The task.
+    pub spec: TaskSpec,
+    /// Its state when the handle was made.
+    pub state: TaskState,
+    /// Opaque driver bytes.
+    pub driver_state: Vec<u8>,
+}
+
+impl TaskHandle {
+    /// A running task's handle whose driver state is `state` encoded as JSON.
+    pub fn new(
+        spec: TaskSpec,
+        version: u32,
+        state: &impl Serialize,
+    ) -> Result<Self, DriverError> {
+        Ok(TaskHandle {
+            version,
+            spec,
+            state: TaskState::Running,
+            driver_state: serde_json::to_vec(state).map_err(DriverError::internal)?,
+        })
+    }
+
+    /// Decode JSON driver state, refusing a version this driver does not know.
+    pub fn decode_state<T: serde::de::DeserializeOwned>(
+        &self,
+        expected_version: u32,
+    ) -> Result<T, DriverError> {
+        if self.version != expected_version {
+            return Err(DriverError::InvalidConfig(format!(
+                "task handle version {} is not {expected_version}",
+                self.version
+            )));
+        }
+        serde_json::from_slice(&self.driver_state)
+            .map_err(|e| DriverError::InvalidConfig(format!("task handle state: {e}")))
+    }
+}
+
+/// A task's status, answered by `InspectTask`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskStatus {
+    /// Task id.
+    pub id: String,
+    /// Task name.
+    pub name: String,
+    /// Running or exited.
+    pub state: TaskState,
+    /// When it started.
+    pub started_at: Option<SystemTime>,
+    /// When it exited.
+    pub completed_at: Option<SystemTime>,
+    /// How it ended, once it has.
+    pub exit_result: Option<ExitResult>,
+    /// Driver facts such as `pid`.
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// A resource usage sample of one task.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TaskStats {
+    /// Resident memory in bytes.
+    pub memory_rss_bytes: u64,
+    /// User CPU time.
+    pub cpu_user: Duration,
+    /// System CPU time.
+    pub cpu_system: Duration,
+    /// Percent of one core since the previous sample.
+    pub cpu_percent: f64,
+}
+
+/// Something that happened to a task, reported by the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    /// Task id.
+    pub task_id: String,
+    /// When.
+    pub timestamp: SystemTime,
+    /// What, for people.
+    pub message: String,
+    /// Machine-readable details.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Output of a command run with `ExecTask`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ExecOutput {
+    /// Its stdout.
+    pub stdout: Vec<u8>,
+    /// Its stderr.
+    pub stderr: Vec<u8>,
+    /// How it ended.
+    pub result: ExitResult,
+}
+
+/// Facts about the agent a driver learns in `set_config`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// Where task directories live.
+    pub alloc_dir: PathBuf,
+    /// A directory the plugin may use for its own state.
+    pub plugin_state_dir: PathBuf,
+    /// The negotiated plugin API version.
+    pub api_version: String,
+}
+
+// ---------------------------------------------------------------------------------
+// Wire conversions. Kept here so that plugin and host use exactly the same mapping.
+
+pub(crate) fn to_timestamp(t: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(t)
+}
+
+pub(crate) fn from_timestamp(t: Option<prost_types::Timestamp>) -> Option<SystemTime> {
+    t.and_then(|t| SystemTime::try_from(t).ok())
+}
+
+pub(crate) fn to_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration::try_from(d).unwrap_or(prost_types::Duration {
+        seconds: i64::MAX,
+        nanos: 0,
+    })
+}
+
+pub(crate) fn from_duration(d: Option<prost_types::Duration>) -> Option<Duration> {
+    d.and_then(|d| Duration::try_from(d).ok())
+}
+
+impl From<Capabilities> for pb::Capabilities {
+    fn from(c: Capabilities) -> Self {
+        pb::Capabilities {
+            send_signals: c.send_signals,
+            exec: c.exec,
+            fs_isolation: match c.fs_isolation {
+                FsIsolation::None => pb::FsIsolation::None,
+                FsIsolation::Chroot => pb::FsIsolation::Chroot,
+                FsIsolation::Image => pb::FsIsolation::Image,
+            } as i32,
+            task_stats: c.task_stats,
+            task_events: c.task_events,
+            recover: c.recover,
+        }
+    }
+}
+
+impl From<pb::Capabilities> for Capabilities {
+    fn from(c: pb::Capabilities) -> Self {
+        Capabilities {
+            send_signals: c.send_signals,
+            exec: c.exec,
+            fs_isolation: match pb::FsIsolation::try_from(c.fs_isolation) {
+                Ok(pb::FsIsolation::Chroot) => FsIsolation::Chroot,
+                Ok(pb::FsIsolation::Image) => FsIsolation::Image,
+                _ => FsIsolation::None,
+            },
+            task_stats: c.task_stats,
+            task_events: c.task_events,
+            recover: c.recover,
+        }
+    }
+}
+
+impl From<Fingerprint> for pb::FingerprintResponse {
+    fn from(f: Fingerprint) -> Self {
+        pb::FingerprintResponse {
+            health: match f.health {
+                Health::Undetected => pb::HealthState::Undetected,
+                Health::Unhealthy => pb::HealthState::Unhealthy,
+                Health::Healthy => pb::HealthState::Healthy,
+            } as i32,
+            health_description: f.description,
+            attributes: f.attributes.into_iter().collect(),
+        }
+    }
+}
+
+impl From<pb::FingerprintResponse> for Fingerprint {
+    fn from(f: pb::FingerprintResponse) -> Self {
+        Fingerprint {
+            health: match pb::HealthState::try_from(f.health) {
+                Ok(pb::HealthState::Healthy) => Health::Healthy,
+                Ok(pb::HealthState::Unhealthy) => Health::Unhealthy,
+                _ => Health::Undetected,
+            },
+            description: f.health_description,
+            attributes: f.attributes.into_iter().collect(),
+        }
+    }
+}
+
+impl From<TaskSpec> for pb::TaskConfig {
+    fn from(s: TaskSpec) -> Self {
+        pb::TaskConfig {
+            id: s.id,
+            name: s.name,
+            env: s.env.into_iter().collect(),
+            resources: Some(pb::Resources {
+                cpu_shares: s.resources.cpu_shares,
+                memory_mb: s.resources.memory_mb,
+                memory_max_mb: s.resources.memory_max_mb,
+            }),
+            task_dir: s.task_dir.display().to_string(),
+            stdout_path: s.stdout_path.display().to_string(),
+            stderr_path: s.stderr_path.display().to_string(),
+            logs: Some(pb::LogConfig {
+                max_files: s.logs.max_files,
+                max_file_size_mb: s.logs.max_file_size_mb,
+            }),
+            driver_config_json: s.driver_config_json,
+            user: s.user,
+        }
+    }
+}
+
+impl From<pb::TaskConfig> for TaskSpec {
+    fn from(c: pb::TaskConfig) -> Self {
+        let r = c.resources.unwrap_or_default();
+        TaskSpec {
+            id: c.id,
+            name: c.name,
+            env: c.env.into_iter().collect(),
+            resources: Resources {
+                cpu_shares: r.cpu_shares,
+                memory_mb: r.memory_mb,
+                memory_max_mb: r.memory_max_mb,
+            },
+            task_dir: c.task_dir.into(),
+            stdout_path: c.stdout_path.into(),
+            stderr_path: c.stderr_path.into(),
+            logs: c
+                .logs
+                .map(|l| LogConfig {
+                    max_files: l.max_files,
+                    max_file_size_mb: l.max_file_size_mb,
+                })
+                .unwrap_or_default(),
+            driver_config_json: c.driver_config_json,
+            user: c.user,
+        }
+    }
+}
+
+fn state_to_pb(s: TaskState) -> i32 {
+    (match s {
+        TaskState::Unknown => pb::TaskState::Unknown,
+        TaskState::Running => pb::TaskState::Running,
+        TaskState::Exited => pb::TaskState::Exited,
+    }) as i32
+}
+
+fn state_from_pb(s: i32) -> TaskState {
+    match pb::TaskState::try_from(s) {
+        Ok(pb::TaskState::Running) => TaskState::Running,
+        Ok(pb::TaskState::Exited) => TaskState::Exited,
+        _ => TaskState::Unknown,
+    }
+}
+
+impl From<TaskHandle> for pb::TaskHandle {
+    fn from(h: TaskHandle) -> Self {
+        pb::TaskHandle {
+            version: h.version,
+            config: Some(h.spec.into()),
+            state: state_to_pb(h.state),
+            driver_state: h.driver_state,
+        }
+    }
+}
+
+impl From<pb::TaskHandle> for TaskHandle {
+    fn from(h: pb::TaskHandle) -> Self {
+        TaskHandle {
+            version: h.version,
+            spec: h.config.map(Into::into).unwrap_or_default(),
+            state: state_from_pb(h.state),
+            driver_state: h.driver_state,
+        }
+    }
+}
+
+impl From<ExitResult> for pb::ExitResult {
+    fn from(r: ExitResult) -> Self {
+        pb::ExitResult {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            oom_killed: r.oom_killed,
+            err: r.err.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<pb::ExitResult> for ExitResult {
+    fn from(r: pb::ExitResult) -> Self {
+        ExitResult {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            oom_killed: r.oom_killed,
+            err: (!r.err.is_empty()).then_some(r.err),
+        }
+    }
+}
+
+impl From<TaskStatus> for pb::TaskStatus {
+    fn from(s: TaskStatus) -> Self {
+        pb::TaskStatus {
+            id: s.id,
+            name: s.name,
+            state: state_to_pb(s.state),
+            started_at: s.started_at.map(to_timestamp),
+            completed_at: s.completed_at.map(to_timestamp),
+            exit_result: s.exit_result.map(Into::into),
+            attributes: s.attributes.into_iter().collect(),
+        }
+    }
+}
+
+impl From<pb::TaskStatus> for TaskStatus {
+    fn from(s: pb::TaskStatus) -> Self {
+        TaskStatus {
+            id: s.id,
+            name: s.name,
+            state: state_from_pb(s.state),
+            started_at: from_timestamp(s.started_at),
+            completed_at: from_timestamp(s.completed_at),
+            exit_result: s.exit_result.map(Into::into),
+            attributes: s.attributes.into_iter().collect(),
+        }
+    }
+}
+
+impl TaskStats {
+    pub(crate) fn into_pb(self, task_id: String) -> pb::TaskStatsResponse {
+        pb::TaskStatsResponse {
+            task_id,
+            timestamp: Some(to_timestamp(SystemTime::now())),
+            memory_rss_bytes: self.memory_rss_bytes,
+            cpu_user_nanos: u64::try_from(self.cpu_user.as_nanos()).unwrap_or(u64::MAX),
+            cpu_system_nanos: u64::try_from(self.cpu_system.as_nanos()).unwrap_or(u64::MAX),
+            cpu_percent: self.cpu_percent,
+            pids: Default::default(),
+        }
+    }
+}
+
+impl From<pb::TaskStatsResponse> for TaskStats {
+    fn from(s: pb::TaskStatsResponse) -> Self {
+        TaskStats {
+            memory_rss_bytes: s.memory_rss_bytes,
+            cpu_user: Duration::from_nanos(s.cpu_user_nanos),
+            cpu_system: Duration::from_nanos(s.cpu_system_nanos),
+            cpu_percent: s.cpu_percent,
+        }
+    }
+}
+
+impl From<TaskEvent> for pb::DriverTaskEvent {
+    fn from(e: TaskEvent) -> Self {
+        pb::DriverTaskEvent {
+            task_id: e.task_id,
+            timestamp: Some(to_timestamp(e.timestamp)),
+            message: e.message,
+            annotations: e.annotations.into_iter().collect(),
+        }
+    }
+}
+
+impl From<pb::DriverTaskEvent> for TaskEvent {
+    fn from(e: pb::DriverTaskEvent) -> Self {
+        TaskEvent {
+            task_id: e.task_id,
+            timestamp: from_timestamp(e.timestamp).unwrap_or(SystemTime::UNIX_EPOCH),
+            message: e.message,
+            annotations: e.annotations.into_iter().collect(),
+        }
+    }
+}

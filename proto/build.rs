@@ -1,0 +1,26 @@
+// .proto -> protox (pure Rust) -> FileDescriptorSet -> tonic-prost-build. No system protoc.
+use prost::Message as _;
+use std::{env, path::PathBuf};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    const PROTOS: &[&str] = &[
+        "proto/drover/plugin/v1/base.proto",
+        "proto/drover/plugin/v1/driver.proto",
+        "proto/plugin/grpc_controller.proto",
+        "proto/plugin/grpc_stdio.proto",
+        "proto/plugin/grpc_broker.proto",
+    ];
+    // protox and tonic-prost-build emit no rerun-if-changed; without this Cargo reruns
+    // the script on any change in the package.
+    println!("cargo:rerun-if-changed=proto");
+
+    let fds = protox::compile(PROTOS, ["proto"])?;
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    std::fs::write(out.join("drover_descriptor.bin"), fds.encode_to_vec())?;
+
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

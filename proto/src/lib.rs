@@ -1,0 +1,33 @@
+//! Generated gRPC code for the Drover plugin protocol.
+//!
+//! - [`drover::plugin::v1`]: Drover's own `BasePlugin` and `Driver` services.
+//! - [`goplugin`]: HashiCorp go-plugin's `plugin` package (`GRPCController`,
+//!   `GRPCStdio`, `GRPCBroker`), byte-for-byte wire compatible.
+//!
+//! The `.proto` files under `proto/` are the contract; read their comments for the
+//! semantics each RPC MUST follow.
+#![allow(missing_docs)]
+
+/// Drover's own packages.
+pub mod drover {
+    /// `drover.plugin.*`
+    pub mod plugin {
+        /// `drover.plugin.v1`: BasePlugin and Driver.
+        pub mod v1 {
+            tonic::include_proto!("drover.plugin.v1");
+        }
+    }
+}
+
+/// HashiCorp go-plugin's internal `plugin` package.
+pub mod goplugin {
+    tonic::include_proto!("plugin");
+}
+
+pub use drover::plugin::v1;
+
+/// Encoded `FileDescriptorSet` of every Drover proto (for reflection or grpcurl).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/drover_descriptor.bin"));
+
+pub use prost_types;

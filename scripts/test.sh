@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole Drover test suite, on a fresh machine: installs what the tests need if it
+# is missing, builds every workspace binary (the end-to-end tests launch the real
+# plugin binaries), then runs every test. Under CI=true a missing component fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v cc >/dev/null || need_pkgs+=(gcc)
+if ((${#need_pkgs[@]})); then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2
+        exit 1
+    fi
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_pkgs[@]}"
+fi
+
+cargo build --workspace --bins --locked
+cargo test --workspace --locked "$@"
