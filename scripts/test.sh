@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 
 need_pkgs=()
 command -v cc >/dev/null || need_pkgs+=(gcc)
+# go-plugin wire compatibility is tested against real go-plugin code (GOPATH build).
+command -v go >/dev/null || need_pkgs+=(golang-go)
+[ -d /usr/share/gocode/src/github.com/hashicorp/go-plugin ] || need_pkgs+=(golang-github-hashicorp-go-plugin-dev)
+[ -d /usr/share/gocode/src/google.golang.org/grpc ] || need_pkgs+=(golang-google-grpc-dev)
 if ((${#need_pkgs[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2

@@ -24,8 +24,9 @@ use crate::DriverError;
 pub const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 
 /// How long a plugin waits for in-flight calls after a shutdown request before it
-/// exits anyway; go-plugin hosts kill the process 2 s after asking.
-const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
+/// exits anyway. go-plugin hosts kill the process 2 s after asking; and the host keeps
+/// its connection open, so a graceful drain would always run into this limit.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
 
 /// Fingerprints are resent at least this often even when nothing changed.
 const FINGERPRINT_HEARTBEAT: Duration = Duration::from_secs(30);
@@ -212,11 +213,10 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
 
     spawn_signal_handlers(stop.clone());
     stop.cancelled().await;
-    let deadline = Instant::now() + SHUTDOWN_GRACE;
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE / 2, driver.shutdown()).await;
-    // Open streams (Fingerprint, WaitTask) keep a graceful shutdown waiting forever;
-    // give in-flight calls until the deadline, then exit regardless.
-    let _ = tokio::time::timeout_at(deadline.into(), server).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), driver.shutdown()).await;
+    // Open streams (Fingerprint, WaitTask) and the host's idle connection keep a
+    // graceful shutdown waiting forever; give in-flight calls a moment, then exit.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
     drop(dir);
     Ok(())
 }

@@ -1,0 +1,172 @@
+//! A plugin for the agent's tests, steered by environment variables (written by the
+//! tests into small wrapper scripts in a plugin_dir):
+//!
+//! - `FIXTURE_NAME` (default `fixture`), `FIXTURE_VERSION` (default `0.1.0`),
+//!   `FIXTURE_API_VERSIONS` (comma list, default the SDK's): what `PluginInfo` says.
+//! - `FIXTURE_MODE`:
+//!   - `normal` (default): a trivial driver whose tasks finish at once with exit 0;
+//!   - `goplugin-only`: a go-plugin plugin for another application — handshake, health
+//!     and go-plugin's own services, none of Drover's;
+//!   - `crash-after-handshake`: a normal plugin that exits with code 7 after 300 ms.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use drover_plugin_sdk::proto::goplugin;
+use drover_plugin_sdk::{
+    Capabilities, DriverError, DriverPlugin, EmptyConfig, ExitResult, Fingerprint, PluginInfo,
+    TaskHandle, TaskSpec, TaskState, TaskStatus,
+};
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_owned())
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct FixtureTaskConfig {
+    #[serde(default)]
+    exit_code: i32,
+}
+
+#[derive(Default)]
+struct Fixture {
+    tasks: Mutex<HashMap<String, i32>>,
+}
+
+impl Fixture {
+    fn exit_code(&self, id: &str) -> Result<i32, DriverError> {
+        self.tasks
+            .lock()
+            .map_err(DriverError::internal)?
+            .get(id)
+            .copied()
+            .ok_or_else(|| DriverError::NotFound(format!("task {id}")))
+    }
+}
+
+impl DriverPlugin for Fixture {
+    type Config = EmptyConfig;
+    type TaskConfig = FixtureTaskConfig;
+
+    fn info(&self) -> PluginInfo {
+        PluginInfo::new(env_or("FIXTURE_NAME", "fixture"), env_or("FIXTURE_VERSION", "0.1.0"))
+    }
+
+    fn api_versions(&self) -> Vec<String> {
+        match std::env::var("FIXTURE_API_VERSIONS") {
+            Ok(list) => list.split(',').map(|v| v.trim().to_owned()).collect(),
+            Err(_) => vec![drover_plugin_sdk::version::PLUGIN_API_VERSION.to_owned()],
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    async fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::healthy("fixture ready")
+    }
+
+    async fn start_task(&self, spec: TaskSpec, config: FixtureTaskConfig) -> Result<TaskHandle, DriverError> {
+        self.tasks
+            .lock()
+            .map_err(DriverError::internal)?
+            .insert(spec.id.clone(), config.exit_code);
+        TaskHandle::new(spec, 1, &config.exit_code)
+    }
+
+    async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError> {
+        Ok(ExitResult::code(self.exit_code(id)?))
+    }
+
+    async fn stop_task(&self, id: &str, _: Duration, _: &str) -> Result<(), DriverError> {
+        self.exit_code(id).map(drop)
+    }
+
+    async fn destroy_task(&self, id: &str, _: bool) -> Result<(), DriverError> {
+        self.tasks.lock().map_err(DriverError::internal)?.remove(id);
+        Ok(())
+    }
+
+    async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
+        let code = self.exit_code(id)?;
+        Ok(TaskStatus {
+            id: id.to_owned(),
+            state: TaskState::Exited,
+            exit_result: Some(ExitResult::code(code)),
+            ..Default::default()
+        })
+    }
+
+    async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        let code: i32 = handle.decode_state(1)?;
+        self.tasks
+            .lock()
+            .map_err(DriverError::internal)?
+            .insert(handle.spec.id.clone(), code);
+        Ok(())
+    }
+}
+
+fn main() {
+    match env_or("FIXTURE_MODE", "normal").as_str() {
+        "goplugin-only" => goplugin_only(),
+        "crash-after-handshake" => {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                std::process::exit(7);
+            });
+            drover_plugin_sdk::serve(Fixture::default())
+        }
+        _ => drover_plugin_sdk::serve(Fixture::default()),
+    }
+}
+
+struct Controller;
+
+#[tonic::async_trait]
+impl goplugin::grpc_controller_server::GrpcController for Controller {
+    async fn shutdown(
+        &self,
+        _: tonic::Request<goplugin::Empty>,
+    ) -> Result<tonic::Response<goplugin::Empty>, tonic::Status> {
+        tokio::spawn(async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            std::process::exit(0);
+        });
+        Ok(tonic::Response::new(goplugin::Empty {}))
+    }
+}
+
+/// Behave like a go-plugin plugin of some other program that happens to share the cookie.
+fn goplugin_only() {
+    if std::env::var(drover_plugin_sdk::handshake::MAGIC_COOKIE_KEY).as_deref()
+        != Ok(drover_plugin_sdk::handshake::MAGIC_COOKIE_VALUE)
+    {
+        eprintln!("not started by a host");
+        std::process::exit(1);
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::Builder::new()
+            .prefix("fixture-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .expect("socket dir");
+        let path = dir.path().join("plugin.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status("plugin", tonic_health::ServingStatus::Serving)
+            .await;
+        let server = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(Controller))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
+        println!("1|1|unix|{}|grpc", path.display());
+        let _ = server.await;
+    });
+}
