@@ -28,12 +28,21 @@ enum Bench {
         /// Plugin binary (default: drover-driver-rawexec next to this binary, built if missing).
         #[arg(long)]
         plugin: Option<PathBuf>,
+        /// Log each launch's phases (spawn to handshake line, connected, healthy).
+        #[arg(long)]
+        verbose: bool,
     },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
-        Bench::Handshake { iterations, plugin } => {
+        Bench::Handshake { iterations, plugin, verbose } => {
+            if verbose {
+                tracing_subscriber::fmt()
+                    .with_env_filter("drover_plugin_sdk=debug")
+                    .with_writer(std::io::stderr)
+                    .init();
+            }
             let plugin = match plugin {
                 Some(p) => p,
                 None => sibling_binary("drover-driver-rawexec", "drover-driver-rawexec")?,
@@ -96,8 +105,7 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
     let socket_dir = std::env::temp_dir().join(format!("drover-bench-{}", std::process::id()));
     std::fs::create_dir_all(&socket_dir)?;
     // One warm-up of each, so page cache and dynamic loader state are the same for both.
-    let warm = launch_once(plugin, &socket_dir).await?;
-    drop(warm);
+    launch_once(plugin, &socket_dir).await?;
     std::process::Command::new("/bin/true").status()?;
 
     let mut plugin_samples = Vec::with_capacity(iterations);

@@ -380,6 +380,7 @@ impl PluginProcess {
             }
             Ok(Ok(Some(line))) => line,
         };
+        let line_at = started.elapsed();
         let line: HandshakeLine = match line_text.parse() {
             Ok(l) => l,
             Err(error) => {
@@ -425,6 +426,7 @@ impl PluginProcess {
                 });
             }
         };
+        let connected_at = started.elapsed();
         let remaining = opts
             .handshake_timeout
             .saturating_sub(started.elapsed())
@@ -441,6 +443,14 @@ impl PluginProcess {
             }
         }
 
+        tracing::debug!(
+            plugin = %opts.name,
+            pid,
+            handshake_us = line_at.as_micros() as u64,
+            connected_us = connected_at.as_micros() as u64,
+            healthy_us = started.elapsed().as_micros() as u64,
+            "plugin launched"
+        );
         // Healthy. Keep draining stdout so a chatty plugin never blocks on a full pipe.
         let name = opts.name.clone();
         tokio::spawn(async move {

@@ -26,7 +26,7 @@ pub const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 /// How long a plugin waits for in-flight calls after a shutdown request before it
 /// exits anyway. go-plugin hosts kill the process 2 s after asking; and the host keeps
 /// its connection open, so a graceful drain would always run into this limit.
-const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(50);
 
 /// Fingerprints are resent at least this often even when nothing changed.
 const FINGERPRINT_HEARTBEAT: Duration = Duration::from_secs(30);
