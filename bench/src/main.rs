@@ -47,8 +47,8 @@ fn main() -> anyhow::Result<()> {
                 Some(p) => p,
                 None => sibling_binary("drover-driver-rawexec", "drover-driver-rawexec")?,
             };
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+            // The same runtime flavour as the agent (see host/src/main.rs).
+            let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             rt.block_on(handshake(&plugin, iterations))

@@ -23,6 +23,9 @@ use crate::DriverError;
 /// methods a driver leaves at their defaults.
 ///
 /// Calls can arrive concurrently; keep per-task state behind a lock or a concurrent map.
+/// [`crate::serve`] runs the driver on a single-threaded tokio runtime: never block in
+/// a method (no `std::thread::sleep`, no blocking I/O on slow devices); use
+/// `tokio::task::spawn_blocking` for work that must block.
 ///
 /// # Example
 ///

@@ -99,8 +99,10 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
         std::process::exit(1);
     }
     crate::logging::init_plugin_logging();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: a plugin is I/O-bound control-plane code. No worker threads to start
+    // keeps launch latency low (cross-thread wake-ups are slow, especially in VMs) and
+    // memory small. Drivers run blocking work with `tokio::task::spawn_blocking`.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(ServeError::Runtime);
