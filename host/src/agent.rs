@@ -63,7 +63,8 @@ fn bind_api(path: &Path) -> Result<tokio::net::UnixListener, AgentError> {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(listen_err("another agent is already serving on it".into()));
         }
-        std::fs::remove_file(path).map_err(|e| listen_err(format!("cannot remove stale socket: {e}")))?;
+        std::fs::remove_file(path)
+            .map_err(|e| listen_err(format!("cannot remove stale socket: {e}")))?;
     }
     let listener = tokio::net::UnixListener::bind(path).map_err(|e| listen_err(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))

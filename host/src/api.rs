@@ -32,7 +32,9 @@ impl From<DriverError> for ApiError {
         let code = match &e {
             DriverError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
             DriverError::NotFound(_) => StatusCode::NOT_FOUND,
-            DriverError::AlreadyExists(_) | DriverError::FailedPrecondition(_) => StatusCode::CONFLICT,
+            DriverError::AlreadyExists(_) | DriverError::FailedPrecondition(_) => {
+                StatusCode::CONFLICT
+            }
             DriverError::Unimplemented(_) => StatusCode::NOT_IMPLEMENTED,
             DriverError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             DriverError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -81,8 +83,12 @@ async fn list_tasks(State(s): State<ApiState>) -> ApiResult {
 }
 
 async fn run_task(State(s): State<ApiState>, body: axum::body::Bytes) -> ApiResult {
-    let req: RunRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid request body: {e}")))?;
+    let req: RunRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
     let view = s.tasks.run(req).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
@@ -110,14 +116,21 @@ async fn stop_task(
     let body: StopBody = if body.is_empty() {
         StopBody::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid request body: {e}")))?
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("invalid request body: {e}"),
+            )
+        })?
     };
     let timeout = body
         .timeout
         .map(|t| {
             humantime::parse_duration(&t).map_err(|e| {
-                ApiError(StatusCode::BAD_REQUEST, format!("timeout {t:?} is not a duration: {e}"))
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("timeout {t:?} is not a duration: {e}"),
+                )
             })
         })
         .transpose()?;
@@ -135,8 +148,12 @@ async fn signal_task(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult {
-    let body: SignalBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid request body: {e}")))?;
+    let body: SignalBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
     ok(s.tasks.signal(&id, &body.signal).await?)
 }
 
@@ -162,8 +179,8 @@ pub async fn serve(
     stop: tokio_util::sync::CancellationToken,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let server = axum::serve(listener, router(state))
-        .with_graceful_shutdown(stop.clone().cancelled_owned());
+    let server =
+        axum::serve(listener, router(state)).with_graceful_shutdown(stop.clone().cancelled_owned());
     let handle = tokio::spawn(async move { server.await });
     stop.cancelled().await;
     match tokio::time::timeout(grace, handle).await {

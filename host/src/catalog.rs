@@ -16,7 +16,8 @@ use crate::config::AgentConfig;
 use crate::loader::{self, Candidate, Fingerprinted, PluginState, PluginStatus, Source};
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
-const RELAUNCH_BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(30));
+const RELAUNCH_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(250), Duration::from_secs(30));
 /// A plugin that ran this long before dying starts over at the shortest backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
 
@@ -64,7 +65,9 @@ pub struct LoadedPlugin {
 
 impl std::fmt::Debug for LoadedPlugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedPlugin").field("name", &self.name).finish()
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -81,7 +84,9 @@ impl LoadedPlugin {
     fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         // A panic while holding this lock cannot leave Live half-written (fields are
         // replaced whole), so a poisoned lock is still usable.
-        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A client for the current process.
@@ -130,7 +135,11 @@ impl LoadedPlugin {
             path: self.candidate.path.clone(),
             state: live.state,
             reason: live.reason.clone(),
-            pid: live.process.exit_status().is_none().then(|| live.process.pid()),
+            pid: live
+                .process
+                .exit_status()
+                .is_none()
+                .then(|| live.process.pid()),
         }
     }
 
@@ -222,11 +231,19 @@ impl Catalog {
         }));
         let mut launches = tokio::task::JoinSet::new();
         for c in candidates {
-            if let Err(reason) = loader::allowed(&c.label, &config.plugin_allow, &config.plugin_deny) {
+            if let Err(reason) =
+                loader::allowed(&c.label, &config.plugin_allow, &config.plugin_deny)
+            {
                 self.skip(PluginStatus::skipped(&c, reason));
                 continue;
             }
-            if let Err(reason) = check_pin(&c, config.plugin.get(&c.label).and_then(|s| s.sha256.as_deref())) {
+            if let Err(reason) = check_pin(
+                &c,
+                config
+                    .plugin
+                    .get(&c.label)
+                    .and_then(|s| s.sha256.as_deref()),
+            ) {
                 self.skip(PluginStatus::skipped(&c, reason));
                 continue;
             }
@@ -341,9 +358,12 @@ impl Catalog {
 
 fn check_pin(c: &Candidate, pin: Option<&str>) -> Result<(), String> {
     let Some(pin) = pin else { return Ok(()) };
-    let actual = loader::sha256_file(&c.path).map_err(|e| format!("cannot hash {}: {e}", c.path.display()))?;
+    let actual = loader::sha256_file(&c.path)
+        .map_err(|e| format!("cannot hash {}: {e}", c.path.display()))?;
     if !actual.eq_ignore_ascii_case(pin.trim()) {
-        return Err(format!("sha256 is {actual}, but the configuration pins {pin}"));
+        return Err(format!(
+            "sha256 is {actual}, but the configuration pins {pin}"
+        ));
     }
     Ok(())
 }
@@ -405,7 +425,13 @@ async fn supervise(plugin: Arc<LoadedPlugin>, ctx: Arc<LoadContext>, stop: Cance
 }
 
 async fn relaunch(plugin: &LoadedPlugin, ctx: &LoadContext) -> Result<(), String> {
-    let fp = loader::fingerprint(&plugin.candidate, ctx.timeout, &ctx.socket_dir, &ctx.accepted).await?;
+    let fp = loader::fingerprint(
+        &plugin.candidate,
+        ctx.timeout,
+        &ctx.socket_dir,
+        &ctx.accepted,
+    )
+    .await?;
     if fp.info.name != plugin.name {
         let got = fp.info.name.clone();
         fp.process.shutdown().await;
@@ -437,7 +463,10 @@ async fn watch_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
                 plugin.set_state(state, fp.description);
             }
             Err(e) => {
-                plugin.set_state(PluginState::Unhealthy, format!("fingerprint stream failed: {e}"));
+                plugin.set_state(
+                    PluginState::Unhealthy,
+                    format!("fingerprint stream failed: {e}"),
+                );
                 return;
             }
         }

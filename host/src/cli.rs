@@ -77,9 +77,9 @@ impl ApiClient {
             .await
             .context("reading the agent's answer")?
             .to_bytes();
-        let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|_| {
-            serde_json::json!({ "error": String::from_utf8_lossy(&body).into_owned() })
-        });
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(
+            |_| serde_json::json!({ "error": String::from_utf8_lossy(&body).into_owned() }),
+        );
         if !status.is_success() {
             let msg = value
                 .get("error")
@@ -104,8 +104,16 @@ pub fn print_plugins(rows: &serde_json::Value, json: bool) {
     );
     for r in rows.as_array().into_iter().flatten() {
         let s = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
-        let pid = r.get("pid").and_then(|p| p.as_u64()).map(|p| p.to_string()).unwrap_or_else(|| "-".into());
-        let detail = if s("state") == "healthy" { s("path") } else { format!("{}: {}", s("path"), s("reason")) };
+        let pid = r
+            .get("pid")
+            .and_then(|p| p.as_u64())
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "-".into());
+        let detail = if s("state") == "healthy" {
+            s("path")
+        } else {
+            format!("{}: {}", s("path"), s("reason"))
+        };
         println!(
             "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} {}",
             s("name"),
@@ -147,7 +155,12 @@ pub fn print_task(task: &serde_json::Value, json: bool) {
     }
     println!("Task Dir    = {}", s("task_dir"));
     println!("Events:");
-    for e in task.get("events").and_then(|e| e.as_array()).into_iter().flatten() {
+    for e in task
+        .get("events")
+        .and_then(|e| e.as_array())
+        .into_iter()
+        .flatten()
+    {
         let f = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("");
         println!("  {}  {:<14} {}", f("time"), f("type"), f("message"));
     }
@@ -156,17 +169,34 @@ pub fn print_task(task: &serde_json::Value, json: bool) {
 /// Print a task list.
 pub fn print_tasks(tasks: &serde_json::Value, json: bool) {
     if json {
-        println!("{}", serde_json::to_string_pretty(tasks).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(tasks).unwrap_or_default()
+        );
         return;
     }
-    println!("{:<34} {:<16} {:<10} {:<8} {}", "ID", "NAME", "DRIVER", "STATE", "EXIT");
+    println!(
+        "{:<34} {:<16} {:<10} {:<8} {}",
+        "ID", "NAME", "DRIVER", "STATE", "EXIT"
+    );
     for t in tasks.as_array().into_iter().flatten() {
-        let s = |k: &str| t.get(k).map(|v| match v {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Null => "-".into(),
-            other => other.to_string(),
-        }).unwrap_or_default();
-        println!("{:<34} {:<16} {:<10} {:<8} {}", s("id"), s("name"), s("driver"), s("state"), s("exit_code"));
+        let s = |k: &str| {
+            t.get(k)
+                .map(|v| match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Null => "-".into(),
+                    other => other.to_string(),
+                })
+                .unwrap_or_default()
+        };
+        println!(
+            "{:<34} {:<16} {:<10} {:<8} {}",
+            s("id"),
+            s("name"),
+            s("driver"),
+            s("state"),
+            s("exit_code")
+        );
     }
 }
 
@@ -176,8 +206,13 @@ pub fn task_exit_code(task: &serde_json::Value) -> i32 {
     if let Some(sig) = task.get("signal").and_then(|s| s.as_i64()) {
         return 128 + sig as i32;
     }
-    if task.get("error").is_some_and(|e| !e.is_null()) && task.get("exit_code").and_then(|c| c.as_i64()) == Some(0) {
+    if task.get("error").is_some_and(|e| !e.is_null())
+        && task.get("exit_code").and_then(|c| c.as_i64()) == Some(0)
+    {
         return 1;
     }
-    task.get("exit_code").and_then(|c| c.as_i64()).map(|c| c as i32).unwrap_or(1)
+    task.get("exit_code")
+        .and_then(|c| c.as_i64())
+        .map(|c| c as i32)
+        .unwrap_or(1)
 }

@@ -58,10 +58,7 @@ pub struct AgentConfig {
     /// The API socket. Default: `<data_dir>/api.sock`.
     pub api_socket: Option<PathBuf>,
     /// Time from launching a plugin to its first successful RPC.
-    #[serde(
-        serialize_with = "ser_duration",
-        deserialize_with = "de_duration"
-    )]
+    #[serde(serialize_with = "ser_duration", deserialize_with = "de_duration")]
     pub handshake_timeout: Duration,
     /// Only plugins with these names (file or plugin name) load. Empty: all.
     pub plugin_allow: Vec<String>,
@@ -107,8 +104,9 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Millis(u64),
     }
     match Raw::deserialize(d)? {
-        Raw::Text(t) => humantime::parse_duration(&t)
-            .map_err(|e| serde::de::Error::custom(format!("{t:?} is not a duration like \"5s\": {e}"))),
+        Raw::Text(t) => humantime::parse_duration(&t).map_err(|e| {
+            serde::de::Error::custom(format!("{t:?} is not a duration like \"5s\": {e}"))
+        }),
         Raw::Millis(ms) => Ok(Duration::from_millis(ms)),
     }
 }
@@ -142,7 +140,10 @@ impl AgentConfig {
         let mut figment = Figment::from(Serialized::defaults(AgentConfig::default()));
         for file in files {
             if !file.is_file() {
-                return Err(ConfigError(format!("config file {} does not exist", file.display())));
+                return Err(ConfigError(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
             }
             figment = figment.merge(Toml::file_exact(file));
         }
@@ -209,7 +210,10 @@ mod tests {
     use super::*;
 
     fn flags(pairs: &[(&str, serde_json::Value)]) -> serde_json::Map<String, serde_json::Value> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect()
     }
 
     #[test]
@@ -259,15 +263,21 @@ mod tests {
     #[test]
     fn bad_duration_is_explained() {
         let env = vec![("DROVER_HANDSHAKE_TIMEOUT".to_owned(), "soon".to_owned())];
-        let err = AgentConfig::load(&[], env, &Default::default()).unwrap_err().to_string();
+        let err = AgentConfig::load(&[], env, &Default::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("soon"), "{err}");
     }
 
     #[test]
     fn missing_file_is_an_error() {
-        let err = AgentConfig::load(&[PathBuf::from("/nonexistent/agent.toml")], vec![], &Default::default())
-            .unwrap_err()
-            .to_string();
+        let err = AgentConfig::load(
+            &[PathBuf::from("/nonexistent/agent.toml")],
+            vec![],
+            &Default::default(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("/nonexistent/agent.toml"), "{err}");
     }
 

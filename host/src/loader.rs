@@ -161,7 +161,10 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
         let meta = match std::fs::metadata(&path) {
             Ok(m) => m,
             Err(e) => {
-                skipped.push(PluginStatus::skipped(&candidate, format!("cannot stat: {e}")));
+                skipped.push(PluginStatus::skipped(
+                    &candidate,
+                    format!("cannot stat: {e}"),
+                ));
                 continue;
             }
         };
@@ -181,7 +184,10 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
         if mode & 0o111 == 0 {
             skipped.push(PluginStatus::skipped(
                 &candidate,
-                format!("not executable (mode {:04o}); chmod +x it to load it", mode & 0o7777),
+                format!(
+                    "not executable (mode {:04o}); chmod +x it to load it",
+                    mode & 0o7777
+                ),
             ));
             continue;
         }
@@ -228,7 +234,8 @@ fn parse_schema(what: &str, text: &str) -> Result<serde_json::Value, String> {
     if !value.is_object() && !value.is_boolean() {
         return Err(format!("{what} is not a JSON Schema object"));
     }
-    jsonschema::validator_for(&value).map_err(|e| format!("{what} is not a valid JSON Schema: {e}"))?;
+    jsonschema::validator_for(&value)
+        .map_err(|e| format!("{what} is not a valid JSON Schema: {e}"))?;
     Ok(value)
 }
 
@@ -255,24 +262,30 @@ pub async fn fingerprint(
     opts.args = candidate.args.clone();
     opts.handshake_timeout = timeout;
     opts.socket_dir = Some(socket_dir.to_owned());
-    let process = PluginProcess::launch(opts).await.map_err(|e| e.to_string())?;
+    let process = PluginProcess::launch(opts)
+        .await
+        .map_err(|e| e.to_string())?;
     match tokio::time::timeout(timeout, identify(&process, accepted)).await {
-        Ok(Ok((info, api_version, config_schema, task_schema, capabilities))) => Ok(Fingerprinted {
-            candidate: candidate.clone(),
-            process,
-            info,
-            api_version,
-            config_schema,
-            task_schema,
-            capabilities,
-        }),
+        Ok(Ok((info, api_version, config_schema, task_schema, capabilities))) => {
+            Ok(Fingerprinted {
+                candidate: candidate.clone(),
+                process,
+                info,
+                api_version,
+                config_schema,
+                task_schema,
+                capabilities,
+            })
+        }
         Ok(Err(reason)) => {
             process.shutdown().await;
             Err(reason)
         }
         Err(_) => {
             process.kill().await;
-            Err(format!("plugin did not answer its identity RPCs within {timeout:?}"))
+            Err(format!(
+                "plugin did not answer its identity RPCs within {timeout:?}"
+            ))
         }
     }
 }
@@ -285,7 +298,10 @@ type Identity = (
     Capabilities,
 );
 
-async fn identify(process: &PluginProcess, accepted: &semver::VersionReq) -> Result<Identity, String> {
+async fn identify(
+    process: &PluginProcess,
+    accepted: &semver::VersionReq,
+) -> Result<Identity, String> {
     let client = process.client();
     let (info, api_versions, kind) = client
         .plugin_info()

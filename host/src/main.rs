@@ -17,7 +17,11 @@ const BUILTINS: &[(&str, fn() -> !)] = &[("rawexec", || {
 })];
 
 #[derive(Parser)]
-#[command(name = "drover", version, about = "Run tasks through out-of-process driver plugins")]
+#[command(
+    name = "drover",
+    version,
+    about = "Run tasks through out-of-process driver plugins"
+)]
 struct Cli {
     /// Agent API address (unix:///path/to/api.sock).
     #[arg(long, global = true, env = "DROVER_ADDR")]
@@ -166,11 +170,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Plugin(PluginCommand::Serve { name }) => serve_builtin(&name),
         Command::Agent(args) => run_agent(args),
-        Command::Plugin(PluginCommand::Status { json }) => client_main(cli.address, |c| async move {
-            let rows = c.call(Method::GET, "/v1/plugins", None).await?;
-            cli::print_plugins(&rows, json);
-            Ok(ExitCode::SUCCESS)
-        }),
+        Command::Plugin(PluginCommand::Status { json }) => {
+            client_main(cli.address, |c| async move {
+                let rows = c.call(Method::GET, "/v1/plugins", None).await?;
+                cli::print_plugins(&rows, json);
+                Ok(ExitCode::SUCCESS)
+            })
+        }
         Command::Task(cmd) => client_main(cli.address, |c| task_command(c, cmd)),
     }
 }
@@ -180,7 +186,10 @@ fn serve_builtin(name: &str) -> ExitCode {
         Some((_, serve)) => serve(),
         None => {
             let names: Vec<_> = BUILTINS.iter().map(|(n, _)| *n).collect();
-            eprintln!("no built-in driver named {name:?}; built-ins: {}", names.join(", "));
+            eprintln!(
+                "no built-in driver named {name:?}; built-ins: {}",
+                names.join(", ")
+            );
             ExitCode::from(2)
         }
     }
@@ -191,7 +200,9 @@ fn init_logging(config: &AgentConfig) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.log_level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Human => builder.init(),
@@ -206,10 +217,28 @@ fn agent_flags(args: &AgentArgs) -> serde_json::Map<String, serde_json::Value> {
         }
     };
     put("dev", args.dev.then_some(true.into()));
-    put("data_dir", args.data_dir.as_ref().map(|p| p.display().to_string().into()));
-    put("plugin_dir", args.plugin_dir.as_ref().map(|p| p.display().to_string().into()));
-    put("api_socket", args.api_socket.as_ref().map(|p| p.display().to_string().into()));
-    put("handshake_timeout", args.handshake_timeout.clone().map(Into::into));
+    put(
+        "data_dir",
+        args.data_dir
+            .as_ref()
+            .map(|p| p.display().to_string().into()),
+    );
+    put(
+        "plugin_dir",
+        args.plugin_dir
+            .as_ref()
+            .map(|p| p.display().to_string().into()),
+    );
+    put(
+        "api_socket",
+        args.api_socket
+            .as_ref()
+            .map(|p| p.display().to_string().into()),
+    );
+    put(
+        "handshake_timeout",
+        args.handshake_timeout.clone().map(Into::into),
+    );
     put("log_level", args.log_level.clone().map(Into::into));
     put("log_format", args.log_format.clone().map(Into::into));
     flags
@@ -237,14 +266,20 @@ fn run_agent(args: AgentArgs) -> ExitCode {
         .map(|(name, _)| Builtin {
             name: (*name).to_owned(),
             command: exe.clone(),
-            args: ["plugin", "serve", name].iter().map(OsString::from).collect(),
+            args: ["plugin", "serve", name]
+                .iter()
+                .map(OsString::from)
+                .collect(),
         })
         .collect();
     // One thread: the agent is I/O-bound control-plane code. Cross-thread wake-ups cost
     // tens of microseconds each on VMs, which dominated plugin launch latency with a
     // multi-threaded runtime (drover-bench handshake: 3.1 ms vs 2.3 ms median).
     // Blocking work goes to `spawn_blocking`.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("cannot start the async runtime: {e}");
@@ -267,7 +302,10 @@ fn run_agent(args: AgentArgs) -> ExitCode {
 /// First SIGINT/SIGTERM: graceful stop. Second: exit at once.
 async fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };
@@ -302,7 +340,15 @@ where
 
 async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        TaskCommand::Run { driver, config, name, env, kill_signal, kill_timeout, json } => {
+        TaskCommand::Run {
+            driver,
+            config,
+            name,
+            env,
+            kill_signal,
+            kill_timeout,
+            json,
+        } => {
             let config: serde_json::Value = serde_json::from_str(&config)
                 .with_context(|| format!("--config is not valid JSON: {config}"))?;
             let mut env_map = serde_json::Map::new();
@@ -312,7 +358,8 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
                     .with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
                 env_map.insert(k.to_owned(), v.into());
             }
-            let mut body = serde_json::json!({ "driver": driver, "config": config, "env": env_map });
+            let mut body =
+                serde_json::json!({ "driver": driver, "config": config, "env": env_map });
             if let Some(n) = name {
                 body["name"] = n.into();
             }
@@ -326,11 +373,16 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
             if json {
                 println!("{}", serde_json::to_string_pretty(&task)?);
             } else {
-                println!("{}", task.get("id").and_then(|i| i.as_str()).unwrap_or_default());
+                println!(
+                    "{}",
+                    task.get("id").and_then(|i| i.as_str()).unwrap_or_default()
+                );
             }
         }
         TaskCommand::Status { id, json } => {
-            let task = c.call(Method::GET, &format!("/v1/tasks/{id}"), None).await?;
+            let task = c
+                .call(Method::GET, &format!("/v1/tasks/{id}"), None)
+                .await?;
             cli::print_task(&task, json);
         }
         TaskCommand::List { json } => {
@@ -338,14 +390,23 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
             cli::print_tasks(&tasks, json);
         }
         TaskCommand::Wait { id, json } => {
-            let task = c.call(Method::GET, &format!("/v1/tasks/{id}/wait"), None).await?;
+            let task = c
+                .call(Method::GET, &format!("/v1/tasks/{id}/wait"), None)
+                .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&task)?);
             }
             let code = cli::task_exit_code(&task);
-            return Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)));
+            return Ok(ExitCode::from(
+                u8::try_from(code.clamp(0, 255)).unwrap_or(1),
+            ));
         }
-        TaskCommand::Stop { id, signal, timeout, json } => {
+        TaskCommand::Stop {
+            id,
+            signal,
+            timeout,
+            json,
+        } => {
             let mut body = serde_json::json!({});
             if let Some(s) = signal {
                 body["signal"] = s.into();
@@ -353,15 +414,26 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
             if let Some(t) = timeout {
                 body["timeout"] = t.into();
             }
-            let task = c.call(Method::POST, &format!("/v1/tasks/{id}/stop"), Some(body)).await?;
+            let task = c
+                .call(Method::POST, &format!("/v1/tasks/{id}/stop"), Some(body))
+                .await?;
             cli::print_task(&task, json);
         }
         TaskCommand::Signal { id, signal } => {
-            c.call(Method::POST, &format!("/v1/tasks/{id}/signal"), Some(serde_json::json!({ "signal": signal })))
-                .await?;
+            c.call(
+                Method::POST,
+                &format!("/v1/tasks/{id}/signal"),
+                Some(serde_json::json!({ "signal": signal })),
+            )
+            .await?;
         }
         TaskCommand::Destroy { id, force } => {
-            c.call(Method::DELETE, &format!("/v1/tasks/{id}?force={force}"), None).await?;
+            c.call(
+                Method::DELETE,
+                &format!("/v1/tasks/{id}?force={force}"),
+                None,
+            )
+            .await?;
         }
     }
     Ok(ExitCode::SUCCESS)

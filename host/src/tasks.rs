@@ -109,7 +109,9 @@ struct TaskEntry {
 
 impl TaskEntry {
     fn view(&self) -> std::sync::MutexGuard<'_, TaskView> {
-        self.view.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn event(&self, kind: &str, message: impl Into<String>) {
@@ -213,7 +215,9 @@ impl TaskManager {
         let kill_timeout = match &req.kill_timeout {
             None => DEFAULT_KILL_TIMEOUT,
             Some(t) => humantime::parse_duration(t).map_err(|e| {
-                DriverError::InvalidConfig(format!("kill_timeout {t:?} is not a duration like \"5s\": {e}"))
+                DriverError::InvalidConfig(format!(
+                    "kill_timeout {t:?} is not a duration like \"5s\": {e}"
+                ))
             })?,
         };
 
@@ -221,7 +225,10 @@ impl TaskManager {
         let name = req.name.clone().unwrap_or_else(|| req.driver.clone());
         let task_dir = self.alloc_dir.join(&id);
         create_task_dir(&task_dir).map_err(|e| {
-            DriverError::Internal(format!("cannot create task dir {}: {e}", task_dir.display()))
+            DriverError::Internal(format!(
+                "cannot create task dir {}: {e}",
+                task_dir.display()
+            ))
         })?;
         let mut env = req.env.clone();
         env.insert("DROVER_TASK_ID".into(), id.clone());
@@ -259,7 +266,10 @@ impl TaskManager {
             kill_timeout,
             dead: watch::channel(false).0,
         });
-        entry.event("Received", format!("task received by driver {}", req.driver));
+        entry.event(
+            "Received",
+            format!("task received by driver {}", req.driver),
+        );
         if let Ok(mut t) = self.tasks.write() {
             t.insert(id.clone(), entry.clone());
         }
@@ -331,7 +341,10 @@ impl TaskManager {
         let timeout = timeout.unwrap_or(entry.kill_timeout);
         let driver = entry.view().driver.clone();
         let plugin = self.plugin(&driver)?;
-        entry.event("Killing", format!("sending {signal}, SIGKILL after {timeout:?}"));
+        entry.event(
+            "Killing",
+            format!("sending {signal}, SIGKILL after {timeout:?}"),
+        );
         plugin.client().stop_task(id, timeout, &signal).await?;
         let mut dead = entry.dead.subscribe();
         // The watcher records the exit result; it arrives right after StopTask returns.
@@ -352,7 +365,10 @@ impl TaskManager {
         let entry = self.entry(id)?;
         drover_plugin_sdk::parse_signal(signal)?;
         let driver = entry.view().driver.clone();
-        self.plugin(&driver)?.client().signal_task(id, signal).await?;
+        self.plugin(&driver)?
+            .client()
+            .signal_task(id, signal)
+            .await?;
         entry.event("Signaling", format!("sent {signal}"));
         Ok(entry.view().clone())
     }

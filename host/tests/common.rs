@@ -47,7 +47,11 @@ impl Agent {
     pub fn start(root: &Path, plugin_dir: &Path, extra: &[&str]) -> Agent {
         let data_dir = root.join("data");
         let log = root.join("agent.log");
-        let marker = format!("zoo-{}-{}", std::process::id(), root.display().to_string().len());
+        let marker = format!(
+            "zoo-{}-{}",
+            std::process::id(),
+            root.display().to_string().len()
+        );
         let marker = format!("{marker}-{}", rand_suffix());
         let child = Command::new(drover())
             .arg("agent")
@@ -79,7 +83,11 @@ impl Agent {
     fn wait_for_socket(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.socket.exists() {
-            assert!(Instant::now() < deadline, "agent API socket never appeared; log:\n{}", self.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "agent API socket never appeared; log:\n{}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -107,12 +115,19 @@ impl Agent {
             String::from_utf8_lossy(&out.stdout)
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("drover {args:?} printed non-JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+            panic!(
+                "drover {args:?} printed non-JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
         })
     }
 
     /// Poll `plugin status --json` until `done` holds for it, or panic after `within`.
-    pub fn wait_plugins(&self, within: Duration, done: impl Fn(&[serde_json::Value]) -> bool) -> Vec<serde_json::Value> {
+    pub fn wait_plugins(
+        &self,
+        within: Duration,
+        done: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
         let deadline = Instant::now() + within;
         loop {
             let rows = self.cli_json(&["plugin", "status", "--json"]);
@@ -135,11 +150,15 @@ impl Agent {
         let needle = format!("DROVER_TEST_MARKER={}", self.marker);
         let mut pids = Vec::new();
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
             if pid == self.child.id() {
                 continue;
             }
-            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
             // Zombies have an empty environ; they are not running processes.
             if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
                 pids.push(pid);
@@ -157,7 +176,10 @@ impl Agent {
             if let Some(s) = self.child.try_wait().unwrap() {
                 return s;
             }
-            assert!(Instant::now() < deadline, "agent did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "agent did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -17,9 +17,16 @@ const GOPATH: &str = "/usr/share/gocode";
 /// Debian's go-plugin sources the test cannot run: it fails under CI=true (the test
 /// script installs them) and skips loudly elsewhere.
 fn build_go_program() -> Option<PathBuf> {
-    let have_go = Command::new("go").arg("version").output().is_ok_and(|o| o.status.success());
-    let have_src = Path::new(GOPATH).join("src/github.com/hashicorp/go-plugin").exists()
-        && Path::new(GOPATH).join("src/google.golang.org/grpc").exists();
+    let have_go = Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let have_src = Path::new(GOPATH)
+        .join("src/github.com/hashicorp/go-plugin")
+        .exists()
+        && Path::new(GOPATH)
+            .join("src/google.golang.org/grpc")
+            .exists();
     if !have_go || !have_src {
         let msg = "go-plugin compatibility test needs `go` and Debian's golang-github-hashicorp-go-plugin-dev \
                    and golang-google-grpc-dev (scripts/test.sh installs them)";
@@ -63,44 +70,76 @@ fn go_host(program: &Path, plugin: &Path, args: &[&str]) -> serde_json::Value {
 }
 
 fn hex_decode(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
 }
 
 fn assert_loaded_by_go(program: &Path, plugin: &Path, args: &[&str], name: &str) {
     let report = go_host(program, plugin, args);
     assert_eq!(report["protocol"], "grpc", "{report:#}");
-    assert_eq!(report["ping"], "ok", "health check through go-plugin failed: {report:#}");
+    assert_eq!(
+        report["ping"], "ok",
+        "health check through go-plugin failed: {report:#}"
+    );
     assert_eq!(report["plugin_info_error"], "", "{report:#}");
     let info = hex_decode(report["plugin_info_hex"].as_str().unwrap());
     let text = String::from_utf8_lossy(&info);
-    assert!(text.contains(name), "PluginInfo answer {text:?} lacks {name:?}");
-    assert!(text.contains("1.0.0"), "PluginInfo answer {text:?} lacks the API version");
-    assert_eq!(report["exited_gracefully"], true, "plugin needed SIGKILL: {report:#}");
+    assert!(
+        text.contains(name),
+        "PluginInfo answer {text:?} lacks {name:?}"
+    );
+    assert!(
+        text.contains("1.0.0"),
+        "PluginInfo answer {text:?} lacks the API version"
+    );
+    assert_eq!(
+        report["exited_gracefully"], true,
+        "plugin needed SIGKILL: {report:#}"
+    );
     assert!(report["kill_ms"].as_i64().unwrap() < 2000, "{report:#}");
 }
 
 #[test]
 fn drover_plugins_load_in_a_go_plugin_host() {
-    let Some(program) = build_go_program() else { return };
-    assert_loaded_by_go(&program, &workspace_bin("drover-skeleton-driver"), &[], "skeleton");
-    assert_loaded_by_go(&program, &drover(), &["plugin", "serve", "rawexec"], "rawexec");
+    let Some(program) = build_go_program() else {
+        return;
+    };
+    assert_loaded_by_go(
+        &program,
+        &workspace_bin("drover-skeleton-driver"),
+        &[],
+        "skeleton",
+    );
+    assert_loaded_by_go(
+        &program,
+        &drover(),
+        &["plugin", "serve", "rawexec"],
+        "rawexec",
+    );
 }
 
 #[test]
 fn go_plugin_for_another_app_is_refused_and_shut_down() {
-    let Some(program) = build_go_program() else { return };
+    let Some(program) = build_go_program() else {
+        return;
+    };
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
     std::fs::copy(&program, dir.join("go-other-app")).unwrap();
     let agent = Agent::start(root.path(), &dir, &[]);
     let rows = agent.wait_plugins(Duration::from_secs(15), |rows| {
-        rows.iter().any(|r| r["name"] == "go-other-app") && rows.iter().any(|r| r["state"] == "healthy")
+        rows.iter().any(|r| r["name"] == "go-other-app")
+            && rows.iter().any(|r| r["state"] == "healthy")
     });
     let row = row(&rows, "go-other-app");
     assert_eq!(row["state"], "skipped");
     assert!(
-        row["reason"].as_str().unwrap().contains("does not serve drover.plugin.v1"),
+        row["reason"]
+            .as_str()
+            .unwrap()
+            .contains("does not serve drover.plugin.v1"),
         "{row:#}"
     );
     let want: BTreeSet<u32> = rows
@@ -115,7 +154,10 @@ fn go_plugin_for_another_app_is_refused_and_shut_down() {
         if live == want {
             break;
         }
-        assert!(Instant::now() < deadline, "go plugin left running: {live:?} vs {want:?}");
+        assert!(
+            Instant::now() < deadline,
+            "go plugin left running: {live:?} vs {want:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

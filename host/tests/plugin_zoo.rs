@@ -20,10 +20,22 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     let fixture = workspace_bin("drover-fixture-plugin");
 
     // Good plugins, copied in as an operator would.
-    std::fs::copy(workspace_bin("drover-skeleton-driver"), dir.join("skeleton")).unwrap();
-    std::fs::copy(workspace_bin("drover-driver-rawexec"), dir.join("rawexec-external")).unwrap();
+    std::fs::copy(
+        workspace_bin("drover-skeleton-driver"),
+        dir.join("skeleton"),
+    )
+    .unwrap();
+    std::fs::copy(
+        workspace_bin("drover-driver-rawexec"),
+        dir.join("rawexec-external"),
+    )
+    .unwrap();
     let wrap = |name: &str, env: &str| {
-        write_exec(&dir.join(name), &format!("#!/bin/sh\n{env} exec {} \"$@\"\n", fixture.display()), 0o755);
+        write_exec(
+            &dir.join(name),
+            &format!("#!/bin/sh\n{env} exec {} \"$@\"\n", fixture.display()),
+            0o755,
+        );
     };
     // Same name twice: the higher plugin_version must serve.
     wrap("dup-old", "FIXTURE_NAME=dup FIXTURE_VERSION=0.1.0");
@@ -32,27 +44,55 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     write_exec(&dir.join("not-executable"), "#!/bin/sh\nexit 0\n", 0o644);
     write_exec(&dir.join("world-writable"), "#!/bin/sh\nexit 0\n", 0o777);
     // chmod after write: umask may have masked the world bit.
-    std::fs::set_permissions(dir.join("world-writable"), std::fs::Permissions::from_mode(0o777)).unwrap();
-    write_exec(&dir.join("garbage"), "#!/bin/sh\necho 'hello, I am a shell script'\nsleep 100\n", 0o755);
-    write_exec(&dir.join("silent-hang"), "#!/bin/sh\nsleep 1000 &\nwait\n", 0o755);
-    write_exec(&dir.join("exit3"), "#!/bin/sh\necho 'cannot open /etc/foo.conf' >&2\nexit 3\n", 0o755);
-    write_exec(&dir.join("wrong-core"), "#!/bin/sh\necho '2|1|unix|/tmp/x.sock|grpc'\nsleep 100\n", 0o755);
+    std::fs::set_permissions(
+        dir.join("world-writable"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    write_exec(
+        &dir.join("garbage"),
+        "#!/bin/sh\necho 'hello, I am a shell script'\nsleep 100\n",
+        0o755,
+    );
+    write_exec(
+        &dir.join("silent-hang"),
+        "#!/bin/sh\nsleep 1000 &\nwait\n",
+        0o755,
+    );
+    write_exec(
+        &dir.join("exit3"),
+        "#!/bin/sh\necho 'cannot open /etc/foo.conf' >&2\nexit 3\n",
+        0o755,
+    );
+    write_exec(
+        &dir.join("wrong-core"),
+        "#!/bin/sh\necho '2|1|unix|/tmp/x.sock|grpc'\nsleep 100\n",
+        0o755,
+    );
     write_exec(
         &dir.join("no-socket"),
         "#!/bin/sh\necho '1|1|unix|/nonexistent/drover-zoo.sock|grpc'\nsleep 100\n",
         0o755,
     );
-    wrap("incompatible-api", "FIXTURE_NAME=futuristic FIXTURE_API_VERSIONS=2.0.0,3.1.0");
+    wrap(
+        "incompatible-api",
+        "FIXTURE_NAME=futuristic FIXTURE_API_VERSIONS=2.0.0,3.1.0",
+    );
     wrap("other-app", "FIXTURE_MODE=goplugin-only");
 
     let agent = Agent::start(
         root.path(),
         &dir,
-        &["--handshake-timeout", &format!("{}ms", HANDSHAKE_TIMEOUT.as_millis())],
+        &[
+            "--handshake-timeout",
+            &format!("{}ms", HANDSHAKE_TIMEOUT.as_millis()),
+        ],
     );
     // 11 binaries in plugin_dir + the built-in rawexec; the dup loser and the
     // superseded built-in also get rows.
-    let settled = |rows: &[serde_json::Value]| rows.len() >= 13 && rows.iter().all(|r| r["state"] != "unhealthy");
+    let settled = |rows: &[serde_json::Value]| {
+        rows.len() >= 13 && rows.iter().all(|r| r["state"] != "unhealthy")
+    };
     let rows = agent.wait_plugins(Duration::from_secs(20), settled);
     let elapsed = agent.started.elapsed();
     assert!(
@@ -62,7 +102,11 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
 
     let by_path = |file: &str| {
         rows.iter()
-            .find(|r| r["path"].as_str().is_some_and(|p| p.ends_with(&format!("/{file}"))))
+            .find(|r| {
+                r["path"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with(&format!("/{file}")))
+            })
             .unwrap_or_else(|| panic!("no row for {file}: {rows:#?}"))
             .clone()
     };
@@ -73,13 +117,21 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
         for w in words {
             assert!(reason.contains(w), "{file}: reason {reason:?} lacks {w:?}");
         }
-        assert!(r["pid"].is_null(), "{file}: skipped plugin has a pid: {r:#?}");
+        assert!(
+            r["pid"].is_null(),
+            "{file}: skipped plugin has a pid: {r:#?}"
+        );
     };
 
     // Good plugins are healthy, with identity filled in.
-    let healthy: Vec<&serde_json::Value> = rows.iter().filter(|r| r["state"] == "healthy").collect();
+    let healthy: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| r["state"] == "healthy").collect();
     let names: BTreeSet<&str> = healthy.iter().filter_map(|r| r["name"].as_str()).collect();
-    assert_eq!(names, BTreeSet::from(["dup", "rawexec", "skeleton"]), "{rows:#?}");
+    assert_eq!(
+        names,
+        BTreeSet::from(["dup", "rawexec", "skeleton"]),
+        "{rows:#?}"
+    );
     for r in &healthy {
         assert_eq!(r["type"], "driver");
         assert_eq!(r["api_version"], "1.0.0");
@@ -90,9 +142,18 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     // External plugins win over built-ins of the same name.
     let rawexec = by_path("rawexec-external");
     assert_eq!(rawexec["state"], "healthy");
-    let builtin = rows.iter().find(|r| r["source"] == "builtin").expect("builtin row");
+    let builtin = rows
+        .iter()
+        .find(|r| r["source"] == "builtin")
+        .expect("builtin row");
     assert_eq!(builtin["state"], "skipped");
-    assert!(builtin["reason"].as_str().unwrap().contains("rawexec-external"), "{builtin:#?}");
+    assert!(
+        builtin["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rawexec-external"),
+        "{builtin:#?}"
+    );
     // Highest plugin_version wins.
     assert_eq!(by_path("dup-new")["state"], "healthy");
     assert_eq!(by_path("dup-new")["version"], "0.10.0");
@@ -105,12 +166,19 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     expect_skipped("exit3", &["exit code 3", "cannot open /etc/foo.conf"]);
     expect_skipped("wrong-core", &["core protocol 2"]);
     expect_skipped("no-socket", &["/nonexistent/drover-zoo.sock", "connect"]);
-    expect_skipped("incompatible-api", &["incompatible plugin API version", "2.0.0, 3.1.0", "^1.0.0"]);
+    expect_skipped(
+        "incompatible-api",
+        &["incompatible plugin API version", "2.0.0, 3.1.0", "^1.0.0"],
+    );
     expect_skipped("other-app", &["does not serve drover.plugin.v1"]);
 
     // Nothing is left behind: the only processes carrying the agent's marker are the
     // healthy plugins.
-    let want: BTreeSet<u32> = healthy.iter().filter_map(|r| r["pid"].as_u64()).map(|p| p as u32).collect();
+    let want: BTreeSet<u32> = healthy
+        .iter()
+        .filter_map(|r| r["pid"].as_u64())
+        .map(|p| p as u32)
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let live: BTreeSet<u32> = agent.marked_pids().into_iter().collect();
@@ -126,16 +194,38 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
 
     // The agent keeps serving: run a task on the third-party skeleton driver.
     let task = agent.cli_json(&[
-        "task", "run", "--driver", "skeleton", "--config", r#"{"run_for_ms": 50, "exit_code": 4}"#, "--json",
+        "task",
+        "run",
+        "--driver",
+        "skeleton",
+        "--config",
+        r#"{"run_for_ms": 50, "exit_code": 4}"#,
+        "--json",
     ]);
     let id = task["id"].as_str().unwrap().to_owned();
     let out = agent.cli(&["task", "wait", &id]);
-    assert_eq!(out.status.code(), Some(4), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Every plugin was logged, once each.
     let log = agent.log_text();
-    for file in ["garbage", "silent-hang", "exit3", "wrong-core", "no-socket", "other-app", "not-executable"] {
-        assert!(log.contains(file), "agent log does not mention {file}:\n{log}");
+    for file in [
+        "garbage",
+        "silent-hang",
+        "exit3",
+        "wrong-core",
+        "no-socket",
+        "other-app",
+        "not-executable",
+    ] {
+        assert!(
+            log.contains(file),
+            "agent log does not mention {file}:\n{log}"
+        );
     }
     assert!(log.contains("plugin loaded"), "{log}");
 }
@@ -146,16 +236,25 @@ fn crashed_plugin_is_relaunched() {
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
     let agent = Agent::start(root.path(), &dir, &[]);
-    let healthy_rawexec = |rows: &[serde_json::Value]| rows.iter().any(|r| r["name"] == "rawexec" && r["state"] == "healthy");
+    let healthy_rawexec = |rows: &[serde_json::Value]| {
+        rows.iter()
+            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+    };
     let rows = agent.wait_plugins(Duration::from_secs(10), healthy_rawexec);
     let old_pid = row(&rows, "rawexec")["pid"].as_u64().unwrap() as u32;
     nix_kill(old_pid, 9).unwrap();
     let rows = agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter().any(|r| {
-            r["name"] == "rawexec" && r["state"] == "healthy" && r["pid"].as_u64().is_some_and(|p| p as u32 != old_pid)
+            r["name"] == "rawexec"
+                && r["state"] == "healthy"
+                && r["pid"].as_u64().is_some_and(|p| p as u32 != old_pid)
         })
     });
     let new_pid = row(&rows, "rawexec")["pid"].as_u64().unwrap();
     assert_ne!(new_pid as u32, old_pid);
-    assert!(agent.log_text().contains("plugin relaunched"), "{}", agent.log_text());
+    assert!(
+        agent.log_text().contains("plugin relaunched"),
+        "{}",
+        agent.log_text()
+    );
 }

@@ -1,0 +1,28 @@
+//! # drover-driver-rawexec
+//!
+//! The `rawexec` task driver: runs a task as a plain process on the host, with no
+//! isolation, as the plugin's own user. Each task is the leader of its own process
+//! group, so stopping or signalling it reaches everything it forked.
+//!
+//! The crate is a library (so the `drover` binary can link it and re-execute itself as
+//! the driver) plus a `main.rs` of one line:
+//!
+//! ```no_run
+//! fn main() {
+//!     drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
+//! }
+//! ```
+//!
+//! Layout: [`driver`](RawExecDriver) (the trait impl and constants), `config` (plugin
+//! and task config), `handle` (one running task), `store` (the task map), `procfs`
+//! (reading `/proc`).
+#![warn(missing_docs)]
+
+mod config;
+mod driver;
+mod handle;
+mod procfs;
+mod store;
+
+pub use config::{PluginConfig, TaskConfig};
+pub use driver::{DEFAULT_PATH, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, RawExecDriver};

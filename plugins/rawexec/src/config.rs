@@ -1,0 +1,185 @@
+//! Plugin configuration (none) and the task configuration, plus how a task's
+//! configuration and spec turn into a concrete command line, environment and directory.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use drover_plugin_sdk::{DriverError, TaskSpec};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::driver::DEFAULT_PATH;
+
+/// rawexec has no plugin-level settings; any field given is refused.
+pub type PluginConfig = drover_plugin_sdk::EmptyConfig;
+
+/// Configuration of one rawexec task.
+///
+/// ```
+/// let c: drover_driver_rawexec::TaskConfig =
+///     serde_json::from_str(r#"{"command":"/bin/echo","args":["hi"]}"#).unwrap();
+/// assert_eq!(c.args, ["hi"]);
+/// let err = serde_json::from_str::<drover_driver_rawexec::TaskConfig>(r#"{"comand":"/bin/echo"}"#)
+///     .unwrap_err();
+/// assert!(err.to_string().contains("comand"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskConfig {
+    /// The program to run: an absolute path, or a name looked up in the task's `PATH`.
+    pub command: String,
+    /// Arguments passed to the program.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Working directory. A relative path is taken relative to the task directory.
+    /// Default: the task directory, or `/` when the task has none.
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+impl TaskConfig {
+    /// Checks serde cannot express.
+    pub(crate) fn validate(&self) -> Result<(), DriverError> {
+        if self.command.trim().is_empty() {
+            return Err(DriverError::InvalidConfig(
+                "command must not be empty".into(),
+            ));
+        }
+        if self.cwd.as_deref().is_some_and(str::is_empty) {
+            return Err(DriverError::InvalidConfig(
+                "cwd must not be empty (leave it out for the task directory)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How a task's processes are started: used for the task itself and for `ExecTask`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Launch {
+    /// The whole environment (the plugin's own is not inherited).
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: PathBuf,
+}
+
+impl Launch {
+    /// The environment is the spec's, on top of a default `PATH` (so that commands
+    /// can be found) that the spec may override. The directory is `cwd` from the
+    /// config, else the task directory, else `/`.
+    pub(crate) fn new(spec: &TaskSpec, config: Option<&TaskConfig>) -> Self {
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_owned(), DEFAULT_PATH.to_owned());
+        env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let task_dir = (!spec.task_dir.as_os_str().is_empty()).then_some(spec.task_dir.as_path());
+        let cwd = match (config.and_then(|c| c.cwd.as_deref()), task_dir) {
+            (Some(cwd), Some(dir)) => dir.join(cwd),
+            (Some(cwd), None) => PathBuf::from(cwd),
+            (None, Some(dir)) => dir.to_owned(),
+            (None, None) => PathBuf::from("/"),
+        };
+        Launch { env, cwd }
+    }
+
+    /// A command for `program` with this environment and directory, stdin closed.
+    pub(crate) fn command(&self, program: &str, args: &[String]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(&self.env)
+            .current_dir(&self.cwd)
+            .stdin(std::process::Stdio::null())
+            // Its own process group, so that signals reach everything it forks and a
+            // Ctrl-C at a terminal reaches none of it.
+            .process_group(0)
+            // Tasks outlive the plugin: dropping the handle must never kill one.
+            .kill_on_drop(false);
+        cmd
+    }
+}
+
+/// Open `path` for appending, creating it; `None` for an empty path.
+pub(crate) fn open_output(what: &str, path: &Path) -> Result<Option<std::fs::File>, DriverError> {
+    if path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(Some)
+        .map_err(|e| {
+            DriverError::Internal(format!("cannot open {what} file {}: {e}", path.display()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<TaskConfig, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn unknown_and_missing_fields_are_named() {
+        let err = parse(r#"{"comand":"/bin/echo"}"#).unwrap_err().to_string();
+        assert!(err.contains("comand"), "{err}");
+        let err = parse(r#"{"args":[]}"#).unwrap_err().to_string();
+        assert!(err.contains("command"), "{err}");
+        let ok = parse(r#"{"command":"sleep"}"#).unwrap();
+        assert!(ok.args.is_empty() && ok.cwd.is_none());
+        assert!(ok.validate().is_ok());
+        assert!(parse(r#"{"command":" "}"#).unwrap().validate().is_err());
+    }
+
+    #[test]
+    fn schema_forbids_extra_fields_and_requires_command() {
+        let schema = serde_json::to_value(schemars::schema_for!(TaskConfig)).unwrap();
+        assert_eq!(schema["additionalProperties"], false, "{schema:#}");
+        assert_eq!(
+            schema["required"],
+            serde_json::json!(["command"]),
+            "{schema:#}"
+        );
+    }
+
+    #[test]
+    fn env_has_a_default_path_the_spec_can_override() {
+        let mut spec = TaskSpec::default();
+        spec.env.insert("A".into(), "1".into());
+        let l = Launch::new(&spec, None);
+        assert_eq!(l.env["PATH"], DEFAULT_PATH);
+        assert_eq!(l.env["A"], "1");
+        spec.env.insert("PATH".into(), "/opt/bin".into());
+        assert_eq!(Launch::new(&spec, None).env["PATH"], "/opt/bin");
+    }
+
+    #[test]
+    fn cwd_precedence() {
+        let mut spec = TaskSpec::default();
+        let cfg = |cwd: Option<&str>| TaskConfig {
+            command: "x".into(),
+            args: vec![],
+            cwd: cwd.map(Into::into),
+        };
+        assert_eq!(Launch::new(&spec, None).cwd, Path::new("/"));
+        assert_eq!(
+            Launch::new(&spec, Some(&cfg(Some("/srv")))).cwd,
+            Path::new("/srv")
+        );
+        spec.task_dir = "/alloc/t1".into();
+        assert_eq!(
+            Launch::new(&spec, Some(&cfg(None))).cwd,
+            Path::new("/alloc/t1")
+        );
+        assert_eq!(
+            Launch::new(&spec, Some(&cfg(Some("local")))).cwd,
+            Path::new("/alloc/t1/local")
+        );
+        assert_eq!(
+            Launch::new(&spec, Some(&cfg(Some("/srv")))).cwd,
+            Path::new("/srv")
+        );
+    }
+}
