@@ -99,8 +99,8 @@ pub fn print_plugins(rows: &serde_json::Value, json: bool) {
         return;
     }
     println!(
-        "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} {}",
-        "NAME", "SOURCE", "STATE", "VERSION", "API", "PID", "PATH / REASON"
+        "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} PATH / REASON",
+        "NAME", "SOURCE", "STATE", "VERSION", "API", "PID"
     );
     for r in rows.as_array().into_iter().flatten() {
         let s = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
@@ -176,8 +176,8 @@ pub fn print_tasks(tasks: &serde_json::Value, json: bool) {
         return;
     }
     println!(
-        "{:<34} {:<16} {:<10} {:<8} {}",
-        "ID", "NAME", "DRIVER", "STATE", "EXIT"
+        "{:<34} {:<16} {:<10} {:<8} EXIT",
+        "ID", "NAME", "DRIVER", "STATE"
     );
     for t in tasks.as_array().into_iter().flatten() {
         let s = |k: &str| {

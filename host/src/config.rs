@@ -253,7 +253,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("agent.toml");
         std::fs::write(&file, "plugn_dir = \"/x\"\n").unwrap();
-        let err = AgentConfig::load(&[file.clone()], vec![], &Default::default())
+        let err = AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default())
             .unwrap_err()
             .to_string();
         assert!(err.contains("plugn_dir"), "{err}");

@@ -8,9 +8,7 @@
 //! the driver) plus a `main.rs` of one line:
 //!
 //! ```no_run
-//! fn main() {
-//!     drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
-//! }
+//! drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
 //! ```
 //!
 //! Layout: [`driver`](RawExecDriver) (the trait impl and constants), `config` (plugin
