@@ -36,7 +36,11 @@ enum Bench {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
-        Bench::Handshake { iterations, plugin, verbose } => {
+        Bench::Handshake {
+            iterations,
+            plugin,
+            verbose,
+        } => {
             if verbose {
                 tracing_subscriber::fmt()
                     .with_env_filter("drover_plugin_sdk=debug")
@@ -64,8 +68,12 @@ fn sibling_binary(package: &str, name: &str) -> anyhow::Result<PathBuf> {
     let path = dir.join(name);
     if !path.exists() {
         let release = dir.ends_with("release");
-        eprintln!("building {name} ({})", if release { "release" } else { "debug" });
-        let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        eprintln!(
+            "building {name} ({})",
+            if release { "release" } else { "debug" }
+        );
+        let mut cmd =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.args(["build", "-p", package, "--bin", name]);
         if release {
             cmd.arg("--release");
@@ -122,7 +130,10 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&socket_dir);
     let p = stats(plugin_samples);
     let s = stats(spawn_samples);
-    println!("handshake benchmark: {iterations} iterations, plugin {}", plugin.display());
+    println!(
+        "handshake benchmark: {iterations} iterations, plugin {}",
+        plugin.display()
+    );
     println!(
         "  plugin launch -> handshake -> health -> PluginInfo: median {}  p99 {}  min {}",
         ms(p.median),

@@ -18,12 +18,12 @@ use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::DriverError;
 use crate::handshake::{self, HandshakeError, HandshakeLine, PluginAddr};
 use crate::types::{
     AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, PluginInfo, TaskEvent,
     TaskHandle, TaskSpec, TaskStats, TaskStatus, to_duration,
 };
-use crate::DriverError;
 
 /// How many lines of a plugin's stderr are kept to explain a failed launch.
 const STDERR_TAIL_LINES: usize = 8;
@@ -171,7 +171,10 @@ pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
 }
 
 fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
-    let lines = tail.lock().map(|t| t.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
+    let lines = tail
+        .lock()
+        .map(|t| t.iter().cloned().collect::<Vec<_>>())
+        .unwrap_or_default();
     if lines.is_empty() {
         String::new()
     } else {
@@ -270,7 +273,9 @@ async fn connect(addr: &PluginAddr, timeout: Duration) -> Result<Channel, String
 }
 
 async fn check_health(channel: Channel) -> Result<(), LaunchError> {
-    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
     let resp = HealthClient::new(channel)
         .check(HealthCheckRequest {
             service: "plugin".into(),
@@ -346,7 +351,8 @@ impl PluginProcess {
             let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
         };
 
-        let first = tokio::time::timeout(opts.handshake_timeout, read_handshake_line(&mut stdout)).await;
+        let first =
+            tokio::time::timeout(opts.handshake_timeout, read_handshake_line(&mut stdout)).await;
         let line_text = match first {
             Err(_) => {
                 fail(child).await;
@@ -391,7 +397,10 @@ impl PluginProcess {
                 });
             }
         };
-        if !opts.app_protocol_versions.contains(&line.app_protocol_version) {
+        if !opts
+            .app_protocol_versions
+            .contains(&line.app_protocol_version)
+        {
             fail(child).await;
             return Err(LaunchError::AppProtocol {
                 plugin: line.app_protocol_version,
@@ -439,7 +448,9 @@ impl PluginProcess {
             }
             Err(_) => {
                 fail(child).await;
-                return Err(LaunchError::Health(format!("no answer within {remaining:?}")));
+                return Err(LaunchError::Health(format!(
+                    "no answer within {remaining:?}"
+                )));
             }
         }
 
@@ -559,9 +570,13 @@ impl PluginProcess {
     /// [`SHUTDOWN_GRACE`], then SIGKILL its process group. Returns how it exited.
     pub async fn shutdown(&self) -> String {
         if self.exit_status().is_none() {
-            let mut ctl = goplugin::grpc_controller_client::GrpcControllerClient::new(self.channel.clone());
+            let mut ctl =
+                goplugin::grpc_controller_client::GrpcControllerClient::new(self.channel.clone());
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, ctl.shutdown(goplugin::Empty {})).await;
-            if tokio::time::timeout(SHUTDOWN_GRACE, self.exited()).await.is_err() {
+            if tokio::time::timeout(SHUTDOWN_GRACE, self.exited())
+                .await
+                .is_err()
+            {
                 tracing::warn!(plugin = %self.name, pid = self.pid, "plugin did not exit after Shutdown; killing it");
                 kill_group(self.pid);
             }
@@ -657,8 +672,14 @@ impl PluginClient {
 
     /// `PluginInfo`: identity plus the plugin API versions it offers.
     pub async fn plugin_info(&self) -> Result<(PluginInfo, Vec<String>, i32), DriverError> {
-        let r = self.guard(self.base().plugin_info(pb::PluginInfoRequest {})).await?;
-        Ok((PluginInfo::new(r.name, r.plugin_version), r.plugin_api_versions, r.r#type))
+        let r = self
+            .guard(self.base().plugin_info(pb::PluginInfoRequest {}))
+            .await?;
+        Ok((
+            PluginInfo::new(r.name, r.plugin_version),
+            r.plugin_api_versions,
+            r.r#type,
+        ))
     }
 
     /// `ConfigSchema`: JSON Schema of the plugin configuration.
@@ -670,7 +691,11 @@ impl PluginClient {
     }
 
     /// `SetConfig`.
-    pub async fn set_config(&self, config_json: String, agent: &AgentInfo) -> Result<(), DriverError> {
+    pub async fn set_config(
+        &self,
+        config_json: String,
+        agent: &AgentInfo,
+    ) -> Result<(), DriverError> {
         self.guard(self.base().set_config(pb::SetConfigRequest {
             config_json,
             plugin_api_version: agent.api_version.clone(),
@@ -686,7 +711,10 @@ impl PluginClient {
     /// `TaskConfigSchema`: JSON Schema of the driver's task config.
     pub async fn task_config_schema(&self) -> Result<String, DriverError> {
         Ok(self
-            .guard(self.driver().task_config_schema(pb::TaskConfigSchemaRequest {}))
+            .guard(
+                self.driver()
+                    .task_config_schema(pb::TaskConfigSchemaRequest {}),
+            )
             .await?
             .json_schema)
     }
@@ -705,7 +733,9 @@ impl PluginClient {
     pub async fn fingerprint(
         &self,
     ) -> Result<impl Stream<Item = Result<Fingerprint, DriverError>> + use<>, DriverError> {
-        let s = self.guard(self.driver().fingerprint(pb::FingerprintRequest {})).await?;
+        let s = self
+            .guard(self.driver().fingerprint(pb::FingerprintRequest {}))
+            .await?;
         Ok(s.map(|r| r.map(Fingerprint::from).map_err(DriverError::from)))
     }
 
@@ -732,7 +762,12 @@ impl PluginClient {
     }
 
     /// `StopTask`.
-    pub async fn stop_task(&self, task_id: &str, timeout: Duration, signal: &str) -> Result<(), DriverError> {
+    pub async fn stop_task(
+        &self,
+        task_id: &str,
+        timeout: Duration,
+        signal: &str,
+    ) -> Result<(), DriverError> {
         self.guard(self.driver().stop_task(pb::StopTaskRequest {
             task_id: task_id.into(),
             timeout: Some(to_duration(timeout)),
@@ -803,7 +838,9 @@ impl PluginClient {
     pub async fn task_events(
         &self,
     ) -> Result<impl Stream<Item = Result<TaskEvent, DriverError>> + use<>, DriverError> {
-        let s = self.guard(self.driver().task_events(pb::TaskEventsRequest {})).await?;
+        let s = self
+            .guard(self.driver().task_events(pb::TaskEventsRequest {}))
+            .await?;
         Ok(s.map(|r| r.map(TaskEvent::from).map_err(DriverError::from)))
     }
 

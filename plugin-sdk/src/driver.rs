@@ -7,11 +7,11 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
+use crate::DriverError;
 use crate::types::{
     AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, PluginInfo, TaskEvent,
     TaskHandle, TaskSpec, TaskStats, TaskStatus,
 };
-use crate::DriverError;
 
 /// A task driver. Implement this, then call [`crate::serve`] from `main`.
 ///
@@ -111,8 +111,10 @@ pub trait DriverPlugin: Send + Sync + 'static {
 
     /// Wait for the task to exit and return its result. Must keep returning the same
     /// result after exit, until `destroy_task`.
-    fn wait_task(&self, task_id: &str)
-    -> impl Future<Output = Result<ExitResult, DriverError>> + Send;
+    fn wait_task(
+        &self,
+        task_id: &str,
+    ) -> impl Future<Output = Result<ExitResult, DriverError>> + Send;
 
     /// Send `signal` (a name like `SIGTERM`; empty means SIGTERM), then SIGKILL after
     /// `timeout`, to the whole task. Return once it has exited.
@@ -132,13 +134,17 @@ pub trait DriverPlugin: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), DriverError>> + Send;
 
     /// Status of a task.
-    fn inspect_task(&self, task_id: &str)
-    -> impl Future<Output = Result<TaskStatus, DriverError>> + Send;
+    fn inspect_task(
+        &self,
+        task_id: &str,
+    ) -> impl Future<Output = Result<TaskStatus, DriverError>> + Send;
 
     /// Take the task over from a handle made by an earlier plugin process. Must not
     /// restart it.
-    fn recover_task(&self, handle: TaskHandle)
-    -> impl Future<Output = Result<(), DriverError>> + Send;
+    fn recover_task(
+        &self,
+        handle: TaskHandle,
+    ) -> impl Future<Output = Result<(), DriverError>> + Send;
 
     /// Deliver a signal (by name). Optional.
     fn signal_task(
@@ -151,7 +157,10 @@ pub trait DriverPlugin: Send + Sync + 'static {
     }
 
     /// One resource usage sample. Optional; the SDK streams it at the requested interval.
-    fn task_stats(&self, task_id: &str) -> impl Future<Output = Result<TaskStats, DriverError>> + Send {
+    fn task_stats(
+        &self,
+        task_id: &str,
+    ) -> impl Future<Output = Result<TaskStats, DriverError>> + Send {
         let _ = task_id;
         async { Err(DriverError::Unimplemented("TaskStats".into())) }
     }

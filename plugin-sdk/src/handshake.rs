@@ -35,7 +35,9 @@ pub const MAX_UNIX_SOCKET_PATH: usize = 107;
 #[non_exhaustive]
 pub enum HandshakeError {
     /// The line does not have 5 or 6 `|`-separated fields.
-    #[error("handshake line {line:?} has {fields} fields, expected 5 or 6 (CORE|APP|NETWORK|ADDR|PROTOCOL)")]
+    #[error(
+        "handshake line {line:?} has {fields} fields, expected 5 or 6 (CORE|APP|NETWORK|ADDR|PROTOCOL)"
+    )]
     FieldCount {
         /// The line received.
         line: String,
@@ -53,7 +55,9 @@ pub enum HandshakeError {
         value: String,
     },
     /// The core protocol version is not [`CORE_PROTOCOL_VERSION`].
-    #[error("plugin speaks go-plugin core protocol {got}, this host speaks {CORE_PROTOCOL_VERSION}")]
+    #[error(
+        "plugin speaks go-plugin core protocol {got}, this host speaks {CORE_PROTOCOL_VERSION}"
+    )]
     CoreVersion {
         /// The version the plugin sent.
         got: u32,
@@ -156,11 +160,13 @@ impl std::str::FromStr for HandshakeLine {
             });
         }
         let number = |what: &'static str, value: &str| {
-            value.parse::<u32>().map_err(|_| HandshakeError::NotANumber {
-                line: line.to_owned(),
-                what,
-                value: value.to_owned(),
-            })
+            value
+                .parse::<u32>()
+                .map_err(|_| HandshakeError::NotANumber {
+                    line: line.to_owned(),
+                    what,
+                    value: value.to_owned(),
+                })
         };
         let core = number("core protocol version", fields[0])?;
         let app = number("app protocol version", fields[1])?;
@@ -189,7 +195,10 @@ impl std::str::FromStr for HandshakeLine {
                 protocol: fields[4].to_owned(),
             });
         }
-        let server_cert = fields.get(5).filter(|c| !c.is_empty()).map(|c| (*c).to_owned());
+        let server_cert = fields
+            .get(5)
+            .filter(|c| !c.is_empty())
+            .map(|c| (*c).to_owned());
         Ok(HandshakeLine {
             core_protocol_version: core,
             app_protocol_version: app,
@@ -244,7 +253,10 @@ mod tests {
         let cases = [
             ("hello world", "has 1 fields"),
             ("2|1|unix|/x|grpc", "core protocol 2"),
-            ("1|x|unix|/x|grpc", "app protocol version \"x\" is not a number"),
+            (
+                "1|x|unix|/x|grpc",
+                "app protocol version \"x\" is not a number",
+            ),
             ("1|1|udp|/x|grpc", "unknown network type \"udp\""),
             ("1|1|unix|/x|netrpc", "only grpc"),
             ("1|1|unix||grpc", "bad address"),

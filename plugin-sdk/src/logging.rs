@@ -187,11 +187,21 @@ pub fn forward_plugin_log(plugin: &str, line: &str) {
     let module = l.module.as_deref().unwrap_or("");
     let fields = if l.fields == "{}" { "" } else { &l.fields };
     match l.level {
-        Level::TRACE => tracing::trace!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
-        Level::DEBUG => tracing::debug!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
-        Level::INFO => tracing::info!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
-        Level::WARN => tracing::warn!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
-        Level::ERROR => tracing::error!(target: "drover::plugin", plugin, module, fields, "{}", l.message),
+        Level::TRACE => {
+            tracing::trace!(target: "drover::plugin", plugin, module, fields, "{}", l.message)
+        }
+        Level::DEBUG => {
+            tracing::debug!(target: "drover::plugin", plugin, module, fields, "{}", l.message)
+        }
+        Level::INFO => {
+            tracing::info!(target: "drover::plugin", plugin, module, fields, "{}", l.message)
+        }
+        Level::WARN => {
+            tracing::warn!(target: "drover::plugin", plugin, module, fields, "{}", l.message)
+        }
+        Level::ERROR => {
+            tracing::error!(target: "drover::plugin", plugin, module, fields, "{}", l.message)
+        }
     }
 }
 
@@ -203,7 +213,10 @@ mod tests {
     fn timestamp_has_six_fraction_digits() {
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_234_567_891);
         let line = format_line("info", "m", "x", Map::new(), at);
-        assert!(line.contains(r#""@timestamp":"1970-01-01T00:00:01.234567Z""#), "{line}");
+        assert!(
+            line.contains(r#""@timestamp":"1970-01-01T00:00:01.234567Z""#),
+            "{line}"
+        );
     }
 
     #[test]

@@ -14,10 +14,10 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::DriverError;
 use crate::driver::DriverPlugin;
 use crate::handshake::{self, HandshakeLine, PluginAddr};
 use crate::types::{AgentInfo, TaskSpec, from_duration, validate_task_id};
-use crate::DriverError;
 
 /// Largest gRPC message a plugin accepts or sends (go-plugin hosts allow more than
 /// gRPC's 4 MiB default; task configs and exec output can be large).
@@ -91,7 +91,9 @@ pub enum ServeError {
 /// ```
 pub fn serve<D: DriverPlugin>(driver: D) -> ! {
     if std::env::var(handshake::MAGIC_COOKIE_KEY).as_deref() != Ok(handshake::MAGIC_COOKIE_VALUE) {
-        let name = std::env::args().next().unwrap_or_else(|| "this program".into());
+        let name = std::env::args()
+            .next()
+            .unwrap_or_else(|| "this program".into());
         eprintln!(
             "{name} is a Drover plugin. It is not meant to be run by hand: put it in the \
              agent's plugin_dir and the Drover agent will start it."
@@ -152,7 +154,9 @@ pub(crate) fn check_socket_path(path: &Path) -> Result<(), ServeError> {
 async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
     let app_version = handshake::negotiate_app_protocol(
         handshake::APP_PROTOCOL_VERSIONS,
-        std::env::var(handshake::ENV_PROTOCOL_VERSIONS).ok().as_deref(),
+        std::env::var(handshake::ENV_PROTOCOL_VERSIONS)
+            .ok()
+            .as_deref(),
     );
     let (dir, path) = socket_dir()?;
     let listener = tokio::net::UnixListener::bind(&path).map_err(|source| ServeError::Bind {

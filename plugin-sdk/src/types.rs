@@ -284,11 +284,7 @@ pub struct TaskHandle {
 
 impl TaskHandle {
     /// A running task's handle whose driver state is `state` encoded as JSON.
-    pub fn new(
-        spec: TaskSpec,
-        version: u32,
-        state: &impl Serialize,
-    ) -> Result<Self, DriverError> {
+    pub fn new(spec: TaskSpec, version: u32, state: &impl Serialize) -> Result<Self, DriverError> {
         Ok(TaskHandle {
             version,
             spec,

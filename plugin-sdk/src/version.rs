@@ -111,7 +111,10 @@ mod tests {
         let err = negotiate_api_version(&["0.1.0".into(), "2.0.0".into()], &host)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("0.1.0, 2.0.0") && err.contains("^1.0.0"), "{err}");
+        assert!(
+            err.contains("0.1.0, 2.0.0") && err.contains("^1.0.0"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -138,10 +138,15 @@ impl DriverPlugin for SkeletonDriver {
     async fn fingerprint(&self) -> Fingerprint {
         // A real driver checks its dependencies here (is docker reachable? is qemu
         // installed?) and says Undetected/Unhealthy with the reason when not.
-        Fingerprint::healthy("ready").attribute("driver.skeleton.version", env!("CARGO_PKG_VERSION"))
+        Fingerprint::healthy("ready")
+            .attribute("driver.skeleton.version", env!("CARGO_PKG_VERSION"))
     }
 
-    async fn start_task(&self, spec: TaskSpec, config: SkeletonTaskConfig) -> Result<TaskHandle, DriverError> {
+    async fn start_task(
+        &self,
+        spec: TaskSpec,
+        config: SkeletonTaskConfig,
+    ) -> Result<TaskHandle, DriverError> {
         let state = HandleState {
             config,
             started_at: SystemTime::now(),
@@ -160,7 +165,12 @@ impl DriverPlugin for SkeletonDriver {
         Ok(result.as_ref().map(|(r, _)| r.clone()).unwrap_or_default())
     }
 
-    async fn stop_task(&self, task_id: &str, _timeout: Duration, signal: &str) -> Result<(), DriverError> {
+    async fn stop_task(
+        &self,
+        task_id: &str,
+        _timeout: Duration,
+        signal: &str,
+    ) -> Result<(), DriverError> {
         let task = self.task(task_id)?;
         // A simulated task dies of the first signal; a real one may need SIGKILL after
         // `timeout`.
@@ -184,7 +194,10 @@ impl DriverPlugin for SkeletonDriver {
             }
             task.finish(ExitResult::signaled(9));
         }
-        self.tasks.lock().map_err(DriverError::internal)?.remove(task_id);
+        self.tasks
+            .lock()
+            .map_err(DriverError::internal)?
+            .remove(task_id);
         Ok(())
     }
 
@@ -194,7 +207,11 @@ impl DriverPlugin for SkeletonDriver {
         Ok(TaskStatus {
             id: task_id.to_owned(),
             name: task.name.clone(),
-            state: if exit.is_some() { TaskState::Exited } else { TaskState::Running },
+            state: if exit.is_some() {
+                TaskState::Exited
+            } else {
+                TaskState::Running
+            },
             started_at: Some(task.started_at),
             completed_at: exit.as_ref().map(|(_, at)| *at),
             exit_result: exit.map(|(r, _)| r),

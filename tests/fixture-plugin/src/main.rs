@@ -52,7 +52,10 @@ impl DriverPlugin for Fixture {
     type TaskConfig = FixtureTaskConfig;
 
     fn info(&self) -> PluginInfo {
-        PluginInfo::new(env_or("FIXTURE_NAME", "fixture"), env_or("FIXTURE_VERSION", "0.1.0"))
+        PluginInfo::new(
+            env_or("FIXTURE_NAME", "fixture"),
+            env_or("FIXTURE_VERSION", "0.1.0"),
+        )
     }
 
     fn api_versions(&self) -> Vec<String> {
@@ -70,7 +73,11 @@ impl DriverPlugin for Fixture {
         Fingerprint::healthy("fixture ready")
     }
 
-    async fn start_task(&self, spec: TaskSpec, config: FixtureTaskConfig) -> Result<TaskHandle, DriverError> {
+    async fn start_task(
+        &self,
+        spec: TaskSpec,
+        config: FixtureTaskConfig,
+    ) -> Result<TaskHandle, DriverError> {
         self.tasks
             .lock()
             .map_err(DriverError::internal)?
@@ -164,7 +171,9 @@ fn goplugin_only() {
             .await;
         let server = tonic::transport::Server::builder()
             .add_service(health_service)
-            .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(Controller))
+            .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(
+                Controller,
+            ))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
         println!("1|1|unix|{}|grpc", path.display());
         let _ = server.await;
