@@ -189,13 +189,17 @@ pub fn print_tasks(tasks: &serde_json::Value, json: bool) {
                 })
                 .unwrap_or_default()
         };
+        // A task killed by a signal has exit code 0; show the signal instead.
+        let exit = match t.get("signal").and_then(|v| v.as_i64()) {
+            Some(sig) => format!("signal {sig}"),
+            None => s("exit_code"),
+        };
         println!(
-            "{:<34} {:<16} {:<10} {:<8} {}",
+            "{:<34} {:<16} {:<10} {:<8} {exit}",
             s("id"),
             s("name"),
             s("driver"),
-            s("state"),
-            s("exit_code")
+            s("state")
         );
     }
 }

@@ -267,6 +267,7 @@ pub async fn fingerprint(
         .map_err(|e| e.to_string())?;
     match tokio::time::timeout(timeout, identify(&process, accepted)).await {
         Ok(Ok((info, api_version, config_schema, task_schema, capabilities))) => {
+            process.mirror_stdio();
             Ok(Fingerprinted {
                 candidate: candidate.clone(),
                 process,

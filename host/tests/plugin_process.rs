@@ -11,12 +11,24 @@ use drover_plugin_sdk::handshake::PluginAddr;
 
 #[test]
 fn plugin_run_by_hand_explains_itself_and_exits_1() {
-    for bin in [workspace_bin("drover-skeleton-driver"), workspace_bin("drover-driver-rawexec")] {
-        let out = Command::new(&bin).env_remove("DROVER_PLUGIN_MAGIC_COOKIE").output().unwrap();
+    for bin in [
+        workspace_bin("drover-skeleton-driver"),
+        workspace_bin("drover-driver-rawexec"),
+    ] {
+        let out = Command::new(&bin)
+            .env_remove("DROVER_PLUGIN_MAGIC_COOKIE")
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(1), "{}", bin.display());
-        assert!(out.stdout.is_empty(), "a plugin run by hand printed on stdout");
+        assert!(
+            out.stdout.is_empty(),
+            "a plugin run by hand printed on stdout"
+        );
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("is a Drover plugin") && err.contains("plugin_dir"), "{err}");
+        assert!(
+            err.contains("is a Drover plugin") && err.contains("plugin_dir"),
+            "{err}"
+        );
     }
 }
 
@@ -29,7 +41,11 @@ async fn socket_is_private_and_shutdown_is_prompt() {
     let PluginAddr::Unix(sock) = plugin.handshake().addr.clone() else {
         panic!("expected a unix socket");
     };
-    assert!(sock.starts_with(root.path()), "PLUGIN_UNIX_SOCKET_DIR ignored: {}", sock.display());
+    assert!(
+        sock.starts_with(root.path()),
+        "PLUGIN_UNIX_SOCKET_DIR ignored: {}",
+        sock.display()
+    );
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&sock), 0o600, "socket mode");
     assert_eq!(mode(sock.parent().unwrap()), 0o700, "socket dir mode");
@@ -39,7 +55,11 @@ async fn socket_is_private_and_shutdown_is_prompt() {
 
     let t = std::time::Instant::now();
     let how = plugin.shutdown().await;
-    assert!(t.elapsed() < std::time::Duration::from_secs(2), "shutdown took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
     assert_eq!(how, "exit code 0");
     assert!(!sock.exists(), "socket left behind after shutdown");
     // A dead plugin gives a typed error, not a hang.
@@ -57,5 +77,8 @@ async fn too_long_socket_path_is_a_precise_error() {
     let err = PluginProcess::launch(opts).await.unwrap_err();
     assert!(matches!(err, LaunchError::Exited { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("longer than the 107 a unix socket allows"), "{msg}");
+    assert!(
+        msg.contains("longer than the 107 a unix socket allows"),
+        "{msg}"
+    );
 }

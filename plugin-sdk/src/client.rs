@@ -478,21 +478,21 @@ impl PluginProcess {
                 ExitStatus::from_raw(0)
             })));
         });
-        let process = PluginProcess {
+        Ok(PluginProcess {
             name: opts.name,
             pid,
             line,
             path: opts.command,
             channel,
             exit: exit_rx,
-        };
-        process.spawn_stdio_mirror();
-        Ok(process)
+        })
     }
 
-    /// go-plugin plugins written in Go mirror their stdout/stderr over `GRPCStdio`;
-    /// read it so they never block, and log it. Drover plugins send nothing on it.
-    fn spawn_stdio_mirror(&self) {
+    /// Read the plugin's `GRPCStdio` stream for as long as it runs and log what comes.
+    /// go-plugin plugins written in Go mirror their stdout/stderr there and block when
+    /// nobody reads it; Drover plugins send nothing on it. Call it once the plugin has
+    /// been identified: it is off the launch's critical path.
+    pub fn mirror_stdio(&self) {
         let mut client = goplugin::grpc_stdio_client::GrpcStdioClient::new(self.channel.clone());
         let name = self.name.clone();
         let mut exit = self.exit.clone();
