@@ -127,21 +127,22 @@ pub fn print_plugins(rows: &serde_json::Value, json: bool) {
     }
 }
 
+/// A JSON field as table text: strings bare, null or absent as `-`.
+fn field_text(value: &serde_json::Value, key: &str) -> String {
+    match value.get(key) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        None | Some(serde_json::Value::Null) => "-".into(),
+        Some(other) => other.to_string(),
+    }
+}
+
 /// Print one task.
 pub fn print_task(task: &serde_json::Value, json: bool) {
     if json {
         println!("{}", serde_json::to_string_pretty(task).unwrap_or_default());
         return;
     }
-    let s = |k: &str| {
-        task.get(k)
-            .map(|v| match v {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Null => "-".into(),
-                other => other.to_string(),
-            })
-            .unwrap_or_else(|| "-".into())
-    };
+    let s = |k: &str| field_text(task, k);
     println!("ID          = {}", s("id"));
     println!("Name        = {}", s("name"));
     println!("Driver      = {}", s("driver"));
@@ -180,15 +181,7 @@ pub fn print_tasks(tasks: &serde_json::Value, json: bool) {
         "ID", "NAME", "DRIVER", "STATE"
     );
     for t in tasks.as_array().into_iter().flatten() {
-        let s = |k: &str| {
-            t.get(k)
-                .map(|v| match v {
-                    serde_json::Value::String(s) => s.clone(),
-                    serde_json::Value::Null => "-".into(),
-                    other => other.to_string(),
-                })
-                .unwrap_or_default()
-        };
+        let s = |k: &str| field_text(t, k);
         // A task killed by a signal has exit code 0; show the signal instead.
         let exit = match t.get("signal").and_then(|v| v.as_i64()) {
             Some(sig) => format!("signal {sig}"),

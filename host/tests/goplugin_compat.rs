@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -142,22 +141,5 @@ fn go_plugin_for_another_app_is_refused_and_shut_down() {
             .contains("does not serve drover.plugin.v1"),
         "{row:#}"
     );
-    let want: BTreeSet<u32> = rows
-        .iter()
-        .filter(|r| r["state"] == "healthy")
-        .filter_map(|r| r["pid"].as_u64())
-        .map(|p| p as u32)
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let live: BTreeSet<u32> = agent.marked_pids().into_iter().collect();
-        if live == want {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "go plugin left running: {live:?} vs {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    agent.assert_only_healthy_plugins_run(&rows);
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -174,23 +174,7 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
 
     // Nothing is left behind: the only processes carrying the agent's marker are the
     // healthy plugins.
-    let want: BTreeSet<u32> = healthy
-        .iter()
-        .filter_map(|r| r["pid"].as_u64())
-        .map(|p| p as u32)
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let live: BTreeSet<u32> = agent.marked_pids().into_iter().collect();
-        if live == want {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "leftover plugin processes: live {live:?}, expected only {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    agent.assert_only_healthy_plugins_run(&rows);
 
     // The agent keeps serving: run a task on the third-party skeleton driver.
     let task = agent.cli_json(&[

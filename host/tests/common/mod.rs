@@ -168,6 +168,29 @@ impl Agent {
         pids
     }
 
+    /// Wait (up to 5 s) until the only live processes carrying this agent's marker are
+    /// the pids of the `healthy` rows: every other plugin process was shut down.
+    pub fn assert_only_healthy_plugins_run(&self, rows: &[serde_json::Value]) {
+        let want: std::collections::BTreeSet<u32> = rows
+            .iter()
+            .filter(|r| r["state"] == "healthy")
+            .filter_map(|r| r["pid"].as_u64())
+            .map(|p| p as u32)
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let live: std::collections::BTreeSet<u32> = self.marked_pids().into_iter().collect();
+            if live == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "leftover plugin processes: live {live:?}, expected only the healthy {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGTERM the agent and wait for it to exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let _ = nix_kill(self.child.id(), 15);
