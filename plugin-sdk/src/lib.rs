@@ -19,6 +19,8 @@ pub mod error;
 pub mod handshake;
 pub mod logging;
 pub mod server;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod types;
 pub mod version;
 

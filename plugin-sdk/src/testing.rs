@@ -1,0 +1,450 @@
+//! A conformance harness for plugin authors: launch your real plugin binary and check
+//! that it behaves as the host expects. Enable the `testing` feature.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use drover_plugin_sdk::testing::Conformance;
+//! let report = Conformance::new(env!("CARGO_BIN_EXE_drover-skeleton-driver"))
+//!     .sample_task(serde_json::json!({"run_for_ms": 100}))
+//!     .long_task(serde_json::json!({}))
+//!     .run()
+//!     .await
+//!     .expect("plugin conforms");
+//! println!("{report}");
+//! # }
+//! ```
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio_stream::StreamExt as _;
+
+use crate::client::{LaunchOptions, PluginProcess};
+use crate::version::{negotiate_api_version, parse_version, supported_api_range};
+use crate::{AgentInfo, DriverError, TaskSpec, TaskState};
+
+/// What to check and how to start tasks with the driver under test.
+#[derive(Debug, Clone)]
+pub struct Conformance {
+    binary: PathBuf,
+    args: Vec<OsString>,
+    sample_task: serde_json::Value,
+    long_task: serde_json::Value,
+}
+
+/// One passed step and how long it took.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// What was checked.
+    pub name: &'static str,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// Every step that passed, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The steps.
+    pub steps: Vec<Step>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for s in &self.steps {
+            writeln!(f, "ok  {:<48} {:?}", s.name, s.elapsed)?;
+        }
+        Ok(())
+    }
+}
+
+/// The first step that failed, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("conformance step {step:?} failed: {reason}")]
+pub struct ConformanceError {
+    /// The step.
+    pub step: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
+fn fail(step: &'static str, reason: impl fmt::Display) -> ConformanceError {
+    ConformanceError {
+        step,
+        reason: reason.to_string(),
+    }
+}
+
+/// Run one step with a time limit, recording it in the report.
+async fn step<T>(
+    report: &mut Report,
+    name: &'static str,
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, ConformanceError> {
+    let started = Instant::now();
+    let out = tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| fail(name, format!("no answer within {limit:?}")))?
+        .map_err(|r| fail(name, r))?;
+    report.steps.push(Step {
+        name,
+        elapsed: started.elapsed(),
+    });
+    Ok(out)
+}
+
+const RPC: Duration = Duration::from_secs(5);
+
+impl Conformance {
+    /// Check the plugin binary at `binary`. Set the task configs before running.
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Conformance {
+            binary: binary.into(),
+            args: Vec::new(),
+            sample_task: serde_json::json!({}),
+            long_task: serde_json::json!({}),
+        }
+    }
+
+    /// Arguments the binary needs to serve (e.g. `plugin serve rawexec`).
+    pub fn args(mut self, args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// A task config that starts a task which exits 0 within a few seconds.
+    pub fn sample_task(mut self, config: serde_json::Value) -> Self {
+        self.sample_task = config;
+        self
+    }
+
+    /// A task config that starts a task which runs until stopped.
+    pub fn long_task(mut self, config: serde_json::Value) -> Self {
+        self.long_task = config;
+        self
+    }
+
+    async fn launch(&self, dir: &std::path::Path) -> Result<PluginProcess, String> {
+        let mut opts = LaunchOptions::new("conformance", self.binary.clone());
+        opts.args = self.args.clone();
+        opts.socket_dir = Some(dir.to_owned());
+        PluginProcess::launch(opts).await.map_err(|e| e.to_string())
+    }
+
+    fn spec(&self, dir: &std::path::Path, id: &str, config: &serde_json::Value) -> TaskSpec {
+        let task_dir = dir.join(id);
+        let _ = std::fs::create_dir_all(&task_dir);
+        TaskSpec {
+            id: id.to_owned(),
+            name: id.to_owned(),
+            task_dir: task_dir.clone(),
+            stdout_path: task_dir.join("stdout"),
+            stderr_path: task_dir.join("stderr"),
+            driver_config_json: config.to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// Run every check against a fresh plugin process. Stops at the first failure.
+    pub async fn run(&self) -> Result<Report, ConformanceError> {
+        let dir = tempfile::tempdir().map_err(|e| fail("setup", e))?;
+        let root = dir.path();
+        let mut r = Report::default();
+        let plugin = step(
+            &mut r,
+            "launch and handshake",
+            Duration::from_secs(10),
+            self.launch(root),
+        )
+        .await?;
+        let result = self.checks(&mut r, &plugin, root).await;
+        if result.is_err() {
+            plugin.kill().await;
+        }
+        result.map(|()| r)
+    }
+
+    async fn checks(
+        &self,
+        r: &mut Report,
+        plugin: &PluginProcess,
+        root: &std::path::Path,
+    ) -> Result<(), ConformanceError> {
+        let c = plugin.client();
+        let api = step(r, "PluginInfo: name, version, API version", RPC, async {
+            let (info, apis, _) = c.plugin_info().await.map_err(|e| e.to_string())?;
+            let ok_name = !info.name.is_empty()
+                && info.name.len() <= 64
+                && info.name.chars().all(|ch| {
+                    ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_' || ch == '-'
+                });
+            if !ok_name {
+                return Err(format!(
+                    "name {:?} is not 1-64 characters of [a-z0-9_-]",
+                    info.name
+                ));
+            }
+            parse_version(&info.version).map_err(|e| format!("plugin_version: {e}"))?;
+            negotiate_api_version(&apis, &supported_api_range()).map_err(|e| e.to_string())
+        })
+        .await?;
+        for (name, fut) in [
+            (
+                "ConfigSchema is a JSON Schema object",
+                Box::pin(c.config_schema())
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
+            ),
+            (
+                "TaskConfigSchema is a JSON Schema object",
+                Box::pin(c.task_config_schema()),
+            ),
+        ] {
+            step(r, name, RPC, async {
+                let text = fut.await.map_err(|e| e.to_string())?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
+                if v.is_object() {
+                    Ok(())
+                } else {
+                    Err(format!("not an object: {text}"))
+                }
+            })
+            .await?;
+        }
+        step(r, "SetConfig with {}", RPC, async {
+            let agent = AgentInfo {
+                alloc_dir: root.to_owned(),
+                plugin_state_dir: root.to_owned(),
+                api_version: api.to_string(),
+            };
+            c.set_config("{}".into(), &agent)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await?;
+        let caps = step(r, "Capabilities", RPC, async {
+            c.capabilities().await.map_err(|e| e.to_string())
+        })
+        .await?;
+        step(
+            r,
+            "first Fingerprint within 1 s",
+            Duration::from_secs(1),
+            async {
+                let mut s = Box::pin(c.fingerprint().await.map_err(|e| e.to_string())?);
+                match s.next().await {
+                    Some(Ok(_)) => Ok(()),
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Err("stream ended without a fingerprint".into()),
+                }
+            },
+        )
+        .await?;
+
+        let sample = self.spec(root, "conformance-sample", &self.sample_task);
+        step(
+            r,
+            "StartTask, InspectTask, WaitTask twice, DestroyTask",
+            Duration::from_secs(20),
+            async {
+                c.start_task(sample.clone())
+                    .await
+                    .map_err(|e| format!("start: {e}"))?;
+                let st = c
+                    .inspect_task(&sample.id)
+                    .await
+                    .map_err(|e| format!("inspect: {e}"))?;
+                if st.state == TaskState::Unknown {
+                    return Err("InspectTask says the state is unknown".into());
+                }
+                let first = c
+                    .wait_task(&sample.id)
+                    .await
+                    .map_err(|e| format!("wait: {e}"))?;
+                if !first.successful() {
+                    return Err(format!("sample task did not exit 0: {first:?}"));
+                }
+                let again = c
+                    .wait_task(&sample.id)
+                    .await
+                    .map_err(|e| format!("second wait: {e}"))?;
+                if again != first {
+                    return Err(format!(
+                        "WaitTask changed its answer: {first:?} then {again:?}"
+                    ));
+                }
+                c.destroy_task(&sample.id, false)
+                    .await
+                    .map_err(|e| format!("destroy: {e}"))?;
+                match c.inspect_task(&sample.id).await {
+                    Err(DriverError::NotFound(_)) => Ok(()),
+                    other => Err(format!("destroyed task still answers: {other:?}")),
+                }
+            },
+        )
+        .await?;
+
+        step(
+            r,
+            "misspelt task config field is refused by name",
+            RPC,
+            async {
+                let mut config = self.sample_task.clone();
+                if let Some(map) = config.as_object_mut() {
+                    map.insert("conformance_typo_field".into(), serde_json::json!(1));
+                }
+                let spec = self.spec(root, "conformance-typo", &config);
+                match c.start_task(spec).await {
+                    Err(DriverError::InvalidConfig(m)) if m.contains("conformance_typo_field") => {
+                        Ok(())
+                    }
+                    other => Err(format!(
+                        "expected InvalidConfig naming the field, got {other:?}"
+                    )),
+                }
+            },
+        )
+        .await?;
+        step(r, "unsafe task id is refused", RPC, async {
+            match c
+                .start_task(self.spec(root, "x", &self.sample_task).with_id("../x"))
+                .await
+            {
+                Err(DriverError::InvalidConfig(_)) => Ok(()),
+                other => Err(format!("expected InvalidConfig, got {other:?}")),
+            }
+        })
+        .await?;
+        step(r, "unknown task id is NotFound", RPC, async {
+            match (
+                c.inspect_task("conformance-nosuch").await,
+                c.wait_task("conformance-nosuch").await,
+            ) {
+                (Err(DriverError::NotFound(_)), Err(DriverError::NotFound(_))) => Ok(()),
+                other => Err(format!("expected NotFound twice, got {other:?}")),
+            }
+        })
+        .await?;
+
+        let long = self.spec(root, "conformance-long", &self.long_task);
+        let handle = step(
+            r,
+            "running task: destroy refused, stop within 3 s",
+            Duration::from_secs(20),
+            async {
+                let handle = c
+                    .start_task(long.clone())
+                    .await
+                    .map_err(|e| format!("start: {e}"))?;
+                match c.destroy_task(&long.id, false).await {
+                    Err(DriverError::FailedPrecondition(_)) => {}
+                    other => {
+                        return Err(format!(
+                            "destroying a running task without force: {other:?}"
+                        ));
+                    }
+                }
+                c.recover_task(handle.clone())
+                    .await
+                    .map_err(|e| format!("RecoverTask of a tracked task must be harmless: {e}"))?;
+                let t = Instant::now();
+                c.stop_task(&long.id, Duration::from_secs(2), "SIGTERM")
+                    .await
+                    .map_err(|e| format!("stop: {e}"))?;
+                if t.elapsed() > Duration::from_secs(3) {
+                    return Err(format!(
+                        "StopTask took {:?} with a 2 s timeout",
+                        t.elapsed()
+                    ));
+                }
+                c.wait_task(&long.id)
+                    .await
+                    .map_err(|e| format!("wait after stop: {e}"))?;
+                c.destroy_task(&long.id, false)
+                    .await
+                    .map_err(|e| format!("destroy after stop: {e}"))?;
+                Ok(handle)
+            },
+        )
+        .await?;
+        let _ = handle;
+
+        if caps.recover {
+            let spec = self.spec(root, "conformance-recover", &self.long_task);
+            let handle = step(r, "start a task to recover", RPC, async {
+                c.start_task(spec.clone()).await.map_err(|e| e.to_string())
+            })
+            .await?;
+            let _ = plugin.shutdown().await;
+            let fresh = step(
+                r,
+                "relaunch the plugin",
+                Duration::from_secs(10),
+                self.launch(root),
+            )
+            .await?;
+            let c2 = fresh.client();
+            let checked = step(
+                r,
+                "RecoverTask in a new process keeps the task running",
+                Duration::from_secs(20),
+                async {
+                    c2.recover_task(handle)
+                        .await
+                        .map_err(|e| format!("recover: {e}"))?;
+                    let st = c2
+                        .inspect_task(&spec.id)
+                        .await
+                        .map_err(|e| format!("inspect: {e}"))?;
+                    if st.state != TaskState::Running {
+                        return Err(format!("recovered task is {:?}, not running", st.state));
+                    }
+                    c2.stop_task(&spec.id, Duration::from_secs(2), "SIGTERM")
+                        .await
+                        .map_err(|e| format!("stop: {e}"))?;
+                    c2.wait_task(&spec.id)
+                        .await
+                        .map_err(|e| format!("wait: {e}"))?;
+                    c2.destroy_task(&spec.id, false)
+                        .await
+                        .map_err(|e| format!("destroy: {e}"))
+                },
+            )
+            .await;
+            let exited = step(
+                r,
+                "Shutdown exits within 2 s",
+                Duration::from_secs(3),
+                async { Ok::<_, String>(fresh.shutdown().await) },
+            )
+            .await;
+            checked?;
+            exited?;
+            return Ok(());
+        }
+        step(
+            r,
+            "Shutdown exits within 2 s",
+            Duration::from_secs(3),
+            async {
+                let how = plugin.shutdown().await;
+                if how == "exit code 0" {
+                    Ok(())
+                } else {
+                    Err(format!("plugin exited with {how}"))
+                }
+            },
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+impl TaskSpec {
+    fn with_id(mut self, id: &str) -> Self {
+        self.id = id.to_owned();
+        self
+    }
+}
