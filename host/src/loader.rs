@@ -348,24 +348,61 @@ async fn identify(
 }
 
 /// Validate `value` against `schema`; the error lists each problem with its location.
+///
+/// Unknown top-level fields (a typo is the most common mistake) are reported by name
+/// with the fields that are allowed; the validator's own message for them does not
+/// always name the field.
 pub fn validate(schema: &serde_json::Value, value: &serde_json::Value) -> Result<(), String> {
     let validator = jsonschema::validator_for(schema).map_err(|e| format!("bad schema: {e}"))?;
-    let problems: Vec<String> = validator
-        .iter_errors(value)
-        .map(|e| {
-            let at = e.instance_path().to_string();
-            if at.is_empty() {
-                e.to_string()
-            } else {
-                format!("{at}: {e}")
-            }
-        })
-        .collect();
+    let mut problems = unknown_fields(schema, value);
+    let reported_unknown = !problems.is_empty();
+    for e in validator.iter_errors(value) {
+        let at = e.instance_path().to_string();
+        let about_extra_fields = matches!(
+            e.kind(),
+            jsonschema::error::ValidationErrorKind::AdditionalProperties { .. }
+                | jsonschema::error::ValidationErrorKind::FalseSchema
+        );
+        if at.is_empty() && about_extra_fields && reported_unknown {
+            continue;
+        }
+        problems.push(if at.is_empty() {
+            e.to_string()
+        } else {
+            format!("{at}: {e}")
+        });
+    }
     if problems.is_empty() {
         Ok(())
     } else {
         Err(problems.join("; "))
     }
+}
+
+fn unknown_fields(schema: &serde_json::Value, value: &serde_json::Value) -> Vec<String> {
+    let (Some(object), Some(false)) = (
+        value.as_object(),
+        schema
+            .get("additionalProperties")
+            .and_then(serde_json::Value::as_bool),
+    ) else {
+        return Vec::new();
+    };
+    let known: Vec<&str> = schema
+        .get("properties")
+        .and_then(serde_json::Value::as_object)
+        .map(|p| p.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let allowed = if known.is_empty() {
+        "it takes no fields".to_owned()
+    } else {
+        format!("expected one of: {}", known.join(", "))
+    };
+    object
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .map(|k| format!("unknown field {k:?} ({allowed})"))
+        .collect()
 }
 
 /// Is `name` allowed by the allow and deny lists?
@@ -413,7 +450,14 @@ mod tests {
             "additionalProperties": false
         });
         let err = validate(&schema, &serde_json::json!({"comand": "x"})).unwrap_err();
-        assert!(err.contains("comand"), "{err}");
+        assert!(
+            err.contains("unknown field \"comand\" (expected one of: command)"),
+            "{err}"
+        );
+        assert!(err.contains("\"command\" is a required property"), "{err}");
+        let empty = serde_json::json!({"type": "object", "additionalProperties": false});
+        let err = validate(&empty, &serde_json::json!({"colour": "blue"})).unwrap_err();
+        assert_eq!(err, "unknown field \"colour\" (it takes no fields)");
         let err = validate(&schema, &serde_json::json!({"command": 3})).unwrap_err();
         assert!(err.contains("/command"), "{err}");
         assert!(validate(&schema, &serde_json::json!({"command": "x"})).is_ok());

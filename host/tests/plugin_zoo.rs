@@ -242,3 +242,90 @@ fn crashed_plugin_is_relaunched() {
         agent.log_text()
     );
 }
+
+#[test]
+fn operator_settings_allow_deny_pin_and_config_are_enforced() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("plugins");
+    std::fs::create_dir(&dir).unwrap();
+    let skeleton = workspace_bin("drover-skeleton-driver");
+    std::fs::copy(&skeleton, dir.join("skeleton")).unwrap();
+    let fixture = workspace_bin("drover-fixture-plugin");
+    let wrap = |name: &str, env: &str| {
+        write_exec(
+            &dir.join(name),
+            &format!("#!/bin/sh\n{env} exec {} \"$@\"\n", fixture.display()),
+            0o755,
+        );
+    };
+    wrap("denied", "FIXTURE_NAME=denied");
+    wrap("pinned", "FIXTURE_NAME=pinned");
+    wrap("configured", "FIXTURE_NAME=configured");
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "plugin_deny = [\"denied\"]\n\
+         [plugin.pinned]\nsha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"\n\
+         [plugin.configured]\nconfig = { colour = \"blue\" }\n",
+    )
+    .unwrap();
+    let agent = Agent::start(root.path(), &dir, &["--config", config.to_str().unwrap()]);
+    let rows = agent.wait_plugins(Duration::from_secs(15), |rows| {
+        rows.len() >= 5 && rows.iter().all(|r| r["state"] != "unhealthy")
+    });
+    let reason = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no row {name}: {rows:#?}"))["reason"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(reason("denied").contains("plugin_deny"), "{rows:#?}");
+    assert!(reason("pinned").contains("sha256"), "{rows:#?}");
+    let r = reason("configured");
+    assert!(
+        r.contains("[plugin.configured]") && r.contains("colour"),
+        "{r}"
+    );
+    assert_eq!(row(&rows, "skeleton")["state"], "healthy");
+    assert_eq!(row(&rows, "rawexec")["state"], "healthy");
+    agent.assert_only_healthy_plugins_run(&rows);
+
+    // A plugin's stderr is the agent's log feed: lines show up under the plugin's name.
+    let log = agent.log_text();
+    assert!(log.contains("plugin loaded"), "{log}");
+}
+
+#[test]
+fn plugin_stderr_is_forwarded_into_the_agent_log() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("plugins");
+    std::fs::create_dir(&dir).unwrap();
+    write_exec(
+        &dir.join("chatty"),
+        "#!/bin/sh\n\
+         echo '{\"@level\":\"warn\",\"@message\":\"disk nearly full\",\"@module\":\"chatty\",\"free_mb\":12}' >&2\n\
+         echo 'plain text line' >&2\n\
+         exit 5\n",
+        0o755,
+    );
+    let agent = Agent::start(root.path(), &dir, &[]);
+    agent.wait_plugins(Duration::from_secs(10), |rows| {
+        rows.iter().any(|r| r["name"] == "chatty") && rows.iter().any(|r| r["state"] == "healthy")
+    });
+    let log = agent.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("disk nearly full"))
+        .unwrap_or_else(|| panic!("plugin JSON log line not forwarded:\n{log}"));
+    assert!(
+        line.contains("WARN") && line.contains("chatty") && line.contains("free_mb"),
+        "{line}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("plain text line") && l.contains("chatty")),
+        "{log}"
+    );
+}
