@@ -13,6 +13,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[test]
 fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
@@ -216,6 +217,7 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
 
 #[test]
 fn crashed_plugin_is_relaunched() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
@@ -245,6 +247,7 @@ fn crashed_plugin_is_relaunched() {
 
 #[test]
 fn operator_settings_allow_deny_pin_and_config_are_enforced() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
@@ -299,6 +302,7 @@ fn operator_settings_allow_deny_pin_and_config_are_enforced() {
 
 #[test]
 fn plugin_stderr_is_forwarded_into_the_agent_log() {
+    let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();

@@ -30,6 +30,14 @@ pub fn write_exec(path: &Path, body: &str, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// Tests that measure load time hold this so that no other agent of the same test
+/// binary competes for the two cores meanwhile.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A running agent, killed (with its plugins) when dropped.
 pub struct Agent {
     pub child: Child,
