@@ -74,6 +74,11 @@ impl LaunchOptions {
 }
 
 /// Why a plugin could not be launched. Every message is meant for an operator.
+///
+/// ```
+/// let e = drover_plugin_sdk::client::LaunchError::AppProtocol { plugin: 2, host: vec![1] };
+/// assert_eq!(e.to_string(), "plugin chose app protocol version 2, host speaks [1]");
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LaunchError {
@@ -134,6 +139,20 @@ pub enum LaunchError {
 }
 
 /// Everything needed to find a running plugin again after the host restarts.
+///
+/// ```
+/// use drover_plugin_sdk::client::ReattachConfig;
+/// use drover_plugin_sdk::handshake::PluginAddr;
+/// let r = ReattachConfig {
+///     addr: PluginAddr::Unix("/run/drover/p.sock".into()),
+///     pid: 42,
+///     start_time: 1234,
+///     app_protocol_version: 1,
+///     path: "/usr/lib/drover/plugins/x".into(),
+/// };
+/// let json = serde_json::to_string(&r).unwrap();
+/// assert_eq!(serde_json::from_str::<ReattachConfig>(&json).unwrap(), r);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReattachConfig {
     /// Where it listens.
@@ -203,6 +222,15 @@ fn kill_group(pid: u32) {
 }
 
 /// A running, connected, healthy plugin process.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), drover_plugin_sdk::client::LaunchError> {
+/// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+/// let plugin = PluginProcess::launch(LaunchOptions::new("skeleton", "./drover-skeleton-driver")).await?;
+/// println!("pid {} at {}", plugin.pid(), plugin.handshake().addr);
+/// let how = plugin.shutdown().await; // "exit code 0"
+/// # let _ = how; Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct PluginProcess {
     name: String,

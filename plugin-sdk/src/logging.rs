@@ -16,6 +16,12 @@ use tracing_subscriber::layer::{Context, Layer};
 pub const ENV_PLUGIN_LOG: &str = "DROVER_PLUGIN_LOG";
 
 /// A `tracing` layer that writes every event as one hclog-style JSON line to stderr.
+///
+/// ```
+/// use tracing_subscriber::prelude::*;
+/// let subscriber = tracing_subscriber::registry().with(drover_plugin_sdk::logging::JsonStderrLayer);
+/// tracing::subscriber::with_default(subscriber, || tracing::info!(task = "t1", "started"));
+/// ```
 #[derive(Debug, Default)]
 pub struct JsonStderrLayer;
 
@@ -114,6 +120,11 @@ impl<S: Subscriber> Layer<S> for JsonStderrLayer {
 /// Install the JSON stderr logger as the global `tracing` subscriber, filtered by
 /// [`ENV_PLUGIN_LOG`] (default `info`). [`crate::serve`] calls this; call it yourself
 /// only if you serve by other means.
+///
+/// ```no_run
+/// drover_plugin_sdk::logging::init_plugin_logging();
+/// tracing::info!("visible in the agent's log under this plugin's name");
+/// ```
 pub fn init_plugin_logging() {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_env(ENV_PLUGIN_LOG)
@@ -179,6 +190,11 @@ impl PluginLogLine {
 
 /// Replay one line of a plugin's stderr as a host `tracing` event with field
 /// `plugin = name`. Lines that are not plugin JSON are logged verbatim at info.
+///
+/// ```
+/// drover_plugin_sdk::logging::forward_plugin_log("docker", r#"{"@level":"warn","@message":"slow pull"}"#);
+/// drover_plugin_sdk::logging::forward_plugin_log("docker", "panicked at src/main.rs:3");
+/// ```
 pub fn forward_plugin_log(plugin: &str, line: &str) {
     let Some(l) = PluginLogLine::parse(line) else {
         tracing::info!(target: "drover::plugin", plugin, "{}", line.trim_end());

@@ -21,6 +21,10 @@ use crate::types::{AgentInfo, TaskSpec, from_duration, validate_task_id};
 
 /// Largest gRPC message a plugin accepts or sends (go-plugin hosts allow more than
 /// gRPC's 4 MiB default; task configs and exec output can be large).
+///
+/// ```
+/// assert!(drover_plugin_sdk::server::MAX_MESSAGE_SIZE > 4 << 20);
+/// ```
 pub const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 
 /// How long a plugin waits for in-flight calls after a shutdown request before it
@@ -31,7 +35,13 @@ const SHUTDOWN_GRACE: Duration = Duration::from_millis(50);
 /// Fingerprints are resent at least this often even when nothing changed.
 const FINGERPRINT_HEARTBEAT: Duration = Duration::from_secs(30);
 
-/// Why a plugin could not start serving.
+/// Why a plugin could not start serving. [`serve`] logs it and exits 1; the host shows
+/// the message as the reason the plugin was skipped.
+///
+/// ```
+/// let e = drover_plugin_sdk::server::ServeError::Handshake(std::io::ErrorKind::BrokenPipe.into());
+/// assert!(e.to_string().starts_with("cannot write the handshake line"));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {

@@ -34,6 +34,10 @@ impl PluginInfo {
 }
 
 /// How much of the host file system a task sees.
+///
+/// ```
+/// assert_eq!(drover_plugin_sdk::FsIsolation::default(), drover_plugin_sdk::FsIsolation::None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FsIsolation {
@@ -70,6 +74,12 @@ pub struct Capabilities {
 }
 
 /// Driver health on this node.
+///
+/// ```
+/// use drover_plugin_sdk::{Fingerprint, Health};
+/// let fp = Fingerprint::not_ready(Health::Undetected, "docker is not installed");
+/// assert_eq!(fp.health, Health::Undetected);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Health {
@@ -124,6 +134,11 @@ impl Fingerprint {
 }
 
 /// Resources requested for a task.
+///
+/// ```
+/// let r = drover_plugin_sdk::Resources { memory_mb: 256, ..Default::default() };
+/// assert_eq!(r.cpu_shares, 0);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Resources {
     /// Relative CPU weight.
@@ -135,6 +150,11 @@ pub struct Resources {
 }
 
 /// Log rotation limits for a task's stdout and stderr.
+///
+/// ```
+/// let l = drover_plugin_sdk::LogConfig::default();
+/// assert_eq!((l.max_files, l.max_file_size_mb), (10, 10));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogConfig {
     /// How many files to keep per stream.
@@ -154,6 +174,15 @@ impl Default for LogConfig {
 
 /// Everything about a task except its driver-specific config, which the driver gets
 /// separately as its typed `TaskConfig`.
+///
+/// ```
+/// let spec = drover_plugin_sdk::TaskSpec {
+///     id: "web-1".into(),
+///     stdout_path: "/alloc/web-1/logs/stdout.log".into(),
+///     ..Default::default()
+/// };
+/// assert!(drover_plugin_sdk::validate_task_id(&spec.id).is_ok());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TaskSpec {
     /// Unique id, `[A-Za-z0-9_.-]{1,128}` (validated by the SDK before the driver sees it).
@@ -196,6 +225,10 @@ pub fn validate_task_id(id: &str) -> Result<(), DriverError> {
 }
 
 /// Whether a task is running.
+///
+/// ```
+/// assert_eq!(drover_plugin_sdk::TaskState::default(), drover_plugin_sdk::TaskState::Unknown);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
@@ -310,6 +343,17 @@ impl TaskHandle {
 }
 
 /// A task's status, answered by `InspectTask`.
+///
+/// ```
+/// use drover_plugin_sdk::{ExitResult, TaskState, TaskStatus};
+/// let s = TaskStatus {
+///     id: "t1".into(),
+///     state: TaskState::Exited,
+///     exit_result: Some(ExitResult::code(0)),
+///     ..Default::default()
+/// };
+/// assert!(s.exit_result.unwrap().successful());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TaskStatus {
     /// Task id.
@@ -329,6 +373,11 @@ pub struct TaskStatus {
 }
 
 /// A resource usage sample of one task.
+///
+/// ```
+/// let s = drover_plugin_sdk::TaskStats { memory_rss_bytes: 4 << 20, ..Default::default() };
+/// assert_eq!(s.cpu_percent, 0.0);
+/// ```
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct TaskStats {
     /// Resident memory in bytes.
@@ -342,6 +391,16 @@ pub struct TaskStats {
 }
 
 /// Something that happened to a task, reported by the driver.
+///
+/// ```
+/// let e = drover_plugin_sdk::TaskEvent {
+///     task_id: "t1".into(),
+///     timestamp: std::time::SystemTime::now(),
+///     message: "image pulled".into(),
+///     annotations: Default::default(),
+/// };
+/// assert_eq!(e.message, "image pulled");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskEvent {
     /// Task id.
@@ -355,6 +414,11 @@ pub struct TaskEvent {
 }
 
 /// Output of a command run with `ExecTask`.
+///
+/// ```
+/// let out = drover_plugin_sdk::ExecOutput { stdout: b"ok\n".to_vec(), ..Default::default() };
+/// assert!(out.result.successful());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ExecOutput {
     /// Its stdout.
@@ -366,6 +430,11 @@ pub struct ExecOutput {
 }
 
 /// Facts about the agent a driver learns in `set_config`.
+///
+/// ```
+/// let a = drover_plugin_sdk::AgentInfo { api_version: "1.0.0".into(), ..Default::default() };
+/// assert_eq!(a.api_version, "1.0.0");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct AgentInfo {
     /// Where task directories live.
