@@ -4,7 +4,8 @@
 //! ```no_run
 //! # async fn demo() {
 //! use drover_plugin_sdk::testing::Conformance;
-//! let report = Conformance::new(env!("CARGO_BIN_EXE_drover-skeleton-driver"))
+//! // In a test of the plugin's own crate: env!("CARGO_BIN_EXE_<your-binary>").
+//! let report = Conformance::new("target/debug/drover-skeleton-driver")
 //!     .sample_task(serde_json::json!({"run_for_ms": 100}))
 //!     .long_task(serde_json::json!({}))
 //!     .run()
