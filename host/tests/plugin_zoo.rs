@@ -96,7 +96,10 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     };
     let rows = agent.wait_plugins(Duration::from_secs(20), settled);
     let elapsed = agent.started.elapsed();
-    eprintln!("zoo: {} plugin rows settled {elapsed:?} after the agent started", rows.len());
+    eprintln!(
+        "zoo: {} plugin rows settled {elapsed:?} after the agent started",
+        rows.len()
+    );
     assert!(
         elapsed < HANDSHAKE_TIMEOUT + Duration::from_secs(1),
         "loading took {elapsed:?}; fingerprints must run concurrently (timeout {HANDSHAKE_TIMEOUT:?})"

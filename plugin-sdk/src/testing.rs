@@ -98,6 +98,14 @@ async fn step<T>(
 
 const RPC: Duration = Duration::from_secs(5);
 
+/// Every task id the checks may start, for the clean-up after a failure.
+const TASK_IDS: [&str; 4] = [
+    "conformance-sample",
+    "conformance-typo",
+    "conformance-long",
+    "conformance-recover",
+];
+
 impl Conformance {
     /// Check the plugin binary at `binary`. Set the task configs before running.
     pub fn new(binary: impl Into<PathBuf>) -> Self {
@@ -162,6 +170,11 @@ impl Conformance {
         .await?;
         let result = self.checks(&mut r, &plugin, root).await;
         if result.is_err() {
+            // Leave nothing running: a failed check may have left a long task behind.
+            let c = plugin.client();
+            for id in TASK_IDS {
+                let _ = tokio::time::timeout(RPC, c.destroy_task(id, true)).await;
+            }
             plugin.kill().await;
         }
         result.map(|()| r)

@@ -26,6 +26,12 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 
 const SIGKILL: i32 = 9;
 
+/// `SIGTERM` for 15; the number itself for a signal nix does not know.
+fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
+}
+
 /// Runs tasks as plain host processes, each the leader of its own process group.
 pub struct RawExecDriver {
     store: Store,
@@ -69,8 +75,8 @@ impl RawExecDriver {
             let result = result.await;
             let message = match (result.signal, &result.err) {
                 (_, Some(e)) => format!("task exited: {e}"),
-                (0, None) => format!("task exited with code {}", result.exit_code),
-                (sig, None) => format!("task killed by signal {sig}"),
+                (0, None) => format!("task exited: code {}", result.exit_code),
+                (sig, None) => format!("task exited: signal {sig}"),
             };
             if task.finish(result) {
                 tracing::info!(task = %task.id, "{message}");
@@ -179,13 +185,13 @@ impl DriverPlugin for RawExecDriver {
             return Ok(());
         }
         task.signal_group(sig)?;
-        self.event(
-            task_id,
-            format!("sent signal {sig}; SIGKILL after {timeout:?}"),
-        );
+        self.event(task_id, format!("sent {}", signal_name(sig)));
         if tokio::time::timeout(timeout, task.wait()).await.is_err() {
             task.signal_group(SIGKILL)?;
-            self.event(task_id, "kill timeout reached; sent SIGKILL".into());
+            self.event(
+                task_id,
+                format!("sent SIGKILL: still running after {timeout:?}"),
+            );
             task.wait().await;
         }
         // Leftovers of the group (children that ignored the signal) go too.
@@ -202,7 +208,7 @@ impl DriverPlugin for RawExecDriver {
             )));
         }
         task.signal_group(sig)?;
-        self.event(task_id, format!("sent signal {sig}"));
+        self.event(task_id, format!("sent {}", signal_name(sig)));
         Ok(())
     }
 

@@ -165,6 +165,8 @@ pub(crate) async fn watch_adopted(pid: u32) -> ExitResult {
         )),
         ..Default::default()
     };
+    // The process is gone: its status went to its new parent (init), not to us.
+    let exited = || unknown("executor support pending".into());
     let Some(raw) = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
@@ -173,6 +175,7 @@ pub(crate) async fn watch_adopted(pid: u32) -> ExitResult {
     };
     let fd = match rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) {
         Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return exited(),
         Err(e) => return unknown(format!("pidfd_open: {e}")),
     };
     // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
@@ -182,7 +185,7 @@ pub(crate) async fn watch_adopted(pid: u32) -> ExitResult {
     match registered {
         Ok(async_fd) => {
             let _ = async_fd.readable().await;
-            unknown("the process has exited".into())
+            exited()
         }
         Err(e) => unknown(format!("watching pidfd: {e}")),
     }

@@ -132,7 +132,11 @@ fn main() {
     }
 }
 
-struct Controller;
+/// go-plugin's controller: Shutdown answers, then the process exits at once.
+struct Controller {
+    /// The socket directory, removed before exiting (`exit` skips destructors).
+    dir: std::path::PathBuf,
+}
 
 #[tonic::async_trait]
 impl goplugin::grpc_controller_server::GrpcController for Controller {
@@ -140,31 +144,70 @@ impl goplugin::grpc_controller_server::GrpcController for Controller {
         &self,
         _: tonic::Request<goplugin::Empty>,
     ) -> Result<tonic::Response<goplugin::Empty>, tonic::Status> {
-        tokio::spawn(async {
+        let dir = self.dir.clone();
+        tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
+            let _ = std::fs::remove_dir_all(dir);
             std::process::exit(0);
         });
         Ok(tonic::Response::new(goplugin::Empty {}))
     }
 }
 
-/// Behave like a go-plugin plugin of some other program that happens to share the cookie.
+type Pending<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+/// go-plugin's stdio mirror: an open stream that sends nothing.
+struct Stdio;
+
+#[tonic::async_trait]
+impl goplugin::grpc_stdio_server::GrpcStdio for Stdio {
+    type StreamStdioStream = Pending<goplugin::StdioData>;
+    async fn stream_stdio(
+        &self,
+        _: tonic::Request<()>,
+    ) -> Result<tonic::Response<Self::StreamStdioStream>, tonic::Status> {
+        Ok(tonic::Response::new(Box::pin(tokio_stream::pending())))
+    }
+}
+
+/// go-plugin's broker: an open stream that sends nothing.
+struct Broker;
+
+#[tonic::async_trait]
+impl goplugin::grpc_broker_server::GrpcBroker for Broker {
+    type StartStreamStream = Pending<goplugin::ConnInfo>;
+    async fn start_stream(
+        &self,
+        _: tonic::Request<tonic::Streaming<goplugin::ConnInfo>>,
+    ) -> Result<tonic::Response<Self::StartStreamStream>, tonic::Status> {
+        Ok(tonic::Response::new(Box::pin(tokio_stream::pending())))
+    }
+}
+
+/// Behave like a go-plugin plugin of some other program that happens to share the
+/// cookie: the same handshake, socket modes and go-plugin services as a Drover plugin
+/// (health, controller, stdio, broker), but no `drover.plugin.v1` services.
 fn goplugin_only() {
-    if std::env::var(drover_plugin_sdk::handshake::MAGIC_COOKIE_KEY).as_deref()
-        != Ok(drover_plugin_sdk::handshake::MAGIC_COOKIE_VALUE)
-    {
+    use drover_plugin_sdk::handshake;
+    if std::env::var(handshake::MAGIC_COOKIE_KEY).as_deref() != Ok(handshake::MAGIC_COOKIE_VALUE) {
         eprintln!("not started by a host");
         std::process::exit(1);
     }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
+        let base = std::env::var_os(handshake::ENV_UNIX_SOCKET_DIR)
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
         let dir = tempfile::Builder::new()
             .prefix("fixture-")
             .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir()
+            .tempdir_in(base)
             .expect("socket dir");
         let path = dir.path().join("plugin.sock");
         let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .expect("socket mode");
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status("plugin", tonic_health::ServingStatus::Serving)
@@ -172,9 +215,14 @@ fn goplugin_only() {
         let server = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(
-                Controller,
+                Controller {
+                    dir: dir.path().to_owned(),
+                },
             ))
+            .add_service(goplugin::grpc_stdio_server::GrpcStdioServer::new(Stdio))
+            .add_service(goplugin::grpc_broker_server::GrpcBrokerServer::new(Broker))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
+        // The listener is bound: connections queue until the server polls it.
         println!("1|1|unix|{}|grpc", path.display());
         let _ = server.await;
     });

@@ -1,0 +1,652 @@
+//! rawexec as the host sees it: the real plugin binary, launched and driven through
+//! the SDK client. Every wait is on a real condition with a bounded timeout.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess, process_start_time};
+use drover_plugin_sdk::{DriverError, ExitResult, TaskHandle, TaskSpec, TaskState};
+use serde_json::{Value, json};
+use tokio_stream::StreamExt as _;
+
+const BIN: &str = env!("CARGO_BIN_EXE_drover-driver-rawexec");
+/// Upper bound for anything that should happen "at once".
+const PROMPT: Duration = Duration::from_secs(10);
+
+/// Fail the test with `what` if `fut` does not finish within `limit`.
+async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
+
+/// Poll `cond` every 20 ms until it holds, failing the test after `limit`.
+async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not true within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `/proc/<pid>/stat` fields after the command name: (state, ppid, pgid).
+fn proc_stat(pid: u32) -> Option<(char, u32, u32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgid = f.next()?.parse().ok()?;
+    Some((state, ppid, pgid))
+}
+
+/// Live (not zombie) processes matching `pred` on (ppid, pgid).
+fn processes(pred: impl Fn(u32, u32) -> bool) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| proc_stat(pid).is_some_and(|(s, ppid, pgid)| s != 'Z' && pred(ppid, pgid)))
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|(s, _, _)| s != 'Z')
+}
+
+/// A running rawexec plugin and a scratch directory for its tasks. On drop (also when
+/// a test fails) every task it started and the plugin itself are SIGKILLed, so a
+/// failing test leaves no `sleep 1000` behind.
+struct Plugin {
+    process: PluginProcess,
+    client: PluginClient,
+    dir: PathBuf,
+    /// (pgid, start time) of every task started, for the cleanup on drop.
+    groups: Mutex<Vec<(u32, u64)>>,
+}
+
+impl Plugin {
+    async fn launch(dir: &Path) -> Plugin {
+        let process = within(
+            PROMPT,
+            "launch",
+            PluginProcess::launch(LaunchOptions::new("rawexec", BIN)),
+        )
+        .await
+        .expect("rawexec launches");
+        Plugin {
+            client: process.client(),
+            process,
+            dir: dir.to_owned(),
+            groups: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn spec(&self, id: &str, config: Value) -> TaskSpec {
+        let task_dir = self.dir.join(id);
+        std::fs::create_dir_all(&task_dir).unwrap();
+        TaskSpec {
+            id: id.into(),
+            name: id.into(),
+            task_dir: task_dir.clone(),
+            stdout_path: task_dir.join("stdout.log"),
+            stderr_path: task_dir.join("stderr.log"),
+            driver_config_json: config.to_string(),
+            ..Default::default()
+        }
+    }
+
+    fn track(&self, pid: u32) {
+        if let Ok(t) = process_start_time(pid) {
+            self.groups.lock().unwrap().push((pid, t));
+        }
+    }
+
+    async fn start_spec(&self, spec: TaskSpec) -> (TaskHandle, u32) {
+        let id = spec.id.clone();
+        let handle = within(PROMPT, "start", self.client.start_task(spec))
+            .await
+            .unwrap_or_else(|e| panic!("start {id}: {e}"));
+        let pid = self.pid(&id).await;
+        self.track(pid);
+        (handle, pid)
+    }
+
+    async fn start(&self, id: &str, config: Value) -> (TaskHandle, u32) {
+        self.start_spec(self.spec(id, config)).await
+    }
+
+    async fn pid(&self, id: &str) -> u32 {
+        let status = within(PROMPT, "inspect", self.client.inspect_task(id))
+            .await
+            .unwrap();
+        status.attributes["pid"].parse().unwrap()
+    }
+
+    async fn wait(&self, id: &str) -> ExitResult {
+        within(PROMPT, "wait", self.client.wait_task(id))
+            .await
+            .unwrap()
+    }
+
+    fn stdout(&self, id: &str) -> String {
+        std::fs::read_to_string(self.dir.join(id).join("stdout.log")).unwrap_or_default()
+    }
+
+    /// Wait until the task has printed `line` (scripts print "ready" once their traps
+    /// are installed).
+    async fn printed(&self, id: &str, line: &str) {
+        until(PROMPT, &format!("task {id} prints {line:?}"), || {
+            self.stdout(id).lines().any(|l| l == line)
+        })
+        .await;
+    }
+
+    async fn shutdown(&self) {
+        let how = within(PROMPT, "shutdown", self.process.shutdown()).await;
+        assert_eq!(how, "exit code 0");
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, killpg};
+        for (pgid, start) in self
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            // Only a group whose leader is still the process we started.
+            if process_start_time(pgid).ok() == Some(start) {
+                let _ = killpg(nix::unistd::Pid::from_raw(pgid as i32), Signal::SIGKILL);
+            }
+        }
+        if self.process.exit_status().is_none() {
+            let _ = killpg(
+                nix::unistd::Pid::from_raw(self.process.pid() as i32),
+                Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+async fn setup() -> (tempfile::TempDir, Plugin) {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::launch(dir.path()).await;
+    (dir, plugin)
+}
+
+fn sh(script: &str) -> Value {
+    json!({ "command": "/bin/sh", "args": ["-c", script] })
+}
+
+#[tokio::test]
+async fn exit_code_is_reported_and_wait_repeats_it() {
+    let (_dir, p) = setup().await;
+    p.start("exit3", sh("exit 3")).await;
+    let first = p.wait("exit3").await;
+    assert_eq!(first, ExitResult::code(3));
+    assert_eq!(p.wait("exit3").await, first);
+    let status = p.client.inspect_task("exit3").await.unwrap();
+    assert_eq!(status.state, TaskState::Exited);
+    assert_eq!(status.exit_result, Some(first));
+    assert!(status.completed_at >= status.started_at && status.completed_at.is_some());
+    p.client.destroy_task("exit3", false).await.unwrap();
+    assert!(matches!(
+        p.client.wait_task("exit3").await,
+        Err(DriverError::NotFound(_))
+    ));
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn task_killed_from_outside_reports_signal_9() {
+    let (_dir, p) = setup().await;
+    let (_, pid) = p
+        .start(
+            "victim",
+            json!({ "command": "/bin/sleep", "args": ["1000"] }),
+        )
+        .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let result = p.wait("victim").await;
+    assert_eq!((result.exit_code, result.signal), (0, 9), "{result:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn stop_with_sigterm_returns_promptly_and_the_process_is_gone() {
+    let (_dir, p) = setup().await;
+    let (_, pid) = p
+        .start(
+            "sleeper",
+            json!({ "command": "/bin/sleep", "args": ["1000"] }),
+        )
+        .await;
+    assert!(alive(pid));
+    let t = Instant::now();
+    within(
+        PROMPT,
+        "stop",
+        p.client
+            .stop_task("sleeper", Duration::from_secs(5), "SIGTERM"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "stop took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "sleep {pid} is still there"
+    );
+    assert_eq!(p.wait("sleeper").await, ExitResult::signaled(15));
+    // Stopping a task that has exited is fine; a bad signal name is not.
+    p.client
+        .stop_task("sleeper", Duration::from_secs(1), "SIGTERM")
+        .await
+        .unwrap();
+    let err = p
+        .client
+        .stop_task("sleeper", Duration::from_secs(1), "SIGBOGUS")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn task_ignoring_sigterm_is_killed_after_the_timeout() {
+    let (_dir, p) = setup().await;
+    let (_, pid) = p
+        .start(
+            "stubborn",
+            sh("trap '' TERM; echo ready; while :; do sleep 0.1; done"),
+        )
+        .await;
+    p.printed("stubborn", "ready").await;
+    let t = Instant::now();
+    within(
+        PROMPT,
+        "stop",
+        p.client
+            .stop_task("stubborn", Duration::from_secs(1), "SIGTERM"),
+    )
+    .await
+    .unwrap();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(950),
+        "stop returned after {took:?}, before the timeout"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "stop took {took:?} with a 1 s timeout"
+    );
+    assert_eq!(p.wait("stubborn").await, ExitResult::signaled(9));
+    // The whole group went, not just the shell.
+    until(PROMPT, "the task's process group is empty", || {
+        processes(|_, pgid| pgid == pid).is_empty()
+    })
+    .await;
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn output_goes_to_the_log_files() {
+    let (_dir, p) = setup().await;
+    p.start("echo", json!({ "command": "/bin/echo", "args": ["hello"] }))
+        .await;
+    assert!(p.wait("echo").await.successful());
+    assert_eq!(p.stdout("echo"), "hello\n");
+    p.start("stderr", sh("echo oops >&2")).await;
+    p.wait("stderr").await;
+    let err = std::fs::read_to_string(p.dir.join("stderr/stderr.log")).unwrap();
+    assert_eq!(err, "oops\n");
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn environment_is_the_specs_plus_a_default_path() {
+    let (_dir, p) = setup().await;
+    let mut spec = p.spec(
+        "env",
+        sh(r#"printf '%s\n' "$GREETING" "$PATH" "${DROVER_PLUGIN_MAGIC_COOKIE:-unset}""#),
+    );
+    spec.env = BTreeMap::from([("GREETING".to_owned(), "hello from the spec".to_owned())]);
+    p.start_spec(spec).await;
+    assert!(p.wait("env").await.successful());
+    let expected = format!(
+        "hello from the spec\n{}\nunset\n",
+        drover_driver_rawexec::DEFAULT_PATH
+    );
+    assert_eq!(
+        p.stdout("env"),
+        expected,
+        "the plugin's own environment must not leak"
+    );
+
+    // A PATH in the spec wins, and bare command names are looked up in it.
+    let mut spec = p.spec("path", json!({ "command": "echo", "args": ["found"] }));
+    spec.env = BTreeMap::from([("PATH".to_owned(), "/bin:/usr/bin".to_owned())]);
+    p.start_spec(spec).await;
+    assert!(p.wait("path").await.successful());
+    assert_eq!(p.stdout("path"), "found\n");
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn working_directory_is_the_task_dir_unless_configured() {
+    let (_dir, p) = setup().await;
+    p.start("pwd", json!({ "command": "/bin/pwd" })).await;
+    p.wait("pwd").await;
+    assert_eq!(
+        p.stdout("pwd").trim_end(),
+        p.dir.join("pwd").display().to_string()
+    );
+    std::fs::create_dir_all(p.dir.join("cwd/local")).unwrap();
+    p.start("cwd", json!({ "command": "/bin/pwd", "cwd": "local" }))
+        .await;
+    p.wait("cwd").await;
+    assert_eq!(
+        p.stdout("cwd").trim_end(),
+        p.dir.join("cwd/local").display().to_string()
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn misspelt_field_is_refused_by_name_and_starts_nothing() {
+    let (_dir, p) = setup().await;
+    let err = p
+        .client
+        .start_task(p.spec("typo", json!({ "comand": "/bin/echo" })))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::InvalidConfig(m) if m.contains("comand")),
+        "{err:?}"
+    );
+    assert!(matches!(
+        p.client.inspect_task("typo").await,
+        Err(DriverError::NotFound(_))
+    ));
+    let children = processes(|ppid, _| ppid == p.process.pid());
+    assert!(children.is_empty(), "the plugin has children: {children:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn command_that_cannot_start_is_refused_and_the_id_stays_free() {
+    let (_dir, p) = setup().await;
+    let err = p
+        .client
+        .start_task(p.spec("missing", json!({ "command": "/nonexistent/program" })))
+        .await
+        .unwrap_err();
+    match &err {
+        DriverError::InvalidConfig(m) => {
+            assert!(
+                m.contains("/nonexistent/program") && m.contains("No such file"),
+                "{m}"
+            )
+        }
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    assert!(matches!(
+        p.client.inspect_task("missing").await,
+        Err(DriverError::NotFound(_))
+    ));
+    // Nothing was left holding the id.
+    p.start("missing", sh("exit 0")).await;
+    assert!(p.wait("missing").await.successful());
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn duplicate_id_is_refused() {
+    let (_dir, p) = setup().await;
+    p.start("dup", json!({ "command": "/bin/sleep", "args": ["1000"] }))
+        .await;
+    let err = p
+        .client
+        .start_task(p.spec("dup", sh("exit 0")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DriverError::AlreadyExists(_)), "{err:?}");
+    p.client.destroy_task("dup", true).await.unwrap();
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn destroying_a_running_task_needs_force() {
+    let (_dir, p) = setup().await;
+    let (_, pid) = p
+        .start("busy", json!({ "command": "/bin/sleep", "args": ["1000"] }))
+        .await;
+    let err = p.client.destroy_task("busy", false).await.unwrap_err();
+    assert!(
+        matches!(&err, DriverError::FailedPrecondition(m) if m.contains("still running")),
+        "{err:?}"
+    );
+    assert_eq!(
+        p.client.inspect_task("busy").await.unwrap().state,
+        TaskState::Running
+    );
+    assert!(alive(pid));
+    within(
+        PROMPT,
+        "forced destroy",
+        p.client.destroy_task("busy", true),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "sleep {pid} survived a forced destroy"
+    );
+    assert!(matches!(
+        p.client.inspect_task("busy").await,
+        Err(DriverError::NotFound(_))
+    ));
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn signal_reaches_the_task() {
+    let (_dir, p) = setup().await;
+    p.start(
+        "usr1",
+        sh("trap 'exit 42' USR1; echo ready; while :; do sleep 0.1; done"),
+    )
+    .await;
+    p.printed("usr1", "ready").await;
+    let err = p.client.signal_task("usr1", "SIGNOPE").await.unwrap_err();
+    assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
+    p.client.signal_task("usr1", "SIGUSR1").await.unwrap();
+    assert_eq!(p.wait("usr1").await, ExitResult::code(42));
+    let err = p.client.signal_task("usr1", "SIGUSR1").await.unwrap_err();
+    assert!(matches!(err, DriverError::FailedPrecondition(_)), "{err:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn events_tell_the_story_in_order() {
+    let (_dir, p) = setup().await;
+    let mut events = Box::pin(p.client.task_events().await.unwrap());
+    let (_, pid) = p
+        .start(
+            "story",
+            json!({ "command": "/bin/sleep", "args": ["1000"] }),
+        )
+        .await;
+    p.client
+        .stop_task("story", Duration::from_secs(5), "")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m: &String| m.starts_with("task exited")) {
+        let e = within(PROMPT, "next event", events.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.task_id, "story");
+        seen.push(e.message);
+    }
+    assert_eq!(
+        seen,
+        [
+            format!("task started (pid {pid})"),
+            "sent SIGTERM".to_owned(),
+            "task exited: signal 15".to_owned()
+        ]
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn stats_report_memory_and_cpu() {
+    let (_dir, p) = setup().await;
+    p.start("spin", sh("while :; do :; done")).await;
+    let mut stats = Box::pin(
+        p.client
+            .task_stats("spin", Duration::from_millis(200))
+            .await
+            .unwrap(),
+    );
+    let first = within(PROMPT, "first sample", stats.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.memory_rss_bytes > 0, "{first:?}");
+    // A busy loop uses a good part of a core; allow for a loaded machine.
+    let mut busiest: f64 = 0.0;
+    for _ in 0..5 {
+        let s = within(PROMPT, "sample", stats.next())
+            .await
+            .unwrap()
+            .unwrap();
+        busiest = busiest.max(s.cpu_percent);
+    }
+    assert!(busiest > 5.0, "busy loop at most {busiest}% of a core");
+    assert!(first.cpu_user + first.cpu_system <= Duration::from_secs(60));
+    p.client.destroy_task("spin", true).await.unwrap();
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn exec_runs_in_the_tasks_environment() {
+    let (_dir, p) = setup().await;
+    let mut spec = p.spec("host", json!({ "command": "/bin/sleep", "args": ["1000"] }));
+    spec.env = BTreeMap::from([("FOO".to_owned(), "bar".to_owned())]);
+    p.start_spec(spec).await;
+    let out = within(
+        PROMPT,
+        "exec",
+        p.client.exec_task(
+            "host",
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo $FOO; pwd; echo err >&2; exit 5".into(),
+            ],
+            Duration::from_secs(5),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("bar\n{}\n", p.dir.join("host").display())
+    );
+    assert_eq!(out.stderr, b"err\n");
+    assert_eq!(out.result, ExitResult::code(5));
+
+    let t = Instant::now();
+    let out = within(
+        PROMPT,
+        "exec with timeout",
+        p.client.exec_task(
+            "host",
+            vec!["/bin/sleep".into(), "100".into()],
+            Duration::from_millis(300),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(
+        out.result
+            .err
+            .as_deref()
+            .is_some_and(|e| e.contains("timed out")),
+        "{out:?}"
+    );
+    p.client.destroy_task("host", true).await.unwrap();
+    p.shutdown().await;
+}
+
+/// Interim recovery (until the per-task executor lands): a task outlives its plugin
+/// process and a new one adopts it, but cannot know its exit status.
+#[tokio::test]
+async fn a_new_plugin_process_adopts_a_running_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let (handle, pid) = first
+        .start(
+            "survivor",
+            json!({ "command": "/bin/sleep", "args": ["1000"] }),
+        )
+        .await;
+    first.shutdown().await;
+    assert!(alive(pid), "the task died with its plugin");
+
+    let second = Plugin::launch(dir.path()).await;
+    second.track(pid);
+    second.client.recover_task(handle.clone()).await.unwrap();
+    second.client.recover_task(handle.clone()).await.unwrap(); // idempotent
+    let status = second.client.inspect_task("survivor").await.unwrap();
+    assert_eq!(status.state, TaskState::Running);
+    assert_eq!(status.attributes["pid"], pid.to_string());
+    within(
+        PROMPT,
+        "stop",
+        second
+            .client
+            .stop_task("survivor", Duration::from_secs(5), "SIGTERM"),
+    )
+    .await
+    .unwrap();
+    assert!(!alive(pid));
+    let result = second.wait("survivor").await;
+    assert!(
+        result
+            .err
+            .as_deref()
+            .is_some_and(|e| e.contains("exit status unavailable")),
+        "{result:?}"
+    );
+    second.shutdown().await;
+
+    // A third process given the same handle finds the task gone and says so.
+    let third = Plugin::launch(dir.path()).await;
+    third.client.recover_task(handle).await.unwrap();
+    let status = third.client.inspect_task("survivor").await.unwrap();
+    assert_eq!(status.state, TaskState::Exited);
+    assert!(status.exit_result.and_then(|r| r.err).is_some());
+    third.client.destroy_task("survivor", false).await.unwrap();
+    third.shutdown().await;
+}
