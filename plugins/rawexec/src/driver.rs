@@ -25,6 +25,23 @@ pub const HANDLE_VERSION: u32 = 1;
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 const SIGKILL: i32 = 9;
+/// How long a SIGKILLed task may take to be reaped before the call reports it. Only a
+/// process stuck in uninterruptible sleep (D state) takes longer.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+
+/// Wait for a task that was sent SIGKILL, bounded by [`KILL_GRACE`].
+async fn wait_killed(task: &Task) -> Result<(), DriverError> {
+    tokio::time::timeout(KILL_GRACE, task.wait())
+        .await
+        .map(drop)
+        .map_err(|_| {
+            DriverError::Timeout(format!(
+                "task {} (pid {}) did not exit within {KILL_GRACE:?} of SIGKILL; it may be stuck \
+             in uninterruptible sleep",
+                task.id, task.state.pid
+            ))
+        })
+}
 
 /// `SIGTERM` for 15; the number itself for a signal nix does not know.
 fn signal_name(sig: i32) -> String {
@@ -122,6 +139,13 @@ impl DriverPlugin for RawExecDriver {
         config: TaskConfig,
     ) -> Result<TaskHandle, DriverError> {
         config.validate()?;
+        if !spec.user.is_empty() {
+            // Refuse rather than silently run as the plugin's user.
+            return Err(DriverError::InvalidConfig(format!(
+                "rawexec runs tasks as the plugin's own user; user {:?} is not supported",
+                spec.user
+            )));
+        }
         let reservation = self.store.reserve(&spec.id)?;
         let launch = Launch::new(&spec, Some(&config));
         let mut cmd = launch.command(&config.command, &config.args);
@@ -192,7 +216,7 @@ impl DriverPlugin for RawExecDriver {
                 task_id,
                 format!("sent SIGKILL: still running after {timeout:?}"),
             );
-            task.wait().await;
+            wait_killed(&task).await?;
         }
         // Leftovers of the group (children that ignored the signal) go too.
         let _ = task.signal_group(SIGKILL);
@@ -221,7 +245,7 @@ impl DriverPlugin for RawExecDriver {
                 )));
             }
             task.signal_group(SIGKILL)?;
-            task.wait().await;
+            wait_killed(&task).await?;
         }
         self.store.remove(task_id);
         Ok(())
