@@ -239,8 +239,8 @@ impl TaskManager {
             name: name.clone(),
             env,
             task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("logs").join("stdout.log"),
-            stderr_path: task_dir.join("logs").join("stderr.log"),
+            stdout_path: task_dir.join("logs").join("stdout"),
+            stderr_path: task_dir.join("logs").join("stderr"),
             driver_config_json: config.to_string(),
             ..Default::default()
         };

@@ -46,7 +46,7 @@ fn echo_runs_and_wait_returns_its_exit_code() {
     assert_eq!(status["state"], "dead");
     assert_eq!(status["exit_code"], 0);
     let stdout = std::fs::read_to_string(
-        std::path::Path::new(status["task_dir"].as_str().unwrap()).join("logs/stdout.log"),
+        std::path::Path::new(status["task_dir"].as_str().unwrap()).join("logs/stdout.0"),
     )
     .unwrap();
     assert_eq!(stdout, "hello from drover\n");

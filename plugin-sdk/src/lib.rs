@@ -18,6 +18,7 @@ pub mod driver;
 pub mod error;
 pub mod handshake;
 pub mod logging;
+pub mod logs;
 pub mod server;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -178,7 +178,7 @@ impl Default for LogConfig {
 /// ```
 /// let spec = drover_plugin_sdk::TaskSpec {
 ///     id: "web-1".into(),
-///     stdout_path: "/alloc/web-1/logs/stdout.log".into(),
+///     stdout_path: "/alloc/web-1/logs/stdout".into(),
 ///     ..Default::default()
 /// };
 /// assert!(drover_plugin_sdk::validate_task_id(&spec.id).is_ok());
@@ -195,9 +195,11 @@ pub struct TaskSpec {
     pub resources: Resources,
     /// The task's directory (empty: the driver picks none).
     pub task_dir: PathBuf,
-    /// Where stdout goes (empty: discarded).
+    /// Base path of the task's stdout files (empty: discarded). The driver writes
+    /// `<stdout_path>.0`, `.1`, … with [`crate::logs::RotatingWriter`] under the
+    /// limits in [`TaskSpec::logs`].
     pub stdout_path: PathBuf,
-    /// Where stderr goes (empty: discarded).
+    /// Base path of the task's stderr files, like [`TaskSpec::stdout_path`].
     pub stderr_path: PathBuf,
     /// Log rotation limits.
     pub logs: LogConfig,

@@ -1,0 +1,237 @@
+//! Task log files: one stream (stdout or stderr) is a numbered series of files
+//! `<base>.0`, `<base>.1`, … capped in size and count, like Nomad's task logs.
+//!
+//! Drivers write a task's output with [`RotatingWriter`]; the agent reads it back in
+//! order with [`log_files`]. Rotation never renames a file: a new file gets the next
+//! index and the oldest beyond `max_files` is deleted. A reader that follows the
+//! stream therefore reads file `N` to its end, then goes on with `N + 1` once that
+//! exists, and never sees the same bytes twice.
+//!
+//! ```
+//! use drover_plugin_sdk::{LogConfig, logs::{RotatingWriter, log_files}};
+//! use std::io::Write as _;
+//! let dir = tempfile::tempdir().unwrap();
+//! let base = dir.path().join("stdout");
+//! let mut w = RotatingWriter::open(&base, LogConfig { max_files: 2, max_file_size_mb: 1 }).unwrap();
+//! w.write_all(&vec![b'x'; 3 * 1024 * 1024]).unwrap();
+//! let files = log_files(&base).unwrap();
+//! assert_eq!(files.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1, 2]);
+//! ```
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::LogConfig;
+
+const MIB: u64 = 1024 * 1024;
+
+/// The file holding part `index` of the stream at `base`: `<base>.<index>`.
+///
+/// ```
+/// use std::path::Path;
+/// assert_eq!(drover_plugin_sdk::logs::file_name(Path::new("/t/logs/stdout"), 3),
+///            Path::new("/t/logs/stdout.3"));
+/// ```
+pub fn file_name(base: &Path, index: u64) -> PathBuf {
+    let mut name = base.as_os_str().to_owned();
+    name.push(format!(".{index}"));
+    PathBuf::from(name)
+}
+
+/// The files of the stream at `base` that exist now, oldest first, with their index.
+/// A missing directory is an empty stream.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// assert!(drover_plugin_sdk::logs::log_files(&dir.path().join("stderr")).unwrap().is_empty());
+/// ```
+pub fn log_files(base: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let (Some(dir), Some(stem)) = (base.parent(), base.file_name()) else {
+        return Ok(Vec::new());
+    };
+    let mut prefix = stem.to_owned();
+    prefix.push(".");
+    let prefix = prefix.to_string_lossy().into_owned();
+    let entries = match std::fs::read_dir(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    }) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(index) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .filter(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|digits| digits.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        files.push((index, entry.path()));
+    }
+    files.sort_unstable_by_key(|(i, _)| *i);
+    Ok(files)
+}
+
+/// Writes one output stream into size-capped, count-capped files.
+///
+/// Opening continues the newest existing file, so a writer that is re-created (a
+/// restarted executor, a driver re-attaching to a container's logs) appends instead
+/// of starting over. No file grows past `max_file_size_mb`: a write that does not fit
+/// is split across files.
+///
+/// ```
+/// use std::io::Write as _;
+/// let dir = tempfile::tempdir().unwrap();
+/// let base = dir.path().join("stdout");
+/// let mut w = drover_plugin_sdk::logs::RotatingWriter::open(&base, Default::default()).unwrap();
+/// w.write_all(b"hello\n").unwrap();
+/// assert_eq!(std::fs::read(dir.path().join("stdout.0")).unwrap(), b"hello\n");
+/// ```
+#[derive(Debug)]
+pub struct RotatingWriter {
+    base: PathBuf,
+    max_files: u64,
+    max_size: u64,
+    index: u64,
+    written: u64,
+    file: File,
+}
+
+impl RotatingWriter {
+    /// Open the stream at `base` with `limits` (a zero limit counts as 1).
+    pub fn open(base: &Path, limits: LogConfig) -> io::Result<Self> {
+        let files = log_files(base)?;
+        let index = files.last().map_or(0, |(i, _)| *i);
+        let path = file_name(base, index);
+        let file = open_append(&path)?;
+        let written = file.metadata()?.len();
+        let mut w = RotatingWriter {
+            base: base.to_owned(),
+            max_files: u64::from(limits.max_files.max(1)),
+            max_size: u64::from(limits.max_file_size_mb.max(1)) * MIB,
+            index,
+            written,
+            file,
+        };
+        w.prune()?;
+        Ok(w)
+    }
+
+    /// Index of the file being written.
+    pub fn current_index(&self) -> u64 {
+        self.index
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        self.index += 1;
+        self.file = open_append(&file_name(&self.base, self.index))?;
+        self.written = 0;
+        self.prune()
+    }
+
+    /// Delete the oldest files beyond `max_files`.
+    fn prune(&mut self) -> io::Result<()> {
+        let oldest_kept = (self.index + 1).saturating_sub(self.max_files);
+        for (i, path) in log_files(&self.base)? {
+            if i < oldest_kept {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Write for RotatingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.written >= self.max_size {
+            self.rotate()?;
+        }
+        let room = usize::try_from(self.max_size - self.written).unwrap_or(usize::MAX);
+        let n = self.file.write(&buf[..buf.len().min(room)])?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+fn open_append(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(files: u32) -> LogConfig {
+        LogConfig {
+            max_files: files,
+            max_file_size_mb: 1,
+        }
+    }
+
+    #[test]
+    fn rotates_by_size_and_keeps_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let mut w = RotatingWriter::open(&base, limits(3)).unwrap();
+        let line = [b'a'; 1000];
+        for _ in 0..10_000 {
+            w.write_all(&line).unwrap();
+        }
+        let files = log_files(&base).unwrap();
+        assert_eq!(files.len(), 3, "{files:?}");
+        for (_, p) in &files {
+            assert!(std::fs::metadata(p).unwrap().len() <= MIB);
+        }
+        // 10 MB in 1 MiB files: indexes 7, 8, 9 remain.
+        assert_eq!(files[0].0, 7);
+        assert_eq!(files[2].0, 9);
+    }
+
+    #[test]
+    fn reopening_appends_to_the_newest_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stderr");
+        RotatingWriter::open(&base, limits(2))
+            .unwrap()
+            .write_all(b"one\n")
+            .unwrap();
+        RotatingWriter::open(&base, limits(2))
+            .unwrap()
+            .write_all(b"two\n")
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(file_name(&base, 0)).unwrap(),
+            "one\ntwo\n"
+        );
+    }
+
+    #[test]
+    fn other_files_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        for name in ["stdout.1", "stdout.x", "stdout.", "stderr.0", "stdout.10"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let idx: Vec<u64> = log_files(&base).unwrap().into_iter().map(|(i, _)| i).collect();
+        assert_eq!(idx, [1, 10]);
+    }
+}
