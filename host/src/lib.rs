@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod loader;
+pub mod state;
 pub mod tasks;
 
 pub use agent::run;

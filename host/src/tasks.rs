@@ -40,6 +40,66 @@ pub struct RunRequest {
     /// Time between the stop signal and SIGKILL, e.g. "5s".
     #[serde(default)]
     pub kill_timeout: Option<String>,
+    /// What to do when the task exits unsuccessfully (default: no restarts).
+    #[serde(default)]
+    pub restart: Option<RestartPolicy>,
+    /// Resource limits handed to the driver.
+    #[serde(default)]
+    pub resources: Option<drover_plugin_sdk::Resources>,
+    /// Log rotation limits (default: 10 files of 10 MiB per stream).
+    #[serde(default)]
+    pub logs: Option<drover_plugin_sdk::LogConfig>,
+}
+
+/// How a task that fails is restarted, as Nomad users know it: at most `attempts`
+/// restarts within any `interval`, each after `delay`; when the attempts are used up,
+/// `mode` `fail` gives up and `delay` waits for the interval to end and starts over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `interval` (0: never restart).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The window `attempts` are counted in, e.g. "30m".
+    #[serde(default = "RestartPolicy::default_interval")]
+    pub interval: String,
+    /// Wait before each restart, e.g. "15s".
+    #[serde(default = "RestartPolicy::default_delay")]
+    pub delay: String,
+    /// `fail` or `delay`.
+    #[serde(default)]
+    pub mode: RestartMode,
+}
+
+impl RestartPolicy {
+    fn default_interval() -> String {
+        "30m".into()
+    }
+    fn default_delay() -> String {
+        "15s".into()
+    }
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            attempts: 0,
+            interval: Self::default_interval(),
+            delay: Self::default_delay(),
+            mode: RestartMode::Fail,
+        }
+    }
+}
+
+/// What happens once a task used up its restart attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestartMode {
+    /// The task is dead for good (`NotRestarting`).
+    #[default]
+    Fail,
+    /// Wait until the interval has passed, then restart with a fresh count.
+    Delay,
 }
 
 /// Lifecycle state of a task, as Nomad users know it.

@@ -231,7 +231,11 @@ mod tests {
         for name in ["stdout.1", "stdout.x", "stdout.", "stderr.0", "stdout.10"] {
             std::fs::write(dir.path().join(name), "").unwrap();
         }
-        let idx: Vec<u64> = log_files(&base).unwrap().into_iter().map(|(i, _)| i).collect();
+        let idx: Vec<u64> = log_files(&base)
+            .unwrap()
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
         assert_eq!(idx, [1, 10]);
     }
 }

@@ -140,6 +140,7 @@ impl Fingerprint {
 /// assert_eq!(r.cpu_shares, 0);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Resources {
     /// Relative CPU weight.
     pub cpu_shares: i64,
@@ -156,6 +157,7 @@ pub struct Resources {
 /// assert_eq!((l.max_files, l.max_file_size_mb), (10, 10));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// How many files to keep per stream.
     pub max_files: u32,
