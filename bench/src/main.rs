@@ -1,4 +1,5 @@
 //! `cargo run --release -p drover-bench -- handshake [--iterations N]`
+//! `cargo run --release -p drover-bench -- tasks [--count N]`
 //!
 //! Launches the rawexec plugin N times and measures launch → handshake → health →
 //! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
@@ -10,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+
+mod tasks;
 
 #[derive(Parser)]
 #[command(name = "drover-bench")]
@@ -31,6 +34,16 @@ enum Bench {
         /// Log each launch's phases (spawn to handshake line, connected, healthy).
         #[arg(long)]
         verbose: bool,
+    },
+    /// Start N sleeping rawexec tasks through a real agent: throughput, latency,
+    /// memory, idle CPU, and reattach time after `kill -9` of the agent.
+    Tasks {
+        /// How many tasks.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// StartTask calls in flight at once.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
     },
 }
 
@@ -56,6 +69,14 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(handshake(&plugin, iterations))
+        }
+        Bench::Tasks { count, concurrency } => {
+            let drover = sibling_binary("drover-host", "drover")?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(tasks::run(&drover, count, concurrency))
         }
     }
 }
@@ -86,13 +107,13 @@ fn sibling_binary(package: &str, name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-struct Stats {
-    median: Duration,
-    p99: Duration,
-    min: Duration,
+pub(crate) struct Stats {
+    pub(crate) median: Duration,
+    pub(crate) p99: Duration,
+    pub(crate) min: Duration,
 }
 
-fn stats(mut samples: Vec<Duration>) -> Stats {
+pub(crate) fn stats(mut samples: Vec<Duration>) -> Stats {
     samples.sort();
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     Stats {
@@ -102,7 +123,7 @@ fn stats(mut samples: Vec<Duration>) -> Stats {
     }
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1000.0)
 }
 

@@ -1,0 +1,401 @@
+//! `drover-bench tasks --count N`: start N sleeping rawexec tasks through a real agent
+//! and report start throughput and latency, agent RSS, executor PSS, agent idle CPU,
+//! and the time to reattach every task after `kill -9` of the agent.
+//!
+//! Baseline, measured in the same run: spawning N `sleep` processes directly (what the
+//! kernel costs without Drover), so the throughput is reported as a ratio.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyperlocal::{UnixClientExt as _, UnixConnector};
+
+use crate::{ms, stats};
+
+/// What the benchmark needs of the agent API.
+#[derive(Clone)]
+struct Api {
+    socket: PathBuf,
+    client: Client<UnixConnector, Full<Bytes>>,
+}
+
+impl Api {
+    fn new(socket: PathBuf) -> Self {
+        Api {
+            socket,
+            client: Client::unix(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> anyhow::Result<serde_json::Value> {
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(hyper::Uri::from(hyperlocal::Uri::new(&self.socket, path)))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )))?;
+        let resp = self.client.request(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            bail!("{path}: {status}: {}", String::from_utf8_lossy(&bytes));
+        }
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+}
+
+struct AgentProc {
+    child: Child,
+    api: Api,
+}
+
+fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
+    let data = root.join("data");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("agent.log"))?;
+    let child = Command::new(drover)
+        .args(["agent", "--dev", "--log-level", "warn", "--data-dir"])
+        .arg(&data)
+        .arg("--plugin-dir")
+        .arg(root.join("plugins"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting the agent")?;
+    Ok(AgentProc {
+        child,
+        api: Api::new(data.join("api.sock")),
+    })
+}
+
+async fn wait_healthy(api: &Api, deadline: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        if let Ok(rows) = api.call(hyper::Method::GET, "/v1/plugins", None).await
+            && rows.as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|p| p["name"] == "rawexec" && p["state"] == "healthy")
+            })
+        {
+            return Ok(());
+        }
+        if t.elapsed() > deadline {
+            bail!("rawexec did not become healthy within {deadline:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `(utime + stime)` of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').context("bad stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Ok(f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?)
+}
+
+fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// A `kB` field of `/proc/<pid>/status` or `smaps_rollup`, in KiB.
+fn proc_kib(pid: u32, file: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+pub async fn run(drover: &Path, count: usize, concurrency: usize) -> anyhow::Result<()> {
+    if count == 0 {
+        bail!("--count must be at least 1");
+    }
+    raise_nofile_limit();
+    let root = tempfile::Builder::new().prefix("drover-bench-").tempdir()?;
+    std::fs::create_dir_all(root.path().join("plugins"))?;
+
+    // Baseline: the same number of sleeping processes, spawned directly.
+    let t = Instant::now();
+    let mut direct = Vec::with_capacity(count);
+    for _ in 0..count {
+        direct.push(
+            Command::new("/bin/sleep")
+                .arg("3600")
+                .stdin(Stdio::null())
+                .spawn()?,
+        );
+    }
+    let direct_elapsed = t.elapsed();
+    for mut c in direct {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    let mut agent = start_agent(drover, root.path())?;
+    let result = measure(
+        drover,
+        root.path(),
+        &mut agent,
+        count,
+        concurrency,
+        direct_elapsed,
+    )
+    .await;
+    // Clean up whatever happened: stop every task, then the agent.
+    cleanup(&agent.api).await;
+    let _ = agent.child.kill();
+    let _ = agent.child.wait();
+    result
+}
+
+async fn measure(
+    drover: &Path,
+    root: &Path,
+    agent: &mut AgentProc,
+    count: usize,
+    concurrency: usize,
+    direct_elapsed: Duration,
+) -> anyhow::Result<()> {
+    wait_healthy(&agent.api, Duration::from_secs(30)).await?;
+    let api = agent.api.clone();
+    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let api = api.clone();
+        let sem = sem.clone();
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await?;
+            let body = serde_json::json!({
+                "driver": "rawexec",
+                "name": format!("sleeper-{i}"),
+                "config": {"command": "/bin/sleep", "args": ["3600"]},
+            });
+            let started = Instant::now();
+            let view = api
+                .call(hyper::Method::POST, "/v1/tasks", Some(body))
+                .await?;
+            anyhow::Ok((started.elapsed(), view))
+        });
+    }
+    let mut latencies = Vec::with_capacity(count);
+    let mut task_pids = Vec::with_capacity(count);
+    while let Some(joined) = set.join_next().await {
+        let (lat, view) = joined??;
+        latencies.push(lat);
+        if let Some(pid) = view["attributes"]["pid"]
+            .as_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        {
+            task_pids.push((view["id"].as_str().unwrap_or_default().to_owned(), pid));
+        }
+    }
+    let start_elapsed = t.elapsed();
+    let l = stats(latencies);
+    let agent_pid = agent.child.id();
+    println!(
+        "tasks benchmark: {count} rawexec tasks (/bin/sleep 3600), {concurrency} concurrent StartTask calls"
+    );
+    println!(
+        "  start throughput: {:.0} tasks/s ({count} in {:.2} s); direct spawn baseline {:.0} procs/s; ratio {:.1}x slower",
+        count as f64 / start_elapsed.as_secs_f64(),
+        start_elapsed.as_secs_f64(),
+        count as f64 / direct_elapsed.as_secs_f64(),
+        start_elapsed.as_secs_f64() / direct_elapsed.as_secs_f64()
+    );
+    println!(
+        "  StartTask latency (API POST -> running): p50 {}  p99 {}",
+        ms(l.median),
+        ms(l.p99)
+    );
+
+    // Memory: the agent, the plugin, and every executor (the task's parent).
+    let agent_rss = proc_kib(agent_pid, "status", "VmRSS:").unwrap_or(0);
+    let plugins = api.call(hyper::Method::GET, "/v1/plugins", None).await?;
+    let plugin_pid = plugins
+        .as_array()
+        .and_then(|r| r.iter().find(|p| p["name"] == "rawexec"))
+        .and_then(|p| p["pid"].as_u64())
+        .map(|p| p as u32);
+    let plugin_rss = plugin_pid.and_then(|p| proc_kib(p, "status", "VmRSS:"));
+    let mut executors: Vec<u32> = task_pids
+        .iter()
+        .filter_map(|(_, pid)| parent_pid(*pid))
+        .filter(|pp| Some(*pp) != plugin_pid && *pp != 1)
+        .collect();
+    executors.sort_unstable();
+    executors.dedup();
+    let pss: Vec<u64> = executors
+        .iter()
+        .filter_map(|p| proc_kib(*p, "smaps_rollup", "Pss:"))
+        .collect();
+    println!(
+        "  agent RSS {}; rawexec plugin RSS {}",
+        mib(agent_rss),
+        plugin_rss.map_or("?".into(), mib)
+    );
+    if pss.is_empty() {
+        println!("  executor PSS: no executor processes found (tasks are children of the plugin)");
+    } else {
+        let mut sorted = pss.clone();
+        sorted.sort_unstable();
+        let avg = pss.iter().sum::<u64>() as f64 / pss.len() as f64;
+        println!(
+            "  executor PSS over {} executors: mean {:.0} KiB, max {} KiB (goal < 1024 KiB)",
+            pss.len(),
+            avg,
+            sorted[sorted.len() - 1]
+        );
+    }
+    reference_shims();
+
+    // Idle CPU of the agent with every task running.
+    let before = cpu_ticks(agent_pid)?;
+    let plugin_before = plugin_pid.map(cpu_ticks).transpose()?;
+    let idle = Duration::from_secs(10);
+    tokio::time::sleep(idle).await;
+    let hz = rustix::param::clock_ticks_per_second().max(1) as f64;
+    let agent_cpu = (cpu_ticks(agent_pid)? - before) as f64 / hz / idle.as_secs_f64() * 100.0;
+    let plugin_cpu = match (plugin_pid, plugin_before) {
+        (Some(p), Some(b)) => cpu_ticks(p)
+            .ok()
+            .map(|a| (a - b) as f64 / hz / idle.as_secs_f64() * 100.0),
+        _ => None,
+    };
+    println!(
+        "  idle CPU over {idle:?} with {count} tasks: agent {agent_cpu:.2}% of one core (goal < 1%); plugin {}",
+        plugin_cpu.map_or("?".into(), |c| format!("{c:.2}%"))
+    );
+
+    // kill -9 the agent, start it again, time until every task is recovered.
+    let _ = agent.child.kill();
+    let _ = agent.child.wait();
+    let t = Instant::now();
+    *agent = start_agent(drover, root)?;
+    let api = agent.api.clone();
+    let deadline = Duration::from_secs(120);
+    loop {
+        if let Ok(list) = api.call(hyper::Method::GET, "/v1/tasks", None).await
+            && let Some(rows) = list.as_array()
+        {
+            let recovered = rows
+                .iter()
+                .filter(|r| {
+                    r["state"] == "running"
+                        && r["events"]
+                            .as_array()
+                            .and_then(|e| e.last())
+                            .is_some_and(|e| e["type"] == "Recovered")
+                })
+                .count();
+            if recovered >= count {
+                break;
+            }
+        }
+        if t.elapsed() > deadline {
+            bail!("tasks were not all recovered within {deadline:?} of the agent restart");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reattach = t.elapsed();
+    let same_pids = task_pids
+        .iter()
+        .filter(|(_, pid)| Path::new(&format!("/proc/{pid}")).exists())
+        .count();
+    println!(
+        "  reattach after kill -9 of the agent: all {count} tasks recovered {} after the new agent was spawned (goal < 2 s); {same_pids}/{} original task pids alive",
+        ms(reattach),
+        task_pids.len()
+    );
+    Ok(())
+}
+
+fn reference_shims() {
+    for name in ["containerd-shim-runc-v2", "conmon"] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(name).exists()));
+        if !found {
+            println!("  reference: {name} is not installed here; no comparison");
+        } else {
+            println!("  reference: {name} is installed, but no instance is running to measure");
+        }
+    }
+}
+
+async fn cleanup(api: &Api) {
+    let Ok(list) = api.call(hyper::Method::GET, "/v1/tasks", None).await else {
+        return;
+    };
+    let ids: Vec<String> = list
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|t| t["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let sem = Arc::new(tokio::sync::Semaphore::new(32));
+    let mut set = tokio::task::JoinSet::new();
+    for id in ids {
+        let api = api.clone();
+        let sem = sem.clone();
+        set.spawn(async move {
+            let _p = sem.acquire_owned().await;
+            let _ = api
+                .call(
+                    hyper::Method::POST,
+                    &format!("/v1/tasks/{id}/stop"),
+                    Some(serde_json::json!({"timeout": "1s"})),
+                )
+                .await;
+            let _ = api
+                .call(
+                    hyper::Method::DELETE,
+                    &format!("/v1/tasks/{id}?force=true"),
+                    None,
+                )
+                .await;
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+/// 1000 tasks need more than the default 1024 descriptors in this process (one
+/// connection per concurrent call) — raise the soft limit to the hard one.
+fn raise_nofile_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current < lim.maximum {
+        lim.current = lim.maximum;
+        let _ = setrlimit(Resource::Nofile, lim);
+    }
+}
