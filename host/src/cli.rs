@@ -558,3 +558,150 @@ pub fn task_exit_code(task: &serde_json::Value) -> i32 {
         .map(|c| c as i32)
         .unwrap_or(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = r#"driver = "rawexec"
+name = "file"
+kill_timeout = "9s"
+[config]
+command = "/bin/sh"
+args = ["-c", "true"]
+[env]
+A = "file"
+[restart]
+attempts = 5
+delay = "2s"
+[logs]
+max_files = 4
+"#;
+
+    fn spec() -> SpecFile {
+        crate::spec::parse(SPEC, "job.toml").unwrap()
+    }
+
+    #[test]
+    fn flags_override_the_file_field_by_field() {
+        let mut spec = spec();
+        let flags = RunFlags {
+            name: Some("flag".into()),
+            config: Some(r#"{"args":["-c","false"],"cwd":"local"}"#.into()),
+            env: vec!["A=flag".into(), "B=x=y".into()],
+            restart_delay: Some("3s".into()),
+            restart_mode: Some("delay".into()),
+            memory_mb: Some(128),
+            log_max_file_size_mb: Some(2),
+            ..Default::default()
+        };
+        let req = run_request(Some(&mut spec), flags).unwrap();
+        assert_eq!(req.driver, "rawexec");
+        assert_eq!(req.name.as_deref(), Some("flag"));
+        assert_eq!(req.kill_timeout.as_deref(), Some("9s"));
+        assert_eq!(
+            req.config,
+            serde_json::json!({"command": "/bin/sh", "args": ["-c", "false"], "cwd": "local"})
+        );
+        assert_eq!(req.env["A"], "flag");
+        assert_eq!(req.env["B"], "x=y");
+        let restart = req.restart.unwrap();
+        assert_eq!(
+            (restart.attempts, restart.delay.as_str(), restart.mode),
+            (5, "3s", RestartMode::Delay)
+        );
+        assert_eq!(req.resources.unwrap().memory_mb, 128);
+        let logs = req.logs.unwrap();
+        assert_eq!((logs.max_files, logs.max_file_size_mb), (4, 2));
+        // The replaced config keys are now the flag's to answer for.
+        let located = spec
+            .locate_config_error(
+                "task config for driver \"rawexec\": /args/0: bad; /command: worse",
+            )
+            .unwrap();
+        assert_eq!(
+            located,
+            "--config: config.args[0]: bad\njob.toml:5: config.command: worse"
+        );
+    }
+
+    #[test]
+    fn flags_alone_make_a_request() {
+        let req = run_request(
+            None,
+            RunFlags {
+                driver: Some("rawexec".into()),
+                restart_attempts: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(req.config, serde_json::json!({}));
+        assert_eq!(
+            req.restart,
+            Some(RestartPolicy {
+                attempts: 1,
+                ..Default::default()
+            })
+        );
+        assert!(req.logs.is_none() && req.resources.is_none());
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let err = |flags: RunFlags| {
+            run_request(Some(&mut spec()), flags)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            err(RunFlags {
+                restart_interval: Some("a while".into()),
+                ..Default::default()
+            })
+            .starts_with("--restart-interval \"a while\" is not a duration")
+        );
+        assert!(
+            err(RunFlags {
+                kill_signal: Some("SIGFOO".into()),
+                ..Default::default()
+            })
+            .starts_with("--kill-signal: ")
+        );
+        assert_eq!(
+            err(RunFlags {
+                log_max_files: Some(0),
+                ..Default::default()
+            }),
+            "--log-max-files must be at least 1"
+        );
+        assert_eq!(
+            err(RunFlags {
+                config: Some("[1]".into()),
+                ..Default::default()
+            }),
+            "--config must be a JSON object when given with a spec file"
+        );
+        assert!(
+            err(RunFlags {
+                env: vec!["NOEQUALS".into()],
+                ..Default::default()
+            })
+            .contains("is not KEY=VALUE")
+        );
+        let mut no_driver = crate::spec::parse("name = \"x\"\n", "j.toml").unwrap();
+        assert_eq!(
+            run_request(Some(&mut no_driver), RunFlags::default())
+                .unwrap_err()
+                .to_string(),
+            "j.toml: no driver: add `driver = \"...\"` or give --driver"
+        );
+    }
+
+    #[test]
+    fn small_helpers() {
+        assert_eq!(query_escape("1m 30s"), "1m%2030s");
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
+    }
+}
