@@ -3,16 +3,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use drover_plugin_sdk::DriverError;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use tokio_stream::StreamExt as _;
+use tokio_util::sync::CancellationToken;
 
-use crate::catalog::Catalog;
-use crate::tasks::{RunRequest, TaskManager};
+use crate::catalog::{Catalog, LoadedPlugin};
+use crate::loader::PluginState;
+use crate::logs::{FollowOptions, Frame, LogChunk, LogStart};
+use crate::tasks::{RunRequest, TaskLifecycle, TaskManager, TaskView};
+
+/// Content type of `GET /v1/tasks/{id}/logs?framed=true` (see [`crate::logs::Frame`]).
+pub const LOG_FRAMES_CONTENT_TYPE: &str = "application/vnd.drover.log-frames";
 
 /// What handlers share.
 #[derive(Clone)]
@@ -66,6 +74,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tasks/{id}/wait", get(wait_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))
         .route("/v1/tasks/{id}/signal", post(signal_task))
+        .route("/v1/tasks/{id}/events", get(task_events))
+        .route("/v1/tasks/{id}/logs", get(task_logs))
+        .route("/v1/tasks/{id}/stats", get(task_stats))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
         .with_state(state)
 }
@@ -172,6 +183,249 @@ async fn destroy_task(
     ok(serde_json::json!({ "id": id, "destroyed": true }))
 }
 
+async fn task_events(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult {
+    ok(s.tasks.status(&id)?.events)
+}
+
+fn bad_query(e: QueryRejection) -> ApiError {
+    ApiError(
+        StatusCode::BAD_REQUEST,
+        format!("invalid query: {}", e.body_text()),
+    )
+}
+
+/// Which output stream of a task.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum LogStream {
+    #[default]
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsQuery {
+    #[serde(default)]
+    stream: LogStream,
+    /// Keep the response open and send output as it is written, until the task is dead.
+    #[serde(default)]
+    follow: bool,
+    /// Start this many bytes after the beginning of the oldest log file present.
+    offset: Option<u64>,
+    /// Start at the last N lines.
+    tail: Option<u64>,
+    /// Answer in frames ([`Frame`]) instead of plain bytes.
+    #[serde(default)]
+    framed: bool,
+}
+
+/// `GET /v1/tasks/{id}/logs`: the task's stdout or stderr, oldest file first. Plain
+/// bytes by default, with a line `[drover: skipped N files removed by rotation]` where
+/// rotation deleted files before they were read; framed on request.
+async fn task_logs(
+    State(s): State<ApiState>,
+    stop: Option<Extension<CancellationToken>>,
+    Path(id): Path<String>,
+    query: Result<Query<LogsQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = query.map_err(bad_query)?;
+    let start = match (q.offset, q.tail) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "give offset or tail, not both".into(),
+            ));
+        }
+        (Some(n), None) => LogStart::Offset(n),
+        (None, Some(n)) => LogStart::Tail(n),
+        (None, None) => LogStart::Beginning,
+    };
+    let view = s.tasks.status(&id)?;
+    let base = view.task_dir.join("logs").join(match q.stream {
+        LogStream::Stdout => "stdout",
+        LogStream::Stderr => "stderr",
+    });
+    let tasks = s.tasks.clone();
+    let dead = async move {
+        let _ = tasks.wait(&id).await;
+    };
+    let options = FollowOptions {
+        follow: q.follow,
+        ..Default::default()
+    };
+    let stop = stop.map(|Extension(t)| t).unwrap_or_default();
+    let chunks = crate::logs::stream(base, start, options, dead, stop);
+    let framed = q.framed;
+    let body = tokio_stream::wrappers::ReceiverStream::new(chunks).map(move |chunk| {
+        let bytes = match (chunk, framed) {
+            (Ok(LogChunk::Data(d)), false) => d,
+            (Ok(LogChunk::Data(d)), true) => Frame::Data(d).encode(),
+            (Ok(LogChunk::Skipped(n)), false) => {
+                format!("{}\n", crate::logs::skipped_notice(n)).into_bytes()
+            }
+            (Ok(LogChunk::Skipped(n)), true) => Frame::Skipped(n).encode(),
+            (Err(e), false) => return Err(e),
+            (Err(e), true) => Frame::Error(e.to_string()).encode(),
+        };
+        Ok::<_, std::io::Error>(axum::body::Bytes::from(bytes))
+    });
+    let content_type = if framed {
+        LOG_FRAMES_CONTENT_TYPE
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    Ok((
+        [(header::CONTENT_TYPE, content_type)],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatsQuery {
+    /// Stream a sample every `interval` (JSON lines) until the task is dead.
+    #[serde(default)]
+    follow: bool,
+    /// Time between samples when following, e.g. "1s" (default 1s, at least 100ms).
+    interval: Option<String>,
+}
+
+/// One resource usage sample, as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatsView {
+    /// Task id.
+    pub task_id: String,
+    /// When it was taken, RFC 3339.
+    pub time: String,
+    /// Percent of one core since the previous sample.
+    pub cpu_percent: f64,
+    /// User CPU time so far, seconds.
+    pub cpu_user_seconds: f64,
+    /// System CPU time so far, seconds.
+    pub cpu_system_seconds: f64,
+    /// Resident memory, bytes.
+    pub memory_rss_bytes: u64,
+}
+
+impl StatsView {
+    fn new(task_id: &str, s: &drover_plugin_sdk::TaskStats) -> Self {
+        StatsView {
+            task_id: task_id.to_owned(),
+            time: humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            cpu_percent: s.cpu_percent,
+            cpu_user_seconds: s.cpu_user.as_secs_f64(),
+            cpu_system_seconds: s.cpu_system.as_secs_f64(),
+            memory_rss_bytes: s.memory_rss_bytes,
+        }
+    }
+}
+
+/// The driver of a task that can answer now: 409 for a dead task, 503 when its
+/// driver is not loaded or not healthy.
+fn live_driver(s: &ApiState, view: &TaskView) -> Result<Arc<LoadedPlugin>, ApiError> {
+    if view.state == TaskLifecycle::Dead {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("task {} is not running (it is dead)", view.id),
+        ));
+    }
+    let plugin = s.catalog.get(&view.driver).ok_or_else(|| {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("driver {:?} is not loaded", view.driver),
+        )
+    })?;
+    let (state, reason) = plugin.state();
+    if state != PluginState::Healthy {
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("driver {:?} is {state:?}: {reason}", view.driver),
+        ));
+    }
+    Ok(plugin)
+}
+
+/// Interval of the two samples a single `stats` answer is computed from: the driver
+/// reports CPU use since its previous sample, so one sample alone says little.
+const ONE_SHOT_INTERVAL: Duration = Duration::from_millis(500);
+
+/// `GET /v1/tasks/{id}/stats`: one sample (CPU % over half a second), or with
+/// `follow=true` a JSON line per `interval` until the task is dead.
+async fn task_stats(
+    State(s): State<ApiState>,
+    stop: Option<Extension<CancellationToken>>,
+    Path(id): Path<String>,
+    query: Result<Query<StatsQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = query.map_err(bad_query)?;
+    let interval = match &q.interval {
+        None => Duration::from_secs(1),
+        Some(t) => humantime::parse_duration(t).map_err(|e| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("interval {t:?} is not a duration: {e}"),
+            )
+        })?,
+    }
+    .max(Duration::from_millis(100));
+    let view = s.tasks.status(&id)?;
+    let plugin = live_driver(&s, &view)?;
+    if !q.follow {
+        let mut samples = plugin.client().task_stats(&id, ONE_SHOT_INTERVAL).await?;
+        let first = match samples.next().await {
+            Some(r) => r?,
+            None => return Err(DriverError::Internal("the driver sent no sample".into()).into()),
+        };
+        let second = tokio::time::timeout(ONE_SHOT_INTERVAL * 4, samples.next()).await;
+        let sample = match second {
+            Ok(Some(Ok(s))) => s,
+            // The task ended meanwhile, or the driver is slow: the first sample it is.
+            _ => first,
+        };
+        return ok(StatsView::new(&id, &sample));
+    }
+    let mut samples = plugin.client().task_stats(&id, interval).await?;
+    let stop = stop.map(|Extension(t)| t).unwrap_or_default();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(4);
+    let tasks = s.tasks.clone();
+    tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                n = samples.next() => n,
+                () = stop.cancelled() => return,
+                () = tx.closed() => return,
+            };
+            let line = match next {
+                None => return,
+                Some(Ok(sample)) => serde_json::to_value(StatsView::new(&id, &sample)),
+                Some(Err(e)) => {
+                    // A task that exited ends the stream; anything else is reported.
+                    // The driver may notice the exit a moment before the task manager.
+                    let ended = tokio::time::timeout(Duration::from_secs(2), tasks.wait(&id)).await;
+                    if matches!(ended, Ok(Ok(v)) if v.state == TaskLifecycle::Dead) {
+                        return;
+                    }
+                    Ok(serde_json::json!({ "error": e.to_string() }))
+                }
+            };
+            let Ok(line) = line else { return };
+            let is_error = line.get("error").is_some();
+            let mut bytes = line.to_string().into_bytes();
+            bytes.push(b'\n');
+            if tx.send(Ok(bytes.into())).await.is_err() || is_error {
+                return;
+            }
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+        .into_response())
+}
+
 /// Serve the API on `listener` until `stop` fires, then drain for up to `grace`.
 pub async fn serve(
     listener: tokio::net::UnixListener,
@@ -179,8 +433,10 @@ pub async fn serve(
     stop: tokio_util::sync::CancellationToken,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let server =
-        axum::serve(listener, router(state)).with_graceful_shutdown(stop.clone().cancelled_owned());
+    // Streaming answers (`logs -f`, `stats -f`) end when `stop` fires, so that the
+    // graceful shutdown does not wait for them.
+    let app = router(state).layer(Extension(stop.clone()));
+    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
     let handle = tokio::spawn(async move { server.await });
     stop.cancelled().await;
     match tokio::time::timeout(grace, handle).await {

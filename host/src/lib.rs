@@ -10,6 +10,8 @@ pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod loader;
+pub mod logs;
+pub mod spec;
 pub mod state;
 pub mod tasks;
 

@@ -88,14 +88,18 @@ enum PluginCommand {
 
 #[derive(Subcommand)]
 enum TaskCommand {
-    /// Start a task.
+    /// Start a task, from a spec file (TOML) and/or flags; flags override the file.
     Run {
-        /// Driver name.
+        /// Task spec file (TOML): driver, name, [config], [env], kill_signal,
+        /// kill_timeout, [resources], [restart], [logs].
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// Driver name (required without a spec file).
         #[arg(long)]
-        driver: String,
-        /// Driver task config as JSON.
-        #[arg(long, default_value = "{}")]
-        config: String,
+        driver: Option<String>,
+        /// Driver task config as JSON. With a spec file, its keys replace the file's.
+        #[arg(long)]
+        config: Option<String>,
         /// Task name.
         #[arg(long)]
         name: Option<String>,
@@ -108,6 +112,27 @@ enum TaskCommand {
         /// Time between the stop signal and SIGKILL, e.g. "5s".
         #[arg(long)]
         kill_timeout: Option<String>,
+        /// Restarts allowed within the restart interval.
+        #[arg(long)]
+        restart_attempts: Option<u32>,
+        /// Window the restart attempts are counted in, e.g. "30m".
+        #[arg(long)]
+        restart_interval: Option<String>,
+        /// Wait before each restart, e.g. "15s".
+        #[arg(long)]
+        restart_delay: Option<String>,
+        /// When the attempts are used up: fail, or delay until the interval is over.
+        #[arg(long, value_parser = ["fail", "delay"])]
+        restart_mode: Option<String>,
+        /// Memory for the task in MiB.
+        #[arg(long)]
+        memory_mb: Option<u32>,
+        /// Log files kept per stream.
+        #[arg(long)]
+        log_max_files: Option<u32>,
+        /// Size of one log file in MiB.
+        #[arg(long)]
+        log_max_file_size_mb: Option<u32>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -154,6 +179,42 @@ enum TaskCommand {
         id: String,
         /// Signal name, e.g. SIGHUP.
         signal: String,
+    },
+    /// Print a task's output: stdout, or stderr with --stderr.
+    Logs {
+        /// Task id.
+        id: String,
+        /// Keep printing as the task writes, until it is dead.
+        #[arg(short, long)]
+        follow: bool,
+        /// Print stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Start with the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<u64>,
+    },
+    /// Print what happened to a task: time, type, message.
+    Events {
+        /// Task id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a task's CPU and memory use (CPU % over half a second), or follow it.
+    Stats {
+        /// Task id.
+        id: String,
+        /// Print a sample every --interval until the task is dead.
+        #[arg(short, long)]
+        follow: bool,
+        /// Time between samples when following.
+        #[arg(long, default_value = "1s")]
+        interval: String,
+        /// Print JSON (one object per line when following).
+        #[arg(long)]
+        json: bool,
     },
     /// Forget a dead task (or a running one with --force, killing it).
     Destroy {
@@ -341,35 +402,60 @@ where
 async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TaskCommand::Run {
+            file,
             driver,
             config,
             name,
             env,
             kill_signal,
             kill_timeout,
+            restart_attempts,
+            restart_interval,
+            restart_delay,
+            restart_mode,
+            memory_mb,
+            log_max_files,
+            log_max_file_size_mb,
             json,
         } => {
-            let config: serde_json::Value = serde_json::from_str(&config)
-                .with_context(|| format!("--config is not valid JSON: {config}"))?;
-            let mut env_map = serde_json::Map::new();
-            for kv in env {
-                let (k, v) = kv
-                    .split_once('=')
-                    .with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
-                env_map.insert(k.to_owned(), v.into());
-            }
-            let mut body =
-                serde_json::json!({ "driver": driver, "config": config, "env": env_map });
-            if let Some(n) = name {
-                body["name"] = n.into();
-            }
-            if let Some(s) = kill_signal {
-                body["kill_signal"] = s.into();
-            }
-            if let Some(t) = kill_timeout {
-                body["kill_timeout"] = t.into();
-            }
-            let task = c.call(Method::POST, "/v1/tasks", Some(body)).await?;
+            let mut spec = match &file {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("cannot read task spec {}", path.display()))?;
+                    Some(drover_host::spec::parse(
+                        &text,
+                        &path.display().to_string(),
+                    )?)
+                }
+                None => None,
+            };
+            let flags = cli::RunFlags {
+                driver,
+                config,
+                name,
+                env,
+                kill_signal,
+                kill_timeout,
+                restart_attempts,
+                restart_interval,
+                restart_delay,
+                restart_mode,
+                memory_mb,
+                log_max_files,
+                log_max_file_size_mb,
+            };
+            let request = cli::run_request(spec.as_mut(), flags)?;
+            let body = serde_json::to_value(&request).context("encoding the request")?;
+            let task = match c.call(Method::POST, "/v1/tasks", Some(body)).await {
+                Ok(task) => task,
+                Err(e) => {
+                    // A config problem only the agent can see: point at the file's line.
+                    let located = spec
+                        .as_ref()
+                        .and_then(|s| s.locate_config_error(&e.to_string()));
+                    return Err(located.map_or(e, |l| anyhow::anyhow!("{l}")));
+                }
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&task)?);
             } else {
@@ -426,6 +512,60 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
                 Some(serde_json::json!({ "signal": signal })),
             )
             .await?;
+        }
+        TaskCommand::Logs {
+            id,
+            follow,
+            stderr,
+            tail,
+        } => {
+            let args = cli::LogsArgs {
+                stderr,
+                follow,
+                tail,
+            };
+            cli::print_logs(&c, &id, &args).await?;
+        }
+        TaskCommand::Events { id, json } => {
+            let events = c
+                .call(Method::GET, &format!("/v1/tasks/{id}/events"), None)
+                .await?;
+            cli::print_events(&events, json);
+        }
+        TaskCommand::Stats {
+            id,
+            follow,
+            interval,
+            json,
+        } => {
+            if follow {
+                if !json {
+                    println!("{}", cli::stats_header());
+                }
+                let path = format!(
+                    "/v1/tasks/{id}/stats?follow=true&interval={}",
+                    cli::query_escape(&interval)
+                );
+                cli::follow_json_lines(&c, &path, |sample| {
+                    if json {
+                        println!("{sample}");
+                    } else {
+                        println!("{}", cli::stats_row(sample));
+                    }
+                    Ok(())
+                })
+                .await?;
+            } else {
+                let sample = c
+                    .call(Method::GET, &format!("/v1/tasks/{id}/stats"), None)
+                    .await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&sample)?);
+                } else {
+                    println!("{}", cli::stats_header());
+                    println!("{}", cli::stats_row(&sample));
+                }
+            }
         }
         TaskCommand::Destroy { id, force } => {
             c.call(

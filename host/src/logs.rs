@@ -1,0 +1,829 @@
+//! Reading and following a task's log stream.
+//!
+//! Drivers write each stream (stdout, stderr) as numbered files `<base>.0`, `<base>.1`,
+//! … ([`drover_plugin_sdk::logs`]): a file is never renamed or written again once the
+//! next one exists, and the oldest are deleted beyond the task's `max_files`. So a
+//! reader reads file `N` to its end, then goes on with `N + 1` once that exists. A file
+//! deleted while we hold it open stays readable through our descriptor, so the file
+//! being read is never lost. To keep up with a fast writer the reader also opens the
+//! next few files as soon as they appear, before it gets to them ([`LOOKAHEAD`]);
+//! only files further ahead can be deleted before it reaches them, and then
+//! [`LogReader`] says how many were skipped instead of pretending the stream is whole.
+//!
+//! A driver that writes one plain file at `<base>` (no index) is read as a stream of
+//! one file that never rotates.
+
+use std::fs::File;
+use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use drover_plugin_sdk::logs::{file_name, log_files};
+
+/// Largest piece returned by one read.
+const CHUNK: usize = 256 * 1024;
+
+/// How many files past the one being read a reader holds open. A deleted file's disk
+/// space is only freed when the last descriptor closes, so this bounds what a slow
+/// or stalled reader (`logs -f | less`) can pin beyond the task's own `max_files`.
+pub const LOOKAHEAD: usize = 4;
+
+/// What a reader yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogChunk {
+    /// Bytes of the stream, in order.
+    Data(Vec<u8>),
+    /// This many files were deleted by rotation before they could be read; the data
+    /// that follows starts at the beginning of the next file still present.
+    Skipped(u64),
+}
+
+/// Where a reader starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogStart {
+    /// At the beginning of the oldest file present.
+    #[default]
+    Beginning,
+    /// This many bytes after the beginning of the oldest file present.
+    Offset(u64),
+    /// At the start of the last `n` lines.
+    Tail(u64),
+}
+
+struct OpenFile {
+    /// `None` for a plain, unnumbered file.
+    index: Option<u64>,
+    file: File,
+}
+
+/// The next file to read once the current one is drained.
+struct Pending {
+    open: OpenFile,
+    skipped: u64,
+}
+
+/// Reads one log stream in order, across rotations, without blocking: [`LogReader::read`]
+/// returns what is there and `None` at the end of what was written so far.
+pub struct LogReader {
+    base: PathBuf,
+    start: Option<LogStart>,
+    current: Option<OpenFile>,
+    /// Files after `current`, consecutive, opened before they could be deleted.
+    ahead: std::collections::VecDeque<OpenFile>,
+    pending: Option<Pending>,
+    buf: Vec<u8>,
+}
+
+impl LogReader {
+    /// A reader of the stream at `base` (e.g. `<task_dir>/logs/stdout`). Where it
+    /// starts is decided at the first read: if nothing was written yet, at the beginning.
+    pub fn new(base: impl Into<PathBuf>, start: LogStart) -> Self {
+        LogReader {
+            base: base.into(),
+            start: Some(start),
+            current: None,
+            ahead: std::collections::VecDeque::new(),
+            pending: None,
+            buf: vec![0; CHUNK],
+        }
+    }
+
+    /// The next piece of the stream, or `None` when everything written so far was read.
+    pub fn read(&mut self) -> io::Result<Option<LogChunk>> {
+        loop {
+            let Some(current) = self.current.as_mut() else {
+                if !self.open_first()? {
+                    return Ok(None);
+                }
+                continue;
+            };
+            let n = current.file.read(&mut self.buf)?;
+            if n > 0 {
+                let chunk = LogChunk::Data(self.buf[..n].to_vec());
+                self.open_ahead()?;
+                return Ok(Some(chunk));
+            }
+            // End of the current file. If the next one was found before this read,
+            // the current one was complete and is now drained: move on.
+            if let Some(next) = self.pending.take() {
+                self.current = Some(next.open);
+                if next.skipped > 0 {
+                    return Ok(Some(LogChunk::Skipped(next.skipped)));
+                }
+                continue;
+            }
+            let Some(index) = current.index else {
+                return Ok(None);
+            };
+            if let Some(open) = self.ahead.pop_front() {
+                self.pending = Some(Pending { open, skipped: 0 });
+                continue;
+            }
+            match find_after(&self.base, index)? {
+                // The writer may have appended to the current file between our read
+                // and its creating the next one: read the current file once more.
+                Some(next) => self.pending = Some(next),
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// Open the files after the current one that exist now, up to [`LOOKAHEAD`], so
+    /// that rotation cannot delete them before they are read. Cheap when there is
+    /// nothing new (one failed `open`); call it while waiting, too.
+    pub fn open_ahead(&mut self) -> io::Result<()> {
+        let last = match (self.ahead.back(), &self.pending, &self.current) {
+            (Some(f), _, _) => f.index,
+            (None, Some(p), _) => p.open.index,
+            (None, None, Some(c)) => c.index,
+            (None, None, None) => None,
+        };
+        let Some(mut last) = last else {
+            return Ok(());
+        };
+        while self.ahead.len() < LOOKAHEAD {
+            match File::open(file_name(&self.base, last + 1)) {
+                Ok(file) => {
+                    last += 1;
+                    self.ahead.push_back(OpenFile {
+                        index: Some(last),
+                        file,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Open the file to start from; `false` when the stream has no file yet.
+    fn open_first(&mut self) -> io::Result<bool> {
+        loop {
+            let files: Vec<(Option<u64>, PathBuf)> = {
+                let numbered = log_files(&self.base)?;
+                if numbered.is_empty() && self.base.is_file() {
+                    vec![(None, self.base.clone())]
+                } else {
+                    numbered.into_iter().map(|(i, p)| (Some(i), p)).collect()
+                }
+            };
+            if files.is_empty() {
+                // Nothing written yet: whatever comes is read from its beginning.
+                self.start = Some(LogStart::Beginning);
+                return Ok(false);
+            }
+            let (at, pos) = match self.start.unwrap_or_default() {
+                LogStart::Beginning => (0, 0),
+                LogStart::Offset(n) => offset_position(&files, n)?,
+                LogStart::Tail(n) => tail_position(&files, n)?,
+            };
+            let (index, path) = &files[at];
+            match File::open(path) {
+                Ok(mut file) => {
+                    file.seek(SeekFrom::Start(pos))?;
+                    self.current = Some(OpenFile {
+                        index: *index,
+                        file,
+                    });
+                    self.start = None;
+                    return Ok(true);
+                }
+                // Rotated away between listing and opening: look again.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The file that follows `index`: `index + 1`, or, when rotation deleted that one
+/// already, the oldest present after it (with how many were skipped).
+fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
+    match File::open(file_name(base, index + 1)) {
+        Ok(file) => {
+            return Ok(Some(Pending {
+                open: OpenFile {
+                    index: Some(index + 1),
+                    file,
+                },
+                skipped: 0,
+            }));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    loop {
+        let Some((next, path)) = log_files(base)?.into_iter().find(|(i, _)| *i > index) else {
+            return Ok(None);
+        };
+        match File::open(&path) {
+            Ok(file) => {
+                return Ok(Some(Pending {
+                    open: OpenFile {
+                        index: Some(next),
+                        file,
+                    },
+                    skipped: next - index - 1,
+                }));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn file_len(path: &Path) -> io::Result<u64> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// File (position in `files`) and byte position `offset` bytes into the stream.
+fn offset_position(files: &[(Option<u64>, PathBuf)], mut offset: u64) -> io::Result<(usize, u64)> {
+    for (at, (_, path)) in files.iter().enumerate() {
+        let len = file_len(path)?;
+        if offset < len {
+            return Ok((at, offset));
+        }
+        offset -= len;
+    }
+    let last = files.len() - 1;
+    Ok((last, file_len(&files[last].1)?))
+}
+
+/// File and byte position where the last `lines` lines start. A newline ending the
+/// stream ends the last line; it does not start an empty one.
+fn tail_position(files: &[(Option<u64>, PathBuf)], lines: u64) -> io::Result<(usize, u64)> {
+    const BLOCK: u64 = 64 * 1024;
+    let last = files.len() - 1;
+    if lines == 0 {
+        return Ok((last, file_len(&files[last].1)?));
+    }
+    let mut remaining = lines;
+    let mut at_stream_end = true;
+    let mut block = vec![0u8; BLOCK as usize];
+    for (at, (_, path)) in files.iter().enumerate().rev() {
+        let mut file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let mut end = file.metadata()?.len();
+        while end > 0 {
+            let start = end.saturating_sub(BLOCK);
+            let len = (end - start) as usize;
+            file.seek(SeekFrom::Start(start))?;
+            file.read_exact(&mut block[..len])?;
+            for i in (0..len).rev() {
+                let newline = block[i] == b'\n';
+                if std::mem::take(&mut at_stream_end) && newline {
+                    continue;
+                }
+                if newline {
+                    remaining -= 1;
+                    if remaining == 0 {
+                        return Ok((at, start + i as u64 + 1));
+                    }
+                }
+            }
+            end = start;
+        }
+    }
+    Ok((0, 0))
+}
+
+/// How a stream is served.
+#[derive(Debug, Clone, Copy)]
+pub struct FollowOptions {
+    /// Keep reading as the task writes, until it is dead.
+    pub follow: bool,
+    /// How often to look for new data when there is none.
+    pub poll: Duration,
+    /// After the task is dead, how long the stream must stay quiet before it ends:
+    /// the driver may still be copying the task's last output from its pipe.
+    pub settle: Duration,
+}
+
+impl Default for FollowOptions {
+    fn default() -> Self {
+        FollowOptions {
+            follow: false,
+            poll: Duration::from_millis(20),
+            settle: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Read the stream at `base` on a blocking thread and send its chunks. Without
+/// `follow`, ends at the end of what was written. With it, ends once `dead` resolved
+/// and everything was read, or when `stop` fires or the receiver is dropped.
+pub fn stream(
+    base: PathBuf,
+    start: LogStart,
+    options: FollowOptions,
+    dead: impl std::future::Future<Output = ()> + Send + 'static,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::sync::mpsc::Receiver<io::Result<LogChunk>> {
+    // A few chunks of slack; beyond that the reader waits for the client.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let finished = Arc::new(AtomicBool::new(false));
+    // Fired when the reader thread ends, so that the watcher of `dead` ends with it.
+    let reader_done = tokio_util::sync::CancellationToken::new();
+    if options.follow {
+        let finished = finished.clone();
+        let reader_done = reader_done.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = dead => finished.store(true, Ordering::Release),
+                () = reader_done.cancelled() => {}
+            }
+        });
+    }
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let _done = reader_done.drop_guard();
+        let mut reader = LogReader::new(base, start);
+        let mut quiet_since: Option<Instant> = None;
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            if stop.is_cancelled() {
+                let _ = tx.blocking_send(Err(io::Error::other(
+                    "the agent is stopping; the log stream ends here",
+                )));
+                return;
+            }
+            match reader.read() {
+                Ok(Some(chunk)) => {
+                    quiet_since = None;
+                    if !send(&runtime, &tx, &mut reader, &stop, Ok(chunk)) {
+                        return;
+                    }
+                }
+                Ok(None) if !options.follow => return,
+                Ok(None) => {
+                    if finished.load(Ordering::Acquire)
+                        && quiet_since.get_or_insert_with(Instant::now).elapsed() >= options.settle
+                    {
+                        return;
+                    }
+                    std::thread::sleep(options.poll);
+                }
+                Err(e) => {
+                    let e = io::Error::new(
+                        e.kind(),
+                        format!("reading the log files at {}: {e}", reader.base.display()),
+                    );
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Send `item`, opening the files that appear meanwhile while the client is slow, so
+/// that a burst of output is not lost to rotation while we wait. `false` when the
+/// receiver is gone or `stop` fired.
+fn send(
+    runtime: &tokio::runtime::Handle,
+    tx: &tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
+    reader: &mut LogReader,
+    stop: &tokio_util::sync::CancellationToken,
+    item: io::Result<LogChunk>,
+) -> bool {
+    loop {
+        match runtime.block_on(tokio::time::timeout(
+            Duration::from_millis(10),
+            tx.reserve(),
+        )) {
+            Ok(Ok(permit)) => {
+                permit.send(item);
+                return true;
+            }
+            Ok(Err(_closed)) => return false,
+            Err(_timeout) if stop.is_cancelled() => return false,
+            Err(_timeout) => {
+                // An error here shows up again at the next read, which reports it.
+                let _ = reader.open_ahead();
+            }
+        }
+    }
+}
+
+/// The text a reader shows for skipped files.
+pub fn skipped_notice(files: u64) -> String {
+    format!("[drover: skipped {files} files removed by rotation]")
+}
+
+/// Frames of the `framed` log format (`GET /v1/tasks/{id}/logs?framed=true`): one
+/// byte of kind, four bytes of big-endian payload length, the payload. Kinds: `D`
+/// data, `S` files skipped (payload: the count in decimal), `E` an error that ended
+/// the stream (payload: the message). The plain format carries only the data, with
+/// skip notices as lines of their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Log bytes.
+    Data(Vec<u8>),
+    /// Files removed by rotation before they were read.
+    Skipped(u64),
+    /// The stream failed.
+    Error(String),
+}
+
+impl Frame {
+    /// The frame's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let (kind, payload): (u8, &[u8]) = match self {
+            Frame::Data(d) => (b'D', d),
+            Frame::Skipped(n) => return frame(b'S', n.to_string().as_bytes()),
+            Frame::Error(e) => (b'E', e.as_bytes()),
+        };
+        frame(kind, payload)
+    }
+}
+
+fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 5);
+    out.push(kind);
+    // Chunks are at most CHUNK bytes, far below u32::MAX.
+    out.extend_from_slice(
+        &u32::try_from(payload.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Splits a byte stream back into [`Frame`]s.
+#[derive(Debug, Default)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+}
+
+/// A framed stream that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed log stream from the agent: {0}")]
+pub struct FrameError(String);
+
+impl FrameDecoder {
+    /// Add received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame, if one was received.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if self.buf.len() < 5 + len {
+            return Ok(None);
+        }
+        let kind = self.buf[0];
+        let payload: Vec<u8> = self.buf[5..5 + len].to_vec();
+        self.buf.drain(..5 + len);
+        match kind {
+            b'D' => Ok(Some(Frame::Data(payload))),
+            b'S' => String::from_utf8_lossy(&payload)
+                .parse()
+                .map(|n| Some(Frame::Skipped(n)))
+                .map_err(|_| FrameError("bad skip count".into())),
+            b'E' => Ok(Some(Frame::Error(
+                String::from_utf8_lossy(&payload).into_owned(),
+            ))),
+            other => Err(FrameError(format!("unknown frame kind {other:#04x}"))),
+        }
+    }
+
+    /// Bytes of an unfinished frame left over.
+    pub fn has_partial(&self) -> bool {
+        !self.buf.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use drover_plugin_sdk::LogConfig;
+    use drover_plugin_sdk::logs::RotatingWriter;
+
+    use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    fn limits() -> LogConfig {
+        LogConfig {
+            max_files: 3,
+            max_file_size_mb: 1,
+        }
+    }
+
+    /// Read everything available now.
+    fn drain(r: &mut LogReader) -> (Vec<u8>, Vec<u64>) {
+        let (mut data, mut skips) = (Vec::new(), Vec::new());
+        while let Some(c) = r.read().unwrap() {
+            match c {
+                LogChunk::Data(d) => data.extend(d),
+                LogChunk::Skipped(n) => skips.push(n),
+            }
+        }
+        (data, skips)
+    }
+
+    #[test]
+    fn reads_across_rotations_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let mut w = RotatingWriter::open(
+            &base,
+            LogConfig {
+                max_files: 10,
+                ..limits()
+            },
+        )
+        .unwrap();
+        let mut want = Vec::new();
+        for i in 0..300_000 {
+            let line = format!("line {i}\n");
+            want.extend_from_slice(line.as_bytes());
+            w.write_all(line.as_bytes()).unwrap();
+        }
+        assert!(log_files(&base).unwrap().len() > 1);
+        let mut r = LogReader::new(&base, LogStart::Beginning);
+        let (data, skips) = drain(&mut r);
+        assert!(skips.is_empty());
+        assert!(data == want, "stream differs from what was written");
+        // Nothing more until something is written; then exactly that.
+        assert_eq!(r.read().unwrap(), None);
+        w.write_all(b"more\n").unwrap();
+        assert_eq!(drain(&mut r).0, b"more\n");
+    }
+
+    #[test]
+    fn files_removed_before_they_were_read_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let mut w = RotatingWriter::open(&base, limits()).unwrap();
+        w.write_all(&vec![b'a'; MIB + MIB / 2]).unwrap();
+        let mut r = LogReader::new(&base, LogStart::Beginning);
+        let Some(LogChunk::Data(first)) = r.read().unwrap() else {
+            panic!("no data")
+        };
+        // The writer outpaces the reader: files 1..=8 are deleted before it gets there.
+        w.write_all(&vec![b'b'; 10 * MIB]).unwrap();
+        assert_eq!(
+            log_files(&base)
+                .unwrap()
+                .iter()
+                .map(|(i, _)| *i)
+                .collect::<Vec<_>>(),
+            [9, 10, 11]
+        );
+        let mut rest = Vec::new();
+        let mut events = Vec::new();
+        while let Some(c) = r.read().unwrap() {
+            match c {
+                LogChunk::Data(d) => {
+                    if events.last() != Some(&"data") {
+                        events.push("data");
+                    }
+                    rest.extend(d);
+                }
+                LogChunk::Skipped(n) => {
+                    // File 1 was opened ahead while it existed, so it is not lost.
+                    assert_eq!(n, 7, "files 2..=8");
+                    events.push("skip");
+                }
+            }
+        }
+        // Files 0 and 1 are read to their end through descriptors opened before they
+        // were deleted, then the skip, then files 9, 10 and 11.
+        assert_eq!(events, ["data", "skip", "data"]);
+        let mut all = first;
+        all.extend(rest);
+        assert_eq!(all.len(), 2 * MIB + 2 * MIB + MIB / 2);
+        assert!(all[..MIB + MIB / 2].iter().all(|b| *b == b'a'));
+        assert!(all[MIB + MIB / 2..].iter().all(|b| *b == b'b'));
+    }
+
+    #[test]
+    fn tail_and_offset_start_where_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stderr");
+        let mut w = RotatingWriter::open(
+            &base,
+            LogConfig {
+                max_files: 10,
+                ..limits()
+            },
+        )
+        .unwrap();
+        let mut all = String::new();
+        for i in 0..200_000 {
+            all.push_str(&format!("{i}\n"));
+        }
+        w.write_all(all.as_bytes()).unwrap();
+        assert!(log_files(&base).unwrap().len() > 1);
+        let tail =
+            |n| String::from_utf8(drain(&mut LogReader::new(&base, LogStart::Tail(n))).0).unwrap();
+        assert_eq!(tail(3), "199997\n199998\n199999\n");
+        assert_eq!(tail(0), "");
+        assert_eq!(tail(1_000_000), all);
+        // A line that crosses a file boundary counts once.
+        let boundary_line = all[..MIB].rsplit('\n').next().unwrap().to_owned();
+        let lines_after: u64 = all[MIB..].matches('\n').count() as u64;
+        let t = tail(lines_after);
+        assert!(t.starts_with(&boundary_line), "{:?}", &t[..20]);
+        // An unterminated last line is a line.
+        w.write_all(b"partial").unwrap();
+        assert_eq!(tail(2), "199999\npartial");
+        let from = |n| drain(&mut LogReader::new(&base, LogStart::Offset(n))).0;
+        assert_eq!(
+            from(MIB as u64 + 3),
+            all.as_bytes()[MIB + 3..]
+                .iter()
+                .chain(b"partial")
+                .copied()
+                .collect::<Vec<_>>()
+        );
+        assert!(from(1 << 40).is_empty());
+    }
+
+    #[test]
+    fn a_plain_file_is_a_stream_of_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let mut r = LogReader::new(&base, LogStart::Tail(1));
+        assert_eq!(r.read().unwrap(), None);
+        std::fs::write(&base, "a\nb\n").unwrap();
+        // Nothing had been written when the reader started: it reads from the beginning.
+        assert_eq!(drain(&mut r).0, b"a\nb\n");
+        let mut r = LogReader::new(&base, LogStart::Tail(1));
+        assert_eq!(drain(&mut r).0, b"b\n");
+    }
+
+    /// 50 MB of numbered lines through 1 MiB × 3 files, written by another thread as
+    /// fast as it can while the reader follows: every line arrives once and in order,
+    /// and a gap is only ever where the reader reported one.
+    #[test]
+    fn follower_keeps_up_with_a_fast_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        const LINES: u64 = 5_000_000; // "%09d\n": 10 bytes each, 50 MB
+        let writer = {
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let mut w = RotatingWriter::open(&base, limits()).unwrap();
+                let mut batch = String::with_capacity(64 * 1024);
+                for i in 1..=LINES {
+                    batch.push_str(&format!("{i:09}\n"));
+                    if batch.len() >= 60 * 1024 {
+                        w.write_all(batch.as_bytes()).unwrap();
+                        batch.clear();
+                    }
+                }
+                w.write_all(batch.as_bytes()).unwrap();
+            })
+        };
+        // Collect first, check afterwards: the reader is what is under test here, not
+        // the speed of the checking code.
+        let mut r = LogReader::new(&base, LogStart::Beginning);
+        let mut segments: Vec<(u64, Vec<u8>)> = vec![(0, Vec::new())];
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut writer_done = false;
+        loop {
+            assert!(Instant::now() < deadline, "follower stalled");
+            match r.read().unwrap() {
+                Some(LogChunk::Data(d)) => segments.last_mut().unwrap().1.extend(d),
+                Some(LogChunk::Skipped(n)) => segments.push((n, Vec::new())),
+                // Everything written before the writer finished has been read.
+                None if writer_done => break,
+                None if writer.is_finished() => writer_done = true,
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        writer.join().unwrap();
+
+        let mut next = 1u64;
+        let (mut skipped_files, mut lines_lost) = (0, 0);
+        for (i, (skipped, mut data)) in segments.into_iter().enumerate() {
+            if i > 0 {
+                assert!(skipped > 0);
+                skipped_files += skipped;
+                // The segment starts where a file starts, usually inside a line.
+                let nl = data
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .expect("a line after a skip");
+                if nl != 9 {
+                    data.drain(..=nl);
+                }
+            }
+            assert_eq!(
+                data.len() % 10,
+                0,
+                "segment {i} does not end with a whole line"
+            );
+            for line in data.chunks(10) {
+                let n: u64 = std::str::from_utf8(&line[..9])
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "garbled line {:?} after {}",
+                            String::from_utf8_lossy(line),
+                            next - 1
+                        )
+                    });
+                if n != next {
+                    // Only right after a reported skip may lines be missing.
+                    assert!(
+                        i > 0 && n > next && line.as_ptr() == data.as_ptr(),
+                        "line {n} where {next} was due"
+                    );
+                    lines_lost += n - next;
+                }
+                assert_eq!(line[9], b'\n');
+                next = n + 1;
+            }
+        }
+        assert_eq!(
+            next,
+            LINES + 1,
+            "the stream does not end with the last line"
+        );
+        eprintln!("followed {LINES} lines: {skipped_files} files skipped, {lines_lost} lines lost");
+    }
+
+    #[test]
+    fn frames_round_trip_in_pieces() {
+        let frames = [
+            Frame::Data(b"hello\n".to_vec()),
+            Frame::Skipped(3),
+            Frame::Data(vec![0; 70_000]),
+            Frame::Error("boom".into()),
+        ];
+        let bytes: Vec<u8> = frames.iter().flat_map(Frame::encode).collect();
+        let mut d = FrameDecoder::default();
+        let mut got = Vec::new();
+        for piece in bytes.chunks(7) {
+            d.push(piece);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, frames);
+        assert!(!d.has_partial());
+        d.push(b"X\0\0\0\0");
+        assert!(d.next_frame().is_err());
+    }
+
+    #[tokio::test]
+    async fn stream_ends_after_the_task_is_dead_and_all_was_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let (dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut rx = stream(
+            base.clone(),
+            LogStart::Beginning,
+            FollowOptions {
+                follow: true,
+                ..Default::default()
+            },
+            async move {
+                let _ = dead_rx.await;
+            },
+            Default::default(),
+        );
+        let mut w = RotatingWriter::open(&base, limits()).unwrap();
+        w.write_all(b"one\n").unwrap();
+        assert_eq!(
+            rx.recv().await.unwrap().unwrap(),
+            LogChunk::Data(b"one\n".to_vec())
+        );
+        // Output written right before the exit is still delivered.
+        w.write_all(b"two\n").unwrap();
+        dead_tx.send(()).unwrap();
+        let mut rest = Vec::new();
+        let t = Instant::now();
+        while let Some(c) = rx.recv().await {
+            let LogChunk::Data(d) = c.unwrap() else {
+                panic!("skip")
+            };
+            rest.extend(d);
+        }
+        assert_eq!(rest, b"two\n");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+}

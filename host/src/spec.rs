@@ -1,0 +1,773 @@
+//! Task spec files: `drover task run job.toml`.
+//!
+//! A spec file carries the same fields as the `drover task run` flags, plus the
+//! sections that are awkward on a command line:
+//!
+//! ```toml
+//! driver = "rawexec"
+//! name = "web"
+//! kill_signal = "SIGINT"     # sent by `drover task stop` (default SIGTERM)
+//! kill_timeout = "10s"       # then SIGKILL (default 5s)
+//!
+//! [config]                   # the driver's task config, checked against its schema
+//! command = "/bin/sleep"
+//! args = ["60"]
+//!
+//! [env]
+//! PORT = "8080"              # integers, floats and booleans are turned into strings
+//!
+//! [resources]
+//! cpu_shares = 100
+//! memory_mb = 64
+//! memory_max_mb = 128
+//!
+//! [restart]                  # as in Nomad; leave the section out for no restarts
+//! attempts = 2
+//! interval = "30m"
+//! delay = "15s"
+//! mode = "fail"              # or "delay"
+//!
+//! [logs]
+//! max_files = 3
+//! max_file_size_mb = 1
+//! ```
+//!
+//! Kill settings are the two top-level keys `kill_signal` and `kill_timeout` (the
+//! flag names, the API's field names and what Nomad users write), not a `[kill]` table.
+//!
+//! Parsing is a pure function of the text and the file's name ([`parse`]). Every
+//! error names the file, the line and the field (`job.toml:7: restart.atempts: unknown
+//! field ...`). The driver's task config is only checked by the agent; its answer is
+//! mapped back to the lines of the `[config]` keys with [`SpecFile::locate_config_error`].
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use serde::Deserialize;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use crate::tasks::{RestartMode, RestartPolicy, RunRequest};
+
+/// A spec file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {}{message}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
+pub struct SpecError {
+    /// The file name as given.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// Dotted path of the field, e.g. `restart.attempts`, when one is concerned.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A parsed spec file: the request it describes, and where each `[config]` key is.
+#[derive(Debug, Clone)]
+pub struct SpecFile {
+    /// The file name as given.
+    pub file: String,
+    /// The request the file describes. `driver` is empty when the file names none
+    /// (the `--driver` flag must then give it).
+    pub request: RunRequest,
+    /// JSON pointer of each config key and array element → its 1-based line.
+    config_lines: BTreeMap<String, usize>,
+    /// The line of the `config` key itself (the `[config]` header), if any.
+    config_line: Option<usize>,
+    /// Top-level config keys a `--config` flag set: problems with them are the flag's.
+    flag_keys: std::collections::BTreeSet<String>,
+}
+
+/// The top level of a spec file, as serde sees it. `config` and `env` are converted
+/// by hand from the spanned tree, so they are only declared here.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // `config` and `env` exist to be accepted by deny_unknown_fields
+struct Doc {
+    driver: Option<String>,
+    name: Option<String>,
+    config: Option<serde::de::IgnoredAny>,
+    env: Option<serde::de::IgnoredAny>,
+    kill_signal: Option<Spanned<String>>,
+    kill_timeout: Option<Spanned<String>>,
+    resources: Option<ResourcesDoc>,
+    restart: Option<RestartDoc>,
+    logs: Option<LogsDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourcesDoc {
+    cpu_shares: Option<u32>,
+    memory_mb: Option<u32>,
+    memory_max_mb: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RestartDoc {
+    attempts: Option<u32>,
+    interval: Option<Spanned<String>>,
+    delay: Option<Spanned<String>>,
+    mode: Option<RestartMode>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsDoc {
+    max_files: Option<Spanned<u32>>,
+    max_file_size_mb: Option<Spanned<u32>>,
+}
+
+/// Parse the spec in `text`; `file` is the name errors mention.
+pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
+    let err = |span: Option<Range<usize>>, field: Option<String>, message: String| SpecError {
+        file: file.to_owned(),
+        line: span.map_or(1, |s| line_of(text, s.start)),
+        field,
+        message,
+    };
+    let root = DeTable::parse(text).map_err(|e| {
+        let message = match e.span() {
+            Some(s) => format!(
+                "invalid TOML at column {}: {}",
+                column_of(text, s.start),
+                e.message().trim_end()
+            ),
+            None => format!("invalid TOML: {}", e.message().trim_end()),
+        };
+        err(e.span(), None, message)
+    })?;
+    let doc = Doc::deserialize(toml::de::Deserializer::from(root.clone())).map_err(|e| {
+        let field = e.span().and_then(|s| field_at(root.get_ref(), &s));
+        let mut message = e.message().trim_end().to_owned();
+        if field.as_deref() == Some("kill") {
+            message
+                .push_str(" (kill settings are the top-level keys kill_signal and kill_timeout)");
+        }
+        err(e.span(), field, message)
+    })?;
+    let table = root.get_ref();
+
+    let duration = |v: &Spanned<String>, field: &str| -> Result<String, SpecError> {
+        humantime::parse_duration(v.get_ref()).map_err(|e| {
+            err(
+                Some(v.span()),
+                Some(field.to_owned()),
+                format!(
+                    "{:?} is not a duration like \"5s\" or \"1m30s\": {e}",
+                    v.get_ref()
+                ),
+            )
+        })?;
+        Ok(v.get_ref().clone())
+    };
+
+    let mut request = RunRequest {
+        driver: doc.driver.unwrap_or_default(),
+        name: doc.name,
+        ..Default::default()
+    };
+    if let Some(sig) = &doc.kill_signal {
+        drover_plugin_sdk::parse_signal(sig.get_ref())
+            .map_err(|e| err(Some(sig.span()), Some("kill_signal".into()), e.to_string()))?;
+        request.kill_signal = Some(sig.get_ref().clone());
+    }
+    if let Some(t) = &doc.kill_timeout {
+        request.kill_timeout = Some(duration(t, "kill_timeout")?);
+    }
+    if let Some(r) = doc.resources {
+        request.resources = Some(drover_plugin_sdk::Resources {
+            cpu_shares: r.cpu_shares.map_or(0, i64::from),
+            memory_mb: r.memory_mb.map_or(0, i64::from),
+            memory_max_mb: r.memory_max_mb.map_or(0, i64::from),
+        });
+    }
+    if let Some(r) = doc.restart {
+        let mut policy = RestartPolicy::default();
+        if let Some(a) = r.attempts {
+            policy.attempts = a;
+        }
+        if let Some(i) = &r.interval {
+            policy.interval = duration(i, "restart.interval")?;
+        }
+        if let Some(d) = &r.delay {
+            policy.delay = duration(d, "restart.delay")?;
+        }
+        if let Some(m) = r.mode {
+            policy.mode = m;
+        }
+        request.restart = Some(policy);
+    }
+    if let Some(l) = doc.logs {
+        let mut logs = drover_plugin_sdk::LogConfig::default();
+        for (value, name, slot) in [
+            (&l.max_files, "logs.max_files", &mut logs.max_files),
+            (
+                &l.max_file_size_mb,
+                "logs.max_file_size_mb",
+                &mut logs.max_file_size_mb,
+            ),
+        ] {
+            if let Some(v) = value {
+                if *v.get_ref() == 0 {
+                    return Err(err(
+                        Some(v.span()),
+                        Some(name.into()),
+                        "must be at least 1".into(),
+                    ));
+                }
+                *slot = *v.get_ref();
+            }
+        }
+        request.logs = Some(logs);
+    }
+
+    if let Some((_, value)) = entry(table, "env") {
+        let DeValue::Table(env) = value.get_ref() else {
+            return Err(err(
+                Some(value.span()),
+                Some("env".into()),
+                format!(
+                    "expected a table of strings, found {}",
+                    value.get_ref().type_str()
+                ),
+            ));
+        };
+        for (k, v) in env {
+            let text = match v.get_ref() {
+                DeValue::String(s) => s.to_string(),
+                DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => {
+                    scalar_json(v.get_ref())
+                        .map(|j| j.to_string())
+                        .unwrap_or_default()
+                }
+                other => {
+                    return Err(err(
+                        Some(v.span()),
+                        Some(format!("env.{}", k.get_ref())),
+                        format!("expected a string, found {}", other.type_str()),
+                    ));
+                }
+            };
+            request.env.insert(k.get_ref().to_string(), text);
+        }
+    }
+
+    let mut config_lines = BTreeMap::new();
+    let mut config_line = None;
+    if let Some((key, value)) = entry(table, "config") {
+        config_line = Some(line_of(text, key.span().start));
+        let DeValue::Table(_) = value.get_ref() else {
+            return Err(err(
+                Some(value.span()),
+                Some("config".into()),
+                format!("expected a table, found {}", value.get_ref().type_str()),
+            ));
+        };
+        request.config = to_json(value, "config", &mut |path, span| {
+            config_lines.insert(path.to_owned(), line_of(text, span.start));
+        })
+        .map_err(|(span, field, message)| err(Some(span), Some(field), message))?;
+    } else {
+        request.config = serde_json::json!({});
+    }
+
+    Ok(SpecFile {
+        file: file.to_owned(),
+        request,
+        config_lines,
+        config_line,
+        flag_keys: Default::default(),
+    })
+}
+
+impl SpecFile {
+    /// Record that a `--config` flag set the top-level config key `key` (replacing the
+    /// file's value, if any): problems with it are reported against the flag.
+    pub fn forget_config_key(&mut self, key: &str) {
+        let pointer = format!("/{}", escape_pointer(key));
+        self.config_lines
+            .retain(|p, _| p != &pointer && !p.starts_with(&format!("{pointer}/")));
+        self.flag_keys.insert(pointer);
+    }
+
+    /// Map the agent's answer to a rejected task config back to this file: one line per
+    /// problem, `FILE:LINE: config.FIELD: PROBLEM`. `None` when `message` is not about
+    /// the task config.
+    ///
+    /// The agent phrases these as `task config for driver "NAME": P1; P2`, each problem
+    /// either `unknown field "KEY" (...)` or `/json/pointer: ...` (see
+    /// `loader::validate`, which a test here runs to keep the two in step).
+    pub fn locate_config_error(&self, message: &str) -> Option<String> {
+        const MARK: &str = "task config for driver ";
+        let start = message.find(MARK)?;
+        let rest = &message[start + MARK.len()..];
+        let problems = &rest[rest.find("\": ")? + 3..];
+        let lines: Vec<String> = problems
+            .split("; ")
+            .map(|p| self.locate_problem(p))
+            .collect();
+        Some(lines.join("\n"))
+    }
+
+    fn locate_problem(&self, problem: &str) -> String {
+        let pointer = if let Some(rest) = problem.strip_prefix("unknown field \"") {
+            rest.split_once('"')
+                .map(|(key, _)| format!("/{}", escape_pointer(key)))
+        } else if problem.starts_with('/') {
+            problem.split_once(": ").map(|(p, _)| p.to_owned())
+        } else {
+            None
+        };
+        let (line, field, message) = match &pointer {
+            Some(p) => {
+                let detail = problem
+                    .strip_prefix(p.as_str())
+                    .and_then(|r| r.strip_prefix(": "))
+                    .unwrap_or(problem);
+                (self.line_of_pointer(p), field_of_pointer(p), detail)
+            }
+            None => (self.config_line, "config".to_owned(), problem),
+        };
+        // `/args/1` belongs to the top-level key `/args`.
+        let from_flag = pointer.as_deref().is_some_and(|p| {
+            let top = p
+                .get(1..)
+                .and_then(|rest| rest.find('/'))
+                .map_or(p, |i| &p[..=i]);
+            self.flag_keys.contains(top)
+        });
+        match line {
+            _ if from_flag => format!("--config: {field}: {message}"),
+            Some(line) => format!("{}:{line}: {field}: {message}", self.file),
+            None => format!("{field}: {message}"),
+        }
+    }
+
+    /// The line of the deepest key on `pointer`'s path that is in the file.
+    fn line_of_pointer(&self, pointer: &str) -> Option<usize> {
+        let mut p = pointer;
+        loop {
+            if let Some(line) = self.config_lines.get(p) {
+                return Some(*line);
+            }
+            match p.rfind('/') {
+                Some(0) | None => return self.config_line,
+                Some(i) => p = &p[..i],
+            }
+        }
+    }
+}
+
+/// `/args/0` → `config.args[0]`; `/env/a~1b` → `config.env.a/b`.
+fn field_of_pointer(pointer: &str) -> String {
+    let mut field = "config".to_owned();
+    for seg in pointer.split('/').skip(1) {
+        let seg = seg.replace("~1", "/").replace("~0", "~");
+        if !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()) {
+            field.push_str(&format!("[{seg}]"));
+        } else {
+            field.push('.');
+            field.push_str(&seg);
+        }
+    }
+    field
+}
+
+fn escape_pointer(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+fn entry<'a, 'i>(
+    table: &'a DeTable<'i>,
+    key: &str,
+) -> Option<(
+    &'a Spanned<toml::de::DeString<'i>>,
+    &'a Spanned<DeValue<'i>>,
+)> {
+    table.iter().find(|(k, _)| k.get_ref() == key)
+}
+
+/// The dotted path of the deepest key whose key or value contains `span`.
+///
+/// Every level is searched, not only the children whose span contains `span`: the
+/// span of a table opened by a `[header]` covers the header, not the keys below it.
+fn field_at(table: &DeTable<'_>, span: &Range<usize>) -> Option<String> {
+    fn inside(s: &Range<usize>, at: usize) -> bool {
+        s.start <= at && at < s.end.max(s.start + 1)
+    }
+    fn walk(value: &DeValue<'_>, at: usize) -> Option<Vec<String>> {
+        let children: Vec<(String, Range<usize>, &Spanned<DeValue<'_>>)> = match value {
+            DeValue::Table(t) => t
+                .iter()
+                .map(|(k, v)| (k.get_ref().to_string(), k.span(), v))
+                .collect(),
+            DeValue::Array(a) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (format!("[{i}]"), v.span(), v))
+                .collect(),
+            _ => return None,
+        };
+        for (name, key_span, child) in children {
+            if let Some(mut deeper) = walk(child.get_ref(), at) {
+                deeper.insert(0, name);
+                return Some(deeper);
+            }
+            if inside(&key_span, at) || inside(&child.span(), at) {
+                return Some(vec![name]);
+            }
+        }
+        None
+    }
+    let path = walk(&DeValue::Table(table.clone()), span.start)?;
+    let mut field = String::new();
+    for seg in path {
+        if !field.is_empty() && !seg.starts_with('[') {
+            field.push('.');
+        }
+        field.push_str(&seg);
+    }
+    Some(field)
+}
+
+fn scalar_json(value: &DeValue<'_>) -> Option<serde_json::Value> {
+    match value {
+        DeValue::String(s) => Some(serde_json::Value::String(s.to_string())),
+        DeValue::Boolean(b) => Some((*b).into()),
+        DeValue::Integer(i) => {
+            let n = i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok()?;
+            Some(n.into())
+        }
+        DeValue::Float(f) => {
+            let n: f64 = f.as_str().replace('_', "").parse().ok()?;
+            serde_json::Number::from_f64(n).map(serde_json::Value::Number)
+        }
+        DeValue::Datetime(d) => Some(serde_json::Value::String(d.to_string())),
+        DeValue::Array(_) | DeValue::Table(_) => None,
+    }
+}
+
+type ConvertError = (Range<usize>, String, String);
+
+/// The driver config as JSON, calling `seen(pointer, span)` for every key and element.
+fn to_json(
+    value: &Spanned<DeValue<'_>>,
+    field: &str,
+    seen: &mut dyn FnMut(&str, Range<usize>),
+) -> Result<serde_json::Value, ConvertError> {
+    fn go(
+        value: &Spanned<DeValue<'_>>,
+        pointer: &str,
+        field: &str,
+        seen: &mut dyn FnMut(&str, Range<usize>),
+    ) -> Result<serde_json::Value, ConvertError> {
+        Ok(match value.get_ref() {
+            DeValue::Table(t) => {
+                let mut map = serde_json::Map::new();
+                for (k, v) in t {
+                    let key = k.get_ref().to_string();
+                    let p = format!("{pointer}/{}", escape_pointer(&key));
+                    seen(&p, k.span());
+                    map.insert(key.clone(), go(v, &p, &format!("{field}.{key}"), seen)?);
+                }
+                serde_json::Value::Object(map)
+            }
+            DeValue::Array(a) => {
+                let mut items = Vec::new();
+                for (i, v) in a.iter().enumerate() {
+                    let p = format!("{pointer}/{i}");
+                    seen(&p, v.span());
+                    items.push(go(v, &p, &format!("{field}[{i}]"), seen)?);
+                }
+                serde_json::Value::Array(items)
+            }
+            other => scalar_json(other).ok_or_else(|| {
+                (
+                    value.span(),
+                    field.to_owned(),
+                    format!("{} cannot be represented in JSON", other.type_str()),
+                )
+            })?,
+        })
+    }
+    go(value, "", field, seen)
+}
+
+/// 1-based line of byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// 1-based column (in characters) of byte `offset`.
+fn column_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    let start = text.as_bytes()[..end]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    text.get(start..end)
+        .map_or(end - start, |s| s.chars().count())
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"# a web task
+driver = "rawexec"
+name = "web"
+kill_signal = "SIGINT"
+kill_timeout = "10s"
+
+[config]
+command = "/bin/sh"
+args = ["-c", "echo hi"]
+nested = { deep = [1, 2.5, true] }
+
+[env]
+GREETING = "hello"
+PORT = 8080
+DEBUG = true
+
+[resources]
+cpu_shares = 100
+memory_mb = 64
+
+[restart]
+attempts = 3
+delay = "1s"
+mode = "delay"
+
+[logs]
+max_files = 3
+max_file_size_mb = 1
+"#;
+
+    fn error(text: &str) -> String {
+        parse(text, "job.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn every_field_maps_onto_the_request() {
+        let spec = parse(FULL, "job.toml").unwrap();
+        let r = &spec.request;
+        assert_eq!(r.driver, "rawexec");
+        assert_eq!(r.name.as_deref(), Some("web"));
+        assert_eq!(r.kill_signal.as_deref(), Some("SIGINT"));
+        assert_eq!(r.kill_timeout.as_deref(), Some("10s"));
+        assert_eq!(
+            r.config,
+            serde_json::json!({
+                "command": "/bin/sh",
+                "args": ["-c", "echo hi"],
+                "nested": { "deep": [1, 2.5, true] },
+            })
+        );
+        assert_eq!(r.env["GREETING"], "hello");
+        assert_eq!(r.env["PORT"], "8080");
+        assert_eq!(r.env["DEBUG"], "true");
+        assert_eq!(
+            r.resources,
+            Some(drover_plugin_sdk::Resources {
+                cpu_shares: 100,
+                memory_mb: 64,
+                memory_max_mb: 0
+            })
+        );
+        assert_eq!(
+            r.restart,
+            Some(RestartPolicy {
+                attempts: 3,
+                interval: "30m".into(),
+                delay: "1s".into(),
+                mode: RestartMode::Delay,
+            })
+        );
+        assert_eq!(
+            r.logs,
+            Some(drover_plugin_sdk::LogConfig {
+                max_files: 3,
+                max_file_size_mb: 1
+            })
+        );
+    }
+
+    #[test]
+    fn minimal_spec_leaves_the_rest_to_defaults() {
+        let spec = parse("driver = \"rawexec\"\n", "a.toml").unwrap();
+        assert_eq!(spec.request.config, serde_json::json!({}));
+        assert!(spec.request.restart.is_none());
+        assert!(spec.request.logs.is_none());
+        assert!(parse("", "a.toml").unwrap().request.driver.is_empty());
+    }
+
+    #[test]
+    fn syntax_errors_name_file_line_and_column() {
+        assert_eq!(
+            error("driver = \"rawexec\"\nname = \n"),
+            "job.toml:2: invalid TOML at column 8: string values must be quoted, expected literal string",
+        );
+        let e = error("driver = \"rawexec\"\n\n[config\ncommand = 1\n");
+        assert!(e.starts_with("job.toml:3: invalid TOML at column "), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named_with_their_section() {
+        let e = error("driver = \"rawexec\"\ndrvier = \"x\"\n");
+        assert!(
+            e.starts_with("job.toml:2: drvier: unknown field `drvier`"),
+            "{e}"
+        );
+        let e = error("driver = \"x\"\n[restart]\nattempts = 1\natempts = 2\n");
+        assert!(
+            e.starts_with("job.toml:4: restart.atempts: unknown field `atempts`, expected one of"),
+            "{e}"
+        );
+        let e = error("[resources]\nmemory = 5\n");
+        assert!(
+            e.starts_with("job.toml:2: resources.memory: unknown field `memory`"),
+            "{e}"
+        );
+        let e = error("[logs]\nmax_size = 5\n");
+        assert!(
+            e.starts_with("job.toml:2: logs.max_size: unknown field"),
+            "{e}"
+        );
+        let e = error("driver = \"x\"\n[kill]\nsignal = \"SIGINT\"\n");
+        assert!(
+            e.starts_with("job.toml:2: kill: unknown field `kill`") && e.contains("kill_signal"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_types_and_values_are_named() {
+        let e = error("driver = 5\n");
+        assert!(
+            e.starts_with("job.toml:1: driver: invalid type: integer"),
+            "{e}"
+        );
+        let e = error("[restart]\nattempts = \"three\"\n");
+        assert!(
+            e.starts_with("job.toml:2: restart.attempts: invalid type: string"),
+            "{e}"
+        );
+        let e = error("[restart]\nattempts = -1\n");
+        assert!(e.starts_with("job.toml:2: restart.attempts: "), "{e}");
+        let e = error("[restart]\nmode = \"retry\"\n");
+        assert!(
+            e.starts_with(
+                "job.toml:2: restart.mode: unknown variant `retry`, expected `fail` or `delay`"
+            ),
+            "{e}"
+        );
+        let e = error("\n[restart]\ndelay = \"soon\"\n");
+        assert!(
+            e.starts_with("job.toml:3: restart.delay: \"soon\" is not a duration"),
+            "{e}"
+        );
+        let e = error("kill_timeout = \"5 parsecs\"\n");
+        assert!(e.starts_with("job.toml:1: kill_timeout: "), "{e}");
+        let e = error("kill_signal = \"SIGNOPE\"\n");
+        assert!(
+            e.starts_with("job.toml:1: kill_signal: ") && e.contains("SIGNOPE"),
+            "{e}"
+        );
+        let e = error("[logs]\nmax_files = 0\n");
+        assert_eq!(e, "job.toml:2: logs.max_files: must be at least 1");
+        let e = error("config = \"x\"\n");
+        assert_eq!(e, "job.toml:1: config: expected a table, found string");
+        let e = error("[env]\nA = [1]\n");
+        assert_eq!(e, "job.toml:2: env.A: expected a string, found array");
+        let e = error("[config]\nwhen = 1979-05-27\nratio = nan\n");
+        assert_eq!(
+            e,
+            "job.toml:3: config.ratio: float cannot be represented in JSON"
+        );
+    }
+
+    #[test]
+    fn config_errors_from_the_agent_point_at_the_key() {
+        let spec = parse(FULL, "job.toml").unwrap();
+        let msg = "invalid config: task config for driver \"rawexec\": unknown field \"comand\" \
+                   (expected one of: args, command, cwd)";
+        // Not in the file: the problem is reported on the [config] header line.
+        assert_eq!(
+            spec.locate_config_error(msg).unwrap(),
+            "job.toml:7: config.comand: unknown field \"comand\" (expected one of: args, command, cwd)"
+        );
+        let text = FULL.replace("command = \"/bin/sh\"", "comand = \"/bin/sh\"");
+        let spec = parse(&text, "job.toml").unwrap();
+        assert_eq!(
+            spec.locate_config_error(msg).unwrap(),
+            "job.toml:8: config.comand: unknown field \"comand\" (expected one of: args, command, cwd)"
+        );
+        let msg = "invalid config: task config for driver \"rawexec\": /args/1: 5 is not of type \
+                   \"string\"; \"command\" is a required property";
+        assert_eq!(
+            spec.locate_config_error(msg).unwrap(),
+            "job.toml:9: config.args[1]: 5 is not of type \"string\"\n\
+             job.toml:7: config: \"command\" is a required property"
+        );
+        assert_eq!(spec.locate_config_error("not found: no task"), None);
+    }
+
+    #[test]
+    fn config_keys_replaced_by_flags_are_not_blamed_on_the_file() {
+        let mut spec = parse(FULL, "job.toml").unwrap();
+        spec.forget_config_key("args");
+        spec.forget_config_key("comand");
+        let msg = "invalid config: task config for driver \"rawexec\": /args/1: bad; \
+                   unknown field \"comand\" (expected one of: args); /nested/deep/0: worse";
+        assert_eq!(
+            spec.locate_config_error(msg).unwrap(),
+            "--config: config.args[1]: bad\n\
+             --config: config.comand: unknown field \"comand\" (expected one of: args)\n\
+             job.toml:10: config.nested.deep[0]: worse"
+        );
+    }
+
+    /// The agent's validator and this mapping must agree on the message format.
+    #[test]
+    fn agent_validation_messages_map_back_to_lines() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["command"],
+            "properties": {
+                "command": { "type": "string" },
+                "args": { "type": "array", "items": { "type": "string" } },
+            },
+        });
+        let text = "driver = \"rawexec\"\n[config]\ncommand = \"/bin/echo\"\nargs = [\"a\", 5]\ncomand = \"x\"\n";
+        let spec = parse(text, "t.toml").unwrap();
+        let problems = crate::loader::validate(&schema, &spec.request.config).unwrap_err();
+        let message = format!(
+            "{}",
+            drover_plugin_sdk::DriverError::InvalidConfig(format!(
+                "task config for driver \"rawexec\": {problems}"
+            ))
+        );
+        assert_eq!(
+            spec.locate_config_error(&message).unwrap(),
+            "t.toml:5: config.comand: unknown field \"comand\" (expected one of: args, command)\n\
+             t.toml:4: config.args[1]: 5 is not of type \"string\""
+        );
+    }
+
+    #[test]
+    fn positions() {
+        assert_eq!(line_of("a\nb\nc", 4), 3);
+        assert_eq!(column_of("a\nbé c", 6), 4);
+        assert_eq!(field_of_pointer("/a~1b/0/c"), "config.a/b[0].c");
+    }
+}
