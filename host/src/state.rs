@@ -400,6 +400,11 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StateError {
                 reason: io.to_string(),
             }
         }
+        // redb's "not a database" (bad magic, empty) is an I/O error of kind InvalidData;
+        // its own message says it better without the "I/O error:" prefix.
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => {
+            corrupt(format!("not a valid database: {io}"))
+        }
         other => corrupt(format!(
             "not a valid database: {}",
             other.to_string().trim_end_matches('.')
