@@ -479,6 +479,7 @@ impl Catalog {
             fp.process.shutdown().await;
             self.skip(row);
         }
+        let mut serving = Vec::new();
         let mut configuring = tokio::task::JoinSet::new();
         for (name, fp) in by_name {
             let settings = ctx.settings(&name);
@@ -527,6 +528,14 @@ impl Catalog {
                 l.insert(plugin.name.clone(), plugin.clone());
             }
             self.progress.send_modify(|p| p.inserted += 1);
+            serving.push(plugin);
+        }
+        while retiring.join_next().await.is_some() {}
+        // Every process this start adopted or launched is known now, and supervisors
+        // (which create new socket dirs when they relaunch) have not started: what else
+        // is in the socket dir is left over from an earlier agent.
+        let strays = stray_sockets(&ctx.socket_dir, &serving);
+        for plugin in serving {
             tokio::spawn(supervise(
                 plugin,
                 ctx.clone(),
@@ -534,7 +543,15 @@ impl Catalog {
                 stop.clone(),
             ));
         }
-        while retiring.join_next().await.is_some() {}
+        let mut sweeping = tokio::task::JoinSet::new();
+        for (dir, sock) in strays {
+            let (slots, timeout) = (slots.clone(), ctx.timeout);
+            sweeping.spawn(async move {
+                let _slot = slots.acquire_owned().await;
+                sweep(&dir, &sock, timeout).await;
+            });
+        }
+        while sweeping.join_next().await.is_some() {}
         tracing::info!(
             loaded = self.names().len(),
             skipped = self.skipped.read().map(|s| s.len()).unwrap_or(0),
@@ -561,6 +578,96 @@ impl Catalog {
             });
         }
         while set.join_next().await.is_some() {}
+    }
+}
+
+/// Plugin socket dirs in `socket_dir` (`drover-plugin-*/plugin.sock`, made by the SDK's
+/// `serve`) that no serving plugin uses.
+fn stray_sockets(socket_dir: &Path, serving: &[Arc<LoadedPlugin>]) -> Vec<(PathBuf, PathBuf)> {
+    let in_use: Vec<PathBuf> = serving
+        .iter()
+        .filter_map(|p| match &p.process().handshake().addr {
+            drover_plugin_sdk::handshake::PluginAddr::Unix(s) => Some(s.clone()),
+            drover_plugin_sdk::handshake::PluginAddr::Tcp(_) => None,
+        })
+        .collect();
+    let Ok(entries) = std::fs::read_dir(socket_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("drover-plugin-")
+        })
+        .map(|e| (e.path(), e.path().join("plugin.sock")))
+        .filter(|(_, sock)| !in_use.contains(sock))
+        .collect()
+}
+
+/// Deal with a socket dir no serving plugin uses. Nobody listening: a plugin that died
+/// without cleaning up (kill -9), so the dir goes. A plugin answering: a process an
+/// earlier agent launched but was killed before recording (or whose record was lost);
+/// it lives in our private socket dir and proves to be a plugin over RPC, so it is shut
+/// down. Anything else is left alone.
+async fn sweep(dir: &Path, sock: &Path, timeout: Duration) {
+    let peer = match tokio::net::UnixStream::connect(sock).await {
+        Ok(s) => s.peer_cred().ok().and_then(|c| c.pid()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {
+                    tracing::debug!(dir = %dir.display(), "removed a dead plugin's socket dir")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "cannot remove a dead plugin's socket dir: {e}")
+                }
+            }
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(socket = %sock.display(), "leaving socket alone: {e}");
+            return;
+        }
+    };
+    let Some(pid) = peer.and_then(|p| u32::try_from(p).ok()) else {
+        return;
+    };
+    let Ok(start_time) = drover_plugin_sdk::client::process_start_time(pid) else {
+        return;
+    };
+    let config = drover_plugin_sdk::client::ReattachConfig {
+        addr: drover_plugin_sdk::handshake::PluginAddr::Unix(sock.to_owned()),
+        pid,
+        start_time,
+        app_protocol_version: 1,
+        path: std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default(),
+    };
+    // Its name is unknown: ask under a name no plugin can have ("?" is outside
+    // [a-z0-9_-]) and take the one it answers with; then prove identity under it.
+    let name = match PluginProcess::reattach("?", config.clone(), timeout).await {
+        Err(drover_plugin_sdk::client::ReattachError::WrongPlugin { found, .. }) => found,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(pid, socket = %sock.display(), "unknown process on a plugin socket left alone: {e}");
+            return;
+        }
+    };
+    match PluginProcess::reattach(name.clone(), config, timeout).await {
+        Ok(p) => {
+            let how = p.shutdown().await;
+            tracing::warn!(
+                plugin = %name,
+                pid,
+                "shut down a stray plugin process an earlier agent launched but never recorded ({how})"
+            );
+        }
+        Err(e) => tracing::warn!(pid, plugin = %name, "stray plugin process left alone: {e}"),
     }
 }
 
@@ -594,11 +701,22 @@ async fn obtain(
         match attempt {
             Ok(fp) => return Ok(fp),
             Err(reason) => {
-                tracing::info!(
-                    plugin = %rec.name,
-                    pid = rec.reattach.pid,
-                    "not reattaching: {reason}; launching a fresh process"
-                );
+                let still_there = drover_plugin_sdk::client::process_start_time(rec.reattach.pid)
+                    .is_ok_and(|t| t == rec.reattach.start_time);
+                if still_there {
+                    tracing::warn!(
+                        plugin = %rec.name,
+                        pid = rec.reattach.pid,
+                        "not reattaching: {reason}; the process still runs and is left alone \
+                         (never signalled unless proven to be the plugin); launching a fresh one"
+                    );
+                } else {
+                    tracing::info!(
+                        plugin = %rec.name,
+                        pid = rec.reattach.pid,
+                        "not reattaching: {reason}; launching a fresh process"
+                    );
+                }
                 records.forget(&rec.name);
             }
         }

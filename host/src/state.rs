@@ -94,6 +94,16 @@ pub trait StateStore: Send + Sync + 'static {
     fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
     /// Forget task `id` (absent is fine).
     fn delete_task(&self, id: &str) -> Result<(), StateError>;
+    /// Insert or replace several task records at once: all of them or none are stored.
+    /// Every write costs an fsync (~2.5 ms here), so writing many records together is
+    /// much cheaper than one `put_task` each. The default writes them one by one
+    /// (stores without transactions).
+    fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+        for (id, record) in records {
+            self.put_task(id, record)?;
+        }
+        Ok(())
+    }
 }
 
 /// A [`StateStore`] in memory, for tests and for nothing else.
@@ -342,6 +352,19 @@ impl StateStore for RedbStore {
             },
         )
     }
+
+    fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+        self.write(
+            || format!("put {} task records", records.len()),
+            |txn| {
+                let mut t = txn.open_table(TASKS)?;
+                for (id, record) in records {
+                    t.insert(*id, *record)?;
+                }
+                Ok(())
+            },
+        )
+    }
 }
 
 /// Take an exclusive, non-blocking `flock` on `data_dir`.
@@ -441,6 +464,9 @@ fn validate_copy(path: &Path, bytes: Vec<u8>) -> Result<(), StateError> {
     check_meta(path, &db)
 }
 
+/// A value of the `meta` table, absent or its bytes.
+type MetaValue = Option<Vec<u8>>;
+
 /// The file must carry Drover's format marker and a schema version we understand.
 fn check_meta(path: &Path, db: &redb::Database) -> Result<(), StateError> {
     let corrupt = |reason: String| StateError::Corrupt {
@@ -454,24 +480,21 @@ fn check_meta(path: &Path, db: &redb::Database) -> Result<(), StateError> {
                 .into(),
         )
     };
-    let read = guarded(
-        path,
-        || -> Result<(Option<Vec<u8>>, Option<Vec<u8>>), String> {
-            let txn = db.begin_read().map_err(|e| e.to_string())?;
-            let meta = match txn.open_table(META) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok((None, None)),
-                Err(e) => return Err(e.to_string()),
-            };
-            let get = |k: &str| -> Result<Option<Vec<u8>>, String> {
-                Ok(meta
-                    .get(k)
-                    .map_err(|e| e.to_string())?
-                    .map(|v| v.value().to_vec()))
-            };
-            Ok((get("format")?, get("schema_version")?))
-        },
-    )?;
+    let read = guarded(path, || -> Result<(MetaValue, MetaValue), String> {
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        let meta = match txn.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok((None, None)),
+            Err(e) => return Err(e.to_string()),
+        };
+        let get = |k: &str| -> Result<Option<Vec<u8>>, String> {
+            Ok(meta
+                .get(k)
+                .map_err(|e| e.to_string())?
+                .map(|v| v.value().to_vec()))
+        };
+        Ok((get("format")?, get("schema_version")?))
+    })?;
     let (format, version) =
         read.map_err(|e| corrupt(format!("cannot read its meta table: {e}")))?;
     if format.as_deref() != Some(FORMAT) {
@@ -655,6 +678,10 @@ impl StateStore for ErrorStore {
         self.check(true, || format!("delete task {id}"))?;
         self.inner.delete_task(id)
     }
+    fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+        self.check(true, || format!("put {} task records", records.len()))?;
+        self.inner.put_tasks(records)
+    }
 }
 
 #[cfg(test)]
@@ -721,11 +748,21 @@ mod tests {
         store.put_task("t1", b"one").unwrap();
         store.put_task("t2", b"two").unwrap();
         store.delete_task("t1").unwrap();
+        store
+            .put_tasks(&[("t3", b"three".as_slice()), ("t4", b"four".as_slice())])
+            .unwrap();
+        store.delete_task("t4").unwrap();
         drop(store);
 
         let store = RedbStore::open(dir.path()).unwrap();
         assert_eq!(store.plugins().unwrap(), vec![record("rawexec", 11)]);
-        assert_eq!(store.tasks().unwrap(), vec![("t2".into(), b"two".to_vec())]);
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![
+                ("t2".into(), b"two".to_vec()),
+                ("t3".into(), b"three".to_vec())
+            ]
+        );
         assert!(!dir.path().join("state.db.new").exists());
     }
 

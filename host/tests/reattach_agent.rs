@@ -177,6 +177,18 @@ fn killed_agent_reattaches_to_the_same_plugin_process() {
     assert_eq!(second.cli(&["task", "wait", &id]).status.code(), Some(7));
     assert!(alive(plugin));
     assert!(alive(task_pid));
+
+    // The supervisor watches a reattached plugin like a launched one: it crashes, a
+    // fresh one is launched.
+    nix_kill(plugin, 9).unwrap();
+    let rows = second.wait_plugins(Duration::from_secs(15), |rows| {
+        rows.iter().any(|r| {
+            r["name"] == "rawexec"
+                && r["state"] == "healthy"
+                && r["pid"].as_u64().is_some_and(|p| p as u32 != plugin)
+        })
+    });
+    assert_eq!(row(&rows, "rawexec")["reattached"], false);
 }
 
 /// The test's long task is killed however the test ends.
@@ -272,4 +284,45 @@ fn upgraded_plugin_binary_replaces_the_old_process() {
     );
     drop(first);
     drop(second);
+}
+
+#[test]
+fn unrecorded_plugin_and_dead_sockets_are_cleaned_up_at_start() {
+    use drover_host::state::{RedbStore, StateStore as _};
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("plugins")).unwrap();
+    let (mut first, row1) = start(root.path(), &[], "rawexec");
+    let stray = pid_of(&row1);
+    kill9(&mut first);
+    // As if the agent had been killed between launching the plugin and recording it.
+    {
+        let store = RedbStore::open(&first.data_dir).unwrap();
+        store.delete_plugin("rawexec").unwrap();
+    }
+    // And a socket dir of a plugin that was kill -9ed long ago.
+    let dead = first.data_dir.join("run/drover-plugin-dead");
+    std::fs::create_dir(&dead).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dead.join("plugin.sock")).unwrap());
+
+    let (second, row2) = start(root.path(), &[], "rawexec");
+    assert_ne!(pid_of(&row2), stray);
+    assert_eq!(row2["reattached"], false);
+    wait_dead(stray);
+    assert_eq!(
+        rawexec_processes(&[&first.marker, &second.marker]),
+        vec![pid_of(&row2)]
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while dead.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "dead plugin's socket dir left behind"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        second.log_text().contains("stray plugin"),
+        "{}",
+        second.log_text()
+    );
 }
