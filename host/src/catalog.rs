@@ -543,6 +543,8 @@ impl Catalog {
                 stop.clone(),
             ));
         }
+        // Waiters for a plugin that did not load need not wait for the sweep.
+        self.progress.send_modify(|p| p.done = true);
         let mut sweeping = tokio::task::JoinSet::new();
         for (dir, sock) in strays {
             let (slots, timeout) = (slots.clone(), ctx.timeout);

@@ -235,7 +235,17 @@ fn graceful_stop_leaves_plugins_running_and_drain_stops_them() {
     let (mut second, row2) = start(root.path(), &["--drain"], "rawexec");
     assert_eq!(pid_of(&row2), plugin);
     assert_eq!(row2["reattached"], true);
-    assert!(second.stop().success());
+    // SIGINT (Ctrl-C) is as graceful as SIGTERM.
+    nix_kill(second.child.id(), 2).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = second.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "agent did not exit on SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}\n{}", second.log_text());
     wait_dead(plugin);
     assert!(
         rawexec_processes(&[&first.marker, &second.marker]).is_empty(),
