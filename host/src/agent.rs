@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 use crate::catalog::{Catalog, LoadContext};
 use crate::config::AgentConfig;
 use crate::loader::Builtin;
-use crate::tasks::TaskManager;
+use crate::state::{RedbStore, StateError, StateStore};
+use crate::tasks::{TaskLifecycle, TaskManager};
 
 /// Why the agent could not run.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,10 @@ pub enum AgentError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The state store could not be opened (corrupt, newer schema, in use). The agent
+    /// refuses to start rather than guess; the message says what to do.
+    #[error("{0}")]
+    State(#[from] StateError),
     /// The API socket could not be bound.
     #[error("cannot listen on {path}: {reason}")]
     Listen {
@@ -72,8 +77,13 @@ fn bind_api(path: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     Ok(listener)
 }
 
-/// Run the agent until `stop` fires: prepare directories, bind the API, load plugins,
-/// serve. On stop: stop serving, then shut plugins down.
+/// Run the agent until `stop` fires: open the state store (a bad one stops everything
+/// here, before any socket or plugin), prepare directories, bind the API, reattach to or
+/// launch plugins, serve.
+///
+/// On stop: stop serving and supervising. Plugin processes (and so the tasks they
+/// watch) keep running for the next agent to reattach to, unless
+/// `config.drain_on_shutdown` is set: then tasks are stopped, then plugins.
 pub async fn run(
     config: AgentConfig,
     builtins: Vec<Builtin>,
@@ -81,6 +91,7 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     let data_dir = config.data_dir();
     ensure_dir(&data_dir, 0o700)?;
+    let store: Arc<dyn StateStore> = Arc::new(RedbStore::open(&data_dir)?);
     let plugin_dir = config.plugin_dir();
     if config.dev {
         ensure_dir(&plugin_dir, 0o755)?;
@@ -110,7 +121,7 @@ pub async fn run(
         },
         settings: config.plugin.clone(),
     });
-    let catalog = Arc::new(Catalog::default());
+    let catalog = Arc::new(Catalog::new(store.clone()));
     let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir));
     let plugins_stop = stop.child_token();
 
@@ -119,21 +130,60 @@ pub async fn run(
         listener,
         crate::api::ApiState {
             catalog: catalog.clone(),
-            tasks,
+            tasks: tasks.clone(),
         },
         stop.clone(),
         Duration::from_secs(5),
     ));
-    tokio::select! {
-        () = catalog.load(&config, &builtins, ctx, plugins_stop.clone()) => {}
-        () = stop.cancelled() => {}
-    }
+    // Not raced with `stop`: loading is bounded by the handshake timeout, and cutting it
+    // short would leave processes launched but not yet recorded, which no later agent
+    // could find again. A second SIGINT/SIGTERM still exits at once.
+    catalog
+        .load(&config, &builtins, ctx, plugins_stop.clone())
+        .await;
+    // Task recovery goes here: every stored task is recovered through its driver
+    // (`catalog.wait_loaded(driver)`), bounded, while the API already serves.
     stop.cancelled().await;
-    tracing::info!("drover agent stopping");
+    tracing::info!(drain = config.drain_on_shutdown, "drover agent stopping");
     let _ = api.await;
     plugins_stop.cancel();
-    catalog.shutdown_all().await;
+    if config.drain_on_shutdown {
+        drain_tasks(&tasks).await;
+        catalog.shutdown_all().await;
+    } else {
+        tracing::info!(
+            plugins = catalog.names().len(),
+            "leaving plugin processes and their tasks running; the next agent reattaches \
+             to them (use --drain to stop them instead)"
+        );
+    }
     let _ = std::fs::remove_file(&api_path);
+    drop(store);
     tracing::info!("drover agent stopped");
     Ok(())
+}
+
+/// The task manager's drain hook: stop every task that is not dead, concurrently, each
+/// with its own kill signal and timeout. Runs before plugins are shut down.
+async fn drain_tasks(tasks: &Arc<TaskManager>) {
+    let running: Vec<String> = tasks
+        .list()
+        .into_iter()
+        .filter(|t| t.state != TaskLifecycle::Dead)
+        .map(|t| t.id)
+        .collect();
+    if running.is_empty() {
+        return;
+    }
+    tracing::info!(tasks = running.len(), "draining: stopping tasks");
+    let mut set = tokio::task::JoinSet::new();
+    for id in running {
+        let tasks = tasks.clone();
+        set.spawn(async move {
+            if let Err(e) = tasks.stop(&id, None, None).await {
+                tracing::warn!(task = %id, "drain: stop failed: {e}");
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
 }

@@ -1,25 +1,35 @@
 //! The plugin catalog: which plugins serve which names, their live status, and the
 //! supervisor that relaunches a plugin whose process died.
+//!
+//! Plugin processes outlive the agent. Each one the catalog serves has a
+//! [`PluginRecord`] in the state store; at the next start the catalog takes the process
+//! over again (same binary, same pid and start time, identity proven over RPC) instead
+//! of launching a second one. A process that cannot be proven to be our plugin is never
+//! signalled.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use drover_plugin_sdk::client::{PluginClient, PluginProcess};
 use drover_plugin_sdk::{AgentInfo, Capabilities, Health};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
 use crate::loader::{self, Candidate, Fingerprinted, PluginState, PluginStatus, Source};
+use crate::state::{MemStore, PluginRecord, StateStore};
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
 const RELAUNCH_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(250), Duration::from_secs(30));
 /// A plugin that ran this long before dying starts over at the shortest backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// At most this many stored plugin processes are being reattached at once, so a start
+/// with many records (or hung plugins) stays bounded.
+const REATTACH_CONCURRENCY: usize = 8;
 
 /// What the loader needs to (re)launch plugins.
 #[derive(Debug, Clone)]
@@ -45,6 +55,7 @@ impl LoadContext {
 
 struct Live {
     process: PluginProcess,
+    reattached: bool,
     version: String,
     api_version: String,
     task_schema: serde_json::Value,
@@ -135,11 +146,8 @@ impl LoadedPlugin {
             path: self.candidate.path.clone(),
             state: live.state,
             reason: live.reason.clone(),
-            pid: live
-                .process
-                .exit_status()
-                .is_none()
-                .then(|| live.process.pid()),
+            pid: (!live.process.has_exited()).then(|| live.process.pid()),
+            reattached: live.reattached,
         }
     }
 
@@ -150,6 +158,7 @@ impl LoadedPlugin {
 
 fn live_from(fp: Fingerprinted) -> Live {
     Live {
+        reattached: fp.process.is_reattached(),
         process: fp.process,
         version: fp.info.version,
         api_version: fp.api_version.to_string(),
@@ -161,14 +170,163 @@ fn live_from(fp: Fingerprinted) -> Live {
     }
 }
 
+/// Plugin records in the state store, and the binary hashes they carry.
+struct Records {
+    store: Arc<dyn StateStore>,
+    /// sha256 by path, valid while the file's identity (device, inode, size, mtime) is
+    /// unchanged: the `drover` binary serves every built-in and is tens of MB.
+    hashes: Mutex<HashMap<PathBuf, (FileKey, String)>>,
+}
+
+type FileKey = (u64, u64, u64, i64, i64);
+
+fn file_key(path: &Path) -> std::io::Result<FileKey> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+impl Records {
+    /// sha256 of `path` (hex), hashed off the async thread.
+    async fn sha256(&self, path: &Path) -> Result<String, String> {
+        let key = file_key(path).map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+        if let Some((k, h)) = lock(&self.hashes).get(path)
+            && *k == key
+        {
+            return Ok(h.clone());
+        }
+        let owned = path.to_owned();
+        let hash = tokio::task::spawn_blocking(move || loader::sha256_file(&owned))
+            .await
+            .map_err(|e| format!("hashing {}: {e}", path.display()))?
+            .map_err(|e| format!("cannot hash {}: {e}", path.display()))?;
+        lock(&self.hashes).insert(path.to_owned(), (key, hash.clone()));
+        Ok(hash)
+    }
+
+    /// Remember a serving plugin process so the next agent can reattach to it.
+    async fn save(
+        &self,
+        name: &str,
+        version: &str,
+        api_version: &str,
+        c: &Candidate,
+        p: &PluginProcess,
+    ) {
+        let sha256 = match self.sha256(&c.path).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(plugin = %name, "plugin record not saved: {e}");
+                return;
+            }
+        };
+        let rec = PluginRecord {
+            name: name.to_owned(),
+            version: version.to_owned(),
+            api_version: api_version.to_owned(),
+            args: c
+                .args
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            sha256,
+            reattach: p.reattach_config(),
+        };
+        if let Err(e) = self.store.put_plugin(&rec) {
+            // Not fatal: the plugin serves. The cost comes at the next start, which
+            // cannot find this process again and launches a fresh one beside it.
+            tracing::error!(plugin = %name, pid = p.pid(), "plugin record not saved: {e}");
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        if let Err(e) = self.store.delete_plugin(name) {
+            tracing::warn!(plugin = %name, "stale plugin record not deleted: {e}");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How far initial loading got: plugins inserted so far, and whether it finished.
+#[derive(Debug, Clone, Copy, Default)]
+struct Progress {
+    inserted: u64,
+    done: bool,
+}
+
+/// Marks initial loading finished when dropped, so waiters never hang on a load that
+/// was cancelled (agent stopping).
+struct DoneOnDrop<'a>(&'a watch::Sender<Progress>);
+
+impl Drop for DoneOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|p| p.done = true);
+    }
+}
+
 /// All plugins: loaded ones by name, and rows for every binary that was skipped.
-#[derive(Debug, Default)]
 pub struct Catalog {
     loaded: RwLock<BTreeMap<String, Arc<LoadedPlugin>>>,
     skipped: RwLock<Vec<PluginStatus>>,
+    records: Arc<Records>,
+    progress: watch::Sender<Progress>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("loaded", &self.names())
+            .finish()
+    }
+}
+
+impl Default for Catalog {
+    /// A catalog whose plugin records live in memory (tests).
+    fn default() -> Self {
+        Catalog::new(Arc::new(MemStore::default()))
+    }
 }
 
 impl Catalog {
+    /// An empty catalog keeping plugin records in `store`.
+    pub fn new(store: Arc<dyn StateStore>) -> Self {
+        Catalog {
+            loaded: RwLock::new(BTreeMap::new()),
+            skipped: RwLock::new(Vec::new()),
+            records: Arc::new(Records {
+                store,
+                hashes: Mutex::new(HashMap::new()),
+            }),
+            progress: watch::channel(Progress::default()).0,
+        }
+    }
+
+    /// The plugin serving `name`, once it is loaded; `None` once initial loading has
+    /// finished without it (skipped, failed, not installed). Task recovery waits here
+    /// for its driver. Returns at once for a plugin that is already loaded.
+    pub async fn wait_loaded(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
+        let mut progress = self.progress.subscribe();
+        loop {
+            if let Some(p) = self.get(name) {
+                return Some(p);
+            }
+            if progress.borrow_and_update().done {
+                return self.get(name);
+            }
+            if progress.changed().await.is_err() {
+                return self.get(name);
+            }
+        }
+    }
+
+    /// Whether initial loading has finished.
+    pub fn loading_done(&self) -> bool {
+        self.progress.borrow().done
+    }
+
     /// The plugin serving `name`.
     pub fn get(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
         self.loaded.read().ok()?.get(name).cloned()
@@ -218,6 +376,7 @@ impl Catalog {
         ctx: Arc<LoadContext>,
         stop: CancellationToken,
     ) {
+        let _done = DoneOnDrop(&self.progress);
         let started = Instant::now();
         let (mut candidates, skipped) = loader::scan_plugin_dir(&config.plugin_dir());
         for row in skipped {
@@ -229,6 +388,14 @@ impl Catalog {
             source: Source::Builtin,
             label: b.name.clone(),
         }));
+        let mut records = match self.records.store.plugins() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot read plugin records; launching every plugin afresh: {e}");
+                Vec::new()
+            }
+        };
+        let slots = Arc::new(Semaphore::new(REATTACH_CONCURRENCY));
         let mut launches = tokio::task::JoinSet::new();
         for c in candidates {
             if let Err(reason) =
@@ -247,10 +414,26 @@ impl Catalog {
                 self.skip(PluginStatus::skipped(&c, reason));
                 continue;
             }
+            let record = records
+                .iter()
+                .position(|r| record_matches(r, &c))
+                .map(|i| records.swap_remove(i));
             let ctx = ctx.clone();
+            let (store, slots) = (self.records.clone(), slots.clone());
             launches.spawn(async move {
-                let r = loader::fingerprint(&c, ctx.timeout, &ctx.socket_dir, &ctx.accepted).await;
+                let r = obtain(&c, record, &ctx, &store, &slots).await;
                 (c, r)
+            });
+        }
+        // Records no candidate claims: the binary is gone, renamed, denied or no longer
+        // pinned. A process proven to be that plugin is no longer wanted.
+        let mut retiring = tokio::task::JoinSet::new();
+        for rec in records {
+            let (store, slots, timeout) = (self.records.clone(), slots.clone(), ctx.timeout);
+            retiring.spawn(async move {
+                let _slot = slots.acquire_owned().await;
+                retire(&rec, timeout, "its binary is no longer a plugin candidate").await;
+                store.forget(&rec.name);
             });
         }
         let mut by_name: BTreeMap<String, Fingerprinted> = BTreeMap::new();
@@ -289,9 +472,14 @@ impl Catalog {
             let mut row = PluginStatus::skipped(&fp.candidate, reason);
             row.name = fp.info.name.clone();
             row.version = fp.info.version.clone();
+            if fp.process.is_reattached() {
+                // The record is under the winner's name, which the winner rewrites.
+                tracing::info!(plugin = %fp.info.name, pid = fp.process.pid(), "shutting down a reattached plugin that no longer wins its name");
+            }
             fp.process.shutdown().await;
             self.skip(row);
         }
+        let mut serving = Vec::new();
         let mut configuring = tokio::task::JoinSet::new();
         for (name, fp) in by_name {
             let settings = ctx.settings(&name);
@@ -312,6 +500,7 @@ impl Catalog {
                 row.name = fp.info.name.clone();
                 row.version = fp.info.version.clone();
                 fp.process.shutdown().await;
+                self.records.forget(&fp.info.name);
                 self.skip(row);
                 continue;
             }
@@ -322,14 +511,49 @@ impl Catalog {
                 source = ?fp.candidate.source,
                 path = %fp.candidate.path.display(),
                 pid = fp.process.pid(),
+                reattached = fp.process.is_reattached(),
                 "plugin loaded"
             );
+            self.records
+                .save(
+                    &fp.info.name,
+                    &fp.info.version,
+                    &fp.api_version.to_string(),
+                    &fp.candidate,
+                    &fp.process,
+                )
+                .await;
             let plugin = Arc::new(LoadedPlugin::new(fp));
             if let Ok(mut l) = self.loaded.write() {
                 l.insert(plugin.name.clone(), plugin.clone());
             }
-            tokio::spawn(supervise(plugin, ctx.clone(), stop.clone()));
+            self.progress.send_modify(|p| p.inserted += 1);
+            serving.push(plugin);
         }
+        while retiring.join_next().await.is_some() {}
+        // Every process this start adopted or launched is known now, and supervisors
+        // (which create new socket dirs when they relaunch) have not started: what else
+        // is in the socket dir is left over from an earlier agent.
+        let strays = stray_sockets(&ctx.socket_dir, &serving);
+        for plugin in serving {
+            tokio::spawn(supervise(
+                plugin,
+                ctx.clone(),
+                self.records.clone(),
+                stop.clone(),
+            ));
+        }
+        // Waiters for a plugin that did not load need not wait for the sweep.
+        self.progress.send_modify(|p| p.done = true);
+        let mut sweeping = tokio::task::JoinSet::new();
+        for (dir, sock) in strays {
+            let (slots, timeout) = (slots.clone(), ctx.timeout);
+            sweeping.spawn(async move {
+                let _slot = slots.acquire_owned().await;
+                sweep(&dir, &sock, timeout).await;
+            });
+        }
+        while sweeping.join_next().await.is_some() {}
         tracing::info!(
             loaded = self.names().len(),
             skipped = self.skipped.read().map(|s| s.len()).unwrap_or(0),
@@ -338,7 +562,8 @@ impl Catalog {
         );
     }
 
-    /// Ask every loaded plugin process to exit.
+    /// Ask every loaded plugin process to exit and forget their records (drain). The
+    /// supervisors must have been stopped first, or they relaunch what this stops.
     pub async fn shutdown_all(&self) {
         let plugins: Vec<_> = self
             .loaded
@@ -347,12 +572,217 @@ impl Catalog {
             .unwrap_or_default();
         let mut set = tokio::task::JoinSet::new();
         for p in plugins {
+            let records = self.records.clone();
             set.spawn(async move {
                 let how = p.process().shutdown().await;
+                records.forget(&p.name);
                 tracing::info!(plugin = %p.name, "plugin stopped ({how})");
             });
         }
         while set.join_next().await.is_some() {}
+    }
+}
+
+/// Plugin socket dirs in `socket_dir` (`drover-plugin-*/plugin.sock`, made by the SDK's
+/// `serve`) that no serving plugin uses.
+fn stray_sockets(socket_dir: &Path, serving: &[Arc<LoadedPlugin>]) -> Vec<(PathBuf, PathBuf)> {
+    let in_use: Vec<PathBuf> = serving
+        .iter()
+        .filter_map(|p| match &p.process().handshake().addr {
+            drover_plugin_sdk::handshake::PluginAddr::Unix(s) => Some(s.clone()),
+            drover_plugin_sdk::handshake::PluginAddr::Tcp(_) => None,
+        })
+        .collect();
+    let Ok(entries) = std::fs::read_dir(socket_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("drover-plugin-")
+        })
+        .map(|e| (e.path(), e.path().join("plugin.sock")))
+        .filter(|(_, sock)| !in_use.contains(sock))
+        .collect()
+}
+
+/// Deal with a socket dir no serving plugin uses. Nobody listening: a plugin that died
+/// without cleaning up (kill -9), so the dir goes. A plugin answering: a process an
+/// earlier agent launched but was killed before recording (or whose record was lost);
+/// it lives in our private socket dir and proves to be a plugin over RPC, so it is shut
+/// down. Anything else is left alone.
+async fn sweep(dir: &Path, sock: &Path, timeout: Duration) {
+    let peer = match tokio::net::UnixStream::connect(sock).await {
+        Ok(s) => s.peer_cred().ok().and_then(|c| c.pid()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {
+                    tracing::debug!(dir = %dir.display(), "removed a dead plugin's socket dir")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "cannot remove a dead plugin's socket dir: {e}")
+                }
+            }
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(socket = %sock.display(), "leaving socket alone: {e}");
+            return;
+        }
+    };
+    let Some(pid) = peer.and_then(|p| u32::try_from(p).ok()) else {
+        return;
+    };
+    let Ok(start_time) = drover_plugin_sdk::client::process_start_time(pid) else {
+        return;
+    };
+    let config = drover_plugin_sdk::client::ReattachConfig {
+        addr: drover_plugin_sdk::handshake::PluginAddr::Unix(sock.to_owned()),
+        pid,
+        start_time,
+        app_protocol_version: 1,
+        path: std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default(),
+    };
+    // Its name is unknown: ask under a name no plugin can have ("?" is outside
+    // [a-z0-9_-]) and take the one it answers with; then prove identity under it.
+    let name = match PluginProcess::reattach("?", config.clone(), timeout).await {
+        Err(drover_plugin_sdk::client::ReattachError::WrongPlugin { found, .. }) => found,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(pid, socket = %sock.display(), "unknown process on a plugin socket left alone: {e}");
+            return;
+        }
+    };
+    match PluginProcess::reattach(name.clone(), config, timeout).await {
+        Ok(p) => {
+            let how = p.shutdown().await;
+            tracing::warn!(
+                plugin = %name,
+                pid,
+                "shut down a stray plugin process an earlier agent launched but never recorded ({how})"
+            );
+        }
+        Err(e) => tracing::warn!(pid, plugin = %name, "stray plugin process left alone: {e}"),
+    }
+}
+
+/// Does the stored record describe a process of this candidate (same binary, same
+/// arguments)? Built-ins share the `drover` binary and differ by arguments.
+fn record_matches(rec: &PluginRecord, c: &Candidate) -> bool {
+    rec.reattach.path == c.path
+        && rec.args.len() == c.args.len()
+        && rec
+            .args
+            .iter()
+            .zip(&c.args)
+            .all(|(a, b)| std::ffi::OsStr::new(a) == b.as_os_str())
+}
+
+/// A fingerprinted process for `c`: the stored one if it can be taken over, otherwise
+/// a freshly launched one.
+async fn obtain(
+    c: &Candidate,
+    record: Option<PluginRecord>,
+    ctx: &LoadContext,
+    records: &Records,
+    slots: &Semaphore,
+) -> Result<Fingerprinted, String> {
+    if let Some(rec) = record {
+        let attempt = {
+            // Bounded: a semaphore slot, and `ctx.timeout` per step inside.
+            let _slot = slots.acquire().await;
+            try_reattach(c, &rec, ctx, records).await
+        };
+        match attempt {
+            Ok(fp) => return Ok(fp),
+            Err(reason) => {
+                let still_there = drover_plugin_sdk::client::process_start_time(rec.reattach.pid)
+                    .is_ok_and(|t| t == rec.reattach.start_time);
+                if still_there {
+                    tracing::warn!(
+                        plugin = %rec.name,
+                        pid = rec.reattach.pid,
+                        "not reattaching: {reason}; the process still runs and is left alone \
+                         (never signalled unless proven to be the plugin); launching a fresh one"
+                    );
+                } else {
+                    tracing::info!(
+                        plugin = %rec.name,
+                        pid = rec.reattach.pid,
+                        "not reattaching: {reason}; launching a fresh process"
+                    );
+                }
+                records.forget(&rec.name);
+            }
+        }
+    }
+    let fp = loader::fingerprint(c, ctx.timeout, &ctx.socket_dir, &ctx.accepted).await?;
+    // Recorded as soon as it is identified, not only once it serves: an agent killed in
+    // between must still find this process at its next start.
+    records
+        .save(
+            &fp.info.name,
+            &fp.info.version,
+            &fp.api_version.to_string(),
+            &fp.candidate,
+            &fp.process,
+        )
+        .await;
+    Ok(fp)
+}
+
+/// Take over the process `rec` describes, or say why not. A binary that changed since
+/// the process was launched is an upgrade: the old process is shut down (only once its
+/// identity is proven) so that a fresh one runs the new code; tasks live in their
+/// executors and survive that.
+async fn try_reattach(
+    c: &Candidate,
+    rec: &PluginRecord,
+    ctx: &LoadContext,
+    records: &Records,
+) -> Result<Fingerprinted, String> {
+    let sha = records.sha256(&c.path).await?;
+    if !sha.eq_ignore_ascii_case(&rec.sha256) {
+        retire(rec, ctx.timeout, "its binary changed (upgrade)").await;
+        return Err(format!(
+            "{} changed since pid {} was launched",
+            c.path.display(),
+            rec.reattach.pid
+        ));
+    }
+    let process = PluginProcess::reattach(rec.name.clone(), rec.reattach.clone(), ctx.timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Proven to be our plugin: from here on a failure shuts it down (adopt does).
+    let fp = loader::adopt(c, process, ctx.timeout, &ctx.accepted).await?;
+    tracing::info!(
+        plugin = %rec.name,
+        pid = rec.reattach.pid,
+        "reattached to the running plugin process (not launched again)"
+    );
+    Ok(fp)
+}
+
+/// Shut down the process `rec` describes if, and only if, it proves to be that plugin.
+async fn retire(rec: &PluginRecord, timeout: Duration, why: &str) {
+    match PluginProcess::reattach(rec.name.clone(), rec.reattach.clone(), timeout).await {
+        Ok(p) => {
+            tracing::info!(plugin = %rec.name, pid = p.pid(), "shutting down the old plugin process: {why}");
+            let how = p.shutdown().await;
+            tracing::info!(plugin = %rec.name, pid = p.pid(), "old plugin process stopped ({how})");
+        }
+        Err(e) => tracing::info!(
+            plugin = %rec.name,
+            pid = rec.reattach.pid,
+            "old plugin process left alone ({why}), as it is not provably ours: {e}"
+        ),
     }
 }
 
@@ -388,7 +818,12 @@ async fn configure(
 
 /// Keep the plugin's state current from its fingerprints, and relaunch its process
 /// with backoff whenever it dies.
-async fn supervise(plugin: Arc<LoadedPlugin>, ctx: Arc<LoadContext>, stop: CancellationToken) {
+async fn supervise(
+    plugin: Arc<LoadedPlugin>,
+    ctx: Arc<LoadContext>,
+    records: Arc<Records>,
+    stop: CancellationToken,
+) {
     let mut backoff = RELAUNCH_BACKOFF.0;
     loop {
         let process = plugin.process();
@@ -416,7 +851,7 @@ async fn supervise(plugin: Arc<LoadedPlugin>, ctx: Arc<LoadContext>, stop: Cance
                 () = stop.cancelled() => return,
             }
             backoff = (backoff * 2).min(RELAUNCH_BACKOFF.1);
-            match relaunch(&plugin, &ctx).await {
+            match relaunch(&plugin, &ctx, &records).await {
                 Ok(()) => break,
                 Err(reason) => how = reason,
             }
@@ -424,7 +859,11 @@ async fn supervise(plugin: Arc<LoadedPlugin>, ctx: Arc<LoadContext>, stop: Cance
     }
 }
 
-async fn relaunch(plugin: &LoadedPlugin, ctx: &LoadContext) -> Result<(), String> {
+async fn relaunch(
+    plugin: &LoadedPlugin,
+    ctx: &LoadContext,
+    records: &Records,
+) -> Result<(), String> {
     let fp = loader::fingerprint(
         &plugin.candidate,
         ctx.timeout,
@@ -437,8 +876,20 @@ async fn relaunch(plugin: &LoadedPlugin, ctx: &LoadContext) -> Result<(), String
         fp.process.shutdown().await;
         return Err(format!("relaunched binary now calls itself {got:?}"));
     }
-    configure(&fp, &ctx.settings(&plugin.name), ctx).await?;
+    if let Err(reason) = configure(&fp, &ctx.settings(&plugin.name), ctx).await {
+        fp.process.shutdown().await;
+        return Err(reason);
+    }
     tracing::info!(plugin = %plugin.name, pid = fp.process.pid(), "plugin relaunched");
+    records
+        .save(
+            &plugin.name,
+            &fp.info.version,
+            &fp.api_version.to_string(),
+            &fp.candidate,
+            &fp.process,
+        )
+        .await;
     *plugin.live() = live_from(fp);
     plugin.generation.send_modify(|g| *g += 1);
     Ok(())

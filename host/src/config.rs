@@ -72,6 +72,9 @@ pub struct AgentConfig {
     pub log_level: String,
     /// Log format.
     pub log_format: LogFormat,
+    /// On a graceful stop, stop every task and plugin. Default: leave them running for
+    /// the next agent to reattach to (an agent upgrade or restart does not touch tasks).
+    pub drain_on_shutdown: bool,
 }
 
 impl Default for AgentConfig {
@@ -88,6 +91,7 @@ impl Default for AgentConfig {
             plugin: BTreeMap::new(),
             log_level: "info".into(),
             log_format: LogFormat::Human,
+            drain_on_shutdown: false,
         }
     }
 }
@@ -122,6 +126,7 @@ const ENV_KEYS: &[&str] = &[
     "log_level",
     "log_format",
     "prefer_builtin",
+    "drain_on_shutdown",
 ];
 
 /// The config error, with figment's account of which source and key were wrong.
@@ -287,5 +292,26 @@ mod tests {
         assert!(c.data_dir().to_string_lossy().contains("drover-dev-"));
         assert_eq!(c.api_socket(), c.data_dir().join("api.sock"));
         assert_eq!(c.plugin_dir(), c.data_dir().join("plugins"));
+        assert!(
+            !c.drain_on_shutdown,
+            "a graceful stop leaves tasks running by default"
+        );
+    }
+
+    #[test]
+    fn drain_from_file_env_and_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, "drain_on_shutdown = true\n").unwrap();
+        let c = AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default());
+        assert!(c.unwrap().drain_on_shutdown);
+        let env = vec![("DROVER_DRAIN_ON_SHUTDOWN".to_owned(), "true".to_owned())];
+        assert!(
+            AgentConfig::load(&[], env, &Default::default())
+                .unwrap()
+                .drain_on_shutdown
+        );
+        let c = AgentConfig::load(&[], vec![], &flags(&[("drain_on_shutdown", true.into())]));
+        assert!(c.unwrap().drain_on_shutdown);
     }
 }

@@ -87,6 +87,9 @@ pub struct PluginStatus {
     pub reason: String,
     /// Its pid while running.
     pub pid: Option<u32>,
+    /// The process was started by an earlier agent and taken over, not launched by this
+    /// one. Its stdout/stderr went to that agent and are not captured any more.
+    pub reattached: bool,
 }
 
 impl PluginStatus {
@@ -101,6 +104,7 @@ impl PluginStatus {
             state: PluginState::Skipped,
             reason: reason.into(),
             pid: None,
+            reattached: false,
         }
     }
 }
@@ -265,6 +269,18 @@ pub async fn fingerprint(
     let process = PluginProcess::launch(opts)
         .await
         .map_err(|e| e.to_string())?;
+    adopt(candidate, process, timeout, accepted).await
+}
+
+/// Fingerprint a running plugin process (just launched, or reattached): identity,
+/// versions, schemas, capabilities, within `timeout`. On failure the process has been
+/// shut down (killed if it stopped answering) and the error is the reason.
+pub async fn adopt(
+    candidate: &Candidate,
+    process: PluginProcess,
+    timeout: Duration,
+    accepted: &semver::VersionReq,
+) -> Result<Fingerprinted, String> {
     match tokio::time::timeout(timeout, identify(&process, accepted)).await {
         Ok(Ok((info, api_version, config_schema, task_schema, capabilities))) => {
             process.mirror_stdio();

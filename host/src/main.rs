@@ -68,6 +68,10 @@ struct AgentArgs {
     /// Log format: human or json.
     #[arg(long)]
     log_format: Option<String>,
+    /// On SIGTERM/SIGINT stop every task and plugin (default: leave them running for
+    /// the next agent to reattach to).
+    #[arg(long)]
+    drain: bool,
 }
 
 #[derive(Subcommand)]
@@ -302,6 +306,7 @@ fn agent_flags(args: &AgentArgs) -> serde_json::Map<String, serde_json::Value> {
     );
     put("log_level", args.log_level.clone().map(Into::into));
     put("log_format", args.log_format.clone().map(Into::into));
+    put("drain_on_shutdown", args.drain.then_some(true.into()));
     flags
 }
 

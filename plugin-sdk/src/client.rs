@@ -189,6 +189,178 @@ pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
         .ok_or_else(|| std::io::Error::other("no start time in /proc stat"))
 }
 
+/// Why a stored plugin process could not be taken over. In every case the process (if
+/// any) was left alone: nothing proved it is the plugin, so nothing may be sent to it.
+///
+/// ```
+/// let e = drover_plugin_sdk::client::ReattachError::Gone { pid: 42 };
+/// assert_eq!(e.to_string(), "pid 42 is not running");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReattachError {
+    /// No process with that pid.
+    #[error("pid {pid} is not running")]
+    Gone {
+        /// The recorded pid.
+        pid: u32,
+    },
+    /// The pid belongs to another process now.
+    #[error("pid {pid} is a different process now (start time {found}, recorded {expected})")]
+    PidReused {
+        /// The recorded pid.
+        pid: u32,
+        /// Recorded start time.
+        expected: u64,
+        /// Start time of the process that has the pid now.
+        found: u64,
+    },
+    /// The record has no start time, so the pid cannot be trusted.
+    #[error("no start time was recorded for pid {pid}; it cannot be proven to be the plugin")]
+    NoStartTime {
+        /// The recorded pid.
+        pid: u32,
+    },
+    /// The process could not be watched (pidfd).
+    #[error("cannot watch pid {pid}: {reason}")]
+    Watch {
+        /// The recorded pid.
+        pid: u32,
+        /// Why.
+        reason: String,
+    },
+    /// Nothing answers on the recorded address.
+    #[error("cannot connect to {addr}: {error}")]
+    Connect {
+        /// The recorded address.
+        addr: PluginAddr,
+        /// The cause.
+        error: String,
+    },
+    /// Something answers but does not prove to be the plugin (RPC failed or too slow).
+    #[error("identity check failed: {0}")]
+    Identity(String),
+    /// It answers as a different plugin.
+    #[error("pid {pid} answers as plugin {found:?}, not {expected:?}")]
+    WrongPlugin {
+        /// The recorded pid.
+        pid: u32,
+        /// The name it was stored under.
+        expected: String,
+        /// The name it gave.
+        found: String,
+    },
+}
+
+async fn reattach_inner(
+    name: String,
+    config: ReattachConfig,
+    timeout: Duration,
+) -> Result<PluginProcess, ReattachError> {
+    let pid = config.pid;
+    if config.start_time == 0 {
+        return Err(ReattachError::NoStartTime { pid });
+    }
+    let raw = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or(ReattachError::Gone { pid })?;
+    let pidfd = match rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Err(ReattachError::Gone { pid }),
+        Err(e) => {
+            return Err(ReattachError::Watch {
+                pid,
+                reason: format!("pidfd_open: {e}"),
+            });
+        }
+    };
+    // Read after the pidfd exists: if the pid was reused before pidfd_open, the start
+    // time differs; if our process died after it, the pidfd reports that.
+    let found = match process_start_time(pid) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ReattachError::Gone { pid });
+        }
+        Err(e) => {
+            return Err(ReattachError::Watch {
+                pid,
+                reason: format!("reading /proc/{pid}/stat: {e}"),
+            });
+        }
+    };
+    if found != config.start_time {
+        return Err(ReattachError::PidReused {
+            pid,
+            expected: config.start_time,
+            found,
+        });
+    }
+    let channel = connect(&config.addr, timeout)
+        .await
+        .map_err(|error| ReattachError::Connect {
+            addr: config.addr.clone(),
+            error,
+        })?;
+    let base = BasePluginClient::new(channel.clone());
+    let info = base
+        .clone()
+        .plugin_info(pb::PluginInfoRequest {})
+        .await
+        .map_err(|s| ReattachError::Identity(format!("PluginInfo: {}: {}", s.code(), s.message())))?
+        .into_inner();
+    if info.name != name {
+        return Err(ReattachError::WrongPlugin {
+            pid,
+            expected: name,
+            found: info.name,
+        });
+    }
+    let shared = Arc::new(pidfd);
+    let watched = shared.try_clone().map_err(|e| ReattachError::Watch {
+        pid,
+        reason: format!("dup pidfd: {e}"),
+    })?;
+    let (exit_tx, exit_rx) = watch::channel(None);
+    // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
+    // moved into the AsyncFd, which deregisters it before dropping (closing) it.
+    #[allow(unsafe_code)]
+    let async_fd = unsafe { tokio::io::unix::AsyncFd::register(watched) }.map_err(|e| {
+        ReattachError::Watch {
+            pid,
+            reason: format!("watching pidfd: {e}"),
+        }
+    })?;
+    tokio::spawn(async move {
+        // A pidfd becomes readable when the process exits.
+        let how = match async_fd.readable().await {
+            Ok(_) => "exited; exit status unknown (reattached, not our child)".to_owned(),
+            Err(e) => format!("lost track of it: pidfd: {e}"),
+        };
+        let _ = exit_tx.send(Some(Exit { status: None, how }));
+    });
+    tracing::info!(
+        plugin = %name,
+        pid,
+        addr = %config.addr,
+        "reattached to plugin process; its stdout/stderr went to the previous host and are not captured"
+    );
+    Ok(PluginProcess {
+        name,
+        pid,
+        line: HandshakeLine {
+            core_protocol_version: handshake::CORE_PROTOCOL_VERSION,
+            app_protocol_version: config.app_protocol_version,
+            addr: config.addr,
+            server_cert: None,
+        },
+        path: config.path,
+        channel,
+        exit: exit_rx,
+        pidfd: Some(shared),
+    })
+}
+
 fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
     let lines = tail
         .lock()
@@ -238,7 +410,28 @@ pub struct PluginProcess {
     line: HandshakeLine,
     path: PathBuf,
     channel: Channel,
-    exit: watch::Receiver<Option<ExitStatus>>,
+    exit: watch::Receiver<Option<Exit>>,
+    /// Set for a reattached process (not our child): its pidfd, which tells when it
+    /// exits and which signals cannot reach a later process that reuses the pid.
+    pidfd: Option<Arc<std::os::fd::OwnedFd>>,
+}
+
+/// How a plugin process ended.
+#[derive(Debug, Clone)]
+struct Exit {
+    /// Its wait status; `None` when it was not our child (reattached).
+    status: Option<ExitStatus>,
+    /// For people: "exit code 0", "killed by signal 9", ...
+    how: String,
+}
+
+impl Exit {
+    fn of(status: ExitStatus) -> Self {
+        Exit {
+            status: Some(status),
+            how: describe_status(&status),
+        }
+    }
 }
 
 /// Read the first stdout line, bounded in length.
@@ -500,11 +693,14 @@ impl PluginProcess {
         });
         let (exit_tx, exit_rx) = watch::channel(None);
         tokio::spawn(async move {
-            let status = child.wait().await;
-            let _ = exit_tx.send(Some(status.unwrap_or_else(|_| {
-                use std::os::unix::process::ExitStatusExt as _;
-                ExitStatus::from_raw(0)
-            })));
+            let exit = match child.wait().await {
+                Ok(status) => Exit::of(status),
+                Err(e) => Exit {
+                    status: None,
+                    how: format!("exit status unknown: wait failed: {e}"),
+                },
+            };
+            let _ = exit_tx.send(Some(exit));
         });
         Ok(PluginProcess {
             name: opts.name,
@@ -513,7 +709,50 @@ impl PluginProcess {
             path: opts.command,
             channel,
             exit: exit_rx,
+            pidfd: None,
         })
+    }
+
+    /// Take over a plugin process that an earlier host launched, from the
+    /// [`ReattachConfig`] it stored. Identity is proven before anything else is done:
+    /// the pid must still be the process that was launched (same start time, checked
+    /// after a pidfd was opened on it, so a pid reused in between cannot pass), it must
+    /// answer on the recorded address, and its `PluginInfo` must name `name`. All of it
+    /// within `timeout`. On any failure nothing was sent to the process.
+    ///
+    /// The result is not our child: its liveness comes from the pidfd, so
+    /// [`Self::exited`] still resolves when it dies and every RPC then fails with
+    /// [`DriverError::Unavailable`]; [`Self::exit_status`] stays `None` (its status goes
+    /// to its new parent). Its stdout/stderr were pipes to the previous host and are
+    /// gone: whatever it logs from now on is lost.
+    ///
+    /// ```no_run
+    /// # async fn demo(saved: drover_plugin_sdk::client::ReattachConfig) {
+    /// use drover_plugin_sdk::client::PluginProcess;
+    /// match PluginProcess::reattach("rawexec", saved, std::time::Duration::from_secs(5)).await {
+    ///     Ok(p) => println!("reattached to pid {}", p.pid()),
+    ///     Err(e) => println!("launching a fresh one: {e}"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn reattach(
+        name: impl Into<String>,
+        config: ReattachConfig,
+        timeout: Duration,
+    ) -> Result<Self, ReattachError> {
+        let name = name.into();
+        match tokio::time::timeout(timeout, reattach_inner(name, config.clone(), timeout)).await {
+            Ok(r) => r,
+            Err(_) => Err(ReattachError::Identity(format!(
+                "pid {} did not prove its identity within {timeout:?}",
+                config.pid
+            ))),
+        }
+    }
+
+    /// Whether this process was reattached rather than launched by us.
+    pub fn is_reattached(&self) -> bool {
+        self.pidfd.is_some()
     }
 
     /// Read the plugin's `GRPCStdio` stream for as long as it runs and log what comes.
@@ -560,16 +799,22 @@ impl PluginProcess {
         &self.line
     }
 
-    /// Exit status, once it has exited.
+    /// Exit status, once it has exited. Always `None` for a reattached process, whose
+    /// status goes to its new parent: use [`Self::has_exited`] to ask whether it runs.
     pub fn exit_status(&self) -> Option<ExitStatus> {
-        *self.exit.borrow()
+        self.exit.borrow().as_ref().and_then(|e| e.status)
+    }
+
+    /// Whether the process has exited.
+    pub fn has_exited(&self) -> bool {
+        self.exit.borrow().is_some()
     }
 
     /// Resolves when the process exits; returns how it exited.
     pub async fn exited(&self) -> String {
         let mut exit = self.exit.clone();
         match exit.wait_for(Option::is_some).await {
-            Ok(s) => s.as_ref().map(describe_status).unwrap_or_default(),
+            Ok(e) => e.as_ref().map(|e| e.how.clone()).unwrap_or_default(),
             Err(_) => "watcher gone".into(),
         }
     }
@@ -597,7 +842,7 @@ impl PluginProcess {
     /// Ask the plugin to exit (`GRPCController.Shutdown`), wait up to
     /// [`SHUTDOWN_GRACE`], then SIGKILL its process group. Returns how it exited.
     pub async fn shutdown(&self) -> String {
-        if self.exit_status().is_none() {
+        if !self.has_exited() {
             let mut ctl =
                 goplugin::grpc_controller_client::GrpcControllerClient::new(self.channel.clone());
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, ctl.shutdown(goplugin::Empty {})).await;
@@ -606,7 +851,7 @@ impl PluginProcess {
                 .is_err()
             {
                 tracing::warn!(plugin = %self.name, pid = self.pid, "plugin did not exit after Shutdown; killing it");
-                kill_group(self.pid);
+                self.sigkill();
             }
         }
         self.exited().await
@@ -614,10 +859,23 @@ impl PluginProcess {
 
     /// SIGKILL the plugin's process group at once and wait for it.
     pub async fn kill(&self) -> String {
-        if self.exit_status().is_none() {
-            kill_group(self.pid);
+        if !self.has_exited() {
+            self.sigkill();
         }
         self.exited().await
+    }
+}
+
+impl PluginProcess {
+    /// SIGKILL: our child's whole process group; a reattached process through its
+    /// pidfd, which cannot hit a later process that reused the pid.
+    fn sigkill(&self) {
+        match &self.pidfd {
+            None => kill_group(self.pid),
+            Some(fd) => {
+                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+            }
+        }
     }
 }
 
@@ -659,7 +917,7 @@ fn spawn_stderr_forwarder(
 pub struct PluginClient {
     name: String,
     channel: Channel,
-    exit: watch::Receiver<Option<ExitStatus>>,
+    exit: watch::Receiver<Option<Exit>>,
 }
 
 impl PluginClient {
@@ -681,20 +939,19 @@ impl PluginClient {
         call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, DriverError> {
         let mut exit = self.exit.clone();
-        if let Some(status) = *exit.borrow() {
-            return Err(DriverError::Unavailable(format!(
+        let exited = |e: Option<&Exit>| {
+            DriverError::Unavailable(format!(
                 "plugin {} exited ({})",
                 self.name,
-                describe_status(&status)
-            )));
+                e.map(|e| e.how.as_str()).unwrap_or("watcher gone")
+            ))
+        };
+        if let Some(e) = exit.borrow().as_ref() {
+            return Err(exited(Some(e)));
         }
         tokio::select! {
             r = call => r.map(tonic::Response::into_inner).map_err(DriverError::from),
-            s = exit.wait_for(Option::is_some) => Err(DriverError::Unavailable(format!(
-                "plugin {} exited ({})",
-                self.name,
-                s.ok().and_then(|s| s.as_ref().map(describe_status)).unwrap_or_default()
-            ))),
+            e = exit.wait_for(Option::is_some) => Err(exited(e.ok().as_deref().and_then(Option::as_ref))),
         }
     }
 
