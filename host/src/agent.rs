@@ -24,6 +24,9 @@ pub enum AgentError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The state store could not be read.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     /// The API socket could not be bound.
     #[error("cannot listen on {path}: {reason}")]
     Listen {
@@ -111,7 +114,10 @@ pub async fn run(
         settings: config.plugin.clone(),
     });
     let catalog = Arc::new(Catalog::default());
-    let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir));
+    // The redb store under data_dir replaces this in-memory one (state branch).
+    let store: Arc<dyn crate::state::StateStore> = Arc::new(crate::state::MemStore::default());
+    let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store));
+    tasks.load()?;
     let plugins_stop = stop.child_token();
 
     // Serve the API at once: `plugin status` answers while plugins are still loading.
@@ -119,13 +125,16 @@ pub async fn run(
         listener,
         crate::api::ApiState {
             catalog: catalog.clone(),
-            tasks,
+            tasks: tasks.clone(),
         },
         stop.clone(),
         Duration::from_secs(5),
     ));
     tokio::select! {
-        () = catalog.load(&config, &builtins, ctx, plugins_stop.clone()) => {}
+        () = async {
+            catalog.load(&config, &builtins, ctx, plugins_stop.clone()).await;
+            tasks.recover().await;
+        } => {}
         () = stop.cancelled() => {}
     }
     stop.cancelled().await;
