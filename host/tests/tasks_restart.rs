@@ -2,57 +2,13 @@
 //! crash-loops, driven through the HTTP API.
 
 mod common;
+mod tasks_util;
 
-use std::io::{Read as _, Write as _};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// One HTTP/1.1 request over the agent's unix socket; returns status and JSON body.
-fn http(
-    socket: &Path,
-    method: &str,
-    path: &str,
-    body: Option<&serde_json::Value>,
-) -> (u16, serde_json::Value) {
-    let mut s = UnixStream::connect(socket).expect("connect to the agent API");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: drover\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status: u16 = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {resp}"));
-    let json = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
-    let value = serde_json::from_str(json).unwrap_or(serde_json::Value::Null);
-    (status, value)
-}
-
-fn agent() -> (tempfile::TempDir, Agent) {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("plugins");
-    std::fs::create_dir(&dir).unwrap();
-    let agent = Agent::start(root.path(), &dir, &[]);
-    agent.wait_plugins(Duration::from_secs(10), |rows| {
-        rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
-    });
-    (root, agent)
-}
+use tasks_util::*;
 
 /// Run a shell script that appends its start time (ns) to `marker`, then `exit 3`.
 fn crash_loop(agent: &Agent, marker: &Path, restart: serde_json::Value) -> String {
@@ -77,15 +33,6 @@ fn starts(marker: &Path) -> Vec<u128> {
         .unwrap_or_default()
         .lines()
         .map(|l| l.trim().parse().expect("date +%s%N line"))
-        .collect()
-}
-
-fn kinds(task: &serde_json::Value) -> Vec<String> {
-    task["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["type"].as_str().unwrap().to_owned())
         .collect()
 }
 

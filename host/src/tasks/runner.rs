@@ -28,6 +28,20 @@ use crate::tasks::driver::TaskDriver;
 const MISSING_DRIVER_POLL: (Duration, Duration) =
     (Duration::from_millis(500), Duration::from_secs(30));
 
+/// Pauses before asking a driver again after an error that may be transient (the
+/// plugin died mid-call); about 1.5 s in all, longer than a plugin takes to be reaped.
+const RETRY_PAUSES: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+];
+
+/// Errors that may come from a broken connection rather than from the driver's answer.
+fn retryable(e: &DriverError) -> bool {
+    matches!(e, DriverError::Internal(_) | DriverError::Timeout(_))
+}
+
 /// Where a runner is.
 #[derive(Debug)]
 pub(super) enum Phase {
@@ -232,6 +246,7 @@ impl Runner {
     /// handle (or a probe by id when there is none). Waits for a driver that is away.
     async fn attach(&mut self) -> Attach {
         let mut poll = MISSING_DRIVER_POLL.0;
+        let mut retries = RETRY_PAUSES.to_vec();
         loop {
             if self.task.destroyed.load(Ordering::SeqCst) {
                 return Attach::Lost("the task was destroyed".into());
@@ -299,6 +314,14 @@ impl Runner {
                     }
                     continue;
                 }
+                Ok(Err(e)) if retryable(&e) && !retries.is_empty() => {
+                    // RecoverTask is idempotent; see `RETRY_PAUSES`.
+                    drop(ops);
+                    drop(permit);
+                    tracing::debug!(task = %self.task.id, "RecoverTask failed, retrying: {e}");
+                    tokio::time::sleep(retries.remove(0)).await;
+                    continue;
+                }
                 Ok(Err(e)) => {
                     return Attach::Lost(format!("driver {name} could not recover the task: {e}"));
                 }
@@ -332,10 +355,14 @@ impl Runner {
     }
 
     async fn watch(&mut self, mut attached_on: u64) -> Phase {
+        let mut retries = RETRY_PAUSES.to_vec();
         loop {
             let Some(driver) = self.mgr.drivers.driver(&self.task.driver) else {
                 match self.attach().await {
-                    Attach::Attached(g) => attached_on = g,
+                    Attach::Attached(g) => {
+                        attached_on = g;
+                        retries = RETRY_PAUSES.to_vec();
+                    }
                     Attach::NeverStarted => return self.lost_handle().await,
                     Attach::Lost(why) => return self.lost(why).await,
                 }
@@ -346,7 +373,10 @@ impl Runner {
                 // The driver process was replaced since the task was attached: the
                 // new one has to be told about it before it can answer for it.
                 match self.attach().await {
-                    Attach::Attached(g) => attached_on = g,
+                    Attach::Attached(g) => {
+                        attached_on = g;
+                        retries = RETRY_PAUSES.to_vec();
+                    }
                     Attach::NeverStarted => return self.lost_handle().await,
                     Attach::Lost(why) => return self.lost(why).await,
                 }
@@ -359,12 +389,23 @@ impl Runner {
                     // relaunch, says so in the events, and hands the task back.
                     self.task.attached.store(false, Ordering::SeqCst);
                     match self.attach().await {
-                        Attach::Attached(g) => attached_on = g,
+                        Attach::Attached(g) => {
+                            attached_on = g;
+                            retries = RETRY_PAUSES.to_vec();
+                        }
                         Attach::NeverStarted => return self.lost_handle().await,
                         Attach::Lost(why) => return self.lost(why).await,
                     }
                 }
                 Err(DriverError::NotFound(_)) if *driver.generation().borrow() != attached_on => {}
+                Err(e) if retryable(&e) && !retries.is_empty() => {
+                    // A plugin killed mid-call breaks the connection before its exit is
+                    // noticed; WaitTask is idempotent, so ask again: a dead plugin then
+                    // answers Unavailable and the task is reattached.
+                    tracing::debug!(task = %self.task.id, "WaitTask failed, retrying: {e}");
+                    let pause = retries.remove(0);
+                    tokio::time::sleep(pause).await;
+                }
                 Err(e) => {
                     return self
                         .lost(format!(

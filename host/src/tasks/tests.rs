@@ -34,6 +34,8 @@ struct FakeState {
     refuse_start: Option<DriverError>,
     /// StartTask starts the task, then the plugin dies before answering.
     crash_in_start: bool,
+    /// A crash breaks in-flight calls with a transport error before the exit is seen.
+    crash_breaks_connection: bool,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -175,7 +177,11 @@ impl TaskDriver for Fake {
             r = rx.wait_for(Option::is_some) => {
                 Ok(r.map_err(DriverError::internal)?.clone().unwrap_or_default())
             }
-            _ = crashed.changed() => Err(DriverError::Unavailable("fake plugin exited".into())),
+            _ = crashed.changed() => Err(if self.s().crash_breaks_connection {
+                DriverError::Internal("transport error".into())
+            } else {
+                DriverError::Unavailable("fake plugin exited".into())
+            }),
         }
     }
     async fn stop_task(&self, id: &str, _: Duration, _: &str) -> Result<(), DriverError> {
@@ -824,7 +830,17 @@ async fn a_hanging_recover_times_out() {
 
 #[tokio::test]
 async fn plugin_crash_at_runtime_is_survived() {
+    plugin_crash(false).await;
+}
+
+#[tokio::test]
+async fn plugin_crash_breaking_the_connection_is_survived() {
+    plugin_crash(true).await;
+}
+
+async fn plugin_crash(breaks_connection: bool) {
     let env = Env::new();
+    env.fake.s().crash_breaks_connection = breaks_connection;
     let v = env
         .mgr
         .run(request(serde_json::json!({}), None))
