@@ -25,11 +25,26 @@ fn task_pid(task: &serde_json::Value) -> u32 {
         .unwrap_or_else(|| panic!("no pid: {task:#}"))
 }
 
+/// Kills the task processes when the test ends, passed or not: they are not children
+/// of the test and carry no marker the agent helper could find.
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            if running(*pid) {
+                let _ = nix_kill(*pid, 9);
+            }
+        }
+    }
+}
+
 #[test]
 fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
     let (root, agent) = agent();
     let marker = root.path().join("starts");
     let mut tasks = Vec::new();
+    let mut reap = Reap(Vec::new());
     for _ in 0..3 {
         // Each start appends a line: a restart would show as a second line.
         let script = format!("echo $$ >> {}; exec sleep 1000", marker.display());
@@ -44,6 +59,7 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
             })),
         );
         assert_eq!(status, 201, "{task:#}");
+        reap.0.push(task_pid(&task));
         tasks.push((task["id"].as_str().unwrap().to_owned(), task_pid(&task)));
     }
 

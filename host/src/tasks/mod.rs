@@ -774,7 +774,9 @@ impl TaskManager {
             if running {
                 let driver = self.driver(&task.driver)?;
                 match driver.stop_task(id, timeout, &signal).await {
-                    Ok(()) | Err(DriverError::NotFound(_)) => {}
+                    // Unavailable: the plugin just died; the runner sends the recorded
+                    // stop to the relaunched one, so wait for the exit all the same.
+                    Ok(()) | Err(DriverError::NotFound(_)) | Err(DriverError::Unavailable(_)) => {}
                     Err(e) => return Err(e),
                 }
             }

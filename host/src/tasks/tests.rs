@@ -1092,3 +1092,43 @@ async fn a_plugin_dying_inside_start_task_is_asked_not_started_again() {
     env.fake.exit(&v.id, 0);
     assert_eq!(wait_dead(&env.mgr, &v.id).await.exit_code, Some(0));
 }
+
+#[tokio::test]
+async fn a_stop_while_the_plugin_is_down_completes_after_the_relaunch() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({}),
+            policy(3, "1h", "10ms", RestartMode::Fail),
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    env.fake.crash();
+    until(&env.mgr, &v.id, "reporting the driver failure", |v| {
+        v.events.iter().any(|e| e.kind == "DriverFailure")
+    })
+    .await;
+    let mgr = env.mgr.clone();
+    let id = v.id.clone();
+    let stopping = tokio::spawn(async move { mgr.stop(&id, None, None).await });
+    until(&env.mgr, &v.id, "recording the stop", |v| {
+        v.events.iter().any(|e| e.kind == "Killing")
+    })
+    .await;
+    assert!(!stopping.is_finished());
+    env.fake.relaunch();
+    let stopped = stopping.await.unwrap().unwrap();
+    assert_eq!(stopped.state, TaskLifecycle::Dead);
+    assert_eq!(stopped.signal, Some(15));
+    assert!(
+        kinds(&stopped).ends_with(&["Recovered", "Terminated", "Killed"]),
+        "{stopped:#?}"
+    );
+    assert_eq!(
+        env.fake.starts(&v.id).len(),
+        1,
+        "a stopped task was restarted"
+    );
+}
