@@ -650,6 +650,8 @@ impl TaskManager {
         let undo = |why: String| {
             self.remove(&id);
             let _ = std::fs::remove_dir_all(&task_dir);
+            // Whoever waits on it (a concurrent stop or wait) is told it is over.
+            task.dead.send_replace(true);
             DriverError::Internal(why)
         };
         if let Err(e) = task.persist(&self.store).await {
@@ -682,6 +684,7 @@ impl TaskManager {
                 }
                 self.remove(&id);
                 let _ = std::fs::remove_dir_all(&task_dir);
+                task.dead.send_replace(true);
                 return Err(e);
             }
         };
