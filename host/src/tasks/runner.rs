@@ -171,6 +171,8 @@ pub(super) struct Runner {
     ready: Option<oneshot::Sender<Outcome>>,
     /// A stop asked for before the (re)attach was sent by this runner.
     stop_sent: bool,
+    /// How often a start refused with AlreadyExists may fall back to a recovery.
+    probes_left: u32,
 }
 
 impl Runner {
@@ -184,6 +186,7 @@ impl Runner {
             task,
             ready,
             stop_sent: false,
+            probes_left: 3,
         }
     }
 
@@ -572,6 +575,14 @@ impl Runner {
                     "driver {name} became unavailable while starting the task ({why})"
                 ));
                 self.task.save(&self.mgr.store).await;
+                drop(ops);
+                Phase::Recover
+            }
+            Err(DriverError::AlreadyExists(why)) if self.probes_left > 0 => {
+                // The driver has the id after all: a StartTask sent by the agent before
+                // it died finished after our probe asked. Take that one over.
+                self.probes_left -= 1;
+                tracing::info!(task = %self.task.id, "StartTask: {why}; recovering the existing task");
                 drop(ops);
                 Phase::Recover
             }

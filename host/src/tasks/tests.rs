@@ -36,6 +36,9 @@ struct FakeState {
     crash_in_start: bool,
     /// A crash breaks in-flight calls with a transport error before the exit is seen.
     crash_breaks_connection: bool,
+    /// StartTask of this id finds the task there already (an earlier StartTask
+    /// finished late) and answers AlreadyExists.
+    late_start: Option<(String, Exit)>,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -136,6 +139,15 @@ impl TaskDriver for Fake {
         self.up()?;
         if let Some(e) = self.s().refuse_start.clone() {
             return Err(e);
+        }
+        {
+            let mut s = self.s();
+            if s.late_start.as_ref().is_some_and(|(id, _)| *id == spec.id)
+                && let Some((id, exit)) = s.late_start.take()
+            {
+                s.tasks.insert(id.clone(), exit);
+                return Err(DriverError::AlreadyExists(format!("task {id}")));
+            }
         }
         let config: FakeConfig = serde_json::from_str(&spec.driver_config_json)
             .map_err(|e| DriverError::InvalidConfig(e.to_string()))?;
@@ -1131,4 +1143,34 @@ async fn a_stop_while_the_plugin_is_down_completes_after_the_relaunch() {
         1,
         "a stopped task was restarted"
     );
+}
+
+#[tokio::test]
+async fn a_start_still_in_flight_when_probed_is_taken_over_not_duplicated() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    forget_handle(&env, &v.id);
+    env.fake.new_process();
+    // The probe finds nothing: the StartTask the dead agent sent is still in flight …
+    let exit = env.fake.s().tasks.remove(&v.id).unwrap();
+    // … and has finished by the time the runner sends its own.
+    env.fake.s().late_start = Some((v.id.clone(), exit));
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    mgr.recover().await;
+    let now = until(&mgr, &v.id, "running", |v| {
+        v.state == TaskLifecycle::Running
+    })
+    .await;
+    assert_eq!(env.fake.starts(&v.id).len(), 1, "started twice: {now:#?}");
+    assert!(
+        kinds(&now).ends_with(&["Recovered", "Started", "Recovered"]),
+        "{now:#?}"
+    );
+    env.fake.exit(&v.id, 0);
+    assert_eq!(wait_dead(&mgr, &v.id).await.exit_code, Some(0));
 }
