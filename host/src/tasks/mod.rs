@@ -280,20 +280,43 @@ fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverError> {
     Ok((r, l))
 }
 
-/// Run a store call off the event loop: the agent's runtime has one thread, and a
-/// durable write waits for the disk.
-async fn store_call<T: Send + 'static>(
-    store: &Arc<dyn StateStore>,
-    op: String,
-    call: impl FnOnce(&dyn StateStore) -> Result<T, StateError> + Send + 'static,
-) -> Result<T, StateError> {
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || call(&*store))
-        .await
-        .map_err(|e| StateError::Io {
-            op,
-            reason: format!("the store call panicked or was cancelled: {e}"),
-        })?
+/// The state store as the task manager uses it: every call off the event loop (the
+/// agent's runtime has one thread, and a durable write waits for the disk), and only a
+/// few at once (a store commits one write at a time anyway; 1000 tasks reporting a
+/// plugin crash together must not become 1000 blocking threads).
+pub(crate) struct Records {
+    store: Arc<dyn StateStore>,
+    slots: Semaphore,
+}
+
+/// Store calls in flight at once.
+const STORE_CONCURRENCY: usize = 4;
+
+impl Records {
+    fn new(store: Arc<dyn StateStore>) -> Self {
+        Records {
+            store,
+            slots: Semaphore::new(STORE_CONCURRENCY),
+        }
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        op: String,
+        call: impl FnOnce(&dyn StateStore) -> Result<T, StateError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let _slot = self.slots.acquire().await.map_err(|e| StateError::Io {
+            op: op.clone(),
+            reason: e.to_string(),
+        })?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || call(&*store))
+            .await
+            .map_err(|e| StateError::Io {
+                op,
+                reason: format!("the store call panicked or was cancelled: {e}"),
+            })?
+    }
 }
 
 /// One task: its record and what coordinates the runner with user calls.
@@ -387,35 +410,33 @@ impl Task {
     }
 
     /// Write the record; durable when this returns.
-    async fn persist(&self, store: &Arc<dyn StateStore>) -> Result<(), StateError> {
+    async fn persist(&self, store: &Records) -> Result<(), StateError> {
         let _order = self.persist_lock.lock().await;
         if self.destroyed.load(Ordering::SeqCst) {
             return Ok(());
         }
         let bytes = self.rec().encode()?;
         let id = self.id.clone();
-        store_call(store, format!("put task {id}"), move |s| {
-            s.put_task(&id, &bytes)
-        })
-        .await
+        store
+            .call(format!("put task {id}"), move |s| s.put_task(&id, &bytes))
+            .await
     }
 
     /// [`Task::persist`] where nobody can be told: log a failure.
-    async fn save(&self, store: &Arc<dyn StateStore>) {
+    async fn save(&self, store: &Records) {
         if let Err(e) = self.persist(store).await {
             tracing::error!(task = %self.id, "cannot record the task's state: {e}");
         }
     }
 
     /// Mark destroyed and delete the record.
-    async fn forget(&self, store: &Arc<dyn StateStore>) -> Result<(), StateError> {
+    async fn forget(&self, store: &Records) -> Result<(), StateError> {
         let _order = self.persist_lock.lock().await;
         self.destroyed.store(true, Ordering::SeqCst);
         let id = self.id.clone();
-        store_call(store, format!("delete task {id}"), move |s| {
-            s.delete_task(&id)
-        })
-        .await
+        store
+            .call(format!("delete task {id}"), move |s| s.delete_task(&id))
+            .await
     }
 }
 
@@ -439,7 +460,7 @@ pub struct RecoverySummary {
 /// Runs tasks through drivers, keeps their records, restarts and recovers them.
 pub struct TaskManager {
     drivers: Arc<dyn Drivers>,
-    store: Arc<dyn StateStore>,
+    store: Records,
     alloc_dir: PathBuf,
     hooks: Vec<Box<dyn TaskHook>>,
     tasks: RwLock<HashMap<String, Arc<Task>>>,
@@ -465,7 +486,7 @@ impl TaskManager {
     ) -> Self {
         TaskManager {
             drivers,
-            store,
+            store: Records::new(store),
             alloc_dir,
             hooks: hooks::default_hooks(),
             tasks: RwLock::new(HashMap::new()),
@@ -479,7 +500,7 @@ impl TaskManager {
     /// API shows them at once. A record this agent cannot read is an error naming the
     /// task: the agent must refuse to start rather than guess. Returns how many.
     pub fn load(&self) -> Result<usize, StateError> {
-        let records = self.store.tasks()?;
+        let records = self.store.store.tasks()?;
         let mut loaded = HashMap::new();
         for (id, bytes) in records {
             let rec = TaskRecord::decode(&id, &bytes)?;

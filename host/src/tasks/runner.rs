@@ -295,7 +295,14 @@ impl Runner {
                         },
                     );
                     self.task.attached.store(true, Ordering::SeqCst);
-                    self.task.save(&self.mgr.store).await;
+                    if probe {
+                        // The handle is new: it must be durable before anything else.
+                        self.task.save(&self.mgr.store).await;
+                    }
+                    // Otherwise only the Recovered event is new: it is written with the
+                    // task's next change, so that recovering 1000 tasks costs 1000
+                    // RPCs, not 1000 synchronous disk commits. A crash before then
+                    // loses nothing but that event.
                     drop(ops);
                     drop(permit);
                     self.send_pending_stop(driver);
