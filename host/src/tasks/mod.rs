@@ -3,7 +3,9 @@
 //!
 //! Every task has a record in the [`StateStore`], written before the call that changed
 //! it returns: the pending record (with its spec) before `StartTask` is sent, the handle
-//! as soon as `StartTask` answered, then every state change and event. On agent start,
+//! as soon as `StartTask` answered, then every state change and event (a `Recovered`
+//! event that changes nothing else is written with the task's next change, so that
+//! recovery costs no disk commit per task). On agent start,
 //! [`TaskManager::load`] reads the records back and [`TaskManager::recover`] hands every
 //! live task back to its driver (`RecoverTask`), so that nothing is started twice and
 //! every exit that happened meanwhile is reported with its real result.
