@@ -11,7 +11,7 @@ use crate::catalog::{Catalog, LoadContext};
 use crate::config::AgentConfig;
 use crate::loader::Builtin;
 use crate::state::{RedbStore, StateError, StateStore};
-use crate::tasks::{TaskLifecycle, TaskManager};
+use crate::tasks::TaskManager;
 
 /// Why the agent could not run.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,8 @@ pub async fn run(
         settings: config.plugin.clone(),
     });
     let catalog = Arc::new(Catalog::new(store.clone()));
-    let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir));
+    let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store.clone()));
+    tasks.load()?;
     let plugins_stop = stop.child_token();
 
     // Serve the API at once: `plugin status` answers while plugins are still loading.
@@ -141,14 +142,20 @@ pub async fn run(
     catalog
         .load(&config, &builtins, ctx, plugins_stop.clone())
         .await;
-    // Task recovery goes here: every stored task is recovered through its driver
-    // (`catalog.wait_loaded(driver)`), bounded, while the API already serves.
+    // Every stored task is recovered through its driver, bounded in time and
+    // concurrency, while the API already serves. Recovery only reads what drivers
+    // report, so cutting it short on stop loses nothing.
+    tokio::select! {
+        _ = tasks.recover() => {}
+        () = stop.cancelled() => {}
+    }
     stop.cancelled().await;
     tracing::info!(drain = config.drain_on_shutdown, "drover agent stopping");
     let _ = api.await;
     plugins_stop.cancel();
     if config.drain_on_shutdown {
-        drain_tasks(&tasks).await;
+        let stopped = tasks.drain().await;
+        tracing::info!(tasks = stopped, "drained: tasks stopped");
         catalog.shutdown_all().await;
     } else {
         tracing::info!(
@@ -161,29 +168,4 @@ pub async fn run(
     drop(store);
     tracing::info!("drover agent stopped");
     Ok(())
-}
-
-/// The task manager's drain hook: stop every task that is not dead, concurrently, each
-/// with its own kill signal and timeout. Runs before plugins are shut down.
-async fn drain_tasks(tasks: &Arc<TaskManager>) {
-    let running: Vec<String> = tasks
-        .list()
-        .into_iter()
-        .filter(|t| t.state != TaskLifecycle::Dead)
-        .map(|t| t.id)
-        .collect();
-    if running.is_empty() {
-        return;
-    }
-    tracing::info!(tasks = running.len(), "draining: stopping tasks");
-    let mut set = tokio::task::JoinSet::new();
-    for id in running {
-        let tasks = tasks.clone();
-        set.spawn(async move {
-            if let Err(e) = tasks.stop(&id, None, None).await {
-                tracing::warn!(task = %id, "drain: stop failed: {e}");
-            }
-        });
-    }
-    while set.join_next().await.is_some() {}
 }

@@ -1,0 +1,109 @@
+//! The driver calls the task manager makes, behind a trait: the catalog's plugins in
+//! the agent, a scripted fake in tests (so the runner's restart, recovery and failure
+//! paths are tested without plugin processes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_plugin_sdk::{DriverError, ExitResult, TaskHandle, TaskSpec, TaskStats, TaskStatus};
+use tokio::sync::watch;
+use tokio_stream::StreamExt as _;
+
+use crate::catalog::{Catalog, LoadedPlugin};
+use crate::loader::PluginState;
+
+/// One driver as the task manager sees it. Every call goes to the driver's current
+/// process; a call in flight when that process dies fails with
+/// [`DriverError::Unavailable`].
+#[tonic::async_trait]
+pub trait TaskDriver: Send + Sync {
+    /// Health and why.
+    fn state(&self) -> (PluginState, String);
+    /// JSON Schema of the task config.
+    fn task_schema(&self) -> serde_json::Value;
+    /// Bumped each time the driver's process is replaced.
+    fn generation(&self) -> watch::Receiver<u64>;
+    /// `StartTask`.
+    async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError>;
+    /// `WaitTask`: until the task exits.
+    async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError>;
+    /// `StopTask`.
+    async fn stop_task(&self, id: &str, timeout: Duration, signal: &str)
+    -> Result<(), DriverError>;
+    /// `DestroyTask`.
+    async fn destroy_task(&self, id: &str, force: bool) -> Result<(), DriverError>;
+    /// `InspectTask`.
+    async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError>;
+    /// `RecoverTask`.
+    async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError>;
+    /// `SignalTask`.
+    async fn signal_task(&self, id: &str, signal: &str) -> Result<(), DriverError>;
+    /// One `TaskStats` sample.
+    async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError>;
+}
+
+/// Where the task manager finds drivers by name.
+pub trait Drivers: Send + Sync {
+    /// The driver serving `name`, if one is loaded.
+    fn driver(&self, name: &str) -> Option<Arc<dyn TaskDriver>>;
+    /// Names of the loaded drivers, for error messages.
+    fn names(&self) -> Vec<String>;
+}
+
+impl Drivers for Catalog {
+    fn driver(&self, name: &str) -> Option<Arc<dyn TaskDriver>> {
+        self.get(name).map(|p| p as Arc<dyn TaskDriver>)
+    }
+    fn names(&self) -> Vec<String> {
+        Catalog::names(self)
+    }
+}
+
+#[tonic::async_trait]
+impl TaskDriver for LoadedPlugin {
+    fn state(&self) -> (PluginState, String) {
+        LoadedPlugin::state(self)
+    }
+    fn task_schema(&self) -> serde_json::Value {
+        LoadedPlugin::task_schema(self)
+    }
+    fn generation(&self) -> watch::Receiver<u64> {
+        LoadedPlugin::generation(self)
+    }
+    async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        self.client().start_task(spec).await
+    }
+    async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError> {
+        self.client().wait_task(id).await
+    }
+    async fn stop_task(
+        &self,
+        id: &str,
+        timeout: Duration,
+        signal: &str,
+    ) -> Result<(), DriverError> {
+        self.client().stop_task(id, timeout, signal).await
+    }
+    async fn destroy_task(&self, id: &str, force: bool) -> Result<(), DriverError> {
+        self.client().destroy_task(id, force).await
+    }
+    async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
+        self.client().inspect_task(id).await
+    }
+    async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        self.client().recover_task(handle).await
+    }
+    async fn signal_task(&self, id: &str, signal: &str) -> Result<(), DriverError> {
+        self.client().signal_task(id, signal).await
+    }
+    async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError> {
+        let stream = self.client().task_stats(id, Duration::from_secs(1)).await?;
+        let mut stream = Box::pin(stream);
+        match stream.next().await {
+            Some(sample) => sample,
+            None => Err(DriverError::Internal(format!(
+                "TaskStats for task {id} ended without a sample"
+            ))),
+        }
+    }
+}

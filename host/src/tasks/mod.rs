@@ -1,0 +1,960 @@
+//! Tasks: validate, start through the right driver, watch, restart by policy, survive
+//! agent and plugin restarts, stop.
+//!
+//! Every task has a record in the [`StateStore`], written before the call that changed
+//! it returns: the pending record (with its spec) before `StartTask` is sent, the handle
+//! as soon as `StartTask` answered, then every state change and event (a `Recovered`
+//! event that changes nothing else is written with the task's next change, so that
+//! recovery costs no disk commit per task). On agent start,
+//! [`TaskManager::load`] reads the records back and [`TaskManager::recover`] hands every
+//! live task back to its driver (`RecoverTask`), so that nothing is started twice and
+//! every exit that happened meanwhile is reported with its real result.
+//!
+//! One runner (`runner.rs`) per live task owns its lifecycle: wait for the exit, apply
+//! the restart policy (`restart.rs`, a pure function), start the next incarnation
+//! through the lifecycle hooks (`hooks.rs`), and reattach when the driver's process is
+//! replaced.
+
+mod driver;
+mod hooks;
+mod record;
+pub mod restart;
+mod runner;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use drover_plugin_sdk::{DriverError, LogConfig, Resources, TaskSpec, TaskStats};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+pub use driver::{Drivers, TaskDriver};
+
+use crate::catalog::Catalog;
+use crate::loader::PluginState;
+use crate::state::{StateError, StateStore};
+use hooks::TaskHook;
+use record::{KillRequest, RECORD_VERSION, TaskRecord};
+use restart::{Policy, human};
+use runner::{Outcome, Phase, Runner};
+
+/// Default time between the stop signal and SIGKILL.
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Events kept per task; older ones are dropped and counted in
+/// [`TaskView::events_dropped`].
+pub const MAX_EVENTS: usize = 100;
+/// Bound on every driver call made while recovering or cleaning up, so that a stuck
+/// plugin gives a task event instead of a hang.
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Recoveries in flight at once: enough to hand 1000 tasks back within a second or
+/// two, few enough not to flood one plugin.
+const RECOVERY_CONCURRENCY: usize = 32;
+/// How long `stop` waits for the exit once the driver acted, beyond the kill timeout.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A request to run a task (`POST /v1/tasks`, `drover task run`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Driver name.
+    pub driver: String,
+    /// Driver-specific task config.
+    #[serde(default)]
+    pub config: serde_json::Value,
+    /// Task name (default: the driver's name).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Signal sent by `stop` (default SIGTERM).
+    #[serde(default)]
+    pub kill_signal: Option<String>,
+    /// Time between the stop signal and SIGKILL, e.g. "5s".
+    #[serde(default)]
+    pub kill_timeout: Option<String>,
+    /// What to do when the task exits unsuccessfully (default: no restarts).
+    #[serde(default)]
+    pub restart: Option<RestartPolicy>,
+    /// Resource limits handed to the driver.
+    #[serde(default)]
+    pub resources: Option<drover_plugin_sdk::Resources>,
+    /// Log rotation limits (default: 10 files of 10 MiB per stream).
+    #[serde(default)]
+    pub logs: Option<drover_plugin_sdk::LogConfig>,
+}
+
+/// How a task that fails is restarted, as Nomad users know it: at most `attempts`
+/// restarts within any `interval`, each after `delay`; when the attempts are used up,
+/// `mode` `fail` gives up and `delay` waits for the interval to end and starts over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `interval` (0: never restart).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The window `attempts` are counted in, e.g. "30m".
+    #[serde(default = "RestartPolicy::default_interval")]
+    pub interval: String,
+    /// Wait before each restart, e.g. "15s".
+    #[serde(default = "RestartPolicy::default_delay")]
+    pub delay: String,
+    /// `fail` or `delay`.
+    #[serde(default)]
+    pub mode: RestartMode,
+}
+
+impl RestartPolicy {
+    fn default_interval() -> String {
+        "30m".into()
+    }
+    fn default_delay() -> String {
+        "15s".into()
+    }
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            attempts: 0,
+            interval: Self::default_interval(),
+            delay: Self::default_delay(),
+            mode: RestartMode::Fail,
+        }
+    }
+}
+
+/// What happens once a task used up its restart attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestartMode {
+    /// The task is dead for good (`NotRestarting`).
+    #[default]
+    Fail,
+    /// Wait until the interval has passed, then restart with a fresh count.
+    Delay,
+}
+
+/// Lifecycle state of a task, as Nomad users know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskLifecycle {
+    /// Accepted, not started yet.
+    Pending,
+    /// Started and not exited.
+    Running,
+    /// Exited, stopped or failed to start.
+    Dead,
+}
+
+/// Something that happened to a task.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskEventView {
+    /// When, RFC 3339.
+    pub time: String,
+    /// Event type, e.g. `Started`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Details.
+    pub message: String,
+}
+
+/// What the API shows of a task.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskView {
+    /// Task id.
+    pub id: String,
+    /// Task name.
+    pub name: String,
+    /// Driver name.
+    pub driver: String,
+    /// pending, running or dead.
+    pub state: TaskLifecycle,
+    /// Exit code of the last incarnation once it exited (absent while running, and
+    /// when the driver could not tell: then `error` says why).
+    pub exit_code: Option<i32>,
+    /// Signal that killed it, if any.
+    pub signal: Option<i32>,
+    /// Killed by the OOM killer.
+    pub oom_killed: bool,
+    /// Why the task failed, when the driver could not say how it ended.
+    pub error: Option<String>,
+    /// The task directory.
+    pub task_dir: PathBuf,
+    /// Driver facts such as `pid`.
+    pub attributes: BTreeMap<String, String>,
+    /// When it was accepted.
+    pub created_at: String,
+    /// When it started.
+    pub started_at: Option<String>,
+    /// When it ended.
+    pub finished_at: Option<String>,
+    /// What happened, oldest first: the last [`MAX_EVENTS`].
+    pub events: Vec<TaskEventView>,
+    /// How many older events were dropped to keep [`TaskView::events`] short.
+    #[serde(default)]
+    pub events_dropped: u64,
+    /// How many times the task was restarted by its restart policy.
+    #[serde(default)]
+    pub restarts: u32,
+    /// When the pending restart is due, RFC 3339 (only while one is pending).
+    #[serde(default)]
+    pub restart_at: Option<String>,
+}
+
+fn now() -> String {
+    rfc3339(SystemTime::now())
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_micros(t).to_string()
+}
+
+/// The per-task settings derived from its request.
+#[derive(Debug, Clone)]
+struct Settings {
+    kill_signal: String,
+    kill_timeout: Duration,
+    policy: Policy,
+}
+
+impl Settings {
+    fn from_request(req: &RunRequest) -> Result<Settings, DriverError> {
+        let kill_signal = req.kill_signal.clone().unwrap_or_else(|| "SIGTERM".into());
+        drover_plugin_sdk::parse_signal(&kill_signal)?;
+        let kill_timeout = match &req.kill_timeout {
+            None => DEFAULT_KILL_TIMEOUT,
+            Some(t) => humantime::parse_duration(t.trim()).map_err(|e| {
+                DriverError::InvalidConfig(format!(
+                    "kill_timeout {t:?} is not a duration like \"5s\": {e}"
+                ))
+            })?,
+        };
+        let policy = match &req.restart {
+            Some(p) => Policy::parse(p)?,
+            None => Policy::default(),
+        };
+        Ok(Settings {
+            kill_signal,
+            kill_timeout,
+            policy,
+        })
+    }
+}
+
+/// Resource and log limits from the request, checked.
+fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverError> {
+    let r = req.resources.unwrap_or_default();
+    for (field, value) in [
+        ("cpu_shares", r.cpu_shares),
+        ("memory_mb", r.memory_mb),
+        ("memory_max_mb", r.memory_max_mb),
+    ] {
+        if value < 0 {
+            return Err(DriverError::InvalidConfig(format!(
+                "resources.{field} must not be negative (got {value})"
+            )));
+        }
+    }
+    if r.memory_max_mb != 0 && r.memory_max_mb < r.memory_mb {
+        return Err(DriverError::InvalidConfig(format!(
+            "resources.memory_max_mb ({}) must not be below resources.memory_mb ({})",
+            r.memory_max_mb, r.memory_mb
+        )));
+    }
+    let l = req.logs.unwrap_or_default();
+    if l.max_files == 0 {
+        return Err(DriverError::InvalidConfig(
+            "logs.max_files must be at least 1".into(),
+        ));
+    }
+    if l.max_file_size_mb == 0 {
+        return Err(DriverError::InvalidConfig(
+            "logs.max_file_size_mb must be at least 1".into(),
+        ));
+    }
+    Ok((r, l))
+}
+
+/// The state store as the task manager uses it: every call off the event loop (the
+/// agent's runtime has one thread, and a durable write waits for the disk), and only a
+/// few at once (a store commits one write at a time anyway; 1000 tasks reporting a
+/// plugin crash together must not become 1000 blocking threads).
+pub(crate) struct Records {
+    store: Arc<dyn StateStore>,
+    slots: Semaphore,
+}
+
+/// Store calls in flight at once.
+const STORE_CONCURRENCY: usize = 4;
+
+impl Records {
+    fn new(store: Arc<dyn StateStore>) -> Self {
+        Records {
+            store,
+            slots: Semaphore::new(STORE_CONCURRENCY),
+        }
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        op: String,
+        call: impl FnOnce(&dyn StateStore) -> Result<T, StateError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let _slot = self.slots.acquire().await.map_err(|e| StateError::Io {
+            op: op.clone(),
+            reason: e.to_string(),
+        })?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || call(&*store))
+            .await
+            .map_err(|e| StateError::Io {
+                op,
+                reason: format!("the store call panicked or was cancelled: {e}"),
+            })?
+    }
+}
+
+/// One task: its record and what coordinates the runner with user calls.
+pub(crate) struct Task {
+    id: String,
+    driver: String,
+    settings: Settings,
+    rec: Mutex<TaskRecord>,
+    /// Serialises store writes, so that an older snapshot never overwrites a newer one.
+    persist_lock: tokio::sync::Mutex<()>,
+    /// Serialises driver lifecycle calls (start, recover, stop, destroy) of this task,
+    /// so that a stop never slips between a start and the handle being known.
+    ops: tokio::sync::Mutex<()>,
+    /// Fired once a user asked the task to stop: cancels a pending restart.
+    kill: CancellationToken,
+    dead: watch::Sender<bool>,
+    /// The current driver process knows the running incarnation.
+    attached: AtomicBool,
+    /// Destroyed: the record is gone and must not be written again.
+    destroyed: AtomicBool,
+}
+
+impl Task {
+    fn new(rec: TaskRecord, settings: Settings) -> Task {
+        let kill = CancellationToken::new();
+        if rec.kill.is_some() {
+            kill.cancel();
+        }
+        Task {
+            id: rec.view.id.clone(),
+            driver: rec.view.driver.clone(),
+            settings,
+            dead: watch::channel(rec.view.state == TaskLifecycle::Dead).0,
+            rec: Mutex::new(rec),
+            persist_lock: tokio::sync::Mutex::new(()),
+            ops: tokio::sync::Mutex::new(()),
+            kill,
+            attached: AtomicBool::new(false),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    fn rec(&self) -> std::sync::MutexGuard<'_, TaskRecord> {
+        // Fields are assigned whole under this lock; a panic cannot leave one half-set.
+        self.rec
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn view(&self) -> TaskView {
+        self.rec().view.clone()
+    }
+
+    fn state(&self) -> TaskLifecycle {
+        self.rec().view.state
+    }
+
+    fn is_dead(&self) -> bool {
+        self.state() == TaskLifecycle::Dead
+    }
+
+    fn event(&self, kind: &str, message: impl Into<String>) {
+        let message = message.into();
+        tracing::info!(task = %self.id, event = kind, "{message}");
+        let mut rec = self.rec();
+        let v = &mut rec.view;
+        v.events.push(TaskEventView {
+            time: now(),
+            kind: kind.into(),
+            message,
+        });
+        if v.events.len() > MAX_EVENTS {
+            let extra = v.events.len() - MAX_EVENTS;
+            v.events.drain(..extra);
+            v.events_dropped += extra as u64;
+        }
+    }
+
+    /// A `DriverFailure` event, unless it would repeat the last event word for word
+    /// (a driver that stays away is polled, and must not flood the event list).
+    fn failure(&self, message: String) {
+        let repeated = self
+            .rec()
+            .view
+            .events
+            .last()
+            .is_some_and(|e| e.kind == "DriverFailure" && e.message == message);
+        if !repeated {
+            self.event("DriverFailure", message);
+        }
+    }
+
+    /// Write the record; durable when this returns.
+    async fn persist(&self, store: &Records) -> Result<(), StateError> {
+        let _order = self.persist_lock.lock().await;
+        if self.destroyed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let bytes = self.rec().encode()?;
+        let id = self.id.clone();
+        store
+            .call(format!("put task {id}"), move |s| s.put_task(&id, &bytes))
+            .await
+    }
+
+    /// [`Task::persist`] where nobody can be told: log a failure.
+    async fn save(&self, store: &Records) {
+        if let Err(e) = self.persist(store).await {
+            tracing::error!(task = %self.id, "cannot record the task's state: {e}");
+        }
+    }
+
+    /// Mark destroyed and delete the record.
+    async fn forget(&self, store: &Records) -> Result<(), StateError> {
+        let _order = self.persist_lock.lock().await;
+        self.destroyed.store(true, Ordering::SeqCst);
+        let id = self.id.clone();
+        store
+            .call(format!("delete task {id}"), move |s| s.delete_task(&id))
+            .await
+    }
+}
+
+/// How [`TaskManager::recover`] went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoverySummary {
+    /// Tasks that were pending or running when the agent last stopped.
+    pub tasks: usize,
+    /// Handed back to their driver (running, or exited meanwhile and being reported).
+    pub recovered: usize,
+    /// Never started by the driver before the agent stopped, started now.
+    pub started: usize,
+    /// Dead after recovery: lost by the driver, or stopped.
+    pub dead: usize,
+    /// Waiting for their driver to come back; recovered when it does.
+    pub waiting: usize,
+    /// Wall time until every task got one of the outcomes above.
+    pub elapsed: Duration,
+}
+
+/// Runs tasks through drivers, keeps their records, restarts and recovers them.
+pub struct TaskManager {
+    drivers: Arc<dyn Drivers>,
+    store: Records,
+    alloc_dir: PathBuf,
+    hooks: Vec<Box<dyn TaskHook>>,
+    tasks: RwLock<HashMap<String, Arc<Task>>>,
+    recovery_slots: Arc<Semaphore>,
+    recovered: AtomicBool,
+    /// [`RPC_TIMEOUT`]; shorter in tests.
+    rpc_timeout: Duration,
+}
+
+impl TaskManager {
+    /// A manager running tasks through the catalog's drivers, with task directories
+    /// under `alloc_dir` and records in `store`. It starts empty: call
+    /// [`TaskManager::load`] to read the stored tasks back.
+    pub fn new(catalog: Arc<Catalog>, alloc_dir: PathBuf, store: Arc<dyn StateStore>) -> Self {
+        Self::with_drivers(catalog, alloc_dir, store)
+    }
+
+    /// Like [`TaskManager::new`] with any source of drivers (tests use a fake).
+    pub fn with_drivers(
+        drivers: Arc<dyn Drivers>,
+        alloc_dir: PathBuf,
+        store: Arc<dyn StateStore>,
+    ) -> Self {
+        TaskManager {
+            drivers,
+            store: Records::new(store),
+            alloc_dir,
+            hooks: hooks::default_hooks(),
+            tasks: RwLock::new(HashMap::new()),
+            recovery_slots: Arc::new(Semaphore::new(RECOVERY_CONCURRENCY)),
+            recovered: AtomicBool::new(false),
+            rpc_timeout: RPC_TIMEOUT,
+        }
+    }
+
+    /// Read every stored task into memory, without talking to any driver, so that the
+    /// API shows them at once. A record this agent cannot read is an error naming the
+    /// task: the agent must refuse to start rather than guess. Returns how many.
+    pub fn load(&self) -> Result<usize, StateError> {
+        let records = self.store.store.tasks()?;
+        let mut loaded = HashMap::new();
+        for (id, bytes) in records {
+            let rec = TaskRecord::decode(&id, &bytes)?;
+            let settings = Settings::from_request(&rec.request).map_err(|e| StateError::Io {
+                op: format!("read task record {id}"),
+                reason: format!("its request is no longer valid: {e}"),
+            })?;
+            loaded.insert(id, Arc::new(Task::new(rec, settings)));
+        }
+        let n = loaded.len();
+        if let Ok(mut t) = self.tasks.write() {
+            t.extend(loaded);
+        }
+        tracing::info!(tasks = n, "task records loaded");
+        Ok(n)
+    }
+
+    /// Hand every pending or running task back to its driver (call once plugin loading
+    /// has finished). Returns when each of them is recovered, started (it never was),
+    /// dead, or parked until its driver comes back; the runners go on from there. Only
+    /// the first call does anything.
+    pub async fn recover(self: &Arc<Self>) -> RecoverySummary {
+        if self.recovered.swap(true, Ordering::SeqCst) {
+            return RecoverySummary::default();
+        }
+        let started = Instant::now();
+        let live: Vec<Arc<Task>> = self
+            .tasks
+            .read()
+            .map(|t| t.values().filter(|t| !t.is_dead()).cloned().collect())
+            .unwrap_or_default();
+        let mut summary = RecoverySummary {
+            tasks: live.len(),
+            ..Default::default()
+        };
+        let mut outcomes = Vec::with_capacity(live.len());
+        for task in live {
+            let (tx, rx) = oneshot::channel();
+            outcomes.push(rx);
+            tokio::spawn(Runner::new(self.clone(), task, Some(tx)).run(Phase::Recover));
+        }
+        for rx in outcomes {
+            match rx.await {
+                Ok(Outcome::Recovered) => summary.recovered += 1,
+                Ok(Outcome::Started) => summary.started += 1,
+                Ok(Outcome::Dead) | Err(_) => summary.dead += 1,
+                Ok(Outcome::Waiting) => summary.waiting += 1,
+            }
+        }
+        summary.elapsed = started.elapsed();
+        tracing::info!(
+            tasks = summary.tasks,
+            recovered = summary.recovered,
+            started = summary.started,
+            dead = summary.dead,
+            waiting = summary.waiting,
+            elapsed_ms = summary.elapsed.as_millis() as u64,
+            "task recovery finished"
+        );
+        summary
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<Task>, DriverError> {
+        self.tasks
+            .read()
+            .ok()
+            .and_then(|t| t.get(id).cloned())
+            .ok_or_else(|| DriverError::NotFound(format!("no task with id {id:?}")))
+    }
+
+    fn driver(&self, name: &str) -> Result<Arc<dyn TaskDriver>, DriverError> {
+        self.drivers.driver(name).ok_or_else(|| {
+            DriverError::NotFound(format!(
+                "no driver named {name:?}; loaded drivers: {}",
+                self.drivers.names().join(", ")
+            ))
+        })
+    }
+
+    fn remove(&self, id: &str) {
+        if let Ok(mut t) = self.tasks.write() {
+            t.remove(id);
+        }
+    }
+
+    /// Validate and start a task. Nothing is left behind when the request is invalid,
+    /// the driver refuses it, or its record cannot be written.
+    pub async fn run(self: &Arc<Self>, req: RunRequest) -> Result<TaskView, DriverError> {
+        let driver = self.driver(&req.driver)?;
+        let (state, reason) = driver.state();
+        if state != PluginState::Healthy {
+            return Err(DriverError::Unavailable(format!(
+                "driver {:?} is {state:?}: {reason}",
+                req.driver
+            )));
+        }
+        let config = if req.config.is_null() {
+            serde_json::json!({})
+        } else {
+            req.config.clone()
+        };
+        crate::loader::validate(&driver.task_schema(), &config).map_err(|e| {
+            DriverError::InvalidConfig(format!("task config for driver {:?}: {e}", req.driver))
+        })?;
+        let settings = Settings::from_request(&req)?;
+        let (resources, logs) = limits(&req)?;
+
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let name = req.name.clone().unwrap_or_else(|| req.driver.clone());
+        let task_dir = self.alloc_dir.join(&id);
+        let mut spec = TaskSpec {
+            id: id.clone(),
+            name: name.clone(),
+            env: req.env.clone(),
+            resources,
+            task_dir: task_dir.clone(),
+            logs,
+            driver_config_json: config.to_string(),
+            ..Default::default()
+        };
+        for hook in &self.hooks {
+            if let Err(e) = hook.prestart(&mut spec).await {
+                let _ = std::fs::remove_dir_all(&task_dir);
+                return Err(DriverError::Internal(format!("{} hook: {e}", hook.name())));
+            }
+        }
+        let view = TaskView {
+            id: id.clone(),
+            name,
+            driver: req.driver.clone(),
+            state: TaskLifecycle::Pending,
+            exit_code: None,
+            signal: None,
+            oom_killed: false,
+            error: None,
+            task_dir: task_dir.clone(),
+            attributes: BTreeMap::new(),
+            created_at: now(),
+            started_at: None,
+            finished_at: None,
+            events: Vec::new(),
+            events_dropped: 0,
+            restarts: 0,
+            restart_at: None,
+        };
+        let task = Arc::new(Task::new(
+            TaskRecord {
+                version: RECORD_VERSION,
+                request: req,
+                spec: spec.clone(),
+                handle: None,
+                view,
+                restart: Default::default(),
+                kill: None,
+            },
+            settings,
+        ));
+        task.event(
+            "Received",
+            format!("task received by driver {}", task.driver),
+        );
+        // Held until the handle is recorded: a stop meanwhile waits, then stops what
+        // was started.
+        let ops = task.ops.lock().await;
+        if let Ok(mut t) = self.tasks.write() {
+            t.insert(id.clone(), task.clone());
+        }
+        let undo = |why: String| {
+            self.remove(&id);
+            let _ = std::fs::remove_dir_all(&task_dir);
+            // Whoever waits on it (a concurrent stop or wait) is told it is over.
+            task.dead.send_replace(true);
+            DriverError::Internal(why)
+        };
+        if let Err(e) = task.persist(&self.store).await {
+            task.destroyed.store(true, Ordering::SeqCst);
+            return Err(undo(format!(
+                "cannot record task {id} before starting it: {e}"
+            )));
+        }
+        let generation = *driver.generation().borrow();
+        let handle = match driver.start_task(spec).await {
+            Ok(h) => h,
+            Err(DriverError::Unavailable(why)) => {
+                // The plugin died during the call: the task may or may not have been
+                // started. Keep the record (pending, no handle); the runner asks the
+                // relaunched driver, and starts it only if it never was.
+                task.failure(format!(
+                    "driver {} became unavailable while starting the task ({why}); it is \
+                     recovered or started once the driver is back",
+                    task.driver
+                ));
+                task.save(&self.store).await;
+                drop(ops);
+                let view = task.view();
+                tokio::spawn(Runner::new(self.clone(), task, None).run(Phase::Recover));
+                return Ok(view);
+            }
+            Err(e) => {
+                if let Err(se) = task.forget(&self.store).await {
+                    tracing::error!(task = %id, "cannot delete the record of a task that failed to start: {se}");
+                }
+                self.remove(&id);
+                let _ = std::fs::remove_dir_all(&task_dir);
+                task.dead.send_replace(true);
+                return Err(e);
+            }
+        };
+        let attributes = runner::poststart(&self.hooks, &*driver, &handle).await;
+        runner::started(&task, handle, attributes, false);
+        task.attached.store(true, Ordering::SeqCst);
+        if let Err(e) = task.persist(&self.store).await {
+            // The caller hears "failed", so nothing may keep running.
+            match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(&id, true)).await {
+                Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}
+                Ok(Err(de)) => {
+                    tracing::error!(task = %id, "cannot destroy a task whose record could not be written: {de}")
+                }
+                Err(_) => {
+                    tracing::error!(task = %id, "DestroyTask of a task whose record could not be written timed out")
+                }
+            }
+            if let Err(se) = task.forget(&self.store).await {
+                tracing::error!(task = %id, "cannot delete the record of a destroyed task: {se}");
+            }
+            return Err(undo(format!(
+                "cannot record task {id} after starting it (it was destroyed again): {e}"
+            )));
+        }
+        drop(ops);
+        let view = task.view();
+        tokio::spawn(Runner::new(self.clone(), task, None).run(Phase::Watch { generation }));
+        Ok(view)
+    }
+
+    /// The task's current view.
+    pub fn status(&self, id: &str) -> Result<TaskView, DriverError> {
+        Ok(self.entry(id)?.view())
+    }
+
+    /// Every task, newest first.
+    pub fn list(&self) -> Vec<TaskView> {
+        let mut all: Vec<TaskView> = self
+            .tasks
+            .read()
+            .map(|t| t.values().map(|e| e.view()).collect())
+            .unwrap_or_default();
+        all.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        all
+    }
+
+    /// Block until the task is dead (restarts included), then return its view.
+    pub async fn wait(&self, id: &str) -> Result<TaskView, DriverError> {
+        let task = self.entry(id)?;
+        let mut dead = task.dead.subscribe();
+        let _ = dead.wait_for(|d| *d).await;
+        Ok(task.view())
+    }
+
+    /// Stop a task for good: its kill signal (or `signal`), then SIGKILL after its kill
+    /// timeout (or `timeout`). A pending restart is cancelled. Returns once it is dead.
+    pub async fn stop(
+        &self,
+        id: &str,
+        signal: Option<String>,
+        timeout: Option<Duration>,
+    ) -> Result<TaskView, DriverError> {
+        let task = self.entry(id)?;
+        if task.is_dead() {
+            return Ok(task.view());
+        }
+        let signal = signal.unwrap_or_else(|| task.settings.kill_signal.clone());
+        drover_plugin_sdk::parse_signal(&signal)?;
+        let timeout = timeout.unwrap_or(task.settings.kill_timeout);
+        {
+            let mut rec = task.rec();
+            if rec.kill.is_none() {
+                rec.kill = Some(KillRequest {
+                    signal: signal.clone(),
+                    timeout,
+                });
+            }
+        }
+        task.event(
+            "Killing",
+            format!("sending {signal}, SIGKILL after {}", human(timeout)),
+        );
+        // Durable first: should the agent die now, recovery finishes the stop.
+        task.save(&self.store).await;
+        task.kill.cancel();
+        {
+            let _ops = task.ops.lock().await;
+            let running =
+                task.attached.load(Ordering::SeqCst) && task.state() == TaskLifecycle::Running;
+            if running {
+                let driver = self.driver(&task.driver)?;
+                match driver.stop_task(id, timeout, &signal).await {
+                    // Unavailable: the plugin just died; the runner sends the recorded
+                    // stop to the relaunched one, so wait for the exit all the same.
+                    Ok(()) | Err(DriverError::NotFound(_)) | Err(DriverError::Unavailable(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let mut dead = task.dead.subscribe();
+        if tokio::time::timeout(timeout + STOP_GRACE, dead.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            return Err(DriverError::Timeout(format!(
+                "task {id} was asked to stop but its exit was not reported within {}; it is \
+                 stopped as soon as its driver answers",
+                human(timeout + STOP_GRACE)
+            )));
+        }
+        Ok(task.view())
+    }
+
+    /// Send a signal to a running task.
+    pub async fn signal(&self, id: &str, signal: &str) -> Result<TaskView, DriverError> {
+        let task = self.entry(id)?;
+        drover_plugin_sdk::parse_signal(signal)?;
+        match task.state() {
+            TaskLifecycle::Running if task.attached.load(Ordering::SeqCst) => {}
+            TaskLifecycle::Running => {
+                return Err(DriverError::Unavailable(format!(
+                    "task {id} is being recovered by driver {}; try again shortly",
+                    task.driver
+                )));
+            }
+            state => {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "task {id} is {}, not running",
+                    serde_json::to_value(state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                )));
+            }
+        }
+        self.driver(&task.driver)?.signal_task(id, signal).await?;
+        task.event("Signaling", format!("sent {signal}"));
+        task.save(&self.store).await;
+        Ok(task.view())
+    }
+
+    /// One resource usage sample of a running task.
+    pub async fn stats(&self, id: &str) -> Result<TaskStats, DriverError> {
+        let task = self.entry(id)?;
+        if task.state() != TaskLifecycle::Running {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {id} is not running"
+            )));
+        }
+        let driver = self.driver(&task.driver)?;
+        tokio::time::timeout(self.rpc_timeout, driver.task_stats(id))
+            .await
+            .map_err(|_| {
+                DriverError::Timeout(format!(
+                    "driver {} gave no stats for task {id} within {}",
+                    task.driver,
+                    human(self.rpc_timeout)
+                ))
+            })?
+    }
+
+    /// Forget a task (record, driver state, task directory); refuses a running one
+    /// unless `force`, which kills it.
+    pub async fn destroy(&self, id: &str, force: bool) -> Result<(), DriverError> {
+        let task = self.entry(id)?;
+        let running = !task.is_dead();
+        if running && !force {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {id} is still running; stop it first or destroy it with force"
+            )));
+        }
+        if running {
+            {
+                let mut rec = task.rec();
+                if rec.kill.is_none() {
+                    rec.kill = Some(KillRequest {
+                        signal: "SIGKILL".into(),
+                        timeout: Duration::ZERO,
+                    });
+                }
+            }
+            task.save(&self.store).await;
+            task.kill.cancel();
+        }
+        let _ops = task.ops.lock().await;
+        if let Some(driver) = self.drivers.driver(&task.driver) {
+            match tokio::time::timeout(
+                self.rpc_timeout + STOP_GRACE,
+                driver.destroy_task(id, force),
+            )
+            .await
+            {
+                Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(DriverError::Timeout(format!(
+                        "driver {} did not destroy task {id} within {}",
+                        task.driver,
+                        human(self.rpc_timeout + STOP_GRACE)
+                    )));
+                }
+            }
+        }
+        task.forget(&self.store).await.map_err(|e| {
+            DriverError::Internal(format!(
+                "the driver destroyed task {id}, but its record could not be deleted: {e}"
+            ))
+        })?;
+        self.remove(id);
+        task.dead.send_replace(true);
+        let dir = task.view().task_dir;
+        let _ = std::fs::remove_dir_all(dir);
+        Ok(())
+    }
+
+    /// Stop every task that is not dead, concurrently, each with its own kill signal
+    /// and timeout: for `drover agent --drain`. Returns how many were stopped.
+    pub async fn drain(self: &Arc<Self>) -> usize {
+        let ids: Vec<String> = self
+            .tasks
+            .read()
+            .map(|t| {
+                t.values()
+                    .filter(|t| !t.is_dead())
+                    .map(|t| t.id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut set = tokio::task::JoinSet::new();
+        for id in ids {
+            let me = self.clone();
+            set.spawn(async move {
+                let r = me.stop(&id, None, None).await;
+                (id, r)
+            });
+        }
+        let mut stopped = 0;
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok((_, Ok(_))) => stopped += 1,
+                Ok((id, Err(e))) => {
+                    tracing::error!(task = %id, "drain: stopping the task failed: {e}")
+                }
+                Err(e) => tracing::error!("drain: a stop panicked: {e}"),
+            }
+        }
+        tracing::info!(stopped, "tasks drained");
+        stopped
+    }
+}

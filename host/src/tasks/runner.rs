@@ -1,0 +1,662 @@
+//! One runner per live task: it owns the task's lifecycle from `StartTask` (or
+//! recovery) until the task is dead for good.
+//!
+//! ```text
+//!  Recover ──► Watch ──exit──► decide ──restart──► RestartAt ──► Start ──► Watch …
+//!     │          │                └──complete/fail/stopped──► Done
+//!     │          └─driver gone──► (re)attach: wait for the relaunch, RecoverTask
+//!     └─pending, driver never started it──► Start
+//! ```
+//!
+//! Every driver call made here is bounded (`RPC_TIMEOUT`) except `WaitTask`, which
+//! blocks by design and fails fast when the plugin process dies.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use drover_plugin_sdk::{DriverError, ExitResult, TaskHandle, TaskState};
+use tokio::sync::oneshot;
+
+use super::hooks::{Started, TaskHook};
+use super::restart::{Decision, decide, human};
+use super::{Task, TaskLifecycle, TaskManager, TaskRecord, now, rfc3339};
+use crate::tasks::driver::TaskDriver;
+
+/// Polling a driver that is not loaded at all: from the first to the last interval.
+const MISSING_DRIVER_POLL: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_secs(30));
+
+/// Pauses before asking a driver again after an error that may be transient (the
+/// plugin died mid-call); about 1.5 s in all, longer than a plugin takes to be reaped.
+const RETRY_PAUSES: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+];
+
+/// Errors that may come from a broken connection rather than from the driver's answer.
+fn retryable(e: &DriverError) -> bool {
+    matches!(e, DriverError::Internal(_) | DriverError::Timeout(_))
+}
+
+/// Where a runner is.
+#[derive(Debug)]
+pub(super) enum Phase {
+    /// Hand the stored task back to its driver (agent start).
+    Recover,
+    /// The driver process of `generation` knows the incarnation: wait for its exit.
+    Watch {
+        /// Driver generation the incarnation was started or recovered on.
+        generation: u64,
+    },
+    /// A restart is due at this time.
+    RestartAt(SystemTime),
+    /// Start a new incarnation now.
+    Start {
+        /// Counts as a restart.
+        restart: bool,
+    },
+    /// The task is dead for good (or destroyed).
+    Done,
+}
+
+/// The first outcome of a recovered task, for [`super::RecoverySummary`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    Recovered,
+    Started,
+    Dead,
+    Waiting,
+}
+
+enum Attach {
+    /// The driver process of this generation knows the task now.
+    Attached(u64),
+    /// The task had no handle and the driver has never heard of it.
+    NeverStarted,
+    /// The driver cannot take the task back.
+    Lost(String),
+}
+
+/// Run the poststart hooks; returns the driver facts they found.
+pub(super) async fn poststart(
+    hooks: &[Box<dyn TaskHook>],
+    driver: &dyn TaskDriver,
+    handle: &TaskHandle,
+) -> BTreeMap<String, String> {
+    let mut started = Started {
+        driver,
+        handle,
+        attributes: BTreeMap::new(),
+    };
+    for hook in hooks {
+        hook.poststart(&mut started).await;
+    }
+    started.attributes
+}
+
+/// Record a started incarnation: handle, running, fresh exit fields, `Started` event.
+pub(super) fn started(
+    task: &Task,
+    handle: TaskHandle,
+    attributes: BTreeMap<String, String>,
+    restart: bool,
+) {
+    let pid = attributes.get("pid").cloned();
+    {
+        let mut rec = task.rec();
+        rec.handle = Some(handle);
+        rec.restart.restart_at = None;
+        let v = &mut rec.view;
+        v.state = TaskLifecycle::Running;
+        v.started_at = Some(now());
+        v.finished_at = None;
+        v.exit_code = None;
+        v.signal = None;
+        v.oom_killed = false;
+        v.error = None;
+        v.restart_at = None;
+        v.attributes = attributes;
+        if restart {
+            v.restarts += 1;
+        }
+    }
+    let msg = match pid {
+        Some(pid) => format!("task started by driver {} (pid {pid})", task.driver),
+        None => format!("task started by driver {}", task.driver),
+    };
+    task.event("Started", msg);
+}
+
+/// What the driver is asked to find when the agent never learnt the task's handle:
+/// the stored spec and no driver state, which drivers read as "find it by its id".
+fn probe_handle(rec: &TaskRecord) -> TaskHandle {
+    TaskHandle {
+        version: 0,
+        spec: rec.spec.clone(),
+        state: TaskState::Unknown,
+        driver_state: Vec::new(),
+    }
+}
+
+/// An exit the driver could not read: no code, no signal, only an error.
+fn unknown_exit(result: &ExitResult) -> bool {
+    result.err.is_some() && result.exit_code == 0 && result.signal == 0 && !result.oom_killed
+}
+
+fn describe(result: &ExitResult) -> String {
+    if let (true, Some(e)) = (unknown_exit(result), &result.err) {
+        return e.clone();
+    }
+    let mut msg = if result.signal != 0 {
+        format!("killed by signal {}", result.signal)
+    } else {
+        format!("exit code {}", result.exit_code)
+    };
+    if result.oom_killed {
+        msg.push_str(", OOM killed");
+    }
+    if let Some(e) = &result.err {
+        msg.push_str(&format!(" ({e})"));
+    }
+    msg
+}
+
+pub(super) struct Runner {
+    mgr: Arc<TaskManager>,
+    task: Arc<Task>,
+    ready: Option<oneshot::Sender<Outcome>>,
+    /// A stop asked for before the (re)attach was sent by this runner.
+    stop_sent: bool,
+    /// How often a start refused with AlreadyExists may fall back to a recovery.
+    probes_left: u32,
+}
+
+impl Runner {
+    pub(super) fn new(
+        mgr: Arc<TaskManager>,
+        task: Arc<Task>,
+        ready: Option<oneshot::Sender<Outcome>>,
+    ) -> Self {
+        Runner {
+            mgr,
+            task,
+            ready,
+            stop_sent: false,
+            probes_left: 3,
+        }
+    }
+
+    fn report(&mut self, outcome: Outcome) {
+        if let Some(tx) = self.ready.take() {
+            let _ = tx.send(outcome);
+        }
+    }
+
+    pub(super) async fn run(mut self, mut phase: Phase) {
+        loop {
+            if self.task.destroyed.load(Ordering::SeqCst) {
+                phase = Phase::Done;
+            }
+            phase = match phase {
+                Phase::Recover => self.recover().await,
+                Phase::Watch { generation } => self.watch(generation).await,
+                Phase::RestartAt(at) => self.restart_at(at).await,
+                Phase::Start { restart } => self.start(restart).await,
+                Phase::Done => {
+                    self.report(Outcome::Dead);
+                    return;
+                }
+            };
+        }
+    }
+
+    async fn recover(&mut self) -> Phase {
+        let restart_at = self.task.rec().restart.restart_at;
+        if let Some(at) = restart_at {
+            // It was waiting to be restarted: the old incarnation is destroyed (and
+            // handed back first if need be) when the restart is due.
+            return Phase::RestartAt(at);
+        }
+        match self.attach().await {
+            Attach::Attached(generation) => {
+                self.report(Outcome::Recovered);
+                Phase::Watch { generation }
+            }
+            Attach::NeverStarted => {
+                if self.task.kill.is_cancelled() {
+                    self.task
+                        .event("Killed", "task stopped before it was started");
+                    return self.finish().await;
+                }
+                self.task.event(
+                    "Recovered",
+                    format!(
+                        "driver {} never started the task before the agent stopped; starting it now",
+                        self.task.driver
+                    ),
+                );
+                Phase::Start { restart: false }
+            }
+            Attach::Lost(why) => self.lost(why).await,
+        }
+    }
+
+    /// Make the driver's current process know the task: `RecoverTask` with the stored
+    /// handle (or a probe by id when there is none). Waits for a driver that is away.
+    async fn attach(&mut self) -> Attach {
+        let mut poll = MISSING_DRIVER_POLL.0;
+        let mut retries = RETRY_PAUSES.to_vec();
+        loop {
+            if self.task.destroyed.load(Ordering::SeqCst) {
+                return Attach::Lost("the task was destroyed".into());
+            }
+            let name = self.task.driver.clone();
+            let Some(driver) = self.mgr.drivers.driver(&name) else {
+                self.task.failure(format!(
+                    "driver {name} is not loaded; the task is kept and recovered once it is"
+                ));
+                self.task.save(&self.mgr.store).await;
+                self.report(Outcome::Waiting);
+                tokio::time::sleep(poll).await;
+                poll = (poll * 2).min(MISSING_DRIVER_POLL.1);
+                continue;
+            };
+            let mut generation = driver.generation();
+            let seen = *generation.borrow_and_update();
+            let permit = self.mgr.recovery_slots.clone().acquire_owned().await.ok();
+            let ops = self.task.ops.lock().await;
+            let (handle, probe) = {
+                let rec = self.task.rec();
+                match &rec.handle {
+                    Some(h) => (h.clone(), false),
+                    None => (probe_handle(&rec), true),
+                }
+            };
+            let answer =
+                tokio::time::timeout(self.mgr.rpc_timeout, driver.recover_task(handle.clone()))
+                    .await;
+            match answer {
+                Ok(Ok(())) => {
+                    if probe {
+                        // StartTask had reached the driver: this is the end of that start.
+                        let attributes = poststart(&self.mgr.hooks, &*driver, &handle).await;
+                        started(&self.task, handle, attributes, false);
+                    }
+                    let pid = self.task.rec().view.attributes.get("pid").cloned();
+                    self.task.event(
+                        "Recovered",
+                        match pid {
+                            Some(pid) => format!("task recovered by driver {name} (pid {pid})"),
+                            None => format!("task recovered by driver {name}"),
+                        },
+                    );
+                    self.task.attached.store(true, Ordering::SeqCst);
+                    if probe {
+                        // The handle is new: it must be durable before anything else.
+                        self.task.save(&self.mgr.store).await;
+                    }
+                    // Otherwise only the Recovered event is new: it is written with the
+                    // task's next change, so that recovering 1000 tasks costs 1000
+                    // RPCs, not 1000 synchronous disk commits. A crash before then
+                    // loses nothing but that event.
+                    drop(ops);
+                    drop(permit);
+                    self.send_pending_stop(driver);
+                    return Attach::Attached(seen);
+                }
+                Ok(Err(DriverError::NotFound(_))) if probe => return Attach::NeverStarted,
+                Ok(Err(DriverError::Unavailable(why))) => {
+                    self.task.attached.store(false, Ordering::SeqCst);
+                    self.task.failure(format!(
+                        "driver {name} is unavailable ({why}); the task is recovered once the \
+                         driver is relaunched"
+                    ));
+                    self.task.save(&self.mgr.store).await;
+                    drop(ops);
+                    drop(permit);
+                    self.report(Outcome::Waiting);
+                    if generation.changed().await.is_err() {
+                        tokio::time::sleep(poll).await;
+                    }
+                    continue;
+                }
+                Ok(Err(e)) if retryable(&e) && !retries.is_empty() => {
+                    // RecoverTask is idempotent; see `RETRY_PAUSES`.
+                    drop(ops);
+                    drop(permit);
+                    tracing::debug!(task = %self.task.id, "RecoverTask failed, retrying: {e}");
+                    tokio::time::sleep(retries.remove(0)).await;
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    return Attach::Lost(format!("driver {name} could not recover the task: {e}"));
+                }
+                Err(_) => {
+                    return Attach::Lost(format!(
+                        "driver {name} did not answer RecoverTask within {}; the task may still \
+                         be running, untracked",
+                        human(self.mgr.rpc_timeout)
+                    ));
+                }
+            }
+        }
+    }
+
+    /// A user's stop that arrived while the driver did not know the task: send it now.
+    fn send_pending_stop(&mut self, driver: Arc<dyn TaskDriver>) {
+        if self.stop_sent {
+            return;
+        }
+        let Some(kill) = self.task.rec().kill.clone() else {
+            return;
+        };
+        self.stop_sent = true;
+        let id = self.task.id.clone();
+        // In the background: the runner must be waiting for the exit meanwhile.
+        tokio::spawn(async move {
+            if let Err(e) = driver.stop_task(&id, kill.timeout, &kill.signal).await {
+                tracing::warn!(task = %id, "stopping the recovered task failed: {e}");
+            }
+        });
+    }
+
+    async fn watch(&mut self, mut attached_on: u64) -> Phase {
+        let mut retries = RETRY_PAUSES.to_vec();
+        loop {
+            let Some(driver) = self.mgr.drivers.driver(&self.task.driver) else {
+                match self.attach().await {
+                    Attach::Attached(g) => {
+                        attached_on = g;
+                        retries = RETRY_PAUSES.to_vec();
+                    }
+                    Attach::NeverStarted => return self.lost_handle().await,
+                    Attach::Lost(why) => return self.lost(why).await,
+                }
+                continue;
+            };
+            let generation = *driver.generation().borrow();
+            if generation != attached_on {
+                // The driver process was replaced since the task was attached: the
+                // new one has to be told about it before it can answer for it.
+                match self.attach().await {
+                    Attach::Attached(g) => {
+                        attached_on = g;
+                        retries = RETRY_PAUSES.to_vec();
+                    }
+                    Attach::NeverStarted => return self.lost_handle().await,
+                    Attach::Lost(why) => return self.lost(why).await,
+                }
+                continue;
+            }
+            match driver.wait_task(&self.task.id).await {
+                Ok(result) => return self.exited(result).await,
+                Err(DriverError::Unavailable(_)) => {
+                    // The plugin process died; the task did not. `attach` waits for the
+                    // relaunch, says so in the events, and hands the task back.
+                    self.task.attached.store(false, Ordering::SeqCst);
+                    match self.attach().await {
+                        Attach::Attached(g) => {
+                            attached_on = g;
+                            retries = RETRY_PAUSES.to_vec();
+                        }
+                        Attach::NeverStarted => return self.lost_handle().await,
+                        Attach::Lost(why) => return self.lost(why).await,
+                    }
+                }
+                Err(DriverError::NotFound(_)) if *driver.generation().borrow() != attached_on => {}
+                Err(e) if retryable(&e) && !retries.is_empty() => {
+                    // A plugin killed mid-call breaks the connection before its exit is
+                    // noticed; WaitTask is idempotent, so ask again: a dead plugin then
+                    // answers Unavailable and the task is reattached.
+                    tracing::debug!(task = %self.task.id, "WaitTask failed, retrying: {e}");
+                    let pause = retries.remove(0);
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => {
+                    return self
+                        .lost(format!(
+                            "waiting for the task through driver {} failed: {e}",
+                            self.task.driver
+                        ))
+                        .await;
+                }
+            }
+        }
+    }
+
+    async fn lost_handle(&mut self) -> Phase {
+        self.lost(format!(
+            "driver {} no longer knows the task",
+            self.task.driver
+        ))
+        .await
+    }
+
+    /// An incarnation ended: record it, then apply the restart policy.
+    async fn exited(&mut self, result: ExitResult) -> Phase {
+        self.ended(result, true).await
+    }
+
+    /// An incarnation could not be started: the restart policy decides, as for a
+    /// failed exit (the `DriverFailure` event already said why).
+    async fn start_failed(&mut self, why: String) -> Phase {
+        let result = ExitResult {
+            err: Some(why),
+            ..Default::default()
+        };
+        self.ended(result, false).await
+    }
+
+    async fn ended(&mut self, result: ExitResult, ran: bool) -> Phase {
+        self.task.attached.store(false, Ordering::SeqCst);
+        {
+            let mut rec = self.task.rec();
+            let v = &mut rec.view;
+            // An exit the driver could not read has no code; `error` says why.
+            v.exit_code = (!unknown_exit(&result)).then_some(result.exit_code);
+            v.signal = (result.signal != 0).then_some(result.signal);
+            v.oom_killed = result.oom_killed;
+            v.error = result.err.clone();
+        }
+        if ran {
+            self.task.event("Terminated", describe(&result));
+        }
+        let spec = self.task.rec().spec.clone();
+        for hook in &self.mgr.hooks {
+            hook.exited(&spec, &result).await;
+        }
+        if self.task.destroyed.load(Ordering::SeqCst) {
+            return Phase::Done;
+        }
+        if self.task.kill.is_cancelled() {
+            self.task.event("Killed", "task stopped");
+            return self.finish().await;
+        }
+        let now = SystemTime::now();
+        let window = self.task.rec().restart.window.clone();
+        match decide(&self.task.settings.policy, &window, now, &result) {
+            Decision::Complete => self.finish().await,
+            Decision::Fail { message } => {
+                // Without a `restart` section nobody expects restarts: no event to say so.
+                if self.task.rec().request.restart.is_some() {
+                    self.task.event("NotRestarting", message);
+                }
+                self.finish().await
+            }
+            Decision::Restart {
+                wait,
+                window,
+                message,
+            } => {
+                let at = now + wait;
+                {
+                    let mut rec = self.task.rec();
+                    rec.restart.window = window;
+                    rec.restart.restart_at = Some(at);
+                    rec.view.state = TaskLifecycle::Pending;
+                    rec.view.restart_at = Some(rfc3339(at));
+                }
+                self.task.event("Restarting", message);
+                self.task.save(&self.mgr.store).await;
+                Phase::RestartAt(at)
+            }
+        }
+    }
+
+    async fn restart_at(&mut self, at: SystemTime) -> Phase {
+        self.report(Outcome::Recovered);
+        let wait = at
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => Phase::Start { restart: true },
+            () = self.task.kill.cancelled() => {
+                if self.task.destroyed.load(Ordering::SeqCst) {
+                    return Phase::Done;
+                }
+                self.task.event("Killed", "task stopped; its restart is cancelled");
+                self.finish().await
+            }
+        }
+    }
+
+    /// Start a new incarnation (a restart, or a pending task the driver never saw).
+    async fn start(&mut self, restart: bool) -> Phase {
+        let ops = self.task.ops.lock().await;
+        if self.task.kill.is_cancelled() {
+            drop(ops);
+            if self.task.destroyed.load(Ordering::SeqCst) {
+                return Phase::Done;
+            }
+            self.task
+                .event("Killed", "task stopped before it was started again");
+            return self.finish().await;
+        }
+        let name = self.task.driver.clone();
+        let Some(driver) = self.mgr.drivers.driver(&name) else {
+            drop(ops);
+            let why = format!("cannot start the task: driver {name} is not loaded");
+            self.task.failure(why.clone());
+            return self.start_failed(why).await;
+        };
+        let generation = *driver.generation().borrow();
+        if restart {
+            self.destroy_previous(&*driver).await;
+        }
+        let mut spec = {
+            let mut rec = self.task.rec();
+            rec.handle = None;
+            rec.restart.restart_at = None;
+            rec.view.state = TaskLifecycle::Pending;
+            rec.view.restart_at = None;
+            rec.spec.clone()
+        };
+        // From here a crash leaves a pending task without a handle: recovery asks the
+        // driver by id and starts it only if it never was.
+        self.task.save(&self.mgr.store).await;
+        for hook in &self.mgr.hooks {
+            if let Err(e) = hook.prestart(&mut spec).await {
+                drop(ops);
+                let why = format!("cannot start the task: {} hook: {e}", hook.name());
+                self.task.failure(why.clone());
+                return self.start_failed(why).await;
+            }
+        }
+        match driver.start_task(spec).await {
+            Ok(handle) => {
+                let attributes = poststart(&self.mgr.hooks, &*driver, &handle).await;
+                started(&self.task, handle, attributes, restart);
+                self.task.attached.store(true, Ordering::SeqCst);
+                self.task.save(&self.mgr.store).await;
+                drop(ops);
+                self.report(Outcome::Started);
+                Phase::Watch { generation }
+            }
+            Err(DriverError::Unavailable(why)) => {
+                // It may or may not have been started: ask the relaunched driver.
+                self.task.failure(format!(
+                    "driver {name} became unavailable while starting the task ({why})"
+                ));
+                self.task.save(&self.mgr.store).await;
+                drop(ops);
+                Phase::Recover
+            }
+            Err(DriverError::AlreadyExists(why)) if self.probes_left > 0 => {
+                // The driver has the id after all: a StartTask sent by the agent before
+                // it died finished after our probe asked. Take that one over.
+                self.probes_left -= 1;
+                tracing::info!(task = %self.task.id, "StartTask: {why}; recovering the existing task");
+                drop(ops);
+                Phase::Recover
+            }
+            Err(e) => {
+                drop(ops);
+                let why = format!("driver {name} could not start the task: {e}");
+                self.task.failure(why.clone());
+                self.start_failed(why).await
+            }
+        }
+    }
+
+    /// Remove the driver's state of the previous incarnation so that the same id can
+    /// be started again. A driver process that never knew it (it was relaunched since)
+    /// gets the old handle back first, so that its executor is cleaned up too.
+    async fn destroy_previous(&self, driver: &dyn TaskDriver) {
+        let id = &self.task.id;
+        let destroy = || tokio::time::timeout(self.mgr.rpc_timeout, driver.destroy_task(id, true));
+        match destroy().await {
+            Ok(Ok(())) => {}
+            Ok(Err(DriverError::NotFound(_))) => {
+                let handle = self.task.rec().handle.clone();
+                if let Some(handle) = handle
+                    && let Ok(Ok(())) =
+                        tokio::time::timeout(self.mgr.rpc_timeout, driver.recover_task(handle))
+                            .await
+                    && let Ok(Err(e)) = destroy().await
+                {
+                    tracing::warn!(task = %id, "destroying the previous incarnation failed: {e}");
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(task = %id, "destroying the previous incarnation failed: {e}");
+            }
+            Err(_) => tracing::warn!(task = %id, "destroying the previous incarnation timed out"),
+        }
+    }
+
+    /// The driver cannot account for the task: it is dead, with the cause. It is not
+    /// restarted, because it may still be running where nobody can see it.
+    async fn lost(&mut self, why: String) -> Phase {
+        self.task.attached.store(false, Ordering::SeqCst);
+        self.task.failure(why.clone());
+        {
+            let mut rec = self.task.rec();
+            rec.view.exit_code = None;
+            rec.view.error = Some(why);
+        }
+        self.finish().await
+    }
+
+    /// Dead for good: record it durably, then wake the waiters.
+    async fn finish(&mut self) -> Phase {
+        {
+            let mut rec = self.task.rec();
+            rec.restart.restart_at = None;
+            rec.view.state = TaskLifecycle::Dead;
+            rec.view.restart_at = None;
+            rec.view.finished_at = Some(now());
+        }
+        self.task.save(&self.mgr.store).await;
+        self.task.dead.send_replace(true);
+        let spec = self.task.rec().spec.clone();
+        for hook in &self.mgr.hooks {
+            hook.stop(&spec).await;
+        }
+        self.report(Outcome::Dead);
+        Phase::Done
+    }
+}

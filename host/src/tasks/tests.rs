@@ -1,0 +1,1176 @@
+//! The task manager against a scripted driver: restarts, recovery, failures of the
+//! driver and of the store, without plugin processes.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::PermissionsExt as _;
+use std::sync::atomic::AtomicUsize;
+use std::time::Instant;
+
+use drover_plugin_sdk::{ExitResult, TaskHandle, TaskStatus};
+
+use super::*;
+use crate::state::MemStore;
+
+type Exit = Arc<watch::Sender<Option<ExitResult>>>;
+
+/// A driver whose "machine" (tasks that exist) outlives its "process" (what it knows),
+/// like a plugin with per-task executors.
+struct Fake {
+    generation: watch::Sender<u64>,
+    crashed: watch::Sender<u64>,
+    s: Mutex<FakeState>,
+}
+
+#[derive(Default)]
+struct FakeState {
+    down: bool,
+    known: HashSet<String>,
+    tasks: HashMap<String, Exit>,
+    starts: Vec<(String, Instant, TaskSpec)>,
+    destroys: Vec<String>,
+    stops: Vec<String>,
+    hang_recover: bool,
+    /// StartTask fails with this.
+    refuse_start: Option<DriverError>,
+    /// StartTask starts the task, then the plugin dies before answering.
+    crash_in_start: bool,
+    /// A crash breaks in-flight calls with a transport error before the exit is seen.
+    crash_breaks_connection: bool,
+    /// StartTask of this id finds the task there already (an earlier StartTask
+    /// finished late) and answers AlreadyExists.
+    late_start: Option<(String, Exit)>,
+}
+
+/// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
+/// stopped when `exit_code` is absent.
+#[derive(serde::Deserialize, Default)]
+struct FakeConfig {
+    exit_code: Option<i32>,
+    #[serde(default)]
+    after_ms: u64,
+}
+
+impl Fake {
+    fn new() -> Arc<Fake> {
+        Arc::new(Fake {
+            generation: watch::channel(0).0,
+            crashed: watch::channel(0).0,
+            s: Mutex::new(FakeState::default()),
+        })
+    }
+
+    fn s(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.s.lock().unwrap()
+    }
+
+    fn up(&self) -> Result<(), DriverError> {
+        if self.s().down {
+            return Err(DriverError::Unavailable("fake plugin exited".into()));
+        }
+        Ok(())
+    }
+
+    fn known(&self, id: &str) -> Result<Exit, DriverError> {
+        self.up()?;
+        let s = self.s();
+        if !s.known.contains(id) {
+            return Err(DriverError::NotFound(format!("task {id}")));
+        }
+        s.tasks
+            .get(id)
+            .cloned()
+            .ok_or_else(|| DriverError::NotFound(format!("task {id}")))
+    }
+
+    /// The plugin process dies: calls in flight fail, it knows nothing any more.
+    fn crash(&self) {
+        {
+            let mut s = self.s();
+            s.down = true;
+            s.known.clear();
+        }
+        self.crashed.send_modify(|c| *c += 1);
+    }
+
+    /// A new plugin process is up.
+    fn relaunch(&self) {
+        self.s().down = false;
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// What a new agent meets: a fresh plugin process; the tasks still exist.
+    fn new_process(&self) {
+        self.crash();
+        self.relaunch();
+    }
+
+    fn exit(&self, id: &str, code: i32) {
+        let exit = self.s().tasks.get(id).cloned().unwrap();
+        exit.send_replace(Some(ExitResult::code(code)));
+    }
+
+    fn starts(&self, id: &str) -> Vec<Instant> {
+        self.s()
+            .starts
+            .iter()
+            .filter(|(i, _, _)| i == id)
+            .map(|(_, t, _)| *t)
+            .collect()
+    }
+
+    /// The task's executor vanished (its socket deleted): nobody can find it.
+    fn lose(&self, id: &str) {
+        self.s().tasks.remove(id);
+    }
+}
+
+#[tonic::async_trait]
+impl TaskDriver for Fake {
+    fn state(&self) -> (PluginState, String) {
+        (PluginState::Healthy, "ready".into())
+    }
+    fn task_schema(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+    fn generation(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+    async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        self.up()?;
+        if let Some(e) = self.s().refuse_start.clone() {
+            return Err(e);
+        }
+        {
+            let mut s = self.s();
+            if s.late_start.as_ref().is_some_and(|(id, _)| *id == spec.id)
+                && let Some((id, exit)) = s.late_start.take()
+            {
+                s.tasks.insert(id.clone(), exit);
+                return Err(DriverError::AlreadyExists(format!("task {id}")));
+            }
+        }
+        let config: FakeConfig = serde_json::from_str(&spec.driver_config_json)
+            .map_err(|e| DriverError::InvalidConfig(e.to_string()))?;
+        let exit: Exit = Arc::new(watch::channel(None).0);
+        {
+            let mut s = self.s();
+            if s.tasks.contains_key(&spec.id) {
+                return Err(DriverError::AlreadyExists(spec.id.clone()));
+            }
+            s.tasks.insert(spec.id.clone(), exit.clone());
+            s.known.insert(spec.id.clone());
+            s.starts
+                .push((spec.id.clone(), Instant::now(), spec.clone()));
+        }
+        if self.s().crash_in_start {
+            self.s().crash_in_start = false;
+            self.crash();
+            return Err(DriverError::Unavailable("fake plugin exited".into()));
+        }
+        if let Some(code) = config.exit_code {
+            let after = Duration::from_millis(config.after_ms);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                exit.send_replace(Some(ExitResult::code(code)));
+            });
+        }
+        Ok(TaskHandle {
+            version: 1,
+            spec,
+            state: drover_plugin_sdk::TaskState::Running,
+            driver_state: b"{\"executor\":\"/run/x.sock\"}".to_vec(),
+        })
+    }
+    async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError> {
+        let exit = self.known(id)?;
+        let mut crashed = self.crashed.subscribe();
+        let mut rx = exit.subscribe();
+        tokio::select! {
+            r = rx.wait_for(Option::is_some) => {
+                Ok(r.map_err(DriverError::internal)?.clone().unwrap_or_default())
+            }
+            _ = crashed.changed() => Err(if self.s().crash_breaks_connection {
+                DriverError::Internal("transport error".into())
+            } else {
+                DriverError::Unavailable("fake plugin exited".into())
+            }),
+        }
+    }
+    async fn stop_task(&self, id: &str, _: Duration, _: &str) -> Result<(), DriverError> {
+        let exit = self.known(id)?;
+        self.s().stops.push(id.to_owned());
+        exit.send_if_modified(|e| {
+            if e.is_none() {
+                *e = Some(ExitResult::signaled(15));
+                true
+            } else {
+                false
+            }
+        });
+        Ok(())
+    }
+    async fn destroy_task(&self, id: &str, _force: bool) -> Result<(), DriverError> {
+        self.known(id)?;
+        let mut s = self.s();
+        s.known.remove(id);
+        s.tasks.remove(id);
+        s.destroys.push(id.to_owned());
+        Ok(())
+    }
+    async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
+        self.known(id)?;
+        Ok(TaskStatus {
+            id: id.to_owned(),
+            attributes: [("pid".to_owned(), "4242".to_owned())].into(),
+            ..Default::default()
+        })
+    }
+    async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        if self.s().hang_recover {
+            std::future::pending::<()>().await;
+        }
+        self.up()?;
+        let mut s = self.s();
+        let id = handle.spec.id.clone();
+        if !s.tasks.contains_key(&id) {
+            return Err(DriverError::NotFound(format!(
+                "no executor for task {id}: its socket is gone"
+            )));
+        }
+        s.known.insert(id);
+        Ok(())
+    }
+    async fn signal_task(&self, id: &str, _: &str) -> Result<(), DriverError> {
+        self.known(id).map(drop)
+    }
+    async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError> {
+        self.known(id)?;
+        Ok(TaskStats::default())
+    }
+}
+
+struct FakeDrivers(Arc<Fake>);
+
+impl Drivers for FakeDrivers {
+    fn driver(&self, name: &str) -> Option<Arc<dyn TaskDriver>> {
+        (name == "fake").then(|| self.0.clone() as Arc<dyn TaskDriver>)
+    }
+    fn names(&self) -> Vec<String> {
+        vec!["fake".into()]
+    }
+}
+
+/// A store whose `put_task` number `fail_put` (1-based) fails.
+#[derive(Default)]
+struct FlakyStore {
+    inner: MemStore,
+    puts: AtomicUsize,
+    fail_put: AtomicUsize,
+}
+
+impl StateStore for FlakyStore {
+    fn put_plugin(&self, rec: &crate::state::PluginRecord) -> Result<(), StateError> {
+        self.inner.put_plugin(rec)
+    }
+    fn plugins(&self) -> Result<Vec<crate::state::PluginRecord>, StateError> {
+        self.inner.plugins()
+    }
+    fn delete_plugin(&self, name: &str) -> Result<(), StateError> {
+        self.inner.delete_plugin(name)
+    }
+    fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        let n = self.puts.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_put.load(Ordering::SeqCst) {
+            return Err(StateError::Io {
+                op: format!("put task {id}"),
+                reason: "disk full (injected)".into(),
+            });
+        }
+        self.inner.put_task(id, record)
+    }
+    fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.inner.tasks()
+    }
+    fn delete_task(&self, id: &str) -> Result<(), StateError> {
+        self.inner.delete_task(id)
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    alloc: PathBuf,
+    fake: Arc<Fake>,
+    store: Arc<dyn StateStore>,
+    mgr: Arc<TaskManager>,
+}
+
+impl Env {
+    fn new() -> Env {
+        Self::with_store(Arc::new(MemStore::default()))
+    }
+
+    fn with_store(store: Arc<dyn StateStore>) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let alloc = dir.path().join("alloc");
+        std::fs::create_dir(&alloc).unwrap();
+        let fake = Fake::new();
+        let mgr = manager(&fake, &alloc, &store);
+        Env {
+            _dir: dir,
+            alloc,
+            fake,
+            store,
+            mgr,
+        }
+    }
+
+    /// A second agent on the same store, driver and alloc dir.
+    fn restart_agent(&self) -> Arc<TaskManager> {
+        manager(&self.fake, &self.alloc, &self.store)
+    }
+
+    fn stored(&self, id: &str) -> serde_json::Value {
+        let (_, bytes) = self
+            .store
+            .tasks()
+            .unwrap()
+            .into_iter()
+            .find(|(i, _)| i == id)
+            .unwrap_or_else(|| panic!("no record for {id}"));
+        serde_json::from_slice(&bytes).unwrap()
+    }
+}
+
+fn manager(
+    fake: &Arc<Fake>,
+    alloc: &std::path::Path,
+    store: &Arc<dyn StateStore>,
+) -> Arc<TaskManager> {
+    let mut m = TaskManager::with_drivers(
+        Arc::new(FakeDrivers(fake.clone())),
+        alloc.to_owned(),
+        store.clone(),
+    );
+    m.rpc_timeout = Duration::from_millis(300);
+    Arc::new(m)
+}
+
+fn request(config: serde_json::Value, restart: Option<RestartPolicy>) -> RunRequest {
+    RunRequest {
+        driver: "fake".into(),
+        config,
+        restart,
+        ..Default::default()
+    }
+}
+
+fn policy(attempts: u32, interval: &str, delay: &str, mode: RestartMode) -> Option<RestartPolicy> {
+    Some(RestartPolicy {
+        attempts,
+        interval: interval.into(),
+        delay: delay.into(),
+        mode,
+    })
+}
+
+fn kinds(v: &TaskView) -> Vec<&str> {
+    v.events.iter().map(|e| e.kind.as_str()).collect()
+}
+
+async fn wait_dead(mgr: &TaskManager, id: &str) -> TaskView {
+    tokio::time::timeout(Duration::from_secs(10), mgr.wait(id))
+        .await
+        .unwrap_or_else(|_| panic!("task {id} never died: {:#?}", mgr.status(id)))
+        .unwrap()
+}
+
+/// Poll `cond` on the task's view until it holds, or panic after 5 s.
+async fn until(
+    mgr: &TaskManager,
+    id: &str,
+    what: &str,
+    cond: impl Fn(&TaskView) -> bool,
+) -> TaskView {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = mgr.status(id).unwrap();
+        if cond(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {v:#?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_handle_is_durable_before_run_returns() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    assert_eq!(v.state, TaskLifecycle::Running);
+    let rec = env.stored(&v.id);
+    assert_eq!(rec["version"], 1);
+    assert_eq!(rec["view"]["state"], "running");
+    assert!(rec["handle"]["driver_state"].is_array(), "{rec:#}");
+    assert_eq!(kinds(&v), ["Received", "Started"]);
+    assert_eq!(
+        v.events[1].message,
+        "task started by driver fake (pid 4242)"
+    );
+}
+
+#[tokio::test]
+async fn hooks_prepare_dir_env_and_logs() {
+    let env = Env::new();
+    let mut req = request(serde_json::json!({}), None);
+    req.env.insert("DROVER_TASK_ID".into(), "spoofed".into());
+    req.env.insert("MINE".into(), "1".into());
+    req.logs = Some(LogConfig {
+        max_files: 3,
+        max_file_size_mb: 1,
+    });
+    req.resources = Some(Resources {
+        memory_mb: 64,
+        ..Default::default()
+    });
+    let v = env.mgr.run(req).await.unwrap();
+    let spec = env.fake.s().starts[0].2.clone();
+    let dir = env.alloc.join(&v.id);
+    assert_eq!(spec.task_dir, dir);
+    for sub in ["local", "tmp", "logs", "secrets"] {
+        assert!(dir.join(sub).is_dir(), "{sub} missing");
+    }
+    let mode = std::fs::metadata(dir.join("secrets"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    assert_eq!(spec.env["DROVER_TASK_ID"], v.id, "user env must not win");
+    assert_eq!(spec.env["MINE"], "1");
+    assert_eq!(spec.env["DROVER_TASK_NAME"], "fake");
+    assert_eq!(spec.env["DROVER_TASK_DIR"], dir.display().to_string());
+    assert_eq!(
+        spec.env["DROVER_SECRETS_DIR"],
+        dir.join("secrets").display().to_string()
+    );
+    assert_eq!(
+        spec.env["DROVER_LOCAL_DIR"],
+        dir.join("local").display().to_string()
+    );
+    assert_eq!(spec.stdout_path, dir.join("logs/stdout"));
+    assert_eq!(spec.stderr_path, dir.join("logs/stderr"));
+    assert_eq!((spec.logs.max_files, spec.logs.max_file_size_mb), (3, 1));
+    assert_eq!(spec.resources.memory_mb, 64);
+}
+
+#[tokio::test]
+async fn invalid_requests_name_the_field_and_create_nothing() {
+    let env = Env::new();
+    let cases = [
+        (
+            request(
+                serde_json::json!({}),
+                policy(2, "1m", "2m", RestartMode::Fail),
+            ),
+            "restart.delay (2m) must be shorter than restart.interval (1m)",
+        ),
+        (
+            request(
+                serde_json::json!({}),
+                policy(2, "often", "1s", RestartMode::Fail),
+            ),
+            "restart.interval \"often\"",
+        ),
+        (
+            RunRequest {
+                logs: Some(LogConfig {
+                    max_files: 0,
+                    max_file_size_mb: 1,
+                }),
+                ..request(serde_json::json!({}), None)
+            },
+            "logs.max_files",
+        ),
+        (
+            RunRequest {
+                kill_timeout: Some("soon".into()),
+                ..request(serde_json::json!({}), None)
+            },
+            "kill_timeout",
+        ),
+    ];
+    for (req, want) in cases {
+        let e = env.mgr.run(req).await.unwrap_err();
+        assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
+        assert!(e.to_string().contains(want), "{e} does not name {want}");
+    }
+    assert!(env.mgr.list().is_empty());
+    assert!(env.store.tasks().unwrap().is_empty());
+    assert!(env.fake.s().starts.is_empty());
+    assert_eq!(std::fs::read_dir(&env.alloc).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn crash_loop_follows_fail_mode_exactly() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({"exit_code": 3}),
+            policy(2, "1m", "50ms", RestartMode::Fail),
+        ))
+        .await
+        .unwrap();
+    let dead = wait_dead(&env.mgr, &v.id).await;
+    let starts = env.fake.starts(&v.id);
+    assert_eq!(starts.len(), 3, "{dead:#?}");
+    for pair in starts.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_millis(50),
+            "restart came too soon"
+        );
+    }
+    assert_eq!(
+        kinds(&dead),
+        [
+            "Received",
+            "Started",
+            "Terminated",
+            "Restarting",
+            "Started",
+            "Terminated",
+            "Restarting",
+            "Started",
+            "Terminated",
+            "NotRestarting"
+        ]
+    );
+    let msgs: Vec<&str> = dead.events.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(msgs[3], "restarting in 50ms, attempt 1 of 2");
+    assert_eq!(msgs[6], "restarting in 50ms, attempt 2 of 2");
+    assert_eq!(msgs[8], "exit code 3");
+    assert_eq!(msgs[9], "exceeded 2 attempts in 1m (mode fail)");
+    assert_eq!(dead.state, TaskLifecycle::Dead);
+    assert_eq!(dead.exit_code, Some(3));
+    assert_eq!(dead.restarts, 2);
+    // Each restart removed the previous incarnation from the driver first.
+    assert_eq!(env.fake.s().destroys.len(), 2);
+    assert_eq!(env.stored(&v.id)["view"]["state"], "dead");
+}
+
+#[tokio::test]
+async fn delay_mode_waits_for_the_interval_then_restarts_again() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({"exit_code": 1}),
+            policy(1, "600ms", "20ms", RestartMode::Delay),
+        ))
+        .await
+        .unwrap();
+    // start 1, restart (1 of 1) after 20ms, start 2, exceeded → wait for the window
+    // (opened at the first exit) to close, start 3 …
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.fake.starts(&v.id).len() < 4 {
+        assert!(Instant::now() < deadline, "{:#?}", env.mgr.status(&v.id));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stopped = env.mgr.stop(&v.id, None, None).await.unwrap();
+    let starts = env.fake.starts(&v.id);
+    assert!(starts[1] - starts[0] < Duration::from_millis(400));
+    assert!(
+        starts[2] - starts[0] >= Duration::from_millis(550),
+        "the delayed restart did not wait for the interval: {:?}",
+        starts[2] - starts[0]
+    );
+    let delayed = stopped
+        .events
+        .iter()
+        .find(|e| e.kind == "Restarting" && e.message.contains("mode delay"))
+        .unwrap_or_else(|| panic!("no delay-mode event: {stopped:#?}"));
+    assert!(
+        delayed
+            .message
+            .starts_with("exceeded 1 attempts in 600ms; restarting in")
+    );
+    assert!(!kinds(&stopped).contains(&"NotRestarting"));
+    assert_eq!(stopped.state, TaskLifecycle::Dead);
+}
+
+#[tokio::test]
+async fn success_is_not_restarted() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({"exit_code": 0}),
+            policy(5, "1m", "10ms", RestartMode::Delay),
+        ))
+        .await
+        .unwrap();
+    let dead = wait_dead(&env.mgr, &v.id).await;
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+    assert_eq!(kinds(&dead), ["Received", "Started", "Terminated"]);
+    assert_eq!(dead.exit_code, Some(0));
+}
+
+#[tokio::test]
+async fn stop_during_the_restart_delay_cancels_the_restart() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({"exit_code": 2}),
+            policy(3, "1h", "30s", RestartMode::Fail),
+        ))
+        .await
+        .unwrap();
+    until(&env.mgr, &v.id, "pending a restart", |v| {
+        v.state == TaskLifecycle::Pending && v.restart_at.is_some()
+    })
+    .await;
+    let t = Instant::now();
+    let stopped = env.mgr.stop(&v.id, None, None).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "stop waited for the delay"
+    );
+    assert_eq!(stopped.state, TaskLifecycle::Dead);
+    assert_eq!(
+        kinds(&stopped),
+        [
+            "Received",
+            "Started",
+            "Terminated",
+            "Restarting",
+            "Killing",
+            "Killed"
+        ]
+    );
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+    assert_eq!(stopped.exit_code, Some(2));
+}
+
+#[tokio::test]
+async fn user_stop_is_never_restarted() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({}),
+            policy(3, "1h", "10ms", RestartMode::Fail),
+        ))
+        .await
+        .unwrap();
+    let stopped = env.mgr.stop(&v.id, None, None).await.unwrap();
+    assert_eq!(stopped.signal, Some(15));
+    assert_eq!(
+        kinds(&stopped),
+        ["Received", "Started", "Killing", "Terminated", "Killed"]
+    );
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+    // Stopping again is harmless.
+    env.mgr.stop(&v.id, None, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn recovery_reattaches_without_restarting_and_reports_the_real_exit() {
+    let env = Env::new();
+    let long = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    let done = env
+        .mgr
+        .run(request(serde_json::json!({"exit_code": 4}), None))
+        .await
+        .unwrap();
+    wait_dead(&env.mgr, &done.id).await;
+    let short = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+
+    // The agent dies; meanwhile `short` exits with 9; a new agent starts.
+    env.fake.new_process();
+    env.fake.exit(&short.id, 9);
+    let mgr = env.restart_agent();
+    assert_eq!(mgr.load().unwrap(), 3);
+    // Stored tasks are visible before recovery, as they were.
+    assert_eq!(mgr.status(&long.id).unwrap().state, TaskLifecycle::Running);
+    let summary = mgr.recover().await;
+    assert_eq!((summary.tasks, summary.recovered), (2, 2), "{summary:?}");
+
+    let short_v = wait_dead(&mgr, &short.id).await;
+    assert_eq!(short_v.exit_code, Some(9));
+    assert!(kinds(&short_v).ends_with(&["Recovered", "Terminated"]));
+    let long_v = mgr.status(&long.id).unwrap();
+    assert_eq!(long_v.state, TaskLifecycle::Running);
+    assert_eq!(mgr.status(&done.id).unwrap().exit_code, Some(4));
+    // Nothing was started twice.
+    for id in [&long.id, &short.id, &done.id] {
+        assert_eq!(env.fake.starts(id).len(), 1, "{id} started again");
+    }
+    // The recovered task is fully usable.
+    let stopped = mgr.stop(&long.id, None, None).await.unwrap();
+    assert_eq!(stopped.signal, Some(15));
+    // A second recover does nothing.
+    assert_eq!(mgr.recover().await, RecoverySummary::default());
+}
+
+/// Rewrite a stored record as if the agent died after sending StartTask but before
+/// storing the reply.
+fn forget_handle(env: &Env, id: &str) {
+    let mut rec = env.stored(id);
+    rec["handle"] = serde_json::Value::Null;
+    rec["view"]["state"] = "pending".into();
+    env.store
+        .put_task(id, &serde_json::to_vec(&rec).unwrap())
+        .unwrap();
+}
+
+#[tokio::test]
+async fn pending_without_handle_is_found_by_id_not_started_twice() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    forget_handle(&env, &v.id);
+    env.fake.new_process();
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    assert_eq!(mgr.status(&v.id).unwrap().state, TaskLifecycle::Pending);
+    let summary = mgr.recover().await;
+    assert_eq!(summary.recovered, 1, "{summary:?}");
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+    let now = mgr.status(&v.id).unwrap();
+    assert_eq!(now.state, TaskLifecycle::Running);
+    assert_eq!(now.attributes["pid"], "4242");
+    assert!(
+        env.stored(&v.id)["handle"].is_object(),
+        "adopted handle not stored"
+    );
+    env.fake.exit(&v.id, 6);
+    assert_eq!(wait_dead(&mgr, &v.id).await.exit_code, Some(6));
+}
+
+#[tokio::test]
+async fn pending_without_handle_that_never_started_is_started_once() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    forget_handle(&env, &v.id);
+    // As if StartTask never reached the driver.
+    env.fake.new_process();
+    env.fake.lose(&v.id);
+    env.fake.s().starts.clear();
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let summary = mgr.recover().await;
+    assert_eq!(summary.started, 1, "{summary:?}");
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+    let now = mgr.status(&v.id).unwrap();
+    assert_eq!(now.state, TaskLifecycle::Running);
+    assert!(kinds(&now).ends_with(&["Recovered", "Started"]), "{now:#?}");
+}
+
+#[tokio::test]
+async fn a_lost_executor_is_a_clear_event_not_a_hang() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    env.fake.new_process();
+    env.fake.lose(&v.id);
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(5), mgr.recover())
+        .await
+        .expect("recovery hung");
+    assert_eq!(summary.dead, 1, "{summary:?}");
+    let dead = mgr.status(&v.id).unwrap();
+    assert_eq!(dead.state, TaskLifecycle::Dead);
+    let failure = dead.events.last().unwrap();
+    assert_eq!(failure.kind, "DriverFailure");
+    assert!(
+        failure.message.contains("its socket is gone"),
+        "{failure:?}"
+    );
+    assert!(dead.error.as_deref().unwrap().contains("could not recover"));
+    assert_eq!(dead.exit_code, None);
+    assert_eq!(env.stored(&v.id)["view"]["state"], "dead");
+}
+
+#[tokio::test]
+async fn a_hanging_recover_times_out() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    env.fake.new_process();
+    env.fake.s().hang_recover = true;
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(5), mgr.recover())
+        .await
+        .expect("recovery hung");
+    assert_eq!(summary.dead, 1);
+    let dead = mgr.status(&v.id).unwrap();
+    assert!(
+        dead.error
+            .as_deref()
+            .unwrap()
+            .contains("did not answer RecoverTask within 300ms"),
+        "{dead:#?}"
+    );
+}
+
+#[tokio::test]
+async fn plugin_crash_at_runtime_is_survived() {
+    plugin_crash(false).await;
+}
+
+#[tokio::test]
+async fn plugin_crash_breaking_the_connection_is_survived() {
+    plugin_crash(true).await;
+}
+
+async fn plugin_crash(breaks_connection: bool) {
+    let env = Env::new();
+    env.fake.s().crash_breaks_connection = breaks_connection;
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    // Wait until the runner is blocked in WaitTask.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    env.fake.crash();
+    until(&env.mgr, &v.id, "reporting the driver failure", |v| {
+        v.events.iter().any(|e| e.kind == "DriverFailure")
+    })
+    .await;
+    assert_eq!(env.mgr.status(&v.id).unwrap().state, TaskLifecycle::Running);
+    env.fake.relaunch();
+    until(&env.mgr, &v.id, "recovered", |v| {
+        v.events.last().is_some_and(|e| e.kind == "Recovered")
+    })
+    .await;
+    env.fake.exit(&v.id, 5);
+    let dead = wait_dead(&env.mgr, &v.id).await;
+    assert_eq!(dead.exit_code, Some(5));
+    assert_eq!(
+        kinds(&dead),
+        [
+            "Received",
+            "Started",
+            "DriverFailure",
+            "Recovered",
+            "Terminated"
+        ]
+    );
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+}
+
+#[tokio::test]
+async fn a_stop_while_the_agent_was_down_is_finished_by_recovery() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    // The stop was recorded, then the agent died before the driver acted.
+    let mut rec = env.stored(&v.id);
+    rec["kill"] = serde_json::json!({"signal": "SIGINT", "timeout": {"secs": 1, "nanos": 0}});
+    env.store
+        .put_task(&v.id, &serde_json::to_vec(&rec).unwrap())
+        .unwrap();
+    env.fake.new_process();
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    mgr.recover().await;
+    let dead = wait_dead(&mgr, &v.id).await;
+    assert_eq!(dead.signal, Some(15), "the fake reports 15 for any stop");
+    assert!(kinds(&dead).ends_with(&["Recovered", "Terminated", "Killed"]));
+}
+
+#[tokio::test]
+async fn a_failed_record_write_leaves_nothing_running() {
+    // Write 1 is the pending record: it fails, nothing is started.
+    let store = Arc::new(FlakyStore::default());
+    store.fail_put.store(1, Ordering::SeqCst);
+    let env = Env::with_store(store.clone());
+    let e = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("disk full"), "{e}");
+    assert!(env.fake.s().starts.is_empty());
+
+    // Write 2 (of the next run: 3) records the handle: the started task is destroyed.
+    store.fail_put.store(3, Ordering::SeqCst);
+    let e = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("after starting it"), "{e}");
+    let s = env.fake.s();
+    assert_eq!(s.starts.len(), 1);
+    assert_eq!(s.destroys.len(), 1, "the started task was left running");
+    assert!(s.tasks.is_empty());
+    drop(s);
+    assert!(env.mgr.list().is_empty());
+    assert!(env.store.tasks().unwrap().is_empty());
+    assert_eq!(std::fs::read_dir(&env.alloc).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn damaged_and_foreign_records_stop_the_load() {
+    let env = Env::new();
+    env.store.put_task("t1", b"\x00\x01garbage").unwrap();
+    let e = env.restart_agent().load().unwrap_err().to_string();
+    assert!(
+        e.contains("task record t1") && e.contains("move it aside"),
+        "{e}"
+    );
+
+    let env = Env::new();
+    env.store
+        .put_task("t2", br#"{"version": 9, "whatever": true}"#)
+        .unwrap();
+    let e = env.restart_agent().load().unwrap_err().to_string();
+    assert!(
+        e.contains("task record t2") && e.contains("record version 9"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn destroy_deletes_record_and_dir() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    let e = env.mgr.destroy(&v.id, false).await.unwrap_err();
+    assert!(e.to_string().contains("still running"));
+    env.mgr.destroy(&v.id, true).await.unwrap();
+    assert!(env.store.tasks().unwrap().is_empty());
+    assert!(!env.alloc.join(&v.id).exists());
+    assert!(env.mgr.status(&v.id).is_err());
+    // The runner saw the kill and wrote nothing afterwards.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(env.store.tasks().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn drain_stops_every_live_task() {
+    let env = Env::new();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            env.mgr
+                .run(request(serde_json::json!({}), None))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    assert_eq!(env.mgr.drain().await, 5);
+    for id in &ids {
+        assert_eq!(env.mgr.status(id).unwrap().state, TaskLifecycle::Dead);
+    }
+}
+
+#[tokio::test]
+async fn events_are_capped_and_the_view_says_so() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    for _ in 0..150 {
+        env.mgr.signal(&v.id, "SIGHUP").await.unwrap();
+    }
+    let now = env.mgr.status(&v.id).unwrap();
+    assert_eq!(now.events.len(), MAX_EVENTS);
+    assert_eq!(now.events_dropped, 52);
+    assert_eq!(
+        env.stored(&v.id)["view"]["events"]
+            .as_array()
+            .unwrap()
+            .len(),
+        MAX_EVENTS
+    );
+}
+
+#[tokio::test]
+async fn recovering_a_thousand_tasks_is_fast() {
+    let env = Env::new();
+    let mut ids = Vec::new();
+    for _ in 0..1000 {
+        ids.push(
+            env.mgr
+                .run(request(serde_json::json!({}), None))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    env.fake.new_process();
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let summary = mgr.recover().await;
+    assert_eq!(summary.recovered, 1000, "{summary:?}");
+    eprintln!("recovered 1000 tasks in {:?}", summary.elapsed);
+    assert!(summary.elapsed < Duration::from_secs(2), "{summary:?}");
+}
+
+#[tokio::test]
+async fn a_restart_the_driver_refuses_counts_as_a_failed_attempt() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({"exit_code": 1, "after_ms": 20}),
+            policy(2, "1m", "10ms", RestartMode::Fail),
+        ))
+        .await
+        .unwrap();
+    env.fake.s().refuse_start = Some(DriverError::Internal("no more pids".into()));
+    let dead = wait_dead(&env.mgr, &v.id).await;
+    assert_eq!(
+        kinds(&dead),
+        [
+            "Received",
+            "Started",
+            "Terminated",
+            "Restarting",
+            "DriverFailure",
+            "Restarting",
+            "DriverFailure",
+            "NotRestarting"
+        ]
+    );
+    assert_eq!(
+        dead.events[4].message,
+        "driver fake could not start the task: no more pids"
+    );
+    assert_eq!(dead.exit_code, None);
+    assert!(dead.error.unwrap().contains("no more pids"));
+}
+
+#[tokio::test]
+async fn a_plugin_dying_inside_start_task_is_asked_not_started_again() {
+    let env = Env::new();
+    env.fake.s().crash_in_start = true;
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    assert_eq!(v.state, TaskLifecycle::Pending);
+    assert_eq!(env.stored(&v.id)["handle"], serde_json::Value::Null);
+    env.fake.relaunch();
+    let now = until(&env.mgr, &v.id, "running", |v| {
+        v.state == TaskLifecycle::Running
+    })
+    .await;
+    assert_eq!(env.fake.starts(&v.id).len(), 1, "{now:#?}");
+    assert!(
+        kinds(&now).ends_with(&["DriverFailure", "Started", "Recovered"]),
+        "{now:#?}"
+    );
+    env.fake.exit(&v.id, 0);
+    assert_eq!(wait_dead(&env.mgr, &v.id).await.exit_code, Some(0));
+}
+
+#[tokio::test]
+async fn a_stop_while_the_plugin_is_down_completes_after_the_relaunch() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({}),
+            policy(3, "1h", "10ms", RestartMode::Fail),
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    env.fake.crash();
+    until(&env.mgr, &v.id, "reporting the driver failure", |v| {
+        v.events.iter().any(|e| e.kind == "DriverFailure")
+    })
+    .await;
+    let mgr = env.mgr.clone();
+    let id = v.id.clone();
+    let stopping = tokio::spawn(async move { mgr.stop(&id, None, None).await });
+    until(&env.mgr, &v.id, "recording the stop", |v| {
+        v.events.iter().any(|e| e.kind == "Killing")
+    })
+    .await;
+    assert!(!stopping.is_finished());
+    env.fake.relaunch();
+    let stopped = stopping.await.unwrap().unwrap();
+    assert_eq!(stopped.state, TaskLifecycle::Dead);
+    assert_eq!(stopped.signal, Some(15));
+    assert!(
+        kinds(&stopped).ends_with(&["Recovered", "Terminated", "Killed"]),
+        "{stopped:#?}"
+    );
+    assert_eq!(
+        env.fake.starts(&v.id).len(),
+        1,
+        "a stopped task was restarted"
+    );
+}
+
+#[tokio::test]
+async fn a_start_still_in_flight_when_probed_is_taken_over_not_duplicated() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    forget_handle(&env, &v.id);
+    env.fake.new_process();
+    // The probe finds nothing: the StartTask the dead agent sent is still in flight …
+    let exit = env.fake.s().tasks.remove(&v.id).unwrap();
+    // … and has finished by the time the runner sends its own.
+    env.fake.s().late_start = Some((v.id.clone(), exit));
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    mgr.recover().await;
+    let now = until(&mgr, &v.id, "running", |v| {
+        v.state == TaskLifecycle::Running
+    })
+    .await;
+    assert_eq!(env.fake.starts(&v.id).len(), 1, "started twice: {now:#?}");
+    assert!(
+        kinds(&now).ends_with(&["Recovered", "Started", "Recovered"]),
+        "{now:#?}"
+    );
+    env.fake.exit(&v.id, 0);
+    assert_eq!(wait_dead(&mgr, &v.id).await.exit_code, Some(0));
+}

@@ -1,0 +1,112 @@
+//! A driver plugin killed with SIGKILL while tasks run: the agent relaunches it and the
+//! task runner hands every task back to the new process, restarting none.
+
+mod common;
+mod tasks_util;
+
+use std::time::Duration;
+
+use common::*;
+use tasks_util::*;
+
+/// `pid` of the rawexec row of `plugin status`.
+fn rawexec_pid(agent: &Agent) -> u32 {
+    let rows = agent.cli_json(&["plugin", "status", "--json"]);
+    let rows = rows.as_array().cloned().unwrap_or_default();
+    row(&rows, "rawexec")["pid"]
+        .as_u64()
+        .expect("rawexec has a pid") as u32
+}
+
+fn task_pid(task: &serde_json::Value) -> u32 {
+    task["attributes"]["pid"]
+        .as_str()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid: {task:#}"))
+}
+
+/// Kills the task processes when the test ends, passed or not: they are not children
+/// of the test and carry no marker the agent helper could find.
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            if running(*pid) {
+                let _ = nix_kill(*pid, 9);
+            }
+        }
+    }
+}
+
+#[test]
+fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
+    let (root, agent) = agent();
+    let marker = root.path().join("starts");
+    let mut tasks = Vec::new();
+    let mut reap = Reap(Vec::new());
+    for _ in 0..3 {
+        // Each start appends a line: a restart would show as a second line.
+        let script = format!("echo $$ >> {}; exec sleep 1000", marker.display());
+        let (status, task) = http(
+            &agent.socket,
+            "POST",
+            "/v1/tasks",
+            Some(&serde_json::json!({
+                "driver": "rawexec",
+                "config": {"command": "/bin/sh", "args": ["-c", script]},
+                "restart": {"attempts": 3, "interval": "1m", "delay": "100ms"},
+            })),
+        );
+        assert_eq!(status, 201, "{task:#}");
+        reap.0.push(task_pid(&task));
+        tasks.push((task["id"].as_str().unwrap().to_owned(), task_pid(&task)));
+    }
+
+    let old = rawexec_pid(&agent);
+    nix_kill(old, 9).unwrap();
+
+    for (id, pid) in &tasks {
+        let task = until(&agent, id, Duration::from_secs(15), "recovered", |t| {
+            kinds(t).last().map(String::as_str) == Some("Recovered")
+        });
+        assert_eq!(task["state"], "running", "{task:#}");
+        assert_eq!(task_pid(&task), *pid, "a different process runs the task");
+        assert!(running(*pid), "task process {pid} is gone");
+        let kinds = kinds(&task);
+        assert_eq!(
+            kinds,
+            ["Received", "Started", "DriverFailure", "Recovered"],
+            "{task:#}"
+        );
+        let failure = &task["events"][2]["message"];
+        assert!(
+            failure
+                .as_str()
+                .unwrap()
+                .contains("driver rawexec is unavailable"),
+            "{failure}"
+        );
+    }
+    assert_ne!(rawexec_pid(&agent), old, "the plugin was not relaunched");
+    let lines = std::fs::read_to_string(&marker).unwrap();
+    assert_eq!(
+        lines.lines().count(),
+        3,
+        "a task was started twice: {lines}"
+    );
+
+    // The recovered tasks answer to the new plugin process.
+    for (id, pid) in &tasks {
+        let (status, stopped) = http(&agent.socket, "POST", &format!("/v1/tasks/{id}/stop"), None);
+        assert_eq!(status, 200, "{stopped:#}");
+        assert_eq!(stopped["state"], "dead");
+        assert_eq!(stopped["restarts"], 0);
+        assert!(kinds(&stopped).ends_with(&[
+            "Killing".into(),
+            "Terminated".into(),
+            "Killed".into()
+        ]));
+        assert!(!running(*pid), "task process {pid} survived its stop");
+    }
+}
