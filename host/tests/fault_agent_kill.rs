@@ -1,0 +1,380 @@
+//! Fault tests: `kill -9` of the agent while tasks run and while tasks are starting.
+//! After a restart on the same data dir every task is found again: long tasks still
+//! run with the same pid, tasks that exited while no agent watched report their real
+//! exit code, and no task was ever started twice (each task appends its pid to a mark
+//! file when it starts, so a second start shows up as a second line).
+
+mod common;
+mod tasks_util;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tasks_util::*;
+
+/// SIGKILLs every task process the test started, whatever happens to the test.
+#[derive(Default)]
+struct TaskReaper {
+    marks: PathBuf,
+}
+
+impl Drop for TaskReaper {
+    fn drop(&mut self) {
+        for pids in read_marks(&self.marks).values() {
+            for pid in pids {
+                let _ = nix_kill(*pid, 9);
+            }
+        }
+    }
+}
+
+/// Mark file name → pids written to it, one line per start.
+fn read_marks(dir: &Path) -> BTreeMap<String, Vec<u32>> {
+    let mut marks = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == "go" {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let pids = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        marks.insert(name, pids);
+    }
+    marks
+}
+
+fn new_agent(root: &Path) -> Agent {
+    // A killed agent leaves its socket file; the new agent replaces it, but the test
+    // helper waits for the file to appear, so it must not see the stale one.
+    let _ = std::fs::remove_file(root.join("data").join("api.sock"));
+    let agent = Agent::start(root, &root.join("plugins"), &[]);
+    agent.wait_plugins(Duration::from_secs(20), |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+    });
+    agent
+}
+
+fn kill9(agent: &mut Agent) {
+    agent.child.kill().expect("kill -9 the agent");
+    agent.child.wait().expect("reap the agent");
+}
+
+/// A task that records its start, then runs `tail` (shell code).
+fn task_body(name: &str, marks: &Path, tail: &str) -> serde_json::Value {
+    serde_json::json!({
+        "driver": "rawexec",
+        "name": name,
+        "env": {"MARKS": marks.display().to_string()},
+        "kill_timeout": "1s",
+        "config": {
+            "command": "/bin/sh",
+            "args": ["-c", format!("echo $$ >> \"$MARKS/$DROVER_TASK_NAME\"; {tail}")],
+        },
+    })
+}
+
+fn all_tasks(agent: &Agent) -> Vec<serde_json::Value> {
+    let (status, list) = http(&agent.socket, "GET", "/v1/tasks", None);
+    assert_eq!(status, 200, "{list}");
+    list.as_array().cloned().unwrap_or_default()
+}
+
+fn pid_of(task: &serde_json::Value) -> Option<u32> {
+    task["attributes"]["pid"].as_str()?.parse().ok()
+}
+
+fn last_event(task: &serde_json::Value) -> String {
+    kinds(task).last().cloned().unwrap_or_default()
+}
+
+/// Wait until every task of the restarted agent is settled: dead, or running and
+/// recovered (its last event is `Recovered` or, for a task the driver never saw,
+/// `Started`).
+fn settled(agent: &Agent, want: usize, within: Duration) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let tasks = all_tasks(agent);
+        let done = tasks.len() >= want
+            && tasks.iter().all(|t| {
+                t["state"] == "dead"
+                    || (t["state"] == "running"
+                        && matches!(last_event(t).as_str(), "Recovered" | "Started"))
+            });
+        if done {
+            return tasks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tasks did not settle within {within:?}: {tasks:#?}\nagent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stop_all(agent: &Agent) {
+    let ids: Vec<String> = all_tasks(agent)
+        .iter()
+        .filter(|t| t["state"] != "dead")
+        .filter_map(|t| t["id"].as_str().map(str::to_owned))
+        .collect();
+    std::thread::scope(|s| {
+        for id in &ids {
+            s.spawn(move || {
+                http(
+                    &agent.socket,
+                    "POST",
+                    &format!("/v1/tasks/{id}/stop"),
+                    Some(&serde_json::json!({"timeout": "1s"})),
+                )
+            });
+        }
+    });
+}
+
+#[test]
+fn fifty_tasks_survive_kill_9_of_the_agent() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let marks = root.path().join("marks");
+    std::fs::create_dir_all(root.path().join("plugins")).unwrap();
+    std::fs::create_dir_all(&marks).unwrap();
+    let _reaper = TaskReaper {
+        marks: marks.clone(),
+    };
+    let mut first = new_agent(root.path());
+
+    // 25 long tasks and 25 short ones; the short ones exit (each with its own code)
+    // only once the test creates `go`, which it does after killing the agent.
+    let bodies: Vec<(String, Option<i32>, serde_json::Value)> = (0..50)
+        .map(|i| {
+            let name = format!("t{i:02}");
+            if i % 2 == 0 {
+                let body = task_body(&name, &marks, "exec sleep 1000");
+                (name, None, body)
+            } else {
+                let code = 10 + i;
+                let tail =
+                    format!("while [ ! -e \"$MARKS/go\" ]; do sleep 0.05; done; exit {code}");
+                let body = task_body(&name, &marks, &tail);
+                (name, Some(code), body)
+            }
+        })
+        .collect();
+    let started: Vec<(String, Option<i32>, serde_json::Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|(name, code, body)| {
+                let socket = first.socket.clone();
+                s.spawn(move || {
+                    let (status, view) = http(&socket, "POST", "/v1/tasks", Some(body));
+                    assert_eq!(status, 201, "{name}: {view}");
+                    (name.clone(), *code, view)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Every task is running and has written its mark before the agent dies.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read_marks(&marks).len() < 50 {
+        assert!(Instant::now() < deadline, "not every task started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids: BTreeMap<String, u32> = started
+        .iter()
+        .map(|(name, _, view)| {
+            (
+                name.clone(),
+                pid_of(view).unwrap_or_else(|| panic!("{name} has no pid: {view:#}")),
+            )
+        })
+        .collect();
+
+    kill9(&mut first);
+    std::fs::write(marks.join("go"), "").unwrap();
+    // The short tasks exit while no agent runs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (name, code, _) in &started {
+        if code.is_some() {
+            while running(pids[name]) {
+                assert!(Instant::now() < deadline, "{name} did not exit");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    let second = new_agent(root.path());
+    let tasks = settled(&second, 50, Duration::from_secs(30));
+    assert_eq!(tasks.len(), 50, "{tasks:#?}");
+    let by_name: BTreeMap<String, &serde_json::Value> = tasks
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap_or_default().to_owned(), t))
+        .collect();
+    for (name, code, _) in &started {
+        let t = by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} was lost: {tasks:#?}"));
+        match code {
+            None => {
+                assert_eq!(t["state"], "running", "{name}: {t:#}");
+                assert_eq!(pid_of(t), Some(pids[name]), "{name} changed pid: {t:#}");
+                assert!(running(pids[name]), "{name} is not running any more");
+            }
+            Some(code) => {
+                assert_eq!(t["state"], "dead", "{name}: {t:#}");
+                assert_eq!(t["exit_code"], *code, "{name}: wrong exit code: {t:#}");
+            }
+        }
+    }
+    for (name, starts) in read_marks(&marks) {
+        assert_eq!(starts.len(), 1, "{name} was started {} times", starts.len());
+    }
+    stop_all(&second);
+}
+
+/// POST a task; `None` when the kill cut the connection (an expected outcome here).
+fn try_post(socket: &Path, body: &serde_json::Value) -> Option<(u16, serde_json::Value)> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    let body = body.to_string();
+    write!(
+        s,
+        "POST /v1/tasks HTTP/1.1\r\nHost: drover\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let status = resp.split(' ').nth(1)?.parse().ok()?;
+    let json = serde_json::from_str(resp.split_once("\r\n\r\n")?.1).ok()?;
+    Some((status, json))
+}
+
+/// A tiny deterministic generator, seeded from the clock and printed, so a failing run
+/// can be repeated with `DROVER_FAULT_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+#[test]
+fn kill_9_at_random_points_of_task_start_up_twenty_times() {
+    let _serial = serial();
+    let seed = std::env::var("DROVER_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+                | 1
+        });
+    eprintln!("DROVER_FAULT_SEED={seed}");
+    let mut rng = Rng(seed);
+    let root = tempfile::tempdir().unwrap();
+    let marks = root.path().join("marks");
+    std::fs::create_dir_all(root.path().join("plugins")).unwrap();
+    std::fs::create_dir_all(&marks).unwrap();
+    let _reaper = TaskReaper {
+        marks: marks.clone(),
+    };
+    // Killed agents are kept until the end: dropping one would kill the plugin it
+    // launched, which later agents reattached to.
+    let mut agents = Vec::new();
+    // name → pid the API reported, for starts whose answer arrived.
+    let mut answered: BTreeMap<String, u32> = BTreeMap::new();
+    for round in 0..20 {
+        let mut agent = new_agent(root.path());
+        let kill_after = Duration::from_micros(rng.next() % 40_000);
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|i| {
+                    let socket = agent.socket.clone();
+                    let body = task_body(&format!("r{round:02}-{i}"), &marks, "exec sleep 1000");
+                    s.spawn(move || try_post(&socket, &body))
+                })
+                .collect();
+            std::thread::sleep(kill_after);
+            kill9(&mut agent);
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().ok().flatten())
+                .collect::<Vec<_>>()
+        });
+        for (status, view) in results {
+            if status == 201
+                && let (Some(name), Some(pid)) = (view["name"].as_str(), pid_of(&view))
+            {
+                answered.insert(name.to_owned(), pid);
+            }
+        }
+        agents.push(agent);
+    }
+
+    let last = new_agent(root.path());
+    let known = settled(&last, answered.len(), Duration::from_secs(60));
+    let by_name: BTreeMap<String, &serde_json::Value> = known
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap_or_default().to_owned(), t))
+        .collect();
+    let marks_now = read_marks(&marks);
+    let context = || format!("seed {seed}\nmarks {marks_now:?}\ntasks {known:#?}");
+    // Nothing was started twice.
+    for (name, starts) in &marks_now {
+        assert_eq!(
+            starts.len(),
+            1,
+            "{name} started {} times; {}",
+            starts.len(),
+            context()
+        );
+    }
+    // Every start the API confirmed is still running, with the same pid.
+    for (name, pid) in &answered {
+        let t = by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("confirmed task {name} was lost; {}", context()));
+        assert_eq!(t["state"], "running", "{name}; {}", context());
+        assert_eq!(pid_of(t), Some(*pid), "{name} changed pid; {}", context());
+    }
+    // Every task that started at all is known, running, and is that very process:
+    // no task runs behind the agent's back.
+    for (name, starts) in &marks_now {
+        let t = by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} runs but the agent does not know it; {}", context()));
+        assert_eq!(t["state"], "running", "{name}; {}", context());
+        assert_eq!(pid_of(t), starts.first().copied(), "{name}; {}", context());
+    }
+    // And every task the agent knows has started exactly once by now (a task that
+    // was only accepted before a kill is started by the recovering agent).
+    for (name, t) in &by_name {
+        assert!(
+            marks_now.contains_key(name),
+            "{name} is known but never started: {t:#}; {}",
+            context()
+        );
+    }
+    eprintln!(
+        "kill -9 rounds: {} tasks confirmed, {} known after recovery, {} started",
+        answered.len(),
+        by_name.len(),
+        marks_now.len()
+    );
+    stop_all(&last);
+    drop(last);
+    drop(agents);
+}
