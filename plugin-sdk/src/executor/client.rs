@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 
 use crate::DriverError;
-use crate::types::validate_task_id;
+use crate::types::{TaskStats, validate_task_id};
 
 use super::proto::{ErrorKind, Op, Reply, Request};
 use super::{
@@ -238,7 +238,7 @@ pub struct ExecutorHandle {
 /// What a request got: a live executor's answer, or the final status on disk because
 /// the executor has exited.
 enum Answer {
-    Live(ExecutorStatus),
+    Live(ExecutorStatus, Option<TaskStats>),
     Final(ExecutorStatus),
 }
 
@@ -250,7 +250,7 @@ impl ExecutorHandle {
     pub async fn connect(dir: &Path) -> Result<Self, DriverError> {
         let _ = fd_headroom();
         let status = match request(dir, Op::Status, CALL_TIMEOUT).await? {
-            Answer::Live(s) | Answer::Final(s) => s,
+            Answer::Live(s, _) | Answer::Final(s) => s,
         };
         Ok(ExecutorHandle {
             dir: dir.to_owned(),
@@ -276,7 +276,24 @@ impl ExecutorHandle {
     /// The task's status now.
     pub async fn status(&self) -> Result<ExecutorStatus, DriverError> {
         match request(&self.dir, Op::Status, CALL_TIMEOUT).await? {
-            Answer::Live(s) | Answer::Final(s) => Ok(s),
+            Answer::Live(s, _) | Answer::Final(s) => Ok(s),
+        }
+    }
+
+    /// Memory and CPU time of the task's main process, as the executor reads them
+    /// (`cpu_percent` is left to the caller, which knows the sampling interval).
+    /// [`DriverError::FailedPrecondition`] if the task has exited.
+    pub async fn stats(&self) -> Result<TaskStats, DriverError> {
+        match request(&self.dir, Op::Stats, CALL_TIMEOUT).await? {
+            Answer::Live(_, Some(stats)) => Ok(stats),
+            Answer::Live(s, None) => Err(DriverError::Internal(format!(
+                "executor of task {} answered stats without any",
+                s.task_id
+            ))),
+            Answer::Final(s) => Err(DriverError::FailedPrecondition(format!(
+                "task {} has exited",
+                s.task_id
+            ))),
         }
     }
 
@@ -284,7 +301,7 @@ impl ExecutorHandle {
     /// executor exit (it stays on disk in `exit.json` until [`Self::destroy`]).
     pub async fn wait(&self) -> Result<ExitInfo, DriverError> {
         let status = match request_unbounded(&self.dir, Op::Wait).await? {
-            Answer::Live(s) | Answer::Final(s) => s,
+            Answer::Live(s, _) | Answer::Final(s) => s,
         };
         exit_of(status, &self.dir)
     }
@@ -293,7 +310,7 @@ impl ExecutorHandle {
     /// [`DriverError::FailedPrecondition`] if the task has exited.
     pub async fn signal(&self, signal: i32) -> Result<(), DriverError> {
         match request(&self.dir, Op::Signal { signal }, CALL_TIMEOUT).await? {
-            Answer::Live(_) => Ok(()),
+            Answer::Live(..) => Ok(()),
             Answer::Final(s) => Err(DriverError::FailedPrecondition(format!(
                 "task {} has exited",
                 s.task_id
@@ -313,7 +330,7 @@ impl ExecutorHandle {
         // in the kernel; then give up rather than hang.
         let limit = timeout.saturating_add(Duration::from_secs(10));
         let status = match request(&self.dir, op, limit).await? {
-            Answer::Live(s) | Answer::Final(s) => s,
+            Answer::Live(s, _) | Answer::Final(s) => s,
         };
         exit_of(status, &self.dir)
     }
@@ -322,7 +339,7 @@ impl ExecutorHandle {
     /// and let the executor exit. Destroying a task that is already gone is not an error.
     pub async fn destroy(&self) -> Result<(), DriverError> {
         match request(&self.dir, Op::Destroy, Duration::from_secs(15)).await {
-            Ok(Answer::Live(_)) => Ok(()),
+            Ok(Answer::Live(..)) => Ok(()),
             Ok(Answer::Final(_)) => remove_dir(&self.dir),
             Err(DriverError::NotFound(_)) if !self.dir.exists() => Ok(()),
             Err(DriverError::NotFound(_))
@@ -377,6 +394,7 @@ async fn request(dir: &Path, op: Op, limit: Duration) -> Result<Answer, DriverEr
 fn op_name(op: &Op) -> &'static str {
     match op {
         Op::Status => "status",
+        Op::Stats => "stats",
         Op::Wait => "wait",
         Op::Signal { .. } => "signal",
         Op::Stop { .. } => "stop",
@@ -443,8 +461,10 @@ async fn request_unbounded(dir: &Path, op: Op) -> Result<Answer, DriverError> {
     })?;
     match reply {
         Reply {
-            status: Some(s), ..
-        } => Ok(Answer::Live(s)),
+            status: Some(s),
+            stats,
+            ..
+        } => Ok(Answer::Live(s, stats)),
         Reply { error, kind, .. } => {
             let m = error.unwrap_or_else(|| "request failed".into());
             Err(match kind {

@@ -145,6 +145,33 @@ fn block_signals() {
     let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
 }
 
+/// Memory and CPU time of process `pid` from `/proc/<pid>/stat` (fields 14 and 15,
+/// counted after the command name, which may contain spaces) and `/proc/<pid>/statm`.
+fn read_usage(pid: u32) -> io::Result<crate::TaskStats> {
+    let bad = || io::Error::other("unexpected /proc format");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let (_, rest) = stat.rsplit_once(')').ok_or_else(bad)?;
+    let mut fields = rest.split_whitespace().skip(14 - 3);
+    let mut ticks =
+        || -> io::Result<u64> { fields.next().and_then(|f| f.parse().ok()).ok_or_else(bad) };
+    let (utime, stime) = (ticks()?, ticks()?);
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(bad)?;
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    let duration =
+        |t: u64| Duration::from_secs(t / hz) + Duration::from_nanos((t % hz) * 1_000_000_000 / hz);
+    Ok(crate::TaskStats {
+        memory_rss_bytes: pages * rustix::param::page_size() as u64,
+        cpu_user: duration(utime),
+        cpu_system: duration(stime),
+        cpu_percent: 0.0,
+    })
+}
+
 /// One of the task's output streams.
 struct Output {
     pipe: File,
@@ -670,6 +697,24 @@ impl Executor {
         let exited = !self.running();
         match req.op {
             Op::Status => self.reply(i, &Reply::ok(self.status.clone()), false),
+            Op::Stats if exited => {
+                let r = Reply::err(
+                    ErrorKind::Exited,
+                    format!("task {} has exited", self.status.task_id),
+                );
+                self.reply(i, &r, false);
+            }
+            Op::Stats => match read_usage(self.status.pid) {
+                Ok(stats) => {
+                    let mut r = Reply::ok(self.status.clone());
+                    r.stats = Some(stats);
+                    self.reply(i, &r, false);
+                }
+                Err(e) => {
+                    let m = format!("cannot read /proc/{}: {e}", self.status.pid);
+                    self.reply(i, &Reply::err(ErrorKind::Internal, m), false);
+                }
+            },
             Op::Wait | Op::Stop { .. } if exited => {
                 self.reply(i, &Reply::ok(self.status.clone()), true);
             }

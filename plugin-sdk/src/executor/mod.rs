@@ -31,7 +31,22 @@
 //!   middle of a stop does not leave a half-stopped task.
 //!
 //! The wire protocol is newline-delimited JSON, one request and one reply per
-//! connection, each message carrying the protocol version `v` ([`PROTOCOL_VERSION`]).
+//! connection, each message carrying the protocol version `v` ([`PROTOCOL_VERSION`]);
+//! a request of a newer version than the executor's is refused. Requests
+//! (`{"v":1,"op":…}`) and when they are answered:
+//!
+//! | op | fields | answered |
+//! |---|---|---|
+//! | `status` | | at once, with the [`ExecutorStatus`] |
+//! | `stats` | | at once, with memory and CPU time of the task's main process |
+//! | `wait` | | when the task has exited (at once if it has), with the status |
+//! | `signal` | `signal` (number) | at once, after signalling the task's process group |
+//! | `stop` | `signal`, `timeout_ms` | on exit; SIGKILL to the group after the timeout |
+//! | `destroy` | | after killing the group (if running) and removing the directory |
+//!
+//! A reply is `{"v":1,"status":{…}}` (plus `"stats"` for `stats`) or
+//! `{"v":1,"error":"…","kind":"invalid"|"exited"|"spawn"|"internal"}`. The executor's
+//! start-up line to the plugin is such a reply too.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_plugin_sdk::DriverError> {

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{ExitResult, LogConfig};
+use crate::types::{ExitResult, LogConfig, TaskStats};
 
 use super::PROTOCOL_VERSION;
 
@@ -160,6 +160,8 @@ impl Request {
 pub(crate) enum Op {
     /// Answer at once.
     Status,
+    /// Resource usage of the task's main process, with the status.
+    Stats,
     /// Answer when the task has exited.
     Wait,
     /// Send `signal` to the task's process group.
@@ -186,11 +188,13 @@ pub(crate) enum ErrorKind {
 
 /// One reply, and also the start-up line the executor writes to the plugin: the task's
 /// status, or an error.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Reply {
     pub v: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ExecutorStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<TaskStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,6 +206,7 @@ impl Reply {
         Reply {
             v: PROTOCOL_VERSION,
             status: Some(status),
+            stats: None,
             error: None,
             kind: None,
         }
@@ -211,6 +216,7 @@ impl Reply {
         Reply {
             v: PROTOCOL_VERSION,
             status: None,
+            stats: None,
             error: Some(message.into()),
             kind: Some(kind),
         }

@@ -96,6 +96,7 @@ async fn stop_with_sigterm_returns_promptly_and_the_process_is_gone() {
 #[tokio::test]
 async fn task_ignoring_sigterm_is_killed_after_the_timeout() {
     let (_dir, p) = setup().await;
+    let mut events = Box::pin(p.client.task_events().await.unwrap());
     let (_, pid) = p
         .start(
             "stubborn",
@@ -127,6 +128,22 @@ async fn task_ignoring_sigterm_is_killed_after_the_timeout() {
         processes(|_, pgid| pgid == pid).is_empty()
     })
     .await;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m: &String| m.starts_with("task exited")) {
+        let e = within(PROMPT, "next event", events.next())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.push(e.message);
+    }
+    assert_eq!(
+        seen[1..],
+        [
+            "sent SIGTERM",
+            "sent SIGKILL: still running after 1s",
+            "task exited: signal 9"
+        ]
+    );
     p.shutdown().await;
 }
 

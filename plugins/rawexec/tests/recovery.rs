@@ -393,3 +393,44 @@ async fn a_killed_executor_is_reported_not_waited_for_forever() {
     assert!(alive(pid));
     p.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_executor_answers_status_and_stats_on_its_own() {
+    use drover_plugin_sdk::executor::ExecutorHandle;
+    let (_dir, p) = setup().await;
+    let (handle, pid) = p.start("direct", sh("while :; do :; done")).await;
+    // A driver (or an operator's tool) needs nothing but the directory.
+    let exec = within(
+        PROMPT,
+        "connect",
+        ExecutorHandle::connect(&executor_dir(&handle)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(exec.info().task_id, "direct");
+    assert_eq!(exec.pid(), pid);
+    let first = exec.stats().await.unwrap();
+    assert!(first.memory_rss_bytes > 0, "{first:?}");
+    let deadline = std::time::Instant::now() + PROMPT;
+    loop {
+        let now = exec.stats().await.unwrap();
+        if now.cpu_user + now.cpu_system > first.cpu_user + first.cpu_system {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a busy loop used no CPU time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exit = within(PROMPT, "stop", exec.stop(15, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(exit.result, ExitResult::signaled(15));
+    assert!(!exit.killed_after_timeout);
+    let err = exec.stats().await.unwrap_err();
+    assert!(matches!(err, DriverError::FailedPrecondition(_)), "{err:?}");
+    // The plugin heard about it through its own wait.
+    assert_eq!(p.wait("direct").await, ExitResult::signaled(15));
+    p.shutdown().await;
+}
