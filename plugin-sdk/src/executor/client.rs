@@ -20,9 +20,6 @@ use super::{
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Limit for calls that are answered at once (status, signal).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a connect keeps retrying while the executor holds its lock but has not
-/// bound its socket yet (it takes the lock, reads the spec, then binds).
-const STARTING_GRACE: Duration = Duration::from_secs(2);
 /// Longest reply line read.
 const MAX_REPLY: u64 = 1024 * 1024;
 /// Open-file limit a plugin raises itself to (within the hard limit): it holds one
@@ -92,7 +89,7 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
         DriverError::Internal(format!("cannot {what} {}: {e}", path.display()))
     };
     if dir.exists() {
-        if files::lock_held(&dir) {
+        if files::lock_state(&dir).held() {
             return Err(DriverError::AlreadyExists(format!(
                 "task {} already has a live executor in {}; recover it instead of starting it \
                  again",
@@ -123,7 +120,22 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
         return Err(io_err("write", &dir.join(SPEC_FILE), e));
     }
 
-    let mut child = match executor_command(&dir).spawn() {
+    // Held from now until the executor dies: it inherits the lock as its stdin, so
+    // there is no moment in which the directory looks abandoned while its executor is
+    // starting (a recovery by id would then wrongly find nothing, and a second start
+    // would run the task twice).
+    let lock = match files::create_lock(&dir) {
+        Ok(l) => l,
+        Err(e) => {
+            cleanup(&dir);
+            return Err(io_err("lock", &dir.join(LOCK_FILE), e));
+        }
+    };
+    let mut command = executor_command(&dir, lock);
+    let spawned = command.spawn();
+    // Our copy of the lock goes with the command; the executor's copy keeps it held.
+    drop(command);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             cleanup(&dir);
@@ -193,9 +205,10 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
     }
 }
 
-/// The plugin binary again, same arguments, in executor mode. Its environment is only
-/// the executor variable: the task's environment comes from the spec.
-fn executor_command(dir: &Path) -> tokio::process::Command {
+/// The plugin binary again, same arguments, in executor mode, with the directory's
+/// lock as stdin. Its environment is only the executor variables: the task's
+/// environment comes from the spec.
+fn executor_command(dir: &Path, lock: std::fs::File) -> tokio::process::Command {
     let mut args = std::env::args_os();
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     if let Some(original) = fd_headroom() {
@@ -207,7 +220,7 @@ fn executor_command(dir: &Path) -> tokio::process::Command {
     cmd.args(args)
         .env_clear()
         .env(ENV_EXECUTOR_DIR, dir)
-        .stdin(Stdio::null())
+        .stdin(Stdio::from(lock))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(false);
@@ -343,7 +356,8 @@ impl ExecutorHandle {
             Ok(Answer::Final(_)) => remove_dir(&self.dir),
             Err(DriverError::NotFound(_)) if !self.dir.exists() => Ok(()),
             Err(DriverError::NotFound(_))
-                if !files::lock_held(&self.dir) && !self.dir.join(super::EXIT_FILE).exists() =>
+                if !files::lock_state(&self.dir).held()
+                    && !self.dir.join(super::EXIT_FILE).exists() =>
             {
                 // The executor died without a result; nothing runs under its control.
                 remove_dir(&self.dir)
@@ -355,7 +369,7 @@ impl ExecutorHandle {
     /// Whether the executor process is alive (it holds its lock), whether or not its
     /// socket can be reached.
     pub fn executor_alive(&self) -> bool {
-        files::lock_held(&self.dir)
+        files::lock_state(&self.dir).held()
     }
 }
 
@@ -416,7 +430,9 @@ async fn request_unbounded(dir: &Path, op: Op) -> Result<Answer, DriverError> {
                     e.kind(),
                     std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
                 );
-                if absent && files::lock_held(dir) && started.elapsed() < STARTING_GRACE {
+                // Still starting: its socket comes once its task runs.
+                let starting = files::lock_state(dir) == files::LockState::Starting;
+                if absent && starting && started.elapsed() < STARTUP_TIMEOUT {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
@@ -484,27 +500,28 @@ fn unreachable(dir: &Path, sock: &Path, e: &std::io::Error) -> DriverError {
              destroyed",
             dir.display()
         )
-    } else if files::lock_held(dir) {
-        format!(
-            "cannot reach the executor at {}: {e}; the executor is alive (it holds {}) but its \
-             socket is gone, and the task has not exited",
-            sock.display(),
-            dir.join(LOCK_FILE).display()
-        )
-    } else if !dir.join(LOCK_FILE).exists() {
-        format!(
-            "cannot reach the executor at {}: {e}; no executor ever ran in {} (the start was \
-             interrupted before it launched)",
-            sock.display(),
-            dir.display()
-        )
     } else {
-        format!(
-            "cannot reach the executor at {}: {e}; the executor is dead and left no exit.json \
-             in {}, so the task's exit status is unknown",
-            sock.display(),
-            dir.display()
-        )
+        let cannot = format!("cannot reach the executor at {}: {e}", sock.display());
+        match files::lock_state(dir) {
+            files::LockState::Ready(pid) => format!(
+                "{cannot}; the executor is alive (pid {pid} holds {}) but its socket is gone, \
+                 and the task has not exited",
+                dir.join(LOCK_FILE).display()
+            ),
+            files::LockState::Starting => format!(
+                "{cannot}; the executor has been starting for longer than {STARTUP_TIMEOUT:?}"
+            ),
+            files::LockState::Free if sock.exists() => format!(
+                "{cannot}; the executor is dead and left no exit.json in {}, so the task's exit \
+                 status is unknown",
+                dir.display()
+            ),
+            files::LockState::Free => format!(
+                "{cannot}; no executor got going in {} (its start was interrupted), so the task \
+                 never ran",
+                dir.display()
+            ),
+        }
     };
     DriverError::NotFound(why)
 }

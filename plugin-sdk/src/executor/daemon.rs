@@ -49,6 +49,15 @@ pub(crate) fn run(dir: PathBuf) -> i32 {
     block_signals();
     restore_fd_limit();
     let _ = std::env::set_current_dir("/");
+    if !dir.is_absolute() {
+        report(&Reply::err(
+            ErrorKind::Internal,
+            format!("executor directory {} is not absolute", dir.display()),
+        ));
+        return 1;
+    }
+    // stdin is the directory's lock, taken by the plugin: keep it before stdin goes.
+    let lock = files::inherit_lock(&dir);
     // stdout stays the start-up pipe to the plugin until the first line is written.
     let devnull = std::fs::OpenOptions::new()
         .read(true)
@@ -58,14 +67,7 @@ pub(crate) fn run(dir: PathBuf) -> i32 {
         let _ = rustix::stdio::dup2_stdin(null);
         let _ = rustix::stdio::dup2_stderr(null);
     }
-    if !dir.is_absolute() {
-        report(&Reply::err(
-            ErrorKind::Internal,
-            format!("executor directory {} is not absolute", dir.display()),
-        ));
-        return 1;
-    }
-    let executor = match Executor::start(dir.clone()) {
+    let executor = match Executor::start(dir.clone(), lock) {
         Ok(e) => e,
         Err((kind, message)) => {
             // The socket may have been bound before the failure; the plugin removes
@@ -233,9 +235,9 @@ struct Executor {
 type StartError = (ErrorKind, String);
 
 impl Executor {
-    fn start(dir: PathBuf) -> Result<Self, StartError> {
+    fn start(dir: PathBuf, lock: io::Result<File>) -> Result<Self, StartError> {
         let internal = |m: String| (ErrorKind::Internal, m);
-        let lock = files::take_lock(&dir).map_err(|e| {
+        let mut lock = lock.map_err(|e| {
             if e.kind() == io::ErrorKind::WouldBlock {
                 internal(format!("another executor already owns {}", dir.display()))
             } else {
@@ -334,6 +336,14 @@ impl Executor {
         }
         // Dropping a std Child neither kills nor waits: the pidfd takes over.
         drop(child);
+        // From now on a client that finds no socket knows it was removed, rather than
+        // not bound yet.
+        if let Err(e) = files::mark_ready(&mut lock, std::process::id()) {
+            files::note(
+                &dir,
+                &format!("cannot write the pid into the lock file: {e}"),
+            );
+        }
         let status = ExecutorStatus {
             task_id: spec.task_id.clone(),
             pid,

@@ -1,7 +1,7 @@
 //! The files in an executor directory: durable writes, `exit.json`, the lock.
 
 use std::fs::File;
-use std::io::{self, Write as _};
+use std::io::{self, Read as _, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
@@ -82,34 +82,102 @@ pub fn read_exit_file(dir: &Path) -> Result<Option<ExecutorStatus>, DriverError>
     Ok(Some(file.status))
 }
 
-/// Whether a live executor holds the lock of `dir`. A process's `flock` is released
-/// by the kernel when it dies, so this is true exactly while the executor lives (pid
-/// reuse cannot fool it).
-pub(crate) fn lock_held(dir: &Path) -> bool {
-    let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .open(dir.join(LOCK_FILE))
-    else {
-        return false;
-    };
-    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockShared) {
-        // Got it: nobody holds it exclusively. Closing `f` releases it.
-        Ok(()) => false,
-        Err(e) => e == rustix::io::Errno::WOULDBLOCK,
+/// What the lock of an executor directory says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockState {
+    /// Nobody holds it: no executor lives for this directory.
+    Free,
+    /// Held, but the executor has not finished starting (no pid written yet).
+    Starting,
+    /// Held by the executor with this pid, which has started its task and bound its
+    /// socket.
+    Ready(u32),
+}
+
+impl LockState {
+    pub(crate) fn held(self) -> bool {
+        self != LockState::Free
     }
 }
 
-/// Take the executor lock of `dir` for the life of the returned file.
-pub(crate) fn take_lock(dir: &Path) -> io::Result<File> {
+/// The state of the lock of `dir`. The plugin takes the lock before it starts the
+/// executor and hands it over as the executor's stdin, so the lock is held without a
+/// gap from before the executor exists until it dies; the kernel releases a `flock`
+/// when its last holder dies, so pid reuse cannot fool this. Once ready, the executor
+/// writes its pid into the file.
+pub(crate) fn lock_state(dir: &Path) -> LockState {
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .open(dir.join(LOCK_FILE))
+    else {
+        return LockState::Free;
+    };
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        // Got it: nobody holds it exclusively. Closing `f` releases it.
+        Ok(()) => LockState::Free,
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+            let mut text = String::new();
+            let _ = f.read_to_string(&mut text);
+            text.trim()
+                .parse()
+                .map_or(LockState::Starting, LockState::Ready)
+        }
+        // Cannot tell; assume the safe answer: somebody may own it.
+        Err(_) => LockState::Starting,
+    }
+}
+
+/// Create the lock file of a fresh executor directory and take the lock, for the
+/// plugin to hand over to the executor it starts.
+pub(crate) fn create_lock(dir: &Path) -> io::Result<File> {
+    // Locked under a temporary name, then renamed into place: whoever opens `lock`
+    // finds it held, never a window in which a probe could take it first.
+    let tmp = dir.join(format!(".{LOCK_FILE}.tmp"));
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(false)
+        .create_new(true)
         .mode(0o600)
-        .open(dir.join(LOCK_FILE))?;
+        .open(&tmp)?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    std::fs::rename(&tmp, dir.join(LOCK_FILE))?;
+    Ok(f)
+}
+
+/// In the executor: the lock of `dir`, inherited as stdin from the plugin that
+/// started it (checked to be that very file). Without one (an executor started some
+/// other way), take it now.
+pub(crate) fn inherit_lock(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::MetadataExt as _;
+    let path = dir.join(LOCK_FILE);
+    let stdin = rustix::stdio::stdin();
+    let inherited = match (rustix::fs::fstat(stdin), std::fs::metadata(&path)) {
+        (Ok(st), Ok(meta)) => st.st_dev == meta.dev() && st.st_ino == meta.ino(),
+        _ => false,
+    };
+    let f = if inherited {
+        // A close-on-exec copy: the task must not inherit the lock.
+        File::from(rustix::io::fcntl_dupfd_cloexec(stdin, 3)?)
+    } else {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)?
+    };
+    // A no-op on the inherited description, which holds it already.
     rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
     Ok(f)
+}
+
+/// Mark the executor ready: its pid in the lock file.
+pub(crate) fn mark_ready(lock: &mut File, pid: u32) -> io::Result<()> {
+    use std::io::{Seek as _, SeekFrom};
+    lock.set_len(0)?;
+    lock.seek(SeekFrom::Start(0))?;
+    writeln!(lock, "{pid}")
 }
 
 /// Note a problem in `dir/executor.log`. The executor has no stderr after start-up;
@@ -183,11 +251,13 @@ mod tests {
     #[test]
     fn lock_is_seen_while_held_and_released_on_close() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(!lock_held(dir.path()));
-        let held = take_lock(dir.path()).unwrap();
-        assert!(lock_held(dir.path()));
-        assert!(take_lock(dir.path()).is_err());
+        assert_eq!(lock_state(dir.path()), LockState::Free);
+        let mut held = create_lock(dir.path()).unwrap();
+        assert_eq!(lock_state(dir.path()), LockState::Starting);
+        assert!(inherit_lock(dir.path()).is_err(), "a second owner");
+        mark_ready(&mut held, 4242).unwrap();
+        assert_eq!(lock_state(dir.path()), LockState::Ready(4242));
         drop(held);
-        assert!(!lock_held(dir.path()));
+        assert_eq!(lock_state(dir.path()), LockState::Free);
     }
 }

@@ -434,3 +434,110 @@ async fn the_executor_answers_status_and_stats_on_its_own() {
     assert_eq!(p.wait("direct").await, ExitResult::signaled(15));
     p.shutdown().await;
 }
+
+/// Live processes whose command line is exactly `args`.
+fn running_with_cmdline(args: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    processes(|_, _| true)
+        .into_iter()
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+/// Wait until `pid` has its command line: a start returns as soon as the task's exec
+/// is past the point of no return, a moment before the kernel fills in the new one.
+async fn exec_done(pid: u32) {
+    until(PROMPT, "the task's exec completes", || {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_plugin_killed_at_random_points_of_start_up_never_runs_a_task_twice() {
+    const ROUNDS: u64 = 6;
+    const TASKS: u64 = 8;
+    let dir = tempfile::tempdir().unwrap();
+    // A small LCG is enough to spread the kills over the start-up window.
+    let mut seed = u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let (mut found, mut lost) = (0, 0);
+    for round in 0..ROUNDS {
+        let plugin = Plugin::launch(dir.path()).await;
+        let specs: Vec<_> = (0..TASKS)
+            .map(|i| {
+                // A distinct duration per task marks its process.
+                let config =
+                    json!({ "command": "/bin/sleep", "args": [format!("1000.{round}{i:02}")] });
+                plugin.spec(&format!("r{round}-t{i}"), config)
+            })
+            .collect();
+        let starts: Vec<_> = specs
+            .iter()
+            .map(|s| {
+                let c = plugin.client.clone();
+                let s = s.clone();
+                tokio::spawn(async move { c.start_task(s).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_micros(next(40_000))).await;
+        crash(&plugin).await;
+        for s in starts {
+            let _ = s.await;
+        }
+
+        // The host knows only the ids it asked for.
+        let second = Plugin::launch(dir.path()).await;
+        for spec in &specs {
+            let config: serde_json::Value = serde_json::from_str(&spec.driver_config_json).unwrap();
+            let arg = config["args"][0].as_str().unwrap().to_owned();
+            let marker = ["/bin/sleep", arg.as_str()];
+            let bare = TaskHandle {
+                version: drover_driver_rawexec::HANDLE_VERSION,
+                spec: spec.clone(),
+                ..Default::default()
+            };
+            match within(PROMPT, "recover by id", second.client.recover_task(bare)).await {
+                Ok(()) => {
+                    found += 1;
+                    let pid = second.pid(&spec.id).await;
+                    second.track(pid);
+                    exec_done(pid).await;
+                    second.track(second.executor_pid(&spec.id).await);
+                    assert_eq!(
+                        running_with_cmdline(&marker),
+                        [pid],
+                        "{}: exactly the recovered process runs",
+                        spec.id
+                    );
+                    second.client.destroy_task(&spec.id, true).await.unwrap();
+                }
+                Err(DriverError::NotFound(why)) => {
+                    lost += 1;
+                    assert!(
+                        running_with_cmdline(&marker).is_empty(),
+                        "{}: NotFound ({why}) but its process runs",
+                        spec.id
+                    );
+                    // The host starts it again: exactly one copy runs.
+                    let (_, pid) = second.start_spec(spec.clone()).await;
+                    exec_done(pid).await;
+                    assert_eq!(running_with_cmdline(&marker), [pid], "{}", spec.id);
+                    second.client.destroy_task(&spec.id, true).await.unwrap();
+                }
+                Err(e) => panic!("{}: {e:?}", spec.id),
+            }
+            assert!(running_with_cmdline(&marker).is_empty(), "{}", spec.id);
+        }
+        second.shutdown().await;
+    }
+    eprintln!("{found} tasks recovered, {lost} never started, over {ROUNDS} kills");
+}
