@@ -560,6 +560,9 @@ impl Executor {
             exited_at: SystemTime::now(),
             killed_after_timeout: self.escalated,
         });
+        // Durable first, then told. A failed write is retried on a timer; waiting
+        // clients are answered anyway, since holding the answer back would not make
+        // the disk any less full.
         self.persist();
         let status = self.status.clone();
         for i in 0..self.conns.len() {

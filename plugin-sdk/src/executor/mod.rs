@@ -26,6 +26,9 @@
 //!   received the result (a `wait` or `stop` reply), or when `destroy` was asked (which
 //!   also removes the directory). Until then it keeps serving, so a plugin that crashed
 //!   and came back finds the real result;
+//! - if `exit.json` cannot be written (disk full), clients still get the result, the
+//!   failure goes to `executor.log`, and the executor retries every second and does
+//!   not exit before it succeeds: it is then the only keeper of the result;
 //! - it never kills the task on its own: only `stop`, `destroy` and `signal` do;
 //! - `stop` escalates to SIGKILL by itself at the deadline, so a plugin dying in the
 //!   middle of a stop does not leave a half-stopped task.

@@ -3,6 +3,8 @@
 //! ```text
 //! cargo build --release -p drover-driver-rawexec
 //! cargo run --example executor_memory -- target/release/drover-driver-rawexec 20
+//! # the built-in rawexec of the agent binary:
+//! cargo run --example executor_memory -- target/release/drover 20 plugin serve rawexec
 //! ```
 //!
 //! Starts N `sleep` tasks through the given plugin binary (and says how long that
@@ -66,7 +68,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "target/release/drover-driver-rawexec".into());
     let count: usize = args.next().map_or(Ok(10), |n| n.parse())?;
     let dir = tempfile::tempdir()?;
-    let plugin = PluginProcess::launch(LaunchOptions::new("rawexec", &binary)).await?;
+    let mut options = LaunchOptions::new("rawexec", &binary);
+    options.args = args.map(Into::into).collect();
+    let plugin = PluginProcess::launch(options).await?;
     let client = plugin.client();
     let agent = AgentInfo {
         alloc_dir: dir.path().to_owned(),

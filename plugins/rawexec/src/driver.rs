@@ -130,7 +130,12 @@ impl RawExecDriver {
                 }
                 if task.exec.executor_alive() {
                     if !warned {
-                        tracing::warn!(task = %task.id, "cannot reach the task's executor, retrying: {error}");
+                        // Once: the task still runs, only its executor is out of reach.
+                        send_event(
+                            &events,
+                            &task.id,
+                            format!("cannot reach the task's executor, retrying: {error}"),
+                        );
                         warned = true;
                     }
                     tokio::time::sleep(WATCH_RETRY).await;

@@ -355,7 +355,7 @@ async fn executors_are_small() {
     // separately.
     for (pss, dirty) in samples {
         assert!(
-            pss < 4096 && dirty < 2048,
+            pss < 4096 && dirty < 1024,
             "pss {pss} KiB, dirty {dirty} KiB"
         );
     }
