@@ -6,6 +6,8 @@
 //!
 //! - Plugin authors: implement [`DriverPlugin`] and call [`serve`] from `main`. See
 //!   `examples/skeleton-driver` in the Drover repository for a complete driver to copy.
+//! - Drivers whose tasks must outlive the plugin (rawexec, exec, java, qemu) start them
+//!   through a per-task [`executor`].
 //! - Hosts and tests: [`client::PluginProcess::launch`] starts a plugin binary and
 //!   gives a typed [`client::PluginClient`].
 //!
@@ -16,6 +18,7 @@
 pub mod client;
 pub mod driver;
 pub mod error;
+pub mod executor;
 pub mod handshake;
 pub mod logging;
 pub mod logs;

@@ -2,7 +2,7 @@
 //! configuration and spec turn into a concrete command line, environment and directory.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use drover_plugin_sdk::{DriverError, TaskSpec};
 use schemars::JsonSchema;
@@ -54,7 +54,8 @@ impl TaskConfig {
     }
 }
 
-/// How a task's processes are started: used for the task itself and for `ExecTask`.
+/// Where and with what environment a task's processes run: the task itself (through
+/// its executor) and commands of `ExecTask`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Launch {
     /// The whole environment (the plugin's own is not inherited).
@@ -98,24 +99,10 @@ impl Launch {
     }
 }
 
-/// Open `path` for appending, creating it; `None` for an empty path.
-pub(crate) fn open_output(what: &str, path: &Path) -> Result<Option<std::fs::File>, DriverError> {
-    if path.as_os_str().is_empty() {
-        return Ok(None);
-    }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map(Some)
-        .map_err(|e| {
-            DriverError::Internal(format!("cannot open {what} file {}: {e}", path.display()))
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn parse(json: &str) -> Result<TaskConfig, serde_json::Error> {
         serde_json::from_str(json)

@@ -1,47 +1,38 @@
 //! The rawexec driver: the [`DriverPlugin`] impl.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use drover_plugin_sdk::executor::{self, ExecutorHandle, ExitInfo, LaunchSpec};
 use drover_plugin_sdk::{
-    Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint, FsIsolation,
-    PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, parse_signal,
+    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
+    FsIsolation, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, parse_signal,
 };
 use tokio::sync::broadcast;
 
-use crate::config::{Launch, PluginConfig, TaskConfig, open_output};
-use crate::handle::{HandleState, Task, watch_adopted};
-use crate::procfs;
+use crate::config::{Launch, PluginConfig, TaskConfig};
+use crate::handle::{HandleState, HandleStateV1, Task};
 use crate::store::Store;
 
 /// The driver's name.
 pub const PLUGIN_NAME: &str = "rawexec";
 /// The plugin's version.
 pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
-/// Version of the task handle's driver state.
-pub const HANDLE_VERSION: u32 = 1;
+/// Version of the task handle's driver state. Version 2 names the task's executor;
+/// version 1 (a bare pid, from before executors) is refused with an explanation.
+pub const HANDLE_VERSION: u32 = 2;
 /// `PATH` given to tasks whose environment does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 const SIGKILL: i32 = 9;
-/// How long a SIGKILLed task may take to be reaped before the call reports it. Only a
-/// process stuck in uninterruptible sleep (D state) takes longer.
-const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How often the watcher of a task retries an executor that is alive but cannot be
+/// reached (its socket was removed, or the plugin ran out of descriptors).
+const WATCH_RETRY: Duration = Duration::from_secs(1);
 
-/// Wait for a task that was sent SIGKILL, bounded by [`KILL_GRACE`].
-async fn wait_killed(task: &Task) -> Result<(), DriverError> {
-    tokio::time::timeout(KILL_GRACE, task.wait())
-        .await
-        .map(drop)
-        .map_err(|_| {
-            DriverError::Timeout(format!(
-                "task {} (pid {}) did not exit within {KILL_GRACE:?} of SIGKILL; it may be stuck \
-             in uninterruptible sleep",
-                task.id, task.state.pid
-            ))
-        })
-}
+/// How long a recovery waits for a start of the same task that is in flight.
+const START_IN_FLIGHT: Duration = Duration::from_secs(30);
 
 /// `SIGTERM` for 15; the number itself for a signal nix does not know.
 fn signal_name(sig: i32) -> String {
@@ -49,15 +40,55 @@ fn signal_name(sig: i32) -> String {
         .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
 }
 
-/// Runs tasks as plain host processes, each the leader of its own process group.
+/// Runs tasks as plain host processes, each owned by its own executor process and the
+/// leader of its own process group.
 pub struct RawExecDriver {
     store: Store,
     events: broadcast::Sender<TaskEvent>,
+    /// Where executors live: `<plugin_state_dir>/rawexec` once SetConfig came.
+    state_dir: Mutex<PathBuf>,
 }
 
 impl Default for RawExecDriver {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Send a task event. No subscriber is fine: events are best-effort notifications.
+fn send_event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
+    tracing::info!(task = task_id, "{message}");
+    let _ = events.send(TaskEvent {
+        task_id: task_id.to_owned(),
+        timestamp: SystemTime::now(),
+        message,
+        annotations: BTreeMap::new(),
+    });
+}
+
+/// Record how `task` ended and tell subscribers, once: the watcher and a `stop` call
+/// both learn the result, and whichever comes first reports it.
+fn record_exit(events: &broadcast::Sender<TaskEvent>, task: &Task, exit: ExitInfo) {
+    let result = exit.result;
+    let message = match (result.signal, &result.err) {
+        (_, Some(e)) => format!("task exited: {e}"),
+        (0, None) => format!("task exited: code {}", result.exit_code),
+        (sig, None) => format!("task exited: signal {sig}"),
+    };
+    if task.finish(result, exit.exited_at) {
+        if exit.killed_after_timeout {
+            let after = task
+                .stop_timeout
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .map_or_else(|| "the stop timeout".to_owned(), |t| format!("{t:?}"));
+            send_event(
+                events,
+                &task.id,
+                format!("sent SIGKILL: still running after {after}"),
+            );
+        }
+        send_event(events, &task.id, message);
     }
 }
 
@@ -67,44 +98,92 @@ impl RawExecDriver {
         RawExecDriver {
             store: Store::default(),
             events: broadcast::channel(256).0,
+            state_dir: Mutex::new(executor::state_dir(Path::new(""), PLUGIN_NAME)),
         }
     }
 
     fn event(&self, task_id: &str, message: String) {
-        tracing::info!(task = task_id, "{message}");
-        // No subscriber is fine: events are best-effort notifications.
-        let _ = self.events.send(TaskEvent {
-            task_id: task_id.to_owned(),
-            timestamp: SystemTime::now(),
-            message,
-            annotations: BTreeMap::new(),
+        send_event(&self.events, task_id, message);
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.state_dir
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Follow `task` until it exits: a `wait` held open on its executor. If the
+    /// executor cannot be reached while it is alive, retry; if it died without a
+    /// result, say so.
+    fn watch(&self, task: Arc<Task>) {
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let mut warned = false;
+            loop {
+                let error = match task.exec.wait().await {
+                    Ok(exit) => return record_exit(&events, &task, exit),
+                    Err(e) => e,
+                };
+                if !task.running() {
+                    return; // a stop call got the result meanwhile
+                }
+                if task.exec.executor_alive() {
+                    if !warned {
+                        // Once: the task still runs, only its executor is out of reach.
+                        send_event(
+                            &events,
+                            &task.id,
+                            format!("cannot reach the task's executor, retrying: {error}"),
+                        );
+                        warned = true;
+                    }
+                    tokio::time::sleep(WATCH_RETRY).await;
+                    continue;
+                }
+                let info = task.exec.info();
+                let exit = ExitInfo {
+                    result: ExitResult {
+                        err: Some(format!(
+                            "lost the task's executor (pid {}), its exit status is unknown and \
+                             its process group {} may still run: {error}",
+                            info.executor_pid, info.pgid
+                        )),
+                        ..Default::default()
+                    },
+                    exited_at: SystemTime::now(),
+                    killed_after_timeout: false,
+                };
+                return record_exit(&events, &task, exit);
+            }
         });
     }
 
-    /// Publish the exit of `task` when `result` resolves.
-    fn on_exit(
-        &self,
-        task: Arc<Task>,
-        result: impl std::future::Future<Output = ExitResult> + Send + 'static,
-    ) {
-        let events = self.events.clone();
-        tokio::spawn(async move {
-            let result = result.await;
-            let message = match (result.signal, &result.err) {
-                (_, Some(e)) => format!("task exited: {e}"),
-                (0, None) => format!("task exited: code {}", result.exit_code),
-                (sig, None) => format!("task exited: signal {sig}"),
-            };
-            if task.finish(result) {
-                tracing::info!(task = %task.id, "{message}");
-                let _ = events.send(TaskEvent {
-                    task_id: task.id.clone(),
-                    timestamp: SystemTime::now(),
-                    message,
-                    annotations: BTreeMap::new(),
-                });
+    /// The executor directory a recovery handle points at.
+    fn recovery_dir(&self, handle: &TaskHandle) -> Result<PathBuf, DriverError> {
+        let id = &handle.spec.id;
+        if handle.driver_state.is_empty() {
+            // The host never got this task's StartTask reply: find it by id.
+            return Ok(executor::task_dir(&self.state_dir(), id));
+        }
+        match handle.version {
+            HANDLE_VERSION => Ok(handle
+                .decode_state::<HandleState>(HANDLE_VERSION)?
+                .executor_dir),
+            1 => {
+                let old: HandleStateV1 = handle.decode_state(1)?;
+                Err(DriverError::FailedPrecondition(format!(
+                    "task {id} has a version 1 handle, made by a rawexec without executors: its \
+                     process (pid {}) cannot be recovered with its exit status; stop its group \
+                     by hand (kill -TERM -{}) and start the task again",
+                    old.pid, old.pgid
+                )))
             }
-        });
+            v => Err(DriverError::InvalidConfig(format!(
+                "task {id} has a handle of version {v}; this rawexec ({PLUGIN_VERSION}) knows \
+                 versions 1 and {HANDLE_VERSION}"
+            ))),
+        }
     }
 }
 
@@ -123,10 +202,18 @@ impl DriverPlugin for RawExecDriver {
             fs_isolation: FsIsolation::None,
             task_stats: true,
             task_events: true,
-            // Tasks keep running when the plugin dies, but their exit status is only
-            // exact once the per-task executor exists.
-            recover: false,
+            recover: true,
         }
+    }
+
+    async fn set_config(&self, _config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
+        let dir = executor::state_dir(&agent.plugin_state_dir, PLUGIN_NAME);
+        executor::prepare_state_dir(&dir)?;
+        *self
+            .state_dir
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = dir;
+        Ok(())
     }
 
     async fn fingerprint(&self) -> Fingerprint {
@@ -148,48 +235,19 @@ impl DriverPlugin for RawExecDriver {
         }
         let reservation = self.store.reserve(&spec.id)?;
         let launch = Launch::new(&spec, Some(&config));
-        let mut cmd = launch.command(&config.command, &config.args);
-        match open_output("stdout", &spec.stdout_path)? {
-            Some(f) => cmd.stdout(f),
-            None => cmd.stdout(std::process::Stdio::null()),
-        };
-        match open_output("stderr", &spec.stderr_path)? {
-            Some(f) => cmd.stderr(f),
-            None => cmd.stderr(std::process::Stdio::null()),
-        };
-        let mut child = cmd.spawn().map_err(|e| {
-            DriverError::InvalidConfig(format!(
-                "cannot start command {:?} in {}: {e}",
-                config.command,
-                launch.cwd.display()
-            ))
-        })?;
-        let pid = child
-            .id()
-            .ok_or_else(|| DriverError::Internal("started process has no pid".into()))?;
-        let state = HandleState {
-            pid,
-            pgid: pid,
-            start_time: procfs::read_stat(pid).map(|s| s.start_time).unwrap_or(0),
-        };
-        let task = Arc::new(Task::new(
-            spec.id.clone(),
-            spec.name.clone(),
-            state,
-            SystemTime::now(),
-            launch,
-        ));
+        let mut how = LaunchSpec::new(spec.id.clone(), config.command.clone());
+        how.args = config.args.clone();
+        how.env = launch.env.clone();
+        how.cwd = launch.cwd.clone();
+        how.stdout_path = spec.stdout_path.clone();
+        how.stderr_path = spec.stderr_path.clone();
+        how.logs = spec.logs;
+        let exec = executor::launch(&self.state_dir(), &how).await?;
+        let task = Arc::new(Task::new(spec.id.clone(), spec.name.clone(), exec, launch));
+        let state = task.handle_state();
         reservation.commit(task.clone());
-        self.on_exit(task.clone(), async move {
-            match child.wait().await {
-                Ok(status) => ExitResult::from_status(status),
-                Err(e) => ExitResult {
-                    err: Some(format!("waiting for the process failed: {e}")),
-                    ..Default::default()
-                },
-            }
-        });
-        self.event(&spec.id, format!("task started (pid {pid})"));
+        self.watch(task);
+        self.event(&spec.id, format!("task started (pid {})", state.pid));
         TaskHandle::new(spec, HANDLE_VERSION, &state)
     }
 
@@ -208,18 +266,13 @@ impl DriverPlugin for RawExecDriver {
         if !task.running() {
             return Ok(());
         }
-        task.signal_group(sig)?;
+        *task
+            .stop_timeout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(timeout);
         self.event(task_id, format!("sent {}", signal_name(sig)));
-        if tokio::time::timeout(timeout, task.wait()).await.is_err() {
-            task.signal_group(SIGKILL)?;
-            self.event(
-                task_id,
-                format!("sent SIGKILL: still running after {timeout:?}"),
-            );
-            wait_killed(&task).await?;
-        }
-        // Leftovers of the group (children that ignored the signal) go too.
-        let _ = task.signal_group(SIGKILL);
+        let exit = task.exec.stop(sig, timeout).await?;
+        record_exit(&self.events, &task, exit);
         Ok(())
     }
 
@@ -231,22 +284,20 @@ impl DriverPlugin for RawExecDriver {
                 "task {task_id} has exited"
             )));
         }
-        task.signal_group(sig)?;
+        task.exec.signal(sig).await?;
         self.event(task_id, format!("sent {}", signal_name(sig)));
         Ok(())
     }
 
     async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
         let task = self.store.get(task_id)?;
-        if task.running() {
-            if !force {
-                return Err(DriverError::FailedPrecondition(format!(
-                    "task {task_id} is still running; stop it first or destroy it with force"
-                )));
-            }
-            task.signal_group(SIGKILL)?;
-            wait_killed(&task).await?;
+        if task.running() && !force {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} is still running; stop it first or destroy it with force"
+            )));
         }
+        // Kills the group if it still runs, and removes the executor's directory.
+        task.exec.destroy().await?;
         self.store.remove(task_id);
         Ok(())
     }
@@ -256,40 +307,49 @@ impl DriverPlugin for RawExecDriver {
     }
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
-        if self.store.get(&handle.spec.id).is_ok() {
+        let id = handle.spec.id.clone();
+        // A start of this task may still be in flight (the host crashed while waiting
+        // for its reply, and now recovers it): let it finish first.
+        let deadline = tokio::time::Instant::now() + START_IN_FLIGHT;
+        while self.store.starting(&id) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if self.store.get(&id).is_ok() {
+            // Already tracked: the host recovers after its own restart while this
+            // plugin process lived on.
             return Ok(());
         }
-        let state: HandleState = handle.decode_state(HANDLE_VERSION)?;
-        let reservation = self.store.reserve(&handle.spec.id)?;
+        let dir = self.recovery_dir(&handle)?;
+        let reservation = self.store.reserve(&id)?;
+        let exec = ExecutorHandle::connect(&dir).await?;
+        if exec.info().task_id != id {
+            return Err(DriverError::InvalidConfig(format!(
+                "the executor in {} runs task {:?}, not {id:?}",
+                dir.display(),
+                exec.info().task_id
+            )));
+        }
         let config: Option<TaskConfig> = serde_json::from_str(&handle.spec.driver_config_json).ok();
         let launch = Launch::new(&handle.spec, config.as_ref());
-        let started_at = procfs::start_wall_time(state.start_time).unwrap_or_else(SystemTime::now);
+        let exited = !exec.info().running();
+        let pid = exec.info().pid;
         let task = Arc::new(Task::new(
-            handle.spec.id.clone(),
+            id.clone(),
             handle.spec.name.clone(),
-            state,
-            started_at,
+            exec,
             launch,
         ));
         reservation.commit(task.clone());
-        let alive = procfs::read_stat(state.pid)
-            .is_ok_and(|s| s.start_time == state.start_time && s.state != 'Z');
-        if alive {
-            self.on_exit(task, watch_adopted(state.pid));
-            self.event(
-                &handle.spec.id,
-                format!("task recovered (pid {})", state.pid),
-            );
-        } else {
-            task.finish(ExitResult {
-                err: Some(
-                    "exit status unavailable: the task exited while no plugin process watched it"
-                        .into(),
-                ),
-                ..Default::default()
-            });
-            self.event(&handle.spec.id, "task had exited before recovery".into());
-        }
+        // An exited task's result is collected the same way: its wait answers at once.
+        self.watch(task);
+        self.event(
+            &id,
+            if exited {
+                format!("task recovered (pid {pid}); it had exited meanwhile")
+            } else {
+                format!("task recovered (pid {pid})")
+            },
+        );
         Ok(())
     }
 

@@ -1,8 +1,10 @@
-//! One task: its process, its exit result once known, and how to signal it.
+//! One task: its executor, its exit result once known, its resource usage.
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
+use drover_plugin_sdk::executor::ExecutorHandle;
 use drover_plugin_sdk::{DriverError, ExitResult, TaskState, TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -11,8 +13,10 @@ use crate::config::Launch;
 use crate::procfs;
 
 /// What a task handle carries (version [`crate::HANDLE_VERSION`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct HandleState {
+    /// The task's executor directory (socket, `exit.json`).
+    pub executor_dir: PathBuf,
     /// The task's main process.
     pub pid: u32,
     /// Its process group (the task's processes).
@@ -20,36 +24,58 @@ pub(crate) struct HandleState {
     /// Its start time in ticks since boot, to tell it from a later process with the
     /// same pid.
     pub start_time: u64,
+    /// The executor's pid.
+    pub executor_pid: u32,
+}
+
+/// Version 1 of the handle state, from before tasks had executors. Decoded only to
+/// say precisely why such a task cannot be recovered.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(crate) struct HandleStateV1 {
+    pub pid: u32,
+    pub pgid: u32,
 }
 
 /// One task this plugin process tracks.
 pub(crate) struct Task {
     pub id: String,
     pub name: String,
-    pub state: HandleState,
+    pub exec: ExecutorHandle,
     pub started_at: SystemTime,
     /// Environment and directory, for `ExecTask`.
     pub launch: Launch,
     exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
+    /// Timeout of the last stop, for the event saying SIGKILL was sent.
+    pub stop_timeout: Mutex<Option<Duration>>,
     last_cpu: Mutex<Option<(Instant, Duration)>>,
 }
 
 impl Task {
-    pub(crate) fn new(
-        id: String,
-        name: String,
-        state: HandleState,
-        started_at: SystemTime,
-        launch: Launch,
-    ) -> Self {
+    pub(crate) fn new(id: String, name: String, exec: ExecutorHandle, launch: Launch) -> Self {
         Task {
             id,
             name,
-            state,
-            started_at,
+            started_at: exec.info().started_at,
+            exec,
             launch,
             exit: watch::channel(None).0,
+            stop_timeout: Mutex::new(None),
             last_cpu: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.exec.info().pid
+    }
+
+    pub(crate) fn handle_state(&self) -> HandleState {
+        let info = self.exec.info();
+        HandleState {
+            executor_dir: self.exec.dir().to_owned(),
+            pid: info.pid,
+            pgid: info.pgid,
+            start_time: info.start_time,
+            executor_pid: info.executor_pid,
         }
     }
 
@@ -58,12 +84,12 @@ impl Task {
     }
 
     /// Record how the task ended; the first result wins.
-    pub(crate) fn finish(&self, result: ExitResult) -> bool {
+    pub(crate) fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
         self.exit.send_if_modified(|slot| {
             if slot.is_some() {
                 return false;
             }
-            *slot = Some((result, SystemTime::now()));
+            *slot = Some((result, at));
             true
         })
     }
@@ -78,24 +104,10 @@ impl Task {
         }
     }
 
-    /// Send `signal` to the task's whole process group. A group that is already gone
-    /// is not an error.
-    pub(crate) fn signal_group(&self, signal: i32) -> Result<(), DriverError> {
-        let sig = nix::sys::signal::Signal::try_from(signal)
-            .map_err(|_| DriverError::InvalidConfig(format!("unknown signal number {signal}")))?;
-        let pgid = i32::try_from(self.state.pgid).map_err(DriverError::internal)?;
-        match nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), sig) {
-            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
-            Err(e) => Err(DriverError::Internal(format!(
-                "cannot send {sig} to task {}: {e}",
-                self.id
-            ))),
-        }
-    }
-
     /// InspectTask's answer.
     pub(crate) fn status(&self) -> TaskStatus {
         let exit = self.exit.borrow().clone();
+        let info = self.exec.info();
         TaskStatus {
             id: self.id.clone(),
             name: self.name.clone(),
@@ -108,8 +120,13 @@ impl Task {
             completed_at: exit.as_ref().map(|(_, at)| *at),
             exit_result: exit.map(|(r, _)| r),
             attributes: [
-                ("pid".to_owned(), self.state.pid.to_string()),
-                ("pgid".to_owned(), self.state.pgid.to_string()),
+                ("pid".to_owned(), info.pid.to_string()),
+                ("pgid".to_owned(), info.pgid.to_string()),
+                ("executor_pid".to_owned(), info.executor_pid.to_string()),
+                (
+                    "executor_dir".to_owned(),
+                    self.exec.dir().display().to_string(),
+                ),
             ]
             .into_iter()
             .collect(),
@@ -124,10 +141,10 @@ impl Task {
                 self.id
             )));
         }
-        let stat = procfs::read_stat(self.state.pid).map_err(|e| {
-            DriverError::Internal(format!("reading /proc/{}/stat: {e}", self.state.pid))
-        })?;
-        let rss = procfs::read_vm_rss(self.state.pid).unwrap_or(0);
+        let pid = self.pid();
+        let stat = procfs::read_stat(pid)
+            .map_err(|e| DriverError::Internal(format!("reading /proc/{pid}/stat: {e}")))?;
+        let rss = procfs::read_vm_rss(pid).unwrap_or(0);
         let cpu_user = procfs::ticks(stat.utime);
         let cpu_system = procfs::ticks(stat.stime);
         let cpu = cpu_user + cpu_system;
@@ -149,44 +166,5 @@ impl Task {
             cpu_system,
             cpu_percent,
         })
-    }
-}
-
-/// Wait, without being its parent, for a process that a previous plugin process
-/// started: a pidfd becomes readable when the process exits. Its exit status is not
-/// ours to collect (it was reparented to init), so the result says so.
-///
-/// This is the interim recovery path until each task gets its own executor process
-/// that records the exit status durably.
-pub(crate) async fn watch_adopted(pid: u32) -> ExitResult {
-    let unknown = |why: String| ExitResult {
-        err: Some(format!(
-            "exit status unavailable: task was recovered by a new plugin process ({why})"
-        )),
-        ..Default::default()
-    };
-    // The process is gone: its status went to its new parent (init), not to us.
-    let exited = || unknown("executor support pending".into());
-    let Some(raw) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return unknown(format!("bad pid {pid}"));
-    };
-    let fd = match rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::SRCH) => return exited(),
-        Err(e) => return unknown(format!("pidfd_open: {e}")),
-    };
-    // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
-    // moved into the AsyncFd, which deregisters it before dropping (closing) it.
-    #[allow(unsafe_code)]
-    let registered = unsafe { tokio::io::unix::AsyncFd::register(fd) };
-    match registered {
-        Ok(async_fd) => {
-            let _ = async_fd.readable().await;
-            exited()
-        }
-        Err(e) => unknown(format!("watching pidfd: {e}")),
     }
 }

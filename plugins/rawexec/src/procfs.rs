@@ -1,6 +1,6 @@
 //! The few facts rawexec reads from `/proc`.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Fields of `/proc/<pid>/stat` that rawexec uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,18 +63,6 @@ pub(crate) fn ticks(n: u64) -> Duration {
     Duration::from_secs(n / hz) + Duration::from_nanos((n % hz) * 1_000_000_000 / hz)
 }
 
-/// Wall-clock time a process started, from its start time in ticks since boot.
-pub(crate) fn start_wall_time(start_ticks: u64) -> Option<SystemTime> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let btime: u64 = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(btime) + ticks(start_ticks))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,11 +87,6 @@ mod tests {
             drover_plugin_sdk::client::process_start_time(std::process::id()).unwrap()
         );
         assert!(read_vm_rss(std::process::id()).unwrap() > 0);
-        let started = start_wall_time(me.start_time).unwrap();
-        let age = SystemTime::now()
-            .duration_since(started)
-            .unwrap_or_default();
-        assert!(age < Duration::from_secs(3600), "{age:?}");
     }
 
     #[test]

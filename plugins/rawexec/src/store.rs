@@ -48,6 +48,11 @@ impl Store {
         }
     }
 
+    /// Whether a start or recovery of `id` is in progress.
+    pub(crate) fn starting(&self, id: &str) -> bool {
+        matches!(self.lock().get(id), Some(Slot::Starting))
+    }
+
     /// Forget `id`.
     pub(crate) fn remove(&self, id: &str) {
         self.lock().remove(id);

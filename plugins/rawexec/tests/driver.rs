@@ -1,191 +1,16 @@
 //! rawexec as the host sees it: the real plugin binary, launched and driven through
 //! the SDK client. Every wait is on a real condition with a bounded timeout.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess, process_start_time};
-use drover_plugin_sdk::{DriverError, ExitResult, TaskHandle, TaskSpec, TaskState};
-use serde_json::{Value, json};
+use common::*;
+use drover_plugin_sdk::{DriverError, ExitResult, TaskState};
+use serde_json::json;
 use tokio_stream::StreamExt as _;
-
-const BIN: &str = env!("CARGO_BIN_EXE_drover-driver-rawexec");
-/// Upper bound for anything that should happen "at once".
-const PROMPT: Duration = Duration::from_secs(10);
-
-/// Fail the test with `what` if `fut` does not finish within `limit`.
-async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
-}
-
-/// Poll `cond` every 20 ms until it holds, failing the test after `limit`.
-async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not true within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// `/proc/<pid>/stat` fields after the command name: (state, ppid, pgid).
-fn proc_stat(pid: u32) -> Option<(char, u32, u32)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = text.rsplit_once(')')?;
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let pgid = f.next()?.parse().ok()?;
-    Some((state, ppid, pgid))
-}
-
-/// Live (not zombie) processes matching `pred` on (ppid, pgid).
-fn processes(pred: impl Fn(u32, u32) -> bool) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| proc_stat(pid).is_some_and(|(s, ppid, pgid)| s != 'Z' && pred(ppid, pgid)))
-        .collect()
-}
-
-fn alive(pid: u32) -> bool {
-    proc_stat(pid).is_some_and(|(s, _, _)| s != 'Z')
-}
-
-/// A running rawexec plugin and a scratch directory for its tasks. On drop (also when
-/// a test fails) every task it started and the plugin itself are SIGKILLed, so a
-/// failing test leaves no `sleep 1000` behind.
-struct Plugin {
-    process: PluginProcess,
-    client: PluginClient,
-    dir: PathBuf,
-    /// (pgid, start time) of every task started, for the cleanup on drop.
-    groups: Mutex<Vec<(u32, u64)>>,
-}
-
-impl Plugin {
-    async fn launch(dir: &Path) -> Plugin {
-        let process = within(
-            PROMPT,
-            "launch",
-            PluginProcess::launch(LaunchOptions::new("rawexec", BIN)),
-        )
-        .await
-        .expect("rawexec launches");
-        Plugin {
-            client: process.client(),
-            process,
-            dir: dir.to_owned(),
-            groups: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn spec(&self, id: &str, config: Value) -> TaskSpec {
-        let task_dir = self.dir.join(id);
-        std::fs::create_dir_all(&task_dir).unwrap();
-        TaskSpec {
-            id: id.into(),
-            name: id.into(),
-            task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("stdout.log"),
-            stderr_path: task_dir.join("stderr.log"),
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        }
-    }
-
-    fn track(&self, pid: u32) {
-        if let Ok(t) = process_start_time(pid) {
-            self.groups.lock().unwrap().push((pid, t));
-        }
-    }
-
-    async fn start_spec(&self, spec: TaskSpec) -> (TaskHandle, u32) {
-        let id = spec.id.clone();
-        let handle = within(PROMPT, "start", self.client.start_task(spec))
-            .await
-            .unwrap_or_else(|e| panic!("start {id}: {e}"));
-        let pid = self.pid(&id).await;
-        self.track(pid);
-        (handle, pid)
-    }
-
-    async fn start(&self, id: &str, config: Value) -> (TaskHandle, u32) {
-        self.start_spec(self.spec(id, config)).await
-    }
-
-    async fn pid(&self, id: &str) -> u32 {
-        let status = within(PROMPT, "inspect", self.client.inspect_task(id))
-            .await
-            .unwrap();
-        status.attributes["pid"].parse().unwrap()
-    }
-
-    async fn wait(&self, id: &str) -> ExitResult {
-        within(PROMPT, "wait", self.client.wait_task(id))
-            .await
-            .unwrap()
-    }
-
-    fn stdout(&self, id: &str) -> String {
-        std::fs::read_to_string(self.dir.join(id).join("stdout.log")).unwrap_or_default()
-    }
-
-    /// Wait until the task has printed `line` (scripts print "ready" once their traps
-    /// are installed).
-    async fn printed(&self, id: &str, line: &str) {
-        until(PROMPT, &format!("task {id} prints {line:?}"), || {
-            self.stdout(id).lines().any(|l| l == line)
-        })
-        .await;
-    }
-
-    async fn shutdown(&self) {
-        let how = within(PROMPT, "shutdown", self.process.shutdown()).await;
-        assert_eq!(how, "exit code 0");
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        use nix::sys::signal::{Signal, killpg};
-        for (pgid, start) in self
-            .groups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            // Only a group whose leader is still the process we started.
-            if process_start_time(pgid).ok() == Some(start) {
-                let _ = killpg(nix::unistd::Pid::from_raw(pgid as i32), Signal::SIGKILL);
-            }
-        }
-        if self.process.exit_status().is_none() {
-            let _ = killpg(
-                nix::unistd::Pid::from_raw(self.process.pid() as i32),
-                Signal::SIGKILL,
-            );
-        }
-    }
-}
-
-async fn setup() -> (tempfile::TempDir, Plugin) {
-    let dir = tempfile::tempdir().unwrap();
-    let plugin = Plugin::launch(dir.path()).await;
-    (dir, plugin)
-}
-
-fn sh(script: &str) -> Value {
-    json!({ "command": "/bin/sh", "args": ["-c", script] })
-}
 
 #[tokio::test]
 async fn exit_code_is_reported_and_wait_repeats_it() {
@@ -271,6 +96,7 @@ async fn stop_with_sigterm_returns_promptly_and_the_process_is_gone() {
 #[tokio::test]
 async fn task_ignoring_sigterm_is_killed_after_the_timeout() {
     let (_dir, p) = setup().await;
+    let mut events = Box::pin(p.client.task_events().await.unwrap());
     let (_, pid) = p
         .start(
             "stubborn",
@@ -302,6 +128,22 @@ async fn task_ignoring_sigterm_is_killed_after_the_timeout() {
         processes(|_, pgid| pgid == pid).is_empty()
     })
     .await;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m: &String| m.starts_with("task exited")) {
+        let e = within(PROMPT, "next event", events.next())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.push(e.message);
+    }
+    assert_eq!(
+        seen[1..],
+        [
+            "sent SIGTERM",
+            "sent SIGKILL: still running after 1s",
+            "task exited: signal 9"
+        ]
+    );
     p.shutdown().await;
 }
 
@@ -314,8 +156,11 @@ async fn output_goes_to_the_log_files() {
     assert_eq!(p.stdout("echo"), "hello\n");
     p.start("stderr", sh("echo oops >&2")).await;
     p.wait("stderr").await;
-    let err = std::fs::read_to_string(p.dir.join("stderr/stderr.log")).unwrap();
-    assert_eq!(err, "oops\n");
+    assert_eq!(p.log("stderr", "stderr"), "oops\n");
+    assert_eq!(
+        std::fs::read_to_string(p.dir.join("stderr/stderr.0")).unwrap(),
+        "oops\n"
+    );
     p.shutdown().await;
 }
 
@@ -597,56 +442,4 @@ async fn exec_runs_in_the_tasks_environment() {
     );
     p.client.destroy_task("host", true).await.unwrap();
     p.shutdown().await;
-}
-
-/// Interim recovery (until the per-task executor lands): a task outlives its plugin
-/// process and a new one adopts it, but cannot know its exit status.
-#[tokio::test]
-async fn a_new_plugin_process_adopts_a_running_task() {
-    let dir = tempfile::tempdir().unwrap();
-    let first = Plugin::launch(dir.path()).await;
-    let (handle, pid) = first
-        .start(
-            "survivor",
-            json!({ "command": "/bin/sleep", "args": ["1000"] }),
-        )
-        .await;
-    first.shutdown().await;
-    assert!(alive(pid), "the task died with its plugin");
-
-    let second = Plugin::launch(dir.path()).await;
-    second.track(pid);
-    second.client.recover_task(handle.clone()).await.unwrap();
-    second.client.recover_task(handle.clone()).await.unwrap(); // idempotent
-    let status = second.client.inspect_task("survivor").await.unwrap();
-    assert_eq!(status.state, TaskState::Running);
-    assert_eq!(status.attributes["pid"], pid.to_string());
-    within(
-        PROMPT,
-        "stop",
-        second
-            .client
-            .stop_task("survivor", Duration::from_secs(5), "SIGTERM"),
-    )
-    .await
-    .unwrap();
-    assert!(!alive(pid));
-    let result = second.wait("survivor").await;
-    assert!(
-        result
-            .err
-            .as_deref()
-            .is_some_and(|e| e.contains("exit status unavailable")),
-        "{result:?}"
-    );
-    second.shutdown().await;
-
-    // A third process given the same handle finds the task gone and says so.
-    let third = Plugin::launch(dir.path()).await;
-    third.client.recover_task(handle).await.unwrap();
-    let status = third.client.inspect_task("survivor").await.unwrap();
-    assert_eq!(status.state, TaskState::Exited);
-    assert!(status.exit_result.and_then(|r| r.err).is_some());
-    third.client.destroy_task("survivor", false).await.unwrap();
-    third.shutdown().await;
 }

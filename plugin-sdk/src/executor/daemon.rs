@@ -1,0 +1,803 @@
+//! The executor process itself: one thread, one `poll` loop, no async runtime.
+//!
+//! It watches its listening socket, its clients, the task's stdout/stderr pipes and a
+//! pidfd of the task. Memory is what matters here (one executor per task), so buffers
+//! are small and nothing is allocated per loop beyond the poll list.
+
+use std::fs::File;
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags, WaitId, WaitIdOptions};
+
+use crate::ExitResult;
+use crate::logs::RotatingWriter;
+
+use super::proto::{ErrorKind, Op, Reply, Request};
+use super::{
+    ExecutorStatus, ExitInfo, LaunchSpec, PROTOCOL_VERSION, SPEC_FILE, files, socket_path, spawn,
+};
+
+/// Bytes read from a task pipe at a time. Small on purpose: the buffer is part of
+/// every executor's private memory.
+const READ_CHUNK: usize = 16 * 1024;
+/// Reads of one pipe per loop turn, so that a task writing without pause cannot starve
+/// the socket.
+const READS_PER_TURN: usize = 16;
+/// Longest request line accepted.
+const MAX_REQUEST: usize = 64 * 1024;
+/// Clients connected at once; more are turned away (closed at once).
+const MAX_CLIENTS: usize = 64;
+/// How often a failed write of `exit.json` is retried.
+const PERSIST_RETRY: Duration = Duration::from_secs(1);
+
+const SIGKILL: i32 = 9;
+
+/// Run the executor for the task directory `dir`. Returns the process exit code.
+pub(crate) fn run(dir: PathBuf) -> i32 {
+    // Own session first: from here on a signal to the plugin's process group (the host
+    // kills a plugin's whole group) no longer reaches the executor, and the task it
+    // starts is not in the plugin's session.
+    let _ = rustix::process::setsid();
+    close_inherited_fds();
+    block_signals();
+    restore_fd_limit();
+    let _ = std::env::set_current_dir("/");
+    if !dir.is_absolute() {
+        report(&Reply::err(
+            ErrorKind::Internal,
+            format!("executor directory {} is not absolute", dir.display()),
+        ));
+        return 1;
+    }
+    // stdin is the directory's lock, taken by the plugin: keep it before stdin goes.
+    let lock = files::inherit_lock(&dir);
+    // stdout stays the start-up pipe to the plugin until the first line is written.
+    let devnull = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null");
+    if let Ok(null) = &devnull {
+        let _ = rustix::stdio::dup2_stdin(null);
+        let _ = rustix::stdio::dup2_stderr(null);
+    }
+    let executor = match Executor::start(dir.clone(), lock) {
+        Ok(e) => e,
+        Err((kind, message)) => {
+            // The socket may have been bound before the failure; the plugin removes
+            // the directory itself.
+            let _ = std::fs::remove_file(socket_path(&dir));
+            report(&Reply::err(kind, message));
+            return 1;
+        }
+    };
+    report(&Reply::ok(executor.status.clone()));
+    // Nothing more goes to the plugin: it may be gone by now, and the pipe must close
+    // so that it sees the end of the start-up reply.
+    if let Ok(null) = &devnull {
+        let _ = rustix::stdio::dup2_stdout(null);
+    }
+    drop(devnull);
+    executor.serve()
+}
+
+/// Write the start-up line. A plugin that died meanwhile makes this fail; the task is
+/// running anyway and can be recovered by its id, so the error is ignored.
+fn report(reply: &Reply) {
+    if let Ok(mut line) = serde_json::to_vec(reply) {
+        line.push(b'\n');
+        let mut out = io::stdout().lock();
+        let _ = out.write_all(&line).and_then(|()| out.flush());
+    }
+}
+
+/// Put back the open-file limit the plugin had before it raised its own (see
+/// [`super::ENV_EXECUTOR_NOFILE`]), so the task inherits what the operator set.
+fn restore_fd_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let Some(original) = std::env::var(super::ENV_EXECUTOR_NOFILE)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let limit = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(original),
+            maximum: limit.maximum,
+        },
+    );
+}
+
+/// Close every descriptor above stderr: the executor lives for as long as its task,
+/// and must not keep, say, the plugin's gRPC socket or the agent's pipes open.
+fn close_inherited_fds() {
+    let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|&fd| fd > 2)
+            .collect(),
+        Err(_) => return,
+    };
+    // The directory's own descriptor is in the list; it is closed by now, so closing
+    // that number again just fails with EBADF.
+    for fd in fds {
+        let _ = nix::unistd::close(fd);
+    }
+}
+
+/// SIGINT and SIGHUP (a terminal going away, a Ctrl-C meant for the agent) must not
+/// end the executor, and a client hanging up must not raise SIGPIPE. Blocking rather
+/// than ignoring them matters: an ignored signal stays ignored in the task after exec,
+/// whereas the task is started with an empty signal mask.
+fn block_signals() {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGPIPE] {
+        set.add(s);
+    }
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
+}
+
+/// Memory and CPU time of process `pid` from `/proc/<pid>/stat` (fields 14 and 15,
+/// counted after the command name, which may contain spaces) and `/proc/<pid>/statm`.
+fn read_usage(pid: u32) -> io::Result<crate::TaskStats> {
+    let bad = || io::Error::other("unexpected /proc format");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let (_, rest) = stat.rsplit_once(')').ok_or_else(bad)?;
+    let mut fields = rest.split_whitespace().skip(14 - 3);
+    let mut ticks =
+        || -> io::Result<u64> { fields.next().and_then(|f| f.parse().ok()).ok_or_else(bad) };
+    let (utime, stime) = (ticks()?, ticks()?);
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(bad)?;
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    let duration =
+        |t: u64| Duration::from_secs(t / hz) + Duration::from_nanos((t % hz) * 1_000_000_000 / hz);
+    Ok(crate::TaskStats {
+        memory_rss_bytes: pages * rustix::param::page_size() as u64,
+        cpu_user: duration(utime),
+        cpu_system: duration(stime),
+        cpu_percent: 0.0,
+    })
+}
+
+/// One of the task's output streams.
+struct Output {
+    pipe: File,
+    writer: RotatingWriter,
+    what: &'static str,
+    /// A write failed (disk full…); noted once, output dropped meanwhile.
+    failing: bool,
+    closed: bool,
+}
+
+enum Pending {
+    /// `wait` or `stop`: answer with the status once the task has exited.
+    Exit,
+    /// `destroy`: answer once the task has exited and the directory is gone.
+    Destroy,
+}
+
+enum ConnState {
+    Reading,
+    Waiting(Pending),
+    Replying { carries_exit: bool },
+    Closed,
+}
+
+struct Conn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    sent: usize,
+    state: ConnState,
+}
+
+struct Executor {
+    dir: PathBuf,
+    /// Held for the executor's whole life: tells live executors from dead ones.
+    _lock: File,
+    listener: UnixListener,
+    status: ExecutorStatus,
+    /// The task's pidfd while it runs.
+    pidfd: Option<OwnedFd>,
+    outputs: Vec<Output>,
+    conns: Vec<Conn>,
+    /// When a `stop` escalates to SIGKILL.
+    kill_at: Option<Instant>,
+    escalated: bool,
+    /// A stop or destroy was asked: whatever is left of the group goes when the main
+    /// process exits.
+    kill_leftovers: bool,
+    destroying: bool,
+    /// A client received the exit result.
+    collected: bool,
+    /// `exit.json` is on disk.
+    durable: bool,
+    persist_retry_at: Option<Instant>,
+    /// The directory is gone (destroyed, or removed under us): exit once replies are out.
+    done: bool,
+    chunk: Vec<u8>,
+}
+
+type StartError = (ErrorKind, String);
+
+impl Executor {
+    fn start(dir: PathBuf, lock: io::Result<File>) -> Result<Self, StartError> {
+        let internal = |m: String| (ErrorKind::Internal, m);
+        let mut lock = lock.map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                internal(format!("another executor already owns {}", dir.display()))
+            } else {
+                internal(format!(
+                    "cannot lock executor directory {}: {e}",
+                    dir.display()
+                ))
+            }
+        })?;
+        let spec_path = dir.join(SPEC_FILE);
+        let spec: LaunchSpec = std::fs::read(&spec_path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            .map_err(|e| internal(format!("cannot read {}: {e}", spec_path.display())))?;
+
+        let sock = socket_path(&dir);
+        if !crate::client::socket_path_fits(&sock) {
+            return Err(internal(format!(
+                "executor socket path {} is longer than the {} bytes a unix socket allows",
+                sock.display(),
+                crate::handshake::MAX_UNIX_SOCKET_PATH
+            )));
+        }
+        // We hold the lock, so a socket file here is a dead executor's leftover.
+        match std::fs::remove_file(&sock) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(internal(format!("cannot remove {}: {e}", sock.display()))),
+        }
+        let listener = UnixListener::bind(&sock)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| internal(format!("cannot listen on {}: {e}", sock.display())))?;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| internal(format!("cannot restrict {}: {e}", sock.display())))?;
+
+        let open_log = |what: &str, base: &Path| -> Result<Option<RotatingWriter>, StartError> {
+            if base.as_os_str().is_empty() {
+                return Ok(None);
+            }
+            RotatingWriter::open(base, spec.logs)
+                .map(Some)
+                .map_err(|e| {
+                    (
+                        ErrorKind::Spawn,
+                        format!("cannot open the {what} log {}: {e}", base.display()),
+                    )
+                })
+        };
+        let stdout_log = open_log("stdout", &spec.stdout_path)?;
+        let stderr_log = open_log("stderr", &spec.stderr_path)?;
+        let stdio = |log: &Option<RotatingWriter>| {
+            if log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            }
+        };
+        let mut child = spawn::spawn_task(&spec, stdio(&stdout_log), stdio(&stderr_log))
+            .map_err(|m| (ErrorKind::Spawn, m))?;
+        let started_at = SystemTime::now();
+        let pid = child.id();
+        // The child is not reaped before we wait for it, so its pid cannot be reused
+        // between spawn and pidfd_open.
+        let pidfd = i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| std::io::Error::other(format!("bad pid {pid}")))
+            .and_then(|p| {
+                rustix::process::pidfd_open(p, PidfdFlags::empty()).map_err(io::Error::from)
+            });
+        let pidfd = match pidfd {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Without a pidfd we could not watch it: take it down again.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(internal(format!("cannot watch task process {pid}: {e}")));
+            }
+        };
+        let mut outputs = Vec::with_capacity(2);
+        let pipes: [(Option<OwnedFd>, Option<RotatingWriter>, &'static str); 2] = [
+            (child.stdout.take().map(OwnedFd::from), stdout_log, "stdout"),
+            (child.stderr.take().map(OwnedFd::from), stderr_log, "stderr"),
+        ];
+        for (pipe, writer, what) in pipes {
+            if let (Some(pipe), Some(writer)) = (pipe, writer) {
+                let _ = rustix::io::ioctl_fionbio(&pipe, true);
+                outputs.push(Output {
+                    pipe: File::from(pipe),
+                    writer,
+                    what,
+                    failing: false,
+                    closed: false,
+                });
+            }
+        }
+        // Dropping a std Child neither kills nor waits: the pidfd takes over.
+        drop(child);
+        // From now on a client that finds no socket knows it was removed, rather than
+        // not bound yet.
+        if let Err(e) = files::mark_ready(&mut lock, std::process::id()) {
+            files::note(
+                &dir,
+                &format!("cannot write the pid into the lock file: {e}"),
+            );
+        }
+        let status = ExecutorStatus {
+            task_id: spec.task_id.clone(),
+            pid,
+            pgid: pid,
+            start_time: crate::client::process_start_time(pid).unwrap_or(0),
+            started_at,
+            executor_pid: std::process::id(),
+            exit: None,
+        };
+        Ok(Executor {
+            dir,
+            _lock: lock,
+            listener,
+            status,
+            pidfd: Some(pidfd),
+            outputs,
+            conns: Vec::new(),
+            kill_at: None,
+            escalated: false,
+            kill_leftovers: false,
+            destroying: false,
+            collected: false,
+            durable: false,
+            persist_retry_at: None,
+            done: false,
+            chunk: vec![0; READ_CHUNK],
+        })
+    }
+
+    fn running(&self) -> bool {
+        self.pidfd.is_some()
+    }
+
+    /// The loop. Returns the process exit code.
+    fn serve(mut self) -> i32 {
+        loop {
+            if self.should_exit() {
+                if !self.done {
+                    // Clients now find the socket gone and read `exit.json` instead.
+                    let _ = std::fs::remove_file(socket_path(&self.dir));
+                }
+                return 0;
+            }
+            let timeout = self.next_timeout();
+            let has_pidfd = self.pidfd.is_some();
+            let revents: Vec<PollFlags> = {
+                let mut fds = Vec::with_capacity(2 + self.outputs.len() + self.conns.len());
+                fds.push(PollFd::new(&self.listener, PollFlags::IN));
+                if let Some(p) = &self.pidfd {
+                    fds.push(PollFd::new(p, PollFlags::IN));
+                }
+                for o in &self.outputs {
+                    fds.push(PollFd::new(&o.pipe, PollFlags::IN));
+                }
+                for c in &self.conns {
+                    let events = match c.state {
+                        ConnState::Replying { .. } => PollFlags::OUT,
+                        _ => PollFlags::IN,
+                    };
+                    fds.push(PollFd::new(&c.stream, events));
+                }
+                match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        files::note(&self.dir, &format!("poll failed: {e}"));
+                        // Do not spin on a persistent error.
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                }
+                fds.iter().map(PollFd::revents).collect()
+            };
+            let ready = |f: PollFlags| !f.is_empty();
+            let mut at = 1;
+            let pidfd_ready = has_pidfd && ready(revents[at]);
+            if has_pidfd {
+                at += 1;
+            }
+            for i in 0..self.outputs.len() {
+                if ready(revents[at + i]) {
+                    self.drain(i, READS_PER_TURN);
+                }
+            }
+            at += self.outputs.len();
+            let conn_events: Vec<PollFlags> = revents[at..].to_vec();
+
+            if pidfd_ready {
+                self.on_task_exit();
+            }
+            self.on_timers();
+            for (i, ev) in conn_events.into_iter().enumerate() {
+                if ev.intersects(PollFlags::OUT) {
+                    self.flush(i);
+                } else if !ev.is_empty() {
+                    self.read_request(i);
+                }
+            }
+            self.conns.retain(|c| !matches!(c.state, ConnState::Closed));
+            self.outputs.retain(|o| !o.closed);
+            if ready(revents[0]) {
+                self.accept();
+            }
+        }
+    }
+
+    fn should_exit(&self) -> bool {
+        !self.running()
+            && (self.done || (self.durable && self.collected))
+            && !self
+                .conns
+                .iter()
+                .any(|c| matches!(c.state, ConnState::Replying { .. }))
+    }
+
+    fn next_timeout(&self) -> Option<Timespec> {
+        let next = [self.kill_at, self.persist_retry_at]
+            .into_iter()
+            .flatten()
+            .min()?;
+        let d = next.saturating_duration_since(Instant::now());
+        Some(Timespec {
+            tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(d.subsec_nanos()),
+        })
+    }
+
+    /// Copy what the task wrote into its log files, at most `reads` chunks.
+    fn drain(&mut self, i: usize, reads: usize) {
+        let Some(out) = self.outputs.get_mut(i) else {
+            return;
+        };
+        for _ in 0..reads {
+            match out.pipe.read(&mut self.chunk) {
+                Ok(0) => {
+                    out.closed = true;
+                    return;
+                }
+                Ok(n) => {
+                    if let Err(e) = out.writer.write_all(&self.chunk[..n]) {
+                        if !out.failing {
+                            files::note(
+                                &self.dir,
+                                &format!("cannot write the task's {} log: {e}", out.what),
+                            );
+                        }
+                        out.failing = true;
+                    } else {
+                        out.failing = false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    files::note(&self.dir, &format!("reading the task's {}: {e}", out.what));
+                    out.closed = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn signal_group(&self, signal: i32) -> Result<(), String> {
+        let sig = nix::sys::signal::Signal::try_from(signal)
+            .map_err(|_| format!("unknown signal number {signal}"))?;
+        let pgid = i32::try_from(self.status.pgid).map_err(|e| e.to_string())?;
+        match nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), sig) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+            Err(e) => Err(format!("cannot send {sig} to process group {pgid}: {e}")),
+        }
+    }
+
+    /// The pidfd is readable: the task's main process has exited. Reap it, record the
+    /// result durably, then answer whoever waits.
+    fn on_task_exit(&mut self) {
+        let Some(pidfd) = &self.pidfd else {
+            return;
+        };
+        if self.kill_leftovers {
+            // Before reaping: the unreaped main process keeps its pid (the group id)
+            // from being reused, so this cannot hit an unrelated group.
+            let _ = self.signal_group(SIGKILL);
+        }
+        let result = match rustix::process::waitid(
+            WaitId::PidFd(pidfd.as_fd()),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+        ) {
+            Ok(Some(st)) => match (st.exit_status(), st.terminating_signal()) {
+                (Some(code), _) if st.exited() => ExitResult::code(code),
+                (_, Some(sig)) => ExitResult::signaled(sig),
+                _ => ExitResult {
+                    err: Some(format!("unexpected wait status (code {})", st.raw_code())),
+                    ..Default::default()
+                },
+            },
+            // Not exited after all.
+            Ok(None) => return,
+            Err(e) => ExitResult {
+                err: Some(format!("cannot collect the task's exit status: {e}")),
+                ..Default::default()
+            },
+        };
+        self.pidfd = None;
+        // What the task wrote before exiting is in the pipes: into the logs first, so
+        // that a client reading them after `wait` sees everything. A pipe holds at most
+        // 64 KiB, so a few reads do; leftover processes may keep writing, hence a bound.
+        for i in 0..self.outputs.len() {
+            self.drain(i, 64);
+        }
+        self.kill_at = None;
+        // rawexec cannot tell an OOM kill; drivers with a cgroup set `oom_killed` here.
+        self.status.exit = Some(ExitInfo {
+            result,
+            exited_at: SystemTime::now(),
+            killed_after_timeout: self.escalated,
+        });
+        // Durable first, then told. A failed write is retried on a timer; waiting
+        // clients are answered anyway, since holding the answer back would not make
+        // the disk any less full.
+        self.persist();
+        let status = self.status.clone();
+        for i in 0..self.conns.len() {
+            if matches!(self.conns[i].state, ConnState::Waiting(Pending::Exit)) {
+                self.reply(i, &Reply::ok(status.clone()), true);
+            }
+        }
+        if self.destroying {
+            self.destroy_now();
+        }
+    }
+
+    /// Write `exit.json`; retried on the timer until it works.
+    fn persist(&mut self) {
+        match files::write_exit_file(&self.dir, &self.status) {
+            Ok(()) => {
+                self.durable = true;
+                self.persist_retry_at = None;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.dir.exists() => {
+                // Our directory was removed: nobody can find this executor any more.
+                self.done = true;
+                self.persist_retry_at = None;
+            }
+            Err(e) => {
+                if self.persist_retry_at.is_none() {
+                    files::note(&self.dir, &format!("cannot write exit.json: {e}"));
+                }
+                self.persist_retry_at = Some(Instant::now() + PERSIST_RETRY);
+            }
+        }
+    }
+
+    fn on_timers(&mut self) {
+        let now = Instant::now();
+        if self.kill_at.is_some_and(|t| t <= now) {
+            self.kill_at = None;
+            if self.running() {
+                self.escalated = true;
+                let _ = self.signal_group(SIGKILL);
+            }
+        }
+        if self.persist_retry_at.is_some_and(|t| t <= now) && !self.running() && !self.durable {
+            self.persist();
+        }
+    }
+
+    fn destroy_now(&mut self) {
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => files::note(
+                &self.dir,
+                &format!("cannot remove {}: {e}", self.dir.display()),
+            ),
+        }
+        self.done = true;
+        let status = self.status.clone();
+        for i in 0..self.conns.len() {
+            if matches!(self.conns[i].state, ConnState::Waiting(Pending::Destroy)) {
+                self.reply(i, &Reply::ok(status.clone()), false);
+            }
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if self.conns.len() >= MAX_CLIENTS || stream.set_nonblocking(true).is_err() {
+                        continue; // dropped: the client sees the connection close
+                    }
+                    self.conns.push(Conn {
+                        stream,
+                        buf: Vec::new(),
+                        sent: 0,
+                        state: ConnState::Reading,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return, // WouldBlock, or a transient error: poll again
+            }
+        }
+    }
+
+    fn read_request(&mut self, i: usize) {
+        let mut tmp = [0u8; 1024];
+        loop {
+            let conn = &mut self.conns[i];
+            match conn.stream.read(&mut tmp) {
+                Ok(0) => {
+                    // The client hung up (a waiter gave up, or sent nothing).
+                    conn.state = ConnState::Closed;
+                    return;
+                }
+                Ok(n) => {
+                    if matches!(conn.state, ConnState::Reading) {
+                        conn.buf.extend_from_slice(&tmp[..n]);
+                        if let Some(end) = conn.buf.iter().position(|&b| b == b'\n') {
+                            let line = conn.buf[..end].to_vec();
+                            conn.buf.clear();
+                            self.handle(i, &line);
+                            return;
+                        }
+                        if conn.buf.len() > MAX_REQUEST {
+                            conn.buf.clear();
+                            self.reply(
+                                i,
+                                &Reply::err(ErrorKind::Invalid, "request line too long"),
+                                false,
+                            );
+                            return;
+                        }
+                    }
+                    // Anything after the request is ignored.
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    conn.state = ConnState::Closed;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, i: usize, line: &[u8]) {
+        let req: Request = match serde_json::from_slice(line) {
+            Ok(r) => r,
+            Err(e) => {
+                let r = Reply::err(ErrorKind::Invalid, format!("bad request: {e}"));
+                return self.reply(i, &r, false);
+            }
+        };
+        if req.v > PROTOCOL_VERSION {
+            let r = Reply::err(
+                ErrorKind::Invalid,
+                format!(
+                    "request has protocol version {}, this executor speaks {PROTOCOL_VERSION}",
+                    req.v
+                ),
+            );
+            return self.reply(i, &r, false);
+        }
+        let exited = !self.running();
+        match req.op {
+            Op::Status => self.reply(i, &Reply::ok(self.status.clone()), false),
+            Op::Stats if exited => {
+                let r = Reply::err(
+                    ErrorKind::Exited,
+                    format!("task {} has exited", self.status.task_id),
+                );
+                self.reply(i, &r, false);
+            }
+            Op::Stats => match read_usage(self.status.pid) {
+                Ok(stats) => {
+                    let mut r = Reply::ok(self.status.clone());
+                    r.stats = Some(stats);
+                    self.reply(i, &r, false);
+                }
+                Err(e) => {
+                    let m = format!("cannot read /proc/{}: {e}", self.status.pid);
+                    self.reply(i, &Reply::err(ErrorKind::Internal, m), false);
+                }
+            },
+            Op::Wait | Op::Stop { .. } if exited => {
+                self.reply(i, &Reply::ok(self.status.clone()), true);
+            }
+            Op::Wait => self.conns[i].state = ConnState::Waiting(Pending::Exit),
+            Op::Signal { .. } if exited => {
+                let r = Reply::err(
+                    ErrorKind::Exited,
+                    format!("task {} has exited", self.status.task_id),
+                );
+                self.reply(i, &r, false);
+            }
+            Op::Signal { signal } => match self.signal_group(signal) {
+                Ok(()) => self.reply(i, &Reply::ok(self.status.clone()), false),
+                Err(m) => self.reply(i, &Reply::err(ErrorKind::Invalid, m), false),
+            },
+            Op::Stop { signal, timeout_ms } => {
+                if let Err(m) = self.signal_group(signal) {
+                    return self.reply(i, &Reply::err(ErrorKind::Invalid, m), false);
+                }
+                self.kill_leftovers = true;
+                let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+                self.kill_at = Some(self.kill_at.map_or(deadline, |t| t.min(deadline)));
+                self.conns[i].state = ConnState::Waiting(Pending::Exit);
+            }
+            Op::Destroy => {
+                self.destroying = true;
+                self.kill_leftovers = true;
+                self.conns[i].state = ConnState::Waiting(Pending::Destroy);
+                if exited {
+                    self.destroy_now();
+                } else {
+                    let _ = self.signal_group(SIGKILL);
+                }
+            }
+        }
+    }
+
+    /// Queue `reply` on connection `i` and try to send it at once.
+    fn reply(&mut self, i: usize, reply: &Reply, carries_exit: bool) {
+        let conn = &mut self.conns[i];
+        conn.buf.clear();
+        conn.sent = 0;
+        if serde_json::to_writer(&mut conn.buf, reply).is_err() {
+            conn.state = ConnState::Closed;
+            return;
+        }
+        conn.buf.push(b'\n');
+        conn.state = ConnState::Replying { carries_exit };
+        self.flush(i);
+    }
+
+    fn flush(&mut self, i: usize) {
+        let conn = &mut self.conns[i];
+        let ConnState::Replying { carries_exit } = conn.state else {
+            return;
+        };
+        while conn.sent < conn.buf.len() {
+            match conn.stream.write(&conn.buf[conn.sent..]) {
+                Ok(n) => conn.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    conn.state = ConnState::Closed;
+                    return;
+                }
+            }
+        }
+        if carries_exit {
+            self.collected = true;
+        }
+        conn.state = ConnState::Closed;
+    }
+}

@@ -1,0 +1,226 @@
+//! Helpers shared by the rawexec tests: the real plugin binary, driven through the SDK
+//! client, and cleanup that leaves no process behind even when a test fails.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess, process_start_time};
+use drover_plugin_sdk::logs::log_files;
+use drover_plugin_sdk::{AgentInfo, ExitResult, TaskHandle, TaskSpec};
+use serde_json::{Value, json};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_drover-driver-rawexec");
+/// Upper bound for anything that should happen "at once".
+pub const PROMPT: Duration = Duration::from_secs(10);
+
+/// Fail the test with `what` if `fut` does not finish within `limit`.
+pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
+
+/// Poll `cond` every 20 ms until it holds, failing the test after `limit`.
+pub async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not true within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `/proc/<pid>/stat` fields after the command name: (state, ppid, pgid).
+pub fn proc_stat(pid: u32) -> Option<(char, u32, u32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgid = f.next()?.parse().ok()?;
+    Some((state, ppid, pgid))
+}
+
+/// Live (not zombie) processes matching `pred` on (ppid, pgid).
+pub fn processes(pred: impl Fn(u32, u32) -> bool) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| proc_stat(pid).is_some_and(|(s, ppid, pgid)| s != 'Z' && pred(ppid, pgid)))
+        .collect()
+}
+
+pub fn alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|(s, _, _)| s != 'Z')
+}
+
+/// A running rawexec plugin and a scratch directory for its tasks and executors. On
+/// drop (also when a test fails) every task it started, their executors and the plugin
+/// itself are SIGKILLed, so a failing test leaves no `sleep 1000` behind.
+pub struct Plugin {
+    pub process: PluginProcess,
+    pub client: PluginClient,
+    pub dir: PathBuf,
+    /// (pid, start time) of every task group leader and executor started, for the
+    /// cleanup on drop.
+    groups: Mutex<Vec<(u32, u64)>>,
+}
+
+/// The plugin state directory the tests give rawexec (as the agent does).
+pub fn state_dir(dir: &Path) -> PathBuf {
+    dir.join("plugin-state")
+}
+
+impl Plugin {
+    pub async fn launch(dir: &Path) -> Plugin {
+        let process = within(
+            PROMPT,
+            "launch",
+            PluginProcess::launch(LaunchOptions::new("rawexec", BIN)),
+        )
+        .await
+        .expect("rawexec launches");
+        let client = process.client();
+        let agent = AgentInfo {
+            alloc_dir: dir.to_owned(),
+            plugin_state_dir: state_dir(dir),
+            api_version: drover_plugin_sdk::version::PLUGIN_API_VERSION.into(),
+        };
+        within(PROMPT, "set config", client.set_config("{}".into(), &agent))
+            .await
+            .expect("SetConfig");
+        Plugin {
+            client,
+            process,
+            dir: dir.to_owned(),
+            groups: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn spec(&self, id: &str, config: Value) -> TaskSpec {
+        let task_dir = self.dir.join(id);
+        std::fs::create_dir_all(&task_dir).unwrap();
+        TaskSpec {
+            id: id.into(),
+            name: id.into(),
+            task_dir: task_dir.clone(),
+            stdout_path: task_dir.join("stdout"),
+            stderr_path: task_dir.join("stderr"),
+            driver_config_json: config.to_string(),
+            ..Default::default()
+        }
+    }
+
+    pub fn track(&self, pid: u32) {
+        if let Ok(t) = process_start_time(pid) {
+            self.groups.lock().unwrap().push((pid, t));
+        }
+    }
+
+    pub async fn start_spec(&self, spec: TaskSpec) -> (TaskHandle, u32) {
+        let id = spec.id.clone();
+        let handle = within(PROMPT, "start", self.client.start_task(spec))
+            .await
+            .unwrap_or_else(|e| panic!("start {id}: {e}"));
+        let pid = self.pid(&id).await;
+        self.track(pid);
+        self.track(self.executor_pid(&id).await);
+        (handle, pid)
+    }
+
+    pub async fn start(&self, id: &str, config: Value) -> (TaskHandle, u32) {
+        self.start_spec(self.spec(id, config)).await
+    }
+
+    pub async fn pid(&self, id: &str) -> u32 {
+        let status = within(PROMPT, "inspect", self.client.inspect_task(id))
+            .await
+            .unwrap();
+        status.attributes["pid"].parse().unwrap()
+    }
+
+    pub async fn executor_pid(&self, id: &str) -> u32 {
+        let status = within(PROMPT, "inspect", self.client.inspect_task(id))
+            .await
+            .unwrap();
+        status.attributes["executor_pid"].parse().unwrap()
+    }
+
+    pub async fn wait(&self, id: &str) -> ExitResult {
+        within(PROMPT, "wait", self.client.wait_task(id))
+            .await
+            .unwrap()
+    }
+
+    /// Everything task `id` wrote to `stream`, across its log files.
+    pub fn log(&self, id: &str, stream: &str) -> String {
+        read_log(&self.dir.join(id).join(stream))
+    }
+
+    pub fn stdout(&self, id: &str) -> String {
+        self.log(id, "stdout")
+    }
+
+    /// Wait until the task has printed `line` (scripts print "ready" once their traps
+    /// are installed).
+    pub async fn printed(&self, id: &str, line: &str) {
+        until(PROMPT, &format!("task {id} prints {line:?}"), || {
+            self.stdout(id).lines().any(|l| l == line)
+        })
+        .await;
+    }
+
+    pub async fn shutdown(&self) {
+        let how = within(PROMPT, "shutdown", self.process.shutdown()).await;
+        assert_eq!(how, "exit code 0");
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, killpg};
+        for (pgid, start) in self
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            // Only a group whose leader is still the process we started (executors
+            // lead their own session and group too).
+            if process_start_time(pgid).ok() == Some(start) {
+                let _ = killpg(nix::unistd::Pid::from_raw(pgid as i32), Signal::SIGKILL);
+            }
+        }
+        if self.process.exit_status().is_none() {
+            let _ = killpg(
+                nix::unistd::Pid::from_raw(self.process.pid() as i32),
+                Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The concatenation of the log files at `base`, oldest first.
+pub fn read_log(base: &Path) -> String {
+    log_files(base)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, p)| std::fs::read_to_string(p).unwrap_or_default())
+        .collect()
+}
+
+pub async fn setup() -> (tempfile::TempDir, Plugin) {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::launch(dir.path()).await;
+    (dir, plugin)
+}
+
+pub fn sh(script: &str) -> Value {
+    json!({ "command": "/bin/sh", "args": ["-c", script] })
+}

@@ -1,0 +1,543 @@
+//! Tasks outlive the rawexec plugin: each is owned by an executor process that keeps
+//! the real exit status until someone collects it. These tests kill the plugin with
+//! SIGKILL, break executors on purpose, and check the logs' size limits, all through
+//! the real binary.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use drover_plugin_sdk::client::process_start_time;
+use drover_plugin_sdk::logs::log_files;
+use drover_plugin_sdk::{DriverError, ExitResult, LogConfig, TaskHandle, TaskState};
+use serde_json::json;
+
+fn sleeper() -> serde_json::Value {
+    json!({ "command": "/bin/sleep", "args": ["1000"] })
+}
+
+/// The executor directory of a task, from its handle's driver state.
+fn executor_dir(handle: &TaskHandle) -> PathBuf {
+    let state: serde_json::Value = serde_json::from_slice(&handle.driver_state).unwrap();
+    PathBuf::from(state["executor_dir"].as_str().unwrap())
+}
+
+/// Kill the plugin's process group with SIGKILL, as a crash would end it.
+async fn crash(p: &Plugin) {
+    let how = within(PROMPT, "kill the plugin", p.process.kill()).await;
+    assert!(how.contains("signal 9"), "{how}");
+}
+
+#[tokio::test]
+async fn sigkilled_plugin_is_replaced_and_every_task_recovered_with_real_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let go = dir.path().join("go");
+    let (long_h, long_pid) = first.start("long", sleeper()).await;
+    let (seven_h, seven_pid) = first
+        .start(
+            "seven",
+            sh(&format!(
+                "echo ready; while [ ! -e {} ]; do sleep 0.02; done; exit 7",
+                go.display()
+            )),
+        )
+        .await;
+    let (usr1_h, usr1_pid) = first
+        .start(
+            "usr1",
+            sh("trap 'exit 42' USR1; echo ready; while :; do sleep 0.05; done"),
+        )
+        .await;
+    first.printed("seven", "ready").await;
+    first.printed("usr1", "ready").await;
+    let seven_executor = first.executor_pid("seven").await;
+    let starts: Vec<u64> = [long_pid, seven_pid, usr1_pid]
+        .iter()
+        .map(|&p| process_start_time(p).unwrap())
+        .collect();
+
+    crash(&first).await;
+    // While no plugin runs, one task exits with code 7.
+    std::fs::write(&go, "").unwrap();
+    until(PROMPT, "task seven exits", || !alive(seven_pid)).await;
+    assert!(
+        alive(long_pid) && alive(usr1_pid),
+        "tasks died with the plugin"
+    );
+    assert!(
+        alive(seven_executor),
+        "the executor of an uncollected result must wait for someone to collect it"
+    );
+
+    let second = Plugin::launch(dir.path()).await;
+    for h in [&long_h, &seven_h, &usr1_h] {
+        within(PROMPT, "recover", second.client.recover_task(h.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("recover {}: {e}", h.spec.id));
+    }
+    // The host may call it again; the task is tracked already.
+    second.client.recover_task(long_h.clone()).await.unwrap();
+
+    // Same processes, not restarted.
+    for (id, pid, start) in [("long", long_pid, starts[0]), ("usr1", usr1_pid, starts[2])] {
+        let status = second.client.inspect_task(id).await.unwrap();
+        assert_eq!(status.state, TaskState::Running, "{id}");
+        assert_eq!(status.attributes["pid"], pid.to_string(), "{id}");
+        assert_eq!(
+            process_start_time(pid).unwrap(),
+            start,
+            "{id} was restarted"
+        );
+    }
+    assert_eq!(second.wait("seven").await, ExitResult::code(7));
+    // Collected: its executor goes.
+    until(PROMPT, "the executor of seven exits", || {
+        !alive(seven_executor)
+    })
+    .await;
+
+    second.client.signal_task("usr1", "SIGUSR1").await.unwrap();
+    assert_eq!(second.wait("usr1").await, ExitResult::code(42));
+    within(
+        PROMPT,
+        "stop",
+        second
+            .client
+            .stop_task("long", Duration::from_secs(5), "SIGTERM"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(second.wait("long").await, ExitResult::signaled(15));
+    for id in ["long", "seven", "usr1"] {
+        second.client.destroy_task(id, false).await.unwrap();
+    }
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_task_is_found_by_its_id_alone() {
+    // The host lost the StartTask reply (it crashed meanwhile) and recovers with an
+    // empty driver state.
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let (handle, pid) = first.start("orphan", sleeper()).await;
+    crash(&first).await;
+
+    let second = Plugin::launch(dir.path()).await;
+    let mut bare = handle.clone();
+    bare.driver_state.clear();
+    within(PROMPT, "recover by id", second.client.recover_task(bare))
+        .await
+        .unwrap();
+    assert_eq!(second.pid("orphan").await, pid);
+    second.client.destroy_task("orphan", true).await.unwrap();
+    assert!(!alive(pid));
+
+    // A task that was never started is NotFound, and says where it looked.
+    let mut never = handle;
+    never.spec.id = "never-started".into();
+    never.driver_state.clear();
+    let err = second.client.recover_task(never).await.unwrap_err();
+    assert!(
+        matches!(&err, DriverError::NotFound(m) if m.contains("does not exist")),
+        "{err:?}"
+    );
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn deleted_executor_socket_is_a_prompt_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let (handle, pid) = first.start("broken", sleeper()).await;
+    crash(&first).await;
+    let sock = executor_dir(&handle).join("sock");
+    std::fs::remove_file(&sock).unwrap();
+
+    let second = Plugin::launch(dir.path()).await;
+    let err = within(
+        PROMPT,
+        "recover with a deleted socket",
+        second.client.recover_task(handle),
+    )
+    .await
+    .unwrap_err();
+    match &err {
+        DriverError::NotFound(m) => {
+            assert!(m.contains(&sock.display().to_string()), "{m}");
+            assert!(m.contains("executor is alive"), "{m}");
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    // Nothing was killed or restarted on the way.
+    assert!(alive(pid));
+    assert!(matches!(
+        second.client.inspect_task("broken").await,
+        Err(DriverError::NotFound(_))
+    ));
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn old_handle_versions_are_refused_with_an_explanation() {
+    let (_dir, p) = setup().await;
+    let spec = p.spec("ancient", sleeper());
+    let handle = TaskHandle {
+        version: 1,
+        spec,
+        state: TaskState::Running,
+        driver_state: br#"{"pid":4242,"pgid":4242,"start_time":1}"#.to_vec(),
+    };
+    let err = p.client.recover_task(handle).await.unwrap_err();
+    assert!(
+        matches!(&err, DriverError::FailedPrecondition(m)
+            if m.contains("version 1") && m.contains("4242")),
+        "{err:?}"
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn executor_exits_once_the_result_is_collected_or_the_task_destroyed() {
+    let (_dir, p) = setup().await;
+    let (handle, _) = p.start("quick", sh("exit 3")).await;
+    let executor = p.executor_pid("quick").await;
+    let dir = executor_dir(&handle);
+    assert_eq!(p.wait("quick").await, ExitResult::code(3));
+    until(
+        PROMPT,
+        "the executor exits after its result was collected",
+        || !alive(executor),
+    )
+    .await;
+    // The result stays on disk until destroy, and answers without an executor.
+    assert!(dir.join("exit.json").exists());
+    assert!(!dir.join("sock").exists());
+    assert_eq!(p.wait("quick").await, ExitResult::code(3));
+    p.client.destroy_task("quick", false).await.unwrap();
+    assert!(!dir.exists(), "destroy leaves {} behind", dir.display());
+
+    let (handle, pid) = p.start("doomed", sleeper()).await;
+    let executor = p.executor_pid("doomed").await;
+    within(PROMPT, "destroy", p.client.destroy_task("doomed", true))
+        .await
+        .unwrap();
+    assert!(!alive(pid));
+    until(PROMPT, "the executor exits after destroy", || {
+        !alive(executor)
+    })
+    .await;
+    assert!(!executor_dir(&handle).exists());
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_start_leaves_no_executor_and_no_directory() {
+    let (_dir, p) = setup().await;
+    for (id, config, says) in [
+        (
+            "nocommand",
+            json!({ "command": "/nonexistent/program" }),
+            "/nonexistent/program",
+        ),
+        (
+            "nocwd",
+            json!({ "command": "/bin/true", "cwd": "/nonexistent/dir" }),
+            "working directory /nonexistent/dir",
+        ),
+    ] {
+        let err = p.client.start_task(p.spec(id, config)).await.unwrap_err();
+        assert!(
+            matches!(&err, DriverError::InvalidConfig(m) if m.contains(says)),
+            "{err:?}"
+        );
+    }
+    let executors = state_dir(&p.dir).join("rawexec");
+    let left: Vec<_> = std::fs::read_dir(&executors)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    until(PROMPT, "no child of the plugin is left", || {
+        processes(|ppid, _| ppid == p.process.pid()).is_empty()
+    })
+    .await;
+    p.shutdown().await;
+}
+
+/// `seq` output of `n` numbered lines: `000000000000001\n` …, 16 bytes each.
+fn numbered(n: u64) -> serde_json::Value {
+    json!({ "command": "/usr/bin/seq", "args": ["-f", "%015.0f", "1", n.to_string()] })
+}
+
+#[tokio::test]
+async fn logs_rotate_within_limits_and_keep_the_tail_in_order() {
+    const LINES: u64 = 3_300_000; // 52.8 MB
+    let (_dir, p) = setup().await;
+    let mut spec = p.spec("chatty", numbered(LINES));
+    spec.logs = LogConfig {
+        max_files: 3,
+        max_file_size_mb: 1,
+    };
+    p.start_spec(spec).await;
+    assert_eq!(
+        within(
+            Duration::from_secs(120),
+            "wait",
+            p.client.wait_task("chatty")
+        )
+        .await
+        .unwrap(),
+        ExitResult::code(0)
+    );
+    let base = p.dir.join("chatty/stdout");
+    let files = log_files(&base).unwrap();
+    assert!(
+        !files.is_empty() && files.len() <= 3,
+        "{} files: {files:?}",
+        files.len()
+    );
+    for (_, f) in &files {
+        let size = std::fs::metadata(f).unwrap().len();
+        assert!(size <= 1024 * 1024, "{} is {size} bytes", f.display());
+    }
+    let text = read_log(&base);
+    // The first kept line may be cut by rotation; every later one is whole and in order.
+    let mut lines = text.lines().skip(1).map(|l| {
+        l.parse::<u64>()
+            .unwrap_or_else(|_| panic!("not a numbered line: {l:?}"))
+    });
+    let first = lines.next().unwrap();
+    let mut expect = first + 1;
+    for n in lines {
+        assert_eq!(n, expect, "line {expect} is missing or out of order");
+        expect += 1;
+    }
+    assert_eq!(expect - 1, LINES, "the last line is missing");
+    assert!(
+        text.len() as u64 > 2 * 1024 * 1024,
+        "only {} bytes kept",
+        text.len()
+    );
+    p.shutdown().await;
+}
+
+/// Proportional set size and private dirty memory of `pid`, in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Pss:"), field("Private_Dirty:"))
+}
+
+#[tokio::test]
+async fn executors_are_small() {
+    let (_dir, p) = setup().await;
+    let mut executors = Vec::new();
+    for i in 0..4 {
+        let id = format!("small-{i}");
+        p.start(&id, sleeper()).await;
+        executors.push(p.executor_pid(&id).await);
+    }
+    let samples: Vec<(u64, u64)> = executors.iter().map(|&pid| memory_kib(pid)).collect();
+    eprintln!(
+        "executor memory (KiB, pss/private dirty) with 4 running from {}: {samples:?}",
+        Path::new(BIN).display()
+    );
+    // Debug builds carry far more relocations than release; this bound catches
+    // regressions (a runtime started, a big buffer), the release figure is reported
+    // separately.
+    for (pss, dirty) in samples {
+        assert!(
+            pss < 4096 && dirty < 1024,
+            "pss {pss} KiB, dirty {dirty} KiB"
+        );
+    }
+    for i in 0..4 {
+        p.client
+            .destroy_task(&format!("small-{i}"), true)
+            .await
+            .unwrap();
+    }
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_killed_executor_is_reported_not_waited_for_forever() {
+    let (_dir, p) = setup().await;
+    let (_, pid) = p.start("unowned", sleeper()).await;
+    let executor = p.executor_pid("unowned").await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let result = p.wait("unowned").await;
+    let err = result.err.unwrap_or_default();
+    assert!(
+        err.contains("lost the task's executor") && err.contains(&format!("group {pid}")),
+        "{err}"
+    );
+    assert_eq!(
+        p.client.inspect_task("unowned").await.unwrap().state,
+        TaskState::Exited
+    );
+    // The orphaned task is left alone (it is not proven to be ours any more); the
+    // test's cleanup kills it.
+    assert!(alive(pid));
+    p.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_executor_answers_status_and_stats_on_its_own() {
+    use drover_plugin_sdk::executor::ExecutorHandle;
+    let (_dir, p) = setup().await;
+    let (handle, pid) = p.start("direct", sh("while :; do :; done")).await;
+    // A driver (or an operator's tool) needs nothing but the directory.
+    let exec = within(
+        PROMPT,
+        "connect",
+        ExecutorHandle::connect(&executor_dir(&handle)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(exec.info().task_id, "direct");
+    assert_eq!(exec.pid(), pid);
+    let first = exec.stats().await.unwrap();
+    assert!(first.memory_rss_bytes > 0, "{first:?}");
+    let deadline = std::time::Instant::now() + PROMPT;
+    loop {
+        let now = exec.stats().await.unwrap();
+        if now.cpu_user + now.cpu_system > first.cpu_user + first.cpu_system {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a busy loop used no CPU time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exit = within(PROMPT, "stop", exec.stop(15, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(exit.result, ExitResult::signaled(15));
+    assert!(!exit.killed_after_timeout);
+    let err = exec.stats().await.unwrap_err();
+    assert!(matches!(err, DriverError::FailedPrecondition(_)), "{err:?}");
+    // The plugin heard about it through its own wait.
+    assert_eq!(p.wait("direct").await, ExitResult::signaled(15));
+    p.shutdown().await;
+}
+
+/// Live processes whose command line is exactly `args`.
+fn running_with_cmdline(args: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    processes(|_, _| true)
+        .into_iter()
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+/// Wait until `pid` has its command line: a start returns as soon as the task's exec
+/// is past the point of no return, a moment before the kernel fills in the new one.
+async fn exec_done(pid: u32) {
+    until(PROMPT, "the task's exec completes", || {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_plugin_killed_at_random_points_of_start_up_never_runs_a_task_twice() {
+    const ROUNDS: u64 = 6;
+    const TASKS: u64 = 8;
+    let dir = tempfile::tempdir().unwrap();
+    // A small LCG is enough to spread the kills over the start-up window.
+    let mut seed = u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let (mut found, mut lost) = (0, 0);
+    for round in 0..ROUNDS {
+        let plugin = Plugin::launch(dir.path()).await;
+        let specs: Vec<_> = (0..TASKS)
+            .map(|i| {
+                // A distinct duration per task marks its process.
+                let config =
+                    json!({ "command": "/bin/sleep", "args": [format!("1000.{round}{i:02}")] });
+                plugin.spec(&format!("r{round}-t{i}"), config)
+            })
+            .collect();
+        let starts: Vec<_> = specs
+            .iter()
+            .map(|s| {
+                let c = plugin.client.clone();
+                let s = s.clone();
+                tokio::spawn(async move { c.start_task(s).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_micros(next(40_000))).await;
+        crash(&plugin).await;
+        for s in starts {
+            let _ = s.await;
+        }
+
+        // The host knows only the ids it asked for.
+        let second = Plugin::launch(dir.path()).await;
+        for spec in &specs {
+            let config: serde_json::Value = serde_json::from_str(&spec.driver_config_json).unwrap();
+            let arg = config["args"][0].as_str().unwrap().to_owned();
+            let marker = ["/bin/sleep", arg.as_str()];
+            let bare = TaskHandle {
+                version: drover_driver_rawexec::HANDLE_VERSION,
+                spec: spec.clone(),
+                ..Default::default()
+            };
+            match within(PROMPT, "recover by id", second.client.recover_task(bare)).await {
+                Ok(()) => {
+                    found += 1;
+                    let pid = second.pid(&spec.id).await;
+                    second.track(pid);
+                    exec_done(pid).await;
+                    second.track(second.executor_pid(&spec.id).await);
+                    assert_eq!(
+                        running_with_cmdline(&marker),
+                        [pid],
+                        "{}: exactly the recovered process runs",
+                        spec.id
+                    );
+                    second.client.destroy_task(&spec.id, true).await.unwrap();
+                }
+                Err(DriverError::NotFound(why)) => {
+                    lost += 1;
+                    assert!(
+                        running_with_cmdline(&marker).is_empty(),
+                        "{}: NotFound ({why}) but its process runs",
+                        spec.id
+                    );
+                    // The host starts it again: exactly one copy runs.
+                    let (_, pid) = second.start_spec(spec.clone()).await;
+                    exec_done(pid).await;
+                    assert_eq!(running_with_cmdline(&marker), [pid], "{}", spec.id);
+                    second.client.destroy_task(&spec.id, true).await.unwrap();
+                }
+                Err(e) => panic!("{}: {e:?}", spec.id),
+            }
+            assert!(running_with_cmdline(&marker).is_empty(), "{}", spec.id);
+        }
+        second.shutdown().await;
+    }
+    eprintln!("{found} tasks recovered, {lost} never started, over {ROUNDS} kills");
+}
