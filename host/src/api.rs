@@ -81,8 +81,10 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-async fn health() -> ApiResult {
-    ok(serde_json::json!({ "status": "ok" }))
+/// Liveness, plus whether start-up task recovery has finished (`recovery` is null
+/// until then) — what an operator or a script waits for after an agent restart.
+async fn health(State(s): State<ApiState>) -> ApiResult {
+    ok(serde_json::json!({ "status": "ok", "recovery": s.tasks.recovery() }))
 }
 
 async fn plugins(State(s): State<ApiState>) -> ApiResult {

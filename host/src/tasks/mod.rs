@@ -443,7 +443,7 @@ impl Task {
 }
 
 /// How [`TaskManager::recover`] went.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RecoverySummary {
     /// Tasks that were pending or running when the agent last stopped.
     pub tasks: usize,
@@ -456,7 +456,12 @@ pub struct RecoverySummary {
     /// Waiting for their driver to come back; recovered when it does.
     pub waiting: usize,
     /// Wall time until every task got one of the outcomes above.
+    #[serde(rename = "elapsed_ms", serialize_with = "millis")]
     pub elapsed: Duration,
+}
+
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Runs tasks through drivers, keeps their records, restarts and recovers them.
@@ -468,6 +473,8 @@ pub struct TaskManager {
     tasks: RwLock<HashMap<String, Arc<Task>>>,
     recovery_slots: Arc<Semaphore>,
     recovered: AtomicBool,
+    /// Set once start-up recovery finished (`None` until then), for the health API.
+    recovery: std::sync::Mutex<Option<RecoverySummary>>,
     /// [`RPC_TIMEOUT`]; shorter in tests.
     rpc_timeout: Duration,
 }
@@ -494,6 +501,7 @@ impl TaskManager {
             tasks: RwLock::new(HashMap::new()),
             recovery_slots: Arc::new(Semaphore::new(RECOVERY_CONCURRENCY)),
             recovered: AtomicBool::new(false),
+            recovery: std::sync::Mutex::new(None),
             rpc_timeout: RPC_TIMEOUT,
         }
     }
@@ -562,7 +570,19 @@ impl TaskManager {
             elapsed_ms = summary.elapsed.as_millis() as u64,
             "task recovery finished"
         );
+        *self
+            .recovery
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(summary.clone());
         summary
+    }
+
+    /// The outcome of start-up recovery, once it has finished.
+    pub fn recovery(&self) -> Option<RecoverySummary> {
+        self.recovery
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn entry(&self, id: &str) -> Result<Arc<Task>, DriverError> {
