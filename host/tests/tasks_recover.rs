@@ -110,3 +110,72 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
         assert!(!running(*pid), "task process {pid} survived its stop");
     }
 }
+
+/// A task that waits for `flag` to exist, then exits with `code`.
+fn exit_on_flag(flag: &std::path::Path, code: i32) -> serde_json::Value {
+    serde_json::json!({
+        "driver": "rawexec",
+        "config": {"command": "/bin/sh", "args": ["-c", format!(
+            "while [ ! -e {} ]; do sleep 0.05; done; exit {code}", flag.display()
+        )]},
+    })
+}
+
+#[test]
+fn exit_codes_arrive_across_a_plugin_crash_and_a_broken_executor_socket_is_reported() {
+    let (root, agent) = agent();
+    let early = root.path().join("early");
+    let late = root.path().join("late");
+    let mut reap = Reap(Vec::new());
+    let mut start = |body: serde_json::Value| {
+        let (status, task) = http(&agent.socket, "POST", "/v1/tasks", Some(&body));
+        assert_eq!(status, 201, "{task:#}");
+        reap.0.push(task_pid(&task));
+        task
+    };
+    // Exits while the plugin is dead, exits after it is back, never exits.
+    let a = start(exit_on_flag(&early, 7));
+    let b = start(exit_on_flag(&late, 9));
+    let c = start(serde_json::json!({
+        "driver": "rawexec",
+        "config": {"command": "/bin/sleep", "args": ["1000"]},
+    }));
+    let id = |t: &serde_json::Value| t["id"].as_str().unwrap().to_owned();
+    // Break c's executor socket, then crash the plugin: the relaunched plugin cannot
+    // reach c's executor.
+    let sock = std::path::Path::new(c["attributes"]["executor_dir"].as_str().unwrap()).join("sock");
+    std::fs::remove_file(&sock).unwrap();
+    nix_kill(rawexec_pid(&agent), 9).unwrap();
+    std::fs::write(&early, "").unwrap();
+
+    let a_done = until(&agent, &id(&a), Duration::from_secs(20), "dead", |t| {
+        t["state"] == "dead"
+    });
+    assert_eq!(a_done["exit_code"], 7, "{a_done:#}");
+    let c_done = until(&agent, &id(&c), Duration::from_secs(20), "reported", |t| {
+        t["state"] == "dead"
+    });
+    let failure = c_done["events"]
+        .as_array()
+        .and_then(|e| e.iter().rev().find(|e| e["type"] == "DriverFailure"))
+        .unwrap_or_else(|| panic!("no DriverFailure event: {c_done:#}"));
+    let message = failure["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&sock.display().to_string()),
+        "the event does not name the broken socket: {message}"
+    );
+    assert!(c_done["exit_code"].is_null(), "{c_done:#}");
+
+    let b_recovered = until(&agent, &id(&b), Duration::from_secs(20), "recovered", |t| {
+        kinds(t).iter().any(|k| k == "Recovered")
+    });
+    assert_eq!(b_recovered["state"], "running", "{b_recovered:#}");
+    std::fs::write(&late, "").unwrap();
+    let out = agent.cli(&["task", "wait", &id(&b)]);
+    assert_eq!(
+        out.status.code(),
+        Some(9),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
