@@ -68,7 +68,15 @@ fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
         .append(true)
         .open(root.join("agent.log"))?;
     let child = Command::new(drover)
-        .args(["agent", "--dev", "--log-level", "warn", "--data-dir"])
+        // --drain: the SIGTERM at the end stops every task and the plugin with it.
+        .args([
+            "agent",
+            "--dev",
+            "--drain",
+            "--log-level",
+            "warn",
+            "--data-dir",
+        ])
         .arg(&data)
         .arg("--plugin-dir")
         .arg(root.join("plugins"))
@@ -170,10 +178,9 @@ pub async fn run(drover: &Path, count: usize, concurrency: usize) -> anyhow::Res
         direct_elapsed,
     )
     .await;
-    // Clean up whatever happened: stop every task, then the agent.
+    // Clean up whatever happened: stop every task, then the agent, which drains.
     cleanup(&agent.api).await;
-    let _ = agent.child.kill();
-    let _ = agent.child.wait();
+    terminate(&mut agent.child);
     result
 }
 
@@ -187,19 +194,41 @@ async fn measure(
 ) -> anyhow::Result<()> {
     wait_healthy(&agent.api, Duration::from_secs(30)).await?;
     let api = agent.api.clone();
+    let body = |i: usize| {
+        serde_json::json!({
+            "driver": "rawexec",
+            "name": format!("sleeper-{i}"),
+            "config": {"command": "/bin/sleep", "args": ["3600"]},
+        })
+    };
+    let pid_of = |view: &serde_json::Value| {
+        view["attributes"]["pid"]
+            .as_str()
+            .and_then(|p| p.parse::<u32>().ok())
+            .map(|pid| (view["id"].as_str().unwrap_or_default().to_owned(), pid))
+    };
+    let mut task_pids = Vec::with_capacity(count);
+    // Latency of one StartTask at a time (nothing queued behind another call).
+    let sequential = count.min(100);
+    let mut latencies = Vec::with_capacity(sequential);
+    for i in 0..sequential {
+        let started = Instant::now();
+        let view = api
+            .call(hyper::Method::POST, "/v1/tasks", Some(body(i)))
+            .await?;
+        latencies.push(started.elapsed());
+        task_pids.extend(pid_of(&view));
+    }
+    // Throughput of the rest, `concurrency` calls in flight.
     let sem = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
-    for i in 0..count {
+    for i in sequential..count {
         let api = api.clone();
         let sem = sem.clone();
+        let body = body(i);
         set.spawn(async move {
             let _permit = sem.acquire_owned().await?;
-            let body = serde_json::json!({
-                "driver": "rawexec",
-                "name": format!("sleeper-{i}"),
-                "config": {"command": "/bin/sleep", "args": ["3600"]},
-            });
             let started = Instant::now();
             let view = api
                 .call(hyper::Method::POST, "/v1/tasks", Some(body))
@@ -207,36 +236,38 @@ async fn measure(
             anyhow::Ok((started.elapsed(), view))
         });
     }
-    let mut latencies = Vec::with_capacity(count);
-    let mut task_pids = Vec::with_capacity(count);
+    let mut loaded = Vec::with_capacity(count - sequential);
     while let Some(joined) = set.join_next().await {
         let (lat, view) = joined??;
-        latencies.push(lat);
-        if let Some(pid) = view["attributes"]["pid"]
-            .as_str()
-            .and_then(|p| p.parse::<u32>().ok())
-        {
-            task_pids.push((view["id"].as_str().unwrap_or_default().to_owned(), pid));
-        }
+        loaded.push(lat);
+        task_pids.extend(pid_of(&view));
     }
     let start_elapsed = t.elapsed();
+    let concurrent = count - sequential;
+    println!(
+        "tasks benchmark: {count} rawexec tasks (/bin/sleep 3600): {sequential} started one at a time, \
+         then {concurrent} with {concurrency} StartTask calls in flight"
+    );
     let l = stats(latencies);
-    let agent_pid = agent.child.id();
     println!(
-        "tasks benchmark: {count} rawexec tasks (/bin/sleep 3600), {concurrency} concurrent StartTask calls"
-    );
-    println!(
-        "  start throughput: {:.0} tasks/s ({count} in {:.2} s); direct spawn baseline {:.0} procs/s; ratio {:.1}x slower",
-        count as f64 / start_elapsed.as_secs_f64(),
-        start_elapsed.as_secs_f64(),
-        count as f64 / direct_elapsed.as_secs_f64(),
-        start_elapsed.as_secs_f64() / direct_elapsed.as_secs_f64()
-    );
-    println!(
-        "  StartTask latency (API POST -> running): p50 {}  p99 {}",
+        "  StartTask latency, one at a time (API POST -> running): p50 {}  p99 {}",
         ms(l.median),
         ms(l.p99)
     );
+    if concurrent > 0 {
+        let c = stats(loaded);
+        let direct_rate = count as f64 / direct_elapsed.as_secs_f64();
+        let rate = concurrent as f64 / start_elapsed.as_secs_f64();
+        println!(
+            "  start throughput: {rate:.0} tasks/s ({concurrent} in {:.2} s; latency under load p50 {} p99 {}); \
+             direct spawn of sleep: {direct_rate:.0} procs/s, {:.1}x Drover's rate",
+            start_elapsed.as_secs_f64(),
+            ms(c.median),
+            ms(c.p99),
+            direct_rate / rate
+        );
+    }
+    let agent_pid = agent.child.id();
 
     // Memory: the agent, the plugin, and every executor (the task's parent).
     let agent_rss = proc_kib(agent_pid, "status", "VmRSS:").unwrap_or(0);
@@ -339,14 +370,54 @@ async fn measure(
     Ok(())
 }
 
+/// SIGTERM, then SIGKILL after 30 s.
+fn terminate(child: &mut Child) {
+    if let Some(pid) = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 fn reference_shims() {
     for name in ["containerd-shim-runc-v2", "conmon"] {
         let found = std::env::var_os("PATH")
             .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(name).exists()));
-        if !found {
-            println!("  reference: {name} is not installed here; no comparison");
-        } else {
-            println!("  reference: {name} is installed, but no instance is running to measure");
+        let running: Vec<u64> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    // comm is the name cut to 15 bytes.
+                    .is_ok_and(|c| {
+                        let c = c.trim();
+                        c == name || (c.len() == 15 && name.starts_with(c))
+                    })
+            })
+            .filter_map(|pid| proc_kib(pid, "smaps_rollup", "Pss:"))
+            .collect();
+        match (found, running.is_empty()) {
+            (_, false) => println!(
+                "  reference: {} running {name} instance(s): mean PSS {:.0} KiB",
+                running.len(),
+                running.iter().sum::<u64>() as f64 / running.len() as f64
+            ),
+            (true, true) => {
+                println!("  reference: {name} is installed, but no instance is running to measure")
+            }
+            (false, true) => println!("  reference: {name} is not installed here; no comparison"),
         }
     }
 }

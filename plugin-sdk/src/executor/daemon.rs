@@ -208,7 +208,7 @@ struct Conn {
 struct Executor {
     dir: PathBuf,
     /// Held for the executor's whole life: tells live executors from dead ones.
-    _lock: File,
+    lock: File,
     listener: UnixListener,
     status: ExecutorStatus,
     /// The task's pidfd while it runs.
@@ -229,8 +229,16 @@ struct Executor {
     persist_retry_at: Option<Instant>,
     /// The directory is gone (destroyed, or removed under us): exit once replies are out.
     done: bool,
+    /// Next look at whether the directory was removed under an uncollected result.
+    orphan_check_at: Option<Instant>,
     chunk: Vec<u8>,
 }
+
+/// How often an executor whose task has exited, but whose result nobody collected yet,
+/// checks that its directory still exists. Once it is gone (the operator or a test
+/// removed the state dir), nobody can ever collect the result: the executor exits
+/// instead of lingering forever.
+const ORPHAN_CHECK: Duration = Duration::from_secs(5);
 
 type StartError = (ErrorKind, String);
 
@@ -355,7 +363,7 @@ impl Executor {
         };
         Ok(Executor {
             dir,
-            _lock: lock,
+            lock,
             listener,
             status,
             pidfd: Some(pidfd),
@@ -369,6 +377,7 @@ impl Executor {
             durable: false,
             persist_retry_at: None,
             done: false,
+            orphan_check_at: None,
             chunk: vec![0; READ_CHUNK],
         })
     }
@@ -460,7 +469,7 @@ impl Executor {
     }
 
     fn next_timeout(&self) -> Option<Timespec> {
-        let next = [self.kill_at, self.persist_retry_at]
+        let next = [self.kill_at, self.persist_retry_at, self.orphan_check_at]
             .into_iter()
             .flatten()
             .min()?;
@@ -607,6 +616,22 @@ impl Executor {
         }
         if self.persist_retry_at.is_some_and(|t| t <= now) && !self.running() && !self.durable {
             self.persist();
+        }
+        if self.running() || self.collected || self.done {
+            self.orphan_check_at = None;
+        } else if self.orphan_check_at.is_none_or(|t| t <= now) {
+            // The lock file is held open from the directory: a link count of 0 means
+            // the directory (or the file) was deleted.
+            let removed = self.lock.metadata().is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt as _;
+                m.nlink() == 0
+            });
+            if removed {
+                self.done = true;
+                self.orphan_check_at = None;
+            } else {
+                self.orphan_check_at = Some(now + ORPHAN_CHECK);
+            }
         }
     }
 

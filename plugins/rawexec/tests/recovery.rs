@@ -541,3 +541,41 @@ async fn a_plugin_killed_at_random_points_of_start_up_never_runs_a_task_twice() 
     }
     eprintln!("{found} tasks recovered, {lost} never started, over {ROUNDS} kills");
 }
+
+#[tokio::test]
+async fn an_uncollected_executor_exits_once_its_directory_is_removed() {
+    let (_dir, p) = setup().await;
+    let flag = _dir.path().join("go");
+    let (handle, pid) = p
+        .start(
+            "orphan",
+            sh(&format!(
+                "while [ ! -e {} ]; do sleep 0.05; done; exit 5",
+                flag.display()
+            )),
+        )
+        .await;
+    let executor = p.executor_pid("orphan").await;
+    // Nobody will collect the result: the plugin is gone when the task exits.
+    crash(&p).await;
+    std::fs::write(&flag, "").unwrap();
+    until(PROMPT, "the task exits", || !alive(pid)).await;
+    // The result waits on disk for a plugin to collect it...
+    let dir = executor_dir(&handle);
+    until(PROMPT, "exit.json is written", || {
+        dir.join("exit.json").exists()
+    })
+    .await;
+    assert!(
+        alive(executor),
+        "the executor left before its result was collected"
+    );
+    // ...until the directory is removed under it: then nobody ever can.
+    std::fs::remove_dir_all(&dir).unwrap();
+    until(
+        Duration::from_secs(15),
+        "the orphaned executor exits",
+        || !alive(executor),
+    )
+    .await;
+}
