@@ -300,33 +300,46 @@ pub fn stats_row(sample: &serde_json::Value) -> String {
 /// `drover task run` flags. Given together with a spec file, each flag that is set
 /// replaces the file's value; `--env` adds to the file's `[env]`, and `--config`
 /// replaces the top-level keys of the file's `[config]` that it names.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct RunFlags {
-    /// `--driver`.
+    /// Driver name (required without a spec file).
+    #[arg(long)]
     pub driver: Option<String>,
-    /// `--config` (JSON).
+    /// Driver task config as JSON. With a spec file, its keys replace the file's.
+    #[arg(long)]
     pub config: Option<String>,
-    /// `--name`.
+    /// Task name.
+    #[arg(long)]
     pub name: Option<String>,
-    /// `--env KEY=VALUE`, repeatable.
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
-    /// `--kill-signal`.
+    /// Signal sent by stop (default SIGTERM).
+    #[arg(long)]
     pub kill_signal: Option<String>,
-    /// `--kill-timeout`.
+    /// Time between the stop signal and SIGKILL, e.g. "5s".
+    #[arg(long)]
     pub kill_timeout: Option<String>,
-    /// `--restart-attempts`.
+    /// Restarts allowed within the restart interval.
+    #[arg(long)]
     pub restart_attempts: Option<u32>,
-    /// `--restart-interval`.
+    /// Window the restart attempts are counted in, e.g. "30m".
+    #[arg(long)]
     pub restart_interval: Option<String>,
-    /// `--restart-delay`.
+    /// Wait before each restart, e.g. "15s".
+    #[arg(long)]
     pub restart_delay: Option<String>,
-    /// `--restart-mode` (fail or delay).
+    /// When the attempts are used up: fail, or delay until the interval is over.
+    #[arg(long, value_parser = ["fail", "delay"])]
     pub restart_mode: Option<String>,
-    /// `--memory-mb`.
+    /// Memory for the task in MiB.
+    #[arg(long)]
     pub memory_mb: Option<u32>,
-    /// `--log-max-files`.
+    /// Log files kept per stream.
+    #[arg(long)]
     pub log_max_files: Option<u32>,
-    /// `--log-max-file-size-mb`.
+    /// Size of one log file in MiB.
+    #[arg(long)]
     pub log_max_file_size_mb: Option<u32>,
 }
 

@@ -98,45 +98,8 @@ enum TaskCommand {
         /// kill_timeout, [resources], [restart], [logs].
         #[arg(value_name = "FILE")]
         file: Option<PathBuf>,
-        /// Driver name (required without a spec file).
-        #[arg(long)]
-        driver: Option<String>,
-        /// Driver task config as JSON. With a spec file, its keys replace the file's.
-        #[arg(long)]
-        config: Option<String>,
-        /// Task name.
-        #[arg(long)]
-        name: Option<String>,
-        /// Environment variable KEY=VALUE (repeatable).
-        #[arg(long = "env", value_name = "KEY=VALUE")]
-        env: Vec<String>,
-        /// Signal sent by stop (default SIGTERM).
-        #[arg(long)]
-        kill_signal: Option<String>,
-        /// Time between the stop signal and SIGKILL, e.g. "5s".
-        #[arg(long)]
-        kill_timeout: Option<String>,
-        /// Restarts allowed within the restart interval.
-        #[arg(long)]
-        restart_attempts: Option<u32>,
-        /// Window the restart attempts are counted in, e.g. "30m".
-        #[arg(long)]
-        restart_interval: Option<String>,
-        /// Wait before each restart, e.g. "15s".
-        #[arg(long)]
-        restart_delay: Option<String>,
-        /// When the attempts are used up: fail, or delay until the interval is over.
-        #[arg(long, value_parser = ["fail", "delay"])]
-        restart_mode: Option<String>,
-        /// Memory for the task in MiB.
-        #[arg(long)]
-        memory_mb: Option<u32>,
-        /// Log files kept per stream.
-        #[arg(long)]
-        log_max_files: Option<u32>,
-        /// Size of one log file in MiB.
-        #[arg(long)]
-        log_max_file_size_mb: Option<u32>,
+        #[command(flatten)]
+        flags: cli::RunFlags,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -413,23 +376,7 @@ where
 
 async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        TaskCommand::Run {
-            file,
-            driver,
-            config,
-            name,
-            env,
-            kill_signal,
-            kill_timeout,
-            restart_attempts,
-            restart_interval,
-            restart_delay,
-            restart_mode,
-            memory_mb,
-            log_max_files,
-            log_max_file_size_mb,
-            json,
-        } => {
+        TaskCommand::Run { file, flags, json } => {
             let mut spec = match &file {
                 Some(path) => {
                     let text = std::fs::read_to_string(path)
@@ -440,21 +387,6 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
                     )?)
                 }
                 None => None,
-            };
-            let flags = cli::RunFlags {
-                driver,
-                config,
-                name,
-                env,
-                kill_signal,
-                kill_timeout,
-                restart_attempts,
-                restart_interval,
-                restart_delay,
-                restart_mode,
-                memory_mb,
-                log_max_files,
-                log_max_file_size_mb,
             };
             let request = cli::run_request(spec.as_mut(), flags)?;
             let body = serde_json::to_value(&request).context("encoding the request")?;

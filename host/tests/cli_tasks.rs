@@ -6,19 +6,7 @@ use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::*;
-
-fn agent() -> (tempfile::TempDir, Agent) {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("plugins");
-    std::fs::create_dir(&dir).unwrap();
-    let agent = Agent::start(root.path(), &dir, &[]);
-    agent.wait_plugins(Duration::from_secs(10), |rows| {
-        rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
-    });
-    (root, agent)
-}
+use common::rawexec_agent as agent;
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tasks")

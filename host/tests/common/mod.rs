@@ -252,3 +252,16 @@ pub fn row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Val
         .find(|r| r["name"] == name)
         .unwrap_or_else(|| panic!("no plugin row named {name:?} in {rows:#?}"))
 }
+
+/// An agent on fresh dirs with the built-in rawexec driver healthy.
+pub fn rawexec_agent() -> (tempfile::TempDir, Agent) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("plugins");
+    std::fs::create_dir(&dir).unwrap();
+    let agent = Agent::start(root.path(), &dir, &[]);
+    agent.wait_plugins(Duration::from_secs(10), |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+    });
+    (root, agent)
+}

@@ -40,17 +40,8 @@ pub fn http(
     (status, value)
 }
 
-pub fn agent() -> (tempfile::TempDir, Agent) {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("plugins");
-    std::fs::create_dir(&dir).unwrap();
-    let agent = Agent::start(root.path(), &dir, &[]);
-    agent.wait_plugins(Duration::from_secs(10), |rows| {
-        rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
-    });
-    (root, agent)
-}
+#[allow(unused_imports)] // not every test binary that includes this module uses it
+pub use crate::common::rawexec_agent as agent;
 
 /// Event types of a task view, oldest first.
 pub fn kinds(task: &serde_json::Value) -> Vec<String> {
