@@ -131,7 +131,7 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             return Err(io_err("lock", &dir.join(LOCK_FILE), e));
         }
     };
-    let mut command = executor_command(&dir, lock);
+    let mut command = executor_command(&dir, lock, &spec.task_id);
     let spawned = command.spawn();
     // Our copy of the lock goes with the command; the executor's copy keeps it held.
     drop(command);
@@ -175,7 +175,18 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
         DriverError::Internal(format!("executor for task {}: {why}", spec.task_id))
     };
     let text = match outcome {
-        Err(_) => return Err(failed(format!("no answer within {STARTUP_TIMEOUT:?}"))),
+        Err(_) => {
+            // It may be running the task already (a loaded machine): killing it could
+            // orphan the task, and removing its directory would hide it. Leave both;
+            // the lock says whether it lives, and recovery by id decides.
+            return Err(DriverError::Timeout(format!(
+                "executor for task {} (pid {}) gave no start-up reply within \
+                 {STARTUP_TIMEOUT:?}; it may still start the task, which is then found by \
+                 recovering it by id",
+                spec.task_id,
+                executor_pid.unwrap_or_default()
+            )));
+        }
         Ok(Err(e)) => return Err(failed(format!("reading its start-up reply: {e}"))),
         Ok(Ok(t)) if t.is_empty() => {
             return Err(failed("exited without a start-up reply".into()));
@@ -205,19 +216,18 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
     }
 }
 
-/// The plugin binary again, same arguments, in executor mode, with the directory's
-/// lock as stdin. Its environment is only the executor variables: the task's
-/// environment comes from the spec.
-fn executor_command(dir: &Path, lock: std::fs::File) -> tokio::process::Command {
-    let mut args = std::env::args_os();
+/// The plugin binary again (`/proc/self/exe`), in executor mode, with the directory's
+/// lock as stdin. Executor mode is chosen by the environment, not the arguments: it gets
+/// none, and an argv[0] of its own (`drover-executor: <task id>`), so that `ps` tells
+/// executors from plugins and `pkill -f "plugin serve rawexec"` does not reach them.
+/// Its environment is only the executor variables: the task's environment comes from
+/// the spec.
+fn executor_command(dir: &Path, lock: std::fs::File, task_id: &str) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     if let Some(original) = fd_headroom() {
         cmd.env(ENV_EXECUTOR_NOFILE, original.to_string());
     }
-    if let Some(arg0) = args.next() {
-        cmd.arg0(arg0);
-    }
-    cmd.args(args)
+    cmd.arg0(format!("{EXECUTOR_ARG0}{task_id}"))
         .env_clear()
         .env(ENV_EXECUTOR_DIR, dir)
         .stdin(Stdio::from(lock))
@@ -226,6 +236,9 @@ fn executor_command(dir: &Path, lock: std::fs::File) -> tokio::process::Command 
         .kill_on_drop(false);
     cmd
 }
+
+/// How an executor's command line starts; the task id follows.
+pub const EXECUTOR_ARG0: &str = "drover-executor: ";
 
 /// One task's executor, as a driver talks to it. Every call opens its own connection,
 /// so a handle stays valid across executor and plugin restarts; once the executor has
@@ -492,36 +505,36 @@ async fn request_unbounded(dir: &Path, op: Op) -> Result<Answer, DriverError> {
     }
 }
 
-/// The error for an executor that cannot be reached and left no `exit.json`.
+/// The error for an executor that cannot be reached and left no `exit.json`: NotFound
+/// when nothing runs under it, FailedPrecondition when the executor is alive (it holds
+/// its lock) and so may still run the task.
 fn unreachable(dir: &Path, sock: &Path, e: &std::io::Error) -> DriverError {
-    let why = if !dir.exists() {
-        format!(
+    if !dir.exists() {
+        return DriverError::NotFound(format!(
             "executor directory {} does not exist: the task was never started here, or was \
              destroyed",
             dir.display()
-        )
-    } else {
-        let cannot = format!("cannot reach the executor at {}: {e}", sock.display());
-        match files::lock_state(dir) {
-            files::LockState::Ready(pid) => format!(
-                "{cannot}; the executor is alive (pid {pid} holds {}) but its socket is gone, \
-                 and the task has not exited",
-                dir.join(LOCK_FILE).display()
-            ),
-            files::LockState::Starting => format!(
-                "{cannot}; the executor has been starting for longer than {STARTUP_TIMEOUT:?}"
-            ),
-            files::LockState::Free if sock.exists() => format!(
-                "{cannot}; the executor is dead and left no exit.json in {}, so the task's exit \
-                 status is unknown",
-                dir.display()
-            ),
-            files::LockState::Free => format!(
-                "{cannot}; no executor got going in {} (its start was interrupted), so the task \
-                 never ran",
-                dir.display()
-            ),
-        }
-    };
-    DriverError::NotFound(why)
+        ));
+    }
+    let cannot = format!("cannot reach the executor at {}: {e}", sock.display());
+    match files::lock_state(dir) {
+        files::LockState::Ready(pid) => DriverError::FailedPrecondition(format!(
+            "{cannot}; the executor is alive (pid {pid} holds {}) but its socket is gone, \
+             and the task has not exited",
+            dir.join(LOCK_FILE).display()
+        )),
+        files::LockState::Starting => DriverError::FailedPrecondition(format!(
+            "{cannot}; the executor has been starting for longer than {STARTUP_TIMEOUT:?}"
+        )),
+        files::LockState::Free if sock.exists() => DriverError::NotFound(format!(
+            "{cannot}; the executor is dead and left no exit.json in {}, so the task's exit \
+             status is unknown",
+            dir.display()
+        )),
+        files::LockState::Free => DriverError::NotFound(format!(
+            "{cannot}; no executor got going in {} (its start was interrupted), so the task \
+             never ran",
+            dir.display()
+        )),
+    }
 }

@@ -135,16 +135,33 @@ fn close_inherited_fds() {
 }
 
 /// SIGINT and SIGHUP (a terminal going away, a Ctrl-C meant for the agent) must not
-/// end the executor, and a client hanging up must not raise SIGPIPE. Blocking rather
-/// than ignoring them matters: an ignored signal stays ignored in the task after exec,
-/// whereas the task is started with an empty signal mask.
+/// end the executor, nor SIGTERM (a `pkill` or a service manager aimed at the plugins
+/// or the agent: the executor outlives them by design, and a task is stopped through its
+/// executor, never by killing it), and a client hanging up must not raise SIGPIPE.
+///
+/// They are caught by a handler that does nothing, rather than blocked or ignored: a
+/// blocked signal stays blocked and an ignored one stays ignored in the task across
+/// exec, whereas a caught one reverts to its default there. The poll loop and every
+/// read and write already retry on EINTR.
 fn block_signals() {
-    use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGPIPE] {
-        set.add(s);
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    extern "C" fn nothing(_: nix::libc::c_int) {}
+    let action = SigAction::new(
+        SigHandler::Handler(nothing),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGTERM,
+        Signal::SIGPIPE,
+    ] {
+        // SAFETY: the handler is async-signal-safe (it does nothing) and replaces
+        // the default action of these signals for this single-threaded process only.
+        #[allow(unsafe_code)]
+        let _ = unsafe { sigaction(s, &action) };
     }
-    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
 }
 
 /// Memory and CPU time of process `pid` from `/proc/<pid>/stat` (fields 14 and 15,

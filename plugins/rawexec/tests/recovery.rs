@@ -166,11 +166,12 @@ async fn deleted_executor_socket_is_a_prompt_clear_error() {
     .await
     .unwrap_err();
     match &err {
-        DriverError::NotFound(m) => {
+        // Not NotFound: the task runs, and the host must not take it for gone.
+        DriverError::FailedPrecondition(m) => {
             assert!(m.contains(&sock.display().to_string()), "{m}");
             assert!(m.contains("executor is alive"), "{m}");
         }
-        other => panic!("expected NotFound, got {other:?}"),
+        other => panic!("expected FailedPrecondition, got {other:?}"),
     }
     // Nothing was killed or restarted on the way.
     assert!(alive(pid));
@@ -578,4 +579,40 @@ async fn an_uncollected_executor_exits_once_its_directory_is_removed() {
         || !alive(executor),
     )
     .await;
+}
+
+#[tokio::test]
+async fn executors_are_named_apart_from_plugins_and_survive_sigterm() {
+    let (_dir, p) = setup().await;
+    let (_, pid) = p.start("named", sleeper()).await;
+    let executor = p.executor_pid("named").await;
+    let cmdline = std::fs::read(format!("/proc/{executor}/cmdline")).unwrap();
+    // `pkill -f "plugin serve rawexec"` must not match it, `ps` must say what it is.
+    assert_eq!(cmdline, b"drover-executor: named\0", "{cmdline:?}");
+    // A SIGTERM meant for the plugins (or a service manager's) does not end it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // A round trip through the executor: it handled its signals by then.
+    p.client.signal_task("named", "SIGCONT").await.unwrap();
+    assert!(alive(executor), "the executor died of SIGTERM");
+    assert!(alive(pid));
+    // The task itself starts with standard signal handling: nothing blocked or ignored
+    // (SIGPIPE included), so it still gets SIGTERM normally.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let mask = |field: &str| {
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        u64::from_str_radix(line[field.len()..].trim(), 16).unwrap()
+    };
+    assert_eq!(mask("SigBlk:"), 0, "{status}");
+    // SIGHUP, SIGINT, SIGPIPE, SIGTERM: bits 0, 1, 12, 14.
+    assert_eq!(mask("SigIgn:") & 0x5003, 0, "{status}");
+    p.client
+        .stop_task("named", std::time::Duration::from_secs(5), "SIGTERM")
+        .await
+        .unwrap();
+    assert_eq!(p.wait("named").await.signal, 15);
+    p.shutdown().await;
 }
