@@ -49,9 +49,16 @@ pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Events kept per task; older ones are dropped and counted in
 /// [`TaskView::events_dropped`].
 pub const MAX_EVENTS: usize = 100;
-/// Bound on every driver call made while recovering or cleaning up, so that a stuck
-/// plugin gives a task event instead of a hang.
+/// Bound on every driver call made while cleaning up, so that a stuck plugin gives a
+/// task event instead of a hang.
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on `RecoverTask`: longer than the plugin's own waits inside it (rawexec waits
+/// up to 30 s for a start of the same task in flight, the executor client 20 s for an
+/// executor that is starting), so that a slow answer is not mistaken for a lost task.
+const RECOVER_TIMEOUT: Duration = Duration::from_secs(45);
+/// Bound on `StartTask`: longer than an executor may take to report its start-up
+/// (20 s). A start that times out may have started the task: it is probed by id.
+const START_TIMEOUT: Duration = Duration::from_secs(45);
 /// Recoveries in flight at once: enough to hand 1000 tasks back within a second or
 /// two, few enough not to flood one plugin.
 const RECOVERY_CONCURRENCY: usize = 32;
@@ -477,6 +484,10 @@ pub struct TaskManager {
     recovery: std::sync::Mutex<Option<RecoverySummary>>,
     /// [`RPC_TIMEOUT`]; shorter in tests.
     rpc_timeout: Duration,
+    /// [`RECOVER_TIMEOUT`]; shorter in tests.
+    recover_timeout: Duration,
+    /// [`START_TIMEOUT`]; shorter in tests.
+    start_timeout: Duration,
 }
 
 impl TaskManager {
@@ -503,6 +514,8 @@ impl TaskManager {
             recovered: AtomicBool::new(false),
             recovery: std::sync::Mutex::new(None),
             rpc_timeout: RPC_TIMEOUT,
+            recover_timeout: RECOVER_TIMEOUT,
+            start_timeout: START_TIMEOUT,
         }
     }
 
@@ -611,6 +624,16 @@ impl TaskManager {
     /// Validate and start a task. Nothing is left behind when the request is invalid,
     /// the driver refuses it, or its record cannot be written.
     pub async fn run(self: &Arc<Self>, req: RunRequest) -> Result<TaskView, DriverError> {
+        // In a task of its own: the caller (an HTTP request whose client went away) may
+        // be dropped at any await, and a start cut short half-way would leave a task
+        // recorded but unwatched, or running but unrecorded.
+        let me = self.clone();
+        tokio::spawn(async move { me.start_new(req).await })
+            .await
+            .map_err(|e| DriverError::Internal(format!("starting the task failed: {e}")))?
+    }
+
+    async fn start_new(self: &Arc<Self>, req: RunRequest) -> Result<TaskView, DriverError> {
         let driver = self.driver(&req.driver)?;
         let (state, reason) = driver.state();
         if state != PluginState::Healthy {
@@ -704,23 +727,44 @@ impl TaskManager {
             )));
         }
         let generation = *driver.generation().borrow();
-        let handle = match driver.start_task(spec).await {
-            Ok(h) => h,
-            Err(DriverError::Unavailable(why)) => {
-                // The plugin died during the call: the task may or may not have been
-                // started. Keep the record (pending, no handle); the runner asks the
-                // relaunched driver, and starts it only if it never was.
-                task.failure(format!(
-                    "driver {} became unavailable while starting the task ({why}); it is \
-                     recovered or started once the driver is back",
-                    task.driver
-                ));
-                task.save(&self.store).await;
-                drop(ops);
-                let view = task.view();
-                tokio::spawn(Runner::new(self.clone(), task, None).run(Phase::Recover));
-                return Ok(view);
+        let answer = tokio::time::timeout(self.start_timeout, driver.start_task(spec))
+            .await
+            .unwrap_or_else(|_| {
+                Err(DriverError::Timeout(format!(
+                    "driver {} did not answer StartTask within {}",
+                    task.driver,
+                    human(self.start_timeout)
+                )))
+            });
+        let failed = match answer {
+            Ok(h) => Ok(h),
+            Err(e) if runner::maybe_started(&e) => {
+                // The plugin died or stalled during the call: the task may or may not
+                // have been started. Ask the driver by id before deciding.
+                match runner::probe(self, &task, &*driver).await {
+                    runner::Probe::Started(h) => Ok(*h),
+                    runner::Probe::NeverStarted => Err(e),
+                    runner::Probe::Unknown(why) => {
+                        // Keep the record (pending, no handle); the runner asks the
+                        // (relaunched) driver, and starts it only if it never was.
+                        task.failure(format!(
+                            "driver {} failed while starting the task ({e}) and cannot say \
+                             whether it started ({why}); it is recovered or started once the \
+                             driver answers",
+                            task.driver
+                        ));
+                        task.save(&self.store).await;
+                        drop(ops);
+                        let view = task.view();
+                        tokio::spawn(Runner::new(self.clone(), task, None).run(Phase::Recover));
+                        return Ok(view);
+                    }
+                }
             }
+            Err(e) => Err(e),
+        };
+        let handle = match failed {
+            Ok(h) => h,
             Err(e) => {
                 if let Err(se) = task.forget(&self.store).await {
                     tracing::error!(task = %id, "cannot delete the record of a task that failed to start: {se}");
@@ -785,6 +829,21 @@ impl TaskManager {
     /// Stop a task for good: its kill signal (or `signal`), then SIGKILL after its kill
     /// timeout (or `timeout`). A pending restart is cancelled. Returns once it is dead.
     pub async fn stop(
+        self: &Arc<Self>,
+        id: &str,
+        signal: Option<String>,
+        timeout: Option<Duration>,
+    ) -> Result<TaskView, DriverError> {
+        // In a task of its own, like `run`: a stop whose caller went away still reaches
+        // the driver.
+        let me = self.clone();
+        let id = id.to_owned();
+        tokio::spawn(async move { me.stop_now(&id, signal, timeout).await })
+            .await
+            .map_err(|e| DriverError::Internal(format!("stopping the task failed: {e}")))?
+    }
+
+    async fn stop_now(
         &self,
         id: &str,
         signal: Option<String>,
@@ -797,6 +856,9 @@ impl TaskManager {
         let signal = signal.unwrap_or_else(|| task.settings.kill_signal.clone());
         drover_plugin_sdk::parse_signal(&signal)?;
         let timeout = timeout.unwrap_or(task.settings.kill_timeout);
+        let bound = timeout.checked_add(STOP_GRACE).ok_or_else(|| {
+            DriverError::InvalidConfig(format!("stop timeout {} is too long", human(timeout)))
+        })?;
         {
             let mut rec = task.rec();
             if rec.kill.is_none() {
@@ -813,7 +875,17 @@ impl TaskManager {
         // Durable first: should the agent die now, recovery finishes the stop.
         task.save(&self.store).await;
         task.kill.cancel();
-        {
+        let deadline = tokio::time::Instant::now() + bound;
+        let timed_out = |what: &str| {
+            DriverError::Timeout(format!(
+                "task {id} was asked to stop but {what} within {}; it is stopped as soon as \
+                 its driver answers",
+                human(bound)
+            ))
+        };
+        // The wait for `ops` counts: a start or recovery stuck in a wedged driver must
+        // not hold a stop forever.
+        let sent = tokio::time::timeout_at(deadline, async {
             let _ops = task.ops.lock().await;
             let running =
                 task.attached.load(Ordering::SeqCst) && task.state() == TaskLifecycle::Running;
@@ -826,17 +898,19 @@ impl TaskManager {
                     Err(e) => return Err(e),
                 }
             }
+            Ok(())
+        })
+        .await;
+        match sent {
+            Ok(r) => r?,
+            Err(_) => return Err(timed_out("its driver did not act on it")),
         }
         let mut dead = task.dead.subscribe();
-        if tokio::time::timeout(timeout + STOP_GRACE, dead.wait_for(|d| *d))
+        if tokio::time::timeout_at(deadline, dead.wait_for(|d| *d))
             .await
             .is_err()
         {
-            return Err(DriverError::Timeout(format!(
-                "task {id} was asked to stop but its exit was not reported within {}; it is \
-                 stopped as soon as its driver answers",
-                human(timeout + STOP_GRACE)
-            )));
+            return Err(timed_out("its exit was not reported"));
         }
         Ok(task.view())
     }
@@ -891,7 +965,16 @@ impl TaskManager {
 
     /// Forget a task (record, driver state, task directory); refuses a running one
     /// unless `force`, which kills it.
-    pub async fn destroy(&self, id: &str, force: bool) -> Result<(), DriverError> {
+    pub async fn destroy(self: &Arc<Self>, id: &str, force: bool) -> Result<(), DriverError> {
+        // In a task of its own, like `run`.
+        let me = self.clone();
+        let id = id.to_owned();
+        tokio::spawn(async move { me.destroy_now(&id, force).await })
+            .await
+            .map_err(|e| DriverError::Internal(format!("destroying the task failed: {e}")))?
+    }
+
+    async fn destroy_now(&self, id: &str, force: bool) -> Result<(), DriverError> {
         let task = self.entry(id)?;
         let running = !task.is_dead();
         if running && !force {
@@ -899,7 +982,32 @@ impl TaskManager {
                 "task {id} is still running; stop it first or destroy it with force"
             )));
         }
+        let driver = self.drivers.driver(&task.driver);
         if running {
+            // Forgetting a task that may run, without a driver that can kill it, would
+            // leave its process running where nobody sees it.
+            let Some(_) = &driver else {
+                return Err(DriverError::Unavailable(format!(
+                    "task {id} may still be running and its driver {} is not loaded; it can \
+                     be destroyed once the driver is back",
+                    task.driver
+                )));
+            };
+            if task.state() == TaskLifecycle::Running && !task.attached.load(Ordering::SeqCst) {
+                let why = task
+                    .view()
+                    .events
+                    .iter()
+                    .rev()
+                    .find(|e| e.kind == "DriverFailure")
+                    .map(|e| format!(" (last failure: {})", e.message))
+                    .unwrap_or_default();
+                return Err(DriverError::Unavailable(format!(
+                    "task {id} is running but driver {} has not recovered it yet{why}; it can \
+                     be destroyed once the driver recovers it",
+                    task.driver
+                )));
+            }
             {
                 let mut rec = task.rec();
                 if rec.kill.is_none() {
@@ -912,21 +1020,21 @@ impl TaskManager {
             task.save(&self.store).await;
             task.kill.cancel();
         }
-        let _ops = task.ops.lock().await;
-        if let Some(driver) = self.drivers.driver(&task.driver) {
-            match tokio::time::timeout(
-                self.rpc_timeout + STOP_GRACE,
-                driver.destroy_task(id, force),
-            )
-            .await
-            {
+        let bound = self.rpc_timeout + STOP_GRACE;
+        if let Some(driver) = driver {
+            let destroyed = tokio::time::timeout(bound, async {
+                let _ops = task.ops.lock().await;
+                driver.destroy_task(id, force).await
+            })
+            .await;
+            match destroyed {
                 Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(DriverError::Timeout(format!(
                         "driver {} did not destroy task {id} within {}",
                         task.driver,
-                        human(self.rpc_timeout + STOP_GRACE)
+                        human(bound)
                     )));
                 }
             }

@@ -42,6 +42,51 @@ fn retryable(e: &DriverError) -> bool {
     matches!(e, DriverError::Internal(_) | DriverError::Timeout(_))
 }
 
+/// Pauses between recoveries of a task the driver cannot account for yet although it
+/// may be running (RecoverTask timed out, or the executor is alive but unreachable):
+/// from the first to the last.
+const STUCK_POLL: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
+
+/// Errors from `StartTask` after which the task may have been started all the same: the
+/// plugin died or stalled mid-call (a killed plugin often shows up as a transport error,
+/// before its exit is noticed). Only the driver can tell: [`probe`] asks it by id.
+pub(super) fn maybe_started(e: &DriverError) -> bool {
+    matches!(
+        e,
+        DriverError::Unavailable(_) | DriverError::Internal(_) | DriverError::Timeout(_)
+    )
+}
+
+/// What the driver says about a task whose `StartTask` ended in doubt.
+pub(super) enum Probe {
+    /// It runs (or ran): the driver knows it now, under this handle.
+    Started(Box<TaskHandle>),
+    /// The driver never started it.
+    NeverStarted,
+    /// The driver cannot say now (it is away, or failed again): why.
+    Unknown(String),
+}
+
+/// Ask the driver by id whether a `StartTask` that ended in doubt started the task.
+/// Call with the task's `ops` held.
+pub(super) async fn probe(mgr: &TaskManager, task: &Task, driver: &dyn TaskDriver) -> Probe {
+    let handle = probe_handle(&task.rec());
+    let answer = tokio::time::timeout(mgr.recover_timeout, driver.recover_task(handle.clone()))
+        .await
+        .unwrap_or_else(|_| {
+            Err(DriverError::Timeout(format!(
+                "driver {} did not answer RecoverTask within {}",
+                task.driver,
+                human(mgr.recover_timeout)
+            )))
+        });
+    match answer {
+        Ok(()) => Probe::Started(Box::new(handle)),
+        Err(DriverError::NotFound(_)) => Probe::NeverStarted,
+        Err(e) => Probe::Unknown(e.to_string()),
+    }
+}
+
 /// Where a runner is.
 #[derive(Debug)]
 pub(super) enum Phase {
@@ -249,6 +294,7 @@ impl Runner {
     /// handle (or a probe by id when there is none). Waits for a driver that is away.
     async fn attach(&mut self) -> Attach {
         let mut poll = MISSING_DRIVER_POLL.0;
+        let mut stuck = STUCK_POLL.0;
         let mut retries = RETRY_PAUSES.to_vec();
         loop {
             if self.task.destroyed.load(Ordering::SeqCst) {
@@ -276,9 +322,11 @@ impl Runner {
                     None => (probe_handle(&rec), true),
                 }
             };
-            let answer =
-                tokio::time::timeout(self.mgr.rpc_timeout, driver.recover_task(handle.clone()))
-                    .await;
+            let answer = tokio::time::timeout(
+                self.mgr.recover_timeout,
+                driver.recover_task(handle.clone()),
+            )
+            .await;
             match answer {
                 Ok(Ok(())) => {
                     if probe {
@@ -332,15 +380,38 @@ impl Runner {
                     tokio::time::sleep(retries.remove(0)).await;
                     continue;
                 }
-                Ok(Err(e)) => {
+                Ok(Err(
+                    e @ (DriverError::NotFound(_)
+                    | DriverError::InvalidConfig(_)
+                    | DriverError::Unimplemented(_)
+                    | DriverError::AlreadyExists(_)),
+                )) => {
                     return Attach::Lost(format!("driver {name} could not recover the task: {e}"));
                 }
-                Err(_) => {
-                    return Attach::Lost(format!(
-                        "driver {name} did not answer RecoverTask within {}; the task may still \
-                         be running, untracked",
-                        human(self.mgr.rpc_timeout)
+                answer => {
+                    // The driver did not say the task is gone: it timed out, failed, or
+                    // found the executor alive but unreachable. The task may well be
+                    // running, so it stays running (a stop is sent once it is
+                    // recovered) and recovery is retried, ever more slowly.
+                    drop(ops);
+                    drop(permit);
+                    let why = match answer {
+                        Ok(Err(e)) => format!("driver {name} could not recover the task: {e}"),
+                        _ => format!(
+                            "driver {name} did not answer RecoverTask within {}",
+                            human(self.mgr.recover_timeout)
+                        ),
+                    };
+                    self.task.attached.store(false, Ordering::SeqCst);
+                    self.task.failure(format!(
+                        "{why}; the task may still be running: it is kept and recovery is retried"
                     ));
+                    self.task.save(&self.mgr.store).await;
+                    self.report(Outcome::Waiting);
+                    tokio::time::sleep(stuck).await;
+                    stuck = (stuck * 2).min(STUCK_POLL.1);
+                    retries = RETRY_PAUSES.to_vec();
+                    continue;
                 }
             }
         }
@@ -566,7 +637,33 @@ impl Runner {
                 return self.start_failed(why).await;
             }
         }
-        match driver.start_task(spec).await {
+        let answer = tokio::time::timeout(self.mgr.start_timeout, driver.start_task(spec))
+            .await
+            .unwrap_or_else(|_| {
+                Err(DriverError::Timeout(format!(
+                    "driver {name} did not answer StartTask within {}",
+                    human(self.mgr.start_timeout)
+                )))
+            });
+        let answer = match answer {
+            Err(e) if maybe_started(&e) => match probe(&self.mgr, &self.task, &*driver).await {
+                Probe::Started(handle) => Ok(*handle),
+                Probe::NeverStarted => Err(e),
+                Probe::Unknown(why) => {
+                    // It may or may not have been started: ask the driver again until
+                    // it can say.
+                    self.task.failure(format!(
+                        "driver {name} failed while starting the task ({e}) and cannot say \
+                         whether it started ({why})"
+                    ));
+                    self.task.save(&self.mgr.store).await;
+                    drop(ops);
+                    return Phase::Recover;
+                }
+            },
+            other => other,
+        };
+        match answer {
             Ok(handle) => {
                 let attributes = poststart(&self.mgr.hooks, &*driver, &handle).await;
                 started(&self.task, handle, attributes, restart);
@@ -575,15 +672,6 @@ impl Runner {
                 drop(ops);
                 self.report(Outcome::Started);
                 Phase::Watch { generation }
-            }
-            Err(DriverError::Unavailable(why)) => {
-                // It may or may not have been started: ask the relaunched driver.
-                self.task.failure(format!(
-                    "driver {name} became unavailable while starting the task ({why})"
-                ));
-                self.task.save(&self.mgr.store).await;
-                drop(ops);
-                Phase::Recover
             }
             Err(DriverError::AlreadyExists(why)) if self.probes_left > 0 => {
                 // The driver has the id after all: a StartTask sent by the agent before
@@ -614,7 +702,7 @@ impl Runner {
                 let handle = self.task.rec().handle.clone();
                 if let Some(handle) = handle
                     && let Ok(Ok(())) =
-                        tokio::time::timeout(self.mgr.rpc_timeout, driver.recover_task(handle))
+                        tokio::time::timeout(self.mgr.recover_timeout, driver.recover_task(handle))
                             .await
                     && let Ok(Err(e)) = destroy().await
                 {

@@ -30,10 +30,18 @@ struct FakeState {
     destroys: Vec<String>,
     stops: Vec<String>,
     hang_recover: bool,
+    /// RecoverTask fails with this (e.g. an executor alive but unreachable).
+    recover_error: Option<DriverError>,
+    /// StartTask waits for this before doing anything.
+    start_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// StartTask calls that arrived.
+    start_calls: usize,
+    /// The driver is not loaded.
+    unloaded: bool,
     /// StartTask fails with this.
     refuse_start: Option<DriverError>,
-    /// StartTask starts the task, then the plugin dies before answering.
-    crash_in_start: bool,
+    /// StartTask starts the task, then the plugin dies and the call fails with this.
+    crash_in_start: Option<DriverError>,
     /// A crash breaks in-flight calls with a transport error before the exit is seen.
     crash_breaks_connection: bool,
     /// StartTask of this id finds the task there already (an earlier StartTask
@@ -136,6 +144,14 @@ impl TaskDriver for Fake {
         self.generation.subscribe()
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        let gate = {
+            let mut s = self.s();
+            s.start_calls += 1;
+            s.start_gate.clone()
+        };
+        if let Some(gate) = gate {
+            let _pass = gate.acquire().await;
+        }
         self.up()?;
         if let Some(e) = self.s().refuse_start.clone() {
             return Err(e);
@@ -162,10 +178,10 @@ impl TaskDriver for Fake {
             s.starts
                 .push((spec.id.clone(), Instant::now(), spec.clone()));
         }
-        if self.s().crash_in_start {
-            self.s().crash_in_start = false;
+        let crash = self.s().crash_in_start.take();
+        if let Some(e) = crash {
             self.crash();
-            return Err(DriverError::Unavailable("fake plugin exited".into()));
+            return Err(e);
         }
         if let Some(code) = config.exit_code {
             let after = Duration::from_millis(config.after_ms);
@@ -230,6 +246,9 @@ impl TaskDriver for Fake {
             std::future::pending::<()>().await;
         }
         self.up()?;
+        if let Some(e) = self.s().recover_error.clone() {
+            return Err(e);
+        }
         let mut s = self.s();
         let id = handle.spec.id.clone();
         if !s.tasks.contains_key(&id) {
@@ -253,7 +272,7 @@ struct FakeDrivers(Arc<Fake>);
 
 impl Drivers for FakeDrivers {
     fn driver(&self, name: &str) -> Option<Arc<dyn TaskDriver>> {
-        (name == "fake").then(|| self.0.clone() as Arc<dyn TaskDriver>)
+        (name == "fake" && !self.0.s().unloaded).then(|| self.0.clone() as Arc<dyn TaskDriver>)
     }
     fn names(&self) -> Vec<String> {
         vec!["fake".into()]
@@ -352,6 +371,8 @@ fn manager(
         store.clone(),
     );
     m.rpc_timeout = Duration::from_millis(300);
+    m.recover_timeout = Duration::from_millis(300);
+    m.start_timeout = Duration::from_millis(300);
     Arc::new(m)
 }
 
@@ -815,7 +836,7 @@ async fn a_lost_executor_is_a_clear_event_not_a_hang() {
 }
 
 #[tokio::test]
-async fn a_hanging_recover_times_out() {
+async fn a_hanging_recover_keeps_the_task_running_and_retries() {
     let env = Env::new();
     let v = env
         .mgr
@@ -829,15 +850,184 @@ async fn a_hanging_recover_times_out() {
     let summary = tokio::time::timeout(Duration::from_secs(5), mgr.recover())
         .await
         .expect("recovery hung");
-    assert_eq!(summary.dead, 1);
-    let dead = mgr.status(&v.id).unwrap();
+    assert_eq!(summary.waiting, 1, "{summary:?}");
+    let now = mgr.status(&v.id).unwrap();
+    assert_eq!(now.state, TaskLifecycle::Running, "{now:#?}");
+    let failure = now.events.last().unwrap();
+    assert_eq!(failure.kind, "DriverFailure");
     assert!(
-        dead.error
-            .as_deref()
-            .unwrap()
+        failure
+            .message
             .contains("did not answer RecoverTask within 300ms"),
-        "{dead:#?}"
+        "{failure:?}"
     );
+    assert_eq!(env.stored(&v.id)["view"]["state"], "running");
+    env.fake.s().hang_recover = false;
+    let back = until(&mgr, &v.id, "recovered", |v| {
+        v.events.last().is_some_and(|e| e.kind == "Recovered")
+    })
+    .await;
+    assert_eq!(back.state, TaskLifecycle::Running);
+    env.fake.exit(&v.id, 4);
+    assert_eq!(wait_dead(&mgr, &v.id).await.exit_code, Some(4));
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+}
+
+#[tokio::test]
+async fn an_alive_but_unreachable_executor_keeps_the_task_running_and_undestroyable() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    env.fake.new_process();
+    let why = "cannot reach the executor at /x/sock; the executor is alive but its socket is gone";
+    env.fake.s().recover_error = Some(DriverError::FailedPrecondition(why.into()));
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(5), mgr.recover())
+        .await
+        .expect("recovery hung");
+    assert_eq!(summary.waiting, 1, "{summary:?}");
+    let now = mgr.status(&v.id).unwrap();
+    assert_eq!(now.state, TaskLifecycle::Running, "{now:#?}");
+    assert_eq!(now.exit_code, None);
+    let failure = now.events.last().unwrap();
+    assert_eq!(failure.kind, "DriverFailure");
+    assert!(failure.message.contains("/x/sock"), "{failure:?}");
+    // Forgetting it now would leak its process: refused, saying why.
+    let e = mgr.destroy(&v.id, true).await.unwrap_err();
+    assert!(
+        matches!(&e, DriverError::Unavailable(m) if m.contains("/x/sock")),
+        "{e:?}"
+    );
+    assert!(mgr.status(&v.id).is_ok());
+    // Once the executor can be reached again, the task is recovered, not restarted.
+    env.fake.s().recover_error = None;
+    until(&mgr, &v.id, "recovered", |v| {
+        v.events.last().is_some_and(|e| e.kind == "Recovered")
+    })
+    .await;
+    mgr.destroy(&v.id, true).await.unwrap();
+    assert_eq!(env.fake.s().destroys, vec![v.id.clone()]);
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
+}
+
+#[tokio::test]
+async fn a_start_whose_caller_went_away_is_finished_and_watched() {
+    let env = Env::new();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    env.fake.s().start_gate = Some(gate.clone());
+    let mgr = env.mgr.clone();
+    let call = tokio::spawn(async move {
+        mgr.run(request(serde_json::json!({"exit_code": 3}), None))
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.fake.s().start_calls == 0 {
+        assert!(Instant::now() < deadline, "StartTask never called");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The HTTP client disconnects: its request future is dropped mid-StartTask.
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    gate.add_permits(1);
+    let list = env.mgr.list();
+    assert_eq!(list.len(), 1);
+    let dead = wait_dead(&env.mgr, &list[0].id).await;
+    assert_eq!(dead.exit_code, Some(3), "{dead:#?}");
+}
+
+#[tokio::test]
+async fn a_start_broken_by_a_transport_error_is_asked_not_forgotten() {
+    let env = Env::new();
+    env.fake.s().crash_in_start = Some(DriverError::Internal("h2 protocol error".into()));
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .expect("a start that may have happened must not be reported as failed");
+    assert_eq!(v.state, TaskLifecycle::Pending);
+    assert!(v.task_dir.exists(), "the task directory was deleted");
+    env.fake.relaunch();
+    let now = until(&env.mgr, &v.id, "running", |v| {
+        v.state == TaskLifecycle::Running
+    })
+    .await;
+    assert_eq!(env.fake.starts(&v.id).len(), 1, "{now:#?}");
+    env.fake.exit(&v.id, 0);
+    assert_eq!(wait_dead(&env.mgr, &v.id).await.exit_code, Some(0));
+}
+
+#[tokio::test]
+async fn a_restart_broken_by_a_transport_error_is_not_a_failed_attempt() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(
+            serde_json::json!({"exit_code": 1}),
+            policy(1, "1h", "10ms", RestartMode::Fail),
+        ))
+        .await
+        .unwrap();
+    env.fake.s().crash_in_start = Some(DriverError::Internal("h2 protocol error".into()));
+    until(&env.mgr, &v.id, "failing the restart", |v| {
+        v.events.iter().any(|e| e.kind == "DriverFailure")
+    })
+    .await;
+    env.fake.relaunch();
+    until(&env.mgr, &v.id, "running again", |v| {
+        v.state == TaskLifecycle::Running
+    })
+    .await;
+    // The restarted incarnation exits 1 again: attempts are used up then, not before.
+    env.fake.exit(&v.id, 1);
+    let dead = wait_dead(&env.mgr, &v.id).await;
+    assert_eq!(env.fake.starts(&v.id).len(), 2, "{dead:#?}");
+    assert_eq!(dead.exit_code, Some(1), "{dead:#?}");
+    assert!(kinds(&dead).contains(&"Recovered"), "{dead:#?}");
+}
+
+#[tokio::test]
+async fn a_wedged_start_task_is_bounded_and_probed() {
+    let env = Env::new();
+    env.fake.s().start_gate = Some(Arc::new(tokio::sync::Semaphore::new(0)));
+    let e = tokio::time::timeout(
+        Duration::from_secs(5),
+        env.mgr.run(request(serde_json::json!({}), None)),
+    )
+    .await
+    .expect("run hung on a wedged driver")
+    .unwrap_err();
+    // The probe found nothing: it never started, so the caller hears the timeout.
+    assert!(
+        matches!(&e, DriverError::Timeout(m) if m.contains("StartTask")),
+        "{e:?}"
+    );
+    assert!(env.mgr.list().is_empty());
+    assert!(env.store.tasks().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn destroy_force_without_its_driver_is_refused() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    env.fake.s().unloaded = true;
+    let e = env.mgr.destroy(&v.id, true).await.unwrap_err();
+    assert!(
+        matches!(&e, DriverError::Unavailable(m) if m.contains("not loaded")),
+        "{e:?}"
+    );
+    assert!(env.mgr.status(&v.id).is_ok());
+    assert!(v.task_dir.exists());
+    env.fake.s().unloaded = false;
+    env.mgr.destroy(&v.id, true).await.unwrap();
+    assert!(!v.task_dir.exists());
 }
 
 #[tokio::test]
@@ -1083,7 +1273,7 @@ async fn a_restart_the_driver_refuses_counts_as_a_failed_attempt() {
 #[tokio::test]
 async fn a_plugin_dying_inside_start_task_is_asked_not_started_again() {
     let env = Env::new();
-    env.fake.s().crash_in_start = true;
+    env.fake.s().crash_in_start = Some(DriverError::Unavailable("fake plugin exited".into()));
     let v = env
         .mgr
         .run(request(serde_json::json!({}), None))
