@@ -375,11 +375,23 @@ async fn task_stats(
     let view = s.tasks.status(&id)?;
     let plugin = live_driver(&s, &view)?;
     if !q.follow {
-        let mut samples = plugin.client().task_stats(&id, ONE_SHOT_INTERVAL).await?;
-        let first = match samples.next().await {
-            Some(r) => r?,
-            None => return Err(DriverError::Internal("the driver sent no sample".into()).into()),
-        };
+        // Bounded: a wedged plugin must not hold the request forever.
+        let bound = Duration::from_secs(10);
+        let first = tokio::time::timeout(bound, async {
+            let mut samples = plugin.client().task_stats(&id, ONE_SHOT_INTERVAL).await?;
+            match samples.next().await {
+                Some(r) => r.map(|first| (first, samples)),
+                None => Err(DriverError::Internal("the driver sent no sample".into())),
+            }
+        })
+        .await
+        .map_err(|_| {
+            DriverError::Timeout(format!(
+                "driver {} gave no stats for task {id} within {bound:?}",
+                view.driver
+            ))
+        })?;
+        let (first, mut samples) = first?;
         let second = tokio::time::timeout(ONE_SHOT_INTERVAL * 4, samples.next()).await;
         let sample = match second {
             Ok(Some(Ok(s))) => s,

@@ -44,6 +44,8 @@ use record::{KillRequest, RECORD_VERSION, TaskRecord};
 use restart::{Policy, human};
 use runner::{Outcome, Phase, Runner};
 
+/// Longest kill timeout accepted: a stop that waits longer is not a stop.
+pub const MAX_KILL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// Default time between the stop signal and SIGKILL.
 pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Events kept per task; older ones are dropped and counted in
@@ -220,7 +222,9 @@ fn now() -> String {
 }
 
 fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_micros(t).to_string()
+    // RFC 3339 ends with year 9999 (formatting a later time panics): clamp.
+    let last = SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799);
+    humantime::format_rfc3339_micros(t.min(last)).to_string()
 }
 
 /// The per-task settings derived from its request.
@@ -243,6 +247,13 @@ impl Settings {
                 ))
             })?,
         };
+        if kill_timeout > MAX_KILL_TIMEOUT {
+            return Err(DriverError::InvalidConfig(format!(
+                "kill_timeout {:?} is longer than the maximum of {}",
+                req.kill_timeout.as_deref().unwrap_or_default(),
+                human(MAX_KILL_TIMEOUT)
+            )));
+        }
         let policy = match &req.restart {
             Some(p) => Policy::parse(p)?,
             None => Policy::default(),

@@ -39,12 +39,23 @@ impl Default for Policy {
     }
 }
 
+/// Longest `interval` or `delay` accepted: longer ones mean nothing useful, and would
+/// overflow the clock arithmetic (or RFC 3339, which ends at year 9999).
+pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 fn duration(field: &str, value: &str) -> Result<Duration, DriverError> {
-    humantime::parse_duration(value.trim()).map_err(|e| {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| {
         DriverError::InvalidConfig(format!(
             "restart.{field} {value:?} is not a duration like \"30s\" or \"5m\": {e}"
         ))
-    })
+    })?;
+    if d > MAX_POLICY_DURATION {
+        return Err(DriverError::InvalidConfig(format!(
+            "restart.{field} {value:?} is longer than the maximum of {}",
+            human(MAX_POLICY_DURATION)
+        )));
+    }
+    Ok(d)
 }
 
 impl Policy {
@@ -358,6 +369,17 @@ mod tests {
         let parsed = Policy::parse(&p).unwrap();
         assert_eq!(parsed.delay, Duration::from_millis(200));
         assert_eq!(parsed.interval, Duration::from_secs(60));
+
+        p.interval = "20000y".into();
+        let e = Policy::parse(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("restart.interval") && e.contains("maximum"),
+            "{e}"
+        );
+        p.interval = "1m".into();
+        p.delay = "10000y".into();
+        let e = Policy::parse(&p).unwrap_err().to_string();
+        assert!(e.contains("restart.delay") && e.contains("maximum"), "{e}");
 
         p.delay = "soon".into();
         let e = Policy::parse(&p).unwrap_err().to_string();

@@ -563,7 +563,9 @@ impl Runner {
                 window,
                 message,
             } => {
-                let at = now + wait;
+                // Policy durations are capped (a year), so this cannot overflow; should
+                // it anyway, restart at once rather than panic.
+                let at = now.checked_add(wait).unwrap_or(now);
                 {
                     let mut rec = self.task.rec();
                     rec.restart.window = window;

@@ -522,6 +522,20 @@ async fn invalid_requests_name_the_field_and_create_nothing() {
             },
             "kill_timeout",
         ),
+        (
+            RunRequest {
+                kill_timeout: Some("100000000y".into()),
+                ..request(serde_json::json!({}), None)
+            },
+            "kill_timeout \"100000000y\" is longer than the maximum",
+        ),
+        (
+            request(
+                serde_json::json!({}),
+                policy(2, "20000y", "10000y", RestartMode::Fail),
+            ),
+            "restart.interval \"20000y\" is longer than the maximum",
+        ),
     ];
     for (req, want) in cases {
         let e = env.mgr.run(req).await.unwrap_err();
