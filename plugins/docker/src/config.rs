@@ -455,14 +455,25 @@ impl TaskConfig {
 
         let mut binds = Vec::new();
         let mut mounts = Vec::new();
-        // The task's own directories, always: the Nomad layout.
-        for (sub, target) in [
-            ("local", CONTAINER_LOCAL_DIR),
-            ("secrets", CONTAINER_SECRETS_DIR),
+        // The task's own directories, always: the Nomad layout. The variables that name
+        // them are pointed at the container's paths.
+        let mut dir_env = Vec::new();
+        for (sub, target, vars) in [
+            (
+                "local",
+                CONTAINER_LOCAL_DIR,
+                &["DROVER_TASK_DIR", "DROVER_LOCAL_DIR"][..],
+            ),
+            (
+                "secrets",
+                CONTAINER_SECRETS_DIR,
+                &["DROVER_SECRETS_DIR"][..],
+            ),
         ] {
             let dir = spec.task_dir.join(sub);
             if !spec.task_dir.as_os_str().is_empty() && dir.is_dir() {
                 binds.push(format!("{}:{target}", dir.display()));
+                dir_env.extend(vars.iter().map(|v| (*v, target)));
             }
         }
         for v in &self.volumes {
@@ -499,10 +510,8 @@ impl TaskConfig {
                 env.insert(k.clone(), v.clone());
             }
         }
-        if !spec.task_dir.as_os_str().is_empty() {
-            env.insert("DROVER_TASK_DIR".into(), CONTAINER_LOCAL_DIR.into());
-            env.insert("DROVER_LOCAL_DIR".into(), CONTAINER_LOCAL_DIR.into());
-            env.insert("DROVER_SECRETS_DIR".into(), CONTAINER_SECRETS_DIR.into());
+        for (var, target) in dir_env {
+            env.insert(var.to_owned(), target.to_owned());
         }
 
         let mut labels: HashMap<String, String> = self
@@ -791,6 +800,10 @@ mod tests {
         assert!(env.contains(&"A=override".to_owned()), "{env:?}");
         assert!(env.contains(&"B=2".to_owned()));
         assert!(env.contains(&"DROVER_LOCAL_DIR=/local".to_owned()));
+        assert!(
+            !env.iter().any(|e| e.starts_with("DROVER_SECRETS_DIR")),
+            "secrets/ is not mounted, so not named: {env:?}"
+        );
         let labels = b.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_TASK_ID], "t1");
         assert_eq!(labels[LABEL_TASK_NAME], "web server");

@@ -548,3 +548,49 @@ async fn fingerprint_names_the_engine_or_the_missing_daemon() {
         .unwrap_err();
     assert!(e.to_string().contains("nowhere.sock"), "{e}");
 }
+
+/// A container on the host network serves on 127.0.0.1 (tests send traffic nowhere
+/// else); the file it serves comes from the task's `local/` directory.
+#[tokio::test]
+async fn a_host_network_container_serves_on_localhost() {
+    use std::io::{Read as _, Write as _};
+    let Some(env) = docker_env() else { return };
+    let s = Scratch::new(&env);
+    let p = Plugin::launch(&s, json!({})).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spec = s.spec(
+        "httpd",
+        json!({
+            "image": env.image,
+            "command": "httpd",
+            "args": ["-f", "-p", format!("127.0.0.1:{port}"), "-h", "/local"],
+            "network_mode": "host",
+        }),
+    );
+    std::fs::write(
+        spec.task_dir.join("local/index.html"),
+        "served from the task dir\n",
+    )
+    .unwrap();
+    p.client.start_task(spec).await.unwrap();
+    let mut body = String::new();
+    until(PROMPT, "httpd answers", || {
+        let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = conn.write_all(b"GET /index.html HTTP/1.0\r\n\r\n");
+        body.clear();
+        conn.read_to_string(&mut body).is_ok() && body.contains("200")
+    })
+    .await;
+    assert!(body.ends_with("served from the task dir\n"), "{body}");
+    p.client
+        .stop_task("httpd", Duration::from_secs(5), "SIGTERM")
+        .await
+        .unwrap();
+}
