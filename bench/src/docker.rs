@@ -160,8 +160,7 @@ pub async fn run(plugin_bin: &Path, drover: &Path, o: Options) -> anyhow::Result
             }
         }
     }
-    let _ = agent.kill();
-    let _ = agent.wait();
+    stop_agent(&mut agent).await;
     plugin.shutdown().await;
     if let Ok(ids) = docker_cli(
         &o.docker_host,
@@ -177,6 +176,23 @@ pub async fn run(plugin_bin: &Path, drover: &Path, o: Options) -> anyhow::Result
     result
 }
 
+/// SIGTERM the agent, which (started with `--drain`) stops its plugins too, and wait;
+/// SIGKILL it if it takes too long.
+async fn stop_agent(agent: &mut Child) {
+    if let Some(pid) = i32::try_from(agent.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while matches!(agent.try_wait(), Ok(None)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
 fn start_agent(drover: &Path, root: &Path, config: &Path) -> anyhow::Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -184,7 +200,8 @@ fn start_agent(drover: &Path, root: &Path, config: &Path) -> anyhow::Result<Chil
         .open(root.join("agent.log"))?;
     std::fs::create_dir_all(root.join("plugins"))?;
     Command::new(drover)
-        .args(["agent", "--log-level", "warn", "--config"])
+        // `--drain`: on SIGTERM it stops its plugins, so the bench leaves nothing behind.
+        .args(["agent", "--drain", "--log-level", "warn", "--config"])
         .arg(config)
         .arg("--data-dir")
         .arg(root.join("data"))

@@ -208,7 +208,25 @@ fn fifty_tasks_survive_kill_9_of_the_agent() {
     }
 
     let second = new_agent(root.path());
-    let tasks = settled(&second, 50, Duration::from_secs(30));
+    // An exit that happened while no agent ran is reported just after the task's
+    // recovery: wait for those too, not only for the recoveries.
+    let exited: Vec<&str> = started
+        .iter()
+        .filter(|(_, code, _)| code.is_some())
+        .map(|(name, _, _)| name.as_str())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let tasks = loop {
+        let tasks = settled(&second, 50, Duration::from_secs(30));
+        let reported = tasks
+            .iter()
+            .filter(|t| exited.contains(&t["name"].as_str().unwrap_or_default()))
+            .all(|t| t["state"] == "dead");
+        if reported || Instant::now() > deadline {
+            break tasks;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(tasks.len(), 50, "{tasks:#?}");
     let by_name: BTreeMap<String, &serde_json::Value> = tasks
         .iter()

@@ -480,6 +480,8 @@ async fn dangling_containers_are_reported_and_removed() {
         "run",
         "-d",
         "--label",
+        &format!("{TEST_LABEL}={}", s.alloc_dir().display()),
+        "--label",
         "drover.task_id=elsewhere",
         "--label",
         "drover.alloc_dir=/some/other/agent",

@@ -11,6 +11,9 @@ use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
 use drover_plugin_sdk::{AgentInfo, TaskSpec};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_drover-driver-docker");
+/// Label (value: the scratch dir) on containers a test makes with the docker CLI, so
+/// that they are removed even when the test fails.
+pub const TEST_LABEL: &str = "drover-test.scratch";
 /// Upper bound for anything that should happen "at once".
 pub const PROMPT: Duration = Duration::from_secs(20);
 
@@ -79,14 +82,19 @@ impl DockerEnv {
         v.as_array()?.first().cloned()
     }
 
-    /// Remove every container labelled with `alloc_dir` (a test's leftovers).
+    /// Remove every container labelled with `alloc_dir` as its agent's, or as the test
+    /// that made it by hand ([`TEST_LABEL`]): a test's leftovers.
     pub fn remove_containers_of(&self, alloc_dir: &Path) {
-        let ids = self.cli_ok(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=drover.alloc_dir={}", alloc_dir.display()),
-        ]);
+        let mut ids = String::new();
+        for label in ["drover.alloc_dir", TEST_LABEL] {
+            ids.push_str(&self.cli_ok(&[
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label={label}={}", alloc_dir.display()),
+            ]));
+            ids.push(' ');
+        }
         let ids: Vec<&str> = ids.split_whitespace().collect();
         if !ids.is_empty() {
             let mut args = vec!["rm", "-f"];
