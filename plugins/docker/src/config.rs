@@ -546,7 +546,9 @@ impl TaskConfig {
             (m, _) if m > 0 => (Some(mib(m)), None),
             _ => (None, None),
         };
-        let log_size = spec.logs.max_file_size_mb.max(1);
+        // Docker's copy of the output is a buffer between the container and the log
+        // follower (and covers the time a plugin restart takes): at least 3 × 10 MB.
+        let log_size = spec.logs.max_file_size_mb.max(10);
 
         let host_config = HostConfig {
             binds: (!binds.is_empty()).then_some(binds),
@@ -570,7 +572,7 @@ impl TaskConfig {
                 typ: Some("json-file".into()),
                 config: Some(HashMap::from([
                     ("max-size".to_owned(), format!("{log_size}m")),
-                    ("max-file".to_owned(), "2".to_owned()),
+                    ("max-file".to_owned(), "3".to_owned()),
                 ])),
             }),
             ..Default::default()

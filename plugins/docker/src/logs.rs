@@ -59,7 +59,10 @@ pub(crate) struct Cursor {
     raw: String,
     at: Option<SystemTime>,
     seen: u64,
-    /// Messages at `at` still to skip (re-read after a restart).
+    /// A new read is replaying output from `at`'s second: messages up to the cursor
+    /// are skipped; once one is new, everything after it is.
+    replaying: bool,
+    /// Messages stamped `at` still to skip while replaying.
     skip: u64,
 }
 
@@ -78,13 +81,20 @@ impl Cursor {
                         raw: raw.to_owned(),
                         at: Some(at),
                         seen,
-                        skip: seen,
+                        ..Cursor::default()
                     },
                     Err(_) => Cursor::default(),
                 }
             }
             _ => Cursor::default(),
         }
+    }
+
+    /// A read from [`Cursor::since`] is about to start: it delivers again what was
+    /// written from that second on.
+    fn rewind(&mut self) {
+        self.replaying = self.at.is_some();
+        self.skip = self.seen;
     }
 
     /// The whole second to ask Docker for output since (it filters by seconds).
@@ -95,27 +105,28 @@ impl Cursor {
             .unwrap_or(0)
     }
 
-    /// Whether a message stamped `at` is new, moving the cursor past it if so.
+    /// Whether a message stamped `at` is new, moving the cursor past it if so. Only a
+    /// replay compares timestamps, so a wall clock stepping back mid-stream loses
+    /// nothing.
     fn accept(&mut self, raw: &str, at: SystemTime) -> bool {
-        match self.at {
-            Some(c) if at < c => false,
-            Some(c) if at == c => {
-                if self.skip > 0 {
+        if self.replaying {
+            match self.at {
+                Some(c) if at < c => return false,
+                Some(c) if at == c && self.skip > 0 => {
                     self.skip -= 1;
-                    false
-                } else {
-                    self.seen += 1;
-                    true
+                    return false;
                 }
-            }
-            _ => {
-                self.at = Some(at);
-                raw.clone_into(&mut self.raw);
-                self.seen = 1;
-                self.skip = 0;
-                true
+                _ => self.replaying = false,
             }
         }
+        if self.at == Some(at) {
+            self.seen += 1;
+        } else {
+            self.at = Some(at);
+            raw.clone_into(&mut self.raw);
+            self.seen = 1;
+        }
+        true
     }
 
     /// A fixed-width line, so that overwriting it in place never leaves a tail of an
@@ -223,6 +234,53 @@ pub(crate) async fn follow(task: Arc<Task>) {
     task.logs_finished();
 }
 
+/// How one read of the container's logs ended.
+enum Read {
+    /// The daemon ended the stream.
+    Ended,
+    /// The connection broke (daemon going away).
+    Broken,
+    /// The container or the task is gone, or the log files cannot be written.
+    Stop,
+}
+
+/// Write what Docker has for the container since the cursor; with `follow`, keep
+/// writing until the daemon ends the stream.
+async fn read(docker: &bollard::Docker, task: &Task, sink: &mut Sink, follow: bool) -> Read {
+    let cid = task.state.container_id.as_str();
+    let options = bollard::query_parameters::LogsOptions {
+        follow,
+        stdout: true,
+        stderr: true,
+        timestamps: true,
+        since: sink.cursor.since(),
+        ..Default::default()
+    };
+    sink.cursor.rewind();
+    let mut stream = docker.logs(cid, Some(options));
+    loop {
+        let item = tokio::select! {
+            biased;
+            () = task.cancel.cancelled() => return Read::Stop,
+            item = stream.next() => item,
+        };
+        match item {
+            None => return Read::Ended,
+            Some(Ok(out)) => {
+                if let Err(e) = sink.write(out) {
+                    tracing::warn!(task = %task.id, "writing the task's logs: {e}");
+                    return Read::Stop;
+                }
+            }
+            Some(Err(e)) if status_of(&e) == Some(404) => return Read::Stop,
+            Some(Err(e)) => {
+                tracing::debug!(task = %task.id, "reading the logs of {}: {e}", short(cid));
+                return Read::Broken;
+            }
+        }
+    }
+}
+
 async fn copy(engine: &Engine, task: &Task, mut sink: Sink) {
     let cid = task.state.container_id.as_str();
     let mut backoff = Backoff::new();
@@ -230,56 +288,37 @@ async fn copy(engine: &Engine, task: &Task, mut sink: Sink) {
         if task.cancel.is_cancelled() {
             return;
         }
-        let docker = match engine.client().await {
-            Ok(d) => d,
-            Err(_) => {
+        let Ok(docker) = engine.client().await else {
+            if !backoff.pause(&task.cancel).await {
+                return;
+            }
+            continue;
+        };
+        match read(&docker, task, &mut sink, true).await {
+            Read::Stop => return,
+            Read::Broken => {
                 if !backoff.pause(&task.cancel).await {
                     return;
                 }
                 continue;
             }
-        };
-        let options = bollard::query_parameters::LogsOptions {
-            follow: true,
-            stdout: true,
-            stderr: true,
-            timestamps: true,
-            since: sink.cursor.since(),
-            ..Default::default()
-        };
-        let mut stream = docker.logs(cid, Some(options));
-        let mut broken = false;
-        loop {
-            let item = tokio::select! {
-                biased;
-                () = task.cancel.cancelled() => return,
-                item = stream.next() => item,
-            };
-            match item {
-                None => break,
-                Some(Ok(out)) => {
-                    backoff.reset();
-                    if let Err(e) = sink.write(out) {
-                        tracing::warn!(task = %task.id, "writing the task's logs: {e}");
-                        return;
-                    }
-                }
-                Some(Err(e)) if status_of(&e) == Some(404) => return,
-                Some(Err(e)) => {
-                    tracing::debug!(task = %task.id, "following the logs of {}: {e}", short(cid));
-                    broken = true;
-                    break;
-                }
-            }
+            Read::Ended => backoff.reset(),
         }
-        if !broken {
-            // A follow ends when the container stops (or the daemon shuts down).
-            match docker.inspect_container(cid, None).await {
-                Ok(info) if info.state.as_ref().and_then(|s| s.running) != Some(true) => return,
-                Ok(_) => {}
-                Err(e) if status_of(&e) == Some(404) => return,
-                Err(_) => {}
+        // A follow ends when the container stops, but also early (Docker 20.10 ends
+        // it at a log file rotation, and when the container stops before the follower
+        // caught up). Once the container has stopped, one plain read from the cursor
+        // picks up whatever the follow missed.
+        match docker.inspect_container(cid, None).await {
+            Ok(info) if info.state.as_ref().and_then(|s| s.running) != Some(true) => {
+                match read(&docker, task, &mut sink, false).await {
+                    Read::Ended | Read::Stop => return,
+                    Read::Broken => {}
+                }
             }
+            // Still running: follow again from the cursor (after a short pause).
+            Ok(_) => {}
+            Err(e) if status_of(&e) == Some(404) => return,
+            Err(_) => {}
         }
         if !backoff.pause(&task.cancel).await {
             return;
@@ -345,6 +384,7 @@ mod tests {
         // the whole output again.
         let mut second = Sink::open(&t, CID).unwrap();
         assert_eq!(second.cursor.since(), 1_714_557_600);
+        second.cursor.rewind();
         for o in all() {
             second.write(o).unwrap();
         }
@@ -355,10 +395,31 @@ mod tests {
 
         // Once more, with nothing new: nothing is written.
         let mut third = Sink::open(&t, CID).unwrap();
+        third.cursor.rewind();
         for o in all() {
             third.write(o).unwrap();
         }
         assert_eq!(read("stdout.0"), "a\nc\nd\n");
+        // The same process reading again (a follow that ended early) repeats nothing.
+        third.cursor.rewind();
+        for o in all() {
+            third.write(o).unwrap();
+        }
+        third.write(out(T3, "e\n")).unwrap();
+        assert_eq!(read("stdout.0"), "a\nc\nd\ne\n");
+    }
+
+    #[test]
+    fn a_clock_stepping_back_mid_stream_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Sink::open(&target(dir.path()), CID).unwrap();
+        s.cursor.rewind();
+        s.write(out(T3, "late\n")).unwrap();
+        s.write(out(T1, "earlier clock\n")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("stdout.0")).unwrap(),
+            "late\nearlier clock\n"
+        );
     }
 
     #[test]
@@ -386,7 +447,8 @@ mod tests {
         let mut c2 = Cursor::default();
         assert!(c2.accept(T1, humantime::parse_rfc3339(T1).unwrap()));
         assert_eq!(c2.line(CID).len(), long.len());
-        let back = Cursor::parse(&long, CID);
+        let mut back = Cursor::parse(&long, CID);
+        back.rewind();
         assert_eq!((back.at, back.seen, back.skip), (c.at, 1, 1));
         assert_eq!(Cursor::parse(&long, "another"), Cursor::default());
         assert_eq!(Cursor::parse("garbage", CID), Cursor::default());

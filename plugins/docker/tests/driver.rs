@@ -596,3 +596,37 @@ async fn a_host_network_container_serves_on_localhost() {
         .await
         .unwrap();
 }
+
+/// A container that writes faster than the follower reads, across Docker's own log
+/// file rotation (more than 10 MB of json-file): every line reaches the task's logs,
+/// in order, by the time it is reported dead.
+#[tokio::test]
+async fn a_fast_writer_loses_no_lines() {
+    let Some(env) = docker_env() else { return };
+    let s = Scratch::new(&env);
+    let p = Plugin::launch(&s, json!({})).await;
+    const N: usize = 200_000;
+    p.client
+        .start_task(s.spec(
+            "seq",
+            json!({ "image": env.image, "command": "seq", "args": ["1", N.to_string()] }),
+        ))
+        .await
+        .unwrap();
+    let r = within(Duration::from_secs(120), "wait", p.client.wait_task("seq"))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0);
+    let text = s.log("seq", "stdout");
+    let mut count = 0;
+    for (i, line) in text.lines().enumerate() {
+        assert_eq!(
+            line,
+            (i + 1).to_string(),
+            "line {} is out of sequence",
+            i + 1
+        );
+        count += 1;
+    }
+    assert_eq!(count, N);
+}
