@@ -1,6 +1,7 @@
 //! The docker driver's health follows the daemon: stopping dockerd makes it
 //! `unhealthy` within seconds, with the reason; starting dockerd again makes it
-//! `healthy`, without restarting the agent or the plugin. This test runs its own
+//! `healthy`, without restarting the agent or the plugin; a container the daemon's
+//! stop killed is reported dead once it answers again. This test runs its own
 //! private dockerd (own socket, data and exec dirs) so it disturbs no other test.
 
 mod common;
@@ -104,8 +105,25 @@ fn health_follows_the_daemon_without_restarts() {
         "{row:#}"
     );
 
-    let t = Instant::now();
+    // Its image copied over from the shared daemon, a task runs on it.
+    let copied = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "docker -H '{}' save '{}' | docker -H '{host}' load",
+            shared.host, shared.image
+        ))
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{copied:?}");
+    let sleeper = run(
+        &agent,
+        &serde_json::json!({ "image": shared.image, "command": "sleep", "args": ["1000"] }),
+        &[],
+    );
+
+    // (dockerd takes its time: it stops the sleeper first, SIGKILL after 10 s.)
     dockerd.stop();
+    let t = Instant::now();
     let row = wait_docker(&agent, "unhealthy", Duration::from_secs(10));
     eprintln!("unhealthy {:?} after dockerd stopped", t.elapsed());
     let reason = row["reason"].as_str().unwrap();
@@ -120,16 +138,14 @@ fn health_follows_the_daemon_without_restarts() {
     let row = wait_docker(&agent, "healthy", Duration::from_secs(10));
     eprintln!("healthy {:?} after dockerd answered again", t.elapsed());
     assert_eq!(row["pid"].as_u64(), Some(pid), "the plugin was restarted");
-    // And it works: a container runs (its image copied over from the shared daemon).
-    let copied = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "docker -H '{}' save '{}' | docker -H '{host}' load",
-            shared.host, shared.image
-        ))
-        .output()
-        .unwrap();
-    assert!(copied.status.success(), "{copied:?}");
+    // The daemon's stop killed the sleeper (no live-restore); its end is reported once
+    // the daemon answers again.
+    let out = agent.cli(&["task", "wait", &sleeper]);
+    assert!(!out.status.success(), "{out:?}");
+    let st = status(&agent, &sleeper);
+    assert_eq!(st["state"], "dead", "{st:#}");
+    assert!(st["exit_code"].as_i64().is_some_and(|c| c != 0), "{st:#}");
+    // And new tasks run.
     let id = run(
         &agent,
         &serde_json::json!({ "image": shared.image, "command": "echo", "args": ["back"] }),
