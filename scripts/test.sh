@@ -31,6 +31,15 @@ DOCKER_DIR="$PWD/target/drover-test-docker"
 DOCKER_IMAGE="drover-test/busybox:latest"
 DOCKERD_PID=""
 
+# dockerd can leave mounts under its dirs (its default netns bind mount, its data
+# root): unmount them, deepest first, so that the dirs can be removed.
+unmount_docker_dir() {
+    [ -d "$DOCKER_DIR" ] || return 0
+    local m
+    awk -v dir="$DOCKER_DIR/" 'index($2, dir) == 1 { print $2 }' /proc/mounts | sort -r |
+        while read -r m; do umount -l "$m" 2>/dev/null || true; done
+}
+
 stop_dockerd() {
     [ -n "$DOCKERD_PID" ] || return 0
     kill -TERM "$DOCKERD_PID" 2>/dev/null || true
@@ -41,6 +50,7 @@ stop_dockerd() {
     kill -KILL "$DOCKERD_PID" 2>/dev/null || true
     wait "$DOCKERD_PID" 2>/dev/null || true
     DOCKERD_PID=""
+    unmount_docker_dir
 }
 
 skip_docker() {
@@ -69,6 +79,7 @@ start_dockerd() {
         skip_docker "dockerd needs root"
         return 0
     fi
+    unmount_docker_dir
     rm -rf "$DOCKER_DIR"
     mkdir -p "$DOCKER_DIR"
     local sock="$DOCKER_DIR/docker.sock"
