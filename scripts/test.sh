@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The whole Drover test suite, on a fresh machine: installs what the tests need if it
 # is missing, builds every workspace binary (the end-to-end tests launch the real
-# plugin binaries), then runs every test. Under CI=true a missing component fails.
+# plugin binaries), starts a private Docker daemon for the docker driver's tests, then
+# runs every test. Under CI=true a missing component fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+is_root() { [ "$(id -u)" -eq 0 ]; }
 
 need_pkgs=()
 command -v cc >/dev/null || need_pkgs+=(gcc)
@@ -12,7 +15,7 @@ command -v go >/dev/null || need_pkgs+=(golang-go)
 [ -d /usr/share/gocode/src/github.com/hashicorp/go-plugin ] || need_pkgs+=(golang-github-hashicorp-go-plugin-dev)
 [ -d /usr/share/gocode/src/google.golang.org/grpc ] || need_pkgs+=(golang-google-grpc-dev)
 if ((${#need_pkgs[@]})); then
-    if [ "$(id -u)" -ne 0 ]; then
+    if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2
         exit 1
     fi
@@ -20,5 +23,113 @@ if ((${#need_pkgs[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_pkgs[@]}"
 fi
 
+# --- Docker: the docker driver's tests need a real dockerd. They get a private one
+# (own socket, data and exec dirs under target/, no bridge and no iptables: the tests
+# send no traffic to container addresses) and a test image imported from a busybox
+# rootfs, since no registry is reachable. It is stopped by pid when this script exits.
+DOCKER_DIR="$PWD/target/drover-test-docker"
+DOCKER_IMAGE="drover-test/busybox:latest"
+DOCKERD_PID=""
+
+# dockerd can leave mounts under its dirs (its default netns bind mount, its data
+# root): unmount them, deepest first, so that the dirs can be removed.
+unmount_docker_dir() {
+    [ -d "$DOCKER_DIR" ] || return 0
+    local m
+    awk -v dir="$DOCKER_DIR/" 'index($2, dir) == 1 { print $2 }' /proc/mounts | sort -r |
+        while read -r m; do umount -l "$m" 2>/dev/null || true; done
+}
+
+stop_dockerd() {
+    [ -n "$DOCKERD_PID" ] || return 0
+    kill -TERM "$DOCKERD_PID" 2>/dev/null || true
+    for _ in $(seq 1 150); do
+        kill -0 "$DOCKERD_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$DOCKERD_PID" 2>/dev/null || true
+    wait "$DOCKERD_PID" 2>/dev/null || true
+    DOCKERD_PID=""
+    unmount_docker_dir
+}
+
+skip_docker() {
+    if [ "${CI:-}" = "true" ]; then
+        echo "docker tests cannot run: $1 (CI=true: this is a failure)" >&2
+        exit 1
+    fi
+    echo "########################################################################" >&2
+    echo "# SKIPPING the docker driver's tests: $1" >&2
+    echo "########################################################################" >&2
+}
+
+start_dockerd() {
+    local docker_pkgs=()
+    command -v dockerd >/dev/null || docker_pkgs+=(docker.io)
+    [ -x /bin/busybox ] || docker_pkgs+=(busybox-static)
+    if ((${#docker_pkgs[@]})); then
+        if ! is_root; then
+            skip_docker "missing packages ${docker_pkgs[*]} and not root to install them"
+            return 0
+        fi
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${docker_pkgs[@]}"
+    fi
+    if ! is_root; then
+        skip_docker "dockerd needs root"
+        return 0
+    fi
+    unmount_docker_dir
+    rm -rf "$DOCKER_DIR"
+    mkdir -p "$DOCKER_DIR"
+    local sock="$DOCKER_DIR/docker.sock"
+    dockerd \
+        --host "unix://$sock" \
+        --data-root "$DOCKER_DIR/data" \
+        --exec-root "$DOCKER_DIR/exec" \
+        --pidfile "$DOCKER_DIR/dockerd.pid" \
+        --bridge none --iptables=false --ip6tables=false --ip-masq=false \
+        --userland-proxy=false \
+        >"$DOCKER_DIR/dockerd.log" 2>&1 &
+    DOCKERD_PID=$!
+    trap stop_dockerd EXIT
+    local docker=(docker -H "unix://$sock")
+    for _ in $(seq 1 300); do
+        if [ -S "$sock" ] && "${docker[@]}" version >/dev/null 2>&1; then
+            break
+        fi
+        if ! kill -0 "$DOCKERD_PID" 2>/dev/null; then
+            tail -n 30 "$DOCKER_DIR/dockerd.log" >&2
+            skip_docker "the private dockerd exited at start (log above)"
+            DOCKERD_PID=""
+            return 0
+        fi
+        sleep 0.1
+    done
+    if ! "${docker[@]}" version >/dev/null 2>&1; then
+        tail -n 30 "$DOCKER_DIR/dockerd.log" >&2
+        skip_docker "the private dockerd did not answer within 30 s (log above)"
+        return 0
+    fi
+    # The test image: busybox (static) and its applets, plus the passwd/group files
+    # that `user` needs.
+    local rootfs="$DOCKER_DIR/rootfs"
+    mkdir -p "$rootfs/bin" "$rootfs/etc" "$rootfs/tmp"
+    cp /bin/busybox "$rootfs/bin/busybox"
+    local applet
+    for applet in $("$rootfs/bin/busybox" --list); do
+        [ "$applet" = busybox ] || ln -sf busybox "$rootfs/bin/$applet"
+    done
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$rootfs/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
+    tar -C "$rootfs" -cf "$DOCKER_DIR/rootfs.tar" .
+    "${docker[@]}" import -c 'ENV PATH=/bin' -c 'CMD ["/bin/sh"]' \
+        "$DOCKER_DIR/rootfs.tar" "$DOCKER_IMAGE" >/dev/null
+    export DROVER_TEST_DOCKER_HOST="unix://$sock"
+    export DROVER_TEST_DOCKER_IMAGE="$DOCKER_IMAGE"
+    echo "private dockerd (pid $DOCKERD_PID) at $DROVER_TEST_DOCKER_HOST with image $DOCKER_IMAGE" >&2
+}
+
 cargo build --workspace --bins --locked
+start_dockerd
 cargo test --workspace --locked "$@"

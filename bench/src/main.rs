@@ -1,5 +1,6 @@
 //! `cargo run --release -p drover-bench -- handshake [--iterations N]`
 //! `cargo run --release -p drover-bench -- tasks [--count N]`
+//! `cargo run --release -p drover-bench -- docker-start [--count N] [--docker-host URL]`
 //!
 //! Launches the rawexec plugin N times and measures launch → handshake → health →
 //! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
@@ -12,6 +13,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 
+mod docker;
 mod tasks;
 
 #[derive(Parser)]
@@ -45,6 +47,20 @@ enum Bench {
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
     },
+    /// Docker task start latency (plugin StartTask and agent API) against
+    /// `docker run -d` on the same daemon.
+    DockerStart {
+        /// Containers started each way.
+        #[arg(long, default_value_t = 50)]
+        count: usize,
+        /// Docker daemon (default: DROVER_TEST_DOCKER_HOST, DOCKER_HOST, or
+        /// unix:///var/run/docker.sock).
+        #[arg(long)]
+        docker_host: Option<String>,
+        /// Image to run `sleep 3600` in; must be on the daemon.
+        #[arg(long, default_value = "drover-test/busybox:latest")]
+        image: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,6 +93,26 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(tasks::run(&drover, count, concurrency))
+        }
+        Bench::DockerStart {
+            count,
+            docker_host,
+            image,
+        } => {
+            let plugin = sibling_binary("drover-driver-docker", "drover-driver-docker")?;
+            let drover = sibling_binary("drover-host", "drover")?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(docker::run(
+                &plugin,
+                &drover,
+                docker::Options {
+                    count,
+                    docker_host: docker_host.unwrap_or_else(docker::default_host),
+                    image,
+                },
+            ))
         }
     }
 }

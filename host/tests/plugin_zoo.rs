@@ -149,8 +149,8 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     assert_eq!(rawexec["state"], "healthy");
     let builtin = rows
         .iter()
-        .find(|r| r["source"] == "builtin")
-        .expect("builtin row");
+        .find(|r| r["source"] == "builtin" && r["name"] == "rawexec")
+        .expect("builtin rawexec row");
     assert_eq!(builtin["state"], "skipped");
     assert!(
         builtin["reason"]

@@ -1,0 +1,940 @@
+//! Plugin configuration, task configuration, and how both (with the task's spec) turn
+//! into the body of a Docker `POST /containers/create`. Everything here is pure, so the
+//! translation is tested without a daemon.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, PortBinding,
+};
+use drover_plugin_sdk::{DriverError, TaskSpec};
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer};
+
+/// Label carrying the Drover task id: how a container is found again by id.
+pub const LABEL_TASK_ID: &str = "drover.task_id";
+/// Label carrying the Drover task name, for people running `docker ps`.
+pub const LABEL_TASK_NAME: &str = "drover.task_name";
+/// Label carrying the agent's allocation directory: which agent a container belongs
+/// to when several agents share one Docker daemon.
+pub const LABEL_ALLOC_DIR: &str = "drover.alloc_dir";
+
+/// Where the task's `local/` and `secrets/` directories appear in the container
+/// (the same places Nomad uses).
+pub const CONTAINER_LOCAL_DIR: &str = "/local";
+/// See [`CONTAINER_LOCAL_DIR`].
+pub const CONTAINER_SECRETS_DIR: &str = "/secrets";
+
+/// Capabilities a task may add when the plugin config does not say otherwise: Docker's
+/// default set, as Nomad allows it.
+pub const DEFAULT_ALLOW_CAPS: &[&str] = &[
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+];
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!("{text:?} is not a duration like \"5m\": {e}"))
+    })
+}
+
+/// Configuration of the docker plugin (`[plugin.docker] config = {...}`).
+///
+/// ```
+/// let c: drover_driver_docker::PluginConfig =
+///     serde_json::from_str(r#"{"allow_privileged":true,"pull_timeout":"30s"}"#).unwrap();
+/// assert!(c.allow_privileged && !c.volumes.enabled);
+/// assert_eq!(c.pull_timeout, std::time::Duration::from_secs(30));
+/// assert!(serde_json::from_str::<drover_driver_docker::PluginConfig>(r#"{"endpont":"x"}"#).is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginConfig {
+    /// Docker daemon address: `unix:///path/docker.sock`, a bare socket path, or
+    /// `tcp://host:port`. Default: `DOCKER_HOST`, else `unix:///var/run/docker.sock`.
+    pub endpoint: Option<String>,
+    /// Allow tasks to run privileged containers.
+    pub allow_privileged: bool,
+    /// Host paths and named volumes in tasks.
+    pub volumes: VolumesConfig,
+    /// Capabilities tasks may add with `cap_add` (`"ALL"` allows any). Names with or
+    /// without `CAP_`, any case.
+    pub allow_caps: Vec<String>,
+    /// Garbage collection of images and of containers no task owns.
+    pub gc: GcConfig,
+    /// Longest time an image pull (or `load`) may take before the start fails.
+    #[serde(deserialize_with = "de_duration")]
+    #[schemars(with = "String")]
+    pub pull_timeout: Duration,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        PluginConfig {
+            endpoint: None,
+            allow_privileged: false,
+            volumes: VolumesConfig::default(),
+            allow_caps: DEFAULT_ALLOW_CAPS.iter().map(|c| (*c).to_owned()).collect(),
+            gc: GcConfig::default(),
+            pull_timeout: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+/// `volumes` in the plugin config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct VolumesConfig {
+    /// Allow bind mounts of host paths outside the task directory and named volumes.
+    /// Paths inside the task directory are always allowed.
+    pub enabled: bool,
+}
+
+/// `gc` in the plugin config.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct GcConfig {
+    /// Remove a task's image when the task is destroyed and no other container uses it.
+    pub image: bool,
+    /// How long after the destroy to remove it (a restarting task reuses it meanwhile).
+    #[serde(deserialize_with = "de_duration")]
+    #[schemars(with = "String")]
+    pub image_delay: Duration,
+    /// Containers with Drover labels of this agent whose task this plugin does not know.
+    pub dangling_containers: DanglingConfig,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig {
+            image: false,
+            image_delay: Duration::from_secs(3 * 60),
+            dangling_containers: DanglingConfig::default(),
+        }
+    }
+}
+
+/// `gc.dangling_containers` in the plugin config.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct DanglingConfig {
+    /// Look for them and report them (a warning and a task event).
+    pub enabled: bool,
+    /// Also remove them (force: running ones are killed).
+    pub remove: bool,
+    /// How often to look.
+    #[serde(deserialize_with = "de_duration")]
+    #[schemars(with = "String")]
+    pub period: Duration,
+    /// Ignore containers younger than this, and look only once the plugin has run
+    /// this long: the agent recovers its tasks in the meantime.
+    #[serde(deserialize_with = "de_duration")]
+    #[schemars(with = "String")]
+    pub creation_grace: Duration,
+}
+
+impl Default for DanglingConfig {
+    fn default() -> Self {
+        DanglingConfig {
+            enabled: true,
+            remove: false,
+            period: Duration::from_secs(60),
+            creation_grace: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+/// Configuration of one docker task.
+///
+/// ```
+/// let c: drover_driver_docker::TaskConfig = serde_json::from_str(
+///     r#"{"image":"busybox:1.36","command":"echo","args":["hi"],"ports":{"80":8080}}"#,
+/// ).unwrap();
+/// assert_eq!(c.args, ["hi"]);
+/// let err = serde_json::from_str::<drover_driver_docker::TaskConfig>(r#"{"image":"x","comand":"y"}"#)
+///     .unwrap_err();
+/// assert!(err.to_string().contains("comand"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskConfig {
+    /// Image reference, e.g. `redis:7` or `registry.example.com/team/app@sha256:…`. No
+    /// tag means `latest`.
+    pub image: String,
+    /// Command to run (replaces the image's `CMD`; the image's entrypoint stays).
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Arguments to `command`; without `command` they replace the image's `CMD`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Replaces the image's entrypoint.
+    #[serde(default)]
+    pub entrypoint: Option<Vec<String>>,
+    /// Environment, on top of the task's (the `DROVER_*` variables win).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Container labels. Keys starting with `drover.` are reserved.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Working directory in the container.
+    #[serde(default)]
+    pub work_dir: Option<String>,
+    /// User in the container (`name`, `uid`, `uid:gid`). Default: the task's user,
+    /// else the image's.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Published ports: container port (`"80"`, `"53/udp"`) → host port (`8080`, or
+    /// `"127.0.0.1:8080"`; `0` lets Docker pick).
+    #[serde(default)]
+    pub ports: BTreeMap<String, PortSpec>,
+    /// Bind mounts `source:target[:ro]`. A relative source is inside the task
+    /// directory; host paths elsewhere and named volumes need `volumes.enabled`.
+    #[serde(default)]
+    pub volumes: Vec<String>,
+    /// Mounts in long form.
+    #[serde(default)]
+    pub mounts: Vec<MountConfig>,
+    /// Network mode (`host`, `none`, `bridge`, `container:<id>`, a network name).
+    #[serde(default)]
+    pub network_mode: Option<String>,
+    /// Capabilities to add (must be in the plugin's `allow_caps`).
+    #[serde(default)]
+    pub cap_add: Vec<String>,
+    /// Capabilities to drop.
+    #[serde(default)]
+    pub cap_drop: Vec<String>,
+    /// Run privileged (refused unless the plugin config has `allow_privileged`).
+    #[serde(default)]
+    pub privileged: bool,
+    /// Credentials for a private registry.
+    #[serde(default)]
+    pub auth: Option<AuthConfig>,
+    /// Pull the image even when it is present.
+    #[serde(default)]
+    pub force_pull: bool,
+    /// An image tarball (`docker save` format) in the task directory, loaded before the
+    /// container is created; it must provide `image`.
+    #[serde(default)]
+    pub load: Option<String>,
+    /// Size of `/dev/shm` in bytes.
+    #[serde(default)]
+    pub shm_size: Option<i64>,
+    /// Run an init process (tini) as PID 1 that forwards signals and reaps zombies.
+    #[serde(default)]
+    pub init: bool,
+}
+
+/// A published port's host side.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum PortSpec {
+    /// Host port on every address (`0`: Docker picks one).
+    Port(u16),
+    /// `"ip:port"`, e.g. `"127.0.0.1:8080"`.
+    Address(String),
+}
+
+/// One mount in long form.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountConfig {
+    /// `bind` (default), `volume` or `tmpfs`.
+    #[serde(rename = "type", default)]
+    pub kind: MountKind,
+    /// Host path (bind; relative: inside the task directory) or volume name.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Path in the container.
+    pub target: String,
+    /// Mount read-only.
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+/// Kind of a [`MountConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MountKind {
+    /// A host path.
+    #[default]
+    Bind,
+    /// A Docker volume.
+    Volume,
+    /// A tmpfs.
+    Tmpfs,
+}
+
+/// Registry credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// User name.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Password or token.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// E-mail (some registries want it).
+    #[serde(default)]
+    pub email: Option<String>,
+    /// Registry address, e.g. `registry.example.com`.
+    #[serde(default)]
+    pub server_address: Option<String>,
+    /// OAuth identity token instead of a password.
+    #[serde(default)]
+    pub identity_token: Option<String>,
+}
+
+impl AuthConfig {
+    pub(crate) fn credentials(&self) -> bollard::auth::DockerCredentials {
+        bollard::auth::DockerCredentials {
+            username: self.username.clone(),
+            password: self.password.clone(),
+            email: self.email.clone(),
+            serveraddress: self.server_address.clone(),
+            identitytoken: self.identity_token.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> DriverError {
+    DriverError::InvalidConfig(msg.into())
+}
+
+/// `SYS_ADMIN` from `sys_admin`, `CAP_SYS_ADMIN`, `Sys_Admin`.
+fn normalize_cap(cap: &str) -> String {
+    let upper = cap.trim().to_ascii_uppercase();
+    upper
+        .strip_prefix("CAP_")
+        .map_or_else(|| upper.clone(), str::to_owned)
+}
+
+/// `name:latest` for a reference with neither tag nor digest, since an untagged pull
+/// would fetch every tag of the repository.
+///
+/// ```
+/// use drover_driver_docker::normalize_image;
+/// assert_eq!(normalize_image("busybox"), "busybox:latest");
+/// assert_eq!(normalize_image("localhost:5000/app"), "localhost:5000/app:latest");
+/// assert_eq!(normalize_image("redis:7"), "redis:7");
+/// assert_eq!(normalize_image("app@sha256:abc"), "app@sha256:abc");
+/// ```
+pub fn normalize_image(image: &str) -> String {
+    let image = image.trim();
+    let last = image.rsplit('/').next().unwrap_or(image);
+    if image.contains('@') || last.contains(':') {
+        image.to_owned()
+    } else {
+        format!("{image}:latest")
+    }
+}
+
+/// A path inside the task directory from a relative path that must not leave it.
+fn inside_task_dir(spec: &TaskSpec, field: &str, rel: &str) -> Result<PathBuf, DriverError> {
+    if spec.task_dir.as_os_str().is_empty() {
+        return Err(invalid(format!(
+            "{field}: relative path {rel:?} needs a task directory, and this task has none"
+        )));
+    }
+    let path = Path::new(rel);
+    if path
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(invalid(format!(
+            "{field}: {rel:?} must be a relative path inside the task directory (no `..`)"
+        )));
+    }
+    Ok(spec.task_dir.join(path))
+}
+
+/// The settings of the plugin that a task start depends on.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Policy {
+    pub config: PluginConfig,
+    /// The agent's allocation directory (identifies this agent's containers).
+    pub alloc_dir: String,
+}
+
+/// A checked task: what to create, which image to make present first.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// Normalized image reference.
+    pub image: String,
+    /// Absolute path of the tarball to load first.
+    pub load: Option<PathBuf>,
+    pub force_pull: bool,
+    pub auth: Option<bollard::auth::DockerCredentials>,
+    /// Container name.
+    pub name: String,
+    pub body: ContainerCreateBody,
+}
+
+/// A Docker container name for the task: `<name>-<id>` with the name reduced to
+/// Docker's charset, or `drover-<id>`.
+pub(crate) fn container_name(spec: &TaskSpec) -> String {
+    let name: String = spec
+        .name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        .take(64)
+        .collect();
+    // Docker names must start with an alphanumeric character.
+    match name.chars().next() {
+        Some(c) if c.is_ascii_alphanumeric() => format!("{name}-{}", spec.id),
+        _ => format!("drover-{}", spec.id),
+    }
+}
+
+impl TaskConfig {
+    /// Check the task against the plugin's policy and build the container to create.
+    pub(crate) fn plan(&self, spec: &TaskSpec, policy: &Policy) -> Result<Plan, DriverError> {
+        let pc = &policy.config;
+        if self.image.trim().is_empty() {
+            return Err(invalid("image must not be empty"));
+        }
+        if self.privileged && !pc.allow_privileged {
+            return Err(invalid(
+                "privileged containers are not allowed on this agent (set allow_privileged = \
+                 true in the docker plugin config to allow them)",
+            ));
+        }
+        let allowed: Vec<String> = pc.allow_caps.iter().map(|c| normalize_cap(c)).collect();
+        let allow_all = allowed.iter().any(|c| c == "ALL");
+        let mut cap_add = Vec::new();
+        for cap in &self.cap_add {
+            let c = normalize_cap(cap);
+            if !allow_all && !allowed.contains(&c) {
+                return Err(invalid(format!(
+                    "cap_add: capability {cap:?} is not in the docker plugin's allow_caps ({})",
+                    allowed.join(", ")
+                )));
+            }
+            cap_add.push(c);
+        }
+        let cap_drop: Vec<String> = self.cap_drop.iter().map(|c| normalize_cap(c)).collect();
+        for key in self.labels.keys() {
+            if key.starts_with("drover.") {
+                return Err(invalid(format!(
+                    "labels: {key:?} is reserved (keys starting with \"drover.\" are set by Drover)"
+                )));
+            }
+        }
+        for key in self.env.keys() {
+            if key.is_empty() || key.contains('=') {
+                return Err(invalid(format!("env: bad variable name {key:?}")));
+            }
+        }
+        if let Some(cmd) = &self.command
+            && cmd.trim().is_empty()
+        {
+            return Err(invalid(
+                "command must not be empty (leave it out to run the image's CMD)",
+            ));
+        }
+        if let Some(size) = self.shm_size
+            && size <= 0
+        {
+            return Err(invalid(format!("shm_size must be positive, not {size}")));
+        }
+
+        let mut binds = Vec::new();
+        let mut mounts = Vec::new();
+        // The task's own directories, always: the Nomad layout. The variables that name
+        // them are pointed at the container's paths.
+        let mut dir_env = Vec::new();
+        for (sub, target, vars) in [
+            (
+                "local",
+                CONTAINER_LOCAL_DIR,
+                &["DROVER_TASK_DIR", "DROVER_LOCAL_DIR"][..],
+            ),
+            (
+                "secrets",
+                CONTAINER_SECRETS_DIR,
+                &["DROVER_SECRETS_DIR"][..],
+            ),
+        ] {
+            let dir = spec.task_dir.join(sub);
+            if !spec.task_dir.as_os_str().is_empty() && dir.is_dir() {
+                binds.push(format!("{}:{target}", dir.display()));
+                dir_env.extend(vars.iter().map(|v| (*v, target)));
+            }
+        }
+        for v in &self.volumes {
+            binds.push(self.bind(spec, pc, v)?);
+        }
+        for m in &self.mounts {
+            mounts.push(mount(spec, pc, m)?);
+        }
+
+        let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
+        let mut exposed = Vec::new();
+        for (container, host) in &self.ports {
+            let key = container_port(container)?;
+            let binding = host_binding(&key, host)?;
+            exposed.push(key.clone());
+            port_bindings
+                .entry(key)
+                .or_default()
+                .get_or_insert_with(Vec::new)
+                .push(binding);
+        }
+
+        let load = self
+            .load
+            .as_deref()
+            .map(|l| inside_task_dir(spec, "load", l))
+            .transpose()?;
+
+        // Environment: the task's (with DROVER_* from the agent), the config's on top
+        // except for DROVER_*, then the directories as the container sees them.
+        let mut env = spec.env.clone();
+        for (k, v) in &self.env {
+            if !(k.starts_with("DROVER_") && env.contains_key(k)) {
+                env.insert(k.clone(), v.clone());
+            }
+        }
+        for (var, target) in dir_env {
+            env.insert(var.to_owned(), target.to_owned());
+        }
+
+        let mut labels: HashMap<String, String> = self
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.insert(LABEL_TASK_ID.into(), spec.id.clone());
+        labels.insert(LABEL_TASK_NAME.into(), spec.name.clone());
+        if !policy.alloc_dir.is_empty() {
+            labels.insert(LABEL_ALLOC_DIR.into(), policy.alloc_dir.clone());
+        }
+
+        let cmd = match (&self.command, self.args.is_empty()) {
+            (Some(c), _) => Some(
+                std::iter::once(c.clone())
+                    .chain(self.args.clone())
+                    .collect(),
+            ),
+            (None, false) => Some(self.args.clone()),
+            (None, true) => None,
+        };
+        let user = self
+            .user
+            .clone()
+            .or_else(|| (!spec.user.is_empty()).then(|| spec.user.clone()));
+
+        let r = spec.resources;
+        let mib = |m: i64| m.saturating_mul(1024 * 1024);
+        let (memory, reservation) = match (r.memory_mb, r.memory_max_mb) {
+            (m, max) if max > m && max > 0 => (Some(mib(max)), (m > 0).then(|| mib(m))),
+            (m, _) if m > 0 => (Some(mib(m)), None),
+            _ => (None, None),
+        };
+        // Docker's copy of the output is a buffer between the container and the log
+        // follower (and covers the time a plugin restart takes): at least 3 × 10 MB.
+        let log_size = spec.logs.max_file_size_mb.max(10);
+
+        let host_config = HostConfig {
+            binds: (!binds.is_empty()).then_some(binds),
+            mounts: (!mounts.is_empty()).then_some(mounts),
+            port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
+            network_mode: self.network_mode.clone(),
+            cap_add: (!cap_add.is_empty()).then_some(cap_add),
+            cap_drop: (!cap_drop.is_empty()).then_some(cap_drop),
+            privileged: self.privileged.then_some(true),
+            memory,
+            memory_reservation: reservation,
+            // Swap would let a task run past its limit instead of being OOM killed.
+            memory_swap: memory,
+            // Docker refuses shares below 2.
+            cpu_shares: (r.cpu_shares > 0).then(|| r.cpu_shares.max(2)),
+            shm_size: self.shm_size,
+            init: self.init.then_some(true),
+            // The plugin reads the container's output back from this driver (with
+            // timestamps, for the log cursor); it is only a buffer, so keep it small.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("json-file".into()),
+                config: Some(HashMap::from([
+                    ("max-size".to_owned(), format!("{log_size}m")),
+                    ("max-file".to_owned(), "3".to_owned()),
+                ])),
+            }),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(normalize_image(&self.image)),
+            cmd,
+            entrypoint: self.entrypoint.clone(),
+            env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(labels),
+            working_dir: self.work_dir.clone(),
+            user,
+            exposed_ports: (!exposed.is_empty()).then_some(exposed),
+            attach_stdout: Some(false),
+            attach_stderr: Some(false),
+            tty: Some(false),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        Ok(Plan {
+            image: normalize_image(&self.image),
+            load,
+            force_pull: self.force_pull,
+            auth: self.auth.as_ref().map(AuthConfig::credentials),
+            name: container_name(spec),
+            body,
+        })
+    }
+
+    /// One `volumes` entry as a Docker bind string.
+    fn bind(&self, spec: &TaskSpec, pc: &PluginConfig, v: &str) -> Result<String, DriverError> {
+        let parts: Vec<&str> = v.split(':').collect();
+        let (source, target, mode) = match parts.as_slice() {
+            [s, t] => (*s, *t, None),
+            [s, t, m] => (*s, *t, Some(*m)),
+            _ => {
+                return Err(invalid(format!(
+                    "volumes: {v:?} is not source:target or source:target:mode"
+                )));
+            }
+        };
+        if source.is_empty() || !target.starts_with('/') {
+            return Err(invalid(format!(
+                "volumes: {v:?} needs a source and an absolute target"
+            )));
+        }
+        let source = host_source(spec, pc, "volumes", source)?;
+        Ok(match mode {
+            Some(m) => format!("{source}:{target}:{m}"),
+            None => format!("{source}:{target}"),
+        })
+    }
+}
+
+/// The host side of a bind or volume: inside the task directory for a relative path,
+/// otherwise only with `volumes.enabled`.
+fn host_source(
+    spec: &TaskSpec,
+    pc: &PluginConfig,
+    field: &str,
+    source: &str,
+) -> Result<String, DriverError> {
+    let is_path = source.starts_with('/') || source.starts_with('.') || source.contains('/');
+    if is_path && !source.starts_with('/') {
+        return Ok(inside_task_dir(spec, field, source)?.display().to_string());
+    }
+    if !pc.volumes.enabled {
+        let what = if is_path {
+            format!("host path {source:?}")
+        } else {
+            format!("named volume {source:?}")
+        };
+        return Err(invalid(format!(
+            "{field}: {what} is not allowed: volumes are disabled in the docker plugin config \
+             (volumes.enabled = false); paths relative to the task directory are allowed"
+        )));
+    }
+    Ok(source.to_owned())
+}
+
+fn mount(spec: &TaskSpec, pc: &PluginConfig, m: &MountConfig) -> Result<Mount, DriverError> {
+    if !m.target.starts_with('/') {
+        return Err(invalid(format!(
+            "mounts: target {:?} must be an absolute path",
+            m.target
+        )));
+    }
+    let (typ, source) = match m.kind {
+        MountKind::Tmpfs => (MountType::TMPFS, None),
+        MountKind::Bind | MountKind::Volume => {
+            let Some(source) = m.source.as_deref().filter(|s| !s.is_empty()) else {
+                return Err(invalid(format!("mounts: {} needs a source", m.target)));
+            };
+            let typ = if m.kind == MountKind::Bind {
+                MountType::BIND
+            } else {
+                MountType::VOLUME
+            };
+            if m.kind == MountKind::Volume && !pc.volumes.enabled {
+                return Err(invalid(format!(
+                    "mounts: volume {source:?} is not allowed: volumes are disabled in the \
+                     docker plugin config (volumes.enabled = false)"
+                )));
+            }
+            let source = if m.kind == MountKind::Bind && !source.starts_with('/') {
+                inside_task_dir(spec, "mounts", source)?
+                    .display()
+                    .to_string()
+            } else {
+                host_source(spec, pc, "mounts", source)?
+            };
+            (typ, Some(source))
+        }
+    };
+    Ok(Mount {
+        target: Some(m.target.clone()),
+        source,
+        typ: Some(typ),
+        read_only: m.readonly.then_some(true),
+        ..Default::default()
+    })
+}
+
+/// `"80"` → `"80/tcp"`; `"53/udp"` stays.
+fn container_port(key: &str) -> Result<String, DriverError> {
+    let (port, proto) = key.split_once('/').unwrap_or((key, "tcp"));
+    let ok_port = port.parse::<u16>().is_ok_and(|p| p > 0);
+    if !ok_port || !matches!(proto, "tcp" | "udp" | "sctp") {
+        return Err(invalid(format!(
+            "ports: {key:?} is not a container port like \"80\" or \"53/udp\""
+        )));
+    }
+    Ok(format!("{port}/{proto}"))
+}
+
+fn host_binding(key: &str, host: &PortSpec) -> Result<PortBinding, DriverError> {
+    Ok(match host {
+        PortSpec::Port(p) => PortBinding {
+            host_ip: None,
+            host_port: Some(p.to_string()),
+        },
+        PortSpec::Address(a) => {
+            let parsed: std::net::SocketAddr = a.parse().map_err(|_| {
+                invalid(format!(
+                    "ports: {key}: {a:?} is not a host port or an \"ip:port\" address"
+                ))
+            })?;
+            PortBinding {
+                host_ip: Some(parsed.ip().to_string()),
+                host_port: Some(parsed.port().to_string()),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> TaskConfig {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn spec(dir: &Path) -> TaskSpec {
+        TaskSpec {
+            id: "t1".into(),
+            name: "web server".into(),
+            task_dir: dir.to_owned(),
+            env: [("A".to_owned(), "1".to_owned())].into(),
+            ..Default::default()
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy {
+            config: PluginConfig::default(),
+            alloc_dir: "/var/lib/drover/alloc".into(),
+        }
+    }
+
+    fn err(cfg: &str, policy: &Policy) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        match parse(cfg).plan(&spec(dir.path()), policy) {
+            Err(DriverError::InvalidConfig(m)) => m,
+            other => panic!("expected InvalidConfig for {cfg}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_and_schema() {
+        let c: PluginConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, PluginConfig::default());
+        assert!(!c.allow_privileged && !c.volumes.enabled && !c.gc.image);
+        assert!(c.gc.dangling_containers.enabled && !c.gc.dangling_containers.remove);
+        let e = serde_json::from_str::<PluginConfig>(r#"{"pull_timeout":"soon"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("soon"), "{e}");
+        let schema = serde_json::to_value(schemars::schema_for!(TaskConfig)).unwrap();
+        assert_eq!(schema["additionalProperties"], false, "{schema:#}");
+        assert_eq!(schema["required"], serde_json::json!(["image"]));
+        let schema = serde_json::to_value(schemars::schema_for!(PluginConfig)).unwrap();
+        assert_eq!(schema["properties"]["pull_timeout"]["type"], "string");
+    }
+
+    #[test]
+    fn builds_the_container() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("local")).unwrap();
+        let cfg = parse(
+            r#"{"image":"busybox","command":"sh","args":["-c","echo hi"],
+                "env":{"B":"2","A":"override"},"labels":{"team":"web"},
+                "ports":{"80":8080,"53/udp":"127.0.0.1:5353"},"work_dir":"/srv",
+                "cap_add":["net_bind_service"],"cap_drop":["CAP_CHOWN"],"init":true,
+                "shm_size":1048576,"network_mode":"host"}"#,
+        );
+        let mut s = spec(dir.path());
+        s.resources.memory_mb = 64;
+        s.resources.cpu_shares = 1;
+        s.user = "nobody".into();
+        let plan = cfg.plan(&s, &policy()).unwrap();
+        assert_eq!(plan.image, "busybox:latest");
+        assert_eq!(plan.name, "webserver-t1");
+        let b = &plan.body;
+        assert_eq!(b.cmd.as_deref().unwrap(), ["sh", "-c", "echo hi"]);
+        let env = b.env.as_ref().unwrap();
+        assert!(env.contains(&"A=override".to_owned()), "{env:?}");
+        assert!(env.contains(&"B=2".to_owned()));
+        assert!(env.contains(&"DROVER_LOCAL_DIR=/local".to_owned()));
+        assert!(
+            !env.iter().any(|e| e.starts_with("DROVER_SECRETS_DIR")),
+            "secrets/ is not mounted, so not named: {env:?}"
+        );
+        let labels = b.labels.as_ref().unwrap();
+        assert_eq!(labels[LABEL_TASK_ID], "t1");
+        assert_eq!(labels[LABEL_TASK_NAME], "web server");
+        assert_eq!(labels[LABEL_ALLOC_DIR], "/var/lib/drover/alloc");
+        assert_eq!(labels["team"], "web");
+        assert_eq!(b.user.as_deref(), Some("nobody"));
+        assert_eq!(b.working_dir.as_deref(), Some("/srv"));
+        let h = b.host_config.as_ref().unwrap();
+        assert_eq!(h.memory, Some(64 << 20));
+        assert_eq!(h.memory_swap, Some(64 << 20));
+        assert_eq!(h.memory_reservation, None);
+        assert_eq!(h.cpu_shares, Some(2));
+        assert_eq!(h.cap_add.as_deref().unwrap(), ["NET_BIND_SERVICE"]);
+        assert_eq!(h.cap_drop.as_deref().unwrap(), ["CHOWN"]);
+        assert_eq!(h.init, Some(true));
+        assert_eq!(h.shm_size, Some(1 << 20));
+        assert_eq!(h.network_mode.as_deref(), Some("host"));
+        let ports = h.port_bindings.as_ref().unwrap();
+        assert_eq!(
+            ports["80/tcp"].as_ref().unwrap()[0].host_port.as_deref(),
+            Some("8080")
+        );
+        let udp = &ports["53/udp"].as_ref().unwrap()[0];
+        assert_eq!(udp.host_ip.as_deref(), Some("127.0.0.1"));
+        assert_eq!(udp.host_port.as_deref(), Some("5353"));
+        let binds = h.binds.as_ref().unwrap();
+        assert_eq!(
+            binds,
+            &[format!("{}/local:/local", dir.path().display())],
+            "secrets/ does not exist, so it is not mounted"
+        );
+    }
+
+    #[test]
+    fn memory_max_is_the_limit_and_memory_the_reservation() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = spec(dir.path());
+        s.resources.memory_mb = 64;
+        s.resources.memory_max_mb = 128;
+        let plan = parse(r#"{"image":"x"}"#).plan(&s, &policy()).unwrap();
+        let h = plan.body.host_config.unwrap();
+        assert_eq!(h.memory, Some(128 << 20));
+        assert_eq!(h.memory_reservation, Some(64 << 20));
+        assert!(plan.body.cmd.is_none(), "no command: the image's CMD runs");
+    }
+
+    #[test]
+    fn policy_refusals_name_the_setting() {
+        let p = policy();
+        let m = err(r#"{"image":"x","privileged":true}"#, &p);
+        assert!(
+            m.contains("privileged") && m.contains("allow_privileged"),
+            "{m}"
+        );
+        let m = err(r#"{"image":"x","cap_add":["SYS_ADMIN"]}"#, &p);
+        assert!(m.contains("SYS_ADMIN") && m.contains("allow_caps"), "{m}");
+        let m = err(r#"{"image":"x","volumes":["/etc:/host-etc"]}"#, &p);
+        assert!(m.contains("/etc") && m.contains("volumes.enabled"), "{m}");
+        let m = err(r#"{"image":"x","volumes":["data:/data"]}"#, &p);
+        assert!(m.contains("named volume"), "{m}");
+        let m = err(
+            r#"{"image":"x","mounts":[{"type":"volume","source":"v","target":"/v"}]}"#,
+            &p,
+        );
+        assert!(m.contains("volumes.enabled"), "{m}");
+        let m = err(r#"{"image":"x","volumes":["../up:/up"]}"#, &p);
+        assert!(m.contains(".."), "{m}");
+        let m = err(r#"{"image":"x","labels":{"drover.task_id":"other"}}"#, &p);
+        assert!(m.contains("reserved"), "{m}");
+        let m = err(r#"{"image":"x","ports":{"http":80}}"#, &p);
+        assert!(m.contains("http"), "{m}");
+        let m = err(r#"{"image":"x","ports":{"80":"localhost"}}"#, &p);
+        assert!(m.contains("localhost"), "{m}");
+        let m = err(r#"{"image":"x","load":"/tmp/image.tar"}"#, &p);
+        assert!(m.contains("load"), "{m}");
+        let m = err(r#"{"image":" "}"#, &p);
+        assert!(m.contains("image"), "{m}");
+
+        let mut open = policy();
+        open.config.allow_privileged = true;
+        open.config.volumes.enabled = true;
+        open.config.allow_caps = vec!["all".into()];
+        let dir = tempfile::tempdir().unwrap();
+        let plan = parse(
+            r#"{"image":"x","privileged":true,"cap_add":["SYS_ADMIN"],
+                "volumes":["/etc:/host-etc:ro","data/sub:/data"],
+                "mounts":[{"type":"tmpfs","target":"/scratch"},{"source":"cfg","target":"/cfg","readonly":true}]}"#,
+        )
+        .plan(&spec(dir.path()), &open)
+        .unwrap();
+        let h = plan.body.host_config.unwrap();
+        assert_eq!(h.privileged, Some(true));
+        let binds = h.binds.unwrap();
+        assert!(binds.contains(&"/etc:/host-etc:ro".to_owned()), "{binds:?}");
+        assert!(
+            binds.contains(&format!("{}/data/sub:/data", dir.path().display())),
+            "{binds:?}"
+        );
+        let mounts = h.mounts.unwrap();
+        assert_eq!(mounts[0].typ, Some(MountType::TMPFS));
+        assert_eq!(
+            mounts[1].source.as_deref(),
+            Some(format!("{}/cfg", dir.path().display()).as_str())
+        );
+        assert_eq!(mounts[1].read_only, Some(true));
+    }
+
+    #[test]
+    fn relative_sources_stay_in_the_task_dir_even_with_volumes_disabled() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = parse(r#"{"image":"x","volumes":["./data:/data"],"load":"local/img.tar"}"#)
+            .plan(&spec(dir.path()), &policy())
+            .unwrap();
+        let binds = plan.body.host_config.unwrap().binds.unwrap();
+        assert_eq!(binds, [format!("{}/./data:/data", dir.path().display())]);
+        assert_eq!(plan.load.unwrap(), dir.path().join("local/img.tar"));
+    }
+
+    #[test]
+    fn container_names() {
+        let mut s = TaskSpec {
+            id: "abc".into(),
+            name: "my app/v2".into(),
+            ..Default::default()
+        };
+        assert_eq!(container_name(&s), "myappv2-abc");
+        s.name = "_x".into();
+        assert_eq!(container_name(&s), "drover-abc");
+        s.name = String::new();
+        assert_eq!(container_name(&s), "drover-abc");
+    }
+}

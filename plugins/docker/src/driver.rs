@@ -1,0 +1,720 @@
+//! The docker driver: the [`DriverPlugin`] impl.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use bollard::Docker;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::query_parameters::{
+    CreateContainerOptions, KillContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StatsOptions,
+};
+use drover_plugin_sdk::{
+    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
+    FsIsolation, Health, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
+    parse_signal,
+};
+use futures_util::StreamExt as _;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{
+    LABEL_ALLOC_DIR, LABEL_TASK_ID, Plan, PluginConfig, Policy, TaskConfig, normalize_image,
+};
+use crate::dangling::Reconciler;
+use crate::engine::{Endpoint, Engine, docker_err, status_of};
+use crate::handle::{HandleState, Task, docker_time, short, watch_exit};
+use crate::store::Store;
+use crate::{image, logs};
+
+/// The driver's name.
+pub const PLUGIN_NAME: &str = "docker";
+/// The plugin's version.
+pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Version of the task handle's driver state.
+pub const HANDLE_VERSION: u32 = 1;
+
+const SIGKILL: i32 = 9;
+/// How long a container sent SIGKILL may take to be reported gone.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long the daemon may take to answer a fingerprint.
+const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the plugin runs with: its configuration and the daemon connection it implies.
+struct Settings {
+    policy: Policy,
+    engine: Result<Arc<Engine>, String>,
+}
+
+impl Settings {
+    fn new(config: PluginConfig, alloc_dir: String) -> Result<Self, DriverError> {
+        let endpoint = Endpoint::resolve(config.endpoint.as_deref())?;
+        Ok(Settings {
+            policy: Policy { config, alloc_dir },
+            engine: Ok(Arc::new(Engine::new(endpoint))),
+        })
+    }
+
+    fn engine(&self) -> Result<Arc<Engine>, DriverError> {
+        self.engine.clone().map_err(DriverError::InvalidConfig)
+    }
+}
+
+/// Runs tasks as Docker containers.
+pub struct DockerDriver {
+    settings: RwLock<Arc<Settings>>,
+    store: Arc<Store>,
+    events: broadcast::Sender<TaskEvent>,
+    /// The daemon answered at least once: a later failure is "unhealthy", not
+    /// "undetected".
+    answered: AtomicBool,
+    started: Instant,
+    reconciler: Mutex<Option<CancellationToken>>,
+}
+
+impl Default for DockerDriver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DockerDriver {
+    /// A driver with the default configuration (daemon from `DOCKER_HOST`, else
+    /// `/var/run/docker.sock`) and no tasks.
+    pub fn new() -> Self {
+        let settings =
+            Settings::new(PluginConfig::default(), String::new()).unwrap_or_else(|e| Settings {
+                policy: Policy::default(),
+                engine: Err(e.to_string()),
+            });
+        DockerDriver {
+            settings: RwLock::new(Arc::new(settings)),
+            store: Arc::new(Store::default()),
+            events: broadcast::channel(256).0,
+            answered: AtomicBool::new(false),
+            started: Instant::now(),
+            reconciler: Mutex::new(None),
+        }
+    }
+
+    fn settings(&self) -> Arc<Settings> {
+        self.settings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn event(&self, task_id: &str, message: String) {
+        event(&self.events, task_id, message);
+    }
+
+    /// Follow the task's logs and watch for its exit, in the background.
+    fn watch(&self, task: &Arc<Task>) {
+        tokio::spawn(logs::follow(task.clone()));
+        let events = self.events.clone();
+        let task = task.clone();
+        tokio::spawn(async move {
+            if let Some(result) = watch_exit(task.clone()).await {
+                let mut message = match &result.err {
+                    Some(e) if result.exit_code == 0 => format!("task exited: {e}"),
+                    _ => format!("task exited: code {}", result.exit_code),
+                };
+                if result.oom_killed {
+                    message.push_str(" (OOM killed)");
+                }
+                event(&events, &task.id, message);
+            }
+        });
+    }
+
+    /// Create the task's container, pulling its image when the daemon does not have it
+    /// and taking the name over from a container of the same task that never started.
+    async fn create(
+        &self,
+        docker: &Docker,
+        plan: &Plan,
+        spec: &TaskSpec,
+        pull_timeout: Duration,
+    ) -> Result<String, DriverError> {
+        let mut pulled = false;
+        let mut replaced = false;
+        loop {
+            let options = CreateContainerOptions {
+                name: Some(plan.name.clone()),
+                ..Default::default()
+            };
+            let err = match docker
+                .create_container(Some(options), plan.body.clone())
+                .await
+            {
+                Ok(created) => return Ok(created.id),
+                Err(e) => e,
+            };
+            let message = match &err {
+                bollard::errors::Error::DockerResponseServerError { message, .. } => message,
+                _ => "",
+            };
+            match status_of(&err) {
+                Some(404)
+                    if message.contains("No such image") && !pulled && plan.load.is_none() =>
+                {
+                    self.event(&spec.id, format!("pulling image {}", plan.image));
+                    image::pull(docker, &plan.image, plan.auth.clone(), pull_timeout).await?;
+                    self.event(&spec.id, format!("image {} pulled", plan.image));
+                    pulled = true;
+                }
+                Some(409) if !replaced => {
+                    take_over_name(docker, &plan.name, &spec.id).await?;
+                    replaced = true;
+                }
+                _ => {
+                    return Err(docker_err(format!("creating container {}", plan.name), err));
+                }
+            }
+        }
+    }
+
+    /// Find the container of task `id` by its label (a probe: the agent has no handle).
+    async fn find(
+        &self,
+        docker: &Docker,
+        id: &str,
+        alloc_dir: &str,
+    ) -> Result<HandleState, DriverError> {
+        let mut labels = vec![format!("{LABEL_TASK_ID}={id}")];
+        if !alloc_dir.is_empty() {
+            labels.push(format!("{LABEL_ALLOC_DIR}={alloc_dir}"));
+        }
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([("label".to_owned(), labels)])),
+            ..Default::default()
+        };
+        let list = docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| docker_err(format!("looking for the container of task {id}"), e))?;
+        let Some(c) = list.into_iter().next() else {
+            return Err(DriverError::NotFound(format!(
+                "no container for task {id} on the docker daemon"
+            )));
+        };
+        let cid = c.id.unwrap_or_default();
+        let state = c.state.map(|s| s.to_string()).unwrap_or_default();
+        if state == "created" {
+            // Created but never started (the start was interrupted): it never ran, so
+            // the task was never started. Remove it so that a start can create it anew.
+            remove_container(docker, &cid).await?;
+            return Err(DriverError::NotFound(format!(
+                "task {id} was never started (its container {} was only created)",
+                short(&cid)
+            )));
+        }
+        Ok(HandleState {
+            container_id: cid,
+            image: c.image.unwrap_or_default(),
+        })
+    }
+
+    fn restart_reconciler(&self, settings: &Settings) {
+        let mut slot = self
+            .reconciler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(old) = slot.take() {
+            old.cancel();
+        }
+        let dangling = &settings.policy.config.gc.dangling_containers;
+        let (true, Ok(engine), false) = (
+            dangling.enabled,
+            settings.engine.clone(),
+            settings.policy.alloc_dir.is_empty(),
+        ) else {
+            return;
+        };
+        let cancel = CancellationToken::new();
+        let reconciler = Reconciler {
+            engine,
+            store: self.store.clone(),
+            events: self.events.clone(),
+            config: dangling.clone(),
+            alloc_dir: settings.policy.alloc_dir.clone(),
+            started: self.started,
+        };
+        tokio::spawn(reconciler.run(cancel.clone()));
+        *slot = Some(cancel);
+    }
+}
+
+fn event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
+    tracing::info!(task = task_id, "{message}");
+    // No subscriber is fine: events are best-effort notifications.
+    let _ = events.send(TaskEvent {
+        task_id: task_id.to_owned(),
+        timestamp: SystemTime::now(),
+        message,
+        annotations: BTreeMap::new(),
+    });
+}
+
+/// The name `name` is taken. If by a container of the same task that was created but
+/// never started, remove it; otherwise the task exists already.
+async fn take_over_name(docker: &Docker, name: &str, task_id: &str) -> Result<(), DriverError> {
+    let info = docker
+        .inspect_container(name, None)
+        .await
+        .map_err(|e| docker_err(format!("inspecting container {name}"), e))?;
+    let ours = info
+        .config
+        .as_ref()
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| l.get(LABEL_TASK_ID))
+        .is_some_and(|t| t == task_id);
+    let state = info
+        .state
+        .as_ref()
+        .and_then(|s| s.status)
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    if ours && state == "created" {
+        return remove_container(docker, info.id.as_deref().unwrap_or(name)).await;
+    }
+    Err(DriverError::AlreadyExists(format!(
+        "task {task_id}: container {name} exists already ({state})"
+    )))
+}
+
+async fn remove_container(docker: &Docker, cid: &str) -> Result<(), DriverError> {
+    let options = RemoveContainerOptions {
+        force: true,
+        v: true,
+        link: false,
+    };
+    match docker.remove_container(cid, Some(options)).await {
+        Ok(()) => Ok(()),
+        Err(e) if status_of(&e) == Some(404) => Ok(()),
+        Err(e) => Err(docker_err(format!("removing container {}", short(cid)), e)),
+    }
+}
+
+/// Send `signal` to the container; one that is not running is not an error.
+async fn kill(docker: &Docker, task: &Task, signal: i32) -> Result<(), DriverError> {
+    let options = KillContainerOptions {
+        signal: signal.to_string(),
+    };
+    match docker
+        .kill_container(&task.state.container_id, Some(options))
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
+        Err(e) => Err(docker_err(
+            format!(
+                "sending signal {signal} to container {}",
+                short(&task.state.container_id)
+            ),
+            e,
+        )),
+    }
+}
+
+impl DriverPlugin for DockerDriver {
+    type Config = PluginConfig;
+    type TaskConfig = TaskConfig;
+
+    fn info(&self) -> PluginInfo {
+        PluginInfo::new(PLUGIN_NAME, PLUGIN_VERSION)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            send_signals: true,
+            exec: true,
+            fs_isolation: FsIsolation::Image,
+            task_stats: true,
+            task_events: true,
+            recover: true,
+        }
+    }
+
+    async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
+        let settings = Arc::new(Settings::new(
+            config,
+            agent.alloc_dir.display().to_string(),
+        )?);
+        self.restart_reconciler(&settings);
+        *self
+            .settings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = settings;
+        Ok(())
+    }
+
+    async fn fingerprint(&self) -> Fingerprint {
+        let settings = self.settings();
+        let engine = match &settings.engine {
+            Ok(e) => e.clone(),
+            Err(why) => return Fingerprint::not_ready(Health::Unhealthy, why.clone()),
+        };
+        let endpoint = engine.endpoint().to_string();
+        let answer = async {
+            let docker = engine.client().await?;
+            docker
+                .version()
+                .await
+                .map_err(|e| DriverError::Internal(format!("docker daemon at {endpoint}: {e}")))
+        };
+        let version = match tokio::time::timeout(FINGERPRINT_TIMEOUT, answer).await {
+            Ok(Ok(v)) => v,
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!(
+                        "docker daemon at {endpoint} did not answer within {FINGERPRINT_TIMEOUT:?}"
+                    ),
+                };
+                if !self.answered.load(Ordering::Relaxed) && engine.endpoint().absent() {
+                    return Fingerprint::not_ready(
+                        Health::Undetected,
+                        format!("no docker daemon: {endpoint} does not exist"),
+                    );
+                }
+                return Fingerprint::not_ready(Health::Unhealthy, why);
+            }
+        };
+        self.answered.store(true, Ordering::Relaxed);
+        let v = |s: Option<String>| s.unwrap_or_else(|| "unknown".into());
+        let server = v(version.version);
+        let api = v(version.api_version);
+        let config = &settings.policy.config;
+        Fingerprint::healthy(format!("docker {server} (API {api}) at {endpoint}"))
+            .attribute("driver.docker.version", server)
+            .attribute("driver.docker.api_version", api)
+            .attribute("driver.docker.os", v(version.os))
+            .attribute("driver.docker.arch", v(version.arch))
+            .attribute("driver.docker.endpoint", endpoint)
+            .attribute(
+                "driver.docker.privileged.enabled",
+                config.allow_privileged.to_string(),
+            )
+            .attribute(
+                "driver.docker.volumes.enabled",
+                config.volumes.enabled.to_string(),
+            )
+    }
+
+    fn fingerprint_interval(&self) -> Duration {
+        // Cheap (one GET /version), and a daemon going away should show within seconds.
+        Duration::from_secs(2)
+    }
+
+    async fn start_task(
+        &self,
+        spec: TaskSpec,
+        config: TaskConfig,
+    ) -> Result<TaskHandle, DriverError> {
+        let settings = self.settings();
+        let plan = config.plan(&spec, &settings.policy)?;
+        let engine = settings.engine()?;
+        let reservation = self.store.reserve(&spec.id)?;
+        let docker = engine.client().await?;
+        let pull_timeout = settings.policy.config.pull_timeout;
+        if let Some(tarball) = &plan.load {
+            self.event(
+                &spec.id,
+                format!("loading image tarball {}", tarball.display()),
+            );
+            image::load(&docker, tarball, pull_timeout).await?;
+            if !image::present(&docker, &plan.image).await? {
+                return Err(DriverError::InvalidConfig(format!(
+                    "load: {} did not provide image {}",
+                    tarball.display(),
+                    plan.image
+                )));
+            }
+        } else if plan.force_pull {
+            self.event(&spec.id, format!("pulling image {}", plan.image));
+            image::pull(&docker, &plan.image, plan.auth.clone(), pull_timeout).await?;
+        }
+        let cid = self.create(&docker, &plan, &spec, pull_timeout).await?;
+        if let Err(e) = docker.start_container(&cid, None).await {
+            // Leave nothing behind: a container that did not start never ran.
+            if let Err(rm) = remove_container(&docker, &cid).await {
+                tracing::warn!(task = %spec.id, "{rm}");
+            }
+            return Err(docker_err(format!("starting container {}", plan.name), e));
+        }
+        let state = HandleState {
+            container_id: cid,
+            image: plan.image.clone(),
+        };
+        let task = Arc::new(Task::new(&spec, state, SystemTime::now(), engine));
+        reservation.commit(task.clone());
+        self.watch(&task);
+        self.event(
+            &spec.id,
+            format!(
+                "container {} started from {}",
+                short(&task.state.container_id),
+                plan.image
+            ),
+        );
+        TaskHandle::new(spec, HANDLE_VERSION, &task.state)
+    }
+
+    async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
+        Ok(self.store.get(task_id)?.wait().await)
+    }
+
+    async fn stop_task(
+        &self,
+        task_id: &str,
+        timeout: Duration,
+        signal: &str,
+    ) -> Result<(), DriverError> {
+        let sig = parse_signal(signal)?;
+        let task = self.store.get(task_id)?;
+        if !task.running() {
+            return Ok(());
+        }
+        let docker = task.engine.client().await?;
+        kill(&docker, &task, sig).await?;
+        self.event(task_id, format!("sent signal {sig}"));
+        if tokio::time::timeout(timeout, task.wait()).await.is_err() {
+            kill(&docker, &task, SIGKILL).await?;
+            self.event(
+                task_id,
+                format!("sent SIGKILL: still running after {timeout:?}"),
+            );
+            tokio::time::timeout(KILL_GRACE, task.wait())
+                .await
+                .map_err(|_| {
+                    DriverError::Timeout(format!(
+                        "container {} of task {task_id} was not reported stopped within \
+                         {KILL_GRACE:?} of SIGKILL",
+                        short(&task.state.container_id)
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+
+    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
+        let sig = parse_signal(signal)?;
+        let task = self.store.get(task_id)?;
+        if !task.running() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} has exited"
+            )));
+        }
+        let docker = task.engine.client().await?;
+        kill(&docker, &task, sig).await?;
+        self.event(task_id, format!("sent signal {sig}"));
+        Ok(())
+    }
+
+    async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
+        let task = self.store.get(task_id)?;
+        if task.running() && !force {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} is still running; stop it first or destroy it with force"
+            )));
+        }
+        let settings = self.settings();
+        let gc = &settings.policy.config.gc;
+        let docker = task.engine.client().await?;
+        remove_container(&docker, &task.state.container_id).await?;
+        task.cancel.cancel();
+        self.store.remove(task_id);
+        logs::remove_cursor(&task.logs);
+        if gc.image && !task.state.image.is_empty() {
+            let engine = task.engine.clone();
+            let image = task.state.image.clone();
+            let delay = gc.image_delay;
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(docker) = engine.client().await {
+                    image::collect(&docker, &image).await;
+                }
+            });
+        }
+        Ok(())
+    }
+
+    async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
+        Ok(self.store.get(task_id)?.status())
+    }
+
+    async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        let id = handle.spec.id.clone();
+        if self.store.get(&id).is_ok() {
+            return Ok(());
+        }
+        let settings = self.settings();
+        let engine = settings.engine()?;
+        let reservation = self.store.reserve(&id)?;
+        let state = if handle.version == 0 && handle.driver_state.is_empty() {
+            let docker = engine.client().await?;
+            self.find(&docker, &id, &settings.policy.alloc_dir).await?
+        } else {
+            handle.decode_state::<HandleState>(HANDLE_VERSION)?
+        };
+        // Look at the container if the daemon answers. If it does not, the handle is
+        // taken at its word: the watchers keep asking until the daemon is back.
+        let mut started_at = SystemTime::now();
+        match engine.client().await {
+            Ok(docker) => match docker.inspect_container(&state.container_id, None).await {
+                Ok(info) => {
+                    if let Some(t) =
+                        docker_time(info.state.as_ref().and_then(|s| s.started_at.as_deref()))
+                    {
+                        started_at = t;
+                    }
+                }
+                Err(e) if status_of(&e) == Some(404) => {
+                    return Err(DriverError::NotFound(format!(
+                        "container {} of task {id} no longer exists",
+                        short(&state.container_id)
+                    )));
+                }
+                Err(e) => tracing::warn!(task = %id, "recovering without inspecting: {e}"),
+            },
+            Err(e) => tracing::warn!(task = %id, "recovering without inspecting: {e}"),
+        }
+        let image = if state.image.is_empty() {
+            // A probe of a container made by an older plugin: take the config's word.
+            serde_json::from_str::<TaskConfig>(&handle.spec.driver_config_json)
+                .map(|c| normalize_image(&c.image))
+                .unwrap_or_default()
+        } else {
+            state.image.clone()
+        };
+        let state = HandleState { image, ..state };
+        let task = Arc::new(Task::new(&handle.spec, state, started_at, engine));
+        reservation.commit(task.clone());
+        self.watch(&task);
+        self.event(
+            &id,
+            format!(
+                "task recovered (container {})",
+                short(&task.state.container_id)
+            ),
+        );
+        Ok(())
+    }
+
+    async fn task_stats(&self, task_id: &str) -> Result<TaskStats, DriverError> {
+        let task = self.store.get(task_id)?;
+        if !task.running() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} has exited"
+            )));
+        }
+        let docker = task.engine.client().await?;
+        let options = StatsOptions {
+            stream: false,
+            // One reading at once, instead of the daemon waiting for a second one;
+            // the CPU percentage comes from consecutive calls.
+            one_shot: true,
+        };
+        let mut readings = docker.stats(&task.state.container_id, Some(options));
+        match readings.next().await {
+            Some(Ok(s)) => Ok(task.sample(&s)),
+            Some(Err(e)) => Err(docker_err(
+                format!("stats of container {}", short(&task.state.container_id)),
+                e,
+            )),
+            None => Err(DriverError::Internal(format!(
+                "stats of container {}: no answer",
+                short(&task.state.container_id)
+            ))),
+        }
+    }
+
+    fn task_events(&self) -> Option<broadcast::Receiver<TaskEvent>> {
+        Some(self.events.subscribe())
+    }
+
+    async fn exec_task(
+        &self,
+        task_id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, DriverError> {
+        if command.is_empty() {
+            return Err(DriverError::InvalidConfig("exec needs a command".into()));
+        }
+        let task = self.store.get(task_id)?;
+        if !task.running() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} has exited"
+            )));
+        }
+        let docker = task.engine.client().await?;
+        let cid = &task.state.container_id;
+        let options = CreateExecOptions {
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            cmd: Some(command.clone()),
+            ..Default::default()
+        };
+        let exec = docker
+            .create_exec(cid, options)
+            .await
+            .map_err(|e| docker_err(format!("exec in container {}", short(cid)), e))?;
+        let run = async {
+            let mut out = ExecOutput::default();
+            if let StartExecResults::Attached { mut output, .. } = docker
+                .start_exec(&exec.id, None)
+                .await
+                .map_err(|e| docker_err(format!("exec {command:?}"), e))?
+            {
+                while let Some(chunk) = output.next().await {
+                    match chunk.map_err(|e| docker_err(format!("exec {command:?}"), e))? {
+                        bollard::container::LogOutput::StdOut { message } => {
+                            out.stdout.extend_from_slice(&message);
+                        }
+                        bollard::container::LogOutput::StdErr { message } => {
+                            out.stderr.extend_from_slice(&message);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let info = docker
+                .inspect_exec(&exec.id)
+                .await
+                .map_err(|e| docker_err(format!("exec {command:?}"), e))?;
+            out.result = ExitResult::code(
+                info.exit_code
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(-1),
+            );
+            Ok::<_, DriverError>(out)
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(r) => r,
+            // Docker cannot kill an exec'd process by itself; it is left to finish.
+            Err(_) => Ok(ExecOutput {
+                result: ExitResult {
+                    err: Some(format!("timed out after {timeout:?}")),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if let Some(c) = self
+            .reconciler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            c.cancel();
+        }
+    }
+}

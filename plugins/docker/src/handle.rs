@@ -1,0 +1,394 @@
+//! One task: its container, its exit result once known, the background work that
+//! watches it (exit and logs), and its resource samples.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use bollard::models::{ContainerState, ContainerStatsResponse};
+use drover_plugin_sdk::{ExitResult, TaskSpec, TaskState, TaskStats, TaskStatus};
+use futures_util::StreamExt as _;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, is_transport, status_of};
+use crate::logs::LogTarget;
+
+/// What a task handle carries (version [`crate::HANDLE_VERSION`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HandleState {
+    /// The container's full id.
+    pub container_id: String,
+    /// The image reference the task asked for (for image garbage collection).
+    pub image: String,
+}
+
+/// How long an exit waits for the log follower to write the container's last lines,
+/// so that a task reported dead has its whole output in its log files.
+const LOG_DRAIN: Duration = Duration::from_secs(10);
+
+/// Pauses between attempts to reach a daemon that does not answer.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff(Duration::from_millis(100))
+    }
+    pub(crate) fn reset(&mut self) {
+        self.0 = Duration::from_millis(100);
+    }
+    /// Sleep for the current pause (or until `cancel`), then double it up to 2 s.
+    /// Returns false when cancelled.
+    pub(crate) async fn pause(&mut self, cancel: &CancellationToken) -> bool {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(2));
+        tokio::select! {
+            () = tokio::time::sleep(d) => true,
+            () = cancel.cancelled() => false,
+        }
+    }
+}
+
+/// One task this plugin process tracks.
+pub(crate) struct Task {
+    pub id: String,
+    pub name: String,
+    pub state: HandleState,
+    pub started_at: SystemTime,
+    /// The daemon the container lives on.
+    pub engine: Arc<Engine>,
+    /// Where its output goes.
+    pub logs: LogTarget,
+    /// Stops the exit watcher and the log follower (the task is destroyed).
+    pub cancel: CancellationToken,
+    exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
+    logs_done: watch::Sender<bool>,
+    /// (container CPU ns, system CPU ns) of the previous stats sample.
+    last_cpu: Mutex<Option<(u64, u64)>>,
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Task {
+    pub(crate) fn new(
+        spec: &TaskSpec,
+        state: HandleState,
+        started_at: SystemTime,
+        engine: Arc<Engine>,
+    ) -> Self {
+        Task {
+            id: spec.id.clone(),
+            name: spec.name.clone(),
+            state,
+            started_at,
+            engine,
+            logs: LogTarget {
+                stdout: spec.stdout_path.clone(),
+                stderr: spec.stderr_path.clone(),
+                limits: spec.logs,
+            },
+            cancel: CancellationToken::new(),
+            exit: watch::channel(None).0,
+            logs_done: watch::channel(false).0,
+            last_cpu: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn running(&self) -> bool {
+        self.exit.borrow().is_none()
+    }
+
+    /// Record how the task ended; the first result wins.
+    pub(crate) fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
+        self.exit.send_if_modified(|slot| {
+            if slot.is_some() {
+                return false;
+            }
+            *slot = Some((result, at));
+            true
+        })
+    }
+
+    /// Wait until the task has exited.
+    pub(crate) async fn wait(&self) -> ExitResult {
+        let mut rx = self.exit.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(slot) => slot.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
+            // The sender lives in `self`, so it cannot be gone while we borrow it.
+            Err(_) => ExitResult::default(),
+        }
+    }
+
+    /// The log follower has written everything the container will ever write.
+    pub(crate) fn logs_finished(&self) {
+        self.logs_done.send_replace(true);
+    }
+
+    async fn logs_drained(&self, limit: Duration) {
+        let mut rx = self.logs_done.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|done| *done)).await;
+    }
+
+    /// InspectTask's answer.
+    pub(crate) fn status(&self) -> TaskStatus {
+        let exit = self.exit.borrow().clone();
+        TaskStatus {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            state: if exit.is_some() {
+                TaskState::Exited
+            } else {
+                TaskState::Running
+            },
+            started_at: Some(self.started_at),
+            completed_at: exit.as_ref().map(|(_, at)| *at),
+            exit_result: exit.map(|(r, _)| r),
+            attributes: [
+                ("container_id".to_owned(), self.state.container_id.clone()),
+                ("image".to_owned(), self.state.image.clone()),
+            ]
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    /// A usage sample from one Docker stats reading. CPU percent is over the time since
+    /// the previous sample (the first one reads 0), relative to one core.
+    pub(crate) fn sample(&self, s: &ContainerStatsResponse) -> TaskStats {
+        let cpu = s.cpu_stats.as_ref();
+        let usage = cpu.and_then(|c| c.cpu_usage.as_ref());
+        let total = usage.and_then(|u| u.total_usage).unwrap_or(0);
+        let system = cpu.and_then(|c| c.system_cpu_usage).unwrap_or(0);
+        let cpus = cpu
+            .and_then(|c| c.online_cpus)
+            .filter(|n| *n > 0)
+            .or_else(|| {
+                usage
+                    .and_then(|u| u.percpu_usage.as_ref())
+                    .and_then(|p| u32::try_from(p.len()).ok())
+            })
+            .unwrap_or(1);
+        let mut last = self.last_cpu.lock().unwrap_or_else(PoisonError::into_inner);
+        let cpu_percent = match *last {
+            Some((t0, s0)) if system > s0 && total >= t0 => {
+                (total - t0) as f64 / (system - s0) as f64 * f64::from(cpus) * 100.0
+            }
+            _ => 0.0,
+        };
+        *last = Some((total, system));
+        TaskStats {
+            memory_rss_bytes: memory_in_use(s),
+            cpu_user: Duration::from_nanos(usage.and_then(|u| u.usage_in_usermode).unwrap_or(0)),
+            cpu_system: Duration::from_nanos(
+                usage.and_then(|u| u.usage_in_kernelmode).unwrap_or(0),
+            ),
+            cpu_percent,
+        }
+    }
+}
+
+/// Memory in use without the reclaimable page cache, as `docker stats` shows it.
+fn memory_in_use(s: &ContainerStatsResponse) -> u64 {
+    let Some(m) = s.memory_stats.as_ref() else {
+        return 0;
+    };
+    let usage = m.usage.unwrap_or(0);
+    let cache = m.stats.as_ref().and_then(|st| {
+        // cgroup v1, cgroup v2, older daemons.
+        ["total_inactive_file", "inactive_file", "cache"]
+            .iter()
+            .find_map(|k| st.get(*k).copied())
+    });
+    usage.saturating_sub(cache.unwrap_or(0))
+}
+
+/// A container's end as an exit result.
+pub(crate) fn exit_result(state: &ContainerState) -> ExitResult {
+    ExitResult {
+        exit_code: state
+            .exit_code
+            .and_then(|c| i32::try_from(c).ok())
+            .unwrap_or(-1),
+        signal: 0,
+        oom_killed: state.oom_killed.unwrap_or(false),
+        err: state.error.clone().filter(|e| !e.is_empty()),
+    }
+}
+
+/// Docker's RFC 3339 time, `None` for its zero time or garbage.
+pub(crate) fn docker_time(text: Option<&str>) -> Option<SystemTime> {
+    let text = text?;
+    let t = humantime::parse_rfc3339(text)
+        .or_else(|_| humantime::parse_rfc3339_weak(text))
+        .ok()?;
+    (t > SystemTime::UNIX_EPOCH).then_some(t)
+}
+
+fn gone(task: &Task) -> ExitResult {
+    ExitResult {
+        err: Some(format!(
+            "container {} was removed outside Drover; its exit status is unknown",
+            short(&task.state.container_id)
+        )),
+        ..Default::default()
+    }
+}
+
+/// The first 12 characters of a container id, as `docker ps` shows it.
+pub(crate) fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+/// Watch the container until it exits, then record the result (after the log follower
+/// is done). Survives the daemon going away and coming back: the wait is asked again,
+/// and the container's state read once it answers. Returns the result if this call
+/// recorded it; `None` when cancelled or when another path recorded one first.
+pub(crate) async fn watch_exit(task: Arc<Task>) -> Option<ExitResult> {
+    let (result, at) = wait_for_end(&task).await?;
+    task.logs_drained(LOG_DRAIN).await;
+    task.finish(result.clone(), at).then_some(result)
+}
+
+async fn wait_for_end(task: &Task) -> Option<(ExitResult, SystemTime)> {
+    let engine = &task.engine;
+    let cid = task.state.container_id.as_str();
+    let mut backoff = Backoff::new();
+    loop {
+        if task.cancel.is_cancelled() {
+            return None;
+        }
+        let docker = match engine.client().await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::debug!(task = %task.id, "waiting for the container: {e}");
+                if !backoff.pause(&task.cancel).await {
+                    return None;
+                }
+                continue;
+            }
+        };
+        let options = bollard::query_parameters::WaitContainerOptions {
+            condition: "not-running".into(),
+        };
+        let mut waiter = docker.wait_container(cid, Some(options));
+        let answer = tokio::select! {
+            a = waiter.next() => a,
+            () = task.cancel.cancelled() => return None,
+        };
+        match answer {
+            // A non-zero exit comes as an error from bollard; either way it has exited.
+            Some(Ok(_) | Err(bollard::errors::Error::DockerContainerWaitError { .. })) => {}
+            Some(Err(e)) if status_of(&e) == Some(404) => {
+                return Some((gone(task), SystemTime::now()));
+            }
+            Some(Err(e)) => {
+                if !is_transport(&e) {
+                    tracing::warn!(task = %task.id, "waiting for container {}: {e}", short(cid));
+                }
+                if !backoff.pause(&task.cancel).await {
+                    return None;
+                }
+                continue;
+            }
+            // The daemon went away mid-wait.
+            None => {
+                if !backoff.pause(&task.cancel).await {
+                    return None;
+                }
+                continue;
+            }
+        }
+        match docker.inspect_container(cid, None).await {
+            Ok(info) => {
+                let state = info.state.unwrap_or_default();
+                if state.running == Some(true) {
+                    // Started again by someone between the wait and now: wait again.
+                    continue;
+                }
+                let at = docker_time(state.finished_at.as_deref()).unwrap_or_else(SystemTime::now);
+                return Some((exit_result(&state), at));
+            }
+            Err(e) if status_of(&e) == Some(404) => return Some((gone(task), SystemTime::now())),
+            Err(e) => {
+                tracing::debug!(task = %task.id, "inspecting container {}: {e}", short(cid));
+                if !backoff.pause(&task.cancel).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Endpoint;
+    use bollard::models::{ContainerCpuStats, ContainerCpuUsage, ContainerMemoryStats};
+
+    fn stats(total: u64, system: u64, mem: u64, cache: u64) -> ContainerStatsResponse {
+        ContainerStatsResponse {
+            cpu_stats: Some(ContainerCpuStats {
+                cpu_usage: Some(ContainerCpuUsage {
+                    total_usage: Some(total),
+                    usage_in_usermode: Some(total / 2),
+                    usage_in_kernelmode: Some(total / 4),
+                    ..Default::default()
+                }),
+                system_cpu_usage: Some(system),
+                online_cpus: Some(2),
+                ..Default::default()
+            }),
+            memory_stats: Some(ContainerMemoryStats {
+                usage: Some(mem),
+                stats: Some([("total_inactive_file".to_owned(), cache)].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cpu_percent_is_per_core_between_samples() {
+        let t = Task::new(
+            &TaskSpec::default(),
+            HandleState {
+                container_id: "c".into(),
+                image: "i".into(),
+            },
+            SystemTime::now(),
+            Arc::new(Engine::new(Endpoint::Unix("/nonexistent".into()))),
+        );
+        let first = t.sample(&stats(1_000, 10_000, 100 << 20, 30 << 20));
+        assert_eq!(first.cpu_percent, 0.0);
+        assert_eq!(first.memory_rss_bytes, 70 << 20);
+        assert_eq!(first.cpu_user, Duration::from_nanos(500));
+        // 500 ns of container CPU over 1000 ns of system CPU on 2 CPUs: one full core.
+        let second = t.sample(&stats(1_500, 11_000, 100 << 20, 0));
+        assert!((second.cpu_percent - 100.0).abs() < 1e-9, "{second:?}");
+    }
+
+    #[test]
+    fn exit_results_and_times() {
+        let s = ContainerState {
+            exit_code: Some(137),
+            oom_killed: Some(true),
+            error: Some(String::new()),
+            ..Default::default()
+        };
+        let r = exit_result(&s);
+        assert_eq!((r.exit_code, r.oom_killed, r.err), (137, true, None));
+        assert!(docker_time(Some("0001-01-01T00:00:00Z")).is_none());
+        let t = docker_time(Some("2024-05-01T10:00:00.123456789Z")).unwrap();
+        assert_eq!(
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos(),
+            123_456_789
+        );
+        assert_eq!(short("0123456789abcdef"), "0123456789ab");
+    }
+}

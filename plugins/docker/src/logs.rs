@@ -1,0 +1,466 @@
+//! The container's output into the task's rotated log files.
+//!
+//! Docker keeps the output (json-file driver, small); a follower per task reads it
+//! with timestamps and writes stdout and stderr with the SDK's [`RotatingWriter`]. A
+//! cursor file next to the logs holds the container id, the timestamp of the last
+//! message written and how many messages carried exactly that timestamp. A follower
+//! started by a new plugin process asks Docker for the output since that second and
+//! skips what the cursor says was written, so lines are neither lost nor repeated.
+//! The one window left: a plugin killed between writing a message and updating the
+//! cursor writes that message again.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bollard::container::LogOutput;
+use drover_plugin_sdk::LogConfig;
+use drover_plugin_sdk::logs::RotatingWriter;
+use futures_util::StreamExt as _;
+
+use crate::engine::{Engine, status_of};
+use crate::handle::{Backoff, Task, short};
+
+/// Name of the cursor file, in the directory of the stdout (else stderr) log files.
+/// It does not look like a log file, so log readers skip it.
+pub const CURSOR_FILE: &str = ".docker-logs.cursor";
+
+/// Where a task's output goes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LogTarget {
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    pub limits: LogConfig,
+}
+
+impl LogTarget {
+    /// Nothing to write: both paths are empty.
+    pub(crate) fn discard(&self) -> bool {
+        self.stdout.as_os_str().is_empty() && self.stderr.as_os_str().is_empty()
+    }
+
+    pub(crate) fn cursor_path(&self) -> Option<PathBuf> {
+        [&self.stdout, &self.stderr]
+            .into_iter()
+            .find(|p| !p.as_os_str().is_empty())
+            .and_then(|p| p.parent())
+            .map(|dir| dir.join(CURSOR_FILE))
+    }
+}
+
+/// The last message written: its timestamp and how many messages with exactly that
+/// timestamp were written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    /// Docker's timestamp text (RFC 3339 with 9 fractional digits, UTC).
+    raw: String,
+    at: Option<SystemTime>,
+    seen: u64,
+    /// A new read is replaying output from `at`'s second: messages up to the cursor
+    /// are skipped; once one is new, everything after it is.
+    replaying: bool,
+    /// Messages stamped `at` still to skip while replaying.
+    skip: u64,
+}
+
+impl Cursor {
+    /// Parse the cursor file's line for `container`; anything else starts afresh.
+    fn parse(text: &str, container: &str) -> Cursor {
+        let mut f = text.split_whitespace();
+        match (
+            f.next(),
+            f.next(),
+            f.next().and_then(|n| n.parse::<u64>().ok()),
+        ) {
+            (Some(c), Some(raw), Some(seen)) if c == container => {
+                match humantime::parse_rfc3339(raw) {
+                    Ok(at) => Cursor {
+                        raw: raw.to_owned(),
+                        at: Some(at),
+                        seen,
+                        ..Cursor::default()
+                    },
+                    Err(_) => Cursor::default(),
+                }
+            }
+            _ => Cursor::default(),
+        }
+    }
+
+    /// A read from [`Cursor::since`] is about to start: it delivers again what was
+    /// written from that second on.
+    fn rewind(&mut self) {
+        self.replaying = self.at.is_some();
+        self.skip = self.seen;
+    }
+
+    /// The whole second to ask Docker for output since (it filters by seconds).
+    fn since(&self) -> i32 {
+        self.at
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .and_then(|d| i32::try_from(d.as_secs()).ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether a message stamped `at` is new, moving the cursor past it if so. Only a
+    /// replay compares timestamps, so a wall clock stepping back mid-stream loses
+    /// nothing.
+    fn accept(&mut self, raw: &str, at: SystemTime) -> bool {
+        if self.replaying {
+            match self.at {
+                Some(c) if at < c => return false,
+                Some(c) if at == c && self.skip > 0 => {
+                    self.skip -= 1;
+                    return false;
+                }
+                _ => self.replaying = false,
+            }
+        }
+        if self.at == Some(at) {
+            self.seen += 1;
+        } else {
+            self.at = Some(at);
+            raw.clone_into(&mut self.raw);
+            self.seen = 1;
+        }
+        true
+    }
+
+    /// A fixed-width line, so that overwriting it in place never leaves a tail of an
+    /// older, longer one.
+    fn line(&self, container: &str) -> String {
+        format!("{container:<64} {:<35} {:020}\n", self.raw, self.seen)
+    }
+}
+
+/// Split Docker's `<timestamp> <message>` frame.
+fn split_timestamp(frame: &[u8]) -> Option<(&str, SystemTime, &[u8])> {
+    let space = frame.iter().position(|b| *b == b' ')?;
+    let raw = std::str::from_utf8(&frame[..space]).ok()?;
+    let at = humantime::parse_rfc3339(raw).ok()?;
+    Some((raw, at, &frame[space + 1..]))
+}
+
+/// The open log files and cursor of one task.
+struct Sink {
+    container: String,
+    stdout: Option<RotatingWriter>,
+    stderr: Option<RotatingWriter>,
+    cursor: Cursor,
+    cursor_file: Option<(PathBuf, File)>,
+}
+
+fn open_writer(base: &Path, limits: LogConfig) -> std::io::Result<Option<RotatingWriter>> {
+    if base.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    RotatingWriter::open(base, limits).map(Some)
+}
+
+impl Sink {
+    fn open(target: &LogTarget, container: &str) -> std::io::Result<Sink> {
+        let stdout = open_writer(&target.stdout, target.limits)?;
+        let stderr = open_writer(&target.stderr, target.limits)?;
+        let (cursor, cursor_file) = match target.cursor_path() {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(false)
+                    .open(&path)?;
+                (Cursor::parse(&text, container), Some((path, file)))
+            }
+            None => (Cursor::default(), None),
+        };
+        Ok(Sink {
+            container: container.to_owned(),
+            stdout,
+            stderr,
+            cursor,
+            cursor_file,
+        })
+    }
+
+    fn write(&mut self, out: LogOutput) -> std::io::Result<()> {
+        let (frame, to_stdout) = match &out {
+            LogOutput::StdOut { message } => (message, true),
+            LogOutput::StdErr { message } => (message, false),
+            LogOutput::StdIn { .. } | LogOutput::Console { .. } => return Ok(()),
+        };
+        let Some((raw, at, message)) = split_timestamp(frame) else {
+            tracing::debug!("log frame without a timestamp skipped");
+            return Ok(());
+        };
+        if !self.cursor.accept(raw, at) {
+            return Ok(());
+        }
+        let writer = if to_stdout {
+            self.stdout.as_mut()
+        } else {
+            self.stderr.as_mut()
+        };
+        if let Some(w) = writer {
+            w.write_all(message)?;
+        }
+        if let Some((path, file)) = &self.cursor_file {
+            file.write_all_at(self.cursor.line(&self.container).as_bytes(), 0)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// Remove a destroyed task's cursor file.
+pub(crate) fn remove_cursor(target: &LogTarget) {
+    if let Some(p) = target.cursor_path() {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// Copy the container's output into the task's log files until the container has
+/// stopped and everything it wrote is copied, or the task is destroyed. Keeps trying
+/// while the daemon is away.
+pub(crate) async fn follow(task: Arc<Task>) {
+    if !task.logs.discard() {
+        match Sink::open(&task.logs, &task.state.container_id) {
+            Ok(sink) => copy(&task.engine, &task, sink).await,
+            Err(e) => tracing::warn!(task = %task.id, "cannot open the task's log files: {e}"),
+        }
+    }
+    task.logs_finished();
+}
+
+/// How one read of the container's logs ended.
+enum Read {
+    /// The daemon ended the stream.
+    Ended,
+    /// The connection broke (daemon going away).
+    Broken,
+    /// The container or the task is gone, or the log files cannot be written.
+    Stop,
+}
+
+/// Write what Docker has for the container since the cursor; with `follow`, keep
+/// writing until the daemon ends the stream.
+async fn read(docker: &bollard::Docker, task: &Task, sink: &mut Sink, follow: bool) -> Read {
+    let cid = task.state.container_id.as_str();
+    let options = bollard::query_parameters::LogsOptions {
+        follow,
+        stdout: true,
+        stderr: true,
+        timestamps: true,
+        since: sink.cursor.since(),
+        ..Default::default()
+    };
+    sink.cursor.rewind();
+    let mut stream = docker.logs(cid, Some(options));
+    loop {
+        let item = tokio::select! {
+            biased;
+            () = task.cancel.cancelled() => return Read::Stop,
+            item = stream.next() => item,
+        };
+        match item {
+            None => return Read::Ended,
+            Some(Ok(out)) => {
+                if let Err(e) = sink.write(out) {
+                    tracing::warn!(task = %task.id, "writing the task's logs: {e}");
+                    return Read::Stop;
+                }
+            }
+            Some(Err(e)) if status_of(&e) == Some(404) => return Read::Stop,
+            Some(Err(e)) => {
+                tracing::debug!(task = %task.id, "reading the logs of {}: {e}", short(cid));
+                return Read::Broken;
+            }
+        }
+    }
+}
+
+async fn copy(engine: &Engine, task: &Task, mut sink: Sink) {
+    let cid = task.state.container_id.as_str();
+    let mut backoff = Backoff::new();
+    loop {
+        if task.cancel.is_cancelled() {
+            return;
+        }
+        let Ok(docker) = engine.client().await else {
+            if !backoff.pause(&task.cancel).await {
+                return;
+            }
+            continue;
+        };
+        match read(&docker, task, &mut sink, true).await {
+            Read::Stop => return,
+            Read::Broken => {
+                if !backoff.pause(&task.cancel).await {
+                    return;
+                }
+                continue;
+            }
+            Read::Ended => backoff.reset(),
+        }
+        // A follow ends when the container stops, but also early (Docker 20.10 ends
+        // it at a log file rotation, and when the container stops before the follower
+        // caught up). Once the container has stopped, one plain read from the cursor
+        // picks up whatever the follow missed.
+        match docker.inspect_container(cid, None).await {
+            Ok(info) if info.state.as_ref().and_then(|s| s.running) != Some(true) => {
+                match read(&docker, task, &mut sink, false).await {
+                    Read::Ended | Read::Stop => return,
+                    Read::Broken => {}
+                }
+            }
+            // Still running: follow again from the cursor (after a short pause).
+            Ok(_) => {}
+            Err(e) if status_of(&e) == Some(404) => return,
+            Err(_) => {}
+        }
+        if !backoff.pause(&task.cancel).await {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    const CID: &str = "c0ffee";
+
+    fn frame(ts: &str, msg: &str) -> Bytes {
+        Bytes::from(format!("{ts} {msg}"))
+    }
+
+    fn out(ts: &str, msg: &str) -> LogOutput {
+        LogOutput::StdOut {
+            message: frame(ts, msg),
+        }
+    }
+
+    fn err(ts: &str, msg: &str) -> LogOutput {
+        LogOutput::StdErr {
+            message: frame(ts, msg),
+        }
+    }
+
+    fn target(dir: &Path) -> LogTarget {
+        LogTarget {
+            stdout: dir.join("stdout"),
+            stderr: dir.join("stderr"),
+            limits: LogConfig::default(),
+        }
+    }
+
+    const T1: &str = "2024-05-01T10:00:00.000000001Z";
+    const T2: &str = "2024-05-01T10:00:00.000000002Z";
+    const T3: &str = "2024-05-01T10:00:01.500000000Z";
+
+    #[test]
+    fn resumed_sink_neither_loses_nor_repeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = target(dir.path());
+        // Docker's whole output, in order; two messages share a timestamp.
+        let all = || {
+            vec![
+                out(T1, "a\n"),
+                err(T2, "b\n"),
+                out(T2, "c\n"),
+                out(T3, "d\n"),
+            ]
+        };
+
+        let mut first = Sink::open(&t, CID).unwrap();
+        for o in all().into_iter().take(2) {
+            first.write(o).unwrap();
+        }
+        drop(first);
+        // A new process asks for everything since the cursor's second and is given
+        // the whole output again.
+        let mut second = Sink::open(&t, CID).unwrap();
+        assert_eq!(second.cursor.since(), 1_714_557_600);
+        second.cursor.rewind();
+        for o in all() {
+            second.write(o).unwrap();
+        }
+        drop(second);
+        let read = |n: &str| std::fs::read_to_string(dir.path().join(n)).unwrap();
+        assert_eq!(read("stdout.0"), "a\nc\nd\n");
+        assert_eq!(read("stderr.0"), "b\n");
+
+        // Once more, with nothing new: nothing is written.
+        let mut third = Sink::open(&t, CID).unwrap();
+        third.cursor.rewind();
+        for o in all() {
+            third.write(o).unwrap();
+        }
+        assert_eq!(read("stdout.0"), "a\nc\nd\n");
+        // The same process reading again (a follow that ended early) repeats nothing.
+        third.cursor.rewind();
+        for o in all() {
+            third.write(o).unwrap();
+        }
+        third.write(out(T3, "e\n")).unwrap();
+        assert_eq!(read("stdout.0"), "a\nc\nd\ne\n");
+    }
+
+    #[test]
+    fn a_clock_stepping_back_mid_stream_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Sink::open(&target(dir.path()), CID).unwrap();
+        s.cursor.rewind();
+        s.write(out(T3, "late\n")).unwrap();
+        s.write(out(T1, "earlier clock\n")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("stdout.0")).unwrap(),
+            "late\nearlier clock\n"
+        );
+    }
+
+    #[test]
+    fn a_new_container_starts_a_new_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = target(dir.path());
+        let mut s = Sink::open(&t, CID).unwrap();
+        s.write(out(T3, "old\n")).unwrap();
+        drop(s);
+        // The next incarnation of the task (a restart) has another container.
+        let mut s = Sink::open(&t, "other").unwrap();
+        assert_eq!(s.cursor, Cursor::default());
+        s.write(out(T1, "new\n")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("stdout.0")).unwrap(),
+            "old\nnew\n"
+        );
+    }
+
+    #[test]
+    fn cursor_line_is_fixed_width_and_round_trips() {
+        let mut c = Cursor::default();
+        assert!(c.accept(T3, humantime::parse_rfc3339(T3).unwrap()));
+        let long = c.line(CID);
+        let mut c2 = Cursor::default();
+        assert!(c2.accept(T1, humantime::parse_rfc3339(T1).unwrap()));
+        assert_eq!(c2.line(CID).len(), long.len());
+        let mut back = Cursor::parse(&long, CID);
+        back.rewind();
+        assert_eq!((back.at, back.seen, back.skip), (c.at, 1, 1));
+        assert_eq!(Cursor::parse(&long, "another"), Cursor::default());
+        assert_eq!(Cursor::parse("garbage", CID), Cursor::default());
+    }
+
+    #[test]
+    fn frames_without_timestamps_are_skipped_and_discard_writes_nothing() {
+        assert!(split_timestamp(b"no-timestamp here").is_none());
+        let (raw, _, msg) = split_timestamp(b"2024-05-01T10:00:00.000000001Z hi there\n").unwrap();
+        assert_eq!(raw, T1);
+        assert_eq!(msg, b"hi there\n");
+        let t = LogTarget::default();
+        assert!(t.discard() && t.cursor_path().is_none());
+    }
+}
