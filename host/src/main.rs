@@ -12,9 +12,14 @@ use drover_host::loader::Builtin;
 use hyper::Method;
 
 /// Built-in drivers: name and how to serve it. Only this file names drivers.
-const BUILTINS: &[(&str, fn() -> !)] = &[("rawexec", || {
-    drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
-})];
+const BUILTINS: &[(&str, fn() -> !)] = &[
+    ("rawexec", || {
+        drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
+    }),
+    ("exec", || {
+        drover_plugin_sdk::serve(drover_driver_exec::ExecDriver::new())
+    }),
+];
 
 #[derive(Parser)]
 #[command(

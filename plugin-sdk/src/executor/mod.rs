@@ -75,12 +75,16 @@ use crate::DriverError;
 mod client;
 mod daemon;
 mod files;
+mod isolate;
 mod proto;
 mod spawn;
 
 pub use client::{ExecutorHandle, launch};
 pub use files::read_exit_file;
-pub use proto::{ExecutorStatus, ExitInfo, LaunchSpec};
+pub use proto::{
+    CapabilitySets, Credentials, ExecutorStatus, ExitInfo, Isolation, LaunchSpec, Mount, MountKind,
+    Namespaces, Rlimit, RlimitResource,
+};
 
 /// Environment variable that switches the plugin binary into executor mode. Its value
 /// is the task's executor directory.
