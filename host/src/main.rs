@@ -19,6 +19,9 @@ const BUILTINS: &[(&str, fn() -> !)] = &[
     ("exec", || {
         drover_plugin_sdk::serve(drover_driver_exec::ExecDriver::new())
     }),
+    ("java", || {
+        drover_plugin_sdk::serve(drover_driver_java::JavaDriver::new())
+    }),
 ];
 
 #[derive(Parser)]

@@ -46,16 +46,3 @@ impl Flavor for Exec {
 
 /// The exec driver.
 pub type ExecDriver = IsolatedDriver<Exec>;
-
-impl ExecDriver {
-    /// A driver with no tasks.
-    pub fn new() -> Self {
-        IsolatedDriver::with_flavor(Exec)
-    }
-}
-
-impl Default for ExecDriver {
-    fn default() -> Self {
-        Self::new()
-    }
-}

@@ -261,6 +261,19 @@ fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Limits {
     }
 }
 
+impl<F: Flavor + Default> IsolatedDriver<F> {
+    /// A driver of the default flavor, with no tasks.
+    pub fn new() -> Self {
+        Self::with_flavor(F::default())
+    }
+}
+
+impl<F: Flavor + Default> Default for IsolatedDriver<F> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<F: Flavor> IsolatedDriver<F> {
     /// A driver of flavor `flavor`, with no tasks and the default settings until
     /// `SetConfig`.
