@@ -1,5 +1,6 @@
 //! `cargo run --release -p drover-bench -- handshake [--iterations N]`
 //! `cargo run --release -p drover-bench -- tasks [--count N]`
+//! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
 //!
 //! Launches the rawexec plugin N times and measures launch → handshake → health →
 //! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
@@ -12,6 +13,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 
+mod exec_start;
 mod tasks;
 
 #[derive(Parser)]
@@ -45,6 +47,13 @@ enum Bench {
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
     },
+    /// StartTask -> running of isolated exec tasks against rawexec tasks, interleaved
+    /// in one run (needs root).
+    ExecStart {
+        /// Tasks per driver.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,6 +86,12 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(tasks::run(&drover, count, concurrency))
+        }
+        Bench::ExecStart { iterations } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(exec_start::run(iterations))
         }
     }
 }
