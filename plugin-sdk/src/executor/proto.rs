@@ -108,8 +108,11 @@ impl LaunchSpec {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Isolation {
-    /// `cgroup.procs` files the task's init joins first (it writes its own pid to
-    /// each), so that every process of the task is in these cgroups from the start.
+    /// Cgroup files the task's init joins first by writing `0` (itself) to each, so
+    /// that every process of the task is in these cgroups from the start: v2's
+    /// `cgroup.procs`, or on v1 each hierarchy's `tasks` (the init is single-threaded,
+    /// and moving a thread spares the kernel's global threadgroup lock, which costs an
+    /// RCU grace period).
     pub cgroup_procs: Vec<PathBuf>,
     /// Namespaces to create.
     pub namespaces: Namespaces,

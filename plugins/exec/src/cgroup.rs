@@ -103,7 +103,8 @@ pub trait TaskCgroup: Send + Sync + std::fmt::Debug {
     fn create(&self, limits: &Limits) -> Result<(), String>;
     /// Whether it exists.
     fn exists(&self) -> bool;
-    /// The `cgroup.procs` files a process writes itself to, to join it.
+    /// The files a single-threaded process writes `0` to, to join it (v1: each
+    /// hierarchy's `tasks`; v2: `cgroup.procs`).
     fn procs_files(&self) -> Vec<PathBuf>;
     /// The processes in it.
     fn pids(&self) -> Vec<u32>;
@@ -291,10 +292,14 @@ impl TaskCgroup for V1Cgroup {
     }
 
     fn procs_files(&self) -> Vec<PathBuf> {
+        // `tasks`, not `cgroup.procs`: the task's init is single-threaded, so moving
+        // its one thread moves the process, and the kernel then skips the global
+        // threadgroup lock whose write side waits for an RCU grace period (10 ms and
+        // more on a busy machine, the bulk of an isolated start otherwise).
         self.cg
             .subsystems()
             .iter()
-            .map(|s| s.to_controller().path().join("cgroup.procs"))
+            .map(|s| s.to_controller().path().join("tasks"))
             .collect()
     }
 

@@ -198,6 +198,13 @@ async fn capabilities_outside_the_allowlist_and_bad_configs_are_refused_by_name(
     );
     let err = refused(sh_with("true", json!({ "user": "no-such-user-x" }))).await;
     assert!(err.to_string().contains("no-such-user-x"), "{err}");
+    // A step that fails in the task's init or the task, after the cgroup was made:
+    // the error names the step, and nothing is left either.
+    let err = refused(sh_with("true", json!({ "cwd": "/nonexistent" }))).await;
+    assert!(
+        err.to_string().contains("working directory /nonexistent"),
+        "{err}"
+    );
     // Nothing was left behind: no cgroup, no executor directory.
     for c in CONTROLLERS {
         assert!(!p.cgroup_dir(c, "refused").exists(), "{c} cgroup left");
