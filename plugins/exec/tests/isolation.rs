@@ -302,3 +302,30 @@ async fn fingerprint_is_healthy_with_the_cgroup_version_and_capabilities_tell_th
     assert!(caps.send_signals && !caps.exec && caps.recover && caps.task_stats);
     assert!(caps.network_modes.host && caps.network_modes.none && !caps.network_modes.bridge);
 }
+
+#[tokio::test]
+async fn rlimits_hostname_and_cwd_apply_inside() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    p.start(
+        "limits",
+        sh_with(
+            "echo soft=$(ulimit -n) hard=$(ulimit -Hn) host=$(hostname) cwd=$(pwd)",
+            json!({
+                "rlimits": { "nofile": { "soft": 100, "hard": 200 } },
+                "hostname": "box-1",
+                "cwd": "/local",
+            }),
+        ),
+    )
+    .await;
+    let exit = p.wait("limits").await;
+    assert!(exit.successful(), "{exit:?}: {}", p.log("limits", "stderr"));
+    assert_eq!(
+        p.stdout("limits").trim(),
+        "soft=100 hard=200 host=box-1 cwd=/local"
+    );
+}
