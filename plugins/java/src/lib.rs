@@ -15,6 +15,8 @@ mod config;
 mod jvm;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
 
 use drover_driver_exec::{CommandLine, Flavor, IsolatedDriver, IsolationConfig, TaskContext};
 use drover_plugin_sdk::{DriverError, Fingerprint, Health};
@@ -28,13 +30,40 @@ pub const PLUGIN_NAME: &str = "java";
 pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// What makes java java: a JVM command line from a jar or a main class.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Java {
     /// The JVM to run; `None`: found in `PATH` (or `JAVA_HOME`) when needed.
     pub java: Option<PathBuf>,
+    /// The last `java -version` answer, for the JVM binary at that path and mtime:
+    /// the fingerprint runs every few seconds, a JVM start costs tens of milliseconds
+    /// of CPU and tens of MiB.
+    probed: Mutex<Option<(PathBuf, Option<SystemTime>, Jvm)>>,
 }
 
 impl Java {
+    /// A flavor running the JVM at `java`.
+    pub fn with_java(java: impl Into<PathBuf>) -> Self {
+        Java {
+            java: Some(java.into()),
+            probed: Mutex::new(None),
+        }
+    }
+
+    /// `java -version` of `java`, from the cache while the binary is unchanged.
+    async fn probe(&self, java: &Path) -> Result<Jvm, String> {
+        let mtime = std::fs::metadata(java).and_then(|m| m.modified()).ok();
+        if let Some((path, at, jvm)) = &*self.probed.lock().unwrap_or_else(PoisonError::into_inner)
+            && path == java
+            && *at == mtime
+        {
+            return Ok(jvm.clone());
+        }
+        let jvm = Jvm::probe(java).await?;
+        *self.probed.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((java.to_owned(), mtime, jvm.clone()));
+        Ok(jvm)
+    }
+
     fn java(&self) -> Result<PathBuf, DriverError> {
         match &self.java {
             Some(j) => Ok(j.clone()),
@@ -141,7 +170,7 @@ impl Flavor for Java {
                 "no JVM found in PATH or JAVA_HOME (install default-jdk-headless)",
             );
         };
-        match Jvm::probe(&java).await {
+        match self.probe(&java).await {
             Ok(jvm) => {
                 let mut fp = isolation
                     .attribute("driver.java.version", &jvm.version)
@@ -158,5 +187,5 @@ impl Flavor for Java {
 }
 
 /// The java driver. `JavaDriver::new()` uses the JVM found in `PATH` or
-/// `JAVA_HOME`; `JavaDriver::with_flavor(Java { java: Some(path) })` a given one.
+/// `JAVA_HOME`; `JavaDriver::with_flavor(Java::with_java(path))` a given one.
 pub type JavaDriver = IsolatedDriver<Java>;
