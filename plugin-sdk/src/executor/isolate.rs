@@ -446,15 +446,15 @@ fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
             rustix::mount::mount_bind_recursive(&m.source, target).map_err(errno_step(
                 format_args!("cannot bind {} at {shown}", m.source.display()),
             ))?;
+            // Never setuid binaries or device nodes through a bind: a task with
+            // CAP_MKNOD could otherwise make a node for a host disk in /local.
+            let mut flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
             if m.read_only {
-                rustix::mount::mount_remount(
-                    target,
-                    MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID,
-                    "",
-                )
-                .map_err(errno_step(format_args!("cannot make {shown} read-only")))?;
+                flags |= MountFlags::RDONLY;
             }
-            Ok(())
+            rustix::mount::mount_remount(target, flags, "").map_err(errno_step(format_args!(
+                "cannot restrict the mount at {shown}"
+            )))
         }
         MountKind::Proc => {
             mkdirs(target)?;
@@ -465,7 +465,8 @@ fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
                 MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
                 None,
             )
-            .map_err(errno_step(format_args!("cannot mount proc at {shown}")))
+            .map_err(errno_step(format_args!("cannot mount proc at {shown}")))?;
+            restrict_proc(target, &shown.to_string())
         }
         MountKind::Tmpfs => {
             mkdirs(target)?;
@@ -519,7 +520,52 @@ fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
     )
     .map_err(errno_step(format_args!(
         "cannot mount a tmpfs at {shown}/shm"
-    )))
+    )))?;
+    // Nothing new in /dev (no device nodes even with CAP_MKNOD); /dev/shm stays
+    // writable, being its own mount.
+    rustix::mount::mount_remount(
+        target,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC,
+        "mode=0755,size=64k",
+    )
+    .map_err(errno_step(format_args!("cannot make {shown} read-only")))
+}
+
+/// Parts of `/proc` that reach beyond the task's namespaces, as container runtimes
+/// treat them: read-only (kernel tunables, sysrq) or hidden (kernel memory, keys).
+const PROC_READ_ONLY: [&str; 5] = ["sys", "sysrq-trigger", "irq", "bus", "fs"];
+const PROC_MASKED: [&str; 5] = ["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
+
+fn restrict_proc(proc: &Path, shown: &str) -> Result<(), String> {
+    for name in PROC_READ_ONLY {
+        let p = proc.join(name);
+        if !p.exists() {
+            continue;
+        }
+        rustix::mount::mount_bind(&p, &p)
+            .and_then(|()| {
+                rustix::mount::mount_remount(
+                    &p,
+                    MountFlags::BIND
+                        | MountFlags::RDONLY
+                        | MountFlags::NOSUID
+                        | MountFlags::NODEV
+                        | MountFlags::NOEXEC,
+                    "",
+                )
+            })
+            .map_err(errno_step(format_args!(
+                "cannot make {shown}/{name} read-only"
+            )))?;
+    }
+    for name in PROC_MASKED {
+        let p = proc.join(name);
+        if p.is_file() {
+            rustix::mount::mount_bind("/dev/null", &p)
+                .map_err(errno_step(format_args!("cannot hide {shown}/{name}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// The init's life after the task started: take every signal (all are blocked) and

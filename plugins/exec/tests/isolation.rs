@@ -329,3 +329,35 @@ async fn rlimits_hostname_and_cwd_apply_inside() {
         "soft=100 hard=200 host=box-1 cwd=/local"
     );
 }
+
+#[tokio::test]
+async fn a_root_task_cannot_reach_devices_or_kernel_tunables() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    // CAP_MKNOD is in the default set: the node can be made, never opened (nodev);
+    // /dev itself takes no new nodes; /proc/sys is read-only; /proc/kcore is empty.
+    let script = "mknod /local/mem c 1 1 && echo made; \
+                  if head -c1 /local/mem >/dev/null 2>&1; then echo mem=opened; else echo mem=refused; fi; \
+                  if mknod /dev/mem2 c 1 1 2>/dev/null; then echo dev=made; else echo dev=refused; fi; \
+                  if echo x > /proc/sys/kernel/hostname 2>/dev/null; then echo sysctl=written; else echo sysctl=refused; fi; \
+                  echo kcore=$(head -c 16 /proc/kcore | wc -c); \
+                  echo hello > /dev/shm/x && echo shm=written";
+    p.start("rooted", sh_with(script, json!({ "user": "root" })))
+        .await;
+    let exit = p.wait("rooted").await;
+    assert!(exit.successful(), "{exit:?}: {}", p.log("rooted", "stderr"));
+    assert_eq!(
+        p.stdout("rooted").lines().collect::<Vec<_>>(),
+        [
+            "made",
+            "mem=refused",
+            "dev=refused",
+            "sysctl=refused",
+            "kcore=0",
+            "shm=written"
+        ]
+    );
+}
