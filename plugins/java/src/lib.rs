@@ -189,3 +189,19 @@ impl Flavor for Java {
 /// The java driver. `JavaDriver::new()` uses the JVM found in `PATH` or
 /// `JAVA_HOME`; `JavaDriver::with_flavor(Java::with_java(path))` a given one.
 pub type JavaDriver = IsolatedDriver<Java>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn without_a_jvm_the_driver_is_undetected() {
+        let java = Java::with_java("/nonexistent/jdk/bin/java");
+        let fp = java.fingerprint(Fingerprint::healthy("isolation ok")).await;
+        assert_eq!(fp.health, Health::Undetected, "{fp:?}");
+        assert!(
+            fp.description.contains("/nonexistent/jdk/bin/java"),
+            "{fp:?}"
+        );
+    }
+}
