@@ -14,6 +14,8 @@ command -v cc >/dev/null || need_pkgs+=(gcc)
 command -v go >/dev/null || need_pkgs+=(golang-go)
 [ -d /usr/share/gocode/src/github.com/hashicorp/go-plugin ] || need_pkgs+=(golang-github-hashicorp-go-plugin-dev)
 [ -d /usr/share/gocode/src/google.golang.org/grpc ] || need_pkgs+=(golang-google-grpc-dev)
+# The java driver's tests build a jar with javac and jar.
+command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
 if ((${#need_pkgs[@]})); then
     if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2
@@ -129,6 +131,23 @@ start_dockerd() {
     export DROVER_TEST_DOCKER_IMAGE="$DOCKER_IMAGE"
     echo "private dockerd (pid $DOCKERD_PID) at $DROVER_TEST_DOCKER_HOST with image $DOCKER_IMAGE" >&2
 }
+
+# The exec and java drivers' tests contain tasks for real: root, cgroups, namespaces.
+# They skip loudly without them on a laptop; under CI=true that is a failure.
+if [ "${CI:-}" = "true" ]; then
+    missing=()
+    [ "$(id -u)" -eq 0 ] || missing+=("root (the exec/java tests create namespaces, cgroups, chroots)")
+    if [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" != "cgroup2fs" ]; then
+        for c in memory cpu cpuacct pids freezer; do
+            [ -f "/sys/fs/cgroup/$c/cgroup.procs" ] || missing+=("cgroup v1 controller $c at /sys/fs/cgroup/$c")
+        done
+    fi
+    command -v javac >/dev/null && command -v jar >/dev/null || missing+=("javac and jar (default-jdk-headless)")
+    if ((${#missing[@]})); then
+        printf 'CI=true and the isolation tests cannot run: missing %s\n' "${missing[@]}" >&2
+        exit 1
+    fi
+fi
 
 cargo build --workspace --bins --locked
 start_dockerd

@@ -1,6 +1,7 @@
 //! `cargo run --release -p drover-bench -- handshake [--iterations N]`
 //! `cargo run --release -p drover-bench -- tasks [--count N]`
 //! `cargo run --release -p drover-bench -- docker-start [--count N] [--docker-host URL]`
+//! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
 //!
 //! Launches the rawexec plugin N times and measures launch → handshake → health →
 //! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
@@ -14,6 +15,7 @@ use clap::{Parser, Subcommand};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 
 mod docker;
+mod exec_start;
 mod tasks;
 
 #[derive(Parser)]
@@ -60,6 +62,13 @@ enum Bench {
         /// Image to run `sleep 3600` in; must be on the daemon.
         #[arg(long, default_value = "drover-test/busybox:latest")]
         image: String,
+    },
+    /// StartTask -> running of isolated exec tasks against rawexec tasks, interleaved
+    /// in one run (needs root).
+    ExecStart {
+        /// Tasks per driver.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
     },
 }
 
@@ -113,6 +122,12 @@ fn main() -> anyhow::Result<()> {
                     image,
                 },
             ))
+        }
+        Bench::ExecStart { iterations } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(exec_start::run(iterations))
         }
     }
 }

@@ -309,6 +309,12 @@ pub struct StatsView {
     pub cpu_system_seconds: f64,
     /// Resident memory, bytes.
     pub memory_rss_bytes: u64,
+    /// Page cache charged to the task, bytes (0: the driver cannot tell).
+    #[serde(default)]
+    pub memory_cache_bytes: u64,
+    /// Processes in the task (0: the driver cannot tell).
+    #[serde(default)]
+    pub process_count: u64,
 }
 
 impl StatsView {
@@ -320,6 +326,8 @@ impl StatsView {
             cpu_user_seconds: s.cpu_user.as_secs_f64(),
             cpu_system_seconds: s.cpu_system.as_secs_f64(),
             memory_rss_bytes: s.memory_rss_bytes,
+            memory_cache_bytes: s.memory_cache_bytes,
+            process_count: s.process_count,
         }
     }
 }

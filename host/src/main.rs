@@ -19,6 +19,12 @@ const BUILTINS: &[(&str, fn() -> !)] = &[
     ("docker", || {
         drover_plugin_sdk::serve(drover_driver_docker::DockerDriver::new())
     }),
+    ("exec", || {
+        drover_plugin_sdk::serve(drover_driver_exec::ExecDriver::new())
+    }),
+    ("java", || {
+        drover_plugin_sdk::serve(drover_driver_java::JavaDriver::new())
+    }),
 ];
 
 #[derive(Parser)]

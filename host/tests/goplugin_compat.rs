@@ -129,8 +129,11 @@ fn go_plugin_for_another_app_is_refused_and_shut_down() {
     std::fs::copy(&program, dir.join("go-other-app")).unwrap();
     let agent = Agent::start(root.path(), &dir, &[]);
     let rows = agent.wait_plugins(Duration::from_secs(15), |rows| {
-        rows.iter().any(|r| r["name"] == "go-other-app")
-            && rows.iter().any(|r| r["state"] == "healthy")
+        // Every plugin settled, the built-ins included.
+        ["go-other-app", "rawexec", "exec", "java"]
+            .iter()
+            .all(|n| rows.iter().any(|r| r["name"] == *n))
+            && rows.iter().all(|r| r["state"] != "unhealthy")
     });
     let row = row(&rows, "go-other-app");
     assert_eq!(row["state"], "skipped");

@@ -50,6 +50,22 @@ pub enum FsIsolation {
     Image,
 }
 
+/// The network modes a driver offers its tasks.
+///
+/// ```
+/// let n = drover_plugin_sdk::NetworkModes { host: true, none: true, ..Default::default() };
+/// assert!(!n.bridge);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NetworkModes {
+    /// The host's network stack.
+    pub host: bool,
+    /// An own network namespace with only a loopback device.
+    pub none: bool,
+    /// An own network namespace attached to a bridge.
+    pub bridge: bool,
+}
+
 /// What a driver supports. Optional RPCs a driver does not support answer
 /// `UNIMPLEMENTED`; these flags let the host know up front.
 ///
@@ -71,6 +87,8 @@ pub struct Capabilities {
     pub task_events: bool,
     /// Tasks outlive the plugin process and `RecoverTask` reattaches to them.
     pub recover: bool,
+    /// Network modes tasks can ask for (none set: the driver does not say).
+    pub network_modes: NetworkModes,
 }
 
 /// Driver health on this node.
@@ -392,6 +410,10 @@ pub struct TaskStats {
     pub cpu_system: Duration,
     /// Percent of one core since the previous sample.
     pub cpu_percent: f64,
+    /// Page cache charged to the task (0 when the driver cannot tell).
+    pub memory_cache_bytes: u64,
+    /// Processes in the task (0 when the driver cannot tell).
+    pub process_count: u64,
 }
 
 /// Something that happened to a task, reported by the driver.
@@ -484,6 +506,15 @@ impl From<Capabilities> for pb::Capabilities {
             task_stats: c.task_stats,
             task_events: c.task_events,
             recover: c.recover,
+            network_modes: [
+                (c.network_modes.host, pb::NetworkMode::Host),
+                (c.network_modes.none, pb::NetworkMode::None),
+                (c.network_modes.bridge, pb::NetworkMode::Bridge),
+            ]
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, m)| m as i32)
+            .collect(),
         }
     }
 }
@@ -501,6 +532,14 @@ impl From<pb::Capabilities> for Capabilities {
             task_stats: c.task_stats,
             task_events: c.task_events,
             recover: c.recover,
+            network_modes: {
+                let has = |m: pb::NetworkMode| c.network_modes.contains(&(m as i32));
+                NetworkModes {
+                    host: has(pb::NetworkMode::Host),
+                    none: has(pb::NetworkMode::None),
+                    bridge: has(pb::NetworkMode::Bridge),
+                }
+            },
         }
     }
 }
@@ -683,6 +722,8 @@ impl TaskStats {
             cpu_system_nanos: u64::try_from(self.cpu_system.as_nanos()).unwrap_or(u64::MAX),
             cpu_percent: self.cpu_percent,
             pids: Default::default(),
+            memory_cache_bytes: self.memory_cache_bytes,
+            process_count: self.process_count,
         }
     }
 }
@@ -694,6 +735,8 @@ impl From<pb::TaskStatsResponse> for TaskStats {
             cpu_user: Duration::from_nanos(s.cpu_user_nanos),
             cpu_system: Duration::from_nanos(s.cpu_system_nanos),
             cpu_percent: s.cpu_percent,
+            memory_cache_bytes: s.memory_cache_bytes,
+            process_count: s.process_count,
         }
     }
 }

@@ -10,7 +10,6 @@ use std::os::fd::{AsFd as _, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -21,7 +20,8 @@ use crate::logs::RotatingWriter;
 
 use super::proto::{ErrorKind, Op, Reply, Request};
 use super::{
-    ExecutorStatus, ExitInfo, LaunchSpec, PROTOCOL_VERSION, SPEC_FILE, files, socket_path, spawn,
+    ExecutorStatus, ExitInfo, LaunchSpec, PROTOCOL_VERSION, SPEC_FILE, files, isolate, socket_path,
+    spawn,
 };
 
 /// Bytes read from a task pipe at a time. Small on purpose: the buffer is part of
@@ -188,6 +188,8 @@ fn read_usage(pid: u32) -> io::Result<crate::TaskStats> {
         cpu_user: duration(utime),
         cpu_system: duration(stime),
         cpu_percent: 0.0,
+        memory_cache_bytes: 0,
+        process_count: 0,
     })
 }
 
@@ -228,8 +230,10 @@ struct Executor {
     lock: File,
     listener: UnixListener,
     status: ExecutorStatus,
-    /// The task's pidfd while it runs.
+    /// The task's pidfd while it runs (of its init, with isolation).
     pidfd: Option<OwnedFd>,
+    /// With isolation: the pipe on which the task's init reports the task's status.
+    init_status: Option<OwnedFd>,
     outputs: Vec<Output>,
     conns: Vec<Conn>,
     /// When a `stop` escalates to SIGKILL.
@@ -313,22 +317,14 @@ impl Executor {
         };
         let stdout_log = open_log("stdout", &spec.stdout_path)?;
         let stderr_log = open_log("stderr", &spec.stderr_path)?;
-        let stdio = |log: &Option<RotatingWriter>| {
-            if log.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            }
-        };
-        let mut child = spawn::spawn_task(&spec, stdio(&stdout_log), stdio(&stderr_log))
+        let spawned = spawn::spawn(&spec, &dir, stdout_log.is_some(), stderr_log.is_some())
             .map_err(|m| (ErrorKind::Spawn, m))?;
         let started_at = SystemTime::now();
-        let pid = child.id();
+        let pid = spawned.pid;
         // The child is not reaped before we wait for it, so its pid cannot be reused
         // between spawn and pidfd_open.
-        let pidfd = i32::try_from(pid)
-            .ok()
-            .and_then(Pid::from_raw)
+        let raw = i32::try_from(pid).ok().and_then(Pid::from_raw);
+        let pidfd = raw
             .ok_or_else(|| std::io::Error::other(format!("bad pid {pid}")))
             .and_then(|p| {
                 rustix::process::pidfd_open(p, PidfdFlags::empty()).map_err(io::Error::from)
@@ -337,15 +333,18 @@ impl Executor {
             Ok(fd) => fd,
             Err(e) => {
                 // Without a pidfd we could not watch it: take it down again.
-                let _ = child.kill();
-                let _ = child.wait();
+                if let Some(p) = raw {
+                    let p = nix::unistd::Pid::from_raw(p.as_raw_nonzero().get());
+                    let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(p, None);
+                }
                 return Err(internal(format!("cannot watch task process {pid}: {e}")));
             }
         };
         let mut outputs = Vec::with_capacity(2);
         let pipes: [(Option<OwnedFd>, Option<RotatingWriter>, &'static str); 2] = [
-            (child.stdout.take().map(OwnedFd::from), stdout_log, "stdout"),
-            (child.stderr.take().map(OwnedFd::from), stderr_log, "stderr"),
+            (spawned.stdout, stdout_log, "stdout"),
+            (spawned.stderr, stderr_log, "stderr"),
         ];
         for (pipe, writer, what) in pipes {
             if let (Some(pipe), Some(writer)) = (pipe, writer) {
@@ -359,8 +358,6 @@ impl Executor {
                 });
             }
         }
-        // Dropping a std Child neither kills nor waits: the pidfd takes over.
-        drop(child);
         // From now on a client that finds no socket knows it was removed, rather than
         // not bound yet.
         if let Err(e) = files::mark_ready(&mut lock, std::process::id()) {
@@ -384,6 +381,7 @@ impl Executor {
             listener,
             status,
             pidfd: Some(pidfd),
+            init_status: spawned.status,
             outputs,
             conns: Vec::new(),
             kill_at: None,
@@ -573,6 +571,17 @@ impl Executor {
             },
         };
         self.pidfd = None;
+        // With isolation the child was the task's init: the task's own status is what
+        // the init reported before exiting. None if the init itself was killed (then
+        // so was the task, and the init's signal is the answer).
+        let result = match self
+            .init_status
+            .take()
+            .and_then(|p| isolate::read_status(&p))
+        {
+            Some(task) if result.err.is_none() => task,
+            _ => result,
+        };
         // What the task wrote before exiting is in the pipes: into the logs first, so
         // that a client reading them after `wait` sees everything. A pipe holds at most
         // 64 KiB, so a few reads do; leftover processes may keep writing, hence a bound.

@@ -33,6 +33,15 @@
 //! - `stop` escalates to SIGKILL by itself at the deadline, so a plugin dying in the
 //!   middle of a stop does not leave a half-stopped task.
 //!
+//! **Isolation.** A [`LaunchSpec`] with [`LaunchSpec::isolation`] set (exec, java) is
+//! started by the executor's own code in two forks: an init process that joins the
+//! task's cgroups, creates its namespaces and builds its root (then stays, as pid 1
+//! of the pid namespace: it forwards signals to the task, reaps, and reports the
+//! task's own exit status on a pipe), and the task, which sets rlimits, ids,
+//! capabilities and `no_new_privs` and execs. [`ExecutorStatus::pid`] is then the
+//! init's; a failed step is the start-up error, naming the step. Without isolation
+//! the task is the executor's direct child (rawexec). See [`Isolation`].
+//!
 //! The wire protocol is newline-delimited JSON, one request and one reply per
 //! connection, each message carrying the protocol version `v` ([`PROTOCOL_VERSION`]);
 //! a request of a newer version than the executor's is refused. Requests
@@ -75,12 +84,16 @@ use crate::DriverError;
 mod client;
 mod daemon;
 mod files;
+mod isolate;
 mod proto;
 mod spawn;
 
 pub use client::{ExecutorHandle, launch};
 pub use files::read_exit_file;
-pub use proto::{ExecutorStatus, ExitInfo, LaunchSpec};
+pub use proto::{
+    CapabilitySets, Credentials, ExecutorStatus, ExitInfo, Isolation, LaunchSpec, Mount, MountKind,
+    Namespaces, Rlimit, RlimitResource,
+};
 
 /// Environment variable that switches the plugin binary into executor mode. Its value
 /// is the task's executor directory.

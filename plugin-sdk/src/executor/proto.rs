@@ -16,9 +16,9 @@ use super::PROTOCOL_VERSION;
 /// fields are refused rather than ignored (an isolation setting silently dropped would
 /// be worse than a refusal).
 ///
-/// Drivers with isolation (exec, java) extend it with optional fields
-/// (`#[serde(default)]`): namespaces, chroot, cgroup, capabilities, user, rlimits,
-/// all applied in one place, between fork and exec.
+/// Drivers with isolation (exec, java) set [`LaunchSpec::isolation`]: cgroups,
+/// namespaces, a chroot, capabilities, user and rlimits, all applied in one place,
+/// between fork and exec (see [`Isolation`]).
 ///
 /// ```
 /// let mut spec = drover_plugin_sdk::executor::LaunchSpec::new("web-1", "/bin/echo");
@@ -52,6 +52,11 @@ pub struct LaunchSpec {
     /// Size and count limits of the log files.
     #[serde(default)]
     pub logs: LogConfig,
+    /// Containment of the task; `None` starts a plain process (rawexec). With it,
+    /// `command` and `cwd` are paths inside the task's root when [`Isolation::mounts`]
+    /// builds one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
 }
 
 fn root() -> PathBuf {
@@ -71,8 +76,299 @@ impl LaunchSpec {
             stdout_path: PathBuf::new(),
             stderr_path: PathBuf::new(),
             logs: LogConfig::default(),
+            isolation: None,
         }
     }
+}
+
+/// How the executor contains a task. Applied in the forked child, in this order:
+/// join the cgroups → unshare the namespaces → hostname → build the root from
+/// `mounts` and `pivot_root` into it → (fork the task under a small init, see below)
+/// → rlimits → drop the bounding set → groups, gid, uid → permitted, effective,
+/// inheritable and ambient capabilities → `no_new_privs` → exec. A failure at any
+/// step stops the start with an error naming the step; nothing keeps running.
+///
+/// With isolation the executor's direct child is a small init process (still the
+/// executor's code) that starts the task as its only child, forwards every signal it
+/// receives to the task's process group, reaps whatever the task leaves behind, and
+/// reports the task's own exit status. With a pid namespace it is pid 1 there (which
+/// would ignore SIGTERM if it were the task) and its exit takes every process of the
+/// namespace with it. [`ExecutorStatus::pid`] is this init process.
+///
+/// ```
+/// use drover_plugin_sdk::executor::{Isolation, Mount};
+/// let mut iso = Isolation::default();
+/// iso.namespaces.pid = true;
+/// iso.namespaces.mount = true;
+/// iso.mounts = vec![Mount::bind("/usr", "/usr", true), Mount::proc("/proc")];
+/// iso.no_new_privs = true;
+/// assert!(iso.mounts[0].read_only);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Isolation {
+    /// Cgroup files the task's init joins first by writing `0` (itself) to each, so
+    /// that every process of the task is in these cgroups from the start: v2's
+    /// `cgroup.procs`, or on v1 each hierarchy's `tasks` (the init is single-threaded,
+    /// and moving a thread spares the kernel's global threadgroup lock, which costs an
+    /// RCU grace period).
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Namespaces to create.
+    pub namespaces: Namespaces,
+    /// Hostname set in the new UTS namespace.
+    pub hostname: Option<String>,
+    /// The task's root, built on an empty tmpfs (read-only once built) in a new mount
+    /// namespace; empty: the task sees the host's file system.
+    pub mounts: Vec<Mount>,
+    /// Resource limits of the task's process.
+    pub rlimits: Vec<Rlimit>,
+    /// User and groups to run as; `None`: the executor's (root).
+    pub credentials: Option<Credentials>,
+    /// Capability sets; `None`: unchanged.
+    pub capabilities: Option<CapabilitySets>,
+    /// Set `no_new_privs`: neither setuid binaries nor file capabilities can raise the
+    /// task's privileges.
+    pub no_new_privs: bool,
+}
+
+/// Namespaces the task gets. Mount, pid, ipc and uts are what the exec driver always
+/// asks for; net is optional (`network_mode = "none"`: only a loopback device, down).
+///
+/// ```
+/// let n = drover_plugin_sdk::executor::Namespaces::default();
+/// assert!(!n.pid && !n.net);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Namespaces {
+    /// Own mount table (required for `mounts`).
+    pub mount: bool,
+    /// Own pid numbering: the task sees small pids, and its init is pid 1.
+    pub pid: bool,
+    /// Own System V IPC and POSIX message queues.
+    pub ipc: bool,
+    /// Own hostname.
+    pub uts: bool,
+    /// Own network stack (no interfaces but a loopback device).
+    pub net: bool,
+}
+
+/// What one entry of [`Isolation::mounts`] mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountKind {
+    /// Bind-mount host path `source` (recursively). A `source` that is a symlink is
+    /// copied as a symlink instead (`/bin -> usr/bin` on merged-/usr systems).
+    Bind,
+    /// A fresh `proc` of the task's pid namespace.
+    Proc,
+    /// An empty tmpfs (mode 1777).
+    Tmpfs,
+    /// A minimal `/dev`: a tmpfs with `null`, `zero`, `full`, `random`, `urandom` and
+    /// `tty` bound from the host, `fd`/`stdin`/`stdout`/`stderr` links and a `shm`
+    /// tmpfs.
+    Dev,
+}
+
+/// One mount of the task's root.
+///
+/// ```
+/// use drover_plugin_sdk::executor::{Mount, MountKind};
+/// let m = Mount::bind("/srv/task-1/local", "/local", false);
+/// assert_eq!(m.kind, MountKind::Bind);
+/// assert_eq!(Mount::dev("/dev").kind, MountKind::Dev);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    /// What to mount.
+    pub kind: MountKind,
+    /// Host path (binds only).
+    #[serde(default)]
+    pub source: PathBuf,
+    /// Absolute path inside the task's root; no `..`.
+    pub target: PathBuf,
+    /// Mount it read-only (binds only; proc, dev and tmpfs are never read-only).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+impl Mount {
+    /// Bind `source` (host) at `target` (in the task's root).
+    pub fn bind(source: impl Into<PathBuf>, target: impl Into<PathBuf>, read_only: bool) -> Self {
+        Mount {
+            kind: MountKind::Bind,
+            source: source.into(),
+            target: target.into(),
+            read_only,
+        }
+    }
+
+    /// `proc` at `target`.
+    pub fn proc(target: impl Into<PathBuf>) -> Self {
+        Self::special(MountKind::Proc, target)
+    }
+
+    /// An empty tmpfs at `target`.
+    pub fn tmpfs(target: impl Into<PathBuf>) -> Self {
+        Self::special(MountKind::Tmpfs, target)
+    }
+
+    /// A minimal `/dev` at `target`.
+    pub fn dev(target: impl Into<PathBuf>) -> Self {
+        Self::special(MountKind::Dev, target)
+    }
+
+    fn special(kind: MountKind, target: impl Into<PathBuf>) -> Self {
+        Mount {
+            kind,
+            source: PathBuf::new(),
+            target: target.into(),
+            read_only: false,
+        }
+    }
+}
+
+/// A resource limit (`setrlimit`) of the task.
+///
+/// ```
+/// use drover_plugin_sdk::executor::{Rlimit, RlimitResource};
+/// let r: Rlimit = serde_json::from_str(r#"{"resource":"nofile","soft":1024,"hard":4096}"#).unwrap();
+/// assert_eq!(r.resource, RlimitResource::Nofile);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimit {
+    /// Which limit.
+    pub resource: RlimitResource,
+    /// Soft limit; `None`: unlimited.
+    #[serde(default)]
+    pub soft: Option<u64>,
+    /// Hard limit; `None`: unlimited.
+    #[serde(default)]
+    pub hard: Option<u64>,
+}
+
+/// The limits of `setrlimit(2)`, by their `RLIMIT_*` names in lowercase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[allow(missing_docs)] // the names are the kernel's
+pub enum RlimitResource {
+    As,
+    Core,
+    Cpu,
+    Data,
+    Fsize,
+    Locks,
+    Memlock,
+    Msgqueue,
+    Nice,
+    Nofile,
+    Nproc,
+    Rss,
+    Rtprio,
+    Rttime,
+    Sigpending,
+    Stack,
+}
+
+impl RlimitResource {
+    /// Every limit, for listing the valid names.
+    pub const ALL: [RlimitResource; 16] = [
+        Self::As,
+        Self::Core,
+        Self::Cpu,
+        Self::Data,
+        Self::Fsize,
+        Self::Locks,
+        Self::Memlock,
+        Self::Msgqueue,
+        Self::Nice,
+        Self::Nofile,
+        Self::Nproc,
+        Self::Rss,
+        Self::Rtprio,
+        Self::Rttime,
+        Self::Sigpending,
+        Self::Stack,
+    ];
+
+    /// The lowercase name (`nofile`).
+    ///
+    /// ```
+    /// use drover_plugin_sdk::executor::RlimitResource;
+    /// assert_eq!(RlimitResource::Nofile.name(), "nofile");
+    /// assert_eq!(RlimitResource::from_name("NOFILE"), Some(RlimitResource::Nofile));
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::As => "as",
+            Self::Core => "core",
+            Self::Cpu => "cpu",
+            Self::Data => "data",
+            Self::Fsize => "fsize",
+            Self::Locks => "locks",
+            Self::Memlock => "memlock",
+            Self::Msgqueue => "msgqueue",
+            Self::Nice => "nice",
+            Self::Nofile => "nofile",
+            Self::Nproc => "nproc",
+            Self::Rss => "rss",
+            Self::Rtprio => "rtprio",
+            Self::Rttime => "rttime",
+            Self::Sigpending => "sigpending",
+            Self::Stack => "stack",
+        }
+    }
+
+    /// The limit named `name` (case-insensitive, with or without `RLIMIT_`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        let lower = name.to_ascii_lowercase();
+        let bare = lower.strip_prefix("rlimit_").unwrap_or(&lower);
+        Self::ALL.into_iter().find(|r| r.name() == bare)
+    }
+}
+
+/// Who the task runs as. The driver resolves names; the executor only sets ids.
+///
+/// ```
+/// let c = drover_plugin_sdk::executor::Credentials { uid: 65534, gid: 65534, groups: vec![] };
+/// assert_eq!(c.uid, 65534);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups (replacing the executor's).
+    #[serde(default)]
+    pub groups: Vec<u32>,
+}
+
+/// Capability sets as masks, bit `n` for capability number `n` (`CAP_CHOWN` = 0, …).
+///
+/// - `bounding`: the only capabilities the task can ever hold; every other one is
+///   dropped from the bounding set. A task running as root gets exactly these as
+///   permitted and effective.
+/// - `ambient`: for a task not running as root, capabilities it keeps across its exec
+///   (permitted, effective, inheritable and ambient); must be within `bounding`.
+///   A non-root task without ambient capabilities has none at all.
+///
+/// ```
+/// let c = drover_plugin_sdk::executor::CapabilitySets { bounding: 1 << 10, ambient: 0 };
+/// assert_eq!(c.bounding.count_ones(), 1); // CAP_NET_BIND_SERVICE
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilitySets {
+    /// Bounding set.
+    pub bounding: u64,
+    /// Ambient set (non-root tasks).
+    #[serde(default)]
+    pub ambient: u64,
 }
 
 /// How a task ended, as the executor recorded it.

@@ -1,11 +1,56 @@
-//! The one place where a task process is created. Isolation for the exec and java
-//! drivers (namespaces, chroot, cgroup, capabilities, user, rlimits) goes here, applied
-//! between fork and exec from optional fields of the [`LaunchSpec`].
+//! The one place where a task process is created: a plain process group
+//! ([`spawn_task`], rawexec), or with the [`super::Isolation`] of the exec and java
+//! drivers (namespaces, chroot, cgroup, capabilities, user, rlimits; see
+//! [`super::isolate`]), applied between fork and exec.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt as _;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use super::LaunchSpec;
+use super::{LaunchSpec, isolate};
+
+/// A started task, whichever way it was started.
+pub(crate) struct Spawned {
+    /// The executor's child: the task itself, or its init with isolation. It leads
+    /// its own process group.
+    pub pid: u32,
+    /// Read ends of the task's stdout and stderr, when they are logged.
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    /// With isolation: where the init reports the task's own exit status.
+    pub status: Option<OwnedFd>,
+}
+
+/// Start the task of `spec`, whose executor directory is `dir`; `stdout`/`stderr`:
+/// whether to pipe them (else /dev/null).
+pub(crate) fn spawn(
+    spec: &LaunchSpec,
+    dir: &Path,
+    stdout: bool,
+    stderr: bool,
+) -> Result<Spawned, String> {
+    if let Some(iso) = &spec.isolation {
+        let t = isolate::spawn(spec, iso, dir, stdout, stderr)?;
+        return Ok(Spawned {
+            pid: t.pid,
+            stdout: t.stdout,
+            stderr: t.stderr,
+            status: Some(t.status),
+        });
+    }
+    let stdio = |piped: bool| if piped { Stdio::piped() } else { Stdio::null() };
+    let mut child = spawn_task(spec, stdio(stdout), stdio(stderr))?;
+    let spawned = Spawned {
+        pid: child.id(),
+        stdout: child.stdout.take().map(OwnedFd::from),
+        stderr: child.stderr.take().map(OwnedFd::from),
+        status: None,
+    };
+    // Dropping a std Child neither kills nor waits: the executor's pidfd takes over.
+    drop(child);
+    Ok(spawned)
+}
 
 /// Start the task described by `spec`: its own process group (so that signals reach
 /// everything it forks), environment exactly `spec.env`, stdin `/dev/null`, stdout and

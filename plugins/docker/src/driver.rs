@@ -13,8 +13,8 @@ use bollard::query_parameters::{
 };
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, Health, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
-    parse_signal,
+    FsIsolation, Health, NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats,
+    TaskStatus, parse_signal,
 };
 use futures_util::StreamExt as _;
 use tokio::sync::broadcast;
@@ -336,6 +336,12 @@ impl DriverPlugin for DockerDriver {
             task_stats: true,
             task_events: true,
             recover: true,
+            // Whatever the daemon offers: `network_mode` is passed through to Docker.
+            network_modes: NetworkModes {
+                host: true,
+                none: true,
+                bridge: true,
+            },
         }
     }
 

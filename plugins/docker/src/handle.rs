@@ -187,8 +187,19 @@ impl Task {
                 usage.and_then(|u| u.usage_in_kernelmode).unwrap_or(0),
             ),
             cpu_percent,
+            memory_cache_bytes: memory_cache(s),
+            process_count: s.pids_stats.as_ref().and_then(|p| p.current).unwrap_or(0),
         }
     }
+}
+
+/// Page cache charged to the container (`cache` on cgroup v1, `file` on v2).
+fn memory_cache(s: &ContainerStatsResponse) -> u64 {
+    s.memory_stats
+        .as_ref()
+        .and_then(|m| m.stats.as_ref())
+        .and_then(|st| ["cache", "file"].iter().find_map(|k| st.get(*k).copied()))
+        .unwrap_or(0)
 }
 
 /// Memory in use without the reclaimable page cache, as `docker stats` shows it.

@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 use drover_plugin_sdk::executor::{self, ExecutorHandle, ExitInfo, LaunchSpec};
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, parse_signal,
+    FsIsolation, NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
+    parse_signal,
 };
 use tokio::sync::broadcast;
 
@@ -203,6 +204,11 @@ impl DriverPlugin for RawExecDriver {
             task_stats: true,
             task_events: true,
             recover: true,
+            // Plain host processes: the host's network, nothing else.
+            network_modes: NetworkModes {
+                host: true,
+                ..Default::default()
+            },
         }
     }
 

@@ -165,6 +165,8 @@ impl Task {
             cpu_user,
             cpu_system,
             cpu_percent,
+            memory_cache_bytes: 0,
+            process_count: 0,
         })
     }
 }

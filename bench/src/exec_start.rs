@@ -1,0 +1,166 @@
+//! `drover-bench exec-start [--iterations N]`: how long StartTask takes until the task
+//! runs, for isolated exec tasks and, interleaved in the same run, for rawexec tasks
+//! (the same executor without isolation). The difference is what isolation costs:
+//! cgroup creation, namespaces, the chroot's mounts and `pivot_root`, capabilities.
+//!
+//! Both plugins are the real binaries, driven through the SDK client; each task is
+//! `sleep 1000` and is destroyed (untimed) before the next start. StartTask returns
+//! once the executor reports the task's `exec` done, so the time is StartTask → running.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
+use drover_plugin_sdk::{AgentInfo, TaskSpec};
+
+use crate::{ms, sibling_binary, stats};
+
+struct Driver {
+    name: &'static str,
+    process: PluginProcess,
+    client: PluginClient,
+    config: serde_json::Value,
+}
+
+async fn launch(
+    name: &'static str,
+    binary: &Path,
+    root: &Path,
+    plugin_config: serde_json::Value,
+    task_config: serde_json::Value,
+) -> anyhow::Result<Driver> {
+    let process = PluginProcess::launch(LaunchOptions::new(name, binary))
+        .await
+        .with_context(|| format!("launching {}", binary.display()))?;
+    let client = process.client();
+    let agent = AgentInfo {
+        alloc_dir: root.join("alloc"),
+        plugin_state_dir: root.join("plugin-state"),
+        api_version: drover_plugin_sdk::version::PLUGIN_API_VERSION.into(),
+    };
+    client
+        .set_config(plugin_config.to_string(), &agent)
+        .await
+        .with_context(|| format!("SetConfig of {name}"))?;
+    Ok(Driver {
+        name,
+        process,
+        client,
+        config: task_config,
+    })
+}
+
+impl Driver {
+    /// Start one task and return the StartTask latency; destroy it afterwards.
+    async fn once(&self, root: &Path, n: usize) -> anyhow::Result<Duration> {
+        let id = format!("{}-{n}", self.name);
+        let task_dir = root.join("alloc").join(&id);
+        for sub in ["local", "secrets", "tmp", "logs"] {
+            std::fs::create_dir_all(task_dir.join(sub))?;
+        }
+        let spec = TaskSpec {
+            id: id.clone(),
+            name: id.clone(),
+            task_dir: task_dir.clone(),
+            stdout_path: task_dir.join("logs/stdout"),
+            stderr_path: task_dir.join("logs/stderr"),
+            driver_config_json: self.config.to_string(),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        self.client
+            .start_task(spec)
+            .await
+            .with_context(|| format!("StartTask {id}"))?;
+        let elapsed = t.elapsed();
+        self.client
+            .destroy_task(&id, true)
+            .await
+            .with_context(|| format!("DestroyTask {id}"))?;
+        let _ = std::fs::remove_dir_all(&task_dir);
+        Ok(elapsed)
+    }
+}
+
+pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
+    if iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    if !rustix::process::geteuid().is_root() {
+        bail!("exec-start needs root: the exec driver creates namespaces, cgroups and chroots");
+    }
+    let rawexec_bin = sibling_binary("drover-driver-rawexec", "drover-driver-rawexec")?;
+    let exec_bin = sibling_binary("drover-driver-exec", "drover-driver-exec")?;
+    let root = tempfile::Builder::new()
+        .prefix("drover-bench-exec")
+        .tempdir()?;
+    let parent = format!("/drover-bench-{}", std::process::id());
+    let sleep = serde_json::json!({ "command": "/bin/sleep", "args": ["1000"] });
+    let rawexec = launch(
+        "rawexec",
+        &rawexec_bin,
+        root.path(),
+        serde_json::json!({}),
+        sleep.clone(),
+    )
+    .await?;
+    let exec = launch(
+        "exec",
+        &exec_bin,
+        root.path(),
+        serde_json::json!({ "cgroup_parent": parent }),
+        sleep,
+    )
+    .await?;
+
+    // Warm-up: page cache, the executor binary, the cgroup parent.
+    for n in 0..3 {
+        rawexec.once(root.path(), 1_000_000 + n).await?;
+        exec.once(root.path(), 1_000_000 + n).await?;
+    }
+    let mut raw_samples = Vec::with_capacity(iterations);
+    let mut exec_samples = Vec::with_capacity(iterations);
+    for n in 0..iterations {
+        // Interleaved, so that load from elsewhere hits both alike.
+        raw_samples.push(rawexec.once(root.path(), n).await?);
+        exec_samples.push(exec.once(root.path(), n).await?);
+    }
+    for d in [&rawexec, &exec] {
+        d.process.shutdown().await;
+    }
+    for c in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&parent[1..]));
+    }
+    let r = stats(raw_samples);
+    let e = stats(exec_samples);
+    println!(
+        "exec-start benchmark: {iterations} tasks per driver, StartTask -> running (`sleep 1000`)"
+    );
+    println!(
+        "  rawexec (executor, no isolation): median {}  p99 {}  min {}",
+        ms(r.median),
+        ms(r.p99),
+        ms(r.min)
+    );
+    println!(
+        "  exec (namespaces, chroot, cgroup, caps, nobody): median {}  p99 {}  min {}",
+        ms(e.median),
+        ms(e.p99),
+        ms(e.min)
+    );
+    println!(
+        "  isolation cost: median {}  p99 {}  (goal: under 10 ms at the median)",
+        signed_ms(e.median, r.median),
+        signed_ms(e.p99, r.p99)
+    );
+    Ok(())
+}
+
+fn signed_ms(a: Duration, b: Duration) -> String {
+    if a >= b {
+        format!("+{}", ms(a - b))
+    } else {
+        format!("-{}", ms(b - a))
+    }
+}

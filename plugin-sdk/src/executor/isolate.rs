@@ -1,0 +1,850 @@
+//! Starting a task with [`Isolation`]: the fork, the task's init, and every step
+//! between fork and exec.
+//!
+//! ```text
+//! executor ──fork──▶ init (pid 1 of the task's pid namespace, executor code)
+//!                      │ joins cgroups, unshares namespaces, builds the root
+//!                      └──fork──▶ task: rlimits, capabilities, ids, no_new_privs, exec
+//! ```
+//!
+//! The executor is single-threaded, so after `fork` both children may run ordinary
+//! code (allocation included): no other thread can hold a lock at the fork.
+//!
+//! Three pipes tie them together, all close-on-exec:
+//! - the **error pipe**: the init writes a failed step to it and exits; the task writes
+//!   a failed step and exits 127. The init closes its end once the task is forked, so
+//!   the executor reads end-of-file exactly when the task's `exec` succeeded (or failed
+//!   with a message): start-up is synchronous and every failure names its step;
+//! - the **status pipe**: the init writes `code N` or `signal N` for the task just
+//!   before it exits itself, so the executor reports the task's real status rather than
+//!   the init's;
+//! - stdout and stderr of the task, read by the executor into the log files.
+
+use std::ffi::CString;
+use std::io::Read as _;
+use std::os::fd::{AsFd, AsRawFd as _, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Component, Path, PathBuf};
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::thread::{CapabilitySet, UnshareFlags};
+
+use super::proto::{Isolation, LaunchSpec, Mount, MountKind, RlimitResource};
+
+/// `PATH` searched for a bare command name when the task's environment has none.
+const FALLBACK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Device nodes of the minimal `/dev`.
+const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// Links of the minimal `/dev`.
+const DEV_LINKS: [(&str, &str); 4] = [
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+];
+
+/// A task started with isolation.
+pub(crate) struct Isolated {
+    /// The task's init (the executor's child), in the executor's pid numbering.
+    pub pid: u32,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    /// Read end of the status pipe.
+    pub status: OwnedFd,
+}
+
+/// Everything the children need, prepared before the fork so that a bad spec is an
+/// error of the executor itself.
+struct Plan<'a> {
+    iso: &'a Isolation,
+    /// Where the task's root is built (an empty directory of the executor's).
+    root: PathBuf,
+    command: &'a str,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    /// Directories searched for a bare command name, inside the task's root.
+    path: Vec<PathBuf>,
+    cwd: &'a Path,
+}
+
+/// The children's ends of the pipes.
+struct ChildFds {
+    err: OwnedFd,
+    status: OwnedFd,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    null: OwnedFd,
+}
+
+impl ChildFds {
+    fn raw(&self) -> Vec<RawFd> {
+        let mut v = vec![
+            self.err.as_raw_fd(),
+            self.status.as_raw_fd(),
+            self.null.as_raw_fd(),
+        ];
+        v.extend(self.stdout.iter().map(|f| f.as_raw_fd()));
+        v.extend(self.stderr.iter().map(|f| f.as_raw_fd()));
+        v
+    }
+}
+
+/// Check what serde cannot: mount targets, and settings that need a namespace.
+pub(crate) fn validate(iso: &Isolation) -> Result<(), String> {
+    if !iso.mounts.is_empty() && !iso.namespaces.mount {
+        return Err("a task root (mounts) needs a mount namespace".into());
+    }
+    if iso.hostname.is_some() && !iso.namespaces.uts {
+        return Err("a hostname needs a uts namespace".into());
+    }
+    for m in &iso.mounts {
+        let t = &m.target;
+        let normal = t
+            .components()
+            .skip(1)
+            .all(|c| matches!(c, Component::Normal(_)));
+        if !t.is_absolute() || !normal || t.components().count() < 2 {
+            return Err(format!(
+                "mount target {} must be an absolute path below / without `..`",
+                t.display()
+            ));
+        }
+        if m.kind == MountKind::Bind && !m.source.is_absolute() {
+            return Err(format!(
+                "bind mount source {} must be an absolute path",
+                m.source.display()
+            ));
+        }
+    }
+    if let Some(c) = iso.capabilities
+        && c.ambient & !c.bounding != 0
+    {
+        return Err(format!(
+            "ambient capabilities {:#x} are not all in the bounding set {:#x}",
+            c.ambient, c.bounding
+        ));
+    }
+    Ok(())
+}
+
+fn cstring(what: &str, s: impl Into<Vec<u8>>) -> Result<CString, String> {
+    CString::new(s).map_err(|_| format!("{what} contains a NUL byte"))
+}
+
+impl<'a> Plan<'a> {
+    fn new(spec: &'a LaunchSpec, iso: &'a Isolation, dir: &Path) -> Result<Self, String> {
+        let mut argv = vec![cstring("the command", spec.command.as_str())?];
+        for a in &spec.args {
+            argv.push(cstring("an argument", a.as_str())?);
+        }
+        let envp = spec
+            .env
+            .iter()
+            .map(|(k, v)| cstring(&format!("environment variable {k}"), format!("{k}={v}")))
+            .collect::<Result<_, _>>()?;
+        let path = spec
+            .env
+            .get("PATH")
+            .map_or(FALLBACK_PATH, String::as_str)
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        Ok(Plan {
+            iso,
+            root: dir.join("root"),
+            command: &spec.command,
+            argv,
+            envp,
+            path,
+            cwd: &spec.cwd,
+        })
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| format!("cannot create a pipe: {e}"))
+}
+
+/// Start the task of `spec` contained as `iso` says, its init in its own process
+/// group. Returns once the task's `exec` succeeded, or the error of the step that
+/// failed (the children are gone by then).
+pub(crate) fn spawn(
+    spec: &LaunchSpec,
+    iso: &Isolation,
+    dir: &Path,
+    stdout: bool,
+    stderr: bool,
+) -> Result<Isolated, String> {
+    validate(iso)?;
+    let plan = Plan::new(spec, iso, dir)?;
+    if !iso.mounts.is_empty() {
+        match std::fs::create_dir(&plan.root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", plan.root.display())),
+        }
+    }
+    let (err_r, err_w) = pipe()?;
+    let (status_r, status_w) = pipe()?;
+    let out = stdout.then(pipe).transpose()?;
+    let errp = stderr.then(pipe).transpose()?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    if iso.namespaces.pid {
+        // Only the executor's next child (the init) enters the new pid namespace, as
+        // its pid 1; the executor itself stays where it is, and forks only once.
+        // SAFETY: no CLONE_FILES: no descriptor table is split between threads (and
+        // the executor has one thread).
+        #[allow(unsafe_code)]
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWPID) }
+            .map_err(|e| format!("cannot create a pid namespace: {e}"))?;
+    }
+    let (out_r, out_w) = out.map_or((None, None), |(r, w)| (Some(r), Some(w)));
+    let (errp_r, errp_w) = errp.map_or((None, None), |(r, w)| (Some(r), Some(w)));
+    let fds = ChildFds {
+        err: err_w,
+        status: status_w,
+        stdout: out_w,
+        stderr: errp_w,
+        null: null.into(),
+    };
+    // SAFETY: the executor is single-threaded (a poll loop, no runtime), so the child
+    // is a complete copy of a consistent process: it may allocate and take locks.
+    #[allow(unsafe_code)]
+    let forked = unsafe { nix::unistd::fork() };
+    let init = match forked {
+        Ok(ForkResult::Child) => init_main(&plan, fds),
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => return Err(format!("cannot fork the task's init: {e}")),
+    };
+    // Also here, so that no signal to the group can come before the child's own call.
+    let _ = nix::unistd::setpgid(init, init);
+    drop(fds);
+    let mut message = Vec::new();
+    let read = std::fs::File::from(err_r).read_to_end(&mut message);
+    if let Err(e) = read {
+        message = format!("cannot read the task's start-up errors: {e}").into_bytes();
+    }
+    if !message.is_empty() {
+        let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(init, None);
+        return Err(String::from_utf8_lossy(&message).into_owned());
+    }
+    Ok(Isolated {
+        pid: init.as_raw().unsigned_abs(),
+        stdout: out_r,
+        stderr: errp_r,
+        status: status_r,
+    })
+}
+
+/// Write `message` to the error pipe and exit. Only in the children.
+fn fail(err: impl AsFd, message: &str, code: i32) -> ! {
+    let mut rest = message.as_bytes();
+    while !rest.is_empty() {
+        match rustix::io::write(&err, rest) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => rest = &rest[n..],
+        }
+    }
+    // The children are copies of a single-threaded process: exit() is safe here.
+    std::process::exit(code)
+}
+
+/// Close every descriptor but stdio and `keep`: the init lives as long as the task
+/// and must not hold the executor's socket, its lock (which would make a dead
+/// executor look alive) or its log files.
+fn close_other_fds(keep: &[RawFd]) {
+    let fds: Vec<RawFd> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|fd| *fd > 2 && !keep.contains(fd))
+            .collect(),
+        Err(_) => return,
+    };
+    for fd in fds {
+        let _ = nix::unistd::close(fd);
+    }
+}
+
+/// The task's init: set up what the whole task shares, start the task, then forward
+/// signals and reap until the task exits.
+fn init_main(plan: &Plan<'_>, fds: ChildFds) -> ! {
+    // The executor's stdout is still its start-up pipe to the plugin.
+    for dup in [
+        rustix::stdio::dup2_stdin,
+        rustix::stdio::dup2_stdout,
+        rustix::stdio::dup2_stderr,
+    ] {
+        let _ = dup(&fds.null);
+    }
+    close_other_fds(&fds.raw());
+    if let Err(m) = init_setup(plan) {
+        fail(&fds.err, &m, 1);
+    }
+    // Blocked from here on, in the init for good (it takes them with sigwait), in the
+    // task until just before its exec: nothing sent meanwhile is lost.
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), None);
+    // SAFETY: the init is single-threaded (a fork of the single-threaded executor).
+    #[allow(unsafe_code)]
+    let forked = unsafe { nix::unistd::fork() };
+    let task = match forked {
+        Ok(ForkResult::Child) => match task_setup(plan, &fds) {
+            Err(m) => fail(&fds.err, &m, 127),
+        },
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => fail(&fds.err, &format!("cannot fork the task: {e}"), 1),
+    };
+    let ChildFds {
+        err,
+        status,
+        stdout,
+        stderr,
+        null,
+    } = fds;
+    // The task holds the only copies now: the executor sees end-of-file on the error
+    // pipe at the task's exec, and on the output pipes once the task closes them.
+    drop((err, stdout, stderr, null));
+    supervise(task, status)
+}
+
+fn init_setup(plan: &Plan<'_>) -> Result<(), String> {
+    let iso = plan.iso;
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))
+        .map_err(|e| format!("cannot create the task's process group: {e}"))?;
+    for procs in &iso.cgroup_procs {
+        // "0" is the writer itself, whatever its pid in its namespace.
+        std::fs::write(procs, "0")
+            .map_err(|e| format!("cannot join cgroup {}: {e}", procs.display()))?;
+    }
+    let ns = iso.namespaces;
+    let mut flags = UnshareFlags::empty();
+    let mut names = Vec::new();
+    for (on, flag, name) in [
+        (ns.mount, UnshareFlags::NEWNS, "mount"),
+        (ns.ipc, UnshareFlags::NEWIPC, "ipc"),
+        (ns.uts, UnshareFlags::NEWUTS, "uts"),
+        (ns.net, UnshareFlags::NEWNET, "network"),
+    ] {
+        if on {
+            flags |= flag;
+            names.push(name);
+        }
+    }
+    if !flags.is_empty() {
+        // SAFETY: no CLONE_FILES, and the init has one thread.
+        #[allow(unsafe_code)]
+        unsafe { rustix::thread::unshare_unsafe(flags) }
+            .map_err(|e| format!("cannot create {} namespaces: {e}", names.join(", ")))?;
+    }
+    if let Some(name) = &iso.hostname {
+        rustix::system::sethostname(name.as_bytes())
+            .map_err(|e| format!("cannot set hostname {name:?}: {e}"))?;
+    }
+    if !iso.mounts.is_empty() {
+        build_root(&plan.root, &iso.mounts)?;
+    }
+    Ok(())
+}
+
+fn io_step(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+fn errno_step(what: impl std::fmt::Display) -> impl FnOnce(rustix::io::Errno) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// Build the task's root at `root` (in the init's own mount namespace) and make it the
+/// root: a tmpfs holding only mount points, the mounts, then `pivot_root`.
+fn build_root(root: &Path, mounts: &[Mount]) -> Result<(), String> {
+    // Nothing mounted from here on may reach the host's mount table.
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .map_err(errno_step("cannot make the task's mount table private"))?;
+    rustix::mount::mount(
+        "tmpfs",
+        root,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        c"mode=0755,size=4m",
+    )
+    .map_err(errno_step(format_args!(
+        "cannot mount the task's root tmpfs on {}",
+        root.display()
+    )))?;
+    for m in mounts {
+        let rel = m.target.strip_prefix("/").unwrap_or(&m.target);
+        let target = root.join(rel);
+        mount_one(m, &target)?;
+    }
+    // Only mount points in it: read-only, so the task cannot litter its root.
+    rustix::mount::mount_remount(
+        root,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+        "",
+    )
+    .map_err(errno_step("cannot make the task's root read-only"))?;
+    // pivot_root(".", "."): the old root ends up stacked on the new one and is
+    // detached at once; the task can never reach it again.
+    rustix::process::chdir(root)
+        .map_err(errno_step(format_args!("cannot enter {}", root.display())))?;
+    rustix::process::pivot_root(".", ".").map_err(errno_step(format_args!(
+        "cannot pivot_root into {}",
+        root.display()
+    )))?;
+    rustix::mount::unmount(".", UnmountFlags::DETACH)
+        .map_err(errno_step("cannot detach the host's root"))?;
+    rustix::process::chdir("/").map_err(errno_step("cannot enter the task's root"))?;
+    Ok(())
+}
+
+fn mkdirs(path: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(path).map_err(io_step(format_args!(
+        "cannot create mount point {}",
+        path.display()
+    )))
+}
+
+fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
+    let shown = m.target.display();
+    match m.kind {
+        MountKind::Bind => {
+            let meta = std::fs::symlink_metadata(&m.source).map_err(io_step(format_args!(
+                "bind mount source {}",
+                m.source.display()
+            )))?;
+            if let Some(parent) = target.parent() {
+                mkdirs(parent)?;
+            }
+            if meta.file_type().is_symlink() {
+                let link = std::fs::read_link(&m.source).map_err(io_step(format_args!(
+                    "cannot read link {}",
+                    m.source.display()
+                )))?;
+                return std::os::unix::fs::symlink(&link, target).map_err(io_step(format_args!(
+                    "cannot create link {shown} -> {}",
+                    link.display()
+                )));
+            }
+            if meta.is_dir() {
+                mkdirs(target)?;
+            } else {
+                std::fs::File::create(target)
+                    .map_err(io_step(format_args!("cannot create mount point {shown}")))?;
+            }
+            rustix::mount::mount_bind_recursive(&m.source, target).map_err(errno_step(
+                format_args!("cannot bind {} at {shown}", m.source.display()),
+            ))?;
+            // Never setuid binaries or device nodes through a bind: a task with
+            // CAP_MKNOD could otherwise make a node for a host disk in /local.
+            let mut flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+            if m.read_only {
+                flags |= MountFlags::RDONLY;
+            }
+            rustix::mount::mount_remount(target, flags, "").map_err(errno_step(format_args!(
+                "cannot restrict the mount at {shown}"
+            )))
+        }
+        MountKind::Proc => {
+            mkdirs(target)?;
+            rustix::mount::mount(
+                "proc",
+                target,
+                "proc",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                None,
+            )
+            .map_err(errno_step(format_args!("cannot mount proc at {shown}")))?;
+            restrict_proc(target, &shown.to_string())
+        }
+        MountKind::Tmpfs => {
+            mkdirs(target)?;
+            rustix::mount::mount(
+                "tmpfs",
+                target,
+                "tmpfs",
+                MountFlags::NOSUID | MountFlags::NODEV,
+                c"mode=1777",
+            )
+            .map_err(errno_step(format_args!("cannot mount a tmpfs at {shown}")))
+        }
+        MountKind::Dev => mount_dev(target, &shown.to_string()),
+    }
+}
+
+fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
+    mkdirs(target)?;
+    rustix::mount::mount(
+        "tmpfs",
+        target,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        c"mode=0755,size=64k",
+    )
+    .map_err(errno_step(format_args!("cannot mount a tmpfs at {shown}")))?;
+    for node in DEV_NODES {
+        let host = Path::new("/dev").join(node);
+        if !host.exists() {
+            continue;
+        }
+        let at = target.join(node);
+        std::fs::File::create(&at)
+            .map_err(io_step(format_args!("cannot create {shown}/{node}")))?;
+        rustix::mount::mount_bind(&host, &at).map_err(errno_step(format_args!(
+            "cannot bind /dev/{node} at {shown}/{node}"
+        )))?;
+    }
+    for (name, to) in DEV_LINKS {
+        std::os::unix::fs::symlink(to, target.join(name))
+            .map_err(io_step(format_args!("cannot create link {shown}/{name}")))?;
+    }
+    let shm = target.join("shm");
+    mkdirs(&shm)?;
+    rustix::mount::mount(
+        "tmpfs",
+        &shm,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        c"mode=1777",
+    )
+    .map_err(errno_step(format_args!(
+        "cannot mount a tmpfs at {shown}/shm"
+    )))?;
+    // Nothing new in /dev (no device nodes even with CAP_MKNOD); /dev/shm stays
+    // writable, being its own mount.
+    rustix::mount::mount_remount(
+        target,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOEXEC,
+        "mode=0755,size=64k",
+    )
+    .map_err(errno_step(format_args!("cannot make {shown} read-only")))
+}
+
+/// Parts of `/proc` that reach beyond the task's namespaces, as container runtimes
+/// treat them: read-only (kernel tunables, sysrq) or hidden (kernel memory, keys).
+const PROC_READ_ONLY: [&str; 5] = ["sys", "sysrq-trigger", "irq", "bus", "fs"];
+const PROC_MASKED: [&str; 5] = ["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
+
+fn restrict_proc(proc: &Path, shown: &str) -> Result<(), String> {
+    for name in PROC_READ_ONLY {
+        let p = proc.join(name);
+        if !p.exists() {
+            continue;
+        }
+        rustix::mount::mount_bind(&p, &p)
+            .and_then(|()| {
+                rustix::mount::mount_remount(
+                    &p,
+                    MountFlags::BIND
+                        | MountFlags::RDONLY
+                        | MountFlags::NOSUID
+                        | MountFlags::NODEV
+                        | MountFlags::NOEXEC,
+                    "",
+                )
+            })
+            .map_err(errno_step(format_args!(
+                "cannot make {shown}/{name} read-only"
+            )))?;
+    }
+    for name in PROC_MASKED {
+        let p = proc.join(name);
+        if p.is_file() {
+            rustix::mount::mount_bind("/dev/null", &p)
+                .map_err(errno_step(format_args!("cannot hide {shown}/{name}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// The init's life after the task started: take every signal (all are blocked) and
+/// forward it to the task's process group; reap every child; when the task itself
+/// exits, report its status and exit (with a pid namespace the kernel then kills
+/// whatever the task left behind).
+fn supervise(task: Pid, status: OwnedFd) -> ! {
+    let all = SigSet::all();
+    loop {
+        let Ok(sig) = all.wait() else {
+            continue;
+        };
+        if sig != Signal::SIGCHLD {
+            // The task leads its own session and group, unless it has not got that
+            // far yet.
+            if nix::sys::signal::killpg(task, sig).is_err() {
+                let _ = nix::sys::signal::kill(task, sig);
+            }
+            continue;
+        }
+        loop {
+            match nix::sys::wait::waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == task => {
+                    finish(&status, &format!("code {code}"), code)
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == task => {
+                    let n = sig as i32;
+                    finish(&status, &format!("signal {n}"), 128 + n)
+                }
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+fn finish(status: &OwnedFd, text: &str, code: i32) -> ! {
+    let _ = rustix::io::write(status, text.as_bytes());
+    // The children are copies of a single-threaded process: exit() is safe here.
+    std::process::exit(code)
+}
+
+/// The task between its fork and its exec. Returns only with the failed step.
+fn task_setup(plan: &Plan<'_>, fds: &ChildFds) -> Result<std::convert::Infallible, String> {
+    let iso = plan.iso;
+    rustix::process::setsid().map_err(errno_step("cannot start the task's session"))?;
+    rustix::stdio::dup2_stdin(&fds.null).map_err(errno_step("cannot set up stdin"))?;
+    rustix::stdio::dup2_stdout(fds.stdout.as_ref().unwrap_or(&fds.null))
+        .map_err(errno_step("cannot set up stdout"))?;
+    rustix::stdio::dup2_stderr(fds.stderr.as_ref().unwrap_or(&fds.null))
+        .map_err(errno_step("cannot set up stderr"))?;
+    for r in &iso.rlimits {
+        let limit = rustix::process::Rlimit {
+            current: r.soft,
+            maximum: r.hard,
+        };
+        rustix::process::setrlimit(resource(r.resource), limit).map_err(errno_step(
+            format_args!(
+                "cannot set rlimit {} to {:?}/{:?}",
+                r.resource.name(),
+                r.soft,
+                r.hard
+            ),
+        ))?;
+    }
+    let creds = iso.credentials.as_ref();
+    let to_root = creds.is_none_or(|c| c.uid == 0);
+    if let Some(caps) = iso.capabilities {
+        // Before the uid changes: dropping from the bounding set needs CAP_SETPCAP.
+        drop_bounding(caps.bounding)?;
+        if !to_root && caps.ambient != 0 {
+            rustix::thread::set_keep_capabilities(true)
+                .map_err(errno_step("cannot keep capabilities across the uid change"))?;
+        }
+    }
+    if let Some(c) = creds {
+        let groups: Vec<rustix::fs::Gid> = c
+            .groups
+            .iter()
+            .map(|&g| rustix::fs::Gid::from_raw(g))
+            .collect();
+        rustix::thread::set_thread_groups(&groups).map_err(errno_step(format_args!(
+            "cannot set supplementary groups {:?}",
+            c.groups
+        )))?;
+        let gid = rustix::fs::Gid::from_raw(c.gid);
+        rustix::thread::set_thread_res_gid(gid, gid, gid)
+            .map_err(errno_step(format_args!("cannot switch to gid {}", c.gid)))?;
+        let uid = rustix::fs::Uid::from_raw(c.uid);
+        rustix::thread::set_thread_res_uid(uid, uid, uid)
+            .map_err(errno_step(format_args!("cannot switch to uid {}", c.uid)))?;
+    }
+    if let Some(caps) = iso.capabilities {
+        // Root gets the bounding set as permitted and effective at exec anyway; a
+        // non-root task keeps only its ambient capabilities.
+        let keep = if to_root { caps.bounding } else { caps.ambient };
+        let current = rustix::thread::capabilities(None)
+            .map_err(errno_step("cannot read the task's capabilities"))?;
+        let keep = CapabilitySet::from_bits_retain(keep) & current.permitted;
+        let inheritable = if to_root {
+            CapabilitySet::empty()
+        } else {
+            keep
+        };
+        rustix::thread::set_capabilities(
+            None,
+            rustix::thread::CapabilitySets {
+                effective: keep,
+                permitted: keep,
+                inheritable,
+            },
+        )
+        .map_err(errno_step(format_args!(
+            "cannot set capabilities {:#x}",
+            keep.bits()
+        )))?;
+        if !to_root {
+            for bit in 0..64 {
+                let cap = CapabilitySet::from_bits_retain(1 << bit);
+                if keep.contains(cap) {
+                    rustix::thread::configure_capability_in_ambient_set(cap, true).map_err(
+                        errno_step(format_args!(
+                            "cannot raise capability {bit} in the ambient set"
+                        )),
+                    )?;
+                }
+            }
+        }
+    }
+    if iso.no_new_privs {
+        rustix::thread::set_no_new_privs(true).map_err(errno_step("cannot set no_new_privs"))?;
+    }
+    rustix::process::chdir(plan.cwd).map_err(errno_step(format_args!(
+        "working directory {} in the task's root",
+        plan.cwd.display()
+    )))?;
+    let program = find_program(plan)?;
+    // Rust ignores SIGPIPE in every binary it builds; a task expects the default.
+    // SAFETY: setting a default disposition installs no handler.
+    #[allow(unsafe_code)]
+    let _ =
+        unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+    let e = nix::unistd::execve(&program, &plan.argv, &plan.envp).unwrap_err();
+    Err(format!(
+        "cannot execute {} in the task's root: {e}",
+        Path::new(std::ffi::OsStr::from_bytes(program.as_bytes())).display()
+    ))
+}
+
+/// Drop every capability not in `keep` from the bounding set.
+fn drop_bounding(keep: u64) -> Result<(), String> {
+    for bit in 0..64 {
+        let cap = CapabilitySet::from_bits_retain(1 << bit);
+        match rustix::thread::capability_is_in_bounding_set(cap) {
+            Ok(true) if keep & (1 << bit) == 0 => {
+                rustix::thread::remove_capability_from_bounding_set(cap).map_err(errno_step(
+                    format_args!("cannot drop capability {bit} from the bounding set"),
+                ))?;
+            }
+            Ok(_) => {}
+            // Beyond the kernel's last capability.
+            Err(_) => break,
+        }
+    }
+    Ok(())
+}
+
+/// The program to exec: `command` if it has a slash, else the first executable of
+/// that name in the task's `PATH` (inside its root).
+fn find_program(plan: &Plan<'_>) -> Result<CString, String> {
+    if plan.command.contains('/') {
+        return cstring("the command", plan.command);
+    }
+    for dir in &plan.path {
+        let candidate = dir.join(plan.command);
+        if rustix::fs::access(&candidate, rustix::fs::Access::EXEC_OK).is_ok()
+            && candidate.is_file()
+        {
+            return cstring("the command", candidate.as_os_str().as_bytes());
+        }
+    }
+    Err(format!(
+        "command {:?} not found in the task's PATH ({})",
+        plan.command,
+        plan.path
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    ))
+}
+
+fn resource(r: RlimitResource) -> rustix::process::Resource {
+    use rustix::process::Resource;
+    match r {
+        RlimitResource::As => Resource::As,
+        RlimitResource::Core => Resource::Core,
+        RlimitResource::Cpu => Resource::Cpu,
+        RlimitResource::Data => Resource::Data,
+        RlimitResource::Fsize => Resource::Fsize,
+        RlimitResource::Locks => Resource::Locks,
+        RlimitResource::Memlock => Resource::Memlock,
+        RlimitResource::Msgqueue => Resource::Msgqueue,
+        RlimitResource::Nice => Resource::Nice,
+        RlimitResource::Nofile => Resource::Nofile,
+        RlimitResource::Nproc => Resource::Nproc,
+        RlimitResource::Rss => Resource::Rss,
+        RlimitResource::Rtprio => Resource::Rtprio,
+        RlimitResource::Rttime => Resource::Rttime,
+        RlimitResource::Sigpending => Resource::Sigpending,
+        RlimitResource::Stack => Resource::Stack,
+    }
+}
+
+/// The task's exit status as its init reported it (`code N`, `signal N`), if it did.
+pub(crate) fn read_status(pipe: &OwnedFd) -> Option<crate::ExitResult> {
+    let _ = rustix::io::ioctl_fionbio(pipe, true);
+    let mut buf = [0u8; 64];
+    let n = rustix::io::read(pipe, &mut buf).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    let (kind, value) = text.trim().split_once(' ')?;
+    let value: i32 = value.parse().ok()?;
+    match kind {
+        "code" => Some(crate::ExitResult::code(value)),
+        "signal" => Some(crate::ExitResult::signaled(value)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::proto::CapabilitySets;
+
+    #[test]
+    fn mount_targets_must_stay_inside_the_root() {
+        let mut iso = Isolation::default();
+        iso.namespaces.mount = true;
+        for bad in ["usr", "/", "/a/../etc"] {
+            iso.mounts = vec![Mount::bind("/usr", bad, true)];
+            let err = validate(&iso).unwrap_err();
+            assert!(err.contains("mount target"), "{bad}: {err}");
+        }
+        iso.mounts = vec![Mount::bind("usr", "/usr", true)];
+        assert!(validate(&iso).unwrap_err().contains("source"));
+        iso.mounts = vec![
+            Mount::bind("/usr", "/usr/local", true),
+            Mount::proc("/proc"),
+        ];
+        assert!(validate(&iso).is_ok());
+        iso.namespaces.mount = false;
+        assert!(validate(&iso).unwrap_err().contains("mount namespace"));
+    }
+
+    #[test]
+    fn ambient_must_be_within_bounding() {
+        let mut iso = Isolation {
+            capabilities: Some(CapabilitySets {
+                bounding: 0b01,
+                ambient: 0b10,
+            }),
+            ..Default::default()
+        };
+        assert!(validate(&iso).unwrap_err().contains("ambient"));
+        iso.hostname = Some("x".into());
+        iso.capabilities = None;
+        assert!(validate(&iso).unwrap_err().contains("uts"));
+    }
+
+    #[test]
+    fn status_lines_are_parsed() {
+        let (r, w) = pipe().unwrap();
+        rustix::io::write(&w, b"signal 9").unwrap();
+        drop(w);
+        assert_eq!(read_status(&r), Some(crate::ExitResult::signaled(9)));
+        let (r, w) = pipe().unwrap();
+        drop(w);
+        assert_eq!(read_status(&r), None);
+    }
+}

@@ -1,0 +1,539 @@
+//! Task cgroups, through cgroups-rs, behind [`TaskCgroup`] with a v1 and a v2
+//! implementation.
+//!
+//! The plugin creates a task's cgroup at `<cgroup_parent>/<task id>` in every
+//! controller it uses, so that it can always be found again from the task id alone
+//! (after the plugin, the executor or both were killed); the task's init joins it
+//! before anything else, so every process of the task is in it. DestroyTask empties it
+//! (freeze, SIGKILL every process, thaw — v1 has no `cgroup.kill`) and removes it.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cgroups_rs::FreezerState;
+use cgroups_rs::fs::cpu::CpuController;
+use cgroups_rs::fs::cpuacct::CpuAcctController;
+use cgroups_rs::fs::freezer::FreezerController;
+use cgroups_rs::fs::memory::MemController;
+use cgroups_rs::fs::pid::PidController;
+use cgroups_rs::fs::{Cgroup, MaxValue, hierarchies};
+use serde::{Deserialize, Serialize};
+
+/// Controllers a task cgroup uses on cgroup v1.
+pub const V1_CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
+/// Controllers a task cgroup needs on cgroup v2 (the freezer is built in there).
+pub const V2_CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
+/// CFS period used with a CPU limit.
+const CPU_PERIOD_US: u64 = 100_000;
+/// Root of the unified hierarchy (cgroups-rs' v2 support is fixed to it).
+const UNIFIED_ROOT: &str = "/sys/fs/cgroup";
+
+/// Which cgroup hierarchy the machine uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Version {
+    /// One hierarchy per controller (`/sys/fs/cgroup/<controller>`).
+    V1,
+    /// The unified hierarchy at `/sys/fs/cgroup`.
+    V2,
+}
+
+impl Version {
+    /// What this machine has: v2 only when `/sys/fs/cgroup` itself is cgroup2 (a
+    /// hybrid host with a cgroup2 mount at `/sys/fs/cgroup/unified` is v1 for us: its
+    /// controllers are in the v1 hierarchies).
+    pub fn detect() -> Self {
+        if hierarchies::is_cgroup2_unified_mode() {
+            Version::V2
+        } else {
+            Version::V1
+        }
+    }
+
+    /// `v1` or `v2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Version::V1 => "v1",
+            Version::V2 => "v2",
+        }
+    }
+}
+
+/// Limits of one task.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    /// Hard memory limit in bytes; reaching it OOM-kills.
+    pub memory: Option<u64>,
+    /// Soft memory limit (reclaimed first under pressure).
+    pub memory_soft: Option<u64>,
+    /// Relative CPU weight, in cgroup v1 shares (2…262144).
+    pub cpu_shares: Option<u64>,
+    /// CPU time limit in cores (0.5: half a core).
+    pub cpu_cores: Option<f64>,
+    /// Most processes and threads at once.
+    pub pids: Option<u64>,
+}
+
+/// Resource usage read from a task cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    /// Memory charged, page cache included.
+    pub memory_usage: u64,
+    /// Anonymous memory.
+    pub rss: u64,
+    /// Page cache.
+    pub cache: u64,
+    /// CPU time in user mode.
+    pub cpu_user: Duration,
+    /// CPU time in kernel mode.
+    pub cpu_system: Duration,
+    /// All CPU time.
+    pub cpu_total: Duration,
+    /// Processes and threads.
+    pub pids: u64,
+}
+
+/// One task's cgroup.
+pub trait TaskCgroup: Send + Sync + std::fmt::Debug {
+    /// Its hierarchy.
+    fn version(&self) -> Version;
+    /// Its path below the hierarchy roots (`drover/web-1`).
+    fn path(&self) -> &str;
+    /// Create it with `limits`. On error nothing is left.
+    fn create(&self, limits: &Limits) -> Result<(), String>;
+    /// Whether it exists.
+    fn exists(&self) -> bool;
+    /// The files a single-threaded process writes `0` to, to join it (v1: each
+    /// hierarchy's `tasks`; v2: `cgroup.procs`).
+    fn procs_files(&self) -> Vec<PathBuf>;
+    /// The processes in it.
+    fn pids(&self) -> Vec<u32>;
+    /// Its resource usage.
+    fn usage(&self) -> Usage;
+    /// How many times the OOM killer killed a process in it.
+    fn oom_kills(&self) -> u64;
+    /// SIGKILL every process in it, such that none can escape by forking meanwhile.
+    fn kill_all(&self) -> Result<(), String>;
+    /// Remove it (it must be empty).
+    fn delete(&self) -> Result<(), String>;
+}
+
+/// The cgroup `<parent>/<task_id>` (parent like `/drover`).
+pub fn open(version: Version, parent: &str, task_id: &str) -> Box<dyn TaskCgroup> {
+    open_path(version, &format!("{}/{task_id}", parent.trim_matches('/')))
+}
+
+/// The cgroup at `path` below the hierarchy roots (as [`TaskCgroup::path`] gave it).
+pub fn open_path(version: Version, path: &str) -> Box<dyn TaskCgroup> {
+    let path = path.trim_matches('/').to_owned();
+    match version {
+        Version::V1 => Box::new(V1Cgroup::new(path)),
+        Version::V2 => Box::new(V2Cgroup::new(path)),
+    }
+}
+
+/// The v1 controllers that are not mounted (a task cgroup needs all of
+/// [`V1_CONTROLLERS`]), or on v2 those not offered by the root.
+pub fn missing_controllers(version: Version) -> Vec<&'static str> {
+    match version {
+        Version::V1 => {
+            let v1 = hierarchies::V1::new();
+            let mounted: Vec<String> = cgroups_rs::fs::Hierarchy::subsystems(&v1)
+                .iter()
+                .map(|s| s.controller_name())
+                .collect();
+            V1_CONTROLLERS
+                .into_iter()
+                .filter(|c| !mounted.iter().any(|m| m == c))
+                .collect()
+        }
+        Version::V2 => {
+            let offered = std::fs::read_to_string(format!("{UNIFIED_ROOT}/cgroup.controllers"))
+                .unwrap_or_default();
+            V2_CONTROLLERS
+                .into_iter()
+                .filter(|c| !offered.split_whitespace().any(|o| o == *c))
+                .collect()
+        }
+    }
+}
+
+fn err(path: &str, what: &str) -> impl Fn(cgroups_rs::fs::error::Error) -> String {
+    move |e| {
+        let cause = std::error::Error::source(&e)
+            .map(|s| format!(": {s}"))
+            .unwrap_or_default();
+        format!("cgroup {path}: cannot {what}: {e}{cause}")
+    }
+}
+
+fn cgroup_pids(cg: &Cgroup) -> Vec<u32> {
+    cg.procs()
+        .into_iter()
+        .filter_map(|p| u32::try_from(p.pid).ok())
+        .collect()
+}
+
+fn sigkill(pids: &[u32]) {
+    for &pid in pids {
+        if let Ok(pid) = i32::try_from(pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Freeze, SIGKILL all, thaw: a frozen process cannot fork, and the kill takes effect
+/// at the thaw.
+fn freeze_kill_thaw(freezer: &FreezerController, cg: &Cgroup, path: &str) -> Result<(), String> {
+    freezer.freeze().map_err(err(path, "freeze"))?;
+    // FREEZING until every task stopped; a task stuck in the kernel can hold it there,
+    // and it is killed at the thaw anyway.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !matches!(freezer.state(), Ok(FreezerState::Frozen)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    sigkill(&cgroup_pids(cg));
+    freezer.thaw().map_err(err(path, "thaw"))
+}
+
+/// cgroup v1: one directory per controller.
+#[derive(Debug)]
+struct V1Cgroup {
+    path: String,
+    cg: Cgroup,
+}
+
+impl V1Cgroup {
+    fn new(path: String) -> Self {
+        let cg = Cgroup::load_with_specified_controllers(
+            Box::new(hierarchies::V1::new()),
+            &path,
+            V1_CONTROLLERS.iter().map(|c| (*c).to_owned()).collect(),
+        );
+        V1Cgroup { path, cg }
+    }
+
+    fn apply(&self, l: &Limits) -> Result<(), String> {
+        let p = &self.path;
+        let missing = |c: &str| format!("cgroup {p}: the {c} controller is not mounted");
+        let mem: &MemController = self.cg.controller_of().ok_or_else(|| missing("memory"))?;
+        if let Some(bytes) = l.memory {
+            let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+            mem.set_limit(bytes)
+                .map_err(err(p, "set memory.limit_in_bytes"))?;
+            // With swap, memory+swap too: the task must be OOM-killed at the limit
+            // rather than swap. Without swap accounting the file does not exist.
+            if self.cg.subsystems().iter().any(|s| {
+                s.to_controller()
+                    .path()
+                    .join("memory.memsw.limit_in_bytes")
+                    .exists()
+            }) {
+                mem.set_memswap_limit(bytes)
+                    .map_err(err(p, "set memory.memsw.limit_in_bytes"))?;
+            }
+        }
+        if let Some(bytes) = l.memory_soft {
+            mem.set_soft_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
+                .map_err(err(p, "set memory.soft_limit_in_bytes"))?;
+        }
+        let cpu: &CpuController = self.cg.controller_of().ok_or_else(|| missing("cpu"))?;
+        if let Some(shares) = l.cpu_shares {
+            cpu.set_shares(shares.clamp(2, 262_144))
+                .map_err(err(p, "set cpu.shares"))?;
+        }
+        if let Some(cores) = l.cpu_cores {
+            cpu.set_cfs_period(CPU_PERIOD_US)
+                .map_err(err(p, "set cpu.cfs_period_us"))?;
+            cpu.set_cfs_quota(quota_us(cores))
+                .map_err(err(p, "set cpu.cfs_quota_us"))?;
+        }
+        if let Some(max) = l.pids {
+            let pids: &PidController = self.cg.controller_of().ok_or_else(|| missing("pids"))?;
+            pids.set_pid_max(MaxValue::Value(i64::try_from(max).unwrap_or(i64::MAX)))
+                .map_err(err(p, "set pids.max"))?;
+        }
+        Ok(())
+    }
+}
+
+fn quota_us(cores: f64) -> i64 {
+    // At least 1 ms per period: the kernel's minimum.
+    ((cores * CPU_PERIOD_US as f64).round() as i64).max(1000)
+}
+
+impl TaskCgroup for V1Cgroup {
+    fn version(&self) -> Version {
+        Version::V1
+    }
+
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn create(&self, limits: &Limits) -> Result<(), String> {
+        if self.cg.subsystems().len() < V1_CONTROLLERS.len() {
+            return Err(format!(
+                "cgroup {}: controllers {:?} are not all mounted",
+                self.path, V1_CONTROLLERS
+            ));
+        }
+        self.cg.create().map_err(err(&self.path, "create"))?;
+        self.apply(limits).inspect_err(|_| {
+            let _ = self.cg.delete();
+        })
+    }
+
+    fn exists(&self) -> bool {
+        self.cg.exists()
+    }
+
+    fn procs_files(&self) -> Vec<PathBuf> {
+        // `tasks`, not `cgroup.procs`: the task's init is single-threaded, so moving
+        // its one thread moves the process, and the kernel then skips the global
+        // threadgroup lock whose write side waits for an RCU grace period (10 ms and
+        // more on a busy machine, the bulk of an isolated start otherwise).
+        self.cg
+            .subsystems()
+            .iter()
+            .map(|s| s.to_controller().path().join("tasks"))
+            .collect()
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        cgroup_pids(&self.cg)
+    }
+
+    fn usage(&self) -> Usage {
+        let mut u = Usage::default();
+        if let Some(mem) = self.cg.controller_of::<MemController>() {
+            let m = mem.memory_stat();
+            u.memory_usage = m.usage_in_bytes;
+            u.rss = m.stat.total_rss;
+            u.cache = m.stat.total_cache;
+        }
+        if let Some(acct) = self.cg.controller_of::<CpuAcctController>() {
+            let a = acct.cpuacct();
+            u.cpu_total = Duration::from_nanos(a.usage);
+            u.cpu_user = Duration::from_nanos(a.usage_user);
+            u.cpu_system = Duration::from_nanos(a.usage_sys);
+        }
+        if let Some(pids) = self.cg.controller_of::<PidController>() {
+            u.pids = pids.get_pid_current().unwrap_or(0);
+        }
+        u
+    }
+
+    fn oom_kills(&self) -> u64 {
+        self.cg
+            .controller_of::<MemController>()
+            .map_or(0, |m| m.memory_stat().oom_control.oom_kill)
+    }
+
+    fn kill_all(&self) -> Result<(), String> {
+        match self.cg.controller_of::<FreezerController>() {
+            Some(f) => freeze_kill_thaw(f, &self.cg, &self.path),
+            None => {
+                sigkill(&self.pids());
+                Ok(())
+            }
+        }
+    }
+
+    fn delete(&self) -> Result<(), String> {
+        self.cg.delete().map_err(err(&self.path, "remove"))
+    }
+}
+
+/// cgroup v2: one directory in the unified hierarchy.
+#[derive(Debug)]
+struct V2Cgroup {
+    path: String,
+    cg: Cgroup,
+}
+
+impl V2Cgroup {
+    fn new(path: String) -> Self {
+        let cg = Cgroup::load_with_specified_controllers(
+            Box::new(hierarchies::V2::new()),
+            &path,
+            V2_CONTROLLERS.iter().map(|c| (*c).to_owned()).collect(),
+        );
+        V2Cgroup { path, cg }
+    }
+
+    fn dir(&self) -> PathBuf {
+        PathBuf::from(UNIFIED_ROOT).join(&self.path)
+    }
+
+    /// `key value` lines of a file in the cgroup.
+    fn keyed(&self, file: &str, key: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(self.dir().join(file)).ok()?;
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok()).flatten()
+        })
+    }
+
+    fn apply(&self, l: &Limits) -> Result<(), String> {
+        let p = &self.path;
+        let missing = |c: &str| format!("cgroup {p}: the {c} controller is not enabled");
+        let mem: &MemController = self.cg.controller_of().ok_or_else(|| missing("memory"))?;
+        if let Some(bytes) = l.memory {
+            mem.set_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
+                .map_err(err(p, "set memory.max"))?;
+            // No swapping past the limit either; absent without swap accounting.
+            if self.dir().join("memory.swap.max").exists() {
+                mem.set_memswap_limit(0)
+                    .map_err(err(p, "set memory.swap.max"))?;
+            }
+        }
+        if let Some(bytes) = l.memory_soft {
+            mem.set_soft_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
+                .map_err(err(p, "set memory.low"))?;
+        }
+        let cpu: &CpuController = self.cg.controller_of().ok_or_else(|| missing("cpu"))?;
+        if let Some(shares) = l.cpu_shares {
+            // The conversion runc and systemd use from v1 shares to a v2 weight.
+            let shares = shares.clamp(2, 262_144);
+            cpu.set_shares(1 + ((shares - 2) * 9999) / 262_142)
+                .map_err(err(p, "set cpu.weight"))?;
+        }
+        if let Some(cores) = l.cpu_cores {
+            cpu.set_cfs_quota_and_period(Some(quota_us(cores)), Some(CPU_PERIOD_US))
+                .map_err(err(p, "set cpu.max"))?;
+        }
+        if let Some(max) = l.pids {
+            let pids: &PidController = self.cg.controller_of().ok_or_else(|| missing("pids"))?;
+            pids.set_pid_max(MaxValue::Value(i64::try_from(max).unwrap_or(i64::MAX)))
+                .map_err(err(p, "set pids.max"))?;
+        }
+        Ok(())
+    }
+}
+
+impl TaskCgroup for V2Cgroup {
+    fn version(&self) -> Version {
+        Version::V2
+    }
+
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn create(&self, limits: &Limits) -> Result<(), String> {
+        self.cg.create().map_err(err(&self.path, "create"))?;
+        self.apply(limits).inspect_err(|_| {
+            let _ = self.cg.delete();
+        })
+    }
+
+    fn exists(&self) -> bool {
+        self.dir().is_dir()
+    }
+
+    fn procs_files(&self) -> Vec<PathBuf> {
+        vec![self.dir().join("cgroup.procs")]
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        cgroup_pids(&self.cg)
+    }
+
+    fn usage(&self) -> Usage {
+        let micros = |k: &str| Duration::from_micros(self.keyed("cpu.stat", k).unwrap_or(0));
+        let current = std::fs::read_to_string(self.dir().join("memory.current"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        Usage {
+            memory_usage: current,
+            rss: self.keyed("memory.stat", "anon").unwrap_or(0),
+            cache: self.keyed("memory.stat", "file").unwrap_or(0),
+            cpu_user: micros("user_usec"),
+            cpu_system: micros("system_usec"),
+            cpu_total: micros("usage_usec"),
+            pids: self
+                .cg
+                .controller_of::<PidController>()
+                .and_then(|p| p.get_pid_current().ok())
+                .unwrap_or(0),
+        }
+    }
+
+    fn oom_kills(&self) -> u64 {
+        self.keyed("memory.events", "oom_kill").unwrap_or(0)
+    }
+
+    fn kill_all(&self) -> Result<(), String> {
+        match self.cg.kill() {
+            Ok(()) => Ok(()),
+            // Kernels before 5.14 have no cgroup.kill: the freezer does it.
+            Err(_) => match self.cg.controller_of::<FreezerController>() {
+                Some(f) => freeze_kill_thaw(f, &self.cg, &self.path),
+                None => {
+                    sigkill(&self.pids());
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    fn delete(&self) -> Result<(), String> {
+        self.cg.delete().map_err(err(&self.path, "remove"))
+    }
+}
+
+/// Kill everything in `cg` and remove it, within `limit`. Blocking (a few
+/// milliseconds normally): call it from `spawn_blocking`.
+pub fn empty_and_remove(cg: &dyn TaskCgroup, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if !cg.exists() {
+            return Ok(());
+        }
+        let pids = cg.pids();
+        let last = Instant::now() >= deadline;
+        if pids.is_empty() {
+            match cg.delete() {
+                Ok(()) => return Ok(()),
+                Err(e) if last => return Err(e),
+                Err(_) => {}
+            }
+        } else if last {
+            return Err(format!(
+                "cgroup {} still holds processes {pids:?} after {limit:?} of SIGKILL",
+                cg.path()
+            ));
+        } else {
+            cg.kill_all()?;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_is_per_period_with_a_floor() {
+        assert_eq!(quota_us(0.5), 50_000);
+        assert_eq!(quota_us(2.0), 200_000);
+        assert_eq!(quota_us(0.001), 1000);
+    }
+
+    #[test]
+    fn paths_are_parent_and_id() {
+        let cg = open(Version::V1, "/drover/", "web-1");
+        assert_eq!(cg.path(), "drover/web-1");
+        let cg = open(Version::V2, "drover", "web-1");
+        assert_eq!(
+            cg.procs_files(),
+            [PathBuf::from("/sys/fs/cgroup/drover/web-1/cgroup.procs")]
+        );
+    }
+}

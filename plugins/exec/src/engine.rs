@@ -1,0 +1,917 @@
+//! The isolation engine shared by the exec and java drivers: [`IsolatedDriver`]
+//! implements the whole driver (cgroups, root, capabilities, user, executor,
+//! recovery, stats) and asks a [`Flavor`] only what differs — the task
+//! configuration and how it becomes a command line.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
+
+use drover_plugin_sdk::executor::{
+    self, Credentials, ExecutorHandle, ExitInfo, Isolation, LaunchSpec, Namespaces,
+};
+use drover_plugin_sdk::schemars::JsonSchema;
+use drover_plugin_sdk::serde::de::DeserializeOwned;
+use drover_plugin_sdk::{
+    AgentInfo, Capabilities, DriverError, DriverPlugin, ExitResult, Fingerprint, FsIsolation,
+    NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, parse_signal,
+};
+use tokio::sync::broadcast;
+
+use crate::caps::{self, CapSet};
+use crate::cgroup::{self, Limits, TaskCgroup, Version};
+use crate::config::{IsolationConfig, NetworkMode, PluginConfig};
+use crate::handle::{HandleState, Task};
+use crate::rootfs::{ChrootEnv, TaskRoot};
+use crate::store::Store;
+use crate::{probe, user};
+
+/// Version of the task handle's driver state.
+pub const HANDLE_VERSION: u32 = 1;
+/// `PATH` given to tasks whose environment does not set one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Default parent of task cgroups.
+pub const DEFAULT_CGROUP_PARENT: &str = "/drover";
+
+const SIGKILL: i32 = 9;
+/// How often a watcher retries an executor that is alive but out of reach.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
+/// How often the cgroup of a task without executor is checked for its end.
+const ORPHAN_POLL: Duration = Duration::from_millis(200);
+/// How long a recovery waits for a start of the same task that is in flight.
+const START_IN_FLIGHT: Duration = Duration::from_secs(30);
+/// Limit for emptying and removing a cgroup.
+const CGROUP_EMPTY: Duration = Duration::from_secs(10);
+
+/// A task's program and arguments, as paths inside its root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandLine {
+    /// Program: absolute, or found in the task's `PATH` (inside its root).
+    pub program: String,
+    /// Arguments.
+    pub args: Vec<String>,
+}
+
+/// What a flavor sees of a task being started.
+pub struct TaskContext<'a> {
+    /// The task.
+    pub spec: &'a TaskSpec,
+    /// Its root: check paths in it with [`TaskRoot::host_path`] and
+    /// [`TaskRoot::find_command`].
+    pub root: &'a TaskRoot,
+    /// Its working directory inside the root.
+    pub cwd: &'a Path,
+    /// Its `PATH`.
+    pub path: &'a str,
+}
+
+/// What makes a driver on [`IsolatedDriver`] what it is.
+pub trait Flavor: Send + Sync + 'static {
+    /// The task configuration. Derive `Deserialize` and `JsonSchema` with
+    /// `#[serde(deny_unknown_fields)]`.
+    type TaskConfig: DeserializeOwned + JsonSchema + Send + Sync;
+    /// The driver's name (`exec`, `java`).
+    const NAME: &'static str;
+    /// The plugin's version.
+    const VERSION: &'static str;
+
+    /// The isolation part of a task's configuration.
+    fn isolation(&self, config: &Self::TaskConfig) -> IsolationConfig;
+
+    /// The command line of a task. Check everything that can be checked against the
+    /// root here: an error refuses the start before anything exists.
+    fn command(
+        &self,
+        task: &TaskContext<'_>,
+        config: &Self::TaskConfig,
+    ) -> Result<CommandLine, DriverError>;
+
+    /// Host paths this flavor needs in every task's root besides the chroot list
+    /// (skipped when missing). Default: none.
+    fn chroot_extra(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
+
+    /// The fingerprint, given the isolation's (healthy only if isolation works).
+    /// Default: that one.
+    fn fingerprint(&self, isolation: Fingerprint) -> impl Future<Output = Fingerprint> + Send {
+        async { isolation }
+    }
+}
+
+/// Settings from `SetConfig`.
+struct Settings {
+    state_dir: PathBuf,
+    allow: CapSet,
+    chroot: ChrootEnv,
+    cgroup_parent: String,
+    version: Version,
+}
+
+/// A task driver that contains every task: mount, pid, ipc and uts namespaces
+/// (network optional), a chroot built from a list of host paths, a cgroup with
+/// memory, CPU and pids limits, a bounded capability set, `no_new_privs`, a non-root
+/// user and rlimits. Each task is owned by an executor process, so it outlives the
+/// plugin; its cgroup outlives even the executor, so DestroyTask always kills all of
+/// it.
+pub struct IsolatedDriver<F: Flavor> {
+    flavor: F,
+    store: Store,
+    events: broadcast::Sender<TaskEvent>,
+    settings: RwLock<Arc<Settings>>,
+}
+
+fn send_event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
+    tracing::info!(task = task_id, "{message}");
+    let _ = events.send(TaskEvent {
+        task_id: task_id.to_owned(),
+        timestamp: SystemTime::now(),
+        message,
+        annotations: BTreeMap::new(),
+    });
+}
+
+/// `SIGTERM` for 15.
+fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
+}
+
+/// Record how `task` ended (with the OOM flag from its cgroup) and tell subscribers,
+/// once.
+fn record_exit(events: &broadcast::Sender<TaskEvent>, task: &Task, exit: ExitInfo) {
+    let mut result = exit.result;
+    result.oom_killed = task.cgroup.oom_kills() > 0;
+    let oom = if result.oom_killed {
+        " (killed by the OOM killer at the memory limit)"
+    } else {
+        ""
+    };
+    let message = match (result.signal, &result.err) {
+        (_, Some(e)) => format!("task exited: {e}{oom}"),
+        (0, None) => format!("task exited: code {}{oom}", result.exit_code),
+        (sig, None) => format!("task exited: signal {sig}{oom}"),
+    };
+    if task.finish(result, exit.exited_at) {
+        if exit.killed_after_timeout {
+            let after = task
+                .stop_timeout
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .map_or_else(|| "the stop timeout".to_owned(), |t| format!("{t:?}"));
+            send_event(
+                events,
+                &task.id,
+                format!("sent SIGKILL: still running after {after}"),
+            );
+        }
+        send_event(events, &task.id, message);
+    }
+}
+
+fn unknown_exit(why: String) -> ExitInfo {
+    ExitInfo {
+        result: ExitResult {
+            err: Some(why),
+            ..Default::default()
+        },
+        exited_at: SystemTime::now(),
+        killed_after_timeout: false,
+    }
+}
+
+/// Run blocking cgroup work off the runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, DriverError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DriverError::Internal(format!("cgroup work failed: {e}")))
+}
+
+/// Kill everything in `cg` and remove it.
+async fn remove_cgroup(cg: Arc<dyn TaskCgroup>) -> Result<(), DriverError> {
+    blocking(move || cgroup::empty_and_remove(&*cg, CGROUP_EMPTY))
+        .await?
+        .map_err(DriverError::Internal)
+}
+
+/// The task's environment: a default `PATH` under the spec's variables, and the
+/// agent's `DROVER_*` directory variables rewritten to where those directories are
+/// inside the task's root (the task directory is `/` there).
+fn task_env(spec: &TaskSpec) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".to_owned(), DEFAULT_PATH.to_owned());
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if !spec.task_dir.as_os_str().is_empty() {
+        for (k, v) in &mut env {
+            if k.starts_with("DROVER_")
+                && let Ok(rest) = Path::new(v.as_str()).strip_prefix(&spec.task_dir)
+            {
+                *v = Path::new("/").join(rest).display().to_string();
+            }
+        }
+    }
+    env
+}
+
+/// `local/`, `secrets/` (0700) and `tmp/` exist and belong to the task's user, who
+/// must be able to write its own directories.
+fn prepare_task_dir(dir: &Path, creds: &Credentials) -> Result<(), DriverError> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    for (sub, mode) in [("local", 0o755), ("secrets", 0o700), ("tmp", 0o1777)] {
+        let path = dir.join(sub);
+        let io = |what: &str, e: std::io::Error| {
+            DriverError::Internal(format!("cannot {what} {}: {e}", path.display()))
+        };
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(&path)
+        {
+            Ok(()) => {}
+            Err(e) => return Err(io("create", e)),
+        }
+        if sub == "tmp" {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| io("set the mode of", e))?;
+        }
+        std::os::unix::fs::chown(&path, Some(creds.uid), Some(creds.gid))
+            .map_err(|e| io("give the task's user", e))?;
+    }
+    Ok(())
+}
+
+fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Limits {
+    let mib = |m: i64| u64::try_from(m).ok().filter(|m| *m > 0).map(|m| m << 20);
+    let (max, reserved) = (
+        mib(spec.resources.memory_max_mb),
+        mib(spec.resources.memory_mb),
+    );
+    Limits {
+        memory: max.or(reserved),
+        memory_soft: max.and(reserved).filter(|r| Some(*r) < max),
+        cpu_shares: u64::try_from(spec.resources.cpu_shares)
+            .ok()
+            .filter(|s| *s > 0),
+        cpu_cores: iso.cpu_limit,
+        pids: iso.pids_limit,
+    }
+}
+
+impl<F: Flavor + Default> IsolatedDriver<F> {
+    /// A driver of the default flavor, with no tasks.
+    pub fn new() -> Self {
+        Self::with_flavor(F::default())
+    }
+}
+
+impl<F: Flavor + Default> Default for IsolatedDriver<F> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<F: Flavor> IsolatedDriver<F> {
+    /// A driver of flavor `flavor`, with no tasks and the default settings until
+    /// `SetConfig`.
+    pub fn with_flavor(flavor: F) -> Self {
+        IsolatedDriver {
+            flavor,
+            store: Store::default(),
+            events: broadcast::channel(256).0,
+            settings: RwLock::new(Arc::new(Settings {
+                state_dir: executor::state_dir(Path::new(""), F::NAME),
+                allow: caps::default_set(),
+                chroot: ChrootEnv::default_list(),
+                cgroup_parent: DEFAULT_CGROUP_PARENT.to_owned(),
+                version: Version::detect(),
+            })),
+        }
+    }
+
+    /// The flavor.
+    pub fn flavor(&self) -> &F {
+        &self.flavor
+    }
+
+    fn settings(&self) -> Arc<Settings> {
+        self.settings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn event(&self, task_id: &str, message: String) {
+        send_event(&self.events, task_id, message);
+    }
+
+    /// Follow `task` until it exits: a `wait` on its executor, or, without a live
+    /// executor, its cgroup until it is empty.
+    fn watch(&self, task: Arc<Task>) {
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            if let Some(exec) = &task.exec {
+                let mut warned = false;
+                loop {
+                    let error = match exec.wait().await {
+                        Ok(exit) => return record_exit(&events, &task, exit),
+                        Err(e) => e,
+                    };
+                    if !task.running() {
+                        return;
+                    }
+                    if !exec.executor_alive() {
+                        send_event(
+                            &events,
+                            &task.id,
+                            format!(
+                                "lost the task's executor (pid {}): {error}; following the task \
+                                 through its cgroup {}",
+                                task.state.executor_pid, task.state.cgroup_path
+                            ),
+                        );
+                        break;
+                    }
+                    if !warned {
+                        send_event(
+                            &events,
+                            &task.id,
+                            format!("cannot reach the task's executor, retrying: {error}"),
+                        );
+                        warned = true;
+                    }
+                    tokio::time::sleep(WATCH_RETRY).await;
+                }
+            }
+            // No executor: the task ends when its cgroup is empty; how, nobody knows.
+            while task.running() {
+                let cg = task.cgroup.clone();
+                let empty = blocking(move || cg.pids().is_empty())
+                    .await
+                    .unwrap_or(false);
+                if empty {
+                    let exit = unknown_exit(format!(
+                        "the task's executor (pid {}) died before it, so its exit status is \
+                         unknown; its cgroup {} is empty now",
+                        task.state.executor_pid, task.state.cgroup_path
+                    ));
+                    return record_exit(&events, &task, exit);
+                }
+                tokio::time::sleep(ORPHAN_POLL).await;
+            }
+        });
+    }
+
+    /// Stop a task whose executor is gone: the signal to its init (which forwards it)
+    /// or to every process, then SIGKILL to the whole cgroup after `timeout`.
+    async fn stop_orphan(&self, task: &Task, sig: i32, timeout: Duration) -> ExitInfo {
+        let cg = task.cgroup.clone();
+        let init = task.state.pid;
+        let pids = blocking(move || cg.pids()).await.unwrap_or_default();
+        let targets = if init != 0 && pids.contains(&init) {
+            vec![init]
+        } else {
+            pids
+        };
+        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
+            for pid in targets {
+                if let Ok(pid) = i32::try_from(pid) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut escalated = false;
+        loop {
+            let cg = task.cgroup.clone();
+            if blocking(move || cg.pids().is_empty())
+                .await
+                .unwrap_or(false)
+            {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline && !escalated {
+                escalated = true;
+                let cg = task.cgroup.clone();
+                let _ = blocking(move || cg.kill_all()).await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        ExitInfo {
+            killed_after_timeout: escalated,
+            ..unknown_exit(format!(
+                "stopped without its executor (pid {}), so its exit status is unknown",
+                task.state.executor_pid
+            ))
+        }
+    }
+
+    /// Start `spec` with `cmd`, contained as `iso` says.
+    async fn start(
+        &self,
+        spec: TaskSpec,
+        iso: IsolationConfig,
+        config: &F::TaskConfig,
+    ) -> Result<TaskHandle, DriverError> {
+        let settings = self.settings();
+        iso.validate()?;
+        let capabilities = caps::task_caps(settings.allow, &iso.cap_add, &iso.cap_drop)?;
+        let rlimits = iso.rlimits()?;
+        let name = iso
+            .user
+            .as_deref()
+            .or((!spec.user.is_empty()).then_some(spec.user.as_str()))
+            .unwrap_or(user::DEFAULT_USER);
+        let creds = user::resolve(name)?;
+        if spec.task_dir.as_os_str().is_empty() {
+            return Err(DriverError::InvalidConfig(format!(
+                "{} builds each task's root in its task directory, and this task has none",
+                F::NAME
+            )));
+        }
+        let root = TaskRoot::build(&settings.chroot, &spec.task_dir)?;
+        let env = task_env(&spec);
+        let cwd = PathBuf::from(iso.cwd.as_deref().unwrap_or("/"));
+        let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let cmd = self.flavor.command(
+            &TaskContext {
+                spec: &spec,
+                root: &root,
+                cwd: &cwd,
+                path,
+            },
+            config,
+        )?;
+        let reservation = self.store.reserve(&spec.id)?;
+        prepare_task_dir(&spec.task_dir, &creds)?;
+
+        let exec_dir = executor::task_dir(&settings.state_dir, &spec.id);
+        let cg: Arc<dyn TaskCgroup> = Arc::from(cgroup::open(
+            settings.version,
+            &settings.cgroup_parent,
+            &spec.id,
+        ));
+        if cg.exists() {
+            if let Ok(h) = ExecutorHandle::connect(&exec_dir).await
+                && h.info().running()
+            {
+                return Err(DriverError::AlreadyExists(format!(
+                    "task {} is running already (executor pid {}); recover it instead",
+                    spec.id,
+                    h.info().executor_pid
+                )));
+            }
+            // Left by an earlier run of this id whose executor is gone.
+            remove_cgroup(cg.clone()).await?;
+            self.event(
+                &spec.id,
+                format!(
+                    "removed the leftover cgroup {} of an earlier run",
+                    cg.path()
+                ),
+            );
+        }
+        let lim = limits(&spec, &iso);
+        let created = cg.clone();
+        blocking(move || created.create(&lim))
+            .await?
+            .map_err(DriverError::Internal)?;
+
+        let mut isolation = Isolation::default();
+        isolation.cgroup_procs = cg.procs_files();
+        isolation.namespaces = Namespaces {
+            mount: true,
+            pid: true,
+            ipc: true,
+            uts: true,
+            net: iso.network_mode == NetworkMode::None,
+        };
+        isolation.hostname = iso.hostname.clone();
+        isolation.mounts = root.mounts();
+        isolation.rlimits = rlimits;
+        isolation.credentials = Some(creds);
+        isolation.capabilities = Some(capabilities);
+        isolation.no_new_privs = true;
+        let mut how = LaunchSpec::new(spec.id.clone(), cmd.program);
+        how.args = cmd.args;
+        how.env = env;
+        how.cwd = cwd;
+        how.stdout_path = spec.stdout_path.clone();
+        how.stderr_path = spec.stderr_path.clone();
+        how.logs = spec.logs;
+        how.isolation = Some(isolation);
+        let exec = match executor::launch(&settings.state_dir, &how).await {
+            Ok(exec) => exec,
+            Err(e) => {
+                if !matches!(e, DriverError::AlreadyExists(_))
+                    && let Err(ce) = remove_cgroup(cg.clone()).await
+                {
+                    tracing::warn!(task = %spec.id, "cannot remove the cgroup of a failed start: {ce}");
+                }
+                return Err(e);
+            }
+        };
+        let info = exec.info().clone();
+        let state = HandleState {
+            executor_dir: exec.dir().to_owned(),
+            pid: info.pid,
+            start_time: info.start_time,
+            executor_pid: info.executor_pid,
+            cgroup_version: cg.version(),
+            cgroup_path: cg.path().to_owned(),
+        };
+        let task = Arc::new(Task::new(
+            spec.id.clone(),
+            spec.name.clone(),
+            Some(exec),
+            state.clone(),
+            cg,
+        ));
+        reservation.commit(task.clone());
+        self.watch(task);
+        self.event(
+            &spec.id,
+            format!(
+                "task started (init pid {}, cgroup {}, user {name})",
+                state.pid, state.cgroup_path
+            ),
+        );
+        TaskHandle::new(spec, HANDLE_VERSION, &state)
+    }
+
+    /// Destroy what is left of a task this plugin process does not track: its
+    /// executor (found by id) and its cgroup.
+    async fn destroy_unknown(&self, task_id: &str) -> Result<(), DriverError> {
+        let settings = self.settings();
+        let dir = executor::task_dir(&settings.state_dir, task_id);
+        let cg: Arc<dyn TaskCgroup> = Arc::from(cgroup::open(
+            settings.version,
+            &settings.cgroup_parent,
+            task_id,
+        ));
+        let mut found = false;
+        if dir.exists() {
+            found = true;
+            match ExecutorHandle::connect(&dir).await {
+                Ok(exec) => exec.destroy().await?,
+                Err(_) => {
+                    if let Err(e) = std::fs::remove_dir_all(&dir)
+                        && e.kind() != std::io::ErrorKind::NotFound
+                    {
+                        return Err(DriverError::Internal(format!(
+                            "cannot remove {}: {e}",
+                            dir.display()
+                        )));
+                    }
+                }
+            }
+        }
+        if cg.exists() {
+            found = true;
+            remove_cgroup(cg).await?;
+        }
+        if found {
+            self.event(task_id, "destroyed what was left of the task".into());
+            Ok(())
+        } else {
+            Err(DriverError::NotFound(format!("task {task_id}")))
+        }
+    }
+
+    /// The executor directory and cgroup a recovery handle points at; from the id
+    /// alone when the host never got the handle.
+    fn recovery_state(&self, handle: &TaskHandle) -> Result<HandleState, DriverError> {
+        let id = &handle.spec.id;
+        if handle.driver_state.is_empty() {
+            let s = self.settings();
+            let cg = cgroup::open(s.version, &s.cgroup_parent, id);
+            return Ok(HandleState {
+                executor_dir: executor::task_dir(&s.state_dir, id),
+                pid: 0,
+                start_time: 0,
+                executor_pid: 0,
+                cgroup_version: cg.version(),
+                cgroup_path: cg.path().to_owned(),
+            });
+        }
+        match handle.version {
+            HANDLE_VERSION => handle.decode_state::<HandleState>(HANDLE_VERSION),
+            v => Err(DriverError::InvalidConfig(format!(
+                "task {id} has a handle of version {v}; this {} ({}) knows version \
+                 {HANDLE_VERSION}",
+                F::NAME,
+                F::VERSION
+            ))),
+        }
+    }
+}
+
+impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
+    type Config = PluginConfig;
+    type TaskConfig = F::TaskConfig;
+
+    fn info(&self) -> PluginInfo {
+        PluginInfo::new(F::NAME, F::VERSION)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            send_signals: true,
+            // Not yet: a command would have to join the task's namespaces and cgroup.
+            exec: false,
+            fs_isolation: FsIsolation::Chroot,
+            task_stats: true,
+            task_events: true,
+            recover: true,
+            network_modes: NetworkModes {
+                host: true,
+                none: true,
+                bridge: false,
+            },
+        }
+    }
+
+    async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
+        let allow = match &config.allow_caps {
+            Some(list) => caps::parse_list("allow_caps", list)?,
+            None => caps::default_set(),
+        };
+        let chroot = match &config.chroot_env {
+            Some(map) => ChrootEnv::from_config(map)?,
+            None => ChrootEnv::default_list(),
+        }
+        .with(self.flavor.chroot_extra());
+        let cgroup_parent = config
+            .cgroup_parent
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CGROUP_PARENT.to_owned());
+        let plain = |c: std::path::Component<'_>| matches!(c, std::path::Component::Normal(_));
+        let p = Path::new(&cgroup_parent);
+        if !p.is_absolute() || p.components().count() < 2 || !p.components().skip(1).all(plain) {
+            return Err(DriverError::InvalidConfig(format!(
+                "cgroup_parent {cgroup_parent:?} must be an absolute path below the cgroup \
+                 root, like /drover"
+            )));
+        }
+        let state_dir = executor::state_dir(&agent.plugin_state_dir, F::NAME);
+        executor::prepare_state_dir(&state_dir)?;
+        *self
+            .settings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(Settings {
+            state_dir,
+            allow,
+            chroot,
+            cgroup_parent,
+            version: Version::detect(),
+        });
+        Ok(())
+    }
+
+    async fn fingerprint(&self) -> Fingerprint {
+        let parent = self.settings().cgroup_parent.clone();
+        let fp = match blocking(move || probe::isolation(F::NAME, &parent)).await {
+            Ok((fp, _)) => fp,
+            Err(e) => Fingerprint::not_ready(drover_plugin_sdk::Health::Unhealthy, e.to_string()),
+        };
+        let fp = fp.attribute(format!("driver.{}.version", F::NAME), F::VERSION);
+        self.flavor.fingerprint(fp).await
+    }
+
+    async fn start_task(
+        &self,
+        spec: TaskSpec,
+        config: F::TaskConfig,
+    ) -> Result<TaskHandle, DriverError> {
+        let iso = self.flavor.isolation(&config);
+        self.start(spec, iso, &config).await
+    }
+
+    async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
+        Ok(self.store.get(task_id)?.wait().await)
+    }
+
+    async fn stop_task(
+        &self,
+        task_id: &str,
+        timeout: Duration,
+        signal: &str,
+    ) -> Result<(), DriverError> {
+        let sig = parse_signal(signal)?;
+        let task = self.store.get(task_id)?;
+        if !task.running() {
+            return Ok(());
+        }
+        *task
+            .stop_timeout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(timeout);
+        self.event(task_id, format!("sent {}", signal_name(sig)));
+        let exit = match &task.exec {
+            Some(exec) if exec.executor_alive() => exec.stop(sig, timeout).await?,
+            _ => self.stop_orphan(&task, sig, timeout).await,
+        };
+        record_exit(&self.events, &task, exit);
+        Ok(())
+    }
+
+    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
+        let sig = parse_signal(signal)?;
+        let task = self.store.get(task_id)?;
+        if !task.running() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} has exited"
+            )));
+        }
+        match &task.exec {
+            // To the init's group: the init forwards it to the task's.
+            Some(exec) if exec.executor_alive() => exec.signal(sig).await?,
+            _ => {
+                let pid = i32::try_from(task.state.pid)
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| {
+                        DriverError::FailedPrecondition(format!(
+                            "task {task_id} has no executor and no known init process to signal"
+                        ))
+                    })?;
+                let s = nix::sys::signal::Signal::try_from(sig)
+                    .map_err(|_| DriverError::InvalidConfig(format!("unknown signal {sig}")))?;
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s).map_err(|e| {
+                    DriverError::FailedPrecondition(format!("cannot signal init {pid}: {e}"))
+                })?;
+            }
+        }
+        self.event(task_id, format!("sent {}", signal_name(sig)));
+        Ok(())
+    }
+
+    async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
+        let task = match self.store.get(task_id) {
+            Ok(t) => t,
+            Err(DriverError::NotFound(_)) if force => return self.destroy_unknown(task_id).await,
+            Err(e) => return Err(e),
+        };
+        if task.running() && !force {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} is still running; stop it first or destroy it with force"
+            )));
+        }
+        if let Some(exec) = &task.exec {
+            // Kills the init's group if it still runs (with it the whole pid
+            // namespace), and removes the executor's directory. An executor that died
+            // meanwhile leaves the cgroup to do it.
+            if let Err(e) = exec.destroy().await {
+                tracing::warn!(
+                    task = task_id,
+                    "executor destroy failed, using the cgroup: {e}"
+                );
+            }
+        }
+        remove_cgroup(task.cgroup.clone()).await?;
+        let dir = &task.state.executor_dir;
+        if let Err(e) = std::fs::remove_dir_all(dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(DriverError::Internal(format!(
+                "cannot remove {}: {e}",
+                dir.display()
+            )));
+        }
+        if task.running() {
+            record_exit(
+                &self.events,
+                &task,
+                ExitInfo {
+                    result: ExitResult::signaled(SIGKILL),
+                    exited_at: SystemTime::now(),
+                    killed_after_timeout: false,
+                },
+            );
+        }
+        self.store.remove(task_id);
+        Ok(())
+    }
+
+    async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
+        Ok(self.store.get(task_id)?.status())
+    }
+
+    async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        let id = handle.spec.id.clone();
+        let deadline = tokio::time::Instant::now() + START_IN_FLIGHT;
+        while self.store.starting(&id) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if self.store.get(&id).is_ok() {
+            return Ok(());
+        }
+        let mut state = self.recovery_state(&handle)?;
+        let reservation = self.store.reserve(&id)?;
+        let cg: Arc<dyn TaskCgroup> =
+            Arc::from(cgroup::open_path(state.cgroup_version, &state.cgroup_path));
+        let (exec, message) = match ExecutorHandle::connect(&state.executor_dir).await {
+            Ok(exec) => {
+                let info = exec.info();
+                if info.task_id != id {
+                    return Err(DriverError::InvalidConfig(format!(
+                        "the executor in {} runs task {:?}, not {id:?}",
+                        state.executor_dir.display(),
+                        info.task_id
+                    )));
+                }
+                state.pid = info.pid;
+                state.executor_pid = info.executor_pid;
+                state.start_time = info.start_time;
+                let message = if info.running() {
+                    format!("task recovered (init pid {})", info.pid)
+                } else {
+                    format!(
+                        "task recovered (init pid {}); it had exited meanwhile",
+                        info.pid
+                    )
+                };
+                (Some(exec), message)
+            }
+            Err(DriverError::NotFound(why)) => {
+                let probe = cg.clone();
+                let (exists, pids) = blocking(move || (probe.exists(), probe.pids())).await?;
+                if handle.driver_state.is_empty() && !exists {
+                    // A probe by id: this task was never started here.
+                    return Err(DriverError::NotFound(why));
+                }
+                let message = if pids.is_empty() {
+                    format!("task recovered without its executor ({why}); it is gone")
+                } else {
+                    format!(
+                        "task recovered without its executor ({why}); its processes {pids:?} \
+                         are followed through cgroup {}",
+                        state.cgroup_path
+                    )
+                };
+                (None, message)
+            }
+            Err(e) => return Err(e),
+        };
+        let task = Arc::new(Task::new(
+            id.clone(),
+            handle.spec.name.clone(),
+            exec,
+            state,
+            cg,
+        ));
+        reservation.commit(task.clone());
+        self.watch(task);
+        self.event(&id, message);
+        Ok(())
+    }
+
+    async fn task_stats(&self, task_id: &str) -> Result<TaskStats, DriverError> {
+        let task = self.store.get(task_id)?;
+        blocking(move || task.stats()).await?
+    }
+
+    fn task_events(&self) -> Option<broadcast::Receiver<TaskEvent>> {
+        Some(self.events.subscribe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drover_dirs_point_inside_the_root() {
+        let mut spec = TaskSpec {
+            task_dir: "/data/alloc/t1".into(),
+            ..Default::default()
+        };
+        for (k, v) in [
+            ("DROVER_TASK_DIR", "/data/alloc/t1"),
+            ("DROVER_LOCAL_DIR", "/data/alloc/t1/local"),
+            ("OTHER", "/data/alloc/t1/local"),
+        ] {
+            spec.env.insert(k.into(), v.into());
+        }
+        let env = task_env(&spec);
+        assert_eq!(env["DROVER_TASK_DIR"], "/");
+        assert_eq!(env["DROVER_LOCAL_DIR"], "/local");
+        assert_eq!(env["OTHER"], "/data/alloc/t1/local");
+        assert_eq!(env["PATH"], DEFAULT_PATH);
+    }
+
+    #[test]
+    fn memory_limits_from_resources() {
+        let mut spec = TaskSpec::default();
+        let iso = IsolationConfig::default();
+        assert_eq!(limits(&spec, &iso), Limits::default());
+        spec.resources.memory_mb = 64;
+        assert_eq!(limits(&spec, &iso).memory, Some(64 << 20));
+        spec.resources.memory_max_mb = 128;
+        let l = limits(&spec, &iso);
+        assert_eq!((l.memory, l.memory_soft), (Some(128 << 20), Some(64 << 20)));
+    }
+}

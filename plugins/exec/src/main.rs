@@ -1,0 +1,3 @@
+fn main() {
+    drover_plugin_sdk::serve(drover_driver_exec::ExecDriver::new())
+}

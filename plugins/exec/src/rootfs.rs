@@ -1,0 +1,334 @@
+//! A task's root: the host paths of the chroot list (read-only), the task
+//! directory's `local/`, `secrets/` and `tmp/` (writable), a fresh `/proc` and a
+//! minimal `/dev`. Also where a path inside the root lives on the host, so that a
+//! missing command or jar is refused before anything starts.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Component, Path, PathBuf};
+
+use drover_plugin_sdk::DriverError;
+use drover_plugin_sdk::executor::{Mount, MountKind};
+
+/// Host paths bound into every task's root when the plugin config has no
+/// `chroot_env`; missing ones are skipped. Like Nomad's default `chroot_env`, but
+/// only the files of `/etc` that programs need to start and resolve names, rather
+/// than all of it.
+pub const DEFAULT_CHROOT: [&str; 21] = [
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr",
+    "/etc/alternatives",
+    "/etc/ca-certificates",
+    "/etc/group",
+    "/etc/host.conf",
+    "/etc/hosts",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/resolv.conf",
+    "/etc/ssl",
+    "/run/resolvconf",
+];
+
+/// Paths of the root the driver fills itself.
+const RESERVED: [&str; 5] = ["/proc", "/dev", "/local", "/secrets", "/tmp"];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    host: PathBuf,
+    inside: PathBuf,
+    /// Skipped when missing on the host (defaults); else a missing one is an error.
+    optional: bool,
+}
+
+/// The host paths that go into every task's root.
+///
+/// ```
+/// use drover_driver_exec::rootfs::ChrootEnv;
+/// let env = ChrootEnv::default_list();
+/// assert!(env.paths().iter().any(|(h, _)| h == std::path::Path::new("/usr")));
+/// let map = [("/opt/tools".to_owned(), "/tools".to_owned())].into_iter().collect();
+/// assert!(ChrootEnv::from_config(&map).is_ok());
+/// let bad = [("/opt".to_owned(), "/proc".to_owned())].into_iter().collect();
+/// assert!(ChrootEnv::from_config(&bad).unwrap_err().to_string().contains("/proc"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChrootEnv {
+    entries: Vec<Entry>,
+}
+
+fn is_plain_absolute(p: &Path) -> bool {
+    p.is_absolute()
+        && p.components().count() >= 2
+        && p.components()
+            .skip(1)
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+impl ChrootEnv {
+    /// [`DEFAULT_CHROOT`], each at the same path inside.
+    pub fn default_list() -> Self {
+        ChrootEnv {
+            entries: DEFAULT_CHROOT
+                .iter()
+                .map(|p| Entry {
+                    host: p.into(),
+                    inside: p.into(),
+                    optional: true,
+                })
+                .collect(),
+        }
+    }
+
+    /// The plugin config's `chroot_env` (host path → path inside), checked.
+    pub fn from_config(map: &BTreeMap<String, String>) -> Result<Self, DriverError> {
+        let mut entries = Vec::new();
+        for (host, inside) in map {
+            let (h, i) = (PathBuf::from(host), PathBuf::from(inside));
+            if !is_plain_absolute(&h) || !is_plain_absolute(&i) {
+                return Err(DriverError::InvalidConfig(format!(
+                    "chroot_env: {host:?} = {inside:?}: both must be absolute paths below / \
+                     without `..`"
+                )));
+            }
+            if let Some(r) = RESERVED.iter().find(|r| i.starts_with(r)) {
+                return Err(DriverError::InvalidConfig(format!(
+                    "chroot_env: {inside:?} is inside {r}, which the driver provides itself"
+                )));
+            }
+            entries.push(Entry {
+                host: h,
+                inside: i,
+                optional: false,
+            });
+        }
+        Ok(ChrootEnv { entries })
+    }
+
+    /// Add host paths a driver needs (the JVM for java), skipped when missing.
+    pub fn with(mut self, extra: impl IntoIterator<Item = PathBuf>) -> Self {
+        for p in extra {
+            // Already visible through an entry that holds it (`/usr` holds `/usr/lib/jvm`).
+            if !self.entries.iter().any(|e| p.starts_with(&e.inside)) {
+                self.entries.push(Entry {
+                    host: p.clone(),
+                    inside: p,
+                    optional: true,
+                });
+            }
+        }
+        self
+    }
+
+    /// (host path, path inside) of every entry.
+    pub fn paths(&self) -> Vec<(PathBuf, PathBuf)> {
+        self.entries
+            .iter()
+            .map(|e| (e.host.clone(), e.inside.clone()))
+            .collect()
+    }
+}
+
+/// The root of one task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRoot {
+    mounts: Vec<Mount>,
+}
+
+impl TaskRoot {
+    /// The root of a task whose directory is `task_dir` (with `local/`, `secrets/`,
+    /// `tmp/`), from `env`. A required `chroot_env` entry that is missing is an error
+    /// naming it.
+    pub fn build(env: &ChrootEnv, task_dir: &Path) -> Result<Self, DriverError> {
+        let mut mounts = Vec::new();
+        for e in &env.entries {
+            if std::fs::symlink_metadata(&e.host).is_err() {
+                if e.optional {
+                    continue;
+                }
+                return Err(DriverError::InvalidConfig(format!(
+                    "chroot_env: host path {} does not exist",
+                    e.host.display()
+                )));
+            }
+            mounts.push(Mount::bind(&e.host, &e.inside, true));
+        }
+        for sub in ["local", "secrets", "tmp"] {
+            mounts.push(Mount::bind(task_dir.join(sub), format!("/{sub}"), false));
+        }
+        mounts.push(Mount::proc("/proc"));
+        mounts.push(Mount::dev("/dev"));
+        // Parents before children (`/etc` entries after nothing, `/usr` before
+        // `/usr/lib/jvm`): a mount must not hide one made earlier.
+        mounts.sort_by_key(|m| m.target.components().count());
+        Ok(TaskRoot { mounts })
+    }
+
+    /// The mounts for the executor.
+    pub fn mounts(&self) -> Vec<Mount> {
+        self.mounts.clone()
+    }
+
+    /// Where `inside` (an absolute path in the task's root) is on the host, if it is
+    /// visible in the root at all.
+    ///
+    /// ```
+    /// use drover_driver_exec::rootfs::{ChrootEnv, TaskRoot};
+    /// use std::path::Path;
+    /// let root = TaskRoot::build(&ChrootEnv::default_list(), Path::new("/srv/t1")).unwrap();
+    /// assert_eq!(root.host_path(Path::new("/local/app.jar")).unwrap(), Path::new("/srv/t1/local/app.jar"));
+    /// assert_eq!(root.host_path(Path::new("/root/secret")), None);
+    /// ```
+    pub fn host_path(&self, inside: &Path) -> Option<PathBuf> {
+        self.mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::Bind && inside.starts_with(&m.target))
+            .max_by_key(|m| m.target.components().count())
+            .and_then(|m| {
+                let rest = inside.strip_prefix(&m.target).ok()?;
+                Some(if rest.as_os_str().is_empty() {
+                    m.source.clone()
+                } else {
+                    m.source.join(rest)
+                })
+            })
+    }
+
+    /// Check that `command` can be run in the root: an absolute path, one relative to
+    /// `cwd`, or a name found in `path` (the task's `PATH`). Returns its path inside.
+    pub fn find_command(
+        &self,
+        command: &str,
+        cwd: &Path,
+        path: &str,
+    ) -> Result<PathBuf, DriverError> {
+        let invalid = |m: String| DriverError::InvalidConfig(m);
+        if command.contains('/') {
+            let inside = if command.starts_with('/') {
+                PathBuf::from(command)
+            } else {
+                cwd.join(command)
+            };
+            let host = self.host_path(&inside).ok_or_else(|| {
+                invalid(format!(
+                    "command {command:?} is not inside the task's root: {} is under no \
+                     chroot_env entry and not in local/, secrets/ or tmp/",
+                    inside.display()
+                ))
+            })?;
+            return match executable(&host) {
+                Ok(()) => Ok(inside),
+                Err(why) => Err(invalid(format!(
+                    "command {command:?} ({} on the host) {why}",
+                    host.display()
+                ))),
+            };
+        }
+        for dir in path.split(':').filter(|d| d.starts_with('/')) {
+            let inside = Path::new(dir).join(command);
+            if let Some(host) = self.host_path(&inside)
+                && executable(&host).is_ok()
+            {
+                return Ok(inside);
+            }
+        }
+        Err(invalid(format!(
+            "command {command:?} is not in the task's PATH ({path}) within its root"
+        )))
+    }
+}
+
+fn executable(host: &Path) -> Result<(), &'static str> {
+    match std::fs::metadata(host) {
+        Err(_) => Err("does not exist"),
+        Ok(m) if !m.is_file() => Err("is not a file"),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err("is not executable"),
+        Ok(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_defaults_are_skipped_missing_configured_entries_refused() {
+        let env = ChrootEnv::default_list().with([PathBuf::from("/nonexistent-jvm")]);
+        let root = TaskRoot::build(&env, Path::new("/t")).unwrap();
+        let targets: Vec<_> = root.mounts().into_iter().map(|m| m.target).collect();
+        assert!(targets.contains(&PathBuf::from("/usr")));
+        assert!(!targets.contains(&PathBuf::from("/nonexistent-jvm")));
+        let map = [("/nonexistent".to_owned(), "/x".to_owned())]
+            .into_iter()
+            .collect();
+        let env = ChrootEnv::from_config(&map).unwrap();
+        let err = TaskRoot::build(&env, Path::new("/t"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent"), "{err}");
+    }
+
+    #[test]
+    fn parents_are_mounted_first() {
+        let map = [
+            ("/usr/lib".to_owned(), "/usr/lib".to_owned()),
+            ("/usr".to_owned(), "/usr".to_owned()),
+        ]
+        .into_iter()
+        .collect();
+        let root =
+            TaskRoot::build(&ChrootEnv::from_config(&map).unwrap(), Path::new("/t")).unwrap();
+        let targets: Vec<_> = root.mounts().into_iter().map(|m| m.target).collect();
+        let at = |p: &str| targets.iter().position(|t| t == Path::new(p)).unwrap();
+        assert!(at("/usr") < at("/usr/lib"));
+    }
+
+    #[test]
+    fn commands_are_found_in_the_root_only() {
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["local", "secrets", "tmp"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        }
+        let script = dir.path().join("local/run.sh");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let root = TaskRoot::build(&ChrootEnv::default_list(), dir.path()).unwrap();
+        let err = root
+            .find_command("/local/run.sh", Path::new("/"), "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not executable"), "{err}");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            root.find_command("run.sh", Path::new("/"), "/local")
+                .unwrap(),
+            Path::new("/local/run.sh")
+        );
+        assert_eq!(
+            root.find_command("./run.sh", Path::new("/local"), "")
+                .unwrap(),
+            Path::new("/local/run.sh")
+        );
+        assert!(
+            root.find_command("sh", Path::new("/"), "/usr/bin:/bin")
+                .is_ok()
+        );
+        let err = root
+            .find_command("/root/x", Path::new("/"), "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not inside the task's root"), "{err}");
+        let err = root
+            .find_command("no-such-tool", Path::new("/"), "/usr/bin")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("PATH"), "{err}");
+    }
+}

@@ -1,0 +1,363 @@
+//! What a task of the exec driver sees and can do, checked from inside the task,
+//! through the real plugin binary: capabilities, no_new_privs, its pid namespace, its
+//! root, its user; and what the plugin refuses before anything starts.
+
+mod common;
+
+use common::*;
+use drover_plugin_sdk::DriverError;
+use drover_plugin_sdk::Health;
+use serde_json::json;
+
+/// `CapBnd` etc. of a `/proc/<pid>/status` text, as a mask.
+fn cap_field(status: &str, field: &str) -> u64 {
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in:\n{status}"));
+    u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+}
+
+fn status_field<'a>(status: &'a str, field: &str) -> &'a str {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in:\n{status}"))
+        .trim()
+}
+
+/// The default capability set minus `chown`, as a mask (bit n = capability n).
+fn default_without_chown() -> u64 {
+    let all = drover_driver_exec::caps::default_set();
+    all & !(1 << 0)
+}
+
+#[tokio::test]
+async fn a_task_sees_its_capabilities_pid_root_and_user() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    // A host file outside the chroot list, next to the task's own directory.
+    let outside = dir.path().join("outside-marker");
+    std::fs::write(&outside, "secret").unwrap();
+    let script = format!(
+        "cat /proc/self/status > /local/status; \
+         echo pid=$$; echo uid=$(id -u); echo gid=$(id -g); \
+         echo root=$(ls / | tr '\\n' ' '); \
+         if [ -e {outside} ]; then echo outside=visible; else echo outside=invisible; fi; \
+         if [ -e /work ] || [ -e /root ] || [ -e /home ]; then echo host=visible; else echo host=invisible; fi; \
+         if echo x >> /etc/passwd 2>/dev/null; then echo etc=written; else echo etc=refused; fi; \
+         if touch /usr/drover-x 2>/dev/null; then echo usr=written; else echo usr=refused; fi; \
+         if touch /new-file 2>/dev/null; then echo rootdir=written; else echo rootdir=refused; fi; \
+         if echo hi > /local/out && echo hi > /tmp/out; then echo own=written; else echo own=refused; fi; \
+         echo procs=$(ls /proc | grep -c '^[0-9]'); echo done",
+        outside = outside.display()
+    );
+    p.start("caps", sh_with(&script, json!({ "cap_drop": ["chown"] })))
+        .await;
+    let exit = p.wait("caps").await;
+    let out = p.stdout("caps");
+    assert!(
+        exit.successful(),
+        "{exit:?}\nstdout:\n{out}\nstderr:\n{}",
+        p.log("caps", "stderr")
+    );
+    let status = std::fs::read_to_string(dir.path().join("caps/local/status")).unwrap();
+    assert_eq!(
+        cap_field(&status, "CapBnd"),
+        default_without_chown(),
+        "bounding set: {status}"
+    );
+    for set in ["CapEff", "CapPrm", "CapInh", "CapAmb"] {
+        assert_eq!(
+            cap_field(&status, set),
+            0,
+            "{set} of a nobody task: {status}"
+        );
+    }
+    assert_eq!(status_field(&status, "NoNewPrivs"), "1", "{status}");
+    let line = |key: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key}= in:\n{out}"))
+            .to_owned()
+    };
+    let pid: u32 = line("pid").parse().unwrap();
+    assert!(pid <= 3, "the task's pid in its namespace is {pid}");
+    assert_eq!(line("uid"), "65534");
+    assert_eq!(line("outside"), "invisible");
+    assert_eq!(line("host"), "invisible", "root: {}", line("root"));
+    assert_eq!(line("etc"), "refused");
+    assert_eq!(line("usr"), "refused");
+    assert_eq!(line("rootdir"), "refused");
+    assert_eq!(line("own"), "written");
+    // Only the task's namespace is in its /proc: the init, the shell, a subshell and
+    // the pipeline that looked (the host has many more).
+    let procs: u32 = line("procs").parse().unwrap();
+    assert!(procs <= 5, "{procs} processes visible in the task's /proc");
+    let root = line("root");
+    for dir in ["bin", "dev", "local", "proc", "secrets", "tmp", "usr"] {
+        assert!(root.split(' ').any(|d| d == dir), "no /{dir} in {root}");
+    }
+    // The files it wrote belong to its user, on the host.
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(dir.path().join("caps/local/out")).unwrap();
+    assert_eq!(meta.uid(), 65534);
+}
+
+#[tokio::test]
+async fn root_tasks_hold_exactly_the_bounding_set_and_cap_add_reaches_nobody() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(
+        dir.path(),
+        json!({ "allow_caps": ["chown", "kill", "net_admin", "net_bind_service"] }),
+    )
+    .await;
+    p.start(
+        "root",
+        sh_with(
+            "cat /proc/self/status > /local/status",
+            json!({ "user": "root" }),
+        ),
+    )
+    .await;
+    p.start(
+        "nobody",
+        sh_with(
+            "cat /proc/self/status > /local/status",
+            json!({ "cap_add": ["net_admin"] }),
+        ),
+    )
+    .await;
+    for id in ["root", "nobody"] {
+        let exit = p.wait(id).await;
+        assert!(exit.successful(), "{id}: {exit:?}: {}", p.log(id, "stderr"));
+    }
+    let read =
+        |id: &str| std::fs::read_to_string(dir.path().join(id).join("local/status")).unwrap();
+    let names = |m: u64| drover_driver_exec::caps::mask_names(m);
+    let root = read("root");
+    // The defaults cut down to the allowlist; root holds them all, and nothing else.
+    assert_eq!(
+        names(cap_field(&root, "CapBnd")),
+        ["chown", "kill", "net_bind_service"]
+    );
+    assert_eq!(cap_field(&root, "CapEff"), cap_field(&root, "CapBnd"));
+    let nobody = read("nobody");
+    assert_eq!(
+        names(cap_field(&nobody, "CapBnd")),
+        ["chown", "kill", "net_bind_service", "net_admin"]
+    );
+    // A non-root task holds what it added, and only that.
+    for set in ["CapEff", "CapPrm", "CapAmb"] {
+        assert_eq!(
+            names(cap_field(&nobody, set)),
+            ["net_admin"],
+            "{set}: {nobody}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn capabilities_outside_the_allowlist_and_bad_configs_are_refused_by_name() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    let p = &p;
+    let refused = |config| {
+        let spec = p.spec("refused", config);
+        async move {
+            within(PROMPT, "start", p.client.start_task(spec))
+                .await
+                .unwrap_err()
+        }
+    };
+    let err = refused(sh_with("true", json!({ "cap_add": ["sys_admin", "kill"] }))).await;
+    assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("sys_admin") && !text.contains("sys_admin, kill"),
+        "{text}"
+    );
+    let err = refused(json!({ "command": "/usr/bin/no-such-program" })).await;
+    assert!(
+        err.to_string().contains("/usr/bin/no-such-program"),
+        "{err}"
+    );
+    let err = refused(json!({ "command": "/work/anything" })).await;
+    assert!(
+        err.to_string().contains("not inside the task's root"),
+        "{err}"
+    );
+    let err = refused(sh_with("true", json!({ "user": "no-such-user-x" }))).await;
+    assert!(err.to_string().contains("no-such-user-x"), "{err}");
+    // A step that fails in the task's init or the task, after the cgroup was made:
+    // the error names the step, and nothing is left either.
+    let err = refused(sh_with("true", json!({ "cwd": "/nonexistent" }))).await;
+    assert!(
+        err.to_string().contains("working directory /nonexistent"),
+        "{err}"
+    );
+    // Nothing was left behind: no cgroup, no executor directory.
+    for c in CONTROLLERS {
+        assert!(!p.cgroup_dir(c, "refused").exists(), "{c} cgroup left");
+    }
+    let executors = state_dir(dir.path()).join("exec");
+    let left: Vec<_> = std::fs::read_dir(&executors)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "executor dirs left: {left:?}");
+
+    // A plugin config that allows more makes the same request work.
+    let p2 = Plugin::launch(dir.path(), json!({ "allow_caps": ["sys_admin"] })).await;
+    p2.start(
+        "allowed",
+        sh_with("true", json!({ "cap_add": ["sys_admin"] })),
+    )
+    .await;
+    assert!(p2.wait("allowed").await.successful());
+    // And a plugin config naming an unknown capability is refused at SetConfig.
+    let bad = drover_plugin_sdk::client::PluginProcess::launch(
+        drover_plugin_sdk::client::LaunchOptions::new("exec", BIN),
+    )
+    .await
+    .unwrap();
+    let err = bad
+        .client()
+        .set_config(
+            json!({ "allow_caps": ["sys_admn"] }).to_string(),
+            &drover_plugin_sdk::AgentInfo::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("sys_admn"), "{err}");
+    let _ = bad.kill().await;
+}
+
+#[tokio::test]
+async fn network_none_leaves_only_loopback_and_host_keeps_the_hosts_interfaces() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
+    p.start("none", sh_with(script, json!({ "network_mode": "none" })))
+        .await;
+    p.start("host", sh(script)).await;
+    for id in ["none", "host"] {
+        assert!(p.wait(id).await.successful(), "{}", p.log(id, "stderr"));
+    }
+    assert_eq!(p.stdout("none").trim(), "lo");
+    let host: Vec<String> = std::fs::read_to_string("/proc/net/dev")
+        .unwrap()
+        .lines()
+        .skip(2)
+        .filter_map(|l| Some(l.split_once(':')?.0.trim().to_owned()))
+        .collect();
+    let out = p.stdout("host");
+    let seen: Vec<&str> = out.lines().collect();
+    assert_eq!(seen.len(), host.len(), "{seen:?} vs {host:?}");
+}
+
+#[tokio::test]
+async fn fingerprint_is_healthy_with_the_cgroup_version_and_capabilities_tell_the_truth() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    let mut stream = within(PROMPT, "fingerprint", p.client.fingerprint())
+        .await
+        .unwrap();
+    let fp = within(
+        PROMPT,
+        "first fingerprint",
+        tokio_stream::StreamExt::next(&mut stream),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(fp.health, Health::Healthy, "{fp:?}");
+    let v = &fp.attributes["driver.exec.cgroup_version"];
+    let expected = if std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" /sys/fs/cgroup ") && l.contains(" - cgroup2 "))
+    {
+        "v2"
+    } else {
+        "v1"
+    };
+    assert_eq!(v, expected);
+    let caps = p.client.capabilities().await.unwrap();
+    assert_eq!(caps.fs_isolation, drover_plugin_sdk::FsIsolation::Chroot);
+    assert!(caps.send_signals && !caps.exec && caps.recover && caps.task_stats);
+    assert!(caps.network_modes.host && caps.network_modes.none && !caps.network_modes.bridge);
+}
+
+#[tokio::test]
+async fn rlimits_hostname_and_cwd_apply_inside() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    p.start(
+        "limits",
+        sh_with(
+            "echo soft=$(ulimit -n) hard=$(ulimit -Hn) host=$(hostname) cwd=$(pwd)",
+            json!({
+                "rlimits": { "nofile": { "soft": 100, "hard": 200 } },
+                "hostname": "box-1",
+                "cwd": "/local",
+            }),
+        ),
+    )
+    .await;
+    let exit = p.wait("limits").await;
+    assert!(exit.successful(), "{exit:?}: {}", p.log("limits", "stderr"));
+    assert_eq!(
+        p.stdout("limits").trim(),
+        "soft=100 hard=200 host=box-1 cwd=/local"
+    );
+}
+
+#[tokio::test]
+async fn a_root_task_cannot_reach_devices_or_kernel_tunables() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    // CAP_MKNOD is in the default set: the node can be made, never opened (nodev);
+    // /dev itself takes no new nodes; /proc/sys is read-only; /proc/kcore is empty.
+    let script = "mknod /local/mem c 1 1 && echo made; \
+                  if head -c1 /local/mem >/dev/null 2>&1; then echo mem=opened; else echo mem=refused; fi; \
+                  if mknod /dev/mem2 c 1 1 2>/dev/null; then echo dev=made; else echo dev=refused; fi; \
+                  if echo x > /proc/sys/kernel/hostname 2>/dev/null; then echo sysctl=written; else echo sysctl=refused; fi; \
+                  echo kcore=$(head -c 16 /proc/kcore | wc -c); \
+                  echo hello > /dev/shm/x && echo shm=written";
+    p.start("rooted", sh_with(script, json!({ "user": "root" })))
+        .await;
+    let exit = p.wait("rooted").await;
+    assert!(exit.successful(), "{exit:?}: {}", p.log("rooted", "stderr"));
+    assert_eq!(
+        p.stdout("rooted").lines().collect::<Vec<_>>(),
+        [
+            "made",
+            "mem=refused",
+            "dev=refused",
+            "sysctl=refused",
+            "kcore=0",
+            "shm=written"
+        ]
+    );
+}

@@ -1,0 +1,224 @@
+//! The cgroup limits of exec tasks, measured: memory (an OOM kill is reported as
+//! such), pids (a fork bomb stops at the limit), CPU quota; and stats read from the
+//! cgroup.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use drover_plugin_sdk::LogConfig;
+use serde_json::json;
+
+fn read_u64(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_task_past_its_memory_limit_is_oom_killed_and_says_so() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    let mut spec = p.spec(
+        "hog",
+        // dd fills a 256 MiB buffer: far past the 32 MiB limit.
+        sh("echo start; dd if=/dev/zero of=/dev/null bs=256M count=1; echo survived"),
+    );
+    spec.resources.memory_mb = 32;
+    p.start_spec(spec).await;
+    let limit = p.cgroup_dir("memory", "hog").join("memory.limit_in_bytes");
+    if limit.exists() {
+        assert_eq!(read_u64(&limit), 32 << 20);
+    }
+    let exit = p.wait("hog").await;
+    // The shell went on after dd died, so the task's own exit is the shell's: what
+    // matters is that the OOM kill inside it is reported.
+    assert!(exit.oom_killed, "{exit:?}\n{}", p.log("hog", "stderr"));
+    assert!(!exit.successful());
+
+    // A task that is itself the victim reports the signal too.
+    let mut spec = p.spec("hog2", json!({ "command": "/bin/dd", "args": ["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"] }));
+    spec.resources.memory_mb = 32;
+    p.start_spec(spec).await;
+    let exit = p.wait("hog2").await;
+    assert!(exit.oom_killed, "{exit:?}");
+    assert_eq!(exit.signal, 9, "{exit:?}");
+
+    // And a task within its limit is not flagged.
+    let mut spec = p.spec("fits", sh("dd if=/dev/zero of=/dev/null bs=4M count=1"));
+    spec.resources.memory_mb = 32;
+    p.start_spec(spec).await;
+    let exit = p.wait("fits").await;
+    assert!(exit.successful(), "{exit:?}");
+}
+
+#[tokio::test]
+async fn a_fork_bomb_stops_at_the_pids_limit_and_stop_kills_all_of_it() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    let mut spec = p.spec(
+        "bomb",
+        // bash, unlike dash, keeps going when a fork fails: the bomb stays at work.
+        json!({
+            "command": "/bin/bash",
+            "args": ["-c", "echo ready; while :; do sleep 1000 & done"],
+            "pids_limit": 32,
+        }),
+    );
+    // The failing forks complain on stderr as fast as they can.
+    spec.logs = LogConfig {
+        max_files: 2,
+        max_file_size_mb: 1,
+    };
+    p.start_spec(spec).await;
+    let cg = p.cgroup_dir("pids", "bomb");
+    assert_eq!(
+        std::fs::read_to_string(cg.join("pids.max")).unwrap().trim(),
+        "32"
+    );
+    // It reaches the limit, and never goes past it.
+    let deadline = Instant::now() + PROMPT;
+    while read_u64(&cg.join("pids.current")) < 32 {
+        assert!(
+            Instant::now() < deadline,
+            "the bomb never reached the pids limit: pids.current {}, events {:?}\nstdout: {}\nstderr: {}",
+            read_u64(&cg.join("pids.current")),
+            std::fs::read_to_string(cg.join("pids.events")),
+            p.stdout("bomb"),
+            p.log("bomb", "stderr")
+                .chars()
+                .take(2000)
+                .collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sample_until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < sample_until {
+        let n = read_u64(&cg.join("pids.current"));
+        assert!(n <= 32, "pids.current {n} above the limit of 32");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let events = std::fs::read_to_string(cg.join("pids.events")).unwrap_or_default();
+    if let Some(max) = events.split_whitespace().nth(1) {
+        assert!(
+            max.parse::<u64>().unwrap() > 0,
+            "no fork was refused: {events}"
+        );
+    }
+    let stats = within(
+        PROMPT,
+        "stats",
+        p.client.task_stats("bomb", Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let mut stats = stats;
+    let sample = within(
+        PROMPT,
+        "first sample",
+        tokio_stream::StreamExt::next(&mut stats),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        (30..=32).contains(&sample.process_count),
+        "stats count {} processes",
+        sample.process_count
+    );
+    let procs_file = p.cgroup_dir("pids", "bomb").join("cgroup.procs");
+    let pids = procs(&procs_file);
+    within(
+        PROMPT,
+        "stop",
+        p.client
+            .stop_task("bomb", Duration::from_secs(1), "SIGTERM"),
+    )
+    .await
+    .unwrap();
+    let exit = p.wait("bomb").await;
+    assert!(!exit.successful(), "{exit:?}");
+    until(PROMPT, "every process of the bomb is gone", || {
+        pids.iter().all(|&pid| !alive(pid)) && procs(&procs_file).is_empty()
+    })
+    .await;
+    within(PROMPT, "destroy", p.client.destroy_task("bomb", false))
+        .await
+        .unwrap();
+    for c in CONTROLLERS {
+        assert!(!p.cgroup_dir(c, "bomb").exists(), "{c} cgroup left");
+    }
+}
+
+#[tokio::test]
+async fn the_cpu_quota_holds() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    // Two busy loops: without the quota they would take both cores.
+    p.start(
+        "busy",
+        sh_with(
+            "echo ready; while :; do :; done & while :; do :; done",
+            json!({ "cpu_limit": 0.5 }),
+        ),
+    )
+    .await;
+    p.printed("busy", "ready").await;
+    let acct = p.cgroup_dir("cpuacct", "busy").join("cpuacct.usage");
+    let quota = p.cgroup_dir("cpu", "busy").join("cpu.cfs_quota_us");
+    assert_eq!(read_u64(&quota), 50_000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (t0, u0) = (Instant::now(), read_u64(&acct));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (t1, u1) = (Instant::now(), read_u64(&acct));
+    let cores = (u1 - u0) as f64 / 1e9 / (t1 - t0).as_secs_f64();
+    assert!(
+        (0.4..=0.6).contains(&cores),
+        "measured {cores:.3} cores under a quota of 0.5"
+    );
+    let throttled = std::fs::read_to_string(p.cgroup_dir("cpu", "busy").join("cpu.stat")).unwrap();
+    assert!(
+        throttled
+            .lines()
+            .any(|l| l.starts_with("nr_throttled ") && !l.ends_with(" 0")),
+        "never throttled: {throttled}"
+    );
+    // Stats agree with the cgroup.
+    let mut stats = within(
+        PROMPT,
+        "stats",
+        p.client.task_stats("busy", Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let _ = within(PROMPT, "sample", tokio_stream::StreamExt::next(&mut stats)).await;
+    let s = within(PROMPT, "sample", tokio_stream::StreamExt::next(&mut stats))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        (30.0..=70.0).contains(&s.cpu_percent),
+        "stats say {:.1}% of a core",
+        s.cpu_percent
+    );
+    assert!(
+        s.cpu_user + s.cpu_system > Duration::from_millis(500),
+        "{s:?}"
+    );
+    assert!(s.memory_rss_bytes > 0 && s.process_count >= 2, "{s:?}");
+    within(PROMPT, "destroy", p.client.destroy_task("busy", true))
+        .await
+        .unwrap();
+}
