@@ -23,6 +23,7 @@ pub mod handshake;
 pub mod logging;
 pub mod logs;
 pub mod server;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod types;
