@@ -199,6 +199,18 @@ pub trait DriverPlugin: Send + Sync + 'static {
 #[serde(deny_unknown_fields)]
 pub struct EmptyConfig {}
 
+/// The name of signal `sig` (`SIGTERM` for 15), or the number itself for a signal this
+/// platform does not know; for events and messages.
+///
+/// ```
+/// assert_eq!(drover_plugin_sdk::signal_name(15), "SIGTERM");
+/// assert_eq!(drover_plugin_sdk::signal_name(999), "999");
+/// ```
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
+}
+
 /// Parse a signal name (`SIGTERM`, `TERM`, `sigterm`) or number (`15`).
 ///
 /// ```

@@ -29,7 +29,7 @@ pub mod testing;
 pub mod types;
 pub mod version;
 
-pub use driver::{DriverPlugin, EmptyConfig, parse_signal};
+pub use driver::{DriverPlugin, EmptyConfig, parse_signal, signal_name};
 pub use error::DriverError;
 pub use server::serve;
 pub use types::*;

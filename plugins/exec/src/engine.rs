@@ -17,6 +17,7 @@ use drover_plugin_sdk::serde::de::DeserializeOwned;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExitResult, Fingerprint, FsIsolation,
     NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, parse_signal,
+    signal_name,
 };
 use tokio::sync::broadcast;
 
@@ -131,12 +132,6 @@ fn send_event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: Str
         message,
         annotations: BTreeMap::new(),
     });
-}
-
-/// `SIGTERM` for 15.
-fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
 }
 
 /// Record how `task` ended (with the OOM flag from its cgroup) and tell subscribers,

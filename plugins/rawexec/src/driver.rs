@@ -9,7 +9,7 @@ use drover_plugin_sdk::executor::{self, ExecutorHandle, ExitInfo, LaunchSpec};
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
     FsIsolation, NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
-    parse_signal,
+    parse_signal, signal_name,
 };
 use tokio::sync::broadcast;
 
@@ -34,12 +34,6 @@ const WATCH_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a recovery waits for a start of the same task that is in flight.
 const START_IN_FLIGHT: Duration = Duration::from_secs(30);
-
-/// `SIGTERM` for 15; the number itself for a signal nix does not know.
-fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
-}
 
 /// Runs tasks as plain host processes, each owned by its own executor process and the
 /// leader of its own process group.
