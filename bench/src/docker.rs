@@ -11,18 +11,15 @@
 //! Every container stays up until the end (the daemon grows alike for all three), then
 //! all are removed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
 use drover_plugin_sdk::{AgentInfo, TaskSpec};
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyperlocal::{UnixClientExt as _, UnixConnector};
 
+use crate::tasks::Api;
 use crate::{ms, stats};
 
 /// Label on the CLI's containers, for the clean-up.
@@ -41,35 +38,6 @@ pub fn default_host() -> String {
         .iter()
         .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
         .unwrap_or_else(|| "unix:///var/run/docker.sock".into())
-}
-
-struct Api {
-    socket: PathBuf,
-    client: Client<UnixConnector, Full<Bytes>>,
-}
-
-impl Api {
-    async fn call(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> anyhow::Result<serde_json::Value> {
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(hyper::Uri::from(hyperlocal::Uri::new(&self.socket, path)))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )))?;
-        let resp = self.client.request(req).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        if !status.is_success() {
-            bail!("{path}: {status}: {}", String::from_utf8_lossy(&bytes));
-        }
-        Ok(serde_json::from_slice(&bytes)?)
-    }
 }
 
 fn docker_cli(host: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -136,10 +104,7 @@ pub async fn run(plugin_bin: &Path, drover: &Path, o: Options) -> anyhow::Result
         ),
     )?;
     let mut agent = start_agent(drover, root.path(), &config)?;
-    let api = Api {
-        socket: root.path().join("data/api.sock"),
-        client: Client::unix(),
-    };
+    let api = Api::new(root.path().join("data/api.sock"));
 
     let result = measure(&o, &version, &client, &alloc, &api).await;
 

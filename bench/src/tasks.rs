@@ -20,20 +20,20 @@ use crate::{ms, stats};
 
 /// What the benchmark needs of the agent API.
 #[derive(Clone)]
-struct Api {
+pub(crate) struct Api {
     socket: PathBuf,
     client: Client<UnixConnector, Full<Bytes>>,
 }
 
 impl Api {
-    fn new(socket: PathBuf) -> Self {
+    pub(crate) fn new(socket: PathBuf) -> Self {
         Api {
             socket,
             client: Client::unix(),
         }
     }
 
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: hyper::Method,
         path: &str,
