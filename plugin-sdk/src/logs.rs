@@ -130,6 +130,16 @@ impl RotatingWriter {
         self.index
     }
 
+    /// Where the next byte goes: the file index and that file's length. A writer
+    /// that records it after each message can later undo a message it wrote but did
+    /// not get to record, with [`roll_back`].
+    pub fn position(&self) -> LogPosition {
+        LogPosition {
+            index: self.index,
+            len: self.written,
+        }
+    }
+
     fn rotate(&mut self) -> io::Result<()> {
         self.index += 1;
         self.file = open_append(&file_name(&self.base, self.index))?;
@@ -170,6 +180,63 @@ impl Write for RotatingWriter {
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
     }
+}
+
+/// A point in a stream: file `index`, `len` bytes into it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogPosition {
+    /// Index of the file (`<base>.<index>`).
+    pub index: u64,
+    /// Bytes of that file before the point.
+    pub len: u64,
+}
+
+/// Undo whatever was written to the stream at `base` after `to`: files with a higher
+/// index are deleted and file `to.index` is cut back to `to.len`. A stream that is
+/// already at or before `to` is left alone (nothing here ever grows a file). Returns
+/// how many bytes were removed.
+///
+/// A writer whose process may die between writing a message and recording that it
+/// did (a driver copying a container's logs) records [`RotatingWriter::position`]
+/// after each message; the next process rolls back to the recorded position and
+/// writes the unrecorded message again, so it ends up in the files exactly once.
+///
+/// ```
+/// use drover_plugin_sdk::logs::{roll_back, RotatingWriter};
+/// use std::io::Write as _;
+/// let dir = tempfile::tempdir().unwrap();
+/// let base = dir.path().join("stdout");
+/// let mut w = RotatingWriter::open(&base, Default::default()).unwrap();
+/// w.write_all(b"one\n").unwrap();
+/// let recorded = w.position();
+/// w.write_all(b"two\n").unwrap(); // the process dies before recording this one
+/// drop(w);
+/// assert_eq!(roll_back(&base, recorded).unwrap(), 4);
+/// assert_eq!(std::fs::read(dir.path().join("stdout.0")).unwrap(), b"one\n");
+/// ```
+pub fn roll_back(base: &Path, to: LogPosition) -> io::Result<u64> {
+    let mut removed = 0;
+    for (index, path) in log_files(base)? {
+        if index < to.index {
+            continue;
+        }
+        let len = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if index > to.index {
+            std::fs::remove_file(&path)?;
+            removed += len;
+        } else if len > to.len {
+            OpenOptions::new()
+                .write(true)
+                .open(&path)?
+                .set_len(to.len)?;
+            removed += len - to.len;
+        }
+    }
+    Ok(removed)
 }
 
 fn open_append(path: &Path) -> io::Result<File> {
@@ -222,6 +289,38 @@ mod tests {
             std::fs::read_to_string(file_name(&base, 0)).unwrap(),
             "one\ntwo\n"
         );
+    }
+
+    #[test]
+    fn roll_back_undoes_a_rotation_and_leaves_shorter_streams_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let mut w = RotatingWriter::open(&base, limits(5)).unwrap();
+        w.write_all(&vec![b'a'; (MIB - 10) as usize]).unwrap();
+        let recorded = w.position();
+        assert_eq!(
+            recorded,
+            LogPosition {
+                index: 0,
+                len: MIB - 10
+            }
+        );
+        // A message split across a rotation.
+        w.write_all(&[b'b'; 30]).unwrap();
+        assert_eq!(w.position(), LogPosition { index: 1, len: 20 });
+        drop(w);
+        assert_eq!(roll_back(&base, recorded).unwrap(), 30);
+        let files = log_files(&base).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(std::fs::metadata(&files[0].1).unwrap().len(), MIB - 10);
+        // Reopened, the writer goes on from the recorded point.
+        let w = RotatingWriter::open(&base, limits(5)).unwrap();
+        assert_eq!(w.position(), recorded);
+        // A record ahead of the files (they were cut or deleted by someone else)
+        // removes nothing.
+        let ahead = LogPosition { index: 3, len: 7 };
+        assert_eq!(roll_back(&base, ahead).unwrap(), 0);
+        assert_eq!(log_files(&base).unwrap().len(), 1);
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! message written and how many messages carried exactly that timestamp. A follower
 //! started by a new plugin process asks Docker for the output since that second and
 //! skips what the cursor says was written, so lines are neither lost nor repeated.
-//! The one window left: a plugin killed between writing a message and updating the
-//! cursor writes that message again.
+//! The cursor also records where each log stream ended after the last message it
+//! counts: a plugin killed between writing a message and updating the cursor left
+//! bytes past that point, and the next follower cuts them off before it replays the
+//! message, so it is in the files once.
 
 use std::fs::File;
 use std::io::Write as _;
@@ -18,7 +20,7 @@ use std::time::SystemTime;
 
 use bollard::container::LogOutput;
 use drover_plugin_sdk::LogConfig;
-use drover_plugin_sdk::logs::RotatingWriter;
+use drover_plugin_sdk::logs::{LogPosition, RotatingWriter, roll_back};
 use futures_util::StreamExt as _;
 
 use crate::engine::{Engine, status_of};
@@ -67,27 +69,33 @@ pub(crate) struct Cursor {
 }
 
 impl Cursor {
-    /// Parse the cursor file's line for `container`; anything else starts afresh.
-    fn parse(text: &str, container: &str) -> Cursor {
+    /// Parse the cursor file's line for `container`: `None` for another container's
+    /// line or anything unreadable (the task starts afresh).
+    fn parse(text: &str, container: &str) -> Option<Saved> {
         let mut f = text.split_whitespace();
-        match (
-            f.next(),
-            f.next(),
-            f.next().and_then(|n| n.parse::<u64>().ok()),
-        ) {
-            (Some(c), Some(raw), Some(seen)) if c == container => {
-                match humantime::parse_rfc3339(raw) {
-                    Ok(at) => Cursor {
-                        raw: raw.to_owned(),
-                        at: Some(at),
-                        seen,
-                        ..Cursor::default()
-                    },
-                    Err(_) => Cursor::default(),
-                }
-            }
-            _ => Cursor::default(),
+        if f.next()? != container {
+            return None;
         }
+        let raw = f.next()?;
+        let seen = f.next()?.parse::<u64>().ok()?;
+        let cursor = if raw == NO_MESSAGE {
+            Cursor::default()
+        } else {
+            Cursor {
+                raw: raw.to_owned(),
+                at: Some(humantime::parse_rfc3339(raw).ok()?),
+                seen,
+                ..Cursor::default()
+            }
+        };
+        let mut numbers = f.map(|n| n.parse::<u64>());
+        let mut position = || match (numbers.next(), numbers.next()) {
+            (Some(Ok(index)), Some(Ok(len))) => Some(LogPosition { index, len }),
+            _ => None,
+        };
+        // A line from a plugin that did not record positions has none: nothing to cut.
+        let ends = position().zip(position());
+        Some(Saved { cursor, ends })
     }
 
     /// A read from [`Cursor::since`] is about to start: it delivers again what was
@@ -128,13 +136,18 @@ impl Cursor {
         }
         true
     }
-
-    /// A fixed-width line, so that overwriting it in place never leaves a tail of an
-    /// older, longer one.
-    fn line(&self, container: &str) -> String {
-        format!("{container:<64} {:<35} {:020}\n", self.raw, self.seen)
-    }
 }
+
+/// What the cursor file holds for a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Saved {
+    cursor: Cursor,
+    /// Where stdout and stderr ended after the last message the cursor counts.
+    ends: Option<(LogPosition, LogPosition)>,
+}
+
+/// The cursor's timestamp before the first message.
+const NO_MESSAGE: &str = "-";
 
 /// Split Docker's `<timestamp> <message>` frame.
 fn split_timestamp(frame: &[u8]) -> Option<(&str, SystemTime, &[u8])> {
@@ -162,27 +175,51 @@ fn open_writer(base: &Path, limits: LogConfig) -> std::io::Result<Option<Rotatin
 
 impl Sink {
     fn open(target: &LogTarget, container: &str) -> std::io::Result<Sink> {
+        let cursor_path = target.cursor_path();
+        let saved = cursor_path
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| Cursor::parse(&text, container));
+        if let Some((stdout, stderr)) = saved.as_ref().and_then(|s| s.ends) {
+            for (base, to) in [(&target.stdout, stdout), (&target.stderr, stderr)] {
+                if base.as_os_str().is_empty() {
+                    continue;
+                }
+                let cut = roll_back(base, to).map_err(|e| in_file(base, e))?;
+                if cut > 0 {
+                    tracing::info!(
+                        "{}: cut {cut} bytes the previous plugin process wrote without \
+                         recording them; they are written again",
+                        base.display()
+                    );
+                }
+            }
+        }
         let stdout = open_writer(&target.stdout, target.limits)?;
         let stderr = open_writer(&target.stderr, target.limits)?;
-        let (cursor, cursor_file) = match target.cursor_path() {
+        let cursor_file = match cursor_path {
             Some(path) => {
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
                 let file = std::fs::OpenOptions::new()
                     .create(true)
                     .write(true)
                     .truncate(false)
-                    .open(&path)?;
-                (Cursor::parse(&text, container), Some((path, file)))
+                    .open(&path)
+                    .map_err(|e| in_file(&path, e))?;
+                Some((path, file))
             }
-            None => (Cursor::default(), None),
+            None => None,
         };
-        Ok(Sink {
+        let sink = Sink {
             container: container.to_owned(),
             stdout,
             stderr,
-            cursor,
+            cursor: saved.map(|s| s.cursor).unwrap_or_default(),
             cursor_file,
-        })
+        };
+        // Record where the streams are before the first message, so that even that
+        // one can be cut off if this process dies before counting it.
+        sink.save()?;
+        Ok(sink)
     }
 
     fn write(&mut self, out: LogOutput) -> std::io::Result<()> {
@@ -206,12 +243,39 @@ impl Sink {
         if let Some(w) = writer {
             w.write_all(message)?;
         }
-        if let Some((path, file)) = &self.cursor_file {
-            file.write_all_at(self.cursor.line(&self.container).as_bytes(), 0)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        }
-        Ok(())
+        self.save()
     }
+
+    /// The cursor file's line: fixed width, so that overwriting it in place never
+    /// leaves a tail of an older, longer one, and written with one `pwrite`.
+    fn line(&self) -> String {
+        let end = |w: &Option<RotatingWriter>| {
+            w.as_ref().map(RotatingWriter::position).unwrap_or_default()
+        };
+        let (out, err) = (end(&self.stdout), end(&self.stderr));
+        let raw = if self.cursor.at.is_some() {
+            self.cursor.raw.as_str()
+        } else {
+            NO_MESSAGE
+        };
+        format!(
+            "{:<64} {raw:<35} {:020} {:020} {:020} {:020} {:020}\n",
+            self.container, self.cursor.seen, out.index, out.len, err.index, err.len
+        )
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        match &self.cursor_file {
+            Some((path, file)) => file
+                .write_all_at(self.line().as_bytes(), 0)
+                .map_err(|e| in_file(path, e)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn in_file(path: &Path, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
 /// Remove a destroyed task's cursor file.
@@ -441,17 +505,62 @@ mod tests {
 
     #[test]
     fn cursor_line_is_fixed_width_and_round_trips() {
-        let mut c = Cursor::default();
-        assert!(c.accept(T3, humantime::parse_rfc3339(T3).unwrap()));
-        let long = c.line(CID);
-        let mut c2 = Cursor::default();
-        assert!(c2.accept(T1, humantime::parse_rfc3339(T1).unwrap()));
-        assert_eq!(c2.line(CID).len(), long.len());
-        let mut back = Cursor::parse(&long, CID);
-        back.rewind();
-        assert_eq!((back.at, back.seen, back.skip), (c.at, 1, 1));
-        assert_eq!(Cursor::parse(&long, "another"), Cursor::default());
-        assert_eq!(Cursor::parse("garbage", CID), Cursor::default());
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Sink::open(&target(dir.path()), CID).unwrap();
+        let empty = s.line();
+        assert_eq!(
+            Cursor::parse(&empty, CID),
+            Some(Saved {
+                cursor: Cursor::default(),
+                ends: Some((LogPosition::default(), LogPosition::default())),
+            })
+        );
+        s.write(out(T3, "x\n")).unwrap();
+        s.write(err(T3, "yz\n")).unwrap();
+        let line = s.line();
+        assert_eq!(line.len(), empty.len());
+        let back = Cursor::parse(&line, CID).unwrap();
+        assert_eq!((back.cursor.raw.as_str(), back.cursor.seen), (T3, 2));
+        let end = |len| LogPosition { index: 0, len };
+        assert_eq!(back.ends, Some((end(2), end(3))));
+        assert_eq!(Cursor::parse(&line, "another"), None);
+        assert_eq!(Cursor::parse("garbage", CID), None);
+        // A line without positions (older plugin) still gives the cursor.
+        let old = format!("{CID} {T1} 4\n");
+        let back = Cursor::parse(&old, CID).unwrap();
+        assert_eq!((back.cursor.seen, back.ends), (4, None));
+    }
+
+    /// The plugin dies after writing a message but before the cursor counts it (here:
+    /// the cursor file is put back as it was before that message). The next process
+    /// cuts the message off and writes it again: it is in the file once.
+    #[test]
+    fn a_message_written_but_not_counted_is_not_repeated() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = target(dir.path());
+        let cursor_file = t.cursor_path().unwrap();
+        let all = || vec![out(T1, "a\n"), out(T2, "b\n"), err(T3, "c\n")];
+        for uncounted in 0..3 {
+            let _ = std::fs::remove_dir_all(dir.path());
+            std::fs::create_dir_all(dir.path()).unwrap();
+            let mut first = Sink::open(&t, CID).unwrap();
+            for o in all().into_iter().take(uncounted) {
+                first.write(o).unwrap();
+            }
+            let before = std::fs::read(&cursor_file).unwrap();
+            first.write(all().remove(uncounted)).unwrap();
+            drop(first);
+            std::fs::write(&cursor_file, before).unwrap();
+
+            let mut second = Sink::open(&t, CID).unwrap();
+            second.cursor.rewind();
+            for o in all() {
+                second.write(o).unwrap();
+            }
+            let read = |n: &str| std::fs::read_to_string(dir.path().join(n)).unwrap_or_default();
+            assert_eq!(read("stdout.0"), "a\nb\n", "uncounted message {uncounted}");
+            assert_eq!(read("stderr.0"), "c\n", "uncounted message {uncounted}");
+        }
     }
 
     #[test]
