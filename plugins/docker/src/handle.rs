@@ -1,6 +1,7 @@
 //! One task: its container, its exit result once known, the background work that
 //! watches it (exit and logs), and its resource samples.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -23,9 +24,14 @@ pub(crate) struct HandleState {
     pub image: String,
 }
 
-/// How long an exit waits for the log follower to write the container's last lines,
-/// so that a task reported dead has its whole output in its log files.
-const LOG_DRAIN: Duration = Duration::from_secs(10);
+/// How long an exit waits for a log follower that makes no progress to write the
+/// container's last lines: a task reported dead has its whole output in its log
+/// files unless the follower is stuck (daemon gone, disk full).
+const LOG_STALL: Duration = Duration::from_secs(10);
+
+/// The longest an exit waits for a follower that is still copying (a container that
+/// wrote far more than the follower could keep up with).
+const LOG_DRAIN_MAX: Duration = Duration::from_secs(120);
 
 /// Pauses between attempts to reach a daemon that does not answer.
 pub(crate) struct Backoff(Duration);
@@ -63,6 +69,8 @@ pub(crate) struct Task {
     pub cancel: CancellationToken,
     exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
     logs_done: watch::Sender<bool>,
+    /// Messages the log follower has written, to tell a slow follower from a stuck one.
+    logs_copied: AtomicU64,
     /// (container CPU ns, system CPU ns) of the previous stats sample.
     last_cpu: Mutex<Option<(u64, u64)>>,
 }
@@ -94,6 +102,7 @@ impl Task {
             cancel: CancellationToken::new(),
             exit: watch::channel(None).0,
             logs_done: watch::channel(false).0,
+            logs_copied: AtomicU64::new(0),
             last_cpu: Mutex::new(None),
         }
     }
@@ -128,9 +137,35 @@ impl Task {
         self.logs_done.send_replace(true);
     }
 
-    async fn logs_drained(&self, limit: Duration) {
+    /// The log follower wrote one more message.
+    pub(crate) fn log_copied(&self) {
+        self.logs_copied.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Wait until the log follower has finished, while it keeps making progress:
+    /// give up after [`LOG_STALL`] without a new message, or after
+    /// [`LOG_DRAIN_MAX`] in all.
+    async fn logs_drained(&self) {
         let mut rx = self.logs_done.subscribe();
-        let _ = tokio::time::timeout(limit, rx.wait_for(|done| *done)).await;
+        let deadline = tokio::time::Instant::now() + LOG_DRAIN_MAX;
+        let mut copied = self.logs_copied.load(Ordering::Relaxed);
+        loop {
+            let check = (tokio::time::Instant::now() + LOG_STALL).min(deadline);
+            match tokio::time::timeout_at(check, rx.wait_for(|done| *done)).await {
+                Ok(_) => return,
+                Err(_) if check >= deadline => break,
+                Err(_) => {}
+            }
+            let now = self.logs_copied.load(Ordering::Relaxed);
+            if now == copied {
+                break;
+            }
+            copied = now;
+        }
+        tracing::warn!(
+            task = %self.id,
+            "reporting the exit before the log follower wrote all of the container's output"
+        );
     }
 
     /// InspectTask's answer.
@@ -260,7 +295,7 @@ pub(crate) fn short(id: &str) -> &str {
 /// recorded it; `None` when cancelled or when another path recorded one first.
 pub(crate) async fn watch_exit(task: Arc<Task>) -> Option<ExitResult> {
     let (result, at) = wait_for_end(&task).await?;
-    task.logs_drained(LOG_DRAIN).await;
+    task.logs_drained().await;
     task.finish(result.clone(), at).then_some(result)
 }
 

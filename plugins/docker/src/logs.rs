@@ -335,6 +335,7 @@ async fn read(docker: &bollard::Docker, task: &Task, sink: &mut Sink, follow: bo
                     tracing::warn!(task = %task.id, "writing the task's logs: {e}");
                     return Read::Stop;
                 }
+                task.log_copied();
             }
             Some(Err(e)) if status_of(&e) == Some(404) => return Read::Stop,
             Some(Err(e)) => {
