@@ -345,12 +345,53 @@ fn init_setup(plan: &Plan<'_>) -> Result<(), String> {
         unsafe { rustix::thread::unshare_unsafe(flags) }
             .map_err(|e| format!("cannot create {} namespaces: {e}", names.join(", ")))?;
     }
+    if ns.net {
+        loopback_up()?;
+    }
     if let Some(name) = &iso.hostname {
         rustix::system::sethostname(name.as_bytes())
             .map_err(|e| format!("cannot set hostname {name:?}: {e}"))?;
     }
     if !iso.mounts.is_empty() {
         build_root(&plan.root, &iso.mounts)?;
+    }
+    Ok(())
+}
+
+/// A new network namespace has only a loopback device, and it is down. Programs
+/// expect 127.0.0.1 to work (Docker's and Nomad's `none` network have it up), so the
+/// init brings it up while it still holds CAP_NET_ADMIN.
+#[allow(unsafe_code)]
+fn loopback_up() -> Result<(), String> {
+    use std::os::fd::FromRawFd as _;
+    let fail = |what: &str| {
+        format!(
+            "cannot bring up the loopback device of the task's network namespace ({what}): {}",
+            std::io::Error::last_os_error()
+        )
+    };
+    // SAFETY: plain socket(2); the descriptor is owned right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(fail("socket"));
+    }
+    // SAFETY: `fd` is a new descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the NUL-terminated name and writes ifru_flags of
+    // the ifreq it is given, which lives across the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(fail("SIOCGIFFLAGS"));
+    }
+    // SAFETY: SIOCGIFFLAGS filled in ifru_flags, the union member read here.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS only reads the ifreq.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(fail("SIOCSIFFLAGS"));
     }
     Ok(())
 }

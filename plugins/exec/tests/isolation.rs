@@ -242,7 +242,7 @@ async fn capabilities_outside_the_allowlist_and_bad_configs_are_refused_by_name(
 }
 
 #[tokio::test]
-async fn network_none_leaves_only_loopback_and_host_keeps_the_hosts_interfaces() {
+async fn network_none_has_only_a_loopback_device_which_is_up_and_host_keeps_the_hosts_interfaces() {
     if !isolation_possible() {
         return;
     }
@@ -265,6 +265,25 @@ async fn network_none_leaves_only_loopback_and_host_keeps_the_hosts_interfaces()
     let out = p.stdout("host");
     let seen: Vec<&str> = out.lines().collect();
     assert_eq!(seen.len(), host.len(), "{seen:?} vs {host:?}");
+
+    // The loopback device is up, as in Docker's `none` network.
+    if !std::path::Path::new("/bin/busybox").exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: /bin/busybox (busybox-static) is needed to check the loopback device"
+        );
+        eprintln!("#### SKIPPED the loopback check: no /bin/busybox (install busybox-static)");
+        return;
+    }
+    p.start(
+        "lo",
+        json!({ "command": "/bin/busybox", "args": ["ip", "-o", "link", "show", "lo"],
+                "network_mode": "none" }),
+    )
+    .await;
+    assert!(p.wait("lo").await.successful(), "{}", p.log("lo", "stderr"));
+    let link = p.stdout("lo");
+    assert!(link.contains("<LOOPBACK,UP"), "{link}");
 }
 
 #[tokio::test]
