@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
 use crate::loader::{self, Candidate, Fingerprinted, PluginState, PluginStatus, Source};
-use crate::state::{MemStore, PluginRecord, StateStore};
+use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
 const RELAUNCH_BACKOFF: (Duration, Duration) =
@@ -232,16 +232,29 @@ impl Records {
             sha256,
             reattach: p.reattach_config(),
         };
-        if let Err(e) = self.store.put_plugin(&rec) {
+        if let Err(e) = self.write(move |store| store.put_plugin(&rec)).await {
             // Not fatal: the plugin serves. The cost comes at the next start, which
             // cannot find this process again and launches a fresh one beside it.
             tracing::error!(plugin = %name, pid = p.pid(), "plugin record not saved: {e}");
         }
     }
 
-    fn forget(&self, name: &str) {
-        if let Err(e) = self.store.delete_plugin(name) {
+    async fn forget(&self, name: &str) {
+        let owned = name.to_owned();
+        if let Err(e) = self.write(move |store| store.delete_plugin(&owned)).await {
             tracing::warn!(plugin = %name, "stale plugin record not deleted: {e}");
+        }
+    }
+
+    /// A store write (an fsync) on a blocking thread, off the runtime's workers.
+    async fn write(
+        &self,
+        op: impl FnOnce(&dyn StateStore) -> Result<(), StateError> + Send + 'static,
+    ) -> Result<(), String> {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || op(&*store)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("the store write panicked or was cancelled: {e}")),
         }
     }
 }
@@ -433,7 +446,7 @@ impl Catalog {
             retiring.spawn(async move {
                 let _slot = slots.acquire_owned().await;
                 retire(&rec, timeout, "its binary is no longer a plugin candidate").await;
-                store.forget(&rec.name);
+                store.forget(&rec.name).await;
             });
         }
         let mut by_name: BTreeMap<String, Fingerprinted> = BTreeMap::new();
@@ -500,7 +513,7 @@ impl Catalog {
                 row.name = fp.info.name.clone();
                 row.version = fp.info.version.clone();
                 fp.process.shutdown().await;
-                self.records.forget(&fp.info.name);
+                self.records.forget(&fp.info.name).await;
                 self.skip(row);
                 continue;
             }
@@ -575,7 +588,7 @@ impl Catalog {
             let records = self.records.clone();
             set.spawn(async move {
                 let how = p.process().shutdown().await;
-                records.forget(&p.name);
+                records.forget(&p.name).await;
                 tracing::info!(plugin = %p.name, "plugin stopped ({how})");
             });
         }
@@ -719,7 +732,7 @@ async fn obtain(
                         "not reattaching: {reason}; launching a fresh process"
                     );
                 }
-                records.forget(&rec.name);
+                records.forget(&rec.name).await;
             }
         }
     }
