@@ -6,9 +6,10 @@
 //! reader reads file `N` to its end, then goes on with `N + 1` once that exists. A file
 //! deleted while we hold it open stays readable through our descriptor, so the file
 //! being read is never lost. To keep up with a fast writer the reader also opens the
-//! next few files as soon as they appear, before it gets to them ([`LOOKAHEAD`]);
-//! only files further ahead can be deleted before it reaches them, and then
-//! [`LogReader`] says how many were skipped instead of pretending the stream is whole.
+//! next files as soon as they appear, before it gets to them ([`LOOKAHEAD`] files and
+//! up to [`LOOKAHEAD_BYTES`]); only files further ahead can be deleted before it
+//! reaches them, and then [`LogReader`] says how many were skipped instead of
+//! pretending the stream is whole.
 //!
 //! A driver that writes one plain file at `<base>` (no index) is read as a stream of
 //! one file that never rotates.
@@ -25,10 +26,19 @@ use drover_plugin_sdk::logs::{file_name, log_files};
 /// Largest piece returned by one read.
 const CHUNK: usize = 256 * 1024;
 
-/// How many files past the one being read a reader holds open. A deleted file's disk
-/// space is only freed when the last descriptor closes, so this bounds what a slow
-/// or stalled reader (`logs -f | less`) can pin beyond the task's own `max_files`.
+/// How many files past the one being read a reader holds open at least. A deleted
+/// file's disk space is only freed when the last descriptor closes, so this and
+/// [`LOOKAHEAD_BYTES`] bound what a slow or stalled reader (`logs -f | less`) can pin
+/// beyond the task's own `max_files`.
 pub const LOOKAHEAD: usize = 4;
+
+/// Past [`LOOKAHEAD`] files, a reader goes on opening files ahead while the complete
+/// ones it holds ahead total less than this: a burst of this much output (small log
+/// files rotating fast) reaches a follower whole.
+pub const LOOKAHEAD_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Files held ahead at most, whatever their size (descriptors are not free either).
+const LOOKAHEAD_MAX_FILES: usize = 256;
 
 /// What a reader yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +66,8 @@ struct OpenFile {
     /// `None` for a plain, unnumbered file.
     index: Option<u64>,
     file: File,
+    /// Its size as counted in [`LogReader::ahead_bytes`] (complete files held ahead).
+    counted: u64,
 }
 
 /// The next file to read once the current one is drained.
@@ -72,6 +84,8 @@ pub struct LogReader {
     current: Option<OpenFile>,
     /// Files after `current`, consecutive, opened before they could be deleted.
     ahead: std::collections::VecDeque<OpenFile>,
+    /// Sum of `counted` over `ahead`.
+    ahead_bytes: u64,
     pending: Option<Pending>,
     buf: Vec<u8>,
 }
@@ -85,6 +99,7 @@ impl LogReader {
             start: Some(start),
             current: None,
             ahead: std::collections::VecDeque::new(),
+            ahead_bytes: 0,
             pending: None,
             buf: vec![0; CHUNK],
         }
@@ -118,6 +133,7 @@ impl LogReader {
                 return Ok(None);
             };
             if let Some(open) = self.ahead.pop_front() {
+                self.ahead_bytes -= open.counted;
                 self.pending = Some(Pending { open, skipped: 0 });
                 continue;
             }
@@ -130,8 +146,8 @@ impl LogReader {
         }
     }
 
-    /// Open the files after the current one that exist now, up to [`LOOKAHEAD`], so
-    /// that rotation cannot delete them before they are read. Cheap when there is
+    /// Open the files after the current one that exist now, up to [`LOOKAHEAD`] files
+    /// and [`LOOKAHEAD_BYTES`], so that rotation cannot delete them before they are read. Cheap when there is
     /// nothing new (one failed `open`); call it while waiting, too.
     pub fn open_ahead(&mut self) -> io::Result<()> {
         let last = match (self.ahead.back(), &self.pending, &self.current) {
@@ -143,13 +159,21 @@ impl LogReader {
         let Some(mut last) = last else {
             return Ok(());
         };
-        while self.ahead.len() < LOOKAHEAD {
+        while self.ahead.len() < LOOKAHEAD
+            || (self.ahead_bytes < LOOKAHEAD_BYTES && self.ahead.len() < LOOKAHEAD_MAX_FILES)
+        {
             match File::open(file_name(&self.base, last + 1)) {
                 Ok(file) => {
                     last += 1;
+                    // The next file exists, so the one before it is complete: count it.
+                    if let Some(prev) = self.ahead.back_mut() {
+                        prev.counted = prev.file.metadata()?.len();
+                        self.ahead_bytes += prev.counted;
+                    }
                     self.ahead.push_back(OpenFile {
                         index: Some(last),
                         file,
+                        counted: 0,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => break,
@@ -187,6 +211,7 @@ impl LogReader {
                     self.current = Some(OpenFile {
                         index: *index,
                         file,
+                        counted: 0,
                     });
                     self.start = None;
                     return Ok(true);
@@ -208,6 +233,7 @@ fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
                 open: OpenFile {
                     index: Some(index + 1),
                     file,
+                    counted: 0,
                 },
                 skipped: 0,
             }));
@@ -225,6 +251,7 @@ fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
                     open: OpenFile {
                         index: Some(next),
                         file,
+                        counted: 0,
                     },
                     skipped: next - index - 1,
                 }));
@@ -615,6 +642,41 @@ mod tests {
         assert_eq!(all.len(), 2 * MIB + 2 * MIB + MIB / 2);
         assert!(all[..MIB + MIB / 2].iter().all(|b| *b == b'a'));
         assert!(all[MIB + MIB / 2..].iter().all(|b| *b == b'b'));
+    }
+
+    /// A reader held up by its client (it only opens files ahead, as `send` does while
+    /// it waits) loses nothing of a burst up to [`LOOKAHEAD_BYTES`]; past that, rotation
+    /// wins and the gap is reported, so a stalled reader pins a bounded amount.
+    #[test]
+    fn a_held_up_reader_keeps_a_burst_up_to_the_byte_limit() {
+        const MIB_U64: u64 = MIB as u64;
+        for (burst_mib, lost) in [(40u64, false), (120, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let base = dir.path().join("stdout");
+            let mut w = RotatingWriter::open(&base, limits()).unwrap();
+            w.write_all(b"start\n").unwrap();
+            let mut r = LogReader::new(&base, LogStart::Beginning);
+            assert!(matches!(r.read().unwrap(), Some(LogChunk::Data(_))));
+            for _ in 0..burst_mib {
+                w.write_all(&vec![b'x'; MIB]).unwrap();
+                r.open_ahead().unwrap();
+            }
+            assert!(r.ahead_bytes <= LOOKAHEAD_BYTES, "{}", r.ahead_bytes);
+            let (data, skips) = drain(&mut r);
+            assert_eq!(
+                skips.is_empty(),
+                !lost,
+                "burst of {burst_mib} MiB: {skips:?}"
+            );
+            if !lost {
+                assert_eq!(data.len() as u64, burst_mib * MIB_U64);
+            }
+            assert!(
+                data.len() as u64 <= LOOKAHEAD_BYTES + 5 * MIB_U64,
+                "pinned {} bytes",
+                data.len()
+            );
+        }
     }
 
     #[test]
