@@ -425,7 +425,8 @@ async fn task_stats(
                 Some(Err(e)) => {
                     // A task that exited ends the stream; anything else is reported.
                     // The driver may notice the exit a moment before the task manager.
-                    let ended = tokio::time::timeout(Duration::from_secs(2), tasks.wait(&id)).await;
+                    let ended =
+                        tokio::time::timeout(Duration::from_secs(10), tasks.wait(&id)).await;
                     if matches!(ended, Ok(Ok(v)) if v.state == TaskLifecycle::Dead) {
                         return;
                     }

@@ -81,7 +81,7 @@ fn long_running_container_is_stopped_within_its_timeout() {
     let stopped = agent.cli_json(&["task", "stop", &id, "--json"]);
     let took = t.elapsed();
     assert!(
-        took >= Duration::from_millis(1900) && took < Duration::from_secs(5),
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(10),
         "stop took {took:?}"
     );
     assert_eq!(stopped["state"], "dead", "{stopped:#}");
@@ -96,7 +96,8 @@ fn long_running_container_is_stopped_within_its_timeout() {
     );
     let t = Instant::now();
     let stopped = agent.cli_json(&["task", "stop", &id, "--json"]);
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Well under the 20 s kill timeout, with room for a busy dockerd.
+    assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
     assert_eq!(stopped["exit_code"], 143, "{stopped:#}");
 }
 

@@ -349,7 +349,21 @@ fn kill_9_at_random_points_of_task_start_up_twenty_times() {
         .iter()
         .map(|t| (t["name"].as_str().unwrap_or_default().to_owned(), t))
         .collect();
-    let marks_now = read_marks(&marks);
+    // A task the recovering agent started last may be running before its shell has
+    // written its mark (and `>>` creates the file before writing to it): give the
+    // marks a moment to catch up with what the agent says.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let marks_now = loop {
+        let m = read_marks(&marks);
+        let complete = m.values().all(|pids| !pids.is_empty())
+            && by_name
+                .keys()
+                .all(|name| m.get(name).is_some_and(|pids| !pids.is_empty()));
+        if complete || Instant::now() >= deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let context = || format!("seed {seed}\nmarks {marks_now:?}\ntasks {known:#?}");
     // Nothing was started twice.
     for (name, starts) in &marks_now {

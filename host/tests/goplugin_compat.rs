@@ -16,6 +16,13 @@ const GOPATH: &str = "/usr/share/gocode";
 /// Debian's go-plugin sources the test cannot run: it fails under CI=true (the test
 /// script installs them) and skips loudly elsewhere.
 fn build_go_program() -> Option<PathBuf> {
+    // Both tests want the program: build it once, not twice into the same path while
+    // the other test may be running it.
+    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_go_program_once).clone()
+}
+
+fn build_go_program_once() -> Option<PathBuf> {
     let have_go = Command::new("go")
         .arg("version")
         .output()

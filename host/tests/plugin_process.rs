@@ -55,8 +55,10 @@ async fn socket_is_private_and_shutdown_is_prompt() {
 
     let t = std::time::Instant::now();
     let how = plugin.shutdown().await;
+    // It exits by itself (exit code 0, not the SIGKILL after the grace period);
+    // the bound only catches a hang on a loaded machine.
     assert!(
-        t.elapsed() < std::time::Duration::from_secs(2),
+        t.elapsed() < std::time::Duration::from_secs(5),
         "shutdown took {:?}",
         t.elapsed()
     );

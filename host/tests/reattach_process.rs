@@ -19,7 +19,8 @@ use drover_plugin_sdk::client::{
 };
 use drover_plugin_sdk::handshake::PluginAddr;
 
-const BUDGET: Duration = Duration::from_secs(3);
+/// Reattach budget: generous for a loaded machine (a hang is what the tests catch).
+const BUDGET: Duration = Duration::from_secs(10);
 
 async fn launch_skeleton(dir: &Path) -> PluginProcess {
     let mut opts = LaunchOptions::new("skeleton", workspace_bin("drover-skeleton-driver"));
@@ -144,7 +145,7 @@ async fn unproven_processes_are_left_alone() {
         .unwrap();
     let t = Instant::now();
     p.shutdown().await;
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     wait_dead(plugin.pid()).await;
 }
 
@@ -170,7 +171,7 @@ async fn hung_process_cannot_stall_a_reattach() {
         .await
         .unwrap_err();
     assert!(
-        t.elapsed() < Duration::from_secs(2),
+        t.elapsed() < Duration::from_secs(5),
         "took {:?}: {err}",
         t.elapsed()
     );

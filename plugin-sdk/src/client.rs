@@ -598,7 +598,7 @@ impl PluginProcess {
                 };
                 // Let the stderr reader catch the last lines it printed.
                 if let Some(done) = stderr_done {
-                    let _ = tokio::time::timeout(Duration::from_millis(200), done).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), done).await;
                 }
                 return Err(LaunchError::Exited {
                     status,

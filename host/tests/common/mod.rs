@@ -189,7 +189,8 @@ impl Agent {
             .filter_map(|r| r["pid"].as_u64())
             .map(|p| p as u32)
             .collect();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // Skipped plugins get a Shutdown, then SIGKILL after 2 s.
+        let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let live: std::collections::BTreeSet<u32> = self.marked_pids().into_iter().collect();
             if live == want {

@@ -82,10 +82,10 @@ async fn signals_reach_the_container_and_stop_escalates_to_kill() {
     })
     .await;
     let t = Instant::now();
-    c.stop_task("trap", Duration::from_secs(10), "SIGTERM")
+    c.stop_task("trap", Duration::from_secs(20), "SIGTERM")
         .await
         .unwrap();
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
     let r = c.wait_task("trap").await.unwrap();
     assert_eq!(r.exit_code, 0, "{r:?}");
     assert!(s.log("trap", "stdout").ends_with("bye\n"));
@@ -104,7 +104,7 @@ async fn signals_reach_the_container_and_stop_escalates_to_kill() {
         .unwrap();
     let took = t.elapsed();
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(6),
+        took >= Duration::from_millis(900) && took < Duration::from_secs(10),
         "stop took {took:?}"
     );
     assert_eq!(c.wait_task("stubborn").await.unwrap().exit_code, 137);
@@ -387,7 +387,7 @@ async fn stats_exec_env_ports_and_task_dirs() {
     c.stop_task("web", Duration::from_secs(20), "SIGTERM")
         .await
         .unwrap();
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
 }
 
 #[tokio::test]

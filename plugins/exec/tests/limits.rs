@@ -184,16 +184,20 @@ async fn the_cpu_quota_holds() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (t1, u1) = (Instant::now(), read_u64(&acct));
     let cores = (u1 - u0) as f64 / 1e9 / (t1 - t0).as_secs_f64();
+    // The quota is a ceiling: the task (two busy loops, wanting 2 cores) never gets
+    // more than half a core. It gets less only when the machine is busy with other
+    // work, and then it need not be throttled.
     assert!(
-        (0.4..=0.6).contains(&cores),
+        (0.15..=0.6).contains(&cores),
         "measured {cores:.3} cores under a quota of 0.5"
     );
     let throttled = std::fs::read_to_string(p.cgroup_dir("cpu", "busy").join("cpu.stat")).unwrap();
     assert!(
-        throttled
-            .lines()
-            .any(|l| l.starts_with("nr_throttled ") && !l.ends_with(" 0")),
-        "never throttled: {throttled}"
+        cores < 0.45
+            || throttled
+                .lines()
+                .any(|l| l.starts_with("nr_throttled ") && !l.ends_with(" 0")),
+        "used {cores:.3} cores and was never throttled: {throttled}"
     );
     // Stats agree with the cgroup.
     let mut stats = within(
@@ -209,7 +213,7 @@ async fn the_cpu_quota_holds() {
         .unwrap()
         .unwrap();
     assert!(
-        (30.0..=70.0).contains(&s.cpu_percent),
+        (10.0..=70.0).contains(&s.cpu_percent),
         "stats say {:.1}% of a core",
         s.cpu_percent
     );

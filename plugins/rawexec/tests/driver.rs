@@ -118,8 +118,9 @@ async fn task_ignoring_sigterm_is_killed_after_the_timeout() {
         took >= Duration::from_millis(950),
         "stop returned after {took:?}, before the timeout"
     );
+    // Generous for a loaded machine; a stop that forgot to escalate never returns.
     assert!(
-        took < Duration::from_millis(1500),
+        took < Duration::from_secs(5),
         "stop took {took:?} with a 1 s timeout"
     );
     assert_eq!(p.wait("stubborn").await, ExitResult::signaled(9));

@@ -7,7 +7,8 @@
 //!   - `normal` (default): a trivial driver whose tasks finish at once with exit 0;
 //!   - `goplugin-only`: a go-plugin plugin for another application — handshake, health
 //!     and go-plugin's own services, none of Drover's;
-//!   - `crash-after-handshake`: a normal plugin that exits with code 7 after 300 ms.
+//!   - `crash-after-handshake`: a normal plugin that exits with code 7 after 2 s
+//!     (long enough for a loaded machine to finish the handshake first).
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -123,7 +124,7 @@ fn main() {
         "goplugin-only" => goplugin_only(),
         "crash-after-handshake" => {
             std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(300));
+                std::thread::sleep(Duration::from_secs(2));
                 std::process::exit(7);
             });
             drover_plugin_sdk::serve(Fixture::default())

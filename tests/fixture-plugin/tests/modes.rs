@@ -49,7 +49,7 @@ async fn goplugin_only_mode_serves_no_drover_services_and_shuts_down() {
     assert!(matches!(err, DriverError::Unimplemented(_)), "{err:?}");
     let t = Instant::now();
     assert_eq!(p.shutdown().await, "exit code 0");
-    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // Its socket directory went with it.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
@@ -58,7 +58,7 @@ async fn goplugin_only_mode_serves_no_drover_services_and_shuts_down() {
 async fn crash_mode_exits_7_shortly_after_the_handshake() {
     let dir = tempfile::tempdir().unwrap();
     let p = launch(&[("FIXTURE_MODE", "crash-after-handshake")], dir.path()).await;
-    let how = tokio::time::timeout(Duration::from_secs(5), p.exited())
+    let how = tokio::time::timeout(Duration::from_secs(15), p.exited())
         .await
         .expect("crashes in time");
     assert_eq!(how, "exit code 7");
