@@ -346,6 +346,66 @@ impl Default for FollowOptions {
     }
 }
 
+/// Wakes a follower as soon as something happens in the log directory (a file is
+/// written or created), instead of at its next poll. A fast writer rotating small
+/// files can delete a file a few milliseconds after creating it; a follower woken
+/// by the creation opens it first (it stays readable through our descriptor).
+struct DirWatch {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+/// With a [`DirWatch`], how often a quiet follower still looks at the task's state
+/// and the stop signal.
+const WATCHED_IDLE_CHECK: Duration = Duration::from_millis(100);
+
+impl DirWatch {
+    /// Watch `dir`. Must be called within the runtime (the descriptor registers with
+    /// its reactor).
+    fn new(dir: &Path) -> io::Result<DirWatch> {
+        use rustix::fs::inotify::{CreateFlags, WatchFlags};
+        let fd = rustix::fs::inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
+        rustix::fs::inotify::add_watch(
+            &fd,
+            dir,
+            WatchFlags::CREATE | WatchFlags::MODIFY | WatchFlags::MOVED_TO,
+        )?;
+        // SAFETY: the AsyncFd owns the inotify descriptor; nothing else closes or
+        // replaces it while it is registered.
+        #[allow(unsafe_code)]
+        let fd = unsafe { tokio::io::unix::AsyncFd::register(fd)? };
+        Ok(DirWatch { fd })
+    }
+
+    /// Until something changed in the directory (or `limit` passed).
+    async fn changed(&self, limit: Duration) {
+        let Ok(Ok(mut ready)) = tokio::time::timeout(limit, self.fd.readable()).await else {
+            return;
+        };
+        // Which file changed does not matter: the reader looks at the files again.
+        let mut buf = [0u8; 4096];
+        loop {
+            match rustix::io::read(self.fd.get_ref(), &mut buf) {
+                Ok(n) if n > 0 => {}
+                Ok(_) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => {
+                    // Drained (EAGAIN) or broken: either way, wait for readiness anew.
+                    ready.clear_ready();
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Until the directory changes, or `fallback` passed when there is no watch.
+async fn wait_for_change(watch: Option<&DirWatch>, idle: Duration, fallback: Duration) {
+    match watch {
+        Some(w) => w.changed(idle).await,
+        None => tokio::time::sleep(fallback).await,
+    }
+}
+
 /// Read the stream at `base` on a blocking thread and send its chunks. Without
 /// `follow`, ends at the end of what was written. With it, ends once `dead` resolved
 /// and everything was read, or when `stop` fires or the receiver is dropped.
@@ -371,6 +431,13 @@ pub fn stream(
             }
         });
     }
+    // Without a watch (no inotify, or no directory yet) the follower polls.
+    let watch = match base.parent() {
+        Some(dir) if options.follow => DirWatch::new(dir)
+            .map_err(|e| tracing::debug!("polling {}: cannot watch it: {e}", dir.display()))
+            .ok(),
+        _ => None,
+    };
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let _done = reader_done.drop_guard();
@@ -389,7 +456,7 @@ pub fn stream(
             match reader.read() {
                 Ok(Some(chunk)) => {
                     quiet_since = None;
-                    if !send(&runtime, &tx, &mut reader, &stop, Ok(chunk)) {
+                    if !send(&runtime, &tx, &mut reader, watch.as_ref(), &stop, Ok(chunk)) {
                         return;
                     }
                 }
@@ -400,7 +467,16 @@ pub fn stream(
                     {
                         return;
                     }
-                    std::thread::sleep(options.poll);
+                    let idle = if finished.load(Ordering::Acquire) {
+                        options.poll
+                    } else {
+                        WATCHED_IDLE_CHECK
+                    };
+                    runtime.block_on(wait_for_change(watch.as_ref(), idle, options.poll));
+                    // Whatever appeared, open it before rotation can take it away.
+                    if let Err(e) = reader.open_ahead() {
+                        tracing::debug!("opening log files ahead: {e}");
+                    }
                 }
                 Err(e) => {
                     let e = io::Error::new(
@@ -423,21 +499,25 @@ fn send(
     runtime: &tokio::runtime::Handle,
     tx: &tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
     reader: &mut LogReader,
+    watch: Option<&DirWatch>,
     stop: &tokio_util::sync::CancellationToken,
     item: io::Result<LogChunk>,
 ) -> bool {
     loop {
-        match runtime.block_on(tokio::time::timeout(
-            Duration::from_millis(10),
-            tx.reserve(),
-        )) {
-            Ok(Ok(permit)) => {
+        let reserved = runtime.block_on(async {
+            tokio::select! {
+                permit = tx.reserve() => Some(permit),
+                () = wait_for_change(watch, WATCHED_IDLE_CHECK, Duration::from_millis(10)) => None,
+            }
+        });
+        match reserved {
+            Some(Ok(permit)) => {
                 permit.send(item);
                 return true;
             }
-            Ok(Err(_closed)) => return false,
-            Err(_timeout) if stop.is_cancelled() => return false,
-            Err(_timeout) => {
+            Some(Err(_closed)) => return false,
+            None if stop.is_cancelled() => return false,
+            None => {
                 // An error here shows up again at the next read, which reports it.
                 let _ = reader.open_ahead();
             }

@@ -47,6 +47,8 @@ struct FakeState {
     /// StartTask of this id finds the task there already (an earlier StartTask
     /// finished late) and answers AlreadyExists.
     late_start: Option<(String, Exit)>,
+    /// WaitTask calls that are listening (for the exit and for a crash), by task id.
+    waiting: Vec<String>,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -201,6 +203,7 @@ impl TaskDriver for Fake {
         let exit = self.known(id)?;
         let mut crashed = self.crashed.subscribe();
         let mut rx = exit.subscribe();
+        self.s().waiting.push(id.to_owned());
         tokio::select! {
             r = rx.wait_for(Option::is_some) => {
                 Ok(r.map_err(DriverError::internal)?.clone().unwrap_or_default())
@@ -374,6 +377,18 @@ fn manager(
     m.recover_timeout = Duration::from_millis(300);
     m.start_timeout = Duration::from_millis(300);
     Arc::new(m)
+}
+
+/// Until the runner of `id` is blocked in WaitTask (so that a crash now breaks it).
+async fn until_waiting(fake: &Fake, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fake.s().waiting.iter().any(|w| w == id) {
+        assert!(
+            Instant::now() < deadline,
+            "the runner of {id} never called WaitTask"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 fn request(config: serde_json::Value, restart: Option<RestartPolicy>) -> RunRequest {
@@ -1062,8 +1077,7 @@ async fn plugin_crash(breaks_connection: bool) {
         .run(request(serde_json::json!({}), None))
         .await
         .unwrap();
-    // Wait until the runner is blocked in WaitTask.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until_waiting(&env.fake, &v.id).await;
     env.fake.crash();
     until(&env.mgr, &v.id, "reporting the driver failure", |v| {
         v.events.iter().any(|e| e.kind == "DriverFailure")
@@ -1320,7 +1334,7 @@ async fn a_stop_while_the_plugin_is_down_completes_after_the_relaunch() {
         ))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until_waiting(&env.fake, &v.id).await;
     env.fake.crash();
     until(&env.mgr, &v.id, "reporting the driver failure", |v| {
         v.events.iter().any(|e| e.kind == "DriverFailure")
