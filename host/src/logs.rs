@@ -37,8 +37,36 @@ pub const LOOKAHEAD: usize = 4;
 /// files rotating fast) reaches a follower whole.
 pub const LOOKAHEAD_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Files held ahead at most, whatever their size (descriptors are not free either).
+/// Files held ahead at most by one reader, whatever their size.
 const LOOKAHEAD_MAX_FILES: usize = 256;
+
+/// Files held ahead beyond [`LOOKAHEAD`] by all readers of the agent together: the
+/// descriptors come out of the agent's own limit (often 1024), which its API and
+/// plugin connections need too.
+const LOOKAHEAD_EXTRA_FILES_TOTAL: usize = 512;
+
+static LOOKAHEAD_EXTRA_FILES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// One of the [`LOOKAHEAD_EXTRA_FILES_TOTAL`] descriptors, given back on drop.
+struct ExtraFileSlot;
+
+impl ExtraFileSlot {
+    fn take() -> Option<ExtraFileSlot> {
+        LOOKAHEAD_EXTRA_FILES
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < LOOKAHEAD_EXTRA_FILES_TOTAL).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ExtraFileSlot)
+    }
+}
+
+impl Drop for ExtraFileSlot {
+    fn drop(&mut self) {
+        LOOKAHEAD_EXTRA_FILES.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// What a reader yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +96,8 @@ struct OpenFile {
     file: File,
     /// Its size as counted in [`LogReader::ahead_bytes`] (complete files held ahead).
     counted: u64,
+    /// Held while this file is open, if it was opened beyond [`LOOKAHEAD`].
+    _slot: Option<ExtraFileSlot>,
 }
 
 /// The next file to read once the current one is drained.
@@ -162,6 +192,14 @@ impl LogReader {
         while self.ahead.len() < LOOKAHEAD
             || (self.ahead_bytes < LOOKAHEAD_BYTES && self.ahead.len() < LOOKAHEAD_MAX_FILES)
         {
+            let slot = if self.ahead.len() < LOOKAHEAD {
+                None
+            } else {
+                match ExtraFileSlot::take() {
+                    Some(slot) => Some(slot),
+                    None => break,
+                }
+            };
             match File::open(file_name(&self.base, last + 1)) {
                 Ok(file) => {
                     last += 1;
@@ -174,6 +212,7 @@ impl LogReader {
                         index: Some(last),
                         file,
                         counted: 0,
+                        _slot: slot,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => break,
@@ -212,6 +251,7 @@ impl LogReader {
                         index: *index,
                         file,
                         counted: 0,
+                        _slot: None,
                     });
                     self.start = None;
                     return Ok(true);
@@ -234,6 +274,7 @@ fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
                     index: Some(index + 1),
                     file,
                     counted: 0,
+                    _slot: None,
                 },
                 skipped: 0,
             }));
@@ -252,6 +293,7 @@ fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
                         index: Some(next),
                         file,
                         counted: 0,
+                        _slot: None,
                     },
                     skipped: next - index - 1,
                 }));
@@ -329,7 +371,8 @@ fn tail_position(files: &[(Option<u64>, PathBuf)], lines: u64) -> io::Result<(us
 pub struct FollowOptions {
     /// Keep reading as the task writes, until it is dead.
     pub follow: bool,
-    /// How often to look for new data when there is none.
+    /// How often to look for new data when there is none and the log directory cannot
+    /// be watched (inotify); with a watch, how often to look once the task is dead.
     pub poll: Duration,
     /// After the task is dead, how long the stream must stay quiet before it ends:
     /// the driver may still be copying the task's last output from its pipe.
@@ -358,6 +401,11 @@ struct DirWatch {
 /// and the stop signal.
 const WATCHED_IDLE_CHECK: Duration = Duration::from_millis(100);
 
+/// After a wake-up, how long a follower lets more output gather before it reads: a
+/// task writing many small lines would otherwise wake it once per write. Short
+/// against the time a fast writer takes to fill and rotate away a log file.
+const WAKE_BATCH: Duration = Duration::from_millis(2);
+
 impl DirWatch {
     /// Watch `dir`. Must be called within the runtime (the descriptor registers with
     /// its reactor).
@@ -378,8 +426,11 @@ impl DirWatch {
 
     /// Until something changed in the directory (or `limit` passed).
     async fn changed(&self, limit: Duration) {
-        let Ok(Ok(mut ready)) = tokio::time::timeout(limit, self.fd.readable()).await else {
-            return;
+        let mut ready = match tokio::time::timeout(limit, self.fd.readable()).await {
+            Ok(Ok(ready)) => ready,
+            Err(_elapsed) => return,
+            // The reactor is going away (the agent is stopping): do not spin.
+            Ok(Err(_)) => return tokio::time::sleep(limit).await,
         };
         // Which file changed does not matter: the reader looks at the files again.
         let mut buf = [0u8; 4096];
@@ -477,6 +528,9 @@ pub fn stream(
                     if let Err(e) = reader.open_ahead() {
                         tracing::debug!("opening log files ahead: {e}");
                     }
+                    if watch.is_some() {
+                        std::thread::sleep(WAKE_BATCH);
+                    }
                 }
                 Err(e) => {
                     let e = io::Error::new(
@@ -503,13 +557,20 @@ fn send(
     stop: &tokio_util::sync::CancellationToken,
     item: io::Result<LogChunk>,
 ) -> bool {
+    // No pause before the first wait; after a wake-up, a short one, so that a chatty
+    // task does not wake a follower whose client is slow once per write.
+    let mut pause = Duration::ZERO;
     loop {
         let reserved = runtime.block_on(async {
             tokio::select! {
                 permit = tx.reserve() => Some(permit),
-                () = wait_for_change(watch, WATCHED_IDLE_CHECK, Duration::from_millis(10)) => None,
+                () = async {
+                    tokio::time::sleep(pause).await;
+                    wait_for_change(watch, WATCHED_IDLE_CHECK, Duration::from_millis(10)).await;
+                } => None,
             }
         });
+        pause = WAKE_BATCH;
         match reserved {
             Some(Ok(permit)) => {
                 permit.send(item);

@@ -191,15 +191,21 @@ pub struct LogPosition {
     pub len: u64,
 }
 
-/// Undo whatever was written to the stream at `base` after `to`: files with a higher
-/// index are deleted and file `to.index` is cut back to `to.len`. A stream that is
-/// already at or before `to` is left alone (nothing here ever grows a file). Returns
-/// how many bytes were removed.
+/// Undo whatever was written to the stream at `base` after `to`, when that is only
+/// a tail of file `to.index`: the file is cut back to `to.len` and `Some(bytes cut)`
+/// is returned (`Some(0)` when it is not longer than that).
 ///
 /// A writer whose process may die between writing a message and recording that it
 /// did (a driver copying a container's logs) records [`RotatingWriter::position`]
 /// after each message; the next process rolls back to the recorded position and
 /// writes the unrecorded message again, so it ends up in the files exactly once.
+/// The rewritten bytes are the same as the cut ones, so a reader that already read
+/// them reads on correctly.
+///
+/// When the stream has moved past file `to.index` (a later file exists, or that file
+/// is gone), nothing is touched and `None` is returned: deleting a later file would
+/// make a reader that already opened it miss what is written again under its name.
+/// The caller then lives with the message being written twice.
 ///
 /// ```
 /// use drover_plugin_sdk::logs::{roll_back, RotatingWriter};
@@ -211,32 +217,27 @@ pub struct LogPosition {
 /// let recorded = w.position();
 /// w.write_all(b"two\n").unwrap(); // the process dies before recording this one
 /// drop(w);
-/// assert_eq!(roll_back(&base, recorded).unwrap(), 4);
+/// assert_eq!(roll_back(&base, recorded).unwrap(), Some(4));
 /// assert_eq!(std::fs::read(dir.path().join("stdout.0")).unwrap(), b"one\n");
 /// ```
-pub fn roll_back(base: &Path, to: LogPosition) -> io::Result<u64> {
-    let mut removed = 0;
-    for (index, path) in log_files(base)? {
-        if index < to.index {
-            continue;
-        }
-        let len = match std::fs::metadata(&path) {
-            Ok(m) => m.len(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        if index > to.index {
-            std::fs::remove_file(&path)?;
-            removed += len;
-        } else if len > to.len {
-            OpenOptions::new()
-                .write(true)
-                .open(&path)?
-                .set_len(to.len)?;
-            removed += len - to.len;
-        }
+pub fn roll_back(base: &Path, to: LogPosition) -> io::Result<Option<u64>> {
+    let files = log_files(base)?;
+    if files.iter().any(|(i, _)| *i > to.index) {
+        return Ok(None);
     }
-    Ok(removed)
+    let Some((_, path)) = files.iter().find(|(i, _)| *i == to.index) else {
+        return Ok(None);
+    };
+    let len = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if len <= to.len {
+        return Ok(Some(0));
+    }
+    OpenOptions::new().write(true).open(path)?.set_len(to.len)?;
+    Ok(Some(len - to.len))
 }
 
 fn open_append(path: &Path) -> io::Result<File> {
@@ -292,35 +293,54 @@ mod tests {
     }
 
     #[test]
-    fn roll_back_undoes_a_rotation_and_leaves_shorter_streams_alone() {
+    fn roll_back_cuts_a_tail_and_never_touches_a_later_file() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("stdout");
         let mut w = RotatingWriter::open(&base, limits(5)).unwrap();
-        w.write_all(&vec![b'a'; (MIB - 10) as usize]).unwrap();
+        w.write_all(&vec![b'a'; (MIB - 40) as usize]).unwrap();
         let recorded = w.position();
         assert_eq!(
             recorded,
             LogPosition {
                 index: 0,
-                len: MIB - 10
+                len: MIB - 40
             }
         );
-        // A message split across a rotation.
         w.write_all(&[b'b'; 30]).unwrap();
+        assert_eq!(roll_back(&base, recorded).unwrap(), Some(30));
+        assert_eq!(file_len(&file_name(&base, 0)), MIB - 40);
+        // Nothing past the record: nothing to cut.
+        assert_eq!(roll_back(&base, recorded).unwrap(), Some(0));
+        // Reopened, the writer goes on from the recorded point.
+        let mut w = RotatingWriter::open(&base, limits(5)).unwrap();
+        assert_eq!(w.position(), recorded);
+        // A message split across a rotation: file 1 exists, so nothing is touched.
+        w.write_all(&[b'c'; 60]).unwrap();
         assert_eq!(w.position(), LogPosition { index: 1, len: 20 });
         drop(w);
-        assert_eq!(roll_back(&base, recorded).unwrap(), 30);
+        assert_eq!(roll_back(&base, recorded).unwrap(), None);
+        assert_eq!(file_len(&file_name(&base, 0)), MIB);
+        assert_eq!(file_len(&file_name(&base, 1)), 20);
+    }
+
+    #[test]
+    fn roll_back_to_a_pruned_file_touches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        // One file kept: the rotation that creates file 1 deletes file 0.
+        let mut w = RotatingWriter::open(&base, limits(1)).unwrap();
+        w.write_all(&vec![b'a'; (MIB - 10) as usize]).unwrap();
+        let recorded = w.position();
+        w.write_all(&[b'b'; 30]).unwrap();
+        drop(w);
+        assert_eq!(roll_back(&base, recorded).unwrap(), None);
         let files = log_files(&base).unwrap();
-        assert_eq!(files.len(), 1);
-        assert_eq!(std::fs::metadata(&files[0].1).unwrap().len(), MIB - 10);
-        // Reopened, the writer goes on from the recorded point.
-        let w = RotatingWriter::open(&base, limits(5)).unwrap();
-        assert_eq!(w.position(), recorded);
-        // A record ahead of the files (they were cut or deleted by someone else)
-        // removes nothing.
-        let ahead = LogPosition { index: 3, len: 7 };
-        assert_eq!(roll_back(&base, ahead).unwrap(), 0);
-        assert_eq!(log_files(&base).unwrap().len(), 1);
+        assert_eq!(files.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1]);
+        assert_eq!(file_len(&files[0].1), 20);
+    }
+
+    fn file_len(path: &Path) -> u64 {
+        std::fs::metadata(path).unwrap().len()
     }
 
     #[test]

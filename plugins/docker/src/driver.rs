@@ -488,13 +488,13 @@ impl DriverPlugin for DockerDriver {
         let docker = task.engine.client().await?;
         kill(&docker, &task, sig).await?;
         self.event(task_id, format!("sent signal {sig}"));
-        if tokio::time::timeout(timeout, task.wait()).await.is_err() {
+        if tokio::time::timeout(timeout, task.stopped()).await.is_err() {
             kill(&docker, &task, SIGKILL).await?;
             self.event(
                 task_id,
                 format!("sent SIGKILL: still running after {timeout:?}"),
             );
-            tokio::time::timeout(KILL_GRACE, task.wait())
+            tokio::time::timeout(KILL_GRACE, task.stopped())
                 .await
                 .map_err(|_| {
                     DriverError::Timeout(format!(

@@ -69,6 +69,8 @@ pub(crate) struct Task {
     pub cancel: CancellationToken,
     exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
     logs_done: watch::Sender<bool>,
+    /// The container has stopped (its result may still wait for the log follower).
+    ended: watch::Sender<bool>,
     /// Messages the log follower has written, to tell a slow follower from a stuck one.
     logs_copied: AtomicU64,
     /// (container CPU ns, system CPU ns) of the previous stats sample.
@@ -102,6 +104,7 @@ impl Task {
             cancel: CancellationToken::new(),
             exit: watch::channel(None).0,
             logs_done: watch::channel(false).0,
+            ended: watch::channel(false).0,
             logs_copied: AtomicU64::new(0),
             last_cpu: Mutex::new(None),
         }
@@ -129,6 +132,18 @@ impl Task {
             Ok(slot) => slot.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
             // The sender lives in `self`, so it cannot be gone while we borrow it.
             Err(_) => ExitResult::default(),
+        }
+    }
+
+    /// Until the container has stopped: sooner than [`Task::wait`] when the log
+    /// follower still copies its last output, so that a stop is not mistaken for a
+    /// container that ignores SIGKILL.
+    pub(crate) async fn stopped(&self) {
+        let mut ended = self.ended.subscribe();
+        let mut exit = self.exit.subscribe();
+        tokio::select! {
+            _ = ended.wait_for(|e| *e) => {}
+            _ = exit.wait_for(Option::is_some) => {}
         }
     }
 
@@ -295,6 +310,7 @@ pub(crate) fn short(id: &str) -> &str {
 /// recorded it; `None` when cancelled or when another path recorded one first.
 pub(crate) async fn watch_exit(task: Arc<Task>) -> Option<ExitResult> {
     let (result, at) = wait_for_end(&task).await?;
+    task.ended.send_replace(true);
     task.logs_drained().await;
     task.finish(result.clone(), at).then_some(result)
 }

@@ -72,7 +72,9 @@ impl Cursor {
     /// Parse the cursor file's line for `container`: `None` for another container's
     /// line or anything unreadable (the task starts afresh).
     fn parse(text: &str, container: &str) -> Option<Saved> {
-        let mut f = text.split_whitespace();
+        // Only the first line: an older plugin's shorter line, written over a longer
+        // one in place, leaves the longer one's tail after its newline.
+        let mut f = text.lines().next()?.split_whitespace();
         if f.next()? != container {
             return None;
         }
@@ -88,13 +90,16 @@ impl Cursor {
                 ..Cursor::default()
             }
         };
-        let mut numbers = f.map(|n| n.parse::<u64>());
-        let mut position = || match (numbers.next(), numbers.next()) {
-            (Some(Ok(index)), Some(Ok(len))) => Some(LogPosition { index, len }),
-            _ => None,
+        let numbers: Vec<u64> = f.map(|n| n.parse::<u64>().ok()).collect::<Option<_>>()?;
+        let ends = match numbers[..] {
+            // A line from a plugin that did not record positions: nothing to cut.
+            [] => None,
+            [oi, ol, ei, el] => Some((
+                LogPosition { index: oi, len: ol },
+                LogPosition { index: ei, len: el },
+            )),
+            _ => return None,
         };
-        // A line from a plugin that did not record positions has none: nothing to cut.
-        let ends = position().zip(position());
         Some(Saved { cursor, ends })
     }
 
@@ -185,13 +190,18 @@ impl Sink {
                 if base.as_os_str().is_empty() {
                     continue;
                 }
-                let cut = roll_back(base, to).map_err(|e| in_file(base, e))?;
-                if cut > 0 {
-                    tracing::info!(
+                match roll_back(base, to).map_err(|e| in_file(base, e))? {
+                    Some(0) => {}
+                    Some(cut) => tracing::info!(
                         "{}: cut {cut} bytes the previous plugin process wrote without \
                          recording them; they are written again",
                         base.display()
-                    );
+                    ),
+                    None => tracing::info!(
+                        "{}: the previous plugin process died in the middle of a log file \
+                         rotation; its last message may appear twice",
+                        base.display()
+                    ),
                 }
             }
         }
@@ -526,6 +536,13 @@ mod tests {
         assert_eq!(back.ends, Some((end(2), end(3))));
         assert_eq!(Cursor::parse(&line, "another"), None);
         assert_eq!(Cursor::parse("garbage", CID), None);
+        // An older plugin's shorter line over a newer one: its tail is not read.
+        let mut overwritten = line.clone().into_bytes();
+        let old = format!("{CID} {T1} 4\n");
+        overwritten[..old.len()].copy_from_slice(old.as_bytes());
+        let back = Cursor::parse(std::str::from_utf8(&overwritten).unwrap(), CID).unwrap();
+        assert_eq!((back.cursor.seen, back.ends), (4, None));
+        assert_eq!(Cursor::parse(&format!("{CID} {T1} 4 1 2\n"), CID), None);
         // A line without positions (older plugin) still gives the cursor.
         let old = format!("{CID} {T1} 4\n");
         let back = Cursor::parse(&old, CID).unwrap();

@@ -48,8 +48,8 @@ pub enum NetworkMode {
     /// The host's network stack (default).
     #[default]
     Host,
-    /// An own network namespace with only a loopback device (up: 127.0.0.1 and ::1
-    /// work inside the task, nothing reaches outside).
+    /// An own network namespace with only a loopback device (up: 127.0.0.1, and ::1
+    /// where IPv6 is enabled, work inside the task; nothing reaches outside).
     None,
 }
 
