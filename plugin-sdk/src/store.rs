@@ -1,11 +1,71 @@
 //! [`TaskStore`]: the map from task id to the task a driver tracks, with a reservation
 //! step so that two concurrent starts (or a start and a recovery) of one id can never
-//! both create a task.
+//! both create a task. [`ExitSlot`]: how one of those tasks ended, once it has.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::DriverError;
+use std::time::SystemTime;
+
+use tokio::sync::watch;
+
+use crate::{DriverError, ExitResult};
+
+/// How a task ended and when, once known. The first result recorded wins (the exit
+/// watcher and a stop may both see the end); any number of callers wait for it.
+///
+/// ```
+/// use drover_plugin_sdk::{ExitResult, store::ExitSlot};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let slot = ExitSlot::default();
+/// assert!(slot.get().is_none());
+/// assert!(slot.finish(ExitResult::code(3), std::time::SystemTime::now()));
+/// assert!(!slot.finish(ExitResult::code(0), std::time::SystemTime::now()));
+/// assert_eq!(slot.wait().await.exit_code, 3);
+/// # });
+/// ```
+#[derive(Debug)]
+pub struct ExitSlot(watch::Sender<Option<(ExitResult, SystemTime)>>);
+
+impl Default for ExitSlot {
+    fn default() -> Self {
+        ExitSlot(watch::channel(None).0)
+    }
+}
+
+impl ExitSlot {
+    /// The result and the time of the exit, if the task has ended.
+    pub fn get(&self) -> Option<(ExitResult, SystemTime)> {
+        self.0.borrow().clone()
+    }
+
+    /// Whether the task has ended.
+    pub fn is_set(&self) -> bool {
+        self.0.borrow().is_some()
+    }
+
+    /// Record how the task ended; `false` (and nothing changes) if a result was
+    /// recorded before.
+    pub fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
+        self.0.send_if_modified(|slot| {
+            if slot.is_some() {
+                return false;
+            }
+            *slot = Some((result, at));
+            true
+        })
+    }
+
+    /// Until the task has ended; its result.
+    pub async fn wait(&self) -> ExitResult {
+        let mut rx = self.0.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(slot) => slot.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
+            // The sender lives in `self`, so it cannot be gone while we borrow it.
+            Err(_) => ExitResult::default(),
+        }
+    }
+}
 
 enum Slot<T> {
     /// The id is taken by a start or recovery in progress.

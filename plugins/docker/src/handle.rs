@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use bollard::models::{ContainerState, ContainerStatsResponse};
+use drover_plugin_sdk::store::ExitSlot;
 use drover_plugin_sdk::{ExitResult, TaskSpec, TaskState, TaskStats, TaskStatus};
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
@@ -67,7 +68,7 @@ pub(crate) struct Task {
     pub logs: LogTarget,
     /// Stops the exit watcher and the log follower (the task is destroyed).
     pub cancel: CancellationToken,
-    exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
+    exit: ExitSlot,
     logs_done: watch::Sender<bool>,
     /// The container has stopped (its result may still wait for the log follower).
     ended: watch::Sender<bool>,
@@ -102,7 +103,7 @@ impl Task {
                 limits: spec.logs,
             },
             cancel: CancellationToken::new(),
-            exit: watch::channel(None).0,
+            exit: ExitSlot::default(),
             logs_done: watch::channel(false).0,
             ended: watch::channel(false).0,
             logs_copied: AtomicU64::new(0),
@@ -111,28 +112,17 @@ impl Task {
     }
 
     pub(crate) fn running(&self) -> bool {
-        self.exit.borrow().is_none()
+        !self.exit.is_set()
     }
 
     /// Record how the task ended; the first result wins.
     pub(crate) fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
-        self.exit.send_if_modified(|slot| {
-            if slot.is_some() {
-                return false;
-            }
-            *slot = Some((result, at));
-            true
-        })
+        self.exit.finish(result, at)
     }
 
     /// Wait until the task has exited.
     pub(crate) async fn wait(&self) -> ExitResult {
-        let mut rx = self.exit.subscribe();
-        match rx.wait_for(Option::is_some).await {
-            Ok(slot) => slot.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
-            // The sender lives in `self`, so it cannot be gone while we borrow it.
-            Err(_) => ExitResult::default(),
-        }
+        self.exit.wait().await
     }
 
     /// Until the container has stopped: sooner than [`Task::wait`] when the log
@@ -140,10 +130,9 @@ impl Task {
     /// container that ignores SIGKILL.
     pub(crate) async fn stopped(&self) {
         let mut ended = self.ended.subscribe();
-        let mut exit = self.exit.subscribe();
         tokio::select! {
             _ = ended.wait_for(|e| *e) => {}
-            _ = exit.wait_for(Option::is_some) => {}
+            _ = self.exit.wait() => {}
         }
     }
 
@@ -185,7 +174,7 @@ impl Task {
 
     /// InspectTask's answer.
     pub(crate) fn status(&self) -> TaskStatus {
-        let exit = self.exit.borrow().clone();
+        let exit = self.exit.get();
         TaskStatus {
             id: self.id.clone(),
             name: self.name.clone(),

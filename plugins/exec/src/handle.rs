@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use drover_plugin_sdk::executor::ExecutorHandle;
+use drover_plugin_sdk::store::ExitSlot;
 use drover_plugin_sdk::{DriverError, ExitResult, TaskState, TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 
 use crate::cgroup::{TaskCgroup, Version};
 
@@ -37,7 +37,7 @@ pub(crate) struct Task {
     pub state: HandleState,
     pub cgroup: Arc<dyn TaskCgroup>,
     pub started_at: SystemTime,
-    exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
+    exit: ExitSlot,
     /// Timeout of the last stop, for the event saying SIGKILL was sent.
     pub stop_timeout: Mutex<Option<Duration>>,
     last_cpu: Mutex<Option<(Instant, Duration)>>,
@@ -60,37 +60,27 @@ impl Task {
             exec,
             state,
             cgroup,
-            exit: watch::channel(None).0,
+            exit: ExitSlot::default(),
             stop_timeout: Mutex::new(None),
             last_cpu: Mutex::new(None),
         }
     }
 
     pub(crate) fn running(&self) -> bool {
-        self.exit.borrow().is_none()
+        !self.exit.is_set()
     }
 
     /// Record how the task ended; the first result wins.
     pub(crate) fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
-        self.exit.send_if_modified(|slot| {
-            if slot.is_some() {
-                return false;
-            }
-            *slot = Some((result, at));
-            true
-        })
+        self.exit.finish(result, at)
     }
 
     pub(crate) async fn wait(&self) -> ExitResult {
-        let mut rx = self.exit.subscribe();
-        match rx.wait_for(Option::is_some).await {
-            Ok(slot) => slot.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
-            Err(_) => ExitResult::default(),
-        }
+        self.exit.wait().await
     }
 
     pub(crate) fn status(&self) -> TaskStatus {
-        let exit = self.exit.borrow().clone();
+        let exit = self.exit.get();
         let s = &self.state;
         TaskStatus {
             id: self.id.clone(),

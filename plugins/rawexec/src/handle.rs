@@ -5,9 +5,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use drover_plugin_sdk::executor::ExecutorHandle;
+use drover_plugin_sdk::store::ExitSlot;
 use drover_plugin_sdk::{DriverError, ExitResult, TaskState, TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 
 use crate::config::Launch;
 use crate::procfs;
@@ -44,7 +44,7 @@ pub(crate) struct Task {
     pub started_at: SystemTime,
     /// Environment and directory, for `ExecTask`.
     pub launch: Launch,
-    exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
+    exit: ExitSlot,
     /// Timeout of the last stop, for the event saying SIGKILL was sent.
     pub stop_timeout: Mutex<Option<Duration>>,
     last_cpu: Mutex<Option<(Instant, Duration)>>,
@@ -58,7 +58,7 @@ impl Task {
             started_at: exec.info().started_at,
             exec,
             launch,
-            exit: watch::channel(None).0,
+            exit: ExitSlot::default(),
             stop_timeout: Mutex::new(None),
             last_cpu: Mutex::new(None),
         }
@@ -80,33 +80,22 @@ impl Task {
     }
 
     pub(crate) fn running(&self) -> bool {
-        self.exit.borrow().is_none()
+        !self.exit.is_set()
     }
 
     /// Record how the task ended; the first result wins.
     pub(crate) fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
-        self.exit.send_if_modified(|slot| {
-            if slot.is_some() {
-                return false;
-            }
-            *slot = Some((result, at));
-            true
-        })
+        self.exit.finish(result, at)
     }
 
     /// Wait until the task has exited.
     pub(crate) async fn wait(&self) -> ExitResult {
-        let mut rx = self.exit.subscribe();
-        match rx.wait_for(Option::is_some).await {
-            Ok(slot) => slot.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
-            // The sender lives in `self`, so it cannot be gone while we borrow it.
-            Err(_) => ExitResult::default(),
-        }
+        self.exit.wait().await
     }
 
     /// InspectTask's answer.
     pub(crate) fn status(&self) -> TaskStatus {
-        let exit = self.exit.borrow().clone();
+        let exit = self.exit.get();
         let info = self.exec.info();
         TaskStatus {
             id: self.id.clone(),
