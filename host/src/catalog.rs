@@ -205,14 +205,8 @@ impl Records {
     }
 
     /// Remember a serving plugin process so the next agent can reattach to it.
-    async fn save(
-        &self,
-        name: &str,
-        version: &str,
-        api_version: &str,
-        c: &Candidate,
-        p: &PluginProcess,
-    ) {
+    async fn save(&self, fp: &Fingerprinted) {
+        let (name, c, p) = (fp.info.name.as_str(), &fp.candidate, &fp.process);
         let sha256 = match self.sha256(&c.path).await {
             Ok(h) => h,
             Err(e) => {
@@ -222,8 +216,8 @@ impl Records {
         };
         let rec = PluginRecord {
             name: name.to_owned(),
-            version: version.to_owned(),
-            api_version: api_version.to_owned(),
+            version: fp.info.version.clone(),
+            api_version: fp.api_version.to_string(),
             args: c
                 .args
                 .iter()
@@ -527,15 +521,7 @@ impl Catalog {
                 reattached = fp.process.is_reattached(),
                 "plugin loaded"
             );
-            self.records
-                .save(
-                    &fp.info.name,
-                    &fp.info.version,
-                    &fp.api_version.to_string(),
-                    &fp.candidate,
-                    &fp.process,
-                )
-                .await;
+            self.records.save(&fp).await;
             let plugin = Arc::new(LoadedPlugin::new(fp));
             if let Ok(mut l) = self.loaded.write() {
                 l.insert(plugin.name.clone(), plugin.clone());
@@ -739,15 +725,7 @@ async fn obtain(
     let fp = loader::fingerprint(c, ctx.timeout, &ctx.socket_dir, &ctx.accepted).await?;
     // Recorded as soon as it is identified, not only once it serves: an agent killed in
     // between must still find this process at its next start.
-    records
-        .save(
-            &fp.info.name,
-            &fp.info.version,
-            &fp.api_version.to_string(),
-            &fp.candidate,
-            &fp.process,
-        )
-        .await;
+    records.save(&fp).await;
     Ok(fp)
 }
 
@@ -894,15 +872,7 @@ async fn relaunch(
         return Err(reason);
     }
     tracing::info!(plugin = %plugin.name, pid = fp.process.pid(), "plugin relaunched");
-    records
-        .save(
-            &plugin.name,
-            &fp.info.version,
-            &fp.api_version.to_string(),
-            &fp.candidate,
-            &fp.process,
-        )
-        .await;
+    records.save(&fp).await;
     *plugin.live() = live_from(fp);
     plugin.generation.send_modify(|g| *g += 1);
     Ok(())
