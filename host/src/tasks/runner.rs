@@ -438,31 +438,22 @@ impl Runner {
     async fn watch(&mut self, mut attached_on: u64) -> Phase {
         let mut retries = RETRY_PAUSES.to_vec();
         loop {
-            let Some(driver) = self.mgr.drivers.driver(&self.task.driver) else {
-                match self.attach().await {
-                    Attach::Attached(g) => {
-                        attached_on = g;
-                        retries = RETRY_PAUSES.to_vec();
+            let driver = match self.mgr.drivers.driver(&self.task.driver) {
+                Some(d) if *d.generation().borrow() == attached_on => d,
+                // No driver, or its process was replaced since the task was attached:
+                // the new one has to be told about the task before it can answer for it.
+                _ => {
+                    match self.attach().await {
+                        Attach::Attached(g) => {
+                            attached_on = g;
+                            retries = RETRY_PAUSES.to_vec();
+                        }
+                        Attach::NeverStarted => return self.lost_handle().await,
+                        Attach::Lost(why) => return self.lost(why).await,
                     }
-                    Attach::NeverStarted => return self.lost_handle().await,
-                    Attach::Lost(why) => return self.lost(why).await,
+                    continue;
                 }
-                continue;
             };
-            let generation = *driver.generation().borrow();
-            if generation != attached_on {
-                // The driver process was replaced since the task was attached: the
-                // new one has to be told about it before it can answer for it.
-                match self.attach().await {
-                    Attach::Attached(g) => {
-                        attached_on = g;
-                        retries = RETRY_PAUSES.to_vec();
-                    }
-                    Attach::NeverStarted => return self.lost_handle().await,
-                    Attach::Lost(why) => return self.lost(why).await,
-                }
-                continue;
-            }
             match driver.wait_task(&self.task.id).await {
                 Ok(result) => return self.exited(result).await,
                 Err(DriverError::Unavailable(_)) => {
