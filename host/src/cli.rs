@@ -85,15 +85,7 @@ impl ApiClient {
     ) -> anyhow::Result<serde_json::Value> {
         let resp = self.send(method, path, body).await?;
         let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .context("reading the agent's answer")?
-            .to_bytes();
-        let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(
-            |_| serde_json::json!({ "error": String::from_utf8_lossy(&body).into_owned() }),
-        );
+        let value = json_body(resp).await?;
         if !status.is_success() {
             bail!("{}", error_text(&value));
         }
@@ -106,17 +98,22 @@ impl ApiClient {
         if resp.status().is_success() {
             return Ok(resp.into_body());
         }
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .context("reading the agent's answer")?
-            .to_bytes();
-        let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(
-            |_| serde_json::json!({ "error": String::from_utf8_lossy(&body).into_owned() }),
-        );
+        let value = json_body(resp).await?;
         bail!("{}", error_text(&value));
     }
+}
+
+/// The agent's answer as JSON; a body that is not JSON becomes `{"error": <text>}`.
+async fn json_body(resp: hyper::Response<Incoming>) -> anyhow::Result<serde_json::Value> {
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .context("reading the agent's answer")?
+        .to_bytes();
+    Ok(serde_json::from_slice(&body).unwrap_or_else(
+        |_| serde_json::json!({ "error": String::from_utf8_lossy(&body).into_owned() }),
+    ))
 }
 
 fn error_text(value: &serde_json::Value) -> String {
