@@ -12,7 +12,7 @@
 //! message, so it is in the files once.
 
 use std::fs::File;
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -180,11 +180,24 @@ fn open_writer(base: &Path, limits: LogConfig) -> std::io::Result<Option<Rotatin
 
 impl Sink {
     fn open(target: &LogTarget, container: &str) -> std::io::Result<Sink> {
-        let cursor_path = target.cursor_path();
-        let saved = cursor_path
-            .as_deref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|text| Cursor::parse(&text, container));
+        let cursor_file = match target.cursor_path() {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .read(true)
+                    .write(true)
+                    .truncate(false)
+                    .open(&path)
+                    .map_err(|e| in_file(&path, e))?;
+                Some((path, file))
+            }
+            None => None,
+        };
+        let saved = cursor_file.as_ref().and_then(|(_, file)| {
+            let mut text = String::new();
+            (&*file).read_to_string(&mut text).ok()?;
+            Cursor::parse(&text, container)
+        });
         if let Some((stdout, stderr)) = saved.as_ref().and_then(|s| s.ends) {
             for (base, to) in [(&target.stdout, stdout), (&target.stderr, stderr)] {
                 if base.as_os_str().is_empty() {
@@ -207,18 +220,6 @@ impl Sink {
         }
         let stdout = open_writer(&target.stdout, target.limits)?;
         let stderr = open_writer(&target.stderr, target.limits)?;
-        let cursor_file = match cursor_path {
-            Some(path) => {
-                let file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .write(true)
-                    .truncate(false)
-                    .open(&path)
-                    .map_err(|e| in_file(&path, e))?;
-                Some((path, file))
-            }
-            None => None,
-        };
         let sink = Sink {
             container: container.to_owned(),
             stdout,
