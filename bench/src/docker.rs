@@ -179,24 +179,6 @@ fn start_agent(drover: &Path, root: &Path, config: &Path) -> anyhow::Result<Chil
         .context("starting the agent")
 }
 
-async fn wait_docker_healthy(api: &Api) -> anyhow::Result<()> {
-    let t = Instant::now();
-    loop {
-        if let Ok(rows) = api.call(hyper::Method::GET, "/v1/plugins", None).await
-            && rows.as_array().is_some_and(|r| {
-                r.iter()
-                    .any(|p| p["name"] == "docker" && p["state"] == "healthy")
-            })
-        {
-            return Ok(());
-        }
-        if t.elapsed() > Duration::from_secs(30) {
-            bail!("the agent's docker driver did not become healthy within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn spec(alloc: &Path, id: &str, image: &str) -> anyhow::Result<TaskSpec> {
     let dir = alloc.join(id);
     std::fs::create_dir_all(dir.join("logs"))?;
@@ -221,7 +203,7 @@ async fn measure(
     alloc: &Path,
     api: &Api,
 ) -> anyhow::Result<()> {
-    wait_docker_healthy(api).await?;
+    api.wait_healthy("docker", Duration::from_secs(30)).await?;
     let cli_args = |name: &str| -> Vec<String> {
         [
             "run", "-d", "--name", name, "--label", CLI_LABEL, &o.image, "sleep", "3600",

@@ -26,6 +26,25 @@ pub(crate) struct Api {
 }
 
 impl Api {
+    /// Until the agent lists plugin `name` as healthy.
+    pub(crate) async fn wait_healthy(&self, name: &str, deadline: Duration) -> anyhow::Result<()> {
+        let t = Instant::now();
+        loop {
+            if let Ok(rows) = self.call(hyper::Method::GET, "/v1/plugins", None).await
+                && rows.as_array().is_some_and(|r| {
+                    r.iter()
+                        .any(|p| p["name"] == name && p["state"] == "healthy")
+                })
+            {
+                return Ok(());
+            }
+            if t.elapsed() > deadline {
+                bail!("the agent's {name} driver did not become healthy within {deadline:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub(crate) fn new(socket: PathBuf) -> Self {
         Api {
             socket,
@@ -89,24 +108,6 @@ fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
         child,
         api: Api::new(data.join("api.sock")),
     })
-}
-
-async fn wait_healthy(api: &Api, deadline: Duration) -> anyhow::Result<()> {
-    let t = Instant::now();
-    loop {
-        if let Ok(rows) = api.call(hyper::Method::GET, "/v1/plugins", None).await
-            && rows.as_array().is_some_and(|r| {
-                r.iter()
-                    .any(|p| p["name"] == "rawexec" && p["state"] == "healthy")
-            })
-        {
-            return Ok(());
-        }
-        if t.elapsed() > deadline {
-            bail!("rawexec did not become healthy within {deadline:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// `(utime + stime)` of a process, in clock ticks.
@@ -192,7 +193,10 @@ async fn measure(
     concurrency: usize,
     direct_elapsed: Duration,
 ) -> anyhow::Result<()> {
-    wait_healthy(&agent.api, Duration::from_secs(30)).await?;
+    agent
+        .api
+        .wait_healthy("rawexec", Duration::from_secs(30))
+        .await?;
     let api = agent.api.clone();
     let body = |i: usize| {
         serde_json::json!({
