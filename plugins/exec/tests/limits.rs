@@ -180,26 +180,35 @@ async fn the_cpu_quota_holds() {
     let quota = p.cgroup_dir("cpu", "busy").join("cpu.cfs_quota_us");
     assert_eq!(read_u64(&quota), 50_000);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (t0, u0) = (Instant::now(), read_u64(&acct));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (t1, u1) = (Instant::now(), read_u64(&acct));
-    let cores = (u1 - u0) as f64 / 1e9 / (t1 - t0).as_secs_f64();
-    // The quota is a ceiling: the task (two busy loops, wanting 2 cores) never gets
-    // more than half a core. It gets less only when the machine is busy with other
-    // work, and then it need not be throttled.
+    // The quota holds: measured usage within 20 % of it (0.4 to 0.6 cores). No window
+    // may exceed it; one quiet enough window must reach it (on a machine busy with
+    // other tests the task can get less than its quota for a while).
+    let mut cores = 0.0;
+    for _ in 0..5 {
+        let (t0, u0) = (Instant::now(), read_u64(&acct));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (t1, u1) = (Instant::now(), read_u64(&acct));
+        cores = (u1 - u0) as f64 / 1e9 / (t1 - t0).as_secs_f64();
+        assert!(
+            cores <= 0.6,
+            "measured {cores:.3} cores under a quota of 0.5"
+        );
+        if cores >= 0.4 {
+            break;
+        }
+    }
     assert!(
-        (0.15..=0.6).contains(&cores),
+        (0.4..=0.6).contains(&cores),
         "measured {cores:.3} cores under a quota of 0.5"
     );
     let throttled = std::fs::read_to_string(p.cgroup_dir("cpu", "busy").join("cpu.stat")).unwrap();
     assert!(
-        cores < 0.45
-            || throttled
-                .lines()
-                .any(|l| l.starts_with("nr_throttled ") && !l.ends_with(" 0")),
-        "used {cores:.3} cores and was never throttled: {throttled}"
+        throttled
+            .lines()
+            .any(|l| l.starts_with("nr_throttled ") && !l.ends_with(" 0")),
+        "never throttled: {throttled}"
     );
-    // Stats agree with the cgroup.
+    // Stats agree with the cgroup: a sample (of a few) shows the quota's share of a core.
     let mut stats = within(
         PROMPT,
         "stats",
@@ -208,12 +217,26 @@ async fn the_cpu_quota_holds() {
     .await
     .unwrap();
     let _ = within(PROMPT, "sample", tokio_stream::StreamExt::next(&mut stats)).await;
-    let s = within(PROMPT, "sample", tokio_stream::StreamExt::next(&mut stats))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut s = None;
+    for _ in 0..5 {
+        let sample = within(PROMPT, "sample", tokio_stream::StreamExt::next(&mut stats))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            sample.cpu_percent <= 70.0,
+            "stats say {:.1}% of a core",
+            sample.cpu_percent
+        );
+        let done = sample.cpu_percent >= 30.0;
+        s = Some(sample);
+        if done {
+            break;
+        }
+    }
+    let s = s.unwrap();
     assert!(
-        (10.0..=70.0).contains(&s.cpu_percent),
+        (30.0..=70.0).contains(&s.cpu_percent),
         "stats say {:.1}% of a core",
         s.cpu_percent
     );
