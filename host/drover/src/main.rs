@@ -1,12 +1,14 @@
 //! `drover`: the agent daemon, its CLI, and (re-executed) the built-in drivers.
 
+mod cli;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use drover_host::cli::{self, ApiClient};
+use cli::ApiClient;
 use drover_host::config::{AgentConfig, LogFormat};
 use drover_host::loader::Builtin;
 use hyper::Method;

@@ -44,7 +44,7 @@ fn build_go_program_once() -> Option<PathBuf> {
     }
     let target = drover().parent().unwrap().to_owned();
     let out = target.join("goplugin-compat");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/goplugin-compat");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/goplugin-compat");
     let status = Command::new("go")
         .args(["build", "-o"])
         .arg(&out)

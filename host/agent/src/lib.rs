@@ -7,7 +7,6 @@
 pub mod agent;
 pub mod api;
 pub mod catalog;
-pub mod cli;
 pub mod config;
 pub mod loader;
 pub mod logs;

@@ -10,10 +10,10 @@ use hyper::body::{Bytes, Incoming};
 use hyper_util::client::legacy::Client;
 use hyperlocal::{UnixClientExt as _, UnixConnector};
 
-use crate::config::default_api_socket;
-use crate::logs::{Frame, FrameDecoder};
-use crate::spec::SpecFile;
-use crate::tasks::{RestartMode, RestartPolicy, RunRequest};
+use drover_host::config::default_api_socket;
+use drover_host::logs::{Frame, FrameDecoder};
+use drover_host::spec::SpecFile;
+use drover_host::tasks::{RestartMode, RestartPolicy, RunRequest};
 
 /// Resolve the agent address: `--address`/`DROVER_ADDR` (`unix:///path` or a path),
 /// else the system agent's socket if present, else the dev agent's.
@@ -32,7 +32,7 @@ pub fn resolve_address(given: Option<&str>) -> anyhow::Result<PathBuf> {
     if system.exists() {
         return Ok(system);
     }
-    let dev = crate::config::AgentConfig {
+    let dev = drover_host::config::AgentConfig {
         dev: true,
         ..Default::default()
     };
@@ -178,7 +178,7 @@ pub async fn print_logs(c: &ApiClient, id: &str, args: &LogsArgs) -> anyhow::Res
                         Err(e) => return Err(e).context("writing to stdout"),
                     }
                 }
-                Frame::Skipped(n) => eprintln!("{}", crate::logs::skipped_notice(n)),
+                Frame::Skipped(n) => eprintln!("{}", drover_host::logs::skipped_notice(n)),
                 Frame::Error(e) => bail!("{e}"),
             }
         }
@@ -589,7 +589,7 @@ max_files = 4
 "#;
 
     fn spec() -> SpecFile {
-        crate::spec::parse(SPEC, "job.toml").unwrap()
+        drover_host::spec::parse(SPEC, "job.toml").unwrap()
     }
 
     #[test]
@@ -699,7 +699,7 @@ max_files = 4
             })
             .contains("is not KEY=VALUE")
         );
-        let mut no_driver = crate::spec::parse("name = \"x\"\n", "j.toml").unwrap();
+        let mut no_driver = drover_host::spec::parse("name = \"x\"\n", "j.toml").unwrap();
         assert_eq!(
             run_request(Some(&mut no_driver), RunFlags::default())
                 .unwrap_err()

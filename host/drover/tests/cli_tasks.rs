@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::rawexec_agent as agent;
 
 fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tasks")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tasks")
 }
 
 fn stderr(out: &std::process::Output) -> String {
