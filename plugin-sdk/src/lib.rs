@@ -7,7 +7,8 @@
 //! - Plugin authors: implement [`DriverPlugin`] and call [`serve`] from `main`. See
 //!   `examples/skeleton-driver` in the Drover repository for a complete driver to copy.
 //! - Drivers whose tasks must outlive the plugin (rawexec, exec, java, qemu) start them
-//!   through a per-task [`executor`].
+//!   through a per-task executor: the `drover-executor` crate (`plugins/shared/executor`
+//!   in the Drover repository).
 //! - Hosts and tests: [`client::PluginProcess::launch`] starts a plugin binary and
 //!   gives a typed [`client::PluginClient`].
 //!
@@ -18,7 +19,6 @@
 pub mod client;
 pub mod driver;
 pub mod error;
-pub mod executor;
 pub mod handshake;
 pub mod logging;
 pub mod logs;

@@ -84,8 +84,7 @@ pub enum ServeError {
 
 /// Serve `driver` as a plugin process and exit. Call it from `main`.
 ///
-/// Started as a task executor (see [`crate::executor`]), it runs that instead and never
-/// serves. Otherwise it checks the magic cookie (a person running the binary by hand gets a sentence on
+/// It checks the magic cookie (a person running the binary by hand gets a sentence on
 /// stderr and exit code 1), logs JSON lines to stderr, binds a unix socket (mode 0600
 /// in a fresh 0700 directory), serves health, go-plugin's controller/stdio/broker and
 /// Drover's BasePlugin and Driver services, prints the handshake line, ignores SIGINT,
@@ -101,9 +100,6 @@ pub enum ServeError {
 /// }
 /// ```
 pub fn serve<D: DriverPlugin>(driver: D) -> ! {
-    // Before anything else (even the cookie check: an executor's environment holds
-    // only its directory), a binary re-executed as a task's executor becomes one.
-    crate::executor::run_if_executor();
     if std::env::var(handshake::MAGIC_COOKIE_KEY).as_deref() != Ok(handshake::MAGIC_COOKIE_VALUE) {
         let name = std::env::args()
             .next()

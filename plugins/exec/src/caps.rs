@@ -2,8 +2,8 @@
 //! and the masks the executor applies (through the `caps` crate's names and bits).
 
 use caps::Capability;
+use drover_executor::CapabilitySets;
 use drover_plugin_sdk::DriverError;
-use drover_plugin_sdk::executor::CapabilitySets;
 
 /// What a task gets when the plugin config says nothing: Nomad's exec default, the
 /// capabilities a traditional Unix service run as root expects, without the ones that

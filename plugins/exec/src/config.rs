@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use drover_executor::{Rlimit, RlimitResource};
 use drover_plugin_sdk::DriverError;
-use drover_plugin_sdk::executor::{Rlimit, RlimitResource};
 use schemars::JsonSchema;
 use serde::Deserialize;
 

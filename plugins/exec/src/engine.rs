@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use drover_plugin_sdk::executor::{
-    self, Credentials, ExecutorHandle, ExitInfo, Isolation, LaunchSpec, Namespaces,
+use drover_executor::{
+    self as executor, Credentials, ExecutorHandle, ExitInfo, Isolation, LaunchSpec, Namespaces,
 };
 use drover_plugin_sdk::schemars::JsonSchema;
 use drover_plugin_sdk::serde::de::DeserializeOwned;

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Component, Path, PathBuf};
 
+use drover_executor::{Mount, MountKind};
 use drover_plugin_sdk::DriverError;
-use drover_plugin_sdk::executor::{Mount, MountKind};
 
 /// Host paths bound into every task's root when the plugin config has no
 /// `chroot_env`; missing ones are skipped. Like Nomad's default `chroot_env`, but

@@ -1,7 +1,7 @@
 //! The user a task runs as: a name or number resolved on the host.
 
+use drover_executor::Credentials;
 use drover_plugin_sdk::DriverError;
-use drover_plugin_sdk::executor::Credentials;
 
 /// Who a task runs as when its config says nothing.
 pub const DEFAULT_USER: &str = "nobody";

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use drover_plugin_sdk::executor::{self, ExecutorHandle, ExitInfo, LaunchSpec};
+use drover_executor::{self as executor, ExecutorHandle, ExitInfo, LaunchSpec};
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
     FsIsolation, NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,

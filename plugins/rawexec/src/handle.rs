@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use drover_plugin_sdk::executor::ExecutorHandle;
+use drover_executor::ExecutorHandle;
 use drover_plugin_sdk::store::ExitSlot;
 use drover_plugin_sdk::{DriverError, ExitResult, TaskState, TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};

@@ -397,7 +397,7 @@ async fn a_killed_executor_is_reported_not_waited_for_forever() {
 
 #[tokio::test]
 async fn the_executor_answers_status_and_stats_on_its_own() {
-    use drover_plugin_sdk::executor::ExecutorHandle;
+    use drover_executor::ExecutorHandle;
     let (_dir, p) = setup().await;
     let (handle, pid) = p.start("direct", sh("while :; do :; done")).await;
     // A driver (or an operator's tool) needs nothing but the directory.

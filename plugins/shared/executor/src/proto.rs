@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{ExitResult, LogConfig, TaskStats};
+use drover_plugin_sdk::types::{ExitResult, LogConfig, TaskStats};
 
 use super::PROTOCOL_VERSION;
 
@@ -21,7 +21,7 @@ use super::PROTOCOL_VERSION;
 /// between fork and exec (see [`Isolation`]).
 ///
 /// ```
-/// let mut spec = drover_plugin_sdk::executor::LaunchSpec::new("web-1", "/bin/echo");
+/// let mut spec = drover_executor::LaunchSpec::new("web-1", "/bin/echo");
 /// spec.args = vec!["hello".into()];
 /// spec.env.insert("PATH".into(), "/bin:/usr/bin".into());
 /// assert_eq!(spec.cwd, std::path::Path::new("/"));
@@ -96,7 +96,7 @@ impl LaunchSpec {
 /// namespace with it. [`ExecutorStatus::pid`] is this init process.
 ///
 /// ```
-/// use drover_plugin_sdk::executor::{Isolation, Mount};
+/// use drover_executor::{Isolation, Mount};
 /// let mut iso = Isolation::default();
 /// iso.namespaces.pid = true;
 /// iso.namespaces.mount = true;
@@ -136,7 +136,7 @@ pub struct Isolation {
 /// asks for; net is optional (`network_mode = "none"`: only a loopback device, down).
 ///
 /// ```
-/// let n = drover_plugin_sdk::executor::Namespaces::default();
+/// let n = drover_executor::Namespaces::default();
 /// assert!(!n.pid && !n.net);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -174,7 +174,7 @@ pub enum MountKind {
 /// One mount of the task's root.
 ///
 /// ```
-/// use drover_plugin_sdk::executor::{Mount, MountKind};
+/// use drover_executor::{Mount, MountKind};
 /// let m = Mount::bind("/srv/task-1/local", "/local", false);
 /// assert_eq!(m.kind, MountKind::Bind);
 /// assert_eq!(Mount::dev("/dev").kind, MountKind::Dev);
@@ -233,7 +233,7 @@ impl Mount {
 /// A resource limit (`setrlimit`) of the task.
 ///
 /// ```
-/// use drover_plugin_sdk::executor::{Rlimit, RlimitResource};
+/// use drover_executor::{Rlimit, RlimitResource};
 /// let r: Rlimit = serde_json::from_str(r#"{"resource":"nofile","soft":1024,"hard":4096}"#).unwrap();
 /// assert_eq!(r.resource, RlimitResource::Nofile);
 /// ```
@@ -297,7 +297,7 @@ impl RlimitResource {
     /// The lowercase name (`nofile`).
     ///
     /// ```
-    /// use drover_plugin_sdk::executor::RlimitResource;
+    /// use drover_executor::RlimitResource;
     /// assert_eq!(RlimitResource::Nofile.name(), "nofile");
     /// assert_eq!(RlimitResource::from_name("NOFILE"), Some(RlimitResource::Nofile));
     /// ```
@@ -333,7 +333,7 @@ impl RlimitResource {
 /// Who the task runs as. The driver resolves names; the executor only sets ids.
 ///
 /// ```
-/// let c = drover_plugin_sdk::executor::Credentials { uid: 65534, gid: 65534, groups: vec![] };
+/// let c = drover_executor::Credentials { uid: 65534, gid: 65534, groups: vec![] };
 /// assert_eq!(c.uid, 65534);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -358,7 +358,7 @@ pub struct Credentials {
 ///   A non-root task without ambient capabilities has none at all.
 ///
 /// ```
-/// let c = drover_plugin_sdk::executor::CapabilitySets { bounding: 1 << 10, ambient: 0 };
+/// let c = drover_executor::CapabilitySets { bounding: 1 << 10, ambient: 0 };
 /// assert_eq!(c.bounding.count_ones(), 1); // CAP_NET_BIND_SERVICE
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -374,7 +374,8 @@ pub struct CapabilitySets {
 /// How a task ended, as the executor recorded it.
 ///
 /// ```
-/// use drover_plugin_sdk::{ExitResult, executor::ExitInfo};
+/// use drover_plugin_sdk::ExitResult;
+/// use drover_executor::ExitInfo;
 /// let e = ExitInfo {
 ///     result: ExitResult::signaled(9),
 ///     exited_at: std::time::SystemTime::now(),
@@ -397,7 +398,7 @@ pub struct ExitInfo {
 /// (with `exit` set) when the task has exited.
 ///
 /// ```
-/// let s = drover_plugin_sdk::executor::ExecutorStatus {
+/// let s = drover_executor::ExecutorStatus {
 ///     task_id: "web-1".into(),
 ///     pid: 4242,
 ///     pgid: 4242,
@@ -468,7 +469,7 @@ pub(crate) enum Op {
     Destroy,
 }
 
-/// Why a request failed, so the client can map it to the right [`crate::DriverError`].
+/// Why a request failed, so the client can map it to the right [`drover_plugin_sdk::DriverError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ErrorKind {

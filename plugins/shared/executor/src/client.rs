@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 
-use crate::DriverError;
-use crate::types::{TaskStats, validate_task_id};
+use drover_plugin_sdk::DriverError;
+use drover_plugin_sdk::types::{TaskStats, validate_task_id};
 
 use super::proto::{ErrorKind, Op, Reply, Request};
 use super::{
@@ -65,7 +65,7 @@ fn fd_headroom() -> Option<u64> {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), drover_plugin_sdk::DriverError> {
-/// use drover_plugin_sdk::executor::{self, LaunchSpec};
+/// use drover_executor::{self as executor, LaunchSpec};
 /// let spec = LaunchSpec::new("job-1", "/bin/true");
 /// let task = executor::launch(std::path::Path::new("/run/drover/mydriver"), &spec).await?;
 /// assert!(task.wait().await?.result.successful());
@@ -76,13 +76,13 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
     prepare_state_dir(state_dir)?;
     let dir = task_dir(state_dir, &spec.task_id);
     let sock = socket_path(&dir);
-    if !crate::client::socket_path_fits(&sock) {
+    if !drover_plugin_sdk::client::socket_path_fits(&sock) {
         return Err(DriverError::InvalidConfig(format!(
             "executor socket path {} is {} bytes, longer than the {} a unix socket allows; \
              use a shorter data_dir for the agent",
             sock.display(),
             sock.as_os_str().len(),
-            crate::handshake::MAX_UNIX_SOCKET_PATH
+            drover_plugin_sdk::handshake::MAX_UNIX_SOCKET_PATH
         )));
     }
     let io_err = |what: &str, path: &Path, e: std::io::Error| {
@@ -246,7 +246,7 @@ pub const EXECUTOR_ARG0: &str = "drover-executor: ";
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), drover_plugin_sdk::DriverError> {
-/// use drover_plugin_sdk::executor::{ExecutorHandle, state_dir, task_dir};
+/// use drover_executor::{ExecutorHandle, state_dir, task_dir};
 /// // After a plugin restart, with nothing but the task id:
 /// let dir = task_dir(&state_dir(std::path::Path::new("/data/plugin-state"), "rawexec"), "web-1");
 /// let task = ExecutorHandle::connect(&dir).await?;

@@ -5,7 +5,7 @@ use std::io::{self, Read as _, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
-use crate::DriverError;
+use drover_plugin_sdk::DriverError;
 
 use super::proto::ExitFile;
 use super::{EXIT_FILE, ExecutorStatus, LOCK_FILE, LOG_FILE, PROTOCOL_VERSION};
@@ -43,9 +43,9 @@ pub(crate) fn write_exit_file(dir: &Path, status: &ExecutorStatus) -> io::Result
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
-/// assert!(drover_plugin_sdk::executor::read_exit_file(dir.path()).unwrap().is_none());
+/// assert!(drover_executor::read_exit_file(dir.path()).unwrap().is_none());
 /// std::fs::write(dir.path().join("exit.json"), "{").unwrap();
-/// let err = drover_plugin_sdk::executor::read_exit_file(dir.path()).unwrap_err();
+/// let err = drover_executor::read_exit_file(dir.path()).unwrap_err();
 /// assert!(err.to_string().contains("exit.json"));
 /// ```
 pub fn read_exit_file(dir: &Path) -> Result<Option<ExecutorStatus>, DriverError> {
@@ -199,8 +199,8 @@ pub(crate) fn note(dir: &Path, message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ExitResult;
-    use crate::executor::ExitInfo;
+    use crate::ExitInfo;
+    use drover_plugin_sdk::ExitResult;
     use std::time::SystemTime;
 
     fn status() -> ExecutorStatus {

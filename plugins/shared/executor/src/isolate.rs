@@ -824,7 +824,7 @@ fn resource(r: RlimitResource) -> rustix::process::Resource {
 }
 
 /// The task's exit status as its init reported it (`code N`, `signal N`), if it did.
-pub(crate) fn read_status(pipe: &OwnedFd) -> Option<crate::ExitResult> {
+pub(crate) fn read_status(pipe: &OwnedFd) -> Option<drover_plugin_sdk::ExitResult> {
     let _ = rustix::io::ioctl_fionbio(pipe, true);
     let mut buf = [0u8; 64];
     let n = rustix::io::read(pipe, &mut buf).ok()?;
@@ -832,8 +832,8 @@ pub(crate) fn read_status(pipe: &OwnedFd) -> Option<crate::ExitResult> {
     let (kind, value) = text.trim().split_once(' ')?;
     let value: i32 = value.parse().ok()?;
     match kind {
-        "code" => Some(crate::ExitResult::code(value)),
-        "signal" => Some(crate::ExitResult::signaled(value)),
+        "code" => Some(drover_plugin_sdk::ExitResult::code(value)),
+        "signal" => Some(drover_plugin_sdk::ExitResult::signaled(value)),
         _ => None,
     }
 }
@@ -841,7 +841,7 @@ pub(crate) fn read_status(pipe: &OwnedFd) -> Option<crate::ExitResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::proto::CapabilitySets;
+    use crate::proto::CapabilitySets;
 
     #[test]
     fn mount_targets_must_stay_inside_the_root() {
@@ -883,7 +883,10 @@ mod tests {
         let (r, w) = pipe().unwrap();
         rustix::io::write(&w, b"signal 9").unwrap();
         drop(w);
-        assert_eq!(read_status(&r), Some(crate::ExitResult::signaled(9)));
+        assert_eq!(
+            read_status(&r),
+            Some(drover_plugin_sdk::ExitResult::signaled(9))
+        );
         let (r, w) = pipe().unwrap();
         drop(w);
         assert_eq!(read_status(&r), None);

@@ -2,11 +2,11 @@
 //! the plugin process (and the agent).
 //!
 //! A driver calls [`launch`] to start a task. The SDK re-executes the plugin binary
-//! (`/proc/self/exe`, same arguments) with [`ENV_EXECUTOR_DIR`] set; [`crate::serve`]
+//! (`/proc/self/exe`, same arguments) with [`ENV_EXECUTOR_DIR`] set; [`drover_plugin_sdk::serve`]
 //! (or [`run_if_executor`] in a binary that does not use `serve`) notices the variable
 //! first thing and runs the executor instead of the plugin. The executor detaches
 //! (`setsid`), starts the task, drains its stdout/stderr into rotated log files
-//! ([`crate::logs::RotatingWriter`]), reaps it, writes its exit result durably to
+//! ([`drover_plugin_sdk::logs::RotatingWriter`]), reaps it, writes its exit result durably to
 //! `exit.json`, and answers [`ExecutorHandle`] calls over a unix socket. It is one
 //! thread with a `poll` loop, no async runtime, so it stays small.
 //!
@@ -62,7 +62,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_plugin_sdk::DriverError> {
-//! use drover_plugin_sdk::executor::{self, LaunchSpec};
+//! use drover_executor::{self as executor, LaunchSpec};
 //! let state = executor::state_dir(std::path::Path::new("/var/lib/drover/plugin-state"), "mydriver");
 //! let mut spec = LaunchSpec::new("web-1", "/bin/sleep");
 //! spec.args = vec!["60".into()];
@@ -79,7 +79,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest as _;
 
-use crate::DriverError;
+use drover_plugin_sdk::DriverError;
 
 mod client;
 mod daemon;
@@ -99,7 +99,7 @@ pub use proto::{
 /// is the task's executor directory.
 ///
 /// ```
-/// assert_eq!(drover_plugin_sdk::executor::ENV_EXECUTOR_DIR, "DROVER_EXECUTOR_DIR");
+/// assert_eq!(drover_executor::ENV_EXECUTOR_DIR, "DROVER_EXECUTOR_DIR");
 /// ```
 pub const ENV_EXECUTOR_DIR: &str = "DROVER_EXECUTOR_DIR";
 
@@ -108,7 +108,7 @@ pub const ENV_EXECUTOR_DIR: &str = "DROVER_EXECUTOR_DIR";
 /// from one that understands new requests.
 ///
 /// ```
-/// assert!(drover_plugin_sdk::executor::PROTOCOL_VERSION >= 1);
+/// assert!(drover_executor::PROTOCOL_VERSION >= 1);
 /// ```
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -123,13 +123,13 @@ pub(crate) const EXIT_FILE: &str = "exit.json";
 pub(crate) const LOG_FILE: &str = "executor.log";
 
 /// If this process was started as an executor, run it and exit; otherwise return at
-/// once. [`crate::serve`] calls it first thing; a plugin binary that does not use
+/// once. [`drover_plugin_sdk::serve`] calls it first thing; a plugin binary that does not use
 /// `serve` must call it at the top of `main`, before anything else (no async runtime,
 /// no threads, no logging set up: the executor must stay small).
 ///
 /// ```no_run
 /// fn main() {
-///     drover_plugin_sdk::executor::run_if_executor();
+///     drover_executor::run_if_executor();
 ///     start_the_plugin();
 /// }
 /// # fn start_the_plugin() {}
@@ -146,7 +146,7 @@ pub fn run_if_executor() {
 ///
 /// ```
 /// use std::path::Path;
-/// let d = drover_plugin_sdk::executor::task_dir(Path::new("/var/lib/drover/x"), "web-1");
+/// let d = drover_executor::task_dir(Path::new("/var/lib/drover/x"), "web-1");
 /// assert_eq!(d.parent(), Some(Path::new("/var/lib/drover/x")));
 /// assert_eq!(d.file_name().unwrap().len(), 16);
 /// ```
@@ -160,7 +160,7 @@ pub fn task_dir(state_dir: &Path, task_id: &str) -> PathBuf {
 ///
 /// ```
 /// use std::path::Path;
-/// assert_eq!(drover_plugin_sdk::executor::socket_path(Path::new("/s/0123456789abcdef")),
+/// assert_eq!(drover_executor::socket_path(Path::new("/s/0123456789abcdef")),
 ///            Path::new("/s/0123456789abcdef/sock"));
 /// ```
 pub fn socket_path(dir: &Path) -> PathBuf {
@@ -168,15 +168,15 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 }
 
 /// Where a plugin named `plugin` keeps its executors: `<plugin_state_dir>/<plugin>`,
-/// where `plugin_state_dir` comes from [`crate::AgentInfo`] in `set_config`. When the
+/// where `plugin_state_dir` comes from [`drover_plugin_sdk::AgentInfo`] in `set_config`. When the
 /// host sent none (an empty path: tests, the conformance harness), a per-user directory
 /// under the temp dir: `<tmp>/drover-executors-<uid>/<plugin>`.
 ///
 /// ```
 /// use std::path::Path;
-/// let d = drover_plugin_sdk::executor::state_dir(Path::new("/data/plugin-state"), "rawexec");
+/// let d = drover_executor::state_dir(Path::new("/data/plugin-state"), "rawexec");
 /// assert_eq!(d, Path::new("/data/plugin-state/rawexec"));
-/// let fallback = drover_plugin_sdk::executor::state_dir(Path::new(""), "rawexec");
+/// let fallback = drover_executor::state_dir(Path::new(""), "rawexec");
 /// assert!(fallback.starts_with(std::env::temp_dir()));
 /// ```
 pub fn state_dir(plugin_state_dir: &Path, plugin: &str) -> PathBuf {
@@ -197,7 +197,7 @@ pub fn state_dir(plugin_state_dir: &Path, plugin: &str) -> PathBuf {
 /// ```
 /// let tmp = tempfile::tempdir().unwrap();
 /// let d = tmp.path().join("plugin-state/rawexec");
-/// drover_plugin_sdk::executor::prepare_state_dir(&d).unwrap();
+/// drover_executor::prepare_state_dir(&d).unwrap();
 /// use std::os::unix::fs::PermissionsExt as _;
 /// assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
 /// ```

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, WaitId, WaitIdOptions};
 
-use crate::ExitResult;
-use crate::logs::RotatingWriter;
+use drover_plugin_sdk::ExitResult;
+use drover_plugin_sdk::logs::RotatingWriter;
 
 use super::proto::{ErrorKind, Op, Reply, Request};
 use super::{
@@ -166,7 +166,7 @@ fn block_signals() {
 
 /// Memory and CPU time of process `pid` from `/proc/<pid>/stat` (fields 14 and 15,
 /// counted after the command name, which may contain spaces) and `/proc/<pid>/statm`.
-fn read_usage(pid: u32) -> io::Result<crate::TaskStats> {
+fn read_usage(pid: u32) -> io::Result<drover_plugin_sdk::TaskStats> {
     let bad = || io::Error::other("unexpected /proc format");
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let (_, rest) = stat.rsplit_once(')').ok_or_else(bad)?;
@@ -183,7 +183,7 @@ fn read_usage(pid: u32) -> io::Result<crate::TaskStats> {
     let hz = rustix::param::clock_ticks_per_second().max(1);
     let duration =
         |t: u64| Duration::from_secs(t / hz) + Duration::from_nanos((t % hz) * 1_000_000_000 / hz);
-    Ok(crate::TaskStats {
+    Ok(drover_plugin_sdk::TaskStats {
         memory_rss_bytes: pages * rustix::param::page_size() as u64,
         cpu_user: duration(utime),
         cpu_system: duration(stime),
@@ -283,11 +283,11 @@ impl Executor {
             .map_err(|e| internal(format!("cannot read {}: {e}", spec_path.display())))?;
 
         let sock = socket_path(&dir);
-        if !crate::client::socket_path_fits(&sock) {
+        if !drover_plugin_sdk::client::socket_path_fits(&sock) {
             return Err(internal(format!(
                 "executor socket path {} is longer than the {} bytes a unix socket allows",
                 sock.display(),
-                crate::handshake::MAX_UNIX_SOCKET_PATH
+                drover_plugin_sdk::handshake::MAX_UNIX_SOCKET_PATH
             )));
         }
         // We hold the lock, so a socket file here is a dead executor's leftover.
@@ -370,7 +370,7 @@ impl Executor {
             task_id: spec.task_id.clone(),
             pid,
             pgid: pid,
-            start_time: crate::client::process_start_time(pid).unwrap_or(0),
+            start_time: drover_plugin_sdk::client::process_start_time(pid).unwrap_or(0),
             started_at,
             executor_pid: std::process::id(),
             exit: None,
