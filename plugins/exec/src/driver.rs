@@ -2,8 +2,10 @@
 
 use drover_plugin_sdk::DriverError;
 
-use crate::config::{IsolationConfig, TaskConfig};
-use crate::engine::{CommandLine, Flavor, IsolatedDriver, TaskContext};
+use drover_isolation::IsolationConfig;
+
+use crate::config::TaskConfig;
+use drover_isolation::{CommandLine, Flavor, IsolatedDriver, TaskContext};
 
 /// The driver's name.
 pub const PLUGIN_NAME: &str = "exec";

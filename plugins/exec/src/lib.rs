@@ -1,45 +1,18 @@
 //! # drover-driver-exec
 //!
-//! The `exec` task driver: runs a task as a process contained for real, without a
-//! container image.
-//!
-//! - namespaces: mount, pid, ipc and uts always; network with `network_mode = "none"`;
-//! - a root built on a tmpfs from a list of host paths bound read-only
-//!   ([`rootfs::DEFAULT_CHROOT`] or the plugin's `chroot_env`), the task directory's
-//!   `local/`, `secrets/` and `tmp/` writable, a fresh `/proc` and a minimal `/dev`,
-//!   entered with `pivot_root`;
-//! - a cgroup (v1 or v2, through cgroups-rs) at `<cgroup_parent>/<task id>`: memory
-//!   limit (an OOM kill is reported with `oom_killed`), CPU shares and quota, pids
-//!   limit; stats come from it, and DestroyTask kills every process in it even when
-//!   the task's executor is gone;
-//! - capabilities: a bounding set from a default allowlist, `cap_add` checked against
-//!   the plugin's `allow_caps`, `cap_drop`; `no_new_privs` always;
-//! - a user (default `nobody`) and rlimits.
-//!
-//! Each task is owned by an executor process (from the SDK), which applies the
-//! isolation between fork and exec and runs a small init as pid 1 of the task's pid
-//! namespace. The [`engine`] is generic over a [`engine::Flavor`], so that the java
-//! driver runs on the same code with its own configuration.
+//! The `exec` task driver: runs a command as a process contained for real, without a
+//! container image. It is the [`drover_isolation::IsolatedDriver`] engine with the
+//! [`Exec`] flavor: the sandbox (namespaces, a `pivot_root` into a root bound from
+//! host paths, a cgroup, capabilities, a user, rlimits) lives in `drover-isolation`;
+//! this crate adds the task configuration, a command and its arguments.
 //!
 //! ```no_run
 //! drover_plugin_sdk::serve(drover_driver_exec::ExecDriver::new())
 //! ```
 #![warn(missing_docs)]
 
-pub mod caps;
-pub mod cgroup;
 mod config;
 mod driver;
-pub mod engine;
-mod handle;
-mod probe;
-pub mod rootfs;
-mod store;
-pub mod user;
 
-pub use config::{IsolationConfig, NetworkMode, PluginConfig, RlimitConfig, TaskConfig};
+pub use config::TaskConfig;
 pub use driver::{Exec, ExecDriver, PLUGIN_NAME, PLUGIN_VERSION};
-pub use engine::{
-    CommandLine, DEFAULT_CGROUP_PARENT, DEFAULT_PATH, Flavor, HANDLE_VERSION, IsolatedDriver,
-    TaskContext,
-};

@@ -28,7 +28,7 @@ fn status_field<'a>(status: &'a str, field: &str) -> &'a str {
 
 /// The default capability set minus `chown`, as a mask (bit n = capability n).
 fn default_without_chown() -> u64 {
-    let all = drover_driver_exec::caps::default_set();
+    let all = drover_isolation::caps::default_set();
     all & !(1 << 0)
 }
 
@@ -140,7 +140,7 @@ async fn root_tasks_hold_exactly_the_bounding_set_and_cap_add_reaches_nobody() {
     }
     let read =
         |id: &str| std::fs::read_to_string(dir.path().join(id).join("local/status")).unwrap();
-    let names = |m: u64| drover_driver_exec::caps::mask_names(m);
+    let names = |m: u64| drover_isolation::caps::mask_names(m);
     let root = read("root");
     // The defaults cut down to the allowlist; root holds them all, and nothing else.
     assert_eq!(

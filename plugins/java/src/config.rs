@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use drover_driver_exec::{IsolationConfig, NetworkMode, RlimitConfig};
+use drover_isolation::{IsolationConfig, NetworkMode, RlimitConfig};
 use drover_plugin_sdk::DriverError;
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -2,7 +2,7 @@
 //!
 //! The `java` task driver: runs a JVM service (`jar_path`, or `class` with
 //! `class_path`) with `jvm_options` and `args`, contained exactly like an exec task:
-//! it is [`drover_driver_exec::IsolatedDriver`] with a [`Java`] flavor, so
+//! it is [`drover_isolation::IsolatedDriver`] with a [`Java`] flavor, so
 //! namespaces, chroot, cgroups, capabilities, user, recovery and stats are the exec
 //! driver's own code. The task's root also holds the JVM (its home and `/etc/java*`).
 //!
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
-use drover_driver_exec::{CommandLine, Flavor, IsolatedDriver, IsolationConfig, TaskContext};
+use drover_isolation::{CommandLine, Flavor, IsolatedDriver, IsolationConfig, TaskContext};
 use drover_plugin_sdk::{DriverError, Fingerprint, Health};
 
 pub use config::TaskConfig;

@@ -10,11 +10,11 @@ pub const DEFAULT_USER: &str = "nobody";
 /// supplementary groups with it), or `uid` / `uid:gid` numbers.
 ///
 /// ```
-/// let root = drover_driver_exec::user::resolve("root").unwrap();
+/// let root = drover_isolation::user::resolve("root").unwrap();
 /// assert_eq!((root.uid, root.gid), (0, 0));
-/// let n = drover_driver_exec::user::resolve("1234:5678").unwrap();
+/// let n = drover_isolation::user::resolve("1234:5678").unwrap();
 /// assert_eq!((n.uid, n.gid, n.groups.len()), (1234, 5678, 0));
-/// assert!(drover_driver_exec::user::resolve("no-such-user-here").is_err());
+/// assert!(drover_isolation::user::resolve("no-such-user-here").is_err());
 /// ```
 pub fn resolve(user: &str) -> Result<Credentials, DriverError> {
     let user = user.trim();

@@ -42,9 +42,9 @@ fn names(set: CapSet) -> String {
 /// names the list in errors (`cap_add`, `allow_caps`).
 ///
 /// ```
-/// let set = drover_driver_exec::caps::parse_list("cap_add", &["net_admin".into(), "CAP_CHOWN".into()]).unwrap();
+/// let set = drover_isolation::caps::parse_list("cap_add", &["net_admin".into(), "CAP_CHOWN".into()]).unwrap();
 /// assert_eq!(set.count_ones(), 2);
-/// let err = drover_driver_exec::caps::parse_list("cap_add", &["net_admn".into()]).unwrap_err();
+/// let err = drover_isolation::caps::parse_list("cap_add", &["net_admn".into()]).unwrap_err();
 /// assert!(err.to_string().contains("net_admn"));
 /// ```
 pub fn parse_list(what: &str, list: &[String]) -> Result<CapSet, DriverError> {
@@ -76,7 +76,7 @@ pub fn default_set() -> CapSet {
 /// really holds (without `cap_add` such a task holds none).
 ///
 /// ```
-/// use drover_driver_exec::caps::{default_set, parse_list, task_caps};
+/// use drover_isolation::caps::{default_set, parse_list, task_caps};
 /// let allow = default_set();
 /// let sets = task_caps(allow, &[], &["chown".into()]).unwrap();
 /// assert_eq!(sets.bounding & (1 << 0), 0); // CAP_CHOWN dropped

@@ -52,7 +52,7 @@ struct Entry {
 /// The host paths that go into every task's root.
 ///
 /// ```
-/// use drover_driver_exec::rootfs::ChrootEnv;
+/// use drover_isolation::rootfs::ChrootEnv;
 /// let env = ChrootEnv::default_list();
 /// assert!(env.paths().iter().any(|(h, _)| h == std::path::Path::new("/usr")));
 /// let map = [("/opt/tools".to_owned(), "/tools".to_owned())].into_iter().collect();
@@ -181,7 +181,7 @@ impl TaskRoot {
     /// visible in the root at all.
     ///
     /// ```
-    /// use drover_driver_exec::rootfs::{ChrootEnv, TaskRoot};
+    /// use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
     /// use std::path::Path;
     /// let root = TaskRoot::build(&ChrootEnv::default_list(), Path::new("/srv/t1")).unwrap();
     /// assert_eq!(root.host_path(Path::new("/local/app.jar")).unwrap(), Path::new("/srv/t1/local/app.jar"));

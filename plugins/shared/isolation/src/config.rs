@@ -1,0 +1,154 @@
+//! Plugin configuration and the isolation settings of a task ([`IsolationConfig`]),
+//! shared by every driver built on the [`IsolatedDriver`](crate::IsolatedDriver)
+//! engine (exec, java).
+
+use std::collections::BTreeMap;
+
+use drover_executor::{Rlimit, RlimitResource};
+use drover_plugin_sdk::DriverError;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+/// Plugin configuration (`[plugin.exec] config = {...}` in the agent config). Every
+/// field is optional.
+///
+/// ```
+/// let c: drover_isolation::PluginConfig = serde_json::from_str(
+///     r#"{"allow_caps":["chown","net_admin"],"cgroup_parent":"/drover"}"#).unwrap();
+/// assert_eq!(c.allow_caps.unwrap().len(), 2);
+/// assert!(serde_json::from_str::<drover_isolation::PluginConfig>(r#"{"allow_cap":[]}"#).is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// Capabilities a task may have: its `cap_add` must stay within this list, and
+    /// the default set is cut down to it. Names like `net_bind_service` (or
+    /// `CAP_NET_BIND_SERVICE`), or `all`. Default: `audit_write, chown, dac_override,
+    /// fowner, fsetid, kill, mknod, net_bind_service, setfcap, setgid, setpcap, setuid,
+    /// sys_chroot`.
+    #[serde(default)]
+    pub allow_caps: Option<Vec<String>>,
+    /// Host paths bind-mounted read-only into every task's root, host path → path in
+    /// the task's root. Replaces the default list (`/bin`, `/lib`, `/lib64`, `/usr`,
+    /// `/sbin`, `/etc/ld.so.cache`, `/etc/passwd`, `/etc/group`, `/etc/hosts`,
+    /// `/etc/resolv.conf`, `/etc/ssl`, …), whose missing entries are skipped; an entry
+    /// given here must exist.
+    #[serde(default)]
+    pub chroot_env: Option<BTreeMap<String, String>>,
+    /// Where task cgroups go, in every controller hierarchy: a task's cgroup is
+    /// `<cgroup_parent>/<task id>`. Default `/drover`. Give each agent on a machine
+    /// its own.
+    #[serde(default)]
+    pub cgroup_parent: Option<String>,
+}
+
+/// Network of a task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// The host's network stack (default).
+    #[default]
+    Host,
+    /// An own network namespace with only a loopback device (up: 127.0.0.1, and ::1
+    /// where IPv6 is enabled, work inside the task; nothing reaches outside).
+    None,
+}
+
+/// One resource limit: `{"soft": 1024, "hard": 4096}`; `hard` defaults to `soft`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RlimitConfig {
+    /// Soft limit.
+    pub soft: u64,
+    /// Hard limit (default: the soft one).
+    #[serde(default)]
+    pub hard: Option<u64>,
+}
+
+/// How a task is contained: the part of the task configuration that the exec and
+/// java drivers share. Resources (memory, CPU shares) come from the task's
+/// `resources`; the rest is here.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct IsolationConfig {
+    /// User to run as: a name from the host's `/etc/passwd`, or `uid` / `uid:gid`.
+    /// Default `nobody`.
+    pub user: Option<String>,
+    /// Capabilities to add to the default set (each must be in the plugin's
+    /// `allow_caps`). A task running as a non-root user holds exactly these.
+    pub cap_add: Vec<String>,
+    /// Capabilities to remove (`all` removes every one).
+    pub cap_drop: Vec<String>,
+    /// `host` (default) or `none`.
+    pub network_mode: NetworkMode,
+    /// CPU time limit in cores (`0.5`: half a core), enforced by CFS quota.
+    pub cpu_limit: Option<f64>,
+    /// Most processes and threads the task may have at once.
+    pub pids_limit: Option<u64>,
+    /// Resource limits by name (`nofile`, `nproc`, `core`, …).
+    pub rlimits: BTreeMap<String, RlimitConfig>,
+    /// Hostname inside the task (default: the host's).
+    pub hostname: Option<String>,
+    /// Working directory inside the task's root (default `/`, the task directory).
+    pub cwd: Option<String>,
+}
+
+impl IsolationConfig {
+    /// Checks serde cannot express.
+    pub fn validate(&self) -> Result<(), DriverError> {
+        let bad = |m: String| Err(DriverError::InvalidConfig(m));
+        if let Some(c) = self.cpu_limit
+            && !(c.is_finite() && c > 0.0)
+        {
+            return bad(format!(
+                "cpu_limit must be a positive number of cores, not {c}"
+            ));
+        }
+        if self.pids_limit == Some(0) {
+            return bad("pids_limit must be at least 1".into());
+        }
+        if let Some(h) = &self.hostname {
+            let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+            if h.is_empty() || h.len() > 63 || !h.chars().all(ok) {
+                return bad(format!(
+                    "hostname {h:?} must be 1-63 characters of [A-Za-z0-9.-]"
+                ));
+            }
+        }
+        if let Some(cwd) = &self.cwd
+            && !cwd.starts_with('/')
+        {
+            return bad(format!(
+                "cwd {cwd:?} must be an absolute path inside the task's root (e.g. /local)"
+            ));
+        }
+        self.rlimits()?;
+        Ok(())
+    }
+
+    /// The rlimits, checked.
+    pub fn rlimits(&self) -> Result<Vec<Rlimit>, DriverError> {
+        self.rlimits
+            .iter()
+            .map(|(name, l)| {
+                let resource = RlimitResource::from_name(name).ok_or_else(|| {
+                    DriverError::InvalidConfig(format!(
+                        "rlimits: unknown limit {name:?}; known: {}",
+                        RlimitResource::ALL.map(RlimitResource::name).join(", ")
+                    ))
+                })?;
+                let hard = l.hard.unwrap_or(l.soft);
+                if l.soft > hard {
+                    return Err(DriverError::InvalidConfig(format!(
+                        "rlimits: {name} soft limit {} is above its hard limit {hard}",
+                        l.soft
+                    )));
+                }
+                Ok(Rlimit {
+                    resource,
+                    soft: Some(l.soft),
+                    hard: Some(hard),
+                })
+            })
+            .collect()
+    }
+}
