@@ -210,7 +210,7 @@ fn main() -> ExitCode {
     // A per-task executor is this binary re-executed by a built-in driver. Enter it
     // before anything else (argument parsing included): it exists once per task, so
     // every page it does not touch is memory saved a thousand times over.
-    drover_executor::run_if_executor();
+    drover_executor::run_if_executor(Some(&drover_isolation::LinuxSandbox));
     let cli = Cli::parse();
     match cli.command {
         Command::Plugin(PluginCommand::Serve { name }) => serve_builtin(&name),

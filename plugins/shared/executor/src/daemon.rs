@@ -20,8 +20,8 @@ use drover_plugin_sdk::logs::RotatingWriter;
 
 use super::proto::{ErrorKind, Op, Reply, Request};
 use super::{
-    ExecutorStatus, ExitInfo, LaunchSpec, PROTOCOL_VERSION, SPEC_FILE, files, isolate, socket_path,
-    spawn,
+    ExecutorStatus, ExitInfo, LaunchSpec, PROTOCOL_VERSION, SPEC_FILE, Sandbox, files, sandbox,
+    socket_path, spawn,
 };
 
 /// Bytes read from a task pipe at a time. Small on purpose: the buffer is part of
@@ -39,8 +39,9 @@ const PERSIST_RETRY: Duration = Duration::from_secs(1);
 
 const SIGKILL: i32 = 9;
 
-/// Run the executor for the task directory `dir`. Returns the process exit code.
-pub(crate) fn run(dir: PathBuf) -> i32 {
+/// Run the executor for the task directory `dir`, isolating with `sandbox` a task that
+/// asks for it. Returns the process exit code.
+pub(crate) fn run(dir: PathBuf, sandbox: Option<&dyn Sandbox>) -> i32 {
     // Own session first: from here on a signal to the plugin's process group (the host
     // kills a plugin's whole group) no longer reaches the executor, and the task it
     // starts is not in the plugin's session.
@@ -67,7 +68,7 @@ pub(crate) fn run(dir: PathBuf) -> i32 {
         let _ = rustix::stdio::dup2_stdin(null);
         let _ = rustix::stdio::dup2_stderr(null);
     }
-    let executor = match Executor::start(dir.clone(), lock) {
+    let executor = match Executor::start(dir.clone(), lock, sandbox) {
         Ok(e) => e,
         Err((kind, message)) => {
             // The socket may have been bound before the failure; the plugin removes
@@ -264,7 +265,11 @@ const ORPHAN_CHECK: Duration = Duration::from_secs(5);
 type StartError = (ErrorKind, String);
 
 impl Executor {
-    fn start(dir: PathBuf, lock: io::Result<File>) -> Result<Self, StartError> {
+    fn start(
+        dir: PathBuf,
+        lock: io::Result<File>,
+        sandbox: Option<&dyn Sandbox>,
+    ) -> Result<Self, StartError> {
         let internal = |m: String| (ErrorKind::Internal, m);
         let mut lock = lock.map_err(|e| {
             if e.kind() == io::ErrorKind::WouldBlock {
@@ -317,8 +322,14 @@ impl Executor {
         };
         let stdout_log = open_log("stdout", &spec.stdout_path)?;
         let stderr_log = open_log("stderr", &spec.stderr_path)?;
-        let spawned = spawn::spawn(&spec, &dir, stdout_log.is_some(), stderr_log.is_some())
-            .map_err(|m| (ErrorKind::Spawn, m))?;
+        let spawned = spawn::spawn(
+            &spec,
+            &dir,
+            stdout_log.is_some(),
+            stderr_log.is_some(),
+            sandbox,
+        )
+        .map_err(|m| (ErrorKind::Spawn, m))?;
         let started_at = SystemTime::now();
         let pid = spawned.pid;
         // The child is not reaped before we wait for it, so its pid cannot be reused
@@ -577,7 +588,7 @@ impl Executor {
         let result = match self
             .init_status
             .take()
-            .and_then(|p| isolate::read_status(&p))
+            .and_then(|p| sandbox::read_status(&p))
         {
             Some(task) if result.err.is_none() => task,
             _ => result,

@@ -1,10 +1,10 @@
 //! The per-task executor: a small process that owns one task so that the task outlives
 //! the plugin process (and the agent).
 //!
-//! A driver calls [`launch`] to start a task. The SDK re-executes the plugin binary
-//! (`/proc/self/exe`, same arguments) with [`ENV_EXECUTOR_DIR`] set; [`drover_plugin_sdk::serve`]
-//! (or [`run_if_executor`] in a binary that does not use `serve`) notices the variable
-//! first thing and runs the executor instead of the plugin. The executor detaches
+//! A driver calls [`launch`] to start a task. It re-executes the plugin binary
+//! (`/proc/self/exe`, same arguments) with [`ENV_EXECUTOR_DIR`] set; the plugin's
+//! `main` calls [`run_if_executor`] first thing, which notices the variable and runs
+//! the executor instead of the plugin. The executor detaches
 //! (`setsid`), starts the task, drains its stdout/stderr into rotated log files
 //! ([`drover_plugin_sdk::logs::RotatingWriter`]), reaps it, writes its exit result durably to
 //! `exit.json`, and answers [`ExecutorHandle`] calls over a unix socket. It is one
@@ -34,7 +34,8 @@
 //!   middle of a stop does not leave a half-stopped task.
 //!
 //! **Isolation.** A [`LaunchSpec`] with [`LaunchSpec::isolation`] set (exec, java) is
-//! started by the executor's own code in two forks: an init process that joins the
+//! started through the [`Sandbox`] the plugin's `main` passed to [`run_if_executor`]
+//! (`drover-isolation`'s `LinuxSandbox`), in two forks: an init process that joins the
 //! task's cgroups, creates its namespaces and builds its root (then stays, as pid 1
 //! of the pid namespace: it forwards signals to the task, reaps, and reports the
 //! task's own exit status on a pipe), and the task, which sets rlimits, ids,
@@ -84,8 +85,8 @@ use drover_plugin_sdk::DriverError;
 mod client;
 mod daemon;
 mod files;
-mod isolate;
 mod proto;
+pub mod sandbox;
 mod spawn;
 
 pub use client::{ExecutorHandle, launch};
@@ -94,6 +95,7 @@ pub use proto::{
     CapabilitySets, Credentials, ExecutorStatus, ExitInfo, Isolation, LaunchSpec, Mount, MountKind,
     Namespaces, Rlimit, RlimitResource,
 };
+pub use sandbox::{Sandbox, Sandboxed};
 
 /// Environment variable that switches the plugin binary into executor mode. Its value
 /// is the task's executor directory.
@@ -123,20 +125,22 @@ pub(crate) const EXIT_FILE: &str = "exit.json";
 pub(crate) const LOG_FILE: &str = "executor.log";
 
 /// If this process was started as an executor, run it and exit; otherwise return at
-/// once. [`drover_plugin_sdk::serve`] calls it first thing; a plugin binary that does not use
-/// `serve` must call it at the top of `main`, before anything else (no async runtime,
-/// no threads, no logging set up: the executor must stay small).
+/// once. A plugin binary whose driver calls [`launch`] must call it at the top of
+/// `main`, before anything else (no async runtime, no threads, no logging set up: the
+/// executor exists once per task and must stay small). `sandbox` starts the tasks
+/// that ask for isolation; `None` in a driver that never does (rawexec), and then such
+/// a task is refused with an error.
 ///
 /// ```no_run
 /// fn main() {
-///     drover_executor::run_if_executor();
+///     drover_executor::run_if_executor(None);
 ///     start_the_plugin();
 /// }
 /// # fn start_the_plugin() {}
 /// ```
-pub fn run_if_executor() {
+pub fn run_if_executor(sandbox: Option<&dyn Sandbox>) {
     if let Some(dir) = std::env::var_os(ENV_EXECUTOR_DIR) {
-        std::process::exit(daemon::run(PathBuf::from(dir)));
+        std::process::exit(daemon::run(PathBuf::from(dir), sandbox));
     }
 }
 

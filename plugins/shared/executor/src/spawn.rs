@@ -1,14 +1,13 @@
 //! The one place where a task process is created: a plain process group
 //! ([`spawn_task`], rawexec), or with the [`super::Isolation`] of the exec and java
-//! drivers (namespaces, chroot, cgroup, capabilities, user, rlimits; see
-//! [`super::isolate`]), applied between fork and exec.
+//! drivers, through the [`Sandbox`] the plugin's `main` handed to the executor.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use super::{LaunchSpec, isolate};
+use super::{LaunchSpec, Sandbox};
 
 /// A started task, whichever way it was started.
 pub(crate) struct Spawned {
@@ -23,15 +22,21 @@ pub(crate) struct Spawned {
 }
 
 /// Start the task of `spec`, whose executor directory is `dir`; `stdout`/`stderr`:
-/// whether to pipe them (else /dev/null).
+/// whether to pipe them (else /dev/null). A spec with isolation needs a `sandbox`.
 pub(crate) fn spawn(
     spec: &LaunchSpec,
     dir: &Path,
     stdout: bool,
     stderr: bool,
+    sandbox: Option<&dyn Sandbox>,
 ) -> Result<Spawned, String> {
     if let Some(iso) = &spec.isolation {
-        let t = isolate::spawn(spec, iso, dir, stdout, stderr)?;
+        let sandbox = sandbox.ok_or_else(|| {
+            "this task asks for isolation, but the plugin binary's executor has no sandbox \
+             (its main must pass one to drover_executor::run_if_executor)"
+                .to_string()
+        })?;
+        let t = sandbox.spawn(spec, iso, dir, stdout, stderr)?;
         return Ok(Spawned {
             pid: t.pid,
             stdout: t.stdout,
@@ -96,4 +101,19 @@ pub(crate) fn spawn_task(spec: &LaunchSpec, stdout: Stdio, stderr: Stdio) -> Res
                 spec.cwd.display()
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isolation_without_a_sandbox_is_refused_before_anything_starts() {
+        let mut spec = LaunchSpec::new("t", "/bin/true");
+        spec.isolation = Some(crate::Isolation::default());
+        let Err(err) = spawn(&spec, Path::new("/nonexistent"), false, false, None) else {
+            panic!("an isolated task started without a sandbox");
+        };
+        assert!(err.contains("no sandbox"), "{err}");
+    }
 }

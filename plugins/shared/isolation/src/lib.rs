@@ -17,8 +17,9 @@
 //! - a user (default `nobody`) and rlimits.
 //!
 //! Each task is owned by an executor process (`drover-executor`), which applies the
-//! isolation between fork and exec and runs a small init as pid 1 of the task's pid
-//! namespace. The [`engine`] is generic over a [`engine::Flavor`]: exec and java are
+//! isolation between fork and exec through [`LinuxSandbox`] and runs a small init as
+//! pid 1 of the task's pid namespace: a driver built on this crate passes it to
+//! `drover_executor::run_if_executor` first thing in `main`. The [`engine`] is generic over a [`engine::Flavor`]: exec and java are
 //! two flavors of one [`IsolatedDriver`], each with its own task configuration.
 #![warn(missing_docs)]
 
@@ -29,6 +30,7 @@ pub mod engine;
 mod handle;
 mod probe;
 pub mod rootfs;
+mod sandbox;
 mod store;
 pub mod user;
 
@@ -37,3 +39,4 @@ pub use engine::{
     CommandLine, DEFAULT_CGROUP_PARENT, DEFAULT_PATH, Flavor, HANDLE_VERSION, IsolatedDriver,
     TaskContext,
 };
+pub use sandbox::LinuxSandbox;

@@ -1,5 +1,6 @@
-//! Starting a task with [`Isolation`]: the fork, the task's init, and every step
-//! between fork and exec.
+//! The Linux sandbox: how an executor starts a task with [`Isolation`] — the fork,
+//! the task's init, and every step between fork and exec. [`LinuxSandbox`] is the
+//! [`Sandbox`] an isolating driver hands to `drover_executor::run_if_executor`.
 //!
 //! ```text
 //! executor ──fork──▶ init (pid 1 of the task's pid namespace, executor code)
@@ -15,9 +16,9 @@
 //!   a failed step and exits 127. The init closes its end once the task is forked, so
 //!   the executor reads end-of-file exactly when the task's `exec` succeeded (or failed
 //!   with a message): start-up is synchronous and every failure names its step;
-//! - the **status pipe**: the init writes `code N` or `signal N` for the task just
-//!   before it exits itself, so the executor reports the task's real status rather than
-//!   the init's;
+//! - the **status pipe** (`drover_executor::sandbox`): the init reports the task's code
+//!   or signal just before it exits itself, so the executor reports the task's real
+//!   status rather than the init's;
 //! - stdout and stderr of the task, read by the executor into the log files.
 
 use std::ffi::CString;
@@ -32,7 +33,10 @@ use nix::unistd::{ForkResult, Pid};
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::thread::{CapabilitySet, UnshareFlags};
 
-use super::proto::{Isolation, LaunchSpec, Mount, MountKind, RlimitResource};
+use drover_executor::sandbox::{TaskExit, report_task_exit};
+use drover_executor::{
+    Isolation, LaunchSpec, Mount, MountKind, RlimitResource, Sandbox, Sandboxed,
+};
 
 /// `PATH` searched for a bare command name when the task's environment has none.
 const FALLBACK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -46,14 +50,27 @@ const DEV_LINKS: [(&str, &str); 4] = [
     ("stderr", "/proc/self/fd/2"),
 ];
 
-/// A task started with isolation.
-pub(crate) struct Isolated {
-    /// The task's init (the executor's child), in the executor's pid numbering.
-    pub pid: u32,
-    pub stdout: Option<OwnedFd>,
-    pub stderr: Option<OwnedFd>,
-    /// Read end of the status pipe.
-    pub status: OwnedFd,
+/// Namespaces, a `pivot_root` into a root of bind mounts, cgroups, capabilities,
+/// `no_new_privs`, a user and rlimits, applied between fork and exec by the executor.
+///
+/// ```no_run
+/// // In the main of a driver whose tasks are isolated, before anything else:
+/// drover_executor::run_if_executor(Some(&drover_isolation::LinuxSandbox));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinuxSandbox;
+
+impl Sandbox for LinuxSandbox {
+    fn spawn(
+        &self,
+        spec: &LaunchSpec,
+        isolation: &Isolation,
+        dir: &Path,
+        stdout: bool,
+        stderr: bool,
+    ) -> Result<Sandboxed, String> {
+        spawn(spec, isolation, dir, stdout, stderr)
+    }
 }
 
 /// Everything the children need, prepared before the fork so that a bad spec is an
@@ -173,13 +190,13 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
 /// Start the task of `spec` contained as `iso` says, its init in its own process
 /// group. Returns once the task's `exec` succeeded, or the error of the step that
 /// failed (the children are gone by then).
-pub(crate) fn spawn(
+fn spawn(
     spec: &LaunchSpec,
     iso: &Isolation,
     dir: &Path,
     stdout: bool,
     stderr: bool,
-) -> Result<Isolated, String> {
+) -> Result<Sandboxed, String> {
     validate(iso)?;
     let plan = Plan::new(spec, iso, dir)?;
     if !iso.mounts.is_empty() {
@@ -238,7 +255,7 @@ pub(crate) fn spawn(
         let _ = nix::sys::wait::waitpid(init, None);
         return Err(String::from_utf8_lossy(&message).into_owned());
     }
-    Ok(Isolated {
+    Ok(Sandboxed {
         pid: init.as_raw().unsigned_abs(),
         stdout: out_r,
         stderr: errp_r,
@@ -630,11 +647,11 @@ fn supervise(task: Pid, status: OwnedFd) -> ! {
         loop {
             match nix::sys::wait::waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) if pid == task => {
-                    finish(&status, &format!("code {code}"), code)
+                    finish(&status, TaskExit::Code(code), code)
                 }
                 Ok(WaitStatus::Signaled(pid, sig, _)) if pid == task => {
                     let n = sig as i32;
-                    finish(&status, &format!("signal {n}"), 128 + n)
+                    finish(&status, TaskExit::Signal(n), 128 + n)
                 }
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -644,8 +661,8 @@ fn supervise(task: Pid, status: OwnedFd) -> ! {
     }
 }
 
-fn finish(status: &OwnedFd, text: &str, code: i32) -> ! {
-    let _ = rustix::io::write(status, text.as_bytes());
+fn finish(status: &OwnedFd, exit: TaskExit, code: i32) -> ! {
+    report_task_exit(status, exit);
     // The children are copies of a single-threaded process: exit() is safe here.
     std::process::exit(code)
 }
@@ -823,25 +840,10 @@ fn resource(r: RlimitResource) -> rustix::process::Resource {
     }
 }
 
-/// The task's exit status as its init reported it (`code N`, `signal N`), if it did.
-pub(crate) fn read_status(pipe: &OwnedFd) -> Option<drover_plugin_sdk::ExitResult> {
-    let _ = rustix::io::ioctl_fionbio(pipe, true);
-    let mut buf = [0u8; 64];
-    let n = rustix::io::read(pipe, &mut buf).ok()?;
-    let text = std::str::from_utf8(&buf[..n]).ok()?;
-    let (kind, value) = text.trim().split_once(' ')?;
-    let value: i32 = value.parse().ok()?;
-    match kind {
-        "code" => Some(drover_plugin_sdk::ExitResult::code(value)),
-        "signal" => Some(drover_plugin_sdk::ExitResult::signaled(value)),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::CapabilitySets;
+    use drover_executor::CapabilitySets;
 
     #[test]
     fn mount_targets_must_stay_inside_the_root() {
@@ -865,30 +867,14 @@ mod tests {
 
     #[test]
     fn ambient_must_be_within_bounding() {
-        let mut iso = Isolation {
-            capabilities: Some(CapabilitySets {
-                bounding: 0b01,
-                ambient: 0b10,
-            }),
-            ..Default::default()
-        };
+        let mut iso = Isolation::default();
+        iso.capabilities = Some(CapabilitySets {
+            bounding: 0b01,
+            ambient: 0b10,
+        });
         assert!(validate(&iso).unwrap_err().contains("ambient"));
         iso.hostname = Some("x".into());
         iso.capabilities = None;
         assert!(validate(&iso).unwrap_err().contains("uts"));
-    }
-
-    #[test]
-    fn status_lines_are_parsed() {
-        let (r, w) = pipe().unwrap();
-        rustix::io::write(&w, b"signal 9").unwrap();
-        drop(w);
-        assert_eq!(
-            read_status(&r),
-            Some(drover_plugin_sdk::ExitResult::signaled(9))
-        );
-        let (r, w) = pipe().unwrap();
-        drop(w);
-        assert_eq!(read_status(&r), None);
     }
 }
