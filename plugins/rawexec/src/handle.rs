@@ -10,7 +10,7 @@ use drover_plugin_sdk::{DriverError, ExitResult, TaskState, TaskStats, TaskStatu
 use serde::{Deserialize, Serialize};
 
 use crate::config::Launch;
-use crate::procfs;
+use drover_executor::procfs;
 
 /// What a task handle carries (version [`crate::HANDLE_VERSION`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,18 +8,18 @@
 //! the driver) plus a `main.rs` of one line:
 //!
 //! ```no_run
+//! // Tasks are owned by executors, which are this binary re-executed.
+//! drover_executor::run_if_executor(None);
 //! drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
 //! ```
 //!
 //! Layout: [`driver`](RawExecDriver) (the trait impl and constants), `config` (plugin
-//! and task config), `handle` (one running task), `store` (the task map), `procfs`
-//! (reading `/proc`).
+//! and task config), `handle` (one running task), `store` (the task map).
 #![warn(missing_docs)]
 
 mod config;
 mod driver;
 mod handle;
-mod procfs;
 mod store;
 
 pub use config::{PluginConfig, TaskConfig};

@@ -85,6 +85,7 @@ use drover_plugin_sdk::DriverError;
 mod client;
 mod daemon;
 mod files;
+pub mod procfs;
 mod proto;
 pub mod sandbox;
 mod spawn;

@@ -1,10 +1,10 @@
-//! The few facts rawexec reads from `/proc`.
+//! The few facts executor-backed drivers read from `/proc`.
 
 use std::time::Duration;
 
-/// Fields of `/proc/<pid>/stat` that rawexec uses.
+/// Fields of `/proc/<pid>/stat` that drivers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ProcStat {
+pub struct ProcStat {
     /// Process state letter (`R`, `S`, `Z`, ...).
     pub state: char,
     /// User CPU time in clock ticks (field 14).
@@ -17,7 +17,7 @@ pub(crate) struct ProcStat {
 
 /// Parse `/proc/<pid>/stat`. Field 2 (`comm`) is in parentheses and may itself contain
 /// spaces and parentheses, so the fields are counted from after the *last* `)`.
-pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let (_, rest) = text.rsplit_once(')')?;
     // rest starts at field 3.
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -31,14 +31,14 @@ pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
 }
 
 /// Read and parse `/proc/<pid>/stat`.
-pub(crate) fn read_stat(pid: u32) -> std::io::Result<ProcStat> {
+pub fn read_stat(pid: u32) -> std::io::Result<ProcStat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     parse_stat(&text)
         .ok_or_else(|| std::io::Error::other(format!("unexpected /proc/{pid}/stat format")))
 }
 
 /// `VmRSS` from `/proc/<pid>/status`, in bytes; 0 when absent (a zombie has none).
-pub(crate) fn parse_vm_rss(status: &str) -> u64 {
+pub fn parse_vm_rss(status: &str) -> u64 {
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -48,17 +48,17 @@ pub(crate) fn parse_vm_rss(status: &str) -> u64 {
 }
 
 /// Resident memory of `pid` in bytes.
-pub(crate) fn read_vm_rss(pid: u32) -> std::io::Result<u64> {
+pub fn read_vm_rss(pid: u32) -> std::io::Result<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status")).map(|s| parse_vm_rss(&s))
 }
 
 /// Clock ticks per second (`_SC_CLK_TCK`), the unit of `/proc/<pid>/stat` times.
-pub(crate) fn clock_ticks_per_second() -> u64 {
+pub fn clock_ticks_per_second() -> u64 {
     rustix::param::clock_ticks_per_second().max(1)
 }
 
 /// Convert clock ticks to a duration.
-pub(crate) fn ticks(n: u64) -> Duration {
+pub fn ticks(n: u64) -> Duration {
     let hz = clock_ticks_per_second();
     Duration::from_secs(n / hz) + Duration::from_nanos((n % hz) * 1_000_000_000 / hz)
 }
