@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -168,25 +168,20 @@ pub struct ReattachConfig {
     pub path: PathBuf,
 }
 
-/// Start time of a process in clock ticks since boot, from `/proc/<pid>/stat`.
+/// Start time of a process in clock ticks since boot, from `/proc/<pid>/stat`: with
+/// the pid it names one process for good, so a reused pid is not taken for a plugin.
 ///
 /// ```
 /// let t = drover_plugin_sdk::client::process_start_time(std::process::id()).unwrap();
 /// assert!(t > 0);
 /// ```
 pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Field 2 (comm) is in parentheses and may contain spaces or ')'; everything after
-    // the last ')' is space-separated, starting with field 3. starttime is field 22.
-    let after = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| std::io::Error::other("unexpected /proc stat format"))?;
-    after
-        .split_whitespace()
-        .nth(22 - 3)
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| std::io::Error::other("no start time in /proc stat"))
+    use procfs_core::FromRead as _;
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read(&path)?;
+    procfs_core::process::Stat::from_read(text.as_slice())
+        .map(|s| s.starttime)
+        .map_err(|e| std::io::Error::other(format!("unexpected {path} format: {e}")))
 }
 
 /// Why a stored plugin process could not be taken over. In every case the process (if
@@ -1149,9 +1144,4 @@ impl PluginClient {
             result: r.result.map(ExitResult::from).unwrap_or_default(),
         })
     }
-}
-
-/// Whether `path` is a usable unix socket path (fits `sun_path`).
-pub fn socket_path_fits(path: &Path) -> bool {
-    path.as_os_str().len() <= handshake::MAX_UNIX_SOCKET_PATH
 }

@@ -30,6 +30,17 @@ pub const ENV_UNIX_SOCKET_DIR: &str = "PLUGIN_UNIX_SOCKET_DIR";
 /// Longest unix socket path: `sun_path` is 108 bytes including the trailing NUL.
 pub const MAX_UNIX_SOCKET_PATH: usize = 107;
 
+/// Whether `path` is a usable unix socket path (fits `sun_path`).
+///
+/// ```
+/// use std::path::Path;
+/// assert!(drover_plugin_sdk::handshake::socket_path_fits(Path::new("/run/drover/p.sock")));
+/// assert!(!drover_plugin_sdk::handshake::socket_path_fits(&Path::new("/").join("x".repeat(200))));
+/// ```
+pub fn socket_path_fits(path: &std::path::Path) -> bool {
+    path.as_os_str().len() <= MAX_UNIX_SOCKET_PATH
+}
+
 /// A malformed handshake line. The message quotes what was received.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -9,13 +9,15 @@
 //! - Drivers whose tasks must outlive the plugin (rawexec, exec, java, qemu) start them
 //!   through a per-task executor: the `drover-executor` crate (`plugins/shared/executor`
 //!   in the Drover repository).
-//! - Hosts and tests: [`client::PluginProcess::launch`] starts a plugin binary and
-//!   gives a typed [`client::PluginClient`].
+//! - Hosts and tests (feature `launcher`, which `testing` includes): `client::PluginProcess::launch`
+//!   starts a plugin binary and gives a typed `client::PluginClient`. A plugin never
+//!   compiles this side.
 //!
 //! The wire protocol (go-plugin's handshake plus `drover.plugin.v1`) is described in
 //! the `.proto` files of [`drover_proto`], re-exported here so versions never skew.
 #![warn(missing_docs)]
 
+#[cfg(feature = "launcher")]
 pub mod client;
 pub mod driver;
 pub mod error;

@@ -135,7 +135,8 @@ pub fn init_plugin_logging() {
         .try_init();
 }
 
-/// A parsed plugin log line.
+/// A parsed plugin log line (host side: feature `launcher`).
+#[cfg(feature = "launcher")]
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginLogLine {
     /// Its level.
@@ -148,6 +149,7 @@ pub struct PluginLogLine {
     pub fields: String,
 }
 
+#[cfg(feature = "launcher")]
 impl PluginLogLine {
     /// Parse one stderr line; `None` when it is not an hclog-style JSON object.
     ///
@@ -189,12 +191,14 @@ impl PluginLogLine {
 }
 
 /// Replay one line of a plugin's stderr as a host `tracing` event with field
-/// `plugin = name`. Lines that are not plugin JSON are logged verbatim at info.
+/// `plugin = name`. Lines that are not plugin JSON are logged verbatim at info (host
+/// side: feature `launcher`).
 ///
 /// ```
 /// drover_plugin_sdk::logging::forward_plugin_log("docker", r#"{"@level":"warn","@message":"slow pull"}"#);
 /// drover_plugin_sdk::logging::forward_plugin_log("docker", "panicked at src/main.rs:3");
 /// ```
+#[cfg(feature = "launcher")]
 pub fn forward_plugin_log(plugin: &str, line: &str) {
     let Some(l) = PluginLogLine::parse(line) else {
         tracing::info!(target: "drover::plugin", plugin, "{}", line.trim_end());
@@ -235,6 +239,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "launcher")]
     #[test]
     fn round_trip_through_parser() {
         let mut f = Map::new();

@@ -482,6 +482,7 @@ pub(crate) fn from_timestamp(t: Option<prost_types::Timestamp>) -> Option<System
     t.and_then(|t| SystemTime::try_from(t).ok())
 }
 
+#[cfg(feature = "launcher")]
 pub(crate) fn to_duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration::try_from(d).unwrap_or(prost_types::Duration {
         seconds: i64::MAX,

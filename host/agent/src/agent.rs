@@ -58,7 +58,7 @@ fn bind_api(path: &Path) -> Result<tokio::net::UnixListener, AgentError> {
         path: path.to_owned(),
         reason,
     };
-    if !drover_plugin_sdk::client::socket_path_fits(path) {
+    if !drover_plugin_sdk::handshake::socket_path_fits(path) {
         return Err(listen_err(format!(
             "the path is {} bytes, longer than a unix socket allows (107); choose a shorter data_dir or api_socket",
             path.as_os_str().len()

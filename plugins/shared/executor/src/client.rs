@@ -76,7 +76,7 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
     prepare_state_dir(state_dir)?;
     let dir = task_dir(state_dir, &spec.task_id);
     let sock = socket_path(&dir);
-    if !drover_plugin_sdk::client::socket_path_fits(&sock) {
+    if !drover_plugin_sdk::handshake::socket_path_fits(&sock) {
         return Err(DriverError::InvalidConfig(format!(
             "executor socket path {} is {} bytes, longer than the {} a unix socket allows; \
              use a shorter data_dir for the agent",

@@ -165,29 +165,13 @@ fn block_signals() {
     }
 }
 
-/// Memory and CPU time of process `pid` from `/proc/<pid>/stat` (fields 14 and 15,
-/// counted after the command name, which may contain spaces) and `/proc/<pid>/statm`.
+/// Memory and CPU time of process `pid`, from `/proc/<pid>/stat`.
 fn read_usage(pid: u32) -> io::Result<drover_plugin_sdk::TaskStats> {
-    let bad = || io::Error::other("unexpected /proc format");
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let (_, rest) = stat.rsplit_once(')').ok_or_else(bad)?;
-    let mut fields = rest.split_whitespace().skip(14 - 3);
-    let mut ticks =
-        || -> io::Result<u64> { fields.next().and_then(|f| f.parse().ok()).ok_or_else(bad) };
-    let (utime, stime) = (ticks()?, ticks()?);
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|f| f.parse().ok())
-        .ok_or_else(bad)?;
-    let hz = rustix::param::clock_ticks_per_second().max(1);
-    let duration =
-        |t: u64| Duration::from_secs(t / hz) + Duration::from_nanos((t % hz) * 1_000_000_000 / hz);
+    let stat = crate::procfs::read_stat(pid)?;
     Ok(drover_plugin_sdk::TaskStats {
-        memory_rss_bytes: pages * rustix::param::page_size() as u64,
-        cpu_user: duration(utime),
-        cpu_system: duration(stime),
+        memory_rss_bytes: stat.rss_bytes,
+        cpu_user: crate::procfs::ticks(stat.utime),
+        cpu_system: crate::procfs::ticks(stat.stime),
         cpu_percent: 0.0,
         memory_cache_bytes: 0,
         process_count: 0,
@@ -288,7 +272,7 @@ impl Executor {
             .map_err(|e| internal(format!("cannot read {}: {e}", spec_path.display())))?;
 
         let sock = socket_path(&dir);
-        if !drover_plugin_sdk::client::socket_path_fits(&sock) {
+        if !drover_plugin_sdk::handshake::socket_path_fits(&sock) {
             return Err(internal(format!(
                 "executor socket path {} is longer than the {} bytes a unix socket allows",
                 sock.display(),
@@ -381,7 +365,7 @@ impl Executor {
             task_id: spec.task_id.clone(),
             pid,
             pgid: pid,
-            start_time: drover_plugin_sdk::client::process_start_time(pid).unwrap_or(0),
+            start_time: crate::procfs::process_start_time(pid).unwrap_or(0),
             started_at,
             executor_pid: std::process::id(),
             exit: None,

@@ -1,6 +1,11 @@
-//! The few facts executor-backed drivers read from `/proc`.
+//! The few facts executor-backed drivers read from `/proc`, parsed by `procfs-core`
+//! (which counts `/proc/<pid>/stat` fields from the *last* `)`, so a command name with
+//! spaces or parentheses does not shift them).
 
 use std::time::Duration;
+
+use procfs_core::FromRead as _;
+use procfs_core::process::{Stat, Status};
 
 /// Fields of `/proc/<pid>/stat` that drivers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,37 +18,55 @@ pub struct ProcStat {
     pub stime: u64,
     /// Start time in clock ticks since boot (field 22).
     pub start_time: u64,
+    /// Resident memory in bytes (field 24, in pages).
+    pub rss_bytes: u64,
 }
 
-/// Parse `/proc/<pid>/stat`. Field 2 (`comm`) is in parentheses and may itself contain
-/// spaces and parentheses, so the fields are counted from after the *last* `)`.
+impl From<Stat> for ProcStat {
+    fn from(s: Stat) -> Self {
+        ProcStat {
+            state: s.state,
+            utime: s.utime,
+            stime: s.stime,
+            start_time: s.starttime,
+            rss_bytes: s.rss.saturating_mul(rustix::param::page_size() as u64),
+        }
+    }
+}
+
+/// Parse the text of a `/proc/<pid>/stat` file.
+///
+/// ```
+/// let s = drover_executor::procfs::parse_stat(
+///     "42 (a b)) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 123456 \
+///      2000000 200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0").unwrap();
+/// assert_eq!((s.state, s.utime, s.stime, s.start_time), ('S', 7, 3, 123456));
+/// ```
 pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let (_, rest) = text.rsplit_once(')')?;
-    // rest starts at field 3.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| fields.get(n - 3).copied();
-    Some(ProcStat {
-        state: field(3)?.chars().next()?,
-        utime: field(14)?.parse().ok()?,
-        stime: field(15)?.parse().ok()?,
-        start_time: field(22)?.parse().ok()?,
-    })
+    Stat::from_read(text.as_bytes()).ok().map(ProcStat::from)
 }
 
 /// Read and parse `/proc/<pid>/stat`.
 pub fn read_stat(pid: u32) -> std::io::Result<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    parse_stat(&text)
-        .ok_or_else(|| std::io::Error::other(format!("unexpected /proc/{pid}/stat format")))
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read(&path)?;
+    Stat::from_read(text.as_slice())
+        .map(ProcStat::from)
+        .map_err(|e| std::io::Error::other(format!("unexpected {path} format: {e}")))
 }
 
-/// `VmRSS` from `/proc/<pid>/status`, in bytes; 0 when absent (a zombie has none).
+/// When process `pid` started, in clock ticks since boot: with the pid, it names one
+/// process for good (a reused pid has another start time).
+pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
+    read_stat(pid).map(|s| s.start_time)
+}
+
+/// `VmRSS` of the text of a `/proc/<pid>/status` file, in bytes; 0 when absent (a
+/// zombie has none) or unreadable.
 pub fn parse_vm_rss(status: &str) -> u64 {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
+    Status::from_read(status.as_bytes())
+        .ok()
+        .and_then(|s| s.vmrss)
         .map_or(0, |kb| kb * 1024)
 }
 
@@ -86,13 +109,23 @@ mod tests {
             me.start_time,
             drover_plugin_sdk::client::process_start_time(std::process::id()).unwrap()
         );
+        assert_eq!(
+            process_start_time(std::process::id()).unwrap(),
+            me.start_time
+        );
         assert!(read_vm_rss(std::process::id()).unwrap() > 0);
     }
 
     #[test]
     fn vm_rss() {
-        assert_eq!(parse_vm_rss("Name:\tx\nVmRSS:\t    1234 kB\n"), 1234 * 1024);
-        assert_eq!(parse_vm_rss("Name:\tx\n"), 0);
+        // A real status file, with VmRSS set to a known value, then without it (as a
+        // zombie's).
+        let real = std::fs::read_to_string("/proc/self/status").unwrap();
+        let others: Vec<&str> = real.lines().filter(|l| !l.starts_with("VmRSS:")).collect();
+        let with = format!("{}\nVmRSS:\t    1234 kB\n", others.join("\n"));
+        assert_eq!(parse_vm_rss(&with), 1234 * 1024);
+        assert_eq!(parse_vm_rss(&others.join("\n")), 0);
+        assert_eq!(parse_vm_rss("garbage"), 0);
     }
 
     #[test]
