@@ -385,6 +385,46 @@ impl Catalog {
     ) {
         let _done = DoneOnDrop(&self.progress);
         let started = Instant::now();
+        let candidates = self.candidates(config, builtins);
+        let records = match self.records.store.plugins() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot read plugin records; launching every plugin afresh: {e}");
+                Vec::new()
+            }
+        };
+        let slots = Arc::new(Semaphore::new(REATTACH_CONCURRENCY));
+        let (launches, unclaimed) = self.launch_all(candidates, records, config, &ctx, &slots);
+        let mut retiring = self.retire_all(unclaimed, &ctx, &slots);
+        let winners = self.pick_winners(launches, config).await;
+        let serving = self.configure_all(winners, config, &ctx).await;
+        while retiring.join_next().await.is_some() {}
+        // Every process this start adopted or launched is known now, and supervisors
+        // (which create new socket dirs when they relaunch) have not started: what else
+        // is in the socket dir is left over from an earlier agent.
+        let strays = stray_sockets(&ctx.socket_dir, &serving);
+        for plugin in serving {
+            tokio::spawn(supervise(
+                plugin,
+                ctx.clone(),
+                self.records.clone(),
+                stop.clone(),
+            ));
+        }
+        // Waiters for a plugin that did not load need not wait for the sweep.
+        self.progress.send_modify(|p| p.done = true);
+        sweep_all(strays, &ctx, &slots).await;
+        tracing::info!(
+            loaded = self.names().len(),
+            skipped = self.skipped.read().map(|s| s.len()).unwrap_or(0),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "plugin loading finished"
+        );
+    }
+
+    /// Every binary in `plugin_dir` that may be a plugin, then the built-ins; files
+    /// that cannot be are skipped here, with their reason.
+    fn candidates(&self, config: &AgentConfig, builtins: &[loader::Builtin]) -> Vec<Candidate> {
         let (mut candidates, skipped) = loader::scan_plugin_dir(&config.plugin_dir());
         for row in skipped {
             self.skip(row);
@@ -395,14 +435,20 @@ impl Catalog {
             source: Source::Builtin,
             label: b.name.clone(),
         }));
-        let mut records = match self.records.store.plugins() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("cannot read plugin records; launching every plugin afresh: {e}");
-                Vec::new()
-            }
-        };
-        let slots = Arc::new(Semaphore::new(REATTACH_CONCURRENCY));
+        candidates
+    }
+
+    /// Start obtaining (reattaching to, or launching and fingerprinting) every allowed
+    /// and correctly pinned candidate, concurrently. Returns the launches under way and
+    /// the plugin records no candidate claims.
+    fn launch_all(
+        &self,
+        candidates: Vec<Candidate>,
+        mut records: Vec<PluginRecord>,
+        config: &AgentConfig,
+        ctx: &Arc<LoadContext>,
+        slots: &Arc<Semaphore>,
+    ) -> (Launches, Vec<PluginRecord>) {
         let mut launches = tokio::task::JoinSet::new();
         for c in candidates {
             if let Err(reason) =
@@ -432,10 +478,19 @@ impl Catalog {
                 (c, r)
             });
         }
-        // Records no candidate claims: the binary is gone, renamed, denied or no longer
-        // pinned. A process proven to be that plugin is no longer wanted.
+        (launches, records)
+    }
+
+    /// Records no candidate claims: the binary is gone, renamed, denied or no longer
+    /// pinned. A process proven to be that plugin is no longer wanted.
+    fn retire_all(
+        &self,
+        unclaimed: Vec<PluginRecord>,
+        ctx: &LoadContext,
+        slots: &Arc<Semaphore>,
+    ) -> tokio::task::JoinSet<()> {
         let mut retiring = tokio::task::JoinSet::new();
-        for rec in records {
+        for rec in unclaimed {
             let (store, slots, timeout) = (self.records.clone(), slots.clone(), ctx.timeout);
             retiring.spawn(async move {
                 let _slot = slots.acquire_owned().await;
@@ -443,6 +498,17 @@ impl Catalog {
                 store.forget(&rec.name).await;
             });
         }
+        retiring
+    }
+
+    /// Collect the launches and keep one plugin per name (the highest version, or as
+    /// `prefer_builtin` says); the others are shut down and listed as skipped, naming
+    /// the binary that won.
+    async fn pick_winners(
+        &self,
+        mut launches: Launches,
+        config: &AgentConfig,
+    ) -> BTreeMap<String, Fingerprinted> {
         let mut by_name: BTreeMap<String, Fingerprinted> = BTreeMap::new();
         let mut losers = Vec::new();
         while let Some(joined) = launches.join_next().await {
@@ -486,9 +552,20 @@ impl Catalog {
             fp.process.shutdown().await;
             self.skip(row);
         }
-        let mut serving = Vec::new();
+        by_name
+    }
+
+    /// Validate each winner's configuration against its schema and send it
+    /// (concurrently); a plugin that refuses it is shut down and skipped. Returns the
+    /// plugins now serving, recorded and in the catalog.
+    async fn configure_all(
+        &self,
+        winners: BTreeMap<String, Fingerprinted>,
+        config: &AgentConfig,
+        ctx: &Arc<LoadContext>,
+    ) -> Vec<Arc<LoadedPlugin>> {
         let mut configuring = tokio::task::JoinSet::new();
-        for (name, fp) in by_name {
+        for (name, fp) in winners {
             let settings = ctx.settings(&name);
             let ctx = ctx.clone();
             let allow = loader::allowed(&name, &config.plugin_allow, &config.plugin_deny);
@@ -500,6 +577,7 @@ impl Catalog {
                 (fp, r)
             });
         }
+        let mut serving = Vec::new();
         while let Some(joined) = configuring.join_next().await {
             let Ok((fp, result)) = joined else { continue };
             if let Err(reason) = result {
@@ -529,36 +607,7 @@ impl Catalog {
             self.progress.send_modify(|p| p.inserted += 1);
             serving.push(plugin);
         }
-        while retiring.join_next().await.is_some() {}
-        // Every process this start adopted or launched is known now, and supervisors
-        // (which create new socket dirs when they relaunch) have not started: what else
-        // is in the socket dir is left over from an earlier agent.
-        let strays = stray_sockets(&ctx.socket_dir, &serving);
-        for plugin in serving {
-            tokio::spawn(supervise(
-                plugin,
-                ctx.clone(),
-                self.records.clone(),
-                stop.clone(),
-            ));
-        }
-        // Waiters for a plugin that did not load need not wait for the sweep.
-        self.progress.send_modify(|p| p.done = true);
-        let mut sweeping = tokio::task::JoinSet::new();
-        for (dir, sock) in strays {
-            let (slots, timeout) = (slots.clone(), ctx.timeout);
-            sweeping.spawn(async move {
-                let _slot = slots.acquire_owned().await;
-                sweep(&dir, &sock, timeout).await;
-            });
-        }
-        while sweeping.join_next().await.is_some() {}
-        tracing::info!(
-            loaded = self.names().len(),
-            skipped = self.skipped.read().map(|s| s.len()).unwrap_or(0),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "plugin loading finished"
-        );
+        serving
     }
 
     /// Ask every loaded plugin process to exit and forget their records (drain). The
@@ -580,6 +629,22 @@ impl Catalog {
         }
         while set.join_next().await.is_some() {}
     }
+}
+
+/// Launches under way: each candidate with what obtaining it gave.
+type Launches = tokio::task::JoinSet<(Candidate, Result<Fingerprinted, String>)>;
+
+/// Sweep every stray socket an earlier agent left (bounded by `slots`).
+async fn sweep_all(strays: Vec<(PathBuf, PathBuf)>, ctx: &LoadContext, slots: &Arc<Semaphore>) {
+    let mut sweeping = tokio::task::JoinSet::new();
+    for (dir, sock) in strays {
+        let (slots, timeout) = (slots.clone(), ctx.timeout);
+        sweeping.spawn(async move {
+            let _slot = slots.acquire_owned().await;
+            sweep(&dir, &sock, timeout).await;
+        });
+    }
+    while sweeping.join_next().await.is_some() {}
 }
 
 /// Plugin socket dirs in `socket_dir` (`drover-plugin-*/plugin.sock`, made by the SDK's
