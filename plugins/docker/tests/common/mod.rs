@@ -1,11 +1,9 @@
 //! Helpers for the docker driver's tests: the daemon they run against, the real plugin
 //! binary driven through the SDK client, and clean-up of everything a test made.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
 use drover_plugin_sdk::{AgentInfo, TaskSpec};
@@ -17,110 +15,21 @@ pub const TEST_LABEL: &str = "drover-test.scratch";
 /// Upper bound for anything that should happen "at once".
 pub const PROMPT: Duration = Duration::from_secs(20);
 
-/// The Docker daemon and image the tests use (set up by `scripts/test.sh`).
-#[derive(Debug, Clone)]
-pub struct DockerEnv {
-    /// `unix:///…/docker.sock`.
-    pub host: String,
-    /// An image with busybox in it, present on that daemon.
-    pub image: String,
-}
+pub use drover_test_support::docker::{DockerEnv, docker_env};
+pub use drover_test_support::within;
 
-/// The test daemon, or `None` (after saying so loudly) when there is none. Under
-/// `CI=true` a missing daemon fails the test instead.
-pub fn docker_env() -> Option<DockerEnv> {
-    match std::env::var("DROVER_TEST_DOCKER_HOST") {
-        Ok(host) if !host.is_empty() => Some(DockerEnv {
-            host,
-            image: std::env::var("DROVER_TEST_DOCKER_IMAGE")
-                .unwrap_or_else(|_| "drover-test/busybox:latest".into()),
-        }),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "DROVER_TEST_DOCKER_HOST is not set: run the tests through scripts/test.sh, \
-                 which starts a private dockerd"
-            );
-            eprintln!(
-                "SKIPPED: DROVER_TEST_DOCKER_HOST is not set (scripts/test.sh starts a private \
-                 dockerd and sets it)"
-            );
-            None
-        }
+/// Remove every container labelled with `alloc_dir` as its agent's, or as the test
+/// that made it by hand ([`TEST_LABEL`]): a test's leftovers.
+pub fn remove_containers_of(env: &DockerEnv, alloc_dir: &Path) {
+    for label in ["drover.alloc_dir", TEST_LABEL] {
+        env.remove_labelled(label, &alloc_dir.display().to_string());
     }
 }
 
-impl DockerEnv {
-    /// Run the docker CLI against the test daemon.
-    pub fn cli(&self, args: &[&str]) -> Output {
-        std::process::Command::new("docker")
-            .arg("-H")
-            .arg(&self.host)
-            .args(args)
-            .output()
-            .expect("run the docker CLI")
-    }
-
-    /// Run the docker CLI and return its trimmed stdout; panics on failure.
-    pub fn cli_ok(&self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "docker {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    /// `docker inspect` of one object as JSON.
-    pub fn inspect(&self, what: &str) -> Option<serde_json::Value> {
-        let out = self.cli(&["inspect", what]);
-        if !out.status.success() {
-            return None;
-        }
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        v.as_array()?.first().cloned()
-    }
-
-    /// Remove every container labelled with `alloc_dir` as its agent's, or as the test
-    /// that made it by hand ([`TEST_LABEL`]): a test's leftovers.
-    pub fn remove_containers_of(&self, alloc_dir: &Path) {
-        let mut ids = String::new();
-        for label in ["drover.alloc_dir", TEST_LABEL] {
-            ids.push_str(&self.cli_ok(&[
-                "ps",
-                "-aq",
-                "--filter",
-                &format!("label={label}={}", alloc_dir.display()),
-            ]));
-            ids.push(' ');
-        }
-        let ids: Vec<&str> = ids.split_whitespace().collect();
-        if !ids.is_empty() {
-            let mut args = vec!["rm", "-f"];
-            args.extend(ids);
-            let _ = self.cli(&args);
-        }
-    }
-}
-
-/// Fail the test with `what` if `fut` does not finish within `limit`.
-pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
-}
-
-/// Poll `cond` every 50 ms until it holds, failing the test after `limit`.
-pub async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not true within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Poll `cond` every 50 ms (each look may run the docker CLI) until it holds, failing
+/// the test after `limit`.
+pub async fn until(limit: Duration, what: &str, cond: impl FnMut() -> bool) {
+    drover_test_support::until_every(limit, Duration::from_millis(50), what, cond).await
 }
 
 /// A scratch directory (the agent's alloc dir) whose containers are removed on drop,
@@ -173,7 +82,7 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        self.env.remove_containers_of(self.dir.path());
+        remove_containers_of(&self.env, self.dir.path());
     }
 }
 

@@ -1,15 +1,13 @@
 //! Helpers shared by the exec tests: the real plugin binary driven through the SDK
 //! client, each plugin with its own cgroup parent, and cleanup that leaves no process
 //! or cgroup behind even when a test fails.
-#![allow(dead_code)] // each test binary uses a different subset
+#![allow(dead_code, unused_imports)] // each test binary uses a different subset
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
-use drover_plugin_sdk::logs::log_files;
 use drover_plugin_sdk::{AgentInfo, ExitResult, TaskHandle, TaskSpec};
 use serde_json::{Value, json};
 
@@ -33,35 +31,8 @@ pub fn isolation_possible() -> bool {
     false
 }
 
-/// Fail the test with `what` if `fut` does not finish within `limit`.
-pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
-}
-
-/// Poll `cond` every 20 ms until it holds, failing the test after `limit`.
-pub async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not true within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Whether `pid` is a live (not zombie) process.
-pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next())
-        })
-        .is_some_and(|state| state != 'Z' && state != 'X')
-}
+pub use drover_test_support::procs::alive;
+pub use drover_test_support::{read_log, sh, sh_with, until, within};
 
 /// The pids listed in a `cgroup.procs` file (none if it is gone).
 pub fn procs(file: &Path) -> Vec<u32> {
@@ -267,28 +238,4 @@ pub fn remove_cgroup_tree(parent: &str) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// The concatenation of the log files at `base`, oldest first.
-pub fn read_log(base: &Path) -> String {
-    log_files(base)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(_, p)| std::fs::read_to_string(p).unwrap_or_default())
-        .collect()
-}
-
-pub fn sh(script: &str) -> Value {
-    json!({ "command": "/bin/sh", "args": ["-c", script] })
-}
-
-/// `sh -c script` with more settings merged in.
-pub fn sh_with(script: &str, extra: Value) -> Value {
-    let mut v = sh(script);
-    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
-        for (k, x) in e {
-            o.insert(k.clone(), x.clone());
-        }
-    }
-    v
 }

@@ -1,14 +1,12 @@
 //! Helpers shared by the rawexec tests: the real plugin binary, driven through the SDK
 //! client, and cleanup that leaves no process behind even when a test fails.
-#![allow(dead_code)] // each test binary uses a different subset
+#![allow(dead_code, unused_imports)] // each test binary uses a different subset
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess, process_start_time};
-use drover_plugin_sdk::logs::log_files;
 use drover_plugin_sdk::{AgentInfo, ExitResult, TaskHandle, TaskSpec};
 use serde_json::{Value, json};
 
@@ -16,49 +14,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_drover-driver-rawexec");
 /// Upper bound for anything that should happen "at once".
 pub const PROMPT: Duration = Duration::from_secs(10);
 
-/// Fail the test with `what` if `fut` does not finish within `limit`.
-pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
-}
-
-/// Poll `cond` every 20 ms until it holds, failing the test after `limit`.
-pub async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not true within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// `/proc/<pid>/stat` fields after the command name: (state, ppid, pgid).
-pub fn proc_stat(pid: u32) -> Option<(char, u32, u32)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = text.rsplit_once(')')?;
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let pgid = f.next()?.parse().ok()?;
-    Some((state, ppid, pgid))
-}
-
-/// Live (not zombie) processes matching `pred` on (ppid, pgid).
-pub fn processes(pred: impl Fn(u32, u32) -> bool) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| proc_stat(pid).is_some_and(|(s, ppid, pgid)| s != 'Z' && pred(ppid, pgid)))
-        .collect()
-}
-
-pub fn alive(pid: u32) -> bool {
-    proc_stat(pid).is_some_and(|(s, _, _)| s != 'Z')
-}
+pub use drover_test_support::procs::{alive, processes};
+pub use drover_test_support::{read_log, sh, until, within};
 
 /// A running rawexec plugin and a scratch directory for its tasks and executors. On
 /// drop (also when a test fails) every task it started, their executors and the plugin
@@ -206,21 +163,8 @@ impl Drop for Plugin {
     }
 }
 
-/// The concatenation of the log files at `base`, oldest first.
-pub fn read_log(base: &Path) -> String {
-    log_files(base)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(_, p)| std::fs::read_to_string(p).unwrap_or_default())
-        .collect()
-}
-
 pub async fn setup() -> (tempfile::TempDir, Plugin) {
     let dir = tempfile::tempdir().unwrap();
     let plugin = Plugin::launch(dir.path()).await;
     (dir, plugin)
-}
-
-pub fn sh(script: &str) -> Value {
-    json!({ "command": "/bin/sh", "args": ["-c", script] })
 }
