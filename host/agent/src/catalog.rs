@@ -19,7 +19,9 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
-use crate::loader::{self, Candidate, Fingerprinted, PluginState, PluginStatus, Source};
+use drover_api::{PluginSource, PluginState, PluginStatus};
+
+use crate::loader::{self, Candidate, Fingerprinted};
 use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
@@ -392,7 +394,7 @@ impl Catalog {
         candidates.extend(builtins.iter().map(|b| Candidate {
             path: b.command.clone(),
             args: b.args.clone(),
-            source: Source::Builtin,
+            source: PluginSource::Builtin,
             label: b.name.clone(),
         }));
         let mut records = match self.records.store.plugins() {
@@ -408,7 +410,7 @@ impl Catalog {
             if let Err(reason) =
                 loader::allowed(&c.label, &config.plugin_allow, &config.plugin_deny)
             {
-                self.skip(PluginStatus::skipped(&c, reason));
+                self.skip(loader::skipped_status(&c, reason));
                 continue;
             }
             if let Err(reason) = check_pin(
@@ -418,7 +420,7 @@ impl Catalog {
                     .get(&c.label)
                     .and_then(|s| s.sha256.as_deref()),
             ) {
-                self.skip(PluginStatus::skipped(&c, reason));
+                self.skip(loader::skipped_status(&c, reason));
                 continue;
             }
             let record = records
@@ -450,7 +452,7 @@ impl Catalog {
             let fp = match result {
                 Ok(fp) => fp,
                 Err(reason) => {
-                    self.skip(PluginStatus::skipped(&c, reason));
+                    self.skip(loader::skipped_status(&c, reason));
                     continue;
                 }
             };
@@ -476,7 +478,7 @@ impl Catalog {
             }
         }
         for (fp, reason) in losers {
-            let mut row = PluginStatus::skipped(&fp.candidate, reason);
+            let mut row = loader::skipped_status(&fp.candidate, reason);
             row.name = fp.info.name.clone();
             row.version = fp.info.version.clone();
             if fp.process.is_reattached() {
@@ -503,7 +505,7 @@ impl Catalog {
         while let Some(joined) = configuring.join_next().await {
             let Ok((fp, result)) = joined else { continue };
             if let Err(reason) = result {
-                let mut row = PluginStatus::skipped(&fp.candidate, reason);
+                let mut row = loader::skipped_status(&fp.candidate, reason);
                 row.name = fp.info.name.clone();
                 row.version = fp.info.version.clone();
                 fp.process.shutdown().await;

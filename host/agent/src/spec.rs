@@ -47,7 +47,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use crate::tasks::{RestartMode, RestartPolicy, RunRequest};
+use drover_api::{RestartMode, RestartPolicy, RunRequest};
 
 /// A spec file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -178,7 +178,7 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
         request.kill_timeout = Some(duration(t, "kill_timeout")?);
     }
     if let Some(r) = doc.resources {
-        request.resources = Some(drover_plugin_sdk::Resources {
+        request.resources = Some(drover_api::Resources {
             cpu_shares: r.cpu_shares.map_or(0, i64::from),
             memory_mb: r.memory_mb.map_or(0, i64::from),
             memory_max_mb: r.memory_max_mb.map_or(0, i64::from),
@@ -201,7 +201,7 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
         request.restart = Some(policy);
     }
     if let Some(l) = doc.logs {
-        let mut logs = drover_plugin_sdk::LogConfig::default();
+        let mut logs = drover_api::LogConfig::default();
         for (value, name, slot) in [
             (&l.max_files, "logs.max_files", &mut logs.max_files),
             (
@@ -577,7 +577,7 @@ max_file_size_mb = 1
         assert_eq!(r.env["DEBUG"], "true");
         assert_eq!(
             r.resources,
-            Some(drover_plugin_sdk::Resources {
+            Some(drover_api::Resources {
                 cpu_shares: 100,
                 memory_mb: 64,
                 memory_max_mb: 0
@@ -594,7 +594,7 @@ max_file_size_mb = 1
         );
         assert_eq!(
             r.logs,
-            Some(drover_plugin_sdk::LogConfig {
+            Some(drover_api::LogConfig {
                 max_files: 3,
                 max_file_size_mb: 1
             })

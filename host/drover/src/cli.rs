@@ -10,10 +10,9 @@ use hyper::body::{Bytes, Incoming};
 use hyper_util::client::legacy::Client;
 use hyperlocal::{UnixClientExt as _, UnixConnector};
 
+use drover_api::{Frame, FrameDecoder, RestartMode, RestartPolicy, RunRequest};
 use drover_host::config::default_api_socket;
-use drover_host::logs::{Frame, FrameDecoder};
 use drover_host::spec::SpecFile;
-use drover_host::tasks::{RestartMode, RestartPolicy, RunRequest};
 
 /// Resolve the agent address: `--address`/`DROVER_ADDR` (`unix:///path` or a path),
 /// else the system agent's socket if present, else the dev agent's.
@@ -178,7 +177,7 @@ pub async fn print_logs(c: &ApiClient, id: &str, args: &LogsArgs) -> anyhow::Res
                         Err(e) => return Err(e).context("writing to stdout"),
                     }
                 }
-                Frame::Skipped(n) => eprintln!("{}", drover_host::logs::skipped_notice(n)),
+                Frame::Skipped(n) => eprintln!("{}", drover_api::skipped_notice(n)),
                 Frame::Error(e) => bail!("{e}"),
             }
         }

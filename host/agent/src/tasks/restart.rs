@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use drover_plugin_sdk::{DriverError, ExitResult};
 
-use super::{RestartMode, RestartPolicy};
+use drover_api::{RestartMode, RestartPolicy};
 
 /// A validated [`RestartPolicy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
+use drover_api::{RestartMode, RestartPolicy};
 use drover_plugin_sdk::{ExitResult, TaskHandle, TaskStatus};
 
 use super::*;
@@ -464,11 +465,11 @@ async fn hooks_prepare_dir_env_and_logs() {
     let mut req = request(serde_json::json!({}), None);
     req.env.insert("DROVER_TASK_ID".into(), "spoofed".into());
     req.env.insert("MINE".into(), "1".into());
-    req.logs = Some(LogConfig {
+    req.logs = Some(drover_api::LogConfig {
         max_files: 3,
         max_file_size_mb: 1,
     });
-    req.resources = Some(Resources {
+    req.resources = Some(drover_api::Resources {
         memory_mb: 64,
         ..Default::default()
     });
@@ -522,7 +523,7 @@ async fn invalid_requests_name_the_field_and_create_nothing() {
         ),
         (
             RunRequest {
-                logs: Some(LogConfig {
+                logs: Some(drover_api::LogConfig {
                     max_files: 0,
                     max_file_size_mb: 1,
                 }),
