@@ -14,8 +14,9 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use drover_api::{
-    DestroyQuery, Frame, LOG_FRAMES_CONTENT_TYPE, LogStream, LogsQuery, RunRequest, SignalRequest,
-    StatsQuery, StatsView, StopRequest, TaskLifecycle, TaskView,
+    AgentHealth, DestroyQuery, Destroyed, ErrorBody, Frame, HealthStatus, LOG_FRAMES_CONTENT_TYPE,
+    LogStream, LogsQuery, RunRequest, SignalRequest, StatsQuery, StatsView, StopRequest,
+    TaskLifecycle, TaskView,
 };
 
 use crate::catalog::{Catalog, LoadedPlugin};
@@ -55,7 +56,7 @@ impl From<DriverError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
     }
 }
 
@@ -85,7 +86,10 @@ pub fn router(state: ApiState) -> Router {
 /// Liveness, plus whether start-up task recovery has finished (`recovery` is null
 /// until then) — what an operator or a script waits for after an agent restart.
 async fn health(State(s): State<ApiState>) -> ApiResult {
-    ok(serde_json::json!({ "status": "ok", "recovery": s.tasks.recovery() }))
+    ok(AgentHealth {
+        status: HealthStatus::Ok,
+        recovery: s.tasks.recovery(),
+    })
 }
 
 async fn plugins(State(s): State<ApiState>) -> ApiResult {
@@ -130,18 +134,7 @@ async fn stop_task(
             )
         })?
     };
-    let timeout = body
-        .timeout
-        .map(|t| {
-            humantime::parse_duration(&t).map_err(|e| {
-                ApiError(
-                    StatusCode::BAD_REQUEST,
-                    format!("timeout {t:?} is not a duration: {e}"),
-                )
-            })
-        })
-        .transpose()?;
-    ok(s.tasks.stop(&id, body.signal, timeout).await?)
+    ok(s.tasks.stop(&id, body.signal, body.timeout).await?)
 }
 
 async fn signal_task(
@@ -164,7 +157,10 @@ async fn destroy_task(
     Query(q): Query<DestroyQuery>,
 ) -> ApiResult {
     s.tasks.destroy(&id, q.force).await?;
-    ok(serde_json::json!({ "id": id, "destroyed": true }))
+    ok(Destroyed {
+        id,
+        destroyed: true,
+    })
 }
 
 async fn task_events(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult {
@@ -292,16 +288,10 @@ async fn task_stats(
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult {
     let Query(q) = query.map_err(bad_query)?;
-    let interval = match &q.interval {
-        None => Duration::from_secs(1),
-        Some(t) => humantime::parse_duration(t).map_err(|e| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("interval {t:?} is not a duration: {e}"),
-            )
-        })?,
-    }
-    .max(Duration::from_millis(100));
+    let interval = q
+        .interval
+        .unwrap_or(Duration::from_secs(1))
+        .max(Duration::from_millis(100));
     let view = s.tasks.status(&id)?;
     let plugin = live_driver(&s, &view)?;
     if !q.follow {
@@ -352,7 +342,9 @@ async fn task_stats(
                     if matches!(ended, Ok(Ok(v)) if v.state == TaskLifecycle::Dead) {
                         return;
                     }
-                    Ok(serde_json::json!({ "error": e.to_string() }))
+                    serde_json::to_value(ErrorBody {
+                        error: e.to_string(),
+                    })
                 }
             };
             let Ok(line) = line else { return };

@@ -19,7 +19,7 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
-use drover_api::{PluginSource, PluginState, PluginStatus};
+use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
 
 use crate::loader::{self, Candidate, Fingerprinted};
 use crate::state::{MemStore, PluginRecord, StateError, StateStore};
@@ -141,7 +141,7 @@ impl LoadedPlugin {
         let live = self.live();
         PluginStatus {
             name: self.name.clone(),
-            kind: "driver".into(),
+            kind: PluginKind::Driver,
             version: live.version.clone(),
             api_version: live.api_version.clone(),
             source: self.candidate.source,

@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use drover_api::{PluginSource, PluginState, PluginStatus};
+use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 use drover_plugin_sdk::version::{negotiate_api_version, parse_version};
 use drover_plugin_sdk::{Capabilities, DriverError, PluginInfo};
@@ -45,7 +45,7 @@ pub struct Builtin {
 pub(crate) fn skipped_status(c: &Candidate, reason: impl Into<String>) -> PluginStatus {
     PluginStatus {
         name: c.label.clone(),
-        kind: "driver".into(),
+        kind: PluginKind::Driver,
         version: String::new(),
         api_version: String::new(),
         source: c.source,

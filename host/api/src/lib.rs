@@ -5,15 +5,17 @@
 //! stream.
 
 mod agent;
+mod duration;
 mod logs;
 mod plugins;
 mod tasks;
 
-pub use agent::RecoverySummary;
+pub use agent::{AgentHealth, ErrorBody, HealthStatus, RecoverySummary};
+pub use duration::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, human as human_duration};
 pub use logs::{Frame, FrameDecoder, FrameError, LOG_FRAMES_CONTENT_TYPE, skipped_notice};
-pub use plugins::{PluginSource, PluginState, PluginStatus};
+pub use plugins::{PluginKind, PluginSource, PluginState, PluginStatus};
 pub use tasks::{
-    DestroyQuery, LogConfig, LogStream, LogsQuery, Resources, RestartMode, RestartPolicy,
-    RunRequest, SignalRequest, StatsQuery, StatsView, StopRequest, TaskEventView, TaskLifecycle,
-    TaskView,
+    DestroyQuery, Destroyed, LogConfig, LogStream, LogsQuery, Resources, RestartMode,
+    RestartPolicy, RunRequest, SignalRequest, StatsQuery, StatsView, StopRequest, TaskEventKind,
+    TaskEventView, TaskLifecycle, TaskView,
 };

@@ -1,12 +1,23 @@
 //! Tasks: what a client sends to run, stop and inspect one, and what it gets back.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::duration;
+
 /// A request to run a task (`POST /v1/tasks`, `drover task run`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+///
+/// ```
+/// let req: drover_api::RunRequest = serde_json::from_str(
+///     r#"{"driver": "rawexec", "config": {"command": "/bin/true"}, "kill_timeout": "10s"}"#,
+/// ).unwrap();
+/// assert_eq!(req.kill_timeout, Some(std::time::Duration::from_secs(10)));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// Driver name.
@@ -23,9 +34,14 @@ pub struct RunRequest {
     /// Signal sent by `stop` (default SIGTERM).
     #[serde(default)]
     pub kill_signal: Option<String>,
-    /// Time between the stop signal and SIGKILL, e.g. "5s".
-    #[serde(default)]
-    pub kill_timeout: Option<String>,
+    /// Time between the stop signal and SIGKILL (default 5s, at most
+    /// [`MAX_KILL_TIMEOUT`](crate::MAX_KILL_TIMEOUT)); on the wire a string like "5s".
+    #[serde(
+        default,
+        deserialize_with = "duration::kill_timeout",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub kill_timeout: Option<Duration>,
     /// What to do when the task exits unsuccessfully (default: no restarts).
     #[serde(default)]
     pub restart: Option<RestartPolicy>,
@@ -46,23 +62,37 @@ pub struct RestartPolicy {
     /// Restarts allowed within `interval` (0: never restart).
     #[serde(default)]
     pub attempts: u32,
-    /// The window `attempts` are counted in, e.g. "30m".
-    #[serde(default = "RestartPolicy::default_interval")]
-    pub interval: String,
-    /// Wait before each restart, e.g. "15s".
-    #[serde(default = "RestartPolicy::default_delay")]
-    pub delay: String,
+    /// The window `attempts` are counted in (default 30m); on the wire a string like
+    /// "30m".
+    #[serde(
+        default = "RestartPolicy::default_interval",
+        deserialize_with = "duration::restart_interval",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub interval: Duration,
+    /// Wait before each restart (default 15s); on the wire a string like "15s".
+    #[serde(
+        default = "RestartPolicy::default_delay",
+        deserialize_with = "duration::restart_delay",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub delay: Duration,
     /// `fail` or `delay`.
     #[serde(default)]
     pub mode: RestartMode,
 }
 
 impl RestartPolicy {
-    fn default_interval() -> String {
-        "30m".into()
+    /// The default `interval`: 30 minutes.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30 * 60);
+    /// The default `delay`: 15 seconds.
+    pub const DEFAULT_DELAY: Duration = Duration::from_secs(15);
+
+    fn default_interval() -> Duration {
+        Self::DEFAULT_INTERVAL
     }
-    fn default_delay() -> String {
-        "15s".into()
+    fn default_delay() -> Duration {
+        Self::DEFAULT_DELAY
     }
 }
 
@@ -132,20 +162,83 @@ pub enum TaskLifecycle {
     Dead,
 }
 
+/// The type of a task event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaskEventKind {
+    /// The agent accepted the task.
+    Received,
+    /// The driver started it (again, after a restart).
+    Started,
+    /// It exited; the message says how.
+    Terminated,
+    /// A user asked it to stop: the kill signal is being sent.
+    Killing,
+    /// It was stopped (or stopped before it started).
+    Killed,
+    /// A user sent it a signal.
+    Signaling,
+    /// The restart policy restarts it after a delay.
+    Restarting,
+    /// The restart policy gives up on it.
+    NotRestarting,
+    /// Its driver took it over again after an agent or plugin restart.
+    Recovered,
+    /// Its driver failed or is away; the task may still run.
+    DriverFailure,
+}
+
+impl TaskEventKind {
+    /// The name on the wire, e.g. `"NotRestarting"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskEventKind::Received => "Received",
+            TaskEventKind::Started => "Started",
+            TaskEventKind::Terminated => "Terminated",
+            TaskEventKind::Killing => "Killing",
+            TaskEventKind::Killed => "Killed",
+            TaskEventKind::Signaling => "Signaling",
+            TaskEventKind::Restarting => "Restarting",
+            TaskEventKind::NotRestarting => "NotRestarting",
+            TaskEventKind::Recovered => "Recovered",
+            TaskEventKind::DriverFailure => "DriverFailure",
+        }
+    }
+}
+
+impl fmt::Display for TaskEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Compares with the name on the wire: `kind == "Started"`.
+impl PartialEq<str> for TaskEventKind {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+/// Compares with the name on the wire: `kind == "Started"`.
+impl PartialEq<&str> for TaskEventKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// Something that happened to a task.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskEventView {
     /// When, RFC 3339.
     pub time: String,
     /// Event type, e.g. `Started`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: TaskEventKind,
     /// Details.
     pub message: String,
 }
 
 /// What the API shows of a task.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskView {
     /// Task id.
     pub id: String,
@@ -189,17 +282,25 @@ pub struct TaskView {
 }
 
 /// The body of `POST /v1/tasks/{id}/stop` (may be empty).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StopRequest {
     /// Signal instead of the task's kill signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
-    /// Time before SIGKILL instead of the task's kill timeout.
-    pub timeout: Option<String>,
+    /// Time before SIGKILL instead of the task's kill timeout; on the wire a string
+    /// like "2s".
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "duration::stop_timeout",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub timeout: Option<Duration>,
 }
 
 /// The body of `POST /v1/tasks/{id}/signal`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     /// Signal name, e.g. `SIGHUP`.
@@ -207,15 +308,24 @@ pub struct SignalRequest {
 }
 
 /// The query of `DELETE /v1/tasks/{id}`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DestroyQuery {
     /// Kill the task first if it is running.
     #[serde(default)]
     pub force: bool,
 }
 
+/// The answer to `DELETE /v1/tasks/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Destroyed {
+    /// The task's id.
+    pub id: String,
+    /// Always true: a task that could not be destroyed is an error.
+    pub destroyed: bool,
+}
+
 /// Which output stream of a task.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogStream {
     /// Standard output.
@@ -226,7 +336,7 @@ pub enum LogStream {
 }
 
 /// The query of `GET /v1/tasks/{id}/logs`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogsQuery {
     /// Which stream.
@@ -236,8 +346,10 @@ pub struct LogsQuery {
     #[serde(default)]
     pub follow: bool,
     /// Start this many bytes after the beginning of the oldest log file present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
-    /// Start at the last N lines.
+    /// Start at the last N lines (not together with `offset`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<u64>,
     /// Answer in frames ([`crate::Frame`]) instead of plain bytes.
     #[serde(default)]
@@ -245,18 +357,25 @@ pub struct LogsQuery {
 }
 
 /// The query of `GET /v1/tasks/{id}/stats`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatsQuery {
     /// Stream a sample every `interval` (JSON lines) until the task is dead.
     #[serde(default)]
     pub follow: bool,
-    /// Time between samples when following, e.g. "1s" (default 1s, at least 100ms).
-    pub interval: Option<String>,
+    /// Time between samples when following (default 1s, at least 100ms); on the wire
+    /// a string like "1s".
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "duration::stats_interval",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub interval: Option<Duration>,
 }
 
 /// One resource usage sample, as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatsView {
     /// Task id.
     pub task_id: String,
@@ -276,4 +395,115 @@ pub struct StatsView {
     /// Processes in the task (0: the driver cannot tell).
     #[serde(default)]
     pub process_count: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_text_on_the_wire() {
+        let text = r#"{"driver":"rawexec","config":{"command":"/bin/true"},"name":null,"env":{},"kill_signal":null,"kill_timeout":"10s","restart":{"attempts":2,"interval":"30m","delay":"200ms","mode":"delay"},"resources":null,"logs":null}"#;
+        let req: RunRequest = serde_json::from_str(text).unwrap();
+        assert_eq!(req.kill_timeout, Some(Duration::from_secs(10)));
+        let restart = req.restart.as_ref().unwrap();
+        assert_eq!(restart.interval, Duration::from_secs(1800));
+        assert_eq!(restart.delay, Duration::from_millis(200));
+        assert_eq!(restart.mode, RestartMode::Delay);
+        // Written back byte for byte.
+        assert_eq!(serde_json::to_string(&req).unwrap(), text);
+        // Spaces around the text are forgiven, compound durations read and written.
+        let req: RunRequest =
+            serde_json::from_str(r#"{"driver":"x","kill_timeout":" 1m30s "}"#).unwrap();
+        assert_eq!(req.kill_timeout, Some(Duration::from_secs(90)));
+        let again = serde_json::to_value(&req).unwrap();
+        assert_eq!(again["kill_timeout"], "1m 30s");
+        let back: RunRequest = serde_json::from_value(again).unwrap();
+        assert_eq!(back, req);
+    }
+
+    #[test]
+    fn defaults_fill_what_is_left_out() {
+        let p: RestartPolicy = serde_json::from_str(r#"{"attempts":1}"#).unwrap();
+        assert_eq!(
+            p,
+            RestartPolicy {
+                attempts: 1,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            (p.interval, p.delay, p.mode),
+            (
+                Duration::from_secs(30 * 60),
+                Duration::from_secs(15),
+                RestartMode::Fail
+            )
+        );
+        let stop: StopRequest = serde_json::from_str("{}").unwrap();
+        assert_eq!(stop, StopRequest::default());
+        assert_eq!(serde_json::to_string(&stop).unwrap(), "{}");
+        let stop = StopRequest {
+            signal: Some("SIGINT".into()),
+            timeout: Some(Duration::from_secs(2)),
+        };
+        assert_eq!(
+            serde_json::to_string(&stop).unwrap(),
+            r#"{"signal":"SIGINT","timeout":"2s"}"#
+        );
+    }
+
+    #[test]
+    fn bad_durations_name_the_field_and_the_text() {
+        let err = |json: &str| {
+            serde_json::from_str::<RunRequest>(json)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(r#"{"driver":"x","kill_timeout":"soon"}"#);
+        assert!(
+            e.starts_with(r#"kill_timeout "soon" is not a duration like "5s": "#),
+            "{e}"
+        );
+        let e = err(r#"{"driver":"x","kill_timeout":"2days"}"#);
+        assert!(
+            e.starts_with(r#"kill_timeout "2days" is longer than the maximum of 1day"#),
+            "{e}"
+        );
+        let e = err(r#"{"driver":"x","restart":{"delay":"often"}}"#);
+        assert!(
+            e.starts_with(r#"restart.delay "often" is not a duration"#),
+            "{e}"
+        );
+        let e = err(r#"{"driver":"x","restart":{"interval":"400days"}}"#);
+        assert!(
+            e.starts_with(r#"restart.interval "400days" is longer than the maximum"#),
+            "{e}"
+        );
+        let e = err(r#"{"driver":"x","kill_timeout":5}"#);
+        assert!(e.contains("invalid type: integer `5`"), "{e}");
+        let e = serde_json::from_str::<StopRequest>(r#"{"timeout":"later"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(r#"timeout "later" is not a duration: "#),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_task_view_reads_and_writes_the_agents_json_unchanged() {
+        let text = r#"{"id":"5f0c","name":"web","driver":"rawexec","state":"dead","exit_code":3,"signal":null,"oom_killed":false,"error":null,"task_dir":"/alloc/5f0c","attributes":{"pid":"42"},"created_at":"2026-01-02T03:04:05.000006Z","started_at":"2026-01-02T03:04:05.100000Z","finished_at":"2026-01-02T03:04:06.000000Z","events":[{"time":"2026-01-02T03:04:05.000006Z","type":"Received","message":"task received by driver rawexec"},{"time":"2026-01-02T03:04:06.000000Z","type":"NotRestarting","message":"exceeded 2 attempts in 1m (mode fail)"}],"events_dropped":0,"restarts":2,"restart_at":null}"#;
+        let view: TaskView = serde_json::from_str(text).unwrap();
+        assert_eq!(view.state, TaskLifecycle::Dead);
+        assert_eq!(view.events[1].kind, TaskEventKind::NotRestarting);
+        assert!(view.events[0].kind == "Received");
+        assert_eq!(view.events[1].kind.to_string(), "NotRestarting");
+        assert_eq!(serde_json::to_string(&view).unwrap(), text);
+        let e =
+            serde_json::from_str::<TaskEventView>(r#"{"time":"t","type":"Exploded","message":""}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("unknown variant `Exploded`"), "{e}");
+    }
 }

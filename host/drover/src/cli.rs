@@ -1,6 +1,7 @@
 //! The `drover` command-line client: talks JSON to the agent's API socket.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use std::io::Write as _;
 
@@ -339,10 +340,10 @@ pub struct RunFlags {
     pub log_max_file_size_mb: Option<u32>,
 }
 
-fn check_duration(flag: &str, value: &str) -> anyhow::Result<String> {
+/// `value` of `flag` as a duration.
+pub fn check_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
     humantime::parse_duration(value)
-        .with_context(|| format!("{flag} {value:?} is not a duration like \"5s\" or \"1m30s\""))?;
-    Ok(value.to_owned())
+        .with_context(|| format!("{flag} {value:?} is not a duration like \"5s\" or \"1m30s\""))
 }
 
 /// The request `drover task run` sends: the spec file's, with the flags on top.
@@ -607,7 +608,7 @@ max_files = 4
         let req = run_request(Some(&mut spec), flags).unwrap();
         assert_eq!(req.driver, "rawexec");
         assert_eq!(req.name.as_deref(), Some("flag"));
-        assert_eq!(req.kill_timeout.as_deref(), Some("9s"));
+        assert_eq!(req.kill_timeout, Some(Duration::from_secs(9)));
         assert_eq!(
             req.config,
             serde_json::json!({"command": "/bin/sh", "args": ["-c", "false"], "cwd": "local"})
@@ -616,8 +617,8 @@ max_files = 4
         assert_eq!(req.env["B"], "x=y");
         let restart = req.restart.unwrap();
         assert_eq!(
-            (restart.attempts, restart.delay.as_str(), restart.mode),
-            (5, "3s", RestartMode::Delay)
+            (restart.attempts, restart.delay, restart.mode),
+            (5, Duration::from_secs(3), RestartMode::Delay)
         );
         assert_eq!(req.resources.unwrap().memory_mb, 128);
         let logs = req.logs.unwrap();

@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use drover_api::{RecoverySummary, RunRequest, TaskEventView, TaskLifecycle, TaskView};
+use drover_api::{
+    RecoverySummary, RunRequest, TaskEventKind, TaskEventView, TaskLifecycle, TaskView,
+};
 use drover_plugin_sdk::{DriverError, LogConfig, Resources, TaskSpec, TaskStats};
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -44,8 +46,7 @@ use record::{KillRequest, RECORD_VERSION, TaskRecord};
 use restart::{Policy, human};
 use runner::{Outcome, Phase, Runner};
 
-/// Longest kill timeout accepted: a stop that waits longer is not a stop.
-pub const MAX_KILL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+pub use drover_api::MAX_KILL_TIMEOUT;
 /// Default time between the stop signal and SIGKILL.
 pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Events kept per task; older ones are dropped and counted in
@@ -89,18 +90,13 @@ impl Settings {
     fn from_request(req: &RunRequest) -> Result<Settings, DriverError> {
         let kill_signal = req.kill_signal.clone().unwrap_or_else(|| "SIGTERM".into());
         drover_plugin_sdk::parse_signal(&kill_signal)?;
-        let kill_timeout = match &req.kill_timeout {
-            None => DEFAULT_KILL_TIMEOUT,
-            Some(t) => humantime::parse_duration(t.trim()).map_err(|e| {
-                DriverError::InvalidConfig(format!(
-                    "kill_timeout {t:?} is not a duration like \"5s\": {e}"
-                ))
-            })?,
-        };
+        // A request read from JSON was checked while it was parsed, with the text
+        // the user wrote; one built in code is checked here.
+        let kill_timeout = req.kill_timeout.unwrap_or(DEFAULT_KILL_TIMEOUT);
         if kill_timeout > MAX_KILL_TIMEOUT {
             return Err(DriverError::InvalidConfig(format!(
                 "kill_timeout {:?} is longer than the maximum of {}",
-                req.kill_timeout.as_deref().unwrap_or_default(),
+                human(kill_timeout),
                 human(MAX_KILL_TIMEOUT)
             )));
         }
@@ -257,14 +253,14 @@ impl Task {
         self.state() == TaskLifecycle::Dead
     }
 
-    fn event(&self, kind: &str, message: impl Into<String>) {
+    fn event(&self, kind: TaskEventKind, message: impl Into<String>) {
         let message = message.into();
-        tracing::info!(task = %self.id, event = kind, "{message}");
+        tracing::info!(task = %self.id, event = kind.as_str(), "{message}");
         let mut rec = self.rec();
         let v = &mut rec.view;
         v.events.push(TaskEventView {
             time: now(),
-            kind: kind.into(),
+            kind,
             message,
         });
         if v.events.len() > MAX_EVENTS {
@@ -282,9 +278,9 @@ impl Task {
             .view
             .events
             .last()
-            .is_some_and(|e| e.kind == "DriverFailure" && e.message == message);
+            .is_some_and(|e| e.kind == TaskEventKind::DriverFailure && e.message == message);
         if !repeated {
-            self.event("DriverFailure", message);
+            self.event(TaskEventKind::DriverFailure, message);
         }
     }
 
@@ -552,7 +548,7 @@ impl TaskManager {
             settings,
         ));
         task.event(
-            "Received",
+            TaskEventKind::Received,
             format!("task received by driver {}", task.driver),
         );
         // Held until the handle is recorded: a stop meanwhile waits, then stops what
@@ -717,7 +713,7 @@ impl TaskManager {
             }
         }
         task.event(
-            "Killing",
+            TaskEventKind::Killing,
             format!("sending {signal}, SIGKILL after {}", human(timeout)),
         );
         // Durable first: should the agent die now, recovery finishes the stop.
@@ -786,7 +782,7 @@ impl TaskManager {
             }
         }
         self.driver(&task.driver)?.signal_task(id, signal).await?;
-        task.event("Signaling", format!("sent {signal}"));
+        task.event(TaskEventKind::Signaling, format!("sent {signal}"));
         task.save(&self.store).await;
         Ok(task.view())
     }
@@ -847,7 +843,7 @@ impl TaskManager {
                     .events
                     .iter()
                     .rev()
-                    .find(|e| e.kind == "DriverFailure")
+                    .find(|e| e.kind == TaskEventKind::DriverFailure)
                     .map(|e| format!(" (last failure: {})", e.message))
                     .unwrap_or_default();
                 return Err(DriverError::Unavailable(format!(

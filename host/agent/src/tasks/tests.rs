@@ -404,8 +404,8 @@ fn request(config: serde_json::Value, restart: Option<RestartPolicy>) -> RunRequ
 fn policy(attempts: u32, interval: &str, delay: &str, mode: RestartMode) -> Option<RestartPolicy> {
     Some(RestartPolicy {
         attempts,
-        interval: interval.into(),
-        delay: delay.into(),
+        interval: humantime::parse_duration(interval).unwrap(),
+        delay: humantime::parse_duration(delay).unwrap(),
         mode,
     })
 }
@@ -506,51 +506,60 @@ async fn hooks_prepare_dir_env_and_logs() {
 #[tokio::test]
 async fn invalid_requests_name_the_field_and_create_nothing() {
     let env = Env::new();
+    // Request bodies as the API receives them. A duration that is no duration, or one
+    // beyond its maximum, is refused while the body is read (`POST /v1/tasks` answers
+    // 400 "invalid request body: ..."), naming the field and the text as written; the
+    // rest reach the manager, which refuses them as invalid config (also a 400).
+    let body = |extra: &str| format!(r#"{{"driver": "fake", "config": {{}}, {extra}}}"#);
     let cases = [
         (
-            request(
-                serde_json::json!({}),
-                policy(2, "1m", "2m", RestartMode::Fail),
-            ),
+            body(r#""restart": {"attempts": 2, "interval": "1m", "delay": "2m"}"#),
             "restart.delay (2m) must be shorter than restart.interval (1m)",
         ),
         (
-            request(
-                serde_json::json!({}),
-                policy(2, "often", "1s", RestartMode::Fail),
-            ),
+            body(r#""restart": {"attempts": 2, "interval": "often", "delay": "1s"}"#),
             "restart.interval \"often\"",
         ),
         (
-            RunRequest {
-                logs: Some(drover_api::LogConfig {
-                    max_files: 0,
-                    max_file_size_mb: 1,
-                }),
-                ..request(serde_json::json!({}), None)
-            },
+            body(r#""logs": {"max_files": 0, "max_file_size_mb": 1}"#),
             "logs.max_files",
         ),
+        (body(r#""kill_timeout": "soon""#), "kill_timeout"),
         (
-            RunRequest {
-                kill_timeout: Some("soon".into()),
-                ..request(serde_json::json!({}), None)
-            },
-            "kill_timeout",
+            body(r#""kill_timeout": "100000000y""#),
+            "kill_timeout \"100000000y\" is longer than the maximum",
         ),
         (
+            body(r#""restart": {"attempts": 2, "interval": "20000y", "delay": "10000y"}"#),
+            "restart.interval \"20000y\" is longer than the maximum",
+        ),
+    ];
+    for (body, want) in cases {
+        let e = match serde_json::from_str::<RunRequest>(&body) {
+            Err(e) => e.to_string(),
+            Ok(req) => {
+                let e = env.mgr.run(req).await.unwrap_err();
+                assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
+                e.to_string()
+            }
+        };
+        assert!(e.contains(want), "{body}: {e} does not name {want}");
+    }
+    // The same limits hold for a request built in code.
+    let cases = [
+        (
             RunRequest {
-                kill_timeout: Some("100000000y".into()),
+                kill_timeout: Some(Duration::from_secs(2 * 24 * 3600)),
                 ..request(serde_json::json!({}), None)
             },
-            "kill_timeout \"100000000y\" is longer than the maximum",
+            "kill_timeout \"2days\" is longer than the maximum of 1day",
         ),
         (
             request(
                 serde_json::json!({}),
-                policy(2, "20000y", "10000y", RestartMode::Fail),
+                policy(2, "20000y", "1s", RestartMode::Fail),
             ),
-            "restart.interval \"20000y\" is longer than the maximum",
+            "restart.interval \"20000years\" is longer than the maximum",
         ),
     ];
     for (req, want) in cases {
