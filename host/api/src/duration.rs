@@ -15,7 +15,7 @@ pub const MAX_KILL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_RESTART_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// A duration as people write it, to the millisecond (`0s` for zero).
-pub fn human(d: Duration) -> String {
+pub fn human_duration(d: Duration) -> String {
     let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     if ms.is_zero() {
         return "0s".into();
@@ -43,7 +43,7 @@ impl Field {
         {
             return Err(format!(
                 "{name} {text:?} is longer than the maximum of {}",
-                human(max)
+                human_duration(max)
             ));
         }
         Ok(d)

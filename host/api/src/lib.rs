@@ -5,14 +5,21 @@
 //! stream.
 
 mod agent;
+mod client;
 mod duration;
+mod error;
 mod logs;
+mod path;
 mod plugins;
 mod tasks;
 
 pub use agent::{AgentHealth, ErrorBody, HealthStatus, RecoverySummary};
-pub use duration::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, human as human_duration};
+pub use client::{Client, LogFrames, LogsOptions, RawResponse, StatsStream};
+pub use duration::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, human_duration};
+pub use error::Error;
+pub use http::StatusCode;
 pub use logs::{Frame, FrameDecoder, FrameError, LOG_FRAMES_CONTENT_TYPE, skipped_notice};
+pub use path::encode_path_segment;
 pub use plugins::{PluginKind, PluginSource, PluginState, PluginStatus};
 pub use tasks::{
     DestroyQuery, Destroyed, LogConfig, LogStream, LogsQuery, Resources, RestartMode,
