@@ -162,6 +162,23 @@ pub enum TaskLifecycle {
     Dead,
 }
 
+impl TaskLifecycle {
+    /// The name on the wire: `pending`, `running` or `dead`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskLifecycle::Pending => "pending",
+            TaskLifecycle::Running => "running",
+            TaskLifecycle::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for TaskLifecycle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The type of a task event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TaskEventKind {
@@ -496,6 +513,7 @@ mod tests {
         let text = r#"{"id":"5f0c","name":"web","driver":"rawexec","state":"dead","exit_code":3,"signal":null,"oom_killed":false,"error":null,"task_dir":"/alloc/5f0c","attributes":{"pid":"42"},"created_at":"2026-01-02T03:04:05.000006Z","started_at":"2026-01-02T03:04:05.100000Z","finished_at":"2026-01-02T03:04:06.000000Z","events":[{"time":"2026-01-02T03:04:05.000006Z","type":"Received","message":"task received by driver rawexec"},{"time":"2026-01-02T03:04:06.000000Z","type":"NotRestarting","message":"exceeded 2 attempts in 1m (mode fail)"}],"events_dropped":0,"restarts":2,"restart_at":null}"#;
         let view: TaskView = serde_json::from_str(text).unwrap();
         assert_eq!(view.state, TaskLifecycle::Dead);
+        assert_eq!(view.state.to_string(), "dead");
         assert_eq!(view.events[1].kind, TaskEventKind::NotRestarting);
         assert!(view.events[0].kind == "Received");
         assert_eq!(view.events[1].kind.to_string(), "NotRestarting");
