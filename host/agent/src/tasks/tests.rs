@@ -1402,3 +1402,143 @@ async fn a_start_still_in_flight_when_probed_is_taken_over_not_duplicated() {
     env.fake.exit(&v.id, 0);
     assert_eq!(wait_dead(&mgr, &v.id).await.exit_code, Some(0));
 }
+
+/// The agent's own router, served on a socket over this manager, answers
+/// `drover_api::Client`: every endpoint, in the JSON the typed client reads, and any
+/// id reaches its endpoint as the one segment it was.
+#[tokio::test]
+async fn the_api_router_answers_the_typed_client() {
+    use drover_api::{Client, LogsOptions, StatusCode, StopRequest};
+
+    let env = Env::new();
+    let sock = env._dir.path().join("api.sock");
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    let state = crate::api::ApiState {
+        catalog: Arc::new(crate::catalog::Catalog::default()),
+        tasks: env.mgr.clone(),
+    };
+    tokio::spawn(async move { axum::serve(listener, crate::api::router(state)).await });
+    let c = Client::new(&sock);
+    let status = |e: drover_api::Error| e.status().unwrap_or_else(|| panic!("{e:?}"));
+
+    let health = c.health().await.unwrap();
+    assert_eq!(health.recovery, None, "recovery has not run");
+    assert!(c.plugins().await.unwrap().is_empty());
+
+    let req = RunRequest {
+        kill_timeout: Some(Duration::from_secs(2)),
+        ..request(
+            serde_json::json!({}),
+            policy(1, "1m", "10ms", RestartMode::Delay),
+        )
+    };
+    let v = c.run_task(&req).await.unwrap();
+    assert_eq!(v.state, TaskLifecycle::Running);
+    assert_eq!(kinds(&v), ["Received", "Started"]);
+    assert_eq!(env.stored(&v.id)["request"]["kill_timeout"], "2s");
+    assert_eq!(
+        c.get_task(&v.id).await.unwrap(),
+        env.mgr.status(&v.id).unwrap()
+    );
+    assert_eq!(c.list_tasks().await.unwrap(), env.mgr.list());
+    let signaled = c.signal_task(&v.id, "SIGHUP").await.unwrap();
+    assert_eq!(kinds(&signaled).last(), Some(&"Signaling"));
+    let events = c.task_events(&v.id).await.unwrap();
+    assert_eq!(events, env.mgr.status(&v.id).unwrap().events);
+    // No plugin named fake in the catalog: stats cannot be asked.
+    let e = c.task_stats(&v.id).await.unwrap_err();
+    assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    let mut logs = c.task_logs(&v.id, &LogsOptions::default()).await.unwrap();
+    assert_eq!(
+        logs.next().await.unwrap(),
+        None,
+        "the fake writes no output"
+    );
+
+    let e = c.destroy_task(&v.id, false).await.unwrap_err();
+    assert_eq!(status(e), StatusCode::CONFLICT, "it runs");
+    let stop = StopRequest {
+        signal: Some("SIGINT".into()),
+        timeout: Some(Duration::from_millis(1500)),
+    };
+    let stopped = c.stop_task(&v.id, &stop).await.unwrap();
+    assert_eq!(stopped.state, TaskLifecycle::Dead);
+    assert!(
+        stopped
+            .events
+            .iter()
+            .any(|e| e.message == "sending SIGINT, SIGKILL after 1s 500ms"),
+        "{stopped:#?}"
+    );
+    assert_eq!(c.wait_task(&v.id).await.unwrap().state, TaskLifecycle::Dead);
+    let destroyed = c.destroy_task(&v.id, false).await.unwrap();
+    assert_eq!(
+        (destroyed.id.as_str(), destroyed.destroyed),
+        (v.id.as_str(), true)
+    );
+    assert_eq!(
+        status(c.get_task(&v.id).await.unwrap_err()),
+        StatusCode::NOT_FOUND
+    );
+
+    // Ids that are paths, queries and escapes: the agent's not-found naming them.
+    for id in [
+        "a b",
+        "../../x",
+        "..",
+        ".",
+        "a/b",
+        "q?x#y",
+        "100%",
+        "%2F",
+        "ünï ☃",
+    ] {
+        let want = format!("no task with id {id:?}");
+        for e in [
+            c.get_task(id).await.unwrap_err(),
+            c.wait_task(id).await.unwrap_err(),
+            c.task_events(id).await.unwrap_err(),
+            c.task_logs(id, &LogsOptions::default()).await.unwrap_err(),
+            c.follow_task_stats(id, None).await.unwrap_err(),
+            c.stop_task(id, &StopRequest::default()).await.unwrap_err(),
+            c.signal_task(id, "SIGHUP").await.unwrap_err(),
+            c.destroy_task(id, true).await.unwrap_err(),
+        ] {
+            assert!(
+                e.is_not_found() && e.to_string().contains(&want),
+                "{id:?}: {e:?}"
+            );
+        }
+    }
+    // The logs endpoint itself, and only it, checks its query first.
+    let raw = c
+        .get_raw(&["v1", "tasks", "../../x", "logs"], &[("stream", "stdin")])
+        .await
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST, "{raw:?}");
+    let raw = c
+        .get_raw(&["v1", "tasks", "x", "stats"], &[("interval", "often")])
+        .await
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST);
+    let message = raw.error_message().unwrap();
+    assert!(
+        message.contains("interval \"often\" is not a duration"),
+        "{message}"
+    );
+    // A duration beyond its maximum is refused with the text that was sent.
+    let e = c
+        .run_task(&RunRequest {
+            kill_timeout: Some(Duration::from_secs(2 * 24 * 3600)),
+            ..request(serde_json::json!({}), None)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(StatusCode::BAD_REQUEST));
+    assert!(
+        e.to_string()
+            .contains("kill_timeout \"2days\" is longer than the maximum of 1day"),
+        "{e}"
+    );
+    assert!(env.mgr.list().is_empty());
+}
