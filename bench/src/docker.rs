@@ -19,7 +19,9 @@ use anyhow::{Context as _, bail};
 use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
 use drover_plugin_sdk::{AgentInfo, TaskSpec};
 
-use crate::tasks::Api;
+use drover_api::{Client, RunRequest, TaskLifecycle};
+
+use crate::tasks::wait_healthy;
 use crate::{ms, stats};
 
 /// Label on the CLI's containers, for the clean-up.
@@ -104,7 +106,7 @@ pub async fn run(plugin_bin: &Path, drover: &Path, o: Options) -> anyhow::Result
         ),
     )?;
     let mut agent = start_agent(drover, root.path(), &config)?;
-    let api = Api::new(root.path().join("data/api.sock"));
+    let api = Client::new(root.path().join("data/api.sock"));
 
     let result = measure(&o, &version, &client, &alloc, &api).await;
 
@@ -112,17 +114,9 @@ pub async fn run(plugin_bin: &Path, drover: &Path, o: Options) -> anyhow::Result
     for i in 0..=o.count {
         let _ = client.destroy_task(&format!("bench-{i}"), true).await;
     }
-    if let Ok(list) = api.call(hyper::Method::GET, "/v1/tasks", None).await {
-        for t in list.as_array().into_iter().flatten() {
-            if let Some(id) = t["id"].as_str() {
-                let _ = api
-                    .call(
-                        hyper::Method::DELETE,
-                        &format!("/v1/tasks/{id}?force=true"),
-                        None,
-                    )
-                    .await;
-            }
+    if let Ok(list) = api.list_tasks().await {
+        for t in list {
+            let _ = api.destroy_task(&t.id, true).await;
         }
     }
     stop_agent(&mut agent).await;
@@ -201,9 +195,9 @@ async fn measure(
     version: &str,
     client: &PluginClient,
     alloc: &Path,
-    api: &Api,
+    api: &Client,
 ) -> anyhow::Result<()> {
-    api.wait_healthy("docker", Duration::from_secs(30)).await?;
+    wait_healthy(api, "docker", Duration::from_secs(30)).await?;
     let cli_args = |name: &str| -> Vec<String> {
         [
             "run", "-d", "--name", name, "--label", CLI_LABEL, &o.image, "sleep", "3600",
@@ -244,19 +238,18 @@ async fn measure(
         }
     };
     let agent_start = |i: usize| {
-        let body = serde_json::json!({
-            "driver": "docker",
-            "name": format!("agent-bench-{i}"),
-            "config": { "image": o.image, "command": "sleep", "args": ["3600"] },
-        });
+        let request = RunRequest {
+            driver: "docker".into(),
+            name: Some(format!("agent-bench-{i}")),
+            config: serde_json::json!({ "image": o.image, "command": "sleep", "args": ["3600"] }),
+            ..Default::default()
+        };
         async move {
             let t = Instant::now();
-            let view = api
-                .call(hyper::Method::POST, "/v1/tasks", Some(body))
-                .await?;
+            let view = api.run_task(&request).await?;
             let took = t.elapsed();
-            if view["state"] != "running" {
-                bail!("agent task is {} after POST /v1/tasks", view["state"]);
+            if view.state != TaskLifecycle::Running {
+                bail!("agent task is {} after POST /v1/tasks", view.state);
             }
             anyhow::Ok(took)
         }

@@ -5,79 +5,43 @@
 //! Baseline, measured in the same run: spawning N `sleep` processes directly (what the
 //! kernel costs without Drover), so the throughput is reported as a ratio.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyperlocal::{UnixClientExt as _, UnixConnector};
+use drover_api::{
+    Client, PluginState, RunRequest, StopRequest, TaskEventKind, TaskLifecycle, TaskView,
+};
 
 use crate::{ms, stats};
 
-/// What the benchmark needs of the agent API.
-#[derive(Clone)]
-pub(crate) struct Api {
-    socket: PathBuf,
-    client: Client<UnixConnector, Full<Bytes>>,
-}
-
-impl Api {
-    /// Until the agent lists plugin `name` as healthy.
-    pub(crate) async fn wait_healthy(&self, name: &str, deadline: Duration) -> anyhow::Result<()> {
-        let t = Instant::now();
-        loop {
-            if let Ok(rows) = self.call(hyper::Method::GET, "/v1/plugins", None).await
-                && rows.as_array().is_some_and(|r| {
-                    r.iter()
-                        .any(|p| p["name"] == name && p["state"] == "healthy")
-                })
-            {
-                return Ok(());
-            }
-            if t.elapsed() > deadline {
-                bail!("the agent's {name} driver did not become healthy within {deadline:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+/// Until the agent lists plugin `name` as healthy.
+pub(crate) async fn wait_healthy(
+    api: &Client,
+    name: &str,
+    deadline: Duration,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        if let Ok(rows) = api.plugins().await
+            && rows
+                .iter()
+                .any(|p| p.name == name && p.state == PluginState::Healthy)
+        {
+            return Ok(());
         }
-    }
-
-    pub(crate) fn new(socket: PathBuf) -> Self {
-        Api {
-            socket,
-            client: Client::unix(),
+        if t.elapsed() > deadline {
+            bail!("the agent's {name} driver did not become healthy within {deadline:?}");
         }
-    }
-
-    pub(crate) async fn call(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> anyhow::Result<serde_json::Value> {
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(hyper::Uri::from(hyperlocal::Uri::new(&self.socket, path)))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )))?;
-        let resp = self.client.request(req).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        if !status.is_success() {
-            bail!("{path}: {status}: {}", String::from_utf8_lossy(&bytes));
-        }
-        Ok(serde_json::from_slice(&bytes)?)
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 struct AgentProc {
     child: Child,
-    api: Api,
+    api: Client,
 }
 
 fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
@@ -106,7 +70,7 @@ fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
         .context("starting the agent")?;
     Ok(AgentProc {
         child,
-        api: Api::new(data.join("api.sock")),
+        api: Client::new(data.join("api.sock")),
     })
 }
 
@@ -193,23 +157,19 @@ async fn measure(
     concurrency: usize,
     direct_elapsed: Duration,
 ) -> anyhow::Result<()> {
-    agent
-        .api
-        .wait_healthy("rawexec", Duration::from_secs(30))
-        .await?;
+    wait_healthy(&agent.api, "rawexec", Duration::from_secs(30)).await?;
     let api = agent.api.clone();
-    let body = |i: usize| {
-        serde_json::json!({
-            "driver": "rawexec",
-            "name": format!("sleeper-{i}"),
-            "config": {"command": "/bin/sleep", "args": ["3600"]},
-        })
+    let body = |i: usize| RunRequest {
+        driver: "rawexec".into(),
+        name: Some(format!("sleeper-{i}")),
+        config: serde_json::json!({"command": "/bin/sleep", "args": ["3600"]}),
+        ..Default::default()
     };
-    let pid_of = |view: &serde_json::Value| {
-        view["attributes"]["pid"]
-            .as_str()
+    let pid_of = |view: &TaskView| {
+        view.attributes
+            .get("pid")
             .and_then(|p| p.parse::<u32>().ok())
-            .map(|pid| (view["id"].as_str().unwrap_or_default().to_owned(), pid))
+            .map(|pid| (view.id.clone(), pid))
     };
     let mut task_pids = Vec::with_capacity(count);
     // Latency of one StartTask at a time (nothing queued behind another call).
@@ -217,9 +177,7 @@ async fn measure(
     let mut latencies = Vec::with_capacity(sequential);
     for i in 0..sequential {
         let started = Instant::now();
-        let view = api
-            .call(hyper::Method::POST, "/v1/tasks", Some(body(i)))
-            .await?;
+        let view = api.run_task(&body(i)).await?;
         latencies.push(started.elapsed());
         task_pids.extend(pid_of(&view));
     }
@@ -234,9 +192,7 @@ async fn measure(
         set.spawn(async move {
             let _permit = sem.acquire_owned().await?;
             let started = Instant::now();
-            let view = api
-                .call(hyper::Method::POST, "/v1/tasks", Some(body))
-                .await?;
+            let view = api.run_task(&body).await?;
             anyhow::Ok((started.elapsed(), view))
         });
     }
@@ -275,12 +231,11 @@ async fn measure(
 
     // Memory: the agent, the plugin, and every executor (the task's parent).
     let agent_rss = proc_kib(agent_pid, "status", "VmRSS:").unwrap_or(0);
-    let plugins = api.call(hyper::Method::GET, "/v1/plugins", None).await?;
+    let plugins = api.plugins().await?;
     let plugin_pid = plugins
-        .as_array()
-        .and_then(|r| r.iter().find(|p| p["name"] == "rawexec"))
-        .and_then(|p| p["pid"].as_u64())
-        .map(|p| p as u32);
+        .iter()
+        .find(|p| p.name == "rawexec")
+        .and_then(|p| p.pid);
     let plugin_rss = plugin_pid.and_then(|p| proc_kib(p, "status", "VmRSS:"));
     let mut executors: Vec<u32> = task_pids
         .iter()
@@ -339,17 +294,14 @@ async fn measure(
     let api = agent.api.clone();
     let deadline = Duration::from_secs(120);
     loop {
-        if let Ok(list) = api.call(hyper::Method::GET, "/v1/tasks", None).await
-            && let Some(rows) = list.as_array()
-        {
+        if let Ok(rows) = api.list_tasks().await {
             let recovered = rows
                 .iter()
                 .filter(|r| {
-                    r["state"] == "running"
-                        && r["events"]
-                            .as_array()
-                            .and_then(|e| e.last())
-                            .is_some_and(|e| e["type"] == "Recovered")
+                    r.state == TaskLifecycle::Running
+                        && r.events
+                            .last()
+                            .is_some_and(|e| e.kind == TaskEventKind::Recovered)
                 })
                 .count();
             if recovered >= count {
@@ -426,39 +378,23 @@ fn reference_shims() {
     }
 }
 
-async fn cleanup(api: &Api) {
-    let Ok(list) = api.call(hyper::Method::GET, "/v1/tasks", None).await else {
+async fn cleanup(api: &Client) {
+    let Ok(list) = api.list_tasks().await else {
         return;
     };
-    let ids: Vec<String> = list
-        .as_array()
-        .map(|r| {
-            r.iter()
-                .filter_map(|t| t["id"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
     let sem = Arc::new(tokio::sync::Semaphore::new(32));
     let mut set = tokio::task::JoinSet::new();
-    for id in ids {
+    for task in list {
         let api = api.clone();
         let sem = sem.clone();
         set.spawn(async move {
             let _p = sem.acquire_owned().await;
-            let _ = api
-                .call(
-                    hyper::Method::POST,
-                    &format!("/v1/tasks/{id}/stop"),
-                    Some(serde_json::json!({"timeout": "1s"})),
-                )
-                .await;
-            let _ = api
-                .call(
-                    hyper::Method::DELETE,
-                    &format!("/v1/tasks/{id}?force=true"),
-                    None,
-                )
-                .await;
+            let stop = StopRequest {
+                timeout: Some(Duration::from_secs(1)),
+                ..Default::default()
+            };
+            let _ = api.stop_task(&task.id, &stop).await;
+            let _ = api.destroy_task(&task.id, true).await;
         });
     }
     while set.join_next().await.is_some() {}

@@ -10,17 +10,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use drover_plugin_sdk::DriverError;
-use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::catalog::{Catalog, LoadedPlugin};
-use crate::loader::PluginState;
-use crate::logs::{FollowOptions, Frame, LogChunk, LogStart};
-use crate::tasks::{RunRequest, TaskLifecycle, TaskManager, TaskView};
+use drover_api::{
+    AgentHealth, DestroyQuery, Destroyed, ErrorBody, Frame, HealthStatus, LOG_FRAMES_CONTENT_TYPE,
+    LogStream, LogsQuery, RunRequest, SignalRequest, StatsQuery, StatsView, StopRequest,
+    TaskLifecycle, TaskView,
+};
 
-/// Content type of `GET /v1/tasks/{id}/logs?framed=true` (see [`crate::logs::Frame`]).
-pub const LOG_FRAMES_CONTENT_TYPE: &str = "application/vnd.drover.log-frames";
+use crate::catalog::{Catalog, LoadedPlugin};
+use crate::logs::{FollowOptions, LogChunk, LogStart};
+use crate::tasks::TaskManager;
+use drover_api::PluginState;
 
 /// What handlers share.
 #[derive(Clone)]
@@ -54,7 +56,7 @@ impl From<DriverError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
     }
 }
 
@@ -84,7 +86,10 @@ pub fn router(state: ApiState) -> Router {
 /// Liveness, plus whether start-up task recovery has finished (`recovery` is null
 /// until then) — what an operator or a script waits for after an agent restart.
 async fn health(State(s): State<ApiState>) -> ApiResult {
-    ok(serde_json::json!({ "status": "ok", "recovery": s.tasks.recovery() }))
+    ok(AgentHealth {
+        status: HealthStatus::Ok,
+        recovery: s.tasks.recovery(),
+    })
 }
 
 async fn plugins(State(s): State<ApiState>) -> ApiResult {
@@ -114,20 +119,13 @@ async fn wait_task(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResu
     ok(s.tasks.wait(&id).await?)
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StopBody {
-    signal: Option<String>,
-    timeout: Option<String>,
-}
-
 async fn stop_task(
     State(s): State<ApiState>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult {
-    let body: StopBody = if body.is_empty() {
-        StopBody::default()
+    let body: StopRequest = if body.is_empty() {
+        StopRequest::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| {
             ApiError(
@@ -136,24 +134,7 @@ async fn stop_task(
             )
         })?
     };
-    let timeout = body
-        .timeout
-        .map(|t| {
-            humantime::parse_duration(&t).map_err(|e| {
-                ApiError(
-                    StatusCode::BAD_REQUEST,
-                    format!("timeout {t:?} is not a duration: {e}"),
-                )
-            })
-        })
-        .transpose()?;
-    ok(s.tasks.stop(&id, body.signal, timeout).await?)
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SignalBody {
-    signal: String,
+    ok(s.tasks.stop(&id, body.signal, body.timeout).await?)
 }
 
 async fn signal_task(
@@ -161,7 +142,7 @@ async fn signal_task(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult {
-    let body: SignalBody = serde_json::from_slice(&body).map_err(|e| {
+    let body: SignalRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
             format!("invalid request body: {e}"),
@@ -170,19 +151,16 @@ async fn signal_task(
     ok(s.tasks.signal(&id, &body.signal).await?)
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct DestroyQuery {
-    #[serde(default)]
-    force: bool,
-}
-
 async fn destroy_task(
     State(s): State<ApiState>,
     Path(id): Path<String>,
     Query(q): Query<DestroyQuery>,
 ) -> ApiResult {
     s.tasks.destroy(&id, q.force).await?;
-    ok(serde_json::json!({ "id": id, "destroyed": true }))
+    ok(Destroyed {
+        id,
+        destroyed: true,
+    })
 }
 
 async fn task_events(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult {
@@ -194,32 +172,6 @@ fn bad_query(e: QueryRejection) -> ApiError {
         StatusCode::BAD_REQUEST,
         format!("invalid query: {}", e.body_text()),
     )
-}
-
-/// Which output stream of a task.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum LogStream {
-    #[default]
-    Stdout,
-    Stderr,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LogsQuery {
-    #[serde(default)]
-    stream: LogStream,
-    /// Keep the response open and send output as it is written, until the task is dead.
-    #[serde(default)]
-    follow: bool,
-    /// Start this many bytes after the beginning of the oldest log file present.
-    offset: Option<u64>,
-    /// Start at the last N lines.
-    tail: Option<u64>,
-    /// Answer in frames ([`Frame`]) instead of plain bytes.
-    #[serde(default)]
-    framed: bool,
 }
 
 /// `GET /v1/tasks/{id}/logs`: the task's stdout or stderr, oldest file first. Plain
@@ -264,7 +216,7 @@ async fn task_logs(
             (Ok(LogChunk::Data(d)), false) => d,
             (Ok(LogChunk::Data(d)), true) => Frame::Data(d).encode(),
             (Ok(LogChunk::Skipped(n)), false) => {
-                format!("{}\n", crate::logs::skipped_notice(n)).into_bytes()
+                format!("{}\n", drover_api::skipped_notice(n)).into_bytes()
             }
             (Ok(LogChunk::Skipped(n)), true) => Frame::Skipped(n).encode(),
             (Err(e), false) => return Err(e),
@@ -284,51 +236,17 @@ async fn task_logs(
         .into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StatsQuery {
-    /// Stream a sample every `interval` (JSON lines) until the task is dead.
-    #[serde(default)]
-    follow: bool,
-    /// Time between samples when following, e.g. "1s" (default 1s, at least 100ms).
-    interval: Option<String>,
-}
-
-/// One resource usage sample, as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StatsView {
-    /// Task id.
-    pub task_id: String,
-    /// When it was taken, RFC 3339.
-    pub time: String,
-    /// Percent of one core since the previous sample.
-    pub cpu_percent: f64,
-    /// User CPU time so far, seconds.
-    pub cpu_user_seconds: f64,
-    /// System CPU time so far, seconds.
-    pub cpu_system_seconds: f64,
-    /// Resident memory, bytes.
-    pub memory_rss_bytes: u64,
-    /// Page cache charged to the task, bytes (0: the driver cannot tell).
-    #[serde(default)]
-    pub memory_cache_bytes: u64,
-    /// Processes in the task (0: the driver cannot tell).
-    #[serde(default)]
-    pub process_count: u64,
-}
-
-impl StatsView {
-    fn new(task_id: &str, s: &drover_plugin_sdk::TaskStats) -> Self {
-        StatsView {
-            task_id: task_id.to_owned(),
-            time: humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
-            cpu_percent: s.cpu_percent,
-            cpu_user_seconds: s.cpu_user.as_secs_f64(),
-            cpu_system_seconds: s.cpu_system.as_secs_f64(),
-            memory_rss_bytes: s.memory_rss_bytes,
-            memory_cache_bytes: s.memory_cache_bytes,
-            process_count: s.process_count,
-        }
+/// One sample of the driver's as the API shows it.
+fn stats_view(task_id: &str, s: &drover_plugin_sdk::TaskStats) -> StatsView {
+    StatsView {
+        task_id: task_id.to_owned(),
+        time: humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+        cpu_percent: s.cpu_percent,
+        cpu_user_seconds: s.cpu_user.as_secs_f64(),
+        cpu_system_seconds: s.cpu_system.as_secs_f64(),
+        memory_rss_bytes: s.memory_rss_bytes,
+        memory_cache_bytes: s.memory_cache_bytes,
+        process_count: s.process_count,
     }
 }
 
@@ -370,16 +288,10 @@ async fn task_stats(
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult {
     let Query(q) = query.map_err(bad_query)?;
-    let interval = match &q.interval {
-        None => Duration::from_secs(1),
-        Some(t) => humantime::parse_duration(t).map_err(|e| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("interval {t:?} is not a duration: {e}"),
-            )
-        })?,
-    }
-    .max(Duration::from_millis(100));
+    let interval = q
+        .interval
+        .unwrap_or(Duration::from_secs(1))
+        .max(Duration::from_millis(100));
     let view = s.tasks.status(&id)?;
     let plugin = live_driver(&s, &view)?;
     if !q.follow {
@@ -406,7 +318,7 @@ async fn task_stats(
             // The task ended meanwhile, or the driver is slow: the first sample it is.
             _ => first,
         };
-        return ok(StatsView::new(&id, &sample));
+        return ok(stats_view(&id, &sample));
     }
     let mut samples = plugin.client().task_stats(&id, interval).await?;
     let stop = stop.map(|Extension(t)| t).unwrap_or_default();
@@ -421,7 +333,7 @@ async fn task_stats(
             };
             let line = match next {
                 None => return,
-                Some(Ok(sample)) => serde_json::to_value(StatsView::new(&id, &sample)),
+                Some(Ok(sample)) => serde_json::to_value(stats_view(&id, &sample)),
                 Some(Err(e)) => {
                     // A task that exited ends the stream; anything else is reported.
                     // The driver may notice the exit a moment before the task manager.
@@ -430,7 +342,9 @@ async fn task_stats(
                     if matches!(ended, Ok(Ok(v)) if v.state == TaskLifecycle::Dead) {
                         return;
                     }
-                    Ok(serde_json::json!({ "error": e.to_string() }))
+                    serde_json::to_value(ErrorBody {
+                        error: e.to_string(),
+                    })
                 }
             };
             let Ok(line) = line else { return };

@@ -19,7 +19,9 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
-use crate::loader::{self, Candidate, Fingerprinted, PluginState, PluginStatus, Source};
+use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
+
+use crate::loader::{self, Candidate, Fingerprinted};
 use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
@@ -139,7 +141,7 @@ impl LoadedPlugin {
         let live = self.live();
         PluginStatus {
             name: self.name.clone(),
-            kind: "driver".into(),
+            kind: PluginKind::Driver,
             version: live.version.clone(),
             api_version: live.api_version.clone(),
             source: self.candidate.source,
@@ -432,7 +434,7 @@ impl Catalog {
         candidates.extend(builtins.iter().map(|b| Candidate {
             path: b.command.clone(),
             args: b.args.clone(),
-            source: Source::Builtin,
+            source: PluginSource::Builtin,
             label: b.name.clone(),
         }));
         candidates
@@ -454,7 +456,7 @@ impl Catalog {
             if let Err(reason) =
                 loader::allowed(&c.label, &config.plugin_allow, &config.plugin_deny)
             {
-                self.skip(PluginStatus::skipped(&c, reason));
+                self.skip(loader::skipped_status(&c, reason));
                 continue;
             }
             if let Err(reason) = check_pin(
@@ -464,7 +466,7 @@ impl Catalog {
                     .get(&c.label)
                     .and_then(|s| s.sha256.as_deref()),
             ) {
-                self.skip(PluginStatus::skipped(&c, reason));
+                self.skip(loader::skipped_status(&c, reason));
                 continue;
             }
             let record = records
@@ -516,7 +518,7 @@ impl Catalog {
             let fp = match result {
                 Ok(fp) => fp,
                 Err(reason) => {
-                    self.skip(PluginStatus::skipped(&c, reason));
+                    self.skip(loader::skipped_status(&c, reason));
                     continue;
                 }
             };
@@ -542,7 +544,7 @@ impl Catalog {
             }
         }
         for (fp, reason) in losers {
-            let mut row = PluginStatus::skipped(&fp.candidate, reason);
+            let mut row = loader::skipped_status(&fp.candidate, reason);
             row.name = fp.info.name.clone();
             row.version = fp.info.version.clone();
             if fp.process.is_reattached() {
@@ -581,7 +583,7 @@ impl Catalog {
         while let Some(joined) = configuring.join_next().await {
             let Ok((fp, result)) = joined else { continue };
             if let Err(reason) = result {
-                let mut row = PluginStatus::skipped(&fp.candidate, reason);
+                let mut row = loader::skipped_status(&fp.candidate, reason);
                 row.name = fp.info.name.clone();
                 row.version = fp.info.version.clone();
                 fp.process.shutdown().await;

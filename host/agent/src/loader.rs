@@ -11,21 +11,11 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 use drover_plugin_sdk::version::{negotiate_api_version, parse_version};
 use drover_plugin_sdk::{Capabilities, DriverError, PluginInfo};
-use serde::Serialize;
 use sha2::Digest as _;
-
-/// Where a plugin came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    /// Linked into the `drover` binary.
-    Builtin,
-    /// A binary in `plugin_dir`.
-    External,
-}
 
 /// A plugin binary to try.
 #[derive(Debug, Clone)]
@@ -35,7 +25,7 @@ pub struct Candidate {
     /// Its arguments.
     pub args: Vec<OsString>,
     /// Where it came from.
-    pub source: Source,
+    pub source: PluginSource,
     /// File name (external) or built-in name, for logs and allow/deny lists.
     pub label: String,
 }
@@ -51,61 +41,19 @@ pub struct Builtin {
     pub args: Vec<OsString>,
 }
 
-/// The state shown for each plugin binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PluginState {
-    /// Loaded, fingerprint healthy.
-    Healthy,
-    /// Loaded but not working right now (or being relaunched).
-    Unhealthy,
-    /// Loaded, but the driver cannot run on this node.
-    Undetected,
-    /// Not loaded; `reason` says why.
-    Skipped,
-}
-
-/// One row of `drover plugin status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PluginStatus {
-    /// Plugin name (the file name while unknown).
-    pub name: String,
-    /// Plugin type.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Plugin version, when known.
-    pub version: String,
-    /// Negotiated plugin API version, when known.
-    pub api_version: String,
-    /// Built-in or external.
-    pub source: Source,
-    /// The binary.
-    pub path: PathBuf,
-    /// State.
-    pub state: PluginState,
-    /// Why it is in that state.
-    pub reason: String,
-    /// Its pid while running.
-    pub pid: Option<u32>,
-    /// The process was started by an earlier agent and taken over, not launched by this
-    /// one. Its stdout/stderr went to that agent and are not captured any more.
-    pub reattached: bool,
-}
-
-impl PluginStatus {
-    pub(crate) fn skipped(c: &Candidate, reason: impl Into<String>) -> Self {
-        PluginStatus {
-            name: c.label.clone(),
-            kind: "driver".into(),
-            version: String::new(),
-            api_version: String::new(),
-            source: c.source,
-            path: c.path.clone(),
-            state: PluginState::Skipped,
-            reason: reason.into(),
-            pid: None,
-            reattached: false,
-        }
+/// The status row of a candidate that was not loaded.
+pub(crate) fn skipped_status(c: &Candidate, reason: impl Into<String>) -> PluginStatus {
+    PluginStatus {
+        name: c.label.clone(),
+        kind: PluginKind::Driver,
+        version: String::new(),
+        api_version: String::new(),
+        source: c.source,
+        path: c.path.clone(),
+        state: PluginState::Skipped,
+        reason: reason.into(),
+        pid: None,
+        reattached: false,
     }
 }
 
@@ -158,17 +106,14 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
         let candidate = Candidate {
             path: path.clone(),
             args: Vec::new(),
-            source: Source::External,
+            source: PluginSource::External,
             label,
         };
         // metadata() follows symlinks: what matters is the file that would run.
         let meta = match std::fs::metadata(&path) {
             Ok(m) => m,
             Err(e) => {
-                skipped.push(PluginStatus::skipped(
-                    &candidate,
-                    format!("cannot stat: {e}"),
-                ));
+                skipped.push(skipped_status(&candidate, format!("cannot stat: {e}")));
                 continue;
             }
         };
@@ -177,16 +122,16 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
             continue;
         }
         if !meta.is_file() {
-            skipped.push(PluginStatus::skipped(&candidate, "not a regular file"));
+            skipped.push(skipped_status(&candidate, "not a regular file"));
             continue;
         }
         if let Some(reason) = &dir_insecure {
-            skipped.push(PluginStatus::skipped(&candidate, reason.clone()));
+            skipped.push(skipped_status(&candidate, reason.clone()));
             continue;
         }
         let mode = meta.permissions().mode();
         if mode & 0o111 == 0 {
-            skipped.push(PluginStatus::skipped(
+            skipped.push(skipped_status(
                 &candidate,
                 format!(
                     "not executable (mode {:04o}); chmod +x it to load it",
@@ -196,7 +141,7 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
             continue;
         }
         if let Some(reason) = insecure_reason(&meta, "file") {
-            skipped.push(PluginStatus::skipped(&candidate, reason));
+            skipped.push(skipped_status(&candidate, reason));
             continue;
         }
         candidates.push(candidate);
@@ -437,7 +382,7 @@ pub fn allowed(name: &str, allow: &[String], deny: &[String]) -> Result<(), Stri
 /// `plugin_version` wins; a tie keeps the first.
 pub fn prefer(a: &Fingerprinted, b: &Fingerprinted, prefer_builtin: bool) -> bool {
     if a.candidate.source != b.candidate.source {
-        let a_builtin = a.candidate.source == Source::Builtin;
+        let a_builtin = a.candidate.source == PluginSource::Builtin;
         return a_builtin == prefer_builtin;
     }
     let va = parse_version(&a.info.version).ok();

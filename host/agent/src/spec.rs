@@ -47,7 +47,9 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use crate::tasks::{RestartMode, RestartPolicy, RunRequest};
+use std::time::Duration;
+
+use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, RestartMode, RestartPolicy, RunRequest};
 
 /// A spec file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -150,19 +152,31 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
     })?;
     let table = root.get_ref();
 
-    let duration = |v: &Spanned<String>, field: &str| -> Result<String, SpecError> {
-        humantime::parse_duration(v.get_ref()).map_err(|e| {
-            err(
-                Some(v.span()),
-                Some(field.to_owned()),
-                format!(
-                    "{:?} is not a duration like \"5s\" or \"1m30s\": {e}",
-                    v.get_ref()
-                ),
-            )
-        })?;
-        Ok(v.get_ref().clone())
-    };
+    let duration =
+        |v: &Spanned<String>, field: &str, max: Duration| -> Result<Duration, SpecError> {
+            let d = humantime::parse_duration(v.get_ref()).map_err(|e| {
+                err(
+                    Some(v.span()),
+                    Some(field.to_owned()),
+                    format!(
+                        "{:?} is not a duration like \"5s\" or \"1m30s\": {e}",
+                        v.get_ref()
+                    ),
+                )
+            })?;
+            if d > max {
+                return Err(err(
+                    Some(v.span()),
+                    Some(field.to_owned()),
+                    format!(
+                        "{:?} is longer than the maximum of {}",
+                        v.get_ref(),
+                        drover_api::human_duration(max)
+                    ),
+                ));
+            }
+            Ok(d)
+        };
 
     let mut request = RunRequest {
         driver: doc.driver.unwrap_or_default(),
@@ -175,10 +189,10 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
         request.kill_signal = Some(sig.get_ref().clone());
     }
     if let Some(t) = &doc.kill_timeout {
-        request.kill_timeout = Some(duration(t, "kill_timeout")?);
+        request.kill_timeout = Some(duration(t, "kill_timeout", MAX_KILL_TIMEOUT)?);
     }
     if let Some(r) = doc.resources {
-        request.resources = Some(drover_plugin_sdk::Resources {
+        request.resources = Some(drover_api::Resources {
             cpu_shares: r.cpu_shares.map_or(0, i64::from),
             memory_mb: r.memory_mb.map_or(0, i64::from),
             memory_max_mb: r.memory_max_mb.map_or(0, i64::from),
@@ -190,10 +204,10 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
             policy.attempts = a;
         }
         if let Some(i) = &r.interval {
-            policy.interval = duration(i, "restart.interval")?;
+            policy.interval = duration(i, "restart.interval", MAX_RESTART_DURATION)?;
         }
         if let Some(d) = &r.delay {
-            policy.delay = duration(d, "restart.delay")?;
+            policy.delay = duration(d, "restart.delay", MAX_RESTART_DURATION)?;
         }
         if let Some(m) = r.mode {
             policy.mode = m;
@@ -201,7 +215,7 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
         request.restart = Some(policy);
     }
     if let Some(l) = doc.logs {
-        let mut logs = drover_plugin_sdk::LogConfig::default();
+        let mut logs = drover_api::LogConfig::default();
         for (value, name, slot) in [
             (&l.max_files, "logs.max_files", &mut logs.max_files),
             (
@@ -563,7 +577,7 @@ max_file_size_mb = 1
         assert_eq!(r.driver, "rawexec");
         assert_eq!(r.name.as_deref(), Some("web"));
         assert_eq!(r.kill_signal.as_deref(), Some("SIGINT"));
-        assert_eq!(r.kill_timeout.as_deref(), Some("10s"));
+        assert_eq!(r.kill_timeout, Some(Duration::from_secs(10)));
         assert_eq!(
             r.config,
             serde_json::json!({
@@ -577,7 +591,7 @@ max_file_size_mb = 1
         assert_eq!(r.env["DEBUG"], "true");
         assert_eq!(
             r.resources,
-            Some(drover_plugin_sdk::Resources {
+            Some(drover_api::Resources {
                 cpu_shares: 100,
                 memory_mb: 64,
                 memory_max_mb: 0
@@ -587,14 +601,14 @@ max_file_size_mb = 1
             r.restart,
             Some(RestartPolicy {
                 attempts: 3,
-                interval: "30m".into(),
-                delay: "1s".into(),
+                interval: Duration::from_secs(30 * 60),
+                delay: Duration::from_secs(1),
                 mode: RestartMode::Delay,
             })
         );
         assert_eq!(
             r.logs,
-            Some(drover_plugin_sdk::LogConfig {
+            Some(drover_api::LogConfig {
                 max_files: 3,
                 max_file_size_mb: 1
             })
@@ -677,6 +691,16 @@ max_file_size_mb = 1
         );
         let e = error("kill_timeout = \"5 parsecs\"\n");
         assert!(e.starts_with("job.toml:1: kill_timeout: "), "{e}");
+        let e = error("\nkill_timeout = \"2days\"\n");
+        assert_eq!(
+            e,
+            "job.toml:2: kill_timeout: \"2days\" is longer than the maximum of 1day"
+        );
+        let e = error("[restart]\ninterval = \"2years\"\n");
+        assert!(
+            e.starts_with("job.toml:2: restart.interval: \"2years\" is longer than the maximum"),
+            "{e}"
+        );
         let e = error("kill_signal = \"SIGNOPE\"\n");
         assert!(
             e.starts_with("job.toml:1: kill_signal: ") && e.contains("SIGNOPE"),

@@ -1,19 +1,17 @@
-//! The `drover` command-line client: talks JSON to the agent's API socket.
-
-use std::path::{Path, PathBuf};
+//! The `drover` command-line client: talks to the agent's API through
+//! [`drover_api::Client`] and prints its typed answers.
 
 use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper_util::client::legacy::Client;
-use hyperlocal::{UnixClientExt as _, UnixConnector};
-
+use drover_api::{
+    Client, Frame, LogStream, LogsOptions, PluginState, PluginStatus, RestartMode, RestartPolicy,
+    RunRequest, StatsView, TaskEventView, TaskView,
+};
 use drover_host::config::default_api_socket;
-use drover_host::logs::{Frame, FrameDecoder};
 use drover_host::spec::SpecFile;
-use drover_host::tasks::{RestartMode, RestartPolicy, RunRequest};
 
 /// Resolve the agent address: `--address`/`DROVER_ADDR` (`unix:///path` or a path),
 /// else the system agent's socket if present, else the dev agent's.
@@ -39,103 +37,13 @@ pub fn resolve_address(given: Option<&str>) -> anyhow::Result<PathBuf> {
     Ok(dev.api_socket())
 }
 
-/// A connection to the agent API.
-pub struct ApiClient {
-    socket: PathBuf,
-    client: Client<UnixConnector, Full<Bytes>>,
-}
-
-impl ApiClient {
-    /// A client for the agent at `socket`.
-    pub fn new(socket: PathBuf) -> Self {
-        ApiClient {
-            socket,
-            client: Client::unix(),
+/// An API error as the CLI reports it: a connection failure says what to check.
+pub fn api_error(e: drover_api::Error) -> anyhow::Error {
+    match e {
+        drover_api::Error::Connect { .. } => {
+            anyhow!("{e} (is `drover agent` running? set --address or DROVER_ADDR)")
         }
-    }
-
-    async fn send(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> anyhow::Result<hyper::Response<Incoming>> {
-        let uri: hyper::Uri = hyperlocal::Uri::new(&self.socket, path).into();
-        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(bytes)))
-            .context("building request")?;
-        self.client.request(req).await.map_err(|e| {
-            anyhow!(
-                "cannot reach the agent at {}: {e} (is `drover agent` running? set --address or DROVER_ADDR)",
-                self.socket.display()
-            )
-        })
-    }
-
-    /// Send a request; returns the JSON body of a 2xx answer, or the API's error text.
-    pub async fn call(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-    ) -> anyhow::Result<serde_json::Value> {
-        let resp = self.send(method, path, body).await?;
-        let status = resp.status();
-        let value = json_body(resp).await?;
-        if !status.is_success() {
-            bail!("{}", error_text(&value));
-        }
-        Ok(value)
-    }
-
-    /// `GET path` whose answer is a stream: the body of a 2xx answer, or the error.
-    pub async fn open_stream(&self, path: &str) -> anyhow::Result<Incoming> {
-        let resp = self.send(hyper::Method::GET, path, None).await?;
-        if resp.status().is_success() {
-            return Ok(resp.into_body());
-        }
-        let value = json_body(resp).await?;
-        bail!("{}", error_text(&value));
-    }
-}
-
-/// The agent's answer as JSON; a body that is not JSON becomes `{"error": <text>}`.
-async fn json_body(resp: hyper::Response<Incoming>) -> anyhow::Result<serde_json::Value> {
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .context("reading the agent's answer")?
-        .to_bytes();
-    Ok(serde_json::from_slice(&body).unwrap_or_else(
-        |_| serde_json::json!({ "error": String::from_utf8_lossy(&body).into_owned() }),
-    ))
-}
-
-fn error_text(value: &serde_json::Value) -> String {
-    value
-        .get("error")
-        .and_then(|e| e.as_str())
-        .map(str::to_owned)
-        .unwrap_or_else(|| value.to_string())
-}
-
-/// The next piece of a streamed body; `None` at its end.
-async fn next_bytes(body: &mut Incoming) -> anyhow::Result<Option<Bytes>> {
-    loop {
-        match body.frame().await {
-            None => return Ok(None),
-            Some(Err(e)) => bail!("the agent's stream broke off: {e}"),
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    return Ok(Some(data));
-                }
-            }
-        }
+        e => anyhow::Error::new(e),
     }
 }
 
@@ -153,100 +61,49 @@ pub struct LogsArgs {
 /// `drover task logs`: copy the task's log stream to stdout; notices about files
 /// removed by rotation go to stderr. Ends at the end of the stream (with `follow`,
 /// once the task is dead and all was shown), or quietly when stdout is closed.
-pub async fn print_logs(c: &ApiClient, id: &str, args: &LogsArgs) -> anyhow::Result<()> {
-    let mut path = format!(
-        "/v1/tasks/{id}/logs?framed=true&stream={}&follow={}",
-        if args.stderr { "stderr" } else { "stdout" },
-        args.follow
-    );
-    if let Some(n) = args.tail {
-        path.push_str(&format!("&tail={n}"));
-    }
-    let mut body = c.open_stream(&path).await?;
-    let mut frames = FrameDecoder::default();
+pub async fn print_logs(c: &Client, id: &str, args: &LogsArgs) -> anyhow::Result<()> {
+    let options = LogsOptions {
+        stream: if args.stderr {
+            LogStream::Stderr
+        } else {
+            LogStream::Stdout
+        },
+        follow: args.follow,
+        tail: args.tail,
+        offset: None,
+    };
+    let mut frames = c.task_logs(id, &options).await.map_err(api_error)?;
     let mut out = std::io::stdout().lock();
-    while let Some(bytes) = next_bytes(&mut body).await? {
-        frames.push(&bytes);
-        while let Some(frame) = frames.next_frame()? {
-            match frame {
-                Frame::Data(d) => {
-                    let written = out.write_all(&d).and_then(|()| out.flush());
-                    match written {
-                        Ok(()) => {}
-                        // `drover task logs ID | head`: the reader has seen enough.
-                        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-                        Err(e) => return Err(e).context("writing to stdout"),
-                    }
+    while let Some(frame) = frames.next().await.map_err(api_error)? {
+        match frame {
+            Frame::Data(d) => {
+                let written = out.write_all(&d).and_then(|()| out.flush());
+                match written {
+                    Ok(()) => {}
+                    // `drover task logs ID | head`: the reader has seen enough.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                    Err(e) => return Err(e).context("writing to stdout"),
                 }
-                Frame::Skipped(n) => eprintln!("{}", drover_host::logs::skipped_notice(n)),
-                Frame::Error(e) => bail!("{e}"),
             }
-        }
-    }
-    if frames.has_partial() {
-        bail!("the agent's log stream ended in the middle of a frame");
-    }
-    Ok(())
-}
-
-/// Print the JSON lines of a streamed answer as they come, each through `line`.
-pub async fn follow_json_lines(
-    c: &ApiClient,
-    path: &str,
-    mut line: impl FnMut(&serde_json::Value) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    let mut body = c.open_stream(path).await?;
-    let mut pending: Vec<u8> = Vec::new();
-    while let Some(bytes) = next_bytes(&mut body).await? {
-        pending.extend_from_slice(&bytes);
-        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
-            let text: Vec<u8> = pending.drain(..=nl).collect();
-            let value: serde_json::Value = serde_json::from_slice(&text).with_context(|| {
-                format!(
-                    "the agent sent a line that is not JSON: {}",
-                    String::from_utf8_lossy(&text)
-                )
-            })?;
-            if let Some(e) = value.get("error") {
-                bail!("{}", e.as_str().unwrap_or_default());
-            }
-            line(&value)?;
+            Frame::Skipped(n) => eprintln!("{}", drover_api::skipped_notice(n)),
+            // LogFrames turns an error frame into an error.
+            Frame::Error(e) => bail!("{e}"),
         }
     }
     Ok(())
 }
 
 /// Print task events: time, type, message.
-pub fn print_events(events: &serde_json::Value, json: bool) {
+pub fn print_events(events: &[TaskEventView], json: bool) -> anyhow::Result<()> {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(events).unwrap_or_default()
-        );
-        return;
+        println!("{}", serde_json::to_string_pretty(events)?);
+        return Ok(());
     }
     println!("{:<28} {:<16} MESSAGE", "TIME", "TYPE");
-    for e in events.as_array().into_iter().flatten() {
-        println!(
-            "{:<28} {:<16} {}",
-            field_text(e, "time"),
-            field_text(e, "type"),
-            field_text(e, "message")
-        );
+    for e in events {
+        println!("{:<28} {:<16} {}", e.time, e.kind.as_str(), e.message);
     }
-}
-
-/// `value` percent-encoded for a query string.
-pub fn query_escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    Ok(())
 }
 
 /// Bytes as a short human size (KiB, MiB, GiB).
@@ -274,23 +131,13 @@ pub fn stats_header() -> String {
 }
 
 /// One sample as a row of the `task stats` table.
-pub fn stats_row(sample: &serde_json::Value) -> String {
-    let f = |k: &str| {
-        sample
-            .get(k)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(0.0)
-    };
-    let rss = sample
-        .get("memory_rss_bytes")
-        .and_then(serde_json::Value::as_u64)
-        .unwrap_or(0);
+pub fn stats_row(sample: &StatsView) -> String {
     format!(
         "{:<28} {:>7.1}% {:>12} {:>9.2}s",
-        field_text(sample, "time"),
-        f("cpu_percent"),
-        human_bytes(rss),
-        f("cpu_user_seconds") + f("cpu_system_seconds")
+        sample.time,
+        sample.cpu_percent,
+        human_bytes(sample.memory_rss_bytes),
+        sample.cpu_user_seconds + sample.cpu_system_seconds
     )
 }
 
@@ -340,10 +187,10 @@ pub struct RunFlags {
     pub log_max_file_size_mb: Option<u32>,
 }
 
-fn check_duration(flag: &str, value: &str) -> anyhow::Result<String> {
+/// `value` of `flag` as a duration.
+pub fn check_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
     humantime::parse_duration(value)
-        .with_context(|| format!("{flag} {value:?} is not a duration like \"5s\" or \"1m30s\""))?;
-    Ok(value.to_owned())
+        .with_context(|| format!("{flag} {value:?} is not a duration like \"5s\" or \"1m30s\""))
 }
 
 /// The request `drover task run` sends: the spec file's, with the flags on top.
@@ -448,125 +295,103 @@ pub fn run_request(spec: Option<&mut SpecFile>, flags: RunFlags) -> anyhow::Resu
 }
 
 /// Print plugin status rows.
-pub fn print_plugins(rows: &serde_json::Value, json: bool) {
+pub fn print_plugins(rows: &[PluginStatus], json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(rows).unwrap_or_default());
-        return;
+        println!("{}", serde_json::to_string_pretty(rows)?);
+        return Ok(());
     }
     println!(
         "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} PATH / REASON",
         "NAME", "SOURCE", "STATE", "VERSION", "API", "PID"
     );
-    for r in rows.as_array().into_iter().flatten() {
-        let s = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
-        let pid = r
-            .get("pid")
-            .and_then(|p| p.as_u64())
-            .map(|p| p.to_string())
-            .unwrap_or_else(|| "-".into());
-        let detail = if s("state") == "healthy" {
-            s("path")
+    for r in rows {
+        let pid = r.pid.map_or_else(|| "-".into(), |p| p.to_string());
+        let detail = if r.state == PluginState::Healthy {
+            r.path.display().to_string()
         } else {
-            format!("{}: {}", s("path"), s("reason"))
+            format!("{}: {}", r.path.display(), r.reason)
         };
         println!(
             "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} {}",
-            s("name"),
-            s("source"),
-            s("state"),
-            s("version"),
-            s("api_version"),
+            r.name,
+            r.source.as_str(),
+            r.state.as_str(),
+            r.version,
+            r.api_version,
             pid,
             detail
         );
     }
+    Ok(())
 }
 
-/// A JSON field as table text: strings bare, null or absent as `-`.
-fn field_text(value: &serde_json::Value, key: &str) -> String {
-    match value.get(key) {
-        Some(serde_json::Value::String(s)) => s.clone(),
-        None | Some(serde_json::Value::Null) => "-".into(),
-        Some(other) => other.to_string(),
-    }
+/// An optional number as table text: `-` when absent.
+fn or_dash(value: Option<i32>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 /// Print one task.
-pub fn print_task(task: &serde_json::Value, json: bool) {
+pub fn print_task(task: &TaskView, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(task).unwrap_or_default());
-        return;
+        println!("{}", serde_json::to_string_pretty(task)?);
+        return Ok(());
     }
-    let s = |k: &str| field_text(task, k);
-    println!("ID          = {}", s("id"));
-    println!("Name        = {}", s("name"));
-    println!("Driver      = {}", s("driver"));
-    println!("State       = {}", s("state"));
-    println!("Exit Code   = {}", s("exit_code"));
-    if task.get("signal").is_some_and(|v| !v.is_null()) {
-        println!("Signal      = {}", s("signal"));
+    println!("ID          = {}", task.id);
+    println!("Name        = {}", task.name);
+    println!("Driver      = {}", task.driver);
+    println!("State       = {}", task.state);
+    println!("Exit Code   = {}", or_dash(task.exit_code));
+    if let Some(signal) = task.signal {
+        println!("Signal      = {signal}");
     }
-    if task.get("error").is_some_and(|v| !v.is_null()) {
-        println!("Error       = {}", s("error"));
+    if let Some(error) = &task.error {
+        println!("Error       = {error}");
     }
-    println!("Task Dir    = {}", s("task_dir"));
+    println!("Task Dir    = {}", task.task_dir.display());
     println!("Events:");
-    for e in task
-        .get("events")
-        .and_then(|e| e.as_array())
-        .into_iter()
-        .flatten()
-    {
-        let f = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("");
-        println!("  {}  {:<14} {}", f("time"), f("type"), f("message"));
+    for e in &task.events {
+        println!("  {}  {:<14} {}", e.time, e.kind.as_str(), e.message);
     }
+    Ok(())
 }
 
 /// Print a task list.
-pub fn print_tasks(tasks: &serde_json::Value, json: bool) {
+pub fn print_tasks(tasks: &[TaskView], json: bool) -> anyhow::Result<()> {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(tasks).unwrap_or_default()
-        );
-        return;
+        println!("{}", serde_json::to_string_pretty(tasks)?);
+        return Ok(());
     }
     println!(
         "{:<34} {:<16} {:<10} {:<8} EXIT",
         "ID", "NAME", "DRIVER", "STATE"
     );
-    for t in tasks.as_array().into_iter().flatten() {
-        let s = |k: &str| field_text(t, k);
+    for t in tasks {
         // A task killed by a signal has exit code 0; show the signal instead.
-        let exit = match t.get("signal").and_then(|v| v.as_i64()) {
+        let exit = match t.signal {
             Some(sig) => format!("signal {sig}"),
-            None => s("exit_code"),
+            None => or_dash(t.exit_code),
         };
         println!(
             "{:<34} {:<16} {:<10} {:<8} {exit}",
-            s("id"),
-            s("name"),
-            s("driver"),
-            s("state")
+            t.id,
+            t.name,
+            t.driver,
+            t.state.as_str()
         );
     }
+    Ok(())
 }
 
 /// The process exit code `drover task wait` uses for a dead task: its exit code, or
 /// 128 + signal as shells do, or 1 when the driver could not tell.
-pub fn task_exit_code(task: &serde_json::Value) -> i32 {
-    if let Some(sig) = task.get("signal").and_then(|s| s.as_i64()) {
-        return 128 + sig as i32;
+pub fn task_exit_code(task: &TaskView) -> i32 {
+    if let Some(sig) = task.signal {
+        return 128 + sig;
     }
-    if task.get("error").is_some_and(|e| !e.is_null())
-        && task.get("exit_code").and_then(|c| c.as_i64()) == Some(0)
-    {
+    if task.error.is_some() && task.exit_code == Some(0) {
         return 1;
     }
-    task.get("exit_code")
-        .and_then(|c| c.as_i64())
-        .map(|c| c as i32)
-        .unwrap_or(1)
+    task.exit_code.unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -608,7 +433,7 @@ max_files = 4
         let req = run_request(Some(&mut spec), flags).unwrap();
         assert_eq!(req.driver, "rawexec");
         assert_eq!(req.name.as_deref(), Some("flag"));
-        assert_eq!(req.kill_timeout.as_deref(), Some("9s"));
+        assert_eq!(req.kill_timeout, Some(Duration::from_secs(9)));
         assert_eq!(
             req.config,
             serde_json::json!({"command": "/bin/sh", "args": ["-c", "false"], "cwd": "local"})
@@ -617,8 +442,8 @@ max_files = 4
         assert_eq!(req.env["B"], "x=y");
         let restart = req.restart.unwrap();
         assert_eq!(
-            (restart.attempts, restart.delay.as_str(), restart.mode),
-            (5, "3s", RestartMode::Delay)
+            (restart.attempts, restart.delay, restart.mode),
+            (5, Duration::from_secs(3), RestartMode::Delay)
         );
         assert_eq!(req.resources.unwrap().memory_mb, 128);
         let logs = req.logs.unwrap();
@@ -710,7 +535,6 @@ max_files = 4
 
     #[test]
     fn small_helpers() {
-        assert_eq!(query_escape("1m 30s"), "1m%2030s");
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
     }

@@ -8,10 +8,10 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use cli::ApiClient;
+use cli::api_error;
+use drover_api::{Client, StopRequest};
 use drover_host::config::{AgentConfig, LogFormat};
 use drover_host::loader::Builtin;
-use hyper::Method;
 
 /// Built-in drivers: name and how to serve it. Only this file names drivers.
 const BUILTINS: &[(&str, fn() -> !)] = &[
@@ -217,8 +217,8 @@ fn main() -> ExitCode {
         Command::Agent(args) => run_agent(args),
         Command::Plugin(PluginCommand::Status { json }) => {
             client_main(cli.address, |c| async move {
-                let rows = c.call(Method::GET, "/v1/plugins", None).await?;
-                cli::print_plugins(&rows, json);
+                let rows = c.plugins().await.map_err(api_error)?;
+                cli::print_plugins(&rows, json)?;
                 Ok(ExitCode::SUCCESS)
             })
         }
@@ -367,7 +367,7 @@ async fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
 
 fn client_main<F, Fut>(address: Option<String>, f: F) -> ExitCode
 where
-    F: FnOnce(ApiClient) -> Fut,
+    F: FnOnce(Client) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {
     let result = (|| {
@@ -376,7 +376,7 @@ where
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        runtime.block_on(f(ApiClient::new(socket)))
+        runtime.block_on(f(Client::new(socket)))
     })();
     match result {
         Ok(code) => code,
@@ -387,7 +387,7 @@ where
     }
 }
 
-async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
+async fn task_command(c: Client, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TaskCommand::Run { file, flags, json } => {
             let mut spec = match &file {
@@ -402,40 +402,32 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
                 None => None,
             };
             let request = cli::run_request(spec.as_mut(), flags)?;
-            let body = serde_json::to_value(&request).context("encoding the request")?;
-            let task = match c.call(Method::POST, "/v1/tasks", Some(body)).await {
+            let task = match c.run_task(&request).await {
                 Ok(task) => task,
                 Err(e) => {
                     // A config problem only the agent can see: point at the file's line.
                     let located = spec
                         .as_ref()
                         .and_then(|s| s.locate_config_error(&e.to_string()));
-                    return Err(located.map_or(e, |l| anyhow::anyhow!("{l}")));
+                    return Err(located.map_or_else(|| api_error(e), |l| anyhow::anyhow!("{l}")));
                 }
             };
             if json {
                 println!("{}", serde_json::to_string_pretty(&task)?);
             } else {
-                println!(
-                    "{}",
-                    task.get("id").and_then(|i| i.as_str()).unwrap_or_default()
-                );
+                println!("{}", task.id);
             }
         }
         TaskCommand::Status { id, json } => {
-            let task = c
-                .call(Method::GET, &format!("/v1/tasks/{id}"), None)
-                .await?;
-            cli::print_task(&task, json);
+            let task = c.get_task(&id).await.map_err(api_error)?;
+            cli::print_task(&task, json)?;
         }
         TaskCommand::List { json } => {
-            let tasks = c.call(Method::GET, "/v1/tasks", None).await?;
-            cli::print_tasks(&tasks, json);
+            let tasks = c.list_tasks().await.map_err(api_error)?;
+            cli::print_tasks(&tasks, json)?;
         }
         TaskCommand::Wait { id, json } => {
-            let task = c
-                .call(Method::GET, &format!("/v1/tasks/{id}/wait"), None)
-                .await?;
+            let task = c.wait_task(&id).await.map_err(api_error)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&task)?);
             }
@@ -450,25 +442,17 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
             timeout,
             json,
         } => {
-            let mut body = serde_json::json!({});
-            if let Some(s) = signal {
-                body["signal"] = s.into();
-            }
-            if let Some(t) = timeout {
-                body["timeout"] = t.into();
-            }
-            let task = c
-                .call(Method::POST, &format!("/v1/tasks/{id}/stop"), Some(body))
-                .await?;
-            cli::print_task(&task, json);
+            let request = StopRequest {
+                signal,
+                timeout: timeout
+                    .map(|t| cli::check_duration("--timeout", &t))
+                    .transpose()?,
+            };
+            let task = c.stop_task(&id, &request).await.map_err(api_error)?;
+            cli::print_task(&task, json)?;
         }
         TaskCommand::Signal { id, signal } => {
-            c.call(
-                Method::POST,
-                &format!("/v1/tasks/{id}/signal"),
-                Some(serde_json::json!({ "signal": signal })),
-            )
-            .await?;
+            c.signal_task(&id, &signal).await.map_err(api_error)?;
         }
         TaskCommand::Logs {
             id,
@@ -484,10 +468,8 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
             cli::print_logs(&c, &id, &args).await?;
         }
         TaskCommand::Events { id, json } => {
-            let events = c
-                .call(Method::GET, &format!("/v1/tasks/{id}/events"), None)
-                .await?;
-            cli::print_events(&events, json);
+            let events = c.task_events(&id).await.map_err(api_error)?;
+            cli::print_events(&events, json)?;
         }
         TaskCommand::Stats {
             id,
@@ -496,26 +478,23 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
             json,
         } => {
             if follow {
+                let interval = cli::check_duration("--interval", &interval)?;
+                let mut samples = c
+                    .follow_task_stats(&id, Some(interval))
+                    .await
+                    .map_err(api_error)?;
                 if !json {
                     println!("{}", cli::stats_header());
                 }
-                let path = format!(
-                    "/v1/tasks/{id}/stats?follow=true&interval={}",
-                    cli::query_escape(&interval)
-                );
-                cli::follow_json_lines(&c, &path, |sample| {
+                while let Some(sample) = samples.next().await.map_err(api_error)? {
                     if json {
-                        println!("{sample}");
+                        println!("{}", serde_json::to_string(&sample)?);
                     } else {
-                        println!("{}", cli::stats_row(sample));
+                        println!("{}", cli::stats_row(&sample));
                     }
-                    Ok(())
-                })
-                .await?;
+                }
             } else {
-                let sample = c
-                    .call(Method::GET, &format!("/v1/tasks/{id}/stats"), None)
-                    .await?;
+                let sample = c.task_stats(&id).await.map_err(api_error)?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&sample)?);
                 } else {
@@ -525,12 +504,7 @@ async fn task_command(c: ApiClient, cmd: TaskCommand) -> anyhow::Result<ExitCode
             }
         }
         TaskCommand::Destroy { id, force } => {
-            c.call(
-                Method::DELETE,
-                &format!("/v1/tasks/{id}?force={force}"),
-                None,
-            )
-            .await?;
+            c.destroy_task(&id, force).await.map_err(api_error)?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -2,11 +2,11 @@
 
 mod common;
 
-use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::rawexec_agent as agent;
+use drover_api::{LogsOptions, StatusCode};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tasks")
@@ -20,22 +20,12 @@ fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A bare HTTP/1.1 GET on the agent's socket: status and body.
-fn http_get(socket: &Path, path: &str) -> (u16, serde_json::Value) {
-    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: drover\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let status = answer[9..12].parse().unwrap();
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (
-        status,
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-    )
+/// The agent's error answer: its status and message.
+fn refusal(e: drover_api::Error) -> (StatusCode, String) {
+    match e {
+        drover_api::Error::Status { status, message } => (status, message),
+        other => panic!("not an error answer of the agent: {other:?}"),
+    }
 }
 
 #[test]
@@ -237,24 +227,46 @@ fn stats_events_and_api_errors() {
     );
 
     // API errors: JSON with a message and the right status.
-    let sock = &agent.socket;
-    let (code, body) = http_get(sock, "/v1/tasks/nosuch/logs");
-    assert_eq!(code, 404, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("nosuch"));
-    assert_eq!(http_get(sock, "/v1/tasks/nosuch/events").0, 404);
-    assert_eq!(http_get(sock, "/v1/tasks/nosuch/stats").0, 404);
-    let (code, body) = http_get(sock, &format!("/v1/tasks/{id}/logs?stream=stdin"));
-    assert_eq!(code, 400, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("stream"), "{body}");
-    let (code, body) = http_get(sock, &format!("/v1/tasks/{id}/logs?tail=3&offset=5"));
-    assert_eq!(code, 400, "{body}");
-    let (code, body) = http_get(sock, &format!("/v1/tasks/{id}/stats?interval=often"));
-    assert_eq!(code, 400, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("often"), "{body}");
+    let api = agent.api();
+    let (code, message) = refusal(
+        api.block_on(api.task_logs("nosuch", &LogsOptions::default()))
+            .unwrap_err(),
+    );
+    assert_eq!(code, StatusCode::NOT_FOUND, "{message}");
+    assert!(message.contains("nosuch"));
+    assert_eq!(
+        refusal(api.block_on(api.task_events("nosuch")).unwrap_err()).0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        refusal(api.block_on(api.task_stats("nosuch")).unwrap_err()).0,
+        StatusCode::NOT_FOUND
+    );
+    // Values the typed client cannot send: a stream that is no stream, an interval
+    // that is no duration.
+    let raw = api
+        .block_on(api.get_raw(&["v1", "tasks", &id, "logs"], &[("stream", "stdin")]))
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST, "{raw:?}");
+    let message = raw.error_message().unwrap();
+    assert!(message.contains("stream"), "{message}");
+    let both = LogsOptions {
+        tail: Some(3),
+        offset: Some(5),
+        ..Default::default()
+    };
+    let (code, message) = refusal(api.block_on(api.task_logs(&id, &both)).unwrap_err());
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{message}");
+    let raw = api
+        .block_on(api.get_raw(&["v1", "tasks", &id, "stats"], &[("interval", "often")]))
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST, "{raw:?}");
+    let message = raw.error_message().unwrap();
+    assert!(message.contains("often"), "{message}");
 
     agent.cli_json(&["task", "stop", &id, "--json"]);
-    let (code, body) = http_get(sock, &format!("/v1/tasks/{id}/stats"));
-    assert_eq!(code, 409, "{body}");
+    let (code, message) = refusal(api.block_on(api.task_stats(&id)).unwrap_err());
+    assert_eq!(code, StatusCode::CONFLICT, "{message}");
     let out = agent.cli(&["task", "stats", &id]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("is not running"), "{}", stderr(&out));
@@ -305,4 +317,99 @@ fn stats_follow_streams_until_the_task_exits() {
         agent.cli_json(&["task", "status", id, "--json"])["state"],
         "dead"
     );
+}
+
+/// The CLI's run of `args`: it failed cleanly (exit code 1, no panic, which is exit
+/// code 101 and "panicked" on stderr) and said `want`. Returns stderr.
+fn refused_cleanly(agent: &common::Agent, args: &[&str], want: &str) -> String {
+    let out = agent.cli(args);
+    let err = stderr(&out);
+    assert_ne!(
+        out.status.code(),
+        Some(101),
+        "drover {args:?} panicked: {err}"
+    );
+    assert!(!err.contains("panicked"), "drover {args:?} panicked: {err}");
+    assert_eq!(out.status.code(), Some(1), "drover {args:?}: {err}");
+    assert!(
+        err.contains(want),
+        "drover {args:?}: expected {want:?} in:\n{err}"
+    );
+    err
+}
+
+#[test]
+fn odd_task_ids_get_the_agents_answer_not_a_panic() {
+    let (_root, agent) = agent();
+    // A space made the CLI panic building the request URI.
+    refused_cleanly(
+        &agent,
+        &["task", "status", "a b"],
+        "no task with id \"a b\"",
+    );
+    // A path in the id took the request to another endpoint.
+    let err = refused_cleanly(
+        &agent,
+        &["task", "logs", "../../x"],
+        "no task with id \"../../x\"",
+    );
+    assert!(!err.contains("no such API endpoint"), "{err}");
+    // Every subcommand that takes an id, with ids that are paths, queries, escapes.
+    for id in [
+        "a b",
+        "../../x",
+        "..",
+        ".",
+        "a/b",
+        "x?stream=stderr",
+        "100%",
+        "%2F",
+        "ünï ☃",
+    ] {
+        let want = format!("no task with id {id:?}");
+        for args in [
+            vec!["task", "status", id],
+            vec!["task", "logs", id],
+            vec!["task", "logs", id, "--stderr", "--tail", "3"],
+            vec!["task", "events", id],
+            vec!["task", "stats", id],
+            vec!["task", "stats", id, "--follow"],
+            vec!["task", "wait", id],
+            vec!["task", "stop", id],
+            vec!["task", "signal", id, "SIGHUP"],
+            vec!["task", "destroy", id, "--force"],
+        ] {
+            refused_cleanly(&agent, &args, &want);
+        }
+    }
+    refused_cleanly(&agent, &["task", "status", ""], "the task id is empty");
+
+    // The id reaches the logs endpoint itself, as one segment: the logs endpoint, and
+    // only it, checks its query before it looks the task up.
+    let api = agent.api();
+    let raw = api
+        .block_on(api.get_raw(&["v1", "tasks", "../../x", "logs"], &[("stream", "stdin")]))
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST, "{raw:?}");
+    let message = raw.error_message().unwrap();
+    assert!(message.contains("stream"), "{message}");
+    let (code, message) = refusal(
+        api.block_on(api.task_logs("../../x", &LogsOptions::default()))
+            .unwrap_err(),
+    );
+    assert_eq!(code, StatusCode::NOT_FOUND, "{message}");
+    assert!(message.contains("no task with id \"../../x\""), "{message}");
+    // And a real task is still found by its id.
+    let task = agent.cli_json(&[
+        "task",
+        "run",
+        "--driver",
+        "rawexec",
+        "--config",
+        r#"{"command":"/bin/echo","args":["hi"]}"#,
+        "--json",
+    ]);
+    let id = task["id"].as_str().unwrap();
+    assert_eq!(agent.cli(&["task", "wait", id]).status.code(), Some(0));
+    assert_eq!(stdout(&agent.cli(&["task", "logs", id])), "hi\n");
 }

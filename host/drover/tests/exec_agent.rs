@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use drover_api::{TaskEventKind, TaskLifecycle, TaskView};
 use serde_json::json;
 use tasks_util::*;
 
@@ -87,15 +88,13 @@ impl Setup {
         self.agent.as_ref().unwrap()
     }
 
-    fn run(&self, body: serde_json::Value) -> serde_json::Value {
-        let (status, task) = http(&self.agent().socket, "POST", "/v1/tasks", Some(&body));
-        assert_eq!(status, 201, "{task:#}\n{}", self.agent().log_text());
-        task
+    fn run(&self, body: serde_json::Value) -> TaskView {
+        run(self.agent(), body)
     }
 
-    fn dead(&self, id: &str) -> serde_json::Value {
+    fn dead(&self, id: &str) -> TaskView {
         until(self.agent(), id, Duration::from_secs(30), "dead", |t| {
-            t["state"] == "dead"
+            t.state == TaskLifecycle::Dead
         })
     }
 
@@ -186,9 +185,9 @@ fn exec_tasks_run_contained_and_oom_kills_are_terminated_events() {
             "echo uid=$(id -u) pid=$$ dir=$DROVER_TASK_DIR local=$DROVER_LOCAL_DIR; \
              grep NoNewPrivs /proc/self/status; exit 4"]},
     }));
-    let id = task["id"].as_str().unwrap().to_owned();
+    let id = task.id.clone();
     let done = s.dead(&id);
-    assert_eq!(done["exit_code"], 4, "{done:#}");
+    assert_eq!(done.exit_code, Some(4), "{done:#?}");
     let out = s.logs(&id);
     assert!(out.contains("uid=65534 pid=2 dir=/ local=/local"), "{out}");
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
@@ -198,14 +197,15 @@ fn exec_tasks_run_contained_and_oom_kills_are_terminated_events() {
         "config": {"command": "/bin/dd", "args": ["if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"]},
         "resources": {"memory_mb": 32},
     }));
-    let id = hog["id"].as_str().unwrap().to_owned();
+    let id = hog.id.clone();
     let done = s.dead(&id);
-    assert_eq!(done["oom_killed"], true, "{done:#}");
-    let terminated = done["events"]
-        .as_array()
-        .and_then(|e| e.iter().find(|e| e["type"] == "Terminated"))
-        .unwrap_or_else(|| panic!("no Terminated event: {done:#}"));
-    let message = terminated["message"].as_str().unwrap();
+    assert!(done.oom_killed, "{done:#?}");
+    let terminated = done
+        .events
+        .iter()
+        .find(|e| e.kind == TaskEventKind::Terminated)
+        .unwrap_or_else(|| panic!("no Terminated event: {done:#?}"));
+    let message = &terminated.message;
     assert!(message.contains("OOM killed"), "{message}");
 }
 
@@ -219,11 +219,12 @@ fn destroy_kills_every_process_after_kill_9_of_the_exec_plugin_and_the_executor(
         "driver": "exec",
         "config": {"command": "/bin/sh", "args": ["-c", "sleep 1000 & sleep 1000 & wait"]},
     }));
-    let id = task["id"].as_str().unwrap().to_owned();
-    let executor: u32 = task["attributes"]["executor_pid"]
-        .as_str()
+    let id = task.id.clone();
+    let executor: u32 = task
+        .attributes
+        .get("executor_pid")
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no executor_pid: {task:#}"));
+        .unwrap_or_else(|| panic!("no executor_pid: {task:#?}"));
     let procs_file = s.cgroup_dir("pids", "exec", &id).join("cgroup.procs");
     let deadline = Instant::now() + Duration::from_secs(10);
     let pids = loop {
@@ -248,19 +249,19 @@ fn destroy_kills_every_process_after_kill_9_of_the_exec_plugin_and_the_executor(
     let recovered = until(s.agent(), &id, Duration::from_secs(30), "recovered", |t| {
         kinds(t).iter().any(|k| k == "Recovered")
     });
-    assert_eq!(recovered["state"], "running", "{recovered:#}");
+    assert_eq!(recovered.state, TaskLifecycle::Running, "{recovered:#?}");
     assert!(
         pids.iter().all(|&p| running(p)),
         "the task died with its executor"
     );
 
-    let (status, body) = http(
-        &s.agent().socket,
-        "DELETE",
-        &format!("/v1/tasks/{id}?force=true"),
-        None,
+    let api = s.agent().api();
+    let destroyed = api.block_on(api.destroy_task(&id, true));
+    assert!(
+        destroyed.as_ref().is_ok_and(|d| d.destroyed),
+        "{destroyed:?}\n{}",
+        s.agent().log_text()
     );
-    assert_eq!(status, 200, "{body:#}\n{}", s.agent().log_text());
     let deadline = Instant::now() + Duration::from_secs(10);
     while pids.iter().any(|&p| running(p)) {
         assert!(
@@ -324,19 +325,26 @@ fn a_java_task_runs_a_jar_through_the_agent() {
         "driver": "java",
         "config": {"jar_path": "/app/app.jar", "jvm_options": ["-Dwho=drover"], "args": ["hello"]},
     }));
-    let id = task["id"].as_str().unwrap().to_owned();
+    let id = task.id.clone();
     let done = s.dead(&id);
-    assert_eq!(done["exit_code"], 6, "{done:#}");
+    assert_eq!(done.exit_code, Some(6), "{done:#?}");
     let out = s.logs(&id);
     assert!(out.contains("java says hello drover"), "{out}");
 
     // A jar that is not there is refused when the task is submitted.
-    let (status, body) = http(
-        &s.agent().socket,
-        "POST",
-        "/v1/tasks",
-        Some(&json!({"driver": "java", "config": {"jar_path": "local/nope.jar"}})),
+    let api = s.agent().api();
+    let refused = api
+        .block_on(api.run_task(&request(
+            json!({"driver": "java", "config": {"jar_path": "local/nope.jar"}}),
+        )))
+        .expect_err("a jar that is not there");
+    let status = refused.status();
+    assert!(
+        status.is_some_and(|s| s.as_u16() >= 400),
+        "{status:?}: {refused:?}"
     );
-    assert!(status >= 400, "{status}: {body:#}");
-    assert!(body.to_string().contains("local/nope.jar"), "{body:#}");
+    assert!(
+        refused.to_string().contains("local/nope.jar"),
+        "{refused:?}"
+    );
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
+use drover_api::{RunRequest, StopRequest, TaskLifecycle, TaskView};
 use tasks_util::*;
 
 /// SIGKILLs every task process the test started, whatever happens to the test.
@@ -63,8 +64,8 @@ fn kill9(agent: &mut Agent) {
 }
 
 /// A task that records its start, then runs `tail` (shell code).
-fn task_body(name: &str, marks: &Path, tail: &str) -> serde_json::Value {
-    serde_json::json!({
+fn task_body(name: &str, marks: &Path, tail: &str) -> RunRequest {
+    request(serde_json::json!({
         "driver": "rawexec",
         "name": name,
         "env": {"MARKS": marks.display().to_string()},
@@ -73,37 +74,30 @@ fn task_body(name: &str, marks: &Path, tail: &str) -> serde_json::Value {
             "command": "/bin/sh",
             "args": ["-c", format!("echo $$ >> \"$MARKS/$DROVER_TASK_NAME\"; {tail}")],
         },
-    })
+    }))
 }
 
-fn all_tasks(agent: &Agent) -> Vec<serde_json::Value> {
-    let (status, list) = http(&agent.socket, "GET", "/v1/tasks", None);
-    assert_eq!(status, 200, "{list}");
-    list.as_array().cloned().unwrap_or_default()
-}
-
-fn pid_of(task: &serde_json::Value) -> Option<u32> {
-    task["attributes"]["pid"].as_str()?.parse().ok()
+fn all_tasks(agent: &Agent) -> Vec<TaskView> {
+    let api = agent.api();
+    api.block_on(api.list_tasks())
+        .unwrap_or_else(|e| panic!("list the tasks: {e}"))
 }
 
 /// Wait until the restarted agent has finished start-up recovery (its health says
 /// so), then until every task is settled: running, or dead with its exit reported.
 /// Tasks that exited while no agent ran turn dead right after recovery, when their
 /// driver reports the result it kept.
-fn settled(
-    agent: &Agent,
-    within: Duration,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> Vec<serde_json::Value> {
+fn settled(agent: &Agent, within: Duration, done: impl Fn(&TaskView) -> bool) -> Vec<TaskView> {
     let deadline = Instant::now() + within;
+    let api = agent.api();
     loop {
-        let (_, health) = http(&agent.socket, "GET", "/v1/agent/health", None);
-        if !health["recovery"].is_null() {
+        let health = api.block_on(api.health());
+        if health.as_ref().is_ok_and(|h| h.recovery.is_some()) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "recovery did not finish within {within:?}: {health}\nagent log:\n{}",
+            "recovery did not finish within {within:?}: {health:?}\nagent log:\n{}",
             agent.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -125,18 +119,19 @@ fn settled(
 fn stop_all(agent: &Agent) {
     let ids: Vec<String> = all_tasks(agent)
         .iter()
-        .filter(|t| t["state"] != "dead")
-        .filter_map(|t| t["id"].as_str().map(str::to_owned))
+        .filter(|t| t.state != TaskLifecycle::Dead)
+        .map(|t| t.id.clone())
         .collect();
+    let stop = StopRequest {
+        timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    };
     std::thread::scope(|s| {
         for id in &ids {
+            let stop = &stop;
             s.spawn(move || {
-                http(
-                    &agent.socket,
-                    "POST",
-                    &format!("/v1/tasks/{id}/stop"),
-                    Some(&serde_json::json!({"timeout": "1s"})),
-                )
+                let api = agent.api();
+                let _ = api.block_on(api.stop_task(id, stop));
             });
         }
     });
@@ -156,7 +151,7 @@ fn fifty_tasks_survive_kill_9_of_the_agent() {
 
     // 25 long tasks and 25 short ones; the short ones exit (each with its own code)
     // only once the test creates `go`, which it does after killing the agent.
-    let bodies: Vec<(String, Option<i32>, serde_json::Value)> = (0..50)
+    let bodies: Vec<(String, Option<i32>, RunRequest)> = (0..50)
         .map(|i| {
             let name = format!("t{i:02}");
             if i % 2 == 0 {
@@ -171,14 +166,16 @@ fn fifty_tasks_survive_kill_9_of_the_agent() {
             }
         })
         .collect();
-    let started: Vec<(String, Option<i32>, serde_json::Value)> = std::thread::scope(|s| {
+    let started: Vec<(String, Option<i32>, TaskView)> = std::thread::scope(|s| {
         let handles: Vec<_> = bodies
             .iter()
             .map(|(name, code, body)| {
                 let socket = first.socket.clone();
                 s.spawn(move || {
-                    let (status, view) = http(&socket, "POST", "/v1/tasks", Some(body));
-                    assert_eq!(status, 201, "{name}: {view}");
+                    let api = Api::new(&socket);
+                    let view = api
+                        .block_on(api.run_task(body))
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
                     (name.clone(), *code, view)
                 })
             })
@@ -196,7 +193,7 @@ fn fifty_tasks_survive_kill_9_of_the_agent() {
         .map(|(name, _, view)| {
             (
                 name.clone(),
-                pid_of(view).unwrap_or_else(|| panic!("{name} has no pid: {view:#}")),
+                pid_of(view).unwrap_or_else(|| panic!("{name} has no pid: {view:#?}")),
             )
         })
         .collect();
@@ -221,31 +218,27 @@ fn fifty_tasks_survive_kill_9_of_the_agent() {
         .map(|(name, _, _)| name.as_str())
         .collect();
     let tasks = settled(&second, Duration::from_secs(30), |t| {
-        let name = t["name"].as_str().unwrap_or_default();
-        if short.contains(name) {
-            t["state"] == "dead"
+        if short.contains(t.name.as_str()) {
+            t.state == TaskLifecycle::Dead
         } else {
-            t["state"] == "running" && kinds(t).iter().any(|k| k == "Recovered")
+            t.state == TaskLifecycle::Running && kinds(t).iter().any(|k| k == "Recovered")
         }
     });
     assert_eq!(tasks.len(), 50, "{tasks:#?}");
-    let by_name: BTreeMap<String, &serde_json::Value> = tasks
-        .iter()
-        .map(|t| (t["name"].as_str().unwrap_or_default().to_owned(), t))
-        .collect();
+    let by_name: BTreeMap<String, &TaskView> = tasks.iter().map(|t| (t.name.clone(), t)).collect();
     for (name, code, _) in &started {
         let t = by_name
             .get(name)
             .unwrap_or_else(|| panic!("{name} was lost: {tasks:#?}"));
         match code {
             None => {
-                assert_eq!(t["state"], "running", "{name}: {t:#}");
-                assert_eq!(pid_of(t), Some(pids[name]), "{name} changed pid: {t:#}");
+                assert_eq!(t.state, TaskLifecycle::Running, "{name}: {t:#?}");
+                assert_eq!(pid_of(t), Some(pids[name]), "{name} changed pid: {t:#?}");
                 assert!(running(pids[name]), "{name} is not running any more");
             }
             Some(code) => {
-                assert_eq!(t["state"], "dead", "{name}: {t:#}");
-                assert_eq!(t["exit_code"], *code, "{name}: wrong exit code: {t:#}");
+                assert_eq!(t.state, TaskLifecycle::Dead, "{name}: {t:#?}");
+                assert_eq!(t.exit_code, Some(*code), "{name}: wrong exit code: {t:#?}");
             }
         }
     }
@@ -255,23 +248,11 @@ fn fifty_tasks_survive_kill_9_of_the_agent() {
     stop_all(&second);
 }
 
-/// POST a task; `None` when the kill cut the connection (an expected outcome here).
-fn try_post(socket: &Path, body: &serde_json::Value) -> Option<(u16, serde_json::Value)> {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
-    let body = body.to_string();
-    write!(
-        s,
-        "POST /v1/tasks HTTP/1.1\r\nHost: drover\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).ok()?;
-    let status = resp.split(' ').nth(1)?.parse().ok()?;
-    let json = serde_json::from_str(resp.split_once("\r\n\r\n")?.1).ok()?;
-    Some((status, json))
+/// Run a task; `None` when the kill cut the connection (an expected outcome here),
+/// or the agent did not answer with the started task.
+fn try_run(socket: &Path, body: &RunRequest) -> Option<TaskView> {
+    let api = Api::new(socket);
+    api.block_on(api.run_task(body)).ok()
 }
 
 /// A tiny deterministic generator, seeded from the clock and printed, so a failing run
@@ -323,7 +304,7 @@ fn kill_9_at_random_points_of_task_start_up_twenty_times() {
                 .map(|i| {
                     let socket = agent.socket.clone();
                     let body = task_body(&format!("r{round:02}-{i}"), &marks, "exec sleep 1000");
-                    s.spawn(move || try_post(&socket, &body))
+                    s.spawn(move || try_run(&socket, &body))
                 })
                 .collect();
             std::thread::sleep(kill_after);
@@ -333,22 +314,19 @@ fn kill_9_at_random_points_of_task_start_up_twenty_times() {
                 .filter_map(|h| h.join().ok().flatten())
                 .collect::<Vec<_>>()
         });
-        for (status, view) in results {
-            if status == 201
-                && let (Some(name), Some(pid)) = (view["name"].as_str(), pid_of(&view))
-            {
-                answered.insert(name.to_owned(), pid);
+        for view in results {
+            if let Some(pid) = pid_of(&view) {
+                answered.insert(view.name.clone(), pid);
             }
         }
         agents.push(agent);
     }
 
     let last = new_agent(root.path());
-    let known = settled(&last, Duration::from_secs(60), |t| t["state"] != "pending");
-    let by_name: BTreeMap<String, &serde_json::Value> = known
-        .iter()
-        .map(|t| (t["name"].as_str().unwrap_or_default().to_owned(), t))
-        .collect();
+    let known = settled(&last, Duration::from_secs(60), |t| {
+        t.state != TaskLifecycle::Pending
+    });
+    let by_name: BTreeMap<String, &TaskView> = known.iter().map(|t| (t.name.clone(), t)).collect();
     // A task the recovering agent started last may be running before its shell has
     // written its mark (and `>>` creates the file before writing to it): give the
     // marks a moment to catch up with what the agent says.
@@ -380,7 +358,7 @@ fn kill_9_at_random_points_of_task_start_up_twenty_times() {
         let t = by_name
             .get(name)
             .unwrap_or_else(|| panic!("confirmed task {name} was lost; {}", context()));
-        assert_eq!(t["state"], "running", "{name}; {}", context());
+        assert_eq!(t.state, TaskLifecycle::Running, "{name}; {}", context());
         assert_eq!(pid_of(t), Some(*pid), "{name} changed pid; {}", context());
     }
     // Every task that started at all is known, running, and is that very process:
@@ -389,7 +367,7 @@ fn kill_9_at_random_points_of_task_start_up_twenty_times() {
         let t = by_name
             .get(name)
             .unwrap_or_else(|| panic!("{name} runs but the agent does not know it; {}", context()));
-        assert_eq!(t["state"], "running", "{name}; {}", context());
+        assert_eq!(t.state, TaskLifecycle::Running, "{name}; {}", context());
         assert_eq!(pid_of(t), starts.first().copied(), "{name}; {}", context());
     }
     // And every task the agent knows has started exactly once by now (a task that
@@ -397,7 +375,7 @@ fn kill_9_at_random_points_of_task_start_up_twenty_times() {
     for (name, t) in &by_name {
         assert!(
             marks_now.contains_key(name),
-            "{name} is known but never started: {t:#}; {}",
+            "{name} is known but never started: {t:#?}; {}",
             context()
         );
     }

@@ -7,6 +7,7 @@ mod tasks_util;
 use std::time::Duration;
 
 use common::*;
+use drover_api::{StatusCode, StopRequest, TaskEventKind, TaskLifecycle, TaskView};
 use tasks_util::*;
 
 /// `pid` of the rawexec row of `plugin status`.
@@ -18,11 +19,8 @@ fn rawexec_pid(agent: &Agent) -> u32 {
         .expect("rawexec has a pid") as u32
 }
 
-fn task_pid(task: &serde_json::Value) -> u32 {
-    task["attributes"]["pid"]
-        .as_str()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no pid: {task:#}"))
+fn task_pid(task: &TaskView) -> u32 {
+    pid_of(task).unwrap_or_else(|| panic!("no pid: {task:#?}"))
 }
 
 /// Kills the task processes when the test ends, passed or not: they are not children
@@ -48,19 +46,16 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
     for _ in 0..3 {
         // Each start appends a line: a restart would show as a second line.
         let script = format!("echo $$ >> {}; exec sleep 1000", marker.display());
-        let (status, task) = http(
-            &agent.socket,
-            "POST",
-            "/v1/tasks",
-            Some(&serde_json::json!({
+        let task = run(
+            &agent,
+            serde_json::json!({
                 "driver": "rawexec",
                 "config": {"command": "/bin/sh", "args": ["-c", script]},
                 "restart": {"attempts": 3, "interval": "1m", "delay": "100ms"},
-            })),
+            }),
         );
-        assert_eq!(status, 201, "{task:#}");
         reap.0.push(task_pid(&task));
-        tasks.push((task["id"].as_str().unwrap().to_owned(), task_pid(&task)));
+        tasks.push((task.id.clone(), task_pid(&task)));
     }
 
     let old = rawexec_pid(&agent);
@@ -70,21 +65,18 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
         let task = until(&agent, id, Duration::from_secs(15), "recovered", |t| {
             kinds(t).last().map(String::as_str) == Some("Recovered")
         });
-        assert_eq!(task["state"], "running", "{task:#}");
+        assert_eq!(task.state, TaskLifecycle::Running, "{task:#?}");
         assert_eq!(task_pid(&task), *pid, "a different process runs the task");
         assert!(running(*pid), "task process {pid} is gone");
         let kinds = kinds(&task);
         assert_eq!(
             kinds,
             ["Received", "Started", "DriverFailure", "Recovered"],
-            "{task:#}"
+            "{task:#?}"
         );
-        let failure = &task["events"][2]["message"];
+        let failure = &task.events[2].message;
         assert!(
-            failure
-                .as_str()
-                .unwrap()
-                .contains("driver rawexec is unavailable"),
+            failure.contains("driver rawexec is unavailable"),
             "{failure}"
         );
     }
@@ -97,11 +89,13 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
     );
 
     // The recovered tasks answer to the new plugin process.
+    let api = agent.api();
     for (id, pid) in &tasks {
-        let (status, stopped) = http(&agent.socket, "POST", &format!("/v1/tasks/{id}/stop"), None);
-        assert_eq!(status, 200, "{stopped:#}");
-        assert_eq!(stopped["state"], "dead");
-        assert_eq!(stopped["restarts"], 0);
+        let stopped = api
+            .block_on(api.stop_task(id, &StopRequest::default()))
+            .expect("stop the task");
+        assert_eq!(stopped.state, TaskLifecycle::Dead);
+        assert_eq!(stopped.restarts, 0);
         assert!(kinds(&stopped).ends_with(&[
             "Killing".into(),
             "Terminated".into(),
@@ -128,8 +122,7 @@ fn exit_codes_arrive_across_a_plugin_crash_and_a_broken_executor_socket_is_repor
     let late = root.path().join("late");
     let mut reap = Reap(Vec::new());
     let mut start = |body: serde_json::Value| {
-        let (status, task) = http(&agent.socket, "POST", "/v1/tasks", Some(&body));
-        assert_eq!(status, 201, "{task:#}");
+        let task = run(&agent, body);
         reap.0.push(task_pid(&task));
         task
     };
@@ -140,49 +133,51 @@ fn exit_codes_arrive_across_a_plugin_crash_and_a_broken_executor_socket_is_repor
         "driver": "rawexec",
         "config": {"command": "/bin/sleep", "args": ["1000"]},
     }));
-    let id = |t: &serde_json::Value| t["id"].as_str().unwrap().to_owned();
+    let id = |t: &TaskView| t.id.clone();
     // Break c's executor socket, then crash the plugin: the relaunched plugin cannot
     // reach c's executor.
-    let sock = std::path::Path::new(c["attributes"]["executor_dir"].as_str().unwrap()).join("sock");
+    let sock = std::path::Path::new(&c.attributes["executor_dir"]).join("sock");
     std::fs::remove_file(&sock).unwrap();
     nix_kill(rawexec_pid(&agent), 9).unwrap();
     std::fs::write(&early, "").unwrap();
 
     let a_done = until(&agent, &id(&a), Duration::from_secs(20), "dead", |t| {
-        t["state"] == "dead"
+        t.state == TaskLifecycle::Dead
     });
-    assert_eq!(a_done["exit_code"], 7, "{a_done:#}");
+    assert_eq!(a_done.exit_code, Some(7), "{a_done:#?}");
     // c still runs (its executor is alive): it is not reported as exited, but a
     // DriverFailure event names the broken socket, promptly.
     let c_now = until(&agent, &id(&c), Duration::from_secs(20), "reported", |t| {
-        t["events"].as_array().is_some_and(|e| {
-            e.iter().any(|e| {
-                e["type"] == "DriverFailure"
-                    && e["message"]
-                        .as_str()
-                        .is_some_and(|m| m.contains(&sock.display().to_string()))
-            })
+        t.events.iter().any(|e| {
+            e.kind == TaskEventKind::DriverFailure
+                && e.message.contains(&sock.display().to_string())
         })
     });
-    assert_eq!(c_now["state"], "running", "{c_now:#}");
-    assert!(c_now["exit_code"].is_null(), "{c_now:#}");
+    assert_eq!(c_now.state, TaskLifecycle::Running, "{c_now:#?}");
+    assert!(c_now.exit_code.is_none(), "{c_now:#?}");
     assert!(
         !kinds(&c_now).iter().any(|k| k == "Terminated"),
-        "{c_now:#}"
+        "{c_now:#?}"
     );
     // Forgetting it would leak its process: refused, saying why.
-    let (status, refused) = http(
-        &agent.socket,
-        "DELETE",
-        &format!("/v1/tasks/{}?force=true", id(&c)),
-        None,
+    let api = agent.api();
+    let refused = api
+        .block_on(api.destroy_task(&id(&c), true))
+        .expect_err("destroying a task nobody can kill");
+    assert_eq!(
+        refused.status(),
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "{refused:?}"
     );
-    assert_eq!(status, 503, "{refused:#}");
 
     let b_recovered = until(&agent, &id(&b), Duration::from_secs(20), "recovered", |t| {
         kinds(t).iter().any(|k| k == "Recovered")
     });
-    assert_eq!(b_recovered["state"], "running", "{b_recovered:#}");
+    assert_eq!(
+        b_recovered.state,
+        TaskLifecycle::Running,
+        "{b_recovered:#?}"
+    );
     std::fs::write(&late, "").unwrap();
     let out = agent.cli(&["task", "wait", &id(&b)]);
     assert_eq!(

@@ -8,23 +8,21 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
+use drover_api::{StopRequest, TaskEventKind, TaskLifecycle};
 use tasks_util::*;
 
 /// Run a shell script that appends its start time (ns) to `marker`, then `exit 3`.
 fn crash_loop(agent: &Agent, marker: &Path, restart: serde_json::Value) -> String {
     let script = format!("date +%s%N >> {}; exit 3", marker.display());
-    let (status, task) = http(
-        &agent.socket,
-        "POST",
-        "/v1/tasks",
-        Some(&serde_json::json!({
+    let task = run(
+        agent,
+        serde_json::json!({
             "driver": "rawexec",
             "config": {"command": "/bin/sh", "args": ["-c", script]},
             "restart": restart,
-        })),
+        }),
     );
-    assert_eq!(status, 201, "{task:#}\n{}", agent.log_text());
-    task["id"].as_str().unwrap().to_owned()
+    task.id
 }
 
 /// Start times recorded by the task, in nanoseconds.
@@ -45,11 +43,11 @@ fn crash_loop_in_fail_mode_starts_exactly_attempts_plus_one_times() {
         &marker,
         serde_json::json!({"attempts": 2, "interval": "1m", "delay": "200ms", "mode": "fail"}),
     );
-    let (status, dead) = http(&agent.socket, "GET", &format!("/v1/tasks/{id}/wait"), None);
-    assert_eq!(status, 200, "{dead:#}");
-    assert_eq!(dead["state"], "dead");
-    assert_eq!(dead["exit_code"], 3);
-    assert_eq!(dead["restarts"], 2);
+    let api = agent.api();
+    let dead = api.block_on(api.wait_task(&id)).expect("wait for the task");
+    assert_eq!(dead.state, TaskLifecycle::Dead);
+    assert_eq!(dead.exit_code, Some(3));
+    assert_eq!(dead.restarts, 2);
     assert_eq!(
         kinds(&dead),
         [
@@ -64,22 +62,18 @@ fn crash_loop_in_fail_mode_starts_exactly_attempts_plus_one_times() {
             "Terminated",
             "NotRestarting"
         ],
-        "{dead:#}"
+        "{dead:#?}"
     );
-    let events = dead["events"].as_array().unwrap();
-    assert_eq!(events[2]["message"], "exit code 3");
-    assert_eq!(events[3]["message"], "restarting in 200ms, attempt 1 of 2");
-    assert_eq!(events[6]["message"], "restarting in 200ms, attempt 2 of 2");
-    assert_eq!(
-        events[9]["message"],
-        "exceeded 2 attempts in 1m (mode fail)"
-    );
+    let events = &dead.events;
+    assert_eq!(events[2].message, "exit code 3");
+    assert_eq!(events[3].message, "restarting in 200ms, attempt 1 of 2");
+    assert_eq!(events[6].message, "restarting in 200ms, attempt 2 of 2");
+    assert_eq!(events[9].message, "exceeded 2 attempts in 1m (mode fail)");
     assert!(
-        events[1]["message"]
-            .as_str()
-            .unwrap()
+        events[1]
+            .message
             .starts_with("task started by driver rawexec (pid "),
-        "{dead:#}"
+        "{dead:#?}"
     );
 
     let starts = starts(&marker);
@@ -92,7 +86,7 @@ fn crash_loop_in_fail_mode_starts_exactly_attempts_plus_one_times() {
         );
     }
     // Nothing happens after NotRestarting.
-    let (_, again) = http(&agent.socket, "GET", &format!("/v1/tasks/{id}"), None);
+    let again = api.block_on(api.get_task(&id)).expect("the task");
     assert_eq!(kinds(&again).len(), 10);
     assert_eq!(self::starts(&marker).len(), 3);
 }
@@ -109,40 +103,38 @@ fn crash_loop_in_delay_mode_waits_for_the_interval_and_restarts_again() {
     );
     // Start 1, restart (1 of 1) after 100ms, start 2, attempts used up → wait until the
     // window (opened at the first exit) closes → start 3, restart → start 4.
+    let api = agent.api();
     let deadline = Instant::now() + Duration::from_secs(30);
     while starts(&marker).len() < 4 {
         assert!(
             Instant::now() < deadline,
-            "only {} starts; task: {:#}",
+            "only {} starts; task: {:#?}",
             starts(&marker).len(),
-            http(&agent.socket, "GET", &format!("/v1/tasks/{id}"), None).1
+            api.block_on(api.get_task(&id))
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (status, stopped) = http(&agent.socket, "POST", &format!("/v1/tasks/{id}/stop"), None);
-    assert_eq!(status, 200, "{stopped:#}");
-    assert_eq!(stopped["state"], "dead");
+    let stopped = api
+        .block_on(api.stop_task(&id, &StopRequest::default()))
+        .expect("stop the task");
+    assert_eq!(stopped.state, TaskLifecycle::Dead);
     let kinds = kinds(&stopped);
-    assert!(!kinds.contains(&"NotRestarting".to_owned()), "{stopped:#}");
+    assert!(!kinds.contains(&"NotRestarting".to_owned()), "{stopped:#?}");
     let started = kinds.iter().filter(|k| *k == "Started").count();
     assert!(
         started >= 4,
-        "{started} Started events for 4 starts: {stopped:#}"
+        "{started} Started events for 4 starts: {stopped:#?}"
     );
-    let delayed = stopped["events"]
-        .as_array()
-        .unwrap()
+    let delayed = stopped
+        .events
         .iter()
-        .find(|e| {
-            e["type"] == "Restarting" && e["message"].as_str().unwrap().contains("mode delay")
-        })
-        .unwrap_or_else(|| panic!("no delay-mode restart: {stopped:#}"));
+        .find(|e| e.kind == TaskEventKind::Restarting && e.message.contains("mode delay"))
+        .unwrap_or_else(|| panic!("no delay-mode restart: {stopped:#?}"));
     assert!(
-        delayed["message"]
-            .as_str()
-            .unwrap()
+        delayed
+            .message
             .starts_with("exceeded 1 attempts in 5s; restarting in "),
-        "{delayed:#}"
+        "{delayed:#?}"
     );
 
     let s = starts(&marker);

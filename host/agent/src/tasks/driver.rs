@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
 use crate::catalog::{Catalog, LoadedPlugin};
-use crate::loader::PluginState;
+use drover_api::PluginState;
 
 /// One driver as the task manager sees it. Every call goes to the driver's current
 /// process; a call in flight when that process dies fails with

@@ -29,27 +29,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use drover_api::{
+    RecoverySummary, RunRequest, TaskEventKind, TaskEventView, TaskLifecycle, TaskView,
+};
 use drover_plugin_sdk::{DriverError, LogConfig, Resources, TaskSpec, TaskStats};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use driver::{Drivers, TaskDriver};
 
 use crate::catalog::Catalog;
-use crate::loader::PluginState;
 use crate::state::{StateError, StateStore};
+use drover_api::PluginState;
 use hooks::TaskHook;
 use record::{KillRequest, RECORD_VERSION, TaskRecord};
 use restart::{Policy, human};
 use runner::{Outcome, Phase, Runner};
 
-/// Longest kill timeout accepted: a stop that waits longer is not a stop.
-pub const MAX_KILL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+pub use drover_api::MAX_KILL_TIMEOUT;
 /// Default time between the stop signal and SIGKILL.
 pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Events kept per task; older ones are dropped and counted in
-/// [`TaskView::events_dropped`].
+/// [`TaskView::events_dropped`](drover_api::TaskView::events_dropped).
 pub const MAX_EVENTS: usize = 100;
 /// Bound on every driver call made while cleaning up, so that a stuck plugin gives a
 /// task event instead of a hang.
@@ -66,156 +67,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(45);
 const RECOVERY_CONCURRENCY: usize = 32;
 /// How long `stop` waits for the exit once the driver acted, beyond the kill timeout.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// A request to run a task (`POST /v1/tasks`, `drover task run`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunRequest {
-    /// Driver name.
-    pub driver: String,
-    /// Driver-specific task config.
-    #[serde(default)]
-    pub config: serde_json::Value,
-    /// Task name (default: the driver's name).
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Extra environment.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Signal sent by `stop` (default SIGTERM).
-    #[serde(default)]
-    pub kill_signal: Option<String>,
-    /// Time between the stop signal and SIGKILL, e.g. "5s".
-    #[serde(default)]
-    pub kill_timeout: Option<String>,
-    /// What to do when the task exits unsuccessfully (default: no restarts).
-    #[serde(default)]
-    pub restart: Option<RestartPolicy>,
-    /// Resource limits handed to the driver.
-    #[serde(default)]
-    pub resources: Option<drover_plugin_sdk::Resources>,
-    /// Log rotation limits (default: 10 files of 10 MiB per stream).
-    #[serde(default)]
-    pub logs: Option<drover_plugin_sdk::LogConfig>,
-}
-
-/// How a task that fails is restarted, as Nomad users know it: at most `attempts`
-/// restarts within any `interval`, each after `delay`; when the attempts are used up,
-/// `mode` `fail` gives up and `delay` waits for the interval to end and starts over.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RestartPolicy {
-    /// Restarts allowed within `interval` (0: never restart).
-    #[serde(default)]
-    pub attempts: u32,
-    /// The window `attempts` are counted in, e.g. "30m".
-    #[serde(default = "RestartPolicy::default_interval")]
-    pub interval: String,
-    /// Wait before each restart, e.g. "15s".
-    #[serde(default = "RestartPolicy::default_delay")]
-    pub delay: String,
-    /// `fail` or `delay`.
-    #[serde(default)]
-    pub mode: RestartMode,
-}
-
-impl RestartPolicy {
-    fn default_interval() -> String {
-        "30m".into()
-    }
-    fn default_delay() -> String {
-        "15s".into()
-    }
-}
-
-impl Default for RestartPolicy {
-    fn default() -> Self {
-        RestartPolicy {
-            attempts: 0,
-            interval: Self::default_interval(),
-            delay: Self::default_delay(),
-            mode: RestartMode::Fail,
-        }
-    }
-}
-
-/// What happens once a task used up its restart attempts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RestartMode {
-    /// The task is dead for good (`NotRestarting`).
-    #[default]
-    Fail,
-    /// Wait until the interval has passed, then restart with a fresh count.
-    Delay,
-}
-
-/// Lifecycle state of a task, as Nomad users know it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskLifecycle {
-    /// Accepted, not started yet.
-    Pending,
-    /// Started and not exited.
-    Running,
-    /// Exited, stopped or failed to start.
-    Dead,
-}
-
-/// Something that happened to a task.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TaskEventView {
-    /// When, RFC 3339.
-    pub time: String,
-    /// Event type, e.g. `Started`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Details.
-    pub message: String,
-}
-
-/// What the API shows of a task.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TaskView {
-    /// Task id.
-    pub id: String,
-    /// Task name.
-    pub name: String,
-    /// Driver name.
-    pub driver: String,
-    /// pending, running or dead.
-    pub state: TaskLifecycle,
-    /// Exit code of the last incarnation once it exited (absent while running, and
-    /// when the driver could not tell: then `error` says why).
-    pub exit_code: Option<i32>,
-    /// Signal that killed it, if any.
-    pub signal: Option<i32>,
-    /// Killed by the OOM killer.
-    pub oom_killed: bool,
-    /// Why the task failed, when the driver could not say how it ended.
-    pub error: Option<String>,
-    /// The task directory.
-    pub task_dir: PathBuf,
-    /// Driver facts such as `pid`.
-    pub attributes: BTreeMap<String, String>,
-    /// When it was accepted.
-    pub created_at: String,
-    /// When it started.
-    pub started_at: Option<String>,
-    /// When it ended.
-    pub finished_at: Option<String>,
-    /// What happened, oldest first: the last [`MAX_EVENTS`].
-    pub events: Vec<TaskEventView>,
-    /// How many older events were dropped to keep [`TaskView::events`] short.
-    #[serde(default)]
-    pub events_dropped: u64,
-    /// How many times the task was restarted by its restart policy.
-    #[serde(default)]
-    pub restarts: u32,
-    /// When the pending restart is due, RFC 3339 (only while one is pending).
-    #[serde(default)]
-    pub restart_at: Option<String>,
-}
 
 fn now() -> String {
     rfc3339(SystemTime::now())
@@ -239,18 +90,13 @@ impl Settings {
     fn from_request(req: &RunRequest) -> Result<Settings, DriverError> {
         let kill_signal = req.kill_signal.clone().unwrap_or_else(|| "SIGTERM".into());
         drover_plugin_sdk::parse_signal(&kill_signal)?;
-        let kill_timeout = match &req.kill_timeout {
-            None => DEFAULT_KILL_TIMEOUT,
-            Some(t) => humantime::parse_duration(t.trim()).map_err(|e| {
-                DriverError::InvalidConfig(format!(
-                    "kill_timeout {t:?} is not a duration like \"5s\": {e}"
-                ))
-            })?,
-        };
+        // A request read from JSON was checked while it was parsed, with the text
+        // the user wrote; one built in code is checked here.
+        let kill_timeout = req.kill_timeout.unwrap_or(DEFAULT_KILL_TIMEOUT);
         if kill_timeout > MAX_KILL_TIMEOUT {
             return Err(DriverError::InvalidConfig(format!(
                 "kill_timeout {:?} is longer than the maximum of {}",
-                req.kill_timeout.as_deref().unwrap_or_default(),
+                human(kill_timeout),
                 human(MAX_KILL_TIMEOUT)
             )));
         }
@@ -269,6 +115,11 @@ impl Settings {
 /// Resource and log limits from the request, checked.
 fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverError> {
     let r = req.resources.unwrap_or_default();
+    let r = Resources {
+        cpu_shares: r.cpu_shares,
+        memory_mb: r.memory_mb,
+        memory_max_mb: r.memory_max_mb,
+    };
     for (field, value) in [
         ("cpu_shares", r.cpu_shares),
         ("memory_mb", r.memory_mb),
@@ -287,6 +138,10 @@ fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverError> {
         )));
     }
     let l = req.logs.unwrap_or_default();
+    let l = LogConfig {
+        max_files: l.max_files,
+        max_file_size_mb: l.max_file_size_mb,
+    };
     if l.max_files == 0 {
         return Err(DriverError::InvalidConfig(
             "logs.max_files must be at least 1".into(),
@@ -398,14 +253,14 @@ impl Task {
         self.state() == TaskLifecycle::Dead
     }
 
-    fn event(&self, kind: &str, message: impl Into<String>) {
+    fn event(&self, kind: TaskEventKind, message: impl Into<String>) {
         let message = message.into();
-        tracing::info!(task = %self.id, event = kind, "{message}");
+        tracing::info!(task = %self.id, event = kind.as_str(), "{message}");
         let mut rec = self.rec();
         let v = &mut rec.view;
         v.events.push(TaskEventView {
             time: now(),
-            kind: kind.into(),
+            kind,
             message,
         });
         if v.events.len() > MAX_EVENTS {
@@ -423,9 +278,9 @@ impl Task {
             .view
             .events
             .last()
-            .is_some_and(|e| e.kind == "DriverFailure" && e.message == message);
+            .is_some_and(|e| e.kind == TaskEventKind::DriverFailure && e.message == message);
         if !repeated {
-            self.event("DriverFailure", message);
+            self.event(TaskEventKind::DriverFailure, message);
         }
     }
 
@@ -458,28 +313,6 @@ impl Task {
             .call(format!("delete task {id}"), move |s| s.delete_task(&id))
             .await
     }
-}
-
-/// How [`TaskManager::recover`] went.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct RecoverySummary {
-    /// Tasks that were pending or running when the agent last stopped.
-    pub tasks: usize,
-    /// Handed back to their driver (running, or exited meanwhile and being reported).
-    pub recovered: usize,
-    /// Never started by the driver before the agent stopped, started now.
-    pub started: usize,
-    /// Dead after recovery: lost by the driver, or stopped.
-    pub dead: usize,
-    /// Waiting for their driver to come back; recovered when it does.
-    pub waiting: usize,
-    /// Wall time until every task got one of the outcomes above.
-    #[serde(rename = "elapsed_ms", serialize_with = "millis")]
-    pub elapsed: Duration,
-}
-
-fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Runs tasks through drivers, keeps their records, restarts and recovers them.
@@ -715,7 +548,7 @@ impl TaskManager {
             settings,
         ));
         task.event(
-            "Received",
+            TaskEventKind::Received,
             format!("task received by driver {}", task.driver),
         );
         // Held until the handle is recorded: a stop meanwhile waits, then stops what
@@ -880,7 +713,7 @@ impl TaskManager {
             }
         }
         task.event(
-            "Killing",
+            TaskEventKind::Killing,
             format!("sending {signal}, SIGKILL after {}", human(timeout)),
         );
         // Durable first: should the agent die now, recovery finishes the stop.
@@ -949,7 +782,7 @@ impl TaskManager {
             }
         }
         self.driver(&task.driver)?.signal_task(id, signal).await?;
-        task.event("Signaling", format!("sent {signal}"));
+        task.event(TaskEventKind::Signaling, format!("sent {signal}"));
         task.save(&self.store).await;
         Ok(task.view())
     }
@@ -1010,7 +843,7 @@ impl TaskManager {
                     .events
                     .iter()
                     .rev()
-                    .find(|e| e.kind == "DriverFailure")
+                    .find(|e| e.kind == TaskEventKind::DriverFailure)
                     .map(|e| format!(" (last failure: {})", e.message))
                     .unwrap_or_default();
                 return Err(DriverError::Unavailable(format!(

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use drover_plugin_sdk::{DriverError, ExitResult};
 
-use super::{RestartMode, RestartPolicy};
+use drover_api::{RestartMode, RestartPolicy};
 
 /// A validated [`RestartPolicy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,17 +41,15 @@ impl Default for Policy {
 
 /// Longest `interval` or `delay` accepted: longer ones mean nothing useful, and would
 /// overflow the clock arithmetic (or RFC 3339, which ends at year 9999).
-pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+pub const MAX_POLICY_DURATION: Duration = drover_api::MAX_RESTART_DURATION;
 
-fn duration(field: &str, value: &str) -> Result<Duration, DriverError> {
-    let d = humantime::parse_duration(value.trim()).map_err(|e| {
-        DriverError::InvalidConfig(format!(
-            "restart.{field} {value:?} is not a duration like \"30s\" or \"5m\": {e}"
-        ))
-    })?;
+/// A request read from JSON was checked while it was parsed, with the text the user
+/// wrote; one built in code is checked here.
+fn duration(field: &str, d: Duration) -> Result<Duration, DriverError> {
     if d > MAX_POLICY_DURATION {
         return Err(DriverError::InvalidConfig(format!(
-            "restart.{field} {value:?} is longer than the maximum of {}",
+            "restart.{field} {:?} is longer than the maximum of {}",
+            human(d),
             human(MAX_POLICY_DURATION)
         )));
     }
@@ -59,10 +57,10 @@ fn duration(field: &str, value: &str) -> Result<Duration, DriverError> {
 }
 
 impl Policy {
-    /// Parse `interval`/`delay` and refuse combinations that cannot mean anything.
+    /// Check `interval`/`delay` and refuse combinations that cannot mean anything.
     pub fn parse(p: &RestartPolicy) -> Result<Policy, DriverError> {
-        let interval = duration("interval", &p.interval)?;
-        let delay = duration("delay", &p.delay)?;
+        let interval = duration("interval", p.interval)?;
+        let delay = duration("delay", p.delay)?;
         if interval.is_zero() {
             return Err(DriverError::InvalidConfig(
                 "restart.interval must be longer than 0s".into(),
@@ -109,11 +107,7 @@ pub enum Decision {
 
 /// A duration as people write it, to the millisecond.
 pub fn human(d: Duration) -> String {
-    let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    if ms.is_zero() {
-        return "0s".into();
-    }
-    humantime::format_duration(ms).to_string()
+    drover_api::human_duration(d)
 }
 
 /// Decide what follows `exit` at `now`, given the restart times of the current window
@@ -360,40 +354,43 @@ mod tests {
 
     #[test]
     fn parse_names_the_field_and_refuses_nonsense() {
+        let d = |text: &str| humantime::parse_duration(text).unwrap();
         let mut p = RestartPolicy {
             attempts: 2,
-            interval: "1m".into(),
-            delay: "200ms".into(),
+            interval: d("1m"),
+            delay: d("200ms"),
             mode: RestartMode::Fail,
         };
         let parsed = Policy::parse(&p).unwrap();
         assert_eq!(parsed.delay, Duration::from_millis(200));
         assert_eq!(parsed.interval, Duration::from_secs(60));
 
-        p.interval = "20000y".into();
+        p.interval = d("20000y");
         let e = Policy::parse(&p).unwrap_err().to_string();
         assert!(
             e.contains("restart.interval") && e.contains("maximum"),
             "{e}"
         );
-        p.interval = "1m".into();
-        p.delay = "10000y".into();
+        p.interval = d("1m");
+        p.delay = d("10000y");
         let e = Policy::parse(&p).unwrap_err().to_string();
         assert!(e.contains("restart.delay") && e.contains("maximum"), "{e}");
 
-        p.delay = "soon".into();
-        let e = Policy::parse(&p).unwrap_err().to_string();
+        // Text that is no duration never becomes a policy: it is refused as it is read.
+        let e = serde_json::from_value::<RestartPolicy>(serde_json::json!({"delay": "soon"}))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("restart.delay") && e.contains("soon"), "{e}");
 
-        p.delay = "2m".into();
+        p.delay = d("2m");
         let e = Policy::parse(&p).unwrap_err().to_string();
         assert!(
             e.contains("restart.delay (2m) must be shorter than restart.interval (1m)"),
             "{e}"
         );
 
-        p.delay = "1s".into();
-        p.interval = "0s".into();
+        p.delay = d("1s");
+        p.interval = d("0s");
         let e = Policy::parse(&p).unwrap_err().to_string();
         assert!(e.contains("restart.interval"), "{e}");
 

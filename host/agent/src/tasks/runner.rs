@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use drover_api::TaskEventKind;
 use drover_plugin_sdk::{DriverError, ExitResult, TaskHandle, TaskState};
 use tokio::sync::oneshot;
 
@@ -173,7 +174,7 @@ pub(super) fn started(
         Some(pid) => format!("task started by driver {} (pid {pid})", task.driver),
         None => format!("task started by driver {}", task.driver),
     };
-    task.event("Started", msg);
+    task.event(TaskEventKind::Started, msg);
 }
 
 /// What the driver is asked to find when the agent never learnt the task's handle:
@@ -274,11 +275,11 @@ impl Runner {
             Attach::NeverStarted => {
                 if self.task.kill.is_cancelled() {
                     self.task
-                        .event("Killed", "task stopped before it was started");
+                        .event(TaskEventKind::Killed, "task stopped before it was started");
                     return self.finish().await;
                 }
                 self.task.event(
-                    "Recovered",
+                    TaskEventKind::Recovered,
                     format!(
                         "driver {} never started the task before the agent stopped; starting it now",
                         self.task.driver
@@ -336,7 +337,7 @@ impl Runner {
                     }
                     let pid = self.task.rec().view.attributes.get("pid").cloned();
                     self.task.event(
-                        "Recovered",
+                        TaskEventKind::Recovered,
                         match pid {
                             Some(pid) => format!("task recovered by driver {name} (pid {pid})"),
                             None => format!("task recovered by driver {name}"),
@@ -525,7 +526,8 @@ impl Runner {
             v.error = result.err.clone();
         }
         if ran {
-            self.task.event("Terminated", describe(&result));
+            self.task
+                .event(TaskEventKind::Terminated, describe(&result));
         }
         let spec = self.task.rec().spec.clone();
         for hook in &self.mgr.hooks {
@@ -535,7 +537,7 @@ impl Runner {
             return Phase::Done;
         }
         if self.task.kill.is_cancelled() {
-            self.task.event("Killed", "task stopped");
+            self.task.event(TaskEventKind::Killed, "task stopped");
             return self.finish().await;
         }
         let now = SystemTime::now();
@@ -545,7 +547,7 @@ impl Runner {
             Decision::Fail { message } => {
                 // Without a `restart` section nobody expects restarts: no event to say so.
                 if self.task.rec().request.restart.is_some() {
-                    self.task.event("NotRestarting", message);
+                    self.task.event(TaskEventKind::NotRestarting, message);
                 }
                 self.finish().await
             }
@@ -564,7 +566,7 @@ impl Runner {
                     rec.view.state = TaskLifecycle::Pending;
                     rec.view.restart_at = Some(rfc3339(at));
                 }
-                self.task.event("Restarting", message);
+                self.task.event(TaskEventKind::Restarting, message);
                 self.task.save(&self.mgr.store).await;
                 Phase::RestartAt(at)
             }
@@ -582,7 +584,7 @@ impl Runner {
                 if self.task.destroyed.load(Ordering::SeqCst) {
                     return Phase::Done;
                 }
-                self.task.event("Killed", "task stopped; its restart is cancelled");
+                self.task.event(TaskEventKind::Killed, "task stopped; its restart is cancelled");
                 self.finish().await
             }
         }
@@ -596,8 +598,10 @@ impl Runner {
             if self.task.destroyed.load(Ordering::SeqCst) {
                 return Phase::Done;
             }
-            self.task
-                .event("Killed", "task stopped before it was started again");
+            self.task.event(
+                TaskEventKind::Killed,
+                "task stopped before it was started again",
+            );
             return self.finish().await;
         }
         let name = self.task.driver.clone();

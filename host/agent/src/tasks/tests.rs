@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
+use drover_api::{RestartMode, RestartPolicy};
 use drover_plugin_sdk::{ExitResult, TaskHandle, TaskStatus};
 
 use super::*;
@@ -403,8 +404,8 @@ fn request(config: serde_json::Value, restart: Option<RestartPolicy>) -> RunRequ
 fn policy(attempts: u32, interval: &str, delay: &str, mode: RestartMode) -> Option<RestartPolicy> {
     Some(RestartPolicy {
         attempts,
-        interval: interval.into(),
-        delay: delay.into(),
+        interval: humantime::parse_duration(interval).unwrap(),
+        delay: humantime::parse_duration(delay).unwrap(),
         mode,
     })
 }
@@ -464,11 +465,11 @@ async fn hooks_prepare_dir_env_and_logs() {
     let mut req = request(serde_json::json!({}), None);
     req.env.insert("DROVER_TASK_ID".into(), "spoofed".into());
     req.env.insert("MINE".into(), "1".into());
-    req.logs = Some(LogConfig {
+    req.logs = Some(drover_api::LogConfig {
         max_files: 3,
         max_file_size_mb: 1,
     });
-    req.resources = Some(Resources {
+    req.resources = Some(drover_api::Resources {
         memory_mb: 64,
         ..Default::default()
     });
@@ -505,51 +506,60 @@ async fn hooks_prepare_dir_env_and_logs() {
 #[tokio::test]
 async fn invalid_requests_name_the_field_and_create_nothing() {
     let env = Env::new();
+    // Request bodies as the API receives them. A duration that is no duration, or one
+    // beyond its maximum, is refused while the body is read (`POST /v1/tasks` answers
+    // 400 "invalid request body: ..."), naming the field and the text as written; the
+    // rest reach the manager, which refuses them as invalid config (also a 400).
+    let body = |extra: &str| format!(r#"{{"driver": "fake", "config": {{}}, {extra}}}"#);
     let cases = [
         (
-            request(
-                serde_json::json!({}),
-                policy(2, "1m", "2m", RestartMode::Fail),
-            ),
+            body(r#""restart": {"attempts": 2, "interval": "1m", "delay": "2m"}"#),
             "restart.delay (2m) must be shorter than restart.interval (1m)",
         ),
         (
-            request(
-                serde_json::json!({}),
-                policy(2, "often", "1s", RestartMode::Fail),
-            ),
+            body(r#""restart": {"attempts": 2, "interval": "often", "delay": "1s"}"#),
             "restart.interval \"often\"",
         ),
         (
-            RunRequest {
-                logs: Some(LogConfig {
-                    max_files: 0,
-                    max_file_size_mb: 1,
-                }),
-                ..request(serde_json::json!({}), None)
-            },
+            body(r#""logs": {"max_files": 0, "max_file_size_mb": 1}"#),
             "logs.max_files",
         ),
+        (body(r#""kill_timeout": "soon""#), "kill_timeout"),
         (
-            RunRequest {
-                kill_timeout: Some("soon".into()),
-                ..request(serde_json::json!({}), None)
-            },
-            "kill_timeout",
+            body(r#""kill_timeout": "100000000y""#),
+            "kill_timeout \"100000000y\" is longer than the maximum",
         ),
         (
+            body(r#""restart": {"attempts": 2, "interval": "20000y", "delay": "10000y"}"#),
+            "restart.interval \"20000y\" is longer than the maximum",
+        ),
+    ];
+    for (body, want) in cases {
+        let e = match serde_json::from_str::<RunRequest>(&body) {
+            Err(e) => e.to_string(),
+            Ok(req) => {
+                let e = env.mgr.run(req).await.unwrap_err();
+                assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
+                e.to_string()
+            }
+        };
+        assert!(e.contains(want), "{body}: {e} does not name {want}");
+    }
+    // The same limits hold for a request built in code.
+    let cases = [
+        (
             RunRequest {
-                kill_timeout: Some("100000000y".into()),
+                kill_timeout: Some(Duration::from_secs(2 * 24 * 3600)),
                 ..request(serde_json::json!({}), None)
             },
-            "kill_timeout \"100000000y\" is longer than the maximum",
+            "kill_timeout \"2days\" is longer than the maximum of 1day",
         ),
         (
             request(
                 serde_json::json!({}),
-                policy(2, "20000y", "10000y", RestartMode::Fail),
+                policy(2, "20000y", "1s", RestartMode::Fail),
             ),
-            "restart.interval \"20000y\" is longer than the maximum",
+            "restart.interval \"20000years\" is longer than the maximum",
         ),
     ];
     for (req, want) in cases {
@@ -1391,4 +1401,144 @@ async fn a_start_still_in_flight_when_probed_is_taken_over_not_duplicated() {
     );
     env.fake.exit(&v.id, 0);
     assert_eq!(wait_dead(&mgr, &v.id).await.exit_code, Some(0));
+}
+
+/// The agent's own router, served on a socket over this manager, answers
+/// `drover_api::Client`: every endpoint, in the JSON the typed client reads, and any
+/// id reaches its endpoint as the one segment it was.
+#[tokio::test]
+async fn the_api_router_answers_the_typed_client() {
+    use drover_api::{Client, LogsOptions, StatusCode, StopRequest};
+
+    let env = Env::new();
+    let sock = env._dir.path().join("api.sock");
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    let state = crate::api::ApiState {
+        catalog: Arc::new(crate::catalog::Catalog::default()),
+        tasks: env.mgr.clone(),
+    };
+    tokio::spawn(async move { axum::serve(listener, crate::api::router(state)).await });
+    let c = Client::new(&sock);
+    let status = |e: drover_api::Error| e.status().unwrap_or_else(|| panic!("{e:?}"));
+
+    let health = c.health().await.unwrap();
+    assert_eq!(health.recovery, None, "recovery has not run");
+    assert!(c.plugins().await.unwrap().is_empty());
+
+    let req = RunRequest {
+        kill_timeout: Some(Duration::from_secs(2)),
+        ..request(
+            serde_json::json!({}),
+            policy(1, "1m", "10ms", RestartMode::Delay),
+        )
+    };
+    let v = c.run_task(&req).await.unwrap();
+    assert_eq!(v.state, TaskLifecycle::Running);
+    assert_eq!(kinds(&v), ["Received", "Started"]);
+    assert_eq!(env.stored(&v.id)["request"]["kill_timeout"], "2s");
+    assert_eq!(
+        c.get_task(&v.id).await.unwrap(),
+        env.mgr.status(&v.id).unwrap()
+    );
+    assert_eq!(c.list_tasks().await.unwrap(), env.mgr.list());
+    let signaled = c.signal_task(&v.id, "SIGHUP").await.unwrap();
+    assert_eq!(kinds(&signaled).last(), Some(&"Signaling"));
+    let events = c.task_events(&v.id).await.unwrap();
+    assert_eq!(events, env.mgr.status(&v.id).unwrap().events);
+    // No plugin named fake in the catalog: stats cannot be asked.
+    let e = c.task_stats(&v.id).await.unwrap_err();
+    assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    let mut logs = c.task_logs(&v.id, &LogsOptions::default()).await.unwrap();
+    assert_eq!(
+        logs.next().await.unwrap(),
+        None,
+        "the fake writes no output"
+    );
+
+    let e = c.destroy_task(&v.id, false).await.unwrap_err();
+    assert_eq!(status(e), StatusCode::CONFLICT, "it runs");
+    let stop = StopRequest {
+        signal: Some("SIGINT".into()),
+        timeout: Some(Duration::from_millis(1500)),
+    };
+    let stopped = c.stop_task(&v.id, &stop).await.unwrap();
+    assert_eq!(stopped.state, TaskLifecycle::Dead);
+    assert!(
+        stopped
+            .events
+            .iter()
+            .any(|e| e.message == "sending SIGINT, SIGKILL after 1s 500ms"),
+        "{stopped:#?}"
+    );
+    assert_eq!(c.wait_task(&v.id).await.unwrap().state, TaskLifecycle::Dead);
+    let destroyed = c.destroy_task(&v.id, false).await.unwrap();
+    assert_eq!(
+        (destroyed.id.as_str(), destroyed.destroyed),
+        (v.id.as_str(), true)
+    );
+    assert_eq!(
+        status(c.get_task(&v.id).await.unwrap_err()),
+        StatusCode::NOT_FOUND
+    );
+
+    // Ids that are paths, queries and escapes: the agent's not-found naming them.
+    for id in [
+        "a b",
+        "../../x",
+        "..",
+        ".",
+        "a/b",
+        "q?x#y",
+        "100%",
+        "%2F",
+        "ünï ☃",
+    ] {
+        let want = format!("no task with id {id:?}");
+        for e in [
+            c.get_task(id).await.unwrap_err(),
+            c.wait_task(id).await.unwrap_err(),
+            c.task_events(id).await.unwrap_err(),
+            c.task_logs(id, &LogsOptions::default()).await.unwrap_err(),
+            c.follow_task_stats(id, None).await.unwrap_err(),
+            c.stop_task(id, &StopRequest::default()).await.unwrap_err(),
+            c.signal_task(id, "SIGHUP").await.unwrap_err(),
+            c.destroy_task(id, true).await.unwrap_err(),
+        ] {
+            assert!(
+                e.is_not_found() && e.to_string().contains(&want),
+                "{id:?}: {e:?}"
+            );
+        }
+    }
+    // The logs endpoint itself, and only it, checks its query first.
+    let raw = c
+        .get_raw(&["v1", "tasks", "../../x", "logs"], &[("stream", "stdin")])
+        .await
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST, "{raw:?}");
+    let raw = c
+        .get_raw(&["v1", "tasks", "x", "stats"], &[("interval", "often")])
+        .await
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::BAD_REQUEST);
+    let message = raw.error_message().unwrap();
+    assert!(
+        message.contains("interval \"often\" is not a duration"),
+        "{message}"
+    );
+    // A duration beyond its maximum is refused with the text that was sent.
+    let e = c
+        .run_task(&RunRequest {
+            kill_timeout: Some(Duration::from_secs(2 * 24 * 3600)),
+            ..request(serde_json::json!({}), None)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(StatusCode::BAD_REQUEST));
+    assert!(
+        e.to_string()
+            .contains("kill_timeout \"2days\" is longer than the maximum of 1day"),
+        "{e}"
+    );
+    assert!(env.mgr.list().is_empty());
 }

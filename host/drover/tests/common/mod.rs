@@ -38,6 +38,40 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// An agent's API for tests, which run on plain threads: a [`drover_api::Client`]
+/// (its methods are `Api`'s) with a runtime of its own to run its calls to the end.
+pub struct Api {
+    runtime: tokio::runtime::Runtime,
+    client: drover_api::Client,
+}
+
+impl Api {
+    /// The API of the agent whose socket is `socket`.
+    pub fn new(socket: &Path) -> Api {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the API client");
+        Api {
+            runtime,
+            client: drover_api::Client::new(socket),
+        }
+    }
+
+    /// Run one call of the client to its end: `api.block_on(api.get_task(&id))`.
+    pub fn block_on<F: std::future::Future>(&self, call: F) -> F::Output {
+        self.runtime.block_on(call)
+    }
+}
+
+impl std::ops::Deref for Api {
+    type Target = drover_api::Client;
+
+    fn deref(&self) -> &drover_api::Client {
+        &self.client
+    }
+}
+
 /// A running agent, killed (with its plugins) when dropped.
 pub struct Agent {
     pub child: Child,
@@ -105,6 +139,11 @@ impl Agent {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// This agent's API, through `drover_api::Client`.
+    pub fn api(&self) -> Api {
+        Api::new(&self.socket)
     }
 
     /// Run the CLI against this agent.

@@ -1,58 +1,36 @@
-//! Helpers of the `tasks_*` tests: the agent's HTTP API without a client library.
+//! Helpers of the `tasks_*` tests: the agent's HTTP API through `drover_api::Client`.
 #![allow(dead_code)]
 
-use std::io::{Read as _, Write as _};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::Agent;
+use drover_api::{RunRequest, TaskView};
 
-/// One HTTP/1.1 request over the agent's unix socket; returns status and JSON body.
-pub fn http(
-    socket: &Path,
-    method: &str,
-    path: &str,
-    body: Option<&serde_json::Value>,
-) -> (u16, serde_json::Value) {
-    let mut s = UnixStream::connect(socket).expect("connect to the agent API");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: drover\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status: u16 = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {resp}"));
-    let json = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
-    let value = serde_json::from_str(json).unwrap_or(serde_json::Value::Null);
-    (status, value)
-}
+use crate::common::Agent;
 
 #[allow(unused_imports)] // not every test binary that includes this module uses it
 pub use crate::common::rawexec_agent as agent;
 
+/// A run request from its JSON, as a client would send it (the JSON must be one).
+pub fn request(body: serde_json::Value) -> RunRequest {
+    serde_json::from_value(body.clone())
+        .unwrap_or_else(|e| panic!("not a run request ({e}): {body:#}"))
+}
+
+/// Run a task through the API; panics with the agent's answer and log if it refuses.
+pub fn run(agent: &Agent, body: serde_json::Value) -> TaskView {
+    let api = agent.api();
+    api.block_on(api.run_task(&request(body)))
+        .unwrap_or_else(|e| panic!("the agent refused the task: {e}\n{}", agent.log_text()))
+}
+
 /// Event types of a task view, oldest first.
-pub fn kinds(task: &serde_json::Value) -> Vec<String> {
-    task["events"]
-        .as_array()
-        .map(|e| {
-            e.iter()
-                .map(|e| e["type"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
+pub fn kinds(task: &TaskView) -> Vec<String> {
+    task.events.iter().map(|e| e.kind.to_string()).collect()
+}
+
+/// The task's pid, from its attributes.
+pub fn pid_of(task: &TaskView) -> Option<u32> {
+    task.attributes.get("pid")?.parse().ok()
 }
 
 /// Poll the task until `cond` holds for its view, or panic after `within`.
@@ -61,17 +39,20 @@ pub fn until(
     id: &str,
     within: Duration,
     what: &str,
-    cond: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
+    cond: impl Fn(&TaskView) -> bool,
+) -> TaskView {
+    let api = agent.api();
     let deadline = Instant::now() + within;
     loop {
-        let (_, task) = http(&agent.socket, "GET", &format!("/v1/tasks/{id}"), None);
-        if cond(&task) {
-            return task;
+        let task = api.block_on(api.get_task(id));
+        if let Ok(task) = &task
+            && cond(task)
+        {
+            return task.clone();
         }
         assert!(
             Instant::now() < deadline,
-            "task never {what}: {task:#}\nagent log:\n{}",
+            "task never {what}: {task:#?}\nagent log:\n{}",
             agent.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));

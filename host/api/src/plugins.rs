@@ -1,0 +1,115 @@
+//! Plugins: the rows of `GET /v1/plugins` (`drover plugin status`).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// What a plugin is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginKind {
+    /// A task driver (the only kind there is so far).
+    #[default]
+    Driver,
+}
+
+/// Where a plugin came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginSource {
+    /// Linked into the `drover` binary.
+    Builtin,
+    /// A binary in `plugin_dir`.
+    External,
+}
+
+/// The state shown for each plugin binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginState {
+    /// Loaded, fingerprint healthy.
+    Healthy,
+    /// Loaded but not working right now (or being relaunched).
+    Unhealthy,
+    /// Loaded, but the driver cannot run on this node.
+    Undetected,
+    /// Not loaded; `reason` says why.
+    Skipped,
+}
+
+/// One row of `drover plugin status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginStatus {
+    /// Plugin name (the file name while unknown).
+    pub name: String,
+    /// Plugin type.
+    #[serde(rename = "type")]
+    pub kind: PluginKind,
+    /// Plugin version, when known.
+    pub version: String,
+    /// Negotiated plugin API version, when known.
+    pub api_version: String,
+    /// Built-in or external.
+    pub source: PluginSource,
+    /// The binary.
+    pub path: PathBuf,
+    /// State.
+    pub state: PluginState,
+    /// Why it is in that state.
+    pub reason: String,
+    /// Its pid while running.
+    pub pid: Option<u32>,
+    /// The process was started by an earlier agent and taken over, not launched by this
+    /// one. Its stdout/stderr went to that agent and are not captured any more.
+    pub reattached: bool,
+}
+
+impl PluginSource {
+    /// The name on the wire, e.g. `"builtin"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginSource::Builtin => "builtin",
+            PluginSource::External => "external",
+        }
+    }
+}
+
+impl PluginState {
+    /// The name on the wire, e.g. `"healthy"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginState::Healthy => "healthy",
+            PluginState::Unhealthy => "unhealthy",
+            PluginState::Undetected => "undetected",
+            PluginState::Skipped => "skipped",
+        }
+    }
+}
+
+impl std::fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for PluginState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_row_reads_and_writes_the_agents_json_unchanged() {
+        let text = r#"[{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false},{"name":"bad","type":"driver","version":"","api_version":"","source":"external","path":"/p/bad","state":"skipped","reason":"not executable","pid":null,"reattached":false}]"#;
+        let rows: Vec<PluginStatus> = serde_json::from_str(text).unwrap();
+        assert_eq!(rows[0].state, PluginState::Healthy);
+        assert_eq!(rows[0].kind, PluginKind::Driver);
+        assert_eq!(rows[1].source, PluginSource::External);
+        assert_eq!(rows[1].state.to_string(), "skipped");
+        assert_eq!(serde_json::to_string(&rows).unwrap(), text);
+    }
+}
