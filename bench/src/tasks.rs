@@ -74,22 +74,21 @@ fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
     })
 }
 
+/// `/proc/<pid>/stat` of a process.
+fn proc_stat(pid: u32) -> anyhow::Result<procfs_core::process::Stat> {
+    use procfs_core::FromRead as _;
+    let text = std::fs::read(format!("/proc/{pid}/stat"))?;
+    Ok(procfs_core::process::Stat::from_read(text.as_slice())?)
+}
+
 /// `(utime + stime)` of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = stat.rsplit_once(')').context("bad stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Ok(f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?)
+    let stat = proc_stat(pid)?;
+    Ok(stat.utime + stat.stime)
 }
 
 fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    proc_stat(pid).ok().and_then(|s| u32::try_from(s.ppid).ok())
 }
 
 /// A `kB` field of `/proc/<pid>/status` or `smaps_rollup`, in KiB.

@@ -39,17 +39,7 @@ fn pid_of(row: &serde_json::Value) -> u32 {
     row["pid"].as_u64().expect("pid") as u32
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            let state = s
-                .rsplit_once(')')
-                .map(|(_, r)| r.trim_start())
-                .unwrap_or("");
-            !state.starts_with('Z') && !state.starts_with('X')
-        })
-        .unwrap_or(false)
-}
+use drover_test_support::procs::alive;
 
 fn wait_dead(pid: u32) {
     // A retired plugin gets a Shutdown, 2 s of grace and then SIGKILL; 15 s leaves a
@@ -61,11 +51,11 @@ fn wait_dead(pid: u32) {
     }
 }
 
-/// Field 5 of /proc/<pid>/stat: the process group.
+/// The process group of `pid`.
 fn pgrp(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = stat.rsplit_once(')').unwrap().1;
-    rest.split_whitespace().nth(2).unwrap().parse().unwrap()
+    drover_test_support::procs::stat(pid)
+        .unwrap_or_else(|| panic!("no process {pid}"))
+        .pgid
 }
 
 /// SIGPIPE (13) is in the `SigIgn` mask of /proc/<pid>/status.

@@ -28,18 +28,8 @@ async fn launch_skeleton(dir: &Path) -> PluginProcess {
     PluginProcess::launch(opts).await.expect("launch skeleton")
 }
 
-fn alive(pid: u32) -> bool {
-    // A zombie still has /proc/<pid>; only a process that can run counts.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            let state = s
-                .rsplit_once(')')
-                .map(|(_, r)| r.trim_start())
-                .unwrap_or("");
-            !state.starts_with('Z') && !state.starts_with('X')
-        })
-        .unwrap_or(false)
-}
+// A zombie still has /proc/<pid>; only a process that can run counts.
+use drover_test_support::procs::alive;
 
 async fn wait_dead(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(5);

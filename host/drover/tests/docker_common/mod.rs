@@ -1,65 +1,13 @@
 //! Helpers for the docker end-to-end tests: the daemon they use (a private dockerd
 //! started by `scripts/test.sh`), an agent configured for it, and the docker CLI.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::Agent;
 
-/// The Docker daemon and image the tests use.
-#[derive(Debug, Clone)]
-pub struct DockerEnv {
-    /// `unix:///…/docker.sock`.
-    pub host: String,
-    /// An image with busybox in it, present on that daemon.
-    pub image: String,
-}
-
-/// The test daemon, or `None` (after saying so loudly) when there is none. Under
-/// `CI=true` a missing daemon fails the test instead.
-pub fn docker_env() -> Option<DockerEnv> {
-    match std::env::var("DROVER_TEST_DOCKER_HOST") {
-        Ok(host) if !host.is_empty() => Some(DockerEnv {
-            host,
-            image: std::env::var("DROVER_TEST_DOCKER_IMAGE")
-                .unwrap_or_else(|_| "drover-test/busybox:latest".into()),
-        }),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "DROVER_TEST_DOCKER_HOST is not set: run the tests through scripts/test.sh, \
-                 which starts a private dockerd"
-            );
-            eprintln!(
-                "SKIPPED: DROVER_TEST_DOCKER_HOST is not set (scripts/test.sh starts a private \
-                 dockerd and sets it)"
-            );
-            None
-        }
-    }
-}
-
-/// Run the docker CLI against `host`.
-pub fn docker(host: &str, args: &[&str]) -> Output {
-    std::process::Command::new("docker")
-        .arg("-H")
-        .arg(host)
-        .args(args)
-        .output()
-        .expect("run the docker CLI")
-}
-
-/// `docker inspect` of one object as JSON, `None` if it does not exist.
-pub fn inspect(host: &str, what: &str) -> Option<serde_json::Value> {
-    let out = docker(host, &["inspect", what]);
-    if !out.status.success() {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v.as_array()?.first().cloned()
-}
+pub use drover_test_support::docker::{DockerEnv, docker, docker_env, inspect};
 
 /// Write the agent config for a docker daemon at `host` under `root`; `extra` is
 /// TOML inside the docker plugin's config table (e.g. `allow_privileged = true`).
@@ -138,16 +86,10 @@ pub fn logs(agent: &Agent, id: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Poll `cond` every 50 ms until it holds, panicking with `what` after `within`.
-pub fn until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not true within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Poll `cond` every 50 ms (each look may run the docker CLI) until it holds,
+/// panicking with `what` after `within`.
+pub fn until(within: Duration, what: &str, cond: impl FnMut() -> bool) {
+    drover_test_support::until_blocking(within, Duration::from_millis(50), what, cond)
 }
 
 /// Removes every container of an agent's tasks (labelled with its alloc dir) on drop,

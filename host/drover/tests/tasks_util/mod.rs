@@ -1,5 +1,5 @@
 //! Helpers of the `tasks_*` tests: the agent's HTTP API through `drover_api::Client`.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::time::{Duration, Instant};
 
@@ -61,12 +61,4 @@ pub fn until(
 
 /// Whether `pid` is a running process (a zombie is not: it only waits to be reaped,
 /// which an orphan's init may never do in a container).
-pub fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next())
-        })
-        .is_some_and(|state| state != 'Z' && state != 'X')
-}
+pub use drover_test_support::procs::alive as running;
