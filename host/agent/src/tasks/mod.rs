@@ -20,8 +20,10 @@ mod hooks;
 mod record;
 pub mod restart;
 mod runner;
+mod store;
 #[cfg(test)]
 mod tests;
+mod validate;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -32,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 use drover_api::{
     RecoverySummary, RunRequest, TaskEventKind, TaskEventView, TaskLifecycle, TaskView,
 };
-use drover_plugin_sdk::{DriverError, LogConfig, Resources, TaskSpec, TaskStats};
+use drover_plugin_sdk::{DriverError, TaskSpec, TaskStats};
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -43,8 +45,10 @@ use crate::state::{StateError, StateStore};
 use drover_api::PluginState;
 use hooks::TaskHook;
 use record::{KillRequest, RECORD_VERSION, TaskRecord};
-use restart::{Policy, human};
+use restart::human;
 use runner::{Outcome, Phase, Runner};
+use store::Records;
+use validate::{Settings, limits};
 
 pub use drover_api::MAX_KILL_TIMEOUT;
 /// Default time between the stop signal and SIGKILL.
@@ -76,122 +80,6 @@ fn rfc3339(t: SystemTime) -> String {
     // RFC 3339 ends with year 9999 (formatting a later time panics): clamp.
     let last = SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799);
     humantime::format_rfc3339_micros(t.min(last)).to_string()
-}
-
-/// The per-task settings derived from its request.
-#[derive(Debug, Clone)]
-struct Settings {
-    kill_signal: String,
-    kill_timeout: Duration,
-    policy: Policy,
-}
-
-impl Settings {
-    fn from_request(req: &RunRequest) -> Result<Settings, DriverError> {
-        let kill_signal = req.kill_signal.clone().unwrap_or_else(|| "SIGTERM".into());
-        drover_plugin_sdk::parse_signal(&kill_signal)?;
-        // A request read from JSON was checked while it was parsed, with the text
-        // the user wrote; one built in code is checked here.
-        let kill_timeout = req.kill_timeout.unwrap_or(DEFAULT_KILL_TIMEOUT);
-        if kill_timeout > MAX_KILL_TIMEOUT {
-            return Err(DriverError::InvalidConfig(format!(
-                "kill_timeout {:?} is longer than the maximum of {}",
-                human(kill_timeout),
-                human(MAX_KILL_TIMEOUT)
-            )));
-        }
-        let policy = match &req.restart {
-            Some(p) => Policy::parse(p)?,
-            None => Policy::default(),
-        };
-        Ok(Settings {
-            kill_signal,
-            kill_timeout,
-            policy,
-        })
-    }
-}
-
-/// Resource and log limits from the request, checked.
-fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverError> {
-    let r = req.resources.unwrap_or_default();
-    let r = Resources {
-        cpu_shares: r.cpu_shares,
-        memory_mb: r.memory_mb,
-        memory_max_mb: r.memory_max_mb,
-    };
-    for (field, value) in [
-        ("cpu_shares", r.cpu_shares),
-        ("memory_mb", r.memory_mb),
-        ("memory_max_mb", r.memory_max_mb),
-    ] {
-        if value < 0 {
-            return Err(DriverError::InvalidConfig(format!(
-                "resources.{field} must not be negative (got {value})"
-            )));
-        }
-    }
-    if r.memory_max_mb != 0 && r.memory_max_mb < r.memory_mb {
-        return Err(DriverError::InvalidConfig(format!(
-            "resources.memory_max_mb ({}) must not be below resources.memory_mb ({})",
-            r.memory_max_mb, r.memory_mb
-        )));
-    }
-    let l = req.logs.unwrap_or_default();
-    let l = LogConfig {
-        max_files: l.max_files,
-        max_file_size_mb: l.max_file_size_mb,
-    };
-    if l.max_files == 0 {
-        return Err(DriverError::InvalidConfig(
-            "logs.max_files must be at least 1".into(),
-        ));
-    }
-    if l.max_file_size_mb == 0 {
-        return Err(DriverError::InvalidConfig(
-            "logs.max_file_size_mb must be at least 1".into(),
-        ));
-    }
-    Ok((r, l))
-}
-
-/// The state store as the task manager uses it: every call off the event loop (the
-/// agent's runtime has one thread, and a durable write waits for the disk), and only a
-/// few at once (a store commits one write at a time anyway; 1000 tasks reporting a
-/// plugin crash together must not become 1000 blocking threads).
-pub(crate) struct Records {
-    store: Arc<dyn StateStore>,
-    slots: Semaphore,
-}
-
-/// Store calls in flight at once.
-const STORE_CONCURRENCY: usize = 4;
-
-impl Records {
-    fn new(store: Arc<dyn StateStore>) -> Self {
-        Records {
-            store,
-            slots: Semaphore::new(STORE_CONCURRENCY),
-        }
-    }
-
-    async fn call<T: Send + 'static>(
-        &self,
-        op: String,
-        call: impl FnOnce(&dyn StateStore) -> Result<T, StateError> + Send + 'static,
-    ) -> Result<T, StateError> {
-        let _slot = self.slots.acquire().await.map_err(|e| StateError::Io {
-            op: op.clone(),
-            reason: e.to_string(),
-        })?;
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || call(&*store))
-            .await
-            .map_err(|e| StateError::Io {
-                op,
-                reason: format!("the store call panicked or was cancelled: {e}"),
-            })?
-    }
 }
 
 /// One task: its record and what coordinates the runner with user calls.

@@ -13,15 +13,20 @@
 //!
 //! A driver that writes one plain file at `<base>` (no index) is read as a stream of
 //! one file that never rotates.
+//!
+//! [`stream`] (in `follow.rs`) serves a reader to an API client, following the task's
+//! writes (woken by inotify on the log directory) until the task is dead.
 
 use std::fs::File;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
 
 use drover_plugin_sdk::logs::{file_name, log_files};
+
+mod follow;
+
+pub use follow::{FollowOptions, stream};
 
 /// Largest piece returned by one read.
 const CHUNK: usize = 256 * 1024;
@@ -366,229 +371,10 @@ fn tail_position(files: &[(Option<u64>, PathBuf)], lines: u64) -> io::Result<(us
     Ok((0, 0))
 }
 
-/// How a stream is served.
-#[derive(Debug, Clone, Copy)]
-pub struct FollowOptions {
-    /// Keep reading as the task writes, until it is dead.
-    pub follow: bool,
-    /// How often to look for new data when there is none and the log directory cannot
-    /// be watched (inotify); with a watch, how often to look once the task is dead.
-    pub poll: Duration,
-    /// After the task is dead, how long the stream must stay quiet before it ends:
-    /// the driver may still be copying the task's last output from its pipe.
-    pub settle: Duration,
-}
-
-impl Default for FollowOptions {
-    fn default() -> Self {
-        FollowOptions {
-            follow: false,
-            poll: Duration::from_millis(20),
-            settle: Duration::from_millis(250),
-        }
-    }
-}
-
-/// Wakes a follower as soon as something happens in the log directory (a file is
-/// written or created), instead of at its next poll. A fast writer rotating small
-/// files can delete a file a few milliseconds after creating it; a follower woken
-/// by the creation opens it first (it stays readable through our descriptor).
-struct DirWatch {
-    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
-}
-
-/// With a [`DirWatch`], how often a quiet follower still looks at the task's state
-/// and the stop signal.
-const WATCHED_IDLE_CHECK: Duration = Duration::from_millis(100);
-
-/// After a wake-up, how long a follower lets more output gather before it reads: a
-/// task writing many small lines would otherwise wake it once per write. Short
-/// against the time a fast writer takes to fill and rotate away a log file.
-const WAKE_BATCH: Duration = Duration::from_millis(2);
-
-impl DirWatch {
-    /// Watch `dir`. Must be called within the runtime (the descriptor registers with
-    /// its reactor).
-    fn new(dir: &Path) -> io::Result<DirWatch> {
-        use rustix::fs::inotify::{CreateFlags, WatchFlags};
-        let fd = rustix::fs::inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
-        rustix::fs::inotify::add_watch(
-            &fd,
-            dir,
-            WatchFlags::CREATE | WatchFlags::MODIFY | WatchFlags::MOVED_TO,
-        )?;
-        // SAFETY: the AsyncFd owns the inotify descriptor; nothing else closes or
-        // replaces it while it is registered.
-        #[allow(unsafe_code)]
-        let fd = unsafe { tokio::io::unix::AsyncFd::register(fd)? };
-        Ok(DirWatch { fd })
-    }
-
-    /// Until something changed in the directory (or `limit` passed).
-    async fn changed(&self, limit: Duration) {
-        let mut ready = match tokio::time::timeout(limit, self.fd.readable()).await {
-            Ok(Ok(ready)) => ready,
-            Err(_elapsed) => return,
-            // The reactor is going away (the agent is stopping): do not spin.
-            Ok(Err(_)) => return tokio::time::sleep(limit).await,
-        };
-        // Which file changed does not matter: the reader looks at the files again.
-        let mut buf = [0u8; 4096];
-        loop {
-            match rustix::io::read(self.fd.get_ref(), &mut buf) {
-                Ok(n) if n > 0 => {}
-                Ok(_) => break,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(_) => {
-                    // Drained (EAGAIN) or broken: either way, wait for readiness anew.
-                    ready.clear_ready();
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// Until the directory changes, or `fallback` passed when there is no watch.
-async fn wait_for_change(watch: Option<&DirWatch>, idle: Duration, fallback: Duration) {
-    match watch {
-        Some(w) => w.changed(idle).await,
-        None => tokio::time::sleep(fallback).await,
-    }
-}
-
-/// Read the stream at `base` on a blocking thread and send its chunks. Without
-/// `follow`, ends at the end of what was written. With it, ends once `dead` resolved
-/// and everything was read, or when `stop` fires or the receiver is dropped.
-pub fn stream(
-    base: PathBuf,
-    start: LogStart,
-    options: FollowOptions,
-    dead: impl std::future::Future<Output = ()> + Send + 'static,
-    stop: tokio_util::sync::CancellationToken,
-) -> tokio::sync::mpsc::Receiver<io::Result<LogChunk>> {
-    // A few chunks of slack; beyond that the reader waits for the client.
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let finished = Arc::new(AtomicBool::new(false));
-    // Fired when the reader thread ends, so that the watcher of `dead` ends with it.
-    let reader_done = tokio_util::sync::CancellationToken::new();
-    if options.follow {
-        let finished = finished.clone();
-        let reader_done = reader_done.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = dead => finished.store(true, Ordering::Release),
-                () = reader_done.cancelled() => {}
-            }
-        });
-    }
-    // Without a watch (no inotify, or no directory yet) the follower polls.
-    let watch = match base.parent() {
-        Some(dir) if options.follow => DirWatch::new(dir)
-            .map_err(|e| tracing::debug!("polling {}: cannot watch it: {e}", dir.display()))
-            .ok(),
-        _ => None,
-    };
-    let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let _done = reader_done.drop_guard();
-        let mut reader = LogReader::new(base, start);
-        let mut quiet_since: Option<Instant> = None;
-        loop {
-            if tx.is_closed() {
-                return;
-            }
-            if stop.is_cancelled() {
-                let _ = tx.blocking_send(Err(io::Error::other(
-                    "the agent is stopping; the log stream ends here",
-                )));
-                return;
-            }
-            match reader.read() {
-                Ok(Some(chunk)) => {
-                    quiet_since = None;
-                    if !send(&runtime, &tx, &mut reader, watch.as_ref(), &stop, Ok(chunk)) {
-                        return;
-                    }
-                }
-                Ok(None) if !options.follow => return,
-                Ok(None) => {
-                    if finished.load(Ordering::Acquire)
-                        && quiet_since.get_or_insert_with(Instant::now).elapsed() >= options.settle
-                    {
-                        return;
-                    }
-                    let idle = if finished.load(Ordering::Acquire) {
-                        options.poll
-                    } else {
-                        WATCHED_IDLE_CHECK
-                    };
-                    runtime.block_on(wait_for_change(watch.as_ref(), idle, options.poll));
-                    // Whatever appeared, open it before rotation can take it away.
-                    if let Err(e) = reader.open_ahead() {
-                        tracing::debug!("opening log files ahead: {e}");
-                    }
-                    if watch.is_some() {
-                        std::thread::sleep(WAKE_BATCH);
-                    }
-                }
-                Err(e) => {
-                    let e = io::Error::new(
-                        e.kind(),
-                        format!("reading the log files at {}: {e}", reader.base.display()),
-                    );
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
-            }
-        }
-    });
-    rx
-}
-
-/// Send `item`, opening the files that appear meanwhile while the client is slow, so
-/// that a burst of output is not lost to rotation while we wait. `false` when the
-/// receiver is gone or `stop` fired.
-fn send(
-    runtime: &tokio::runtime::Handle,
-    tx: &tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
-    reader: &mut LogReader,
-    watch: Option<&DirWatch>,
-    stop: &tokio_util::sync::CancellationToken,
-    item: io::Result<LogChunk>,
-) -> bool {
-    // No pause before the first wait; after a wake-up, a short one, so that a chatty
-    // task does not wake a follower whose client is slow once per write.
-    let mut pause = Duration::ZERO;
-    loop {
-        let reserved = runtime.block_on(async {
-            tokio::select! {
-                permit = tx.reserve() => Some(permit),
-                () = async {
-                    tokio::time::sleep(pause).await;
-                    wait_for_change(watch, WATCHED_IDLE_CHECK, Duration::from_millis(10)).await;
-                } => None,
-            }
-        });
-        pause = WAKE_BATCH;
-        match reserved {
-            Some(Ok(permit)) => {
-                permit.send(item);
-                return true;
-            }
-            Some(Err(_closed)) => return false,
-            None if stop.is_cancelled() => return false,
-            None => {
-                // An error here shows up again at the next read, which reports it.
-                let _ = reader.open_ahead();
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
+    use std::time::{Duration, Instant};
 
     use drover_plugin_sdk::LogConfig;
     use drover_plugin_sdk::logs::RotatingWriter;
