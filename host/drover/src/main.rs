@@ -107,8 +107,8 @@ enum PluginCommand {
 enum TaskCommand {
     /// Start a task, from a spec file (TOML) and/or flags; flags override the file.
     Run {
-        /// Task spec file (TOML): driver, name, [config], [env], kill_signal,
-        /// kill_timeout, [resources], [restart], [logs].
+        /// Task spec file (TOML): driver, name, `[config]`, `[env]`, kill_signal,
+        /// kill_timeout, `[resources]`, `[restart]`, `[logs]`.
         #[arg(value_name = "FILE")]
         file: Option<PathBuf>,
         #[command(flatten)]
