@@ -150,8 +150,8 @@ if [ "${CI:-}" = "true" ]; then
 fi
 
 cargo build --workspace --bins --locked
-start_dockerd
-cargo test --workspace --locked "$@"
 # The API docs are part of the product: a broken intra-doc link or a stray HTML tag in a
 # doc comment fails the suite.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+start_dockerd
+cargo test --workspace --locked "$@"
