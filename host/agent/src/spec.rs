@@ -170,19 +170,23 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
         ..Default::default()
     };
     if let Some(sig) = &doc.kill_signal {
-        drover_plugin_sdk::parse_signal(sig.get_ref())
-            .map_err(|e| err(Some(sig.span()), Some("kill_signal".into()), e.to_string()))?;
+        // Validated here so the error names the line; stored as written.
+        drover_plugin_sdk::Signal::parse_or_default(sig.get_ref()).map_err(|e| {
+            let e = drover_plugin_sdk::DriverError::from(e);
+            err(Some(sig.span()), Some("kill_signal".into()), e.to_string())
+        })?;
         request.kill_signal = Some(sig.get_ref().clone());
     }
     if let Some(t) = &doc.kill_timeout {
         request.kill_timeout = Some(duration(t, "kill_timeout")?);
     }
     if let Some(r) = doc.resources {
-        request.resources = Some(drover_plugin_sdk::Resources {
-            cpu_shares: r.cpu_shares.map_or(0, i64::from),
-            memory_mb: r.memory_mb.map_or(0, i64::from),
-            memory_max_mb: r.memory_max_mb.map_or(0, i64::from),
-        });
+        request.resources = Some(
+            drover_plugin_sdk::Resources::default()
+                .with_cpu_shares(r.cpu_shares.map_or(0, i64::from))
+                .with_memory_mb(r.memory_mb.map_or(0, i64::from))
+                .with_memory_max_mb(r.memory_max_mb.map_or(0, i64::from)),
+        );
     }
     if let Some(r) = doc.restart {
         let mut policy = RestartPolicy::default();
@@ -577,11 +581,12 @@ max_file_size_mb = 1
         assert_eq!(r.env["DEBUG"], "true");
         assert_eq!(
             r.resources,
-            Some(drover_plugin_sdk::Resources {
-                cpu_shares: 100,
-                memory_mb: 64,
-                memory_max_mb: 0
-            })
+            Some(
+                drover_plugin_sdk::Resources::default()
+                    .with_cpu_shares(100)
+                    .with_memory_mb(64)
+                    .with_memory_max_mb(0)
+            )
         );
         assert_eq!(
             r.restart,
@@ -592,13 +597,7 @@ max_file_size_mb = 1
                 mode: RestartMode::Delay,
             })
         );
-        assert_eq!(
-            r.logs,
-            Some(drover_plugin_sdk::LogConfig {
-                max_files: 3,
-                max_file_size_mb: 1
-            })
-        );
+        assert_eq!(r.logs, Some(drover_plugin_sdk::LogConfig::new(3, 1)));
     }
 
     #[test]

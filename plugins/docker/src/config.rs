@@ -737,13 +737,10 @@ mod tests {
     }
 
     fn spec(dir: &Path) -> TaskSpec {
-        TaskSpec {
-            id: "t1".into(),
-            name: "web server".into(),
-            task_dir: dir.to_owned(),
-            env: [("A".to_owned(), "1".to_owned())].into(),
-            ..Default::default()
-        }
+        TaskSpec::new("t1")
+            .with_name("web server")
+            .with_task_dir(dir)
+            .with_env("A", "1")
     }
 
     fn policy() -> Policy {
@@ -926,11 +923,7 @@ mod tests {
 
     #[test]
     fn container_names() {
-        let mut s = TaskSpec {
-            id: "abc".into(),
-            name: "my app/v2".into(),
-            ..Default::default()
-        };
+        let mut s = TaskSpec::new("abc").with_name("my app/v2");
         assert_eq!(container_name(&s), "myappv2-abc");
         s.name = "_x".into();
         assert_eq!(container_name(&s), "drover-abc");

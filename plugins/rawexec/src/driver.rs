@@ -1,6 +1,5 @@
 //! The rawexec driver: the [`DriverPlugin`] impl.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -8,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use drover_executor::{self as executor, ExecutorHandle, ExitInfo, LaunchSpec};
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
-    parse_signal, signal_name,
+    FsIsolation, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,
+    TaskStatus,
 };
 use tokio::sync::broadcast;
 
@@ -27,7 +26,6 @@ pub const HANDLE_VERSION: u32 = 2;
 /// `PATH` given to tasks whose environment does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-const SIGKILL: i32 = 9;
 /// How often the watcher of a task retries an executor that is alive but cannot be
 /// reached (its socket was removed, or the plugin ran out of descriptors).
 const WATCH_RETRY: Duration = Duration::from_secs(1);
@@ -53,12 +51,7 @@ impl Default for RawExecDriver {
 /// Send a task event. No subscriber is fine: events are best-effort notifications.
 fn send_event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
     tracing::info!(task = task_id, "{message}");
-    let _ = events.send(TaskEvent {
-        task_id: task_id.to_owned(),
-        timestamp: SystemTime::now(),
-        message,
-        annotations: BTreeMap::new(),
-    });
+    let _ = events.send(TaskEvent::new(task_id, message));
 }
 
 /// Record how `task` ended and tell subscribers, once: the watcher and a `stop` call
@@ -138,14 +131,11 @@ impl RawExecDriver {
                 }
                 let info = task.exec.info();
                 let exit = ExitInfo {
-                    result: ExitResult {
-                        err: Some(format!(
-                            "lost the task's executor (pid {}), its exit status is unknown and \
-                             its process group {} may still run: {error}",
-                            info.executor_pid, info.pgid
-                        )),
-                        ..Default::default()
-                    },
+                    result: ExitResult::unknown(format!(
+                        "lost the task's executor (pid {}), its exit status is unknown and \
+                         its process group {} may still run: {error}",
+                        info.executor_pid, info.pgid
+                    )),
                     exited_at: SystemTime::now(),
                     killed_after_timeout: false,
                 };
@@ -191,19 +181,15 @@ impl DriverPlugin for RawExecDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            send_signals: true,
-            exec: true,
-            fs_isolation: FsIsolation::None,
-            task_stats: true,
-            task_events: true,
-            recover: true,
+        Capabilities::default()
+            .with_send_signals(true)
+            .with_exec(true)
+            .with_fs_isolation(FsIsolation::None)
+            .with_task_stats(true)
+            .with_task_events(true)
+            .with_recover(true)
             // Plain host processes: the host's network, nothing else.
-            network_modes: NetworkModes {
-                host: true,
-                ..Default::default()
-            },
-        }
+            .with_network_modes(NetworkModes::default().with_host(true))
     }
 
     async fn set_config(&self, _config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
@@ -259,9 +245,8 @@ impl DriverPlugin for RawExecDriver {
         &self,
         task_id: &str,
         timeout: Duration,
-        signal: &str,
+        sig: Signal,
     ) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
         let task = self.store.get(task_id)?;
         if !task.running() {
             return Ok(());
@@ -270,14 +255,13 @@ impl DriverPlugin for RawExecDriver {
             .stop_timeout
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(timeout);
-        self.event(task_id, format!("sent {}", signal_name(sig)));
+        self.event(task_id, format!("sent {sig}"));
         let exit = task.exec.stop(sig, timeout).await?;
         record_exit(&self.events, &task, exit);
         Ok(())
     }
 
-    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
+    async fn signal_task(&self, task_id: &str, sig: Signal) -> Result<(), DriverError> {
         let task = self.store.get(task_id)?;
         if !task.running() {
             return Err(DriverError::FailedPrecondition(format!(
@@ -285,7 +269,7 @@ impl DriverPlugin for RawExecDriver {
             )));
         }
         task.exec.signal(sig).await?;
-        self.event(task_id, format!("sent {}", signal_name(sig)));
+        self.event(task_id, format!("sent {sig}"));
         Ok(())
     }
 
@@ -380,20 +364,13 @@ impl DriverPlugin for RawExecDriver {
             .spawn()
             .map_err(|e| DriverError::InvalidConfig(format!("cannot start {program:?}: {e}")))?;
         match tokio::time::timeout(timeout, child.wait_with_output()).await {
-            Ok(Ok(out)) => Ok(ExecOutput {
-                stdout: out.stdout,
-                stderr: out.stderr,
-                result: ExitResult::from_status(out.status),
-            }),
+            Ok(Ok(out)) => Ok(ExecOutput::new(ExitResult::from_status(out.status))
+                .with_stdout(out.stdout)
+                .with_stderr(out.stderr)),
             Ok(Err(e)) => Err(DriverError::Internal(format!("running {program:?}: {e}"))),
-            Err(_) => Ok(ExecOutput {
-                result: ExitResult {
-                    signal: SIGKILL,
-                    err: Some(format!("timed out after {timeout:?}")),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }),
+            Err(_) => Ok(ExecOutput::new(
+                ExitResult::signaled(Signal::KILL).with_err(format!("timed out after {timeout:?}")),
+            )),
         }
     }
 }

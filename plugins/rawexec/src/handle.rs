@@ -97,29 +97,24 @@ impl Task {
     pub(crate) fn status(&self) -> TaskStatus {
         let exit = self.exit.get();
         let info = self.exec.info();
-        TaskStatus {
-            id: self.id.clone(),
-            name: self.name.clone(),
-            state: if exit.is_some() {
+        let mut status = TaskStatus::new(
+            self.id.clone(),
+            if exit.is_some() {
                 TaskState::Exited
             } else {
                 TaskState::Running
             },
-            started_at: Some(self.started_at),
-            completed_at: exit.as_ref().map(|(_, at)| *at),
-            exit_result: exit.map(|(r, _)| r),
-            attributes: [
-                ("pid".to_owned(), info.pid.to_string()),
-                ("pgid".to_owned(), info.pgid.to_string()),
-                ("executor_pid".to_owned(), info.executor_pid.to_string()),
-                (
-                    "executor_dir".to_owned(),
-                    self.exec.dir().display().to_string(),
-                ),
-            ]
-            .into_iter()
-            .collect(),
+        )
+        .with_name(self.name.clone())
+        .with_started_at(self.started_at)
+        .with_attribute("pid", info.pid.to_string())
+        .with_attribute("pgid", info.pgid.to_string())
+        .with_attribute("executor_pid", info.executor_pid.to_string())
+        .with_attribute("executor_dir", self.exec.dir().display().to_string());
+        if let Some((result, at)) = exit {
+            status = status.with_exit_result(result).with_completed_at(at);
         }
+        status
     }
 
     /// A resource usage sample of the main process.
@@ -149,13 +144,9 @@ impl Task {
             _ => 0.0,
         };
         *last = Some((now, cpu));
-        Ok(TaskStats {
-            memory_rss_bytes: rss,
-            cpu_user,
-            cpu_system,
-            cpu_percent,
-            memory_cache_bytes: 0,
-            process_count: 0,
-        })
+        Ok(TaskStats::default()
+            .with_memory_rss_bytes(rss)
+            .with_cpu_time(cpu_user, cpu_system)
+            .with_cpu_percent(cpu_percent))
     }
 }

@@ -238,7 +238,8 @@ struct Settings {
 impl Settings {
     fn from_request(req: &RunRequest) -> Result<Settings, DriverError> {
         let kill_signal = req.kill_signal.clone().unwrap_or_else(|| "SIGTERM".into());
-        drover_plugin_sdk::parse_signal(&kill_signal)?;
+        // Checked now; kept as written, for events, and parsed again for each stop.
+        drover_plugin_sdk::Signal::parse_or_default(&kill_signal)?;
         let kill_timeout = match &req.kill_timeout {
             None => DEFAULT_KILL_TIMEOUT,
             Some(t) => humantime::parse_duration(t.trim()).map_err(|e| {
@@ -667,16 +668,13 @@ impl TaskManager {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let name = req.name.clone().unwrap_or_else(|| req.driver.clone());
         let task_dir = self.alloc_dir.join(&id);
-        let mut spec = TaskSpec {
-            id: id.clone(),
-            name: name.clone(),
-            env: req.env.clone(),
-            resources,
-            task_dir: task_dir.clone(),
-            logs,
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        };
+        let mut spec = TaskSpec::new(id.clone())
+            .with_name(name.clone())
+            .with_envs(req.env.clone())
+            .with_resources(resources)
+            .with_task_dir(task_dir.clone())
+            .with_logs(logs)
+            .with_driver_config_json(config.to_string());
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {
                 let _ = std::fs::remove_dir_all(&task_dir);
@@ -865,7 +863,7 @@ impl TaskManager {
             return Ok(task.view());
         }
         let signal = signal.unwrap_or_else(|| task.settings.kill_signal.clone());
-        drover_plugin_sdk::parse_signal(&signal)?;
+        let sig = drover_plugin_sdk::Signal::parse_or_default(&signal)?;
         let timeout = timeout.unwrap_or(task.settings.kill_timeout);
         let bound = timeout.checked_add(STOP_GRACE).ok_or_else(|| {
             DriverError::InvalidConfig(format!("stop timeout {} is too long", human(timeout)))
@@ -902,10 +900,14 @@ impl TaskManager {
                 task.attached.load(Ordering::SeqCst) && task.state() == TaskLifecycle::Running;
             if running {
                 let driver = self.driver(&task.driver)?;
-                match driver.stop_task(id, timeout, &signal).await {
-                    // Unavailable: the plugin just died; the runner sends the recorded
-                    // stop to the relaunched one, so wait for the exit all the same.
-                    Ok(()) | Err(DriverError::NotFound(_)) | Err(DriverError::Unavailable(_)) => {}
+                match driver.stop_task(id, timeout, sig).await {
+                    // Unavailable, Transport: the plugin just died (or the call was
+                    // lost); the runner sends the recorded stop to the relaunched one,
+                    // so wait for the exit all the same.
+                    Ok(())
+                    | Err(DriverError::NotFound(_))
+                    | Err(DriverError::Unavailable(_))
+                    | Err(DriverError::Transport(_)) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -929,7 +931,7 @@ impl TaskManager {
     /// Send a signal to a running task.
     pub async fn signal(&self, id: &str, signal: &str) -> Result<TaskView, DriverError> {
         let task = self.entry(id)?;
-        drover_plugin_sdk::parse_signal(signal)?;
+        let sig = drover_plugin_sdk::Signal::parse_or_default(signal)?;
         match task.state() {
             TaskLifecycle::Running if task.attached.load(Ordering::SeqCst) => {}
             TaskLifecycle::Running => {
@@ -948,7 +950,7 @@ impl TaskManager {
                 )));
             }
         }
-        self.driver(&task.driver)?.signal_task(id, signal).await?;
+        self.driver(&task.driver)?.signal_task(id, sig).await?;
         task.event("Signaling", format!("sent {signal}"));
         task.save(&self.store).await;
         Ok(task.view())

@@ -16,8 +16,7 @@ use drover_plugin_sdk::schemars::JsonSchema;
 use drover_plugin_sdk::serde::de::DeserializeOwned;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExitResult, Fingerprint, FsIsolation,
-    NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, parse_signal,
-    signal_name,
+    NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
 };
 use tokio::sync::broadcast;
 
@@ -36,7 +35,6 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// Default parent of task cgroups.
 pub const DEFAULT_CGROUP_PARENT: &str = "/drover";
 
-const SIGKILL: i32 = 9;
 /// How often a watcher retries an executor that is alive but out of reach.
 const WATCH_RETRY: Duration = Duration::from_secs(1);
 /// How often the cgroup of a task without executor is checked for its end.
@@ -126,12 +124,7 @@ pub struct IsolatedDriver<F: Flavor> {
 
 fn send_event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
     tracing::info!(task = task_id, "{message}");
-    let _ = events.send(TaskEvent {
-        task_id: task_id.to_owned(),
-        timestamp: SystemTime::now(),
-        message,
-        annotations: BTreeMap::new(),
-    });
+    let _ = events.send(TaskEvent::new(task_id, message));
 }
 
 /// Record how `task` ended (with the OOM flag from its cgroup) and tell subscribers,
@@ -168,10 +161,7 @@ fn record_exit(events: &broadcast::Sender<TaskEvent>, task: &Task, exit: ExitInf
 
 fn unknown_exit(why: String) -> ExitInfo {
     ExitInfo {
-        result: ExitResult {
-            err: Some(why),
-            ..Default::default()
-        },
+        result: ExitResult::unknown(why),
         exited_at: SystemTime::now(),
         killed_after_timeout: false,
     }
@@ -362,7 +352,7 @@ impl<F: Flavor> IsolatedDriver<F> {
 
     /// Stop a task whose executor is gone: the signal to its init (which forwards it)
     /// or to every process, then SIGKILL to the whole cgroup after `timeout`.
-    async fn stop_orphan(&self, task: &Task, sig: i32, timeout: Duration) -> ExitInfo {
+    async fn stop_orphan(&self, task: &Task, sig: Signal, timeout: Duration) -> ExitInfo {
         let cg = task.cgroup.clone();
         let init = task.state.pid;
         let pids = blocking(move || cg.pids()).await.unwrap_or_default();
@@ -371,7 +361,7 @@ impl<F: Flavor> IsolatedDriver<F> {
         } else {
             pids
         };
-        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
+        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig.as_raw()) {
             for pid in targets {
                 if let Ok(pid) = i32::try_from(pid) {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
@@ -613,20 +603,20 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            send_signals: true,
+        Capabilities::default()
+            .with_send_signals(true)
             // Not yet: a command would have to join the task's namespaces and cgroup.
-            exec: false,
-            fs_isolation: FsIsolation::Chroot,
-            task_stats: true,
-            task_events: true,
-            recover: true,
-            network_modes: NetworkModes {
-                host: true,
-                none: true,
-                bridge: false,
-            },
-        }
+            .with_exec(false)
+            .with_fs_isolation(FsIsolation::Chroot)
+            .with_task_stats(true)
+            .with_task_events(true)
+            .with_recover(true)
+            .with_network_modes(
+                NetworkModes::default()
+                    .with_host(true)
+                    .with_none(true)
+                    .with_bridge(false),
+            )
     }
 
     async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
@@ -693,9 +683,8 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
         &self,
         task_id: &str,
         timeout: Duration,
-        signal: &str,
+        sig: Signal,
     ) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
         let task = self.store.get(task_id)?;
         if !task.running() {
             return Ok(());
@@ -704,7 +693,7 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
             .stop_timeout
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(timeout);
-        self.event(task_id, format!("sent {}", signal_name(sig)));
+        self.event(task_id, format!("sent {sig}"));
         let exit = match &task.exec {
             Some(exec) if exec.executor_alive() => exec.stop(sig, timeout).await?,
             _ => self.stop_orphan(&task, sig, timeout).await,
@@ -713,8 +702,7 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
         Ok(())
     }
 
-    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
+    async fn signal_task(&self, task_id: &str, sig: Signal) -> Result<(), DriverError> {
         let task = self.store.get(task_id)?;
         if !task.running() {
             return Err(DriverError::FailedPrecondition(format!(
@@ -733,14 +721,14 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
                             "task {task_id} has no executor and no known init process to signal"
                         ))
                     })?;
-                let s = nix::sys::signal::Signal::try_from(sig)
+                let s = nix::sys::signal::Signal::try_from(sig.as_raw())
                     .map_err(|_| DriverError::InvalidConfig(format!("unknown signal {sig}")))?;
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s).map_err(|e| {
                     DriverError::FailedPrecondition(format!("cannot signal init {pid}: {e}"))
                 })?;
             }
         }
-        self.event(task_id, format!("sent {}", signal_name(sig)));
+        self.event(task_id, format!("sent {sig}"));
         Ok(())
     }
 
@@ -781,7 +769,7 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
                 &self.events,
                 &task,
                 ExitInfo {
-                    result: ExitResult::signaled(SIGKILL),
+                    result: ExitResult::signaled(Signal::KILL),
                     exited_at: SystemTime::now(),
                     killed_after_timeout: false,
                 },
@@ -880,10 +868,7 @@ mod tests {
 
     #[test]
     fn drover_dirs_point_inside_the_root() {
-        let mut spec = TaskSpec {
-            task_dir: "/data/alloc/t1".into(),
-            ..Default::default()
-        };
+        let mut spec = TaskSpec::default().with_task_dir("/data/alloc/t1");
         for (k, v) in [
             ("DROVER_TASK_DIR", "/data/alloc/t1"),
             ("DROVER_LOCAL_DIR", "/data/alloc/t1/local"),

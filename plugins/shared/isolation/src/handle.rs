@@ -82,28 +82,25 @@ impl Task {
     pub(crate) fn status(&self) -> TaskStatus {
         let exit = self.exit.get();
         let s = &self.state;
-        TaskStatus {
-            id: self.id.clone(),
-            name: self.name.clone(),
-            state: if exit.is_some() {
+        let mut status = TaskStatus::new(
+            self.id.clone(),
+            if exit.is_some() {
                 TaskState::Exited
             } else {
                 TaskState::Running
             },
-            started_at: Some(self.started_at),
-            completed_at: exit.as_ref().map(|(_, at)| *at),
-            exit_result: exit.map(|(r, _)| r),
-            attributes: [
-                ("pid", s.pid.to_string()),
-                ("executor_pid", s.executor_pid.to_string()),
-                ("executor_dir", s.executor_dir.display().to_string()),
-                ("cgroup", s.cgroup_path.clone()),
-                ("cgroup_version", s.cgroup_version.name().to_owned()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
+        )
+        .with_name(self.name.clone())
+        .with_started_at(self.started_at)
+        .with_attribute("pid", s.pid.to_string())
+        .with_attribute("executor_pid", s.executor_pid.to_string())
+        .with_attribute("executor_dir", s.executor_dir.display().to_string())
+        .with_attribute("cgroup", s.cgroup_path.clone())
+        .with_attribute("cgroup_version", s.cgroup_version.name());
+        if let Some((result, at)) = exit {
+            status = status.with_exit_result(result).with_completed_at(at);
         }
+        status
     }
 
     /// A usage sample of the whole task, from its cgroup.
@@ -124,13 +121,11 @@ impl Task {
             _ => 0.0,
         };
         *last = Some((now, u.cpu_total));
-        Ok(TaskStats {
-            memory_rss_bytes: u.rss,
-            cpu_user: u.cpu_user,
-            cpu_system: u.cpu_system,
-            cpu_percent,
-            memory_cache_bytes: u.cache,
-            process_count: u.pids,
-        })
+        Ok(TaskStats::default()
+            .with_memory_rss_bytes(u.rss)
+            .with_cpu_time(u.cpu_user, u.cpu_system)
+            .with_cpu_percent(cpu_percent)
+            .with_memory_cache_bytes(u.cache)
+            .with_process_count(u.pids))
     }
 }
