@@ -89,6 +89,7 @@ pub mod procfs;
 mod proto;
 pub mod sandbox;
 mod spawn;
+pub mod task;
 
 pub use client::{ExecutorHandle, launch};
 pub use files::read_exit_file;
