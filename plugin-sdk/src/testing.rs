@@ -342,7 +342,7 @@ impl Conformance {
         let long = self.spec(root, "conformance-long", &self.long_task);
         let handle = step(
             r,
-            "running task: destroy refused, stop escalates after its timeout",
+            "running task: destroy refused, bad signal refused, stop escalates after its timeout",
             Duration::from_secs(20),
             async {
                 let handle = c
@@ -360,6 +360,26 @@ impl Conformance {
                 c.recover_task(handle.clone())
                     .await
                     .map_err(|e| format!("RecoverTask of a tracked task must be harmless: {e}"))?;
+                // The typed client cannot send a name that is no signal: go to the wire.
+                let bogus = crate::proto::v1::StopTaskRequest {
+                    task_id: long.id.clone(),
+                    timeout: None,
+                    signal: "SIGNOPE".into(),
+                };
+                match c
+                    .raw_driver()
+                    .stop_task(bogus)
+                    .await
+                    .map_err(DriverError::from)
+                {
+                    Err(DriverError::InvalidConfig(m)) if m.contains("SIGNOPE") => {}
+                    other => {
+                        return Err(format!(
+                            "StopTask with signal \"SIGNOPE\": expected InvalidConfig naming \
+                             it, got {other:?}"
+                        ));
+                    }
+                }
                 let t = Instant::now();
                 c.stop_task(&long.id, Duration::from_secs(2), Signal::TERM)
                     .await

@@ -308,6 +308,19 @@ async fn destroying_a_running_task_needs_force() {
 }
 
 #[tokio::test]
+async fn an_empty_signal_on_the_wire_means_sigterm() {
+    let (_dir, p) = setup().await;
+    p.start(
+        "quiet",
+        json!({ "command": "/bin/sleep", "args": ["1000"] }),
+    )
+    .await;
+    p.raw_stop("quiet", "").await.unwrap();
+    assert_eq!(p.wait("quiet").await, ExitResult::signaled(Signal::TERM));
+    p.shutdown().await;
+}
+
+#[tokio::test]
 async fn signal_reaches_the_task() {
     let (_dir, p) = setup().await;
     p.start(
