@@ -88,11 +88,9 @@ pub async fn run(plugin_bin: &Path, drover: &Path, o: Options) -> anyhow::Result
     client
         .set_config(
             plugin_config.to_string(),
-            &AgentInfo {
-                alloc_dir: alloc.clone(),
-                plugin_state_dir: root.path().to_owned(),
-                api_version: "1.0.0".into(),
-            },
+            &AgentInfo::new("1.0.0")
+                .with_alloc_dir(alloc.clone())
+                .with_plugin_state_dir(root.path()),
         )
         .await?;
 
@@ -176,18 +174,16 @@ fn start_agent(drover: &Path, root: &Path, config: &Path) -> anyhow::Result<Chil
 fn spec(alloc: &Path, id: &str, image: &str) -> anyhow::Result<TaskSpec> {
     let dir = alloc.join(id);
     std::fs::create_dir_all(dir.join("logs"))?;
-    Ok(TaskSpec {
-        id: id.to_owned(),
-        name: id.to_owned(),
-        task_dir: dir.clone(),
-        stdout_path: dir.join("logs/stdout"),
-        stderr_path: dir.join("logs/stderr"),
-        driver_config_json: serde_json::json!({
-            "image": image, "command": "sleep", "args": ["3600"],
-        })
-        .to_string(),
-        ..Default::default()
-    })
+    Ok(TaskSpec::new(id)
+        .with_stdout_path(dir.join("logs/stdout"))
+        .with_stderr_path(dir.join("logs/stderr"))
+        .with_driver_config_json(
+            serde_json::json!({
+                "image": image, "command": "sleep", "args": ["3600"],
+            })
+            .to_string(),
+        )
+        .with_task_dir(dir.clone()))
 }
 
 async fn measure(

@@ -34,11 +34,9 @@ async fn launch(
         .await
         .with_context(|| format!("launching {}", binary.display()))?;
     let client = process.client();
-    let agent = AgentInfo {
-        alloc_dir: root.join("alloc"),
-        plugin_state_dir: root.join("plugin-state"),
-        api_version: drover_plugin_sdk::version::PLUGIN_API_VERSION.into(),
-    };
+    let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
+        .with_alloc_dir(root.join("alloc"))
+        .with_plugin_state_dir(root.join("plugin-state"));
     client
         .set_config(plugin_config.to_string(), &agent)
         .await
@@ -59,15 +57,11 @@ impl Driver {
         for sub in ["local", "secrets", "tmp", "logs"] {
             std::fs::create_dir_all(task_dir.join(sub))?;
         }
-        let spec = TaskSpec {
-            id: id.clone(),
-            name: id.clone(),
-            task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("logs/stdout"),
-            stderr_path: task_dir.join("logs/stderr"),
-            driver_config_json: self.config.to_string(),
-            ..Default::default()
-        };
+        let spec = TaskSpec::new(id.clone())
+            .with_stdout_path(task_dir.join("logs/stdout"))
+            .with_stderr_path(task_dir.join("logs/stderr"))
+            .with_driver_config_json(self.config.to_string())
+            .with_task_dir(task_dir.clone());
         let t = Instant::now();
         self.client
             .start_task(spec)

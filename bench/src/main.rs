@@ -234,7 +234,7 @@ async fn launch_once(plugin: &Path, socket_dir: &Path) -> anyhow::Result<Duratio
     let process = PluginProcess::launch(opts).await?;
     let info = process.client().plugin_info().await?;
     let elapsed = t.elapsed();
-    if info.0.name.is_empty() {
+    if info.name.is_empty() {
         bail!("plugin answered PluginInfo without a name");
     }
     process.shutdown().await;

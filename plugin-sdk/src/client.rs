@@ -20,8 +20,9 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::DriverError;
 use crate::handshake::{self, HandshakeError, HandshakeLine, PluginAddr};
+use crate::signal::Signal;
 use crate::types::{
-    AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, PluginInfo, TaskEvent,
+    AgentInfo, Capabilities, ExecOutput, ExitOutcome, ExitResult, Fingerprint, TaskEvent,
     TaskHandle, TaskSpec, TaskStats, TaskStatus, to_duration,
 };
 
@@ -41,6 +42,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// assert_eq!(opts.handshake_timeout, std::time::Duration::from_secs(5));
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LaunchOptions {
     /// Name used in logs until the plugin tells its own.
     pub name: String,
@@ -332,7 +334,10 @@ async fn reattach_inner(
             Ok(_) => "exited; exit status unknown (reattached, not our child)".to_owned(),
             Err(e) => format!("lost track of it: pidfd: {e}"),
         };
-        let _ = exit_tx.send(Some(Exit { status: None, how }));
+        let _ = exit_tx.send(Some(Exit {
+            status: None,
+            outcome: ExitOutcome::Other(how),
+        }));
     });
     tracing::info!(
         plugin = %name,
@@ -368,15 +373,6 @@ fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
     }
 }
 
-fn describe_status(status: &ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt as _;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => format!("exit code {c}"),
-        (None, Some(s)) => format!("killed by signal {s}"),
-        _ => format!("{status}"),
-    }
-}
-
 /// Kill a plugin's whole process group. Plugins are started as group leaders, so this
 /// also takes any helper they forked, but not tasks, which run in groups of their own.
 fn kill_group(pid: u32) {
@@ -395,8 +391,9 @@ fn kill_group(pid: u32) {
 /// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 /// let plugin = PluginProcess::launch(LaunchOptions::new("skeleton", "./drover-skeleton-driver")).await?;
 /// println!("pid {} at {}", plugin.pid(), plugin.handshake().addr);
-/// let how = plugin.shutdown().await; // "exit code 0"
-/// # let _ = how; Ok(()) }
+/// let how = plugin.shutdown().await;
+/// assert!(how.is_success(), "plugin exited with {how}");
+/// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct PluginProcess {
@@ -416,15 +413,15 @@ pub struct PluginProcess {
 struct Exit {
     /// Its wait status; `None` when it was not our child (reattached).
     status: Option<ExitStatus>,
-    /// For people: "exit code 0", "killed by signal 9", ...
-    how: String,
+    /// Typed; prints for people as "exit code 0", "killed by signal 9", ...
+    outcome: ExitOutcome,
 }
 
 impl Exit {
     fn of(status: ExitStatus) -> Self {
         Exit {
             status: Some(status),
-            how: describe_status(&status),
+            outcome: ExitOutcome::from_status(status),
         }
     }
 }
@@ -585,7 +582,7 @@ impl PluginProcess {
                 // stdout closed without a line: it exited (or closed stdout and hangs).
                 let status = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
                 let status = match status {
-                    Ok(Ok(s)) => describe_status(&s),
+                    Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
                     _ => {
                         fail(child).await;
                         "closed stdout without a handshake".into()
@@ -692,7 +689,7 @@ impl PluginProcess {
                 Ok(status) => Exit::of(status),
                 Err(e) => Exit {
                     status: None,
-                    how: format!("exit status unknown: wait failed: {e}"),
+                    outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
                 },
             };
             let _ = exit_tx.send(Some(exit));
@@ -805,12 +802,16 @@ impl PluginProcess {
         self.exit.borrow().is_some()
     }
 
-    /// Resolves when the process exits; returns how it exited.
-    pub async fn exited(&self) -> String {
+    /// Resolves when the process exits; returns how it exited. For a reattached
+    /// process (not our child) that is an [`ExitOutcome::Other`] saying its status is
+    /// unknown.
+    pub async fn exited(&self) -> ExitOutcome {
         let mut exit = self.exit.clone();
         match exit.wait_for(Option::is_some).await {
-            Ok(e) => e.as_ref().map(|e| e.how.clone()).unwrap_or_default(),
-            Err(_) => "watcher gone".into(),
+            Ok(e) => e
+                .as_ref()
+                .map_or_else(|| ExitOutcome::Other(String::new()), |e| e.outcome.clone()),
+            Err(_) => ExitOutcome::Other("watcher gone".into()),
         }
     }
 
@@ -835,8 +836,9 @@ impl PluginProcess {
     }
 
     /// Ask the plugin to exit (`GRPCController.Shutdown`), wait up to
-    /// [`SHUTDOWN_GRACE`], then SIGKILL its process group. Returns how it exited.
-    pub async fn shutdown(&self) -> String {
+    /// [`SHUTDOWN_GRACE`], then SIGKILL its process group. Returns how it exited: a
+    /// plugin that obeyed exits with [`ExitOutcome::Code`] 0.
+    pub async fn shutdown(&self) -> ExitOutcome {
         if !self.has_exited() {
             let mut ctl =
                 goplugin::grpc_controller_client::GrpcControllerClient::new(self.channel.clone());
@@ -853,7 +855,7 @@ impl PluginProcess {
     }
 
     /// SIGKILL the plugin's process group at once and wait for it.
-    pub async fn kill(&self) -> String {
+    pub async fn kill(&self) -> ExitOutcome {
         if !self.has_exited() {
             self.sigkill();
         }
@@ -896,6 +898,83 @@ fn spawn_stderr_forwarder(
     })
 }
 
+/// What a plugin says about itself (`PluginInfo`): who it is and which plugin API
+/// versions it speaks.
+///
+/// ```
+/// use drover_plugin_sdk::client::{PluginIdentity, PluginKind};
+/// let id = PluginIdentity::new("rawexec", "0.1.0", vec!["1.0.0".into()]);
+/// assert_eq!(id.kind, PluginKind::Driver);
+/// assert_eq!(id.info().name, "rawexec");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PluginIdentity {
+    /// Its name, lowercase `[a-z0-9_-]` when it follows the rules.
+    pub name: String,
+    /// Semver of the plugin binary.
+    pub version: String,
+    /// Plugin API versions it implements (semver).
+    pub api_versions: Vec<String>,
+    /// What kind of plugin it is.
+    pub kind: PluginKind,
+}
+
+impl PluginIdentity {
+    /// A driver plugin `name` at `version`, speaking `api_versions`.
+    pub fn new(
+        name: impl Into<String>,
+        version: impl Into<String>,
+        api_versions: Vec<String>,
+    ) -> Self {
+        PluginIdentity {
+            name: name.into(),
+            version: version.into(),
+            api_versions,
+            kind: PluginKind::Driver,
+        }
+    }
+
+    /// Name and version, as the driver's own [`crate::DriverPlugin::info`] says them.
+    pub fn info(&self) -> crate::PluginInfo {
+        crate::PluginInfo::new(self.name.clone(), self.version.clone())
+    }
+}
+
+/// The kind of a plugin (the protocol's `PluginType`).
+///
+/// ```
+/// let k = drover_plugin_sdk::client::PluginKind::Other(7);
+/// assert_eq!(k.to_string(), "7");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PluginKind {
+    /// A task driver.
+    Driver,
+    /// A type this host does not know (or none): its number on the wire.
+    Other(i32),
+}
+
+impl PluginKind {
+    fn from_wire(n: i32) -> Self {
+        match pb::PluginType::try_from(n) {
+            Ok(pb::PluginType::Driver) => PluginKind::Driver,
+            _ => PluginKind::Other(n),
+        }
+    }
+}
+
+impl std::fmt::Display for PluginKind {
+    /// The wire number, which is what hosts have always printed for it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginKind::Driver => write!(f, "{}", pb::PluginType::Driver as i32),
+            PluginKind::Other(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// Typed calls to one plugin. Every call fails fast with
 /// [`DriverError::Unavailable`] once the plugin process has exited, instead of hanging.
 ///
@@ -904,7 +983,7 @@ fn spawn_stderr_forwarder(
 /// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 /// let plugin = PluginProcess::launch(LaunchOptions::new("rawexec", "./drover-driver-rawexec")).await?;
 /// let info = plugin.client().plugin_info().await?;
-/// println!("{} {}", info.0.name, info.0.version);
+/// println!("{} {} speaks {:?}", info.name, info.version, info.api_versions);
 /// plugin.shutdown().await;
 /// # Ok(()) }
 /// ```
@@ -935,11 +1014,10 @@ impl PluginClient {
     ) -> Result<T, DriverError> {
         let mut exit = self.exit.clone();
         let exited = |e: Option<&Exit>| {
-            DriverError::Unavailable(format!(
-                "plugin {} exited ({})",
-                self.name,
-                e.map(|e| e.how.as_str()).unwrap_or("watcher gone")
-            ))
+            DriverError::Unavailable(match e {
+                Some(e) => format!("plugin {} exited ({})", self.name, e.outcome),
+                None => format!("plugin {} exited (watcher gone)", self.name),
+            })
         };
         if let Some(e) = exit.borrow().as_ref() {
             return Err(exited(Some(e)));
@@ -951,15 +1029,25 @@ impl PluginClient {
     }
 
     /// `PluginInfo`: identity plus the plugin API versions it offers.
-    pub async fn plugin_info(&self) -> Result<(PluginInfo, Vec<String>, i32), DriverError> {
+    pub async fn plugin_info(&self) -> Result<PluginIdentity, DriverError> {
         let r = self
             .guard(self.base().plugin_info(pb::PluginInfoRequest {}))
             .await?;
-        Ok((
-            PluginInfo::new(r.name, r.plugin_version),
-            r.plugin_api_versions,
-            r.r#type,
-        ))
+        Ok(PluginIdentity {
+            name: r.name,
+            version: r.plugin_version,
+            api_versions: r.plugin_api_versions,
+            kind: PluginKind::from_wire(r.r#type),
+        })
+    }
+
+    /// The generated gRPC client of the `Driver` service on this plugin's connection,
+    /// for what the typed calls cannot express: tests that send a driver malformed
+    /// requests (an unknown signal name, say) to check what it answers. Its calls do
+    /// not fail fast when the plugin exits; map a failed call's status with
+    /// [`DriverError::from`].
+    pub fn raw_driver(&self) -> DriverClient<Channel> {
+        self.driver()
     }
 
     /// `ConfigSchema`: JSON Schema of the plugin configuration.
@@ -1046,12 +1134,12 @@ impl PluginClient {
         &self,
         task_id: &str,
         timeout: Duration,
-        signal: &str,
+        signal: Signal,
     ) -> Result<(), DriverError> {
         self.guard(self.driver().stop_task(pb::StopTaskRequest {
             task_id: task_id.into(),
             timeout: Some(to_duration(timeout)),
-            signal: signal.into(),
+            signal: signal.to_string(),
         }))
         .await
         .map(drop)
@@ -1090,10 +1178,10 @@ impl PluginClient {
     }
 
     /// `SignalTask`.
-    pub async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
+    pub async fn signal_task(&self, task_id: &str, signal: Signal) -> Result<(), DriverError> {
         self.guard(self.driver().signal_task(pb::SignalTaskRequest {
             task_id: task_id.into(),
-            signal: signal.into(),
+            signal: signal.to_string(),
         }))
         .await
         .map(drop)
@@ -1138,10 +1226,10 @@ impl PluginClient {
                 timeout: Some(to_duration(timeout)),
             }))
             .await?;
-        Ok(ExecOutput {
-            stdout: r.stdout,
-            stderr: r.stderr,
-            result: r.result.map(ExitResult::from).unwrap_or_default(),
-        })
+        Ok(
+            ExecOutput::new(r.result.map(ExitResult::from).unwrap_or_default())
+                .with_stdout(r.stdout)
+                .with_stderr(r.stderr),
+        )
     }
 }

@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
 use crate::DriverError;
+use crate::signal::Signal;
 use crate::types::{
     AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, PluginInfo, TaskEvent,
     TaskHandle, TaskSpec, TaskStats, TaskStatus,
@@ -50,7 +51,7 @@ use crate::types::{
 ///         TaskHandle::new(spec, 1, &())
 ///     }
 ///     async fn wait_task(&self, _id: &str) -> Result<ExitResult, DriverError> { Ok(ExitResult::code(0)) }
-///     async fn stop_task(&self, _id: &str, _t: Duration, _sig: &str) -> Result<(), DriverError> { Ok(()) }
+///     async fn stop_task(&self, _id: &str, _t: Duration, _sig: Signal) -> Result<(), DriverError> { Ok(()) }
 ///     async fn destroy_task(&self, _id: &str, _force: bool) -> Result<(), DriverError> { Ok(()) }
 ///     async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
 ///         Err(DriverError::NotFound(id.into()))
@@ -116,13 +117,14 @@ pub trait DriverPlugin: Send + Sync + 'static {
         task_id: &str,
     ) -> impl Future<Output = Result<ExitResult, DriverError>> + Send;
 
-    /// Send `signal` (a name like `SIGTERM`; empty means SIGTERM), then SIGKILL after
-    /// `timeout`, to the whole task. Return once it has exited.
+    /// Send `signal`, then SIGKILL after `timeout`, to the whole task. Return once it
+    /// has exited. (A host that names no signal sends [`Signal::TERM`]; a name that is
+    /// no signal is refused by the SDK before the driver is called.)
     fn stop_task(
         &self,
         task_id: &str,
         timeout: Duration,
-        signal: &str,
+        signal: Signal,
     ) -> impl Future<Output = Result<(), DriverError>> + Send;
 
     /// Forget the task. Refuse a running task with
@@ -146,11 +148,11 @@ pub trait DriverPlugin: Send + Sync + 'static {
         handle: TaskHandle,
     ) -> impl Future<Output = Result<(), DriverError>> + Send;
 
-    /// Deliver a signal (by name). Optional.
+    /// Deliver `signal` to the task. Optional.
     fn signal_task(
         &self,
         task_id: &str,
-        signal: &str,
+        signal: Signal,
     ) -> impl Future<Output = Result<(), DriverError>> + Send {
         let _ = (task_id, signal);
         async { Err(DriverError::Unimplemented("SignalTask".into())) }
@@ -198,46 +200,3 @@ pub trait DriverPlugin: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyConfig {}
-
-/// The name of signal `sig` (`SIGTERM` for 15), or the number itself for a signal this
-/// platform does not know; for events and messages.
-///
-/// ```
-/// assert_eq!(drover_plugin_sdk::signal_name(15), "SIGTERM");
-/// assert_eq!(drover_plugin_sdk::signal_name(999), "999");
-/// ```
-pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
-}
-
-/// Parse a signal name (`SIGTERM`, `TERM`, `sigterm`) or number (`15`).
-///
-/// ```
-/// use drover_plugin_sdk::parse_signal;
-/// assert_eq!(parse_signal("SIGTERM").unwrap(), 15);
-/// assert_eq!(parse_signal("hup").unwrap(), 1);
-/// assert_eq!(parse_signal("").unwrap(), 15);
-/// assert!(parse_signal("SIGNOPE").is_err());
-/// ```
-pub fn parse_signal(name: &str) -> Result<i32, DriverError> {
-    use std::str::FromStr as _;
-    let trimmed = name.trim();
-    if trimmed.is_empty() {
-        return Ok(nix::sys::signal::Signal::SIGTERM as i32);
-    }
-    if let Ok(n) = trimmed.parse::<i32>() {
-        return nix::sys::signal::Signal::try_from(n)
-            .map(|s| s as i32)
-            .map_err(|_| DriverError::InvalidConfig(format!("unknown signal number {n}")));
-    }
-    let upper = trimmed.to_ascii_uppercase();
-    let full = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
-    nix::sys::signal::Signal::from_str(&full)
-        .map(|s| s as i32)
-        .map_err(|_| DriverError::InvalidConfig(format!("unknown signal {name:?}")))
-}

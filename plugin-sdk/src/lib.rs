@@ -25,15 +25,17 @@ pub mod handshake;
 pub mod logging;
 pub mod logs;
 pub mod server;
+pub mod signal;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod types;
 pub mod version;
 
-pub use driver::{DriverPlugin, EmptyConfig, parse_signal, signal_name};
+pub use driver::{DriverPlugin, EmptyConfig};
 pub use error::DriverError;
 pub use server::serve;
+pub use signal::{ParseSignalError, Signal};
 pub use types::*;
 
 pub use drover_proto as proto;

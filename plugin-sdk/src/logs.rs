@@ -12,7 +12,7 @@
 //! use std::io::Write as _;
 //! let dir = tempfile::tempdir().unwrap();
 //! let base = dir.path().join("stdout");
-//! let mut w = RotatingWriter::open(&base, LogConfig { max_files: 2, max_file_size_mb: 1 }).unwrap();
+//! let mut w = RotatingWriter::open(&base, LogConfig::new(2, 1)).unwrap();
 //! w.write_all(&vec![b'x'; 3 * 1024 * 1024]).unwrap();
 //! let files = log_files(&base).unwrap();
 //! assert_eq!(files.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1, 2]);

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 use crate::DriverError;
 use crate::driver::DriverPlugin;
 use crate::handshake::{self, HandshakeLine, PluginAddr};
+use crate::signal::Signal;
 use crate::types::{AgentInfo, TaskSpec, from_duration, validate_task_id};
 
 /// Largest gRPC message a plugin accepts or sends (go-plugin hosts allow more than
@@ -446,7 +447,9 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
     ) -> Result<Response<pb::StopTaskResponse>, Status> {
         let req = req.into_inner();
         let timeout = from_duration(req.timeout).unwrap_or(Duration::from_secs(5));
-        self.0.stop_task(&req.task_id, timeout, &req.signal).await?;
+        // The wire's empty signal is the protocol's default, SIGTERM.
+        let signal = Signal::parse_or_default(&req.signal).map_err(DriverError::from)?;
+        self.0.stop_task(&req.task_id, timeout, signal).await?;
         Ok(Response::new(pb::StopTaskResponse {}))
     }
 
@@ -491,7 +494,9 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         req: Request<pb::SignalTaskRequest>,
     ) -> Result<Response<pb::SignalTaskResponse>, Status> {
         let req = req.into_inner();
-        self.0.signal_task(&req.task_id, &req.signal).await?;
+        // Empty is SIGTERM here too, as it always was on the wire.
+        let signal = Signal::parse_or_default(&req.signal).map_err(DriverError::from)?;
+        self.0.signal_task(&req.task_id, signal).await?;
         Ok(Response::new(pb::SignalTaskResponse {}))
     }
 

@@ -24,7 +24,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::client::{LaunchOptions, PluginProcess};
 use crate::version::{negotiate_api_version, parse_version, supported_api_range};
-use crate::{AgentInfo, DriverError, TaskSpec, TaskState};
+use crate::{AgentInfo, DriverError, ExitOutcome, Signal, TaskSpec, TaskState};
 
 /// What to check and how to start tasks with the driver under test.
 #[derive(Debug, Clone)]
@@ -147,15 +147,11 @@ impl Conformance {
     fn spec(&self, dir: &std::path::Path, id: &str, config: &serde_json::Value) -> TaskSpec {
         let task_dir = dir.join(id);
         let _ = std::fs::create_dir_all(&task_dir);
-        TaskSpec {
-            id: id.to_owned(),
-            name: id.to_owned(),
-            task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("stdout"),
-            stderr_path: task_dir.join("stderr"),
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        }
+        TaskSpec::new(id)
+            .with_stdout_path(task_dir.join("stdout"))
+            .with_stderr_path(task_dir.join("stderr"))
+            .with_task_dir(task_dir)
+            .with_driver_config_json(config.to_string())
     }
 
     /// Run every check against a fresh plugin process. Stops at the first failure.
@@ -190,7 +186,7 @@ impl Conformance {
     ) -> Result<(), ConformanceError> {
         let c = plugin.client();
         let api = step(r, "PluginInfo: name, version, API version", RPC, async {
-            let (info, apis, _) = c.plugin_info().await.map_err(|e| e.to_string())?;
+            let info = c.plugin_info().await.map_err(|e| e.to_string())?;
             let ok_name = !info.name.is_empty()
                 && info.name.len() <= 64
                 && info.name.chars().all(|ch| {
@@ -203,7 +199,8 @@ impl Conformance {
                 ));
             }
             parse_version(&info.version).map_err(|e| format!("plugin_version: {e}"))?;
-            negotiate_api_version(&apis, &supported_api_range()).map_err(|e| e.to_string())
+            negotiate_api_version(&info.api_versions, &supported_api_range())
+                .map_err(|e| e.to_string())
         })
         .await?;
         for (name, fut) in [
@@ -230,11 +227,9 @@ impl Conformance {
             .await?;
         }
         step(r, "SetConfig with {}", RPC, async {
-            let agent = AgentInfo {
-                alloc_dir: root.to_owned(),
-                plugin_state_dir: root.to_owned(),
-                api_version: api.to_string(),
-            };
+            let agent = AgentInfo::new(api.to_string())
+                .with_alloc_dir(root)
+                .with_plugin_state_dir(root);
             c.set_config("{}".into(), &agent)
                 .await
                 .map_err(|e| e.to_string())
@@ -279,7 +274,7 @@ impl Conformance {
                     .wait_task(&sample.id)
                     .await
                     .map_err(|e| format!("wait: {e}"))?;
-                if !first.successful() {
+                if first.outcome() != ExitOutcome::Code(0) || !first.successful() {
                     return Err(format!("sample task did not exit 0: {first:?}"));
                 }
                 let again = c
@@ -347,7 +342,7 @@ impl Conformance {
         let long = self.spec(root, "conformance-long", &self.long_task);
         let handle = step(
             r,
-            "running task: destroy refused, stop escalates after its timeout",
+            "running task: destroy refused, bad signal refused, stop escalates after its timeout",
             Duration::from_secs(20),
             async {
                 let handle = c
@@ -365,8 +360,28 @@ impl Conformance {
                 c.recover_task(handle.clone())
                     .await
                     .map_err(|e| format!("RecoverTask of a tracked task must be harmless: {e}"))?;
+                // The typed client cannot send a name that is no signal: go to the wire.
+                let bogus = crate::proto::v1::StopTaskRequest {
+                    task_id: long.id.clone(),
+                    timeout: None,
+                    signal: "SIGNOPE".into(),
+                };
+                match c
+                    .raw_driver()
+                    .stop_task(bogus)
+                    .await
+                    .map_err(DriverError::from)
+                {
+                    Err(DriverError::InvalidConfig(m)) if m.contains("SIGNOPE") => {}
+                    other => {
+                        return Err(format!(
+                            "StopTask with signal \"SIGNOPE\": expected InvalidConfig naming \
+                             it, got {other:?}"
+                        ));
+                    }
+                }
                 let t = Instant::now();
-                c.stop_task(&long.id, Duration::from_secs(2), "SIGTERM")
+                c.stop_task(&long.id, Duration::from_secs(2), Signal::TERM)
                     .await
                     .map_err(|e| format!("stop: {e}"))?;
                 // Generous for a loaded CI machine; one that never escalates hangs.
@@ -418,7 +433,7 @@ impl Conformance {
                     if st.state != TaskState::Running {
                         return Err(format!("recovered task is {:?}, not running", st.state));
                     }
-                    c2.stop_task(&spec.id, Duration::from_secs(2), "SIGTERM")
+                    c2.stop_task(&spec.id, Duration::from_secs(2), Signal::TERM)
                         .await
                         .map_err(|e| format!("stop: {e}"))?;
                     c2.wait_task(&spec.id)
@@ -449,7 +464,7 @@ impl Conformance {
             Duration::from_secs(10),
             async {
                 let how = plugin.shutdown().await;
-                if how == "exit code 0" {
+                if how == ExitOutcome::Code(0) {
                     Ok(())
                 } else {
                     Err(format!("plugin exited with {how}"))
@@ -458,12 +473,5 @@ impl Conformance {
         )
         .await?;
         Ok(())
-    }
-}
-
-impl TaskSpec {
-    fn with_id(mut self, id: &str) -> Self {
-        self.id = id.to_owned();
-        self
     }
 }

@@ -8,6 +8,7 @@ use drover_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::DriverError;
+use crate::signal::Signal;
 
 /// Identity of a plugin, answered by `PluginInfo`.
 ///
@@ -16,6 +17,7 @@ use crate::DriverError;
 /// assert_eq!(info.name, "rawexec");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PluginInfo {
     /// Unique name, lowercase `[a-z0-9_-]`.
     pub name: String,
@@ -40,6 +42,7 @@ impl PluginInfo {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum FsIsolation {
     /// The task sees the host file system (rawexec).
     #[default]
@@ -53,10 +56,11 @@ pub enum FsIsolation {
 /// The network modes a driver offers its tasks.
 ///
 /// ```
-/// let n = drover_plugin_sdk::NetworkModes { host: true, none: true, ..Default::default() };
-/// assert!(!n.bridge);
+/// let n = drover_plugin_sdk::NetworkModes::default().with_host(true).with_none(true);
+/// assert!(n.host && n.none && !n.bridge);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NetworkModes {
     /// The host's network stack.
     pub host: bool,
@@ -66,14 +70,38 @@ pub struct NetworkModes {
     pub bridge: bool,
 }
 
+impl NetworkModes {
+    /// With or without [`NetworkModes::host`].
+    pub fn with_host(mut self, on: bool) -> Self {
+        self.host = on;
+        self
+    }
+    /// With or without [`NetworkModes::none`].
+    pub fn with_none(mut self, on: bool) -> Self {
+        self.none = on;
+        self
+    }
+    /// With or without [`NetworkModes::bridge`].
+    pub fn with_bridge(mut self, on: bool) -> Self {
+        self.bridge = on;
+        self
+    }
+}
+
 /// What a driver supports. Optional RPCs a driver does not support answer
 /// `UNIMPLEMENTED`; these flags let the host know up front.
 ///
+/// Start from the default (nothing supported) and add what the driver does:
+///
 /// ```
-/// let caps = drover_plugin_sdk::Capabilities { send_signals: true, ..Default::default() };
-/// assert!(!caps.exec);
+/// use drover_plugin_sdk::{Capabilities, FsIsolation};
+/// let caps = Capabilities::default()
+///     .with_send_signals(true)
+///     .with_fs_isolation(FsIsolation::Chroot);
+/// assert!(caps.send_signals && !caps.exec);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// `SignalTask` works.
     pub send_signals: bool,
@@ -91,6 +119,44 @@ pub struct Capabilities {
     pub network_modes: NetworkModes,
 }
 
+impl Capabilities {
+    /// With or without [`Capabilities::send_signals`].
+    pub fn with_send_signals(mut self, on: bool) -> Self {
+        self.send_signals = on;
+        self
+    }
+    /// With or without [`Capabilities::exec`].
+    pub fn with_exec(mut self, on: bool) -> Self {
+        self.exec = on;
+        self
+    }
+    /// With [`Capabilities::fs_isolation`] set.
+    pub fn with_fs_isolation(mut self, isolation: FsIsolation) -> Self {
+        self.fs_isolation = isolation;
+        self
+    }
+    /// With or without [`Capabilities::task_stats`].
+    pub fn with_task_stats(mut self, on: bool) -> Self {
+        self.task_stats = on;
+        self
+    }
+    /// With or without [`Capabilities::task_events`].
+    pub fn with_task_events(mut self, on: bool) -> Self {
+        self.task_events = on;
+        self
+    }
+    /// With or without [`Capabilities::recover`].
+    pub fn with_recover(mut self, on: bool) -> Self {
+        self.recover = on;
+        self
+    }
+    /// With [`Capabilities::network_modes`] set.
+    pub fn with_network_modes(mut self, modes: NetworkModes) -> Self {
+        self.network_modes = modes;
+        self
+    }
+}
+
 /// Driver health on this node.
 ///
 /// ```
@@ -100,6 +166,7 @@ pub struct Capabilities {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Health {
     /// The driver cannot run on this node (e.g. docker is not installed).
     #[default]
@@ -118,6 +185,7 @@ pub enum Health {
 /// assert_eq!(fp.attributes["driver.rawexec.version"], "0.1.0");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Fingerprint {
     /// Health.
     pub health: Health,
@@ -154,11 +222,12 @@ impl Fingerprint {
 /// Resources requested for a task.
 ///
 /// ```
-/// let r = drover_plugin_sdk::Resources { memory_mb: 256, ..Default::default() };
-/// assert_eq!(r.cpu_shares, 0);
+/// let r = drover_plugin_sdk::Resources::default().with_memory_mb(256);
+/// assert_eq!((r.memory_mb, r.cpu_shares), (256, 0));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Resources {
     /// Relative CPU weight.
     pub cpu_shares: i64,
@@ -168,14 +237,35 @@ pub struct Resources {
     pub memory_max_mb: i64,
 }
 
+impl Resources {
+    /// With [`Resources::cpu_shares`] set.
+    pub fn with_cpu_shares(mut self, shares: i64) -> Self {
+        self.cpu_shares = shares;
+        self
+    }
+    /// With [`Resources::memory_mb`] set.
+    pub fn with_memory_mb(mut self, mb: i64) -> Self {
+        self.memory_mb = mb;
+        self
+    }
+    /// With [`Resources::memory_max_mb`] set.
+    pub fn with_memory_max_mb(mut self, mb: i64) -> Self {
+        self.memory_max_mb = mb;
+        self
+    }
+}
+
 /// Log rotation limits for a task's stdout and stderr.
 ///
 /// ```
 /// let l = drover_plugin_sdk::LogConfig::default();
 /// assert_eq!((l.max_files, l.max_file_size_mb), (10, 10));
+/// let small = drover_plugin_sdk::LogConfig::new(2, 1);
+/// assert_eq!((small.max_files, small.max_file_size_mb), (2, 1));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct LogConfig {
     /// How many files to keep per stream.
     pub max_files: u32,
@@ -185,10 +275,27 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
+        LogConfig::new(10, 10)
+    }
+}
+
+impl LogConfig {
+    /// Keep `max_files` files of `max_file_size_mb` MiB per stream.
+    pub fn new(max_files: u32, max_file_size_mb: u32) -> Self {
         LogConfig {
-            max_files: 10,
-            max_file_size_mb: 10,
+            max_files,
+            max_file_size_mb,
         }
+    }
+    /// With [`LogConfig::max_files`] set.
+    pub fn with_max_files(mut self, max_files: u32) -> Self {
+        self.max_files = max_files;
+        self
+    }
+    /// With [`LogConfig::max_file_size_mb`] set.
+    pub fn with_max_file_size_mb(mut self, mb: u32) -> Self {
+        self.max_file_size_mb = mb;
+        self
     }
 }
 
@@ -196,14 +303,14 @@ impl Default for LogConfig {
 /// separately as its typed `TaskConfig`.
 ///
 /// ```
-/// let spec = drover_plugin_sdk::TaskSpec {
-///     id: "web-1".into(),
-///     stdout_path: "/alloc/web-1/logs/stdout".into(),
-///     ..Default::default()
-/// };
+/// let spec = drover_plugin_sdk::TaskSpec::new("web-1")
+///     .with_stdout_path("/alloc/web-1/logs/stdout")
+///     .with_env("GREETING", "hello");
 /// assert!(drover_plugin_sdk::validate_task_id(&spec.id).is_ok());
+/// assert_eq!(spec.env["GREETING"], "hello");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskSpec {
     /// Unique id, `[A-Za-z0-9_.-]{1,128}` (validated by the SDK before the driver sees it).
     pub id: String,
@@ -227,6 +334,77 @@ pub struct TaskSpec {
     pub user: String,
     /// The raw driver config JSON, kept so that a recovered task knows its config.
     pub driver_config_json: String,
+}
+
+impl TaskSpec {
+    /// A task with id `id` and nothing else set; its name is its id.
+    pub fn new(id: impl Into<String>) -> Self {
+        let id = id.into();
+        TaskSpec {
+            name: id.clone(),
+            id,
+            ..Default::default()
+        }
+    }
+    /// With [`TaskSpec::id`] set.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+    /// With [`TaskSpec::name`] set.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+    /// With one more environment variable.
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+    /// With more environment variables.
+    pub fn with_envs<K: Into<String>, V: Into<String>>(
+        mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.env
+            .extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+    /// With [`TaskSpec::resources`] set.
+    pub fn with_resources(mut self, resources: Resources) -> Self {
+        self.resources = resources;
+        self
+    }
+    /// With [`TaskSpec::task_dir`] set.
+    pub fn with_task_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.task_dir = dir.into();
+        self
+    }
+    /// With [`TaskSpec::stdout_path`] set.
+    pub fn with_stdout_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.stdout_path = path.into();
+        self
+    }
+    /// With [`TaskSpec::stderr_path`] set.
+    pub fn with_stderr_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.stderr_path = path.into();
+        self
+    }
+    /// With [`TaskSpec::logs`] set.
+    pub fn with_logs(mut self, logs: LogConfig) -> Self {
+        self.logs = logs;
+        self
+    }
+    /// With [`TaskSpec::user`] set.
+    pub fn with_user(mut self, user: impl Into<String>) -> Self {
+        self.user = user.into();
+        self
+    }
+    /// With [`TaskSpec::driver_config_json`] set.
+    pub fn with_driver_config_json(mut self, json: impl Into<String>) -> Self {
+        self.driver_config_json = json.into();
+        self
+    }
 }
 
 /// Check a task id against `[A-Za-z0-9_.-]{1,128}`, not `.` or `..`: ids become
@@ -253,6 +431,7 @@ pub fn validate_task_id(id: &str) -> Result<(), DriverError> {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum TaskState {
     /// Not known.
     #[default]
@@ -265,11 +444,18 @@ pub enum TaskState {
 
 /// How a task ended.
 ///
+/// The fields are what travels on the wire; [`ExitResult::outcome`] is the gist, for
+/// matching.
+///
 /// ```
-/// let r = drover_plugin_sdk::ExitResult::code(3);
+/// use drover_plugin_sdk::{ExitOutcome, ExitResult, Signal};
+/// let r = ExitResult::code(3);
 /// assert!(!r.successful());
+/// assert_eq!(r.outcome(), ExitOutcome::Code(3));
+/// assert_eq!(ExitResult::signaled(Signal::KILL).outcome(), ExitOutcome::Signal(Signal::KILL));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ExitResult {
     /// Exit code (0 when killed by a signal).
     pub exit_code: i32,
@@ -289,12 +475,35 @@ impl ExitResult {
             ..Default::default()
         }
     }
-    /// Killed by signal number `signal`.
-    pub fn signaled(signal: i32) -> Self {
+    /// Killed by `signal`: a [`Signal`], or the number the kernel reported (which may
+    /// be one with no name, such as a realtime signal).
+    pub fn signaled(signal: impl Into<i32>) -> Self {
         ExitResult {
-            signal,
+            signal: signal.into(),
             ..Default::default()
         }
+    }
+    /// The driver cannot tell how the task ended: why.
+    ///
+    /// ```
+    /// let r = drover_plugin_sdk::ExitResult::unknown("the executor died first");
+    /// assert_eq!(r.outcome(), drover_plugin_sdk::ExitOutcome::Other("the executor died first".into()));
+    /// ```
+    pub fn unknown(why: impl Into<String>) -> Self {
+        ExitResult {
+            err: Some(why.into()),
+            ..Default::default()
+        }
+    }
+    /// With [`ExitResult::oom_killed`] set.
+    pub fn with_oom_killed(mut self, oom_killed: bool) -> Self {
+        self.oom_killed = oom_killed;
+        self
+    }
+    /// With [`ExitResult::err`] set: what else is known about the end, for people.
+    pub fn with_err(mut self, err: impl Into<String>) -> Self {
+        self.err = Some(err.into());
+        self
     }
     /// From a std exit status.
     pub fn from_status(status: std::process::ExitStatus) -> Self {
@@ -302,15 +511,102 @@ impl ExitResult {
         match (status.code(), status.signal()) {
             (Some(code), _) => ExitResult::code(code),
             (None, Some(sig)) => ExitResult::signaled(sig),
-            (None, None) => ExitResult {
-                err: Some(format!("unknown exit status {status:?}")),
-                ..Default::default()
-            },
+            (None, None) => ExitResult::unknown(format!("unknown exit status {status:?}")),
         }
     }
     /// Exit code 0, no signal, no error.
     pub fn successful(&self) -> bool {
         self.exit_code == 0 && self.signal == 0 && !self.oom_killed && self.err.is_none()
+    }
+    /// The gist of the result. An OOM kill wins over the signal it was done with; an
+    /// error wins only when there is neither code nor signal (otherwise it explains
+    /// them, as in "timed out" next to SIGKILL).
+    ///
+    /// ```
+    /// use drover_plugin_sdk::{ExitOutcome, ExitResult};
+    /// let oom = ExitResult::signaled(9).with_oom_killed(true);
+    /// assert_eq!(oom.outcome(), ExitOutcome::OomKilled);
+    /// ```
+    pub fn outcome(&self) -> ExitOutcome {
+        if self.oom_killed {
+            return ExitOutcome::OomKilled;
+        }
+        if self.signal != 0 {
+            return ExitOutcome::from_signal_number(self.signal);
+        }
+        match &self.err {
+            Some(e) if self.exit_code == 0 => ExitOutcome::Other(e.clone()),
+            _ => ExitOutcome::Code(self.exit_code),
+        }
+    }
+}
+
+/// The gist of how a task or a plugin process ended, for matching: see
+/// [`ExitResult::outcome`] and the launcher's `PluginProcess::shutdown`. It prints as
+/// people read it: `exit code 0`, `killed by signal 9`.
+///
+/// ```
+/// use drover_plugin_sdk::{ExitOutcome, Signal};
+/// assert_eq!(ExitOutcome::Code(0).to_string(), "exit code 0");
+/// assert_eq!(ExitOutcome::Signal(Signal::KILL).to_string(), "killed by signal 9");
+/// assert!(ExitOutcome::Code(0).is_success());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ExitOutcome {
+    /// Exited by itself with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(Signal),
+    /// Killed by the OOM killer at its memory limit.
+    OomKilled,
+    /// An end none of the others describes: the driver could not tell how it ended,
+    /// or a signal this platform has no name for killed it. What is known, for people.
+    Other(String),
+}
+
+impl ExitOutcome {
+    /// Exit code 0.
+    pub fn is_success(&self) -> bool {
+        *self == ExitOutcome::Code(0)
+    }
+
+    /// From a std exit status (a process of our own that we reaped).
+    ///
+    /// ```
+    /// use std::os::unix::process::ExitStatusExt as _;
+    /// use drover_plugin_sdk::ExitOutcome;
+    /// let st = std::process::ExitStatus::from_raw(3 << 8);
+    /// assert_eq!(ExitOutcome::from_status(st), ExitOutcome::Code(3));
+    /// ```
+    pub fn from_status(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt as _;
+        match (status.code(), status.signal()) {
+            (Some(c), _) => ExitOutcome::Code(c),
+            (None, Some(s)) => ExitOutcome::from_signal_number(s),
+            _ => ExitOutcome::Other(status.to_string()),
+        }
+    }
+
+    fn from_signal_number(n: i32) -> Self {
+        match Signal::try_from(n) {
+            Ok(sig) => ExitOutcome::Signal(sig),
+            // Same words as a named signal: only the type cannot hold it.
+            Err(_) => ExitOutcome::Other(format!("killed by signal {n}")),
+        }
+    }
+}
+
+impl std::fmt::Display for ExitOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitOutcome::Code(c) => write!(f, "exit code {c}"),
+            // The number, as the host's events and logs have always said it.
+            ExitOutcome::Signal(s) => write!(f, "killed by signal {}", s.as_raw()),
+            ExitOutcome::OomKilled => f.write_str("killed by the OOM killer"),
+            ExitOutcome::Other(why) => f.write_str(why),
+        }
     }
 }
 
@@ -326,6 +622,7 @@ impl ExitResult {
 /// assert_eq!(back.pid, 42);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskHandle {
     /// Version of the `driver_state` encoding, chosen by the driver.
     pub version: u32,
@@ -348,6 +645,21 @@ impl TaskHandle {
         })
     }
 
+    /// A handle that carries only `spec`: no driver state, state unknown. The host
+    /// recovers a task with it when it never got the task's `StartTask` reply, so
+    /// that the driver looks the task up by id.
+    ///
+    /// ```
+    /// let h = drover_plugin_sdk::TaskHandle::for_spec(drover_plugin_sdk::TaskSpec::new("t1"));
+    /// assert!(h.driver_state.is_empty());
+    /// ```
+    pub fn for_spec(spec: TaskSpec) -> Self {
+        TaskHandle {
+            spec,
+            ..Default::default()
+        }
+    }
+
     /// Decode JSON driver state, refusing a version this driver does not know.
     pub fn decode_state<T: serde::de::DeserializeOwned>(
         &self,
@@ -368,15 +680,13 @@ impl TaskHandle {
 ///
 /// ```
 /// use drover_plugin_sdk::{ExitResult, TaskState, TaskStatus};
-/// let s = TaskStatus {
-///     id: "t1".into(),
-///     state: TaskState::Exited,
-///     exit_result: Some(ExitResult::code(0)),
-///     ..Default::default()
-/// };
+/// let s = TaskStatus::new("t1", TaskState::Exited)
+///     .with_exit_result(ExitResult::code(0))
+///     .with_attribute("pid", "42");
 /// assert!(s.exit_result.unwrap().successful());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskStatus {
     /// Task id.
     pub id: String,
@@ -394,13 +704,50 @@ pub struct TaskStatus {
     pub attributes: BTreeMap<String, String>,
 }
 
+impl TaskStatus {
+    /// Task `id` in `state`, nothing else known yet.
+    pub fn new(id: impl Into<String>, state: TaskState) -> Self {
+        TaskStatus {
+            id: id.into(),
+            state,
+            ..Default::default()
+        }
+    }
+    /// With [`TaskStatus::name`] set.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+    /// With [`TaskStatus::started_at`] set.
+    pub fn with_started_at(mut self, at: SystemTime) -> Self {
+        self.started_at = Some(at);
+        self
+    }
+    /// With [`TaskStatus::completed_at`] set.
+    pub fn with_completed_at(mut self, at: SystemTime) -> Self {
+        self.completed_at = Some(at);
+        self
+    }
+    /// With [`TaskStatus::exit_result`] set.
+    pub fn with_exit_result(mut self, result: ExitResult) -> Self {
+        self.exit_result = Some(result);
+        self
+    }
+    /// With one more attribute.
+    pub fn with_attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.attributes.insert(key.into(), value.into());
+        self
+    }
+}
+
 /// A resource usage sample of one task.
 ///
 /// ```
-/// let s = drover_plugin_sdk::TaskStats { memory_rss_bytes: 4 << 20, ..Default::default() };
+/// let s = drover_plugin_sdk::TaskStats::default().with_memory_rss_bytes(4 << 20);
 /// assert_eq!(s.cpu_percent, 0.0);
 /// ```
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskStats {
     /// Resident memory in bytes.
     pub memory_rss_bytes: u64,
@@ -416,18 +763,43 @@ pub struct TaskStats {
     pub process_count: u64,
 }
 
+impl TaskStats {
+    /// With [`TaskStats::memory_rss_bytes`] set.
+    pub fn with_memory_rss_bytes(mut self, bytes: u64) -> Self {
+        self.memory_rss_bytes = bytes;
+        self
+    }
+    /// With [`TaskStats::cpu_user`] and [`TaskStats::cpu_system`] set.
+    pub fn with_cpu_time(mut self, user: Duration, system: Duration) -> Self {
+        self.cpu_user = user;
+        self.cpu_system = system;
+        self
+    }
+    /// With [`TaskStats::cpu_percent`] set.
+    pub fn with_cpu_percent(mut self, percent: f64) -> Self {
+        self.cpu_percent = percent;
+        self
+    }
+    /// With [`TaskStats::memory_cache_bytes`] set.
+    pub fn with_memory_cache_bytes(mut self, bytes: u64) -> Self {
+        self.memory_cache_bytes = bytes;
+        self
+    }
+    /// With [`TaskStats::process_count`] set.
+    pub fn with_process_count(mut self, count: u64) -> Self {
+        self.process_count = count;
+        self
+    }
+}
+
 /// Something that happened to a task, reported by the driver.
 ///
 /// ```
-/// let e = drover_plugin_sdk::TaskEvent {
-///     task_id: "t1".into(),
-///     timestamp: std::time::SystemTime::now(),
-///     message: "image pulled".into(),
-///     annotations: Default::default(),
-/// };
+/// let e = drover_plugin_sdk::TaskEvent::new("t1", "image pulled").with_annotation("image", "redis:7");
 /// assert_eq!(e.message, "image pulled");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskEvent {
     /// Task id.
     pub task_id: String,
@@ -439,13 +811,37 @@ pub struct TaskEvent {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl TaskEvent {
+    /// `message` about task `task_id`, happening now.
+    pub fn new(task_id: impl Into<String>, message: impl Into<String>) -> Self {
+        TaskEvent {
+            task_id: task_id.into(),
+            timestamp: SystemTime::now(),
+            message: message.into(),
+            annotations: BTreeMap::new(),
+        }
+    }
+    /// With [`TaskEvent::timestamp`] set.
+    pub fn with_timestamp(mut self, at: SystemTime) -> Self {
+        self.timestamp = at;
+        self
+    }
+    /// With one more annotation.
+    pub fn with_annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.annotations.insert(key.into(), value.into());
+        self
+    }
+}
+
 /// Output of a command run with `ExecTask`.
 ///
 /// ```
-/// let out = drover_plugin_sdk::ExecOutput { stdout: b"ok\n".to_vec(), ..Default::default() };
+/// use drover_plugin_sdk::{ExecOutput, ExitResult};
+/// let out = ExecOutput::new(ExitResult::code(0)).with_stdout(b"ok\n".to_vec());
 /// assert!(out.result.successful());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ExecOutput {
     /// Its stdout.
     pub stdout: Vec<u8>,
@@ -455,13 +851,34 @@ pub struct ExecOutput {
     pub result: ExitResult,
 }
 
+impl ExecOutput {
+    /// A command that ended as `result`, with no output.
+    pub fn new(result: ExitResult) -> Self {
+        ExecOutput {
+            result,
+            ..Default::default()
+        }
+    }
+    /// With [`ExecOutput::stdout`] set.
+    pub fn with_stdout(mut self, stdout: Vec<u8>) -> Self {
+        self.stdout = stdout;
+        self
+    }
+    /// With [`ExecOutput::stderr`] set.
+    pub fn with_stderr(mut self, stderr: Vec<u8>) -> Self {
+        self.stderr = stderr;
+        self
+    }
+}
+
 /// Facts about the agent a driver learns in `set_config`.
 ///
 /// ```
-/// let a = drover_plugin_sdk::AgentInfo { api_version: "1.0.0".into(), ..Default::default() };
+/// let a = drover_plugin_sdk::AgentInfo::new("1.0.0").with_alloc_dir("/data/alloc");
 /// assert_eq!(a.api_version, "1.0.0");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AgentInfo {
     /// Where task directories live.
     pub alloc_dir: PathBuf,
@@ -469,6 +886,26 @@ pub struct AgentInfo {
     pub plugin_state_dir: PathBuf,
     /// The negotiated plugin API version.
     pub api_version: String,
+}
+
+impl AgentInfo {
+    /// An agent speaking plugin API `api_version`, with no directories set.
+    pub fn new(api_version: impl Into<String>) -> Self {
+        AgentInfo {
+            api_version: api_version.into(),
+            ..Default::default()
+        }
+    }
+    /// With [`AgentInfo::alloc_dir`] set.
+    pub fn with_alloc_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.alloc_dir = dir.into();
+        self
+    }
+    /// With [`AgentInfo::plugin_state_dir`] set.
+    pub fn with_plugin_state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugin_state_dir = dir.into();
+        self
+    }
 }
 
 // ---------------------------------------------------------------------------------

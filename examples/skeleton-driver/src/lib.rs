@@ -3,8 +3,9 @@
 //! The smallest complete Drover task driver, meant to be copied. Its tasks are
 //! simulated: a task "runs" for `run_for_ms` milliseconds (or until stopped) and then
 //! "exits" with `exit_code`. Replace the simulation with real work (a process, a
-//! container, a VM) and keep the rest: the shapes of the trait methods, the task map,
-//! the exit result published once and kept until destroy.
+//! container, a VM) and keep the rest: the shapes of the trait methods, the task map
+//! (the SDK's [`TaskStore`]) and the exit result published once and kept until destroy
+//! (the SDK's [`ExitSlot`]).
 //!
 //! Build it, drop the binary into the agent's `plugin_dir`, and:
 //!
@@ -12,19 +13,18 @@
 //! drover task run --driver skeleton --config '{"run_for_ms": 500, "exit_code": 3}'
 //! ```
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use drover_plugin_sdk::store::{ExitSlot, TaskStore};
 use drover_plugin_sdk::{
     Capabilities, DriverError, DriverPlugin, EmptyConfig, ExitResult, Fingerprint, PluginInfo,
-    TaskHandle, TaskSpec, TaskState, TaskStatus, parse_signal,
+    Signal, TaskHandle, TaskSpec, TaskState, TaskStatus,
 };
-use tokio::sync::watch;
 
 /// The driver's name: what users write in `--driver`.
 pub const NAME: &str = "skeleton";
-/// Version of [`TaskState`]'s encoding in task handles. Bump it when the encoding
+/// Version of [`HandleState`]'s encoding in task handles. Bump it when the encoding
 /// changes, and keep decoding old versions for tasks started by older plugins.
 const HANDLE_VERSION: u32 = 1;
 
@@ -49,57 +49,32 @@ struct HandleState {
     started_at: SystemTime,
 }
 
-/// One task: its identity and a channel on which its exit result is published once.
+/// One task. A real driver keeps its process, container or VM handle here too.
 struct Task {
     name: String,
     started_at: SystemTime,
-    exit: watch::Sender<Option<(ExitResult, SystemTime)>>,
+    /// How it ended, once it has: recorded once (the first end wins), kept until
+    /// destroy, waited on by any number of `wait_task` calls.
+    exit: ExitSlot,
 }
 
-impl Task {
-    fn exit_result(&self) -> Option<(ExitResult, SystemTime)> {
-        self.exit.borrow().clone()
-    }
-
-    /// Publish the exit result, unless the task already has one.
-    fn finish(&self, result: ExitResult) {
-        self.exit.send_if_modified(|slot| {
-            if slot.is_some() {
-                return false;
-            }
-            *slot = Some((result, SystemTime::now()));
-            true
-        });
-    }
-}
-
-/// The skeleton driver: a map of tasks. Calls arrive concurrently, so the map is
-/// behind a lock that is never held across an `.await`.
+/// The skeleton driver: its tasks by id. Calls arrive concurrently; the SDK's
+/// [`TaskStore`] is safe to share and refuses a second task with an id in use.
 #[derive(Default)]
 pub struct SkeletonDriver {
-    tasks: Mutex<HashMap<String, Arc<Task>>>,
+    tasks: TaskStore<Task>,
 }
 
 impl SkeletonDriver {
-    fn task(&self, id: &str) -> Result<Arc<Task>, DriverError> {
-        self.tasks
-            .lock()
-            .map_err(DriverError::internal)?
-            .get(id)
-            .cloned()
-            .ok_or_else(|| DriverError::NotFound(format!("task {id}")))
-    }
-
     /// Track a task and start its simulated run.
     fn track(&self, spec: &TaskSpec, state: &HandleState) -> Result<(), DriverError> {
-        let mut tasks = self.tasks.lock().map_err(DriverError::internal)?;
-        if tasks.contains_key(&spec.id) {
-            return Err(DriverError::AlreadyExists(format!("task {}", spec.id)));
-        }
+        // Reserve the id first: a real driver starts its work between `reserve` and
+        // `commit`, and a concurrent start of the same id is refused meanwhile.
+        let reservation = self.tasks.reserve(&spec.id)?;
         let task = Arc::new(Task {
             name: spec.name.clone(),
             started_at: state.started_at,
-            exit: watch::channel(None).0,
+            exit: ExitSlot::default(),
         });
         if let Some(ms) = state.config.run_for_ms {
             // The "work": finish after the configured time, counted from the original
@@ -110,10 +85,12 @@ impl SkeletonDriver {
             let runner = task.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(left).await;
-                runner.finish(ExitResult::code(code));
+                runner
+                    .exit
+                    .finish(ExitResult::code(code), SystemTime::now());
             });
         }
-        tasks.insert(spec.id.clone(), task);
+        reservation.commit(task);
         Ok(())
     }
 }
@@ -128,11 +105,9 @@ impl DriverPlugin for SkeletonDriver {
 
     fn capabilities(&self) -> Capabilities {
         // Tell the truth: the host trusts these flags.
-        Capabilities {
-            send_signals: true,
-            recover: true,
-            ..Default::default()
-        }
+        Capabilities::default()
+            .with_send_signals(true)
+            .with_recover(true)
     }
 
     async fn fingerprint(&self) -> Fingerprint {
@@ -156,71 +131,62 @@ impl DriverPlugin for SkeletonDriver {
     }
 
     async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
-        let task = self.task(task_id)?;
-        let mut exit = task.exit.subscribe();
-        let result = exit
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| DriverError::Internal(format!("task {task_id} was dropped")))?;
-        Ok(result.as_ref().map(|(r, _)| r.clone()).unwrap_or_default())
+        Ok(self.tasks.get(task_id)?.exit.wait().await)
     }
 
     async fn stop_task(
         &self,
         task_id: &str,
         _timeout: Duration,
-        signal: &str,
+        signal: Signal,
     ) -> Result<(), DriverError> {
-        let task = self.task(task_id)?;
+        let task = self.tasks.get(task_id)?;
         // A simulated task dies of the first signal; a real one may need SIGKILL after
-        // `timeout`.
-        task.finish(ExitResult::signaled(parse_signal(signal)?));
+        // `timeout`. Stopping a task that has ended changes nothing.
+        task.exit
+            .finish(ExitResult::signaled(signal), SystemTime::now());
         Ok(())
     }
 
-    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
-        let task = self.task(task_id)?;
-        task.finish(ExitResult::signaled(parse_signal(signal)?));
+    async fn signal_task(&self, task_id: &str, signal: Signal) -> Result<(), DriverError> {
+        let task = self.tasks.get(task_id)?;
+        task.exit
+            .finish(ExitResult::signaled(signal), SystemTime::now());
         Ok(())
     }
 
     async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
-        let task = self.task(task_id)?;
-        if task.exit_result().is_none() {
+        let task = self.tasks.get(task_id)?;
+        if !task.exit.is_set() {
             if !force {
                 return Err(DriverError::FailedPrecondition(format!(
                     "task {task_id} is still running; stop it first or destroy it with force"
                 )));
             }
-            task.finish(ExitResult::signaled(9));
+            task.exit
+                .finish(ExitResult::signaled(Signal::KILL), SystemTime::now());
         }
-        self.tasks
-            .lock()
-            .map_err(DriverError::internal)?
-            .remove(task_id);
+        self.tasks.remove(task_id);
         Ok(())
     }
 
     async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
-        let task = self.task(task_id)?;
-        let exit = task.exit_result();
-        Ok(TaskStatus {
-            id: task_id.to_owned(),
-            name: task.name.clone(),
-            state: if exit.is_some() {
-                TaskState::Exited
-            } else {
-                TaskState::Running
-            },
-            started_at: Some(task.started_at),
-            completed_at: exit.as_ref().map(|(_, at)| *at),
-            exit_result: exit.map(|(r, _)| r),
-            attributes: Default::default(),
+        let task = self.tasks.get(task_id)?;
+        let status = |state| {
+            TaskStatus::new(task_id, state)
+                .with_name(task.name.clone())
+                .with_started_at(task.started_at)
+        };
+        Ok(match task.exit.get() {
+            None => status(TaskState::Running),
+            Some((result, at)) => status(TaskState::Exited)
+                .with_exit_result(result)
+                .with_completed_at(at),
         })
     }
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
-        if self.task(&handle.spec.id).is_ok() {
+        if self.tasks.get(&handle.spec.id).is_ok() {
             return Ok(()); // already tracked: recovering twice is harmless
         }
         let state: HandleState = handle.decode_state(HANDLE_VERSION)?;

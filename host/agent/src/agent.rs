@@ -114,11 +114,9 @@ pub async fn run(
         timeout: config.handshake_timeout,
         socket_dir: run_dir,
         accepted: drover_plugin_sdk::version::supported_api_range(),
-        agent: drover_plugin_sdk::AgentInfo {
-            alloc_dir: alloc_dir.clone(),
-            plugin_state_dir: data_dir.join("plugin-state"),
-            api_version: String::new(),
-        },
+        agent: drover_plugin_sdk::AgentInfo::new(String::new())
+            .with_alloc_dir(alloc_dir.clone())
+            .with_plugin_state_dir(data_dir.join("plugin-state")),
         settings: config.plugin.clone(),
     });
     let catalog = Arc::new(Catalog::new(store.clone()));

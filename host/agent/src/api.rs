@@ -46,7 +46,9 @@ impl From<DriverError> for ApiError {
                 StatusCode::CONFLICT
             }
             DriverError::Unimplemented(_) => StatusCode::NOT_IMPLEMENTED,
-            DriverError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            DriverError::Unavailable(_) | DriverError::Transport(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             DriverError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };

@@ -888,7 +888,7 @@ async fn supervise(
         let watcher = tokio::spawn(watch_fingerprints(plugin.clone(), process.client()));
         let launched = Instant::now();
         let mut how = tokio::select! {
-            how = process.exited() => how,
+            how = process.exited() => how.to_string(),
             () = stop.cancelled() => {
                 watcher.abort();
                 return;
@@ -959,7 +959,8 @@ async fn watch_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
                 let state = match fp.health {
                     Health::Healthy => PluginState::Healthy,
                     Health::Unhealthy => PluginState::Unhealthy,
-                    Health::Undetected => PluginState::Undetected,
+                    // Undetected, and whatever a newer SDK may add: not usable.
+                    _ => PluginState::Undetected,
                 };
                 plugin.set_state(state, fp.description);
             }

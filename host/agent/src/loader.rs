@@ -265,13 +265,14 @@ async fn identify(
     accepted: &semver::VersionReq,
 ) -> Result<Identity, String> {
     let client = process.client();
-    let (info, api_versions, kind) = client
+    let identity = client
         .plugin_info()
         .await
         .map_err(|e| rpc_reason("PluginInfo", e))?;
-    if kind != drover_plugin_sdk::proto::v1::PluginType::Driver as i32 {
-        return Err(format!("plugin type {kind} is not a driver"));
+    if identity.kind != drover_plugin_sdk::client::PluginKind::Driver {
+        return Err(format!("plugin type {} is not a driver", identity.kind));
     }
+    let (info, api_versions) = (identity.info(), identity.api_versions);
     let name_ok = !info.name.is_empty()
         && info.name.len() <= 64
         && info

@@ -184,8 +184,11 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
         ..Default::default()
     };
     if let Some(sig) = &doc.kill_signal {
-        drover_plugin_sdk::parse_signal(sig.get_ref())
-            .map_err(|e| err(Some(sig.span()), Some("kill_signal".into()), e.to_string()))?;
+        // Validated here so the error names the line; stored as written.
+        drover_plugin_sdk::Signal::parse_or_default(sig.get_ref()).map_err(|e| {
+            let e = drover_plugin_sdk::DriverError::from(e);
+            err(Some(sig.span()), Some("kill_signal".into()), e.to_string())
+        })?;
         request.kill_signal = Some(sig.get_ref().clone());
     }
     if let Some(t) = &doc.kill_timeout {

@@ -241,7 +241,8 @@ pub fn run_request(spec: Option<&mut SpecFile>, flags: RunFlags) -> anyhow::Resu
         req.env.insert(k.to_owned(), v.to_owned());
     }
     if let Some(s) = flags.kill_signal {
-        drover_plugin_sdk::parse_signal(&s).map_err(|e| anyhow!("--kill-signal: {e}"))?;
+        drover_plugin_sdk::Signal::parse_or_default(&s)
+            .map_err(|e| anyhow!("--kill-signal: {}", drover_plugin_sdk::DriverError::from(e)))?;
         req.kill_signal = Some(s);
     }
     if let Some(t) = flags.kill_timeout {

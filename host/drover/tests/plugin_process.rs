@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::process::Command;
 
 use common::*;
+use drover_plugin_sdk::ExitOutcome;
 use drover_plugin_sdk::client::{LaunchError, LaunchOptions, PluginProcess};
 use drover_plugin_sdk::handshake::PluginAddr;
 
@@ -49,9 +50,9 @@ async fn socket_is_private_and_shutdown_is_prompt() {
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&sock), 0o600, "socket mode");
     assert_eq!(mode(sock.parent().unwrap()), 0o700, "socket dir mode");
-    let (info, api, _) = plugin.client().plugin_info().await.unwrap();
+    let info = plugin.client().plugin_info().await.unwrap();
     assert_eq!(info.name, "skeleton");
-    assert_eq!(api, ["1.0.0"]);
+    assert_eq!(info.api_versions, ["1.0.0"]);
 
     let t = std::time::Instant::now();
     let how = plugin.shutdown().await;
@@ -62,7 +63,7 @@ async fn socket_is_private_and_shutdown_is_prompt() {
         "shutdown took {:?}",
         t.elapsed()
     );
-    assert_eq!(how, "exit code 0");
+    assert_eq!(how, ExitOutcome::Code(0));
     assert!(!sock.exists(), "socket left behind after shutdown");
     // A dead plugin gives a typed error, not a hang.
     let err = plugin.client().plugin_info().await.unwrap_err();

@@ -13,11 +13,11 @@ use drover_host::catalog::{Catalog, LoadContext};
 use drover_host::config::AgentConfig;
 use drover_host::loader::Builtin;
 use drover_host::state::{ErrorStore, Fail, MemStore, PluginRecord, StateStore};
-use drover_plugin_sdk::DriverError;
 use drover_plugin_sdk::client::{
     LaunchOptions, PluginProcess, ReattachConfig, ReattachError, process_start_time,
 };
 use drover_plugin_sdk::handshake::PluginAddr;
+use drover_plugin_sdk::{DriverError, ExitOutcome};
 
 /// Reattach budget: generous for a loaded machine (a hang is what the tests catch).
 const BUDGET: Duration = Duration::from_secs(10);
@@ -52,7 +52,7 @@ async fn reattach_proves_identity_and_watches_the_process() {
         .expect("reattach to a live plugin");
     assert!(p.is_reattached() && !launched.is_reattached());
     assert_eq!(p.pid(), launched.pid());
-    let (info, _, _) = p.client().plugin_info().await.unwrap();
+    let info = p.client().plugin_info().await.unwrap();
     assert_eq!(info.name, "skeleton");
 
     // The process dies: the reattached handle notices through its pidfd, and calls
@@ -61,7 +61,10 @@ async fn reattach_proves_identity_and_watches_the_process() {
     let how = tokio::time::timeout(Duration::from_secs(5), p.exited())
         .await
         .expect("exited() resolves for a reattached process");
-    assert!(how.contains("exit status unknown"), "{how}");
+    assert!(
+        matches!(&how, ExitOutcome::Other(m) if m.contains("exit status unknown")),
+        "{how}"
+    );
     assert!(p.has_exited());
     assert_eq!(p.exit_status(), None);
     let err = p.client().plugin_info().await.unwrap_err();
@@ -189,11 +192,9 @@ fn context(root: &Path) -> (AgentConfig, Vec<Builtin>, Arc<LoadContext>) {
         timeout: BUDGET,
         socket_dir: run_dir,
         accepted: drover_plugin_sdk::version::supported_api_range(),
-        agent: drover_plugin_sdk::AgentInfo {
-            alloc_dir: root.join("alloc"),
-            plugin_state_dir: root.join("plugin-state"),
-            api_version: String::new(),
-        },
+        agent: drover_plugin_sdk::AgentInfo::new(String::new())
+            .with_alloc_dir(root.join("alloc"))
+            .with_plugin_state_dir(root.join("plugin-state")),
         settings: Default::default(),
     });
     (config, builtins, ctx)

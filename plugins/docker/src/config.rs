@@ -11,7 +11,7 @@ use bollard::models::{
 };
 use drover_plugin_sdk::{DriverError, TaskSpec};
 use schemars::JsonSchema;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 /// Label carrying the Drover task id: how a container is found again by id.
 pub const LABEL_TASK_ID: &str = "drover.task_id";
@@ -45,13 +45,6 @@ pub const DEFAULT_ALLOW_CAPS: &[&str] = &[
     "SYS_CHROOT",
 ];
 
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| {
-        serde::de::Error::custom(format!("{text:?} is not a duration like \"5m\": {e}"))
-    })
-}
-
 /// Configuration of the docker plugin (`[plugin.docker] config = {...}`).
 ///
 /// ```
@@ -77,7 +70,7 @@ pub struct PluginConfig {
     /// Garbage collection of images and of containers no task owns.
     pub gc: GcConfig,
     /// Longest time an image pull (or `load`) may take before the start fails.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub pull_timeout: Duration,
 }
@@ -111,7 +104,7 @@ pub struct GcConfig {
     /// Remove a task's image when the task is destroyed and no other container uses it.
     pub image: bool,
     /// How long after the destroy to remove it (a restarting task reuses it meanwhile).
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub image_delay: Duration,
     /// Containers with Drover labels of this agent whose task this plugin does not know.
@@ -137,12 +130,12 @@ pub struct DanglingConfig {
     /// Also remove them (force: running ones are killed).
     pub remove: bool,
     /// How often to look.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub period: Duration,
     /// Ignore containers younger than this, and look only once the plugin has run
     /// this long: the agent recovers its tasks in the meantime.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub creation_grace: Duration,
 }
@@ -737,13 +730,10 @@ mod tests {
     }
 
     fn spec(dir: &Path) -> TaskSpec {
-        TaskSpec {
-            id: "t1".into(),
-            name: "web server".into(),
-            task_dir: dir.to_owned(),
-            env: [("A".to_owned(), "1".to_owned())].into(),
-            ..Default::default()
-        }
+        TaskSpec::new("t1")
+            .with_name("web server")
+            .with_task_dir(dir)
+            .with_env("A", "1")
     }
 
     fn policy() -> Policy {
@@ -776,6 +766,29 @@ mod tests {
         assert_eq!(schema["required"], serde_json::json!(["image"]));
         let schema = serde_json::to_value(schemars::schema_for!(PluginConfig)).unwrap();
         assert_eq!(schema["properties"]["pull_timeout"]["type"], "string");
+    }
+
+    #[test]
+    fn durations_are_written_like_30s() {
+        let c: PluginConfig = serde_json::from_str(
+            r#"{"pull_timeout":"30s","gc":{"image_delay":"1m 30s",
+                "dangling_containers":{"period":"200ms","creation_grace":"1h"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.pull_timeout, Duration::from_secs(30));
+        assert_eq!(c.gc.image_delay, Duration::from_secs(90));
+        assert_eq!(c.gc.dangling_containers.period, Duration::from_millis(200));
+        assert_eq!(
+            c.gc.dangling_containers.creation_grace,
+            Duration::from_secs(3600)
+        );
+        // A number is not a duration: the unit must be written.
+        assert!(serde_json::from_str::<PluginConfig>(r#"{"pull_timeout":30}"#).is_err());
+        let schema = serde_json::to_value(schemars::schema_for!(GcConfig)).unwrap();
+        assert_eq!(schema["properties"]["image_delay"]["type"], "string");
+        let schema = serde_json::to_value(schemars::schema_for!(DanglingConfig)).unwrap();
+        assert_eq!(schema["properties"]["period"]["type"], "string");
+        assert_eq!(schema["properties"]["creation_grace"]["type"], "string");
     }
 
     #[test]
@@ -926,11 +939,7 @@ mod tests {
 
     #[test]
     fn container_names() {
-        let mut s = TaskSpec {
-            id: "abc".into(),
-            name: "my app/v2".into(),
-            ..Default::default()
-        };
+        let mut s = TaskSpec::new("abc").with_name("my app/v2");
         assert_eq!(container_name(&s), "myappv2-abc");
         s.name = "_x".into();
         assert_eq!(container_name(&s), "drover-abc");

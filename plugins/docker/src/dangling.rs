@@ -2,7 +2,7 @@
 //! left behind by a task the agent forgot (its state was wiped, a destroy failed while
 //! the daemon was away). They are reported, and removed when the operator enables it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -91,15 +91,11 @@ impl Reconciler {
                     "set gc.dangling_containers.remove = true to remove such containers"
                 };
                 tracing::warn!(container = id, task = %task_id, "dangling {what}; {action}");
-                let _ = self.events.send(TaskEvent {
-                    task_id: task_id.clone(),
-                    timestamp: SystemTime::now(),
-                    message: format!("dangling {what}"),
-                    annotations: BTreeMap::from([
-                        ("container_id".to_owned(), id.to_owned()),
-                        ("removed".to_owned(), self.config.remove.to_string()),
-                    ]),
-                });
+                let _ = self.events.send(
+                    TaskEvent::new(task_id.clone(), format!("dangling {what}"))
+                        .with_annotation("container_id", id)
+                        .with_annotation("removed", self.config.remove.to_string()),
+                );
             }
             if self.config.remove {
                 let options = bollard::query_parameters::RemoveContainerOptions {

@@ -1,6 +1,6 @@
 //! The docker driver: the [`DriverPlugin`] impl.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -13,8 +13,8 @@ use bollard::query_parameters::{
 };
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, Health, NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats,
-    TaskStatus, parse_signal,
+    FsIsolation, Health, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec,
+    TaskStats, TaskStatus,
 };
 use futures_util::StreamExt as _;
 use tokio::sync::broadcast;
@@ -36,7 +36,6 @@ pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Version of the task handle's driver state.
 pub const HANDLE_VERSION: u32 = 1;
 
-const SIGKILL: i32 = 9;
 /// How long a container sent SIGKILL may take to be reported gone.
 const KILL_GRACE: Duration = Duration::from_secs(10);
 /// How long the daemon may take to answer a fingerprint.
@@ -251,12 +250,7 @@ impl DockerDriver {
 fn event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
     tracing::info!(task = task_id, "{message}");
     // No subscriber is fine: events are best-effort notifications.
-    let _ = events.send(TaskEvent {
-        task_id: task_id.to_owned(),
-        timestamp: SystemTime::now(),
-        message,
-        annotations: BTreeMap::new(),
-    });
+    let _ = events.send(TaskEvent::new(task_id, message));
 }
 
 /// The name `name` is taken. If by a container of the same task that was created but
@@ -300,7 +294,9 @@ async fn remove_container(docker: &Docker, cid: &str) -> Result<(), DriverError>
 }
 
 /// Send `signal` to the container; one that is not running is not an error.
-async fn kill(docker: &Docker, task: &Task, signal: i32) -> Result<(), DriverError> {
+async fn kill(docker: &Docker, task: &Task, signal: Signal) -> Result<(), DriverError> {
+    // By number: what Docker has always been sent, and it needs no name mapping.
+    let signal = signal.as_raw();
     let options = KillContainerOptions {
         signal: signal.to_string(),
     };
@@ -329,20 +325,20 @@ impl DriverPlugin for DockerDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            send_signals: true,
-            exec: true,
-            fs_isolation: FsIsolation::Image,
-            task_stats: true,
-            task_events: true,
-            recover: true,
+        Capabilities::default()
+            .with_send_signals(true)
+            .with_exec(true)
+            .with_fs_isolation(FsIsolation::Image)
+            .with_task_stats(true)
+            .with_task_events(true)
+            .with_recover(true)
             // Whatever the daemon offers: `network_mode` is passed through to Docker.
-            network_modes: NetworkModes {
-                host: true,
-                none: true,
-                bridge: true,
-            },
-        }
+            .with_network_modes(
+                NetworkModes::default()
+                    .with_host(true)
+                    .with_none(true)
+                    .with_bridge(true),
+            )
     }
 
     async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
@@ -478,18 +474,17 @@ impl DriverPlugin for DockerDriver {
         &self,
         task_id: &str,
         timeout: Duration,
-        signal: &str,
+        sig: Signal,
     ) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
         let task = self.store.get(task_id)?;
         if !task.running() {
             return Ok(());
         }
         let docker = task.engine.client().await?;
         kill(&docker, &task, sig).await?;
-        self.event(task_id, format!("sent signal {sig}"));
+        self.event(task_id, format!("sent signal {}", sig.as_raw()));
         if tokio::time::timeout(timeout, task.stopped()).await.is_err() {
-            kill(&docker, &task, SIGKILL).await?;
+            kill(&docker, &task, Signal::KILL).await?;
             self.event(
                 task_id,
                 format!("sent SIGKILL: still running after {timeout:?}"),
@@ -507,8 +502,7 @@ impl DriverPlugin for DockerDriver {
         Ok(())
     }
 
-    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
+    async fn signal_task(&self, task_id: &str, sig: Signal) -> Result<(), DriverError> {
         let task = self.store.get(task_id)?;
         if !task.running() {
             return Err(DriverError::FailedPrecondition(format!(
@@ -517,7 +511,7 @@ impl DriverPlugin for DockerDriver {
         }
         let docker = task.engine.client().await?;
         kill(&docker, &task, sig).await?;
-        self.event(task_id, format!("sent signal {sig}"));
+        self.event(task_id, format!("sent signal {}", sig.as_raw()));
         Ok(())
     }
 
@@ -703,13 +697,9 @@ impl DriverPlugin for DockerDriver {
         match tokio::time::timeout(timeout, run).await {
             Ok(r) => r,
             // Docker cannot kill an exec'd process by itself; it is left to finish.
-            Err(_) => Ok(ExecOutput {
-                result: ExitResult {
-                    err: Some(format!("timed out after {timeout:?}")),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }),
+            Err(_) => Ok(ExecOutput::new(ExitResult::unknown(format!(
+                "timed out after {timeout:?}"
+            )))),
         }
     }
 

@@ -175,24 +175,22 @@ impl Task {
     /// InspectTask's answer.
     pub(crate) fn status(&self) -> TaskStatus {
         let exit = self.exit.get();
-        TaskStatus {
-            id: self.id.clone(),
-            name: self.name.clone(),
-            state: if exit.is_some() {
+        let mut status = TaskStatus::new(
+            self.id.clone(),
+            if exit.is_some() {
                 TaskState::Exited
             } else {
                 TaskState::Running
             },
-            started_at: Some(self.started_at),
-            completed_at: exit.as_ref().map(|(_, at)| *at),
-            exit_result: exit.map(|(r, _)| r),
-            attributes: [
-                ("container_id".to_owned(), self.state.container_id.clone()),
-                ("image".to_owned(), self.state.image.clone()),
-            ]
-            .into_iter()
-            .collect(),
+        )
+        .with_name(self.name.clone())
+        .with_started_at(self.started_at)
+        .with_attribute("container_id", self.state.container_id.clone())
+        .with_attribute("image", self.state.image.clone());
+        if let Some((result, at)) = exit {
+            status = status.with_exit_result(result).with_completed_at(at);
         }
+        status
     }
 
     /// A usage sample from one Docker stats reading. CPU percent is over the time since
@@ -219,16 +217,15 @@ impl Task {
             _ => 0.0,
         };
         *last = Some((total, system));
-        TaskStats {
-            memory_rss_bytes: memory_in_use(s),
-            cpu_user: Duration::from_nanos(usage.and_then(|u| u.usage_in_usermode).unwrap_or(0)),
-            cpu_system: Duration::from_nanos(
-                usage.and_then(|u| u.usage_in_kernelmode).unwrap_or(0),
-            ),
-            cpu_percent,
-            memory_cache_bytes: memory_cache(s),
-            process_count: s.pids_stats.as_ref().and_then(|p| p.current).unwrap_or(0),
-        }
+        TaskStats::default()
+            .with_memory_rss_bytes(memory_in_use(s))
+            .with_cpu_time(
+                Duration::from_nanos(usage.and_then(|u| u.usage_in_usermode).unwrap_or(0)),
+                Duration::from_nanos(usage.and_then(|u| u.usage_in_kernelmode).unwrap_or(0)),
+            )
+            .with_cpu_percent(cpu_percent)
+            .with_memory_cache_bytes(memory_cache(s))
+            .with_process_count(s.pids_stats.as_ref().and_then(|p| p.current).unwrap_or(0))
     }
 }
 
@@ -258,14 +255,16 @@ fn memory_in_use(s: &ContainerStatsResponse) -> u64 {
 
 /// A container's end as an exit result.
 pub(crate) fn exit_result(state: &ContainerState) -> ExitResult {
-    ExitResult {
-        exit_code: state
+    let result = ExitResult::code(
+        state
             .exit_code
             .and_then(|c| i32::try_from(c).ok())
             .unwrap_or(-1),
-        signal: 0,
-        oom_killed: state.oom_killed.unwrap_or(false),
-        err: state.error.clone().filter(|e| !e.is_empty()),
+    )
+    .with_oom_killed(state.oom_killed.unwrap_or(false));
+    match state.error.as_deref().filter(|e| !e.is_empty()) {
+        Some(e) => result.with_err(e),
+        None => result,
     }
 }
 
@@ -279,13 +278,10 @@ pub(crate) fn docker_time(text: Option<&str>) -> Option<SystemTime> {
 }
 
 fn gone(task: &Task) -> ExitResult {
-    ExitResult {
-        err: Some(format!(
-            "container {} was removed outside Drover; its exit status is unknown",
-            short(&task.state.container_id)
-        )),
-        ..Default::default()
-    }
+    ExitResult::unknown(format!(
+        "container {} was removed outside Drover; its exit status is unknown",
+        short(&task.state.container_id)
+    ))
 }
 
 /// The first 12 characters of a container id, as `docker ps` shows it.

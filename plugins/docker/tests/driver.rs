@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use drover_plugin_sdk::{DriverError, Health, TaskHandle, TaskState};
+use drover_plugin_sdk::{DriverError, Health, Signal, TaskHandle, TaskState};
 use serde_json::json;
 use tokio_stream::StreamExt as _;
 
@@ -76,13 +76,13 @@ async fn signals_reach_the_container_and_stop_escalates_to_kill() {
         s.log("trap", "stdout").contains("ready")
     })
     .await;
-    c.signal_task("trap", "SIGHUP").await.unwrap();
+    c.signal_task("trap", Signal::HUP).await.unwrap();
     until(PROMPT, "HUP handled", || {
         s.log("trap", "stdout").contains("got HUP")
     })
     .await;
     let t = Instant::now();
-    c.stop_task("trap", Duration::from_secs(20), "SIGTERM")
+    c.stop_task("trap", Duration::from_secs(20), Signal::TERM)
         .await
         .unwrap();
     assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
@@ -90,7 +90,7 @@ async fn signals_reach_the_container_and_stop_escalates_to_kill() {
     assert_eq!(r.exit_code, 0, "{r:?}");
     assert!(s.log("trap", "stdout").ends_with("bye\n"));
     assert!(matches!(
-        c.signal_task("trap", "SIGHUP").await,
+        c.signal_task("trap", Signal::HUP).await,
         Err(DriverError::FailedPrecondition(_))
     ));
 
@@ -99,7 +99,7 @@ async fn signals_reach_the_container_and_stop_escalates_to_kill() {
         .await
         .unwrap();
     let t = Instant::now();
-    c.stop_task("stubborn", Duration::from_secs(1), "")
+    c.stop_task("stubborn", Duration::from_secs(1), Signal::default())
         .await
         .unwrap();
     let took = t.elapsed();
@@ -264,19 +264,13 @@ async fn recover_without_a_handle_finds_the_container_by_label() {
     let h = p.client.start_task(spec.clone()).await.unwrap();
     drop(p);
     let p = Plugin::launch(&s, json!({})).await;
-    let probe = TaskHandle {
-        spec: spec.clone(),
-        ..Default::default()
-    };
+    let probe = TaskHandle::for_spec(spec.clone());
     p.client.recover_task(probe).await.unwrap();
     let st = p.client.inspect_task("probe").await.unwrap();
     assert_eq!(st.state, TaskState::Running);
     assert_eq!(st.attributes["container_id"], container_id(&h));
 
-    let nobody = TaskHandle {
-        spec: s.spec("nobody", sh(&env, "true")),
-        ..Default::default()
-    };
+    let nobody = TaskHandle::for_spec(s.spec("nobody", sh(&env, "true")));
     assert!(matches!(
         p.client.recover_task(nobody).await,
         Err(DriverError::NotFound(_))
@@ -295,10 +289,7 @@ async fn recover_without_a_handle_finds_the_container_by_label() {
         &env.image,
         "true",
     ]);
-    let probe = TaskHandle {
-        spec: created.clone(),
-        ..Default::default()
-    };
+    let probe = TaskHandle::for_spec(created.clone());
     assert!(matches!(
         p.client.recover_task(probe).await,
         Err(DriverError::NotFound(_))
@@ -384,7 +375,7 @@ async fn stats_exec_env_ports_and_task_dirs() {
 
     // init forwards SIGTERM to sleep: the stop is prompt.
     let t = Instant::now();
-    c.stop_task("web", Duration::from_secs(20), "SIGTERM")
+    c.stop_task("web", Duration::from_secs(20), Signal::TERM)
         .await
         .unwrap();
     assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
@@ -592,7 +583,7 @@ async fn a_host_network_container_serves_on_localhost() {
     .await;
     assert!(body.ends_with("served from the task dir\n"), "{body}");
     p.client
-        .stop_task("httpd", Duration::from_secs(5), "SIGTERM")
+        .stop_task("httpd", Duration::from_secs(5), Signal::TERM)
         .await
         .unwrap();
 }

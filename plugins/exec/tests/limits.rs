@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use drover_plugin_sdk::LogConfig;
+use drover_plugin_sdk::{LogConfig, Signal};
 use serde_json::json;
 
 fn read_u64(path: &std::path::Path) -> u64 {
@@ -75,10 +75,7 @@ async fn a_fork_bomb_stops_at_the_pids_limit_and_stop_kills_all_of_it() {
         }),
     );
     // The failing forks complain on stderr as fast as they can.
-    spec.logs = LogConfig {
-        max_files: 2,
-        max_file_size_mb: 1,
-    };
+    spec.logs = LogConfig::new(2, 1);
     p.start_spec(spec).await;
     let cg = p.cgroup_dir("pids", "bomb");
     assert_eq!(
@@ -141,7 +138,7 @@ async fn a_fork_bomb_stops_at_the_pids_limit_and_stop_kills_all_of_it() {
         PROMPT,
         "stop",
         p.client
-            .stop_task("bomb", Duration::from_secs(1), "SIGTERM"),
+            .stop_task("bomb", Duration::from_secs(1), Signal::TERM),
     )
     .await
     .unwrap();

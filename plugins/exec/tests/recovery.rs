@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use drover_plugin_sdk::TaskState;
+use drover_plugin_sdk::{ExitOutcome, Signal, TaskState};
 use serde_json::json;
 
 fn kill9(pid: u32) {
@@ -50,12 +50,12 @@ async fn signals_reach_the_task_through_its_init_and_its_own_exit_is_reported() 
         PROMPT,
         "stop",
         p.client
-            .stop_task("term", Duration::from_secs(5), "SIGTERM"),
+            .stop_task("term", Duration::from_secs(5), Signal::TERM),
     )
     .await
     .unwrap();
     assert_eq!(p.wait("term").await.exit_code, 42);
-    within(PROMPT, "signal", p.client.signal_task("usr1", "SIGUSR1"))
+    within(PROMPT, "signal", p.client.signal_task("usr1", Signal::USR1))
         .await
         .unwrap();
     assert_eq!(p.wait("usr1").await.exit_code, 7);
@@ -63,7 +63,7 @@ async fn signals_reach_the_task_through_its_init_and_its_own_exit_is_reported() 
         PROMPT,
         "stop",
         p.client
-            .stop_task("sleeper", Duration::from_secs(5), "SIGTERM"),
+            .stop_task("sleeper", Duration::from_secs(5), Signal::TERM),
     )
     .await
     .unwrap();
@@ -93,7 +93,7 @@ async fn tasks_outlive_the_plugin_and_are_recovered_with_their_exit_codes() {
     first.printed("long", "ready").await;
     let init: u32 = first.attribute("long", "pid").await.parse().unwrap();
     let how = within(PROMPT, "kill the plugin", first.process.kill()).await;
-    assert!(how.contains("signal 9"), "{how}");
+    assert_eq!(how, ExitOutcome::Signal(Signal::KILL), "{how}");
     assert!(alive(init), "the task died with its plugin");
     let second = first.relaunch().await;
     within(PROMPT, "recover", second.client.recover_task(handle))
@@ -109,7 +109,7 @@ async fn tasks_outlive_the_plugin_and_are_recovered_with_their_exit_codes() {
         "stop",
         second
             .client
-            .stop_task("long", Duration::from_secs(5), "SIGTERM"),
+            .stop_task("long", Duration::from_secs(5), Signal::TERM),
     )
     .await
     .unwrap();
@@ -136,7 +136,7 @@ async fn orphan(
         "the executor is not in the task's cgroup"
     );
     let how = within(PROMPT, "kill the plugin", first.process.kill()).await;
-    assert!(how.contains("signal 9"), "{how}");
+    assert_eq!(how, ExitOutcome::Signal(Signal::KILL), "{how}");
     kill9(executor);
     until(PROMPT, "the executor dies", || !alive(executor)).await;
     assert!(
@@ -216,7 +216,7 @@ async fn a_task_without_executor_is_stopped_and_waited_for_through_its_cgroup() 
         PROMPT,
         "stop",
         p.client
-            .stop_task("stray", Duration::from_secs(2), "SIGTERM"),
+            .stop_task("stray", Duration::from_secs(2), Signal::TERM),
     )
     .await
     .unwrap();

@@ -115,11 +115,9 @@ impl Java {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let parent = format!("drover-java-test-{}-{n}", std::process::id());
-        let agent = AgentInfo {
-            alloc_dir: dir.to_owned(),
-            plugin_state_dir: dir.join("plugin-state"),
-            api_version: drover_plugin_sdk::version::PLUGIN_API_VERSION.into(),
-        };
+        let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
+            .with_alloc_dir(dir)
+            .with_plugin_state_dir(dir.join("plugin-state"));
         client
             .set_config(
                 json!({ "cgroup_parent": format!("/{parent}") }).to_string(),
@@ -140,15 +138,11 @@ impl Java {
         for sub in ["local", "secrets", "tmp", "logs"] {
             std::fs::create_dir_all(task_dir.join(sub)).unwrap();
         }
-        TaskSpec {
-            id: id.into(),
-            name: id.into(),
-            task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("logs/stdout"),
-            stderr_path: task_dir.join("logs/stderr"),
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        }
+        TaskSpec::new(id)
+            .with_stdout_path(task_dir.join("logs/stdout"))
+            .with_stderr_path(task_dir.join("logs/stderr"))
+            .with_driver_config_json(config.to_string())
+            .with_task_dir(task_dir.clone())
     }
 
     fn log(&self, id: &str, stream: &str) -> String {

@@ -72,11 +72,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     options.args = args.map(Into::into).collect();
     let plugin = PluginProcess::launch(options).await?;
     let client = plugin.client();
-    let agent = AgentInfo {
-        alloc_dir: dir.path().to_owned(),
-        plugin_state_dir: dir.path().join("plugin-state"),
-        api_version: drover_plugin_sdk::version::PLUGIN_API_VERSION.into(),
-    };
+    let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
+        .with_alloc_dir(dir.path())
+        .with_plugin_state_dir(dir.path().join("plugin-state"));
     client.set_config("{}".into(), &agent).await?;
 
     let mut ids = Vec::new();
@@ -86,15 +84,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let id = format!("mem-{i}");
         let task_dir = dir.path().join(&id);
         std::fs::create_dir_all(&task_dir)?;
-        let spec = TaskSpec {
-            id: id.clone(),
-            name: id.clone(),
-            stdout_path: task_dir.join("stdout"),
-            stderr_path: task_dir.join("stderr"),
-            task_dir,
-            driver_config_json: r#"{"command":"/bin/sleep","args":["600"]}"#.into(),
-            ..Default::default()
-        };
+        let spec = TaskSpec::new(id.clone())
+            .with_stdout_path(task_dir.join("stdout"))
+            .with_stderr_path(task_dir.join("stderr"))
+            .with_driver_config_json(r#"{"command":"/bin/sleep","args":["600"]}"#)
+            .with_task_dir(task_dir);
         client.start_task(spec).await?;
         let status = client.inspect_task(&id).await?;
         executors.push(status.attributes["executor_pid"].parse::<u32>()?);

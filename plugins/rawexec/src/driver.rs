@@ -1,15 +1,15 @@
 //! The rawexec driver: the [`DriverPlugin`] impl.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use drover_executor::{self as executor, ExecutorHandle, ExitInfo, LaunchSpec};
+use drover_executor::task::{self, TaskEvents, Watched};
+use drover_executor::{self as executor, ExecutorHandle, LaunchSpec};
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
-    parse_signal, signal_name,
+    FsIsolation, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,
+    TaskStatus,
 };
 use tokio::sync::broadcast;
 
@@ -27,19 +27,11 @@ pub const HANDLE_VERSION: u32 = 2;
 /// `PATH` given to tasks whose environment does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-const SIGKILL: i32 = 9;
-/// How often the watcher of a task retries an executor that is alive but cannot be
-/// reached (its socket was removed, or the plugin ran out of descriptors).
-const WATCH_RETRY: Duration = Duration::from_secs(1);
-
-/// How long a recovery waits for a start of the same task that is in flight.
-const START_IN_FLIGHT: Duration = Duration::from_secs(30);
-
 /// Runs tasks as plain host processes, each owned by its own executor process and the
 /// leader of its own process group.
 pub struct RawExecDriver {
     store: Store,
-    events: broadcast::Sender<TaskEvent>,
+    events: TaskEvents,
     /// Where executors live: `<plugin_state_dir>/rawexec` once SetConfig came.
     state_dir: Mutex<PathBuf>,
 }
@@ -50,55 +42,18 @@ impl Default for RawExecDriver {
     }
 }
 
-/// Send a task event. No subscriber is fine: events are best-effort notifications.
-fn send_event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
-    tracing::info!(task = task_id, "{message}");
-    let _ = events.send(TaskEvent {
-        task_id: task_id.to_owned(),
-        timestamp: SystemTime::now(),
-        message,
-        annotations: BTreeMap::new(),
-    });
-}
-
-/// Record how `task` ended and tell subscribers, once: the watcher and a `stop` call
-/// both learn the result, and whichever comes first reports it.
-fn record_exit(events: &broadcast::Sender<TaskEvent>, task: &Task, exit: ExitInfo) {
-    let result = exit.result;
-    let message = match (result.signal, &result.err) {
-        (_, Some(e)) => format!("task exited: {e}"),
-        (0, None) => format!("task exited: code {}", result.exit_code),
-        (sig, None) => format!("task exited: signal {sig}"),
-    };
-    if task.finish(result, exit.exited_at) {
-        if exit.killed_after_timeout {
-            let after = task
-                .stop_timeout
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .map_or_else(|| "the stop timeout".to_owned(), |t| format!("{t:?}"));
-            send_event(
-                events,
-                &task.id,
-                format!("sent SIGKILL: still running after {after}"),
-            );
-        }
-        send_event(events, &task.id, message);
-    }
-}
-
 impl RawExecDriver {
     /// A driver with no tasks.
     pub fn new() -> Self {
         RawExecDriver {
             store: Store::default(),
-            events: broadcast::channel(256).0,
+            events: TaskEvents::default(),
             state_dir: Mutex::new(executor::state_dir(Path::new(""), PLUGIN_NAME)),
         }
     }
 
     fn event(&self, task_id: &str, message: String) {
-        send_event(&self.events, task_id, message);
+        self.events.send(task_id, message);
     }
 
     fn state_dir(&self) -> PathBuf {
@@ -109,48 +64,23 @@ impl RawExecDriver {
     }
 
     /// Follow `task` until it exits: a `wait` held open on its executor. If the
-    /// executor cannot be reached while it is alive, retry; if it died without a
-    /// result, say so.
+    /// executor dies without a result, the task's end is unknown: say so.
     fn watch(&self, task: Arc<Task>) {
         let events = self.events.clone();
         tokio::spawn(async move {
-            let mut warned = false;
-            loop {
-                let error = match task.exec.wait().await {
-                    Ok(exit) => return record_exit(&events, &task, exit),
-                    Err(e) => e,
-                };
-                if !task.running() {
-                    return; // a stop call got the result meanwhile
+            let exit = match task::watch(&task.base, &task.exec, &events).await {
+                Watched::Exited(exit) => exit,
+                Watched::Recorded => return,
+                Watched::ExecutorLost(error) => {
+                    let info = task.exec.info();
+                    task::unknown_exit(format!(
+                        "lost the task's executor (pid {}), its exit status is unknown and \
+                         its process group {} may still run: {error}",
+                        info.executor_pid, info.pgid
+                    ))
                 }
-                if task.exec.executor_alive() {
-                    if !warned {
-                        // Once: the task still runs, only its executor is out of reach.
-                        send_event(
-                            &events,
-                            &task.id,
-                            format!("cannot reach the task's executor, retrying: {error}"),
-                        );
-                        warned = true;
-                    }
-                    tokio::time::sleep(WATCH_RETRY).await;
-                    continue;
-                }
-                let info = task.exec.info();
-                let exit = ExitInfo {
-                    result: ExitResult {
-                        err: Some(format!(
-                            "lost the task's executor (pid {}), its exit status is unknown and \
-                             its process group {} may still run: {error}",
-                            info.executor_pid, info.pgid
-                        )),
-                        ..Default::default()
-                    },
-                    exited_at: SystemTime::now(),
-                    killed_after_timeout: false,
-                };
-                return record_exit(&events, &task, exit);
-            }
+            };
+            task.base.record_exit(&events, exit);
         });
     }
 
@@ -191,19 +121,15 @@ impl DriverPlugin for RawExecDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            send_signals: true,
-            exec: true,
-            fs_isolation: FsIsolation::None,
-            task_stats: true,
-            task_events: true,
-            recover: true,
+        Capabilities::default()
+            .with_send_signals(true)
+            .with_exec(true)
+            .with_fs_isolation(FsIsolation::None)
+            .with_task_stats(true)
+            .with_task_events(true)
+            .with_recover(true)
             // Plain host processes: the host's network, nothing else.
-            network_modes: NetworkModes {
-                host: true,
-                ..Default::default()
-            },
-        }
+            .with_network_modes(NetworkModes::default().with_host(true))
     }
 
     async fn set_config(&self, _config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
@@ -252,46 +178,35 @@ impl DriverPlugin for RawExecDriver {
     }
 
     async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
-        Ok(self.store.get(task_id)?.wait().await)
+        Ok(self.store.get(task_id)?.base.wait().await)
     }
 
     async fn stop_task(
         &self,
         task_id: &str,
         timeout: Duration,
-        signal: &str,
+        sig: Signal,
     ) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
         let task = self.store.get(task_id)?;
-        if !task.running() {
-            return Ok(());
+        if !task.base.begin_stop(&self.events, sig, timeout) {
+            return Ok(()); // it has exited already
         }
-        *task
-            .stop_timeout
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(timeout);
-        self.event(task_id, format!("sent {}", signal_name(sig)));
         let exit = task.exec.stop(sig, timeout).await?;
-        record_exit(&self.events, &task, exit);
+        task.base.record_exit(&self.events, exit);
         Ok(())
     }
 
-    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
+    async fn signal_task(&self, task_id: &str, sig: Signal) -> Result<(), DriverError> {
         let task = self.store.get(task_id)?;
-        if !task.running() {
-            return Err(DriverError::FailedPrecondition(format!(
-                "task {task_id} has exited"
-            )));
-        }
+        task.base.ensure_running()?;
         task.exec.signal(sig).await?;
-        self.event(task_id, format!("sent {}", signal_name(sig)));
+        self.event(task_id, format!("sent {sig}"));
         Ok(())
     }
 
     async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
         let task = self.store.get(task_id)?;
-        if task.running() && !force {
+        if task.base.running() && !force {
             return Err(DriverError::FailedPrecondition(format!(
                 "task {task_id} is still running; stop it first or destroy it with force"
             )));
@@ -308,13 +223,7 @@ impl DriverPlugin for RawExecDriver {
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
         let id = handle.spec.id.clone();
-        // A start of this task may still be in flight (the host crashed while waiting
-        // for its reply, and now recovers it): let it finish first.
-        let deadline = tokio::time::Instant::now() + START_IN_FLIGHT;
-        while self.store.starting(&id) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if self.store.get(&id).is_ok() {
+        if task::settle_start(&self.store, &id).await {
             // Already tracked: the host recovers after its own restart while this
             // plugin process lived on.
             return Ok(());
@@ -380,20 +289,13 @@ impl DriverPlugin for RawExecDriver {
             .spawn()
             .map_err(|e| DriverError::InvalidConfig(format!("cannot start {program:?}: {e}")))?;
         match tokio::time::timeout(timeout, child.wait_with_output()).await {
-            Ok(Ok(out)) => Ok(ExecOutput {
-                stdout: out.stdout,
-                stderr: out.stderr,
-                result: ExitResult::from_status(out.status),
-            }),
+            Ok(Ok(out)) => Ok(ExecOutput::new(ExitResult::from_status(out.status))
+                .with_stdout(out.stdout)
+                .with_stderr(out.stderr)),
             Ok(Err(e)) => Err(DriverError::Internal(format!("running {program:?}: {e}"))),
-            Err(_) => Ok(ExecOutput {
-                result: ExitResult {
-                    signal: SIGKILL,
-                    err: Some(format!("timed out after {timeout:?}")),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }),
+            Err(_) => Ok(ExecOutput::new(
+                ExitResult::signaled(Signal::KILL).with_err(format!("timed out after {timeout:?}")),
+            )),
         }
     }
 }

@@ -1,12 +1,10 @@
 //! One task: its executor, its exit result once known, its resource usage.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
 
 use drover_executor::ExecutorHandle;
-use drover_plugin_sdk::store::ExitSlot;
-use drover_plugin_sdk::{DriverError, ExitResult, TaskState, TaskStats, TaskStatus};
+use drover_executor::task::ExecutorTask;
+use drover_plugin_sdk::{DriverError, TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Launch;
@@ -38,29 +36,19 @@ pub(crate) struct HandleStateV1 {
 
 /// One task this plugin process tracks.
 pub(crate) struct Task {
-    pub id: String,
-    pub name: String,
+    /// What every executor-backed driver keeps: identity, exit result, stop timeout.
+    pub base: ExecutorTask,
     pub exec: ExecutorHandle,
-    pub started_at: SystemTime,
     /// Environment and directory, for `ExecTask`.
     pub launch: Launch,
-    exit: ExitSlot,
-    /// Timeout of the last stop, for the event saying SIGKILL was sent.
-    pub stop_timeout: Mutex<Option<Duration>>,
-    last_cpu: Mutex<Option<(Instant, Duration)>>,
 }
 
 impl Task {
     pub(crate) fn new(id: String, name: String, exec: ExecutorHandle, launch: Launch) -> Self {
         Task {
-            id,
-            name,
-            started_at: exec.info().started_at,
+            base: ExecutorTask::new(id, name, exec.info().started_at),
             exec,
             launch,
-            exit: ExitSlot::default(),
-            stop_timeout: Mutex::new(None),
-            last_cpu: Mutex::new(None),
         }
     }
 
@@ -79,83 +67,30 @@ impl Task {
         }
     }
 
-    pub(crate) fn running(&self) -> bool {
-        !self.exit.is_set()
-    }
-
-    /// Record how the task ended; the first result wins.
-    pub(crate) fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
-        self.exit.finish(result, at)
-    }
-
-    /// Wait until the task has exited.
-    pub(crate) async fn wait(&self) -> ExitResult {
-        self.exit.wait().await
-    }
-
     /// InspectTask's answer.
     pub(crate) fn status(&self) -> TaskStatus {
-        let exit = self.exit.get();
         let info = self.exec.info();
-        TaskStatus {
-            id: self.id.clone(),
-            name: self.name.clone(),
-            state: if exit.is_some() {
-                TaskState::Exited
-            } else {
-                TaskState::Running
-            },
-            started_at: Some(self.started_at),
-            completed_at: exit.as_ref().map(|(_, at)| *at),
-            exit_result: exit.map(|(r, _)| r),
-            attributes: [
-                ("pid".to_owned(), info.pid.to_string()),
-                ("pgid".to_owned(), info.pgid.to_string()),
-                ("executor_pid".to_owned(), info.executor_pid.to_string()),
-                (
-                    "executor_dir".to_owned(),
-                    self.exec.dir().display().to_string(),
-                ),
-            ]
-            .into_iter()
-            .collect(),
-        }
+        self.base
+            .status()
+            .with_attribute("pid", info.pid.to_string())
+            .with_attribute("pgid", info.pgid.to_string())
+            .with_attribute("executor_pid", info.executor_pid.to_string())
+            .with_attribute("executor_dir", self.exec.dir().display().to_string())
     }
 
     /// A resource usage sample of the main process.
     pub(crate) fn stats(&self) -> Result<TaskStats, DriverError> {
-        if !self.running() {
-            return Err(DriverError::FailedPrecondition(format!(
-                "task {} has exited",
-                self.id
-            )));
-        }
+        self.base.ensure_running()?;
         let pid = self.pid();
         let stat = procfs::read_stat(pid)
             .map_err(|e| DriverError::Internal(format!("reading /proc/{pid}/stat: {e}")))?;
         let rss = procfs::read_vm_rss(pid).unwrap_or(0);
         let cpu_user = procfs::ticks(stat.utime);
         let cpu_system = procfs::ticks(stat.stime);
-        let cpu = cpu_user + cpu_system;
-        let now = Instant::now();
-        let mut last = self
-            .last_cpu
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let cpu_percent = match *last {
-            Some((at, before)) if now > at => {
-                cpu.saturating_sub(before).as_secs_f64() / (now - at).as_secs_f64() * 100.0
-            }
-            _ => 0.0,
-        };
-        *last = Some((now, cpu));
-        Ok(TaskStats {
-            memory_rss_bytes: rss,
-            cpu_user,
-            cpu_system,
-            cpu_percent,
-            memory_cache_bytes: 0,
-            process_count: 0,
-        })
+        let cpu_percent = self.base.cpu_percent(cpu_user + cpu_system);
+        Ok(TaskStats::default()
+            .with_memory_rss_bytes(rss)
+            .with_cpu_time(cpu_user, cpu_system)
+            .with_cpu_percent(cpu_percent))
     }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use drover_plugin_sdk::{DriverError, ExitResult, TaskState};
+use drover_plugin_sdk::{DriverError, ExitResult, Signal, TaskState};
 use serde_json::json;
 use tokio_stream::StreamExt as _;
 
@@ -65,7 +65,7 @@ async fn stop_with_sigterm_returns_promptly_and_the_process_is_gone() {
         PROMPT,
         "stop",
         p.client
-            .stop_task("sleeper", Duration::from_secs(5), "SIGTERM"),
+            .stop_task("sleeper", Duration::from_secs(5), Signal::TERM),
     )
     .await
     .unwrap();
@@ -81,14 +81,10 @@ async fn stop_with_sigterm_returns_promptly_and_the_process_is_gone() {
     assert_eq!(p.wait("sleeper").await, ExitResult::signaled(15));
     // Stopping a task that has exited is fine; a bad signal name is not.
     p.client
-        .stop_task("sleeper", Duration::from_secs(1), "SIGTERM")
+        .stop_task("sleeper", Duration::from_secs(1), Signal::TERM)
         .await
         .unwrap();
-    let err = p
-        .client
-        .stop_task("sleeper", Duration::from_secs(1), "SIGBOGUS")
-        .await
-        .unwrap_err();
+    let err = p.raw_stop("sleeper", "SIGBOGUS").await.unwrap_err();
     assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
     p.shutdown().await;
 }
@@ -109,7 +105,7 @@ async fn task_ignoring_sigterm_is_killed_after_the_timeout() {
         PROMPT,
         "stop",
         p.client
-            .stop_task("stubborn", Duration::from_secs(1), "SIGTERM"),
+            .stop_task("stubborn", Duration::from_secs(1), Signal::TERM),
     )
     .await
     .unwrap();
@@ -312,6 +308,19 @@ async fn destroying_a_running_task_needs_force() {
 }
 
 #[tokio::test]
+async fn an_empty_signal_on_the_wire_means_sigterm() {
+    let (_dir, p) = setup().await;
+    p.start(
+        "quiet",
+        json!({ "command": "/bin/sleep", "args": ["1000"] }),
+    )
+    .await;
+    p.raw_stop("quiet", "").await.unwrap();
+    assert_eq!(p.wait("quiet").await, ExitResult::signaled(Signal::TERM));
+    p.shutdown().await;
+}
+
+#[tokio::test]
 async fn signal_reaches_the_task() {
     let (_dir, p) = setup().await;
     p.start(
@@ -320,11 +329,15 @@ async fn signal_reaches_the_task() {
     )
     .await;
     p.printed("usr1", "ready").await;
-    let err = p.client.signal_task("usr1", "SIGNOPE").await.unwrap_err();
+    let err = p.raw_signal("usr1", "SIGNOPE").await.unwrap_err();
     assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
-    p.client.signal_task("usr1", "SIGUSR1").await.unwrap();
+    p.client.signal_task("usr1", Signal::USR1).await.unwrap();
     assert_eq!(p.wait("usr1").await, ExitResult::code(42));
-    let err = p.client.signal_task("usr1", "SIGUSR1").await.unwrap_err();
+    let err = p
+        .client
+        .signal_task("usr1", Signal::USR1)
+        .await
+        .unwrap_err();
     assert!(matches!(err, DriverError::FailedPrecondition(_)), "{err:?}");
     p.shutdown().await;
 }
@@ -340,7 +353,7 @@ async fn events_tell_the_story_in_order() {
         )
         .await;
     p.client
-        .stop_task("story", Duration::from_secs(5), "")
+        .stop_task("story", Duration::from_secs(5), Signal::default())
         .await
         .unwrap();
     let mut seen = Vec::new();

@@ -11,7 +11,9 @@ use std::time::Duration;
 use common::*;
 use drover_plugin_sdk::client::process_start_time;
 use drover_plugin_sdk::logs::log_files;
-use drover_plugin_sdk::{DriverError, ExitResult, LogConfig, TaskHandle, TaskState};
+use drover_plugin_sdk::{
+    DriverError, ExitOutcome, ExitResult, LogConfig, Signal, TaskHandle, TaskState,
+};
 use serde_json::json;
 
 fn sleeper() -> serde_json::Value {
@@ -27,7 +29,7 @@ fn executor_dir(handle: &TaskHandle) -> PathBuf {
 /// Kill the plugin's process group with SIGKILL, as a crash would end it.
 async fn crash(p: &Plugin) {
     let how = within(PROMPT, "kill the plugin", p.process.kill()).await;
-    assert!(how.contains("signal 9"), "{how}");
+    assert_eq!(how, ExitOutcome::Signal(Signal::KILL), "{how}");
 }
 
 #[tokio::test]
@@ -99,14 +101,18 @@ async fn sigkilled_plugin_is_replaced_and_every_task_recovered_with_real_exit_co
     })
     .await;
 
-    second.client.signal_task("usr1", "SIGUSR1").await.unwrap();
+    second
+        .client
+        .signal_task("usr1", Signal::USR1)
+        .await
+        .unwrap();
     assert_eq!(second.wait("usr1").await, ExitResult::code(42));
     within(
         PROMPT,
         "stop",
         second
             .client
-            .stop_task("long", Duration::from_secs(5), "SIGTERM"),
+            .stop_task("long", Duration::from_secs(5), Signal::TERM),
     )
     .await
     .unwrap();
@@ -186,12 +192,13 @@ async fn deleted_executor_socket_is_a_prompt_clear_error() {
 async fn old_handle_versions_are_refused_with_an_explanation() {
     let (_dir, p) = setup().await;
     let spec = p.spec("ancient", sleeper());
-    let handle = TaskHandle {
-        version: 1,
+    let handle = TaskHandle::new(
         spec,
-        state: TaskState::Running,
-        driver_state: br#"{"pid":4242,"pgid":4242,"start_time":1}"#.to_vec(),
-    };
+        1,
+        &serde_json::json!({"pid": 4242, "pgid": 4242, "start_time": 1}),
+    )
+    .unwrap();
+    assert_eq!(handle.state, TaskState::Running);
     let err = p.client.recover_task(handle).await.unwrap_err();
     assert!(
         matches!(&err, DriverError::FailedPrecondition(m)
@@ -278,10 +285,7 @@ async fn logs_rotate_within_limits_and_keep_the_tail_in_order() {
     const LINES: u64 = 3_300_000; // 52.8 MB
     let (_dir, p) = setup().await;
     let mut spec = p.spec("chatty", numbered(LINES));
-    spec.logs = LogConfig {
-        max_files: 3,
-        max_file_size_mb: 1,
-    };
+    spec.logs = LogConfig::new(3, 1);
     p.start_spec(spec).await;
     assert_eq!(
         within(
@@ -424,9 +428,13 @@ async fn the_executor_answers_status_and_stats_on_its_own() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let exit = within(PROMPT, "stop", exec.stop(15, Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let exit = within(
+        PROMPT,
+        "stop",
+        exec.stop(Signal::TERM, Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
     assert_eq!(exit.result, ExitResult::signaled(15));
     assert!(!exit.killed_after_timeout);
     let err = exec.stats().await.unwrap_err();
@@ -501,11 +509,8 @@ async fn a_plugin_killed_at_random_points_of_start_up_never_runs_a_task_twice() 
             let config: serde_json::Value = serde_json::from_str(&spec.driver_config_json).unwrap();
             let arg = config["args"][0].as_str().unwrap().to_owned();
             let marker = ["/bin/sleep", arg.as_str()];
-            let bare = TaskHandle {
-                version: drover_driver_rawexec::HANDLE_VERSION,
-                spec: spec.clone(),
-                ..Default::default()
-            };
+            let mut bare = TaskHandle::for_spec(spec.clone());
+            bare.version = drover_driver_rawexec::HANDLE_VERSION;
             match within(PROMPT, "recover by id", second.client.recover_task(bare)).await {
                 Ok(()) => {
                     found += 1;
@@ -596,7 +601,7 @@ async fn executors_are_named_apart_from_plugins_and_survive_sigterm() {
     )
     .unwrap();
     // A round trip through the executor: it handled its signals by then.
-    p.client.signal_task("named", "SIGCONT").await.unwrap();
+    p.client.signal_task("named", Signal::CONT).await.unwrap();
     assert!(alive(executor), "the executor died of SIGTERM");
     assert!(alive(pid));
     // The task itself starts with standard signal handling: nothing blocked or ignored
@@ -610,7 +615,7 @@ async fn executors_are_named_apart_from_plugins_and_survive_sigterm() {
     // SIGHUP, SIGINT, SIGPIPE, SIGTERM: bits 0, 1, 12, 14.
     assert_eq!(mask("SigIgn:") & 0x5003, 0, "{status}");
     p.client
-        .stop_task("named", std::time::Duration::from_secs(5), "SIGTERM")
+        .stop_task("named", std::time::Duration::from_secs(5), Signal::TERM)
         .await
         .unwrap();
     assert_eq!(p.wait("named").await.signal, 15);

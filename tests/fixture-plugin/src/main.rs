@@ -18,7 +18,7 @@ use std::time::Duration;
 use drover_plugin_sdk::proto::goplugin;
 use drover_plugin_sdk::{
     Capabilities, DriverError, DriverPlugin, EmptyConfig, ExitResult, Fingerprint, PluginInfo,
-    TaskHandle, TaskSpec, TaskState, TaskStatus,
+    Signal, TaskHandle, TaskSpec, TaskState, TaskStatus,
 };
 
 fn env_or(key: &str, default: &str) -> String {
@@ -90,7 +90,7 @@ impl DriverPlugin for Fixture {
         Ok(ExitResult::code(self.exit_code(id)?))
     }
 
-    async fn stop_task(&self, id: &str, _: Duration, _: &str) -> Result<(), DriverError> {
+    async fn stop_task(&self, id: &str, _: Duration, _: Signal) -> Result<(), DriverError> {
         self.exit_code(id).map(drop)
     }
 
@@ -101,12 +101,7 @@ impl DriverPlugin for Fixture {
 
     async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
         let code = self.exit_code(id)?;
-        Ok(TaskStatus {
-            id: id.to_owned(),
-            state: TaskState::Exited,
-            exit_result: Some(ExitResult::code(code)),
-            ..Default::default()
-        })
+        Ok(TaskStatus::new(id, TaskState::Exited).with_exit_result(ExitResult::code(code)))
     }
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {

@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use drover_plugin_sdk::DriverError;
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+use drover_plugin_sdk::{DriverError, ExitOutcome};
 
 const BIN: &str = env!("CARGO_BIN_EXE_drover-fixture-plugin");
 
@@ -32,13 +32,13 @@ async fn normal_mode_says_what_the_environment_says() {
         dir.path(),
     )
     .await;
-    let (info, apis, _) = p.client().plugin_info().await.unwrap();
+    let info = p.client().plugin_info().await.unwrap();
     assert_eq!(
         (info.name.as_str(), info.version.as_str()),
         ("dup", "0.10.0")
     );
-    assert_eq!(apis, ["2.0.0", "3.1.0"]);
-    assert_eq!(p.shutdown().await, "exit code 0");
+    assert_eq!(info.api_versions, ["2.0.0", "3.1.0"]);
+    assert_eq!(p.shutdown().await, ExitOutcome::Code(0));
 }
 
 #[tokio::test]
@@ -48,7 +48,7 @@ async fn goplugin_only_mode_serves_no_drover_services_and_shuts_down() {
     let err = p.client().plugin_info().await.unwrap_err();
     assert!(matches!(err, DriverError::Unimplemented(_)), "{err:?}");
     let t = Instant::now();
-    assert_eq!(p.shutdown().await, "exit code 0");
+    assert_eq!(p.shutdown().await, ExitOutcome::Code(0));
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // Its socket directory went with it.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -61,5 +61,5 @@ async fn crash_mode_exits_7_shortly_after_the_handshake() {
     let how = tokio::time::timeout(Duration::from_secs(15), p.exited())
         .await
         .expect("crashes in time");
-    assert_eq!(how, "exit code 7");
+    assert_eq!(how, ExitOutcome::Code(7));
 }

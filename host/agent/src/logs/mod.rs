@@ -384,10 +384,7 @@ mod tests {
     const MIB: usize = 1024 * 1024;
 
     fn limits() -> LogConfig {
-        LogConfig {
-            max_files: 3,
-            max_file_size_mb: 1,
-        }
+        LogConfig::new(3, 1)
     }
 
     /// Read everything available now.
@@ -406,14 +403,7 @@ mod tests {
     fn reads_across_rotations_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("stdout");
-        let mut w = RotatingWriter::open(
-            &base,
-            LogConfig {
-                max_files: 10,
-                ..limits()
-            },
-        )
-        .unwrap();
+        let mut w = RotatingWriter::open(&base, limits().with_max_files(10)).unwrap();
         let mut want = Vec::new();
         for i in 0..300_000 {
             let line = format!("line {i}\n");
@@ -517,14 +507,7 @@ mod tests {
     fn tail_and_offset_start_where_asked() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("stderr");
-        let mut w = RotatingWriter::open(
-            &base,
-            LogConfig {
-                max_files: 10,
-                ..limits()
-            },
-        )
-        .unwrap();
+        let mut w = RotatingWriter::open(&base, limits().with_max_files(10)).unwrap();
         let mut all = String::new();
         for i in 0..200_000 {
             all.push_str(&format!("{i}\n"));

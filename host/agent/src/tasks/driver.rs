@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_plugin_sdk::{DriverError, ExitResult, TaskHandle, TaskSpec, TaskStats, TaskStatus};
+use drover_plugin_sdk::{
+    DriverError, ExitResult, Signal, TaskHandle, TaskSpec, TaskStats, TaskStatus,
+};
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
@@ -14,7 +16,8 @@ use drover_api::PluginState;
 
 /// One driver as the task manager sees it. Every call goes to the driver's current
 /// process; a call in flight when that process dies fails with
-/// [`DriverError::Unavailable`].
+/// [`DriverError::Unavailable`], or [`DriverError::Transport`] when the connection
+/// broke before the death was noticed.
 #[tonic::async_trait]
 pub trait TaskDriver: Send + Sync {
     /// Health and why.
@@ -28,8 +31,12 @@ pub trait TaskDriver: Send + Sync {
     /// `WaitTask`: until the task exits.
     async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError>;
     /// `StopTask`.
-    async fn stop_task(&self, id: &str, timeout: Duration, signal: &str)
-    -> Result<(), DriverError>;
+    async fn stop_task(
+        &self,
+        id: &str,
+        timeout: Duration,
+        signal: Signal,
+    ) -> Result<(), DriverError>;
     /// `DestroyTask`.
     async fn destroy_task(&self, id: &str, force: bool) -> Result<(), DriverError>;
     /// `InspectTask`.
@@ -37,7 +44,7 @@ pub trait TaskDriver: Send + Sync {
     /// `RecoverTask`.
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError>;
     /// `SignalTask`.
-    async fn signal_task(&self, id: &str, signal: &str) -> Result<(), DriverError>;
+    async fn signal_task(&self, id: &str, signal: Signal) -> Result<(), DriverError>;
     /// One `TaskStats` sample.
     async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError>;
 }
@@ -80,7 +87,7 @@ impl TaskDriver for LoadedPlugin {
         &self,
         id: &str,
         timeout: Duration,
-        signal: &str,
+        signal: Signal,
     ) -> Result<(), DriverError> {
         self.client().stop_task(id, timeout, signal).await
     }
@@ -93,7 +100,7 @@ impl TaskDriver for LoadedPlugin {
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
         self.client().recover_task(handle).await
     }
-    async fn signal_task(&self, id: &str, signal: &str) -> Result<(), DriverError> {
+    async fn signal_task(&self, id: &str, signal: Signal) -> Result<(), DriverError> {
         self.client().signal_task(id, signal).await
     }
     async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError> {

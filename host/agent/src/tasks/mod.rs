@@ -388,16 +388,13 @@ impl TaskManager {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let name = req.name.clone().unwrap_or_else(|| req.driver.clone());
         let task_dir = self.alloc_dir.join(&id);
-        let mut spec = TaskSpec {
-            id: id.clone(),
-            name: name.clone(),
-            env: req.env.clone(),
-            resources,
-            task_dir: task_dir.clone(),
-            logs,
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        };
+        let mut spec = TaskSpec::new(id.clone())
+            .with_name(name.clone())
+            .with_envs(req.env.clone())
+            .with_resources(resources)
+            .with_task_dir(task_dir.clone())
+            .with_logs(logs)
+            .with_driver_config_json(config.to_string());
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {
                 let _ = std::fs::remove_dir_all(&task_dir);
@@ -586,7 +583,7 @@ impl TaskManager {
             return Ok(task.view());
         }
         let signal = signal.unwrap_or_else(|| task.settings.kill_signal.clone());
-        drover_plugin_sdk::parse_signal(&signal)?;
+        let sig = drover_plugin_sdk::Signal::parse_or_default(&signal)?;
         let timeout = timeout.unwrap_or(task.settings.kill_timeout);
         let bound = timeout.checked_add(STOP_GRACE).ok_or_else(|| {
             DriverError::InvalidConfig(format!("stop timeout {} is too long", human(timeout)))
@@ -623,10 +620,14 @@ impl TaskManager {
                 task.attached.load(Ordering::SeqCst) && task.state() == TaskLifecycle::Running;
             if running {
                 let driver = self.driver(&task.driver)?;
-                match driver.stop_task(id, timeout, &signal).await {
-                    // Unavailable: the plugin just died; the runner sends the recorded
-                    // stop to the relaunched one, so wait for the exit all the same.
-                    Ok(()) | Err(DriverError::NotFound(_)) | Err(DriverError::Unavailable(_)) => {}
+                match driver.stop_task(id, timeout, sig).await {
+                    // Unavailable, Transport: the plugin just died (or the call was
+                    // lost); the runner sends the recorded stop to the relaunched one,
+                    // so wait for the exit all the same.
+                    Ok(())
+                    | Err(DriverError::NotFound(_))
+                    | Err(DriverError::Unavailable(_))
+                    | Err(DriverError::Transport(_)) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -650,7 +651,7 @@ impl TaskManager {
     /// Send a signal to a running task.
     pub async fn signal(&self, id: &str, signal: &str) -> Result<TaskView, DriverError> {
         let task = self.entry(id)?;
-        drover_plugin_sdk::parse_signal(signal)?;
+        let sig = drover_plugin_sdk::Signal::parse_or_default(signal)?;
         match task.state() {
             TaskLifecycle::Running if task.attached.load(Ordering::SeqCst) => {}
             TaskLifecycle::Running => {
@@ -669,7 +670,7 @@ impl TaskManager {
                 )));
             }
         }
-        self.driver(&task.driver)?.signal_task(id, signal).await?;
+        self.driver(&task.driver)?.signal_task(id, sig).await?;
         task.event(TaskEventKind::Signaling, format!("sent {signal}"));
         task.save(&self.store).await;
         Ok(task.view())

@@ -235,14 +235,8 @@ mod tests {
         for exit in [
             ExitResult::code(1),
             ExitResult::signaled(9),
-            ExitResult {
-                oom_killed: true,
-                ..Default::default()
-            },
-            ExitResult {
-                err: Some("driver lost it".into()),
-                ..Default::default()
-            },
+            ExitResult::default().with_oom_killed(true),
+            ExitResult::unknown("driver lost it"),
         ] {
             assert!(
                 matches!(decide(&p, &[], at(0), &exit), Decision::Restart { .. }),

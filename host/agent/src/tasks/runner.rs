@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use drover_api::TaskEventKind;
-use drover_plugin_sdk::{DriverError, ExitResult, TaskHandle, TaskState};
+use drover_plugin_sdk::{DriverError, ExitResult, Signal, TaskHandle};
 use tokio::sync::oneshot;
 
 use super::hooks::{Started, TaskHook};
@@ -38,9 +38,14 @@ const RETRY_PAUSES: [Duration; 4] = [
     Duration::from_millis(800),
 ];
 
-/// Errors that may come from a broken connection rather than from the driver's answer.
+/// Errors after which asking again may well succeed: the call or its answer was lost
+/// (a plugin killed mid-call breaks the connection before its exit is noticed), it
+/// took too long, or the driver failed in a way that may pass (its executor was busy).
 fn retryable(e: &DriverError) -> bool {
-    matches!(e, DriverError::Internal(_) | DriverError::Timeout(_))
+    matches!(
+        e,
+        DriverError::Transport(_) | DriverError::Internal(_) | DriverError::Timeout(_)
+    )
 }
 
 /// Pauses between recoveries of a task the driver cannot account for yet although it
@@ -50,11 +55,15 @@ const STUCK_POLL: (Duration, Duration) = (Duration::from_secs(1), Duration::from
 
 /// Errors from `StartTask` after which the task may have been started all the same: the
 /// plugin died or stalled mid-call (a killed plugin often shows up as a transport error,
-/// before its exit is noticed). Only the driver can tell: [`probe`] asks it by id.
+/// before its exit is noticed), or failed half-way. Only the driver can tell: [`probe`]
+/// asks it by id.
 pub(super) fn maybe_started(e: &DriverError) -> bool {
     matches!(
         e,
-        DriverError::Unavailable(_) | DriverError::Internal(_) | DriverError::Timeout(_)
+        DriverError::Unavailable(_)
+            | DriverError::Transport(_)
+            | DriverError::Internal(_)
+            | DriverError::Timeout(_)
     )
 }
 
@@ -180,12 +189,7 @@ pub(super) fn started(
 /// What the driver is asked to find when the agent never learnt the task's handle:
 /// the stored spec and no driver state, which drivers read as "find it by its id".
 fn probe_handle(rec: &TaskRecord) -> TaskHandle {
-    TaskHandle {
-        version: 0,
-        spec: rec.spec.clone(),
-        state: TaskState::Unknown,
-        driver_state: Vec::new(),
-    }
+    TaskHandle::for_spec(rec.spec.clone())
 }
 
 /// An exit the driver could not read: no code, no signal, only an error.
@@ -430,7 +434,12 @@ impl Runner {
         let id = self.task.id.clone();
         // In the background: the runner must be waiting for the exit meanwhile.
         tokio::spawn(async move {
-            if let Err(e) = driver.stop_task(&id, kill.timeout, &kill.signal).await {
+            // Checked when the stop was asked for; a record edited since is refused here.
+            let sent = match Signal::parse_or_default(&kill.signal) {
+                Ok(signal) => driver.stop_task(&id, kill.timeout, signal).await,
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = sent {
                 tracing::warn!(task = %id, "stopping the recovered task failed: {e}");
             }
         });
@@ -479,6 +488,25 @@ impl Runner {
                     let pause = retries.remove(0);
                     tokio::time::sleep(pause).await;
                 }
+                Err(e @ DriverError::Transport(_)) => {
+                    // Still no answer: the driver cannot be reached, which says nothing
+                    // about the task. Attach again, which keeps the task and retries
+                    // until the driver answers for it.
+                    self.task.attached.store(false, Ordering::SeqCst);
+                    self.task.failure(format!(
+                        "waiting for the task through driver {} failed: {e}; the task may \
+                         still be running: it is kept and recovered once the driver answers",
+                        self.task.driver
+                    ));
+                    match self.attach().await {
+                        Attach::Attached(g) => {
+                            attached_on = g;
+                            retries = RETRY_PAUSES.to_vec();
+                        }
+                        Attach::NeverStarted => return self.lost_handle().await,
+                        Attach::Lost(why) => return self.lost(why).await,
+                    }
+                }
                 Err(e) => {
                     return self
                         .lost(format!(
@@ -507,10 +535,7 @@ impl Runner {
     /// An incarnation could not be started: the restart policy decides, as for a
     /// failed exit (the `DriverFailure` event already said why).
     async fn start_failed(&mut self, why: String) -> Phase {
-        let result = ExitResult {
-            err: Some(why),
-            ..Default::default()
-        };
+        let result = ExitResult::unknown(why);
         self.ended(result, false).await
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use drover_api::{RestartMode, RestartPolicy};
-use drover_plugin_sdk::{ExitResult, TaskHandle, TaskStatus};
+use drover_plugin_sdk::{ExitResult, Signal, TaskHandle, TaskStatus};
 
 use super::*;
 use crate::state::MemStore;
@@ -193,12 +193,7 @@ impl TaskDriver for Fake {
                 exit.send_replace(Some(ExitResult::code(code)));
             });
         }
-        Ok(TaskHandle {
-            version: 1,
-            spec,
-            state: drover_plugin_sdk::TaskState::Running,
-            driver_state: b"{\"executor\":\"/run/x.sock\"}".to_vec(),
-        })
+        TaskHandle::new(spec, 1, &serde_json::json!({"executor": "/run/x.sock"}))
     }
     async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError> {
         let exit = self.known(id)?;
@@ -210,13 +205,13 @@ impl TaskDriver for Fake {
                 Ok(r.map_err(DriverError::internal)?.clone().unwrap_or_default())
             }
             _ = crashed.changed() => Err(if self.s().crash_breaks_connection {
-                DriverError::Internal("transport error".into())
+                DriverError::Transport("transport error".into())
             } else {
                 DriverError::Unavailable("fake plugin exited".into())
             }),
         }
     }
-    async fn stop_task(&self, id: &str, _: Duration, _: &str) -> Result<(), DriverError> {
+    async fn stop_task(&self, id: &str, _: Duration, _: Signal) -> Result<(), DriverError> {
         let exit = self.known(id)?;
         self.s().stops.push(id.to_owned());
         exit.send_if_modified(|e| {
@@ -239,11 +234,10 @@ impl TaskDriver for Fake {
     }
     async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
         self.known(id)?;
-        Ok(TaskStatus {
-            id: id.to_owned(),
-            attributes: [("pid".to_owned(), "4242".to_owned())].into(),
-            ..Default::default()
-        })
+        Ok(
+            TaskStatus::new(id, drover_plugin_sdk::TaskState::Unknown)
+                .with_attribute("pid", "4242"),
+        )
     }
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
         if self.s().hang_recover {
@@ -263,7 +257,7 @@ impl TaskDriver for Fake {
         s.known.insert(id);
         Ok(())
     }
-    async fn signal_task(&self, id: &str, _: &str) -> Result<(), DriverError> {
+    async fn signal_task(&self, id: &str, _: Signal) -> Result<(), DriverError> {
         self.known(id).map(drop)
     }
     async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError> {
@@ -981,7 +975,7 @@ async fn a_start_whose_caller_went_away_is_finished_and_watched() {
 #[tokio::test]
 async fn a_start_broken_by_a_transport_error_is_asked_not_forgotten() {
     let env = Env::new();
-    env.fake.s().crash_in_start = Some(DriverError::Internal("h2 protocol error".into()));
+    env.fake.s().crash_in_start = Some(DriverError::Transport("h2 protocol error".into()));
     let v = env
         .mgr
         .run(request(serde_json::json!({}), None))
@@ -1010,7 +1004,7 @@ async fn a_restart_broken_by_a_transport_error_is_not_a_failed_attempt() {
         ))
         .await
         .unwrap();
-    env.fake.s().crash_in_start = Some(DriverError::Internal("h2 protocol error".into()));
+    env.fake.s().crash_in_start = Some(DriverError::Transport("h2 protocol error".into()));
     until(&env.mgr, &v.id, "failing the restart", |v| {
         v.events.iter().any(|e| e.kind == "DriverFailure")
     })

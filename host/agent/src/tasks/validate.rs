@@ -20,7 +20,8 @@ pub(super) struct Settings {
 impl Settings {
     pub(super) fn from_request(req: &RunRequest) -> Result<Settings, DriverError> {
         let kill_signal = req.kill_signal.clone().unwrap_or_else(|| "SIGTERM".into());
-        drover_plugin_sdk::parse_signal(&kill_signal)?;
+        // Checked now; kept as written, for events, and parsed again for each stop.
+        drover_plugin_sdk::Signal::parse_or_default(&kill_signal)?;
         // A request read from JSON was checked while it was parsed, with the text
         // the user wrote; one built in code is checked here.
         let kill_timeout = req.kill_timeout.unwrap_or(DEFAULT_KILL_TIMEOUT);
@@ -46,11 +47,10 @@ impl Settings {
 /// Resource and log limits from the request, checked.
 pub(super) fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverError> {
     let r = req.resources.unwrap_or_default();
-    let r = Resources {
-        cpu_shares: r.cpu_shares,
-        memory_mb: r.memory_mb,
-        memory_max_mb: r.memory_max_mb,
-    };
+    let r = Resources::default()
+        .with_cpu_shares(r.cpu_shares)
+        .with_memory_mb(r.memory_mb)
+        .with_memory_max_mb(r.memory_max_mb);
     for (field, value) in [
         ("cpu_shares", r.cpu_shares),
         ("memory_mb", r.memory_mb),
@@ -69,10 +69,7 @@ pub(super) fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverE
         )));
     }
     let l = req.logs.unwrap_or_default();
-    let l = LogConfig {
-        max_files: l.max_files,
-        max_file_size_mb: l.max_file_size_mb,
-    };
+    let l = LogConfig::new(l.max_files, l.max_file_size_mb);
     if l.max_files == 0 {
         return Err(DriverError::InvalidConfig(
             "logs.max_files must be at least 1".into(),

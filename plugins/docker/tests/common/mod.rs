@@ -58,15 +58,12 @@ impl Scratch {
         for sub in ["local", "secrets", "logs"] {
             std::fs::create_dir_all(task_dir.join(sub)).expect("task dir");
         }
-        TaskSpec {
-            id: id.to_owned(),
-            name: format!("test-{id}"),
-            task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("logs/stdout"),
-            stderr_path: task_dir.join("logs/stderr"),
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        }
+        TaskSpec::new(id)
+            .with_name(format!("test-{id}"))
+            .with_stdout_path(task_dir.join("logs/stdout"))
+            .with_stderr_path(task_dir.join("logs/stderr"))
+            .with_driver_config_json(config.to_string())
+            .with_task_dir(task_dir.clone())
     }
 
     /// Everything written to the task's stdout (or stderr) files, in order.
@@ -108,11 +105,9 @@ impl Plugin {
         if let (Some(full), Some(extra)) = (full.as_object_mut(), config.as_object()) {
             full.extend(extra.clone());
         }
-        let agent = AgentInfo {
-            alloc_dir: s.alloc_dir(),
-            plugin_state_dir: s.alloc_dir(),
-            api_version: "1.0.0".into(),
-        };
+        let agent = AgentInfo::new("1.0.0")
+            .with_alloc_dir(s.alloc_dir())
+            .with_plugin_state_dir(s.alloc_dir());
         within(
             PROMPT,
             "set_config",

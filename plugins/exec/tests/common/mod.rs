@@ -92,11 +92,9 @@ impl Plugin {
         .await
         .expect("exec launches");
         let client = process.client();
-        let agent = AgentInfo {
-            alloc_dir: dir.to_owned(),
-            plugin_state_dir: state_dir(dir),
-            api_version: drover_plugin_sdk::version::PLUGIN_API_VERSION.into(),
-        };
+        let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
+            .with_alloc_dir(dir)
+            .with_plugin_state_dir(state_dir(dir));
         within(
             PROMPT,
             "set config",
@@ -119,15 +117,11 @@ impl Plugin {
         for sub in ["local", "secrets", "tmp", "logs"] {
             std::fs::create_dir_all(task_dir.join(sub)).unwrap();
         }
-        TaskSpec {
-            id: id.into(),
-            name: id.into(),
-            task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("logs/stdout"),
-            stderr_path: task_dir.join("logs/stderr"),
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        }
+        TaskSpec::new(id)
+            .with_stdout_path(task_dir.join("logs/stdout"))
+            .with_stderr_path(task_dir.join("logs/stderr"))
+            .with_driver_config_json(config.to_string())
+            .with_task_dir(task_dir.clone())
     }
 
     pub async fn start_spec(&self, spec: TaskSpec) -> TaskHandle {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess, process_start_time};
-use drover_plugin_sdk::{AgentInfo, ExitResult, TaskHandle, TaskSpec};
+use drover_plugin_sdk::{AgentInfo, DriverError, ExitResult, TaskHandle, TaskSpec};
 use serde_json::{Value, json};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_drover-driver-rawexec");
@@ -44,11 +44,9 @@ impl Plugin {
         .await
         .expect("rawexec launches");
         let client = process.client();
-        let agent = AgentInfo {
-            alloc_dir: dir.to_owned(),
-            plugin_state_dir: state_dir(dir),
-            api_version: drover_plugin_sdk::version::PLUGIN_API_VERSION.into(),
-        };
+        let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
+            .with_alloc_dir(dir)
+            .with_plugin_state_dir(state_dir(dir));
         within(PROMPT, "set config", client.set_config("{}".into(), &agent))
             .await
             .expect("SetConfig");
@@ -63,15 +61,11 @@ impl Plugin {
     pub fn spec(&self, id: &str, config: Value) -> TaskSpec {
         let task_dir = self.dir.join(id);
         std::fs::create_dir_all(&task_dir).unwrap();
-        TaskSpec {
-            id: id.into(),
-            name: id.into(),
-            task_dir: task_dir.clone(),
-            stdout_path: task_dir.join("stdout"),
-            stderr_path: task_dir.join("stderr"),
-            driver_config_json: config.to_string(),
-            ..Default::default()
-        }
+        TaskSpec::new(id)
+            .with_stdout_path(task_dir.join("stdout"))
+            .with_stderr_path(task_dir.join("stderr"))
+            .with_task_dir(task_dir)
+            .with_driver_config_json(config.to_string())
     }
 
     pub fn track(&self, pid: u32) {
@@ -135,7 +129,38 @@ impl Plugin {
 
     pub async fn shutdown(&self) {
         let how = within(PROMPT, "shutdown", self.process.shutdown()).await;
-        assert_eq!(how, "exit code 0");
+        assert_eq!(how, drover_plugin_sdk::ExitOutcome::Code(0));
+    }
+
+    /// `StopTask` with `signal` as raw wire text, which the typed client cannot send
+    /// when it is no signal at all.
+    pub async fn raw_stop(&self, id: &str, signal: &str) -> Result<(), DriverError> {
+        let req = drover_plugin_sdk::proto::v1::StopTaskRequest {
+            task_id: id.into(),
+            // The SDK's default (5 s): the signal is checked before the driver is called.
+            timeout: None,
+            signal: signal.into(),
+        };
+        within(PROMPT, "raw stop", self.client.raw_driver().stop_task(req))
+            .await
+            .map(drop)
+            .map_err(DriverError::from)
+    }
+
+    /// `SignalTask` with `signal` as raw wire text.
+    pub async fn raw_signal(&self, id: &str, signal: &str) -> Result<(), DriverError> {
+        let req = drover_plugin_sdk::proto::v1::SignalTaskRequest {
+            task_id: id.into(),
+            signal: signal.into(),
+        };
+        within(
+            PROMPT,
+            "raw signal",
+            self.client.raw_driver().signal_task(req),
+        )
+        .await
+        .map(drop)
+        .map_err(DriverError::from)
     }
 }
 

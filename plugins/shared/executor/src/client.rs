@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 
-use drover_plugin_sdk::DriverError;
 use drover_plugin_sdk::types::{TaskStats, validate_task_id};
+use drover_plugin_sdk::{DriverError, Signal};
 
 use super::proto::{ErrorKind, Op, Reply, Request};
 use super::{
@@ -251,7 +251,7 @@ pub const EXECUTOR_ARG0: &str = "drover-executor: ";
 /// let dir = task_dir(&state_dir(std::path::Path::new("/data/plugin-state"), "rawexec"), "web-1");
 /// let task = ExecutorHandle::connect(&dir).await?;
 /// if task.info().running() {
-///     task.signal(1).await?; // SIGHUP to its process group
+///     task.signal(drover_plugin_sdk::Signal::HUP).await?; // to its process group
 /// }
 /// # Ok(()) }
 /// ```
@@ -332,10 +332,13 @@ impl ExecutorHandle {
         exit_of(status, &self.dir)
     }
 
-    /// Send signal number `signal` to the task's process group.
+    /// Send `signal` to the task's process group.
     /// [`DriverError::FailedPrecondition`] if the task has exited.
-    pub async fn signal(&self, signal: i32) -> Result<(), DriverError> {
-        match request(&self.dir, Op::Signal { signal }, CALL_TIMEOUT).await? {
+    pub async fn signal(&self, signal: Signal) -> Result<(), DriverError> {
+        let op = Op::Signal {
+            signal: signal.as_raw(),
+        };
+        match request(&self.dir, op, CALL_TIMEOUT).await? {
             Answer::Live(..) => Ok(()),
             Answer::Final(s) => Err(DriverError::FailedPrecondition(format!(
                 "task {} has exited",
@@ -347,9 +350,9 @@ impl ExecutorHandle {
     /// Send `signal` to the task's process group, SIGKILL the group if it is still
     /// running after `timeout`, and return how it ended. The executor escalates by
     /// itself, so the stop completes even if this caller goes away.
-    pub async fn stop(&self, signal: i32, timeout: Duration) -> Result<ExitInfo, DriverError> {
+    pub async fn stop(&self, signal: Signal, timeout: Duration) -> Result<ExitInfo, DriverError> {
         let op = Op::Stop {
-            signal,
+            signal: signal.as_raw(),
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         };
         // Beyond the timeout, SIGKILL takes effect at once unless the process is stuck

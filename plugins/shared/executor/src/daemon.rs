@@ -168,14 +168,12 @@ fn block_signals() {
 /// Memory and CPU time of process `pid`, from `/proc/<pid>/stat`.
 fn read_usage(pid: u32) -> io::Result<drover_plugin_sdk::TaskStats> {
     let stat = crate::procfs::read_stat(pid)?;
-    Ok(drover_plugin_sdk::TaskStats {
-        memory_rss_bytes: stat.rss_bytes,
-        cpu_user: crate::procfs::ticks(stat.utime),
-        cpu_system: crate::procfs::ticks(stat.stime),
-        cpu_percent: 0.0,
-        memory_cache_bytes: 0,
-        process_count: 0,
-    })
+    Ok(drover_plugin_sdk::TaskStats::default()
+        .with_memory_rss_bytes(stat.rss_bytes)
+        .with_cpu_time(
+            crate::procfs::ticks(stat.utime),
+            crate::procfs::ticks(stat.stime),
+        ))
 }
 
 /// One of the task's output streams.
@@ -553,17 +551,13 @@ impl Executor {
             Ok(Some(st)) => match (st.exit_status(), st.terminating_signal()) {
                 (Some(code), _) if st.exited() => ExitResult::code(code),
                 (_, Some(sig)) => ExitResult::signaled(sig),
-                _ => ExitResult {
-                    err: Some(format!("unexpected wait status (code {})", st.raw_code())),
-                    ..Default::default()
-                },
+                _ => {
+                    ExitResult::unknown(format!("unexpected wait status (code {})", st.raw_code()))
+                }
             },
             // Not exited after all.
             Ok(None) => return,
-            Err(e) => ExitResult {
-                err: Some(format!("cannot collect the task's exit status: {e}")),
-                ..Default::default()
-            },
+            Err(e) => ExitResult::unknown(format!("cannot collect the task's exit status: {e}")),
         };
         self.pidfd = None;
         // With isolation the child was the task's init: the task's own status is what

@@ -69,7 +69,7 @@
 //! spec.args = vec!["60".into()];
 //! let task = executor::launch(&state, &spec).await?;
 //! println!("task pid {} owned by executor {}", task.pid(), task.status().await?.executor_pid);
-//! let exit = task.stop(15, std::time::Duration::from_secs(5)).await?;
+//! let exit = task.stop(drover_plugin_sdk::Signal::TERM, std::time::Duration::from_secs(5)).await?;
 //! println!("{:?}", exit.result);
 //! task.destroy().await?;
 //! # Ok(()) }
@@ -89,6 +89,7 @@ pub mod procfs;
 mod proto;
 pub mod sandbox;
 mod spawn;
+pub mod task;
 
 pub use client::{ExecutorHandle, launch};
 pub use files::read_exit_file;

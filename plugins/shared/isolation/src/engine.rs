@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
+use drover_executor::task::{self, TaskEvents, Watched, unknown_exit};
 use drover_executor::{
     self as executor, Credentials, ExecutorHandle, ExitInfo, Isolation, LaunchSpec, Namespaces,
 };
@@ -16,8 +17,7 @@ use drover_plugin_sdk::schemars::JsonSchema;
 use drover_plugin_sdk::serde::de::DeserializeOwned;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExitResult, Fingerprint, FsIsolation,
-    NetworkModes, PluginInfo, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, parse_signal,
-    signal_name,
+    NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
 };
 use tokio::sync::broadcast;
 
@@ -36,13 +36,8 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// Default parent of task cgroups.
 pub const DEFAULT_CGROUP_PARENT: &str = "/drover";
 
-const SIGKILL: i32 = 9;
-/// How often a watcher retries an executor that is alive but out of reach.
-const WATCH_RETRY: Duration = Duration::from_secs(1);
 /// How often the cgroup of a task without executor is checked for its end.
 const ORPHAN_POLL: Duration = Duration::from_millis(200);
-/// How long a recovery waits for a start of the same task that is in flight.
-const START_IN_FLIGHT: Duration = Duration::from_secs(30);
 /// Limit for emptying and removing a cgroup.
 const CGROUP_EMPTY: Duration = Duration::from_secs(10);
 
@@ -120,61 +115,15 @@ struct Settings {
 pub struct IsolatedDriver<F: Flavor> {
     flavor: F,
     store: Store,
-    events: broadcast::Sender<TaskEvent>,
+    events: TaskEvents,
     settings: RwLock<Arc<Settings>>,
 }
 
-fn send_event(events: &broadcast::Sender<TaskEvent>, task_id: &str, message: String) {
-    tracing::info!(task = task_id, "{message}");
-    let _ = events.send(TaskEvent {
-        task_id: task_id.to_owned(),
-        timestamp: SystemTime::now(),
-        message,
-        annotations: BTreeMap::new(),
-    });
-}
-
-/// Record how `task` ended (with the OOM flag from its cgroup) and tell subscribers,
+/// Record how `task` ended, with the OOM flag from its cgroup, and tell subscribers,
 /// once.
-fn record_exit(events: &broadcast::Sender<TaskEvent>, task: &Task, exit: ExitInfo) {
-    let mut result = exit.result;
-    result.oom_killed = task.cgroup.oom_kills() > 0;
-    let oom = if result.oom_killed {
-        " (killed by the OOM killer at the memory limit)"
-    } else {
-        ""
-    };
-    let message = match (result.signal, &result.err) {
-        (_, Some(e)) => format!("task exited: {e}{oom}"),
-        (0, None) => format!("task exited: code {}{oom}", result.exit_code),
-        (sig, None) => format!("task exited: signal {sig}{oom}"),
-    };
-    if task.finish(result, exit.exited_at) {
-        if exit.killed_after_timeout {
-            let after = task
-                .stop_timeout
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .map_or_else(|| "the stop timeout".to_owned(), |t| format!("{t:?}"));
-            send_event(
-                events,
-                &task.id,
-                format!("sent SIGKILL: still running after {after}"),
-            );
-        }
-        send_event(events, &task.id, message);
-    }
-}
-
-fn unknown_exit(why: String) -> ExitInfo {
-    ExitInfo {
-        result: ExitResult {
-            err: Some(why),
-            ..Default::default()
-        },
-        exited_at: SystemTime::now(),
-        killed_after_timeout: false,
-    }
+fn record_exit(events: &TaskEvents, task: &Task, mut exit: ExitInfo) {
+    exit.result.oom_killed = task.cgroup.oom_kills() > 0;
+    task.base.record_exit(events, exit);
 }
 
 /// Run blocking cgroup work off the runtime.
@@ -276,7 +225,7 @@ impl<F: Flavor> IsolatedDriver<F> {
         IsolatedDriver {
             flavor,
             store: Store::default(),
-            events: broadcast::channel(256).0,
+            events: TaskEvents::default(),
             settings: RwLock::new(Arc::new(Settings {
                 state_dir: executor::state_dir(Path::new(""), F::NAME),
                 allow: caps::default_set(),
@@ -300,7 +249,7 @@ impl<F: Flavor> IsolatedDriver<F> {
     }
 
     fn event(&self, task_id: &str, message: String) {
-        send_event(&self.events, task_id, message);
+        self.events.send(task_id, message);
     }
 
     /// Follow `task` until it exits: a `wait` on its executor, or, without a live
@@ -309,40 +258,21 @@ impl<F: Flavor> IsolatedDriver<F> {
         let events = self.events.clone();
         tokio::spawn(async move {
             if let Some(exec) = &task.exec {
-                let mut warned = false;
-                loop {
-                    let error = match exec.wait().await {
-                        Ok(exit) => return record_exit(&events, &task, exit),
-                        Err(e) => e,
-                    };
-                    if !task.running() {
-                        return;
-                    }
-                    if !exec.executor_alive() {
-                        send_event(
-                            &events,
-                            &task.id,
-                            format!(
-                                "lost the task's executor (pid {}): {error}; following the task \
-                                 through its cgroup {}",
-                                task.state.executor_pid, task.state.cgroup_path
-                            ),
-                        );
-                        break;
-                    }
-                    if !warned {
-                        send_event(
-                            &events,
-                            &task.id,
-                            format!("cannot reach the task's executor, retrying: {error}"),
-                        );
-                        warned = true;
-                    }
-                    tokio::time::sleep(WATCH_RETRY).await;
+                match task::watch(&task.base, exec, &events).await {
+                    Watched::Exited(exit) => return record_exit(&events, &task, exit),
+                    Watched::Recorded => return,
+                    Watched::ExecutorLost(error) => events.send(
+                        &task.base.id,
+                        format!(
+                            "lost the task's executor (pid {}): {error}; following the task \
+                             through its cgroup {}",
+                            task.state.executor_pid, task.state.cgroup_path
+                        ),
+                    ),
                 }
             }
             // No executor: the task ends when its cgroup is empty; how, nobody knows.
-            while task.running() {
+            while task.base.running() {
                 let cg = task.cgroup.clone();
                 let empty = blocking(move || cg.pids().is_empty())
                     .await
@@ -362,7 +292,7 @@ impl<F: Flavor> IsolatedDriver<F> {
 
     /// Stop a task whose executor is gone: the signal to its init (which forwards it)
     /// or to every process, then SIGKILL to the whole cgroup after `timeout`.
-    async fn stop_orphan(&self, task: &Task, sig: i32, timeout: Duration) -> ExitInfo {
+    async fn stop_orphan(&self, task: &Task, sig: Signal, timeout: Duration) -> ExitInfo {
         let cg = task.cgroup.clone();
         let init = task.state.pid;
         let pids = blocking(move || cg.pids()).await.unwrap_or_default();
@@ -371,7 +301,7 @@ impl<F: Flavor> IsolatedDriver<F> {
         } else {
             pids
         };
-        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
+        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig.as_raw()) {
             for pid in targets {
                 if let Ok(pid) = i32::try_from(pid) {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
@@ -613,20 +543,20 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            send_signals: true,
+        Capabilities::default()
+            .with_send_signals(true)
             // Not yet: a command would have to join the task's namespaces and cgroup.
-            exec: false,
-            fs_isolation: FsIsolation::Chroot,
-            task_stats: true,
-            task_events: true,
-            recover: true,
-            network_modes: NetworkModes {
-                host: true,
-                none: true,
-                bridge: false,
-            },
-        }
+            .with_exec(false)
+            .with_fs_isolation(FsIsolation::Chroot)
+            .with_task_stats(true)
+            .with_task_events(true)
+            .with_recover(true)
+            .with_network_modes(
+                NetworkModes::default()
+                    .with_host(true)
+                    .with_none(true)
+                    .with_bridge(false),
+            )
     }
 
     async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
@@ -686,25 +616,19 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
     }
 
     async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
-        Ok(self.store.get(task_id)?.wait().await)
+        Ok(self.store.get(task_id)?.base.wait().await)
     }
 
     async fn stop_task(
         &self,
         task_id: &str,
         timeout: Duration,
-        signal: &str,
+        sig: Signal,
     ) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
         let task = self.store.get(task_id)?;
-        if !task.running() {
-            return Ok(());
+        if !task.base.begin_stop(&self.events, sig, timeout) {
+            return Ok(()); // it has exited already
         }
-        *task
-            .stop_timeout
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(timeout);
-        self.event(task_id, format!("sent {}", signal_name(sig)));
         let exit = match &task.exec {
             Some(exec) if exec.executor_alive() => exec.stop(sig, timeout).await?,
             _ => self.stop_orphan(&task, sig, timeout).await,
@@ -713,14 +637,9 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
         Ok(())
     }
 
-    async fn signal_task(&self, task_id: &str, signal: &str) -> Result<(), DriverError> {
-        let sig = parse_signal(signal)?;
+    async fn signal_task(&self, task_id: &str, sig: Signal) -> Result<(), DriverError> {
         let task = self.store.get(task_id)?;
-        if !task.running() {
-            return Err(DriverError::FailedPrecondition(format!(
-                "task {task_id} has exited"
-            )));
-        }
+        task.base.ensure_running()?;
         match &task.exec {
             // To the init's group: the init forwards it to the task's.
             Some(exec) if exec.executor_alive() => exec.signal(sig).await?,
@@ -733,14 +652,14 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
                             "task {task_id} has no executor and no known init process to signal"
                         ))
                     })?;
-                let s = nix::sys::signal::Signal::try_from(sig)
+                let s = nix::sys::signal::Signal::try_from(sig.as_raw())
                     .map_err(|_| DriverError::InvalidConfig(format!("unknown signal {sig}")))?;
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s).map_err(|e| {
                     DriverError::FailedPrecondition(format!("cannot signal init {pid}: {e}"))
                 })?;
             }
         }
-        self.event(task_id, format!("sent {}", signal_name(sig)));
+        self.event(task_id, format!("sent {sig}"));
         Ok(())
     }
 
@@ -750,7 +669,7 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
             Err(DriverError::NotFound(_)) if force => return self.destroy_unknown(task_id).await,
             Err(e) => return Err(e),
         };
-        if task.running() && !force {
+        if task.base.running() && !force {
             return Err(DriverError::FailedPrecondition(format!(
                 "task {task_id} is still running; stop it first or destroy it with force"
             )));
@@ -776,12 +695,12 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
                 dir.display()
             )));
         }
-        if task.running() {
+        if task.base.running() {
             record_exit(
                 &self.events,
                 &task,
                 ExitInfo {
-                    result: ExitResult::signaled(SIGKILL),
+                    result: ExitResult::signaled(Signal::KILL),
                     exited_at: SystemTime::now(),
                     killed_after_timeout: false,
                 },
@@ -797,11 +716,7 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
         let id = handle.spec.id.clone();
-        let deadline = tokio::time::Instant::now() + START_IN_FLIGHT;
-        while self.store.starting(&id) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if self.store.get(&id).is_ok() {
+        if task::settle_start(&self.store, &id).await {
             return Ok(());
         }
         let mut state = self.recovery_state(&handle)?;
@@ -880,10 +795,7 @@ mod tests {
 
     #[test]
     fn drover_dirs_point_inside_the_root() {
-        let mut spec = TaskSpec {
-            task_dir: "/data/alloc/t1".into(),
-            ..Default::default()
-        };
+        let mut spec = TaskSpec::default().with_task_dir("/data/alloc/t1");
         for (k, v) in [
             ("DROVER_TASK_DIR", "/data/alloc/t1"),
             ("DROVER_LOCAL_DIR", "/data/alloc/t1/local"),

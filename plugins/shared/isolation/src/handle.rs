@@ -1,12 +1,12 @@
 //! One task: its executor (while one answers for it), its cgroup, its exit result.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use drover_executor::ExecutorHandle;
-use drover_plugin_sdk::store::ExitSlot;
-use drover_plugin_sdk::{DriverError, ExitResult, TaskState, TaskStats, TaskStatus};
+use drover_executor::task::ExecutorTask;
+use drover_plugin_sdk::{DriverError, TaskStats, TaskStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{TaskCgroup, Version};
@@ -29,18 +29,13 @@ pub(crate) struct HandleState {
 
 /// One task this plugin process tracks.
 pub(crate) struct Task {
-    pub id: String,
-    pub name: String,
+    /// What every executor-backed driver keeps: identity, exit result, stop timeout.
+    pub base: ExecutorTask,
     /// `None` when the executor died without recording a result: the task's
     /// processes, if any are left, are reachable only through the cgroup.
     pub exec: Option<ExecutorHandle>,
     pub state: HandleState,
     pub cgroup: Arc<dyn TaskCgroup>,
-    pub started_at: SystemTime,
-    exit: ExitSlot,
-    /// Timeout of the last stop, for the event saying SIGKILL was sent.
-    pub stop_timeout: Mutex<Option<Duration>>,
-    last_cpu: Mutex<Option<(Instant, Duration)>>,
 }
 
 impl Task {
@@ -51,86 +46,38 @@ impl Task {
         state: HandleState,
         cgroup: Arc<dyn TaskCgroup>,
     ) -> Self {
+        let started_at = exec
+            .as_ref()
+            .map_or_else(SystemTime::now, |e| e.info().started_at);
         Task {
-            id,
-            name,
-            started_at: exec
-                .as_ref()
-                .map_or_else(SystemTime::now, |e| e.info().started_at),
+            base: ExecutorTask::new(id, name, started_at),
             exec,
             state,
             cgroup,
-            exit: ExitSlot::default(),
-            stop_timeout: Mutex::new(None),
-            last_cpu: Mutex::new(None),
         }
-    }
-
-    pub(crate) fn running(&self) -> bool {
-        !self.exit.is_set()
-    }
-
-    /// Record how the task ended; the first result wins.
-    pub(crate) fn finish(&self, result: ExitResult, at: SystemTime) -> bool {
-        self.exit.finish(result, at)
-    }
-
-    pub(crate) async fn wait(&self) -> ExitResult {
-        self.exit.wait().await
     }
 
     pub(crate) fn status(&self) -> TaskStatus {
-        let exit = self.exit.get();
         let s = &self.state;
-        TaskStatus {
-            id: self.id.clone(),
-            name: self.name.clone(),
-            state: if exit.is_some() {
-                TaskState::Exited
-            } else {
-                TaskState::Running
-            },
-            started_at: Some(self.started_at),
-            completed_at: exit.as_ref().map(|(_, at)| *at),
-            exit_result: exit.map(|(r, _)| r),
-            attributes: [
-                ("pid", s.pid.to_string()),
-                ("executor_pid", s.executor_pid.to_string()),
-                ("executor_dir", s.executor_dir.display().to_string()),
-                ("cgroup", s.cgroup_path.clone()),
-                ("cgroup_version", s.cgroup_version.name().to_owned()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-        }
+        self.base
+            .status()
+            .with_attribute("pid", s.pid.to_string())
+            .with_attribute("executor_pid", s.executor_pid.to_string())
+            .with_attribute("executor_dir", s.executor_dir.display().to_string())
+            .with_attribute("cgroup", s.cgroup_path.clone())
+            .with_attribute("cgroup_version", s.cgroup_version.name())
     }
 
     /// A usage sample of the whole task, from its cgroup.
     pub(crate) fn stats(&self) -> Result<TaskStats, DriverError> {
-        if !self.running() {
-            return Err(DriverError::FailedPrecondition(format!(
-                "task {} has exited",
-                self.id
-            )));
-        }
+        self.base.ensure_running()?;
         let u = self.cgroup.usage();
-        let now = Instant::now();
-        let mut last = self.last_cpu.lock().unwrap_or_else(PoisonError::into_inner);
-        let cpu_percent = match *last {
-            Some((at, before)) if now > at => {
-                u.cpu_total.saturating_sub(before).as_secs_f64() / (now - at).as_secs_f64() * 100.0
-            }
-            _ => 0.0,
-        };
-        *last = Some((now, u.cpu_total));
-        Ok(TaskStats {
-            memory_rss_bytes: u.rss,
-            cpu_user: u.cpu_user,
-            cpu_system: u.cpu_system,
-            cpu_percent,
-            memory_cache_bytes: u.cache,
-            process_count: u.pids,
-        })
+        let cpu_percent = self.base.cpu_percent(u.cpu_total);
+        Ok(TaskStats::default()
+            .with_memory_rss_bytes(u.rss)
+            .with_cpu_time(u.cpu_user, u.cpu_system)
+            .with_cpu_percent(cpu_percent)
+            .with_memory_cache_bytes(u.cache)
+            .with_process_count(u.pids))
     }
 }
