@@ -24,7 +24,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::client::{LaunchOptions, PluginProcess};
 use crate::version::{negotiate_api_version, parse_version, supported_api_range};
-use crate::{AgentInfo, DriverError, ExitOutcome, Signal, TaskSpec, TaskState};
+use crate::{AgentInfo, DriverError, ExitOutcome, Signal, TaskHandle, TaskSpec, TaskState};
 
 /// What to check and how to start tasks with the driver under test.
 #[derive(Debug, Clone)]
@@ -418,6 +418,28 @@ impl Conformance {
             )
             .await?;
             let c2 = fresh.client();
+            step(
+                r,
+                "RecoverTask probing by id a task never started answers NotFound",
+                RPC,
+                async {
+                    // What the agent sends when a StartTask ended in doubt: only the
+                    // spec, no driver state. NotFound tells it to start the task; any
+                    // other error makes it give the task up as lost.
+                    let never = self.spec(root, "conformance-never-started", &self.long_task);
+                    match c2.recover_task(TaskHandle::for_spec(never)).await {
+                        Err(DriverError::NotFound(_)) => Ok(()),
+                        Ok(()) => Err("answered Ok: a task that was never started was \
+                                       recovered"
+                            .to_string()),
+                        Err(e) => Err(format!(
+                            "answered {e:?}; the agent would give up a task it may still \
+                             start (answer NotFound)"
+                        )),
+                    }
+                },
+            )
+            .await?;
             let checked = step(
                 r,
                 "RecoverTask in a new process keeps the task running",

@@ -189,6 +189,16 @@ impl DriverPlugin for SkeletonDriver {
         if self.tasks.get(&handle.spec.id).is_ok() {
             return Ok(()); // already tracked: recovering twice is harmless
         }
+        if handle.driver_state.is_empty() {
+            // A probe by id: the host never got this task's StartTask reply. This
+            // driver's tasks live in its own process, so an untracked one was never
+            // started (or died with a previous process): NotFound tells the host to
+            // start it; any other error would make the host give it up as lost.
+            return Err(DriverError::NotFound(format!(
+                "task {:?} is not running in this plugin",
+                handle.spec.id
+            )));
+        }
         let state: HandleState = handle.decode_state(HANDLE_VERSION)?;
         self.track(&handle.spec, &state)
     }
