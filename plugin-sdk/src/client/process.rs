@@ -1,5 +1,5 @@
-//! The host side: launch a plugin binary, check its handshake, connect, call it, and
-//! shut it down. Used by the Drover agent, the benchmarks and plugin tests.
+//! Launching a plugin binary: spawn, handshake, connect, health check; its liveness
+//! and shutdown.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -9,22 +9,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_proto::goplugin;
-use drover_proto::v1 as pb;
-use pb::base_plugin_client::BasePluginClient;
-use pb::driver_client::DriverClient;
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::sync::watch;
-use tokio_stream::{Stream, StreamExt as _};
+use tokio_stream::StreamExt as _;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::DriverError;
 use crate::handshake::{self, HandshakeError, HandshakeLine, PluginAddr};
-use crate::signal::Signal;
-use crate::types::{
-    AgentInfo, Capabilities, ExecOutput, ExitOutcome, ExitResult, Fingerprint, TaskEvent,
-    TaskHandle, TaskSpec, TaskStats, TaskStatus, to_duration,
-};
+use crate::types::ExitOutcome;
+
+use super::PluginClient;
+use super::reattach::{ReattachConfig, ReattachError, process_start_time, reattach_inner};
 
 /// How many lines of a plugin's stderr are kept to explain a failed launch.
 const STDERR_TAIL_LINES: usize = 8;
@@ -140,227 +134,6 @@ pub enum LaunchError {
     Health(String),
 }
 
-/// Everything needed to find a running plugin again after the host restarts.
-///
-/// ```
-/// use drover_plugin_sdk::client::ReattachConfig;
-/// use drover_plugin_sdk::handshake::PluginAddr;
-/// let r = ReattachConfig {
-///     addr: PluginAddr::Unix("/run/drover/p.sock".into()),
-///     pid: 42,
-///     start_time: 1234,
-///     app_protocol_version: 1,
-///     path: "/usr/lib/drover/plugins/x".into(),
-/// };
-/// let json = serde_json::to_string(&r).unwrap();
-/// assert_eq!(serde_json::from_str::<ReattachConfig>(&json).unwrap(), r);
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReattachConfig {
-    /// Where it listens.
-    pub addr: PluginAddr,
-    /// Its pid.
-    pub pid: u32,
-    /// Its start time in clock ticks since boot (`/proc/<pid>/stat` field 22), to tell
-    /// it apart from a later process that got the same pid.
-    pub start_time: u64,
-    /// The negotiated app protocol version.
-    pub app_protocol_version: u32,
-    /// The binary.
-    pub path: PathBuf,
-}
-
-/// Start time of a process in clock ticks since boot, from `/proc/<pid>/stat`: with
-/// the pid it names one process for good, so a reused pid is not taken for a plugin.
-///
-/// ```
-/// let t = drover_plugin_sdk::client::process_start_time(std::process::id()).unwrap();
-/// assert!(t > 0);
-/// ```
-pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
-    use procfs_core::FromRead as _;
-    let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read(&path)?;
-    procfs_core::process::Stat::from_read(text.as_slice())
-        .map(|s| s.starttime)
-        .map_err(|e| std::io::Error::other(format!("unexpected {path} format: {e}")))
-}
-
-/// Why a stored plugin process could not be taken over. In every case the process (if
-/// any) was left alone: nothing proved it is the plugin, so nothing may be sent to it.
-///
-/// ```
-/// let e = drover_plugin_sdk::client::ReattachError::Gone { pid: 42 };
-/// assert_eq!(e.to_string(), "pid 42 is not running");
-/// ```
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReattachError {
-    /// No process with that pid.
-    #[error("pid {pid} is not running")]
-    Gone {
-        /// The recorded pid.
-        pid: u32,
-    },
-    /// The pid belongs to another process now.
-    #[error("pid {pid} is a different process now (start time {found}, recorded {expected})")]
-    PidReused {
-        /// The recorded pid.
-        pid: u32,
-        /// Recorded start time.
-        expected: u64,
-        /// Start time of the process that has the pid now.
-        found: u64,
-    },
-    /// The record has no start time, so the pid cannot be trusted.
-    #[error("no start time was recorded for pid {pid}; it cannot be proven to be the plugin")]
-    NoStartTime {
-        /// The recorded pid.
-        pid: u32,
-    },
-    /// The process could not be watched (pidfd).
-    #[error("cannot watch pid {pid}: {reason}")]
-    Watch {
-        /// The recorded pid.
-        pid: u32,
-        /// Why.
-        reason: String,
-    },
-    /// Nothing answers on the recorded address.
-    #[error("cannot connect to {addr}: {error}")]
-    Connect {
-        /// The recorded address.
-        addr: PluginAddr,
-        /// The cause.
-        error: String,
-    },
-    /// Something answers but does not prove to be the plugin (RPC failed or too slow).
-    #[error("identity check failed: {0}")]
-    Identity(String),
-    /// It answers as a different plugin.
-    #[error("pid {pid} answers as plugin {found:?}, not {expected:?}")]
-    WrongPlugin {
-        /// The recorded pid.
-        pid: u32,
-        /// The name it was stored under.
-        expected: String,
-        /// The name it gave.
-        found: String,
-    },
-}
-
-async fn reattach_inner(
-    name: String,
-    config: ReattachConfig,
-    timeout: Duration,
-) -> Result<PluginProcess, ReattachError> {
-    let pid = config.pid;
-    if config.start_time == 0 {
-        return Err(ReattachError::NoStartTime { pid });
-    }
-    let raw = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-        .ok_or(ReattachError::Gone { pid })?;
-    let pidfd = match rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::SRCH) => return Err(ReattachError::Gone { pid }),
-        Err(e) => {
-            return Err(ReattachError::Watch {
-                pid,
-                reason: format!("pidfd_open: {e}"),
-            });
-        }
-    };
-    // Read after the pidfd exists: if the pid was reused before pidfd_open, the start
-    // time differs; if our process died after it, the pidfd reports that.
-    let found = match process_start_time(pid) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ReattachError::Gone { pid });
-        }
-        Err(e) => {
-            return Err(ReattachError::Watch {
-                pid,
-                reason: format!("reading /proc/{pid}/stat: {e}"),
-            });
-        }
-    };
-    if found != config.start_time {
-        return Err(ReattachError::PidReused {
-            pid,
-            expected: config.start_time,
-            found,
-        });
-    }
-    let channel = connect(&config.addr, timeout)
-        .await
-        .map_err(|error| ReattachError::Connect {
-            addr: config.addr.clone(),
-            error,
-        })?;
-    let base = BasePluginClient::new(channel.clone());
-    let info = base
-        .clone()
-        .plugin_info(pb::PluginInfoRequest {})
-        .await
-        .map_err(|s| ReattachError::Identity(format!("PluginInfo: {}: {}", s.code(), s.message())))?
-        .into_inner();
-    if info.name != name {
-        return Err(ReattachError::WrongPlugin {
-            pid,
-            expected: name,
-            found: info.name,
-        });
-    }
-    let shared = Arc::new(pidfd);
-    let watched = shared.try_clone().map_err(|e| ReattachError::Watch {
-        pid,
-        reason: format!("dup pidfd: {e}"),
-    })?;
-    let (exit_tx, exit_rx) = watch::channel(None);
-    // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
-    // moved into the AsyncFd, which deregisters it before dropping (closing) it.
-    #[allow(unsafe_code)]
-    let async_fd = unsafe { tokio::io::unix::AsyncFd::register(watched) }.map_err(|e| {
-        ReattachError::Watch {
-            pid,
-            reason: format!("watching pidfd: {e}"),
-        }
-    })?;
-    tokio::spawn(async move {
-        // A pidfd becomes readable when the process exits.
-        let how = match async_fd.readable().await {
-            Ok(_) => "exited; exit status unknown (reattached, not our child)".to_owned(),
-            Err(e) => format!("lost track of it: pidfd: {e}"),
-        };
-        let _ = exit_tx.send(Some(Exit {
-            status: None,
-            outcome: ExitOutcome::Other(how),
-        }));
-    });
-    tracing::info!(
-        plugin = %name,
-        pid,
-        addr = %config.addr,
-        "reattached to plugin process; its stdout/stderr went to the previous host and are not captured"
-    );
-    Ok(PluginProcess {
-        name,
-        pid,
-        line: HandshakeLine {
-            core_protocol_version: handshake::CORE_PROTOCOL_VERSION,
-            app_protocol_version: config.app_protocol_version,
-            addr: config.addr,
-            server_cert: None,
-        },
-        path: config.path,
-        channel,
-        exit: exit_rx,
-        pidfd: Some(shared),
-    })
-}
-
 fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
     let lines = tail
         .lock()
@@ -397,24 +170,24 @@ fn kill_group(pid: u32) {
 /// ```
 #[derive(Debug, Clone)]
 pub struct PluginProcess {
-    name: String,
-    pid: u32,
-    line: HandshakeLine,
-    path: PathBuf,
-    channel: Channel,
-    exit: watch::Receiver<Option<Exit>>,
+    pub(super) name: String,
+    pub(super) pid: u32,
+    pub(super) line: HandshakeLine,
+    pub(super) path: PathBuf,
+    pub(super) channel: Channel,
+    pub(super) exit: watch::Receiver<Option<Exit>>,
     /// Set for a reattached process (not our child): its pidfd, which tells when it
     /// exits and which signals cannot reach a later process that reuses the pid.
-    pidfd: Option<Arc<std::os::fd::OwnedFd>>,
+    pub(super) pidfd: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// How a plugin process ended.
 #[derive(Debug, Clone)]
-struct Exit {
+pub(super) struct Exit {
     /// Its wait status; `None` when it was not our child (reattached).
-    status: Option<ExitStatus>,
+    pub(super) status: Option<ExitStatus>,
     /// Typed; prints for people as "exit code 0", "killed by signal 9", ...
-    outcome: ExitOutcome,
+    pub(super) outcome: ExitOutcome,
 }
 
 impl Exit {
@@ -473,7 +246,7 @@ async fn connect_unix(path: PathBuf, timeout: Duration) -> Result<Channel, Strin
         })
 }
 
-async fn connect(addr: &PluginAddr, timeout: Duration) -> Result<Channel, String> {
+pub(super) async fn connect(addr: &PluginAddr, timeout: Duration) -> Result<Channel, String> {
     match addr {
         PluginAddr::Unix(p) => connect_unix(p.clone(), timeout).await,
         PluginAddr::Tcp(a) => Endpoint::from_shared(format!("http://{a}"))
@@ -485,7 +258,7 @@ async fn connect(addr: &PluginAddr, timeout: Duration) -> Result<Channel, String
     }
 }
 
-async fn check_health(channel: Channel) -> Result<(), LaunchError> {
+pub(super) async fn check_health(channel: Channel) -> Result<(), LaunchError> {
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
@@ -896,340 +669,4 @@ fn spawn_stderr_forwarder(
             }
         }
     })
-}
-
-/// What a plugin says about itself (`PluginInfo`): who it is and which plugin API
-/// versions it speaks.
-///
-/// ```
-/// use drover_plugin_sdk::client::{PluginIdentity, PluginKind};
-/// let id = PluginIdentity::new("rawexec", "0.1.0", vec!["1.0.0".into()]);
-/// assert_eq!(id.kind, PluginKind::Driver);
-/// assert_eq!(id.info().name, "rawexec");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PluginIdentity {
-    /// Its name, lowercase `[a-z0-9_-]` when it follows the rules.
-    pub name: String,
-    /// Semver of the plugin binary.
-    pub version: String,
-    /// Plugin API versions it implements (semver).
-    pub api_versions: Vec<String>,
-    /// What kind of plugin it is.
-    pub kind: PluginKind,
-}
-
-impl PluginIdentity {
-    /// A driver plugin `name` at `version`, speaking `api_versions`.
-    pub fn new(
-        name: impl Into<String>,
-        version: impl Into<String>,
-        api_versions: Vec<String>,
-    ) -> Self {
-        PluginIdentity {
-            name: name.into(),
-            version: version.into(),
-            api_versions,
-            kind: PluginKind::Driver,
-        }
-    }
-
-    /// Name and version, as the driver's own [`crate::DriverPlugin::info`] says them.
-    pub fn info(&self) -> crate::PluginInfo {
-        crate::PluginInfo::new(self.name.clone(), self.version.clone())
-    }
-}
-
-/// The kind of a plugin (the protocol's `PluginType`).
-///
-/// ```
-/// let k = drover_plugin_sdk::client::PluginKind::Other(7);
-/// assert_eq!(k.to_string(), "7");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PluginKind {
-    /// A task driver.
-    Driver,
-    /// A type this host does not know (or none): its number on the wire.
-    Other(i32),
-}
-
-impl PluginKind {
-    fn from_wire(n: i32) -> Self {
-        match pb::PluginType::try_from(n) {
-            Ok(pb::PluginType::Driver) => PluginKind::Driver,
-            _ => PluginKind::Other(n),
-        }
-    }
-}
-
-impl std::fmt::Display for PluginKind {
-    /// The wire number, which is what hosts have always printed for it.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PluginKind::Driver => write!(f, "{}", pb::PluginType::Driver as i32),
-            PluginKind::Other(n) => write!(f, "{n}"),
-        }
-    }
-}
-
-/// Typed calls to one plugin. Every call fails fast with
-/// [`DriverError::Unavailable`] once the plugin process has exited, instead of hanging.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
-/// let plugin = PluginProcess::launch(LaunchOptions::new("rawexec", "./drover-driver-rawexec")).await?;
-/// let info = plugin.client().plugin_info().await?;
-/// println!("{} {} speaks {:?}", info.name, info.version, info.api_versions);
-/// plugin.shutdown().await;
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone)]
-pub struct PluginClient {
-    name: String,
-    channel: Channel,
-    exit: watch::Receiver<Option<Exit>>,
-}
-
-impl PluginClient {
-    fn base(&self) -> BasePluginClient<Channel> {
-        BasePluginClient::new(self.channel.clone())
-            .max_decoding_message_size(crate::server::MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(crate::server::MAX_MESSAGE_SIZE)
-    }
-
-    fn driver(&self) -> DriverClient<Channel> {
-        DriverClient::new(self.channel.clone())
-            .max_decoding_message_size(crate::server::MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(crate::server::MAX_MESSAGE_SIZE)
-    }
-
-    /// Run one RPC, failing as soon as the plugin process exits.
-    async fn guard<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    ) -> Result<T, DriverError> {
-        let mut exit = self.exit.clone();
-        let exited = |e: Option<&Exit>| {
-            DriverError::Unavailable(match e {
-                Some(e) => format!("plugin {} exited ({})", self.name, e.outcome),
-                None => format!("plugin {} exited (watcher gone)", self.name),
-            })
-        };
-        if let Some(e) = exit.borrow().as_ref() {
-            return Err(exited(Some(e)));
-        }
-        tokio::select! {
-            r = call => r.map(tonic::Response::into_inner).map_err(DriverError::from),
-            e = exit.wait_for(Option::is_some) => Err(exited(e.ok().as_deref().and_then(Option::as_ref))),
-        }
-    }
-
-    /// `PluginInfo`: identity plus the plugin API versions it offers.
-    pub async fn plugin_info(&self) -> Result<PluginIdentity, DriverError> {
-        let r = self
-            .guard(self.base().plugin_info(pb::PluginInfoRequest {}))
-            .await?;
-        Ok(PluginIdentity {
-            name: r.name,
-            version: r.plugin_version,
-            api_versions: r.plugin_api_versions,
-            kind: PluginKind::from_wire(r.r#type),
-        })
-    }
-
-    /// The generated gRPC client of the `Driver` service on this plugin's connection,
-    /// for what the typed calls cannot express: tests that send a driver malformed
-    /// requests (an unknown signal name, say) to check what it answers. Its calls do
-    /// not fail fast when the plugin exits; map a failed call's status with
-    /// [`DriverError::from`].
-    pub fn raw_driver(&self) -> DriverClient<Channel> {
-        self.driver()
-    }
-
-    /// `ConfigSchema`: JSON Schema of the plugin configuration.
-    pub async fn config_schema(&self) -> Result<String, DriverError> {
-        Ok(self
-            .guard(self.base().config_schema(pb::ConfigSchemaRequest {}))
-            .await?
-            .json_schema)
-    }
-
-    /// `SetConfig`.
-    pub async fn set_config(
-        &self,
-        config_json: String,
-        agent: &AgentInfo,
-    ) -> Result<(), DriverError> {
-        self.guard(self.base().set_config(pb::SetConfigRequest {
-            config_json,
-            plugin_api_version: agent.api_version.clone(),
-            agent_config: Some(pb::AgentConfig {
-                alloc_dir: agent.alloc_dir.display().to_string(),
-                plugin_state_dir: agent.plugin_state_dir.display().to_string(),
-            }),
-        }))
-        .await
-        .map(drop)
-    }
-
-    /// `TaskConfigSchema`: JSON Schema of the driver's task config.
-    pub async fn task_config_schema(&self) -> Result<String, DriverError> {
-        Ok(self
-            .guard(
-                self.driver()
-                    .task_config_schema(pb::TaskConfigSchemaRequest {}),
-            )
-            .await?
-            .json_schema)
-    }
-
-    /// `Capabilities`.
-    pub async fn capabilities(&self) -> Result<Capabilities, DriverError> {
-        Ok(self
-            .guard(self.driver().capabilities(pb::CapabilitiesRequest {}))
-            .await?
-            .capabilities
-            .unwrap_or_default()
-            .into())
-    }
-
-    /// `Fingerprint`: a stream of fingerprints; the first arrives at once.
-    pub async fn fingerprint(
-        &self,
-    ) -> Result<impl Stream<Item = Result<Fingerprint, DriverError>> + use<>, DriverError> {
-        let s = self
-            .guard(self.driver().fingerprint(pb::FingerprintRequest {}))
-            .await?;
-        Ok(s.map(|r| r.map(Fingerprint::from).map_err(DriverError::from)))
-    }
-
-    /// `StartTask`.
-    pub async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
-        let r = self
-            .guard(self.driver().start_task(pb::StartTaskRequest {
-                task: Some(spec.into()),
-            }))
-            .await?;
-        r.handle
-            .map(TaskHandle::from)
-            .ok_or_else(|| DriverError::Internal("StartTask answered without a handle".into()))
-    }
-
-    /// `WaitTask`: blocks until the task exits.
-    pub async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
-        let r = self
-            .guard(self.driver().wait_task(pb::WaitTaskRequest {
-                task_id: task_id.into(),
-            }))
-            .await?;
-        Ok(r.result.map(ExitResult::from).unwrap_or_default())
-    }
-
-    /// `StopTask`.
-    pub async fn stop_task(
-        &self,
-        task_id: &str,
-        timeout: Duration,
-        signal: Signal,
-    ) -> Result<(), DriverError> {
-        self.guard(self.driver().stop_task(pb::StopTaskRequest {
-            task_id: task_id.into(),
-            timeout: Some(to_duration(timeout)),
-            signal: signal.to_string(),
-        }))
-        .await
-        .map(drop)
-    }
-
-    /// `DestroyTask`.
-    pub async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
-        self.guard(self.driver().destroy_task(pb::DestroyTaskRequest {
-            task_id: task_id.into(),
-            force,
-        }))
-        .await
-        .map(drop)
-    }
-
-    /// `InspectTask`.
-    pub async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
-        let r = self
-            .guard(self.driver().inspect_task(pb::InspectTaskRequest {
-                task_id: task_id.into(),
-            }))
-            .await?;
-        r.task
-            .map(TaskStatus::from)
-            .ok_or_else(|| DriverError::Internal("InspectTask answered without a status".into()))
-    }
-
-    /// `RecoverTask`.
-    pub async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
-        self.guard(self.driver().recover_task(pb::RecoverTaskRequest {
-            task_id: handle.spec.id.clone(),
-            handle: Some(handle.into()),
-        }))
-        .await
-        .map(drop)
-    }
-
-    /// `SignalTask`.
-    pub async fn signal_task(&self, task_id: &str, signal: Signal) -> Result<(), DriverError> {
-        self.guard(self.driver().signal_task(pb::SignalTaskRequest {
-            task_id: task_id.into(),
-            signal: signal.to_string(),
-        }))
-        .await
-        .map(drop)
-    }
-
-    /// `TaskStats`: a sample every `interval`.
-    pub async fn task_stats(
-        &self,
-        task_id: &str,
-        interval: Duration,
-    ) -> Result<impl Stream<Item = Result<TaskStats, DriverError>> + use<>, DriverError> {
-        let s = self
-            .guard(self.driver().task_stats(pb::TaskStatsRequest {
-                task_id: task_id.into(),
-                interval: Some(to_duration(interval)),
-            }))
-            .await?;
-        Ok(s.map(|r| r.map(TaskStats::from).map_err(DriverError::from)))
-    }
-
-    /// `TaskEvents`.
-    pub async fn task_events(
-        &self,
-    ) -> Result<impl Stream<Item = Result<TaskEvent, DriverError>> + use<>, DriverError> {
-        let s = self
-            .guard(self.driver().task_events(pb::TaskEventsRequest {}))
-            .await?;
-        Ok(s.map(|r| r.map(TaskEvent::from).map_err(DriverError::from)))
-    }
-
-    /// `ExecTask`.
-    pub async fn exec_task(
-        &self,
-        task_id: &str,
-        command: Vec<String>,
-        timeout: Duration,
-    ) -> Result<ExecOutput, DriverError> {
-        let r = self
-            .guard(self.driver().exec_task(pb::ExecTaskRequest {
-                task_id: task_id.into(),
-                command,
-                timeout: Some(to_duration(timeout)),
-            }))
-            .await?;
-        Ok(
-            ExecOutput::new(r.result.map(ExitResult::from).unwrap_or_default())
-                .with_stdout(r.stdout)
-                .with_stderr(r.stderr),
-        )
-    }
 }

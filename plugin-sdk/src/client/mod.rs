@@ -1,0 +1,367 @@
+//! The host side: launch a plugin binary, check its handshake, connect, call it, and
+//! shut it down. Used by the Drover agent, the benchmarks and plugin tests.
+
+//! - `process.rs`: [`PluginProcess`] — launch a binary and check its handshake, its
+//!   liveness, shutdown; [`LaunchOptions`], [`LaunchError`];
+//! - `reattach.rs`: take over a plugin an earlier host launched ([`ReattachConfig`]);
+//! - this module: [`PluginClient`], the typed RPCs, and what a plugin says it is.
+
+mod process;
+mod reattach;
+
+pub use process::{LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE};
+pub use reattach::{ReattachConfig, ReattachError, process_start_time};
+
+use std::time::Duration;
+
+use drover_proto::v1 as pb;
+use pb::base_plugin_client::BasePluginClient;
+use pb::driver_client::DriverClient;
+use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::transport::Channel;
+
+use crate::DriverError;
+use crate::signal::Signal;
+use crate::types::{
+    AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, TaskEvent, TaskHandle, TaskSpec,
+    TaskStats, TaskStatus, to_duration,
+};
+
+use process::Exit;
+
+/// What a plugin says about itself (`PluginInfo`): who it is and which plugin API
+/// versions it speaks.
+///
+/// ```
+/// use drover_plugin_sdk::client::{PluginIdentity, PluginKind};
+/// let id = PluginIdentity::new("rawexec", "0.1.0", vec!["1.0.0".into()]);
+/// assert_eq!(id.kind, PluginKind::Driver);
+/// assert_eq!(id.info().name, "rawexec");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PluginIdentity {
+    /// Its name, lowercase `[a-z0-9_-]` when it follows the rules.
+    pub name: String,
+    /// Semver of the plugin binary.
+    pub version: String,
+    /// Plugin API versions it implements (semver).
+    pub api_versions: Vec<String>,
+    /// What kind of plugin it is.
+    pub kind: PluginKind,
+}
+
+impl PluginIdentity {
+    /// A driver plugin `name` at `version`, speaking `api_versions`.
+    pub fn new(
+        name: impl Into<String>,
+        version: impl Into<String>,
+        api_versions: Vec<String>,
+    ) -> Self {
+        PluginIdentity {
+            name: name.into(),
+            version: version.into(),
+            api_versions,
+            kind: PluginKind::Driver,
+        }
+    }
+
+    /// Name and version, as the driver's own [`crate::DriverPlugin::info`] says them.
+    pub fn info(&self) -> crate::PluginInfo {
+        crate::PluginInfo::new(self.name.clone(), self.version.clone())
+    }
+}
+
+/// The kind of a plugin (the protocol's `PluginType`).
+///
+/// ```
+/// let k = drover_plugin_sdk::client::PluginKind::Other(7);
+/// assert_eq!(k.to_string(), "7");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PluginKind {
+    /// A task driver.
+    Driver,
+    /// A type this host does not know (or none): its number on the wire.
+    Other(i32),
+}
+
+impl PluginKind {
+    fn from_wire(n: i32) -> Self {
+        match pb::PluginType::try_from(n) {
+            Ok(pb::PluginType::Driver) => PluginKind::Driver,
+            _ => PluginKind::Other(n),
+        }
+    }
+}
+
+impl std::fmt::Display for PluginKind {
+    /// The wire number, which is what hosts have always printed for it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginKind::Driver => write!(f, "{}", pb::PluginType::Driver as i32),
+            PluginKind::Other(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Typed calls to one plugin. Every call fails fast with
+/// [`DriverError::Unavailable`] once the plugin process has exited, instead of hanging.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+/// let plugin = PluginProcess::launch(LaunchOptions::new("rawexec", "./drover-driver-rawexec")).await?;
+/// let info = plugin.client().plugin_info().await?;
+/// println!("{} {} speaks {:?}", info.name, info.version, info.api_versions);
+/// plugin.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PluginClient {
+    name: String,
+    channel: Channel,
+    exit: watch::Receiver<Option<Exit>>,
+}
+
+impl PluginClient {
+    fn base(&self) -> BasePluginClient<Channel> {
+        BasePluginClient::new(self.channel.clone())
+            .max_decoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+    }
+
+    fn driver(&self) -> DriverClient<Channel> {
+        DriverClient::new(self.channel.clone())
+            .max_decoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::server::MAX_MESSAGE_SIZE)
+    }
+
+    /// Run one RPC, failing as soon as the plugin process exits.
+    async fn guard<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, DriverError> {
+        let mut exit = self.exit.clone();
+        let exited = |e: Option<&Exit>| {
+            DriverError::Unavailable(match e {
+                Some(e) => format!("plugin {} exited ({})", self.name, e.outcome),
+                None => format!("plugin {} exited (watcher gone)", self.name),
+            })
+        };
+        if let Some(e) = exit.borrow().as_ref() {
+            return Err(exited(Some(e)));
+        }
+        tokio::select! {
+            r = call => r.map(tonic::Response::into_inner).map_err(DriverError::from),
+            e = exit.wait_for(Option::is_some) => Err(exited(e.ok().as_deref().and_then(Option::as_ref))),
+        }
+    }
+
+    /// `PluginInfo`: identity plus the plugin API versions it offers.
+    pub async fn plugin_info(&self) -> Result<PluginIdentity, DriverError> {
+        let r = self
+            .guard(self.base().plugin_info(pb::PluginInfoRequest {}))
+            .await?;
+        Ok(PluginIdentity {
+            name: r.name,
+            version: r.plugin_version,
+            api_versions: r.plugin_api_versions,
+            kind: PluginKind::from_wire(r.r#type),
+        })
+    }
+
+    /// The generated gRPC client of the `Driver` service on this plugin's connection,
+    /// for what the typed calls cannot express: tests that send a driver malformed
+    /// requests (an unknown signal name, say) to check what it answers. Its calls do
+    /// not fail fast when the plugin exits; map a failed call's status with
+    /// [`DriverError::from`].
+    pub fn raw_driver(&self) -> DriverClient<Channel> {
+        self.driver()
+    }
+
+    /// `ConfigSchema`: JSON Schema of the plugin configuration.
+    pub async fn config_schema(&self) -> Result<String, DriverError> {
+        Ok(self
+            .guard(self.base().config_schema(pb::ConfigSchemaRequest {}))
+            .await?
+            .json_schema)
+    }
+
+    /// `SetConfig`.
+    pub async fn set_config(
+        &self,
+        config_json: String,
+        agent: &AgentInfo,
+    ) -> Result<(), DriverError> {
+        self.guard(self.base().set_config(pb::SetConfigRequest {
+            config_json,
+            plugin_api_version: agent.api_version.clone(),
+            agent_config: Some(pb::AgentConfig {
+                alloc_dir: agent.alloc_dir.display().to_string(),
+                plugin_state_dir: agent.plugin_state_dir.display().to_string(),
+            }),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `TaskConfigSchema`: JSON Schema of the driver's task config.
+    pub async fn task_config_schema(&self) -> Result<String, DriverError> {
+        Ok(self
+            .guard(
+                self.driver()
+                    .task_config_schema(pb::TaskConfigSchemaRequest {}),
+            )
+            .await?
+            .json_schema)
+    }
+
+    /// `Capabilities`.
+    pub async fn capabilities(&self) -> Result<Capabilities, DriverError> {
+        Ok(self
+            .guard(self.driver().capabilities(pb::CapabilitiesRequest {}))
+            .await?
+            .capabilities
+            .unwrap_or_default()
+            .into())
+    }
+
+    /// `Fingerprint`: a stream of fingerprints; the first arrives at once.
+    pub async fn fingerprint(
+        &self,
+    ) -> Result<impl Stream<Item = Result<Fingerprint, DriverError>> + use<>, DriverError> {
+        let s = self
+            .guard(self.driver().fingerprint(pb::FingerprintRequest {}))
+            .await?;
+        Ok(s.map(|r| r.map(Fingerprint::from).map_err(DriverError::from)))
+    }
+
+    /// `StartTask`.
+    pub async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        let r = self
+            .guard(self.driver().start_task(pb::StartTaskRequest {
+                task: Some(spec.into()),
+            }))
+            .await?;
+        r.handle
+            .map(TaskHandle::from)
+            .ok_or_else(|| DriverError::Internal("StartTask answered without a handle".into()))
+    }
+
+    /// `WaitTask`: blocks until the task exits.
+    pub async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
+        let r = self
+            .guard(self.driver().wait_task(pb::WaitTaskRequest {
+                task_id: task_id.into(),
+            }))
+            .await?;
+        Ok(r.result.map(ExitResult::from).unwrap_or_default())
+    }
+
+    /// `StopTask`.
+    pub async fn stop_task(
+        &self,
+        task_id: &str,
+        timeout: Duration,
+        signal: Signal,
+    ) -> Result<(), DriverError> {
+        self.guard(self.driver().stop_task(pb::StopTaskRequest {
+            task_id: task_id.into(),
+            timeout: Some(to_duration(timeout)),
+            signal: signal.to_string(),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `DestroyTask`.
+    pub async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
+        self.guard(self.driver().destroy_task(pb::DestroyTaskRequest {
+            task_id: task_id.into(),
+            force,
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `InspectTask`.
+    pub async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
+        let r = self
+            .guard(self.driver().inspect_task(pb::InspectTaskRequest {
+                task_id: task_id.into(),
+            }))
+            .await?;
+        r.task
+            .map(TaskStatus::from)
+            .ok_or_else(|| DriverError::Internal("InspectTask answered without a status".into()))
+    }
+
+    /// `RecoverTask`.
+    pub async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        self.guard(self.driver().recover_task(pb::RecoverTaskRequest {
+            task_id: handle.spec.id.clone(),
+            handle: Some(handle.into()),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `SignalTask`.
+    pub async fn signal_task(&self, task_id: &str, signal: Signal) -> Result<(), DriverError> {
+        self.guard(self.driver().signal_task(pb::SignalTaskRequest {
+            task_id: task_id.into(),
+            signal: signal.to_string(),
+        }))
+        .await
+        .map(drop)
+    }
+
+    /// `TaskStats`: a sample every `interval`.
+    pub async fn task_stats(
+        &self,
+        task_id: &str,
+        interval: Duration,
+    ) -> Result<impl Stream<Item = Result<TaskStats, DriverError>> + use<>, DriverError> {
+        let s = self
+            .guard(self.driver().task_stats(pb::TaskStatsRequest {
+                task_id: task_id.into(),
+                interval: Some(to_duration(interval)),
+            }))
+            .await?;
+        Ok(s.map(|r| r.map(TaskStats::from).map_err(DriverError::from)))
+    }
+
+    /// `TaskEvents`.
+    pub async fn task_events(
+        &self,
+    ) -> Result<impl Stream<Item = Result<TaskEvent, DriverError>> + use<>, DriverError> {
+        let s = self
+            .guard(self.driver().task_events(pb::TaskEventsRequest {}))
+            .await?;
+        Ok(s.map(|r| r.map(TaskEvent::from).map_err(DriverError::from)))
+    }
+
+    /// `ExecTask`.
+    pub async fn exec_task(
+        &self,
+        task_id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, DriverError> {
+        let r = self
+            .guard(self.driver().exec_task(pb::ExecTaskRequest {
+                task_id: task_id.into(),
+                command,
+                timeout: Some(to_duration(timeout)),
+            }))
+            .await?;
+        Ok(
+            ExecOutput::new(r.result.map(ExitResult::from).unwrap_or_default())
+                .with_stdout(r.stdout)
+                .with_stderr(r.stderr),
+        )
+    }
+}

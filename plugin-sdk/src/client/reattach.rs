@@ -1,0 +1,239 @@
+//! Taking over a plugin process that an earlier host launched, proving first that it
+//! is that plugin.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_proto::v1 as pb;
+use pb::base_plugin_client::BasePluginClient;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::handshake::{self, HandshakeLine, PluginAddr};
+use crate::types::ExitOutcome;
+
+use super::PluginProcess;
+use super::process::Exit;
+use super::process::connect;
+
+/// Everything needed to find a running plugin again after the host restarts.
+///
+/// ```
+/// use drover_plugin_sdk::client::ReattachConfig;
+/// use drover_plugin_sdk::handshake::PluginAddr;
+/// let r = ReattachConfig {
+///     addr: PluginAddr::Unix("/run/drover/p.sock".into()),
+///     pid: 42,
+///     start_time: 1234,
+///     app_protocol_version: 1,
+///     path: "/usr/lib/drover/plugins/x".into(),
+/// };
+/// let json = serde_json::to_string(&r).unwrap();
+/// assert_eq!(serde_json::from_str::<ReattachConfig>(&json).unwrap(), r);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReattachConfig {
+    /// Where it listens.
+    pub addr: PluginAddr,
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time in clock ticks since boot (`/proc/<pid>/stat` field 22), to tell
+    /// it apart from a later process that got the same pid.
+    pub start_time: u64,
+    /// The negotiated app protocol version.
+    pub app_protocol_version: u32,
+    /// The binary.
+    pub path: PathBuf,
+}
+
+/// Start time of a process in clock ticks since boot, from `/proc/<pid>/stat`: with
+/// the pid it names one process for good, so a reused pid is not taken for a plugin.
+///
+/// ```
+/// let t = drover_plugin_sdk::client::process_start_time(std::process::id()).unwrap();
+/// assert!(t > 0);
+/// ```
+pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
+    use procfs_core::FromRead as _;
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read(&path)?;
+    procfs_core::process::Stat::from_read(text.as_slice())
+        .map(|s| s.starttime)
+        .map_err(|e| std::io::Error::other(format!("unexpected {path} format: {e}")))
+}
+
+/// Why a stored plugin process could not be taken over. In every case the process (if
+/// any) was left alone: nothing proved it is the plugin, so nothing may be sent to it.
+///
+/// ```
+/// let e = drover_plugin_sdk::client::ReattachError::Gone { pid: 42 };
+/// assert_eq!(e.to_string(), "pid 42 is not running");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReattachError {
+    /// No process with that pid.
+    #[error("pid {pid} is not running")]
+    Gone {
+        /// The recorded pid.
+        pid: u32,
+    },
+    /// The pid belongs to another process now.
+    #[error("pid {pid} is a different process now (start time {found}, recorded {expected})")]
+    PidReused {
+        /// The recorded pid.
+        pid: u32,
+        /// Recorded start time.
+        expected: u64,
+        /// Start time of the process that has the pid now.
+        found: u64,
+    },
+    /// The record has no start time, so the pid cannot be trusted.
+    #[error("no start time was recorded for pid {pid}; it cannot be proven to be the plugin")]
+    NoStartTime {
+        /// The recorded pid.
+        pid: u32,
+    },
+    /// The process could not be watched (pidfd).
+    #[error("cannot watch pid {pid}: {reason}")]
+    Watch {
+        /// The recorded pid.
+        pid: u32,
+        /// Why.
+        reason: String,
+    },
+    /// Nothing answers on the recorded address.
+    #[error("cannot connect to {addr}: {error}")]
+    Connect {
+        /// The recorded address.
+        addr: PluginAddr,
+        /// The cause.
+        error: String,
+    },
+    /// Something answers but does not prove to be the plugin (RPC failed or too slow).
+    #[error("identity check failed: {0}")]
+    Identity(String),
+    /// It answers as a different plugin.
+    #[error("pid {pid} answers as plugin {found:?}, not {expected:?}")]
+    WrongPlugin {
+        /// The recorded pid.
+        pid: u32,
+        /// The name it was stored under.
+        expected: String,
+        /// The name it gave.
+        found: String,
+    },
+}
+
+pub(super) async fn reattach_inner(
+    name: String,
+    config: ReattachConfig,
+    timeout: Duration,
+) -> Result<PluginProcess, ReattachError> {
+    let pid = config.pid;
+    if config.start_time == 0 {
+        return Err(ReattachError::NoStartTime { pid });
+    }
+    let raw = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or(ReattachError::Gone { pid })?;
+    let pidfd = match rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Err(ReattachError::Gone { pid }),
+        Err(e) => {
+            return Err(ReattachError::Watch {
+                pid,
+                reason: format!("pidfd_open: {e}"),
+            });
+        }
+    };
+    // Read after the pidfd exists: if the pid was reused before pidfd_open, the start
+    // time differs; if our process died after it, the pidfd reports that.
+    let found = match process_start_time(pid) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ReattachError::Gone { pid });
+        }
+        Err(e) => {
+            return Err(ReattachError::Watch {
+                pid,
+                reason: format!("reading /proc/{pid}/stat: {e}"),
+            });
+        }
+    };
+    if found != config.start_time {
+        return Err(ReattachError::PidReused {
+            pid,
+            expected: config.start_time,
+            found,
+        });
+    }
+    let channel = connect(&config.addr, timeout)
+        .await
+        .map_err(|error| ReattachError::Connect {
+            addr: config.addr.clone(),
+            error,
+        })?;
+    let base = BasePluginClient::new(channel.clone());
+    let info = base
+        .clone()
+        .plugin_info(pb::PluginInfoRequest {})
+        .await
+        .map_err(|s| ReattachError::Identity(format!("PluginInfo: {}: {}", s.code(), s.message())))?
+        .into_inner();
+    if info.name != name {
+        return Err(ReattachError::WrongPlugin {
+            pid,
+            expected: name,
+            found: info.name,
+        });
+    }
+    let shared = Arc::new(pidfd);
+    let watched = shared.try_clone().map_err(|e| ReattachError::Watch {
+        pid,
+        reason: format!("dup pidfd: {e}"),
+    })?;
+    let (exit_tx, exit_rx) = watch::channel(None);
+    // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
+    // moved into the AsyncFd, which deregisters it before dropping (closing) it.
+    #[allow(unsafe_code)]
+    let async_fd = unsafe { tokio::io::unix::AsyncFd::register(watched) }.map_err(|e| {
+        ReattachError::Watch {
+            pid,
+            reason: format!("watching pidfd: {e}"),
+        }
+    })?;
+    tokio::spawn(async move {
+        // A pidfd becomes readable when the process exits.
+        let how = match async_fd.readable().await {
+            Ok(_) => "exited; exit status unknown (reattached, not our child)".to_owned(),
+            Err(e) => format!("lost track of it: pidfd: {e}"),
+        };
+        let _ = exit_tx.send(Some(Exit {
+            status: None,
+            outcome: ExitOutcome::Other(how),
+        }));
+    });
+    tracing::info!(
+        plugin = %name,
+        pid,
+        addr = %config.addr,
+        "reattached to plugin process; its stdout/stderr went to the previous host and are not captured"
+    );
+    Ok(PluginProcess {
+        name,
+        pid,
+        line: HandshakeLine {
+            core_protocol_version: handshake::CORE_PROTOCOL_VERSION,
+            app_protocol_version: config.app_protocol_version,
+            addr: config.addr,
+            server_cert: None,
+        },
+        path: config.path,
+        channel,
+        exit: exit_rx,
+        pidfd: Some(shared),
+    })
+}
