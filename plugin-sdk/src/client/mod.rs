@@ -1,6 +1,6 @@
 //! The host side: launch a plugin binary, check its handshake, connect, call it, and
 //! shut it down. Used by the Drover agent, the benchmarks and plugin tests.
-
+//!
 //! - `process.rs`: [`PluginProcess`] — launch a binary and check its handshake, its
 //!   liveness, shutdown; [`LaunchOptions`], [`LaunchError`];
 //! - `reattach.rs`: take over a plugin an earlier host launched ([`ReattachConfig`]);

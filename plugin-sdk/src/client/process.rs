@@ -487,7 +487,7 @@ impl PluginProcess {
     ///
     /// The result is not our child: its liveness comes from the pidfd, so
     /// [`Self::exited`] still resolves when it dies and every RPC then fails with
-    /// [`DriverError::Unavailable`]; [`Self::exit_status`] stays `None` (its status goes
+    /// [`DriverError::Unavailable`](crate::DriverError::Unavailable); [`Self::exit_status`] stays `None` (its status goes
     /// to its new parent). Its stdout/stderr were pipes to the previous host and are
     /// gone: whatever it logs from now on is lost.
     ///
