@@ -199,6 +199,183 @@ impl Exit {
     }
 }
 
+/// Start the plugin binary as the handshake wants it: cookie and protocol versions in
+/// its environment, stdout and stderr piped, in its own process group (a Ctrl-C at the
+/// agent's terminal does not reach it, and a failed launch can be killed as a whole).
+fn spawn(opts: &LaunchOptions) -> Result<tokio::process::Child, LaunchError> {
+    let mut cmd = tokio::process::Command::new(&opts.command);
+    cmd.args(&opts.args)
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
+        .env(handshake::MAGIC_COOKIE_KEY, handshake::MAGIC_COOKIE_VALUE)
+        .env(
+            handshake::ENV_PROTOCOL_VERSIONS,
+            opts.app_protocol_versions
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .env(handshake::ENV_MIN_PORT, "10000")
+        .env(handshake::ENV_MAX_PORT, "25000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    if let Some(dir) = &opts.socket_dir {
+        cmd.env(handshake::ENV_UNIX_SOCKET_DIR, dir);
+    }
+    cmd.spawn().map_err(|source| LaunchError::Spawn {
+        path: opts.command.clone(),
+        source,
+    })
+}
+
+/// A launched plugin that handshook, answers and is healthy.
+struct Established {
+    line: HandshakeLine,
+    channel: Channel,
+    /// When the handshake line came, and when the connection stood, from the spawn.
+    line_at: Duration,
+    connected_at: Duration,
+}
+
+/// Why a launch did not get that far.
+enum Unestablished {
+    /// The plugin closed stdout without a handshake line (usually: it exited).
+    StdoutClosed,
+    /// Anything else, explained.
+    Failed(LaunchError),
+}
+
+impl From<LaunchError> for Unestablished {
+    fn from(e: LaunchError) -> Self {
+        Unestablished::Failed(e)
+    }
+}
+
+/// Read and check the handshake line, connect and health-check, all within the
+/// handshake timeout counted from `started`.
+/// The stderr tail of an error is filled in by the caller, once the plugin is gone.
+async fn establish(
+    opts: &LaunchOptions,
+    stdout: &mut BufReader<tokio::process::ChildStdout>,
+    started: Instant,
+) -> Result<Established, Unestablished> {
+    let first = tokio::time::timeout(opts.handshake_timeout, read_handshake_line(stdout)).await;
+    let line_text = match first {
+        Err(_) => {
+            return Err(LaunchError::Timeout {
+                after: opts.handshake_timeout,
+                stderr: String::new(),
+            }
+            .into());
+        }
+        Ok(Err(e)) => return Err(e.into()),
+        Ok(Ok(None)) => return Err(Unestablished::StdoutClosed),
+        Ok(Ok(Some(line))) => line,
+    };
+    let line_at = started.elapsed();
+    let line: HandshakeLine = line_text
+        .parse()
+        .map_err(|error| LaunchError::BadHandshake {
+            error,
+            stderr: String::new(),
+        })?;
+    if !opts
+        .app_protocol_versions
+        .contains(&line.app_protocol_version)
+    {
+        return Err(LaunchError::AppProtocol {
+            plugin: line.app_protocol_version,
+            host: opts.app_protocol_versions.clone(),
+        }
+        .into());
+    }
+    if line.server_cert.is_some() {
+        return Err(LaunchError::Connect {
+            addr: line.addr.clone(),
+            error: "plugin requires automatic mTLS, which this host does not offer".into(),
+        }
+        .into());
+    }
+    let remaining = || {
+        opts.handshake_timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(100))
+    };
+    let limit = remaining();
+    let channel = match tokio::time::timeout(limit, connect(&line.addr, limit)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(error)) => {
+            return Err(LaunchError::Connect {
+                addr: line.addr.clone(),
+                error,
+            }
+            .into());
+        }
+        Err(_) => {
+            return Err(LaunchError::Connect {
+                addr: line.addr.clone(),
+                error: format!("no answer within {limit:?}"),
+            }
+            .into());
+        }
+    };
+    let connected_at = started.elapsed();
+    let limit = remaining();
+    match tokio::time::timeout(limit, check_health(channel.clone())).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => {
+            return Err(LaunchError::Health(format!("no answer within {limit:?}")).into());
+        }
+    }
+    Ok(Established {
+        line,
+        channel,
+        line_at,
+        connected_at,
+    })
+}
+
+/// `e` with the plugin's last stderr lines, for the errors that show them.
+fn with_stderr_tail(e: LaunchError, tail: &Mutex<VecDeque<String>>) -> LaunchError {
+    match e {
+        LaunchError::Timeout { after, .. } => LaunchError::Timeout {
+            after,
+            stderr: format_tail(tail),
+        },
+        LaunchError::BadHandshake { error, .. } => LaunchError::BadHandshake {
+            error,
+            stderr: format_tail(tail),
+        },
+        other => other,
+    }
+}
+
+/// Kill a failed launch's process group and reap it (bounded), so nothing is left.
+async fn kill_and_reap(pid: u32, mut child: tokio::process::Child) {
+    kill_group(pid);
+    let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+}
+
+/// Wait for our child in the background; the receiver holds how it ended.
+fn watch_exit(mut child: tokio::process::Child) -> watch::Receiver<Option<Exit>> {
+    let (exit_tx, exit_rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let exit = match child.wait().await {
+            Ok(status) => Exit::of(status),
+            Err(e) => Exit {
+                status: None,
+                outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
+            },
+        };
+        let _ = exit_tx.send(Some(exit));
+    });
+    exit_rx
+}
+
 /// Read the first stdout line, bounded in length.
 async fn read_handshake_line<R: tokio::io::AsyncBufRead + Unpin>(
     reader: &mut R,
@@ -287,34 +464,7 @@ impl PluginProcess {
     /// [`crate::logging::forward_plugin_log`]) for as long as it runs.
     pub async fn launch(opts: LaunchOptions) -> Result<Self, LaunchError> {
         let started = Instant::now();
-        let mut cmd = tokio::process::Command::new(&opts.command);
-        cmd.args(&opts.args)
-            .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .env(handshake::MAGIC_COOKIE_KEY, handshake::MAGIC_COOKIE_VALUE)
-            .env(
-                handshake::ENV_PROTOCOL_VERSIONS,
-                opts.app_protocol_versions
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            )
-            .env(handshake::ENV_MIN_PORT, "10000")
-            .env(handshake::ENV_MAX_PORT, "25000")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group: a Ctrl-C at the agent's terminal does not reach it,
-            // and a failed launch can be killed as a whole.
-            .process_group(0)
-            .kill_on_drop(false);
-        if let Some(dir) = &opts.socket_dir {
-            cmd.env(handshake::ENV_UNIX_SOCKET_DIR, dir);
-        }
-        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-            path: opts.command.clone(),
-            source,
-        })?;
+        let mut child = spawn(&opts)?;
         let pid = child.id().unwrap_or(0);
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let stderr_done = child
@@ -329,35 +479,20 @@ impl PluginProcess {
             });
         };
         let mut stdout = BufReader::new(stdout);
-
-        // Whatever goes wrong from here on: kill the group, reap, explain.
-        let fail = |child: tokio::process::Child| async move {
-            kill_group(pid);
-            let mut child = child;
-            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
-        };
-
-        let first =
-            tokio::time::timeout(opts.handshake_timeout, read_handshake_line(&mut stdout)).await;
-        let line_text = match first {
-            Err(_) => {
-                fail(child).await;
-                return Err(LaunchError::Timeout {
-                    after: opts.handshake_timeout,
-                    stderr: format_tail(&tail),
-                });
+        let established = match establish(&opts, &mut stdout, started).await {
+            Ok(e) => e,
+            Err(Unestablished::Failed(e)) => {
+                kill_and_reap(pid, child).await;
+                // Read the tail after the kill: the plugin's last words are in by now.
+                return Err(with_stderr_tail(e, &tail));
             }
-            Ok(Err(e)) => {
-                fail(child).await;
-                return Err(e);
-            }
-            Ok(Ok(None)) => {
+            Err(Unestablished::StdoutClosed) => {
                 // stdout closed without a line: it exited (or closed stdout and hangs).
                 let status = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
                 let status = match status {
                     Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
                     _ => {
-                        fail(child).await;
+                        kill_and_reap(pid, child).await;
                         "closed stdout without a handshake".into()
                     }
                 };
@@ -370,81 +505,12 @@ impl PluginProcess {
                     stderr: format_tail(&tail),
                 });
             }
-            Ok(Ok(Some(line))) => line,
         };
-        let line_at = started.elapsed();
-        let line: HandshakeLine = match line_text.parse() {
-            Ok(l) => l,
-            Err(error) => {
-                fail(child).await;
-                return Err(LaunchError::BadHandshake {
-                    error,
-                    stderr: format_tail(&tail),
-                });
-            }
-        };
-        if !opts
-            .app_protocol_versions
-            .contains(&line.app_protocol_version)
-        {
-            fail(child).await;
-            return Err(LaunchError::AppProtocol {
-                plugin: line.app_protocol_version,
-                host: opts.app_protocol_versions.clone(),
-            });
-        }
-        if line.server_cert.is_some() {
-            fail(child).await;
-            return Err(LaunchError::Connect {
-                addr: line.addr.clone(),
-                error: "plugin requires automatic mTLS, which this host does not offer".into(),
-            });
-        }
-        let remaining = opts
-            .handshake_timeout
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(100));
-        let channel = match tokio::time::timeout(remaining, connect(&line.addr, remaining)).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(error)) => {
-                fail(child).await;
-                return Err(LaunchError::Connect {
-                    addr: line.addr.clone(),
-                    error,
-                });
-            }
-            Err(_) => {
-                fail(child).await;
-                return Err(LaunchError::Connect {
-                    addr: line.addr.clone(),
-                    error: format!("no answer within {remaining:?}"),
-                });
-            }
-        };
-        let connected_at = started.elapsed();
-        let remaining = opts
-            .handshake_timeout
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(100));
-        match tokio::time::timeout(remaining, check_health(channel.clone())).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                fail(child).await;
-                return Err(e);
-            }
-            Err(_) => {
-                fail(child).await;
-                return Err(LaunchError::Health(format!(
-                    "no answer within {remaining:?}"
-                )));
-            }
-        }
-
         tracing::debug!(
             plugin = %opts.name,
             pid,
-            handshake_us = line_at.as_micros() as u64,
-            connected_us = connected_at.as_micros() as u64,
+            handshake_us = established.line_at.as_micros() as u64,
+            connected_us = established.connected_at.as_micros() as u64,
             healthy_us = started.elapsed().as_micros() as u64,
             "plugin launched"
         );
@@ -456,24 +522,13 @@ impl PluginProcess {
                 tracing::info!(target: "drover::plugin", plugin = %name, "stdout: {l}");
             }
         });
-        let (exit_tx, exit_rx) = watch::channel(None);
-        tokio::spawn(async move {
-            let exit = match child.wait().await {
-                Ok(status) => Exit::of(status),
-                Err(e) => Exit {
-                    status: None,
-                    outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
-                },
-            };
-            let _ = exit_tx.send(Some(exit));
-        });
         Ok(PluginProcess {
             name: opts.name,
             pid,
-            line,
+            line: established.line,
             path: opts.command,
-            channel,
-            exit: exit_rx,
+            channel: established.channel,
+            exit: watch_exit(child),
             pidfd: None,
         })
     }
