@@ -620,15 +620,25 @@ impl TaskManager {
                 task.attached.load(Ordering::SeqCst) && task.state() == TaskLifecycle::Running;
             if running {
                 let driver = self.driver(&task.driver)?;
-                match driver.stop_task(id, timeout, sig).await {
-                    // Unavailable, Transport: the plugin just died (or the call was
-                    // lost); the runner sends the recorded stop to the relaunched one,
-                    // so wait for the exit all the same.
-                    Ok(())
-                    | Err(DriverError::NotFound(_))
-                    | Err(DriverError::Unavailable(_))
-                    | Err(DriverError::Transport(_)) => {}
-                    Err(e) => return Err(e),
+                let mut pause = Duration::from_millis(100);
+                loop {
+                    match driver.stop_task(id, timeout, sig).await {
+                        // Unavailable: the plugin just died; the runner sends the
+                        // recorded stop to the relaunched one, so wait for the exit all
+                        // the same.
+                        Ok(())
+                        | Err(DriverError::NotFound(_))
+                        | Err(DriverError::Unavailable(_)) => break,
+                        // The call was lost, but the plugin may be alive and its runner
+                        // still waiting, and then nobody would send the stop again.
+                        // StopTask is idempotent: send it again, until the deadline.
+                        Err(DriverError::Transport(e)) => {
+                            tracing::debug!(task = %id, "StopTask failed in transport, sending it again: {e}");
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_secs(2));
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
             Ok(())

@@ -447,6 +447,10 @@ impl Runner {
 
     async fn watch(&mut self, mut attached_on: u64) -> Phase {
         let mut retries = RETRY_PAUSES.to_vec();
+        // Pause before attaching again after WaitTask kept failing in transport while
+        // RecoverTask succeeds: doubled each time (up to a minute), so that a driver in
+        // that state costs two events a minute, not two every second and a half.
+        let mut unreachable_pause = STUCK_POLL.0;
         loop {
             let driver = match self.mgr.drivers.driver(&self.task.driver) {
                 Some(d) if *d.generation().borrow() == attached_on => d,
@@ -498,6 +502,8 @@ impl Runner {
                          still be running: it is kept and recovered once the driver answers",
                         self.task.driver
                     ));
+                    tokio::time::sleep(unreachable_pause).await;
+                    unreachable_pause = (unreachable_pause * 2).min(STUCK_POLL.1);
                     match self.attach().await {
                         Attach::Attached(g) => {
                             attached_on = g;

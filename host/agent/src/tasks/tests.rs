@@ -50,6 +50,8 @@ struct FakeState {
     late_start: Option<(String, Exit)>,
     /// WaitTask calls that are listening (for the exit and for a crash), by task id.
     waiting: Vec<String>,
+    /// The next this many StopTask calls are lost in transport (the plugin lives on).
+    lose_stops: usize,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -214,6 +216,13 @@ impl TaskDriver for Fake {
     async fn stop_task(&self, id: &str, _: Duration, _: Signal) -> Result<(), DriverError> {
         let exit = self.known(id)?;
         self.s().stops.push(id.to_owned());
+        {
+            let mut s = self.s();
+            if s.lose_stops > 0 {
+                s.lose_stops -= 1;
+                return Err(DriverError::Transport("connection reset".into()));
+            }
+        }
         exit.send_if_modified(|e| {
             if e.is_none() {
                 *e = Some(ExitResult::signaled(15));
@@ -729,6 +738,31 @@ async fn user_stop_is_never_restarted() {
     assert_eq!(env.fake.starts(&v.id).len(), 1);
     // Stopping again is harmless.
     env.mgr.stop(&v.id, None, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stop_lost_in_transport_is_sent_again_while_the_plugin_lives() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    env.fake.s().lose_stops = 2;
+    // The runner's WaitTask is fine all along, so only the stop itself can send the
+    // stop again; a kill timeout of 1 s bounds the whole call at 11 s.
+    let stopped = env
+        .mgr
+        .stop(&v.id, None, Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    assert_eq!(stopped.signal, Some(15));
+    assert_eq!(
+        env.fake.s().stops.len(),
+        3,
+        "two lost StopTask calls, then one that acted"
+    );
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
 }
 
 #[tokio::test]

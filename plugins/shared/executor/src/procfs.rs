@@ -43,14 +43,28 @@ impl From<Stat> for ProcStat {
 /// assert_eq!((s.state, s.utime, s.stime, s.start_time), ('S', 7, 3, 123456));
 /// ```
 pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    Stat::from_read(text.as_bytes()).ok().map(ProcStat::from)
+    stat_of(text.as_bytes()).ok().map(ProcStat::from)
+}
+
+/// `procfs-core` slices around the command name without checking bounds, so text
+/// without a pid before it or fields after it would panic there (a kernel never writes
+/// such a file, but this is public and runs in the executor): refuse it first.
+fn stat_of(text: &[u8]) -> Result<Stat, String> {
+    let open = text.iter().position(|&b| b == b'(');
+    let close = text.iter().rposition(|&b| b == b')');
+    match (open, close) {
+        (Some(open), Some(close)) if open >= 2 && close > open && close + 2 < text.len() => {
+            Stat::from_read(text).map_err(|e| e.to_string())
+        }
+        _ => Err("no `pid (comm) state ...` line".into()),
+    }
 }
 
 /// Read and parse `/proc/<pid>/stat`.
 pub fn read_stat(pid: u32) -> std::io::Result<ProcStat> {
     let path = format!("/proc/{pid}/stat");
     let text = std::fs::read(&path)?;
-    Stat::from_read(text.as_slice())
+    stat_of(&text)
         .map(ProcStat::from)
         .map_err(|e| std::io::Error::other(format!("unexpected {path} format: {e}")))
 }
@@ -98,8 +112,9 @@ mod tests {
         assert_eq!(s.state, 'S');
         assert_eq!((s.utime, s.stime), (7, 3));
         assert_eq!(s.start_time, 123_456);
-        assert_eq!(parse_stat("garbage"), None);
-        assert_eq!(parse_stat("1 (x) S 1"), None);
+        for garbage in ["garbage", "1 (x) S 1", "1 (x)", "(x) S", "1 (x) ", ")(", ""] {
+            assert_eq!(parse_stat(garbage), None, "{garbage:?}");
+        }
     }
 
     #[test]

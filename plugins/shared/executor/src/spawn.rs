@@ -37,6 +37,7 @@ pub(crate) fn spawn(
                 .to_string()
         })?;
         let t = sandbox.spawn(spec, iso, dir, stdout, stderr)?;
+        check_sandboxed_child(t.pid)?;
         return Ok(Spawned {
             pid: t.pid,
             stdout: t.stdout,
@@ -55,6 +56,37 @@ pub(crate) fn spawn(
     // Dropping a std Child neither kills nor waits: the executor's pidfd takes over.
     drop(child);
     Ok(spawned)
+}
+
+/// The executor signals the whole process group of the pid a [`Sandbox`] returns and
+/// watches it through a pidfd, trusting that the pid cannot be reused before it is
+/// reaped. That holds only for the executor's own child that leads its own group:
+/// check both, and refuse anything else (without signalling it: it may not be ours).
+fn check_sandboxed_child(pid: u32) -> Result<(), String> {
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    let p = i32::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .map(nix::unistd::Pid::from_raw)
+        .ok_or_else(|| format!("the sandbox returned an impossible pid {pid}"))?;
+    // WNOWAIT: look, and leave an exited child for the executor to reap.
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    if let Err(e) = waitid(Id::Pid(p), flags) {
+        return Err(format!(
+            "the sandbox returned pid {pid}, which is not this executor's child ({e})"
+        ));
+    }
+    match nix::unistd::getpgid(Some(p)) {
+        Ok(group) if group == p => Ok(()),
+        found => {
+            // Our own child: take it down rather than run a task we cannot stop whole.
+            let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(p, None);
+            Err(format!(
+                "the sandbox's task {pid} does not lead its own process group ({found:?})"
+            ))
+        }
+    }
 }
 
 /// Start the task described by `spec`: its own process group (so that signals reach
@@ -106,6 +138,46 @@ pub(crate) fn spawn_task(spec: &LaunchSpec, stdout: Stdio, stderr: Stdio) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sandbox that hands back a pid of its choice (the executor must not trust it).
+    struct Liar(u32);
+    impl Sandbox for Liar {
+        fn spawn(
+            &self,
+            _: &LaunchSpec,
+            _: &crate::Isolation,
+            _: &Path,
+            _: bool,
+            _: bool,
+        ) -> Result<crate::Sandboxed, String> {
+            let (status, _w) = rustix::pipe::pipe().map_err(|e| e.to_string())?;
+            Ok(crate::Sandboxed {
+                pid: self.0,
+                stdout: None,
+                stderr: None,
+                status,
+            })
+        }
+    }
+
+    #[test]
+    fn a_pid_that_is_not_the_executors_child_is_refused() {
+        let mut spec = LaunchSpec::new("t", "/bin/true");
+        spec.isolation = Some(crate::Isolation::default());
+        // pid 1 is nobody's child here; our own pid is not our child either.
+        for pid in [1, std::process::id()] {
+            let Err(err) = spawn(
+                &spec,
+                Path::new("/nonexistent"),
+                false,
+                false,
+                Some(&Liar(pid)),
+            ) else {
+                panic!("a sandbox's pid {pid} that is not our child was trusted");
+            };
+            assert!(err.contains("not this executor's child"), "{err}");
+        }
+    }
 
     #[test]
     fn isolation_without_a_sandbox_is_refused_before_anything_starts() {
