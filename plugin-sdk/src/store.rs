@@ -1,15 +1,52 @@
 //! [`TaskStore`]: the map from task id to the task a driver tracks, with a reservation
 //! step so that two concurrent starts (or a start and a recovery) of one id can never
 //! both create a task. [`ExitSlot`]: how one of those tasks ended, once it has.
+//! [`TaskEvents`]: the feed of task events a driver serves through `task_events`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use std::time::SystemTime;
 
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
-use crate::{DriverError, ExitResult};
+use crate::{DriverError, ExitResult, TaskEvent};
+
+/// How many events a slow `TaskEvents` subscriber may fall behind before it misses
+/// some (the SDK then tells it how many).
+const EVENT_BACKLOG: usize = 256;
+
+/// A driver's task events: what `DriverPlugin::task_events` subscribes to. Every event
+/// is logged too, so that it is in the plugin's log when nobody listens.
+///
+/// ```
+/// let events = drover_plugin_sdk::store::TaskEvents::default();
+/// let mut rx = events.subscribe();
+/// events.send("web-1", "task started (pid 42)".into());
+/// assert_eq!(rx.try_recv().unwrap().message, "task started (pid 42)");
+/// ```
+#[derive(Debug, Clone)]
+pub struct TaskEvents(broadcast::Sender<TaskEvent>);
+
+impl Default for TaskEvents {
+    fn default() -> Self {
+        TaskEvents(broadcast::channel(EVENT_BACKLOG).0)
+    }
+}
+
+impl TaskEvents {
+    /// Send an event about `task_id`. No subscriber is fine: events are best-effort
+    /// notifications.
+    pub fn send(&self, task_id: &str, message: String) {
+        tracing::info!(task = task_id, "{message}");
+        let _ = self.0.send(TaskEvent::new(task_id, message));
+    }
+
+    /// A new subscriber, for `DriverPlugin::task_events`.
+    pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
+        self.0.subscribe()
+    }
+}
 
 /// How a task ended and when, once known. The first result recorded wins (the exit
 /// watcher and a stop may both see the end); any number of callers wait for it.

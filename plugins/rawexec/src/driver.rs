@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use drover_executor::task::{self, TaskEvents, Watched};
+use drover_executor::task::{self, Watched};
 use drover_executor::{self as executor, ExecutorHandle, LaunchSpec};
+use drover_plugin_sdk::store::TaskEvents;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
     FsIsolation, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,

@@ -2,7 +2,8 @@
 //! rawexec, the isolation engine (exec, java) and qemu differ in how they start and
 //! contain a task, not in how they follow it.
 //!
-//! - [`TaskEvents`]: the driver's task event feed (`TaskEvents` RPC), logged as well.
+//! - [`TaskEvents`]: the driver's task event feed (`TaskEvents` RPC), logged as well
+//!   (the SDK's, re-exported: drivers without executors use it too).
 //! - [`ExecutorTask`]: one task's identity, its exit result once known (the first one
 //!   recorded wins), the timeout of its last stop and its CPU sampling.
 //! - [`watch`]: follow a task on its executor until it exits, riding out an executor
@@ -37,9 +38,9 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+pub use drover_plugin_sdk::store::TaskEvents;
 use drover_plugin_sdk::store::{ExitSlot, TaskStore};
-use drover_plugin_sdk::{DriverError, ExitResult, Signal, TaskEvent, TaskState, TaskStatus};
-use tokio::sync::broadcast;
+use drover_plugin_sdk::{DriverError, ExitResult, Signal, TaskState, TaskStatus};
 
 use crate::{ExecutorHandle, ExitInfo};
 
@@ -49,42 +50,6 @@ pub const WATCH_RETRY: Duration = Duration::from_secs(1);
 
 /// How long [`settle_start`] waits for a start of the same task that is in flight.
 pub const START_IN_FLIGHT: Duration = Duration::from_secs(30);
-
-/// How many events a slow `TaskEvents` subscriber may fall behind before it misses
-/// some (the SDK then tells it how many).
-const EVENT_BACKLOG: usize = 256;
-
-/// A driver's task events: what `DriverPlugin::task_events` subscribes to. Every event
-/// is logged too, so that it is in the plugin's log when nobody listens.
-///
-/// ```
-/// let events = drover_executor::task::TaskEvents::default();
-/// let mut rx = events.subscribe();
-/// events.send("web-1", "task started (pid 42)".into());
-/// assert_eq!(rx.try_recv().unwrap().message, "task started (pid 42)");
-/// ```
-#[derive(Debug, Clone)]
-pub struct TaskEvents(broadcast::Sender<TaskEvent>);
-
-impl Default for TaskEvents {
-    fn default() -> Self {
-        TaskEvents(broadcast::channel(EVENT_BACKLOG).0)
-    }
-}
-
-impl TaskEvents {
-    /// Send an event about `task_id`. No subscriber is fine: events are best-effort
-    /// notifications.
-    pub fn send(&self, task_id: &str, message: String) {
-        drover_plugin_sdk::tracing::info!(task = task_id, "{message}");
-        let _ = self.0.send(TaskEvent::new(task_id, message));
-    }
-
-    /// A new subscriber, for `DriverPlugin::task_events`.
-    pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
-        self.0.subscribe()
-    }
-}
 
 /// What every executor-backed task carries, whatever its driver: identity, how it
 /// ended once it has, the timeout of its last stop (for the event saying SIGKILL was
@@ -299,6 +264,9 @@ pub async fn settle_start<T>(store: &TaskStore<T>, id: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use drover_plugin_sdk::TaskEvent;
+    use tokio::sync::broadcast;
+
     use super::*;
 
     fn exit(result: ExitResult, killed_after_timeout: bool) -> ExitInfo {

@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use drover_executor::task::{self, TaskEvents, Watched, unknown_exit};
+use drover_executor::task::{self, Watched, unknown_exit};
 use drover_executor::{
     self as executor, Credentials, ExecutorHandle, ExitInfo, Isolation, LaunchSpec, Namespaces,
 };
 use drover_plugin_sdk::schemars::JsonSchema;
 use drover_plugin_sdk::serde::de::DeserializeOwned;
+use drover_plugin_sdk::store::TaskEvents;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExitResult, Fingerprint, FsIsolation,
     NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
