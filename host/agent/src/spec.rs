@@ -238,6 +238,14 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
                 *slot = *v.get_ref();
             }
         }
+        if let Err(message) = logs.check() {
+            let span = l
+                .max_file_size_mb
+                .as_ref()
+                .or(l.max_files.as_ref())
+                .map(Spanned::span);
+            return Err(err(span, None, message));
+        }
         request.logs = Some(logs);
     }
 
@@ -711,6 +719,12 @@ max_file_size_mb = 1
         );
         let e = error("[logs]\nmax_files = 0\n");
         assert_eq!(e, "job.toml:2: logs.max_files: must be at least 1");
+        let e = error("[logs]\nmax_files = 100\nmax_file_size_mb = 100\n");
+        assert_eq!(
+            e,
+            "job.toml:3: logs.max_files × logs.max_file_size_mb is 100 × 100 = 10000 MiB \
+             per stream, more than the maximum of 1024 MiB"
+        );
         let e = error("config = \"x\"\n");
         assert_eq!(e, "job.toml:1: config: expected a table, found string");
         let e = error("[env]\nA = [1]\n");

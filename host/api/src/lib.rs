@@ -61,7 +61,7 @@ pub use logs::{Frame, FrameDecoder, FrameError, LOG_FRAMES_CONTENT_TYPE, skipped
 pub use path::encode_path_segment;
 pub use plugins::{PluginKind, PluginSource, PluginState, PluginStatus};
 pub use tasks::{
-    DestroyQuery, Destroyed, LogConfig, LogStream, LogsQuery, Resources, RestartMode,
-    RestartPolicy, RunRequest, SignalRequest, StatsQuery, StatsView, StopRequest, TaskEventKind,
-    TaskEventView, TaskLifecycle, TaskView,
+    DestroyQuery, Destroyed, LogConfig, LogStream, LogsQuery, MAX_LOG_MB_PER_STREAM, Resources,
+    RestartMode, RestartPolicy, RunRequest, SignalRequest, StatsQuery, StatsView, StopRequest,
+    TaskEventKind, TaskEventView, TaskLifecycle, TaskView,
 };

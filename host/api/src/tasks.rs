@@ -141,6 +141,33 @@ pub struct LogConfig {
     pub max_file_size_mb: u32,
 }
 
+/// The most log one stream of a task may keep, in MiB: `max_files × max_file_size_mb`
+/// at most this (1 GiB). A task's logs live on the agent's disk, and its followers
+/// can hold deleted files open, so what one task may fill is bounded.
+pub const MAX_LOG_MB_PER_STREAM: u64 = 1024;
+
+impl LogConfig {
+    /// Whether these limits can be used: each at least 1, and together at most
+    /// [`MAX_LOG_MB_PER_STREAM`]. The error names the field (`logs.max_files`).
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_files == 0 {
+            return Err("logs.max_files must be at least 1".into());
+        }
+        if self.max_file_size_mb == 0 {
+            return Err("logs.max_file_size_mb must be at least 1".into());
+        }
+        let total = u64::from(self.max_files) * u64::from(self.max_file_size_mb);
+        if total > MAX_LOG_MB_PER_STREAM {
+            return Err(format!(
+                "logs.max_files × logs.max_file_size_mb is {} × {} = {total} MiB per stream, \
+                 more than the maximum of {MAX_LOG_MB_PER_STREAM} MiB",
+                self.max_files, self.max_file_size_mb
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {

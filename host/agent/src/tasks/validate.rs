@@ -69,16 +69,6 @@ pub(super) fn limits(req: &RunRequest) -> Result<(Resources, LogConfig), DriverE
         )));
     }
     let l = req.logs.unwrap_or_default();
-    let l = LogConfig::new(l.max_files, l.max_file_size_mb);
-    if l.max_files == 0 {
-        return Err(DriverError::InvalidConfig(
-            "logs.max_files must be at least 1".into(),
-        ));
-    }
-    if l.max_file_size_mb == 0 {
-        return Err(DriverError::InvalidConfig(
-            "logs.max_file_size_mb must be at least 1".into(),
-        ));
-    }
-    Ok((r, l))
+    l.check().map_err(DriverError::InvalidConfig)?;
+    Ok((r, LogConfig::new(l.max_files, l.max_file_size_mb)))
 }
