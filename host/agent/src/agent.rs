@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{Catalog, LoadContext};
 use crate::config::AgentConfig;
+use crate::dirs::{Access, DirError};
 use crate::loader::Builtin;
 use crate::state::{RedbStore, StateError, StateStore};
 use crate::tasks::TaskManager;
@@ -17,14 +18,10 @@ use crate::tasks::TaskManager;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
-    /// A directory could not be prepared.
-    #[error("cannot prepare {path}: {source}")]
-    Dir {
-        /// Which directory.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A directory could not be prepared, or is not safe from other host users
+    /// (wrong owner, writable or readable by others); the message says how to fix it.
+    #[error(transparent)]
+    Dir(#[from] DirError),
     /// The state store could not be opened (corrupt, newer schema, in use). The agent
     /// refuses to start rather than guess; the message says what to do.
     #[error("{0}")]
@@ -37,18 +34,6 @@ pub enum AgentError {
         /// Why.
         reason: String,
     },
-}
-
-fn ensure_dir(path: &Path, mode: u32) -> Result<(), AgentError> {
-    let err = |source| AgentError::Dir {
-        path: path.to_owned(),
-        source,
-    };
-    if !path.exists() {
-        std::fs::create_dir_all(path).map_err(err)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
-    }
-    Ok(())
 }
 
 /// Bind the API socket (mode 0600). A stale socket file left by a dead agent is
@@ -90,17 +75,34 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Result<(), AgentError> {
     let data_dir = config.data_dir();
-    ensure_dir(&data_dir, 0o700)?;
+    // `--dev`'s default is a fixed name in the shared temp dir, which any host user
+    // can create first. Refusing it (rather than moving to a fresh random dir) keeps
+    // the name the CLI looks for, and tells the operator someone tried.
+    let what = if config.dev && config.data_dir.is_none() {
+        "dev data directory"
+    } else {
+        "data directory"
+    };
+    crate::dirs::prepare(&data_dir, what, Access::Private)?;
     let store: Arc<dyn StateStore> = Arc::new(RedbStore::open(&data_dir)?);
     let plugin_dir = config.plugin_dir();
-    if config.dev {
-        ensure_dir(&plugin_dir, 0o755)?;
+    if config.dev || plugin_dir.exists() {
+        crate::dirs::prepare(&plugin_dir, "plugin directory", Access::RootMayOwn(0o700))?;
     }
     let run_dir = data_dir.join("run");
-    ensure_dir(&run_dir, 0o700)?;
+    crate::dirs::prepare(&run_dir, "plugin socket directory", Access::Private)?;
     let alloc_dir = data_dir.join("alloc");
-    ensure_dir(&alloc_dir, 0o711)?;
+    crate::dirs::prepare(
+        &alloc_dir,
+        "task directory root",
+        Access::NotWritableByOthers(0o711),
+    )?;
+    let plugin_state_dir = data_dir.join("plugin-state");
+    crate::dirs::prepare(&plugin_state_dir, "plugin state directory", Access::Private)?;
     let api_path = config.api_socket();
+    if let Some(dir) = api_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        crate::dirs::prepare(dir, "API socket directory", Access::RootMayOwn(0o700))?;
+    }
     let listener = bind_api(&api_path)?;
     tracing::info!(
         api = %api_path.display(),
@@ -116,7 +118,7 @@ pub async fn run(
         accepted: drover_plugin_sdk::version::supported_api_range(),
         agent: drover_plugin_sdk::AgentInfo::new(String::new())
             .with_alloc_dir(alloc_dir.clone())
-            .with_plugin_state_dir(data_dir.join("plugin-state")),
+            .with_plugin_state_dir(plugin_state_dir),
         settings: config.plugin.clone(),
     });
     let catalog = Arc::new(Catalog::new(store.clone()));

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod api;
 pub mod catalog;
 pub mod config;
+pub mod dirs;
 pub mod loader;
 pub mod logs;
 pub mod spec;

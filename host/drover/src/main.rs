@@ -57,7 +57,8 @@ enum Command {
 
 #[derive(Args)]
 struct AgentArgs {
-    /// Dev mode: data under the temp dir, plugin_dir created if missing.
+    /// Dev mode: data in $TMPDIR/drover-dev-$UID (refused if another user made it or
+    /// it is open to others), plugin_dir created if missing.
     #[arg(long)]
     dev: bool,
     /// TOML config file (repeatable; later files win).

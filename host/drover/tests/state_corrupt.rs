@@ -111,6 +111,12 @@ fn assert_refuses(root: &Path, data_dir: &Path, what: &str) -> String {
 fn data_dir_with(root: &Path, bytes: &[u8]) -> std::path::PathBuf {
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
+    // As the agent makes it: it refuses a data dir other users can enter.
+    std::fs::set_permissions(
+        &data,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
+    )
+    .unwrap();
     std::fs::write(data.join("state.db"), bytes).unwrap();
     data
 }
