@@ -62,6 +62,33 @@ fn bind_api(path: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     Ok(listener)
 }
 
+/// Raise the open-file limit (see [`crate::limits::raise_nofile_limit`]) and warn
+/// when it is still below what the configured bounds can use together.
+fn raise_nofile_limit(config: &AgentConfig) {
+    let now = match crate::limits::raise_nofile_limit() {
+        Ok(l) => {
+            if l.now != l.was {
+                tracing::debug!(was = l.was, now = l.now, "raised the open-file limit");
+            }
+            l.now
+        }
+        Err(e) => {
+            tracing::warn!("cannot raise the open-file limit to its hard limit: {e}");
+            rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .unwrap_or(u64::MAX)
+        }
+    };
+    let budget = crate::limits::descriptor_budget(&config.limits);
+    if now < budget {
+        tracing::warn!(
+            limit = now,
+            budget,
+            "the open-file limit is below what the configured [limits] can use together;              raise the hard limit (e.g. LimitNOFILE= in the systemd unit) or lower them"
+        );
+    }
+}
+
 /// Run the agent until `stop` fires: open the state store (a bad one stops everything
 /// here, before any socket or plugin), prepare directories, bind the API, reattach to or
 /// launch plugins, serve.
@@ -74,6 +101,7 @@ pub async fn run(
     builtins: Vec<Builtin>,
     stop: CancellationToken,
 ) -> Result<(), AgentError> {
+    raise_nofile_limit(&config);
     let data_dir = config.data_dir();
     // `--dev`'s default is a fixed name in the shared temp dir, which any host user
     // can create first. Refusing it (rather than moving to a fresh random dir) keeps
@@ -129,9 +157,11 @@ pub async fn run(
     // Serve the API at once: `plugin status` answers while plugins are still loading.
     let api = tokio::spawn(crate::api::serve(
         listener,
+        config.limits.max_connections,
         crate::api::ApiState {
             catalog: catalog.clone(),
             tasks: tasks.clone(),
+            streams: Arc::new(crate::limits::StreamCaps::new(&config.limits)),
         },
         stop.clone(),
         Duration::from_secs(5),

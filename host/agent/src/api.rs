@@ -20,6 +20,7 @@ use drover_api::{
 };
 
 use crate::catalog::{Catalog, LoadedPlugin};
+use crate::limits::{CapError, LimitedListener, StreamCaps};
 use crate::logs::{FollowOptions, LogChunk, LogStart};
 use crate::tasks::TaskManager;
 use drover_api::PluginState;
@@ -31,6 +32,8 @@ pub struct ApiState {
     pub catalog: Arc<Catalog>,
     /// The task manager.
     pub tasks: Arc<TaskManager>,
+    /// Caps on `logs -f` and `stats -f` streams.
+    pub streams: Arc<StreamCaps>,
 }
 
 /// An API error: a status code and `{"error": "..."}`.
@@ -51,6 +54,18 @@ impl From<DriverError> for ApiError {
             }
             DriverError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+impl From<CapError> for ApiError {
+    fn from(e: CapError) -> Self {
+        let code = match &e {
+            // The agent as a whole is busy: any client may get in once a stream ends.
+            CapError::Agent { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            // This task has many followers already: a limit on the caller's request.
+            _ => StatusCode::TOO_MANY_REQUESTS,
         };
         ApiError(code, e.to_string())
     }
@@ -198,6 +213,12 @@ async fn task_logs(
         (None, None) => LogStart::Beginning,
     };
     let view = s.tasks.status(&id)?;
+    // Held by the response body: the follower counts until its client goes away.
+    let permit = if q.follow {
+        Some(s.streams.logs.acquire(&id)?)
+    } else {
+        None
+    };
     let base = view.task_dir.join("logs").join(match q.stream {
         LogStream::Stdout => "stdout",
         LogStream::Stderr => "stderr",
@@ -214,6 +235,7 @@ async fn task_logs(
     let chunks = crate::logs::stream(base, start, options, dead, stop);
     let framed = q.framed;
     let body = tokio_stream::wrappers::ReceiverStream::new(chunks).map(move |chunk| {
+        let _counted = &permit;
         let bytes = match (chunk, framed) {
             (Ok(LogChunk::Data(d)), false) => d,
             (Ok(LogChunk::Data(d)), true) => Frame::Data(d).encode(),
@@ -322,11 +344,13 @@ async fn task_stats(
         };
         return ok(stats_view(&id, &sample));
     }
+    let permit = s.streams.stats.acquire(&id)?;
     let mut samples = plugin.client().task_stats(&id, interval).await?;
     let stop = stop.map(|Extension(t)| t).unwrap_or_default();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(4);
     let tasks = s.tasks.clone();
     tokio::spawn(async move {
+        let _counted = permit;
         loop {
             let next = tokio::select! {
                 n = samples.next() => n,
@@ -365,9 +389,11 @@ async fn task_stats(
         .into_response())
 }
 
-/// Serve the API on `listener` until `stop` fires, then drain for up to `grace`.
+/// Serve the API on `listener` until `stop` fires, then drain for up to `grace`, with
+/// at most `max_connections` connections at once.
 pub async fn serve(
     listener: tokio::net::UnixListener,
+    max_connections: usize,
     state: ApiState,
     stop: tokio_util::sync::CancellationToken,
     grace: Duration,
@@ -375,6 +401,7 @@ pub async fn serve(
     // Streaming answers (`logs -f`, `stats -f`) end when `stop` fires, so that the
     // graceful shutdown does not wait for them.
     let app = router(state).layer(Extension(stop.clone()));
+    let listener = LimitedListener::new(listener, max_connections);
     let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
     let handle = tokio::spawn(async move { server.await });
     stop.cancelled().await;

@@ -45,6 +45,66 @@ fn empty_object() -> serde_json::Value {
     serde_json::Value::Object(Default::default())
 }
 
+/// Bounds on what API clients can hold open, `[limits]` in TOML. Each is at least 1.
+///
+/// A request past a follower cap is refused at once with HTTP 503 (the agent-wide
+/// cap) or 429 (the per-task cap) and a message naming the setting; connections past
+/// [`Limits::max_connections`] wait in the socket's backlog until one closes. The
+/// defaults keep the descriptors all of them can use together (a connection, an
+/// inotify watch and up to five open log files per log follower) within a few
+/// thousand, well inside the open-file limit the agent raises itself to at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// API connections served at once.
+    pub max_connections: usize,
+    /// `logs -f` streams served at once, over all tasks.
+    pub max_log_followers: usize,
+    /// `logs -f` streams served at once for one task.
+    pub max_log_followers_per_task: usize,
+    /// `stats -f` streams served at once, over all tasks.
+    pub max_stats_followers: usize,
+    /// `stats -f` streams served at once for one task.
+    pub max_stats_followers_per_task: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 1024,
+            max_log_followers: 256,
+            max_log_followers_per_task: 64,
+            max_stats_followers: 64,
+            max_stats_followers_per_task: 8,
+        }
+    }
+}
+
+impl Limits {
+    fn check(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            ("max_connections", self.max_connections),
+            ("max_log_followers", self.max_log_followers),
+            (
+                "max_log_followers_per_task",
+                self.max_log_followers_per_task,
+            ),
+            ("max_stats_followers", self.max_stats_followers),
+            (
+                "max_stats_followers_per_task",
+                self.max_stats_followers_per_task,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!(
+                    "limits.{name} must be at least 1 (got 0)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The agent's configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +135,8 @@ pub struct AgentConfig {
     /// On a graceful stop, stop every task and plugin. Default: leave them running for
     /// the next agent to reattach to (an agent upgrade or restart does not touch tasks).
     pub drain_on_shutdown: bool,
+    /// Bounds on API connections and streams.
+    pub limits: Limits,
 }
 
 impl Default for AgentConfig {
@@ -92,6 +154,7 @@ impl Default for AgentConfig {
             log_level: "info".into(),
             log_format: LogFormat::Human,
             drain_on_shutdown: false,
+            limits: Limits::default(),
         }
     }
 }
@@ -159,10 +222,12 @@ impl AgentConfig {
             }
         }
         figment = figment.merge(Serialized::defaults(flags.clone()));
-        figment.extract().map_err(|e| {
+        let config: AgentConfig = figment.extract().map_err(|e| {
             let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
             ConfigError(msgs.join("; "))
-        })
+        })?;
+        config.limits.check()?;
+        Ok(config)
     }
 
     /// The data directory, with the dev-mode default.
@@ -296,6 +361,31 @@ mod tests {
             !c.drain_on_shutdown,
             "a graceful stop leaves tasks running by default"
         );
+    }
+
+    #[test]
+    fn limits_from_file_with_defaults_for_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, "[limits]\nmax_log_followers = 10\n").unwrap();
+        let c =
+            AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default()).unwrap();
+        assert_eq!(c.limits.max_log_followers, 10);
+        assert_eq!(c.limits.max_connections, Limits::default().max_connections);
+
+        std::fs::write(&file, "[limits]\nmax_connections = 0\n").unwrap();
+        let err = AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("limits.max_connections must be at least 1"),
+            "{err}"
+        );
+        std::fs::write(&file, "[limits]\nmax_folowers = 1\n").unwrap();
+        let err = AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_folowers"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod api;
 pub mod catalog;
 pub mod config;
 pub mod dirs;
+pub mod limits;
 pub mod loader;
 pub mod logs;
 pub mod spec;

@@ -44,6 +44,13 @@ struct DirWatch {
 /// and the stop signal.
 const WATCHED_IDLE_CHECK: Duration = Duration::from_millis(100);
 
+/// Without a [`DirWatch`] (inotify refused: each user has 128 instances by default,
+/// fewer than the followers an agent may serve), the longest a quiet follower waits
+/// between polls. It starts at [`FollowOptions::poll`] and doubles while nothing
+/// comes, so that hundreds of idle followers do not each read fifty times a second;
+/// output resets it.
+const UNWATCHED_MAX_POLL: Duration = Duration::from_millis(250);
+
 /// After a wake-up, how long a follower lets more output gather before it reads: a
 /// task writing many small lines would otherwise wake it once per write. Short
 /// against the time a fast writer takes to fill and rotate away a log file.
@@ -100,9 +107,14 @@ async fn wait_for_change(watch: Option<&DirWatch>, idle: Duration, fallback: Dur
     }
 }
 
-/// Read the stream at `base` on a blocking thread and send its chunks. Without
+/// Serve the stream at `base` from a task of its own and send its chunks. Without
 /// `follow`, ends at the end of what was written. With it, ends once `dead` resolved
 /// and everything was read, or when `stop` fires or the receiver is dropped.
+///
+/// A follower holds no thread while it waits: only each read (and each look for new
+/// files) runs on the blocking pool, for as long as that one read takes. A follower
+/// that held a pool thread for its life let a few hundred `logs -f` exhaust the pool,
+/// and the state store's writes, which run there too, queued behind them.
 pub fn stream(
     base: PathBuf,
     start: LogStart,
@@ -112,12 +124,60 @@ pub fn stream(
 ) -> tokio::sync::mpsc::Receiver<io::Result<LogChunk>> {
     // A few chunks of slack; beyond that the reader waits for the client.
     let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(follow(base, start, options, dead, stop, tx));
+    rx
+}
+
+/// A [`LogReader`] whose calls run on the blocking pool, one call at a time.
+struct PooledReader {
+    /// `None` only while a call runs (or after one panicked).
+    reader: Option<LogReader>,
+    base: PathBuf,
+}
+
+impl PooledReader {
+    /// Run `f` on the reader on a blocking-pool thread.
+    async fn call<T: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut LogReader) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let mut reader = self
+            .reader
+            .take()
+            .ok_or_else(|| io::Error::other("the log reader failed earlier"))?;
+        let (reader, out) = tokio::task::spawn_blocking(move || {
+            let out = f(&mut reader);
+            (reader, out)
+        })
+        .await
+        .map_err(|e| io::Error::other(format!("the log reader failed: {e}")))?;
+        self.reader = Some(reader);
+        out
+    }
+
+    async fn read(&mut self) -> io::Result<Option<LogChunk>> {
+        self.call(LogReader::read).await
+    }
+
+    async fn open_ahead(&mut self) -> io::Result<()> {
+        self.call(LogReader::open_ahead).await
+    }
+}
+
+async fn follow(
+    base: PathBuf,
+    start: LogStart,
+    options: FollowOptions,
+    dead: impl std::future::Future<Output = ()> + Send + 'static,
+    stop: tokio_util::sync::CancellationToken,
+    tx: tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
+) {
     let finished = Arc::new(AtomicBool::new(false));
-    // Fired when the reader thread ends, so that the watcher of `dead` ends with it.
+    // Fired when this follower ends, so that the watcher of `dead` ends with it.
     let reader_done = tokio_util::sync::CancellationToken::new();
+    let _done = reader_done.clone().drop_guard();
     if options.follow {
         let finished = finished.clone();
-        let reader_done = reader_done.clone();
         tokio::spawn(async move {
             tokio::select! {
                 () = dead => finished.store(true, Ordering::Release),
@@ -132,70 +192,78 @@ pub fn stream(
             .ok(),
         _ => None,
     };
-    let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let _done = reader_done.drop_guard();
-        let mut reader = LogReader::new(base, start);
-        let mut quiet_since: Option<Instant> = None;
-        loop {
-            if tx.is_closed() {
-                return;
-            }
-            if stop.is_cancelled() {
-                let _ = tx.blocking_send(Err(io::Error::other(
+    let mut reader = PooledReader {
+        reader: Some(LogReader::new(base.clone(), start)),
+        base,
+    };
+    let mut quiet_since: Option<Instant> = None;
+    let mut poll = options.poll;
+    loop {
+        if tx.is_closed() {
+            return;
+        }
+        if stop.is_cancelled() {
+            let _ = tx
+                .send(Err(io::Error::other(
                     "the agent is stopping; the log stream ends here",
-                )));
-                return;
-            }
-            match reader.read() {
-                Ok(Some(chunk)) => {
-                    quiet_since = None;
-                    if !send(&runtime, &tx, &mut reader, watch.as_ref(), &stop, Ok(chunk)) {
-                        return;
-                    }
-                }
-                Ok(None) if !options.follow => return,
-                Ok(None) => {
-                    if finished.load(Ordering::Acquire)
-                        && quiet_since.get_or_insert_with(Instant::now).elapsed() >= options.settle
-                    {
-                        return;
-                    }
-                    let idle = if finished.load(Ordering::Acquire) {
-                        options.poll
-                    } else {
-                        WATCHED_IDLE_CHECK
-                    };
-                    runtime.block_on(wait_for_change(watch.as_ref(), idle, options.poll));
-                    // Whatever appeared, open it before rotation can take it away.
-                    if let Err(e) = reader.open_ahead() {
-                        tracing::debug!("opening log files ahead: {e}");
-                    }
-                    if watch.is_some() {
-                        std::thread::sleep(WAKE_BATCH);
-                    }
-                }
-                Err(e) => {
-                    let e = io::Error::new(
-                        e.kind(),
-                        format!("reading the log files at {}: {e}", reader.base.display()),
-                    );
-                    let _ = tx.blocking_send(Err(e));
+                )))
+                .await;
+            return;
+        }
+        match reader.read().await {
+            Ok(Some(chunk)) => {
+                quiet_since = None;
+                poll = options.poll;
+                if !send(&tx, &mut reader, watch.as_ref(), &stop, Ok(chunk)).await {
                     return;
                 }
             }
+            Ok(None) if !options.follow => return,
+            Ok(None) => {
+                if finished.load(Ordering::Acquire)
+                    && quiet_since.get_or_insert_with(Instant::now).elapsed() >= options.settle
+                {
+                    return;
+                }
+                let (idle, fallback) = if finished.load(Ordering::Acquire) {
+                    (options.poll, options.poll)
+                } else {
+                    (WATCHED_IDLE_CHECK, poll)
+                };
+                tokio::select! {
+                    () = wait_for_change(watch.as_ref(), idle, fallback) => {}
+                    // A client that went away frees its follower now, not at the
+                    // next change in the directory.
+                    () = tx.closed() => return,
+                }
+                // Whatever appeared, open it before rotation can take it away.
+                if let Err(e) = reader.open_ahead().await {
+                    tracing::debug!("opening log files ahead: {e}");
+                }
+                if watch.is_some() {
+                    tokio::time::sleep(WAKE_BATCH).await;
+                } else if !finished.load(Ordering::Acquire) {
+                    poll = (poll * 2).min(UNWATCHED_MAX_POLL.max(options.poll));
+                }
+            }
+            Err(e) => {
+                let e = io::Error::new(
+                    e.kind(),
+                    format!("reading the log files at {}: {e}", reader.base.display()),
+                );
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
         }
-    });
-    rx
+    }
 }
 
 /// Send `item`, opening the files that appear meanwhile while the client is slow, so
 /// that a burst of output is not lost to rotation while we wait. `false` when the
 /// receiver is gone or `stop` fired.
-fn send(
-    runtime: &tokio::runtime::Handle,
+async fn send(
     tx: &tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
-    reader: &mut LogReader,
+    reader: &mut PooledReader,
     watch: Option<&DirWatch>,
     stop: &tokio_util::sync::CancellationToken,
     item: io::Result<LogChunk>,
@@ -204,15 +272,13 @@ fn send(
     // task does not wake a follower whose client is slow once per write.
     let mut pause = Duration::ZERO;
     loop {
-        let reserved = runtime.block_on(async {
-            tokio::select! {
-                permit = tx.reserve() => Some(permit),
-                () = async {
-                    tokio::time::sleep(pause).await;
-                    wait_for_change(watch, WATCHED_IDLE_CHECK, Duration::from_millis(10)).await;
-                } => None,
-            }
-        });
+        let reserved = tokio::select! {
+            permit = tx.reserve() => Some(permit),
+            () = async {
+                tokio::time::sleep(pause).await;
+                wait_for_change(watch, WATCHED_IDLE_CHECK, Duration::from_millis(10)).await;
+            } => None,
+        };
         pause = WAKE_BATCH;
         match reserved {
             Some(Ok(permit)) => {
@@ -223,7 +289,7 @@ fn send(
             None if stop.is_cancelled() => return false,
             None => {
                 // An error here shows up again at the next read, which reports it.
-                let _ = reader.open_ahead();
+                let _ = reader.open_ahead().await;
             }
         }
     }

@@ -1444,6 +1444,7 @@ async fn the_api_router_answers_the_typed_client() {
     let state = crate::api::ApiState {
         catalog: Arc::new(crate::catalog::Catalog::default()),
         tasks: env.mgr.clone(),
+        streams: Default::default(),
     };
     tokio::spawn(async move { axum::serve(listener, crate::api::router(state)).await });
     let c = Client::new(&sock);
