@@ -179,6 +179,9 @@ struct Records {
     /// the open descriptor) is unchanged: the `drover` binary serves every built-in and
     /// is tens of MB.
     hashes: Mutex<HashMap<PathBuf, (loader::FileKey, String)>>,
+    /// One lock per path, held while hashing it, so that the built-ins, launched
+    /// together from one binary, hash it once and the others find it in `hashes`.
+    hashing: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Records {
@@ -189,12 +192,27 @@ impl Records {
         let (fd, key) = tokio::task::spawn_blocking(move || loader::open_checked(&cand))
             .await
             .map_err(|e| format!("checking {}: {e}", c.path.display()))??;
-        let cached = lock(&self.hashes)
-            .get(&c.path)
-            .filter(|(k, _)| *k == key)
-            .map(|(_, h)| h.clone());
+        let cached = || {
+            lock(&self.hashes)
+                .get(&c.path)
+                .filter(|(k, _)| *k == key)
+                .map(|(_, h)| h.clone())
+        };
+        let path_lock = match cached() {
+            Some(_) => None,
+            None => Some(
+                lock(&self.hashing)
+                    .entry(c.path.clone())
+                    .or_default()
+                    .clone(),
+            ),
+        };
+        let _hashing = match &path_lock {
+            Some(l) => Some(l.lock().await),
+            None => None,
+        };
         let fd = Arc::new(fd);
-        let sha256 = match cached {
+        let sha256 = match cached() {
             Some(h) => h,
             None => {
                 let hashed = fd.clone();
@@ -305,6 +323,7 @@ impl Catalog {
             records: Arc::new(Records {
                 store,
                 hashes: Mutex::new(HashMap::new()),
+                hashing: Mutex::new(HashMap::new()),
             }),
             progress: watch::channel(Progress::default()).0,
         }
