@@ -810,7 +810,19 @@ async fn try_reattach(
     records: &Records,
     policy: &loader::Policy,
 ) -> Result<Fingerprinted, String> {
-    let sha = records.check(c).await?.sha256;
+    let sha = match records.check(c).await {
+        Ok(binary) => binary.sha256,
+        Err(reason) => {
+            // Not supervised by anyone otherwise, and its file may not run any more.
+            retire(
+                rec,
+                ctx.timeout,
+                &format!("its binary fails the checks: {reason}"),
+            )
+            .await;
+            return Err(reason);
+        }
+    };
     if !sha.eq_ignore_ascii_case(&rec.sha256) {
         retire(rec, ctx.timeout, "its binary changed (upgrade)").await;
         return Err(format!(
