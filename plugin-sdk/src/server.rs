@@ -2,10 +2,11 @@
 //! plugin process.
 
 use std::io::Write as _;
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use drover_proto::goplugin;
@@ -35,6 +36,15 @@ const SHUTDOWN_GRACE: Duration = Duration::from_millis(50);
 
 /// Fingerprints are resent at least this often even when nothing changed.
 const FINGERPRINT_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// How often a plugin with no host connected looks whether its socket is still where
+/// it announced it. A plugin whose socket is gone (its agent's data dir was deleted)
+/// can never be reached again, so it exits; see [`serve`].
+///
+/// ```
+/// assert_eq!(drover_plugin_sdk::server::ORPHAN_CHECK_INTERVAL.as_secs(), 2);
+/// ```
+pub const ORPHAN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Why a plugin could not start serving. [`serve`] logs it and exits 1; the host shows
 /// the message as the reason the plugin was skipped.
@@ -91,6 +101,14 @@ pub enum ServeError {
 /// Drover's BasePlugin and Driver services, prints the handshake line, ignores SIGINT,
 /// and exits when the host calls `GRPCController.Shutdown` or sends SIGTERM.
 ///
+/// A plugin outlives its host on purpose (the next agent reattaches to it through the
+/// socket it announced). It also exits by itself when it is *orphaned*: no host
+/// connection is open and its socket is no longer at the announced path (deleted, or
+/// replaced by another file), checked every [`ORPHAN_CHECK_INTERVAL`]. That happens when
+/// the agent's data dir (which holds the socket directory) is deleted: no host can ever
+/// reach the plugin again. Exiting this way is like a host-requested shutdown:
+/// [`DriverPlugin::shutdown`] runs and tasks keep running.
+///
 /// ```no_run
 /// # struct MyDriver;
 /// # impl MyDriver { fn new() -> Self { MyDriver } }
@@ -112,6 +130,7 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
         std::process::exit(1);
     }
     crate::logging::init_plugin_logging();
+    set_process_name();
     // One thread: a plugin is I/O-bound control-plane code. No worker threads to start
     // keeps launch latency low (cross-thread wake-ups are slow, especially in VMs) and
     // memory small. Drivers run blocking work with `tokio::task::spawn_blocking`.
@@ -128,6 +147,26 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// Name the process after its binary. A host that runs the checked file through its
+/// descriptor (`execveat`) leaves the kernel's name as the descriptor number ("3"),
+/// which is what `ps` and `top` show.
+fn set_process_name() {
+    let Some(arg0) = std::env::args_os().next() else {
+        return;
+    };
+    let base = Path::new(&arg0)
+        .file_name()
+        .map(|n| n.as_encoded_bytes().to_vec())
+        .unwrap_or_default();
+    // The kernel keeps 15 bytes.
+    let base: Vec<u8> = base.into_iter().take(15).collect();
+    if let Ok(name) = std::ffi::CString::new(base)
+        && !name.is_empty()
+    {
+        let _ = nix::sys::prctl::set_name(&name);
+    }
 }
 
 /// Create the 0700 socket directory and return it with the socket path inside.
@@ -181,6 +220,13 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
         }
     })?;
 
+    let socket_id = std::fs::symlink_metadata(&path)
+        .map(|m| (m.dev(), m.ino()))
+        .map_err(|source| ServeError::Bind {
+            path: path.clone(),
+            source,
+        })?;
+
     let stop = CancellationToken::new();
     let driver = Arc::new(driver);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -205,7 +251,12 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
         );
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counter = connections.clone();
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        move |accepted| accepted.map(|stream| Counted::new(stream, counter.clone())),
+    );
     let server_stop = stop.clone();
     let server = tokio::spawn(async move {
         router
@@ -229,6 +280,7 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
     tracing::debug!(socket = %path.display(), "plugin serving");
 
     spawn_signal_handlers(stop.clone());
+    spawn_orphan_watch(path.clone(), socket_id, connections, stop.clone());
     stop.cancelled().await;
     let _ = tokio::time::timeout(Duration::from_secs(1), driver.shutdown()).await;
     // Open streams (Fingerprint, WaitTask) and the host's idle connection keep a
@@ -252,6 +304,113 @@ fn spawn_signal_handlers(stop: CancellationToken) {
                 stop.cancel();
             }
         });
+    }
+}
+
+/// Exit (through `stop`) once no host is connected and the socket at `path` is no
+/// longer the one this process bound (`socket_id`: device and inode).
+fn spawn_orphan_watch(
+    path: PathBuf,
+    socket_id: (u64, u64),
+    connections: Arc<AtomicUsize>,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(ORPHAN_CHECK_INTERVAL) => {}
+                () = stop.cancelled() => return,
+            }
+            if connections.load(Ordering::SeqCst) > 0 {
+                continue;
+            }
+            let gone = match std::fs::symlink_metadata(&path) {
+                Ok(m) => (m.dev(), m.ino()) != socket_id,
+                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            };
+            if gone {
+                tracing::warn!(
+                    socket = %path.display(),
+                    "no host is connected and the plugin socket is gone (its agent's data dir \
+                     was deleted?): no host can reach this plugin again; exiting, tasks keep running"
+                );
+                stop.cancel();
+                return;
+            }
+        }
+    });
+}
+
+/// A host connection, counted while it is open.
+struct Counted {
+    stream: tokio::net::UnixStream,
+    open: Arc<AtomicUsize>,
+}
+
+impl Counted {
+    fn new(stream: tokio::net::UnixStream, open: Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::SeqCst);
+        Counted { stream, open }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl tonic::transport::server::Connected for Counted {
+    type ConnectInfo = <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 

@@ -175,47 +175,62 @@ fn live_from(fp: Fingerprinted) -> Live {
 /// Plugin records in the state store, and the binary hashes they carry.
 struct Records {
     store: Arc<dyn StateStore>,
-    /// sha256 by path, valid while the file's identity (device, inode, size, mtime) is
-    /// unchanged: the `drover` binary serves every built-in and is tens of MB.
-    hashes: Mutex<HashMap<PathBuf, (FileKey, String)>>,
-}
-
-type FileKey = (u64, u64, u64, i64, i64);
-
-fn file_key(path: &Path) -> std::io::Result<FileKey> {
-    use std::os::unix::fs::MetadataExt as _;
-    let m = std::fs::metadata(path)?;
-    Ok((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+    /// sha256 by path, valid while the file's identity ([`loader::FileKey`], taken on
+    /// the open descriptor) is unchanged: the `drover` binary serves every built-in and
+    /// is tens of MB.
+    hashes: Mutex<HashMap<PathBuf, (loader::FileKey, String)>>,
+    /// One lock per path, held while hashing it, so that the built-ins, launched
+    /// together from one binary, hash it once and the others find it in `hashes`.
+    hashing: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Records {
-    /// sha256 of `path` (hex), hashed off the async thread.
-    async fn sha256(&self, path: &Path) -> Result<String, String> {
-        let key = file_key(path).map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
-        if let Some((k, h)) = lock(&self.hashes).get(path)
-            && *k == key
-        {
-            return Ok(h.clone());
-        }
-        let owned = path.to_owned();
-        let hash = tokio::task::spawn_blocking(move || loader::sha256_file(&owned))
+    /// Open and check `c`'s binary ([`loader::open_checked`]) and hash the bytes behind
+    /// the descriptor, off the async thread.
+    async fn check(&self, c: &Candidate) -> Result<loader::Binary, String> {
+        let cand = c.clone();
+        let (fd, key) = tokio::task::spawn_blocking(move || loader::open_checked(&cand))
             .await
-            .map_err(|e| format!("hashing {}: {e}", path.display()))?
-            .map_err(|e| format!("cannot hash {}: {e}", path.display()))?;
-        lock(&self.hashes).insert(path.to_owned(), (key, hash.clone()));
-        Ok(hash)
+            .map_err(|e| format!("checking {}: {e}", c.path.display()))??;
+        let cached = || {
+            lock(&self.hashes)
+                .get(&c.path)
+                .filter(|(k, _)| *k == key)
+                .map(|(_, h)| h.clone())
+        };
+        let path_lock = match cached() {
+            Some(_) => None,
+            None => Some(
+                lock(&self.hashing)
+                    .entry(c.path.clone())
+                    .or_default()
+                    .clone(),
+            ),
+        };
+        let _hashing = match &path_lock {
+            Some(l) => Some(l.lock().await),
+            None => None,
+        };
+        let fd = Arc::new(fd);
+        let sha256 = match cached() {
+            Some(h) => h,
+            None => {
+                let hashed = fd.clone();
+                let h = tokio::task::spawn_blocking(move || loader::sha256_fd(&hashed))
+                    .await
+                    .map_err(|e| format!("hashing {}: {e}", c.path.display()))?
+                    .map_err(|e| format!("cannot hash {}: {e}", c.path.display()))?;
+                lock(&self.hashes).insert(c.path.clone(), (key, h.clone()));
+                h
+            }
+        };
+        Ok(loader::Binary { fd, sha256 })
     }
 
     /// Remember a serving plugin process so the next agent can reattach to it.
     async fn save(&self, fp: &Fingerprinted) {
         let (name, c, p) = (fp.info.name.as_str(), &fp.candidate, &fp.process);
-        let sha256 = match self.sha256(&c.path).await {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(plugin = %name, "plugin record not saved: {e}");
-                return;
-            }
-        };
+        let sha256 = fp.sha256.clone();
         let rec = PluginRecord {
             name: name.to_owned(),
             version: fp.info.version.clone(),
@@ -308,6 +323,7 @@ impl Catalog {
             records: Arc::new(Records {
                 store,
                 hashes: Mutex::new(HashMap::new()),
+                hashing: Mutex::new(HashMap::new()),
             }),
             progress: watch::channel(Progress::default()).0,
         }
@@ -396,10 +412,11 @@ impl Catalog {
             }
         };
         let slots = Arc::new(Semaphore::new(REATTACH_CONCURRENCY));
-        let (launches, unclaimed) = self.launch_all(candidates, records, config, &ctx, &slots);
+        let policy = Arc::new(loader::Policy::from_config(config));
+        let (launches, unclaimed) = self.launch_all(candidates, records, &policy, &ctx, &slots);
         let mut retiring = self.retire_all(unclaimed, &ctx, &slots);
         let winners = self.pick_winners(launches, config).await;
-        let serving = self.configure_all(winners, config, &ctx).await;
+        let serving = self.configure_all(winners, &policy, &ctx).await;
         while retiring.join_next().await.is_some() {}
         // Every process this start adopted or launched is known now, and supervisors
         // (which create new socket dirs when they relaunch) have not started: what else
@@ -410,6 +427,7 @@ impl Catalog {
                 plugin,
                 ctx.clone(),
                 self.records.clone(),
+                policy.clone(),
                 stop.clone(),
             ));
         }
@@ -440,32 +458,20 @@ impl Catalog {
         candidates
     }
 
-    /// Start obtaining (reattaching to, or launching and fingerprinting) every allowed
-    /// and correctly pinned candidate, concurrently. Returns the launches under way and
-    /// the plugin records no candidate claims.
+    /// Start obtaining (reattaching to, or checking, launching and fingerprinting)
+    /// every allowed candidate, concurrently. Returns the launches under way and the
+    /// plugin records no candidate claims.
     fn launch_all(
         &self,
         candidates: Vec<Candidate>,
         mut records: Vec<PluginRecord>,
-        config: &AgentConfig,
+        policy: &Arc<loader::Policy>,
         ctx: &Arc<LoadContext>,
         slots: &Arc<Semaphore>,
     ) -> (Launches, Vec<PluginRecord>) {
         let mut launches = tokio::task::JoinSet::new();
         for c in candidates {
-            if let Err(reason) =
-                loader::allowed(&c.label, &config.plugin_allow, &config.plugin_deny)
-            {
-                self.skip(loader::skipped_status(&c, reason));
-                continue;
-            }
-            if let Err(reason) = check_pin(
-                &c,
-                config
-                    .plugin
-                    .get(&c.label)
-                    .and_then(|s| s.sha256.as_deref()),
-            ) {
+            if let Err(reason) = loader::allowed(&c.label, &policy.allow, &policy.deny) {
                 self.skip(loader::skipped_status(&c, reason));
                 continue;
             }
@@ -474,9 +480,9 @@ impl Catalog {
                 .position(|r| record_matches(r, &c))
                 .map(|i| records.swap_remove(i));
             let ctx = ctx.clone();
-            let (store, slots) = (self.records.clone(), slots.clone());
+            let (store, slots, policy) = (self.records.clone(), slots.clone(), policy.clone());
             launches.spawn(async move {
-                let r = obtain(&c, record, &ctx, &store, &slots).await;
+                let r = obtain(&c, record, &ctx, &store, &slots, &policy).await;
                 (c, r)
             });
         }
@@ -563,19 +569,15 @@ impl Catalog {
     async fn configure_all(
         &self,
         winners: BTreeMap<String, Fingerprinted>,
-        config: &AgentConfig,
+        policy: &Arc<loader::Policy>,
         ctx: &Arc<LoadContext>,
     ) -> Vec<Arc<LoadedPlugin>> {
         let mut configuring = tokio::task::JoinSet::new();
         for (name, fp) in winners {
             let settings = ctx.settings(&name);
-            let ctx = ctx.clone();
-            let allow = loader::allowed(&name, &config.plugin_allow, &config.plugin_deny);
+            let (ctx, policy) = (ctx.clone(), policy.clone());
             configuring.spawn(async move {
-                let r = match allow {
-                    Ok(()) => configure(&fp, &settings, &ctx).await,
-                    Err(reason) => Err(reason),
-                };
+                let r = configure(&fp, &settings, &ctx, &policy).await;
                 (fp, r)
             });
         }
@@ -759,12 +761,13 @@ async fn obtain(
     ctx: &LoadContext,
     records: &Records,
     slots: &Semaphore,
+    policy: &loader::Policy,
 ) -> Result<Fingerprinted, String> {
     if let Some(rec) = record {
         let attempt = {
             // Bounded: a semaphore slot, and `ctx.timeout` per step inside.
             let _slot = slots.acquire().await;
-            try_reattach(c, &rec, ctx, records).await
+            try_reattach(c, &rec, ctx, records, policy).await
         };
         match attempt {
             Ok(fp) => return Ok(fp),
@@ -789,7 +792,7 @@ async fn obtain(
             }
         }
     }
-    let fp = loader::fingerprint(c, ctx.timeout, &ctx.socket_dir, &ctx.accepted).await?;
+    let fp = launch_checked(c, ctx, records, policy).await?;
     // Recorded as soon as it is identified, not only once it serves: an agent killed in
     // between must still find this process at its next start.
     records.save(&fp).await;
@@ -805,8 +808,21 @@ async fn try_reattach(
     rec: &PluginRecord,
     ctx: &LoadContext,
     records: &Records,
+    policy: &loader::Policy,
 ) -> Result<Fingerprinted, String> {
-    let sha = records.sha256(&c.path).await?;
+    let sha = match records.check(c).await {
+        Ok(binary) => binary.sha256,
+        Err(reason) => {
+            // Not supervised by anyone otherwise, and its file may not run any more.
+            retire(
+                rec,
+                ctx.timeout,
+                &format!("its binary fails the checks: {reason}"),
+            )
+            .await;
+            return Err(reason);
+        }
+    };
     if !sha.eq_ignore_ascii_case(&rec.sha256) {
         retire(rec, ctx.timeout, "its binary changed (upgrade)").await;
         return Err(format!(
@@ -815,11 +831,22 @@ async fn try_reattach(
             rec.reattach.pid
         ));
     }
+    // The pins may have changed since it was launched: a binary that may not run now
+    // does not keep running either.
+    if let Err(reason) = policy.before_exec(c, &sha) {
+        retire(
+            rec,
+            ctx.timeout,
+            &format!("its binary may no longer run: {reason}"),
+        )
+        .await;
+        return Err(reason);
+    }
     let process = PluginProcess::reattach(rec.name.clone(), rec.reattach.clone(), ctx.timeout)
         .await
         .map_err(|e| e.to_string())?;
     // Proven to be our plugin: from here on a failure shuts it down (adopt does).
-    let fp = loader::adopt(c, process, ctx.timeout, &ctx.accepted).await?;
+    let fp = loader::adopt(c, process, sha, ctx.timeout, &ctx.accepted).await?;
     tracing::info!(
         plugin = %rec.name,
         pid = rec.reattach.pid,
@@ -844,16 +871,18 @@ async fn retire(rec: &PluginRecord, timeout: Duration, why: &str) {
     }
 }
 
-fn check_pin(c: &Candidate, pin: Option<&str>) -> Result<(), String> {
-    let Some(pin) = pin else { return Ok(()) };
-    let actual = loader::sha256_file(&c.path)
-        .map_err(|e| format!("cannot hash {}: {e}", c.path.display()))?;
-    if !actual.eq_ignore_ascii_case(pin.trim()) {
-        return Err(format!(
-            "sha256 is {actual}, but the configuration pins {pin}"
-        ));
-    }
-    Ok(())
+/// Open and check `c`'s binary, check it against `policy`, and launch and fingerprint
+/// exactly the bytes checked (the launcher executes the checked descriptor). Every
+/// launch goes through here: the first one, and each relaunch after a crash.
+async fn launch_checked(
+    c: &Candidate,
+    ctx: &LoadContext,
+    records: &Records,
+    policy: &loader::Policy,
+) -> Result<Fingerprinted, String> {
+    let binary = records.check(c).await?;
+    policy.before_exec(c, &binary.sha256)?;
+    loader::fingerprint(c, &binary, ctx.timeout, &ctx.socket_dir, &ctx.accepted).await
 }
 
 /// Validate and apply the plugin's configuration.
@@ -861,8 +890,9 @@ async fn configure(
     fp: &Fingerprinted,
     settings: &crate::config::PluginSettings,
     ctx: &LoadContext,
+    policy: &loader::Policy,
 ) -> Result<(), String> {
-    check_pin(&fp.candidate, settings.sha256.as_deref())?;
+    policy.before_serve(&fp.info.name, fp.candidate.source, &fp.sha256)?;
     loader::validate(&fp.config_schema, &settings.config)
         .map_err(|e| format!("invalid [plugin.{}] config: {e}", fp.info.name))?;
     let mut agent = ctx.agent.clone();
@@ -880,6 +910,7 @@ async fn supervise(
     plugin: Arc<LoadedPlugin>,
     ctx: Arc<LoadContext>,
     records: Arc<Records>,
+    policy: Arc<loader::Policy>,
     stop: CancellationToken,
 ) {
     let mut backoff = RELAUNCH_BACKOFF.0;
@@ -909,7 +940,7 @@ async fn supervise(
                 () = stop.cancelled() => return,
             }
             backoff = (backoff * 2).min(RELAUNCH_BACKOFF.1);
-            match relaunch(&plugin, &ctx, &records).await {
+            match relaunch(&plugin, &ctx, &records, &policy).await {
                 Ok(()) => break,
                 Err(reason) => how = reason,
             }
@@ -921,20 +952,15 @@ async fn relaunch(
     plugin: &LoadedPlugin,
     ctx: &LoadContext,
     records: &Records,
+    policy: &loader::Policy,
 ) -> Result<(), String> {
-    let fp = loader::fingerprint(
-        &plugin.candidate,
-        ctx.timeout,
-        &ctx.socket_dir,
-        &ctx.accepted,
-    )
-    .await?;
+    let fp = launch_checked(&plugin.candidate, ctx, records, policy).await?;
     if fp.info.name != plugin.name {
         let got = fp.info.name.clone();
         fp.process.shutdown().await;
         return Err(format!("relaunched binary now calls itself {got:?}"));
     }
-    if let Err(reason) = configure(&fp, &ctx.settings(&plugin.name), ctx).await {
+    if let Err(reason) = configure(&fp, &ctx.settings(&plugin.name), ctx, policy).await {
         fp.process.shutdown().await;
         return Err(reason);
     }

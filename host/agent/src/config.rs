@@ -27,7 +27,9 @@ pub struct PluginSettings {
     /// Plugin configuration, validated against the plugin's schema, then `SetConfig`.
     #[serde(default = "empty_object")]
     pub config: serde_json::Value,
-    /// Expected sha256 (hex) of the plugin binary. A mismatch skips the plugin.
+    /// Expected sha256 (64 hex digits) of the plugin binary, checked on the open file
+    /// before every exec. Once any plugin has a pin, external binaries run only when
+    /// pinned (see `loader::Policy`).
     #[serde(default)]
     pub sha256: Option<String>,
 }
@@ -227,7 +229,25 @@ impl AgentConfig {
             ConfigError(msgs.join("; "))
         })?;
         config.limits.check()?;
+        config.check_pins()?;
         Ok(config)
+    }
+
+    /// Every `sha256` pin must be a sha256: a typo would otherwise keep a plugin (and,
+    /// once any pin is set, every unpinned one) from running, with no hint why.
+    fn check_pins(&self) -> Result<(), ConfigError> {
+        for (name, settings) in &self.plugin {
+            if let Some(pin) = &settings.sha256 {
+                let p = pin.trim();
+                if p.len() != 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(ConfigError(format!(
+                        "[plugin.{name}] sha256 = {pin:?} is not a sha256: expected 64 hex \
+                         digits, as `sha256sum <plugin binary>` prints them"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The data directory, with the dev-mode default.
@@ -328,6 +348,23 @@ mod tests {
             .to_string();
         assert!(err.contains("plugn_dir"), "{err}");
         assert!(err.contains(&file.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn a_pin_that_is_not_a_sha256_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, "[plugin.skeleton]\nsha256 = \"abc\"\n").unwrap();
+        let err = AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[plugin.skeleton] sha256 = \"abc\""), "{err}");
+        std::fs::write(
+            &file,
+            format!("[plugin.skeleton]\nsha256 = \"{}\"\n", "aB".repeat(32)),
+        )
+        .unwrap();
+        assert!(AgentConfig::load(&[file], vec![], &Default::default()).is_ok());
     }
 
     #[test]

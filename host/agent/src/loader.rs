@@ -6,9 +6,11 @@
 //! that then serves. Anything wrong with a candidate becomes a `skipped` status row
 //! with a reason for people; nothing here can take the agent down.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
@@ -16,6 +18,8 @@ use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 use drover_plugin_sdk::version::{negotiate_api_version, parse_version};
 use drover_plugin_sdk::{Capabilities, DriverError, PluginInfo};
 use sha2::Digest as _;
+
+use crate::config::AgentConfig;
 
 /// A plugin binary to try.
 #[derive(Debug, Clone)]
@@ -74,10 +78,14 @@ pub struct Fingerprinted {
     pub task_schema: serde_json::Value,
     /// What it supports.
     pub capabilities: Capabilities,
+    /// sha256 of the binary the process runs (checked before it was launched, or
+    /// recorded when it was and found unchanged at reattach).
+    pub sha256: String,
 }
 
 /// List candidates in `dir` (non-recursive, sorted by name). Files that must not be
-/// run are returned as skipped rows instead.
+/// run are returned as skipped rows instead. The checks are those of [`open_checked`],
+/// which runs again on every launch.
 pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
     let mut candidates = Vec::new();
     let mut skipped = Vec::new();
@@ -92,10 +100,6 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
             return (candidates, skipped);
         }
     };
-    let dir_insecure = match std::fs::metadata(dir) {
-        Ok(m) => insecure_reason(&m, "plugin_dir"),
-        Err(e) => Some(format!("cannot stat plugin_dir: {e}")),
-    };
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.sort();
     for path in paths {
@@ -109,50 +113,26 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
             source: PluginSource::External,
             label,
         };
-        // metadata() follows symlinks: what matters is the file that would run.
-        let meta = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            Err(e) => {
-                skipped.push(skipped_status(&candidate, format!("cannot stat: {e}")));
-                continue;
-            }
-        };
-        if meta.is_dir() {
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
             tracing::debug!(path = %path.display(), "ignoring directory in plugin_dir");
             continue;
         }
-        if !meta.is_file() {
-            skipped.push(skipped_status(&candidate, "not a regular file"));
-            continue;
+        match open_checked(&candidate) {
+            Ok(_) => candidates.push(candidate),
+            Err(reason) => skipped.push(skipped_status(&candidate, reason)),
         }
-        if let Some(reason) = &dir_insecure {
-            skipped.push(skipped_status(&candidate, reason.clone()));
-            continue;
-        }
-        let mode = meta.permissions().mode();
-        if mode & 0o111 == 0 {
-            skipped.push(skipped_status(
-                &candidate,
-                format!(
-                    "not executable (mode {:04o}); chmod +x it to load it",
-                    mode & 0o7777
-                ),
-            ));
-            continue;
-        }
-        if let Some(reason) = insecure_reason(&meta, "file") {
-            skipped.push(skipped_status(&candidate, reason));
-            continue;
-        }
-        candidates.push(candidate);
     }
     (candidates, skipped)
 }
 
+/// Identity of a file's content as far as `fstat` tells: device, inode, size, mtime and
+/// ctime (which no one can set back), each with nanoseconds. While it is unchanged, a
+/// hash taken earlier still describes the file.
+pub type FileKey = (u64, u64, u64, i64, u64, i64, u64);
+
 /// Why a file or directory is not safe to run plugins from: writable by others, or
 /// owned by someone other than us or root.
-fn insecure_reason(meta: &std::fs::Metadata, what: &str) -> Option<String> {
-    let mode = meta.permissions().mode();
+fn insecure_reason(mode: u32, uid: u32, what: &str) -> Option<String> {
     if mode & 0o002 != 0 {
         return Some(format!(
             "{what} is world-writable (mode {:04o}): anyone could replace the plugin; chmod o-w it",
@@ -160,13 +140,98 @@ fn insecure_reason(meta: &std::fs::Metadata, what: &str) -> Option<String> {
         ));
     }
     let me = rustix::process::geteuid().as_raw();
-    if meta.uid() != me && meta.uid() != 0 {
+    if uid != me && uid != 0 {
         return Some(format!(
-            "{what} is owned by uid {}, not by root or the agent's uid {me}",
-            meta.uid()
+            "{what} is owned by uid {uid}, not by root or the agent's uid {me}"
         ));
     }
     None
+}
+
+/// Open the candidate's binary once and check it on the descriptor, never by path
+/// again: the file itself must not be a symlink (`O_NOFOLLOW`), must be a regular,
+/// executable file, owned by root or the agent's uid and not world-writable; an external
+/// plugin's directory is checked the same way and the file is opened relative to it.
+/// The descriptor is close-on-exec; it is what the launcher executes.
+pub fn open_checked(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let refused = |e: rustix::io::Errno| {
+        if e == rustix::io::Errno::LOOP {
+            "is a symlink: plugin binaries are run only from the file itself (O_NOFOLLOW); \
+             copy or move the binary into place"
+                .to_owned()
+        } else {
+            format!("cannot open: {e}")
+        }
+    };
+    let fd = match c.source {
+        PluginSource::External => {
+            let (Some(dir), Some(name)) = (c.path.parent(), c.path.file_name()) else {
+                return Err(format!("{} is not a file in a directory", c.path.display()));
+            };
+            let dir_fd = rustix::fs::open(
+                dir,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| format!("cannot open plugin_dir {}: {e}", dir.display()))?;
+            let st =
+                rustix::fs::fstat(&dir_fd).map_err(|e| format!("cannot stat plugin_dir: {e}"))?;
+            if let Some(reason) = insecure_reason(st.st_mode, st.st_uid, "plugin_dir") {
+                return Err(reason);
+            }
+            rustix::fs::openat(&dir_fd, name, flags, Mode::empty()).map_err(refused)?
+        }
+        PluginSource::Builtin => {
+            rustix::fs::open(&c.path, flags, Mode::empty()).map_err(refused)?
+        }
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat: {e}"))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err("not a regular file".into());
+    }
+    let mode = st.st_mode;
+    if mode & 0o111 == 0 {
+        return Err(format!(
+            "not executable (mode {:04o}); chmod +x it to load it",
+            mode & 0o7777
+        ));
+    }
+    if let Some(reason) = insecure_reason(mode, st.st_uid, "file") {
+        return Err(reason);
+    }
+    let key = (
+        st.st_dev,
+        st.st_ino,
+        st.st_size as u64,
+        st.st_mtime,
+        st.st_mtime_nsec as u64,
+        st.st_ctime,
+        st.st_ctime_nsec as u64,
+    );
+    Ok((fd, key))
+}
+
+/// sha256 of the bytes behind `fd` (hex), read from the start.
+pub fn sha256_fd(fd: &OwnedFd) -> std::io::Result<String> {
+    use std::io::{Seek as _, SeekFrom};
+    let mut file = std::fs::File::from(fd.try_clone()?);
+    file.seek(SeekFrom::Start(0))?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// A plugin binary opened once and checked ([`open_checked`]), with the sha256 of the
+/// bytes behind its descriptor: the launcher executes this descriptor, so the bytes
+/// checked are the bytes that run.
+#[derive(Debug, Clone)]
+pub struct Binary {
+    /// The open file, close-on-exec.
+    pub fd: Arc<OwnedFd>,
+    /// sha256 (hex, lowercase) of its content.
+    pub sha256: String,
 }
 
 /// sha256 of a file, hex.
@@ -175,6 +240,90 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut hasher = sha2::Sha256::new();
     std::io::copy(&mut file, &mut hasher)?;
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// Which binaries may run and serve: `plugin_allow`/`plugin_deny` and the `sha256`
+/// pins of `[plugin.NAME]`.
+///
+/// The pin rule: while no pin is configured, any binary that passes the file checks
+/// runs. Once any `[plugin.NAME] sha256` is configured, an external binary runs only if
+/// its sha256 equals one of the configured pins (file names do not matter, so renaming
+/// a file cannot dodge a pin), and it then serves only if the name it reports has a pin
+/// equal to its sha256. A built-in (the agent's own binary) needs no pin, but a pin
+/// configured under its name is checked before it runs. All of it is checked before
+/// every exec, relaunches included, on the bytes executed.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// `plugin_allow`.
+    pub allow: Vec<String>,
+    /// `plugin_deny`.
+    pub deny: Vec<String>,
+    /// Pins by plugin name, lowercase hex.
+    pub pins: BTreeMap<String, String>,
+}
+
+impl Policy {
+    /// The policy the configuration describes.
+    pub fn from_config(config: &AgentConfig) -> Self {
+        Policy {
+            allow: config.plugin_allow.clone(),
+            deny: config.plugin_deny.clone(),
+            pins: config
+                .plugin
+                .iter()
+                .filter_map(|(name, s)| {
+                    s.sha256
+                        .as_ref()
+                        .map(|p| (name.clone(), p.trim().to_ascii_lowercase()))
+                })
+                .collect(),
+        }
+    }
+
+    /// May `c`, whose binary hashes to `sha256`, be executed?
+    pub fn before_exec(&self, c: &Candidate, sha256: &str) -> Result<(), String> {
+        allowed(&c.label, &self.allow, &self.deny)?;
+        if let Some(pin) = self.pins.get(&c.label) {
+            if !pin.eq_ignore_ascii_case(sha256) {
+                return Err(format!(
+                    "sha256 is {sha256}, but [plugin.{}] sha256 pins {pin}; not run",
+                    c.label
+                ));
+            }
+            return Ok(());
+        }
+        if c.source == PluginSource::External
+            && !self.pins.is_empty()
+            && !self.pins.values().any(|p| p.eq_ignore_ascii_case(sha256))
+        {
+            return Err(format!(
+                "not pinned: its sha256 {sha256} matches no [plugin.NAME] sha256 pin, and once \
+                 any pin is configured only pinned binaries run; not run (to run it, add \
+                 sha256 = \"{sha256}\" under [plugin.<the name it serves>])"
+            ));
+        }
+        Ok(())
+    }
+
+    /// May a binary hashing to `sha256` serve the plugin name it reported?
+    pub fn before_serve(
+        &self,
+        name: &str,
+        source: PluginSource,
+        sha256: &str,
+    ) -> Result<(), String> {
+        allowed(name, &self.allow, &self.deny)?;
+        match self.pins.get(name) {
+            Some(pin) if !pin.eq_ignore_ascii_case(sha256) => Err(format!(
+                "sha256 is {sha256}, but [plugin.{name}] sha256 pins {pin}"
+            )),
+            None if source == PluginSource::External && !self.pins.is_empty() => Err(format!(
+                "it calls itself {name:?}, but no [plugin.{name}] sha256 pins it; once any pin \
+                 is configured an external plugin serves only under a name that pins its sha256"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 fn parse_schema(what: &str, text: &str) -> Result<serde_json::Value, String> {
@@ -199,10 +348,12 @@ fn rpc_reason(rpc: &str, e: DriverError) -> String {
     }
 }
 
-/// Launch one candidate and fingerprint it. On failure the process has been shut
-/// down (politely if it got far enough to be asked) and the error is the reason.
+/// Launch one candidate from its checked `binary` (the descriptor is what runs) and
+/// fingerprint it. On failure the process has been shut down (politely if it got far
+/// enough to be asked) and the error is the reason.
 pub async fn fingerprint(
     candidate: &Candidate,
+    binary: &Binary,
     timeout: Duration,
     socket_dir: &Path,
     accepted: &semver::VersionReq,
@@ -211,18 +362,21 @@ pub async fn fingerprint(
     opts.args = candidate.args.clone();
     opts.handshake_timeout = timeout;
     opts.socket_dir = Some(socket_dir.to_owned());
+    opts.executable = Some(binary.fd.clone());
     let process = PluginProcess::launch(opts)
         .await
         .map_err(|e| e.to_string())?;
-    adopt(candidate, process, timeout, accepted).await
+    adopt(candidate, process, binary.sha256.clone(), timeout, accepted).await
 }
 
-/// Fingerprint a running plugin process (just launched, or reattached): identity,
-/// versions, schemas, capabilities, within `timeout`. On failure the process has been
-/// shut down (killed if it stopped answering) and the error is the reason.
+/// Fingerprint a running plugin process (just launched, or reattached) whose binary
+/// hashes to `sha256`: identity, versions, schemas, capabilities, within `timeout`. On
+/// failure the process has been shut down (killed if it stopped answering) and the
+/// error is the reason.
 pub async fn adopt(
     candidate: &Candidate,
     process: PluginProcess,
+    sha256: String,
     timeout: Duration,
     accepted: &semver::VersionReq,
 ) -> Result<Fingerprinted, String> {
@@ -237,6 +391,7 @@ pub async fn adopt(
                 config_schema,
                 task_schema,
                 capabilities,
+                sha256,
             })
         }
         Ok(Err(reason)) => {
@@ -394,6 +549,7 @@ pub fn prefer(a: &Fingerprinted, b: &Fingerprinted, prefer_builtin: bool) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     #[test]
     fn allow_and_deny() {
@@ -446,6 +602,86 @@ mod tests {
         let (cands, skipped) = scan_plugin_dir(dir.path());
         assert!(cands.is_empty());
         assert!(reason_of(&skipped, "good").contains("plugin_dir is world-writable"));
+    }
+
+    #[test]
+    fn scan_refuses_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real");
+        std::fs::write(&target, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("link")).unwrap();
+        let (cands, skipped) = scan_plugin_dir(dir.path());
+        assert_eq!(cands.len(), 1);
+        assert!(
+            reason_of(&skipped, "link").contains("symlink"),
+            "{skipped:#?}"
+        );
+    }
+
+    fn candidate(label: &str, source: PluginSource) -> Candidate {
+        Candidate {
+            path: PathBuf::from("/plugins").join(label),
+            args: Vec::new(),
+            source,
+            label: label.into(),
+        }
+    }
+
+    #[test]
+    fn pins_bind_bytes_to_names_and_lock_out_unpinned_binaries() {
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let ext = PluginSource::External;
+        let none = Policy::default();
+        assert!(none.before_exec(&candidate("x", ext), &a).is_ok());
+        assert!(none.before_serve("x", ext, &a).is_ok());
+
+        let pinned = Policy {
+            pins: [("skeleton".to_owned(), a.clone())].into(),
+            ..Policy::default()
+        };
+        // Any file name: only the pinned bytes run.
+        assert!(
+            pinned
+                .before_exec(&candidate("drover-skeleton-driver", ext), &a)
+                .is_ok()
+        );
+        let err = pinned
+            .before_exec(&candidate("drover-skeleton-driver", ext), &b)
+            .unwrap_err();
+        assert!(err.contains("not pinned"), "{err}");
+        let err = pinned
+            .before_exec(&candidate("skeleton", ext), &b)
+            .unwrap_err();
+        assert!(err.contains("[plugin.skeleton] sha256 pins"), "{err}");
+        // The pinned bytes serve only under the name that pins them.
+        assert!(pinned.before_serve("skeleton", ext, &a).is_ok());
+        let err = pinned.before_serve("other", ext, &a).unwrap_err();
+        assert!(err.contains("no [plugin.other] sha256"), "{err}");
+        // Built-ins need no pin, but one under their name is checked.
+        let builtin = PluginSource::Builtin;
+        assert!(
+            pinned
+                .before_exec(&candidate("rawexec", builtin), &b)
+                .is_ok()
+        );
+        assert!(pinned.before_serve("rawexec", builtin, &b).is_ok());
+        let strict = Policy {
+            pins: [("rawexec".to_owned(), a.clone())].into(),
+            ..Policy::default()
+        };
+        assert!(
+            strict
+                .before_exec(&candidate("rawexec", builtin), &b)
+                .is_err()
+        );
+        assert!(strict.before_serve("rawexec", builtin, &b).is_err());
+        // Deny wins over a pin.
+        let denied = Policy {
+            deny: vec!["skeleton".into()],
+            ..pinned
+        };
+        assert!(denied.before_serve("skeleton", ext, &a).is_err());
     }
 
     fn reason_of(rows: &[PluginStatus], name: &str) -> String {

@@ -85,3 +85,94 @@ async fn too_long_socket_path_is_a_precise_error() {
         "{msg}"
     );
 }
+
+/// A plugin that dies before its handshake takes whatever it forked along: its whole
+/// process group is killed, not only the leader reaped.
+#[tokio::test]
+async fn a_plugin_exiting_before_the_handshake_takes_its_helpers_along() {
+    let root = tempfile::tempdir().unwrap();
+    let pidfile = root.path().join("helper.pid");
+    let plugin = root.path().join("forks-and-dies");
+    write_exec(
+        &plugin,
+        &format!(
+            "#!/bin/sh\nsleep 1000 </dev/null >/dev/null 2>&1 &\necho $! > {}\nexit 3\n",
+            pidfile.display()
+        ),
+        0o755,
+    );
+    let err = PluginProcess::launch(LaunchOptions::new("forks-and-dies", &plugin))
+        .await
+        .expect_err("a plugin that exits cannot launch");
+    assert!(
+        matches!(err, LaunchError::Exited { .. }) && err.to_string().contains("exit code 3"),
+        "{err}"
+    );
+    let helper: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Should the test fail, the helper must not outlive it either.
+    struct Reap(u32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = nix_kill(self.0, 9);
+        }
+    }
+    let _reap = Reap(helper);
+    drover_test_support::until(
+        std::time::Duration::from_secs(2),
+        &format!("the helper (pid {helper}) the plugin forked is killed with the failed launch"),
+        || !drover_test_support::procs::alive(helper),
+    )
+    .await;
+}
+
+/// With `executable` set, the launcher runs the open file, not whatever the path names:
+/// here the path does not even exist. A `#!` script runs from its descriptor too.
+#[tokio::test]
+async fn the_launcher_executes_the_descriptor_it_is_given() {
+    let root = tempfile::tempdir().unwrap();
+    let skeleton = std::fs::File::open(workspace_bin("drover-skeleton-driver")).unwrap();
+    let mut opts = LaunchOptions::new("skeleton", root.path().join("no-such-file"));
+    opts.executable = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(skeleton)));
+    opts.socket_dir = Some(root.path().to_owned());
+    let plugin = PluginProcess::launch(opts)
+        .await
+        .expect("launch from the fd");
+    assert_eq!(
+        plugin.client().plugin_info().await.unwrap().name,
+        "skeleton"
+    );
+    // The kernel names a process run from a descriptor after the fd number; serve()
+    // names it after its argv[0] again.
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", plugin.pid())).unwrap();
+    assert_eq!(comm.trim(), "no-such-file");
+    assert!(plugin.shutdown().await.is_success());
+
+    let script = root.path().join("wrapper");
+    write_exec(
+        &script,
+        &format!(
+            "#!/bin/sh\nexec {} \"$@\"\n",
+            workspace_bin("drover-skeleton-driver").display()
+        ),
+        0o755,
+    );
+    let mut opts = LaunchOptions::new("wrapper", &script);
+    opts.executable = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(
+        std::fs::File::open(&script).unwrap(),
+    )));
+    opts.socket_dir = Some(root.path().to_owned());
+    // The path now names something else: the descriptor still runs the script.
+    std::fs::remove_file(&script).unwrap();
+    let plugin = PluginProcess::launch(opts)
+        .await
+        .expect("launch a script from its fd");
+    assert_eq!(
+        plugin.client().plugin_info().await.unwrap().name,
+        "skeleton"
+    );
+    assert!(plugin.shutdown().await.is_success());
+}

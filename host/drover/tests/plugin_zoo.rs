@@ -276,17 +276,25 @@ fn operator_settings_allow_deny_pin_and_config_are_enforced() {
     wrap("denied", "FIXTURE_NAME=denied");
     wrap("pinned", "FIXTURE_NAME=pinned");
     wrap("configured", "FIXTURE_NAME=configured");
+    wrap("unpinned", "FIXTURE_NAME=unpinned");
+    // Once any pin is set, every external binary needs one: pin the good ones.
+    let sha = |p: &std::path::Path| drover_host::loader::sha256_file(p).unwrap();
     let config = root.path().join("agent.toml");
     std::fs::write(
         &config,
-        "plugin_deny = [\"denied\"]\n\
-         [plugin.pinned]\nsha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"\n\
-         [plugin.configured]\nconfig = { colour = \"blue\" }\n",
+        format!(
+            "plugin_deny = [\"denied\"]\n\
+             [plugin.pinned]\nsha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"\n\
+             [plugin.skeleton]\nsha256 = \"{}\"\n\
+             [plugin.configured]\nsha256 = \"{}\"\nconfig = {{ colour = \"blue\" }}\n",
+            sha(&skeleton),
+            sha(&dir.join("configured")),
+        ),
     )
     .unwrap();
     let agent = Agent::start(root.path(), &dir, &["--config", config.to_str().unwrap()]);
     let rows = agent.wait_plugins(Duration::from_secs(15), |rows| {
-        rows.len() >= 5 && rows.iter().all(|r| r["state"] != "unhealthy")
+        rows.len() >= 6 && rows.iter().all(|r| r["state"] != "unhealthy")
     });
     let reason = |name: &str| {
         rows.iter()
@@ -298,6 +306,7 @@ fn operator_settings_allow_deny_pin_and_config_are_enforced() {
     };
     assert!(reason("denied").contains("plugin_deny"), "{rows:#?}");
     assert!(reason("pinned").contains("sha256"), "{rows:#?}");
+    assert!(reason("unpinned").contains("not pinned"), "{rows:#?}");
     let r = reason("configured");
     assert!(
         r.contains("[plugin.configured]") && r.contains("colour"),

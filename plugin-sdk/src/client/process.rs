@@ -2,14 +2,16 @@
 //! and shutdown.
 
 use std::collections::VecDeque;
-use std::ffi::OsString;
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_proto::goplugin;
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 use tonic::transport::{Channel, Endpoint};
@@ -25,6 +27,9 @@ const STDERR_TAIL_LINES: usize = 8;
 /// Longest handshake line accepted; a plugin that prints more without a newline is
 /// printing garbage.
 const MAX_HANDSHAKE_LINE: u64 = 4096;
+/// Longest stdout/stderr line of a plugin that is kept; the rest of a longer line is
+/// dropped, so a plugin printing an endless line cannot grow the host's memory.
+pub const MAX_PLUGIN_LINE: usize = 16 * 1024;
 /// How long a plugin may take to exit after `GRPCController.Shutdown` (go-plugin's value).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -52,6 +57,22 @@ pub struct LaunchOptions {
     pub socket_dir: Option<PathBuf>,
     /// App protocol versions the host speaks.
     pub app_protocol_versions: Vec<u32>,
+    /// An open descriptor of the binary to run. When set, the process executes exactly
+    /// this open file (`execveat(fd, "", AT_EMPTY_PATH)`) and `command` is only its
+    /// `argv[0]` and the name in messages: a host that checked the file's owner, mode and
+    /// hash on this descriptor runs the bytes it checked, whatever happens to the path
+    /// meanwhile. A `#!` script is run too: its interpreter reads the same open file as
+    /// `/dev/fd/N` (so the script sees `$0 = /dev/fd/N`). When `None`, `command` is
+    /// executed by path.
+    ///
+    /// ```no_run
+    /// use std::os::fd::OwnedFd;
+    /// use drover_plugin_sdk::client::LaunchOptions;
+    /// let file = std::fs::File::open("/usr/lib/drover/plugins/skeleton").unwrap();
+    /// let mut opts = LaunchOptions::new("skeleton", "/usr/lib/drover/plugins/skeleton");
+    /// opts.executable = Some(std::sync::Arc::new(OwnedFd::from(file)));
+    /// ```
+    pub executable: Option<Arc<OwnedFd>>,
 }
 
 impl LaunchOptions {
@@ -65,6 +86,7 @@ impl LaunchOptions {
             handshake_timeout: Duration::from_secs(5),
             socket_dir: None,
             app_protocol_versions: handshake::APP_PROTOCOL_VERSIONS.to_vec(),
+            executable: None,
         }
     }
 }
@@ -203,32 +225,144 @@ impl Exit {
 /// its environment, stdout and stderr piped, in its own process group (a Ctrl-C at the
 /// agent's terminal does not reach it, and a failed launch can be killed as a whole).
 fn spawn(opts: &LaunchOptions) -> Result<tokio::process::Child, LaunchError> {
+    let spawn_error = |source| LaunchError::Spawn {
+        path: opts.command.clone(),
+        source,
+    };
+    let mut env: Vec<(OsString, OsString)> = opts.env.clone();
+    env.push((
+        handshake::MAGIC_COOKIE_KEY.into(),
+        handshake::MAGIC_COOKIE_VALUE.into(),
+    ));
+    env.push((
+        handshake::ENV_PROTOCOL_VERSIONS.into(),
+        opts.app_protocol_versions
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+            .into(),
+    ));
+    env.push((handshake::ENV_MIN_PORT.into(), "10000".into()));
+    env.push((handshake::ENV_MAX_PORT.into(), "25000".into()));
+    if let Some(dir) = &opts.socket_dir {
+        env.push((handshake::ENV_UNIX_SOCKET_DIR.into(), dir.into()));
+    }
     let mut cmd = tokio::process::Command::new(&opts.command);
     cmd.args(&opts.args)
-        .envs(opts.env.iter().map(|(k, v)| (k, v)))
-        .env(handshake::MAGIC_COOKIE_KEY, handshake::MAGIC_COOKIE_VALUE)
-        .env(
-            handshake::ENV_PROTOCOL_VERSIONS,
-            opts.app_protocol_versions
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-        )
-        .env(handshake::ENV_MIN_PORT, "10000")
-        .env(handshake::ENV_MAX_PORT, "25000")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(false);
-    if let Some(dir) = &opts.socket_dir {
-        cmd.env(handshake::ENV_UNIX_SOCKET_DIR, dir);
+    if let Some(fd) = &opts.executable {
+        let exec = ExecFd::prepare(fd, &opts.command, &opts.args, &env).map_err(spawn_error)?;
+        // SAFETY: the closure runs in the forked child before exec. `ExecFd::exec` only
+        // makes raw system calls (fcntl, execveat) on memory prepared before the fork: no
+        // allocation, no locks, nothing another thread of the parent could have held.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || exec.exec());
+        }
     }
-    cmd.spawn().map_err(|source| LaunchError::Spawn {
-        path: opts.command.clone(),
-        source,
-    })
+    cmd.spawn().map_err(spawn_error)
+}
+
+/// Everything `execveat` needs, built before the fork so the child only makes the call.
+struct ExecFd {
+    /// The checked binary, at fd 3 or above (the child's stdio takes 0-2).
+    fd: OwnedFd,
+    /// Whether it starts with `#!`: then its interpreter must be able to read it as
+    /// `/dev/fd/N`, so the descriptor stays open across the exec.
+    script: bool,
+    /// Owners of the bytes `argv` and `envp` point into.
+    _strings: Vec<CString>,
+    /// NULL-terminated pointer arrays, as addresses (raw pointers are not `Send`).
+    argv: Vec<usize>,
+    envp: Vec<usize>,
+}
+
+impl ExecFd {
+    fn prepare(
+        fd: &OwnedFd,
+        command: &std::path::Path,
+        args: &[OsString],
+        extra_env: &[(OsString, OsString)],
+    ) -> std::io::Result<Self> {
+        let fd = rustix::io::fcntl_dupfd_cloexec(fd.as_fd(), 3)?;
+        let mut head = [0u8; 2];
+        let n = rustix::io::pread(&fd, &mut head, 0)?;
+        let script = n == 2 && head == *b"#!";
+        let cstring = |bytes: &[u8]| {
+            CString::new(bytes).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "argument or environment entry {:?} contains a NUL byte",
+                        String::from_utf8_lossy(bytes)
+                    ),
+                )
+            })
+        };
+        let mut strings = Vec::new();
+        strings.push(cstring(command.as_os_str().as_bytes())?);
+        for a in args {
+            strings.push(cstring(a.as_bytes())?);
+        }
+        let argc = strings.len();
+        // The host's environment with the launch's entries on top, as Command does it.
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !extra_env.iter().any(|(e, _)| e == k))
+            .collect();
+        env.extend(extra_env.iter().cloned());
+        for (k, v) in &env {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(OsStr::as_bytes(v));
+            strings.push(cstring(&kv)?);
+        }
+        let ptrs = |s: &[CString]| {
+            s.iter()
+                .map(|c| c.as_ptr() as usize)
+                .chain(std::iter::once(0))
+                .collect::<Vec<usize>>()
+        };
+        let argv = ptrs(&strings[..argc]);
+        let envp = ptrs(&strings[argc..]);
+        Ok(ExecFd {
+            fd,
+            script,
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+
+    /// In the child: execute the descriptor. Returns only on failure.
+    fn exec(&self) -> std::io::Result<()> {
+        use nix::libc;
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: plain system calls. `fd` is open (owned by self); `argv` and `envp`
+        // are NULL-terminated arrays of pointers to NUL-terminated strings owned by
+        // `self._strings`, alive for the call; a `usize` array has the layout of a
+        // pointer array. The empty path with AT_EMPTY_PATH means "fd itself".
+        #[allow(unsafe_code)]
+        unsafe {
+            if self.script && libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::syscall(
+                libc::SYS_execveat,
+                fd,
+                c"".as_ptr(),
+                self.argv.as_ptr().cast::<*const libc::c_char>(),
+                self.envp.as_ptr().cast::<*const libc::c_char>(),
+                libc::AT_EMPTY_PATH,
+            );
+        }
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// A launched plugin that handshook, answers and is healthy.
@@ -466,6 +600,11 @@ impl PluginProcess {
         let started = Instant::now();
         let mut child = spawn(&opts)?;
         let pid = child.id().unwrap_or(0);
+        // Opened while the child cannot have been reaped yet: it tells when the plugin
+        // exits without reaping it, so its group can still be killed safely then.
+        let pidfd = rustix::process::Pid::from_raw(pid as i32).and_then(|p| {
+            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+        });
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let stderr_done = child
             .stderr
@@ -488,13 +627,22 @@ impl PluginProcess {
             }
             Err(Unestablished::StdoutClosed) => {
                 // stdout closed without a line: it exited (or closed stdout and hangs).
-                let status = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
-                let status = match status {
-                    Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
-                    _ => {
-                        kill_and_reap(pid, child).await;
-                        "closed stdout without a handshake".into()
+                // Whatever it forked stays in its group: kill the group while the
+                // leader is an unreaped zombie (its pid, the group's id, cannot be
+                // reused until then), and only then reap it for its status.
+                let exited = match pidfd {
+                    Some(fd) => exited_within(fd, Duration::from_secs(1)).await,
+                    None => false,
+                };
+                let status = if exited {
+                    kill_group(pid);
+                    match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+                        Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
+                        _ => "exited; exit status unknown".into(),
                     }
+                } else {
+                    kill_and_reap(pid, child).await;
+                    "closed stdout without a handshake".into()
                 };
                 // Let the stderr reader catch the last lines it printed.
                 if let Some(done) = stderr_done {
@@ -517,9 +665,13 @@ impl PluginProcess {
         // Healthy. Keep draining stdout so a chatty plugin never blocks on a full pipe.
         let name = opts.name.clone();
         tokio::spawn(async move {
-            let mut lines = stdout.lines();
-            while let Ok(Some(l)) = lines.next_line().await {
-                tracing::info!(target: "drover::plugin", plugin = %name, "stdout: {l}");
+            let mut buf = Vec::new();
+            while let Ok(Some(cut)) =
+                read_bounded_line(&mut stdout, &mut buf, MAX_PLUGIN_LINE).await
+            {
+                let l = String::from_utf8_lossy(&buf);
+                let more = if cut { " [line cut]" } else { "" };
+                tracing::info!(target: "drover::plugin", plugin = %name, "stdout: {l}{more}");
             }
         });
         Ok(PluginProcess {
@@ -710,8 +862,13 @@ fn spawn_stderr_forwarder(
     tail: Arc<Mutex<VecDeque<String>>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut lines = BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
+        let mut reader = BufReader::new(stderr);
+        let mut buf = Vec::new();
+        while let Ok(Some(cut)) = read_bounded_line(&mut reader, &mut buf, MAX_PLUGIN_LINE).await {
+            let mut line = String::from_utf8_lossy(&buf).into_owned();
+            if cut {
+                line.push_str(" [line cut]");
+            }
             crate::logging::forward_plugin_log(&name, &line);
             if let Ok(mut t) = tail.lock() {
                 if t.len() == STDERR_TAIL_LINES {
@@ -724,4 +881,88 @@ fn spawn_stderr_forwarder(
             }
         }
     })
+}
+
+/// Whether the process behind `pidfd` exits within `limit` (a pidfd turns readable when
+/// its process exits; it is not reaped by this).
+async fn exited_within(pidfd: OwnedFd, limit: Duration) -> bool {
+    // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
+    // moved into the AsyncFd, which deregisters it before dropping (closing) it.
+    #[allow(unsafe_code)]
+    let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(pidfd) }) else {
+        return false;
+    };
+    matches!(tokio::time::timeout(limit, fd.readable()).await, Ok(Ok(_)))
+}
+
+/// Read one line into `buf` (without its newline), keeping at most `max` bytes of it:
+/// the rest of a longer line is read and dropped, so memory stays bounded whatever a
+/// plugin prints. Returns `Ok(Some(cut))` for a line (`cut` when it was longer than
+/// `max`), `Ok(None)` at the end of the stream.
+async fn read_bounded_line<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<bool>> {
+    buf.clear();
+    let mut cut = false;
+    let mut any = false;
+    loop {
+        let chunk = reader.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(any.then_some(cut));
+        }
+        any = true;
+        let newline = chunk.iter().position(|b| *b == b'\n');
+        let line_part = newline.unwrap_or(chunk.len());
+        let room = max.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..line_part.min(room)]);
+        cut |= line_part > room;
+        let consumed = newline.map_or(chunk.len(), |i| i + 1);
+        reader.consume(consumed);
+        if newline.is_some() {
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+            return Ok(Some(cut));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_endless_line_is_cut_and_memory_stays_bounded() {
+        // 1 MiB without a newline, then a normal line, then a last line without one.
+        let mut input = vec![b'x'; 1 << 20];
+        input.extend_from_slice(b"\nnext\r\nlast");
+        let mut reader = BufReader::with_capacity(4096, input.as_slice());
+        let mut buf = Vec::new();
+        assert_eq!(
+            read_bounded_line(&mut reader, &mut buf, 100).await.unwrap(),
+            Some(true)
+        );
+        assert_eq!(buf, vec![b'x'; 100]);
+        assert!(
+            buf.capacity() < 4096 + 100,
+            "buffer grew to {}",
+            buf.capacity()
+        );
+        assert_eq!(
+            read_bounded_line(&mut reader, &mut buf, 100).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(buf, b"next");
+        assert_eq!(
+            read_bounded_line(&mut reader, &mut buf, 100).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(buf, b"last");
+        assert_eq!(
+            read_bounded_line(&mut reader, &mut buf, 100).await.unwrap(),
+            None
+        );
+    }
 }
