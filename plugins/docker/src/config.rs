@@ -437,6 +437,14 @@ impl<'a> TaskDir<'a> {
             dir.create_dir_all(path, 0o755).map_err(refused)?;
         }
         let (resolved, meta) = dir.resolve(path).map_err(refused)?;
+        // A second name may be a host file's (a hard link made where both were visible).
+        if meta.kind == FileKind::File && meta.links > 1 {
+            return Err(invalid(format!(
+                "{field}: {rel:?} has {} hard links; a file that may be another file under a \
+                 second name is not used",
+                meta.links
+            )));
+        }
         match (how, meta.kind) {
             (Use::Read, FileKind::File) | (Use::Bind { .. }, FileKind::File | FileKind::Dir) => {
                 Ok(resolved)
@@ -1132,7 +1140,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(m.contains("symbolic link"), "{m}");
-        // The layout's own local/ replaced by a link: refused, not mounted.
+        std::fs::remove_file(task.join("local/img.tar")).unwrap();
+        std::fs::hard_link(host.join("img.tar"), task.join("local/img.tar")).unwrap();
+        for cfg in [
+            r#"{"image":"x","load":"local/img.tar"}"#,
+            r#"{"image":"x","volumes":["local/img.tar:/img.tar"]}"#,
+        ] {
+            let m = parse(cfg).plan(&s, &p).unwrap_err().to_string();
+            assert!(m.contains("2 hard links"), "{cfg}: {m}");
+        }
+        // The layout's own secrets/ replaced by a link: refused, not mounted.
         std::fs::remove_dir_all(task.join("secrets")).unwrap();
         symlink(&host, task.join("secrets")).unwrap();
         let m = parse(r#"{"image":"x"}"#)
