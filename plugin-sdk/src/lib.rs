@@ -27,6 +27,7 @@ pub mod logs;
 pub mod server;
 pub mod signal;
 pub mod store;
+pub mod taskdir;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod types;

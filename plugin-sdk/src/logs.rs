@@ -7,6 +7,14 @@
 //! stream therefore reads file `N` to its end, then goes on with `N + 1` once that
 //! exists, and never sees the same bytes twice.
 //!
+//! The log directory is in the task's directory, which the task may be able to write
+//! (a container with a bind mount of it). Everything here therefore goes through
+//! [`crate::taskdir`]: the directory `<base>`'s parent is opened once, refusing a link
+//! as its last component, and every file in it is opened, created and deleted
+//! relative to that descriptor. A log file that is a symbolic link, a hard link (more
+//! than one name), a FIFO or a device is refused, never written or read through. Files
+//! are created with mode 0600.
+//!
 //! ```
 //! use drover_plugin_sdk::{LogConfig, logs::{RotatingWriter, log_files}};
 //! use std::io::Write as _;
@@ -18,13 +26,19 @@
 //! assert_eq!(files.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1, 2]);
 //! ```
 
-use std::fs::{File, OpenOptions};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::LogConfig;
+use crate::taskdir::{Dir, OpenOptions};
 
 const MIB: u64 = 1024 * 1024;
+
+/// Mode of the log files a [`RotatingWriter`] creates: the agent's user reads them, and
+/// no one else (the task's user included).
+pub const LOG_FILE_MODE: u32 = 0o600;
 
 /// The file holding part `index` of the stream at `base`: `<base>.<index>`.
 ///
@@ -39,33 +53,74 @@ pub fn file_name(base: &Path, index: u64) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// `<stem>.<index>`: a log file's name in its directory.
+fn part(stem: &OsStr, index: u64) -> OsString {
+    let mut name = stem.to_owned();
+    name.push(format!(".{index}"));
+    name
+}
+
+/// The directory and stem of the stream at `base`.
+fn split(base: &Path) -> io::Result<(&Path, &OsStr)> {
+    let Some(stem) = base.file_name() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("log base {} names no file", base.display()),
+        ));
+    };
+    let dir = match base.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Ok((dir, stem))
+}
+
+/// The directory of the stream at `base`, opened without following a link as its last
+/// component; `None` when it does not exist.
+fn open_dir(base: &Path) -> io::Result<Option<(Dir, &OsStr)>> {
+    let (dir, stem) = split(base)?;
+    match Dir::open(dir) {
+        Ok(d) => Ok(Some((d, stem))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The files of the stream at `base` that exist now, oldest first, with their index.
-/// A missing directory is an empty stream.
+/// A missing directory is an empty stream; a directory that is a symbolic link is
+/// refused (see [`crate::taskdir`]).
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
 /// assert!(drover_plugin_sdk::logs::log_files(&dir.path().join("stderr")).unwrap().is_empty());
 /// ```
 pub fn log_files(base: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let (Some(dir), Some(stem)) = (base.parent(), base.file_name()) else {
+    let Some((dir, stem)) = open_dir(base)? else {
         return Ok(Vec::new());
     };
+    Ok(log_files_in(&dir, stem)?
+        .into_iter()
+        .map(|(i, name)| (i, dir.path().join(name)))
+        .collect())
+}
+
+/// The files of the stream named `stem` in `dir` that exist now, oldest first: their
+/// index and their name in `dir` (open them with [`Dir::open_file`]).
+///
+/// ```
+/// use drover_plugin_sdk::taskdir::Dir;
+/// let tmp = tempfile::tempdir().unwrap();
+/// std::fs::write(tmp.path().join("stdout.1"), "").unwrap();
+/// std::fs::write(tmp.path().join("stdout.0"), "").unwrap();
+/// let files = drover_plugin_sdk::logs::log_files_in(&Dir::open(tmp.path()).unwrap(), "stdout".as_ref()).unwrap();
+/// assert_eq!(files, [(0, "stdout.0".into()), (1, "stdout.1".into())]);
+/// ```
+pub fn log_files_in(dir: &Dir, stem: &OsStr) -> io::Result<Vec<(u64, OsString)>> {
     let mut prefix = stem.to_owned();
     prefix.push(".");
     let prefix = prefix.to_string_lossy().into_owned();
-    let entries = match std::fs::read_dir(if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    }) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
     let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name();
+    for name in dir.entries()? {
         let Some(index) = name
             .to_str()
             .and_then(|n| n.strip_prefix(&prefix))
@@ -74,10 +129,19 @@ pub fn log_files(base: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
         else {
             continue;
         };
-        files.push((index, entry.path()));
+        files.push((index, name));
     }
     files.sort_unstable_by_key(|(i, _)| *i);
     Ok(files)
+}
+
+/// How a log file is opened to be written: appended to, created 0600, and refused
+/// when it is a link, hard-linked, or not a regular file.
+fn append() -> OpenOptions {
+    OpenOptions::new()
+        .append(true)
+        .create(LOG_FILE_MODE)
+        .single_link(true)
 }
 
 /// Writes one output stream into size-capped, count-capped files.
@@ -85,7 +149,8 @@ pub fn log_files(base: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// Opening continues the newest existing file, so a writer that is re-created (a
 /// restarted executor, a driver re-attaching to a container's logs) appends instead
 /// of starting over. No file grows past `max_file_size_mb`: a write that does not fit
-/// is split across files.
+/// is split across files. Files are opened, created and deleted relative to the
+/// directory's descriptor, never through a link (see the [module docs](self)).
 ///
 /// ```
 /// use std::io::Write as _;
@@ -97,7 +162,8 @@ pub fn log_files(base: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// ```
 #[derive(Debug)]
 pub struct RotatingWriter {
-    base: PathBuf,
+    dir: Dir,
+    stem: OsString,
     max_files: u64,
     max_size: u64,
     index: u64,
@@ -106,15 +172,32 @@ pub struct RotatingWriter {
 }
 
 impl RotatingWriter {
-    /// Open the stream at `base` with `limits` (a zero limit counts as 1).
+    /// Open the stream at `base` with `limits` (a zero limit counts as 1). `base`'s
+    /// directory must exist and must not be a symbolic link.
     pub fn open(base: &Path, limits: LogConfig) -> io::Result<Self> {
-        let files = log_files(base)?;
+        let (dir, stem) = split(base)?;
+        Self::open_in(Dir::open(dir)?, stem, limits)
+    }
+
+    /// Open the stream named `stem` in the directory `dir` with `limits`.
+    ///
+    /// ```
+    /// use drover_plugin_sdk::{logs::RotatingWriter, taskdir::Dir};
+    /// use std::io::Write as _;
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// let logs = Dir::open(tmp.path()).unwrap().create_dir("logs", 0o700).unwrap();
+    /// let mut w = RotatingWriter::open_in(logs, "stderr".as_ref(), Default::default()).unwrap();
+    /// w.write_all(b"oops\n").unwrap();
+    /// assert_eq!(std::fs::read(tmp.path().join("logs/stderr.0")).unwrap(), b"oops\n");
+    /// ```
+    pub fn open_in(dir: Dir, stem: &OsStr, limits: LogConfig) -> io::Result<Self> {
+        let files = log_files_in(&dir, stem)?;
         let index = files.last().map_or(0, |(i, _)| *i);
-        let path = file_name(base, index);
-        let file = open_append(&path)?;
+        let file = dir.open_file(part(stem, index), &append())?;
         let written = file.metadata()?.len();
         let mut w = RotatingWriter {
-            base: base.to_owned(),
+            dir,
+            stem: stem.to_owned(),
             max_files: u64::from(limits.max_files.max(1)),
             max_size: u64::from(limits.max_file_size_mb.max(1)) * MIB,
             index,
@@ -142,7 +225,9 @@ impl RotatingWriter {
 
     fn rotate(&mut self) -> io::Result<()> {
         self.index += 1;
-        self.file = open_append(&file_name(&self.base, self.index))?;
+        self.file = self
+            .dir
+            .open_file(part(&self.stem, self.index), &append())?;
         self.written = 0;
         self.prune()
     }
@@ -150,9 +235,9 @@ impl RotatingWriter {
     /// Delete the oldest files beyond `max_files`.
     fn prune(&mut self) -> io::Result<()> {
         let oldest_kept = (self.index + 1).saturating_sub(self.max_files);
-        for (i, path) in log_files(&self.base)? {
+        for (i, name) in log_files_in(&self.dir, &self.stem)? {
             if i < oldest_kept {
-                match std::fs::remove_file(&path) {
+                match self.dir.remove_file(&name) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),
@@ -221,27 +306,27 @@ pub struct LogPosition {
 /// assert_eq!(std::fs::read(dir.path().join("stdout.0")).unwrap(), b"one\n");
 /// ```
 pub fn roll_back(base: &Path, to: LogPosition) -> io::Result<Option<u64>> {
-    let files = log_files(base)?;
+    let Some((dir, stem)) = open_dir(base)? else {
+        return Ok(None);
+    };
+    let files = log_files_in(&dir, stem)?;
     if files.iter().any(|(i, _)| *i > to.index) {
         return Ok(None);
     }
-    let Some((_, path)) = files.iter().find(|(i, _)| *i == to.index) else {
+    let Some((_, name)) = files.iter().find(|(i, _)| *i == to.index) else {
         return Ok(None);
     };
-    let len = match std::fs::metadata(path) {
-        Ok(m) => m.len(),
+    let file = match dir.open_file(name, &OpenOptions::new().write(true).single_link(true)) {
+        Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    let len = file.metadata()?.len();
     if len <= to.len {
         return Ok(Some(0));
     }
-    OpenOptions::new().write(true).open(path)?.set_len(to.len)?;
+    file.set_len(to.len)?;
     Ok(Some(len - to.len))
-}
-
-fn open_append(path: &Path) -> io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
 }
 
 #[cfg(test)]
@@ -341,6 +426,63 @@ mod tests {
 
     fn file_len(path: &Path) -> u64 {
         std::fs::metadata(path).unwrap().len()
+    }
+
+    /// A task that can write its log directory plants links: the writer neither writes
+    /// through them nor deletes what they point at; the reader's listing is refused
+    /// when the directory itself is a link.
+    #[test]
+    fn planted_links_are_refused_not_followed() {
+        use std::os::unix::fs::{PermissionsExt as _, symlink};
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, "root only").unwrap();
+        let logs = tmp.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let base = logs.join("stdout");
+
+        // The newest file is a link: opening refuses it.
+        symlink(&secret, logs.join("stdout.0")).unwrap();
+        let e = RotatingWriter::open(&base, limits(2)).unwrap_err();
+        assert!(crate::taskdir::refusal(&e).is_some(), "{e}");
+        // A hard link is refused as well.
+        std::fs::remove_file(logs.join("stdout.0")).unwrap();
+        std::fs::hard_link(&secret, logs.join("stdout.0")).unwrap();
+        assert!(RotatingWriter::open(&base, limits(2)).is_err());
+        assert!(roll_back(&base, LogPosition { index: 0, len: 0 }).is_err());
+        std::fs::remove_file(logs.join("stdout.0")).unwrap();
+
+        // The next file to rotate into is a link: the write fails instead.
+        let mut w = RotatingWriter::open(&base, limits(1)).unwrap();
+        w.write_all(&vec![b'a'; MIB as usize]).unwrap();
+        symlink(&secret, logs.join("stdout.1")).unwrap();
+        assert!(w.write_all(b"more").is_err());
+        // Pruning deletes a link planted under an old index, never its target.
+        std::fs::remove_file(logs.join("stdout.1")).unwrap();
+        let planted = tmp.path().join("planted");
+        std::fs::create_dir(&planted).unwrap();
+        symlink(&planted, logs.join("stdout.0x")).unwrap(); // not a log name: ignored
+        let mut w = RotatingWriter::open(&base, limits(1)).unwrap();
+        w.write_all(b"b").unwrap();
+        drop(w);
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root only");
+        assert!(planted.exists());
+        let mode = std::fs::metadata(logs.join("stdout.1"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, LOG_FILE_MODE);
+
+        // The directory itself replaced by a link.
+        let moved = tmp.path().join("moved");
+        std::fs::rename(&logs, &moved).unwrap();
+        symlink(&moved, &logs).unwrap();
+        for e in [
+            RotatingWriter::open(&base, limits(1)).unwrap_err(),
+            log_files(&base).unwrap_err(),
+        ] {
+            assert!(crate::taskdir::refusal(&e).is_some(), "{e}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, PortBinding,
 };
+use drover_plugin_sdk::taskdir::{Dir, FileKind, OpenOptions};
 use drover_plugin_sdk::{DriverError, TaskSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -337,23 +338,152 @@ pub fn normalize_image(image: &str) -> String {
     }
 }
 
-/// A path inside the task directory from a relative path that must not leave it.
-fn inside_task_dir(spec: &TaskSpec, field: &str, rel: &str) -> Result<PathBuf, DriverError> {
-    if spec.task_dir.as_os_str().is_empty() {
-        return Err(invalid(format!(
-            "{field}: relative path {rel:?} needs a task directory, and this task has none"
-        )));
+/// The task directory, opened once for a plan: every relative source is resolved
+/// from its descriptor, so a link the task planted (in this incarnation or an earlier
+/// one) is refused instead of followed. `None` when the task has no directory or it
+/// does not exist.
+struct TaskDir<'a> {
+    spec: &'a TaskSpec,
+    dir: Option<Dir>,
+}
+
+/// What a relative source is used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// A bind mount, writable or not; `create`: make a missing directory (what Docker
+    /// does for `volumes` entries).
+    Bind { writable: bool, create: bool },
+    /// A file the plugin reads (`load`).
+    Read,
+}
+
+impl<'a> TaskDir<'a> {
+    fn open(spec: &'a TaskSpec) -> Result<Self, DriverError> {
+        if spec.task_dir.as_os_str().is_empty() {
+            return Ok(TaskDir { spec, dir: None });
+        }
+        match Dir::open(&spec.task_dir) {
+            Ok(dir) => Ok(TaskDir {
+                spec,
+                dir: Some(dir),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TaskDir { spec, dir: None }),
+            Err(e) => Err(DriverError::Internal(format!(
+                "cannot open the task directory {}: {e}",
+                spec.task_dir.display()
+            ))),
+        }
     }
-    let path = Path::new(rel);
-    if path
-        .components()
-        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err(invalid(format!(
-            "{field}: {rel:?} must be a relative path inside the task directory (no `..`)"
-        )));
+
+    /// `rel` inside the task directory: checked now, with no component a link, and
+    /// given to Docker as the path just checked. Nothing of the task runs between this
+    /// check and Docker's mount (the container is created and started right after; a
+    /// restart comes after the previous container exited), so the path cannot change
+    /// in between.
+    ///
+    /// `logs/` (and the task directory itself, which holds it) is never mounted
+    /// writable: a task that can write its log directory can plant a link where the
+    /// plugin writes and the agent reads, as root. Such a mount is refused with an
+    /// error saying to make it read-only, rather than silently made read-only: a task
+    /// that expects to write there would otherwise fail later and obscurely.
+    fn resolve(&self, field: &str, rel: &str, how: Use) -> Result<PathBuf, DriverError> {
+        if self.spec.task_dir.as_os_str().is_empty() {
+            return Err(invalid(format!(
+                "{field}: relative path {rel:?} needs a task directory, and this task has none"
+            )));
+        }
+        let path = Path::new(rel);
+        if path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(invalid(format!(
+                "{field}: {rel:?} must be a relative path inside the task directory (no `..`)"
+            )));
+        }
+        let first = path.components().find_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        });
+        if let Use::Bind { writable: true, .. } = how
+            && first.is_none_or(|n| n == "logs")
+        {
+            return Err(invalid(format!(
+                "{field}: {rel:?} would let the task write its own log directory (logs/), \
+                 which the agent and this plugin read and write as root; mount it read-only \
+                 (\"readonly\": true in mounts, \":ro\" in volumes) or use a directory \
+                 such as local/"
+            )));
+        }
+        let Some(dir) = &self.dir else {
+            return Err(invalid(format!(
+                "{field}: {rel:?}: the task directory {} does not exist",
+                self.spec.task_dir.display()
+            )));
+        };
+        let refused = |e: std::io::Error| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                invalid(format!(
+                    "{field}: {rel:?} does not exist in the task directory {}",
+                    self.spec.task_dir.display()
+                ))
+            } else {
+                invalid(format!("{field}: {rel:?} cannot be used: {e}"))
+            }
+        };
+        if let Use::Bind { create: true, .. } = how
+            && matches!(dir.metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        {
+            dir.create_dir_all(path, 0o755).map_err(refused)?;
+        }
+        let (resolved, meta) = dir.resolve(path).map_err(refused)?;
+        // A second name may be a host file's (a hard link made where both were visible).
+        if meta.kind == FileKind::File && meta.links > 1 {
+            return Err(invalid(format!(
+                "{field}: {rel:?} has {} hard links; a file that may be another file under a \
+                 second name is not used",
+                meta.links
+            )));
+        }
+        match (how, meta.kind) {
+            (Use::Read, FileKind::File) | (Use::Bind { .. }, FileKind::File | FileKind::Dir) => {
+                Ok(resolved)
+            }
+            (_, kind) => Err(invalid(format!(
+                "{field}: {rel:?} is {kind}; only a {} can be used",
+                if how == Use::Read {
+                    "regular file"
+                } else {
+                    "directory or regular file"
+                }
+            ))),
+        }
     }
-    Ok(spec.task_dir.join(path))
+
+    /// The regular file `rel`, opened for reading beneath the task directory.
+    fn open_read(&self, field: &str, rel: &str) -> Result<(PathBuf, std::fs::File), DriverError> {
+        let path = self.resolve(field, rel, Use::Read)?;
+        let file = self
+            .dir
+            .as_ref()
+            .ok_or_else(|| invalid(format!("{field}: {rel:?}: no task directory")))?
+            .open_file(rel, &OpenOptions::new().read(true))
+            .map_err(|e| invalid(format!("{field}: cannot open {rel:?}: {e}")))?;
+        Ok((path, file))
+    }
+
+    /// A directory of the task's own layout (`local`, `secrets`), if it is there.
+    fn layout_dir(&self, sub: &str) -> Result<Option<PathBuf>, DriverError> {
+        let Some(dir) = &self.dir else {
+            return Ok(None);
+        };
+        match dir.resolve(sub) {
+            Ok((path, meta)) if meta.kind == FileKind::Dir => Ok(Some(path)),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(invalid(format!("the task's {sub}/ cannot be mounted: {e}"))),
+        }
+    }
 }
 
 /// The settings of the plugin that a task start depends on.
@@ -369,8 +499,9 @@ pub(crate) struct Policy {
 pub(crate) struct Plan {
     /// Normalized image reference.
     pub image: String,
-    /// Absolute path of the tarball to load first.
-    pub load: Option<PathBuf>,
+    /// The tarball to load first: its path (for messages) and the file, opened
+    /// beneath the task directory without following links.
+    pub load: Option<(PathBuf, std::fs::File)>,
     pub force_pull: bool,
     pub auth: Option<bollard::auth::DockerCredentials>,
     /// Container name.
@@ -446,6 +577,7 @@ impl TaskConfig {
             return Err(invalid(format!("shm_size must be positive, not {size}")));
         }
 
+        let task = TaskDir::open(spec)?;
         let mut binds = Vec::new();
         let mut mounts = Vec::new();
         // The task's own directories, always: the Nomad layout. The variables that name
@@ -463,17 +595,16 @@ impl TaskConfig {
                 &["DROVER_SECRETS_DIR"][..],
             ),
         ] {
-            let dir = spec.task_dir.join(sub);
-            if !spec.task_dir.as_os_str().is_empty() && dir.is_dir() {
+            if let Some(dir) = task.layout_dir(sub)? {
                 binds.push(format!("{}:{target}", dir.display()));
                 dir_env.extend(vars.iter().map(|v| (*v, target)));
             }
         }
         for v in &self.volumes {
-            binds.push(self.bind(spec, pc, v)?);
+            binds.push(self.bind(&task, pc, v)?);
         }
         for m in &self.mounts {
-            mounts.push(mount(spec, pc, m)?);
+            mounts.push(mount(&task, pc, m)?);
         }
 
         let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
@@ -492,7 +623,7 @@ impl TaskConfig {
         let load = self
             .load
             .as_deref()
-            .map(|l| inside_task_dir(spec, "load", l))
+            .map(|l| task.open_read("load", l))
             .transpose()?;
 
         // Environment: the task's (with DROVER_* from the agent), the config's on top
@@ -596,7 +727,7 @@ impl TaskConfig {
     }
 
     /// One `volumes` entry as a Docker bind string.
-    fn bind(&self, spec: &TaskSpec, pc: &PluginConfig, v: &str) -> Result<String, DriverError> {
+    fn bind(&self, task: &TaskDir<'_>, pc: &PluginConfig, v: &str) -> Result<String, DriverError> {
         let parts: Vec<&str> = v.split(':').collect();
         let (source, target, mode) = match parts.as_slice() {
             [s, t] => (*s, *t, None),
@@ -612,7 +743,13 @@ impl TaskConfig {
                 "volumes: {v:?} needs a source and an absolute target"
             )));
         }
-        let source = host_source(spec, pc, "volumes", source)?;
+        // Docker's mode is a comma-separated list (`ro`, `rw`, `z`, `ro,Z`, …).
+        let writable = !mode.is_some_and(|m| m.split(',').any(|o| o == "ro"));
+        let how = Use::Bind {
+            writable,
+            create: true,
+        };
+        let source = host_source(task, pc, "volumes", source, how)?;
         Ok(match mode {
             Some(m) => format!("{source}:{target}:{m}"),
             None => format!("{source}:{target}"),
@@ -623,14 +760,15 @@ impl TaskConfig {
 /// The host side of a bind or volume: inside the task directory for a relative path,
 /// otherwise only with `volumes.enabled`.
 fn host_source(
-    spec: &TaskSpec,
+    task: &TaskDir<'_>,
     pc: &PluginConfig,
     field: &str,
     source: &str,
+    how: Use,
 ) -> Result<String, DriverError> {
     let is_path = source.starts_with('/') || source.starts_with('.') || source.contains('/');
     if is_path && !source.starts_with('/') {
-        return Ok(inside_task_dir(spec, field, source)?.display().to_string());
+        return Ok(task.resolve(field, source, how)?.display().to_string());
     }
     if !pc.volumes.enabled {
         let what = if is_path {
@@ -646,7 +784,7 @@ fn host_source(
     Ok(source.to_owned())
 }
 
-fn mount(spec: &TaskSpec, pc: &PluginConfig, m: &MountConfig) -> Result<Mount, DriverError> {
+fn mount(task: &TaskDir<'_>, pc: &PluginConfig, m: &MountConfig) -> Result<Mount, DriverError> {
     if !m.target.starts_with('/') {
         return Err(invalid(format!(
             "mounts: target {:?} must be an absolute path",
@@ -670,12 +808,15 @@ fn mount(spec: &TaskSpec, pc: &PluginConfig, m: &MountConfig) -> Result<Mount, D
                      docker plugin config (volumes.enabled = false)"
                 )));
             }
+            // Docker refuses a missing bind source in `mounts`; so does the check.
+            let how = Use::Bind {
+                writable: !m.readonly,
+                create: false,
+            };
             let source = if m.kind == MountKind::Bind && !source.starts_with('/') {
-                inside_task_dir(spec, "mounts", source)?
-                    .display()
-                    .to_string()
+                task.resolve("mounts", source, how)?.display().to_string()
             } else {
-                host_source(spec, pc, "mounts", source)?
+                host_source(task, pc, "mounts", source, how)?
             };
             (typ, Some(source))
         }
@@ -902,6 +1043,7 @@ mod tests {
         open.config.volumes.enabled = true;
         open.config.allow_caps = vec!["all".into()];
         let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("cfg")).unwrap();
         let plan = parse(
             r#"{"image":"x","privileged":true,"cap_add":["SYS_ADMIN"],
                 "volumes":["/etc:/host-etc:ro","data/sub:/data"],
@@ -929,12 +1071,92 @@ mod tests {
     #[test]
     fn relative_sources_stay_in_the_task_dir_even_with_volumes_disabled() {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("local")).unwrap();
+        std::fs::write(dir.path().join("local/img.tar"), "tar").unwrap();
         let plan = parse(r#"{"image":"x","volumes":["./data:/data"],"load":"local/img.tar"}"#)
             .plan(&spec(dir.path()), &policy())
             .unwrap();
         let binds = plan.body.host_config.unwrap().binds.unwrap();
-        assert_eq!(binds, [format!("{}/./data:/data", dir.path().display())]);
-        assert_eq!(plan.load.unwrap(), dir.path().join("local/img.tar"));
+        // The local/ of the layout, then the volume: made as Docker would, and given to
+        // Docker as the path that was checked.
+        assert_eq!(binds[1..], [format!("{}/data:/data", dir.path().display())]);
+        assert!(dir.path().join("data").is_dir());
+        assert_eq!(plan.load.unwrap().0, dir.path().join("local/img.tar"));
+    }
+
+    /// `logs/` (or the task directory holding it) is never mounted writable; links in
+    /// any component of a relative source are refused, not followed, also when a
+    /// previous incarnation planted them; the tarball to load is never read through one.
+    #[test]
+    fn task_dir_sources_refuse_writable_logs_and_links() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let task = dir.path().join("task");
+        for sub in ["local", "secrets", "logs"] {
+            std::fs::create_dir_all(task.join(sub)).unwrap();
+        }
+        let s = spec(&task);
+        let p = policy();
+        for cfg in [
+            r#"{"image":"x","mounts":[{"type":"bind","source":"logs","target":"/hl"}]}"#,
+            r#"{"image":"x","mounts":[{"source":"./logs/","target":"/hl"}]}"#,
+            r#"{"image":"x","mounts":[{"source":".","target":"/t"}]}"#,
+            r#"{"image":"x","volumes":["./logs:/hl"]}"#,
+            r#"{"image":"x","volumes":["logs/sub:/hl:z"]}"#,
+            r#"{"image":"x","volumes":["./:/t:rw"]}"#,
+        ] {
+            let m = parse(cfg).plan(&s, &p).unwrap_err().to_string();
+            assert!(m.contains("logs/") && m.contains("read-only"), "{cfg}: {m}");
+        }
+        // Read-only, they are allowed.
+        for cfg in [
+            r#"{"image":"x","mounts":[{"source":"logs","target":"/hl","readonly":true}]}"#,
+            r#"{"image":"x","volumes":["./logs:/hl:ro","./:/t:ro,z"]}"#,
+        ] {
+            parse(cfg).plan(&s, &p).unwrap();
+        }
+
+        // A previous incarnation replaced local/data with a link to a host directory.
+        let host = dir.path().join("host");
+        std::fs::create_dir(&host).unwrap();
+        symlink(&host, task.join("local/data")).unwrap();
+        for cfg in [
+            r#"{"image":"x","volumes":["local/data:/data"]}"#,
+            r#"{"image":"x","volumes":["local/data/sub:/data"]}"#,
+            r#"{"image":"x","mounts":[{"source":"local/data","target":"/data"}]}"#,
+            r#"{"image":"x","load":"local/data"}"#,
+        ] {
+            let m = parse(cfg).plan(&s, &p).unwrap_err().to_string();
+            assert!(
+                m.contains("symbolic link") && m.contains("local/data"),
+                "{cfg}: {m}"
+            );
+        }
+        assert!(!host.join("sub").exists(), "nothing made through the link");
+        std::fs::write(host.join("img.tar"), "tar").unwrap();
+        symlink(host.join("img.tar"), task.join("local/img.tar")).unwrap();
+        let m = parse(r#"{"image":"x","load":"local/img.tar"}"#)
+            .plan(&s, &p)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("symbolic link"), "{m}");
+        std::fs::remove_file(task.join("local/img.tar")).unwrap();
+        std::fs::hard_link(host.join("img.tar"), task.join("local/img.tar")).unwrap();
+        for cfg in [
+            r#"{"image":"x","load":"local/img.tar"}"#,
+            r#"{"image":"x","volumes":["local/img.tar:/img.tar"]}"#,
+        ] {
+            let m = parse(cfg).plan(&s, &p).unwrap_err().to_string();
+            assert!(m.contains("2 hard links"), "{cfg}: {m}");
+        }
+        // The layout's own secrets/ replaced by a link: refused, not mounted.
+        std::fs::remove_dir_all(task.join("secrets")).unwrap();
+        symlink(&host, task.join("secrets")).unwrap();
+        let m = parse(r#"{"image":"x"}"#)
+            .plan(&s, &p)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("secrets") && m.contains("symbolic link"), "{m}");
     }
 
     #[test]

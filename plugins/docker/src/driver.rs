@@ -423,12 +423,12 @@ impl DriverPlugin for DockerDriver {
         let reservation = self.store.reserve(&spec.id)?;
         let docker = engine.client().await?;
         let pull_timeout = settings.policy.config.pull_timeout;
-        if let Some(tarball) = &plan.load {
+        if let Some((tarball, file)) = &plan.load {
             self.event(
                 &spec.id,
                 format!("loading image tarball {}", tarball.display()),
             );
-            image::load(&docker, tarball, pull_timeout).await?;
+            image::load(&docker, tarball, file, pull_timeout).await?;
             if !image::present(&docker, &plan.image).await? {
                 return Err(DriverError::InvalidConfig(format!(
                     "load: {} did not provide image {}",

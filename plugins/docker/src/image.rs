@@ -50,11 +50,18 @@ pub(crate) async fn pull(
     }
 }
 
-/// Load the image tarball at `path` (`docker load`), failing after `limit`.
-pub(crate) async fn load(docker: &Docker, path: &Path, limit: Duration) -> Result<(), DriverError> {
-    let file = tokio::fs::File::open(path).await.map_err(|e| {
-        DriverError::InvalidConfig(format!("load: cannot open {}: {e}", path.display()))
-    })?;
+/// Load the image tarball `file` (found at `path`, for messages; opened beneath the task
+/// directory without following links) (`docker load`), failing after `limit`.
+pub(crate) async fn load(
+    docker: &Docker,
+    path: &Path,
+    file: &std::fs::File,
+    limit: Duration,
+) -> Result<(), DriverError> {
+    let file = file
+        .try_clone()
+        .map(tokio::fs::File::from_std)
+        .map_err(|e| DriverError::Internal(format!("load: cannot use {}: {e}", path.display())))?;
     // The daemon answers once it has read the whole tarball: let the request take as
     // long as the pull timeout allows.
     let docker = docker.clone().with_timeout(limit);

@@ -10,6 +10,11 @@
 //! counts: a plugin killed between writing a message and updating the cursor left
 //! bytes past that point, and the next follower cuts them off before it replays the
 //! message, so it is in the files once.
+//!
+//! The log directory is the task's (a container may even have been given a bind
+//! mount of it by an older plugin): the log files and the cursor are opened beneath
+//! its descriptor through [`drover_plugin_sdk::taskdir`], so a link planted there is
+//! refused, never written through as root.
 
 use std::fs::File;
 use std::io::{Read as _, Write as _};
@@ -21,6 +26,7 @@ use std::time::SystemTime;
 use bollard::container::LogOutput;
 use drover_plugin_sdk::LogConfig;
 use drover_plugin_sdk::logs::{LogPosition, RotatingWriter, roll_back};
+use drover_plugin_sdk::taskdir::{Dir, OpenOptions};
 use futures_util::StreamExt as _;
 
 use crate::engine::{Engine, status_of};
@@ -44,12 +50,35 @@ impl LogTarget {
         self.stdout.as_os_str().is_empty() && self.stderr.as_os_str().is_empty()
     }
 
+    #[cfg(test)]
     pub(crate) fn cursor_path(&self) -> Option<PathBuf> {
+        self.cursor_dir().map(|dir| dir.join(CURSOR_FILE))
+    }
+
+    /// The directory holding the cursor file: the log directory.
+    fn cursor_dir(&self) -> Option<&Path> {
         [&self.stdout, &self.stderr]
             .into_iter()
             .find(|p| !p.as_os_str().is_empty())
             .and_then(|p| p.parent())
-            .map(|dir| dir.join(CURSOR_FILE))
+    }
+
+    /// The cursor file, opened (created 0600) beneath the log directory's descriptor:
+    /// never through a link, and only a regular file with one name.
+    fn open_cursor(&self) -> std::io::Result<Option<(PathBuf, File)>> {
+        let Some(dir) = self.cursor_dir() else {
+            return Ok(None);
+        };
+        let path = dir.join(CURSOR_FILE);
+        let opts = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(0o600)
+            .single_link(true);
+        let file = Dir::open(dir)
+            .and_then(|d| d.open_file(CURSOR_FILE, &opts))
+            .map_err(|e| in_file(&path, e))?;
+        Ok(Some((path, file)))
     }
 }
 
@@ -180,19 +209,7 @@ fn open_writer(base: &Path, limits: LogConfig) -> std::io::Result<Option<Rotatin
 
 impl Sink {
     fn open(target: &LogTarget, container: &str) -> std::io::Result<Sink> {
-        let cursor_file = match target.cursor_path() {
-            Some(path) => {
-                let file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .read(true)
-                    .write(true)
-                    .truncate(false)
-                    .open(&path)
-                    .map_err(|e| in_file(&path, e))?;
-                Some((path, file))
-            }
-            None => None,
-        };
+        let cursor_file = target.open_cursor()?;
         let saved = cursor_file.as_ref().and_then(|(_, file)| {
             let mut text = String::new();
             (&*file).read_to_string(&mut text).ok()?;
@@ -291,8 +308,8 @@ fn in_file(path: &Path, e: std::io::Error) -> std::io::Error {
 
 /// Remove a destroyed task's cursor file.
 pub(crate) fn remove_cursor(target: &LogTarget) {
-    if let Some(p) = target.cursor_path() {
-        let _ = std::fs::remove_file(p);
+    if let Some(dir) = target.cursor_dir() {
+        let _ = Dir::open(dir).and_then(|d| d.remove_file(CURSOR_FILE));
     }
 }
 

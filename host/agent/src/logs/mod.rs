@@ -16,13 +16,22 @@
 //!
 //! [`stream`] (in `follow.rs`) serves a reader to an API client, following the task's
 //! writes (woken by inotify on the log directory) until the task is dead.
+//!
+//! The log directory is in the task's directory, where a task may plant links (a
+//! container given a bind mount of it). Every file is opened through
+//! [`drover_plugin_sdk::taskdir`]: relative to the log directory's descriptor (itself
+//! refused if it is a link), following no link, and only if it is a regular file with
+//! one name. A planted `stdout.0 -> /root/secret` ends the read with an error that
+//! says so; the agent never reads through it.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use drover_plugin_sdk::logs::{file_name, log_files};
+use drover_plugin_sdk::logs::log_files_in;
+use drover_plugin_sdk::taskdir::{Dir, FileKind, OpenOptions};
 
 mod follow;
 
@@ -194,6 +203,9 @@ impl LogReader {
         let Some(mut last) = last else {
             return Ok(());
         };
+        let Some((dir, stem)) = open_dir(&self.base)? else {
+            return Ok(());
+        };
         while self.ahead.len() < LOOKAHEAD
             || (self.ahead_bytes < LOOKAHEAD_BYTES && self.ahead.len() < LOOKAHEAD_MAX_FILES)
         {
@@ -205,7 +217,7 @@ impl LogReader {
                     None => break,
                 }
             };
-            match File::open(file_name(&self.base, last + 1)) {
+            match open_log(&dir, &part(stem, last + 1)) {
                 Ok(file) => {
                     last += 1;
                     // The next file exists, so the one before it is complete: count it.
@@ -230,10 +242,14 @@ impl LogReader {
     /// Open the file to start from; `false` when the stream has no file yet.
     fn open_first(&mut self) -> io::Result<bool> {
         loop {
-            let files: Vec<(Option<u64>, PathBuf)> = {
-                let numbered = log_files(&self.base)?;
-                if numbered.is_empty() && self.base.is_file() {
-                    vec![(None, self.base.clone())]
+            let Some((dir, stem)) = open_dir(&self.base)? else {
+                self.start = Some(LogStart::Beginning);
+                return Ok(false);
+            };
+            let files: Vec<(Option<u64>, OsString)> = {
+                let numbered = log_files_in(&dir, stem)?;
+                if numbered.is_empty() && is_file(&dir, stem)? {
+                    vec![(None, stem.to_owned())]
                 } else {
                     numbered.into_iter().map(|(i, p)| (Some(i), p)).collect()
                 }
@@ -245,11 +261,11 @@ impl LogReader {
             }
             let (at, pos) = match self.start.unwrap_or_default() {
                 LogStart::Beginning => (0, 0),
-                LogStart::Offset(n) => offset_position(&files, n)?,
-                LogStart::Tail(n) => tail_position(&files, n)?,
+                LogStart::Offset(n) => offset_position(&dir, &files, n)?,
+                LogStart::Tail(n) => tail_position(&dir, &files, n)?,
             };
-            let (index, path) = &files[at];
-            match File::open(path) {
+            let (index, name) = &files[at];
+            match open_log(&dir, name) {
                 Ok(mut file) => {
                     file.seek(SeekFrom::Start(pos))?;
                     self.current = Some(OpenFile {
@@ -272,7 +288,10 @@ impl LogReader {
 /// The file that follows `index`: `index + 1`, or, when rotation deleted that one
 /// already, the oldest present after it (with how many were skipped).
 fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
-    match File::open(file_name(base, index + 1)) {
+    let Some((dir, stem)) = open_dir(base)? else {
+        return Ok(None);
+    };
+    match open_log(&dir, &part(stem, index + 1)) {
         Ok(file) => {
             return Ok(Some(Pending {
                 open: OpenFile {
@@ -288,10 +307,13 @@ fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
         Err(e) => return Err(e),
     }
     loop {
-        let Some((next, path)) = log_files(base)?.into_iter().find(|(i, _)| *i > index) else {
+        let Some((next, name)) = log_files_in(&dir, stem)?
+            .into_iter()
+            .find(|(i, _)| *i > index)
+        else {
             return Ok(None);
         };
-        match File::open(&path) {
+        match open_log(&dir, &name) {
             Ok(file) => {
                 return Ok(Some(Pending {
                     open: OpenFile {
@@ -309,40 +331,87 @@ fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
     }
 }
 
-fn file_len(path: &Path) -> io::Result<u64> {
-    match std::fs::metadata(path) {
-        Ok(m) => Ok(m.len()),
+/// The log directory of the stream at `base` (refused if it is a link) and the
+/// stream's name in it; `None` while the directory does not exist.
+fn open_dir(base: &Path) -> io::Result<Option<(Dir, &OsStr)>> {
+    let (Some(dir), Some(stem)) = (base.parent(), base.file_name()) else {
+        return Ok(None);
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    match Dir::open(dir) {
+        Ok(d) => Ok(Some((d, stem))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `<stem>.<index>`.
+fn part(stem: &OsStr, index: u64) -> OsString {
+    let mut name = stem.to_owned();
+    name.push(format!(".{index}"));
+    name
+}
+
+/// A log file, for reading: a regular file with one name, reached through no link.
+fn open_log(dir: &Dir, name: &OsStr) -> io::Result<File> {
+    dir.open_file(name, &OpenOptions::new().read(true).single_link(true))
+}
+
+/// Whether `name` in `dir` is a regular file (a link is not).
+fn is_file(dir: &Dir, name: &OsStr) -> io::Result<bool> {
+    match dir.metadata(name) {
+        Ok(m) => Ok(m.kind == FileKind::File),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn file_len(dir: &Dir, name: &OsStr) -> io::Result<u64> {
+    match dir.metadata(name) {
+        Ok(m) => Ok(m.len),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(e),
     }
 }
 
 /// File (position in `files`) and byte position `offset` bytes into the stream.
-fn offset_position(files: &[(Option<u64>, PathBuf)], mut offset: u64) -> io::Result<(usize, u64)> {
-    for (at, (_, path)) in files.iter().enumerate() {
-        let len = file_len(path)?;
+fn offset_position(
+    dir: &Dir,
+    files: &[(Option<u64>, OsString)],
+    mut offset: u64,
+) -> io::Result<(usize, u64)> {
+    for (at, (_, name)) in files.iter().enumerate() {
+        let len = file_len(dir, name)?;
         if offset < len {
             return Ok((at, offset));
         }
         offset -= len;
     }
     let last = files.len() - 1;
-    Ok((last, file_len(&files[last].1)?))
+    Ok((last, file_len(dir, &files[last].1)?))
 }
 
 /// File and byte position where the last `lines` lines start. A newline ending the
 /// stream ends the last line; it does not start an empty one.
-fn tail_position(files: &[(Option<u64>, PathBuf)], lines: u64) -> io::Result<(usize, u64)> {
+fn tail_position(
+    dir: &Dir,
+    files: &[(Option<u64>, OsString)],
+    lines: u64,
+) -> io::Result<(usize, u64)> {
     const BLOCK: u64 = 64 * 1024;
     let last = files.len() - 1;
     if lines == 0 {
-        return Ok((last, file_len(&files[last].1)?));
+        return Ok((last, file_len(dir, &files[last].1)?));
     }
     let mut remaining = lines;
     let mut at_stream_end = true;
     let mut block = vec![0u8; BLOCK as usize];
-    for (at, (_, path)) in files.iter().enumerate().rev() {
-        let mut file = match File::open(path) {
+    for (at, (_, name)) in files.iter().enumerate().rev() {
+        let mut file = match open_log(dir, name) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
@@ -377,7 +446,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use drover_plugin_sdk::LogConfig;
-    use drover_plugin_sdk::logs::RotatingWriter;
+    use drover_plugin_sdk::logs::{RotatingWriter, log_files};
 
     use super::*;
 
@@ -681,5 +750,60 @@ mod tests {
         }
         assert_eq!(rest, b"two\n");
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    /// A task that can write its log directory replaces its log with a link to a
+    /// root-only file, a hard link to it, or a FIFO: the reader refuses each (without
+    /// hanging on the FIFO) and never returns the file's bytes, whatever the start.
+    #[test]
+    fn planted_links_and_fifos_are_refused_not_read() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, "root only\n").unwrap();
+        let logs = tmp.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let base = logs.join("stdout");
+        let starts = [LogStart::Beginning, LogStart::Tail(1), LogStart::Offset(1)];
+        let check = |what: &str| {
+            for start in starts {
+                let mut r = LogReader::new(&base, start);
+                let e = r.read().expect_err(what);
+                assert!(
+                    drover_plugin_sdk::taskdir::refusal(&e).is_some(),
+                    "{what}: {e}"
+                );
+                assert!(!e.to_string().contains("root only"), "{e}");
+            }
+        };
+        symlink(&secret, logs.join("stdout.0")).unwrap();
+        check("a symbolic link");
+        std::fs::remove_file(logs.join("stdout.0")).unwrap();
+        std::fs::hard_link(&secret, logs.join("stdout.0")).unwrap();
+        check("a hard link");
+        std::fs::remove_file(logs.join("stdout.0")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            logs.join("stdout.0"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        check("a FIFO");
+        std::fs::remove_file(logs.join("stdout.0")).unwrap();
+        // A link as the next file while following: refused when reached.
+        std::fs::write(logs.join("stdout.0"), "mine\n").unwrap();
+        let mut r = LogReader::new(&base, LogStart::Beginning);
+        assert_eq!(r.read().unwrap(), Some(LogChunk::Data(b"mine\n".to_vec())));
+        symlink(&secret, logs.join("stdout.1")).unwrap();
+        assert!(r.read().is_err());
+        // The log directory itself a link: refused too.
+        std::fs::remove_file(logs.join("stdout.1")).unwrap();
+        let moved = tmp.path().join("moved");
+        std::fs::rename(&logs, &moved).unwrap();
+        std::fs::write(moved.join("stdout.0"), "root only\n").unwrap();
+        symlink(&moved, &logs).unwrap();
+        check("a linked directory");
     }
 }

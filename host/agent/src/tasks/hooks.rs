@@ -6,10 +6,10 @@
 //! when that incarnation ended, and `stop` once the task is dead for good.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::time::Duration;
 
+use drover_plugin_sdk::taskdir::{Dir, FileKind};
 use drover_plugin_sdk::{ExitResult, TaskHandle, TaskSpec};
 
 use super::driver::TaskDriver;
@@ -54,8 +54,21 @@ pub(crate) fn default_hooks() -> Vec<Box<dyn TaskHook>> {
     ]
 }
 
-/// The task directory: `local/`, `secrets/` (0700: only the task's user reads it),
-/// `tmp/`, `logs/`.
+/// The task directory and what the agent makes in it, with their modes (see
+/// `docs/architecture.md`, "Task directories"). The task directory keeps other host
+/// users out; `logs/` belongs to the agent's user, and only drivers running as that
+/// user write it; `secrets/` and `tmp/` are for the task's user alone (drivers that run
+/// the task as another user, exec and java, give `local/`, `secrets/` and `tmp/` to it).
+pub(crate) const TASK_DIR_MODES: [(&str, u32); 5] = [
+    ("", 0o700),
+    ("local", 0o755),
+    ("tmp", 0o700),
+    ("logs", 0o700),
+    ("secrets", 0o700),
+];
+
+/// The task directory: `local/`, `tmp/`, `logs/` and `secrets/`, with the modes of
+/// [`TASK_DIR_MODES`], made again before every start.
 pub(crate) struct TaskDirHook;
 
 #[tonic::async_trait]
@@ -69,11 +82,53 @@ impl TaskHook for TaskDirHook {
     }
 }
 
+/// Make (or repair) the task directory `dir` (`<alloc_dir>/<id>`). Everything in it is
+/// opened relative to the alloc dir's descriptor without following links: a previous
+/// incarnation of the task may have replaced `logs` with a link to `/etc`. Such a
+/// planted entry (anything but a directory) is removed, not followed, and made again.
+/// Modes are set every time, so a directory made by an older agent (0755, tmp/ 1777)
+/// is tightened too.
 fn create_task_dir(dir: &Path) -> std::io::Result<()> {
-    for sub in ["local", "tmp", "logs", "secrets"] {
-        std::fs::create_dir_all(dir.join(sub))?;
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a task directory must be a path under the alloc dir",
+        ));
+    };
+    // The alloc dir is the agent's own (the task cannot write it): a trusted path.
+    std::fs::create_dir_all(parent)?;
+    let alloc = Dir::open(parent)?;
+    let task = alloc.create_dir(name, 0o700)?;
+    for (sub, mode) in TASK_DIR_MODES {
+        let d = if sub.is_empty() {
+            task.open_dir("")?
+        } else {
+            match task.metadata(sub) {
+                Ok(m) if m.kind == FileKind::Dir => task.open_dir(sub)?,
+                Ok(m) => {
+                    tracing::warn!(
+                        "{}: {} where the task's {sub}/ belongs (planted by the task?); \
+                         removed it without following it",
+                        dir.join(sub).display(),
+                        m.kind
+                    );
+                    task.remove_file(sub)?;
+                    task.create_dir(sub, mode)?
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => task.create_dir(sub, mode)?,
+                Err(e) => return Err(e),
+            }
+        };
+        d.set_mode(mode)?;
+        if sub == "logs" {
+            // The agent's and the drivers' alone, whoever owned it before.
+            d.set_owner(
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            )?;
+        }
     }
-    std::fs::set_permissions(dir.join("secrets"), std::fs::Permissions::from_mode(0o700))
+    Ok(())
 }
 
 /// `DROVER_*` variables telling the task who and where it is. They win over the
@@ -137,5 +192,73 @@ impl TaskHook for AttributesHook {
             Ok(Err(e)) => tracing::debug!(task = %id, "InspectTask after start failed: {e}"),
             Err(_) => tracing::debug!(task = %id, "InspectTask after start timed out"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt as _, symlink};
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn task_dir_modes_are_as_documented_and_tightened_on_an_old_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("alloc/t1");
+        create_task_dir(&dir).unwrap();
+        for (sub, m) in TASK_DIR_MODES {
+            assert_eq!(mode(&dir.join(sub)), m, "{sub}/");
+        }
+        // A directory an older agent made: 0755, tmp/ 1777, logs/ 0755.
+        let old = tmp.path().join("alloc/t2");
+        for sub in ["local", "tmp", "logs", "secrets"] {
+            std::fs::create_dir_all(old.join(sub)).unwrap();
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        set(&old, 0o755);
+        set(&old.join("tmp"), 0o1777);
+        set(&old.join("logs"), 0o755);
+        create_task_dir(&old).unwrap();
+        for (sub, m) in TASK_DIR_MODES {
+            assert_eq!(mode(&old.join(sub)), m, "{sub}/ of an old task dir");
+        }
+    }
+
+    #[test]
+    fn planted_links_are_replaced_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("host-dir");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::write(target.join("keep"), "x").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o751)).unwrap();
+        let dir = tmp.path().join("alloc/t1");
+        create_task_dir(&dir).unwrap();
+        std::fs::remove_dir(dir.join("logs")).unwrap();
+        symlink(&target, dir.join("logs")).unwrap();
+        std::fs::remove_dir(dir.join("tmp")).unwrap();
+        std::fs::write(dir.join("tmp"), "a file").unwrap();
+        create_task_dir(&dir).unwrap();
+        for sub in ["logs", "tmp"] {
+            let m = std::fs::symlink_metadata(dir.join(sub)).unwrap();
+            assert!(m.is_dir(), "{sub} is a directory again");
+        }
+        // The link's target was neither chmod'ed, chown'ed nor emptied.
+        assert_eq!(mode(&target), 0o751);
+        assert!(target.join("keep").exists());
+
+        // The task directory itself a link: refused (only the agent writes alloc/).
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        symlink(&elsewhere, tmp.path().join("alloc/t3")).unwrap();
+        let e = create_task_dir(&tmp.path().join("alloc/t3")).unwrap_err();
+        assert!(drover_plugin_sdk::taskdir::refusal(&e).is_some(), "{e}");
+        assert!(std::fs::read_dir(&elsewhere).unwrap().next().is_none());
     }
 }

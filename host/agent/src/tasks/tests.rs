@@ -1571,3 +1571,28 @@ async fn the_api_router_answers_the_typed_client() {
     );
     assert!(env.mgr.list().is_empty());
 }
+
+/// A task plants links in its directory to host directories (the whole of it and a
+/// file in it); destroying the task removes the links, never what they point at.
+/// `std::fs::remove_dir_all` does not follow links (since Rust 1.58.1 it walks with
+/// `openat(O_NOFOLLOW)`/`unlinkat`); this holds it to that.
+#[tokio::test]
+async fn destroy_removes_planted_links_not_their_targets() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    let host = env.alloc.parent().unwrap().join("host-dir");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("precious"), "keep me").unwrap();
+    std::os::unix::fs::symlink(&host, v.task_dir.join("local/link-to-dir")).unwrap();
+    std::os::unix::fs::symlink(host.join("precious"), v.task_dir.join("logs/stdout.0")).unwrap();
+    env.mgr.destroy(&v.id, true).await.unwrap();
+    assert!(!v.task_dir.exists());
+    assert_eq!(
+        std::fs::read_to_string(host.join("precious")).unwrap(),
+        "keep me"
+    );
+}

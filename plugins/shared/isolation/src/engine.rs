@@ -162,31 +162,64 @@ fn task_env(spec: &TaskSpec) -> BTreeMap<String, String> {
     env
 }
 
-/// `local/`, `secrets/` (0700) and `tmp/` exist and belong to the task's user, who
-/// must be able to write its own directories.
+/// `local/` (0755), `secrets/` and `tmp/` (0700) exist and belong to the task's user,
+/// who must be able to write its own directories, and no other user can use `tmp/`.
+/// They are reached from the task directory's descriptor without following links
+/// (a previous incarnation of the task may have planted some): a link there is
+/// refused, never chown'ed through.
 fn prepare_task_dir(dir: &Path, creds: &Credentials) -> Result<(), DriverError> {
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
-    for (sub, mode) in [("local", 0o755), ("secrets", 0o700), ("tmp", 0o1777)] {
-        let path = dir.join(sub);
+    use drover_plugin_sdk::taskdir::Dir;
+    let task = Dir::open(dir).map_err(|e| {
+        DriverError::Internal(format!("cannot open task dir {}: {e}", dir.display()))
+    })?;
+    for (sub, mode) in [("local", 0o755), ("secrets", 0o700), ("tmp", 0o700)] {
         let io = |what: &str, e: std::io::Error| {
-            DriverError::Internal(format!("cannot {what} {}: {e}", path.display()))
+            DriverError::Internal(format!("cannot {what} {}: {e}", dir.join(sub).display()))
         };
-        match std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(&path)
-        {
-            Ok(()) => {}
-            Err(e) => return Err(io("create", e)),
-        }
-        if sub == "tmp" {
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| io("set the mode of", e))?;
-        }
-        std::os::unix::fs::chown(&path, Some(creds.uid), Some(creds.gid))
+        let d = task.create_dir(sub, mode).map_err(|e| io("create", e))?;
+        d.set_owner(creds.uid, creds.gid)
             .map_err(|e| io("give the task's user", e))?;
+        d.set_mode(mode).map_err(|e| io("set the mode of", e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod task_dir_tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    /// The task's directories go to its user with the documented modes; a link
+    /// planted in place of one is refused, and its target left alone. Needs root
+    /// (chown), like every isolation test.
+    #[test]
+    fn task_dirs_go_to_the_task_user_and_links_are_refused() {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "the isolation tests run as root (scripts/test.sh)"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t1");
+        std::fs::create_dir(&dir).unwrap();
+        let nobody = Credentials {
+            uid: 65534,
+            gid: 65534,
+            groups: Vec::new(),
+        };
+        prepare_task_dir(&dir, &nobody).unwrap();
+        for (sub, mode) in [("local", 0o755), ("secrets", 0o700), ("tmp", 0o700)] {
+            let m = std::fs::symlink_metadata(dir.join(sub)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (65534, 65534), "{sub}");
+            assert_eq!(m.mode() & 0o7777, mode, "{sub}");
+        }
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::remove_dir(dir.join("tmp")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("tmp")).unwrap();
+        let e = prepare_task_dir(&dir, &nobody).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::metadata(&outside).unwrap().uid(), 0);
+    }
 }
 
 fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Limits {
