@@ -43,8 +43,8 @@ mod store;
 
 pub use config::{
     AuthConfig, CONTAINER_LOCAL_DIR, CONTAINER_SECRETS_DIR, DEFAULT_ALLOW_CAPS, DanglingConfig,
-    GcConfig, LABEL_ALLOC_DIR, LABEL_TASK_ID, LABEL_TASK_NAME, MountConfig, MountKind,
-    PluginConfig, PortSpec, TaskConfig, VolumesConfig, normalize_image,
+    DeviceConfig, GcConfig, HostNamespace, LABEL_ALLOC_DIR, LABEL_TASK_ID, LABEL_TASK_NAME,
+    MountConfig, MountKind, PluginConfig, PortSpec, TaskConfig, VolumesConfig, normalize_image,
 };
 pub use driver::{DockerDriver, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION};
 pub use engine::{DEFAULT_ENDPOINT, Endpoint};
