@@ -212,6 +212,29 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() {
     assert_eq!(r.exit_code, 137, "{r:?}");
 }
 
+/// The plugin's own OOM evidence (the container's memory cgroup) does not turn every
+/// SIGKILL into an OOM kill: a memory-limited container killed by a signal, with
+/// memory to spare, is reported killed, not OOM killed.
+#[tokio::test]
+async fn a_container_killed_under_its_memory_limit_is_not_reported_oom_killed() {
+    let Some(env) = docker_env() else { return };
+    let s = Scratch::new(&env);
+    let p = Plugin::launch(&s, json!({})).await;
+    let mut spec = s.spec("killed", sh(&env, "echo up; while :; do sleep 0.1; done"));
+    spec.resources.memory_mb = 64;
+    p.client.start_task(spec).await.unwrap();
+    until(PROMPT, "running", || {
+        s.log("killed", "stdout").contains("up")
+    })
+    .await;
+    p.client.signal_task("killed", Signal::KILL).await.unwrap();
+    let r = within(PROMPT, "wait", p.client.wait_task("killed"))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 137, "{r:?}");
+    assert!(!r.oom_killed, "{r:?}");
+}
+
 /// Kill -9 the plugin while a container writes numbered lines; the container keeps
 /// running, the new plugin recovers it by its handle, the logs continue with every
 /// line exactly once, and the exit code arrives. A second container exits while no
