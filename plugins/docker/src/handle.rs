@@ -36,7 +36,7 @@ const LOG_STALL: Duration = Duration::from_secs(10);
 const LOG_DRAIN_MAX: Duration = Duration::from_secs(120);
 
 /// The exit code of a container killed by SIGKILL, which is what the OOM killer sends.
-const SIGKILL_EXIT: i64 = 137;
+const SIGKILL_EXIT: i32 = 137;
 
 /// How long an exit with code 137 that Docker does not call an OOM kill waits for the
 /// plugin's own cgroup watch to become final (see [`crate::oom`]).
@@ -315,8 +315,9 @@ pub(crate) fn short(id: &str) -> &str {
 pub(crate) async fn watch_exit(task: Arc<Task>) -> Option<ExitResult> {
     watch_oom(&task).await;
     let (result, at) = wait_for_end(&task).await?;
+    // Stopped: a stop in progress need not wait for the OOM verdict or the logs.
     task.ended.send_replace(true);
-    task.logs_drained().await;
+    let (result, ()) = tokio::join!(with_own_oom(&task, result), task.logs_drained());
     task.finish(result.clone(), at).then_some(result)
 }
 
@@ -346,9 +347,8 @@ async fn watch_oom(task: &Task) {
 
 /// Docker's exit result, with the OOM kill the plugin saw itself when Docker missed
 /// it: a container killed by SIGKILL whose cgroup recorded an OOM kill.
-async fn with_own_oom(task: &Task, state: &ContainerState) -> ExitResult {
-    let result = exit_result(state);
-    if result.oom_killed || state.exit_code != Some(SIGKILL_EXIT) {
+async fn with_own_oom(task: &Task, result: ExitResult) -> ExitResult {
+    if result.oom_killed || result.exit_code != SIGKILL_EXIT {
         return result;
     }
     let Some(w) = task.oom.get() else {
@@ -422,7 +422,7 @@ async fn wait_for_end(task: &Task) -> Option<(ExitResult, SystemTime)> {
                     continue;
                 }
                 let at = docker_time(state.finished_at.as_deref()).unwrap_or_else(SystemTime::now);
-                return Some((with_own_oom(task, &state).await, at));
+                return Some((exit_result(&state), at));
             }
             Err(e) if status_of(&e) == Some(404) => return Some((gone(task), SystemTime::now())),
             Err(e) => {
