@@ -1,6 +1,7 @@
 //! The docker driver end to end through the `drover` CLI, against a real dockerd: a
 //! task's output and exit code, stopping within the kill timeout, env and published
-//! ports (checked by inspecting the container), the privileged refusal, OOM kills.
+//! ports (checked by inspecting the container), the privileged refusal, host and
+//! container namespaces only with the operator's opt-in, OOM kills.
 
 mod common;
 mod docker_common;
@@ -204,6 +205,96 @@ fn operator_allowances_let_privileged_and_extra_capabilities_through() {
             !err.contains("not allowed") && err.contains("OCI runtime"),
             "{err}"
         );
+    }
+}
+
+/// Another container on the task's daemon, not made by Drover and not the task's:
+/// `sleep` on its own network. Labelled with the agent's alloc dir so that the test's
+/// clean-up removes it.
+fn other_container(env: &DockerEnv, c: &Containers) -> String {
+    env.cli_ok(&[
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--label",
+        &format!("drover.alloc_dir={}", c.alloc_dir.display()),
+        &env.image,
+        "sleep",
+        "1000",
+    ])
+}
+
+fn network_task(env: &DockerEnv, network_mode: &str) -> serde_json::Value {
+    json!({ "image": env.image, "command": "readlink", "args": ["/proc/self/ns/net"],
+            "network_mode": network_mode })
+}
+
+/// Issue 10, scenario 7: `network_mode: "host"` and `"container:<any container>"` are
+/// host-level modes. With no opt-in in the plugin config, a task asking for either is
+/// refused at `task run` with the option and the setting that allows it named, and
+/// nothing is created.
+#[test]
+fn host_and_container_network_modes_are_refused_without_the_opt_in() {
+    let Some((_root, agent, env, c)) = setup("") else {
+        return;
+    };
+    let other = other_container(&env, &c);
+    for (mode, setting) in [
+        ("host".to_owned(), "allow_host_namespaces"),
+        (format!("container:{other}"), "allow_container_namespaces"),
+    ] {
+        let config = network_task(&env, &mode).to_string();
+        let out = agent.cli(&["task", "run", "--driver", "docker", "--config", &config]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "network_mode {mode:?} was accepted");
+        assert!(
+            err.contains("network_mode") && err.contains(&mode) && err.contains(setting),
+            "network_mode {mode:?}: {err}"
+        );
+    }
+    assert_eq!(
+        agent.cli_json(&["task", "list", "--json"]),
+        json!([]),
+        "a task was created"
+    );
+    let made = env.cli_ok(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label=drover.alloc_dir={}", c.alloc_dir.display()),
+    ]);
+    assert_eq!(made, other, "a container was created for a refused task");
+}
+
+/// Scenario 7 with the opt-ins: the same two tasks run, each in the network namespace
+/// it asked for (the host's, the other container's).
+#[test]
+fn host_and_container_network_modes_run_with_the_opt_in() {
+    let Some((_root, agent, env, c)) =
+        setup(r#"allow_host_namespaces = ["network"], allow_container_namespaces = true"#)
+    else {
+        return;
+    };
+    let other = other_container(&env, &c);
+    let other_ns = env.cli_ok(&["exec", &other, "readlink", "/proc/self/ns/net"]);
+    // The test runs in the host's network namespace, which is dockerd's.
+    let host_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(other_ns, host_ns.display().to_string());
+    for (mode, want) in [
+        ("host".to_owned(), host_ns.display().to_string()),
+        (format!("container:{other}"), other_ns),
+    ] {
+        let id = run(&agent, &network_task(&env, &mode), &[]);
+        let out = agent.cli(&["task", "wait", &id]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(logs(&agent, &id).trim(), want, "network_mode {mode:?}");
     }
 }
 

@@ -7,7 +7,8 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, PortBinding,
+    ContainerCreateBody, DeviceMapping, HostConfig, HostConfigLogConfig, Mount, MountType,
+    PortBinding,
 };
 use drover_plugin_sdk::taskdir::{Dir, FileKind, OpenOptions};
 use drover_plugin_sdk::{DriverError, TaskSpec};
@@ -48,12 +49,29 @@ pub const DEFAULT_ALLOW_CAPS: &[&str] = &[
 
 /// Configuration of the docker plugin (`[plugin.docker] config = {...}`).
 ///
+/// Everything that lets a task reach past its container to the host is refused unless
+/// a setting here allows it: `privileged` ([`allow_privileged`](Self::allow_privileged)),
+/// capabilities beyond Docker's default set ([`allow_caps`](Self::allow_caps)), host
+/// paths and named volumes ([`volumes`](Self::volumes)), the host's network, pid, ipc,
+/// uts or user namespace ([`allow_host_namespaces`](Self::allow_host_namespaces)), the
+/// namespaces of another container
+/// ([`allow_container_namespaces`](Self::allow_container_namespaces)), host devices
+/// ([`allow_devices`](Self::allow_devices)), security options that loosen the
+/// container's confinement ([`allow_security_opt`](Self::allow_security_opt)) and
+/// kernel parameters ([`allow_sysctl`](Self::allow_sysctl)).
+///
 /// ```
-/// let c: drover_driver_docker::PluginConfig =
-///     serde_json::from_str(r#"{"allow_privileged":true,"pull_timeout":"30s"}"#).unwrap();
-/// assert!(c.allow_privileged && !c.volumes.enabled);
+/// use drover_driver_docker::{HostNamespace, PluginConfig};
+/// let c: PluginConfig = serde_json::from_str(
+///     r#"{"allow_privileged":true,"pull_timeout":"30s","allow_host_namespaces":["network"]}"#,
+/// ).unwrap();
+/// assert!(c.allow_privileged && !c.volumes.enabled && !c.allow_container_namespaces);
+/// assert_eq!(c.allow_host_namespaces, [HostNamespace::Network]);
 /// assert_eq!(c.pull_timeout, std::time::Duration::from_secs(30));
-/// assert!(serde_json::from_str::<drover_driver_docker::PluginConfig>(r#"{"endpont":"x"}"#).is_err());
+/// assert!(serde_json::from_str::<PluginConfig>(r#"{"endpont":"x"}"#).is_err());
+/// // A namespace Docker cannot share is a configuration error, not a silent no-op.
+/// let e = serde_json::from_str::<PluginConfig>(r#"{"allow_host_namespaces":["mount"]}"#);
+/// assert!(e.unwrap_err().to_string().contains("mount"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -68,6 +86,23 @@ pub struct PluginConfig {
     /// Capabilities tasks may add with `cap_add` (`"ALL"` allows any). Names with or
     /// without `CAP_`, any case.
     pub allow_caps: Vec<String>,
+    /// Host namespaces a task may join with `network_mode`, `pid_mode`, `ipc_mode`,
+    /// `uts_mode` or `userns_mode` = `"host"`. Default: none. A task on the host's
+    /// network binds host ports and reaches every service on the host's loopback; on
+    /// its pid namespace it sees (and, as root, signals and ptraces) host processes.
+    pub allow_host_namespaces: Vec<HostNamespace>,
+    /// Allow `network_mode`, `pid_mode` and `ipc_mode` = `"container:<name or id>"`:
+    /// joining the namespaces of another container on the daemon, which need not
+    /// belong to the task (or to Drover).
+    pub allow_container_namespaces: bool,
+    /// Allow `devices` (host device nodes in the container).
+    pub allow_devices: bool,
+    /// Allow `security_opt` entries other than `no-new-privileges` (which only
+    /// tightens): `seccomp=unconfined`, `apparmor=unconfined`, `label=disable`, a
+    /// custom profile, ….
+    pub allow_security_opt: bool,
+    /// Allow `sysctl` (kernel parameters; on the host's network they are the host's).
+    pub allow_sysctl: bool,
     /// Garbage collection of images and of containers no task owns.
     pub gc: GcConfig,
     /// Longest time an image pull (or `load`) may take before the start fails.
@@ -83,8 +118,42 @@ impl Default for PluginConfig {
             allow_privileged: false,
             volumes: VolumesConfig::default(),
             allow_caps: DEFAULT_ALLOW_CAPS.iter().map(|c| (*c).to_owned()).collect(),
+            allow_host_namespaces: Vec::new(),
+            allow_container_namespaces: false,
+            allow_devices: false,
+            allow_security_opt: false,
+            allow_sysctl: false,
             gc: GcConfig::default(),
             pull_timeout: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+/// A host namespace a task may share (`allow_host_namespaces` in the plugin config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HostNamespace {
+    /// `network_mode = "host"`.
+    Network,
+    /// `pid_mode = "host"`.
+    Pid,
+    /// `ipc_mode = "host"`.
+    Ipc,
+    /// `uts_mode = "host"`.
+    Uts,
+    /// `userns_mode = "host"` (leaves the daemon's user-namespace remapping).
+    Userns,
+}
+
+impl HostNamespace {
+    /// Its name in `allow_host_namespaces`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostNamespace::Network => "network",
+            HostNamespace::Pid => "pid",
+            HostNamespace::Ipc => "ipc",
+            HostNamespace::Uts => "uts",
+            HostNamespace::Userns => "userns",
         }
     }
 }
@@ -202,9 +271,35 @@ pub struct TaskConfig {
     /// Mounts in long form.
     #[serde(default)]
     pub mounts: Vec<MountConfig>,
-    /// Network mode (`host`, `none`, `bridge`, `container:<id>`, a network name).
+    /// Network mode (`none`, `bridge`, a network name; `host` needs `"network"` in the
+    /// plugin's `allow_host_namespaces`, `container:<id>` needs
+    /// `allow_container_namespaces`).
     #[serde(default)]
     pub network_mode: Option<String>,
+    /// PID namespace: `host` (needs `"pid"` in `allow_host_namespaces`) or
+    /// `container:<id>` (needs `allow_container_namespaces`). Default: the container's own.
+    #[serde(default)]
+    pub pid_mode: Option<String>,
+    /// IPC namespace: `private`, `shareable`, `none`; `host` (needs `"ipc"` in
+    /// `allow_host_namespaces`) or `container:<id>` (needs `allow_container_namespaces`).
+    #[serde(default)]
+    pub ipc_mode: Option<String>,
+    /// UTS namespace: `host` (needs `"uts"` in `allow_host_namespaces`).
+    #[serde(default)]
+    pub uts_mode: Option<String>,
+    /// User namespace: `host` (needs `"userns"` in `allow_host_namespaces`).
+    #[serde(default)]
+    pub userns_mode: Option<String>,
+    /// Host devices in the container (needs `allow_devices`).
+    #[serde(default)]
+    pub devices: Vec<DeviceConfig>,
+    /// Docker security options. `no-new-privileges` is always allowed; anything else
+    /// (`seccomp=…`, `apparmor=…`, `label=…`) needs `allow_security_opt`.
+    #[serde(default)]
+    pub security_opt: Vec<String>,
+    /// Kernel parameters, e.g. `{"net.core.somaxconn": "1024"}` (needs `allow_sysctl`).
+    #[serde(default)]
+    pub sysctl: BTreeMap<String, String>,
     /// Capabilities to add (must be in the plugin's `allow_caps`).
     #[serde(default)]
     pub cap_add: Vec<String>,
@@ -240,6 +335,20 @@ pub enum PortSpec {
     Port(u16),
     /// `"ip:port"`, e.g. `"127.0.0.1:8080"`.
     Address(String),
+}
+
+/// A host device in the container.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// The device node on the host, e.g. `/dev/fuse`.
+    pub host_path: String,
+    /// Where it appears in the container (default: the same path).
+    #[serde(default)]
+    pub container_path: Option<String>,
+    /// Device cgroup permissions, any of `r`, `w`, `m` (default `rwm`).
+    #[serde(default)]
+    pub cgroup_permissions: Option<String>,
 }
 
 /// One mount in long form.
@@ -538,6 +647,7 @@ impl TaskConfig {
                  true in the docker plugin config to allow them)",
             ));
         }
+        let host = self.host_access(pc)?;
         let allowed: Vec<String> = pc.allow_caps.iter().map(|c| normalize_cap(c)).collect();
         let allow_all = allowed.iter().any(|c| c == "ALL");
         let mut cap_add = Vec::new();
@@ -678,7 +788,14 @@ impl TaskConfig {
             binds: (!binds.is_empty()).then_some(binds),
             mounts: (!mounts.is_empty()).then_some(mounts),
             port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
-            network_mode: self.network_mode.clone(),
+            network_mode: host.network_mode,
+            pid_mode: host.pid_mode,
+            ipc_mode: host.ipc_mode,
+            uts_mode: host.uts_mode,
+            userns_mode: host.userns_mode,
+            devices: host.devices,
+            security_opt: host.security_opt,
+            sysctls: host.sysctls,
             cap_add: (!cap_add.is_empty()).then_some(cap_add),
             cap_drop: (!cap_drop.is_empty()).then_some(cap_drop),
             privileged: self.privileged.then_some(true),
@@ -723,6 +840,106 @@ impl TaskConfig {
             auth: self.auth.as_ref().map(AuthConfig::credentials),
             name: container_name(spec),
             body,
+        })
+    }
+
+    /// Check every option that shares something of the host (or of another container)
+    /// against the plugin config, refusing with the option and the setting that would
+    /// allow it; the checked values as the container gets them.
+    fn host_access(&self, pc: &PluginConfig) -> Result<HostAccess, DriverError> {
+        const IPC_OWN: &[&str] = &["private", "shareable", "none"];
+        let mode = |field: &'static str,
+                    value: &Option<String>,
+                    ns: HostNamespace,
+                    own: Option<&[&str]>,
+                    container: bool| {
+            value
+                .as_deref()
+                .map(|v| namespace_mode(pc, field, v, ns, own, container))
+                .transpose()
+        };
+        let network_mode = mode(
+            "network_mode",
+            &self.network_mode,
+            HostNamespace::Network,
+            None,
+            true,
+        )?;
+        let pid_mode = mode(
+            "pid_mode",
+            &self.pid_mode,
+            HostNamespace::Pid,
+            Some(&[]),
+            true,
+        )?;
+        let ipc_mode = mode(
+            "ipc_mode",
+            &self.ipc_mode,
+            HostNamespace::Ipc,
+            Some(IPC_OWN),
+            true,
+        )?;
+        let uts_mode = mode(
+            "uts_mode",
+            &self.uts_mode,
+            HostNamespace::Uts,
+            Some(&[]),
+            false,
+        )?;
+        let userns_mode = mode(
+            "userns_mode",
+            &self.userns_mode,
+            HostNamespace::Userns,
+            Some(&[]),
+            false,
+        )?;
+
+        if let Some(d) = self.devices.first()
+            && !pc.allow_devices
+        {
+            return Err(invalid(format!(
+                "devices: host device {:?} is not allowed on this agent (set allow_devices = \
+                 true in the docker plugin config to allow devices)",
+                d.host_path
+            )));
+        }
+        let devices = self
+            .devices
+            .iter()
+            .map(device)
+            .collect::<Result<Vec<_>, _>>()?;
+
+        for opt in &self.security_opt {
+            if !pc.allow_security_opt && !tightens_only(opt) {
+                return Err(invalid(format!(
+                    "security_opt: {opt:?} is not allowed on this agent (set \
+                     allow_security_opt = true in the docker plugin config to allow it; \
+                     only \"no-new-privileges\" is allowed by default)"
+                )));
+            }
+        }
+        if let Some(key) = self.sysctl.keys().next()
+            && !pc.allow_sysctl
+        {
+            return Err(invalid(format!(
+                "sysctl: {key:?} is not allowed on this agent (set allow_sysctl = true in the \
+                 docker plugin config to allow kernel parameters)"
+            )));
+        }
+        Ok(HostAccess {
+            network_mode,
+            pid_mode,
+            ipc_mode,
+            uts_mode,
+            userns_mode,
+            devices: (!devices.is_empty()).then_some(devices),
+            security_opt: (!self.security_opt.is_empty()).then(|| self.security_opt.clone()),
+            sysctls: (!self.sysctl.is_empty()).then(|| {
+                self.sysctl
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            }),
         })
     }
 
@@ -827,6 +1044,119 @@ fn mount(task: &TaskDir<'_>, pc: &PluginConfig, m: &MountConfig) -> Result<Mount
         typ: Some(typ),
         read_only: m.readonly.then_some(true),
         ..Default::default()
+    })
+}
+
+/// The host-reaching parts of the container, checked by [`TaskConfig::host_access`].
+struct HostAccess {
+    network_mode: Option<String>,
+    pid_mode: Option<String>,
+    ipc_mode: Option<String>,
+    uts_mode: Option<String>,
+    userns_mode: Option<String>,
+    devices: Option<Vec<DeviceMapping>>,
+    security_opt: Option<Vec<String>>,
+    sysctls: Option<HashMap<String, String>>,
+}
+
+/// Check one `*_mode` value: `host` needs `ns` in `allow_host_namespaces`,
+/// `container:<id>` (where Docker has it: `container`) needs
+/// `allow_container_namespaces`, anything else must be in `own` (`None`: any other
+/// value, e.g. a network name). "host" is matched in any case and with blanks around
+/// it, so that a spelling Docker might read differently is refused rather than passed.
+fn namespace_mode(
+    pc: &PluginConfig,
+    field: &str,
+    value: &str,
+    ns: HostNamespace,
+    own: Option<&[&str]>,
+    container: bool,
+) -> Result<String, DriverError> {
+    let v = value.trim();
+    if v.is_empty() {
+        // Docker's default: the container's own namespace.
+        return Ok(String::new());
+    }
+    if v.eq_ignore_ascii_case("host") {
+        if pc.allow_host_namespaces.contains(&ns) {
+            return Ok(v.to_owned());
+        }
+        return Err(invalid(format!(
+            "{field} {value:?} shares the host's {name} namespace, which is not allowed on this \
+             agent (add \"{name}\" to allow_host_namespaces in the docker plugin config to \
+             allow it)",
+            name = ns.name()
+        )));
+    }
+    let lower = v.to_ascii_lowercase();
+    if container && lower.starts_with("container:") {
+        if v.len() == "container:".len() {
+            return Err(invalid(format!(
+                "{field} {value:?} names no container (container:<name or id>)"
+            )));
+        }
+        if pc.allow_container_namespaces {
+            return Ok(v.to_owned());
+        }
+        return Err(invalid(format!(
+            "{field} {value:?} joins the {name} namespace of another container, which is not \
+             allowed on this agent (set allow_container_namespaces = true in the docker \
+             plugin config to allow it)",
+            name = ns.name()
+        )));
+    }
+    match own {
+        None => Ok(v.to_owned()),
+        Some(list) if list.contains(&v) => Ok(v.to_owned()),
+        Some(list) => {
+            let mut accepted: Vec<String> = list.iter().map(|o| format!("{o:?}")).collect();
+            accepted.push("\"host\"".into());
+            if container {
+                accepted.push("\"container:<name or id>\"".into());
+            }
+            Err(invalid(format!(
+                "{field}: {value:?} is not one of {}",
+                accepted.join(", ")
+            )))
+        }
+    }
+}
+
+/// A `security_opt` entry that only takes privileges away.
+fn tightens_only(opt: &str) -> bool {
+    matches!(
+        opt.trim(),
+        "no-new-privileges" | "no-new-privileges:true" | "no-new-privileges=true"
+    )
+}
+
+fn device(d: &DeviceConfig) -> Result<DeviceMapping, DriverError> {
+    if !d.host_path.starts_with('/') {
+        return Err(invalid(format!(
+            "devices: host_path {:?} must be an absolute path",
+            d.host_path
+        )));
+    }
+    let target = d
+        .container_path
+        .clone()
+        .unwrap_or_else(|| d.host_path.clone());
+    if !target.starts_with('/') {
+        return Err(invalid(format!(
+            "devices: container_path {target:?} must be an absolute path"
+        )));
+    }
+    let perms = d.cgroup_permissions.clone().unwrap_or_else(|| "rwm".into());
+    if perms.is_empty() || !perms.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
+        return Err(invalid(format!(
+            "devices: cgroup_permissions {perms:?} of {} must be made of r, w and m",
+            d.host_path
+        )));
+    }
+    Ok(DeviceMapping {
+        path_on_host: Some(d.host_path.clone()),
+        path_in_container: Some(target),
+        cgroup_permissions: Some(perms),
     })
 }
 
@@ -947,7 +1277,9 @@ mod tests {
         s.resources.memory_mb = 64;
         s.resources.cpu_shares = 1;
         s.user = "nobody".into();
-        let plan = cfg.plan(&s, &policy()).unwrap();
+        let mut p = policy();
+        p.config.allow_host_namespaces = vec![HostNamespace::Network];
+        let plan = cfg.plan(&s, &p).unwrap();
         assert_eq!(plan.image, "busybox:latest");
         assert_eq!(plan.name, "webserver-t1");
         let b = &plan.body;
@@ -1066,6 +1398,165 @@ mod tests {
             Some(format!("{}/cfg", dir.path().display()).as_str())
         );
         assert_eq!(mounts[1].read_only, Some(true));
+    }
+
+    /// Every option that shares something of the host, or of another container, is
+    /// refused by default with the option and the setting named; the setting lets it
+    /// through to the container unchanged.
+    #[test]
+    fn host_modes_are_refused_unless_the_plugin_config_allows_them() {
+        let p = policy();
+        let cases: &[(&str, &[&str])] = &[
+            (
+                r#""network_mode":"host""#,
+                &[
+                    "network_mode",
+                    "\"host\"",
+                    "allow_host_namespaces",
+                    "\"network\"",
+                ],
+            ),
+            (r#""network_mode":" HOST ""#, &["allow_host_namespaces"]),
+            (
+                r#""network_mode":"container:db""#,
+                &["network_mode", "container:db", "allow_container_namespaces"],
+            ),
+            (
+                r#""pid_mode":"host""#,
+                &["pid_mode", "\"pid\"", "allow_host_namespaces"],
+            ),
+            (
+                r#""pid_mode":"container:db""#,
+                &["pid_mode", "allow_container_namespaces"],
+            ),
+            (
+                r#""ipc_mode":"host""#,
+                &["ipc_mode", "\"ipc\"", "allow_host_namespaces"],
+            ),
+            (
+                r#""ipc_mode":"container:db""#,
+                &["ipc_mode", "allow_container_namespaces"],
+            ),
+            (
+                r#""uts_mode":"host""#,
+                &["uts_mode", "\"uts\"", "allow_host_namespaces"],
+            ),
+            (
+                r#""userns_mode":"host""#,
+                &["userns_mode", "\"userns\"", "allow_host_namespaces"],
+            ),
+            (
+                r#""devices":[{"host_path":"/dev/sda"}]"#,
+                &["devices", "/dev/sda", "allow_devices"],
+            ),
+            (
+                r#""security_opt":["seccomp=unconfined"]"#,
+                &["security_opt", "seccomp=unconfined", "allow_security_opt"],
+            ),
+            (
+                r#""security_opt":["no-new-privileges","apparmor=unconfined"]"#,
+                &["apparmor=unconfined", "allow_security_opt"],
+            ),
+            (
+                r#""security_opt":["no-new-privileges:false"]"#,
+                &["allow_security_opt"],
+            ),
+            (
+                r#""sysctl":{"net.ipv4.ip_forward":"1"}"#,
+                &["sysctl", "net.ipv4.ip_forward", "allow_sysctl"],
+            ),
+            (r#""cap_add":["NET_ADMIN"]"#, &["NET_ADMIN", "allow_caps"]),
+            (r#""privileged":true"#, &["privileged", "allow_privileged"]),
+        ];
+        for (field, words) in cases {
+            let m = err(&format!(r#"{{"image":"x",{field}}}"#), &p);
+            for w in *words {
+                assert!(m.contains(w), "{field}: {w:?} missing from: {m}");
+            }
+        }
+        // Values that are no mode at all are refused as such, whatever the policy.
+        let m = err(r#"{"image":"x","uts_mode":"container:db"}"#, &p);
+        assert!(m.contains("uts_mode") && m.contains("not one of"), "{m}");
+        let m = err(r#"{"image":"x","pid_mode":"private"}"#, &p);
+        assert!(m.contains("pid_mode") && m.contains("not one of"), "{m}");
+        let m = err(r#"{"image":"x","network_mode":"container:"}"#, &p);
+        assert!(m.contains("names no container"), "{m}");
+
+        // What stays allowed by default: the container's own namespaces, named
+        // networks, and security options that only tighten.
+        let dir = tempfile::tempdir().unwrap();
+        let plan = parse(
+            r#"{"image":"x","network_mode":"none","ipc_mode":"shareable","pid_mode":"",
+                "security_opt":["no-new-privileges"]}"#,
+        )
+        .plan(&spec(dir.path()), &p)
+        .unwrap();
+        let h = plan.body.host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("none"));
+        assert_eq!(h.ipc_mode.as_deref(), Some("shareable"));
+        assert_eq!(h.security_opt.unwrap(), ["no-new-privileges"]);
+        assert_eq!((h.devices, h.sysctls, h.uts_mode), (None, None, None));
+
+        let mut open = policy();
+        open.config.allow_host_namespaces = vec![
+            HostNamespace::Network,
+            HostNamespace::Pid,
+            HostNamespace::Ipc,
+            HostNamespace::Uts,
+            HostNamespace::Userns,
+        ];
+        open.config.allow_container_namespaces = true;
+        open.config.allow_devices = true;
+        open.config.allow_security_opt = true;
+        open.config.allow_sysctl = true;
+        let plan = parse(
+            r#"{"image":"x","network_mode":"host","pid_mode":"host","ipc_mode":"host",
+                "uts_mode":"host","userns_mode":"host",
+                "devices":[{"host_path":"/dev/fuse"},
+                           {"host_path":"/dev/sdb","container_path":"/dev/xvdb","cgroup_permissions":"r"}],
+                "security_opt":["seccomp=unconfined"],"sysctl":{"net.core.somaxconn":"1024"}}"#,
+        )
+        .plan(&spec(dir.path()), &open)
+        .unwrap();
+        let h = plan.body.host_config.unwrap();
+        let modes = [
+            h.network_mode,
+            h.pid_mode,
+            h.ipc_mode,
+            h.uts_mode,
+            h.userns_mode,
+        ];
+        assert!(
+            modes.iter().all(|m| m.as_deref() == Some("host")),
+            "{modes:?}"
+        );
+        let devices = h.devices.unwrap();
+        assert_eq!(devices[0].path_in_container.as_deref(), Some("/dev/fuse"));
+        assert_eq!(devices[0].cgroup_permissions.as_deref(), Some("rwm"));
+        assert_eq!(devices[1].path_on_host.as_deref(), Some("/dev/sdb"));
+        assert_eq!(devices[1].path_in_container.as_deref(), Some("/dev/xvdb"));
+        assert_eq!(h.security_opt.unwrap(), ["seccomp=unconfined"]);
+        assert_eq!(h.sysctls.unwrap()["net.core.somaxconn"], "1024");
+        let plan =
+            parse(r#"{"image":"x","network_mode":"container:db","pid_mode":"container:db"}"#)
+                .plan(&spec(dir.path()), &open)
+                .unwrap();
+        let h = plan.body.host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("container:db"));
+        assert_eq!(h.pid_mode.as_deref(), Some("container:db"));
+        // Only the namespaces listed: the network alone does not open the pid namespace.
+        let mut net_only = policy();
+        net_only.config.allow_host_namespaces = vec![HostNamespace::Network];
+        let m = err(
+            r#"{"image":"x","network_mode":"host","pid_mode":"host"}"#,
+            &net_only,
+        );
+        assert!(m.contains("pid_mode"), "{m}");
+        let m = err(
+            r#"{"image":"x","devices":[{"host_path":"/dev/fuse","cgroup_permissions":"rx"}]}"#,
+            &open,
+        );
+        assert!(m.contains("cgroup_permissions"), "{m}");
     }
 
     #[test]

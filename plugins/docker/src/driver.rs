@@ -441,7 +441,16 @@ impl DriverPlugin for DockerDriver {
             image::pull(&docker, &plan.image, plan.auth.clone(), pull_timeout).await?;
         }
         let cid = self.create(&docker, &plan, &spec, pull_timeout).await?;
+        // Before the start: a container can be OOM killed, and its cgroup removed,
+        // before the start call returns (see `oom`).
+        let oom = match engine.endpoint() {
+            Endpoint::Unix(_) => crate::oom::arm(&cid, ""),
+            Endpoint::Tcp(_) => None,
+        };
         if let Err(e) = docker.start_container(&cid, None).await {
+            if let Some(w) = &oom {
+                w.stop();
+            }
             // Leave nothing behind: a container that did not start never ran.
             if let Err(rm) = remove_container(&docker, &cid).await {
                 tracing::warn!(task = %spec.id, "{rm}");
@@ -453,6 +462,9 @@ impl DriverPlugin for DockerDriver {
             image: plan.image.clone(),
         };
         let task = Arc::new(Task::new(&spec, state, SystemTime::now(), engine));
+        if let Some(w) = oom {
+            task.set_oom_watch(w);
+        }
         reservation.commit(task.clone());
         self.watch(&task);
         self.event(

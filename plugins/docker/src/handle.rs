@@ -2,7 +2,7 @@
 //! watches it (exit and logs), and its resource samples.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use bollard::models::{ContainerState, ContainerStatsResponse};
@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Engine, is_transport, status_of};
+use crate::engine::{Endpoint, Engine, is_transport, status_of};
 use crate::logs::LogTarget;
+use crate::oom::{self, OomWatch};
 
 /// What a task handle carries (version [`crate::HANDLE_VERSION`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +34,13 @@ const LOG_STALL: Duration = Duration::from_secs(10);
 /// The longest an exit waits for a follower that is still copying (a container that
 /// wrote far more than the follower could keep up with).
 const LOG_DRAIN_MAX: Duration = Duration::from_secs(120);
+
+/// The exit code of a container killed by SIGKILL, which is what the OOM killer sends.
+const SIGKILL_EXIT: i32 = 137;
+
+/// How long an exit with code 137 that Docker does not call an OOM kill waits for the
+/// plugin's own cgroup watch to become final (see [`crate::oom`]).
+const OOM_SETTLE: Duration = Duration::from_secs(2);
 
 /// Pauses between attempts to reach a daemon that does not answer.
 pub(crate) struct Backoff(Duration);
@@ -76,11 +84,16 @@ pub(crate) struct Task {
     logs_copied: AtomicU64,
     /// (container CPU ns, system CPU ns) of the previous stats sample.
     last_cpu: Mutex<Option<(u64, u64)>>,
+    /// The plugin's own watch of the container's memory cgroup, when it could start one.
+    oom: OnceLock<Arc<OomWatch>>,
 }
 
 impl Drop for Task {
     fn drop(&mut self) {
         self.cancel.cancel();
+        if let Some(w) = self.oom.get() {
+            w.stop();
+        }
     }
 }
 
@@ -108,7 +121,13 @@ impl Task {
             ended: watch::channel(false).0,
             logs_copied: AtomicU64::new(0),
             last_cpu: Mutex::new(None),
+            oom: OnceLock::new(),
         }
+    }
+
+    /// The OOM watch armed before the container's start ([`crate::oom::arm`]).
+    pub(crate) fn set_oom_watch(&self, watch: Arc<OomWatch>) {
+        let _ = self.oom.set(watch);
     }
 
     pub(crate) fn running(&self) -> bool {
@@ -294,10 +313,56 @@ pub(crate) fn short(id: &str) -> &str {
 /// and the container's state read once it answers. Returns the result if this call
 /// recorded it; `None` when cancelled or when another path recorded one first.
 pub(crate) async fn watch_exit(task: Arc<Task>) -> Option<ExitResult> {
+    watch_oom(&task).await;
     let (result, at) = wait_for_end(&task).await?;
+    // Stopped: a stop in progress need not wait for the OOM verdict or the logs.
     task.ended.send_replace(true);
-    task.logs_drained().await;
+    let (result, ()) = tokio::join!(with_own_oom(&task, result), task.logs_drained());
     task.finish(result.clone(), at).then_some(result)
+}
+
+/// Start watching the container's memory cgroup for OOM kills, when the daemon is on
+/// this host (a unix socket) and answers; without it Docker's own flag is used.
+async fn watch_oom(task: &Task) {
+    if task.oom.get().is_some() || !matches!(task.engine.endpoint(), Endpoint::Unix(_)) {
+        return;
+    }
+    let Ok(docker) = task.engine.client().await else {
+        return;
+    };
+    let cid = task.state.container_id.as_str();
+    let Ok(info) = docker.inspect_container(cid, None).await else {
+        return;
+    };
+    let pid = info.state.as_ref().and_then(|s| s.pid).unwrap_or(0);
+    let parent = info
+        .host_config
+        .as_ref()
+        .and_then(|h| h.cgroup_parent.clone())
+        .unwrap_or_default();
+    if let Some(w) = oom::watch(pid, cid, &parent) {
+        let _ = task.oom.set(w);
+    }
+}
+
+/// Docker's exit result, with the OOM kill the plugin saw itself when Docker missed
+/// it: a container killed by SIGKILL whose cgroup recorded an OOM kill.
+async fn with_own_oom(task: &Task, result: ExitResult) -> ExitResult {
+    if result.oom_killed || result.exit_code != SIGKILL_EXIT {
+        return result;
+    }
+    let Some(w) = task.oom.get() else {
+        return result;
+    };
+    if w.killed_within(OOM_SETTLE).await {
+        tracing::info!(
+            task = %task.id,
+            "container {} was OOM killed (seen in its memory cgroup; Docker missed the late OOM event)",
+            short(&task.state.container_id)
+        );
+        return result.with_oom_killed(true);
+    }
+    result
 }
 
 async fn wait_for_end(task: &Task) -> Option<(ExitResult, SystemTime)> {

@@ -8,7 +8,9 @@
 //!   container is created with Drover labels (`drover.task_id`, `drover.task_name`,
 //!   `drover.alloc_dir`) and started. The task handle holds the container id.
 //! - **Exit**: the container's wait endpoint and its state give the exit code and the
-//!   OOM flag. **Stop** sends the signal, then SIGKILL after the timeout.
+//!   OOM flag; on the daemon's host the plugin also watches the container's memory
+//!   cgroup for OOM kills, which Docker misses when its OOM event comes late (`oom`).
+//!   **Stop** sends the signal, then SIGKILL after the timeout.
 //! - **Logs**: the container's stdout and stderr are copied into the task's rotated log
 //!   files; a cursor next to them lets a new plugin process continue exactly where the
 //!   last one stopped.
@@ -39,12 +41,13 @@ mod engine;
 mod handle;
 mod image;
 mod logs;
+mod oom;
 mod store;
 
 pub use config::{
     AuthConfig, CONTAINER_LOCAL_DIR, CONTAINER_SECRETS_DIR, DEFAULT_ALLOW_CAPS, DanglingConfig,
-    GcConfig, LABEL_ALLOC_DIR, LABEL_TASK_ID, LABEL_TASK_NAME, MountConfig, MountKind,
-    PluginConfig, PortSpec, TaskConfig, VolumesConfig, normalize_image,
+    DeviceConfig, GcConfig, HostNamespace, LABEL_ALLOC_DIR, LABEL_TASK_ID, LABEL_TASK_NAME,
+    MountConfig, MountKind, PluginConfig, PortSpec, TaskConfig, VolumesConfig, normalize_image,
 };
 pub use driver::{DockerDriver, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION};
 pub use engine::{DEFAULT_ENDPOINT, Endpoint};

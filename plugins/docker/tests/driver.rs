@@ -144,6 +144,20 @@ async fn refusals_are_clear_and_quick() {
         matches!(&e, DriverError::InvalidConfig(m) if m.contains("volumes.enabled")),
         "{e:?}"
     );
+    // Host-level modes without their opt-in in the plugin config.
+    for (field, value, setting) in [
+        ("network_mode", "host", "allow_host_namespaces"),
+        ("pid_mode", "host", "allow_host_namespaces"),
+        ("ipc_mode", "container:any", "allow_container_namespaces"),
+    ] {
+        let mut cfg = sh(&env, "true");
+        cfg[field] = json!(value);
+        let e = c.start_task(s.spec("hostmode", cfg)).await.unwrap_err();
+        assert!(
+            matches!(&e, DriverError::InvalidConfig(m) if m.contains(field) && m.contains(setting)),
+            "{e:?}"
+        );
+    }
     // An image that is not there, from a registry that cannot be reached.
     let t = Instant::now();
     let e = c
@@ -168,7 +182,7 @@ async fn refusals_are_clear_and_quick() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("/no/such/binary"), "{e}");
-    for id in ["priv", "vol", "missing", "nocmd"] {
+    for id in ["priv", "vol", "hostmode", "missing", "nocmd"] {
         assert!(matches!(
             c.inspect_task(id).await,
             Err(DriverError::NotFound(_))
@@ -196,6 +210,29 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() {
         .unwrap();
     assert!(r.oom_killed, "{r:?}");
     assert_eq!(r.exit_code, 137, "{r:?}");
+}
+
+/// The plugin's own OOM evidence (the container's memory cgroup) does not turn every
+/// SIGKILL into an OOM kill: a memory-limited container killed by a signal, with
+/// memory to spare, is reported killed, not OOM killed.
+#[tokio::test]
+async fn a_container_killed_under_its_memory_limit_is_not_reported_oom_killed() {
+    let Some(env) = docker_env() else { return };
+    let s = Scratch::new(&env);
+    let p = Plugin::launch(&s, json!({})).await;
+    let mut spec = s.spec("killed", sh(&env, "echo up; while :; do sleep 0.1; done"));
+    spec.resources.memory_mb = 64;
+    p.client.start_task(spec).await.unwrap();
+    until(PROMPT, "running", || {
+        s.log("killed", "stdout").contains("up")
+    })
+    .await;
+    p.client.signal_task("killed", Signal::KILL).await.unwrap();
+    let r = within(PROMPT, "wait", p.client.wait_task("killed"))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 137, "{r:?}");
+    assert!(!r.oom_killed, "{r:?}");
 }
 
 /// Kill -9 the plugin while a container writes numbered lines; the container keeps
@@ -542,14 +579,15 @@ async fn fingerprint_names_the_engine_or_the_missing_daemon() {
     assert!(e.to_string().contains("nowhere.sock"), "{e}");
 }
 
-/// A container on the host network serves on 127.0.0.1 (tests send traffic nowhere
-/// else); the file it serves comes from the task's `local/` directory.
+/// A container on the host network (allowed by the plugin config) serves on 127.0.0.1
+/// (tests send traffic nowhere else); the file it serves comes from the task's
+/// `local/` directory.
 #[tokio::test]
 async fn a_host_network_container_serves_on_localhost() {
     use std::io::{Read as _, Write as _};
     let Some(env) = docker_env() else { return };
     let s = Scratch::new(&env);
-    let p = Plugin::launch(&s, json!({})).await;
+    let p = Plugin::launch(&s, json!({ "allow_host_namespaces": ["network"] })).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
