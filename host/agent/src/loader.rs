@@ -133,9 +133,16 @@ pub type FileKey = (u64, u64, u64, i64, u64, i64, u64);
 /// Why a file or directory is not safe to run plugins from: writable by others, or
 /// owned by someone other than us or root.
 fn insecure_reason(mode: u32, uid: u32, what: &str) -> Option<String> {
-    if mode & 0o002 != 0 {
+    // Group-writable counts too: a group other than root's may hold other host users,
+    // and any of them could then swap the binary the agent runs as its own uid.
+    if mode & 0o022 != 0 {
+        let who = if mode & 0o002 != 0 {
+            "world-writable"
+        } else {
+            "group-writable"
+        };
         return Some(format!(
-            "{what} is world-writable (mode {:04o}): anyone could replace the plugin; chmod o-w it",
+            "{what} is {who} (mode {:04o}): another user could replace the plugin; chmod go-w it",
             mode & 0o7777
         ));
     }
@@ -150,7 +157,7 @@ fn insecure_reason(mode: u32, uid: u32, what: &str) -> Option<String> {
 
 /// Open the candidate's binary once and check it on the descriptor, never by path
 /// again: the file itself must not be a symlink (`O_NOFOLLOW`), must be a regular,
-/// executable file, owned by root or the agent's uid and not world-writable; an external
+/// executable file, owned by root or the agent's uid and not writable by group or others; an external
 /// plugin's directory is checked the same way and the file is opened relative to it.
 /// The descriptor is close-on-exec; it is what the launcher executes.
 pub fn open_checked(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
@@ -588,6 +595,8 @@ mod tests {
         std::fs::write(p("noexec"), "#!/bin/sh\n").unwrap();
         std::fs::write(p("worldw"), "#!/bin/sh\n").unwrap();
         std::fs::set_permissions(p("worldw"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::write(p("groupw"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(p("groupw"), std::fs::Permissions::from_mode(0o775)).unwrap();
         std::fs::write(p("good"), "#!/bin/sh\n").unwrap();
         std::fs::set_permissions(p("good"), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::create_dir(p("subdir")).unwrap();
@@ -597,6 +606,11 @@ mod tests {
         let reason = |n: &str| skipped.iter().find(|s| s.name == n).unwrap().reason.clone();
         assert!(reason("noexec").contains("not executable"));
         assert!(reason("worldw").contains("world-writable"));
+        assert!(
+            reason("groupw").contains("group-writable"),
+            "{}",
+            reason("groupw")
+        );
 
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         let (cands, skipped) = scan_plugin_dir(dir.path());

@@ -65,7 +65,12 @@ impl DirWatch {
         rustix::fs::inotify::add_watch(
             &fd,
             dir,
-            WatchFlags::CREATE | WatchFlags::MODIFY | WatchFlags::MOVED_TO,
+            // A task may replace its logs dir with a link: never watch through one.
+            WatchFlags::CREATE
+                | WatchFlags::MODIFY
+                | WatchFlags::MOVED_TO
+                | WatchFlags::DONT_FOLLOW
+                | WatchFlags::ONLYDIR,
         )?;
         // SAFETY: the AsyncFd owns the inotify descriptor; nothing else closes or
         // replaces it while it is registered.
