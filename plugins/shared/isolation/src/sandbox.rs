@@ -5,7 +5,8 @@
 //! ```text
 //! executor ──fork──▶ init (pid 1 of the task's pid namespace, executor code)
 //!                      │ joins cgroups, unshares namespaces, builds the root
-//!                      └──fork──▶ task: rlimits, capabilities, ids, no_new_privs, exec
+//!                      └──fork──▶ task: rlimits, capabilities, ids, no_new_privs,
+//!                                 seccomp, exec
 //! ```
 //!
 //! The executor is single-threaded, so after `fork` both children may run ordinary
@@ -51,7 +52,8 @@ const DEV_LINKS: [(&str, &str); 4] = [
 ];
 
 /// Namespaces, a `pivot_root` into a root of bind mounts, cgroups, capabilities,
-/// `no_new_privs`, a user and rlimits, applied between fork and exec by the executor.
+/// `no_new_privs`, a user, rlimits and a seccomp filter, applied between fork and exec
+/// by the executor.
 ///
 /// ```no_run
 /// // In the main of a driver whose tasks are isolated, before anything else:
@@ -85,6 +87,8 @@ struct Plan<'a> {
     /// Directories searched for a bare command name, inside the task's root.
     path: Vec<PathBuf>,
     cwd: &'a Path,
+    /// The seccomp filter, converted once, before any fork.
+    seccomp: Option<Vec<seccompiler::sock_filter>>,
 }
 
 /// The children's ends of the pipes.
@@ -178,6 +182,7 @@ impl<'a> Plan<'a> {
             envp,
             path,
             cwd: &spec.cwd,
+            seccomp: iso.seccomp.as_deref().map(crate::seccomp::to_sock_filters),
         })
     }
 }
@@ -814,6 +819,13 @@ fn task_setup(plan: &Plan<'_>, fds: &ChildFds) -> Result<std::convert::Infallibl
     #[allow(unsafe_code)]
     let _ =
         unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
+    if let Some(filter) = &plan.seccomp {
+        // Last, so that no step above runs under it (the capability and mount calls
+        // would be refused); the calls left (sigprocmask, execve, and the error report
+        // if exec fails) are all allowed.
+        seccompiler::apply_filter(filter)
+            .map_err(|e| format!("cannot install the seccomp filter: {e}"))?;
+    }
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     let e = nix::unistd::execve(&program, &plan.argv, &plan.envp).unwrap_err();
     Err(format!(
