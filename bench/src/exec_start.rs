@@ -3,6 +3,11 @@
 //! (the same executor without isolation). The difference is what isolation costs:
 //! cgroup creation, namespaces, the chroot's mounts and `pivot_root`, capabilities.
 //!
+//! A second exec plugin of the same build runs with `seccomp = "unconfined"`; the two
+//! exec plugins alternate ABBA (filtered first in even rounds, unconfined first in odd
+//! ones), so that the difference is what the default seccomp filter costs a start:
+//! moving the program to the executor, and installing it in the task.
+//!
 //! Both plugins are the real binaries, driven through the SDK client; each task is
 //! `sleep 1000` and is destroyed (untimed) before the next start. StartTask returns
 //! once the executor reports the task's `exec` done, so the time is StartTask → running.
@@ -104,6 +109,14 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
         &exec_bin,
         root.path(),
         serde_json::json!({ "cgroup_parent": parent }),
+        sleep.clone(),
+    )
+    .await?;
+    let unconfined = launch(
+        "exec-unconfined",
+        &exec_bin,
+        root.path(),
+        serde_json::json!({ "cgroup_parent": parent, "seccomp": "unconfined" }),
         sleep,
     )
     .await?;
@@ -112,15 +125,28 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
     for n in 0..3 {
         rawexec.once(root.path(), 1_000_000 + n).await?;
         exec.once(root.path(), 1_000_000 + n).await?;
+        unconfined.once(root.path(), 1_000_000 + n).await?;
     }
     let mut raw_samples = Vec::with_capacity(iterations);
     let mut exec_samples = Vec::with_capacity(iterations);
+    let mut open_samples = Vec::with_capacity(iterations);
+    let mut pair_diffs = Vec::with_capacity(iterations);
     for n in 0..iterations {
-        // Interleaved, so that load from elsewhere hits both alike.
+        // Interleaved, so that load from elsewhere hits all alike; the two exec
+        // flavours ABBA, so that neither always runs right after rawexec.
         raw_samples.push(rawexec.once(root.path(), n).await?);
-        exec_samples.push(exec.once(root.path(), n).await?);
+        let (with, without) = if n % 2 == 0 {
+            let w = exec.once(root.path(), n).await?;
+            (w, unconfined.once(root.path(), n).await?)
+        } else {
+            let wo = unconfined.once(root.path(), n).await?;
+            (exec.once(root.path(), n).await?, wo)
+        };
+        exec_samples.push(with);
+        open_samples.push(without);
+        pair_diffs.push(with.as_secs_f64() - without.as_secs_f64());
     }
-    for d in [&rawexec, &exec] {
+    for d in [&rawexec, &exec, &unconfined] {
         d.process.shutdown().await;
     }
     for c in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
@@ -128,25 +154,40 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
     }
     let r = stats(raw_samples);
     let e = stats(exec_samples);
+    let o = stats(open_samples);
+    pair_diffs.sort_by(f64::total_cmp);
+    let pair_median = pair_diffs[pair_diffs.len() / 2];
     println!(
         "exec-start benchmark: {iterations} tasks per driver, StartTask -> running (`sleep 1000`)"
     );
     println!(
-        "  rawexec (executor, no isolation): median {}  p99 {}  min {}",
+        "  rawexec (executor, no isolation):                          median {}  p99 {}  min {}",
         ms(r.median),
         ms(r.p99),
         ms(r.min)
     );
     println!(
-        "  exec (namespaces, chroot, cgroup, caps, nobody): median {}  p99 {}  min {}",
+        "  exec (namespaces, chroot, cgroup, caps, nobody, seccomp): median {}  p99 {}  min {}",
         ms(e.median),
         ms(e.p99),
         ms(e.min)
     );
     println!(
+        "  exec, seccomp unconfined (same build):                     median {}  p99 {}  min {}",
+        ms(o.median),
+        ms(o.p99),
+        ms(o.min)
+    );
+    println!(
         "  isolation cost: median {}  p99 {}  (goal: under 10 ms at the median)",
         signed_ms(e.median, r.median),
         signed_ms(e.p99, r.p99)
+    );
+    println!(
+        "  seccomp filter cost: median {} (median of ABBA pair differences {:+.3} ms)  \
+         (goal: at most 1 ms at the median)",
+        signed_ms(e.median, o.median),
+        pair_median * 1000.0
     );
     Ok(())
 }

@@ -63,8 +63,8 @@ enum Bench {
         #[arg(long, default_value = "drover-test/busybox:latest")]
         image: String,
     },
-    /// StartTask -> running of isolated exec tasks against rawexec tasks, interleaved
-    /// in one run (needs root).
+    /// StartTask -> running of isolated exec tasks against rawexec tasks and exec tasks
+    /// without the seccomp filter, interleaved in one run (needs root).
     ExecStart {
         /// Tasks per driver.
         #[arg(long, default_value_t = 200)]

@@ -26,7 +26,7 @@ pub struct TaskConfig {
     #[serde(default)]
     pub args: Vec<String>,
     /// User to run as: a name from the host's `/etc/passwd`, or `uid` / `uid:gid`.
-    /// Default `nobody`.
+    /// Default `nobody`; root only where the plugin's `user_denylist` allows it.
     #[serde(default)]
     pub user: Option<String>,
     /// Capabilities to add to the default set (each must be in the plugin's
@@ -42,7 +42,7 @@ pub struct TaskConfig {
     /// CPU time limit in cores (`0.5`: half a core), enforced by CFS quota.
     #[serde(default)]
     pub cpu_limit: Option<f64>,
-    /// Most processes and threads the task may have at once.
+    /// Most processes and threads the task may have at once (default 1024).
     #[serde(default)]
     pub pids_limit: Option<u64>,
     /// Resource limits by name (`nofile`, `nproc`, `core`, …).

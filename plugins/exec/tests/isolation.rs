@@ -115,7 +115,10 @@ async fn root_tasks_hold_exactly_the_bounding_set_and_cap_add_reaches_nobody() {
     let dir = tempfile::tempdir().unwrap();
     let p = Plugin::launch(
         dir.path(),
-        json!({ "allow_caps": ["chown", "kill", "net_admin", "net_bind_service"] }),
+        json!({
+            "allow_caps": ["chown", "kill", "net_admin", "net_bind_service"],
+            "user_denylist": [],
+        }),
     )
     .await;
     p.start(
@@ -355,7 +358,7 @@ async fn a_root_task_cannot_reach_devices_or_kernel_tunables() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let p = Plugin::launch(dir.path(), json!({})).await;
+    let p = Plugin::launch(dir.path(), json!({ "user_denylist": [] })).await;
     // CAP_MKNOD is in the default set: the node can be made, never opened (nodev);
     // /dev itself takes no new nodes; /proc/sys is read-only; /proc/kcore is empty.
     let script = "mknod /local/mem c 1 1 && echo made; \

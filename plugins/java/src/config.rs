@@ -38,7 +38,8 @@ pub struct TaskConfig {
     /// Arguments for the program.
     #[serde(default)]
     pub args: Vec<String>,
-    /// User to run as (default `nobody`); see the exec driver.
+    /// User to run as (default `nobody`; root only where the plugin's
+    /// `user_denylist` allows it); see the exec driver.
     #[serde(default)]
     pub user: Option<String>,
     /// Capabilities to add (within the plugin's `allow_caps`).
@@ -53,7 +54,7 @@ pub struct TaskConfig {
     /// CPU time limit in cores.
     #[serde(default)]
     pub cpu_limit: Option<f64>,
-    /// Most processes and threads at once (a JVM has dozens of threads).
+    /// Most processes and threads at once (a JVM has dozens of threads; default 1024).
     #[serde(default)]
     pub pids_limit: Option<u64>,
     /// Resource limits by name.

@@ -52,12 +52,18 @@ fn prerequisites() -> bool {
 
 /// `Hello.class` in `<dir>/classes` and `<dir>/app.jar`.
 fn build_jar(dir: &Path) -> PathBuf {
-    std::fs::write(dir.join("Hello.java"), HELLO).unwrap();
+    build_jar_of(dir, "Hello", HELLO)
+}
+
+/// Class `class` from `source`, in `<dir>/classes` and `<dir>/app.jar`.
+fn build_jar_of(dir: &Path, class: &str, source: &str) -> PathBuf {
+    let file = dir.join(format!("{class}.java"));
+    std::fs::write(&file, source).unwrap();
     let classes = dir.join("classes");
     let javac = Command::new("javac")
         .arg("-d")
         .arg(&classes)
-        .arg(dir.join("Hello.java"))
+        .arg(&file)
         .output()
         .unwrap();
     assert!(
@@ -69,7 +75,7 @@ fn build_jar(dir: &Path) -> PathBuf {
     let out = Command::new("jar")
         .args(["--create", "--file"])
         .arg(&jar)
-        .args(["--main-class", "Hello", "-C"])
+        .args(["--main-class", class, "-C"])
         .arg(&classes)
         .arg(".")
         .output()
@@ -104,6 +110,11 @@ struct Java {
 
 impl Java {
     async fn launch(dir: &Path) -> Java {
+        Self::launch_with(dir, json!({})).await
+    }
+
+    /// With plugin config `config` (a `cgroup_parent` is added).
+    async fn launch_with(dir: &Path, mut config: Value) -> Java {
         let process = tokio::time::timeout(
             PROMPT,
             PluginProcess::launch(LaunchOptions::new("java", BIN)),
@@ -118,13 +129,8 @@ impl Java {
         let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
             .with_alloc_dir(dir)
             .with_plugin_state_dir(dir.join("plugin-state"));
-        client
-            .set_config(
-                json!({ "cgroup_parent": format!("/{parent}") }).to_string(),
-                &agent,
-            )
-            .await
-            .unwrap();
+        config["cgroup_parent"] = json!(format!("/{parent}"));
+        client.set_config(config.to_string(), &agent).await.unwrap();
         Java {
             process,
             client,
@@ -305,4 +311,159 @@ async fn the_fingerprint_names_the_jvm() {
         fp.attributes.contains_key("driver.java.cgroup_version"),
         "{fp:?}"
     );
+}
+
+/// The task-escape suite from inside a JVM: the Java program reads its own seccomp
+/// mode, tries `unshare -U`, `unshare -Urn` and `mount` as a task's program would, and
+/// runs the exec tests' probe (`escape.c`: every denied system call class, made
+/// directly), all of it under the filter the JVM inherited; and it starts a thread,
+/// which needs `clone3`'s `ENOSYS` to fall back to `clone`.
+const ESCAPE_JAVA: &str = r#"
+import java.nio.file.*;
+
+public class Escape {
+    static String run(String... cmd) throws Exception {
+        Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+        p.getInputStream().readAllBytes();
+        return p.waitFor() == 0 ? "ok" : "refused";
+    }
+
+    public static void main(String[] args) throws Exception {
+        for (String l : Files.readAllLines(Path.of("/proc/self/status"))) {
+            if (l.startsWith("Seccomp:")) System.out.println(l);
+        }
+        System.out.println("unshare-U=" + run("unshare", "-U", "true"));
+        System.out.println("unshare-Urn=" + run("unshare", "-Urn", "true"));
+        System.out.println("mount=" + run("mount", "-t", "tmpfs", "none", "/tmp"));
+        Thread t = new Thread(() -> System.out.println("thread=ok"));
+        t.start();
+        t.join();
+        Process p = new ProcessBuilder("/local/escape").redirectErrorStream(true).start();
+        System.out.print(new String(p.getInputStream().readAllBytes()));
+        System.out.println("probe-exit=" + p.waitFor());
+    }
+}
+"#;
+
+/// Scenario 4 and the task-escape suite in a java task (see [`ESCAPE_JAVA`]); root
+/// refused by default and allowed with `user_denylist = []`; default memory and pids
+/// limits for a task that gives no resources.
+#[tokio::test]
+async fn a_java_task_cannot_escape_and_gets_default_limits() {
+    if !prerequisites() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let build = dir.path().join("build");
+    std::fs::create_dir(&build).unwrap();
+    let jar = build_jar_of(&build, "Escape", ESCAPE_JAVA);
+    let j = Java::launch(dir.path()).await;
+    let spec = j.spec("escape", json!({ "jar_path": "local/app.jar" }));
+    std::fs::copy(&jar, spec.task_dir.join("local/app.jar")).unwrap();
+    let src = build.join("escape.c");
+    std::fs::write(&src, include_str!("../../exec/tests/escape.c")).unwrap();
+    let cc = Command::new("cc")
+        .args(["-O", "-static", "-o"])
+        .arg(spec.task_dir.join("local/escape"))
+        .arg(&src)
+        .output()
+        .expect("the task-escape suite needs a C compiler (cc)");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    tokio::time::timeout(PROMPT, j.client.start_task(spec))
+        .await
+        .unwrap()
+        .unwrap();
+    // A task without resources: the defaults, in its cgroup, while it runs.
+    let cg = |c: &str, f: &str| {
+        std::fs::read_to_string(
+            Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join(&j.parent)
+                .join("escape")
+                .join(f),
+        )
+        .map(|s| s.trim().to_owned())
+    };
+    let memory = cg("memory", "memory.limit_in_bytes");
+    let pids = cg("pids", "pids.max");
+    let exit = tokio::time::timeout(PROMPT, j.client.wait_task("escape"))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = j.log("escape", "stdout");
+    assert!(
+        exit.successful(),
+        "{exit:?}\nstdout:\n{out}\nstderr:\n{}",
+        j.log("escape", "stderr")
+    );
+    assert_eq!(memory.ok(), Some((300u64 << 20).to_string()));
+    assert_eq!(pids.ok().as_deref(), Some("1024"));
+    let lines: Vec<&str> = out.lines().collect();
+    for want in [
+        "Seccomp:\t2",
+        "unshare-U=refused",
+        "unshare-Urn=refused",
+        "mount=refused",
+        "thread=ok",
+        "done",
+        "probe-exit=0",
+    ] {
+        assert!(lines.contains(&want), "{want} not in:\n{out}");
+    }
+    let mut wrong = Vec::new();
+    let mut probes = 0;
+    for (probe, outcome) in lines.iter().filter_map(|l| l.split_once(' ')) {
+        probes += 1;
+        let want = if probe.starts_with("allowed-") {
+            "ok"
+        } else if probe == "clone3" {
+            "ENOSYS"
+        } else {
+            "EPERM"
+        };
+        if outcome != want {
+            wrong.push(format!("{probe}: {outcome}, expected {want}"));
+        }
+    }
+    assert!(probes > 40, "too few probes:\n{out}");
+    assert!(wrong.is_empty(), "{}\n{out}", wrong.join("\n"));
+
+    // Root: refused by default, naming the option.
+    let spec = j.spec(
+        "rooted",
+        json!({ "jar_path": "local/app.jar", "user": "root" }),
+    );
+    let err = j.client.start_task(spec).await.unwrap_err();
+    assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
+    assert!(err.to_string().contains("user_denylist"), "{err}");
+    drop(j);
+
+    // Allowed with the opt-in, and still under the filter.
+    let dir = tempfile::tempdir().unwrap();
+    let j = Java::launch_with(dir.path(), json!({ "user_denylist": [] })).await;
+    let spec = j.spec(
+        "rooted",
+        json!({ "class": "Hello", "class_path": "local/classes", "args": ["0"], "user": "root" }),
+    );
+    build_jar(&build);
+    copy_dir(&build.join("classes"), &spec.task_dir.join("local/classes"));
+    tokio::time::timeout(PROMPT, j.client.start_task(spec))
+        .await
+        .unwrap()
+        .unwrap();
+    let exit = tokio::time::timeout(PROMPT, j.client.wait_task("rooted"))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = j.log("rooted", "stdout");
+    assert!(
+        exit.successful(),
+        "{exit:?}\n{out}\n{}",
+        j.log("rooted", "stderr")
+    );
+    assert!(out.contains("user=root"), "{out}");
 }

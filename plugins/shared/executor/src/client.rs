@@ -224,9 +224,6 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
 /// the spec.
 fn executor_command(dir: &Path, lock: std::fs::File, task_id: &str) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    if let Some(original) = fd_headroom() {
-        cmd.env(ENV_EXECUTOR_NOFILE, original.to_string());
-    }
     cmd.arg0(format!("{EXECUTOR_ARG0}{task_id}"))
         .env_clear()
         .env(ENV_EXECUTOR_DIR, dir)
@@ -234,6 +231,11 @@ fn executor_command(dir: &Path, lock: std::fs::File, task_id: &str) -> tokio::pr
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(false);
+    // After env_clear(), which drops explicitly set variables too: set before it, the
+    // executor never learnt the original limit and its task kept the plugin's raised one.
+    if let Some(original) = fd_headroom() {
+        cmd.env(ENV_EXECUTOR_NOFILE, original.to_string());
+    }
     cmd
 }
 

@@ -94,8 +94,8 @@ pub mod task;
 pub use client::{ExecutorHandle, launch};
 pub use files::read_exit_file;
 pub use proto::{
-    CapabilitySets, Credentials, ExecutorStatus, ExitInfo, Isolation, LaunchSpec, Mount, MountKind,
-    Namespaces, Rlimit, RlimitResource,
+    BpfInstruction, CapabilitySets, Credentials, ExecutorStatus, ExitInfo, Isolation, LaunchSpec,
+    Mount, MountKind, Namespaces, Rlimit, RlimitResource,
 };
 pub use sandbox::{Sandbox, Sandboxed};
 

@@ -130,6 +130,45 @@ pub struct Isolation {
     /// Set `no_new_privs`: neither setuid binaries nor file capabilities can raise the
     /// task's privileges.
     pub no_new_privs: bool,
+    /// A seccomp filter, installed as the very last step before `exec` (after
+    /// `no_new_privs`, which it implies); `None`: no filter. The plugin builds the
+    /// program once from its policy; the executor installs it as it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<Vec<BpfInstruction>>,
+}
+
+/// One classic BPF instruction of a seccomp filter (`struct sock_filter`), written as
+/// `[code, jt, jf, k]`.
+///
+/// ```
+/// use drover_executor::BpfInstruction;
+/// // BPF_RET | BPF_K, SECCOMP_RET_ALLOW
+/// let allow = BpfInstruction { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 };
+/// assert_eq!(serde_json::to_string(&allow).unwrap(), "[6,0,0,2147418112]");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "(u16, u8, u8, u32)", into = "(u16, u8, u8, u32)")]
+pub struct BpfInstruction {
+    /// Operation.
+    pub code: u16,
+    /// Jump offset if true.
+    pub jt: u8,
+    /// Jump offset if false.
+    pub jf: u8,
+    /// Operand.
+    pub k: u32,
+}
+
+impl From<(u16, u8, u8, u32)> for BpfInstruction {
+    fn from((code, jt, jf, k): (u16, u8, u8, u32)) -> Self {
+        BpfInstruction { code, jt, jf, k }
+    }
+}
+
+impl From<BpfInstruction> for (u16, u8, u8, u32) {
+    fn from(i: BpfInstruction) -> Self {
+        (i.code, i.jt, i.jf, i.k)
+    }
 }
 
 /// Namespaces the task gets. Mount, pid, ipc and uts are what the exec driver always

@@ -14,8 +14,10 @@ use serde::Deserialize;
 ///
 /// ```
 /// let c: drover_isolation::PluginConfig = serde_json::from_str(
-///     r#"{"allow_caps":["chown","net_admin"],"cgroup_parent":"/drover"}"#).unwrap();
+///     r#"{"allow_caps":["chown","net_admin"],"cgroup_parent":"/drover",
+///         "seccomp":"default","seccomp_allow":["ptrace"],"user_denylist":["root"]}"#).unwrap();
 /// assert_eq!(c.allow_caps.unwrap().len(), 2);
+/// assert_eq!(c.seccomp_allow, ["ptrace"]);
 /// assert!(serde_json::from_str::<drover_isolation::PluginConfig>(r#"{"allow_cap":[]}"#).is_err());
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -40,6 +42,20 @@ pub struct PluginConfig {
     /// its own.
     #[serde(default)]
     pub cgroup_parent: Option<String>,
+    /// `default` (the default): every task runs under the default seccomp filter
+    /// (see [`crate::seccomp`]); `unconfined`: no filter.
+    #[serde(default)]
+    pub seccomp: crate::seccomp::Mode,
+    /// System calls the default filter denies that this plugin's tasks may make after
+    /// all (e.g. `ptrace` for debuggers, `unshare` and `clone` for tasks that build
+    /// their own namespaces, `clone3`). A name the filter does not deny is an error.
+    #[serde(default)]
+    pub seccomp_allow: Vec<String>,
+    /// Users tasks may not run as, by name or uid; a task whose user resolves to the
+    /// uid of an entry is refused (`root` also refuses `0`, `0:0` and any other name
+    /// of uid 0). Default `["root"]`; `[]` lets tasks run as root.
+    #[serde(default)]
+    pub user_denylist: Option<Vec<String>>,
 }
 
 /// Network of a task.
@@ -82,7 +98,8 @@ pub struct IsolationConfig {
     pub network_mode: NetworkMode,
     /// CPU time limit in cores (`0.5`: half a core), enforced by CFS quota.
     pub cpu_limit: Option<f64>,
-    /// Most processes and threads the task may have at once.
+    /// Most processes and threads the task may have at once (default
+    /// [`crate::engine::DEFAULT_PIDS_LIMIT`]).
     pub pids_limit: Option<u64>,
     /// Resource limits by name (`nofile`, `nproc`, `core`, …).
     pub rlimits: BTreeMap<String, RlimitConfig>,

@@ -27,6 +27,7 @@ use crate::cgroup::{self, Limits, TaskCgroup, Version};
 use crate::config::{IsolationConfig, NetworkMode, PluginConfig};
 use crate::handle::{HandleState, Task};
 use crate::rootfs::{ChrootEnv, TaskRoot};
+use crate::seccomp::Policy;
 use crate::store::Store;
 use crate::{probe, user};
 
@@ -36,6 +37,16 @@ pub const HANDLE_VERSION: u32 = 1;
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Default parent of task cgroups.
 pub const DEFAULT_CGROUP_PARENT: &str = "/drover";
+/// Memory limit of a task whose `resources` give none (Nomad's default task memory).
+pub const DEFAULT_MEMORY_MB: u64 = 300;
+/// CPU shares of a task whose `resources` give none (Nomad's default 100 MHz is 100
+/// shares in its exec driver).
+pub const DEFAULT_CPU_SHARES: u64 = 100;
+/// Pids limit of a task whose config gives none: room for a JVM's threads or a busy
+/// shell pipeline, not for a fork bomb.
+pub const DEFAULT_PIDS_LIMIT: u64 = 1024;
+/// Who tasks may not run as unless the plugin config says otherwise.
+pub const DEFAULT_USER_DENYLIST: [&str; 1] = ["root"];
 
 /// How often the cgroup of a task without executor is checked for its end.
 const ORPHAN_POLL: Duration = Duration::from_millis(200);
@@ -105,6 +116,23 @@ struct Settings {
     chroot: ChrootEnv,
     cgroup_parent: String,
     version: Version,
+    seccomp: Policy,
+    /// `user_denylist` entries and the uid each resolved to.
+    denied_users: Vec<(String, u32)>,
+}
+
+/// Resolve `user_denylist` (default: root) to uids, once, at SetConfig.
+fn denied_users(list: Option<&[String]>) -> Result<Vec<(String, u32)>, DriverError> {
+    let default: Vec<String> = DEFAULT_USER_DENYLIST.map(String::from).to_vec();
+    list.unwrap_or(&default)
+        .iter()
+        .map(|entry| {
+            let creds = user::resolve(entry).map_err(|e| {
+                DriverError::InvalidConfig(format!("user_denylist: entry {entry:?}: {e}"))
+            })?;
+            Ok((entry.clone(), creds.uid))
+        })
+        .collect()
 }
 
 /// A task driver that contains every task: mount, pid, ipc and uts namespaces
@@ -222,6 +250,8 @@ mod task_dir_tests {
     }
 }
 
+/// The cgroup limits of a task: its `resources` and config, with defaults where they
+/// say nothing, so that no isolated task runs without a memory and a pids limit.
 fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Limits {
     let mib = |m: i64| u64::try_from(m).ok().filter(|m| *m > 0).map(|m| m << 20);
     let (max, reserved) = (
@@ -229,13 +259,16 @@ fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Limits {
         mib(spec.resources.memory_mb),
     );
     Limits {
-        memory: max.or(reserved),
+        memory: Some(max.or(reserved).unwrap_or(DEFAULT_MEMORY_MB << 20)),
         memory_soft: max.and(reserved).filter(|r| Some(*r) < max),
-        cpu_shares: u64::try_from(spec.resources.cpu_shares)
-            .ok()
-            .filter(|s| *s > 0),
+        cpu_shares: Some(
+            u64::try_from(spec.resources.cpu_shares)
+                .ok()
+                .filter(|s| *s > 0)
+                .unwrap_or(DEFAULT_CPU_SHARES),
+        ),
         cpu_cores: iso.cpu_limit,
-        pids: iso.pids_limit,
+        pids: Some(iso.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT)),
     }
 }
 
@@ -266,6 +299,11 @@ impl<F: Flavor> IsolatedDriver<F> {
                 chroot: ChrootEnv::default_list(),
                 cgroup_parent: DEFAULT_CGROUP_PARENT.to_owned(),
                 version: Version::detect(),
+                seccomp: Policy::default(),
+                denied_users: DEFAULT_USER_DENYLIST
+                    .iter()
+                    .map(|u| ((*u).to_owned(), 0))
+                    .collect(),
             })),
         }
     }
@@ -385,6 +423,14 @@ impl<F: Flavor> IsolatedDriver<F> {
             .or((!spec.user.is_empty()).then_some(spec.user.as_str()))
             .unwrap_or(user::DEFAULT_USER);
         let creds = user::resolve(name)?;
+        if let Some((entry, uid)) = settings.denied_users.iter().find(|(_, u)| *u == creds.uid) {
+            return Err(DriverError::InvalidConfig(format!(
+                "user {name:?} (uid {uid}) is refused by the {} plugin's user_denylist (entry \
+                 {entry:?}); run the task as another user, or take {entry:?} out of \
+                 user_denylist in the plugin's config",
+                F::NAME
+            )));
+        }
         if spec.task_dir.as_os_str().is_empty() {
             return Err(DriverError::InvalidConfig(format!(
                 "{} builds each task's root in its task directory, and this task has none",
@@ -434,6 +480,11 @@ impl<F: Flavor> IsolatedDriver<F> {
             );
         }
         let lim = limits(&spec, &iso);
+        let limits_shown = format!(
+            "memory {} MiB, pids {}",
+            lim.memory.unwrap_or(0) >> 20,
+            lim.pids.unwrap_or(0)
+        );
         let created = cg.clone();
         blocking(move || created.create(&lim))
             .await?
@@ -454,6 +505,7 @@ impl<F: Flavor> IsolatedDriver<F> {
         isolation.credentials = Some(creds);
         isolation.capabilities = Some(capabilities);
         isolation.no_new_privs = true;
+        isolation.seccomp = settings.seccomp.program().cloned();
         let mut how = LaunchSpec::new(spec.id.clone(), cmd.program);
         how.args = cmd.args;
         how.env = env;
@@ -494,8 +546,14 @@ impl<F: Flavor> IsolatedDriver<F> {
         self.event(
             &spec.id,
             format!(
-                "task started (init pid {}, cgroup {}, user {name})",
-                state.pid, state.cgroup_path
+                "task started (init pid {}, cgroup {}, user {name}, {limits_shown}, seccomp {})",
+                state.pid,
+                state.cgroup_path,
+                if settings.seccomp.program().is_some() {
+                    "default"
+                } else {
+                    "unconfined"
+                }
             ),
         );
         TaskHandle::new(spec, HANDLE_VERSION, &state)
@@ -615,6 +673,8 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
                  root, like /drover"
             )));
         }
+        let seccomp = Policy::new(config.seccomp, &config.seccomp_allow)?;
+        let denied_users = denied_users(config.user_denylist.as_deref())?;
         let state_dir = executor::state_dir(&agent.plugin_state_dir, F::NAME);
         executor::prepare_state_dir(&state_dir)?;
         *self
@@ -626,6 +686,8 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
             chroot,
             cgroup_parent,
             version: Version::detect(),
+            seccomp,
+            denied_users,
         });
         Ok(())
     }
@@ -848,7 +910,12 @@ mod tests {
     fn memory_limits_from_resources() {
         let mut spec = TaskSpec::default();
         let iso = IsolationConfig::default();
-        assert_eq!(limits(&spec, &iso), Limits::default());
+        // Nothing given: the defaults, never "unlimited".
+        let l = limits(&spec, &iso);
+        assert_eq!(l.memory, Some(DEFAULT_MEMORY_MB << 20));
+        assert_eq!(l.cpu_shares, Some(DEFAULT_CPU_SHARES));
+        assert_eq!(l.pids, Some(DEFAULT_PIDS_LIMIT));
+        assert_eq!(l.memory_soft, None);
         spec.resources.memory_mb = 64;
         assert_eq!(limits(&spec, &iso).memory, Some(64 << 20));
         spec.resources.memory_max_mb = 128;

@@ -14,7 +14,13 @@
 //!   the task's executor is gone;
 //! - capabilities: a bounding set from a default allowlist, `cap_add` checked against
 //!   the plugin's `allow_caps`, `cap_drop`; `no_new_privs` always;
-//! - a user (default `nobody`) and rlimits.
+//! - a seccomp filter in the spirit of Docker's default profile ([`seccomp`]),
+//!   installed last, right before `exec`; relaxable per plugin (`seccomp`,
+//!   `seccomp_allow`);
+//! - a user (default `nobody`; root only where the plugin's `user_denylist` allows
+//!   it) and rlimits;
+//! - default resources for a task that gives none: 300 MiB of memory, 100 CPU
+//!   shares, 1024 pids ([`engine::DEFAULT_MEMORY_MB`] and neighbours).
 //!
 //! Each task is owned by an executor process (`drover-executor`), which applies the
 //! isolation between fork and exec through [`LinuxSandbox`] and runs a small init as
@@ -31,6 +37,7 @@ mod handle;
 mod probe;
 pub mod rootfs;
 mod sandbox;
+pub mod seccomp;
 mod store;
 pub mod user;
 

@@ -5,7 +5,8 @@
 //! ```text
 //! executor ──fork──▶ init (pid 1 of the task's pid namespace, executor code)
 //!                      │ joins cgroups, unshares namespaces, builds the root
-//!                      └──fork──▶ task: rlimits, capabilities, ids, no_new_privs, exec
+//!                      └──fork──▶ task: rlimits, capabilities, ids, no_new_privs,
+//!                                 seccomp, exec
 //! ```
 //!
 //! The executor is single-threaded, so after `fork` both children may run ordinary
@@ -51,7 +52,8 @@ const DEV_LINKS: [(&str, &str); 4] = [
 ];
 
 /// Namespaces, a `pivot_root` into a root of bind mounts, cgroups, capabilities,
-/// `no_new_privs`, a user and rlimits, applied between fork and exec by the executor.
+/// `no_new_privs`, a user, rlimits and a seccomp filter, applied between fork and exec
+/// by the executor.
 ///
 /// ```no_run
 /// // In the main of a driver whose tasks are isolated, before anything else:
@@ -85,6 +87,8 @@ struct Plan<'a> {
     /// Directories searched for a bare command name, inside the task's root.
     path: Vec<PathBuf>,
     cwd: &'a Path,
+    /// The seccomp filter, converted once, before any fork.
+    seccomp: Option<Vec<seccompiler::sock_filter>>,
 }
 
 /// The children's ends of the pipes.
@@ -178,6 +182,7 @@ impl<'a> Plan<'a> {
             envp,
             path,
             cwd: &spec.cwd,
+            seccomp: iso.seccomp.as_deref().map(crate::seccomp::to_sock_filters),
         })
     }
 }
@@ -505,13 +510,16 @@ fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
                 format_args!("cannot bind {} at {shown}", m.source.display()),
             ))?;
             // Never setuid binaries or device nodes through a bind: a task with
-            // CAP_MKNOD could otherwise make a node for a host disk in /local.
-            let mut flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+            // CAP_MKNOD could otherwise make a node for a host disk in /local. On every
+            // mount of the tree: a remount would change the top one only, and a host
+            // mount below a read-only path (say a writable disk under /usr) would stay
+            // writable.
+            let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
             if m.read_only {
-                flags |= MountFlags::RDONLY;
+                attrs |= MOUNT_ATTR_RDONLY;
             }
-            rustix::mount::mount_remount(target, flags, "").map_err(errno_step(format_args!(
-                "cannot restrict the mount at {shown}"
+            set_tree_attrs(target, attrs).map_err(errno_step(format_args!(
+                "cannot restrict the mounts at {shown}"
             )))
         }
         MountKind::Proc => {
@@ -539,6 +547,50 @@ fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
         }
         MountKind::Dev => mount_dev(target, &shown.to_string()),
     }
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+/// `struct mount_attr` of `mount_setattr(2)` (its first version, 32 bytes).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Set `attrs` (`MOUNT_ATTR_*`) on the mount at `target` and every mount below it:
+/// `mount_setattr(2)` with `AT_RECURSIVE` (Linux 5.12), which rustix does not wrap.
+#[allow(unsafe_code)]
+fn set_tree_attrs(target: &Path, attrs: u64) -> Result<(), rustix::io::Errno> {
+    let path = CString::new(target.as_os_str().as_bytes()).map_err(|_| rustix::io::Errno::INVAL)?;
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: the path is NUL-terminated and `attr` is a valid mount_attr of the size
+    // passed; both outlive the call, and the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            (libc::AT_RECURSIVE | libc::AT_SYMLINK_NOFOLLOW) as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(rustix::io::Errno::from_raw_os_error(
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        ));
+    }
+    Ok(())
 }
 
 fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
@@ -767,6 +819,13 @@ fn task_setup(plan: &Plan<'_>, fds: &ChildFds) -> Result<std::convert::Infallibl
     #[allow(unsafe_code)]
     let _ =
         unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
+    if let Some(filter) = &plan.seccomp {
+        // Last, so that no step above runs under it (the capability and mount calls
+        // would be refused); the calls left (sigprocmask, execve, and the error report
+        // if exec fails) are all allowed.
+        seccompiler::apply_filter(filter)
+            .map_err(|e| format!("cannot install the seccomp filter: {e}"))?;
+    }
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     let e = nix::unistd::execve(&program, &plan.argv, &plan.envp).unwrap_err();
     Err(format!(
