@@ -82,6 +82,7 @@ use sha2::Digest as _;
 
 use drover_plugin_sdk::DriverError;
 
+pub mod cgroup;
 mod client;
 mod daemon;
 mod files;
