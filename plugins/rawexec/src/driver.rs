@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use drover_executor::cgroup;
 use drover_executor::task::{self, Watched};
 use drover_executor::{self as executor, ExecutorHandle, LaunchSpec};
 use drover_plugin_sdk::store::TaskEvents;
@@ -35,6 +36,9 @@ pub struct RawExecDriver {
     events: TaskEvents,
     /// Where executors live: `<plugin_state_dir>/rawexec` once SetConfig came.
     state_dir: Mutex<PathBuf>,
+    /// The cgroup hierarchy tasks get a cgroup of their own in; `None` where the host
+    /// has none we can use (then a task is its process group, which `setsid` leaves).
+    cgroups: Option<cgroup::Version>,
 }
 
 impl Default for RawExecDriver {
@@ -50,6 +54,7 @@ impl RawExecDriver {
             store: Store::default(),
             events: TaskEvents::default(),
             state_dir: Mutex::new(executor::state_dir(Path::new(""), PLUGIN_NAME)),
+            cgroups: cgroup::plain_support(),
         }
     }
 
@@ -65,24 +70,52 @@ impl RawExecDriver {
     }
 
     /// Follow `task` until it exits: a `wait` held open on its executor. If the
-    /// executor dies without a result, the task's end is unknown: say so.
+    /// executor dies without a result, what is left of the task is killed (see
+    /// [`kill_lost`]) before its end, whose status is unknown, is reported.
     fn watch(&self, task: Arc<Task>) {
         let events = self.events.clone();
         tokio::spawn(async move {
             let exit = match task::watch(&task.base, &task.exec, &events).await {
                 Watched::Exited(exit) => exit,
                 Watched::Recorded => return,
-                Watched::ExecutorLost(error) => {
-                    let info = task.exec.info();
-                    task::unknown_exit(format!(
-                        "lost the task's executor (pid {}), its exit status is unknown and \
-                         its process group {} may still run: {error}",
-                        info.executor_pid, info.pgid
-                    ))
-                }
+                Watched::ExecutorLost(error) => match kill_lost(&task, &events, &error).await {
+                    Some(exit) => exit,
+                    None => return,
+                },
             };
             task.base.record_exit(&events, exit);
         });
+    }
+
+    /// Kill what is left of a task whose executor in `dir` died without a result,
+    /// found at recovery: its cgroup, else its main process proven by the handle's
+    /// pid and start time. An error while a copy may still run.
+    async fn kill_unrecoverable(
+        &self,
+        handle: &TaskHandle,
+        dir: &Path,
+    ) -> Result<String, DriverError> {
+        let state = (handle.version == HANDLE_VERSION && !handle.driver_state.is_empty())
+            .then(|| handle.decode_state::<HandleState>(HANDLE_VERSION).ok())
+            .flatten();
+        match state {
+            Some(s) => {
+                drover_executor::lost::kill_lost_task_async(dir, s.pid, s.pgid, s.start_time).await
+            }
+            None => {
+                // No handle: only the cgroup can prove which processes are the task's.
+                let d = dir.to_owned();
+                let done = tokio::task::spawn_blocking(move || {
+                    drover_executor::lost::empty_plain_cgroup(&d)
+                })
+                .await
+                .map_err(DriverError::internal)?
+                .map_err(DriverError::Internal)?;
+                Ok(done.unwrap_or_else(|| {
+                    "no cgroup and no handle tell which processes were the task's".into()
+                }))
+            }
+        }
     }
 
     /// The executor directory a recovery handle points at.
@@ -109,6 +142,47 @@ impl RawExecDriver {
                 "task {id} has a handle of version {v}; this rawexec ({PLUGIN_VERSION}) knows \
                  versions 1 and {HANDLE_VERSION}"
             ))),
+        }
+    }
+}
+
+/// The executor of `task` died without reporting its end: kill what is left of the
+/// task, proven to be it (its cgroup, else pidfd and start time), and only then return
+/// its (unknown) end. Until the kill succeeds the task stays running: reporting its
+/// end would let the host's restart policy start a second copy beside the first.
+/// `None` if someone else recorded the end meanwhile.
+async fn kill_lost(
+    task: &Task,
+    events: &TaskEvents,
+    error: &DriverError,
+) -> Option<drover_executor::ExitInfo> {
+    let executor_pid = task.exec.info().executor_pid;
+    let mut warned = false;
+    loop {
+        if !task.base.running() {
+            return None;
+        }
+        match task.exec.kill_lost_task().await {
+            Ok(done) => {
+                return Some(task::unknown_exit(format!(
+                    "lost the task's executor (pid {executor_pid}: {error}), so its exit \
+                     status is unknown; {done}"
+                )));
+            }
+            Err(e) => {
+                if !warned {
+                    events.send(
+                        &task.base.id,
+                        format!(
+                            "lost the task's executor (pid {executor_pid}), and cannot kill \
+                             what is left of the task yet: {e}; retrying, and the task is not \
+                             reported ended while a copy of it may run"
+                        ),
+                    );
+                    warned = true;
+                }
+                tokio::time::sleep(task::WATCH_RETRY).await;
+            }
         }
     }
 }
@@ -144,7 +218,12 @@ impl DriverPlugin for RawExecDriver {
     }
 
     async fn fingerprint(&self) -> Fingerprint {
-        Fingerprint::healthy("ready").attribute("driver.rawexec.version", PLUGIN_VERSION)
+        Fingerprint::healthy("ready")
+            .attribute("driver.rawexec.version", PLUGIN_VERSION)
+            .attribute(
+                "driver.rawexec.cgroup",
+                self.cgroups.map_or("none", cgroup::Version::name),
+            )
     }
 
     async fn start_task(
@@ -169,6 +248,7 @@ impl DriverPlugin for RawExecDriver {
         how.stdout_path = spec.stdout_path.clone();
         how.stderr_path = spec.stderr_path.clone();
         how.logs = spec.logs;
+        how.own_cgroup = self.cgroups.is_some();
         let exec = executor::launch(&self.state_dir(), &how).await?;
         let task = Arc::new(Task::new(spec.id.clone(), spec.name.clone(), exec, launch));
         let state = task.handle_state();
@@ -231,7 +311,18 @@ impl DriverPlugin for RawExecDriver {
         }
         let dir = self.recovery_dir(&handle)?;
         let reservation = self.store.reserve(&id)?;
-        let exec = ExecutorHandle::connect(&dir).await?;
+        let exec = match ExecutorHandle::connect(&dir).await {
+            Ok(exec) => exec,
+            Err(DriverError::NotFound(why)) if dir.exists() => {
+                // The executor died without a result while the host was away: the task
+                // may run on, unmanaged. Kill it (by proof) before saying it is gone,
+                // so that nothing starts it again beside a running copy.
+                let done = self.kill_unrecoverable(&handle, &dir).await?;
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(DriverError::NotFound(format!("{why}; {done}")));
+            }
+            Err(e) => return Err(e),
+        };
         if exec.info().task_id != id {
             return Err(DriverError::InvalidConfig(format!(
                 "the executor in {} runs task {:?}, not {id:?}",

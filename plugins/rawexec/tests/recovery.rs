@@ -374,9 +374,29 @@ async fn executors_are_small() {
 }
 
 #[tokio::test]
-async fn a_killed_executor_is_reported_not_waited_for_forever() {
+async fn a_killed_executor_is_reported_only_once_its_task_is_killed() {
     let (_dir, p) = setup().await;
-    let (_, pid) = p.start("unowned", sleeper()).await;
+    // The task has a child in a session of its own, which its process group misses.
+    let (_, pid) = p
+        .start(
+            "unowned",
+            sh("setsid sleep 1000 & echo child $!; exec sleep 1000"),
+        )
+        .await;
+    let child: u32 = within(PROMPT, "the child's pid", async {
+        loop {
+            if let Some(pid) = p
+                .stdout("unowned")
+                .lines()
+                .find_map(|l| l.strip_prefix("child ")?.trim().parse().ok())
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    p.track(child);
     let executor = p.executor_pid("unowned").await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(executor as i32),
@@ -384,19 +404,59 @@ async fn a_killed_executor_is_reported_not_waited_for_forever() {
     )
     .unwrap();
     let result = p.wait("unowned").await;
-    let err = result.err.unwrap_or_default();
+    // Reported ended only once nothing of it runs: a restart cannot make a second copy.
     assert!(
-        err.contains("lost the task's executor") && err.contains(&format!("group {pid}")),
-        "{err}"
+        !alive(pid),
+        "the task {pid} still runs after its end was reported"
     );
+    let err = result.err.unwrap_or_default();
+    assert!(err.contains("lost the task's executor"), "{err}");
+    if drover_executor::cgroup::plain_support().is_some() {
+        assert!(err.contains("killed every process in its cgroup"), "{err}");
+        assert!(!alive(child), "the setsid child {child} survived: {err}");
+    } else {
+        assert!(err.contains(&format!("killed its process {pid}")), "{err}");
+    }
     assert_eq!(
         p.client.inspect_task("unowned").await.unwrap().state,
         TaskState::Exited
     );
-    // The orphaned task is left alone (it is not proven to be ours any more); the
-    // test's cleanup kills it.
-    assert!(alive(pid));
+    p.client.destroy_task("unowned", false).await.unwrap();
     p.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_task_whose_executor_died_while_the_plugin_was_down_is_killed_not_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let (handle, pid) = first.start("unowned", sleeper()).await;
+    let executor = first.executor_pid("unowned").await;
+    crash(&first).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drover_test_support::until(PROMPT, "the executor is gone", || !alive(executor)).await;
+    assert!(alive(pid), "the task died with its executor");
+
+    let second = Plugin::launch(dir.path()).await;
+    let err = within(
+        PROMPT,
+        "recover",
+        second.client.recover_task(handle.clone()),
+    )
+    .await
+    .unwrap_err();
+    // NotFound: the host records the task lost (and does not restart it), and nothing
+    // of it runs any more.
+    assert!(
+        matches!(&err, DriverError::NotFound(m) if m.contains("killed")),
+        "{err:?}"
+    );
+    assert!(!alive(pid), "the unmanaged task {pid} still runs: {err:?}");
+    assert!(!executor_dir(&handle).exists());
+    second.shutdown().await;
 }
 
 #[tokio::test]

@@ -185,6 +185,19 @@ impl Drop for Plugin {
                 Signal::SIGKILL,
             );
         }
+        // Executors killed above leave their tasks' cgroups behind (a driver's destroy
+        // would remove them): empty and remove those of this test's executors.
+        let executors = state_dir(&self.dir).join("rawexec");
+        if let (Some(version), Ok(dirs)) = (
+            drover_executor::cgroup::plain_support(),
+            std::fs::read_dir(&executors),
+        ) {
+            for dir in dirs.flatten() {
+                let path = drover_executor::cgroup::plain_path(&dir.path());
+                let cg = drover_executor::cgroup::open_plain(version, &path);
+                let _ = drover_executor::cgroup::empty_and_remove(&*cg, Duration::from_secs(5));
+            }
+        }
     }
 }
 

@@ -86,6 +86,7 @@ pub mod cgroup;
 mod client;
 mod daemon;
 mod files;
+pub mod lost;
 pub mod procfs;
 mod proto;
 pub mod sandbox;
