@@ -1,6 +1,7 @@
 //! The rawexec driver: the [`DriverPlugin`] impl.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -39,6 +40,8 @@ pub struct RawExecDriver {
     /// The cgroup hierarchy tasks get a cgroup of their own in; `None` where the host
     /// has none we can use (then a task is its process group, which `setsid` leaves).
     cgroups: Option<cgroup::Version>,
+    /// `no_cgroups` from the plugin config.
+    no_cgroups: AtomicBool,
 }
 
 impl Default for RawExecDriver {
@@ -55,11 +58,18 @@ impl RawExecDriver {
             events: TaskEvents::default(),
             state_dir: Mutex::new(executor::state_dir(Path::new(""), PLUGIN_NAME)),
             cgroups: cgroup::plain_support(),
+            no_cgroups: AtomicBool::new(false),
         }
     }
 
     fn event(&self, task_id: &str, message: String) {
         self.events.send(task_id, message);
+    }
+
+    /// The hierarchy new tasks get their own cgroup in, if any.
+    fn task_cgroups(&self) -> Option<cgroup::Version> {
+        self.cgroups
+            .filter(|_| !self.no_cgroups.load(Ordering::SeqCst))
     }
 
     fn state_dir(&self) -> PathBuf {
@@ -207,7 +217,8 @@ impl DriverPlugin for RawExecDriver {
             .with_network_modes(NetworkModes::default().with_host(true))
     }
 
-    async fn set_config(&self, _config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
+    async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
+        self.no_cgroups.store(config.no_cgroups, Ordering::SeqCst);
         let dir = executor::state_dir(&agent.plugin_state_dir, PLUGIN_NAME);
         executor::prepare_state_dir(&dir)?;
         *self
@@ -222,7 +233,7 @@ impl DriverPlugin for RawExecDriver {
             .attribute("driver.rawexec.version", PLUGIN_VERSION)
             .attribute(
                 "driver.rawexec.cgroup",
-                self.cgroups.map_or("none", cgroup::Version::name),
+                self.task_cgroups().map_or("none", cgroup::Version::name),
             )
     }
 
@@ -248,7 +259,7 @@ impl DriverPlugin for RawExecDriver {
         how.stdout_path = spec.stdout_path.clone();
         how.stderr_path = spec.stderr_path.clone();
         how.logs = spec.logs;
-        how.own_cgroup = self.cgroups.is_some();
+        how.own_cgroup = self.task_cgroups().is_some();
         let exec = executor::launch(&self.state_dir(), &how).await?;
         let task = Arc::new(Task::new(spec.id.clone(), spec.name.clone(), exec, launch));
         let state = task.handle_state();
