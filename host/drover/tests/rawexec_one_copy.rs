@@ -19,6 +19,16 @@ use drover_test_support::until_blocking;
 use common::rawexec_agent as agent;
 
 const LIMIT: Duration = Duration::from_secs(20);
+
+/// These tests are about what a task's own cgroup guarantees: a host without one for
+/// rawexec fails them with this message rather than with a confusing assertion.
+fn needs_cgroups() {
+    assert!(
+        drover_executor::cgroup::plain_support().is_some(),
+        "this host offers rawexec no cgroups (a mounted v1 freezer or a writable v2 \
+         hierarchy), which these tests need"
+    );
+}
 const POLL: Duration = Duration::from_millis(20);
 
 /// pids, one a line, that a task script appended to `file`.
@@ -28,6 +38,23 @@ fn pids_in(file: &Path) -> Vec<u32> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect()
+}
+
+/// The rawexec task cgroup `pid` is in (its path below the hierarchy root), if any.
+fn task_cgroup(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    text.lines().find_map(|l| {
+        let path = l.splitn(3, ':').nth(2)?;
+        path.contains("drover-plain/")
+            .then(|| path.trim_start_matches('/').to_owned())
+    })
+}
+
+/// Whether the task cgroup `path` (None: the task had none, a failure) is gone.
+fn cgroup_gone(path: &Option<String>) -> bool {
+    let path = path.as_deref().expect("the task was in a task cgroup");
+    let version = drover_executor::cgroup::plain_support().expect("cgroups");
+    !drover_executor::cgroup::open_plain(version, path).exists()
 }
 
 fn run(agent: &Agent, script: &str, extra: &[&str]) -> String {
@@ -68,6 +95,7 @@ fn counting_task(dir: &Path) -> String {
 
 #[test]
 fn a_killed_executor_never_leaves_two_copies_and_destroy_force_leaves_none() {
+    needs_cgroups();
     let (root, agent) = agent();
     let dir = root.path().join("marks");
     std::fs::create_dir(&dir).unwrap();
@@ -143,6 +171,7 @@ fn a_killed_executor_never_leaves_two_copies_and_destroy_force_leaves_none() {
 
 #[test]
 fn destroy_force_after_a_killed_executor_leaves_no_process_of_the_task() {
+    needs_cgroups();
     let (root, agent) = agent();
     let dir = root.path().join("marks");
     std::fs::create_dir(&dir).unwrap();
@@ -175,6 +204,7 @@ fn destroy_force_after_a_killed_executor_leaves_no_process_of_the_task() {
 
 #[test]
 fn a_setsid_child_does_not_survive_task_stop() {
+    needs_cgroups();
     let (root, agent) = agent();
     let child = root.path().join("child");
     let id = run(
@@ -192,6 +222,7 @@ fn a_setsid_child_does_not_survive_task_stop() {
     // It left the task's process group (and session): a signal to the group misses it.
     let info = drover_test_support::procs::stat(pid).expect("the child runs");
     assert_eq!(info.pgid, pid, "the child did not call setsid: {info:?}");
+    let cgroup = task_cgroup(pid);
     cli_ok(&agent, &["task", "stop", &id]);
     until_blocking(
         Duration::from_secs(5),
@@ -199,10 +230,18 @@ fn a_setsid_child_does_not_survive_task_stop() {
         "the setsid child is gone after task stop",
         || !alive(pid),
     );
+    // Nothing of the task is left, so neither is its cgroup.
+    until_blocking(
+        Duration::from_secs(5),
+        POLL,
+        "the task's cgroup is removed",
+        || cgroup_gone(&cgroup),
+    );
 }
 
 #[test]
 fn a_setsid_child_does_not_survive_task_destroy() {
+    needs_cgroups();
     let (root, agent) = agent();
     let child = root.path().join("child");
     // The task exits at once, leaving its setsid child behind.
@@ -215,6 +254,7 @@ fn a_setsid_child_does_not_survive_task_destroy() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let pid = pids_in(&child)[0];
     assert!(alive(pid), "the setsid child did not outlive its task");
+    let cgroup = task_cgroup(pid);
     cli_ok(&agent, &["task", "destroy", &id]);
     until_blocking(
         Duration::from_secs(5),
@@ -222,10 +262,12 @@ fn a_setsid_child_does_not_survive_task_destroy() {
         "the setsid child is gone after task destroy",
         || !alive(pid),
     );
+    assert!(cgroup_gone(&cgroup), "destroy left the cgroup {cgroup:?}");
 }
 
 #[test]
 fn a_running_task_with_a_setsid_child_leaves_nothing_after_destroy_force() {
+    needs_cgroups();
     let (root, agent) = agent();
     let child = root.path().join("child");
     let id = run(

@@ -114,6 +114,9 @@ impl RawExecDriver {
             }
             None => {
                 // No handle: only the cgroup can prove which processes are the task's.
+                if drover_executor::lost::nothing_can_run(dir) {
+                    return Ok("nothing of the task runs (its executor died before starting it, or its cgroup is gone)".into());
+                }
                 let d = dir.to_owned();
                 let done = tokio::task::spawn_blocking(move || {
                     drover_executor::lost::empty_plain_cgroup(&d)
@@ -121,9 +124,19 @@ impl RawExecDriver {
                 .await
                 .map_err(DriverError::internal)?
                 .map_err(DriverError::Internal)?;
-                Ok(done.unwrap_or_else(|| {
-                    "no cgroup and no handle tell which processes were the task's".into()
-                }))
+                // Without either, nothing tells which processes were the task's: keep
+                // the directory and say so (the host keeps the task and retries, rather
+                // than start it again beside a copy that may run).
+                done.ok_or_else(|| {
+                    DriverError::FailedPrecondition(format!(
+                        "the executor of task {} died without a result, and neither a cgroup \
+                         nor a task handle tells which processes were the task's, so it may \
+                         still run: find and kill them (their working directory is the task \
+                         directory), then remove {}",
+                        handle.spec.id,
+                        dir.display()
+                    ))
+                })
             }
         }
     }

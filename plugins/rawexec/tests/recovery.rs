@@ -681,3 +681,70 @@ async fn executors_are_named_apart_from_plugins_and_survive_sigterm() {
     assert_eq!(p.wait("named").await.signal, 15);
     p.shutdown().await;
 }
+
+/// The cgroup lines of `/proc/<pid>/cgroup` that name a rawexec task cgroup.
+fn task_cgroup_lines(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("drover-plain/"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn tasks_get_a_cgroup_of_their_own_unless_no_cgroups_is_set() {
+    if drover_executor::cgroup::plain_support().is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs cgroups (a mounted v1 freezer or a writable v2 hierarchy)"
+        );
+        eprintln!("skipped: this host offers rawexec no cgroups");
+        return;
+    }
+    let (_dir, p) = setup().await;
+    let (handle, pid) = p.start("grouped", sleeper()).await;
+    let lines = task_cgroup_lines(pid);
+    let expected = drover_executor::cgroup::plain_path(&executor_dir(&handle));
+    assert!(
+        lines.iter().any(|l| l.ends_with(&format!(":/{expected}"))),
+        "task {pid} is not in {expected}: {lines:?}"
+    );
+    p.client.destroy_task("grouped", true).await.unwrap();
+    let version = drover_executor::cgroup::plain_support().unwrap();
+    assert!(
+        !drover_executor::cgroup::open_plain(version, &expected).exists(),
+        "destroy left the cgroup {expected}"
+    );
+    p.shutdown().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch_with(dir.path(), r#"{"no_cgroups":true}"#).await;
+    let (_, pid) = p.start("plain", sleeper()).await;
+    assert_eq!(task_cgroup_lines(pid), Vec::<String>::new());
+    p.client.destroy_task("plain", true).await.unwrap();
+    p.shutdown().await;
+
+    // A misspelt option is refused by name.
+    let process = within(
+        PROMPT,
+        "launch",
+        drover_plugin_sdk::client::PluginProcess::launch(
+            drover_plugin_sdk::client::LaunchOptions::new("rawexec", BIN),
+        ),
+    )
+    .await
+    .unwrap();
+    let agent = drover_plugin_sdk::AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
+        .with_plugin_state_dir(state_dir(dir.path()));
+    let err = process
+        .client()
+        .set_config(r#"{"no_cgroup":true}"#.into(), &agent)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::InvalidConfig(m) if m.contains("no_cgroup")),
+        "{err:?}"
+    );
+    process.shutdown().await;
+}

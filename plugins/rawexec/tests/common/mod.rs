@@ -36,6 +36,11 @@ pub fn state_dir(dir: &Path) -> PathBuf {
 
 impl Plugin {
     pub async fn launch(dir: &Path) -> Plugin {
+        Self::launch_with(dir, "{}").await
+    }
+
+    /// [`Self::launch`] with plugin config `config` (JSON).
+    pub async fn launch_with(dir: &Path, config: &str) -> Plugin {
         let process = within(
             PROMPT,
             "launch",
@@ -47,9 +52,13 @@ impl Plugin {
         let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
             .with_alloc_dir(dir)
             .with_plugin_state_dir(state_dir(dir));
-        within(PROMPT, "set config", client.set_config("{}".into(), &agent))
-            .await
-            .expect("SetConfig");
+        within(
+            PROMPT,
+            "set config",
+            client.set_config(config.into(), &agent),
+        )
+        .await
+        .expect("SetConfig");
         Plugin {
             client,
             process,

@@ -463,14 +463,19 @@ impl Executor {
     fn serve(mut self) -> i32 {
         loop {
             if self.should_exit() {
-                // An empty cgroup goes with its executor; one that still holds processes
-                // the task left behind stays for `destroy` to empty (the plugin finds it
-                // from the directory).
+                // The cgroup goes with its executor when nothing of the task is left:
+                // after a stop, whose SIGKILL to the leftovers takes a moment, or when the
+                // task left nothing behind. One that still holds processes the task left
+                // running stays for `destroy` to empty (the plugin finds it from the
+                // directory).
                 if let Some(cg) = &self.cgroup
                     && cg.exists()
-                    && cg.pids().is_empty()
                 {
-                    let _ = cg.delete();
+                    if self.kill_leftovers {
+                        let _ = cgroup::empty_and_remove(&**cg, Duration::from_secs(1));
+                    } else if cg.pids().is_empty() {
+                        let _ = cg.delete();
+                    }
                 }
                 if !self.done {
                     // Clients now find the socket gone and read `exit.json` instead.

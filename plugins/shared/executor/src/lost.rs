@@ -150,6 +150,25 @@ pub fn empty_plain_cgroup(dir: &Path) -> Result<Option<String>, String> {
     }))
 }
 
+/// Whether nothing of the task of the dead executor in `dir` can run: the executor never bound
+/// its socket (which comes before the task's start), or the task was to have a cgroup
+/// of its own ([`crate::LaunchSpec::own_cgroup`], created before the task's start and
+/// removed only once the task is gone) and there is none.
+pub fn nothing_can_run(dir: &Path) -> bool {
+    if !crate::socket_path(dir).exists() {
+        return true;
+    }
+    let spec: Option<crate::LaunchSpec> = std::fs::read(dir.join(crate::SPEC_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    match (spec, cgroup::plain_support()) {
+        (Some(spec), Some(version)) if spec.own_cgroup && spec.isolation.is_none() => {
+            !cgroup::open_plain(version, &cgroup::plain_path(dir)).exists()
+        }
+        _ => false,
+    }
+}
+
 /// Kill what is left of the task whose executor directory is `dir`, whose executor is
 /// dead: everything in its cgroup, else its main process `pid` (and group `pgid`) once
 /// proven by `start_time`. Returns what was done, for the task's events; an error when
