@@ -345,6 +345,21 @@ impl DriverPlugin for RawExecDriver {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(DriverError::NotFound(format!("{why}; {done}")));
             }
+            Err(DriverError::NotFound(why)) => {
+                // No directory, but its cgroup may still hold a copy (a start of the
+                // same id refused beside it removed the directory): empty it too.
+                let d = dir.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    drover_executor::lost::empty_plain_cgroup(&d)
+                })
+                .await
+                .map_err(DriverError::internal)?
+                .map_err(DriverError::Internal)?;
+                return Err(DriverError::NotFound(match done {
+                    Some(done) => format!("{why}; {done}"),
+                    None => why,
+                }));
+            }
             Err(e) => return Err(e),
         };
         if exec.info().task_id != id {

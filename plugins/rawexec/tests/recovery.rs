@@ -748,3 +748,50 @@ async fn tasks_get_a_cgroup_of_their_own_unless_no_cgroups_is_set() {
     );
     process.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_start_beside_an_unmanaged_copy_in_the_tasks_cgroup_is_refused() {
+    if drover_executor::cgroup::plain_support().is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs cgroups (a mounted v1 freezer or a writable v2 hierarchy)"
+        );
+        eprintln!("skipped: this host offers rawexec no cgroups");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let spec = first.spec("twice", sleeper());
+    let (handle, pid) = first.start_spec(spec.clone()).await;
+    let executor = first.executor_pid("twice").await;
+    // Nobody is left to kill the task: its plugin and its executor are gone.
+    crash(&first).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drover_test_support::until(PROMPT, "the executor is gone", || !alive(executor)).await;
+
+    // A start of the same id (not a recovery) finds the copy in the task's cgroup.
+    let second = Plugin::launch(dir.path()).await;
+    let err = within(PROMPT, "start again", second.client.start_task(spec))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("an earlier copy of task twice still runs"),
+        "{err:?}"
+    );
+    assert!(alive(pid), "the refused start touched the running copy");
+    // Recovery with the handle then kills it, and the id is free again.
+    let err = within(PROMPT, "recover", second.client.recover_task(handle))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::NotFound(m) if m.contains("killed")),
+        "{err:?}"
+    );
+    assert!(!alive(pid));
+    second.shutdown().await;
+}
