@@ -27,6 +27,9 @@ pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Version of the task handle's driver state. Version 2 names the task's executor;
 /// version 1 (a bare pid, from before executors) is refused with an explanation.
 pub const HANDLE_VERSION: u32 = 2;
+/// How old an empty task cgroup must be before a plugin start removes it (see
+/// `drover_executor::cgroup::sweep_plain`).
+const CGROUP_SWEEP_AGE: Duration = Duration::from_secs(60);
 /// `PATH` given to tasks whose environment does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -234,6 +237,16 @@ impl DriverPlugin for RawExecDriver {
         self.no_cgroups.store(config.no_cgroups, Ordering::SeqCst);
         let dir = executor::state_dir(&agent.plugin_state_dir, PLUGIN_NAME);
         executor::prepare_state_dir(&dir)?;
+        if let Some(version) = self.cgroups {
+            // Empty task cgroups left by executors killed from outside and never
+            // destroyed; in the background, best effort.
+            tokio::task::spawn_blocking(move || {
+                let removed = cgroup::sweep_plain(version, CGROUP_SWEEP_AGE);
+                if removed > 0 {
+                    tracing::info!(removed, "removed empty task cgroups left behind");
+                }
+            });
+        }
         *self
             .state_dir
             .lock()

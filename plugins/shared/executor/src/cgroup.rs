@@ -171,6 +171,48 @@ pub fn open_plain(version: Version, path: &str) -> Box<dyn TaskCgroup> {
     }
 }
 
+/// Remove the plain task cgroups under [`PLAIN_PARENT`] that are empty and older than
+/// `min_age`, and return how many. An executor removes its task's cgroup once nothing of
+/// the task is left, and a driver's destroy does; one whose executor and task were
+/// killed from outside and that nobody destroyed stays behind empty. The age keeps
+/// this away from a cgroup an executor just created and its task is about to join.
+/// Best effort: errors are skipped.
+pub fn sweep_plain(version: Version, min_age: Duration) -> usize {
+    let parent = open_plain(version, PLAIN_PARENT);
+    let Some(dir) = parent
+        .procs_files()
+        .first()
+        .and_then(|f| f.parent().map(std::path::Path::to_owned))
+    else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.len() != 16 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let old_enough = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if !old_enough {
+            continue;
+        }
+        let cg = open_plain(version, &format!("{PLAIN_PARENT}/{name}"));
+        if cg.pids().is_empty() && cg.delete().is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Whether plain tasks can get a cgroup here: the hierarchy this host uses, when it
 /// has what [`open_plain`] needs (v1: a mounted freezer; v2: the unified hierarchy
 /// writable by us). `None` leaves plain tasks to their process group.
@@ -609,6 +651,34 @@ mod tests {
         assert_eq!(quota_us(0.5), 50_000);
         assert_eq!(quota_us(2.0), 200_000);
         assert_eq!(quota_us(0.001), 1000);
+    }
+
+    #[test]
+    fn sweeping_removes_old_empty_task_cgroups_only() {
+        let Some(version) = plain_support() else {
+            assert!(std::env::var_os("CI").is_none(), "CI needs cgroups");
+            eprintln!("skipped: no cgroups for plain tasks here");
+            return;
+        };
+        let unique = format!("{:016x}", u64::from(std::process::id()) << 20 | 0xabcde);
+        let old = open_plain(version, &format!("{PLAIN_PARENT}/{unique}"));
+        let fresh_name = format!("{:016x}", u64::from(std::process::id()) << 20 | 0xfedcb);
+        let fresh = open_plain(version, &format!("{PLAIN_PARENT}/{fresh_name}"));
+        old.create(&Limits::default()).unwrap();
+        fresh.create(&Limits::default()).unwrap();
+        let dir = old.procs_files()[0].parent().unwrap().to_owned();
+        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+        std::fs::File::open(&dir)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+        assert!(sweep_plain(version, Duration::from_secs(3600)) >= 1);
+        assert!(!old.exists(), "an old empty task cgroup was kept");
+        assert!(
+            fresh.exists(),
+            "a fresh one (its task may be about to join) went"
+        );
+        fresh.delete().unwrap();
     }
 
     #[test]
