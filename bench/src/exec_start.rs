@@ -21,14 +21,14 @@ use drover_plugin_sdk::{AgentInfo, TaskSpec};
 
 use crate::{ms, sibling_binary, stats};
 
-struct Driver {
+pub(crate) struct Driver {
     name: &'static str,
-    process: PluginProcess,
-    client: PluginClient,
+    pub(crate) process: PluginProcess,
+    pub(crate) client: PluginClient,
     config: serde_json::Value,
 }
 
-async fn launch(
+pub(crate) async fn launch(
     name: &'static str,
     binary: &Path,
     root: &Path,
@@ -56,7 +56,7 @@ async fn launch(
 
 impl Driver {
     /// Start one task and return the StartTask latency; destroy it afterwards.
-    async fn once(&self, root: &Path, n: usize) -> anyhow::Result<Duration> {
+    pub(crate) async fn once(&self, root: &Path, n: usize) -> anyhow::Result<Duration> {
         let id = format!("{}-{n}", self.name);
         let task_dir = root.join("alloc").join(&id);
         for sub in ["local", "secrets", "tmp", "logs"] {
@@ -192,7 +192,7 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn signed_ms(a: Duration, b: Duration) -> String {
+pub(crate) fn signed_ms(a: Duration, b: Duration) -> String {
     if a >= b {
         format!("+{}", ms(a - b))
     } else {

@@ -2,6 +2,7 @@
 //! `cargo run --release -p drover-bench -- tasks [--count N]`
 //! `cargo run --release -p drover-bench -- docker-start [--count N] [--docker-host URL]`
 //! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
+//! `cargo run --release -p drover-bench -- rawexec-start [--iterations N]` (as root)
 //!
 //! Launches the rawexec plugin N times and measures launch → handshake → health →
 //! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
@@ -16,6 +17,7 @@ use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 
 mod docker;
 mod exec_start;
+mod rawexec_start;
 mod tasks;
 
 #[derive(Parser)]
@@ -67,6 +69,13 @@ enum Bench {
     /// without the seccomp filter, interleaved in one run (needs root).
     ExecStart {
         /// Tasks per driver.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
+    /// StartTask -> running of rawexec tasks in a cgroup of their own against
+    /// process-group-only ones (`no_cgroups`), ABBA-interleaved in one run (needs root).
+    RawexecStart {
+        /// Tasks per variant.
         #[arg(long, default_value_t = 200)]
         iterations: usize,
     },
@@ -128,6 +137,12 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(exec_start::run(iterations))
+        }
+        Bench::RawexecStart { iterations } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(rawexec_start::run(iterations))
         }
     }
 }

@@ -10,8 +10,28 @@ use serde::Deserialize;
 
 use crate::driver::DEFAULT_PATH;
 
-/// rawexec has no plugin-level settings; any field given is refused.
-pub type PluginConfig = drover_plugin_sdk::EmptyConfig;
+/// rawexec's plugin configuration (`[plugin.rawexec] config = {...}` in the agent
+/// config). Unknown fields are refused.
+///
+/// ```
+/// let c: drover_driver_rawexec::PluginConfig = serde_json::from_str("{}").unwrap();
+/// assert!(!c.no_cgroups);
+/// let c: drover_driver_rawexec::PluginConfig =
+///     serde_json::from_str(r#"{"no_cgroups":true}"#).unwrap();
+/// assert!(c.no_cgroups);
+/// assert!(serde_json::from_str::<drover_driver_rawexec::PluginConfig>(r#"{"cgroups":0}"#).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// Leave every task in its process group only, without a cgroup of its own, even
+    /// where the host has cgroups (like Nomad's `raw_exec` `no_cgroups`). A child that
+    /// calls `setsid` then escapes stop and destroy, and a task whose executor died is
+    /// killed only while its main process lives: see docs/architecture.md, "One copy
+    /// of a task, always".
+    #[serde(default)]
+    pub no_cgroups: bool,
+}
 
 /// Configuration of one rawexec task.
 ///

@@ -1,9 +1,11 @@
 //! The rawexec driver: the [`DriverPlugin`] impl.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use drover_executor::cgroup;
 use drover_executor::task::{self, Watched};
 use drover_executor::{self as executor, ExecutorHandle, LaunchSpec};
 use drover_plugin_sdk::store::TaskEvents;
@@ -25,6 +27,9 @@ pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Version of the task handle's driver state. Version 2 names the task's executor;
 /// version 1 (a bare pid, from before executors) is refused with an explanation.
 pub const HANDLE_VERSION: u32 = 2;
+/// How old an empty task cgroup must be before a plugin start removes it (see
+/// `drover_executor::cgroup::sweep_plain`).
+const CGROUP_SWEEP_AGE: Duration = Duration::from_secs(60);
 /// `PATH` given to tasks whose environment does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -35,6 +40,11 @@ pub struct RawExecDriver {
     events: TaskEvents,
     /// Where executors live: `<plugin_state_dir>/rawexec` once SetConfig came.
     state_dir: Mutex<PathBuf>,
+    /// The cgroup hierarchy tasks get a cgroup of their own in; `None` where the host
+    /// has none we can use (then a task is its process group, which `setsid` leaves).
+    cgroups: Option<cgroup::Version>,
+    /// `no_cgroups` from the plugin config.
+    no_cgroups: AtomicBool,
 }
 
 impl Default for RawExecDriver {
@@ -50,11 +60,19 @@ impl RawExecDriver {
             store: Store::default(),
             events: TaskEvents::default(),
             state_dir: Mutex::new(executor::state_dir(Path::new(""), PLUGIN_NAME)),
+            cgroups: cgroup::plain_support(),
+            no_cgroups: AtomicBool::new(false),
         }
     }
 
     fn event(&self, task_id: &str, message: String) {
         self.events.send(task_id, message);
+    }
+
+    /// The hierarchy new tasks get their own cgroup in, if any.
+    fn task_cgroups(&self) -> Option<cgroup::Version> {
+        self.cgroups
+            .filter(|_| !self.no_cgroups.load(Ordering::SeqCst))
     }
 
     fn state_dir(&self) -> PathBuf {
@@ -65,24 +83,65 @@ impl RawExecDriver {
     }
 
     /// Follow `task` until it exits: a `wait` held open on its executor. If the
-    /// executor dies without a result, the task's end is unknown: say so.
+    /// executor dies without a result, what is left of the task is killed (see
+    /// [`kill_lost`]) before its end, whose status is unknown, is reported.
     fn watch(&self, task: Arc<Task>) {
         let events = self.events.clone();
         tokio::spawn(async move {
             let exit = match task::watch(&task.base, &task.exec, &events).await {
                 Watched::Exited(exit) => exit,
                 Watched::Recorded => return,
-                Watched::ExecutorLost(error) => {
-                    let info = task.exec.info();
-                    task::unknown_exit(format!(
-                        "lost the task's executor (pid {}), its exit status is unknown and \
-                         its process group {} may still run: {error}",
-                        info.executor_pid, info.pgid
-                    ))
-                }
+                Watched::ExecutorLost(error) => match kill_lost(&task, &events, &error).await {
+                    Some(exit) => exit,
+                    None => return,
+                },
             };
             task.base.record_exit(&events, exit);
         });
+    }
+
+    /// Kill what is left of a task whose executor in `dir` died without a result,
+    /// found at recovery: its cgroup, else its main process proven by the handle's
+    /// pid and start time. An error while a copy may still run.
+    async fn kill_unrecoverable(
+        &self,
+        handle: &TaskHandle,
+        dir: &Path,
+    ) -> Result<String, DriverError> {
+        let state = (handle.version == HANDLE_VERSION && !handle.driver_state.is_empty())
+            .then(|| handle.decode_state::<HandleState>(HANDLE_VERSION).ok())
+            .flatten();
+        match state {
+            Some(s) => {
+                drover_executor::lost::kill_lost_task_async(dir, s.pid, s.pgid, s.start_time).await
+            }
+            None => {
+                // No handle: only the cgroup can prove which processes are the task's.
+                if drover_executor::lost::nothing_can_run(dir) {
+                    return Ok("nothing of the task runs (its executor died before starting it, or its cgroup is gone)".into());
+                }
+                let d = dir.to_owned();
+                let done = tokio::task::spawn_blocking(move || {
+                    drover_executor::lost::empty_plain_cgroup(&d)
+                })
+                .await
+                .map_err(DriverError::internal)?
+                .map_err(DriverError::Internal)?;
+                // Without either, nothing tells which processes were the task's: keep
+                // the directory and say so (the host keeps the task and retries, rather
+                // than start it again beside a copy that may run).
+                done.ok_or_else(|| {
+                    DriverError::FailedPrecondition(format!(
+                        "the executor of task {} died without a result, and neither a cgroup \
+                         nor a task handle tells which processes were the task's, so it may \
+                         still run: find and kill them (their working directory is the task \
+                         directory), then remove {}",
+                        handle.spec.id,
+                        dir.display()
+                    ))
+                })
+            }
+        }
     }
 
     /// The executor directory a recovery handle points at.
@@ -113,6 +172,47 @@ impl RawExecDriver {
     }
 }
 
+/// The executor of `task` died without reporting its end: kill what is left of the
+/// task, proven to be it (its cgroup, else pidfd and start time), and only then return
+/// its (unknown) end. Until the kill succeeds the task stays running: reporting its
+/// end would let the host's restart policy start a second copy beside the first.
+/// `None` if someone else recorded the end meanwhile.
+async fn kill_lost(
+    task: &Task,
+    events: &TaskEvents,
+    error: &DriverError,
+) -> Option<drover_executor::ExitInfo> {
+    let executor_pid = task.exec.info().executor_pid;
+    let mut warned = false;
+    loop {
+        if !task.base.running() {
+            return None;
+        }
+        match task.exec.kill_lost_task().await {
+            Ok(done) => {
+                return Some(task::unknown_exit(format!(
+                    "lost the task's executor (pid {executor_pid}: {error}), so its exit \
+                     status is unknown; {done}"
+                )));
+            }
+            Err(e) => {
+                if !warned {
+                    events.send(
+                        &task.base.id,
+                        format!(
+                            "lost the task's executor (pid {executor_pid}), and cannot kill \
+                             what is left of the task yet: {e}; retrying, and the task is not \
+                             reported ended while a copy of it may run"
+                        ),
+                    );
+                    warned = true;
+                }
+                tokio::time::sleep(task::WATCH_RETRY).await;
+            }
+        }
+    }
+}
+
 impl DriverPlugin for RawExecDriver {
     type Config = PluginConfig;
     type TaskConfig = TaskConfig;
@@ -133,9 +233,20 @@ impl DriverPlugin for RawExecDriver {
             .with_network_modes(NetworkModes::default().with_host(true))
     }
 
-    async fn set_config(&self, _config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
+    async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
+        self.no_cgroups.store(config.no_cgroups, Ordering::SeqCst);
         let dir = executor::state_dir(&agent.plugin_state_dir, PLUGIN_NAME);
         executor::prepare_state_dir(&dir)?;
+        if let Some(version) = self.cgroups {
+            // Empty task cgroups left by executors killed from outside and never
+            // destroyed; in the background, best effort.
+            tokio::task::spawn_blocking(move || {
+                let removed = cgroup::sweep_plain(version, CGROUP_SWEEP_AGE);
+                if removed > 0 {
+                    tracing::info!(removed, "removed empty task cgroups left behind");
+                }
+            });
+        }
         *self
             .state_dir
             .lock()
@@ -144,7 +255,12 @@ impl DriverPlugin for RawExecDriver {
     }
 
     async fn fingerprint(&self) -> Fingerprint {
-        Fingerprint::healthy("ready").attribute("driver.rawexec.version", PLUGIN_VERSION)
+        Fingerprint::healthy("ready")
+            .attribute("driver.rawexec.version", PLUGIN_VERSION)
+            .attribute(
+                "driver.rawexec.cgroup",
+                self.task_cgroups().map_or("none", cgroup::Version::name),
+            )
     }
 
     async fn start_task(
@@ -169,6 +285,7 @@ impl DriverPlugin for RawExecDriver {
         how.stdout_path = spec.stdout_path.clone();
         how.stderr_path = spec.stderr_path.clone();
         how.logs = spec.logs;
+        how.own_cgroup = self.task_cgroups().is_some();
         let exec = executor::launch(&self.state_dir(), &how).await?;
         let task = Arc::new(Task::new(spec.id.clone(), spec.name.clone(), exec, launch));
         let state = task.handle_state();
@@ -231,7 +348,33 @@ impl DriverPlugin for RawExecDriver {
         }
         let dir = self.recovery_dir(&handle)?;
         let reservation = self.store.reserve(&id)?;
-        let exec = ExecutorHandle::connect(&dir).await?;
+        let exec = match ExecutorHandle::connect(&dir).await {
+            Ok(exec) => exec,
+            Err(DriverError::NotFound(why)) if dir.exists() => {
+                // The executor died without a result while the host was away: the task
+                // may run on, unmanaged. Kill it (by proof) before saying it is gone,
+                // so that nothing starts it again beside a running copy.
+                let done = self.kill_unrecoverable(&handle, &dir).await?;
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(DriverError::NotFound(format!("{why}; {done}")));
+            }
+            Err(DriverError::NotFound(why)) => {
+                // No directory, but its cgroup may still hold a copy (a start of the
+                // same id refused beside it removed the directory): empty it too.
+                let d = dir.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    drover_executor::lost::empty_plain_cgroup(&d)
+                })
+                .await
+                .map_err(DriverError::internal)?
+                .map_err(DriverError::Internal)?;
+                return Err(DriverError::NotFound(match done {
+                    Some(done) => format!("{why}; {done}"),
+                    None => why,
+                }));
+            }
+            Err(e) => return Err(e),
+        };
         if exec.info().task_id != id {
             return Err(DriverError::InvalidConfig(format!(
                 "the executor in {} runs task {:?}, not {id:?}",

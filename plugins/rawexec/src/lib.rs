@@ -2,7 +2,10 @@
 //!
 //! The `rawexec` task driver: runs a task as a plain process on the host, with no
 //! isolation, as the plugin's own user. Each task is the leader of its own process
-//! group, so stopping or signalling it reaches everything it forked.
+//! group, which signals go to, and, where the host has cgroups, in a cgroup of its own
+//! that stop and destroy empty, so that they reach everything it started (`setsid` or
+//! not). A task whose executor dies is killed (proven by its cgroup, or pidfd and start
+//! time) before its end is reported, so it is never restarted beside a running copy.
 //!
 //! The crate is a library (so the `drover` binary can link it and re-execute itself as
 //! the driver) plus a `main.rs` of one line:

@@ -374,9 +374,29 @@ async fn executors_are_small() {
 }
 
 #[tokio::test]
-async fn a_killed_executor_is_reported_not_waited_for_forever() {
+async fn a_killed_executor_is_reported_only_once_its_task_is_killed() {
     let (_dir, p) = setup().await;
-    let (_, pid) = p.start("unowned", sleeper()).await;
+    // The task has a child in a session of its own, which its process group misses.
+    let (_, pid) = p
+        .start(
+            "unowned",
+            sh("setsid sleep 1000 & echo child $!; exec sleep 1000"),
+        )
+        .await;
+    let child: u32 = within(PROMPT, "the child's pid", async {
+        loop {
+            if let Some(pid) = p
+                .stdout("unowned")
+                .lines()
+                .find_map(|l| l.strip_prefix("child ")?.trim().parse().ok())
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    p.track(child);
     let executor = p.executor_pid("unowned").await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(executor as i32),
@@ -384,19 +404,59 @@ async fn a_killed_executor_is_reported_not_waited_for_forever() {
     )
     .unwrap();
     let result = p.wait("unowned").await;
-    let err = result.err.unwrap_or_default();
+    // Reported ended only once nothing of it runs: a restart cannot make a second copy.
     assert!(
-        err.contains("lost the task's executor") && err.contains(&format!("group {pid}")),
-        "{err}"
+        !alive(pid),
+        "the task {pid} still runs after its end was reported"
     );
+    let err = result.err.unwrap_or_default();
+    assert!(err.contains("lost the task's executor"), "{err}");
+    if drover_executor::cgroup::plain_support().is_some() {
+        assert!(err.contains("killed every process in its cgroup"), "{err}");
+        assert!(!alive(child), "the setsid child {child} survived: {err}");
+    } else {
+        assert!(err.contains(&format!("killed its process {pid}")), "{err}");
+    }
     assert_eq!(
         p.client.inspect_task("unowned").await.unwrap().state,
         TaskState::Exited
     );
-    // The orphaned task is left alone (it is not proven to be ours any more); the
-    // test's cleanup kills it.
-    assert!(alive(pid));
+    p.client.destroy_task("unowned", false).await.unwrap();
     p.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_task_whose_executor_died_while_the_plugin_was_down_is_killed_not_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let (handle, pid) = first.start("unowned", sleeper()).await;
+    let executor = first.executor_pid("unowned").await;
+    crash(&first).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drover_test_support::until(PROMPT, "the executor is gone", || !alive(executor)).await;
+    assert!(alive(pid), "the task died with its executor");
+
+    let second = Plugin::launch(dir.path()).await;
+    let err = within(
+        PROMPT,
+        "recover",
+        second.client.recover_task(handle.clone()),
+    )
+    .await
+    .unwrap_err();
+    // NotFound: the host records the task lost (and does not restart it), and nothing
+    // of it runs any more.
+    assert!(
+        matches!(&err, DriverError::NotFound(m) if m.contains("killed")),
+        "{err:?}"
+    );
+    assert!(!alive(pid), "the unmanaged task {pid} still runs: {err:?}");
+    assert!(!executor_dir(&handle).exists());
+    second.shutdown().await;
 }
 
 #[tokio::test]
@@ -620,4 +680,118 @@ async fn executors_are_named_apart_from_plugins_and_survive_sigterm() {
         .unwrap();
     assert_eq!(p.wait("named").await.signal, 15);
     p.shutdown().await;
+}
+
+/// The cgroup lines of `/proc/<pid>/cgroup` that name a rawexec task cgroup.
+fn task_cgroup_lines(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("drover-plain/"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn tasks_get_a_cgroup_of_their_own_unless_no_cgroups_is_set() {
+    if drover_executor::cgroup::plain_support().is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs cgroups (a mounted v1 freezer or a writable v2 hierarchy)"
+        );
+        eprintln!("skipped: this host offers rawexec no cgroups");
+        return;
+    }
+    let (_dir, p) = setup().await;
+    let (handle, pid) = p.start("grouped", sleeper()).await;
+    let lines = task_cgroup_lines(pid);
+    let expected = drover_executor::cgroup::plain_path(&executor_dir(&handle));
+    assert!(
+        lines.iter().any(|l| l.ends_with(&format!(":/{expected}"))),
+        "task {pid} is not in {expected}: {lines:?}"
+    );
+    p.client.destroy_task("grouped", true).await.unwrap();
+    let version = drover_executor::cgroup::plain_support().unwrap();
+    assert!(
+        !drover_executor::cgroup::open_plain(version, &expected).exists(),
+        "destroy left the cgroup {expected}"
+    );
+    p.shutdown().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch_with(dir.path(), r#"{"no_cgroups":true}"#).await;
+    let (_, pid) = p.start("plain", sleeper()).await;
+    assert_eq!(task_cgroup_lines(pid), Vec::<String>::new());
+    p.client.destroy_task("plain", true).await.unwrap();
+    p.shutdown().await;
+
+    // A misspelt option is refused by name.
+    let process = within(
+        PROMPT,
+        "launch",
+        drover_plugin_sdk::client::PluginProcess::launch(
+            drover_plugin_sdk::client::LaunchOptions::new("rawexec", BIN),
+        ),
+    )
+    .await
+    .unwrap();
+    let agent = drover_plugin_sdk::AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
+        .with_plugin_state_dir(state_dir(dir.path()));
+    let err = process
+        .client()
+        .set_config(r#"{"no_cgroup":true}"#.into(), &agent)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::InvalidConfig(m) if m.contains("no_cgroup")),
+        "{err:?}"
+    );
+    process.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_start_beside_an_unmanaged_copy_in_the_tasks_cgroup_is_refused() {
+    if drover_executor::cgroup::plain_support().is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs cgroups (a mounted v1 freezer or a writable v2 hierarchy)"
+        );
+        eprintln!("skipped: this host offers rawexec no cgroups");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let first = Plugin::launch(dir.path()).await;
+    let spec = first.spec("twice", sleeper());
+    let (handle, pid) = first.start_spec(spec.clone()).await;
+    let executor = first.executor_pid("twice").await;
+    // Nobody is left to kill the task: its plugin and its executor are gone.
+    crash(&first).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drover_test_support::until(PROMPT, "the executor is gone", || !alive(executor)).await;
+
+    // A start of the same id (not a recovery) finds the copy in the task's cgroup.
+    let second = Plugin::launch(dir.path()).await;
+    let err = within(PROMPT, "start again", second.client.start_task(spec))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("an earlier copy of task twice still runs"),
+        "{err:?}"
+    );
+    assert!(alive(pid), "the refused start touched the running copy");
+    // Recovery with the handle then kills it, and the id is free again.
+    let err = within(PROMPT, "recover", second.client.recover_task(handle))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::NotFound(m) if m.contains("killed")),
+        "{err:?}"
+    );
+    assert!(!alive(pid));
+    second.shutdown().await;
 }

@@ -36,6 +36,11 @@ pub fn state_dir(dir: &Path) -> PathBuf {
 
 impl Plugin {
     pub async fn launch(dir: &Path) -> Plugin {
+        Self::launch_with(dir, "{}").await
+    }
+
+    /// [`Self::launch`] with plugin config `config` (JSON).
+    pub async fn launch_with(dir: &Path, config: &str) -> Plugin {
         let process = within(
             PROMPT,
             "launch",
@@ -47,9 +52,13 @@ impl Plugin {
         let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
             .with_alloc_dir(dir)
             .with_plugin_state_dir(state_dir(dir));
-        within(PROMPT, "set config", client.set_config("{}".into(), &agent))
-            .await
-            .expect("SetConfig");
+        within(
+            PROMPT,
+            "set config",
+            client.set_config(config.into(), &agent),
+        )
+        .await
+        .expect("SetConfig");
         Plugin {
             client,
             process,
@@ -184,6 +193,19 @@ impl Drop for Plugin {
                 nix::unistd::Pid::from_raw(self.process.pid() as i32),
                 Signal::SIGKILL,
             );
+        }
+        // Executors killed above leave their tasks' cgroups behind (a driver's destroy
+        // would remove them): empty and remove those of this test's executors.
+        let executors = state_dir(&self.dir).join("rawexec");
+        if let (Some(version), Ok(dirs)) = (
+            drover_executor::cgroup::plain_support(),
+            std::fs::read_dir(&executors),
+        ) {
+            for dir in dirs.flatten() {
+                let path = drover_executor::cgroup::plain_path(&dir.path());
+                let cg = drover_executor::cgroup::open_plain(version, &path);
+                let _ = drover_executor::cgroup::empty_and_remove(&*cg, Duration::from_secs(5));
+            }
         }
     }
 }

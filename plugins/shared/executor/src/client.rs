@@ -366,22 +366,43 @@ impl ExecutorHandle {
         exit_of(status, &self.dir)
     }
 
-    /// Kill the task's process group if it still runs, remove the executor directory
-    /// and let the executor exit. Destroying a task that is already gone is not an error.
+    /// Kill the task's process group (and its cgroup, when it has one) if it still
+    /// runs, remove the executor directory and let the executor exit. Destroying a
+    /// task that is already gone is not an error. With the executor dead, what is left
+    /// of the task is killed first ([`crate::lost::kill_lost_task`]), and an error
+    /// returned (the directory kept) while a copy may still run.
     pub async fn destroy(&self) -> Result<(), DriverError> {
         match request(&self.dir, Op::Destroy, Duration::from_secs(15)).await {
             Ok(Answer::Live(..)) => Ok(()),
-            Ok(Answer::Final(_)) => remove_dir(&self.dir),
+            Ok(Answer::Final(_)) => {
+                // The executor exited after its task; processes the task left behind
+                // may still be in its cgroup.
+                let dir = self.dir.clone();
+                tokio::task::spawn_blocking(move || crate::lost::empty_plain_cgroup(&dir))
+                    .await
+                    .map_err(DriverError::internal)?
+                    .map_err(DriverError::Internal)?;
+                remove_dir(&self.dir)
+            }
             Err(DriverError::NotFound(_)) if !self.dir.exists() => Ok(()),
             Err(DriverError::NotFound(_))
                 if !files::lock_state(&self.dir).held()
                     && !self.dir.join(super::EXIT_FILE).exists() =>
             {
-                // The executor died without a result; nothing runs under its control.
+                // The executor died without a result; its task may run on, unmanaged.
+                self.kill_lost_task().await?;
                 remove_dir(&self.dir)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The executor is dead without having reported the task's end: kill what is left
+    /// of the task, by proof (its cgroup, else pidfd and start time; see
+    /// [`crate::lost`]). Returns what was done; an error while a copy may still run.
+    pub async fn kill_lost_task(&self) -> Result<String, DriverError> {
+        let s = &self.status;
+        crate::lost::kill_lost_task_async(&self.dir, s.pid, s.pgid, s.start_time).await
     }
 
     /// Whether the executor process is alive (it holds its lock), whether or not its

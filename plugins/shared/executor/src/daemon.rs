@@ -18,6 +18,7 @@ use rustix::process::{Pid, PidfdFlags, WaitId, WaitIdOptions};
 use drover_plugin_sdk::ExitResult;
 use drover_plugin_sdk::logs::RotatingWriter;
 
+use super::cgroup::{self, TaskCgroup};
 use super::proto::{ErrorKind, Op, Reply, Request};
 use super::{
     ExecutorStatus, ExitInfo, LaunchSpec, PROTOCOL_VERSION, SPEC_FILE, Sandbox, files, sandbox,
@@ -38,6 +39,50 @@ const MAX_CLIENTS: usize = 64;
 const PERSIST_RETRY: Duration = Duration::from_secs(1);
 
 const SIGKILL: i32 = 9;
+/// How long `destroy` waits for a plain task's cgroup to empty after SIGKILL.
+const CGROUP_EMPTY: Duration = Duration::from_secs(5);
+
+/// Create the cgroup of the plain task in `dir` and open the files its process writes
+/// to join it. A cgroup of that path that still holds processes is an earlier copy of
+/// the task (its executor died, and nobody killed it): refused, never joined, so that
+/// two copies never run side by side.
+fn plain_cgroup(
+    dir: &Path,
+    task_id: &str,
+) -> Result<(Box<dyn TaskCgroup>, Vec<OwnedFd>), StartError> {
+    let version = cgroup::Version::detect();
+    let cg = cgroup::open_plain(version, &cgroup::plain_path(dir));
+    if cg.exists() {
+        let left = cg.pids();
+        if !left.is_empty() {
+            return Err((
+                ErrorKind::Internal,
+                format!(
+                    "an earlier copy of task {task_id} still runs in cgroup {} (processes \
+                     {left:?}); destroy the task first",
+                    cg.path()
+                ),
+            ));
+        }
+        let _ = cg.delete();
+    }
+    cg.create(&cgroup::Limits::default())
+        .map_err(|e| (ErrorKind::Internal, e))?;
+    let mut join = Vec::new();
+    for file in cg.procs_files() {
+        match std::fs::OpenOptions::new().write(true).open(&file) {
+            Ok(f) => join.push(OwnedFd::from(f)),
+            Err(e) => {
+                let _ = cg.delete();
+                return Err((
+                    ErrorKind::Internal,
+                    format!("cannot open {} to join it: {e}", file.display()),
+                ));
+            }
+        }
+    }
+    Ok((cg, join))
+}
 
 /// Run the executor for the task directory `dir`, isolating with `sandbox` a task that
 /// asks for it. Returns the process exit code.
@@ -215,6 +260,9 @@ struct Executor {
     status: ExecutorStatus,
     /// The task's pidfd while it runs (of its init, with isolation).
     pidfd: Option<OwnedFd>,
+    /// A plain task's own cgroup ([`LaunchSpec::own_cgroup`]): every process it
+    /// started, whatever its process group or session.
+    cgroup: Option<Box<dyn TaskCgroup>>,
     /// With isolation: the pipe on which the task's init reports the task's status.
     init_status: Option<OwnedFd>,
     outputs: Vec<Output>,
@@ -304,14 +352,27 @@ impl Executor {
         };
         let stdout_log = open_log("stdout", &spec.stdout_path)?;
         let stderr_log = open_log("stderr", &spec.stderr_path)?;
+        let (cgroup, join) = if spec.own_cgroup && spec.isolation.is_none() {
+            let (cg, join) = plain_cgroup(&dir, &spec.task_id)?;
+            (Some(cg), join)
+        } else {
+            (None, Vec::new())
+        };
         let spawned = spawn::spawn(
             &spec,
             &dir,
             stdout_log.is_some(),
             stderr_log.is_some(),
             sandbox,
+            &join,
         )
-        .map_err(|m| (ErrorKind::Spawn, m))?;
+        .map_err(|m| {
+            if let Some(cg) = &cgroup {
+                let _ = cg.delete();
+            }
+            (ErrorKind::Spawn, m)
+        })?;
+        drop(join);
         let started_at = SystemTime::now();
         let pid = spawned.pid;
         // The child is not reaped before we wait for it, so its pid cannot be reused
@@ -330,6 +391,9 @@ impl Executor {
                     let p = nix::unistd::Pid::from_raw(p.as_raw_nonzero().get());
                     let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
                     let _ = nix::sys::wait::waitpid(p, None);
+                }
+                if let Some(cg) = &cgroup {
+                    let _ = cgroup::empty_and_remove(&**cg, CGROUP_EMPTY);
                 }
                 return Err(internal(format!("cannot watch task process {pid}: {e}")));
             }
@@ -374,6 +438,7 @@ impl Executor {
             listener,
             status,
             pidfd: Some(pidfd),
+            cgroup,
             init_status: spawned.status,
             outputs,
             conns: Vec::new(),
@@ -398,6 +463,20 @@ impl Executor {
     fn serve(mut self) -> i32 {
         loop {
             if self.should_exit() {
+                // The cgroup goes with its executor when nothing of the task is left:
+                // after a stop, whose SIGKILL to the leftovers takes a moment, or when the
+                // task left nothing behind. One that still holds processes the task left
+                // running stays for `destroy` to empty (the plugin finds it from the
+                // directory).
+                if let Some(cg) = &self.cgroup
+                    && cg.exists()
+                {
+                    if self.kill_leftovers {
+                        let _ = cgroup::empty_and_remove(&**cg, Duration::from_secs(1));
+                    } else if cg.pids().is_empty() {
+                        let _ = cg.delete();
+                    }
+                }
                 if !self.done {
                     // Clients now find the socket gone and read `exit.json` instead.
                     let _ = std::fs::remove_file(socket_path(&self.dir));
@@ -533,6 +612,17 @@ impl Executor {
         }
     }
 
+    /// SIGKILL the task's process group and, with a cgroup, every process in it (the
+    /// freezer or `cgroup.kill`: none escapes by forking or by `setsid`).
+    fn kill_everything(&self) {
+        let _ = self.signal_group(SIGKILL);
+        if let Some(cg) = &self.cgroup
+            && let Err(e) = cg.kill_all()
+        {
+            files::note(&self.dir, &format!("cannot kill the task's cgroup: {e}"));
+        }
+    }
+
     /// The pidfd is readable: the task's main process has exited. Reap it, record the
     /// result durably, then answer whoever waits.
     fn on_task_exit(&mut self) {
@@ -542,7 +632,7 @@ impl Executor {
         if self.kill_leftovers {
             // Before reaping: the unreaped main process keeps its pid (the group id)
             // from being reused, so this cannot hit an unrelated group.
-            let _ = self.signal_group(SIGKILL);
+            self.kill_everything();
         }
         let result = match rustix::process::waitid(
             WaitId::PidFd(pidfd.as_fd()),
@@ -626,7 +716,7 @@ impl Executor {
             self.kill_at = None;
             if self.running() {
                 self.escalated = true;
-                let _ = self.signal_group(SIGKILL);
+                self.kill_everything();
             }
         }
         if self.persist_retry_at.is_some_and(|t| t <= now) && !self.running() && !self.durable {
@@ -651,6 +741,21 @@ impl Executor {
     }
 
     fn destroy_now(&mut self) {
+        if let Some(cg) = &self.cgroup
+            && let Err(e) = cgroup::empty_and_remove(&**cg, CGROUP_EMPTY)
+        {
+            // Processes of the task may still run: keep the directory (and this
+            // executor, which can be asked again) rather than forget them.
+            files::note(&self.dir, &e);
+            let reply = Reply::err(ErrorKind::Internal, e);
+            for i in 0..self.conns.len() {
+                if matches!(self.conns[i].state, ConnState::Waiting(Pending::Destroy)) {
+                    self.reply(i, &reply, false);
+                }
+            }
+            self.destroying = false;
+            return;
+        }
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -799,7 +904,7 @@ impl Executor {
                 if exited {
                     self.destroy_now();
                 } else {
-                    let _ = self.signal_group(SIGKILL);
+                    self.kill_everything();
                 }
             }
         }

@@ -54,8 +54,15 @@
 //! | `stats` | | at once, with memory and CPU time of the task's main process |
 //! | `wait` | | when the task has exited (at once if it has), with the status |
 //! | `signal` | `signal` (number) | at once, after signalling the task's process group |
-//! | `stop` | `signal`, `timeout_ms` | on exit; SIGKILL to the group after the timeout |
-//! | `destroy` | | after killing the group (if running) and removing the directory |
+//! | `stop` | `signal`, `timeout_ms` | on exit; SIGKILL to the group (and the task's own cgroup) after the timeout |
+//! | `destroy` | | after killing the group (if running), emptying and removing the task's own cgroup, and removing the directory |
+//!
+//! **A plain task's own cgroup.** With [`LaunchSpec::own_cgroup`] (rawexec, where
+//! [`cgroup::plain_support`] says the host allows) the executor creates
+//! [`cgroup::plain_path`] of its directory, and the task joins it between fork and exec:
+//! SIGKILLs of `stop` and `destroy`, and the leftovers of a stopped task, then reach
+//! every process it started, `setsid` or not. A task whose executor died is killed by
+//! proof with [`lost::kill_lost_task`].
 //!
 //! A reply is `{"v":1,"status":{…}}` (plus `"stats"` for `stats`) or
 //! `{"v":1,"error":"…","kind":"invalid"|"exited"|"spawn"|"internal"}`. The executor's
@@ -82,9 +89,11 @@ use sha2::Digest as _;
 
 use drover_plugin_sdk::DriverError;
 
+pub mod cgroup;
 mod client;
 mod daemon;
 mod files;
+pub mod lost;
 pub mod procfs;
 mod proto;
 pub mod sandbox;

@@ -57,6 +57,13 @@ pub struct LaunchSpec {
     /// builds one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<Isolation>,
+    /// A plain task (no `isolation`) runs in a cgroup of its own,
+    /// [`crate::cgroup::plain_path`] of its executor directory, created by the
+    /// executor and joined by the task between fork and exec; stop and destroy then
+    /// reach every process in it. Set it only where [`crate::cgroup::plain_support`]
+    /// says the host allows: the start fails if the cgroup cannot be made.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_cgroup: bool,
 }
 
 fn root() -> PathBuf {
@@ -77,6 +84,7 @@ impl LaunchSpec {
             stderr_path: PathBuf::new(),
             logs: LogConfig::default(),
             isolation: None,
+            own_cgroup: false,
         }
     }
 }

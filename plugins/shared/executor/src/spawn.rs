@@ -23,12 +23,15 @@ pub(crate) struct Spawned {
 
 /// Start the task of `spec`, whose executor directory is `dir`; `stdout`/`stderr`:
 /// whether to pipe them (else /dev/null). A spec with isolation needs a `sandbox`.
+/// `join`: open `cgroup.procs`/`tasks` files of a plain task's cgroup, which the child
+/// joins before it execs.
 pub(crate) fn spawn(
     spec: &LaunchSpec,
     dir: &Path,
     stdout: bool,
     stderr: bool,
     sandbox: Option<&dyn Sandbox>,
+    join: &[OwnedFd],
 ) -> Result<Spawned, String> {
     if let Some(iso) = &spec.isolation {
         let sandbox = sandbox.ok_or_else(|| {
@@ -46,7 +49,7 @@ pub(crate) fn spawn(
         });
     }
     let stdio = |piped: bool| if piped { Stdio::piped() } else { Stdio::null() };
-    let mut child = spawn_task(spec, stdio(stdout), stdio(stderr))?;
+    let mut child = spawn_task(spec, stdio(stdout), stdio(stderr), join)?;
     let spawned = Spawned {
         pid: child.id(),
         stdout: child.stdout.take().map(OwnedFd::from),
@@ -96,7 +99,16 @@ fn check_sandboxed_child(pid: u32) -> Result<(), String> {
 /// The executor blocks SIGINT and SIGHUP for itself; `std::process::Command` gives the
 /// child an empty signal mask and a default SIGPIPE disposition, so the task starts
 /// with standard signal handling.
-pub(crate) fn spawn_task(spec: &LaunchSpec, stdout: Stdio, stderr: Stdio) -> Result<Child, String> {
+///
+/// `join`: files (`cgroup.procs`, or v1 `tasks`) the child writes `0` to before it
+/// execs, so that it is in its cgroup before it can fork anything: nothing the task
+/// starts is ever outside it.
+pub(crate) fn spawn_task(
+    spec: &LaunchSpec,
+    stdout: Stdio,
+    stderr: Stdio,
+    join: &[OwnedFd],
+) -> Result<Child, String> {
     // Checked first so that the error says which of program and directory is missing
     // (exec reports ENOENT for both).
     match std::fs::metadata(&spec.cwd) {
@@ -116,7 +128,26 @@ pub(crate) fn spawn_task(spec: &LaunchSpec, stdout: Stdio, stderr: Stdio) -> Res
             ));
         }
     }
-    Command::new(&spec.command)
+    let mut command = Command::new(&spec.command);
+    if !join.is_empty() {
+        use std::os::fd::AsRawFd as _;
+        let fds: Vec<std::os::fd::RawFd> = join.iter().map(|f| f.as_raw_fd()).collect();
+        // SAFETY: the closure runs between fork and exec; it only calls write(2),
+        // which is async-signal-safe, on descriptors that `join` keeps open across the
+        // fork (spawn returns before they are dropped), and allocates nothing (an
+        // error is a bare OS error code).
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                for &fd in &fds {
+                    let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+                    rustix::io::write(fd, b"0").map_err(std::io::Error::from)?;
+                }
+                Ok(())
+            });
+        }
+    }
+    command
         .args(&spec.args)
         .env_clear()
         .envs(&spec.env)
@@ -172,6 +203,7 @@ mod tests {
                 false,
                 false,
                 Some(&Liar(pid)),
+                &[],
             ) else {
                 panic!("a sandbox's pid {pid} that is not our child was trusted");
             };
@@ -183,7 +215,7 @@ mod tests {
     fn isolation_without_a_sandbox_is_refused_before_anything_starts() {
         let mut spec = LaunchSpec::new("t", "/bin/true");
         spec.isolation = Some(crate::Isolation::default());
-        let Err(err) = spawn(&spec, Path::new("/nonexistent"), false, false, None) else {
+        let Err(err) = spawn(&spec, Path::new("/nonexistent"), false, false, None, &[]) else {
             panic!("an isolated task started without a sandbox");
         };
         assert!(err.contains("no sandbox"), "{err}");

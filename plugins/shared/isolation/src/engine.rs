@@ -362,22 +362,27 @@ impl<F: Flavor> IsolatedDriver<F> {
         });
     }
 
-    /// Stop a task whose executor is gone: the signal to its init (which forwards it)
-    /// or to every process, then SIGKILL to the whole cgroup after `timeout`.
+    /// Stop a task whose executor is gone: the signal to its init (which forwards it),
+    /// once the init is proven to be the task's (pidfd and start time: a bare pid may
+    /// be someone else's by now), then SIGKILL to the whole cgroup after `timeout`
+    /// (the freezer or `cgroup.kill`: membership is the proof). Without a live init
+    /// nothing is signalled by pid: the kernel killed the init's pid namespace with
+    /// it, so the cgroup is emptying already.
     async fn stop_orphan(&self, task: &Task, sig: Signal, timeout: Duration) -> ExitInfo {
-        let cg = task.cgroup.clone();
-        let init = task.state.pid;
-        let pids = blocking(move || cg.pids()).await.unwrap_or_default();
-        let targets = if init != 0 && pids.contains(&init) {
-            vec![init]
-        } else {
-            pids
-        };
-        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig.as_raw()) {
-            for pid in targets {
-                if let Ok(pid) = i32::try_from(pid) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
-                }
+        let (init, start_time) = (task.state.pid, task.state.start_time);
+        if init != 0 {
+            let raw = sig.as_raw();
+            let sent =
+                blocking(move || drover_executor::lost::signal_proven(init, start_time, raw))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+            match sent {
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    task = %task.base.id,
+                    "not signalling init {init} of a task without executor: {e}"
+                ),
             }
         }
         let deadline = tokio::time::Instant::now() + timeout;
@@ -740,19 +745,28 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
             // To the init's group: the init forwards it to the task's.
             Some(exec) if exec.executor_alive() => exec.signal(sig).await?,
             _ => {
-                let pid = i32::try_from(task.state.pid)
-                    .ok()
-                    .filter(|p| *p > 0)
-                    .ok_or_else(|| {
-                        DriverError::FailedPrecondition(format!(
-                            "task {task_id} has no executor and no known init process to signal"
-                        ))
-                    })?;
-                let s = nix::sys::signal::Signal::try_from(sig.as_raw())
-                    .map_err(|_| DriverError::InvalidConfig(format!("unknown signal {sig}")))?;
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s).map_err(|e| {
-                    DriverError::FailedPrecondition(format!("cannot signal init {pid}: {e}"))
-                })?;
+                // Only the init proven by pidfd and start time: the pid alone may name
+                // another process by now.
+                let (pid, start_time, raw) = (task.state.pid, task.state.start_time, sig.as_raw());
+                if pid == 0 {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "task {task_id} has no executor and no known init process to signal"
+                    )));
+                }
+                let sent =
+                    blocking(move || drover_executor::lost::signal_proven(pid, start_time, raw))
+                        .await?
+                        .map_err(|e| {
+                            DriverError::FailedPrecondition(format!(
+                                "task {task_id} has no executor, and its init {pid} cannot be \
+                             signalled: {e}"
+                            ))
+                        })?;
+                if !sent {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "task {task_id} has no executor, and its init {pid} has exited"
+                    )));
+                }
             }
         }
         self.event(task_id, format!("sent {sig}"));

@@ -30,7 +30,9 @@
 #![warn(missing_docs)]
 
 pub mod caps;
-pub mod cgroup;
+// Moved to drover-executor (rawexec tasks get a cgroup too); re-exported so that
+// `drover_isolation::cgroup` and `crate::cgroup` keep working.
+pub use drover_executor::cgroup;
 mod config;
 pub mod engine;
 mod handle;

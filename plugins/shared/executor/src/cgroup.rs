@@ -6,6 +6,11 @@
 //! (after the plugin, the executor or both were killed); the task's init joins it
 //! before anything else, so every process of the task is in it. DestroyTask empties it
 //! (freeze, SIGKILL every process, thaw — v1 has no `cgroup.kill`) and removes it.
+//!
+//! Plain (rawexec) tasks get one too where the host allows ([`plain_support`]): the
+//! executor creates `drover-plain/<hash of its directory>` ([`plain_path`],
+//! [`open_plain`]) and the task joins it between fork and exec, so that stopping and
+//! destroying reach every process the task started, `setsid` or not.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -127,9 +132,102 @@ pub fn open(version: Version, parent: &str, task_id: &str) -> Box<dyn TaskCgroup
 pub fn open_path(version: Version, path: &str) -> Box<dyn TaskCgroup> {
     let path = path.trim_matches('/').to_owned();
     match version {
-        Version::V1 => Box::new(V1Cgroup::new(path)),
-        Version::V2 => Box::new(V2Cgroup::new(path)),
+        Version::V1 => Box::new(V1Cgroup::new(path, &V1_CONTROLLERS)),
+        Version::V2 => Box::new(V2Cgroup::new(path, &V2_CONTROLLERS)),
     }
+}
+
+/// Controllers of a plain (rawexec) task's cgroup on v1: the freezer alone, which is
+/// what emptying it needs (no limits are set, and every other controller would cost
+/// start latency and kernel memory for nothing).
+pub const PLAIN_V1_CONTROLLERS: [&str; 1] = ["freezer"];
+
+/// Parent of plain tasks' cgroups, below the hierarchy roots.
+pub const PLAIN_PARENT: &str = "drover-plain";
+
+/// The cgroup of the plain task whose executor directory is `dir`:
+/// `drover-plain/<16 hex of sha256(dir)>`. Derived from the directory alone, so that a
+/// plugin finds it again after its executor died, and two agents on one host (each
+/// with its own data dir) never share one for a task id they both use.
+///
+/// ```
+/// let a = drover_executor::cgroup::plain_path(std::path::Path::new("/d/0123456789abcdef"));
+/// assert!(a.starts_with("drover-plain/") && a.len() == "drover-plain/".len() + 16);
+/// ```
+pub fn plain_path(dir: &std::path::Path) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes());
+    let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{PLAIN_PARENT}/{name}")
+}
+
+/// The cgroup of a plain task at `path` (from [`plain_path`]): only the freezer on v1,
+/// no controllers on v2 (`cgroup.kill` and `cgroup.procs` are core files).
+pub fn open_plain(version: Version, path: &str) -> Box<dyn TaskCgroup> {
+    let path = path.trim_matches('/').to_owned();
+    match version {
+        Version::V1 => Box::new(V1Cgroup::new(path, &PLAIN_V1_CONTROLLERS)),
+        Version::V2 => Box::new(V2Cgroup::new(path, &[])),
+    }
+}
+
+/// Remove the plain task cgroups under [`PLAIN_PARENT`] that are empty and older than
+/// `min_age`, and return how many. An executor removes its task's cgroup once nothing of
+/// the task is left, and a driver's destroy does; one whose executor and task were
+/// killed from outside and that nobody destroyed stays behind empty. The age keeps
+/// this away from a cgroup an executor just created and its task is about to join.
+/// Best effort: errors are skipped.
+pub fn sweep_plain(version: Version, min_age: Duration) -> usize {
+    let parent = open_plain(version, PLAIN_PARENT);
+    let Some(dir) = parent
+        .procs_files()
+        .first()
+        .and_then(|f| f.parent().map(std::path::Path::to_owned))
+    else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.len() != 16 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let old_enough = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if !old_enough {
+            continue;
+        }
+        let cg = open_plain(version, &format!("{PLAIN_PARENT}/{name}"));
+        if cg.pids().is_empty() && cg.delete().is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether plain tasks can get a cgroup here: the hierarchy this host uses, when it
+/// has what [`open_plain`] needs (v1: a mounted freezer; v2: the unified hierarchy
+/// writable by us). `None` leaves plain tasks to their process group.
+pub fn plain_support() -> Option<Version> {
+    let version = Version::detect();
+    let usable = match version {
+        Version::V1 => {
+            let v1 = hierarchies::V1::new();
+            cgroups_rs::fs::Hierarchy::subsystems(&v1)
+                .iter()
+                .any(|s| s.controller_name() == PLAIN_V1_CONTROLLERS[0])
+        }
+        Version::V2 => rustix::fs::access(UNIFIED_ROOT, rustix::fs::Access::WRITE_OK).is_ok(),
+    };
+    usable.then_some(version)
 }
 
 /// The v1 controllers that are not mounted (a task cgroup needs all of
@@ -204,23 +302,37 @@ fn freeze_kill_thaw(freezer: &FreezerController, cg: &Cgroup, path: &str) -> Res
 struct V1Cgroup {
     path: String,
     cg: Cgroup,
+    /// How many controllers it was opened with (all must be mounted to create it).
+    wanted: usize,
 }
 
 impl V1Cgroup {
-    fn new(path: String) -> Self {
+    fn new(path: String, controllers: &[&str]) -> Self {
         let cg = Cgroup::load_with_specified_controllers(
             Box::new(hierarchies::V1::new()),
             &path,
-            V1_CONTROLLERS.iter().map(|c| (*c).to_owned()).collect(),
+            controllers.iter().map(|c| (*c).to_owned()).collect(),
         );
-        V1Cgroup { path, cg }
+        V1Cgroup {
+            path,
+            cg,
+            wanted: controllers.len(),
+        }
     }
 
     fn apply(&self, l: &Limits) -> Result<(), String> {
         let p = &self.path;
         let missing = |c: &str| format!("cgroup {p}: the {c} controller is not mounted");
-        let mem: &MemController = self.cg.controller_of().ok_or_else(|| missing("memory"))?;
+        // A controller is looked up only for a limit it sets: a plain task's cgroup
+        // (the freezer alone) has no limits.
+        let mem = || -> Result<&MemController, String> {
+            self.cg.controller_of().ok_or_else(|| missing("memory"))
+        };
+        let cpu = || -> Result<&CpuController, String> {
+            self.cg.controller_of().ok_or_else(|| missing("cpu"))
+        };
         if let Some(bytes) = l.memory {
+            let mem = mem()?;
             let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
             mem.set_limit(bytes)
                 .map_err(err(p, "set memory.limit_in_bytes"))?;
@@ -237,15 +349,17 @@ impl V1Cgroup {
             }
         }
         if let Some(bytes) = l.memory_soft {
-            mem.set_soft_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
+            mem()?
+                .set_soft_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
                 .map_err(err(p, "set memory.soft_limit_in_bytes"))?;
         }
-        let cpu: &CpuController = self.cg.controller_of().ok_or_else(|| missing("cpu"))?;
         if let Some(shares) = l.cpu_shares {
-            cpu.set_shares(shares.clamp(2, 262_144))
+            cpu()?
+                .set_shares(shares.clamp(2, 262_144))
                 .map_err(err(p, "set cpu.shares"))?;
         }
         if let Some(cores) = l.cpu_cores {
+            let cpu = cpu()?;
             cpu.set_cfs_period(CPU_PERIOD_US)
                 .map_err(err(p, "set cpu.cfs_period_us"))?;
             cpu.set_cfs_quota(quota_us(cores))
@@ -275,10 +389,15 @@ impl TaskCgroup for V1Cgroup {
     }
 
     fn create(&self, limits: &Limits) -> Result<(), String> {
-        if self.cg.subsystems().len() < V1_CONTROLLERS.len() {
+        if self.cg.subsystems().len() < self.wanted {
             return Err(format!(
-                "cgroup {}: controllers {:?} are not all mounted",
-                self.path, V1_CONTROLLERS
+                "cgroup {}: the controllers it needs are not all mounted (found {:?})",
+                self.path,
+                self.cg
+                    .subsystems()
+                    .iter()
+                    .map(|s| s.controller_name())
+                    .collect::<Vec<_>>()
             ));
         }
         self.cg.create().map_err(err(&self.path, "create"))?;
@@ -356,11 +475,11 @@ struct V2Cgroup {
 }
 
 impl V2Cgroup {
-    fn new(path: String) -> Self {
+    fn new(path: String, controllers: &[&str]) -> Self {
         let cg = Cgroup::load_with_specified_controllers(
             Box::new(hierarchies::V2::new()),
             &path,
-            V2_CONTROLLERS.iter().map(|c| (*c).to_owned()).collect(),
+            controllers.iter().map(|c| (*c).to_owned()).collect(),
         );
         V2Cgroup { path, cg }
     }
@@ -381,8 +500,14 @@ impl V2Cgroup {
     fn apply(&self, l: &Limits) -> Result<(), String> {
         let p = &self.path;
         let missing = |c: &str| format!("cgroup {p}: the {c} controller is not enabled");
-        let mem: &MemController = self.cg.controller_of().ok_or_else(|| missing("memory"))?;
+        let mem = || -> Result<&MemController, String> {
+            self.cg.controller_of().ok_or_else(|| missing("memory"))
+        };
+        let cpu = || -> Result<&CpuController, String> {
+            self.cg.controller_of().ok_or_else(|| missing("cpu"))
+        };
         if let Some(bytes) = l.memory {
+            let mem = mem()?;
             mem.set_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
                 .map_err(err(p, "set memory.max"))?;
             // No swapping past the limit either; absent without swap accounting.
@@ -392,18 +517,20 @@ impl V2Cgroup {
             }
         }
         if let Some(bytes) = l.memory_soft {
-            mem.set_soft_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
+            mem()?
+                .set_soft_limit(i64::try_from(bytes).unwrap_or(i64::MAX))
                 .map_err(err(p, "set memory.low"))?;
         }
-        let cpu: &CpuController = self.cg.controller_of().ok_or_else(|| missing("cpu"))?;
         if let Some(shares) = l.cpu_shares {
+            let cpu = cpu()?;
             // The conversion runc and systemd use from v1 shares to a v2 weight.
             let shares = shares.clamp(2, 262_144);
             cpu.set_shares(1 + ((shares - 2) * 9999) / 262_142)
                 .map_err(err(p, "set cpu.weight"))?;
         }
         if let Some(cores) = l.cpu_cores {
-            cpu.set_cfs_quota_and_period(Some(quota_us(cores)), Some(CPU_PERIOD_US))
+            cpu()?
+                .set_cfs_quota_and_period(Some(quota_us(cores)), Some(CPU_PERIOD_US))
                 .map_err(err(p, "set cpu.max"))?;
         }
         if let Some(max) = l.pids {
@@ -524,6 +651,34 @@ mod tests {
         assert_eq!(quota_us(0.5), 50_000);
         assert_eq!(quota_us(2.0), 200_000);
         assert_eq!(quota_us(0.001), 1000);
+    }
+
+    #[test]
+    fn sweeping_removes_old_empty_task_cgroups_only() {
+        let Some(version) = plain_support() else {
+            assert!(std::env::var_os("CI").is_none(), "CI needs cgroups");
+            eprintln!("skipped: no cgroups for plain tasks here");
+            return;
+        };
+        let unique = format!("{:016x}", u64::from(std::process::id()) << 20 | 0xabcde);
+        let old = open_plain(version, &format!("{PLAIN_PARENT}/{unique}"));
+        let fresh_name = format!("{:016x}", u64::from(std::process::id()) << 20 | 0xfedcb);
+        let fresh = open_plain(version, &format!("{PLAIN_PARENT}/{fresh_name}"));
+        old.create(&Limits::default()).unwrap();
+        fresh.create(&Limits::default()).unwrap();
+        let dir = old.procs_files()[0].parent().unwrap().to_owned();
+        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+        std::fs::File::open(&dir)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+        assert!(sweep_plain(version, Duration::from_secs(3600)) >= 1);
+        assert!(!old.exists(), "an old empty task cgroup was kept");
+        assert!(
+            fresh.exists(),
+            "a fresh one (its task may be about to join) went"
+        );
+        fresh.delete().unwrap();
     }
 
     #[test]

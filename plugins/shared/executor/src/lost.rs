@@ -1,0 +1,233 @@
+//! A task whose executor died: find its processes by proof, never by a bare pid, and
+//! kill them, so that a driver can say the task ended (and a restart policy start it
+//! again) only once no copy of it runs.
+//!
+//! Proof, strongest first:
+//! - **cgroup membership**: a plain task started with [`crate::LaunchSpec::own_cgroup`]
+//!   is in [`crate::cgroup::plain_path`] of its directory with everything it started;
+//!   emptying that cgroup (freezer or `cgroup.kill`) kills exactly the task, `setsid`
+//!   children included.
+//! - **pidfd and start time**: a pidfd opened on the task's pid, then the start time
+//!   of that pid read from `/proc` and found equal to the one recorded at launch,
+//!   names the task's main process for good (the process held the pid before the
+//!   pidfd was opened and still holds it after). Its process group is killed while
+//!   the leader is alive (so the group id cannot belong to anyone else), then the
+//!   leader through the pidfd. Processes that left the group (`setsid`) are out of
+//!   reach without a cgroup.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::Duration;
+
+use drover_plugin_sdk::DriverError;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags};
+
+use crate::{cgroup, files, procfs};
+
+/// How long the processes of a lost task may take to die after SIGKILL.
+pub const KILL_LIMIT: Duration = Duration::from_secs(10);
+
+/// A process proven to be the one that had `pid` and `start_time`: its pidfd, or
+/// `None` when that process has exited (whatever holds the pid now is someone else).
+/// An error when the proof cannot be made (no start time was recorded).
+///
+/// ```
+/// let me = std::process::id();
+/// let start = drover_executor::procfs::process_start_time(me).unwrap();
+/// assert!(drover_executor::lost::prove(me, start).unwrap().is_some());
+/// assert!(drover_executor::lost::prove(me, start + 1).unwrap().is_none());
+/// ```
+pub fn prove(pid: u32, start_time: u64) -> Result<Option<OwnedFd>, String> {
+    if start_time == 0 {
+        return Err(format!(
+            "no start time was recorded for process {pid}, so it cannot be told from a \
+             later process with the same pid"
+        ));
+    }
+    let Some(raw) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return Err(format!("impossible pid {pid}"));
+    };
+    let pidfd = match rustix::process::pidfd_open(raw, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Ok(None),
+        Err(e) => return Err(format!("cannot open a pidfd of process {pid}: {e}")),
+    };
+    // Read after the pidfd was opened: see the module comment.
+    match procfs::process_start_time(pid) {
+        Ok(t) if t == start_time => Ok(Some(pidfd)),
+        // Another process has the pid now, or it has exited meanwhile.
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read the start time of process {pid}: {e}")),
+    }
+}
+
+/// Send signal number `signal` to the process that had `pid` and `start_time`, through
+/// a pidfd once proven ([`prove`]): `Ok(true)` when sent, `Ok(false)` when that process
+/// has exited (nothing is sent: the pid may be someone else's now).
+pub fn signal_proven(pid: u32, start_time: u64, signal: i32) -> Result<bool, String> {
+    let sig = rustix::process::Signal::from_named_raw(signal)
+        .ok_or_else(|| format!("unknown signal number {signal}"))?;
+    let Some(pidfd) = prove(pid, start_time)? else {
+        return Ok(false);
+    };
+    match rustix::process::pidfd_send_signal(&pidfd, sig) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::SRCH) => Ok(false),
+        Err(e) => Err(format!("cannot send signal {signal} to process {pid}: {e}")),
+    }
+}
+
+/// Wait until the process of `pidfd` has exited (a zombie counts), up to `limit`.
+pub fn wait_exit(pidfd: &OwnedFd, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let timeout = Timespec {
+            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(n) if n > 0 => return true,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ if left.is_zero() => return false,
+            Ok(_) => return false,
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Kill the process proven by `pidfd` and, when it leads it, its process group `pgid`;
+/// wait until it has exited.
+fn kill_proven(pidfd: &OwnedFd, pid: u32, pgid: u32) -> Result<String, String> {
+    if pgid == pid
+        && let Ok(group) = i32::try_from(pgid)
+    {
+        // The leader is alive (we hold its pidfd and it has not exited: checked just
+        // now), so the group id is still its own.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(group),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    match rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+        Err(e) => return Err(format!("cannot SIGKILL process {pid}: {e}")),
+    }
+    if wait_exit(pidfd, KILL_LIMIT) {
+        Ok(format!(
+            "killed its process {pid} (identity proven by pidfd and start time) and its \
+             process group {pgid}"
+        ))
+    } else {
+        Err(format!(
+            "process {pid} is still alive {KILL_LIMIT:?} after SIGKILL"
+        ))
+    }
+}
+
+/// Empty and remove the plain task cgroup of executor directory `dir`, if there is
+/// one. `Ok(None)` when there is none (no cgroups here, or it is gone already).
+pub fn empty_plain_cgroup(dir: &Path) -> Result<Option<String>, String> {
+    let Some(version) = cgroup::plain_support() else {
+        return Ok(None);
+    };
+    let cg = cgroup::open_plain(version, &cgroup::plain_path(dir));
+    if !cg.exists() {
+        return Ok(None);
+    }
+    let had = cg.pids();
+    cgroup::empty_and_remove(&*cg, KILL_LIMIT)?;
+    Ok(Some(if had.is_empty() {
+        format!("removed its empty cgroup {}", cg.path())
+    } else {
+        format!(
+            "killed every process in its cgroup {} ({had:?}) and removed it",
+            cg.path()
+        )
+    }))
+}
+
+/// Whether nothing of the task of the dead executor in `dir` can run: the executor never bound
+/// its socket (which comes before the task's start), or the task was to have a cgroup
+/// of its own ([`crate::LaunchSpec::own_cgroup`], created before the task's start and
+/// removed only once the task is gone) and there is none.
+pub fn nothing_can_run(dir: &Path) -> bool {
+    if !crate::socket_path(dir).exists() {
+        return true;
+    }
+    let spec: Option<crate::LaunchSpec> = std::fs::read(dir.join(crate::SPEC_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    match (spec, cgroup::plain_support()) {
+        (Some(spec), Some(version)) if spec.own_cgroup && spec.isolation.is_none() => {
+            !cgroup::open_plain(version, &cgroup::plain_path(dir)).exists()
+        }
+        _ => false,
+    }
+}
+
+/// Kill what is left of the task whose executor directory is `dir`, whose executor is
+/// dead: everything in its cgroup, else its main process `pid` (and group `pgid`) once
+/// proven by `start_time`. Returns what was done, for the task's events; an error when
+/// a copy of the task may still run (the caller must then not report the task as
+/// ended). Blocking (up to [`KILL_LIMIT`]): call it from `spawn_blocking`.
+pub fn kill_lost_task(dir: &Path, pid: u32, pgid: u32, start_time: u64) -> Result<String, String> {
+    if files::lock_state(dir).held() {
+        return Err(format!(
+            "the executor in {} is alive: it owns the task",
+            dir.display()
+        ));
+    }
+    // The cgroup first: it holds every process, proven ours by where it is.
+    if let Some(done) = empty_plain_cgroup(dir)? {
+        return Ok(done);
+    }
+    match prove(pid, start_time)? {
+        None => Ok(format!("its process {pid} had exited already")),
+        Some(pidfd) => kill_proven(&pidfd, pid, pgid),
+    }
+}
+
+/// [`kill_lost_task`] from async code.
+pub async fn kill_lost_task_async(
+    dir: &Path,
+    pid: u32,
+    pgid: u32,
+    start_time: u64,
+) -> Result<String, DriverError> {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || kill_lost_task(&dir, pid, pgid, start_time))
+        .await
+        .map_err(DriverError::internal)?
+        .map_err(DriverError::Internal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proven_process_group_is_killed_and_a_reused_pid_is_left_alone() {
+        use std::os::unix::process::CommandExt as _;
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = procfs::process_start_time(pid).unwrap();
+        // A wrong start time: someone else's process, never touched.
+        assert!(prove(pid, start + 7).unwrap().is_none());
+        assert!(child.try_wait().unwrap().is_none());
+        let tmp = tempfile::tempdir().unwrap();
+        let done = kill_lost_task(tmp.path(), pid, pid, start).unwrap();
+        assert!(done.contains("killed its process"), "{done}");
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(9));
+        assert!(prove(pid, 0).is_err());
+    }
+}
