@@ -69,6 +69,9 @@ fn raise_nofile_limit(config: &AgentConfig) {
         Ok(l) => {
             if l.now != l.was {
                 tracing::debug!(was = l.was, now = l.now, "raised the open-file limit");
+                // Plugins, and through their executors the tasks, get the limit the
+                // operator started the agent with, not the agent's raised one.
+                drover_plugin_sdk::client::set_plugin_nofile_soft_limit(l.was);
             }
             l.now
         }

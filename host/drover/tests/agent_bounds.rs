@@ -485,4 +485,25 @@ fn the_agent_raises_its_open_file_soft_limit_to_the_hard_limit() {
     if hard != "unlimited" {
         assert_eq!(soft, hard, "{line}");
     }
+    // What the agent raised for itself stays its own: a task (through its plugin and
+    // executor) gets the limit the agent was started with.
+    agent.wait_plugins(Duration::from_secs(10), |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+    });
+    let run = agent.cli_json(&[
+        "task",
+        "run",
+        "--driver",
+        "rawexec",
+        "--config",
+        &drover_test_support::sh("ulimit -S -n").to_string(),
+        "--json",
+    ]);
+    let id = run["id"].as_str().unwrap().to_owned();
+    let (ok, _, err) = cli_within(&agent, &["task", "wait", &id], Duration::from_secs(30));
+    assert!(ok, "task wait: {err}");
+    let (ok, out, err) = cli_within(&agent, &["task", "logs", &id], Duration::from_secs(30));
+    assert!(ok, "task logs: {err}");
+    assert_eq!(out.trim(), "1024", "the task's open-file soft limit");
 }

@@ -9,7 +9,9 @@
 mod process;
 mod reattach;
 
-pub use process::{LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE};
+pub use process::{
+    LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE, set_plugin_nofile_soft_limit,
+};
 pub use reattach::{ReattachConfig, ReattachError, process_start_time};
 
 use std::time::Duration;

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -256,17 +257,69 @@ fn spawn(opts: &LaunchOptions) -> Result<tokio::process::Child, LaunchError> {
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(false);
-    if let Some(fd) = &opts.executable {
-        let exec = ExecFd::prepare(fd, &opts.command, &opts.args, &env).map_err(spawn_error)?;
-        // SAFETY: the closure runs in the forked child before exec. `ExecFd::exec` only
-        // makes raw system calls (fcntl, execveat) on memory prepared before the fork: no
+    let exec = match &opts.executable {
+        Some(fd) => {
+            Some(ExecFd::prepare(fd, &opts.command, &opts.args, &env).map_err(spawn_error)?)
+        }
+        None => None,
+    };
+    let nofile = PLUGIN_NOFILE_SOFT.load(Ordering::Relaxed);
+    if exec.is_some() || nofile != 0 {
+        // SAFETY: the closure runs in the forked child before exec. It only makes raw
+        // system calls (prlimit, fcntl, execveat) on memory prepared before the fork: no
         // allocation, no locks, nothing another thread of the parent could have held.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(move || exec.exec());
+            cmd.pre_exec(move || {
+                if nofile != 0 {
+                    restore_nofile_soft(nofile)?;
+                }
+                match &exec {
+                    Some(exec) => exec.exec(),
+                    None => Ok(()),
+                }
+            });
         }
     }
     cmd.spawn().map_err(spawn_error)
+}
+
+/// The open-file soft limit plugins start with; 0 leaves the inherited one.
+static PLUGIN_NOFILE_SOFT: AtomicU64 = AtomicU64::new(0);
+
+/// Start every plugin launched from now on with `soft` as its open-file soft limit
+/// (capped at the hard limit), whatever this process raised its own to.
+///
+/// A host that raises its own limit (the agent raises its soft limit to the hard limit
+/// for its connections and followers) calls this with the limit it was started with,
+/// so that plugins, and through their executors the tasks, get what the operator set,
+/// not the host's raised one. Go's runtime does the same for the children of a
+/// program whose limit it raised.
+///
+/// ```
+/// use rustix::process::{getrlimit, Resource};
+/// let started_with = getrlimit(Resource::Nofile).current.unwrap_or(1024);
+/// // ... raise this process's own limit ...
+/// drover_plugin_sdk::client::set_plugin_nofile_soft_limit(started_with);
+/// ```
+pub fn set_plugin_nofile_soft_limit(soft: u64) {
+    PLUGIN_NOFILE_SOFT.store(soft, Ordering::Relaxed);
+}
+
+/// In the forked child: set the open-file soft limit back to `soft` (at most the hard
+/// limit). Only system calls: safe between fork and exec.
+fn restore_nofile_soft(soft: u64) -> std::io::Result<()> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.maximum.map_or(soft, |hard| soft.min(hard));
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(soft),
+            maximum: limit.maximum,
+        },
+    )
+    .map_err(std::io::Error::from)
 }
 
 /// Everything `execveat` needs, built before the fork so the child only makes the call.
