@@ -161,6 +161,7 @@ pub async fn run(
     let api = tokio::spawn(crate::api::serve(
         listener,
         config.limits.max_connections,
+        config.limits.header_read_timeout,
         crate::api::ApiState {
             catalog: catalog.clone(),
             tasks: tasks.clone(),
