@@ -87,7 +87,8 @@ fn raise_nofile_limit(config: &AgentConfig) {
         tracing::warn!(
             limit = now,
             budget,
-            "the open-file limit is below what the configured [limits] can use together;              raise the hard limit (e.g. LimitNOFILE= in the systemd unit) or lower them"
+            "the open-file limit is below what the configured [limits] can use together; \
+             raise the hard limit (e.g. LimitNOFILE= in the systemd unit) or lower them"
         );
     }
 }

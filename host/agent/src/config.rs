@@ -269,7 +269,10 @@ impl AgentConfig {
             return d.clone();
         }
         if self.dev {
-            std::env::temp_dir().join(format!("drover-dev-{}", rustix::process::getuid().as_raw()))
+            std::env::temp_dir().join(format!(
+                "drover-dev-{}",
+                rustix::process::geteuid().as_raw()
+            ))
         } else {
             PathBuf::from("/var/lib/drover")
         }

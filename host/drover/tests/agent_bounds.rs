@@ -607,3 +607,52 @@ fn the_agent_raises_its_open_file_soft_limit_to_the_hard_limit() {
     assert!(ok, "task logs: {err}");
     assert_eq!(out.trim(), "1024", "the task's open-file soft limit");
 }
+
+/// With a hard open-file limit below what the configured `[limits]` can use, the agent
+/// warns and says what to do, in one readable sentence (the message once had a run of
+/// spaces where a line continuation was missing).
+#[test]
+fn a_hard_open_file_limit_below_the_budget_is_warned_about_readably() {
+    let root = tempfile::tempdir().unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let data = root.path().join("data");
+    let log = root.path().join("agent.log");
+    let child = Killed(
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg("ulimit -n 512 && exec \"$0\" \"$@\"")
+            .arg(drover())
+            .arg("agent")
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let line = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("the open-file limit is below"))
+            .map(str::to_owned)
+    };
+    drover_test_support::until_blocking(
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        "the agent's warning about its open-file limit",
+        || line().is_some(),
+    );
+    let line = line().unwrap();
+    // The message itself (the log line's prefix pads the level with spaces).
+    let message = &line[line.find("the open-file limit").unwrap()..];
+    assert!(
+        message.contains("can use together; raise the hard limit") && !message.contains("  "),
+        "{line}"
+    );
+    drop(child);
+}
