@@ -686,7 +686,35 @@ mod tests {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         let (cands, skipped) = scan_plugin_dir(dir.path());
         assert!(cands.is_empty());
-        assert!(reason_of(&skipped, "good").contains("plugin_dir is world-writable"));
+        let r = reason_of(&skipped, "good");
+        let shown = dir.path().display();
+        assert!(
+            r.contains(&format!("plugin_dir {shown} is world-writable"))
+                && r.contains(&format!("chmod go-w {shown}")),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn scan_skips_a_fifo_without_opening_it_for_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o755),
+            0,
+        )
+        .unwrap();
+        // Opening it for reading would block this thread until a writer came.
+        let (cands, skipped) = scan_plugin_dir(dir.path());
+        assert!(cands.is_empty());
+        let r = reason_of(&skipped, "fifo");
+        assert!(
+            r.contains(&format!("{} is a FIFO, not a regular file", fifo.display())),
+            "{r}"
+        );
     }
 
     #[test]
