@@ -87,8 +87,42 @@ fn raise_nofile_limit(config: &AgentConfig) {
         tracing::warn!(
             limit = now,
             budget,
-            "the open-file limit is below what the configured [limits] can use together;              raise the hard limit (e.g. LimitNOFILE= in the systemd unit) or lower them"
+            "the open-file limit is below what the configured [limits] can use together; \
+             raise the hard limit (e.g. LimitNOFILE= in the systemd unit) or lower them"
         );
+    }
+}
+
+/// Say loudly, at error level, when the binary the built-in drivers run from (the
+/// agent's own) fails the checks every plugin binary must pass, e.g. a `drover` built
+/// with umask 002 and so group-writable. The built-ins are still refused (a binary
+/// other users can write must not run as the agent), and `plugin status` shows each
+/// one skipped with the same reason; without this line the operator would only see
+/// every driver missing.
+fn check_builtins_binary(builtins: &[Builtin]) {
+    let mut seen = std::collections::BTreeSet::new();
+    for b in builtins {
+        if !seen.insert(&b.command) {
+            continue;
+        }
+        let c = crate::loader::Candidate {
+            path: b.command.clone(),
+            args: b.args.clone(),
+            source: drover_api::PluginSource::Builtin,
+            label: b.name.clone(),
+        };
+        if let Err(reason) = crate::loader::open_checked(&c) {
+            let names: Vec<&str> = builtins
+                .iter()
+                .filter(|o| o.command == b.command)
+                .map(|o| o.name.as_str())
+                .collect();
+            tracing::error!(
+                path = %b.command.display(),
+                builtins = %names.join(", "),
+                "the built-in drivers will not run: {reason}"
+            );
+        }
     }
 }
 
@@ -105,6 +139,7 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Result<(), AgentError> {
     raise_nofile_limit(&config);
+    check_builtins_binary(&builtins);
     let data_dir = config.data_dir();
     // `--dev`'s default is a fixed name in the shared temp dir, which any host user
     // can create first. Refusing it (rather than moving to a fresh random dir) keeps
@@ -161,6 +196,7 @@ pub async fn run(
     let api = tokio::spawn(crate::api::serve(
         listener,
         config.limits.max_connections,
+        config.limits.header_read_timeout,
         crate::api::ApiState {
             catalog: catalog.clone(),
             tasks: tasks.clone(),

@@ -391,9 +391,17 @@ async fn task_stats(
 
 /// Serve the API on `listener` until `stop` fires, then drain for up to `grace`, with
 /// at most `max_connections` connections at once.
+///
+/// A connection that has not sent a whole request head within `header_read_timeout`
+/// (counted from when the agent starts waiting for one: on accept, and again after
+/// each answer on a kept-alive connection) is closed. Without that, idle connections
+/// would hold every `max_connections` slot for ever and lock every later client out,
+/// the operator's `drover task stop` included. The timeout covers only reading a
+/// request head: a long answer (`logs -f`, `stats -f`, `task wait`) is not cut.
 pub async fn serve(
     listener: tokio::net::UnixListener,
     max_connections: usize,
+    header_read_timeout: Duration,
     state: ApiState,
     stop: tokio_util::sync::CancellationToken,
     grace: Duration,
@@ -401,12 +409,55 @@ pub async fn serve(
     // Streaming answers (`logs -f`, `stats -f`) end when `stop` fires, so that the
     // graceful shutdown does not wait for them.
     let app = router(state).layer(Extension(stop.clone()));
-    let listener = LimitedListener::new(listener, max_connections);
-    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
-    let handle = tokio::spawn(async move { server.await });
-    stop.cancelled().await;
-    match tokio::time::timeout(grace, handle).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(_)) | Err(_) => Ok(()),
+    let mut listener = LimitedListener::new(listener, max_connections);
+    // Not `axum::serve`: it builds hyper's connection without a timer, and without one
+    // hyper never enforces `header_read_timeout`.
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    // Each connection's task holds a clone of `open`; once all are dropped, `drained`
+    // reports that every connection closed.
+    let (open, mut drained) = tokio::sync::mpsc::channel::<()>(1);
+    loop {
+        let (io, _) = tokio::select! {
+            conn = axum::serve::Listener::accept(&mut listener) => conn,
+            () = stop.cancelled() => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        let stop = stop.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            let _open = open;
+            let mut conn = std::pin::pin!(conn);
+            let done = tokio::select! {
+                r = conn.as_mut() => Some(r),
+                () = stop.cancelled() => None,
+            };
+            let r = match done {
+                Some(r) => r,
+                None => {
+                    // Finish the request in flight, if any, then close; an idle
+                    // connection closes at once.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
+                if e.is_timeout() {
+                    tracing::debug!(
+                        "closed an API connection that sent no request within \
+                         limits.header_read_timeout"
+                    );
+                } else {
+                    tracing::debug!(error = %e, "API connection ended with an error");
+                }
+            }
+        });
     }
+    // No new connections; the socket's backlog is dropped with the listener.
+    drop(listener);
+    drop(open);
+    let _ = tokio::time::timeout(grace, drained.recv()).await;
+    Ok(())
 }

@@ -51,7 +51,9 @@ fn empty_object() -> serde_json::Value {
 ///
 /// A request past a follower cap is refused at once with HTTP 503 (the agent-wide
 /// cap) or 429 (the per-task cap) and a message naming the setting; connections past
-/// [`Limits::max_connections`] wait in the socket's backlog until one closes. The
+/// [`Limits::max_connections`] wait in the socket's backlog until one closes, and a
+/// connection that sends no request within [`Limits::header_read_timeout`] is closed
+/// so that idle ones cannot hold those slots for ever. The
 /// defaults keep the descriptors all of them can use together (a connection, an
 /// inotify watch and up to five open log files per log follower) within a few
 /// thousand, well inside the open-file limit the agent raises itself to at start.
@@ -68,6 +70,11 @@ pub struct Limits {
     pub max_stats_followers: usize,
     /// `stats -f` streams served at once for one task.
     pub max_stats_followers_per_task: usize,
+    /// How long a connection may take to send a request head (from accept, and again
+    /// after each answer on a kept-alive connection) before the agent closes it.
+    /// Answers themselves, however long (`logs -f`), are not limited.
+    #[serde(serialize_with = "ser_duration", deserialize_with = "de_duration")]
+    pub header_read_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -78,6 +85,7 @@ impl Default for Limits {
             max_log_followers_per_task: 64,
             max_stats_followers: 64,
             max_stats_followers_per_task: 8,
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -102,6 +110,11 @@ impl Limits {
                     "limits.{name} must be at least 1 (got 0)"
                 )));
             }
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err(ConfigError(
+                "limits.header_read_timeout must be more than 0 (e.g. \"10s\")".into(),
+            ));
         }
         Ok(())
     }
@@ -256,7 +269,10 @@ impl AgentConfig {
             return d.clone();
         }
         if self.dev {
-            std::env::temp_dir().join(format!("drover-dev-{}", rustix::process::getuid().as_raw()))
+            std::env::temp_dir().join(format!(
+                "drover-dev-{}",
+                rustix::process::geteuid().as_raw()
+            ))
         } else {
             PathBuf::from("/var/lib/drover")
         }
@@ -423,6 +439,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("max_folowers"), "{err}");
+
+        std::fs::write(&file, "[limits]\nheader_read_timeout = \"2s\"\n").unwrap();
+        let c =
+            AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default()).unwrap();
+        assert_eq!(c.limits.header_read_timeout, Duration::from_secs(2));
+        std::fs::write(&file, "[limits]\nheader_read_timeout = \"0s\"\n").unwrap();
+        let err = AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("limits.header_read_timeout must be more than 0"),
+            "{err}"
+        );
     }
 
     #[test]

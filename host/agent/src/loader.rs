@@ -131,8 +131,10 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
 pub type FileKey = (u64, u64, u64, i64, u64, i64, u64);
 
 /// Why a file or directory is not safe to run plugins from: writable by others, or
-/// owned by someone other than us or root.
-fn insecure_reason(mode: u32, uid: u32, what: &str) -> Option<String> {
+/// owned by someone other than us or root. `what` names it in the message, `path` is
+/// what the fix applies to.
+fn insecure_reason(mode: u32, uid: u32, what: &str, path: &Path) -> Option<String> {
+    let path = path.display();
     // Group-writable counts too: a group other than root's may hold other host users,
     // and any of them could then swap the binary the agent runs as its own uid.
     if mode & 0o022 != 0 {
@@ -142,40 +144,80 @@ fn insecure_reason(mode: u32, uid: u32, what: &str) -> Option<String> {
             "group-writable"
         };
         return Some(format!(
-            "{what} is {who} (mode {:04o}): another user could replace the plugin; chmod go-w it",
+            "{what} is {who} (mode {:04o}): another user could replace the plugin; \
+             fix: chmod go-w {path}",
             mode & 0o7777
         ));
     }
     let me = rustix::process::geteuid().as_raw();
     if uid != me && uid != 0 {
         return Some(format!(
-            "{what} is owned by uid {uid}, not by root or the agent's uid {me}"
+            "{what} is owned by uid {uid}, not by root or the agent's uid {me}; \
+             fix: chown {me} {path}"
         ));
     }
     None
 }
 
+/// What a non-regular file is, for a refusal.
+fn file_type_name(t: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match t {
+        FileType::Fifo => "a FIFO",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Socket => "a socket",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symlink",
+        _ => "not a regular file",
+    }
+}
+
 /// Open the candidate's binary once and check it on the descriptor, never by path
 /// again: the file itself must not be a symlink (`O_NOFOLLOW`), must be a regular,
-/// executable file, owned by root or the agent's uid and not writable by group or others; an external
-/// plugin's directory is checked the same way and the file is opened relative to it.
-/// The descriptor is close-on-exec; it is what the launcher executes.
+/// executable file, owned by root or the agent's uid and not writable by group or
+/// others; an external plugin's directory is checked the same way and the file is
+/// opened relative to it. The descriptor is close-on-exec; it is what the launcher
+/// executes.
+///
+/// The file is first opened with `O_PATH`, which never blocks and reads nothing, and
+/// only a regular file is then opened for reading: opening a FIFO for reading blocks
+/// until a writer comes, and opening a device may act on it, so a FIFO dropped into
+/// `plugin_dir` would otherwise hang plugin loading for good. The second open cannot
+/// block either (`O_NONBLOCK`) and must find the same file (device and inode), or the
+/// candidate is refused.
 pub fn open_checked(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
-    use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let r = open_checked_inner(c);
+    match c.source {
+        PluginSource::External => r,
+        // Built-ins run from the agent's own binary: say so, or "file is
+        // group-writable" leaves the operator looking for a plugin file.
+        PluginSource::Builtin => r.map_err(|reason| {
+            format!(
+                "built-in drivers run from the agent's own binary, and it fails the checks \
+                 every plugin binary must pass: {reason}"
+            )
+        }),
+    }
+}
+
+fn open_checked_inner(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let shown = c.path.display().to_string();
     let refused = |e: rustix::io::Errno| {
         if e == rustix::io::Errno::LOOP {
-            "is a symlink: plugin binaries are run only from the file itself (O_NOFOLLOW); \
-             copy or move the binary into place"
-                .to_owned()
+            format!(
+                "{shown} is a symlink: plugin binaries are run only from the file itself \
+                 (O_NOFOLLOW); copy or move the binary into place"
+            )
         } else {
-            format!("cannot open: {e}")
+            format!("cannot open {shown}: {e}")
         }
     };
-    let fd = match c.source {
+    let (dir_fd, name) = match c.source {
         PluginSource::External => {
             let (Some(dir), Some(name)) = (c.path.parent(), c.path.file_name()) else {
-                return Err(format!("{} is not a file in a directory", c.path.display()));
+                return Err(format!("{shown} is not a file in a directory"));
             };
             let dir_fd = rustix::fs::open(
                 dir,
@@ -185,37 +227,66 @@ pub fn open_checked(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
             .map_err(|e| format!("cannot open plugin_dir {}: {e}", dir.display()))?;
             let st =
                 rustix::fs::fstat(&dir_fd).map_err(|e| format!("cannot stat plugin_dir: {e}"))?;
-            if let Some(reason) = insecure_reason(st.st_mode, st.st_uid, "plugin_dir") {
+            if let Some(reason) = insecure_reason(
+                st.st_mode,
+                st.st_uid,
+                &format!("plugin_dir {}", dir.display()),
+                dir,
+            ) {
                 return Err(reason);
             }
-            rustix::fs::openat(&dir_fd, name, flags, Mode::empty()).map_err(refused)?
+            (Some(dir_fd), name.to_owned())
         }
-        PluginSource::Builtin => {
-            rustix::fs::open(&c.path, flags, Mode::empty()).map_err(refused)?
-        }
+        PluginSource::Builtin => (None, c.path.as_os_str().to_owned()),
     };
-    let st = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat: {e}"))?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-        return Err("not a regular file".into());
+    let open = |flags: OFlags| match &dir_fd {
+        Some(dir) => rustix::fs::openat(dir, name.as_os_str(), flags, Mode::empty()),
+        None => rustix::fs::open(name.as_os_str(), flags, Mode::empty()),
+    };
+    // O_PATH: no read access asked for, so nothing blocks and no device is touched.
+    let path_fd = open(OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC).map_err(refused)?;
+    let st = rustix::fs::fstat(&path_fd).map_err(|e| format!("cannot stat {shown}: {e}"))?;
+    let file_type = FileType::from_raw_mode(st.st_mode);
+    if file_type != FileType::RegularFile {
+        return Err(format!(
+            "{shown} is {}, not a regular file: only regular files are run as plugins",
+            file_type_name(file_type)
+        ));
     }
-    let mode = st.st_mode;
+    let fd = open(
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+    )
+    .map_err(refused)?;
+    let st2 = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat {shown}: {e}"))?;
+    if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino)
+        || FileType::from_raw_mode(st2.st_mode) != FileType::RegularFile
+    {
+        return Err(format!(
+            "{shown} was replaced while it was being checked; not run"
+        ));
+    }
+    // Reads of the binary (its hash) should block as usual.
+    let fcntl_failed = |e: rustix::io::Errno| format!("fcntl on {shown}: {e}");
+    let flags = rustix::fs::fcntl_getfl(&fd).map_err(fcntl_failed)?;
+    rustix::fs::fcntl_setfl(&fd, flags.difference(OFlags::NONBLOCK)).map_err(fcntl_failed)?;
+    let mode = st2.st_mode;
     if mode & 0o111 == 0 {
         return Err(format!(
-            "not executable (mode {:04o}); chmod +x it to load it",
+            "{shown} is not executable (mode {:04o}); chmod +x it to load it",
             mode & 0o7777
         ));
     }
-    if let Some(reason) = insecure_reason(mode, st.st_uid, "file") {
+    if let Some(reason) = insecure_reason(mode, st2.st_uid, &shown, &c.path) {
         return Err(reason);
     }
     let key = (
-        st.st_dev,
-        st.st_ino,
-        st.st_size as u64,
-        st.st_mtime,
-        st.st_mtime_nsec as u64,
-        st.st_ctime,
-        st.st_ctime_nsec as u64,
+        st2.st_dev,
+        st2.st_ino,
+        st2.st_size as u64,
+        st2.st_mtime,
+        st2.st_mtime_nsec as u64,
+        st2.st_ctime,
+        st2.st_ctime_nsec as u64,
     );
     Ok((fd, key))
 }
@@ -615,7 +686,35 @@ mod tests {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         let (cands, skipped) = scan_plugin_dir(dir.path());
         assert!(cands.is_empty());
-        assert!(reason_of(&skipped, "good").contains("plugin_dir is world-writable"));
+        let r = reason_of(&skipped, "good");
+        let shown = dir.path().display();
+        assert!(
+            r.contains(&format!("plugin_dir {shown} is world-writable"))
+                && r.contains(&format!("chmod go-w {shown}")),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn scan_skips_a_fifo_without_opening_it_for_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o755),
+            0,
+        )
+        .unwrap();
+        // Opening it for reading would block this thread until a writer came.
+        let (cands, skipped) = scan_plugin_dir(dir.path());
+        assert!(cands.is_empty());
+        let r = reason_of(&skipped, "fifo");
+        assert!(
+            r.contains(&format!("{} is a FIFO, not a regular file", fifo.display())),
+            "{r}"
+        );
     }
 
     #[test]

@@ -430,6 +430,106 @@ fn api_connections_are_capped_and_waiting_ones_are_served_when_one_closes() {
     });
 }
 
+/// Security review of issue 10: `max_connections` idle connections (connected, nothing
+/// sent) locked every later client out for good, the operator's CLI included, because
+/// the API was served without a timer and hyper never enforced a header read timeout.
+/// Now each is closed once `limits.header_read_timeout` passes without a request head,
+/// and the CLI gets through; answers that run longer than that timeout (`logs -f`,
+/// `task wait`) are not cut.
+#[test]
+fn idle_connections_are_closed_after_the_header_read_timeout_and_long_answers_are_not_cut() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let root = tempfile::tempdir().unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "[limits]\nmax_connections = 8\nheader_read_timeout = \"2s\"\n",
+    )
+    .unwrap();
+    let agent = Agent::start(
+        root.path(),
+        &plugins,
+        &["--config", config.to_str().unwrap()],
+    );
+    agent.wait_plugins(Duration::from_secs(10), |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+    });
+    // A task whose output, followed and waited for, lasts well past the timeout.
+    let run = agent.cli_json(&[
+        "task",
+        "run",
+        "--driver",
+        "rawexec",
+        "--config",
+        &drover_test_support::sh(
+            "i=0; while [ $i -lt 10 ]; do echo tick $i; i=$((i+1)); sleep 0.5; done",
+        )
+        .to_string(),
+        "--json",
+    ]);
+    let id = run["id"].as_str().unwrap().to_owned();
+    let cli = |args: &[&str]| {
+        Command::new(drover())
+            .args(args)
+            .env("DROVER_ADDR", format!("unix://{}", agent.socket.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let started = Instant::now();
+    let mut follow = cli(&["task", "logs", "-f", &id]);
+    let wait = cli(&["task", "wait", &id]);
+    // The follower's request is in (its first line came back) before the idle
+    // connections take the remaining slots.
+    let mut follow_out = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut follow_out, &mut first).unwrap();
+    assert_eq!(first, "tick 0\n");
+
+    // Every slot held (the two streams above, the rest by connections that send
+    // nothing), and more idle ones queued behind them.
+    let idle: Vec<_> = (0..8)
+        .map(|_| std::os::unix::net::UnixStream::connect(&agent.socket).unwrap())
+        .collect();
+    let held_at = Instant::now();
+    // The operator's CLI still gets through, once the idle ones are closed.
+    let limit = TIMEOUT + Duration::from_secs(8);
+    let (ok, out, err) = cli_within(&agent, &["task", "status", &id, "--json"], limit);
+    assert!(ok, "task status failed: {err}{out}");
+    eprintln!(
+        "task status with the connection slots held idle answered after {:?}",
+        held_at.elapsed()
+    );
+    // The first idle connection was closed by the agent: end of file, no answer.
+    let mut conn = &idle[0];
+    conn.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = Vec::new();
+    std::io::Read::read_to_end(&mut conn, &mut buf).expect("the agent to close an idle connection");
+    assert!(buf.is_empty(), "an idle connection got an answer: {buf:?}");
+
+    // The follower saw every line, the last ones well after the timeout.
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut follow_out, &mut rest).unwrap();
+    let expected: String = (1..10).map(|i| format!("tick {i}\n")).collect();
+    assert_eq!(rest, expected, "logs -f was cut");
+    assert!(follow.wait().unwrap().success(), "logs -f failed");
+    let wait_out = wait.wait_with_output().unwrap();
+    assert!(
+        wait_out.status.success(),
+        "task wait was cut: {}",
+        String::from_utf8_lossy(&wait_out.stderr)
+    );
+    let lasted = started.elapsed();
+    assert!(
+        lasted > TIMEOUT * 2,
+        "the streams lasted only {lasted:?}, not past the header read timeout"
+    );
+}
+
 #[test]
 fn the_agent_raises_its_open_file_soft_limit_to_the_hard_limit() {
     let root = tempfile::tempdir().unwrap();
@@ -506,4 +606,53 @@ fn the_agent_raises_its_open_file_soft_limit_to_the_hard_limit() {
     let (ok, out, err) = cli_within(&agent, &["task", "logs", &id], Duration::from_secs(30));
     assert!(ok, "task logs: {err}");
     assert_eq!(out.trim(), "1024", "the task's open-file soft limit");
+}
+
+/// With a hard open-file limit below what the configured `[limits]` can use, the agent
+/// warns and says what to do, in one readable sentence (the message once had a run of
+/// spaces where a line continuation was missing).
+#[test]
+fn a_hard_open_file_limit_below_the_budget_is_warned_about_readably() {
+    let root = tempfile::tempdir().unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let data = root.path().join("data");
+    let log = root.path().join("agent.log");
+    let child = Killed(
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg("ulimit -n 512 && exec \"$0\" \"$@\"")
+            .arg(drover())
+            .arg("agent")
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let line = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("the open-file limit is below"))
+            .map(str::to_owned)
+    };
+    drover_test_support::until_blocking(
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        "the agent's warning about its open-file limit",
+        || line().is_some(),
+    );
+    let line = line().unwrap();
+    // The message itself (the log line's prefix pads the level with spaces).
+    let message = &line[line.find("the open-file limit").unwrap()..];
+    assert!(
+        message.contains("can use together; raise the hard limit") && !message.contains("  "),
+        "{line}"
+    );
+    drop(child);
 }

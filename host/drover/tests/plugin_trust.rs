@@ -209,3 +209,134 @@ async fn the_bytes_checked_are_the_bytes_executed() {
     );
     fp.process.shutdown().await;
 }
+
+/// `drover plugin status --json`, or a failure if it takes longer than `limit`.
+fn plugin_status_within(agent: &Agent, limit: Duration) -> Vec<serde_json::Value> {
+    let mut child = std::process::Command::new(drover())
+        .args(["plugin", "status", "--json"])
+        .env("DROVER_ADDR", format!("unix://{}", agent.socket.display()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "drover plugin status did not answer within {limit:?}; agent log:\n{}",
+                agent.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    rows.as_array().cloned().unwrap_or_default()
+}
+
+/// Security review of issue 10: a FIFO in `plugin_dir` was opened for reading before
+/// its type was checked, and that open blocks until a writer comes: plugin loading hung
+/// for good. Now it is skipped with its reason, and the agent loads the rest and serves.
+#[test]
+fn a_fifo_in_plugin_dir_is_skipped_and_the_agent_serves() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = plugin_dir(root.path());
+    let fifo = dir.join("drover-fifo-driver");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o755),
+        0,
+    )
+    .unwrap();
+    let agent = Agent::start(root.path(), &dir, &[]);
+    // Each `plugin status` bounded in time too: a hung agent fails the test, not hangs it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let rows = loop {
+        let rows = plugin_status_within(&agent, Duration::from_secs(5));
+        if by_path(&rows, "drover-fifo-driver").is_some()
+            && rows
+                .iter()
+                .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+        {
+            break rows;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "plugin loading did not finish within 20 s with a FIFO in plugin_dir: {rows:#?}\n\
+             agent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let row = by_path(&rows, "drover-fifo-driver").unwrap();
+    assert_eq!(row["state"], "skipped", "{row:#}");
+    let reason = row["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("{} is a FIFO, not a regular file", fifo.display())),
+        "{reason}"
+    );
+    // The agent serves: a task runs to completion.
+    let run = agent.cli_json(&[
+        "task",
+        "run",
+        "--driver",
+        "rawexec",
+        "--config",
+        &drover_test_support::sh("exit 0").to_string(),
+        "--json",
+    ]);
+    let id = run["id"].as_str().unwrap();
+    assert_eq!(agent.cli(&["task", "wait", id]).status.code(), Some(0));
+}
+
+/// Security review of issue 10: with the agent's own binary group-writable (built with
+/// umask 002, mode 0775), every built-in driver was refused with a warning naming
+/// "file", and nothing said the agent's binary was the cause. The built-ins are still
+/// refused (others could replace what runs as the agent), but the agent logs it at
+/// error level naming the binary and the fix, and `plugin status` says the same.
+#[test]
+fn a_group_writable_agent_binary_is_an_error_naming_it_and_the_fix() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let dir = plugin_dir(root.path());
+    let bin_dir = root.path().join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let binary = bin_dir.join("drover");
+    std::fs::copy(drover(), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o775)).unwrap();
+    let agent = Agent::start_binary(&binary, root.path(), &dir, &[]);
+    let fix = format!("chmod go-w {}", binary.display());
+    let builtin_rows = |rows: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        rows.iter()
+            .filter(|r| r["source"] == "builtin")
+            .cloned()
+            .collect()
+    };
+    let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
+        builtin_rows(rows).iter().any(|r| r["name"] == "rawexec")
+    });
+    let builtins = builtin_rows(&rows);
+    assert!(!builtins.is_empty());
+    for row in &builtins {
+        assert_eq!(row["state"], "skipped", "{row:#}");
+        let reason = row["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("the agent's own binary")
+                && reason.contains(&format!("{} is group-writable", binary.display()))
+                && reason.contains(&fix),
+            "{reason}"
+        );
+    }
+    let log = agent.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("ERROR") && l.contains("the built-in drivers will not run"))
+        .unwrap_or_else(|| panic!("no error-level line about the built-ins:\n{log}"));
+    assert!(
+        line.contains(&binary.display().to_string()) && line.contains(&fix),
+        "{line}"
+    );
+}

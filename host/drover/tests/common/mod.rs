@@ -87,6 +87,12 @@ impl Agent {
     /// Start `drover agent` on fresh dirs under `root`. Every process it starts inherits
     /// `DROVER_TEST_MARKER=<marker>` so the test can find leftovers.
     pub fn start(root: &Path, plugin_dir: &Path, extra: &[&str]) -> Agent {
+        Agent::start_binary(&drover(), root, plugin_dir, extra)
+    }
+
+    /// [`Agent::start`] from another copy of the `drover` binary (its built-in drivers
+    /// run from that copy).
+    pub fn start_binary(binary: &Path, root: &Path, plugin_dir: &Path, extra: &[&str]) -> Agent {
         let data_dir = root.join("data");
         let log = root.join("agent.log");
         let marker = format!(
@@ -95,7 +101,7 @@ impl Agent {
             root.display().to_string().len()
         );
         let marker = format!("{marker}-{}", rand_suffix());
-        let child = Command::new(drover())
+        let child = Command::new(binary)
             .arg("agent")
             .arg("--data-dir")
             .arg(&data_dir)
