@@ -812,10 +812,10 @@ mod tests {
                 task.reopen_self().unwrap(),
                 "the descriptor `entries` reads",
             );
-            close_on_exec(&task.open_dir("logs/sub").unwrap(), "Dir::open_dir");
-            close_on_exec(&task.create_dir("new", 0o700).unwrap(), "Dir::create_dir");
+            close_on_exec(task.open_dir("logs/sub").unwrap(), "Dir::open_dir");
+            close_on_exec(task.create_dir("new", 0o700).unwrap(), "Dir::create_dir");
             close_on_exec(
-                &task.create_dir_all("a/b", 0o700).unwrap(),
+                task.create_dir_all("a/b", 0o700).unwrap(),
                 "Dir::create_dir_all",
             );
             close_on_exec(
