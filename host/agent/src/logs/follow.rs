@@ -107,9 +107,11 @@ impl Inotify {
                     tracing::warn!(
                         "the log directories' inotify reader failed: {e}; followers poll"
                     );
-                    let mut shared = lock(&INOTIFY);
-                    if shared.as_ref().is_some_and(|i| Arc::ptr_eq(i, &self)) {
-                        *shared = None;
+                    {
+                        let mut shared = lock(&INOTIFY);
+                        if shared.as_ref().is_some_and(|i| Arc::ptr_eq(i, &self)) {
+                            *shared = None;
+                        }
                     }
                     // Wake everyone once: they look again and then wait for their
                     // idle check.
@@ -174,8 +176,8 @@ impl DirWatch {
             changes: tokio::sync::watch::channel(0).0,
         });
         watched.followers += 1;
-        let mut changes = watched.changes.subscribe();
-        changes.mark_unchanged();
+        // What changed before this follower came is not news to it.
+        let changes = watched.changes.subscribe();
         drop(dirs);
         Ok(DirWatch {
             inotify,
