@@ -366,7 +366,7 @@ impl Dir {
             }
             kind => return Err(Refused::NotDir { path, kind }.into()),
         }
-        let fd = rfs::openat(&fd, c".", O_DIR | OFlags::CLOEXEC, Mode::empty())?;
+        let fd = rfs::openat(&fd, c".", O_DIR, Mode::empty())?;
         Ok(Dir { fd, path })
     }
 
@@ -514,15 +514,19 @@ impl Dir {
 
     /// The names in this directory (without `.` and `..`), in no particular order.
     pub fn entries(&self) -> io::Result<Vec<OsString>> {
-        let fd = rfs::openat(&self.fd, c".", O_DIR, Mode::empty())?;
         let mut names = Vec::new();
-        for entry in rfs::Dir::new(fd)? {
+        for entry in rfs::Dir::new(self.reopen_self()?)? {
             let name = entry?.file_name().to_bytes().to_vec();
             if name != b"." && name != b".." {
                 names.push(OsStr::from_bytes(&name).to_owned());
             }
         }
         Ok(names)
+    }
+
+    /// A new descriptor of this directory, for reading its entries from the start.
+    fn reopen_self(&self) -> io::Result<OwnedFd> {
+        rfs::openat(&self.fd, c".", O_DIR, Mode::empty()).map_err(Into::into)
     }
 
     /// Set this directory's permission bits to `mode`.
@@ -736,7 +740,11 @@ impl AsFd for Dir {
 }
 
 const O_PATH: OFlags = OFlags::PATH;
-const O_DIR: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY);
+/// Every descriptor opened here is close-on-exec: a plugin or agent that spawns a
+/// process while it looks at a task dir must not hand that process the directory.
+const O_DIR: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::CLOEXEC);
 
 #[cfg(test)]
 mod tests {
@@ -783,6 +791,47 @@ mod tests {
         std::fs::write(tmp.path().join("task/logs/stdout.0"), "out\n").unwrap();
         let dir = Dir::open(tmp.path().join("task")).unwrap();
         (tmp, dir, secret)
+    }
+
+    fn close_on_exec(fd: impl AsFd, what: &str) {
+        let flags = rustix::io::fcntl_getfd(fd).unwrap();
+        assert!(
+            flags.contains(rustix::io::FdFlags::CLOEXEC),
+            "{what}: the descriptor is not close-on-exec"
+        );
+    }
+
+    /// A descriptor without O_CLOEXEC leaks into every process spawned meanwhile
+    /// (a plugin starting a task while it lists a task dir).
+    #[test]
+    fn every_descriptor_is_close_on_exec() {
+        both(|| {
+            let (_tmp, task, _) = setup();
+            close_on_exec(&task, "Dir::open");
+            close_on_exec(
+                task.reopen_self().unwrap(),
+                "the descriptor `entries` reads",
+            );
+            close_on_exec(task.open_dir("logs/sub").unwrap(), "Dir::open_dir");
+            close_on_exec(task.create_dir("new", 0o700).unwrap(), "Dir::create_dir");
+            close_on_exec(
+                task.create_dir_all("a/b", 0o700).unwrap(),
+                "Dir::create_dir_all",
+            );
+            close_on_exec(
+                task.open_file("logs/stdout.0", &read()).unwrap(),
+                "Dir::open_file (existing)",
+            );
+            close_on_exec(
+                task.open_file("logs/stdout.9", &log()).unwrap(),
+                "Dir::open_file (created)",
+            );
+            close_on_exec(
+                task.resolve_any(Path::new("logs/stdout.0"), O_PATH, Mode::empty())
+                    .unwrap(),
+                "an O_PATH resolution",
+            );
+        });
     }
 
     #[test]

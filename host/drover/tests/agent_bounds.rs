@@ -656,3 +656,80 @@ fn a_hard_open_file_limit_below_the_budget_is_warned_about_readably() {
     );
     drop(child);
 }
+
+/// The inotify instances `pid` holds (`fs.inotify.max_user_instances` counts them per
+/// user: 128 by default, shared with every other root daemon on the host).
+fn inotify_instances(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.as_os_str() == "anon_inode:inotify")
+        .count()
+}
+
+/// 200 log followers hold a small fixed number of inotify instances in the agent (it
+/// used to take one per follower, 200 of the host's 128-per-user), and each of them
+/// still gets its task's next line promptly.
+#[test]
+fn log_followers_share_the_agents_inotify_instance() {
+    raise_own_nofile();
+    let (root, agent) = rawexec_agent();
+    let rt = runtime();
+    let go = root.path().join("go");
+    let before = inotify_instances(agent.child.id());
+    // Four tasks × 50 followers: within both default caps.
+    let ids: Vec<String> = (0..4)
+        .map(|i| {
+            let script = format!(
+                "echo hello {i}; while [ ! -e {go} ]; do sleep 0.05; done; echo world {i}; \
+                 exec sleep 600",
+                go = go.display()
+            );
+            let run = agent.cli_json(&[
+                "task",
+                "run",
+                "--driver",
+                "rawexec",
+                "--config",
+                &drover_test_support::sh(&script).to_string(),
+                "--json",
+            ]);
+            run["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let (mut held, refused) = rt.block_on(open_followers(&agent, &ids, 50));
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(held.len(), 200);
+    rt.block_on(async {
+        for s in &mut held {
+            drover_test_support::within(
+                Duration::from_secs(10),
+                "a follower's first line",
+                async { s.read_until("hello").await },
+            )
+            .await;
+        }
+    });
+    let during = inotify_instances(agent.child.id());
+    eprintln!("agent inotify instances: {before} before, {during} with 200 followers");
+    assert!(
+        during <= before + 2,
+        "the agent holds {during} inotify instances with 200 log followers ({before} before)"
+    );
+
+    // Every follower gets the line written now, promptly.
+    std::fs::write(&go, "").unwrap();
+    let started = Instant::now();
+    rt.block_on(async {
+        for s in &mut held {
+            drover_test_support::within(Duration::from_secs(5), "a follower's next line", async {
+                s.read_until("world").await
+            })
+            .await;
+        }
+    });
+    eprintln!(
+        "200 followers got the next line within {:?}",
+        started.elapsed()
+    );
+}

@@ -603,6 +603,11 @@ pub(crate) struct Policy {
     pub alloc_dir: String,
 }
 
+/// The size of each of Docker's 3 json-file files per container, in MB: the task's log
+/// file size, within these bounds.
+const DOCKER_LOG_MIN_MB: u32 = 10;
+const DOCKER_LOG_MAX_MB: u32 = 64;
+
 /// A checked task: what to create, which image to make present first.
 #[derive(Debug)]
 pub(crate) struct Plan {
@@ -781,8 +786,15 @@ impl TaskConfig {
             _ => (None, None),
         };
         // Docker's copy of the output is a buffer between the container and the log
-        // follower (and covers the time a plugin restart takes): at least 3 × 10 MB.
-        let log_size = spec.logs.max_file_size_mb.max(10);
+        // follower, and covers the time a plugin restart takes (the relaunched plugin
+        // reads on from its cursor): at least 3 × 10 MB. It is sized on its own terms,
+        // not as the task's log files: those may be 1 file of 1024 MB, which as
+        // Docker's 3 files kept 3 GB per container. 3 × 64 MB holds minutes of a
+        // chatty task's output.
+        let log_size = spec
+            .logs
+            .max_file_size_mb
+            .clamp(DOCKER_LOG_MIN_MB, DOCKER_LOG_MAX_MB);
 
         let host_config = HostConfig {
             binds: (!binds.is_empty()).then_some(binds),
@@ -1336,6 +1348,29 @@ mod tests {
         assert_eq!(h.memory, Some(128 << 20));
         assert_eq!(h.memory_reservation, Some(64 << 20));
         assert!(plan.body.cmd.is_none(), "no command: the image's CMD runs");
+    }
+
+    /// Docker's json-file buffer: 3 files of the task's log file size within 10..=64
+    /// MB, whatever the task's own log limits (1 file of 1024 MB kept 3 GB per
+    /// container in Docker before).
+    #[test]
+    fn dockers_log_buffer_is_bounded_on_its_own_terms() {
+        let dir = tempfile::tempdir().unwrap();
+        for ((files, size), want) in [
+            ((1, 1024), "64m"),
+            ((10, 10), "10m"),
+            ((2, 1), "10m"),
+            ((3, 32), "32m"),
+        ] {
+            let mut s = spec(dir.path());
+            s.logs = drover_plugin_sdk::LogConfig::new(files, size);
+            let plan = parse(r#"{"image":"x"}"#).plan(&s, &policy()).unwrap();
+            let log = plan.body.host_config.unwrap().log_config.unwrap();
+            assert_eq!(log.typ.as_deref(), Some("json-file"));
+            let config = log.config.unwrap();
+            assert_eq!(config["max-size"], want, "task logs {files} × {size} MB");
+            assert_eq!(config["max-file"], "3");
+        }
     }
 
     #[test]

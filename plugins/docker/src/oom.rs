@@ -13,13 +13,20 @@
 //! `memory.oom_control`; v2: inotify on `memory.events`) and reads the OOM-kill counter
 //! at each one, until the cgroup is removed (which is notified too, and after which
 //! its files can no longer be read). Nothing here polls.
+//!
+//! Inotify instances are scarce: `fs.inotify.max_user_instances` is 128 per user by
+//! default, shared by every root daemon on the host. The watches hold at most
+//! [`MAX_INOTIFY`] at once (a creation watcher between a container's create and the
+//! start of its cgroup's watch; on cgroup v2 one per watched cgroup); past that a
+//! container has no watch of its own and Docker's flag is all there is. A cgroup v1
+//! watch uses an eventfd, no inotify instance.
 
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
@@ -172,8 +179,82 @@ fn oom_seen(version: Version, stats: &File) -> Option<bool> {
     Some(kills > 0 || under)
 }
 
-/// A notifier fd for the cgroup's OOM events and the stats file to read at each one.
-fn register(version: Version, dir: &Path) -> std::io::Result<(OwnedFd, File)> {
+/// The most inotify instances the OOM watches of this plugin hold at once.
+pub(crate) const MAX_INOTIFY: usize = 16;
+
+/// Inotify instances held now (see [`Inotify`]).
+static INOTIFY_HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the [`MAX_INOTIFY`] inotify instances; given back when dropped.
+struct Inotify(OwnedFd);
+
+impl Inotify {
+    /// A new instance, or an error when [`MAX_INOTIFY`] are held already.
+    fn new() -> std::io::Result<Inotify> {
+        use rustix::fs::inotify;
+        INOTIFY_HELD
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_INOTIFY).then_some(n + 1)
+            })
+            .map_err(|n| {
+                std::io::Error::other(format!(
+                    "the plugin's OOM watches hold {n} inotify instances already, their limit"
+                ))
+            })?;
+        match inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK) {
+            Ok(fd) => Ok(Inotify(fd)),
+            Err(e) => {
+                INOTIFY_HELD.fetch_sub(1, Ordering::AcqRel);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Drop for Inotify {
+    fn drop(&mut self) {
+        INOTIFY_HELD.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl AsRawFd for Inotify {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl AsFd for Inotify {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// What tells of the cgroup's OOM events: an eventfd (v1) or an inotify instance (v2).
+enum Notifier {
+    Event(OwnedFd),
+    Inotify(Inotify),
+}
+
+impl AsRawFd for Notifier {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Notifier::Event(fd) => fd.as_raw_fd(),
+            Notifier::Inotify(i) => i.as_raw_fd(),
+        }
+    }
+}
+
+impl AsFd for Notifier {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Notifier::Event(fd) => fd.as_fd(),
+            Notifier::Inotify(i) => i.as_fd(),
+        }
+    }
+}
+
+/// A notifier for the cgroup's OOM events and the stats file to read at each one.
+fn register(version: Version, dir: &Path) -> std::io::Result<(Notifier, File)> {
     match version {
         Version::V1 => {
             let stats = File::open(dir.join("memory.oom_control"))?;
@@ -187,24 +268,23 @@ fn register(version: Version, dir: &Path) -> std::io::Result<(OwnedFd, File)> {
             // One write: the kernel parses each write to a cgroup file on its own.
             let line = format!("{} {}", efd.as_fd().as_raw_fd(), stats.as_raw_fd());
             control.write_all(line.as_bytes())?;
-            Ok((efd, stats))
+            Ok((Notifier::Event(efd), stats))
         }
         Version::V2 => {
             use rustix::fs::inotify;
             let stats = File::open(dir.join("memory.events"))?;
-            let ifd =
-                inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+            let ifd = Inotify::new()?;
             // MODIFY: a counter changed; the watch's removal (IN_IGNORED) wakes the
             // reader as well when the cgroup goes.
             inotify::add_watch(&ifd, dir.join("memory.events"), inotify::WatchFlags::MODIFY)?;
-            Ok((ifd, stats))
+            Ok((Notifier::Inotify(ifd), stats))
         }
     }
 }
 
 /// Make the fd an [`AsyncFd`].
-fn async_fd(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
+fn async_fd<T: AsRawFd>(fd: T) -> std::io::Result<AsyncFd<T>> {
+    // SAFETY: `register` requires the fd to stay open while registered. The owner is
     // moved into the AsyncFd, which deregisters it before dropping (closing) it.
     #[allow(unsafe_code)]
     unsafe {
@@ -252,7 +332,9 @@ fn cgroup_candidates(cid: &str, cgroup_parent: &str) -> Vec<(Version, PathBuf)> 
 pub(crate) fn arm(cid: &str, cgroup_parent: &str) -> Option<Arc<OomWatch>> {
     use rustix::fs::inotify;
     let candidates = cgroup_candidates(cid, cgroup_parent);
-    let ifd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
+    let ifd = Inotify::new()
+        .map_err(|e| tracing::debug!(container = cid, "no OOM watch before the start: {e}"))
+        .ok()?;
     let mut watched = 0;
     for (_, dir) in &candidates {
         if let Some(parent) = dir.parent()
@@ -269,25 +351,29 @@ pub(crate) fn arm(cid: &str, cgroup_parent: &str) -> Option<Arc<OomWatch>> {
     let w = watch.clone();
     tokio::spawn(async move {
         let mut buf = [0u8; 4096];
-        loop {
+        let found = loop {
             // Looked for after the watches are in place: a creation in between is
             // seen here, a later one wakes the loop.
             if let Some((version, dir)) = candidates.iter().find(|(_, d)| d.is_dir()) {
-                follow(*version, dir, &w).await;
-                break;
+                break Some((*version, dir));
             }
             let mut ready = tokio::select! {
                 r = ifd.readable() => match r {
                     Ok(r) => r,
-                    Err(_) => break,
+                    Err(_) => break None,
                 },
-                () = w.cancel.cancelled() => break,
+                () = w.cancel.cancelled() => break None,
             };
             match rustix::io::read(ifd.get_ref(), &mut buf) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::AGAIN) => ready.clear_ready(),
-                Err(_) => break,
+                Err(_) => break None,
             }
+        };
+        // The creation watcher is done with: it is not held for the container's life.
+        drop(ifd);
+        if let Some((version, dir)) = found {
+            follow(version, dir, &w).await;
         }
         w.finish();
     });
@@ -411,5 +497,108 @@ mod tests {
         assert_eq!(counter(v2, "oom_kill"), Some(0));
         assert_eq!(counter(v2, "oom"), Some(1));
         assert_eq!(counter(v2, "nope"), None);
+    }
+
+    /// The inotify instances this process holds.
+    fn own_inotify_instances() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.as_os_str() == "anon_inode:inotify")
+            .count()
+    }
+
+    /// A memory cgroup made for the test (root, on the host's memory hierarchy), with
+    /// whatever was made in it removed at the end.
+    struct TestCgroup {
+        name: String,
+        dir: PathBuf,
+        version: Version,
+    }
+
+    impl TestCgroup {
+        fn new() -> TestCgroup {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            let (version, mount) = memory_hierarchy(&mountinfo)
+                .expect("no memory cgroup hierarchy on this host: the test needs one");
+            let name = format!("drover-oom-test-{}", std::process::id());
+            let dir = mount.join(&name);
+            std::fs::create_dir(&dir).unwrap_or_else(|e| {
+                panic!("making the cgroup {} (run as root): {e}", dir.display())
+            });
+            TestCgroup { name, dir, version }
+        }
+    }
+
+    impl Drop for TestCgroup {
+        fn drop(&mut self) {
+            if let Ok(children) = std::fs::read_dir(&self.dir) {
+                for c in children.flatten() {
+                    if c.path().is_dir() {
+                        let _ = std::fs::remove_dir(c.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+
+    /// The watcher of a container's cgroup creation is let go once the cgroup exists
+    /// (it was held for the container's life), and the watches never hold more than
+    /// `MAX_INOTIFY` inotify instances (root has 128 for the whole host). One test:
+    /// both count this process's instances.
+    #[tokio::test]
+    async fn inotify_instances_are_let_go_and_bounded() {
+        let cg = TestCgroup::new();
+        let before = own_inotify_instances();
+        let w = arm("c0", &cg.name).expect("the parent cgroup exists: the watch is armed");
+        assert_eq!(own_inotify_instances(), before + 1);
+        // The container's cgroup appears: the watch moves on to it.
+        std::fs::create_dir(cg.dir.join("c0")).unwrap();
+        let following = before + usize::from(cg.version == Version::V2);
+        drover_test_support::until(
+            Duration::from_secs(5),
+            "the creation watcher to be closed once the cgroup exists",
+            || own_inotify_instances() == following,
+        )
+        .await;
+        // It follows the cgroup until it goes.
+        assert!(!*w.done.subscribe().borrow());
+        std::fs::remove_dir(cg.dir.join("c0")).unwrap();
+        drover_test_support::within(
+            Duration::from_secs(5),
+            "the watch to end with its cgroup",
+            async {
+                let _ = w.done.subscribe().wait_for(|d| *d).await;
+            },
+        )
+        .await;
+        assert!(!w.killed_within(Duration::ZERO).await);
+        drover_test_support::until(
+            Duration::from_secs(5),
+            "the watch's instances to be closed",
+            || own_inotify_instances() == before,
+        )
+        .await;
+
+        // Many containers being created at once: at most MAX_INOTIFY instances.
+        let armed: Vec<_> = (0..MAX_INOTIFY + 8)
+            .filter_map(|i| arm(&format!("n{i}"), &cg.name))
+            .collect();
+        assert_eq!(armed.len(), MAX_INOTIFY);
+        assert_eq!(own_inotify_instances(), before + MAX_INOTIFY);
+        for w in &armed {
+            w.stop();
+        }
+        drover_test_support::until(
+            Duration::from_secs(5),
+            "the stopped watches' instances to be closed",
+            || own_inotify_instances() == before,
+        )
+        .await;
+        assert!(
+            arm("again", &cg.name).is_some(),
+            "an instance is free again"
+        );
     }
 }

@@ -19,6 +19,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use drover_isolation::{CommandLine, Flavor, IsolatedDriver, IsolationConfig, TaskContext};
+use drover_plugin_sdk::taskdir::FileKind;
 use drover_plugin_sdk::{DriverError, Fingerprint, Health};
 
 pub use config::TaskConfig;
@@ -84,6 +85,49 @@ fn inside(path: &str) -> PathBuf {
     Path::new("/").join(path)
 }
 
+/// Check that the jar at `host` (`jar_path` as given) is a regular file. A jar in the
+/// task directory is looked at beneath it without following links: the plugin runs as
+/// root, and a link planted by an earlier run of the task (`local/app.jar ->
+/// /root/x`) would otherwise tell the task whether a root-only host path exists. A jar
+/// elsewhere in the root (a host directory bound into it) is the host's, not the
+/// task's.
+fn check_jar(jar: &str, host: &Path, task_dir: &Path) -> Result<(), DriverError> {
+    let invalid = |m: String| Err(DriverError::InvalidConfig(m));
+    if Path::new(jar)
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        return invalid(format!(
+            "jar_path {jar:?} contains `..`: give the jar's path without it"
+        ));
+    }
+    let kind = match host.strip_prefix(task_dir) {
+        Ok(rel) => drover_plugin_sdk::taskdir::Dir::open(task_dir)
+            .and_then(|dir| dir.metadata(rel))
+            .map(|m| m.kind),
+        Err(_) => std::fs::metadata(host).map(|m| {
+            if m.is_file() {
+                FileKind::File
+            } else {
+                FileKind::Unknown
+            }
+        }),
+    };
+    match kind {
+        Ok(FileKind::File) => Ok(()),
+        Ok(FileKind::Symlink) => invalid(format!(
+            "jar_path {jar:?} ({}) is a symbolic link, and links in the task directory are \
+             not followed: put the jar itself there",
+            host.display()
+        )),
+        Ok(_) => invalid(format!(
+            "jar_path {jar:?} ({}) is not a file",
+            host.display()
+        )),
+        Err(e) => invalid(format!("jar_path {jar:?} ({}): {e}", host.display())),
+    }
+}
+
 impl Flavor for Java {
     type TaskConfig = TaskConfig;
     const NAME: &'static str = PLUGIN_NAME;
@@ -118,21 +162,7 @@ impl Flavor for Java {
                      local/ directory (jar_path = \"local/app.jar\")"
                 ))
             })?;
-            match std::fs::metadata(&host) {
-                Ok(m) if m.is_file() => {}
-                Ok(_) => {
-                    return Err(DriverError::InvalidConfig(format!(
-                        "jar_path {jar:?} ({}) is not a file",
-                        host.display()
-                    )));
-                }
-                Err(e) => {
-                    return Err(DriverError::InvalidConfig(format!(
-                        "jar_path {jar:?} ({}): {e}",
-                        host.display()
-                    )));
-                }
-            }
+            check_jar(jar, &host, &task.spec.task_dir)?;
             args.push("-jar".into());
             args.push(jar_inside.display().to_string());
         } else if let Some(class) = &config.class {
@@ -193,6 +223,72 @@ pub type JavaDriver = IsolatedDriver<Java>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The command line of a task whose config is `config`, in `task_dir`.
+    fn command_in(task_dir: &Path, config: &str) -> Result<CommandLine, DriverError> {
+        use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
+        let spec = drover_plugin_sdk::TaskSpec::new("t1").with_task_dir(task_dir);
+        let root = TaskRoot::build(&ChrootEnv::default_list(), task_dir).unwrap();
+        let task = TaskContext {
+            spec: &spec,
+            root: &root,
+            cwd: Path::new("/"),
+            path: "/usr/bin:/bin",
+        };
+        let config: TaskConfig = serde_json::from_str(config).unwrap();
+        // Only looked for in the root: any program there stands in for the JVM.
+        Java::with_java("/bin/sh").command(&task, &config)
+    }
+
+    fn invalid(r: Result<CommandLine, DriverError>) -> String {
+        match r {
+            Err(DriverError::InvalidConfig(m)) => m,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    /// A link planted in the task dir (by an earlier run of the task) is not followed
+    /// as root to tell whether its target exists: it is refused, named.
+    #[test]
+    fn a_jar_path_through_a_link_in_the_task_dir_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let task_dir = tmp.path().join("task");
+        std::fs::create_dir_all(task_dir.join("local/real")).unwrap();
+        let secret = tmp.path().join("root-only");
+        std::fs::write(&secret, "x").unwrap();
+        std::fs::write(task_dir.join("local/real/app.jar"), "PK").unwrap();
+        std::os::unix::fs::symlink(&secret, task_dir.join("local/app.jar")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), task_dir.join("local/up")).unwrap();
+
+        let ok = command_in(&task_dir, r#"{"jar_path":"local/real/app.jar"}"#).unwrap();
+        assert_eq!(ok.args, ["-jar", "/local/real/app.jar"]);
+
+        let m = invalid(command_in(&task_dir, r#"{"jar_path":"local/app.jar"}"#));
+        assert!(
+            m.contains(&task_dir.join("local/app.jar").display().to_string())
+                && m.contains("is a symbolic link"),
+            "{m}"
+        );
+        // A link on the way: named too, its target never looked at.
+        let m = invalid(command_in(
+            &task_dir,
+            r#"{"jar_path":"local/up/root-only"}"#,
+        ));
+        assert!(
+            m.contains(&format!(
+                "{} is a symbolic link",
+                task_dir.join("local/up").display()
+            )),
+            "{m}"
+        );
+        let m = invalid(command_in(
+            &task_dir,
+            r#"{"jar_path":"local/../../root-only"}"#,
+        ));
+        assert!(m.contains("contains `..`"), "{m}");
+        let m = invalid(command_in(&task_dir, r#"{"jar_path":"local/missing.jar"}"#));
+        assert!(m.contains("local/missing.jar"), "{m}");
+    }
 
     #[tokio::test]
     async fn without_a_jvm_the_driver_is_undetected() {

@@ -36,19 +36,116 @@ impl Default for FollowOptions {
 /// written or created), instead of at its next poll. A fast writer rotating small
 /// files can delete a file a few milliseconds after creating it; a follower woken
 /// by the creation opens it first (it stays readable through our descriptor).
+///
+/// Every follower of the agent shares one inotify instance ([`Inotify`]): instances
+/// count against `fs.inotify.max_user_instances` (128 per user by default), which the
+/// agent shares with every other root daemon on the host, so one per follower let a
+/// few hundred `logs -f` use them all up, host-wide.
 struct DirWatch {
-    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    inotify: Arc<Inotify>,
+    wd: i32,
+    /// The directory's change counter; `changed` wakes on a change not yet seen.
+    changes: tokio::sync::watch::Receiver<u64>,
+}
+
+/// The process's one inotify instance for log directories, read by a thread of its
+/// own (so that it serves every runtime, and a test's runtime going away leaves it
+/// working): each event bumps the change counter of its watch, which wakes that
+/// directory's followers. A directory is watched once however many follow it; the
+/// watch is removed when its last follower goes.
+struct Inotify {
+    fd: std::os::fd::OwnedFd,
+    /// By watch descriptor. Watches are added and removed under this lock, so that the
+    /// count and the kernel's watch agree.
+    dirs: std::sync::Mutex<std::collections::HashMap<i32, Watched>>,
+}
+
+struct Watched {
+    followers: usize,
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+/// The shared instance, made on first use; `None` again if its reader thread ended.
+static INOTIFY: std::sync::Mutex<Option<Arc<Inotify>>> = std::sync::Mutex::new(None);
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The data stays consistent at every unlock: a panic elsewhere does not spoil it.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Inotify {
+    fn shared() -> io::Result<Arc<Inotify>> {
+        use rustix::fs::inotify::CreateFlags;
+        let mut shared = lock(&INOTIFY);
+        if let Some(i) = &*shared {
+            return Ok(i.clone());
+        }
+        // Blocking reads: the reader thread waits in `read`.
+        let fd = rustix::fs::inotify::init(CreateFlags::CLOEXEC)?;
+        let inotify = Arc::new(Inotify {
+            fd,
+            dirs: std::sync::Mutex::new(std::collections::HashMap::new()),
+        });
+        let reader = inotify.clone();
+        std::thread::Builder::new()
+            .name("log-inotify".into())
+            .spawn(move || reader.run())?;
+        *shared = Some(inotify.clone());
+        Ok(inotify)
+    }
+
+    /// Read events for ever, waking the followers of each directory named.
+    fn run(self: Arc<Self>) {
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+        let mut reader = rustix::fs::inotify::Reader::new(&self.fd, &mut buf);
+        let mut woken = Vec::new();
+        loop {
+            match reader.next() {
+                Ok(event) => woken.push(event.wd()),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::warn!(
+                        "the log directories' inotify reader failed: {e}; followers poll"
+                    );
+                    {
+                        let mut shared = lock(&INOTIFY);
+                        if shared.as_ref().is_some_and(|i| Arc::ptr_eq(i, &self)) {
+                            *shared = None;
+                        }
+                    }
+                    // Wake everyone once: they look again and then wait for their
+                    // idle check.
+                    for w in lock(&self.dirs).values() {
+                        w.changes.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    return;
+                }
+            }
+            if reader.is_buffer_empty() {
+                let dirs = lock(&self.dirs);
+                woken.sort_unstable();
+                woken.dedup();
+                // wd -1: the event queue overflowed; anything may have changed.
+                let all = woken.first() == Some(&-1);
+                for (wd, w) in dirs.iter() {
+                    if all || woken.binary_search(wd).is_ok() {
+                        w.changes.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                }
+                woken.clear();
+            }
+        }
+    }
 }
 
 /// With a [`DirWatch`], how often a quiet follower still looks at the task's state
 /// and the stop signal.
 const WATCHED_IDLE_CHECK: Duration = Duration::from_millis(100);
 
-/// Without a [`DirWatch`] (inotify refused: each user has 128 instances by default,
-/// fewer than the followers an agent may serve), the longest a quiet follower waits
-/// between polls. It starts at [`FollowOptions::poll`] and doubles while nothing
-/// comes, so that hundreds of idle followers do not each read fifty times a second;
-/// output resets it.
+/// Without a [`DirWatch`] (no inotify, or no watch left: `fs.inotify.max_user_watches`),
+/// the longest a quiet follower waits between polls. It starts at
+/// [`FollowOptions::poll`] and doubles while nothing comes, so that hundreds of idle
+/// followers do not each read fifty times a second; output resets it.
 const UNWATCHED_MAX_POLL: Duration = Duration::from_millis(250);
 
 /// After a wake-up, how long a follower lets more output gather before it reads: a
@@ -57,13 +154,15 @@ const UNWATCHED_MAX_POLL: Duration = Duration::from_millis(250);
 const WAKE_BATCH: Duration = Duration::from_millis(2);
 
 impl DirWatch {
-    /// Watch `dir`. Must be called within the runtime (the descriptor registers with
-    /// its reactor).
+    /// Watch `dir` on the shared instance.
     fn new(dir: &Path) -> io::Result<DirWatch> {
-        use rustix::fs::inotify::{CreateFlags, WatchFlags};
-        let fd = rustix::fs::inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
-        rustix::fs::inotify::add_watch(
-            &fd,
+        use rustix::fs::inotify::WatchFlags;
+        let inotify = Inotify::shared()?;
+        let mut dirs = lock(&inotify.dirs);
+        // The same directory gives the same descriptor (the flags are the same each
+        // time, so adding again changes nothing).
+        let wd = rustix::fs::inotify::add_watch(
+            &inotify.fd,
             dir,
             // A task may replace its logs dir with a link: never watch through one.
             WatchFlags::CREATE
@@ -72,40 +171,50 @@ impl DirWatch {
                 | WatchFlags::DONT_FOLLOW
                 | WatchFlags::ONLYDIR,
         )?;
-        // SAFETY: the AsyncFd owns the inotify descriptor; nothing else closes or
-        // replaces it while it is registered.
-        #[allow(unsafe_code)]
-        let fd = unsafe { tokio::io::unix::AsyncFd::register(fd)? };
-        Ok(DirWatch { fd })
+        let watched = dirs.entry(wd).or_insert_with(|| Watched {
+            followers: 0,
+            changes: tokio::sync::watch::channel(0).0,
+        });
+        watched.followers += 1;
+        // What changed before this follower came is not news to it.
+        let changes = watched.changes.subscribe();
+        drop(dirs);
+        Ok(DirWatch {
+            inotify,
+            wd,
+            changes,
+        })
     }
 
-    /// Until something changed in the directory (or `limit` passed).
-    async fn changed(&self, limit: Duration) {
-        let mut ready = match tokio::time::timeout(limit, self.fd.readable()).await {
-            Ok(Ok(ready)) => ready,
-            Err(_elapsed) => return,
-            // The reactor is going away (the agent is stopping): do not spin.
-            Ok(Err(_)) => return tokio::time::sleep(limit).await,
-        };
-        // Which file changed does not matter: the reader looks at the files again.
-        let mut buf = [0u8; 4096];
-        loop {
-            match rustix::io::read(self.fd.get_ref(), &mut buf) {
-                Ok(n) if n > 0 => {}
-                Ok(_) => break,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(_) => {
-                    // Drained (EAGAIN) or broken: either way, wait for readiness anew.
-                    ready.clear_ready();
-                    break;
-                }
+    /// Until something changed in the directory since the last call (or `limit`
+    /// passed). Which file changed does not matter: the reader looks at the files
+    /// again.
+    async fn changed(&mut self, limit: Duration) {
+        match tokio::time::timeout(limit, self.changes.changed()).await {
+            Ok(Ok(())) | Err(_) => {}
+            // The watch is gone (cannot happen while we count as a follower): do not
+            // spin.
+            Ok(Err(_)) => tokio::time::sleep(limit).await,
+        }
+    }
+}
+
+impl Drop for DirWatch {
+    fn drop(&mut self) {
+        let mut dirs = lock(&self.inotify.dirs);
+        if let Some(w) = dirs.get_mut(&self.wd) {
+            w.followers -= 1;
+            if w.followers == 0 {
+                dirs.remove(&self.wd);
+                // Fails when the kernel removed it already (the directory is gone).
+                let _ = rustix::fs::inotify::remove_watch(&self.inotify.fd, self.wd);
             }
         }
     }
 }
 
 /// Until the directory changes, or `fallback` passed when there is no watch.
-async fn wait_for_change(watch: Option<&DirWatch>, idle: Duration, fallback: Duration) {
+async fn wait_for_change(watch: Option<&mut DirWatch>, idle: Duration, fallback: Duration) {
     match watch {
         Some(w) => w.changed(idle).await,
         None => tokio::time::sleep(fallback).await,
@@ -191,7 +300,7 @@ async fn follow(
         });
     }
     // Without a watch (no inotify, or no directory yet) the follower polls.
-    let watch = match base.parent() {
+    let mut watch = match base.parent() {
         Some(dir) if options.follow => DirWatch::new(dir)
             .map_err(|e| tracing::debug!("polling {}: cannot watch it: {e}", dir.display()))
             .ok(),
@@ -219,7 +328,7 @@ async fn follow(
             Ok(Some(chunk)) => {
                 quiet_since = None;
                 poll = options.poll;
-                if !send(&tx, &mut reader, watch.as_ref(), &stop, Ok(chunk)).await {
+                if !send(&tx, &mut reader, watch.as_mut(), &stop, Ok(chunk)).await {
                     return;
                 }
             }
@@ -236,7 +345,7 @@ async fn follow(
                     (WATCHED_IDLE_CHECK, poll)
                 };
                 tokio::select! {
-                    () = wait_for_change(watch.as_ref(), idle, fallback) => {}
+                    () = wait_for_change(watch.as_mut(), idle, fallback) => {}
                     // A client that went away frees its follower now, not at the
                     // next change in the directory.
                     () = tx.closed() => return,
@@ -269,7 +378,7 @@ async fn follow(
 async fn send(
     tx: &tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
     reader: &mut PooledReader,
-    watch: Option<&DirWatch>,
+    mut watch: Option<&mut DirWatch>,
     stop: &tokio_util::sync::CancellationToken,
     item: io::Result<LogChunk>,
 ) -> bool {
@@ -281,7 +390,7 @@ async fn send(
             permit = tx.reserve() => Some(permit),
             () = async {
                 tokio::time::sleep(pause).await;
-                wait_for_change(watch, WATCHED_IDLE_CHECK, Duration::from_millis(10)).await;
+                wait_for_change(watch.as_deref_mut(), WATCHED_IDLE_CHECK, Duration::from_millis(10)).await;
             } => None,
         };
         pause = WAKE_BATCH;
