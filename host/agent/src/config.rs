@@ -54,8 +54,8 @@ fn empty_object() -> serde_json::Value {
 /// [`Limits::max_connections`] wait in the socket's backlog until one closes, and a
 /// connection that sends no request within [`Limits::header_read_timeout`] is closed
 /// so that idle ones cannot hold those slots for ever. The
-/// defaults keep the descriptors all of them can use together (a connection, an
-/// inotify watch and up to five open log files per log follower) within a few
+/// defaults keep the descriptors all of them can use together (a connection and up
+/// to five open log files per log follower; one inotify instance for all) within a few
 /// thousand, well inside the open-file limit the agent raises itself to at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -294,9 +294,10 @@ pub fn raise_nofile_limit() -> std::io::Result<NofileLimit> {
 }
 
 /// Descriptors the configured bounds can take together, for a warning when the
-/// open-file limit is lower: a connection each, and per log follower an inotify watch
-/// and up to five open log files (the current one and the look-ahead), plus the pool
-/// of extra look-ahead files shared by all readers.
+/// open-file limit is lower: a connection each, and per log follower up to five open
+/// log files (the current one and the look-ahead) and one more descriptor, plus the
+/// pool of extra look-ahead files shared by all readers. An upper bound: the extra
+/// descriptor was an inotify instance per follower once; all followers now share one.
 pub fn descriptor_budget(limits: &Limits) -> u64 {
     let per_follower = 2 + crate::logs::LOOKAHEAD as u64;
     limits.max_connections as u64
