@@ -122,7 +122,7 @@ async fn seccomp_allow_and_unconfined_relax_the_filter_and_bad_names_are_refused
     let dir = tempfile::tempdir().unwrap();
     let relaxed = Plugin::launch(
         dir.path(),
-        json!({ "seccomp_allow": ["keyctl", "ptrace", "clone3"] }),
+        json!({ "seccomp_allow": ["keyctl", "ptrace", "clone3", "clone", "unshare", "io_uring_setup"] }),
     )
     .await;
     build_escape(&dir.path().join("relaxed"));
@@ -141,12 +141,14 @@ async fn seccomp_allow_and_unconfined_relax_the_filter_and_bad_names_are_refused
     assert_eq!(get("keyctl"), "ok", "{out}");
     assert_eq!(get("ptrace-traceme"), "ok", "{out}");
     assert_ne!(get("clone3"), "ENOSYS", "{out}");
+    assert_eq!(get("io_uring_setup"), "ok", "{out}");
     for still in [
         "add_key",
         "bpf",
-        "unshare-user",
         "mount",
         "process_vm_readv",
+        "io_uring_enter",
+        "io_uring_register",
     ] {
         assert_eq!(get(still), "EPERM", "{still}: {out}");
     }
@@ -164,6 +166,13 @@ async fn seccomp_allow_and_unconfined_relax_the_filter_and_bad_names_are_refused
         (json!({ "seccomp_allow": ["keyctll"] }), "keyctll"),
         (json!({ "seccomp_allow": ["read"] }), "\"read\""),
         (json!({ "seccomp": "off" }), "off"),
+        // clone3's flags are out of the filter's sight: alone it would let
+        // clone3(CLONE_NEWUSER) through while clone and unshare refuse.
+        (json!({ "seccomp_allow": ["clone3"] }), "CLONE_NEWUSER"),
+        (
+            json!({ "seccomp_allow": ["clone3", "clone"] }),
+            "\"unshare\"",
+        ),
         (
             json!({ "seccomp": "unconfined", "seccomp_allow": ["bpf"] }),
             "unconfined",
@@ -246,6 +255,205 @@ async fn root_is_refused_by_default_and_allowed_with_the_opt_in() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("\"nobody\""), "{err}");
+}
+
+/// Ids the kernel reads as "unchanged" are refused: `4294967295` is `(uid_t)-1`, and
+/// setresuid(-1, -1, -1) would leave the task with the executor's uid 0 (and gid 0
+/// with `65534:4294967295`), past `user_denylist`. Nothing starts, nothing is left.
+#[tokio::test]
+async fn uid_or_gid_minus_one_is_refused_not_left_as_root() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    for (user, word) in [
+        ("4294967295", "uid 4294967295 is out of range"),
+        ("65534:4294967295", "gid 4294967295 is out of range"),
+        ("4294967295:65534", "uid 4294967295 is out of range"),
+        ("2147483648", "uid 2147483648 is out of range"),
+    ] {
+        let spec = p.spec("minus1", sh_with("id", json!({ "user": user })));
+        let err = within(PROMPT, "start", p.client.start_task(spec))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, DriverError::InvalidConfig(_)),
+            "{user}: {err:?}"
+        );
+        assert!(err.to_string().contains(word), "{user}: {err}");
+        assert!(!p.cgroup_dir("memory", "minus1").exists(), "{user}");
+    }
+    // The task spec's own user too.
+    let spec = p.spec("minus1", sh("id")).with_user("4294967295");
+    let err = within(PROMPT, "start", p.client.start_task(spec))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("out of range"), "{err}");
+    // Even with root allowed, -1 is not a way to any id.
+    drop(p);
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({ "user_denylist": [] })).await;
+    let spec = p.spec(
+        "minus1",
+        sh_with("id", json!({ "user": "65534:4294967295" })),
+    );
+    let err = within(PROMPT, "start", p.client.start_task(spec))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("gid 4294967295"), "{err}");
+}
+
+/// While root is denied, so is its group: `65534:0` would run with gid 0 (root's
+/// group owns root's files), as primary or supplementary group. With root allowed,
+/// `65534:0` runs with gid 0 as asked.
+#[tokio::test]
+async fn gid_0_is_refused_while_root_is_denied() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    let spec = p.spec("gid0", sh_with("id -g", json!({ "user": "65534:0" })));
+    let err = within(PROMPT, "start", p.client.start_task(spec))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("gid 0") && text.contains("user_denylist") && text.contains("primary"),
+        "{text}"
+    );
+    assert!(!p.cgroup_dir("memory", "gid0").exists());
+    drop(p);
+
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({ "user_denylist": [] })).await;
+    p.start(
+        "gid0",
+        sh_with("id -u; id -g", json!({ "user": "65534:0" })),
+    )
+    .await;
+    assert!(p.wait("gid0").await.successful());
+    assert_eq!(p.stdout("gid0"), "65534\n0\n");
+}
+
+/// Docker's masked `/proc` paths are hidden here too (those this kernel has): the
+/// directories (`acpi`, `scsi`, `asound`) are an empty read-only tmpfs, the files
+/// (`interrupts`, `timer_stats`, `latency_stats`, …) read empty, even for root.
+#[tokio::test]
+async fn dockers_masked_proc_paths_are_hidden() {
+    if !isolation_possible() {
+        return;
+    }
+    let dirs: Vec<&str> = ["acpi", "scsi", "asound"]
+        .into_iter()
+        .filter(|d| Path::new("/proc").join(d).is_dir())
+        .collect();
+    let files: Vec<&str> = [
+        "interrupts",
+        "timer_stats",
+        "latency_stats",
+        "kcore",
+        "keys",
+        "timer_list",
+        "sched_debug",
+        "kallsyms",
+    ]
+    .into_iter()
+    .filter(|f| Path::new("/proc").join(f).is_file())
+    .collect();
+    assert!(
+        !dirs.is_empty() && files.contains(&"interrupts"),
+        "nothing to check on this kernel: {dirs:?} {files:?}"
+    );
+    let mut script = String::new();
+    for d in &dirs {
+        script += &format!(
+            "echo {d}=$(ls -A /proc/{d} | wc -l); echo {d}-fs=$(stat -f -c %T /proc/{d}); \
+             if echo 1 > /proc/{d}/x 2>/dev/null; then echo {d}-write=ok; else echo {d}-write=refused; fi; "
+        );
+    }
+    for f in &files {
+        script += &format!("echo {f}=$(cat /proc/{f} 2>/dev/null | wc -c); ");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // As root (allowed here), which could read all of them unmasked.
+    let p = Plugin::launch(dir.path(), json!({ "user_denylist": [] })).await;
+    p.start("masked", sh_with(&script, json!({ "user": "root" })))
+        .await;
+    let exit = p.wait("masked").await;
+    let out = p.stdout("masked");
+    assert!(
+        exit.successful(),
+        "{exit:?}\n{out}\n{}",
+        p.log("masked", "stderr")
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    for d in &dirs {
+        assert!(lines.contains(&format!("{d}=0").as_str()), "{d}: {out}");
+        assert!(
+            lines.contains(&format!("{d}-fs=tmpfs").as_str()),
+            "{d}: {out}"
+        );
+        assert!(
+            lines.contains(&format!("{d}-write=refused").as_str()),
+            "{d}: {out}"
+        );
+    }
+    for f in &files {
+        assert!(lines.contains(&format!("{f}=0").as_str()), "{f}: {out}");
+    }
+}
+
+/// rlimits that let `nobody` out-schedule the host are refused at start: `rtprio`
+/// above 0 (SCHED_FIFO 99 runs past CPU shares) and `nice` above 20; so is memory
+/// too large to be counted in bytes (which used to wrap).
+#[tokio::test]
+async fn scheduling_rlimits_and_huge_memory_are_refused() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    for (rlimits, word) in [
+        (
+            json!({ "rtprio": { "soft": 99 } }),
+            "rtprio 99/99 is refused",
+        ),
+        (
+            json!({ "nice": { "soft": 0, "hard": 40 } }),
+            "nice 0/40 is refused",
+        ),
+    ] {
+        let spec = p.spec(
+            "sched",
+            sh_with("chrt -f 99 true", json!({ "rlimits": rlimits })),
+        );
+        let err = within(PROMPT, "start", p.client.start_task(spec))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
+        assert!(err.to_string().contains(word), "{err}");
+    }
+    let mut spec = p.spec("huge", sh("true"));
+    spec.resources.memory_max_mb = 1 << 44;
+    let err = within(PROMPT, "start", p.client.start_task(spec))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("memory_max_mb"), "{err}");
+    assert!(!p.cgroup_dir("memory", "huge").exists());
+    // What is allowed still runs.
+    p.start(
+        "sched",
+        sh_with(
+            "ulimit -r",
+            json!({ "rlimits": { "rtprio": { "soft": 0 }, "nice": { "soft": 0 } } }),
+        ),
+    )
+    .await;
+    assert!(p.wait("sched").await.successful());
+    assert_eq!(p.stdout("sched").trim(), "0");
 }
 
 /// A task that gives no resources still gets a memory and a pids limit (and CPU

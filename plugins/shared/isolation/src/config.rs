@@ -48,12 +48,14 @@ pub struct PluginConfig {
     pub seccomp: crate::seccomp::Mode,
     /// System calls the default filter denies that this plugin's tasks may make after
     /// all (e.g. `ptrace` for debuggers, `unshare` and `clone` for tasks that build
-    /// their own namespaces, `clone3`). A name the filter does not deny is an error.
+    /// their own namespaces). A name the filter does not deny is an error, and so is
+    /// `clone3` without `clone` and `unshare` (its flags are out of a filter's sight).
     #[serde(default)]
     pub seccomp_allow: Vec<String>,
     /// Users tasks may not run as, by name or uid; a task whose user resolves to the
     /// uid of an entry is refused (`root` also refuses `0`, `0:0` and any other name
-    /// of uid 0). Default `["root"]`; `[]` lets tasks run as root.
+    /// of uid 0). While uid 0 is denied, so is gid 0 as a task's primary or
+    /// supplementary group (`65534:0`). Default `["root"]`; `[]` lets tasks run as root.
     #[serde(default)]
     pub user_denylist: Option<Vec<String>>,
 }
@@ -101,7 +103,8 @@ pub struct IsolationConfig {
     /// Most processes and threads the task may have at once (default
     /// [`crate::engine::DEFAULT_PIDS_LIMIT`]).
     pub pids_limit: Option<u64>,
-    /// Resource limits by name (`nofile`, `nproc`, `core`, …).
+    /// Resource limits by name (`nofile`, `nproc`, `core`, …). `rtprio` above 0 and
+    /// `nice` above 20 are refused: they let a task out-schedule the host.
     pub rlimits: BTreeMap<String, RlimitConfig>,
     /// Hostname inside the task (default: the host's).
     pub hostname: Option<String>,
@@ -160,6 +163,23 @@ impl IsolationConfig {
                         l.soft
                     )));
                 }
+                // The two limits that let an unprivileged task raise its own
+                // scheduling: real-time priority (SCHED_FIFO runs past CPU shares and
+                // can starve the host) and a nice value below 0.
+                let ceiling = match resource {
+                    RlimitResource::Rtprio => Some((0, "real-time scheduling (SCHED_FIFO/RR)")),
+                    RlimitResource::Nice => Some((20, "a nice value below 0")),
+                    _ => None,
+                };
+                if let Some((max, what)) = ceiling
+                    && hard > max
+                {
+                    return Err(DriverError::InvalidConfig(format!(
+                        "rlimits: {name} {}/{hard} is refused: above {max} it lets the task \
+                         use {what} and escape its CPU limits; give at most {max}",
+                        l.soft
+                    )));
+                }
                 Ok(Rlimit {
                     resource,
                     soft: Some(l.soft),
@@ -167,5 +187,35 @@ impl IsolationConfig {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(name: &str, soft: u64, hard: Option<u64>) -> IsolationConfig {
+        IsolationConfig {
+            rlimits: [(name.to_owned(), RlimitConfig { soft, hard })].into(),
+            ..IsolationConfig::default()
+        }
+    }
+
+    #[test]
+    fn rtprio_and_nice_that_raise_scheduling_are_refused() {
+        for (name, soft, hard, word) in [
+            ("rtprio", 99, None, "rtprio 99/99"),
+            ("rtprio", 0, Some(1), "rtprio 0/1"),
+            ("nice", 40, None, "nice 40/40"),
+            ("nice", 0, Some(21), "nice 0/21"),
+        ] {
+            let e = with(name, soft, hard).validate().unwrap_err();
+            assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
+            assert!(e.to_string().contains(word), "{e}");
+            assert!(e.to_string().contains("CPU limits"), "{e}");
+        }
+        with("rtprio", 0, None).validate().unwrap();
+        with("nice", 20, None).validate().unwrap();
+        with("nofile", 1 << 20, None).validate().unwrap();
     }
 }

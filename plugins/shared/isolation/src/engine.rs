@@ -252,13 +252,23 @@ mod task_dir_tests {
 
 /// The cgroup limits of a task: its `resources` and config, with defaults where they
 /// say nothing, so that no isolated task runs without a memory and a pids limit.
-fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Limits {
-    let mib = |m: i64| u64::try_from(m).ok().filter(|m| *m > 0).map(|m| m << 20);
+fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Result<Limits, DriverError> {
+    // Checked: a shift would wrap a huge value into a small (or zero) limit.
+    let mib = |m: i64, field: &str| -> Result<Option<u64>, DriverError> {
+        match u64::try_from(m).ok().filter(|m| *m > 0) {
+            None => Ok(None),
+            Some(m) => m.checked_mul(1 << 20).map(Some).ok_or_else(|| {
+                DriverError::InvalidConfig(format!(
+                    "resources.{field} = {m} MiB is too large: it does not fit in bytes"
+                ))
+            }),
+        }
+    };
     let (max, reserved) = (
-        mib(spec.resources.memory_max_mb),
-        mib(spec.resources.memory_mb),
+        mib(spec.resources.memory_max_mb, "memory_max_mb")?,
+        mib(spec.resources.memory_mb, "memory_mb")?,
     );
-    Limits {
+    Ok(Limits {
         memory: Some(max.or(reserved).unwrap_or(DEFAULT_MEMORY_MB << 20)),
         memory_soft: max.and(reserved).filter(|r| Some(*r) < max),
         cpu_shares: Some(
@@ -269,7 +279,7 @@ fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Limits {
         ),
         cpu_cores: iso.cpu_limit,
         pids: Some(iso.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT)),
-    }
+    })
 }
 
 impl<F: Flavor + Default> IsolatedDriver<F> {
@@ -422,6 +432,7 @@ impl<F: Flavor> IsolatedDriver<F> {
         iso.validate()?;
         let capabilities = caps::task_caps(settings.allow, &iso.cap_add, &iso.cap_drop)?;
         let rlimits = iso.rlimits()?;
+        let lim = limits(&spec, &iso)?;
         let name = iso
             .user
             .as_deref()
@@ -434,6 +445,27 @@ impl<F: Flavor> IsolatedDriver<F> {
                  {entry:?}); run the task as another user, or take {entry:?} out of \
                  user_denylist in the plugin's config",
                 F::NAME
+            )));
+        }
+        // Group 0 owns root's files on most hosts (and `/etc/shadow` on some): when
+        // root is denied, so is running with its group.
+        if settings.denied_users.iter().any(|(_, u)| *u == 0)
+            && (creds.gid == 0 || creds.groups.contains(&0))
+        {
+            let which = if creds.gid == 0 {
+                "primary"
+            } else {
+                "supplementary"
+            };
+            return Err(DriverError::InvalidConfig(format!(
+                "user {name:?} (uid {}, gid {}) has gid 0 as its {which} group, refused because \
+                 the {} plugin's user_denylist denies root; run the task with another group \
+                 (e.g. \"{}:{}\"), or take root out of user_denylist",
+                creds.uid,
+                creds.gid,
+                F::NAME,
+                creds.uid,
+                creds.uid.max(1)
             )));
         }
         if spec.task_dir.as_os_str().is_empty() {
@@ -484,7 +516,6 @@ impl<F: Flavor> IsolatedDriver<F> {
                 ),
             );
         }
-        let lim = limits(&spec, &iso);
         let limits_shown = format!(
             "memory {} MiB, pids {}",
             lim.memory.unwrap_or(0) >> 20,
@@ -925,15 +956,35 @@ mod tests {
         let mut spec = TaskSpec::default();
         let iso = IsolationConfig::default();
         // Nothing given: the defaults, never "unlimited".
-        let l = limits(&spec, &iso);
+        let l = limits(&spec, &iso).unwrap();
         assert_eq!(l.memory, Some(DEFAULT_MEMORY_MB << 20));
         assert_eq!(l.cpu_shares, Some(DEFAULT_CPU_SHARES));
         assert_eq!(l.pids, Some(DEFAULT_PIDS_LIMIT));
         assert_eq!(l.memory_soft, None);
         spec.resources.memory_mb = 64;
-        assert_eq!(limits(&spec, &iso).memory, Some(64 << 20));
+        assert_eq!(limits(&spec, &iso).unwrap().memory, Some(64 << 20));
         spec.resources.memory_max_mb = 128;
-        let l = limits(&spec, &iso);
+        let l = limits(&spec, &iso).unwrap();
         assert_eq!((l.memory, l.memory_soft), (Some(128 << 20), Some(64 << 20)));
+    }
+
+    #[test]
+    fn memory_too_large_for_bytes_is_refused_not_wrapped() {
+        let mut spec = TaskSpec::default();
+        let iso = IsolationConfig::default();
+        // 2^44 MiB is 2^64 bytes: a shift wraps it to 0.
+        spec.resources.memory_max_mb = 1 << 44;
+        let e = limits(&spec, &iso).unwrap_err();
+        assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
+        assert!(e.to_string().contains("memory_max_mb"), "{e}");
+        spec.resources.memory_max_mb = 0;
+        spec.resources.memory_mb = i64::MAX;
+        let e = limits(&spec, &iso).unwrap_err();
+        assert!(e.to_string().contains("memory_mb"), "{e}");
+        spec.resources.memory_mb = (1 << 44) - 1;
+        assert_eq!(
+            limits(&spec, &iso).unwrap().memory,
+            Some(((1u64 << 44) - 1) << 20)
+        );
     }
 }

@@ -641,10 +641,42 @@ fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
     .map_err(errno_step(format_args!("cannot make {shown} read-only")))
 }
 
+/// The real, effective and saved uid and gid are all the ones asked for. An id the
+/// kernel reads as "unchanged" (`-1`) would otherwise leave the task with the
+/// executor's root without an error.
+fn check_ids(c: &drover_executor::Credentials) -> Result<(), String> {
+    let r = nix::unistd::getresuid().map_err(|e| format!("cannot read the task's uids: {e}"))?;
+    let g = nix::unistd::getresgid().map_err(|e| format!("cannot read the task's gids: {e}"))?;
+    let uids = [r.real, r.effective, r.saved].map(|u| u.as_raw());
+    let gids = [g.real, g.effective, g.saved].map(|g| g.as_raw());
+    if uids != [c.uid; 3] || gids != [c.gid; 3] {
+        return Err(format!(
+            "the task asked for uid {} gid {} but runs with uids {uids:?} gids {gids:?} \
+             (real, effective, saved): refusing to start it",
+            c.uid, c.gid
+        ));
+    }
+    Ok(())
+}
+
 /// Parts of `/proc` that reach beyond the task's namespaces, as container runtimes
 /// treat them: read-only (kernel tunables, sysrq) or hidden (kernel memory, keys).
 const PROC_READ_ONLY: [&str; 5] = ["sys", "sysrq-trigger", "irq", "bus", "fs"];
-const PROC_MASKED: [&str; 5] = ["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
+/// Hidden as by Docker's defaults (moby's `maskedPaths`), plus `kallsyms`: files under
+/// `/dev/null`, directories under an empty read-only tmpfs; missing ones are skipped.
+const PROC_MASKED: [&str; 11] = [
+    "kcore",
+    "keys",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "latency_stats",
+    "kallsyms",
+    "interrupts",
+    "acpi",
+    "asound",
+    "scsi",
+];
 
 fn restrict_proc(proc: &Path, shown: &str) -> Result<(), String> {
     for name in PROC_READ_ONLY {
@@ -670,7 +702,16 @@ fn restrict_proc(proc: &Path, shown: &str) -> Result<(), String> {
     }
     for name in PROC_MASKED {
         let p = proc.join(name);
-        if p.is_file() {
+        if p.is_dir() {
+            rustix::mount::mount(
+                "tmpfs",
+                &p,
+                "tmpfs",
+                MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                c"mode=0555,size=4k",
+            )
+            .map_err(errno_step(format_args!("cannot hide {shown}/{name}")))?;
+        } else if p.is_file() {
             rustix::mount::mount_bind("/dev/null", &p)
                 .map_err(errno_step(format_args!("cannot hide {shown}/{name}")))?;
         }
@@ -743,11 +784,11 @@ fn task_setup(plan: &Plan<'_>, fds: &ChildFds) -> Result<std::convert::Infallibl
         ))?;
     }
     let creds = iso.credentials.as_ref();
-    let to_root = creds.is_none_or(|c| c.uid == 0);
+    let root_requested = creds.is_none_or(|c| c.uid == 0);
     if let Some(caps) = iso.capabilities {
         // Before the uid changes: dropping from the bounding set needs CAP_SETPCAP.
         drop_bounding(caps.bounding)?;
-        if !to_root && caps.ambient != 0 {
+        if !root_requested && caps.ambient != 0 {
             rustix::thread::set_keep_capabilities(true)
                 .map_err(errno_step("cannot keep capabilities across the uid change"))?;
         }
@@ -768,7 +809,11 @@ fn task_setup(plan: &Plan<'_>, fds: &ChildFds) -> Result<std::convert::Infallibl
         let uid = rustix::fs::Uid::from_raw(c.uid);
         rustix::thread::set_thread_res_uid(uid, uid, uid)
             .map_err(errno_step(format_args!("cannot switch to uid {}", c.uid)))?;
+        check_ids(c)?;
     }
+    // From the ids in effect, not the ones asked for: the capabilities kept below
+    // depend on it.
+    let to_root = rustix::process::getuid().is_root();
     if let Some(caps) = iso.capabilities {
         // Root gets the bounding set as permitted and effective at exec anyway; a
         // non-root task keeps only its ambient capabilities.
@@ -903,6 +948,25 @@ fn resource(r: RlimitResource) -> rustix::process::Resource {
 mod tests {
     use super::*;
     use drover_executor::CapabilitySets;
+
+    #[test]
+    fn ids_not_in_effect_fail_the_check() {
+        let me = |uid, gid| drover_executor::Credentials {
+            uid,
+            gid,
+            groups: Vec::new(),
+        };
+        let (uid, gid) = (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        );
+        check_ids(&me(uid, gid)).unwrap();
+        // What setresuid(-1, -1, -1) leaves: the ids asked for are not in effect.
+        let e = check_ids(&me(u32::MAX, gid)).unwrap_err();
+        assert!(e.contains("asked for uid 4294967295"), "{e}");
+        let e = check_ids(&me(uid, gid.wrapping_add(1))).unwrap_err();
+        assert!(e.contains("refusing to start"), "{e}");
+    }
 
     #[test]
     fn mount_targets_must_stay_inside_the_root() {

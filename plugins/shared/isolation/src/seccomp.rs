@@ -16,6 +16,8 @@
 //!   `kexec`, `reboot`, swap, clock setting, accounting, quotas, `syslog`;
 //! - other processes' memory: `ptrace`, `process_vm_readv`/`writev`, `kcmp`,
 //!   `pidfd_getfd`, `process_madvise`;
+//! - `io_uring` (`io_uring_setup`, `_enter`, `_register`), as Docker since 2023: a
+//!   large kernel surface, whose operations (e.g. `IORING_OP_SOCKET`) no filter sees;
 //! - `open_by_handle_at` (the "shocker" escape), `lookup_dcookie`, NUMA page moves,
 //!   `AF_VSOCK` sockets, and `personality` other than the values Docker allows;
 //! - on x86-64, system calls of another ABI (32-bit x86) kill the task, and x32
@@ -45,7 +47,7 @@ macro_rules! sys {
 }
 
 /// Denied whatever their arguments, on every architecture we build for.
-const DENIED: [Entry; 50] = sys![
+const DENIED: [Entry; 53] = sys![
     SYS_setns,
     SYS_mount,
     SYS_umount2,
@@ -96,6 +98,9 @@ const DENIED: [Entry; 50] = sys![
     SYS_set_mempolicy_home_node,
     SYS_migrate_pages,
     SYS_move_pages,
+    SYS_io_uring_setup,
+    SYS_io_uring_enter,
+    SYS_io_uring_register,
 ];
 
 /// Denied on x86-64 only (the others have no such calls).
@@ -213,6 +218,16 @@ impl Policy {
                 )));
             }
             allowed.insert(n);
+        }
+        if allowed.contains(CLONE3.0) && !(allowed.contains("clone") && allowed.contains("unshare"))
+        {
+            return Err(DriverError::InvalidConfig(
+                "seccomp_allow: \"clone3\" needs \"clone\" and \"unshare\" allowed too: \
+                 a filter cannot see clone3's flags, so allowing it alone would let \
+                 clone3(CLONE_NEWUSER) through while clone and unshare still refuse new \
+                 namespaces"
+                    .into(),
+            ));
         }
         if mode == Mode::Unconfined {
             if !allow.is_empty() {
@@ -359,6 +374,20 @@ mod tests {
             let err = Policy::new(Mode::Default, &[bad.to_string()]).unwrap_err();
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
+        for alone in [
+            &["clone3"][..],
+            &["clone3", "clone"][..],
+            &["clone3", "unshare"][..],
+        ] {
+            let names: Vec<String> = alone.iter().map(|s| s.to_string()).collect();
+            let err = Policy::new(Mode::Default, &names).unwrap_err();
+            assert!(
+                err.to_string().contains("CLONE_NEWUSER"),
+                "{alone:?}: {err}"
+            );
+        }
+        let names = ["clone3", "clone", "unshare"].map(String::from);
+        Policy::new(Mode::Default, &names).unwrap();
         let err = Policy::new(Mode::Unconfined, &["bpf".into()]).unwrap_err();
         assert!(err.to_string().contains("unconfined"), "{err}");
     }
