@@ -424,14 +424,33 @@ impl DriverPlugin for RawExecDriver {
         let (program, args) = command
             .split_first()
             .ok_or_else(|| DriverError::InvalidConfig("exec needs a command".into()))?;
+        // The command joins the task's own cgroup before it execs, so that stopping and
+        // destroying the task reach it and whatever it starts (`setsid` or not), as
+        // they reach the task's own processes. A task with a cgroup whose cgroup is gone
+        // has ended: nothing runs outside it in its name.
+        let dir = task.exec.dir().to_owned();
+        let join = tokio::task::spawn_blocking(move || cgroup::join_plain_task(&dir))
+            .await
+            .map_err(DriverError::internal)?
+            .map_err(|e| {
+                DriverError::FailedPrecondition(format!("cannot exec in task {task_id:?}: {e}"))
+            })?;
+        let in_cgroup = join.is_some();
         let mut cmd = task.launch.command(program, args);
+        if let Some(join) = join {
+            join.before_exec(cmd.as_std_mut());
+        }
         cmd.stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             // Unlike the task, an exec'd command dies with its call (e.g. on timeout).
             .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .map_err(|e| DriverError::InvalidConfig(format!("cannot start {program:?}: {e}")))?;
+        let child = cmd.spawn().map_err(|e| {
+            DriverError::InvalidConfig(if in_cgroup {
+                format!("cannot start {program:?} in the cgroup of task {task_id:?}: {e}")
+            } else {
+                format!("cannot start {program:?}: {e}")
+            })
+        })?;
         match tokio::time::timeout(timeout, child.wait_with_output()).await {
             Ok(Ok(out)) => Ok(ExecOutput::new(ExitResult::from_status(out.status))
                 .with_stdout(out.stdout)

@@ -795,3 +795,131 @@ async fn a_start_beside_an_unmanaged_copy_in_the_tasks_cgroup_is_refused() {
     assert!(!alive(pid));
     second.shutdown().await;
 }
+
+/// Run `script` with `sh -c` beside task `id` through ExecTask.
+async fn exec_sh(
+    p: &Plugin,
+    id: &str,
+    script: &str,
+) -> Result<drover_plugin_sdk::ExecOutput, DriverError> {
+    within(
+        PROMPT,
+        "exec",
+        p.client.exec_task(
+            id,
+            vec!["/bin/sh".into(), "-c".into(), script.into()],
+            Duration::from_secs(5),
+        ),
+    )
+    .await
+}
+
+/// Issue 10, scenario 3, through ExecTask: a command exec'd beside a task runs in the
+/// task's own cgroup, so a `setsid` child it leaves behind does not survive
+/// `task destroy`; once the task's cgroup is gone, exec is refused with a clear error.
+#[tokio::test]
+async fn an_execd_setsid_child_is_in_the_tasks_cgroup_and_dies_with_the_task() {
+    if drover_executor::cgroup::plain_support().is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs cgroups (a mounted v1 freezer or a writable v2 hierarchy)"
+        );
+        eprintln!("skipped: this host offers rawexec no cgroups");
+        return;
+    }
+    let version = drover_executor::cgroup::plain_support().unwrap();
+    let (_dir, p) = setup().await;
+    let (handle, _) = p.start("host", sleeper()).await;
+    let expected = drover_executor::cgroup::plain_path(&executor_dir(&handle));
+    let in_task_cgroup = |lines: &[String]| {
+        !lines.is_empty() && lines.iter().all(|l| l.ends_with(&format!(":/{expected}")))
+    };
+
+    // The exec'd command itself runs in the task's cgroup.
+    let out = exec_sh(&p, "host", "cat /proc/self/cgroup").await.unwrap();
+    assert_eq!(out.result, ExitResult::code(0), "{out:?}");
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("drover-plain/"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        in_task_cgroup(&lines),
+        "the exec'd command is not in {expected}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // A child that leaves its session and outlives the exec call.
+    let out = exec_sh(
+        &p,
+        "host",
+        "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!",
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.result, ExitResult::code(0), "{out:?}");
+    let child: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("no pid in {out:?}: {e}"));
+    p.track(child);
+    drover_test_support::until(PROMPT, "the setsid child runs sleep", || {
+        std::fs::read_to_string(format!("/proc/{child}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    })
+    .await;
+    let info = drover_test_support::procs::stat(child).expect("the child runs");
+    assert_eq!(info.pgid, child, "the child did not call setsid: {info:?}");
+    let lines = task_cgroup_lines(child);
+    assert!(
+        in_task_cgroup(&lines),
+        "the exec'd child {child} is not in {expected}: {lines:?}"
+    );
+
+    within(PROMPT, "destroy", p.client.destroy_task("host", true))
+        .await
+        .unwrap();
+    drover_test_support::until(
+        PROMPT,
+        "the exec'd setsid child is gone after destroy",
+        || !alive(child),
+    )
+    .await;
+    assert!(
+        !drover_executor::cgroup::open_plain(version, &expected).exists(),
+        "destroy left the cgroup {expected}"
+    );
+
+    // A task that has ended has no cgroup left to exec in: refused, nothing runs.
+    let (handle, _) = p.start("ended", json!({ "command": "/bin/true" })).await;
+    let gone = drover_executor::cgroup::plain_path(&executor_dir(&handle));
+    assert_eq!(p.wait("ended").await, ExitResult::code(0));
+    drover_test_support::until(PROMPT, "the ended task's cgroup is removed", || {
+        !drover_executor::cgroup::open_plain(version, &gone).exists()
+    })
+    .await;
+    let marker = p.dir.join("ran");
+    let err = exec_sh(&p, "ended", &format!("touch {}", marker.display()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::FailedPrecondition(m)
+            if m.contains("ended") && m.contains(&gone) && m.contains("no longer running")),
+        "{err:?}"
+    );
+    assert!(!marker.exists(), "the refused command ran");
+    p.client.destroy_task("ended", true).await.unwrap();
+    p.shutdown().await;
+
+    // Without cgroups (`no_cgroups`), exec still runs, in no task cgroup.
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch_with(dir.path(), r#"{"no_cgroups":true}"#).await;
+    p.start("plain", sleeper()).await;
+    let out = exec_sh(&p, "plain", "cat /proc/self/cgroup").await.unwrap();
+    assert_eq!(out.result, ExitResult::code(0), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("drover-plain/"),
+        "{out:?}"
+    );
+    p.client.destroy_task("plain", true).await.unwrap();
+    p.shutdown().await;
+}

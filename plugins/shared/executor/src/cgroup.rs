@@ -171,6 +171,95 @@ pub fn open_plain(version: Version, path: &str) -> Box<dyn TaskCgroup> {
     }
 }
 
+/// Open files of a cgroup (v2 `cgroup.procs`, or each v1 hierarchy's `tasks`) that a
+/// process about to start writes `0` to, to join it between fork and exec
+/// ([`Join::before_exec`]): it is in the cgroup before it can fork anything, so nothing
+/// it starts is ever outside it. Opened before the fork because opening a file is not
+/// async-signal-safe (and may allocate) in the child.
+#[derive(Debug, Default)]
+pub struct Join(Vec<std::os::fd::OwnedFd>);
+
+impl Join {
+    /// Open the join files of `cg` for writing; the error names the file.
+    pub fn open(cg: &dyn TaskCgroup) -> Result<Join, String> {
+        let mut fds = Vec::new();
+        for file in cg.procs_files() {
+            // std opens with O_CLOEXEC: the files stay out of the started program.
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .map_err(|e| format!("cannot open {} to join it: {e}", file.display()))?;
+            fds.push(std::os::fd::OwnedFd::from(f));
+        }
+        Ok(Join(fds))
+    }
+
+    /// Make `command`'s child join the cgroup before it execs; a failed join fails the
+    /// spawn with that OS error. The descriptors move into `command` and close when it
+    /// is dropped, so they stay open for every spawn of it.
+    pub fn before_exec(self, command: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt as _;
+        if self.0.is_empty() {
+            return;
+        }
+        let fds = self.0;
+        // SAFETY: the closure runs between fork and exec; it only calls write(2), which
+        // is async-signal-safe, on descriptors the closure itself owns (so they are open
+        // in the child), and allocates nothing (an error is a bare OS error code).
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                for fd in &fds {
+                    rustix::io::write(fd, b"0").map_err(std::io::Error::from)?;
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// For a command started beside the plain task of executor directory `dir` (a
+/// driver's `ExecTask`): the task's own cgroup to join, so that stopping and
+/// destroying the task reach that command and everything it starts too. `Ok(None)`
+/// when the task was started without a cgroup of its own
+/// ([`crate::LaunchSpec::own_cgroup`] unset: `no_cgroups`, or a host without them).
+/// An error when it had one that is gone (the task is no longer running), or when its
+/// launch spec cannot be read: the command must then not run outside the task.
+///
+/// ```no_run
+/// # fn f(executor_dir: &std::path::Path) -> Result<(), String> {
+/// let mut cmd = std::process::Command::new("/bin/true");
+/// if let Some(join) = drover_executor::cgroup::join_plain_task(executor_dir)? {
+///     join.before_exec(&mut cmd); // the child joins the task's cgroup, then execs
+/// }
+/// let _ = cmd.spawn();
+/// # Ok(()) }
+/// ```
+pub fn join_plain_task(dir: &std::path::Path) -> Result<Option<Join>, String> {
+    let file = dir.join(crate::SPEC_FILE);
+    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let spec: crate::LaunchSpec = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("cannot parse {}: {e}", file.display()))?;
+    if !spec.own_cgroup || spec.isolation.is_some() {
+        return Ok(None);
+    }
+    let path = plain_path(dir);
+    let version = plain_support().ok_or_else(|| {
+        format!(
+            "task {} runs in cgroup {path}, but this host offers rawexec no cgroups now",
+            spec.task_id
+        )
+    })?;
+    let cg = open_plain(version, &path);
+    if !cg.exists() {
+        return Err(format!(
+            "the cgroup {path} of task {} is gone: the task is no longer running",
+            spec.task_id
+        ));
+    }
+    Join::open(&*cg).map(Some)
+}
+
 /// Remove the plain task cgroups under [`PLAIN_PARENT`] that are empty and older than
 /// `min_age`, and return how many. An executor removes its task's cgroup once nothing of
 /// the task is left, and a driver's destroy does; one whose executor and task were

@@ -49,7 +49,7 @@ const CGROUP_EMPTY: Duration = Duration::from_secs(5);
 fn plain_cgroup(
     dir: &Path,
     task_id: &str,
-) -> Result<(Box<dyn TaskCgroup>, Vec<OwnedFd>), StartError> {
+) -> Result<(Box<dyn TaskCgroup>, cgroup::Join), StartError> {
     let version = cgroup::Version::detect();
     let cg = cgroup::open_plain(version, &cgroup::plain_path(dir));
     if cg.exists() {
@@ -68,20 +68,13 @@ fn plain_cgroup(
     }
     cg.create(&cgroup::Limits::default())
         .map_err(|e| (ErrorKind::Internal, e))?;
-    let mut join = Vec::new();
-    for file in cg.procs_files() {
-        match std::fs::OpenOptions::new().write(true).open(&file) {
-            Ok(f) => join.push(OwnedFd::from(f)),
-            Err(e) => {
-                let _ = cg.delete();
-                return Err((
-                    ErrorKind::Internal,
-                    format!("cannot open {} to join it: {e}", file.display()),
-                ));
-            }
+    match cgroup::Join::open(&*cg) {
+        Ok(join) => Ok((cg, join)),
+        Err(e) => {
+            let _ = cg.delete();
+            Err((ErrorKind::Internal, e))
         }
     }
-    Ok((cg, join))
 }
 
 /// Run the executor for the task directory `dir`, isolating with `sandbox` a task that
@@ -356,7 +349,7 @@ impl Executor {
             let (cg, join) = plain_cgroup(&dir, &spec.task_id)?;
             (Some(cg), join)
         } else {
-            (None, Vec::new())
+            (None, cgroup::Join::default())
         };
         let spawned = spawn::spawn(
             &spec,
@@ -364,7 +357,7 @@ impl Executor {
             stdout_log.is_some(),
             stderr_log.is_some(),
             sandbox,
-            &join,
+            join,
         )
         .map_err(|m| {
             if let Some(cg) = &cgroup {
@@ -372,7 +365,6 @@ impl Executor {
             }
             (ErrorKind::Spawn, m)
         })?;
-        drop(join);
         let started_at = SystemTime::now();
         let pid = spawned.pid;
         // The child is not reaped before we wait for it, so its pid cannot be reused

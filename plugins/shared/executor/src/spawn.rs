@@ -7,6 +7,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use super::cgroup::Join;
 use super::{LaunchSpec, Sandbox};
 
 /// A started task, whichever way it was started.
@@ -31,7 +32,7 @@ pub(crate) fn spawn(
     stdout: bool,
     stderr: bool,
     sandbox: Option<&dyn Sandbox>,
-    join: &[OwnedFd],
+    join: Join,
 ) -> Result<Spawned, String> {
     if let Some(iso) = &spec.isolation {
         let sandbox = sandbox.ok_or_else(|| {
@@ -107,7 +108,7 @@ pub(crate) fn spawn_task(
     spec: &LaunchSpec,
     stdout: Stdio,
     stderr: Stdio,
-    join: &[OwnedFd],
+    join: Join,
 ) -> Result<Child, String> {
     // Checked first so that the error says which of program and directory is missing
     // (exec reports ENOENT for both).
@@ -129,24 +130,7 @@ pub(crate) fn spawn_task(
         }
     }
     let mut command = Command::new(&spec.command);
-    if !join.is_empty() {
-        use std::os::fd::AsRawFd as _;
-        let fds: Vec<std::os::fd::RawFd> = join.iter().map(|f| f.as_raw_fd()).collect();
-        // SAFETY: the closure runs between fork and exec; it only calls write(2),
-        // which is async-signal-safe, on descriptors that `join` keeps open across the
-        // fork (spawn returns before they are dropped), and allocates nothing (an
-        // error is a bare OS error code).
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || {
-                for &fd in &fds {
-                    let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
-                    rustix::io::write(fd, b"0").map_err(std::io::Error::from)?;
-                }
-                Ok(())
-            });
-        }
-    }
+    join.before_exec(&mut command);
     command
         .args(&spec.args)
         .env_clear()
@@ -203,7 +187,7 @@ mod tests {
                 false,
                 false,
                 Some(&Liar(pid)),
-                &[],
+                Join::default(),
             ) else {
                 panic!("a sandbox's pid {pid} that is not our child was trusted");
             };
@@ -215,7 +199,14 @@ mod tests {
     fn isolation_without_a_sandbox_is_refused_before_anything_starts() {
         let mut spec = LaunchSpec::new("t", "/bin/true");
         spec.isolation = Some(crate::Isolation::default());
-        let Err(err) = spawn(&spec, Path::new("/nonexistent"), false, false, None, &[]) else {
+        let Err(err) = spawn(
+            &spec,
+            Path::new("/nonexistent"),
+            false,
+            false,
+            None,
+            Join::default(),
+        ) else {
             panic!("an isolated task started without a sandbox");
         };
         assert!(err.contains("no sandbox"), "{err}");
