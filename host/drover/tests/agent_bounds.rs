@@ -321,11 +321,12 @@ fn followers_hold_no_thread_while_they_wait() {
         "[limits]\nmax_log_followers = 600\nmax_log_followers_per_task = 300\n",
     )
     .unwrap();
-    let agent = Agent::start(
+    let mut agent = Agent::start(
         root.path(),
         &plugins,
         &["--config", config.to_str().unwrap()],
     );
+    agent.end_tasks = true;
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
             .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
@@ -389,11 +390,12 @@ fn api_connections_are_capped_and_waiting_ones_are_served_when_one_closes() {
     std::fs::create_dir(&plugins).unwrap();
     let config = root.path().join("agent.toml");
     std::fs::write(&config, "[limits]\nmax_connections = 4\n").unwrap();
-    let agent = Agent::start(
+    let mut agent = Agent::start(
         root.path(),
         &plugins,
         &["--config", config.to_str().unwrap()],
     );
+    agent.end_tasks = true;
     let rt = runtime();
     let api = drover_api::Client::new(&agent.socket);
     rt.block_on(async {
@@ -448,11 +450,12 @@ fn idle_connections_are_closed_after_the_header_read_timeout_and_long_answers_ar
         "[limits]\nmax_connections = 8\nheader_read_timeout = \"2s\"\n",
     )
     .unwrap();
-    let agent = Agent::start(
+    let mut agent = Agent::start(
         root.path(),
         &plugins,
         &["--config", config.to_str().unwrap()],
     );
+    agent.end_tasks = true;
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
             .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
@@ -562,6 +565,7 @@ fn the_agent_raises_its_open_file_soft_limit_to_the_hard_limit() {
         started: Instant::now(),
         log,
         marker,
+        end_tasks: true,
     };
     drover_test_support::until_blocking(
         Duration::from_secs(20),

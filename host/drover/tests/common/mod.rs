@@ -81,6 +81,10 @@ pub struct Agent {
     pub started: Instant,
     pub log: PathBuf,
     pub marker: String,
+    /// Destroy (`--force`) every task the agent knows before stopping it on drop, for
+    /// tests whose tasks would otherwise outlive them (tasks outlive their agent by
+    /// design). Off where a later agent on the same dirs takes the tasks over.
+    pub end_tasks: bool,
 }
 
 impl Agent {
@@ -126,6 +130,7 @@ impl Agent {
             started: Instant::now(),
             log,
             marker,
+            end_tasks: false,
         };
         agent.wait_for_socket();
         agent
@@ -268,6 +273,18 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if self.end_tasks && self.child.try_wait().ok().flatten().is_none() {
+            let list = self.cli(&["task", "list", "--json"]);
+            let tasks: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap_or_default();
+            for id in tasks
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["id"].as_str())
+            {
+                let _ = self.cli(&["task", "destroy", "--force", id]);
+            }
+        }
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = nix_kill(self.child.id(), 15);
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -308,7 +325,8 @@ pub fn rawexec_agent() -> (tempfile::TempDir, Agent) {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
-    let agent = Agent::start(root.path(), &dir, &[]);
+    let mut agent = Agent::start(root.path(), &dir, &[]);
+    agent.end_tasks = true;
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
             .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
