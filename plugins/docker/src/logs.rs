@@ -2,10 +2,11 @@
 //!
 //! Docker keeps the output (json-file driver, small); a follower per task reads it
 //! with timestamps and writes stdout and stderr with the SDK's [`RotatingWriter`]. A
-//! cursor file next to the logs holds the container id, the timestamp of the last
-//! message written and how many messages carried exactly that timestamp. A follower
-//! started by a new plugin process asks Docker for the output since that second and
-//! skips what the cursor says was written, so lines are neither lost nor repeated.
+//! cursor file next to the logs holds the container id, a second to read again from
+//! and how many of the messages written were stamped at or after it (see [`Cursor`]).
+//! A follower started by a new plugin process, or a read after a follow that ended,
+//! asks Docker for the output since that second and skips that many messages, so
+//! lines are neither lost nor repeated.
 //! The cursor also records where each log stream ended after the last message it
 //! counts: a plugin killed between writing a message and updating the cursor left
 //! bytes past that point, and the next follower cuts them off before it replays the
@@ -82,91 +83,100 @@ impl LogTarget {
     }
 }
 
-/// The last message written: its timestamp and how many messages with exactly that
-/// timestamp were written.
+/// Where a read of the container's logs resumes without losing or repeating a message.
+///
+/// Docker filters a read by `since` (whole seconds: every message stamped at or after
+/// it, in the log's order), and its timestamps are not monotonic in that order: stdout
+/// and stderr are stamped by separate copiers, so a message can follow one stamped
+/// later (seen under load: a replay that compared timestamps wrote a line twice). The
+/// cursor therefore never compares timestamps with each other. It keeps a second
+/// `since`, one before the newest second written, and how many of the messages written
+/// were stamped in `since` and in `since + 1` (no written message is newer). What was
+/// written is a prefix of the log, so its part stamped at or after `since` is exactly
+/// what a read from `since` delivers first: a replay skips that many messages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Cursor {
-    /// Docker's timestamp text (RFC 3339 with 9 fractional digits, UTC).
-    raw: String,
-    at: Option<SystemTime>,
-    seen: u64,
-    /// A new read is replaying output from `at`'s second: messages up to the cursor
-    /// are skipped; once one is new, everything after it is.
-    replaying: bool,
-    /// Messages stamped `at` still to skip while replaying.
+    /// The second reads resume from; `None` before the first message (read it all).
+    since: Option<i64>,
+    /// Messages written that were stamped in `since` and in `since + 1`.
+    counts: [u64; 2],
+    /// Messages a read that just started still skips: written already.
     skip: u64,
 }
 
 impl Cursor {
     /// Parse the cursor file's line for `container`: `None` for another container's
-    /// line or anything unreadable (the task starts afresh).
+    /// line or anything unreadable, including an older plugin's format (the task's
+    /// output is then read from its start again).
     fn parse(text: &str, container: &str) -> Option<Saved> {
-        // Only the first line: an older plugin's shorter line, written over a longer
-        // one in place, leaves the longer one's tail after its newline.
         let mut f = text.lines().next()?.split_whitespace();
         if f.next()? != container {
             return None;
         }
-        let raw = f.next()?;
-        let seen = f.next()?.parse::<u64>().ok()?;
-        let cursor = if raw == NO_MESSAGE {
+        let since = f.next()?;
+        let numbers: Vec<u64> = f.map(|n| n.parse::<u64>().ok()).collect::<Option<_>>()?;
+        let [c0, c1, oi, ol, ei, el] = numbers[..] else {
+            return None;
+        };
+        let cursor = if since == NO_MESSAGE {
             Cursor::default()
         } else {
             Cursor {
-                raw: raw.to_owned(),
-                at: Some(humantime::parse_rfc3339(raw).ok()?),
-                seen,
-                ..Cursor::default()
+                since: Some(since.parse::<i64>().ok()?),
+                counts: [c0, c1],
+                skip: 0,
             }
         };
-        let numbers: Vec<u64> = f.map(|n| n.parse::<u64>().ok()).collect::<Option<_>>()?;
-        let ends = match numbers[..] {
-            // A line from a plugin that did not record positions: nothing to cut.
-            [] => None,
-            [oi, ol, ei, el] => Some((
-                LogPosition { index: oi, len: ol },
-                LogPosition { index: ei, len: el },
-            )),
-            _ => return None,
-        };
+        let ends = (
+            LogPosition { index: oi, len: ol },
+            LogPosition { index: ei, len: el },
+        );
         Some(Saved { cursor, ends })
     }
 
-    /// A read from [`Cursor::since`] is about to start: it delivers again what was
-    /// written from that second on.
+    /// A read from [`Cursor::since`] is about to start: the messages it delivers first
+    /// are the ones already written.
     fn rewind(&mut self) {
-        self.replaying = self.at.is_some();
-        self.skip = self.seen;
+        self.skip = self.counts[0] + self.counts[1];
     }
 
-    /// The whole second to ask Docker for output since (it filters by seconds).
+    /// The whole second to ask Docker for output since (0: everything).
     fn since(&self) -> i32 {
-        self.at
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .and_then(|d| i32::try_from(d.as_secs()).ok())
+        self.since
+            .and_then(|s| i32::try_from(s.max(0)).ok())
             .unwrap_or(0)
     }
 
-    /// Whether a message stamped `at` is new, moving the cursor past it if so. Only a
-    /// replay compares timestamps, so a wall clock stepping back mid-stream loses
-    /// nothing.
-    fn accept(&mut self, raw: &str, at: SystemTime) -> bool {
-        if self.replaying {
-            match self.at {
-                Some(c) if at < c => return false,
-                Some(c) if at == c && self.skip > 0 => {
-                    self.skip -= 1;
-                    return false;
-                }
-                _ => self.replaying = false,
-            }
+    /// Whether the next message a read delivers, stamped `at`, is new; counts it if so.
+    fn accept(&mut self, at: SystemTime) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return false;
         }
-        if self.at == Some(at) {
-            self.seen += 1;
-        } else {
-            self.at = Some(at);
-            raw.clone_into(&mut self.raw);
-            self.seen = 1;
+        let second = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        match self.since {
+            None => {
+                self.since = Some(second - 1);
+                self.counts = [0, 1];
+            }
+            // Stamped before `since`: a read from `since` never delivers it again.
+            Some(since) if second < since => {}
+            Some(since) if second <= since + 1 => {
+                self.counts[usize::from(second > since)] += 1;
+            }
+            // A newer second: `since` moves to the one before it, keeping the count of
+            // the second that stays in the window.
+            Some(since) => {
+                let kept = if second - 1 == since + 1 {
+                    self.counts[1]
+                } else {
+                    0
+                };
+                self.since = Some(second - 1);
+                self.counts = [kept, 1];
+            }
         }
         true
     }
@@ -177,7 +187,7 @@ impl Cursor {
 struct Saved {
     cursor: Cursor,
     /// Where stdout and stderr ended after the last message the cursor counts.
-    ends: Option<(LogPosition, LogPosition)>,
+    ends: (LogPosition, LogPosition),
 }
 
 /// The cursor's timestamp before the first message.
@@ -215,7 +225,7 @@ impl Sink {
             (&*file).read_to_string(&mut text).ok()?;
             Cursor::parse(&text, container)
         });
-        if let Some((stdout, stderr)) = saved.as_ref().and_then(|s| s.ends) {
+        if let Some((stdout, stderr)) = saved.as_ref().map(|s| s.ends) {
             for (base, to) in [(&target.stdout, stdout), (&target.stderr, stderr)] {
                 if base.as_os_str().is_empty() {
                     continue;
@@ -256,11 +266,11 @@ impl Sink {
             LogOutput::StdErr { message } => (message, false),
             LogOutput::StdIn { .. } | LogOutput::Console { .. } => return Ok(()),
         };
-        let Some((raw, at, message)) = split_timestamp(frame) else {
+        let Some((_, at, message)) = split_timestamp(frame) else {
             tracing::debug!("log frame without a timestamp skipped");
             return Ok(());
         };
-        if !self.cursor.accept(raw, at) {
+        if !self.cursor.accept(at) {
             return Ok(());
         }
         let writer = if to_stdout {
@@ -281,14 +291,14 @@ impl Sink {
             w.as_ref().map(RotatingWriter::position).unwrap_or_default()
         };
         let (out, err) = (end(&self.stdout), end(&self.stderr));
-        let raw = if self.cursor.at.is_some() {
-            self.cursor.raw.as_str()
-        } else {
-            NO_MESSAGE
+        let since = match self.cursor.since {
+            Some(s) => s.to_string(),
+            None => NO_MESSAGE.to_owned(),
         };
+        let [c0, c1] = self.cursor.counts;
         format!(
-            "{:<64} {raw:<35} {:020} {:020} {:020} {:020} {:020}\n",
-            self.container, self.cursor.seen, out.index, out.len, err.index, err.len
+            "{:<64} {since:<20} {c0:020} {c1:020} {:020} {:020} {:020} {:020}\n",
+            self.container, out.index, out.len, err.index, err.len
         )
     }
 
@@ -476,7 +486,8 @@ mod tests {
         // A new process asks for everything since the cursor's second and is given
         // the whole output again.
         let mut second = Sink::open(&t, CID).unwrap();
-        assert_eq!(second.cursor.since(), 1_714_557_600);
+        // One second before the newest one written (T2's).
+        assert_eq!(second.cursor.since(), 1_714_557_599);
         second.cursor.rewind();
         for o in all() {
             second.write(o).unwrap();
@@ -541,30 +552,82 @@ mod tests {
             Cursor::parse(&empty, CID),
             Some(Saved {
                 cursor: Cursor::default(),
-                ends: Some((LogPosition::default(), LogPosition::default())),
+                ends: (LogPosition::default(), LogPosition::default()),
             })
         );
+        s.write(out(T1, "w\n")).unwrap();
         s.write(out(T3, "x\n")).unwrap();
         s.write(err(T3, "yz\n")).unwrap();
         let line = s.line();
         assert_eq!(line.len(), empty.len());
         let back = Cursor::parse(&line, CID).unwrap();
-        assert_eq!((back.cursor.raw.as_str(), back.cursor.seen), (T3, 2));
+        // T3's second is 1_714_557_601: the window is T1's second and T3's.
+        assert_eq!(back.cursor.since, Some(1_714_557_600));
+        assert_eq!(back.cursor.counts, [1, 2]);
         let end = |len| LogPosition { index: 0, len };
-        assert_eq!(back.ends, Some((end(2), end(3))));
+        assert_eq!(back.ends, (end(4), end(3)));
         assert_eq!(Cursor::parse(&line, "another"), None);
         assert_eq!(Cursor::parse("garbage", CID), None);
-        // An older plugin's shorter line over a newer one: its tail is not read.
-        let mut overwritten = line.clone().into_bytes();
-        let old = format!("{CID} {T1} 4\n");
-        overwritten[..old.len()].copy_from_slice(old.as_bytes());
-        let back = Cursor::parse(std::str::from_utf8(&overwritten).unwrap(), CID).unwrap();
-        assert_eq!((back.cursor.seen, back.ends), (4, None));
-        assert_eq!(Cursor::parse(&format!("{CID} {T1} 4 1 2\n"), CID), None);
-        // A line without positions (older plugin) still gives the cursor.
-        let old = format!("{CID} {T1} 4\n");
-        let back = Cursor::parse(&old, CID).unwrap();
-        assert_eq!((back.cursor.seen, back.ends), (4, None));
+        // An older plugin's line (a timestamp and one count): read again from the start.
+        assert_eq!(Cursor::parse(&format!("{CID} {T1} 4 0 2 0 3\n"), CID), None);
+        assert_eq!(Cursor::parse(&format!("{CID} {T1} 4\n"), CID), None);
+    }
+
+    /// Docker stamps stdout and stderr in separate copiers: under load a message can
+    /// follow one stamped later, within a second or across one. Reading again from the
+    /// cursor (as after every follow that ends) repeats nothing and loses nothing.
+    #[test]
+    fn out_of_order_timestamps_are_neither_repeated_nor_lost() {
+        const A: &str = "2024-05-01T10:00:00.900000000Z";
+        const B: &str = "2024-05-01T10:00:01.100000000Z";
+        const C: &str = "2024-05-01T10:00:01.000000000Z";
+        const D: &str = "2024-05-01T10:00:02.500000000Z";
+        const E: &str = "2024-05-01T10:00:02.400000000Z";
+        let all = || {
+            vec![
+                out(A, "a\n"),
+                out(B, "b\n"),
+                err(C, "c\n"),
+                out(D, "d\n"),
+                err(E, "e\n"),
+            ]
+        };
+        // Docker's read from a second: the messages stamped at or after it, in order.
+        let since = |s: i32| {
+            all()
+                .into_iter()
+                .filter(move |o| {
+                    let (LogOutput::StdOut { message } | LogOutput::StdErr { message }) = o else {
+                        unreachable!()
+                    };
+                    let (_, at, _) = split_timestamp(message).unwrap();
+                    let secs = at.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+                    secs >= u64::try_from(s).unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        for cut in 0..=5 {
+            let dir = tempfile::tempdir().unwrap();
+            let t = target(dir.path());
+            let mut first = Sink::open(&t, CID).unwrap();
+            for o in all().into_iter().take(cut) {
+                first.write(o).unwrap();
+            }
+            // The same process reads again, then a new process does.
+            first.cursor.rewind();
+            for o in since(first.cursor.since()) {
+                first.write(o).unwrap();
+            }
+            drop(first);
+            let mut second = Sink::open(&t, CID).unwrap();
+            second.cursor.rewind();
+            for o in since(second.cursor.since()) {
+                second.write(o).unwrap();
+            }
+            let read = |n: &str| std::fs::read_to_string(dir.path().join(n)).unwrap_or_default();
+            assert_eq!(read("stdout.0"), "a\nb\nd\n", "after {cut} messages");
+            assert_eq!(read("stderr.0"), "c\ne\n", "after {cut} messages");
+        }
     }
 
     /// The plugin dies after writing a message but before the cursor counts it (here:
