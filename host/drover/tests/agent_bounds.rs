@@ -312,25 +312,9 @@ fn hundreds_of_log_followers_leave_task_run_working_and_past_the_caps_are_refuse
 #[test]
 fn followers_hold_no_thread_while_they_wait() {
     raise_own_nofile();
-    let root = tempfile::tempdir().unwrap();
-    let plugins = root.path().join("plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    let config = root.path().join("agent.toml");
-    std::fs::write(
-        &config,
+    let (_root, agent) = rawexec_agent_with_config(
         "[limits]\nmax_log_followers = 600\nmax_log_followers_per_task = 300\n",
-    )
-    .unwrap();
-    let mut agent = Agent::start(
-        root.path(),
-        &plugins,
-        &["--config", config.to_str().unwrap()],
     );
-    agent.end_tasks = true;
-    agent.wait_plugins(Duration::from_secs(10), |rows| {
-        rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
-    });
     let rt = runtime();
     let ids = long_tasks(&agent, 2);
     let (held, refused) = rt.block_on(open_followers(&agent, &ids, 300));
@@ -385,17 +369,7 @@ fn stats_followers_are_capped_per_task() {
 
 #[test]
 fn api_connections_are_capped_and_waiting_ones_are_served_when_one_closes() {
-    let root = tempfile::tempdir().unwrap();
-    let plugins = root.path().join("plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    let config = root.path().join("agent.toml");
-    std::fs::write(&config, "[limits]\nmax_connections = 4\n").unwrap();
-    let mut agent = Agent::start(
-        root.path(),
-        &plugins,
-        &["--config", config.to_str().unwrap()],
-    );
-    agent.end_tasks = true;
+    let (_root, agent) = agent_with_config("[limits]\nmax_connections = 4\n");
     let rt = runtime();
     let api = drover_api::Client::new(&agent.socket);
     rt.block_on(async {
@@ -441,25 +415,8 @@ fn api_connections_are_capped_and_waiting_ones_are_served_when_one_closes() {
 #[test]
 fn idle_connections_are_closed_after_the_header_read_timeout_and_long_answers_are_not_cut() {
     const TIMEOUT: Duration = Duration::from_secs(2);
-    let root = tempfile::tempdir().unwrap();
-    let plugins = root.path().join("plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    let config = root.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        "[limits]\nmax_connections = 8\nheader_read_timeout = \"2s\"\n",
-    )
-    .unwrap();
-    let mut agent = Agent::start(
-        root.path(),
-        &plugins,
-        &["--config", config.to_str().unwrap()],
-    );
-    agent.end_tasks = true;
-    agent.wait_plugins(Duration::from_secs(10), |rows| {
-        rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
-    });
+    let (_root, agent) =
+        rawexec_agent_with_config("[limits]\nmax_connections = 8\nheader_read_timeout = \"2s\"\n");
     // A task whose output, followed and waited for, lasts well past the timeout.
     let run = agent.cli_json(&[
         "task",

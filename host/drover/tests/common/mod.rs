@@ -322,14 +322,33 @@ pub fn row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Val
 
 /// An agent on fresh dirs with the built-in rawexec driver healthy.
 pub fn rawexec_agent() -> (tempfile::TempDir, Agent) {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("plugins");
-    std::fs::create_dir(&dir).unwrap();
-    let mut agent = Agent::start(root.path(), &dir, &[]);
-    agent.end_tasks = true;
+    rawexec_agent_with_config("")
+}
+
+/// [`rawexec_agent`] with `config` (TOML) as its agent config.
+pub fn rawexec_agent_with_config(config: &str) -> (tempfile::TempDir, Agent) {
+    let (root, agent) = agent_with_config(config);
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
             .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
     });
+    (root, agent)
+}
+
+/// An agent on fresh dirs with `config` (TOML; empty: none) as its agent config, which
+/// destroys its tasks when dropped.
+pub fn agent_with_config(config: &str) -> (tempfile::TempDir, Agent) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("plugins");
+    std::fs::create_dir(&dir).unwrap();
+    let file = root.path().join("agent.toml");
+    let args: Vec<&str> = if config.is_empty() {
+        Vec::new()
+    } else {
+        std::fs::write(&file, config).unwrap();
+        vec!["--config", file.to_str().unwrap()]
+    };
+    let mut agent = Agent::start(root.path(), &dir, &args);
+    agent.end_tasks = true;
     (root, agent)
 }
