@@ -202,23 +202,29 @@ fn destroy_force_after_a_killed_executor_leaves_no_process_of_the_task() {
     );
 }
 
-#[test]
-fn a_setsid_child_does_not_survive_task_stop() {
-    needs_cgroups();
-    let (root, agent) = agent();
-    let child = root.path().join("child");
+/// A running task (`run` with `extra`) that started a child which called `setsid`:
+/// the task's id and the child's pid.
+fn running_with_setsid_child(agent: &Agent, dir: &Path, extra: &[&str]) -> (String, u32) {
+    let child = dir.join("child");
     let id = run(
-        &agent,
+        agent,
         &format!(
             "setsid sleep 1000 & echo $! > {}; exec sleep 1000",
             child.display()
         ),
-        &["--kill-timeout", "5s"],
+        extra,
     );
     until_blocking(LIMIT, POLL, "the child started", || {
         pids_in(&child).len() == 1
     });
-    let pid = pids_in(&child)[0];
+    (id, pids_in(&child)[0])
+}
+
+#[test]
+fn a_setsid_child_does_not_survive_task_stop() {
+    needs_cgroups();
+    let (root, agent) = agent();
+    let (id, pid) = running_with_setsid_child(&agent, root.path(), &["--kill-timeout", "5s"]);
     // It left the task's process group (and session): a signal to the group misses it.
     let info = drover_test_support::procs::stat(pid).expect("the child runs");
     assert_eq!(info.pgid, pid, "the child did not call setsid: {info:?}");
@@ -269,19 +275,7 @@ fn a_setsid_child_does_not_survive_task_destroy() {
 fn a_running_task_with_a_setsid_child_leaves_nothing_after_destroy_force() {
     needs_cgroups();
     let (root, agent) = agent();
-    let child = root.path().join("child");
-    let id = run(
-        &agent,
-        &format!(
-            "setsid sleep 1000 & echo $! > {}; exec sleep 1000",
-            child.display()
-        ),
-        &[],
-    );
-    until_blocking(LIMIT, POLL, "the child started", || {
-        pids_in(&child).len() == 1
-    });
-    let pid = pids_in(&child)[0];
+    let (id, pid) = running_with_setsid_child(&agent, root.path(), &[]);
     let main: u32 = agent.cli_json(&["task", "status", &id, "--json"])["attributes"]["pid"]
         .as_str()
         .and_then(|p| p.parse().ok())
