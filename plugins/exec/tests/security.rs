@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use drover_plugin_sdk::DriverError;
+use drover_plugin_sdk::{DriverError, TaskSpec};
 use serde_json::json;
 
 /// The probe's source (shared with the java tests).
@@ -205,9 +205,7 @@ async fn root_is_refused_by_default_and_allowed_with_the_opt_in() {
     let p = Plugin::launch(dir.path(), json!({})).await;
     for user in ["root", "0", "0:0"] {
         let spec = p.spec("rooted", sh_with("id -u", json!({ "user": user })));
-        let err = within(PROMPT, "start", p.client.start_task(spec))
-            .await
-            .unwrap_err();
+        let err = refused(&p, spec).await;
         assert!(
             matches!(err, DriverError::InvalidConfig(_)),
             "{user}: {err:?}"
@@ -220,9 +218,7 @@ async fn root_is_refused_by_default_and_allowed_with_the_opt_in() {
     }
     // The task spec's own user (from the agent) is checked too.
     let spec = p.spec("rooted", sh("id -u")).with_user("root");
-    let err = within(PROMPT, "start", p.client.start_task(spec))
-        .await
-        .unwrap_err();
+    let err = refused(&p, spec).await;
     assert!(err.to_string().contains("user_denylist"), "{err}");
     // Nothing was left behind by the refusals.
     assert!(!p.cgroup_dir("memory", "rooted").exists());
@@ -251,9 +247,7 @@ async fn root_is_refused_by_default_and_allowed_with_the_opt_in() {
     let dir = tempfile::tempdir().unwrap();
     let p = Plugin::launch(dir.path(), json!({ "user_denylist": ["nobody"] })).await;
     let spec = p.spec("nobody", sh("id -u"));
-    let err = within(PROMPT, "start", p.client.start_task(spec))
-        .await
-        .unwrap_err();
+    let err = refused(&p, spec).await;
     assert!(err.to_string().contains("\"nobody\""), "{err}");
 }
 
@@ -274,9 +268,7 @@ async fn uid_or_gid_minus_one_is_refused_not_left_as_root() {
         ("2147483648", "uid 2147483648 is out of range"),
     ] {
         let spec = p.spec("minus1", sh_with("id", json!({ "user": user })));
-        let err = within(PROMPT, "start", p.client.start_task(spec))
-            .await
-            .unwrap_err();
+        let err = refused(&p, spec).await;
         assert!(
             matches!(err, DriverError::InvalidConfig(_)),
             "{user}: {err:?}"
@@ -286,9 +278,7 @@ async fn uid_or_gid_minus_one_is_refused_not_left_as_root() {
     }
     // The task spec's own user too.
     let spec = p.spec("minus1", sh("id")).with_user("4294967295");
-    let err = within(PROMPT, "start", p.client.start_task(spec))
-        .await
-        .unwrap_err();
+    let err = refused(&p, spec).await;
     assert!(err.to_string().contains("out of range"), "{err}");
     // Even with root allowed, -1 is not a way to any id.
     drop(p);
@@ -298,9 +288,7 @@ async fn uid_or_gid_minus_one_is_refused_not_left_as_root() {
         "minus1",
         sh_with("id", json!({ "user": "65534:4294967295" })),
     );
-    let err = within(PROMPT, "start", p.client.start_task(spec))
-        .await
-        .unwrap_err();
+    let err = refused(&p, spec).await;
     assert!(err.to_string().contains("gid 4294967295"), "{err}");
 }
 
@@ -315,9 +303,7 @@ async fn gid_0_is_refused_while_root_is_denied() {
     let dir = tempfile::tempdir().unwrap();
     let p = Plugin::launch(dir.path(), json!({})).await;
     let spec = p.spec("gid0", sh_with("id -g", json!({ "user": "65534:0" })));
-    let err = within(PROMPT, "start", p.client.start_task(spec))
-        .await
-        .unwrap_err();
+    let err = refused(&p, spec).await;
     assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
     let text = err.to_string();
     assert!(
@@ -430,17 +416,13 @@ async fn scheduling_rlimits_and_huge_memory_are_refused() {
             "sched",
             sh_with("chrt -f 99 true", json!({ "rlimits": rlimits })),
         );
-        let err = within(PROMPT, "start", p.client.start_task(spec))
-            .await
-            .unwrap_err();
+        let err = refused(&p, spec).await;
         assert!(matches!(err, DriverError::InvalidConfig(_)), "{err:?}");
         assert!(err.to_string().contains(word), "{err}");
     }
     let mut spec = p.spec("huge", sh("true"));
     spec.resources.memory_max_mb = 1 << 44;
-    let err = within(PROMPT, "start", p.client.start_task(spec))
-        .await
-        .unwrap_err();
+    let err = refused(&p, spec).await;
     assert!(err.to_string().contains("memory_max_mb"), "{err}");
     assert!(!p.cgroup_dir("memory", "huge").exists());
     // What is allowed still runs.
@@ -577,4 +559,11 @@ async fn a_task_gets_the_operators_open_file_limit_not_the_plugins() {
         "1024",
         "the plugin runs with {plugin_soft}"
     );
+}
+
+/// The error a start of `spec` is refused with (within [`PROMPT`]).
+async fn refused(p: &Plugin, spec: TaskSpec) -> DriverError {
+    within(PROMPT, "start", p.client.start_task(spec))
+        .await
+        .unwrap_err()
 }
