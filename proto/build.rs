@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     const PROTOS: &[&str] = &[
         "proto/drover/plugin/v1/base.proto",
         "proto/drover/plugin/v1/driver.proto",
+        "proto/drover/cluster/v1/cluster.proto",
         "proto/plugin/grpc_controller.proto",
         "proto/plugin/grpc_stdio.proto",
         "proto/plugin/grpc_broker.proto",

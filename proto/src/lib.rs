@@ -1,6 +1,7 @@
 //! Generated gRPC code for the Drover plugin protocol.
 //!
 //! - [`drover::plugin::v1`]: Drover's own `BasePlugin` and `Driver` services.
+//! - [`drover::cluster::v1`]: the cluster protocol between client agents and servers.
 //! - [`goplugin`]: HashiCorp go-plugin's `plugin` package (`GRPCController`,
 //!   `GRPCStdio`, `GRPCBroker`), byte-for-byte wire compatible.
 //!
@@ -15,6 +16,13 @@ pub mod drover {
         /// `drover.plugin.v1`: BasePlugin and Driver.
         pub mod v1 {
             tonic::include_proto!("drover.plugin.v1");
+        }
+    }
+    /// `drover.cluster.*`
+    pub mod cluster {
+        /// `drover.cluster.v1`: client agents and servers.
+        pub mod v1 {
+            tonic::include_proto!("drover.cluster.v1");
         }
     }
 }

@@ -152,6 +152,35 @@ pub struct AgentConfig {
     pub drain_on_shutdown: bool,
     /// Bounds on API connections and streams.
     pub limits: Limits,
+    /// Cluster servers' RPC addresses (`HOST:PORT`): with any, the agent is a client
+    /// node that registers with them and runs the allocations they place on it.
+    pub servers: Vec<String>,
+    /// The node's name in the cluster (default: the host name).
+    pub node_name: Option<String>,
+    /// Node metadata for constraints (`${node.meta.KEY}`), `--meta k=v`.
+    pub meta: BTreeMap<String, String>,
+    /// File holding the cluster token sent with every RPC and forwarded request.
+    pub token_file: Option<PathBuf>,
+    /// TLS towards the servers (rustls); plain TCP when absent.
+    pub tls: Option<ClientTls>,
+}
+
+/// How a client agent verifies its servers, and proves itself to them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTls {
+    /// CA the servers' certificates must chain to (PEM).
+    pub ca_file: PathBuf,
+    /// Client certificate for mutual TLS (PEM), with `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// The name the servers' certificates must carry (default: the host of the
+    /// address).
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 impl Default for AgentConfig {
@@ -170,6 +199,11 @@ impl Default for AgentConfig {
             log_format: LogFormat::Human,
             drain_on_shutdown: false,
             limits: Limits::default(),
+            servers: Vec::new(),
+            node_name: None,
+            meta: BTreeMap::new(),
+            token_file: None,
+            tls: None,
         }
     }
 }

@@ -5,8 +5,10 @@
 //! the built-in drivers; this library never names a driver.
 
 pub mod agent;
+pub mod allocs;
 pub mod api;
 pub mod catalog;
+pub mod cluster;
 pub mod config;
 pub mod dirs;
 pub mod limits;

@@ -1,0 +1,15 @@
+//! # drover-server-api
+//!
+//! What the Drover server and the cluster commands of the CLI exchange: jobs (as
+//! submitted and as stored), nodes, allocations and evaluations, in the JSON shape of
+//! the server's HTTP API (`/v1/jobs`, `/v1/nodes`, ...). The same types travel inside
+//! the node RPCs (as JSON payloads) and are kept by the server's state store.
+//!
+//! Every object the server stores carries `create_index` and `modify_index`: the state
+//! store's revision at which it was created and last changed. The revision is global and
+//! only grows, so a blocking query `?index=N` waits until something newer than `N` was
+//! committed.
+
+pub mod types;
+
+pub use types::*;

@@ -1,0 +1,904 @@
+//! The cluster's objects. Field names are what the HTTP API and `--json` output show.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use drover_api::{LogConfig, RestartPolicy};
+use serde::{Deserialize, Serialize};
+
+/// A store revision: every committed write gets the next one.
+pub type Index = u64;
+
+// ---------------------------------------------------------------------------------------
+// Jobs
+// ---------------------------------------------------------------------------------------
+
+/// How a job's groups are scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobType {
+    /// Long-running: `count` copies are kept running, replaced when lost or failed.
+    #[default]
+    Service,
+    /// Runs to completion: an allocation that completed successfully is not replaced.
+    Batch,
+    /// One allocation of every group on every feasible node.
+    System,
+}
+
+impl JobType {
+    /// The lowercase name (`service`, `batch`, `system`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobType::Service => "service",
+            JobType::Batch => "batch",
+            JobType::System => "system",
+        }
+    }
+}
+
+/// A job as a user submits it (the job file, or `PUT /v1/jobs` with `{"job": ...}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The job's name: its id, `[A-Za-z0-9_.-]{1,128}`.
+    pub name: String,
+    /// Scheduler type.
+    #[serde(rename = "type", default)]
+    pub job_type: JobType,
+    /// 1..=100, higher first (default 50).
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// Constraints every group of the job must meet.
+    #[serde(default, rename = "constraint", alias = "constraints")]
+    pub constraints: Vec<Constraint>,
+    /// How a changed job replaces its allocations.
+    #[serde(default)]
+    pub update: UpdateStrategy,
+    /// Free-form metadata.
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
+    /// The task groups (at least one).
+    #[serde(rename = "group", alias = "groups")]
+    pub groups: Vec<TaskGroup>,
+}
+
+fn default_priority() -> u8 {
+    50
+}
+
+/// Rolling updates: at most `max_parallel` allocations of a group are replaced at once
+/// when a task of the group changed (a count change only adds or removes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpdateStrategy {
+    /// Allocations replaced at a time (default 1; 0 replaces them all at once).
+    pub max_parallel: u32,
+}
+
+impl Default for UpdateStrategy {
+    fn default() -> Self {
+        UpdateStrategy { max_parallel: 1 }
+    }
+}
+
+/// A set of tasks placed together on one node: the unit of scheduling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskGroup {
+    /// Unique within the job.
+    pub name: String,
+    /// Copies wanted (service and batch; ignored for system jobs). Default 1.
+    #[serde(default = "default_count")]
+    pub count: u32,
+    /// Constraints on the nodes the group may run on.
+    #[serde(default, rename = "constraint", alias = "constraints")]
+    pub constraints: Vec<Constraint>,
+    /// Free-form metadata.
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
+    /// The tasks (at least one that is not a lifecycle hook).
+    #[serde(rename = "task", alias = "tasks")]
+    pub tasks: Vec<Task>,
+}
+
+fn default_count() -> u32 {
+    1
+}
+
+impl TaskGroup {
+    /// What one allocation of the group asks of a node: the sum of its tasks.
+    pub fn resources(&self) -> AllocResources {
+        let mut r = AllocResources::default();
+        for t in &self.tasks {
+            r.cpu += u64::from(t.resources.cpu);
+            r.memory_mb += u64::from(t.resources.memory_mb);
+        }
+        r
+    }
+}
+
+/// One task of a group: the fields of a `drover task run` spec file, plus `lifecycle`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Task {
+    /// Unique within the group.
+    pub name: String,
+    /// Driver name.
+    pub driver: String,
+    /// Driver-specific config, checked by the driver on the node.
+    #[serde(default)]
+    pub config: serde_json::Value,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Signal sent on stop (default SIGTERM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_signal: Option<String>,
+    /// Time between the stop signal and SIGKILL (default 5s).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub kill_timeout: Option<Duration>,
+    /// Restarts on the node before the allocation fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartPolicy>,
+    /// What the task needs of the node.
+    #[serde(default)]
+    pub resources: TaskResources,
+    /// Log rotation limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<LogConfig>,
+    /// When the task runs within the group (absent: a main task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+}
+
+/// A task's resources: what the scheduler reserves on the node and the driver enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskResources {
+    /// CPU in MHz (default 100), also the task's relative CPU weight.
+    pub cpu: u32,
+    /// Memory in MiB (default 300).
+    pub memory_mb: u32,
+    /// Hard memory limit in MiB (0: same as `memory_mb`).
+    pub memory_max_mb: u32,
+}
+
+impl Default for TaskResources {
+    fn default() -> Self {
+        TaskResources {
+            cpu: 100,
+            memory_mb: 300,
+            memory_max_mb: 0,
+        }
+    }
+}
+
+/// When a task runs relative to the group's main tasks (Nomad's `lifecycle` block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lifecycle {
+    /// `prestart`, `poststart` or `poststop`.
+    pub hook: LifecycleHook,
+    /// Keeps running beside the main tasks (prestart/poststart only); stopped when the
+    /// main tasks end.
+    #[serde(default)]
+    pub sidecar: bool,
+}
+
+/// The phase a lifecycle task belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LifecycleHook {
+    /// Before the main tasks; an ephemeral one must succeed before they start.
+    Prestart,
+    /// Once every main task started.
+    Poststart,
+    /// After every main task stopped.
+    Poststop,
+}
+
+/// A rule on node attributes or metadata (`${node.meta.rack} = r1`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraint {
+    /// Left side: `${attr.kernel.name}`, `${node.meta.rack}`, `${node.name}`, ... or a
+    /// literal. Empty for `distinct_hosts`.
+    #[serde(default)]
+    pub attribute: String,
+    /// Comparison (default `=`).
+    #[serde(default)]
+    pub operator: ConstraintOperator,
+    /// Right side: a literal or an interpolation as for `attribute`.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// The comparisons a [`Constraint`] can make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum ConstraintOperator {
+    /// Equal strings.
+    #[default]
+    #[serde(rename = "=", alias = "==", alias = "is")]
+    Equal,
+    /// Different strings (or the attribute is missing).
+    #[serde(rename = "!=", alias = "not")]
+    NotEqual,
+    /// Numeric when both sides are numbers, else lexical.
+    #[serde(rename = "<")]
+    Less,
+    /// As `<`.
+    #[serde(rename = "<=")]
+    LessEqual,
+    /// As `<`.
+    #[serde(rename = ">")]
+    Greater,
+    /// As `<`.
+    #[serde(rename = ">=")]
+    GreaterEqual,
+    /// The attribute, a version, matches a requirement such as `>= 5.10, < 7`.
+    #[serde(rename = "version", alias = "semver")]
+    Version,
+    /// The attribute matches a regular expression.
+    #[serde(rename = "regexp")]
+    Regexp,
+    /// The attribute, a comma-separated set, contains every comma-separated value.
+    #[serde(rename = "set_contains", alias = "set_contains_all")]
+    SetContains,
+    /// ... contains at least one of the values.
+    #[serde(rename = "set_contains_any")]
+    SetContainsAny,
+    /// No two allocations of the job (or group) on one node.
+    #[serde(rename = "distinct_hosts")]
+    DistinctHosts,
+    /// The attribute is set.
+    #[serde(rename = "is_set")]
+    IsSet,
+    /// The attribute is not set.
+    #[serde(rename = "is_not_set")]
+    IsNotSet,
+}
+
+impl ConstraintOperator {
+    /// The operator as written in a job file.
+    pub fn as_str(self) -> &'static str {
+        use ConstraintOperator::*;
+        match self {
+            Equal => "=",
+            NotEqual => "!=",
+            Less => "<",
+            LessEqual => "<=",
+            Greater => ">",
+            GreaterEqual => ">=",
+            Version => "version",
+            Regexp => "regexp",
+            SetContains => "set_contains",
+            SetContainsAny => "set_contains_any",
+            DistinctHosts => "distinct_hosts",
+            IsSet => "is_set",
+            IsNotSet => "is_not_set",
+        }
+    }
+}
+
+/// A job's overall state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    /// Registered, nothing running yet.
+    #[default]
+    Pending,
+    /// Some allocation is pending or running (or desired to run).
+    Running,
+    /// Stopped, or every allocation is terminal and nothing is wanted.
+    Dead,
+}
+
+/// A job as the server keeps it: the submitted spec and the server's bookkeeping.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// What was submitted.
+    #[serde(flatten)]
+    pub spec: JobSpec,
+    /// 0 for the first registration, +1 for every changed spec.
+    pub version: u64,
+    /// Stopped by `job stop` (the spec is kept until purged).
+    pub stop: bool,
+    /// Derived from the allocations.
+    pub status: JobStatus,
+    /// Unix time of the submission, nanoseconds.
+    pub submit_time: i64,
+    /// Index of the registration that created the job.
+    pub create_index: Index,
+    /// Index of the last change of the job object (spec, status or stop).
+    pub modify_index: Index,
+    /// Index of the last change of the spec (a new version).
+    pub job_modify_index: Index,
+}
+
+/// One line of `GET /v1/jobs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobListStub {
+    /// Name.
+    pub name: String,
+    /// Type.
+    #[serde(rename = "type")]
+    pub job_type: JobType,
+    /// Priority.
+    pub priority: u8,
+    /// Status.
+    pub status: JobStatus,
+    /// Stopped.
+    pub stop: bool,
+    /// Version.
+    pub version: u64,
+    /// Allocation counts by client status, per group.
+    pub summary: BTreeMap<String, GroupSummary>,
+    /// Index of creation.
+    pub create_index: Index,
+    /// Index of the last change.
+    pub modify_index: Index,
+}
+
+/// Allocation counts of one group by client status (and queued: not yet placed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GroupSummary {
+    /// Wanted but not placed (blocked).
+    pub queued: u32,
+    /// Placed, not yet running.
+    pub pending: u32,
+    /// Running.
+    pub running: u32,
+    /// Completed successfully.
+    pub complete: u32,
+    /// Failed.
+    pub failed: u32,
+    /// Lost with their node.
+    pub lost: u32,
+}
+
+// ---------------------------------------------------------------------------------------
+// Nodes
+// ---------------------------------------------------------------------------------------
+
+/// A node's scheduling state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeStatus {
+    /// Registered, not yet heartbeating.
+    #[default]
+    Initializing,
+    /// Heartbeating; receives allocations unless draining.
+    Ready,
+    /// Missed its heartbeat TTL plus grace: its allocations are lost and replaced.
+    Down,
+    /// Ready, but its allocations are being moved off and nothing new is placed on it.
+    Draining,
+}
+
+impl NodeStatus {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Initializing => "initializing",
+            NodeStatus::Ready => "ready",
+            NodeStatus::Down => "down",
+            NodeStatus::Draining => "draining",
+        }
+    }
+}
+
+/// A driver as fingerprinted on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DriverInfo {
+    /// The plugin was found and answered its fingerprint.
+    pub detected: bool,
+    /// It can run tasks now.
+    pub healthy: bool,
+    /// Why not, when unhealthy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub health_description: String,
+    /// Attributes the driver reported (`driver.<name>.<key>` in constraints).
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// What a node offers to allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeResources {
+    /// Total CPU in MHz (cores × MHz).
+    pub cpu: u64,
+    /// Total memory in MiB.
+    pub memory_mb: u64,
+}
+
+/// What an allocation reserves on its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AllocResources {
+    /// CPU in MHz.
+    pub cpu: u64,
+    /// Memory in MiB.
+    pub memory_mb: u64,
+}
+
+/// What a client agent tells the server about itself when it registers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistration {
+    /// Stable id the client keeps in its data dir (a UUID).
+    pub id: String,
+    /// Human name (`--node-name`, default the host name); unique among live nodes.
+    pub name: String,
+    /// Fingerprinted attributes: `os.name`, `kernel.name`, `kernel.version`,
+    /// `cpu.arch`, `cpu.numcores`, `cpu.frequency` (MHz), `memory.totalbytes`,
+    /// `unique.hostname`, and whatever else the client found.
+    pub attributes: BTreeMap<String, String>,
+    /// Operator metadata (`--meta k=v`).
+    pub meta: BTreeMap<String, String>,
+    /// Capacity offered to allocations.
+    pub resources: NodeResources,
+    /// Every driver's fingerprint, by driver name.
+    pub drivers: BTreeMap<String, DriverInfo>,
+}
+
+/// A node as the server keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// Stable id.
+    pub id: String,
+    /// Human name.
+    pub name: String,
+    /// Scheduling state.
+    pub status: NodeStatus,
+    /// Why it has its status ("missed heartbeats for 20s", ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub status_description: String,
+    /// A drain was asked for: nothing new is placed, allocations are moved off.
+    pub drain: bool,
+    /// Attributes (see [`NodeRegistration::attributes`]).
+    pub attributes: BTreeMap<String, String>,
+    /// Metadata.
+    pub meta: BTreeMap<String, String>,
+    /// Capacity.
+    pub resources: NodeResources,
+    /// Drivers by name.
+    pub drivers: BTreeMap<String, DriverInfo>,
+    /// Unix time of the last status change, nanoseconds.
+    pub status_updated_at: i64,
+    /// Index of the first registration.
+    pub create_index: Index,
+    /// Index of the last change.
+    pub modify_index: Index,
+}
+
+// ---------------------------------------------------------------------------------------
+// Allocations
+// ---------------------------------------------------------------------------------------
+
+/// What the server wants of an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DesiredStatus {
+    /// Run it.
+    #[default]
+    Run,
+    /// Stop it (job stopped, scaled down, replaced, node drained or back from down).
+    Stop,
+}
+
+/// What the client reports of an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientStatus {
+    /// Placed, not all of its main tasks running yet.
+    #[default]
+    Pending,
+    /// Its main tasks run.
+    Running,
+    /// Every task ended successfully (or the allocation was stopped as asked).
+    Complete,
+    /// A task failed for good.
+    Failed,
+    /// Its node went down: the server replaced it.
+    Lost,
+}
+
+impl ClientStatus {
+    /// Complete, failed or lost: nothing runs and nothing will.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            ClientStatus::Complete | ClientStatus::Failed | ClientStatus::Lost
+        )
+    }
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientStatus::Pending => "pending",
+            ClientStatus::Running => "running",
+            ClientStatus::Complete => "complete",
+            ClientStatus::Failed => "failed",
+            ClientStatus::Lost => "lost",
+        }
+    }
+}
+
+/// A task's state within an allocation, as its client reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskState {
+    /// `pending`, `running` or `dead`.
+    pub state: TaskRunState,
+    /// Dead unsuccessfully.
+    pub failed: bool,
+    /// Exit code of the last run, once it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Restarts so far.
+    pub restarts: u32,
+    /// Times the task was started on its node (1 + restarts, unless it never started).
+    pub starts: u32,
+    /// RFC 3339, when it last started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// RFC 3339, when it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// The node-local task id (`drover task status ID` on that agent).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub task_id: String,
+    /// Last event, for people.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// A task's coarse state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskRunState {
+    /// Not started yet (or waiting for a restart).
+    #[default]
+    Pending,
+    /// Running.
+    Running,
+    /// Ended for good.
+    Dead,
+}
+
+/// One copy of a task group on one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Allocation {
+    /// UUID.
+    pub id: String,
+    /// `job.group[index]`.
+    pub name: String,
+    /// Which copy of the group (0..count).
+    pub index: u32,
+    /// Job name.
+    pub job_name: String,
+    /// The job version this allocation runs.
+    pub job_version: u64,
+    /// Group name.
+    pub group: String,
+    /// Node id.
+    pub node_id: String,
+    /// Node name.
+    pub node_name: String,
+    /// What it reserves on the node.
+    pub resources: AllocResources,
+    /// What the server wants.
+    pub desired_status: DesiredStatus,
+    /// Why (for a stop: "job stopped", "node down", "replaced by a newer version"...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub desired_description: String,
+    /// What the client reports.
+    pub client_status: ClientStatus,
+    /// Why, for people.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub client_description: String,
+    /// Task states by task name.
+    #[serde(default)]
+    pub task_states: BTreeMap<String, TaskState>,
+    /// The evaluation that placed it.
+    pub eval_id: String,
+    /// The allocation it replaces, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_allocation: Option<String>,
+    /// The allocation that replaced it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_allocation: Option<String>,
+    /// Index of creation.
+    pub create_index: Index,
+    /// Index of the last change of any field.
+    pub modify_index: Index,
+    /// Index of the last change the server made (desired status, job version): what a
+    /// client acts on. Client status updates do not change it.
+    pub alloc_modify_index: Index,
+    /// Unix time of creation, nanoseconds.
+    pub create_time: i64,
+    /// Unix time of the last change, nanoseconds.
+    pub modify_time: i64,
+}
+
+impl Allocation {
+    /// Stopped or ended: it no longer uses its node's resources.
+    pub fn is_terminal(&self) -> bool {
+        self.desired_status == DesiredStatus::Stop || self.client_status.is_terminal()
+    }
+}
+
+/// What a client sends about one allocation (batched).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AllocClientUpdate {
+    /// Allocation id.
+    pub id: String,
+    /// Client status.
+    pub client_status: ClientStatus,
+    /// Why, for people.
+    #[serde(default)]
+    pub client_description: String,
+    /// Task states by task name.
+    #[serde(default)]
+    pub task_states: BTreeMap<String, TaskState>,
+}
+
+/// An allocation as a client receives it: the allocation and the group it runs, at the
+/// job version it was placed with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientAllocation {
+    /// The allocation.
+    pub alloc: Allocation,
+    /// Job type (a batch task that exits 0 completes the allocation).
+    pub job_type: JobType,
+    /// The group spec at `alloc.job_version`.
+    pub group: TaskGroup,
+}
+
+// ---------------------------------------------------------------------------------------
+// Evaluations
+// ---------------------------------------------------------------------------------------
+
+/// An evaluation's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalStatus {
+    /// Waiting for, or in, a worker.
+    #[default]
+    Pending,
+    /// Something could not be placed: retried when capacity appears.
+    Blocked,
+    /// Done.
+    Complete,
+    /// Gave up (e.g. plan rejected too often).
+    Failed,
+    /// Superseded by a newer evaluation of the same job.
+    Canceled,
+}
+
+/// Why an evaluation was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvalTrigger {
+    /// A job was registered or changed.
+    #[default]
+    JobRegister,
+    /// A job was stopped or purged.
+    JobDeregister,
+    /// A node changed status (down, back, new).
+    NodeUpdate,
+    /// A node is draining.
+    NodeDrain,
+    /// An allocation failed on its node.
+    AllocFailure,
+    /// A blocked evaluation retried because capacity changed.
+    QueuedAllocs,
+    /// A rolling update continues after a batch became healthy.
+    RollingUpdate,
+    /// The plan was rejected too often; re-planned.
+    MaxPlanAttempts,
+}
+
+/// Why a group could not (all) be placed: what a person reads in `job status`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PlacementFailure {
+    /// Copies that could not be placed.
+    pub unplaced: u32,
+    /// One sentence, e.g. "no node has driver qemu healthy" or "memory exhausted on 3
+    /// of 3 nodes".
+    pub reason: String,
+    /// Nodes considered.
+    pub nodes_evaluated: u32,
+    /// Nodes filtered out, by reason ("driver qemu not detected" → 3).
+    #[serde(default)]
+    pub nodes_filtered: BTreeMap<String, u32>,
+    /// Nodes feasible but full, by dimension ("memory" → 3).
+    #[serde(default)]
+    pub nodes_exhausted: BTreeMap<String, u32>,
+}
+
+/// A unit of scheduling work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// UUID.
+    pub id: String,
+    /// Job it evaluates.
+    pub job_name: String,
+    /// Job type.
+    pub job_type: JobType,
+    /// Job priority.
+    pub priority: u8,
+    /// Why.
+    pub triggered_by: EvalTrigger,
+    /// State.
+    pub status: EvalStatus,
+    /// Why the status, for people.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub status_description: String,
+    /// The node concerned (node updates and drains).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// Groups that could not be (fully) placed, by group name.
+    #[serde(default)]
+    pub failed_tg_allocs: BTreeMap<String, PlacementFailure>,
+    /// Copies still to place, by group.
+    #[serde(default)]
+    pub queued_allocations: BTreeMap<String, u32>,
+    /// The blocked evaluation this one created for what it could not place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_eval: Option<String>,
+    /// The evaluation this one follows (blocked → retry, rolling update → next batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_eval: Option<String>,
+    /// Index of the job spec it evaluated.
+    pub job_modify_index: Index,
+    /// Index of creation.
+    pub create_index: Index,
+    /// Index of the last change.
+    pub modify_index: Index,
+    /// Unix time of creation, nanoseconds.
+    pub create_time: i64,
+    /// Unix time of the last change, nanoseconds.
+    pub modify_time: i64,
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests and responses
+// ---------------------------------------------------------------------------------------
+
+/// `PUT /v1/jobs` and `PUT /v1/job/{name}/plan`: `{"job": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobRegisterRequest {
+    /// The job.
+    pub job: JobSpec,
+}
+
+/// Answer to a registration or a stop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRegisterResponse {
+    /// The evaluation created (empty when nothing changed).
+    pub eval_id: String,
+    /// The index of the job's spec.
+    pub job_modify_index: Index,
+    /// The index of the commit.
+    pub index: Index,
+    /// Things the user should know (e.g. an unknown driver on every node).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// What would happen to the allocations of one group (`job plan`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GroupPlanSummary {
+    /// New allocations.
+    pub place: u32,
+    /// Allocations stopped.
+    pub stop: u32,
+    /// Allocations replaced by a new version (destructive update).
+    pub update: u32,
+    /// Allocations left as they are.
+    pub ignore: u32,
+}
+
+/// Answer to `job plan`: nothing is committed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPlanResponse {
+    /// The version the job would get.
+    pub job_version: u64,
+    /// Whether the spec differs from the stored one.
+    pub changed: bool,
+    /// Per group.
+    pub groups: BTreeMap<String, GroupPlanSummary>,
+    /// What could not be placed, per group.
+    pub failed_tg_allocs: BTreeMap<String, PlacementFailure>,
+    /// The job's current index, for a check-and-set registration.
+    pub job_modify_index: Index,
+}
+
+/// `drover job status --json` and `GET /v1/job/{name}` with `?allocations=true`
+/// are separate calls; the CLI combines them into this.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatusView {
+    /// The job.
+    pub job: Job,
+    /// Its allocations, newest first.
+    pub allocations: Vec<Allocation>,
+    /// Its evaluations, newest first.
+    pub evaluations: Vec<Evaluation>,
+}
+
+/// `POST /v1/node/{id}/drain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeDrainRequest {
+    /// true: drain; false: make it eligible again.
+    pub enable: bool,
+}
+
+/// Header carrying the index of the state an answer was read at (as Nomad's).
+pub const INDEX_HEADER: &str = "x-drover-index";
+/// Header carrying the ACL token.
+pub const TOKEN_HEADER: &str = "x-drover-token";
+/// Longest blocking-query wait the server allows.
+pub const MAX_BLOCKING_WAIT: Duration = Duration::from_secs(300);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constraint_operators_read_as_written_in_job_files() {
+        for (text, op) in [
+            ("=", ConstraintOperator::Equal),
+            ("==", ConstraintOperator::Equal),
+            ("!=", ConstraintOperator::NotEqual),
+            ("<", ConstraintOperator::Less),
+            (">", ConstraintOperator::Greater),
+            ("version", ConstraintOperator::Version),
+            ("regexp", ConstraintOperator::Regexp),
+            ("set_contains", ConstraintOperator::SetContains),
+            ("distinct_hosts", ConstraintOperator::DistinctHosts),
+        ] {
+            let parsed: ConstraintOperator =
+                serde_json::from_value(serde_json::json!(text)).unwrap();
+            assert_eq!(parsed, op, "{text}");
+        }
+        assert!(serde_json::from_value::<ConstraintOperator>(serde_json::json!("~=")).is_err());
+    }
+
+    #[test]
+    fn group_resources_sum_their_tasks() {
+        let task = |cpu, memory_mb| Task {
+            name: "t".into(),
+            driver: "rawexec".into(),
+            config: serde_json::Value::Null,
+            env: BTreeMap::new(),
+            kill_signal: None,
+            kill_timeout: None,
+            restart: None,
+            resources: TaskResources {
+                cpu,
+                memory_mb,
+                memory_max_mb: 0,
+            },
+            logs: None,
+            lifecycle: None,
+        };
+        let g = TaskGroup {
+            name: "g".into(),
+            count: 1,
+            constraints: vec![],
+            meta: BTreeMap::new(),
+            tasks: vec![task(100, 64), task(250, 128)],
+        };
+        assert_eq!(
+            g.resources(),
+            AllocResources {
+                cpu: 350,
+                memory_mb: 192
+            }
+        );
+    }
+}

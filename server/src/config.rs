@@ -1,0 +1,45 @@
+//! Server settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How nodes are ranked among the feasible ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulerAlgorithm {
+    /// Fill nodes up (Nomad's fit score): fewer nodes busy, bigger holes left.
+    #[default]
+    BinPack,
+    /// Spread allocations over nodes: the least used node first.
+    Spread,
+}
+
+/// What a server runs with.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where the embedded store lives.
+    pub data_dir: PathBuf,
+    /// Nodes must heartbeat at least this often.
+    pub heartbeat_ttl: Duration,
+    /// Extra time after the TTL before a silent node is `down`.
+    pub heartbeat_grace: Duration,
+    /// Scheduler workers (default: one per core).
+    pub workers: usize,
+    /// Ranking of feasible nodes.
+    pub algorithm: SchedulerAlgorithm,
+    /// Evaluations that failed this often are given up (`failed`).
+    pub eval_delivery_limit: u32,
+}
+
+impl ServerConfig {
+    /// Defaults for a server keeping its state in `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        ServerConfig {
+            data_dir: data_dir.into(),
+            heartbeat_ttl: Duration::from_secs(10),
+            heartbeat_grace: Duration::from_secs(10),
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            algorithm: SchedulerAlgorithm::BinPack,
+            eval_delivery_limit: 3,
+        }
+    }
+}

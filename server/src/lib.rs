@@ -1,0 +1,36 @@
+//! # drover-server
+//!
+//! The Drover server: it keeps jobs, nodes, evaluations and allocations in a state store
+//! and places the task groups of jobs on the client agents (nodes) that can run them.
+//! The shape is Nomad's, rebuilt smaller (see `docs/cluster.md`):
+//!
+//! - every change that needs scheduling (a job registered or stopped, a node down or
+//!   draining, an allocation failed) makes an **evaluation**;
+//! - the **evaluation broker** hands evaluations to **workers**, at most one in flight
+//!   per job, at least once (ack/nack, redelivery);
+//! - a worker runs the **scheduler** on the current state: reconcile what the job wants
+//!   against the allocations it has, then place what is missing on feasible nodes,
+//!   ranked (bin-packing by default). The result is a **plan**;
+//! - the **plan applier** re-checks every plan against the newest state and commits
+//!   what still fits in one atomic store transaction (optimistic concurrency: workers
+//!   never lock each other); what no longer fits is planned again;
+//! - what cannot be placed stays in a **blocked** evaluation with a reason, retried
+//!   when capacity appears;
+//! - nodes register and heartbeat over gRPC; a node that misses its TTL plus grace is
+//!   `down` and its allocations `lost` and replaced.
+//!
+//! The [`store::Store`] trait is a key-value store with revisions and compare-and-set
+//! (what etcd offers), implemented by an embedded redb store for a single server.
+
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod rpc;
+pub mod scheduler;
+pub mod server;
+pub mod store;
+pub mod tls;
+
+pub use config::ServerConfig;
+pub use error::ServerError;
+pub use server::Server;

@@ -1,0 +1,103 @@
+//! The scheduler: a pure function of the state and an evaluation that returns a plan.
+//!
+//! FOUNDATION: the types below are the contract between the scheduler (branch
+//! `cluster-sched`) and the server core that runs it and applies its plans (branch
+//! `cluster-core`).
+//!
+//! `schedule` reconciles what the job wants against the allocations it has (per job
+//! type: service, batch, system), then places what is missing: feasibility (driver
+//! detected and healthy, constraints, resources that fit), ranking (bin-packing by
+//! default, spread as an option, anti-affinity between a job's allocations), over a
+//! bounded random sample of feasible nodes as Nomad's limit iterator does.
+
+use std::collections::BTreeMap;
+
+use drover_server_api::{
+    AllocResources, Allocation, Evaluation, Index, Job, Node, PlacementFailure,
+};
+
+use crate::config::SchedulerAlgorithm;
+
+/// A consistent read of the state the scheduler works on.
+pub trait StateView {
+    /// The index the view is consistent with.
+    fn index(&self) -> Index;
+    /// The job's current version (also a stopped job: `job.stop`).
+    fn job(&self, name: &str) -> Option<&Job>;
+    /// Every node, in a stable order.
+    fn nodes(&self) -> Vec<&Node>;
+    /// One node.
+    fn node(&self, id: &str) -> Option<&Node>;
+    /// Every allocation of the job, terminal ones included.
+    fn job_allocs(&self, job: &str) -> Vec<&Allocation>;
+    /// Every allocation on the node, terminal ones included.
+    fn node_allocs(&self, node_id: &str) -> Vec<&Allocation>;
+    /// What the node's non-terminal allocations reserve.
+    fn node_usage(&self, node_id: &str) -> AllocResources;
+}
+
+/// An allocation the plan stops or marks lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocStop {
+    /// The allocation.
+    pub alloc_id: String,
+    /// Why, for people ("job stopped", "node down", "replaced by version 3"...).
+    pub desired_description: String,
+    /// Its node is down: the client status becomes `lost` too.
+    pub lost: bool,
+}
+
+/// What a worker wants committed for one evaluation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// The evaluation it answers.
+    pub eval_id: String,
+    /// The job.
+    pub job_name: String,
+    /// The job spec index it was made for: a plan for an older spec is refused.
+    pub job_modify_index: Index,
+    /// The index of the state it was made on.
+    pub snapshot_index: Index,
+    /// New allocations, by node id (ids, indexes and times are set by the applier).
+    pub node_allocation: BTreeMap<String, Vec<Allocation>>,
+    /// Allocations to stop, by node id.
+    pub node_update: BTreeMap<String, Vec<AllocStop>>,
+}
+
+impl Plan {
+    /// Nothing to commit.
+    pub fn is_empty(&self) -> bool {
+        self.node_allocation.values().all(Vec::is_empty)
+            && self.node_update.values().all(Vec::is_empty)
+    }
+}
+
+/// What the scheduler decided for an evaluation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerOutput {
+    /// The plan to apply.
+    pub plan: Plan,
+    /// Groups that could not be (fully) placed, with reasons.
+    pub failed_tg_allocs: BTreeMap<String, PlacementFailure>,
+    /// Copies still to place, by group.
+    pub queued_allocations: BTreeMap<String, u32>,
+    /// A rolling update has more batches to go once the new allocations run.
+    pub rolling_update_pending: bool,
+}
+
+/// Settings the scheduler reads.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerSettings {
+    /// Ranking.
+    pub algorithm: SchedulerAlgorithm,
+}
+
+/// Reconcile and place for `eval` on `state`.
+pub fn schedule(
+    state: &dyn StateView,
+    eval: &Evaluation,
+    settings: SchedulerSettings,
+) -> SchedulerOutput {
+    let _ = (state, eval, settings);
+    SchedulerOutput::default()
+}

@@ -1,0 +1,120 @@
+//! The durable state behind the server: a key-value store with revisions and
+//! compare-and-set, the model etcd offers, so that the embedded store (redb, one
+//! server) and the etcd store (several servers) are interchangeable.
+//!
+//! The server keeps the whole state in memory, indexed for the scheduler, and writes
+//! every change through [`Store::txn`] before it acknowledges it and before it applies
+//! it in memory. On start (or when it becomes leader) it reads everything back with
+//! [`Store::range`]. The store's revision is the cluster's index: it grows with every
+//! committed transaction and is what `create_index` / `modify_index` and blocking
+//! queries count in.
+//!
+//! Keys (values are JSON documents of `drover_server_api` types):
+//!
+//! | key | value |
+//! |---|---|
+//! | `job/<name>` | `Job` (the current version) |
+//! | `jobv/<name>/<version, 20 digits>` | `Job` (every kept version) |
+//! | `node/<id>` | `Node` |
+//! | `alloc/<id>` | `Allocation` |
+//! | `eval/<id>` | `Evaluation` |
+//! | `schema` | the schema version, `"1"` |
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed future, so that [`Store`] can be used as `dyn Store`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A key with its value and revisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: Vec<u8>,
+    /// Revision of the transaction that created the key.
+    pub create_revision: u64,
+    /// Revision of the transaction that last wrote it.
+    pub mod_revision: u64,
+}
+
+/// A condition a transaction checks before it writes anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// The key was last written at `revision` (0: the key does not exist).
+    ModRevision {
+        /// The key.
+        key: String,
+        /// Expected mod revision.
+        revision: u64,
+    },
+    /// The key was created at `revision` (0: the key does not exist). This is how a
+    /// leader fences its writes on etcd: its leadership key's create revision.
+    CreateRevision {
+        /// The key.
+        key: String,
+        /// Expected create revision.
+        revision: u64,
+    },
+}
+
+/// A write within a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Create or replace.
+    Put {
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Remove (a missing key is not an error).
+    Delete {
+        /// The key.
+        key: String,
+    },
+}
+
+/// What a transaction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnOutcome {
+    /// Every condition held and every op was applied.
+    pub succeeded: bool,
+    /// The store's revision after the transaction (unchanged when it did not succeed).
+    pub revision: u64,
+}
+
+/// Why the store failed. Nothing of a failed call was written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be used (I/O, corruption, connection lost).
+    #[error("{0}")]
+    Backend(String),
+    /// The store holds data of an unknown schema or a value that does not decode.
+    #[error("corrupt state: {0}")]
+    Corrupt(String),
+    /// A transaction is larger than the store accepts.
+    #[error("transaction too large: {0}")]
+    TooLarge(String),
+}
+
+/// A key-value store with revisions and compare-and-set.
+///
+/// Every method is atomic; a transaction that returns `Ok` is durable.
+pub trait Store: Send + Sync + 'static {
+    /// Every key starting with `prefix` (all keys for `""`), in key order, and the
+    /// revision they were read at.
+    fn range(&self, prefix: &str) -> BoxFuture<'_, Result<(Vec<KeyValue>, u64), StoreError>>;
+
+    /// If every condition holds, apply every op in one transaction, durable before this
+    /// returns, and move the revision on by one.
+    fn txn(
+        &self,
+        conditions: Vec<Condition>,
+        ops: Vec<Op>,
+    ) -> BoxFuture<'_, Result<TxnOutcome, StoreError>>;
+
+    /// The current revision.
+    fn revision(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+}
