@@ -24,6 +24,16 @@ pub trait StateView {
     fn index(&self) -> Index;
     /// The job's current version (also a stopped job: `job.stop`).
     fn job(&self, name: &str) -> Option<&Job>;
+    /// The job as it was at `version` (the spec its older allocations run), if still
+    /// kept. The scheduler compares an allocation's group at its version with the
+    /// current one to tell a destructive update (a task changed) from a count change.
+    ///
+    /// The default knows only the current version: every allocation of an older
+    /// version then counts as changed. A state that keeps `jobv/<name>/<version>`
+    /// should answer from it.
+    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
+        self.job(name).filter(|j| j.version == version)
+    }
     /// Every node, in a stable order.
     fn nodes(&self) -> Vec<&Node>;
     /// One node.
