@@ -10,6 +10,10 @@
 //! only grows, so a blocking query `?index=N` waits until something newer than `N` was
 //! committed.
 
+pub mod jobfile;
 pub mod types;
+pub mod validate;
 
+pub use jobfile::{JobFile, JobFileError};
 pub use types::*;
+pub use validate::{ValidationError, validate};
