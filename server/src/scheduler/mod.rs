@@ -76,7 +76,8 @@ pub struct Plan {
     pub job_modify_index: Index,
     /// The index of the state it was made on.
     pub snapshot_index: Index,
-    /// New allocations, by node id (ids, indexes and times are set by the applier).
+    /// New allocations, by node id. Their ids (UUID v4) are the scheduler's; their
+    /// indexes and times are 0 until the applier sets them.
     pub node_allocation: BTreeMap<String, Vec<Allocation>>,
     /// Allocations to stop, by node id.
     pub node_update: BTreeMap<String, Vec<AllocStop>>,

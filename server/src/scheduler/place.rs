@@ -1,11 +1,12 @@
 //! Placement: picks a node for each copy reconciliation asked for, keeping track of
 //! what the plan so far adds to and frees on every node.
 //!
-//! Nodes are visited in a random order (seeded by the evaluation) from a cursor that
+//! Nodes are visited in a random order (seeded by the evaluation, see [`Walk`]) that
 //! carries over from one placement to the next, as Nomad's limit iterator over a
 //! shuffled node list: each placement scores the next `limit` feasible nodes that fit
 //! and takes the best, so it costs O(limit + skipped), not O(nodes). Feasibility that
-//! depends only on the node and the group is computed once per node and group.
+//! depends only on the node and the group is computed once per node and group, when
+//! the node is first visited.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -15,7 +16,7 @@ use drover_server_api::{
 
 use super::StateView;
 use super::feasible::{self, Compiled, Filter, GroupNeeds};
-use super::rank::{self, MAX_SKIP, SplitMix64};
+use super::rank::{self, MAX_SKIP, SplitMix64, Walk};
 use crate::config::SchedulerAlgorithm;
 
 /// Per group: its needs and which nodes are statically feasible (0 unknown, 1 yes, 2 no).
@@ -50,9 +51,11 @@ pub(crate) struct Placer<'a> {
     eval_id: &'a str,
     algorithm: SchedulerAlgorithm,
     nodes: Vec<&'a Node>,
-    by_id: HashMap<&'a str, usize>,
-    order: Vec<u32>,
-    cursor: usize,
+    /// Node id → position, built when first needed (a new job with nothing to stop
+    /// never needs it: its evaluations cost no per-node hashing).
+    by_id: Option<HashMap<&'a str, usize>>,
+    /// The visiting order; it carries over from one placement to the next.
+    walk: Walk,
     limit: usize,
     /// Usage from the state, read when a node is first looked at.
     base: Vec<Option<AllocResources>>,
@@ -61,7 +64,9 @@ pub(crate) struct Placer<'a> {
     /// Live allocations of the job per node, the plan included (anti-affinity,
     /// `distinct_hosts` on the job).
     job_on_node: Vec<u32>,
-    groups: HashMap<&'a str, GroupCtx<'a>>,
+    /// Per group of the job; `group_ix` finds them by name once per placement.
+    groups: Vec<GroupCtx<'a>>,
+    group_ix: HashMap<&'a str, usize>,
     compiled: Compiled,
     /// Nodes looked at by placements so far (the cost of placing).
     pub(crate) visits: u64,
@@ -87,35 +92,22 @@ impl<'a> Placer<'a> {
     ) -> Self {
         let nodes = state.nodes();
         let n = nodes.len();
-        let by_id = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| (node.id.as_str(), i))
-            .collect::<HashMap<_, _>>();
         let mut rng = SplitMix64::new(rank::seed_for(eval_id));
-        let order = rank::shuffled(n, &mut rng);
-        let cursor = if n == 0 { 0 } else { rng.below(n) };
-        let mut groups: HashMap<&str, GroupCtx> = job
+        let walk = Walk::new(n, &mut rng);
+        let groups: Vec<GroupCtx> = job
             .spec
             .groups
             .iter()
-            .map(|g| (g.name.as_str(), GroupCtx::new(job, g, n)))
+            .map(|g| GroupCtx::new(job, g, n))
             .collect();
-        let mut job_on_node = vec![0; n];
-        for a in allocs {
-            if a.desired_status == DesiredStatus::Run
-                && !a.client_status.is_terminal()
-                && let Some(&i) = by_id.get(a.node_id.as_str())
-            {
-                job_on_node[i] += 1;
-                if let Some(g) = groups.get_mut(a.group.as_str())
-                    && g.needs.distinct_group
-                {
-                    g.on_node[i] += 1;
-                }
-            }
-        }
-        Placer {
+        let group_ix = job
+            .spec
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.name.as_str(), i))
+            .collect();
+        let mut placer = Placer {
             state,
             job,
             eval_id,
@@ -123,15 +115,43 @@ impl<'a> Placer<'a> {
             limit: rank::sample_limit(job.spec.job_type, n),
             base: vec![None; n],
             delta: vec![(0, 0); n],
-            job_on_node,
+            job_on_node: vec![0; n],
             nodes,
-            by_id,
-            order,
-            cursor,
+            by_id: None,
+            walk,
             groups,
+            group_ix,
             compiled: Compiled::default(),
             visits: 0,
+        };
+        for a in allocs {
+            if a.desired_status == DesiredStatus::Run
+                && !a.client_status.is_terminal()
+                && let Some(i) = placer.index_of(&a.node_id)
+            {
+                placer.job_on_node[i] += 1;
+                if let Some(&gi) = placer.group_ix.get(a.group.as_str())
+                    && placer.groups[gi].needs.distinct_group
+                {
+                    placer.groups[gi].on_node[i] += 1;
+                }
+            }
         }
+        placer
+    }
+
+    fn index_of(&mut self, node_id: &str) -> Option<usize> {
+        let nodes = &self.nodes;
+        self.by_id
+            .get_or_insert_with(|| {
+                let mut m = HashMap::with_capacity(nodes.len());
+                for (i, node) in nodes.iter().enumerate() {
+                    m.insert(node.id.as_str(), i);
+                }
+                m
+            })
+            .get(node_id)
+            .copied()
     }
 
     /// The plan stops `a`: its resources are free for what follows.
@@ -139,24 +159,31 @@ impl<'a> Placer<'a> {
         if a.desired_status != DesiredStatus::Run || a.client_status.is_terminal() {
             return;
         }
-        let Some(&i) = self.by_id.get(a.node_id.as_str()) else {
+        let Some(i) = self.index_of(&a.node_id) else {
             return;
         };
         self.delta[i].0 -= a.resources.cpu as i64;
         self.delta[i].1 -= a.resources.memory_mb as i64;
         self.job_on_node[i] = self.job_on_node[i].saturating_sub(1);
-        if let Some(g) = self.groups.get_mut(a.group.as_str())
-            && g.needs.distinct_group
+        if let Some(&gi) = self.group_ix.get(a.group.as_str())
+            && self.groups[gi].needs.distinct_group
         {
+            let g = &mut self.groups[gi];
             g.on_node[i] = g.on_node[i].saturating_sub(1);
         }
     }
 
-    fn group(&mut self, group: &'a TaskGroup) -> &mut GroupCtx<'a> {
-        let (job, n) = (self.job, self.nodes.len());
+    /// The position of `group`'s context (made on first use for a group the job does
+    /// not list, which reconciliation never asks for).
+    fn group_index(&mut self, group: &'a TaskGroup) -> usize {
+        if let Some(&gi) = self.group_ix.get(group.name.as_str()) {
+            return gi;
+        }
         self.groups
-            .entry(group.name.as_str())
-            .or_insert_with(|| GroupCtx::new(job, group, n))
+            .push(GroupCtx::new(self.job, group, self.nodes.len()));
+        self.group_ix
+            .insert(group.name.as_str(), self.groups.len() - 1);
+        self.groups.len() - 1
     }
 
     fn usage(&mut self, i: usize) -> (u64, u64) {
@@ -181,27 +208,23 @@ impl<'a> Placer<'a> {
         }
     }
 
-    fn statically_feasible(&mut self, group: &'a TaskGroup, i: usize) -> bool {
-        let node = self.nodes[i];
-        let mut compiled = std::mem::take(&mut self.compiled);
-        let g = self.group(group);
-        let ok = match g.feasible[i] {
+    fn statically_feasible(&mut self, gi: usize, i: usize) -> bool {
+        let g = &mut self.groups[gi];
+        match g.feasible[i] {
             1 => true,
             2 => false,
             _ => {
-                let ok = feasible::check(node, &g.needs, &mut compiled).is_ok();
+                let ok = feasible::check(self.nodes[i], &g.needs, &mut self.compiled).is_ok();
                 g.feasible[i] = if ok { 1 } else { 2 };
                 ok
             }
-        };
-        self.compiled = compiled;
-        ok
+        }
     }
 
-    fn distinct_violated(&mut self, group: &'a TaskGroup, i: usize) -> bool {
-        let job_count = self.job_on_node[i];
-        let g = self.group(group);
-        (g.needs.distinct_job && job_count > 0) || (g.needs.distinct_group && g.on_node[i] > 0)
+    fn distinct_violated(&self, gi: usize, i: usize) -> bool {
+        let g = &self.groups[gi];
+        (g.needs.distinct_job && self.job_on_node[i] > 0)
+            || (g.needs.distinct_group && g.on_node[i] > 0)
     }
 
     fn score(
@@ -234,18 +257,19 @@ impl<'a> Placer<'a> {
         previous: Option<&Allocation>,
         only: Option<&'a Node>,
     ) -> Placed {
-        let ask = self.group(group).ask;
+        let gi = self.group_index(group);
+        let ask = self.groups[gi].ask;
         if let Some(node) = only {
-            let Some(&i) = self.by_id.get(node.id.as_str()) else {
+            let Some(i) = self.index_of(&node.id) else {
                 return Placed::Skipped;
             };
-            if !self.statically_feasible(group, i) || self.distinct_violated(group, i) {
+            if !self.statically_feasible(gi, i) || self.distinct_violated(gi, i) {
                 return Placed::Skipped;
             }
             if self.exhausted(i, ask).is_some() {
                 return Placed::Failed;
             }
-            self.commit(group, i, ask);
+            self.commit(gi, i, ask);
             return Placed::Node(i);
         }
         let n = self.nodes.len();
@@ -258,12 +282,11 @@ impl<'a> Placer<'a> {
         let mut skipped: Vec<(f64, usize)> = Vec::new();
         let mut visited = 0;
         while visited < n && candidates < self.limit {
-            let i = self.order[self.cursor] as usize;
-            self.cursor = (self.cursor + 1) % n;
+            let i = self.walk.next_index();
             visited += 1;
             self.visits += 1;
-            if !self.statically_feasible(group, i)
-                || self.distinct_violated(group, i)
+            if !self.statically_feasible(gi, i)
+                || self.distinct_violated(gi, i)
                 || self.exhausted(i, ask).is_some()
             {
                 continue;
@@ -288,18 +311,18 @@ impl<'a> Placer<'a> {
         }
         match best {
             Some((_, i)) => {
-                self.commit(group, i, ask);
+                self.commit(gi, i, ask);
                 Placed::Node(i)
             }
             None => Placed::Failed,
         }
     }
 
-    fn commit(&mut self, group: &'a TaskGroup, i: usize, ask: AllocResources) {
+    fn commit(&mut self, gi: usize, i: usize, ask: AllocResources) {
         self.delta[i].0 += ask.cpu as i64;
         self.delta[i].1 += ask.memory_mb as i64;
         self.job_on_node[i] += 1;
-        let g = self.group(group);
+        let g = &mut self.groups[gi];
         if g.needs.distinct_group {
             g.on_node[i] += 1;
         }
@@ -348,7 +371,8 @@ impl<'a> Placer<'a> {
     /// that failed, not per copy).
     pub(crate) fn failure(&mut self, group: &'a TaskGroup, unplaced: u32) -> PlacementFailure {
         let n = self.nodes.len();
-        let ask = self.group(group).ask;
+        let gi = self.group_index(group);
+        let ask = self.groups[gi].ask;
         let mut filtered: BTreeMap<String, u32> = BTreeMap::new();
         let mut exhausted: BTreeMap<String, u32> = BTreeMap::new();
         // Buckets for the sentence, in the order a tie is reported.
@@ -356,10 +380,8 @@ impl<'a> Placer<'a> {
         let mut drivers: BTreeMap<&str, u32> = BTreeMap::new();
         let mut constraints: Vec<(String, u32)> = Vec::new();
         let mut distinct = 0u32;
-        let mut compiled = std::mem::take(&mut self.compiled);
         for i in 0..n {
-            let node = self.nodes[i];
-            let check = feasible::check(node, &self.group(group).needs, &mut compiled);
+            let check = feasible::check(self.nodes[i], &self.groups[gi].needs, &mut self.compiled);
             match check {
                 Err(f) => {
                     *filtered.entry(f.key()).or_default() += 1;
@@ -377,7 +399,7 @@ impl<'a> Placer<'a> {
                         }
                     }
                 }
-                Ok(()) if self.distinct_violated(group, i) => {
+                Ok(()) if self.distinct_violated(gi, i) => {
                     *filtered.entry("distinct_hosts".into()).or_default() += 1;
                     distinct += 1;
                 }
@@ -388,7 +410,6 @@ impl<'a> Placer<'a> {
                 }
             }
         }
-        self.compiled = compiled;
         let ready = n as u32 - not_ready;
         let mut parts: Vec<(u32, String)> = Vec::new();
         for (d, k) in &drivers {
@@ -445,11 +466,12 @@ impl<'a> Placer<'a> {
         group: &'a TaskGroup,
         nodes: &[&Node],
     ) -> PlacementFailure {
-        let ask = self.group(group).ask;
+        let gi = self.group_index(group);
+        let ask = self.groups[gi].ask;
         let n = self.nodes.len();
         let mut exhausted: BTreeMap<String, u32> = BTreeMap::new();
         for node in nodes {
-            let Some(&i) = self.by_id.get(node.id.as_str()) else {
+            let Some(i) = self.index_of(&node.id) else {
                 continue;
             };
             if let Some(dim) = self.exhausted(i, ask) {

@@ -110,14 +110,55 @@ pub(crate) fn seed_for(eval_id: &str) -> u64 {
     h
 }
 
-/// `0..n` in a random order (Fisher-Yates).
-pub(crate) fn shuffled(n: usize, rng: &mut SplitMix64) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    for i in (1..n).rev() {
-        let j = rng.below(i + 1);
-        order.swap(i, j);
+/// `0..n` in a random order, without materializing it: `start + k * stride (mod n)`
+/// with a random start and a random stride coprime with `n` visits every node exactly
+/// once per `n` steps. Setting it up is O(1), where a shuffle would cost O(nodes) per
+/// evaluation; an arithmetic walk is less random than a shuffle, but all it has to do
+/// is start each evaluation's sample somewhere else and not favour any node.
+#[derive(Debug, Clone)]
+pub(crate) struct Walk {
+    n: u64,
+    next: u64,
+    stride: u64,
+}
+
+impl Walk {
+    pub(crate) fn new(n: usize, rng: &mut SplitMix64) -> Self {
+        let n = n as u64;
+        if n <= 1 {
+            return Walk {
+                n,
+                next: 0,
+                stride: 0,
+            };
+        }
+        let start = rng.below(n as usize) as u64;
+        let stride = loop {
+            let s = 1 + rng.below(n as usize - 1) as u64;
+            if gcd(s, n) == 1 {
+                break s;
+            }
+        };
+        Walk {
+            n,
+            next: start,
+            stride,
+        }
     }
-    order
+
+    /// The next position (`n` must be > 0).
+    pub(crate) fn next_index(&mut self) -> usize {
+        let i = self.next;
+        self.next = (self.next + self.stride) % self.n.max(1);
+        i as usize
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 #[cfg(test)]
@@ -161,15 +202,24 @@ mod tests {
         assert!(final_score(0.9, 0, 3, true) < 0.0);
     }
 
+    fn walk(n: usize, eval: &str) -> Vec<usize> {
+        let mut w = Walk::new(n, &mut SplitMix64::new(seed_for(eval)));
+        (0..n).map(|_| w.next_index()).collect()
+    }
+
     #[test]
-    fn the_order_is_a_permutation_fixed_by_the_seed() {
-        let a = shuffled(100, &mut SplitMix64::new(seed_for("eval-1")));
-        let b = shuffled(100, &mut SplitMix64::new(seed_for("eval-1")));
-        let c = shuffled(100, &mut SplitMix64::new(seed_for("eval-2")));
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-        let mut sorted = a.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..100).collect::<Vec<u32>>());
+    fn the_order_visits_every_node_once_and_is_fixed_by_the_seed() {
+        for n in [1, 2, 3, 64, 100, 5000] {
+            let a = walk(n, "eval-1");
+            let mut sorted = a.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n).collect::<Vec<usize>>(), "n = {n}");
+            assert_eq!(a, walk(n, "eval-1"));
+        }
+        assert_ne!(walk(100, "eval-1"), walk(100, "eval-2"));
+        // Different evaluations start in different places.
+        let starts: std::collections::BTreeSet<usize> =
+            (0..20).map(|i| walk(5000, &format!("e{i}"))[0]).collect();
+        assert!(starts.len() > 15, "{starts:?}");
     }
 }
