@@ -154,7 +154,15 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
     })?;
     let doc = JobDoc::deserialize(toml::de::Deserializer::from(root.clone())).map_err(|e| {
         let field = e.span().and_then(|s| field_at(root.get_ref(), &s));
-        err(e.span(), field, e.message().trim_end().to_owned())
+        let mut message = e.message().trim_end().to_owned();
+        // Spec files of `drover task run` say `cpu_shares`; a job reserves MHz.
+        if field
+            .as_deref()
+            .is_some_and(|f| f.ends_with("resources.cpu_shares"))
+        {
+            message.push_str(" (a job reserves CPU in MHz: write `cpu`)");
+        }
+        err(e.span(), field, message)
     })?;
     let table = root.get_ref();
     let mut field_lines = BTreeMap::new();
@@ -752,6 +760,23 @@ driver = "rawexec"
             e.starts_with(
                 "web.toml:37: group[0].task[1].lifecycle.hook: unknown variant `prestrat`"
             ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn task_sections_may_be_tables_as_in_spec_files() {
+        let text = "name = \"w\"\n[[group]]\nname = \"g\"\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\n\
+                    [group.task.resources]\ncpu = 250\nmemory_mb = 128\n[group.task.env]\nA = 1\n";
+        let spec = parse_and_validate(text, "w.toml").unwrap();
+        let t = &spec.groups[0].tasks[0];
+        assert_eq!((t.resources.cpu, t.resources.memory_mb), (250, 128));
+        assert_eq!(t.env["A"], "1");
+        let e = error(&text.replace("cpu = 250", "cpu_shares = 250"));
+        assert!(
+            e.starts_with(
+                "web.toml:8: group[0].task[0].resources.cpu_shares: unknown field `cpu_shares`"
+            ) && e.ends_with("(a job reserves CPU in MHz: write `cpu`)"),
             "{e}"
         );
     }
