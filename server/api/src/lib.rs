@@ -9,7 +9,15 @@
 //! store's revision at which it was created and last changed. The revision is global and
 //! only grows, so a blocking query `?index=N` waits until something newer than `N` was
 //! committed.
+//!
+//! [`jobfile`] reads the TOML job files of `drover job run` (errors name the file, line
+//! and field); [`validate()`] checks a job spec the way the server does before it
+//! accepts one.
 
+pub mod jobfile;
 pub mod types;
+pub mod validate;
 
+pub use jobfile::{JobFile, JobFileError};
 pub use types::*;
+pub use validate::{ValidationError, validate};

@@ -1,8 +1,7 @@
 //! The scheduler: a pure function of the state and an evaluation that returns a plan.
 //!
-//! FOUNDATION: the types below are the contract between the scheduler (branch
-//! `cluster-sched`) and the server core that runs it and applies its plans (branch
-//! `cluster-core`).
+//! The types below are the contract between the scheduler and the server core that runs
+//! it and applies its plans.
 //!
 //! `schedule` reconciles what the job wants against the allocations it has (per job
 //! type: service, batch, system), then places what is missing: feasibility (driver
@@ -10,13 +9,22 @@
 //! default, spread as an option, anti-affinity between a job's allocations), over a
 //! bounded random sample of feasible nodes as Nomad's limit iterator does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use drover_server_api::{
-    AllocResources, Allocation, Evaluation, Index, Job, Node, PlacementFailure,
+    AllocResources, Allocation, Evaluation, GroupPlanSummary, Index, Job, Node, PlacementFailure,
 };
 
 use crate::config::SchedulerAlgorithm;
+
+mod feasible;
+mod place;
+mod rank;
+mod reconcile;
+#[cfg(test)]
+mod tests;
+
+use place::{Placed, Placer};
 
 /// A consistent read of the state the scheduler works on.
 pub trait StateView {
@@ -24,6 +32,16 @@ pub trait StateView {
     fn index(&self) -> Index;
     /// The job's current version (also a stopped job: `job.stop`).
     fn job(&self, name: &str) -> Option<&Job>;
+    /// The job as it was at `version` (the spec its older allocations run), if still
+    /// kept. The scheduler compares an allocation's group at its version with the
+    /// current one to tell a destructive update (a task changed) from a count change.
+    ///
+    /// The default knows only the current version: every allocation of an older
+    /// version then counts as changed. A state that keeps `jobv/<name>/<version>`
+    /// should answer from it.
+    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
+        self.job(name).filter(|j| j.version == version)
+    }
     /// Every node, in a stable order.
     fn nodes(&self) -> Vec<&Node>;
     /// One node.
@@ -58,7 +76,8 @@ pub struct Plan {
     pub job_modify_index: Index,
     /// The index of the state it was made on.
     pub snapshot_index: Index,
-    /// New allocations, by node id (ids, indexes and times are set by the applier).
+    /// New allocations, by node id. Their ids (UUID v4) are the scheduler's; their
+    /// indexes and times are 0 until the applier sets them.
     pub node_allocation: BTreeMap<String, Vec<Allocation>>,
     /// Allocations to stop, by node id.
     pub node_update: BTreeMap<String, Vec<AllocStop>>,
@@ -83,6 +102,9 @@ pub struct SchedulerOutput {
     pub queued_allocations: BTreeMap<String, u32>,
     /// A rolling update has more batches to go once the new allocations run.
     pub rolling_update_pending: bool,
+    /// What the plan does to each group (places, stops, destructive updates, left
+    /// alone): the answer of `job plan`.
+    pub desired_tg_updates: BTreeMap<String, GroupPlanSummary>,
 }
 
 /// Settings the scheduler reads.
@@ -93,11 +115,91 @@ pub struct SchedulerSettings {
 }
 
 /// Reconcile and place for `eval` on `state`.
+///
+/// Reads the job, its allocations and the nodes; returns the allocations to stop and
+/// to create, and what could not be placed. Nothing is written: the plan applier
+/// re-checks the plan against the newest state. The same evaluation id on the same
+/// state gives the same placements (nodes are visited in an order seeded by it); only
+/// the new allocations' ids differ.
 pub fn schedule(
     state: &dyn StateView,
     eval: &Evaluation,
     settings: SchedulerSettings,
 ) -> SchedulerOutput {
-    let _ = (state, eval, settings);
-    SchedulerOutput::default()
+    let job = state.job(&eval.job_name);
+    let allocs = state.job_allocs(&eval.job_name);
+    let rec = reconcile::reconcile(state, job, &allocs);
+    let mut out = SchedulerOutput {
+        plan: Plan {
+            eval_id: eval.id.clone(),
+            job_name: eval.job_name.clone(),
+            job_modify_index: job.map_or(0, |j| j.job_modify_index),
+            snapshot_index: state.index(),
+            ..Plan::default()
+        },
+        rolling_update_pending: rec.rolling_update_pending,
+        desired_tg_updates: rec.summary,
+        ..SchedulerOutput::default()
+    };
+    for stop in &rec.stops {
+        out.plan
+            .node_update
+            .entry(stop.alloc.node_id.clone())
+            .or_default()
+            .push(AllocStop {
+                alloc_id: stop.alloc.id.clone(),
+                desired_description: stop.description.clone(),
+                lost: stop.lost,
+            });
+    }
+    let Some(job) = job.filter(|j| !j.stop) else {
+        return out;
+    };
+
+    let mut placer = Placer::new(state, job, &allocs, &eval.id, settings.algorithm);
+    for stop in &rec.stops {
+        placer.stopped(stop.alloc);
+    }
+    for g in &job.spec.groups {
+        out.queued_allocations.insert(g.name.clone(), 0);
+    }
+    // System jobs: the nodes a group did not fit on, by group.
+    let mut system_full: HashMap<&str, Vec<&Node>> = HashMap::new();
+    for p in &rec.places {
+        let name = p.group.name.as_str();
+        if let Some(f) = out.failed_tg_allocs.get_mut(name) {
+            // Once a copy of a group found no node, the others (same needs, fuller
+            // cluster) find none either.
+            f.unplaced += 1;
+            continue;
+        }
+        match placer.place(p.group, p.previous, p.node) {
+            Placed::Node(i) => {
+                let alloc = placer.allocation(p.group, p.index, i, p.previous);
+                out.plan
+                    .node_allocation
+                    .entry(placer.node(i).id.clone())
+                    .or_default()
+                    .push(alloc);
+            }
+            Placed::Failed => match p.node {
+                Some(node) => system_full.entry(name).or_default().push(node),
+                None => {
+                    let failure = placer.failure(p.group, 1);
+                    out.failed_tg_allocs.insert(name.to_owned(), failure);
+                }
+            },
+            Placed::Skipped => {}
+        }
+    }
+    for g in &job.spec.groups {
+        if let Some(nodes) = system_full.get(g.name.as_str()) {
+            out.failed_tg_allocs
+                .insert(g.name.clone(), placer.system_failure(g, nodes));
+        }
+    }
+    for (name, f) in &out.failed_tg_allocs {
+        out.queued_allocations.insert(name.clone(), f.unplaced);
+    }
+    out
 }

@@ -1,0 +1,498 @@
+//! Placement: picks a node for each copy reconciliation asked for, keeping track of
+//! what the plan so far adds to and frees on every node.
+//!
+//! Nodes are visited in a random order (seeded by the evaluation, see [`Walk`]) that
+//! carries over from one placement to the next, as Nomad's limit iterator over a
+//! shuffled node list: each placement scores the next `limit` feasible nodes that fit
+//! and takes the best, so it costs O(limit + skipped), not O(nodes). Feasibility that
+//! depends only on the node and the group is computed once per node and group, when
+//! the node is first visited.
+
+use std::collections::{BTreeMap, HashMap};
+
+use drover_server_api::{
+    AllocResources, Allocation, ClientStatus, DesiredStatus, Job, Node, PlacementFailure, TaskGroup,
+};
+
+use super::StateView;
+use super::feasible::{self, Compiled, Filter, GroupNeeds};
+use super::rank::{self, MAX_SKIP, SplitMix64, Walk};
+use crate::config::SchedulerAlgorithm;
+
+/// Per group: its needs and which nodes are statically feasible (0 unknown, 1 yes, 2 no).
+struct GroupCtx<'a> {
+    needs: GroupNeeds<'a>,
+    ask: AllocResources,
+    feasible: Vec<u8>,
+    /// Allocations of the group per node (only kept for `distinct_hosts` on the group).
+    on_node: Vec<u32>,
+}
+
+impl<'a> GroupCtx<'a> {
+    fn new(job: &'a Job, group: &'a TaskGroup, n: usize) -> Self {
+        let needs = GroupNeeds::new(job, group);
+        let on_node = if needs.distinct_group {
+            vec![0; n]
+        } else {
+            Vec::new()
+        };
+        GroupCtx {
+            needs,
+            ask: group.resources(),
+            feasible: vec![0; n],
+            on_node,
+        }
+    }
+}
+
+pub(crate) struct Placer<'a> {
+    state: &'a dyn StateView,
+    job: &'a Job,
+    eval_id: &'a str,
+    algorithm: SchedulerAlgorithm,
+    nodes: Vec<&'a Node>,
+    /// Node id → position, built when first needed (a new job with nothing to stop
+    /// never needs it: its evaluations cost no per-node hashing).
+    by_id: Option<HashMap<&'a str, usize>>,
+    /// The visiting order; it carries over from one placement to the next.
+    walk: Walk,
+    limit: usize,
+    /// Usage from the state, read when a node is first looked at.
+    base: Vec<Option<AllocResources>>,
+    /// What the plan added (+) or freed (-) per node: cpu, memory.
+    delta: Vec<(i64, i64)>,
+    /// Live allocations of the job per node, the plan included (anti-affinity,
+    /// `distinct_hosts` on the job).
+    job_on_node: Vec<u32>,
+    /// Per group of the job; `group_ix` finds them by name once per placement.
+    groups: Vec<GroupCtx<'a>>,
+    group_ix: HashMap<&'a str, usize>,
+    compiled: Compiled,
+    /// Nodes looked at by placements so far (the cost of placing).
+    pub(crate) visits: u64,
+}
+
+/// One placement's outcome.
+pub(crate) enum Placed {
+    /// On this node.
+    Node(usize),
+    /// Nowhere: the group's failure is recorded.
+    Failed,
+    /// A system job's node cannot run the group: nothing to place there.
+    Skipped,
+}
+
+impl<'a> Placer<'a> {
+    pub(crate) fn new(
+        state: &'a dyn StateView,
+        job: &'a Job,
+        allocs: &[&'a Allocation],
+        eval_id: &'a str,
+        algorithm: SchedulerAlgorithm,
+    ) -> Self {
+        let nodes = state.nodes();
+        let n = nodes.len();
+        let mut rng = SplitMix64::new(rank::seed_for(eval_id));
+        let walk = Walk::new(n, &mut rng);
+        let groups: Vec<GroupCtx> = job
+            .spec
+            .groups
+            .iter()
+            .map(|g| GroupCtx::new(job, g, n))
+            .collect();
+        let group_ix = job
+            .spec
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.name.as_str(), i))
+            .collect();
+        let mut placer = Placer {
+            state,
+            job,
+            eval_id,
+            algorithm,
+            limit: rank::sample_limit(job.spec.job_type, n),
+            base: vec![None; n],
+            delta: vec![(0, 0); n],
+            job_on_node: vec![0; n],
+            nodes,
+            by_id: None,
+            walk,
+            groups,
+            group_ix,
+            compiled: Compiled::default(),
+            visits: 0,
+        };
+        for a in allocs {
+            if a.desired_status == DesiredStatus::Run
+                && !a.client_status.is_terminal()
+                && let Some(i) = placer.index_of(&a.node_id)
+            {
+                placer.job_on_node[i] += 1;
+                if let Some(&gi) = placer.group_ix.get(a.group.as_str())
+                    && placer.groups[gi].needs.distinct_group
+                {
+                    placer.groups[gi].on_node[i] += 1;
+                }
+            }
+        }
+        placer
+    }
+
+    fn index_of(&mut self, node_id: &str) -> Option<usize> {
+        let nodes = &self.nodes;
+        self.by_id
+            .get_or_insert_with(|| {
+                let mut m = HashMap::with_capacity(nodes.len());
+                for (i, node) in nodes.iter().enumerate() {
+                    m.insert(node.id.as_str(), i);
+                }
+                m
+            })
+            .get(node_id)
+            .copied()
+    }
+
+    /// The plan stops `a`: its resources are free for what follows.
+    pub(crate) fn stopped(&mut self, a: &Allocation) {
+        if a.desired_status != DesiredStatus::Run || a.client_status.is_terminal() {
+            return;
+        }
+        let Some(i) = self.index_of(&a.node_id) else {
+            return;
+        };
+        self.delta[i].0 -= a.resources.cpu as i64;
+        self.delta[i].1 -= a.resources.memory_mb as i64;
+        self.job_on_node[i] = self.job_on_node[i].saturating_sub(1);
+        if let Some(&gi) = self.group_ix.get(a.group.as_str())
+            && self.groups[gi].needs.distinct_group
+        {
+            let g = &mut self.groups[gi];
+            g.on_node[i] = g.on_node[i].saturating_sub(1);
+        }
+    }
+
+    /// The position of `group`'s context (made on first use for a group the job does
+    /// not list, which reconciliation never asks for).
+    fn group_index(&mut self, group: &'a TaskGroup) -> usize {
+        if let Some(&gi) = self.group_ix.get(group.name.as_str()) {
+            return gi;
+        }
+        self.groups
+            .push(GroupCtx::new(self.job, group, self.nodes.len()));
+        self.group_ix
+            .insert(group.name.as_str(), self.groups.len() - 1);
+        self.groups.len() - 1
+    }
+
+    fn usage(&mut self, i: usize) -> (u64, u64) {
+        let base = *self.base[i].get_or_insert_with(|| self.state.node_usage(&self.nodes[i].id));
+        let (dc, dm) = self.delta[i];
+        (
+            (base.cpu as i64 + dc).max(0) as u64,
+            (base.memory_mb as i64 + dm).max(0) as u64,
+        )
+    }
+
+    /// Which dimension does not fit, if any.
+    fn exhausted(&mut self, i: usize, ask: AllocResources) -> Option<&'static str> {
+        let (cpu, mem) = self.usage(i);
+        let total = self.nodes[i].resources;
+        if cpu + ask.cpu > total.cpu {
+            Some("cpu")
+        } else if mem + ask.memory_mb > total.memory_mb {
+            Some("memory")
+        } else {
+            None
+        }
+    }
+
+    fn statically_feasible(&mut self, gi: usize, i: usize) -> bool {
+        let g = &mut self.groups[gi];
+        match g.feasible[i] {
+            1 => true,
+            2 => false,
+            _ => {
+                let ok = feasible::check(self.nodes[i], &g.needs, &mut self.compiled).is_ok();
+                g.feasible[i] = if ok { 1 } else { 2 };
+                ok
+            }
+        }
+    }
+
+    fn distinct_violated(&self, gi: usize, i: usize) -> bool {
+        let g = &self.groups[gi];
+        (g.needs.distinct_job && self.job_on_node[i] > 0)
+            || (g.needs.distinct_group && g.on_node[i] > 0)
+    }
+
+    fn score(
+        &mut self,
+        i: usize,
+        ask: AllocResources,
+        desired: u32,
+        failed_on: Option<&str>,
+    ) -> f64 {
+        let (cpu, mem) = self.usage(i);
+        let node = self.nodes[i];
+        let fit = rank::fit_score(
+            self.algorithm,
+            node.resources,
+            cpu + ask.cpu,
+            mem + ask.memory_mb,
+        );
+        rank::final_score(
+            fit,
+            self.job_on_node[i],
+            desired,
+            failed_on.is_some_and(|id| id == node.id),
+        )
+    }
+
+    /// Place one copy of `group` (on `only` for system jobs).
+    pub(crate) fn place(
+        &mut self,
+        group: &'a TaskGroup,
+        previous: Option<&Allocation>,
+        only: Option<&'a Node>,
+    ) -> Placed {
+        let gi = self.group_index(group);
+        let ask = self.groups[gi].ask;
+        if let Some(node) = only {
+            let Some(i) = self.index_of(&node.id) else {
+                return Placed::Skipped;
+            };
+            if !self.statically_feasible(gi, i) || self.distinct_violated(gi, i) {
+                return Placed::Skipped;
+            }
+            if self.exhausted(i, ask).is_some() {
+                return Placed::Failed;
+            }
+            self.commit(gi, i, ask);
+            return Placed::Node(i);
+        }
+        let n = self.nodes.len();
+        let desired = group.count.max(1);
+        let failed_on = previous
+            .filter(|p| p.client_status == ClientStatus::Failed)
+            .map(|p| p.node_id.clone());
+        let mut best: Option<(f64, usize)> = None;
+        let mut candidates = 0;
+        let mut skipped: Vec<(f64, usize)> = Vec::new();
+        let mut visited = 0;
+        while visited < n && candidates < self.limit {
+            let i = self.walk.next_index();
+            visited += 1;
+            self.visits += 1;
+            if !self.statically_feasible(gi, i)
+                || self.distinct_violated(gi, i)
+                || self.exhausted(i, ask).is_some()
+            {
+                continue;
+            }
+            let score = self.score(i, ask, desired, failed_on.as_deref());
+            if score < 0.0 && skipped.len() < MAX_SKIP {
+                skipped.push((score, i));
+                continue;
+            }
+            candidates += 1;
+            if best.is_none_or(|(s, _)| score > s) {
+                best = Some((score, i));
+            }
+        }
+        // Too few good candidates: the penalized ones are still better than nothing.
+        if candidates < self.limit {
+            for (score, i) in skipped {
+                if best.is_none_or(|(s, _)| score > s) {
+                    best = Some((score, i));
+                }
+            }
+        }
+        match best {
+            Some((_, i)) => {
+                self.commit(gi, i, ask);
+                Placed::Node(i)
+            }
+            None => Placed::Failed,
+        }
+    }
+
+    fn commit(&mut self, gi: usize, i: usize, ask: AllocResources) {
+        self.delta[i].0 += ask.cpu as i64;
+        self.delta[i].1 += ask.memory_mb as i64;
+        self.job_on_node[i] += 1;
+        let g = &mut self.groups[gi];
+        if g.needs.distinct_group {
+            g.on_node[i] += 1;
+        }
+    }
+
+    pub(crate) fn node(&self, i: usize) -> &'a Node {
+        self.nodes[i]
+    }
+
+    /// A new allocation of `group` on node `i`.
+    pub(crate) fn allocation(
+        &self,
+        group: &TaskGroup,
+        index: u32,
+        i: usize,
+        previous: Option<&Allocation>,
+    ) -> Allocation {
+        let node = self.nodes[i];
+        Allocation {
+            id: uuid::Uuid::new_v4().to_string(),
+            name: format!("{}.{}[{index}]", self.job.spec.name, group.name),
+            index,
+            job_name: self.job.spec.name.clone(),
+            job_version: self.job.version,
+            group: group.name.clone(),
+            node_id: node.id.clone(),
+            node_name: node.name.clone(),
+            resources: group.resources(),
+            desired_status: DesiredStatus::Run,
+            desired_description: String::new(),
+            client_status: ClientStatus::Pending,
+            client_description: String::new(),
+            task_states: BTreeMap::new(),
+            eval_id: self.eval_id.to_owned(),
+            previous_allocation: previous.map(|p| p.id.clone()),
+            next_allocation: None,
+            create_index: 0,
+            modify_index: 0,
+            alloc_modify_index: 0,
+            create_time: 0,
+            modify_time: 0,
+        }
+    }
+
+    /// Why `group` cannot be placed: every node is looked at (this runs once per group
+    /// that failed, not per copy).
+    pub(crate) fn failure(&mut self, group: &'a TaskGroup, unplaced: u32) -> PlacementFailure {
+        let n = self.nodes.len();
+        let gi = self.group_index(group);
+        let ask = self.groups[gi].ask;
+        let mut filtered: BTreeMap<String, u32> = BTreeMap::new();
+        let mut exhausted: BTreeMap<String, u32> = BTreeMap::new();
+        // Buckets for the sentence, in the order a tie is reported.
+        let mut not_ready = 0u32;
+        let mut drivers: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut constraints: Vec<(String, u32)> = Vec::new();
+        let mut distinct = 0u32;
+        for i in 0..n {
+            let check = feasible::check(self.nodes[i], &self.groups[gi].needs, &mut self.compiled);
+            match check {
+                Err(f) => {
+                    *filtered.entry(f.key()).or_default() += 1;
+                    match f {
+                        Filter::NotReady(_) => not_ready += 1,
+                        Filter::DriverMissing(d) | Filter::DriverUnhealthy(d) => {
+                            *drivers.entry(d).or_default() += 1
+                        }
+                        Filter::Constraint(c) => {
+                            let what = feasible::describe(c);
+                            match constraints.iter_mut().find(|(w, _)| *w == what) {
+                                Some((_, k)) => *k += 1,
+                                None => constraints.push((what, 1)),
+                            }
+                        }
+                    }
+                }
+                Ok(()) if self.distinct_violated(gi, i) => {
+                    *filtered.entry("distinct_hosts".into()).or_default() += 1;
+                    distinct += 1;
+                }
+                Ok(()) => {
+                    if let Some(dim) = self.exhausted(i, ask) {
+                        *exhausted.entry(dim.into()).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let ready = n as u32 - not_ready;
+        let mut parts: Vec<(u32, String)> = Vec::new();
+        for (d, k) in &drivers {
+            parts.push((
+                *k,
+                if *k == ready {
+                    format!("no node has driver {d} healthy")
+                } else {
+                    format!("driver {d} missing or unhealthy on {k} of {n} nodes")
+                },
+            ));
+        }
+        for (what, k) in &constraints {
+            parts.push((*k, format!("{what} filtered {k} of {n} nodes")));
+        }
+        if distinct > 0 {
+            parts.push((
+                distinct,
+                format!("distinct_hosts filtered {distinct} of {n} nodes"),
+            ));
+        }
+        for (dim, k) in &exhausted {
+            parts.push((*k, format!("{dim} exhausted on {k} of {n} nodes")));
+        }
+        // Most nodes first; a stable sort keeps the order above for ties.
+        parts.sort_by_key(|p| std::cmp::Reverse(p.0));
+        let reason = if ready == 0 {
+            "no node is ready".to_owned()
+        } else {
+            let mut sentences: Vec<String> = parts.into_iter().map(|(_, s)| s).collect();
+            if not_ready > 0 {
+                sentences.push(format!("{not_ready} of {n} nodes not ready"));
+            }
+            if sentences.is_empty() {
+                // Every node looked fine when checked again: only the sample missed it
+                // (cannot happen with a full scan, but say something true).
+                "no feasible node was found".to_owned()
+            } else {
+                sentences.join("; ")
+            }
+        };
+        PlacementFailure {
+            unplaced,
+            reason,
+            nodes_evaluated: n as u32,
+            nodes_filtered: filtered,
+            nodes_exhausted: exhausted,
+        }
+    }
+
+    /// A system job's group could not fit on some nodes: why, over those nodes.
+    pub(crate) fn system_failure(
+        &mut self,
+        group: &'a TaskGroup,
+        nodes: &[&Node],
+    ) -> PlacementFailure {
+        let gi = self.group_index(group);
+        let ask = self.groups[gi].ask;
+        let n = self.nodes.len();
+        let mut exhausted: BTreeMap<String, u32> = BTreeMap::new();
+        for node in nodes {
+            let Some(i) = self.index_of(&node.id) else {
+                continue;
+            };
+            if let Some(dim) = self.exhausted(i, ask) {
+                *exhausted.entry(dim.into()).or_default() += 1;
+            }
+        }
+        let mut parts: Vec<(u32, String)> = exhausted
+            .iter()
+            .map(|(dim, k)| (*k, format!("{dim} exhausted on {k} of {n} nodes")))
+            .collect();
+        parts.sort_by_key(|p| std::cmp::Reverse(p.0));
+        PlacementFailure {
+            unplaced: nodes.len() as u32,
+            reason: parts
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect::<Vec<_>>()
+                .join("; "),
+            nodes_evaluated: n as u32,
+            nodes_filtered: BTreeMap::new(),
+            nodes_exhausted: exhausted,
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! Reconciliation: what a job wants against the allocations it has. The result is a
+//! list of allocations to stop and of copies to place; placing them is the placer's.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use drover_server_api::{
+    Allocation, ClientStatus, DesiredStatus, GroupPlanSummary, Job, JobType, Node, NodeStatus,
+    TaskGroup,
+};
+
+use super::StateView;
+
+/// An allocation to stop.
+#[derive(Debug)]
+pub(crate) struct Stop<'a> {
+    pub alloc: &'a Allocation,
+    pub description: String,
+    /// Its node is down: the allocation is lost.
+    pub lost: bool,
+}
+
+/// A copy to place.
+#[derive(Debug)]
+pub(crate) struct Place<'a> {
+    pub group: &'a TaskGroup,
+    pub index: u32,
+    /// The allocation it replaces (failed, lost, drained, or of an older version).
+    pub previous: Option<&'a Allocation>,
+    /// System jobs: only this node.
+    pub node: Option<&'a Node>,
+}
+
+/// What reconciliation decided.
+#[derive(Debug, Default)]
+pub(crate) struct Reconciled<'a> {
+    pub stops: Vec<Stop<'a>>,
+    pub places: Vec<Place<'a>>,
+    /// Some allocations still run an older version: more batches follow.
+    pub rolling_update_pending: bool,
+    /// Per group, for `job plan`.
+    pub summary: BTreeMap<String, GroupPlanSummary>,
+}
+
+/// Where an allocation's node stands.
+enum NodeState {
+    /// Gone from the state, or down: its allocations are lost.
+    Lost,
+    /// Draining: its allocations move elsewhere.
+    Draining,
+    /// Ready (or initializing: registered again, not yet heartbeating).
+    Usable,
+}
+
+fn node_state(state: &dyn StateView, node_id: &str) -> NodeState {
+    match state.node(node_id) {
+        None => NodeState::Lost,
+        Some(n) if n.status == NodeStatus::Down => NodeState::Lost,
+        Some(n) if n.drain || n.status == NodeStatus::Draining => NodeState::Draining,
+        Some(_) => NodeState::Usable,
+    }
+}
+
+/// Desired to run and not ended: it holds its node's resources.
+fn live(a: &Allocation) -> bool {
+    a.desired_status == DesiredStatus::Run && !a.client_status.is_terminal()
+}
+
+/// Whether `a` runs a different spec of `group` than the job's current one: any task
+/// differs (a destructive update). A count or metadata change is not one. When the
+/// version `a` was placed with is no longer known, it counts as changed.
+fn changed(state: &dyn StateView, job: &Job, group: &TaskGroup, a: &Allocation) -> bool {
+    if a.job_version == job.version {
+        return false;
+    }
+    match state.job_version(&job.spec.name, a.job_version) {
+        Some(old) => old
+            .spec
+            .groups
+            .iter()
+            .find(|g| g.name == group.name)
+            .is_none_or(|g| g.tasks != group.tasks),
+        None => true,
+    }
+}
+
+pub(crate) fn reconcile<'a>(
+    state: &'a dyn StateView,
+    job: Option<&'a Job>,
+    allocs: &[&'a Allocation],
+) -> Reconciled<'a> {
+    let mut out = Reconciled::default();
+    let job = match job {
+        Some(j) if !j.stop => j,
+        other => {
+            let why = if other.is_some() {
+                "job stopped"
+            } else {
+                "job purged"
+            };
+            for a in allocs.iter().filter(|a| live(a)) {
+                let lost = matches!(node_state(state, &a.node_id), NodeState::Lost);
+                out.stops.push(Stop {
+                    alloc: a,
+                    description: why.into(),
+                    lost,
+                });
+                out.summary.entry(a.group.clone()).or_default().stop += 1;
+            }
+            return out;
+        }
+    };
+
+    let mut by_group: HashMap<&str, Vec<&'a Allocation>> = HashMap::new();
+    for a in allocs {
+        by_group.entry(a.group.as_str()).or_default().push(a);
+    }
+    // Groups the job no longer has.
+    let names: HashSet<&str> = job.spec.groups.iter().map(|g| g.name.as_str()).collect();
+    let mut gone: Vec<&&'a Allocation> = by_group
+        .iter()
+        .filter(|(g, _)| !names.contains(*g))
+        .flat_map(|(_, v)| v.iter())
+        .filter(|a| live(a))
+        .collect();
+    gone.sort_by(|a, b| a.id.cmp(&b.id));
+    for a in gone {
+        let lost = matches!(node_state(state, &a.node_id), NodeState::Lost);
+        out.stops.push(Stop {
+            alloc: a,
+            description: "group removed from the job".into(),
+            lost,
+        });
+        out.summary.entry(a.group.clone()).or_default().stop += 1;
+    }
+
+    for group in &job.spec.groups {
+        let allocs = by_group.remove(group.name.as_str()).unwrap_or_default();
+        match job.spec.job_type {
+            JobType::System => system_group(state, job, group, &allocs, &mut out),
+            JobType::Service | JobType::Batch => {
+                counted_group(state, job, group, &allocs, &mut out)
+            }
+        }
+    }
+    out
+}
+
+/// The allocations of a group that still hold a node, after moving off the lost and
+/// draining ones (stopped here, their copies to be placed again).
+struct Sorted<'a> {
+    live: Vec<&'a Allocation>,
+    /// Batch allocations that completed: they count, and are never replaced.
+    done: Vec<&'a Allocation>,
+    /// Stopped now or ended earlier: what a new copy at the same index replaces.
+    replaceable: Vec<&'a Allocation>,
+}
+
+fn sort_out<'a>(
+    state: &'a dyn StateView,
+    job: &Job,
+    allocs: &[&'a Allocation],
+    out: &mut Reconciled<'a>,
+    summary: &mut GroupPlanSummary,
+) -> Sorted<'a> {
+    let mut s = Sorted {
+        live: Vec::new(),
+        done: Vec::new(),
+        replaceable: Vec::new(),
+    };
+    let mut allocs = allocs.to_vec();
+    allocs.sort_by_key(|a| (a.index, a.create_index));
+    for a in allocs {
+        if a.desired_status == DesiredStatus::Stop {
+            continue;
+        }
+        if a.client_status.is_terminal() {
+            if job.spec.job_type == JobType::Batch && a.client_status == ClientStatus::Complete {
+                s.done.push(a);
+            } else if a.next_allocation.is_none() {
+                s.replaceable.push(a);
+            }
+            continue;
+        }
+        match node_state(state, &a.node_id) {
+            NodeState::Lost => {
+                out.stops.push(Stop {
+                    alloc: a,
+                    description: "node down".into(),
+                    lost: true,
+                });
+                summary.stop += 1;
+                s.replaceable.push(a);
+            }
+            NodeState::Draining => {
+                out.stops.push(Stop {
+                    alloc: a,
+                    description: "node draining".into(),
+                    lost: false,
+                });
+                summary.stop += 1;
+                s.replaceable.push(a);
+            }
+            NodeState::Usable => s.live.push(a),
+        }
+    }
+    s
+}
+
+/// Rolling update: replace at most `max_parallel` changed allocations at a time; new
+/// ones still pending count against it. Returns the allocations to replace now.
+fn rolling<'a>(
+    job: &Job,
+    outdated: Vec<&'a Allocation>,
+    live: &[&'a Allocation],
+    out: &mut Reconciled<'a>,
+) -> Vec<&'a Allocation> {
+    let max = job.spec.update.max_parallel as usize;
+    let budget = if max == 0 {
+        usize::MAX
+    } else {
+        let in_flight = live
+            .iter()
+            .filter(|a| a.job_version == job.version && a.client_status == ClientStatus::Pending)
+            .count();
+        max.saturating_sub(in_flight)
+    };
+    if outdated.len() > budget {
+        out.rolling_update_pending = true;
+    }
+    outdated.into_iter().take(budget).collect()
+}
+
+/// Service and batch: `count` copies, indexes `0..count`.
+fn counted_group<'a>(
+    state: &'a dyn StateView,
+    job: &'a Job,
+    group: &'a TaskGroup,
+    allocs: &[&'a Allocation],
+    out: &mut Reconciled<'a>,
+) {
+    let mut summary = GroupPlanSummary::default();
+    let Sorted {
+        mut live,
+        done,
+        replaceable,
+    } = sort_out(state, job, allocs, out, &mut summary);
+    let want = group.count as usize;
+
+    // Scale down: stop the highest indexes (newest first among equals).
+    let have = live.len() + done.len();
+    if have > want {
+        let excess = (have - want).min(live.len());
+        live.sort_by_key(|a| (a.index, a.create_index));
+        for a in live.split_off(live.len() - excess).into_iter().rev() {
+            out.stops.push(Stop {
+                alloc: a,
+                description: "scaled down".into(),
+                lost: false,
+            });
+            summary.stop += 1;
+        }
+    }
+
+    // Destructive updates, max_parallel at a time.
+    let outdated: Vec<&Allocation> = live
+        .iter()
+        .copied()
+        .filter(|a| changed(state, job, group, a))
+        .collect();
+    let replace_now = rolling(job, outdated, &live, out);
+    for a in &replace_now {
+        out.stops.push(Stop {
+            alloc: a,
+            description: format!("replaced by version {}", job.version),
+            lost: false,
+        });
+        out.places.push(Place {
+            group,
+            index: a.index,
+            previous: Some(a),
+            node: None,
+        });
+        summary.update += 1;
+    }
+    summary.ignore += (live.len() - replace_now.len()) as u32 + done.len() as u32;
+
+    // Missing copies, at the lowest free indexes, each replacing what held the index.
+    let mut used: HashSet<u32> = live.iter().chain(&done).map(|a| a.index).collect();
+    let missing = want.saturating_sub(live.len() + done.len());
+    let mut previous: HashMap<u32, &Allocation> = HashMap::new();
+    // The newest allocation at an index is the one a new copy follows.
+    for a in &replaceable {
+        previous.insert(a.index, a);
+    }
+    let mut index = 0u32;
+    for _ in 0..missing {
+        while used.contains(&index) {
+            index += 1;
+        }
+        used.insert(index);
+        out.places.push(Place {
+            group,
+            index,
+            previous: previous.get(&index).copied(),
+            node: None,
+        });
+        summary.place += 1;
+    }
+    out.summary.insert(group.name.clone(), summary);
+}
+
+/// System: one copy on every ready node (the placer skips the infeasible ones).
+fn system_group<'a>(
+    state: &'a dyn StateView,
+    job: &'a Job,
+    group: &'a TaskGroup,
+    allocs: &[&'a Allocation],
+    out: &mut Reconciled<'a>,
+) {
+    let mut summary = GroupPlanSummary::default();
+    let Sorted {
+        live,
+        done: _,
+        replaceable,
+    } = sort_out(state, job, allocs, out, &mut summary);
+    let mut on_node: HashMap<&str, Vec<&Allocation>> = HashMap::new();
+    for a in &live {
+        on_node.entry(a.node_id.as_str()).or_default().push(a);
+    }
+    let mut last_on_node: HashMap<&str, &Allocation> = HashMap::new();
+    for a in &replaceable {
+        last_on_node.insert(a.node_id.as_str(), a);
+    }
+    let mut kept = Vec::new();
+    for node in state.nodes() {
+        if let Some(mut here) = on_node.remove(node.id.as_str()) {
+            here.sort_by_key(|a| a.create_index);
+            for extra in here.split_off(1) {
+                out.stops.push(Stop {
+                    alloc: extra,
+                    description: "another copy runs on the node".into(),
+                    lost: false,
+                });
+                summary.stop += 1;
+            }
+            kept.extend(here);
+        } else if node.status == NodeStatus::Ready && !node.drain {
+            out.places.push(Place {
+                group,
+                index: 0,
+                previous: last_on_node.get(node.id.as_str()).copied(),
+                node: Some(node),
+            });
+            summary.place += 1;
+        }
+    }
+    let outdated: Vec<&Allocation> = kept
+        .iter()
+        .copied()
+        .filter(|a| changed(state, job, group, a))
+        .collect();
+    let replace_now = rolling(job, outdated, &kept, out);
+    for a in &replace_now {
+        out.stops.push(Stop {
+            alloc: a,
+            description: format!("replaced by version {}", job.version),
+            lost: false,
+        });
+        if let Some(node) = state.node(&a.node_id) {
+            out.places.push(Place {
+                group,
+                index: 0,
+                previous: Some(a),
+                node: Some(node),
+            });
+        }
+        summary.update += 1;
+    }
+    summary.ignore += (kept.len() - replace_now.len()) as u32;
+    out.summary.insert(group.name.clone(), summary);
+}
