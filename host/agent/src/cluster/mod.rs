@@ -357,8 +357,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
+        // hyper and tonic repeat their inner error's text in their own.
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         source = inner.source();
     }
     s
