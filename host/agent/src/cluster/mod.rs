@@ -195,8 +195,14 @@ enum Ended {
 }
 
 fn failed(what: &str, status: &tonic::Status) -> Ended {
+    let hint = match status.code() {
+        tonic::Code::Unauthenticated => {
+            "; the server refused this agent's token (check token_file / --token-file)"
+        }
+        _ => "",
+    };
     Ended::Failed(format!(
-        "{what}: {} ({:?})",
+        "{what}: {} ({:?}){hint}",
         status.message(),
         status.code()
     ))
