@@ -219,6 +219,8 @@ pub struct Client {
     /// Index of the last allocation batch applied: a new session resumes there.
     last_index: u64,
     backoff: Backoff,
+    /// Held while a batch of allocations is applied (see [`watch`]).
+    applying: Arc<tokio::sync::Mutex<()>>,
     stop: CancellationToken,
 }
 
@@ -240,6 +242,7 @@ impl Client {
             queue: StatusQueue::default(),
             last_index: 0,
             backoff: Backoff::new(BACKOFF.0, BACKOFF.1),
+            applying: Arc::default(),
             stop,
         }
     }
@@ -343,12 +346,13 @@ impl Client {
             updates_open,
             queue,
             last_index,
+            applying,
             stop,
             ..
         } = self;
         let node_id = node.node_id.as_str();
         let beats = heartbeats(rpc.clone(), registration, read_drivers, ttl);
-        let watch = watch(rpc.clone(), node_id, last_index, allocs.as_ref());
+        let watch = watch(rpc.clone(), node_id, last_index, allocs, applying);
         let reports = reports(rpc, node_id, queue, updates, updates_open);
         tokio::select! {
             e = beats => e,
@@ -475,7 +479,13 @@ fn decode_batch(update: &pb::AllocationsUpdate) -> (Vec<ClientAllocation>, bool)
 
 /// Stream the node's allocations into `allocs` from `last_index`. Returns only on
 /// failure (a server ending the stream included).
-async fn watch(mut rpc: Rpc, node_id: &str, last_index: &mut u64, allocs: &dyn AllocSink) -> Ended {
+async fn watch(
+    mut rpc: Rpc,
+    node_id: &str,
+    last_index: &mut u64,
+    allocs: &Arc<dyn AllocSink>,
+    applying: &Arc<tokio::sync::Mutex<()>>,
+) -> Ended {
     let req = pb::WatchAllocationsRequest {
         node_id: node_id.to_owned(),
         index: *last_index,
@@ -494,7 +504,20 @@ async fn watch(mut rpc: Rpc, node_id: &str, last_index: &mut u64, allocs: &dyn A
                     allocations = batch.len(),
                     "allocations from the server"
                 );
-                allocs.apply(batch, complete).await;
+                // Applied in a task of its own: a session that fails meanwhile (a
+                // missed heartbeat) must not cut an allocation change in half. The
+                // index only moves on once it is done, so a batch cut short by the
+                // agent stopping is sent again next time. One apply at a time: a
+                // later session waits for the earlier one's.
+                let sink = allocs.clone();
+                let slot = applying.clone().lock_owned().await;
+                let applied = tokio::spawn(async move {
+                    let _slot = slot;
+                    sink.apply(batch, complete).await;
+                });
+                if let Err(e) = applied.await {
+                    return Ended::Failed(format!("applying allocations panicked: {e}"));
+                }
                 *last_index = (*last_index).max(update.index);
             }
             Ok(None) => return Ended::Failed("the server ended the allocation stream".into()),

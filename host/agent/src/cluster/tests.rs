@@ -40,6 +40,8 @@ struct Recorder {
     watch: Mutex<Option<mpsc::Sender<Result<pb::AllocationsUpdate, Status>>>>,
     /// Answer the next heartbeat with NOT_FOUND.
     forget_node: AtomicBool,
+    /// Answer heartbeats with UNAVAILABLE.
+    fail_heartbeats: AtomicBool,
 }
 
 impl Recorder {
@@ -85,6 +87,9 @@ impl Node for Fake {
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         self.0.see(&r);
         self.0.push(Event::Heartbeat);
+        if self.0.fail_heartbeats.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("heartbeats are down"));
+        }
         if self.0.forget_node.swap(false, Ordering::SeqCst) {
             return Err(Status::not_found("no such node"));
         }
@@ -590,5 +595,84 @@ async fn tls_towards_the_servers_with_a_client_certificate() {
             "a client expecting {name} behind another CA registered"
         );
     }
+    server_stop.cancel();
+}
+
+/// An allocation sink whose `apply` waits until released, and records what finished.
+#[derive(Default)]
+struct SlowSink {
+    started: Mutex<Vec<Vec<String>>>,
+    finished: Mutex<Vec<Vec<String>>>,
+    release: tokio::sync::Notify,
+}
+
+impl AllocSink for SlowSink {
+    fn apply(&self, allocs: Vec<ClientAllocation>, _complete: bool) -> BoxFuture<'_> {
+        let ids: Vec<String> = allocs.into_iter().map(|a| a.alloc.id).collect();
+        Box::pin(async move {
+            self.started.lock().unwrap().push(ids.clone());
+            self.release.notified().await;
+            self.finished.lock().unwrap().push(ids);
+        })
+    }
+    fn statuses(&self) -> Vec<AllocClientUpdate> {
+        Vec::new()
+    }
+}
+
+#[tokio::test]
+async fn a_failed_session_does_not_cut_an_apply_short_and_resumes_before_it() {
+    let (rec, addr, server_stop) = fake_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(SlowSink::default());
+    let (_tx, rx) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let client = Client::new(
+        prepared(vec![addr], dir.path(), None),
+        drivers_fn(Arc::new(AtomicBool::new(true))),
+        sink.clone(),
+        rx,
+        stop.clone(),
+    );
+    let task = tokio::spawn(client.run());
+    until_event(&rec, "a watch", |e| {
+        count(e, |e| matches!(e, Event::Watch(0))) == 1
+    })
+    .await;
+    let watch = rec.watch.lock().unwrap().clone().unwrap();
+    watch
+        .send(Ok(pb::AllocationsUpdate {
+            index: 4,
+            complete: true,
+            allocations_json: vec![serde_json::to_vec(&allocation("a1")).unwrap()],
+        }))
+        .await
+        .unwrap();
+    drover_test_support::until(LIMIT, "the apply to start", || {
+        !sink.started.lock().unwrap().is_empty()
+    })
+    .await;
+    // Heartbeats fail while the apply runs: the session ends and a new one begins,
+    // resuming the watch before the batch that was not applied yet.
+    rec.fail_heartbeats.store(true, Ordering::SeqCst);
+    until_event(&rec, "a second registration", |e| {
+        count(e, |e| matches!(e, Event::Register(_))) >= 2
+    })
+    .await;
+    rec.fail_heartbeats.store(false, Ordering::SeqCst);
+    until_event(&rec, "the new session's watch from 0", |e| {
+        count(e, |e| matches!(e, Event::Watch(0))) >= 2
+    })
+    .await;
+    assert!(sink.finished.lock().unwrap().is_empty());
+    sink.release.notify_one();
+    drover_test_support::until(LIMIT, "the first apply to finish", || {
+        sink.finished.lock().unwrap().first() == Some(&vec!["a1".to_owned()])
+    })
+    .await;
+    stop.cancel();
+    drover_test_support::within(LIMIT, "the client to stop", task)
+        .await
+        .unwrap();
     server_stop.cancel();
 }
