@@ -270,9 +270,15 @@ async fn watch(
             }
             must_send = false;
         }
-        // Never go back: a batch at an older index would make the next wait return at
-        // once, over and over.
-        index = index.max(batch.index);
+        // Changes never move the index back (a batch at an older index would make the
+        // next wait return at once, over and over); a complete set is the truth at its
+        // own index, even a lower one (the client's index came from a store that was
+        // replaced).
+        index = if batch.complete {
+            batch.index
+        } else {
+            index.max(batch.index)
+        };
         if !changed {
             // Nothing newer within the wait: the core returned at its current index.
             // Ask again (the wait itself paces this loop).

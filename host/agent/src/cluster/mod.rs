@@ -456,6 +456,13 @@ async fn heartbeats(
     }
 }
 
+/// The index to resume from after applying a batch at `index`: a complete set is the
+/// truth at its index, even a lower one (a server whose store was replaced); changes
+/// never move it back.
+fn next_index(last: u64, index: u64, complete: bool) -> u64 {
+    if complete { index } else { last.max(index) }
+}
+
 /// Decode a batch's allocations. A document that does not decode is skipped with an
 /// error logged; a complete set missing one is applied as changes only, so that the
 /// allocation it describes is not stopped for a decoding problem.
@@ -518,7 +525,7 @@ async fn watch(
                 if let Err(e) = applied.await {
                     return Ended::Failed(format!("applying allocations panicked: {e}"));
                 }
-                *last_index = (*last_index).max(update.index);
+                *last_index = next_index(*last_index, update.index, update.complete);
             }
             Ok(None) => return Ended::Failed("the server ended the allocation stream".into()),
             Err(s) => return failed("allocation stream", &s),

@@ -676,3 +676,11 @@ async fn a_failed_session_does_not_cut_an_apply_short_and_resumes_before_it() {
         .unwrap();
     server_stop.cancel();
 }
+
+#[test]
+fn the_resume_index_follows_complete_sets_and_never_goes_back_on_changes() {
+    assert_eq!(next_index(0, 7, true), 7);
+    assert_eq!(next_index(7, 9, false), 9);
+    assert_eq!(next_index(9, 8, false), 9);
+    assert_eq!(next_index(9, 2, true), 2, "a replaced store starts over");
+}
