@@ -1,13 +1,28 @@
 //! The node RPCs (`drover.cluster.v1.Node`) and the forwarded HTTP API
-//! (`drover.cluster.v1.Api`) on one TCP listener.
+//! (`drover.cluster.v1.Api`) on one TCP listener (TLS when configured).
 //!
-//! FOUNDATION STUB: `serve` is the contract the `drover server` command calls; the
-//! body is written on the `cluster-rpc` branch.
+//! Objects travel as JSON documents of the `drover-server-api` types; a document that
+//! does not decode is INVALID_ARGUMENT naming the field (and element) that failed.
+//! With a token, every call must carry it in the `x-drover-token` metadata entry;
+//! anything else is UNAUTHENTICATED before any handler runs.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::net::TcpListener;
+use drover_proto::drover::cluster::v1 as pb;
+use drover_server_api::{AllocClientUpdate, NodeRegistration, TOKEN_HEADER};
+use http_body_util::BodyExt as _;
+use pb::api_server::{Api, ApiServer};
+use pb::node_server::{Node, NodeServer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tower::ServiceExt as _;
 
 use crate::error::ServerError;
 use crate::server::Server;
@@ -21,6 +36,465 @@ pub struct RpcOptions {
     pub tls: Option<crate::tls::TlsFiles>,
 }
 
+/// Connections served at once; more wait in the listen backlog until one closes. A
+/// client agent holds one, so this bounds the nodes one server serves directly.
+pub const MAX_CONNECTIONS: usize = 16_384;
+/// Streams (calls) one connection may have open at once. A client agent has at most
+/// a few (watch, heartbeat, status, forwarded requests).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Status reports in one `UpdateAllocations` call (the client sends at most 500).
+pub const MAX_UPDATE_BATCH: usize = 2_000;
+/// Largest message either side decodes: a node's complete allocation set travels in
+/// one message (each with its group spec), so gRPC's 4 MiB default is too small for
+/// nodes with thousands of allocations.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// A forwarded response body travels in pieces of at most this size.
+pub const FORWARD_CHUNK_BYTES: usize = 64 << 10;
+/// How long one `allocations_for_client` wait lasts before the watch asks again
+/// (it also notices a gone client or a shutdown within this time at worst).
+const WATCH_WAIT: Duration = Duration::from_secs(30);
+/// Messages queued per watch or forward stream before the sender waits for the client.
+const STREAM_BUFFER: usize = 4;
+
+/// A server error as a gRPC status.
+pub fn status_from(e: ServerError) -> Status {
+    match e {
+        ServerError::Invalid(m) => Status::invalid_argument(m),
+        ServerError::NotFound(m) => Status::not_found(m),
+        ServerError::Conflict(m) => Status::aborted(m),
+        e @ ServerError::Store(_) => Status::unavailable(e.to_string()),
+        ServerError::Unavailable(m) => Status::unavailable(m),
+    }
+}
+
+/// Equal without leaking, through timing, how long a common prefix is.
+pub fn token_eq(given: &[u8], want: &[u8]) -> bool {
+    // The length is not secret enough to hide (it is the file's); the bytes are.
+    if given.len() != want.len() {
+        return false;
+    }
+    let diff = given
+        .iter()
+        .zip(want)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(diff) == 0
+}
+
+/// The interceptor that refuses calls without the token.
+#[derive(Clone)]
+struct TokenCheck(Option<Arc<str>>);
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(want) = &self.0 else {
+            return Ok(req);
+        };
+        match req.metadata().get(TOKEN_HEADER) {
+            None => Err(Status::unauthenticated(format!(
+                "this server requires a token: send it in the {TOKEN_HEADER} metadata entry"
+            ))),
+            Some(given) if token_eq(given.as_bytes(), want.as_bytes()) => Ok(req),
+            Some(_) => Err(Status::unauthenticated("wrong token")),
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(field: &str, json: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(json)
+        .map_err(|e| Status::invalid_argument(format!("{field}: not a valid document: {e}")))
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, Status> {
+    serde_json::to_vec(value).map_err(|e| Status::internal(format!("encoding a reply: {e}")))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+struct NodeRpc {
+    server: Arc<Server>,
+    shutdown: CancellationToken,
+}
+
+#[tonic::async_trait]
+impl Node for NodeRpc {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let registration: NodeRegistration = decode("node_json", &request.get_ref().node_json)?;
+        if registration.id.is_empty() {
+            return Err(Status::invalid_argument("node_json: id is empty"));
+        }
+        let node_id = registration.id.clone();
+        let (ttl, index) = self
+            .server
+            .register_node(registration)
+            .await
+            .map_err(status_from)?;
+        tracing::debug!(node = %node_id, index, "node registered");
+        Ok(Response::new(pb::RegisterResponse {
+            heartbeat_ttl_ms: ms(ttl),
+            index,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let node_id = &request.get_ref().node_id;
+        if node_id.is_empty() {
+            return Err(Status::invalid_argument("node_id is empty"));
+        }
+        let (ttl, index) = self.server.heartbeat(node_id).await.map_err(status_from)?;
+        Ok(Response::new(pb::HeartbeatResponse {
+            heartbeat_ttl_ms: ms(ttl),
+            index,
+        }))
+    }
+
+    type WatchAllocationsStream = ReceiverStream<Result<pb::AllocationsUpdate, Status>>;
+
+    async fn watch_allocations(
+        &self,
+        request: Request<pb::WatchAllocationsRequest>,
+    ) -> Result<Response<Self::WatchAllocationsStream>, Status> {
+        let pb::WatchAllocationsRequest { node_id, index } = request.into_inner();
+        if node_id.is_empty() {
+            return Err(Status::invalid_argument("node_id is empty"));
+        }
+        // The first batch is fetched here so that an unknown node or a server that is
+        // not serving fails the call itself, not a stream that already began.
+        let first = self
+            .server
+            .allocations_for_client(&node_id, index, Duration::ZERO)
+            .await
+            .map_err(status_from)?;
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(watch(
+            self.server.clone(),
+            node_id,
+            first,
+            index,
+            tx,
+            self.shutdown.clone(),
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn update_allocations(
+        &self,
+        request: Request<pb::UpdateAllocationsRequest>,
+    ) -> Result<Response<pb::UpdateAllocationsResponse>, Status> {
+        let pb::UpdateAllocationsRequest {
+            node_id,
+            updates_json,
+        } = request.into_inner();
+        if node_id.is_empty() {
+            return Err(Status::invalid_argument("node_id is empty"));
+        }
+        if updates_json.len() > MAX_UPDATE_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "updates_json: {} updates in one call, at most {MAX_UPDATE_BATCH}",
+                updates_json.len()
+            )));
+        }
+        let updates = updates_json
+            .iter()
+            .enumerate()
+            .map(|(i, json)| decode::<AllocClientUpdate>(&format!("updates_json[{i}]"), json))
+            .collect::<Result<Vec<_>, _>>()?;
+        let index = self
+            .server
+            .update_allocations(&node_id, updates)
+            .await
+            .map_err(status_from)?;
+        Ok(Response::new(pb::UpdateAllocationsResponse { index }))
+    }
+}
+
+/// Feed one node's watch stream until the client goes, the server stops, or a
+/// server error (sent to the client as the stream's status).
+async fn watch(
+    server: Arc<Server>,
+    node_id: String,
+    first: crate::server::NodeAllocations,
+    asked: u64,
+    tx: mpsc::Sender<Result<pb::AllocationsUpdate, Status>>,
+    shutdown: CancellationToken,
+) {
+    let mut next = Some(first);
+    // With index 0 the client waits for its complete set: send it even when empty.
+    let mut must_send = asked == 0;
+    let mut index = asked;
+    loop {
+        let batch = match next.take() {
+            Some(b) => b,
+            None => {
+                let fetched = tokio::select! {
+                    r = server.allocations_for_client(&node_id, index, WATCH_WAIT) => r,
+                    () = tx.closed() => return,
+                    () = shutdown.cancelled() => return,
+                };
+                match fetched {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.send(Err(status_from(e))).await;
+                        return;
+                    }
+                }
+            }
+        };
+        let changed = batch.complete || !batch.allocations.is_empty();
+        if changed || must_send {
+            let allocations_json = match batch.allocations.iter().map(encode).collect() {
+                Ok(v) => v,
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            };
+            let update = pb::AllocationsUpdate {
+                index: batch.index,
+                complete: batch.complete,
+                allocations_json,
+            };
+            let sent = tokio::select! {
+                r = tx.send(Ok(update)) => r.is_ok(),
+                () = shutdown.cancelled() => false,
+            };
+            if !sent {
+                return;
+            }
+            must_send = false;
+        }
+        // Changes never move the index back (a batch at an older index would make the
+        // next wait return at once, over and over); a complete set is the truth at its
+        // own index, even a lower one (the client's index came from a store that was
+        // replaced).
+        index = if batch.complete {
+            batch.index
+        } else {
+            index.max(batch.index)
+        };
+        if !changed {
+            // Nothing newer within the wait: the core returned at its current index.
+            // Ask again (the wait itself paces this loop).
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+struct ApiRpc {
+    router: axum::Router,
+    token: Option<Arc<str>>,
+    shutdown: CancellationToken,
+}
+
+/// Request headers a forwarded request never carries over: hop-by-hop ones, and the
+/// token (the RPC's own metadata carries it; the server sets the header itself).
+const DROPPED_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "proxy-connection",
+    "host",
+    "content-length",
+    TOKEN_HEADER,
+];
+
+fn forward_request(
+    req: pb::ForwardRequest,
+    token: Option<&str>,
+) -> Result<http::Request<axum::body::Body>, Status> {
+    let method = http::Method::from_bytes(req.method.as_bytes()).map_err(|_| {
+        Status::invalid_argument(format!("method {:?} is not an HTTP method", req.method))
+    })?;
+    if !req.path_and_query.starts_with("/v1/") {
+        return Err(Status::invalid_argument(format!(
+            "path_and_query {:?}: only the API (/v1/...) is forwarded",
+            req.path_and_query
+        )));
+    }
+    let uri: http::Uri = req.path_and_query.parse().map_err(|e| {
+        Status::invalid_argument(format!("path_and_query {:?}: {e}", req.path_and_query))
+    })?;
+    let mut builder = http::Request::builder().method(method).uri(uri);
+    for (name, value) in &req.headers {
+        let lower = name.to_ascii_lowercase();
+        if DROPPED_HEADERS.contains(&lower.as_str()) {
+            continue;
+        }
+        let name = http::HeaderName::from_bytes(lower.as_bytes())
+            .map_err(|_| Status::invalid_argument(format!("header name {name:?} is not valid")))?;
+        let value = http::HeaderValue::from_str(value)
+            .map_err(|_| Status::invalid_argument(format!("header {name}: value is not valid")))?;
+        builder = builder.header(name, value);
+    }
+    if let Some(token) = token {
+        // The call was authenticated with this token; the router checks it again.
+        let value = http::HeaderValue::from_str(token)
+            .map_err(|_| Status::internal("the server's token is not a valid header value"))?;
+        builder = builder.header(TOKEN_HEADER, value);
+    }
+    builder
+        .body(axum::body::Body::from(req.body))
+        .map_err(|e| Status::invalid_argument(format!("request: {e}")))
+}
+
+#[tonic::async_trait]
+impl Api for ApiRpc {
+    type ForwardStream = ReceiverStream<Result<pb::ForwardResponse, Status>>;
+
+    async fn forward(
+        &self,
+        request: Request<pb::ForwardRequest>,
+    ) -> Result<Response<Self::ForwardStream>, Status> {
+        let http_request = forward_request(request.into_inner(), self.token.as_deref())?;
+        let response = match self.router.clone().oneshot(http_request).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let (parts, mut body) = response.into_parts();
+        let mut headers = std::collections::HashMap::new();
+        for (name, value) in &parts.headers {
+            let Ok(value) = value.to_str() else { continue };
+            headers
+                .entry(name.as_str().to_owned())
+                .and_modify(|v: &mut String| {
+                    v.push_str(", ");
+                    v.push_str(value);
+                })
+                .or_insert_with(|| value.to_owned());
+        }
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let head = pb::ForwardResponse {
+            status: u32::from(parts.status.as_u16()),
+            headers,
+            body: Vec::new(),
+        };
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            if tx.send(Ok(head)).await.is_err() {
+                return;
+            }
+            loop {
+                // A long body (a blocking query, a followed log) ends when the client
+                // goes or the server stops, not only when the router ends it.
+                let frame = tokio::select! {
+                    f = body.frame() => f,
+                    () = tx.closed() => return,
+                    () = shutdown.cancelled() => return,
+                };
+                let data = match frame {
+                    None => return,
+                    Some(Err(e)) => {
+                        let _ = tx
+                            .send(Err(Status::internal(format!("response body: {e}"))))
+                            .await;
+                        return;
+                    }
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(d) => d,
+                        Err(_) => continue, // trailers: HTTP/1 clients never see them
+                    },
+                };
+                for piece in data.chunks(FORWARD_CHUNK_BYTES) {
+                    let msg = pb::ForwardResponse {
+                        status: 0,
+                        headers: Default::default(),
+                        body: piece.to_vec(),
+                    };
+                    if tx.send(Ok(msg)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// An accepted connection holding its slot among [`MAX_CONNECTIONS`] until closed.
+struct Conn {
+    io: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Accepted connections, at most `MAX_CONNECTIONS` open at once.
+fn incoming(
+    listener: TcpListener,
+) -> impl futures_util::Stream<Item = Result<Conn, std::io::Error>> {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    futures_util::stream::unfold((listener, slots), |(listener, slots)| async move {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return None;
+        };
+        loop {
+            match listener.accept().await {
+                Ok((io, _)) => {
+                    let _ = io.set_nodelay(true);
+                    return Some((Ok(Conn { io, _slot: slot }), (listener, slots)));
+                }
+                Err(e) => {
+                    // Out of descriptors or a connection reset before accept: keep
+                    // serving the connections we have; pause so that a persistent
+                    // EMFILE does not spin.
+                    tracing::warn!("RPC listener: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+}
+
 /// Serve the node RPCs (and, once `api` is given, the forwarded HTTP API) on
 /// `listener` until `shutdown` fires.
 pub async fn serve(
@@ -30,7 +504,125 @@ pub async fn serve(
     api: Option<axum::Router>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let _ = (server, listener, options, api);
-    shutdown.cancelled().await;
-    Ok(())
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        // Detect clients that vanished without closing (a killed agent's host).
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+    if let Some(files) = &options.tls {
+        let loaded = files
+            .load()
+            .map_err(|e| ServerError::Invalid(e.to_string()))?;
+        builder = builder
+            .tls_config(loaded.tonic_server_config())
+            .map_err(|e| ServerError::Invalid(format!("RPC TLS settings: {e}")))?;
+    }
+    let token: Option<Arc<str>> = options.token.as_deref().map(Arc::from);
+    let check = TokenCheck(token.clone());
+    let node = NodeServer::new(NodeRpc {
+        server,
+        shutdown: shutdown.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let api = api.map(|router| {
+        let svc = ApiServer::new(ApiRpc {
+            router,
+            token: token.clone(),
+            shutdown: shutdown.clone(),
+        })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        tonic::service::interceptor::InterceptedService::new(svc, check.clone())
+    });
+    let node = tonic::service::interceptor::InterceptedService::new(node, check);
+    let addr = listener.local_addr().ok();
+    tracing::info!(
+        addr = ?addr,
+        tls = options.tls.is_some(),
+        token = options.token.is_some(),
+        forward = api.is_some(),
+        "serving node RPCs"
+    );
+    builder
+        .add_service(node)
+        .add_optional_service(api)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled())
+        .await
+        .map_err(|e| ServerError::Unavailable(format!("RPC listener: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secreT", b"secret"));
+        assert!(!token_eq(b"secret1", b"secret"));
+        assert!(!token_eq(b"", b"secret"));
+    }
+
+    #[test]
+    fn errors_map_to_codes() {
+        use tonic::Code;
+        assert_eq!(
+            status_from(ServerError::Invalid("x".into())).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            status_from(ServerError::NotFound("x".into())).code(),
+            Code::NotFound
+        );
+        assert_eq!(
+            status_from(ServerError::Conflict("x".into())).code(),
+            Code::Aborted
+        );
+        assert_eq!(
+            status_from(ServerError::Unavailable("x".into())).code(),
+            Code::Unavailable
+        );
+    }
+
+    #[test]
+    fn forwarded_requests_carry_the_servers_token_not_the_callers() {
+        let mut headers = std::collections::HashMap::new();
+        headers.insert("X-Drover-Token".to_owned(), "from-client".to_owned());
+        headers.insert("content-type".to_owned(), "application/json".to_owned());
+        headers.insert("connection".to_owned(), "close".to_owned());
+        let req = pb::ForwardRequest {
+            method: "PUT".into(),
+            path_and_query: "/v1/jobs?x=1".into(),
+            headers,
+            body: b"{}".to_vec(),
+        };
+        let r = forward_request(req.clone(), Some("t0k")).unwrap();
+        assert_eq!(r.method(), http::Method::PUT);
+        assert_eq!(r.uri().path_and_query().unwrap().as_str(), "/v1/jobs?x=1");
+        assert_eq!(r.headers().get_all(TOKEN_HEADER).iter().count(), 1);
+        assert_eq!(r.headers()[TOKEN_HEADER], "t0k");
+        assert_eq!(r.headers()["content-type"], "application/json");
+        assert!(r.headers().get("connection").is_none());
+
+        let err = forward_request(
+            pb::ForwardRequest {
+                path_and_query: "/etc/passwd".into(),
+                ..req.clone()
+            },
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("/v1/"), "{}", err.message());
+        let err = forward_request(
+            pb::ForwardRequest {
+                method: "GE T".into(),
+                ..req
+            },
+            None,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("GE T"), "{}", err.message());
+    }
 }

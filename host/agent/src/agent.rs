@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::allocs::AllocManager;
 use crate::catalog::{Catalog, LoadContext};
 use crate::config::AgentConfig;
 use crate::dirs::{Access, DirError};
@@ -26,6 +27,9 @@ pub enum AgentError {
     /// refuses to start rather than guess; the message says what to do.
     #[error("{0}")]
     State(#[from] StateError),
+    /// The cluster settings (servers, TLS, token file) or the node id are unusable.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
     /// The API socket could not be bound.
     #[error("cannot listen on {path}: {reason}")]
     Listen {
@@ -165,6 +169,13 @@ pub async fn run(
     )?;
     let plugin_state_dir = data_dir.join("plugin-state");
     crate::dirs::prepare(&plugin_state_dir, "plugin state directory", Access::Private)?;
+    // With servers, the agent is a cluster client: its settings and node id are
+    // checked here, so that a bad token file or TLS file stops the start.
+    let cluster = if config.servers.is_empty() {
+        None
+    } else {
+        Some(crate::cluster::prepare(&config)?)
+    };
     let api_path = config.api_socket();
     if let Some(dir) = api_path.parent().filter(|d| !d.as_os_str().is_empty()) {
         crate::dirs::prepare(dir, "API socket directory", Access::RootMayOwn(0o700))?;
@@ -191,6 +202,12 @@ pub async fn run(
     let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store.clone()));
     tasks.load()?;
     let plugins_stop = stop.child_token();
+    // Allocation runners report every status change here; the cluster client batches
+    // them to the servers.
+    let (alloc_updates, alloc_updates_rx) = tokio::sync::mpsc::unbounded_channel();
+    let allocs = cluster
+        .as_ref()
+        .map(|_| AllocManager::new(tasks.clone(), store.clone(), alloc_updates));
 
     // Serve the API at once: `plugin status` answers while plugins are still loading.
     let api = tokio::spawn(crate::api::serve(
@@ -214,11 +231,29 @@ pub async fn run(
     // Every stored task is recovered through its driver, bounded in time and
     // concurrency, while the API already serves. Recovery only reads what drivers
     // report, so cutting it short on stop loses nothing.
-    tokio::select! {
-        _ = tasks.recover() => {}
-        () = stop.cancelled() => {}
-    }
+    let recovered = tokio::select! {
+        _ = tasks.recover() => true,
+        () = stop.cancelled() => false,
+    };
+    // Allocations are restored once their tasks are recovered, then the client
+    // joins the cluster (a complete set from the servers reconciles the rest).
+    let client = match (cluster, &allocs) {
+        (Some(prepared), Some(allocs)) if recovered => {
+            allocs.restore().await;
+            Some(tokio::spawn(crate::cluster::run_prepared(
+                prepared,
+                catalog.clone(),
+                allocs.clone(),
+                alloc_updates_rx,
+                stop.child_token(),
+            )))
+        }
+        _ => None,
+    };
     stop.cancelled().await;
+    if let Some(client) = client {
+        let _ = client.await;
+    }
     tracing::info!(drain = config.drain_on_shutdown, "drover agent stopping");
     let _ = api.await;
     plugins_stop.cancel();

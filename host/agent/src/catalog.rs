@@ -64,6 +64,9 @@ struct Live {
     capabilities: Capabilities,
     state: PluginState,
     reason: String,
+    /// Attributes of the last fingerprint (`driver.<name>.<key>`), for the node's
+    /// registration with the cluster servers.
+    attributes: BTreeMap<String, String>,
 }
 
 /// One loaded plugin. Its process may be replaced by the supervisor; callers take a
@@ -123,6 +126,12 @@ impl LoadedPlugin {
         (live.state, live.reason.clone())
     }
 
+    /// The attributes of the driver's last fingerprint (empty until the first, and
+    /// after a failed one).
+    pub fn attributes(&self) -> BTreeMap<String, String> {
+        self.live().attributes.clone()
+    }
+
     /// Bumped each time the plugin process is replaced.
     pub fn generation(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
@@ -169,6 +178,7 @@ fn live_from(fp: Fingerprinted) -> Live {
         // Until the first fingerprint arrives.
         state: PluginState::Unhealthy,
         reason: "waiting for the first fingerprint".into(),
+        attributes: BTreeMap::new(),
     }
 }
 
@@ -975,6 +985,7 @@ async fn watch_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
     let mut stream = match client.fingerprint().await {
         Ok(s) => Box::pin(s),
         Err(e) => {
+            plugin.live().attributes.clear();
             plugin.set_state(PluginState::Unhealthy, format!("Fingerprint failed: {e}"));
             return;
         }
@@ -988,9 +999,11 @@ async fn watch_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
                     // Undetected, and whatever a newer SDK may add: not usable.
                     _ => PluginState::Undetected,
                 };
+                plugin.live().attributes = fp.attributes;
                 plugin.set_state(state, fp.description);
             }
             Err(e) => {
+                plugin.live().attributes.clear();
                 plugin.set_state(
                     PluginState::Unhealthy,
                     format!("fingerprint stream failed: {e}"),

@@ -239,6 +239,9 @@ const ENV_KEYS: &[&str] = &[
     "log_format",
     "prefer_builtin",
     "drain_on_shutdown",
+    "servers",
+    "node_name",
+    "token_file",
 ];
 
 /// The config error, with figment's account of which source and key were wrong.
@@ -267,7 +270,19 @@ impl AgentConfig {
         let env: BTreeMap<String, String> = env.into_iter().collect();
         for key in ENV_KEYS {
             if let Some(v) = env.get(&format!("DROVER_{}", key.to_uppercase())) {
-                figment = figment.merge(Serialized::global(key, parse_env_value(v)));
+                let value = if *key == "servers" {
+                    // DROVER_SERVERS=a:4647,b:4647
+                    figment::value::Value::from(
+                        v.split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned)
+                            .collect::<Vec<String>>(),
+                    )
+                } else {
+                    parse_env_value(v)
+                };
+                figment = figment.merge(Serialized::global(key, value));
             }
         }
         figment = figment.merge(Serialized::defaults(flags.clone()));
@@ -503,5 +518,19 @@ mod tests {
         );
         let c = AgentConfig::load(&[], vec![], &flags(&[("drain_on_shutdown", true.into())]));
         assert!(c.unwrap().drain_on_shutdown);
+    }
+
+    #[test]
+    fn servers_from_the_environment() {
+        let env = vec![
+            (
+                "DROVER_SERVERS".to_owned(),
+                "127.0.0.1:4647, 127.0.0.2:4647".to_owned(),
+            ),
+            ("DROVER_NODE_NAME".to_owned(), "n7".to_owned()),
+        ];
+        let c = AgentConfig::load(&[], env, &Default::default()).unwrap();
+        assert_eq!(c.servers, vec!["127.0.0.1:4647", "127.0.0.2:4647"]);
+        assert_eq!(c.node_name.as_deref(), Some("n7"));
     }
 }

@@ -395,6 +395,81 @@ pub fn task_exit_code(task: &TaskView) -> i32 {
     task.exit_code.unwrap_or(1)
 }
 
+/// The cluster flags of `drover agent`, as given.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterFlags {
+    /// `--servers` (each may hold several, comma-separated).
+    pub servers: Vec<String>,
+    /// `--node-name`.
+    pub node_name: Option<String>,
+    /// `--meta KEY=VALUE`, repeatable.
+    pub meta: Vec<String>,
+    /// `--token-file`.
+    pub token_file: Option<PathBuf>,
+    /// `--tls-ca-file`.
+    pub tls_ca_file: Option<PathBuf>,
+    /// `--tls-cert-file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `--tls-key-file`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl ClusterFlags {
+    /// The flags that were given, as config keys (`servers`, `node_name`, `meta`,
+    /// `token_file`, `tls`) for the figment flags layer. A `--meta` that is not
+    /// `KEY=VALUE` is an error naming it.
+    pub fn into_flags(self) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+        use serde_json::Value;
+        let path = |p: PathBuf| Value::from(p.display().to_string());
+        let mut flags = serde_json::Map::new();
+        let servers: Vec<Value> = self
+            .servers
+            .iter()
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(Value::from)
+            .collect();
+        if !servers.is_empty() {
+            flags.insert("servers".into(), Value::Array(servers));
+        }
+        if let Some(n) = self.node_name {
+            flags.insert("node_name".into(), n.into());
+        }
+        if !self.meta.is_empty() {
+            let mut meta = serde_json::Map::new();
+            for kv in &self.meta {
+                let Some((k, v)) = kv.split_once('=') else {
+                    bail!("--meta {kv:?}: expected KEY=VALUE, e.g. --meta rack=r1");
+                };
+                let k = k.trim();
+                if k.is_empty() {
+                    bail!("--meta {kv:?}: the key is empty (expected KEY=VALUE)");
+                }
+                meta.insert(k.to_owned(), v.into());
+            }
+            flags.insert("meta".into(), Value::Object(meta));
+        }
+        if let Some(t) = self.token_file {
+            flags.insert("token_file".into(), path(t));
+        }
+        let mut tls = serde_json::Map::new();
+        if let Some(p) = self.tls_ca_file {
+            tls.insert("ca_file".into(), path(p));
+        }
+        if let Some(p) = self.tls_cert_file {
+            tls.insert("cert_file".into(), path(p));
+        }
+        if let Some(p) = self.tls_key_file {
+            tls.insert("key_file".into(), path(p));
+        }
+        if !tls.is_empty() {
+            flags.insert("tls".into(), Value::Object(tls));
+        }
+        Ok(flags)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,5 +613,43 @@ max_files = 4
     fn small_helpers() {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
+    }
+
+    #[test]
+    fn cluster_flags_become_config_keys() {
+        use drover_host::config::AgentConfig;
+        let flags = ClusterFlags {
+            servers: vec!["127.0.0.1:4647,10.0.0.2:4647".into(), "h:1".into()],
+            node_name: Some("n1".into()),
+            meta: vec!["rack=r1".into(), "zone=a=b".into()],
+            token_file: Some("/etc/drover/token".into()),
+            tls_ca_file: Some("/etc/drover/ca.pem".into()),
+            tls_cert_file: None,
+            tls_key_file: None,
+        }
+        .into_flags()
+        .unwrap();
+        let c = AgentConfig::load(&[], vec![], &flags).unwrap();
+        assert_eq!(c.servers, vec!["127.0.0.1:4647", "10.0.0.2:4647", "h:1"]);
+        assert_eq!(c.node_name.as_deref(), Some("n1"));
+        assert_eq!(c.meta["rack"], "r1");
+        assert_eq!(c.meta["zone"], "a=b");
+        assert_eq!(c.token_file, Some(PathBuf::from("/etc/drover/token")));
+        assert_eq!(
+            c.tls.map(|t| t.ca_file),
+            Some(PathBuf::from("/etc/drover/ca.pem"))
+        );
+
+        for bad in ["rack", "=r1"] {
+            let err = ClusterFlags {
+                meta: vec![bad.into()],
+                ..Default::default()
+            }
+            .into_flags()
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(bad) && err.contains("KEY=VALUE"), "{err}");
+        }
+        assert!(ClusterFlags::default().into_flags().unwrap().is_empty());
     }
 }

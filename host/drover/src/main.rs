@@ -86,6 +86,29 @@ struct AgentArgs {
     /// the next agent to reattach to).
     #[arg(long)]
     drain: bool,
+    /// Cluster servers' RPC addresses, HOST:PORT (repeatable or comma-separated): the
+    /// agent joins the cluster as a client node.
+    #[arg(long = "servers", value_name = "ADDR", value_delimiter = ',')]
+    servers: Vec<String>,
+    /// The node's name in the cluster (default: the host name).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// Node metadata for job constraints (`${node.meta.KEY}`), repeatable.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    meta: Vec<String>,
+    /// File holding the cluster token sent with every RPC (must not be readable by
+    /// other users).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// CA the servers' certificates must chain to (PEM): TLS towards the servers.
+    #[arg(long, value_name = "FILE")]
+    tls_ca_file: Option<PathBuf>,
+    /// Client certificate for mutual TLS (PEM), with --tls-key-file.
+    #[arg(long, value_name = "FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// Client key for mutual TLS (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -258,7 +281,7 @@ fn init_logging(config: &AgentConfig) {
     }
 }
 
-fn agent_flags(args: &AgentArgs) -> serde_json::Map<String, serde_json::Value> {
+fn agent_flags(args: &AgentArgs) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut flags = serde_json::Map::new();
     let mut put = |k: &str, v: Option<serde_json::Value>| {
         if let Some(v) = v {
@@ -291,12 +314,29 @@ fn agent_flags(args: &AgentArgs) -> serde_json::Map<String, serde_json::Value> {
     put("log_level", args.log_level.clone().map(Into::into));
     put("log_format", args.log_format.clone().map(Into::into));
     put("drain_on_shutdown", args.drain.then_some(true.into()));
-    flags
+    let cluster = cli::ClusterFlags {
+        servers: args.servers.clone(),
+        node_name: args.node_name.clone(),
+        meta: args.meta.clone(),
+        token_file: args.token_file.clone(),
+        tls_ca_file: args.tls_ca_file.clone(),
+        tls_cert_file: args.tls_cert_file.clone(),
+        tls_key_file: args.tls_key_file.clone(),
+    };
+    flags.extend(cluster.into_flags()?);
+    Ok(flags)
 }
 
 fn run_agent(args: AgentArgs) -> ExitCode {
     // Pure config parse first: a bad config exits before any socket opens.
-    let config = match AgentConfig::load(&args.config, std::env::vars(), &agent_flags(&args)) {
+    let flags = match agent_flags(&args) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("drover: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = match AgentConfig::load(&args.config, std::env::vars(), &flags) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("drover: {e}");
