@@ -17,8 +17,7 @@ use drover_test_support::{until, within};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_and_pending_evaluations_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path());
-    cfg.workers = 0; // keep the evaluation pending
+    let mut cfg = config(dir.path()); // no workers: the evaluation stays pending
     let s = start(cfg.clone()).await;
     s.server
         .register_node(node("n1", 4000, 4096))
@@ -567,7 +566,9 @@ async fn job_versions_stop_and_purge() {
 #[ignore = "needs the scheduler of branch cluster-sched"]
 async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers() {
     let dir = tempfile::tempdir().unwrap();
-    let s = start(config(dir.path())).await;
+    let mut cfg = config(dir.path());
+    cfg.workers = 2;
+    let s = start(cfg).await;
     s.server
         .register_node(node("small", 1000, 512))
         .await
@@ -597,5 +598,55 @@ async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers
             .any(|a| a.node_id == "large" && a.desired_status == DesiredStatus::Run)
     })
     .await;
+    s.stop().await;
+}
+
+/// Needs the real scheduler (branch cluster-sched). Remove the `ignore` once merged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the scheduler of branch cluster-sched"]
+async fn with_scheduler_a_down_nodes_allocations_are_replaced_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.workers = 2;
+    cfg.heartbeat_ttl = Duration::from_millis(300);
+    cfg.heartbeat_grace = Duration::from_millis(300);
+    let s = start(cfg).await;
+    for n in ["n1", "n2", "n3"] {
+        s.server.register_node(node(n, 1000, 1000)).await.unwrap();
+    }
+    let srv = s.server.clone();
+    let beat = tokio::spawn(async move {
+        loop {
+            for n in ["n2", "n3"] {
+                srv.heartbeat(n).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    s.server
+        .register_job(job("web", 6, 100, 100))
+        .await
+        .unwrap();
+    let srv = s.server.clone();
+    let running = move || {
+        srv.job_allocations("web")
+            .into_iter()
+            .filter(|a| a.desired_status == DesiredStatus::Run)
+            .collect::<Vec<_>>()
+    };
+    let r = running.clone();
+    until(LONG, "6 allocations placed", || r().len() == 6).await;
+    let srv = s.server.clone();
+    until(LONG, "n1 down", || {
+        srv.node("n1").unwrap().status == NodeStatus::Down
+    })
+    .await;
+    let r = running.clone();
+    until(LONG, "6 wanted again, none on n1", || {
+        let v = r();
+        v.len() == 6 && v.iter().all(|a| a.node_id != "n1")
+    })
+    .await;
+    beat.abort();
     s.stop().await;
 }

@@ -28,9 +28,12 @@ impl Running {
     }
 }
 
+/// A server without scheduler workers: evaluations stay pending, and the only
+/// placements are the plans a test applies by hand (the real scheduler would place the
+/// jobs' allocations too and make the counts of these tests its own).
 pub fn config(dir: &std::path::Path) -> ServerConfig {
     let mut c = ServerConfig::new(dir);
-    c.workers = 1;
+    c.workers = 0;
     c
 }
 
