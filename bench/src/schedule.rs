@@ -151,9 +151,15 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
             break placed;
         }
         if t.elapsed() > o.timeout {
-            bail!("only {placed} of {} allocations placed after {:?}", o.allocs, o.timeout);
+            bail!(
+                "only {placed} of {} allocations placed after {:?}",
+                o.allocs,
+                o.timeout
+            );
         }
-        index = server.wait_for_index(index, Duration::from_millis(50)).await;
+        index = server
+            .wait_for_index(index, Duration::from_millis(50))
+            .await;
     };
     let elapsed = t.elapsed();
     let stats = server.stats();
