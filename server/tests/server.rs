@@ -650,3 +650,89 @@ async fn with_scheduler_a_down_nodes_allocations_are_replaced_elsewhere() {
     beat.abort();
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_with_an_undecodable_value_is_refused_naming_the_key() {
+    use drover_server::store::{Op, Store};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = drover_server::RedbStore::open(dir.path()).unwrap();
+        store
+            .txn(
+                vec![],
+                vec![Op::Put {
+                    key: "job/web".into(),
+                    value: b"{not json".to_vec(),
+                }],
+            )
+            .await
+            .unwrap();
+    }
+    let store = drover_server::RedbStore::open(dir.path()).unwrap();
+    let err = drover_server::Server::start(
+        config(dir.path()),
+        std::sync::Arc::new(store),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        err.to_string().contains("corrupt state: value of job/web"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_makes_drain_evaluations_and_a_client_from_the_future_gets_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(config(dir.path())).await;
+    s.server
+        .register_node(node("n1", 1000, 1000))
+        .await
+        .unwrap();
+    s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
+    s.server
+        .apply_plan(plan(
+            &s.server,
+            "a",
+            vec![("n1", placement("a", 0, 100, 100))],
+        ))
+        .await
+        .unwrap();
+    s.server.drain_node("n1", true).await.unwrap();
+    let n = s.server.node("n1").unwrap();
+    assert!(n.drain);
+    assert_eq!(n.status, NodeStatus::Draining);
+    let e = &s.server.job_evaluations("a")[0];
+    assert_eq!(e.triggered_by, EvalTrigger::NodeDrain);
+    assert_eq!(e.node_id.as_deref(), Some("n1"));
+    // Re-registering keeps the drain.
+    s.server
+        .register_node(node("n1", 1000, 1000))
+        .await
+        .unwrap();
+    assert_eq!(s.server.node("n1").unwrap().status, NodeStatus::Draining);
+    s.server.drain_node("n1", false).await.unwrap();
+    assert_eq!(s.server.node("n1").unwrap().status, NodeStatus::Ready);
+    assert!(matches!(
+        s.server.drain_node("nope", true).await,
+        Err(drover_server::ServerError::NotFound(_))
+    ));
+
+    // An index the server never reached (its state was replaced): the complete set.
+    let got = s
+        .server
+        .allocations_for_client("n1", s.server.index() + 1000, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(got.complete);
+    assert_eq!(got.allocations.len(), 1);
+    assert!(matches!(
+        s.server
+            .allocations_for_client("nope", 0, Duration::ZERO)
+            .await,
+        Err(drover_server::ServerError::NotFound(_))
+    ));
+    s.stop().await;
+}
