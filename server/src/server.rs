@@ -85,6 +85,7 @@ pub(crate) struct Core {
     pub timers_changed: tokio::sync::Notify,
     pub unblock: tokio::sync::Notify,
     pub plans: mpsc::Sender<PlanRequest>,
+    updates: mpsc::Sender<UpdateRequest>,
     pub shutdown: CancellationToken,
 }
 
@@ -392,6 +393,7 @@ impl Server {
         let (kvs, revision) = store.range("").await?;
         let state = State::load(kvs, revision)?;
         let (plans_tx, plans_rx) = mpsc::channel(PLAN_QUEUE);
+        let (updates_tx, updates_rx) = mpsc::channel(PLAN_QUEUE);
         // 0 workers: a server that keeps evaluations pending (tests, read-only use).
         let workers = config.workers;
         let core = Arc::new(Core {
@@ -405,6 +407,7 @@ impl Server {
             timers_changed: tokio::sync::Notify::new(),
             unblock: tokio::sync::Notify::new(),
             plans: plans_tx,
+            updates: updates_tx,
             shutdown,
         });
         {
@@ -434,6 +437,7 @@ impl Server {
         }
         let mut tasks = vec![
             tokio::spawn(crate::plan::run(core.clone(), plans_rx)),
+            tokio::spawn(run_updates(core.clone(), updates_rx)),
             tokio::spawn(crate::heartbeat::run(core.clone())),
             tokio::spawn(crate::blocked::run(core.clone())),
             tokio::spawn(crate::worker::run_expiry(core.clone())),
@@ -923,6 +927,159 @@ fn driver_warnings(st: &State, spec: &JobSpec) -> Vec<String> {
     out
 }
 
+/// A client's status reports waiting to be committed.
+pub(crate) struct UpdateRequest {
+    node_id: String,
+    updates: Vec<AllocClientUpdate>,
+    reply: tokio::sync::oneshot::Sender<Result<Index, ServerError>>,
+}
+
+/// Client updates committed together at most.
+const MAX_UPDATE_REQUESTS_PER_COMMIT: usize = 256;
+
+/// Commits client status reports: every request waiting (up to
+/// [`MAX_UPDATE_REQUESTS_PER_COMMIT`]) in one transaction, so that a thousand clients
+/// reporting at once cost a few commits, not a thousand. A request that is refused
+/// (another node's allocation) is answered with its error and changes nothing; the
+/// others of the batch commit.
+pub(crate) async fn run_updates(core: Arc<Core>, mut rx: mpsc::Receiver<UpdateRequest>) {
+    loop {
+        let first = tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            r = rx.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+        };
+        let mut reqs = vec![first];
+        while reqs.len() < MAX_UPDATE_REQUESTS_PER_COMMIT {
+            match rx.try_recv() {
+                Ok(r) => reqs.push(r),
+                Err(_) => break,
+            }
+        }
+        let res = core
+            .commit(|st, index, now| Ok(client_updates(st, &reqs, index, now)))
+            .await;
+        match res {
+            Ok((index, verdicts)) => {
+                for (req, v) in reqs.into_iter().zip(verdicts) {
+                    let _ = req.reply.send(v.map(|()| index));
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                for req in reqs {
+                    let _ = req.reply.send(Err(ServerError::Unavailable(format!(
+                        "allocation updates not committed: {msg}"
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+fn client_updates(
+    st: &State,
+    reqs: &[UpdateRequest],
+    index: Index,
+    now: i64,
+) -> (Batch, Vec<Result<(), ServerError>>) {
+    let mut changed: HashMap<String, Allocation> = HashMap::new();
+    let mut b = Batch::default();
+    let mut failure_evals: BTreeSet<String> = BTreeSet::new();
+    // Per job: does an older version still run (a rolling update in progress)?
+    let mut rolling: HashMap<String, bool> = HashMap::new();
+    let mut rolling_evals: BTreeSet<String> = BTreeSet::new();
+    let mut verdicts = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        let node_id = req.node_id.as_str();
+        if scheduler::StateView::node(st, node_id).is_none() {
+            verdicts.push(Err(ServerError::NotFound(format!(
+                "node {node_id} is not registered"
+            ))));
+            continue;
+        }
+        // Check the whole request first: a refused one changes nothing.
+        let foreign = req.updates.iter().find_map(|u| {
+            st.alloc(&u.id)
+                .filter(|a| a.node_id != node_id)
+                .map(|a| (u.id.as_str(), a.node_id.as_str()))
+        });
+        if let Some((id, owner)) = foreign {
+            verdicts.push(Err(ServerError::Invalid(format!(
+                "allocation {id} belongs to node {owner}, not to node {node_id}"
+            ))));
+            continue;
+        }
+        for u in &req.updates {
+            let Some(old) = changed.get(&u.id).or_else(|| st.alloc(&u.id)) else {
+                tracing::debug!(alloc = %u.id, node = %node_id, "update for an unknown allocation ignored");
+                continue;
+            };
+            let mut a = old.clone();
+            // A terminal client status is final: lost stays lost (the server replaced
+            // it), complete/failed do not go back to running.
+            if !old.client_status.is_terminal() {
+                a.client_status = u.client_status;
+                a.client_description.clone_from(&u.client_description);
+            }
+            a.task_states.clone_from(&u.task_states);
+            if a.client_status == old.client_status
+                && a.client_description == old.client_description
+                && a.task_states == old.task_states
+            {
+                continue;
+            }
+            a.modify_index = index;
+            a.modify_time = now;
+            if !old.is_terminal() && a.is_terminal() {
+                b.unblock = true;
+            }
+            if let Some(job) = scheduler::StateView::job(st, &a.job_name).filter(|j| !j.stop) {
+                let name = &job.spec.name;
+                if a.client_status == ClientStatus::Failed
+                    && old.client_status != ClientStatus::Failed
+                    && a.desired_status == DesiredStatus::Run
+                    && job.spec.job_type != JobType::System
+                {
+                    failure_evals.insert(name.clone());
+                }
+                if a.client_status == ClientStatus::Running
+                    && old.client_status == ClientStatus::Pending
+                    && a.job_version == job.version
+                {
+                    let in_progress = *rolling.entry(name.clone()).or_insert_with(|| {
+                        st.allocs_of_job(name)
+                            .any(|o| !o.is_terminal() && o.job_version < job.version)
+                    });
+                    if in_progress {
+                        rolling_evals.insert(name.clone());
+                    }
+                }
+            }
+            changed.insert(a.id.clone(), a);
+        }
+        verdicts.push(Ok(()));
+    }
+    b.allocs = changed.into_values().collect();
+    for name in &failure_evals {
+        if let Some(job) = scheduler::StateView::job(st, name) {
+            b.evals
+                .push(new_eval(job, EvalTrigger::AllocFailure, index, now));
+        }
+    }
+    // An alloc-failure evaluation of the same job does the rolling update's work too.
+    for name in rolling_evals.difference(&failure_evals) {
+        if let Some(job) = scheduler::StateView::job(st, name) {
+            let mut e = new_eval(job, EvalTrigger::RollingUpdate, index, now);
+            e.previous_eval = st.evals_of_job(name).last().map(|p| p.id.clone());
+            b.evals.push(e);
+        }
+    }
+    (b, verdicts)
+}
+
 impl Core {
     async fn update_allocations(
         &self,
@@ -935,91 +1092,17 @@ impl Core {
                 updates.len()
             )));
         }
-        let (index, ()) = self
-            .commit(|st, index, now| {
-                if scheduler::StateView::node(st, node_id).is_none() {
-                    return Err(ServerError::NotFound(format!(
-                        "node {node_id} is not registered"
-                    )));
-                }
-                let mut changed: HashMap<String, Allocation> = HashMap::new();
-                let mut b = Batch::default();
-                let mut failure_evals: BTreeSet<String> = BTreeSet::new();
-                let mut rolling: HashMap<String, bool> = HashMap::new();
-                for u in updates {
-                    let Some(old) = changed.get(&u.id).or_else(|| st.alloc(&u.id)) else {
-                        tracing::debug!(alloc = %u.id, node = %node_id, "update for an unknown allocation ignored");
-                        continue;
-                    };
-                    if old.node_id != node_id {
-                        return Err(ServerError::Invalid(format!(
-                            "allocation {} belongs to node {}, not to node {node_id}",
-                            u.id, old.node_id
-                        )));
-                    }
-                    let mut a = old.clone();
-                    // A terminal client status is final: lost stays lost (the server
-                    // replaced it), complete/failed do not go back to running.
-                    if !old.client_status.is_terminal() {
-                        a.client_status = u.client_status;
-                        a.client_description = u.client_description;
-                    }
-                    a.task_states = u.task_states;
-                    if a.client_status == old.client_status
-                        && a.client_description == old.client_description
-                        && a.task_states == old.task_states
-                    {
-                        continue;
-                    }
-                    a.modify_index = index;
-                    a.modify_time = now;
-                    if !old.is_terminal() && a.is_terminal() {
-                        b.unblock = true;
-                    }
-                    let job = scheduler::StateView::job(st, &a.job_name).filter(|j| !j.stop);
-                    if let Some(job) = job {
-                        if a.client_status == ClientStatus::Failed
-                            && old.client_status != ClientStatus::Failed
-                            && a.desired_status == DesiredStatus::Run
-                            && job.spec.job_type != JobType::System
-                        {
-                            failure_evals.insert(job.spec.name.clone());
-                        }
-                        if a.client_status == ClientStatus::Running
-                            && old.client_status == ClientStatus::Pending
-                            && a.job_version == job.version
-                        {
-                            let in_progress = *rolling.entry(job.spec.name.clone()).or_insert_with(|| {
-                                st.allocs_of_job(&job.spec.name)
-                                    .any(|o| !o.is_terminal() && o.job_version < job.version)
-                            });
-                            if in_progress {
-                                rolling.insert(job.spec.name.clone(), true);
-                            }
-                        }
-                    }
-                    changed.insert(a.id.clone(), a);
-                }
-                b.allocs = changed.into_values().collect();
-                for name in &failure_evals {
-                    if let Some(job) = scheduler::StateView::job(st, name) {
-                        b.evals.push(new_eval(job, EvalTrigger::AllocFailure, index, now));
-                    }
-                }
-                for (name, go) in rolling {
-                    if !go || failure_evals.contains(&name) {
-                        continue;
-                    }
-                    if let Some(job) = scheduler::StateView::job(st, &name) {
-                        let mut e = new_eval(job, EvalTrigger::RollingUpdate, index, now);
-                        e.previous_eval = st.evals_of_job(&name).last().map(|p| p.id.clone());
-                        b.evals.push(e);
-                    }
-                }
-                Ok((b, ()))
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stopped = || ServerError::Unavailable("the server is shutting down".into());
+        self.updates
+            .send(UpdateRequest {
+                node_id: node_id.to_owned(),
+                updates,
+                reply: tx,
             })
-            .await?;
-        Ok(index)
+            .await
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     pub(crate) async fn submit_plan(

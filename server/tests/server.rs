@@ -736,3 +736,66 @@ async fn drain_makes_drain_evaluations_and_a_client_from_the_future_gets_everyth
     ));
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_client_reports_commit_together_and_a_refused_one_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(config(dir.path())).await;
+    let nodes: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
+    for n in &nodes {
+        s.server.register_node(node(n, 1000, 1000)).await.unwrap();
+    }
+    s.server.register_job(job("a", 20, 100, 100)).await.unwrap();
+    let placements = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), placement("a", i as u32, 100, 100)))
+        .collect();
+    s.server
+        .apply_plan(plan(&s.server, "a", placements))
+        .await
+        .unwrap();
+    let alloc_of = |n: &str| s.server.node_allocations(n)[0].id.clone();
+    let mut set = tokio::task::JoinSet::new();
+    for (i, n) in nodes.iter().enumerate() {
+        // n0 reports n1's allocation: refused; everyone else reports its own.
+        let target = if i == 0 { alloc_of("n1") } else { alloc_of(n) };
+        let srv = s.server.clone();
+        let n = n.clone();
+        set.spawn(async move {
+            let r = srv
+                .update_allocations(
+                    &n,
+                    vec![AllocClientUpdate {
+                        id: target,
+                        client_status: ClientStatus::Running,
+                        client_description: String::new(),
+                        task_states: Default::default(),
+                    }],
+                )
+                .await;
+            (n, r)
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        let (n, r) = r.unwrap();
+        if n == "n0" {
+            assert!(r.unwrap_err().to_string().contains("belongs to node n1"));
+        } else {
+            r.unwrap();
+        }
+    }
+    assert_eq!(
+        s.server.node_allocations("n0")[0].client_status,
+        ClientStatus::Pending,
+        "n0's own allocation untouched"
+    );
+    for n in &nodes[1..] {
+        assert_eq!(
+            s.server.node_allocations(n)[0].client_status,
+            ClientStatus::Running,
+            "{n}"
+        );
+    }
+    s.stop().await;
+}
