@@ -799,3 +799,41 @@ async fn concurrent_client_reports_commit_together_and_a_refused_one_changes_not
     }
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_commits_nothing_and_node_names_are_unique_among_live_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(config(dir.path())).await;
+    s.server
+        .register_node(node("n1", 1000, 1000))
+        .await
+        .unwrap();
+    s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
+    let before = s.server.index();
+    let same = s.server.plan_job(job("a", 1, 100, 100)).unwrap();
+    assert!(!same.changed);
+    assert_eq!(same.job_version, 0);
+    let changed = s.server.plan_job(job("a", 2, 100, 100)).unwrap();
+    assert!(changed.changed);
+    assert_eq!(changed.job_version, 1);
+    assert!(changed.groups.contains_key("app"));
+    assert_eq!(s.server.index(), before, "a plan commits nothing");
+    assert_eq!(s.server.job("a").unwrap().version, 0);
+    assert!(matches!(
+        s.server.plan_job(job("", 1, 1, 1)),
+        Err(drover_server::ServerError::Invalid(_))
+    ));
+
+    let mut other = node("n2", 1000, 1000);
+    other.name = "name-n1".into();
+    let err = s.server.register_node(other).await.unwrap_err();
+    assert!(
+        matches!(err, drover_server::ServerError::Conflict(_)),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("already used by live node n1"),
+        "{err}"
+    );
+    s.stop().await;
+}
