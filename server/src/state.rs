@@ -278,6 +278,15 @@ impl State {
         self.jobs.values()
     }
 
+    /// The job at `version`, if that version is kept (what the scheduler's
+    /// `StateView::job_version` answers once cluster-sched is merged).
+    pub(crate) fn job_at_version(&self, name: &str, version: u64) -> Option<&Job> {
+        self.versions
+            .get(name)
+            .and_then(|vs| vs.get(&version))
+            .or_else(|| self.jobs.get(name).filter(|j| j.version == version))
+    }
+
     pub(crate) fn job_versions(&self, name: &str) -> Option<&BTreeMap<u64, Job>> {
         self.versions.get(name)
     }
@@ -287,9 +296,7 @@ impl State {
     /// stop them).
     pub(crate) fn alloc_group(&self, a: &Allocation) -> TaskGroup {
         let from = |j: &Job| j.spec.groups.iter().find(|g| g.name == a.group).cloned();
-        self.versions
-            .get(&a.job_name)
-            .and_then(|vs| vs.get(&a.job_version))
+        self.job_at_version(&a.job_name, a.job_version)
             .and_then(from)
             .or_else(|| self.jobs.get(&a.job_name).and_then(from))
             .unwrap_or_else(|| TaskGroup {
