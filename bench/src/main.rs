@@ -3,6 +3,7 @@
 //! `cargo run --release -p drover-bench -- docker-start [--count N] [--docker-host URL]`
 //! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
 //! `cargo run --release -p drover-bench -- rawexec-start [--iterations N]` (as root)
+//! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]`
 //!
 //! Launches the rawexec plugin N times and measures launch → handshake → health →
 //! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
@@ -18,6 +19,7 @@ use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 mod docker;
 mod exec_start;
 mod rawexec_start;
+mod schedule;
 mod tasks;
 
 #[derive(Parser)]
@@ -79,6 +81,25 @@ enum Bench {
         #[arg(long, default_value_t = 200)]
         iterations: usize,
     },
+    /// Placements per second of an in-process server (real redb store, simulated
+    /// nodes), store commits included, against the store's own commit rate.
+    Schedule {
+        /// Simulated nodes.
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+        /// Allocations to place in total.
+        #[arg(long, default_value_t = 100_000)]
+        allocs: usize,
+        /// Jobs the allocations are split over (one group each).
+        #[arg(long, default_value_t = 100)]
+        jobs: usize,
+        /// Scheduler workers (default: one per core).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -137,6 +158,25 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(exec_start::run(iterations))
+        }
+        Bench::Schedule {
+            nodes,
+            allocs,
+            jobs,
+            workers,
+            timeout_secs,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(schedule::run(schedule::Options {
+                nodes,
+                allocs,
+                jobs,
+                workers,
+                timeout: std::time::Duration::from_secs(timeout_secs),
+            }))
         }
         Bench::RawexecStart { iterations } => {
             let rt = tokio::runtime::Builder::new_current_thread()

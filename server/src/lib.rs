@@ -22,15 +22,23 @@
 //! The [`store::Store`] trait is a key-value store with revisions and compare-and-set
 //! (what etcd offers), implemented by an embedded redb store for a single server.
 
+mod blocked;
+mod broker;
 pub mod config;
 pub mod error;
+mod heartbeat;
 pub mod http;
+pub mod plan;
 pub mod rpc;
 pub mod scheduler;
 pub mod server;
+mod state;
 pub mod store;
 pub mod tls;
+mod worker;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
-pub use server::Server;
+pub use plan::PlanResult;
+pub use server::{NodeAllocations, Server, ServerStats};
+pub use store::RedbStore;

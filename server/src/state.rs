@@ -1,0 +1,454 @@
+//! The server's state in memory, indexed for the scheduler, and the [`Batch`] of
+//! changes every write is made of.
+//!
+//! Writes go through `Core::commit` (server.rs): a `Batch` is built against the
+//! current state, turned into one store transaction, and applied here only after the
+//! store committed it, with the transaction's revision as index. Readers (workers,
+//! API) take the state's read lock for the duration of one call.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use drover_server_api::{
+    AllocResources, Allocation, EvalStatus, Evaluation, Index, Job, Node, TaskGroup,
+};
+
+use crate::scheduler::StateView;
+use crate::store::{KeyValue, Op, StoreError};
+
+/// Key of a job's current version.
+pub(crate) fn job_key(name: &str) -> String {
+    format!("job/{name}")
+}
+
+/// Key of one kept version of a job.
+pub(crate) fn version_key(name: &str, version: u64) -> String {
+    format!("jobv/{name}/{version:020}")
+}
+
+/// Versions of a job kept besides the current one (as Nomad's default of 6).
+pub(crate) const KEPT_VERSIONS: usize = 6;
+
+/// Changes committed together in one store transaction.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    /// Jobs written (current version).
+    pub jobs: Vec<Job>,
+    /// Job versions written.
+    pub versions: Vec<Job>,
+    /// Versions removed (job name, version).
+    pub drop_versions: Vec<(String, u64)>,
+    /// Jobs forgotten (purged), with every version the state holds.
+    pub purge: Vec<String>,
+    /// Nodes written.
+    pub nodes: Vec<Node>,
+    /// Allocations written.
+    pub allocs: Vec<Allocation>,
+    /// Evaluations written.
+    pub evals: Vec<Evaluation>,
+    /// Evaluations deleted (old terminal ones).
+    pub drop_evals: Vec<String>,
+    /// Capacity may have been freed: retry blocked evaluations after the commit.
+    pub unblock: bool,
+}
+
+impl Batch {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+            && self.versions.is_empty()
+            && self.drop_versions.is_empty()
+            && self.purge.is_empty()
+            && self.nodes.is_empty()
+            && self.allocs.is_empty()
+            && self.evals.is_empty()
+            && self.drop_evals.is_empty()
+    }
+
+    /// The store operations of this batch. `state` is the state it was built on (for
+    /// the version keys of purged jobs).
+    pub(crate) fn ops(&self, state: &State) -> Result<Vec<Op>, StoreError> {
+        fn put<T: serde::Serialize>(key: String, v: &T) -> Result<Op, StoreError> {
+            let value = serde_json::to_vec(v)
+                .map_err(|e| StoreError::Backend(format!("encode {key}: {e}")))?;
+            Ok(Op::Put { key, value })
+        }
+        let mut ops = Vec::with_capacity(
+            self.jobs.len()
+                + self.versions.len()
+                + self.nodes.len()
+                + self.allocs.len()
+                + self.evals.len()
+                + self.drop_versions.len(),
+        );
+        for name in &self.purge {
+            ops.push(Op::Delete { key: job_key(name) });
+            if let Some(vs) = state.versions.get(name) {
+                for v in vs.keys() {
+                    ops.push(Op::Delete {
+                        key: version_key(name, *v),
+                    });
+                }
+            }
+        }
+        for (name, v) in &self.drop_versions {
+            ops.push(Op::Delete {
+                key: version_key(name, *v),
+            });
+        }
+        for id in &self.drop_evals {
+            ops.push(Op::Delete {
+                key: format!("eval/{id}"),
+            });
+        }
+        for j in &self.jobs {
+            ops.push(put(job_key(&j.spec.name), j)?);
+        }
+        for j in &self.versions {
+            ops.push(put(version_key(&j.spec.name, j.version), j)?);
+        }
+        for n in &self.nodes {
+            ops.push(put(format!("node/{}", n.id), n)?);
+        }
+        for a in &self.allocs {
+            ops.push(put(format!("alloc/{}", a.id), a)?);
+        }
+        for e in &self.evals {
+            ops.push(put(format!("eval/{}", e.id), e)?);
+        }
+        Ok(ops)
+    }
+}
+
+/// Everything the server knows, indexed.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// The index of the last applied commit.
+    pub index: Index,
+    jobs: HashMap<String, Job>,
+    versions: HashMap<String, BTreeMap<u64, Job>>,
+    nodes: BTreeMap<String, Node>,
+    allocs: HashMap<String, Allocation>,
+    by_job: HashMap<String, HashSet<String>>,
+    by_node: HashMap<String, HashSet<String>>,
+    usage: HashMap<String, AllocResources>,
+    evals: HashMap<String, Evaluation>,
+    evals_by_job: HashMap<String, Vec<String>>,
+    /// The blocked evaluation of each job that has one.
+    blocked: HashMap<String, String>,
+}
+
+impl State {
+    /// Rebuild the state from everything the store holds.
+    pub(crate) fn load(kvs: Vec<KeyValue>, index: Index) -> Result<State, StoreError> {
+        fn decode<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> Result<T, StoreError> {
+            serde_json::from_slice(&kv.value)
+                .map_err(|e| StoreError::Corrupt(format!("value of {}: {e}", kv.key)))
+        }
+        let mut s = State {
+            index,
+            ..State::default()
+        };
+        for kv in &kvs {
+            let (kind, _) = kv.key.split_once('/').unwrap_or((kv.key.as_str(), ""));
+            match kind {
+                "job" => {
+                    let j: Job = decode(kv)?;
+                    s.jobs.insert(j.spec.name.clone(), j);
+                }
+                "jobv" => {
+                    let j: Job = decode(kv)?;
+                    s.versions
+                        .entry(j.spec.name.clone())
+                        .or_default()
+                        .insert(j.version, j);
+                }
+                "node" => s.put_node(decode(kv)?),
+                "alloc" => s.put_alloc(decode(kv)?),
+                "eval" => s.put_eval(decode(kv)?),
+                _ => tracing::warn!(key = %kv.key, "ignoring an unknown key in the store"),
+            }
+        }
+        // Evaluations in creation order within each job (the store returns key order).
+        let evals = &s.evals;
+        for ids in s.evals_by_job.values_mut() {
+            ids.sort_by_key(|id| evals.get(id).map_or(0, |e| e.create_index));
+        }
+        Ok(s)
+    }
+
+    /// Apply a committed batch.
+    pub(crate) fn apply(&mut self, batch: Batch, index: Index) {
+        for name in batch.purge {
+            self.jobs.remove(&name);
+            self.versions.remove(&name);
+        }
+        for (name, v) in batch.drop_versions {
+            if let Some(vs) = self.versions.get_mut(&name) {
+                vs.remove(&v);
+            }
+        }
+        for j in batch.versions {
+            self.versions
+                .entry(j.spec.name.clone())
+                .or_default()
+                .insert(j.version, j);
+        }
+        for j in batch.jobs {
+            self.jobs.insert(j.spec.name.clone(), j);
+        }
+        for n in batch.nodes {
+            self.put_node(n);
+        }
+        for a in batch.allocs {
+            self.put_alloc(a);
+        }
+        for id in batch.drop_evals {
+            self.remove_eval(&id);
+        }
+        for e in batch.evals {
+            self.put_eval(e);
+        }
+        self.index = index;
+    }
+
+    fn put_node(&mut self, n: Node) {
+        self.nodes.insert(n.id.clone(), n);
+    }
+
+    fn put_alloc(&mut self, a: Allocation) {
+        match self.allocs.get(&a.id) {
+            Some(old) => {
+                if !old.is_terminal() {
+                    let u = self.usage.entry(old.node_id.clone()).or_default();
+                    u.cpu = u.cpu.saturating_sub(old.resources.cpu);
+                    u.memory_mb = u.memory_mb.saturating_sub(old.resources.memory_mb);
+                }
+            }
+            None => {
+                self.by_job
+                    .entry(a.job_name.clone())
+                    .or_default()
+                    .insert(a.id.clone());
+                self.by_node
+                    .entry(a.node_id.clone())
+                    .or_default()
+                    .insert(a.id.clone());
+            }
+        }
+        if !a.is_terminal() {
+            let u = self.usage.entry(a.node_id.clone()).or_default();
+            u.cpu += a.resources.cpu;
+            u.memory_mb += a.resources.memory_mb;
+        }
+        self.allocs.insert(a.id.clone(), a);
+    }
+
+    fn put_eval(&mut self, e: Evaluation) {
+        if !self.evals.contains_key(&e.id) {
+            self.evals_by_job
+                .entry(e.job_name.clone())
+                .or_default()
+                .push(e.id.clone());
+        }
+        if e.status == EvalStatus::Blocked {
+            self.blocked.insert(e.job_name.clone(), e.id.clone());
+        } else if self.blocked.get(&e.job_name) == Some(&e.id) {
+            self.blocked.remove(&e.job_name);
+        }
+        self.evals.insert(e.id.clone(), e);
+    }
+
+    fn remove_eval(&mut self, id: &str) {
+        let Some(e) = self.evals.remove(id) else {
+            return;
+        };
+        if let Some(ids) = self.evals_by_job.get_mut(&e.job_name) {
+            ids.retain(|x| x != id);
+            if ids.is_empty() {
+                self.evals_by_job.remove(&e.job_name);
+            }
+        }
+        if self.blocked.get(&e.job_name).map(String::as_str) == Some(id) {
+            self.blocked.remove(&e.job_name);
+        }
+    }
+
+    // --- reads ------------------------------------------------------------------------
+
+    pub(crate) fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values()
+    }
+
+    /// The job at `version`, if that version is kept (what the scheduler's
+    /// `StateView::job_version` answers once cluster-sched is merged).
+    pub(crate) fn job_at_version(&self, name: &str, version: u64) -> Option<&Job> {
+        self.versions
+            .get(name)
+            .and_then(|vs| vs.get(&version))
+            .or_else(|| self.jobs.get(name).filter(|j| j.version == version))
+    }
+
+    pub(crate) fn job_versions(&self, name: &str) -> Option<&BTreeMap<u64, Job>> {
+        self.versions.get(name)
+    }
+
+    /// The group an allocation runs: at its job version if kept, else the current
+    /// version's (a purged job's allocations get an empty group: the client only has to
+    /// stop them).
+    pub(crate) fn alloc_group(&self, a: &Allocation) -> TaskGroup {
+        let from = |j: &Job| j.spec.groups.iter().find(|g| g.name == a.group).cloned();
+        self.job_at_version(&a.job_name, a.job_version)
+            .and_then(from)
+            .or_else(|| self.jobs.get(&a.job_name).and_then(from))
+            .unwrap_or_else(|| TaskGroup {
+                name: a.group.clone(),
+                count: 0,
+                constraints: Vec::new(),
+                meta: BTreeMap::new(),
+                tasks: Vec::new(),
+            })
+    }
+
+    pub(crate) fn all_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    pub(crate) fn alloc(&self, id: &str) -> Option<&Allocation> {
+        self.allocs.get(id)
+    }
+
+    pub(crate) fn all_allocs(&self) -> impl Iterator<Item = &Allocation> {
+        self.allocs.values()
+    }
+
+    pub(crate) fn alloc_count(&self) -> usize {
+        self.allocs.len()
+    }
+
+    pub(crate) fn eval(&self, id: &str) -> Option<&Evaluation> {
+        self.evals.get(id)
+    }
+
+    pub(crate) fn all_evals(&self) -> impl Iterator<Item = &Evaluation> {
+        self.evals.values()
+    }
+
+    pub(crate) fn evals_of_job(&self, job: &str) -> impl Iterator<Item = &Evaluation> {
+        self.evals_by_job
+            .get(job)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.evals.get(id))
+    }
+
+    /// The job's blocked evaluation, if any.
+    pub(crate) fn blocked_eval(&self, job: &str) -> Option<&Evaluation> {
+        self.blocked.get(job).and_then(|id| self.evals.get(id))
+    }
+
+    /// Every blocked evaluation.
+    pub(crate) fn blocked_evals(&self) -> impl Iterator<Item = &Evaluation> {
+        self.blocked.values().filter_map(|id| self.evals.get(id))
+    }
+
+    /// The node's allocations, by iteration over its index only.
+    pub(crate) fn allocs_on_node(&self, node_id: &str) -> impl Iterator<Item = &Allocation> {
+        self.by_node
+            .get(node_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.allocs.get(id))
+    }
+
+    pub(crate) fn allocs_of_job(&self, job: &str) -> impl Iterator<Item = &Allocation> {
+        self.by_job
+            .get(job)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.allocs.get(id))
+    }
+
+    /// A node by id or unique name.
+    pub(crate) fn find_node(&self, node: &str) -> Option<&Node> {
+        if let Some(n) = self.nodes.get(node) {
+            return Some(n);
+        }
+        let mut by_name = self.nodes.values().filter(|n| n.name == node);
+        let first = by_name.next()?;
+        // Several nodes (one down, one new) may share a name: prefer the live one.
+        Some(
+            std::iter::once(first)
+                .chain(by_name)
+                .max_by_key(|n| {
+                    (
+                        n.status != drover_server_api::NodeStatus::Down,
+                        n.modify_index,
+                    )
+                })
+                .unwrap_or(first),
+        )
+    }
+}
+
+impl StateView for State {
+    fn index(&self) -> Index {
+        self.index
+    }
+
+    fn job(&self, name: &str) -> Option<&Job> {
+        self.jobs.get(name)
+    }
+
+    fn nodes(&self) -> Vec<&Node> {
+        self.nodes.values().collect()
+    }
+
+    fn node(&self, id: &str) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    fn job_allocs(&self, job: &str) -> Vec<&Allocation> {
+        self.allocs_of_job(job).collect()
+    }
+
+    fn node_allocs(&self, node_id: &str) -> Vec<&Allocation> {
+        self.allocs_on_node(node_id).collect()
+    }
+
+    fn node_usage(&self, node_id: &str) -> AllocResources {
+        self.usage.get(node_id).copied().unwrap_or_default()
+    }
+}
+
+/// The state with one job replaced: what `job plan` schedules against.
+pub(crate) struct Overlay<'a> {
+    pub base: &'a State,
+    pub job: Job,
+}
+
+impl StateView for Overlay<'_> {
+    fn index(&self) -> Index {
+        self.base.index
+    }
+    fn job(&self, name: &str) -> Option<&Job> {
+        if name == self.job.spec.name {
+            Some(&self.job)
+        } else {
+            self.base.job(name)
+        }
+    }
+    fn nodes(&self) -> Vec<&Node> {
+        self.base.nodes()
+    }
+    fn node(&self, id: &str) -> Option<&Node> {
+        self.base.node(id)
+    }
+    fn job_allocs(&self, job: &str) -> Vec<&Allocation> {
+        self.base.job_allocs(job)
+    }
+    fn node_allocs(&self, node_id: &str) -> Vec<&Allocation> {
+        self.base.node_allocs(node_id)
+    }
+    fn node_usage(&self, node_id: &str) -> AllocResources {
+        self.base.node_usage(node_id)
+    }
+}

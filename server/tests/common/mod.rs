@@ -1,0 +1,155 @@
+//! Shared setup of the server tests: a real redb store in a temp dir, a server on it,
+//! nodes and jobs, and plans built by hand (the scheduler is not under test here).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_server::ServerConfig;
+use drover_server::scheduler::{AllocStop, Plan};
+use drover_server::{RedbStore, Server};
+use drover_server_api::{
+    AllocResources, Allocation, ClientStatus, DesiredStatus, DriverInfo, JobSpec, JobType,
+    NodeRegistration, NodeResources, Task, TaskGroup, TaskResources,
+};
+use tokio_util::sync::CancellationToken;
+
+pub struct Running {
+    pub server: Arc<Server>,
+    pub shutdown: CancellationToken,
+}
+
+impl Running {
+    /// Stop the server and release its store.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.server.stopped().await;
+    }
+}
+
+/// A server without scheduler workers: evaluations stay pending, and the only
+/// placements are the plans a test applies by hand (the real scheduler would place the
+/// jobs' allocations too and make the counts of these tests its own).
+pub fn config(dir: &std::path::Path) -> ServerConfig {
+    let mut c = ServerConfig::new(dir);
+    c.workers = 0;
+    c
+}
+
+pub async fn start(cfg: ServerConfig) -> Running {
+    let store = RedbStore::open(&cfg.data_dir).expect("open store");
+    let shutdown = CancellationToken::new();
+    let server = Server::start(cfg, Arc::new(store), shutdown.clone())
+        .await
+        .expect("start server");
+    Running { server, shutdown }
+}
+
+pub fn node(id: &str, cpu: u64, memory_mb: u64) -> NodeRegistration {
+    NodeRegistration {
+        id: id.into(),
+        name: format!("name-{id}"),
+        attributes: BTreeMap::from([("os.name".into(), "linux".into())]),
+        meta: BTreeMap::new(),
+        resources: NodeResources { cpu, memory_mb },
+        drivers: BTreeMap::from([(
+            "rawexec".into(),
+            DriverInfo {
+                detected: true,
+                healthy: true,
+                ..DriverInfo::default()
+            },
+        )]),
+    }
+}
+
+pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        job_type: JobType::Service,
+        priority: 50,
+        constraints: vec![],
+        update: Default::default(),
+        meta: BTreeMap::new(),
+        groups: vec![TaskGroup {
+            name: "app".into(),
+            count,
+            constraints: vec![],
+            meta: BTreeMap::new(),
+            tasks: vec![Task {
+                name: "main".into(),
+                driver: "rawexec".into(),
+                config: serde_json::json!({"command": "/bin/sleep", "args": ["1000"]}),
+                env: BTreeMap::new(),
+                kill_signal: None,
+                kill_timeout: None,
+                restart: None,
+                resources: TaskResources {
+                    cpu,
+                    memory_mb,
+                    memory_max_mb: 0,
+                },
+                logs: None,
+                lifecycle: None,
+            }],
+        }],
+    }
+}
+
+/// A new allocation as the scheduler would put it in a plan.
+pub fn placement(job: &str, index: u32, cpu: u64, memory_mb: u64) -> Allocation {
+    Allocation {
+        id: String::new(),
+        name: format!("{job}.app[{index}]"),
+        index,
+        job_name: job.into(),
+        job_version: 0,
+        group: "app".into(),
+        node_id: String::new(),
+        node_name: String::new(),
+        resources: AllocResources { cpu, memory_mb },
+        desired_status: DesiredStatus::Run,
+        desired_description: String::new(),
+        client_status: ClientStatus::Pending,
+        client_description: String::new(),
+        task_states: BTreeMap::new(),
+        eval_id: String::new(),
+        previous_allocation: None,
+        next_allocation: None,
+        create_index: 0,
+        modify_index: 0,
+        alloc_modify_index: 0,
+        create_time: 0,
+        modify_time: 0,
+    }
+}
+
+/// A plan for `job` (at its current spec) placing `allocs` on nodes.
+pub fn plan(server: &Server, job: &str, allocs: Vec<(&str, Allocation)>) -> Plan {
+    let j = server.job(job).expect("job registered");
+    let mut p = Plan {
+        eval_id: "hand-made".into(),
+        job_name: job.into(),
+        job_modify_index: j.job_modify_index,
+        snapshot_index: server.index(),
+        ..Plan::default()
+    };
+    for (node, a) in allocs {
+        p.node_allocation
+            .entry(node.to_owned())
+            .or_default()
+            .push(a);
+    }
+    p
+}
+
+pub fn stop(alloc_id: &str) -> AllocStop {
+    AllocStop {
+        alloc_id: alloc_id.into(),
+        desired_description: "test".into(),
+        lost: false,
+    }
+}
+
+pub const LONG: Duration = Duration::from_secs(10);
