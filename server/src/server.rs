@@ -257,68 +257,10 @@ fn gc_evals(st: &State, batch: &mut Batch) {
     batch.drop_evals.extend(drop);
 }
 
+/// The same checks as the CLI's (`drover_server_api::validate`): a job refused here
+/// names the field (`group[0].task[1].resources.memory_mb: ...`).
 fn validate_spec(spec: &JobSpec) -> Result<(), ServerError> {
-    // TODO(merge): call drover_server_api::validate (cluster-sched's validate.rs) here;
-    // these are only the checks the core itself relies on.
-    let bad = |m: String| Err(ServerError::Invalid(m));
-    let name_ok = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 128
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-    };
-    if !name_ok(&spec.name) {
-        return bad(format!(
-            "job name {:?} is invalid: 1 to 128 of [A-Za-z0-9_.-]",
-            spec.name
-        ));
-    }
-    if !(1..=100).contains(&spec.priority) {
-        return bad(format!(
-            "job {}: priority {} is out of range 1..=100",
-            spec.name, spec.priority
-        ));
-    }
-    if spec.groups.is_empty() {
-        return bad(format!("job {}: at least one group is needed", spec.name));
-    }
-    let mut groups = BTreeSet::new();
-    for g in &spec.groups {
-        if !name_ok(&g.name) {
-            return bad(format!(
-                "job {}: group name {:?} is invalid",
-                spec.name, g.name
-            ));
-        }
-        if !groups.insert(&g.name) {
-            return bad(format!("job {}: group {} appears twice", spec.name, g.name));
-        }
-        if g.tasks.is_empty() {
-            return bad(format!("job {}: group {} has no task", spec.name, g.name));
-        }
-        let mut tasks = BTreeSet::new();
-        for t in &g.tasks {
-            if !name_ok(&t.name) {
-                return bad(format!(
-                    "job {}: group {}: task name {:?} is invalid",
-                    spec.name, g.name, t.name
-                ));
-            }
-            if !tasks.insert(&t.name) {
-                return bad(format!(
-                    "job {}: group {}: task {} appears twice",
-                    spec.name, g.name, t.name
-                ));
-            }
-            if t.driver.is_empty() {
-                return bad(format!(
-                    "job {}: group {}: task {}: driver is empty",
-                    spec.name, g.name, t.name
-                ));
-            }
-        }
-    }
-    Ok(())
+    drover_server_api::validate::validate(spec).map_err(|e| ServerError::Invalid(e.to_string()))
 }
 
 /// A job's status, derived from its allocations and evaluations.

@@ -398,6 +398,10 @@ impl StateView for State {
         self.jobs.get(name)
     }
 
+    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
+        self.job_at_version(name, version)
+    }
+
     fn nodes(&self) -> Vec<&Node> {
         self.nodes.values().collect()
     }
@@ -434,6 +438,13 @@ impl StateView for Overlay<'_> {
             Some(&self.job)
         } else {
             self.base.job(name)
+        }
+    }
+    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
+        if name == self.job.spec.name && version == self.job.version {
+            Some(&self.job)
+        } else {
+            self.base.job_version(name, version)
         }
     }
     fn nodes(&self) -> Vec<&Node> {

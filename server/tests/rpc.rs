@@ -607,7 +607,6 @@ async fn unreadable_or_invalid_tls_files_stop_serve_with_the_file_named() {
 // through the RPC layer; the foundation's facade answers "not built yet".
 
 #[tokio::test]
-#[ignore = "needs the server core (branch cluster-core): the foundation facade is a stub"]
 async fn register_heartbeat_and_watch_through_the_core() {
     let running = start(
         RpcOptions {
@@ -703,7 +702,6 @@ async fn register_heartbeat_and_watch_through_the_core() {
 }
 
 #[tokio::test]
-#[ignore = "needs the server core (branch cluster-core): the foundation facade is a stub"]
 async fn a_watch_ends_when_the_server_stops() {
     let running = start(RpcOptions::default(), None).await;
     let mut node = NodeClient::new(running.channel().await);

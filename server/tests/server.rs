@@ -518,7 +518,10 @@ async fn job_versions_stop_and_purge() {
         .register_job(job("bad name", 1, 1, 1))
         .await
         .unwrap_err();
-    assert!(bad.to_string().contains("job name \"bad name\""), "{bad}");
+    assert!(
+        bad.to_string().contains("name: \"bad name\" contains ' '"),
+        "{bad}"
+    );
 
     s.server
         .register_node(node("n1", 1000, 1000))
@@ -563,7 +566,6 @@ async fn job_versions_stop_and_purge() {
 /// Needs the real scheduler (branch cluster-sched): with the foundation stub nothing is
 /// ever placed or blocked. Remove the `ignore` once it is merged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the scheduler of branch cluster-sched"]
 async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
@@ -603,7 +605,6 @@ async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers
 
 /// Needs the real scheduler (branch cluster-sched). Remove the `ignore` once merged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the scheduler of branch cluster-sched"]
 async fn with_scheduler_a_down_nodes_allocations_are_replaced_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());

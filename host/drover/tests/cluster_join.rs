@@ -101,7 +101,6 @@ fn token_file(dir: &std::path::Path, name: &str, token: &str) -> String {
 }
 
 #[test]
-#[ignore = "needs the server core (branch cluster-core): the foundation facade is a stub"]
 fn agents_join_a_server_and_a_wrong_token_is_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let root = tempfile::tempdir().unwrap();
