@@ -320,6 +320,15 @@ impl StateStore for FlakyStore {
     fn delete_task(&self, id: &str) -> Result<(), StateError> {
         self.inner.delete_task(id)
     }
+    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        self.inner.put_alloc(id, record)
+    }
+    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.inner.allocs()
+    }
+    fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
+        self.inner.delete_alloc(id)
+    }
 }
 
 struct Env {
