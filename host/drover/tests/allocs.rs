@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::drover;
-use drover_api::RunRequest;
+use drover_api::{RunRequest, TaskView};
 use drover_host::allocs::{AllocManager, AllocTaskHook, HookContext, HookState, default_hooks};
 use drover_host::catalog::{Catalog, LoadContext};
 use drover_host::config::{AgentConfig, PluginSettings};
@@ -321,7 +321,10 @@ fn now_script(file: &str) -> String {
 #[test]
 fn lifecycle_runs_in_order_with_a_shared_dir_and_the_allocation_env() {
     let root = tempfile::tempdir().unwrap();
-    let mut node = Node::boot(root.path(), default_hooks());
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut hooks = default_hooks();
+    hooks.push(Box::new(EventsHook(events.clone())));
+    let mut node = Node::boot(root.path(), hooks);
     let id = "11111111-0000-4000-8000-000000000001";
     let d = "$DROVER_ALLOC_DIR/data";
     let a = alloc(
@@ -457,6 +460,28 @@ fn lifecycle_runs_in_order_with_a_shared_dir_and_the_allocation_env() {
     assert!(!root.path().join("alloc").join(id).exists());
     assert!(node.store().allocs().unwrap().is_empty());
     assert!(node.tasks().list().is_empty(), "its tasks were destroyed");
+
+    // The task hooks were called in order, once each: the sidecar alone was killed.
+    let events = events.lock().unwrap().clone();
+    let of = |task: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e.ends_with(&format!(" {task}")))
+            .map(|e| e.split(' ').next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        of("side"),
+        ["prestart", "poststart", "prekill", "exited", "stop"],
+        "{events:?}"
+    );
+    for task in ["init", "main", "post", "cleanup"] {
+        assert_eq!(
+            of(task),
+            ["prestart", "poststart", "exited", "stop"],
+            "{task}: {events:?}"
+        );
+    }
 }
 
 #[test]
@@ -511,7 +536,20 @@ fn desired_stop_stops_the_tasks_and_completes_the_allocation() {
         .unwrap();
     assert!(drover_test_support::procs::alive(pid));
 
-    node.apply(vec![stopped(a)], false);
+    // A new job version on the same allocation is not applied in place: the task runs
+    // on, and its state says which version it runs.
+    let mut v1 = a.clone();
+    v1.alloc.job_version = 1;
+    v1.group.tasks[0].env.insert("NEW".into(), "1".into());
+    node.apply(vec![v1.clone()], false);
+    let moved = node.wait(id, "version note", |u| {
+        u.task_states["main"].message.contains("job version 0")
+    });
+    assert_eq!(moved.task_states["main"].task_id, task);
+    assert_eq!(moved.task_states["main"].starts, 1);
+    assert!(drover_test_support::procs::alive(pid));
+
+    node.apply(vec![stopped(v1)], false);
     let done = node.wait(id, "complete", |u| u.client_status.is_terminal());
     assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
     let main = &done.task_states["main"];
@@ -599,6 +637,46 @@ fn an_allocation_missing_from_a_complete_set_is_stopped_and_forgotten() {
         ClientStatus::Running,
         "the listed allocation runs on"
     );
+}
+
+/// Records every call it gets as `<method> <task>`.
+struct EventsHook(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl EventsHook {
+    fn push(&self, what: &str, ctx: &HookContext<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{what} {}", ctx.task.name));
+    }
+}
+
+#[drover_host::allocs::async_trait]
+impl AllocTaskHook for EventsHook {
+    fn name(&self) -> &'static str {
+        "events"
+    }
+    async fn prestart(
+        &self,
+        ctx: &HookContext<'_>,
+        _req: &mut RunRequest,
+        _state: &mut HookState,
+    ) -> Result<(), String> {
+        self.push("prestart", ctx);
+        Ok(())
+    }
+    async fn poststart(&self, ctx: &HookContext<'_>, _v: &TaskView, _s: &mut HookState) {
+        self.push("poststart", ctx);
+    }
+    async fn prekill(&self, ctx: &HookContext<'_>, _s: &mut HookState) {
+        self.push("prekill", ctx);
+    }
+    async fn exited(&self, ctx: &HookContext<'_>, _v: &TaskView, _s: &mut HookState) {
+        self.push("exited", ctx);
+    }
+    async fn stop(&self, ctx: &HookContext<'_>, _s: &mut HookState) {
+        self.push("stop", ctx);
+    }
 }
 
 /// Counts its prestart calls; its state counts them too, across restarts.
@@ -776,4 +854,48 @@ fn exec_tasks_see_the_shared_dir_at_alloc() {
     let allocs = node.allocs().clone();
     node.rt()
         .block_on(until(LIMIT, "collected", || allocs.statuses().is_empty()));
+}
+
+#[test]
+fn an_agent_restart_during_poststop_finishes_the_allocation() {
+    let root = tempfile::tempdir().unwrap();
+    let id = "11111111-0000-4000-8000-000000000008";
+    let a = alloc(
+        id,
+        JobType::Batch,
+        vec![
+            sh("main", "true", None),
+            sh(
+                "cleanup",
+                &format!(
+                    "while [ ! -f \"$DROVER_ALLOC_DIR/data/go\" ]; do sleep 0.05; done; {}",
+                    now_script("poststop")
+                ),
+                POSTSTOP,
+            ),
+        ],
+    );
+    let node = Node::boot(root.path(), default_hooks());
+    node.apply(vec![a], false);
+    let before = node.wait(id, "poststop running", |u| {
+        u.task_states["cleanup"].state == TaskRunState::Running
+    });
+    assert!(!before.client_status.is_terminal());
+    node.crash();
+
+    let node = Node::boot(root.path(), default_hooks());
+    let after = node.wait(id, "restored", |u| {
+        u.task_states["cleanup"].state == TaskRunState::Running
+    });
+    assert_eq!(
+        after.task_states["cleanup"].task_id,
+        before.task_states["cleanup"].task_id
+    );
+    assert_eq!(after.task_states["cleanup"].starts, 1);
+    assert!(!after.client_status.is_terminal(), "{after:#?}");
+    std::fs::write(shared(root.path(), id).join("data/go"), "").unwrap();
+    let done = node.wait(id, "complete", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    assert_eq!(done.task_states["main"].starts, 1, "main was not run again");
+    assert!(shared(root.path(), id).join("data/poststop").exists());
 }
