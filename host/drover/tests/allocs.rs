@@ -20,7 +20,7 @@ use drover_host::allocs::{AllocManager, AllocTaskHook, HookContext, HookState, d
 use drover_host::catalog::{Catalog, LoadContext};
 use drover_host::config::{AgentConfig, PluginSettings};
 use drover_host::loader::Builtin;
-use drover_host::state::{RedbStore, StateStore};
+use drover_host::state::{ErrorStore, Fail, RedbStore, StateStore};
 use drover_host::tasks::TaskManager;
 use drover_server_api::{
     AllocClientUpdate, AllocResources, Allocation, ClientAllocation, ClientStatus, DesiredStatus,
@@ -81,6 +81,15 @@ fn context(root: &Path, cgroup_parent: &str) -> (AgentConfig, Vec<Builtin>, Arc<
 impl Node {
     /// Boot an agent on `root`: store, plugins, task recovery, allocation restore.
     fn boot(root: &Path, hooks: Vec<Box<dyn AllocTaskHook>>) -> Node {
+        Self::boot_with(root, hooks, |s| s)
+    }
+
+    /// [`Node::boot`] with the state store wrapped by `wrap`.
+    fn boot_with(
+        root: &Path,
+        hooks: Vec<Box<dyn AllocTaskHook>>,
+        wrap: impl FnOnce(Arc<dyn StateStore>) -> Arc<dyn StateStore>,
+    ) -> Node {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -93,7 +102,7 @@ impl Node {
             root.file_name().unwrap().to_string_lossy()
         );
         let (tasks, allocs, store) = rt.block_on(async {
-            let store: Arc<dyn StateStore> = Arc::new(RedbStore::open(root).unwrap());
+            let store = wrap(Arc::new(RedbStore::open(root).unwrap()));
             let (config, builtins, ctx) = context(root, &parent);
             let catalog = Arc::new(Catalog::new(store.clone()));
             let tasks = Arc::new(TaskManager::new(
@@ -898,4 +907,79 @@ fn an_agent_restart_during_poststop_finishes_the_allocation() {
     assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
     assert_eq!(done.task_states["main"].starts, 1, "main was not run again");
     assert!(shared(root.path(), id).join("data/poststop").exists());
+}
+
+#[test]
+fn a_service_task_dead_for_good_after_its_restarts_fails_the_allocation() {
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let id = "11111111-0000-4000-8000-000000000009";
+    let mut main = sh(
+        "main",
+        "echo run >> \"$DROVER_ALLOC_DIR/data/runs\"; exit 1",
+        None,
+    );
+    main.restart = Some(drover_api::RestartPolicy {
+        attempts: 2,
+        interval: Duration::from_secs(60),
+        delay: Duration::from_millis(100),
+        mode: drover_api::RestartMode::Fail,
+    });
+    let side = sh("side", "exec sleep 1000", SIDECAR);
+    node.apply(vec![alloc(id, JobType::Service, vec![side, main])], false);
+    let done = node.wait(id, "failed", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Failed, "{done:#?}");
+    assert!(
+        done.client_description.contains("task main failed"),
+        "{}",
+        done.client_description
+    );
+    let m = &done.task_states["main"];
+    assert_eq!(
+        (m.starts, m.restarts, m.exit_code),
+        (3, 2, Some(1)),
+        "{m:#?}"
+    );
+    assert!(m.failed);
+    let runs = std::fs::read_to_string(shared(root.path(), id).join("data/runs")).unwrap();
+    assert_eq!(runs.lines().count(), 3);
+    let s = &done.task_states["side"];
+    assert_eq!(s.state, TaskRunState::Dead);
+    assert!(
+        !s.failed,
+        "the sidecar was stopped, it did not fail: {s:#?}"
+    );
+}
+
+#[test]
+fn an_allocation_whose_record_cannot_be_written_is_not_started() {
+    let root = tempfile::tempdir().unwrap();
+    let faulty = std::sync::OnceLock::new();
+    let node = Node::boot_with(root.path(), default_hooks(), |inner| {
+        let s = Arc::new(ErrorStore::new(inner, Fail::Never));
+        let _ = faulty.set(s.clone());
+        s
+    });
+    let faulty = faulty.get().unwrap();
+    let id = "11111111-0000-4000-8000-00000000000a";
+    let a = alloc(
+        id,
+        JobType::Batch,
+        vec![sh("main", &now_script("ran"), None)],
+    );
+    faulty.set(Fail::Writes);
+    node.apply(vec![a.clone()], false);
+    assert!(node.status(id).is_none());
+    assert!(
+        node.tasks().list().is_empty(),
+        "nothing started without a record"
+    );
+    assert!(!root.path().join("alloc").join(id).exists());
+
+    // The next time the server sends it, it runs.
+    faulty.set(Fail::Never);
+    node.apply(vec![a], false);
+    let done = node.wait(id, "complete", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    assert!(shared(root.path(), id).join("data/ran").exists());
 }
