@@ -81,7 +81,7 @@ fn context(root: &Path, cgroup_parent: &str) -> (AgentConfig, Vec<Builtin>, Arc<
 impl Node {
     /// Boot an agent on `root`: store, plugins, task recovery, allocation restore.
     fn boot(root: &Path, hooks: Vec<Box<dyn AllocTaskHook>>) -> Node {
-        Self::boot_with(root, hooks, |s| s)
+        Self::boot_with(root, hooks, |s| s, true)
     }
 
     /// [`Node::boot`] with the state store wrapped by `wrap`.
@@ -89,6 +89,7 @@ impl Node {
         root: &Path,
         hooks: Vec<Box<dyn AllocTaskHook>>,
         wrap: impl FnOnce(Arc<dyn StateStore>) -> Arc<dyn StateStore>,
+        restore: bool,
     ) -> Node {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -121,7 +122,9 @@ impl Node {
                 .await;
             tasks.recover().await;
             let allocs = AllocManager::with_hooks(tasks.clone(), store.clone(), tx, hooks);
-            allocs.restore().await;
+            if restore {
+                allocs.restore().await;
+            }
             (tasks, allocs, store)
         });
         Node {
@@ -781,10 +784,14 @@ fn restore_after_an_agent_restart_restarts_nothing_and_carries_on() {
     assert_eq!(up.task_states["main"].starts, 1);
     node.crash();
 
-    let node = Node::boot(root.path(), hooks());
+    // This agent gets the server's allocations before anyone called restore: the
+    // recorded allocation is restored first, never started a second time.
+    let node = Node::boot_with(root.path(), hooks(), |s| s, false);
+    node.apply(vec![a.clone()], true);
     let again = node.wait(id, "restored running", |u| {
         u.client_status == ClientStatus::Running
     });
+    assert_eq!(node.tasks().list().len(), 2, "gate and main, once each");
     assert_eq!(
         again.task_states["main"].task_id,
         up.task_states["main"].task_id
@@ -955,11 +962,16 @@ fn a_service_task_dead_for_good_after_its_restarts_fails_the_allocation() {
 fn an_allocation_whose_record_cannot_be_written_is_not_started() {
     let root = tempfile::tempdir().unwrap();
     let faulty = std::sync::OnceLock::new();
-    let node = Node::boot_with(root.path(), default_hooks(), |inner| {
-        let s = Arc::new(ErrorStore::new(inner, Fail::Never));
-        let _ = faulty.set(s.clone());
-        s
-    });
+    let node = Node::boot_with(
+        root.path(),
+        default_hooks(),
+        |inner| {
+            let s = Arc::new(ErrorStore::new(inner, Fail::Never));
+            let _ = faulty.set(s.clone());
+            s
+        },
+        true,
+    );
     let faulty = faulty.get().unwrap();
     let id = "11111111-0000-4000-8000-00000000000a";
     let a = alloc(

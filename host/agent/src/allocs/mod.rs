@@ -94,6 +94,9 @@ pub struct AllocManager {
     /// Serialises `apply` and `restore`.
     apply_lock: tokio::sync::Mutex<()>,
     background: AtomicBool,
+    restored: AtomicBool,
+    /// Allocations whose record this agent cannot read.
+    unreadable: Mutex<HashSet<String>>,
     gc_wake: Arc<Notify>,
     gc_policy: Mutex<(Duration, usize)>,
     stop: CancellationToken,
@@ -128,6 +131,8 @@ impl AllocManager {
             owners: Mutex::new(HashMap::new()),
             apply_lock: tokio::sync::Mutex::new(()),
             background: AtomicBool::new(false),
+            restored: AtomicBool::new(false),
+            unreadable: Mutex::new(HashSet::new()),
             gc_wake: Arc::new(Notify::new()),
             gc_policy: Mutex::new((GC_AFTER, MAX_TERMINAL_KEPT)),
             stop: CancellationToken::new(),
@@ -149,21 +154,33 @@ impl AllocManager {
 
     /// Restore the allocations recorded before an agent restart (after the task
     /// manager recovered its tasks): their runners carry on without restarting tasks.
+    ///
+    /// Only the first call (or the first [`AllocManager::apply`], which restores first
+    /// so that a recorded allocation is never started a second time) does anything.
     pub async fn restore(self: &Arc<Self>) {
         let _one = self.apply_lock.lock().await;
+        self.restore_locked().await;
+    }
+
+    /// False when the records could not be read (tried again on the next call).
+    async fn restore_locked(self: &Arc<Self>) -> bool {
         self.start_background();
+        if self.restored.load(Ordering::SeqCst) {
+            return true;
+        }
         let store = self.store.clone();
         let records = match tokio::task::spawn_blocking(move || store.allocs()).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
                 tracing::error!("cannot read allocation records; none restored: {e}");
-                return;
+                return false;
             }
             Err(e) => {
                 tracing::error!("reading allocation records panicked: {e}");
-                return;
+                return false;
             }
         };
+        self.restored.store(true, Ordering::SeqCst);
         let mut restored = 0;
         for (id, bytes) in records {
             if lock(&self.handles).contains_key(&id) {
@@ -174,11 +191,15 @@ impl AllocManager {
                     self.spawn(rec, true);
                     restored += 1;
                 }
-                // Kept as it is: a newer agent may read it.
-                Err(e) => tracing::error!(alloc = %id, "allocation not restored: {e}"),
+                // Kept as it is (a newer agent may read it), and never overwritten.
+                Err(e) => {
+                    tracing::error!(alloc = %id, "allocation not restored: {e}");
+                    lock(&self.unreadable).insert(id);
+                }
             }
         }
         tracing::info!(allocs = restored, "allocations restored");
+        true
     }
 
     /// The server's allocations for this node. With `complete`, `allocs` is every
@@ -193,7 +214,12 @@ impl AllocManager {
     /// the task hooks' `update` is called, the tasks keep running as started.
     pub async fn apply(self: &Arc<Self>, allocs: Vec<ClientAllocation>, complete: bool) {
         let _one = self.apply_lock.lock().await;
-        self.start_background();
+        if !self.restore_locked().await {
+            // Starting allocations without knowing the recorded ones could start a
+            // second copy of one: wait for the store (the next call tries again).
+            tracing::error!("allocation records unreadable; allocation changes not applied");
+            return;
+        }
         let mut listed = HashSet::new();
         for ca in allocs {
             let id = ca.alloc.id.clone();
@@ -204,6 +230,10 @@ impl AllocManager {
                 continue;
             }
             listed.insert(id.clone());
+            if lock(&self.unreadable).contains(&id) {
+                tracing::error!(alloc = %id, "allocation ignored: its record is unreadable");
+                continue;
+            }
             let known = lock(&self.handles).get(&id).cloned();
             if let Some(h) = known {
                 h.control.send_if_modified(|c| {
