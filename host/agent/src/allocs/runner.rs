@@ -336,15 +336,16 @@ impl Runner {
                 for n in &mains {
                     progressed |= self.ensure_started(n).await;
                 }
-                if mains.iter().all(|n| self.has_started(n)) {
-                    for n in self.names(|k| k == Kind::Poststart) {
-                        progressed |= self.ensure_started(&n).await;
-                    }
-                }
-                // A failure of anything running now fails the allocation.
+                // A failure of anything running now fails the allocation (before any
+                // poststart task is started for main tasks that did not make it).
                 for n in self.names(|k| k != Kind::Poststop) {
                     if let Seen::Failed(why) = self.seen(&n) {
                         return self.fail(format!("task {n} failed: {why}")).await;
+                    }
+                }
+                if mains.iter().all(|n| self.has_started(n)) {
+                    for n in self.names(|k| k == Kind::Poststart) {
+                        progressed |= self.ensure_started(&n).await;
                     }
                 }
                 if mains.iter().all(|n| self.seen(n) == Seen::Succeeded) {
