@@ -10,6 +10,10 @@
 //! - Restarts: [`AllocManager::restore`] (after the task manager recovered its tasks)
 //!   makes a runner per record, which carries on from its phase; running tasks are
 //!   left alone.
+//! - Wiring (agent): `new` once the task manager exists; `restore` after
+//!   `TaskManager::recover` (an `apply` before it restores first, so a recorded
+//!   allocation is never started twice); `shutdown` when the agent stops (runners end,
+//!   tasks keep running).
 //! - Garbage: an allocation terminal here and on the server is collected (its tasks
 //!   destroyed, its directory and record removed) after [`GC_AFTER`], or at once when
 //!   more than [`MAX_TERMINAL_KEPT`] are kept; one missing from a complete set is
