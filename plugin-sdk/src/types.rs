@@ -334,6 +334,11 @@ pub struct TaskSpec {
     pub user: String,
     /// The raw driver config JSON, kept so that a recovered task knows its config.
     pub driver_config_json: String,
+    /// The shared directory of the task's allocation on the host (`<alloc>/alloc`, with
+    /// `data/`, `logs/`, `tmp/`), which every task of its group sees; empty for a task
+    /// outside an allocation. Drivers that isolate the filesystem mount it at `/alloc`.
+    #[serde(default)]
+    pub alloc_dir: PathBuf,
 }
 
 impl TaskSpec {
@@ -403,6 +408,11 @@ impl TaskSpec {
     /// With [`TaskSpec::driver_config_json`] set.
     pub fn with_driver_config_json(mut self, json: impl Into<String>) -> Self {
         self.driver_config_json = json.into();
+        self
+    }
+    /// With [`TaskSpec::alloc_dir`] set.
+    pub fn with_alloc_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.alloc_dir = dir.into();
         self
     }
 }
@@ -1030,6 +1040,7 @@ impl From<TaskSpec> for pb::TaskConfig {
             }),
             driver_config_json: s.driver_config_json,
             user: s.user,
+            alloc_dir: s.alloc_dir.display().to_string(),
         }
     }
 }
@@ -1058,6 +1069,7 @@ impl From<pb::TaskConfig> for TaskSpec {
                 .unwrap_or_default(),
             driver_config_json: c.driver_config_json,
             user: c.user,
+            alloc_dir: c.alloc_dir.into(),
         }
     }
 }

@@ -28,6 +28,8 @@ pub const LABEL_ALLOC_DIR: &str = "drover.alloc_dir";
 pub const CONTAINER_LOCAL_DIR: &str = "/local";
 /// See [`CONTAINER_LOCAL_DIR`].
 pub const CONTAINER_SECRETS_DIR: &str = "/secrets";
+/// Where the allocation's shared directory (`data/`, `logs/`, `tmp/`) appears.
+pub const CONTAINER_ALLOC_DIR: &str = "/alloc";
 
 /// Capabilities a task may add when the plugin config does not say otherwise: Docker's
 /// default set, as Nomad allows it.
@@ -595,6 +597,35 @@ impl<'a> TaskDir<'a> {
     }
 }
 
+/// The allocation's shared directory, to be mounted at [`CONTAINER_ALLOC_DIR`]: an
+/// absolute path under the agent's allocation directory whose last component is a
+/// directory, not a link (the agent made it; its parents are the agent's).
+fn shared_alloc_dir(spec: &TaskSpec, policy: &Policy) -> Result<Option<PathBuf>, DriverError> {
+    let dir = &spec.alloc_dir;
+    if dir.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let under_agent = policy.alloc_dir.is_empty() || dir.starts_with(&policy.alloc_dir);
+    let clean = dir.is_absolute()
+        && !dir
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir));
+    if !clean || !under_agent {
+        return Err(invalid(format!(
+            "the allocation directory {} is not under the agent's {}",
+            dir.display(),
+            policy.alloc_dir
+        )));
+    }
+    Dir::open(dir).map_err(|e| {
+        invalid(format!(
+            "the allocation directory {} cannot be mounted: {e}",
+            dir.display()
+        ))
+    })?;
+    Ok(Some(dir.clone()))
+}
+
 /// The settings of the plugin that a task start depends on.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Policy {
@@ -714,6 +745,10 @@ impl TaskConfig {
                 binds.push(format!("{}:{target}", dir.display()));
                 dir_env.extend(vars.iter().map(|v| (*v, target)));
             }
+        }
+        if let Some(dir) = shared_alloc_dir(spec, policy)? {
+            binds.push(format!("{}:{CONTAINER_ALLOC_DIR}", dir.display()));
+            dir_env.push(("DROVER_ALLOC_DIR", CONTAINER_ALLOC_DIR));
         }
         for v in &self.volumes {
             binds.push(self.bind(&task, pc, v)?);
@@ -1223,6 +1258,57 @@ mod tests {
         Policy {
             config: PluginConfig::default(),
             alloc_dir: "/var/lib/drover/alloc".into(),
+        }
+    }
+
+    #[test]
+    fn the_allocation_dir_is_mounted_at_alloc_only_from_under_the_agent_dir() {
+        let agent = tempfile::tempdir().unwrap();
+        let task_dir = agent.path().join("t1");
+        std::fs::create_dir_all(task_dir.join("local")).unwrap();
+        let shared = agent.path().join("a1/alloc");
+        std::fs::create_dir_all(shared.join("data")).unwrap();
+        let p = Policy {
+            config: PluginConfig::default(),
+            alloc_dir: agent.path().display().to_string(),
+        };
+        let cfg = parse(r#"{"image": "busybox"}"#);
+        let plan = cfg
+            .plan(&spec(&task_dir).with_alloc_dir(&shared), &p)
+            .unwrap();
+        let h = plan.body.host_config.as_ref().unwrap();
+        assert!(
+            h.binds
+                .as_ref()
+                .unwrap()
+                .contains(&format!("{}:/alloc", shared.display())),
+            "{:?}",
+            h.binds
+        );
+        let env = plan.body.env.as_ref().unwrap();
+        assert!(
+            env.contains(&"DROVER_ALLOC_DIR=/alloc".to_owned()),
+            "{env:?}"
+        );
+
+        // A link in its place, a path elsewhere, a path climbing out: refused.
+        let link = agent.path().join("a2");
+        std::fs::create_dir(&link).unwrap();
+        std::os::unix::fs::symlink("/etc", link.join("alloc")).unwrap();
+        for bad in [
+            link.join("alloc"),
+            PathBuf::from("/etc"),
+            agent.path().join("a1/../../x"),
+        ] {
+            let e = cfg
+                .plan(&spec(&task_dir).with_alloc_dir(&bad), &p)
+                .map(|_| ())
+                .unwrap_err();
+            assert!(
+                matches!(&e, DriverError::InvalidConfig(m) if m.contains("allocation directory")),
+                "{}: {e:?}",
+                bad.display()
+            );
         }
     }
 

@@ -109,4 +109,16 @@ impl StateStore for ErrorStore {
         self.check(true, || format!("put {} task records", records.len()))?;
         self.inner.put_tasks(records)
     }
+    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        self.check(true, || format!("put alloc {id}"))?;
+        self.inner.put_alloc(id, record)
+    }
+    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.check(false, || "read alloc records".into())?;
+        self.inner.allocs()
+    }
+    fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
+        self.check(true, || format!("delete alloc {id}"))?;
+        self.inner.delete_alloc(id)
+    }
 }

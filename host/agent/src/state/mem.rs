@@ -10,6 +10,7 @@ use super::{PluginRecord, StateError, StateStore, lock};
 pub struct MemStore {
     plugins: Mutex<BTreeMap<String, PluginRecord>>,
     tasks: Mutex<BTreeMap<String, Vec<u8>>>,
+    allocs: Mutex<BTreeMap<String, Vec<u8>>>,
 }
 
 impl StateStore for MemStore {
@@ -36,6 +37,20 @@ impl StateStore for MemStore {
     }
     fn delete_task(&self, id: &str) -> Result<(), StateError> {
         lock(&self.tasks).remove(id);
+        Ok(())
+    }
+    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        lock(&self.allocs).insert(id.to_owned(), record.to_vec());
+        Ok(())
+    }
+    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        Ok(lock(&self.allocs)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+    fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
+        lock(&self.allocs).remove(id);
         Ok(())
     }
 }

@@ -1,4 +1,5 @@
-//! The agent's durable state: plugin reattach records and task records.
+//! The agent's durable state: plugin reattach records, task records and allocation
+//! records.
 //!
 //! [`StateStore`] is the seam: the agent uses the redb-backed store under `data_dir`;
 //! tests use [`MemStore`] (and an error-injecting store) to drive the same code.
@@ -113,6 +114,13 @@ pub trait StateStore: Send + Sync + 'static {
         }
         Ok(())
     }
+    /// Insert or replace the record of allocation `id` (opaque bytes: the allocation
+    /// manager owns their encoding).
+    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError>;
+    /// Every allocation record, by id.
+    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
+    /// Forget allocation `id` (absent is fine).
+    fn delete_alloc(&self, id: &str) -> Result<(), StateError>;
 }
 
 #[cfg(test)]
@@ -201,6 +209,53 @@ mod tests {
             ]
         );
         assert!(!dir.path().join("state.db.new").exists());
+    }
+
+    #[test]
+    fn alloc_records_survive_reopen_and_an_older_file_without_their_table_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path()).unwrap();
+        store.put_task("t1", b"one").unwrap();
+        store.put_alloc("a1", b"alloc one").unwrap();
+        store.put_alloc("a2", b"alloc two").unwrap();
+        store.delete_alloc("a1").unwrap();
+        store.delete_alloc("never-was").unwrap();
+        drop(store);
+        let store = RedbStore::open(dir.path()).unwrap();
+        assert_eq!(
+            store.allocs().unwrap(),
+            vec![("a2".into(), b"alloc two".to_vec())]
+        );
+        drop(store);
+
+        // A file an agent wrote before allocations existed: no `allocs` table.
+        {
+            let db = redb::Database::open(dir.path().join(STATE_FILE)).unwrap();
+            let txn = db.begin_write().unwrap();
+            assert!(
+                txn.delete_table(TableDefinition::<&str, &[u8]>::new("allocs"))
+                    .unwrap()
+            );
+            txn.commit().unwrap();
+        }
+        let store = RedbStore::open(dir.path()).unwrap();
+        assert!(store.allocs().unwrap().is_empty());
+        assert_eq!(store.tasks().unwrap().len(), 1, "its tasks are kept");
+        store.delete_alloc("a2").unwrap();
+        store.put_alloc("a3", b"three").unwrap();
+        drop(store);
+        let store = RedbStore::open(dir.path()).unwrap();
+        assert_eq!(
+            store.allocs().unwrap(),
+            vec![("a3".into(), b"three".to_vec())]
+        );
+
+        let mem = MemStore::default();
+        mem.put_alloc("m", b"x").unwrap();
+        let faulty = ErrorStore::new(Arc::new(mem), Fail::Writes);
+        assert!(faulty.put_alloc("n", b"y").is_err());
+        assert!(faulty.delete_alloc("m").is_err());
+        assert_eq!(faulty.allocs().unwrap().len(), 1);
     }
 
     #[test]

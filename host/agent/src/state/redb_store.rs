@@ -17,6 +17,10 @@ const FORMAT: &[u8] = b"drover-state";
 pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const PLUGINS: TableDefinition<&str, &[u8]> = TableDefinition::new("plugins");
 const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+/// Allocation records. Added after schema version 1 was released without bumping it:
+/// an older file simply has no such table yet (reads see none, the first write makes
+/// it), and an older agent ignores a table it does not know.
+const ALLOCS: TableDefinition<&str, &[u8]> = TableDefinition::new("allocs");
 /// The agent's working set is small (plugin records, task records); redb's default page
 /// cache limit is 1 GiB.
 const CACHE_BYTES: usize = 16 << 20;
@@ -227,6 +231,31 @@ impl StateStore for RedbStore {
             },
         )
     }
+
+    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        self.write(
+            || format!("put alloc {id}"),
+            |txn| {
+                // Opening makes the table in a file written before it existed.
+                txn.open_table(ALLOCS)?.insert(id, record)?;
+                Ok(())
+            },
+        )
+    }
+
+    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.read_all(ALLOCS, "read alloc records")
+    }
+
+    fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
+        self.write(
+            || format!("delete alloc {id}"),
+            |txn| {
+                txn.open_table(ALLOCS)?.remove(id)?;
+                Ok(())
+            },
+        )
+    }
 }
 
 /// Take an exclusive, non-blocking `flock` on `data_dir`.
@@ -425,6 +454,7 @@ fn create_new(data_dir: &Path, path: &Path) -> Result<(), StateError> {
             .map_err(|e| redb_err(e.into()))?;
         txn.open_table(PLUGINS).map_err(|e| redb_err(e.into()))?;
         txn.open_table(TASKS).map_err(|e| redb_err(e.into()))?;
+        txn.open_table(ALLOCS).map_err(|e| redb_err(e.into()))?;
     }
     txn.commit().map_err(|e| redb_err(e.into()))?;
     drop(db);

@@ -152,8 +152,22 @@ impl TaskHook for EnvHook {
                 dir.join("secrets").display().to_string(),
             ),
         ];
+        let in_alloc = !spec.alloc_dir.as_os_str().is_empty();
         for (k, v) in vars {
+            // A task of an allocation is named after its allocation in the task list;
+            // its DROVER_TASK_NAME is the task's name in its group, which the
+            // allocation runner (never an API request: only it sets `alloc_dir`) put
+            // in the environment.
+            if in_alloc && k == "DROVER_TASK_NAME" && spec.env.contains_key(k) {
+                continue;
+            }
             spec.env.insert(k.to_owned(), v);
+        }
+        if in_alloc {
+            spec.env.insert(
+                "DROVER_ALLOC_DIR".to_owned(),
+                spec.alloc_dir.display().to_string(),
+            );
         }
         Ok(())
     }

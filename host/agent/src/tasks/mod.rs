@@ -82,6 +82,17 @@ fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_micros(t.min(last)).to_string()
 }
 
+/// What [`TaskManager::run_with`] takes beside the request.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The task id (default: a fresh UUID). Chosen by the caller when it must record
+    /// the id before the task exists, so that a crash between the two cannot start
+    /// the task twice: it asks for that id again, and is told whether it exists.
+    pub id: Option<String>,
+    /// The allocation's shared directory ([`TaskSpec::alloc_dir`]).
+    pub alloc_dir: Option<PathBuf>,
+}
+
 /// One task: its record and what coordinates the runner with user calls.
 pub(crate) struct Task {
     id: String,
@@ -180,9 +191,12 @@ impl Task {
         }
         let bytes = self.rec().encode()?;
         let id = self.id.clone();
-        store
+        let written = store
             .call(format!("put task {id}"), move |s| s.put_task(&id, &bytes))
-            .await
+            .await;
+        // Nobody listening is fine.
+        let _ = store.changes.send(self.id.clone());
+        written
     }
 
     /// [`Task::persist`] where nobody can be told: log a failure.
@@ -197,9 +211,11 @@ impl Task {
         let _order = self.persist_lock.lock().await;
         self.destroyed.store(true, Ordering::SeqCst);
         let id = self.id.clone();
-        store
+        let deleted = store
             .call(format!("delete task {id}"), move |s| s.delete_task(&id))
-            .await
+            .await;
+        let _ = store.changes.send(self.id.clone());
+        deleted
     }
 }
 
@@ -322,6 +338,18 @@ impl TaskManager {
         summary
     }
 
+    /// The directory task directories are made in (`<data_dir>/alloc`).
+    pub fn alloc_dir(&self) -> &std::path::Path {
+        &self.alloc_dir
+    }
+
+    /// The ids of tasks whose state changed (every change that is recorded: start,
+    /// exit, restart pending, dead, destroyed), as they happen. A receiver that falls
+    /// behind gets `Lagged` and should read the tasks it watches again.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.store.changes.subscribe()
+    }
+
     /// The outcome of start-up recovery, once it has finished.
     pub fn recovery(&self) -> Option<RecoverySummary> {
         self.recovery
@@ -356,16 +384,33 @@ impl TaskManager {
     /// Validate and start a task. Nothing is left behind when the request is invalid,
     /// the driver refuses it, or its record cannot be written.
     pub async fn run(self: &Arc<Self>, req: RunRequest) -> Result<TaskView, DriverError> {
+        self.run_with(req, RunOptions::default()).await
+    }
+
+    /// [`TaskManager::run`] with what only the agent itself may choose (never taken
+    /// from an API request): the task id, and the allocation directory to share.
+    pub async fn run_with(
+        self: &Arc<Self>,
+        req: RunRequest,
+        opts: RunOptions,
+    ) -> Result<TaskView, DriverError> {
+        if let Some(id) = &opts.id {
+            drover_plugin_sdk::validate_task_id(id)?;
+        }
         // In a task of its own: the caller (an HTTP request whose client went away) may
         // be dropped at any await, and a start cut short half-way would leave a task
         // recorded but unwatched, or running but unrecorded.
         let me = self.clone();
-        tokio::spawn(async move { me.start_new(req).await })
+        tokio::spawn(async move { me.start_new(req, opts).await })
             .await
             .map_err(|e| DriverError::Internal(format!("starting the task failed: {e}")))?
     }
 
-    async fn start_new(self: &Arc<Self>, req: RunRequest) -> Result<TaskView, DriverError> {
+    async fn start_new(
+        self: &Arc<Self>,
+        req: RunRequest,
+        opts: RunOptions,
+    ) -> Result<TaskView, DriverError> {
         let driver = self.driver(&req.driver)?;
         let (state, reason) = driver.state();
         if state != PluginState::Healthy {
@@ -385,7 +430,14 @@ impl TaskManager {
         let settings = Settings::from_request(&req)?;
         let (resources, logs) = limits(&req)?;
 
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = opts
+            .id
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        if self.entry(&id).is_ok() {
+            return Err(DriverError::AlreadyExists(format!(
+                "a task with id {id:?} exists"
+            )));
+        }
         let name = req.name.clone().unwrap_or_else(|| req.driver.clone());
         let task_dir = self.alloc_dir.join(&id);
         let mut spec = TaskSpec::new(id.clone())
@@ -395,6 +447,9 @@ impl TaskManager {
             .with_task_dir(task_dir.clone())
             .with_logs(logs)
             .with_driver_config_json(config.to_string());
+        if let Some(dir) = opts.alloc_dir {
+            spec = spec.with_alloc_dir(dir);
+        }
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {
                 let _ = std::fs::remove_dir_all(&task_dir);

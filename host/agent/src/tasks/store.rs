@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, broadcast};
 
 use crate::state::{StateError, StateStore};
 
@@ -13,7 +13,15 @@ use crate::state::{StateError, StateStore};
 pub(crate) struct Records {
     pub(super) store: Arc<dyn StateStore>,
     slots: Semaphore,
+    /// The id of every task whose record was just written or deleted: every change of
+    /// a task's state is written, so this is the task manager's change notification
+    /// (the allocation runners watch their tasks through it). Lossy by design: a
+    /// subscriber that lags is told so and reads the tasks it cares about again.
+    pub(super) changes: broadcast::Sender<String>,
 }
+
+/// Task changes buffered per subscriber before it is told it lagged.
+const CHANGES_BUFFER: usize = 1024;
 
 /// Store calls in flight at once.
 const STORE_CONCURRENCY: usize = 4;
@@ -23,6 +31,7 @@ impl Records {
         Records {
             store,
             slots: Semaphore::new(STORE_CONCURRENCY),
+            changes: broadcast::channel(CHANGES_BUFFER).0,
         }
     }
 

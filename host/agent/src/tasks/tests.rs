@@ -320,6 +320,15 @@ impl StateStore for FlakyStore {
     fn delete_task(&self, id: &str) -> Result<(), StateError> {
         self.inner.delete_task(id)
     }
+    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        self.inner.put_alloc(id, record)
+    }
+    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.inner.allocs()
+    }
+    fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
+        self.inner.delete_alloc(id)
+    }
 }
 
 struct Env {
@@ -460,6 +469,52 @@ async fn the_handle_is_durable_before_run_returns() {
         v.events[1].message,
         "task started by driver fake (pid 4242)"
     );
+}
+
+#[tokio::test]
+async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced() {
+    let env = Env::new();
+    let mut changes = env.mgr.subscribe();
+    let shared = env.alloc.join("a1/alloc");
+    let mut req = request(serde_json::json!({ "exit_code": 0, "after_ms": 50 }), None);
+    req.env.insert("DROVER_TASK_NAME".into(), "main".into());
+    req.name = Some("web.app[0].main".into());
+    let opts = RunOptions {
+        id: Some("chosen-1".into()),
+        alloc_dir: Some(shared.clone()),
+    };
+    let v = env.mgr.run_with(req.clone(), opts.clone()).await.unwrap();
+    assert_eq!(v.id, "chosen-1");
+    let spec = env.fake.s().starts[0].2.clone();
+    assert_eq!(spec.alloc_dir, shared);
+    assert_eq!(spec.env["DROVER_ALLOC_DIR"], shared.display().to_string());
+    assert_eq!(
+        spec.env["DROVER_TASK_NAME"], "main",
+        "an allocation's task keeps its name in the group"
+    );
+    // The same id again: refused, nothing started twice.
+    let again = env.mgr.run_with(req.clone(), opts).await.unwrap_err();
+    assert!(matches!(again, DriverError::AlreadyExists(_)), "{again:?}");
+    assert_eq!(env.fake.s().starts.len(), 1);
+    // A bad id never becomes a path.
+    let bad = RunOptions {
+        id: Some("../x".into()),
+        alloc_dir: None,
+    };
+    assert!(env.mgr.run_with(req.clone(), bad).await.is_err());
+    // Outside an allocation, DROVER_TASK_NAME is the task's name, whatever the env says.
+    let plain = env.mgr.run(req).await.unwrap();
+    let spec = env.fake.s().starts[1].2.clone();
+    assert_eq!(spec.env["DROVER_TASK_NAME"], plain.name);
+    assert!(!spec.env.contains_key("DROVER_ALLOC_DIR"));
+
+    // Every recorded change of chosen-1 was announced: pending, running, dead.
+    wait_dead(&env.mgr, "chosen-1").await;
+    let mut seen = 0;
+    while let Ok(id) = changes.try_recv() {
+        seen += usize::from(id == "chosen-1");
+    }
+    assert!(seen >= 3, "{seen} announcements of chosen-1");
 }
 
 #[tokio::test]

@@ -187,6 +187,13 @@ fn task_env(spec: &TaskSpec) -> BTreeMap<String, String> {
             }
         }
     }
+    if !spec.alloc_dir.as_os_str().is_empty() {
+        // The shared allocation directory is mounted at /alloc (`TaskRoot::with_alloc_dir`).
+        env.insert(
+            "DROVER_ALLOC_DIR".to_owned(),
+            crate::rootfs::ALLOC_MOUNT_POINT.to_owned(),
+        );
+    }
     env
 }
 
@@ -474,7 +481,8 @@ impl<F: Flavor> IsolatedDriver<F> {
                 F::NAME
             )));
         }
-        let root = TaskRoot::build(&settings.chroot, &spec.task_dir)?;
+        let root =
+            TaskRoot::build(&settings.chroot, &spec.task_dir)?.with_alloc_dir(&spec.alloc_dir);
         let env = task_env(&spec);
         let cwd = PathBuf::from(iso.cwd.as_deref().unwrap_or("/"));
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);

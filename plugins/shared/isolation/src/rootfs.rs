@@ -137,6 +137,9 @@ impl ChrootEnv {
     }
 }
 
+/// Where the allocation's shared directory is inside a task's root.
+pub const ALLOC_MOUNT_POINT: &str = "/alloc";
+
 /// The root of one task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskRoot {
@@ -170,6 +173,28 @@ impl TaskRoot {
         // `/usr/lib/jvm`): a mount must not hide one made earlier.
         mounts.sort_by_key(|m| m.target.components().count());
         Ok(TaskRoot { mounts })
+    }
+
+    /// With the allocation's shared directory `alloc_dir` (the agent's
+    /// `<alloc id>/alloc`, with `data/`, `logs/`, `tmp/`) bind-mounted read-write at
+    /// `/alloc`; nothing for an empty path. The sandbox never follows a link in the
+    /// source's place (a link is copied as a link, pointing nowhere in the root).
+    ///
+    /// ```
+    /// use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
+    /// use std::path::Path;
+    /// let root = TaskRoot::build(&ChrootEnv::default_list(), Path::new("/srv/t1"))
+    ///     .unwrap()
+    ///     .with_alloc_dir(Path::new("/srv/a1/alloc"));
+    /// assert_eq!(root.host_path(Path::new("/alloc/data/x")).unwrap(), Path::new("/srv/a1/alloc/data/x"));
+    /// ```
+    pub fn with_alloc_dir(mut self, alloc_dir: &Path) -> Self {
+        if !alloc_dir.as_os_str().is_empty() {
+            self.mounts
+                .push(Mount::bind(alloc_dir, ALLOC_MOUNT_POINT, false));
+            self.mounts.sort_by_key(|m| m.target.components().count());
+        }
+        self
     }
 
     /// The mounts for the executor.

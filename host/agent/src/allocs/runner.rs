@@ -1,0 +1,822 @@
+//! One runner per allocation: drives its group's tasks through the task manager in
+//! lifecycle order, and reports every change.
+//!
+//! ```text
+//!  Prestart ──ephemeral prestart ok, sidecars running──► Main ──main tasks dead, a
+//!     │                                                   │     failure, or stop──► Stopping
+//!     └──failure or stop────────────────────────────────────────────────────────────► Stopping
+//!  Stopping ──every task but poststop stopped──► Poststop ──poststop tasks dead──► Done
+//! ```
+//!
+//! The runner is a reconciler: every wake-up (a change of one of its tasks, from the
+//! task manager's change notification, or a change from the server) it looks at the
+//! record and the tasks' current state and does the next thing. Every decision is
+//! written to the record before it is acted on (a task's id before the task is
+//! started, the phase before its stops are sent), so an agent restart at any point
+//! carries on where it stopped, without starting anything twice.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use drover_api::{Resources, RunRequest, TaskLifecycle, TaskView};
+use drover_plugin_sdk::DriverError;
+use drover_server_api::{
+    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook, Task,
+    TaskRunState, TaskState,
+};
+
+use super::hooks::{HookContext, HookState, JobVersionHook, version_note};
+use super::record::{AllocRecord, Phase, TaskSlot};
+use super::{AllocManager, Handle};
+use crate::tasks::RunOptions;
+
+/// Pauses between attempts to stop tasks whose stop failed (a driver away).
+const STOP_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+/// Pauses between attempts to start a task whose driver is unavailable.
+const START_RETRY: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(30));
+
+/// Which tasks of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Prestart { sidecar: bool },
+    Main,
+    Poststart,
+    Poststop,
+}
+
+fn kind(t: &Task) -> Kind {
+    match t.lifecycle {
+        None => Kind::Main,
+        Some(l) => match l.hook {
+            LifecycleHook::Prestart => Kind::Prestart { sidecar: l.sidecar },
+            LifecycleHook::Poststart => Kind::Poststart,
+            LifecycleHook::Poststop => Kind::Poststop,
+        },
+    }
+}
+
+/// What the runner makes of a task now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    /// Not started yet, or waiting for a restart.
+    Pending,
+    Running,
+    /// Dead: exited 0, or stopped by the runner.
+    Succeeded,
+    /// Dead for good otherwise, or could not be started: why.
+    Failed(String),
+}
+
+fn successful(v: &TaskView) -> bool {
+    v.exit_code == Some(0) && v.signal.is_none() && !v.oom_killed && v.error.is_none()
+}
+
+fn describe(v: &TaskView) -> String {
+    if let Some(e) = &v.error {
+        return e.clone();
+    }
+    let mut s = match (v.signal, v.exit_code) {
+        (Some(sig), _) => format!("killed by signal {sig}"),
+        (None, Some(code)) => format!("exit code {code}"),
+        (None, None) => "ended without an exit code".to_owned(),
+    };
+    if v.oom_killed {
+        s.push_str(", OOM killed");
+    }
+    s
+}
+
+/// The job's task as the task manager's request (hooks add the allocation's part).
+fn request(alloc: &ClientAllocation, task: &Task) -> RunRequest {
+    RunRequest {
+        driver: task.driver.clone(),
+        config: task.config.clone(),
+        name: Some(format!("{}.{}", alloc.alloc.name, task.name)),
+        env: task.env.clone(),
+        kill_signal: task.kill_signal.clone(),
+        kill_timeout: task.kill_timeout,
+        restart: task.restart.clone(),
+        resources: Some(Resources {
+            cpu_shares: i64::from(task.resources.cpu),
+            memory_mb: i64::from(task.resources.memory_mb),
+            memory_max_mb: i64::from(task.resources.memory_max_mb),
+        }),
+        logs: task.logs,
+    }
+}
+
+pub(super) struct Runner {
+    mgr: Arc<AllocManager>,
+    handle: Arc<Handle>,
+    rec: AllocRecord,
+    /// `<data_dir>/alloc/<alloc id>`.
+    root: PathBuf,
+    /// `<root>/alloc`.
+    shared: PathBuf,
+    restored: bool,
+    last: Option<AllocClientUpdate>,
+    stop_pause: Duration,
+    start_pause: Duration,
+}
+
+impl Runner {
+    pub(super) fn new(
+        mgr: Arc<AllocManager>,
+        handle: Arc<Handle>,
+        rec: AllocRecord,
+        restored: bool,
+    ) -> Self {
+        let root = mgr.tasks.alloc_dir().join(&rec.alloc.alloc.id);
+        Runner {
+            shared: root.join("alloc"),
+            root,
+            mgr,
+            handle,
+            rec,
+            restored,
+            last: None,
+            stop_pause: STOP_RETRY.0,
+            start_pause: START_RETRY.0,
+        }
+    }
+
+    fn id(&self) -> &str {
+        &self.rec.alloc.alloc.id
+    }
+
+    pub(super) async fn run(mut self) {
+        for (name, slot) in &self.rec.tasks {
+            self.handle.set_task_id(name, &slot.id);
+            self.mgr.own(&slot.id, self.id());
+        }
+        if self.restored {
+            self.prestart_again().await;
+        }
+        let stop = self.mgr.stop.clone();
+        loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            self.absorb_control().await;
+            if self.rec.phase == Phase::Done {
+                self.handle.set_terminal(self.rec.terminal_at);
+                if self.handle.control.borrow().collect && self.collect().await {
+                    return;
+                }
+            }
+            let progressed = self.step().await;
+            self.observe().await;
+            self.report();
+            if progressed {
+                continue;
+            }
+            tokio::select! {
+                () = self.handle.notify.notified() => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Durable when it returns; a failure is logged (the runner goes on: the next
+    /// change writes the record again).
+    async fn save(&self) -> bool {
+        let bytes = match self.rec.encode() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(alloc = %self.id(), "{e}");
+                return false;
+            }
+        };
+        let store = self.mgr.store.clone();
+        let id = self.id().to_owned();
+        match tokio::task::spawn_blocking(move || store.put_alloc(&id, &bytes)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::error!(alloc = %self.id(), "cannot record the allocation: {e}");
+                false
+            }
+            Err(e) => {
+                tracing::error!(alloc = %self.id(), "recording the allocation panicked: {e}");
+                false
+            }
+        }
+    }
+
+    /// Take the server's latest view of the allocation. Only the allocation's own
+    /// fields are taken: the group keeps the spec its tasks were started with (the
+    /// server replaces an allocation whose tasks changed; a new job version on the
+    /// same allocation is not applied in place, the update hooks are told).
+    async fn absorb_control(&mut self) {
+        let (alloc, forget) = {
+            let c = self.handle.control.borrow();
+            (c.alloc.alloc.clone(), c.forget)
+        };
+        let mut changed = false;
+        if alloc != self.rec.alloc.alloc {
+            let moved = alloc.job_version != self.rec.alloc.alloc.job_version
+                || alloc.desired_status != self.rec.alloc.alloc.desired_status;
+            self.rec.alloc.alloc = alloc;
+            changed = true;
+            if moved {
+                self.run_hooks(HookCall::Update).await;
+            }
+        }
+        if forget && !self.rec.forget {
+            self.rec.forget = true;
+            changed = true;
+        }
+        if changed {
+            self.save().await;
+        }
+    }
+
+    fn names(&self, want: impl Fn(Kind) -> bool) -> Vec<String> {
+        self.rec
+            .alloc
+            .group
+            .tasks
+            .iter()
+            .filter(|t| want(kind(t)))
+            .map(|t| t.name.clone())
+            .collect()
+    }
+
+    fn task(&self, name: &str) -> Option<Task> {
+        self.rec
+            .alloc
+            .group
+            .tasks
+            .iter()
+            .find(|t| t.name == name)
+            .cloned()
+    }
+
+    fn view(&self, name: &str) -> Option<TaskView> {
+        let slot = self.rec.tasks.get(name)?;
+        if slot.id.is_empty() {
+            return None;
+        }
+        self.mgr.tasks.status(&slot.id).ok()
+    }
+
+    fn seen(&self, name: &str) -> Seen {
+        let Some(slot) = self.rec.tasks.get(name) else {
+            return Seen::Pending;
+        };
+        if let Some(e) = &slot.start_error {
+            return Seen::Failed(e.clone());
+        }
+        match self.mgr.tasks.status(&slot.id) {
+            Err(_) if slot.started => Seen::Failed(
+                "the task manager no longer knows the task (destroyed by hand?)".into(),
+            ),
+            Err(_) => Seen::Pending,
+            Ok(v) => match v.state {
+                TaskLifecycle::Pending => Seen::Pending,
+                TaskLifecycle::Running => Seen::Running,
+                TaskLifecycle::Dead if slot.stopped || successful(&v) => Seen::Succeeded,
+                TaskLifecycle::Dead => Seen::Failed(describe(&v)),
+            },
+        }
+    }
+
+    /// The task has run (or runs) at least once.
+    fn has_started(&self, name: &str) -> bool {
+        match self.seen(name) {
+            Seen::Running | Seen::Succeeded | Seen::Failed(_) => true,
+            Seen::Pending => self.view(name).is_some_and(|v| v.started_at.is_some()),
+        }
+    }
+
+    fn stop_wanted(&self) -> bool {
+        self.rec.forget || self.rec.alloc.alloc.desired_status == DesiredStatus::Stop
+    }
+
+    /// Do the next thing; true when something changed (look again at once).
+    async fn step(&mut self) -> bool {
+        match self.rec.phase {
+            Phase::Prestart => {
+                if self.stop_wanted() {
+                    self.rec.description = "stopped as asked".into();
+                    return self.enter(Phase::Stopping).await;
+                }
+                let names = self.names(|k| matches!(k, Kind::Prestart { .. }));
+                let mut progressed = false;
+                for n in &names {
+                    progressed |= self.ensure_started(n).await;
+                }
+                let mut ready = true;
+                for n in &names {
+                    let sidecar = self
+                        .task(n)
+                        .is_some_and(|t| matches!(kind(&t), Kind::Prestart { sidecar: true }));
+                    match self.seen(n) {
+                        Seen::Failed(why) => {
+                            return self.fail(format!("prestart task {n} failed: {why}")).await;
+                        }
+                        Seen::Pending => ready = false,
+                        Seen::Running if !sidecar => ready = false,
+                        Seen::Running | Seen::Succeeded => {}
+                    }
+                }
+                if ready {
+                    return self.enter(Phase::Main).await;
+                }
+                progressed
+            }
+            Phase::Main => {
+                if self.stop_wanted() {
+                    self.rec.description = "stopped as asked".into();
+                    return self.enter(Phase::Stopping).await;
+                }
+                let mains = self.names(|k| k == Kind::Main);
+                let mut progressed = false;
+                for n in &mains {
+                    progressed |= self.ensure_started(n).await;
+                }
+                // A failure of anything running now fails the allocation (before any
+                // poststart task is started for main tasks that did not make it).
+                for n in self.names(|k| k != Kind::Poststop) {
+                    if let Seen::Failed(why) = self.seen(&n) {
+                        return self.fail(format!("task {n} failed: {why}")).await;
+                    }
+                }
+                if mains.iter().all(|n| self.has_started(n)) {
+                    for n in self.names(|k| k == Kind::Poststart) {
+                        progressed |= self.ensure_started(&n).await;
+                    }
+                }
+                if mains.iter().all(|n| self.seen(n) == Seen::Succeeded) {
+                    self.rec.description = "all main tasks completed".into();
+                    return self.enter(Phase::Stopping).await;
+                }
+                progressed
+            }
+            Phase::Stopping => self.stop_all().await,
+            Phase::Poststop => {
+                let names = self.names(|k| k == Kind::Poststop);
+                let mut progressed = false;
+                for n in &names {
+                    progressed |= self.ensure_started(n).await;
+                }
+                let mut all_dead = true;
+                for n in &names {
+                    match self.seen(n) {
+                        Seen::Failed(why) => {
+                            if !self.rec.failed {
+                                self.rec.failed = true;
+                                self.rec.description = format!("poststop task {n} failed: {why}");
+                                progressed = true;
+                            }
+                        }
+                        Seen::Succeeded => {}
+                        Seen::Pending | Seen::Running => all_dead = false,
+                    }
+                }
+                if all_dead {
+                    return self.enter(Phase::Done).await;
+                }
+                if progressed {
+                    self.save().await;
+                }
+                progressed
+            }
+            Phase::Done => false,
+        }
+    }
+
+    async fn enter(&mut self, phase: Phase) -> bool {
+        tracing::info!(alloc = %self.id(), from = ?self.rec.phase, to = ?phase, "allocation phase");
+        self.rec.phase = phase;
+        if phase == Phase::Done {
+            self.rec.terminal_at = Some(SystemTime::now());
+        }
+        self.save().await;
+        if phase == Phase::Done {
+            self.handle.set_terminal(self.rec.terminal_at);
+            self.mgr.gc_soon();
+        }
+        true
+    }
+
+    async fn fail(&mut self, why: String) -> bool {
+        tracing::warn!(alloc = %self.id(), "allocation failed: {why}");
+        self.rec.failed = true;
+        self.rec.description = why;
+        self.enter(Phase::Stopping).await
+    }
+
+    /// Start task `name` unless that was done (or tried and refused). The id is
+    /// recorded before the start, so that after a crash the same id is asked for again
+    /// and the task manager says whether it exists.
+    async fn ensure_started(&mut self, name: &str) -> bool {
+        let Some(task) = self.task(name) else {
+            return false;
+        };
+        let slot = self.rec.tasks.entry(name.to_owned()).or_default();
+        if slot.started || slot.start_error.is_some() {
+            return false;
+        }
+        if slot.id.is_empty() {
+            slot.id = uuid::Uuid::new_v4().simple().to_string();
+            let id = slot.id.clone();
+            if !self.save().await {
+                // Not durable: not acted on. Tried again on the next wake-up.
+                if let Some(s) = self.rec.tasks.get_mut(name) {
+                    s.id.clear();
+                }
+                return false;
+            }
+            self.handle.set_task_id(name, &id);
+            self.mgr.own(&id, self.id());
+        }
+        let id = self.rec.tasks[name].id.clone();
+        if self.mgr.tasks.status(&id).is_ok() {
+            // Started before an agent restart cut the runner short.
+            self.mark_started(name, None).await;
+            return true;
+        }
+        let mut req = request(&self.rec.alloc, &task);
+        if let Err(e) = self.prestart_hooks(name, &task, &id, &mut req, false).await {
+            self.mark_started(name, Some(e)).await;
+            return true;
+        }
+        let opts = RunOptions {
+            id: Some(id.clone()),
+            alloc_dir: Some(self.shared.clone()),
+        };
+        let outcome = match self.mgr.tasks.run_with(req, opts).await {
+            Ok(_) | Err(DriverError::AlreadyExists(_)) => None,
+            Err(DriverError::Unavailable(why)) => {
+                // The driver is away (its plugin is being relaunched, or still loading
+                // at agent start): try again later rather than fail the allocation.
+                let pause = self.start_pause;
+                self.start_pause = (pause * 2).min(START_RETRY.1);
+                tracing::info!(
+                    alloc = %self.id(), task = name,
+                    "cannot start the task yet ({why}); trying again in {pause:?}"
+                );
+                let handle = self.handle.clone();
+                let stop = self.mgr.stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => handle.notify.notify_one(),
+                        () = stop.cancelled() => {}
+                    }
+                });
+                return false;
+            }
+            Err(e) => Some(format!("cannot start task {name}: {e}")),
+        };
+        self.mark_started(name, outcome).await;
+        true
+    }
+
+    async fn mark_started(&mut self, name: &str, error: Option<String>) {
+        if let Some(slot) = self.rec.tasks.get_mut(name) {
+            match error {
+                None => slot.started = true,
+                Some(e) => {
+                    tracing::warn!(alloc = %self.rec.alloc.alloc.id, task = name, "{e}");
+                    slot.start_error = Some(e);
+                }
+            }
+        }
+        self.save().await;
+    }
+
+    async fn prestart_hooks(
+        &mut self,
+        name: &str,
+        task: &Task,
+        id: &str,
+        req: &mut RunRequest,
+        restored: bool,
+    ) -> Result<(), String> {
+        let alloc = self.rec.alloc.clone();
+        let mut states = self
+            .rec
+            .tasks
+            .get(name)
+            .map(|s| s.hooks.clone())
+            .unwrap_or_default();
+        let ctx = HookContext {
+            alloc: &alloc,
+            task,
+            task_id: id,
+            alloc_root: &self.root,
+            shared_dir: &self.shared,
+            restored,
+        };
+        let mut result = Ok(());
+        for hook in &self.mgr.hooks {
+            let state = states.entry(hook.name().to_owned()).or_default();
+            if state.done {
+                continue;
+            }
+            if let Err(e) = hook.prestart(&ctx, req, state).await {
+                result = Err(format!("{} hook: {e}", hook.name()));
+                break;
+            }
+            state.bound(hook.name(), name);
+        }
+        if let Some(slot) = self.rec.tasks.get_mut(name) {
+            slot.hooks = states;
+        }
+        result
+    }
+
+    /// After an agent restart: the prestart hooks of every started task that are not
+    /// done run again (their request changes are not used: the task runs already).
+    async fn prestart_again(&mut self) {
+        let started: Vec<(String, String)> = self
+            .rec
+            .tasks
+            .iter()
+            .filter(|(_, s)| s.started)
+            .map(|(n, s)| (n.clone(), s.id.clone()))
+            .collect();
+        if started.is_empty() {
+            return;
+        }
+        for (name, id) in started {
+            let Some(task) = self.task(&name) else {
+                continue;
+            };
+            let mut scratch = request(&self.rec.alloc, &task);
+            if let Err(e) = self
+                .prestart_hooks(&name, &task, &id, &mut scratch, true)
+                .await
+            {
+                tracing::warn!(alloc = %self.id(), task = %name, "after restart: {e}");
+            }
+        }
+        self.save().await;
+    }
+
+    /// Stop everything but the poststop tasks (their kill signal and timeout), then
+    /// move on to the poststop phase.
+    async fn stop_all(&mut self) -> bool {
+        let names = self.names(|k| k != Kind::Poststop);
+        let mut to_stop = Vec::new();
+        for n in &names {
+            let Some(v) = self.view(n) else { continue };
+            if v.state != TaskLifecycle::Dead {
+                to_stop.push((n.clone(), v.id.clone()));
+            }
+        }
+        if !to_stop.is_empty() {
+            for (n, _) in &to_stop {
+                if let Some(s) = self.rec.tasks.get_mut(n) {
+                    s.stopped = true;
+                }
+            }
+            for (n, _) in &to_stop {
+                self.run_task_hooks(n, HookCall::Prekill).await;
+            }
+            // Durable first: an agent restart now finishes these stops.
+            self.save().await;
+            let mut set = tokio::task::JoinSet::new();
+            for (n, id) in to_stop {
+                let tasks = self.mgr.tasks.clone();
+                set.spawn(async move { (n, tasks.stop(&id, None, None).await) });
+            }
+            let mut failed = false;
+            while let Some(r) = set.join_next().await {
+                match r {
+                    Ok((_, Ok(_))) | Ok((_, Err(DriverError::NotFound(_)))) => {}
+                    Ok((n, Err(e))) => {
+                        failed = true;
+                        tracing::warn!(alloc = %self.id(), task = %n, "stopping the task failed: {e}");
+                    }
+                    Err(e) => {
+                        failed = true;
+                        tracing::error!(alloc = %self.id(), "a stop panicked: {e}");
+                    }
+                }
+            }
+            if failed {
+                // Never go on while something may still run: try again.
+                let pause = self.stop_pause;
+                self.stop_pause = (pause * 2).min(STOP_RETRY.1);
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = self.mgr.stop.cancelled() => {}
+                }
+                return true;
+            }
+        }
+        self.enter(Phase::Poststop).await
+    }
+
+    /// Poststart hooks once per start seen, exited hooks once the task is dead.
+    async fn observe(&mut self) {
+        let names: Vec<String> = self.rec.tasks.keys().cloned().collect();
+        let mut dirty = false;
+        for n in names {
+            let Some(v) = self.view(&n) else { continue };
+            let starts = v.restarts + u32::from(v.started_at.is_some());
+            let slot = &self.rec.tasks[&n];
+            if starts > slot.poststarts && v.started_at.is_some() {
+                self.run_task_hooks(&n, HookCall::Poststart(&v)).await;
+                if let Some(s) = self.rec.tasks.get_mut(&n) {
+                    s.poststarts = starts;
+                }
+                dirty = true;
+            }
+            if v.state == TaskLifecycle::Dead && !self.rec.tasks[&n].exited {
+                self.run_task_hooks(&n, HookCall::Exited(&v)).await;
+                if let Some(s) = self.rec.tasks.get_mut(&n) {
+                    s.exited = true;
+                }
+                dirty = true;
+            }
+        }
+        if dirty {
+            self.save().await;
+        }
+    }
+
+    async fn run_hooks(&mut self, call: HookCall<'_>) {
+        let names: Vec<String> = self.rec.tasks.keys().cloned().collect();
+        for n in names {
+            self.run_task_hooks(&n, call).await;
+        }
+    }
+
+    async fn run_task_hooks(&mut self, name: &str, call: HookCall<'_>) {
+        let Some(task) = self.task(name) else { return };
+        let Some(slot) = self.rec.tasks.get(name) else {
+            return;
+        };
+        let id = slot.id.clone();
+        let mut states = slot.hooks.clone();
+        let alloc = self.rec.alloc.clone();
+        let ctx = HookContext {
+            alloc: &alloc,
+            task: &task,
+            task_id: &id,
+            alloc_root: &self.root,
+            shared_dir: &self.shared,
+            restored: self.restored,
+        };
+        for hook in &self.mgr.hooks {
+            let state: &mut HookState = states.entry(hook.name().to_owned()).or_default();
+            match call {
+                HookCall::Poststart(v) => hook.poststart(&ctx, v, state).await,
+                HookCall::Prekill => hook.prekill(&ctx, state).await,
+                HookCall::Exited(v) => hook.exited(&ctx, v, state).await,
+                HookCall::Update => hook.update(&ctx, state).await,
+                HookCall::Stop => hook.stop(&ctx, state).await,
+            }
+            state.bound(hook.name(), name);
+        }
+        if let Some(slot) = self.rec.tasks.get_mut(name) {
+            slot.hooks = states;
+        }
+    }
+
+    fn client_status(&self) -> ClientStatus {
+        if let Some(s) = self.rec.terminal_status() {
+            return s;
+        }
+        let mains = self.names(|k| k == Kind::Main);
+        if self.rec.phase >= Phase::Main && mains.iter().all(|n| self.has_started(n)) {
+            ClientStatus::Running
+        } else {
+            ClientStatus::Pending
+        }
+    }
+
+    fn task_state(&self, name: &str) -> TaskState {
+        let slot: Option<&TaskSlot> = self.rec.tasks.get(name);
+        let note = version_note(slot.and_then(|s| s.hooks.get(JobVersionHook::NAME)));
+        let mut st = TaskState {
+            task_id: slot.map(|s| s.id.clone()).unwrap_or_default(),
+            ..TaskState::default()
+        };
+        if let Some(e) = slot.and_then(|s| s.start_error.clone()) {
+            st.state = TaskRunState::Dead;
+            st.failed = true;
+            st.message = e;
+            return st;
+        }
+        match self.view(name) {
+            Some(v) => {
+                st.state = match v.state {
+                    TaskLifecycle::Pending => TaskRunState::Pending,
+                    TaskLifecycle::Running => TaskRunState::Running,
+                    TaskLifecycle::Dead => TaskRunState::Dead,
+                };
+                let stopped = slot.is_some_and(|s| s.stopped);
+                st.failed = v.state == TaskLifecycle::Dead && !stopped && !successful(&v);
+                st.exit_code = v.exit_code;
+                st.restarts = v.restarts;
+                st.starts = v.restarts + u32::from(v.started_at.is_some());
+                st.started_at = v.started_at.clone();
+                st.finished_at = v.finished_at.clone();
+                st.message = note
+                    .or_else(|| v.events.last().map(|e| e.message.clone()))
+                    .unwrap_or_default();
+            }
+            None if self.rec.phase == Phase::Done => {
+                st.state = TaskRunState::Dead;
+                st.message = "not started: the allocation ended first".into();
+            }
+            None => {}
+        }
+        st
+    }
+
+    fn update(&self) -> AllocClientUpdate {
+        let task_states: BTreeMap<String, TaskState> = self
+            .rec
+            .alloc
+            .group
+            .tasks
+            .iter()
+            .map(|t| (t.name.clone(), self.task_state(&t.name)))
+            .collect();
+        AllocClientUpdate {
+            id: self.id().to_owned(),
+            client_status: self.client_status(),
+            client_description: self.rec.description.clone(),
+            task_states,
+        }
+    }
+
+    /// Send the allocation's status when it changed.
+    fn report(&mut self) {
+        let u = self.update();
+        if self.last.as_ref() == Some(&u) {
+            return;
+        }
+        self.handle.set_status(u.clone());
+        if self.mgr.updates.send(u.clone()).is_err() {
+            tracing::debug!(alloc = %self.id(), "nobody takes allocation updates");
+        }
+        self.last = Some(u);
+    }
+
+    /// Forget the terminal allocation: stop hooks, its tasks destroyed in the task
+    /// manager, its directory removed (without following links tasks left in it),
+    /// its record deleted. False when something could not be done (tried again later).
+    async fn collect(&mut self) -> bool {
+        let names: Vec<String> = self.rec.tasks.keys().cloned().collect();
+        for n in &names {
+            self.run_task_hooks(n, HookCall::Stop).await;
+        }
+        for n in &names {
+            let id = self.rec.tasks[n].id.clone();
+            if id.is_empty() {
+                continue;
+            }
+            match self.mgr.tasks.destroy(&id, true).await {
+                Ok(()) | Err(DriverError::NotFound(_)) => self.mgr.disown(&id),
+                Err(e) => {
+                    tracing::warn!(alloc = %self.id(), task = %n, "cannot destroy the task yet: {e}");
+                    return false;
+                }
+            }
+        }
+        let root = self.root.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            // std's remove_dir_all removes links, never what they point to.
+            match std::fs::remove_dir_all(&root) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        })
+        .await;
+        if let Ok(Err(e)) | Err(e) = removed.map_err(std::io::Error::other) {
+            tracing::warn!(alloc = %self.id(), dir = %self.root.display(), "cannot remove the allocation directory: {e}");
+        }
+        let store = self.mgr.store.clone();
+        let id = self.id().to_owned();
+        match tokio::task::spawn_blocking(move || store.delete_alloc(&id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(alloc = %self.id(), "cannot delete the allocation record: {e}");
+                return false;
+            }
+            Err(e) => {
+                tracing::error!(alloc = %self.id(), "deleting the allocation record panicked: {e}");
+                return false;
+            }
+        }
+        self.mgr.forget(self.id());
+        tracing::info!(alloc = %self.id(), "allocation collected");
+        true
+    }
+}
+
+#[derive(Clone, Copy)]
+enum HookCall<'a> {
+    Poststart(&'a TaskView),
+    Prekill,
+    Exited(&'a TaskView),
+    Update,
+    Stop,
+}
