@@ -254,6 +254,11 @@ pub async fn run(
     if let Some(client) = client {
         let _ = client.await;
     }
+    // Runners stop acting (their tasks keep running for the next agent, unless drained
+    // below): nothing may start or stop a task while the agent goes away.
+    if let Some(allocs) = &allocs {
+        allocs.shutdown();
+    }
     tracing::info!(drain = config.drain_on_shutdown, "drover agent stopping");
     let _ = api.await;
     plugins_stop.cancel();
