@@ -10,6 +10,8 @@
 //! only grows, so a blocking query `?index=N` waits until something newer than `N` was
 //! committed.
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod types;
 
 pub use types::*;

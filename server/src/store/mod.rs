@@ -118,3 +118,5 @@ pub trait Store: Send + Sync + 'static {
     /// The current revision.
     fn revision(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
 }
+
+pub mod redb;
