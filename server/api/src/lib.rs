@@ -12,6 +12,10 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+pub mod jobfile;
 pub mod types;
+pub mod validate;
 
+pub use jobfile::{JobFile, JobFileError};
 pub use types::*;
+pub use validate::{ValidationError, validate};

@@ -1,0 +1,879 @@
+//! Job files: `drover job run web.toml`.
+//!
+//! ```toml
+//! name = "web"
+//! type = "service"            # service | batch | system
+//! priority = 50               # 1..=100
+//! update = { max_parallel = 2 }
+//!
+//! [[constraint]]              # every group of the job
+//! attribute = "${attr.kernel.name}"
+//! value = "linux"
+//!
+//! [[group]]
+//! name = "app"
+//! count = 3
+//!
+//! [[group.constraint]]
+//! attribute = "${node.meta.rack}"
+//! operator = "="
+//! value = "r1"
+//!
+//! [[group.task]]              # the fields of a `drover task run` spec file
+//! name = "main"
+//! driver = "rawexec"
+//! config = { command = "/bin/sleep", args = ["1000"] }
+//! env = { PORT = 8080 }       # integers, floats and booleans become strings
+//! kill_timeout = "10s"
+//! resources = { cpu = 100, memory_mb = 64 }
+//! restart = { attempts = 2, delay = "5s", mode = "fail" }
+//! lifecycle = { hook = "prestart", sidecar = false }   # absent: a main task
+//! ```
+//!
+//! [`parse`] is a pure function of the text and the file's name. Every error names the
+//! file, the line and the field (`web.toml:9: group[0].cuont: unknown field ...`);
+//! [`JobFile::validate`] runs [`crate::validate()`] and places its errors on the line
+//! of the field too. The task config is free-form here: the driver on the node checks
+//! it.
+//!
+//! The helpers at the bottom (spans to lines, TOML to JSON) are the same as those of
+//! the agent's task spec files (`host/agent/src/spec.rs`); this crate cannot depend on
+//! the agent.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::time::Duration;
+
+use drover_api::{LogConfig, MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, RestartMode, RestartPolicy};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use crate::types::{
+    Constraint, JobSpec, JobType, Lifecycle, Task, TaskGroup, TaskResources, UpdateStrategy,
+};
+
+/// A job file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {}{message}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
+pub struct JobFileError {
+    /// The file name as given.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// Path of the field, e.g. `group[0].task[1].resources.memory_mb`.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A parsed job file.
+#[derive(Debug, Clone)]
+pub struct JobFile {
+    /// The file name as given.
+    pub file: String,
+    /// The job it describes (not yet validated: see [`JobFile::validate`]).
+    pub spec: JobSpec,
+    /// Field path → 1-based line of its key (or of its `[[header]]`).
+    field_lines: BTreeMap<String, usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // `meta` exists to be accepted by deny_unknown_fields
+struct JobDoc {
+    name: Option<String>,
+    #[serde(rename = "type")]
+    job_type: Option<JobType>,
+    priority: Option<u8>,
+    #[serde(alias = "constraints")]
+    constraint: Option<Vec<Constraint>>,
+    update: Option<UpdateStrategy>,
+    meta: Option<IgnoredAny>,
+    #[serde(alias = "groups")]
+    group: Option<Vec<GroupDoc>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct GroupDoc {
+    name: Option<String>,
+    count: Option<u32>,
+    #[serde(alias = "constraints")]
+    constraint: Option<Vec<Constraint>>,
+    meta: Option<IgnoredAny>,
+    #[serde(alias = "tasks")]
+    task: Option<Vec<TaskDoc>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // `config` and `env` are converted from the spanned tree
+struct TaskDoc {
+    name: Option<String>,
+    driver: Option<String>,
+    config: Option<IgnoredAny>,
+    env: Option<IgnoredAny>,
+    kill_signal: Option<String>,
+    kill_timeout: Option<Spanned<String>>,
+    restart: Option<RestartDoc>,
+    resources: Option<TaskResources>,
+    logs: Option<LogConfig>,
+    lifecycle: Option<Lifecycle>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RestartDoc {
+    attempts: Option<u32>,
+    interval: Option<Spanned<String>>,
+    delay: Option<Spanned<String>>,
+    mode: Option<RestartMode>,
+}
+
+/// Parse the job file in `text`; `file` is the name errors mention.
+pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
+    let err = |span: Option<Range<usize>>, field: Option<String>, message: String| JobFileError {
+        file: file.to_owned(),
+        line: span.map_or(1, |s| line_of(text, s.start)),
+        field,
+        message,
+    };
+    let root = DeTable::parse(text).map_err(|e| {
+        let message = match e.span() {
+            Some(s) => format!(
+                "invalid TOML at column {}: {}",
+                column_of(text, s.start),
+                e.message().trim_end()
+            ),
+            None => format!("invalid TOML: {}", e.message().trim_end()),
+        };
+        err(e.span(), None, message)
+    })?;
+    let doc = JobDoc::deserialize(toml::de::Deserializer::from(root.clone())).map_err(|e| {
+        let field = e.span().and_then(|s| field_at(root.get_ref(), &s));
+        err(e.span(), field, e.message().trim_end().to_owned())
+    })?;
+    let table = root.get_ref();
+    let mut field_lines = BTreeMap::new();
+    record_lines(text, &DeValue::Table(table.clone()), "", &mut field_lines);
+    // A missing field is reported on the line of the table that lacks it.
+    let missing = |path: &str, key: &str| {
+        let line = line_for(&field_lines, path).unwrap_or(1);
+        JobFileError {
+            file: file.to_owned(),
+            line,
+            field: Some(if path.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{path}.{key}")
+            }),
+            message: "missing".to_owned(),
+        }
+    };
+    let duration = |v: &Spanned<String>, field: String, max: Duration| {
+        let d = humantime::parse_duration(v.get_ref()).map_err(|e| {
+            err(
+                Some(v.span()),
+                Some(field.clone()),
+                format!(
+                    "{:?} is not a duration like \"5s\" or \"1m30s\": {e}",
+                    v.get_ref()
+                ),
+            )
+        })?;
+        if d > max {
+            return Err(err(
+                Some(v.span()),
+                Some(field),
+                format!(
+                    "{:?} is longer than the maximum of {}",
+                    v.get_ref(),
+                    drover_api::human_duration(max)
+                ),
+            ));
+        }
+        Ok(d)
+    };
+    let strings = |value: Option<&Spanned<DeValue<'_>>>,
+                   field: &str|
+     -> Result<BTreeMap<String, String>, JobFileError> {
+        let Some(value) = value else {
+            return Ok(BTreeMap::new());
+        };
+        string_map(value, field).map_err(|(span, f, m)| err(Some(span), Some(f), m))
+    };
+
+    let name = doc.name.ok_or_else(|| missing("", "name"))?;
+    let group_values = array_of(table, &["group", "groups"]);
+    let mut groups = Vec::new();
+    for (i, g) in doc.group.unwrap_or_default().into_iter().enumerate() {
+        let gpath = format!("group[{i}]");
+        let gvalue = group_values.and_then(|a| a.get(i));
+        let gtable = gvalue.and_then(|v| v.get_ref().as_table());
+        let task_values = gtable.and_then(|t| array_of(t, &["task", "tasks"]));
+        let mut tasks = Vec::new();
+        for (j, t) in g.task.unwrap_or_default().into_iter().enumerate() {
+            let tpath = format!("{gpath}.task[{j}]");
+            let ttable = task_values
+                .and_then(|a| a.get(j))
+                .and_then(|v| v.get_ref().as_table());
+            let config = match ttable.and_then(|t| entry(t, "config")) {
+                Some(value) => {
+                    let DeValue::Table(_) = value.get_ref() else {
+                        return Err(err(
+                            Some(value.span()),
+                            Some(format!("{tpath}.config")),
+                            format!("expected a table, found {}", value.get_ref().type_str()),
+                        ));
+                    };
+                    to_json(value, &format!("{tpath}.config"))
+                        .map_err(|(span, f, m)| err(Some(span), Some(f), m))?
+                }
+                None => serde_json::json!({}),
+            };
+            let restart = match t.restart {
+                None => None,
+                Some(r) => {
+                    let mut policy = RestartPolicy::default();
+                    if let Some(a) = r.attempts {
+                        policy.attempts = a;
+                    }
+                    if let Some(v) = &r.interval {
+                        policy.interval =
+                            duration(v, format!("{tpath}.restart.interval"), MAX_RESTART_DURATION)?;
+                    }
+                    if let Some(v) = &r.delay {
+                        policy.delay =
+                            duration(v, format!("{tpath}.restart.delay"), MAX_RESTART_DURATION)?;
+                    }
+                    if let Some(m) = r.mode {
+                        policy.mode = m;
+                    }
+                    Some(policy)
+                }
+            };
+            let kill_timeout = match &t.kill_timeout {
+                Some(v) => Some(duration(
+                    v,
+                    format!("{tpath}.kill_timeout"),
+                    MAX_KILL_TIMEOUT,
+                )?),
+                None => None,
+            };
+            tasks.push(Task {
+                name: t.name.ok_or_else(|| missing(&tpath, "name"))?,
+                driver: t.driver.ok_or_else(|| missing(&tpath, "driver"))?,
+                config,
+                env: strings(
+                    ttable.and_then(|t| entry(t, "env")),
+                    &format!("{tpath}.env"),
+                )?,
+                kill_signal: t.kill_signal,
+                kill_timeout,
+                restart,
+                resources: t.resources.unwrap_or_default(),
+                logs: t.logs,
+                lifecycle: t.lifecycle,
+            });
+        }
+        if tasks.is_empty() {
+            return Err(missing(&gpath, "task"));
+        }
+        groups.push(TaskGroup {
+            name: g.name.ok_or_else(|| missing(&gpath, "name"))?,
+            count: g.count.unwrap_or(1),
+            constraints: g.constraint.unwrap_or_default(),
+            meta: strings(
+                gtable.and_then(|t| entry(t, "meta")),
+                &format!("{gpath}.meta"),
+            )?,
+            tasks,
+        });
+    }
+    if groups.is_empty() {
+        return Err(missing("", "group"));
+    }
+    let spec = JobSpec {
+        name,
+        job_type: doc.job_type.unwrap_or_default(),
+        priority: doc.priority.unwrap_or(50),
+        constraints: doc.constraint.unwrap_or_default(),
+        update: doc.update.unwrap_or_default(),
+        meta: strings(entry(table, "meta"), "meta")?,
+        groups,
+    };
+    Ok(JobFile {
+        file: file.to_owned(),
+        spec,
+        field_lines,
+    })
+}
+
+/// Parse and validate: the spec a server would accept, or the first problem with its
+/// line.
+pub fn parse_and_validate(text: &str, file: &str) -> Result<JobSpec, JobFileError> {
+    let job = parse(text, file)?;
+    job.validate()?;
+    Ok(job.spec)
+}
+
+impl JobFile {
+    /// [`crate::validate()`], with the error placed on the line of its field.
+    pub fn validate(&self) -> Result<(), JobFileError> {
+        crate::validate::validate(&self.spec).map_err(|e| self.locate(e))
+    }
+
+    /// Place a validation error (from this client or from a server's answer) on the
+    /// line of its field, or of the nearest enclosing one in the file.
+    pub fn locate(&self, e: crate::ValidationError) -> JobFileError {
+        JobFileError {
+            file: self.file.clone(),
+            line: line_for(&self.field_lines, &e.field).unwrap_or(1),
+            field: Some(e.field),
+            message: e.message,
+        }
+    }
+}
+
+/// The line of `path`, or of the deepest enclosing path the file has.
+fn line_for(lines: &BTreeMap<String, usize>, path: &str) -> Option<usize> {
+    let mut p = path;
+    loop {
+        if let Some(line) = lines.get(p) {
+            return Some(*line);
+        }
+        let cut = p.rfind(['.', '['])?;
+        p = &p[..cut];
+    }
+}
+
+fn record_lines(text: &str, value: &DeValue<'_>, path: &str, out: &mut BTreeMap<String, usize>) {
+    match value {
+        DeValue::Table(t) => {
+            for (k, v) in t {
+                let key = k.get_ref().to_string();
+                // Aliases are recorded under the names validation uses.
+                let key = match key.as_str() {
+                    "groups" => "group".to_owned(),
+                    "tasks" => "task".to_owned(),
+                    "constraints" => "constraint".to_owned(),
+                    _ => key,
+                };
+                let p = if path.is_empty() {
+                    key
+                } else {
+                    format!("{path}.{key}")
+                };
+                out.insert(p.clone(), line_of(text, k.span().start));
+                record_lines(text, v.get_ref(), &p, out);
+            }
+        }
+        DeValue::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                let p = format!("{path}[{i}]");
+                out.insert(p.clone(), line_of(text, v.span().start));
+                record_lines(text, v.get_ref(), &p, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn array_of<'a, 'i>(table: &'a DeTable<'i>, keys: &[&str]) -> Option<&'a toml::de::DeArray<'i>> {
+    keys.iter()
+        .find_map(|k| entry(table, k))
+        .and_then(|v| match v.get_ref() {
+            DeValue::Array(a) => Some(a),
+            _ => None,
+        })
+}
+
+fn entry<'a, 'i>(table: &'a DeTable<'i>, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
+    table
+        .iter()
+        .find(|(k, _)| k.get_ref() == key)
+        .map(|(_, v)| v)
+}
+
+type ConvertError = (Range<usize>, String, String);
+
+/// `env` and `meta`: a table whose values are strings, or scalars turned into strings.
+fn string_map(
+    value: &Spanned<DeValue<'_>>,
+    field: &str,
+) -> Result<BTreeMap<String, String>, ConvertError> {
+    let DeValue::Table(t) = value.get_ref() else {
+        return Err((
+            value.span(),
+            field.to_owned(),
+            format!(
+                "expected a table of strings, found {}",
+                value.get_ref().type_str()
+            ),
+        ));
+    };
+    let mut out = BTreeMap::new();
+    for (k, v) in t {
+        let text = match v.get_ref() {
+            DeValue::String(s) => s.to_string(),
+            DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => {
+                scalar_json(v.get_ref())
+                    .map(|j| j.to_string())
+                    .unwrap_or_default()
+            }
+            other => {
+                return Err((
+                    v.span(),
+                    format!("{field}.{}", k.get_ref()),
+                    format!("expected a string, found {}", other.type_str()),
+                ));
+            }
+        };
+        out.insert(k.get_ref().to_string(), text);
+    }
+    Ok(out)
+}
+
+/// The dotted path of the deepest key whose key or value contains `span`.
+///
+/// Every level is searched, not only the children whose span contains `span`: the
+/// span of a table opened by a `[header]` covers the header, not the keys below it.
+fn field_at(table: &DeTable<'_>, span: &Range<usize>) -> Option<String> {
+    fn inside(s: &Range<usize>, at: usize) -> bool {
+        s.start <= at && at < s.end.max(s.start + 1)
+    }
+    fn walk(value: &DeValue<'_>, at: usize) -> Option<Vec<String>> {
+        let children: Vec<(String, Range<usize>, &Spanned<DeValue<'_>>)> = match value {
+            DeValue::Table(t) => t
+                .iter()
+                .map(|(k, v)| (k.get_ref().to_string(), k.span(), v))
+                .collect(),
+            DeValue::Array(a) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (format!("[{i}]"), v.span(), v))
+                .collect(),
+            _ => return None,
+        };
+        for (name, key_span, child) in children {
+            if let Some(mut deeper) = walk(child.get_ref(), at) {
+                deeper.insert(0, name);
+                return Some(deeper);
+            }
+            if inside(&key_span, at) || inside(&child.span(), at) {
+                return Some(vec![name]);
+            }
+        }
+        None
+    }
+    let path = walk(&DeValue::Table(table.clone()), span.start)?;
+    let mut field = String::new();
+    for seg in path {
+        if !field.is_empty() && !seg.starts_with('[') {
+            field.push('.');
+        }
+        field.push_str(&seg);
+    }
+    Some(field)
+}
+
+fn scalar_json(value: &DeValue<'_>) -> Option<serde_json::Value> {
+    match value {
+        DeValue::String(s) => Some(serde_json::Value::String(s.to_string())),
+        DeValue::Boolean(b) => Some((*b).into()),
+        DeValue::Integer(i) => {
+            let n = i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok()?;
+            Some(n.into())
+        }
+        DeValue::Float(f) => {
+            let n: f64 = f.as_str().replace('_', "").parse().ok()?;
+            serde_json::Number::from_f64(n).map(serde_json::Value::Number)
+        }
+        DeValue::Datetime(d) => Some(serde_json::Value::String(d.to_string())),
+        DeValue::Array(_) | DeValue::Table(_) => None,
+    }
+}
+
+/// A task's free-form `config` as JSON.
+fn to_json(value: &Spanned<DeValue<'_>>, field: &str) -> Result<serde_json::Value, ConvertError> {
+    Ok(match value.get_ref() {
+        DeValue::Table(t) => {
+            let mut map = serde_json::Map::new();
+            for (k, v) in t {
+                let key = k.get_ref().to_string();
+                let value = to_json(v, &format!("{field}.{key}"))?;
+                map.insert(key, value);
+            }
+            serde_json::Value::Object(map)
+        }
+        DeValue::Array(a) => {
+            let mut items = Vec::new();
+            for (i, v) in a.iter().enumerate() {
+                items.push(to_json(v, &format!("{field}[{i}]"))?);
+            }
+            serde_json::Value::Array(items)
+        }
+        other => scalar_json(other).ok_or_else(|| {
+            (
+                value.span(),
+                field.to_owned(),
+                format!("{} cannot be represented in JSON", other.type_str()),
+            )
+        })?,
+    })
+}
+
+/// 1-based line of byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// 1-based column (in characters) of byte `offset`.
+fn column_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    let start = text.as_bytes()[..end]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    text.get(start..end)
+        .map_or(end - start, |s| s.chars().count())
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{ConstraintOperator, LifecycleHook};
+
+    /// The job file of issue 11's interface, plus every other field.
+    const FULL: &str = r#"name = "web"
+type = "service"
+priority = 70
+update = { max_parallel = 2 }
+meta = { owner = "ops", tier = 1 }
+
+[[constraint]]
+attribute = "${attr.kernel.name}"
+value = "linux"
+
+[[group]]
+name = "app"
+count = 3
+
+[[group.constraint]]
+attribute = "${node.meta.rack}"
+operator = "="
+value = "r1"
+
+[[group.constraint]]
+operator = "distinct_hosts"
+
+[[group.task]]
+name = "main"
+driver = "rawexec"
+config = { command = "/bin/sleep", args = ["1000"], nested = { deep = [1, 2.5, true] } }
+env = { PORT = 8080, DEBUG = true, NAME = "x" }
+kill_signal = "SIGINT"
+kill_timeout = "10s"
+resources = { cpu = 100, memory_mb = 64 }
+restart = { attempts = 2, delay = "5s", mode = "delay" }
+logs = { max_files = 3, max_file_size_mb = 1 }
+
+[[group.task]]
+name = "prep"
+driver = "rawexec"
+lifecycle = { hook = "prestart", sidecar = false }
+
+[group.task.config]
+command = "/bin/true"
+
+[[group]]
+name = "batchy"
+[group.meta]
+k = "v"
+[[group.task]]
+name = "t"
+driver = "exec"
+"#;
+
+    fn error(text: &str) -> String {
+        parse(text, "web.toml").unwrap_err().to_string()
+    }
+
+    fn invalid(text: &str) -> String {
+        parse_and_validate(text, "web.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn every_field_maps_onto_the_spec() {
+        let spec = parse_and_validate(FULL, "web.toml").unwrap();
+        assert_eq!(spec.name, "web");
+        assert_eq!(spec.job_type, JobType::Service);
+        assert_eq!(spec.priority, 70);
+        assert_eq!(spec.update.max_parallel, 2);
+        assert_eq!(spec.meta["owner"], "ops");
+        assert_eq!(spec.meta["tier"], "1");
+        assert_eq!(spec.constraints.len(), 1);
+        assert_eq!(spec.constraints[0].operator, ConstraintOperator::Equal);
+        assert_eq!(spec.groups.len(), 2);
+        let g = &spec.groups[0];
+        assert_eq!((g.name.as_str(), g.count), ("app", 3));
+        assert_eq!(g.constraints[0].attribute, "${node.meta.rack}");
+        assert_eq!(g.constraints[0].value, "r1");
+        assert_eq!(g.constraints[1].operator, ConstraintOperator::DistinctHosts);
+        let t = &g.tasks[0];
+        assert_eq!(t.driver, "rawexec");
+        assert_eq!(
+            t.config,
+            serde_json::json!({"command": "/bin/sleep", "args": ["1000"], "nested": {"deep": [1, 2.5, true]}})
+        );
+        assert_eq!(t.env["PORT"], "8080");
+        assert_eq!(t.env["DEBUG"], "true");
+        assert_eq!(t.env["NAME"], "x");
+        assert_eq!(t.kill_signal.as_deref(), Some("SIGINT"));
+        assert_eq!(t.kill_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(
+            t.resources,
+            TaskResources {
+                cpu: 100,
+                memory_mb: 64,
+                memory_max_mb: 0
+            }
+        );
+        assert_eq!(
+            t.restart,
+            Some(RestartPolicy {
+                attempts: 2,
+                interval: RestartPolicy::DEFAULT_INTERVAL,
+                delay: Duration::from_secs(5),
+                mode: RestartMode::Delay
+            })
+        );
+        assert_eq!(
+            t.logs,
+            Some(LogConfig {
+                max_files: 3,
+                max_file_size_mb: 1
+            })
+        );
+        assert_eq!(t.lifecycle, None);
+        let prep = &g.tasks[1];
+        assert_eq!(
+            prep.lifecycle.map(|l| l.hook),
+            Some(LifecycleHook::Prestart)
+        );
+        assert_eq!(prep.config, serde_json::json!({"command": "/bin/true"}));
+        assert_eq!(prep.resources, TaskResources::default());
+        let b = &spec.groups[1];
+        assert_eq!((b.name.as_str(), b.count), ("batchy", 1));
+        assert_eq!(b.meta["k"], "v");
+        assert_eq!(b.tasks[0].config, serde_json::json!({}));
+        // What a file gives and what the HTTP API takes are the same spec.
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(serde_json::from_value::<JobSpec>(json).unwrap(), spec);
+    }
+
+    #[test]
+    fn the_issue_example_parses() {
+        let text = r#"name = "web"
+type = "service"            # service | batch | system
+[[group]]
+name = "app"
+count = 3
+[[group.constraint]]
+attribute = "${node.meta.rack}"
+operator = "="
+value = "r1"
+[[group.task]]
+name = "main"
+driver = "rawexec"
+config = { command = "/bin/sleep", args = ["1000"] }
+resources = { cpu = 100, memory_mb = 64 }
+lifecycle = { hook = "prestart", sidecar = false }   # optional
+[[group.task]]
+name = "real"
+driver = "rawexec"
+"#;
+        let spec = parse_and_validate(text, "web.toml").unwrap();
+        assert_eq!(spec.groups[0].tasks.len(), 2);
+        let batch = parse_and_validate(
+            "name = \"b\"\ntype = \"batch\"\n[[groups]]\nname = \"g\"\n[[groups.tasks]]\nname = \"t\"\ndriver = \"rawexec\"\n",
+            "b.toml",
+        )
+        .unwrap();
+        assert_eq!(batch.job_type, JobType::Batch);
+    }
+
+    #[test]
+    fn a_misspelt_key_is_refused_with_its_line() {
+        let text = FULL.replace("count = 3", "cuont = 3");
+        let e = error(&text);
+        assert!(
+            e.starts_with("web.toml:13: group[0].cuont: unknown field `cuont`, expected one of"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("kill_timeout = \"10s\"", "kill_timout = \"10s\""));
+        assert!(
+            e.starts_with("web.toml:29: group[0].task[0].kill_timout: unknown field `kill_timout`"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("memory_mb = 64", "memory = 64"));
+        assert!(
+            e.starts_with("web.toml:30: group[0].task[0].resources.memory: unknown field `memory`"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("operator = \"=\"", "operater = \"=\""));
+        assert!(
+            e.starts_with("web.toml:17: group[0].constraint[0].operater: unknown field"),
+            "{e}"
+        );
+        let e = error("nmae = \"web\"\n");
+        assert!(
+            e.starts_with("web.toml:1: nmae: unknown field `nmae`"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("max_parallel = 2", "max_paralel = 2"));
+        assert!(
+            e.starts_with("web.toml:4: update.max_paralel: unknown field"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("hook = \"prestart\"", "hook = \"prestrat\""));
+        assert!(
+            e.starts_with(
+                "web.toml:37: group[0].task[1].lifecycle.hook: unknown variant `prestrat`"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_types_and_values_are_named() {
+        let e = error("name = \"web\"\ntype = \"daemon\"\n");
+        assert!(
+            e.starts_with("web.toml:2: type: unknown variant `daemon`, expected one of"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("count = 3", "count = \"three\""));
+        assert!(
+            e.starts_with("web.toml:13: group[0].count: invalid type: string"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("operator = \"=\"", "operator = \"~=\""));
+        assert!(
+            e.starts_with("web.toml:17: group[0].constraint[0].operator: unknown variant `~=`"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("kill_timeout = \"10s\"", "kill_timeout = \"soon\""));
+        assert!(
+            e.starts_with("web.toml:29: group[0].task[0].kill_timeout: \"soon\" is not a duration"),
+            "{e}"
+        );
+        let e = error(&FULL.replace("kill_timeout = \"10s\"", "kill_timeout = \"2days\""));
+        assert_eq!(
+            e,
+            "web.toml:29: group[0].task[0].kill_timeout: \"2days\" is longer than the maximum of 1day"
+        );
+        let e = error(&FULL.replace("delay = \"5s\"", "delay = \"later\""));
+        assert!(
+            e.starts_with(
+                "web.toml:31: group[0].task[0].restart.delay: \"later\" is not a duration"
+            ),
+            "{e}"
+        );
+        let e = error(&FULL.replace("NAME = \"x\"", "NAME = [1]"));
+        assert_eq!(
+            e,
+            "web.toml:27: group[0].task[0].env.NAME: expected a string, found array"
+        );
+        let e = error(
+            "name = \"w\"\n[[group]]\nname = \"g\"\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\nconfig = \"x\"\n",
+        );
+        assert_eq!(
+            e,
+            "web.toml:7: group[0].task[0].config: expected a table, found string"
+        );
+        let e = error(
+            "name = \"w\"\n[[group]]\nname = \"g\"\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\n[group.task.config]\nratio = nan\n",
+        );
+        assert_eq!(
+            e,
+            "web.toml:8: group[0].task[0].config.ratio: float cannot be represented in JSON"
+        );
+        let e = error(&FULL.replace("owner = \"ops\"", "owner = { b = 1 }"));
+        assert_eq!(e, "web.toml:5: meta.owner: expected a string, found table");
+    }
+
+    #[test]
+    fn syntax_errors_name_line_and_column() {
+        let e = error("name = \"web\"\n[[group]\n");
+        assert!(e.starts_with("web.toml:2: invalid TOML at column "), "{e}");
+    }
+
+    #[test]
+    fn missing_fields_are_named_on_their_table() {
+        assert_eq!(error("type = \"batch\"\n"), "web.toml:1: name: missing");
+        assert_eq!(error("name = \"web\"\n"), "web.toml:1: group: missing");
+        assert_eq!(
+            error(
+                "name = \"web\"\n\n[[group]]\ncount = 1\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\n"
+            ),
+            "web.toml:3: group[0].name: missing"
+        );
+        assert_eq!(
+            error("name = \"web\"\n[[group]]\nname = \"g\"\n"),
+            "web.toml:2: group[0].task: missing"
+        );
+        assert_eq!(
+            error("name = \"web\"\n[[group]]\nname = \"g\"\n[[group.task]]\nname = \"t\"\n"),
+            "web.toml:4: group[0].task[0].driver: missing"
+        );
+    }
+
+    #[test]
+    fn validation_errors_are_placed_on_their_line() {
+        let e = invalid(&FULL.replace("memory_mb = 64", "memory_mb = 0"));
+        assert_eq!(
+            e,
+            "web.toml:30: group[0].task[0].resources.memory_mb: must be at least 1 (MiB)"
+        );
+        let e = invalid(&FULL.replace("name = \"prep\"", "name = \"main\""));
+        assert_eq!(
+            e,
+            "web.toml:35: group[0].task[1].name: task name \"main\" is used twice in group \"app\""
+        );
+        let e = invalid(
+            &FULL
+                .replace("value = \"r1\"", "value = \"r1\"\noperator = \"regexp\"")
+                .replace("operator = \"=\"\n", "")
+                .replace("value = \"r1\"", "value = \"r[1\""),
+        );
+        assert!(
+            e.starts_with(
+                "web.toml:17: group[0].constraint[0].value: \"r[1\" is not a regular expression"
+            ),
+            "{e}"
+        );
+        // Defaults the file does not write are placed on the enclosing table.
+        let e = invalid(
+            "name = \"w\"\n[[group]]\nname = \"g\"\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\nresources = { cpu = 0 }\n",
+        );
+        assert_eq!(
+            e,
+            "web.toml:7: group[0].task[0].resources.cpu: must be at least 1 (MHz)"
+        );
+        let e = invalid(
+            "name = \"w\"\npriority = 0\n[[group]]\nname = \"g\"\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\n",
+        );
+        assert_eq!(e, "web.toml:2: priority: 0 is not within 1..=100");
+    }
+}

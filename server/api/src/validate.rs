@@ -1,0 +1,696 @@
+//! Checks a [`JobSpec`] before the server accepts it (registration, `job plan`) and
+//! before the CLI sends it: what the types alone cannot say (names, counts, constraint
+//! syntax, resources). Every error names the field, as a path into the job
+//! (`group[0].task[1].resources.memory_mb`), which the job-file parser maps back to a
+//! line.
+//!
+//! The constraint helpers ([`version_requirement`], [`lenient_version`],
+//! [`interpolation_target`]) are what the scheduler evaluates with, so that a job the
+//! server accepted is read the same way when it is placed.
+
+use std::collections::BTreeSet;
+
+use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION};
+
+use crate::types::{Constraint, ConstraintOperator, JobSpec, LifecycleHook, Task, TaskGroup};
+
+/// Most copies of one group a job may ask for.
+pub const MAX_COUNT: u32 = 10_000;
+
+/// Longest job, group or task name.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// Why a job spec was refused. Displays as `FIELD: MESSAGE`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ValidationError {
+    /// Path of the field, e.g. `group[0].task[1].resources.memory_mb` (`name` for the
+    /// job's name).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn fail(field: impl Into<String>, message: impl Into<String>) -> ValidationError {
+    ValidationError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Check `spec`; the first problem found is returned.
+pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
+    check_name("name", &spec.name)?;
+    if !(1..=100).contains(&spec.priority) {
+        return Err(fail(
+            "priority",
+            format!("{} is not within 1..=100", spec.priority),
+        ));
+    }
+    for (i, c) in spec.constraints.iter().enumerate() {
+        check_constraint(&format!("constraint[{i}]"), c)?;
+    }
+    if spec.groups.is_empty() {
+        return Err(fail("group", "a job needs at least one group"));
+    }
+    let mut groups = BTreeSet::new();
+    for (i, g) in spec.groups.iter().enumerate() {
+        let path = format!("group[{i}]");
+        check_group(&path, g)?;
+        if !groups.insert(g.name.as_str()) {
+            return Err(fail(
+                format!("{path}.name"),
+                format!("group name {:?} is used twice", g.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), ValidationError> {
+    if name.is_empty() {
+        return Err(fail(field, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(fail(
+            field,
+            format!(
+                "is {} characters long, more than {MAX_NAME_LEN}",
+                name.len()
+            ),
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(fail(
+            field,
+            format!(
+                "{name:?} contains {bad:?}: only letters, digits, '_', '.' and '-' are allowed"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_group(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
+    check_name(&format!("{path}.name"), &g.name)?;
+    if g.count > MAX_COUNT {
+        return Err(fail(
+            format!("{path}.count"),
+            format!("{} is more than the maximum of {MAX_COUNT}", g.count),
+        ));
+    }
+    for (i, c) in g.constraints.iter().enumerate() {
+        check_constraint(&format!("{path}.constraint[{i}]"), c)?;
+    }
+    if g.tasks.is_empty() {
+        return Err(fail(
+            format!("{path}.task"),
+            "a group needs at least one task",
+        ));
+    }
+    let mut names = BTreeSet::new();
+    for (i, t) in g.tasks.iter().enumerate() {
+        let tpath = format!("{path}.task[{i}]");
+        check_task(&tpath, t)?;
+        if !names.insert(t.name.as_str()) {
+            return Err(fail(
+                format!("{tpath}.name"),
+                format!("task name {:?} is used twice in group {:?}", t.name, g.name),
+            ));
+        }
+    }
+    if g.tasks.iter().all(|t| t.lifecycle.is_some()) {
+        return Err(fail(
+            format!("{path}.task"),
+            format!(
+                "group {:?} has no main task: every task has a lifecycle hook",
+                g.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_task(path: &str, t: &Task) -> Result<(), ValidationError> {
+    check_name(&format!("{path}.name"), &t.name)?;
+    if t.driver.trim().is_empty() {
+        return Err(fail(format!("{path}.driver"), "must not be empty"));
+    }
+    if !(t.config.is_object() || t.config.is_null()) {
+        return Err(fail(
+            format!("{path}.config"),
+            "must be a table of the driver's settings",
+        ));
+    }
+    let r = &t.resources;
+    if r.cpu < 1 {
+        return Err(fail(
+            format!("{path}.resources.cpu"),
+            "must be at least 1 (MHz)",
+        ));
+    }
+    if r.memory_mb < 1 {
+        return Err(fail(
+            format!("{path}.resources.memory_mb"),
+            "must be at least 1 (MiB)",
+        ));
+    }
+    if r.memory_max_mb != 0 && r.memory_max_mb < r.memory_mb {
+        return Err(fail(
+            format!("{path}.resources.memory_max_mb"),
+            format!(
+                "{} is less than memory_mb ({}): use 0 for no separate limit",
+                r.memory_max_mb, r.memory_mb
+            ),
+        ));
+    }
+    if let Some(d) = t.kill_timeout
+        && d > MAX_KILL_TIMEOUT
+    {
+        return Err(fail(
+            format!("{path}.kill_timeout"),
+            format!(
+                "{} is longer than the maximum of {}",
+                drover_api::human_duration(d),
+                drover_api::human_duration(MAX_KILL_TIMEOUT)
+            ),
+        ));
+    }
+    if let Some(restart) = &t.restart {
+        for (name, d) in [("interval", restart.interval), ("delay", restart.delay)] {
+            if d > MAX_RESTART_DURATION {
+                return Err(fail(
+                    format!("{path}.restart.{name}"),
+                    format!(
+                        "{} is longer than the maximum of {}",
+                        drover_api::human_duration(d),
+                        drover_api::human_duration(MAX_RESTART_DURATION)
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(logs) = &t.logs
+        && let Err(message) = logs.check()
+    {
+        return Err(fail(format!("{path}.logs"), message));
+    }
+    if let Some(l) = &t.lifecycle
+        && l.hook == LifecycleHook::Poststop
+        && l.sidecar
+    {
+        return Err(fail(
+            format!("{path}.lifecycle.sidecar"),
+            "a poststop task cannot be a sidecar (it runs after the main tasks ended)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_constraint(path: &str, c: &Constraint) -> Result<(), ValidationError> {
+    use ConstraintOperator::*;
+    let op = c.operator.as_str();
+    for (side, text) in [("attribute", &c.attribute), ("value", &c.value)] {
+        if let Err(message) = check_interpolation(text) {
+            return Err(fail(format!("{path}.{side}"), message));
+        }
+    }
+    match c.operator {
+        DistinctHosts => {
+            if !c.attribute.is_empty() {
+                return Err(fail(
+                    format!("{path}.attribute"),
+                    "distinct_hosts takes no attribute",
+                ));
+            }
+            if !matches!(c.value.trim(), "" | "true" | "false") {
+                return Err(fail(
+                    format!("{path}.value"),
+                    format!(
+                        "distinct_hosts takes \"true\", \"false\" or nothing, not {:?}",
+                        c.value
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        _ if c.attribute.trim().is_empty() => {
+            return Err(fail(
+                format!("{path}.attribute"),
+                format!("operator {op} needs an attribute such as \"${{node.meta.rack}}\""),
+            ));
+        }
+        Regexp if !is_interpolation(&c.value) => {
+            if let Err(e) = regex::Regex::new(&c.value) {
+                return Err(fail(
+                    format!("{path}.value"),
+                    format!(
+                        "{:?} is not a regular expression: {}",
+                        c.value,
+                        one_line(&e.to_string())
+                    ),
+                ));
+            }
+        }
+        Version if !is_interpolation(&c.value) => {
+            if let Err(message) = version_requirement(&c.value) {
+                return Err(fail(format!("{path}.value"), message));
+            }
+        }
+        SetContains | SetContainsAny if set_items(&c.value).next().is_none() => {
+            return Err(fail(
+                format!("{path}.value"),
+                format!("operator {op} needs a comma-separated list of values"),
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Where a constraint side reads from on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// `${node.name}`.
+    NodeName,
+    /// `${node.id}`.
+    NodeId,
+    /// `${attr.KEY}`.
+    Attribute(&'a str),
+    /// `${node.meta.KEY}` or `${meta.KEY}`.
+    Meta(&'a str),
+    /// `${driver.NAME.KEY}`: an attribute the driver reported.
+    Driver(&'a str, &'a str),
+    /// Anything else without `${`: the text itself.
+    Literal(&'a str),
+}
+
+fn is_interpolation(text: &str) -> bool {
+    text.trim_start().starts_with("${")
+}
+
+/// What a constraint side (`${attr.kernel.name}`, `${node.meta.rack}`, a literal)
+/// refers to, or why it refers to nothing known.
+pub fn interpolation_target(text: &str) -> Result<Target<'_>, String> {
+    let t = text.trim();
+    let Some(inner) = t.strip_prefix("${") else {
+        return Ok(Target::Literal(text));
+    };
+    let Some(inner) = inner.strip_suffix('}') else {
+        return Err(format!("{text:?} is missing its closing '}}'"));
+    };
+    let target = match inner {
+        "node.name" => Target::NodeName,
+        "node.id" | "node.unique.id" => Target::NodeId,
+        _ => {
+            if let Some(k) = inner.strip_prefix("attr.") {
+                Target::Attribute(k)
+            } else if let Some(k) = inner
+                .strip_prefix("node.meta.")
+                .or_else(|| inner.strip_prefix("meta."))
+            {
+                Target::Meta(k)
+            } else if let Some(rest) = inner.strip_prefix("driver.") {
+                match rest.split_once('.') {
+                    Some((name, key)) if !name.is_empty() && !key.is_empty() => {
+                        Target::Driver(name, key)
+                    }
+                    _ => {
+                        return Err(format!(
+                            "{text:?} names no driver attribute: write ${{driver.NAME.KEY}}"
+                        ));
+                    }
+                }
+            } else {
+                return Err(format!(
+                    "{text:?} is not something a node has: use ${{node.name}}, ${{node.id}}, \
+                     ${{attr.KEY}}, ${{node.meta.KEY}} or ${{driver.NAME.KEY}}"
+                ));
+            }
+        }
+    };
+    match target {
+        Target::Attribute("") | Target::Meta("") => Err(format!("{text:?} names no key")),
+        t => Ok(t),
+    }
+}
+
+fn check_interpolation(text: &str) -> Result<(), String> {
+    interpolation_target(text).map(|_| ())
+}
+
+/// The items of a `set_contains` list: comma-separated, trimmed, empty ones dropped.
+pub fn set_items(text: &str) -> impl Iterator<Item = &str> {
+    text.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// A `version` constraint's requirement, as Nomad users write it: comma-separated
+/// comparisons (`>= 5.10, < 7`); a bare version means exactly that version (`5.10` is
+/// `= 5.10`), not semver's caret.
+pub fn version_requirement(text: &str) -> Result<semver::VersionReq, String> {
+    let parts: Vec<String> = text
+        .split(',')
+        .map(str::trim)
+        .map(|p| {
+            if p.starts_with(|c: char| c.is_ascii_digit()) {
+                format!("={p}")
+            } else {
+                p.to_owned()
+            }
+        })
+        .collect();
+    if parts.iter().any(String::is_empty) {
+        return Err(format!(
+            "{text:?} is not a version requirement such as \">= 5.10, < 7\""
+        ));
+    }
+    semver::VersionReq::parse(&parts.join(", "))
+        .map_err(|e| format!("{text:?} is not a version requirement such as \">= 5.10, < 7\": {e}"))
+}
+
+/// A node attribute read as a version, leniently: the leading `N[.N[.N]]` of it, so
+/// `5.10` is 5.10.0 and a kernel's `6.1.0-18-amd64` is 6.1.0. `None` when it does not
+/// start with a number.
+pub fn lenient_version(text: &str) -> Option<semver::Version> {
+    let t = text.trim().trim_start_matches(['v', 'V']);
+    let end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let mut nums = t[..end].split('.').filter(|s| !s.is_empty());
+    let major = nums.next()?.parse().ok()?;
+    let minor = nums.next().map_or(Some(0), |s| s.parse().ok())?;
+    let patch = nums.next().map_or(Some(0), |s| s.parse().ok())?;
+    Some(semver::Version::new(major, minor, patch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Lifecycle, TaskResources};
+
+    fn task(name: &str) -> Task {
+        Task {
+            name: name.into(),
+            driver: "rawexec".into(),
+            config: serde_json::json!({"command": "/bin/true"}),
+            env: Default::default(),
+            kill_signal: None,
+            kill_timeout: None,
+            restart: None,
+            resources: TaskResources::default(),
+            logs: None,
+            lifecycle: None,
+        }
+    }
+
+    fn job() -> JobSpec {
+        JobSpec {
+            name: "web".into(),
+            job_type: Default::default(),
+            priority: 50,
+            constraints: vec![],
+            update: Default::default(),
+            meta: Default::default(),
+            groups: vec![TaskGroup {
+                name: "app".into(),
+                count: 3,
+                constraints: vec![],
+                meta: Default::default(),
+                tasks: vec![task("main"), task("side")],
+            }],
+        }
+    }
+
+    fn refused(change: impl FnOnce(&mut JobSpec)) -> String {
+        let mut j = job();
+        change(&mut j);
+        validate(&j).unwrap_err().to_string()
+    }
+
+    fn constraint(attribute: &str, operator: ConstraintOperator, value: &str) -> Constraint {
+        Constraint {
+            attribute: attribute.into(),
+            operator,
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn a_good_job_passes() {
+        validate(&job()).unwrap();
+        let mut j = job();
+        j.groups[0].count = 0;
+        j.groups[0].tasks[1].lifecycle = Some(Lifecycle {
+            hook: LifecycleHook::Prestart,
+            sidecar: true,
+        });
+        j.constraints = vec![
+            constraint(
+                "${attr.kernel.version}",
+                ConstraintOperator::Version,
+                ">= 5.10, < 7",
+            ),
+            constraint("${node.meta.rack}", ConstraintOperator::Regexp, "^r[0-9]+$"),
+            constraint("", ConstraintOperator::DistinctHosts, ""),
+            constraint("${driver.docker.version}", ConstraintOperator::IsSet, ""),
+            constraint("${meta.tags}", ConstraintOperator::SetContains, "a, b"),
+        ];
+        validate(&j).unwrap();
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            refused(|j| j.name = String::new()),
+            "name: must not be empty"
+        );
+        assert!(refused(|j| j.name = "we b".into()).starts_with("name: \"we b\" contains ' '"));
+        assert!(refused(|j| j.name = "x".repeat(129)).starts_with("name: is 129 characters"));
+        validate(&JobSpec {
+            name: "A-z_0.9".repeat(18),
+            ..job()
+        })
+        .unwrap();
+        assert!(
+            refused(|j| j.groups[0].name = "a/b".into())
+                .starts_with("group[0].name: \"a/b\" contains '/'")
+        );
+        assert!(
+            refused(|j| j.groups[0].tasks[1].name = "".into())
+                .starts_with("group[0].task[1].name: must not be empty")
+        );
+    }
+
+    #[test]
+    fn groups_and_tasks() {
+        assert_eq!(
+            refused(|j| j.groups.clear()),
+            "group: a job needs at least one group"
+        );
+        assert_eq!(
+            refused(|j| {
+                let g = j.groups[0].clone();
+                j.groups.push(g);
+            }),
+            "group[1].name: group name \"app\" is used twice"
+        );
+        assert_eq!(
+            refused(|j| j.groups[0].tasks[1].name = "main".into()),
+            "group[0].task[1].name: task name \"main\" is used twice in group \"app\""
+        );
+        assert_eq!(
+            refused(|j| j.groups[0].tasks.clear()),
+            "group[0].task: a group needs at least one task"
+        );
+        assert_eq!(
+            refused(|j| {
+                for t in &mut j.groups[0].tasks {
+                    t.lifecycle = Some(Lifecycle {
+                        hook: LifecycleHook::Prestart,
+                        sidecar: false,
+                    });
+                }
+            }),
+            "group[0].task: group \"app\" has no main task: every task has a lifecycle hook"
+        );
+        assert!(
+            refused(|j| j.groups[0].tasks[0].lifecycle = Some(Lifecycle {
+                hook: LifecycleHook::Poststop,
+                sidecar: true,
+            }))
+            .starts_with("group[0].task[0].lifecycle.sidecar: a poststop task cannot be a sidecar")
+        );
+        assert_eq!(
+            refused(|j| j.groups[0].count = 10_001),
+            "group[0].count: 10001 is more than the maximum of 10000"
+        );
+        assert_eq!(
+            refused(|j| j.groups[0].tasks[0].driver = " ".into()),
+            "group[0].task[0].driver: must not be empty"
+        );
+        assert_eq!(
+            refused(|j| j.groups[0].tasks[0].config = serde_json::json!("x")),
+            "group[0].task[0].config: must be a table of the driver's settings"
+        );
+        assert_eq!(
+            refused(|j| j.priority = 0),
+            "priority: 0 is not within 1..=100"
+        );
+        assert_eq!(
+            refused(|j| j.priority = 101),
+            "priority: 101 is not within 1..=100"
+        );
+        assert!(
+            refused(|j| j.groups[0].tasks[0].kill_timeout =
+                Some(std::time::Duration::from_secs(2 * 86400)))
+            .starts_with("group[0].task[0].kill_timeout: 2days is longer")
+        );
+        assert!(
+            refused(|j| j.groups[0].tasks[0].logs = Some(drover_api::LogConfig {
+                max_files: 0,
+                max_file_size_mb: 1
+            }))
+            .starts_with("group[0].task[0].logs: logs.max_files must be at least 1")
+        );
+    }
+
+    #[test]
+    fn resources() {
+        assert_eq!(
+            refused(|j| j.groups[0].tasks[1].resources.cpu = 0),
+            "group[0].task[1].resources.cpu: must be at least 1 (MHz)"
+        );
+        assert_eq!(
+            refused(|j| j.groups[0].tasks[1].resources.memory_mb = 0),
+            "group[0].task[1].resources.memory_mb: must be at least 1 (MiB)"
+        );
+        assert!(
+            refused(|j| {
+                j.groups[0].tasks[0].resources.memory_mb = 64;
+                j.groups[0].tasks[0].resources.memory_max_mb = 32;
+            })
+            .starts_with(
+                "group[0].task[0].resources.memory_max_mb: 32 is less than memory_mb (64)"
+            )
+        );
+        let mut j = job();
+        j.groups[0].tasks[0].resources.memory_max_mb = 300;
+        validate(&j).unwrap();
+    }
+
+    #[test]
+    fn constraints() {
+        use ConstraintOperator::*;
+        let with = |c: Constraint| refused(move |j| j.groups[0].constraints = vec![c]);
+        assert_eq!(
+            with(constraint("${attr.os.name}", DistinctHosts, "")),
+            "group[0].constraint[0].attribute: distinct_hosts takes no attribute"
+        );
+        assert!(
+            with(constraint("", DistinctHosts, "yes"))
+                .starts_with("group[0].constraint[0].value: distinct_hosts takes")
+        );
+        for op in [
+            Equal,
+            NotEqual,
+            Less,
+            LessEqual,
+            Greater,
+            GreaterEqual,
+            Version,
+            Regexp,
+            SetContains,
+            SetContainsAny,
+            IsSet,
+            IsNotSet,
+        ] {
+            let e = with(constraint(" ", op, "1"));
+            assert!(
+                e.starts_with(&format!(
+                    "group[0].constraint[0].attribute: operator {} needs an attribute",
+                    op.as_str()
+                )),
+                "{e}"
+            );
+        }
+        assert!(
+            with(constraint("${node.meta.rack}", Regexp, "r[0-9"))
+                .starts_with("group[0].constraint[0].value: \"r[0-9\" is not a regular expression")
+        );
+        assert!(
+            with(constraint("${attr.kernel.version}", Version, ">= five")).starts_with(
+                "group[0].constraint[0].value: \">= five\" is not a version requirement"
+            )
+        );
+        assert!(
+            with(constraint("${attr.kernel.version}", Version, ">= 5,")).starts_with(
+                "group[0].constraint[0].value: \">= 5,\" is not a version requirement"
+            )
+        );
+        assert!(
+            with(constraint("${meta.tags}", SetContains, " , "))
+                .starts_with("group[0].constraint[0].value: operator set_contains needs")
+        );
+        assert!(with(constraint("${node.rack}", Equal, "r1")).starts_with(
+            "group[0].constraint[0].attribute: \"${node.rack}\" is not something a node has"
+        ));
+        assert!(with(constraint("${attr.os.name", Equal, "linux")).contains("missing its closing"));
+        assert!(
+            with(constraint("${driver.docker}", IsSet, "")).contains("names no driver attribute")
+        );
+        assert!(with(constraint("${attr.}", IsSet, "")).contains("names no key"));
+        assert!(
+            refused(|j| j.constraints = vec![constraint("${attr.x}", Equal, "${bogus}")])
+                .starts_with("constraint[0].value: \"${bogus}\" is not something a node has")
+        );
+    }
+
+    #[test]
+    fn versions_are_read_leniently() {
+        let v = |s| lenient_version(s);
+        assert_eq!(v("5.10"), Some(semver::Version::new(5, 10, 0)));
+        assert_eq!(v("6.1.0-18-amd64"), Some(semver::Version::new(6, 1, 0)));
+        assert_eq!(v("v1.2.3.4"), Some(semver::Version::new(1, 2, 3)));
+        assert_eq!(v("7"), Some(semver::Version::new(7, 0, 0)));
+        assert_eq!(v("linux"), None);
+        let req = version_requirement(">= 5.10, < 7").unwrap();
+        assert!(req.matches(&v("6.1.0-18-amd64").unwrap()));
+        assert!(!req.matches(&v("5.4.0").unwrap()));
+        assert!(!req.matches(&v("7.0").unwrap()));
+        // A bare version is that version, not semver's caret.
+        let exact = version_requirement("5.10").unwrap();
+        assert!(exact.matches(&v("5.10").unwrap()));
+        assert!(!exact.matches(&v("5.11").unwrap()));
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(interpolation_target("${node.name}"), Ok(Target::NodeName));
+        assert_eq!(interpolation_target("${node.id}"), Ok(Target::NodeId));
+        assert_eq!(
+            interpolation_target("${attr.kernel.name}"),
+            Ok(Target::Attribute("kernel.name"))
+        );
+        assert_eq!(
+            interpolation_target("${node.meta.rack}"),
+            Ok(Target::Meta("rack"))
+        );
+        assert_eq!(
+            interpolation_target("${meta.rack}"),
+            Ok(Target::Meta("rack"))
+        );
+        assert_eq!(
+            interpolation_target("${driver.docker.version}"),
+            Ok(Target::Driver("docker", "version"))
+        );
+        assert_eq!(interpolation_target("linux"), Ok(Target::Literal("linux")));
+        assert_eq!(set_items(" a, b ,,c").collect::<Vec<_>>(), ["a", "b", "c"]);
+    }
+}
