@@ -26,6 +26,9 @@ pub enum AgentError {
     /// refuses to start rather than guess; the message says what to do.
     #[error("{0}")]
     State(#[from] StateError),
+    /// The cluster API cannot be forwarded as configured (server address, TLS files).
+    #[error(transparent)]
+    Forward(#[from] crate::cluster_forward::ForwardError),
     /// The API socket could not be bound.
     #[error("cannot listen on {path}: {reason}")]
     Listen {
@@ -140,6 +143,8 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     raise_nofile_limit(&config);
     check_builtins_binary(&builtins);
+    // Before any directory or socket: a bad server address or TLS file stops here.
+    let forward = crate::cluster_forward::Forwarder::from_config(&config)?.map(Arc::new);
     let data_dir = config.data_dir();
     // `--dev`'s default is a fixed name in the shared temp dir, which any host user
     // can create first. Refusing it (rather than moving to a fresh random dir) keeps
@@ -201,6 +206,9 @@ pub async fn run(
             catalog: catalog.clone(),
             tasks: tasks.clone(),
             streams: Arc::new(crate::limits::StreamCaps::new(&config.limits)),
+            // The cluster client's AllocManager, once `cluster::run` is wired here.
+            allocs: None,
+            forward,
         },
         stop.clone(),
         Duration::from_secs(5),

@@ -1445,6 +1445,8 @@ async fn the_api_router_answers_the_typed_client() {
         catalog: Arc::new(crate::catalog::Catalog::default()),
         tasks: env.mgr.clone(),
         streams: Default::default(),
+        allocs: None,
+        forward: None,
     };
     tokio::spawn(async move { axum::serve(listener, crate::api::router(state)).await });
     let c = Client::new(&sock);
