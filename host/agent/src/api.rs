@@ -114,7 +114,9 @@ pub fn router(state: ApiState) -> Router {
 async fn cluster_api(State(s): State<ApiState>, req: axum::extract::Request) -> Response {
     match &s.forward {
         Some(f) if req.uri().path().starts_with("/v1/") => f.forward(req).await,
-        None if req.uri().path().starts_with("/v1/") && !req.uri().path().starts_with("/v1/tasks") => {
+        None if req.uri().path().starts_with("/v1/")
+            && !req.uri().path().starts_with("/v1/tasks") =>
+        {
             ApiError(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -154,7 +156,10 @@ async fn alloc_logs(
         if allocs.statuses().iter().any(|a| a.id == alloc) {
             return Err(ApiError(
                 StatusCode::NOT_FOUND,
-                format!("allocation {alloc} has no task named {:?} (or it has not started yet)", q.task),
+                format!(
+                    "allocation {alloc} has no task named {:?} (or it has not started yet)",
+                    q.task
+                ),
             ));
         }
     }

@@ -59,11 +59,17 @@ fn json_error(status: StatusCode, message: String) -> Response {
     (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
 }
 
-fn tls_config(tls: &ClientTls, host: &str) -> Result<tonic::transport::ClientTlsConfig, ForwardError> {
+fn tls_config(
+    tls: &ClientTls,
+    host: &str,
+) -> Result<tonic::transport::ClientTlsConfig, ForwardError> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
     let read = |path: &std::path::Path, what: &str| {
         std::fs::read(path).map_err(|e| {
-            ForwardError(format!("cannot read the cluster TLS {what} {}: {e}", path.display()))
+            ForwardError(format!(
+                "cannot read the cluster TLS {what} {}: {e}",
+                path.display()
+            ))
         })
     };
     let mut config = ClientTlsConfig::new()
@@ -107,7 +113,11 @@ impl Forwarder {
         }
         let mut servers = Vec::new();
         for addr in &config.servers {
-            let scheme = if config.tls.is_some() { "https" } else { "http" };
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
             let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
                 .map_err(|e| ForwardError(format!("server address {addr:?}: {e}")))?
                 .connect_timeout(CONNECT_TIMEOUT)
@@ -123,9 +133,12 @@ impl Forwarder {
         let token = match &config.token_file {
             None => Ok(None),
             Some(file) => read_token(file).and_then(|t| {
-                t.parse()
-                    .map(Some)
-                    .map_err(|_| format!("the token in {} holds characters a header cannot carry", file.display()))
+                t.parse().map(Some).map_err(|_| {
+                    format!(
+                        "the token in {} holds characters a header cannot carry",
+                        file.display()
+                    )
+                })
             }),
         };
         if let Err(e) = &token {
@@ -146,7 +159,10 @@ impl Forwarder {
             Err(_) => {
                 return json_error(
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("request body larger than {} MiB", MAX_FORWARD_BODY / (1024 * 1024)),
+                    format!(
+                        "request body larger than {} MiB",
+                        MAX_FORWARD_BODY / (1024 * 1024)
+                    ),
                 );
             }
         };
@@ -191,7 +207,10 @@ impl Forwarder {
                 Err(status) => {
                     return json_error(
                         StatusCode::BAD_GATEWAY,
-                        format!("server {addr} failed the forwarded request: {}", status.message()),
+                        format!(
+                            "server {addr} failed the forwarded request: {}",
+                            status.message()
+                        ),
                     );
                 }
             }
@@ -207,7 +226,9 @@ impl Forwarder {
 /// then every message's body piece as it arrives.
 async fn stream_answer(
     addr: &str,
-    mut answer: tonic::codec::Streaming<drover_plugin_sdk::proto::drover::cluster::v1::ForwardResponse>,
+    mut answer: tonic::codec::Streaming<
+        drover_plugin_sdk::proto::drover::cluster::v1::ForwardResponse,
+    >,
 ) -> Response {
     let first = match answer.message().await {
         Ok(Some(first)) => first,
@@ -238,7 +259,10 @@ async fn stream_answer(
     *resp.status_mut() = status;
     for (k, v) in first.headers {
         // Hop-by-hop headers belong to the server's own connection, not this one.
-        if matches!(k.as_str(), "connection" | "transfer-encoding" | "content-length") {
+        if matches!(
+            k.as_str(),
+            "connection" | "transfer-encoding" | "content-length"
+        ) {
             continue;
         }
         if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
