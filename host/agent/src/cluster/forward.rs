@@ -277,3 +277,232 @@ async fn stream_answer(
     }
     resp
 }
+
+/// A stand-in for a server's `Api.Forward` (written on the cluster-rpc branch): it
+/// records what arrives and answers as told, so the agent's side can be tested alone.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::{Arc, Mutex};
+
+    use drover_plugin_sdk::proto::drover::cluster::v1::api_server::{Api, ApiServer};
+    use drover_plugin_sdk::proto::drover::cluster::v1::{ForwardRequest, ForwardResponse};
+
+    /// What the fake server saw: the request and the token metadata.
+    pub type Seen = Arc<Mutex<Vec<(ForwardRequest, Option<String>)>>>;
+
+    struct Fake {
+        seen: Seen,
+        token: Option<String>,
+    }
+
+    #[tonic::async_trait]
+    impl Api for Fake {
+        type ForwardStream =
+            tokio_stream::Iter<std::vec::IntoIter<Result<ForwardResponse, tonic::Status>>>;
+
+        async fn forward(
+            &self,
+            request: tonic::Request<ForwardRequest>,
+        ) -> Result<tonic::Response<Self::ForwardStream>, tonic::Status> {
+            let token = request
+                .metadata()
+                .get("x-drover-token")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if token != self.token {
+                return Err(tonic::Status::unauthenticated("invalid token"));
+            }
+            let req = request.into_inner();
+            let echo = format!(
+                "{} {} {}",
+                req.method,
+                req.path_and_query,
+                String::from_utf8_lossy(&req.body)
+            );
+            self.seen.lock().unwrap().push((req, token));
+            let first = ForwardResponse {
+                status: 201,
+                headers: [
+                    ("x-drover-index".to_owned(), "7".to_owned()),
+                    ("content-type".to_owned(), "application/json".to_owned()),
+                ]
+                .into(),
+                body: b"[\"".to_vec(),
+            };
+            let rest = ForwardResponse {
+                status: 0,
+                headers: Default::default(),
+                body: format!("{echo}\"]").into_bytes(),
+            };
+            Ok(tonic::Response::new(tokio_stream::iter(vec![
+                Ok(first),
+                Ok(rest),
+            ])))
+        }
+    }
+
+    /// Serve a fake `Api` on 127.0.0.1 that wants `token`; its address and what it saw.
+    pub async fn fake_server(token: Option<&str>) -> (String, Seen) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let seen = Seen::default();
+        let fake = Fake {
+            seen: seen.clone(),
+            token: token.map(str::to_owned),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ApiServer::new(fake))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        (addr, seen)
+    }
+
+    /// An address nothing listens on.
+    pub async fn dead_address() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{dead_address, fake_server};
+    use super::*;
+
+    fn config(servers: Vec<String>, token_file: Option<std::path::PathBuf>) -> AgentConfig {
+        AgentConfig {
+            servers,
+            token_file,
+            ..Default::default()
+        }
+    }
+
+    async fn body_of(resp: Response) -> (StatusCode, Option<String>, String) {
+        let status = resp.status();
+        let index = resp
+            .headers()
+            .get("x-drover-index")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, index, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn forwards_to_the_first_server_that_answers_with_the_agents_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let (live, seen) = fake_server(Some("s3cret")).await;
+        let f = Forwarder::from_config(&config(vec![dead_address().await, live], Some(token)))
+            .unwrap()
+            .unwrap();
+        let req = Request::builder()
+            .method("PUT")
+            .uri("/v1/jobs?index=3&wait=1s")
+            .header("content-type", "application/json")
+            .header("x-drover-token", "the caller's, not forwarded")
+            .body(Body::from("{\"job\":1}"))
+            .unwrap();
+        let (status, index, body) = body_of(f.forward(req).await).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(index.as_deref(), Some("7"));
+        assert_eq!(body, "[\"PUT /v1/jobs?index=3&wait=1s {\"job\":1}\"]");
+        let seen = seen.lock().unwrap();
+        let (req, token) = &seen[0];
+        assert_eq!(token.as_deref(), Some("s3cret"));
+        assert_eq!(
+            req.headers.get("content-type").map(String::as_str),
+            Some("application/json")
+        );
+        assert!(!req.headers.contains_key("x-drover-token"));
+    }
+
+    #[tokio::test]
+    async fn refusals_and_unreachable_servers_are_reported_as_such() {
+        let (live, seen) = fake_server(Some("right")).await;
+        let dir = tempfile::tempdir().unwrap();
+        let wrong = dir.path().join("wrong");
+        std::fs::write(&wrong, "wrong").unwrap();
+        let f = Forwarder::from_config(&config(vec![live.clone()], Some(wrong)))
+            .unwrap()
+            .unwrap();
+        let get = || {
+            Request::builder()
+                .uri("/v1/nodes")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let (status, _, body) = body_of(f.forward(get()).await).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(
+            body.contains(&format!("server {live} refused this agent's token")),
+            "{body}"
+        );
+        assert!(seen.lock().unwrap().is_empty());
+
+        let dead = dead_address().await;
+        let f = Forwarder::from_config(&config(vec![dead.clone()], None))
+            .unwrap()
+            .unwrap();
+        let (status, _, body) = body_of(f.forward(get()).await).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.contains("no cluster server answers") && body.contains(&dead),
+            "{body}"
+        );
+
+        let missing = dir.path().join("missing");
+        let f = Forwarder::from_config(&config(vec![live], Some(missing.clone())))
+            .unwrap()
+            .unwrap();
+        let (status, _, body) = body_of(f.forward(get()).await).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.contains(&format!("cannot read the token file {}", missing.display())),
+            "{body}"
+        );
+
+        let big = Request::builder()
+            .method("PUT")
+            .uri("/v1/jobs")
+            .body(Body::from(vec![b'x'; MAX_FORWARD_BODY + 1]))
+            .unwrap();
+        let f = Forwarder::from_config(&config(vec![dead], None))
+            .unwrap()
+            .unwrap();
+        let (status, _, body) = body_of(f.forward(big).await).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(body.contains("larger than 4 MiB"), "{body}");
+    }
+
+    #[test]
+    fn no_servers_no_forwarder_and_bad_settings_are_named() {
+        assert!(
+            Forwarder::from_config(&AgentConfig::default())
+                .unwrap()
+                .is_none()
+        );
+        let err = Forwarder::from_config(&config(vec!["not an address".into()], None)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("server address \"not an address\""),
+            "{err}"
+        );
+        let mut c = config(vec!["127.0.0.1:1".into()], None);
+        c.tls = Some(ClientTls {
+            ca_file: "/nonexistent/ca.pem".into(),
+            cert_file: None,
+            key_file: None,
+            server_name: None,
+        });
+        let err = Forwarder::from_config(&c).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("cannot read the cluster TLS CA file /nonexistent/ca.pem"),
+            "{err}"
+        );
+    }
+}
