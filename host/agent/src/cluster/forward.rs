@@ -31,6 +31,11 @@ pub const MAX_FORWARD_BODY: usize = 4 * 1024 * 1024;
 /// Largest message accepted from the server (one piece of an answer).
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
+/// Longest a forwarded request may take: a blocking query's longest wait (5 minutes)
+/// and a margin. A server that accepted the connection but never answers must not
+/// hold the caller for ever.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(6 * 60);
+
 /// How long connecting to a server may take before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -185,6 +190,7 @@ impl Forwarder {
         for (addr, channel) in &self.servers {
             let mut client = ApiClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE);
             let mut request = tonic::Request::new(message.clone());
+            request.set_timeout(REQUEST_TIMEOUT);
             if let Some(t) = &token {
                 request.metadata_mut().insert(TOKEN_KEY, t.clone());
             }
