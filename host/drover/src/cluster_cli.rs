@@ -62,6 +62,9 @@ pub enum JobCommand {
         /// Also forget the job.
         #[arg(long)]
         purge: bool,
+        /// Return at once instead of waiting until its allocations stopped.
+        #[arg(long)]
+        detach: bool,
     },
 }
 
@@ -292,18 +295,63 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
             }
             Ok(ExitCode::SUCCESS)
         }
-        JobCommand::Stop { name, purge } => {
+        JobCommand::Stop {
+            name,
+            purge,
+            detach,
+        } => {
             let stopped = c.stop_job(&name, purge).await.map_err(cluster_error)?;
+            if !stopped.eval_id.is_empty() {
+                println!("Evaluation ID: {}", stopped.eval_id);
+            }
+            if !detach {
+                wait_stopped(c, &name).await?;
+            }
             if purge {
                 println!("Job {name} stopped and purged");
             } else {
                 println!("Job {name} stopped");
             }
-            if !stopped.eval_id.is_empty() {
-                println!("Evaluation ID: {}", stopped.eval_id);
-            }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// How long `job stop` waits for the allocations to end (their tasks' kill timeouts,
+/// and the client's report): past it, it says what still runs and returns.
+const STOP_WAIT: Duration = Duration::from_secs(120);
+
+/// Wait until no allocation of `job` runs any more (every one terminal: complete,
+/// failed or lost), so that `job stop` returning means its tasks are gone.
+async fn wait_stopped(c: &Client, job: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + STOP_WAIT;
+    let mut q = QueryOptions::default();
+    loop {
+        let answer = match c.job_allocations(job, &q).await {
+            Ok(a) => a,
+            // Purged, allocations and all.
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(cluster_error(e)),
+        };
+        let running: Vec<&Allocation> = answer
+            .value
+            .iter()
+            .filter(|a| !a.client_status.is_terminal())
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            let ids: Vec<&str> = running.iter().map(|a| short(&a.id)).collect();
+            eprintln!(
+                "warning: allocations still stopping after {}s: {} (see `drover job status {job}`)",
+                STOP_WAIT.as_secs(),
+                ids.join(", ")
+            );
+            return Ok(());
+        }
+        q = QueryOptions::blocking(answer.index.max(q.index), left.min(MONITOR_WAIT));
     }
 }
 
@@ -623,11 +671,12 @@ pub fn nodes_text(nodes: &[Node]) -> String {
     out
 }
 
-/// `node status --json`: each node with its status as `node status` shows it.
-#[derive(Serialize)]
-struct NodeJson<'a> {
-    #[serde(flatten)]
-    node: &'a Node,
+/// `node status --json`: each node with `status` as `node status` shows it
+/// (`draining` while a drain is on).
+fn node_json(n: &Node) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(n)?;
+    v["status"] = node_status_word(n).into();
+    Ok(v)
 }
 
 /// Run a `node` subcommand.
@@ -640,7 +689,10 @@ pub async fn node_command(c: &Client, cmd: NodeCommand) -> anyhow::Result<ExitCo
                 .map_err(cluster_error)?
                 .value;
             if json {
-                let view: Vec<NodeJson> = nodes.iter().map(|node| NodeJson { node }).collect();
+                let view = nodes
+                    .iter()
+                    .map(node_json)
+                    .collect::<anyhow::Result<Vec<_>>>()?;
                 print_json(&view)?;
             } else {
                 print!("{}", nodes_text(&nodes));
@@ -656,7 +708,7 @@ pub async fn node_command(c: &Client, cmd: NodeCommand) -> anyhow::Result<ExitCo
                 .map_err(cluster_error)?
                 .value;
             if json {
-                print_json(&node)?;
+                print_json(&node_json(&node)?)?;
             } else {
                 print!("{}", nodes_text(std::slice::from_ref(&node)));
                 let allocs = c
@@ -1131,6 +1183,9 @@ mod tests {
         assert_eq!(rows[0], ["n1-01234", "n1", "ready", "exec,rawexec"]);
         assert_eq!(rows[1][2], "draining");
         assert_eq!(rows[2][2], "down");
+        let json = node_json(&node("n2", NodeStatus::Ready, true)).unwrap();
+        assert_eq!(json["status"], "draining");
+        assert_eq!(json["drivers"]["rawexec"]["healthy"], true);
     }
 
     #[test]
