@@ -464,3 +464,80 @@ fn a_misspelt_key_in_a_job_file_is_refused_with_its_line_before_anything_is_sent
         text(&out.stderr)
     );
 }
+
+#[test]
+#[ignore = "needs the merge: cluster-core, cluster-sched, cluster-rpc (agent --servers, Api.Forward)"]
+fn a_client_agent_forwards_the_cluster_commands_with_its_token() {
+    let root = tempfile::tempdir().unwrap();
+    let token = root.path().join("token");
+    std::fs::write(&token, "agent-and-server\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut server = ServerProc::start(root.path(), &["--token-file", token.to_str().unwrap()]);
+    let rpc = server.wait_for_log_field("drover server listening", "rpc=");
+    let agent_root = root.path().join("agent");
+    std::fs::create_dir(&agent_root).unwrap();
+    let plugins = agent_root.join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let mut agent = common::Agent::start(
+        &agent_root,
+        &plugins,
+        &[
+            "--servers",
+            &rpc,
+            "--node-name",
+            "n1",
+            "--token-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    agent.end_tasks = true;
+    let sock = format!("unix://{}", agent.socket.display());
+    // Through the socket, without DROVER_TOKEN: the agent sends its own.
+    until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "n1 ready with rawexec",
+        || {
+            let nodes = json(&cli(&sock, None, &["node", "status", "--json"]));
+            nodes.as_array().is_some_and(|n| {
+                n.len() == 1
+                    && n[0]["name"] == "n1"
+                    && n[0]["status"] == "ready"
+                    && n[0]["drivers"]["rawexec"]["healthy"] == true
+            })
+        },
+    );
+    let web = root.path().join("web.toml");
+    std::fs::write(&web, WEB_JOB).unwrap();
+    let out = cli(&sock, None, &["job", "run", web.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(
+        text(&out.stdout).matches("node \"n1\"").count(),
+        3,
+        "{}",
+        text(&out.stdout)
+    );
+    let status = json(&cli(&sock, None, &["job", "status", "web", "--json"]));
+    assert_eq!(status["allocations"].as_array().unwrap().len(), 3);
+    assert!(
+        status["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["node_name"] == "n1" && a["desired_status"] == "run")
+    );
+    // The same answers straight from the server, with the token.
+    let direct = json(&server.cli(
+        Some("agent-and-server"),
+        &["job", "status", "web", "--json"],
+    ));
+    assert_eq!(direct["allocations"], status["allocations"]);
+    let out = cli(&sock, None, &["job", "stop", "web", "--detach"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(server.child.try_wait().unwrap().is_none());
+}
