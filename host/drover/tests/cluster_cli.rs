@@ -412,23 +412,27 @@ fn dev_mode_runs_jobs_from_files_through_the_agent_socket() {
         "{}",
         text(&out.stdout)
     );
-    // Stopping leaves no task process behind.
+    // Stopping waits until the job's allocations ended, and leaves no task behind
+    // (the batch job's task completed; the qemu job placed nothing).
     let out = cli(&sock, None, &["job", "stop", "web"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    until_blocking(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        "web's tasks dead",
-        || {
-            let tasks = json(&agent.cli(&["task", "list", "--json"]));
-            tasks
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|t| t["state"] != "dead")
-                .all(|t| !t["name"].as_str().unwrap_or_default().contains("web"))
-        },
+    let s = json(&cli(&sock, None, &["job", "status", "web", "--json"]));
+    assert!(
+        s["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["client_status"] == "complete"),
+        "{s:#}"
     );
+    let tasks = json(&agent.cli(&["task", "list", "--json"]));
+    let live: Vec<_> = tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["state"] != "dead")
+        .collect();
+    assert!(live.is_empty(), "{live:#?}");
     let status = agent.stop();
     assert!(status.success());
 }
