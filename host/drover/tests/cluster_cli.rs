@@ -154,7 +154,7 @@ fn a_server_refuses_bad_flags_naming_them_before_it_listens() {
     let data = root.path().join("data");
     let data = data.to_str().unwrap();
     let empty = empty.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--http-addr", "localhost:80"],
             "invalid value 'localhost:80' for '--http-addr <IP:PORT>'",
@@ -173,6 +173,15 @@ fn a_server_refuses_bad_flags_naming_them_before_it_listens() {
             "invalid value 'a bit' for '--heartbeat-grace",
         ),
         (&["--tls-key-file", "/k.pem"], "--tls-cert-file"),
+        (
+            &[
+                "--tls-cert-file",
+                "/nonexistent/c.pem",
+                "--tls-key-file",
+                "/nonexistent/k.pem",
+            ],
+            "drover: cannot read the TLS certificate file /nonexistent/c.pem",
+        ),
     ];
     for (flags, want) in cases {
         let out = Command::new(drover())
@@ -544,4 +553,118 @@ fn a_client_agent_forwards_the_cluster_commands_with_its_token() {
     let out = cli(&sock, None, &["job", "stop", "web", "--detach"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(server.child.try_wait().unwrap().is_none());
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, made with the openssl tool.
+fn certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl (needed to make test certificates)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            text(&out.stderr)
+        );
+    };
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=drover test ca",
+    ]);
+    run(&ca);
+    let mut csr = vec!["req"];
+    csr.extend(ec);
+    csr.extend([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&csr);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+}
+
+#[test]
+fn with_certificates_the_server_speaks_https_to_clients_that_trust_its_ca() {
+    let root = tempfile::tempdir().unwrap();
+    certificates(root.path());
+    let p = |name: &str| root.path().join(name).display().to_string();
+    let server = ServerProc::start(
+        root.path(),
+        &[
+            "--tls-cert-file",
+            &p("server.pem"),
+            "--tls-key-file",
+            &p("server.key"),
+        ],
+    );
+    assert!(
+        server.http.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.http
+    );
+    let run = |address: &str, ca: Option<&str>| {
+        let mut cmd = Command::new(drover());
+        cmd.args(["node", "status", "--json"])
+            .env("DROVER_ADDR", address)
+            .env_remove("DROVER_TOKEN")
+            .env_remove("DROVER_CACERT");
+        if let Some(ca) = ca {
+            cmd.env("DROVER_CACERT", ca);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(&server.http, Some(&p("ca.pem")));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    let out = run(&server.http, None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("DROVER_CACERT"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A CA that did not sign the server's certificate: refused in the handshake.
+    let out = run(&server.http, Some(&p("server.pem")));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("TLS"), "{}", text(&out.stderr));
+    // Plain HTTP to a TLS listener gets no answer.
+    let plain = server.http.replace("https://", "http://");
+    assert_eq!(run(&plain, None).status.code(), Some(1));
 }
