@@ -110,6 +110,19 @@ pub fn read_token(file: &std::path::Path) -> Result<String, String> {
 }
 
 impl Forwarder {
+    /// A forwarder over channels made elsewhere (the cluster client's connection:
+    /// `(address, channel)` per server, in the order to try them) with `token`.
+    pub fn new(servers: Vec<(String, Channel)>, token: Option<&str>) -> Forwarder {
+        let token = match token {
+            None => Ok(None),
+            Some(t) => t
+                .parse()
+                .map(Some)
+                .map_err(|_| "the cluster token holds characters a header cannot carry".to_owned()),
+        };
+        Forwarder { servers, token }
+    }
+
     /// A forwarder to `config.servers`, or `None` when the agent is no cluster client.
     /// Nothing connects until the first request.
     pub fn from_config(config: &AgentConfig) -> Result<Option<Forwarder>, ForwardError> {
@@ -482,6 +495,22 @@ mod tests {
         let (status, _, body) = body_of(f.forward(big).await).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(body.contains("larger than 4 MiB"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn a_forwarder_over_given_channels_sends_the_given_token() {
+        let (live, seen) = fake_server(Some("t0k")).await;
+        let channel = Endpoint::from_shared(format!("http://{live}"))
+            .unwrap()
+            .connect_lazy();
+        let f = Forwarder::new(vec![(live, channel)], Some("t0k"));
+        let req = Request::builder()
+            .uri("/v1/nodes")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, _) = body_of(f.forward(req).await).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(seen.lock().unwrap()[0].1.as_deref(), Some("t0k"));
     }
 
     #[test]
