@@ -1,32 +1,756 @@
 //! The server's JSON HTTP API (`/v1/...`), Nomad-shaped, with blocking queries.
 //!
-//! FOUNDATION STUB: `router` and `serve` are the contract the `drover server` command
-//! and the RPC layer (forwarding) call; the bodies are written on the `cluster-http`
-//! branch.
+//! - Every answer carries `X-Drover-Index`: the store index the answer was read at
+//!   (for a write, the index of its commit).
+//! - Every `GET` is a blocking query when it has `?index=N`: the answer waits until
+//!   something newer than `N` was committed, or `wait` passed (default and maximum
+//!   [`MAX_BLOCKING_WAIT`]), then reads the state as usual.
+//! - Errors are `{"error": "..."}` with 400 (bad request), 401 (token), 404, 405, 409,
+//!   413 (body too large), 500 (store) or 503 (not serving).
+//! - With a token, every request must carry it in `X-Drover-Token`; anything else is
+//!   refused with 401 before the request is looked at, and changes nothing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use drover_server_api::{
+    INDEX_HEADER, Index, JobRegisterRequest, JobSpec, MAX_BLOCKING_WAIT, NodeDrainRequest,
+    NodeDrainResponse, TOKEN_HEADER,
+};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ServerError;
 use crate::server::Server;
 
+/// Largest request body accepted: a job file is a few KiB; this leaves room for big
+/// driver configs and refuses anything that would only eat memory.
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Connections served at once; more wait in the listen backlog. Blocking queries hold a
+/// connection for up to [`MAX_BLOCKING_WAIT`], so this is generous, but bounded.
+const MAX_CONNECTIONS: usize = 4096;
+
+/// A connection must send a whole request head within this (after accept, and after
+/// each answer on a kept-alive one), or it is closed: idle sockets cannot hold slots.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A TLS handshake must finish within this.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After shutdown fires, requests in flight get this long to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+struct Api {
+    server: Arc<Server>,
+}
+
+/// An API error: a status code and `{"error": "..."}`.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+impl From<ServerError> for ApiError {
+    fn from(e: ServerError) -> Self {
+        let code = match &e {
+            ServerError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ServerError::NotFound(_) => StatusCode::NOT_FOUND,
+            ServerError::Conflict(_) => StatusCode::CONFLICT,
+            ServerError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ServerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// `value` as JSON with the index header.
+fn answer(index: Index, value: impl serde::Serialize) -> ApiResult {
+    let mut resp = Json(value).into_response();
+    resp.headers_mut()
+        .insert(INDEX_HEADER, HeaderValue::from(index));
+    Ok(resp)
+}
+
+fn not_found(what: &str, name: &str) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("{what} {name:?} not found"))
+}
+
 /// The API's routes over `server`; `token`, when set, is required on every request
 /// (`x-drover-token` header).
 pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
-    let _ = (server, token);
-    axum::Router::new()
+    let api = Api { server };
+    let routes = Router::new()
+        .route(
+            "/v1/jobs",
+            get(list_jobs).put(register_job).post(register_job),
+        )
+        .route(
+            "/v1/job/{name}",
+            get(get_job)
+                .put(register_named_job)
+                .post(register_named_job)
+                .delete(stop_job),
+        )
+        .route(
+            "/v1/job/{name}/plan",
+            axum::routing::put(plan_job).post(plan_job),
+        )
+        .route("/v1/job/{name}/allocations", get(job_allocations))
+        .route("/v1/job/{name}/evaluations", get(job_evaluations))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/node/{id}", get(get_node))
+        .route("/v1/node/{id}/allocations", get(node_allocations))
+        .route(
+            "/v1/node/{id}/drain",
+            axum::routing::post(drain_node).put(drain_node),
+        )
+        .route("/v1/allocations", get(list_allocations))
+        .route("/v1/allocation/{id}", get(get_allocation))
+        .route("/v1/evaluations", get(list_evaluations))
+        .route("/v1/evaluation/{id}", get(get_evaluation))
+        .route("/v1/client/fs/logs/{id}", get(alloc_logs_elsewhere))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
+        .method_not_allowed_fallback(|req: Request| async move {
+            ApiError(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{} is not allowed on {}", req.method(), req.uri().path()),
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::map_response_with_state(
+            api.clone(),
+            with_index,
+        ))
+        .with_state(api);
+    match token {
+        Some(token) => routes.layer(axum::middleware::from_fn(move |req, next| {
+            check_token(Arc::from(token.as_bytes()), req, next)
+        })),
+        None => routes,
+    }
 }
 
-/// Serve `router` on `listener` (TLS when `tls` is set) until `shutdown` fires.
+/// Every answer behind the token check carries the index, errors too (a 404 of a
+/// blocking query is an answer at an index like any other).
+async fn with_index(State(api): State<Api>, mut resp: Response) -> Response {
+    if !resp.headers().contains_key(INDEX_HEADER) {
+        resp.headers_mut()
+            .insert(INDEX_HEADER, HeaderValue::from(api.server.index()));
+    }
+    resp
+}
+
+/// Equal bytes, in time that depends only on the lengths: a wrong token's answer must
+/// not tell how much of it was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
+    let given = req.headers().get(TOKEN_HEADER).map(HeaderValue::as_bytes);
+    match given {
+        Some(given) if constant_time_eq(given, &token) => next.run(req).await,
+        Some(_) => {
+            // Never the token itself in logs.
+            tracing::warn!(method = %req.method(), path = %req.uri().path(), "refused a request with a wrong token");
+            ApiError(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response()
+        }
+        None => ApiError(
+            StatusCode::UNAUTHORIZED,
+            format!("this server requires a token: send it in the {TOKEN_HEADER} header (DROVER_TOKEN for the CLI)"),
+        )
+        .into_response(),
+    }
+}
+
+/// `?index=N&wait=30s` of a blocking query.
+#[derive(Debug, Default, Deserialize)]
+struct BlockingQuery {
+    #[serde(default)]
+    index: Option<Index>,
+    #[serde(default)]
+    wait: Option<String>,
+}
+
+/// Parse the blocking-query parameters; the longest wait is [`MAX_BLOCKING_WAIT`],
+/// which is also the default when only `index` is given (as Nomad's).
+fn blocking_wait(q: &BlockingQuery) -> Result<Option<(Index, Duration)>, ApiError> {
+    let wait = match &q.wait {
+        None => MAX_BLOCKING_WAIT,
+        Some(w) => parse_wait(w)?.min(MAX_BLOCKING_WAIT),
+    };
+    Ok(q.index.filter(|i| *i > 0).map(|i| (i, wait)))
+}
+
+/// `30s`, `5m`, `1m30s`, `250ms`, or a bare number of seconds.
+fn parse_wait(text: &str) -> Result<Duration, ApiError> {
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(text).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("invalid query: wait={text:?} is not a duration like \"30s\" or \"5m\": {e}"),
+        )
+    })
+}
+
+fn bad_query(e: QueryRejection) -> ApiError {
+    ApiError(
+        StatusCode::BAD_REQUEST,
+        format!("invalid query: {}", e.body_text()),
+    )
+}
+
+/// Run the blocking part of a query, if asked; then the index to answer with. The
+/// index is read before the state, so the state is at least as new as the index.
+async fn block(
+    api: &Api,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+    shutdown: Option<Extension<CancellationToken>>,
+) -> Result<Index, ApiError> {
+    let Query(q) = query.map_err(bad_query)?;
+    if let Some((index, wait)) = blocking_wait(&q)? {
+        let waited = api.server.wait_for_index(index, wait);
+        match shutdown {
+            Some(Extension(stop)) => {
+                tokio::select! {
+                    _ = waited => {}
+                    // Answer with what there is: the listener is closing.
+                    () = stop.cancelled() => {}
+                }
+            }
+            None => {
+                waited.await;
+            }
+        }
+    }
+    Ok(api.server.index())
+}
+
+/// A JSON body of type `T`, with errors that say what was wrong with it.
+fn json_body<T: DeserializeOwned>(
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "request body larger than {} MiB",
+                    MAX_BODY_BYTES / (1024 * 1024)
+                ),
+            )
+        } else {
+            ApiError(
+                e.status(),
+                format!("cannot read the request body: {}", e.body_text()),
+            )
+        }
+    })?;
+    if body.is_empty() {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "the request body is empty".into(),
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })
+}
+
+/// The body's job, which must carry the name in the path when there is one.
+fn job_from_body(
+    name: Option<&str>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<JobSpec, ApiError> {
+    let JobRegisterRequest { job } = json_body(body)?;
+    if let Some(name) = name
+        && job.name != name
+    {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the job in the body is named {:?}, the path names {name:?}",
+                job.name
+            ),
+        ));
+    }
+    Ok(job)
+}
+
+// --- jobs -------------------------------------------------------------------------
+
+async fn list_jobs(
+    State(api): State<Api>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    answer(index, api.server.jobs())
+}
+
+async fn register_job(
+    State(api): State<Api>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> ApiResult {
+    let job = job_from_body(None, body)?;
+    let resp = api.server.register_job(job).await?;
+    answer(resp.index, resp)
+}
+
+async fn register_named_job(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> ApiResult {
+    let job = job_from_body(Some(&name), body)?;
+    let resp = api.server.register_job(job).await?;
+    answer(resp.index, resp)
+}
+
+async fn get_job(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    let job = api
+        .server
+        .job(&name)
+        .ok_or_else(|| not_found("job", &name))?;
+    answer(index, job)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StopQuery {
+    #[serde(default)]
+    purge: bool,
+}
+
+async fn stop_job(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    query: Result<Query<StopQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = query.map_err(bad_query)?;
+    let resp = api.server.stop_job(&name, q.purge).await?;
+    answer(resp.index, resp)
+}
+
+async fn plan_job(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> ApiResult {
+    let job = job_from_body(Some(&name), body)?;
+    let index = api.server.index();
+    answer(index, api.server.plan_job(job)?)
+}
+
+async fn job_allocations(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    let allocs = api.server.job_allocations(&name);
+    // A purged job's allocations may outlive it; an unknown name with none is a typo.
+    if allocs.is_empty() && api.server.job(&name).is_none() {
+        return Err(not_found("job", &name));
+    }
+    answer(index, allocs)
+}
+
+async fn job_evaluations(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    let evals = api.server.job_evaluations(&name);
+    if evals.is_empty() && api.server.job(&name).is_none() {
+        return Err(not_found("job", &name));
+    }
+    answer(index, evals)
+}
+
+// --- nodes ------------------------------------------------------------------------
+
+async fn list_nodes(
+    State(api): State<Api>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    answer(index, api.server.nodes())
+}
+
+async fn get_node(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    let node = api.server.node(&id).ok_or_else(|| not_found("node", &id))?;
+    answer(index, node)
+}
+
+async fn node_allocations(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    let node = api.server.node(&id).ok_or_else(|| not_found("node", &id))?;
+    answer(index, api.server.node_allocations(&node.id))
+}
+
+async fn drain_node(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> ApiResult {
+    let NodeDrainRequest { enable } = json_body(body)?;
+    let index = api.server.drain_node(&id, enable).await?;
+    answer(index, NodeDrainResponse { index })
+}
+
+// --- allocations and evaluations -------------------------------------------------
+
+async fn list_allocations(
+    State(api): State<Api>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    answer(index, api.server.allocations())
+}
+
+async fn get_allocation(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    let alloc = api
+        .server
+        .allocation(&id)
+        .ok_or_else(|| not_found("allocation", &id))?;
+    answer(index, alloc)
+}
+
+async fn list_evaluations(
+    State(api): State<Api>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    answer(index, api.server.evaluations())
+}
+
+async fn get_evaluation(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    stop: Option<Extension<CancellationToken>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> ApiResult {
+    let index = block(&api, query, stop).await?;
+    let eval = api
+        .server
+        .evaluation(&id)
+        .ok_or_else(|| not_found("evaluation", &id))?;
+    answer(index, eval)
+}
+
+/// `GET /v1/client/fs/logs/{alloc}`: task logs live on the node that runs the
+/// allocation; its agent answers this itself. Reaching the server means the caller
+/// asked the wrong place: say which node has them.
+async fn alloc_logs_elsewhere(State(api): State<Api>, Path(id): Path<String>) -> ApiResult {
+    let alloc = api
+        .server
+        .allocation(&id)
+        .ok_or_else(|| not_found("allocation", &id))?;
+    Err(ApiError(
+        StatusCode::BAD_REQUEST,
+        format!(
+            "the logs of allocation {} are on node {} ({}): ask that node's agent \
+             (drover alloc logs --address unix:///<its data dir>/api.sock)",
+            alloc.id, alloc.node_name, alloc.node_id
+        ),
+    ))
+}
+
+// --- serving ----------------------------------------------------------------------
+
+/// The rustls server config for `files`: their certificate chain and key, and with a
+/// client CA, client certificates required (mutual TLS). Errors name the file.
+pub fn tls_server_config(
+    files: &crate::tls::TlsFiles,
+) -> Result<rustls::ServerConfig, ServerError> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path).map_err(|e| {
+            ServerError::Invalid(format!(
+                "cannot read the TLS {what} {}: {e}",
+                path.display()
+            ))
+        })
+    };
+    let pem_certs = |path: &std::path::Path,
+                     what: &str|
+     -> Result<Vec<CertificateDer<'static>>, ServerError> {
+        let pem = read(path, what)?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                ServerError::Invalid(format!("the TLS {what} {} is not PEM: {e}", path.display()))
+            })?;
+        if certs.is_empty() {
+            return Err(ServerError::Invalid(format!(
+                "the TLS {what} {} holds no certificate",
+                path.display()
+            )));
+        }
+        Ok(certs)
+    };
+    let certs = pem_certs(&files.cert, "certificate file")?;
+    let key_pem = read(&files.key, "key file")?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        ServerError::Invalid(format!(
+            "the TLS key file {} holds no private key: {e}",
+            files.key.display()
+        ))
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Invalid(format!("TLS: {e}")))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in pem_certs(ca, "client CA file")? {
+                roots.add(cert).map_err(|e| {
+                    ServerError::Invalid(format!("the TLS client CA file {}: {e}", ca.display()))
+                })?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| {
+                ServerError::Invalid(format!("the TLS client CA file {}: {e}", ca.display()))
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        ServerError::Invalid(format!(
+            "the TLS certificate {} and key {} do not make a usable pair: {e}",
+            files.cert.display(),
+            files.key.display()
+        ))
+    })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Serve `router` on `listener` (TLS when `tls` is set) until `shutdown` fires; then
+/// stop accepting, end blocking queries with what there is, and give requests in
+/// flight [`SHUTDOWN_GRACE`] to finish. A bad TLS file is an error before anything is
+/// served.
 pub async fn serve(
     router: axum::Router,
     listener: TcpListener,
     tls: Option<crate::tls::TlsFiles>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let _ = (router, listener, tls);
-    shutdown.cancelled().await;
+    let acceptor = match &tls {
+        Some(files) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
+            tls_server_config(files)?,
+        ))),
+        None => None,
+    };
+    let app = router.layer(Extension(shutdown.clone()));
+    // Not `axum::serve`: it builds hyper's connection without a timer, and without one
+    // hyper never enforces `header_read_timeout`.
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    // Each connection's task holds a clone of `open`; once all are dropped, `drained`
+    // reports that every connection closed.
+    let (open, mut drained) = tokio::sync::mpsc::channel::<()>(1);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let (stream, peer) = tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "HTTP accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let http = http.clone();
+        let acceptor = acceptor.clone();
+        let stop = shutdown.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            let _open = open;
+            let _permit = permit;
+            match acceptor {
+                None => serve_connection(&http, stream, app, &stop).await,
+                Some(acceptor) => {
+                    let tls =
+                        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                    match tls {
+                        Ok(Ok(tls)) => serve_connection(&http, tls, app, &stop).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+        });
+    }
+    drop(listener);
+    drop(open);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, drained.recv()).await;
     Ok(())
+}
+
+async fn serve_connection<IO>(
+    http: &hyper::server::conn::http1::Builder,
+    io: IO,
+    app: Router,
+    stop: &CancellationToken,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    let done = tokio::select! {
+        r = conn.as_mut() => Some(r),
+        () = stop.cancelled() => None,
+    };
+    let r = match done {
+        Some(r) => r,
+        None => {
+            // Finish the request in flight, if any, then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "HTTP connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn server_errors_map_to_statuses() {
+        use crate::store::StoreError;
+        for (e, code) in [
+            (ServerError::Invalid("x".into()), StatusCode::BAD_REQUEST),
+            (ServerError::NotFound("x".into()), StatusCode::NOT_FOUND),
+            (ServerError::Conflict("x".into()), StatusCode::CONFLICT),
+            (
+                ServerError::Store(StoreError::Backend("disk".into())),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+            (
+                ServerError::Unavailable("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+        ] {
+            let message = e.to_string();
+            let ApiError(got, said) = ApiError::from(e);
+            assert_eq!((got, said), (code, message));
+        }
+    }
+
+    #[test]
+    fn blocking_waits_are_bounded() {
+        let q = |index: Option<u64>, wait: Option<&str>| BlockingQuery {
+            index,
+            wait: wait.map(str::to_owned),
+        };
+        assert_eq!(blocking_wait(&q(None, Some("30s"))).unwrap(), None);
+        assert_eq!(blocking_wait(&q(Some(0), None)).unwrap(), None);
+        assert_eq!(
+            blocking_wait(&q(Some(7), Some("30s"))).unwrap(),
+            Some((7, Duration::from_secs(30)))
+        );
+        assert_eq!(
+            blocking_wait(&q(Some(7), Some("2"))).unwrap(),
+            Some((7, Duration::from_secs(2)))
+        );
+        assert_eq!(
+            blocking_wait(&q(Some(7), Some("1h"))).unwrap(),
+            Some((7, MAX_BLOCKING_WAIT))
+        );
+        assert_eq!(
+            blocking_wait(&q(Some(7), None)).unwrap(),
+            Some((7, MAX_BLOCKING_WAIT))
+        );
+        let err = blocking_wait(&q(Some(7), Some("soon"))).unwrap_err();
+        assert_eq!(err.0, StatusCode::BAD_REQUEST);
+        assert!(err.1.contains("wait=\"soon\""), "{}", err.1);
+    }
 }

@@ -30,6 +30,9 @@ pub enum AgentError {
     /// The cluster settings (servers, TLS, token file) or the node id are unusable.
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
+    /// The cluster API cannot be forwarded as configured (server address, TLS files).
+    #[error(transparent)]
+    Forward(#[from] crate::cluster_forward::ForwardError),
     /// The API socket could not be bound.
     #[error("cannot listen on {path}: {reason}")]
     Listen {
@@ -176,6 +179,18 @@ pub async fn run(
     } else {
         Some(crate::cluster::prepare(&config)?)
     };
+    // The cluster API on the agent's socket is forwarded to the servers over the same
+    // connections (TLS, token) the cluster client uses.
+    let forward = cluster.as_ref().map(|c| {
+        let conn = c.connection();
+        let servers = (0..conn.len())
+            .map(|i| (conn.address(i).to_owned(), conn.channel(i)))
+            .collect();
+        Arc::new(crate::cluster_forward::Forwarder::new(
+            servers,
+            conn.token(),
+        ))
+    });
     let api_path = config.api_socket();
     if let Some(dir) = api_path.parent().filter(|d| !d.as_os_str().is_empty()) {
         crate::dirs::prepare(dir, "API socket directory", Access::RootMayOwn(0o700))?;
@@ -218,6 +233,9 @@ pub async fn run(
             catalog: catalog.clone(),
             tasks: tasks.clone(),
             streams: Arc::new(crate::limits::StreamCaps::new(&config.limits)),
+            // The cluster client's AllocManager, once `cluster::run` is wired here.
+            allocs: allocs.clone(),
+            forward,
         },
         stop.clone(),
         Duration::from_secs(5),

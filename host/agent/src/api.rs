@@ -19,7 +19,9 @@ use drover_api::{
     TaskLifecycle, TaskView,
 };
 
+use crate::allocs::AllocManager;
 use crate::catalog::{Catalog, LoadedPlugin};
+use crate::cluster_forward::Forwarder;
 use crate::limits::{CapError, LimitedListener, StreamCaps};
 use crate::logs::{FollowOptions, LogChunk, LogStart};
 use crate::tasks::TaskManager;
@@ -34,6 +36,12 @@ pub struct ApiState {
     pub tasks: Arc<TaskManager>,
     /// Caps on `logs -f` and `stats -f` streams.
     pub streams: Arc<StreamCaps>,
+    /// The allocations this node runs, when it is a cluster client: `alloc logs`
+    /// answers from their tasks' logs.
+    pub allocs: Option<Arc<AllocManager>>,
+    /// Forwards the cluster API (`/v1/jobs`, `/v1/nodes`, ...) to the servers, when
+    /// the agent has any.
+    pub forward: Option<Arc<Forwarder>>,
 }
 
 /// An API error: a status code and `{"error": "..."}`.
@@ -96,8 +104,72 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tasks/{id}/events", get(task_events))
         .route("/v1/tasks/{id}/logs", get(task_logs))
         .route("/v1/tasks/{id}/stats", get(task_stats))
-        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
+        .route("/v1/client/fs/logs/{alloc}", get(alloc_logs))
+        .fallback(cluster_api)
         .with_state(state)
+}
+
+/// Everything that is not the agent's own: the cluster API, forwarded to a server
+/// when the agent is a cluster client.
+async fn cluster_api(State(s): State<ApiState>, req: axum::extract::Request) -> Response {
+    match &s.forward {
+        Some(f) if req.uri().path().starts_with("/v1/") => f.forward(req).await,
+        None if req.uri().path().starts_with("/v1/")
+            && !req.uri().path().starts_with("/v1/tasks") =>
+        {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no such API endpoint: {} is the cluster API, and this agent has no servers \
+                     (start it with --servers or --dev, or give --address http://SERVER:PORT)",
+                    req.uri().path()
+                ),
+            )
+            .into_response()
+        }
+        _ => ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()).into_response(),
+    }
+}
+
+/// `GET /v1/client/fs/logs/{alloc}?task=NAME`: a task's log of an allocation this node
+/// runs, as `task logs` answers it. An allocation of another node is the server's to
+/// place: the request is forwarded, and the server says which node has it.
+async fn alloc_logs(
+    State(s): State<ApiState>,
+    stop: Option<Extension<CancellationToken>>,
+    Path(alloc): Path<String>,
+    query: Result<Query<drover_server_api::AllocLogsQuery>, QueryRejection>,
+    req: axum::extract::Request,
+) -> ApiResult {
+    let Query(q) = query.map_err(bad_query)?;
+    if let Some(allocs) = &s.allocs {
+        if let Some(task_id) = allocs.task_id(&alloc, &q.task) {
+            let logs = LogsQuery {
+                stream: q.stream,
+                follow: q.follow,
+                offset: None,
+                tail: q.tail,
+                framed: q.framed,
+            };
+            return logs_response(&s, stop, task_id, logs);
+        }
+        if allocs.statuses().iter().any(|a| a.id == alloc) {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "allocation {alloc} has no task named {:?} (or it has not started yet)",
+                    q.task
+                ),
+            ));
+        }
+    }
+    match &s.forward {
+        Some(f) => Ok(f.forward(req).await),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("allocation {alloc} does not run on this agent"),
+        )),
+    }
 }
 
 /// Liveness, plus whether start-up task recovery has finished (`recovery` is null
@@ -201,6 +273,16 @@ async fn task_logs(
     query: Result<Query<LogsQuery>, QueryRejection>,
 ) -> ApiResult {
     let Query(q) = query.map_err(bad_query)?;
+    logs_response(&s, stop, id, q)
+}
+
+/// A task's log as `GET /v1/tasks/{id}/logs` answers it.
+fn logs_response(
+    s: &ApiState,
+    stop: Option<Extension<CancellationToken>>,
+    id: String,
+    q: LogsQuery,
+) -> ApiResult {
     let start = match (q.offset, q.tail) {
         (Some(_), Some(_)) => {
             return Err(ApiError(

@@ -1,6 +1,8 @@
 //! `drover`: the agent daemon, its CLI, and (re-executed) the built-in drivers.
 
 mod cli;
+mod cluster_cli;
+mod server_cmd;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -36,7 +38,8 @@ const BUILTINS: &[(&str, fn() -> !)] = &[
     about = "Run tasks through out-of-process driver plugins"
 )]
 struct Cli {
-    /// Agent API address (unix:///path/to/api.sock).
+    /// Agent API address (unix:///path/to/api.sock); the cluster commands (job, node,
+    /// alloc, eval) also take a server's (http://HOST:PORT).
     #[arg(long, global = true, env = "DROVER_ADDR")]
     address: Option<String>,
     #[command(subcommand)]
@@ -53,6 +56,20 @@ enum Command {
     /// Run and manage tasks.
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Run a cluster server: jobs, scheduling, the HTTP API and the node RPCs.
+    Server(server_cmd::ServerArgs),
+    /// Submit, inspect and stop cluster jobs.
+    #[command(subcommand)]
+    Job(cluster_cli::JobCommand),
+    /// Inspect and drain cluster nodes.
+    #[command(subcommand)]
+    Node(cluster_cli::NodeCommand),
+    /// Inspect allocations and read their tasks' logs.
+    #[command(subcommand)]
+    Alloc(cluster_cli::AllocCommand),
+    /// Inspect evaluations.
+    #[command(subcommand)]
+    Eval(cluster_cli::EvalCommand),
 }
 
 #[derive(Args)]
@@ -247,6 +264,19 @@ fn main() -> ExitCode {
             })
         }
         Command::Task(cmd) => client_main(cli.address, |c| task_command(c, cmd)),
+        Command::Server(args) => server_cmd::run(args),
+        Command::Job(cmd) => cluster_main(cli.address, |c| async move {
+            cluster_cli::job_command(&c, cmd).await
+        }),
+        Command::Node(cmd) => cluster_main(cli.address, |c| async move {
+            cluster_cli::node_command(&c, cmd).await
+        }),
+        Command::Alloc(cmd) => cluster_main(cli.address, |c| async move {
+            cluster_cli::alloc_command(&c, cmd).await
+        }),
+        Command::Eval(cmd) => cluster_main(cli.address, |c| async move {
+            cluster_cli::eval_command(&c, cmd).await
+        }),
     }
 }
 
@@ -344,6 +374,19 @@ fn run_agent(args: AgentArgs) -> ExitCode {
         }
     };
     init_logging(&config);
+    let mut config = config;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let dev_server = if config.dev && config.servers.is_empty() {
+        match start_dev_server(&mut config, stop.clone()) {
+            Ok(thread) => Some(thread),
+            Err(e) => {
+                tracing::error!("{e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -376,17 +419,54 @@ fn run_agent(args: AgentArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
-        let stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(stop_on_signals(stop.clone()));
-        match drover_host::run(config, builtins, stop).await {
+    let agent_stop = stop.clone();
+    let code = runtime.block_on(async move {
+        tokio::spawn(stop_on_signals(agent_stop.clone()));
+        match drover_host::run(config, builtins, agent_stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // The agent is done (stopped, or failed to start): so is its dev server.
+    stop.cancel();
+    if let Some(thread) = dev_server {
+        let _ = thread.join();
+    }
+    code
+}
+
+/// `--dev`: a server in this process, its store in `<data_dir>/server`, listening on
+/// 127.0.0.1 with ports the OS picks; the agent registers with it as its only server.
+/// `drover job ...` reaches it through the agent's socket (the agent forwards), so no
+/// fixed port is needed (a fixed one could clash with another dev agent).
+fn start_dev_server(
+    config: &mut AgentConfig,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    use drover_host::dirs::{Access, prepare};
+    let data_dir = config.data_dir();
+    let what = if config.data_dir.is_none() {
+        "dev data directory"
+    } else {
+        "data directory"
+    };
+    // As the agent prepares it (it does again, harmlessly): the server's store lives
+    // inside, so the directory must be safe before the server writes there.
+    prepare(&data_dir, what, Access::Private)?;
+    let server_dir = data_dir.join("server");
+    prepare(&server_dir, "dev server directory", Access::Private)?;
+    let (http, rpc, thread) = server_cmd::start_dev(server_dir, stop)?;
+    tracing::info!(
+        http = %format!("http://{http}"),
+        rpc = %rpc,
+        "dev server started; `drover job ...` reaches it through this agent's socket, \
+         or at --address http://{http}"
+    );
+    config.servers = vec![rpc.to_string()];
+    Ok(thread)
 }
 
 /// First SIGINT/SIGTERM: graceful stop. Second: exit at once.
@@ -418,6 +498,31 @@ where
             .build()
             .context("starting the async runtime")?;
         runtime.block_on(f(Client::new(socket)))
+    })();
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("drover: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Run a cluster command with a client for `--address`/`DROVER_ADDR` and the
+/// `DROVER_TOKEN`/`DROVER_CACERT` of the environment.
+fn cluster_main<F, Fut>(address: Option<String>, f: F) -> ExitCode
+where
+    F: FnOnce(drover_server_api::client::Client) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    let result = (|| {
+        let address = cluster_cli::cluster_address(address.as_deref())?;
+        let client = cluster_cli::client(&address, |k| std::env::var(k).ok())?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        runtime.block_on(f(client))
     })();
     match result {
         Ok(code) => code,
@@ -549,4 +654,129 @@ async fn task_command(c: Client, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("drover").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cluster_commands_parse_as_the_interface_says() {
+        let cli = parse(&["job", "run", "web.toml", "--detach", "--json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Job(cluster_cli::JobCommand::Run { ref file, detach: true, json: true }) if file == std::path::Path::new("web.toml")
+        ));
+        let cli = parse(&[
+            "--address",
+            "http://127.0.0.1:4646",
+            "job",
+            "stop",
+            "web",
+            "--purge",
+        ])
+        .unwrap();
+        assert_eq!(cli.address.as_deref(), Some("http://127.0.0.1:4646"));
+        assert!(matches!(
+            cli.command,
+            Command::Job(cluster_cli::JobCommand::Stop { purge: true, .. })
+        ));
+        let cli = parse(&["alloc", "logs", "abc", "main", "-f", "--stderr"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Alloc(cluster_cli::AllocCommand::Logs {
+                follow: true,
+                stderr: true,
+                ..
+            })
+        ));
+        for ok in [
+            &["job", "plan", "f.toml"][..],
+            &["job", "status", "web", "--json"],
+            &["node", "status", "--json"],
+            &["node", "drain", "n1"],
+            &["alloc", "status", "abc", "--json"],
+            &["eval", "status", "e1"],
+        ] {
+            parse(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn server_flags_are_checked_before_anything_opens() {
+        let cli = parse(&[
+            "server",
+            "--data-dir",
+            "/d",
+            "--http-addr",
+            "127.0.0.1:1",
+            "--rpc-addr",
+            "127.0.0.1:2",
+            "--heartbeat-ttl",
+            "3s",
+            "--heartbeat-grace",
+            "1m",
+            "--workers",
+            "4",
+            "--scheduler",
+            "spread",
+        ])
+        .unwrap();
+        let Command::Server(args) = cli.command else {
+            panic!("not server")
+        };
+        let o = args.options().unwrap();
+        assert_eq!(o.http_addr.port(), 1);
+        assert_eq!(o.heartbeat_ttl, std::time::Duration::from_secs(3));
+        assert_eq!(o.heartbeat_grace, std::time::Duration::from_secs(60));
+        assert_eq!(o.workers, Some(4));
+        assert_eq!(
+            o.algorithm,
+            drover_server::config::SchedulerAlgorithm::Spread
+        );
+        for (bad, want) in [
+            (
+                &["--http-addr", "localhost"][..],
+                "invalid value 'localhost' for '--http-addr",
+            ),
+            (&["--heartbeat-ttl", "0s"], "must be more than 0"),
+            (
+                &["--scheduler", "random"],
+                "invalid value 'random' for '--scheduler",
+            ),
+            (&["--workers", "0"], "invalid value '0' for '--workers"),
+            (&["--tls-cert-file", "c.pem"], "--tls-key-file"),
+        ] {
+            let mut args = vec!["server", "--data-dir", "/d"];
+            args.extend_from_slice(bad);
+            let err = parse(&args)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"))
+                .to_string();
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("token");
+        std::fs::write(&empty, "  \n").unwrap();
+        let cli = parse(&[
+            "server",
+            "--data-dir",
+            "/d",
+            "--token-file",
+            empty.to_str().unwrap(),
+        ])
+        .unwrap();
+        let Command::Server(args) = cli.command else {
+            panic!("not server")
+        };
+        let err = args.options().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("--token-file: the token file {} is empty", empty.display())
+        );
+    }
 }

@@ -14,6 +14,8 @@
 //! and field); [`validate()`] checks a job spec the way the server does before it
 //! accepts one.
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod jobfile;
 pub mod types;
 pub mod validate;

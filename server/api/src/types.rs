@@ -837,6 +837,34 @@ pub struct NodeDrainRequest {
     pub enable: bool,
 }
 
+/// Answer to `POST /v1/node/{id}/drain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDrainResponse {
+    /// The index of the commit.
+    pub index: Index,
+}
+
+/// The query of `GET /v1/client/fs/logs/{alloc}`: a task's log, from the agent of the
+/// node that runs the allocation (the server keeps no logs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocLogsQuery {
+    /// The task's name in the allocation's group.
+    pub task: String,
+    /// stdout (default) or stderr.
+    #[serde(default)]
+    pub stream: drover_api::LogStream,
+    /// Keep the answer open and send output as it is written, until the task is dead.
+    #[serde(default)]
+    pub follow: bool,
+    /// Start at the last N lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<u64>,
+    /// Answer in frames (`drover_api::Frame`) instead of plain bytes.
+    #[serde(default)]
+    pub framed: bool,
+}
+
 /// Header carrying the index of the state an answer was read at (as Nomad's).
 pub const INDEX_HEADER: &str = "x-drover-index";
 /// Header carrying the ACL token.

@@ -1500,6 +1500,8 @@ async fn the_api_router_answers_the_typed_client() {
         catalog: Arc::new(crate::catalog::Catalog::default()),
         tasks: env.mgr.clone(),
         streams: Default::default(),
+        allocs: None,
+        forward: None,
     };
     tokio::spawn(async move { axum::serve(listener, crate::api::router(state)).await });
     let c = Client::new(&sock);
@@ -1650,4 +1652,76 @@ async fn destroy_removes_planted_links_not_their_targets() {
         std::fs::read_to_string(host.join("precious")).unwrap(),
         "keep me"
     );
+}
+
+/// The agent's socket answers its own endpoints itself and forwards the cluster API
+/// (`/v1/jobs`, `/v1/client/fs/logs/...` of an allocation it does not run) when it has
+/// servers; without servers it says that it has none.
+#[tokio::test]
+async fn the_api_router_forwards_the_cluster_api_only() {
+    use drover_api::{Client, StatusCode};
+
+    let env = Env::new();
+    let serve = |name: &str, forward: Option<Arc<crate::cluster_forward::Forwarder>>| {
+        let sock = env._dir.path().join(name);
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let state = crate::api::ApiState {
+            catalog: Arc::new(crate::catalog::Catalog::default()),
+            tasks: env.mgr.clone(),
+            streams: Default::default(),
+            allocs: None,
+            forward,
+        };
+        tokio::spawn(async move { axum::serve(listener, crate::api::router(state)).await });
+        Client::new(&sock)
+    };
+    let alone = serve("alone.sock", None);
+    let raw = alone.get_raw(&["v1", "jobs"], &[]).await.unwrap();
+    assert_eq!(raw.status, StatusCode::NOT_FOUND);
+    let msg = raw.error_message().unwrap();
+    assert!(msg.contains("this agent has no servers"), "{msg}");
+    let raw = alone
+        .get_raw(&["v1", "client", "fs", "logs", "a1"], &[("task", "main")])
+        .await
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        raw.error_message().unwrap(),
+        "allocation a1 does not run on this agent"
+    );
+    assert_eq!(
+        alone.get_raw(&["v1", "tasks"], &[]).await.unwrap().status,
+        StatusCode::OK
+    );
+
+    let (server, seen) = crate::cluster_forward::testing::fake_server(None).await;
+    let config = crate::config::AgentConfig {
+        servers: vec![server],
+        ..Default::default()
+    };
+    let forward = crate::cluster_forward::Forwarder::from_config(&config)
+        .unwrap()
+        .map(Arc::new);
+    let member = serve("member.sock", forward);
+    let raw = member
+        .get_raw(&["v1", "job", "web"], &[("index", "4")])
+        .await
+        .unwrap();
+    assert_eq!(raw.status, StatusCode::CREATED, "the fake server's status");
+    assert_eq!(
+        String::from_utf8(raw.body).unwrap(),
+        "[\"GET /v1/job/web?index=4 \"]"
+    );
+    let raw = member
+        .get_raw(&["v1", "client", "fs", "logs", "a1"], &[("task", "main")])
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(raw.body).unwrap(),
+        "[\"GET /v1/client/fs/logs/a1?task=main \"]"
+    );
+    // The agent's own endpoints never reach the server.
+    assert_eq!(member.list_tasks().await.unwrap(), env.mgr.list());
+    assert!(member.health().await.is_ok());
+    assert_eq!(seen.lock().unwrap().len(), 2);
 }

@@ -1,0 +1,357 @@
+//! `drover server`, and the in-process server of `drover agent --dev`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use drover_server::config::SchedulerAlgorithm;
+use drover_server::store::Store;
+use drover_server::tls::TlsFiles;
+use drover_server::{Server, ServerConfig};
+use tokio_util::sync::CancellationToken;
+
+/// `drover server` flags.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// The server's state (the embedded store) lives here.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Address of the HTTP API (`/v1/...`); port 0 picks a free one.
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:4646")]
+    pub http_addr: SocketAddr,
+    /// Address of the node RPCs client agents connect to.
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:4647")]
+    pub rpc_addr: SocketAddr,
+    /// File holding the cluster token: every HTTP request and RPC must carry it.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Nodes must heartbeat at least this often, e.g. "10s".
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub heartbeat_ttl: Duration,
+    /// Extra time after a missed TTL before a node is down.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub heartbeat_grace: Duration,
+    /// TLS certificate (PEM) for both listeners; with --tls-key-file.
+    #[arg(long, value_name = "FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// TLS private key (PEM); with --tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA that client certificates must chain to (mutual TLS).
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// Scheduler workers (default: one per core).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: Option<u16>,
+    /// How feasible nodes are ranked.
+    #[arg(long, value_parser = ["binpack", "spread"], default_value = "binpack")]
+    pub scheduler: String,
+    /// Log filter, e.g. "info" or "drover_server=debug".
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like \"10s\": {e}"))?;
+    if d.is_zero() {
+        return Err("must be more than 0".into());
+    }
+    Ok(d)
+}
+
+/// What a server runs with, checked before anything is opened.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Where the store lives.
+    pub data_dir: PathBuf,
+    /// HTTP listener.
+    pub http_addr: SocketAddr,
+    /// RPC listener.
+    pub rpc_addr: SocketAddr,
+    /// Required on every request, when set.
+    pub token: Option<String>,
+    /// Both listeners speak TLS, when set.
+    pub tls: Option<TlsFiles>,
+    /// Heartbeat TTL.
+    pub heartbeat_ttl: Duration,
+    /// Heartbeat grace.
+    pub heartbeat_grace: Duration,
+    /// Scheduler workers.
+    pub workers: Option<usize>,
+    /// Ranking.
+    pub algorithm: SchedulerAlgorithm,
+}
+
+impl ServerArgs {
+    /// The options, with the token file read and the TLS files checked: errors name
+    /// the flag and the file.
+    pub fn options(&self) -> anyhow::Result<ServerOptions> {
+        let token = match &self.token_file {
+            None => None,
+            Some(f) => Some(
+                drover_host::cluster_forward::read_token(f)
+                    .map_err(|e| anyhow::anyhow!("--token-file: {e}"))?,
+            ),
+        };
+        let tls = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => {
+                let files = TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.tls_client_ca_file.clone(),
+                };
+                // Loaded once here so that a bad file stops the start, not a listener.
+                drover_server::http::tls_server_config(&files)?;
+                Some(files)
+            }
+            (None, None) => None,
+            _ => bail!("give both --tls-cert-file and --tls-key-file, or neither"),
+        };
+        Ok(ServerOptions {
+            data_dir: self.data_dir.clone(),
+            http_addr: self.http_addr,
+            rpc_addr: self.rpc_addr,
+            token,
+            tls,
+            heartbeat_ttl: self.heartbeat_ttl,
+            heartbeat_grace: self.heartbeat_grace,
+            workers: self.workers.map(usize::from),
+            algorithm: match self.scheduler.as_str() {
+                "spread" => SchedulerAlgorithm::Spread,
+                _ => SchedulerAlgorithm::BinPack,
+            },
+        })
+    }
+}
+
+/// A server started by [`start`].
+pub struct Started {
+    /// Where the HTTP API listens.
+    pub http: SocketAddr,
+    /// Where the RPCs listen.
+    pub rpc: SocketAddr,
+    /// Ends when both listeners stopped (after `stop` fired), or with the first error.
+    pub done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Bind both listeners, open the store, start the server and serve until `stop`.
+pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::Result<Started> {
+    let http_listener = tokio::net::TcpListener::bind(options.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {} (--http-addr)", options.http_addr))?;
+    let rpc_listener = tokio::net::TcpListener::bind(options.rpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on {} (--rpc-addr)", options.rpc_addr))?;
+    let http = http_listener.local_addr()?;
+    let rpc = rpc_listener.local_addr()?;
+    create_private_dir(&options.data_dir)?;
+    let store: Arc<dyn Store> = Arc::new(
+        drover_server::store::redb::RedbStore::open(&options.data_dir).with_context(|| {
+            format!(
+                "cannot open the server store in {}",
+                options.data_dir.display()
+            )
+        })?,
+    );
+    let mut config = ServerConfig::new(&options.data_dir);
+    config.heartbeat_ttl = options.heartbeat_ttl;
+    config.heartbeat_grace = options.heartbeat_grace;
+    if let Some(w) = options.workers {
+        config.workers = w;
+    }
+    config.algorithm = options.algorithm;
+    let server = Server::start(config, store, stop.clone())
+        .await
+        .context("cannot start the server")?;
+    let scheme = if options.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(
+        http = %format!("{scheme}://{http}"),
+        rpc = %rpc,
+        data_dir = %options.data_dir.display(),
+        token = options.token.is_some(),
+        tls = options.tls.is_some(),
+        "drover server listening"
+    );
+    // Forwarded requests were authenticated by the RPC listener (the RPC's token);
+    // the API behind it needs none of its own.
+    let forwarded = drover_server::http::router(server.clone(), None);
+    let rpc_task = tokio::spawn(drover_server::rpc::serve(
+        server.clone(),
+        rpc_listener,
+        drover_server::rpc::RpcOptions {
+            token: options.token.clone(),
+            tls: options.tls.clone(),
+        },
+        Some(forwarded),
+        stop.clone(),
+    ));
+    let http_task = tokio::spawn(drover_server::http::serve(
+        drover_server::http::router(server, options.token),
+        http_listener,
+        options.tls,
+        stop.clone(),
+    ));
+    let done = tokio::spawn(async move {
+        // Either listener ending (an error, or `stop`) stops the other: a server half
+        // up is worse than none.
+        let (mut rpc_task, mut http_task) = (rpc_task, http_task);
+        let (rpc_result, http_result) = tokio::select! {
+            r = &mut rpc_task => { stop.cancel(); (r, http_task.await) }
+            r = &mut http_task => { stop.cancel(); (rpc_task.await, r) }
+        };
+        rpc_result
+            .context("the RPC listener panicked")?
+            .context("RPC listener")?;
+        http_result
+            .context("the HTTP listener panicked")?
+            .context("HTTP listener")?;
+        Ok(())
+    });
+    Ok(Started { http, rpc, done })
+}
+
+fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))
+}
+
+/// `drover server`: run until SIGINT/SIGTERM.
+pub fn run(args: ServerArgs) -> ExitCode {
+    // Flags and files first: a bad one exits before any socket opens.
+    let options = match args.options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("drover: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&args.log_level);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("drover: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let stop = CancellationToken::new();
+        tokio::spawn(crate::stop_on_signals(stop.clone()));
+        let started = match start(options, stop.clone()).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("drover: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match started.done.await {
+            Ok(Ok(())) => {
+                tracing::info!("drover server stopped");
+                ExitCode::SUCCESS
+            }
+            Ok(Err(e)) => {
+                tracing::error!("{e:#}");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                tracing::error!("server task: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn init_logging(level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// The server of `drover agent --dev`, on its own thread and runtime (the agent's
+/// runtime is single-threaded by design; scheduling must not stall it). Its store is
+/// `<data_dir>/server`, both listeners on 127.0.0.1 with ports the OS picks; it stops
+/// when `stop` fires. Returns once it listens.
+pub fn start_dev(
+    data_dir: PathBuf,
+    stop: CancellationToken,
+) -> anyhow::Result<(SocketAddr, SocketAddr, std::thread::JoinHandle<()>)> {
+    let options = ServerOptions {
+        data_dir,
+        http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        rpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        token: None,
+        tls: None,
+        heartbeat_ttl: Duration::from_secs(10),
+        heartbeat_grace: Duration::from_secs(10),
+        workers: None,
+        algorithm: SchedulerAlgorithm::BinPack,
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("dev-server".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("dev-server")
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.send(Err(anyhow::anyhow!(
+                        "cannot start the dev server's runtime: {e}"
+                    )));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                match start(options, stop.clone()).await {
+                    Ok(started) => {
+                        let _ = tx.send(Ok((started.http, started.rpc)));
+                        match started.done.await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => tracing::error!("dev server: {e:#}"),
+                            Err(e) => tracing::error!("dev server: {e}"),
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            });
+        })
+        .context("cannot start the dev server's thread")?;
+    match rx.recv() {
+        Ok(Ok((http, rpc))) => Ok((http, rpc, thread)),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            bail!("the dev server's thread ended before it listened")
+        }
+    }
+}

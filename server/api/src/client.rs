@@ -1,0 +1,779 @@
+//! A typed client of the server's HTTP API (`/v1/...`), over TCP (`http://HOST:PORT`,
+//! or `https://HOST:PORT` with a CA file) or over a client agent's unix socket
+//! (`unix:///path/api.sock`: the agent forwards to its servers).
+//!
+//! One connection per request: the CLI makes a handful of requests, and a blocking
+//! query may hold its connection for minutes anyway.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), drover_server_api::client::Error> {
+//! use drover_server_api::client::{Client, ClientOptions, QueryOptions};
+//!
+//! let client = Client::new("http://127.0.0.1:4646", ClientOptions::default())?;
+//! let jobs = client.jobs(&QueryOptions::default()).await?;
+//! // Wait up to 30s for anything newer than what we saw.
+//! let next = client.jobs(&QueryOptions::blocking(jobs.index, std::time::Duration::from_secs(30))).await?;
+//! println!("{} jobs at index {}", next.value.len(), next.index);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_api::{Frame, FrameDecoder, LOG_FRAMES_CONTENT_TYPE, encode_path_segment};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, StatusCode, header};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::{
+    AllocLogsQuery, Allocation, Evaluation, INDEX_HEADER, Index, Job, JobListStub, JobPlanResponse,
+    JobRegisterRequest, JobRegisterResponse, JobSpec, Node, NodeDrainRequest, NodeDrainResponse,
+    TOKEN_HEADER,
+};
+
+/// How long connecting (TCP and TLS) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest answer read into memory (a list of 100,000 allocations is ~100 MiB of JSON;
+/// more than that is not an answer a CLI should hold).
+const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The address is not one this client speaks.
+    #[error("address {address:?}: {reason}")]
+    Address {
+        /// As given.
+        address: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// TLS settings could not be used (CA file unreadable, ...).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// Nothing answered at the address; the request was not sent.
+    #[error("cannot reach {address}: {reason}")]
+    Connect {
+        /// The address.
+        address: String,
+        /// Why.
+        reason: String,
+    },
+    /// The connection failed after the request was sent: it may or may not have acted.
+    #[error("the request to {address} failed: {reason}")]
+    Request {
+        /// The address.
+        address: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server (or agent) answered with an error status; `message` is its words.
+    #[error("{message}")]
+    Status {
+        /// The HTTP status.
+        status: StatusCode,
+        /// What it said.
+        message: String,
+    },
+    /// The answer is not the JSON the API promises.
+    #[error("cannot decode the answer to {request}: {source}")]
+    Decode {
+        /// The request, e.g. `GET /v1/jobs`.
+        request: String,
+        /// What serde found.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Reading the answer failed part-way, or it was too large.
+    #[error("the answer to {request} broke off: {reason}")]
+    Body {
+        /// The request.
+        request: String,
+        /// Why.
+        reason: String,
+    },
+    /// A log stream that had begun was ended by an error reported in it.
+    #[error("{0}")]
+    Stream(String),
+    /// The request cannot be made as asked (nothing was sent).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+impl Error {
+    /// The HTTP status of an error answer.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Error::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The answer was 404.
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(StatusCode::NOT_FOUND)
+    }
+}
+
+/// How to talk to the server.
+#[derive(Debug, Clone, Default)]
+pub struct ClientOptions {
+    /// Sent as `X-Drover-Token` with every request.
+    pub token: Option<String>,
+    /// CA file (PEM) the server's certificate must chain to, for `https://`.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// Blocking-query parameters of a read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryOptions {
+    /// Wait for something newer than this index (0: answer at once).
+    pub index: Index,
+    /// For at most this long (the server caps it at 5 minutes).
+    pub wait: Option<Duration>,
+}
+
+impl QueryOptions {
+    /// A blocking query: wait until the index passes `index`, at most `wait`.
+    pub fn blocking(index: Index, wait: Duration) -> QueryOptions {
+        QueryOptions {
+            index,
+            wait: Some(wait),
+        }
+    }
+
+    fn query(&self) -> Option<String> {
+        if self.index == 0 {
+            return None;
+        }
+        let mut q = format!("index={}", self.index);
+        if let Some(w) = self.wait {
+            q.push_str(&format!("&wait={}ms", w.as_millis()));
+        }
+        Some(q)
+    }
+}
+
+/// An answer and the index it was read at (`X-Drover-Index`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer<T> {
+    /// What was read.
+    pub value: T,
+    /// The index of the state it was read at: pass it to the next blocking query.
+    pub index: Index,
+}
+
+/// An answer as it came, whatever its status: see [`Client::raw`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawAnswer {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// `X-Drover-Index`, when present.
+    pub index: Option<Index>,
+    /// The whole body.
+    pub body: Vec<u8>,
+}
+
+impl RawAnswer {
+    /// The `error` of an error body.
+    pub fn error_message(&self) -> Option<String> {
+        serde_json::from_slice::<serde_json::Value>(&self.body)
+            .ok()?
+            .get("error")?
+            .as_str()
+            .map(str::to_owned)
+    }
+}
+
+#[derive(Clone)]
+enum Target {
+    Tcp {
+        host: String,
+        port: u16,
+        tls: Option<(
+            tokio_rustls::TlsConnector,
+            rustls::pki_types::ServerName<'static>,
+        )>,
+    },
+    Unix(PathBuf),
+}
+
+/// A client of one server's (or agent's) API. Cloning is cheap.
+#[derive(Clone)]
+pub struct Client {
+    address: String,
+    target: Target,
+    token: Option<hyper::header::HeaderValue>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the token.
+        f.debug_struct("Client")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+impl Client {
+    /// A client for `address`: `http://HOST:PORT`, `https://HOST:PORT` (needs
+    /// `options.ca_file`), or `unix:///path/api.sock` (an agent). Nothing is connected
+    /// until the first call.
+    pub fn new(address: &str, options: ClientOptions) -> Result<Client, Error> {
+        let bad = |reason: &str| Error::Address {
+            address: address.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let target = if let Some(path) = address.strip_prefix("unix://") {
+            if path.is_empty() {
+                return Err(bad("no socket path after unix://"));
+            }
+            Target::Unix(PathBuf::from(path))
+        } else {
+            let (https, rest) = if let Some(rest) = address.strip_prefix("http://") {
+                (false, rest)
+            } else if let Some(rest) = address.strip_prefix("https://") {
+                (true, rest)
+            } else {
+                return Err(bad(
+                    "expected http://HOST:PORT, https://HOST:PORT or unix:///path/to/api.sock",
+                ));
+            };
+            let rest = rest.trim_end_matches('/');
+            if rest.contains('/') {
+                return Err(bad("give only HOST:PORT after the scheme, no path"));
+            }
+            let (host, port) = match rest.rsplit_once(':') {
+                Some((h, p)) if !h.is_empty() && !p.contains(']') => {
+                    let port = p
+                        .parse::<u16>()
+                        .map_err(|_| bad(&format!("port {p:?} is not a number up to 65535")))?;
+                    (h.to_owned(), port)
+                }
+                _ => (rest.to_owned(), if https { 443 } else { 80 }),
+            };
+            if host.is_empty() {
+                return Err(bad("no host"));
+            }
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let tls = if https {
+                Some(tls_connector(&host, &options)?)
+            } else {
+                if options.ca_file.is_some() {
+                    return Err(bad("a CA file was given, but the address is not https://"));
+                }
+                None
+            };
+            Target::Tcp { host, port, tls }
+        };
+        let token = match options.token {
+            None => None,
+            Some(t) => Some(hyper::header::HeaderValue::from_str(t.trim()).map_err(|_| {
+                Error::InvalidRequest("the token holds characters a header cannot carry".into())
+            })?),
+        };
+        Ok(Client {
+            address: address.to_owned(),
+            target,
+            token,
+        })
+    }
+
+    /// The address as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Whether the address is an agent's socket (which forwards to its servers).
+    pub fn is_agent(&self) -> bool {
+        matches!(self.target, Target::Unix(_))
+    }
+
+    // --- jobs -----------------------------------------------------------------------
+
+    /// `GET /v1/jobs`.
+    pub async fn jobs(&self, q: &QueryOptions) -> Result<Answer<Vec<JobListStub>>, Error> {
+        self.read(&["v1", "jobs"], q).await
+    }
+
+    /// `PUT /v1/jobs`: register a job (or a new version); creates an evaluation.
+    pub async fn register_job(&self, job: &JobSpec) -> Result<JobRegisterResponse, Error> {
+        let body = JobRegisterRequest { job: job.clone() };
+        self.write(Method::PUT, &["v1", "jobs"], None, Some(&body))
+            .await
+    }
+
+    /// `PUT /v1/job/{name}/plan`: what registering `job` would do; commits nothing.
+    pub async fn plan_job(&self, job: &JobSpec) -> Result<JobPlanResponse, Error> {
+        let body = JobRegisterRequest { job: job.clone() };
+        self.write(
+            Method::PUT,
+            &["v1", "job", &job.name, "plan"],
+            None,
+            Some(&body),
+        )
+        .await
+    }
+
+    /// `GET /v1/job/{name}`.
+    pub async fn job(&self, name: &str, q: &QueryOptions) -> Result<Answer<Job>, Error> {
+        self.read(&["v1", "job", name], q).await
+    }
+
+    /// `DELETE /v1/job/{name}`: stop a job (and with `purge` forget it).
+    pub async fn stop_job(&self, name: &str, purge: bool) -> Result<JobRegisterResponse, Error> {
+        let query = purge.then(|| "purge=true".to_owned());
+        self.write::<(), _>(Method::DELETE, &["v1", "job", name], query, None)
+            .await
+    }
+
+    /// `GET /v1/job/{name}/allocations`, newest first.
+    pub async fn job_allocations(
+        &self,
+        name: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<Allocation>>, Error> {
+        self.read(&["v1", "job", name, "allocations"], q).await
+    }
+
+    /// `GET /v1/job/{name}/evaluations`, newest first.
+    pub async fn job_evaluations(
+        &self,
+        name: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<Evaluation>>, Error> {
+        self.read(&["v1", "job", name, "evaluations"], q).await
+    }
+
+    // --- nodes ----------------------------------------------------------------------
+
+    /// `GET /v1/nodes`.
+    pub async fn nodes(&self, q: &QueryOptions) -> Result<Answer<Vec<Node>>, Error> {
+        self.read(&["v1", "nodes"], q).await
+    }
+
+    /// `GET /v1/node/{id}` (an id or a unique name).
+    pub async fn node(&self, id: &str, q: &QueryOptions) -> Result<Answer<Node>, Error> {
+        self.read(&["v1", "node", id], q).await
+    }
+
+    /// `GET /v1/node/{id}/allocations`.
+    pub async fn node_allocations(
+        &self,
+        id: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<Allocation>>, Error> {
+        self.read(&["v1", "node", id, "allocations"], q).await
+    }
+
+    /// `POST /v1/node/{id}/drain`: start (`enable`) or end a node's drain.
+    pub async fn drain_node(&self, id: &str, enable: bool) -> Result<NodeDrainResponse, Error> {
+        self.write(
+            Method::POST,
+            &["v1", "node", id, "drain"],
+            None,
+            Some(&NodeDrainRequest { enable }),
+        )
+        .await
+    }
+
+    // --- allocations and evaluations ----------------------------------------------
+
+    /// `GET /v1/allocations`.
+    pub async fn allocations(&self, q: &QueryOptions) -> Result<Answer<Vec<Allocation>>, Error> {
+        self.read(&["v1", "allocations"], q).await
+    }
+
+    /// `GET /v1/allocation/{id}` (an id or a unique prefix).
+    pub async fn allocation(
+        &self,
+        id: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Allocation>, Error> {
+        self.read(&["v1", "allocation", id], q).await
+    }
+
+    /// `GET /v1/evaluations`.
+    pub async fn evaluations(&self, q: &QueryOptions) -> Result<Answer<Vec<Evaluation>>, Error> {
+        self.read(&["v1", "evaluations"], q).await
+    }
+
+    /// `GET /v1/evaluation/{id}` (an id or a unique prefix).
+    pub async fn evaluation(
+        &self,
+        id: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Evaluation>, Error> {
+        self.read(&["v1", "evaluation", id], q).await
+    }
+
+    /// `GET /v1/client/fs/logs/{alloc}?task=...`: a task's log, as frames. Only the
+    /// agent of the node running the allocation has it (a server answers which node
+    /// that is).
+    pub async fn alloc_logs(
+        &self,
+        alloc: &str,
+        query: &AllocLogsQuery,
+    ) -> Result<AllocLogFrames, Error> {
+        let mut query = query.clone();
+        query.framed = true;
+        let q = serde_urlencoded::to_string(&query)
+            .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
+        let path = path(&["v1", "client", "fs", "logs", alloc])?;
+        let request = format!("GET {path}");
+        let resp = self.send(Method::GET, &path, Some(q), None).await?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let body = read_body(&request, resp.into_body()).await?;
+            return Err(refusal(&request, status, &body));
+        }
+        let got = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if got != LOG_FRAMES_CONTENT_TYPE {
+            return Err(Error::Body {
+                request,
+                reason: format!("content type {got:?}, expected {LOG_FRAMES_CONTENT_TYPE:?}"),
+            });
+        }
+        Ok(AllocLogFrames {
+            request,
+            body: resp.into_body(),
+            decoder: FrameDecoder::default(),
+            done: false,
+        })
+    }
+
+    /// Any request, answered whatever its status: for tests of the server's own
+    /// checks (tokens, bodies, routes). `path_and_query` is sent as given.
+    pub async fn raw(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<RawAnswer, Error> {
+        let (path, query) = match path_and_query.split_once('?') {
+            Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
+            None => (path_and_query.to_owned(), None),
+        };
+        let request = format!("{method} {path}");
+        let resp = self.send(method, &path, query, body).await?;
+        let status = resp.status();
+        let index = index_of(resp.headers());
+        let body = read_body(&request, resp.into_body()).await?;
+        Ok(RawAnswer {
+            status,
+            index,
+            body: body.to_vec(),
+        })
+    }
+
+    // --- plumbing -------------------------------------------------------------------
+
+    async fn read<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        q: &QueryOptions,
+    ) -> Result<Answer<T>, Error> {
+        let path = path(segments)?;
+        let request = format!("GET {path}");
+        let resp = self.send(Method::GET, &path, q.query(), None).await?;
+        let status = resp.status();
+        let index = index_of(resp.headers()).unwrap_or(0);
+        let body = read_body(&request, resp.into_body()).await?;
+        if status != StatusCode::OK {
+            return Err(refusal(&request, status, &body));
+        }
+        let value =
+            serde_json::from_slice(&body).map_err(|source| Error::Decode { request, source })?;
+        Ok(Answer { value, index })
+    }
+
+    async fn write<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        segments: &[&str],
+        query: Option<String>,
+        body: Option<&B>,
+    ) -> Result<R, Error> {
+        let path = path(segments)?;
+        let request = format!("{method} {path}");
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|e| Error::InvalidRequest(format!("cannot encode the request body: {e}")))?;
+        let resp = self.send(method, &path, query, body).await?;
+        let status = resp.status();
+        let body = read_body(&request, resp.into_body()).await?;
+        if !status.is_success() {
+            return Err(refusal(&request, status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|source| Error::Decode { request, source })
+    }
+
+    async fn connect(&self) -> Result<Box<dyn Io>, Error> {
+        let connect_err = |reason: String| Error::Connect {
+            address: self.address.clone(),
+            reason,
+        };
+        let connecting = async {
+            match &self.target {
+                Target::Unix(path) => tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(|s| Box::new(s) as Box<dyn Io>)
+                    .map_err(|e| connect_err(e.to_string())),
+                Target::Tcp { host, port, tls } => {
+                    let tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
+                        .await
+                        .map_err(|e| connect_err(e.to_string()))?;
+                    let _ = tcp.set_nodelay(true);
+                    match tls {
+                        None => Ok(Box::new(tcp) as Box<dyn Io>),
+                        Some((connector, name)) => connector
+                            .connect(name.clone(), tcp)
+                            .await
+                            .map(|s| Box::new(s) as Box<dyn Io>)
+                            .map_err(|e| connect_err(format!("TLS: {e}"))),
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| connect_err(format!("no connection within {CONNECT_TIMEOUT:?}")))?
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: Option<String>,
+        body: Option<Vec<u8>>,
+    ) -> Result<hyper::Response<Incoming>, Error> {
+        let io = self.connect().await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+                .await
+                .map_err(|e| Error::Connect {
+                    address: self.address.clone(),
+                    reason: e.to_string(),
+                })?;
+        // Drives the connection until the answer (a log stream too) is read.
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let path_and_query = match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_owned(),
+        };
+        let host = match &self.target {
+            Target::Tcp { host, port, .. } => format!("{host}:{port}"),
+            Target::Unix(_) => "localhost".to_owned(),
+        };
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path_and_query)
+            .header(header::HOST, host);
+        if let Some(token) = &self.token {
+            request = request.header(TOKEN_HEADER, token.clone());
+        }
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        sender
+            .send_request(request)
+            .await
+            .map_err(|e| Error::Request {
+                address: self.address.clone(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+fn index_of(headers: &hyper::HeaderMap) -> Option<Index> {
+    headers
+        .get(INDEX_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+fn path(segments: &[&str]) -> Result<String, Error> {
+    let mut out = String::new();
+    for s in segments {
+        if s.is_empty() {
+            return Err(Error::InvalidRequest(format!(
+                "an empty name or id in {}",
+                segments.join("/")
+            )));
+        }
+        out.push('/');
+        out.push_str(&encode_path_segment(s));
+    }
+    Ok(out)
+}
+
+fn tls_connector(
+    host: &str,
+    options: &ClientOptions,
+) -> Result<
+    (
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    ),
+    Error,
+> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let Some(ca) = &options.ca_file else {
+        return Err(Error::Tls(
+            "an https:// address needs the CA file the server's certificate chains to \
+             (DROVER_CACERT)"
+                .into(),
+        ));
+    };
+    let pem = std::fs::read(ca)
+        .map_err(|e| Error::Tls(format!("cannot read the CA file {}: {e}", ca.display())))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert =
+            cert.map_err(|e| Error::Tls(format!("the CA file {} is not PEM: {e}", ca.display())))?;
+        roots
+            .add(cert)
+            .map_err(|e| Error::Tls(format!("the CA file {}: {e}", ca.display())))?;
+    }
+    if roots.is_empty() {
+        return Err(Error::Tls(format!(
+            "the CA file {} holds no certificate",
+            ca.display()
+        )));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_root_certificates(roots);
+    let mut config = match &options.client_cert {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs = std::fs::read(cert)
+                .map_err(|e| Error::Tls(format!("cannot read {}: {e}", cert.display())))?;
+            let certs = CertificateDer::pem_slice_iter(&certs)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| Error::Tls(format!("{} is not PEM: {e}", cert.display())))?;
+            let key_pem = std::fs::read(key)
+                .map_err(|e| Error::Tls(format!("cannot read {}: {e}", key.display())))?;
+            let key = PrivateKeyDer::from_pem_slice(&key_pem)
+                .map_err(|e| Error::Tls(format!("{} holds no private key: {e}", key.display())))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| Error::Tls(e.to_string()))?
+        }
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = ServerName::try_from(host.to_owned())
+        .map_err(|e| Error::Tls(format!("{host:?} cannot be a TLS server name: {e}")))?;
+    Ok((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
+}
+
+async fn read_body(request: &str, body: Incoming) -> Result<Bytes, Error> {
+    let limited = http_body_util::Limited::new(body, MAX_ANSWER_BYTES);
+    limited
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| Error::Body {
+            request: request.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// The error for an error answer: the server's own words when it gave them.
+fn refusal(request: &str, status: StatusCode, body: &[u8]) -> Error {
+    let from_body = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned));
+    let message = match from_body {
+        Some(m) => m,
+        None => {
+            let text = String::from_utf8_lossy(body).trim().to_owned();
+            if text.is_empty() {
+                format!("{request}: {status}")
+            } else {
+                format!("{request}: {status}: {text}")
+            }
+        }
+    };
+    Error::Status { status, message }
+}
+
+/// A task's log as it arrives, from [`Client::alloc_logs`].
+#[derive(Debug)]
+pub struct AllocLogFrames {
+    request: String,
+    body: Incoming,
+    decoder: FrameDecoder,
+    done: bool,
+}
+
+impl AllocLogFrames {
+    /// The next frame ([`Frame::Data`] or [`Frame::Skipped`]); `Ok(None)` at the end.
+    pub async fn next(&mut self) -> Result<Option<Frame>, Error> {
+        loop {
+            let frame = self.decoder.next_frame().map_err(|e| Error::Body {
+                request: self.request.clone(),
+                reason: e.to_string(),
+            })?;
+            match frame {
+                Some(Frame::Error(message)) => {
+                    self.done = true;
+                    return Err(Error::Stream(message));
+                }
+                Some(frame) => return Ok(Some(frame)),
+                None if self.done => return Ok(None),
+                None => {}
+            }
+            match self.body.frame().await {
+                None => {
+                    self.done = true;
+                    if self.decoder.has_partial() {
+                        return Err(Error::Body {
+                            request: self.request.clone(),
+                            reason: "the log stream ended in the middle of a frame".into(),
+                        });
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(Error::Body {
+                        request: self.request.clone(),
+                        reason: e.to_string(),
+                    });
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.decoder.push(&data);
+                    }
+                }
+            }
+        }
+    }
+}
