@@ -16,6 +16,8 @@ command -v go >/dev/null || need_pkgs+=(golang-go)
 [ -d /usr/share/gocode/src/google.golang.org/grpc ] || need_pkgs+=(golang-google-grpc-dev)
 # The java driver's tests build a jar with javac and jar.
 command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
+# The cluster's TLS tests make their CA and certificates with the openssl tool.
+command -v openssl >/dev/null || need_pkgs+=(openssl)
 if ((${#need_pkgs[@]})); then
     if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2

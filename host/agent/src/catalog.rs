@@ -77,6 +77,9 @@ pub struct LoadedPlugin {
     candidate: Candidate,
     live: Mutex<Live>,
     generation: watch::Sender<u64>,
+    /// The catalog's [`Catalog::driver_changes`], bumped when this plugin's state,
+    /// reason or attributes change.
+    changes: Arc<watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -88,12 +91,13 @@ impl std::fmt::Debug for LoadedPlugin {
 }
 
 impl LoadedPlugin {
-    fn new(fp: Fingerprinted) -> Self {
+    fn new(fp: Fingerprinted, changes: Arc<watch::Sender<u64>>) -> Self {
         LoadedPlugin {
             name: fp.info.name.clone(),
             candidate: fp.candidate.clone(),
             live: Mutex::new(live_from(fp)),
             generation: watch::channel(0).0,
+            changes,
         }
     }
 
@@ -139,11 +143,25 @@ impl LoadedPlugin {
 
     fn set_state(&self, state: PluginState, reason: String) {
         let mut live = self.live();
-        if live.state != state || live.reason != reason {
+        let changed = live.state != state || live.reason != reason;
+        if changed {
             tracing::info!(plugin = %self.name, state = ?state, reason = %reason, "plugin state changed");
         }
         live.state = state;
         live.reason = reason;
+        drop(live);
+        if changed {
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn set_attributes(&self, attributes: BTreeMap<String, String>) {
+        let mut live = self.live();
+        if live.attributes != attributes {
+            live.attributes = attributes;
+            drop(live);
+            self.changes.send_modify(|n| *n += 1);
+        }
     }
 
     fn status(&self) -> PluginStatus {
@@ -307,6 +325,9 @@ pub struct Catalog {
     skipped: RwLock<Vec<PluginStatus>>,
     records: Arc<Records>,
     progress: watch::Sender<Progress>,
+    /// Bumped when any loaded driver's state, reason or attributes change, or a
+    /// driver is loaded: the cluster client registers again at once.
+    changes: Arc<watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -336,7 +357,14 @@ impl Catalog {
                 hashing: Mutex::new(HashMap::new()),
             }),
             progress: watch::channel(Progress::default()).0,
+            changes: Arc::new(watch::channel(0).0),
         }
+    }
+
+    /// A receiver that sees a change whenever a driver is loaded or a loaded
+    /// driver's state, reason or fingerprint attributes change.
+    pub fn driver_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// The plugin serving `name`, once it is loaded; `None` once initial loading has
@@ -614,10 +642,11 @@ impl Catalog {
                 "plugin loaded"
             );
             self.records.save(&fp).await;
-            let plugin = Arc::new(LoadedPlugin::new(fp));
+            let plugin = Arc::new(LoadedPlugin::new(fp, self.changes.clone()));
             if let Ok(mut l) = self.loaded.write() {
                 l.insert(plugin.name.clone(), plugin.clone());
             }
+            self.changes.send_modify(|n| *n += 1);
             self.progress.send_modify(|p| p.inserted += 1);
             serving.push(plugin);
         }
@@ -999,7 +1028,7 @@ async fn watch_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
                     // Undetected, and whatever a newer SDK may add: not usable.
                     _ => PluginState::Undetected,
                 };
-                plugin.live().attributes = fp.attributes;
+                plugin.set_attributes(fp.attributes);
                 plugin.set_state(state, fp.description);
             }
             Err(e) => {

@@ -148,6 +148,7 @@ pub async fn run_prepared(
     updates: mpsc::UnboundedReceiver<AllocClientUpdate>,
     stop: CancellationToken,
 ) {
+    let changes = catalog.driver_changes();
     let drivers = move || fingerprint::drivers(&catalog);
     Client::new(
         prepared,
@@ -156,6 +157,7 @@ pub async fn run_prepared(
         updates,
         stop,
     )
+    .with_driver_changes(changes)
     .run()
     .await;
 }
@@ -212,6 +214,8 @@ fn failed(what: &str, status: &tonic::Status) -> Ended {
 pub struct Client {
     node: Prepared,
     drivers: Drivers,
+    /// Fires when a driver's fingerprint may have changed (else: polled).
+    driver_changes: Option<tokio::sync::watch::Receiver<u64>>,
     allocs: Arc<dyn AllocSink>,
     updates: mpsc::UnboundedReceiver<AllocClientUpdate>,
     updates_open: bool,
@@ -236,6 +240,7 @@ impl Client {
         Client {
             node,
             drivers,
+            driver_changes: None,
             allocs,
             updates,
             updates_open: true,
@@ -245,6 +250,13 @@ impl Client {
             applying: Arc::default(),
             stop,
         }
+    }
+
+    /// Also register again as soon as `changes` sees a change (a driver became
+    /// healthy), not only at the next poll.
+    pub fn with_driver_changes(mut self, changes: tokio::sync::watch::Receiver<u64>) -> Self {
+        self.driver_changes = Some(changes);
+        self
     }
 
     /// Sessions with one server after the other until `stop`.
@@ -341,6 +353,7 @@ impl Client {
         let Client {
             node,
             drivers: read_drivers,
+            driver_changes,
             allocs,
             updates,
             updates_open,
@@ -351,7 +364,7 @@ impl Client {
             ..
         } = self;
         let node_id = node.node_id.as_str();
-        let beats = heartbeats(rpc.clone(), registration, read_drivers, ttl);
+        let beats = heartbeats(rpc.clone(), registration, read_drivers, driver_changes, ttl);
         let watch = watch(rpc.clone(), node_id, last_index, allocs, applying);
         let reports = reports(rpc, node_id, queue, updates, updates_open);
         tokio::select! {
@@ -413,6 +426,7 @@ async fn heartbeats(
     mut rpc: Rpc,
     mut registration: NodeRegistration,
     read_drivers: &Drivers,
+    driver_changes: &mut Option<tokio::sync::watch::Receiver<u64>>,
     mut ttl: Duration,
 ) -> Ended {
     let every = |ttl: Duration| (ttl / 2).max(Duration::from_millis(100));
@@ -437,7 +451,18 @@ async fn heartbeats(
                 }
                 next = Instant::now() + every(ttl);
             }
-            _ = poll.tick() => {
+            _ = async {
+                tokio::select! {
+                    _ = poll.tick() => {}
+                    // A closed sender (the catalog is gone) leaves only the poll.
+                    Ok(()) = async {
+                        match driver_changes.as_mut() {
+                            Some(rx) => rx.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                }
+            } => {
                 let drivers = read_drivers();
                 if drivers != registration.drivers {
                     tracing::info!(

@@ -1,6 +1,8 @@
 //! Shared helpers for the agent's end-to-end tests: real binaries, real processes.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
