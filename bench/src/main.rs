@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 
+mod cluster;
 mod docker;
 mod exec_start;
 mod rawexec_start;
@@ -100,6 +101,19 @@ enum Bench {
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
+    /// From submitting jobs to every allocation reported running by simulated clients
+    /// over gRPC (in-process server, real store), against placement alone.
+    Cluster {
+        /// Simulated clients, each with its own gRPC connection.
+        #[arg(long, default_value_t = 1000)]
+        clients: usize,
+        /// Allocations in total.
+        #[arg(long, default_value_t = 10_000)]
+        allocs: usize,
+        /// Jobs the allocations are split over.
+        #[arg(long, default_value_t = 10)]
+        jobs: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -177,6 +191,17 @@ fn main() -> anyhow::Result<()> {
                 workers,
                 timeout: std::time::Duration::from_secs(timeout_secs),
             }))
+        }
+        Bench::Cluster {
+            clients,
+            allocs,
+            jobs,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(cluster::run(clients, allocs, jobs))
         }
         Bench::RawexecStart { iterations } => {
             let rt = tokio::runtime::Builder::new_current_thread()
