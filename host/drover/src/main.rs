@@ -458,15 +458,48 @@ fn start_dev_server(
     prepare(&data_dir, what, Access::Private)?;
     let server_dir = data_dir.join("server");
     prepare(&server_dir, "dev server directory", Access::Private)?;
-    let (http, rpc, thread) = server_cmd::start_dev(server_dir, stop)?;
+    // The dev server listens on 127.0.0.1, where every local user can connect, and a
+    // job can run commands as root (rawexec): it gets a fresh random token, kept in a
+    // 0600 file in its 0700 directory, which the agent sends. Users reach it through
+    // the agent's 0600 socket.
+    let token = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let token_file = server_dir.join("dev-token");
+    write_private(&token_file, &token)
+        .with_context(|| format!("cannot write the dev token {}", token_file.display()))?;
+    let (http, rpc, thread) = server_cmd::start_dev(server_dir, token, stop)?;
     tracing::info!(
         http = %format!("http://{http}"),
         rpc = %rpc,
+        token_file = %token_file.display(),
         "dev server started; `drover job ...` reaches it through this agent's socket, \
-         or at --address http://{http}"
+         or at --address http://{http} with DROVER_TOKEN from the token file"
     );
     config.servers = vec![rpc.to_string()];
+    config.token_file = Some(token_file);
     Ok(thread)
+}
+
+/// Replace `path` with a new file holding `text`, mode 0600, never through a link.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        // O_CREAT|O_EXCL: fails on any existing name, a link included.
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
 }
 
 /// First SIGINT/SIGTERM: graceful stop. Second: exit at once.

@@ -181,6 +181,12 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         tls = options.tls.is_some(),
         "drover server listening"
     );
+    if options.token.is_none() {
+        tracing::warn!(
+            "no --token-file: anyone who can reach the HTTP or RPC address can submit jobs, \
+             which run as root on nodes with the rawexec driver, and register nodes"
+        );
+    }
     // Forwarded requests were authenticated by the RPC listener (the RPC's token);
     // the API behind it needs none of its own.
     let forwarded = drover_server::http::router(server.clone(), None);
@@ -295,13 +301,14 @@ fn init_logging(level: &str) {
 /// when `stop` fires. Returns once it listens.
 pub fn start_dev(
     data_dir: PathBuf,
+    token: String,
     stop: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, SocketAddr, std::thread::JoinHandle<()>)> {
     let options = ServerOptions {
         data_dir,
         http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        token: None,
+        token: Some(token),
         tls: None,
         heartbeat_ttl: Duration::from_secs(10),
         heartbeat_grace: Duration::from_secs(10),

@@ -284,8 +284,21 @@ fn a_dev_agent_runs_a_server_beside_it_and_its_tasks_keep_working() {
     let http = http.unwrap();
     assert!(http.starts_with("http://127.0.0.1:"), "{http}");
     assert!(agent.data_dir.join("server").is_dir());
-    // The server answers on its own address.
+    // The server answers on its own address, to whoever has the dev token (a fresh
+    // one, in a 0600 file of the agent's data dir): it runs rawexec jobs as root.
     let out = cli(&http, None, &["node", "status", "--json"]);
+    assert!(
+        !out.status.success(),
+        "the dev server answered without its token"
+    );
+    let token_file = agent.data_dir.join("server/dev-token");
+    let mode = std::fs::metadata(&token_file).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let out = cli(&http, Some(token.trim()), &["node", "status", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // The task commands keep working beside it.
     let out = agent.cli(&["task", "list", "--json"]);
