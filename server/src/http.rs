@@ -590,7 +590,7 @@ pub fn tls_server_config(
 
 /// Serve `router` on `listener` (TLS when `tls` is set) until `shutdown` fires; then
 /// stop accepting, end blocking queries with what there is, and give requests in
-/// flight [`SHUTDOWN_GRACE`] to finish. A bad TLS file is an error before anything is
+/// flight `SHUTDOWN_GRACE` to finish. A bad TLS file is an error before anything is
 /// served.
 pub async fn serve(
     router: axum::Router,

@@ -1,6 +1,6 @@
 //! The server's operations: what the HTTP API and the node RPCs call.
 //!
-//! Every change is one store transaction first ([`Core::commit`]), applied in memory
+//! Every change is one store transaction first (`Core::commit`), applied in memory
 //! after it committed, with the transaction's revision as index; then the evaluations
 //! it created go to the broker and the index watch wakes blocking queries.
 

@@ -1,5 +1,5 @@
 //! The agent as a cluster client: it registers its node with the servers, heartbeats,
-//! streams its allocations to the [`AllocManager`](crate::allocs::AllocManager) and
+//! streams its allocations to the [`AllocManager`] and
 //! reports their status back in batches; it keeps running its tasks while no server
 //! answers, and reconciles when one does.
 //!
