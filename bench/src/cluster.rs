@@ -63,7 +63,11 @@ pub async fn run(clients: usize, allocs: usize, jobs: usize) -> anyhow::Result<(
         let endpoint = format!("http://{addr}");
         let stop = stop.clone();
         handles.push(tokio::spawn(async move {
-            if let Err(e) = simulated_client(i, endpoint, stop).await {
+            let result = simulated_client(i, endpoint, stop.clone()).await;
+            // Calls cut short by the end of the run are not failures.
+            if let Err(e) = result
+                && !stop.is_cancelled()
+            {
                 eprintln!("client {i}: {e:#}");
             }
         }));
