@@ -1,0 +1,148 @@
+//! Garbage collection: what the server no longer needs is deleted through the store,
+//! as every change, so that the state (and the store, memory, `GET /v1/allocations`
+//! and the complete sets sent to nodes) does not grow with every allocation ever made.
+//!
+//! Deleted:
+//! - an allocation terminal on its client (`complete`, `failed`, `lost`) and done
+//!   with on the server (stopped, replaced, or its job stopped), once older than
+//!   `alloc_gc_threshold`, or beyond the newest `2 × count` such allocations of its
+//!   job; one of a purged job at once. An allocation the client may still run is
+//!   never deleted, nor a failed one still waiting for its replacement or a batch
+//!   allocation that completed (it counts as done: deleting it would run it again);
+//! - the terminal evaluations of a purged job, once older than `alloc_gc_threshold`
+//!   (those of a live job are bounded per job where they are made);
+//! - a node `down` for longer than `node_gc_threshold` with no allocation left.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_server_api::{Allocation, DesiredStatus, EvalStatus, NodeStatus};
+
+use crate::error::ServerError;
+use crate::scheduler::StateView;
+use crate::server::Core;
+use crate::state::{Batch, State};
+
+/// Deletions in one commit at most (a bigger backlog is taken in several).
+pub(crate) const MAX_DELETIONS_PER_COMMIT: usize = 10_000;
+
+/// Terminal allocations kept per job at least, whatever its count.
+const MIN_KEPT_PER_JOB: usize = 10;
+
+pub(crate) async fn run(core: Arc<Core>) {
+    let period = core.config.gc_interval.max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            _ = core.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        // A backlog bigger than one commit is taken at once, commit after commit.
+        loop {
+            match collect(&core).await {
+                Ok(n) if n >= MAX_DELETIONS_PER_COMMIT => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!("garbage collection failed: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// Whether the server is done with `a`: its client reported it ended (or the server
+/// marked it lost), and nothing will replace or count it any more.
+fn collectable(st: &State, a: &Allocation) -> bool {
+    if !a.client_status.is_terminal() {
+        return false;
+    }
+    match st.job(&a.job_name) {
+        None => true,
+        Some(j) if j.stop => true,
+        Some(_) => a.desired_status == DesiredStatus::Stop || a.next_allocation.is_some(),
+    }
+}
+
+/// One collection pass, committed; how many objects it deleted.
+pub(crate) async fn collect(core: &Core) -> Result<usize, ServerError> {
+    let alloc_age = nanos(core.config.alloc_gc_threshold);
+    let node_age = nanos(core.config.node_gc_threshold);
+    let (_, n) = core
+        .commit(|st, _index, now| {
+            let b = garbage(st, now, alloc_age, node_age);
+            let n = b.drop_allocs.len() + b.drop_evals.len() + b.drop_nodes.len();
+            Ok((b, n))
+        })
+        .await?;
+    if n > 0 {
+        tracing::debug!(deleted = n, "garbage collected");
+    }
+    Ok(n)
+}
+
+/// What a pass at `now` deletes.
+pub(crate) fn garbage(st: &State, now: i64, alloc_age: i64, node_age: i64) -> Batch {
+    let mut b = Batch::default();
+    let budget = MAX_DELETIONS_PER_COMMIT;
+    let old = |t: i64, age: i64| now.saturating_sub(t) > age;
+    let mut jobs: Vec<&str> = st.jobs_with_allocs().collect();
+    jobs.sort_unstable();
+    for name in jobs {
+        let job = st.job(name);
+        let mut done: Vec<&Allocation> = st
+            .allocs_of_job(name)
+            .filter(|a| collectable(st, a))
+            .collect();
+        // Newest first: the cap keeps the newest.
+        done.sort_by_key(|a| std::cmp::Reverse((a.modify_index, a.create_index)));
+        let keep = job.map_or(0, |j| {
+            let count: usize = j.spec.groups.iter().map(|g| g.count as usize).sum();
+            (2 * count).max(MIN_KEPT_PER_JOB)
+        });
+        for (i, a) in done.into_iter().enumerate() {
+            if b.drop_allocs.len() >= budget {
+                return b;
+            }
+            if job.is_none() || i >= keep || old(a.modify_time, alloc_age) {
+                b.drop_allocs.push(a.id.clone());
+            }
+        }
+    }
+    // Purged jobs' evaluations: nothing else ever deletes them.
+    let mut purged: Vec<&str> = st
+        .jobs_with_evals()
+        .filter(|j| st.job(j).is_none())
+        .collect();
+    purged.sort_unstable();
+    for name in purged {
+        for e in st.evals_of_job(name) {
+            if b.drop_evals.len() >= budget {
+                break;
+            }
+            if matches!(
+                e.status,
+                EvalStatus::Complete | EvalStatus::Failed | EvalStatus::Canceled
+            ) && old(e.modify_time, alloc_age)
+            {
+                b.drop_evals.push(e.id.clone());
+            }
+        }
+    }
+    let dropping: std::collections::HashSet<&str> =
+        b.drop_allocs.iter().map(String::as_str).collect();
+    for n in st.all_nodes() {
+        if n.status == NodeStatus::Down
+            && old(n.status_updated_at, node_age)
+            && st
+                .allocs_on_node(&n.id)
+                .all(|a| dropping.contains(a.id.as_str()))
+        {
+            b.drop_nodes.push(n.id.clone());
+        }
+    }
+    b
+}
