@@ -4,7 +4,8 @@
 //!
 //! Deleted:
 //! - an allocation terminal on its client (`complete`, `failed`, `lost`) and done
-//!   with on the server (stopped, replaced, or its job stopped), once older than
+//!   with on the server (stopped, replaced, its job stopped, its group removed or
+//!   scaled below its index), once older than
 //!   `alloc_gc_threshold`, or beyond the newest `2 × count` such allocations of its
 //!   job; one of a purged job at once. An allocation the client may still run is
 //!   never deleted, nor a failed one still waiting for its replacement or a batch
@@ -16,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_server_api::{Allocation, DesiredStatus, EvalStatus, NodeStatus};
+use drover_server_api::{Allocation, DesiredStatus, EvalStatus, JobType, NodeStatus};
 
 use crate::error::ServerError;
 use crate::scheduler::StateView;
@@ -63,7 +64,17 @@ fn collectable(st: &State, a: &Allocation) -> bool {
     match st.job(&a.job_name) {
         None => true,
         Some(j) if j.stop => true,
-        Some(_) => a.desired_status == DesiredStatus::Stop || a.next_allocation.is_some(),
+        Some(j) => {
+            a.desired_status == DesiredStatus::Stop
+                || a.next_allocation.is_some()
+                // Its group was removed, or scaled below its index: nothing will
+                // replace it or count it.
+                || j.spec
+                    .groups
+                    .iter()
+                    .find(|g| g.name == a.group)
+                    .is_none_or(|g| j.spec.job_type != JobType::System && a.index >= g.count)
+        }
     }
 }
 

@@ -222,14 +222,9 @@ async fn place(s: &Running, job: &str, n: u32) -> Vec<String> {
         .await
         .unwrap();
     assert_eq!(r.placed, n as usize);
-    let mut ids: Vec<String> = s
-        .server
-        .job_allocations(job)
-        .into_iter()
-        .map(|a| a.id)
-        .collect();
-    ids.sort();
-    ids
+    let mut allocs = s.server.job_allocations(job);
+    allocs.sort_by_key(|a| a.index);
+    allocs.into_iter().map(|a| a.id).collect()
 }
 
 async fn stop_allocs(s: &Running, job: &str, ids: &[String]) {
@@ -248,8 +243,9 @@ async fn old_terminal_allocations_are_deleted_and_never_one_the_client_may_run()
         .await
         .unwrap();
     s.server.register_job(job("web", 4, 10, 10)).await.unwrap();
-    let ids = place(&s, "web", 4).await;
-    let (done, stopping, running, failed) = (&ids[0], &ids[1], &ids[2], &ids[3]);
+    // Index 4 is beyond the count: nothing will replace it once it failed.
+    let ids = place(&s, "web", 5).await;
+    let (done, stopping, running, failed, beyond) = (&ids[0], &ids[1], &ids[2], &ids[3], &ids[4]);
     // Stopped by the server: one the client says ended, one it still runs.
     stop_allocs(&s, "web", &[done.clone(), stopping.clone()]).await;
     s.server
@@ -259,6 +255,7 @@ async fn old_terminal_allocations_are_deleted_and_never_one_the_client_may_run()
                 upd(stopping, ClientStatus::Running),
                 upd(running, ClientStatus::Running),
                 upd(failed, ClientStatus::Failed),
+                upd(beyond, ClientStatus::Failed),
             ],
         )
         .await
@@ -280,6 +277,10 @@ async fn old_terminal_allocations_are_deleted_and_never_one_the_client_may_run()
     assert!(
         s.server.allocation(failed).is_some(),
         "failed, waiting for its replacement: kept"
+    );
+    assert!(
+        s.server.allocation(beyond).is_none(),
+        "failed beyond the count: deleted"
     );
     assert_eq!(s.server.allocations().len(), 3);
     s.stop().await;
