@@ -157,3 +157,78 @@ pub(crate) fn garbage(st: &State, now: i64, alloc_age: i64, node_age: i64) -> Ba
     }
     b
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::KeyValue;
+
+    const S: i64 = 1_000_000_000;
+
+    fn kv(key: String, value: serde_json::Value) -> KeyValue {
+        KeyValue {
+            key,
+            value: serde_json::to_vec(&value).unwrap(),
+            create_revision: 1,
+            mod_revision: 1,
+        }
+    }
+
+    fn eval(id: &str, status: &str, modify_time: i64) -> KeyValue {
+        kv(
+            format!("eval/{id}"),
+            serde_json::json!({
+                "id": id, "job_name": "purged", "job_type": "service", "priority": 50,
+                "triggered_by": "job-register", "status": status, "job_modify_index": 1,
+                "create_index": 1, "modify_index": 1, "create_time": 0,
+                "modify_time": modify_time,
+            }),
+        )
+    }
+
+    fn node(id: &str, status_updated_at: i64) -> KeyValue {
+        kv(
+            format!("node/{id}"),
+            serde_json::json!({
+                "id": id, "name": id, "status": "down", "drain": false, "attributes": {},
+                "meta": {}, "resources": {"cpu": 1, "memory_mb": 1}, "drivers": {},
+                "status_updated_at": status_updated_at, "create_index": 1, "modify_index": 1,
+            }),
+        )
+    }
+
+    #[test]
+    fn purged_jobs_old_terminal_evaluations_and_empty_long_down_nodes_go() {
+        let alloc = kv(
+            "alloc/a1".into(),
+            serde_json::json!({
+                "id": "a1", "name": "x.app[0]", "index": 0, "job_name": "live",
+                "job_version": 0, "group": "app", "node_id": "busy", "node_name": "busy",
+                "resources": {"cpu": 1, "memory_mb": 1}, "desired_status": "run",
+                "client_status": "running", "eval_id": "e", "create_index": 1,
+                "modify_index": 1, "alloc_modify_index": 1, "create_time": 0,
+                "modify_time": 0,
+            }),
+        );
+        let st = State::load(
+            vec![
+                eval("old", "complete", 0),
+                eval("young", "complete", 95 * S),
+                eval("waiting", "pending", 0),
+                node("empty-old", 0),
+                node("empty-young", 95 * S),
+                node("busy", 0),
+                alloc,
+            ],
+            1,
+        )
+        .unwrap();
+        let b = garbage(&st, 100 * S, 10 * S, 10 * S);
+        assert_eq!(b.drop_evals, ["old"], "old and terminal only");
+        assert_eq!(b.drop_nodes, ["empty-old"], "down for long, nothing on it");
+        assert!(
+            b.drop_allocs.is_empty(),
+            "a running allocation is never deleted"
+        );
+    }
+}
