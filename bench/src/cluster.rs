@@ -197,6 +197,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
             update: UpdateStrategy::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                reschedule: None,
                 name: "g".into(),
                 count: u32::try_from(count)?,
                 constraints: vec![],

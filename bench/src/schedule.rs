@@ -64,6 +64,7 @@ fn job(i: usize, count: u32) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            reschedule: None,
             name: "app".into(),
             count,
             constraints: vec![],
@@ -248,6 +249,7 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
 
 fn sample_alloc() -> Allocation {
     Allocation {
+        reschedule_events: Vec::new(),
         id: "00000000-0000-4000-8000-000000000000".into(),
         name: "bench-0.app[0]".into(),
         index: 0,

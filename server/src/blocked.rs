@@ -87,6 +87,7 @@ mod tests {
             update: Default::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                reschedule: None,
                 name: "app".into(),
                 count: 1,
                 constraints: vec![],
@@ -135,6 +136,7 @@ mod tests {
                 },
             )]),
             queued_allocations: BTreeMap::from([("app".into(), 1)]),
+            follow_up_at: None,
         };
         server
             .core()

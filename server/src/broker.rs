@@ -1,8 +1,10 @@
 //! The evaluation broker: pending evaluations in priority then creation order, at most
 //! one in flight per job, at least once (ack / nack, redelivery after a timeout).
+//! An evaluation with a `wait_until` in the future is held aside (it does not hold
+//! its job back) until [`Broker::promote_due`] finds it due.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -68,6 +70,9 @@ struct Inner {
     busy: HashSet<String>,
     known: HashMap<String, Known>,
     inflight: HashMap<String, Unacked>,
+    /// Evaluations waiting for their `wait_until`, by (due time, arrival).
+    delayed: BTreeMap<(i64, u64), Evaluation>,
+    delayed_ids: HashSet<String>,
 }
 
 /// The broker. Shared by the server core and its workers.
@@ -94,13 +99,21 @@ impl Broker {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Add a pending evaluation. An evaluation the broker already holds is ignored.
-    pub(crate) fn enqueue(&self, eval: Evaluation) {
+    /// Add a pending evaluation. An evaluation the broker already holds is ignored;
+    /// one whose `wait_until` is later than `now` (unix nanoseconds) is held until
+    /// [`Broker::promote_due`] is called at or after that time.
+    pub(crate) fn enqueue_at(&self, eval: Evaluation, now: i64) {
         let mut g = self.lock();
-        if g.known.contains_key(&eval.id) {
+        if g.known.contains_key(&eval.id) || g.delayed_ids.contains(&eval.id) {
             return;
         }
         g.seq += 1;
+        if let Some(at) = eval.wait_until.filter(|at| *at > now) {
+            let seq = g.seq;
+            g.delayed_ids.insert(eval.id.clone());
+            g.delayed.insert((at, seq), eval);
+            return;
+        }
         let seq = g.seq;
         let ready = Ready {
             priority: eval.priority,
@@ -124,6 +137,35 @@ impl Broker {
             drop(g);
             self.notify.notify_one();
         }
+    }
+
+    /// Add a pending evaluation (delayed if its `wait_until` is still to come).
+    pub(crate) fn enqueue(&self, eval: Evaluation) {
+        self.enqueue_at(eval, crate::server::now_nanos());
+    }
+
+    /// Hand the delayed evaluations due at `now` (unix nanoseconds) to the workers;
+    /// how many.
+    pub(crate) fn promote_due(&self, now: i64) -> usize {
+        let due: Vec<Evaluation> = {
+            let mut g = self.lock();
+            let later = g.delayed.split_off(&(now.saturating_add(1), 0));
+            let due = std::mem::replace(&mut g.delayed, later);
+            for e in due.values() {
+                g.delayed_ids.remove(&e.id);
+            }
+            due.into_values().collect()
+        };
+        let n = due.len();
+        for e in due {
+            self.enqueue_at(e, now);
+        }
+        n
+    }
+
+    /// Evaluations waiting for their `wait_until`.
+    pub(crate) fn delayed_len(&self) -> usize {
+        self.lock().delayed.len()
     }
 
     fn try_dequeue(&self) -> Option<(Evaluation, String)> {
@@ -268,6 +310,7 @@ mod tests {
 
     fn eval(id: &str, job: &str, priority: u8) -> Evaluation {
         Evaluation {
+            wait_until: None,
             id: id.into(),
             job_name: job.into(),
             job_type: JobType::Service,
@@ -351,6 +394,30 @@ mod tests {
         assert_eq!(failed.len(), 1, "second timeout reaches the limit of 2");
         assert!(b.ack("a1", &t2).is_err());
         assert_eq!(b.len(), 0);
+    }
+
+    #[test]
+    fn delayed_evaluations_wait_for_their_time_without_holding_the_job() {
+        let b = Broker::new(3, Duration::from_secs(60));
+        let mut later = eval("later", "a", 50);
+        later.wait_until = Some(1_000);
+        b.enqueue_at(later.clone(), 10);
+        b.enqueue_at(later, 10);
+        assert_eq!((b.len(), b.delayed_len()), (0, 1), "held aside once");
+        assert!(b.try_dequeue().is_none(), "not handed out before its time");
+        b.enqueue_at(eval("now", "a", 50), 10);
+        let (e, t) = b.try_dequeue().unwrap();
+        assert_eq!(
+            e.id, "now",
+            "a delayed evaluation does not hold its job back"
+        );
+        b.ack("now", &t).unwrap();
+        assert_eq!(b.promote_due(999), 0);
+        assert!(b.try_dequeue().is_none());
+        assert_eq!(b.promote_due(1_000), 1);
+        let (e, _) = b.try_dequeue().unwrap();
+        assert_eq!(e.id, "later");
+        assert_eq!(b.delayed_len(), 0);
     }
 
     #[tokio::test]

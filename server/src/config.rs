@@ -28,6 +28,13 @@ pub struct ServerConfig {
     pub algorithm: SchedulerAlgorithm,
     /// Evaluations that failed this often are given up (`failed`).
     pub eval_delivery_limit: u32,
+    /// How often garbage collection runs.
+    pub gc_interval: Duration,
+    /// Terminal allocations (and evaluations of purged jobs) older than this are
+    /// deleted; those of a purged job at once once terminal on their client.
+    pub alloc_gc_threshold: Duration,
+    /// Nodes `down` for longer than this, with no allocation left, are deleted.
+    pub node_gc_threshold: Duration,
 }
 
 impl ServerConfig {
@@ -40,6 +47,9 @@ impl ServerConfig {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             algorithm: SchedulerAlgorithm::BinPack,
             eval_delivery_limit: 3,
+            gc_interval: Duration::from_secs(60),
+            alloc_gc_threshold: Duration::from_secs(3600),
+            node_gc_threshold: Duration::from_secs(24 * 3600),
         }
     }
 }

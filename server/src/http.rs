@@ -370,7 +370,7 @@ async fn plan_job(
 ) -> ApiResult {
     let job = job_from_body(Some(&name), body)?;
     let index = api.server.index();
-    answer(index, api.server.plan_job(job)?)
+    answer(index, api.server.plan_job(job).await?)
 }
 
 async fn job_allocations(

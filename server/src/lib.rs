@@ -26,6 +26,7 @@ mod blocked;
 mod broker;
 pub mod config;
 pub mod error;
+mod gc;
 mod heartbeat;
 pub mod http;
 pub mod plan;

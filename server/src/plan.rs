@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use drover_server_api::{
-    AllocResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Index,
-    PlacementFailure,
+    AllocResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, EvalTrigger, Evaluation,
+    Index, PlacementFailure,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -33,6 +33,9 @@ pub(crate) struct EvalFinish {
     pub eval: Evaluation,
     pub failed_tg_allocs: BTreeMap<String, PlacementFailure>,
     pub queued_allocations: BTreeMap<String, u32>,
+    /// A failed allocation waits for its reschedule delay until then (unix
+    /// nanoseconds): a follow-up evaluation is made, due at that time.
+    pub follow_up_at: Option<i64>,
 }
 
 pub(crate) struct PlanRequest {
@@ -336,6 +339,28 @@ pub(crate) fn finish_eval(st: &State, f: &EvalFinish, index: Index, now: i64, ba
         batch
             .evals
             .push(set_eval_status(old, EvalStatus::Canceled, why, index, now));
+    }
+    if let Some(at) = f.follow_up_at
+        && let Some(job) = job
+    {
+        // One follow-up covers every failed allocation due at or after it (it makes
+        // the next one when it runs): no new one while an earlier one waits.
+        let waiting = st.evals_of_job(&f.eval.job_name).any(|o| {
+            o.id != f.eval.id
+                && o.status == EvalStatus::Pending
+                && o.wait_until.is_some_and(|w| w <= at)
+        }) || batch.evals.iter().any(|o| {
+            o.job_name == f.eval.job_name
+                && o.status == EvalStatus::Pending
+                && o.wait_until.is_some_and(|w| w <= at)
+        });
+        if !waiting {
+            let mut next = new_eval(job, EvalTrigger::AllocFailure, index, now);
+            next.wait_until = Some(at);
+            next.previous_eval = Some(f.eval.id.clone());
+            next.status_description = "waiting for a failed allocation's reschedule delay".into();
+            batch.evals.push(next);
+        }
     }
     batch.evals.push(e);
     batch.evals.extend(blocked);

@@ -68,6 +68,9 @@ pub struct ServerStats {
     pub allocations: usize,
     /// Evaluations held by the broker (ready, waiting or in a worker).
     pub evaluations_in_broker: usize,
+    /// Evaluations waiting for their `wait_until` (follow-ups of failed allocations
+    /// waiting for their reschedule delay).
+    pub delayed_evaluations: usize,
     /// Blocked evaluations.
     pub blocked_evaluations: usize,
 }
@@ -98,6 +101,7 @@ pub(crate) fn now_nanos() -> i64 {
 /// A new pending evaluation of `job`.
 pub(crate) fn new_eval(job: &Job, trigger: EvalTrigger, index: Index, now: i64) -> Evaluation {
     Evaluation {
+        wait_until: None,
         id: uuid::Uuid::new_v4().to_string(),
         job_name: job.spec.name.clone(),
         job_type: job.spec.job_type,
@@ -148,6 +152,7 @@ impl Core {
     pub(crate) fn settings(&self) -> SchedulerSettings {
         SchedulerSettings {
             algorithm: self.config.algorithm,
+            now: now_nanos(),
         }
     }
 
@@ -383,6 +388,7 @@ impl Server {
             tokio::spawn(crate::heartbeat::run(core.clone())),
             tokio::spawn(crate::blocked::run(core.clone())),
             tokio::spawn(crate::worker::run_expiry(core.clone())),
+            tokio::spawn(crate::gc::run(core.clone())),
         ];
         for i in 0..workers {
             tasks.push(tokio::spawn(crate::worker::run(core.clone(), i)));
@@ -421,6 +427,7 @@ impl Server {
             nodes: st.all_nodes().count(),
             allocations: st.alloc_count(),
             evaluations_in_broker: self.core.broker.len(),
+            delayed_evaluations: self.core.broker.delayed_len(),
             blocked_evaluations: st.blocked_evals().count(),
         }
     }
@@ -508,80 +515,16 @@ impl Server {
         })
     }
 
-    /// What registering `spec` would do; commits nothing.
-    pub fn plan_job(&self, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
+    /// What registering `spec` would do; commits nothing. The scheduler runs on a
+    /// blocking thread (as a worker's does): a big job must not hold an async worker
+    /// thread of the HTTP server for the whole placement.
+    pub async fn plan_job(&self, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
         validate_spec(&spec)?;
-        let st = self.core.read();
-        let existing = scheduler::StateView::job(&*st, &spec.name);
-        let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
-        let version = match existing {
-            None => 0,
-            Some(j) if changed => j.version + 1,
-            Some(j) => j.version,
-        };
-        let job_modify_index = existing.map_or(0, |j| j.job_modify_index);
-        let job = Job {
-            spec: spec.clone(),
-            version,
-            stop: false,
-            status: JobStatus::Pending,
-            submit_time: now_nanos(),
-            create_index: existing.map_or(st.index + 1, |j| j.create_index),
-            modify_index: st.index + 1,
-            job_modify_index: if changed {
-                st.index + 1
-            } else {
-                job_modify_index
-            },
-        };
-        let eval = new_eval(&job, EvalTrigger::JobRegister, st.index + 1, now_nanos());
-        let overlay = Overlay { base: &st, job };
-        let out = scheduler::schedule(&overlay, &eval, self.core.settings());
-        let mut groups: BTreeMap<String, GroupPlanSummary> = spec
-            .groups
-            .iter()
-            .map(|g| (g.name.clone(), GroupPlanSummary::default()))
-            .collect();
-        let stopped: std::collections::HashSet<&str> = out
-            .plan
-            .node_update
-            .values()
-            .flatten()
-            .map(|s| s.alloc_id.as_str())
-            .collect();
-        for a in out.plan.node_allocation.values().flatten() {
-            let g = groups.entry(a.group.clone()).or_default();
-            if a.previous_allocation
-                .as_deref()
-                .is_some_and(|p| stopped.contains(p))
-            {
-                g.update += 1;
-            } else {
-                g.place += 1;
-            }
-        }
-        for s in out.plan.node_update.values().flatten() {
-            if let Some(a) = st.alloc(&s.alloc_id) {
-                groups.entry(a.group.clone()).or_default().stop += 1;
-            }
-        }
-        for g in groups.values_mut() {
-            g.stop = g.stop.saturating_sub(g.update);
-        }
-        for a in st.allocs_of_job(&spec.name) {
-            if !a.is_terminal() && !stopped.contains(a.id.as_str()) {
-                groups.entry(a.group.clone()).or_default().ignore += 1;
-            }
-        }
-        Ok(JobPlanResponse {
-            job_version: version,
-            changed,
-            groups,
-            failed_tg_allocs: out.failed_tg_allocs,
-            job_modify_index,
-        })
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || plan_job_blocking(&core, spec))
+            .await
+            .map_err(|e| ServerError::Unavailable(format!("the scheduler failed: {e}")))?
     }
-
     /// Stop a job (its allocations are stopped); with `purge` also forget it.
     pub async fn stop_job(
         &self,
@@ -603,6 +546,13 @@ impl Server {
                 let eval = new_eval(&job, EvalTrigger::JobDeregister, index, now);
                 if purge {
                     b.purge.push(name.to_owned());
+                    // What already ended goes with the job; the rest once its client
+                    // reports it ended (garbage collection).
+                    b.drop_allocs.extend(
+                        st.allocs_of_job(name)
+                            .filter(|a| a.client_status.is_terminal())
+                            .map(|a| a.id.clone()),
+                    );
                 } else {
                     b.jobs.push(job.clone());
                 }
@@ -768,8 +718,19 @@ impl Server {
                 // An index from the future (the server's state was replaced) cannot be
                 // diffed against: send everything.
                 if index == 0 || index > st.index {
-                    let mut allocations: Vec<ClientAllocation> =
-                        st.allocs_on_node(node_id).map(to_client).collect();
+                    // Only what the node must still act on: an allocation its client
+                    // reported ended (complete, failed) needs nothing more, and
+                    // sending every one it ever ran (each with its group) would grow
+                    // without bound. Missing from the set, the client forgets it
+                    // (it is terminal there already). Lost ones are the server's
+                    // verdict, not the client's: they stay, so that it stops them.
+                    let mut allocations: Vec<ClientAllocation> = st
+                        .allocs_on_node(node_id)
+                        .filter(|a| {
+                            !a.client_status.is_terminal() || a.client_status == ClientStatus::Lost
+                        })
+                        .map(to_client)
+                        .collect();
                     allocations.sort_by(|a, b| a.alloc.id.cmp(&b.alloc.id));
                     return Ok(NodeAllocations {
                         index: st.index,
@@ -1064,4 +1025,77 @@ impl Core {
         rx.await
             .map_err(|_| ServerError::Unavailable("the plan applier stopped".into()))?
     }
+}
+
+/// `Server::plan_job` on the calling (blocking) thread, under the state's read lock.
+fn plan_job_blocking(core: &Core, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
+    let st = core.read();
+    let existing = scheduler::StateView::job(&*st, &spec.name);
+    let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
+    let version = match existing {
+        None => 0,
+        Some(j) if changed => j.version + 1,
+        Some(j) => j.version,
+    };
+    let job_modify_index = existing.map_or(0, |j| j.job_modify_index);
+    let job = Job {
+        spec: spec.clone(),
+        version,
+        stop: false,
+        status: JobStatus::Pending,
+        submit_time: now_nanos(),
+        create_index: existing.map_or(st.index + 1, |j| j.create_index),
+        modify_index: st.index + 1,
+        job_modify_index: if changed {
+            st.index + 1
+        } else {
+            job_modify_index
+        },
+    };
+    let eval = new_eval(&job, EvalTrigger::JobRegister, st.index + 1, now_nanos());
+    let overlay = Overlay { base: &st, job };
+    let out = scheduler::schedule(&overlay, &eval, core.settings());
+    let mut groups: BTreeMap<String, GroupPlanSummary> = spec
+        .groups
+        .iter()
+        .map(|g| (g.name.clone(), GroupPlanSummary::default()))
+        .collect();
+    let stopped: std::collections::HashSet<&str> = out
+        .plan
+        .node_update
+        .values()
+        .flatten()
+        .map(|s| s.alloc_id.as_str())
+        .collect();
+    for a in out.plan.node_allocation.values().flatten() {
+        let g = groups.entry(a.group.clone()).or_default();
+        if a.previous_allocation
+            .as_deref()
+            .is_some_and(|p| stopped.contains(p))
+        {
+            g.update += 1;
+        } else {
+            g.place += 1;
+        }
+    }
+    for s in out.plan.node_update.values().flatten() {
+        if let Some(a) = st.alloc(&s.alloc_id) {
+            groups.entry(a.group.clone()).or_default().stop += 1;
+        }
+    }
+    for g in groups.values_mut() {
+        g.stop = g.stop.saturating_sub(g.update);
+    }
+    for a in st.allocs_of_job(&spec.name) {
+        if !a.is_terminal() && !stopped.contains(a.id.as_str()) {
+            groups.entry(a.group.clone()).or_default().ignore += 1;
+        }
+    }
+    Ok(JobPlanResponse {
+        job_version: version,
+        changed,
+        groups,
+        failed_tg_allocs: out.failed_tg_allocs,
+        job_modify_index,
+    })
 }

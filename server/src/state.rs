@@ -47,6 +47,10 @@ pub(crate) struct Batch {
     pub evals: Vec<Evaluation>,
     /// Evaluations deleted (old terminal ones).
     pub drop_evals: Vec<String>,
+    /// Allocations deleted (garbage collection: terminal on the server and the client).
+    pub drop_allocs: Vec<String>,
+    /// Nodes deleted (garbage collection: down for long, no allocation left).
+    pub drop_nodes: Vec<String>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -61,6 +65,8 @@ impl Batch {
             && self.allocs.is_empty()
             && self.evals.is_empty()
             && self.drop_evals.is_empty()
+            && self.drop_allocs.is_empty()
+            && self.drop_nodes.is_empty()
     }
 
     /// The store operations of this batch. `state` is the state it was built on (for
@@ -97,6 +103,16 @@ impl Batch {
         for id in &self.drop_evals {
             ops.push(Op::Delete {
                 key: format!("eval/{id}"),
+            });
+        }
+        for id in &self.drop_allocs {
+            ops.push(Op::Delete {
+                key: format!("alloc/{id}"),
+            });
+        }
+        for id in &self.drop_nodes {
+            ops.push(Op::Delete {
+                key: format!("node/{id}"),
             });
         }
         for j in &self.jobs {
@@ -207,7 +223,37 @@ impl State {
         for e in batch.evals {
             self.put_eval(e);
         }
+        for id in batch.drop_allocs {
+            self.remove_alloc(&id);
+        }
+        for id in batch.drop_nodes {
+            self.nodes.remove(&id);
+            self.usage.remove(&id);
+        }
         self.index = index;
+    }
+
+    fn remove_alloc(&mut self, id: &str) {
+        let Some(a) = self.allocs.remove(id) else {
+            return;
+        };
+        if !a.is_terminal()
+            && let Some(u) = self.usage.get_mut(&a.node_id)
+        {
+            u.cpu = u.cpu.saturating_sub(a.resources.cpu);
+            u.memory_mb = u.memory_mb.saturating_sub(a.resources.memory_mb);
+        }
+        for (index, key) in [
+            (&mut self.by_job, &a.job_name),
+            (&mut self.by_node, &a.node_id),
+        ] {
+            if let Some(ids) = index.get_mut(key) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    index.remove(key);
+                }
+            }
+        }
     }
 
     fn put_node(&mut self, n: Node) {
@@ -300,6 +346,7 @@ impl State {
             .and_then(from)
             .or_else(|| self.jobs.get(&a.job_name).and_then(from))
             .unwrap_or_else(|| TaskGroup {
+                reschedule: None,
                 name: a.group.clone(),
                 count: 0,
                 constraints: Vec::new(),
@@ -330,6 +377,16 @@ impl State {
 
     pub(crate) fn all_evals(&self) -> impl Iterator<Item = &Evaluation> {
         self.evals.values()
+    }
+
+    /// Jobs that have evaluations (purged ones included).
+    pub(crate) fn jobs_with_evals(&self) -> impl Iterator<Item = &str> {
+        self.evals_by_job.keys().map(String::as_str)
+    }
+
+    /// Jobs that have allocations (purged ones included).
+    pub(crate) fn jobs_with_allocs(&self) -> impl Iterator<Item = &str> {
+        self.by_job.keys().map(String::as_str)
     }
 
     pub(crate) fn evals_of_job(&self, job: &str) -> impl Iterator<Item = &Evaluation> {

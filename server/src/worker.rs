@@ -52,7 +52,8 @@ pub(crate) async fn run(core: Arc<Core>, worker: usize) {
     }
 }
 
-/// Redeliver evaluations no worker acknowledged in time.
+/// Redeliver evaluations no worker acknowledged in time, and hand out the delayed
+/// ones that became due (within a period: at most a second late).
 pub(crate) async fn run_expiry(core: Arc<Core>) {
     let period = core.broker.expire_period();
     loop {
@@ -60,6 +61,7 @@ pub(crate) async fn run_expiry(core: Arc<Core>) {
             _ = core.shutdown.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
+        core.broker.promote_due(crate::server::now_nanos());
         for e in core.broker.expire(Instant::now()) {
             core.fail_eval(&e, "not acknowledged by a worker in time, too often".into())
                 .await;
@@ -91,6 +93,7 @@ pub(crate) async fn process(core: &Arc<Core>, eval: &Evaluation) -> Result<(), S
             eval: eval.clone(),
             failed_tg_allocs: out.failed_tg_allocs,
             queued_allocations: out.queued_allocations,
+            follow_up_at: out.follow_up_at,
         };
         if out.plan.is_empty() {
             core.commit(|st, index, now| {

@@ -811,17 +811,17 @@ async fn plan_commits_nothing_and_node_names_are_unique_among_live_nodes() {
         .unwrap();
     s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
     let before = s.server.index();
-    let same = s.server.plan_job(job("a", 1, 100, 100)).unwrap();
+    let same = s.server.plan_job(job("a", 1, 100, 100)).await.unwrap();
     assert!(!same.changed);
     assert_eq!(same.job_version, 0);
-    let changed = s.server.plan_job(job("a", 2, 100, 100)).unwrap();
+    let changed = s.server.plan_job(job("a", 2, 100, 100)).await.unwrap();
     assert!(changed.changed);
     assert_eq!(changed.job_version, 1);
     assert!(changed.groups.contains_key("app"));
     assert_eq!(s.server.index(), before, "a plan commits nothing");
     assert_eq!(s.server.job("a").unwrap().version, 0);
     assert!(matches!(
-        s.server.plan_job(job("", 1, 1, 1)),
+        s.server.plan_job(job("", 1, 1, 1)).await,
         Err(drover_server::ServerError::Invalid(_))
     ));
 

@@ -934,6 +934,7 @@ mod tests {
 
     fn alloc(id: &str, status: ClientStatus, task: TaskRunState, exit: Option<i32>) -> Allocation {
         Allocation {
+            reschedule_events: Vec::new(),
             id: id.into(),
             name: "web.app[0]".into(),
             index: 0,
@@ -969,6 +970,7 @@ mod tests {
 
     fn eval(id: &str, status: EvalStatus, index: u64, failed: &[(&str, &str, u32)]) -> Evaluation {
         Evaluation {
+            wait_until: None,
             id: id.into(),
             job_name: "web".into(),
             job_type: JobType::Service,

@@ -266,6 +266,7 @@ fn sh(name: &str, script: &str, lifecycle: Option<(LifecycleHook, bool)>) -> Tas
 
 fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
     let group = TaskGroup {
+        reschedule: None,
         name: "app".into(),
         count: 1,
         constraints: vec![],
@@ -274,6 +275,7 @@ fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
     };
     ClientAllocation {
         alloc: Allocation {
+            reschedule_events: Vec::new(),
             id: id.into(),
             name: "web.app[0]".into(),
             index: 0,

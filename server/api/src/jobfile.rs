@@ -13,6 +13,7 @@
 //! [[group]]
 //! name = "app"
 //! count = 3
+//! reschedule = { delay = "30s", max_delay = "1h", unlimited = true }
 //!
 //! [[group.constraint]]
 //! attribute = "${node.meta.rack}"
@@ -51,8 +52,10 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use crate::types::{
-    Constraint, JobSpec, JobType, Lifecycle, Task, TaskGroup, TaskResources, UpdateStrategy,
+    Constraint, JobSpec, JobType, Lifecycle, ReschedulePolicy, Task, TaskGroup, TaskResources,
+    UpdateStrategy,
 };
+use crate::validate::MAX_RESCHEDULE_DURATION;
 
 /// A job file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,8 +107,19 @@ struct GroupDoc {
     #[serde(alias = "constraints")]
     constraint: Option<Vec<Constraint>>,
     meta: Option<IgnoredAny>,
+    reschedule: Option<RescheduleDoc>,
     #[serde(alias = "tasks")]
     task: Option<Vec<TaskDoc>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RescheduleDoc {
+    attempts: Option<u32>,
+    interval: Option<Spanned<String>>,
+    delay: Option<Spanned<String>>,
+    max_delay: Option<Spanned<String>>,
+    unlimited: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -290,7 +304,37 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
         if tasks.is_empty() {
             return Err(missing(&gpath, "task"));
         }
+        let reschedule = match &g.reschedule {
+            None => None,
+            Some(r) => {
+                // Fields left out keep the job type's default.
+                let mut p = ReschedulePolicy::default_for(doc.job_type.unwrap_or_default());
+                if let Some(a) = r.attempts {
+                    p.attempts = a;
+                    // Attempts written without `unlimited` mean a limit.
+                    p.unlimited = false;
+                }
+                if let Some(u) = r.unlimited {
+                    p.unlimited = u;
+                }
+                let path = |f: &str| format!("{gpath}.reschedule.{f}");
+                let max = MAX_RESCHEDULE_DURATION;
+                if let Some(v) = &r.interval {
+                    p.interval = duration(v, path("interval"), max)?;
+                }
+                if let Some(v) = &r.delay {
+                    p.delay = duration(v, path("delay"), max)?;
+                    // A delay above the default ceiling raises the ceiling with it.
+                    p.max_delay = p.max_delay.max(p.delay);
+                }
+                if let Some(v) = &r.max_delay {
+                    p.max_delay = duration(v, path("max_delay"), max)?;
+                }
+                Some(p)
+            }
+        };
         groups.push(TaskGroup {
+            reschedule,
             name: g.name.ok_or_else(|| missing(&gpath, "name"))?,
             count: g.count.unwrap_or(1),
             constraints: g.constraint.unwrap_or_default(),
@@ -836,6 +880,61 @@ driver = "rawexec"
         );
         let e = error(&FULL.replace("owner = \"ops\"", "owner = { b = 1 }"));
         assert_eq!(e, "web.toml:5: meta.owner: expected a string, found table");
+    }
+
+    #[test]
+    fn reschedule_blocks_parse_over_the_job_types_default() {
+        let file = |job_type: &str, block: &str| {
+            format!(
+                "name = \"w\"\ntype = \"{job_type}\"\n[[group]]\nname = \"g\"\n{block}\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\n"
+            )
+        };
+        let spec = parse_and_validate(
+            &file(
+                "service",
+                "reschedule = { delay = \"2s\", max_delay = \"8s\" }",
+            ),
+            "w.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            spec.groups[0].reschedule,
+            Some(crate::ReschedulePolicy {
+                attempts: 0,
+                interval: Duration::ZERO,
+                delay: Duration::from_secs(2),
+                max_delay: Duration::from_secs(8),
+                unlimited: true,
+            })
+        );
+        let spec = parse_and_validate(
+            &file("batch", "reschedule = { attempts = 3, interval = \"1h\" }"),
+            "w.toml",
+        )
+        .unwrap();
+        let r = spec.groups[0].reschedule.unwrap();
+        assert_eq!((r.attempts, r.unlimited), (3, false));
+        assert_eq!(r.interval, Duration::from_secs(3600));
+        assert_eq!(r.delay, Duration::from_secs(5), "batch default");
+        assert_eq!(
+            parse_and_validate(&file("service", ""), "w.toml")
+                .unwrap()
+                .groups[0]
+                .reschedule,
+            None
+        );
+        assert_eq!(
+            error(&file("service", "reschedule = { delay = \"soon\" }")),
+            "web.toml:5: group[0].reschedule.delay: \"soon\" is not a duration like \"5s\" or \"1m30s\": expected number at 0"
+        );
+        assert_eq!(
+            invalid(&file("service", "reschedule = { delay = \"0s\" }")),
+            "web.toml:5: group[0].reschedule.delay: must be more than 0s"
+        );
+        assert!(
+            error(&file("service", "reschedule = { dealy = \"1s\" }"))
+                .contains("unknown field `dealy`")
+        );
     }
 
     #[test]

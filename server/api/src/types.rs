@@ -100,10 +100,62 @@ pub struct TaskGroup {
     /// The tasks (at least one that is not a lifecycle hook).
     #[serde(rename = "task", alias = "tasks")]
     pub tasks: Vec<Task>,
+    /// When a failed allocation is replaced (absent: the job type's default, see
+    /// [`ReschedulePolicy::default_for`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reschedule: Option<ReschedulePolicy>,
 }
 
 fn default_count() -> u32 {
     1
+}
+
+/// When the server replaces an allocation that failed (Nomad's `reschedule` block):
+/// after `delay`, doubling with every consecutive failure up to `max_delay`; at most
+/// `attempts` times per `interval` unless `unlimited`. Lost or drained allocations are
+/// replaced at once; this is for failures only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReschedulePolicy {
+    /// Replacements allowed within `interval` (ignored when `unlimited`).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The window `attempts` counts in.
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Duration,
+    /// Wait before the first replacement.
+    #[serde(with = "humantime_serde")]
+    pub delay: Duration,
+    /// Longest wait (the delay doubles per consecutive failure up to this).
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+    /// Replace for ever (with the delays).
+    #[serde(default)]
+    pub unlimited: bool,
+}
+
+impl ReschedulePolicy {
+    /// Nomad's defaults: service jobs unlimited, 30s doubling to 1h; batch jobs once
+    /// per 24h after 5s. System jobs are not rescheduled (their allocation belongs to
+    /// its node).
+    pub fn default_for(job_type: JobType) -> ReschedulePolicy {
+        match job_type {
+            JobType::Batch => ReschedulePolicy {
+                attempts: 1,
+                interval: Duration::from_secs(24 * 3600),
+                delay: Duration::from_secs(5),
+                max_delay: Duration::from_secs(5),
+                unlimited: false,
+            },
+            JobType::Service | JobType::System => ReschedulePolicy {
+                attempts: 0,
+                interval: Duration::ZERO,
+                delay: Duration::from_secs(30),
+                max_delay: Duration::from_secs(3600),
+                unlimited: true,
+            },
+        }
+    }
 }
 
 impl TaskGroup {
@@ -609,6 +661,11 @@ pub struct Allocation {
     /// The allocation that replaced it, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_allocation: Option<String>,
+    /// The replacements of failed allocations that led to this one, oldest first
+    /// (bounded: what the group's `reschedule` policy needs to count and to double
+    /// the delay).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reschedule_events: Vec<RescheduleEvent>,
     /// Index of creation.
     pub create_index: Index,
     /// Index of the last change of any field.
@@ -620,6 +677,18 @@ pub struct Allocation {
     pub create_time: i64,
     /// Unix time of the last change, nanoseconds.
     pub modify_time: i64,
+}
+
+/// One replacement of a failed allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RescheduleEvent {
+    /// Unix time of the replacement, nanoseconds.
+    pub time: i64,
+    /// The failed allocation replaced.
+    pub prev_alloc_id: String,
+    /// How long the replacement waited after the failure.
+    #[serde(with = "humantime_serde")]
+    pub delay: Duration,
 }
 
 impl Allocation {
@@ -751,6 +820,11 @@ pub struct Evaluation {
     /// The evaluation this one follows (blocked → retry, rolling update → next batch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_eval: Option<String>,
+    /// Unix time (nanoseconds) before which the evaluation is not handed to a worker:
+    /// the follow-up of an evaluation that left a failed allocation waiting for its
+    /// reschedule delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_until: Option<i64>,
     /// Index of the job spec it evaluated.
     pub job_modify_index: Index,
     /// Index of creation.
@@ -920,6 +994,7 @@ mod tests {
             constraints: vec![],
             meta: BTreeMap::new(),
             tasks: vec![task(100, 64), task(250, 128)],
+            reschedule: None,
         };
         assert_eq!(
             g.resources(),

@@ -12,13 +12,37 @@ use std::collections::BTreeSet;
 
 use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION};
 
-use crate::types::{Constraint, ConstraintOperator, JobSpec, LifecycleHook, Task, TaskGroup};
+use crate::types::{
+    Constraint, ConstraintOperator, JobSpec, LifecycleHook, ReschedulePolicy, Task, TaskGroup,
+};
 
 /// Most copies of one group a job may ask for.
 pub const MAX_COUNT: u32 = 10_000;
 
 /// Longest job, group or task name.
 pub const MAX_NAME_LEN: usize = 128;
+
+/// Most groups in one job. The caps below bound what one registration makes the
+/// server store, keep in memory and send to nodes (a job is copied into every
+/// version kept and its group into every allocation a client receives).
+pub const MAX_GROUPS: usize = 100;
+/// Most tasks in one group.
+pub const MAX_TASKS: usize = 50;
+/// Most copies of all groups of a job together.
+pub const MAX_JOB_COUNT: u64 = 10_000;
+/// Most constraints on a job or on a group.
+pub const MAX_CONSTRAINTS: usize = 64;
+/// Most entries of a task's `env`, of a job's or a group's `meta`.
+pub const MAX_MAP_ENTRIES: usize = 256;
+/// Most bytes (keys and values) of a task's `env`, of a job's or a group's `meta`.
+pub const MAX_MAP_BYTES: usize = 64 * 1024;
+/// Most bytes of a task's `config` as JSON.
+pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
+/// Most reschedule attempts per interval a group may allow.
+pub const MAX_RESCHEDULE_ATTEMPTS: u32 = 100;
+/// Longest reschedule delay, maximum delay or interval.
+pub const MAX_RESCHEDULE_DURATION: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Why a job spec was refused. Displays as `FIELD: MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,11 +71,19 @@ pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
             format!("{} is not within 1..=100", spec.priority),
         ));
     }
+    check_len("constraint", spec.constraints.len(), MAX_CONSTRAINTS)?;
     for (i, c) in spec.constraints.iter().enumerate() {
         check_constraint(&format!("constraint[{i}]"), c)?;
     }
+    check_map("meta", &spec.meta)?;
     if spec.groups.is_empty() {
         return Err(fail("group", "a job needs at least one group"));
+    }
+    if spec.groups.len() > MAX_GROUPS {
+        return Err(fail(
+            "group",
+            format!("{} groups, at most {MAX_GROUPS} per job", spec.groups.len()),
+        ));
     }
     let mut groups = BTreeSet::new();
     for (i, g) in spec.groups.iter().enumerate() {
@@ -61,6 +93,89 @@ pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
             return Err(fail(
                 format!("{path}.name"),
                 format!("group name {:?} is used twice", g.name),
+            ));
+        }
+    }
+    let total: u64 = spec.groups.iter().map(|g| u64::from(g.count)).sum();
+    if total > MAX_JOB_COUNT {
+        return Err(fail(
+            "group.count",
+            format!(
+                "the groups' counts add up to {total}, more than the maximum of {MAX_JOB_COUNT} per job"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_len(field: &str, len: usize, max: usize) -> Result<(), ValidationError> {
+    if len > max {
+        return Err(fail(field, format!("{len} entries, at most {max}")));
+    }
+    Ok(())
+}
+
+/// `env` and `meta`: bounded in entries and bytes.
+fn check_map(
+    field: &str,
+    map: &std::collections::BTreeMap<String, String>,
+) -> Result<(), ValidationError> {
+    check_len(field, map.len(), MAX_MAP_ENTRIES)?;
+    let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_MAP_BYTES {
+        return Err(fail(
+            field,
+            format!("{bytes} bytes of keys and values, at most {MAX_MAP_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_reschedule(path: &str, r: &ReschedulePolicy) -> Result<(), ValidationError> {
+    for (name, d) in [
+        ("delay", r.delay),
+        ("max_delay", r.max_delay),
+        ("interval", r.interval),
+    ] {
+        if d > MAX_RESCHEDULE_DURATION {
+            return Err(fail(
+                format!("{path}.{name}"),
+                format!(
+                    "{} is longer than the maximum of {}",
+                    drover_api::human_duration(d),
+                    drover_api::human_duration(MAX_RESCHEDULE_DURATION)
+                ),
+            ));
+        }
+    }
+    if r.delay.is_zero() {
+        // No delay is the endless replace loop the policy exists to prevent.
+        return Err(fail(format!("{path}.delay"), "must be more than 0s"));
+    }
+    if r.max_delay < r.delay {
+        return Err(fail(
+            format!("{path}.max_delay"),
+            format!(
+                "{} is shorter than delay ({})",
+                drover_api::human_duration(r.max_delay),
+                drover_api::human_duration(r.delay)
+            ),
+        ));
+    }
+    if !r.unlimited {
+        if r.attempts > MAX_RESCHEDULE_ATTEMPTS {
+            return Err(fail(
+                format!("{path}.attempts"),
+                format!(
+                    "{} is more than the maximum of {MAX_RESCHEDULE_ATTEMPTS}",
+                    r.attempts
+                ),
+            ));
+        }
+        if r.attempts > 0 && r.interval.is_zero() {
+            return Err(fail(
+                format!("{path}.interval"),
+                "must be more than 0s when attempts are counted (or set unlimited = true)",
             ));
         }
     }
@@ -102,13 +217,28 @@ fn check_group(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
             format!("{} is more than the maximum of {MAX_COUNT}", g.count),
         ));
     }
+    check_len(
+        &format!("{path}.constraint"),
+        g.constraints.len(),
+        MAX_CONSTRAINTS,
+    )?;
     for (i, c) in g.constraints.iter().enumerate() {
         check_constraint(&format!("{path}.constraint[{i}]"), c)?;
+    }
+    check_map(&format!("{path}.meta"), &g.meta)?;
+    if let Some(r) = &g.reschedule {
+        check_reschedule(&format!("{path}.reschedule"), r)?;
     }
     if g.tasks.is_empty() {
         return Err(fail(
             format!("{path}.task"),
             "a group needs at least one task",
+        ));
+    }
+    if g.tasks.len() > MAX_TASKS {
+        return Err(fail(
+            format!("{path}.task"),
+            format!("{} tasks, at most {MAX_TASKS} per group", g.tasks.len()),
         ));
     }
     let mut names = BTreeSet::new();
@@ -145,6 +275,16 @@ fn check_task(path: &str, t: &Task) -> Result<(), ValidationError> {
             "must be a table of the driver's settings",
         ));
     }
+    // The encoded size, as it is stored and sent; a value that does not encode has
+    // no size worth checking here (the store refuses it).
+    let config_bytes = serde_json::to_vec(&t.config).map_or(0, |v| v.len());
+    if config_bytes > MAX_CONFIG_BYTES {
+        return Err(fail(
+            format!("{path}.config"),
+            format!("{config_bytes} bytes as JSON, at most {MAX_CONFIG_BYTES}"),
+        ));
+    }
+    check_map(&format!("{path}.env"), &t.env)?;
     let r = &t.resources;
     if r.cpu < 1 {
         return Err(fail(
@@ -419,6 +559,7 @@ mod tests {
             update: Default::default(),
             meta: Default::default(),
             groups: vec![TaskGroup {
+                reschedule: None,
                 name: "app".into(),
                 count: 3,
                 constraints: vec![],
@@ -558,6 +699,134 @@ mod tests {
                 max_file_size_mb: 1
             }))
             .starts_with("group[0].task[0].logs: logs.max_files must be at least 1")
+        );
+    }
+
+    #[test]
+    fn sizes_are_capped_naming_the_field() {
+        let many = |n: usize| {
+            (0..n)
+                .map(|i| (format!("K{i}"), "v".to_owned()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            refused(|j| {
+                let g = j.groups[0].clone();
+                j.groups = (0..101)
+                    .map(|i| TaskGroup {
+                        name: format!("g{i}"),
+                        count: 1,
+                        ..g.clone()
+                    })
+                    .collect();
+            }),
+            "group: 101 groups, at most 100 per job"
+        );
+        assert_eq!(
+            refused(|j| {
+                j.groups[0].tasks = (0..51).map(|i| task(&format!("t{i}"))).collect();
+            }),
+            "group[0].task: 51 tasks, at most 50 per group"
+        );
+        assert_eq!(
+            refused(|j| {
+                let g = j.groups[0].clone();
+                j.groups = (0..3)
+                    .map(|i| TaskGroup {
+                        name: format!("g{i}"),
+                        count: 4000,
+                        ..g.clone()
+                    })
+                    .collect();
+            }),
+            "group.count: the groups' counts add up to 12000, more than the maximum of 10000 per job"
+        );
+        // 10 groups of 1000 (drover-bench schedule's jobs are 1000 copies) pass.
+        let mut j = job();
+        let g = j.groups[0].clone();
+        j.groups = (0..10)
+            .map(|i| TaskGroup {
+                name: format!("g{i}"),
+                count: 1000,
+                ..g.clone()
+            })
+            .collect();
+        validate(&j).unwrap();
+        assert_eq!(
+            refused(|j| j.groups[0].tasks[1].env = many(257)),
+            "group[0].task[1].env: 257 entries, at most 256"
+        );
+        assert!(
+            refused(|j| {
+                j.groups[0].tasks[0].env =
+                    std::collections::BTreeMap::from([("BIG".into(), "x".repeat(65 * 1024))]);
+            })
+            .starts_with("group[0].task[0].env: 66563 bytes of keys and values, at most 65536")
+        );
+        assert!(
+            refused(|j| {
+                j.groups[0].tasks[0].config = serde_json::json!({"args": ["y".repeat(70_000)]});
+            })
+            .starts_with("group[0].task[0].config: 70013 bytes as JSON, at most 65536")
+        );
+        assert_eq!(
+            refused(|j| j.meta = many(300)),
+            "meta: 300 entries, at most 256"
+        );
+        assert!(
+            refused(|j| {
+                j.groups[0].meta =
+                    std::collections::BTreeMap::from([("m".into(), "z".repeat(70_000))]);
+            })
+            .starts_with("group[0].meta: 70001 bytes")
+        );
+        assert_eq!(
+            refused(|j| j.groups[0].constraints =
+                vec![constraint("${attr.a}", ConstraintOperator::IsSet, ""); 65]),
+            "group[0].constraint: 65 entries, at most 64"
+        );
+    }
+
+    #[test]
+    fn reschedule_policies() {
+        use std::time::Duration;
+        let policy = ReschedulePolicy {
+            attempts: 3,
+            interval: Duration::from_secs(3600),
+            delay: Duration::from_secs(5),
+            max_delay: Duration::from_secs(60),
+            unlimited: false,
+        };
+        let mut j = job();
+        j.groups[0].reschedule = Some(policy);
+        validate(&j).unwrap();
+        assert_eq!(
+            refused(|j| j.groups[0].reschedule = Some(ReschedulePolicy {
+                delay: Duration::ZERO,
+                ..policy
+            })),
+            "group[0].reschedule.delay: must be more than 0s"
+        );
+        assert!(
+            refused(|j| j.groups[0].reschedule = Some(ReschedulePolicy {
+                max_delay: Duration::from_secs(1),
+                ..policy
+            }))
+            .starts_with("group[0].reschedule.max_delay: 1s is shorter than delay (5s)")
+        );
+        assert!(
+            refused(|j| j.groups[0].reschedule = Some(ReschedulePolicy {
+                attempts: 101,
+                ..policy
+            }))
+            .starts_with("group[0].reschedule.attempts: 101 is more than")
+        );
+        assert!(
+            refused(|j| j.groups[0].reschedule = Some(ReschedulePolicy {
+                interval: Duration::ZERO,
+                ..policy
+            }))
+            .starts_with("group[0].reschedule.interval: must be more than 0s")
         );
     }
 

@@ -105,6 +105,9 @@ pub struct SchedulerOutput {
     /// What the plan does to each group (places, stops, destructive updates, left
     /// alone): the answer of `job plan`.
     pub desired_tg_updates: BTreeMap<String, GroupPlanSummary>,
+    /// A failed allocation waits for its reschedule delay: evaluate the job again at
+    /// this time (unix nanoseconds).
+    pub follow_up_at: Option<i64>,
 }
 
 /// Settings the scheduler reads.
@@ -112,6 +115,9 @@ pub struct SchedulerOutput {
 pub struct SchedulerSettings {
     /// Ranking.
     pub algorithm: SchedulerAlgorithm,
+    /// The current time (unix nanoseconds): whether a failed allocation's reschedule
+    /// delay has passed.
+    pub now: i64,
 }
 
 /// Reconcile and place for `eval` on `state`.
@@ -128,7 +134,7 @@ pub fn schedule(
 ) -> SchedulerOutput {
     let job = state.job(&eval.job_name);
     let allocs = state.job_allocs(&eval.job_name);
-    let rec = reconcile::reconcile(state, job, &allocs);
+    let rec = reconcile::reconcile(state, job, &allocs, settings.now);
     let mut out = SchedulerOutput {
         plan: Plan {
             eval_id: eval.id.clone(),
@@ -139,6 +145,7 @@ pub fn schedule(
         },
         rolling_update_pending: rec.rolling_update_pending,
         desired_tg_updates: rec.summary,
+        follow_up_at: rec.follow_up,
         ..SchedulerOutput::default()
     };
     for stop in &rec.stops {
@@ -175,7 +182,8 @@ pub fn schedule(
         }
         match placer.place(p.group, p.previous, p.node) {
             Placed::Node(i) => {
-                let alloc = placer.allocation(p.group, p.index, i, p.previous);
+                let mut alloc = placer.allocation(p.group, p.index, i, p.previous);
+                alloc.reschedule_events.clone_from(&p.reschedule_events);
                 out.plan
                     .node_allocation
                     .entry(placer.node(i).id.clone())

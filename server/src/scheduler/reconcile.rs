@@ -2,10 +2,11 @@
 //! list of allocations to stop and of copies to place; placing them is the placer's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
 use drover_server_api::{
     Allocation, ClientStatus, DesiredStatus, GroupPlanSummary, Job, JobType, Node, NodeStatus,
-    TaskGroup,
+    RescheduleEvent, ReschedulePolicy, TaskGroup,
 };
 
 use super::StateView;
@@ -28,6 +29,8 @@ pub(crate) struct Place<'a> {
     pub previous: Option<&'a Allocation>,
     /// System jobs: only this node.
     pub node: Option<&'a Node>,
+    /// A failed allocation's replacement: the reschedule history it carries on.
+    pub reschedule_events: Vec<RescheduleEvent>,
 }
 
 /// What reconciliation decided.
@@ -39,6 +42,72 @@ pub(crate) struct Reconciled<'a> {
     pub rolling_update_pending: bool,
     /// Per group, for `job plan`.
     pub summary: BTreeMap<String, GroupPlanSummary>,
+    /// The earliest time (unix nanoseconds) a failed allocation left waiting for its
+    /// reschedule delay is due: the evaluation gets a follow-up for then.
+    pub follow_up: Option<i64>,
+}
+
+/// Reschedule history kept per allocation at most.
+pub(crate) const MAX_RESCHEDULE_EVENTS: usize = 100;
+
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// What to do with a failed allocation under its group's reschedule policy.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Reschedule {
+    /// Replace it now; the replacement carries this history.
+    Now(Vec<RescheduleEvent>),
+    /// Its delay runs until then (unix nanoseconds).
+    Later(i64),
+    /// Its attempts are used up: it stays failed.
+    Never,
+}
+
+/// Nomad's rules, simplified: the delay doubles with every consecutive replacement
+/// (from `delay` up to `max_delay`), and starts over when the allocation ran longer
+/// than `max_delay` before failing; it counts from the failure (the allocation's last
+/// update). A limited policy allows `attempts` replacements per `interval`.
+pub(crate) fn reschedule(policy: &ReschedulePolicy, failed: &Allocation, now: i64) -> Reschedule {
+    let events = &failed.reschedule_events;
+    let window_start = now.saturating_sub(nanos(policy.interval));
+    if !policy.unlimited {
+        let recent = events.iter().filter(|e| e.time > window_start).count();
+        if recent >= policy.attempts as usize {
+            return Reschedule::Never;
+        }
+    }
+    let failed_at = failed.modify_time;
+    let delay = match events.last() {
+        Some(last) if failed_at.saturating_sub(last.time) <= nanos(policy.max_delay) => last
+            .delay
+            .saturating_mul(2)
+            .clamp(policy.delay, policy.max_delay.max(policy.delay)),
+        _ => policy.delay,
+    };
+    let due = failed_at.saturating_add(nanos(delay));
+    if due > now {
+        return Reschedule::Later(due);
+    }
+    let mut kept: Vec<RescheduleEvent> = if policy.unlimited {
+        // Only the newest delay matters to an unlimited policy: the one pushed below.
+        Vec::new()
+    } else {
+        events
+            .iter()
+            .filter(|e| e.time > window_start)
+            .cloned()
+            .collect()
+    };
+    kept.push(RescheduleEvent {
+        time: now,
+        prev_alloc_id: failed.id.clone(),
+        delay,
+    });
+    let excess = kept.len().saturating_sub(MAX_RESCHEDULE_EVENTS);
+    kept.drain(..excess);
+    Reschedule::Now(kept)
 }
 
 /// Where an allocation's node stands.
@@ -87,6 +156,7 @@ pub(crate) fn reconcile<'a>(
     state: &'a dyn StateView,
     job: Option<&'a Job>,
     allocs: &[&'a Allocation],
+    now: i64,
 ) -> Reconciled<'a> {
     let mut out = Reconciled::default();
     let job = match job {
@@ -138,7 +208,7 @@ pub(crate) fn reconcile<'a>(
         match job.spec.job_type {
             JobType::System => system_group(state, job, group, &allocs, &mut out),
             JobType::Service | JobType::Batch => {
-                counted_group(state, job, group, &allocs, &mut out)
+                counted_group(state, job, group, &allocs, now, &mut out)
             }
         }
     }
@@ -236,6 +306,7 @@ fn counted_group<'a>(
     job: &'a Job,
     group: &'a TaskGroup,
     allocs: &[&'a Allocation],
+    now: i64,
     out: &mut Reconciled<'a>,
 ) {
     let mut summary = GroupPlanSummary::default();
@@ -279,6 +350,7 @@ fn counted_group<'a>(
             index: a.index,
             previous: Some(a),
             node: None,
+            reschedule_events: Vec::new(),
         });
         summary.update += 1;
     }
@@ -292,17 +364,39 @@ fn counted_group<'a>(
     for a in &replaceable {
         previous.insert(a.index, a);
     }
+    let policy = group
+        .reschedule
+        .unwrap_or_else(|| ReschedulePolicy::default_for(job.spec.job_type));
     let mut index = 0u32;
     for _ in 0..missing {
         while used.contains(&index) {
             index += 1;
         }
         used.insert(index);
+        let previous = previous.get(&index).copied();
+        let mut reschedule_events = Vec::new();
+        // A failed copy is replaced after its delay, not at once: a task that fails
+        // as it starts would otherwise be replaced in a tight loop, for ever.
+        if let Some(p) = previous.filter(|p| p.client_status == ClientStatus::Failed) {
+            match reschedule(&policy, p, now) {
+                Reschedule::Now(events) => reschedule_events = events,
+                Reschedule::Later(due) => {
+                    out.follow_up = Some(out.follow_up.map_or(due, |f| f.min(due)));
+                    summary.ignore += 1;
+                    continue;
+                }
+                Reschedule::Never => {
+                    summary.ignore += 1;
+                    continue;
+                }
+            }
+        }
         out.places.push(Place {
             group,
             index,
-            previous: previous.get(&index).copied(),
+            previous,
             node: None,
+            reschedule_events,
         });
         summary.place += 1;
     }
@@ -350,6 +444,7 @@ fn system_group<'a>(
                 index: 0,
                 previous: last_on_node.get(node.id.as_str()).copied(),
                 node: Some(node),
+                reschedule_events: Vec::new(),
             });
             summary.place += 1;
         }
@@ -372,6 +467,7 @@ fn system_group<'a>(
                 index: 0,
                 previous: Some(a),
                 node: Some(node),
+                reschedule_events: Vec::new(),
             });
         }
         summary.update += 1;

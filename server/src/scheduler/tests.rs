@@ -3,6 +3,7 @@
 //! failures) run through several evaluations.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use drover_server_api::{
     AllocResources, Allocation, ClientStatus, Constraint, ConstraintOperator, DesiredStatus,
@@ -187,6 +188,7 @@ fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
 
 fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
     TaskGroup {
+        reschedule: None,
         name: name.into(),
         count,
         constraints: vec![],
@@ -218,6 +220,7 @@ fn constraint(attribute: &str, operator: ConstraintOperator, value: &str) -> Con
 fn eval(state: &TestState, job: &str, id: &str) -> Evaluation {
     let j = state.job(job);
     Evaluation {
+        wait_until: None,
         id: id.into(),
         job_name: job.into(),
         job_type: j.map_or(JobType::Service, |j| j.spec.job_type),
@@ -238,10 +241,16 @@ fn eval(state: &TestState, job: &str, id: &str) -> Evaluation {
     }
 }
 
+/// "Now" for the scheduler in these tests: long after the allocations' times (0), so
+/// failed ones are due for their replacement.
+const NOW: i64 = 1_000_000_000_000_000_000;
+
 const BINPACK: SchedulerSettings = SchedulerSettings {
+    now: NOW,
     algorithm: SchedulerAlgorithm::BinPack,
 };
 const SPREAD: SchedulerSettings = SchedulerSettings {
+    now: NOW,
     algorithm: SchedulerAlgorithm::Spread,
 };
 
@@ -455,6 +464,105 @@ fn failed_and_lost_allocations_are_replaced() {
     assert_eq!(stopped(&out).len(), there);
     assert_eq!(placed(&out).len(), there);
     assert!(placed(&out).iter().all(|a| a.node_id != victim.node_id));
+}
+
+/// The scheduler at time `now` (unix nanoseconds).
+fn run_at(state: &TestState, job: &str, now: i64) -> SchedulerOutput {
+    let settings = SchedulerSettings { now, ..BINPACK };
+    schedule(
+        state,
+        &eval(state, job, &format!("eval-{}", state.index)),
+        settings,
+    )
+}
+
+#[test]
+fn a_failed_allocation_is_replaced_after_a_delay_that_doubles() {
+    const S: i64 = 1_000_000_000;
+    let mut s = three_nodes();
+    let mut g = group("app", 1, 100, 64);
+    g.reschedule = Some(drover_server_api::ReschedulePolicy {
+        attempts: 0,
+        interval: Duration::ZERO,
+        delay: Duration::from_secs(10),
+        max_delay: Duration::from_secs(25),
+        unlimited: true,
+    });
+    s.register(spec("web", JobType::Service, vec![g]));
+    run_and_apply(&mut s, "web");
+    // Fails at t = 100s.
+    let fail = |s: &mut TestState, at: i64| {
+        let a = s.allocs.iter_mut().find(|a| !a.is_terminal()).unwrap();
+        a.client_status = ClientStatus::Failed;
+        a.modify_time = at;
+        a.id.clone()
+    };
+    let first = fail(&mut s, 100 * S);
+    let out = run_at(&s, "web", 105 * S);
+    assert!(placed(&out).is_empty(), "not replaced before its delay");
+    assert_eq!(out.follow_up_at, Some(110 * S), "evaluated again when due");
+    assert_eq!(out.desired_tg_updates["app"].ignore, 1);
+    let out = run_at(&s, "web", 110 * S);
+    let new = placed(&out);
+    assert_eq!(new.len(), 1, "replaced once due");
+    assert_eq!(new[0].previous_allocation.as_deref(), Some(first.as_str()));
+    assert_eq!(new[0].reschedule_events.len(), 1);
+    assert_eq!(new[0].reschedule_events[0].delay, Duration::from_secs(10));
+    assert_eq!(out.follow_up_at, None);
+    s.allocs
+        .iter_mut()
+        .find(|a| a.id == first)
+        .unwrap()
+        .next_allocation = Some(new[0].id.clone());
+    s.apply(&out);
+
+    // The replacement fails too, at once: 20s this time, then 25s (the ceiling).
+    fail(&mut s, 111 * S);
+    assert_eq!(run_at(&s, "web", 130 * S).follow_up_at, Some(131 * S));
+    let out = run_at(&s, "web", 131 * S);
+    assert_eq!(
+        placed(&out)[0].reschedule_events.len(),
+        1,
+        "unlimited keeps the last"
+    );
+    assert_eq!(
+        placed(&out)[0].reschedule_events[0].delay,
+        Duration::from_secs(20)
+    );
+    let prev = s
+        .allocs
+        .iter()
+        .find(|a| a.client_status == ClientStatus::Failed && a.next_allocation.is_none())
+        .unwrap()
+        .id
+        .clone();
+    s.allocs
+        .iter_mut()
+        .find(|a| a.id == prev)
+        .unwrap()
+        .next_allocation = Some(placed(&out)[0].id.clone());
+    s.apply(&out);
+    fail(&mut s, 132 * S);
+    assert_eq!(run_at(&s, "web", 132 * S).follow_up_at, Some(157 * S));
+
+    // A batch job's default: one replacement per 24h, after 5s.
+    let mut s = three_nodes();
+    s.register(spec("b", JobType::Batch, vec![group("g", 1, 100, 64)]));
+    run_and_apply(&mut s, "b");
+    let first = fail(&mut s, 100 * S);
+    assert_eq!(run_at(&s, "b", 100 * S).follow_up_at, Some(105 * S));
+    let out = run_at(&s, "b", 105 * S);
+    assert_eq!(placed(&out).len(), 1);
+    s.allocs
+        .iter_mut()
+        .find(|a| a.id == first)
+        .unwrap()
+        .next_allocation = Some(placed(&out)[0].id.clone());
+    s.apply(&out);
+    fail(&mut s, 106 * S);
+    let out = run_at(&s, "b", 1_000 * S);
+    assert!(placed(&out).is_empty(), "the one attempt is used up");
+    assert_eq!(out.follow_up_at, None, "and nothing to come back for");
 }
 
 #[test]

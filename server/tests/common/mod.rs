@@ -73,6 +73,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            reschedule: None,
             name: "app".into(),
             count,
             constraints: vec![],
@@ -100,6 +101,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
 /// A new allocation as the scheduler would put it in a plan.
 pub fn placement(job: &str, index: u32, cpu: u64, memory_mb: u64) -> Allocation {
     Allocation {
+        reschedule_events: Vec::new(),
         id: String::new(),
         name: format!("{job}.app[{index}]"),
         index,

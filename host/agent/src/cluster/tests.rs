@@ -184,6 +184,7 @@ fn report(id: &str, status: ClientStatus) -> AllocClientUpdate {
 fn allocation(id: &str) -> ClientAllocation {
     ClientAllocation {
         alloc: Allocation {
+            reschedule_events: Vec::new(),
             id: id.into(),
             name: "web.app[0]".into(),
             index: 0,
@@ -209,6 +210,7 @@ fn allocation(id: &str) -> ClientAllocation {
         },
         job_type: JobType::Service,
         group: TaskGroup {
+            reschedule: None,
             name: "app".into(),
             count: 1,
             constraints: vec![],
