@@ -155,9 +155,15 @@ fn registration(i: usize) -> NodeRegistration {
     }
 }
 
+/// The secret every simulated node presents (each has its own id, so one secret
+/// for all is enough).
+const BENCH_NODE_SECRET: &str = "bench-simulated-node-secret";
+
 async fn register_nodes_direct(server: &Server, n: usize) -> anyhow::Result<()> {
     for i in 0..n {
-        server.register_node(registration(i)).await?;
+        server
+            .register_node(registration(i), BENCH_NODE_SECRET)
+            .await?;
     }
     Ok(())
 }
@@ -265,6 +271,7 @@ async fn simulated_client(
     let node_id = reg.id.clone();
     let reply = node
         .register(pb::RegisterRequest {
+            node_secret: BENCH_NODE_SECRET.into(),
             node_json: serde_json::to_vec(&reg)?,
         })
         .await?
@@ -281,6 +288,7 @@ async fn simulated_client(
             }
             let _ = hb
                 .heartbeat(pb::HeartbeatRequest {
+                    node_secret: BENCH_NODE_SECRET.into(),
                     node_id: hb_id.clone(),
                 })
                 .await;
@@ -288,6 +296,7 @@ async fn simulated_client(
     });
     let mut stream = node
         .watch_allocations(pb::WatchAllocationsRequest {
+            node_secret: BENCH_NODE_SECRET.into(),
             node_id: node_id.clone(),
             index: 0,
         })
@@ -331,6 +340,7 @@ async fn simulated_client(
         }
         if !updates.is_empty() {
             node.update_allocations(pb::UpdateAllocationsRequest {
+                node_secret: BENCH_NODE_SECRET.into(),
                 node_id: node_id.clone(),
                 updates_json: updates,
             })

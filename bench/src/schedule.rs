@@ -113,7 +113,9 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
         let range = (chunk * per)..((chunk + 1) * per).min(o.nodes);
         set.spawn(async move {
             for i in range {
-                server.register_node(node(i)).await?;
+                server
+                    .register_node(node(i), "bench-schedule-node-secret")
+                    .await?;
             }
             anyhow::Ok(())
         });

@@ -203,7 +203,10 @@ mod tests {
 
         // A node registers: the blocked evaluation is retried as queued-allocs.
         let at = server.index();
-        server.register_node(node("n1")).await.unwrap();
+        server
+            .register_node(node("n1"), "blocked-test-node-secret")
+            .await
+            .unwrap();
         let id = blocked[0].id.clone();
         drover_test_support::until(
             Duration::from_secs(10),
@@ -229,7 +232,10 @@ mod tests {
         // A heartbeat-style re-registration with nothing new retries nothing.
         fail_to_place(&server, &retry[0].id).await;
         let before = server.index();
-        server.register_node(node("n1")).await.unwrap();
+        server
+            .register_node(node("n1"), "blocked-test-node-secret")
+            .await
+            .unwrap();
         assert_eq!(server.index(), before, "an unchanged node is not rewritten");
         assert_eq!(server.stats().blocked_evaluations, 1);
         shutdown.cancel();

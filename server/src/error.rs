@@ -15,6 +15,10 @@ pub enum ServerError {
     /// A check-and-set or uniqueness rule failed (HTTP 409, gRPC ABORTED).
     #[error("{0}")]
     Conflict(String),
+    /// The caller may not act as what it claims to be: a node RPC without its node's
+    /// secret (HTTP 403, gRPC PERMISSION_DENIED).
+    #[error("{0}")]
+    Denied(String),
     /// The state store failed; nothing was committed (HTTP 500, gRPC UNAVAILABLE).
     #[error("state store: {0}")]
     Store(#[from] StoreError),

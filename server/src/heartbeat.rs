@@ -6,14 +6,24 @@
 //! a `node-update` evaluation is made for every affected job and every system job.
 //! Heartbeats are not written to the store (as Nomad's): after a server restart every
 //! node gets a fresh TTL + grace.
+//!
+//! A node proves who it is with its secret (as Nomad's node SecretID): a random string
+//! its client keeps next to its id and sends on every node RPC. The server keeps only
+//! its SHA-256, bound at the node's first registration (store key `nodesecret/<id>`,
+//! never part of the node document the API serves); every later call for that id must
+//! present a secret of the same hash, else it is refused (`Denied`) and changes
+//! nothing. A node stored before secrets existed has no hash: its next registration
+//! binds the secret it presents.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drover_server_api::{
-    ClientStatus, DesiredStatus, EvalTrigger, Index, JobType, Node, NodeRegistration, NodeStatus,
+    ClientStatus, DesiredStatus, DriverInfo, EvalTrigger, Index, JobType, Node, NodeRegistration,
+    NodeStatus,
 };
+use sha2::{Digest as _, Sha256};
 
 use crate::error::ServerError;
 use crate::scheduler::StateView;
@@ -57,6 +67,145 @@ impl Timers {
         }
         out
     }
+}
+
+/// Shortest node secret taken (the client sends 64 hex characters).
+pub const MIN_NODE_SECRET_BYTES: usize = 16;
+/// Longest node secret taken.
+pub const MAX_NODE_SECRET_BYTES: usize = 256;
+/// Entries a node may report in its attributes, its meta, and each driver's attributes.
+pub const MAX_NODE_ENTRIES: usize = 256;
+/// Longest key of an attribute or meta entry, and longest driver name.
+pub const MAX_NODE_KEY_BYTES: usize = 256;
+/// Longest value of an attribute or meta entry, and longest driver health description.
+pub const MAX_NODE_VALUE_BYTES: usize = 4096;
+/// Drivers a node may report.
+pub const MAX_NODE_DRIVERS: usize = 64;
+
+/// The hex SHA-256 the server keeps of a node secret.
+fn secret_hash(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Is `secret` the one whose hash is `hash`? Hashes are compared in constant time.
+fn secret_matches(secret: &str, hash: &str) -> bool {
+    crate::rpc::token_eq(secret_hash(secret).as_bytes(), hash.as_bytes())
+}
+
+fn check_secret_shape(node_id: &str, secret: &str) -> Result<(), ServerError> {
+    if secret.len() < MIN_NODE_SECRET_BYTES || secret.len() > MAX_NODE_SECRET_BYTES {
+        return Err(ServerError::Invalid(format!(
+            "node {node_id}: node_secret must be {MIN_NODE_SECRET_BYTES} to \
+             {MAX_NODE_SECRET_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// May the caller presenting `secret` act as node `node_id`? `NotFound` for a node
+/// the server does not know (it must register); `Denied` for a wrong secret, or for a
+/// node with no secret bound yet (its client registers again, which binds it).
+pub(crate) fn authenticate(st: &State, node_id: &str, secret: &str) -> Result<(), ServerError> {
+    if st.node(node_id).is_none() {
+        return Err(ServerError::NotFound(format!(
+            "node {node_id} is not registered"
+        )));
+    }
+    match st.node_secret_hash(node_id) {
+        Some(hash) if secret_matches(secret, hash) => Ok(()),
+        Some(_) => Err(ServerError::Denied(format!(
+            "node {node_id}: the node secret does not match the one this node registered with"
+        ))),
+        None => Err(ServerError::Denied(format!(
+            "node {node_id}: no node secret is bound to this node yet; register first"
+        ))),
+    }
+}
+
+/// A node by id, else by name. A name several nodes have (a node re-registered under
+/// a name another took while it was down, or a new node with a down one's name) is
+/// ambiguous: an error listing their ids, so that nothing acts on the wrong one.
+pub(crate) fn lookup_node<'a>(st: &'a State, node: &str) -> Result<Option<&'a Node>, ServerError> {
+    if let Some(n) = st.node(node) {
+        return Ok(Some(n));
+    }
+    let named: Vec<&Node> = st.all_nodes().filter(|n| n.name == node).collect();
+    match named.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one)),
+        many => Err(ServerError::Invalid(format!(
+            "node name {node} is ambiguous: nodes {} have it; use an id",
+            many.iter()
+                .map(|n| format!("{} ({})", n.id, format!("{:?}", n.status).to_lowercase()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+fn check_entries(
+    node_id: &str,
+    field: &str,
+    entries: &std::collections::BTreeMap<String, String>,
+) -> Result<(), ServerError> {
+    if entries.len() > MAX_NODE_ENTRIES {
+        return Err(ServerError::Invalid(format!(
+            "node {node_id}: {field}: {} entries, at most {MAX_NODE_ENTRIES}",
+            entries.len()
+        )));
+    }
+    for (k, v) in entries {
+        if k.len() > MAX_NODE_KEY_BYTES {
+            return Err(ServerError::Invalid(format!(
+                "node {node_id}: {field}: a key of {} bytes, at most {MAX_NODE_KEY_BYTES}",
+                k.len()
+            )));
+        }
+        if v.len() > MAX_NODE_VALUE_BYTES {
+            return Err(ServerError::Invalid(format!(
+                "node {node_id}: {field}.{k}: {} bytes, at most {MAX_NODE_VALUE_BYTES}",
+                v.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What a node reports is kept, indexed and served to everyone: bound it.
+fn check_registration(reg: &NodeRegistration) -> Result<(), ServerError> {
+    let id = &reg.id;
+    check_entries(id, "attributes", &reg.attributes)?;
+    check_entries(id, "meta", &reg.meta)?;
+    if reg.drivers.len() > MAX_NODE_DRIVERS {
+        return Err(ServerError::Invalid(format!(
+            "node {id}: drivers: {} drivers, at most {MAX_NODE_DRIVERS}",
+            reg.drivers.len()
+        )));
+    }
+    for (
+        name,
+        DriverInfo {
+            health_description,
+            attributes,
+            ..
+        },
+    ) in &reg.drivers
+    {
+        if name.is_empty() || name.len() > MAX_NODE_KEY_BYTES {
+            return Err(ServerError::Invalid(format!(
+                "node {id}: drivers: a driver name must be 1 to {MAX_NODE_KEY_BYTES} bytes"
+            )));
+        }
+        if health_description.len() > MAX_NODE_VALUE_BYTES {
+            return Err(ServerError::Invalid(format!(
+                "node {id}: drivers.{name}.health_description: {} bytes, at most \
+                 {MAX_NODE_VALUE_BYTES}",
+                health_description.len()
+            )));
+        }
+        check_entries(id, &format!("drivers.{name}.attributes"), attributes)?;
+    }
+    Ok(())
 }
 
 pub(crate) async fn run(core: Arc<Core>) {
@@ -122,6 +271,7 @@ impl Core {
     pub(crate) async fn register_node(
         &self,
         reg: NodeRegistration,
+        secret: &str,
     ) -> Result<(Duration, Index), ServerError> {
         if reg.id.is_empty() || reg.id.len() > 128 {
             return Err(ServerError::Invalid(
@@ -134,18 +284,38 @@ impl Core {
                 reg.id
             )));
         }
+        check_secret_shape(&reg.id, secret)?;
+        check_registration(&reg)?;
         let (index, ()) = self
             .commit(|st, index, now| {
-                if let Some(other) = st
-                    .all_nodes()
-                    .find(|n| n.name == reg.name && n.id != reg.id && n.status != NodeStatus::Down)
+                let old = st.node(&reg.id);
+                let mut b = Batch::default();
+                match st.node_secret_hash(&reg.id) {
+                    Some(hash) if secret_matches(secret, hash) => {}
+                    Some(_) => {
+                        return Err(ServerError::Denied(format!(
+                            "node {}: the node secret does not match the one this node \
+                             registered with",
+                            reg.id
+                        )));
+                    }
+                    // The first registration of this id (or of a node stored before
+                    // secrets existed) binds the secret it presents.
+                    None => b.node_secrets.push((reg.id.clone(), secret_hash(secret))),
+                }
+                // Names are unique among live nodes for ids new to the server only: a
+                // node that proved its id keeps its name even if another live node took
+                // it while it was down (`lookup_node` then calls the name ambiguous).
+                if old.is_none()
+                    && let Some(other) = st.all_nodes().find(|n| {
+                        n.name == reg.name && n.id != reg.id && n.status != NodeStatus::Down
+                    })
                 {
                     return Err(ServerError::Conflict(format!(
                         "node name {} is already used by live node {}",
                         reg.name, other.id
                     )));
                 }
-                let old = st.node(&reg.id);
                 let drain = old.is_some_and(|n| n.drain);
                 let status = if drain {
                     NodeStatus::Draining
@@ -169,7 +339,6 @@ impl Core {
                     create_index: old.map_or(index, |o| o.create_index),
                     modify_index: index,
                 };
-                let mut b = Batch::default();
                 let unchanged = old.is_some_and(|o| {
                     let mut same = node.clone();
                     same.modify_index = o.modify_index;
@@ -290,7 +459,7 @@ impl Core {
     pub(crate) async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
         let (index, ()) = self
             .commit(|st, index, now| {
-                let Some(n) = st.find_node(node) else {
+                let Some(n) = lookup_node(st, node)? else {
                     return Err(ServerError::NotFound(format!("node {node} not found")));
                 };
                 let mut b = Batch::default();

@@ -65,6 +65,7 @@ impl From<ServerError> for ApiError {
             ServerError::Invalid(_) => StatusCode::BAD_REQUEST,
             ServerError::NotFound(_) => StatusCode::NOT_FOUND,
             ServerError::Conflict(_) => StatusCode::CONFLICT,
+            ServerError::Denied(_) => StatusCode::FORBIDDEN,
             ServerError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ServerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
@@ -420,7 +421,7 @@ async fn get_node(
     query: Result<Query<BlockingQuery>, QueryRejection>,
 ) -> ApiResult {
     let index = block(&api, query, stop).await?;
-    let node = api.server.node(&id).ok_or_else(|| not_found("node", &id))?;
+    let node = api.server.node(&id)?;
     answer(index, node)
 }
 
@@ -431,7 +432,7 @@ async fn node_allocations(
     query: Result<Query<BlockingQuery>, QueryRejection>,
 ) -> ApiResult {
     let index = block(&api, query, stop).await?;
-    let node = api.server.node(&id).ok_or_else(|| not_found("node", &id))?;
+    let node = api.server.node(&id)?;
     answer(index, api.server.node_allocations(&node.id))
 }
 

@@ -62,6 +62,7 @@ pub fn status_from(e: ServerError) -> Status {
         ServerError::Invalid(m) => Status::invalid_argument(m),
         ServerError::NotFound(m) => Status::not_found(m),
         ServerError::Conflict(m) => Status::aborted(m),
+        ServerError::Denied(m) => Status::permission_denied(m),
         e @ ServerError::Store(_) => Status::unavailable(e.to_string()),
         ServerError::Unavailable(m) => Status::unavailable(m),
     }
@@ -123,14 +124,18 @@ impl Node for NodeRpc {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        let registration: NodeRegistration = decode("node_json", &request.get_ref().node_json)?;
+        let pb::RegisterRequest {
+            node_json,
+            node_secret,
+        } = request.into_inner();
+        let registration: NodeRegistration = decode("node_json", &node_json)?;
         if registration.id.is_empty() {
             return Err(Status::invalid_argument("node_json: id is empty"));
         }
         let node_id = registration.id.clone();
         let (ttl, index) = self
             .server
-            .register_node(registration)
+            .register_node(registration, &node_secret)
             .await
             .map_err(status_from)?;
         tracing::debug!(node = %node_id, index, "node registered");
@@ -144,10 +149,16 @@ impl Node for NodeRpc {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        let node_id = &request.get_ref().node_id;
+        let pb::HeartbeatRequest {
+            node_id,
+            node_secret,
+        } = request.get_ref();
         if node_id.is_empty() {
             return Err(Status::invalid_argument("node_id is empty"));
         }
+        self.server
+            .authenticate_node(node_id, node_secret)
+            .map_err(status_from)?;
         let (ttl, index) = self.server.heartbeat(node_id).await.map_err(status_from)?;
         Ok(Response::new(pb::HeartbeatResponse {
             heartbeat_ttl_ms: ms(ttl),
@@ -161,10 +172,19 @@ impl Node for NodeRpc {
         &self,
         request: Request<pb::WatchAllocationsRequest>,
     ) -> Result<Response<Self::WatchAllocationsStream>, Status> {
-        let pb::WatchAllocationsRequest { node_id, index } = request.into_inner();
+        let pb::WatchAllocationsRequest {
+            node_id,
+            index,
+            node_secret,
+        } = request.into_inner();
         if node_id.is_empty() {
             return Err(Status::invalid_argument("node_id is empty"));
         }
+        // Once bound, a node's secret never changes: checking it when the stream
+        // opens covers the whole stream.
+        self.server
+            .authenticate_node(&node_id, &node_secret)
+            .map_err(status_from)?;
         // The first batch is fetched here so that an unknown node or a server that is
         // not serving fails the call itself, not a stream that already began.
         let first = self
@@ -191,6 +211,7 @@ impl Node for NodeRpc {
         let pb::UpdateAllocationsRequest {
             node_id,
             updates_json,
+            node_secret,
         } = request.into_inner();
         if node_id.is_empty() {
             return Err(Status::invalid_argument("node_id is empty"));
@@ -206,6 +227,9 @@ impl Node for NodeRpc {
             .enumerate()
             .map(|(i, json)| decode::<AllocClientUpdate>(&format!("updates_json[{i}]"), json))
             .collect::<Result<Vec<_>, _>>()?;
+        self.server
+            .authenticate_node(&node_id, &node_secret)
+            .map_err(status_from)?;
         let index = self
             .server
             .update_allocations(&node_id, updates)

@@ -32,6 +32,13 @@ use crate::store::Store;
 pub(crate) const MAX_EVALS_PER_JOB: usize = 64;
 /// Client status updates accepted in one call.
 pub const MAX_CLIENT_UPDATES: usize = 10_000;
+/// An allocation's `client_description`, and a task state's `message`, are cut to this
+/// many bytes: they are for people, and a longer one is kept, not refused, so that one
+/// verbose driver error does not cost a node its other reports.
+pub const MAX_CLIENT_TEXT_BYTES: usize = 4096;
+/// Longest `task_id`, `started_at` or `finished_at` of a reported task state (longer
+/// is refused: these are identifiers and timestamps, not prose).
+pub const MAX_TASK_FIELD_BYTES: usize = 256;
 /// How long a dequeued evaluation may go unacknowledged before it is redelivered.
 pub(crate) const UNACK_TIMEOUT: Duration = Duration::from_secs(60);
 /// Plans waiting for the applier; a worker waits when it is full.
@@ -648,11 +655,24 @@ impl Server {
 
     /// Register or update a node; it is `ready` (or still draining). Returns the
     /// heartbeat TTL and the index.
+    ///
+    /// `secret` is the node's secret: the first registration of an id binds it (the
+    /// server keeps its SHA-256); every later one must present the same, else
+    /// `Denied`. Attributes, meta and drivers are bounded (see the `MAX_NODE_*`
+    /// constants): more is `Invalid`.
     pub async fn register_node(
         &self,
         registration: NodeRegistration,
+        secret: &str,
     ) -> Result<(Duration, Index), ServerError> {
-        self.core.register_node(registration).await
+        self.core.register_node(registration, secret).await
+    }
+
+    /// May a caller presenting `secret` act as node `node_id`? `NotFound` for a node
+    /// the server does not know, `Denied` for a wrong secret (or a node with none bound
+    /// yet: it must register). The node RPCs call this before acting for a node.
+    pub fn authenticate_node(&self, node_id: &str, secret: &str) -> Result<(), ServerError> {
+        crate::heartbeat::authenticate(&self.core.read(), node_id, secret)
     }
 
     /// A node's heartbeat. `NotFound` for an unknown node (it must register).
@@ -670,9 +690,12 @@ impl Server {
         self.core.read().all_nodes().cloned().collect()
     }
 
-    /// One node, by id or unique name.
-    pub fn node(&self, node: &str) -> Option<Node> {
-        self.core.read().find_node(node).cloned()
+    /// One node, by id or name. `NotFound` when none has it; `Invalid`, listing their
+    /// ids, when several nodes have that name.
+    pub fn node(&self, node: &str) -> Result<Node, ServerError> {
+        crate::heartbeat::lookup_node(&self.core.read(), node)?
+            .cloned()
+            .ok_or_else(|| ServerError::NotFound(format!("node {node:?} not found")))
     }
 
     /// A node's allocations, newest first.
@@ -882,6 +905,63 @@ pub(crate) async fn run_updates(core: Arc<Core>, mut rx: mpsc::Receiver<UpdateRe
     }
 }
 
+/// `text` cut to at most [`MAX_CLIENT_TEXT_BYTES`], on a character boundary.
+fn truncated(text: &str) -> String {
+    if text.len() <= MAX_CLIENT_TEXT_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_CLIENT_TEXT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// The task names of an allocation's group (at the version it was placed with), when
+/// the server still has its job.
+fn group_tasks<'a>(st: &'a State, a: &Allocation) -> Option<Vec<&'a str>> {
+    let of = |j: &'a Job| {
+        j.spec
+            .groups
+            .iter()
+            .find(|g| g.name == a.group)
+            .map(|g| g.tasks.iter().map(|t| t.name.as_str()).collect())
+    };
+    st.job_at_version(&a.job_name, a.job_version)
+        .and_then(of)
+        .or_else(|| scheduler::StateView::job(st, &a.job_name).and_then(of))
+}
+
+/// Task states are kept only for tasks of the allocation's group, with bounded fields.
+fn check_task_states(st: &State, u: &AllocClientUpdate) -> Result<(), ServerError> {
+    let Some(alloc) = st.alloc(&u.id) else {
+        return Ok(()); // ignored anyway
+    };
+    let tasks = group_tasks(st, alloc);
+    for (name, ts) in &u.task_states {
+        if tasks.as_ref().is_some_and(|t| !t.contains(&name.as_str())) {
+            return Err(ServerError::Invalid(format!(
+                "allocation {}: task_states: group {} has no task {name:?}",
+                u.id, alloc.group
+            )));
+        }
+        let fields = [
+            ("task_id", ts.task_id.as_str()),
+            ("started_at", ts.started_at.as_deref().unwrap_or("")),
+            ("finished_at", ts.finished_at.as_deref().unwrap_or("")),
+        ];
+        if let Some((field, v)) = fields.iter().find(|(_, v)| v.len() > MAX_TASK_FIELD_BYTES) {
+            return Err(ServerError::Invalid(format!(
+                "allocation {}: task_states.{name}.{field}: {} bytes, at most \
+                 {MAX_TASK_FIELD_BYTES}",
+                u.id,
+                v.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn client_updates(
     st: &State,
     reqs: &[UpdateRequest],
@@ -915,6 +995,14 @@ fn client_updates(
             ))));
             continue;
         }
+        if let Some(e) = req
+            .updates
+            .iter()
+            .find_map(|u| check_task_states(st, u).err())
+        {
+            verdicts.push(Err(e));
+            continue;
+        }
         for u in &req.updates {
             let Some(old) = changed.get(&u.id).or_else(|| st.alloc(&u.id)) else {
                 tracing::debug!(alloc = %u.id, node = %node_id, "update for an unknown allocation ignored");
@@ -925,9 +1013,20 @@ fn client_updates(
             // it), complete/failed do not go back to running.
             if !old.client_status.is_terminal() {
                 a.client_status = u.client_status;
-                a.client_description.clone_from(&u.client_description);
+                a.client_description = truncated(&u.client_description);
             }
-            a.task_states.clone_from(&u.task_states);
+            // Unchecked task names (the allocation's job is gone) are not kept.
+            if group_tasks(st, old).is_some() {
+                a.task_states = u
+                    .task_states
+                    .iter()
+                    .map(|(name, ts)| {
+                        let mut ts = ts.clone();
+                        ts.message = truncated(&ts.message);
+                        (name.clone(), ts)
+                    })
+                    .collect();
+            }
             if a.client_status == old.client_status
                 && a.client_description == old.client_description
                 && a.task_states == old.task_states

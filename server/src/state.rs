@@ -25,6 +25,11 @@ pub(crate) fn version_key(name: &str, version: u64) -> String {
     format!("jobv/{name}/{version:020}")
 }
 
+/// Key of the hash of a node's secret.
+pub(crate) fn node_secret_key(id: &str) -> String {
+    format!("nodesecret/{id}")
+}
+
 /// Versions of a job kept besides the current one (as Nomad's default of 6).
 pub(crate) const KEPT_VERSIONS: usize = 6;
 
@@ -41,6 +46,9 @@ pub(crate) struct Batch {
     pub purge: Vec<String>,
     /// Nodes written.
     pub nodes: Vec<Node>,
+    /// Node secrets bound: (node id, hex SHA-256 of the secret). Kept under keys of
+    /// their own (`nodesecret/<id>`), never in the node document the API serves.
+    pub node_secrets: Vec<(String, String)>,
     /// Allocations written.
     pub allocs: Vec<Allocation>,
     /// Evaluations written.
@@ -62,6 +70,7 @@ impl Batch {
             && self.drop_versions.is_empty()
             && self.purge.is_empty()
             && self.nodes.is_empty()
+            && self.node_secrets.is_empty()
             && self.allocs.is_empty()
             && self.evals.is_empty()
             && self.drop_evals.is_empty()
@@ -124,6 +133,9 @@ impl Batch {
         for n in &self.nodes {
             ops.push(put(format!("node/{}", n.id), n)?);
         }
+        for (id, hash) in &self.node_secrets {
+            ops.push(put(node_secret_key(id), hash)?);
+        }
         for a in &self.allocs {
             ops.push(put(format!("alloc/{}", a.id), a)?);
         }
@@ -142,6 +154,8 @@ pub(crate) struct State {
     jobs: HashMap<String, Job>,
     versions: HashMap<String, BTreeMap<u64, Job>>,
     nodes: BTreeMap<String, Node>,
+    /// Hex SHA-256 of each node's secret, by node id (see `heartbeat.rs`).
+    node_secrets: HashMap<String, String>,
     allocs: HashMap<String, Allocation>,
     by_job: HashMap<String, HashSet<String>>,
     by_node: HashMap<String, HashSet<String>>,
@@ -178,6 +192,10 @@ impl State {
                         .insert(j.version, j);
                 }
                 "node" => s.put_node(decode(kv)?),
+                "nodesecret" => {
+                    let id = kv.key.split_once('/').map_or("", |(_, id)| id).to_owned();
+                    s.node_secrets.insert(id, decode(kv)?);
+                }
                 "alloc" => s.put_alloc(decode(kv)?),
                 "eval" => s.put_eval(decode(kv)?),
                 _ => tracing::warn!(key = %kv.key, "ignoring an unknown key in the store"),
@@ -213,6 +231,9 @@ impl State {
         }
         for n in batch.nodes {
             self.put_node(n);
+        }
+        for (id, hash) in batch.node_secrets {
+            self.node_secrets.insert(id, hash);
         }
         for a in batch.allocs {
             self.put_alloc(a);
@@ -355,6 +376,11 @@ impl State {
             })
     }
 
+    /// The hex SHA-256 of a node's secret, once one was bound.
+    pub(crate) fn node_secret_hash(&self, id: &str) -> Option<&str> {
+        self.node_secrets.get(id).map(String::as_str)
+    }
+
     pub(crate) fn all_nodes(&self) -> impl Iterator<Item = &Node> {
         self.nodes.values()
     }
@@ -422,27 +448,6 @@ impl State {
             .into_iter()
             .flatten()
             .filter_map(|id| self.allocs.get(id))
-    }
-
-    /// A node by id or unique name.
-    pub(crate) fn find_node(&self, node: &str) -> Option<&Node> {
-        if let Some(n) = self.nodes.get(node) {
-            return Some(n);
-        }
-        let mut by_name = self.nodes.values().filter(|n| n.name == node);
-        let first = by_name.next()?;
-        // Several nodes (one down, one new) may share a name: prefer the live one.
-        Some(
-            std::iter::once(first)
-                .chain(by_name)
-                .max_by_key(|n| {
-                    (
-                        n.status != drover_server_api::NodeStatus::Down,
-                        n.modify_index,
-                    )
-                })
-                .unwrap_or(first),
-        )
     }
 }
 

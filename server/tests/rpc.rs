@@ -23,6 +23,8 @@ use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 const LIMIT: Duration = Duration::from_secs(20);
+/// The node secret these tests' nodes present.
+const SECRET: &str = "rpc-test-node-secret-0123456789";
 
 /// A store in memory with the trait's semantics (revisions, conditions). The RPC
 /// layer is what these tests check; the redb store has its own tests.
@@ -262,6 +264,7 @@ async fn a_wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
     let mut api = ApiClient::new(channel);
 
     let hb = || pb::HeartbeatRequest {
+        node_secret: SECRET.into(),
         node_id: "n1".into(),
     };
     let err = node.heartbeat(hb()).await.unwrap_err();
@@ -279,6 +282,7 @@ async fn a_wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
     let err = node
         .register(with_token(
             pb::RegisterRequest {
+                node_secret: SECRET.into(),
                 node_json: serde_json::to_vec(&registration("n1", "one")).unwrap(),
             },
             "nope",
@@ -288,6 +292,7 @@ async fn a_wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
     assert_eq!(err.code(), Code::Unauthenticated);
     let err = node
         .watch_allocations(pb::WatchAllocationsRequest {
+            node_secret: SECRET.into(),
             node_id: "n1".into(),
             index: 0,
         })
@@ -318,6 +323,7 @@ async fn malformed_documents_are_invalid_arguments_naming_the_field() {
 
     let err = node
         .register(pb::RegisterRequest {
+            node_secret: SECRET.into(),
             node_json: b"{\"id\": 12".to_vec(),
         })
         .await
@@ -334,6 +340,7 @@ async fn malformed_documents_are_invalid_arguments_naming_the_field() {
     .unwrap();
     let err = node
         .update_allocations(pb::UpdateAllocationsRequest {
+            node_secret: SECRET.into(),
             node_id: "n1".into(),
             updates_json: vec![
                 good.clone(),
@@ -352,6 +359,7 @@ async fn malformed_documents_are_invalid_arguments_naming_the_field() {
 
     let err = node
         .update_allocations(pb::UpdateAllocationsRequest {
+            node_secret: SECRET.into(),
             node_id: "n1".into(),
             updates_json: vec![good; MAX_UPDATE_BATCH + 1],
         })
@@ -366,7 +374,10 @@ async fn malformed_documents_are_invalid_arguments_naming_the_field() {
     );
 
     let err = node
-        .heartbeat(pb::HeartbeatRequest { node_id: "".into() })
+        .heartbeat(pb::HeartbeatRequest {
+            node_secret: SECRET.into(),
+            node_id: "".into(),
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -620,6 +631,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
     let reg = node
         .register(with_token(
             pb::RegisterRequest {
+                node_secret: SECRET.into(),
                 node_json: serde_json::to_vec(&registration("node-a", "a")).unwrap(),
             },
             "t",
@@ -633,6 +645,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
     let hb = node
         .heartbeat(with_token(
             pb::HeartbeatRequest {
+                node_secret: SECRET.into(),
                 node_id: "node-a".into(),
             },
             "t",
@@ -645,6 +658,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
     let err = node
         .heartbeat(with_token(
             pb::HeartbeatRequest {
+                node_secret: SECRET.into(),
                 node_id: "no-such-node".into(),
             },
             "t",
@@ -657,6 +671,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
     let mut watch = node
         .watch_allocations(with_token(
             pb::WatchAllocationsRequest {
+                node_secret: SECRET.into(),
                 node_id: "node-a".into(),
                 index: 0,
             },
@@ -685,6 +700,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
     let answer = node
         .update_allocations(with_token(
             pb::UpdateAllocationsRequest {
+                node_secret: SECRET.into(),
                 node_id: "node-a".into(),
                 updates_json: vec![update],
             },
@@ -706,12 +722,14 @@ async fn a_watch_ends_when_the_server_stops() {
     let running = start(RpcOptions::default(), None).await;
     let mut node = NodeClient::new(running.channel().await);
     node.register(pb::RegisterRequest {
+        node_secret: SECRET.into(),
         node_json: serde_json::to_vec(&registration("node-b", "b")).unwrap(),
     })
     .await
     .unwrap();
     let mut watch = node
         .watch_allocations(pb::WatchAllocationsRequest {
+            node_secret: SECRET.into(),
             node_id: "node-b".into(),
             index: 0,
         })

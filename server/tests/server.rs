@@ -20,7 +20,7 @@ async fn state_and_pending_evaluations_survive_a_restart() {
     let mut cfg = config(dir.path()); // no workers: the evaluation stays pending
     let s = start(cfg.clone()).await;
     s.server
-        .register_node(node("n1", 4000, 4096))
+        .register_node(node("n1", 4000, 4096), SECRET)
         .await
         .unwrap();
     let reg = s.server.register_job(job("web", 2, 100, 64)).await.unwrap();
@@ -80,11 +80,11 @@ async fn the_applier_commits_only_what_still_fits() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(config(dir.path())).await;
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server
-        .register_node(node("n2", 1000, 1000))
+        .register_node(node("n2", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("a", 5, 300, 100)).await.unwrap();
@@ -124,7 +124,7 @@ async fn the_applier_commits_only_what_still_fits() {
 
     // Submitted at the same time, the plans are still checked against each other.
     s.server
-        .register_node(node("n3", 1000, 1000))
+        .register_node(node("n3", 1000, 1000), SECRET)
         .await
         .unwrap();
     let mk = |i| plan(&s.server, "a", vec![("n3", placement("a", i, 400, 100))]);
@@ -154,11 +154,11 @@ async fn the_applier_refuses_plans_for_an_old_spec_and_nodes_that_cannot_take_th
     let dir = tempfile::tempdir().unwrap();
     let s = start(config(dir.path())).await;
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server
-        .register_node(node("n2", 1000, 1000))
+        .register_node(node("n2", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
@@ -193,13 +193,13 @@ async fn a_silent_node_is_down_after_ttl_plus_grace_and_its_allocations_lost() {
     let s = start(cfg).await;
     let (ttl, _) = s
         .server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     assert_eq!(ttl, Duration::from_millis(300));
     let registered = Instant::now();
     s.server
-        .register_node(node("n2", 1000, 1000))
+        .register_node(node("n2", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server
@@ -258,7 +258,7 @@ async fn a_silent_node_is_down_after_ttl_plus_grace_and_its_allocations_lost() {
 
     // n1 comes back: ready again, and its lost allocation reaches it as a stop.
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     assert_eq!(s.server.node("n1").unwrap().status, NodeStatus::Ready);
@@ -286,7 +286,7 @@ async fn after_a_restart_nodes_get_a_fresh_ttl_and_a_heartbeat_from_a_down_node_
     cfg.heartbeat_grace = Duration::from_millis(300);
     let s = start(cfg.clone()).await;
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.stop().await;
@@ -323,11 +323,11 @@ async fn blocking_queries_wake_on_a_commit() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(config(dir.path())).await;
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server
-        .register_node(node("n2", 1000, 1000))
+        .register_node(node("n2", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
@@ -389,11 +389,11 @@ async fn client_updates_are_checked_and_drive_evaluations_and_capacity() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(config(dir.path())).await;
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server
-        .register_node(node("n2", 1000, 1000))
+        .register_node(node("n2", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("a", 2, 500, 100)).await.unwrap();
@@ -524,7 +524,7 @@ async fn job_versions_stop_and_purge() {
     );
 
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server
@@ -572,7 +572,7 @@ async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers
     cfg.workers = 2;
     let s = start(cfg).await;
     s.server
-        .register_node(node("small", 1000, 512))
+        .register_node(node("small", 1000, 512), SECRET)
         .await
         .unwrap();
     s.server
@@ -590,7 +590,7 @@ async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers
     })
     .await;
     s.server
-        .register_node(node("large", 4000, 8192))
+        .register_node(node("large", 4000, 8192), SECRET)
         .await
         .unwrap();
     let srv = s.server.clone();
@@ -613,7 +613,10 @@ async fn with_scheduler_a_down_nodes_allocations_are_replaced_elsewhere() {
     cfg.heartbeat_grace = Duration::from_millis(300);
     let s = start(cfg).await;
     for n in ["n1", "n2", "n3"] {
-        s.server.register_node(node(n, 1000, 1000)).await.unwrap();
+        s.server
+            .register_node(node(n, 1000, 1000), SECRET)
+            .await
+            .unwrap();
     }
     let srv = s.server.clone();
     let beat = tokio::spawn(async move {
@@ -689,7 +692,7 @@ async fn drain_makes_drain_evaluations_and_a_client_from_the_future_gets_everyth
     let dir = tempfile::tempdir().unwrap();
     let s = start(config(dir.path())).await;
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
@@ -710,7 +713,7 @@ async fn drain_makes_drain_evaluations_and_a_client_from_the_future_gets_everyth
     assert_eq!(e.node_id.as_deref(), Some("n1"));
     // Re-registering keeps the drain.
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     assert_eq!(s.server.node("n1").unwrap().status, NodeStatus::Draining);
@@ -744,7 +747,10 @@ async fn concurrent_client_reports_commit_together_and_a_refused_one_changes_not
     let s = start(config(dir.path())).await;
     let nodes: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
     for n in &nodes {
-        s.server.register_node(node(n, 1000, 1000)).await.unwrap();
+        s.server
+            .register_node(node(n, 1000, 1000), SECRET)
+            .await
+            .unwrap();
     }
     s.server.register_job(job("a", 20, 100, 100)).await.unwrap();
     let placements = nodes
@@ -806,7 +812,7 @@ async fn plan_commits_nothing_and_node_names_are_unique_among_live_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(config(dir.path())).await;
     s.server
-        .register_node(node("n1", 1000, 1000))
+        .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
@@ -827,7 +833,7 @@ async fn plan_commits_nothing_and_node_names_are_unique_among_live_nodes() {
 
     let mut other = node("n2", 1000, 1000);
     other.name = "name-n1".into();
-    let err = s.server.register_node(other).await.unwrap_err();
+    let err = s.server.register_node(other, SECRET).await.unwrap_err();
     assert!(
         matches!(err, drover_server::ServerError::Conflict(_)),
         "{err}"

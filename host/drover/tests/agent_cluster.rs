@@ -31,6 +31,8 @@ enum Call {
 struct Recorder {
     calls: Mutex<Vec<Call>>,
     tokens: Mutex<Vec<Option<String>>>,
+    /// The node secret of every register, heartbeat and watch call.
+    secrets: Mutex<Vec<String>>,
     watches: Mutex<Vec<tokio::sync::mpsc::Sender<Result<pb::AllocationsUpdate, Status>>>>,
 }
 
@@ -38,6 +40,10 @@ struct Recorder {
 struct Fake(Arc<Recorder>);
 
 impl Fake {
+    fn secret(&self, secret: &str) {
+        self.0.secrets.lock().unwrap().push(secret.to_owned());
+    }
+
     fn see<T>(&self, r: &Request<T>, call: Call) {
         let t = r
             .metadata()
@@ -57,6 +63,7 @@ impl Node for Fake {
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let reg: NodeRegistration = serde_json::from_slice(&r.get_ref().node_json)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.secret(&r.get_ref().node_secret);
         self.see(&r, Call::Register(Box::new(reg)));
         Ok(Response::new(pb::RegisterResponse {
             heartbeat_ttl_ms: 1000,
@@ -67,6 +74,7 @@ impl Node for Fake {
         &self,
         r: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.secret(&r.get_ref().node_secret);
         self.see(&r, Call::Heartbeat(r.get_ref().node_id.clone()));
         Ok(Response::new(pb::HeartbeatResponse {
             heartbeat_ttl_ms: 1000,
@@ -79,6 +87,7 @@ impl Node for Fake {
         r: Request<pb::WatchAllocationsRequest>,
     ) -> Result<Response<Self::WatchAllocationsStream>, Status> {
         let req = r.get_ref().clone();
+        self.secret(&req.node_secret);
         self.see(&r, Call::Watch(req.node_id, req.index));
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         // The complete set, empty: this node has no allocations.
@@ -223,6 +232,29 @@ fn an_agent_with_servers_registers_its_node_heartbeats_and_watches() {
         !agent.log_text().contains("tok-123"),
         "the token is never logged"
     );
+    // The node secret: made once, private, sent on every call, never logged.
+    let secret_file = agent.data_dir.join("node-secret");
+    let secret = std::fs::read_to_string(&secret_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert_eq!(secret.len(), 64, "{secret}");
+    assert_eq!(
+        std::fs::metadata(&secret_file)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    assert!(
+        rec.secrets.lock().unwrap().iter().all(|s| *s == secret),
+        "every call carries the node secret"
+    );
+    assert!(
+        !agent.log_text().contains(&secret),
+        "the node secret is never logged"
+    );
     // The agent's own socket keeps serving beside the cluster client.
     assert!(agent.cli(&["plugin", "status"]).status.success());
     assert!(agent.stop().success());
@@ -250,6 +282,16 @@ fn an_agent_with_servers_registers_its_node_heartbeats_and_watches() {
                 .iter()
                 .any(|c| matches!(c, Call::Watch(n, 0) if *n == id))
         },
+    );
+    let secrets = rec.secrets.lock().unwrap().clone();
+    assert!(
+        secrets.len() > before && secrets.iter().all(|s| *s == secret),
+        "the restarted agent presents the same secret"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&secret_file).unwrap().trim(),
+        secret,
+        "the secret file is kept across restarts"
     );
     assert!(again.stop().success());
 }
@@ -336,4 +378,19 @@ fn bad_cluster_settings_stop_the_agent_naming_them() {
     std::fs::write(root.path().join("data").join("node-id"), "garbage\n").unwrap();
     let (_, log) = agent_refuses(root.path(), &["--servers", "127.0.0.1:4647"]);
     assert!(log.contains("node-id") && log.contains("UUID"), "{log}");
+
+    // A damaged node secret stops the agent too, naming the file, and is left alone.
+    std::fs::remove_file(root.path().join("data").join("node-id")).unwrap();
+    let secret_file = root.path().join("data").join("node-secret");
+    std::fs::write(&secret_file, "damaged-secret\n").unwrap();
+    let (_, log) = agent_refuses(root.path(), &["--servers", "127.0.0.1:4647"]);
+    assert!(log.contains(&secret_file.display().to_string()), "{log}");
+    assert!(
+        !log.contains("damaged-secret"),
+        "its content is not shown: {log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&secret_file).unwrap(),
+        "damaged-secret\n"
+    );
 }

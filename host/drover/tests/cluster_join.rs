@@ -163,7 +163,7 @@ fn agents_join_a_server_and_a_wrong_token_is_refused() {
         },
     );
     let id = std::fs::read_to_string(good.data_dir.join("node-id")).unwrap();
-    assert!(server.node(id.trim()).is_some());
+    assert!(server.node(id.trim()).is_ok());
 
     let bad = join("bad", "wrong-token");
     // The refused agent keeps trying (and logs why); the server never sees it, and

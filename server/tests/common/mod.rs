@@ -155,3 +155,6 @@ pub fn stop(alloc_id: &str) -> AllocStop {
 }
 
 pub const LONG: Duration = Duration::from_secs(10);
+
+/// The node secret the in-process tests register their nodes with.
+pub const SECRET: &str = "test-node-secret-0123456789abcdef";

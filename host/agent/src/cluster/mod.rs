@@ -60,6 +60,14 @@ pub enum ClusterError {
         /// What is wrong, and what to do.
         reason: String,
     },
+    /// The node secret file is unreadable or corrupt.
+    #[error("node secret file {}: {reason}", path.display())]
+    NodeSecret {
+        /// `<data_dir>/node-secret`.
+        path: PathBuf,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
 }
 
 /// Status reports are sent at least this often while any wait.
@@ -80,6 +88,7 @@ const DEFAULT_TTL: Duration = Duration::from_secs(10);
 pub struct Prepared {
     conn: ServerConnection,
     node_id: String,
+    node_secret: identity::NodeSecret,
     name: String,
     meta: BTreeMap<String, String>,
     host: fingerprint::HostFacts,
@@ -105,6 +114,7 @@ impl Prepared {
 pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
     let conn = connect(config)?;
     let node_id = identity::load_or_create(&config.data_dir())?;
+    let node_secret = identity::load_or_create_secret(&config.data_dir())?;
     let host = fingerprint::host();
     let name = config
         .node_name
@@ -114,6 +124,7 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
     Ok(Prepared {
         conn,
         node_id,
+        node_secret,
         name,
         meta: config.meta.clone(),
         host,
@@ -200,6 +211,10 @@ fn failed(what: &str, status: &tonic::Status) -> Ended {
     let hint = match status.code() {
         tonic::Code::Unauthenticated => {
             "; the server refused this agent's token (check token_file / --token-file)"
+        }
+        tonic::Code::PermissionDenied => {
+            "; the server knows this node id with another node secret (was the data \
+             dir's node-secret file replaced, or is another agent using this node id?)"
         }
         _ => "",
     };
@@ -333,7 +348,7 @@ impl Client {
         let registration = self.registration(drivers.clone());
         let mut first = rpc.clone();
         let ttl = tokio::select! {
-            r = register(&mut first, &registration) => match r {
+            r = register(&mut first, &registration, &self.node.node_secret) => match r {
                 Ok(ttl) => ttl,
                 Err(e) => return e,
             },
@@ -364,9 +379,17 @@ impl Client {
             ..
         } = self;
         let node_id = node.node_id.as_str();
-        let beats = heartbeats(rpc.clone(), registration, read_drivers, driver_changes, ttl);
-        let watch = watch(rpc.clone(), node_id, last_index, allocs, applying);
-        let reports = reports(rpc, node_id, queue, updates, updates_open);
+        let secret = &node.node_secret;
+        let beats = heartbeats(
+            rpc.clone(),
+            registration,
+            secret,
+            read_drivers,
+            driver_changes,
+            ttl,
+        );
+        let watch = watch(rpc.clone(), node_id, secret, last_index, allocs, applying);
+        let reports = reports(rpc, node_id, secret, queue, updates, updates_open);
         tokio::select! {
             e = beats => e,
             e = watch => e,
@@ -411,10 +434,18 @@ fn ttl_of(ms: u64) -> Duration {
     }
 }
 
-async fn register(rpc: &mut Rpc, registration: &NodeRegistration) -> Result<Duration, Ended> {
+async fn register(
+    rpc: &mut Rpc,
+    registration: &NodeRegistration,
+    secret: &identity::NodeSecret,
+) -> Result<Duration, Ended> {
     let node_json = serde_json::to_vec(registration)
         .map_err(|e| Ended::Failed(format!("encoding the registration: {e}")))?;
-    let r = call("register", rpc.register(pb::RegisterRequest { node_json }))
+    let req = pb::RegisterRequest {
+        node_json,
+        node_secret: secret.expose().to_owned(),
+    };
+    let r = call("register", rpc.register(req))
         .await
         .map_err(|s| failed("register", &s))?;
     Ok(ttl_of(r.heartbeat_ttl_ms))
@@ -425,6 +456,7 @@ async fn register(rpc: &mut Rpc, registration: &NodeRegistration) -> Result<Dura
 async fn heartbeats(
     mut rpc: Rpc,
     mut registration: NodeRegistration,
+    secret: &identity::NodeSecret,
     read_drivers: &Drivers,
     driver_changes: &mut Option<tokio::sync::watch::Receiver<u64>>,
     mut ttl: Duration,
@@ -437,12 +469,15 @@ async fn heartbeats(
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(next) => {
-                let req = pb::HeartbeatRequest { node_id: registration.id.clone() };
+                let req = pb::HeartbeatRequest {
+                    node_id: registration.id.clone(),
+                    node_secret: secret.expose().to_owned(),
+                };
                 match call("heartbeat", rpc.heartbeat(req)).await {
                     Ok(r) => ttl = ttl_of(r.heartbeat_ttl_ms),
                     Err(s) if s.code() == tonic::Code::NotFound => {
                         tracing::warn!("the server does not know this node (any more); registering again");
-                        match register(&mut rpc, &registration).await {
+                        match register(&mut rpc, &registration, secret).await {
                             Ok(t) => ttl = t,
                             Err(e) => return e,
                         }
@@ -470,7 +505,7 @@ async fn heartbeats(
                         "drivers changed; registering again"
                     );
                     registration.drivers = drivers;
-                    match register(&mut rpc, &registration).await {
+                    match register(&mut rpc, &registration, secret).await {
                         Ok(t) => ttl = t,
                         Err(e) => return e,
                     }
@@ -514,6 +549,7 @@ fn decode_batch(update: &pb::AllocationsUpdate) -> (Vec<ClientAllocation>, bool)
 async fn watch(
     mut rpc: Rpc,
     node_id: &str,
+    secret: &identity::NodeSecret,
     last_index: &mut u64,
     allocs: &Arc<dyn AllocSink>,
     applying: &Arc<tokio::sync::Mutex<()>>,
@@ -521,6 +557,7 @@ async fn watch(
     let req = pb::WatchAllocationsRequest {
         node_id: node_id.to_owned(),
         index: *last_index,
+        node_secret: secret.expose().to_owned(),
     };
     let mut stream = match call("watch allocations", rpc.watch_allocations(req)).await {
         Ok(s) => s,
@@ -563,6 +600,7 @@ async fn watch(
 async fn reports(
     mut rpc: Rpc,
     node_id: &str,
+    secret: &identity::NodeSecret,
     queue: &mut StatusQueue,
     updates: &mut mpsc::UnboundedReceiver<AllocClientUpdate>,
     open: &mut bool,
@@ -589,6 +627,7 @@ async fn reports(
                     let req = pb::UpdateAllocationsRequest {
                         node_id: node_id.to_owned(),
                         updates_json,
+                        node_secret: secret.expose().to_owned(),
                     };
                     match call("update allocations", rpc.update_allocations(req)).await {
                         Ok(_) => queue.ack(batch),
