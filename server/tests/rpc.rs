@@ -253,6 +253,7 @@ async fn a_wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
         RpcOptions {
             token: Some("s3cret".into()),
             tls: None,
+            ..RpcOptions::default()
         },
         Some(test_router(Some("s3cret"))),
     )
@@ -484,6 +485,7 @@ async fn tls_serves_clients_that_trust_its_ca_and_refuses_others() {
         RpcOptions {
             token: None,
             tls: Some(files),
+            ..RpcOptions::default()
         },
         Some(test_router(None)),
     )
@@ -543,6 +545,7 @@ async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
         RpcOptions {
             token: None,
             tls: Some(files),
+            ..RpcOptions::default()
         },
         Some(test_router(None)),
     )
@@ -590,6 +593,7 @@ async fn unreadable_or_invalid_tls_files_stop_serve_with_the_file_named() {
             key: dir.path().join("missing-key.pem"),
             client_ca: None,
         }),
+        ..RpcOptions::default()
     };
     let err = within(
         LIMIT,
@@ -612,6 +616,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
         RpcOptions {
             token: Some("t".into()),
             tls: None,
+            ..RpcOptions::default()
         },
         None,
     )
@@ -726,4 +731,92 @@ async fn a_watch_ends_when_the_server_stops() {
         .await
         .unwrap()
         .unwrap();
+}
+
+// --- connection slots ------------------------------------------------------------
+
+/// Wait until the server closes `conn` (end of stream or reset), failing after LIMIT.
+async fn closed_by_server(conn: &mut tokio::net::TcpStream, what: &str) {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 256];
+    within(LIMIT, what, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                // Whatever the server says before closing (HTTP/2 settings, a GOAWAY).
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+}
+
+/// A heartbeat that reaches the handler (any answer but a transport or token error).
+async fn heartbeat_gets_through(node: &mut NodeClient<Channel>) {
+    let r = node
+        .heartbeat(with_token(
+            pb::HeartbeatRequest {
+                node_id: "n1".into(),
+            },
+            "t",
+        ))
+        .await;
+    if let Err(e) = r {
+        assert!(
+            !matches!(
+                e.code(),
+                Code::Unavailable | Code::Unknown | Code::Unauthenticated
+            ),
+            "{e:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn silent_and_half_preface_connections_are_closed_at_the_first_call_deadline() {
+    use tokio::io::AsyncWriteExt as _;
+    let running = start(
+        RpcOptions {
+            token: Some("t".into()),
+            first_call_deadline: Duration::from_millis(300),
+            ..RpcOptions::default()
+        },
+        None,
+    )
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    let mut half = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    // Ten of the preface's 24 bytes.
+    half.write_all(b"PRI * HTTP").await.unwrap();
+    let mut node = NodeClient::new(running.channel().await);
+    heartbeat_gets_through(&mut node).await;
+
+    closed_by_server(&mut silent, "a silent connection to be closed").await;
+    closed_by_server(&mut half, "a half-preface connection to be closed").await;
+    // The client whose call passed the token check is past its deadline and serving.
+    heartbeat_gets_through(&mut node).await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn connections_over_the_per_address_cap_are_closed_while_others_work() {
+    let running = start(
+        RpcOptions {
+            token: Some("t".into()),
+            max_connections_per_ip: 2,
+            ..RpcOptions::default()
+        },
+        None,
+    )
+    .await;
+    // Holds one of 127.0.0.1's two slots (the default deadline outlasts the test).
+    let silent = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    let mut node = NodeClient::new(running.channel().await);
+    heartbeat_gets_through(&mut node).await;
+
+    let mut extra = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    closed_by_server(&mut extra, "the connection over the cap to be closed").await;
+    heartbeat_gets_through(&mut node).await;
+    drop(silent);
+    running.stop().await;
 }
