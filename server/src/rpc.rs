@@ -594,7 +594,7 @@ impl AsyncWrite for Conn {
 
 /// Raise the open-file soft limit to the hard one (the default 1,024 is sized for
 /// `select(2)`, which nothing here uses) and size the connection cap to what is then
-/// allowed, leaving [`DESCRIPTOR_HEADROOM`]: past the limit, accept fails with EMFILE
+/// allowed, leaving 1,024 descriptors free: past the limit, accept fails with EMFILE
 /// for every listener of the process, the HTTP API's included.
 pub fn connection_cap() -> usize {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
