@@ -480,12 +480,8 @@ pub struct ConnInfo {
 
 /// A call passed the token check: lift its connection's first-call deadline.
 fn first_call_made(req: &Request<()>) {
-    let ext = req.extensions();
-    let info = ext.get::<ConnInfo>().or_else(|| {
-        ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
-            .map(|t| t.get_ref())
-    });
-    if let Some(info) = info {
+    // Over TLS too: tonic inserts the inner connection's info beside the TLS one.
+    if let Some(info) = req.extensions().get::<ConnInfo>() {
         info.first_call.store(true, Ordering::Relaxed);
     }
 }

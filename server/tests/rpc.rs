@@ -772,13 +772,50 @@ async fn heartbeat_gets_through(node: &mut NodeClient<Channel>) {
     }
 }
 
-#[tokio::test]
-async fn silent_and_half_preface_connections_are_closed_at_the_first_call_deadline() {
+/// A channel to `addr` (TLS with `tls`) that counts the TCP connections it opens.
+async fn counting_channel(
+    addr: std::net::SocketAddr,
+    tls: Option<ClientTlsConfig>,
+) -> (Channel, Arc<std::sync::atomic::AtomicUsize>) {
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = opened.clone();
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let io = tokio::net::TcpStream::connect(addr).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+        }
+    });
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint =
+        Endpoint::from_shared(format!("{scheme}://localhost:{}", addr.port())).unwrap();
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).unwrap();
+    }
+    let channel = endpoint.connect_with_connector(connector).await.unwrap();
+    (channel, opened)
+}
+
+/// Silent and half-preface connections close at the deadline; the client whose call
+/// passed the token check keeps its one connection past it (with TLS too, where the
+/// connection info reaches the token check wrapped in the TLS layer's).
+async fn first_call_deadline_case(tls: bool) {
     use tokio::io::AsyncWriteExt as _;
+    const DEADLINE: Duration = Duration::from_millis(300);
+    let dir = tempfile::tempdir().unwrap();
+    let pki = ca();
+    let (cert, key) = pki.leaf("localhost");
+    let files = tls.then(|| TlsFiles {
+        cert: write(dir.path(), "server.pem", &cert),
+        key: write(dir.path(), "server-key.pem", &key),
+        client_ca: None,
+    });
     let running = start(
         RpcOptions {
             token: Some("t".into()),
-            first_call_deadline: Duration::from_millis(300),
+            tls: files,
+            first_call_deadline: DEADLINE,
             ..RpcOptions::default()
         },
         None,
@@ -786,16 +823,38 @@ async fn silent_and_half_preface_connections_are_closed_at_the_first_call_deadli
     .await;
     let mut silent = tokio::net::TcpStream::connect(running.addr).await.unwrap();
     let mut half = tokio::net::TcpStream::connect(running.addr).await.unwrap();
-    // Ten of the preface's 24 bytes.
+    // Ten of the preface's 24 bytes (with TLS: the start of no valid handshake).
     half.write_all(b"PRI * HTTP").await.unwrap();
-    let mut node = NodeClient::new(running.channel().await);
+    let client_tls = tls.then(|| {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&pki.ca_pem))
+            .domain_name("localhost")
+    });
+    let (channel, opened) = counting_channel(running.addr, client_tls).await;
+    let mut node = NodeClient::new(channel);
     heartbeat_gets_through(&mut node).await;
 
     closed_by_server(&mut silent, "a silent connection to be closed").await;
     closed_by_server(&mut half, "a half-preface connection to be closed").await;
-    // The client whose call passed the token check is past its deadline and serving.
+    // The client connected after those two: past its own deadline too, for certain.
+    tokio::time::sleep(DEADLINE).await;
     heartbeat_gets_through(&mut node).await;
+    assert_eq!(
+        opened.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the client's connection was closed at the deadline though its call passed"
+    );
     running.stop().await;
+}
+
+#[tokio::test]
+async fn silent_and_half_preface_connections_are_closed_at_the_first_call_deadline() {
+    first_call_deadline_case(false).await;
+}
+
+#[tokio::test]
+async fn with_tls_a_stalled_handshake_is_closed_at_the_first_call_deadline() {
+    first_call_deadline_case(true).await;
 }
 
 #[tokio::test]
