@@ -101,7 +101,7 @@ async fn a_failing_service_allocation_is_replaced_after_a_delay_that_grows() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(scheduling(dir.path())).await;
     s.server
-        .register_node(node("n1", 4000, 4000))
+        .register_node(node("n1", 4000, 4000), SECRET)
         .await
         .unwrap();
     let delay = Duration::from_secs(1);
@@ -159,7 +159,7 @@ async fn a_delayed_evaluation_survives_a_server_restart() {
     let (failed, wait_until) = {
         let s = start(scheduling(dir.path())).await;
         s.server
-            .register_node(node("n1", 4000, 4000))
+            .register_node(node("n1", 4000, 4000), SECRET)
             .await
             .unwrap();
         s.server
@@ -239,7 +239,7 @@ async fn old_terminal_allocations_are_deleted_and_never_one_the_client_may_run()
     let dir = tempfile::tempdir().unwrap();
     let s = start(collecting(dir.path(), Duration::from_millis(300))).await;
     s.server
-        .register_node(node("n1", 4000, 4000))
+        .register_node(node("n1", 4000, 4000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("web", 4, 10, 10)).await.unwrap();
@@ -297,7 +297,7 @@ async fn terminal_allocations_beyond_twice_the_count_are_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(collecting(dir.path(), Duration::from_secs(3600))).await;
     s.server
-        .register_node(node("n1", 4000, 4000))
+        .register_node(node("n1", 4000, 4000), SECRET)
         .await
         .unwrap();
     // Count 1: 2 × 1 is below the floor of 10 kept.
@@ -331,7 +331,7 @@ async fn a_purged_jobs_allocations_are_deleted_once_terminal() {
     // Retention of an hour: what goes here goes because the job was purged.
     let s = start(collecting(dir.path(), Duration::from_secs(3600))).await;
     s.server
-        .register_node(node("n1", 4000, 4000))
+        .register_node(node("n1", 4000, 4000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("gone", 2, 10, 10)).await.unwrap();
@@ -385,17 +385,17 @@ async fn a_long_down_node_without_allocations_is_deleted() {
     cfg.node_gc_threshold = Duration::from_millis(200);
     let s = start(cfg).await;
     s.server
-        .register_node(node("n1", 4000, 4000))
+        .register_node(node("n1", 4000, 4000), SECRET)
         .await
         .unwrap();
     s.server
-        .register_node(node("n2", 4000, 4000))
+        .register_node(node("n2", 4000, 4000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("web", 1, 10, 10)).await.unwrap();
     place(&s, "web", 1).await;
     // Neither heartbeats: both go down; n1 keeps its (lost) allocation.
-    until(LIMIT, "n2 deleted", || s.server.node("n2").is_none()).await;
+    until(LIMIT, "n2 deleted", || s.server.node("n2").is_err()).await;
     let n1 = s.server.node("n1").expect("n1 still has an allocation");
     assert_eq!(n1.status, drover_server_api::NodeStatus::Down);
     s.stop().await;
@@ -406,7 +406,7 @@ async fn a_complete_set_holds_only_what_the_node_must_act_on() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(collecting(dir.path(), Duration::from_secs(3600))).await;
     s.server
-        .register_node(node("n1", 4000, 4000))
+        .register_node(node("n1", 4000, 4000), SECRET)
         .await
         .unwrap();
     s.server.register_job(job("web", 4, 10, 10)).await.unwrap();

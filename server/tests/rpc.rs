@@ -255,6 +255,7 @@ async fn a_wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
         RpcOptions {
             token: Some("s3cret".into()),
             tls: None,
+            ..RpcOptions::default()
         },
         Some(test_router(Some("s3cret"))),
     )
@@ -495,6 +496,7 @@ async fn tls_serves_clients_that_trust_its_ca_and_refuses_others() {
         RpcOptions {
             token: None,
             tls: Some(files),
+            ..RpcOptions::default()
         },
         Some(test_router(None)),
     )
@@ -554,6 +556,7 @@ async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
         RpcOptions {
             token: None,
             tls: Some(files),
+            ..RpcOptions::default()
         },
         Some(test_router(None)),
     )
@@ -601,6 +604,7 @@ async fn unreadable_or_invalid_tls_files_stop_serve_with_the_file_named() {
             key: dir.path().join("missing-key.pem"),
             client_ca: None,
         }),
+        ..RpcOptions::default()
     };
     let err = within(
         LIMIT,
@@ -623,6 +627,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
         RpcOptions {
             token: Some("t".into()),
             tls: None,
+            ..RpcOptions::default()
         },
         None,
     )
@@ -744,4 +749,152 @@ async fn a_watch_ends_when_the_server_stops() {
         .await
         .unwrap()
         .unwrap();
+}
+
+// --- connection slots ------------------------------------------------------------
+
+/// Wait until the server closes `conn` (end of stream or reset), failing after LIMIT.
+async fn closed_by_server(conn: &mut tokio::net::TcpStream, what: &str) {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 256];
+    within(LIMIT, what, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                // Whatever the server says before closing (HTTP/2 settings, a GOAWAY).
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+}
+
+/// A heartbeat that reaches the handler (any answer but a transport or token error).
+async fn heartbeat_gets_through(node: &mut NodeClient<Channel>) {
+    let r = node
+        .heartbeat(with_token(
+            pb::HeartbeatRequest {
+                node_id: "n1".into(),
+                node_secret: SECRET.into(),
+            },
+            "t",
+        ))
+        .await;
+    if let Err(e) = r {
+        assert!(
+            !matches!(
+                e.code(),
+                Code::Unavailable | Code::Unknown | Code::Unauthenticated
+            ),
+            "{e:?}"
+        );
+    }
+}
+
+/// A channel to `addr` (TLS with `tls`) that counts the TCP connections it opens.
+async fn counting_channel(
+    addr: std::net::SocketAddr,
+    tls: Option<ClientTlsConfig>,
+) -> (Channel, Arc<std::sync::atomic::AtomicUsize>) {
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = opened.clone();
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let io = tokio::net::TcpStream::connect(addr).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+        }
+    });
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint =
+        Endpoint::from_shared(format!("{scheme}://localhost:{}", addr.port())).unwrap();
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).unwrap();
+    }
+    let channel = endpoint.connect_with_connector(connector).await.unwrap();
+    (channel, opened)
+}
+
+/// Silent and half-preface connections close at the deadline; the client whose call
+/// passed the token check keeps its one connection past it (with TLS too, where the
+/// connection info reaches the token check wrapped in the TLS layer's).
+async fn first_call_deadline_case(tls: bool) {
+    use tokio::io::AsyncWriteExt as _;
+    const DEADLINE: Duration = Duration::from_millis(300);
+    let dir = tempfile::tempdir().unwrap();
+    let pki = ca();
+    let (cert, key) = pki.leaf("localhost");
+    let files = tls.then(|| TlsFiles {
+        cert: write(dir.path(), "server.pem", &cert),
+        key: write(dir.path(), "server-key.pem", &key),
+        client_ca: None,
+    });
+    let running = start(
+        RpcOptions {
+            token: Some("t".into()),
+            tls: files,
+            first_call_deadline: DEADLINE,
+            ..RpcOptions::default()
+        },
+        None,
+    )
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    let mut half = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    // Ten of the preface's 24 bytes (with TLS: the start of no valid handshake).
+    half.write_all(b"PRI * HTTP").await.unwrap();
+    let client_tls = tls.then(|| {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&pki.ca_pem))
+            .domain_name("localhost")
+    });
+    let (channel, opened) = counting_channel(running.addr, client_tls).await;
+    let mut node = NodeClient::new(channel);
+    heartbeat_gets_through(&mut node).await;
+
+    closed_by_server(&mut silent, "a silent connection to be closed").await;
+    closed_by_server(&mut half, "a half-preface connection to be closed").await;
+    // The client connected after those two: past its own deadline too, for certain.
+    tokio::time::sleep(DEADLINE).await;
+    heartbeat_gets_through(&mut node).await;
+    assert_eq!(
+        opened.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the client's connection was closed at the deadline though its call passed"
+    );
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn silent_and_half_preface_connections_are_closed_at_the_first_call_deadline() {
+    first_call_deadline_case(false).await;
+}
+
+#[tokio::test]
+async fn with_tls_a_stalled_handshake_is_closed_at_the_first_call_deadline() {
+    first_call_deadline_case(true).await;
+}
+
+#[tokio::test]
+async fn connections_over_the_per_address_cap_are_closed_while_others_work() {
+    let running = start(
+        RpcOptions {
+            token: Some("t".into()),
+            max_connections_per_ip: 2,
+            ..RpcOptions::default()
+        },
+        None,
+    )
+    .await;
+    // Holds one of 127.0.0.1's two slots (the default deadline outlasts the test).
+    let silent = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    let mut node = NodeClient::new(running.channel().await);
+    heartbeat_gets_through(&mut node).await;
+
+    let mut extra = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    closed_by_server(&mut extra, "the connection over the cap to be closed").await;
+    heartbeat_gets_through(&mut node).await;
+    drop(silent);
+    running.stop().await;
 }

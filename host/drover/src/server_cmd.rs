@@ -65,7 +65,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// What a server runs with, checked before anything is opened.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerOptions {
     /// Where the store lives.
     pub data_dir: PathBuf,
@@ -85,6 +85,23 @@ pub struct ServerOptions {
     pub workers: Option<usize>,
     /// Ranking.
     pub algorithm: SchedulerAlgorithm,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token never reaches a log line, a panic message or `{:?}` output.
+        f.debug_struct("ServerOptions")
+            .field("data_dir", &self.data_dir)
+            .field("http_addr", &self.http_addr)
+            .field("rpc_addr", &self.rpc_addr)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("heartbeat_ttl", &self.heartbeat_ttl)
+            .field("heartbeat_grace", &self.heartbeat_grace)
+            .field("workers", &self.workers)
+            .field("algorithm", &self.algorithm)
+            .finish()
+    }
 }
 
 impl ServerArgs {
@@ -196,6 +213,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         drover_server::rpc::RpcOptions {
             token: options.token.clone(),
             tls: options.tls.clone(),
+            ..Default::default()
         },
         Some(forwarded),
         stop.clone(),
@@ -360,5 +378,28 @@ pub fn start_dev(
             let _ = thread.join();
             bail!("the dev server's thread ended before it listened")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_the_token() {
+        let options = ServerOptions {
+            data_dir: "/d".into(),
+            http_addr: "127.0.0.1:1".parse().unwrap(),
+            rpc_addr: "127.0.0.1:2".parse().unwrap(),
+            token: Some("s3cret-t0ken".into()),
+            tls: None,
+            heartbeat_ttl: Duration::from_secs(10),
+            heartbeat_grace: Duration::from_secs(10),
+            workers: None,
+            algorithm: SchedulerAlgorithm::default(),
+        };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("s3cret-t0ken"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 }

@@ -1000,3 +1000,70 @@ fn an_allocation_whose_record_cannot_be_written_is_not_started() {
     assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
     assert!(shared(root.path(), id).join("data/ran").exists());
 }
+
+/// Sets the immutable attribute on a file (nobody, root included, can unlink it)
+/// and clears it on drop, so a failed test leaves a removable temp dir.
+struct Immutable(std::fs::File);
+
+impl Immutable {
+    fn set(path: &Path) -> Immutable {
+        let f = std::fs::File::open(path).unwrap();
+        let flags = rustix::fs::ioctl_getflags(&f).unwrap();
+        rustix::fs::ioctl_setflags(&f, flags | rustix::fs::IFlags::IMMUTABLE)
+            .unwrap_or_else(|e| panic!("chattr +i {}: {e}", path.display()));
+        Immutable(f)
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        if let Ok(flags) = rustix::fs::ioctl_getflags(&self.0) {
+            let _ = rustix::fs::ioctl_setflags(&self.0, flags - rustix::fs::IFlags::IMMUTABLE);
+        }
+    }
+}
+
+#[test]
+fn a_directory_that_cannot_be_removed_keeps_its_allocation_until_a_later_pass_removes_it() {
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let id = "11111111-0000-4000-8000-000000000031";
+    let a = alloc(
+        id,
+        JobType::Batch,
+        vec![sh("main", &now_script("main.done"), None)],
+    );
+    node.apply(vec![a], false);
+    node.wait(id, "complete", |u| {
+        u.client_status == ClientStatus::Complete
+    });
+    let dir = root.path().join("alloc").join(id);
+    let stuck = Immutable::set(&shared(root.path(), id).join("data").join("main.done"));
+
+    // Terminal on the server too, collected under a tight policy: the removal fails.
+    let mut server = alloc(id, JobType::Batch, vec![]);
+    server.alloc.client_status = ClientStatus::Complete;
+    node.allocs().set_gc_policy(Duration::ZERO, 0);
+    node.apply(vec![server], true);
+    let allocs = node.allocs().clone();
+    node.rt().block_on(until(LIMIT, "a failed removal", || {
+        allocs.removal_failures(id).is_some_and(|n| n >= 1)
+    }));
+    // Neither the allocation nor its record is forgotten while its directory exists.
+    assert!(dir.exists());
+    assert!(node.status(id).is_some());
+    let records = node.store().allocs().unwrap();
+    assert!(
+        records.iter().any(|(k, _)| k == id),
+        "the record was deleted though the directory is still there"
+    );
+
+    // Once the directory can go, the next pass removes it and then the record.
+    drop(stuck);
+    node.apply(vec![], true);
+    node.rt().block_on(until(LIMIT, "collected", || {
+        allocs.removal_failures(id).is_none()
+    }));
+    assert!(!dir.exists());
+    assert!(node.store().allocs().unwrap().is_empty());
+}

@@ -147,14 +147,32 @@ fn a_server_starts_answers_and_stops_on_sigterm() {
 #[test]
 fn a_server_refuses_bad_flags_naming_them_before_it_listens() {
     let root = tempfile::tempdir().unwrap();
+    let private = |path: &Path| {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    };
     let empty = root.path().join("empty-token");
     std::fs::write(&empty, "\n").unwrap();
+    private(&empty);
+    // A token every user of the host can read: anyone could act as a node or submit jobs.
+    let readable = root.path().join("readable-token");
+    std::fs::write(&readable, "correct-horse\n").unwrap();
+    std::fs::set_permissions(
+        &readable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let readable_msg = format!(
+        "--token-file: token file {}: mode 644 lets every user",
+        readable.display()
+    );
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy_addr = busy.local_addr().unwrap().to_string();
     let data = root.path().join("data");
     let data = data.to_str().unwrap();
     let empty = empty.to_str().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let readable = readable.to_str().unwrap();
+    let cases: [(&[&str], &str); 8] = [
         (
             &["--http-addr", "localhost:80"],
             "invalid value 'localhost:80' for '--http-addr <IP:PORT>'",
@@ -165,9 +183,10 @@ fn a_server_refuses_bad_flags_naming_them_before_it_listens() {
         ),
         (
             &["--token-file", "/nonexistent/token"],
-            "drover: --token-file: cannot read the token file /nonexistent/token: No such file or directory",
+            "drover: --token-file: token file /nonexistent/token: No such file or directory",
         ),
         (&["--token-file", empty], "is empty"),
+        (&["--token-file", readable], &readable_msg),
         (
             &["--heartbeat-grace", "a bit"],
             "invalid value 'a bit' for '--heartbeat-grace",
@@ -230,6 +249,7 @@ fn with_a_token_file_every_request_needs_the_token_and_refusals_do_not_stop_the_
     let root = tempfile::tempdir().unwrap();
     let token = root.path().join("token");
     std::fs::write(&token, "correct-horse\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let server = ServerProc::start(root.path(), &["--token-file", token.to_str().unwrap()]);
     assert!(
         !server.log_text().contains("correct-horse"),

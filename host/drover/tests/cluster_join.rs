@@ -122,6 +122,7 @@ fn agents_join_a_server_and_a_wrong_token_is_refused() {
         RpcOptions {
             token: Some("right-token".into()),
             tls: None,
+            ..RpcOptions::default()
         },
         None,
         stop.clone(),

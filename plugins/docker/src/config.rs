@@ -623,7 +623,40 @@ fn shared_alloc_dir(spec: &TaskSpec, policy: &Policy) -> Result<Option<PathBuf>,
             dir.display()
         ))
     })?;
+    warn_setuid_or_devices(dir);
     Ok(Some(dir.clone()))
+}
+
+/// Whether the filesystem mount holding `dir` honours setuid bits or device nodes.
+/// Docker cannot mount a bind `nosuid,nodev` (neither `Binds` options nor
+/// `Mount.BindOptions` have these), but a bind mount keeps the flags of the mount its
+/// source lives on: on a `nosuid,nodev` mount, `/alloc` is one too.
+fn allows_setuid_or_devices(dir: &Path) -> std::io::Result<bool> {
+    Ok(flags_allow_setuid_or_devices(
+        rustix::fs::statvfs(dir)?.f_flag,
+    ))
+}
+
+fn flags_allow_setuid_or_devices(flags: rustix::fs::StatVfsMountFlags) -> bool {
+    use rustix::fs::StatVfsMountFlags as F;
+    !flags.contains(F::NOSUID | F::NODEV)
+}
+
+/// Warn, once per plugin process, when `/alloc` (shared by the group's tasks) lets a
+/// task running as root plant a setuid binary or a device node for the others.
+fn warn_setuid_or_devices(dir: &Path) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if matches!(allows_setuid_or_devices(dir), Ok(true)) {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                dir = %dir.display(),
+                "the allocation directory is on a mount without nosuid,nodev: a docker task \
+                 running as root can leave setuid binaries or device nodes in /alloc for the \
+                 other tasks of its group; put the agent's alloc directory on a nosuid,nodev \
+                 mount (Docker cannot mount /alloc so itself)"
+            );
+        });
+    }
 }
 
 /// The settings of the plugin that a task start depends on.
@@ -1242,6 +1275,19 @@ fn host_binding(key: &str, host: &PortSpec) -> Result<PortBinding, DriverError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mount_without_nosuid_nodev_is_told_apart() {
+        use rustix::fs::StatVfsMountFlags as F;
+        assert!(!flags_allow_setuid_or_devices(
+            F::NOSUID | F::NODEV | F::NOEXEC
+        ));
+        assert!(flags_allow_setuid_or_devices(F::NOSUID));
+        assert!(flags_allow_setuid_or_devices(F::NODEV));
+        assert!(flags_allow_setuid_or_devices(F::empty()));
+        // /dev holds device nodes: its mount is never nodev.
+        assert!(allows_setuid_or_devices(Path::new("/dev")).unwrap());
+    }
 
     fn parse(json: &str) -> TaskConfig {
         serde_json::from_str(json).unwrap()

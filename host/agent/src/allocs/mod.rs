@@ -72,6 +72,9 @@ struct Handle {
     status: Mutex<Option<AllocClientUpdate>>,
     task_ids: Mutex<BTreeMap<String, String>>,
     terminal_at: Mutex<Option<SystemTime>>,
+    /// Times removing the allocation's directory failed; the allocation (and its
+    /// record) stays until a later collection removes it.
+    removal_failures: std::sync::atomic::AtomicU64,
 }
 
 impl Handle {
@@ -303,6 +306,14 @@ impl AllocManager {
             .collect()
     }
 
+    /// How many times removing allocation `alloc_id`'s directory has failed so far, or
+    /// `None` once it is collected (or was never here). The allocation is kept, with
+    /// its record, and the removal tried again at each collection pass.
+    pub fn removal_failures(&self, alloc_id: &str) -> Option<u64> {
+        let h = lock(&self.handles).get(alloc_id).cloned()?;
+        Some(h.removal_failures.load(Ordering::SeqCst))
+    }
+
     /// The node-local task id of `task` in allocation `alloc_id` (`alloc logs`).
     pub fn task_id(&self, alloc_id: &str, task: &str) -> Option<String> {
         let h = lock(&self.handles).get(alloc_id).cloned()?;
@@ -321,6 +332,7 @@ impl AllocManager {
             status: Mutex::new(None),
             task_ids: Mutex::new(BTreeMap::new()),
             terminal_at: Mutex::new(rec.terminal_at),
+            removal_failures: std::sync::atomic::AtomicU64::new(0),
         });
         lock(&self.handles).insert(rec.alloc.alloc.id.clone(), handle.clone());
         tokio::spawn(Runner::new(self.clone(), handle, rec, restored).run());

@@ -116,6 +116,9 @@ pub(super) struct Runner {
     /// `<root>/alloc`.
     shared: PathBuf,
     restored: bool,
+    /// Collection got past the stop hooks and destroying the tasks: a later attempt
+    /// (the directory could not be removed) does not repeat them.
+    released: bool,
     last: Option<AllocClientUpdate>,
     stop_pause: Duration,
     start_pause: Duration,
@@ -136,6 +139,7 @@ impl Runner {
             handle,
             rec,
             restored,
+            released: false,
             last: None,
             stop_pause: STOP_RETRY.0,
             start_pause: START_RETRY.0,
@@ -760,10 +764,9 @@ impl Runner {
         self.last = Some(u);
     }
 
-    /// Forget the terminal allocation: stop hooks, its tasks destroyed in the task
-    /// manager, its directory removed (without following links tasks left in it),
-    /// its record deleted. False when something could not be done (tried again later).
-    async fn collect(&mut self) -> bool {
+    /// Run the stop hooks and destroy the allocation's tasks; false when a task could
+    /// not be destroyed yet.
+    async fn release_tasks(&mut self) -> bool {
         let names: Vec<String> = self.rec.tasks.keys().cloned().collect();
         for n in &names {
             self.run_task_hooks(n, HookCall::Stop).await;
@@ -781,6 +784,19 @@ impl Runner {
                 }
             }
         }
+        true
+    }
+
+    /// Forget the terminal allocation: stop hooks, its tasks destroyed in the task
+    /// manager, its directory removed (without following links tasks left in it),
+    /// its record deleted. False when something could not be done (tried again later).
+    async fn collect(&mut self) -> bool {
+        if !self.released {
+            if !self.release_tasks().await {
+                return false;
+            }
+            self.released = true;
+        }
         let root = self.root.clone();
         let removed = tokio::task::spawn_blocking(move || {
             // std's remove_dir_all removes links, never what they point to.
@@ -791,7 +807,20 @@ impl Runner {
         })
         .await;
         if let Ok(Err(e)) | Err(e) = removed.map_err(std::io::Error::other) {
-            tracing::warn!(alloc = %self.id(), dir = %self.root.display(), "cannot remove the allocation directory: {e}");
+            // Keep the allocation and its record: deleting the record would leave the
+            // directory (the task's data, maybe large) on disk for ever, with nothing
+            // left that knows it is there. The next collection pass tries again, and
+            // so does the next agent start.
+            let failures = self
+                .handle
+                .removal_failures
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if failures == 0 {
+                tracing::warn!(alloc = %self.id(), dir = %self.root.display(), "cannot remove the allocation directory (tried again at each collection pass): {e}");
+            } else {
+                tracing::debug!(alloc = %self.id(), dir = %self.root.display(), failures = failures + 1, "still cannot remove the allocation directory: {e}");
+            }
+            return false;
         }
         let store = self.mgr.store.clone();
         let id = self.id().to_owned();

@@ -73,6 +73,7 @@ pub fn connect(config: &AgentConfig) -> Result<ServerConnection, ClusterError> {
         )));
     }
     let token = config.token_file.as_deref().map(read_token).transpose()?;
+    warn_token_in_clear_text(&servers, tls.is_some() || token.is_none());
     let interceptor = TokenInterceptor(
         token
             .as_deref()
@@ -222,6 +223,45 @@ fn client_tls(tls: &ClientTls) -> Result<ClientTlsConfig, ClusterError> {
     Ok(config)
 }
 
+/// The servers, among `servers`, that a token would reach in clear text: not TLS and
+/// not on this host (a loopback address or `localhost`).
+fn clear_text_servers(servers: &[(String, Endpoint)]) -> Vec<&str> {
+    servers
+        .iter()
+        .filter(|(_, ep)| {
+            let uri = ep.uri();
+            let host = uri.host().unwrap_or("").trim_matches(['[', ']']);
+            let local = host == "localhost"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            uri.scheme_str() != Some("https") && !local
+        })
+        .map(|(addr, _)| addr.as_str())
+        .collect()
+}
+
+/// Warn, once per process, that the token travels in clear text to servers off this
+/// host: whoever can watch the network can then act as a node or submit jobs. `safe`
+/// is true when there is no token or TLS carries it.
+fn warn_token_in_clear_text(servers: &[(String, Endpoint)], safe: bool) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if safe {
+        return;
+    }
+    let clear = clear_text_servers(servers);
+    if clear.is_empty() {
+        return;
+    }
+    WARNED.call_once(|| {
+        tracing::warn!(
+            servers = ?clear,
+            "the cluster token travels in clear text to these servers (no [tls]): \
+             anyone on the network path can read it and act as this node"
+        );
+    });
+}
+
 /// The token in `path`: the file's content without surrounding whitespace. A file
 /// other users can read or write is refused (anyone who reads it can act as a node).
 pub fn read_token(path: &Path) -> Result<String, ClusterError> {
@@ -258,6 +298,22 @@ mod tests {
             servers: servers.iter().map(|s| (*s).to_owned()).collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn servers_a_token_reaches_in_clear_text_are_the_plain_ones_off_this_host() {
+        let c = connect(&config(&[
+            "127.0.0.1:4647",
+            "localhost:4647",
+            "[::1]:4647",
+            "10.0.0.2:4647",
+            "http://b.example:1",
+        ]))
+        .unwrap();
+        assert_eq!(
+            clear_text_servers(&c.servers),
+            vec!["10.0.0.2:4647", "http://b.example:1"]
+        );
     }
 
     #[test]

@@ -44,12 +44,29 @@ const FORWARDED_HEADERS: [&str; 2] = ["content-type", "accept"];
 
 /// Forwards requests to the configured servers, in order, the next one when a server
 /// cannot be reached.
-#[derive(Debug)]
 pub struct Forwarder {
     servers: Vec<(String, Channel)>,
     /// The token, or why it could not be read (every forwarded request then fails
     /// with that reason instead of reaching a server without it).
     token: Result<Option<tonic::metadata::AsciiMetadataValue>, String>,
+}
+
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token never reaches a log line, a panic message or `{:?}` output.
+        let token = match &self.token {
+            Ok(None) => "none",
+            Ok(Some(_)) => "<redacted>",
+            Err(_) => "<unreadable>",
+        };
+        f.debug_struct("Forwarder")
+            .field(
+                "servers",
+                &self.servers.iter().map(|(a, _)| a).collect::<Vec<_>>(),
+            )
+            .field("token", &token)
+            .finish()
+    }
 }
 
 /// A setting that makes forwarding impossible.
@@ -97,16 +114,16 @@ fn tls_config(
     Ok(config)
 }
 
-/// The token in `file`, trimmed; an empty file is an error (a token of nothing would
-/// let anyone in on a server that accepted it).
+/// The token in `file`, trimmed, with the cluster client's rules
+/// ([`crate::cluster::connection::read_token`]): a file other users can read or write
+/// is refused (whoever reads it acts with the token's rights), and so is an empty one
+/// (a token of nothing would let anyone in on a server that accepted it).
 pub fn read_token(file: &std::path::Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("cannot read the token file {}: {e}", file.display()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(format!("the token file {} is empty", file.display()));
-    }
-    Ok(token.to_owned())
+    crate::cluster::connection::read_token(file).map_err(|e| match e {
+        // Without the "cluster client:" prefix: the server reads its token here too.
+        crate::cluster::ClusterError::Config(m) => m,
+        other => other.to_string(),
+    })
 }
 
 impl Forwarder {
@@ -389,6 +406,13 @@ mod tests {
     use super::testing::{dead_address, fake_server};
     use super::*;
 
+    /// A token file only its owner can read, as the cluster client requires.
+    fn write_private(path: &std::path::Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
     fn config(servers: Vec<String>, token_file: Option<std::path::PathBuf>) -> AgentConfig {
         AgentConfig {
             servers,
@@ -413,7 +437,7 @@ mod tests {
     async fn forwards_to_the_first_server_that_answers_with_the_agents_token() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
-        std::fs::write(&token, "s3cret\n").unwrap();
+        write_private(&token, "s3cret\n");
         let (live, seen) = fake_server(Some("s3cret")).await;
         let f = Forwarder::from_config(&config(vec![dead_address().await, live], Some(token)))
             .unwrap()
@@ -444,7 +468,7 @@ mod tests {
         let (live, seen) = fake_server(Some("right")).await;
         let dir = tempfile::tempdir().unwrap();
         let wrong = dir.path().join("wrong");
-        std::fs::write(&wrong, "wrong").unwrap();
+        write_private(&wrong, "wrong");
         let f = Forwarder::from_config(&config(vec![live.clone()], Some(wrong)))
             .unwrap()
             .unwrap();
@@ -480,7 +504,7 @@ mod tests {
         let (status, _, body) = body_of(f.forward(get()).await).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(
-            body.contains(&format!("cannot read the token file {}", missing.display())),
+            body.contains(&format!("token file {}", missing.display())),
             "{body}"
         );
 
@@ -495,6 +519,39 @@ mod tests {
         let (status, _, body) = body_of(f.forward(big).await).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(body.contains("larger than 4 MiB"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn a_token_file_others_can_read_is_refused_and_debug_hides_the_token() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        write_private(&token, "s3cret-t0ken");
+        let f = Forwarder::from_config(&config(vec![dead_address().await], Some(token.clone())))
+            .unwrap()
+            .unwrap();
+        let shown = format!("{f:?}");
+        assert!(!shown.contains("s3cret-t0ken"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        let shown = format!("{:?}", Forwarder::new(Vec::new(), Some("s3cret-t0ken")));
+        assert!(!shown.contains("s3cret-t0ken"), "{shown}");
+
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = read_token(&token).unwrap_err();
+        assert!(
+            err.contains(&token.display().to_string()) && err.contains("644"),
+            "{err}"
+        );
+        let f = Forwarder::from_config(&config(vec![dead_address().await], Some(token)))
+            .unwrap()
+            .unwrap();
+        let req = Request::builder()
+            .uri("/v1/nodes")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, body) = body_of(f.forward(req).await).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("every user"), "{body}");
     }
 
     #[tokio::test]
