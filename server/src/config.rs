@@ -22,6 +22,12 @@ pub struct ServerConfig {
     pub heartbeat_ttl: Duration,
     /// Extra time after the TTL before a silent node is `down`.
     pub heartbeat_grace: Duration,
+    /// After a server start, how long every known node has to reach it before it can be
+    /// marked `down` (at least TTL + grace). Clients reconnect with a backoff of up to
+    /// 30 s after an outage; without this window a server that was away for a while
+    /// would mark every node down and replace every allocation (Nomad's
+    /// `failover_heartbeat_ttl`, 5 minutes).
+    pub failover_heartbeat_ttl: Duration,
     /// Scheduler workers (default: one per core).
     pub workers: usize,
     /// Ranking of feasible nodes.
@@ -44,6 +50,7 @@ impl ServerConfig {
             data_dir: data_dir.into(),
             heartbeat_ttl: Duration::from_secs(10),
             heartbeat_grace: Duration::from_secs(10),
+            failover_heartbeat_ttl: Duration::from_secs(300),
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             algorithm: SchedulerAlgorithm::BinPack,
             eval_delivery_limit: 3,

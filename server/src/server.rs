@@ -374,9 +374,11 @@ impl Server {
             for e in pending {
                 core.broker.enqueue(e.clone());
             }
-            // Every live node gets a fresh TTL + grace: the server could not hear it
-            // while it was down.
-            let deadline = Instant::now() + core.config.heartbeat_ttl + core.config.heartbeat_grace;
+            // Every live node gets a fresh window: the server could not hear it while it
+            // was down, and its client may be in a reconnect backoff.
+            let deadline = Instant::now()
+                + (core.config.heartbeat_ttl + core.config.heartbeat_grace)
+                    .max(core.config.failover_heartbeat_ttl);
             let mut timers = core.timers.lock().unwrap_or_else(|p| p.into_inner());
             for n in st.all_nodes().filter(|n| n.status != NodeStatus::Down) {
                 timers.reset(&n.id, deadline);
