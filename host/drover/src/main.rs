@@ -795,6 +795,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("token");
         std::fs::write(&empty, "  \n").unwrap();
+        std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
         let cli = parse(&[
             "server",
             "--data-dir",
@@ -809,7 +811,7 @@ mod tests {
         let err = args.options().unwrap_err().to_string();
         assert_eq!(
             err,
-            format!("--token-file: the token file {} is empty", empty.display())
+            format!("--token-file: token file {}: it is empty", empty.display())
         );
     }
 }
