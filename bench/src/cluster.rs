@@ -263,7 +263,41 @@ async fn simulated_client(
     endpoint: String,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint)?
+    // As a real client: a failed session (a connection reset while 1000 clients
+    // connect at once, say) is started again after a short backoff; what was
+    // acknowledged stays acknowledged.
+    let mut acked: HashSet<String> = HashSet::new();
+    let mut backoff = Duration::from_millis(100);
+    let mut failures = 0;
+    loop {
+        let session = stop.child_token();
+        let result = client_session(i, &endpoint, &session, &mut acked).await;
+        session.cancel();
+        match result {
+            Ok(()) => return Ok(()),
+            Err(_) if stop.is_cancelled() => return Ok(()),
+            Err(e) => {
+                failures += 1;
+                if failures >= 20 {
+                    return Err(e.context(format!("{failures} sessions failed")));
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+async fn client_session(
+    i: usize,
+    endpoint: &str,
+    stop: &CancellationToken,
+    acked: &mut HashSet<String>,
+) -> anyhow::Result<()> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())?
         .connect()
         .await?;
     let mut node = pb::node_client::NodeClient::new(channel);
@@ -302,13 +336,14 @@ async fn simulated_client(
         })
         .await?
         .into_inner();
-    let mut acked: HashSet<String> = HashSet::new();
     loop {
         let msg = tokio::select! {
             () = stop.cancelled() => return Ok(()),
             m = stream.message() => m?,
         };
-        let Some(msg) = msg else { return Ok(()) };
+        let Some(msg) = msg else {
+            anyhow::bail!("the allocation stream ended")
+        };
         let mut updates = Vec::new();
         for raw in &msg.allocations_json {
             let ca: ClientAllocation = serde_json::from_slice(raw)?;
