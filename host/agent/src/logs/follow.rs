@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{LogChunk, LogReader, LogStart};
+use super::{AheadHandle, LogChunk, LogReader, LogStart, lock};
 
 /// How a stream is served.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +44,8 @@ impl Default for FollowOptions {
 struct DirWatch {
     inotify: Arc<Inotify>,
     wd: i32,
+    /// This follower among the directory's fillers.
+    id: u64,
     /// The directory's change counter; `changed` wakes on a change not yet seen.
     changes: tokio::sync::watch::Receiver<u64>,
 }
@@ -63,15 +65,16 @@ struct Inotify {
 struct Watched {
     followers: usize,
     changes: tokio::sync::watch::Sender<u64>,
+    /// The files ahead of each follower of the directory, by [`DirWatch::id`]: filled
+    /// by the reader thread itself when a file is created (see [`super::Ahead`]).
+    fillers: std::collections::HashMap<u64, AheadHandle>,
 }
+
+/// Numbers the [`DirWatch`]es.
+static NEXT_WATCH_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The shared instance, made on first use; `None` again if its reader thread ended.
 static INOTIFY: std::sync::Mutex<Option<Arc<Inotify>>> = std::sync::Mutex::new(None);
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The data stays consistent at every unlock: a panic elsewhere does not spoil it.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 impl Inotify {
     fn shared() -> io::Result<Arc<Inotify>> {
@@ -94,14 +97,24 @@ impl Inotify {
         Ok(inotify)
     }
 
-    /// Read events for ever, waking the followers of each directory named.
+    /// Read events for ever: open the files created in a directory ahead of its
+    /// followers, then wake the followers of each directory named.
     fn run(self: Arc<Self>) {
+        use rustix::fs::inotify::ReadFlags;
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
         let mut reader = rustix::fs::inotify::Reader::new(&self.fd, &mut buf);
         let mut woken = Vec::new();
+        let mut created = Vec::new();
         loop {
             match reader.next() {
-                Ok(event) => woken.push(event.wd()),
+                Ok(event) => {
+                    woken.push(event.wd());
+                    if event.events().intersects(
+                        ReadFlags::CREATE | ReadFlags::MOVED_TO | ReadFlags::QUEUE_OVERFLOW,
+                    ) {
+                        created.push(event.wd());
+                    }
+                }
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => {
                     tracing::warn!(
@@ -122,6 +135,9 @@ impl Inotify {
                 }
             }
             if reader.is_buffer_empty() {
+                if !created.is_empty() {
+                    self.fill(&mut created);
+                }
                 let dirs = lock(&self.dirs);
                 woken.sort_unstable();
                 woken.dedup();
@@ -134,6 +150,31 @@ impl Inotify {
                 }
                 woken.clear();
             }
+        }
+    }
+}
+
+impl Inotify {
+    /// Open the new files in the directories `created` names ahead of their
+    /// followers. Here rather than in each follower: this thread is woken by the
+    /// kernel the moment a file is created and does nothing else, where a follower
+    /// may be busy sending to its client or wait for a runtime worker, and a fast
+    /// writer rotating small files can create and delete a file in a few
+    /// milliseconds.
+    fn fill(&self, created: &mut Vec<i32>) {
+        created.sort_unstable();
+        created.dedup();
+        // wd -1: the event queue overflowed; anything may have been created.
+        let all = created.first() == Some(&-1);
+        let fillers: Vec<AheadHandle> = lock(&self.dirs)
+            .iter()
+            .filter(|(wd, _)| all || created.binary_search(wd).is_ok())
+            .flat_map(|(_, w)| w.fillers.values().cloned())
+            .collect();
+        created.clear();
+        // Outside the directories' lock: this opens files.
+        for filler in fillers {
+            filler.fill();
         }
     }
 }
@@ -154,8 +195,8 @@ const UNWATCHED_MAX_POLL: Duration = Duration::from_millis(250);
 const WAKE_BATCH: Duration = Duration::from_millis(2);
 
 impl DirWatch {
-    /// Watch `dir` on the shared instance.
-    fn new(dir: &Path) -> io::Result<DirWatch> {
+    /// Watch `dir` on the shared instance, filling `ahead` as files are created.
+    fn new(dir: &Path, ahead: AheadHandle) -> io::Result<DirWatch> {
         use rustix::fs::inotify::WatchFlags;
         let inotify = Inotify::shared()?;
         let mut dirs = lock(&inotify.dirs);
@@ -174,14 +215,18 @@ impl DirWatch {
         let watched = dirs.entry(wd).or_insert_with(|| Watched {
             followers: 0,
             changes: tokio::sync::watch::channel(0).0,
+            fillers: std::collections::HashMap::new(),
         });
         watched.followers += 1;
+        let id = NEXT_WATCH_ID.fetch_add(1, Ordering::Relaxed);
+        watched.fillers.insert(id, ahead);
         // What changed before this follower came is not news to it.
         let changes = watched.changes.subscribe();
         drop(dirs);
         Ok(DirWatch {
             inotify,
             wd,
+            id,
             changes,
         })
     }
@@ -204,6 +249,7 @@ impl Drop for DirWatch {
         let mut dirs = lock(&self.inotify.dirs);
         if let Some(w) = dirs.get_mut(&self.wd) {
             w.followers -= 1;
+            w.fillers.remove(&self.id);
             if w.followers == 0 {
                 dirs.remove(&self.wd);
                 // Fails when the kernel removed it already (the directory is gone).
@@ -299,15 +345,16 @@ async fn follow(
             }
         });
     }
+    let log_reader = LogReader::new(base.clone(), start);
     // Without a watch (no inotify, or no directory yet) the follower polls.
     let mut watch = match base.parent() {
-        Some(dir) if options.follow => DirWatch::new(dir)
+        Some(dir) if options.follow => DirWatch::new(dir, log_reader.ahead_handle())
             .map_err(|e| tracing::debug!("polling {}: cannot watch it: {e}", dir.display()))
             .ok(),
         _ => None,
     };
     let mut reader = PooledReader {
-        reader: Some(LogReader::new(base.clone(), start)),
+        reader: Some(log_reader),
         base,
     };
     let mut quiet_since: Option<Instant> = None;
@@ -406,5 +453,62 @@ async fn send(
                 let _ = reader.open_ahead().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use drover_plugin_sdk::LogConfig;
+    use drover_plugin_sdk::logs::{RotatingWriter, log_files};
+
+    use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    /// A follower that does nothing at all (busy sending, or short of CPU) still loses
+    /// no file to rotation: the inotify reader thread opens each file ahead of it as
+    /// it is created. Without that, this reader would find files 1 to 8 deleted.
+    #[test]
+    fn the_inotify_thread_opens_files_ahead_of_an_idle_follower() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let mut w = RotatingWriter::open(&base, LogConfig::new(3, 1)).unwrap();
+        w.write_all(b"first\n").unwrap();
+        let mut reader = LogReader::new(&base, LogStart::Beginning);
+        let Some(LogChunk::Data(mut read)) = reader.read().unwrap() else {
+            panic!("no first line");
+        };
+        let _watch = DirWatch::new(dir.path(), reader.ahead_handle()).unwrap();
+        let mut written = b"first\n".to_vec();
+        for file in 1..=10u8 {
+            // Fill the current file and start the next one.
+            let data = vec![b'a' + file; MIB];
+            w.write_all(&data).unwrap();
+            written.extend(&data);
+            let index = w.current_index();
+            // Wait (bounded) until the thread holds the new file; the reader itself
+            // is never called in between.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while lock(&reader.ahead).last != Some(index) {
+                assert!(
+                    Instant::now() < deadline,
+                    "file {index} was not opened ahead: {:?}",
+                    lock(&reader.ahead).last
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let on_disk: Vec<u64> = log_files(&base).unwrap().iter().map(|(i, _)| *i).collect();
+        assert_eq!(on_disk.len(), 3, "rotation deleted the older files: {on_disk:?}");
+        while let Some(chunk) = reader.read().unwrap() {
+            match chunk {
+                LogChunk::Data(d) => read.extend(d),
+                LogChunk::Skipped(n) => panic!("{n} files skipped"),
+            }
+        }
+        assert_eq!(read.len(), written.len());
+        assert!(read == written, "the stream differs from what was written");
     }
 }

@@ -108,7 +108,7 @@ struct OpenFile {
     /// `None` for a plain, unnumbered file.
     index: Option<u64>,
     file: File,
-    /// Its size as counted in [`LogReader::ahead_bytes`] (complete files held ahead).
+    /// Its size as counted in [`Ahead::bytes`] (complete files held ahead).
     counted: u64,
     /// Held while this file is open, if it was opened beyond [`LOOKAHEAD`].
     _slot: Option<ExtraFileSlot>,
@@ -120,16 +120,104 @@ struct Pending {
     skipped: u64,
 }
 
+/// The files a reader holds open ahead of the one it reads. Shared with the agent's
+/// inotify reader (`follow.rs`), which fills it the moment a log file is created, on
+/// its own thread: a follower busy sending, or a process short of CPU, would otherwise
+/// only open the next files at its next read, and a fast writer rotating small files
+/// can create and delete two files in that time.
+pub(crate) struct Ahead {
+    /// The highest index the reader holds: its current or pending file, or the last
+    /// of `files`. `None` before the first numbered file is open (and for a plain
+    /// file), when there is nothing to open ahead of.
+    last: Option<u64>,
+    /// Files after the reader's current (and pending) one, consecutive, opened before
+    /// they could be deleted.
+    files: std::collections::VecDeque<OpenFile>,
+    /// Sum of `counted` over `files`.
+    bytes: u64,
+}
+
+/// Lock `m`; its data stays consistent at every unlock, so a panic elsewhere does not
+/// spoil it.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Ahead {
+    /// Open the files after `last` that exist now, up to [`LOOKAHEAD`] files and
+    /// [`LOOKAHEAD_BYTES`]. Cheap when there is nothing new (one failed `open`).
+    fn fill(&mut self, base: &Path) -> io::Result<()> {
+        let Some(mut last) = self.last else {
+            return Ok(());
+        };
+        let Some((dir, stem)) = open_dir(base)? else {
+            return Ok(());
+        };
+        while self.files.len() < LOOKAHEAD
+            || (self.bytes < LOOKAHEAD_BYTES && self.files.len() < LOOKAHEAD_MAX_FILES)
+        {
+            let slot = if self.files.len() < LOOKAHEAD {
+                None
+            } else {
+                match ExtraFileSlot::take() {
+                    Some(slot) => Some(slot),
+                    None => break,
+                }
+            };
+            match open_log(&dir, &part(stem, last + 1)) {
+                Ok(file) => {
+                    last += 1;
+                    // The next file exists, so the one before it is complete: count it.
+                    if let Some(prev) = self.files.back_mut() {
+                        prev.counted = prev.file.metadata()?.len();
+                        self.bytes += prev.counted;
+                    }
+                    self.files.push_back(OpenFile {
+                        index: Some(last),
+                        file,
+                        counted: 0,
+                        _slot: slot,
+                    });
+                    self.last = Some(last);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn pop(&mut self) -> Option<OpenFile> {
+        let open = self.files.pop_front()?;
+        self.bytes -= open.counted;
+        Some(open)
+    }
+}
+
+/// A handle on a reader's files ahead, for the inotify reader to fill.
+#[derive(Clone)]
+pub(crate) struct AheadHandle {
+    base: PathBuf,
+    ahead: std::sync::Weak<std::sync::Mutex<Ahead>>,
+}
+
+impl AheadHandle {
+    /// Open what was created ahead of the reader, if it is still there. An error is
+    /// left for the reader to meet (and report) at its own next look.
+    pub(crate) fn fill(&self) {
+        if let Some(ahead) = self.ahead.upgrade() {
+            let _ = lock(&ahead).fill(&self.base);
+        }
+    }
+}
+
 /// Reads one log stream in order, across rotations, without blocking: [`LogReader::read`]
 /// returns what is there and `None` at the end of what was written so far.
 pub struct LogReader {
     base: PathBuf,
     start: Option<LogStart>,
     current: Option<OpenFile>,
-    /// Files after `current`, consecutive, opened before they could be deleted.
-    ahead: std::collections::VecDeque<OpenFile>,
-    /// Sum of `counted` over `ahead`.
-    ahead_bytes: u64,
+    ahead: std::sync::Arc<std::sync::Mutex<Ahead>>,
     pending: Option<Pending>,
     buf: Vec<u8>,
 }
@@ -142,8 +230,11 @@ impl LogReader {
             base: base.into(),
             start: Some(start),
             current: None,
-            ahead: std::collections::VecDeque::new(),
-            ahead_bytes: 0,
+            ahead: std::sync::Arc::new(std::sync::Mutex::new(Ahead {
+                last: None,
+                files: std::collections::VecDeque::new(),
+                bytes: 0,
+            })),
             pending: None,
             buf: vec![0; CHUNK],
         }
@@ -176,67 +267,39 @@ impl LogReader {
             let Some(index) = current.index else {
                 return Ok(None);
             };
-            if let Some(open) = self.ahead.pop_front() {
-                self.ahead_bytes -= open.counted;
+            // Under the lock throughout, so that the inotify reader cannot open the
+            // same next file ahead while we look for it here.
+            let mut ahead = lock(&self.ahead);
+            if let Some(open) = ahead.pop() {
                 self.pending = Some(Pending { open, skipped: 0 });
                 continue;
             }
             match find_after(&self.base, index)? {
                 // The writer may have appended to the current file between our read
                 // and its creating the next one: read the current file once more.
-                Some(next) => self.pending = Some(next),
+                Some(next) => {
+                    ahead.last = next.open.index;
+                    self.pending = Some(next);
+                }
                 None => return Ok(None),
             }
         }
     }
 
-    /// Open the files after the current one that exist now, up to [`LOOKAHEAD`] files
-    /// and [`LOOKAHEAD_BYTES`], so that rotation cannot delete them before they are read. Cheap when there is
-    /// nothing new (one failed `open`); call it while waiting, too.
-    pub fn open_ahead(&mut self) -> io::Result<()> {
-        let last = match (self.ahead.back(), &self.pending, &self.current) {
-            (Some(f), _, _) => f.index,
-            (None, Some(p), _) => p.open.index,
-            (None, None, Some(c)) => c.index,
-            (None, None, None) => None,
-        };
-        let Some(mut last) = last else {
-            return Ok(());
-        };
-        let Some((dir, stem)) = open_dir(&self.base)? else {
-            return Ok(());
-        };
-        while self.ahead.len() < LOOKAHEAD
-            || (self.ahead_bytes < LOOKAHEAD_BYTES && self.ahead.len() < LOOKAHEAD_MAX_FILES)
-        {
-            let slot = if self.ahead.len() < LOOKAHEAD {
-                None
-            } else {
-                match ExtraFileSlot::take() {
-                    Some(slot) => Some(slot),
-                    None => break,
-                }
-            };
-            match open_log(&dir, &part(stem, last + 1)) {
-                Ok(file) => {
-                    last += 1;
-                    // The next file exists, so the one before it is complete: count it.
-                    if let Some(prev) = self.ahead.back_mut() {
-                        prev.counted = prev.file.metadata()?.len();
-                        self.ahead_bytes += prev.counted;
-                    }
-                    self.ahead.push_back(OpenFile {
-                        index: Some(last),
-                        file,
-                        counted: 0,
-                        _slot: slot,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                Err(e) => return Err(e),
-            }
+    /// A handle the inotify reader fills this reader's files ahead through.
+    pub(crate) fn ahead_handle(&self) -> AheadHandle {
+        AheadHandle {
+            base: self.base.clone(),
+            ahead: std::sync::Arc::downgrade(&self.ahead),
         }
-        Ok(())
+    }
+
+    /// Open the files after the current one that exist now, up to [`LOOKAHEAD`] files
+    /// and [`LOOKAHEAD_BYTES`], so that rotation cannot delete them before they are
+    /// read. Cheap when there is nothing new (one failed `open`); call it while
+    /// waiting, too.
+    pub fn open_ahead(&mut self) -> io::Result<()> {
+        lock(&self.ahead).fill(&self.base)
     }
 
     /// Open the file to start from; `false` when the stream has no file yet.
@@ -268,6 +331,7 @@ impl LogReader {
             match open_log(&dir, name) {
                 Ok(mut file) => {
                     file.seek(SeekFrom::Start(pos))?;
+                    lock(&self.ahead).last = *index;
                     self.current = Some(OpenFile {
                         index: *index,
                         file,
@@ -554,7 +618,8 @@ mod tests {
                 w.write_all(&vec![b'x'; MIB]).unwrap();
                 r.open_ahead().unwrap();
             }
-            assert!(r.ahead_bytes <= LOOKAHEAD_BYTES, "{}", r.ahead_bytes);
+            let held = lock(&r.ahead).bytes;
+            assert!(held <= LOOKAHEAD_BYTES, "{held}");
             let (data, skips) = drain(&mut r);
             assert_eq!(
                 skips.is_empty(),
