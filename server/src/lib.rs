@@ -29,6 +29,7 @@ pub mod error;
 mod gc;
 mod heartbeat;
 pub mod http;
+pub mod leader;
 pub mod plan;
 pub mod rpc;
 pub mod scheduler;
@@ -40,6 +41,7 @@ mod worker;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
+pub use leader::{Election, ServerInfo, SoleLeader};
 pub use plan::PlanResult;
 pub use server::{NodeAllocations, Server, ServerStats};
-pub use store::RedbStore;
+pub use store::{EtcdOptions, EtcdStore, RedbStore};

@@ -91,6 +91,14 @@ impl Store for MemStore {
     fn revision(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move { Ok(self.inner.lock().unwrap().1) })
     }
+
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn health(&self) -> BoxFuture<'_, Vec<drover_server::store::EndpointHealth>> {
+        Box::pin(async { Vec::new() })
+    }
 }
 
 fn token_file(dir: &std::path::Path, name: &str, token: &str) -> String {

@@ -19,6 +19,13 @@
 //! | `alloc/<id>` | `Allocation` |
 //! | `eval/<id>` | `Evaluation` |
 //! | `schema` | the schema version, `"1"` |
+//!
+//! With several servers (the etcd store) every key lives under the store's prefix
+//! (`/drover/` by default), the store keeps its own index counter beside them (etcd's
+//! revision also moves for writes that are not commits: leader elections, server
+//! registrations), and only the elected leader commits, each commit fenced by its
+//! leadership ([`crate::leader`]). Followers follow the leader's commits through
+//! [`Store::watch`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -99,6 +106,80 @@ pub enum StoreError {
     TooLarge(String),
 }
 
+/// One transaction committed to the store by any server, as [`Store::watch`] reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreChange {
+    /// The store's revision (the cluster index) after this change. `None` for a part
+    /// of a transaction the store had to split ([`TxnLimits`]): the parts before the
+    /// last one do not move the revision; a follower keeps them until the part that
+    /// does, so that it never shows half a commit.
+    pub revision: Option<u64>,
+    /// Keys written, with their new values.
+    pub puts: Vec<KeyValue>,
+    /// Keys deleted.
+    pub deletes: Vec<String>,
+}
+
+/// What [`Store::watch`] yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// The next change, in commit order.
+    Change(StoreChange),
+    /// The watch could not go on from where it was (it fell behind the store's
+    /// compaction, or the store was unreachable for long): the watcher must read
+    /// everything again with [`Store::range`] and watch from there.
+    Reset,
+}
+
+/// A boxed stream of watch events.
+pub type WatchStream =
+    Pin<Box<dyn futures_util::Stream<Item = Result<WatchEvent, StoreError>> + Send + 'static>>;
+
+/// The largest transaction a store takes in one piece. [`Store::txn`] splits larger
+/// ones into several, in order, each checking the conditions; only the last moves the
+/// revision. If one part fails, the parts before it stay written: the ops of a
+/// [`crate::state::Batch`] are ordered so that such a prefix is harmless (deletions,
+/// then documents, evaluations last, so that an unfinished plan leaves its evaluation
+/// pending and the next leader runs it again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnLimits {
+    /// Ops per transaction (etcd: `--max-txn-ops`, 128 by default).
+    pub max_ops: usize,
+    /// Bytes of keys and values per transaction (etcd: `--max-request-bytes`,
+    /// 1.5 MiB by default; a margin is kept for the request's framing).
+    pub max_bytes: usize,
+}
+
+impl TxnLimits {
+    /// No limit (the embedded store).
+    pub const UNLIMITED: TxnLimits = TxnLimits {
+        max_ops: usize::MAX,
+        max_bytes: usize::MAX,
+    };
+}
+
+/// Health of one endpoint of the store, for `drover server status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EndpointHealth {
+    /// The endpoint as configured (`http://127.0.0.1:2379`) or the embedded store's
+    /// path.
+    pub endpoint: String,
+    /// It answered.
+    pub healthy: bool,
+    /// Its version, when it answered (etcd's `version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Size of its database in bytes, when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_size: Option<u64>,
+    /// It is its cluster's raft leader (etcd).
+    #[serde(default)]
+    pub is_leader: bool,
+    /// Why it is not healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// A key-value store with revisions and compare-and-set.
 ///
 /// Every method is atomic; a transaction that returns `Ok` is durable.
@@ -117,8 +198,30 @@ pub trait Store: Send + Sync + 'static {
 
     /// The current revision.
     fn revision(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// The changes committed after `revision`, by any server, in order, for ever
+    /// (reconnecting as needed; [`WatchEvent::Reset`] when it cannot go on from where
+    /// it was). The embedded store has one writer, the server itself, so its watch
+    /// never yields.
+    fn watch(&self, revision: u64) -> WatchStream {
+        let _ = revision;
+        Box::pin(futures_util::stream::pending())
+    }
+
+    /// The largest transaction taken in one piece.
+    fn limits(&self) -> TxnLimits {
+        TxnLimits::UNLIMITED
+    }
+
+    /// `"embedded"` or `"etcd"`.
+    fn kind(&self) -> &'static str;
+
+    /// Each endpoint's health (one entry for the embedded store).
+    fn health(&self) -> BoxFuture<'_, Vec<EndpointHealth>>;
 }
 
+pub mod etcd;
 pub mod redb;
 
+pub use self::etcd::{EtcdOptions, EtcdStore};
 pub use self::redb::RedbStore;

@@ -286,6 +286,34 @@ impl Store for RedbStore {
     fn revision(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(blocking(self, |s| s.revision_blocking()))
     }
+
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn health(&self) -> BoxFuture<'_, Vec<super::EndpointHealth>> {
+        Box::pin(async move {
+            let endpoint = self.inner.path.display().to_string();
+            vec![match self.revision().await {
+                Ok(_) => super::EndpointHealth {
+                    db_size: std::fs::metadata(&self.inner.path).ok().map(|m| m.len()),
+                    endpoint,
+                    healthy: true,
+                    version: Some(format!("redb (drover {})", env!("CARGO_PKG_VERSION"))),
+                    is_leader: true,
+                    error: None,
+                },
+                Err(e) => super::EndpointHealth {
+                    endpoint,
+                    healthy: false,
+                    version: None,
+                    db_size: None,
+                    is_leader: false,
+                    error: Some(e.to_string()),
+                },
+            }]
+        })
+    }
 }
 
 fn decode_revision(v: Option<&[u8]>) -> Result<u64, String> {

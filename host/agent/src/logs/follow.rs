@@ -501,7 +501,11 @@ mod tests {
             }
         }
         let on_disk: Vec<u64> = log_files(&base).unwrap().iter().map(|(i, _)| *i).collect();
-        assert_eq!(on_disk.len(), 3, "rotation deleted the older files: {on_disk:?}");
+        assert_eq!(
+            on_disk.len(),
+            3,
+            "rotation deleted the older files: {on_disk:?}"
+        );
         while let Some(chunk) = reader.read().unwrap() {
             match chunk {
                 LogChunk::Data(d) => read.extend(d),
