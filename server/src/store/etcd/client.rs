@@ -273,6 +273,27 @@ mod tests {
         assert_eq!(prefix_end(b"\xff"), b"\0");
     }
 
+    #[tokio::test]
+    async fn a_refused_connection_counts_as_not_sent() {
+        // Nothing listens on port 1: the request cannot have reached an etcd.
+        let c = Client::new(&["http://127.0.0.1:1".into()], Duration::from_secs(2)).unwrap();
+        let (_, _, ch) = c.current();
+        let st = kv(ch).range(pb::RangeRequest::default()).await.unwrap_err();
+        assert!(not_sent(&st), "{st:?}");
+        assert!(is_unavailable(&st), "{st:?}");
+        let e = c
+            .unary("commit", Retry::NotSent, |ch| async move {
+                kv(ch).txn(pb::TxnRequest::default()).await
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no endpoint answered: http://127.0.0.1:1"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn endpoints_must_be_http_urls() {
         let e = Client::new(&["127.0.0.1:2379".into()], Duration::from_secs(1)).unwrap_err();
