@@ -322,21 +322,32 @@ impl Inner {
         let end = client::prefix_end(&full);
         let mut from = full;
         let mut out = Vec::new();
+        let mut page = PAGE;
         loop {
             let req = pb::RangeRequest {
                 key: from.clone(),
                 range_end: end.clone(),
-                limit: PAGE,
+                limit: page,
                 revision: rev,
                 ..Default::default()
             };
-            let resp = self
+            let resp = match self
                 .client
                 .unary("range", Retry::Idempotent, |ch| {
                     let r = req.clone();
                     async move { kv(ch).range(r).await }
                 })
-                .await?;
+                .await
+            {
+                Ok(r) => r,
+                // A page of large values beyond the largest message we decode: fewer
+                // keys per page.
+                Err(e) if page > 1 && e.to_string().contains("too large") => {
+                    page = (page / 4).max(1);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let Some(last) = resp.kvs.last() else { break };
             from = last.key.clone();
             from.push(0);
