@@ -595,3 +595,65 @@ impl StateView for Overlay<'_> {
         self.base.node_usage(node_id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &[u8]) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: value.to_vec(),
+            create_revision: 1,
+            mod_revision: 1,
+        }
+    }
+
+    #[test]
+    fn a_change_becomes_a_batch_by_key_kind() {
+        let change = StoreChange {
+            revision: Some(7),
+            puts: vec![kv("nodesecret/n1", b"\"abcd\""), kv("meta/index", b"7")],
+            deletes: vec![
+                "job/web".into(),
+                "jobv/web/00000000000000000003".into(),
+                "node/n2".into(),
+                "nodesecret/n2".into(),
+                "alloc/a1".into(),
+                "eval/e1".into(),
+                "schema".into(),
+            ],
+        };
+        let b = Batch::from_change(&change).unwrap();
+        assert_eq!(b.purge, ["web"]);
+        assert_eq!(b.drop_versions, [("web".to_owned(), 3)]);
+        assert_eq!(b.drop_nodes, ["n2"]);
+        assert_eq!(b.drop_node_secrets, ["n2"]);
+        assert_eq!(b.drop_allocs, ["a1"]);
+        assert_eq!(b.drop_evals, ["e1"]);
+        assert_eq!(b.node_secrets, [("n1".to_owned(), "abcd".to_owned())]);
+
+        let mut st = State::default();
+        st.apply(b, 7);
+        assert_eq!(st.index, 7);
+        assert_eq!(st.node_secret_hash("n1"), Some("abcd"));
+    }
+
+    #[test]
+    fn a_value_that_does_not_decode_is_an_error_naming_its_key() {
+        let change = StoreChange {
+            revision: Some(3),
+            puts: vec![kv("alloc/a1", b"{not json")],
+            deletes: vec![],
+        };
+        let err = Batch::from_change(&change).unwrap_err().to_string();
+        assert!(err.contains("value of alloc/a1"), "{err}");
+        let change = StoreChange {
+            revision: Some(3),
+            puts: vec![],
+            deletes: vec!["jobv/web".into()],
+        };
+        let err = Batch::from_change(&change).unwrap_err().to_string();
+        assert!(err.contains("jobv/web"), "{err}");
+    }
+}
