@@ -361,20 +361,17 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     config.algorithm = options.algorithm;
     config.forward = ForwardOptions {
         token: options.token.clone(),
-        tls: match &options.tls {
-            None => None,
-            // The other servers' certificates come from the same CA as this one's:
-            // the client CA when mutual TLS is on, else this server's own chain
-            // (a self-signed certificate shared by the servers, or a file holding
-            // the CA after the certificate).
-            Some(files) => Some(ForwardTls {
-                ca_file: files
-                    .client_ca
-                    .clone()
-                    .unwrap_or_else(|| files.cert.clone()),
-                identity: Some((files.cert.clone(), files.key.clone())),
-            }),
-        },
+        // The other servers' certificates come from the same CA as this one's: the
+        // client CA when mutual TLS is on, else this server's own chain (a
+        // self-signed certificate shared by the servers, or a file holding the CA
+        // after the certificate).
+        tls: options.tls.as_ref().map(|files| ForwardTls {
+            ca_file: files
+                .client_ca
+                .clone()
+                .unwrap_or_else(|| files.cert.clone()),
+            identity: Some((files.cert.clone(), files.key.clone())),
+        }),
     };
     let advertised = |given: &Option<String>, bound: SocketAddr, flag: &str| {
         let addr = given.clone().unwrap_or_else(|| bound.to_string());
@@ -436,6 +433,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         Some(forwarded),
         stop.clone(),
     ));
+    let core_server = server.clone();
     let http_task = tokio::spawn(drover_server::http::serve(
         drover_server::http::router(server, options.token),
         http_listener,
@@ -450,6 +448,15 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
             r = &mut rpc_task => { stop.cancel(); (r, http_task.await) }
             r = &mut http_task => { stop.cancel(); (rpc_task.await, r) }
         };
+        // The leader loops finish and the server leaves the election (etcd: its lease
+        // is revoked, so another server leads at once instead of after the lease
+        // TTL). Bounded: a store that does not answer must not hold the exit.
+        if tokio::time::timeout(Duration::from_secs(10), core_server.stopped())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the server's loops did not stop within 10s; exiting anyway");
+        }
         rpc_result
             .context("the RPC listener panicked")?
             .context("RPC listener")?;
