@@ -392,6 +392,9 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         version: env!("CARGO_PKG_VERSION").to_owned(),
         started: ServerInfo::now(),
     };
+    if let StoreChoice::Etcd { lease_ttl, .. } = &options.store {
+        refuse_taken_name(election.as_ref(), &me, *lease_ttl).await?;
+    }
     let server = Server::start_with(config, store, election, me, stop.clone())
         .await
         .context("cannot start the server")?;
@@ -466,6 +469,36 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         Ok(())
     });
     Ok(Started { http, rpc, done })
+}
+
+/// Two live servers with one name cannot be told apart (status, leadership, the
+/// forwarding of writes): a server whose name a live server with other addresses has
+/// registered does not start. The same name at the same addresses is this server
+/// restarted before its old registration expired: allowed.
+async fn refuse_taken_name(
+    election: &dyn Election,
+    me: &ServerInfo,
+    lease_ttl: Duration,
+) -> anyhow::Result<()> {
+    let members = election
+        .members()
+        .await
+        .context("cannot list the servers registered in etcd")?;
+    if let Some(other) = members
+        .iter()
+        .find(|m| m.name == me.name && (m.rpc_addr != me.rpc_addr || m.http_addr != me.http_addr))
+    {
+        bail!(
+            "--name {}: a live server already registered this name (rpc {}, http {}); give \
+             each server its own name, or, if that was this server before a restart, wait \
+             {}s for its registration to expire",
+            me.name,
+            other.rpc_addr,
+            other.http_addr,
+            lease_ttl.as_secs()
+        );
+    }
+    Ok(())
 }
 
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
