@@ -42,13 +42,21 @@ struct Member {
 
 impl Member {
     async fn start(etcd: &SharedEtcd, prefix: &str, name: &str) -> Member {
-        Member::start_with(etcd, prefix, name, false).await
+        Member::start_with(etcd, prefix, name, false, None).await
     }
 
     /// `deaf`: the server never hears from the election that its term ended (as a
     /// leader paused past its lease and resumed believes it still leads); only the
     /// store's fence can stop it.
-    async fn start_with(etcd: &SharedEtcd, prefix: &str, name: &str, deaf: bool) -> Member {
+    /// `tls`: both listeners speak TLS with this certificate, and require client
+    /// certificates from its CA (the forwarding server presents its own).
+    async fn start_with(
+        etcd: &SharedEtcd,
+        prefix: &str,
+        name: &str,
+        deaf: bool,
+        tls: Option<&Tls>,
+    ) -> Member {
         let dir = tempfile::tempdir().unwrap();
         let mut o = EtcdOptions::new(vec![etcd.endpoint()]);
         o.prefix = prefix.to_owned();
@@ -72,11 +80,20 @@ impl Member {
         // A new leader gives known nodes this long before it can mark them down.
         config.failover_heartbeat_ttl = Duration::from_secs(5);
         config.forward.token = Some(TOKEN.into());
+        let files = tls.map(|t| drover_server::tls::TlsFiles {
+            cert: t.cert.clone(),
+            key: t.key.clone(),
+            client_ca: Some(t.ca.clone()),
+        });
+        config.forward.tls = tls.map(|t| drover_server::config::ForwardTls {
+            ca_file: t.ca.clone(),
+            identity: Some((t.cert.clone(), t.key.clone())),
+        });
         let me = ServerInfo {
             name: name.to_owned(),
             rpc_addr: rpc.to_string(),
             http_addr: http.to_string(),
-            tls: false,
+            tls: tls.is_some(),
             version: "test".into(),
             started: ServerInfo::now(),
         };
@@ -88,7 +105,7 @@ impl Member {
             tokio::spawn(drover_server::http::serve(
                 router(server.clone(), Some(TOKEN.into())),
                 http_l,
-                None,
+                files.clone(),
                 stop.clone(),
             )),
             tokio::spawn(drover_server::rpc::serve(
@@ -96,6 +113,7 @@ impl Member {
                 rpc_l,
                 RpcOptions {
                     token: Some(TOKEN.into()),
+                    tls: files,
                     ..Default::default()
                 },
                 Some(router(server.clone(), None)),
@@ -141,6 +159,39 @@ impl Member {
         for t in self.served {
             let _ = t.await;
         }
+    }
+}
+
+/// A CA and one certificate (127.0.0.1, localhost) the servers share, in files.
+struct Tls {
+    ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn tls_files() -> Tls {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    Tls {
+        ca: write("ca.pem", &ca_cert.pem()),
+        cert: write("cert.pem", &cert.pem()),
+        key: write("key.pem", &key.serialize_pem()),
+        _dir: dir,
     }
 }
 
@@ -459,7 +510,7 @@ async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_ref
     let Some(etcd) = shared() else { return };
     let prefix = etcd.unique_prefix();
     // "old" leads and never hears from the election that its term ended.
-    let old = Member::start_with(&etcd, &prefix, "old", true).await;
+    let old = Member::start_with(&etcd, &prefix, "old", true, None).await;
     until(
         LEASE + Duration::from_secs(5),
         "the first server leads",
@@ -536,4 +587,39 @@ async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_ref
     }
     old.shutdown().await;
     other.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_tls_a_follower_forwards_writes_to_the_leader_with_its_own_certificate() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let tls = tls_files();
+    let mut members = Vec::new();
+    for name in ["t1", "t2"] {
+        members.push(Member::start_with(&etcd, &prefix, name, false, Some(&tls)).await);
+    }
+    let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+    let l = by_name(&members, &leader);
+    let follower = members.iter().find(|m| m.name != leader).unwrap();
+    let api = Client::new(
+        &format!("https://{}", follower.http),
+        ClientOptions {
+            token: Some(TOKEN.into()),
+            ca_file: Some(tls.ca.clone()),
+            client_cert: Some((tls.cert.clone(), tls.key.clone())),
+        },
+    )
+    .unwrap();
+    let r = api
+        .register_job(&job("secure", 1, 100, 100))
+        .await
+        .expect("a write through the follower, over TLS");
+    until(Duration::from_secs(10), "the leader has the job", || {
+        l.server.job("secure").is_some()
+    })
+    .await;
+    eval_complete(&l.server, &r.eval_id).await;
+    for m in members {
+        m.shutdown().await;
+    }
 }
