@@ -87,7 +87,9 @@ pub trait Election: Send + Sync + 'static {
 
     /// The server is shutting down: resign and end its registration at once (etcd:
     /// revoke its lease), so that another server takes over without waiting for the
-    /// lease TTL. Call it once, after the leader loops stopped and before exiting.
+    /// lease TTL. Call it once, after the leader loops stopped and before exiting;
+    /// afterwards [`Election::register`] returns `Ok(())` and
+    /// [`Election::campaign`] fails.
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }

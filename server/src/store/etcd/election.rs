@@ -38,11 +38,19 @@ pub(crate) struct EtcdElection {
     ttl: Duration,
     lease: tokio::sync::Mutex<Option<Lease>>,
     term: std::sync::Mutex<Option<Held>>,
+    /// [`Election::close`] was called: no new lease, registration ends.
+    closed: CancellationToken,
+}
+
+/// etcd's answer to a request on a lease it no longer has.
+fn lease_not_found(e: &str) -> bool {
+    e.contains("requested lease not found")
 }
 
 impl Drop for EtcdElection {
     fn drop(&mut self) {
         // Stop the keepalive task (etcd expires the lease after its TTL).
+        self.closed.cancel();
         if let Some(l) = self.lease.get_mut().take() {
             l.lost.cancel();
         }
@@ -57,6 +65,7 @@ impl EtcdElection {
             ttl,
             lease: tokio::sync::Mutex::new(None),
             term: std::sync::Mutex::new(None),
+            closed: CancellationToken::new(),
         }
     }
 
@@ -68,6 +77,11 @@ impl EtcdElection {
     /// none or the last one was lost.
     async fn lease(&self) -> Result<Lease, StoreError> {
         let mut slot = self.lease.lock().await;
+        if self.closed.is_cancelled() {
+            return Err(StoreError::Backend(
+                "the etcd election of this server was closed (shutting down)".into(),
+            ));
+        }
         if let Some(l) = slot.as_ref()
             && !l.lost.is_cancelled()
         {
@@ -127,6 +141,13 @@ impl EtcdElection {
             };
             let resp = match r {
                 Ok(r) => r.into_inner(),
+                Err(st) if lease_not_found(&st.to_string()) => {
+                    lease.lost.cancel();
+                    tracing::info!(
+                        "etcd lease gone before the keepalive noticed; campaigning on a new one"
+                    );
+                    continue;
+                }
                 Err(st) => {
                     if client::is_unavailable(&st) {
                         self.client.failed(i);
@@ -196,6 +217,7 @@ impl EtcdElection {
     }
 
     async fn do_close(&self) {
+        self.closed.cancel();
         self.do_resign().await;
         let lease = self.lease.lock().await.take();
         let Some(lease) = lease else { return };
@@ -236,12 +258,24 @@ impl EtcdElection {
                 Ok::<_, StoreError>(lease)
             };
             match put.await {
+                Err(e) if self.closed.is_cancelled() => {
+                    tracing::debug!(error = %e, "registration ends: the election is closed");
+                    return Ok(());
+                }
                 Ok(lease) => {
                     pause = Duration::from_millis(100);
                     // Registered until the lease goes; then again on a new one.
-                    lease.lost.cancelled().await;
+                    tokio::select! {
+                        _ = lease.lost.cancelled() => {}
+                        _ = self.closed.cancelled() => return Ok(()),
+                    }
                 }
                 Err(e) => {
+                    if let Some(l) = self.lease.lock().await.as_ref()
+                        && lease_not_found(&e.to_string())
+                    {
+                        l.lost.cancel();
+                    }
                     tracing::warn!(error = %e, server = %me.name, "etcd registration failed; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_BACKOFF);
