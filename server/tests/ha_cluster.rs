@@ -295,6 +295,11 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     }))
     .await
     .expect("register through a follower");
+    // Read your writes: the follower answered once its own state had the node.
+    assert!(
+        f1.server.node("n1").is_ok(),
+        "the follower knows the node it registered"
+    );
     let heartbeats = {
         let target = f1.rpc;
         tokio::spawn(async move {
@@ -347,6 +352,10 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
         .register_job(&job("web", 2, 100, 100))
         .await
         .unwrap();
+    f1.api()
+        .evaluation(&registered.eval_id, &QueryOptions::default())
+        .await
+        .expect("the follower that forwarded the write reads it back at once");
     let woke = within(
         Duration::from_secs(10),
         "the follower's blocking query",
