@@ -42,7 +42,7 @@ struct Member {
 
 impl Member {
     async fn start(etcd: &SharedEtcd, prefix: &str, name: &str) -> Member {
-        Member::start_with(etcd, prefix, name, false, None).await
+        Member::start_with(&etcd.endpoint(), prefix, name, false, None).await
     }
 
     /// `deaf`: the server never hears from the election that its term ended (as a
@@ -51,14 +51,14 @@ impl Member {
     /// `tls`: both listeners speak TLS with this certificate, and require client
     /// certificates from its CA (the forwarding server presents its own).
     async fn start_with(
-        etcd: &SharedEtcd,
+        endpoint: &str,
         prefix: &str,
         name: &str,
         deaf: bool,
         tls: Option<&Tls>,
     ) -> Member {
         let dir = tempfile::tempdir().unwrap();
-        let mut o = EtcdOptions::new(vec![etcd.endpoint()]);
+        let mut o = EtcdOptions::new(vec![endpoint.to_owned()]);
         o.prefix = prefix.to_owned();
         o.lease_ttl = LEASE;
         o.request_timeout = Duration::from_secs(3);
@@ -237,6 +237,31 @@ fn leaders(members: &[Member]) -> Vec<&Member> {
     members.iter().filter(|m| m.server.is_leader()).collect()
 }
 
+/// Node n1's client: a heartbeat every 300 ms to `target` (ends after 50 failures).
+fn heartbeat_loop(target: SocketAddr) -> tokio::task::JoinHandle<u32> {
+    tokio::spawn(async move {
+        let mut nc = pb::node_client::NodeClient::connect(format!("http://{target}"))
+            .await
+            .unwrap();
+        let mut failures = 0u32;
+        loop {
+            let r = nc
+                .heartbeat(authed(pb::HeartbeatRequest {
+                    node_id: "n1".into(),
+                    node_secret: SECRET.into(),
+                }))
+                .await;
+            if r.is_err() {
+                failures += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if failures > 50 {
+                return failures;
+            }
+        }
+    })
+}
+
 /// Exactly one of `members` leads (waited for, then checked to hold for a while).
 async fn one_leader(members: &[Member], limit: Duration) -> String {
     until(limit, "exactly one server leads", || {
@@ -300,30 +325,7 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
         f1.server.node("n1").is_ok(),
         "the follower knows the node it registered"
     );
-    let heartbeats = {
-        let target = f1.rpc;
-        tokio::spawn(async move {
-            let mut nc = pb::node_client::NodeClient::connect(format!("http://{target}"))
-                .await
-                .unwrap();
-            let mut failures = 0u32;
-            loop {
-                let r = nc
-                    .heartbeat(authed(pb::HeartbeatRequest {
-                        node_id: "n1".into(),
-                        node_secret: SECRET.into(),
-                    }))
-                    .await;
-                if r.is_err() {
-                    failures += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                if failures > 50 {
-                    return failures;
-                }
-            }
-        })
-    };
+    let heartbeats = heartbeat_loop(f1.rpc);
     let l = by_name(&members, &leader);
     until(
         Duration::from_secs(10),
@@ -519,7 +521,7 @@ async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_ref
     let Some(etcd) = shared() else { return };
     let prefix = etcd.unique_prefix();
     // "old" leads and never hears from the election that its term ended.
-    let old = Member::start_with(&etcd, &prefix, "old", true, None).await;
+    let old = Member::start_with(&etcd.endpoint(), &prefix, "old", true, None).await;
     until(
         LEASE + Duration::from_secs(5),
         "the first server leads",
@@ -605,7 +607,7 @@ async fn over_tls_a_follower_forwards_writes_to_the_leader_with_its_own_certific
     let tls = tls_files();
     let mut members = Vec::new();
     for name in ["t1", "t2"] {
-        members.push(Member::start_with(&etcd, &prefix, name, false, Some(&tls)).await);
+        members.push(Member::start_with(&etcd.endpoint(), &prefix, name, false, Some(&tls)).await);
     }
     let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
     let l = by_name(&members, &leader);
@@ -631,4 +633,93 @@ async fn over_tls_a_follower_forwards_writes_to_the_leader_with_its_own_certific
     for m in members {
         m.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_etcd_reads_answer_from_the_last_state_writes_fail_clearly_and_it_carries_on_after()
+{
+    let Some(mut etcd) = drover_test_support::etcd::Etcd::start() else {
+        return;
+    };
+    let prefix = drover_test_support::etcd::unique_prefix();
+    let s = Member::start_with(&etcd.endpoint(), &prefix, "alone", false, None).await;
+    until(LEASE + Duration::from_secs(5), "the server leads", || {
+        s.server.is_leader()
+    })
+    .await;
+    let api = s.api();
+    let first = api.register_job(&job("before", 1, 100, 100)).await.unwrap();
+    let node_json = serde_json::to_vec(&node("n1", 4000, 4000)).unwrap();
+    s.node_client()
+        .await
+        .register(authed(pb::RegisterRequest {
+            node_json,
+            node_secret: SECRET.into(),
+        }))
+        .await
+        .unwrap();
+    let heartbeats = heartbeat_loop(s.rpc);
+    let retried = api.register_job(&job("before", 1, 100, 100)).await.unwrap();
+    eval_complete(&s.server, &retried.eval_id).await;
+    let placed = alloc_ids(&s.server, "before");
+    assert_eq!(placed.len(), 1);
+    assert!(s.server.evaluation(&first.eval_id).is_some());
+
+    etcd.kill9();
+    // Its lease cannot be renewed: it stops leading within the TTL (its own clock).
+    until(
+        LEASE + Duration::from_secs(2),
+        "the server steps down",
+        || !s.server.is_leader(),
+    )
+    .await;
+    // Reads: the last known state.
+    let jobs = api
+        .jobs(&QueryOptions::default())
+        .await
+        .expect("a read without etcd");
+    assert!(jobs.value.iter().any(|j| j.name == "before"));
+    // Writes: a clear refusal, within the election deadline (lease TTL + 5 s).
+    let t0 = Instant::now();
+    let err = api
+        .register_job(&job("during", 1, 100, 100))
+        .await
+        .expect_err("no write without etcd");
+    assert!(
+        t0.elapsed() <= LEASE + Duration::from_secs(7),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no leader elected yet; the store says:"),
+        "{err}"
+    );
+
+    etcd.start_again();
+    until(
+        LEASE + Duration::from_secs(10),
+        "the server leads again",
+        || s.server.is_leader(),
+    )
+    .await;
+    let after = api.register_job(&job("after", 1, 100, 100)).await.unwrap();
+    eval_complete(&s.server, &after.eval_id).await;
+    assert_eq!(alloc_ids(&s.server, "after").len(), 1);
+    assert_eq!(alloc_ids(&s.server, "before"), placed, "nothing replaced");
+    // Past the new term's failover window the node, heartbeating again, is ready and
+    // its allocation was never lost.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(s.server.node("n1").unwrap().status, NodeStatus::Ready);
+    assert!(
+        s.server
+            .job_allocations("before")
+            .iter()
+            .all(|a| a.client_status != ClientStatus::Lost),
+        "nothing lost"
+    );
+    heartbeats.abort();
+    assert!(s.server.job("during").is_none());
+    s.shutdown().await;
 }
