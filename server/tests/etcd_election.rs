@@ -216,6 +216,54 @@ async fn a_leader_cut_off_from_etcd_gives_up_its_term_within_the_lease_ttl() {
 }
 
 #[tokio::test]
+async fn a_leaders_lease_is_kept_alive_past_its_ttl() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let ttl = Duration::from_secs(2);
+    let a = store(&etcd, &prefix, ttl).await;
+    let term = within(
+        Duration::from_secs(10),
+        "a's campaign",
+        a.election().campaign(info("a")),
+    )
+    .await
+    .unwrap();
+    // Nothing to poll for: the term must simply last, well past a TTL.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        !term.lost.is_cancelled(),
+        "the term ended although etcd ran"
+    );
+    let lease = leader_lease(&etcd.endpoint(), &format!("{prefix}election")).await;
+    assert!(
+        time_to_live(&etcd.endpoint(), lease).await > 0,
+        "etcd still has the lease"
+    );
+    a.range("").await.unwrap();
+    assert!(
+        a.txn(term.fence.clone(), vec![put("job/a", "1")])
+            .await
+            .unwrap()
+            .succeeded
+    );
+    a.election().close().await;
+    assert!(
+        time_to_live(&etcd.endpoint(), lease).await <= 0,
+        "closed: lease revoked"
+    );
+}
+
+async fn time_to_live(endpoint: &str, id: i64) -> i64 {
+    use drover_proto::etcd::etcdserverpb::{LeaseTimeToLiveRequest, lease_client::LeaseClient};
+    let mut c = LeaseClient::connect(endpoint.to_owned()).await.unwrap();
+    c.lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .ttl
+}
+
+#[tokio::test]
 async fn members_are_the_registered_servers_and_leave_on_close() {
     let Some(etcd) = shared() else { return };
     let prefix = etcd.unique_prefix();

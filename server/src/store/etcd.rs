@@ -26,12 +26,13 @@
 //!   range, commit or watch), then the ops and `meta/index` = index + 1. A second
 //!   writer that has not read the latest commit is refused. Duplicate keys in one
 //!   transaction: the last op wins (etcd refuses duplicates). A transaction beyond
-//!   [`TxnLimits`] is split into parts sent in order (see [`TxnLimits`]); each part
+//!   [`TxnLimits`](super::TxnLimits) is split into parts sent in order (see
+//!   [`TxnLimits`](super::TxnLimits)); each part
 //!   checks the conditions and the index, only the last moves it. A failed commit
 //!   reports the current index and does not teach this instance the new index: it
 //!   must read again ([`Store::range`]) before it can commit.
 //! - [`Store::watch`]: an etcd watch on the prefix from the etcd revision at which this
-//!   instance saw the index it is asked for ([`WatchEvent::Reset`] if it does not
+//!   instance saw the index it is asked for ([`WatchEvent::Reset`](super::WatchEvent::Reset) if it does not
 //!   know it, or etcd compacted that far); the events of one etcd revision make one
 //!   [`StoreChange`](super::StoreChange), whose revision is the new index when that
 //!   etcd revision moved the index (`None`: a part of a split transaction). A lost

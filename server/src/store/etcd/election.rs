@@ -373,11 +373,15 @@ impl Election for EtcdElection {
 }
 
 /// Keep `lease` alive every TTL/3 until it is lost: etcd says it is gone, or no
-/// keepalive was answered for a TTL after it was sent (the lease may have expired:
-/// conservative, by the local clock).
+/// keepalive was answered for 95% of a TTL after it was sent (the lease may expire
+/// soon: conservative, by the local clock). A dead or stuck endpoint is left for the
+/// next one.
 async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at: Instant) {
     let period = (ttl / 3).max(Duration::from_millis(300));
-    // The lease lives at least until the send of the last answered request + TTL.
+    // The lease lives at least until the send of the last answered request + TTL;
+    // give the term up a little before that (timers fire late by up to a tick, a
+    // request may be answered just as etcd stops), so that it is never held past it.
+    let deadline = ttl - ttl / 20;
     let mut alive_from = granted_at;
     let mut pause = Duration::from_millis(100);
     let lost = |why: &str| {
@@ -390,10 +394,14 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
         }
         let (i, url, ch) = client.current();
         let (tx, rx) = mpsc::channel::<pb::LeaseKeepAliveRequest>(4);
+        // etcd answers the call (headers included) only with its first response: the
+        // first request must be on its way before the call returns.
+        let _ = tx.try_send(pb::LeaseKeepAliveRequest { id: lease.id });
+        let mut sent: VecDeque<Instant> = VecDeque::from([Instant::now()]);
         let mut lc = client::lease(ch);
         let opened = tokio::select! {
             r = tokio::time::timeout(client.timeout(), lc.lease_keep_alive(ReceiverStream::new(rx))) => r,
-            _ = tokio::time::sleep_until(alive_from + ttl) => { lost("no keepalive answered for its TTL"); return; }
+            _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return; }
             _ = lease.lost.cancelled() => return,
         };
         let mut stream = match opened {
@@ -403,7 +411,7 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                 tracing::warn!(endpoint = url, error = %client::describe(&st), "etcd lease keepalive: reconnecting");
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
-                    _ = tokio::time::sleep_until(alive_from + ttl) => { lost("no keepalive answered for its TTL"); return; }
+                    _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return; }
                     _ = lease.lost.cancelled() => return,
                 }
                 pause = (pause * 2).min(period);
@@ -414,25 +422,27 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                 continue;
             }
         };
-        let mut sent: VecDeque<Instant> = VecDeque::new();
-        let mut tick = tokio::time::interval(period);
+        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = lease.lost.cancelled() => return,
-                _ = tokio::time::sleep_until(alive_from + ttl) => {
+                _ = tokio::time::sleep_until(alive_from + deadline) => {
                     lost("no keepalive answered for its TTL");
                     return;
                 }
                 _ = tick.tick() => {
-                    if tx.send(pb::LeaseKeepAliveRequest { id: lease.id }).await.is_err() {
+                    // Never wait here: a dead connection stops taking requests, and
+                    // the TTL deadline above must still be able to fire. A full queue
+                    // or unanswered requests beyond a few mean the stream is stuck.
+                    if tx.try_send(pb::LeaseKeepAliveRequest { id: lease.id }).is_err()
+                        || sent.len() >= 3
+                    {
+                        client.failed(i);
+                        tracing::warn!(endpoint = url, "etcd lease keepalive stuck; reconnecting");
                         break;
                     }
                     sent.push_back(Instant::now());
-                    // Unanswered requests beyond a few mean the stream is stuck.
-                    if sent.len() > 8 {
-                        break;
-                    }
                 }
                 msg = stream.message() => match msg {
                     Ok(Some(r)) => {
@@ -446,7 +456,10 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                         }
                         pause = Duration::from_millis(100);
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        client.failed(i);
+                        break;
+                    }
                     Err(st) => {
                         client.failed(i);
                         tracing::warn!(endpoint = url, error = %client::describe(&st), "etcd lease keepalive broke; reconnecting");
