@@ -308,6 +308,14 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
         members.push(Member::start(&etcd, &prefix, name).await);
     }
     let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+    // While its lease is renewed, a leader keeps its term: no flapping.
+    let term = by_name(&members, &leader).server.leading();
+    tokio::time::sleep(LEASE * 2).await;
+    assert_eq!(
+        by_name(&members, &leader).server.leading(),
+        term,
+        "the leader lost its term though nothing happened to it"
+    );
     let followers: Vec<&Member> = members.iter().filter(|m| m.name != leader).collect();
     let (f1, f2) = (followers[0], followers[1]);
 
