@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{SECRET, job, node};
 use drover_proto::drover::cluster::v1 as pb;
+use drover_server::forward::{FORWARDED_HEADER, NOT_LEADER_HEADER};
 use drover_server::http::router;
 use drover_server::leader::Term;
 use drover_server::rpc::RpcOptions;
@@ -429,6 +430,46 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     eval_complete(&l.server, &again.eval_id).await;
     assert_eq!(alloc_ids(&l.server, "web"), placed, "no second placement");
 
+    // No second hop: a write another server forwarded to a follower is refused (503,
+    // marked so that the forwarding server looks for the leader again), and so is a
+    // forwarded node call.
+    let mut api_rpc = pb::api_client::ApiClient::connect(format!("http://{}", f2.rpc))
+        .await
+        .unwrap();
+    let body = serde_json::to_vec(&drover_server_api::JobRegisterRequest {
+        job: job("hop", 1, 100, 100),
+    })
+    .unwrap();
+    let mut head = api_rpc
+        .forward(authed(pb::ForwardRequest {
+            method: "PUT".into(),
+            path_and_query: "/v1/jobs".into(),
+            headers: [
+                ("content-type".to_owned(), "application/json".to_owned()),
+                (FORWARDED_HEADER.to_owned(), "elsewhere".to_owned()),
+            ]
+            .into(),
+            body,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let head = head.message().await.unwrap().unwrap();
+    assert_eq!(head.status, 503);
+    assert!(head.headers.contains_key(NOT_LEADER_HEADER), "{head:?}");
+    let mut hop = authed(pb::HeartbeatRequest {
+        node_id: "n1".into(),
+        node_secret: SECRET.into(),
+    });
+    hop.metadata_mut()
+        .insert(FORWARDED_HEADER, "elsewhere".parse().unwrap());
+    let err = f2.node_client().await.heartbeat(hop).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        l.server.job("hop").is_none(),
+        "the refused write was not made"
+    );
+
     // Server status from a follower.
     let status = f2.api().servers_status().await.unwrap().value;
     assert_eq!(status.this, f2.name);
@@ -458,6 +499,10 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     let t0 = Instant::now();
     old.shutdown().await;
     let new_leader = one_leader(&members, LEASE + Duration::from_secs(2)).await;
+    eprintln!(
+        "leader {leader} shut down: {new_leader} leads {:?} later",
+        t0.elapsed()
+    );
     assert!(
         t0.elapsed() <= LEASE + Duration::from_secs(3),
         "{:?}",
