@@ -264,6 +264,57 @@ async fn time_to_live(endpoint: &str, id: i64) -> i64 {
 }
 
 #[tokio::test]
+async fn after_etcd_restarts_the_next_leader_does_not_wait_for_the_old_lease() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let ttl = Duration::from_secs(8);
+    let a = store_at(&etcd.endpoint(), "/drover/", ttl).await;
+    let b = store_at(&etcd.endpoint(), "/drover/", ttl).await;
+    let term_a = within(
+        Duration::from_secs(10),
+        "a's campaign",
+        a.election().campaign(info("a")),
+    )
+    .await
+    .unwrap();
+    etcd.kill9();
+    within(
+        ttl + Duration::from_secs(2),
+        "a to give its term up while etcd is down",
+        term_a.lost.cancelled(),
+    )
+    .await;
+    etcd.start_again();
+    // etcd renews every lease's TTL when it comes back: a's old key would hold the
+    // election for another 8 s, had a not revoked its lost lease.
+    let started = std::time::Instant::now();
+    let term_b = within(ttl / 2, "b to lead soon after etcd came back", async {
+        loop {
+            match b.election().campaign(info("b")).await {
+                Ok(t) => break t,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await;
+    assert!(started.elapsed() < ttl / 2);
+    b.range("").await.unwrap();
+    assert!(
+        b.txn(term_b.fence.clone(), vec![put("job/b", "1")])
+            .await
+            .unwrap()
+            .succeeded
+    );
+    let r = a
+        .txn(term_a.fence.clone(), vec![put("job/a", "1")])
+        .await
+        .unwrap();
+    assert!(!r.succeeded, "a's old term is fenced off");
+    b.election().close().await;
+}
+
+#[tokio::test]
 async fn members_are_the_registered_servers_and_leave_on_close() {
     let Some(etcd) = shared() else { return };
     let prefix = etcd.unique_prefix();

@@ -45,7 +45,9 @@
 //!   gone, when no keepalive succeeded for a TTL (measured from the send of the last
 //!   answered one, so never later than etcd's own expiry), or when the key is deleted.
 //!   [`Election::close`] revokes the lease on shutdown, so another server takes over
-//!   at once.
+//!   at once; a lease given up for want of answers is revoked as soon as etcd answers
+//!   again (etcd renews every lease's TTL when it restarts, so the old election key
+//!   would otherwise hold the next leader back for a TTL).
 //! - Endpoints: `http://`, or `https://` with [`EtcdTls`] (etcd's CA, and a client
 //!   certificate for an etcd that checks them). A call goes to the endpoint
 //!   that answered last; reads move on to the next endpoint when one cannot be reached,

@@ -377,6 +377,48 @@ impl Election for EtcdElection {
 /// soon: conservative, by the local clock). A dead or stuck endpoint is left for the
 /// next one.
 async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at: Instant) {
+    if keep_alive_until_lost(&client, &lease, ttl, granted_at).await {
+        revoke_lost(&client, lease.id, ttl).await;
+    }
+}
+
+/// The lease was given up unanswered (etcd down, paused or cut off): revoke it once
+/// etcd answers again, so that its election key and registration go at once and the
+/// next leader need not wait for its expiry (etcd renews every lease's TTL when it
+/// restarts or elects a new raft leader). Tries for three TTLs at most.
+async fn revoke_lost(client: &Client, id: i64, ttl: Duration) {
+    let until = Instant::now() + ttl * 3;
+    while Instant::now() < until {
+        let r = client
+            .unary(
+                "revoke of a lost lease",
+                Retry::Idempotent,
+                |ch| async move {
+                    client::lease(ch)
+                        .lease_revoke(pb::LeaseRevokeRequest { id })
+                        .await
+                },
+            )
+            .await;
+        match r {
+            Ok(_) => {
+                tracing::info!(lease = format!("{id:x}"), "revoked the lost etcd lease");
+                return;
+            }
+            Err(e) if lease_not_found(&e.to_string()) => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Keepalives until the lease is lost; `true` when it was given up for want of
+/// answers (rather than etcd saying it is gone, or a revoke/close).
+async fn keep_alive_until_lost(
+    client: &Client,
+    lease: &Lease,
+    ttl: Duration,
+    granted_at: Instant,
+) -> bool {
     let period = (ttl / 3).max(Duration::from_millis(300));
     // The lease lives at least until the send of the last answered request + TTL;
     // give the term up a little before that (timers fire late by up to a tick, a
@@ -390,7 +432,7 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
     };
     loop {
         if lease.lost.is_cancelled() {
-            return;
+            return false;
         }
         let (i, url, ch) = client.current();
         let (tx, rx) = mpsc::channel::<pb::LeaseKeepAliveRequest>(4);
@@ -401,8 +443,8 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
         let mut lc = client::lease(ch);
         let opened = tokio::select! {
             r = tokio::time::timeout(client.timeout(), lc.lease_keep_alive(ReceiverStream::new(rx))) => r,
-            _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return; }
-            _ = lease.lost.cancelled() => return,
+            _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return true; }
+            _ = lease.lost.cancelled() => return false,
         };
         let mut stream = match opened {
             Ok(Ok(r)) => r.into_inner(),
@@ -411,8 +453,8 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                 tracing::warn!(endpoint = url, error = %client::describe(&st), "etcd lease keepalive: reconnecting");
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
-                    _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return; }
-                    _ = lease.lost.cancelled() => return,
+                    _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return true; }
+                    _ = lease.lost.cancelled() => return false,
                 }
                 pause = (pause * 2).min(period);
                 continue;
@@ -426,10 +468,10 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = lease.lost.cancelled() => return,
+                _ = lease.lost.cancelled() => return false,
                 _ = tokio::time::sleep_until(alive_from + deadline) => {
                     lost("no keepalive answered for its TTL");
-                    return;
+                    return true;
                 }
                 _ = tick.tick() => {
                     // Never wait here: a dead connection stops taking requests, and
@@ -449,7 +491,7 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                         let at = sent.pop_front();
                         if r.ttl <= 0 {
                             lost("etcd says the lease is gone");
-                            return;
+                            return false;
                         }
                         if let Some(at) = at {
                             alive_from = alive_from.max(at);
