@@ -10,6 +10,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/plugin/grpc_controller.proto",
         "proto/plugin/grpc_stdio.proto",
         "proto/plugin/grpc_broker.proto",
+        // etcd's v3 API (trimmed copies, etcd's names and numbers) for the server's
+        // etcd store.
+        "proto/etcd/api/mvccpb/kv.proto",
+        "proto/etcd/api/etcdserverpb/rpc.proto",
+        "proto/etcd/api/v3electionpb/v3election.proto",
     ];
     // protox and tonic-prost-build emit no rerun-if-changed; without this Cargo reruns
     // the script on any change in the package.

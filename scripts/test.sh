@@ -2,7 +2,8 @@
 # The whole Drover test suite, on a fresh machine: installs what the tests need if it
 # is missing, builds every workspace binary (the end-to-end tests launch the real
 # plugin binaries), starts a private Docker daemon for the docker driver's tests, then
-# runs every test. Under CI=true a missing component fails.
+# starts a private etcd for the etcd store's tests, then runs every test. Under
+# CI=true a missing component fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,8 @@ command -v go >/dev/null || need_pkgs+=(golang-go)
 command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
 # The cluster's TLS tests make their CA and certificates with the openssl tool.
 command -v openssl >/dev/null || need_pkgs+=(openssl)
+# The etcd store's tests (and the HA tests) run a real etcd: Debian's etcd-server.
+command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need_pkgs+=(etcd-server)
 if ((${#need_pkgs[@]})); then
     if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2
@@ -34,6 +37,19 @@ fi
 DOCKER_DIR="$PWD/target/drover-test-docker"
 DOCKER_IMAGE="drover-test/busybox:latest"
 DOCKERD_PID=""
+
+# --- etcd: one private etcd (own data dir under target/, free 127.0.0.1 ports) for
+# the tests that share one (`drover_test_support::etcd::shared`, each under a key
+# prefix of its own), announced in DROVER_TEST_ETCD_ENDPOINT; tests that kill or
+# compact etcd start their own. It is stopped by pid when this script exits.
+ETCD_DIR="$PWD/target/drover-test-etcd"
+ETCD_PID=""
+
+cleanup() {
+    stop_dockerd
+    stop_etcd
+}
+trap cleanup EXIT
 
 # dockerd can leave mounts under its dirs (its default netns bind mount, its data
 # root): unmount them, deepest first, so that the dirs can be removed.
@@ -96,7 +112,6 @@ start_dockerd() {
         --userland-proxy=false \
         >"$DOCKER_DIR/dockerd.log" 2>&1 &
     DOCKERD_PID=$!
-    trap stop_dockerd EXIT
     local docker=(docker -H "unix://$sock")
     for _ in $(seq 1 300); do
         if [ -S "$sock" ] && "${docker[@]}" version >/dev/null 2>&1; then
@@ -134,6 +149,90 @@ start_dockerd() {
     echo "private dockerd (pid $DOCKERD_PID) at $DROVER_TEST_DOCKER_HOST with image $DOCKER_IMAGE" >&2
 }
 
+stop_etcd() {
+    [ -n "$ETCD_PID" ] || return 0
+    kill -TERM "$ETCD_PID" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        kill -0 "$ETCD_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$ETCD_PID" 2>/dev/null || true
+    wait "$ETCD_PID" 2>/dev/null || true
+    ETCD_PID=""
+}
+
+# Something listens on 127.0.0.1:$1.
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+    local p
+    for _ in $(seq 1 100); do
+        p=$((20000 + RANDOM % 40000))
+        port_in_use "$p" || { echo "$p"; return 0; }
+    done
+    return 1
+}
+
+# etcd at 127.0.0.1:$1 says it is healthy.
+etcd_healthy() {
+    local reply
+    reply=$( (exec 3<>"/dev/tcp/127.0.0.1/$1" &&
+        printf 'GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3 &&
+        timeout 2 cat <&3) 2>/dev/null) || return 1
+    [[ "$reply" == *'"health":"true"'* ]]
+}
+
+start_etcd() {
+    local etcd_bin
+    etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
+    if [ ! -x "$etcd_bin" ]; then
+        if [ "${CI:-}" = "true" ]; then
+            echo "etcd tests cannot run: no etcd binary (CI=true: this is a failure)" >&2
+            exit 1
+        fi
+        echo "# SKIPPING the shared etcd: no etcd binary (tests start their own or skip loudly)" >&2
+        return 0
+    fi
+    rm -rf "$ETCD_DIR"
+    mkdir -p "$ETCD_DIR"
+    local attempt client peer
+    # A port picked free can be taken before etcd binds it: try again on others.
+    for attempt in 1 2 3 4 5; do
+        client=$(free_port) && peer=$(free_port) || break
+        [ "$client" != "$peer" ] || continue
+        "$etcd_bin" \
+            --name drover-test \
+            --data-dir "$ETCD_DIR/data" \
+            --listen-client-urls "http://127.0.0.1:$client" \
+            --advertise-client-urls "http://127.0.0.1:$client" \
+            --listen-peer-urls "http://127.0.0.1:$peer" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+            --initial-cluster "drover-test=http://127.0.0.1:$peer" \
+            --initial-cluster-state new \
+            --log-level warn \
+            >"$ETCD_DIR/etcd.$attempt.log" 2>&1 &
+        ETCD_PID=$!
+        for _ in $(seq 1 300); do
+            etcd_healthy "$client" && break
+            kill -0 "$ETCD_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        if etcd_healthy "$client"; then
+            export DROVER_TEST_ETCD_ENDPOINT="http://127.0.0.1:$client"
+            echo "private etcd (pid $ETCD_PID) at $DROVER_TEST_ETCD_ENDPOINT" >&2
+            return 0
+        fi
+        tail -n 20 "$ETCD_DIR/etcd.$attempt.log" >&2
+        stop_etcd
+        rm -rf "$ETCD_DIR/data"
+    done
+    if [ "${CI:-}" = "true" ]; then
+        echo "the private etcd did not start (log above; CI=true: this is a failure)" >&2
+        exit 1
+    fi
+    echo "# SKIPPING the shared etcd: it did not start (log above); tests start their own" >&2
+}
+
 # The exec and java drivers' tests contain tasks for real: root, cgroups, namespaces.
 # They skip loudly without them on a laptop; under CI=true that is a failure.
 if [ "${CI:-}" = "true" ]; then
@@ -156,4 +255,5 @@ cargo build --workspace --bins --locked
 # doc comment fails the suite.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 start_dockerd
+start_etcd
 cargo test --workspace --locked "$@"

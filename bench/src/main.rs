@@ -3,7 +3,8 @@
 //! `cargo run --release -p drover-bench -- docker-start [--count N] [--docker-host URL]`
 //! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
 //! `cargo run --release -p drover-bench -- rawexec-start [--iterations N]` (as root)
-//! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]`
+//! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
+//!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
 //!
 //! Launches the rawexec plugin N times and measures launch → handshake → health →
 //! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
@@ -82,8 +83,9 @@ enum Bench {
         #[arg(long, default_value_t = 200)]
         iterations: usize,
     },
-    /// Placements per second of an in-process server (real redb store, simulated
-    /// nodes), store commits included, against the store's own commit rate.
+    /// Placements per second of an in-process server (real redb store, then the etcd
+    /// store; simulated nodes), store commits included, against each store's own
+    /// commit rate.
     Schedule {
         /// Simulated nodes.
         #[arg(long, default_value_t = 5000)]
@@ -100,6 +102,13 @@ enum Bench {
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
+        /// The stores to measure, one after the other.
+        #[arg(long, value_enum, default_value_t = schedule::Stores::Both)]
+        stores: schedule::Stores,
+        /// etcd endpoints for the etcd store's run (`http://HOST:PORT`, comma
+        /// separated); default: start a private etcd.
+        #[arg(long, value_delimiter = ',')]
+        etcd_endpoints: Option<Vec<String>>,
     },
     /// From submitting jobs to every allocation reported running by simulated clients
     /// over gRPC (in-process server, real store), against placement alone.
@@ -179,6 +188,8 @@ fn main() -> anyhow::Result<()> {
             jobs,
             workers,
             timeout_secs,
+            stores,
+            etcd_endpoints,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -190,6 +201,8 @@ fn main() -> anyhow::Result<()> {
                 jobs,
                 workers,
                 timeout: std::time::Duration::from_secs(timeout_secs),
+                stores,
+                etcd_endpoints,
             }))
         }
         Bench::Cluster {

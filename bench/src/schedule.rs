@@ -8,6 +8,11 @@
 //! the same number of allocation documents committed straight to a fresh store in
 //! transactions of one job's size (the store's own ceiling for this work), and the
 //! latency of a one-key commit.
+//!
+//! Then the same on the etcd store (`--stores both`, the default): a private etcd
+//! (`/usr/bin/etcd`, data dir in a temp dir) unless `--etcd-endpoints` names one (the
+//! bench then works under a prefix of its own and deletes it afterwards), and the
+//! ratio of the two placement rates.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use drover_server::store::{Op, Store};
-use drover_server::{RedbStore, Server, ServerConfig};
+use drover_server::{EtcdOptions, EtcdStore, RedbStore, Server, ServerConfig};
 use drover_server_api::{
     AllocResources, Allocation, ClientStatus, DesiredStatus, DriverInfo, JobSpec, JobType,
     NodeRegistration, NodeResources, Task, TaskGroup, TaskResources,
@@ -28,6 +33,8 @@ pub(crate) struct Options {
     pub jobs: usize,
     pub workers: Option<usize>,
     pub timeout: Duration,
+    pub stores: Stores,
+    pub etcd_endpoints: Option<Vec<String>>,
 }
 
 fn node(i: usize) -> NodeRegistration {
@@ -89,21 +96,170 @@ fn job(i: usize, count: u32) -> JobSpec {
     }
 }
 
+/// Which stores `schedule` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Stores {
+    /// The embedded store and the etcd store, one after the other.
+    Both,
+    /// The embedded (redb) store only.
+    Embedded,
+    /// The etcd store only.
+    Etcd,
+}
+
+/// One store's run.
+struct Placement {
+    placed: usize,
+    rate: f64,
+}
+
 pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
     if o.nodes == 0 || o.jobs == 0 || o.allocs < o.jobs {
         bail!("--nodes and --jobs must be at least 1, --allocs at least --jobs");
     }
+    // Jobs: counts adding up to --allocs.
+    let base = o.allocs / o.jobs;
+    let counts: Vec<u32> = (0..o.jobs)
+        .map(|i| (base + usize::from(i < o.allocs % o.jobs)) as u32)
+        .collect();
+    let doc = serde_json::to_vec(&sample_alloc())?;
+
+    let mut embedded = None;
+    if o.stores != Stores::Etcd {
+        let dir = tempfile::tempdir()?;
+        let data_dir = dir.path().join("server");
+        let store = RedbStore::open(&data_dir).context("open the store")?;
+        embedded = Some(
+            place(
+                &o,
+                &counts,
+                &data_dir,
+                Arc::new(store),
+                "embedded (redb) store",
+            )
+            .await?,
+        );
+        let bdir = tempfile::tempdir()?;
+        let store = RedbStore::open(bdir.path())?;
+        baseline(&store, &counts, &doc).await?;
+    }
+    if o.stores == Stores::Embedded {
+        return Ok(());
+    }
+
+    // etcd: the endpoints given, or a private etcd in a temp dir.
+    let mut own = None;
+    let endpoints = match &o.etcd_endpoints {
+        Some(e) => e.clone(),
+        None => match drover_test_support::etcd::Etcd::start() {
+            Some(e) => {
+                let ep = vec![e.endpoint()];
+                println!(
+                    "etcd: a private {} (pid {}) at {}, data dir in a temp dir",
+                    drover_test_support::etcd::etcd_bin()
+                        .map(|b| b.display().to_string())
+                        .unwrap_or_default(),
+                    e.pid().unwrap_or(0),
+                    ep[0]
+                );
+                own = Some(e);
+                ep
+            }
+            None => bail!(
+                "no etcd binary for the etcd store's run (install etcd-server or give --etcd-endpoints)"
+            ),
+        },
+    };
+    let run_id = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    );
+    let prefix = format!("/drover-bench-{run_id}/");
+    let mut options = EtcdOptions::new(endpoints.clone());
+    options.prefix = prefix.clone();
+    let store = EtcdStore::connect(options.clone())
+        .await
+        .with_context(|| format!("connect to etcd at {endpoints:?}"))?;
     let dir = tempfile::tempdir()?;
-    let mut cfg = ServerConfig::new(dir.path().join("server"));
+    let etcd = place(
+        &o,
+        &counts,
+        &dir.path().join("server"),
+        Arc::new(store),
+        "etcd store",
+    )
+    .await;
+    let bprefix = format!("/drover-bench-{run_id}-baseline/");
+    let base_result = async {
+        let mut options = options.clone();
+        options.prefix = bprefix.clone();
+        let store = EtcdStore::connect(options).await?;
+        baseline(&store, &counts, &doc).await
+    }
+    .await;
+    if own.is_none() {
+        // Someone else's etcd: leave nothing behind.
+        for p in [&prefix, &bprefix] {
+            if let Err(e) = delete_prefix(&endpoints[0], p).await {
+                println!("  WARNING: could not delete the bench's keys under {p}: {e:#}");
+            }
+        }
+    }
+    drop(own);
+    let etcd = etcd?;
+    base_result?;
+    if let Some(e) = embedded
+        && e.placed > 0
+        && etcd.placed > 0
+    {
+        println!(
+            "etcd store / embedded store: {:.0} / {:.0} placements/s = {:.2}",
+            etcd.rate,
+            e.rate,
+            etcd.rate / e.rate
+        );
+    }
+    Ok(())
+}
+
+/// Delete every key under `prefix` (the bench's keys on an etcd it did not start).
+async fn delete_prefix(endpoint: &str, prefix: &str) -> anyhow::Result<()> {
+    use drover_proto::etcd::etcdserverpb::{DeleteRangeRequest, kv_client::KvClient};
+    let mut c = KvClient::connect(endpoint.to_owned()).await?;
+    let key = prefix.as_bytes().to_vec();
+    let mut end = key.clone();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    c.delete_range(DeleteRangeRequest {
+        key,
+        range_end: end,
+    })
+    .await?;
+    Ok(())
+}
+
+/// Start a server on `store`, register the nodes, submit the jobs, wait until every
+/// allocation is placed; print and return the rate.
+async fn place(
+    o: &Options,
+    counts: &[u32],
+    data_dir: &std::path::Path,
+    store: Arc<dyn Store>,
+    what: &str,
+) -> anyhow::Result<Placement> {
+    let mut cfg = ServerConfig::new(data_dir.to_path_buf());
     // Nobody heartbeats here: no node may go down during the run.
     cfg.heartbeat_ttl = Duration::from_secs(3600);
     if let Some(w) = o.workers {
         cfg.workers = w;
     }
     let workers = cfg.workers;
-    let store = RedbStore::open(&cfg.data_dir).context("open the store")?;
     let shutdown = CancellationToken::new();
-    let server = Server::start(cfg, Arc::new(store), shutdown.clone()).await?;
+    let server = Server::start(cfg, store, shutdown.clone()).await?;
 
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
@@ -125,11 +281,6 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
     }
     let register = t.elapsed();
 
-    // Jobs: counts adding up to --allocs.
-    let base = o.allocs / o.jobs;
-    let counts: Vec<u32> = (0..o.jobs)
-        .map(|i| (base + usize::from(i < o.allocs % o.jobs)) as u32)
-        .collect();
     let before = server.stats();
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
@@ -155,7 +306,7 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
         }
         if t.elapsed() > o.timeout {
             bail!(
-                "only {placed} of {} allocations placed after {:?}",
+                "{what}: only {placed} of {} allocations placed after {:?}",
                 o.allocs,
                 o.timeout
             );
@@ -171,8 +322,11 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
     drop(server);
 
     println!(
-        "schedule benchmark: {} nodes, {} jobs x ~{base} allocations = {} allocations, {workers} workers, redb store",
-        o.nodes, o.jobs, o.allocs
+        "schedule benchmark, {what}: {} nodes, {} jobs x ~{} allocations = {} allocations, {workers} workers",
+        o.nodes,
+        o.jobs,
+        o.allocs / o.jobs,
+        o.allocs
     );
     println!(
         "  {} nodes registered in {:.2} s ({:.0} registrations/s, one commit each)",
@@ -180,6 +334,7 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
         register.as_secs_f64(),
         o.nodes as f64 / register.as_secs_f64()
     );
+    let rate = placed as f64 / elapsed.as_secs_f64();
     if placed == 0 {
         println!(
             "  NOTHING PLACED: every evaluation completed without a placement. This build's \
@@ -189,10 +344,9 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
     } else {
         println!(
             "  placed {placed} allocations in {:.2} s from the first submit (submits took {:.2} s): \
-             {:.0} placements/s, store commits included; index {} -> {}",
+             {rate:.0} placements/s, store commits included; index {} -> {}",
             elapsed.as_secs_f64(),
             submitted.as_secs_f64(),
-            placed as f64 / elapsed.as_secs_f64(),
             before.index,
             stats.index
         );
@@ -204,21 +358,24 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(Placement { placed, rate })
+}
 
-    // Baseline: the store alone, same documents, same transaction size, fresh file.
-    let bdir = tempfile::tempdir()?;
-    let store = RedbStore::open(bdir.path())?;
-    let doc = serde_json::to_vec(&sample_alloc())?;
+/// The store alone, same documents, same transaction size, fresh store.
+async fn baseline(store: &dyn Store, counts: &[u32], doc: &[u8]) -> anyhow::Result<()> {
     let t = Instant::now();
     let mut written = 0;
     for (j, c) in counts.iter().enumerate() {
         let ops = (0..*c)
             .map(|i| Op::Put {
                 key: format!("alloc/{j:08}-{i:08}-0000-4000-8000-000000000000"),
-                value: doc.clone(),
+                value: doc.to_vec(),
             })
             .collect();
-        store.txn(Vec::new(), ops).await?;
+        let r = store.txn(Vec::new(), ops).await?;
+        if !r.succeeded {
+            bail!("baseline commit {j} refused by the {} store", store.kind());
+        }
         written += *c as usize;
     }
     let bulk = t.elapsed();
@@ -230,15 +387,16 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
                 Vec::new(),
                 vec![Op::Put {
                     key: format!("node/{i}"),
-                    value: doc.clone(),
+                    value: doc.to_vec(),
                 }],
             )
             .await?;
     }
     let single = t.elapsed() / n;
     println!(
-        "  baseline (store alone): {written} allocation documents ({} bytes each) in {} txns: \
+        "  baseline ({} store alone): {written} allocation documents ({} bytes each) in {} txns: \
          {:.0} docs/s in {:.2} s; one-key commit {:.2} ms ({:.0} commits/s)",
+        store.kind(),
         doc.len(),
         counts.len(),
         written as f64 / bulk.as_secs_f64(),

@@ -2,6 +2,7 @@
 //!
 //! - [`drover::plugin::v1`]: Drover's own `BasePlugin` and `Driver` services.
 //! - [`drover::cluster::v1`]: the cluster protocol between client agents and servers.
+//! - [`etcd`]: etcd's v3 API (KV, Watch, Lease, Maintenance, Election), trimmed.
 //! - [`goplugin`]: HashiCorp go-plugin's `plugin` package (`GRPCController`,
 //!   `GRPCStdio`, `GRPCBroker`), byte-for-byte wire compatible.
 //!
@@ -24,6 +25,24 @@ pub mod drover {
         pub mod v1 {
             tonic::include_proto!("drover.cluster.v1");
         }
+    }
+}
+
+/// etcd's v3 API as the server's etcd store uses it: trimmed copies of etcd's own
+/// `.proto` files (same packages, names and field numbers), so these speak etcd's wire
+/// protocol; fields we do not use are left out and skipped on decode.
+pub mod etcd {
+    /// `mvccpb`: keys and watch events.
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    /// `etcdserverpb`: the KV, Watch, Lease and Maintenance services.
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    /// `v3electionpb`: the Election service.
+    pub mod v3electionpb {
+        tonic::include_proto!("v3electionpb");
     }
 }
 

@@ -14,10 +14,10 @@ use crate::scheduler::StateView;
 use crate::server::{Core, new_eval, set_eval_status};
 use crate::state::Batch;
 
-pub(crate) async fn run(core: Arc<Core>) {
+pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
     loop {
         tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = core.unblock.notified() => {}
         }
         if let Err(e) = unblock_all(&core).await {

@@ -41,6 +41,38 @@ pub struct ServerConfig {
     pub alloc_gc_threshold: Duration,
     /// Nodes `down` for longer than this, with no allocation left, are deleted.
     pub node_gc_threshold: Duration,
+    /// How a follower reaches the leader to forward writes to it.
+    pub forward: ForwardOptions,
+}
+
+/// How a follower authenticates to the leader when it forwards writes (HTTP writes
+/// over the leader's `Api.Forward`, node RPCs to its `Node` service).
+#[derive(Clone, Default)]
+pub struct ForwardOptions {
+    /// The cluster token (the server's own), sent with every forwarded call.
+    pub token: Option<String>,
+    /// TLS towards the other servers, when their listeners speak it.
+    pub tls: Option<ForwardTls>,
+}
+
+/// TLS towards the other servers.
+#[derive(Debug, Clone)]
+pub struct ForwardTls {
+    /// CA (PEM) the other servers' certificates chain to.
+    pub ca_file: PathBuf,
+    /// Certificate and key (PEM) this server presents (servers that require client
+    /// certificates): its own.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl std::fmt::Debug for ForwardOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("ForwardOptions")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl ServerConfig {
@@ -57,6 +89,7 @@ impl ServerConfig {
             gc_interval: Duration::from_secs(60),
             alloc_gc_threshold: Duration::from_secs(3600),
             node_gc_threshold: Duration::from_secs(24 * 3600),
+            forward: ForwardOptions::default(),
         }
     }
 }

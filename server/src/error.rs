@@ -25,4 +25,36 @@ pub enum ServerError {
     /// The server is shutting down or not serving (HTTP 503, gRPC UNAVAILABLE).
     #[error("{0}")]
     Unavailable(String),
+    /// This server does not lead: writes go to the leader (HTTP 503, gRPC UNAVAILABLE;
+    /// the API layers forward writes before they get here, so a caller sees this only
+    /// when leadership moved in between: retry).
+    #[error("{NOT_LEADER_PREFIX}{}", match leader {
+        Some(l) => format!("the leader is {l}; retry"),
+        None => "no leader is elected at the moment; retry".to_owned(),
+    })]
+    NotLeader {
+        /// The leader as this server knows it (`name (rpc address)`), if any.
+        leader: Option<String>,
+    },
+    /// This server led, but the store refused its commit because its term is over
+    /// (its lease expired or was revoked, another server leads now). Nothing was
+    /// committed; the server stepped down (HTTP 503, gRPC UNAVAILABLE).
+    #[error("{LEADERSHIP_LOST_PREFIX}{0}")]
+    LeadershipLost(String),
+}
+
+/// How a [`ServerError::NotLeader`] message starts (the HTTP layer marks such answers,
+/// so that a forwarding server knows to look for the leader again).
+pub const NOT_LEADER_PREFIX: &str = "this server is not the leader: ";
+/// How a [`ServerError::LeadershipLost`] message starts.
+pub const LEADERSHIP_LOST_PREFIX: &str = "leadership lost, nothing was committed: ";
+
+impl ServerError {
+    /// Leadership is elsewhere (or being elected): the request belongs to the leader.
+    pub fn is_not_leader(&self) -> bool {
+        matches!(
+            self,
+            ServerError::NotLeader { .. } | ServerError::LeadershipLost(_)
+        )
+    }
 }

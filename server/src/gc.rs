@@ -30,11 +30,11 @@ pub(crate) const MAX_DELETIONS_PER_COMMIT: usize = 10_000;
 /// Terminal allocations kept per job at least, whatever its count.
 const MIN_KEPT_PER_JOB: usize = 10;
 
-pub(crate) async fn run(core: Arc<Core>) {
+pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
     let period = core.config.gc_interval.max(Duration::from_millis(10));
     loop {
         tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
         // A backlog bigger than one commit is taken at once, commit after commit.

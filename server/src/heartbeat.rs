@@ -208,7 +208,7 @@ fn check_registration(reg: &NodeRegistration) -> Result<(), ServerError> {
     Ok(())
 }
 
-pub(crate) async fn run(core: Arc<Core>) {
+pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
     loop {
         let changed = core.timers_changed.notified();
         tokio::pin!(changed);
@@ -221,7 +221,7 @@ pub(crate) async fn run(core: Arc<Core>) {
             }
         };
         tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = changed => continue,
             _ = sleep => {}
         }

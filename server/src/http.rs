@@ -29,7 +29,8 @@ use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::ServerError;
+use crate::error::{LEADERSHIP_LOST_PREFIX, NOT_LEADER_PREFIX, ServerError};
+use crate::forward::{FORWARDED_HEADER, Forwarded};
 use crate::server::Server;
 
 /// Largest request body accepted: a job file is a few KiB; this leaves room for big
@@ -67,7 +68,9 @@ impl From<ServerError> for ApiError {
             ServerError::Conflict(_) => StatusCode::CONFLICT,
             ServerError::Denied(_) => StatusCode::FORBIDDEN,
             ServerError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ServerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::Unavailable(_)
+            | ServerError::NotLeader { .. }
+            | ServerError::LeadershipLost(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError(code, e.to_string())
     }
@@ -75,7 +78,12 @@ impl From<ServerError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+        // A write that reached a server which does not lead (any more): marked, so
+        // that a forwarding follower looks for the leader again.
+        let not_leader = self.0 == StatusCode::SERVICE_UNAVAILABLE
+            && (self.1.starts_with(NOT_LEADER_PREFIX)
+                || self.1.starts_with(LEADERSHIP_LOST_PREFIX));
+        crate::forward::error_response(self.0.as_u16(), &self.1, not_leader)
     }
 }
 
@@ -127,6 +135,8 @@ pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
         .route("/v1/evaluations", get(list_evaluations))
         .route("/v1/evaluation/{id}", get(get_evaluation))
         .route("/v1/client/fs/logs/{id}", get(alloc_logs_elsewhere))
+        .route("/v1/status/servers", get(servers_status))
+        .route("/v1/status/leader", get(leader_status))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
         .method_not_allowed_fallback(|req: Request| async move {
             ApiError(
@@ -138,6 +148,10 @@ pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
         .layer(axum::middleware::map_response_with_state(
             api.clone(),
             with_index,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            forward_writes,
         ))
         .with_state(api);
     match token {
@@ -156,6 +170,86 @@ async fn with_index(State(api): State<Api>, mut resp: Response) -> Response {
             .insert(INDEX_HEADER, HeaderValue::from(api.server.index()));
     }
     resp
+}
+
+/// Request headers not passed on to the leader: hop-by-hop ones, and the token (the
+/// forward carries this server's own).
+const NOT_FORWARDED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "proxy-connection",
+    "host",
+    "content-length",
+    TOKEN_HEADER,
+    FORWARDED_HEADER,
+];
+
+/// Writes (every method but GET and HEAD) reaching a follower go to the leader; its
+/// answer is this answer. A write another server forwarded here is not forwarded
+/// again (503, marked: that server looks for the leader anew).
+async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Response {
+    let method = req.method();
+    if method == http::Method::GET || method == http::Method::HEAD || api.server.is_leader() {
+        return next.run(req).await;
+    }
+    if let Some(by) = req.headers().get(FORWARDED_HEADER) {
+        let by = String::from_utf8_lossy(by.as_bytes()).into_owned();
+        return ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::NotLeader { leader: None }.to_string().replace(
+                "no leader is elected at the moment",
+                &format!(
+                    "server {by} forwarded this write here, but this server does not lead either"
+                ),
+            ),
+        )
+        .into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "request body larger than {} MiB (or cut short)",
+                    MAX_BODY_BYTES / (1024 * 1024)
+                ),
+            )
+            .into_response();
+        }
+    };
+    let mut headers = std::collections::HashMap::new();
+    for (name, value) in &parts.headers {
+        if NOT_FORWARDED.contains(&name.as_str()) {
+            continue;
+        }
+        let Ok(value) = value.to_str() else { continue };
+        headers
+            .entry(name.as_str().to_owned())
+            .and_modify(|v: &mut String| {
+                v.push_str(", ");
+                v.push_str(value);
+            })
+            .or_insert_with(|| value.to_owned());
+    }
+    let request = drover_proto::drover::cluster::v1::ForwardRequest {
+        method: parts.method.to_string(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned()),
+        headers,
+        body: bytes.to_vec(),
+    };
+    match api.server.forward_http(request).await {
+        Forwarded::Remote(resp) => resp,
+        // This server leads now: serve it here.
+        Forwarded::Local => next.run(Request::from_parts(parts, bytes.into())).await,
+    }
 }
 
 /// Equal bytes, in time that depends only on the lengths: a wrong token's answer must
@@ -510,6 +604,18 @@ async fn alloc_logs_elsewhere(State(api): State<Api>, Path(id): Path<String>) ->
             alloc.id, alloc.node_name, alloc.node_id
         ),
     ))
+}
+
+// --- status -----------------------------------------------------------------------
+
+async fn servers_status(State(api): State<Api>) -> ApiResult {
+    let index = api.server.index();
+    answer(index, api.server.servers_status().await)
+}
+
+async fn leader_status(State(api): State<Api>) -> ApiResult {
+    let index = api.server.index();
+    answer(index, api.server.leader_status()?)
 }
 
 // --- serving ----------------------------------------------------------------------

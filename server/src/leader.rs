@@ -77,6 +77,22 @@ pub trait Election: Send + Sync + 'static {
 
     /// How long a leader that stopped renewing stays leader at most (the lease TTL).
     fn lease_ttl(&self) -> std::time::Duration;
+
+    /// Give up leadership now if this server leads: its term's `lost` fires and
+    /// another server's campaign can win at once. A later [`Election::campaign`]
+    /// starts afresh. Errors are logged (the lease's expiry ends the term anyway).
+    fn resign(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    /// The server is shutting down: resign and end its registration at once (etcd:
+    /// revoke its lease), so that another server takes over without waiting for the
+    /// lease TTL. Call it once, after the leader loops stopped and before exiting;
+    /// afterwards [`Election::register`] returns `Ok(())` and
+    /// [`Election::campaign`] fails.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The embedded store's election: the one server always leads, with no fence (no

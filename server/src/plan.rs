@@ -70,10 +70,14 @@ impl PlanResult {
 
 /// The applier loop: takes every plan waiting (up to [`MAX_PLANS_PER_COMMIT`]) and
 /// commits them together.
-pub(crate) async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<PlanRequest>) {
+pub(crate) async fn run(
+    core: Arc<Core>,
+    mut rx: mpsc::Receiver<PlanRequest>,
+    stop: tokio_util::sync::CancellationToken,
+) {
     loop {
         let first = tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             r = rx.recv() => match r {
                 Some(r) => r,
                 None => return,

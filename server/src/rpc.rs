@@ -29,6 +29,7 @@ use tonic::{Request, Response, Status};
 use tower::ServiceExt as _;
 
 use crate::error::ServerError;
+use crate::forward::{FORWARDED_HEADER, Forwarded};
 use crate::server::Server;
 
 /// How the RPC listener authenticates, encrypts and bounds its connections.
@@ -111,7 +112,16 @@ pub fn status_from(e: ServerError) -> Status {
         ServerError::Denied(m) => Status::permission_denied(m),
         e @ ServerError::Store(_) => Status::unavailable(e.to_string()),
         ServerError::Unavailable(m) => Status::unavailable(m),
+        e @ (ServerError::NotLeader { .. } | ServerError::LeadershipLost(_)) => {
+            Status::unavailable(e.to_string())
+        }
     }
+}
+
+/// `msg` with the metadata (token, forwarded mark, timeout) of `req`.
+fn with<T>(req: Request<()>, msg: T) -> Request<T> {
+    let (metadata, extensions, ()) = req.into_parts();
+    Request::from_parts(metadata, extensions, msg)
 }
 
 /// Equal without leaking, through timing, how long a common prefix is.
@@ -168,16 +178,67 @@ struct NodeRpc {
     shutdown: CancellationToken,
 }
 
+impl NodeRpc {
+    /// A write on a follower goes to the leader (the node's secret passes through;
+    /// the leader checks it): its answer, or `None` when this server leads and
+    /// handles it. A call another server forwarded here is not forwarded again.
+    async fn to_leader<M, R>(
+        &self,
+        forwarded: bool,
+        msg: &M,
+        call: impl Fn(
+            pb::node_client::NodeClient<tonic::transport::Channel>,
+            Request<M>,
+        ) -> crate::store::BoxFuture<'static, Result<Response<R>, Status>>,
+    ) -> Option<Result<Response<R>, Status>>
+    where
+        M: Clone,
+    {
+        if self.server.is_leader() {
+            return None;
+        }
+        if forwarded {
+            return Some(Err(Status::unavailable(format!(
+                "{}another server forwarded this call here, but this server does not \
+                 lead either; retry",
+                crate::error::NOT_LEADER_PREFIX
+            ))));
+        }
+        match self
+            .server
+            .forward_node(|client, req| call(client, with(req, msg.clone())))
+            .await
+        {
+            Forwarded::Local => None,
+            Forwarded::Remote(r) => Some(r),
+        }
+    }
+}
+
+fn is_forwarded<T>(request: &Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED_HEADER)
+}
+
 #[tonic::async_trait]
 impl Node for NodeRpc {
     async fn register(
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let forwarded = is_forwarded(&request);
+        let msg = request.into_inner();
+        if let Some(r) = self
+            .to_leader(forwarded, &msg, |mut c, req| {
+                Box::pin(async move { c.register(req).await })
+            })
+            .await
+        {
+            return r;
+        }
         let pb::RegisterRequest {
             node_json,
             node_secret,
-        } = request.into_inner();
+        } = msg;
         let registration: NodeRegistration = decode("node_json", &node_json)?;
         if registration.id.is_empty() {
             return Err(Status::invalid_argument("node_json: id is empty"));
@@ -199,10 +260,20 @@ impl Node for NodeRpc {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let forwarded = is_forwarded(&request);
+        let msg = request.into_inner();
+        if let Some(r) = self
+            .to_leader(forwarded, &msg, |mut c, req| {
+                Box::pin(async move { c.heartbeat(req).await })
+            })
+            .await
+        {
+            return r;
+        }
         let pb::HeartbeatRequest {
             node_id,
             node_secret,
-        } = request.get_ref();
+        } = &msg;
         if node_id.is_empty() {
             return Err(Status::invalid_argument("node_id is empty"));
         }
@@ -258,11 +329,27 @@ impl Node for NodeRpc {
         &self,
         request: Request<pb::UpdateAllocationsRequest>,
     ) -> Result<Response<pb::UpdateAllocationsResponse>, Status> {
+        let forwarded = is_forwarded(&request);
+        let msg = request.into_inner();
+        if updates_too_many(&msg) {
+            return Err(Status::invalid_argument(format!(
+                "updates_json: {} updates in one call, at most {MAX_UPDATE_BATCH}",
+                msg.updates_json.len()
+            )));
+        }
+        if let Some(r) = self
+            .to_leader(forwarded, &msg, |mut c, req| {
+                Box::pin(async move { c.update_allocations(req).await })
+            })
+            .await
+        {
+            return r;
+        }
         let pb::UpdateAllocationsRequest {
             node_id,
             updates_json,
             node_secret,
-        } = request.into_inner();
+        } = msg;
         if node_id.is_empty() {
             return Err(Status::invalid_argument("node_id is empty"));
         }
@@ -287,6 +374,10 @@ impl Node for NodeRpc {
             .map_err(status_from)?;
         Ok(Response::new(pb::UpdateAllocationsResponse { index }))
     }
+}
+
+fn updates_too_many(msg: &pb::UpdateAllocationsRequest) -> bool {
+    msg.updates_json.len() > MAX_UPDATE_BATCH
 }
 
 /// Feed one node's watch stream until the client goes, the server stops, or a

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use drover_server_api::{
     AllocClientUpdate, Allocation, ClientAllocation, ClientStatus, DesiredStatus, EvalStatus,
@@ -22,6 +22,7 @@ use crate::broker::Broker;
 use crate::config::ServerConfig;
 use crate::error::ServerError;
 use crate::heartbeat::Timers;
+use crate::leader::{Election, ServerInfo, SoleLeader};
 use crate::plan::{PlanRequest, PlanResult};
 use crate::scheduler::{self, Plan, SchedulerSettings};
 use crate::state::{Batch, KEPT_VERSIONS, Overlay, State};
@@ -82,20 +83,38 @@ pub struct ServerStats {
     pub blocked_evaluations: usize,
 }
 
+/// The term this server leads in: its fence, and the queues of its leader loops.
+pub(crate) struct LeaderTerm {
+    /// The term's id (for logs and `server status`).
+    pub id: u64,
+    /// Conditions every commit of the term adds to its transaction.
+    pub fence: Vec<crate::store::Condition>,
+    /// Fires when the term is over; a commit the store refused fires it too.
+    pub lost: CancellationToken,
+    pub plans: mpsc::Sender<PlanRequest>,
+    pub updates: mpsc::Sender<UpdateRequest>,
+}
+
 /// The shared core the background loops and the facade work on.
 pub(crate) struct Core {
     pub config: ServerConfig,
     pub store: Arc<dyn Store>,
     state: RwLock<State>,
-    index_tx: watch::Sender<Index>,
+    pub(crate) index_tx: watch::Sender<Index>,
     /// Serialises writers: the index a batch is built for is the next store revision.
-    commit_lock: tokio::sync::Mutex<()>,
+    /// A follower applying the leader's commits, and a reload, take it too.
+    pub(crate) commit_lock: tokio::sync::Mutex<()>,
     pub broker: Broker,
     pub timers: Mutex<Timers>,
     pub timers_changed: tokio::sync::Notify,
     pub unblock: tokio::sync::Notify,
-    pub plans: mpsc::Sender<PlanRequest>,
-    updates: mpsc::Sender<UpdateRequest>,
+    /// The term while this server leads; `None` while it follows.
+    pub(crate) term: RwLock<Option<Arc<LeaderTerm>>>,
+    /// The id of the term this server leads in, `None` while it follows.
+    pub(crate) leading: watch::Sender<Option<u64>>,
+    pub election: Arc<dyn Election>,
+    pub me: ServerInfo,
+    pub forwarder: crate::forward::Forwarder,
     pub shutdown: CancellationToken,
 }
 
@@ -171,6 +190,9 @@ impl Core {
         build: impl FnOnce(&State, Index, i64) -> Result<(Batch, R), ServerError>,
     ) -> Result<(Index, R), ServerError> {
         let _writer = self.commit_lock.lock().await;
+        let Some(term) = self.current_term() else {
+            return Err(self.not_leader());
+        };
         let (batch, r, ops, index) = {
             let st = self.read();
             let index = st.index + 1;
@@ -182,14 +204,32 @@ impl Core {
             let ops = batch.ops(&st)?;
             (batch, r, ops, index)
         };
-        let outcome = self.store.txn(Vec::new(), ops).await?;
-        if !outcome.succeeded || outcome.revision != index {
-            // Only this server writes its store: another revision means another writer.
+        // Fenced: the store refuses it once this server's term is over, whatever the
+        // server believes (a paused leader resumed after its lease expired).
+        let outcome = self.store.txn(term.fence.clone(), ops).await?;
+        if !outcome.succeeded {
+            tracing::warn!(
+                term = term.id,
+                index,
+                "the store refused a commit: this server's term is over; stepping down"
+            );
+            term.lost.cancel();
+            return Err(ServerError::LeadershipLost(format!(
+                "term {} of {} is over (the store refused its commit at index {index}); \
+                 another server leads or is being elected: retry",
+                term.id, self.me.name
+            )));
+        }
+        if outcome.revision != index {
+            // Only the leader writes: another revision means another writer, or a
+            // commit whose answer was lost. The state in memory cannot be trusted any
+            // more: step down, which reloads it from the store.
             tracing::error!(
                 expected = index,
                 got = outcome.revision,
-                "the store's revision moved under the server"
+                "the store's revision moved under the server; reloading the state"
             );
+            term.lost.cancel();
             return Err(ServerError::Unavailable(format!(
                 "the state store's revision is {}, expected {index}: another writer uses it",
                 outcome.revision
@@ -211,6 +251,57 @@ impl Core {
             self.unblock.notify_one();
         }
         Ok((index, r))
+    }
+
+    /// The term this server leads in, if it leads.
+    pub(crate) fn current_term(&self) -> Option<Arc<LeaderTerm>> {
+        self.term.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether this server leads now.
+    pub(crate) fn is_leader(&self) -> bool {
+        self.term
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// The error for a write on a follower, naming the leader it knows of.
+    pub(crate) fn not_leader(&self) -> ServerError {
+        ServerError::NotLeader {
+            leader: self
+                .forwarder
+                .cached_leader()
+                .map(|l| format!("{} ({})", l.name, l.rpc_addr)),
+        }
+    }
+
+    /// Replace the whole state with what the store holds now (a new term, a follower
+    /// that fell behind the watch). The caller holds `commit_lock`.
+    pub(crate) async fn reload(&self) -> Result<Index, ServerError> {
+        let (kvs, revision) = self.store.range("").await?;
+        let state = State::load(kvs, revision)?;
+        let index = state.index;
+        *self.write() = state;
+        self.index_tx.send_replace(index);
+        Ok(index)
+    }
+
+    /// Apply changes the leader committed (a follower), all at once at `index`: the
+    /// parts of a split transaction come together, so that no reader sees half a
+    /// commit. Changes at or below the current index are already applied.
+    pub(crate) fn apply_followed(&self, batches: Vec<Batch>, index: Index) -> bool {
+        {
+            let mut st = self.write();
+            if index <= st.index {
+                return false;
+            }
+            for b in batches {
+                st.apply(b, index);
+            }
+        }
+        self.index_tx.send_replace(index);
+        true
     }
 
     /// Record an evaluation the broker gave up on.
@@ -338,18 +429,43 @@ fn by_id_or_prefix<'a, T>(
 
 impl Server {
     /// Load the state from `store` and start the background loops; they stop when
-    /// `shutdown` fires.
+    /// `shutdown` fires. The one server on its store leads at once ([`SoleLeader`]):
+    /// this returns once it does.
     pub async fn start(
         config: ServerConfig,
         store: Arc<dyn Store>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Server>, ServerError> {
+        let me = ServerInfo {
+            name: "local".into(),
+            rpc_addr: String::new(),
+            http_addr: String::new(),
+            tls: false,
+            version: env!("CARGO_PKG_VERSION").into(),
+            started: ServerInfo::now(),
+        };
+        let server =
+            Server::start_with(config, store, Arc::new(SoleLeader::default()), me, shutdown)
+                .await?;
+        server.wait_leading().await;
+        Ok(server)
+    }
+
+    /// Load the state from `store` and run as one of the servers `election` elects
+    /// among: campaign, lead while elected (broker, workers, plan applier, heartbeat
+    /// timers, blocked and delayed evaluations, garbage collection), follow the
+    /// leader's commits otherwise, and keep `me` registered. Returns once the state is
+    /// loaded (leading or not); everything stops when `shutdown` fires.
+    pub async fn start_with(
+        config: ServerConfig,
+        store: Arc<dyn Store>,
+        election: Arc<dyn Election>,
+        me: ServerInfo,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Server>, ServerError> {
         let (kvs, revision) = store.range("").await?;
         let state = State::load(kvs, revision)?;
-        let (plans_tx, plans_rx) = mpsc::channel(PLAN_QUEUE);
-        let (updates_tx, updates_rx) = mpsc::channel(PLAN_QUEUE);
-        // 0 workers: a server that keeps evaluations pending (tests, read-only use).
-        let workers = config.workers;
+        let forwarder = crate::forward::Forwarder::new(&config, election.clone(), me.clone())?;
         let core = Arc::new(Core {
             broker: Broker::new(config.eval_delivery_limit, UNACK_TIMEOUT),
             config,
@@ -360,52 +476,164 @@ impl Server {
             timers: Mutex::new(Timers::default()),
             timers_changed: tokio::sync::Notify::new(),
             unblock: tokio::sync::Notify::new(),
-            plans: plans_tx,
-            updates: updates_tx,
+            term: RwLock::new(None),
+            leading: watch::channel(None).0,
+            election,
+            me,
+            forwarder,
             shutdown,
         });
         {
             let st = core.read();
-            let mut pending: Vec<&Evaluation> = st
-                .all_evals()
-                .filter(|e| e.status == EvalStatus::Pending)
-                .collect();
-            pending.sort_by_key(|e| e.create_index);
-            for e in pending {
-                core.broker.enqueue(e.clone());
-            }
-            // Every live node gets a fresh window: the server could not hear it while it
-            // was down, and its client may be in a reconnect backoff.
-            let deadline = Instant::now()
-                + (core.config.heartbeat_ttl + core.config.heartbeat_grace)
-                    .max(core.config.failover_heartbeat_ttl);
-            let mut timers = core.timers.lock().unwrap_or_else(|p| p.into_inner());
-            for n in st.all_nodes().filter(|n| n.status != NodeStatus::Down) {
-                timers.reset(&n.id, deadline);
-            }
             tracing::info!(
+                server = %core.me.name,
                 index = st.index,
                 nodes = st.all_nodes().count(),
                 jobs = st.jobs().count(),
-                pending_evals = core.broker.len(),
                 "server state loaded"
             );
         }
-        let mut tasks = vec![
-            tokio::spawn(crate::plan::run(core.clone(), plans_rx)),
-            tokio::spawn(run_updates(core.clone(), updates_rx)),
-            tokio::spawn(crate::heartbeat::run(core.clone())),
-            tokio::spawn(crate::blocked::run(core.clone())),
-            tokio::spawn(crate::worker::run_expiry(core.clone())),
-            tokio::spawn(crate::gc::run(core.clone())),
+        let tasks = vec![
+            tokio::spawn(crate::ha::run(core.clone())),
+            tokio::spawn(crate::ha::keep_registered(core.clone())),
         ];
-        for i in 0..workers {
-            tasks.push(tokio::spawn(crate::worker::run(core.clone(), i)));
-        }
         Ok(Arc::new(Server {
             core,
             tasks: Mutex::new(tasks),
         }))
+    }
+
+    /// Wait until this server leads (or shuts down).
+    pub async fn wait_leading(&self) {
+        let mut rx = self.core.leading.subscribe();
+        tokio::select! {
+            _ = rx.wait_for(Option::is_some) => {}
+            () = self.core.shutdown.cancelled() => {}
+        }
+    }
+
+    /// The id of the term this server leads in; `None` while it follows.
+    pub fn leading(&self) -> Option<u64> {
+        *self.core.leading.borrow()
+    }
+
+    /// This server as the others see it.
+    pub fn info(&self) -> &ServerInfo {
+        &self.core.me
+    }
+
+    /// Whether this server leads now (writes are made here, not forwarded).
+    pub fn is_leader(&self) -> bool {
+        self.core.is_leader()
+    }
+
+    /// The leader as the store says (`None`: none elected at the moment).
+    pub async fn leader(&self) -> Result<Option<ServerInfo>, ServerError> {
+        if self.core.is_leader() {
+            return Ok(Some(self.core.me.clone()));
+        }
+        Ok(self.core.election.leader().await?)
+    }
+
+    /// An HTTP request for the leader (a write reaching a follower).
+    pub(crate) async fn forward_http(
+        &self,
+        request: drover_proto::drover::cluster::v1::ForwardRequest,
+    ) -> crate::forward::Forwarded<axum::response::Response> {
+        self.core.forwarder.http(&self.core, request).await
+    }
+
+    /// A node RPC for the leader (see [`crate::forward::Forwarder::node_call`]).
+    pub(crate) async fn forward_node<R>(
+        &self,
+        call: impl Fn(
+            drover_proto::drover::cluster::v1::node_client::NodeClient<tonic::transport::Channel>,
+            tonic::Request<()>,
+        ) -> crate::store::BoxFuture<'static, Result<R, tonic::Status>>,
+    ) -> crate::forward::Forwarded<Result<R, tonic::Status>> {
+        let fwd = &self.core.forwarder;
+        self.core
+            .forwarder
+            .node_call(&self.core, |client| call(client, fwd.outgoing(())))
+            .await
+    }
+
+    /// This server's term, when it leads (`GET /v1/status/leader`).
+    pub fn leader_status(&self) -> Result<drover_server_api::LeaderStatus, ServerError> {
+        match self.core.current_term() {
+            Some(t) => Ok(drover_server_api::LeaderStatus {
+                name: self.core.me.name.clone(),
+                term: t.id,
+            }),
+            None => Err(self.core.not_leader()),
+        }
+    }
+
+    /// The cluster's servers, its leader and its store (`GET /v1/status/servers`).
+    /// What the store cannot tell (it is unreachable) is left out: no leader, no
+    /// servers, and the endpoints' health says why.
+    pub async fn servers_status(&self) -> drover_server_api::ServersStatus {
+        let core = &self.core;
+        let leader = match core.current_term() {
+            Some(t) => Some(drover_server_api::LeaderStatus {
+                name: core.me.name.clone(),
+                term: t.id,
+            }),
+            None => match core.election.leader().await {
+                Ok(Some(l)) => {
+                    let term = if l.name == core.me.name {
+                        0
+                    } else {
+                        core.forwarder.leader_term(&l).await.unwrap_or(0)
+                    };
+                    Some(drover_server_api::LeaderStatus { name: l.name, term })
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::debug!("server status: the store does not say who leads: {e}");
+                    None
+                }
+            },
+        };
+        let members = core.election.members().await.unwrap_or_else(|e| {
+            tracing::debug!("server status: cannot list the servers: {e}");
+            Vec::new()
+        });
+        let mut servers: Vec<drover_server_api::ServerMember> = members
+            .into_iter()
+            .map(|m| drover_server_api::ServerMember {
+                leader: leader.as_ref().is_some_and(|l| l.name == m.name),
+                name: m.name,
+                rpc_addr: m.rpc_addr,
+                http_addr: m.http_addr,
+                version: m.version,
+                started: m.started,
+            })
+            .collect();
+        servers.sort_by(|a, b| a.name.cmp(&b.name));
+        let endpoints = core
+            .store
+            .health()
+            .await
+            .into_iter()
+            .map(|h| drover_server_api::StoreEndpointHealth {
+                endpoint: h.endpoint,
+                healthy: h.healthy,
+                version: h.version,
+                db_size: h.db_size,
+                is_leader: h.is_leader,
+                error: h.error,
+            })
+            .collect();
+        drover_server_api::ServersStatus {
+            this: core.me.name.clone(),
+            leader,
+            servers,
+            store: drover_server_api::StoreStatus {
+                kind: core.store.kind().to_owned(),
+                endpoints,
+            },
+        }
     }
 
     /// Wait until the background loops ended (after `shutdown` fired); the store is
@@ -870,10 +1098,14 @@ const MAX_UPDATE_REQUESTS_PER_COMMIT: usize = 256;
 /// reporting at once cost a few commits, not a thousand. A request that is refused
 /// (another node's allocation) is answered with its error and changes nothing; the
 /// others of the batch commit.
-pub(crate) async fn run_updates(core: Arc<Core>, mut rx: mpsc::Receiver<UpdateRequest>) {
+pub(crate) async fn run_updates(
+    core: Arc<Core>,
+    mut rx: mpsc::Receiver<UpdateRequest>,
+    stop: CancellationToken,
+) {
     loop {
         let first = tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             r = rx.recv() => match r {
                 Some(r) => r,
                 None => return,
@@ -1096,9 +1328,12 @@ impl Core {
                 updates.len()
             )));
         }
+        let Some(term) = self.current_term() else {
+            return Err(self.not_leader());
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let stopped = || ServerError::Unavailable("the server is shutting down".into());
-        self.updates
+        let stopped = || self.term_ended("allocation updates not committed");
+        term.updates
             .send(UpdateRequest {
                 node_id: node_id.to_owned(),
                 updates,
@@ -1114,17 +1349,31 @@ impl Core {
         plan: Plan,
         finish: Option<crate::plan::EvalFinish>,
     ) -> Result<PlanResult, ServerError> {
+        let Some(term) = self.current_term() else {
+            return Err(self.not_leader());
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.plans
+        term.plans
             .send(PlanRequest {
                 plan,
                 finish,
                 reply: tx,
             })
             .await
-            .map_err(|_| ServerError::Unavailable("the plan applier stopped".into()))?;
+            .map_err(|_| self.term_ended("the plan applier stopped"))?;
         rx.await
-            .map_err(|_| ServerError::Unavailable("the plan applier stopped".into()))?
+            .map_err(|_| self.term_ended("the plan applier stopped"))?
+    }
+
+    /// Why a leader loop's queue closed: shutdown, or the term ended.
+    fn term_ended(&self, what: &str) -> ServerError {
+        if self.shutdown.is_cancelled() {
+            ServerError::Unavailable(format!("{what}: the server is shutting down"))
+        } else {
+            ServerError::Unavailable(format!(
+                "{what}: this server stopped leading; retry (writes go to the leader)"
+            ))
+        }
     }
 }
 

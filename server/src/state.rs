@@ -13,7 +13,7 @@ use drover_server_api::{
 };
 
 use crate::scheduler::StateView;
-use crate::store::{KeyValue, Op, StoreError};
+use crate::store::{KeyValue, Op, StoreChange, StoreError};
 
 /// Key of a job's current version.
 pub(crate) fn job_key(name: &str) -> String {
@@ -28,6 +28,16 @@ pub(crate) fn version_key(name: &str, version: u64) -> String {
 /// Key of the hash of a node's secret.
 pub(crate) fn node_secret_key(id: &str) -> String {
     format!("nodesecret/{id}")
+}
+
+/// A key that is not part of the state: the store's own ones (the schema, the etcd
+/// store's bookkeeping: index counter, election, server registrations) are expected;
+/// anything else is worth a warning (a newer server's kind of key).
+fn note_unknown_key(key: &str) {
+    let kind = key.split_once('/').map_or(key, |(k, _)| k);
+    if !matches!(kind, "schema" | "meta" | "election" | "servers") {
+        tracing::warn!(key = %key, "ignoring an unknown key in the store");
+    }
 }
 
 /// Versions of a job kept besides the current one (as Nomad's default of 6).
@@ -59,6 +69,8 @@ pub(crate) struct Batch {
     pub drop_allocs: Vec<String>,
     /// Nodes deleted (garbage collection: down for long, no allocation left).
     pub drop_nodes: Vec<String>,
+    /// Node secrets deleted (only seen by followers, in another server's commits).
+    pub drop_node_secrets: Vec<String>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -76,6 +88,56 @@ impl Batch {
             && self.drop_evals.is_empty()
             && self.drop_allocs.is_empty()
             && self.drop_nodes.is_empty()
+            && self.drop_node_secrets.is_empty()
+    }
+
+    /// The batch a follower applies for one change the leader committed (or one part
+    /// of a split commit): puts and deletes by the kind of their key. A value that
+    /// does not decode is an error naming the key; keys that are not state (the
+    /// schema, the store's own bookkeeping) are skipped.
+    pub(crate) fn from_change(change: &StoreChange) -> Result<Batch, StoreError> {
+        fn decode<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> Result<T, StoreError> {
+            serde_json::from_slice(&kv.value)
+                .map_err(|e| StoreError::Corrupt(format!("value of {}: {e}", kv.key)))
+        }
+        let mut b = Batch::default();
+        for key in &change.deletes {
+            let (kind, rest) = key.split_once('/').unwrap_or((key.as_str(), ""));
+            match kind {
+                "job" => b.purge.push(rest.to_owned()),
+                "jobv" => {
+                    let parsed = rest
+                        .rsplit_once('/')
+                        .and_then(|(name, v)| Some((name.to_owned(), v.parse::<u64>().ok()?)));
+                    match parsed {
+                        Some(nv) => b.drop_versions.push(nv),
+                        None => {
+                            return Err(StoreError::Corrupt(format!(
+                                "deleted key {key}: not jobv/<job>/<version>"
+                            )));
+                        }
+                    }
+                }
+                "node" => b.drop_nodes.push(rest.to_owned()),
+                "nodesecret" => b.drop_node_secrets.push(rest.to_owned()),
+                "alloc" => b.drop_allocs.push(rest.to_owned()),
+                "eval" => b.drop_evals.push(rest.to_owned()),
+                _ => note_unknown_key(key),
+            }
+        }
+        for kv in &change.puts {
+            let (kind, rest) = kv.key.split_once('/').unwrap_or((kv.key.as_str(), ""));
+            match kind {
+                "job" => b.jobs.push(decode(kv)?),
+                "jobv" => b.versions.push(decode(kv)?),
+                "node" => b.nodes.push(decode(kv)?),
+                "nodesecret" => b.node_secrets.push((rest.to_owned(), decode(kv)?)),
+                "alloc" => b.allocs.push(decode(kv)?),
+                "eval" => b.evals.push(decode(kv)?),
+                _ => note_unknown_key(&kv.key),
+            }
+        }
+        Ok(b)
     }
 
     /// The store operations of this batch. `state` is the state it was built on (for
@@ -122,6 +184,11 @@ impl Batch {
         for id in &self.drop_nodes {
             ops.push(Op::Delete {
                 key: format!("node/{id}"),
+            });
+        }
+        for id in &self.drop_node_secrets {
+            ops.push(Op::Delete {
+                key: node_secret_key(id),
             });
         }
         for j in &self.jobs {
@@ -198,7 +265,7 @@ impl State {
                 }
                 "alloc" => s.put_alloc(decode(kv)?),
                 "eval" => s.put_eval(decode(kv)?),
-                _ => tracing::warn!(key = %kv.key, "ignoring an unknown key in the store"),
+                _ => note_unknown_key(&kv.key),
             }
         }
         // Evaluations in creation order within each job (the store returns key order).
@@ -250,6 +317,9 @@ impl State {
         for id in batch.drop_nodes {
             self.nodes.remove(&id);
             self.usage.remove(&id);
+        }
+        for id in batch.drop_node_secrets {
+            self.node_secrets.remove(&id);
         }
         self.index = index;
     }
@@ -523,5 +593,67 @@ impl StateView for Overlay<'_> {
     }
     fn node_usage(&self, node_id: &str) -> AllocResources {
         self.base.node_usage(node_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &[u8]) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: value.to_vec(),
+            create_revision: 1,
+            mod_revision: 1,
+        }
+    }
+
+    #[test]
+    fn a_change_becomes_a_batch_by_key_kind() {
+        let change = StoreChange {
+            revision: Some(7),
+            puts: vec![kv("nodesecret/n1", b"\"abcd\""), kv("meta/index", b"7")],
+            deletes: vec![
+                "job/web".into(),
+                "jobv/web/00000000000000000003".into(),
+                "node/n2".into(),
+                "nodesecret/n2".into(),
+                "alloc/a1".into(),
+                "eval/e1".into(),
+                "schema".into(),
+            ],
+        };
+        let b = Batch::from_change(&change).unwrap();
+        assert_eq!(b.purge, ["web"]);
+        assert_eq!(b.drop_versions, [("web".to_owned(), 3)]);
+        assert_eq!(b.drop_nodes, ["n2"]);
+        assert_eq!(b.drop_node_secrets, ["n2"]);
+        assert_eq!(b.drop_allocs, ["a1"]);
+        assert_eq!(b.drop_evals, ["e1"]);
+        assert_eq!(b.node_secrets, [("n1".to_owned(), "abcd".to_owned())]);
+
+        let mut st = State::default();
+        st.apply(b, 7);
+        assert_eq!(st.index, 7);
+        assert_eq!(st.node_secret_hash("n1"), Some("abcd"));
+    }
+
+    #[test]
+    fn a_value_that_does_not_decode_is_an_error_naming_its_key() {
+        let change = StoreChange {
+            revision: Some(3),
+            puts: vec![kv("alloc/a1", b"{not json")],
+            deletes: vec![],
+        };
+        let err = Batch::from_change(&change).unwrap_err().to_string();
+        assert!(err.contains("value of alloc/a1"), "{err}");
+        let change = StoreChange {
+            revision: Some(3),
+            puts: vec![],
+            deletes: vec!["jobv/web".into()],
+        };
+        let err = Batch::from_change(&change).unwrap_err().to_string();
+        assert!(err.contains("jobv/web"), "{err}");
     }
 }

@@ -13,15 +13,16 @@ use crate::plan::{EvalFinish, finish_eval};
 use crate::scheduler::{self, SchedulerOutput};
 use crate::server::{Core, new_eval, set_eval_status};
 use crate::state::Batch;
+use tokio_util::sync::CancellationToken;
 
 /// Plans submitted for one evaluation before it is given up with a `max-plan-attempts`
 /// follow-up evaluation.
 pub(crate) const MAX_PLAN_ATTEMPTS: u32 = 5;
 
-pub(crate) async fn run(core: Arc<Core>, worker: usize) {
+pub(crate) async fn run(core: Arc<Core>, worker: usize, stop: CancellationToken) {
     loop {
         let (eval, token) = tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             e = core.broker.dequeue() => e,
         };
         let r = process(&core, &eval).await;
@@ -54,11 +55,11 @@ pub(crate) async fn run(core: Arc<Core>, worker: usize) {
 
 /// Redeliver evaluations no worker acknowledged in time, and hand out the delayed
 /// ones that became due (within a period: at most a second late).
-pub(crate) async fn run_expiry(core: Arc<Core>) {
+pub(crate) async fn run_expiry(core: Arc<Core>, stop: CancellationToken) {
     let period = core.broker.expire_period();
     loop {
         tokio::select! {
-            _ = core.shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
         core.broker.promote_due(crate::server::now_nanos());

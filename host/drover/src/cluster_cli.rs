@@ -1281,3 +1281,86 @@ mod tests {
         );
     }
 }
+
+/// `drover server status`: the servers, the leader and the store, as the server at
+/// `--address` (any of them, or an agent's socket) sees them.
+pub async fn server_status(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let status = c.servers_status().await.map_err(cluster_error)?.value;
+    if json {
+        print_json(&status)?;
+    } else {
+        print!("{}", servers_status_text(&status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The text of `drover server status`.
+pub fn servers_status_text(s: &drover_server_api::ServersStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "This server  {}", s.this);
+    let _ = match &s.leader {
+        Some(l) if l.term > 0 => writeln!(out, "Leader       {} (term {})", l.name, l.term),
+        Some(l) => writeln!(out, "Leader       {}", l.name),
+        None => writeln!(out, "Leader       none elected"),
+    };
+    let _ = writeln!(out, "Store        {}", s.store.kind);
+    for e in &s.store.endpoints {
+        let mut line = format!(
+            "  {}  {}",
+            e.endpoint,
+            if e.healthy { "healthy" } else { "unhealthy" }
+        );
+        if let Some(v) = &e.version {
+            let _ = write!(line, "  version {v}");
+        }
+        if let Some(size) = e.db_size {
+            let _ = write!(line, "  db {} KiB", size.div_ceil(1024));
+        }
+        if e.is_leader {
+            line.push_str("  raft leader");
+        }
+        if let Some(err) = &e.error {
+            let _ = write!(line, "  error: {err}");
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = writeln!(out);
+    let rows: Vec<[String; 6]> = s
+        .servers
+        .iter()
+        .map(|m| {
+            let started = std::time::UNIX_EPOCH + Duration::from_secs(m.started);
+            [
+                m.name.clone(),
+                if m.leader { "leader" } else { "follower" }.to_owned(),
+                m.rpc_addr.clone(),
+                m.http_addr.clone(),
+                m.version.clone(),
+                humantime::format_rfc3339_seconds(started).to_string(),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "ROLE", "RPC", "HTTP", "VERSION", "STARTED"];
+    let mut widths = header.map(str::len);
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut line = |cells: &[&str]| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    line(&header);
+    for r in &rows {
+        line(&r.each_ref().map(String::as_str));
+    }
+    if s.servers.is_empty() {
+        out.push_str("(no server is registered in the store)\n");
+    }
+    out
+}

@@ -56,7 +56,8 @@ enum Command {
     /// Run and manage tasks.
     #[command(subcommand)]
     Task(TaskCommand),
-    /// Run a cluster server: jobs, scheduling, the HTTP API and the node RPCs.
+    /// Run a cluster server: jobs, scheduling, the HTTP API and the node RPCs (or
+    /// `drover server status`: the servers, the leader and the store).
     Server(server_cmd::ServerArgs),
     /// Submit, inspect and stop cluster jobs.
     #[command(subcommand)]
@@ -264,7 +265,14 @@ fn main() -> ExitCode {
             })
         }
         Command::Task(cmd) => client_main(cli.address, |c| task_command(c, cmd)),
-        Command::Server(args) => server_cmd::run(args),
+        Command::Server(args) => match args.command {
+            Some(server_cmd::ServerCommand::Status { json }) => {
+                cluster_main(cli.address, |c| async move {
+                    cluster_cli::server_status(&c, json).await
+                })
+            }
+            None => server_cmd::run(args),
+        },
         Command::Job(cmd) => cluster_main(cli.address, |c| async move {
             cluster_cli::job_command(&c, cmd).await
         }),
@@ -813,5 +821,107 @@ mod tests {
             err,
             format!("--token-file: token file {}: it is empty", empty.display())
         );
+    }
+
+    #[test]
+    fn server_store_flags_and_status() {
+        let cli = parse(&[
+            "server",
+            "--data-dir",
+            "/d",
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379,https://10.0.0.2:2379",
+            "--etcd-prefix",
+            "/c1/",
+            "--name",
+            "s1",
+            "--leader-lease-ttl",
+            "3s",
+            "--advertise-rpc",
+            "10.0.0.1:4647",
+        ])
+        .unwrap();
+        let Command::Server(args) = cli.command else {
+            panic!("not server")
+        };
+        let o = args.options().unwrap();
+        assert_eq!(
+            o.store,
+            server_cmd::StoreChoice::Etcd {
+                endpoints: vec![
+                    "http://127.0.0.1:2379".into(),
+                    "https://10.0.0.2:2379".into()
+                ],
+                prefix: "/c1/".into(),
+                lease_ttl: std::time::Duration::from_secs(3),
+            }
+        );
+        assert_eq!(o.name, "s1");
+        assert_eq!(o.advertise_rpc.as_deref(), Some("10.0.0.1:4647"));
+        assert_eq!(o.advertise_http, None);
+
+        let embedded = parse(&["server", "--data-dir", "/d"]).unwrap();
+        let Command::Server(args) = embedded.command else {
+            panic!("not server")
+        };
+        let o = args.options().unwrap();
+        assert_eq!(o.store, server_cmd::StoreChoice::Embedded);
+        assert!(!o.name.is_empty(), "the host name by default");
+
+        for (bad, want) in [
+            (
+                &["--store", "etcd"][..],
+                "--store etcd needs --etcd-endpoints",
+            ),
+            (
+                &["--store", "etcd", "--etcd-endpoints", "127.0.0.1:2379"],
+                "must start with http:// or https://",
+            ),
+            (
+                &[
+                    "--store",
+                    "etcd",
+                    "--etcd-endpoints",
+                    "http://h:2379",
+                    "--etcd-prefix",
+                    "x",
+                ],
+                "ending in /",
+            ),
+            (
+                &["--etcd-endpoints", "http://h:2379"],
+                "only used with --store etcd",
+            ),
+        ] {
+            let mut argv = vec!["server", "--data-dir", "/d"];
+            argv.extend_from_slice(bad);
+            let Command::Server(args) = parse(&argv).unwrap().command else {
+                panic!("not server")
+            };
+            let err = args.options().unwrap_err().to_string();
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+        for (bad, want) in [
+            (&["--leader-lease-ttl", "1s"][..], "at least 2s"),
+            (&["--advertise-http", "nohost"], "is not HOST:PORT"),
+            (&["--store", "zookeeper"], "invalid value 'zookeeper'"),
+        ] {
+            let mut argv = vec!["server", "--data-dir", "/d"];
+            argv.extend_from_slice(bad);
+            let err = parse(&argv).err().expect("refused").to_string();
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+
+        let status = parse(&["server", "status", "--json", "--address", "http://h:1"]).unwrap();
+        assert_eq!(status.address.as_deref(), Some("http://h:1"));
+        let Command::Server(args) = status.command else {
+            panic!("not server")
+        };
+        assert!(matches!(
+            args.command,
+            Some(server_cmd::ServerCommand::Status { json: true })
+        ));
     }
 }

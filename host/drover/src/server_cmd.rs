@@ -8,18 +8,49 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use drover_server::config::SchedulerAlgorithm;
+use drover_server::config::{ForwardOptions, ForwardTls, SchedulerAlgorithm};
 use drover_server::store::Store;
 use drover_server::tls::TlsFiles;
+use drover_server::{Election, ServerInfo};
 use drover_server::{Server, ServerConfig};
 use tokio_util::sync::CancellationToken;
 
 /// `drover server` flags.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ServerArgs {
-    /// The server's state (the embedded store) lives here.
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: PathBuf,
+    /// `drover server status`, instead of running a server.
+    #[command(subcommand)]
+    pub command: Option<ServerCommand>,
+    /// The server's own files (the embedded store, and with etcd nothing but what
+    /// other parts keep there) live here.
+    #[arg(long, value_name = "DIR", required = true)]
+    pub data_dir: Option<PathBuf>,
+    /// Where the state lives: `embedded` (a file in --data-dir, one server) or `etcd`
+    /// (an etcd cluster shared by several servers, one of them elected leader).
+    #[arg(long, value_parser = ["embedded", "etcd"], default_value = "embedded")]
+    pub store: String,
+    /// etcd's client URLs (http:// or https://), comma-separated; with --store etcd.
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Prefix of every key in etcd (several clusters can share one etcd).
+    #[arg(long, value_name = "PREFIX", default_value = "/drover/")]
+    pub etcd_prefix: String,
+    /// This server's name among the servers (default: the host name). Must be unique:
+    /// two live servers with one name cannot be told apart.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// How long a leader that stops renewing its lease (killed, paused, cut off)
+    /// stays leader at most; at least 2s.
+    #[arg(long, default_value = "10s", value_parser = parse_lease_ttl)]
+    pub leader_lease_ttl: Duration,
+    /// Where the other servers and nodes reach this server's RPCs (default: the bound
+    /// --rpc-addr).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_host_port)]
+    pub advertise_rpc: Option<String>,
+    /// Where users reach this server's HTTP API (default: the bound --http-addr).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_host_port)]
+    pub advertise_http: Option<String>,
     /// Address of the HTTP API (`/v1/...`); port 0 picks a free one.
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:4646")]
     pub http_addr: SocketAddr,
@@ -55,6 +86,48 @@ pub struct ServerArgs {
     pub log_level: String,
 }
 
+/// `drover server` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ServerCommand {
+    /// Show the servers, the leader and the store (--address: any server, or an
+    /// agent's socket).
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_lease_ttl(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_secs(2) {
+        return Err(format!("{text} is too short: at least 2s"));
+    }
+    Ok(d)
+}
+
+fn parse_host_port(text: &str) -> Result<String, String> {
+    let bad = || format!("{text:?} is not HOST:PORT");
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.contains('/') {
+        return Err(bad());
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(text.to_owned()),
+        _ => Err(format!("{text:?}: the port must be 1 to 65535")),
+    }
+}
+
+/// The host name, for the default server name.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "drover-server".to_owned())
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text)
         .map_err(|e| format!("{text:?} is not a duration like \"10s\": {e}"))?;
@@ -85,6 +158,30 @@ pub struct ServerOptions {
     pub workers: Option<usize>,
     /// Ranking.
     pub algorithm: SchedulerAlgorithm,
+    /// Where the state lives.
+    pub store: StoreChoice,
+    /// This server's name.
+    pub name: String,
+    /// Advertised RPC address (default: the bound one).
+    pub advertise_rpc: Option<String>,
+    /// Advertised HTTP address (default: the bound one).
+    pub advertise_http: Option<String>,
+}
+
+/// Where the state lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// redb in the data dir; this server always leads.
+    Embedded,
+    /// An etcd cluster; the servers elect a leader through it.
+    Etcd {
+        /// Client URLs.
+        endpoints: Vec<String>,
+        /// Key prefix.
+        prefix: String,
+        /// Leader lease TTL.
+        lease_ttl: Duration,
+    },
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -100,6 +197,10 @@ impl std::fmt::Debug for ServerOptions {
             .field("heartbeat_grace", &self.heartbeat_grace)
             .field("workers", &self.workers)
             .field("algorithm", &self.algorithm)
+            .field("store", &self.store)
+            .field("name", &self.name)
+            .field("advertise_rpc", &self.advertise_rpc)
+            .field("advertise_http", &self.advertise_http)
             .finish()
     }
 }
@@ -108,6 +209,52 @@ impl ServerArgs {
     /// The options, with the token file read and the TLS files checked: errors name
     /// the flag and the file.
     pub fn options(&self) -> anyhow::Result<ServerOptions> {
+        let Some(data_dir) = self.data_dir.clone() else {
+            bail!("--data-dir is required");
+        };
+        let store = match self.store.as_str() {
+            "etcd" => {
+                if self.etcd_endpoints.is_empty() {
+                    bail!("--store etcd needs --etcd-endpoints URL[,URL...]");
+                }
+                for e in &self.etcd_endpoints {
+                    let rest = e
+                        .strip_prefix("http://")
+                        .or_else(|| e.strip_prefix("https://"))
+                        .ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "--etcd-endpoints: {e:?} must start with http:// or https://"
+                            )
+                        })?;
+                    parse_host_port(rest.trim_end_matches('/'))
+                        .map_err(|why| anyhow::anyhow!("--etcd-endpoints: {why}"))?;
+                }
+                if self.etcd_prefix.is_empty() || !self.etcd_prefix.ends_with('/') {
+                    bail!(
+                        "--etcd-prefix {:?}: give a non-empty prefix ending in / (e.g. /drover/)",
+                        self.etcd_prefix
+                    );
+                }
+                StoreChoice::Etcd {
+                    endpoints: self.etcd_endpoints.clone(),
+                    prefix: self.etcd_prefix.clone(),
+                    lease_ttl: self.leader_lease_ttl,
+                }
+            }
+            _ => {
+                if !self.etcd_endpoints.is_empty() {
+                    bail!("--etcd-endpoints is only used with --store etcd");
+                }
+                StoreChoice::Embedded
+            }
+        };
+        let name = match &self.name {
+            Some(n) if n.is_empty() || n.len() > 128 || n.contains('/') => {
+                bail!("--name {n:?}: 1 to 128 characters, no /")
+            }
+            Some(n) => n.clone(),
+            None => host_name(),
+        };
         let token = match &self.token_file {
             None => None,
             Some(f) => Some(
@@ -130,7 +277,11 @@ impl ServerArgs {
             _ => bail!("give both --tls-cert-file and --tls-key-file, or neither"),
         };
         Ok(ServerOptions {
-            data_dir: self.data_dir.clone(),
+            data_dir,
+            store,
+            name,
+            advertise_rpc: self.advertise_rpc.clone(),
+            advertise_http: self.advertise_http.clone(),
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
@@ -167,14 +318,40 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     let http = http_listener.local_addr()?;
     let rpc = rpc_listener.local_addr()?;
     create_private_dir(&options.data_dir)?;
-    let store: Arc<dyn Store> = Arc::new(
-        drover_server::store::redb::RedbStore::open(&options.data_dir).with_context(|| {
-            format!(
-                "cannot open the server store in {}",
-                options.data_dir.display()
-            )
-        })?,
-    );
+    let (store, election): (Arc<dyn Store>, Arc<dyn Election>) = match &options.store {
+        StoreChoice::Embedded => (
+            Arc::new(
+                drover_server::store::redb::RedbStore::open(&options.data_dir).with_context(
+                    || {
+                        format!(
+                            "cannot open the server store in {}",
+                            options.data_dir.display()
+                        )
+                    },
+                )?,
+            ),
+            Arc::new(drover_server::SoleLeader::default()),
+        ),
+        StoreChoice::Etcd {
+            endpoints,
+            prefix,
+            lease_ttl,
+        } => {
+            let mut etcd = drover_server::EtcdOptions::new(endpoints.clone());
+            etcd.prefix = prefix.clone();
+            etcd.lease_ttl = *lease_ttl;
+            let store = drover_server::EtcdStore::connect(etcd)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot use etcd at {} (--etcd-endpoints)",
+                        endpoints.join(",")
+                    )
+                })?;
+            let election = store.election();
+            (Arc::new(store), election)
+        }
+    };
     let mut config = ServerConfig::new(&options.data_dir);
     config.heartbeat_ttl = options.heartbeat_ttl;
     config.heartbeat_grace = options.heartbeat_grace;
@@ -182,7 +359,43 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         config.workers = w;
     }
     config.algorithm = options.algorithm;
-    let server = Server::start(config, store, stop.clone())
+    config.forward = ForwardOptions {
+        token: options.token.clone(),
+        tls: match &options.tls {
+            None => None,
+            // The other servers' certificates come from the same CA as this one's:
+            // the client CA when mutual TLS is on, else this server's own chain
+            // (a self-signed certificate shared by the servers, or a file holding
+            // the CA after the certificate).
+            Some(files) => Some(ForwardTls {
+                ca_file: files
+                    .client_ca
+                    .clone()
+                    .unwrap_or_else(|| files.cert.clone()),
+                identity: Some((files.cert.clone(), files.key.clone())),
+            }),
+        },
+    };
+    let advertised = |given: &Option<String>, bound: SocketAddr, flag: &str| {
+        let addr = given.clone().unwrap_or_else(|| bound.to_string());
+        if given.is_none() && bound.ip().is_unspecified() && options.store != StoreChoice::Embedded
+        {
+            tracing::warn!(
+                "{flag} is not set and the listener is bound to {bound}: other servers \
+                 cannot reach {addr}; set {flag} HOST:PORT"
+            );
+        }
+        addr
+    };
+    let me = ServerInfo {
+        name: options.name.clone(),
+        rpc_addr: advertised(&options.advertise_rpc, rpc, "--advertise-rpc"),
+        http_addr: advertised(&options.advertise_http, http, "--advertise-http"),
+        tls: options.tls.is_some(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        started: ServerInfo::now(),
+    };
+    let server = Server::start_with(config, store, election, me, stop.clone())
         .await
         .context("cannot start the server")?;
     let scheme = if options.tls.is_some() {
@@ -194,6 +407,11 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         http = %format!("{scheme}://{http}"),
         rpc = %rpc,
         data_dir = %options.data_dir.display(),
+        name = %options.name,
+        store = match &options.store {
+            StoreChoice::Embedded => "embedded",
+            StoreChoice::Etcd { .. } => "etcd",
+        },
         token = options.token.is_some(),
         tls = options.tls.is_some(),
         "drover server listening"
@@ -332,6 +550,10 @@ pub fn start_dev(
         heartbeat_grace: Duration::from_secs(10),
         workers: None,
         algorithm: SchedulerAlgorithm::BinPack,
+        store: StoreChoice::Embedded,
+        name: "dev".into(),
+        advertise_rpc: None,
+        advertise_http: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -397,6 +619,10 @@ mod tests {
             heartbeat_grace: Duration::from_secs(10),
             workers: None,
             algorithm: SchedulerAlgorithm::default(),
+            store: StoreChoice::Embedded,
+            name: "s1".into(),
+            advertise_rpc: None,
+            advertise_http: None,
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("s3cret-t0ken"), "{shown}");

@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::{
     AllocLogsQuery, Allocation, Evaluation, INDEX_HEADER, Index, Job, JobListStub, JobPlanResponse,
     JobRegisterRequest, JobRegisterResponse, JobSpec, Node, NodeDrainRequest, NodeDrainResponse,
-    TOKEN_HEADER,
+    ServersStatus, TOKEN_HEADER,
 };
 
 /// How long connecting (TCP and TLS) may take.
@@ -420,6 +420,13 @@ impl Client {
         q: &QueryOptions,
     ) -> Result<Answer<Evaluation>, Error> {
         self.read(&["v1", "evaluation", id], q).await
+    }
+
+    /// `GET /v1/status/servers`: the cluster's servers, its leader and its store
+    /// (`drover server status`).
+    pub async fn servers_status(&self) -> Result<Answer<ServersStatus>, Error> {
+        self.read(&["v1", "status", "servers"], &QueryOptions::default())
+            .await
     }
 
     /// `GET /v1/client/fs/logs/{alloc}?task=...`: a task's log, as frames. Only the

@@ -918,6 +918,77 @@ pub struct NodeDrainResponse {
     pub index: Index,
 }
 
+/// Answer to `GET /v1/status/servers`: the servers of the cluster, its leader and its
+/// store (`drover server status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServersStatus {
+    /// The name of the server that answered.
+    pub this: String,
+    /// The leader, `null` while none is elected.
+    pub leader: Option<LeaderStatus>,
+    /// Every server registered in the store now.
+    pub servers: Vec<ServerMember>,
+    /// The state store.
+    pub store: StoreStatus,
+}
+
+/// The leader and its term (`GET /v1/status/leader` on the leader itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderStatus {
+    /// Its name.
+    pub name: String,
+    /// Its term: a number that grows with every election in the cluster (0 when the
+    /// answering follower could not ask the leader for it).
+    pub term: u64,
+}
+
+/// A server registered in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerMember {
+    /// Its name (`drover server --name`).
+    pub name: String,
+    /// Where nodes and other servers reach its RPCs (`HOST:PORT`).
+    pub rpc_addr: String,
+    /// Where its HTTP API is (`HOST:PORT`).
+    pub http_addr: String,
+    /// Its version.
+    pub version: String,
+    /// When it started (seconds since the epoch).
+    pub started: u64,
+    /// It is the leader.
+    pub leader: bool,
+}
+
+/// The state store and its endpoints' health.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStatus {
+    /// `embedded` or `etcd`.
+    pub kind: String,
+    /// Each endpoint (the embedded store: its file).
+    pub endpoints: Vec<StoreEndpointHealth>,
+}
+
+/// One store endpoint's health.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreEndpointHealth {
+    /// As configured (`http://127.0.0.1:2379`), or the embedded store's path.
+    pub endpoint: String,
+    /// It answered.
+    pub healthy: bool,
+    /// Its version, when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Its database size in bytes, when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_size: Option<u64>,
+    /// It is its cluster's raft leader (etcd).
+    #[serde(default)]
+    pub is_leader: bool,
+    /// Why it is not healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// The query of `GET /v1/client/fs/logs/{alloc}`: a task's log, from the agent of the
 /// node that runs the allocation (the server keeps no logs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,8 @@
 //! Helpers that Drover's test crates share, so that each test file holds only what
 //! it tests: waiting with a deadline instead of sleeping and hoping ([`within`],
 //! [`until`], [`until_blocking`]), reading processes from `/proc` ([`procs`]), the
-//! private Docker daemon that `scripts/test.sh` starts ([`docker`]), and reading a
+//! private Docker daemon that `scripts/test.sh` starts ([`docker`]), a real etcd
+//! ([`etcd`]), and reading a
 //! task's rotated logs ([`read_log`]).
 //!
 //! Only for tests: every helper panics with a message naming what did not happen.
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 pub mod docker;
+pub mod etcd;
 pub mod procs;
 
 /// How often [`until`] and [`until_blocking`] look again.
