@@ -390,6 +390,10 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
         }
         let (i, url, ch) = client.current();
         let (tx, rx) = mpsc::channel::<pb::LeaseKeepAliveRequest>(4);
+        // etcd sends the stream's headers with its first answer, so the call below
+        // opens only once a request went out: queue the first one before it.
+        let first = Instant::now();
+        let _ = tx.try_send(pb::LeaseKeepAliveRequest { id: lease.id });
         let mut lc = client::lease(ch);
         let opened = tokio::select! {
             r = tokio::time::timeout(client.timeout(), lc.lease_keep_alive(ReceiverStream::new(rx))) => r,
@@ -414,7 +418,7 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                 continue;
             }
         };
-        let mut sent: VecDeque<Instant> = VecDeque::new();
+        let mut sent: VecDeque<Instant> = VecDeque::from([first]);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
