@@ -246,7 +246,8 @@ pub struct HaCluster {
 impl HaCluster {
     /// Start etcd, `servers` servers (names `s1..`, lease TTL [`LEASE_TTL`], node
     /// heartbeat TTL and grace `heartbeat`), wait until one leads, then `agents` client
-    /// agents (names `n1..`, `--servers` every server in order) and wait until their
+    /// agents (names `n1..`, `--servers` every server, n1 the leader first, n2 the next
+    /// server first, ...) and wait until their
     /// nodes are ready with rawexec healthy. `None` when there is no etcd here (the
     /// harness said why, loudly; under `CI=true` it fails instead).
     pub fn start(servers: usize, agents: usize, heartbeat: &str) -> Option<HaCluster> {
@@ -316,10 +317,15 @@ impl HaCluster {
                 s.status().map(|_| ())
             });
         }
-        cluster.wait_leader(Duration::from_secs(20), None);
-        let addrs: Vec<String> = cluster.servers.iter().map(HaServer::rpc_addr).collect();
-        let addrs = addrs.join(",");
+        let (leader, _) = cluster.wait_leader(Duration::from_secs(20), None);
         for i in 1..=agents {
+            // Every agent knows every server; agent n1 tries the leader first, n2 the
+            // next server, ...: a leader that dies takes a client session with it, a
+            // follower that dies another.
+            let addrs: Vec<String> = (0..servers)
+                .map(|k| cluster.servers[(leader + i - 1 + k) % servers].rpc_addr())
+                .collect();
+            let addrs = addrs.join(",");
             let name = format!("n{i}");
             let dir = cluster.root.path().join(&name);
             std::fs::create_dir_all(dir.join("plugins")).unwrap();
@@ -466,8 +472,7 @@ impl HaCluster {
             if std::fs::read(format!("/proc/{pid}/cmdline")).ok().as_ref() != Some(&want) {
                 continue;
             }
-            let Some(info) = procs::stat(pid).filter(|s| s.state != 'Z' && s.state != 'X')
-            else {
+            let Some(info) = procs::stat(pid).filter(|s| s.state != 'Z' && s.state != 'X') else {
                 continue;
             };
             let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
