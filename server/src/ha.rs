@@ -37,21 +37,28 @@ const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 /// watch and reloads (a store that never sends the part that moves the revision).
 const MAX_STAGED_PARTS: usize = 10_000;
 
-/// Campaign, lead, follow, until shutdown.
+/// Campaign, lead, follow, until shutdown; then hand leadership over at once
+/// ([`crate::leader::Election::close`]: etcd revokes this server's lease).
 pub(crate) async fn run(core: Arc<Core>) {
+    run_terms(&core).await;
+    core.election.close().await;
+    tracing::info!(server = %core.me.name, "left the election");
+}
+
+async fn run_terms(core: &Arc<Core>) {
     // The state was just loaded by `start_with`: the first term or follow need not
     // read it again if nothing was committed since.
     let mut fresh = true;
     loop {
         let follow_stop = core.shutdown.child_token();
         let follower = tokio::spawn(follow(core.clone(), follow_stop.clone(), !fresh));
-        let term = campaign(&core).await;
+        let term = campaign(core).await;
         follow_stop.cancel();
         let _ = follower.await;
         let Some(term) = term else {
             return; // shutdown
         };
-        lead(&core, term, fresh).await;
+        lead(core, term, fresh).await;
         fresh = false;
         if core.shutdown.is_cancelled() {
             return;

@@ -263,6 +263,70 @@ async fn members_are_the_registered_servers_and_leave_on_close() {
 }
 
 #[tokio::test]
+async fn a_registration_comes_back_on_a_new_lease_after_its_lease_is_gone() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let a = store(&etcd, &prefix, Duration::from_secs(5)).await;
+    let ea = a.election();
+    let reg = tokio::spawn({
+        let e = ea.clone();
+        async move { e.register(info("a")).await }
+    });
+    let lease = within(Duration::from_secs(10), "a registered", async {
+        loop {
+            if let Some(l) =
+                registration_lease(&etcd.endpoint(), &format!("{prefix}servers/a")).await
+            {
+                break l;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    revoke(&etcd.endpoint(), lease).await;
+    let again = within(Duration::from_secs(10), "a registered again", async {
+        loop {
+            match registration_lease(&etcd.endpoint(), &format!("{prefix}servers/a")).await {
+                Some(l) if l != lease => break l,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await;
+    assert_ne!(again, lease);
+    assert_eq!(ea.members().await.unwrap(), [info("a")]);
+    ea.close().await;
+    within(
+        Duration::from_secs(5),
+        "register to return after close",
+        reg,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(ea.members().await.unwrap().is_empty());
+    assert!(
+        ea.campaign(info("a")).await.is_err(),
+        "no campaign after close"
+    );
+}
+
+/// The lease of the key `key`, if it exists.
+async fn registration_lease(endpoint: &str, key: &str) -> Option<i64> {
+    use drover_proto::etcd::etcdserverpb::{RangeRequest, kv_client::KvClient};
+    let mut c = KvClient::connect(endpoint.to_owned()).await.unwrap();
+    let r = c
+        .range(RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.kvs.first().map(|kv| kv.lease)
+}
+
+#[tokio::test]
 async fn a_lease_shorter_than_etcds_minimum_is_raised() {
     let Some(etcd) = shared() else { return };
     let s = store(&etcd, &etcd.unique_prefix(), Duration::from_millis(200)).await;

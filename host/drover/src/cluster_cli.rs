@@ -907,6 +907,89 @@ pub async fn eval_command(c: &Client, cmd: EvalCommand) -> anyhow::Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
+/// `drover server status`: the servers, the leader and the store, as the server at
+/// `--address` (any of them, or an agent's socket) sees them.
+pub async fn server_status(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let status = c.servers_status().await.map_err(cluster_error)?.value;
+    if json {
+        print_json(&status)?;
+    } else {
+        print!("{}", servers_status_text(&status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The text of `drover server status`.
+pub fn servers_status_text(s: &drover_server_api::ServersStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "This server  {}", s.this);
+    let _ = match &s.leader {
+        Some(l) if l.term > 0 => writeln!(out, "Leader       {} (term {})", l.name, l.term),
+        Some(l) => writeln!(out, "Leader       {}", l.name),
+        None => writeln!(out, "Leader       none elected"),
+    };
+    let _ = writeln!(out, "Store        {}", s.store.kind);
+    for e in &s.store.endpoints {
+        let mut line = format!(
+            "  {}  {}",
+            e.endpoint,
+            if e.healthy { "healthy" } else { "unhealthy" }
+        );
+        if let Some(v) = &e.version {
+            let _ = write!(line, "  version {v}");
+        }
+        if let Some(size) = e.db_size {
+            let _ = write!(line, "  db {} KiB", size.div_ceil(1024));
+        }
+        if e.is_leader {
+            line.push_str("  raft leader");
+        }
+        if let Some(err) = &e.error {
+            let _ = write!(line, "  error: {err}");
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = writeln!(out);
+    let rows: Vec<[String; 6]> = s
+        .servers
+        .iter()
+        .map(|m| {
+            let started = std::time::UNIX_EPOCH + Duration::from_secs(m.started);
+            [
+                m.name.clone(),
+                if m.leader { "leader" } else { "follower" }.to_owned(),
+                m.rpc_addr.clone(),
+                m.http_addr.clone(),
+                m.version.clone(),
+                humantime::format_rfc3339_seconds(started).to_string(),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "ROLE", "RPC", "HTTP", "VERSION", "STARTED"];
+    let mut widths = header.map(str::len);
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut line = |cells: &[&str]| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    line(&header);
+    for r in &rows {
+        line(&r.each_ref().map(String::as_str));
+    }
+    if s.servers.is_empty() {
+        out.push_str("(no server is registered in the store)\n");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1280,87 +1363,47 @@ mod tests {
             "{text}"
         );
     }
-}
 
-/// `drover server status`: the servers, the leader and the store, as the server at
-/// `--address` (any of them, or an agent's socket) sees them.
-pub async fn server_status(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
-    let status = c.servers_status().await.map_err(cluster_error)?.value;
-    if json {
-        print_json(&status)?;
-    } else {
-        print!("{}", servers_status_text(&status));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The text of `drover server status`.
-pub fn servers_status_text(s: &drover_server_api::ServersStatus) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "This server  {}", s.this);
-    let _ = match &s.leader {
-        Some(l) if l.term > 0 => writeln!(out, "Leader       {} (term {})", l.name, l.term),
-        Some(l) => writeln!(out, "Leader       {}", l.name),
-        None => writeln!(out, "Leader       none elected"),
-    };
-    let _ = writeln!(out, "Store        {}", s.store.kind);
-    for e in &s.store.endpoints {
-        let mut line = format!(
-            "  {}  {}",
-            e.endpoint,
-            if e.healthy { "healthy" } else { "unhealthy" }
+    #[test]
+    fn server_status_text_names_the_leader_and_each_server() {
+        let s = drover_server_api::ServersStatus {
+            this: "s2".into(),
+            leader: Some(drover_server_api::LeaderStatus {
+                name: "s1".into(),
+                term: 42,
+            }),
+            servers: vec![drover_server_api::ServerMember {
+                name: "s1".into(),
+                rpc_addr: "10.0.0.1:4647".into(),
+                http_addr: "10.0.0.1:4646".into(),
+                version: "0.1.0".into(),
+                started: 0,
+                leader: true,
+            }],
+            store: drover_server_api::StoreStatus {
+                kind: "etcd".into(),
+                endpoints: vec![drover_server_api::StoreEndpointHealth {
+                    endpoint: "http://127.0.0.1:2379".into(),
+                    healthy: false,
+                    version: None,
+                    db_size: None,
+                    is_leader: false,
+                    error: Some("connection refused".into()),
+                }],
+            },
+        };
+        let text = servers_status_text(&s);
+        assert!(text.contains("This server  s2"), "{text}");
+        assert!(text.contains("Leader       s1 (term 42)"), "{text}");
+        assert!(
+            text.contains("http://127.0.0.1:2379  unhealthy  error: connection refused"),
+            "{text}"
         );
-        if let Some(v) = &e.version {
-            let _ = write!(line, "  version {v}");
-        }
-        if let Some(size) = e.db_size {
-            let _ = write!(line, "  db {} KiB", size.div_ceil(1024));
-        }
-        if e.is_leader {
-            line.push_str("  raft leader");
-        }
-        if let Some(err) = &e.error {
-            let _ = write!(line, "  error: {err}");
-        }
-        let _ = writeln!(out, "{line}");
+        assert!(
+            text.contains(
+                "s1    leader  10.0.0.1:4647  10.0.0.1:4646  0.1.0    1970-01-01T00:00:00Z"
+            ),
+            "{text}"
+        );
     }
-    let _ = writeln!(out);
-    let rows: Vec<[String; 6]> = s
-        .servers
-        .iter()
-        .map(|m| {
-            let started = std::time::UNIX_EPOCH + Duration::from_secs(m.started);
-            [
-                m.name.clone(),
-                if m.leader { "leader" } else { "follower" }.to_owned(),
-                m.rpc_addr.clone(),
-                m.http_addr.clone(),
-                m.version.clone(),
-                humantime::format_rfc3339_seconds(started).to_string(),
-            ]
-        })
-        .collect();
-    let header = ["NAME", "ROLE", "RPC", "HTTP", "VERSION", "STARTED"];
-    let mut widths = header.map(str::len);
-    for r in &rows {
-        for (w, cell) in widths.iter_mut().zip(r) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let mut line = |cells: &[&str]| {
-        let text: Vec<String> = cells
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", text.join("  ").trim_end());
-    };
-    line(&header);
-    for r in &rows {
-        line(&r.each_ref().map(String::as_str));
-    }
-    if s.servers.is_empty() {
-        out.push_str("(no server is registered in the store)\n");
-    }
-    out
 }

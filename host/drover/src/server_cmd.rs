@@ -361,20 +361,17 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     config.algorithm = options.algorithm;
     config.forward = ForwardOptions {
         token: options.token.clone(),
-        tls: match &options.tls {
-            None => None,
-            // The other servers' certificates come from the same CA as this one's:
-            // the client CA when mutual TLS is on, else this server's own chain
-            // (a self-signed certificate shared by the servers, or a file holding
-            // the CA after the certificate).
-            Some(files) => Some(ForwardTls {
-                ca_file: files
-                    .client_ca
-                    .clone()
-                    .unwrap_or_else(|| files.cert.clone()),
-                identity: Some((files.cert.clone(), files.key.clone())),
-            }),
-        },
+        // The other servers' certificates come from the same CA as this one's: the
+        // client CA when mutual TLS is on, else this server's own chain (a
+        // self-signed certificate shared by the servers, or a file holding the CA
+        // after the certificate).
+        tls: options.tls.as_ref().map(|files| ForwardTls {
+            ca_file: files
+                .client_ca
+                .clone()
+                .unwrap_or_else(|| files.cert.clone()),
+            identity: Some((files.cert.clone(), files.key.clone())),
+        }),
     };
     let advertised = |given: &Option<String>, bound: SocketAddr, flag: &str| {
         let addr = given.clone().unwrap_or_else(|| bound.to_string());
@@ -395,6 +392,9 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         version: env!("CARGO_PKG_VERSION").to_owned(),
         started: ServerInfo::now(),
     };
+    if let StoreChoice::Etcd { lease_ttl, .. } = &options.store {
+        refuse_taken_name(election.as_ref(), &me, *lease_ttl).await?;
+    }
     let server = Server::start_with(config, store, election, me, stop.clone())
         .await
         .context("cannot start the server")?;
@@ -436,6 +436,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         Some(forwarded),
         stop.clone(),
     ));
+    let core_server = server.clone();
     let http_task = tokio::spawn(drover_server::http::serve(
         drover_server::http::router(server, options.token),
         http_listener,
@@ -450,6 +451,15 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
             r = &mut rpc_task => { stop.cancel(); (r, http_task.await) }
             r = &mut http_task => { stop.cancel(); (rpc_task.await, r) }
         };
+        // The leader loops finish and the server leaves the election (etcd: its lease
+        // is revoked, so another server leads at once instead of after the lease
+        // TTL). Bounded: a store that does not answer must not hold the exit.
+        if tokio::time::timeout(Duration::from_secs(10), core_server.stopped())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the server's loops did not stop within 10s; exiting anyway");
+        }
         rpc_result
             .context("the RPC listener panicked")?
             .context("RPC listener")?;
@@ -459,6 +469,36 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         Ok(())
     });
     Ok(Started { http, rpc, done })
+}
+
+/// Two live servers with one name cannot be told apart (status, leadership, the
+/// forwarding of writes): a server whose name a live server with other addresses has
+/// registered does not start. The same name at the same addresses is this server
+/// restarted before its old registration expired: allowed.
+async fn refuse_taken_name(
+    election: &dyn Election,
+    me: &ServerInfo,
+    lease_ttl: Duration,
+) -> anyhow::Result<()> {
+    let members = election
+        .members()
+        .await
+        .context("cannot list the servers registered in etcd")?;
+    if let Some(other) = members
+        .iter()
+        .find(|m| m.name == me.name && (m.rpc_addr != me.rpc_addr || m.http_addr != me.http_addr))
+    {
+        bail!(
+            "--name {}: a live server already registered this name (rpc {}, http {}); give \
+             each server its own name, or, if that was this server before a restart, wait \
+             {}s for its registration to expire",
+            me.name,
+            other.rpc_addr,
+            other.http_addr,
+            lease_ttl.as_secs()
+        );
+    }
+    Ok(())
 }
 
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {

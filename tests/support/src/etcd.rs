@@ -29,6 +29,19 @@ pub struct Etcd {
     child: Option<Child>,
     /// Which start this is (the log of each start is kept apart).
     starts: u32,
+    tls: Option<ClientTls>,
+}
+
+/// TLS on etcd's client port: etcd's certificate and key, and the CA it checks
+/// client certificates against (`--client-cert-auth`).
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    /// PEM certificate etcd serves (valid for 127.0.0.1).
+    pub cert: PathBuf,
+    /// Its PEM key.
+    pub key: PathBuf,
+    /// PEM CA that client certificates must be signed by.
+    pub client_ca: PathBuf,
 }
 
 /// The etcd binary the tests run: `$DROVER_TEST_ETCD_BIN`, else `/usr/bin/etcd`, else
@@ -73,6 +86,16 @@ impl Etcd {
     /// there within [`START_LIMIT`], with its log). `None` (said loudly) when there is
     /// no etcd binary; under `CI=true` that panics.
     pub fn start() -> Option<Etcd> {
+        Etcd::start_with(None)
+    }
+
+    /// [`Etcd::start`] with TLS on the client port (`https://` endpoint, client
+    /// certificates required). Ready once etcd logs that it serves clients.
+    pub fn start_tls(tls: ClientTls) -> Option<Etcd> {
+        Etcd::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<ClientTls>) -> Option<Etcd> {
         let Some(bin) = etcd_bin() else {
             no_etcd("no etcd binary (/usr/bin/etcd, $DROVER_TEST_ETCD_BIN or etcd on PATH)");
             return None;
@@ -88,6 +111,7 @@ impl Etcd {
             peer: free_addr(),
             child: None,
             starts: 0,
+            tls,
         };
         e.spawn();
         Some(e)
@@ -100,9 +124,19 @@ impl Etcd {
         let log = std::fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("create {}: {e}", log_path.display()));
         let log2 = log.try_clone().expect("clone the etcd log's file handle");
-        let client = format!("http://{}", self.client);
+        let client = self.endpoint();
         let peer = format!("http://{}", self.peer);
-        let child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.client_ca)
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .arg("--name")
             .arg("drover-test")
             .arg("--data-dir")
@@ -119,8 +153,11 @@ impl Etcd {
             .arg(format!("drover-test={peer}"))
             .arg("--initial-cluster-state")
             .arg("new")
+            // zap: its "serving client traffic" line tells when a TLS etcd is ready.
+            .arg("--logger")
+            .arg("zap")
             .arg("--log-level")
-            .arg("warn")
+            .arg(if self.tls.is_some() { "info" } else { "warn" })
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -137,7 +174,13 @@ impl Etcd {
     fn wait_healthy(&mut self) {
         let deadline = Instant::now() + START_LIMIT;
         loop {
-            if health(self.client) {
+            let ready = if self.tls.is_some() {
+                std::fs::read_to_string(self.log_path(self.starts))
+                    .is_ok_and(|l| l.contains("serving client traffic"))
+            } else {
+                health(self.client)
+            };
+            if ready {
                 return;
             }
             if let Some(c) = self.child.as_mut()
@@ -159,9 +202,10 @@ impl Etcd {
         }
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`.
+    /// The client URL, `http://127.0.0.1:<port>` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.client)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.client)
     }
 
     /// Its pid while it runs.

@@ -13,7 +13,39 @@ use pb::maintenance_client::MaintenanceClient;
 use pb::watch_client::WatchClient;
 use tonic::transport::{Channel, Endpoint};
 
+use super::EtcdTls;
 use crate::store::StoreError;
+
+/// The TLS settings of the connections to etcd; errors name the file.
+fn tls_config(tls: &EtcdTls, host: &str) -> Result<tonic::transport::ClientTlsConfig, StoreError> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path).map_err(|e| {
+            StoreError::Backend(format!(
+                "cannot read the etcd TLS {what} {}: {e}",
+                path.display()
+            ))
+        })
+    };
+    let mut config = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(&tls.ca, "CA file")?))
+        .domain_name(tls.server_name.clone().unwrap_or_else(|| host.to_owned()));
+    match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            config = config.identity(Identity::from_pem(
+                read(cert, "certificate file")?,
+                read(key, "key file")?,
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(StoreError::Backend(
+                "etcd TLS: give both the client certificate and its key, or neither".into(),
+            ));
+        }
+    }
+    Ok(config)
+}
 
 /// Largest message we decode: a range page or a watch response (pages are bounded
 /// by key count, values by etcd's request limit, 1.5 MiB by default).
@@ -50,32 +82,53 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Channels to every endpoint (connected on first use).
-    pub(crate) fn new(endpoints: &[String], timeout: Duration) -> Result<Client, StoreError> {
+    /// Channels to every endpoint (connected on first use). `https://` endpoints need
+    /// `tls` (its CA at least).
+    pub(crate) fn new(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<&EtcdTls>,
+    ) -> Result<Client, StoreError> {
         if endpoints.is_empty() {
             return Err(StoreError::Backend("no etcd endpoint given".into()));
         }
         let mut out = Vec::with_capacity(endpoints.len());
         for url in endpoints {
             let url = url.trim().trim_end_matches('/').to_owned();
-            if url.starts_with("https://") {
+            let secure = url.starts_with("https://");
+            if !secure && !url.starts_with("http://") {
                 return Err(StoreError::Backend(format!(
-                    "etcd endpoint {url:?}: https is not supported yet (use http:// on a \
-                     trusted network)"
+                    "etcd endpoint {url:?}: expected http://HOST:PORT or https://HOST:PORT"
                 )));
             }
-            if !url.starts_with("http://") {
-                return Err(StoreError::Backend(format!(
-                    "etcd endpoint {url:?}: expected http://HOST:PORT"
-                )));
-            }
-            let ep = Endpoint::from_shared(url.clone())
+            let mut ep = Endpoint::from_shared(url.clone())
                 .map_err(|e| StoreError::Backend(format!("etcd endpoint {url:?}: {e}")))?
                 .connect_timeout(timeout)
                 .http2_keep_alive_interval(PING)
                 .keep_alive_timeout(timeout)
                 .keep_alive_while_idle(true)
                 .tcp_nodelay(true);
+            match (secure, tls) {
+                (true, Some(tls)) => {
+                    let host = ep.uri().host().unwrap_or_default().to_owned();
+                    ep = ep
+                        .tls_config(tls_config(tls, &host)?)
+                        .map_err(|e| StoreError::Backend(format!("etcd endpoint {url:?}: {e}")))?;
+                }
+                (true, None) => {
+                    return Err(StoreError::Backend(format!(
+                        "etcd endpoint {url:?} is https: give the CA that signed etcd's \
+                         certificate (--etcd-ca)"
+                    )));
+                }
+                (false, Some(_)) => {
+                    return Err(StoreError::Backend(format!(
+                        "etcd endpoint {url:?} is plain http but TLS files were given: use \
+                         https://"
+                    )));
+                }
+                (false, None) => {}
+            }
             out.push((url, ep.connect_lazy()));
         }
         Ok(Client {
@@ -276,7 +329,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_connection_counts_as_not_sent() {
         // Nothing listens on port 1: the request cannot have reached an etcd.
-        let c = Client::new(&["http://127.0.0.1:1".into()], Duration::from_secs(2)).unwrap();
+        let c = Client::new(&["http://127.0.0.1:1".into()], Duration::from_secs(2), None).unwrap();
         let (_, _, ch) = c.current();
         let st = kv(ch).range(pb::RangeRequest::default()).await.unwrap_err();
         assert!(not_sent(&st), "{st:?}");
@@ -296,9 +349,22 @@ mod tests {
 
     #[test]
     fn endpoints_must_be_http_urls() {
-        let e = Client::new(&["127.0.0.1:2379".into()], Duration::from_secs(1)).unwrap_err();
+        let t = Duration::from_secs(1);
+        let e = Client::new(&["127.0.0.1:2379".into()], t, None).unwrap_err();
         assert!(e.to_string().contains("expected http://HOST:PORT"), "{e}");
-        let e = Client::new(&[], Duration::from_secs(1)).unwrap_err();
+        let e = Client::new(&[], t, None).unwrap_err();
         assert!(e.to_string().contains("no etcd endpoint"), "{e}");
+        let e = Client::new(&["https://127.0.0.1:2379".into()], t, None).unwrap_err();
+        assert!(e.to_string().contains("--etcd-ca"), "{e}");
+        let tls = EtcdTls {
+            ca: "/nonexistent/ca.pem".into(),
+            cert: None,
+            key: None,
+            server_name: None,
+        };
+        let e = Client::new(&["http://127.0.0.1:2379".into()], t, Some(&tls)).unwrap_err();
+        assert!(e.to_string().contains("use https://"), "{e}");
+        let e = Client::new(&["https://127.0.0.1:2379".into()], t, Some(&tls)).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
     }
 }

@@ -1,0 +1,539 @@
+//! Several servers on one real etcd: one leads, the others follow its commits, serve
+//! reads from them and forward writes to it; leadership moves when the leader goes
+//! or loses its lease, without losing or duplicating placements.
+//!
+//! Each test runs its servers in-process, each with its own `EtcdStore` (its own
+//! connection and lease) on one prefix of its own, serving the HTTP API and the node
+//! RPCs on 127.0.0.1 as `drover server` does. Without an etcd binary the tests skip
+//! loudly (and fail under `CI=true`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{SECRET, job, node};
+use drover_proto::drover::cluster::v1 as pb;
+use drover_server::http::router;
+use drover_server::leader::Term;
+use drover_server::rpc::RpcOptions;
+use drover_server::store::{BoxFuture, EtcdOptions, EtcdStore, StoreError};
+use drover_server::{Election, Server, ServerConfig, ServerInfo};
+use drover_server_api::client::{Client, ClientOptions, QueryOptions};
+use drover_server_api::{ClientStatus, EvalStatus, NodeStatus, TOKEN_HEADER};
+use drover_test_support::etcd::{SharedEtcd, shared};
+use drover_test_support::{until, within};
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "ha-test-token-0123456789";
+/// The leader's lease: a leader that stops renewing leads this long at most.
+const LEASE: Duration = Duration::from_secs(3);
+
+struct Member {
+    name: String,
+    server: Arc<Server>,
+    stop: CancellationToken,
+    http: SocketAddr,
+    rpc: SocketAddr,
+    served: Vec<tokio::task::JoinHandle<Result<(), drover_server::ServerError>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Member {
+    async fn start(etcd: &SharedEtcd, prefix: &str, name: &str) -> Member {
+        Member::start_with(etcd, prefix, name, false).await
+    }
+
+    /// `deaf`: the server never hears from the election that its term ended (as a
+    /// leader paused past its lease and resumed believes it still leads); only the
+    /// store's fence can stop it.
+    async fn start_with(etcd: &SharedEtcd, prefix: &str, name: &str, deaf: bool) -> Member {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = EtcdOptions::new(vec![etcd.endpoint()]);
+        o.prefix = prefix.to_owned();
+        o.lease_ttl = LEASE;
+        o.request_timeout = Duration::from_secs(3);
+        let store = EtcdStore::connect(o)
+            .await
+            .expect("connect to the test etcd");
+        let election = if deaf {
+            Arc::new(Deaf(store.election()))
+        } else {
+            store.election()
+        };
+        let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let rpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (http, rpc) = (http_l.local_addr().unwrap(), rpc_l.local_addr().unwrap());
+        let mut config = ServerConfig::new(dir.path());
+        config.workers = 1;
+        config.heartbeat_ttl = Duration::from_secs(1);
+        config.heartbeat_grace = Duration::from_secs(2);
+        // A new leader gives known nodes this long before it can mark them down.
+        config.failover_heartbeat_ttl = Duration::from_secs(5);
+        config.forward.token = Some(TOKEN.into());
+        let me = ServerInfo {
+            name: name.to_owned(),
+            rpc_addr: rpc.to_string(),
+            http_addr: http.to_string(),
+            tls: false,
+            version: "test".into(),
+            started: ServerInfo::now(),
+        };
+        let stop = CancellationToken::new();
+        let server = Server::start_with(config, Arc::new(store), election, me, stop.clone())
+            .await
+            .expect("start the server");
+        let served = vec![
+            tokio::spawn(drover_server::http::serve(
+                router(server.clone(), Some(TOKEN.into())),
+                http_l,
+                None,
+                stop.clone(),
+            )),
+            tokio::spawn(drover_server::rpc::serve(
+                server.clone(),
+                rpc_l,
+                RpcOptions {
+                    token: Some(TOKEN.into()),
+                    ..Default::default()
+                },
+                Some(router(server.clone(), None)),
+                stop.clone(),
+            )),
+        ];
+        Member {
+            name: name.to_owned(),
+            server,
+            stop,
+            http,
+            rpc,
+            served,
+            _dir: dir,
+        }
+    }
+
+    fn api(&self) -> Client {
+        Client::new(
+            &format!("http://{}", self.http),
+            ClientOptions {
+                token: Some(TOKEN.into()),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    async fn node_client(&self) -> pb::node_client::NodeClient<tonic::transport::Channel> {
+        pb::node_client::NodeClient::connect(format!("http://{}", self.rpc))
+            .await
+            .expect("connect to the node RPCs")
+    }
+
+    async fn shutdown(self) {
+        self.stop.cancel();
+        within(
+            Duration::from_secs(15),
+            "the server stops",
+            self.server.stopped(),
+        )
+        .await;
+        for t in self.served {
+            let _ = t.await;
+        }
+    }
+}
+
+/// The etcd election, except that the terms it returns never fire `lost`.
+struct Deaf(Arc<dyn Election>);
+
+impl Election for Deaf {
+    fn campaign(&self, me: ServerInfo) -> BoxFuture<'_, Result<Term, StoreError>> {
+        Box::pin(async move {
+            let t = self.0.campaign(me).await?;
+            Ok(Term {
+                fence: t.fence.clone(),
+                lost: CancellationToken::new(),
+                id: t.id,
+            })
+        })
+    }
+    fn leader(&self) -> BoxFuture<'_, Result<Option<ServerInfo>, StoreError>> {
+        self.0.leader()
+    }
+    fn register(&self, me: ServerInfo) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.0.register(me)
+    }
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ServerInfo>, StoreError>> {
+        self.0.members()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.0.lease_ttl()
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.0.close()
+    }
+}
+
+fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert(TOKEN_HEADER, TOKEN.parse().unwrap());
+    r
+}
+
+fn leaders(members: &[Member]) -> Vec<&Member> {
+    members.iter().filter(|m| m.server.is_leader()).collect()
+}
+
+/// Exactly one of `members` leads (waited for, then checked to hold for a while).
+async fn one_leader(members: &[Member], limit: Duration) -> String {
+    until(limit, "exactly one server leads", || {
+        leaders(members).len() == 1
+    })
+    .await;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(leaders(members).len(), 1, "two servers lead at once");
+    }
+    leaders(members)[0].name.clone()
+}
+
+fn by_name<'a>(members: &'a [Member], name: &str) -> &'a Member {
+    members.iter().find(|m| m.name == name).unwrap()
+}
+
+fn alloc_ids(server: &Server, job: &str) -> Vec<String> {
+    let mut ids: Vec<String> = server
+        .job_allocations(job)
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Wait for `eval` to be complete on `server`.
+async fn eval_complete(server: &Server, eval: &str) {
+    until(Duration::from_secs(15), "the evaluation completes", || {
+        server
+            .evaluation(eval)
+            .is_some_and(|e| e.status == EvalStatus::Complete)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_placement() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let mut members = Vec::new();
+    for name in ["s1", "s2", "s3"] {
+        members.push(Member::start(&etcd, &prefix, name).await);
+    }
+    let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+    let followers: Vec<&Member> = members.iter().filter(|m| m.name != leader).collect();
+    let (f1, f2) = (followers[0], followers[1]);
+
+    // A node registers and heartbeats through a follower: forwarded to the leader.
+    let node_json = serde_json::to_vec(&node("n1", 4000, 4000)).unwrap();
+    let mut nc = f1.node_client().await;
+    nc.register(authed(pb::RegisterRequest {
+        node_json: node_json.clone(),
+        node_secret: SECRET.into(),
+    }))
+    .await
+    .expect("register through a follower");
+    let heartbeats = {
+        let target = f1.rpc;
+        tokio::spawn(async move {
+            let mut nc = pb::node_client::NodeClient::connect(format!("http://{target}"))
+                .await
+                .unwrap();
+            let mut failures = 0u32;
+            loop {
+                let r = nc
+                    .heartbeat(authed(pb::HeartbeatRequest {
+                        node_id: "n1".into(),
+                        node_secret: SECRET.into(),
+                    }))
+                    .await;
+                if r.is_err() {
+                    failures += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if failures > 50 {
+                    return failures;
+                }
+            }
+        })
+    };
+    let l = by_name(&members, &leader);
+    until(
+        Duration::from_secs(10),
+        "the node reaches the leader",
+        || {
+            l.server
+                .node("n1")
+                .is_ok_and(|n| n.status == NodeStatus::Ready)
+        },
+    )
+    .await;
+
+    // A blocking query on a follower wakes when the job registered elsewhere commits.
+    let at = f2.api().jobs(&QueryOptions::default()).await.unwrap().index;
+    let blocked = {
+        let api = f2.api();
+        tokio::spawn(async move {
+            api.jobs(&QueryOptions::blocking(at, Duration::from_secs(30)))
+                .await
+        })
+    };
+
+    // A job registered through a follower's HTTP API is placed once.
+    let registered = f1
+        .api()
+        .register_job(&job("web", 2, 100, 100))
+        .await
+        .unwrap();
+    let woke = within(
+        Duration::from_secs(10),
+        "the follower's blocking query",
+        blocked,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(woke.index > at);
+    assert!(
+        woke.value.iter().any(|j| j.name == "web"),
+        "the follower's answer has the job: {:?}",
+        woke.value
+    );
+    eval_complete(&l.server, &registered.eval_id).await;
+    assert_eq!(alloc_ids(&l.server, "web").len(), 2);
+    let placed = alloc_ids(&l.server, "web");
+    until(
+        Duration::from_secs(10),
+        "the followers see the placements",
+        || {
+            followers
+                .iter()
+                .all(|f| alloc_ids(&f.server, "web") == placed)
+        },
+    )
+    .await;
+    // A node's allocation watch on a follower: the complete set, from its state.
+    let mut watch = f2
+        .node_client()
+        .await
+        .watch_allocations(authed(pb::WatchAllocationsRequest {
+            node_id: "n1".into(),
+            index: 0,
+            node_secret: SECRET.into(),
+        }))
+        .await
+        .expect("watch on a follower")
+        .into_inner();
+    let first = within(Duration::from_secs(5), "the complete set", watch.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.complete);
+    assert_eq!(first.allocations_json.len(), 2);
+    drop(watch);
+    // Reads on a follower: the same state as the leader's.
+    let on_follower = f2
+        .api()
+        .job_allocations("web", &QueryOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(on_follower.value.len(), 2);
+
+    // Submitting the unchanged job again (a retried forward) places nothing more.
+    let again = f2
+        .api()
+        .register_job(&job("web", 2, 100, 100))
+        .await
+        .unwrap();
+    eval_complete(&l.server, &again.eval_id).await;
+    assert_eq!(alloc_ids(&l.server, "web"), placed, "no second placement");
+
+    // Server status from a follower.
+    let status = f2.api().servers_status().await.unwrap().value;
+    assert_eq!(status.this, f2.name);
+    let sl = status.leader.expect("a leader");
+    assert_eq!(sl.name, leader);
+    assert!(sl.term > 0, "the leader's term: {sl:?}");
+    assert_eq!(status.servers.len(), 3, "{:?}", status.servers);
+    assert_eq!(
+        status
+            .servers
+            .iter()
+            .filter(|s| s.leader)
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>(),
+        [leader.as_str()]
+    );
+    assert_eq!(status.store.kind, "etcd");
+    assert!(
+        !status.store.endpoints.is_empty() && status.store.endpoints.iter().all(|e| e.healthy),
+        "{:?}",
+        status.store.endpoints
+    );
+
+    // The leader shuts down: another leads within the lease TTL plus 2 s.
+    let gone = members.iter().position(|m| m.name == leader).unwrap();
+    let old = members.remove(gone);
+    let t0 = Instant::now();
+    old.shutdown().await;
+    let new_leader = one_leader(&members, LEASE + Duration::from_secs(2)).await;
+    assert!(
+        t0.elapsed() <= LEASE + Duration::from_secs(3),
+        "{:?}",
+        t0.elapsed()
+    );
+    let nl = by_name(&members, &new_leader);
+    assert_eq!(alloc_ids(&nl.server, "web"), placed, "placements unchanged");
+    assert!(
+        nl.server
+            .job_allocations("web")
+            .iter()
+            .all(|a| a.client_status != ClientStatus::Lost),
+        "nothing lost"
+    );
+
+    // A job submitted to whichever server follows now is placed once.
+    let follower = members.iter().find(|m| m.name != new_leader).unwrap();
+    let r = follower
+        .api()
+        .register_job(&job("api", 1, 100, 100))
+        .await
+        .unwrap();
+    eval_complete(&nl.server, &r.eval_id).await;
+    assert_eq!(alloc_ids(&nl.server, "api").len(), 1);
+    assert_eq!(alloc_ids(&nl.server, "web"), placed);
+
+    // Past the new leader's failover window, the node heartbeating through a follower
+    // (or the new leader itself) is still ready: its heartbeats reach the new leader.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let n = nl.server.node("n1").unwrap();
+    assert_eq!(n.status, NodeStatus::Ready, "{n:?}");
+    assert!(!heartbeats.is_finished(), "heartbeats kept failing");
+    heartbeats.abort();
+
+    for m in members {
+        m.shutdown().await;
+    }
+}
+
+/// The leader's lease, revoked with etcd's own API (as if it had expired while the
+/// leader was paused).
+async fn revoke_leader_lease(endpoint: &str, prefix: &str) {
+    use drover_proto::etcd::etcdserverpb::LeaseRevokeRequest;
+    use drover_proto::etcd::etcdserverpb::lease_client::LeaseClient;
+    use drover_proto::etcd::v3electionpb::LeaderRequest;
+    use drover_proto::etcd::v3electionpb::election_client::ElectionClient;
+    let mut election = ElectionClient::connect(endpoint.to_owned()).await.unwrap();
+    let kv = election
+        .leader(LeaderRequest {
+            name: format!("{prefix}election").into_bytes(),
+        })
+        .await
+        .expect("etcd says who leads")
+        .into_inner()
+        .kv
+        .expect("a leader key");
+    assert_ne!(kv.lease, 0, "the leader key is bound to a lease");
+    LeaseClient::connect(endpoint.to_owned())
+        .await
+        .unwrap()
+        .lease_revoke(LeaseRevokeRequest { id: kv.lease })
+        .await
+        .expect("revoke the leader's lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_refused_and_steps_down()
+ {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    // "old" leads and never hears from the election that its term ended.
+    let old = Member::start_with(&etcd, &prefix, "old", true).await;
+    until(
+        LEASE + Duration::from_secs(5),
+        "the first server leads",
+        || old.server.is_leader(),
+    )
+    .await;
+    let other = Member::start(&etcd, &prefix, "other").await;
+    old.server
+        .register_node(node("n1", 4000, 4000), SECRET)
+        .await
+        .expect("the leader commits");
+    until(Duration::from_secs(10), "the follower follows", || {
+        other.server.node("n1").is_ok()
+    })
+    .await;
+
+    revoke_leader_lease(&etcd.endpoint(), &prefix).await;
+    until(
+        LEASE + Duration::from_secs(2),
+        "the other server leads",
+        || other.server.is_leader(),
+    )
+    .await;
+    assert!(
+        old.server.is_leader(),
+        "the deaf server still believes it leads"
+    );
+    // Its next commit is refused by the store's fence, says so, and commits nothing.
+    let err = old
+        .server
+        .register_job(job("stale", 1, 100, 100))
+        .await
+        .expect_err("a leader without its lease cannot commit");
+    assert!(
+        matches!(err, drover_server::ServerError::LeadershipLost(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("leadership lost"), "{err}");
+    until(Duration::from_secs(5), "the old leader steps down", || {
+        !old.server.is_leader()
+    })
+    .await;
+    let members = [old, other];
+    assert_eq!(one_leader(&members, Duration::from_secs(5)).await, "other");
+    let [old, other] = members;
+    assert!(
+        other.server.job("stale").is_none(),
+        "the refused job was not committed"
+    );
+    assert!(
+        old.server.job("stale").is_none(),
+        "nor applied by the old leader"
+    );
+    assert_eq!(
+        other.server.node("n1").map(|n| n.status).ok(),
+        Some(NodeStatus::Ready),
+        "what the old leader committed in its term stays"
+    );
+
+    // Through either server, writes reach the new leader.
+    for m in [&old, &other] {
+        let name = format!("after-{}", m.name);
+        let r = m
+            .api()
+            .register_job(&job(&name, 1, 100, 100))
+            .await
+            .unwrap();
+        eval_complete(&other.server, &r.eval_id).await;
+        assert!(other.server.job(&name).is_some());
+        until(Duration::from_secs(10), "the old leader follows", || {
+            old.server.job(&name).is_some()
+        })
+        .await;
+    }
+    old.shutdown().await;
+    other.shutdown().await;
+}
