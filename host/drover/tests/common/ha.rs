@@ -538,6 +538,9 @@ impl HaCluster {
     /// End every process of the cluster (servers, agents with their plugins and
     /// tasks, etcd) and check that none is left.
     pub fn shutdown(mut self) {
+        if std::env::var_os("DROVER_TEST_DUMP_LOGS").is_some() {
+            eprintln!("{}", self.dump());
+        }
         let mut pids: Vec<u32> = self.servers.iter().filter_map(HaServer::pid).collect();
         for a in &self.agents {
             pids.push(a.child.id());
@@ -589,7 +592,8 @@ fn marked(markers: &[String]) -> Vec<u32> {
 
 impl Drop for HaCluster {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        // `DROVER_TEST_DUMP_LOGS=1`: the tails also after a test that passed.
+        if std::thread::panicking() || std::env::var_os("DROVER_TEST_DUMP_LOGS").is_some() {
             eprintln!("{}", self.dump());
         }
         // Agents first (they destroy their tasks through their own sockets), then the
