@@ -208,8 +208,10 @@ async fn a_leader_cut_off_from_etcd_gives_up_its_term_within_the_lease_ttl() {
         "the term still stands {:?} after etcd stopped answering",
         started.elapsed()
     );
+    // The term ends a TTL after the send of the last answered keepalive, which may
+    // be just before the stop: allow the timer's resolution.
     assert!(
-        started.elapsed() <= ttl,
+        started.elapsed() <= ttl + Duration::from_millis(50),
         "lost after {:?}, later than the lease TTL {ttl:?}",
         started.elapsed()
     );
