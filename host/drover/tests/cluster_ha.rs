@@ -362,6 +362,40 @@ fn a_killed_leader_is_replaced_within_the_lease_and_nothing_moves() {
                 .ok_or_else(|| describe(&job))
         },
     );
+    // The CLI through the socket of agent n1, whose first server is the dead one: the
+    // agent forwards to the next.
+    let out = c.agents[0].cli(&["server", "status", "--json"]);
+    let status = common::ha::json_of(&out, &["server", "status", "--json"])
+        .unwrap_or_else(|e| panic!("server status through agent n1: {e}"));
+    assert_eq!(
+        status["leader"]["name"],
+        c.servers[new_leader].name.as_str(),
+        "{status:#}"
+    );
+
+    // The killed server started again (same name and addresses) follows.
+    c.servers[leader].restart();
+    let (again, _) = c.poll(
+        Duration::from_secs(20),
+        "the restarted server follows and every server is listed",
+        || {
+            let (l, t) = c.leader_except(None)?;
+            let status = c.servers[leader].status()?;
+            let names: BTreeSet<&str> = status["servers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["name"].as_str())
+                .collect();
+            if names == BTreeSet::from(["s1", "s2", "s3"]) {
+                Ok((l, t))
+            } else {
+                Err(format!("{} lists {names:?}", old))
+            }
+        },
+    );
+    assert_eq!(again, new_leader, "leadership moved when {old} came back");
+    assert_untouched(&c, "six", &before, &procs, &six);
     c.shutdown();
 }
 

@@ -67,6 +67,29 @@ impl HaServer {
         self.paused = false;
     }
 
+    /// Start it again (after [`HaServer::kill9`]) with the same name, dirs and ports,
+    /// and wait until it answers.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "{} still runs", self.name);
+        self.spawn();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = self.status() {
+            if self.is_dead() {
+                panic!(
+                    "{} exited at its restart:\n{}",
+                    self.name,
+                    tail(&self.log_text(), 40)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never answered again: {e}",
+                self.name
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
     /// Its pid while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
