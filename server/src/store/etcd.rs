@@ -26,12 +26,13 @@
 //!   range, commit or watch), then the ops and `meta/index` = index + 1. A second
 //!   writer that has not read the latest commit is refused. Duplicate keys in one
 //!   transaction: the last op wins (etcd refuses duplicates). A transaction beyond
-//!   [`TxnLimits`] is split into parts sent in order (see [`TxnLimits`]); each part
+//!   [`TxnLimits`](super::TxnLimits) is split into parts sent in order (see
+//!   [`TxnLimits`](super::TxnLimits)); each part
 //!   checks the conditions and the index, only the last moves it. A failed commit
 //!   reports the current index and does not teach this instance the new index: it
 //!   must read again ([`Store::range`]) before it can commit.
 //! - [`Store::watch`]: an etcd watch on the prefix from the etcd revision at which this
-//!   instance saw the index it is asked for ([`WatchEvent::Reset`] if it does not
+//!   instance saw the index it is asked for ([`WatchEvent::Reset`](super::WatchEvent::Reset) if it does not
 //!   know it, or etcd compacted that far); the events of one etcd revision make one
 //!   [`StoreChange`](super::StoreChange), whose revision is the new index when that
 //!   etcd revision moved the index (`None`: a part of a split transaction). A lost
@@ -44,7 +45,9 @@
 //!   gone, when no keepalive succeeded for a TTL (measured from the send of the last
 //!   answered one, so never later than etcd's own expiry), or when the key is deleted.
 //!   [`Election::close`] revokes the lease on shutdown, so another server takes over
-//!   at once.
+//!   at once; a lease given up for want of answers is revoked as soon as etcd answers
+//!   again (etcd renews every lease's TTL when it restarts, so the old election key
+//!   would otherwise hold the next leader back for a TTL).
 //! - Endpoints: `http://`, or `https://` with [`EtcdTls`] (etcd's CA, and a client
 //!   certificate for an etcd that checks them). A call goes to the endpoint
 //!   that answered last; reads move on to the next endpoint when one cannot be reached,

@@ -138,7 +138,7 @@ pub type WatchStream =
 /// The largest transaction a store takes in one piece. [`Store::txn`] splits larger
 /// ones into several, in order, each checking the conditions; only the last moves the
 /// revision. If one part fails, the parts before it stay written: the ops of a
-/// [`crate::state::Batch`] are ordered so that such a prefix is harmless (deletions,
+/// `crate::state::Batch` are ordered so that such a prefix is harmless (deletions,
 /// then documents, evaluations last, so that an unfinished plan leaves its evaluation
 /// pending and the next leader runs it again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

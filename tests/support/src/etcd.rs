@@ -30,6 +30,10 @@ pub struct Etcd {
     /// Which start this is (the log of each start is kept apart).
     starts: u32,
     tls: Option<ClientTls>,
+    /// Member name and `--initial-cluster` (one member, or every member of an
+    /// [`EtcdCluster`]).
+    name: String,
+    initial_cluster: String,
 }
 
 /// TLS on etcd's client port: etcd's certificate and key, and the CA it checks
@@ -100,11 +104,18 @@ impl Etcd {
             no_etcd("no etcd binary (/usr/bin/etcd, $DROVER_TEST_ETCD_BIN or etcd on PATH)");
             return None;
         };
+        let mut e = Etcd::new(bin, "drover-test".into(), tls);
+        e.initial_cluster = format!("{}=http://{}", e.name, e.peer);
+        e.spawn();
+        Some(e)
+    }
+
+    fn new(bin: PathBuf, name: String, tls: Option<ClientTls>) -> Etcd {
         let dir = tempfile::Builder::new()
             .prefix("drover-test-etcd-")
             .tempdir()
             .expect("temp dir for etcd");
-        let mut e = Etcd {
+        Etcd {
             bin,
             dir,
             client: free_addr(),
@@ -112,12 +123,17 @@ impl Etcd {
             child: None,
             starts: 0,
             tls,
-        };
-        e.spawn();
-        Some(e)
+            name,
+            initial_cluster: String::new(),
+        }
     }
 
     fn spawn(&mut self) {
+        self.launch();
+        self.wait_healthy();
+    }
+
+    fn launch(&mut self) {
         assert!(self.child.is_none(), "etcd is already running");
         self.starts += 1;
         let log_path = self.log_path(self.starts);
@@ -138,7 +154,7 @@ impl Etcd {
         }
         let child = cmd
             .arg("--name")
-            .arg("drover-test")
+            .arg(&self.name)
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .arg("--listen-client-urls")
@@ -150,7 +166,7 @@ impl Etcd {
             .arg("--initial-advertise-peer-urls")
             .arg(&peer)
             .arg("--initial-cluster")
-            .arg(format!("drover-test={peer}"))
+            .arg(&self.initial_cluster)
             .arg("--initial-cluster-state")
             .arg("new")
             // zap: its "serving client traffic" line tells when a TLS etcd is ready.
@@ -164,7 +180,6 @@ impl Etcd {
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", self.bin.display()));
         self.child = Some(child);
-        self.wait_healthy();
     }
 
     fn log_path(&self, start: u32) -> PathBuf {
@@ -265,6 +280,50 @@ fn health(addr: SocketAddr) -> bool {
     let _ = s.take(64 * 1024).read_to_end(&mut body);
     let body = String::from_utf8_lossy(&body);
     body.starts_with("HTTP/1.") && body.contains("200") && body.contains("\"health\":\"true\"")
+}
+
+/// A private etcd cluster of several members on 127.0.0.1, for failover tests.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Etcd>,
+}
+
+impl EtcdCluster {
+    /// Start `n` members and wait until each is healthy (the cluster has a leader).
+    /// `None` (loudly; a panic under `CI=true`) without an etcd binary.
+    pub fn start(n: usize) -> Option<EtcdCluster> {
+        let Some(bin) = etcd_bin() else {
+            no_etcd("no etcd binary (/usr/bin/etcd, $DROVER_TEST_ETCD_BIN or etcd on PATH)");
+            return None;
+        };
+        let mut members: Vec<Etcd> = (0..n)
+            .map(|i| Etcd::new(bin.clone(), format!("drover-test-{i}"), None))
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        // Every member first: none is healthy before a quorum runs.
+        for m in &mut members {
+            m.initial_cluster = initial.clone();
+            m.launch();
+        }
+        for m in &mut members {
+            m.wait_healthy();
+        }
+        Some(EtcdCluster { members })
+    }
+
+    /// Every member's client URL, in member order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Etcd::endpoint).collect()
+    }
+
+    /// Member `i` (to kill it and start it again).
+    pub fn member(&mut self, i: usize) -> &mut Etcd {
+        &mut self.members[i]
+    }
 }
 
 /// An etcd for a test: the one `scripts/test.sh` runs, or a private one, with a key

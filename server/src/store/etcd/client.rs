@@ -197,7 +197,7 @@ impl Client {
                 }
                 Ok(Err(status)) => {
                     let failover = match retry {
-                        Retry::Idempotent => is_unavailable(&status),
+                        Retry::Idempotent => is_unavailable(&status) || is_transport(&status),
                         Retry::NotSent => not_sent(&status),
                     };
                     if !failover {
@@ -263,20 +263,37 @@ pub(crate) fn is_unavailable(s: &tonic::Status) -> bool {
     ) && !s.message().contains("compacted")
 }
 
-/// The call failed before its request went out: the connection could not be made.
+/// The connection failed under the call (reset, closed, broken pipe): another
+/// endpoint may serve a call that is safe to repeat.
+pub(crate) fn is_transport(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unknown && s.message().contains("transport error")
+}
+
+/// The call failed before its request could reach etcd: the connection could not be
+/// made (refused, unreachable, DNS), or writing it found the connection already
+/// closed by etcd (a broken pipe: etcd had gone before the request's last frame, so
+/// no handler ran it). A reset or a timeout after sending is not: etcd may have
+/// applied it.
 pub(crate) fn not_sent(s: &tonic::Status) -> bool {
-    if s.code() != tonic::Code::Unavailable {
+    if !matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
         return false;
     }
+    const BEFORE_SENDING: [&str; 5] = [
+        "tcp connect error",
+        "error trying to connect",
+        "Connection refused",
+        "dns error",
+        "broken pipe",
+    ];
+    let mut texts = vec![s.message().to_owned()];
     let mut e: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
     while let Some(err) = e {
-        let text = err.to_string();
-        if text.contains("connect") || text.contains("Connection refused") {
-            return true;
-        }
+        texts.push(err.to_string());
         e = err.source();
     }
-    s.message().contains("error trying to connect") || s.message().contains("Connection refused")
+    texts
+        .iter()
+        .any(|t| BEFORE_SENDING.iter().any(|m| t.contains(m)))
 }
 
 /// A status as a short human text, with its transport cause when there is one.

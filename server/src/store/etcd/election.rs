@@ -373,11 +373,57 @@ impl Election for EtcdElection {
 }
 
 /// Keep `lease` alive every TTL/3 until it is lost: etcd says it is gone, or no
-/// keepalive was answered for a TTL after it was sent (the lease may have expired:
-/// conservative, by the local clock).
+/// keepalive was answered for 95% of a TTL after it was sent (the lease may expire
+/// soon: conservative, by the local clock). A dead or stuck endpoint is left for the
+/// next one.
 async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at: Instant) {
+    if keep_alive_until_lost(&client, &lease, ttl, granted_at).await {
+        revoke_lost(&client, lease.id, ttl).await;
+    }
+}
+
+/// The lease was given up unanswered (etcd down, paused or cut off): revoke it once
+/// etcd answers again, so that its election key and registration go at once and the
+/// next leader need not wait for its expiry (etcd renews every lease's TTL when it
+/// restarts or elects a new raft leader). Tries for three TTLs at most.
+async fn revoke_lost(client: &Client, id: i64, ttl: Duration) {
+    let until = Instant::now() + ttl * 3;
+    while Instant::now() < until {
+        let r = client
+            .unary(
+                "revoke of a lost lease",
+                Retry::Idempotent,
+                |ch| async move {
+                    client::lease(ch)
+                        .lease_revoke(pb::LeaseRevokeRequest { id })
+                        .await
+                },
+            )
+            .await;
+        match r {
+            Ok(_) => {
+                tracing::info!(lease = format!("{id:x}"), "revoked the lost etcd lease");
+                return;
+            }
+            Err(e) if lease_not_found(&e.to_string()) => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Keepalives until the lease is lost; `true` when it was given up for want of
+/// answers (rather than etcd saying it is gone, or a revoke/close).
+async fn keep_alive_until_lost(
+    client: &Client,
+    lease: &Lease,
+    ttl: Duration,
+    granted_at: Instant,
+) -> bool {
     let period = (ttl / 3).max(Duration::from_millis(300));
-    // The lease lives at least until the send of the last answered request + TTL.
+    // The lease lives at least until the send of the last answered request + TTL;
+    // give the term up a little before that (timers fire late by up to a tick, a
+    // request may be answered just as etcd stops), so that it is never held past it.
+    let deadline = ttl - ttl / 20;
     let mut alive_from = granted_at;
     let mut pause = Duration::from_millis(100);
     let lost = |why: &str| {
@@ -386,19 +432,19 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
     };
     loop {
         if lease.lost.is_cancelled() {
-            return;
+            return false;
         }
         let (i, url, ch) = client.current();
         let (tx, rx) = mpsc::channel::<pb::LeaseKeepAliveRequest>(4);
-        // etcd sends the stream's headers with its first answer, so the call below
-        // opens only once a request went out: queue the first one before it.
-        let first = Instant::now();
+        // etcd answers the call (headers included) only with its first response: the
+        // first request must be on its way before the call returns.
         let _ = tx.try_send(pb::LeaseKeepAliveRequest { id: lease.id });
+        let mut sent: VecDeque<Instant> = VecDeque::from([Instant::now()]);
         let mut lc = client::lease(ch);
         let opened = tokio::select! {
             r = tokio::time::timeout(client.timeout(), lc.lease_keep_alive(ReceiverStream::new(rx))) => r,
-            _ = tokio::time::sleep_until(alive_from + ttl) => { lost("no keepalive answered for its TTL"); return; }
-            _ = lease.lost.cancelled() => return,
+            _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return true; }
+            _ = lease.lost.cancelled() => return false,
         };
         let mut stream = match opened {
             Ok(Ok(r)) => r.into_inner(),
@@ -407,8 +453,8 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                 tracing::warn!(endpoint = url, error = %client::describe(&st), "etcd lease keepalive: reconnecting");
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
-                    _ = tokio::time::sleep_until(alive_from + ttl) => { lost("no keepalive answered for its TTL"); return; }
-                    _ = lease.lost.cancelled() => return,
+                    _ = tokio::time::sleep_until(alive_from + deadline) => { lost("no keepalive answered for its TTL"); return true; }
+                    _ = lease.lost.cancelled() => return false,
                 }
                 pause = (pause * 2).min(period);
                 continue;
@@ -418,39 +464,44 @@ async fn keep_alive(client: Arc<Client>, lease: Lease, ttl: Duration, granted_at
                 continue;
             }
         };
-        let mut sent: VecDeque<Instant> = VecDeque::from([first]);
-        let mut tick = tokio::time::interval(period);
+        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = lease.lost.cancelled() => return,
-                _ = tokio::time::sleep_until(alive_from + ttl) => {
+                _ = lease.lost.cancelled() => return false,
+                _ = tokio::time::sleep_until(alive_from + deadline) => {
                     lost("no keepalive answered for its TTL");
-                    return;
+                    return true;
                 }
                 _ = tick.tick() => {
-                    if tx.send(pb::LeaseKeepAliveRequest { id: lease.id }).await.is_err() {
+                    // Never wait here: a dead connection stops taking requests, and
+                    // the TTL deadline above must still be able to fire. A full queue
+                    // or unanswered requests beyond a few mean the stream is stuck.
+                    if tx.try_send(pb::LeaseKeepAliveRequest { id: lease.id }).is_err()
+                        || sent.len() >= 3
+                    {
+                        client.failed(i);
+                        tracing::warn!(endpoint = url, "etcd lease keepalive stuck; reconnecting");
                         break;
                     }
                     sent.push_back(Instant::now());
-                    // Unanswered requests beyond a few mean the stream is stuck.
-                    if sent.len() > 8 {
-                        break;
-                    }
                 }
                 msg = stream.message() => match msg {
                     Ok(Some(r)) => {
                         let at = sent.pop_front();
                         if r.ttl <= 0 {
                             lost("etcd says the lease is gone");
-                            return;
+                            return false;
                         }
                         if let Some(at) = at {
                             alive_from = alive_from.max(at);
                         }
                         pause = Duration::from_millis(100);
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        client.failed(i);
+                        break;
+                    }
                     Err(st) => {
                         client.failed(i);
                         tracing::warn!(endpoint = url, error = %client::describe(&st), "etcd lease keepalive broke; reconnecting");
