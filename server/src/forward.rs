@@ -45,6 +45,8 @@ pub const NOT_LEADER_HEADER: &str = "x-drover-not-leader";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a forwarded write may take (its head: the leader's answer begins).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a forwarded write's answer waits for this server to apply its commit.
+pub(crate) const APPLY_WAIT: Duration = Duration::from_secs(5);
 /// How often the leader is asked for while there is none.
 const LEADER_POLL: Duration = Duration::from_millis(250);
 /// Beyond the lease TTL, how long a request waits for a leader to be elected.
@@ -293,6 +295,15 @@ impl Forwarder {
                     let not_leader =
                         head.status == 503 && head.headers.contains_key(NOT_LEADER_HEADER);
                     if !not_leader || Instant::now() >= deadline {
+                        // Read your writes: answer once this server's state has the
+                        // commit (the client's next read may come here).
+                        if let Some(index) = head
+                            .headers
+                            .get(drover_server_api::INDEX_HEADER)
+                            .and_then(|v| v.parse().ok())
+                        {
+                            core.wait_applied(index, APPLY_WAIT).await;
+                        }
                         return Forwarded::Remote(response(head, stream));
                     }
                     format!("{} does not lead any more", to.name)

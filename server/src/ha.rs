@@ -33,6 +33,8 @@ use crate::store::{StoreChange, WatchEvent};
 const CAMPAIGN_RETRY: Duration = Duration::from_secs(1);
 /// Pause before following again after the watch or a reload failed.
 const FOLLOW_RETRY: Duration = Duration::from_secs(1);
+/// Longest pause between attempts to read the state again.
+const MAX_FOLLOW_RETRY: Duration = Duration::from_secs(5);
 /// Parts of one split commit a follower keeps at most before it gives up on the
 /// watch and reloads (a store that never sends the part that moves the revision).
 const MAX_STAGED_PARTS: usize = 10_000;
@@ -217,6 +219,9 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) {
 /// Follow the leader's commits until `stop`. `reload` first when the state may be
 /// behind the store (after a term of our own: its last commits may have failed).
 async fn follow(core: Arc<Core>, stop: CancellationToken, mut reload: bool) {
+    // Doubles while reading the state keeps failing (a store that is down, a value
+    // that does not decode): retried for ever, logged less and less often.
+    let mut backoff = FOLLOW_RETRY;
     loop {
         if reload {
             let r = {
@@ -224,12 +229,18 @@ async fn follow(core: Arc<Core>, stop: CancellationToken, mut reload: bool) {
                 core.reload().await
             };
             if let Err(e) = r {
-                tracing::warn!("cannot read the state from the store: {e}; retrying");
+                tracing::warn!(
+                    "cannot read the state from the store: {e}; retrying in {}s",
+                    backoff.as_secs()
+                );
                 tokio::select! {
-                    () = tokio::time::sleep(FOLLOW_RETRY) => continue,
+                    () = tokio::time::sleep(backoff) => {}
                     () = stop.cancelled() => return,
                 }
+                backoff = (backoff * 2).min(MAX_FOLLOW_RETRY);
+                continue;
             }
+            backoff = FOLLOW_RETRY;
         }
         reload = true;
         let from = core.read().index;

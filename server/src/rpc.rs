@@ -233,6 +233,13 @@ impl Node for NodeRpc {
             })
             .await
         {
+            // The node's next call (its allocation watch) is served here, from this
+            // server's state: answer once that state has the registration.
+            if let Ok(resp) = &r {
+                self.server
+                    .wait_applied(resp.get_ref().index, crate::forward::APPLY_WAIT)
+                    .await;
+            }
             return r;
         }
         let pb::RegisterRequest {

@@ -253,6 +253,14 @@ impl Core {
         Ok((index, r))
     }
 
+    /// Wait (at most `limit`) until this server's state holds what was committed at
+    /// `index`: a follower that forwarded a write answers only once it can read it
+    /// back, so that a client reading from the same server next sees its write.
+    pub(crate) async fn wait_applied(&self, index: Index, limit: Duration) {
+        let mut rx = self.index_tx.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|i| *i >= index)).await;
+    }
+
     /// The term this server leads in, if it leads.
     pub(crate) fn current_term(&self) -> Option<Arc<LeaderTerm>> {
         self.term.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -520,6 +528,11 @@ impl Server {
     /// This server as the others see it.
     pub fn info(&self) -> &ServerInfo {
         &self.core.me
+    }
+
+    /// Wait (at most `limit`) until this server's state holds the commit at `index`.
+    pub async fn wait_applied(&self, index: Index, limit: Duration) {
+        self.core.wait_applied(index, limit).await;
     }
 
     /// Whether this server leads now (writes are made here, not forwarded).

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{SECRET, job, node};
 use drover_proto::drover::cluster::v1 as pb;
+use drover_server::forward::{FORWARDED_HEADER, NOT_LEADER_HEADER};
 use drover_server::http::router;
 use drover_server::leader::Term;
 use drover_server::rpc::RpcOptions;
@@ -42,15 +43,23 @@ struct Member {
 
 impl Member {
     async fn start(etcd: &SharedEtcd, prefix: &str, name: &str) -> Member {
-        Member::start_with(etcd, prefix, name, false).await
+        Member::start_with(&etcd.endpoint(), prefix, name, false, None).await
     }
 
     /// `deaf`: the server never hears from the election that its term ended (as a
     /// leader paused past its lease and resumed believes it still leads); only the
     /// store's fence can stop it.
-    async fn start_with(etcd: &SharedEtcd, prefix: &str, name: &str, deaf: bool) -> Member {
+    /// `tls`: both listeners speak TLS with this certificate, and require client
+    /// certificates from its CA (the forwarding server presents its own).
+    async fn start_with(
+        endpoint: &str,
+        prefix: &str,
+        name: &str,
+        deaf: bool,
+        tls: Option<&Tls>,
+    ) -> Member {
         let dir = tempfile::tempdir().unwrap();
-        let mut o = EtcdOptions::new(vec![etcd.endpoint()]);
+        let mut o = EtcdOptions::new(vec![endpoint.to_owned()]);
         o.prefix = prefix.to_owned();
         o.lease_ttl = LEASE;
         o.request_timeout = Duration::from_secs(3);
@@ -72,11 +81,20 @@ impl Member {
         // A new leader gives known nodes this long before it can mark them down.
         config.failover_heartbeat_ttl = Duration::from_secs(5);
         config.forward.token = Some(TOKEN.into());
+        let files = tls.map(|t| drover_server::tls::TlsFiles {
+            cert: t.cert.clone(),
+            key: t.key.clone(),
+            client_ca: Some(t.ca.clone()),
+        });
+        config.forward.tls = tls.map(|t| drover_server::config::ForwardTls {
+            ca_file: t.ca.clone(),
+            identity: Some((t.cert.clone(), t.key.clone())),
+        });
         let me = ServerInfo {
             name: name.to_owned(),
             rpc_addr: rpc.to_string(),
             http_addr: http.to_string(),
-            tls: false,
+            tls: tls.is_some(),
             version: "test".into(),
             started: ServerInfo::now(),
         };
@@ -88,7 +106,7 @@ impl Member {
             tokio::spawn(drover_server::http::serve(
                 router(server.clone(), Some(TOKEN.into())),
                 http_l,
-                None,
+                files.clone(),
                 stop.clone(),
             )),
             tokio::spawn(drover_server::rpc::serve(
@@ -96,6 +114,7 @@ impl Member {
                 rpc_l,
                 RpcOptions {
                     token: Some(TOKEN.into()),
+                    tls: files,
                     ..Default::default()
                 },
                 Some(router(server.clone(), None)),
@@ -144,6 +163,39 @@ impl Member {
     }
 }
 
+/// A CA and one certificate (127.0.0.1, localhost) the servers share, in files.
+struct Tls {
+    ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn tls_files() -> Tls {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    Tls {
+        ca: write("ca.pem", &ca_cert.pem()),
+        cert: write("cert.pem", &cert.pem()),
+        key: write("key.pem", &key.serialize_pem()),
+        _dir: dir,
+    }
+}
+
 /// The etcd election, except that the terms it returns never fire `lost`.
 struct Deaf(Arc<dyn Election>);
 
@@ -184,6 +236,31 @@ fn authed<T>(msg: T) -> tonic::Request<T> {
 
 fn leaders(members: &[Member]) -> Vec<&Member> {
     members.iter().filter(|m| m.server.is_leader()).collect()
+}
+
+/// Node n1's client: a heartbeat every 300 ms to `target` (ends after 50 failures).
+fn heartbeat_loop(target: SocketAddr) -> tokio::task::JoinHandle<u32> {
+    tokio::spawn(async move {
+        let mut nc = pb::node_client::NodeClient::connect(format!("http://{target}"))
+            .await
+            .unwrap();
+        let mut failures = 0u32;
+        loop {
+            let r = nc
+                .heartbeat(authed(pb::HeartbeatRequest {
+                    node_id: "n1".into(),
+                    node_secret: SECRET.into(),
+                }))
+                .await;
+            if r.is_err() {
+                failures += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if failures > 50 {
+                return failures;
+            }
+        }
+    })
 }
 
 /// Exactly one of `members` leads (waited for, then checked to hold for a while).
@@ -232,6 +309,14 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
         members.push(Member::start(&etcd, &prefix, name).await);
     }
     let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+    // While its lease is renewed, a leader keeps its term: no flapping.
+    let term = by_name(&members, &leader).server.leading();
+    tokio::time::sleep(LEASE * 2).await;
+    assert_eq!(
+        by_name(&members, &leader).server.leading(),
+        term,
+        "the leader lost its term though nothing happened to it"
+    );
     let followers: Vec<&Member> = members.iter().filter(|m| m.name != leader).collect();
     let (f1, f2) = (followers[0], followers[1]);
 
@@ -244,30 +329,12 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     }))
     .await
     .expect("register through a follower");
-    let heartbeats = {
-        let target = f1.rpc;
-        tokio::spawn(async move {
-            let mut nc = pb::node_client::NodeClient::connect(format!("http://{target}"))
-                .await
-                .unwrap();
-            let mut failures = 0u32;
-            loop {
-                let r = nc
-                    .heartbeat(authed(pb::HeartbeatRequest {
-                        node_id: "n1".into(),
-                        node_secret: SECRET.into(),
-                    }))
-                    .await;
-                if r.is_err() {
-                    failures += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                if failures > 50 {
-                    return failures;
-                }
-            }
-        })
-    };
+    // Read your writes: the follower answered once its own state had the node.
+    assert!(
+        f1.server.node("n1").is_ok(),
+        "the follower knows the node it registered"
+    );
+    let heartbeats = heartbeat_loop(f1.rpc);
     let l = by_name(&members, &leader);
     until(
         Duration::from_secs(10),
@@ -296,6 +363,10 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
         .register_job(&job("web", 2, 100, 100))
         .await
         .unwrap();
+    f1.api()
+        .evaluation(&registered.eval_id, &QueryOptions::default())
+        .await
+        .expect("the follower that forwarded the write reads it back at once");
     let woke = within(
         Duration::from_secs(10),
         "the follower's blocking query",
@@ -359,6 +430,46 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     eval_complete(&l.server, &again.eval_id).await;
     assert_eq!(alloc_ids(&l.server, "web"), placed, "no second placement");
 
+    // No second hop: a write another server forwarded to a follower is refused (503,
+    // marked so that the forwarding server looks for the leader again), and so is a
+    // forwarded node call.
+    let mut api_rpc = pb::api_client::ApiClient::connect(format!("http://{}", f2.rpc))
+        .await
+        .unwrap();
+    let body = serde_json::to_vec(&drover_server_api::JobRegisterRequest {
+        job: job("hop", 1, 100, 100),
+    })
+    .unwrap();
+    let mut head = api_rpc
+        .forward(authed(pb::ForwardRequest {
+            method: "PUT".into(),
+            path_and_query: "/v1/jobs".into(),
+            headers: [
+                ("content-type".to_owned(), "application/json".to_owned()),
+                (FORWARDED_HEADER.to_owned(), "elsewhere".to_owned()),
+            ]
+            .into(),
+            body,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let head = head.message().await.unwrap().unwrap();
+    assert_eq!(head.status, 503);
+    assert!(head.headers.contains_key(NOT_LEADER_HEADER), "{head:?}");
+    let mut hop = authed(pb::HeartbeatRequest {
+        node_id: "n1".into(),
+        node_secret: SECRET.into(),
+    });
+    hop.metadata_mut()
+        .insert(FORWARDED_HEADER, "elsewhere".parse().unwrap());
+    let err = f2.node_client().await.heartbeat(hop).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        l.server.job("hop").is_none(),
+        "the refused write was not made"
+    );
+
     // Server status from a follower.
     let status = f2.api().servers_status().await.unwrap().value;
     assert_eq!(status.this, f2.name);
@@ -388,6 +499,10 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     let t0 = Instant::now();
     old.shutdown().await;
     let new_leader = one_leader(&members, LEASE + Duration::from_secs(2)).await;
+    eprintln!(
+        "leader {leader} shut down: {new_leader} leads {:?} later",
+        t0.elapsed()
+    );
     assert!(
         t0.elapsed() <= LEASE + Duration::from_secs(3),
         "{:?}",
@@ -459,7 +574,7 @@ async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_ref
     let Some(etcd) = shared() else { return };
     let prefix = etcd.unique_prefix();
     // "old" leads and never hears from the election that its term ended.
-    let old = Member::start_with(&etcd, &prefix, "old", true).await;
+    let old = Member::start_with(&etcd.endpoint(), &prefix, "old", true, None).await;
     until(
         LEASE + Duration::from_secs(5),
         "the first server leads",
@@ -536,4 +651,128 @@ async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_ref
     }
     old.shutdown().await;
     other.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_tls_a_follower_forwards_writes_to_the_leader_with_its_own_certificate() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let tls = tls_files();
+    let mut members = Vec::new();
+    for name in ["t1", "t2"] {
+        members.push(Member::start_with(&etcd.endpoint(), &prefix, name, false, Some(&tls)).await);
+    }
+    let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+    let l = by_name(&members, &leader);
+    let follower = members.iter().find(|m| m.name != leader).unwrap();
+    let api = Client::new(
+        &format!("https://{}", follower.http),
+        ClientOptions {
+            token: Some(TOKEN.into()),
+            ca_file: Some(tls.ca.clone()),
+            client_cert: Some((tls.cert.clone(), tls.key.clone())),
+        },
+    )
+    .unwrap();
+    let r = api
+        .register_job(&job("secure", 1, 100, 100))
+        .await
+        .expect("a write through the follower, over TLS");
+    until(Duration::from_secs(10), "the leader has the job", || {
+        l.server.job("secure").is_some()
+    })
+    .await;
+    eval_complete(&l.server, &r.eval_id).await;
+    for m in members {
+        m.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_etcd_reads_answer_from_the_last_state_writes_fail_clearly_and_it_carries_on_after()
+{
+    let Some(mut etcd) = drover_test_support::etcd::Etcd::start() else {
+        return;
+    };
+    let prefix = drover_test_support::etcd::unique_prefix();
+    let s = Member::start_with(&etcd.endpoint(), &prefix, "alone", false, None).await;
+    until(LEASE + Duration::from_secs(5), "the server leads", || {
+        s.server.is_leader()
+    })
+    .await;
+    let api = s.api();
+    let first = api.register_job(&job("before", 1, 100, 100)).await.unwrap();
+    let node_json = serde_json::to_vec(&node("n1", 4000, 4000)).unwrap();
+    s.node_client()
+        .await
+        .register(authed(pb::RegisterRequest {
+            node_json,
+            node_secret: SECRET.into(),
+        }))
+        .await
+        .unwrap();
+    let heartbeats = heartbeat_loop(s.rpc);
+    let retried = api.register_job(&job("before", 1, 100, 100)).await.unwrap();
+    eval_complete(&s.server, &retried.eval_id).await;
+    let placed = alloc_ids(&s.server, "before");
+    assert_eq!(placed.len(), 1);
+    assert!(s.server.evaluation(&first.eval_id).is_some());
+
+    etcd.kill9();
+    // Its lease cannot be renewed: it stops leading within the TTL (its own clock).
+    until(
+        LEASE + Duration::from_secs(2),
+        "the server steps down",
+        || !s.server.is_leader(),
+    )
+    .await;
+    // Reads: the last known state.
+    let jobs = api
+        .jobs(&QueryOptions::default())
+        .await
+        .expect("a read without etcd");
+    assert!(jobs.value.iter().any(|j| j.name == "before"));
+    // Writes: a clear refusal, within the election deadline (lease TTL + 5 s).
+    let t0 = Instant::now();
+    let err = api
+        .register_job(&job("during", 1, 100, 100))
+        .await
+        .expect_err("no write without etcd");
+    assert!(
+        t0.elapsed() <= LEASE + Duration::from_secs(7),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no leader elected yet; the store says:"),
+        "{err}"
+    );
+
+    etcd.start_again();
+    until(
+        LEASE + Duration::from_secs(10),
+        "the server leads again",
+        || s.server.is_leader(),
+    )
+    .await;
+    let after = api.register_job(&job("after", 1, 100, 100)).await.unwrap();
+    eval_complete(&s.server, &after.eval_id).await;
+    assert_eq!(alloc_ids(&s.server, "after").len(), 1);
+    assert_eq!(alloc_ids(&s.server, "before"), placed, "nothing replaced");
+    // Past the new term's failover window the node, heartbeating again, is ready and
+    // its allocation was never lost.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(s.server.node("n1").unwrap().status, NodeStatus::Ready);
+    assert!(
+        s.server
+            .job_allocations("before")
+            .iter()
+            .all(|a| a.client_status != ClientStatus::Lost),
+        "nothing lost"
+    );
+    heartbeats.abort();
+    assert!(s.server.job("during").is_none());
+    s.shutdown().await;
 }

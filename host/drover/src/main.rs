@@ -833,6 +833,8 @@ mod tests {
             "etcd",
             "--etcd-endpoints",
             "http://127.0.0.1:2379,https://10.0.0.2:2379",
+            "--etcd-ca-file",
+            "/ca.pem",
             "--etcd-prefix",
             "/c1/",
             "--name",
@@ -856,6 +858,12 @@ mod tests {
                 ],
                 prefix: "/c1/".into(),
                 lease_ttl: std::time::Duration::from_secs(3),
+                tls: Some(drover_server::store::etcd::EtcdTls {
+                    ca: "/ca.pem".into(),
+                    cert: None,
+                    key: None,
+                    server_name: None,
+                }),
             }
         );
         assert_eq!(o.name, "s1");

@@ -33,6 +33,15 @@ pub struct ServerArgs {
     /// etcd's client URLs (http:// or https://), comma-separated; with --store etcd.
     #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// CA (PEM) of etcd's certificates, for https:// endpoints.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for an etcd that requires one; with --etcd-key-file.
+    #[arg(long, value_name = "FILE", requires = "etcd_key_file")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// Key (PEM) of --etcd-cert-file.
+    #[arg(long, value_name = "FILE", requires = "etcd_cert_file")]
+    pub etcd_key_file: Option<PathBuf>,
     /// Prefix of every key in etcd (several clusters can share one etcd).
     #[arg(long, value_name = "PREFIX", default_value = "/drover/")]
     pub etcd_prefix: String,
@@ -181,6 +190,8 @@ pub enum StoreChoice {
         prefix: String,
         /// Leader lease TTL.
         lease_ttl: Duration,
+        /// TLS to etcd (https:// endpoints).
+        tls: Option<drover_server::store::etcd::EtcdTls>,
     },
 }
 
@@ -235,15 +246,37 @@ impl ServerArgs {
                         self.etcd_prefix
                     );
                 }
+                let https = self
+                    .etcd_endpoints
+                    .iter()
+                    .any(|e| e.starts_with("https://"));
+                let tls = match &self.etcd_ca_file {
+                    Some(ca) => {
+                        if !https {
+                            bail!("--etcd-ca-file is for https:// --etcd-endpoints");
+                        }
+                        Some(drover_server::store::etcd::EtcdTls {
+                            ca: ca.clone(),
+                            cert: self.etcd_cert_file.clone(),
+                            key: self.etcd_key_file.clone(),
+                            server_name: None,
+                        })
+                    }
+                    None if https => {
+                        bail!("https:// --etcd-endpoints need etcd's CA: --etcd-ca-file FILE")
+                    }
+                    None => None,
+                };
                 StoreChoice::Etcd {
                     endpoints: self.etcd_endpoints.clone(),
                     prefix: self.etcd_prefix.clone(),
                     lease_ttl: self.leader_lease_ttl,
+                    tls,
                 }
             }
             _ => {
-                if !self.etcd_endpoints.is_empty() {
-                    bail!("--etcd-endpoints is only used with --store etcd");
+                if !self.etcd_endpoints.is_empty() || self.etcd_ca_file.is_some() {
+                    bail!("--etcd-endpoints and --etcd-ca-file are only used with --store etcd");
                 }
                 StoreChoice::Embedded
             }
@@ -336,10 +369,12 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
             endpoints,
             prefix,
             lease_ttl,
+            tls,
         } => {
             let mut etcd = drover_server::EtcdOptions::new(endpoints.clone());
             etcd.prefix = prefix.clone();
             etcd.lease_ttl = *lease_ttl;
+            etcd.tls = tls.clone();
             let store = drover_server::EtcdStore::connect(etcd)
                 .await
                 .with_context(|| {
