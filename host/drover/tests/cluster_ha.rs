@@ -396,6 +396,22 @@ fn a_killed_leader_is_replaced_within_the_lease_and_nothing_moves() {
     );
     assert_eq!(again, new_leader, "leadership moved when {old} came back");
     assert_untouched(&c, "six", &before, &procs, &six);
+
+    // `job stop` through the restarted follower: forwarded, and it returns once the
+    // tasks are gone.
+    let out = c.servers[leader].cli(&["job", "stop", "six"]);
+    assert!(
+        out.status.success(),
+        "job stop through {old}: {}{}",
+        text(&out.stderr),
+        text(&out.stdout)
+    );
+    c.poll(Duration::from_secs(10), "the tasks of six end", || {
+        let left = c.task_procs(&six);
+        left.is_empty()
+            .then_some(())
+            .ok_or_else(|| format!("{} still run", left.len()))
+    });
     c.shutdown();
 }
 
