@@ -20,7 +20,11 @@
 //!   `down` and its allocations `lost` and replaced.
 //!
 //! The [`store::Store`] trait is a key-value store with revisions and compare-and-set
-//! (what etcd offers), implemented by an embedded redb store for a single server.
+//! (what etcd offers), implemented by an embedded redb store for a single server and
+//! by an etcd store for several. With several servers ([`Server::start_with`]) one is
+//! elected leader ([`leader::Election`]) and runs the broker, workers, plan applier and
+//! heartbeat timers, every commit fenced by its term; the others follow its commits
+//! (serving every read from them) and forward writes to it ([`forward`]).
 
 mod blocked;
 mod broker;

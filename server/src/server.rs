@@ -2,7 +2,9 @@
 //!
 //! Every change is one store transaction first (`Core::commit`), applied in memory
 //! after it committed, with the transaction's revision as index; then the evaluations
-//! it created go to the broker and the index watch wakes blocking queries.
+//! it created go to the broker and the index watch wakes blocking queries. Only the
+//! leader commits, each transaction fenced by its term; a follower's state moves with
+//! the leader's commits instead (see `ha.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};

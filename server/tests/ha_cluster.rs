@@ -776,3 +776,62 @@ async fn without_etcd_reads_answer_from_the_last_state_writes_fail_clearly_and_i
     assert!(s.server.job("during").is_none());
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_split_into_parts_reaches_a_follower_whole() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let mut members = Vec::new();
+    for name in ["p1", "p2"] {
+        members.push(Member::start(&etcd, &prefix, name).await);
+    }
+    let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+    let l = by_name(&members, &leader);
+    let f = members.iter().find(|m| m.name != leader).unwrap();
+    l.server
+        .register_node(node("n1", 100_000, 100_000), SECRET)
+        .await
+        .unwrap();
+    let heartbeats = heartbeat_loop(l.rpc);
+    // What the follower shows, as often as it can look, while the plan commits.
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let watcher = {
+        let (server, seen, stop) = (f.server.clone(), seen.clone(), f.stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let n = server.job_allocations("big").len();
+                seen.lock().unwrap().insert(n);
+                if n == 300 {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    // 300 allocations and the evaluation in one plan: more ops than etcd takes in
+    // one transaction (128), so the store writes it in parts.
+    let r = l
+        .server
+        .register_job(job("big", 300, 10, 10))
+        .await
+        .unwrap();
+    eval_complete(&l.server, &r.eval_id).await;
+    assert_eq!(alloc_ids(&l.server, "big").len(), 300);
+    within(
+        Duration::from_secs(10),
+        "the follower sees the plan",
+        watcher,
+    )
+    .await
+    .unwrap();
+    assert_eq!(alloc_ids(&f.server, "big"), alloc_ids(&l.server, "big"));
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|n| *n == 0 || *n == 300),
+        "the follower showed part of a commit: {seen:?}"
+    );
+    heartbeats.abort();
+    for m in members {
+        m.shutdown().await;
+    }
+}
