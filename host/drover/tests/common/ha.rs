@@ -419,10 +419,12 @@ impl HaCluster {
     }
 
     /// The leader (index, term) if it is not `not`, confirmed by itself and by every
-    /// other live server.
+    /// other live server. The term is the one the leader itself reports (a follower
+    /// that could not ask the leader reports 0).
     pub fn leader_except(&self, not: Option<&str>) -> Result<(usize, u64), String> {
-        let mut claimed = None;
+        let mut claimed: Option<String> = None;
         let mut views = Vec::new();
+        let mut terms = BTreeMap::new();
         for s in self.live() {
             let status = s.status()?;
             let name = status["leader"]["name"].as_str().map(str::to_owned);
@@ -430,16 +432,17 @@ impl HaCluster {
             if status["this"] != s.name.as_str() {
                 return Err(format!("{} calls itself {}", s.name, status["this"]));
             }
+            terms.insert(s.name.clone(), status["leader"]["term"].as_u64());
             match (&claimed, name) {
                 (_, None) => return Err(format!("no leader yet: {}", views.join(", "))),
-                (None, Some(n)) => claimed = Some((n, status["leader"]["term"].as_u64())),
-                (Some((c, _)), Some(n)) if *c != n => {
+                (None, Some(n)) => claimed = Some(n),
+                (Some(c), Some(n)) if *c != n => {
                     return Err(format!("servers disagree: {}", views.join(", ")));
                 }
                 _ => {}
             }
         }
-        let (name, term) = claimed.ok_or("no live server")?;
+        let name = claimed.ok_or("no live server")?;
         if not == Some(name.as_str()) {
             return Err(format!("still the old leader: {}", views.join(", ")));
         }
@@ -448,13 +451,13 @@ impl HaCluster {
             .iter()
             .position(|s| s.name == name)
             .ok_or_else(|| format!("unknown leader {name:?}"))?;
-        if self.servers[i].child.is_none() || self.servers[i].paused {
+        let Some(Some(term)) = terms.get(&name) else {
             return Err(format!(
                 "{name} is named leader but is not running: {}",
                 views.join(", ")
             ));
-        }
-        Ok((i, term.unwrap_or(0)))
+        };
+        Ok((i, *term))
     }
 
     /// Wait until a leader other than `not` leads; its index and term.
