@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod ha;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
