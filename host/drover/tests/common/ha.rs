@@ -457,6 +457,15 @@ impl HaCluster {
                 views.join(", ")
             ));
         };
+        // The store names a server leader as soon as it won the election; it leads
+        // (commits, and reports its term) once it has loaded the state. Until then its
+        // own status says term 0: not a leader a user can write to yet.
+        if *term == 0 {
+            return Err(format!(
+                "{name} won the election and is still taking over: {}",
+                views.join(", ")
+            ));
+        }
         Ok((i, *term))
     }
 
