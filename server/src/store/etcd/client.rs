@@ -118,7 +118,7 @@ impl Client {
                 (true, None) => {
                     return Err(StoreError::Backend(format!(
                         "etcd endpoint {url:?} is https: give the CA that signed etcd's \
-                         certificate (--etcd-ca)"
+                         certificate (--etcd-ca-file)"
                     )));
                 }
                 (false, Some(_)) => {
@@ -372,7 +372,7 @@ mod tests {
         let e = Client::new(&[], t, None).unwrap_err();
         assert!(e.to_string().contains("no etcd endpoint"), "{e}");
         let e = Client::new(&["https://127.0.0.1:2379".into()], t, None).unwrap_err();
-        assert!(e.to_string().contains("--etcd-ca"), "{e}");
+        assert!(e.to_string().contains("--etcd-ca-file"), "{e}");
         let tls = EtcdTls {
             ca: "/nonexistent/ca.pem".into(),
             cert: None,
