@@ -258,6 +258,17 @@ mod tests {
         mark_ready(&mut held, 4242).unwrap();
         assert_eq!(lock_state(dir.path()), LockState::Ready(4242));
         drop(held);
-        assert_eq!(lock_state(dir.path()), LockState::Free);
+        // The lock belongs to the open file description: a child another test of this
+        // binary forks at that moment shares it until its exec closes it (the fd is
+        // close-on-exec), so "free" may take a moment, never long.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while lock_state(dir.path()) != LockState::Free {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lock is still held 5 s after its owner closed it: {:?}",
+                lock_state(dir.path())
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
