@@ -37,6 +37,15 @@ use crate::store::BoxFuture;
 /// the follower's name. A server that does not lead answers such a request with 503
 /// instead of forwarding it again.
 pub const FORWARDED_HEADER: &str = "x-drover-forwarded-by";
+
+/// A forwarded write as the router sees it: the gRPC metadata mark
+/// ([`FORWARDED_HEADER`]) of the `Api.Forward` call, carried into the inner HTTP
+/// request as an extension. An extension, not a header: a header could be sent (or
+/// dropped) by any client, and the mark must come from the forwarding call itself, or
+/// a follower would forward a forwarded write again (to itself, in a loop, when a
+/// stale leader address points back at it).
+#[derive(Clone, Debug)]
+pub struct ForwardedBy(pub String);
 /// Marks a 503 answer that means "this server is not the leader": the forwarding
 /// server looks for the leader again and retries.
 pub const NOT_LEADER_HEADER: &str = "x-drover-not-leader";
@@ -127,6 +136,12 @@ impl Forwarder {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = leader;
     }
 
+    /// Whether `l` is this server: its name, or its RPC address (a leader announcing
+    /// this server's address would have every forward come back here).
+    fn is_me(&self, l: &ServerInfo) -> bool {
+        l.name == self.me.name || l.rpc_addr == self.me.rpc_addr
+    }
+
     /// Until when a request waits for a leader.
     fn deadline(&self) -> Instant {
         Instant::now() + self.election.lease_ttl() + ELECTION_GRACE
@@ -144,13 +159,26 @@ impl Forwarder {
             if core.is_leader() {
                 return Ok(None);
             }
-            if !refresh && let Some(l) = self.cached_leader().filter(|l| l.name != self.me.name) {
+            if !refresh && let Some(l) = self.cached_leader().filter(|l| !self.is_me(l)) {
                 return Ok(Some(l));
             }
             let said = match self.election.leader().await {
-                Ok(Some(l)) if l.name != self.me.name => {
+                Ok(Some(l)) if !self.is_me(&l) => {
                     self.set_leader(Some(l.clone()));
                     return Ok(Some(l));
+                }
+                // A leader announcing this server's own RPC address: forwarding there
+                // would come back here. Wait for a leader that is somewhere else.
+                Ok(Some(l)) if l.name != self.me.name => {
+                    tracing::warn!(
+                        leader = %l.name,
+                        rpc_addr = %l.rpc_addr,
+                        "the leader announces this server's own RPC address; not forwarding there"
+                    );
+                    format!(
+                        "the leader {} announces this server's own RPC address {}",
+                        l.name, l.rpc_addr
+                    )
                 }
                 // This server, while it does not lead: its term is starting or ending.
                 Ok(Some(_)) => "this server's own term is starting or ending".to_owned(),

@@ -440,17 +440,19 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
         job: job("hop", 1, 100, 100),
     })
     .unwrap();
+    // Exactly what a follower sends: the mark in the call's metadata, not among the
+    // forwarded HTTP headers.
+    let mut hop_write = authed(pb::ForwardRequest {
+        method: "PUT".into(),
+        path_and_query: "/v1/jobs".into(),
+        headers: [("content-type".to_owned(), "application/json".to_owned())].into(),
+        body,
+    });
+    hop_write
+        .metadata_mut()
+        .insert(FORWARDED_HEADER, "elsewhere".parse().unwrap());
     let mut head = api_rpc
-        .forward(authed(pb::ForwardRequest {
-            method: "PUT".into(),
-            path_and_query: "/v1/jobs".into(),
-            headers: [
-                ("content-type".to_owned(), "application/json".to_owned()),
-                (FORWARDED_HEADER.to_owned(), "elsewhere".to_owned()),
-            ]
-            .into(),
-            body,
-        }))
+        .forward(hop_write)
         .await
         .unwrap()
         .into_inner();

@@ -128,6 +128,17 @@ fn parse_host_port(text: &str) -> Result<String, String> {
     }
 }
 
+/// What a server name may be. The name travels as gRPC metadata (the mark of a
+/// forwarded write, which must never be dropped) and in etcd keys: ASCII only.
+const SERVER_NAME_RULE: &str = "1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'";
+
+fn valid_server_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// The host name, for the default server name.
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -282,11 +293,20 @@ impl ServerArgs {
             }
         };
         let name = match &self.name {
-            Some(n) if n.is_empty() || n.len() > 128 || n.contains('/') => {
-                bail!("--name {n:?}: 1 to 128 characters, no /")
+            Some(n) if !valid_server_name(n) => {
+                bail!("--name {n:?}: {SERVER_NAME_RULE}")
             }
             Some(n) => n.clone(),
-            None => host_name(),
+            None => {
+                let h = host_name();
+                if !valid_server_name(&h) {
+                    bail!(
+                        "the host name {h:?} cannot be this server's name ({SERVER_NAME_RULE}); \
+                         pass --name NAME"
+                    );
+                }
+                h
+            }
         };
         let token = match &self.token_file {
             None => None,
