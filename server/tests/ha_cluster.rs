@@ -451,11 +451,7 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     hop_write
         .metadata_mut()
         .insert(FORWARDED_HEADER, "elsewhere".parse().unwrap());
-    let mut head = api_rpc
-        .forward(hop_write)
-        .await
-        .unwrap()
-        .into_inner();
+    let mut head = api_rpc.forward(hop_write).await.unwrap().into_inner();
     let head = head.message().await.unwrap().unwrap();
     assert_eq!(head.status, 503);
     assert!(head.headers.contains_key(NOT_LEADER_HEADER), "{head:?}");
