@@ -833,3 +833,65 @@ async fn a_commit_split_into_parts_reaches_a_follower_whole() {
         m.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_elected_server_that_cannot_load_the_state_resigns_and_another_tries() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let mut members = Vec::new();
+    for name in ["s1", "s2", "s3"] {
+        members.push(Member::start(&etcd, &prefix, name).await);
+    }
+    let first = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+
+    // A value under the prefix that does not decode, written with the store's own API
+    // (as a server of another version, or a hand edit, could leave it).
+    let mut o = EtcdOptions::new(vec![etcd.endpoint()]);
+    o.prefix = prefix.clone();
+    let raw = EtcdStore::connect(o).await.unwrap();
+    use drover_server::store::{Op, Store};
+    raw.range("").await.unwrap();
+    let outcome = raw
+        .txn(
+            Vec::new(),
+            vec![Op::Put {
+                key: "job/broken".into(),
+                value: b"{ not json".to_vec(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(outcome.succeeded, "{outcome:?}");
+
+    // The leader goes; each of the two left is elected in turn, cannot load the state,
+    // and resigns instead of holding the term (and the cluster) for ever.
+    let pos = members.iter().position(|m| m.name == first).unwrap();
+    members.remove(pos).shutdown().await;
+    let election = raw.election();
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while seen.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "leadership never moved on from a server that cannot load the state: {seen:?}"
+        );
+        if let Ok(Some(l)) = election.leader().await {
+            seen.insert(l.name);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for m in &members {
+        assert_eq!(
+            m.server.leading(),
+            None,
+            "{} leads on a state it cannot read",
+            m.name
+        );
+        // `server status` still answers.
+        let status = m.api().servers_status().await.unwrap();
+        assert!(!status.value.servers.is_empty(), "{:?}", status.value);
+    }
+    for m in members {
+        m.shutdown().await;
+    }
+}
