@@ -54,6 +54,9 @@ pub const NOT_LEADER_HEADER: &str = "x-drover-not-leader";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a forwarded write may take (its head: the leader's answer begins).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bounds of a forwarded node RPC's timeout (half the heartbeat TTL).
+const NODE_TIMEOUT_MIN: Duration = Duration::from_millis(500);
+const NODE_TIMEOUT_MAX: Duration = Duration::from_secs(10);
 /// How long a forwarded write's answer waits for this server to apply its commit.
 pub(crate) const APPLY_WAIT: Duration = Duration::from_secs(5);
 /// How often the leader is asked for while there is none.
@@ -78,9 +81,21 @@ pub(crate) struct Forwarder {
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     tls: Option<ClientTlsConfig>,
     leader: Mutex<Option<ServerInfo>>,
-    /// One lazily connecting channel per server address (bounded by the servers
-    /// there are; dropped when a call through it fails).
-    channels: Mutex<HashMap<String, Channel>>,
+    /// Lazily connecting channels per server address and [`Lane`] (bounded by the
+    /// servers there are; dropped when a call through it fails).
+    channels: Mutex<HashMap<(Lane, String), Channel>>,
+    /// How long a forwarded node RPC may take: well under the heartbeat TTL, so a
+    /// slow leader fails a heartbeat in time for the node to try another server.
+    node_timeout: Duration,
+}
+
+/// Which connection to the leader a call takes. Node RPCs (heartbeats above all)
+/// and forwarded HTTP writes have a connection each: each HTTP/2 connection has its
+/// own stream limit, so slow writes filling one cannot starve heartbeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Lane {
+    Node,
+    Http,
 }
 
 fn read_pem(what: &str, path: &std::path::Path) -> Result<Vec<u8>, ServerError> {
@@ -121,6 +136,7 @@ impl Forwarder {
             tls,
             leader: Mutex::new(None),
             channels: Mutex::new(HashMap::new()),
+            node_timeout: (config.heartbeat_ttl / 2).clamp(NODE_TIMEOUT_MIN, NODE_TIMEOUT_MAX),
         })
     }
 
@@ -200,9 +216,10 @@ impl Forwarder {
         }
     }
 
-    fn channel(&self, to: &ServerInfo) -> Result<Channel, ServerError> {
+    fn channel(&self, to: &ServerInfo, lane: Lane) -> Result<Channel, ServerError> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = channels.get(&to.rpc_addr) {
+        let key = (lane, to.rpc_addr.clone());
+        if let Some(c) = channels.get(&key) {
             return Ok(c.clone());
         }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
@@ -222,7 +239,7 @@ impl Forwarder {
             ep = ep.tls_config(tls.clone()).map_err(|e| bad(&e))?;
         }
         let channel = ep.connect_lazy();
-        channels.insert(to.rpc_addr.clone(), channel.clone());
+        channels.insert(key, channel.clone());
         Ok(channel)
     }
 
@@ -231,7 +248,7 @@ impl Forwarder {
         self.channels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&to.rpc_addr);
+            .retain(|(_, addr), _| *addr != to.rpc_addr);
         let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner());
         if leader.as_ref().is_some_and(|l| l.name == to.name) {
             *leader = None;
@@ -248,6 +265,13 @@ impl Forwarder {
             req.metadata_mut().insert(FORWARDED_HEADER, v);
         }
         req.set_timeout(FORWARD_TIMEOUT);
+        req
+    }
+
+    /// [`Forwarder::outgoing`] for a node RPC: its timeout is the node lane's.
+    pub(crate) fn outgoing_node<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = self.outgoing(msg);
+        req.set_timeout(self.node_timeout);
         req
     }
 
@@ -268,7 +292,7 @@ impl Forwarder {
                 Ok(None) => return Forwarded::Local,
                 Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
             };
-            let channel = match self.channel(&to) {
+            let channel = match self.channel(&to, Lane::Node) {
                 Ok(c) => c,
                 Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
             };
@@ -301,7 +325,7 @@ impl Forwarder {
                 Ok(None) => return Forwarded::Local,
                 Err(e) => return Forwarded::Remote(error_response(503, &e.to_string(), false)),
             };
-            let channel = match self.channel(&to) {
+            let channel = match self.channel(&to, Lane::Http) {
                 Ok(c) => c,
                 Err(e) => return Forwarded::Remote(error_response(503, &e.to_string(), false)),
             };
@@ -387,7 +411,7 @@ impl Forwarder {
     /// The leader's term id, asked of the leader (`GET /v1/status/leader`); `None`
     /// when it cannot be reached quickly.
     pub(crate) async fn leader_term(&self, to: &ServerInfo) -> Option<u64> {
-        let channel = self.channel(to).ok()?;
+        let channel = self.channel(to, Lane::Http).ok()?;
         let mut client = ApiClient::new(channel);
         let req = pb::ForwardRequest {
             method: "GET".into(),

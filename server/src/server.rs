@@ -569,7 +569,7 @@ impl Server {
         let fwd = &self.core.forwarder;
         self.core
             .forwarder
-            .node_call(&self.core, |client| call(client, fwd.outgoing(())))
+            .node_call(&self.core, |client| call(client, fwd.outgoing_node(())))
             .await
     }
 
