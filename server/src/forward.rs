@@ -87,6 +87,8 @@ pub(crate) struct Forwarder {
     /// How long a forwarded node RPC may take: well under the heartbeat TTL, so a
     /// slow leader fails a heartbeat in time for the node to try another server.
     node_timeout: Duration,
+    /// The last leader lookup and when it was answered (see [`Forwarder::ask_leader`]).
+    lookup: tokio::sync::Mutex<Option<(Instant, Result<Option<ServerInfo>, String>)>>,
 }
 
 /// Which connection to the leader a call takes. Node RPCs (heartbeats above all)
@@ -136,6 +138,7 @@ impl Forwarder {
             tls,
             leader: Mutex::new(None),
             channels: Mutex::new(HashMap::new()),
+            lookup: tokio::sync::Mutex::new(None),
             node_timeout: (config.heartbeat_ttl / 2).clamp(NODE_TIMEOUT_MIN, NODE_TIMEOUT_MAX),
         })
     }
@@ -150,6 +153,22 @@ impl Forwarder {
 
     pub(crate) fn set_leader(&self, leader: Option<ServerInfo>) {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = leader;
+    }
+
+    /// Who leads, as the store says: one lookup at a time for every request that
+    /// waits for a leader. A caller that waited while another asked takes that
+    /// answer (it was asked after this caller began waiting) instead of asking again.
+    async fn ask_leader(&self) -> Result<Option<ServerInfo>, String> {
+        let asked = Instant::now();
+        let mut last = self.lookup.lock().await;
+        if let Some((at, answer)) = &*last
+            && *at >= asked
+        {
+            return answer.clone();
+        }
+        let answer = self.election.leader().await.map_err(|e| e.to_string());
+        *last = Some((Instant::now(), answer.clone()));
+        answer
     }
 
     /// Whether `l` is this server: its name, or its RPC address (a leader announcing
@@ -178,7 +197,7 @@ impl Forwarder {
             if !refresh && let Some(l) = self.cached_leader().filter(|l| !self.is_me(l)) {
                 return Ok(Some(l));
             }
-            let said = match self.election.leader().await {
+            let said = match self.ask_leader().await {
                 Ok(Some(l)) if !self.is_me(&l) => {
                     self.set_leader(Some(l.clone()));
                     return Ok(Some(l));
@@ -199,7 +218,7 @@ impl Forwarder {
                 // This server, while it does not lead: its term is starting or ending.
                 Ok(Some(_)) => "this server's own term is starting or ending".to_owned(),
                 Ok(None) => "no leader (an election is in progress)".to_owned(),
-                Err(e) => e.to_string(),
+                Err(e) => e,
             };
             refresh = true;
             if Instant::now() >= deadline {

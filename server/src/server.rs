@@ -52,7 +52,15 @@ pub(crate) const PLAN_QUEUE: usize = 256;
 pub struct Server {
     core: Arc<Core>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// `servers_status`'s last answer and when: its etcd calls (leader, members,
+    /// every endpoint's health) are made at most once per [`STATUS_CACHE`], and one
+    /// at a time (callers wait on the lock and take the fresh answer).
+    status_cache:
+        tokio::sync::Mutex<Option<(std::time::Instant, drover_server_api::ServersStatus)>>,
 }
+
+/// How long a `/v1/status/servers` answer is reused.
+const STATUS_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A batch of a node's allocations for its client (see the `WatchAllocations` RPC).
 #[derive(Debug, Clone)]
@@ -510,6 +518,7 @@ impl Server {
         Ok(Arc::new(Server {
             core,
             tasks: Mutex::new(tasks),
+            status_cache: tokio::sync::Mutex::new(None),
         }))
     }
 
@@ -588,6 +597,18 @@ impl Server {
     /// What the store cannot tell (it is unreachable) is left out: no leader, no
     /// servers, and the endpoints' health says why.
     pub async fn servers_status(&self) -> drover_server_api::ServersStatus {
+        let mut cache = self.status_cache.lock().await;
+        if let Some((at, status)) = &*cache
+            && at.elapsed() < STATUS_CACHE
+        {
+            return status.clone();
+        }
+        let status = self.servers_status_now().await;
+        *cache = Some((std::time::Instant::now(), status.clone()));
+        status
+    }
+
+    async fn servers_status_now(&self) -> drover_server_api::ServersStatus {
         let core = &self.core;
         let leader = match core.current_term() {
             Some(t) => Some(drover_server_api::LeaderStatus {
