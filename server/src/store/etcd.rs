@@ -265,7 +265,66 @@ impl Inner {
         self.key(INDEX_KEY)
     }
 
+    /// One range (count only) over `key` .. `range_end` (empty: `key` alone).
+    async fn count(&self, key: Vec<u8>, range_end: Vec<u8>) -> Result<i64, StoreError> {
+        let req = pb::RangeRequest {
+            key,
+            range_end,
+            count_only: true,
+            ..Default::default()
+        };
+        let resp = self
+            .client
+            .unary("prefix check", Retry::Idempotent, |ch| {
+                let r = req.clone();
+                async move { kv(ch).range(r).await }
+            })
+            .await?;
+        Ok(resp.count)
+    }
+
+    /// Prefixes must not nest: two clusters whose keys overlap would read (and
+    /// delete) each other's state. Refused: a prefix inside another cluster's (a
+    /// `schema` key at a parent prefix), and a new prefix (no `schema` of its own
+    /// yet) that already holds keys (another cluster's prefix below it, or foreign
+    /// data).
+    async fn check_prefix(&self) -> Result<(), StoreError> {
+        let prefix = &self.options.prefix;
+        let nested = |other: &str| {
+            StoreError::Backend(format!(
+                "etcd prefix {prefix:?} overlaps the cluster at {other:?}: prefixes of \
+                 clusters sharing an etcd must not nest (use --etcd-prefix with a \
+                 prefix of its own, e.g. /drover-b/)"
+            ))
+        };
+        // Every parent prefix ending in '/': "/a/b/" has "/a/" and "/".
+        let mut parents: Vec<&str> = prefix[..prefix.len() - 1]
+            .match_indices('/')
+            .map(|(i, _)| &prefix[..=i])
+            .collect();
+        parents.dedup();
+        for parent in parents {
+            let key = format!("{parent}schema").into_bytes();
+            if self.count(key, Vec::new()).await? > 0 {
+                return Err(nested(parent));
+            }
+        }
+        if self.count(self.key("schema"), Vec::new()).await? == 0 {
+            let full = prefix.as_bytes().to_vec();
+            let end = client::prefix_end(&full);
+            if self.count(full, end).await? > 0 {
+                return Err(StoreError::Backend(format!(
+                    "etcd prefix {prefix:?} holds keys but no drover schema: another \
+                     cluster's prefix nested below it, or other data; prefixes of clusters \
+                     sharing an etcd must not nest (use --etcd-prefix with an empty prefix)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     async fn check_schema(&self) -> Result<(), StoreError> {
+        self.check_prefix().await?;
         let key = self.key("schema");
         let req = pb::TxnRequest {
             compare: vec![pb::Compare {
