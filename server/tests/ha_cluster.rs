@@ -58,6 +58,20 @@ impl Member {
         deaf: bool,
         tls: Option<&Tls>,
     ) -> Member {
+        Member::start_wrapped(endpoint, prefix, name, tls, |e, _| {
+            if deaf { Arc::new(Deaf(e)) } else { e }
+        })
+        .await
+    }
+
+    /// `wrap`: the election this server uses, given the store's and its RPC address.
+    async fn start_wrapped(
+        endpoint: &str,
+        prefix: &str,
+        name: &str,
+        tls: Option<&Tls>,
+        wrap: impl FnOnce(Arc<dyn Election>, SocketAddr) -> Arc<dyn Election>,
+    ) -> Member {
         let dir = tempfile::tempdir().unwrap();
         let mut o = EtcdOptions::new(vec![endpoint.to_owned()]);
         o.prefix = prefix.to_owned();
@@ -66,14 +80,10 @@ impl Member {
         let store = EtcdStore::connect(o)
             .await
             .expect("connect to the test etcd");
-        let election = if deaf {
-            Arc::new(Deaf(store.election()))
-        } else {
-            store.election()
-        };
         let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let rpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (http, rpc) = (http_l.local_addr().unwrap(), rpc_l.local_addr().unwrap());
+        let election = wrap(store.election(), rpc);
         let mut config = ServerConfig::new(dir.path());
         config.workers = 1;
         config.heartbeat_ttl = Duration::from_secs(1);
@@ -221,6 +231,39 @@ impl Election for Deaf {
     }
     fn lease_ttl(&self) -> Duration {
         self.0.lease_ttl()
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.0.close()
+    }
+}
+
+/// The etcd election, except that the leader it names announces `.1` (this server's
+/// own RPC address) as its RPC address: a stale or forged entry in the store.
+struct Misdirected(Arc<dyn Election>, String);
+
+impl Election for Misdirected {
+    fn campaign(&self, me: ServerInfo) -> BoxFuture<'_, Result<Term, StoreError>> {
+        self.0.campaign(me)
+    }
+    fn leader(&self) -> BoxFuture<'_, Result<Option<ServerInfo>, StoreError>> {
+        Box::pin(async move {
+            Ok(self.0.leader().await?.map(|mut l| {
+                l.rpc_addr = self.1.clone();
+                l
+            }))
+        })
+    }
+    fn register(&self, me: ServerInfo) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.0.register(me)
+    }
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ServerInfo>, StoreError>> {
+        self.0.members()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.0.lease_ttl()
+    }
+    fn resign(&self) -> BoxFuture<'_, ()> {
+        self.0.resign()
     }
     fn close(&self) -> BoxFuture<'_, ()> {
         self.0.close()
@@ -894,4 +937,40 @@ async fn an_elected_server_that_cannot_load_the_state_resigns_and_another_tries(
     for m in members {
         m.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_told_the_leader_is_at_its_own_address_does_not_forward_to_itself() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let leader = Member::start(&etcd, &prefix, "lead").await;
+    until(Duration::from_secs(10), "the first server leads", || {
+        leader.server.is_leader()
+    })
+    .await;
+    let follower = Member::start_wrapped(&etcd.endpoint(), &prefix, "misled", None, |e, rpc| {
+        Arc::new(Misdirected(e, rpc.to_string()))
+    })
+    .await;
+    // A write to it fails clearly once the election deadline passes, saying why; it
+    // never reaches the leader through a loop.
+    let started = Instant::now();
+    let err = follower
+        .api()
+        .register_job(&job("looped", 1, 100, 100))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("this server's own RPC address"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(leader.server.job("looped").is_none());
+    // Node heartbeats through it are not stuck behind a loop either: it answers.
+    let status = follower.api().servers_status().await.unwrap();
+    assert_eq!(status.value.this, "misled");
+    follower.shutdown().await;
+    leader.shutdown().await;
 }
