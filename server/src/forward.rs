@@ -61,6 +61,8 @@ const NODE_TIMEOUT_MAX: Duration = Duration::from_secs(10);
 pub(crate) const APPLY_WAIT: Duration = Duration::from_secs(5);
 /// How often the leader is asked for while there is none.
 const LEADER_POLL: Duration = Duration::from_millis(250);
+/// How long a leader lookup's answer serves every request that asks.
+const LEADER_SHARE: Duration = Duration::from_millis(200);
 /// Beyond the lease TTL, how long a request waits for a leader to be elected.
 const ELECTION_GRACE: Duration = Duration::from_secs(5);
 /// Largest message either way (as the RPC listener's).
@@ -157,12 +159,14 @@ impl Forwarder {
 
     /// Who leads, as the store says: one lookup at a time for every request that
     /// waits for a leader. A caller that waited while another asked takes that
-    /// answer (it was asked after this caller began waiting) instead of asking again.
+    /// answer (it was asked after this caller began waiting) instead of asking again,
+    /// and so does one that comes within [`LEADER_SHARE`] of the last answer: however
+    /// many requests wait, the store is asked a few times per second at most.
     async fn ask_leader(&self) -> Result<Option<ServerInfo>, String> {
         let asked = Instant::now();
         let mut last = self.lookup.lock().await;
         if let Some((at, answer)) = &*last
-            && *at >= asked
+            && (*at >= asked || at.elapsed() < LEADER_SHARE)
         {
             return answer.clone();
         }

@@ -270,6 +270,33 @@ impl Election for Misdirected {
     }
 }
 
+/// The etcd election, except that it never wins a campaign, and counts the calls
+/// asking the store who leads or who the servers are.
+struct Counted(Arc<dyn Election>, Arc<std::sync::atomic::AtomicUsize>);
+
+impl Election for Counted {
+    fn campaign(&self, _me: ServerInfo) -> BoxFuture<'_, Result<Term, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn leader(&self) -> BoxFuture<'_, Result<Option<ServerInfo>, StoreError>> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.leader()
+    }
+    fn register(&self, me: ServerInfo) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.0.register(me)
+    }
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ServerInfo>, StoreError>> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.members()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.0.lease_ttl()
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.0.close()
+    }
+}
+
 fn authed<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.metadata_mut()
@@ -973,4 +1000,46 @@ async fn a_follower_told_the_leader_is_at_its_own_address_does_not_forward_to_it
     assert_eq!(status.value.this, "misled");
     follower.shutdown().await;
     leader.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_waiting_for_a_leader_share_the_stores_answer_and_status_is_cached() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    // Alone, and never elected: every write waits for a leader until its deadline
+    // (lease + 5 s), asking the store who leads meanwhile.
+    let s = Member::start_wrapped(&etcd.endpoint(), &prefix, "waits", None, |e, _| {
+        Arc::new(Counted(e, c))
+    })
+    .await;
+    let api = s.api();
+    let writes: Vec<_> = (0..20)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move { api.register_job(&job(&format!("w{i}"), 1, 100, 100)).await })
+        })
+        .collect();
+    let started = Instant::now();
+    for w in writes {
+        assert!(w.await.unwrap().is_err(), "no leader: the write fails");
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let n = calls.swap(0, std::sync::atomic::Ordering::Relaxed);
+    // One waiter alone polls 4 times a second; 20 of them share: at most ~5/s.
+    assert!(
+        (n as f64) < secs * 8.0,
+        "{n} leader lookups in {secs:.1}s for 20 waiting writes"
+    );
+    // Ten status calls in a row: the store is asked once (leader, members).
+    for _ in 0..10 {
+        api.servers_status().await.unwrap();
+    }
+    let n = calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        n <= 4,
+        "{n} store calls for 10 status answers within a second"
+    );
+    s.shutdown().await;
 }
