@@ -52,9 +52,10 @@ pub(crate) const PLAN_QUEUE: usize = 256;
 pub struct Server {
     core: Arc<Core>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// `servers_status`'s last answer and when: its etcd calls (leader, members,
-    /// every endpoint's health) are made at most once per [`STATUS_CACHE`], and one
-    /// at a time (callers wait on the lock and take the fresh answer).
+    /// `servers_status`'s last answer and when: its election calls (leader, members,
+    /// the leader's term) are made at most once per [`STATUS_CACHE`], and one at a
+    /// time (callers wait on the lock and take the fresh answer); the endpoints'
+    /// health is asked every time.
     status_cache:
         tokio::sync::Mutex<Option<(std::time::Instant, drover_server_api::ServersStatus)>>,
 }
@@ -601,11 +602,32 @@ impl Server {
         if let Some((at, status)) = &*cache
             && at.elapsed() < STATUS_CACHE
         {
-            return status.clone();
+            let mut status = status.clone();
+            // The endpoints' health is always asked anew: an etcd that just went
+            // down must show as down.
+            status.store.endpoints = self.store_health().await;
+            return status;
         }
         let status = self.servers_status_now().await;
         *cache = Some((std::time::Instant::now(), status.clone()));
         status
+    }
+
+    async fn store_health(&self) -> Vec<drover_server_api::StoreEndpointHealth> {
+        self.core
+            .store
+            .health()
+            .await
+            .into_iter()
+            .map(|h| drover_server_api::StoreEndpointHealth {
+                endpoint: h.endpoint,
+                healthy: h.healthy,
+                version: h.version,
+                db_size: h.db_size,
+                is_leader: h.is_leader,
+                error: h.error,
+            })
+            .collect()
     }
 
     async fn servers_status_now(&self) -> drover_server_api::ServersStatus {
@@ -647,20 +669,7 @@ impl Server {
             })
             .collect();
         servers.sort_by(|a, b| a.name.cmp(&b.name));
-        let endpoints = core
-            .store
-            .health()
-            .await
-            .into_iter()
-            .map(|h| drover_server_api::StoreEndpointHealth {
-                endpoint: h.endpoint,
-                healthy: h.healthy,
-                version: h.version,
-                db_size: h.db_size,
-                is_leader: h.is_leader,
-                error: h.error,
-            })
-            .collect();
+        let endpoints = self.store_health().await;
         drover_server_api::ServersStatus {
             this: core.me.name.clone(),
             leader,

@@ -200,6 +200,9 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
+/// Keys a new prefix's check for a nested cluster reads at most.
+const NESTED_SCAN: i64 = 10_000;
+
 impl EtcdStore {
     /// Connect (an endpoint must answer within `request_timeout`) and check the schema
     /// under the prefix (writing it on first use).
@@ -286,8 +289,7 @@ impl Inner {
     /// Prefixes must not nest: two clusters whose keys overlap would read (and
     /// delete) each other's state. Refused: a prefix inside another cluster's (a
     /// `schema` key at a parent prefix), and a new prefix (no `schema` of its own
-    /// yet) that already holds keys (another cluster's prefix below it, or foreign
-    /// data).
+    /// yet) with another cluster's `<…>/schema` below it.
     async fn check_prefix(&self) -> Result<(), StoreError> {
         let prefix = &self.options.prefix;
         let nested = |other: &str| {
@@ -309,15 +311,34 @@ impl Inner {
                 return Err(nested(parent));
             }
         }
-        if self.count(self.key("schema"), Vec::new()).await? == 0 {
+        // A new prefix (no schema of its own yet; other servers of this cluster may
+        // be starting at once and writing theirs): another cluster's `schema` below
+        // it. Only keys are read, and at most NESTED_SCAN of them.
+        let own = self.key("schema");
+        if self.count(own.clone(), Vec::new()).await? == 0 {
             let full = prefix.as_bytes().to_vec();
-            let end = client::prefix_end(&full);
-            if self.count(full, end).await? > 0 {
-                return Err(StoreError::Backend(format!(
-                    "etcd prefix {prefix:?} holds keys but no drover schema: another \
-                     cluster's prefix nested below it, or other data; prefixes of clusters \
-                     sharing an etcd must not nest (use --etcd-prefix with an empty prefix)"
-                )));
+            let req = pb::RangeRequest {
+                range_end: client::prefix_end(&full),
+                key: full,
+                keys_only: true,
+                limit: NESTED_SCAN,
+                ..Default::default()
+            };
+            let resp = self
+                .client
+                .unary("prefix check", Retry::Idempotent, |ch| {
+                    let r = req.clone();
+                    async move { kv(ch).range(r).await }
+                })
+                .await?;
+            if let Some(kv) = resp
+                .kvs
+                .iter()
+                .find(|kv| kv.key != own && kv.key.ends_with(b"/schema"))
+            {
+                let key = String::from_utf8_lossy(&kv.key);
+                let other = key.strip_suffix("schema").unwrap_or(&key);
+                return Err(nested(other));
             }
         }
         Ok(())
