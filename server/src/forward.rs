@@ -90,8 +90,11 @@ pub(crate) struct Forwarder {
     /// slow leader fails a heartbeat in time for the node to try another server.
     node_timeout: Duration,
     /// The last leader lookup and when it was answered (see [`Forwarder::ask_leader`]).
-    lookup: tokio::sync::Mutex<Option<(Instant, Result<Option<ServerInfo>, String>)>>,
+    lookup: tokio::sync::Mutex<Option<(Instant, LeaderAnswer)>>,
 }
+
+/// What the store said about who leads (the error as text: shared by the waiters).
+type LeaderAnswer = Result<Option<ServerInfo>, String>;
 
 /// Which connection to the leader a call takes. Node RPCs (heartbeats above all)
 /// and forwarded HTTP writes have a connection each: each HTTP/2 connection has its
@@ -162,7 +165,7 @@ impl Forwarder {
     /// answer (it was asked after this caller began waiting) instead of asking again,
     /// and so does one that comes within [`LEADER_SHARE`] of the last answer: however
     /// many requests wait, the store is asked a few times per second at most.
-    async fn ask_leader(&self) -> Result<Option<ServerInfo>, String> {
+    async fn ask_leader(&self) -> LeaderAnswer {
         let asked = Instant::now();
         let mut last = self.lookup.lock().await;
         if let Some((at, answer)) = &*last

@@ -371,10 +371,9 @@ async fn a_prefix_nested_in_or_around_another_clusters_prefix_is_refused() {
     let inner = format!("{outer}inner/");
     // A cluster at `outer`: a prefix inside it is refused.
     let first = store(&etcd, &outer).await;
-    let err = EtcdStore::connect(options(&etcd.endpoint(), &inner))
-        .await
-        .err()
-        .expect("a prefix inside another cluster's is refused");
+    let Err(err) = EtcdStore::connect(options(&etcd.endpoint(), &inner)).await else {
+        panic!("a prefix inside another cluster's is refused");
+    };
     let msg = err.to_string();
     assert!(
         msg.contains("must not nest") && msg.contains(&outer),
@@ -386,10 +385,9 @@ async fn a_prefix_nested_in_or_around_another_clusters_prefix_is_refused() {
     let around = etcd.unique_prefix();
     let below = format!("{around}b/");
     let _second = store(&etcd, &below).await;
-    let err = EtcdStore::connect(options(&etcd.endpoint(), &around))
-        .await
-        .err()
-        .expect("a prefix around another cluster's is refused");
+    let Err(err) = EtcdStore::connect(options(&etcd.endpoint(), &around)).await else {
+        panic!("a prefix around another cluster's is refused");
+    };
     let msg = err.to_string();
     assert!(msg.contains("must not nest"), "{msg}");
 
