@@ -194,7 +194,9 @@ start_etcd() {
         return 0
     fi
     rm -rf "$ETCD_DIR"
-    mkdir -p "$ETCD_DIR"
+    # Its data and logs are the tests' alone.
+    mkdir -p -m 700 "$ETCD_DIR"
+    chmod 700 "$ETCD_DIR"
     local attempt client peer
     # A port picked free can be taken before etcd binds it: try again on others.
     for attempt in 1 2 3 4 5; do
@@ -209,15 +211,20 @@ start_etcd() {
             --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
             --initial-cluster "drover-test=http://127.0.0.1:$peer" \
             --initial-cluster-state new \
-            --log-level warn \
+            --logger zap --log-level info \
             >"$ETCD_DIR/etcd.$attempt.log" 2>&1 &
         ETCD_PID=$!
         for _ in $(seq 1 300); do
-            etcd_healthy "$client" && break
+            etcd_healthy "$client" &&
+                grep -q "serving client traffic" "$ETCD_DIR/etcd.$attempt.log" && break
             kill -0 "$ETCD_PID" 2>/dev/null || break
             sleep 0.1
         done
-        if etcd_healthy "$client"; then
+        # Ours, not another etcd on a port taken between free_port and the start:
+        # our child still runs and logged that it serves clients on this port.
+        if etcd_healthy "$client" && kill -0 "$ETCD_PID" 2>/dev/null &&
+            grep -q "serving client traffic.*\"address\":\"127.0.0.1:$client\"" \
+                "$ETCD_DIR/etcd.$attempt.log"; then
             export DROVER_TEST_ETCD_ENDPOINT="http://127.0.0.1:$client"
             echo "private etcd (pid $ETCD_PID) at $DROVER_TEST_ETCD_ENDPOINT" >&2
             return 0

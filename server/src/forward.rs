@@ -37,6 +37,15 @@ use crate::store::BoxFuture;
 /// the follower's name. A server that does not lead answers such a request with 503
 /// instead of forwarding it again.
 pub const FORWARDED_HEADER: &str = "x-drover-forwarded-by";
+
+/// A forwarded write as the router sees it: the gRPC metadata mark
+/// ([`FORWARDED_HEADER`]) of the `Api.Forward` call, carried into the inner HTTP
+/// request as an extension. An extension, not a header: a header could be sent (or
+/// dropped) by any client, and the mark must come from the forwarding call itself, or
+/// a follower would forward a forwarded write again (to itself, in a loop, when a
+/// stale leader address points back at it).
+#[derive(Clone, Debug)]
+pub struct ForwardedBy(pub String);
 /// Marks a 503 answer that means "this server is not the leader": the forwarding
 /// server looks for the leader again and retries.
 pub const NOT_LEADER_HEADER: &str = "x-drover-not-leader";
@@ -45,10 +54,15 @@ pub const NOT_LEADER_HEADER: &str = "x-drover-not-leader";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a forwarded write may take (its head: the leader's answer begins).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bounds of a forwarded node RPC's timeout (half the heartbeat TTL).
+const NODE_TIMEOUT_MIN: Duration = Duration::from_millis(500);
+const NODE_TIMEOUT_MAX: Duration = Duration::from_secs(10);
 /// How long a forwarded write's answer waits for this server to apply its commit.
 pub(crate) const APPLY_WAIT: Duration = Duration::from_secs(5);
 /// How often the leader is asked for while there is none.
 const LEADER_POLL: Duration = Duration::from_millis(250);
+/// How long a leader lookup's answer serves every request that asks.
+const LEADER_SHARE: Duration = Duration::from_millis(200);
 /// Beyond the lease TTL, how long a request waits for a leader to be elected.
 const ELECTION_GRACE: Duration = Duration::from_secs(5);
 /// Largest message either way (as the RPC listener's).
@@ -69,9 +83,26 @@ pub(crate) struct Forwarder {
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     tls: Option<ClientTlsConfig>,
     leader: Mutex<Option<ServerInfo>>,
-    /// One lazily connecting channel per server address (bounded by the servers
-    /// there are; dropped when a call through it fails).
-    channels: Mutex<HashMap<String, Channel>>,
+    /// Lazily connecting channels per server address and [`Lane`] (bounded by the
+    /// servers there are; dropped when a call through it fails).
+    channels: Mutex<HashMap<(Lane, String), Channel>>,
+    /// How long a forwarded node RPC may take: well under the heartbeat TTL, so a
+    /// slow leader fails a heartbeat in time for the node to try another server.
+    node_timeout: Duration,
+    /// The last leader lookup and when it was answered (see [`Forwarder::ask_leader`]).
+    lookup: tokio::sync::Mutex<Option<(Instant, LeaderAnswer)>>,
+}
+
+/// What the store said about who leads (the error as text: shared by the waiters).
+type LeaderAnswer = Result<Option<ServerInfo>, String>;
+
+/// Which connection to the leader a call takes. Node RPCs (heartbeats above all)
+/// and forwarded HTTP writes have a connection each: each HTTP/2 connection has its
+/// own stream limit, so slow writes filling one cannot starve heartbeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Lane {
+    Node,
+    Http,
 }
 
 fn read_pem(what: &str, path: &std::path::Path) -> Result<Vec<u8>, ServerError> {
@@ -112,6 +143,8 @@ impl Forwarder {
             tls,
             leader: Mutex::new(None),
             channels: Mutex::new(HashMap::new()),
+            lookup: tokio::sync::Mutex::new(None),
+            node_timeout: (config.heartbeat_ttl / 2).clamp(NODE_TIMEOUT_MIN, NODE_TIMEOUT_MAX),
         })
     }
 
@@ -125,6 +158,30 @@ impl Forwarder {
 
     pub(crate) fn set_leader(&self, leader: Option<ServerInfo>) {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = leader;
+    }
+
+    /// Who leads, as the store says: one lookup at a time for every request that
+    /// waits for a leader. A caller that waited while another asked takes that
+    /// answer (it was asked after this caller began waiting) instead of asking again,
+    /// and so does one that comes within [`LEADER_SHARE`] of the last answer: however
+    /// many requests wait, the store is asked a few times per second at most.
+    async fn ask_leader(&self) -> LeaderAnswer {
+        let asked = Instant::now();
+        let mut last = self.lookup.lock().await;
+        if let Some((at, answer)) = &*last
+            && (*at >= asked || at.elapsed() < LEADER_SHARE)
+        {
+            return answer.clone();
+        }
+        let answer = self.election.leader().await.map_err(|e| e.to_string());
+        *last = Some((Instant::now(), answer.clone()));
+        answer
+    }
+
+    /// Whether `l` is this server: its name, or its RPC address (a leader announcing
+    /// this server's address would have every forward come back here).
+    fn is_me(&self, l: &ServerInfo) -> bool {
+        l.name == self.me.name || l.rpc_addr == self.me.rpc_addr
     }
 
     /// Until when a request waits for a leader.
@@ -144,18 +201,31 @@ impl Forwarder {
             if core.is_leader() {
                 return Ok(None);
             }
-            if !refresh && let Some(l) = self.cached_leader().filter(|l| l.name != self.me.name) {
+            if !refresh && let Some(l) = self.cached_leader().filter(|l| !self.is_me(l)) {
                 return Ok(Some(l));
             }
-            let said = match self.election.leader().await {
-                Ok(Some(l)) if l.name != self.me.name => {
+            let said = match self.ask_leader().await {
+                Ok(Some(l)) if !self.is_me(&l) => {
                     self.set_leader(Some(l.clone()));
                     return Ok(Some(l));
+                }
+                // A leader announcing this server's own RPC address: forwarding there
+                // would come back here. Wait for a leader that is somewhere else.
+                Ok(Some(l)) if l.name != self.me.name => {
+                    tracing::warn!(
+                        leader = %l.name,
+                        rpc_addr = %l.rpc_addr,
+                        "the leader announces this server's own RPC address; not forwarding there"
+                    );
+                    format!(
+                        "the leader {} announces this server's own RPC address {}",
+                        l.name, l.rpc_addr
+                    )
                 }
                 // This server, while it does not lead: its term is starting or ending.
                 Ok(Some(_)) => "this server's own term is starting or ending".to_owned(),
                 Ok(None) => "no leader (an election is in progress)".to_owned(),
-                Err(e) => e.to_string(),
+                Err(e) => e,
             };
             refresh = true;
             if Instant::now() >= deadline {
@@ -172,9 +242,10 @@ impl Forwarder {
         }
     }
 
-    fn channel(&self, to: &ServerInfo) -> Result<Channel, ServerError> {
+    fn channel(&self, to: &ServerInfo, lane: Lane) -> Result<Channel, ServerError> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = channels.get(&to.rpc_addr) {
+        let key = (lane, to.rpc_addr.clone());
+        if let Some(c) = channels.get(&key) {
             return Ok(c.clone());
         }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
@@ -194,7 +265,7 @@ impl Forwarder {
             ep = ep.tls_config(tls.clone()).map_err(|e| bad(&e))?;
         }
         let channel = ep.connect_lazy();
-        channels.insert(to.rpc_addr.clone(), channel.clone());
+        channels.insert(key, channel.clone());
         Ok(channel)
     }
 
@@ -203,7 +274,7 @@ impl Forwarder {
         self.channels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&to.rpc_addr);
+            .retain(|(_, addr), _| *addr != to.rpc_addr);
         let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner());
         if leader.as_ref().is_some_and(|l| l.name == to.name) {
             *leader = None;
@@ -220,6 +291,13 @@ impl Forwarder {
             req.metadata_mut().insert(FORWARDED_HEADER, v);
         }
         req.set_timeout(FORWARD_TIMEOUT);
+        req
+    }
+
+    /// [`Forwarder::outgoing`] for a node RPC: its timeout is the node lane's.
+    pub(crate) fn outgoing_node<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = self.outgoing(msg);
+        req.set_timeout(self.node_timeout);
         req
     }
 
@@ -240,7 +318,7 @@ impl Forwarder {
                 Ok(None) => return Forwarded::Local,
                 Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
             };
-            let channel = match self.channel(&to) {
+            let channel = match self.channel(&to, Lane::Node) {
                 Ok(c) => c,
                 Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
             };
@@ -273,7 +351,7 @@ impl Forwarder {
                 Ok(None) => return Forwarded::Local,
                 Err(e) => return Forwarded::Remote(error_response(503, &e.to_string(), false)),
             };
-            let channel = match self.channel(&to) {
+            let channel = match self.channel(&to, Lane::Http) {
                 Ok(c) => c,
                 Err(e) => return Forwarded::Remote(error_response(503, &e.to_string(), false)),
             };
@@ -359,7 +437,7 @@ impl Forwarder {
     /// The leader's term id, asked of the leader (`GET /v1/status/leader`); `None`
     /// when it cannot be reached quickly.
     pub(crate) async fn leader_term(&self, to: &ServerInfo) -> Option<u64> {
-        let channel = self.channel(to).ok()?;
+        let channel = self.channel(to, Lane::Http).ok()?;
         let mut client = ApiClient::new(channel);
         let req = pb::ForwardRequest {
             method: "GET".into(),

@@ -31,6 +31,12 @@ use crate::store::{StoreChange, WatchEvent};
 
 /// Pause before campaigning again after the store failed.
 const CAMPAIGN_RETRY: Duration = Duration::from_secs(1);
+/// A new leader that cannot load the state this many times, or for this long,
+/// resigns: while it holds the term no other server can lead.
+const LOAD_ATTEMPTS: u32 = 3;
+const LOAD_GIVE_UP: Duration = Duration::from_secs(10);
+/// Pause after resigning before campaigning again.
+const RESIGNED_PAUSE: Duration = Duration::from_secs(2);
 /// Pause before following again after the watch or a reload failed.
 const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 /// Longest pause between attempts to read the state again.
@@ -60,8 +66,16 @@ async fn run_terms(core: &Arc<Core>) {
         let Some(term) = term else {
             return; // shutdown
         };
-        lead(core, term, fresh).await;
+        let gave_up = lead(core, term, fresh).await;
         fresh = false;
+        if gave_up {
+            // Campaign again only after a pause: the others queue up meanwhile, and a
+            // lone server does not spin on a state it cannot read.
+            tokio::select! {
+                () = tokio::time::sleep(RESIGNED_PAUSE) => {}
+                () = core.shutdown.cancelled() => return,
+            }
+        }
         if core.shutdown.is_cancelled() {
             return;
         }
@@ -106,8 +120,8 @@ async fn campaign(core: &Core) -> Option<Term> {
 }
 
 /// One term: set up, run the leader loops until the term is lost or shutdown, then
-/// tear down.
-async fn lead(core: &Arc<Core>, term: Term, fresh: bool) {
+/// tear down. `true`: the term was given up because the state could not be loaded.
+async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
     let Term { fence, lost, id } = term;
     let stop = core.shutdown.child_token();
     let (plans_tx, plans_rx) = mpsc::channel(PLAN_QUEUE);
@@ -116,23 +130,41 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) {
         let _writer = core.commit_lock.lock().await;
         // The whole state, as the store has it now: a follower's state may lag, and
         // the term must start from what the previous leader committed last.
+        let started = std::time::Instant::now();
+        let mut attempts = 0;
         loop {
             let current = match core.store.revision().await {
                 Ok(r) if fresh && r == core.read().index => break,
                 Ok(_) => core.reload().await.map(|_| ()),
                 Err(e) => Err(ServerError::Store(e)),
             };
+            attempts += 1;
             match current {
                 Ok(()) => break,
+                // While this server holds the term nobody else can lead: after a few
+                // failures give the others a chance (the state may be fine for a
+                // server of another version, or the fault may be this server's).
+                Err(e) if attempts >= LOAD_ATTEMPTS || started.elapsed() >= LOAD_GIVE_UP => {
+                    tracing::error!(
+                        server = %core.me.name,
+                        term = id,
+                        attempts,
+                        "cannot load the state for the new term: {e}; resigning so that \
+                         another server can try"
+                    );
+                    core.election.resign().await;
+                    return true;
+                }
                 Err(e) => {
                     tracing::warn!(
                         term = id,
+                        attempts,
                         "cannot load the state for the new term: {e}; retrying"
                     );
                     tokio::select! {
                         () = tokio::time::sleep(CAMPAIGN_RETRY) => {}
-                        () = lost.cancelled() => return,
-                        () = core.shutdown.cancelled() => return,
+                        () = lost.cancelled() => return false,
+                        () = core.shutdown.cancelled() => return false,
                     }
                 }
             }
@@ -214,6 +246,7 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) {
     }
     core.broker.clear();
     *core.timers() = crate::heartbeat::Timers::default();
+    false
 }
 
 /// Follow the leader's commits until `stop`. `reload` first when the state may be

@@ -30,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{LEADERSHIP_LOST_PREFIX, NOT_LEADER_PREFIX, ServerError};
-use crate::forward::{FORWARDED_HEADER, Forwarded};
+use crate::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 use crate::server::Server;
 
 /// Largest request body accepted: a job file is a few KiB; this leaves room for big
@@ -195,8 +195,7 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
     if method == http::Method::GET || method == http::Method::HEAD || api.server.is_leader() {
         return next.run(req).await;
     }
-    if let Some(by) = req.headers().get(FORWARDED_HEADER) {
-        let by = String::from_utf8_lossy(by.as_bytes()).into_owned();
+    if let Some(ForwardedBy(by)) = req.extensions().get::<ForwardedBy>().cloned() {
         return ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
             ServerError::NotLeader { leader: None }.to_string().replace(

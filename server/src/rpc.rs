@@ -29,7 +29,7 @@ use tonic::{Request, Response, Status};
 use tower::ServiceExt as _;
 
 use crate::error::ServerError;
-use crate::forward::{FORWARDED_HEADER, Forwarded};
+use crate::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 use crate::server::Server;
 
 /// How the RPC listener authenticates, encrypts and bounds its connections.
@@ -477,6 +477,7 @@ const DROPPED_HEADERS: &[&str] = &[
     "host",
     "content-length",
     TOKEN_HEADER,
+    FORWARDED_HEADER,
 ];
 
 fn forward_request(
@@ -526,7 +527,15 @@ impl Api for ApiRpc {
         &self,
         request: Request<pb::ForwardRequest>,
     ) -> Result<Response<Self::ForwardStream>, Status> {
-        let http_request = forward_request(request.into_inner(), self.token.as_deref())?;
+        let by = request
+            .metadata()
+            .get(FORWARDED_HEADER)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let mut http_request = forward_request(request.into_inner(), self.token.as_deref())?;
+        if let Some(by) = by {
+            // The router refuses to forward it again (`forward_writes`).
+            http_request.extensions_mut().insert(ForwardedBy(by));
+        }
         let response = match self.router.clone().oneshot(http_request).await {
             Ok(r) => r,
             Err(never) => match never {},

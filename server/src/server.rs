@@ -52,7 +52,16 @@ pub(crate) const PLAN_QUEUE: usize = 256;
 pub struct Server {
     core: Arc<Core>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// `servers_status`'s last answer and when: its election calls (leader, members,
+    /// the leader's term) are made at most once per [`STATUS_CACHE`], and one at a
+    /// time (callers wait on the lock and take the fresh answer); the endpoints'
+    /// health is asked every time.
+    status_cache:
+        tokio::sync::Mutex<Option<(std::time::Instant, drover_server_api::ServersStatus)>>,
 }
+
+/// How long a `/v1/status/servers` answer is reused.
+const STATUS_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A batch of a node's allocations for its client (see the `WatchAllocations` RPC).
 #[derive(Debug, Clone)]
@@ -510,6 +519,7 @@ impl Server {
         Ok(Arc::new(Server {
             core,
             tasks: Mutex::new(tasks),
+            status_cache: tokio::sync::Mutex::new(None),
         }))
     }
 
@@ -569,7 +579,7 @@ impl Server {
         let fwd = &self.core.forwarder;
         self.core
             .forwarder
-            .node_call(&self.core, |client| call(client, fwd.outgoing(())))
+            .node_call(&self.core, |client| call(client, fwd.outgoing_node(())))
             .await
     }
 
@@ -588,6 +598,39 @@ impl Server {
     /// What the store cannot tell (it is unreachable) is left out: no leader, no
     /// servers, and the endpoints' health says why.
     pub async fn servers_status(&self) -> drover_server_api::ServersStatus {
+        let mut cache = self.status_cache.lock().await;
+        if let Some((at, status)) = &*cache
+            && at.elapsed() < STATUS_CACHE
+        {
+            let mut status = status.clone();
+            // The endpoints' health is always asked anew: an etcd that just went
+            // down must show as down.
+            status.store.endpoints = self.store_health().await;
+            return status;
+        }
+        let status = self.servers_status_now().await;
+        *cache = Some((std::time::Instant::now(), status.clone()));
+        status
+    }
+
+    async fn store_health(&self) -> Vec<drover_server_api::StoreEndpointHealth> {
+        self.core
+            .store
+            .health()
+            .await
+            .into_iter()
+            .map(|h| drover_server_api::StoreEndpointHealth {
+                endpoint: h.endpoint,
+                healthy: h.healthy,
+                version: h.version,
+                db_size: h.db_size,
+                is_leader: h.is_leader,
+                error: h.error,
+            })
+            .collect()
+    }
+
+    async fn servers_status_now(&self) -> drover_server_api::ServersStatus {
         let core = &self.core;
         let leader = match core.current_term() {
             Some(t) => Some(drover_server_api::LeaderStatus {
@@ -626,20 +669,7 @@ impl Server {
             })
             .collect();
         servers.sort_by(|a, b| a.name.cmp(&b.name));
-        let endpoints = core
-            .store
-            .health()
-            .await
-            .into_iter()
-            .map(|h| drover_server_api::StoreEndpointHealth {
-                endpoint: h.endpoint,
-                healthy: h.healthy,
-                version: h.version,
-                db_size: h.db_size,
-                is_leader: h.is_leader,
-                error: h.error,
-            })
-            .collect();
+        let endpoints = self.store_health().await;
         drover_server_api::ServersStatus {
             this: core.me.name.clone(),
             leader,

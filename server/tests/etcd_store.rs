@@ -363,3 +363,35 @@ async fn raw_put(endpoint: &str, key: &str, value: &str) -> bool {
     .await
     .is_ok()
 }
+
+#[tokio::test]
+async fn a_prefix_nested_in_or_around_another_clusters_prefix_is_refused() {
+    let Some(etcd) = shared() else { return };
+    let outer = etcd.unique_prefix();
+    let inner = format!("{outer}inner/");
+    // A cluster at `outer`: a prefix inside it is refused.
+    let first = store(&etcd, &outer).await;
+    let Err(err) = EtcdStore::connect(options(&etcd.endpoint(), &inner)).await else {
+        panic!("a prefix inside another cluster's is refused");
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains("must not nest") && msg.contains(&outer),
+        "{msg}"
+    );
+    drop(first);
+
+    // A cluster at `below`: a new prefix around it is refused.
+    let around = etcd.unique_prefix();
+    let below = format!("{around}b/");
+    let _second = store(&etcd, &below).await;
+    let Err(err) = EtcdStore::connect(options(&etcd.endpoint(), &around)).await else {
+        panic!("a prefix around another cluster's is refused");
+    };
+    let msg = err.to_string();
+    assert!(msg.contains("must not nest"), "{msg}");
+
+    // Side by side is fine, and so is connecting again to one's own prefix.
+    let _third = store(&etcd, &etcd.unique_prefix()).await;
+    let _again = store(&etcd, &below).await;
+}

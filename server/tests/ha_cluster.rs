@@ -58,6 +58,20 @@ impl Member {
         deaf: bool,
         tls: Option<&Tls>,
     ) -> Member {
+        Member::start_wrapped(endpoint, prefix, name, tls, |e, _| {
+            if deaf { Arc::new(Deaf(e)) } else { e }
+        })
+        .await
+    }
+
+    /// `wrap`: the election this server uses, given the store's and its RPC address.
+    async fn start_wrapped(
+        endpoint: &str,
+        prefix: &str,
+        name: &str,
+        tls: Option<&Tls>,
+        wrap: impl FnOnce(Arc<dyn Election>, SocketAddr) -> Arc<dyn Election>,
+    ) -> Member {
         let dir = tempfile::tempdir().unwrap();
         let mut o = EtcdOptions::new(vec![endpoint.to_owned()]);
         o.prefix = prefix.to_owned();
@@ -66,14 +80,10 @@ impl Member {
         let store = EtcdStore::connect(o)
             .await
             .expect("connect to the test etcd");
-        let election = if deaf {
-            Arc::new(Deaf(store.election()))
-        } else {
-            store.election()
-        };
         let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let rpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (http, rpc) = (http_l.local_addr().unwrap(), rpc_l.local_addr().unwrap());
+        let election = wrap(store.election(), rpc);
         let mut config = ServerConfig::new(dir.path());
         config.workers = 1;
         config.heartbeat_ttl = Duration::from_secs(1);
@@ -217,6 +227,66 @@ impl Election for Deaf {
         self.0.register(me)
     }
     fn members(&self) -> BoxFuture<'_, Result<Vec<ServerInfo>, StoreError>> {
+        self.0.members()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.0.lease_ttl()
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.0.close()
+    }
+}
+
+/// The etcd election, except that the leader it names announces `.1` (this server's
+/// own RPC address) as its RPC address: a stale or forged entry in the store.
+struct Misdirected(Arc<dyn Election>, String);
+
+impl Election for Misdirected {
+    fn campaign(&self, me: ServerInfo) -> BoxFuture<'_, Result<Term, StoreError>> {
+        self.0.campaign(me)
+    }
+    fn leader(&self) -> BoxFuture<'_, Result<Option<ServerInfo>, StoreError>> {
+        Box::pin(async move {
+            Ok(self.0.leader().await?.map(|mut l| {
+                l.rpc_addr = self.1.clone();
+                l
+            }))
+        })
+    }
+    fn register(&self, me: ServerInfo) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.0.register(me)
+    }
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ServerInfo>, StoreError>> {
+        self.0.members()
+    }
+    fn lease_ttl(&self) -> Duration {
+        self.0.lease_ttl()
+    }
+    fn resign(&self) -> BoxFuture<'_, ()> {
+        self.0.resign()
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.0.close()
+    }
+}
+
+/// The etcd election, except that it never wins a campaign, and counts the calls
+/// asking the store who leads or who the servers are.
+struct Counted(Arc<dyn Election>, Arc<std::sync::atomic::AtomicUsize>);
+
+impl Election for Counted {
+    fn campaign(&self, _me: ServerInfo) -> BoxFuture<'_, Result<Term, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn leader(&self) -> BoxFuture<'_, Result<Option<ServerInfo>, StoreError>> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.leader()
+    }
+    fn register(&self, me: ServerInfo) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.0.register(me)
+    }
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ServerInfo>, StoreError>> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.0.members()
     }
     fn lease_ttl(&self) -> Duration {
@@ -440,20 +510,18 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
         job: job("hop", 1, 100, 100),
     })
     .unwrap();
-    let mut head = api_rpc
-        .forward(authed(pb::ForwardRequest {
-            method: "PUT".into(),
-            path_and_query: "/v1/jobs".into(),
-            headers: [
-                ("content-type".to_owned(), "application/json".to_owned()),
-                (FORWARDED_HEADER.to_owned(), "elsewhere".to_owned()),
-            ]
-            .into(),
-            body,
-        }))
-        .await
-        .unwrap()
-        .into_inner();
+    // Exactly what a follower sends: the mark in the call's metadata, not among the
+    // forwarded HTTP headers.
+    let mut hop_write = authed(pb::ForwardRequest {
+        method: "PUT".into(),
+        path_and_query: "/v1/jobs".into(),
+        headers: [("content-type".to_owned(), "application/json".to_owned())].into(),
+        body,
+    });
+    hop_write
+        .metadata_mut()
+        .insert(FORWARDED_HEADER, "elsewhere".parse().unwrap());
+    let mut head = api_rpc.forward(hop_write).await.unwrap().into_inner();
     let head = head.message().await.unwrap().unwrap();
     assert_eq!(head.status, 503);
     assert!(head.headers.contains_key(NOT_LEADER_HEADER), "{head:?}");
@@ -834,4 +902,144 @@ async fn a_commit_split_into_parts_reaches_a_follower_whole() {
     for m in members {
         m.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_elected_server_that_cannot_load_the_state_resigns_and_another_tries() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let mut members = Vec::new();
+    for name in ["s1", "s2", "s3"] {
+        members.push(Member::start(&etcd, &prefix, name).await);
+    }
+    let first = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+
+    // A value under the prefix that does not decode, written with the store's own API
+    // (as a server of another version, or a hand edit, could leave it).
+    let mut o = EtcdOptions::new(vec![etcd.endpoint()]);
+    o.prefix = prefix.clone();
+    let raw = EtcdStore::connect(o).await.unwrap();
+    use drover_server::store::{Op, Store};
+    raw.range("").await.unwrap();
+    let outcome = raw
+        .txn(
+            Vec::new(),
+            vec![Op::Put {
+                key: "job/broken".into(),
+                value: b"{ not json".to_vec(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(outcome.succeeded, "{outcome:?}");
+
+    // The leader goes; each of the two left is elected in turn, cannot load the state,
+    // and resigns instead of holding the term (and the cluster) for ever.
+    let pos = members.iter().position(|m| m.name == first).unwrap();
+    members.remove(pos).shutdown().await;
+    let election = raw.election();
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while seen.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "leadership never moved on from a server that cannot load the state: {seen:?}"
+        );
+        if let Ok(Some(l)) = election.leader().await {
+            seen.insert(l.name);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for m in &members {
+        assert_eq!(
+            m.server.leading(),
+            None,
+            "{} leads on a state it cannot read",
+            m.name
+        );
+        // `server status` still answers.
+        let status = m.api().servers_status().await.unwrap();
+        assert!(!status.value.servers.is_empty(), "{:?}", status.value);
+    }
+    for m in members {
+        m.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_told_the_leader_is_at_its_own_address_does_not_forward_to_itself() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let leader = Member::start(&etcd, &prefix, "lead").await;
+    until(Duration::from_secs(10), "the first server leads", || {
+        leader.server.is_leader()
+    })
+    .await;
+    let follower = Member::start_wrapped(&etcd.endpoint(), &prefix, "misled", None, |e, rpc| {
+        Arc::new(Misdirected(e, rpc.to_string()))
+    })
+    .await;
+    // A write to it fails clearly once the election deadline passes, saying why; it
+    // never reaches the leader through a loop.
+    let started = Instant::now();
+    let err = follower
+        .api()
+        .register_job(&job("looped", 1, 100, 100))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("this server's own RPC address"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(leader.server.job("looped").is_none());
+    // Node heartbeats through it are not stuck behind a loop either: it answers.
+    let status = follower.api().servers_status().await.unwrap();
+    assert_eq!(status.value.this, "misled");
+    follower.shutdown().await;
+    leader.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_waiting_for_a_leader_share_the_stores_answer_and_status_is_cached() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    // Alone, and never elected: every write waits for a leader until its deadline
+    // (lease + 5 s), asking the store who leads meanwhile.
+    let s = Member::start_wrapped(&etcd.endpoint(), &prefix, "waits", None, |e, _| {
+        Arc::new(Counted(e, c))
+    })
+    .await;
+    let api = s.api();
+    let writes: Vec<_> = (0..20)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move { api.register_job(&job(&format!("w{i}"), 1, 100, 100)).await })
+        })
+        .collect();
+    let started = Instant::now();
+    for w in writes {
+        assert!(w.await.unwrap().is_err(), "no leader: the write fails");
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let n = calls.swap(0, std::sync::atomic::Ordering::Relaxed);
+    // One waiter alone polls 4 times a second; 20 of them share: at most ~5/s.
+    assert!(
+        (n as f64) < secs * 8.0,
+        "{n} leader lookups in {secs:.1}s for 20 waiting writes"
+    );
+    // Ten status calls in a row: the store is asked once (leader, members).
+    for _ in 0..10 {
+        api.servers_status().await.unwrap();
+    }
+    let n = calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        n <= 4,
+        "{n} store calls for 10 status answers within a second"
+    );
+    s.shutdown().await;
 }

@@ -128,6 +128,63 @@ fn parse_host_port(text: &str) -> Result<String, String> {
     }
 }
 
+/// An etcd client URL: `http://HOST:PORT` or `https://HOST:PORT`, with at most a
+/// trailing `/`. No credentials (`user:password@`): they would be shown in
+/// `server status` and in errors, and etcd's user/password auth is not supported
+/// anyway. No other path, query or fragment: nothing would use them.
+fn check_etcd_endpoint(e: &str) -> Result<(), String> {
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .ok_or_else(|| format!("{e:?} must start with http:// or https://"))?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    if authority.contains('@') {
+        // Not echoed: the part before '@' may be a password.
+        return Err(
+            "an endpoint holds credentials (user:password@): refused; etcd's user/password \
+             auth is not supported; secure etcd with TLS client certificates \
+             (--etcd-cert-file, --etcd-key-file)"
+                .to_owned(),
+        );
+    }
+    if tail.contains('?') || tail.contains('#') {
+        return Err(format!(
+            "{e:?}: no query (?) or fragment (#) in an endpoint"
+        ));
+    }
+    if !tail.is_empty() && tail != "/" {
+        return Err(format!(
+            "{e:?}: no path in an endpoint (give scheme://HOST:PORT)"
+        ));
+    }
+    parse_host_port(authority).map(|_| ())
+}
+
+/// A private key file (`flag`'s): refused when its group or other users can read
+/// or change it (whoever reads it can act as this server), as the token file is
+/// ([`drover_host::cluster_forward::check_private_file`]).
+fn check_key_file(flag: &str, path: &std::path::Path) -> anyhow::Result<()> {
+    if !path.exists() {
+        // The loader says so, naming the file (certificate first).
+        return Ok(());
+    }
+    let fix = format!("`chmod 600 {}`", path.display());
+    drover_host::cluster_forward::check_private_file(path, 0o077, &fix)
+        .map_err(|e| anyhow::anyhow!("{flag}: key file {}: {e}", path.display()))
+}
+
+/// What a server name may be. The name travels as gRPC metadata (the mark of a
+/// forwarded write, which must never be dropped) and in etcd keys: ASCII only.
+const SERVER_NAME_RULE: &str = "1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'";
+
+fn valid_server_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// The host name, for the default server name.
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -229,16 +286,11 @@ impl ServerArgs {
                     bail!("--store etcd needs --etcd-endpoints URL[,URL...]");
                 }
                 for e in &self.etcd_endpoints {
-                    let rest = e
-                        .strip_prefix("http://")
-                        .or_else(|| e.strip_prefix("https://"))
-                        .ok_or_else(|| {
-                            anyhow::anyhow!(
-                                "--etcd-endpoints: {e:?} must start with http:// or https://"
-                            )
-                        })?;
-                    parse_host_port(rest.trim_end_matches('/'))
+                    check_etcd_endpoint(e)
                         .map_err(|why| anyhow::anyhow!("--etcd-endpoints: {why}"))?;
+                }
+                if let Some(key) = &self.etcd_key_file {
+                    check_key_file("--etcd-key-file", key)?;
                 }
                 if self.etcd_prefix.is_empty() || !self.etcd_prefix.ends_with('/') {
                     bail!(
@@ -282,11 +334,20 @@ impl ServerArgs {
             }
         };
         let name = match &self.name {
-            Some(n) if n.is_empty() || n.len() > 128 || n.contains('/') => {
-                bail!("--name {n:?}: 1 to 128 characters, no /")
+            Some(n) if !valid_server_name(n) => {
+                bail!("--name {n:?}: {SERVER_NAME_RULE}")
             }
             Some(n) => n.clone(),
-            None => host_name(),
+            None => {
+                let h = host_name();
+                if !valid_server_name(&h) {
+                    bail!(
+                        "the host name {h:?} cannot be this server's name ({SERVER_NAME_RULE}); \
+                         pass --name NAME"
+                    );
+                }
+                h
+            }
         };
         let token = match &self.token_file {
             None => None,
@@ -297,6 +358,7 @@ impl ServerArgs {
         };
         let tls = match (&self.tls_cert_file, &self.tls_key_file) {
             (Some(cert), Some(key)) => {
+                check_key_file("--tls-key-file", key)?;
                 let files = TlsFiles {
                     cert: cert.clone(),
                     key: key.clone(),
@@ -702,5 +764,97 @@ mod tests {
         let shown = format!("{options:?}");
         assert!(!shown.contains("s3cret-t0ken"), "{shown}");
         assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    fn args(extra: &[&str]) -> ServerArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            server: ServerArgs,
+        }
+        let mut argv = vec!["drover-server", "--data-dir", "/tmp/x"];
+        argv.extend_from_slice(extra);
+        <Cli as clap::Parser>::try_parse_from(argv).unwrap().server
+    }
+
+    fn err(extra: &[&str]) -> String {
+        format!("{:#}", args(extra).options().unwrap_err())
+    }
+
+    #[test]
+    fn a_server_name_is_ascii_letters_digits_dot_dash_underscore() {
+        for bad in ["", "s\u{e9}rver", "a b", "a/b", &"x".repeat(65)] {
+            let e = err(&["--name", bad]);
+            assert!(
+                e.contains("--name") && e.contains("1 to 64"),
+                "{bad:?}: {e}"
+            );
+        }
+        for good in ["s1", "srv-2.example_x", &"x".repeat(64)] {
+            assert_eq!(args(&["--name", good]).options().unwrap().name, good);
+        }
+    }
+
+    #[test]
+    fn etcd_endpoints_with_credentials_paths_queries_or_fragments_are_refused() {
+        let etcd = |e: &str| err(&["--store", "etcd", "--name", "s1", "--etcd-endpoints", e]);
+        let e = etcd("http://root:hunter2@127.0.0.1:2379");
+        assert!(
+            e.contains("--etcd-endpoints") && e.contains("not supported"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "the password is not echoed: {e}");
+        for bad in [
+            "http://127.0.0.1:2379/v3",
+            "http://127.0.0.1:2379?x=1",
+            "http://127.0.0.1:2379/#f",
+        ] {
+            assert!(etcd(bad).contains("--etcd-endpoints"), "{bad}");
+        }
+        for good in ["http://127.0.0.1:2379", "http://127.0.0.1:2379/"] {
+            args(&["--store", "etcd", "--name", "s1", "--etcd-endpoints", good])
+                .options()
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn key_files_group_or_others_can_read_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("k.pem");
+        std::fs::write(&key, "not a key").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = err(&[
+            "--name",
+            "s1",
+            "--tls-cert-file",
+            key.to_str().unwrap(),
+            "--tls-key-file",
+            key.to_str().unwrap(),
+        ]);
+        assert!(
+            e.contains("--tls-key-file") && e.contains("chmod 600"),
+            "{e}"
+        );
+        assert!(e.contains(key.to_str().unwrap()), "{e}");
+        let e = err(&[
+            "--store",
+            "etcd",
+            "--name",
+            "s1",
+            "--etcd-endpoints",
+            "https://127.0.0.1:2379",
+            "--etcd-ca-file",
+            key.to_str().unwrap(),
+            "--etcd-cert-file",
+            key.to_str().unwrap(),
+            "--etcd-key-file",
+            key.to_str().unwrap(),
+        ]);
+        assert!(
+            e.contains("--etcd-key-file") && e.contains("chmod 600"),
+            "{e}"
+        );
     }
 }

@@ -200,6 +200,9 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
+/// Keys a new prefix's check for a nested cluster reads at most.
+const NESTED_SCAN: i64 = 10_000;
+
 impl EtcdStore {
     /// Connect (an endpoint must answer within `request_timeout`) and check the schema
     /// under the prefix (writing it on first use).
@@ -265,7 +268,84 @@ impl Inner {
         self.key(INDEX_KEY)
     }
 
+    /// One range (count only) over `key` .. `range_end` (empty: `key` alone).
+    async fn count(&self, key: Vec<u8>, range_end: Vec<u8>) -> Result<i64, StoreError> {
+        let req = pb::RangeRequest {
+            key,
+            range_end,
+            count_only: true,
+            ..Default::default()
+        };
+        let resp = self
+            .client
+            .unary("prefix check", Retry::Idempotent, |ch| {
+                let r = req.clone();
+                async move { kv(ch).range(r).await }
+            })
+            .await?;
+        Ok(resp.count)
+    }
+
+    /// Prefixes must not nest: two clusters whose keys overlap would read (and
+    /// delete) each other's state. Refused: a prefix inside another cluster's (a
+    /// `schema` key at a parent prefix), and a new prefix (no `schema` of its own
+    /// yet) with another cluster's `<…>/schema` below it.
+    async fn check_prefix(&self) -> Result<(), StoreError> {
+        let prefix = &self.options.prefix;
+        let nested = |other: &str| {
+            StoreError::Backend(format!(
+                "etcd prefix {prefix:?} overlaps the cluster at {other:?}: prefixes of \
+                 clusters sharing an etcd must not nest (use --etcd-prefix with a \
+                 prefix of its own, e.g. /drover-b/)"
+            ))
+        };
+        // Every parent prefix ending in '/': "/a/b/" has "/a/" and "/".
+        let mut parents: Vec<&str> = prefix[..prefix.len() - 1]
+            .match_indices('/')
+            .map(|(i, _)| &prefix[..=i])
+            .collect();
+        parents.dedup();
+        for parent in parents {
+            let key = format!("{parent}schema").into_bytes();
+            if self.count(key, Vec::new()).await? > 0 {
+                return Err(nested(parent));
+            }
+        }
+        // A new prefix (no schema of its own yet; other servers of this cluster may
+        // be starting at once and writing theirs): another cluster's `schema` below
+        // it. Only keys are read, and at most NESTED_SCAN of them.
+        let own = self.key("schema");
+        if self.count(own.clone(), Vec::new()).await? == 0 {
+            let full = prefix.as_bytes().to_vec();
+            let req = pb::RangeRequest {
+                range_end: client::prefix_end(&full),
+                key: full,
+                keys_only: true,
+                limit: NESTED_SCAN,
+                ..Default::default()
+            };
+            let resp = self
+                .client
+                .unary("prefix check", Retry::Idempotent, |ch| {
+                    let r = req.clone();
+                    async move { kv(ch).range(r).await }
+                })
+                .await?;
+            if let Some(kv) = resp
+                .kvs
+                .iter()
+                .find(|kv| kv.key != own && kv.key.ends_with(b"/schema"))
+            {
+                let key = String::from_utf8_lossy(&kv.key);
+                let other = key.strip_suffix("schema").unwrap_or(&key);
+                return Err(nested(other));
+            }
+        }
+        Ok(())
+    }
+
     async fn check_schema(&self) -> Result<(), StoreError> {
+        self.check_prefix().await?;
         let key = self.key("schema");
         let req = pb::TxnRequest {
             compare: vec![pb::Compare {

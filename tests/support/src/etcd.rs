@@ -115,6 +115,13 @@ impl Etcd {
             .prefix("drover-test-etcd-")
             .tempdir()
             .expect("temp dir for etcd");
+        // Its data and logs are for this test alone (tempfile makes it 0700 on Unix;
+        // said here so that it stays so).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+                .expect("chmod 700 the etcd temp dir");
+        }
         Etcd {
             bin,
             dir,
@@ -169,11 +176,12 @@ impl Etcd {
             .arg(&self.initial_cluster)
             .arg("--initial-cluster-state")
             .arg("new")
-            // zap: its "serving client traffic" line tells when a TLS etcd is ready.
+            // zap: its "serving client traffic" line (info) tells that this child
+            // serves on our port.
             .arg("--logger")
             .arg("zap")
             .arg("--log-level")
-            .arg(if self.tls.is_some() { "info" } else { "warn" })
+            .arg("info")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -186,18 +194,22 @@ impl Etcd {
         self.dir.path().join(format!("etcd.{start}.log"))
     }
 
+    /// Whether this start's log says it serves client traffic on our client address.
+    fn serving_here(&self) -> bool {
+        let address = format!("\"address\":\"{}\"", self.client);
+        std::fs::read_to_string(self.log_path(self.starts)).is_ok_and(|log| {
+            log.lines()
+                .any(|l| l.contains("\"serving client traffic") && l.contains(&address))
+        })
+    }
+
     fn wait_healthy(&mut self) {
         let deadline = Instant::now() + START_LIMIT;
         loop {
-            let ready = if self.tls.is_some() {
-                std::fs::read_to_string(self.log_path(self.starts))
-                    .is_ok_and(|l| l.contains("serving client traffic"))
-            } else {
-                health(self.client)
-            };
-            if ready {
-                return;
-            }
+            // Ours, not another etcd on a port taken between `free_addr` and the
+            // start: our child logged that it serves clients on exactly this address
+            // (and, without TLS, the address answers the health check).
+            let ready = self.serving_here() && (self.tls.is_some() || health(self.client));
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
@@ -206,6 +218,9 @@ impl Etcd {
                     "etcd exited at start ({status}); its log:\n{}",
                     self.log_text()
                 );
+            }
+            if ready {
+                return;
             }
             assert!(
                 Instant::now() < deadline,
@@ -379,5 +394,28 @@ impl SharedEtcd {
     /// [`unique_prefix`].
     pub fn unique_prefix(&self) -> String {
         unique_prefix()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken by another etcd between `free_addr` and the start: the health
+    /// check answers (the other one), but the start is not ours and must fail.
+    #[test]
+    fn an_etcd_that_is_not_our_child_answering_on_the_port_is_not_taken_for_ours() {
+        let Some(first) = Etcd::start() else { return };
+        let mut second = Etcd::new(first.bin.clone(), "drover-test-2".into(), None);
+        second.client = first.client;
+        second.initial_cluster = format!("{}=http://{}", second.name, second.peer);
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| second.spawn()));
+        let why = started.expect_err("a start on a port another etcd serves is refused");
+        let why = why.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(why.contains("etcd exited at start"), "{why}");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(second.dir.path()).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o700, "the etcd dir is private");
     }
 }

@@ -114,6 +114,8 @@ fn tls_config(
     Ok(config)
 }
 
+pub use crate::cluster::connection::check_private_file;
+
 /// The token in `file`, trimmed, with the cluster client's rules
 /// ([`crate::cluster::connection::read_token`]): a file other users can read or write
 /// is refused (whoever reads it acts with the token's rights), and so is an empty one
