@@ -30,7 +30,7 @@ pub enum ServerError {
     /// when leadership moved in between: retry).
     #[error("{NOT_LEADER_PREFIX}{}", match leader {
         Some(l) => format!("the leader is {l}; retry"),
-        None => "no leader is elected at the moment; retry".to_owned(),
+        None => NO_KNOWN_LEADER.to_owned() + "; retry",
     })]
     NotLeader {
         /// The leader as this server knows it (`name (rpc address)`), if any.
@@ -46,6 +46,10 @@ pub enum ServerError {
 /// How a [`ServerError::NotLeader`] message starts (the HTTP layer marks such answers,
 /// so that a forwarding server knows to look for the leader again).
 pub const NOT_LEADER_PREFIX: &str = "this server is not the leader: ";
+/// What a [`ServerError::NotLeader`] says when this server knows no leader: an election
+/// may be under way, or it stepped down while it handled the request (another server
+/// may lead already; a retry reaches it).
+pub const NO_KNOWN_LEADER: &str = "it does not know the leader at the moment (an election may be under way, or it just stepped down)";
 /// How a [`ServerError::LeadershipLost`] message starts.
 pub const LEADERSHIP_LOST_PREFIX: &str = "leadership lost, nothing was committed: ";
 

@@ -228,6 +228,12 @@ pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationTok
         let expired = core.timers().pop_expired(Instant::now());
         for node in expired {
             if let Err(e) = core.node_down(&node).await {
+                if e.is_not_leader() {
+                    // The term ended under this loop (it stops at once): the next
+                    // leader's timers decide about the node, after its failover window.
+                    tracing::info!(node = %node, "not marking the node down: {e}");
+                    return;
+                }
                 tracing::error!(node = %node, "could not mark the node down: {e}; retrying");
                 // Try again soon rather than forget the node.
                 core.timers()

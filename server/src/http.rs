@@ -199,7 +199,7 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
         return ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
             ServerError::NotLeader { leader: None }.to_string().replace(
-                "no leader is elected at the moment",
+                crate::error::NO_KNOWN_LEADER,
                 &format!(
                     "server {by} forwarded this write here, but this server does not lead either"
                 ),
