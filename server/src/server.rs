@@ -614,20 +614,7 @@ impl Server {
     }
 
     async fn store_health(&self) -> Vec<drover_server_api::StoreEndpointHealth> {
-        self.core
-            .store
-            .health()
-            .await
-            .into_iter()
-            .map(|h| drover_server_api::StoreEndpointHealth {
-                endpoint: h.endpoint,
-                healthy: h.healthy,
-                version: h.version,
-                db_size: h.db_size,
-                is_leader: h.is_leader,
-                error: h.error,
-            })
-            .collect()
+        self.core.store.health().await
     }
 
     async fn servers_status_now(&self) -> drover_server_api::ServersStatus {

@@ -158,27 +158,9 @@ impl TxnLimits {
     };
 }
 
-/// Health of one endpoint of the store, for `drover server status`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct EndpointHealth {
-    /// The endpoint as configured (`http://127.0.0.1:2379`) or the embedded store's
-    /// path.
-    pub endpoint: String,
-    /// It answered.
-    pub healthy: bool,
-    /// Its version, when it answered (etcd's `version`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// Size of its database in bytes, when it answered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub db_size: Option<u64>,
-    /// It is its cluster's raft leader (etcd).
-    #[serde(default)]
-    pub is_leader: bool,
-    /// Why it is not healthy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
+/// Health of one endpoint of the store, for `drover server status`: the API's type,
+/// served as is.
+pub use drover_server_api::StoreEndpointHealth as EndpointHealth;
 
 /// A key-value store with revisions and compare-and-set.
 ///
