@@ -619,12 +619,9 @@ impl Server {
 
     async fn servers_status_now(&self) -> drover_server_api::ServersStatus {
         let core = &self.core;
-        let leader = match core.current_term() {
-            Some(t) => Some(drover_server_api::LeaderStatus {
-                name: core.me.name.clone(),
-                term: t.id,
-            }),
-            None => match core.election.leader().await {
+        let leader = match self.leader_status() {
+            Ok(me) => Some(me),
+            Err(_) => match core.election.leader().await {
                 Ok(Some(l)) => {
                     let term = if l.name == core.me.name {
                         0
