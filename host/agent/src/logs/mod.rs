@@ -205,9 +205,18 @@ impl AheadHandle {
     /// Open what was created ahead of the reader, if it is still there. An error is
     /// left for the reader to meet (and report) at its own next look.
     pub(crate) fn fill(&self) {
-        if let Some(ahead) = self.ahead.upgrade() {
-            let _ = lock(&ahead).fill(&self.base);
-        }
+        let Some(ahead) = self.ahead.upgrade() else {
+            return;
+        };
+        // Never wait for the reader: it holds the lock only while it looks at the
+        // directory itself, and a task that makes that look slow (thousands of files)
+        // must not hold up the one thread that serves every task's followers.
+        let mut ahead = match ahead.try_lock() {
+            Ok(a) => a,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let _ = ahead.fill(&self.base);
     }
 }
 
