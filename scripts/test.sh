@@ -257,6 +257,20 @@ if [ "${CI:-}" = "true" ]; then
     fi
 fi
 
+# The VM rig: qemu-system-x86_64 (installed if missing), a Debian cloud kernel and a
+# busybox initramfs, for the qemu driver's tests and the exec driver's cgroup v2 tests
+# inside a guest. Under CI=true a rig that cannot be made fails the suite.
+if rig_env=$(scripts/vm-rig.sh); then
+    while IFS= read -r line; do
+        [ -n "$line" ] && export "${line?}"
+    done <<<"$rig_env"
+elif [ "${CI:-}" = "true" ]; then
+    echo "the VM rig could not be made (above; CI=true: this is a failure)" >&2
+    exit 1
+else
+    echo "# SKIPPING the VM tests: the VM rig could not be made (above)" >&2
+fi
+
 cargo build --workspace --bins --locked
 # The API docs are part of the product: a broken intra-doc link or a stray HTML tag in a
 # doc comment fails the suite.

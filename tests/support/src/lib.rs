@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 pub mod docker;
 pub mod etcd;
 pub mod procs;
+pub mod vm;
 
 /// How often [`until`] and [`until_blocking`] look again.
 pub const POLL: Duration = Duration::from_millis(20);
