@@ -126,6 +126,12 @@ impl Plugin {
         Self::launch_with(dir, config, parent).await
     }
 
+    /// Launch the plugin with `cgroup_parent` set to `/<parent>` (below the hierarchy
+    /// roots); on drop it removes that cgroup tree as with [`Plugin::launch`].
+    pub async fn launch_below(dir: &Path, config: Value, parent: String) -> Plugin {
+        Self::launch_with(dir, config, parent).await
+    }
+
     /// Launch another plugin process on the same directory and cgroup parent (after
     /// the first was killed).
     pub async fn relaunch(&self) -> Plugin {

@@ -12,7 +12,7 @@
 //! [`open_plain`]) and the task joins it between fork and exec, so that stopping and
 //! destroying reach every process the task started, `setsid` or not.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cgroups_rs::FreezerState;
@@ -582,6 +582,8 @@ impl TaskCgroup for V1Cgroup {
 struct V2Cgroup {
     path: String,
     cg: Cgroup,
+    /// Whether it has controllers (a plain task's has none).
+    controlled: bool,
 }
 
 impl V2Cgroup {
@@ -591,7 +593,37 @@ impl V2Cgroup {
             &path,
             controllers.iter().map(|c| (*c).to_owned()).collect(),
         );
-        V2Cgroup { path, cg }
+        V2Cgroup {
+            path,
+            cg,
+            controlled: !controllers.is_empty(),
+        }
+    }
+
+    /// v2's "no internal processes" rule: below the root, a cgroup that holds
+    /// processes cannot give controllers to its children (the kernel answers `EBUSY`),
+    /// so a task cgroup with controllers cannot be made below one. Said before trying,
+    /// naming that cgroup: typically a parent inside the agent's own service cgroup.
+    fn check_ancestors_hold_no_processes(&self) -> Result<(), String> {
+        let root = Path::new(UNIFIED_ROOT);
+        let dir = self.dir();
+        for ancestor in dir.ancestors().skip(1) {
+            if ancestor == root || !ancestor.starts_with(root) {
+                break;
+            }
+            let procs = std::fs::read_to_string(ancestor.join("cgroup.procs")).unwrap_or_default();
+            if let Some(pid) = procs.split_whitespace().next() {
+                return Err(format!(
+                    "cgroup {}: its parent cgroup {} holds processes (pid {pid} among them), \
+                     and on cgroup v2 a cgroup with processes cannot give its children the \
+                     memory, cpu and pids controllers: choose a cgroup_parent outside any \
+                     cgroup that processes run in (the default /drover is)",
+                    self.path,
+                    ancestor.display()
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn dir(&self) -> PathBuf {
@@ -685,6 +717,9 @@ impl TaskCgroup for V2Cgroup {
     }
 
     fn create(&self, limits: &Limits) -> Result<(), String> {
+        if self.controlled {
+            self.check_ancestors_hold_no_processes()?;
+        }
         self.cg.create().map_err(err(&self.path, "create"))?;
         self.apply(limits).inspect_err(|_| {
             let _ = self.cg.delete();
