@@ -43,12 +43,23 @@ async fn a_task_past_its_memory_limit_is_oom_killed_and_says_so() {
     assert!(exit.oom_killed, "{exit:?}");
     assert_eq!(exit.signal, 9, "{exit:?}");
 
-    // And a task within its limit is not flagged.
+    // And a task within its limit is not flagged. Given a reservation below its
+    // maximum, it gets both (v1: the soft limit; v2: memory.low), and no swap past the
+    // maximum.
     let mut spec = p.spec("fits", sh("dd if=/dev/zero of=/dev/null bs=4M count=1"));
-    spec.resources.memory_mb = 32;
+    spec.resources.memory_mb = 16;
+    spec.resources.memory_max_mb = 64;
     p.start_spec(spec).await;
     let exit = p.wait("fits").await;
     assert!(exit.successful(), "{exit:?}");
+    let cg = p.cgroup("fits");
+    assert_eq!(cg.memory_max(), 64 << 20, "{:?}", cg.version);
+    assert_eq!(cg.memory_reservation(), 16 << 20, "{:?}", cg.version);
+    match cg.swap_past_the_limit() {
+        Some(swap) => assert_eq!(swap, 0, "swap allowed past the limit ({:?})", cg.version),
+        None => eprintln!("no swap accounting here: the swap limit is not checked"),
+    }
+    assert_eq!(cg.oom_kills(), 0);
 }
 
 #[tokio::test]

@@ -310,6 +310,32 @@ impl TaskCgroup<'_> {
         }
     }
 
+    /// The memory reservation in bytes (v1 `memory.soft_limit_in_bytes`, v2
+    /// `memory.low`).
+    pub fn memory_reservation(&self) -> u64 {
+        match self.version {
+            Cgroups::V1 => self.number("memory", "memory.soft_limit_in_bytes"),
+            Cgroups::V2 => self.number("memory", "memory.low"),
+        }
+    }
+
+    /// Swap its processes may use beyond the memory limit (v1: `memory.memsw.limit_in_bytes`
+    /// minus the limit; v2: `memory.swap.max`); `None` without swap accounting.
+    pub fn swap_past_the_limit(&self) -> Option<u64> {
+        let file = match self.version {
+            Cgroups::V1 => self.file("memory", "memory.memsw.limit_in_bytes"),
+            Cgroups::V2 => self.file("memory", "memory.swap.max"),
+        };
+        if !file.exists() {
+            return None;
+        }
+        let value = parse_u64(&file, &read_trimmed(&file));
+        Some(match self.version {
+            Cgroups::V1 => value.saturating_sub(self.memory_max()),
+            Cgroups::V2 => value,
+        })
+    }
+
     /// How many processes the OOM killer killed in it (v1 `memory.oom_control`, v2
     /// `memory.events`: `oom_kill N` in both).
     pub fn oom_kills(&self) -> u64 {
