@@ -4,14 +4,15 @@
 //! (`drover_test_support::vm`, `Rig::run_on_host`), on the host's own files: the very
 //! test binaries `cargo` built, launching the very plugin binary; and the executor's
 //! cgroup unit tests, whose v2 freezer test needs such a host. Each must pass there,
-//! none may skip (the guest sets `CI=true` and `DROVER_TEST_EXEC_CGROUPS=v2`, and every
-//! test then asserts root and a cgroup2 `/sys/fs/cgroup` before it starts), and every
-//! test the binary lists on the host must have reported `ok` in the guest.
+//! none may skip (the guest sets `CI=true` and `DROVER_TEST_EXEC_CGROUPS=v2`; every exec
+//! test then asserts root and a cgroup2 `/sys/fs/cgroup` before it starts, and the
+//! freezer test that it is on v2), and every test the binary lists on the host must have
+//! reported `ok` in the guest.
 //!
 //! The test binaries are found in `$DROVER_TEST_EXEC_GUEST_TESTS`: `scripts/test.sh`
-//! builds the workspace's tests with `--no-run` and lists there the paths of the ones
-//! named in [`GUEST_TESTS`], separated by `:`. Without it the test skips loudly, and
-//! under `CI=true` fails.
+//! builds the workspace's tests with `--no-run` and lists there, separated by `:`, the
+//! test binaries of the exec driver and the executor; this test takes those of
+//! [`GUEST_TESTS`] by name. Without it the test skips loudly, and under `CI=true` fails.
 
 mod common;
 
@@ -161,7 +162,7 @@ fn guest_script(binaries: &BTreeMap<&str, PathBuf>) -> String {
 }
 
 #[test]
-fn the_isolation_and_limits_tests_pass_in_a_cgroup_v2_guest() {
+fn the_exec_tests_pass_in_a_cgroup_v2_guest() {
     if !common::isolation_possible() {
         return;
     }
