@@ -19,6 +19,8 @@ command -v go >/dev/null || need_pkgs+=(golang-go)
 command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
 # The cluster's TLS tests make their CA and certificates with the openssl tool.
 command -v openssl >/dev/null || need_pkgs+=(openssl)
+# scripts/test.sh reads cargo's JSON messages (the test binaries of the cgroup v2 guest).
+command -v jq >/dev/null || need_pkgs+=(jq)
 # The etcd store's tests (and the HA tests) run a real etcd: Debian's etcd-server.
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need_pkgs+=(etcd-server)
 if ((${#need_pkgs[@]})); then
@@ -272,6 +274,21 @@ else
 fi
 
 cargo build --workspace --bins --locked
+# The exec driver's tests run a second time inside a cgroup v2 guest of the VM rig
+# (plugins/exec/tests/cgroup_v2_guest.rs), as the very test binaries cargo builds: built
+# here exactly as `cargo test --workspace` below builds them (nothing is built twice),
+# and listed in DROVER_TEST_EXEC_GUEST_TESTS for that test to find.
+guest_tests=$(cargo test --workspace --locked --no-run --message-format=json |
+    jq -r --arg exec "$PWD/plugins/exec/Cargo.toml" \
+        --arg executor "$PWD/plugins/shared/executor/Cargo.toml" \
+        'select(.reason == "compiler-artifact" and .profile.test and .executable != null
+                and (.manifest_path == $exec or .manifest_path == $executor))
+         | .executable' | paste -sd: -)
+if [ -z "$guest_tests" ]; then
+    echo "cargo listed no test binaries for the cgroup v2 guest run" >&2
+    exit 1
+fi
+export DROVER_TEST_EXEC_GUEST_TESTS="$guest_tests"
 # The API docs are part of the product: a broken intra-doc link or a stray HTML tag in a
 # doc comment fails the suite.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked

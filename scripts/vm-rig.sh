@@ -26,7 +26,10 @@
 #                       tmpfs overlay, so the guest sees the host's files, with cgroup v2
 #                       as its only cgroup hierarchy, then runs drover.run=PATH (a host
 #                       path) as root inside it with output on the serial console,
-#                       prints "drover-guest: exit CODE" and powers off
+#                       prints "drover-guest: exit CODE" and powers off. The host side
+#                       (virtiofsd on a read-only recursive bind of /, made in a mount
+#                       namespace of its own, and the qemu command) is
+#                       drover_test_support::vm::Rig::run_on_host
 #   drover.poweroff=1   powers off after the steps above instead of waiting forever
 #
 # Installing qemu: on these machines the image carries a backported qemu-utils that

@@ -209,9 +209,7 @@ async fn capabilities_outside_the_allowlist_and_bad_configs_are_refused_by_name(
         "{err}"
     );
     // Nothing was left behind: no cgroup, no executor directory.
-    for c in CONTROLLERS {
-        assert!(!p.cgroup_dir(c, "refused").exists(), "{c} cgroup left");
-    }
+    assert!(!p.cgroup("refused").exists(), "cgroup left");
     let executors = state_dir(dir.path()).join("exec");
     let left: Vec<_> = std::fs::read_dir(&executors)
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
@@ -309,16 +307,7 @@ async fn fingerprint_is_healthy_with_the_cgroup_version_and_capabilities_tell_th
     .unwrap();
     assert_eq!(fp.health, Health::Healthy, "{fp:?}");
     let v = &fp.attributes["driver.exec.cgroup_version"];
-    let expected = if std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.contains(" /sys/fs/cgroup ") && l.contains(" - cgroup2 "))
-    {
-        "v2"
-    } else {
-        "v1"
-    };
-    assert_eq!(v, expected);
+    assert_eq!(v, cgroups().name());
     let caps = p.client.capabilities().await.unwrap();
     assert_eq!(caps.fs_isolation, drover_plugin_sdk::FsIsolation::Chroot);
     assert!(caps.send_signals && !caps.exec && caps.recover && caps.task_stats);
@@ -382,4 +371,74 @@ async fn a_root_task_cannot_reach_devices_or_kernel_tunables() {
             "shm=written"
         ]
     );
+}
+
+/// A cgroup that a process runs in, made by hand in the unified hierarchy; the process
+/// is killed and the cgroup removed on drop.
+struct BusyCgroup {
+    name: String,
+    process: std::process::Child,
+}
+
+impl Drop for BusyCgroup {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        remove_cgroup_tree(&self.name);
+    }
+}
+
+/// cgroup v2's "no internal processes" rule (v1 has none): a `cgroup_parent` inside a
+/// cgroup that processes run in (say the agent's own service cgroup) cannot hold task
+/// cgroups with controllers. The start is refused naming that cgroup, and nothing is
+/// left.
+#[tokio::test]
+async fn on_cgroup_v2_a_parent_inside_a_cgroup_with_processes_is_refused_by_name() {
+    if !isolation_possible() {
+        return;
+    }
+    if cgroups() != Cgroups::V2 {
+        eprintln!("cgroup v1 has no such rule: this test runs in the cgroup v2 guest");
+        return;
+    }
+    let name = format!("drover-test-busy-{}", std::process::id());
+    let dir = std::path::Path::new("/sys/fs/cgroup").join(&name);
+    std::fs::create_dir(&dir).unwrap();
+    let busy = BusyCgroup {
+        name: name.clone(),
+        process: std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap(),
+    };
+    std::fs::write(dir.join("cgroup.procs"), busy.process.id().to_string()).unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let p = Plugin::launch_below(tmp.path(), json!({}), format!("{name}/tasks")).await;
+    let spec = p.spec("inside", sh("true"));
+    let err = within(PROMPT, "start", p.client.start_task(spec))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&dir.display().to_string()) && text.contains("holds processes"),
+        "{text}"
+    );
+    assert!(!p.cgroup("inside").exists(), "cgroup left");
+    // The fingerprint says so too: the driver is unhealthy with that reason.
+    let mut stream = within(PROMPT, "fingerprint", p.client.fingerprint())
+        .await
+        .unwrap();
+    let fp = within(
+        PROMPT,
+        "first fingerprint",
+        tokio_stream::StreamExt::next(&mut stream),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(fp.health, Health::Unhealthy, "{fp:?}");
+    assert!(fp.description.contains("holds processes"), "{fp:?}");
+    // The process it runs is untouched.
+    assert!(alive(busy.process.id()));
 }

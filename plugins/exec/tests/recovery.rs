@@ -154,10 +154,12 @@ async fn assert_all_gone(p: &Plugin, id: &str, pids: &[u32]) {
         pids.iter().all(|&pid| !alive(pid))
     })
     .await;
-    for c in CONTROLLERS {
-        let cg = p.cgroup_dir(c, id);
-        assert!(!cg.exists(), "cgroup {} is left", cg.display());
-    }
+    let cg = p.cgroup(id);
+    assert!(
+        !cg.exists(),
+        "the cgroup of {id} is left ({:?})",
+        cg.version
+    );
     let executors = state_dir(&p.dir).join("exec");
     let left: Vec<_> = std::fs::read_dir(&executors)
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())

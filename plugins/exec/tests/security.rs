@@ -449,18 +449,16 @@ async fn a_task_with_no_resources_gets_a_memory_and_pids_limit() {
     let p = Plugin::launch(dir.path(), json!({})).await;
     p.start("bare", sh("echo ready; sleep 1000")).await;
     p.printed("bare", "ready").await;
-    let read = |c: &str, f: &str| {
-        std::fs::read_to_string(p.cgroup_dir(c, "bare").join(f))
-            .unwrap_or_else(|e| panic!("{c}/{f}: {e}"))
-            .trim()
-            .to_owned()
+    let cg = p.cgroup("bare");
+    assert_eq!(cg.memory_max(), 300 << 20);
+    assert_eq!(cg.pids_max(), "1024");
+    // 100 shares; on v2 the weight they convert to (1024 shares, v1's default, would
+    // be v2's default weight of 100).
+    let weight = match cg.version {
+        Cgroups::V1 => 100,
+        Cgroups::V2 => 17,
     };
-    assert_eq!(
-        read("memory", "memory.limit_in_bytes"),
-        (300u64 << 20).to_string()
-    );
-    assert_eq!(read("pids", "pids.max"), "1024");
-    assert_eq!(read("cpu", "cpu.shares"), "100");
+    assert_eq!(cg.cpu_weight(), weight, "{:?}", cg.version);
     within(PROMPT, "destroy", p.client.destroy_task("bare", true))
         .await
         .unwrap();

@@ -12,7 +12,7 @@
 //! [`open_plain`]) and the task joins it between fork and exec, so that stopping and
 //! destroying reach every process the task started, `setsid` or not.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cgroups_rs::FreezerState;
@@ -463,6 +463,27 @@ impl V1Cgroup {
     }
 }
 
+/// The v2 `cpu.weight` (1…10000, default 100) for v1 `cpu.shares` (2…262144, default
+/// 1024), such that the defaults match: a task given v1's default share competes as an
+/// equal with the other cgroups (all at weight 100) on v2 too. The linear mapping of
+/// 2…262144 onto 1…10000 (runc before 1.3) put 1024 shares at weight 39 and the
+/// default 100 shares of a task at 4, a quarter of their v1 share against a sibling.
+/// This curve is a parabola in log space through (2, 1), (1024, 100) and
+/// (262144, 10000), as runc 1.3 and crun now convert.
+fn shares_to_weight(shares: u64) -> u64 {
+    let l = (shares.clamp(2, 262_144) as f64).log2();
+    let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
+    let weight = 10f64.powf(exponent);
+    // Where the curve meets a whole number (the three points above) float error must
+    // not push it to the next one.
+    let weight = if (weight - weight.round()).abs() < 1e-6 {
+        weight.round()
+    } else {
+        weight.ceil()
+    };
+    (weight as u64).clamp(1, 10_000)
+}
+
 fn quota_us(cores: f64) -> i64 {
     // At least 1 ms per period: the kernel's minimum.
     ((cores * CPU_PERIOD_US as f64).round() as i64).max(1000)
@@ -561,6 +582,8 @@ impl TaskCgroup for V1Cgroup {
 struct V2Cgroup {
     path: String,
     cg: Cgroup,
+    /// Whether it has controllers (a plain task's has none).
+    controlled: bool,
 }
 
 impl V2Cgroup {
@@ -570,7 +593,37 @@ impl V2Cgroup {
             &path,
             controllers.iter().map(|c| (*c).to_owned()).collect(),
         );
-        V2Cgroup { path, cg }
+        V2Cgroup {
+            path,
+            cg,
+            controlled: !controllers.is_empty(),
+        }
+    }
+
+    /// v2's "no internal processes" rule: below the root, a cgroup that holds
+    /// processes cannot give controllers to its children (the kernel answers `EBUSY`),
+    /// so a task cgroup with controllers cannot be made below one. Said before trying,
+    /// naming that cgroup: typically a parent inside the agent's own service cgroup.
+    fn check_ancestors_hold_no_processes(&self) -> Result<(), String> {
+        let root = Path::new(UNIFIED_ROOT);
+        let dir = self.dir();
+        for ancestor in dir.ancestors().skip(1) {
+            if ancestor == root || !ancestor.starts_with(root) {
+                break;
+            }
+            let procs = std::fs::read_to_string(ancestor.join("cgroup.procs")).unwrap_or_default();
+            if let Some(pid) = procs.split_whitespace().next() {
+                return Err(format!(
+                    "cgroup {}: its parent cgroup {} holds processes (pid {pid} among them), \
+                     and on cgroup v2 a cgroup with processes cannot give its children the \
+                     memory, cpu and pids controllers: choose a cgroup_parent outside any \
+                     cgroup that processes run in (the default /drover is)",
+                    self.path,
+                    ancestor.display()
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn dir(&self) -> PathBuf {
@@ -584,6 +637,31 @@ impl V2Cgroup {
             let (k, v) = l.split_once(' ')?;
             (k == key).then(|| v.trim().parse().ok()).flatten()
         })
+    }
+
+    /// v2's freezer by its files: `1` to `cgroup.freeze`, until `cgroup.events` says
+    /// `frozen 1`; SIGKILL every process; `0` (the kills take effect at the thaw). Without
+    /// `cgroup.freeze` (kernels before 5.2) the processes are SIGKILLed unfrozen, and
+    /// [`empty_and_remove`] repeats it until none is left.
+    fn freeze_kill_thaw(&self) -> Result<(), String> {
+        let freeze = self.dir().join("cgroup.freeze");
+        if !freeze.exists() {
+            sigkill(&self.pids());
+            return Ok(());
+        }
+        let write = |value: &str| {
+            std::fs::write(&freeze, value)
+                .map_err(|e| format!("cgroup {}: cannot write cgroup.freeze: {e}", self.path))
+        };
+        write("1")?;
+        // A task stuck in the kernel can keep it from freezing; it is killed at the thaw
+        // anyway.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.keyed("cgroup.events", "frozen") != Some(1) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        sigkill(&self.pids());
+        write("0")
     }
 
     fn apply(&self, l: &Limits) -> Result<(), String> {
@@ -611,10 +689,8 @@ impl V2Cgroup {
                 .map_err(err(p, "set memory.low"))?;
         }
         if let Some(shares) = l.cpu_shares {
-            let cpu = cpu()?;
-            // The conversion runc and systemd use from v1 shares to a v2 weight.
-            let shares = shares.clamp(2, 262_144);
-            cpu.set_shares(1 + ((shares - 2) * 9999) / 262_142)
+            cpu()?
+                .set_shares(shares_to_weight(shares))
                 .map_err(err(p, "set cpu.weight"))?;
         }
         if let Some(cores) = l.cpu_cores {
@@ -641,6 +717,9 @@ impl TaskCgroup for V2Cgroup {
     }
 
     fn create(&self, limits: &Limits) -> Result<(), String> {
+        if self.controlled {
+            self.check_ancestors_hold_no_processes()?;
+        }
         self.cg.create().map_err(err(&self.path, "create"))?;
         self.apply(limits).inspect_err(|_| {
             let _ = self.cg.delete();
@@ -685,17 +764,13 @@ impl TaskCgroup for V2Cgroup {
     }
 
     fn kill_all(&self) -> Result<(), String> {
-        match self.cg.kill() {
-            Ok(()) => Ok(()),
-            // Kernels before 5.14 have no cgroup.kill: the freezer does it.
-            Err(_) => match self.cg.controller_of::<FreezerController>() {
-                Some(f) => freeze_kill_thaw(f, &self.cg, &self.path),
-                None => {
-                    sigkill(&self.pids());
-                    Ok(())
-                }
-            },
+        if self.dir().join("cgroup.kill").exists() {
+            return self.cg.kill().map_err(err(&self.path, "write cgroup.kill"));
         }
+        // Kernels before 5.14 (Debian 11's 5.10) have no cgroup.kill: the freezer does
+        // it. It is no controller on v2 (the core file `cgroup.freeze`), so cgroups-rs,
+        // opened with this cgroup's controllers, offers none.
+        self.freeze_kill_thaw()
     }
 
     fn delete(&self) -> Result<(), String> {
@@ -736,6 +811,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn shares_convert_to_weights_with_the_defaults_matching() {
+        assert_eq!(shares_to_weight(2), 1);
+        assert_eq!(shares_to_weight(1024), 100);
+        assert_eq!(shares_to_weight(262_144), 10_000);
+        assert_eq!(shares_to_weight(100), 17);
+        // Out of range is clamped, and more shares never weigh less.
+        assert_eq!(shares_to_weight(0), 1);
+        assert_eq!(shares_to_weight(u64::MAX), 10_000);
+        let weights: Vec<u64> = (2..=262_144).step_by(97).map(shares_to_weight).collect();
+        assert!(weights.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
     fn quota_is_per_period_with_a_floor() {
         assert_eq!(quota_us(0.5), 50_000);
         assert_eq!(quota_us(2.0), 200_000);
@@ -768,6 +856,55 @@ mod tests {
             "a fresh one (its task may be about to join) went"
         );
         fresh.delete().unwrap();
+    }
+
+    /// The freezer path of v2's kill, for kernels without `cgroup.kill` (5.2 to
+    /// 5.13): a shell forking as fast as it can is emptied, nothing escapes. Needs a
+    /// cgroup v2 host: `plugins/exec/tests/cgroup_v2_guest.rs` runs it in one.
+    #[test]
+    fn v2_freezer_kill_empties_a_forking_cgroup() {
+        if Version::detect() != Version::V2 || !rustix::process::geteuid().is_root() {
+            assert!(
+                std::env::var_os("DROVER_TEST_EXEC_CGROUPS").is_none(),
+                "the cgroup v2 guest must run this test"
+            );
+            eprintln!("not a cgroup v2 host as root: run in the cgroup v2 guest instead");
+            return;
+        }
+        let path = format!("drover-test-freezer-{}", std::process::id());
+        let cg = V2Cgroup::new(path.clone(), &V2_CONTROLLERS);
+        cg.create(&Limits {
+            pids: Some(64),
+            ..Limits::default()
+        })
+        .unwrap();
+        // bash, unlike dash, goes on forking when a fork fails at the pids limit.
+        let mut cmd = std::process::Command::new("/bin/bash");
+        cmd.args(["-c", "while :; do sleep 100 & done"]);
+        Join::open(&cg).unwrap().before_exec(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while cg.pids().len() < 20 {
+            assert!(
+                Instant::now() < deadline,
+                "it never forked: {:?}",
+                cg.pids()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        cg.freeze_kill_thaw().unwrap();
+        let _ = child.wait();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cg.pids().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "left after one freeze-kill-thaw: {:?}",
+                cg.pids()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(cg.keyed("cgroup.events", "frozen"), Some(0), "left frozen");
+        cg.delete().unwrap();
     }
 
     #[test]
