@@ -36,7 +36,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VM_DIR="${DROVER_VM_DIR:-$PWD/target/drover-vm}"
-RIG_VERSION=7   # bump when the initramfs contents change
+RIG_VERSION=6   # bump when the initramfs contents change
 
 say() { echo "vm-rig: $*" >&2; }
 
@@ -152,8 +152,7 @@ cp "$VM_DIR"/modules/*.ko "$VM_DIR/modules/modules.order" "$root/lib/modules/"
 cat >"$root/etc/acpi/PWRF/00000080" <<'EOF'
 #!/bin/sh
 echo "drover-guest: power button pressed, powering off" >/dev/console
-# -f: pid 1 is this rig's shell script, not an init that acts on poweroff's signal.
-exec poweroff -f
+exec poweroff
 EOF
 chmod 755 "$root/etc/acpi/PWRF/00000080"
 
@@ -177,9 +176,7 @@ for m in $(cat /lib/modules/modules.order); do
 done
 
 if [ "$(arg acpid 1)" = 1 ]; then
-    # -l: busybox acpid exits at once when it cannot open its default log
-    # (/var/log/acpid.log: there is no /var/log here).
-    acpid -c /etc/acpi -l /dev/null
+    acpid -c /etc/acpi
 fi
 if [ "$(arg net 0)" = 1 ]; then
     ip link set lo up
