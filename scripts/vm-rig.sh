@@ -36,7 +36,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VM_DIR="${DROVER_VM_DIR:-$PWD/target/drover-vm}"
-RIG_VERSION=6   # bump when the initramfs contents change
+RIG_VERSION=7   # bump when the initramfs contents change
 
 say() { echo "vm-rig: $*" >&2; }
 
@@ -188,7 +188,8 @@ port=$(arg serve "")
 if [ -n "$port" ]; then
     mkdir -p /srv
     echo "drover-guest says hello" >/srv/hello
-    nc -lk -p "$port" -e cat /srv/hello &
+    # busybox 1.35's small nc has no -k: -ll with -e keeps serving after each client.
+    nc -ll -p "$port" -e cat /srv/hello &
     echo "drover-guest: serving on port $port"
 fi
 disk=$(arg disk "")
