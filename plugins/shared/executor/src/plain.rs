@@ -192,6 +192,11 @@ impl<X: Send + Sync + 'static> PlainEngine<X> {
         self.events.send(task_id, message);
     }
 
+    /// The task events, to send to.
+    pub fn events(&self) -> &TaskEvents {
+        &self.events
+    }
+
     /// The task event feed (`TaskEvents` RPC).
     pub fn subscribe(&self) -> broadcast::Receiver<TaskEvent> {
         self.events.subscribe()
