@@ -16,7 +16,11 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
     let Some(rig) = rig() else { return };
     let dir = tempfile::tempdir().unwrap();
     let plugin = Plugin::launch(dir.path(), rig_config(&rig)).await;
-    let config = guest(&rig, &["drover.tick=1"], json!({ "graceful_shutdown": true }));
+    let config = guest(
+        &rig,
+        &["drover.tick=1"],
+        json!({ "graceful_shutdown": true }),
+    );
     let (_, pid) = plugin.start("vm1", &config).await;
     plugin.console_shows("vm1", GUEST_STARTED).await;
     plugin.console_shows("vm1", "drover-guest: tick 1").await;
@@ -26,9 +30,18 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
         .split(|b| *b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    assert!(cmdline.iter().any(|a| a.starts_with("on,obsolete=deny")), "{cmdline:?}");
-    assert!(cmdline.iter().any(|a| a == "256"), "memory_mb is -m: {cmdline:?}");
-    assert!(!cmdline.iter().any(|a| a == "-netdev"), "no forwards, no network: {cmdline:?}");
+    assert!(
+        cmdline.iter().any(|a| a.starts_with("on,obsolete=deny")),
+        "{cmdline:?}"
+    );
+    assert!(
+        cmdline.iter().any(|a| a == "256"),
+        "memory_mb is -m: {cmdline:?}"
+    );
+    assert!(
+        !cmdline.iter().any(|a| a == "-netdev"),
+        "no forwards, no network: {cmdline:?}"
+    );
     if rustix::process::geteuid().is_root() {
         let uid = uid_of(pid).expect("qemu's uid");
         assert_ne!(uid, 0, "qemu dropped root");
@@ -37,7 +50,14 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
     assert!(plugin.executor_dir("vm1").join("qmp").exists());
 
     use tokio_stream::StreamExt as _;
-    let mut samples = std::pin::pin!(plugin.client.task_stats("vm1", Duration::from_secs(1)));
+    let samples = within(
+        PROMPT,
+        "stats",
+        plugin.client.task_stats("vm1", Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let mut samples = std::pin::pin!(samples);
     let stats = within(PROMPT, "stats", samples.next())
         .await
         .expect("a sample")
@@ -63,7 +83,10 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
         exit.err.as_deref(),
         Some("guest powered off (ACPI shutdown after system_powerdown)")
     );
-    assert!(asked.elapsed() < Duration::from_secs(20), "no wait for the timeout");
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "no wait for the timeout"
+    );
     assert!(plugin.console("vm1").contains("power button pressed"));
     assert!(!alive(pid));
     within(PROMPT, "destroy", plugin.client.destroy_task("vm1", false))
@@ -96,11 +119,18 @@ async fn a_guest_ignoring_the_power_button_is_killed_after_the_timeout() {
     )
     .await
     .unwrap();
-    assert!(asked.elapsed() >= Duration::from_secs(2), "waited for the guest");
+    assert!(
+        asked.elapsed() >= Duration::from_secs(2),
+        "waited for the guest"
+    );
     let exit = within(PROMPT, "wait", plugin.client.wait_task("deaf"))
         .await
         .unwrap();
-    assert_eq!(exit.outcome(), ExitOutcome::Signal(Signal::KILL), "{exit:?}");
+    assert_eq!(
+        exit.outcome(),
+        ExitOutcome::Signal(Signal::KILL),
+        "{exit:?}"
+    );
     assert_eq!(
         exit.err.as_deref(),
         Some("guest did not power off within 2s of system_powerdown: killed")
@@ -154,7 +184,11 @@ async fn a_vm_outlives_a_killed_plugin_and_is_recovered() {
     let Some(rig) = rig() else { return };
     let dir = tempfile::tempdir().unwrap();
     let first = Plugin::launch(dir.path(), rig_config(&rig)).await;
-    let config = guest(&rig, &["drover.tick=1"], json!({ "graceful_shutdown": true }));
+    let config = guest(
+        &rig,
+        &["drover.tick=1"],
+        json!({ "graceful_shutdown": true }),
+    );
     let (handle, pid) = first.start("kept", &config).await;
     first.console_shows("kept", "drover-guest: tick 1").await;
     let how = within(PROMPT, "kill the plugin", first.process.kill()).await;

@@ -108,7 +108,12 @@ impl Plugin {
     }
 
     pub async fn try_start(&self, id: &str, config: &Value) -> Result<TaskHandle, DriverError> {
-        let result = within(PROMPT, "start", self.client.start_task(self.spec(id, config))).await;
+        let result = within(
+            PROMPT,
+            "start",
+            self.client.start_task(self.spec(id, config)),
+        )
+        .await;
         if result.is_ok() {
             self.track(self.pid(id).await);
             self.track(self.attribute(id, "executor_pid").await);
