@@ -52,8 +52,12 @@ pub struct QemuDriver {
     engine: PlainEngine<QemuTask>,
     config: Mutex<PluginConfig>,
     /// The last probe, when and for which `emulators` it was made.
-    probed: tokio::sync::Mutex<Option<(Instant, Vec<PathBuf>, Probe)>>,
+    probed: Arc<ProbeCache>,
 }
+
+/// The last probe, when and for which `emulators` it was made; locked while a probe
+/// runs, so that callers wait for it rather than start another.
+type ProbeCache = tokio::sync::Mutex<Option<(Instant, Vec<PathBuf>, Probe)>>;
 
 impl Default for QemuDriver {
     fn default() -> Self {
@@ -68,12 +72,36 @@ impl std::fmt::Debug for QemuDriver {
 }
 
 impl QemuDriver {
-    /// A driver with no tasks.
+    /// A driver with no tasks. It starts probing qemu (in `PATH`, the default
+    /// `emulators`) at once, on a thread of its own: trying KVM takes up to
+    /// [`probe::KVM_TRIAL_LIMIT`], which the host's first fingerprint (after the plugin
+    /// is launched and configured) then need not wait for.
     pub fn new() -> Self {
+        let probed: Arc<ProbeCache> = Arc::default();
+        let early = probed.clone();
+        let spawned = std::thread::Builder::new()
+            .name("qemu-probe".into())
+            .spawn(move || {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return; // the first fingerprint probes instead
+                };
+                runtime.block_on(async {
+                    let mut cached = early.lock().await;
+                    if cached.is_none() {
+                        *cached = Some((Instant::now(), Vec::new(), probe::probe(&[]).await));
+                    }
+                });
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot probe qemu in the background ({e}); the first fingerprint will");
+        }
         QemuDriver {
             engine: PlainEngine::new(PLUGIN_NAME, HANDLE_VERSION),
             config: Mutex::new(PluginConfig::default()),
-            probed: tokio::sync::Mutex::new(None),
+            probed,
         }
     }
 
