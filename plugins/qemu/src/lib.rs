@@ -35,4 +35,6 @@ pub mod qmp;
 pub mod vm;
 
 pub use config::{PluginConfig, TaskConfig};
-pub use driver::{HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, QMP_SOCKET, QemuDriver};
+pub use driver::{
+    GUEST_POWERED_OFF, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, QMP_SOCKET, QemuDriver,
+};

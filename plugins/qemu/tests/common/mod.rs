@@ -216,3 +216,43 @@ pub fn uid_of(pid: u32) -> Option<u32> {
         .parse()
         .ok()
 }
+
+/// The plugin's task events, from now on.
+pub async fn events(
+    plugin: &Plugin,
+) -> std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<drover_plugin_sdk::TaskEvent, DriverError>> + Send>,
+> {
+    let stream = within(PROMPT, "task events", plugin.client.task_events())
+        .await
+        .unwrap();
+    Box::pin(stream)
+}
+
+/// Until task `id` has an event with `message`; the messages of its events seen.
+pub async fn event_seen(
+    events: &mut std::pin::Pin<
+        Box<
+            dyn tokio_stream::Stream<Item = Result<drover_plugin_sdk::TaskEvent, DriverError>>
+                + Send,
+        >,
+    >,
+    id: &str,
+    message: &str,
+) -> Vec<String> {
+    use tokio_stream::StreamExt as _;
+    let mut seen = Vec::new();
+    within(PROMPT, &format!("event {message:?} of {id}"), async {
+        while let Some(Ok(e)) = events.next().await {
+            if e.task_id == id {
+                seen.push(e.message.clone());
+                if e.message == message {
+                    return;
+                }
+            }
+        }
+        panic!("the event stream ended before {message:?}: {seen:?}");
+    })
+    .await;
+    seen
+}
