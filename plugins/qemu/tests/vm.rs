@@ -233,3 +233,82 @@ async fn a_vm_outlives_a_killed_plugin_and_is_recovered() {
 fn plugin_dir_text(p: &Plugin) -> String {
     p.dir.display().to_string()
 }
+
+/// A free TCP port on 127.0.0.1 (bound, then released for qemu to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A port forward reaches the guest's service on 127.0.0.1, and a shared image under
+/// image_paths is attached with snapshot=on and read by the guest.
+#[tokio::test]
+async fn a_forwarded_port_reaches_the_guest_and_a_shared_image_is_attached_read_only() {
+    use std::io::Read as _;
+    let Some(rig) = rig() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let mut disk = b"drover test disk\n".to_vec();
+    disk.resize(1 << 20, 0);
+    std::fs::write(images.join("disk.img"), &disk).unwrap();
+    let mut plugin_config = rig_config(&rig);
+    plugin_config["image_paths"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!(images));
+    let plugin = Plugin::launch(dir.path(), plugin_config).await;
+    let port = free_port();
+    let config = guest(
+        &rig,
+        &["drover.net=1", "drover.serve=8000", "drover.disk=/dev/vda"],
+        json!({
+            "image_path": images.join("disk.img"),
+            "drive_interface": "virtio",
+            "port_forwards": [{ "host": port, "guest": 8000 }],
+        }),
+    );
+    let (_, pid) = plugin.start("net", &config).await;
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+        .replace('\0', " ");
+    assert!(
+        cmdline.contains("format=raw,if=virtio,snapshot=on"),
+        "{cmdline}"
+    );
+    assert!(
+        cmdline.contains(&format!("hostfwd=tcp:127.0.0.1:{port}-:8000")),
+        "{cmdline}"
+    );
+    plugin
+        .console_shows("net", "drover-guest: disk: drover test disk")
+        .await;
+    plugin
+        .console_shows("net", "drover-guest: serving on port 8000")
+        .await;
+    let mut said = String::new();
+    until(BOOT, "the guest answers on the forwarded port", || {
+        said.clear();
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                c.read_to_string(&mut said)
+            })
+            .is_ok_and(|_| said.contains("drover-guest says hello"))
+    })
+    .await;
+    within(
+        PROMPT,
+        "stop",
+        plugin
+            .client
+            .stop_task("net", Duration::from_secs(5), Signal::KILL),
+    )
+    .await
+    .unwrap();
+    assert!(!alive(pid));
+    // The shared image is unchanged.
+    assert_eq!(std::fs::read(images.join("disk.img")).unwrap(), disk);
+}
