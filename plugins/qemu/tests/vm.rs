@@ -68,18 +68,7 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
 
     let mut told = events(&plugin).await;
     let asked = Instant::now();
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("vm1", Duration::from_secs(20), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("vm1"))
-        .await
-        .unwrap();
+    let exit = plugin.stop("vm1", 20, Signal::TERM).await;
     // A clean exit (code 0, no error: the host shows the code), and an event saying
     // that the guest powered off.
     assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
@@ -111,22 +100,11 @@ async fn a_guest_ignoring_the_power_button_is_killed_after_the_timeout() {
     let (_, pid) = plugin.start("deaf", &config).await;
     plugin.console_shows("deaf", "drover-guest: tick 1").await;
     let asked = Instant::now();
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("deaf", Duration::from_secs(2), Signal::TERM),
-    )
-    .await
-    .unwrap();
+    let exit = plugin.stop("deaf", 2, Signal::TERM).await;
     assert!(
         asked.elapsed() >= Duration::from_secs(2),
         "waited for the guest"
     );
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("deaf"))
-        .await
-        .unwrap();
     assert_eq!(
         exit.outcome(),
         ExitOutcome::Signal(Signal::KILL),
@@ -158,18 +136,7 @@ async fn without_graceful_shutdown_stop_signals_qemu() {
     let (_, pid) = plugin.start("plain", &config).await;
     plugin.console_shows("plain", "drover-guest: tick 1").await;
     let mut told = events(&plugin).await;
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("plain", Duration::from_secs(5), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("plain"))
-        .await
-        .unwrap();
+    let exit = plugin.stop("plain", 5, Signal::TERM).await;
     // qemu ends with code 0 on SIGTERM; the event says the guest was not shut down.
     assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
     event_seen(
@@ -213,18 +180,7 @@ async fn a_vm_outlives_a_killed_plugin_and_is_recovered() {
     })
     .await;
     let mut told = events(&second).await;
-    within(
-        PROMPT,
-        "stop",
-        second
-            .client
-            .stop_task("kept", Duration::from_secs(20), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", second.client.wait_task("kept"))
-        .await
-        .unwrap();
+    let exit = second.stop("kept", 20, Signal::TERM).await;
     assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
     event_seen(&mut told, "kept", GUEST_POWERED_OFF).await;
     assert!(!alive(pid));
@@ -299,15 +255,7 @@ async fn a_forwarded_port_reaches_the_guest_and_a_shared_image_is_attached_read_
             .is_ok_and(|_| said.contains("drover-guest says hello"))
     })
     .await;
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("net", Duration::from_secs(5), Signal::KILL),
-    )
-    .await
-    .unwrap();
+    plugin.stop("net", 5, Signal::KILL).await;
     assert!(!alive(pid));
     // The shared image is unchanged.
     assert_eq!(std::fs::read(images.join("disk.img")).unwrap(), disk);

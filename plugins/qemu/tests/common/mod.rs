@@ -147,6 +147,26 @@ impl Plugin {
         self.attribute(id, "pid").await
     }
 
+    /// StopTask with `timeout_secs` and `signal`, then WaitTask: how the task ended.
+    pub async fn stop(
+        &self,
+        id: &str,
+        timeout_secs: u64,
+        signal: drover_plugin_sdk::Signal,
+    ) -> drover_plugin_sdk::ExitResult {
+        let timeout = Duration::from_secs(timeout_secs);
+        within(
+            timeout + PROMPT,
+            "stop",
+            self.client.stop_task(id, timeout, signal),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("stop {id}: {e}"));
+        within(PROMPT, "wait", self.client.wait_task(id))
+            .await
+            .unwrap_or_else(|e| panic!("wait {id}: {e}"))
+    }
+
     /// The guest's serial console so far.
     pub fn console(&self, id: &str) -> String {
         read_log(&self.task_dir(id).join("stdout"))
