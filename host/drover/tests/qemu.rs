@@ -288,7 +288,7 @@ fn vm_survives_kill_9_of_the_plugin_and_of_the_agent() {
 }
 
 /// Acceptance 2: a guest service on a forwarded port answers on 127.0.0.1, and the
-/// forward listens on 127.0.0.1 only.
+/// forward listens on 127.0.0.1 only; a forward with a `host_ip` listens there.
 #[test]
 fn forwarded_port_answers_on_loopback_only() {
     let _serial = serial();
@@ -300,11 +300,16 @@ fn forwarded_port_answers_on_loopback_only() {
     let watch = QemuWatch::new(&marker);
 
     let host_port = free_port();
+    let other_port = free_port();
+    let other_ip = Ipv4Addr::new(127, 0, 0, 2);
     let config = guest_config(
         &rig,
         &marker,
         &["drover.net=1", "drover.serve=8080"],
-        json!({ "port_forwards": [{ "host": host_port, "guest": 8080 }] }),
+        json!({ "port_forwards": [
+            { "host": host_port, "guest": 8080 },
+            { "host": other_port, "guest": 8080, "host_ip": other_ip, "protocol": "tcp" },
+        ] }),
     );
     let id = run(&agent, &config, &[]);
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, host_port));
@@ -326,13 +331,23 @@ fn forwarded_port_answers_on_loopback_only() {
         vec![std::net::IpAddr::from(Ipv4Addr::LOCALHOST)],
         "the forward of port {host_port} must listen on 127.0.0.1 only (no host_ip given)"
     );
+    assert_eq!(
+        tcp_listeners(other_port),
+        vec![std::net::IpAddr::from(other_ip)],
+        "the forward of port {other_port} must listen on its host_ip {other_ip} only"
+    );
+    let other = SocketAddr::from((other_ip, other_port));
+    assert!(
+        read_when_served(other, "says hello", Duration::from_secs(30)).is_ok(),
+        "nothing answered on {other}"
+    );
     watch.assert_one("while serving");
     let (stopped, _) = stop(&agent, &id, Some("2s"));
     assert_eq!(stopped["state"], "dead");
     watch.wait_gone(Duration::from_secs(10));
     assert!(
-        tcp_listeners(host_port).is_empty(),
-        "port {host_port} still listened on after the VM ended"
+        tcp_listeners(host_port).is_empty() && tcp_listeners(other_port).is_empty(),
+        "ports {host_port}, {other_port} still listened on after the VM ended"
     );
     let _ = agent.stop();
 }
