@@ -8,17 +8,11 @@ use drover_plugin_sdk::{Fingerprint, Health};
 use serde_json::{Value, json};
 
 async fn first_fingerprint(config: Value) -> Fingerprint {
-    use tokio_stream::StreamExt as _;
     let dir = tempfile::tempdir().unwrap();
-    let plugin = Plugin::launch(dir.path(), config).await;
-    let fps = within(PROMPT, "fingerprint", plugin.client.fingerprint())
+    Plugin::launch(dir.path(), config)
         .await
-        .unwrap();
-    let mut fps = std::pin::pin!(fps);
-    within(PROMPT * 3, "first fingerprint", fps.next())
+        .fingerprinted()
         .await
-        .expect("a fingerprint")
-        .unwrap()
 }
 
 #[tokio::test]
