@@ -20,7 +20,8 @@ pub struct PluginConfig {
     /// that tasks sharing it cannot change it for each other. Default: none.
     #[serde(default)]
     pub image_paths: Vec<PathBuf>,
-    /// qemu command-line flags a task's `args` may use (`-device`, `-smbios`, …).
+    /// qemu command-line flags a task's `args` may use (`-device`, `-smbios`, …);
+    /// `-flag` and `--flag` are the same flag to qemu, and here.
     /// Default: none, so `args` is refused: unlike Nomad, where an unset list allows
     /// every flag (including ones that hand host devices to the VM), a job submitter
     /// is not trusted with qemu's whole command line.
