@@ -32,6 +32,7 @@ pub mod config;
 mod driver;
 pub mod probe;
 pub mod qmp;
+pub mod vm;
 
 pub use config::{PluginConfig, TaskConfig};
-pub use driver::{PLUGIN_NAME, PLUGIN_VERSION, QemuDriver};
+pub use driver::{HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, QMP_SOCKET, QemuDriver};

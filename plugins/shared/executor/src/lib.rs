@@ -94,6 +94,7 @@ mod client;
 mod daemon;
 mod files;
 pub mod lost;
+pub mod plain;
 pub mod procfs;
 mod proto;
 pub mod sandbox;
