@@ -999,6 +999,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_write_cut_off_by_its_timeout_stops_further_commands() {
+        let (_dir, path) = peer(|mut stream| async move {
+            negotiate(&mut stream).await;
+            // Read nothing more: a big command fills the socket buffers and blocks.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(stream);
+        })
+        .await;
+        let mut qmp = Qmp::connect(&path, T).await.expect("connect");
+        let big = json!({ "data": "x".repeat(8 << 20) });
+        let short = Duration::from_millis(300);
+        assert!(matches!(
+            qmp.execute("big", Some(big), short).await,
+            Err(QmpError::Timeout(_, _))
+        ));
+        match qmp.query_status(T).await {
+            Err(QmpError::Protocol(why)) => assert!(why.contains("out of step"), "{why}"),
+            other => panic!("expected Protocol, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
     async fn events_queue_is_bounded_dropping_the_oldest() {
         let extra = 44;
         let (_dir, path) = peer(move |mut stream| async move {
