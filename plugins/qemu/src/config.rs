@@ -420,31 +420,166 @@ fn locate(
 /// qcow2's magic, `QFI\xfb`.
 const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
 
-/// `raw` or `qcow2` from the image's header. A qcow2 image from the task dir must have
-/// no backing file: qemu would open the file it names on the host, as root.
+/// `raw` or `qcow2` from the image's header. A qcow2 image from the task dir must name
+/// no other file, which qemu would open on the host as root: no backing file (header
+/// bytes 8..16, its name's offset) and no external data file (version 3's
+/// incompatible feature bit 2, header bytes 72..80).
 fn disk_format(field: &str, value: &str, found: &Found) -> Result<&'static str, DriverError> {
     use std::io::Read as _;
-    let mut header = [0u8; 16];
-    let mut file = std::fs::File::open(&found.path)
+    let mut header = [0u8; 80];
+    let file = std::fs::File::open(&found.path)
         .map_err(|e| DriverError::InvalidConfig(format!("{field} {value:?}: {e}")))?;
     let mut got = 0;
-    while got < header.len() {
-        match file.read(&mut header[got..]) {
+    let mut reader = file.take(header.len() as u64);
+    loop {
+        match reader.read(&mut header[got..]) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) => return invalid(format!("{field} {value:?}: {e}")),
         }
     }
-    if got < 4 || header[..4] != QCOW2_MAGIC {
-        return Ok("raw");
+    if got < 4 || header[..4] != QCOW2_MAGIC || found.shared {
+        // An image under image_paths is the operator's, backing files and all.
+        return Ok(if got >= 4 && header[..4] == QCOW2_MAGIC {
+            "qcow2"
+        } else {
+            "raw"
+        });
     }
-    // Bytes 8..16: the backing file name's offset, 0 when there is none.
-    let backing = got == header.len() && header[8..16] != [0; 8];
-    if backing && !found.shared {
-        return invalid(format!(
-            "{field} {value:?} is a qcow2 image with a backing file, which qemu would open \
-             on the host: give a self-contained image (qemu-img convert -O qcow2)"
-        ));
+    let field_at = |at: usize| {
+        header
+            .get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_be_bytes)
+    };
+    let version = header
+        .get(4..8)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, u32::from_be_bytes);
+    let names_a_file = if field_at(8) != 0 {
+        Some("a backing file")
+    } else if version >= 3 && field_at(72) & EXTERNAL_DATA_FILE != 0 {
+        Some("an external data file")
+    } else {
+        None
+    };
+    match names_a_file {
+        Some(what) => invalid(format!(
+            "{field} {value:?} is a qcow2 image with {what}, which qemu would open on the \
+             host: give a self-contained image (qemu-img convert -O qcow2)"
+        )),
+        None => Ok("qcow2"),
     }
-    Ok("qcow2")
+}
+
+/// qcow2 v3's incompatible feature "external data file".
+const EXTERNAL_DATA_FILE: u64 = 1 << 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(json: &str) -> TaskConfig {
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// `check` of `json` in a task dir holding `local/vmlinuz`.
+    fn check(json: &str, plugin: &PluginConfig) -> Result<Checked, String> {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("local")).unwrap();
+        std::fs::write(tmp.path().join("local/vmlinuz"), "k").unwrap();
+        task(json)
+            .check(tmp.path(), plugin, &Err("no /dev/kvm".into()))
+            .map(|mut c| {
+                // Paths in the (removed) temp dir: keep them relative for comparing.
+                c.kernel = c
+                    .kernel
+                    .map(|k| k.strip_prefix(tmp.path()).unwrap().to_owned());
+                c
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_kernel_in_the_task_dir_is_the_tasks_own() {
+        let c = check(r#"{"kernel":"local/vmlinuz"}"#, &PluginConfig::default()).unwrap();
+        assert_eq!(c.kernel.as_deref(), Some(Path::new("local/vmlinuz")));
+        assert_eq!(c.disk, None);
+    }
+
+    #[test]
+    fn values_are_refused_naming_the_field_and_the_value() {
+        let plugin = PluginConfig::default();
+        for (json, words) in [
+            (
+                r#"{"kernel":"local/vmlinuz","accelerator":"kvm"}"#,
+                &["accelerator kvm", "no /dev/kvm"][..],
+            ),
+            (r#"{"kernel":"local/vmlinuz","cpus":0}"#, &["cpus 0"]),
+            (
+                r#"{"kernel":"local/vmlinuz","image_path":"local/vmlinuz","drive_interface":"virtio,file=/etc/shadow"}"#,
+                &["drive_interface", "virtio,file=/etc/shadow"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","drive_interface":"virtio"}"#,
+                &["drive_interface needs image_path"],
+            ),
+            (r#"{"initrd":"local/vmlinuz"}"#, &["image_path", "kernel"]),
+            (
+                r#"{"image_path":"local/vmlinuz","append":"quiet"}"#,
+                &["initrd and append need kernel"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":8080,"guest":80,"host_ip":"::1"}]}"#,
+                &["host_ip ::1", "IPv4"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":8080,"guest":80},{"host":8080,"guest":81}]}"#,
+                &["host port 8080 is forwarded twice"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":0,"guest":80}]}"#,
+                &["must not be 0"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","args":["-device","x"]}"#,
+                &["-device", "args_allowlist is empty"],
+            ),
+            (r#"{"kernel":""}"#, &["kernel must not be empty"]),
+        ] {
+            let err = check(json, &plugin).unwrap_err();
+            for w in words {
+                assert!(err.contains(w), "{json}: {err:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn allowlisted_flags_match_with_one_or_two_dashes() {
+        let plugin = PluginConfig {
+            args_allowlist: vec!["-device".into()],
+            ..Default::default()
+        };
+        let ok = r#"{"kernel":"local/vmlinuz","args":["--device","virtio-rng-pci","-device","x"]}"#;
+        assert!(check(ok, &plugin).is_ok());
+        let err = check(
+            r#"{"kernel":"local/vmlinuz","args":["-drive","x"]}"#,
+            &plugin,
+        )
+        .unwrap_err();
+        assert!(err.contains("-drive") && err.contains("-device"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let err = serde_json::from_str::<TaskConfig>(r#"{"kernal":"x"}"#).unwrap_err();
+        assert!(err.to_string().contains("kernal"), "{err}");
+        let err = serde_json::from_str::<TaskConfig>(
+            r#"{"kernel":"x","port_forwards":[{"host":1,"guest":2,"proto":"tcp"}]}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("proto"), "{err}");
+        let err = serde_json::from_str::<PluginConfig>(r#"{"args_allow":[]}"#).unwrap_err();
+        assert!(err.to_string().contains("args_allow"), "{err}");
+    }
 }

@@ -57,9 +57,7 @@ fn major_minor(version: &str) -> Option<(u32, u32)> {
 ///   no capability to regain root anyway. Not root: nothing to drop, and
 ///   `elevateprivileges=deny`.
 pub fn hardening(version: Option<&str>, root: bool) -> Hardening {
-    let new_syntax = version
-        .and_then(major_minor)
-        .is_some_and(|v| v >= (9, 1));
+    let new_syntax = version.and_then(major_minor).is_some_and(|v| v >= (9, 1));
     let elevate = if root { "allow" } else { "deny" };
     Hardening {
         sandbox: Some(format!(
@@ -193,10 +191,7 @@ pub fn command_line(vm: &Vm) -> Vec<String> {
     };
     push(
         "-qmp",
-        format!(
-            "unix:{},server=on,wait=off",
-            option_value(&vm.qmp_socket)
-        ),
+        format!("unix:{},server=on,wait=off", option_value(&vm.qmp_socket)),
     );
     let accel = match vm.accelerator {
         Accelerator::Tcg => "tcg",
@@ -301,7 +296,14 @@ mod tests {
         let args = command_line(&vm);
         assert_eq!(
             args[..6],
-            ["-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio"]
+            [
+                "-nodefaults",
+                "-no-user-config",
+                "-display",
+                "none",
+                "-serial",
+                "stdio"
+            ]
         );
         let p = pairs(&args);
         let has = |k: &str, v: &str| {
@@ -353,14 +355,16 @@ mod tests {
         assert!(user.sandbox.unwrap().contains("elevateprivileges=deny"));
         let mut vm = Vm::direct_boot("/k", "/i", "", "/q");
         vm.hardening = hardening(Some("9.2.0"), true);
-        assert!(
-            pairs(&command_line(&vm)).contains(&("-run-with".into(), "user=nobody".into()))
-        );
+        assert!(pairs(&command_line(&vm)).contains(&("-run-with".into(), "user=nobody".into())));
     }
 
     #[test]
     fn no_memory_and_no_image_leave_qemus_defaults() {
         let args = command_line(&Vm::direct_boot("/k", "/i", "", "/q"));
-        assert!(!args.iter().any(|a| a == "-m" || a == "-drive" || a == "-device"));
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "-m" || a == "-drive" || a == "-device")
+        );
     }
 }

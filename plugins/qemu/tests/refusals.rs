@@ -67,12 +67,7 @@ async fn each_bad_input_is_refused_before_qemu_starts_naming_it() {
     );
     // A link under image_paths that leads out is judged by where it leads.
     std::os::unix::fs::symlink("/etc/hostname", s.images.join("escape")).unwrap();
-    let m = refused(
-        &s,
-        "escape",
-        json!({ "kernel": s.images.join("escape") }),
-    )
-    .await;
+    let m = refused(&s, "escape", json!({ "kernel": s.images.join("escape") })).await;
     assert!(m.contains("outside the places images may come from"), "{m}");
 
     // A symlink in the task dir is not followed, even to an allowed image.
@@ -95,10 +90,16 @@ async fn each_bad_input_is_refused_before_qemu_starts_naming_it() {
 
     // Missing files, named.
     let m = refused(&s, "missing", json!({ "image_path": "local/disk.qcow2" })).await;
-    assert!(m.contains("local/disk.qcow2") && m.contains("does not exist"), "{m}");
+    assert!(
+        m.contains("local/disk.qcow2") && m.contains("does not exist"),
+        "{m}"
+    );
     let gone = s.images.join("gone.img");
     let m = refused(&s, "missing2", json!({ "image_path": gone })).await;
-    assert!(m.contains(&gone.display().to_string()) && m.contains("does not exist"), "{m}");
+    assert!(
+        m.contains(&gone.display().to_string()) && m.contains("does not exist"),
+        "{m}"
+    );
 
     // A flag not in args_allowlist; an allowed flag passes this check.
     let m = refused(
@@ -107,7 +108,10 @@ async fn each_bad_input_is_refused_before_qemu_starts_naming_it() {
         json!({ "kernel": kernel, "args": ["-device", "virtio-rng-pci", "-chardev", "file,id=x,path=/etc/shadow"] }),
     )
     .await;
-    assert!(m.contains("-chardev") && m.contains("args_allowlist"), "{m}");
+    assert!(
+        m.contains("-chardev") && m.contains("args_allowlist"),
+        "{m}"
+    );
 
     // A typo'd field, named (refused by the SDK's parsing, before the driver).
     let err = s
@@ -130,8 +134,8 @@ async fn each_bad_input_is_refused_before_qemu_starts_naming_it() {
     assert!(m.contains("image_path") && m.contains("kernel"), "{m}");
 }
 
-/// A qcow2 image with a backing file from the task dir is refused: qemu would open
-/// the host file it names.
+/// A qcow2 image from the task dir naming another file (a backing file, an external
+/// data file) is refused: qemu would open the host file it names.
 #[tokio::test]
 async fn a_task_image_with_a_backing_file_is_refused() {
     let Some(s) = setup(json!({})).await else {
@@ -145,7 +149,13 @@ async fn a_task_image_with_a_backing_file_is_refused() {
     header[15] = 0x80; // backing file name at offset 128
     std::fs::write(local.join("disk.qcow2"), &header).unwrap();
     let m = refused(&s, "backing", json!({ "image_path": "local/disk.qcow2" })).await;
-    assert!(m.contains("backing file"), "{m}");
+    assert!(m.contains("a backing file"), "{m}");
+    // An external data file is a host file named in the image too.
+    header[15] = 0;
+    header[79] = 0x04; // incompatible features: external data file
+    std::fs::write(local.join("disk.qcow2"), &header).unwrap();
+    let m = refused(&s, "backing", json!({ "image_path": "local/disk.qcow2" })).await;
+    assert!(m.contains("an external data file"), "{m}");
 }
 
 /// accelerator kvm is refused, saying why, where the fingerprint found KVM not
@@ -156,7 +166,10 @@ async fn kvm_is_refused_where_it_does_not_work() {
         return;
     };
     use tokio_stream::StreamExt as _;
-    let mut fps = std::pin::pin!(s.plugin.client.fingerprint());
+    let fps = within(PROMPT, "fingerprint", s.plugin.client.fingerprint())
+        .await
+        .unwrap();
+    let mut fps = std::pin::pin!(fps);
     let fp = within(PROMPT * 6, "fingerprint", fps.next())
         .await
         .expect("a fingerprint")
@@ -194,7 +207,10 @@ async fn bad_plugin_config_is_refused() {
     for (config, names) in [
         (r#"{"image_path":["/srv"]}"#, "image_path"),
         (r#"{"image_paths":["images"]}"#, "images"),
-        (r#"{"image_paths":["/nonexistent/images"]}"#, "/nonexistent/images"),
+        (
+            r#"{"image_paths":["/nonexistent/images"]}"#,
+            "/nonexistent/images",
+        ),
         (r#"{"args_allowlist":["device"]}"#, "device"),
     ] {
         let err = within(

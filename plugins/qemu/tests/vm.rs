@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use drover_driver_qemu::GUEST_POWERED_OFF;
 use drover_plugin_sdk::{ExitOutcome, Signal};
 use serde_json::json;
 
@@ -16,7 +17,11 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
     let Some(rig) = rig() else { return };
     let dir = tempfile::tempdir().unwrap();
     let plugin = Plugin::launch(dir.path(), rig_config(&rig)).await;
-    let config = guest(&rig, &["drover.tick=1"], json!({ "graceful_shutdown": true }));
+    let config = guest(
+        &rig,
+        &["drover.tick=1"],
+        json!({ "graceful_shutdown": true }),
+    );
     let (_, pid) = plugin.start("vm1", &config).await;
     plugin.console_shows("vm1", GUEST_STARTED).await;
     plugin.console_shows("vm1", "drover-guest: tick 1").await;
@@ -26,9 +31,18 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
         .split(|b| *b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    assert!(cmdline.iter().any(|a| a.starts_with("on,obsolete=deny")), "{cmdline:?}");
-    assert!(cmdline.iter().any(|a| a == "256"), "memory_mb is -m: {cmdline:?}");
-    assert!(!cmdline.iter().any(|a| a == "-netdev"), "no forwards, no network: {cmdline:?}");
+    assert!(
+        cmdline.iter().any(|a| a.starts_with("on,obsolete=deny")),
+        "{cmdline:?}"
+    );
+    assert!(
+        cmdline.iter().any(|a| a == "256"),
+        "memory_mb is -m: {cmdline:?}"
+    );
+    assert!(
+        !cmdline.iter().any(|a| a == "-netdev"),
+        "no forwards, no network: {cmdline:?}"
+    );
     if rustix::process::geteuid().is_root() {
         let uid = uid_of(pid).expect("qemu's uid");
         assert_ne!(uid, 0, "qemu dropped root");
@@ -37,7 +51,14 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
     assert!(plugin.executor_dir("vm1").join("qmp").exists());
 
     use tokio_stream::StreamExt as _;
-    let mut samples = std::pin::pin!(plugin.client.task_stats("vm1", Duration::from_secs(1)));
+    let samples = within(
+        PROMPT,
+        "stats",
+        plugin.client.task_stats("vm1", Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let mut samples = std::pin::pin!(samples);
     let stats = within(PROMPT, "stats", samples.next())
         .await
         .expect("a sample")
@@ -45,25 +66,17 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
     assert!(stats.memory_rss_bytes > 10 << 20, "{stats:?}");
     assert!(!stats.cpu_user.is_zero(), "{stats:?}");
 
+    let mut told = events(&plugin).await;
     let asked = Instant::now();
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("vm1", Duration::from_secs(20), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("vm1"))
-        .await
-        .unwrap();
-    assert_eq!((exit.exit_code, exit.signal), (0, 0), "{exit:?}");
-    assert_eq!(
-        exit.err.as_deref(),
-        Some("guest powered off (ACPI shutdown after system_powerdown)")
+    let exit = plugin.stop("vm1", 20, Signal::TERM).await;
+    // A clean exit (code 0, no error: the host shows the code), and an event saying
+    // that the guest powered off.
+    assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
+    event_seen(&mut told, "vm1", GUEST_POWERED_OFF).await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "no wait for the timeout"
     );
-    assert!(asked.elapsed() < Duration::from_secs(20), "no wait for the timeout");
     assert!(plugin.console("vm1").contains("power button pressed"));
     assert!(!alive(pid));
     within(PROMPT, "destroy", plugin.client.destroy_task("vm1", false))
@@ -87,20 +100,16 @@ async fn a_guest_ignoring_the_power_button_is_killed_after_the_timeout() {
     let (_, pid) = plugin.start("deaf", &config).await;
     plugin.console_shows("deaf", "drover-guest: tick 1").await;
     let asked = Instant::now();
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("deaf", Duration::from_secs(2), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    assert!(asked.elapsed() >= Duration::from_secs(2), "waited for the guest");
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("deaf"))
-        .await
-        .unwrap();
-    assert_eq!(exit.outcome(), ExitOutcome::Signal(Signal::KILL), "{exit:?}");
+    let exit = plugin.stop("deaf", 2, Signal::TERM).await;
+    assert!(
+        asked.elapsed() >= Duration::from_secs(2),
+        "waited for the guest"
+    );
+    assert_eq!(
+        exit.outcome(),
+        ExitOutcome::Signal(Signal::KILL),
+        "{exit:?}"
+    );
     assert_eq!(
         exit.err.as_deref(),
         Some("guest did not power off within 2s of system_powerdown: killed")
@@ -126,23 +135,16 @@ async fn without_graceful_shutdown_stop_signals_qemu() {
     });
     let (_, pid) = plugin.start("plain", &config).await;
     plugin.console_shows("plain", "drover-guest: tick 1").await;
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("plain", Duration::from_secs(5), Signal::TERM),
+    let mut told = events(&plugin).await;
+    let exit = plugin.stop("plain", 5, Signal::TERM).await;
+    // qemu ends with code 0 on SIGTERM; the event says the guest was not shut down.
+    assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
+    event_seen(
+        &mut told,
+        "plain",
+        "qemu stopped with SIGTERM, without a guest shutdown (graceful_shutdown is off)",
     )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("plain"))
-        .await
-        .unwrap();
-    assert_eq!(
-        exit.err.as_deref(),
-        Some("qemu stopped with SIGTERM, without a guest shutdown (graceful_shutdown is off)"),
-        "{exit:?}"
-    );
+    .await;
     assert!(!plugin.console("plain").contains("power button pressed"));
     assert!(!alive(pid));
 }
@@ -154,7 +156,11 @@ async fn a_vm_outlives_a_killed_plugin_and_is_recovered() {
     let Some(rig) = rig() else { return };
     let dir = tempfile::tempdir().unwrap();
     let first = Plugin::launch(dir.path(), rig_config(&rig)).await;
-    let config = guest(&rig, &["drover.tick=1"], json!({ "graceful_shutdown": true }));
+    let config = guest(
+        &rig,
+        &["drover.tick=1"],
+        json!({ "graceful_shutdown": true }),
+    );
     let (handle, pid) = first.start("kept", &config).await;
     first.console_shows("kept", "drover-guest: tick 1").await;
     let how = within(PROMPT, "kill the plugin", first.process.kill()).await;
@@ -173,26 +179,132 @@ async fn a_vm_outlives_a_killed_plugin_and_is_recovered() {
         second.console("kept").matches("tick").count() > ticks
     })
     .await;
-    within(
-        PROMPT,
-        "stop",
-        second
-            .client
-            .stop_task("kept", Duration::from_secs(20), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", second.client.wait_task("kept"))
-        .await
-        .unwrap();
-    assert_eq!(
-        exit.err.as_deref(),
-        Some("guest powered off (ACPI shutdown after system_powerdown)"),
-        "{exit:?}"
-    );
+    let mut told = events(&second).await;
+    let exit = second.stop("kept", 20, Signal::TERM).await;
+    assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
+    event_seen(&mut told, "kept", GUEST_POWERED_OFF).await;
     assert!(!alive(pid));
 }
 
 fn plugin_dir_text(p: &Plugin) -> String {
     p.dir.display().to_string()
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released for qemu to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A port forward reaches the guest's service on 127.0.0.1, and a shared image under
+/// image_paths is attached with snapshot=on and read by the guest.
+#[tokio::test]
+async fn a_forwarded_port_reaches_the_guest_and_a_shared_image_is_attached_read_only() {
+    use std::io::Read as _;
+    let Some(rig) = rig() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let mut disk = b"drover test disk\n".to_vec();
+    disk.resize(1 << 20, 0);
+    std::fs::write(images.join("disk.img"), &disk).unwrap();
+    let mut plugin_config = rig_config(&rig);
+    plugin_config["image_paths"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!(images));
+    let plugin = Plugin::launch(dir.path(), plugin_config).await;
+    let port = free_port();
+    let config = guest(
+        &rig,
+        &["drover.net=1", "drover.serve=8000", "drover.disk=/dev/vda"],
+        json!({
+            "image_path": images.join("disk.img"),
+            "drive_interface": "virtio",
+            "port_forwards": [{ "host": port, "guest": 8000 }],
+        }),
+    );
+    let (_, pid) = plugin.start("net", &config).await;
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+        .replace('\0', " ");
+    assert!(
+        cmdline.contains("format=raw,if=virtio,snapshot=on"),
+        "{cmdline}"
+    );
+    assert!(
+        cmdline.contains(&format!("hostfwd=tcp:127.0.0.1:{port}-:8000")),
+        "{cmdline}"
+    );
+    plugin
+        .console_shows("net", "drover-guest: disk: drover test disk")
+        .await;
+    plugin
+        .console_shows("net", "drover-guest: serving on port 8000")
+        .await;
+    let mut said = String::new();
+    until(BOOT, "the guest answers on the forwarded port", || {
+        said.clear();
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                c.read_to_string(&mut said)
+            })
+            .is_ok_and(|_| said.contains("drover-guest says hello"))
+    })
+    .await;
+    plugin.stop("net", 5, Signal::KILL).await;
+    assert!(!alive(pid));
+    // The shared image is unchanged.
+    assert_eq!(std::fs::read(images.join("disk.img")).unwrap(), disk);
+}
+
+/// A self-contained qcow2 image in the task dir is the task's own: attached as qcow2,
+/// without snapshot=on, and the guest reads it.
+#[tokio::test]
+async fn a_qcow2_image_in_the_task_dir_is_attached_as_the_tasks_own() {
+    let Some(rig) = rig() else { return };
+    let Some(qemu_img) = ["/usr/bin/qemu-img", "/usr/local/bin/qemu-img"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+    else {
+        eprintln!("SKIPPED: qemu-img is not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::launch(dir.path(), rig_config(&rig)).await;
+    let local = plugin.task_dir("own").join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let mut raw = b"drover qcow2 disk\n".to_vec();
+    raw.resize(1 << 20, 0);
+    std::fs::write(dir.path().join("raw.img"), &raw).unwrap();
+    let converted = std::process::Command::new(qemu_img)
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(dir.path().join("raw.img"))
+        .arg(local.join("disk.qcow2"))
+        .status()
+        .unwrap();
+    assert!(converted.success());
+    let config = guest(
+        &rig,
+        &["drover.disk=/dev/vda"],
+        json!({ "image_path": "local/disk.qcow2", "drive_interface": "virtio" }),
+    );
+    let (_, pid) = plugin.start("own", &config).await;
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+        .replace('\0', " ");
+    assert!(
+        cmdline.contains(&format!(
+            "file={},format=qcow2,if=virtio ",
+            local.join("disk.qcow2").display()
+        )),
+        "{cmdline}"
+    );
+    plugin
+        .console_shows("own", "drover-guest: disk: drover qcow2 disk")
+        .await;
+    plugin.stop("own", 5, Signal::KILL).await;
+    assert!(!alive(pid));
 }

@@ -129,9 +129,12 @@ impl<X> PlainTask<X> {
     }
 
     /// Say how the task ended once it does: whoever records the exit (the watcher or
-    /// a stop) puts `note`'s answer in the result's `err`, unless it has one already.
-    /// For ends the exit status alone does not explain (qemu exiting 0 because the
-    /// guest powered off, or killed because it did not). The last note set wins.
+    /// a stop) puts `note`'s answer in the result's `err`, unless it has one already,
+    /// or, for a clean exit (code 0, no signal), in a task event instead: the agent
+    /// reads `err` beside code 0 and no signal as "the driver could not tell how the
+    /// task ended" and drops the exit code. For ends the exit status alone does not
+    /// explain (qemu exiting 0 because the guest powered off, or killed because it did
+    /// not). The last note set wins.
     pub fn set_exit_note(
         &self,
         note: impl Fn(&ExitResult) -> Option<String> + Send + Sync + 'static,
@@ -144,15 +147,27 @@ impl<X> PlainTask<X> {
 
     /// Record how the task ended (with its note, see [`Self::set_exit_note`]), once.
     pub fn record_exit(&self, events: &TaskEvents, mut exit: ExitInfo) -> bool {
-        if exit.result.err.is_none()
-            && let Some(note) = &*self
-                .exit_note
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
+        let note = match &*self
+            .exit_note
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
         {
-            exit.result.err = note(&exit.result);
+            Some(note) if exit.result.err.is_none() => note(&exit.result),
+            _ => None,
+        };
+        let clean = exit.result.exit_code == 0 && exit.result.signal == 0;
+        let as_event = match note {
+            Some(note) if clean => Some(note),
+            note => {
+                exit.result.err = note;
+                None
+            }
+        };
+        let recorded = self.base.record_exit(events, exit);
+        if recorded && let Some(note) = as_event {
+            events.send(&self.base.id, note);
         }
-        self.base.record_exit(events, exit)
+        recorded
     }
 }
 
