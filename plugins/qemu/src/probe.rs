@@ -487,10 +487,15 @@ mod tests {
             Ok(()) => panic!("a spinning guest passed the trial"),
         }
         assert!(took < limit + Duration::from_secs(5), "took {took:?}");
-        let left = procs::processes(|pid, _| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
-        });
+        let left: Vec<u32> = std::fs::read_dir("/proc")
+            .expect("read /proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                procs::alive(*pid)
+                    && std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+            })
+            .collect();
         assert!(left.is_empty(), "trial qemu still running: {left:?}");
     }
 

@@ -878,14 +878,19 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_peer_sending_garbage_is_a_protocol_error() {
-        let (_dir, path) = peer(|mut stream| async move {
-            let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").await;
+    /// Connect to a peer that sends `first` and then holds the connection open.
+    async fn connect_to_peer_saying(first: &'static [u8]) -> Result<Qmp, QmpError> {
+        let (_dir, path) = peer(move |mut stream| async move {
+            let _ = stream.write_all(first).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
         })
         .await;
-        match Qmp::connect(&path, T).await {
+        Qmp::connect(&path, T).await
+    }
+
+    #[tokio::test]
+    async fn a_peer_sending_garbage_is_a_protocol_error() {
+        match connect_to_peer_saying(b"SSH-2.0-OpenSSH_9.2\r\n").await {
             Err(QmpError::Protocol(why)) => {
                 assert!(why.contains("not JSON") && why.contains("SSH-2.0"), "{why}")
             }
@@ -895,12 +900,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_first_message_that_is_not_the_greeting_is_a_protocol_error() {
-        let (_dir, path) = peer(|mut stream| async move {
-            let _ = stream.write_all(b"{\"return\": {}}\n").await;
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        })
-        .await;
-        match Qmp::connect(&path, T).await {
+        match connect_to_peer_saying(b"{\"return\": {}}\n").await {
             Err(QmpError::Protocol(why)) => assert!(why.contains("greeting"), "{why}"),
             other => panic!("expected Protocol, got {other:?}"),
         }
@@ -996,6 +996,28 @@ mod tests {
                 reason: "guest-shutdown".into()
             })
         );
+    }
+
+    #[tokio::test]
+    async fn a_write_cut_off_by_its_timeout_stops_further_commands() {
+        let (_dir, path) = peer(|mut stream| async move {
+            negotiate(&mut stream).await;
+            // Read nothing more: a big command fills the socket buffers and blocks.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(stream);
+        })
+        .await;
+        let mut qmp = Qmp::connect(&path, T).await.expect("connect");
+        let big = json!({ "data": "x".repeat(8 << 20) });
+        let short = Duration::from_millis(300);
+        assert!(matches!(
+            qmp.execute("big", Some(big), short).await,
+            Err(QmpError::Timeout(_, _))
+        ));
+        match qmp.query_status(T).await {
+            Err(QmpError::Protocol(why)) => assert!(why.contains("out of step"), "{why}"),
+            other => panic!("expected Protocol, got {other:?}"),
+        }
     }
 
     #[tokio::test]
