@@ -448,3 +448,112 @@ fn disk_format(field: &str, value: &str, found: &Found) -> Result<&'static str, 
     }
     Ok("qcow2")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(json: &str) -> TaskConfig {
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// `check` of `json` in a task dir holding `local/vmlinuz`.
+    fn check(json: &str, plugin: &PluginConfig) -> Result<Checked, String> {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("local")).unwrap();
+        std::fs::write(tmp.path().join("local/vmlinuz"), "k").unwrap();
+        task(json)
+            .check(tmp.path(), plugin, &Err("no /dev/kvm".into()))
+            .map(|mut c| {
+                // Paths in the (removed) temp dir: keep them relative for comparing.
+                c.kernel = c
+                    .kernel
+                    .map(|k| k.strip_prefix(tmp.path()).unwrap().to_owned());
+                c
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_kernel_in_the_task_dir_is_the_tasks_own() {
+        let c = check(r#"{"kernel":"local/vmlinuz"}"#, &PluginConfig::default()).unwrap();
+        assert_eq!(c.kernel.as_deref(), Some(Path::new("local/vmlinuz")));
+        assert_eq!(c.disk, None);
+    }
+
+    #[test]
+    fn values_are_refused_naming_the_field_and_the_value() {
+        let plugin = PluginConfig::default();
+        for (json, words) in [
+            (
+                r#"{"kernel":"local/vmlinuz","accelerator":"kvm"}"#,
+                &["accelerator kvm", "no /dev/kvm"][..],
+            ),
+            (r#"{"kernel":"local/vmlinuz","cpus":0}"#, &["cpus 0"]),
+            (
+                r#"{"kernel":"local/vmlinuz","image_path":"local/vmlinuz","drive_interface":"virtio,file=/etc/shadow"}"#,
+                &["drive_interface", "virtio,file=/etc/shadow"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","drive_interface":"virtio"}"#,
+                &["drive_interface needs image_path"],
+            ),
+            (r#"{"initrd":"local/vmlinuz"}"#, &["image_path", "kernel"]),
+            (
+                r#"{"image_path":"local/vmlinuz","append":"quiet"}"#,
+                &["initrd and append need kernel"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":8080,"guest":80,"host_ip":"::1"}]}"#,
+                &["host_ip ::1", "IPv4"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":8080,"guest":80},{"host":8080,"guest":81}]}"#,
+                &["host port 8080 is forwarded twice"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":0,"guest":80}]}"#,
+                &["must not be 0"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","args":["-device","x"]}"#,
+                &["-device", "args_allowlist is empty"],
+            ),
+            (r#"{"kernel":""}"#, &["kernel must not be empty"]),
+        ] {
+            let err = check(json, &plugin).unwrap_err();
+            for w in words {
+                assert!(err.contains(w), "{json}: {err:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn allowlisted_flags_match_with_one_or_two_dashes() {
+        let plugin = PluginConfig {
+            args_allowlist: vec!["-device".into()],
+            ..Default::default()
+        };
+        let ok = r#"{"kernel":"local/vmlinuz","args":["--device","virtio-rng-pci","-device","x"]}"#;
+        assert!(check(ok, &plugin).is_ok());
+        let err = check(
+            r#"{"kernel":"local/vmlinuz","args":["-drive","x"]}"#,
+            &plugin,
+        )
+        .unwrap_err();
+        assert!(err.contains("-drive") && err.contains("-device"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let err = serde_json::from_str::<TaskConfig>(r#"{"kernal":"x"}"#).unwrap_err();
+        assert!(err.to_string().contains("kernal"), "{err}");
+        let err = serde_json::from_str::<TaskConfig>(
+            r#"{"kernel":"x","port_forwards":[{"host":1,"guest":2,"proto":"tcp"}]}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("proto"), "{err}");
+        let err = serde_json::from_str::<PluginConfig>(r#"{"args_allow":[]}"#).unwrap_err();
+        assert!(err.to_string().contains("args_allow"), "{err}");
+    }
+}

@@ -52,8 +52,12 @@ pub struct QemuDriver {
     engine: PlainEngine<QemuTask>,
     config: Mutex<PluginConfig>,
     /// The last probe, when and for which `emulators` it was made.
-    probed: tokio::sync::Mutex<Option<(Instant, Vec<PathBuf>, Probe)>>,
+    probed: Arc<ProbeCache>,
 }
+
+/// The last probe, when and for which `emulators` it was made; locked while a probe
+/// runs, so that callers wait for it rather than start another.
+type ProbeCache = tokio::sync::Mutex<Option<(Instant, Vec<PathBuf>, Probe)>>;
 
 impl Default for QemuDriver {
     fn default() -> Self {
@@ -68,12 +72,36 @@ impl std::fmt::Debug for QemuDriver {
 }
 
 impl QemuDriver {
-    /// A driver with no tasks.
+    /// A driver with no tasks. It starts probing qemu (in `PATH`, the default
+    /// `emulators`) at once, on a thread of its own: trying KVM takes up to
+    /// [`probe::KVM_TRIAL_LIMIT`], which the host's first fingerprint (after the plugin
+    /// is launched and configured) then need not wait for.
     pub fn new() -> Self {
+        let probed: Arc<ProbeCache> = Arc::default();
+        let early = probed.clone();
+        let spawned = std::thread::Builder::new()
+            .name("qemu-probe".into())
+            .spawn(move || {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return; // the first fingerprint probes instead
+                };
+                runtime.block_on(async {
+                    let mut cached = early.lock().await;
+                    if cached.is_none() {
+                        *cached = Some((Instant::now(), Vec::new(), probe::probe(&[]).await));
+                    }
+                });
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot probe qemu in the background ({e}); the first fingerprint will");
+        }
         QemuDriver {
             engine: PlainEngine::new(PLUGIN_NAME, HANDLE_VERSION),
             config: Mutex::new(PluginConfig::default()),
-            probed: tokio::sync::Mutex::new(None),
+            probed,
         }
     }
 
@@ -111,6 +139,11 @@ impl QemuDriver {
     }
 
     /// Stop by the guest's power button, then by SIGKILL after `timeout`.
+    ///
+    /// How it ended is told where the host shows it: a guest that powered off ends
+    /// qemu with exit code 0, said by a task event (an `err` next to code 0 would make
+    /// the exit read as unknown, see [`ExitResult::outcome`]); a kill carries its
+    /// reason in the result's `err`, next to SIGKILL.
     async fn stop_gracefully(
         &self,
         task: Arc<PlainTask<QemuTask>>,
@@ -118,75 +151,85 @@ impl QemuDriver {
     ) -> Result<(), DriverError> {
         let started = tokio::time::Instant::now();
         let id = task.base.id.clone();
-        // qemu exits 0 when the guest powers off (no -no-shutdown); set before the
-        // button is pressed, since the watcher may record the exit before this stop
-        // hears of it.
-        task.set_exit_note(|r| {
-            (r.exit_code == 0 && r.signal == 0)
-                .then(|| "guest powered off (ACPI shutdown after system_powerdown)".to_owned())
-        });
         let pressed = match Qmp::connect(&task.extra.qmp, QMP_TIMEOUT.min(timeout)).await {
-            Ok(mut qmp) => match qmp.system_powerdown(QMP_TIMEOUT).await {
-                Ok(()) => Ok(qmp),
-                Err(e) => Err(e),
-            },
+            Ok(mut qmp) => qmp.system_powerdown(QMP_TIMEOUT).await.map(|()| qmp),
             Err(e) => Err(e),
         };
-        let pressed_ok = pressed.is_ok();
-        let powered_off = match pressed {
-            Ok(mut qmp) => {
-                self.engine.event(
-                    &id,
-                    format!(
-                        "pressed the guest's power button (QMP system_powerdown); qemu is \
-                         killed if the guest has not powered off within {timeout:?}"
-                    ),
-                );
-                let deadline = started + timeout;
-                tokio::time::timeout_at(deadline, async {
-                    let exited = task.base.wait();
-                    tokio::pin!(exited);
-                    loop {
-                        tokio::select! {
-                            _ = &mut exited => return,
-                            event = qmp.next_event(timeout) => match event {
-                                Ok(Some(Event::Shutdown { guest: true, .. })) => {
-                                    self.engine.event(&id, "the guest powered off".into());
-                                }
-                                Ok(_) => {}
-                                // Closed (qemu is exiting) or broken: its exit tells.
-                                Err(_) => {
-                                    (&mut exited).await;
-                                    return;
-                                }
-                            },
-                        }
-                    }
-                })
-                .await
-                .is_ok()
-            }
+        let mut qmp = match pressed {
+            Ok(qmp) => qmp,
             Err(e) => {
                 let why = format!("could not press the guest's power button ({e})");
                 self.engine.event(&id, format!("{why}; killing qemu"));
-                task.set_exit_note(move |_| Some(format!("{why}: killed")));
-                false
+                task.set_exit_note(move |r| (!clean(r)).then(|| format!("{why}: killed")));
+                return self.kill(&task).await;
             }
         };
-        if powered_off || !task.base.running() {
-            return Ok(());
+        self.engine.event(
+            &id,
+            format!(
+                "pressed the guest's power button (QMP system_powerdown); qemu is killed if \
+                 the guest has not powered off within {timeout:?}"
+            ),
+        );
+        let mut announced = false;
+        let ended = tokio::time::timeout_at(started + timeout, async {
+            let exited = task.base.wait();
+            tokio::pin!(exited);
+            loop {
+                tokio::select! {
+                    result = &mut exited => return result,
+                    event = qmp.next_event(timeout) => match event {
+                        Ok(Some(Event::Shutdown { guest: true, .. })) if !announced => {
+                            self.engine.event(&id, GUEST_POWERED_OFF.into());
+                            announced = true;
+                        }
+                        Ok(_) => {}
+                        // Closed (qemu is exiting) or broken: its exit tells.
+                        Err(_) => return (&mut exited).await,
+                    },
+                }
+            }
+        })
+        .await;
+        match ended {
+            Ok(result) => {
+                if clean(&result) && !announced {
+                    // qemu exits 0 when its guest powers off; the event went unread.
+                    self.engine.event(&id, GUEST_POWERED_OFF.into());
+                }
+                Ok(())
+            }
+            Err(_) => {
+                task.set_exit_note(move |r| {
+                    (!clean(r)).then(|| {
+                        format!(
+                            "guest did not power off within {timeout:?} of system_powerdown: \
+                             killed"
+                        )
+                    })
+                });
+                self.kill(&task).await
+            }
         }
-        if pressed_ok {
-            task.set_exit_note(move |_| {
-                Some(format!(
-                    "guest did not power off within {timeout:?} of system_powerdown: killed"
-                ))
-            });
+    }
+
+    /// SIGKILL to qemu, and its exit recorded.
+    async fn kill(&self, task: &PlainTask<QemuTask>) -> Result<(), DriverError> {
+        if !task.base.running() {
+            return Ok(());
         }
         let exit = task.exec.stop(Signal::KILL, KILL_TIMEOUT).await?;
         task.record_exit(self.engine.events(), exit);
         Ok(())
     }
+}
+
+/// The event of a guest that powered off after its power button was pressed.
+pub const GUEST_POWERED_OFF: &str = "the guest powered off (ACPI shutdown after system_powerdown)";
+
+/// Exit code 0, no signal: qemu ended by itself.
+fn clean(result: &ExitResult) -> bool {
+    result.exit_code == 0 && result.signal == 0 && result.err.is_none()
 }
 
 impl DriverPlugin for QemuDriver {
@@ -320,11 +363,12 @@ impl DriverPlugin for QemuDriver {
         if task.extra.graceful {
             return self.stop_gracefully(task, timeout).await;
         }
-        task.set_exit_note(move |_| {
-            Some(format!(
-                "qemu stopped with {sig}, without a guest shutdown (graceful_shutdown is off)"
-            ))
-        });
+        // qemu exits 0 on SIGTERM: an event says what happened to the guest, and a
+        // kill (at the timeout, or a SIGKILL asked for) says it in the exit as well.
+        let without =
+            format!("qemu stopped with {sig}, without a guest shutdown (graceful_shutdown is off)");
+        self.engine.event(task_id, without.clone());
+        task.set_exit_note(move |r| (!clean(r)).then(|| without.clone()));
         self.engine.stop(task_id, timeout, sig).await
     }
 

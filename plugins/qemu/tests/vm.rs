@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use drover_driver_qemu::GUEST_POWERED_OFF;
 use drover_plugin_sdk::{ExitOutcome, Signal};
 use serde_json::json;
 
@@ -65,23 +66,13 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
     assert!(stats.memory_rss_bytes > 10 << 20, "{stats:?}");
     assert!(!stats.cpu_user.is_zero(), "{stats:?}");
 
+    let mut told = events(&plugin).await;
     let asked = Instant::now();
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("vm1", Duration::from_secs(20), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("vm1"))
-        .await
-        .unwrap();
-    assert_eq!((exit.exit_code, exit.signal), (0, 0), "{exit:?}");
-    // A clean exit carries no `err` (the agent would read it as "could not tell" and
-    // drop the code); the note is a task event.
-    assert_eq!(exit.err, None, "{exit:?}");
+    let exit = plugin.stop("vm1", 20, Signal::TERM).await;
+    // A clean exit (code 0, no error: the host shows the code), and an event saying
+    // that the guest powered off.
+    assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
+    event_seen(&mut told, "vm1", GUEST_POWERED_OFF).await;
     assert!(
         asked.elapsed() < Duration::from_secs(20),
         "no wait for the timeout"
@@ -109,22 +100,11 @@ async fn a_guest_ignoring_the_power_button_is_killed_after_the_timeout() {
     let (_, pid) = plugin.start("deaf", &config).await;
     plugin.console_shows("deaf", "drover-guest: tick 1").await;
     let asked = Instant::now();
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("deaf", Duration::from_secs(2), Signal::TERM),
-    )
-    .await
-    .unwrap();
+    let exit = plugin.stop("deaf", 2, Signal::TERM).await;
     assert!(
         asked.elapsed() >= Duration::from_secs(2),
         "waited for the guest"
     );
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("deaf"))
-        .await
-        .unwrap();
     assert_eq!(
         exit.outcome(),
         ExitOutcome::Signal(Signal::KILL),
@@ -155,24 +135,16 @@ async fn without_graceful_shutdown_stop_signals_qemu() {
     });
     let (_, pid) = plugin.start("plain", &config).await;
     plugin.console_shows("plain", "drover-guest: tick 1").await;
-    within(
-        PROMPT,
-        "stop",
-        plugin
-            .client
-            .stop_task("plain", Duration::from_secs(5), Signal::TERM),
+    let mut told = events(&plugin).await;
+    let exit = plugin.stop("plain", 5, Signal::TERM).await;
+    // qemu ends with code 0 on SIGTERM; the event says the guest was not shut down.
+    assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
+    event_seen(
+        &mut told,
+        "plain",
+        "qemu stopped with SIGTERM, without a guest shutdown (graceful_shutdown is off)",
     )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", plugin.client.wait_task("plain"))
-        .await
-        .unwrap();
-    // qemu exits 0 on SIGTERM: a clean exit, whose note is a task event, not `err`.
-    assert_eq!(
-        (exit.exit_code, exit.signal, &exit.err),
-        (0, 0, &None),
-        "{exit:?}"
-    );
+    .await;
     assert!(!plugin.console("plain").contains("power button pressed"));
     assert!(!alive(pid));
 }
@@ -207,26 +179,84 @@ async fn a_vm_outlives_a_killed_plugin_and_is_recovered() {
         second.console("kept").matches("tick").count() > ticks
     })
     .await;
-    within(
-        PROMPT,
-        "stop",
-        second
-            .client
-            .stop_task("kept", Duration::from_secs(20), Signal::TERM),
-    )
-    .await
-    .unwrap();
-    let exit = within(PROMPT, "wait", second.client.wait_task("kept"))
-        .await
-        .unwrap();
-    assert_eq!(
-        (exit.exit_code, exit.signal, &exit.err),
-        (0, 0, &None),
-        "{exit:?}"
-    );
+    let mut told = events(&second).await;
+    let exit = second.stop("kept", 20, Signal::TERM).await;
+    assert_eq!(exit, drover_plugin_sdk::ExitResult::code(0));
+    event_seen(&mut told, "kept", GUEST_POWERED_OFF).await;
     assert!(!alive(pid));
 }
 
 fn plugin_dir_text(p: &Plugin) -> String {
     p.dir.display().to_string()
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released for qemu to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A port forward reaches the guest's service on 127.0.0.1, and a shared image under
+/// image_paths is attached with snapshot=on and read by the guest.
+#[tokio::test]
+async fn a_forwarded_port_reaches_the_guest_and_a_shared_image_is_attached_read_only() {
+    use std::io::Read as _;
+    let Some(rig) = rig() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let mut disk = b"drover test disk\n".to_vec();
+    disk.resize(1 << 20, 0);
+    std::fs::write(images.join("disk.img"), &disk).unwrap();
+    let mut plugin_config = rig_config(&rig);
+    plugin_config["image_paths"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!(images));
+    let plugin = Plugin::launch(dir.path(), plugin_config).await;
+    let port = free_port();
+    let config = guest(
+        &rig,
+        &["drover.net=1", "drover.serve=8000", "drover.disk=/dev/vda"],
+        json!({
+            "image_path": images.join("disk.img"),
+            "drive_interface": "virtio",
+            "port_forwards": [{ "host": port, "guest": 8000 }],
+        }),
+    );
+    let (_, pid) = plugin.start("net", &config).await;
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+        .replace('\0', " ");
+    assert!(
+        cmdline.contains("format=raw,if=virtio,snapshot=on"),
+        "{cmdline}"
+    );
+    assert!(
+        cmdline.contains(&format!("hostfwd=tcp:127.0.0.1:{port}-:8000")),
+        "{cmdline}"
+    );
+    plugin
+        .console_shows("net", "drover-guest: disk: drover test disk")
+        .await;
+    plugin
+        .console_shows("net", "drover-guest: serving on port 8000")
+        .await;
+    let mut said = String::new();
+    until(BOOT, "the guest answers on the forwarded port", || {
+        said.clear();
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                c.read_to_string(&mut said)
+            })
+            .is_ok_and(|_| said.contains("drover-guest says hello"))
+    })
+    .await;
+    plugin.stop("net", 5, Signal::KILL).await;
+    assert!(!alive(pid));
+    // The shared image is unchanged.
+    assert_eq!(std::fs::read(images.join("disk.img")).unwrap(), disk);
 }

@@ -147,6 +147,26 @@ impl Plugin {
         self.attribute(id, "pid").await
     }
 
+    /// StopTask with `timeout_secs` and `signal`, then WaitTask: how the task ended.
+    pub async fn stop(
+        &self,
+        id: &str,
+        timeout_secs: u64,
+        signal: drover_plugin_sdk::Signal,
+    ) -> drover_plugin_sdk::ExitResult {
+        let timeout = Duration::from_secs(timeout_secs);
+        within(
+            timeout + PROMPT,
+            "stop",
+            self.client.stop_task(id, timeout, signal),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("stop {id}: {e}"));
+        within(PROMPT, "wait", self.client.wait_task(id))
+            .await
+            .unwrap_or_else(|e| panic!("wait {id}: {e}"))
+    }
+
     /// The guest's serial console so far.
     pub fn console(&self, id: &str) -> String {
         read_log(&self.task_dir(id).join("stdout"))
@@ -215,4 +235,44 @@ pub fn uid_of(pid: u32) -> Option<u32> {
         .next()?
         .parse()
         .ok()
+}
+
+/// The plugin's task events, from now on.
+pub async fn events(
+    plugin: &Plugin,
+) -> std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<drover_plugin_sdk::TaskEvent, DriverError>> + Send>,
+> {
+    let stream = within(PROMPT, "task events", plugin.client.task_events())
+        .await
+        .unwrap();
+    Box::pin(stream)
+}
+
+/// Until task `id` has an event with `message`; the messages of its events seen.
+pub async fn event_seen(
+    events: &mut std::pin::Pin<
+        Box<
+            dyn tokio_stream::Stream<Item = Result<drover_plugin_sdk::TaskEvent, DriverError>>
+                + Send,
+        >,
+    >,
+    id: &str,
+    message: &str,
+) -> Vec<String> {
+    use tokio_stream::StreamExt as _;
+    let mut seen = Vec::new();
+    within(PROMPT, &format!("event {message:?} of {id}"), async {
+        while let Some(Ok(e)) = events.next().await {
+            if e.task_id == id {
+                seen.push(e.message.clone());
+                if e.message == message {
+                    return;
+                }
+            }
+        }
+        panic!("the event stream ended before {message:?}: {seen:?}");
+    })
+    .await;
+    seen
 }
