@@ -55,6 +55,35 @@ fn stop(agent: &Agent, id: &str, timeout: Option<&str>) -> (Value, Duration) {
     (stopped, t.elapsed())
 }
 
+/// One test's world: an agent on fresh dirs whose qemu plugin takes images from the
+/// rig's directory (and destroys its tasks when dropped), and a watch over the qemu
+/// processes of the test's own marker. Fields drop in order: the agent, then the
+/// watch (which kills any VM left), then the dirs.
+struct World {
+    agent: Agent,
+    watch: QemuWatch,
+    marker: String,
+    rig: vm::Rig,
+    _root: tempfile::TempDir,
+}
+
+/// The [`World`] of a test named by `what`, or `None` (after a loud `SKIPPED`) without
+/// the rig.
+fn world(what: &str) -> Option<World> {
+    let rig = vm::rig()?;
+    let root = tempfile::tempdir().unwrap();
+    let mut agent = start_agent(root.path(), &plugin_config(&rig));
+    agent.end_tasks = true;
+    let marker = marker(what);
+    Some(World {
+        agent,
+        watch: QemuWatch::new(&marker),
+        marker,
+        rig,
+        _root: root,
+    })
+}
+
 /// Acceptance 1, first half: the guest boots, its serial console is the task's log,
 /// `task stats` shows the VM, and a stop with `graceful_shutdown` ends it through the
 /// guest's own poweroff: exit code 0, no signal, the guest's acpid on the console, and
@@ -62,32 +91,29 @@ fn stop(agent: &Agent, id: &str, timeout: Option<&str>) -> (Value, Duration) {
 #[test]
 fn guest_boots_logs_and_powers_off_on_graceful_stop() {
     let _serial = serial();
-    let Some(rig) = vm::rig() else { return };
-    let root = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(root.path(), &plugin_config(&rig));
-    agent.end_tasks = true;
-    let marker = marker("graceful");
-    let watch = QemuWatch::new(&marker);
+    let Some(mut w) = world("graceful") else {
+        return;
+    };
 
     let config = guest_config(
-        &rig,
-        &marker,
+        &w.rig,
+        &w.marker,
         &["drover.tick=1"],
         json!({ "graceful_shutdown": true }),
     );
     let id = run(
-        &agent,
+        &w.agent,
         &config,
         &["--kill-timeout", "90s", "--memory-mb", "256"],
     );
-    let task = status(&agent, &id);
+    let task = status(&w.agent, &id);
     assert_eq!(task["state"], "running", "{task:#}");
     assert_eq!(task["driver"], "qemu");
 
     // The serial console: the init's first line, then its ticks, in order.
-    let log = wait_log(&agent, &id, GUEST_STARTED, BOOT);
-    let tick = ticks_past(&agent, &id, 1);
-    let log_now = logs(&agent, &id);
+    let log = wait_log(&w.agent, &id, GUEST_STARTED, BOOT);
+    let tick = ticks_past(&w.agent, &id, 1);
+    let log_now = logs(&w.agent, &id);
     assert!(
         log_now.starts_with(&log),
         "the log was rewritten, not appended to"
@@ -98,8 +124,8 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
     assert!(tick >= 2);
 
     // The VM is one process; its CPU and memory are the task's.
-    let (vm_pid, _) = watch.assert_one("while running");
-    let stats = agent.cli_json(&["task", "stats", &id, "--json"]);
+    let (vm_pid, _) = w.watch.assert_one("while running");
+    let stats = w.agent.cli_json(&["task", "stats", &id, "--json"]);
     let rss = stats["memory_rss_bytes"].as_u64().unwrap_or(0);
     let cpu = stats["cpu_user_seconds"].as_f64().unwrap_or(0.0)
         + stats["cpu_system_seconds"].as_f64().unwrap_or(0.0);
@@ -113,7 +139,7 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
     );
 
     // Graceful stop: the power button, the guest's acpid, poweroff, qemu exits 0.
-    let (stopped, took) = stop(&agent, &id, None);
+    let (stopped, took) = stop(&w.agent, &id, None);
     assert_eq!(stopped["state"], "dead", "{stopped:#}");
     assert_eq!(
         stopped["exit_code"], 0,
@@ -127,7 +153,7 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
         took < Duration::from_secs(60),
         "the graceful stop took {took:?}: did it wait for the kill timeout?"
     );
-    let log = logs(&agent, &id);
+    let log = logs(&w.agent, &id);
     assert!(
         log.contains(POWERING_OFF),
         "the guest never saw its power button:\n{log}"
@@ -140,14 +166,14 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
         "a clean poweroff is no error: {}",
         ending(&stopped)
     );
-    assert_eq!(agent.cli(&["task", "wait", &id]).status.code(), Some(0));
-    watch.wait_gone(Duration::from_secs(10));
+    assert_eq!(w.agent.cli(&["task", "wait", &id]).status.code(), Some(0));
+    w.watch.wait_gone(Duration::from_secs(10));
     assert!(
         !drover_test_support::procs::alive(vm_pid),
         "qemu {vm_pid} outlived its task"
     );
-    watch.assert_one("after the stop");
-    let _ = agent.stop();
+    w.watch.assert_one("after the stop");
+    let _ = w.agent.stop();
 }
 
 /// Acceptance 1: a guest that ignores the power button (no acpid) is killed once the
@@ -155,25 +181,20 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
 #[test]
 fn guest_ignoring_the_power_button_is_killed_after_the_timeout() {
     let _serial = serial();
-    let Some(rig) = vm::rig() else { return };
-    let root = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(root.path(), &plugin_config(&rig));
-    agent.end_tasks = true;
-    let marker = marker("deaf");
-    let watch = QemuWatch::new(&marker);
+    let Some(mut w) = world("deaf") else { return };
 
     let config = guest_config(
-        &rig,
-        &marker,
+        &w.rig,
+        &w.marker,
         &["drover.tick=1", "drover.acpid=0"],
         json!({ "graceful_shutdown": true }),
     );
-    let id = run(&agent, &config, &["--kill-timeout", "4s"]);
+    let id = run(&w.agent, &config, &["--kill-timeout", "4s"]);
     // Past its init's set-up: were acpid to run, it would be running by now.
-    wait_log(&agent, &id, "drover-guest: tick 1", BOOT);
-    watch.assert_one("while running");
+    wait_log(&w.agent, &id, "drover-guest: tick 1", BOOT);
+    w.watch.assert_one("while running");
 
-    let (stopped, took) = stop(&agent, &id, None);
+    let (stopped, took) = stop(&w.agent, &id, None);
     assert_eq!(stopped["state"], "dead", "{stopped:#}");
     assert!(
         took >= Duration::from_millis(3900),
@@ -193,15 +214,15 @@ fn guest_ignoring_the_power_button_is_killed_after_the_timeout() {
         "the task's exit does not say the guest ignored the button and was killed: {}",
         ending(&stopped)
     );
-    let log = logs(&agent, &id);
+    let log = logs(&w.agent, &id);
     assert!(!log.contains(POWERING_OFF), "acpid ran after all:\n{log}");
     assert_eq!(
-        agent.cli(&["task", "wait", &id]).status.code(),
+        w.agent.cli(&["task", "wait", &id]).status.code(),
         Some(128 + 9)
     );
-    watch.wait_gone(Duration::from_secs(10));
-    watch.assert_one("after the stop");
-    let _ = agent.stop();
+    w.watch.wait_gone(Duration::from_secs(10));
+    w.watch.assert_one("after the stop");
+    let _ = w.agent.stop();
 }
 
 /// Acceptance 1: `kill -9` of the qemu plugin, then of the agent, leave the VM running:
@@ -296,33 +317,30 @@ fn vm_survives_kill_9_of_the_plugin_and_of_the_agent() {
 #[test]
 fn forwarded_port_answers_on_loopback_only() {
     let _serial = serial();
-    let Some(rig) = vm::rig() else { return };
-    let root = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(root.path(), &plugin_config(&rig));
-    agent.end_tasks = true;
-    let marker = marker("forward");
-    let watch = QemuWatch::new(&marker);
+    let Some(mut w) = world("forward") else {
+        return;
+    };
 
     let host_port = free_port();
     let other_port = free_port();
     let other_ip = Ipv4Addr::new(127, 0, 0, 2);
     let config = guest_config(
-        &rig,
-        &marker,
+        &w.rig,
+        &w.marker,
         &["drover.net=1", "drover.serve=8080"],
         json!({ "port_forwards": [
             { "host": host_port, "guest": 8080 },
             { "host": other_port, "guest": 8080, "host_ip": other_ip, "protocol": "tcp" },
         ] }),
     );
-    let id = run(&agent, &config, &[]);
+    let id = run(&w.agent, &config, &[]);
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, host_port));
     let said = read_when_served(addr, "drover-guest says hello", BOOT).unwrap_or_else(|last| {
         panic!(
             "nothing answered \"drover-guest says hello\" on {addr} within {BOOT:?} \
              (last: {last}); guest console:\n{}\nagent log:\n{}",
-            logs(&agent, &id),
-            agent.log_text()
+            logs(&w.agent, &id),
+            w.agent.log_text()
         )
     });
     assert_eq!(said.trim(), "drover-guest says hello");
@@ -345,15 +363,15 @@ fn forwarded_port_answers_on_loopback_only() {
         read_when_served(other, "says hello", Duration::from_secs(30)).is_ok(),
         "nothing answered on {other}"
     );
-    watch.assert_one("while serving");
-    let (stopped, _) = stop(&agent, &id, Some("2s"));
+    w.watch.assert_one("while serving");
+    let (stopped, _) = stop(&w.agent, &id, Some("2s"));
     assert_eq!(stopped["state"], "dead");
-    watch.wait_gone(Duration::from_secs(10));
+    w.watch.wait_gone(Duration::from_secs(10));
     assert!(
         tcp_listeners(host_port).is_empty() && tcp_listeners(other_port).is_empty(),
         "ports {host_port}, {other_port} still listened on after the VM ended"
     );
-    let _ = agent.stop();
+    let _ = w.agent.stop();
 }
 
 /// Acceptance 3: bad task configs are refused through the CLI before qemu starts, each
