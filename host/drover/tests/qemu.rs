@@ -491,3 +491,83 @@ fn bad_input_is_refused_before_qemu_starts() {
     watch.wait_gone(Duration::from_secs(10));
     let _ = agent.stop();
 }
+
+/// The fingerprint is the plugin's health description in `plugin status`: qemu's
+/// version and whether KVM *worked* when tried. Where it did not (these machines: a
+/// `/dev/kvm` under which a guest hangs), a task asking for KVM is refused with the
+/// reason, before qemu starts.
+#[test]
+fn fingerprint_tells_whether_kvm_works_and_kvm_tasks_follow_it() {
+    let _serial = serial();
+    let Some(w) = world("kvm") else { return };
+    let row = wait_qemu_plugin(&w.agent, BOOT, |_| true);
+    let reason = row["reason"].as_str().unwrap_or_default().to_owned();
+    eprintln!("qemu plugin: {reason}");
+    assert!(
+        reason.starts_with("qemu ")
+            && (reason.contains("KVM works") || reason.contains("TCG only:")),
+        "the health description does not give qemu's version and the KVM trial's result: {row:#}"
+    );
+    if reason.contains("KVM works") {
+        eprintln!("KVM works on this host: a kvm task would start, nothing to refuse");
+        return;
+    }
+    let config = guest_config(
+        &w.rig,
+        &w.marker,
+        &["drover.tick=1"],
+        json!({ "accelerator": "kvm" }),
+    );
+    let out = run_cli(&w.agent, &config, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a kvm task started where KVM does not work"
+    );
+    assert!(
+        err.contains("accelerator kvm") && err.contains("KVM does not work"),
+        "{err}"
+    );
+    let seen = w.watch.seen();
+    assert!(seen.processes.is_empty(), "qemu was started: {seen:?}");
+}
+
+/// With no `qemu-system-*` where the plugin looks, the driver is `undetected` and says
+/// where it looked, and a qemu task is refused. Needs no rig: the plugin is pointed at
+/// an empty directory.
+#[test]
+fn without_qemu_the_driver_is_undetected_and_says_why() {
+    let root = tempfile::tempdir().unwrap();
+    let empty = root.path().join("no-emulators");
+    std::fs::create_dir(&empty).unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(&config, agent_config(&json!({ "emulators": [empty] }))).unwrap();
+    let mut agent = Agent::start(
+        root.path(),
+        &plugins,
+        &["--config", config.to_str().expect("utf-8 path")],
+    );
+    agent.end_tasks = true;
+    let rows = agent.wait_plugins(BOOT, |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "qemu" && r["state"] == "undetected")
+    });
+    let row = common::row(&rows, "qemu");
+    let reason = row["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("no qemu-system-*") && reason.contains(&empty.display().to_string()),
+        "the reason does not say what is missing where: {row:#}"
+    );
+    let out = run_cli(&agent, &json!({ "kernel": "/nonexistent/vmlinuz" }), &[]);
+    assert!(
+        !out.status.success(),
+        "a qemu task was accepted without qemu"
+    );
+    eprintln!(
+        "refused without qemu: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    assert_eq!(agent.cli_json(&["task", "list", "--json"]), json!([]));
+}
