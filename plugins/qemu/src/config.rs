@@ -420,34 +420,60 @@ fn locate(
 /// qcow2's magic, `QFI\xfb`.
 const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
 
-/// `raw` or `qcow2` from the image's header. A qcow2 image from the task dir must have
-/// no backing file: qemu would open the file it names on the host, as root.
+/// `raw` or `qcow2` from the image's header. A qcow2 image from the task dir must name
+/// no other file, which qemu would open on the host as root: no backing file (header
+/// bytes 8..16, its name's offset) and no external data file (version 3's
+/// incompatible feature bit 2, header bytes 72..80).
 fn disk_format(field: &str, value: &str, found: &Found) -> Result<&'static str, DriverError> {
     use std::io::Read as _;
-    let mut header = [0u8; 16];
-    let mut file = std::fs::File::open(&found.path)
+    let mut header = [0u8; 80];
+    let file = std::fs::File::open(&found.path)
         .map_err(|e| DriverError::InvalidConfig(format!("{field} {value:?}: {e}")))?;
     let mut got = 0;
-    while got < header.len() {
-        match file.read(&mut header[got..]) {
+    let mut reader = file.take(header.len() as u64);
+    loop {
+        match reader.read(&mut header[got..]) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) => return invalid(format!("{field} {value:?}: {e}")),
         }
     }
-    if got < 4 || header[..4] != QCOW2_MAGIC {
-        return Ok("raw");
+    if got < 4 || header[..4] != QCOW2_MAGIC || found.shared {
+        // An image under image_paths is the operator's, backing files and all.
+        return Ok(if got >= 4 && header[..4] == QCOW2_MAGIC {
+            "qcow2"
+        } else {
+            "raw"
+        });
     }
-    // Bytes 8..16: the backing file name's offset, 0 when there is none.
-    let backing = got == header.len() && header[8..16] != [0; 8];
-    if backing && !found.shared {
-        return invalid(format!(
-            "{field} {value:?} is a qcow2 image with a backing file, which qemu would open \
-             on the host: give a self-contained image (qemu-img convert -O qcow2)"
-        ));
+    let field_at = |at: usize| {
+        header
+            .get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_be_bytes)
+    };
+    let version = header
+        .get(4..8)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, u32::from_be_bytes);
+    let names_a_file = if field_at(8) != 0 {
+        Some("a backing file")
+    } else if version >= 3 && field_at(72) & EXTERNAL_DATA_FILE != 0 {
+        Some("an external data file")
+    } else {
+        None
+    };
+    match names_a_file {
+        Some(what) => invalid(format!(
+            "{field} {value:?} is a qcow2 image with {what}, which qemu would open on the \
+             host: give a self-contained image (qemu-img convert -O qcow2)"
+        )),
+        None => Ok("qcow2"),
     }
-    Ok("qcow2")
 }
+
+/// qcow2 v3's incompatible feature "external data file".
+const EXTERNAL_DATA_FILE: u64 = 1 << 2;
 
 #[cfg(test)]
 mod tests {

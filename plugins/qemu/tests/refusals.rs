@@ -134,8 +134,8 @@ async fn each_bad_input_is_refused_before_qemu_starts_naming_it() {
     assert!(m.contains("image_path") && m.contains("kernel"), "{m}");
 }
 
-/// A qcow2 image with a backing file from the task dir is refused: qemu would open
-/// the host file it names.
+/// A qcow2 image from the task dir naming another file (a backing file, an external
+/// data file) is refused: qemu would open the host file it names.
 #[tokio::test]
 async fn a_task_image_with_a_backing_file_is_refused() {
     let Some(s) = setup(json!({})).await else {
@@ -149,7 +149,13 @@ async fn a_task_image_with_a_backing_file_is_refused() {
     header[15] = 0x80; // backing file name at offset 128
     std::fs::write(local.join("disk.qcow2"), &header).unwrap();
     let m = refused(&s, "backing", json!({ "image_path": "local/disk.qcow2" })).await;
-    assert!(m.contains("backing file"), "{m}");
+    assert!(m.contains("a backing file"), "{m}");
+    // An external data file is a host file named in the image too.
+    header[15] = 0;
+    header[79] = 0x04; // incompatible features: external data file
+    std::fs::write(local.join("disk.qcow2"), &header).unwrap();
+    let m = refused(&s, "backing", json!({ "image_path": "local/disk.qcow2" })).await;
+    assert!(m.contains("an external data file"), "{m}");
 }
 
 /// accelerator kvm is refused, saying why, where the fingerprint found KVM not
@@ -159,15 +165,7 @@ async fn kvm_is_refused_where_it_does_not_work() {
     let Some(s) = setup(json!({})).await else {
         return;
     };
-    use tokio_stream::StreamExt as _;
-    let fps = within(PROMPT, "fingerprint", s.plugin.client.fingerprint())
-        .await
-        .unwrap();
-    let mut fps = std::pin::pin!(fps);
-    let fp = within(PROMPT * 6, "fingerprint", fps.next())
-        .await
-        .expect("a fingerprint")
-        .unwrap();
+    let fp = s.plugin.fingerprinted().await;
     if fp.attributes.get("driver.qemu.kvm").map(String::as_str) != Some("false") {
         eprintln!("SKIPPED: KVM works here ({fp:?}); nothing to refuse");
         return;

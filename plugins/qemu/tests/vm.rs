@@ -22,8 +22,16 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
         &["drover.tick=1"],
         json!({ "graceful_shutdown": true }),
     );
+    // As under the agent, the first fingerprint (which tries KVM) comes first: the
+    // time to the first serial line is then StartTask's alone.
+    plugin.fingerprinted().await;
+    let asked = Instant::now();
     let (_, pid) = plugin.start("vm1", &config).await;
     plugin.console_shows("vm1", GUEST_STARTED).await;
+    eprintln!(
+        "StartTask to the guest's first serial line: {:?}",
+        asked.elapsed()
+    );
     plugin.console_shows("vm1", "drover-guest: tick 1").await;
 
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
@@ -259,4 +267,52 @@ async fn a_forwarded_port_reaches_the_guest_and_a_shared_image_is_attached_read_
     assert!(!alive(pid));
     // The shared image is unchanged.
     assert_eq!(std::fs::read(images.join("disk.img")).unwrap(), disk);
+}
+
+/// A self-contained qcow2 image in the task dir is the task's own: attached as qcow2,
+/// without snapshot=on, and the guest reads it.
+#[tokio::test]
+async fn a_qcow2_image_in_the_task_dir_is_attached_as_the_tasks_own() {
+    let Some(rig) = rig() else { return };
+    let Some(qemu_img) = ["/usr/bin/qemu-img", "/usr/local/bin/qemu-img"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+    else {
+        eprintln!("SKIPPED: qemu-img is not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::launch(dir.path(), rig_config(&rig)).await;
+    let local = plugin.task_dir("own").join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let mut raw = b"drover qcow2 disk\n".to_vec();
+    raw.resize(1 << 20, 0);
+    std::fs::write(dir.path().join("raw.img"), &raw).unwrap();
+    let converted = std::process::Command::new(qemu_img)
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(dir.path().join("raw.img"))
+        .arg(local.join("disk.qcow2"))
+        .status()
+        .unwrap();
+    assert!(converted.success());
+    let config = guest(
+        &rig,
+        &["drover.disk=/dev/vda"],
+        json!({ "image_path": "local/disk.qcow2", "drive_interface": "virtio" }),
+    );
+    let (_, pid) = plugin.start("own", &config).await;
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+        .replace('\0', " ");
+    assert!(
+        cmdline.contains(&format!(
+            "file={},format=qcow2,if=virtio ",
+            local.join("disk.qcow2").display()
+        )),
+        "{cmdline}"
+    );
+    plugin
+        .console_shows("own", "drover-guest: disk: drover qcow2 disk")
+        .await;
+    plugin.stop("own", 5, Signal::KILL).await;
+    assert!(!alive(pid));
 }
