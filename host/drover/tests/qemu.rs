@@ -55,6 +55,56 @@ fn stop(agent: &Agent, id: &str, timeout: Option<&str>) -> (Value, Duration) {
     (stopped, t.elapsed())
 }
 
+/// What docs/qemu.md's security model promises of a running VM, as `/proc` and the
+/// file system show it: qemu runs under its own seccomp filter and, started by root,
+/// no longer as root; its QMP socket (the task's `qmp_socket` attribute) is not in the
+/// task directory but in a directory only its owner (root, here) can enter.
+fn confined(vm_pid: u32, task: &Value) {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let status = std::fs::read_to_string(format!("/proc/{vm_pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        field("Seccomp:"),
+        ["2"],
+        "qemu runs without its seccomp filter"
+    );
+    let root = rustix::process::geteuid().is_root();
+    if root {
+        let uids = field("Uid:");
+        assert!(
+            uids.len() == 4 && uids.iter().all(|u| u != "0"),
+            "qemu started by root still has uid 0 among real, effective, saved, fs: {uids:?}"
+        );
+    }
+    let qmp = PathBuf::from(
+        task["attributes"]["qmp_socket"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no qmp_socket attribute: {task:#}")),
+    );
+    let task_dir = PathBuf::from(task["task_dir"].as_str().expect("task_dir"));
+    assert!(
+        !qmp.starts_with(&task_dir),
+        "the QMP socket {} is in the task directory",
+        qmp.display()
+    );
+    let dir = std::fs::metadata(qmp.parent().expect("the socket's directory"))
+        .expect("the QMP socket's directory");
+    assert_eq!(
+        dir.permissions().mode() & 0o777,
+        0o700,
+        "the QMP socket's directory is open to others"
+    );
+    if root {
+        assert_eq!(dir.uid(), 0, "the QMP socket's directory is not root's");
+    }
+}
+
 /// One test's world: an agent on fresh dirs whose qemu plugin takes images from the
 /// rig's directory (and destroys its tasks when dropped), and a watch over the qemu
 /// processes of the test's own marker. Fields drop in order: the agent, then the
@@ -125,6 +175,7 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
 
     // The VM is one process; its CPU and memory are the task's.
     let (vm_pid, _) = w.watch.assert_one("while running");
+    confined(vm_pid, &task);
     let stats = w.agent.cli_json(&["task", "stats", &id, "--json"]);
     let rss = stats["memory_rss_bytes"].as_u64().unwrap_or(0);
     let cpu = stats["cpu_user_seconds"].as_f64().unwrap_or(0.0)
