@@ -433,19 +433,23 @@ fn bad_input_is_refused_before_qemu_starts() {
     let _serial = serial();
     let Some(rig) = vm::rig() else { return };
     let root = tempfile::tempdir().unwrap();
-    let mut plugin = plugin_config(&rig);
-    plugin["args_allowlist"] = json!(["-rtc"]);
-    let mut agent = start_agent(root.path(), &plugin);
-    agent.end_tasks = true;
-    let plugin_pid = wait_qemu_plugin(&agent, BOOT, |_| true)["pid"].clone();
-
     // A real kernel, outside the task dir and image_paths: were the path check
-    // missing, qemu would boot it.
+    // missing, qemu would boot it. A second images directory holds a link to it.
     let outside = root.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     let outside_kernel = outside.join("vmlinuz");
     std::fs::copy(&rig.kernel, &outside_kernel).unwrap();
+    let images = root.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    let linked = images.join("vmlinuz");
+    std::os::unix::fs::symlink(&outside_kernel, &linked).unwrap();
+    let dotdot = images.join("../outside/vmlinuz");
     let missing = rig_dir(&rig).join("no-such-image.qcow2");
+
+    let plugin = json!({ "image_paths": [rig_dir(&rig), images], "args_allowlist": ["-rtc"] });
+    let mut agent = start_agent(root.path(), &plugin);
+    agent.end_tasks = true;
+    let plugin_pid = wait_qemu_plugin(&agent, BOOT, |_| true)["pid"].clone();
 
     struct Case {
         what: &'static str,
@@ -462,6 +466,16 @@ fn bad_input_is_refused_before_qemu_starts() {
                 outside_kernel.display().to_string(),
                 rig_dir(&rig).display().to_string(),
             ],
+        },
+        Case {
+            what: "link under image_paths to a file outside",
+            extra: json!({ "kernel": linked }),
+            says: vec![linked.display().to_string(), "outside".into()],
+        },
+        Case {
+            what: "`..` out of image_paths",
+            extra: json!({ "kernel": dotdot }),
+            says: vec![dotdot.display().to_string(), "outside".into()],
         },
         Case {
             what: "argument outside args_allowlist",
