@@ -253,6 +253,13 @@ impl TaskConfig {
             return invalid("drive_interface needs image_path".into());
         }
         self.check_port_forwards()?;
+        let texts = self.append.iter().map(|a| ("append", a));
+        if let Some((field, _)) = texts
+            .chain(self.args.iter().map(|a| ("args", a)))
+            .find(|(_, text)| text.contains('\0'))
+        {
+            return invalid(format!("{field} contains a NUL character"));
+        }
         if let Some(flag) = self
             .args
             .iter()
@@ -546,6 +553,10 @@ mod tests {
                 &["-device", "args_allowlist is empty"],
             ),
             (r#"{"kernel":""}"#, &["kernel must not be empty"]),
+            (
+                r#"{"kernel":"local/vmlinuz","append":"a\u0000b"}"#,
+                &["append contains a NUL"],
+            ),
         ] {
             let err = check(json, &plugin).unwrap_err();
             for w in words {
