@@ -156,12 +156,17 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
         &config,
         &["--kill-timeout", "90s", "--memory-mb", "256"],
     );
+    let ran = Instant::now();
     let task = status(&w.agent, &id);
     assert_eq!(task["state"], "running", "{task:#}");
     assert_eq!(task["driver"], "qemu");
 
     // The serial console: the init's first line, then its ticks, in order.
     let log = wait_log(&w.agent, &id, GUEST_STARTED, BOOT);
+    eprintln!(
+        "task run returned → init's first line in task logs: {:?}",
+        ran.elapsed()
+    );
     let tick = ticks_past(&w.agent, &id, 1);
     let log_now = logs(&w.agent, &id);
     assert!(
@@ -191,6 +196,7 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
 
     // Graceful stop: the power button, the guest's acpid, poweroff, qemu exits 0.
     let (stopped, took) = stop(&w.agent, &id, None);
+    eprintln!("graceful stop (power button → guest poweroff → qemu exit): {took:?}");
     assert_eq!(stopped["state"], "dead", "{stopped:#}");
     assert_eq!(
         stopped["exit_code"], 0,
