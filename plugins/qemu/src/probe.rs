@@ -362,7 +362,21 @@ async fn run_trial(
             image.0.display()
         ));
     }
-    let mut child = Command::new(qemu)
+    let mut command = Command::new(qemu);
+    // The trial dies with the thread that starts it (this plugin's): under a KVM that
+    // hangs guests it would otherwise run on forever when the plugin exits mid-trial
+    // (a graceful shutdown right after start-up), since kill_on_drop needs a living
+    // process to run.
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the child between fork and exec and makes one
+    // async-signal-safe syscall (prctl), touching no memory shared with the parent.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = command
         .arg("-machine")
         .arg(format!("pc,accel={accel}"))
         .args([
