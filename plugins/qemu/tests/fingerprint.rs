@@ -66,15 +66,7 @@ async fn a_plugin_shut_down_mid_kvm_trial_leaves_no_trial_behind() {
     if rig().is_none() {
         return;
     }
-    let process = within(
-        PROMPT,
-        "launch",
-        drover_plugin_sdk::client::PluginProcess::launch(
-            drover_plugin_sdk::client::LaunchOptions::new("qemu", BIN),
-        ),
-    )
-    .await
-    .unwrap();
+    let process = launch_unconfigured().await;
     // The plugin probes at start-up; its trial guest's image names the plugin's pid.
     let marker = format!("drover-qemu-probe-{}-", process.pid());
     let trials = || qemus_with(&marker);
