@@ -55,6 +55,85 @@ fn stop(agent: &Agent, id: &str, timeout: Option<&str>) -> (Value, Duration) {
     (stopped, t.elapsed())
 }
 
+/// What docs/qemu.md's security model promises of a running VM, as `/proc` and the
+/// file system show it: qemu runs under its own seccomp filter and, started by root,
+/// no longer as root; its QMP socket (the task's `qmp_socket` attribute) is not in the
+/// task directory but in a directory only its owner (root, here) can enter.
+fn confined(vm_pid: u32, task: &Value) {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let status = std::fs::read_to_string(format!("/proc/{vm_pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        field("Seccomp:"),
+        ["2"],
+        "qemu runs without its seccomp filter"
+    );
+    let root = rustix::process::geteuid().is_root();
+    if root {
+        let uids = field("Uid:");
+        assert!(
+            uids.len() == 4 && uids.iter().all(|u| u != "0"),
+            "qemu started by root still has uid 0 among real, effective, saved, fs: {uids:?}"
+        );
+    }
+    let qmp = PathBuf::from(
+        task["attributes"]["qmp_socket"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no qmp_socket attribute: {task:#}")),
+    );
+    let task_dir = PathBuf::from(task["task_dir"].as_str().expect("task_dir"));
+    assert!(
+        !qmp.starts_with(&task_dir),
+        "the QMP socket {} is in the task directory",
+        qmp.display()
+    );
+    let dir = std::fs::metadata(qmp.parent().expect("the socket's directory"))
+        .expect("the QMP socket's directory");
+    assert_eq!(
+        dir.permissions().mode() & 0o777,
+        0o700,
+        "the QMP socket's directory is open to others"
+    );
+    if root {
+        assert_eq!(dir.uid(), 0, "the QMP socket's directory is not root's");
+    }
+}
+
+/// One test's world: an agent on fresh dirs whose qemu plugin takes images from the
+/// rig's directory (and destroys its tasks when dropped), and a watch over the qemu
+/// processes of the test's own marker. Fields drop in order: the agent, then the
+/// watch (which kills any VM left), then the dirs.
+struct World {
+    agent: Agent,
+    watch: QemuWatch,
+    marker: String,
+    rig: vm::Rig,
+    _root: tempfile::TempDir,
+}
+
+/// The [`World`] of a test named by `what`, or `None` (after a loud `SKIPPED`) without
+/// the rig.
+fn world(what: &str) -> Option<World> {
+    let rig = vm::rig()?;
+    let root = tempfile::tempdir().unwrap();
+    let mut agent = start_agent(root.path(), &plugin_config(&rig));
+    agent.end_tasks = true;
+    let marker = marker(what);
+    Some(World {
+        agent,
+        watch: QemuWatch::new(&marker),
+        marker,
+        rig,
+        _root: root,
+    })
+}
+
 /// Acceptance 1, first half: the guest boots, its serial console is the task's log,
 /// `task stats` shows the VM, and a stop with `graceful_shutdown` ends it through the
 /// guest's own poweroff: exit code 0, no signal, the guest's acpid on the console, and
@@ -62,32 +141,34 @@ fn stop(agent: &Agent, id: &str, timeout: Option<&str>) -> (Value, Duration) {
 #[test]
 fn guest_boots_logs_and_powers_off_on_graceful_stop() {
     let _serial = serial();
-    let Some(rig) = vm::rig() else { return };
-    let root = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(root.path(), &plugin_config(&rig));
-    agent.end_tasks = true;
-    let marker = marker("graceful");
-    let watch = QemuWatch::new(&marker);
+    let Some(mut w) = world("graceful") else {
+        return;
+    };
 
     let config = guest_config(
-        &rig,
-        &marker,
+        &w.rig,
+        &w.marker,
         &["drover.tick=1"],
         json!({ "graceful_shutdown": true }),
     );
     let id = run(
-        &agent,
+        &w.agent,
         &config,
         &["--kill-timeout", "90s", "--memory-mb", "256"],
     );
-    let task = status(&agent, &id);
+    let ran = Instant::now();
+    let task = status(&w.agent, &id);
     assert_eq!(task["state"], "running", "{task:#}");
     assert_eq!(task["driver"], "qemu");
 
     // The serial console: the init's first line, then its ticks, in order.
-    let log = wait_log(&agent, &id, GUEST_STARTED, BOOT);
-    let tick = ticks_past(&agent, &id, 1);
-    let log_now = logs(&agent, &id);
+    let log = wait_log(&w.agent, &id, GUEST_STARTED, BOOT);
+    eprintln!(
+        "task run returned → init's first line in task logs: {:?}",
+        ran.elapsed()
+    );
+    let tick = ticks_past(&w.agent, &id, 1);
+    let log_now = logs(&w.agent, &id);
     assert!(
         log_now.starts_with(&log),
         "the log was rewritten, not appended to"
@@ -98,8 +179,9 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
     assert!(tick >= 2);
 
     // The VM is one process; its CPU and memory are the task's.
-    let (vm_pid, _) = watch.assert_one("while running");
-    let stats = agent.cli_json(&["task", "stats", &id, "--json"]);
+    let (vm_pid, _) = w.watch.assert_one("while running");
+    confined(vm_pid, &task);
+    let stats = w.agent.cli_json(&["task", "stats", &id, "--json"]);
     let rss = stats["memory_rss_bytes"].as_u64().unwrap_or(0);
     let cpu = stats["cpu_user_seconds"].as_f64().unwrap_or(0.0)
         + stats["cpu_system_seconds"].as_f64().unwrap_or(0.0);
@@ -113,7 +195,8 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
     );
 
     // Graceful stop: the power button, the guest's acpid, poweroff, qemu exits 0.
-    let (stopped, took) = stop(&agent, &id, None);
+    let (stopped, took) = stop(&w.agent, &id, None);
+    eprintln!("graceful stop (power button → guest poweroff → qemu exit): {took:?}");
     assert_eq!(stopped["state"], "dead", "{stopped:#}");
     assert_eq!(
         stopped["exit_code"], 0,
@@ -127,7 +210,7 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
         took < Duration::from_secs(60),
         "the graceful stop took {took:?}: did it wait for the kill timeout?"
     );
-    let log = logs(&agent, &id);
+    let log = logs(&w.agent, &id);
     assert!(
         log.contains(POWERING_OFF),
         "the guest never saw its power button:\n{log}"
@@ -140,14 +223,14 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
         "a clean poweroff is no error: {}",
         ending(&stopped)
     );
-    assert_eq!(agent.cli(&["task", "wait", &id]).status.code(), Some(0));
-    watch.wait_gone(Duration::from_secs(10));
+    assert_eq!(w.agent.cli(&["task", "wait", &id]).status.code(), Some(0));
+    w.watch.wait_gone(Duration::from_secs(10));
     assert!(
         !drover_test_support::procs::alive(vm_pid),
         "qemu {vm_pid} outlived its task"
     );
-    watch.assert_one("after the stop");
-    let _ = agent.stop();
+    w.watch.assert_one("after the stop");
+    let _ = w.agent.stop();
 }
 
 /// Acceptance 1: a guest that ignores the power button (no acpid) is killed once the
@@ -155,25 +238,20 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
 #[test]
 fn guest_ignoring_the_power_button_is_killed_after_the_timeout() {
     let _serial = serial();
-    let Some(rig) = vm::rig() else { return };
-    let root = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(root.path(), &plugin_config(&rig));
-    agent.end_tasks = true;
-    let marker = marker("deaf");
-    let watch = QemuWatch::new(&marker);
+    let Some(mut w) = world("deaf") else { return };
 
     let config = guest_config(
-        &rig,
-        &marker,
+        &w.rig,
+        &w.marker,
         &["drover.tick=1", "drover.acpid=0"],
         json!({ "graceful_shutdown": true }),
     );
-    let id = run(&agent, &config, &["--kill-timeout", "4s"]);
+    let id = run(&w.agent, &config, &["--kill-timeout", "4s"]);
     // Past its init's set-up: were acpid to run, it would be running by now.
-    wait_log(&agent, &id, "drover-guest: tick 1", BOOT);
-    watch.assert_one("while running");
+    wait_log(&w.agent, &id, "drover-guest: tick 1", BOOT);
+    w.watch.assert_one("while running");
 
-    let (stopped, took) = stop(&agent, &id, None);
+    let (stopped, took) = stop(&w.agent, &id, None);
     assert_eq!(stopped["state"], "dead", "{stopped:#}");
     assert!(
         took >= Duration::from_millis(3900),
@@ -193,15 +271,15 @@ fn guest_ignoring_the_power_button_is_killed_after_the_timeout() {
         "the task's exit does not say the guest ignored the button and was killed: {}",
         ending(&stopped)
     );
-    let log = logs(&agent, &id);
+    let log = logs(&w.agent, &id);
     assert!(!log.contains(POWERING_OFF), "acpid ran after all:\n{log}");
     assert_eq!(
-        agent.cli(&["task", "wait", &id]).status.code(),
+        w.agent.cli(&["task", "wait", &id]).status.code(),
         Some(128 + 9)
     );
-    watch.wait_gone(Duration::from_secs(10));
-    watch.assert_one("after the stop");
-    let _ = agent.stop();
+    w.watch.wait_gone(Duration::from_secs(10));
+    w.watch.assert_one("after the stop");
+    let _ = w.agent.stop();
 }
 
 /// Acceptance 1: `kill -9` of the qemu plugin, then of the agent, leave the VM running:
@@ -296,33 +374,30 @@ fn vm_survives_kill_9_of_the_plugin_and_of_the_agent() {
 #[test]
 fn forwarded_port_answers_on_loopback_only() {
     let _serial = serial();
-    let Some(rig) = vm::rig() else { return };
-    let root = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(root.path(), &plugin_config(&rig));
-    agent.end_tasks = true;
-    let marker = marker("forward");
-    let watch = QemuWatch::new(&marker);
+    let Some(mut w) = world("forward") else {
+        return;
+    };
 
     let host_port = free_port();
     let other_port = free_port();
     let other_ip = Ipv4Addr::new(127, 0, 0, 2);
     let config = guest_config(
-        &rig,
-        &marker,
+        &w.rig,
+        &w.marker,
         &["drover.net=1", "drover.serve=8080"],
         json!({ "port_forwards": [
             { "host": host_port, "guest": 8080 },
             { "host": other_port, "guest": 8080, "host_ip": other_ip, "protocol": "tcp" },
         ] }),
     );
-    let id = run(&agent, &config, &[]);
+    let id = run(&w.agent, &config, &[]);
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, host_port));
     let said = read_when_served(addr, "drover-guest says hello", BOOT).unwrap_or_else(|last| {
         panic!(
             "nothing answered \"drover-guest says hello\" on {addr} within {BOOT:?} \
              (last: {last}); guest console:\n{}\nagent log:\n{}",
-            logs(&agent, &id),
-            agent.log_text()
+            logs(&w.agent, &id),
+            w.agent.log_text()
         )
     });
     assert_eq!(said.trim(), "drover-guest says hello");
@@ -345,15 +420,15 @@ fn forwarded_port_answers_on_loopback_only() {
         read_when_served(other, "says hello", Duration::from_secs(30)).is_ok(),
         "nothing answered on {other}"
     );
-    watch.assert_one("while serving");
-    let (stopped, _) = stop(&agent, &id, Some("2s"));
+    w.watch.assert_one("while serving");
+    let (stopped, _) = stop(&w.agent, &id, Some("2s"));
     assert_eq!(stopped["state"], "dead");
-    watch.wait_gone(Duration::from_secs(10));
+    w.watch.wait_gone(Duration::from_secs(10));
     assert!(
         tcp_listeners(host_port).is_empty() && tcp_listeners(other_port).is_empty(),
         "ports {host_port}, {other_port} still listened on after the VM ended"
     );
-    let _ = agent.stop();
+    let _ = w.agent.stop();
 }
 
 /// Acceptance 3: bad task configs are refused through the CLI before qemu starts, each
@@ -364,19 +439,23 @@ fn bad_input_is_refused_before_qemu_starts() {
     let _serial = serial();
     let Some(rig) = vm::rig() else { return };
     let root = tempfile::tempdir().unwrap();
-    let mut plugin = plugin_config(&rig);
-    plugin["args_allowlist"] = json!(["-rtc"]);
-    let mut agent = start_agent(root.path(), &plugin);
-    agent.end_tasks = true;
-    let plugin_pid = wait_qemu_plugin(&agent, BOOT, |_| true)["pid"].clone();
-
     // A real kernel, outside the task dir and image_paths: were the path check
-    // missing, qemu would boot it.
+    // missing, qemu would boot it. A second images directory holds a link to it.
     let outside = root.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     let outside_kernel = outside.join("vmlinuz");
     std::fs::copy(&rig.kernel, &outside_kernel).unwrap();
+    let images = root.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    let linked = images.join("vmlinuz");
+    std::os::unix::fs::symlink(&outside_kernel, &linked).unwrap();
+    let dotdot = images.join("../outside/vmlinuz");
     let missing = rig_dir(&rig).join("no-such-image.qcow2");
+
+    let plugin = json!({ "image_paths": [rig_dir(&rig), images], "args_allowlist": ["-rtc"] });
+    let mut agent = start_agent(root.path(), &plugin);
+    agent.end_tasks = true;
+    let plugin_pid = wait_qemu_plugin(&agent, BOOT, |_| true)["pid"].clone();
 
     struct Case {
         what: &'static str,
@@ -393,6 +472,16 @@ fn bad_input_is_refused_before_qemu_starts() {
                 outside_kernel.display().to_string(),
                 rig_dir(&rig).display().to_string(),
             ],
+        },
+        Case {
+            what: "link under image_paths to a file outside",
+            extra: json!({ "kernel": linked }),
+            says: vec![linked.display().to_string(), "outside".into()],
+        },
+        Case {
+            what: "`..` out of image_paths",
+            extra: json!({ "kernel": dotdot }),
+            says: vec![dotdot.display().to_string(), "outside".into()],
         },
         Case {
             what: "argument outside args_allowlist",
@@ -472,4 +561,84 @@ fn bad_input_is_refused_before_qemu_starts() {
     assert_eq!(stopped["state"], "dead");
     watch.wait_gone(Duration::from_secs(10));
     let _ = agent.stop();
+}
+
+/// The fingerprint is the plugin's health description in `plugin status`: qemu's
+/// version and whether KVM *worked* when tried. Where it did not (these machines: a
+/// `/dev/kvm` under which a guest hangs), a task asking for KVM is refused with the
+/// reason, before qemu starts.
+#[test]
+fn fingerprint_tells_whether_kvm_works_and_kvm_tasks_follow_it() {
+    let _serial = serial();
+    let Some(w) = world("kvm") else { return };
+    let row = wait_qemu_plugin(&w.agent, BOOT, |_| true);
+    let reason = row["reason"].as_str().unwrap_or_default().to_owned();
+    eprintln!("qemu plugin: {reason}");
+    assert!(
+        reason.starts_with("qemu ")
+            && (reason.contains("KVM works") || reason.contains("TCG only:")),
+        "the health description does not give qemu's version and the KVM trial's result: {row:#}"
+    );
+    if reason.contains("KVM works") {
+        eprintln!("KVM works on this host: a kvm task would start, nothing to refuse");
+        return;
+    }
+    let config = guest_config(
+        &w.rig,
+        &w.marker,
+        &["drover.tick=1"],
+        json!({ "accelerator": "kvm" }),
+    );
+    let out = run_cli(&w.agent, &config, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a kvm task started where KVM does not work"
+    );
+    assert!(
+        err.contains("accelerator kvm") && err.contains("KVM does not work"),
+        "{err}"
+    );
+    let seen = w.watch.seen();
+    assert!(seen.processes.is_empty(), "qemu was started: {seen:?}");
+}
+
+/// With no `qemu-system-*` where the plugin looks, the driver is `undetected` and says
+/// where it looked, and a qemu task is refused. Needs no rig: the plugin is pointed at
+/// an empty directory.
+#[test]
+fn without_qemu_the_driver_is_undetected_and_says_why() {
+    let root = tempfile::tempdir().unwrap();
+    let empty = root.path().join("no-emulators");
+    std::fs::create_dir(&empty).unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(&config, agent_config(&json!({ "emulators": [empty] }))).unwrap();
+    let mut agent = Agent::start(
+        root.path(),
+        &plugins,
+        &["--config", config.to_str().expect("utf-8 path")],
+    );
+    agent.end_tasks = true;
+    let rows = agent.wait_plugins(BOOT, |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "qemu" && r["state"] == "undetected")
+    });
+    let row = common::row(&rows, "qemu");
+    let reason = row["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("no qemu-system-*") && reason.contains(&empty.display().to_string()),
+        "the reason does not say what is missing where: {row:#}"
+    );
+    let out = run_cli(&agent, &json!({ "kernel": "/nonexistent/vmlinuz" }), &[]);
+    assert!(
+        !out.status.success(),
+        "a qemu task was accepted without qemu"
+    );
+    eprintln!(
+        "refused without qemu: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    assert_eq!(agent.cli_json(&["task", "list", "--json"]), json!([]));
 }

@@ -20,7 +20,8 @@ pub struct PluginConfig {
     /// that tasks sharing it cannot change it for each other. Default: none.
     #[serde(default)]
     pub image_paths: Vec<PathBuf>,
-    /// qemu command-line flags a task's `args` may use (`-device`, `-smbios`, …).
+    /// qemu command-line flags a task's `args` may use (`-device`, `-smbios`, …);
+    /// `-flag` and `--flag` are the same flag to qemu, and here.
     /// Default: none, so `args` is refused: unlike Nomad, where an unset list allows
     /// every flag (including ones that hand host devices to the VM), a job submitter
     /// is not trusted with qemu's whole command line.
@@ -253,6 +254,13 @@ impl TaskConfig {
             return invalid("drive_interface needs image_path".into());
         }
         self.check_port_forwards()?;
+        let texts = self.append.iter().map(|a| ("append", a));
+        if let Some((field, _)) = texts
+            .chain(self.args.iter().map(|a| ("args", a)))
+            .find(|(_, text)| text.contains('\0'))
+        {
+            return invalid(format!("{field} contains a NUL character"));
+        }
         if let Some(flag) = self
             .args
             .iter()
@@ -546,6 +554,10 @@ mod tests {
                 &["-device", "args_allowlist is empty"],
             ),
             (r#"{"kernel":""}"#, &["kernel must not be empty"]),
+            (
+                r#"{"kernel":"local/vmlinuz","append":"a\u0000b"}"#,
+                &["append contains a NUL"],
+            ),
         ] {
             let err = check(json, &plugin).unwrap_err();
             for w in words {

@@ -165,15 +165,7 @@ async fn kvm_is_refused_where_it_does_not_work() {
     let Some(s) = setup(json!({})).await else {
         return;
     };
-    use tokio_stream::StreamExt as _;
-    let fps = within(PROMPT, "fingerprint", s.plugin.client.fingerprint())
-        .await
-        .unwrap();
-    let mut fps = std::pin::pin!(fps);
-    let fp = within(PROMPT * 6, "fingerprint", fps.next())
-        .await
-        .expect("a fingerprint")
-        .unwrap();
+    let fp = s.plugin.fingerprinted().await;
     if fp.attributes.get("driver.qemu.kvm").map(String::as_str) != Some("false") {
         eprintln!("SKIPPED: KVM works here ({fp:?}); nothing to refuse");
         return;

@@ -22,8 +22,16 @@ async fn a_guest_boots_logs_its_console_and_powers_off_on_a_graceful_stop() {
         &["drover.tick=1"],
         json!({ "graceful_shutdown": true }),
     );
+    // As under the agent, the first fingerprint (which tries KVM) comes first: the
+    // time to the first serial line is then StartTask's alone.
+    plugin.fingerprinted().await;
+    let asked = Instant::now();
     let (_, pid) = plugin.start("vm1", &config).await;
     plugin.console_shows("vm1", GUEST_STARTED).await;
+    eprintln!(
+        "StartTask to the guest's first serial line: {:?}",
+        asked.elapsed()
+    );
     plugin.console_shows("vm1", "drover-guest: tick 1").await;
 
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();

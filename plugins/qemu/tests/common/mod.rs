@@ -167,6 +167,19 @@ impl Plugin {
             .unwrap_or_else(|e| panic!("wait {id}: {e}"))
     }
 
+    /// Until the plugin's first fingerprint.
+    pub async fn fingerprinted(&self) -> drover_plugin_sdk::Fingerprint {
+        use tokio_stream::StreamExt as _;
+        let fps = within(PROMPT, "fingerprint", self.client.fingerprint())
+            .await
+            .unwrap();
+        let mut fps = std::pin::pin!(fps);
+        within(PROMPT * 3, "first fingerprint", fps.next())
+            .await
+            .expect("a fingerprint")
+            .unwrap()
+    }
+
     /// The guest's serial console so far.
     pub fn console(&self, id: &str) -> String {
         read_log(&self.task_dir(id).join("stdout"))

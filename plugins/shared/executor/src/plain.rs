@@ -158,10 +158,12 @@ impl<X> PlainTask<X> {
         let clean = exit.result.exit_code == 0 && exit.result.signal == 0;
         let as_event = match note {
             Some(note) if clean => Some(note),
-            note => {
-                exit.result.err = note;
+            Some(note) => {
+                exit.result.err = Some(note);
                 None
             }
+            // No note: an err the result has (a lost executor's) stays.
+            None => None,
         };
         let recorded = self.base.record_exit(events, exit);
         if recorded && let Some(note) = as_event {
