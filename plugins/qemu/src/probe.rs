@@ -317,12 +317,14 @@ async fn try_kvm(qemu: &Path, kvm_device: &Path) -> Result<(), String> {
     if !kvm_device.exists() {
         return Err(format!("no {}", kvm_device.display()));
     }
-    run_trial(qemu, "kvm", TRIAL_CODE, "drover-kvm-trial", KVM_TRIAL_LIMIT).await
+    let label = format!("drover-qemu-probe-{}-kvm", std::process::id());
+    run_trial(qemu, "kvm", TRIAL_CODE, &label, KVM_TRIAL_LIMIT).await
 }
 
 /// Boot `code` as the BIOS of a `pc` machine under `accel` and expect it to exit
 /// through `isa-debug-exit` with [`TRIAL_EXIT_STATUS`] within `limit`; a hang is
-/// killed. `label` names the image (a memfd, visible in `/proc/PID/fd`).
+/// killed. `label` names the image (a memfd, visible in `/proc/PID/fd`) and the VM
+/// (`-name`, visible in `ps`).
 ///
 /// The image is an anonymous memory file handed to qemu as `/dev/fd/N`: nothing is
 /// written to a shared temp directory, and nothing is left there when the plugin dies
@@ -355,6 +357,7 @@ async fn run_trial(
             "-m",
             "16",
         ])
+        .args(["-name", label])
         .arg("-bios")
         .arg(format!("/dev/fd/{image_fd}"))
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
