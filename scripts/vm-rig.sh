@@ -39,7 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VM_DIR="${DROVER_VM_DIR:-$PWD/target/drover-vm}"
-RIG_VERSION=6   # bump when the initramfs contents change
+RIG_VERSION=8   # bump when the initramfs contents change
 
 say() { echo "vm-rig: $*" >&2; }
 
@@ -152,10 +152,13 @@ for applet in $(/bin/busybox --list); do
 done
 cp "$VM_DIR"/modules/*.ko "$VM_DIR/modules/modules.order" "$root/lib/modules/"
 # acpid runs /etc/acpi/<EVENT>/<code> on a power-button press: PWRF/00000080.
+# `poweroff -f`: a plain `poweroff` only signals PID 1, and our PID 1 is a shell
+# script that ignores the signal (the guest printed this line and kept running).
 cat >"$root/etc/acpi/PWRF/00000080" <<'EOF'
 #!/bin/sh
 echo "drover-guest: power button pressed, powering off" >/dev/console
-exec poweroff
+sync
+exec poweroff -f
 EOF
 chmod 755 "$root/etc/acpi/PWRF/00000080"
 
@@ -179,6 +182,9 @@ for m in $(cat /lib/modules/modules.order); do
 done
 
 if [ "$(arg acpid 1)" = 1 ]; then
+    # Daemonized, busybox acpid logs to /var/log/acpid.log and dies at once when it
+    # cannot open it.
+    mkdir -p /var/log /var/run
     acpid -c /etc/acpi
 fi
 if [ "$(arg net 0)" = 1 ]; then
@@ -191,7 +197,8 @@ port=$(arg serve "")
 if [ -n "$port" ]; then
     mkdir -p /srv
     echo "drover-guest says hello" >/srv/hello
-    nc -lk -p "$port" -e cat /srv/hello &
+    # busybox 1.35's small nc has no -k: -ll with -e keeps serving after each client.
+    nc -ll -p "$port" -e cat /srv/hello &
     echo "drover-guest: serving on port $port"
 fi
 disk=$(arg disk "")

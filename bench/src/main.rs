@@ -3,6 +3,7 @@
 //! `cargo run --release -p drover-bench -- docker-start [--count N] [--docker-host URL]`
 //! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
 //! `cargo run --release -p drover-bench -- rawexec-start [--iterations N]` (as root)
+//! `cargo run --release -p drover-bench -- qemu-start [--iterations N]` (needs the VM rig)
 //! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
 //!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
 //!
@@ -20,6 +21,7 @@ use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 mod cluster;
 mod docker;
 mod exec_start;
+mod qemu_start;
 mod rawexec_start;
 mod schedule;
 mod tasks;
@@ -81,6 +83,14 @@ enum Bench {
     RawexecStart {
         /// Tasks per variant.
         #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
+    /// StartTask of a qemu task -> the guest's first serial line in the task's stdout
+    /// log, against the same qemu command line run by hand, ABBA-interleaved in one run
+    /// (needs the VM rig of scripts/vm-rig.sh).
+    QemuStart {
+        /// Rounds; each boots two VMs through the driver and two by hand.
+        #[arg(long, default_value_t = 10)]
         iterations: usize,
     },
     /// Placements per second of an in-process server (real redb store, then the etcd
@@ -222,6 +232,12 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(rawexec_start::run(iterations))
         }
+        Bench::QemuStart { iterations } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(qemu_start::run(iterations))
+        }
     }
 }
 
@@ -253,6 +269,7 @@ fn sibling_binary(package: &str, name: &str) -> anyhow::Result<PathBuf> {
 
 pub(crate) struct Stats {
     pub(crate) median: Duration,
+    pub(crate) p90: Duration,
     pub(crate) p99: Duration,
     pub(crate) min: Duration,
 }
@@ -262,6 +279,7 @@ pub(crate) fn stats(mut samples: Vec<Duration>) -> Stats {
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     Stats {
         median: at(0.5),
+        p90: at(0.9),
         p99: at(0.99),
         min: samples[0],
     }

@@ -33,6 +33,7 @@ pub struct Conformance {
     args: Vec<OsString>,
     sample_task: serde_json::Value,
     long_task: serde_json::Value,
+    plugin_config: serde_json::Value,
 }
 
 /// One passed step and how long it took.
@@ -116,7 +117,15 @@ impl Conformance {
             args: Vec::new(),
             sample_task: serde_json::json!({}),
             long_task: serde_json::json!({}),
+            plugin_config: serde_json::json!({}),
         }
+    }
+
+    /// The plugin config SetConfig sends (default `{}`): for a driver whose tasks need
+    /// one, e.g. qemu's `image_paths` for the images its sample task boots.
+    pub fn plugin_config(mut self, config: serde_json::Value) -> Self {
+        self.plugin_config = config;
+        self
     }
 
     /// Arguments the binary needs to serve (e.g. `plugin serve rawexec`).
@@ -226,14 +235,19 @@ impl Conformance {
             })
             .await?;
         }
-        step(r, "SetConfig with {}", RPC, async {
-            let agent = AgentInfo::new(api.to_string())
-                .with_alloc_dir(root)
-                .with_plugin_state_dir(root);
-            c.set_config("{}".into(), &agent)
-                .await
-                .map_err(|e| e.to_string())
-        })
+        step(
+            r,
+            "SetConfig with the plugin config ({} unless given)",
+            RPC,
+            async {
+                let agent = AgentInfo::new(api.to_string())
+                    .with_alloc_dir(root)
+                    .with_plugin_state_dir(root);
+                c.set_config(self.plugin_config.to_string(), &agent)
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
         .await?;
         let caps = step(r, "Capabilities", RPC, async {
             c.capabilities().await.map_err(|e| e.to_string())

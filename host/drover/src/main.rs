@@ -29,6 +29,9 @@ const BUILTINS: &[(&str, fn() -> !)] = &[
     ("java", || {
         drover_plugin_sdk::serve(drover_driver_java::JavaDriver::new())
     }),
+    ("qemu", || {
+        drover_plugin_sdk::serve(drover_driver_qemu::QemuDriver::new())
+    }),
 ];
 
 #[derive(Parser)]

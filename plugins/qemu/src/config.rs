@@ -2,7 +2,10 @@
 //! fields, so a typo (`memroy`, `port_forward`) is refused naming the field.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use drover_plugin_sdk::DriverError;
+use drover_plugin_sdk::taskdir::FileKind;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -17,7 +20,8 @@ pub struct PluginConfig {
     /// that tasks sharing it cannot change it for each other. Default: none.
     #[serde(default)]
     pub image_paths: Vec<PathBuf>,
-    /// qemu command-line flags a task's `args` may use (`-device`, `-smbios`, …).
+    /// qemu command-line flags a task's `args` may use (`-device`, `-smbios`, …);
+    /// `-flag` and `--flag` are the same flag to qemu, and here.
     /// Default: none, so `args` is refused: unlike Nomad, where an unset list allows
     /// every flag (including ones that hand host devices to the VM), a job submitter
     /// is not trusted with qemu's whole command line.
@@ -111,4 +115,483 @@ pub struct TaskConfig {
     /// Default false: stop kills qemu.
     #[serde(default)]
     pub graceful_shutdown: bool,
+}
+
+/// How a disk image is attached: see [`TaskConfig::check`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disk {
+    /// The image file (absolute).
+    pub path: PathBuf,
+    /// `raw` or `qcow2`, told from the file's first bytes (never left to qemu's
+    /// probing, which a raw image crafted to look like qcow2 could steer).
+    pub format: &'static str,
+    /// `if=` of `-drive`.
+    pub interface: String,
+    /// `snapshot=on`: an image under the plugin's `image_paths` is shared by every
+    /// task that names it, so the guest's writes go to a temporary file qemu drops at
+    /// exit instead of into the image (one task cannot change it for the next). An
+    /// image in the task's own directory is the task's: written in place.
+    pub snapshot: bool,
+}
+
+/// A task config checked against the task and the plugin: every path located and
+/// allowed, every value safe to put on qemu's command line. Made by
+/// [`TaskConfig::check`] before anything starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// The disk, if any.
+    pub disk: Option<Disk>,
+    /// The kernel to boot directly.
+    pub kernel: Option<PathBuf>,
+    /// Its initrd.
+    pub initrd: Option<PathBuf>,
+}
+
+/// Interfaces `drive_interface` may name (qemu's `if=` values).
+pub const DRIVE_INTERFACES: &[&str] = &[
+    "ide", "scsi", "sd", "mtd", "floppy", "pflash", "virtio", "none",
+];
+
+/// Most virtual CPUs a task may ask for.
+pub const MAX_CPUS: u32 = 256;
+
+fn invalid<T>(message: String) -> Result<T, DriverError> {
+    Err(DriverError::InvalidConfig(message))
+}
+
+impl PluginConfig {
+    /// Check the plugin config and resolve `image_paths` (operator-given, so links in
+    /// them are followed once, here): each must be an existing directory, each
+    /// `args_allowlist` entry a flag.
+    pub fn check(mut self) -> Result<PluginConfig, DriverError> {
+        for dir in &mut self.image_paths {
+            if !dir.is_absolute() {
+                return invalid(format!(
+                    "image_paths entry {} is not an absolute path",
+                    dir.display()
+                ));
+            }
+            let resolved = std::fs::canonicalize(&*dir).map_err(|e| {
+                DriverError::InvalidConfig(format!("image_paths entry {}: {e}", dir.display()))
+            })?;
+            if !resolved.is_dir() {
+                return invalid(format!(
+                    "image_paths entry {} is not a directory",
+                    dir.display()
+                ));
+            }
+            *dir = resolved;
+        }
+        if let Some(flag) = self.args_allowlist.iter().find(|f| !f.starts_with('-')) {
+            return invalid(format!(
+                "args_allowlist entry {flag:?} is not a qemu flag (flags start with `-`)"
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Whether `flag` is allowed, `--flag` and `-flag` being the same to qemu.
+    fn allows(&self, flag: &str) -> bool {
+        let bare = |f: &str| f.trim_start_matches('-').to_owned();
+        let flag = bare(flag);
+        self.args_allowlist.iter().any(|a| bare(a) == flag)
+    }
+}
+
+impl TaskConfig {
+    /// Check everything serde cannot, before qemu (or its executor) starts: at least
+    /// one of `image_path` and `kernel`; each file inside `task_dir` (looked at beneath
+    /// it without following links: the task dir is the job submitter's) or under one
+    /// of the plugin's `image_paths`; `kvm` only when it works here (`kvm` is the
+    /// fingerprint's finding); values that go into qemu's option syntax restricted so
+    /// that none can add options; each flag of `args` allowlisted.
+    pub fn check(
+        &self,
+        task_dir: &Path,
+        plugin: &PluginConfig,
+        kvm: &Result<(), String>,
+    ) -> Result<Checked, DriverError> {
+        if self.image_path.is_none() && self.kernel.is_none() {
+            return invalid(
+                "give image_path (a disk image) or kernel (direct boot), or both".into(),
+            );
+        }
+        if self.kernel.is_none() && (self.initrd.is_some() || self.append.is_some()) {
+            return invalid("initrd and append need kernel".into());
+        }
+        if self.accelerator == Accelerator::Kvm
+            && let Err(why) = kvm
+        {
+            return invalid(format!(
+                "accelerator kvm: KVM does not work on this host ({why}); use accelerator \
+                 tcg"
+            ));
+        }
+        if let Some(machine) = &self.machine
+            && (machine.is_empty()
+                || !machine
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)))
+        {
+            return invalid(format!(
+                "machine {machine:?} is not a machine type name (letters, digits, `.`, `_`, \
+                 `-`; e.g. q35): options cannot be added through it"
+            ));
+        }
+        if let Some(cpus) = self.cpus
+            && !(1..=MAX_CPUS).contains(&cpus)
+        {
+            return invalid(format!("cpus {cpus} is not between 1 and {MAX_CPUS}"));
+        }
+        let interface = self.drive_interface.as_deref().unwrap_or("ide");
+        if !DRIVE_INTERFACES.contains(&interface) {
+            return invalid(format!(
+                "drive_interface {interface:?} is not one of {}",
+                DRIVE_INTERFACES.join(", ")
+            ));
+        }
+        if self.drive_interface.is_some() && self.image_path.is_none() {
+            return invalid("drive_interface needs image_path".into());
+        }
+        self.check_port_forwards()?;
+        let texts = self.append.iter().map(|a| ("append", a));
+        if let Some((field, _)) = texts
+            .chain(self.args.iter().map(|a| ("args", a)))
+            .find(|(_, text)| text.contains('\0'))
+        {
+            return invalid(format!("{field} contains a NUL character"));
+        }
+        if let Some(flag) = self
+            .args
+            .iter()
+            .find(|a| a.starts_with('-') && !plugin.allows(a))
+        {
+            return invalid(if plugin.args_allowlist.is_empty() {
+                format!(
+                    "args: flag {flag} is not allowed: the plugin's args_allowlist is empty, \
+                     so no extra qemu flags may be given"
+                )
+            } else {
+                format!(
+                    "args: flag {flag} is not in the plugin's args_allowlist ({})",
+                    plugin.args_allowlist.join(", ")
+                )
+            });
+        }
+        let disk = match &self.image_path {
+            Some(image) => {
+                let found = locate("image_path", image, task_dir, &plugin.image_paths)?;
+                let format = disk_format("image_path", image, &found)?;
+                Some(Disk {
+                    path: found.path,
+                    format,
+                    interface: interface.to_owned(),
+                    snapshot: found.shared,
+                })
+            }
+            None => None,
+        };
+        let file = |field: &str, value: &Option<String>| {
+            value
+                .as_deref()
+                .map(|v| locate(field, v, task_dir, &plugin.image_paths).map(|f| f.path))
+                .transpose()
+        };
+        Ok(Checked {
+            disk,
+            kernel: file("kernel", &self.kernel)?,
+            initrd: file("initrd", &self.initrd)?,
+        })
+    }
+
+    fn check_port_forwards(&self) -> Result<(), DriverError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for f in &self.port_forwards {
+            if f.host == 0 || f.guest == 0 {
+                return invalid(format!(
+                    "port_forwards: host {} -> guest {}: ports must not be 0",
+                    f.host, f.guest
+                ));
+            }
+            if let Some(ip @ IpAddr::V6(_)) = f.host_ip {
+                return invalid(format!(
+                    "port_forwards: host_ip {ip} is IPv6; qemu's user-mode hostfwd binds IPv4 \
+                     addresses only"
+                ));
+            }
+            if !seen.insert((f.host, f.protocol as u8)) {
+                return invalid(format!(
+                    "port_forwards: host port {} is forwarded twice",
+                    f.host
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A file a task config names, found.
+struct Found {
+    path: PathBuf,
+    /// Under the plugin's `image_paths` (shared by tasks), not in the task dir.
+    shared: bool,
+}
+
+/// Find `value` (field `field`): relative to `task_dir`, or absolute inside it (looked
+/// at beneath it, no link followed: the job submitter fills the task dir and can plant
+/// links to root-only host files), or absolute under one of `image_paths` after
+/// resolving it. It must be a regular file.
+///
+/// The answer is good until qemu opens the file, which it does at once as root before
+/// it drops to `nobody`: nothing of the task runs on the host before then (the task is
+/// the VM), so nothing of it can swap the checked file for a link meanwhile.
+fn locate(
+    field: &str,
+    value: &str,
+    task_dir: &Path,
+    image_paths: &[PathBuf],
+) -> Result<Found, DriverError> {
+    if value.is_empty() {
+        return invalid(format!("{field} must not be empty"));
+    }
+    let path = Path::new(value);
+    let in_task_dir = if path.is_absolute() {
+        (!task_dir.as_os_str().is_empty())
+            .then(|| path.strip_prefix(task_dir).ok())
+            .flatten()
+    } else {
+        Some(path)
+    };
+    if let Some(rel) = in_task_dir {
+        if task_dir.as_os_str().is_empty() {
+            return invalid(format!(
+                "{field} {value:?} is relative, and the task has no task directory"
+            ));
+        }
+        let shown = task_dir.join(rel);
+        let (found, meta) = drover_plugin_sdk::taskdir::Dir::open(task_dir)
+            .and_then(|dir| dir.resolve(rel))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => DriverError::InvalidConfig(format!(
+                    "{field} {value:?}: {} does not exist",
+                    shown.display()
+                )),
+                _ => DriverError::InvalidConfig(format!(
+                    "{field} {value:?} ({}): {e} (links in the task directory are not \
+                     followed: put the file itself there)",
+                    shown.display()
+                )),
+            })?;
+        if meta.kind != FileKind::File {
+            return invalid(format!(
+                "{field} {value:?} ({}) is not a regular file",
+                shown.display()
+            ));
+        }
+        return Ok(Found {
+            path: found,
+            shared: false,
+        });
+    }
+    let allowed = || {
+        let mut places = vec![format!("the task directory {}", task_dir.display())];
+        places.extend(image_paths.iter().map(|p| p.display().to_string()));
+        places.join(", ")
+    };
+    let resolved = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return invalid(format!("{field} {value:?} does not exist"));
+        }
+        Err(e) => return invalid(format!("{field} {value:?}: {e}")),
+    };
+    if !image_paths.iter().any(|dir| resolved.starts_with(dir)) {
+        return invalid(format!(
+            "{field} {value:?} is outside the places images may come from: {}{}",
+            allowed(),
+            if image_paths.is_empty() {
+                " (the plugin's image_paths is empty)"
+            } else {
+                ""
+            }
+        ));
+    }
+    if !resolved.is_file() {
+        return invalid(format!("{field} {value:?} is not a regular file"));
+    }
+    Ok(Found {
+        path: resolved,
+        shared: true,
+    })
+}
+
+/// qcow2's magic, `QFI\xfb`.
+const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
+
+/// `raw` or `qcow2` from the image's header. A qcow2 image from the task dir must name
+/// no other file, which qemu would open on the host as root: no backing file (header
+/// bytes 8..16, its name's offset) and no external data file (version 3's
+/// incompatible feature bit 2, header bytes 72..80).
+fn disk_format(field: &str, value: &str, found: &Found) -> Result<&'static str, DriverError> {
+    use std::io::Read as _;
+    let mut header = [0u8; 80];
+    let file = std::fs::File::open(&found.path)
+        .map_err(|e| DriverError::InvalidConfig(format!("{field} {value:?}: {e}")))?;
+    let mut got = 0;
+    let mut reader = file.take(header.len() as u64);
+    loop {
+        match reader.read(&mut header[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => return invalid(format!("{field} {value:?}: {e}")),
+        }
+    }
+    if got < 4 || header[..4] != QCOW2_MAGIC || found.shared {
+        // An image under image_paths is the operator's, backing files and all.
+        return Ok(if got >= 4 && header[..4] == QCOW2_MAGIC {
+            "qcow2"
+        } else {
+            "raw"
+        });
+    }
+    let field_at = |at: usize| {
+        header
+            .get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_be_bytes)
+    };
+    let version = header
+        .get(4..8)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, u32::from_be_bytes);
+    let names_a_file = if field_at(8) != 0 {
+        Some("a backing file")
+    } else if version >= 3 && field_at(72) & EXTERNAL_DATA_FILE != 0 {
+        Some("an external data file")
+    } else {
+        None
+    };
+    match names_a_file {
+        Some(what) => invalid(format!(
+            "{field} {value:?} is a qcow2 image with {what}, which qemu would open on the \
+             host: give a self-contained image (qemu-img convert -O qcow2)"
+        )),
+        None => Ok("qcow2"),
+    }
+}
+
+/// qcow2 v3's incompatible feature "external data file".
+const EXTERNAL_DATA_FILE: u64 = 1 << 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(json: &str) -> TaskConfig {
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// `check` of `json` in a task dir holding `local/vmlinuz`.
+    fn check(json: &str, plugin: &PluginConfig) -> Result<Checked, String> {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("local")).unwrap();
+        std::fs::write(tmp.path().join("local/vmlinuz"), "k").unwrap();
+        task(json)
+            .check(tmp.path(), plugin, &Err("no /dev/kvm".into()))
+            .map(|mut c| {
+                // Paths in the (removed) temp dir: keep them relative for comparing.
+                c.kernel = c
+                    .kernel
+                    .map(|k| k.strip_prefix(tmp.path()).unwrap().to_owned());
+                c
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_kernel_in_the_task_dir_is_the_tasks_own() {
+        let c = check(r#"{"kernel":"local/vmlinuz"}"#, &PluginConfig::default()).unwrap();
+        assert_eq!(c.kernel.as_deref(), Some(Path::new("local/vmlinuz")));
+        assert_eq!(c.disk, None);
+    }
+
+    #[test]
+    fn values_are_refused_naming_the_field_and_the_value() {
+        let plugin = PluginConfig::default();
+        for (json, words) in [
+            (
+                r#"{"kernel":"local/vmlinuz","accelerator":"kvm"}"#,
+                &["accelerator kvm", "no /dev/kvm"][..],
+            ),
+            (r#"{"kernel":"local/vmlinuz","cpus":0}"#, &["cpus 0"]),
+            (
+                r#"{"kernel":"local/vmlinuz","image_path":"local/vmlinuz","drive_interface":"virtio,file=/etc/shadow"}"#,
+                &["drive_interface", "virtio,file=/etc/shadow"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","drive_interface":"virtio"}"#,
+                &["drive_interface needs image_path"],
+            ),
+            (r#"{"initrd":"local/vmlinuz"}"#, &["image_path", "kernel"]),
+            (
+                r#"{"image_path":"local/vmlinuz","append":"quiet"}"#,
+                &["initrd and append need kernel"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":8080,"guest":80,"host_ip":"::1"}]}"#,
+                &["host_ip ::1", "IPv4"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":8080,"guest":80},{"host":8080,"guest":81}]}"#,
+                &["host port 8080 is forwarded twice"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":0,"guest":80}]}"#,
+                &["must not be 0"],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","args":["-device","x"]}"#,
+                &["-device", "args_allowlist is empty"],
+            ),
+            (r#"{"kernel":""}"#, &["kernel must not be empty"]),
+            (
+                r#"{"kernel":"local/vmlinuz","append":"a\u0000b"}"#,
+                &["append contains a NUL"],
+            ),
+        ] {
+            let err = check(json, &plugin).unwrap_err();
+            for w in words {
+                assert!(err.contains(w), "{json}: {err:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn allowlisted_flags_match_with_one_or_two_dashes() {
+        let plugin = PluginConfig {
+            args_allowlist: vec!["-device".into()],
+            ..Default::default()
+        };
+        let ok = r#"{"kernel":"local/vmlinuz","args":["--device","virtio-rng-pci","-device","x"]}"#;
+        assert!(check(ok, &plugin).is_ok());
+        let err = check(
+            r#"{"kernel":"local/vmlinuz","args":["-drive","x"]}"#,
+            &plugin,
+        )
+        .unwrap_err();
+        assert!(err.contains("-drive") && err.contains("-device"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let err = serde_json::from_str::<TaskConfig>(r#"{"kernal":"x"}"#).unwrap_err();
+        assert!(err.to_string().contains("kernal"), "{err}");
+        let err = serde_json::from_str::<TaskConfig>(
+            r#"{"kernel":"x","port_forwards":[{"host":1,"guest":2,"proto":"tcp"}]}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("proto"), "{err}");
+        let err = serde_json::from_str::<PluginConfig>(r#"{"args_allow":[]}"#).unwrap_err();
+        assert!(err.to_string().contains("args_allow"), "{err}");
+    }
 }

@@ -1,10 +1,7 @@
 fn main() {
-    // FOUNDATION STUB: becomes
-    //   drover_executor::run_if_executor(None);
-    //   drover_plugin_sdk::serve(drover_driver_qemu::QemuDriver::new())
-    // once QemuDriver implements DriverPlugin.
+    // Each task's executor is this binary re-executed: become it before anything else.
+    // qemu runs as a plain task (it confines itself: seccomp, dropping root), so its
+    // executors need no sandbox.
     drover_executor::run_if_executor(None);
-    let _ = drover_driver_qemu::QemuDriver::new();
-    eprintln!("drover-driver-qemu: not built yet");
-    std::process::exit(1);
+    drover_plugin_sdk::serve(drover_driver_qemu::QemuDriver::new())
 }

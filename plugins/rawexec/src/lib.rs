@@ -16,14 +16,13 @@
 //! drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
 //! ```
 //!
-//! Layout: [`driver`](RawExecDriver) (the trait impl and constants), `config` (plugin
-//! and task config), `handle` (one running task), `store` (the task map).
+//! Layout: [`driver`](RawExecDriver) (the trait impl and constants, over the shared
+//! engine of plain executor tasks, `drover_executor::plain`), `config` (plugin and
+//! task config).
 #![warn(missing_docs)]
 
 mod config;
 mod driver;
-mod handle;
-mod store;
 
 pub use config::{PluginConfig, TaskConfig};
 pub use driver::{DEFAULT_PATH, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, RawExecDriver};
