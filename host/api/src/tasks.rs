@@ -229,6 +229,9 @@ pub enum TaskEventKind {
     Recovered,
     /// Its driver failed or is away; the task may still run.
     DriverFailure,
+    /// The driver said something about the task (its `TaskEvents` stream): e.g. the
+    /// qemu driver's "the guest powered off".
+    DriverMessage,
 }
 
 impl TaskEventKind {
@@ -245,6 +248,7 @@ impl TaskEventKind {
             TaskEventKind::NotRestarting => "NotRestarting",
             TaskEventKind::Recovered => "Recovered",
             TaskEventKind::DriverFailure => "DriverFailure",
+            TaskEventKind::DriverMessage => "DriverMessage",
         }
     }
 }

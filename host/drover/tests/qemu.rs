@@ -224,6 +224,25 @@ fn guest_boots_logs_and_powers_off_on_graceful_stop() {
         ending(&stopped)
     );
     assert_eq!(w.agent.cli(&["task", "wait", &id]).status.code(), Some(0));
+    // What tells this exit from qemu quitting on SIGTERM (also code 0): the driver's
+    // own word, among the task's events.
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "the driver's event that the guest powered off",
+        || {
+            status(&w.agent, &id)["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| {
+                    e["type"] == "DriverMessage"
+                        && e["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("the guest powered off"))
+                })
+        },
+    );
     w.watch.wait_gone(Duration::from_secs(10));
     assert!(
         !drover_test_support::procs::alive(vm_pid),

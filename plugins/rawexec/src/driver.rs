@@ -33,7 +33,7 @@ struct HandleStateV1 {
 
 /// Runs tasks as plain host processes, each owned by its own executor process and the
 /// leader of its own process group: the shared [`PlainEngine`], whose tasks keep
-/// their environment and directory ([`Launch`]) for `ExecTask`.
+/// their environment and directory (`Launch`) for `ExecTask`.
 pub struct RawExecDriver {
     engine: PlainEngine<Launch>,
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_plugin_sdk::{
-    DriverError, ExitResult, Signal, TaskHandle, TaskSpec, TaskStats, TaskStatus,
+    DriverError, ExitResult, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
 };
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
@@ -47,7 +47,16 @@ pub trait TaskDriver: Send + Sync {
     async fn signal_task(&self, id: &str, signal: Signal) -> Result<(), DriverError>;
     /// One `TaskStats` sample.
     async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError>;
+    /// `TaskEvents`: what the driver's current process says about its tasks, until
+    /// that process goes away. Default: the driver has nothing to say.
+    async fn task_events(&self) -> Result<TaskEventStream, DriverError> {
+        Err(DriverError::Unimplemented("TaskEvents".into()))
+    }
 }
+
+/// A driver's stream of task events.
+pub type TaskEventStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<TaskEvent, DriverError>> + Send>>;
 
 /// Where the task manager finds drivers by name.
 pub trait Drivers: Send + Sync {
@@ -112,5 +121,8 @@ impl TaskDriver for LoadedPlugin {
                 "TaskStats for task {id} ended without a sample"
             ))),
         }
+    }
+    async fn task_events(&self) -> Result<TaskEventStream, DriverError> {
+        Ok(Box::pin(self.client().task_events().await?))
     }
 }

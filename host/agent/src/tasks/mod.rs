@@ -16,6 +16,7 @@
 //! replaced.
 
 mod driver;
+mod driver_events;
 mod hooks;
 mod record;
 pub mod restart;
@@ -25,7 +26,7 @@ mod store;
 mod tests;
 mod validate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -236,6 +237,8 @@ pub struct TaskManager {
     recover_timeout: Duration,
     /// [`START_TIMEOUT`]; shorter in tests.
     start_timeout: Duration,
+    /// Drivers whose task events are followed (`driver_events`).
+    event_watchers: Mutex<HashSet<String>>,
 }
 
 impl TaskManager {
@@ -264,6 +267,7 @@ impl TaskManager {
             rpc_timeout: RPC_TIMEOUT,
             recover_timeout: RECOVER_TIMEOUT,
             start_timeout: START_TIMEOUT,
+            event_watchers: Mutex::new(HashSet::new()),
         }
     }
 

@@ -231,6 +231,8 @@ impl Runner {
         task: Arc<Task>,
         ready: Option<oneshot::Sender<Outcome>>,
     ) -> Self {
+        // What the driver says about the task lands in its events from now on.
+        mgr.watch_driver_events(&task.driver);
         Runner {
             mgr,
             task,

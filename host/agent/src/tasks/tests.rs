@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use drover_api::{RestartMode, RestartPolicy};
-use drover_plugin_sdk::{ExitResult, Signal, TaskHandle, TaskStatus};
+use drover_plugin_sdk::{ExitResult, Signal, TaskEvent, TaskHandle, TaskStatus};
+
+use super::driver::TaskEventStream;
 
 use super::*;
 use crate::state::MemStore;
@@ -52,6 +54,8 @@ struct FakeState {
     waiting: Vec<String>,
     /// The next this many StopTask calls are lost in transport (the plugin lives on).
     lose_stops: usize,
+    /// Subscribers to TaskEvents.
+    event_subscribers: Vec<tokio::sync::mpsc::UnboundedSender<Result<TaskEvent, DriverError>>>,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -101,6 +105,8 @@ impl Fake {
             let mut s = self.s();
             s.down = true;
             s.known.clear();
+            // Its event streams end with it.
+            s.event_subscribers.clear();
         }
         self.crashed.send_modify(|c| *c += 1);
     }
@@ -134,6 +140,13 @@ impl Fake {
     /// The task's executor vanished (its socket deleted): nobody can find it.
     fn lose(&self, id: &str) {
         self.s().tasks.remove(id);
+    }
+
+    /// The driver says `message` about task `id` on its TaskEvents stream.
+    fn say(&self, id: &str, message: &str) {
+        self.s()
+            .event_subscribers
+            .retain(|tx| tx.send(Ok(TaskEvent::new(id, message))).is_ok());
     }
 }
 
@@ -272,6 +285,14 @@ impl TaskDriver for Fake {
     async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError> {
         self.known(id)?;
         Ok(TaskStats::default())
+    }
+    async fn task_events(&self) -> Result<TaskEventStream, DriverError> {
+        self.up()?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.s().event_subscribers.push(tx);
+        Ok(Box::pin(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        ))
     }
 }
 
@@ -1724,4 +1745,64 @@ async fn the_api_router_forwards_the_cluster_api_only() {
     assert_eq!(member.list_tasks().await.unwrap(), env.mgr.list());
     assert!(member.health().await.is_ok());
     assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn what_the_driver_says_about_a_task_is_in_its_events_bounded_and_cleaned() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    // The task's runner subscribed to the driver's events.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.fake.s().event_subscribers.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "nobody subscribed to the driver's events"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    env.fake.say("no-such-task", "dropped");
+    env.fake.say(
+        &v.id,
+        "the guest powered off (ACPI shutdown after system_powerdown)",
+    );
+    env.fake
+        .say(&v.id, &format!("\u{1b}[2J{}", "x".repeat(5000)));
+    let v = until(&env.mgr, &v.id, "two driver messages", |v| {
+        kinds(v).iter().filter(|k| **k == "DriverMessage").count() == 2
+    })
+    .await;
+    let messages: Vec<&str> = v
+        .events
+        .iter()
+        .filter(|e| e.kind == TaskEventKind::DriverMessage)
+        .map(|e| e.message.as_str())
+        .collect();
+    assert_eq!(
+        messages[0],
+        "the guest powered off (ACPI shutdown after system_powerdown)"
+    );
+    assert!(messages[1].starts_with(" [2Jxxx"), "{}", messages[1]);
+    assert!(messages[1].len() <= driver_events::MAX_DRIVER_MESSAGE + 3);
+
+    // A new plugin process: the manager subscribes to it too.
+    env.fake.new_process();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.fake.s().event_subscribers.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no subscriber to the new process"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    env.fake.say(&v.id, "said by the new process");
+    until(&env.mgr, &v.id, "the new process's message", |v| {
+        v.events
+            .iter()
+            .any(|e| e.message == "said by the new process")
+    })
+    .await;
 }
