@@ -74,7 +74,7 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
             ["Received", "Started", "DriverFailure", "Recovered"],
             "{task:#?}"
         );
-        let failure = &task.events[2].message;
+        let failure = &agent_events(&task)[2].message;
         assert!(
             failure.contains("driver rawexec is unavailable"),
             "{failure}"

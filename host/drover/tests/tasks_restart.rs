@@ -64,7 +64,7 @@ fn crash_loop_in_fail_mode_starts_exactly_attempts_plus_one_times() {
         ],
         "{dead:#?}"
     );
-    let events = &dead.events;
+    let events = agent_events(&dead);
     assert_eq!(events[2].message, "exit code 3");
     assert_eq!(events[3].message, "restarting in 200ms, attempt 1 of 2");
     assert_eq!(events[6].message, "restarting in 200ms, attempt 2 of 2");

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use drover_api::{RunRequest, TaskView};
+use drover_api::{RunRequest, TaskEventKind, TaskEventView, TaskView};
 
 use crate::common::Agent;
 
@@ -23,9 +23,22 @@ pub fn run(agent: &Agent, body: serde_json::Value) -> TaskView {
         .unwrap_or_else(|e| panic!("the agent refused the task: {e}\n{}", agent.log_text()))
 }
 
-/// Event types of a task view, oldest first.
+/// The agent's own events of a task view, oldest first. What the driver says about the
+/// task (`DriverMessage`, from its task events stream) comes in beside them, at times
+/// only the driver knows: the lifecycle is told without them.
+pub fn agent_events(task: &TaskView) -> Vec<&TaskEventView> {
+    task.events
+        .iter()
+        .filter(|e| e.kind != TaskEventKind::DriverMessage)
+        .collect()
+}
+
+/// Event types of [`agent_events`], oldest first.
 pub fn kinds(task: &TaskView) -> Vec<String> {
-    task.events.iter().map(|e| e.kind.to_string()).collect()
+    agent_events(task)
+        .iter()
+        .map(|e| e.kind.to_string())
+        .collect()
 }
 
 /// The task's pid, from its attributes.
