@@ -10,10 +10,8 @@ use drover_executor::LaunchSpec;
 use drover_executor::plain::{PlainEngine, PlainTask};
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExitResult, Fingerprint, FsIsolation,
-    Health, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,
-    TaskStatus,
+    Health, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec, TaskStatus,
 };
-use tokio::sync::broadcast;
 
 use crate::config::{PluginConfig, TaskConfig};
 use crate::probe::{self, Probe};
@@ -346,10 +344,6 @@ impl DriverPlugin for QemuDriver {
         self.engine.start(spec, how, task).await
     }
 
-    async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
-        self.engine.wait(task_id).await
-    }
-
     async fn stop_task(
         &self,
         task_id: &str,
@@ -370,14 +364,6 @@ impl DriverPlugin for QemuDriver {
         self.engine.event(task_id, without.clone());
         task.set_exit_note(move |r| (!clean(r)).then(|| without.clone()));
         self.engine.stop(task_id, timeout, sig).await
-    }
-
-    async fn signal_task(&self, task_id: &str, sig: Signal) -> Result<(), DriverError> {
-        self.engine.signal(task_id, sig).await
-    }
-
-    async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
-        self.engine.destroy(task_id, force).await
     }
 
     async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
@@ -401,11 +387,5 @@ impl DriverPlugin for QemuDriver {
             .await
     }
 
-    async fn task_stats(&self, task_id: &str) -> Result<TaskStats, DriverError> {
-        self.engine.stats(task_id)
-    }
-
-    fn task_events(&self) -> Option<broadcast::Receiver<TaskEvent>> {
-        Some(self.engine.subscribe())
-    }
+    drover_executor::plain_engine_calls!(engine: wait_task signal_task destroy_task task_stats task_events);
 }

@@ -3,14 +3,17 @@
 //!
 //! KVM is *tried*, not inferred: a `/dev/kvm` that opens is not enough (on some hosts
 //! it is a paravirtual hypervisor under which a stock guest kernel hangs). The probe
-//! starts `qemu-system-x86_64 -machine <m>,accel=kvm` on a tiny guest that needs no
-//! image (e.g. `-machine none` is not enough: it creates no vCPU; a few bytes of
-//! real-mode code that writes to the debug exit port, or `-kernel` of a tiny blob), and
-//! only a clean exit within a short bound says "works". The result is cached per
-//! emulator path + mtime: the fingerprint runs every few seconds.
+//! starts `qemu-system-x86_64 -machine pc,accel=kvm` on a tiny guest that needs no
+//! image (a few dozen bytes of x86 code, booted as the BIOS): it goes from real mode to 64-bit mode,
+//! as every kernel does, and writes to the `isa-debug-exit` port. Only that exit within
+//! [`KVM_TRIAL_LIMIT`] says "works"; code that stayed in real mode would not do (it
+//! exits fine under the hypervisor that hangs kernels). The same guest is proven to
+//! exit under TCG by the tests, so a "does not work" is about KVM, not the trial. The
+//! result is cached per emulator path + mtime: the fingerprint runs every few seconds.
 
 use std::collections::HashMap;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::LazyLock;
@@ -314,55 +317,36 @@ async fn try_kvm(qemu: &Path, kvm_device: &Path) -> Result<(), String> {
     if !kvm_device.exists() {
         return Err(format!("no {}", kvm_device.display()));
     }
-    run_trial(
-        qemu,
-        "kvm",
-        TRIAL_CODE,
-        &std::env::temp_dir(),
-        KVM_TRIAL_LIMIT,
-    )
-    .await
-}
-
-/// A file removed when dropped.
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+    let label = format!("drover-qemu-probe-{}-kvm", std::process::id());
+    run_trial(qemu, "kvm", TRIAL_CODE, &label, KVM_TRIAL_LIMIT).await
 }
 
 /// Boot `code` as the BIOS of a `pc` machine under `accel` and expect it to exit
 /// through `isa-debug-exit` with [`TRIAL_EXIT_STATUS`] within `limit`; a hang is
-/// killed. The image goes to a fresh file in `dir` (created exclusively, 0600, so
-/// nothing planted in a shared temp directory is followed).
+/// killed. `label` names the image (a memfd, visible in `/proc/PID/fd`) and the VM
+/// (`-name`, visible in `ps`).
+///
+/// The image is an anonymous memory file handed to qemu as `/dev/fd/N`: nothing is
+/// written to a shared temp directory, and nothing is left there when the plugin dies
+/// mid-trial. qemu gets SIGKILL when the plugin dies (`PR_SET_PDEATHSIG`): a trial hung
+/// under a broken KVM would otherwise outlive a plugin killed during its fingerprint,
+/// spinning forever (seen here, from test runs that killed the plugin).
 async fn run_trial(
     qemu: &Path,
     accel: &str,
     code: &[u8],
-    dir: &Path,
+    label: &str,
     limit: Duration,
 ) -> Result<(), String> {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let image = TempFile(dir.join(format!(
-        "drover-qemu-probe-{}-{seq}.bin",
-        std::process::id()
-    )));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&image.0)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, &bios_image(code)));
-    if let Err(e) = written {
-        return Err(format!(
-            "cannot write the trial guest {}: {e}",
-            image.0.display()
-        ));
-    }
-    let mut child = Command::new(qemu)
+    let image = rustix::fs::memfd_create(label, rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| format!("cannot make the trial guest's image (memfd_create): {e}"))?;
+    let mut file = std::fs::File::from(image);
+    std::io::Write::write_all(&mut file, &bios_image(code))
+        .map_err(|e| format!("cannot write the trial guest's image: {e}"))?;
+    let image = std::os::fd::OwnedFd::from(file);
+    let image_fd = image.as_raw_fd();
+    let mut command = Command::new(qemu);
+    command
         .arg("-machine")
         .arg(format!("pc,accel={accel}"))
         .args([
@@ -373,15 +357,32 @@ async fn run_trial(
             "-m",
             "16",
         ])
+        .args(["-name", label])
         .arg("-bios")
-        .arg(&image.0)
+        .arg(format!("/dev/fd/{image_fd}"))
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    // SAFETY: the closure runs between fork and exec and makes two system calls
+    // (prctl, fcntl), both async-signal-safe, allocating nothing. The image descriptor
+    // is open in the child (CLOEXEC closes it only at exec, which this clears for the
+    // child alone); `image` outlives the spawn. The death signal follows the thread
+    // that forks: a runtime worker, which lives as long as the plugin does.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            let fd = std::os::fd::BorrowedFd::borrow_raw(image_fd);
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+            Ok(())
+        });
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
+    drop(image);
     let mut stderr = child.stderr.take();
     let run = async {
         let mut err = Vec::new();
@@ -437,7 +438,7 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::time::Instant;
 
-    use drover_test_support::{procs, vm};
+    use drover_test_support::{procs, until, vm};
 
     use super::*;
 
@@ -445,17 +446,38 @@ mod tests {
         vm::rig().map(|r| r.qemu)
     }
 
+    /// Live processes holding the trial image named `label`.
+    fn trial_qemus(label: &str) -> Vec<u32> {
+        let Ok(proc) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        proc.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                procs::alive(*pid)
+                    && std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                        fds.flatten().any(|fd| {
+                            std::fs::read_link(fd.path())
+                                .is_ok_and(|l| l.to_string_lossy().contains(label))
+                        })
+                    })
+            })
+            .collect()
+    }
+
+    fn label(test: &str) -> String {
+        format!("drover-probe-test-{test}-{}", std::process::id())
+    }
+
     #[tokio::test]
     async fn the_trial_guest_exits_under_tcg() {
         let Some(qemu) = qemu() else { return };
-        let dir = tempfile::tempdir().expect("temp dir");
         // Generous: TCG on a loaded machine; it takes well under a second here.
         let t = Instant::now();
         let result = run_trial(
             &qemu,
             "tcg",
             TRIAL_CODE,
-            dir.path(),
+            &label("tcg"),
             Duration::from_secs(30),
         )
         .await;
@@ -465,60 +487,88 @@ mod tests {
             "the trial guest must work where the CPU is emulated"
         );
         eprintln!("trial guest under TCG: {:?}", t.elapsed());
-        assert_eq!(
-            std::fs::read_dir(dir.path()).expect("read dir").count(),
-            0,
-            "the trial image is removed"
-        );
     }
 
     #[tokio::test]
     async fn a_hanging_trial_is_killed_and_reported() {
         let Some(qemu) = qemu() else { return };
-        let dir = tempfile::tempdir().expect("temp dir");
-        let marker = dir.path().display().to_string();
+        let label = label("hang");
         // jmp . : spins forever, like a guest stuck under a broken KVM.
         let limit = Duration::from_secs(1);
         let t = Instant::now();
-        let result = run_trial(&qemu, "tcg", &[0xeb, 0xfe], dir.path(), limit).await;
+        let result = run_trial(&qemu, "tcg", &[0xeb, 0xfe], &label, limit).await;
         let took = t.elapsed();
         match result {
             Err(why) => assert!(why.contains("did not finish within 1s"), "{why}"),
             Ok(()) => panic!("a spinning guest passed the trial"),
         }
         assert!(took < limit + Duration::from_secs(5), "took {took:?}");
-        let left: Vec<u32> = std::fs::read_dir("/proc")
-            .expect("read /proc")
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                procs::alive(*pid)
-                    && std::fs::read(format!("/proc/{pid}/cmdline"))
-                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
-            })
-            .collect();
+        let left = trial_qemus(&label);
         assert!(left.is_empty(), "trial qemu still running: {left:?}");
+    }
+
+    const TRIAL_CHILD: &str = "DROVER_PROBE_TEST_TRIAL_CHILD";
+
+    /// Not a test on its own: the process that `a_hung_trial_dies_with_its_parent`
+    /// starts and kills (does nothing without its variable).
+    #[tokio::test]
+    async fn trial_child_process() {
+        let Ok(label) = std::env::var(TRIAL_CHILD) else {
+            return;
+        };
+        let Some(qemu) = qemu() else { return };
+        let _ = run_trial(&qemu, "tcg", &[0xeb, 0xfe], &label, Duration::from_secs(60)).await;
+    }
+
+    #[tokio::test]
+    async fn a_hung_trial_dies_with_its_parent() {
+        let Some(_) = qemu() else { return };
+        let label = label("orphan");
+        let mut parent = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "probe::tests::trial_child_process"])
+            .env(TRIAL_CHILD, &label)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn the test binary");
+        until(Duration::from_secs(30), "the child's trial qemu", || {
+            !trial_qemus(&label).is_empty()
+        })
+        .await;
+        // SIGKILL: no destructor runs, as when an agent kill -9s the plugin.
+        parent.kill().expect("kill the child");
+        parent.wait().expect("reap the child");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut left = trial_qemus(&label);
+        while !left.is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            left = trial_qemus(&label);
+        }
+        // Not left running when the test fails.
+        for pid in &left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(
+            left.is_empty(),
+            "the trial qemu outlived its parent: {left:?}"
+        );
     }
 
     #[tokio::test]
     async fn a_trial_that_exits_otherwise_says_how() {
         let Some(qemu) = qemu() else { return };
-        let dir = tempfile::tempdir().expect("temp dir");
+        let label = label("other");
         // mov $0x10,%al; out %al,$0xf4: qemu exits 33.
         let code = [0xb0, 0x10, 0xe6, 0xf4, 0xf4];
-        let result = run_trial(&qemu, "tcg", &code, dir.path(), Duration::from_secs(30)).await;
+        let result = run_trial(&qemu, "tcg", &code, &label, Duration::from_secs(30)).await;
         match result {
             Err(why) => assert!(why.contains("exit status: 33"), "{why}"),
             Ok(()) => panic!("a wrong exit status passed the trial"),
         }
         // And an accelerator qemu does not have: its own error is in the reason.
-        let result = run_trial(
-            &qemu,
-            "nosuch",
-            TRIAL_CODE,
-            dir.path(),
-            Duration::from_secs(30),
-        )
-        .await;
+        let result = run_trial(&qemu, "nosuch", TRIAL_CODE, &label, Duration::from_secs(30)).await;
         match result {
             Err(why) => assert!(why.contains("nosuch"), "{why}"),
             Ok(()) => panic!("an unknown accelerator passed the trial"),

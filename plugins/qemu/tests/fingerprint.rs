@@ -58,3 +58,32 @@ async fn without_qemu_the_driver_is_undetected_saying_where_it_looked() {
         "{fp:?}"
     );
 }
+
+/// The KVM trial qemu of a plugin that exits mid-trial dies with it (under a KVM that
+/// hangs guests, as here, it would otherwise run forever).
+#[tokio::test]
+async fn a_plugin_shut_down_mid_kvm_trial_leaves_no_trial_behind() {
+    if rig().is_none() {
+        return;
+    }
+    let process = launch_unconfigured().await;
+    // The plugin probes at start-up; its trial guest's image names the plugin's pid.
+    let marker = format!("drover-qemu-probe-{}-", process.pid());
+    let trials = || qemus_with(&marker);
+    let started = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while trials().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if started.is_err() {
+        eprintln!("SKIPPED: no KVM trial seen running (it ended at once: KVM works or is absent)");
+        let _ = within(PROMPT, "shutdown", process.shutdown()).await;
+        return;
+    }
+    let _ = within(PROMPT, "shutdown", process.shutdown()).await;
+    until(PROMPT, "the trial qemu dies with its plugin", || {
+        trials().is_empty()
+    })
+    .await;
+}

@@ -185,15 +185,7 @@ async fn kvm_is_refused_where_it_does_not_work() {
 #[tokio::test]
 async fn bad_plugin_config_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let process = within(
-        PROMPT,
-        "launch",
-        drover_plugin_sdk::client::PluginProcess::launch(
-            drover_plugin_sdk::client::LaunchOptions::new("qemu", BIN),
-        ),
-    )
-    .await
-    .unwrap();
+    let process = launch_unconfigured().await;
     let agent = drover_plugin_sdk::AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
         .with_plugin_state_dir(dir.path().join("state"));
     for (config, names) in [

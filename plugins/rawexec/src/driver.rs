@@ -7,11 +7,9 @@ use drover_executor::cgroup;
 use drover_executor::plain::PlainEngine;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,
-    TaskStatus,
+    FsIsolation, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec,
 };
 use serde::Deserialize;
-use tokio::sync::broadcast;
 
 use crate::config::{Launch, PluginConfig, TaskConfig};
 
@@ -114,10 +112,6 @@ impl DriverPlugin for RawExecDriver {
         self.engine.start(spec, how, launch).await
     }
 
-    async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
-        self.engine.wait(task_id).await
-    }
-
     async fn stop_task(
         &self,
         task_id: &str,
@@ -125,18 +119,6 @@ impl DriverPlugin for RawExecDriver {
         sig: Signal,
     ) -> Result<(), DriverError> {
         self.engine.stop(task_id, timeout, sig).await
-    }
-
-    async fn signal_task(&self, task_id: &str, sig: Signal) -> Result<(), DriverError> {
-        self.engine.signal(task_id, sig).await
-    }
-
-    async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
-        self.engine.destroy(task_id, force).await
-    }
-
-    async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
-        self.engine.inspect(task_id)
     }
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
@@ -156,14 +138,6 @@ impl DriverPlugin for RawExecDriver {
                 Launch::new(&handle.spec, config.as_ref())
             })
             .await
-    }
-
-    async fn task_stats(&self, task_id: &str) -> Result<TaskStats, DriverError> {
-        self.engine.stats(task_id)
-    }
-
-    fn task_events(&self) -> Option<broadcast::Receiver<TaskEvent>> {
-        Some(self.engine.subscribe())
     }
 
     async fn exec_task(
@@ -213,4 +187,6 @@ impl DriverPlugin for RawExecDriver {
             )),
         }
     }
+
+    drover_executor::plain_engine_calls!(engine: wait_task signal_task destroy_task inspect_task task_stats task_events);
 }

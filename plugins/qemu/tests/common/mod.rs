@@ -58,15 +58,20 @@ pub fn guest(rig: &Rig, orders: &[&str], extra: Value) -> Value {
     config
 }
 
+/// The plugin process, launched and not yet configured.
+pub async fn launch_unconfigured() -> PluginProcess {
+    within(
+        PROMPT,
+        "launch",
+        PluginProcess::launch(LaunchOptions::new("qemu", BIN)),
+    )
+    .await
+    .expect("the qemu plugin launches")
+}
+
 impl Plugin {
     pub async fn launch(dir: &Path, config: Value) -> Plugin {
-        let process = within(
-            PROMPT,
-            "launch",
-            PluginProcess::launch(LaunchOptions::new("qemu", BIN)),
-        )
-        .await
-        .expect("the qemu plugin launches");
+        let process = launch_unconfigured().await;
         let client = process.client();
         let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
             .with_alloc_dir(dir)

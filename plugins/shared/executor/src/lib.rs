@@ -64,6 +64,10 @@
 //! every process it started, `setsid` or not. A task whose executor died is killed by
 //! proof with [`lost::kill_lost_task`].
 //!
+//! **Plain drivers.** A driver whose task is one plain process under its executor
+//! (rawexec's command, qemu's VM) need not write the driver side either: [`plain`] is
+//! the engine that starts, follows, stops, recovers and destroys such tasks.
+//!
 //! A reply is `{"v":1,"status":{…}}` (plus `"stats"` for `stats`) or
 //! `{"v":1,"error":"…","kind":"invalid"|"exited"|"spawn"|"internal"}`. The executor's
 //! start-up line to the plugin is such a reply too.

@@ -531,3 +531,77 @@ async fn kill_lost<X>(
         }
     }
 }
+
+/// The [`DriverPlugin`](drover_plugin_sdk::DriverPlugin) methods a plain driver answers
+/// from its [`PlainEngine`] unchanged: `wait_task`, `signal_task`, `destroy_task`,
+/// `inspect_task`, `task_stats` and `task_events`. Expand it inside the driver's
+/// `impl DriverPlugin`, naming the engine's field; write the others (and any of these
+/// the driver answers differently, leaving it out of the list) by hand. The expansion
+/// names `drover_plugin_sdk` and `tokio`, which every driver crate depends on.
+///
+/// ```text
+/// impl DriverPlugin for MyDriver {
+///     // ... info, capabilities, set_config, fingerprint, start_task, stop_task, recover_task
+///     drover_executor::plain_engine_calls!(engine: wait_task signal_task destroy_task task_stats task_events);
+/// }
+/// ```
+#[macro_export]
+macro_rules! plain_engine_calls {
+    ($engine:ident: $($call:ident)*) => {
+        $($crate::plain_engine_calls!(@one $engine $call);)*
+    };
+    (@one $engine:ident wait_task) => {
+        async fn wait_task(
+            &self,
+            task_id: &str,
+        ) -> ::std::result::Result<::drover_plugin_sdk::ExitResult, ::drover_plugin_sdk::DriverError>
+        {
+            self.$engine.wait(task_id).await
+        }
+    };
+    (@one $engine:ident signal_task) => {
+        async fn signal_task(
+            &self,
+            task_id: &str,
+            sig: ::drover_plugin_sdk::Signal,
+        ) -> ::std::result::Result<(), ::drover_plugin_sdk::DriverError> {
+            self.$engine.signal(task_id, sig).await
+        }
+    };
+    (@one $engine:ident destroy_task) => {
+        async fn destroy_task(
+            &self,
+            task_id: &str,
+            force: bool,
+        ) -> ::std::result::Result<(), ::drover_plugin_sdk::DriverError> {
+            self.$engine.destroy(task_id, force).await
+        }
+    };
+    (@one $engine:ident inspect_task) => {
+        async fn inspect_task(
+            &self,
+            task_id: &str,
+        ) -> ::std::result::Result<::drover_plugin_sdk::TaskStatus, ::drover_plugin_sdk::DriverError>
+        {
+            self.$engine.inspect(task_id)
+        }
+    };
+    (@one $engine:ident task_stats) => {
+        async fn task_stats(
+            &self,
+            task_id: &str,
+        ) -> ::std::result::Result<::drover_plugin_sdk::TaskStats, ::drover_plugin_sdk::DriverError>
+        {
+            self.$engine.stats(task_id)
+        }
+    };
+    (@one $engine:ident task_events) => {
+        fn task_events(
+            &self,
+        ) -> ::std::option::Option<
+            ::tokio::sync::broadcast::Receiver<::drover_plugin_sdk::TaskEvent>,
+        > {
+            ::std::option::Option::Some(self.$engine.subscribe())
+        }
+    };
+}
