@@ -214,6 +214,23 @@ const FILE_KEY_FRAGMENTS: &[&str] = &[
     "log",
 ];
 
+/// Device models (`-device`'s driver, by prefix) that reach the host without any
+/// key naming it: they open host devices (`/dev/vhost-vsock`, `/dev/vhost-scsi`,
+/// `/dev/vfio/…`), pass host USB devices through (`usb-host` with no filter takes any),
+/// or read host files by default (`ccid-card-emulated`'s NSS database).
+const DENIED_DEVICES: &[&str] = &[
+    "vfio",
+    "vhost",
+    "usb-host",
+    "usb-redir",
+    "pci-assign",
+    "kvm-pci-assign",
+    "xen",
+    "ivshmem",
+    "virtio-9p",
+    "ccid-card",
+];
+
 /// `-flag` or `--flag` → `flag`; `None` for anything else (a plain argument, `-`,
 /// `---flag`).
 pub fn flag_name(arg: &str) -> Option<&str> {
@@ -253,8 +270,23 @@ pub fn check_value(flag: &str, value: &str) -> Result<(), String> {
     if value.trim_start().starts_with('{') {
         return refuse("JSON option values are not accepted");
     }
-    // qemu's `key=value,…`, where `,,` is a literal comma.
-    for item in value.replace(",,", "\u{0}").split(',') {
+    // qemu's `key=value,…`, where `,,` is a literal comma; `-device`'s first item
+    // may be its driver without `driver=`.
+    let is_device = flag_name(flag) == Some("device");
+    for (i, item) in value.replace(",,", "\u{0}").split(',').enumerate() {
+        let model = match item.split_once('=') {
+            Some(("driver", model)) => Some(model),
+            None if i == 0 => Some(item),
+            _ => None,
+        };
+        if let Some(model) = model.filter(|_| is_device)
+            && let Some(denied) = DENIED_DEVICES.iter().find(|d| model.starts_with(*d))
+        {
+            return Err(format!(
+                "args: value {value:?} of {flag} is refused: device models {denied}* reach \
+                 host devices or files"
+            ));
+        }
         let Some((key, _)) = item.split_once('=') else {
             continue;
         };
@@ -446,6 +478,18 @@ mod tests {
                 "{err}"
             );
         }
+        for value in [
+            "vhost-vsock-pci,guest-cid=3",
+            "usb-host",
+            "driver=vfio-pci",
+            "vhost-scsi-pci,wwpn=x",
+            "ccid-card-emulated",
+        ] {
+            let err = check(&["--device", value], &["-device"]).unwrap_err();
+            assert!(err.contains("device models"), "{value}: {err}");
+        }
+        // Not a device: the same words are no model name to -name.
+        assert_eq!(check(&["-name", "usb-host"], &["-name"]), Ok(()));
         // `,,` is a comma inside a value, not a new key.
         assert_eq!(check(&["-smbios", "type=1,,file=x"], &["-smbios"]), Ok(()));
         for (flag, value) in [
