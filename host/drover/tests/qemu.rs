@@ -25,9 +25,13 @@ use serde_json::{Value, json};
 const POWERING_OFF: &str = "drover-guest: power button pressed, powering off";
 
 /// The plugin config of these tests: images (the rig's kernel and initrd) come from
-/// the rig's directory.
+/// the rig's directory; port forwards may listen on 127.0.0.2 as well as the default
+/// 127.0.0.1 (the forward test's `host_ip`).
 fn plugin_config(rig: &vm::Rig) -> Value {
-    json!({ "image_paths": [rig_dir(rig)] })
+    json!({
+        "image_paths": [rig_dir(rig)],
+        "port_forward_host_ips": ["127.0.0.1", "127.0.0.2"],
+    })
 }
 
 /// What the task's view says of how it ended: its error and its events' messages.

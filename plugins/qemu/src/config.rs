@@ -1,17 +1,20 @@
 //! Plugin and task configuration of the qemu driver. Every struct denies unknown
 //! fields, so a typo (`memroy`, `port_forward`) is refused naming the field.
 
-use std::net::IpAddr;
+mod args;
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
 use drover_plugin_sdk::DriverError;
-use drover_plugin_sdk::taskdir::FileKind;
+use drover_plugin_sdk::taskdir::{self, OpenOptions, Refused};
 
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 /// Plugin configuration (`[plugin.qemu] config = {...}` in the agent config).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PluginConfig {
     /// Host directories tasks may take images (and kernels, initrds) from, besides
@@ -20,16 +23,56 @@ pub struct PluginConfig {
     /// that tasks sharing it cannot change it for each other. Default: none.
     #[serde(default)]
     pub image_paths: Vec<PathBuf>,
-    /// qemu command-line flags a task's `args` may use (`-device`, `-smbios`, …);
-    /// `-flag` and `--flag` are the same flag to qemu, and here.
+    /// qemu command-line flags a task's `args` may use (`-rtc`, `-no-reboot`, …);
+    /// `-flag` and `--flag` are the same flag to qemu, and here. Flags the driver sets
+    /// itself or that name host files, devices or sockets can never be allowed
+    /// (`-drive`, `-chardev`, `-bios`, …: refused here), and a value naming a file
+    /// (`file=`, `romfile=`, any `/`) is refused even after an allowed flag.
     /// Default: none, so `args` is refused: unlike Nomad, where an unset list allows
     /// every flag (including ones that hand host devices to the VM), a job submitter
     /// is not trusted with qemu's whole command line.
     #[serde(default)]
     pub args_allowlist: Vec<String>,
     /// Directories holding `qemu-system-<arch>` binaries, searched instead of `PATH`.
+    /// Only binaries owned by root (or the plugin's user) and writable by no one else,
+    /// in such a directory, are used.
     #[serde(default)]
     pub emulators: Vec<PathBuf>,
+    /// Host addresses a task's `port_forwards` may listen on. Default: 127.0.0.1 only
+    /// (a forward on another address, or 0.0.0.0, is an operator's decision).
+    #[serde(default = "default_port_forward_host_ips")]
+    pub port_forward_host_ips: Vec<IpAddr>,
+    /// The lowest host port a task's `port_forwards` may listen on. Default 1024: qemu
+    /// binds as root, and a privileged port is one that host services trust.
+    #[serde(default = "default_port_forward_min_host_port")]
+    pub port_forward_min_host_port: u16,
+    /// Let guests open connections out through qemu's user-mode network (to the
+    /// host's loopback services, the cloud metadata address, anywhere). Default false:
+    /// the network is `restrict=on`, and a guest is reached only through its
+    /// `port_forwards`.
+    #[serde(default)]
+    pub guest_outbound_network: bool,
+}
+
+fn default_port_forward_host_ips() -> Vec<IpAddr> {
+    vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]
+}
+
+fn default_port_forward_min_host_port() -> u16 {
+    1024
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        PluginConfig {
+            image_paths: Vec::new(),
+            args_allowlist: Vec::new(),
+            emulators: Vec::new(),
+            port_forward_host_ips: default_port_forward_host_ips(),
+            port_forward_min_host_port: default_port_forward_min_host_port(),
+            guest_outbound_network: false,
+        }
+    }
 }
 
 /// Accelerator of a VM.
@@ -106,8 +149,9 @@ pub struct TaskConfig {
     /// Ports of the guest reachable from the host (user-mode networking).
     #[serde(default)]
     pub port_forwards: Vec<PortForward>,
-    /// Extra qemu arguments; each flag (an argument starting with `-`) must be in the
-    /// plugin's `args_allowlist`.
+    /// Extra qemu arguments: flags in the plugin's `args_allowlist`, each followed by
+    /// its one value when it takes one. Any other argument is refused (qemu would
+    /// open it as a disk image), and so is a value naming a host file.
     #[serde(default)]
     pub args: Vec<String>,
     /// Stop by pressing the guest's ACPI power button (QMP `system_powerdown`) and
@@ -145,6 +189,9 @@ pub struct Checked {
     pub kernel: Option<PathBuf>,
     /// Its initrd.
     pub initrd: Option<PathBuf>,
+    /// The user-mode network is `restrict=on` (the plugin's `guest_outbound_network`
+    /// is off): the guest reaches nothing outside, only its forwarded ports reach it.
+    pub restrict_network: bool,
 }
 
 /// Interfaces `drive_interface` may name (qemu's `if=` values).
@@ -182,19 +229,20 @@ impl PluginConfig {
             }
             *dir = resolved;
         }
-        if let Some(flag) = self.args_allowlist.iter().find(|f| !f.starts_with('-')) {
+        for entry in &self.args_allowlist {
+            args::check_allowlist_entry(entry).map_err(DriverError::InvalidConfig)?;
+        }
+        if let Some(ip @ IpAddr::V6(_)) = self.port_forward_host_ips.iter().find(|ip| ip.is_ipv6())
+        {
             return invalid(format!(
-                "args_allowlist entry {flag:?} is not a qemu flag (flags start with `-`)"
+                "port_forward_host_ips entry {ip} is IPv6; qemu's user-mode hostfwd binds \
+                 IPv4 addresses only"
             ));
         }
+        if self.port_forward_min_host_port == 0 {
+            return invalid("port_forward_min_host_port must be at least 1".into());
+        }
         Ok(self)
-    }
-
-    /// Whether `flag` is allowed, `--flag` and `-flag` being the same to qemu.
-    fn allows(&self, flag: &str) -> bool {
-        let bare = |f: &str| f.trim_start_matches('-').to_owned();
-        let flag = bare(flag);
-        self.args_allowlist.iter().any(|a| bare(a) == flag)
     }
 }
 
@@ -253,7 +301,7 @@ impl TaskConfig {
         if self.drive_interface.is_some() && self.image_path.is_none() {
             return invalid("drive_interface needs image_path".into());
         }
-        self.check_port_forwards()?;
+        self.check_port_forwards(plugin)?;
         let texts = self.append.iter().map(|a| ("append", a));
         if let Some((field, _)) = texts
             .chain(self.args.iter().map(|a| ("args", a)))
@@ -261,23 +309,7 @@ impl TaskConfig {
         {
             return invalid(format!("{field} contains a NUL character"));
         }
-        if let Some(flag) = self
-            .args
-            .iter()
-            .find(|a| a.starts_with('-') && !plugin.allows(a))
-        {
-            return invalid(if plugin.args_allowlist.is_empty() {
-                format!(
-                    "args: flag {flag} is not allowed: the plugin's args_allowlist is empty, \
-                     so no extra qemu flags may be given"
-                )
-            } else {
-                format!(
-                    "args: flag {flag} is not in the plugin's args_allowlist ({})",
-                    plugin.args_allowlist.join(", ")
-                )
-            });
-        }
+        args::check_args(&self.args, &plugin.args_allowlist).map_err(DriverError::InvalidConfig)?;
         let disk = match &self.image_path {
             Some(image) => {
                 let found = locate("image_path", image, task_dir, &plugin.image_paths)?;
@@ -301,10 +333,11 @@ impl TaskConfig {
             disk,
             kernel: file("kernel", &self.kernel)?,
             initrd: file("initrd", &self.initrd)?,
+            restrict_network: !plugin.guest_outbound_network,
         })
     }
 
-    fn check_port_forwards(&self) -> Result<(), DriverError> {
+    fn check_port_forwards(&self, plugin: &PluginConfig) -> Result<(), DriverError> {
         let mut seen = std::collections::BTreeSet::new();
         for f in &self.port_forwards {
             if f.host == 0 || f.guest == 0 {
@@ -319,6 +352,31 @@ impl TaskConfig {
                      addresses only"
                 ));
             }
+            let ip = f.host_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+            if !plugin.port_forward_host_ips.contains(&ip) {
+                let allowed: Vec<String> = plugin
+                    .port_forward_host_ips
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                return invalid(format!(
+                    "port_forwards: host_ip {ip} (host port {}) is not allowed: the plugin's \
+                     port_forward_host_ips allows {}; the operator may add it there",
+                    f.host,
+                    if allowed.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        allowed.join(", ")
+                    }
+                ));
+            }
+            if f.host < plugin.port_forward_min_host_port {
+                return invalid(format!(
+                    "port_forwards: host port {} is below the plugin's \
+                     port_forward_min_host_port {}; the operator may lower it",
+                    f.host, plugin.port_forward_min_host_port
+                ));
+            }
             if !seen.insert((f.host, f.protocol as u8)) {
                 return invalid(format!(
                     "port_forwards: host port {} is forwarded twice",
@@ -330,21 +388,49 @@ impl TaskConfig {
     }
 }
 
-/// A file a task config names, found.
+/// A file a task config names, found and opened (once: its header is read from this
+/// descriptor, never by opening the name again).
 struct Found {
     path: PathBuf,
+    file: File,
     /// Under the plugin's `image_paths` (shared by tasks), not in the task dir.
     shared: bool,
 }
 
-/// Find `value` (field `field`): relative to `task_dir`, or absolute inside it (looked
-/// at beneath it, no link followed: the job submitter fills the task dir and can plant
-/// links to root-only host files), or absolute under one of `image_paths` after
-/// resolving it. It must be a regular file.
+/// Why `path` (the value of `field`, or what it was found as) cannot go on qemu's
+/// command line as it is: qemu splits `-initrd` on `,` into multiboot modules (each
+/// opened as root; a space starts a module's command line), and nothing of a file name
+/// is escaped for `-kernel`. So commas, whitespace and control characters are refused
+/// in all three file fields.
+fn check_file_name(field: &str, value: &str, path: &Path) -> Result<(), DriverError> {
+    let shown = path.to_string_lossy();
+    if let Some(c) = shown
+        .chars()
+        .find(|c| *c == ',' || c.is_whitespace() || c.is_control())
+    {
+        let what = if shown == value {
+            String::new()
+        } else {
+            format!(" (found as {shown:?})")
+        };
+        return invalid(format!(
+            "{field} {value:?}{what} contains {c:?}: commas, whitespace and control \
+             characters are not accepted in file names given to qemu (it would split the \
+             name at them); rename the file"
+        ));
+    }
+    Ok(())
+}
+
+/// Find `value` (field `field`): relative to `task_dir`, or absolute inside it (opened
+/// beneath it, no link followed, and with exactly one hard link: the job submitter fills
+/// the task dir and can plant links, hard ones too, to root-only host files), or
+/// absolute under one of `image_paths` after resolving it. It must be a regular file,
+/// and its name must be safe on qemu's command line ([`check_file_name`]).
 ///
-/// The answer is good until qemu opens the file, which it does at once as root before
-/// it drops to `nobody`: nothing of the task runs on the host before then (the task is
-/// the VM), so nothing of it can swap the checked file for a link meanwhile.
+/// The answer is good until qemu opens the file by name, which it does at once as root
+/// before it drops to `nobody`: nothing of the task runs on the host before then (the
+/// task is the VM), so nothing of it can swap the checked file meanwhile.
 fn locate(
     field: &str,
     value: &str,
@@ -354,6 +440,18 @@ fn locate(
     if value.is_empty() {
         return invalid(format!("{field} must not be empty"));
     }
+    check_file_name(field, value, Path::new(value))?;
+    let found = locate_file(field, value, task_dir, image_paths)?;
+    check_file_name(field, value, &found.path)?;
+    Ok(found)
+}
+
+fn locate_file(
+    field: &str,
+    value: &str,
+    task_dir: &Path,
+    image_paths: &[PathBuf],
+) -> Result<Found, DriverError> {
     let path = Path::new(value);
     let in_task_dir = if path.is_absolute() {
         (!task_dir.as_os_str().is_empty())
@@ -369,27 +467,37 @@ fn locate(
             ));
         }
         let shown = task_dir.join(rel);
-        let (found, meta) = drover_plugin_sdk::taskdir::Dir::open(task_dir)
-            .and_then(|dir| dir.resolve(rel))
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => DriverError::InvalidConfig(format!(
-                    "{field} {value:?}: {} does not exist",
-                    shown.display()
-                )),
-                _ => DriverError::InvalidConfig(format!(
-                    "{field} {value:?} ({}): {e} (links in the task directory are not \
-                     followed: put the file itself there)",
-                    shown.display()
-                )),
+        let once = OpenOptions::new().read(true).single_link(true);
+        let file = taskdir::Dir::open(task_dir)
+            .and_then(|dir| dir.open_file(rel, &once))
+            .map_err(|e| {
+                let why = match (e.kind(), taskdir::refusal(&e)) {
+                    (std::io::ErrorKind::NotFound, _) => {
+                        format!("{} does not exist", shown.display())
+                    }
+                    (_, Some(Refused::HardLinked { links, .. })) => format!(
+                        "{} has {links} hard links: a file in the task directory must have \
+                         exactly one (another name could be a host file)",
+                        shown.display()
+                    ),
+                    (_, Some(Refused::NotRegular { kind, .. })) => {
+                        format!("{} is {kind}, not a regular file", shown.display())
+                    }
+                    _ => format!(
+                        "{}: {e} (links in the task directory are not followed: put the file \
+                         itself there)",
+                        shown.display()
+                    ),
+                };
+                DriverError::InvalidConfig(format!("{field} {value:?}: {why}"))
             })?;
-        if meta.kind != FileKind::File {
-            return invalid(format!(
-                "{field} {value:?} ({}) is not a regular file",
-                shown.display()
-            ));
-        }
+        let clean: PathBuf = rel
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
         return Ok(Found {
-            path: found,
+            path: task_dir.join(clean),
+            file,
             shared: false,
         });
     }
@@ -419,8 +527,12 @@ fn locate(
     if !resolved.is_file() {
         return invalid(format!("{field} {value:?} is not a regular file"));
     }
+    // Under image_paths: the operator's directory, opened by its resolved name.
+    let file = File::open(&resolved)
+        .map_err(|e| DriverError::InvalidConfig(format!("{field} {value:?}: {e}")))?;
     Ok(Found {
         path: resolved,
+        file,
         shared: true,
     })
 }
@@ -435,10 +547,8 @@ const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
 fn disk_format(field: &str, value: &str, found: &Found) -> Result<&'static str, DriverError> {
     use std::io::Read as _;
     let mut header = [0u8; 80];
-    let file = std::fs::File::open(&found.path)
-        .map_err(|e| DriverError::InvalidConfig(format!("{field} {value:?}: {e}")))?;
     let mut got = 0;
-    let mut reader = file.take(header.len() as u64);
+    let mut reader = (&found.file).take(header.len() as u64);
     loop {
         match reader.read(&mut header[got..]) {
             Ok(0) => break,
@@ -580,6 +690,167 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("-drive") && err.contains("-device"), "{err}");
+    }
+
+    #[test]
+    fn commas_whitespace_and_control_characters_in_file_names_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let local = tmp.path().join("local");
+        std::fs::create_dir_all(&local).unwrap();
+        std::fs::write(local.join("k"), "k").unwrap();
+        // The review's multiboot attack: `local/x,` is a directory, so the whole
+        // string is a regular file in the task dir, and qemu's -initrd would load
+        // `local/x` and the host's /etc/shadow as modules.
+        std::fs::write(local.join("x"), "x").unwrap();
+        std::fs::create_dir_all(local.join("x,/etc")).unwrap();
+        std::fs::write(local.join("x,/etc/shadow"), "s").unwrap();
+        std::fs::write(local.join("x y"), "x").unwrap();
+        std::fs::write(local.join("x\ty"), "x").unwrap();
+        let plugin = PluginConfig::default();
+        for (field, value) in [
+            ("initrd", "local/x,/etc/shadow"),
+            ("initrd", "local/x y"),
+            ("kernel", "local/x\ty"),
+            ("image_path", "local/x y"),
+        ] {
+            let mut config = TaskConfig {
+                kernel: Some("local/k".into()),
+                ..Default::default()
+            };
+            match field {
+                "initrd" => config.initrd = Some(value.into()),
+                "kernel" => config.kernel = Some(value.into()),
+                _ => config.image_path = Some(value.into()),
+            }
+            let err = config
+                .check(tmp.path(), &plugin, &Ok(()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(field)
+                    && err.contains(&format!("{value:?}"))
+                    && err.contains("rename"),
+                "{field} {value:?}: {err}"
+            );
+        }
+        // A task dir whose own path has a comma: the found path is refused too.
+        let odd = tmp.path().join("a,b");
+        std::fs::create_dir_all(&odd).unwrap();
+        std::fs::write(odd.join("k"), "k").unwrap();
+        let config = TaskConfig {
+            kernel: Some("k".into()),
+            ..Default::default()
+        };
+        let err = config
+            .check(&odd, &plugin, &Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("found as") && err.contains("a,b"), "{err}");
+    }
+
+    #[test]
+    fn a_hard_linked_file_in_the_task_dir_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let local = tmp.path().join("local");
+        std::fs::create_dir_all(&local).unwrap();
+        // Stand-in for a host file the job submitter hard-linked into the task dir.
+        let host_file = tmp.path().join("shadow");
+        std::fs::write(&host_file, "root only").unwrap();
+        std::fs::hard_link(&host_file, local.join("disk.img")).unwrap();
+        std::fs::write(local.join("k"), "k").unwrap();
+        std::fs::hard_link(local.join("k"), tmp.path().join("k2")).unwrap();
+        let plugin = PluginConfig::default();
+        for json in [
+            r#"{"image_path":"local/disk.img"}"#,
+            r#"{"kernel":"local/k"}"#,
+        ] {
+            let err = task(json)
+                .check(tmp.path(), &plugin, &Ok(()))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("2 hard links"), "{json}: {err}");
+        }
+        // With one link it is the task's own.
+        std::fs::remove_file(&host_file).unwrap();
+        let checked = task(r#"{"image_path":"local/disk.img"}"#)
+            .check(tmp.path(), &plugin, &Ok(()))
+            .unwrap();
+        assert_eq!(checked.disk.unwrap().path, local.join("disk.img"));
+    }
+
+    #[test]
+    fn port_forwards_are_limited_to_the_operators_addresses_and_ports() {
+        let plugin = PluginConfig::default();
+        for (json, words) in [
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":8080,"guest":80,"host_ip":"0.0.0.0"}]}"#,
+                &["host_ip 0.0.0.0", "port_forward_host_ips", "127.0.0.1"][..],
+            ),
+            (
+                r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":25,"guest":25}]}"#,
+                &["host port 25", "port_forward_min_host_port 1024"],
+            ),
+        ] {
+            let err = check(json, &plugin).unwrap_err();
+            for w in words {
+                assert!(err.contains(w), "{json}: {err:?} lacks {w:?}");
+            }
+        }
+        let ok = r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":1024,"guest":80}]}"#;
+        assert!(check(ok, &plugin).is_ok());
+        // The operator's settings allow what the defaults do not.
+        let wide: PluginConfig = serde_json::from_str(
+            r#"{"port_forward_host_ips":["0.0.0.0"],"port_forward_min_host_port":80}"#,
+        )
+        .unwrap();
+        let wide = wide.check().unwrap();
+        let json = r#"{"kernel":"local/vmlinuz","port_forwards":[{"host":80,"guest":80,"host_ip":"0.0.0.0"}]}"#;
+        assert!(check(json, &wide).is_ok());
+        // ... and the default address is then no longer allowed.
+        assert!(check(ok, &wide).unwrap_err().contains("host_ip 127.0.0.1"));
+        let v6: PluginConfig =
+            serde_json::from_str(r#"{"port_forward_host_ips":["::1"]}"#).unwrap();
+        assert!(v6.check().unwrap_err().to_string().contains("::1"));
+    }
+
+    #[test]
+    fn the_plugin_config_refuses_denied_flags_in_the_allowlist() {
+        let plugin: PluginConfig =
+            serde_json::from_str(r#"{"args_allowlist":["-rtc","--chardev"]}"#).unwrap();
+        let err = plugin.check().unwrap_err().to_string();
+        assert!(
+            err.contains("--chardev") && err.contains("can never be allowed"),
+            "{err}"
+        );
+        // A task's values are checked after an allowed flag.
+        let plugin = PluginConfig {
+            args_allowlist: vec!["-smbios".into()],
+            ..Default::default()
+        };
+        let err = check(
+            r#"{"kernel":"local/vmlinuz","args":["-smbios","file=/etc/shadow"]}"#,
+            &plugin,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("-smbios") && err.contains("file=/etc/shadow"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_network_is_restricted_unless_the_plugin_lets_guests_out() {
+        let c = check(r#"{"kernel":"local/vmlinuz"}"#, &PluginConfig::default()).unwrap();
+        assert!(c.restrict_network);
+        let open = PluginConfig {
+            guest_outbound_network: true,
+            ..Default::default()
+        };
+        assert!(
+            !check(r#"{"kernel":"local/vmlinuz"}"#, &open)
+                .unwrap()
+                .restrict_network
+        );
     }
 
     #[test]

@@ -269,9 +269,14 @@ impl DriverPlugin for QemuDriver {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
+            let skipped = if probe.skipped.is_empty() {
+                String::new()
+            } else {
+                format!("; skipped: {}", probe.skipped.join("; "))
+            };
             return Fingerprint::not_ready(
                 Health::Undetected,
-                format!("no qemu-system-* found in {place} (install qemu-system-x86)"),
+                format!("no qemu-system-* found in {place} (install qemu-system-x86){skipped}"),
             );
         }
         let arches: Vec<&str> = probe.emulators.iter().map(|e| e.arch.as_str()).collect();
@@ -285,6 +290,9 @@ impl DriverPlugin for QemuDriver {
         .attribute("driver.qemu.kvm", probe.kvm.is_ok().to_string());
         if let Err(why) = &probe.kvm {
             fp = fp.attribute("driver.qemu.kvm_reason", why.clone());
+        }
+        if !probe.skipped.is_empty() {
+            fp = fp.attribute("driver.qemu.emulators_skipped", probe.skipped.join("; "));
         }
         fp
     }
@@ -310,6 +318,8 @@ impl DriverPlugin for QemuDriver {
                 "no qemu-system-* found on this host (install qemu-system-x86)".into(),
             ));
         };
+        // The probe may be a minute old: the binary qemu runs as root is checked again.
+        probe::check_emulator(emulator).map_err(DriverError::FailedPrecondition)?;
         let qmp = self.engine.executor_dir(&spec.id).join(QMP_SOCKET);
         if !drover_plugin_sdk::handshake::socket_path_fits(&qmp) {
             return Err(DriverError::InvalidConfig(format!(

@@ -36,6 +36,9 @@ pub struct Emulator {
 pub struct Probe {
     /// Emulators found (in the plugin's `emulators` dirs, else `PATH`), by arch.
     pub emulators: Vec<Emulator>,
+    /// Emulators found but not used, each with why ([`check_emulator`]): one someone
+    /// else could replace would run as root.
+    pub skipped: Vec<String>,
     /// `qemu-system-x86_64 --version`'s first line's version (`7.2.22`), when found.
     pub version: Option<String>,
     /// Whether a guest ran under KVM; `Err(reason)` otherwise (no /dev/kvm, the trial
@@ -138,7 +141,7 @@ pub async fn probe(dirs: &[PathBuf]) -> Probe {
     } else {
         dirs.to_vec()
     };
-    let emulators = find_emulators(&searched);
+    let (emulators, skipped) = find_emulators(&searched);
     let Some(main) = emulators
         .iter()
         .find(|e| e.arch == "x86_64")
@@ -147,6 +150,7 @@ pub async fn probe(dirs: &[PathBuf]) -> Probe {
         let shown: Vec<String> = searched.iter().map(|d| d.display().to_string()).collect();
         return Probe {
             emulators,
+            skipped,
             version: None,
             kvm: Err(format!(
                 "no qemu-system-* emulator in {}",
@@ -161,15 +165,57 @@ pub async fn probe(dirs: &[PathBuf]) -> Probe {
     let facts = FACTS.facts(main, Path::new(KVM_DEVICE)).await;
     Probe {
         emulators,
+        skipped,
         version: facts.version,
         kvm: facts.kvm,
     }
 }
 
-/// The `qemu-system-<arch>` executables in `dirs`; the first directory holding an arch
-/// wins (as in `PATH`). Sorted by arch.
-fn find_emulators(dirs: &[PathBuf]) -> Vec<Emulator> {
+/// Why the emulator binary at `path` must not be run (as root), if it must not: it,
+/// its directory, or (for a link) the file it leads to and that file's directory are
+/// writable by group or others, or owned by someone other than root or the plugin's
+/// user. Anyone who could replace it would have their program run as root.
+pub fn check_emulator(path: &Path) -> Result<(), String> {
+    let me = rustix::process::geteuid().as_raw();
+    let check = |what: &str, path: &Path| -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(format!(
+                "{what} {} is {}-writable (mode {mode:04o}): another user could replace \
+                 qemu, which runs as root; fix: chmod go-w {}",
+                path.display(),
+                if mode & 0o002 != 0 { "world" } else { "group" },
+                path.display()
+            ));
+        }
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(format!(
+                "{what} {} is owned by uid {}, not by root or the plugin's uid {me}; \
+                 fix: chown root {}",
+                path.display(),
+                meta.uid(),
+                path.display()
+            ));
+        }
+        Ok(())
+    };
+    let parent = |p: &Path| p.parent().map(Path::to_owned).unwrap_or_else(|| "/".into());
+    check("directory", &parent(path))?;
+    let target = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if target != path {
+        check("directory", &parent(&target))?;
+    }
+    check("emulator", &target)
+}
+
+/// The `qemu-system-<arch>` executables in `dirs` that pass [`check_emulator`] (the
+/// others are returned as reasons); the first directory holding an arch wins (as in
+/// `PATH`). Sorted by arch.
+fn find_emulators(dirs: &[PathBuf]) -> (Vec<Emulator>, Vec<String>) {
     let mut found: Vec<Emulator> = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
     for dir in dirs {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
@@ -193,16 +239,26 @@ fn find_emulators(dirs: &[PathBuf]) -> Vec<Emulator> {
             let path = entry.path();
             let executable = std::fs::metadata(&path)
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-            if executable {
-                found.push(Emulator {
+            if !executable {
+                continue;
+            }
+            match check_emulator(&path) {
+                Ok(()) => found.push(Emulator {
                     arch: arch.to_owned(),
                     path,
-                });
+                }),
+                Err(why) => {
+                    tracing::warn!(emulator = %path.display(), reason = %why, "emulator skipped");
+                    // Bounded: PATH holds few directories, each a few qemu binaries.
+                    if skipped.len() < 16 {
+                        skipped.push(why);
+                    }
+                }
             }
         }
     }
     found.sort_by(|a, b| a.arch.cmp(&b.arch));
-    found
+    (found, skipped)
 }
 
 /// What is learned by running an emulator: cached, since it costs up to
@@ -665,11 +721,12 @@ mod tests {
         make(second.path(), "qemu-system-x86_64", 0o755); // shadowed by the first dir
         let aarch64 = make(second.path(), "qemu-system-aarch64", 0o755);
         std::fs::create_dir(first.path().join("qemu-system-riscv64")).expect("mkdir");
-        let found = find_emulators(&[
+        let (found, skipped) = find_emulators(&[
             first.path().to_owned(),
             PathBuf::from("/nonexistent"),
             second.path().to_owned(),
         ]);
+        assert_eq!(skipped, Vec::<String>::new());
         assert_eq!(
             found,
             vec![
@@ -683,6 +740,74 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn emulators_others_could_replace_are_skipped_saying_why() {
+        let make = |dir: &Path, mode: u32| {
+            let path = dir.join("qemu-system-x86_64");
+            std::fs::write(&path, "#!/bin/sh\n").expect("write");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            path
+        };
+        // A world-writable binary, in a sound directory.
+        let writable = tempfile::tempdir().expect("temp dir");
+        let file = make(writable.path(), 0o757);
+        // A sound binary in a group-writable directory (anyone in the group could
+        // swap it).
+        let open_dir = tempfile::tempdir().expect("temp dir");
+        make(open_dir.path(), 0o755);
+        std::fs::set_permissions(open_dir.path(), std::fs::Permissions::from_mode(0o775))
+            .expect("chmod");
+        // A link from a sound directory to a binary in a world-writable one.
+        let sticky = tempfile::tempdir().expect("temp dir");
+        let target = make(sticky.path(), 0o755);
+        std::fs::set_permissions(sticky.path(), std::fs::Permissions::from_mode(0o1777))
+            .expect("chmod");
+        let linked = tempfile::tempdir().expect("temp dir");
+        std::os::unix::fs::symlink(&target, linked.path().join("qemu-system-x86_64"))
+            .expect("symlink");
+        for (dir, words) in [
+            (
+                writable.path(),
+                [
+                    format!("emulator {}", file.display()),
+                    "world-writable".into(),
+                ],
+            ),
+            (
+                open_dir.path(),
+                [
+                    format!("directory {}", open_dir.path().display()),
+                    "group-writable".into(),
+                ],
+            ),
+            (
+                linked.path(),
+                [
+                    format!("directory {}", sticky.path().display()),
+                    "world-writable".into(),
+                ],
+            ),
+        ] {
+            let (found, skipped) = find_emulators(&[dir.to_owned()]);
+            assert_eq!(found, vec![], "{dir:?}");
+            assert_eq!(skipped.len(), 1, "{skipped:?}");
+            for w in &words {
+                assert!(
+                    skipped[0].contains(w.as_str()),
+                    "{:?} lacks {w:?}",
+                    skipped[0]
+                );
+            }
+        }
+        // The same binary, fixed, is used.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(find_emulators(&[writable.path().to_owned()]).0.len(), 1);
+        // The installed qemu passes.
+        if let Some(qemu) = qemu() {
+            assert_eq!(check_emulator(&qemu), Ok(()));
+        }
     }
 
     #[tokio::test]

@@ -94,6 +94,9 @@ pub struct Vm {
     pub append: Option<String>,
     /// User-mode networking `hostfwd`s; none: the VM has no network device.
     pub port_forwards: Vec<PortForward>,
+    /// `restrict=on` of the user-mode network: the guest can open no connection out
+    /// (not to the host's loopback at 10.0.2.2, nor anywhere); forwards still reach it.
+    pub restrict_network: bool,
     /// The QMP socket qemu listens on.
     pub qmp_socket: PathBuf,
     /// Extra arguments (allowlisted).
@@ -121,6 +124,7 @@ impl Vm {
             initrd: Some(initrd.into()),
             append: Some(append.into()),
             port_forwards: Vec::new(),
+            restrict_network: true,
             qmp_socket: qmp_socket.into(),
             args: Vec::new(),
             hardening: Hardening {
@@ -148,6 +152,7 @@ impl Vm {
             initrd: checked.initrd,
             append: config.append.clone(),
             port_forwards: config.port_forwards.clone(),
+            restrict_network: checked.restrict_network,
             qmp_socket,
             args: config.args.clone(),
             hardening,
@@ -163,8 +168,8 @@ fn option_value(path: &Path) -> String {
 /// qemu's arguments (without the program) for `vm`:
 /// `-nodefaults -no-user-config -display none -serial stdio` (the serial console is the
 /// task's stdout log), QMP on its socket, `-machine`, `-smp`, `-m`, the disk, kernel,
-/// initrd and append, the network (only with port forwards), the hardening, and the
-/// extra `args` last.
+/// initrd and append, the network (only with port forwards; `restrict=on` unless the
+/// operator lets guests out), the hardening, and the extra `args` last.
 ///
 /// ```
 /// use drover_driver_qemu::vm::{command_line, Vm};
@@ -231,6 +236,9 @@ pub fn command_line(vm: &Vm) -> Vec<String> {
     }
     if !vm.port_forwards.is_empty() {
         let mut netdev = String::from("user,id=net0");
+        if vm.restrict_network {
+            netdev.push_str(",restrict=on");
+        }
         for f in &vm.port_forwards {
             let proto = match f.protocol {
                 Protocol::Tcp => "tcp",
@@ -325,7 +333,7 @@ mod tests {
         has("-append", "console=ttyS0 quiet");
         has(
             "-netdev",
-            "user,id=net0,hostfwd=tcp:127.0.0.1:8080-:80,hostfwd=udp:0.0.0.0:5353-:53",
+            "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:8080-:80,hostfwd=udp:0.0.0.0:5353-:53",
         );
         has("-device", "virtio-net-pci,netdev=net0");
         has(
@@ -356,6 +364,54 @@ mod tests {
         let mut vm = Vm::direct_boot("/k", "/i", "", "/q");
         vm.hardening = hardening(Some("9.2.0"), true);
         assert!(pairs(&command_line(&vm)).contains(&("-run-with".into(), "user=nobody".into())));
+    }
+
+    #[test]
+    fn the_network_is_restricted_unless_the_operator_lets_guests_out() {
+        let mut vm = Vm::direct_boot("/k", "/i", "", "/q");
+        vm.port_forwards = vec![PortForward {
+            host: 8080,
+            guest: 80,
+            host_ip: None,
+            protocol: Protocol::Tcp,
+        }];
+        let netdev = |vm: &Vm| {
+            pairs(&command_line(vm))
+                .into_iter()
+                .find(|(k, _)| k == "-netdev")
+                .map(|(_, v)| v)
+                .unwrap()
+        };
+        assert_eq!(
+            netdev(&vm),
+            "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:8080-:80"
+        );
+        // From a checked task config: the plugin's guest_outbound_network decides.
+        let task: TaskConfig = serde_json::from_str(r#"{"kernel":"/k"}"#).unwrap();
+        let checked = |restrict_network| Checked {
+            disk: None,
+            kernel: Some("/k".into()),
+            initrd: None,
+            restrict_network,
+        };
+        let of = |restrict| {
+            let mut vm = Vm::of_task(
+                &task,
+                checked(restrict),
+                0,
+                "/q".into(),
+                vm.hardening.clone(),
+            );
+            vm.port_forwards = vec![PortForward {
+                host: 8080,
+                guest: 80,
+                host_ip: None,
+                protocol: Protocol::Tcp,
+            }];
+            netdev(&vm)
+        };
+        assert!(of(true).contains(",restrict=on"));
+        assert!(!of(false).contains("restrict"), "{}", of(false));
     }
 
     #[test]
