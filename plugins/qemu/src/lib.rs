@@ -8,11 +8,15 @@
 //!   directory or under one of the plugin's `image_paths`) and/or `kernel`/`initrd`/
 //!   `append` for direct boot; `accelerator` (`tcg` | `kvm`), `machine`, `cpus`,
 //!   `drive_interface`, `port_forwards` (user-mode networking `hostfwd`, on 127.0.0.1
-//!   unless `host_ip` says otherwise), `args` (each checked against the plugin's
-//!   `args_allowlist`), `graceful_shutdown`. Memory is the task's `memory_mb`.
-//!   Unknown fields are refused, naming the field.
+//!   unless `host_ip` says otherwise, within the plugin's `port_forward_host_ips` and
+//!   `port_forward_min_host_port`), `args` (read as qemu reads them: allowlisted flags
+//!   and their one value each; flags that name host files or undo the confinement are
+//!   never allowed), `graceful_shutdown`. Memory is the task's `memory_mb`. Unknown
+//!   fields are refused, naming the field.
 //! - **Plugin config** ([`PluginConfig`]): `image_paths`, `args_allowlist`,
-//!   `emulators` (where the `qemu-system-*` binaries are).
+//!   `emulators` (where the `qemu-system-*` binaries are), `port_forward_host_ips`,
+//!   `port_forward_min_host_port`, `guest_outbound_network` (default off: the
+//!   user-mode network is `restrict=on`).
 //! - **Control over QMP** ([`qmp`]): a unix socket (`qmp`, [`QMP_SOCKET`]) in the
 //!   task's executor directory, which is the plugin's (0700 under its state dir), not
 //!   in the task dir, where the job submitter could plant a link in its place. QMP is
