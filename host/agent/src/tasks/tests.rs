@@ -1747,6 +1747,15 @@ async fn the_api_router_forwards_the_cluster_api_only() {
     assert_eq!(seen.lock().unwrap().len(), 2);
 }
 
+/// Wait until someone subscribed to the fake's task events, or panic with `what`.
+async fn until_subscribed(fake: &Fake, limit: Duration, what: &str) {
+    let deadline = Instant::now() + limit;
+    while fake.s().event_subscribers.is_empty() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn what_the_driver_says_about_a_task_is_in_its_events_bounded_and_cleaned() {
     let env = Env::new();
@@ -1756,14 +1765,12 @@ async fn what_the_driver_says_about_a_task_is_in_its_events_bounded_and_cleaned(
         .await
         .unwrap();
     // The task's runner subscribed to the driver's events.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while env.fake.s().event_subscribers.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "nobody subscribed to the driver's events"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_subscribed(
+        &env.fake,
+        Duration::from_secs(5),
+        "nobody subscribed to the driver's events",
+    )
+    .await;
     env.fake.say("no-such-task", "dropped");
     env.fake.say(
         &v.id,
@@ -1790,14 +1797,12 @@ async fn what_the_driver_says_about_a_task_is_in_its_events_bounded_and_cleaned(
 
     // A new plugin process: the manager subscribes to it too.
     env.fake.new_process();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while env.fake.s().event_subscribers.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "no subscriber to the new process"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_subscribed(
+        &env.fake,
+        Duration::from_secs(10),
+        "no subscriber to the new process",
+    )
+    .await;
     env.fake.say(&v.id, "said by the new process");
     until(&env.mgr, &v.id, "the new process's message", |v| {
         v.events
