@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use drover_api::TaskEventKind;
-use drover_plugin_sdk::TaskEvent;
+use drover_plugin_sdk::{DriverError, TaskEvent};
 use tokio_stream::StreamExt as _;
 
 use super::TaskManager;
@@ -103,6 +103,13 @@ async fn follow(manager: Weak<TaskManager>, driver: String) {
                     _ = generation.changed() => break,
                 }
             },
+            // This process has no events to give: ask again only of its successor.
+            Err(DriverError::Unimplemented(_)) => {
+                if generation.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
             Err(e) => tracing::debug!(%driver, "cannot subscribe to task events: {e}"),
         }
         if manager.strong_count() == 0 {
