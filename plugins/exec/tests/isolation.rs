@@ -294,17 +294,7 @@ async fn fingerprint_is_healthy_with_the_cgroup_version_and_capabilities_tell_th
     }
     let dir = tempfile::tempdir().unwrap();
     let p = Plugin::launch(dir.path(), json!({})).await;
-    let mut stream = within(PROMPT, "fingerprint", p.client.fingerprint())
-        .await
-        .unwrap();
-    let fp = within(
-        PROMPT,
-        "first fingerprint",
-        tokio_stream::StreamExt::next(&mut stream),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let fp = p.first_fingerprint().await;
     assert_eq!(fp.health, Health::Healthy, "{fp:?}");
     let v = &fp.attributes["driver.exec.cgroup_version"];
     assert_eq!(v, cgroups().name());
@@ -426,17 +416,7 @@ async fn on_cgroup_v2_a_parent_inside_a_cgroup_with_processes_is_refused_by_name
     );
     assert!(!p.cgroup("inside").exists(), "cgroup left");
     // The fingerprint says so too: the driver is unhealthy with that reason.
-    let mut stream = within(PROMPT, "fingerprint", p.client.fingerprint())
-        .await
-        .unwrap();
-    let fp = within(
-        PROMPT,
-        "first fingerprint",
-        tokio_stream::StreamExt::next(&mut stream),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let fp = p.first_fingerprint().await;
     assert_eq!(fp.health, Health::Unhealthy, "{fp:?}");
     assert!(fp.description.contains("holds processes"), "{fp:?}");
     // The process it runs is untouched.

@@ -119,6 +119,21 @@ fn unique_parent() -> String {
 }
 
 impl Plugin {
+    /// The first fingerprint the plugin sends.
+    pub async fn first_fingerprint(&self) -> drover_plugin_sdk::Fingerprint {
+        let mut stream = within(PROMPT, "fingerprint", self.client.fingerprint())
+            .await
+            .unwrap();
+        within(
+            PROMPT,
+            "first fingerprint",
+            tokio_stream::StreamExt::next(&mut stream),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+    }
+
     /// Launch the plugin with plugin config `config` (a JSON object; a
     /// `cgroup_parent` is added).
     pub async fn launch(dir: &Path, config: Value) -> Plugin {
