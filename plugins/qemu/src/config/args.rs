@@ -208,10 +208,12 @@ pub const DENIED: &[&str] = &[
 /// Fragments of a `key=` in a flag's value that name a host file, directory, device,
 /// descriptor or socket, or a qemu backend (which the task cannot create, but the
 /// driver's own are there): `file=`, `romfile=`, `path=`, `mem-path=`, `script=`,
-/// `sock=`, `dir=`, `fd=`, `host=`, `sysfsdev=`, `chardev=`, `drive=`, `netdev=`, …
+/// `sock=`, `dir=`, `fd=`, `host=`, `sysfsdev=`, `chardev=`, `drive=`, `netdev=`,
+/// `pcap=` (every USB device's capture file, created or emptied as root, relative to
+/// qemu's working directory `/`), …
 const FILE_KEY_FRAGMENTS: &[&str] = &[
     "file", "path", "rom", "script", "sock", "dir", "fd", "host", "dev", "drive", "splash", "data",
-    "log",
+    "log", "pcap",
 ];
 
 /// Device models (`-device`'s driver, by prefix) that reach the host without any
@@ -229,6 +231,8 @@ const DENIED_DEVICES: &[&str] = &[
     "ivshmem",
     "virtio-9p",
     "ccid-card",
+    // Hands a host U2F security key (found by scanning /dev/hidraw*) to the guest.
+    "u2f",
 ];
 
 /// `-flag` or `--flag` → `flag`; `None` for anything else (a plain argument, `-`,
@@ -471,6 +475,7 @@ mod tests {
             ("-device", r#"{"driver":"loader","file":"x"}"#),
             ("-boot", "splash=x"),
             ("-icount", "shift=1,rr=record,rrfile=x"),
+            ("-device", "usb-kbd,pcap=vmlinuz"),
         ] {
             let err = check(&[flag, value], &[flag]).unwrap_err();
             assert!(
@@ -484,6 +489,7 @@ mod tests {
             "driver=vfio-pci",
             "vhost-scsi-pci,wwpn=x",
             "ccid-card-emulated",
+            "u2f-passthru",
         ] {
             let err = check(&["--device", value], &["-device"]).unwrap_err();
             assert!(err.contains("device models"), "{value}: {err}");
