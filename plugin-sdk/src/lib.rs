@@ -22,6 +22,7 @@ pub mod client;
 pub mod driver;
 pub mod error;
 pub mod handshake;
+pub mod inproc;
 pub mod logging;
 pub mod logs;
 pub mod server;

@@ -19,6 +19,7 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
+use crate::instance::PluginInstance;
 use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
 
 use crate::loader::{self, Candidate, Fingerprinted};
@@ -56,7 +57,7 @@ impl LoadContext {
 }
 
 struct Live {
-    process: PluginProcess,
+    process: PluginInstance,
     reattached: bool,
     version: String,
     api_version: String,
@@ -175,12 +176,15 @@ impl LoadedPlugin {
             path: self.candidate.path.clone(),
             state: live.state,
             reason: live.reason.clone(),
-            pid: (!live.process.has_exited()).then(|| live.process.pid()),
+            pid: (!live.process.has_exited())
+                .then(|| live.process.pid())
+                .flatten(),
             reattached: live.reattached,
+            in_process: live.process.in_process(),
         }
     }
 
-    fn process(&self) -> PluginProcess {
+    fn process(&self) -> PluginInstance {
         self.live().process.clone()
     }
 }
@@ -258,6 +262,11 @@ impl Records {
     /// Remember a serving plugin process so the next agent can reattach to it.
     async fn save(&self, fp: &Fingerprinted) {
         let (name, c, p) = (fp.info.name.as_str(), &fp.candidate, &fp.process);
+        // A library loaded into the agent has no process to take over: the next agent
+        // loads it again.
+        let Some(reattach) = p.reattach_config() else {
+            return;
+        };
         let sha256 = fp.sha256.clone();
         let rec = PluginRecord {
             name: name.to_owned(),
@@ -269,12 +278,12 @@ impl Records {
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect(),
             sha256,
-            reattach: p.reattach_config(),
+            reattach,
         };
         if let Err(e) = self.write(move |store| store.put_plugin(&rec)).await {
             // Not fatal: the plugin serves. The cost comes at the next start, which
             // cannot find this process again and launches a fresh one beside it.
-            tracing::error!(plugin = %name, pid = p.pid(), "plugin record not saved: {e}");
+            tracing::error!(plugin = %name, pid = ?p.pid(), "plugin record not saved: {e}");
         }
     }
 
@@ -593,7 +602,7 @@ impl Catalog {
             row.version = fp.info.version.clone();
             if fp.process.is_reattached() {
                 // The record is under the winner's name, which the winner rewrites.
-                tracing::info!(plugin = %fp.info.name, pid = fp.process.pid(), "shutting down a reattached plugin that no longer wins its name");
+                tracing::info!(plugin = %fp.info.name, pid = ?fp.process.pid(), "shutting down a reattached plugin that no longer wins its name");
             }
             fp.process.shutdown().await;
             self.skip(row);
@@ -637,7 +646,8 @@ impl Catalog {
                 api_version = %fp.api_version,
                 source = ?fp.candidate.source,
                 path = %fp.candidate.path.display(),
-                pid = fp.process.pid(),
+                pid = ?fp.process.pid(),
+                in_process = fp.process.in_process(),
                 reattached = fp.process.is_reattached(),
                 "plugin loaded"
             );
@@ -695,10 +705,7 @@ async fn sweep_all(strays: Vec<(PathBuf, PathBuf)>, ctx: &LoadContext, slots: &A
 fn stray_sockets(socket_dir: &Path, serving: &[Arc<LoadedPlugin>]) -> Vec<(PathBuf, PathBuf)> {
     let in_use: Vec<PathBuf> = serving
         .iter()
-        .filter_map(|p| match &p.process().handshake().addr {
-            drover_plugin_sdk::handshake::PluginAddr::Unix(s) => Some(s.clone()),
-            drover_plugin_sdk::handshake::PluginAddr::Tcp(_) => None,
-        })
+        .filter_map(|p| p.process().socket_path())
         .collect();
     let Ok(entries) = std::fs::read_dir(socket_dir) else {
         return Vec::new();
@@ -885,7 +892,7 @@ async fn try_reattach(
         .await
         .map_err(|e| e.to_string())?;
     // Proven to be our plugin: from here on a failure shuts it down (adopt does).
-    let fp = loader::adopt(c, process, sha, ctx.timeout, &ctx.accepted).await?;
+    let fp = loader::adopt(c, process.into(), sha, ctx.timeout, &ctx.accepted).await?;
     tracing::info!(
         plugin = %rec.name,
         pid = rec.reattach.pid,
@@ -968,7 +975,7 @@ async fn supervise(
         if launched.elapsed() > STABLE_AFTER {
             backoff = RELAUNCH_BACKOFF.0;
         }
-        tracing::warn!(plugin = %plugin.name, pid = process.pid(), "plugin process exited ({how})");
+        tracing::warn!(plugin = %plugin.name, pid = ?process.pid(), "plugin process exited ({how})");
         loop {
             plugin.set_state(
                 PluginState::Unhealthy,
@@ -1003,7 +1010,7 @@ async fn relaunch(
         fp.process.shutdown().await;
         return Err(reason);
     }
-    tracing::info!(plugin = %plugin.name, pid = fp.process.pid(), "plugin relaunched");
+    tracing::info!(plugin = %plugin.name, pid = ?fp.process.pid(), "plugin relaunched");
     records.save(&fp).await;
     *plugin.live() = live_from(fp);
     plugin.generation.send_modify(|g| *g += 1);

@@ -32,6 +32,11 @@ pub struct PluginSettings {
     /// pinned (see `loader::Policy`).
     #[serde(default)]
     pub sha256: Option<String>,
+    /// Load this driver library (`NAME.so` in `plugin_dir`) into the agent process
+    /// instead of refusing it. Off by default: an in-process driver shares the agent's
+    /// memory, and its crash is the agent's. `NAME` is the file name without `.so`.
+    #[serde(default)]
+    pub in_process: bool,
 }
 
 impl Default for PluginSettings {
@@ -39,6 +44,7 @@ impl Default for PluginSettings {
         PluginSettings {
             config: empty_object(),
             sha256: None,
+            in_process: false,
         }
     }
 }

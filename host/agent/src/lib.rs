@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod cluster_forward;
 pub mod config;
 pub mod dirs;
+pub mod instance;
 pub mod limits;
 pub mod loader;
 pub mod logs;

@@ -20,6 +20,7 @@ use drover_plugin_sdk::{Capabilities, DriverError, PluginInfo};
 use sha2::Digest as _;
 
 use crate::config::AgentConfig;
+use crate::instance::PluginInstance;
 
 /// A plugin binary to try.
 #[derive(Debug, Clone)]
@@ -58,6 +59,7 @@ pub(crate) fn skipped_status(c: &Candidate, reason: impl Into<String>) -> Plugin
         reason: reason.into(),
         pid: None,
         reattached: false,
+        in_process: false,
     }
 }
 
@@ -66,8 +68,8 @@ pub(crate) fn skipped_status(c: &Candidate, reason: impl Into<String>) -> Plugin
 pub struct Fingerprinted {
     /// What was launched.
     pub candidate: Candidate,
-    /// The running process.
-    pub process: PluginProcess,
+    /// The running plugin (a process, or a library loaded into the agent).
+    pub process: PluginInstance,
     /// Its identity.
     pub info: PluginInfo,
     /// The negotiated plugin API version.
@@ -444,7 +446,14 @@ pub async fn fingerprint(
     let process = PluginProcess::launch(opts)
         .await
         .map_err(|e| e.to_string())?;
-    adopt(candidate, process, binary.sha256.clone(), timeout, accepted).await
+    adopt(
+        candidate,
+        process.into(),
+        binary.sha256.clone(),
+        timeout,
+        accepted,
+    )
+    .await
 }
 
 /// Fingerprint a running plugin process (just launched, or reattached) whose binary
@@ -453,7 +462,7 @@ pub async fn fingerprint(
 /// error is the reason.
 pub async fn adopt(
     candidate: &Candidate,
-    process: PluginProcess,
+    process: PluginInstance,
     sha256: String,
     timeout: Duration,
     accepted: &semver::VersionReq,
@@ -494,7 +503,7 @@ type Identity = (
 );
 
 async fn identify(
-    process: &PluginProcess,
+    process: &PluginInstance,
     accepted: &semver::VersionReq,
 ) -> Result<Identity, String> {
     let client = process.client();

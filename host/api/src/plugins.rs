@@ -62,6 +62,10 @@ pub struct PluginStatus {
     /// The process was started by an earlier agent and taken over, not launched by this
     /// one. Its stdout/stderr went to that agent and are not captured any more.
     pub reattached: bool,
+    /// A driver library loaded into the agent (`in_process = true`), not a process of
+    /// its own: `pid` is then empty, and a crash of the driver is a crash of the agent.
+    #[serde(default)]
+    pub in_process: bool,
 }
 
 impl PluginSource {

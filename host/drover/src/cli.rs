@@ -306,7 +306,11 @@ pub fn print_plugins(rows: &[PluginStatus], json: bool) -> anyhow::Result<()> {
         "NAME", "SOURCE", "STATE", "VERSION", "API", "PID"
     );
     for r in rows {
-        let pid = r.pid.map_or_else(|| "-".into(), |p| p.to_string());
+        let pid = match r.pid {
+            Some(p) => p.to_string(),
+            None if r.in_process => "in-agent".into(),
+            None => "-".into(),
+        };
         let detail = if r.state == PluginState::Healthy {
             r.path.display().to_string()
         } else {

@@ -202,7 +202,8 @@ async fn the_bytes_checked_are_the_bytes_executed() {
     .expect("the checked binary launches");
     assert_eq!(fp.info.name, "skeleton");
     assert!(!marker.exists(), "the file swapped in after the check ran");
-    let exe = std::fs::read_link(format!("/proc/{}/exe", fp.process.pid())).unwrap();
+    let pid = fp.process.pid().expect("a plugin process");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
     assert!(
         exe.to_string_lossy().ends_with("(deleted)"),
         "the process runs {exe:?}, not the checked (since replaced) file"

@@ -4,10 +4,14 @@
 //! - `process.rs`: [`PluginProcess`] — launch a binary and check its handshake, its
 //!   liveness, shutdown; [`LaunchOptions`], [`LaunchError`];
 //! - `reattach.rs`: take over a plugin an earlier host launched ([`ReattachConfig`]);
+//! - `inproc.rs`: load a driver library into this process ([`InProcessPlugin`]);
 //! - this module: [`PluginClient`], the typed RPCs, and what a plugin says it is.
 
+mod inproc;
 mod process;
 mod reattach;
+
+pub use inproc::{InProcessOptions, InProcessPlugin, LoadError, sealed_copy};
 
 pub use process::{
     LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE, set_plugin_nofile_soft_limit,

@@ -223,7 +223,7 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
 /// Its environment is only the executor variables: the task's environment comes from
 /// the spec.
 fn executor_command(dir: &Path, lock: std::fs::File, task_id: &str) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    let mut cmd = tokio::process::Command::new(drover_plugin_sdk::inproc::executor_program());
     cmd.arg0(format!("{EXECUTOR_ARG0}{task_id}"))
         .env_clear()
         .env(ENV_EXECUTOR_DIR, dir)
