@@ -3,10 +3,15 @@
 //! Every candidate (each executable in `plugin_dir`, plus the built-in drivers, which
 //! are this same binary re-executed) is launched once, concurrently, handshaken,
 //! identified and version-negotiated. The process that was fingerprinted is the one
-//! that then serves. Anything wrong with a candidate becomes a `skipped` status row
-//! with a reason for people; nothing here can take the agent down.
+//! that then serves. A driver library (`NAME.so` in `plugin_dir`, allowed with
+//! `[plugin.NAME] in_process = true`) is loaded into the agent instead of launched
+//! ([`library`]) and then identified the same way. Anything wrong with a candidate
+//! becomes a `skipped` status row with a reason for people; nothing here can take the
+//! agent down.
 
-use std::collections::BTreeMap;
+pub mod library;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -22,17 +27,56 @@ use sha2::Digest as _;
 use crate::config::AgentConfig;
 use crate::instance::PluginInstance;
 
-/// A plugin binary to try.
+/// A plugin binary or driver library to try.
 #[derive(Debug, Clone)]
 pub struct Candidate {
-    /// The executable.
+    /// The executable, or the library.
     pub path: PathBuf,
-    /// Its arguments.
+    /// Its arguments (a library has none).
     pub args: Vec<OsString>,
     /// Where it came from.
     pub source: PluginSource,
-    /// File name (external) or built-in name, for logs and allow/deny lists.
+    /// File name (external binary), file name without `lib` and `.so` (library) or
+    /// built-in name, for logs, allow/deny lists and `[plugin.<label>]`.
     pub label: String,
+}
+
+/// What form a candidate's plugin takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CandidateKind {
+    /// An executable, run as a plugin process.
+    Binary,
+    /// A driver library (`NAME.so` in `plugin_dir`), loaded into the agent.
+    Library,
+}
+
+impl Candidate {
+    /// Binary or library. A library is a file in `plugin_dir` whose name ends in
+    /// `.so` (see [`library_label`]); everything else, built-ins included, is a binary.
+    /// Derived from the path, so that a candidate cannot say one thing and be another.
+    pub fn kind(&self) -> CandidateKind {
+        let named_like_a_library = self
+            .path
+            .file_name()
+            .is_some_and(|n| library_label(&n.to_string_lossy()).is_some());
+        if self.source == PluginSource::External && named_like_a_library {
+            CandidateKind::Library
+        } else {
+            CandidateKind::Binary
+        }
+    }
+}
+
+/// The label of a driver library's file name: the name without `.so` and without a
+/// leading `lib` (`rawexec.so` and `librawexec.so` are both `rawexec`); `None` for a
+/// name that does not end in `.so` or has nothing before it.
+pub fn library_label(file_name: &str) -> Option<&str> {
+    let stem = file_name.strip_suffix(".so")?;
+    let label = match stem.strip_prefix("lib") {
+        Some(rest) if !rest.is_empty() => rest,
+        _ => stem,
+    };
+    (!label.is_empty()).then_some(label)
 }
 
 /// A built-in driver the `drover` binary can serve by re-executing itself.
@@ -85,9 +129,11 @@ pub struct Fingerprinted {
     pub sha256: String,
 }
 
-/// List candidates in `dir` (non-recursive, sorted by name). Files that must not be
-/// run are returned as skipped rows instead. The checks are those of [`open_checked`],
-/// which runs again on every launch.
+/// List candidates in `dir` (non-recursive, sorted by name): binaries, and driver
+/// libraries (`NAME.so`, labelled `NAME`). Files that must not be run or loaded are
+/// returned as skipped rows instead. The checks are those of [`open_checked`], which
+/// runs again on every launch; whether a library may be loaded at all is the
+/// [`Policy`]'s to say, before each load.
 pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
     let mut candidates = Vec::new();
     let mut skipped = Vec::new();
@@ -105,10 +151,13 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.sort();
     for path in paths {
-        let label = path
+        let file_name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let label = library_label(&file_name)
+            .map(str::to_owned)
+            .unwrap_or(file_name);
         let candidate = Candidate {
             path: path.clone(),
             args: Vec::new(),
@@ -180,7 +229,9 @@ fn file_type_name(t: rustix::fs::FileType) -> &'static str {
 /// executable file, owned by root or the agent's uid and not writable by group or
 /// others; an external plugin's directory is checked the same way and the file is
 /// opened relative to it. The descriptor is close-on-exec; it is what the launcher
-/// executes.
+/// executes, or, for a driver library, what the sealed copy that is loaded is made
+/// from ([`library`]). A library need not be executable (`dlopen` maps it, nothing
+/// executes the file); every other check is the same.
 ///
 /// The file is first opened with `O_PATH`, which never blocks and reads nothing, and
 /// only a regular file is then opened for reading: opening a FIFO for reading blocks
@@ -206,11 +257,16 @@ pub fn open_checked(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
 fn open_checked_inner(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
     use rustix::fs::{FileType, Mode, OFlags};
     let shown = c.path.display().to_string();
+    let kind = c.kind();
     let refused = |e: rustix::io::Errno| {
         if e == rustix::io::Errno::LOOP {
+            let (what, how) = match kind {
+                CandidateKind::Binary => ("plugin binaries are run", "binary"),
+                CandidateKind::Library => ("driver libraries are loaded", "library"),
+            };
             format!(
-                "{shown} is a symlink: plugin binaries are run only from the file itself \
-                 (O_NOFOLLOW); copy or move the binary into place"
+                "{shown} is a symlink: {what} only from the file itself (O_NOFOLLOW); copy \
+                 or move the {how} into place"
             )
         } else {
             format!("cannot open {shown}: {e}")
@@ -251,7 +307,7 @@ fn open_checked_inner(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
     let file_type = FileType::from_raw_mode(st.st_mode);
     if file_type != FileType::RegularFile {
         return Err(format!(
-            "{shown} is {}, not a regular file: only regular files are run as plugins",
+            "{shown} is {}, not a regular file: only regular files are run or loaded as plugins",
             file_type_name(file_type)
         ));
     }
@@ -272,7 +328,7 @@ fn open_checked_inner(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
     let flags = rustix::fs::fcntl_getfl(&fd).map_err(fcntl_failed)?;
     rustix::fs::fcntl_setfl(&fd, flags.difference(OFlags::NONBLOCK)).map_err(fcntl_failed)?;
     let mode = st2.st_mode;
-    if mode & 0o111 == 0 {
+    if kind == CandidateKind::Binary && mode & 0o111 == 0 {
         return Err(format!(
             "{shown} is not executable (mode {:04o}); chmod +x it to load it",
             mode & 0o7777
@@ -332,6 +388,10 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 /// equal to its sha256. A built-in (the agent's own binary) needs no pin, but a pin
 /// configured under its name is checked before it runs. All of it is checked before
 /// every exec, relaunches included, on the bytes executed.
+///
+/// Driver libraries follow the same rules (pins included: a library is external),
+/// and one more: a library is loaded only when `[plugin.<label>] in_process = true`
+/// asks for it, checked before every load, relaunches included.
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
     /// `plugin_allow`.
@@ -340,6 +400,9 @@ pub struct Policy {
     pub deny: Vec<String>,
     /// Pins by plugin name, lowercase hex.
     pub pins: BTreeMap<String, String>,
+    /// Names whose `[plugin.NAME]` says `in_process = true`: the driver libraries that
+    /// may be loaded into the agent.
+    pub in_process: BTreeSet<String>,
 }
 
 impl Policy {
@@ -357,16 +420,36 @@ impl Policy {
                         .map(|p| (name.clone(), p.trim().to_ascii_lowercase()))
                 })
                 .collect(),
+            in_process: config
+                .plugin
+                .iter()
+                .filter(|(_, s)| s.in_process)
+                .map(|(name, _)| name.clone())
+                .collect(),
         }
     }
 
-    /// May `c`, whose binary hashes to `sha256`, be executed?
+    /// May `c`, whose binary hashes to `sha256`, be executed (a library: loaded)?
     pub fn before_exec(&self, c: &Candidate, sha256: &str) -> Result<(), String> {
         allowed(&c.label, &self.allow, &self.deny)?;
+        if c.kind() == CandidateKind::Library && !self.in_process.contains(&c.label) {
+            let label = &c.label;
+            return Err(format!(
+                "not loaded: {} is a driver library, and a library is loaded into the agent \
+                 only when its config allows it (a crash of an in-process driver is a crash \
+                 of the agent); to load it, add `in_process = true` under [plugin.{label}] \
+                 in the agent config",
+                c.path.display()
+            ));
+        }
+        let (not_run, run) = match c.kind() {
+            CandidateKind::Binary => ("not run", "run"),
+            CandidateKind::Library => ("not loaded", "load"),
+        };
         if let Some(pin) = self.pins.get(&c.label) {
             if !pin.eq_ignore_ascii_case(sha256) {
                 return Err(format!(
-                    "sha256 is {sha256}, but [plugin.{}] sha256 pins {pin}; not run",
+                    "sha256 is {sha256}, but [plugin.{}] sha256 pins {pin}; {not_run}",
                     c.label
                 ));
             }
@@ -378,8 +461,8 @@ impl Policy {
         {
             return Err(format!(
                 "not pinned: its sha256 {sha256} matches no [plugin.NAME] sha256 pin, and once \
-                 any pin is configured only pinned binaries run; not run (to run it, add \
-                 sha256 = \"{sha256}\" under [plugin.<the name it serves>])"
+                 any pin is configured only pinned binaries and libraries run; {not_run} (to \
+                 {run} it, add sha256 = \"{sha256}\" under [plugin.<the name it serves>])"
             ));
         }
         Ok(())
@@ -428,9 +511,15 @@ fn rpc_reason(rpc: &str, e: DriverError) -> String {
     }
 }
 
-/// Launch one candidate from its checked `binary` (the descriptor is what runs) and
-/// fingerprint it. On failure the process has been shut down (politely if it got far
-/// enough to be asked) and the error is the reason.
+/// Launch one candidate from its checked `binary` (the descriptor is what runs), or
+/// load it into the agent when it is a driver library (a sealed copy of the bytes
+/// behind the descriptor is what is loaded, see [`library`]), and fingerprint it. On
+/// failure the plugin has been shut down (politely if it got far enough to be asked)
+/// and the error is the reason.
+///
+/// A library must serve under its label (`rawexec.so` serves `rawexec`): its
+/// `[plugin.<label>] in_process = true` is the operator's consent for exactly that
+/// plugin.
 pub async fn fingerprint(
     candidate: &Candidate,
     binary: &Binary,
@@ -438,22 +527,40 @@ pub async fn fingerprint(
     socket_dir: &Path,
     accepted: &semver::VersionReq,
 ) -> Result<Fingerprinted, String> {
-    let mut opts = LaunchOptions::new(candidate.label.clone(), candidate.path.clone());
-    opts.args = candidate.args.clone();
-    opts.handshake_timeout = timeout;
-    opts.socket_dir = Some(socket_dir.to_owned());
-    opts.executable = Some(binary.fd.clone());
-    let process = PluginProcess::launch(opts)
-        .await
-        .map_err(|e| e.to_string())?;
-    adopt(
+    let instance: PluginInstance = match candidate.kind() {
+        CandidateKind::Binary => {
+            let mut opts = LaunchOptions::new(candidate.label.clone(), candidate.path.clone());
+            opts.args = candidate.args.clone();
+            opts.handshake_timeout = timeout;
+            opts.socket_dir = Some(socket_dir.to_owned());
+            opts.executable = Some(binary.fd.clone());
+            PluginProcess::launch(opts)
+                .await
+                .map_err(|e| e.to_string())?
+                .into()
+        }
+        CandidateKind::Library => library::load(candidate, binary, timeout).await?.into(),
+    };
+    let fp = adopt(
         candidate,
-        process.into(),
+        instance,
         binary.sha256.clone(),
         timeout,
         accepted,
     )
-    .await
+    .await?;
+    if candidate.kind() == CandidateKind::Library && fp.info.name != candidate.label {
+        fp.process.shutdown().await;
+        return Err(format!(
+            "{} calls itself {name:?}: a driver library serves only the plugin it is named \
+             after, so that [plugin.{}] in_process = true allows exactly that plugin; to \
+             load it, name it {name}.so and allow it with [plugin.{name}] in_process = true",
+            candidate.path.display(),
+            candidate.label,
+            name = fp.info.name,
+        ));
+    }
+    Ok(fp)
 }
 
 /// Fingerprint a running plugin process (just launched, or reattached) whose binary
@@ -804,6 +911,102 @@ mod tests {
             ..pinned
         };
         assert!(denied.before_serve("skeleton", ext, &a).is_err());
+    }
+
+    #[test]
+    fn library_labels_drop_lib_and_so() {
+        assert_eq!(library_label("rawexec.so"), Some("rawexec"));
+        assert_eq!(library_label("librawexec.so"), Some("rawexec"));
+        assert_eq!(library_label("lib.so"), Some("lib"));
+        assert_eq!(library_label(".so"), None);
+        assert_eq!(library_label("rawexec.so.1"), None);
+        assert_eq!(library_label("rawexec"), None);
+        let builtin = Candidate {
+            path: PathBuf::from("/usr/bin/x.so"),
+            ..candidate("x", PluginSource::Builtin)
+        };
+        assert_eq!(builtin.kind(), CandidateKind::Binary);
+    }
+
+    #[test]
+    fn scan_takes_libraries_without_exec_bits_and_checks_them_like_binaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n);
+        let write = |n: &str, mode: u32| {
+            std::fs::write(p(n), b"\x7fELF").unwrap();
+            std::fs::set_permissions(p(n), std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("librawexec.so", 0o644);
+        write("worldw.so", 0o646);
+        write("groupw.so", 0o664);
+        std::os::unix::fs::symlink(p("librawexec.so"), p("link.so")).unwrap();
+        let (cands, skipped) = scan_plugin_dir(dir.path());
+        assert_eq!(cands.len(), 1, "{cands:#?} {skipped:#?}");
+        assert_eq!(cands[0].label, "rawexec");
+        assert_eq!(cands[0].kind(), CandidateKind::Library);
+        assert!(reason_of(&skipped, "worldw").contains("world-writable"));
+        assert!(reason_of(&skipped, "groupw").contains("group-writable"));
+        let r = reason_of(&skipped, "link");
+        assert!(
+            r.contains("link.so is a symlink, not a regular file"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn a_library_loads_only_with_in_process_and_pins_hold_for_it() {
+        let (a, b) = ("a".repeat(64), "b".repeat(64));
+        let lib = Candidate {
+            path: PathBuf::from("/plugins/librawexec.so"),
+            ..candidate("rawexec", PluginSource::External)
+        };
+        let err = Policy::default().before_exec(&lib, &a).unwrap_err();
+        assert!(
+            err.contains("/plugins/librawexec.so is a driver library")
+                && err.contains("add `in_process = true` under [plugin.rawexec]"),
+            "{err}"
+        );
+        let allowed = Policy {
+            in_process: ["rawexec".to_owned()].into(),
+            ..Policy::default()
+        };
+        assert!(allowed.before_exec(&lib, &a).is_ok());
+        // The same label as a binary needs no consent: it runs as a process.
+        assert!(
+            Policy::default()
+                .before_exec(&candidate("rawexec", PluginSource::External), &a)
+                .is_ok()
+        );
+        let pinned = Policy {
+            pins: [("rawexec".to_owned(), a.clone())].into(),
+            ..allowed.clone()
+        };
+        assert!(pinned.before_exec(&lib, &a).is_ok());
+        let err = pinned.before_exec(&lib, &b).unwrap_err();
+        assert!(
+            err.contains("[plugin.rawexec] sha256 pins") && err.ends_with("not loaded"),
+            "{err}"
+        );
+        let other = Policy {
+            pins: [("skeleton".to_owned(), a.clone())].into(),
+            ..allowed.clone()
+        };
+        assert!(
+            other
+                .before_exec(&lib, &b)
+                .unwrap_err()
+                .contains("not pinned")
+        );
+        let denied = Policy {
+            deny: vec!["rawexec".into()],
+            ..allowed
+        };
+        assert!(
+            denied
+                .before_exec(&lib, &a)
+                .unwrap_err()
+                .contains("plugin_deny")
+        );
     }
 
     fn reason_of(rows: &[PluginStatus], name: &str) -> String {
