@@ -94,27 +94,76 @@ pub fn format_line(
     Value::Object(fields).to_string()
 }
 
+/// The JSON line (without its newline) for one event.
+fn event_line(event: &Event<'_>) -> String {
+    let mut fields = Map::new();
+    event.record(&mut FieldsVisitor(&mut fields));
+    let message = match fields.remove("@message") {
+        Some(Value::String(s)) => s,
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let meta = event.metadata();
+    format_line(
+        level_name(meta.level()),
+        &message,
+        meta.target(),
+        fields,
+        std::time::SystemTime::now(),
+    )
+}
+
 impl<S: Subscriber> Layer<S> for JsonStderrLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let mut fields = Map::new();
-        event.record(&mut FieldsVisitor(&mut fields));
-        let message = match fields.remove("@message") {
-            Some(Value::String(s)) => s,
-            Some(other) => other.to_string(),
-            None => String::new(),
-        };
-        let meta = event.metadata();
-        let line = format_line(
-            level_name(meta.level()),
-            &message,
-            meta.target(),
-            fields,
-            std::time::SystemTime::now(),
-        );
+        let line = event_line(event);
         // One write per line so lines from several threads never interleave.
         let mut err = std::io::stderr().lock();
         let _ = err.write_all(format!("{line}\n").as_bytes());
     }
+}
+
+/// Where an in-process plugin's log lines go: the pipe its host gave at start, until
+/// its runtime stops (then nowhere; closing it is how the host learns the runtime
+/// stopped). A library loaded into a host has its own copy of this static (and of
+/// `tracing`), so this is never the host's log.
+static LOG_SINK: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Send this library's log lines to `sink` (`None`: drop them and close the old one).
+pub(crate) fn set_log_sink(sink: Option<std::fs::File>) {
+    let old = match LOG_SINK.lock() {
+        Ok(mut s) => std::mem::replace(&mut *s, sink),
+        Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), sink),
+    };
+    drop(old);
+}
+
+/// The in-process form of [`JsonStderrLayer`]: the same lines, to the log sink.
+struct JsonSinkLayer;
+
+impl<S: Subscriber> Layer<S> for JsonSinkLayer {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let line = format!("{}\n", event_line(event));
+        let mut sink = match LOG_SINK.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(f) = sink.as_mut() {
+            // One write per line (a pipe write under PIPE_BUF is atomic; longer ones
+            // are serialised by the lock).
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// Install the in-process logger (this library's own `tracing`): the same JSON lines
+/// as [`init_plugin_logging`], written to the log sink, at `info`. The filter is not
+/// read from the environment: that is the host's, shared by every library in it.
+pub(crate) fn init_inproc_logging() {
+    use tracing_subscriber::prelude::*;
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::filter::LevelFilter::INFO)
+        .with(JsonSinkLayer)
+        .try_init();
 }
 
 /// Install the JSON stderr logger as the global `tracing` subscriber, filtered by

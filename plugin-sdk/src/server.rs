@@ -1,6 +1,7 @@
 //! The plugin side: [`serve`] turns a [`DriverPlugin`] into a go-plugin compatible
 //! plugin process.
 
+use std::future::Future;
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use drover_proto::goplugin;
 use drover_proto::v1 as pb;
+use futures_util::FutureExt as _;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -32,7 +34,7 @@ pub const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 /// How long a plugin waits for in-flight calls after a shutdown request before it
 /// exits anyway. go-plugin hosts kill the process 2 s after asking; and the host keeps
 /// its connection open, so a graceful drain would always run into this limit.
-const SHUTDOWN_GRACE: Duration = Duration::from_millis(50);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_millis(50);
 
 /// Fingerprints are resent at least this often even when nothing changed.
 const FINGERPRINT_HEARTBEAT: Duration = Duration::from_secs(30);
@@ -229,28 +231,7 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
 
     let stop = CancellationToken::new();
     let driver = Arc::new(driver);
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status("plugin", tonic_health::ServingStatus::Serving)
-        .await;
-
-    let router = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(
-            Controller { stop: stop.clone() },
-        ))
-        .add_service(goplugin::grpc_stdio_server::GrpcStdioServer::new(Stdio))
-        .add_service(goplugin::grpc_broker_server::GrpcBrokerServer::new(Broker))
-        .add_service(
-            pb::base_plugin_server::BasePluginServer::new(BaseService(driver.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
-        .add_service(
-            pb::driver_server::DriverServer::new(DriverService(driver.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        );
+    let router = plugin_router(driver.clone(), stop.clone()).await;
     let connections = Arc::new(AtomicUsize::new(0));
     let counter = connections.clone();
     let incoming = tokio_stream::StreamExt::map(
@@ -282,12 +263,85 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
     spawn_signal_handlers(stop.clone());
     spawn_orphan_watch(path.clone(), socket_id, connections, stop.clone());
     stop.cancelled().await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), driver.shutdown()).await;
+    shutdown_driver(driver.as_ref()).await;
     // Open streams (Fingerprint, WaitTask) and the host's idle connection keep a
     // graceful shutdown waiting forever; give in-flight calls a moment, then exit.
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
     drop(dir);
     Ok(())
+}
+
+/// The services a plugin serves, built here once for both forms (a plugin process's
+/// socket and an in-process plugin's socket pairs): health, go-plugin's controller
+/// (its Shutdown cancels `stop`), stdio and broker, and Drover's BasePlugin and Driver
+/// over `driver`.
+pub(crate) async fn plugin_router<D: DriverPlugin>(
+    driver: Arc<D>,
+    stop: CancellationToken,
+) -> tonic::transport::server::Router {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("plugin", tonic_health::ServingStatus::Serving)
+        .await;
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(
+            Controller { stop },
+        ))
+        .add_service(goplugin::grpc_stdio_server::GrpcStdioServer::new(Stdio))
+        .add_service(goplugin::grpc_broker_server::GrpcBrokerServer::new(Broker))
+        .add_service(
+            pb::base_plugin_server::BasePluginServer::new(BaseService(driver.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        )
+        .add_service(
+            pb::driver_server::DriverServer::new(DriverService(driver))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        )
+}
+
+/// `DriverPlugin::shutdown`, bounded to 1 s, a panic in it logged and contained.
+pub(crate) async fn shutdown_driver<D: DriverPlugin>(driver: &D) {
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        contained("Shutdown", driver.shutdown()),
+    )
+    .await;
+}
+
+/// Run one call into the driver, turning a panic into `Status::internal` for this RPC
+/// alone: the plugin keeps serving every other call (in process, the panic would
+/// otherwise end the plugin's runtime).
+async fn contained<T>(rpc: &'static str, call: impl Future<Output = T>) -> Result<T, Status> {
+    std::panic::AssertUnwindSafe(call)
+        .catch_unwind()
+        .await
+        .map_err(|payload| panicked(rpc, payload.as_ref()))
+}
+
+/// [`contained`] for the driver's synchronous methods.
+fn contained_sync<T>(rpc: &'static str, call: impl FnOnce() -> T) -> Result<T, Status> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .map_err(|payload| panicked(rpc, payload.as_ref()))
+}
+
+fn panicked(rpc: &str, payload: &(dyn std::any::Any + Send)) -> Status {
+    let message = panic_message(payload);
+    tracing::error!(rpc, "driver panicked: {message}");
+    Status::internal(format!("driver panicked in {rpc}: {message}"))
+}
+
+/// The text of a panic (`panic!("...")` carries a `&str` or a `String`).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
 }
 
 /// SIGINT is ignored (a Ctrl-C at the agent's terminal must not kill plugins; the
@@ -485,12 +539,12 @@ impl<D: DriverPlugin> pb::base_plugin_server::BasePlugin for BaseService<D> {
         &self,
         _: Request<pb::PluginInfoRequest>,
     ) -> Result<Response<pb::PluginInfoResponse>, Status> {
-        let info = self.0.info();
+        let info = contained_sync("PluginInfo", || self.0.info())?;
         Ok(Response::new(pb::PluginInfoResponse {
             r#type: pb::PluginType::Driver as i32,
             name: info.name,
             plugin_version: info.version,
-            plugin_api_versions: self.0.api_versions(),
+            plugin_api_versions: contained_sync("PluginInfo", || self.0.api_versions())?,
         }))
     }
 
@@ -515,7 +569,7 @@ impl<D: DriverPlugin> pb::base_plugin_server::BasePlugin for BaseService<D> {
             plugin_state_dir: agent.plugin_state_dir.into(),
             api_version: req.plugin_api_version,
         };
-        self.0.set_config(config, info).await?;
+        contained("SetConfig", self.0.set_config(config, info)).await??;
         Ok(Response::new(pb::SetConfigResponse {}))
     }
 }
@@ -538,7 +592,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         _: Request<pb::CapabilitiesRequest>,
     ) -> Result<Response<pb::CapabilitiesResponse>, Status> {
         Ok(Response::new(pb::CapabilitiesResponse {
-            capabilities: Some(self.0.capabilities().into()),
+            capabilities: Some(contained_sync("Capabilities", || self.0.capabilities())?.into()),
         }))
     }
 
@@ -554,7 +608,13 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
             let mut last = None;
             let mut last_sent = Instant::now();
             loop {
-                let fp = driver.fingerprint().await;
+                let fp = match contained("Fingerprint", driver.fingerprint()).await {
+                    Ok(fp) => fp,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
                 if last.as_ref() != Some(&fp) || last_sent.elapsed() >= FINGERPRINT_HEARTBEAT {
                     if tx.send(Ok(fp.clone().into())).await.is_err() {
                         return;
@@ -584,7 +644,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         let spec = TaskSpec::from(task);
         validate_task_id(&spec.id)?;
         let config: D::TaskConfig = parse_config("task config", &spec.driver_config_json)?;
-        let handle = self.0.start_task(spec, config).await?;
+        let handle = contained("StartTask", self.0.start_task(spec, config)).await??;
         Ok(Response::new(pb::StartTaskResponse {
             handle: Some(handle.into()),
         }))
@@ -594,7 +654,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         &self,
         req: Request<pb::WaitTaskRequest>,
     ) -> Result<Response<pb::WaitTaskResponse>, Status> {
-        let result = self.0.wait_task(&req.into_inner().task_id).await?;
+        let result = contained("WaitTask", self.0.wait_task(&req.into_inner().task_id)).await??;
         Ok(Response::new(pb::WaitTaskResponse {
             result: Some(result.into()),
         }))
@@ -608,7 +668,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         let timeout = from_duration(req.timeout).unwrap_or(Duration::from_secs(5));
         // The wire's empty signal is the protocol's default, SIGTERM.
         let signal = Signal::parse_or_default(&req.signal).map_err(DriverError::from)?;
-        self.0.stop_task(&req.task_id, timeout, signal).await?;
+        contained("StopTask", self.0.stop_task(&req.task_id, timeout, signal)).await??;
         Ok(Response::new(pb::StopTaskResponse {}))
     }
 
@@ -617,7 +677,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         req: Request<pb::DestroyTaskRequest>,
     ) -> Result<Response<pb::DestroyTaskResponse>, Status> {
         let req = req.into_inner();
-        self.0.destroy_task(&req.task_id, req.force).await?;
+        contained("DestroyTask", self.0.destroy_task(&req.task_id, req.force)).await??;
         Ok(Response::new(pb::DestroyTaskResponse {}))
     }
 
@@ -625,7 +685,11 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         &self,
         req: Request<pb::InspectTaskRequest>,
     ) -> Result<Response<pb::InspectTaskResponse>, Status> {
-        let status = self.0.inspect_task(&req.into_inner().task_id).await?;
+        let status = contained(
+            "InspectTask",
+            self.0.inspect_task(&req.into_inner().task_id),
+        )
+        .await??;
         Ok(Response::new(pb::InspectTaskResponse {
             task: Some(status.into()),
         }))
@@ -644,7 +708,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
             handle.spec.id = req.task_id;
         }
         validate_task_id(&handle.spec.id)?;
-        self.0.recover_task(handle).await?;
+        contained("RecoverTask", self.0.recover_task(handle)).await??;
         Ok(Response::new(pb::RecoverTaskResponse {}))
     }
 
@@ -655,7 +719,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         let req = req.into_inner();
         // Empty is SIGTERM here too, as it always was on the wire.
         let signal = Signal::parse_or_default(&req.signal).map_err(DriverError::from)?;
-        self.0.signal_task(&req.task_id, signal).await?;
+        contained("SignalTask", self.0.signal_task(&req.task_id, signal)).await??;
         Ok(Response::new(pb::SignalTaskResponse {}))
     }
 
@@ -670,7 +734,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
             .unwrap_or(Duration::from_secs(1))
             .max(Duration::from_millis(100));
         // The first sample answers the call, so an unsupported or unknown task fails it.
-        let first = self.0.task_stats(&req.task_id).await?;
+        let first = contained("TaskStats", self.0.task_stats(&req.task_id)).await??;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let driver = self.0.clone();
         let task_id = req.task_id;
@@ -688,7 +752,13 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
                     () = tokio::time::sleep(interval) => {}
                     () = tx.closed() => return,
                 }
-                sample = driver.task_stats(&task_id).await;
+                sample = match contained("TaskStats", driver.task_stats(&task_id)).await {
+                    Ok(sample) => sample,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
             }
         });
         Ok(Response::new(Box::pin(
@@ -702,7 +772,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         &self,
         _: Request<pb::TaskEventsRequest>,
     ) -> Result<Response<Self::TaskEventsStream>, Status> {
-        let Some(mut events) = self.0.task_events() else {
+        let Some(mut events) = contained_sync("TaskEvents", || self.0.task_events())? else {
             return Err(DriverError::Unimplemented("TaskEvents".into()).into());
         };
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -734,7 +804,11 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
             return Err(Status::invalid_argument("ExecTask needs a command"));
         }
         let timeout = from_duration(req.timeout).unwrap_or(Duration::from_secs(60));
-        let out = self.0.exec_task(&req.task_id, req.command, timeout).await?;
+        let out = contained(
+            "ExecTask",
+            self.0.exec_task(&req.task_id, req.command, timeout),
+        )
+        .await??;
         Ok(Response::new(pb::ExecTaskResponse {
             stdout: out.stdout,
             stderr: out.stderr,

@@ -1,5 +1,25 @@
-//! A conformance harness for plugin authors: launch your real plugin binary and check
-//! that it behaves as the host expects. Enable the `testing` feature.
+//! A conformance harness for plugin authors: launch your real plugin binary (or load
+//! your driver library into the test, as an agent with `in_process = true` does) and
+//! check that it behaves as the host expects. Enable the `testing` feature.
+//!
+//! Both forms run the same checks. For the library form, the harness needs a program
+//! the driver's executors can run (`.executor(...)`): in a test the host is the test
+//! binary, which is no executor; pass the driver's own binary, whose `main` calls
+//! `drover_executor::run_if_executor` first.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use drover_plugin_sdk::testing::Conformance;
+//! let deps = std::env::current_exe().unwrap().parent().unwrap().to_owned();
+//! Conformance::shared_library(deps.join("libdrover_driver_rawexec.so"))
+//!     .executor("target/debug/drover-driver-rawexec")
+//!     .sample_task(serde_json::json!({"command": "/bin/true"}))
+//!     .long_task(serde_json::json!({"command": "/bin/sleep", "args": ["1000"]}))
+//!     .run()
+//!     .await
+//!     .expect("the library conforms");
+//! # }
+//! ```
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -22,18 +42,89 @@ use std::time::{Duration, Instant};
 
 use tokio_stream::StreamExt as _;
 
-use crate::client::{LaunchOptions, PluginProcess};
+use crate::client::{
+    InProcessOptions, InProcessPlugin, LaunchOptions, PluginClient, PluginProcess, sealed_copy,
+};
 use crate::version::{negotiate_api_version, parse_version, supported_api_range};
 use crate::{AgentInfo, DriverError, ExitOutcome, Signal, TaskHandle, TaskSpec, TaskState};
 
 /// What to check and how to start tasks with the driver under test.
 #[derive(Debug, Clone)]
 pub struct Conformance {
-    binary: PathBuf,
+    form: Form,
     args: Vec<OsString>,
+    executor: Option<PathBuf>,
     sample_task: serde_json::Value,
     long_task: serde_json::Value,
     plugin_config: serde_json::Value,
+}
+
+/// The shared library `file_name` (e.g. `libdrover_driver_rawexec.so`) cargo built
+/// beside this test's executable (target/*/deps holds the `cdylib`s of the crates a
+/// test depends on), or `None` after a loud `SKIPPED` line when it is not there. Under
+/// `CI=true` a missing library fails the test instead.
+///
+/// ```no_run
+/// let lib = drover_plugin_sdk::testing::built_library("libdrover_driver_rawexec.so");
+/// ```
+pub fn built_library(file_name: &str) -> Option<PathBuf> {
+    let dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf));
+    if let Some(path) = dir.map(|d| d.join(file_name))
+        && path.is_file()
+    {
+        return Some(path);
+    }
+    let why = format!(
+        "{file_name} is not next to the test executable: build the driver crate with \
+         crate-type = [\"rlib\", \"cdylib\"]"
+    );
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true and {why}"
+    );
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
+/// Which form of the driver is checked.
+#[derive(Debug, Clone)]
+enum Form {
+    /// A plugin binary, launched as a process.
+    Process(PathBuf),
+    /// A driver library, loaded into this process.
+    Library(PathBuf),
+}
+
+/// The plugin being checked, in either form.
+enum UnderTest {
+    Process(PluginProcess),
+    Library(InProcessPlugin),
+}
+
+impl UnderTest {
+    fn client(&self) -> PluginClient {
+        match self {
+            UnderTest::Process(p) => p.client(),
+            UnderTest::Library(p) => p.client(),
+        }
+    }
+
+    async fn shutdown(&self) -> ExitOutcome {
+        match self {
+            UnderTest::Process(p) => p.shutdown().await,
+            UnderTest::Library(p) => p.shutdown().await,
+        }
+    }
+
+    /// After a failure: a process is killed; a library cannot be, so it is stopped.
+    async fn kill(&self) -> ExitOutcome {
+        match self {
+            UnderTest::Process(p) => p.kill().await,
+            UnderTest::Library(p) => p.shutdown().await,
+        }
+    }
 }
 
 /// One passed step and how long it took.
@@ -112,9 +203,21 @@ const TASK_IDS: [&str; 4] = [
 impl Conformance {
     /// Check the plugin binary at `binary`. Set the task configs before running.
     pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self::of(Form::Process(binary.into()))
+    }
+
+    /// Check the driver library (`cdylib` built with [`crate::export_driver!`]) at
+    /// `path`, loaded into this process as an agent loads it with `in_process = true`.
+    /// Set [`Self::executor`] when its tasks run in executors.
+    pub fn shared_library(path: impl Into<PathBuf>) -> Self {
+        Self::of(Form::Library(path.into()))
+    }
+
+    fn of(form: Form) -> Self {
         Conformance {
-            binary: binary.into(),
+            form,
             args: Vec::new(),
+            executor: None,
             sample_task: serde_json::json!({}),
             long_task: serde_json::json!({}),
             plugin_config: serde_json::json!({}),
@@ -134,6 +237,15 @@ impl Conformance {
         self
     }
 
+    /// The program a library's executors run (library form only; default: this test
+    /// binary, which is no executor). Pass the driver's own binary, e.g.
+    /// `env!("CARGO_BIN_EXE_drover-driver-rawexec")`, which calls
+    /// `drover_executor::run_if_executor` first thing.
+    pub fn executor(mut self, program: impl Into<PathBuf>) -> Self {
+        self.executor = Some(program.into());
+        self
+    }
+
     /// A task config that starts a task which exits 0 within a few seconds.
     pub fn sample_task(mut self, config: serde_json::Value) -> Self {
         self.sample_task = config;
@@ -146,11 +258,43 @@ impl Conformance {
         self
     }
 
-    async fn launch(&self, dir: &std::path::Path) -> Result<PluginProcess, String> {
-        let mut opts = LaunchOptions::new("conformance", self.binary.clone());
-        opts.args = self.args.clone();
-        opts.socket_dir = Some(dir.to_owned());
-        PluginProcess::launch(opts).await.map_err(|e| e.to_string())
+    async fn launch(&self, dir: &std::path::Path) -> Result<UnderTest, String> {
+        match &self.form {
+            Form::Process(binary) => {
+                let mut opts = LaunchOptions::new("conformance", binary.clone());
+                opts.args = self.args.clone();
+                opts.socket_dir = Some(dir.to_owned());
+                PluginProcess::launch(opts)
+                    .await
+                    .map(UnderTest::Process)
+                    .map_err(|e| e.to_string())
+            }
+            Form::Library(path) => {
+                let file = std::fs::File::open(path)
+                    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+                let sealed = sealed_copy(&file.into(), "conformance")
+                    .map_err(|e| format!("cannot copy {}: {e}", path.display()))?;
+                let mut opts = InProcessOptions::new("conformance", sealed, path.clone());
+                opts.executor = self.executor.clone();
+                InProcessPlugin::load(opts)
+                    .await
+                    .map(UnderTest::Library)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// A fresh plugin after `old` shut down: a new process, or a fresh runtime in the
+    /// same library (what an agent's supervisor does).
+    async fn relaunch(&self, old: &UnderTest, dir: &std::path::Path) -> Result<UnderTest, String> {
+        match old {
+            UnderTest::Process(_) => self.launch(dir).await,
+            UnderTest::Library(p) => p
+                .restart(Duration::from_secs(5))
+                .await
+                .map(UnderTest::Library)
+                .map_err(|e| e.to_string()),
+        }
     }
 
     fn spec(&self, dir: &std::path::Path, id: &str, config: &serde_json::Value) -> TaskSpec {
@@ -163,14 +307,18 @@ impl Conformance {
             .with_driver_config_json(config.to_string())
     }
 
-    /// Run every check against a fresh plugin process. Stops at the first failure.
+    /// Run every check against a fresh plugin (process or loaded library). Stops at
+    /// the first failure.
     pub async fn run(&self) -> Result<Report, ConformanceError> {
         let dir = tempfile::tempdir().map_err(|e| fail("setup", e))?;
         let root = dir.path();
         let mut r = Report::default();
         let plugin = step(
             &mut r,
-            "launch and handshake",
+            match self.form {
+                Form::Process(_) => "launch and handshake",
+                Form::Library(_) => "load the library, start it, health check",
+            },
             Duration::from_secs(10),
             self.launch(root),
         )
@@ -190,7 +338,7 @@ impl Conformance {
     async fn checks(
         &self,
         r: &mut Report,
-        plugin: &PluginProcess,
+        plugin: &UnderTest,
         root: &std::path::Path,
     ) -> Result<(), ConformanceError> {
         let c = plugin.client();
@@ -428,7 +576,7 @@ impl Conformance {
                 r,
                 "relaunch the plugin",
                 Duration::from_secs(10),
-                self.launch(root),
+                self.relaunch(plugin, root),
             )
             .await?;
             let c2 = fresh.client();
@@ -456,7 +604,7 @@ impl Conformance {
             .await?;
             let checked = step(
                 r,
-                "RecoverTask in a new process keeps the task running",
+                "RecoverTask in a new plugin keeps the task running",
                 Duration::from_secs(20),
                 async {
                     c2.recover_task(handle)

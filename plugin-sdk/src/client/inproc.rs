@@ -2,16 +2,29 @@
 //! with [`crate::export_driver!`], loaded into the host with `dlopen` and spoken to with
 //! the same gRPC as a plugin process, over a socket pair per connection.
 //!
-//! CONTRACT (foundation commit; the implementation fills the bodies). The agent
-//! (`drover-host`) and the conformance harness code against exactly these items.
+//! How it goes: the library's bytes are a sealed memfd ([`sealed_copy`]), `dlopen`ed
+//! as `/proc/self/fd/N`; its entry table ([`crate::inproc::EntryV1`]) is checked for
+//! the ABI version before any other pointer in it is used; `start` gets a pipe whose
+//! read end is forwarded into this host's `tracing` exactly like a plugin process's
+//! stderr (and whose end of file says the plugin's runtime stopped); each gRPC
+//! connection is a fresh `socketpair`, one end handed to the library's `connect`.
+//! Every call into the library runs on a blocking thread, bounded.
 
-use std::os::fd::OwnedFd;
+use std::collections::VecDeque;
+use std::os::fd::{AsFd as _, AsRawFd as _, IntoRawFd as _, OwnedFd};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::inproc::{ABI_VERSION, CODE_OK, ENTRY_SYMBOL, EntryV1, ErrorBuf, StartArgs};
 use crate::types::ExitOutcome;
 
 use super::PluginClient;
+use super::process::{Exit, SHUTDOWN_GRACE, check_health, format_tail, spawn_stderr_forwarder};
 
 /// How to load a shared-library plugin.
 #[derive(Debug)]
@@ -111,66 +124,463 @@ pub enum LoadError {
 /// The library is never unloaded (`dlclose` is unsafe with thread-locals and threads
 /// the library started); [`InProcessPlugin::shutdown`] stops its runtime and
 /// [`InProcessPlugin::restart`] starts a fresh one in the same library.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use drover_plugin_sdk::client::{InProcessOptions, InProcessPlugin, sealed_copy};
+/// let file = std::fs::File::open("plugins/librawexec.so")?;
+/// let library = sealed_copy(&file.into(), "rawexec")?;
+/// // ... check the sealed bytes (owner, mode, pin) here ...
+/// let plugin = InProcessPlugin::load(InProcessOptions::new("rawexec", library, "plugins/librawexec.so")).await?;
+/// println!("{}", plugin.client().plugin_info().await?.version);
+/// plugin.shutdown().await;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct InProcessPlugin {
-    _private: (),
+    inner: Arc<Running>,
 }
+
+/// A loaded library: never unloaded, so everything here lives for the process.
+#[derive(Debug)]
+struct Loaded {
+    name: String,
+    display_path: PathBuf,
+    entry: EntryV1,
+    executor: Option<PathBuf>,
+}
+
+/// One runtime of a loaded library.
+#[derive(Debug)]
+struct Running {
+    library: Arc<Loaded>,
+    channel: Channel,
+    exit: watch::Receiver<Option<Exit>>,
+    /// Set when this host asked it to stop: its end is then a clean one.
+    stopping: Arc<AtomicBool>,
+}
+
+/// How much of a library's error message is read.
+const ERROR_CAP: usize = 4096;
+/// Bound on handing a connection to the library (it only queues it).
+const CONNECT_BOUND: Duration = Duration::from_secs(2);
 
 impl InProcessPlugin {
     /// `dlopen` the library, check its entry symbol and ABI version, start its runtime
     /// and check its health, within `opts.timeout`. Panics inside the library are
     /// contained and reported as [`LoadError::Start`].
     pub async fn load(opts: InProcessOptions) -> Result<Self, LoadError> {
-        let _ = opts;
-        todo!("in-process loading")
+        let started = Instant::now();
+        let path = opts.display_path.clone();
+        let library = opts.library;
+        let opened = tokio::task::spawn_blocking(move || open_library(library));
+        let entry = match tokio::time::timeout(opts.timeout, opened).await {
+            Err(_) => {
+                return Err(LoadError::Timeout {
+                    path,
+                    timeout: opts.timeout,
+                });
+            }
+            Ok(Err(join)) => {
+                return Err(LoadError::Start {
+                    path,
+                    reason: format!("loading failed: {join}"),
+                });
+            }
+            Ok(Ok(r)) => r.map_err(|e| e.at(&path))?,
+        };
+        let library = Arc::new(Loaded {
+            name: opts.name,
+            display_path: path,
+            entry,
+            executor: opts.executor,
+        });
+        let left = opts.timeout.saturating_sub(started.elapsed());
+        let plugin = start_runtime(library, left).await?;
+        tracing::debug!(
+            plugin = %plugin.name(),
+            library = %plugin.display_path().display(),
+            healthy_us = started.elapsed().as_micros() as u64,
+            "plugin loaded in process"
+        );
+        Ok(plugin)
     }
 
     /// A typed client; every call opens nothing new until the channel needs a
     /// connection, which is a fresh socket pair handed to the library.
     pub fn client(&self) -> PluginClient {
-        todo!("in-process client")
+        PluginClient {
+            name: self.inner.library.name.clone(),
+            channel: self.inner.channel.clone(),
+            exit: self.inner.exit.clone(),
+        }
     }
 
     /// Name given in the options.
     pub fn name(&self) -> &str {
-        todo!()
+        &self.inner.library.name
     }
 
     /// Where the library came from.
     pub fn display_path(&self) -> &std::path::Path {
-        todo!()
+        &self.inner.library.display_path
     }
 
     /// Whether the plugin's runtime has stopped (shut down, or its runtime thread
     /// ended: a panic that escaped a task).
     pub fn has_exited(&self) -> bool {
-        todo!()
+        self.inner.exit.borrow().is_some()
     }
 
     /// Resolves when the plugin's runtime stops, saying why.
     pub async fn exited(&self) -> ExitOutcome {
-        todo!()
+        let mut exit = self.inner.exit.clone();
+        match exit.wait_for(Option::is_some).await {
+            Ok(e) => e
+                .as_ref()
+                .map_or_else(|| ExitOutcome::Other(String::new()), |e| e.outcome.clone()),
+            Err(_) => ExitOutcome::Other("watcher gone".into()),
+        }
     }
 
     /// Ask the plugin to shut down (`DriverPlugin::shutdown`, then its runtime stops),
     /// bounded like a process shutdown. Tasks keep running in their executors.
     pub async fn shutdown(&self) -> ExitOutcome {
-        todo!()
+        if !self.has_exited() {
+            self.inner.stopping.store(true, Ordering::SeqCst);
+            let stop = self.inner.library.entry.stop;
+            let timeout_ms = SHUTDOWN_GRACE.as_millis() as u64;
+            // SAFETY: `stop` comes from the checked entry table of a library that is
+            // never unloaded; the buffer is the helper's, valid for the call.
+            #[allow(unsafe_code)]
+            let stopped =
+                call_library(SHUTDOWN_GRACE + Duration::from_secs(1), move |err| unsafe {
+                    stop(timeout_ms, err)
+                })
+                .await;
+            if let Err(reason) = stopped {
+                tracing::warn!(plugin = %self.name(), "in-process plugin did not stop: {reason}");
+            }
+            if tokio::time::timeout(Duration::from_secs(1), self.exited())
+                .await
+                .is_err()
+            {
+                return ExitOutcome::Other(format!(
+                    "the plugin's runtime did not stop within {SHUTDOWN_GRACE:?}; it is left running \
+                     in the agent"
+                ));
+            }
+        }
+        self.exited().await
     }
 
     /// Start a fresh runtime in the already loaded library after it stopped (the
     /// supervisor's "relaunch"): a new [`InProcessPlugin`] sharing the library.
     pub async fn restart(&self, timeout: Duration) -> Result<InProcessPlugin, LoadError> {
-        let _ = timeout;
-        todo!()
+        start_runtime(self.inner.library.clone(), timeout).await
     }
+}
+
+/// A [`LoadError`] before its path is known.
+enum OpenError {
+    Dlopen(String),
+    NoEntry,
+    AbiVersion(u32),
+    Start(String),
+}
+
+impl OpenError {
+    fn at(self, path: &std::path::Path) -> LoadError {
+        let path = path.to_owned();
+        match self {
+            OpenError::Dlopen(reason) => LoadError::Dlopen { path, reason },
+            OpenError::NoEntry => LoadError::NoEntry {
+                path,
+                symbol: ENTRY_SYMBOL.into(),
+            },
+            OpenError::AbiVersion(found) => LoadError::AbiVersion {
+                path,
+                found,
+                expected: ABI_VERSION,
+            },
+            OpenError::Start(reason) => LoadError::Start { path, reason },
+        }
+    }
+}
+
+/// `dlopen` the sealed copy and read its entry table (blocking: the library's
+/// initialisers run here).
+///
+/// The memfd stays open for the life of the process and the library is never
+/// `dlclose`d, both on purpose: glibc recognises an already loaded library by its name,
+/// here `/proc/self/fd/N`, so if N were closed and reused for another library, a later
+/// `dlopen` of that name would silently return this one; and unloading code whose
+/// threads and thread-locals may still be alive is undefined behaviour.
+fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
+    let name = format!("/proc/self/fd/{}", library.as_raw_fd());
+    // Kept open for ever (see above).
+    let _ = library.into_raw_fd();
+    // SAFETY: loading runs the library's initialisers; the caller checked its bytes
+    // (sealed, so they cannot have changed since) and the operator allowed it in
+    // process. RTLD_NOW: a missing symbol fails here, not in the middle of a call;
+    // RTLD_LOCAL: its symbols never interpose on the host's.
+    #[allow(unsafe_code)]
+    let lib = unsafe {
+        libloading::os::unix::Library::open(
+            Some(name.as_str()),
+            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
+        )
+    }
+    .map_err(|e| OpenError::Dlopen(innermost(&e)))?;
+    type EntryFn = unsafe extern "C" fn() -> *const EntryV1;
+    // SAFETY: the symbol's type is the ABI's (a function without arguments returning
+    // the table's address); it is only called after this lookup succeeded.
+    #[allow(unsafe_code)]
+    let entry_fn: EntryFn = match unsafe { lib.get::<EntryFn>(ENTRY_SYMBOL) } {
+        Ok(f) => *f,
+        Err(_) => {
+            // A library is never unloaded, even a refused one (its initialisers ran).
+            std::mem::forget(lib);
+            return Err(OpenError::NoEntry);
+        }
+    };
+    std::mem::forget(lib);
+    let table = std::panic::catch_unwind(|| {
+        // SAFETY: calling the entry the ABI defines; it only returns a static address.
+        #[allow(unsafe_code)]
+        unsafe {
+            entry_fn()
+        }
+    })
+    .map_err(|_| OpenError::Start("its entry function panicked".into()))?;
+    if table.is_null() {
+        return Err(OpenError::Start(
+            "its entry function returned no table".into(),
+        ));
+    }
+    // SAFETY: every version of the table starts with the u32 version; nothing else is
+    // read before it matches.
+    #[allow(unsafe_code)]
+    let version = unsafe { std::ptr::read(table.cast::<u32>()) };
+    if version != ABI_VERSION {
+        return Err(OpenError::AbiVersion(version));
+    }
+    // SAFETY: a version-1 table: the size field follows the version.
+    #[allow(unsafe_code)]
+    let size = unsafe { (*table).size } as usize;
+    if size < std::mem::size_of::<EntryV1>() {
+        return Err(OpenError::Start(format!(
+            "its entry table is {size} bytes, shorter than version {ABI_VERSION}'s {}",
+            std::mem::size_of::<EntryV1>()
+        )));
+    }
+    // SAFETY: a complete version-1 table in a library that is never unloaded.
+    #[allow(unsafe_code)]
+    Ok(unsafe { *table })
+}
+
+/// The innermost cause's text (dlerror's message).
+fn innermost(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg = s.to_string();
+        src = s.source();
+    }
+    msg
+}
+
+/// Run one call into the library on a blocking thread, bounded by `bound` (a call that
+/// overruns is left to finish on its thread). `call` gets the error buffer; a code other
+/// than [`CODE_OK`] becomes its message.
+async fn call_library(
+    bound: Duration,
+    call: impl FnOnce(ErrorBuf) -> i32 + Send + 'static,
+) -> Result<(), String> {
+    let blocking = tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; ERROR_CAP];
+        let mut len = 0usize;
+        let code = call(ErrorBuf {
+            ptr: buf.as_mut_ptr(),
+            cap: buf.len(),
+            len: &mut len,
+        });
+        buf.truncate(len.min(ERROR_CAP));
+        (code, String::from_utf8_lossy(&buf).into_owned())
+    });
+    match tokio::time::timeout(bound, blocking).await {
+        Err(_) => Err(format!("no answer within {bound:?}")),
+        Ok(Err(e)) => Err(format!("the call failed: {e}")),
+        Ok(Ok((CODE_OK, _))) => Ok(()),
+        Ok(Ok((code, message))) if message.is_empty() => Err(format!("error code {code}")),
+        Ok(Ok((_, message))) => Err(message),
+    }
+}
+
+/// Start a runtime in `library` and connect to it: log pipe, `start`, channel, health.
+async fn start_runtime(
+    library: Arc<Loaded>,
+    timeout: Duration,
+) -> Result<InProcessPlugin, LoadError> {
+    let started = Instant::now();
+    let path = library.display_path.clone();
+    let (log_read, log_write) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from)?;
+    let log_read = tokio::net::unix::pipe::Receiver::from_owned_fd(log_read)?;
+    let tail = Arc::new(Mutex::new(VecDeque::new()));
+    let forwarded = spawn_stderr_forwarder(library.name.clone(), log_read, tail.clone());
+
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (exit_tx, exit) = watch::channel(None);
+    {
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            // The library closes the log when its runtime thread ends.
+            let _ = forwarded.await;
+            let outcome = if stopping.load(Ordering::SeqCst) {
+                ExitOutcome::Code(0)
+            } else {
+                ExitOutcome::Other("the plugin's runtime stopped by itself (see its log)".into())
+            };
+            let _ = exit_tx.send(Some(Exit {
+                status: None,
+                outcome,
+            }));
+        });
+    }
+
+    let entry = library.entry;
+    let executor = library
+        .executor
+        .as_ref()
+        .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
+        .unwrap_or_default();
+    let log_fd = log_write.into_raw_fd();
+    // SAFETY: `start` comes from the checked table of a never-unloaded library; the
+    // args point to `executor` (moved into the closure, alive for the call) and the
+    // helper's buffer; the log fd's ownership passes to the library.
+    #[allow(unsafe_code)]
+    let start = call_library(timeout, move |error| {
+        let args = StartArgs {
+            log_fd,
+            executor_ptr: executor.as_ptr(),
+            executor_len: executor.len(),
+            error,
+        };
+        unsafe { (entry.start)(&args) }
+    })
+    .await;
+    if let Err(reason) = start {
+        return Err(LoadError::Start {
+            path,
+            reason: format!("{reason}{}", format_tail(&tail)),
+        });
+    }
+
+    let left = timeout.saturating_sub(started.elapsed());
+    let healthy = tokio::time::timeout(left, async {
+        let channel = connect(entry, left).await?;
+        check_health(channel.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(channel)
+    })
+    .await;
+    let failed = match healthy {
+        Ok(Ok(channel)) => {
+            return Ok(InProcessPlugin {
+                inner: Arc::new(Running {
+                    library,
+                    channel,
+                    exit,
+                    stopping,
+                }),
+            });
+        }
+        Ok(Err(reason)) => LoadError::Start {
+            path,
+            reason: format!("{reason}{}", format_tail(&tail)),
+        },
+        Err(_) => LoadError::Timeout { path, timeout },
+    };
+    // Leave nothing running: a later restart must find the library stopped.
+    stopping.store(true, Ordering::SeqCst);
+    let stop = entry.stop;
+    let timeout_ms = SHUTDOWN_GRACE.as_millis() as u64;
+    // SAFETY: as for `start`.
+    #[allow(unsafe_code)]
+    let _ = call_library(SHUTDOWN_GRACE + Duration::from_secs(1), move |err| unsafe {
+        stop(timeout_ms, err)
+    })
+    .await;
+    Err(failed)
+}
+
+/// A gRPC channel whose every connection is a fresh socket pair, one end handed to the
+/// library's `connect`.
+async fn connect(entry: EntryV1, timeout: Duration) -> Result<Channel, String> {
+    Endpoint::try_from("http://plugin")
+        .map_err(|e| e.to_string())?
+        .connect_timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| async move {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+            ours.set_nonblocking(true)?;
+            let fd = theirs.into_raw_fd();
+            let connect = entry.connect;
+            // SAFETY: `connect` comes from the checked table of a never-unloaded
+            // library; the fd's ownership passes to it.
+            #[allow(unsafe_code)]
+            call_library(CONNECT_BOUND, move |err| unsafe { connect(fd, err) })
+                .await
+                .map_err(std::io::Error::other)?;
+            let stream = tokio::net::UnixStream::from_std(ours)?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }))
+        .await
+        .map_err(|e| innermost(&e))
 }
 
 /// Copy the bytes behind `fd` (from offset 0) into a fresh memfd and seal it against
 /// every change (`F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL`). Hash the
 /// copy, check it, then pass it to [`InProcessOptions::library`]: nothing can change
 /// the bytes between the check and `dlopen`.
+///
+/// ```
+/// use std::io::Write as _;
+/// let mut f = tempfile::tempfile().unwrap();
+/// f.write_all(b"\x7fELF...").unwrap();
+/// let sealed = drover_plugin_sdk::client::sealed_copy(&f.into(), "demo").unwrap();
+/// let copy = std::fs::read(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&sealed))).unwrap();
+/// assert_eq!(copy, b"\x7fELF...");
+/// ```
 pub fn sealed_copy(fd: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
-    let _ = (fd, name);
-    todo!()
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let memfd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut offset = 0u64;
+    loop {
+        let n = match rustix::io::pread(fd.as_fd(), &mut buf[..], offset) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            break;
+        }
+        let mut written = 0;
+        while written < n {
+            match rustix::io::write(&memfd, &buf[written..n]) {
+                Ok(w) => written += w,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        offset += n as u64;
+    }
+    rustix::fs::seek(&memfd, rustix::fs::SeekFrom::Start(0))?;
+    rustix::fs::fcntl_add_seals(
+        &memfd,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )?;
+    Ok(memfd)
 }

@@ -157,7 +157,7 @@ pub enum LaunchError {
     Health(String),
 }
 
-fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
+pub(super) fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
     let lines = tail
         .lock()
         .map(|t| t.iter().cloned().collect::<Vec<_>>())
@@ -909,9 +909,12 @@ impl PluginProcess {
     }
 }
 
-fn spawn_stderr_forwarder(
+/// Forward a plugin's log (a process's stderr, an in-process plugin's log pipe) line
+/// by line into `tracing`, keeping the last lines in `tail`; the task ends at end of
+/// file.
+pub(super) fn spawn_stderr_forwarder(
     name: String,
-    stderr: tokio::process::ChildStderr,
+    stderr: impl tokio::io::AsyncRead + Unpin + Send + 'static,
     tail: Arc<Mutex<VecDeque<String>>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {

@@ -16,6 +16,10 @@
 //! drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
 //! ```
 //!
+//! Built as a shared library too (`libdrover_driver_rawexec.so`), it loads into an
+//! agent in process (`[plugin.rawexec] in_process = true`); its executors are then the
+//! agent binary re-executed.
+//!
 //! Layout: [`driver`](RawExecDriver) (the trait impl and constants, over the shared
 //! engine of plain executor tasks, `drover_executor::plain`), `config` (plugin and
 //! task config).
@@ -26,3 +30,5 @@ mod driver;
 
 pub use config::{PluginConfig, TaskConfig};
 pub use driver::{DEFAULT_PATH, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, RawExecDriver};
+
+drover_plugin_sdk::export_driver!(RawExecDriver::new);
