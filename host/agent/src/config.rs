@@ -32,9 +32,11 @@ pub struct PluginSettings {
     /// pinned (see `loader::Policy`).
     #[serde(default)]
     pub sha256: Option<String>,
-    /// Load this driver library (`NAME.so` in `plugin_dir`) into the agent process
-    /// instead of refusing it. Off by default: an in-process driver shares the agent's
-    /// memory, and its crash is the agent's. `NAME` is the file name without `.so`.
+    /// Load this driver library (`NAME.so` or `libNAME.so` in `plugin_dir`) into the
+    /// agent process instead of refusing it. Off by default: an in-process driver
+    /// shares the agent's memory, and its crash is the agent's. `NAME` is the file
+    /// name without `.so` and a leading `lib`, and the library must serve the plugin
+    /// `NAME` (see `docs/in-process.md`). It says nothing about plugin binaries.
     #[serde(default)]
     pub in_process: bool,
 }

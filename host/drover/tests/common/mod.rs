@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod ha;
+pub mod inproc;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
