@@ -481,6 +481,9 @@ unsafe extern "C" fn stop_v1(timeout_ms: u64, error: ErrorBuf) -> i32 {
 /// #   type Config = EmptyConfig;
 /// #   type TaskConfig = EmptyConfig;
 /// #   fn info(&self) -> PluginInfo { PluginInfo::new("my", "0.1.0") }
+/// #   fn capabilities(&self) -> Capabilities { Capabilities::default() }
+/// #   async fn fingerprint(&self) -> Fingerprint { Fingerprint::healthy("ready") }
+/// #   async fn recover_task(&self, _: TaskHandle) -> Result<(), DriverError> { Ok(()) }
 /// #   async fn start_task(&self, s: TaskSpec, _: EmptyConfig) -> Result<TaskHandle, DriverError> { TaskHandle::new(s, 1, &()) }
 /// #   async fn wait_task(&self, _: &str) -> Result<ExitResult, DriverError> { Ok(ExitResult::code(0)) }
 /// #   async fn stop_task(&self, _: &str, _: Duration, _: Signal) -> Result<(), DriverError> { Ok(()) }

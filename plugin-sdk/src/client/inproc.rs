@@ -206,6 +206,36 @@ impl InProcessPlugin {
         Ok(plugin)
     }
 
+    /// Start the driver linked into this very binary through
+    /// [`crate::export_driver!`] (pass the `drover_plugin_entry_v1` it generated), with
+    /// everything [`Self::load`] does after `dlopen`: for tests of the in-process path
+    /// without a shared library. One per binary: the SDK's copy in it holds one runtime.
+    ///
+    /// ```no_run
+    /// # async fn demo(entry: extern "C" fn() -> *const drover_plugin_sdk::inproc::EntryV1) {
+    /// use drover_plugin_sdk::client::InProcessPlugin;
+    /// let plugin = InProcessPlugin::load_linked("mine", entry, None, std::time::Duration::from_secs(5))
+    ///     .await
+    ///     .expect("starts");
+    /// # }
+    /// ```
+    pub async fn load_linked(
+        name: impl Into<String>,
+        entry: extern "C" fn() -> *const EntryV1,
+        executor: Option<PathBuf>,
+        timeout: Duration,
+    ) -> Result<Self, LoadError> {
+        let path = PathBuf::from("(linked into this binary)");
+        let entry = read_table(entry).map_err(|e| e.at(&path))?;
+        let library = Arc::new(Loaded {
+            name: name.into(),
+            display_path: path,
+            entry,
+            executor,
+        });
+        start_runtime(library, timeout).await
+    }
+
     /// A typed client; every call opens nothing new until the channel needs a
     /// connection, which is a fresh socket pair handed to the library.
     pub fn client(&self) -> PluginClient {
@@ -332,7 +362,6 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
         )
     }
     .map_err(|e| OpenError::Dlopen(innermost(&e)))?;
-    type EntryFn = unsafe extern "C" fn() -> *const EntryV1;
     // SAFETY: the symbol's type is the ABI's (a function without arguments returning
     // the table's address); it is only called after this lookup succeeded.
     #[allow(unsafe_code)]
@@ -345,6 +374,12 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
         }
     };
     std::mem::forget(lib);
+    read_table(entry_fn)
+}
+
+/// Call a library's entry function and check the table it returns: the version first,
+/// nothing else read before it matches.
+fn read_table(entry_fn: EntryFn) -> Result<EntryV1, OpenError> {
     let table = std::panic::catch_unwind(|| {
         // SAFETY: calling the entry the ABI defines; it only returns a static address.
         #[allow(unsafe_code)]
@@ -378,6 +413,9 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
     #[allow(unsafe_code)]
     Ok(unsafe { *table })
 }
+
+/// The entry function's type.
+type EntryFn = unsafe extern "C" fn() -> *const EntryV1;
 
 /// The innermost cause's text (dlerror's message).
 fn innermost(e: &dyn std::error::Error) -> String {
