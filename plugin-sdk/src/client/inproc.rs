@@ -594,26 +594,20 @@ async fn connect(entry: EntryV1, timeout: Duration) -> Result<Channel, String> {
 pub fn sealed_copy(fd: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
     use rustix::fs::{MemfdFlags, SealFlags};
     let memfd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    let mut buf = vec![0u8; 256 * 1024];
+    // In the kernel (sendfile): a debug build's library is tens of MB, and copying it
+    // through a user-space buffer is most of a load's time.
     let mut offset = 0u64;
     loop {
-        let n = match rustix::io::pread(fd.as_fd(), &mut buf[..], offset) {
-            Ok(n) => n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if n == 0 {
-            break;
-        }
-        let mut written = 0;
-        while written < n {
-            match rustix::io::write(&memfd, &buf[written..n]) {
-                Ok(w) => written += w,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
+        match rustix::fs::sendfile(&memfd, fd.as_fd(), Some(&mut offset), 1 << 30) {
+            Ok(0) => break,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            // Not a regular file sendfile can read (a pipe): through a buffer.
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) if offset == 0 => {
+                copy_through_buffer(fd, &memfd)?;
+                break;
             }
+            Err(e) => return Err(e.into()),
         }
-        offset += n as u64;
     }
     rustix::fs::seek(&memfd, rustix::fs::SeekFrom::Start(0))?;
     rustix::fs::fcntl_add_seals(
@@ -621,4 +615,29 @@ pub fn sealed_copy(fd: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
         SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
     )?;
     Ok(memfd)
+}
+
+/// Copy everything `from` reads (from offset 0) to `to`'s current position.
+fn copy_through_buffer(from: &OwnedFd, to: &OwnedFd) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut offset = 0u64;
+    loop {
+        let n = match rustix::io::pread(from.as_fd(), &mut buf[..], offset) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let mut written = 0;
+        while written < n {
+            match rustix::io::write(to, &buf[written..n]) {
+                Ok(w) => written += w,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        offset += n as u64;
+    }
 }
