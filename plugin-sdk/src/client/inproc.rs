@@ -210,6 +210,9 @@ impl InProcessPlugin {
     /// [`crate::export_driver!`] (pass the `drover_plugin_entry_v1` it generated), with
     /// everything [`Self::load`] does after `dlopen`: for tests of the in-process path
     /// without a shared library. One per binary: the SDK's copy in it holds one runtime.
+    /// Host and driver then share one std and one `tracing`: the driver's panic hook
+    /// (which logs panics) becomes the binary's, and its logger is installed only if the
+    /// binary has none (else its lines go to the binary's logger directly).
     ///
     /// ```no_run
     /// # async fn demo(entry: extern "C" fn() -> *const drover_plugin_sdk::inproc::EntryV1) {
