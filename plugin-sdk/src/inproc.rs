@@ -193,6 +193,9 @@ fn running() -> std::sync::MutexGuard<'static, Option<Running>> {
     }
 }
 
+/// How long a start waits for a runtime that was told to stop to end.
+const STOPPING_WAIT: Duration = Duration::from_secs(2);
+
 /// How long the runtime thread waits for blocking work (`spawn_blocking`) when it ends.
 const BLOCKING_GRACE: Duration = Duration::from_millis(500);
 
@@ -273,16 +276,23 @@ fn start<D: DriverPlugin>(
     executor: Option<PathBuf>,
 ) -> Result<(), (i32, String)> {
     let mut slot = running();
-    if let Some(r) = slot.as_ref() {
-        if !r.thread.is_finished() {
+    if let Some(old) = slot.take() {
+        // A runtime told to stop (`GRPCController/Shutdown`) may still be finishing:
+        // give it the time a stop takes (driver shutdown 1 s, then the runtime's end).
+        let finished = old.thread.is_finished()
+            || (old.stop.is_cancelled()
+                && !matches!(
+                    old.done.recv_timeout(STOPPING_WAIT),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                ));
+        if !finished {
+            *slot = Some(old);
             return Err((
                 CODE_ERROR,
                 "the plugin's runtime is already running in this library".into(),
             ));
         }
-        if let Some(old) = slot.take() {
-            let _ = old.thread.join();
-        }
+        let _ = old.thread.join();
     }
     crate::logging::set_log_sink(log.map(std::fs::File::from));
     crate::logging::init_inproc_logging();
@@ -366,7 +376,10 @@ fn runtime_thread<D: DriverPlugin>(
         rt.block_on(async {
             let router = crate::server::plugin_router(driver.clone(), stop.clone()).await;
             let _ = ready.send(Ok(()));
-            tracing::debug!("in-process plugin serving");
+            tracing::info!(
+                executor = %executor_program().display(),
+                "serving in process"
+            );
             let incoming = tokio_stream::StreamExt::map(
                 tokio_stream::wrappers::UnboundedReceiverStream::new(connections),
                 tokio::net::UnixStream::from_std,
@@ -481,6 +494,9 @@ unsafe extern "C" fn stop_v1(timeout_ms: u64, error: ErrorBuf) -> i32 {
 /// #   type Config = EmptyConfig;
 /// #   type TaskConfig = EmptyConfig;
 /// #   fn info(&self) -> PluginInfo { PluginInfo::new("my", "0.1.0") }
+/// #   fn capabilities(&self) -> Capabilities { Capabilities::default() }
+/// #   async fn fingerprint(&self) -> Fingerprint { Fingerprint::healthy("ready") }
+/// #   async fn recover_task(&self, _: TaskHandle) -> Result<(), DriverError> { Ok(()) }
 /// #   async fn start_task(&self, s: TaskSpec, _: EmptyConfig) -> Result<TaskHandle, DriverError> { TaskHandle::new(s, 1, &()) }
 /// #   async fn wait_task(&self, _: &str) -> Result<ExitResult, DriverError> { Ok(ExitResult::code(0)) }
 /// #   async fn stop_task(&self, _: &str, _: Duration, _: Signal) -> Result<(), DriverError> { Ok(()) }

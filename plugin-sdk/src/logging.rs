@@ -12,6 +12,9 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 
+/// The `tracing` target of plugin log lines replayed in a host.
+const FORWARDED_TARGET: &str = "drover::plugin";
+
 /// Environment variable holding the plugin's log filter (`tracing` EnvFilter syntax).
 pub const ENV_PLUGIN_LOG: &str = "DROVER_PLUGIN_LOG";
 
@@ -142,6 +145,12 @@ struct JsonSinkLayer;
 
 impl<S: Subscriber> Layer<S> for JsonSinkLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        // A host's replay of plugin logs is never the plugin's own line. Where host and
+        // plugin share one `tracing` (a driver linked into its host, in tests), writing
+        // it back to the pipe would feed it to the replay again, for ever.
+        if event.metadata().target() == FORWARDED_TARGET {
+            return;
+        }
         let line = format!("{}\n", event_line(event));
         let mut sink = match LOG_SINK.lock() {
             Ok(s) => s,

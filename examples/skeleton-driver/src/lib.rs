@@ -12,6 +12,11 @@
 //! ```text
 //! drover task run --driver skeleton --config '{"run_for_ms": 500, "exit_code": 3}'
 //! ```
+//!
+//! The crate also builds as a shared library (`libdrover_skeleton_driver.so`, from
+//! `crate-type = ["rlib", "cdylib"]` and the [`drover_plugin_sdk::export_driver!`] line
+//! at the end of this file) that an agent loads in process with
+//! `[plugin.skeleton] in_process = true`: the same driver, no process of its own.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -203,3 +208,7 @@ impl DriverPlugin for SkeletonDriver {
         self.track(&handle.spec, &state)
     }
 }
+
+// The entry point of the shared-library form: an agent loading this crate's `.so`
+// starts a `SkeletonDriver::default()` through it.
+drover_plugin_sdk::export_driver!(SkeletonDriver::default);

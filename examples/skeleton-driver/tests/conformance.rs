@@ -14,10 +14,36 @@ async fn skeleton_driver_conforms() {
     eprintln!("{report}");
     // The skeleton can recover tasks, so the harness also checked RecoverTask in a
     // fresh plugin process.
+    assert_recovered(&report);
+}
+
+/// The same checks against the skeleton built as a library
+/// (`libdrover_skeleton_driver.so`, next to this test's executable), loaded into this
+/// process as an agent with `in_process = true` loads it. Its tasks are simulated in
+/// the driver, so it needs no executor program.
+#[tokio::test]
+async fn skeleton_driver_conforms_in_process() {
+    let Some(library) = drover_plugin_sdk::testing::built_library("libdrover_skeleton_driver.so")
+    else {
+        return;
+    };
+    let report = Conformance::shared_library(library)
+        .sample_task(serde_json::json!({ "run_for_ms": 50 }))
+        .long_task(serde_json::json!({}))
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{report}");
+    // In process, "a fresh plugin" is a fresh runtime (and driver) in the same library.
+    assert_recovered(&report);
+}
+
+fn assert_recovered(report: &drover_plugin_sdk::testing::Report) {
     assert!(
         report
             .steps
             .iter()
-            .any(|s| s.name.starts_with("RecoverTask in a new process"))
+            .any(|s| s.name.starts_with("RecoverTask in a new plugin")),
+        "{report}"
     );
 }

@@ -206,6 +206,39 @@ impl InProcessPlugin {
         Ok(plugin)
     }
 
+    /// Start the driver linked into this very binary through
+    /// [`crate::export_driver!`] (pass the `drover_plugin_entry_v1` it generated), with
+    /// everything [`Self::load`] does after `dlopen`: for tests of the in-process path
+    /// without a shared library. One per binary: the SDK's copy in it holds one runtime.
+    /// Host and driver then share one std and one `tracing`: the driver's panic hook
+    /// (which logs panics) becomes the binary's, and its logger is installed only if the
+    /// binary has none (else its lines go to the binary's logger directly).
+    ///
+    /// ```no_run
+    /// # async fn demo(entry: extern "C" fn() -> *const drover_plugin_sdk::inproc::EntryV1) {
+    /// use drover_plugin_sdk::client::InProcessPlugin;
+    /// let plugin = InProcessPlugin::load_linked("mine", entry, None, std::time::Duration::from_secs(5))
+    ///     .await
+    ///     .expect("starts");
+    /// # }
+    /// ```
+    pub async fn load_linked(
+        name: impl Into<String>,
+        entry: extern "C" fn() -> *const EntryV1,
+        executor: Option<PathBuf>,
+        timeout: Duration,
+    ) -> Result<Self, LoadError> {
+        let path = PathBuf::from("(linked into this binary)");
+        let entry = read_table(entry).map_err(|e| e.at(&path))?;
+        let library = Arc::new(Loaded {
+            name: name.into(),
+            display_path: path,
+            entry,
+            executor,
+        });
+        start_runtime(library, timeout).await
+    }
+
     /// A typed client; every call opens nothing new until the channel needs a
     /// connection, which is a fresh socket pair handed to the library.
     pub fn client(&self) -> PluginClient {
@@ -332,7 +365,6 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
         )
     }
     .map_err(|e| OpenError::Dlopen(innermost(&e)))?;
-    type EntryFn = unsafe extern "C" fn() -> *const EntryV1;
     // SAFETY: the symbol's type is the ABI's (a function without arguments returning
     // the table's address); it is only called after this lookup succeeded.
     #[allow(unsafe_code)]
@@ -345,6 +377,12 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
         }
     };
     std::mem::forget(lib);
+    read_table(entry_fn)
+}
+
+/// Call a library's entry function and check the table it returns: the version first,
+/// nothing else read before it matches.
+fn read_table(entry_fn: EntryFn) -> Result<EntryV1, OpenError> {
     let table = std::panic::catch_unwind(|| {
         // SAFETY: calling the entry the ABI defines; it only returns a static address.
         #[allow(unsafe_code)]
@@ -378,6 +416,9 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
     #[allow(unsafe_code)]
     Ok(unsafe { *table })
 }
+
+/// The entry function's type.
+type EntryFn = unsafe extern "C" fn() -> *const EntryV1;
 
 /// The innermost cause's text (dlerror's message).
 fn innermost(e: &dyn std::error::Error) -> String {
@@ -556,26 +597,20 @@ async fn connect(entry: EntryV1, timeout: Duration) -> Result<Channel, String> {
 pub fn sealed_copy(fd: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
     use rustix::fs::{MemfdFlags, SealFlags};
     let memfd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    let mut buf = vec![0u8; 256 * 1024];
+    // In the kernel (sendfile): a debug build's library is tens of MB, and copying it
+    // through a user-space buffer is most of a load's time.
     let mut offset = 0u64;
     loop {
-        let n = match rustix::io::pread(fd.as_fd(), &mut buf[..], offset) {
-            Ok(n) => n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if n == 0 {
-            break;
-        }
-        let mut written = 0;
-        while written < n {
-            match rustix::io::write(&memfd, &buf[written..n]) {
-                Ok(w) => written += w,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
+        match rustix::fs::sendfile(&memfd, fd.as_fd(), Some(&mut offset), 1 << 30) {
+            Ok(0) => break,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            // Not a regular file sendfile can read (a pipe): through a buffer.
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) if offset == 0 => {
+                copy_through_buffer(fd, &memfd)?;
+                break;
             }
+            Err(e) => return Err(e.into()),
         }
-        offset += n as u64;
     }
     rustix::fs::seek(&memfd, rustix::fs::SeekFrom::Start(0))?;
     rustix::fs::fcntl_add_seals(
@@ -583,4 +618,29 @@ pub fn sealed_copy(fd: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
         SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
     )?;
     Ok(memfd)
+}
+
+/// Copy everything `from` reads (from offset 0) to `to`'s current position.
+fn copy_through_buffer(from: &OwnedFd, to: &OwnedFd) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut offset = 0u64;
+    loop {
+        let n = match rustix::io::pread(from.as_fd(), &mut buf[..], offset) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let mut written = 0;
+        while written < n {
+            match rustix::io::write(to, &buf[written..n]) {
+                Ok(w) => written += w,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        offset += n as u64;
+    }
 }

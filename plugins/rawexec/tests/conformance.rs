@@ -1,5 +1,7 @@
 //! The SDK's conformance harness against the real rawexec binary.
 
+use std::time::Duration;
+
 use drover_plugin_sdk::testing::Conformance;
 
 #[tokio::test]
@@ -31,4 +33,73 @@ async fn rawexec_conforms_in_process() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{report}");
+}
+
+/// In process, the library logs through its own `tracing` into the pipe the host gave
+/// it, and the host replays each line in its own `tracing` under the plugin's name, as
+/// it does a plugin process's stderr.
+#[tokio::test]
+async fn in_process_logs_reach_the_host() {
+    use drover_plugin_sdk::client::{InProcessOptions, InProcessPlugin, sealed_copy};
+    use tracing_subscriber::prelude::*;
+
+    let Some(library) = drover_plugin_sdk::testing::built_library("libdrover_driver_rawexec.so")
+    else {
+        return;
+    };
+    let seen = Captured::default();
+    // This test's thread only (a current-thread runtime: the replay runs here too).
+    let _guard = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(seen.clone())
+                .with_ansi(false),
+        )
+        .set_default();
+    let file = std::fs::File::open(&library).expect("the library opens");
+    let sealed = sealed_copy(&file.into(), "rawexec").expect("a sealed copy");
+    let mut opts = InProcessOptions::new("rawexec-logs", sealed, &library);
+    opts.executor = Some(env!("CARGO_BIN_EXE_drover-driver-rawexec").into());
+    let plugin = InProcessPlugin::load(opts).await.expect("loads");
+    drover_test_support::until(
+        Duration::from_secs(5),
+        "the library's first log line replayed in the host",
+        || {
+            seen.text().lines().any(|l| {
+                l.contains("serving in process")
+                    && l.contains(r#"plugin="rawexec-logs""#)
+                    && l.contains(env!("CARGO_BIN_EXE_drover-driver-rawexec"))
+            })
+        },
+    )
+    .await;
+    assert!(plugin.shutdown().await.is_success());
+    assert!(plugin.has_exited());
+}
+
+/// What the host's `tracing` wrote.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
 }

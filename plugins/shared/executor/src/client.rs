@@ -54,8 +54,9 @@ fn fd_headroom() -> Option<u64> {
 }
 
 /// Start an executor for `spec` under `state_dir` (see [`super::state_dir`]) and
-/// return once the task runs. The plugin binary is re-executed (`/proc/self/exe`, the
-/// same arguments) in executor mode; the executor is the plugin's child only until the
+/// return once the task runs. The plugin binary is re-executed (`/proc/self/exe`; for a
+/// driver loaded into a host, the program the host named, by default the host's own
+/// binary: [`drover_plugin_sdk::inproc::executor_program`]) in executor mode; the executor is the plugin's child only until the
 /// plugin exits: it is never killed with the plugin.
 ///
 /// Errors: [`DriverError::InvalidConfig`] when the task cannot start (no such command,
@@ -140,7 +141,8 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
         Err(e) => {
             cleanup(&dir);
             return Err(DriverError::Internal(format!(
-                "cannot start an executor (re-executing /proc/self/exe): {e}"
+                "cannot start an executor (running {}): {e}",
+                drover_plugin_sdk::inproc::executor_program().display()
             )));
         }
     };
@@ -216,7 +218,8 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
     }
 }
 
-/// The plugin binary again (`/proc/self/exe`), in executor mode, with the directory's
+/// The plugin binary again (`/proc/self/exe`, or the host's program for a driver loaded
+/// in process: [`drover_plugin_sdk::inproc::executor_program`]), in executor mode, with the directory's
 /// lock as stdin. Executor mode is chosen by the environment, not the arguments: it gets
 /// none, and an argv[0] of its own (`drover-executor: <task id>`), so that `ps` tells
 /// executors from plugins and `pkill -f "plugin serve rawexec"` does not reach them.
