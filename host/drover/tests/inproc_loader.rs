@@ -195,3 +195,38 @@ async fn bytes_that_failed_once_mapped_are_not_mapped_again() {
         "the failed bytes were mapped again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_library_too_large_to_keep_in_memory_is_not_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let big = std::fs::File::create(plugins.join("big.so")).unwrap();
+    // Sparse: nothing is written, nothing is read before the refusal.
+    big.set_len(loader::library::MAX_LIBRARY_BYTES + 1).unwrap();
+    std::fs::set_permissions(
+        plugins.join("big.so"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let c = only_candidate(&plugins);
+    let (fd, _) = loader::open_checked(&c).unwrap();
+    let binary = Binary {
+        fd: Arc::new(fd),
+        sha256: "0".repeat(64),
+    };
+    let err = fingerprint(&c, &binary, dir.path())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        err.contains(&format!(
+            "is {} bytes, more than the {} a driver library may have",
+            loader::library::MAX_LIBRARY_BYTES + 1,
+            loader::library::MAX_LIBRARY_BYTES
+        )),
+        "{err}"
+    );
+    assert_eq!(mapped_copies("big"), 0);
+}

@@ -26,6 +26,11 @@ use drover_plugin_sdk::client::{InProcessOptions, InProcessPlugin, LoadError, se
 
 use super::{Binary, Candidate, sha256_fd};
 
+/// The largest driver library loaded. Its sealed copy stays in memory for the life of
+/// the agent (a debug build of rawexec is 29 MB, a release build a third of that), so
+/// a file in `plugin_dir` that is far larger is a mistake, not a driver.
+pub const MAX_LIBRARY_BYTES: u64 = 256 << 20;
+
 /// What this agent holds of one library's bytes.
 #[derive(Default)]
 enum Held {
@@ -128,6 +133,16 @@ async fn load_checked_bytes(
     timeout: Duration,
 ) -> Result<InProcessPlugin, Failure> {
     let shown = candidate.path.display().to_string();
+    let size = rustix::fs::fstat(&*binary.fd)
+        .map_err(|e| format!("cannot stat {shown}: {e}"))?
+        .st_size as u64;
+    if size > MAX_LIBRARY_BYTES {
+        return Err(format!(
+            "{shown} is {size} bytes, more than the {MAX_LIBRARY_BYTES} a driver library may \
+             have (its copy stays in the agent's memory); not loaded"
+        )
+        .into());
+    }
     let (fd, label) = (binary.fd.clone(), candidate.label.clone());
     let (sealed, sha256) = tokio::task::spawn_blocking(move || {
         let sealed = sealed_copy(&fd, &label)?;
