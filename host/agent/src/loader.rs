@@ -51,6 +51,24 @@ pub enum CandidateKind {
 }
 
 impl Candidate {
+    /// The candidate a file in `plugin_dir` is, labelled as [`scan_plugin_dir`] labels
+    /// it: its file name, or for a library (`NAME.so`, `libNAME.so`) `NAME`.
+    pub fn external(path: PathBuf) -> Candidate {
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let label = library_label(&file_name)
+            .map(str::to_owned)
+            .unwrap_or(file_name);
+        Candidate {
+            path,
+            args: Vec::new(),
+            source: PluginSource::External,
+            label,
+        }
+    }
+
     /// Binary or library. A library is a file in `plugin_dir` whose name ends in
     /// `.so` (see [`library_label`]); everything else, built-ins included, is a binary.
     /// Derived from the path, so that a candidate cannot say one thing and be another.
@@ -151,19 +169,7 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.sort();
     for path in paths {
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let label = library_label(&file_name)
-            .map(str::to_owned)
-            .unwrap_or(file_name);
-        let candidate = Candidate {
-            path: path.clone(),
-            args: Vec::new(),
-            source: PluginSource::External,
-            label,
-        };
+        let candidate = Candidate::external(path.clone());
         if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
             tracing::debug!(path = %path.display(), "ignoring directory in plugin_dir");
             continue;
@@ -926,6 +932,16 @@ mod tests {
             ..candidate("x", PluginSource::Builtin)
         };
         assert_eq!(builtin.kind(), CandidateKind::Binary);
+        let lib = Candidate::external(PathBuf::from("/plugins/librawexec.so"));
+        assert_eq!(
+            (lib.label.as_str(), lib.kind()),
+            ("rawexec", CandidateKind::Library)
+        );
+        let bin = Candidate::external(PathBuf::from("/plugins/drover-skeleton-driver"));
+        assert_eq!(
+            (bin.label.as_str(), bin.kind()),
+            ("drover-skeleton-driver", CandidateKind::Binary)
+        );
     }
 
     #[test]
