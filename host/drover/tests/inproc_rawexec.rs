@@ -34,8 +34,12 @@ fn run(agent: &Agent, driver: &str, config: &str) -> String {
     task["id"].as_str().expect("task id").to_owned()
 }
 
-/// `drover task wait`'s exit code.
+/// `drover task wait`'s exit code, once the task is dead (within 30 s: a task that
+/// never ends fails the test rather than hang it).
 fn wait(agent: &Agent, id: &str) -> Option<i32> {
+    tasks_util::until(agent, id, Duration::from_secs(30), "dead", |t| {
+        t.state == drover_api::TaskLifecycle::Dead
+    });
     agent.cli(&["task", "wait", id]).status.code()
 }
 
