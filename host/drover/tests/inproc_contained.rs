@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::inproc::{InProcessRig, built_library, gcc_library, healthy, row_at};
+use common::inproc::{
+    InProcessRig, built_library, gcc_library, healthy, row_at, started, task_run,
+};
 
 /// A shared library that is not a Drover driver library: no entry symbol.
 const NO_ENTRY: &str = "int not_a_drover_driver(void) { return 42; }\n";
@@ -104,14 +106,11 @@ in_process = true
     assert!(served["pid"].is_null(), "{served:#}");
 
     // A panic inside StartTask fails that call with the panic's message ...
-    let out = agent.cli(&[
-        "task",
-        "run",
-        "--driver",
+    let out = task_run(
+        &agent,
         "fixture-library",
-        "--config",
         r#"{"panic_in_start": "fixture panic 42"}"#,
-    ]);
+    );
     assert!(!out.status.success(), "a panicking start succeeded");
     let err = stderr(&out);
     assert!(
@@ -120,28 +119,16 @@ in_process = true
         agent.log_text()
     );
     // ... and the agent, the library and the other plugins go on serving.
-    let task = agent.cli_json(&[
-        "task",
-        "run",
-        "--driver",
-        "fixture-library",
-        "--config",
-        "{}",
-        "--json",
-    ]);
+    let task = started(&agent, "fixture-library", "{}");
     let id = task["id"].as_str().unwrap();
     assert_eq!(task["state"], "running", "{task:#}");
     let stopped = agent.cli_json(&["task", "stop", id, "--json"]);
     assert_eq!(stopped["state"], "dead", "{stopped:#}");
-    let task = agent.cli_json(&[
-        "task",
-        "run",
-        "--driver",
+    let task = started(
+        &agent,
         "rawexec",
-        "--config",
         r#"{"command": "/bin/sh", "args": ["-c", "exit 3"]}"#,
-        "--json",
-    ]);
+    );
     let out = agent.cli(&["task", "wait", task["id"].as_str().unwrap()]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let rows = agent.cli_json(&["plugin", "status", "--json"]);
@@ -175,13 +162,6 @@ fn a_library_whose_bytes_miss_their_pin_is_not_loaded() {
         "{row:#}"
     );
     // Nothing of it runs: a task for it finds no such driver.
-    let out = agent.cli(&[
-        "task",
-        "run",
-        "--driver",
-        "fixture-library",
-        "--config",
-        "{}",
-    ]);
+    let out = task_run(&agent, "fixture-library", "{}");
     assert!(!out.status.success(), "a task ran on a refused library");
 }

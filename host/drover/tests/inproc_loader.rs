@@ -44,6 +44,15 @@ fn only_candidate(plugins: &Path) -> Candidate {
     c
 }
 
+/// The fixture library as `fixture-library.so`, with bytes of its own (`trailer`), as
+/// the one candidate of a plugin dir; `None` when it was not built.
+fn fixture_candidate(trailer: &str) -> Option<(tempfile::TempDir, PathBuf, Candidate)> {
+    let fixture = built_library("drover-fixture-library")?;
+    let (dir, plugins) = plugin_dir_with(&fixture, "fixture-library.so", trailer);
+    let c = only_candidate(&plugins);
+    Some((dir, plugins, c))
+}
+
 /// Open and check the candidate's file as the catalog does before every load, and
 /// hash the bytes behind the descriptor.
 fn checked(c: &Candidate) -> Binary {
@@ -75,6 +84,14 @@ async fn fingerprint(
     .await
 }
 
+/// The reason [`fingerprint`] refuses `c`.
+async fn refusal(c: &Candidate, binary: &Binary, dir: &Path) -> String {
+    match fingerprint(c, binary, dir).await {
+        Ok(fp) => panic!("{} was loaded: {:?}", c.path.display(), fp.info),
+        Err(reason) => reason,
+    }
+}
+
 /// How many distinct sealed copies named `label` this process has mapped.
 fn mapped_copies(label: &str) -> usize {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -89,11 +106,9 @@ fn mapped_copies(label: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_library_is_mapped_once_and_restarted_when_its_plugin_starts_again() {
-    let Some(fixture) = built_library("drover-fixture-library") else {
+    let Some((dir, _plugins, c)) = fixture_candidate("restart test") else {
         return;
     };
-    let (dir, plugins) = plugin_dir_with(&fixture, "fixture-library.so", "restart test");
-    let c = only_candidate(&plugins);
     assert_eq!(c.label, "fixture-library");
     let fp = fingerprint(&c, &checked(&c), dir.path()).await.unwrap();
     assert_eq!(fp.info.name, "fixture-library");
@@ -103,10 +118,7 @@ async fn a_library_is_mapped_once_and_restarted_when_its_plugin_starts_again() {
 
     // The same bytes again while they serve (a second file, a concurrent load): one
     // copy serves, the other is refused, and nothing more is mapped.
-    let err = fingerprint(&c, &checked(&c), dir.path())
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let err = refusal(&c, &checked(&c), dir.path()).await;
     assert!(
         err.contains("is already loaded into the agent from")
             && err.contains("a library is loaded once"),
@@ -132,11 +144,9 @@ async fn a_library_is_mapped_once_and_restarted_when_its_plugin_starts_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_rewritten_between_their_check_and_their_load_are_not_loaded() {
-    let Some(fixture) = built_library("drover-fixture-library") else {
+    let Some((dir, plugins, c)) = fixture_candidate("rewrite test") else {
         return;
     };
-    let (dir, plugins) = plugin_dir_with(&fixture, "fixture-library.so", "rewrite test");
-    let c = only_candidate(&plugins);
     let binary = checked(&c);
     // The same inode, other bytes: what the descriptor now reads is not what was
     // checked (and pinned).
@@ -146,10 +156,7 @@ async fn bytes_rewritten_between_their_check_and_their_load_are_not_loaded() {
         .unwrap();
     std::io::Write::write_all(&mut file, b" and more").unwrap();
     drop(file);
-    let err = fingerprint(&c, &binary, dir.path())
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let err = refusal(&c, &binary, dir.path()).await;
     assert!(
         err.contains("changed while it was being loaded")
             && err.contains(&format!(
@@ -172,19 +179,13 @@ async fn bytes_that_failed_once_mapped_are_not_mapped_again() {
     };
     let (dir, plugins) = plugin_dir_with(&library, "noentry.so", "");
     let c = only_candidate(&plugins);
-    let first = fingerprint(&c, &checked(&c), dir.path())
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let first = refusal(&c, &checked(&c), dir.path()).await;
     assert!(
         first.contains("exports no `drover_plugin_entry_v1`"),
         "{first}"
     );
     assert_eq!(mapped_copies("noentry"), 1);
-    let second = fingerprint(&c, &checked(&c), dir.path())
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let second = refusal(&c, &checked(&c), dir.path()).await;
     assert!(
         second.starts_with(&first) && second.contains("this agent does not load them again"),
         "{second}"
@@ -216,10 +217,7 @@ async fn a_library_too_large_to_keep_in_memory_is_not_copied() {
         fd: Arc::new(fd),
         sha256: "0".repeat(64),
     };
-    let err = fingerprint(&c, &binary, dir.path())
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let err = refusal(&c, &binary, dir.path()).await;
     assert!(
         err.contains(&format!(
             "is {} bytes, more than the {} a driver library may have",

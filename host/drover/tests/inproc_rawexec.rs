@@ -13,7 +13,7 @@ mod tasks_util;
 use std::path::Path;
 use std::time::Duration;
 
-use common::inproc::{InProcessRig, built_library, healthy, row_at};
+use common::inproc::{healthy, rig_with, row_at, started};
 use common::*;
 use drover_test_support::procs;
 use tasks_util::{kinds, running};
@@ -28,10 +28,10 @@ fn stderr(out: &std::process::Output) -> String {
 
 /// `drover task run --driver DRIVER --config CONFIG --json` and the new task's id.
 fn run(agent: &Agent, driver: &str, config: &str) -> String {
-    let task = agent.cli_json(&[
-        "task", "run", "--driver", driver, "--config", config, "--json",
-    ]);
-    task["id"].as_str().expect("task id").to_owned()
+    started(agent, driver, config)["id"]
+        .as_str()
+        .expect("task id")
+        .to_owned()
 }
 
 /// `drover task wait`'s exit code, once the task is dead (within 30 s: a task that
@@ -93,11 +93,9 @@ fn executor_of(task_pid: u32) -> u32 {
 
 #[test]
 fn rawexec_in_process_runs_tasks_through_the_cli() {
-    let Some(library) = built_library("drover-driver-rawexec") else {
+    let Some((rig, library)) = rig_with("drover-driver-rawexec", "rawexec", "rawexec.so") else {
         return;
     };
-    let rig = InProcessRig::new("[plugin.rawexec]\nin_process = true\n");
-    let library = rig.install(&library, "rawexec.so", 0o644);
     let agent = rig.start();
     let rows = served_in_process(&agent, "rawexec", &library);
     // The built-in rawexec answered too, and lost to the library: skipped, its process
@@ -199,11 +197,9 @@ fn exit_on_flag(flag: &Path, code: i32) -> String {
 
 #[test]
 fn in_process_rawexec_tasks_survive_kill_9_of_the_agent() {
-    let Some(library) = built_library("drover-driver-rawexec") else {
+    let Some((rig, library)) = rig_with("drover-driver-rawexec", "rawexec", "librawexec.so") else {
         return;
     };
-    let rig = InProcessRig::new("[plugin.rawexec]\nin_process = true\n");
-    let library = rig.install(&library, "librawexec.so", 0o644);
     let (early, late) = (rig.root.path().join("early"), rig.root.path().join("late"));
     let mut first = rig.start();
     // The next agent takes the tasks over.
@@ -274,11 +270,10 @@ fn in_process_rawexec_tasks_survive_kill_9_of_the_agent() {
 
 #[test]
 fn the_skeleton_in_process_runs_tasks_and_recovers_them_after_kill_9() {
-    let Some(library) = built_library("drover-skeleton-driver") else {
+    let Some((rig, library)) = rig_with("drover-skeleton-driver", "skeleton", "libskeleton.so")
+    else {
         return;
     };
-    let rig = InProcessRig::new("[plugin.skeleton]\nin_process = true\n");
-    let library = rig.install(&library, "libskeleton.so", 0o644);
     let mut first = rig.start();
     first.end_tasks = false;
     let rows = served_in_process(&first, "skeleton", &library);

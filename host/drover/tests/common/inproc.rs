@@ -107,6 +107,30 @@ impl InProcessRig {
     }
 }
 
+/// A rig whose config allows `[plugin.NAME] in_process = true`, with the library the
+/// crate `crate_name` builds in its `plugin_dir` as `file_name` (mode 0644); `None`
+/// when that library was not built (see [`built_library`]).
+pub fn rig_with(crate_name: &str, name: &str, file_name: &str) -> Option<(InProcessRig, PathBuf)> {
+    let library = built_library(crate_name)?;
+    let rig = InProcessRig::new(&format!("[plugin.{name}]\nin_process = true\n"));
+    let installed = rig.install(&library, file_name, 0o644);
+    Some((rig, installed))
+}
+
+/// `drover task run --driver DRIVER --config CONFIG --json`, as the CLI ends.
+pub fn task_run(agent: &Agent, driver: &str, config: &str) -> std::process::Output {
+    agent.cli(&[
+        "task", "run", "--driver", driver, "--config", config, "--json",
+    ])
+}
+
+/// [`task_run`] that must succeed: the task's JSON.
+pub fn started(agent: &Agent, driver: &str, config: &str) -> serde_json::Value {
+    agent.cli_json(&[
+        "task", "run", "--driver", driver, "--config", config, "--json",
+    ])
+}
+
 /// Wait until plugin loading has settled with `name` healthy, and return the rows.
 pub fn healthy(agent: &Agent, name: &str) -> Vec<serde_json::Value> {
     agent.wait_plugins(Duration::from_secs(20), |rows| {
