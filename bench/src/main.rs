@@ -3,6 +3,7 @@
 //! `cargo run --release -p drover-bench -- docker-start [--count N] [--docker-host URL]`
 //! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
 //! `cargo run --release -p drover-bench -- rawexec-start [--iterations N]` (as root)
+//! `cargo run --release -p drover-bench -- inproc-load [--iterations N]`
 //! `cargo run --release -p drover-bench -- qemu-start [--iterations N]` (needs the VM rig)
 //! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
 //!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
@@ -21,6 +22,7 @@ use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 mod cluster;
 mod docker;
 mod exec_start;
+mod inproc_load;
 mod qemu_start;
 mod rawexec_start;
 mod schedule;
@@ -83,6 +85,15 @@ enum Bench {
     RawexecStart {
         /// Tasks per variant.
         #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
+    /// rawexec loaded in process (sealed copy, dlopen, start, health, first
+    /// fingerprint) against launched as a process (spawn, handshake, health, first
+    /// fingerprint), ABBA-interleaved in one run.
+    InprocLoad {
+        /// Rounds; each loads the library twice and launches the binary twice. Every
+        /// load stays in memory (a library is never unloaded): keep it small.
+        #[arg(long, default_value_t = 10)]
         iterations: usize,
     },
     /// StartTask of a qemu task -> the guest's first serial line in the task's stdout
@@ -231,6 +242,13 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(rawexec_start::run(iterations))
+        }
+        Bench::InprocLoad { iterations } => {
+            // The same runtime flavour as the agent.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(inproc_load::run(iterations))
         }
         Bench::QemuStart { iterations } => {
             let rt = tokio::runtime::Builder::new_current_thread()

@@ -9,9 +9,12 @@
 //! - Drivers whose tasks must outlive the plugin (rawexec, exec, java, qemu) start them
 //!   through a per-task executor: the `drover-executor` crate (`plugins/shared/executor`
 //!   in the Drover repository).
+//! - The same driver can also be built as a shared library that a host loads in
+//!   process: `crate-type = ["rlib", "cdylib"]` and [`export_driver!`] in its `lib.rs`
+//!   (see [`inproc`]).
 //! - Hosts and tests (feature `launcher`, which `testing` includes): `client::PluginProcess::launch`
-//!   starts a plugin binary and gives a typed `client::PluginClient`. A plugin never
-//!   compiles this side.
+//!   starts a plugin binary, `client::InProcessPlugin::load` loads a driver library,
+//!   and both give a typed `client::PluginClient`. A plugin never compiles this side.
 //!
 //! The wire protocol (go-plugin's handshake plus `drover.plugin.v1`) is described in
 //! the `.proto` files of [`drover_proto`], re-exported here so versions never skew.

@@ -1,20 +1,14 @@
-//! Run the SDK's conformance harness against the real skeleton binary. Copy this test
-//! along with the driver.
+//! Run the SDK's conformance harness against the real skeleton, in both of its forms:
+//! the plugin binary and the shared library. Copy this test along with the driver.
 
 use drover_plugin_sdk::testing::Conformance;
 
 #[tokio::test]
 async fn skeleton_driver_conforms() {
-    let report = Conformance::new(env!("CARGO_BIN_EXE_drover-skeleton-driver"))
-        .sample_task(serde_json::json!({ "run_for_ms": 50 }))
-        .long_task(serde_json::json!({}))
-        .run()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    eprintln!("{report}");
-    // The skeleton can recover tasks, so the harness also checked RecoverTask in a
-    // fresh plugin process.
-    assert_recovered(&report);
+    check(Conformance::new(env!(
+        "CARGO_BIN_EXE_drover-skeleton-driver"
+    )))
+    .await;
 }
 
 /// The same checks against the skeleton built as a library
@@ -27,18 +21,21 @@ async fn skeleton_driver_conforms_in_process() {
     else {
         return;
     };
-    let report = Conformance::shared_library(library)
+    check(Conformance::shared_library(library)).await;
+}
+
+/// Run the harness with the skeleton's tasks, in either form.
+async fn check(form: Conformance) {
+    let report = form
         .sample_task(serde_json::json!({ "run_for_ms": 50 }))
         .long_task(serde_json::json!({}))
         .run()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{report}");
-    // In process, "a fresh plugin" is a fresh runtime (and driver) in the same library.
-    assert_recovered(&report);
-}
-
-fn assert_recovered(report: &drover_plugin_sdk::testing::Report) {
+    // The skeleton can recover tasks, so the harness also checked RecoverTask in a
+    // fresh plugin (a new process; in process, a fresh runtime and driver in the same
+    // library).
     assert!(
         report
             .steps

@@ -291,13 +291,13 @@ impl InProcessPlugin {
                     stop(timeout_ms, err)
                 })
                 .await;
-            if let Err(reason) = stopped {
-                tracing::warn!(plugin = %self.name(), "in-process plugin did not stop: {reason}");
-            }
             if tokio::time::timeout(Duration::from_secs(1), self.exited())
                 .await
                 .is_err()
             {
+                if let Err(reason) = stopped {
+                    tracing::warn!(plugin = %self.name(), "in-process plugin did not stop: {reason}");
+                }
                 return ExitOutcome::Other(format!(
                     "the plugin's runtime did not stop within {SHUTDOWN_GRACE:?}; it is left running \
                      in the agent"
@@ -383,14 +383,9 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
 /// Call a library's entry function and check the table it returns: the version first,
 /// nothing else read before it matches.
 fn read_table(entry_fn: EntryFn) -> Result<EntryV1, OpenError> {
-    let table = std::panic::catch_unwind(|| {
-        // SAFETY: calling the entry the ABI defines; it only returns a static address.
-        #[allow(unsafe_code)]
-        unsafe {
-            entry_fn()
-        }
-    })
-    .map_err(|_| OpenError::Start("its entry function panicked".into()))?;
+    // SAFETY: calling the entry the ABI defines; it only returns a static address.
+    #[allow(unsafe_code)]
+    let table = unsafe { entry_fn() };
     if table.is_null() {
         return Err(OpenError::Start(
             "its entry function returned no table".into(),

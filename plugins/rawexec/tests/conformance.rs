@@ -6,13 +6,10 @@ use drover_plugin_sdk::testing::Conformance;
 
 #[tokio::test]
 async fn rawexec_conforms() {
-    let report = Conformance::new(env!("CARGO_BIN_EXE_drover-driver-rawexec"))
-        .sample_task(serde_json::json!({ "command": "/bin/sh", "args": ["-c", "exit 0"] }))
-        .long_task(serde_json::json!({ "command": "/bin/sleep", "args": ["1000"] }))
-        .run()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    eprintln!("{report}");
+    check(Conformance::new(env!(
+        "CARGO_BIN_EXE_drover-driver-rawexec"
+    )))
+    .await;
 }
 
 /// The same checks against rawexec built as a library (`libdrover_driver_rawexec.so`,
@@ -21,12 +18,21 @@ async fn rawexec_conforms() {
 /// test the host is this test binary, which is no executor).
 #[tokio::test]
 async fn rawexec_conforms_in_process() {
-    let Some(library) = drover_plugin_sdk::testing::built_library("libdrover_driver_rawexec.so")
-    else {
+    let Some(library) = drover_plugin_sdk::testing::built_library(LIBRARY) else {
         return;
     };
-    let report = Conformance::shared_library(library)
-        .executor(env!("CARGO_BIN_EXE_drover-driver-rawexec"))
+    check(
+        Conformance::shared_library(library).executor(env!("CARGO_BIN_EXE_drover-driver-rawexec")),
+    )
+    .await;
+}
+
+/// rawexec as a library, as cargo names it.
+const LIBRARY: &str = "libdrover_driver_rawexec.so";
+
+/// Run the harness with rawexec's sample and long tasks, in either form.
+async fn check(form: Conformance) {
+    let report = form
         .sample_task(serde_json::json!({ "command": "/bin/sh", "args": ["-c", "exit 0"] }))
         .long_task(serde_json::json!({ "command": "/bin/sleep", "args": ["1000"] }))
         .run()
@@ -43,19 +49,22 @@ async fn in_process_logs_reach_the_host() {
     use drover_plugin_sdk::client::{InProcessOptions, InProcessPlugin, sealed_copy};
     use tracing_subscriber::prelude::*;
 
-    let Some(library) = drover_plugin_sdk::testing::built_library("libdrover_driver_rawexec.so")
-    else {
+    let Some(library) = drover_plugin_sdk::testing::built_library(LIBRARY) else {
         return;
     };
     let seen = Captured::default();
-    // This test's thread only (a current-thread runtime: the replay runs here too).
-    let _guard = tracing_subscriber::registry()
+    // Global, not scoped to this thread: tracing caches each callsite's interest
+    // process-wide, and another test's thread hitting the replay's callsite first
+    // (while no scoped subscriber exists) can leave it disabled for this one. The
+    // other tests' lines land here too; the plugin name tells this one's apart.
+    tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(seen.clone())
                 .with_ansi(false),
         )
-        .set_default();
+        .try_init()
+        .expect("no other test of this binary installs a subscriber");
     let file = std::fs::File::open(&library).expect("the library opens");
     let sealed = sealed_copy(&file.into(), "rawexec").expect("a sealed copy");
     let mut opts = InProcessOptions::new("rawexec-logs", sealed, &library);
