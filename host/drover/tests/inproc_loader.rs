@@ -228,3 +228,21 @@ async fn a_library_too_large_to_keep_in_memory_is_not_copied() {
     );
     assert_eq!(mapped_copies("big"), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_library_serves_only_the_plugin_it_is_named_after() {
+    let Some(fixture) = built_library("drover-fixture-library") else {
+        return;
+    };
+    // `[plugin.renamed] in_process = true` allows the plugin "renamed", not whatever
+    // the file turns out to be.
+    let (dir, plugins) = plugin_dir_with(&fixture, "renamed.so", "rename test");
+    let c = only_candidate(&plugins);
+    assert_eq!(c.label, "renamed");
+    let err = refusal(&c, &checked(&c), dir.path()).await;
+    assert!(
+        err.contains("renamed.so calls itself \"fixture-library\"")
+            && err.contains("name it fixture-library.so and allow it with [plugin.fixture-library] in_process = true"),
+        "{err}"
+    );
+}
