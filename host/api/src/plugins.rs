@@ -117,3 +117,58 @@ mod tests {
         assert_eq!(serde_json::to_string(&rows).unwrap(), text);
     }
 }
+
+/// What a reload did to one plugin file or name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum PluginChangeKind {
+    /// A new plugin serves (no restart).
+    Added,
+    /// A new instance replaced the serving one and took its tasks over.
+    Upgraded,
+    /// Its file was removed: it takes no new tasks and leaves once its tasks end.
+    Removing,
+    /// It left the catalog (its file was removed and it has no running task).
+    Removed,
+    /// A new or changed file could not serve; whatever served keeps serving.
+    Failed,
+    /// A file that serves nothing (another file wins its name, or it is refused).
+    Skipped,
+}
+
+impl PluginChangeKind {
+    /// The word shown by `drover plugin reload`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginChangeKind::Added => "added",
+            PluginChangeKind::Upgraded => "upgraded",
+            PluginChangeKind::Removing => "removing",
+            PluginChangeKind::Removed => "removed",
+            PluginChangeKind::Failed => "failed",
+            PluginChangeKind::Skipped => "skipped",
+        }
+    }
+}
+
+/// One change a reload made, for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginChange {
+    /// The plugin name (the file name while unknown).
+    pub name: String,
+    /// The file the change is about.
+    pub path: PathBuf,
+    /// What happened.
+    pub kind: PluginChangeKind,
+    /// What and why, in a sentence.
+    pub message: String,
+}
+
+/// The answer of `POST /v1/plugins/reload` (`drover plugin reload`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReloadReport {
+    /// What changed, one entry per plugin file or name; empty when nothing did.
+    pub changes: Vec<PluginChange>,
+    /// Every plugin row after the reload (as `GET /v1/plugins`).
+    pub plugins: Vec<PluginStatus>,
+}
