@@ -99,44 +99,57 @@ fn watcher(dir: &Path) -> std::io::Result<AsyncFd<OwnedFd>> {
     registered.map_err(std::io::Error::from)
 }
 
-/// Read what is queued; returns whether the directory itself went away.
-fn drain(fd: &OwnedFd) -> std::io::Result<(bool, bool)> {
+/// What a read of the queue found.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    /// Any event at all.
+    any: bool,
+    /// The directory itself went away (deleted, moved, unmounted).
+    gone: bool,
+}
+
+/// Read everything queued into `seen`. Ends with `WouldBlock` once the queue is
+/// empty, which is what tells tokio to wait for the next readiness.
+fn read_queue(fd: &OwnedFd, seen: &mut Seen) -> std::io::Result<()> {
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
     let mut reader = inotify::Reader::new(fd, &mut buf);
-    let (mut any, mut gone) = (false, false);
     loop {
         match reader.next() {
             Ok(event) => {
-                any = true;
+                seen.any = true;
                 if event
                     .events()
                     .intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF | ReadFlags::IGNORED)
                 {
-                    gone = true;
+                    seen.gone = true;
                 }
             }
             Err(rustix::io::Errno::INTR) => continue,
-            Err(rustix::io::Errno::AGAIN) => return Ok((any, gone)),
             Err(e) => return Err(e.into()),
         }
     }
 }
 
-/// Wait for the next events; `Ok(None)` when `stop` fired.
+/// Wait for the next events; `Ok(None)` when `stop` fired, else whether the directory
+/// itself went away.
 async fn next_events(
     fd: &AsyncFd<OwnedFd>,
     stop: &CancellationToken,
 ) -> std::io::Result<Option<bool>> {
+    let mut seen = Seen::default();
     loop {
         let mut ready = tokio::select! {
             ready = fd.readable() => ready?,
             () = stop.cancelled() => return Ok(None),
         };
-        match ready.try_io(|fd| drain(fd.get_ref())) {
-            Ok(Ok((true, gone))) => return Ok(Some(gone)),
-            Ok(Ok((false, _))) => {}
+        match ready.try_io(|fd| read_queue(fd.get_ref(), &mut seen)) {
+            // `read_queue` only ends in an error; WouldBlock is the `Err` arm below.
+            Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
-            Err(_would_block) => {}
+            Err(_drained) => {}
+        }
+        if seen.any {
+            return Ok(Some(seen.gone));
         }
     }
 }
