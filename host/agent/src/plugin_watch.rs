@@ -82,7 +82,9 @@ fn watcher(dir: &Path) -> std::io::Result<AsyncFd<OwnedFd>> {
     inotify::add_watch(
         &fd,
         dir,
+        // MODIFY only extends the quiet wait while a file is being written in place.
         WatchFlags::CLOSE_WRITE
+            | WatchFlags::MODIFY
             | WatchFlags::MOVED_TO
             | WatchFlags::MOVED_FROM
             | WatchFlags::DELETE

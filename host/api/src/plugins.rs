@@ -102,22 +102,6 @@ impl std::fmt::Display for PluginState {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_status_row_reads_and_writes_the_agents_json_unchanged() {
-        let text = r#"[{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false},{"name":"bad","type":"driver","version":"","api_version":"","source":"external","path":"/p/bad","state":"skipped","reason":"not executable","pid":null,"reattached":false}]"#;
-        let rows: Vec<PluginStatus> = serde_json::from_str(text).unwrap();
-        assert_eq!(rows[0].state, PluginState::Healthy);
-        assert_eq!(rows[0].kind, PluginKind::Driver);
-        assert_eq!(rows[1].source, PluginSource::External);
-        assert_eq!(rows[1].state.to_string(), "skipped");
-        assert_eq!(serde_json::to_string(&rows).unwrap(), text);
-    }
-}
-
 /// What a reload did to one plugin file or name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -171,4 +155,37 @@ pub struct ReloadReport {
     pub changes: Vec<PluginChange>,
     /// Every plugin row after the reload (as `GET /v1/plugins`).
     pub plugins: Vec<PluginStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_row_reads_and_writes_the_agents_json_unchanged() {
+        let text = r#"[{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false,"in_process":false},{"name":"bad","type":"driver","version":"","api_version":"","source":"external","path":"/p/bad","state":"skipped","reason":"not executable","pid":null,"reattached":false,"in_process":false}]"#;
+        let rows: Vec<PluginStatus> = serde_json::from_str(text).unwrap();
+        assert_eq!(rows[0].state, PluginState::Healthy);
+        assert_eq!(rows[0].kind, PluginKind::Driver);
+        assert_eq!(rows[1].source, PluginSource::External);
+        assert_eq!(rows[1].state.to_string(), "skipped");
+        assert_eq!(serde_json::to_string(&rows).unwrap(), text);
+    }
+
+    #[test]
+    fn a_reload_report_names_each_change_in_lowercase() {
+        let report = ReloadReport {
+            changes: vec![PluginChange {
+                name: "rawexec".into(),
+                path: "/p/rawexec".into(),
+                kind: PluginChangeKind::Upgraded,
+                message: "version 0.1.0 replaced by version 0.2.0".into(),
+            }],
+            plugins: Vec::new(),
+        };
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["changes"][0]["kind"], "upgraded");
+        let back: ReloadReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
 }

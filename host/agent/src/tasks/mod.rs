@@ -942,3 +942,15 @@ impl TaskManager {
         stopped
     }
 }
+
+/// The catalog hands an upgraded driver's tasks over through this (it does not know
+/// the task manager): the runners re-attach on their own when the driver's
+/// generation changes; the catalog only waits until none is behind.
+impl crate::catalog::TaskHandover for TaskManager {
+    fn handover_progress(&self, driver: &str, generation: u64) -> (usize, usize) {
+        TaskManager::handover_progress(self, driver, generation)
+    }
+    fn attachments(&self) -> watch::Receiver<u64> {
+        TaskManager::attachments(self)
+    }
+}
