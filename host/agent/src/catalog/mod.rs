@@ -76,8 +76,9 @@ struct Live {
     /// Attributes of the last fingerprint (`driver.<name>.<key>`), for the node's
     /// registration with the cluster servers.
     attributes: BTreeMap<String, String>,
-    /// Why the last attempt to replace this instance failed (it keeps serving).
-    upgrade_failed: Option<String>,
+    /// The file whose attempt to replace this instance failed, and why (the instance
+    /// keeps serving); cleared once that file is gone or something replaces this.
+    upgrade_failed: Option<(PathBuf, String)>,
     /// Set once its file is gone: why it takes no new tasks.
     retiring: Option<String>,
 }
@@ -129,12 +130,19 @@ impl LoadedPlugin {
         self.live().retiring.clone()
     }
 
-    /// Change the note on the serving row (an upgrade that failed, or retirement).
-    fn set_notes(&self, upgrade_failed: Option<String>, retiring: Option<String>) {
+    /// Note on the serving row that replacing it with `file` failed, and why.
+    fn set_upgrade_failed(&self, failed: Option<(PathBuf, String)>) {
         let mut live = self.live();
-        live.upgrade_failed = upgrade_failed;
-        live.retiring = retiring;
-        drop(live);
+        if live.upgrade_failed != failed {
+            live.upgrade_failed = failed;
+            drop(live);
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Mark the plugin as taking no new tasks, and why.
+    fn set_retiring(&self, why: String) {
+        self.live().retiring = Some(why);
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -204,7 +212,8 @@ impl LoadedPlugin {
     fn status(&self) -> PluginStatus {
         let live = self.live();
         let mut reason = live.reason.clone();
-        for note in [&live.retiring, &live.upgrade_failed].into_iter().flatten() {
+        let failed = live.upgrade_failed.as_ref().map(|(_, why)| why);
+        for note in [live.retiring.as_ref(), failed].into_iter().flatten() {
             reason = format!("{reason}; {note}");
         }
         PluginStatus {

@@ -265,6 +265,30 @@ impl Catalog {
             }
             fresh.push(c);
         }
+        for p in &serving {
+            let own = p.candidate();
+            let refused_now = rows.iter().find(|r| {
+                r.is_of(&own) && r.sha256.is_none() && own.source == PluginSource::External
+            });
+            let failed_file = p.live().upgrade_failed.as_ref().map(|(f, _)| f.clone());
+            if let Some(row) = refused_now {
+                // Its file now fails the checks (mode, owner): the instance started
+                // from it keeps serving, but could not be launched from it again.
+                p.set_upgrade_failed(Some((
+                    own.path.clone(),
+                    format!(
+                        "its file now fails the checks: {}; the running instance keeps serving",
+                        row.row.reason
+                    ),
+                )));
+            } else if let Some(file) = failed_file {
+                // The file that failed to replace it is gone, or will be tried again.
+                let still_failing = rows.iter().any(|r| r.row.path == file);
+                if !still_failing {
+                    p.set_upgrade_failed(None);
+                }
+            }
+        }
         if let Ok(mut s) = self.skipped.write() {
             *s = rows;
         }
@@ -278,13 +302,13 @@ impl Catalog {
                 // The serving file was replaced by bytes that do not run: the instance
                 // started from the old bytes keeps serving.
                 let version = p.live().version.clone();
-                p.set_notes(
-                    Some(format!(
+                p.set_upgrade_failed(Some((
+                    c.path.clone(),
+                    format!(
                         "upgrade failed: its file was replaced, but the new one fails: {reason}; \
                          version {version} keeps serving"
-                    )),
-                    None,
-                );
+                    ),
+                )));
             }
         }
         changes.push(PluginChangeKind::Failed, &c.label, &c.path, reason.clone());
@@ -417,10 +441,10 @@ impl Catalog {
             );
             fp.process.shutdown().await;
             self.skip_fingerprinted(&fp, format!("{why}; version {old_version} keeps serving"));
-            p.set_notes(
-                Some(format!("{why}; this version keeps serving")),
-                p.retiring(),
-            );
+            p.set_upgrade_failed(Some((
+                new_c.path.clone(),
+                format!("{why}; this version keeps serving"),
+            )));
             changes.push(PluginChangeKind::Failed, &p.name, &new_c.path, why);
             return false;
         }
@@ -635,7 +659,7 @@ impl Catalog {
              tasks have ended",
             path.display()
         );
-        p.set_notes(None, Some(why.clone()));
+        p.set_retiring(why.clone());
         changes.push(
             PluginChangeKind::Removing,
             &p.name,
