@@ -191,7 +191,7 @@ async fn reload_plugins(State(s): State<ApiState>) -> ApiResult {
     // In a task of its own: a client that goes away must not cut an upgrade short
     // between the swap and the old instance's shutdown.
     let catalog = s.catalog.clone();
-    let changes = tokio::spawn(async move { catalog.reload().await })
+    let changes = tokio::spawn(async move { catalog.reload(true).await })
         .await
         .map_err(|e| {
             ApiError(

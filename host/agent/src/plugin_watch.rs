@@ -49,7 +49,7 @@ pub async fn run(catalog: Arc<Catalog>, dir: PathBuf, stop: CancellationToken) {
         if !dir.is_dir() {
             if existed {
                 tracing::info!(plugin_dir = %dir.display(), "plugin_dir went away; its plugins are removed");
-                catalog.reload().await;
+                catalog.reload(false).await;
                 existed = false;
             }
             tokio::select! {
@@ -60,7 +60,7 @@ pub async fn run(catalog: Arc<Catalog>, dir: PathBuf, stop: CancellationToken) {
         if !existed {
             tracing::info!(plugin_dir = %dir.display(), "plugin_dir appeared; loading its plugins");
             existed = true;
-            catalog.reload().await;
+            catalog.reload(false).await;
         }
         match watch_dir(&catalog, &dir, &stop).await {
             Ok(()) => return,
@@ -69,7 +69,7 @@ pub async fn run(catalog: Arc<Catalog>, dir: PathBuf, stop: CancellationToken) {
                 // Without inotify (no instance or watch left), look now and then.
                 tracing::warn!("{e}; looking for plugin changes every {DIR_POLL:?} instead");
                 tokio::select! {
-                    () = tokio::time::sleep(DIR_POLL) => catalog.reload().await.len(),
+                    () = tokio::time::sleep(DIR_POLL) => catalog.reload(false).await.len(),
                     () = stop.cancelled() => return,
                 };
             }
@@ -168,7 +168,7 @@ async fn watch_dir(
     let fd = watcher(dir).map_err(inotify_err)?;
     tracing::info!(plugin_dir = %dir.display(), "watching plugin_dir for added, upgraded and removed plugins");
     // Files that changed between the initial load and the watch being in place.
-    catalog.reload().await;
+    catalog.reload(false).await;
     loop {
         let Some(mut gone) = next_events(&fd, stop).await.map_err(inotify_err)? else {
             return Ok(());
@@ -193,6 +193,6 @@ async fn watch_dir(
             });
         }
         tracing::debug!(plugin_dir = %dir.display(), "plugin_dir changed; reloading plugins");
-        catalog.reload().await;
+        catalog.reload(false).await;
     }
 }

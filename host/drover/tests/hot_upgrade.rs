@@ -401,6 +401,16 @@ fn plugin_reload_applies_changes_on_demand_when_watching_is_off() {
         .find(|c| c.name == "garbage")
         .unwrap_or_else(|| panic!("no change for the bad file: {report:?}"));
     assert_eq!(failed.kind, drover_api::PluginChangeKind::Failed);
+    // The watcher tries a file again only when its bytes change; an explicit reload
+    // retries failed files (a handshake timed out on a busy machine, say).
+    let again = api.block_on(api.reload_plugins()).expect("reload");
+    assert!(
+        again
+            .changes
+            .iter()
+            .any(|c| c.name == "garbage" && c.kind == drover_api::PluginChangeKind::Failed),
+        "{again:?}"
+    );
     assert!(
         report.plugins.iter().any(|r| r.name == "garbage"
             && r.state == PluginState::Skipped

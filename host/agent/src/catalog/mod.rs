@@ -393,6 +393,9 @@ struct Skipped {
     args: Vec<std::ffi::OsString>,
     sha256: Option<String>,
     row: PluginStatus,
+    /// It works, but another file serves its name (not worth trying again unless
+    /// something changes); otherwise it failed, and `drover plugin reload` retries it.
+    lost: bool,
 }
 
 impl Skipped {
@@ -520,14 +523,19 @@ impl Catalog {
     /// Skip a file that was never hashed (refused by the scan).
     fn skip(&self, row: PluginStatus) {
         let args = Vec::new();
-        self.skip_candidate(args, None, row);
+        self.skip_candidate(args, None, row, false);
     }
 
     /// Skip candidate `c`, whose bytes hash to `sha256` (`None`: what the last check
     /// of its file found, if any).
     fn skip_of(&self, c: &Candidate, sha256: Option<String>, row: PluginStatus) {
         let sha256 = sha256.or_else(|| self.records.cached_sha(&c.path));
-        self.skip_candidate(c.args.clone(), sha256, row);
+        self.skip_candidate(c.args.clone(), sha256, row, false);
+    }
+
+    /// Skip candidate `c`, which works but lost its name to another file.
+    fn skip_lost(&self, c: &Candidate, sha256: String, row: PluginStatus) {
+        self.skip_candidate(c.args.clone(), Some(sha256), row, true);
     }
 
     fn skip_candidate(
@@ -535,6 +543,7 @@ impl Catalog {
         args: Vec<std::ffi::OsString>,
         sha256: Option<String>,
         row: PluginStatus,
+        lost: bool,
     ) {
         tracing::warn!(
             plugin = %row.name,
@@ -544,7 +553,12 @@ impl Catalog {
             row.reason
         );
         if let Ok(mut s) = self.skipped.write() {
-            s.push(Skipped { args, sha256, row });
+            s.push(Skipped {
+                args,
+                sha256,
+                row,
+                lost,
+            });
         }
     }
 
@@ -715,7 +729,7 @@ impl Catalog {
                 tracing::info!(plugin = %fp.info.name, pid = ?fp.process.pid(), "shutting down a reattached plugin that no longer wins its name");
             }
             fp.process.shutdown().await;
-            self.skip_of(&fp.candidate, Some(fp.sha256.clone()), row);
+            self.skip_lost(&fp.candidate, fp.sha256.clone(), row);
         }
         by_name
     }

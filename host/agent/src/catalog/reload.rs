@@ -152,7 +152,11 @@ impl Catalog {
     /// plugins, upgrade served ones, retire removed ones. Returns what changed; a file
     /// that fails is a change of kind `Failed` and a row in [`Catalog::status`], never
     /// an error. Waits for initial loading first; one reload runs at a time.
-    pub async fn reload(self: &Arc<Self>) -> Vec<PluginChange> {
+    ///
+    /// Files are tried again only when their bytes change, except with `retry_failed`
+    /// (`drover plugin reload`): then unchanged files that failed (a handshake that
+    /// timed out on a busy machine, a refused configuration) are tried again too.
+    pub async fn reload(self: &Arc<Self>, retry_failed: bool) -> Vec<PluginChange> {
         // No environment: initial loading has not started (or never runs, in tests),
         // and there is nothing to compare with yet.
         let Some(env) = lock(&self.reload_env).clone() else {
@@ -163,7 +167,7 @@ impl Catalog {
         let _one = self.reloading.lock().await;
         let started = Instant::now();
         let mut changes = Changes::default();
-        let fresh = self.rescan(&env, &mut changes).await;
+        let fresh = self.rescan(&env, retry_failed, &mut changes).await;
         let mut launches = tokio::task::JoinSet::new();
         for c in fresh {
             let (env, records) = (env.clone(), self.records.clone());
@@ -204,7 +208,12 @@ impl Catalog {
 
     /// List `plugin_dir` again: rows for files refused by the scan, rows kept for files
     /// unchanged since they were last tried. Returns the new or changed files.
-    async fn rescan(&self, env: &ReloadEnv, changes: &mut Changes) -> Vec<Candidate> {
+    async fn rescan(
+        &self,
+        env: &ReloadEnv,
+        retry_failed: bool,
+        changes: &mut Changes,
+    ) -> Vec<Candidate> {
         let (scanned, refused) = loader::scan_plugin_dir(&env.plugin_dir);
         let old: Vec<Skipped> = self.skipped.read().map(|s| s.clone()).unwrap_or_default();
         let is_new_row = |row: &PluginStatus| {
@@ -230,6 +239,7 @@ impl Catalog {
                 args: Vec::new(),
                 sha256: None,
                 row,
+                lost: false,
             });
         };
         for row in refused {
@@ -259,6 +269,7 @@ impl Catalog {
             if let Some(kept) = old
                 .iter()
                 .find(|o| o.is_of(&c) && o.sha256.as_deref() == Some(sha.as_str()))
+                && (kept.lost || !retry_failed)
             {
                 rows.push(kept.clone());
                 continue;
@@ -353,7 +364,7 @@ impl Catalog {
                         &fp.candidate.path,
                         reason.clone(),
                     );
-                    self.skip_fingerprinted(&fp, reason);
+                    self.skip_fingerprinted(&fp, reason, true);
                     fp.process.shutdown().await;
                 }
             }
@@ -364,12 +375,17 @@ impl Catalog {
     }
 
     /// The row of a fingerprinted candidate that does not serve.
-    fn skip_fingerprinted(&self, fp: &Fingerprinted, reason: String) {
+    /// `lost`: it works, but another file serves its name.
+    fn skip_fingerprinted(&self, fp: &Fingerprinted, reason: String, lost: bool) {
         let mut row = loader::skipped_status(&fp.candidate, reason);
         row.name = fp.info.name.clone();
         row.version = fp.info.version.clone();
         self.drop_rows_of(&fp.candidate);
-        self.skip_of(&fp.candidate, Some(fp.sha256.clone()), row);
+        if lost {
+            self.skip_lost(&fp.candidate, fp.sha256.clone(), row);
+        } else {
+            self.skip_of(&fp.candidate, Some(fp.sha256.clone()), row);
+        }
     }
 
     fn drop_rows_of(&self, c: &Candidate) {
@@ -388,7 +404,7 @@ impl Catalog {
                 &fp.candidate.path,
                 reason.clone(),
             );
-            self.skip_fingerprinted(&fp, reason);
+            self.skip_fingerprinted(&fp, reason, false);
             fp.process.shutdown().await;
             return;
         }
@@ -440,7 +456,11 @@ impl Catalog {
                 new_c.path.display()
             );
             fp.process.shutdown().await;
-            self.skip_fingerprinted(&fp, format!("{why}; version {old_version} keeps serving"));
+            self.skip_fingerprinted(
+                &fp,
+                format!("{why}; version {old_version} keeps serving"),
+                false,
+            );
             p.set_upgrade_failed(Some((
                 new_c.path.clone(),
                 format!("{why}; this version keeps serving"),
@@ -485,7 +505,7 @@ impl Catalog {
             );
             row.name = p.name.clone();
             row.version = old_version.clone();
-            self.skip_of(&old_c, Some(old_sha), row);
+            self.skip_lost(&old_c, old_sha, row);
         }
         let moved = match behind {
             0 => format!("{tasks} running tasks handed over"),
