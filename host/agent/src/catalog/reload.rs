@@ -98,17 +98,15 @@ fn same_file(a: &Candidate, b: &Candidate) -> bool {
 /// a built-in unless `prefer_builtin`, then the higher version wins, a tie keeps the
 /// serving one.
 fn serving_keeps(
-    source: PluginSource,
-    version: &str,
-    new: &Fingerprinted,
+    serving: (PluginSource, &str),
+    offered: (PluginSource, &str),
     prefer_builtin: bool,
 ) -> bool {
-    if source != new.candidate.source {
-        return (source == PluginSource::Builtin) == prefer_builtin;
+    if serving.0 != offered.0 {
+        return (serving.0 == PluginSource::Builtin) == prefer_builtin;
     }
-    let serving = drover_plugin_sdk::version::parse_version(version).ok();
-    let offered = drover_plugin_sdk::version::parse_version(&new.info.version).ok();
-    serving >= offered
+    let parse = |v| drover_plugin_sdk::version::parse_version(v).ok();
+    parse(serving.1) >= parse(offered.1)
 }
 
 fn removed(path: &std::path::Path) -> bool {
@@ -348,7 +346,11 @@ impl Catalog {
                 };
                 let wins = same_file(&serving_c, &fp.candidate)
                     || p.retiring().is_some()
-                    || !serving_keeps(serving_c.source, &serving_version, &fp, env.prefer_builtin);
+                    || !serving_keeps(
+                        (serving_c.source, &serving_version),
+                        (fp.candidate.source, &fp.info.version),
+                        env.prefer_builtin,
+                    );
                 if wins {
                     self.upgrade(&p, fp, env, changes).await;
                 } else {
@@ -730,4 +732,48 @@ impl Catalog {
 fn pid_text(p: &PluginInstance) -> String {
     p.pid()
         .map_or_else(|| "in the agent".to_owned(), |pid| pid.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use PluginSource::{Builtin, External};
+
+    #[test]
+    fn a_file_takes_a_served_name_over_by_the_start_up_rule() {
+        // Same source: only a higher version wins; a tie keeps what serves.
+        assert!(!serving_keeps(
+            (External, "1.0.0"),
+            (External, "1.1.0"),
+            false
+        ));
+        assert!(serving_keeps(
+            (External, "1.1.0"),
+            (External, "1.1.0"),
+            false
+        ));
+        assert!(serving_keeps(
+            (External, "1.10.0"),
+            (External, "1.9.0"),
+            false
+        ));
+        // An external file beats the built-in whatever its version, unless
+        // prefer_builtin.
+        assert!(!serving_keeps(
+            (Builtin, "9.0.0"),
+            (External, "0.1.0"),
+            false
+        ));
+        assert!(serving_keeps((Builtin, "0.1.0"), (External, "9.0.0"), true));
+        assert!(serving_keeps(
+            (External, "0.1.0"),
+            (Builtin, "9.0.0"),
+            false
+        ));
+        assert!(!serving_keeps(
+            (External, "9.0.0"),
+            (Builtin, "0.1.0"),
+            true
+        ));
+    }
 }
