@@ -390,7 +390,8 @@ impl Drop for DoneOnDrop<'_> {
 /// was hashed) tells a reload whether the file changed since.
 #[derive(Debug, Clone)]
 struct Skipped {
-    args: Vec<std::ffi::OsString>,
+    /// The file (and arguments) the row is about, as it would be launched.
+    candidate: Candidate,
     sha256: Option<String>,
     row: PluginStatus,
     /// It works, but another file serves its name (not worth trying again unless
@@ -399,9 +400,25 @@ struct Skipped {
 }
 
 impl Skipped {
+    /// The row of a file refused before it was hashed (by the scan, or the allow and
+    /// deny lists): the candidate is what the row names.
+    fn refused(row: PluginStatus) -> Self {
+        Skipped {
+            candidate: Candidate {
+                path: row.path.clone(),
+                args: Vec::new(),
+                source: row.source,
+                label: row.name.clone(),
+            },
+            sha256: None,
+            row,
+            lost: false,
+        }
+    }
+
     /// Is this the row of candidate `c`?
     fn is_of(&self, c: &Candidate) -> bool {
-        self.row.path == c.path && self.args == c.args
+        self.candidate.path == c.path && self.candidate.args == c.args
     }
 }
 
@@ -522,29 +539,33 @@ impl Catalog {
 
     /// Skip a file that was never hashed (refused by the scan).
     fn skip(&self, row: PluginStatus) {
-        let args = Vec::new();
-        self.skip_candidate(args, None, row, false);
+        self.push_skipped(Skipped::refused(row));
     }
 
     /// Skip candidate `c`, whose bytes hash to `sha256` (`None`: what the last check
     /// of its file found, if any).
     fn skip_of(&self, c: &Candidate, sha256: Option<String>, row: PluginStatus) {
         let sha256 = sha256.or_else(|| self.records.cached_sha(&c.path));
-        self.skip_candidate(c.args.clone(), sha256, row, false);
+        self.push_skipped(Skipped {
+            candidate: c.clone(),
+            sha256,
+            row,
+            lost: false,
+        });
     }
 
     /// Skip candidate `c`, which works but lost its name to another file.
     fn skip_lost(&self, c: &Candidate, sha256: String, row: PluginStatus) {
-        self.skip_candidate(c.args.clone(), Some(sha256), row, true);
+        self.push_skipped(Skipped {
+            candidate: c.clone(),
+            sha256: Some(sha256),
+            row,
+            lost: true,
+        });
     }
 
-    fn skip_candidate(
-        &self,
-        args: Vec<std::ffi::OsString>,
-        sha256: Option<String>,
-        row: PluginStatus,
-        lost: bool,
-    ) {
+    fn push_skipped(&self, skipped: Skipped) {
+        let row = &skipped.row;
         tracing::warn!(
             plugin = %row.name,
             path = %row.path.display(),
@@ -553,12 +574,7 @@ impl Catalog {
             row.reason
         );
         if let Ok(mut s) = self.skipped.write() {
-            s.push(Skipped {
-                args,
-                sha256,
-                row,
-                lost,
-            });
+            s.push(skipped);
         }
     }
 

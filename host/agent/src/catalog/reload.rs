@@ -233,12 +233,7 @@ impl Catalog {
                     row.reason.clone(),
                 );
             }
-            rows.push(Skipped {
-                args: Vec::new(),
-                sha256: None,
-                row,
-                lost: false,
-            });
+            rows.push(Skipped::refused(row));
         };
         for row in refused {
             refuse(row, &mut rows);
@@ -616,20 +611,9 @@ impl Catalog {
                             && !removed(&s.row.path)
                     })
                     .map(|s| {
-                        let label = s
-                            .row
-                            .path
-                            .file_name()
-                            .map(|n| n.to_string_lossy().into_owned())
-                            .unwrap_or_default();
                         (
                             drover_plugin_sdk::version::parse_version(&s.row.version).ok(),
-                            Candidate {
-                                path: s.row.path.clone(),
-                                args: s.args.clone(),
-                                source: PluginSource::External,
-                                label,
-                            },
+                            s.candidate.clone(),
                         )
                     })
                     .collect()
