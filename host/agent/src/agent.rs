@@ -216,6 +216,9 @@ pub async fn run(
     let catalog = Arc::new(Catalog::new(store.clone()));
     let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store.clone()));
     tasks.load()?;
+    // An upgraded plugin's tasks move to its new instance through the task manager.
+    let handover: Arc<dyn crate::catalog::TaskHandover> = tasks.clone();
+    catalog.set_handover(Arc::downgrade(&handover));
     let plugins_stop = stop.child_token();
     // Allocation runners report every status change here; the cluster client batches
     // them to the servers.
@@ -246,6 +249,15 @@ pub async fn run(
     catalog
         .load(&config, &builtins, ctx, plugins_stop.clone())
         .await;
+    if config.watch_plugin_dir {
+        tokio::spawn(crate::plugin_watch::run(
+            catalog.clone(),
+            plugin_dir.clone(),
+            plugins_stop.clone(),
+        ));
+    } else {
+        tracing::info!("watch_plugin_dir = false: plugin changes apply on `drover plugin reload`");
+    }
     // Every stored task is recovered through its driver, bounded in time and
     // concurrency, while the API already serves. Recovery only reads what drivers
     // report, so cutting it short on stop loses nothing.

@@ -96,6 +96,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/agent/health", get(health))
         .route("/v1/plugins", get(plugins))
+        .route("/v1/plugins/reload", post(reload_plugins))
         .route("/v1/tasks", get(list_tasks).post(run_task))
         .route("/v1/tasks/{id}", get(task_status).delete(destroy_task))
         .route("/v1/tasks/{id}/wait", get(wait_task))
@@ -183,6 +184,25 @@ async fn health(State(s): State<ApiState>) -> ApiResult {
 
 async fn plugins(State(s): State<ApiState>) -> ApiResult {
     ok(s.catalog.status())
+}
+
+/// Rescan `plugin_dir` and apply what changed; failures are rows, not errors.
+async fn reload_plugins(State(s): State<ApiState>) -> ApiResult {
+    // In a task of its own: a client that goes away must not cut an upgrade short
+    // between the swap and the old instance's shutdown.
+    let catalog = s.catalog.clone();
+    let changes = tokio::spawn(async move { catalog.reload(true).await })
+        .await
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reload failed: {e}"),
+            )
+        })?;
+    ok(drover_api::ReloadReport {
+        changes,
+        plugins: s.catalog.status(),
+    })
 }
 
 async fn list_tasks(State(s): State<ApiState>) -> ApiResult {

@@ -149,6 +149,9 @@ pub struct AgentConfig {
     pub plugin_deny: Vec<String>,
     /// When an external plugin and a built-in share a name, the built-in wins.
     pub prefer_builtin: bool,
+    /// Watch `plugin_dir` (inotify) and add, upgrade and remove plugins as their files
+    /// come and go, without a restart. Off: only `drover plugin reload` does it.
+    pub watch_plugin_dir: bool,
     /// Per-plugin settings, by plugin name.
     pub plugin: BTreeMap<String, PluginSettings>,
     /// Log filter (`tracing` EnvFilter syntax), e.g. `info` or `drover=debug`.
@@ -202,6 +205,7 @@ impl Default for AgentConfig {
             plugin_allow: Vec::new(),
             plugin_deny: Vec::new(),
             prefer_builtin: false,
+            watch_plugin_dir: true,
             plugin: BTreeMap::new(),
             log_level: "info".into(),
             log_format: LogFormat::Human,
@@ -246,6 +250,7 @@ const ENV_KEYS: &[&str] = &[
     "log_level",
     "log_format",
     "prefer_builtin",
+    "watch_plugin_dir",
     "drain_on_shutdown",
     "servers",
     "node_name",

@@ -20,6 +20,7 @@ pub mod instance;
 pub mod limits;
 pub mod loader;
 pub mod logs;
+pub mod plugin_watch;
 pub mod spec;
 pub mod state;
 pub mod tasks;

@@ -17,8 +17,8 @@ use crate::error::causes;
 use crate::path::path;
 use crate::{
     AgentHealth, DestroyQuery, Destroyed, Error, ErrorBody, Frame, FrameDecoder,
-    LOG_FRAMES_CONTENT_TYPE, LogStream, LogsQuery, PluginStatus, RunRequest, SignalRequest,
-    StatsQuery, StatsView, StopRequest, TaskEventView, TaskView,
+    LOG_FRAMES_CONTENT_TYPE, LogStream, LogsQuery, PluginStatus, ReloadReport, RunRequest,
+    SignalRequest, StatsQuery, StatsView, StopRequest, TaskEventView, TaskView,
 };
 
 /// A client of one agent's API, over its unix socket (`<data_dir>/api.sock`).
@@ -183,6 +183,15 @@ impl Client {
     pub async fn plugins(&self) -> Result<Vec<PluginStatus>, Error> {
         self.json(Call::get(&["v1", "plugins"]), StatusCode::OK)
             .await
+    }
+
+    /// `POST /v1/plugins/reload`: bring the plugins in line with `plugin_dir` now (add,
+    /// upgrade, remove; what the agent's watcher does by itself unless
+    /// `watch_plugin_dir = false`). A file that fails is a change of kind `failed`
+    /// with its reason, not an error.
+    pub async fn reload_plugins(&self) -> Result<ReloadReport, Error> {
+        let call = Call::get(&["v1", "plugins", "reload"]).with_method(Method::POST);
+        self.json(call, StatusCode::OK).await
     }
 
     /// `GET /v1/tasks`: every task, newest first.

@@ -19,6 +19,7 @@
 //! |---|---|
 //! | `GET /v1/agent/health` | [`Client::health`] |
 //! | `GET /v1/plugins` | [`Client::plugins`] |
+//! | `POST /v1/plugins/reload` | [`Client::reload_plugins`] |
 //! | `GET /v1/tasks` | [`Client::list_tasks`] |
 //! | `POST /v1/tasks` | [`Client::run_task`] |
 //! | `GET /v1/tasks/{id}` | [`Client::get_task`] |
@@ -59,7 +60,10 @@ pub use error::Error;
 pub use http::StatusCode;
 pub use logs::{Frame, FrameDecoder, FrameError, LOG_FRAMES_CONTENT_TYPE, skipped_notice};
 pub use path::encode_path_segment;
-pub use plugins::{PluginKind, PluginSource, PluginState, PluginStatus};
+pub use plugins::{
+    PluginChange, PluginChangeKind, PluginKind, PluginSource, PluginState, PluginStatus,
+    ReloadReport,
+};
 pub use tasks::{
     DestroyQuery, Destroyed, LogConfig, LogStream, LogsQuery, MAX_LOG_MB_PER_STREAM, Resources,
     RestartMode, RestartPolicy, RunRequest, SignalRequest, StatsQuery, StatsView, StopRequest,

@@ -102,18 +102,90 @@ impl std::fmt::Display for PluginState {
     }
 }
 
+/// What a reload did to one plugin file or name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum PluginChangeKind {
+    /// A new plugin serves (no restart).
+    Added,
+    /// A new instance replaced the serving one and took its tasks over.
+    Upgraded,
+    /// Its file was removed: it takes no new tasks and leaves once its tasks end.
+    Removing,
+    /// It left the catalog (its file was removed and it has no running task).
+    Removed,
+    /// A new or changed file could not serve; whatever served keeps serving.
+    Failed,
+    /// A file that serves nothing (another file wins its name, or it is refused).
+    Skipped,
+}
+
+impl PluginChangeKind {
+    /// The word shown by `drover plugin reload`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginChangeKind::Added => "added",
+            PluginChangeKind::Upgraded => "upgraded",
+            PluginChangeKind::Removing => "removing",
+            PluginChangeKind::Removed => "removed",
+            PluginChangeKind::Failed => "failed",
+            PluginChangeKind::Skipped => "skipped",
+        }
+    }
+}
+
+/// One change a reload made, for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginChange {
+    /// The plugin name (the file name while unknown).
+    pub name: String,
+    /// The file the change is about.
+    pub path: PathBuf,
+    /// What happened.
+    pub kind: PluginChangeKind,
+    /// What and why, in a sentence.
+    pub message: String,
+}
+
+/// The answer of `POST /v1/plugins/reload` (`drover plugin reload`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReloadReport {
+    /// What changed, one entry per plugin file or name; empty when nothing did.
+    pub changes: Vec<PluginChange>,
+    /// Every plugin row after the reload (as `GET /v1/plugins`).
+    pub plugins: Vec<PluginStatus>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_status_row_reads_and_writes_the_agents_json_unchanged() {
-        let text = r#"[{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false},{"name":"bad","type":"driver","version":"","api_version":"","source":"external","path":"/p/bad","state":"skipped","reason":"not executable","pid":null,"reattached":false}]"#;
+        let text = r#"[{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false,"in_process":false},{"name":"bad","type":"driver","version":"","api_version":"","source":"external","path":"/p/bad","state":"skipped","reason":"not executable","pid":null,"reattached":false,"in_process":false}]"#;
         let rows: Vec<PluginStatus> = serde_json::from_str(text).unwrap();
         assert_eq!(rows[0].state, PluginState::Healthy);
         assert_eq!(rows[0].kind, PluginKind::Driver);
         assert_eq!(rows[1].source, PluginSource::External);
         assert_eq!(rows[1].state.to_string(), "skipped");
         assert_eq!(serde_json::to_string(&rows).unwrap(), text);
+    }
+
+    #[test]
+    fn a_reload_report_names_each_change_in_lowercase() {
+        let report = ReloadReport {
+            changes: vec![PluginChange {
+                name: "rawexec".into(),
+                path: "/p/rawexec".into(),
+                kind: PluginChangeKind::Upgraded,
+                message: "version 0.1.0 replaced by version 0.2.0".into(),
+            }],
+            plugins: Vec::new(),
+        };
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["changes"][0]["kind"], "upgraded");
+        let back: ReloadReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
     }
 }

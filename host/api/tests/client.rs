@@ -97,6 +97,12 @@ async fn handle(
                 "api_version": "1.0.0", "source": "builtin", "path": "/bin/drover",
                 "state": "healthy", "reason": "ready", "pid": 7, "reattached": false}]),
         ),
+        (Method::POST, "/v1/plugins/reload") => json(
+            StatusCode::OK,
+            serde_json::json!({"changes": [{"name": "rawexec", "path": "/p/rawexec",
+                "kind": "upgraded", "message": "version 0.1.0 replaced by version 0.2.0"}],
+                "plugins": []}),
+        ),
         (Method::GET, "/v1/tasks") => {
             json(StatusCode::OK, serde_json::json!([view("t1", "running")]))
         }
@@ -178,6 +184,7 @@ impl Fake {
         let app = Router::new()
             .route("/v1/agent/health", any(handle))
             .route("/v1/plugins", any(handle))
+            .route("/v1/plugins/reload", any(handle))
             .route("/v1/tasks", any(handle))
             .route("/v1/tasks/{id}", any(handle))
             .route("/v1/tasks/{id}/wait", any(handle))
@@ -249,6 +256,16 @@ async fn every_method_reaches_its_endpoint_with_its_method_query_and_body() {
     assert_eq!(
         fake.last(),
         seen(Method::GET, "/v1/plugins", None, None, "")
+    );
+
+    let reload = c.reload_plugins().await.unwrap();
+    assert_eq!(
+        reload.changes[0].kind,
+        drover_api::PluginChangeKind::Upgraded
+    );
+    assert_eq!(
+        fake.last(),
+        seen(Method::POST, "/v1/plugins/reload", None, None, "")
     );
 
     let tasks = c.list_tasks().await.unwrap();

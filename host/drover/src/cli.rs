@@ -330,6 +330,27 @@ pub fn print_plugins(rows: &[PluginStatus], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Print what `drover plugin reload` changed, one line each.
+pub fn print_reload(report: &drover_api::ReloadReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    if report.changes.is_empty() {
+        println!("no plugin changed");
+    }
+    for c in &report.changes {
+        println!(
+            "{:<9} {:<16} {}: {}",
+            c.kind.as_str(),
+            c.name,
+            c.path.display(),
+            c.message
+        );
+    }
+    Ok(())
+}
+
 /// An optional number as table text: `-` when absent.
 fn or_dash(value: Option<i32>) -> String {
     value.map_or_else(|| "-".into(), |v| v.to_string())

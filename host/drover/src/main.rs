@@ -140,6 +140,14 @@ enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Look at plugin_dir now: add new plugins, upgrade to newer ones, retire removed
+    /// ones, without restarting the agent (it does this by itself unless
+    /// `watch_plugin_dir = false`). Prints what changed.
+    Reload {
+        /// Print JSON (the changes and every plugin row).
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve a built-in driver as a plugin (the agent runs this; not for people).
     #[command(hide = true)]
     Serve {
@@ -264,6 +272,13 @@ fn main() -> ExitCode {
             client_main(cli.address, |c| async move {
                 let rows = c.plugins().await.map_err(api_error)?;
                 cli::print_plugins(&rows, json)?;
+                Ok(ExitCode::SUCCESS)
+            })
+        }
+        Command::Plugin(PluginCommand::Reload { json }) => {
+            client_main(cli.address, |c| async move {
+                let report = c.reload_plugins().await.map_err(api_error)?;
+                cli::print_reload(&report, json)?;
                 Ok(ExitCode::SUCCESS)
             })
         }

@@ -8,7 +8,12 @@
 //!   - `goplugin-only`: a go-plugin plugin for another application — handshake, health
 //!     and go-plugin's own services, none of Drover's;
 //!   - `crash-after-handshake`: a normal plugin that exits with code 7 after 2 s
-//!     (long enough for a loaded machine to finish the handshake first).
+//!     (long enough for a loaded machine to finish the handshake first);
+//!   - `rawexec`: the real rawexec driver, named `FIXTURE_NAME` (default `rawexec`) at
+//!     `FIXTURE_VERSION` (a "newer rawexec" for the hot-upgrade tests);
+//!   - `rawexec-bad-config`: the same, refusing every `SetConfig`.
+
+mod rawexec;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -115,7 +120,16 @@ impl DriverPlugin for Fixture {
 }
 
 fn main() {
+    // rawexec's executors are this binary re-executed: become one before anything else.
+    drover_executor::run_if_executor(None);
     match env_or("FIXTURE_MODE", "normal").as_str() {
+        mode @ ("rawexec" | "rawexec-bad-config") => {
+            drover_plugin_sdk::serve(rawexec::Rawexec::new(
+                env_or("FIXTURE_NAME", "rawexec"),
+                env_or("FIXTURE_VERSION", "0.1.0"),
+                mode == "rawexec-bad-config",
+            ))
+        }
         "goplugin-only" => goplugin_only(),
         "crash-after-handshake" => {
             std::thread::spawn(|| {

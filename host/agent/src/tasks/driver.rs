@@ -26,6 +26,11 @@ pub trait TaskDriver: Send + Sync {
     fn task_schema(&self) -> serde_json::Value;
     /// Bumped each time the driver's process is replaced.
     fn generation(&self) -> watch::Receiver<u64>;
+    /// Why the driver takes no new tasks (its plugin file was removed and it only
+    /// serves the tasks it runs until they end); `None` while it takes them.
+    fn retiring(&self) -> Option<String> {
+        None
+    }
     /// `StartTask`.
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError>;
     /// `WaitTask`: until the task exits.
@@ -85,6 +90,9 @@ impl TaskDriver for LoadedPlugin {
     }
     fn generation(&self) -> watch::Receiver<u64> {
         LoadedPlugin::generation(self)
+    }
+    fn retiring(&self) -> Option<String> {
+        LoadedPlugin::retiring(self)
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         self.client().start_task(spec).await

@@ -28,7 +28,7 @@ mod validate;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -110,6 +110,9 @@ pub(crate) struct Task {
     dead: watch::Sender<bool>,
     /// The current driver process knows the running incarnation.
     attached: AtomicBool,
+    /// The driver generation it was last attached on (meaningful while `attached`):
+    /// a hand-over to a new plugin instance waits until no task is behind.
+    attached_on: AtomicU64,
     /// Destroyed: the record is gone and must not be written again.
     destroyed: AtomicBool,
 }
@@ -130,6 +133,7 @@ impl Task {
             ops: tokio::sync::Mutex::new(()),
             kill,
             attached: AtomicBool::new(false),
+            attached_on: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
         }
     }
@@ -239,6 +243,9 @@ pub struct TaskManager {
     start_timeout: Duration,
     /// Drivers whose task events are followed (`driver_events`).
     event_watchers: Mutex<HashSet<String>>,
+    /// Bumped whenever a task attaches to a driver instance or ends, for a plugin
+    /// hand-over waiting on [`TaskManager::handover_progress`].
+    attachments: watch::Sender<u64>,
 }
 
 impl TaskManager {
@@ -268,7 +275,48 @@ impl TaskManager {
             recover_timeout: RECOVER_TIMEOUT,
             start_timeout: START_TIMEOUT,
             event_watchers: Mutex::new(HashSet::new()),
+            attachments: watch::channel(0).0,
         }
+    }
+
+    /// The driver instance of `generation` knows `task`'s running incarnation now.
+    fn attached(&self, task: &Task, generation: u64) {
+        task.attached_on.store(generation, Ordering::SeqCst);
+        task.attached.store(true, Ordering::SeqCst);
+        self.attachments.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// `task` is dead (or gone): a hand-over or a retiring driver waits no more for it.
+    fn ended(&self, task: &Task) {
+        task.dead.send_replace(true);
+        self.attachments.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Tasks of `driver` that are not dead, and how many of them are still attached to
+    /// a driver instance older than `generation` (the catalog's hand-over waits until
+    /// none is).
+    pub fn handover_progress(&self, driver: &str, generation: u64) -> (usize, usize) {
+        let Ok(tasks) = self.tasks.read() else {
+            return (0, 0);
+        };
+        let live = tasks
+            .values()
+            .filter(|t| t.driver == driver && !t.is_dead());
+        let (mut n, mut behind) = (0, 0);
+        for t in live {
+            n += 1;
+            if t.attached.load(Ordering::SeqCst)
+                && t.attached_on.load(Ordering::SeqCst) < generation
+            {
+                behind += 1;
+            }
+        }
+        (n, behind)
+    }
+
+    /// Sees a change whenever a task attaches to a driver instance or ends.
+    pub fn attachments(&self) -> watch::Receiver<u64> {
+        self.attachments.subscribe()
     }
 
     /// Read every stored task into memory, without talking to any driver, so that the
@@ -416,6 +464,12 @@ impl TaskManager {
         opts: RunOptions,
     ) -> Result<TaskView, DriverError> {
         let driver = self.driver(&req.driver)?;
+        if let Some(why) = driver.retiring() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "driver {:?} takes no new tasks: {why}",
+                req.driver
+            )));
+        }
         let (state, reason) = driver.state();
         if state != PluginState::Healthy {
             return Err(DriverError::Unavailable(format!(
@@ -505,7 +559,7 @@ impl TaskManager {
             self.remove(&id);
             let _ = std::fs::remove_dir_all(&task_dir);
             // Whoever waits on it (a concurrent stop or wait) is told it is over.
-            task.dead.send_replace(true);
+            self.ended(&task);
             DriverError::Internal(why)
         };
         if let Err(e) = task.persist(&self.store).await {
@@ -559,13 +613,13 @@ impl TaskManager {
                 }
                 self.remove(&id);
                 let _ = std::fs::remove_dir_all(&task_dir);
-                task.dead.send_replace(true);
+                self.ended(&task);
                 return Err(e);
             }
         };
         let attributes = runner::poststart(&self.hooks, &*driver, &handle).await;
         runner::started(&task, handle, attributes, false);
-        task.attached.store(true, Ordering::SeqCst);
+        self.attached(&task, generation);
         if let Err(e) = task.persist(&self.store).await {
             // The caller hears "failed", so nothing may keep running.
             match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(&id, true)).await {
@@ -847,7 +901,7 @@ impl TaskManager {
             ))
         })?;
         self.remove(id);
-        task.dead.send_replace(true);
+        self.ended(&task);
         let dir = task.view().task_dir;
         let _ = std::fs::remove_dir_all(dir);
         Ok(())
@@ -886,5 +940,17 @@ impl TaskManager {
         }
         tracing::info!(stopped, "tasks drained");
         stopped
+    }
+}
+
+/// The catalog hands an upgraded driver's tasks over through this (it does not know
+/// the task manager): the runners re-attach on their own when the driver's
+/// generation changes; the catalog only waits until none is behind.
+impl crate::catalog::TaskHandover for TaskManager {
+    fn handover_progress(&self, driver: &str, generation: u64) -> (usize, usize) {
+        TaskManager::handover_progress(self, driver, generation)
+    }
+    fn attachments(&self) -> watch::Receiver<u64> {
+        TaskManager::attachments(self)
     }
 }

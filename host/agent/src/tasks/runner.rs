@@ -349,7 +349,7 @@ impl Runner {
                             None => format!("task recovered by driver {name}"),
                         },
                     );
-                    self.task.attached.store(true, Ordering::SeqCst);
+                    self.mgr.attached(&self.task, seen);
                     if probe {
                         // The handle is new: it must be durable before anything else.
                         self.task.save(&self.mgr.store).await;
@@ -470,7 +470,21 @@ impl Runner {
                     continue;
                 }
             };
-            match driver.wait_task(&self.task.id).await {
+            let mut replaced = driver.generation();
+            let waited = tokio::select! {
+                waited = driver.wait_task(&self.task.id) => waited,
+                () = async {
+                    if replaced.wait_for(|g| *g != attached_on).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                } => {
+                    // A new instance replaced the driver's (an upgrade, or a relaunch):
+                    // hand the task over to it now rather than when the old one goes
+                    // away; the plugin's upgrade waits for every task to move.
+                    continue;
+                }
+            };
+            match waited {
                 Ok(result) => return self.exited(result).await,
                 Err(DriverError::Unavailable(_)) => {
                     // The plugin process died; the task did not. `attach` waits for the
@@ -697,7 +711,7 @@ impl Runner {
             Ok(handle) => {
                 let attributes = poststart(&self.mgr.hooks, &*driver, &handle).await;
                 started(&self.task, handle, attributes, restart);
-                self.task.attached.store(true, Ordering::SeqCst);
+                self.mgr.attached(&self.task, generation);
                 self.task.save(&self.mgr.store).await;
                 drop(ops);
                 self.report(Outcome::Started);
@@ -769,7 +783,7 @@ impl Runner {
             rec.view.finished_at = Some(now());
         }
         self.task.save(&self.mgr.store).await;
-        self.task.dead.send_replace(true);
+        self.mgr.ended(&self.task);
         let spec = self.task.rec().spec.clone();
         for hook in &self.mgr.hooks {
             hook.stop(&spec).await;

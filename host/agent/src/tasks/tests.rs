@@ -54,6 +54,8 @@ struct FakeState {
     waiting: Vec<String>,
     /// The next this many StopTask calls are lost in transport (the plugin lives on).
     lose_stops: usize,
+    /// The driver takes no new tasks, for this reason (its plugin file was removed).
+    retiring: Option<String>,
     /// Subscribers to TaskEvents.
     event_subscribers: Vec<tokio::sync::mpsc::UnboundedSender<Result<TaskEvent, DriverError>>>,
 }
@@ -160,6 +162,9 @@ impl TaskDriver for Fake {
     }
     fn generation(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
+    }
+    fn retiring(&self) -> Option<String> {
+        self.s().retiring.clone()
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         let gate = {
@@ -1810,4 +1815,71 @@ async fn what_the_driver_says_about_a_task_is_in_its_events_bounded_and_cleaned(
             .any(|e| e.message == "said by the new process")
     })
     .await;
+}
+
+/// An upgrade: a new driver instance replaces the old one while the old one still
+/// serves (its WaitTask calls stay open). Every runner hands its task to the new one at
+/// once, without a restart, and the hand-over progress the catalog waits on says so.
+#[tokio::test]
+async fn a_replaced_driver_instance_gets_every_task_at_once_without_a_restart() {
+    let env = Env::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let v = env
+            .mgr
+            .run(request(serde_json::json!({}), None))
+            .await
+            .unwrap();
+        until_waiting(&env.fake, &v.id).await;
+        ids.push(v.id);
+    }
+    assert_eq!(env.mgr.handover_progress("fake", 1), (3, 3));
+    assert_eq!(env.mgr.handover_progress("other", 1), (0, 0));
+    let mut attachments = env.mgr.attachments();
+    attachments.borrow_and_update();
+    // The old instance does not die: only the generation tells the runners.
+    env.fake.generation.send_modify(|g| *g += 1);
+    drover_test_support::within(Duration::from_secs(5), "every task handed over", async {
+        while env.mgr.handover_progress("fake", 1) != (3, 0) {
+            attachments.changed().await.unwrap();
+        }
+    })
+    .await;
+    for id in &ids {
+        let v = env.mgr.status(id).unwrap();
+        assert_eq!(kinds(&v), ["Received", "Started", "Recovered"], "{v:#?}");
+        assert_eq!(v.state, TaskLifecycle::Running);
+        assert_eq!(env.fake.starts(id).len(), 1);
+    }
+    // The new instance answers for them: an exit reaches the task.
+    env.fake.exit(&ids[0], 3);
+    assert_eq!(wait_dead(&env.mgr, &ids[0]).await.exit_code, Some(3));
+    assert_eq!(env.mgr.handover_progress("fake", 1), (2, 0));
+}
+
+/// A driver whose plugin file was removed takes no new task and says why; its
+/// running tasks stay managed.
+#[tokio::test]
+async fn a_retiring_driver_refuses_new_tasks_and_keeps_its_running_ones() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    until_waiting(&env.fake, &v.id).await;
+    env.fake.s().retiring = Some("its file /p/fake was removed".into());
+    let err = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::FailedPrecondition(m) if m.contains("takes no new tasks") && m.contains("was removed")),
+        "{err:?}"
+    );
+    assert_eq!(env.mgr.list().len(), 1, "the refused task left a record");
+    env.mgr.stop(&v.id, None, None).await.unwrap();
+    assert_eq!(wait_dead(&env.mgr, &v.id).await.state, TaskLifecycle::Dead);
+    assert_eq!(env.mgr.handover_progress("fake", 0), (0, 0));
 }

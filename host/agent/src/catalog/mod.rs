@@ -25,6 +25,10 @@ use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
 use crate::loader::{self, Candidate, Fingerprinted};
 use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
+mod reload;
+
+pub use reload::TaskHandover;
+
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
 const RELAUNCH_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(250), Duration::from_secs(30));
@@ -57,6 +61,10 @@ impl LoadContext {
 }
 
 struct Live {
+    /// The file (and arguments) the instance runs: replaced by an upgrade.
+    candidate: Candidate,
+    /// sha256 of the bytes the instance runs.
+    sha256: String,
     process: PluginInstance,
     reattached: bool,
     version: String,
@@ -68,6 +76,11 @@ struct Live {
     /// Attributes of the last fingerprint (`driver.<name>.<key>`), for the node's
     /// registration with the cluster servers.
     attributes: BTreeMap<String, String>,
+    /// The file whose attempt to replace this instance failed, and why (the instance
+    /// keeps serving); cleared once that file is gone or something replaces this.
+    upgrade_failed: Option<(PathBuf, String)>,
+    /// Set once its file is gone: why it takes no new tasks.
+    retiring: Option<String>,
 }
 
 /// One loaded plugin. Its process may be replaced by the supervisor; callers take a
@@ -75,9 +88,13 @@ struct Live {
 pub struct LoadedPlugin {
     /// The plugin's name.
     pub name: String,
-    candidate: Candidate,
     live: Mutex<Live>,
     generation: watch::Sender<u64>,
+    /// Held while the instance is being replaced (relaunch after a crash, upgrade), so
+    /// that two replacements never race.
+    swap: tokio::sync::Mutex<()>,
+    /// Stops this plugin's supervisor (its plugin left the catalog, or the agent stops).
+    stop: CancellationToken,
     /// The catalog's [`Catalog::driver_changes`], bumped when this plugin's state,
     /// reason or attributes change.
     changes: Arc<watch::Sender<u64>>,
@@ -92,14 +109,41 @@ impl std::fmt::Debug for LoadedPlugin {
 }
 
 impl LoadedPlugin {
-    fn new(fp: Fingerprinted, changes: Arc<watch::Sender<u64>>) -> Self {
+    fn new(fp: Fingerprinted, changes: Arc<watch::Sender<u64>>, stop: CancellationToken) -> Self {
         LoadedPlugin {
             name: fp.info.name.clone(),
-            candidate: fp.candidate.clone(),
             live: Mutex::new(live_from(fp)),
             generation: watch::channel(0).0,
+            swap: tokio::sync::Mutex::new(()),
+            stop,
             changes,
         }
+    }
+
+    /// The file (and arguments) the current instance runs.
+    fn candidate(&self) -> Candidate {
+        self.live().candidate.clone()
+    }
+
+    /// Why the plugin takes no new tasks (its file was removed); `None` normally.
+    pub fn retiring(&self) -> Option<String> {
+        self.live().retiring.clone()
+    }
+
+    /// Note on the serving row that replacing it with `file` failed, and why.
+    fn set_upgrade_failed(&self, failed: Option<(PathBuf, String)>) {
+        let mut live = self.live();
+        if live.upgrade_failed != failed {
+            live.upgrade_failed = failed;
+            drop(live);
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Mark the plugin as taking no new tasks, and why.
+    fn set_retiring(&self, why: String) {
+        self.live().retiring = Some(why);
+        self.changes.send_modify(|n| *n += 1);
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, Live> {
@@ -167,15 +211,20 @@ impl LoadedPlugin {
 
     fn status(&self) -> PluginStatus {
         let live = self.live();
+        let mut reason = live.reason.clone();
+        let failed = live.upgrade_failed.as_ref().map(|(_, why)| why);
+        for note in [live.retiring.as_ref(), failed].into_iter().flatten() {
+            reason = format!("{reason}; {note}");
+        }
         PluginStatus {
             name: self.name.clone(),
             kind: PluginKind::Driver,
             version: live.version.clone(),
             api_version: live.api_version.clone(),
-            source: self.candidate.source,
-            path: self.candidate.path.clone(),
+            source: live.candidate.source,
+            path: live.candidate.path.clone(),
             state: live.state,
-            reason: live.reason.clone(),
+            reason,
             pid: (!live.process.has_exited())
                 .then(|| live.process.pid())
                 .flatten(),
@@ -191,6 +240,10 @@ impl LoadedPlugin {
 
 fn live_from(fp: Fingerprinted) -> Live {
     Live {
+        candidate: fp.candidate,
+        sha256: fp.sha256,
+        upgrade_failed: None,
+        retiring: None,
         reattached: fp.process.is_reattached(),
         process: fp.process,
         version: fp.info.version,
@@ -257,6 +310,11 @@ impl Records {
             }
         };
         Ok(loader::Binary { fd, sha256 })
+    }
+
+    /// The sha256 the last check of `path` found, if it was hashed.
+    fn cached_sha(&self, path: &Path) -> Option<String> {
+        lock(&self.hashes).get(path).map(|(_, h)| h.clone())
     }
 
     /// Remember a serving plugin process so the next agent can reattach to it.
@@ -328,11 +386,54 @@ impl Drop for DoneOnDrop<'_> {
     }
 }
 
+/// A candidate that does not serve, with its status row. The file's sha256 (when it
+/// was hashed) tells a reload whether the file changed since.
+#[derive(Debug, Clone)]
+struct Skipped {
+    /// The file (and arguments) the row is about, as it would be launched.
+    candidate: Candidate,
+    sha256: Option<String>,
+    row: PluginStatus,
+    /// It works, but another file serves its name (not worth trying again unless
+    /// something changes); otherwise it failed, and `drover plugin reload` retries it.
+    lost: bool,
+}
+
+impl Skipped {
+    /// The row of a file refused before it was hashed (by the scan, or the allow and
+    /// deny lists): the candidate is what the row names.
+    fn refused(row: PluginStatus) -> Self {
+        Skipped {
+            candidate: Candidate {
+                path: row.path.clone(),
+                args: Vec::new(),
+                source: row.source,
+                label: row.name.clone(),
+            },
+            sha256: None,
+            row,
+            lost: false,
+        }
+    }
+
+    /// Is this the row of candidate `c`?
+    fn is_of(&self, c: &Candidate) -> bool {
+        self.candidate.path == c.path && self.candidate.args == c.args
+    }
+}
+
 /// All plugins: loaded ones by name, and rows for every binary that was skipped.
 pub struct Catalog {
     loaded: RwLock<BTreeMap<String, Arc<LoadedPlugin>>>,
-    skipped: RwLock<Vec<PluginStatus>>,
+    skipped: RwLock<Vec<Skipped>>,
     records: Arc<Records>,
+    /// What a reload needs, set by [`Catalog::load`].
+    reload_env: Mutex<Option<Arc<reload::ReloadEnv>>>,
+    /// One reload at a time (the watcher's and `drover plugin reload`'s).
+    reloading: tokio::sync::Mutex<()>,
+    /// Who moves tasks between instances of a driver (the task manager), installed at
+    /// wiring; without one an upgrade does not wait for the tasks to move.
+    handover: RwLock<Option<std::sync::Weak<dyn TaskHandover>>>,
     progress: watch::Sender<Progress>,
     /// Bumped when any loaded driver's state, reason or attributes change, or a
     /// driver is loaded: the cluster client registers again at once.
@@ -367,6 +468,17 @@ impl Catalog {
             }),
             progress: watch::channel(Progress::default()).0,
             changes: Arc::new(watch::channel(0).0),
+            reload_env: Mutex::new(None),
+            reloading: tokio::sync::Mutex::new(()),
+            handover: RwLock::new(None),
+        }
+    }
+
+    /// Install who moves a driver's tasks to a new instance of it (the task manager);
+    /// held weakly, as the task manager holds the catalog.
+    pub fn set_handover(&self, handover: std::sync::Weak<dyn TaskHandover>) {
+        if let Ok(mut h) = self.handover.write() {
+            *h = Some(handover);
         }
     }
 
@@ -420,12 +532,40 @@ impl Catalog {
             .map(|l| l.values().map(|p| p.status()).collect())
             .unwrap_or_default();
         if let Ok(s) = self.skipped.read() {
-            rows.extend(s.iter().cloned());
+            rows.extend(s.iter().map(|s| s.row.clone()));
         }
         rows
     }
 
+    /// Skip a file that was never hashed (refused by the scan).
     fn skip(&self, row: PluginStatus) {
+        self.push_skipped(Skipped::refused(row));
+    }
+
+    /// Skip candidate `c`, whose bytes hash to `sha256` (`None`: what the last check
+    /// of its file found, if any).
+    fn skip_of(&self, c: &Candidate, sha256: Option<String>, row: PluginStatus) {
+        let sha256 = sha256.or_else(|| self.records.cached_sha(&c.path));
+        self.push_skipped(Skipped {
+            candidate: c.clone(),
+            sha256,
+            row,
+            lost: false,
+        });
+    }
+
+    /// Skip candidate `c`, which works but lost its name to another file.
+    fn skip_lost(&self, c: &Candidate, sha256: String, row: PluginStatus) {
+        self.push_skipped(Skipped {
+            candidate: c.clone(),
+            sha256: Some(sha256),
+            row,
+            lost: true,
+        });
+    }
+
+    fn push_skipped(&self, skipped: Skipped) {
+        let row = &skipped.row;
         tracing::warn!(
             plugin = %row.name,
             path = %row.path.display(),
@@ -434,7 +574,7 @@ impl Catalog {
             row.reason
         );
         if let Ok(mut s) = self.skipped.write() {
-            s.push(row);
+            s.push(skipped);
         }
     }
 
@@ -450,6 +590,8 @@ impl Catalog {
     ) {
         let _done = DoneOnDrop(&self.progress);
         let started = Instant::now();
+        let policy = Arc::new(loader::Policy::from_config(config));
+        self.set_reload_env(config, builtins, &ctx, &policy, &stop);
         let candidates = self.candidates(config, builtins);
         let records = match self.records.store.plugins() {
             Ok(r) => r,
@@ -459,11 +601,10 @@ impl Catalog {
             }
         };
         let slots = Arc::new(Semaphore::new(REATTACH_CONCURRENCY));
-        let policy = Arc::new(loader::Policy::from_config(config));
         let (launches, unclaimed) = self.launch_all(candidates, records, &policy, &ctx, &slots);
         let mut retiring = self.retire_all(unclaimed, &ctx, &slots);
         let winners = self.pick_winners(launches, config).await;
-        let serving = self.configure_all(winners, &policy, &ctx).await;
+        let serving = self.configure_all(winners, &policy, &ctx, &stop).await;
         while retiring.join_next().await.is_some() {}
         // Every process this start adopted or launched is known now, and supervisors
         // (which create new socket dirs when they relaunch) have not started: what else
@@ -475,7 +616,6 @@ impl Catalog {
                 ctx.clone(),
                 self.records.clone(),
                 policy.clone(),
-                stop.clone(),
             ));
         }
         // Waiters for a plugin that did not load need not wait for the sweep.
@@ -519,7 +659,7 @@ impl Catalog {
         let mut launches = tokio::task::JoinSet::new();
         for c in candidates {
             if let Err(reason) = loader::allowed(&c.label, &policy.allow, &policy.deny) {
-                self.skip(loader::skipped_status(&c, reason));
+                self.skip_of(&c, None, loader::skipped_status(&c, reason));
                 continue;
             }
             let record = records
@@ -571,7 +711,7 @@ impl Catalog {
             let fp = match result {
                 Ok(fp) => fp,
                 Err(reason) => {
-                    self.skip(loader::skipped_status(&c, reason));
+                    self.skip_of(&c, None, loader::skipped_status(&c, reason));
                     continue;
                 }
             };
@@ -605,7 +745,7 @@ impl Catalog {
                 tracing::info!(plugin = %fp.info.name, pid = ?fp.process.pid(), "shutting down a reattached plugin that no longer wins its name");
             }
             fp.process.shutdown().await;
-            self.skip(row);
+            self.skip_lost(&fp.candidate, fp.sha256.clone(), row);
         }
         by_name
     }
@@ -618,6 +758,7 @@ impl Catalog {
         winners: BTreeMap<String, Fingerprinted>,
         policy: &Arc<loader::Policy>,
         ctx: &Arc<LoadContext>,
+        stop: &CancellationToken,
     ) -> Vec<Arc<LoadedPlugin>> {
         let mut configuring = tokio::task::JoinSet::new();
         for (name, fp) in winners {
@@ -637,7 +778,7 @@ impl Catalog {
                 row.version = fp.info.version.clone();
                 fp.process.shutdown().await;
                 self.records.forget(&fp.info.name).await;
-                self.skip(row);
+                self.skip_of(&fp.candidate, Some(fp.sha256.clone()), row);
                 continue;
             }
             tracing::info!(
@@ -652,15 +793,25 @@ impl Catalog {
                 "plugin loaded"
             );
             self.records.save(&fp).await;
-            let plugin = Arc::new(LoadedPlugin::new(fp, self.changes.clone()));
-            if let Ok(mut l) = self.loaded.write() {
-                l.insert(plugin.name.clone(), plugin.clone());
-            }
-            self.changes.send_modify(|n| *n += 1);
+            let plugin = self.insert(fp, stop);
             self.progress.send_modify(|p| p.inserted += 1);
             serving.push(plugin);
         }
         serving
+    }
+
+    /// Put a configured plugin in the catalog (its supervisor is started by the caller).
+    fn insert(&self, fp: Fingerprinted, stop: &CancellationToken) -> Arc<LoadedPlugin> {
+        let plugin = Arc::new(LoadedPlugin::new(
+            fp,
+            self.changes.clone(),
+            stop.child_token(),
+        ));
+        if let Ok(mut l) = self.loaded.write() {
+            l.insert(plugin.name.clone(), plugin.clone());
+        }
+        self.changes.send_modify(|n| *n += 1);
+        plugin
     }
 
     /// Ask every loaded plugin process to exit and forget their records (drain). The
@@ -951,27 +1102,43 @@ async fn configure(
 }
 
 /// Keep the plugin's state current from its fingerprints, and relaunch its process
-/// with backoff whenever it dies.
+/// with backoff whenever it dies. An instance replaced by an upgrade is not relaunched:
+/// the supervisor follows the new one. Ends when the plugin's `stop` fires.
 async fn supervise(
     plugin: Arc<LoadedPlugin>,
     ctx: Arc<LoadContext>,
     records: Arc<Records>,
     policy: Arc<loader::Policy>,
-    stop: CancellationToken,
 ) {
+    let stop = plugin.stop.clone();
+    let mut generation = plugin.generation();
     let mut backoff = RELAUNCH_BACKOFF.0;
     loop {
+        let seen = *generation.borrow_and_update();
         let process = plugin.process();
         let watcher = tokio::spawn(watch_fingerprints(plugin.clone(), process.client()));
         let launched = Instant::now();
         let mut how = tokio::select! {
-            how = process.exited() => how.to_string(),
+            biased;
             () = stop.cancelled() => {
                 watcher.abort();
                 return;
             }
+            changed = generation.changed() => {
+                watcher.abort();
+                if changed.is_err() {
+                    return;
+                }
+                // Replaced (an upgrade): follow the new instance.
+                continue;
+            }
+            how = process.exited() => how.to_string(),
         };
         watcher.abort();
+        if *plugin.generation.borrow() != seen {
+            // Replaced meanwhile: this exit is the old instance being shut down.
+            continue;
+        }
         if launched.elapsed() > STABLE_AFTER {
             backoff = RELAUNCH_BACKOFF.0;
         }
@@ -986,7 +1153,7 @@ async fn supervise(
                 () = stop.cancelled() => return,
             }
             backoff = (backoff * 2).min(RELAUNCH_BACKOFF.1);
-            match relaunch(&plugin, &ctx, &records, &policy).await {
+            match relaunch(&plugin, seen, &ctx, &records, &policy).await {
                 Ok(()) => break,
                 Err(reason) => how = reason,
             }
@@ -994,13 +1161,17 @@ async fn supervise(
     }
 }
 
+/// Launch the plugin's file again after its instance of generation `seen` died. An
+/// instance installed meanwhile (an upgrade) wins: the relaunched one is shut down.
 async fn relaunch(
     plugin: &LoadedPlugin,
+    seen: u64,
     ctx: &LoadContext,
     records: &Records,
     policy: &loader::Policy,
 ) -> Result<(), String> {
-    let fp = launch_checked(&plugin.candidate, ctx, records, policy).await?;
+    let candidate = plugin.candidate();
+    let fp = launch_checked(&candidate, ctx, records, policy).await?;
     if fp.info.name != plugin.name {
         let got = fp.info.name.clone();
         fp.process.shutdown().await;
@@ -1010,9 +1181,19 @@ async fn relaunch(
         fp.process.shutdown().await;
         return Err(reason);
     }
+    let _swap = plugin.swap.lock().await;
+    if *plugin.generation.borrow() != seen {
+        tracing::info!(plugin = %plugin.name, pid = ?fp.process.pid(), "relaunched instance not needed: the plugin was replaced meanwhile");
+        fp.process.shutdown().await;
+        return Ok(());
+    }
     tracing::info!(plugin = %plugin.name, pid = ?fp.process.pid(), "plugin relaunched");
     records.save(&fp).await;
-    *plugin.live() = live_from(fp);
+    let mut live = plugin.live();
+    let retiring = live.retiring.take();
+    *live = live_from(fp);
+    live.retiring = retiring;
+    drop(live);
     plugin.generation.send_modify(|g| *g += 1);
     Ok(())
 }

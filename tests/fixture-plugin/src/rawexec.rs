@@ -1,0 +1,129 @@
+//! `FIXTURE_MODE=rawexec` and `rawexec-bad-config`: the real rawexec driver under the
+//! name and version of `FIXTURE_NAME` (default `rawexec`) and `FIXTURE_VERSION`, so
+//! that tests can drop "a newer rawexec" into a plugin_dir. Its task handles are
+//! rawexec's own (same encoding version), so it recovers the built-in's tasks.
+//! `rawexec-bad-config` refuses every `SetConfig`: a newer version that cannot serve.
+
+use std::time::Duration;
+
+use drover_driver_rawexec::RawExecDriver;
+use drover_plugin_sdk::tokio::sync::broadcast;
+use drover_plugin_sdk::{
+    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
+    PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
+};
+
+/// rawexec with another name and version.
+pub struct Rawexec {
+    inner: RawExecDriver,
+    name: String,
+    version: String,
+    refuse_config: bool,
+}
+
+impl Rawexec {
+    pub fn new(name: String, version: String, refuse_config: bool) -> Self {
+        Rawexec {
+            inner: RawExecDriver::new(),
+            name,
+            version,
+            refuse_config,
+        }
+    }
+}
+
+type Config = <RawExecDriver as DriverPlugin>::Config;
+type TaskConfig = <RawExecDriver as DriverPlugin>::TaskConfig;
+
+impl DriverPlugin for Rawexec {
+    type Config = Config;
+    type TaskConfig = TaskConfig;
+
+    fn info(&self) -> PluginInfo {
+        PluginInfo::new(self.name.clone(), self.version.clone())
+    }
+
+    fn api_versions(&self) -> Vec<String> {
+        self.inner.api_versions()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn set_config(&self, config: Config, agent: AgentInfo) -> Result<(), DriverError> {
+        if self.refuse_config {
+            return Err(DriverError::InvalidConfig(format!(
+                "fixture {} {} refuses every configuration",
+                self.name, self.version
+            )));
+        }
+        self.inner.set_config(config, agent).await
+    }
+
+    async fn fingerprint(&self) -> Fingerprint {
+        self.inner.fingerprint().await
+    }
+
+    fn fingerprint_interval(&self) -> Duration {
+        self.inner.fingerprint_interval()
+    }
+
+    async fn start_task(
+        &self,
+        spec: TaskSpec,
+        config: TaskConfig,
+    ) -> Result<TaskHandle, DriverError> {
+        self.inner.start_task(spec, config).await
+    }
+
+    async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError> {
+        self.inner.wait_task(id).await
+    }
+
+    async fn stop_task(
+        &self,
+        id: &str,
+        timeout: Duration,
+        signal: Signal,
+    ) -> Result<(), DriverError> {
+        self.inner.stop_task(id, timeout, signal).await
+    }
+
+    async fn destroy_task(&self, id: &str, force: bool) -> Result<(), DriverError> {
+        self.inner.destroy_task(id, force).await
+    }
+
+    async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
+        self.inner.inspect_task(id).await
+    }
+
+    async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        self.inner.recover_task(handle).await
+    }
+
+    async fn signal_task(&self, id: &str, signal: Signal) -> Result<(), DriverError> {
+        self.inner.signal_task(id, signal).await
+    }
+
+    async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError> {
+        self.inner.task_stats(id).await
+    }
+
+    fn task_events(&self) -> Option<broadcast::Receiver<TaskEvent>> {
+        self.inner.task_events()
+    }
+
+    async fn exec_task(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, DriverError> {
+        self.inner.exec_task(id, command, timeout).await
+    }
+
+    async fn shutdown(&self) {
+        self.inner.shutdown().await
+    }
+}
