@@ -3,8 +3,8 @@
 //! [`Catalog::reload`].
 //!
 //! A copy in progress is many events (create, writes, attribute changes); the reload
-//! waits until the directory has been quiet for [`QUIET`], but no longer than
-//! [`MAX_DELAY`] after the first event, so a file written for ever cannot postpone it
+//! waits until the directory has been quiet for `QUIET` (250 ms), but no longer than
+//! `MAX_DELAY` (2 s) after the first event, so a file written for ever cannot postpone it
 //! for ever. An operator who installs with an atomic rename (write elsewhere, `mv`
 //! into `plugin_dir`) gives one `MOVED_TO`, and a half-written file is never tried.
 //! A file caught half-written is refused by that reload and tried again by the next
@@ -41,7 +41,7 @@ enum WatchError {
 }
 
 /// Watch `dir` until `stop` fires, reloading `catalog` after each burst of changes.
-/// A `dir` that does not exist is looked for every [`DIR_POLL`]; when it appears (or
+/// A `dir` that does not exist is looked for every `DIR_POLL` (1 s); when it appears (or
 /// goes away) the catalog reloads too.
 pub async fn run(catalog: Arc<Catalog>, dir: PathBuf, stop: CancellationToken) {
     let mut existed = dir.is_dir();
