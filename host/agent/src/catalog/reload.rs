@@ -8,10 +8,14 @@
 //! - a new file is checked, launched, fingerprinted and configured, then serves;
 //! - a file that wins a name already served (a higher version, or the serving file
 //!   replaced in place) is an upgrade: the new instance is launched, fingerprinted and
-//!   configured first, then replaces the old one in its [`LoadedPlugin`] (a generation
-//!   bump), every task of the driver is handed over to it (`RecoverTask`, by the task
-//!   runners), and only then is the old instance shut down. A new instance that fails
-//!   anywhere before the swap leaves the old one serving, with the reason on both rows;
+//!   configured first, proves with `RecoverTask` that it can take every running task
+//!   while the old one serves, then replaces the old one in its [`LoadedPlugin`] (a
+//!   generation bump), every task of the driver is handed over to it (`RecoverTask`, by
+//!   the task runners), and only then is the old instance shut down. A new instance
+//!   that fails anywhere before the swap leaves the old one serving, with the reason on
+//!   both rows; one that refuses a task after the swap is rolled back. A file other
+//!   than the serving one takes a name over only when it is named after the plugin or
+//!   pinned ([`takeover_consent`]): plugins say their own names;
 //! - a removed file hands its tasks to another candidate for the name if there is one
 //!   (the built-in, say), or else stops taking new tasks and leaves once its running
 //!   tasks have ended.
@@ -690,7 +694,6 @@ impl Catalog {
             let mut old = old;
             old.state = live.state;
             old.reason = live.reason.clone();
-            old.retiring = live.retiring.take();
             let new = std::mem::replace(&mut *live, old);
             drop(live);
             p.probation.store(0, Ordering::SeqCst);
@@ -937,12 +940,7 @@ fn takeover_consent(
     policy: &loader::Policy,
 ) -> Result<(), String> {
     let name = fp.info.name.as_str();
-    let label = fp.candidate.label.as_str();
-    if fp.candidate.source == PluginSource::Builtin
-        || label == name
-        || label.strip_prefix("drover-driver-") == Some(name)
-        || policy.pins.get(name).is_some_and(|pin| *pin == fp.sha256)
-    {
+    if consents(&fp.candidate, name, &fp.sha256, &policy.pins) {
         return Ok(());
     }
     Err(format!(
@@ -955,6 +953,21 @@ fn takeover_consent(
     ))
 }
 
+/// [`takeover_consent`]'s rule: may candidate `c`, whose bytes hash to `sha256`, serve
+/// `name` in place of another file?
+fn consents(
+    c: &Candidate,
+    name: &str,
+    sha256: &str,
+    pins: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let label = c.label.as_str();
+    c.source == PluginSource::Builtin
+        || label == name
+        || label.strip_prefix("drover-driver-") == Some(name)
+        || pins.get(name).is_some_and(|pin| pin == sha256)
+}
+
 fn pid_text(p: &PluginInstance) -> String {
     p.pid()
         .map_or_else(|| "in the agent".to_owned(), |pid| pid.to_string())
@@ -964,6 +977,39 @@ fn pid_text(p: &PluginInstance) -> String {
 mod tests {
     use super::*;
     use PluginSource::{Builtin, External};
+
+    #[test]
+    fn a_file_takes_a_served_name_over_only_when_named_after_it_or_pinned() {
+        let file = |name: &str| Candidate::external(std::path::Path::new("/plugins").join(name));
+        let none = std::collections::BTreeMap::new();
+        assert!(consents(&file("rawexec"), "rawexec", "aa", &none));
+        assert!(consents(
+            &file("drover-driver-rawexec"),
+            "rawexec",
+            "aa",
+            &none
+        ));
+        assert!(consents(&file("rawexec.so"), "rawexec", "aa", &none));
+        assert!(consents(&file("librawexec.so"), "rawexec", "aa", &none));
+        assert!(!consents(&file("acme-gpu"), "rawexec", "aa", &none));
+        assert!(!consents(&file("rawexec-2"), "rawexec", "aa", &none));
+        assert!(!consents(
+            &file("drover-driver-rawexec"),
+            "exec",
+            "aa",
+            &none
+        ));
+        let pins = [("rawexec".to_owned(), "aa".to_owned())].into();
+        assert!(consents(&file("acme-gpu"), "rawexec", "aa", &pins));
+        assert!(!consents(&file("acme-gpu"), "rawexec", "bb", &pins));
+        let builtin = Candidate {
+            path: "/usr/bin/drover".into(),
+            args: vec!["plugin".into(), "serve".into(), "rawexec".into()],
+            source: Builtin,
+            label: "rawexec".into(),
+        };
+        assert!(consents(&builtin, "rawexec", "cc", &pins));
+    }
 
     #[test]
     fn a_file_takes_a_served_name_over_by_the_start_up_rule() {
