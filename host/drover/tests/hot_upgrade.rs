@@ -3,7 +3,10 @@
 //! takes 50 running tasks over without restarting any of them, a broken newer one
 //! leaves the serving one in place, a removed file leaves its tasks running and
 //! stoppable; a new plugin appears without a restart, and `drover plugin reload` does
-//! it on demand when watching is off.
+//! it on demand when watching is off. A newer version that cannot take the running
+//! tasks, before or after the swap, leaves the old one serving them; a file that only
+//! claims a served name takes nothing over; one reload launches a bounded number of
+//! files at once.
 
 mod common;
 
@@ -191,11 +194,12 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
         });
     println!("{line}");
 
-    // A broken newer one (it refuses its configuration) leaves 99.0.0 serving.
+    // A broken newer one (it refuses its configuration) leaves 99.0.0 serving. It is
+    // named after the plugin, as a file taking a served name over must be.
     let (broken, _) = install(
         root.path(),
         &agent.plugin_dir,
-        "rawexec-broken",
+        "drover-driver-rawexec",
         "FIXTURE_MODE=rawexec-bad-config FIXTURE_VERSION=100.0.0",
     );
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
@@ -548,4 +552,236 @@ fn rawexec_refuses_a_handle_of_a_newer_encoding_with_a_clear_error() {
             "{text}"
         );
     });
+}
+
+/// Starts `n` sleepers on `driver`; returns their ids and pids.
+fn sleepers(api: &Api, driver: &str, n: usize) -> BTreeMap<String, (u32, u64)> {
+    (0..n)
+        .map(|i| {
+            let view = api
+                .block_on(api.run_task(&sleeper(driver, &format!("sleeper-{i}"))))
+                .unwrap_or_else(|e| panic!("start task {i}: {e}"));
+            let pid = task_pid(&view);
+            (view.id, (pid, start_time(pid).expect("task pid alive")))
+        })
+        .collect()
+}
+
+/// The built-in rawexec still serves as the same process, healthy, and its tasks
+/// were neither lost nor restarted; then every task stops through the CLI.
+fn assert_builtin_kept_its_tasks(
+    agent: &Agent,
+    api: &Api,
+    builtin_pid: u32,
+    pids: &BTreeMap<String, (u32, u64)>,
+) {
+    let now = serving(&plugins(api), "rawexec").unwrap().clone();
+    assert_eq!(
+        (now.source, now.pid),
+        (drover_api::PluginSource::Builtin, Some(builtin_pid)),
+        "{now:?}"
+    );
+    assert!(alive(builtin_pid));
+    assert_same_processes(api, pids);
+    for (id, (pid, _)) in pids {
+        let view = task(api, id);
+        assert!(
+            !view
+                .events
+                .iter()
+                .any(|e| e.message.contains("could not recover")),
+            "task {id} was given up: {:?}",
+            view.events
+        );
+        let out = agent.cli(&["task", "stop", id]);
+        assert!(
+            out.status.success(),
+            "stop {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let view = task(api, id);
+        assert_eq!(
+            (view.state, view.signal),
+            (TaskLifecycle::Dead, Some(15)),
+            "task {id}: {view:?}"
+        );
+        until_blocking(
+            Duration::from_secs(5),
+            POLL,
+            "the task's process gone",
+            || !alive(*pid),
+        );
+    }
+}
+
+/// The skipped row of `path` once its reason contains `needle`.
+fn skipped_row(agent: &Agent, path: &Path, needle: &str) -> serde_json::Value {
+    let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
+        rows.iter().any(|r| {
+            r["path"] == path.display().to_string()
+                && r["state"] == "skipped"
+                && r["reason"].as_str().is_some_and(|s| s.contains(needle))
+        })
+    });
+    rows.into_iter()
+        .find(|r| r["path"] == path.display().to_string())
+        .unwrap()
+}
+
+/// A newer rawexec that cannot read the running tasks' handles is found out before it
+/// serves (it is asked to recover each of them while the old one still serves): the
+/// upgrade is refused, both rows say why, and the tasks stay with the old instance.
+#[test]
+fn a_newer_rawexec_that_cannot_read_the_handles_does_not_take_the_tasks() {
+    let _serial = serial();
+    let (root, agent) = rawexec_agent();
+    let api = agent.api();
+    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let pids = sleepers(&api, "rawexec", 3);
+    let (newer, _) = install(
+        root.path(),
+        &agent.plugin_dir,
+        "rawexec",
+        "FIXTURE_MODE=rawexec FIXTURE_VERSION=99.0.0 FIXTURE_RECOVER_ACCEPT=0",
+    );
+    let row = skipped_row(&agent, &newer, "cannot take task");
+    println!("refused upgrade: {row:#}");
+    let serving_row = serving(&plugins(&api), "rawexec").unwrap().clone();
+    assert!(
+        serving_row
+            .reason
+            .contains("version 99.0.0 cannot take task")
+            && serving_row.reason.contains("keeps serving"),
+        "the serving row does not say why the upgrade was refused: {serving_row:?}"
+    );
+    for id in pids.keys() {
+        assert_eq!(count(&task(&api, id), TaskEventKind::Recovered), 0);
+    }
+    assert_builtin_kept_its_tasks(&agent, &api, builtin_pid, &pids);
+}
+
+/// A newer rawexec that passes the probe but refuses the tasks once it serves (here:
+/// it recovers only as many tasks as were probed) is rolled back: the old instance is
+/// put back and keeps serving, never shut down, and the tasks stay managed.
+#[test]
+fn a_newer_rawexec_refusing_tasks_after_the_swap_is_rolled_back() {
+    let _serial = serial();
+    let (root, agent) = rawexec_agent();
+    let api = agent.api();
+    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let pids = sleepers(&api, "rawexec", 2);
+    let (newer, _) = install(
+        root.path(),
+        &agent.plugin_dir,
+        "rawexec",
+        "FIXTURE_MODE=rawexec FIXTURE_VERSION=99.0.0 FIXTURE_RECOVER_ACCEPT=2",
+    );
+    let row = skipped_row(&agent, &newer, "rolled back");
+    println!("rolled back: {row:#}");
+    assert!(
+        row["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("version 99.0.0 cannot take task")),
+        "{row:#}"
+    );
+    until_blocking(
+        Duration::from_secs(20),
+        POLL,
+        "the built-in serving, healthy",
+        || {
+            serving(&plugins(&api), "rawexec").is_some_and(|r| {
+                r.source == drover_api::PluginSource::Builtin
+                    && r.state == PluginState::Healthy
+                    && r.reason.contains("rolled back")
+            })
+        },
+    );
+    assert_builtin_kept_its_tasks(&agent, &api, builtin_pid, &pids);
+}
+
+/// A file that calls itself by a served name, but is neither named after it nor
+/// pinned, takes nothing over: a skipped row says why and how to allow it.
+#[test]
+fn a_file_only_claiming_a_served_name_takes_nothing_over() {
+    let _serial = serial();
+    let (root, agent) = rawexec_agent();
+    let api = agent.api();
+    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let pids = sleepers(&api, "rawexec", 2);
+    let (claimer, _) = install(
+        root.path(),
+        &agent.plugin_dir,
+        "acme-gpu",
+        "FIXTURE_MODE=rawexec FIXTURE_VERSION=99.0.0",
+    );
+    let row = skipped_row(&agent, &claimer, "to allow the takeover");
+    println!("refused takeover: {row:#}");
+    let reason = row["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("drover-driver-rawexec") && reason.contains("sha256"),
+        "{reason}"
+    );
+    for id in pids.keys() {
+        assert_eq!(count(&task(&api, id), TaskEventKind::Recovered), 0);
+    }
+    assert_builtin_kept_its_tasks(&agent, &api, builtin_pid, &pids);
+}
+
+/// Files dropped together are launched by one reload at most 4 at a time: each
+/// fixture holds its start-up for a while and logs when, so the windows overlap by
+/// the number launched at once.
+#[test]
+fn one_reload_launches_at_most_four_files_at_once() {
+    const FILES: usize = 8;
+    let _serial = serial();
+    let (root, agent) = rawexec_agent();
+    let api = agent.api();
+    let log = root.path().join("launches.log");
+    let staging = root.path().join("burst");
+    std::fs::create_dir_all(&staging).unwrap();
+    let fixture = workspace_bin("drover-fixture-plugin");
+    for i in 0..FILES {
+        write_exec(
+            &staging.join(format!("burst-{i}")),
+            &format!(
+                "#!/bin/sh\nFIXTURE_NAME=burst-{i} FIXTURE_LAUNCH_LOG={} \
+                 FIXTURE_LAUNCH_DELAY_MS=400 exec {} \"$@\"\n",
+                log.display(),
+                fixture.display()
+            ),
+            0o755,
+        );
+    }
+    for i in 0..FILES {
+        let name = format!("burst-{i}");
+        std::fs::rename(staging.join(&name), agent.plugin_dir.join(&name)).unwrap();
+    }
+    until_blocking(Duration::from_secs(30), POLL, "every file served", || {
+        let rows = plugins(&api);
+        (0..FILES).all(|i| serving(&rows, &format!("burst-{i}")).is_some())
+    });
+    let windows: Vec<(u128, u128)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap();
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(windows.len(), FILES, "{windows:?}");
+    let most = windows
+        .iter()
+        .map(|(start, _)| {
+            windows
+                .iter()
+                .filter(|(s, e)| s <= start && start < e)
+                .count()
+        })
+        .max()
+        .unwrap();
+    println!("{FILES} files dropped at once: at most {most} launched together");
+    assert!(
+        most <= 4,
+        "{most} launches ran at once (bound 4): {windows:?}"
+    );
 }

@@ -12,6 +12,11 @@
 //!   - `rawexec`: the real rawexec driver, named `FIXTURE_NAME` (default `rawexec`) at
 //!     `FIXTURE_VERSION` (a "newer rawexec" for the hot-upgrade tests);
 //!   - `rawexec-bad-config`: the same, refusing every `SetConfig`.
+//! - `FIXTURE_RECOVER_ACCEPT=N` (rawexec modes): recover only the first N tasks
+//!   handed over, refuse every later `RecoverTask` with `InvalidConfig`.
+//! - `FIXTURE_LAUNCH_LOG=PATH`, `FIXTURE_LAUNCH_DELAY_MS=N` (any mode): append
+//!   `START_NS END_NS` to PATH, the wall-clock window of a start-up delayed by N ms
+//!   (how many launches of one reload overlap).
 
 mod rawexec;
 
@@ -119,15 +124,46 @@ impl DriverPlugin for Fixture {
     }
 }
 
+/// `FIXTURE_LAUNCH_LOG` / `FIXTURE_LAUNCH_DELAY_MS`: hold the start-up for the delay
+/// and append its wall-clock window to the log, for a test counting how many launches
+/// overlap. One `write` of a short line to an `O_APPEND` file: lines do not mix.
+fn log_launch() {
+    let Ok(log) = std::env::var("FIXTURE_LAUNCH_LOG") else {
+        return;
+    };
+    let delay: u64 = env_or("FIXTURE_LAUNCH_DELAY_MS", "0")
+        .parse()
+        .expect("FIXTURE_LAUNCH_DELAY_MS is a number");
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos()
+    };
+    let start = now();
+    std::thread::sleep(Duration::from_millis(delay));
+    let line = format!("{start} {}\n", now());
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&log)
+        .expect("open FIXTURE_LAUNCH_LOG");
+    std::io::Write::write_all(&mut file, line.as_bytes()).expect("write FIXTURE_LAUNCH_LOG");
+}
+
 fn main() {
     // rawexec's executors are this binary re-executed: become one before anything else.
     drover_executor::run_if_executor(None);
+    log_launch();
     match env_or("FIXTURE_MODE", "normal").as_str() {
         mode @ ("rawexec" | "rawexec-bad-config") => {
             drover_plugin_sdk::serve(rawexec::Rawexec::new(
                 env_or("FIXTURE_NAME", "rawexec"),
                 env_or("FIXTURE_VERSION", "0.1.0"),
                 mode == "rawexec-bad-config",
+                std::env::var("FIXTURE_RECOVER_ACCEPT")
+                    .ok()
+                    .map(|n| n.parse().expect("FIXTURE_RECOVER_ACCEPT is a number")),
             ))
         }
         "goplugin-only" => goplugin_only(),

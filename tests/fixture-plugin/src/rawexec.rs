@@ -3,7 +3,12 @@
 //! that tests can drop "a newer rawexec" into a plugin_dir. Its task handles are
 //! rawexec's own (same encoding version), so it recovers the built-in's tasks.
 //! `rawexec-bad-config` refuses every `SetConfig`: a newer version that cannot serve.
+//! With `FIXTURE_RECOVER_ACCEPT=N`, it recovers only the first N tasks it is handed
+//! and refuses every later `RecoverTask` as a driver that cannot read the handle does
+//! (`InvalidConfig`): a newer version whose handle decoding is incompatible (N = 0),
+//! or one that passes a hand-over's probe and refuses afterwards (N = the tasks).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use drover_driver_rawexec::RawExecDriver;
@@ -19,15 +24,23 @@ pub struct Rawexec {
     name: String,
     version: String,
     refuse_config: bool,
+    /// RecoverTask calls still accepted (`None`: all of them).
+    recover_accept: Option<AtomicUsize>,
 }
 
 impl Rawexec {
-    pub fn new(name: String, version: String, refuse_config: bool) -> Self {
+    pub fn new(
+        name: String,
+        version: String,
+        refuse_config: bool,
+        recover_accept: Option<usize>,
+    ) -> Self {
         Rawexec {
             inner: RawExecDriver::new(),
             name,
             version,
             refuse_config,
+            recover_accept: recover_accept.map(AtomicUsize::new),
         }
     }
 }
@@ -99,6 +112,17 @@ impl DriverPlugin for Rawexec {
     }
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        if let Some(left) = &self.recover_accept {
+            let accepted = left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if !accepted {
+                return Err(DriverError::InvalidConfig(format!(
+                    "fixture {} {} cannot read the handle of task {} (version {})",
+                    self.name, self.version, handle.spec.id, handle.version
+                )));
+            }
+        }
         self.inner.recover_task(handle).await
     }
 

@@ -27,7 +27,7 @@ use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
 mod reload;
 
-pub use reload::TaskHandover;
+pub use reload::{HandoverProgress, TaskHandover};
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
 const RELAUNCH_BACKOFF: (Duration, Duration) =
@@ -93,6 +93,9 @@ pub struct LoadedPlugin {
     /// Held while the instance is being replaced (relaunch after a crash, upgrade), so
     /// that two replacements never race.
     swap: tokio::sync::Mutex<()>,
+    /// The generation of an instance that replaced the previous one in a hand-over
+    /// still in progress (0: none): a task it refuses rolls the hand-over back.
+    probation: std::sync::atomic::AtomicU64,
     /// Stops this plugin's supervisor (its plugin left the catalog, or the agent stops).
     stop: CancellationToken,
     /// The catalog's [`Catalog::driver_changes`], bumped when this plugin's state,
@@ -115,6 +118,7 @@ impl LoadedPlugin {
             live: Mutex::new(live_from(fp)),
             generation: watch::channel(0).0,
             swap: tokio::sync::Mutex::new(()),
+            probation: std::sync::atomic::AtomicU64::new(0),
             stop,
             changes,
         }
@@ -184,6 +188,12 @@ impl LoadedPlugin {
     /// Bumped each time the plugin process is replaced.
     pub fn generation(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
+    }
+
+    /// Whether the instance of `generation` is on probation: it replaced the previous
+    /// one in a hand-over still in progress.
+    pub fn on_probation(&self, generation: u64) -> bool {
+        generation != 0 && self.probation.load(std::sync::atomic::Ordering::SeqCst) == generation
     }
 
     fn set_state(&self, state: PluginState, reason: String) {
@@ -319,23 +329,55 @@ impl Records {
 
     /// Remember a serving plugin process so the next agent can reattach to it.
     async fn save(&self, fp: &Fingerprinted) {
-        let (name, c, p) = (fp.info.name.as_str(), &fp.candidate, &fp.process);
+        self.save_instance(
+            &fp.info.name,
+            &fp.info.version,
+            fp.api_version.to_string(),
+            &fp.candidate,
+            &fp.sha256,
+            &fp.process,
+        )
+        .await;
+    }
+
+    /// [`Records::save`] of an instance that served already (one an upgrade rolled
+    /// back to).
+    async fn save_live(&self, name: &str, live: &Live) {
+        self.save_instance(
+            name,
+            &live.version,
+            live.api_version.clone(),
+            &live.candidate,
+            &live.sha256,
+            &live.process,
+        )
+        .await;
+    }
+
+    async fn save_instance(
+        &self,
+        name: &str,
+        version: &str,
+        api_version: String,
+        c: &Candidate,
+        sha256: &str,
+        p: &PluginInstance,
+    ) {
         // A library loaded into the agent has no process to take over: the next agent
         // loads it again.
         let Some(reattach) = p.reattach_config() else {
             return;
         };
-        let sha256 = fp.sha256.clone();
         let rec = PluginRecord {
             name: name.to_owned(),
-            version: fp.info.version.clone(),
-            api_version: fp.api_version.to_string(),
+            version: version.to_owned(),
+            api_version,
             args: c
                 .args
                 .iter()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect(),
-            sha256,
+            sha256: sha256.to_owned(),
             reattach,
         };
         if let Err(e) = self.write(move |store| store.put_plugin(&rec)).await {

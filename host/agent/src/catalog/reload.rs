@@ -8,15 +8,20 @@
 //! - a new file is checked, launched, fingerprinted and configured, then serves;
 //! - a file that wins a name already served (a higher version, or the serving file
 //!   replaced in place) is an upgrade: the new instance is launched, fingerprinted and
-//!   configured first, then replaces the old one in its [`LoadedPlugin`] (a generation
-//!   bump), every task of the driver is handed over to it (`RecoverTask`, by the task
-//!   runners), and only then is the old instance shut down. A new instance that fails
-//!   anywhere before the swap leaves the old one serving, with the reason on both rows;
+//!   configured first, proves with `RecoverTask` that it can take every running task
+//!   while the old one serves, then replaces the old one in its [`LoadedPlugin`] (a
+//!   generation bump), every task of the driver is handed over to it (`RecoverTask`, by
+//!   the task runners), and only then is the old instance shut down. A new instance
+//!   that fails anywhere before the swap leaves the old one serving, with the reason on
+//!   both rows; one that refuses a task after the swap is rolled back. A file other
+//!   than the serving one takes a name over only when it is named after the plugin or
+//!   pinned ([`takeover_consent`]): plugins say their own names;
 //! - a removed file hands its tasks to another candidate for the name if there is one
 //!   (the built-in, say), or else stops taking new tasks and leaves once its running
 //!   tasks have ended.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -37,13 +42,41 @@ use crate::loader::{self, Builtin, Candidate, Fingerprinted};
 /// old instance gone and attaches to the new one, as after a crash).
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Launches (or library loads) one reload runs at once: each may be a plugin process
+/// starting or a library of up to 256 MiB being copied, and a 2-core machine given
+/// dozens at once times their handshakes out.
+const RELOAD_LAUNCHES: usize = 4;
+
+/// `RecoverTask` probes of a new instance in flight at once, before it replaces the
+/// serving one.
+const PROBE_CONCURRENCY: usize = 8;
+
+/// Bound on one `RecoverTask` probe of a new instance. A probe that does not answer in
+/// time says nothing about the task (the hand-over's own recovery retries it).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a hand-over stands, from [`TaskHandover::handover_progress`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HandoverProgress {
+    /// Tasks of the driver that are not dead.
+    pub tasks: usize,
+    /// How many of them are still attached to an older instance.
+    pub behind: usize,
+    /// The first task the instance on probation refused, and its answer.
+    pub refused: Option<(String, String)>,
+}
+
 /// What the catalog needs from whoever runs tasks (the task manager), so that it can
 /// hand a driver's tasks to a new instance without knowing the task manager's types.
 /// Installed at wiring with [`Catalog::set_handover`].
 pub trait TaskHandover: Send + Sync {
-    /// Tasks of `driver` that are not dead, and how many of them are still attached
-    /// to an instance older than `generation`.
-    fn handover_progress(&self, driver: &str, generation: u64) -> (usize, usize);
+    /// Tasks of `driver` that are not dead, how many of them are still attached to an
+    /// instance older than `generation`, and which one the instance of `generation`
+    /// refused (see [`crate::tasks::TaskDriver::on_probation`]).
+    fn handover_progress(&self, driver: &str, generation: u64) -> HandoverProgress;
+    /// The ids and handles of `driver`'s live tasks that have a handle, for a new
+    /// instance to prove with `RecoverTask` that it can take them before it serves.
+    fn live_handles(&self, driver: &str) -> Vec<(String, drover_plugin_sdk::TaskHandle)>;
     /// Sees a change whenever a task attaches to a driver instance or ends.
     fn attachments(&self) -> watch::Receiver<u64>;
 }
@@ -167,9 +200,12 @@ impl Catalog {
         let mut changes = Changes::default();
         let fresh = self.rescan(&env, retry_failed, &mut changes).await;
         let mut launches = tokio::task::JoinSet::new();
+        let slots = Arc::new(tokio::sync::Semaphore::new(RELOAD_LAUNCHES));
         for c in fresh {
-            let (env, records) = (env.clone(), self.records.clone());
+            let (env, records, slots) = (env.clone(), self.records.clone(), slots.clone());
             launches.spawn(async move {
+                // Never closed: acquiring cannot fail.
+                let _slot = slots.acquire_owned().await.ok();
                 let r = launch_checked(&c, &env.ctx, &records, &env.policy).await;
                 (c, r)
             });
@@ -346,7 +382,21 @@ impl Catalog {
                         (fp.candidate.source, &fp.info.version),
                         env.prefer_builtin,
                     );
-                if wins {
+                let consent = if same_file(&serving_c, &fp.candidate) {
+                    Ok(())
+                } else {
+                    takeover_consent(&fp, &serving_c, &env.policy)
+                };
+                if let (true, Err(reason)) = (wins, &consent) {
+                    changes.push(
+                        PluginChangeKind::Skipped,
+                        &name,
+                        &fp.candidate.path,
+                        reason.clone(),
+                    );
+                    self.skip_fingerprinted(&fp, reason.clone(), true);
+                    fp.process.shutdown().await;
+                } else if wins {
                     self.upgrade(&p, fp, env, changes).await;
                 } else {
                     let reason = format!(
@@ -427,8 +477,9 @@ impl Catalog {
     }
 
     /// Replace `p`'s instance with `fp`'s and hand every task over to it; on any
-    /// failure before the swap the old instance keeps serving. Returns whether `fp`
-    /// now serves.
+    /// failure before the swap the old instance keeps serving, and so it does when the
+    /// new one refuses a task after the swap (the swap is rolled back). Returns whether
+    /// `fp` now serves.
     async fn upgrade(
         &self,
         p: &Arc<LoadedPlugin>,
@@ -448,28 +499,40 @@ impl Catalog {
         let (new_c, new_version) = (fp.candidate.clone(), fp.info.version.clone());
         if let Err(reason) = configure(&fp, &env.ctx.settings(&p.name), &env.ctx, &env.policy).await
         {
-            let why = format!(
-                "upgrade to version {new_version} from {} failed: {reason}",
-                new_c.path.display()
-            );
+            self.upgrade_failed(p, &fp, &old_version, reason, changes)
+                .await;
             fp.process.shutdown().await;
-            self.skip_fingerprinted(
-                &fp,
-                format!("{why}; version {old_version} keeps serving"),
-                false,
-            );
-            p.set_upgrade_failed(Some((
-                new_c.path.clone(),
-                format!("{why}; this version keeps serving"),
-            )));
-            changes.push(PluginChangeKind::Failed, &p.name, &new_c.path, why);
             return false;
+        }
+        // While the old instance still serves, the new one proves it can take every
+        // running task: a refusal here (a handle encoding it cannot read, say) must not
+        // turn the tasks into lost ones after the swap.
+        if let Err(reason) = self.probe(&p.name, &fp).await {
+            self.upgrade_failed(p, &fp, &old_version, reason, changes)
+                .await;
+            fp.process.shutdown().await;
+            return false;
+        }
+        let moving = self
+            .handover()
+            .map_or(0, |h| h.handover_progress(&p.name, 0).tasks);
+        if !same_file(&old_c, &new_c) {
+            tracing::warn!(
+                plugin = %p.name,
+                from = %old_c.path.display(),
+                to = %new_c.path.display(),
+                tasks = moving,
+                "{} takes {:?} over: {moving} running tasks move to it",
+                new_c.path.display(),
+                p.name
+            );
         }
         let new_pid = pid_text(&fp.process);
         // Recorded before the swap: an agent killed during the hand-over finds the new
         // instance at its next start (and sweeps the old one as a stray).
         self.records.save(&fp).await;
         self.drop_rows_of(&new_c);
+        let fp_row = loader::skipped_status(&fp.candidate, String::new());
         let (old, generation) = {
             let _swap = p.swap.lock().await;
             let mut live = p.live();
@@ -481,14 +544,23 @@ impl Catalog {
             next.attributes = live.attributes.clone();
             let old = std::mem::replace(&mut *live, next);
             drop(live);
-            p.generation.send_modify(|g| *g += 1);
-            (old.process, *p.generation.borrow())
+            let generation = *p.generation.borrow() + 1;
+            p.probation.store(generation, Ordering::SeqCst);
+            p.generation.send_replace(generation);
+            (old, generation)
         };
         self.changes.send_modify(|n| *n += 1);
-        let (tasks, behind) = self.wait_handover(&p.name, generation).await;
+        let progress = self.wait_handover(&p.name, generation).await;
+        if let Some((task, why)) = progress.refused {
+            let reason = format!("version {new_version} cannot take task {task}: {why}");
+            self.roll_back(p, old, fp_row, &new_version, &reason, changes)
+                .await;
+            return false;
+        }
+        p.probation.store(0, Ordering::SeqCst);
         let handover_ms = started.elapsed().as_millis();
-        let old_pid = pid_text(&old);
-        let how = old.shutdown().await;
+        let old_pid = pid_text(&old.process);
+        let how = old.process.shutdown().await;
         if !same_file(&old_c, &new_c) && !removed(&old_c.path) {
             let mut row = loader::skipped_status(
                 &old_c,
@@ -504,6 +576,7 @@ impl Catalog {
             row.version = old_version.clone();
             self.skip_lost(&old_c, old_sha, row);
         }
+        let (tasks, behind) = (progress.tasks, progress.behind);
         let moved = match behind {
             0 => format!("{tasks} running tasks handed over"),
             n => format!(
@@ -526,31 +599,152 @@ impl Catalog {
         true
     }
 
-    /// Wait (bounded) until no running task of `driver` is attached to an instance
-    /// older than `generation`. Returns the driver's live tasks and how many are still
-    /// behind.
-    async fn wait_handover(&self, driver: &str, generation: u64) -> (usize, usize) {
+    /// The rows of an upgrade that did not happen: a skipped row for the new file and
+    /// a note on the serving row, both saying why.
+    async fn upgrade_failed(
+        &self,
+        p: &LoadedPlugin,
+        fp: &Fingerprinted,
+        old_version: &str,
+        reason: String,
+        changes: &mut Changes,
+    ) {
+        let why = format!(
+            "upgrade to version {} from {} failed: {reason}",
+            fp.info.version,
+            fp.candidate.path.display()
+        );
+        self.skip_fingerprinted(
+            fp,
+            format!("{why}; version {old_version} keeps serving"),
+            false,
+        );
+        p.set_upgrade_failed(Some((
+            fp.candidate.path.clone(),
+            format!("{why}; this version keeps serving"),
+        )));
+        changes.push(PluginChangeKind::Failed, &p.name, &fp.candidate.path, why);
+    }
+
+    /// `RecoverTask` on `fp`'s new instance with the handle of every live task of
+    /// `driver`, while the old instance still serves. Fails on the first refusal
+    /// ([`crate::tasks::refuses_task`]); a probe that times out or fails in transport
+    /// says nothing about the task and is left to the hand-over's own recovery.
+    async fn probe(&self, driver: &str, fp: &Fingerprinted) -> Result<(), String> {
         let Some(handover) = self.handover() else {
-            return (0, 0);
+            return Ok(());
+        };
+        let handles = handover.live_handles(driver);
+        let client = fp.process.client();
+        let version = fp.info.version.clone();
+        let slots = Arc::new(tokio::sync::Semaphore::new(PROBE_CONCURRENCY));
+        let mut probes = tokio::task::JoinSet::new();
+        for (id, handle) in handles {
+            let (client, slots) = (client.clone(), slots.clone());
+            probes.spawn(async move {
+                // Never closed: acquiring cannot fail.
+                let _slot = slots.acquire_owned().await.ok();
+                let answer = tokio::time::timeout(PROBE_TIMEOUT, client.recover_task(handle)).await;
+                (id, answer)
+            });
+        }
+        let mut probed = 0;
+        // Dropping the set on a refusal aborts the probes still running.
+        while let Some(joined) = probes.join_next().await {
+            let Ok((id, answer)) = joined else { continue };
+            match answer {
+                Ok(Ok(())) => probed += 1,
+                Ok(Err(e)) if crate::tasks::refuses_task(&e) => {
+                    return Err(format!("version {version} cannot take task {id}: {e}"));
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(plugin = %driver, task = %id, "RecoverTask probe of the new instance failed: {e}; the hand-over retries it")
+                }
+                Err(_) => {
+                    tracing::warn!(plugin = %driver, task = %id, "RecoverTask probe of the new instance did not answer within {PROBE_TIMEOUT:?}; the hand-over retries it")
+                }
+            }
+        }
+        tracing::debug!(plugin = %driver, probed, "new instance recovered every running task");
+        Ok(())
+    }
+
+    /// The new instance refused a task after the swap: put the old instance back (a
+    /// generation bump, so that every task attaches to it again), shut the new one
+    /// down, and say why on both rows.
+    async fn roll_back(
+        &self,
+        p: &Arc<LoadedPlugin>,
+        old: super::Live,
+        mut new_row: PluginStatus,
+        new_version: &str,
+        reason: &str,
+        changes: &mut Changes,
+    ) {
+        // Its record first (the new instance's replaced it before the swap), so that
+        // an agent killed now reattaches to the instance that keeps the tasks.
+        if old.process.reattach_config().is_some() {
+            self.records.save_live(&p.name, &old).await;
+        } else {
+            self.records.forget(&p.name).await;
+        }
+        let new = {
+            let _swap = p.swap.lock().await;
+            let mut live = p.live();
+            let mut old = old;
+            old.state = live.state;
+            old.reason = live.reason.clone();
+            let new = std::mem::replace(&mut *live, old);
+            drop(live);
+            p.probation.store(0, Ordering::SeqCst);
+            p.generation.send_modify(|g| *g += 1);
+            new
+        };
+        let old_version = p.live().version.clone();
+        let why = format!(
+            "upgrade to version {new_version} from {} rolled back: {reason}",
+            new.candidate.path.display()
+        );
+        tracing::warn!(plugin = %p.name, "{why}; version {old_version} keeps serving");
+        let how = new.process.shutdown().await;
+        tracing::info!(plugin = %p.name, "refused instance stopped ({how})");
+        new_row.name = p.name.clone();
+        new_row.version = new_version.to_owned();
+        new_row.reason = format!("{why}; version {old_version} keeps serving");
+        self.drop_rows_of(&new.candidate);
+        self.skip_of(&new.candidate, Some(new.sha256.clone()), new_row);
+        p.set_upgrade_failed(Some((
+            new.candidate.path.clone(),
+            format!("{why}; this version keeps serving"),
+        )));
+        self.changes.send_modify(|n| *n += 1);
+        changes.push(PluginChangeKind::Failed, &p.name, &new.candidate.path, why);
+    }
+
+    /// Wait (bounded) until no running task of `driver` is attached to an instance
+    /// older than `generation`, or until the instance of `generation` refused one.
+    async fn wait_handover(&self, driver: &str, generation: u64) -> HandoverProgress {
+        let Some(handover) = self.handover() else {
+            return HandoverProgress::default();
         };
         let mut attachments = handover.attachments();
         let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
         loop {
             attachments.borrow_and_update();
-            let (tasks, behind) = handover.handover_progress(driver, generation);
-            if behind == 0 {
-                return (tasks, 0);
+            let progress = handover.handover_progress(driver, generation);
+            if progress.behind == 0 || progress.refused.is_some() {
+                return progress;
             }
             match tokio::time::timeout_at(deadline, attachments.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) | Err(_) => {
                     tracing::warn!(
                         plugin = %driver,
-                        tasks,
-                        behind,
+                        tasks = progress.tasks,
+                        behind = progress.behind,
                         "not every task moved to the new instance within {HANDOVER_TIMEOUT:?}"
                     );
-                    return (tasks, behind);
+                    return progress;
                 }
             }
         }
@@ -567,6 +761,28 @@ impl Catalog {
         let gone = p.candidate();
         for alt in self.alternatives(&p.name, env) {
             match launch_checked(&alt, &env.ctx, &self.records, &env.policy).await {
+                Ok(fp)
+                    if fp.info.name == p.name && fp.candidate.source == PluginSource::External =>
+                {
+                    if let Err(reason) = takeover_consent(&fp, &gone, &env.policy) {
+                        tracing::info!(plugin = %p.name, path = %alt.path.display(), "cannot take over a removed plugin's tasks: {reason}");
+                        fp.process.shutdown().await;
+                        continue;
+                    }
+                    if self.upgrade(p, fp, env, changes).await {
+                        changes.push(
+                            PluginChangeKind::Removed,
+                            &p.name,
+                            &gone.path,
+                            format!(
+                                "its file was removed; {} serves {:?} instead",
+                                alt.path.display(),
+                                p.name
+                            ),
+                        );
+                        return;
+                    }
+                }
                 Ok(fp) if fp.info.name == p.name => {
                     if self.upgrade(p, fp, env, changes).await {
                         changes.push(
@@ -649,7 +865,7 @@ impl Catalog {
         let handover = self.handover();
         let live = handover
             .as_ref()
-            .map_or(0, |h| h.handover_progress(&p.name, 0).0);
+            .map_or(0, |h| h.handover_progress(&p.name, 0).tasks);
         if live == 0 {
             self.unload(p).await;
             changes.push(
@@ -682,7 +898,7 @@ impl Catalog {
                     // A new file took the name over meanwhile.
                     return;
                 }
-                if handover.handover_progress(&p.name, 0).0 == 0 {
+                if handover.handover_progress(&p.name, 0).tasks == 0 {
                     break;
                 }
                 tokio::select! {
@@ -713,6 +929,45 @@ impl Catalog {
     }
 }
 
+/// May `fp`, a file other than the one serving its name (`serving`), take that name
+/// over with its running tasks? A plugin says its own name, and plugins may lie: the
+/// operator consents by naming the file after the plugin (`NAME`,
+/// `drover-driver-NAME`, `NAME.so`), or by pinning its bytes under `[plugin.NAME]`.
+/// The agent's own binary (a built-in) needs no consent.
+fn takeover_consent(
+    fp: &Fingerprinted,
+    serving: &Candidate,
+    policy: &loader::Policy,
+) -> Result<(), String> {
+    let name = fp.info.name.as_str();
+    if consents(&fp.candidate, name, &fp.sha256, &policy.pins) {
+        return Ok(());
+    }
+    Err(format!(
+        "{} calls itself {name:?}, which {} serves: a file takes over a served name only \
+         when it is named {name}, drover-driver-{name} or {name}.so (a library), or \
+         when [plugin.{name}] sha256 pins its bytes; rename the file, or pin it, to allow the \
+         takeover",
+        fp.candidate.path.display(),
+        serving.path.display()
+    ))
+}
+
+/// [`takeover_consent`]'s rule: may candidate `c`, whose bytes hash to `sha256`, serve
+/// `name` in place of another file?
+fn consents(
+    c: &Candidate,
+    name: &str,
+    sha256: &str,
+    pins: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let label = c.label.as_str();
+    c.source == PluginSource::Builtin
+        || label == name
+        || label.strip_prefix("drover-driver-") == Some(name)
+        || pins.get(name).is_some_and(|pin| pin == sha256)
+}
+
 fn pid_text(p: &PluginInstance) -> String {
     p.pid()
         .map_or_else(|| "in the agent".to_owned(), |pid| pid.to_string())
@@ -722,6 +977,39 @@ fn pid_text(p: &PluginInstance) -> String {
 mod tests {
     use super::*;
     use PluginSource::{Builtin, External};
+
+    #[test]
+    fn a_file_takes_a_served_name_over_only_when_named_after_it_or_pinned() {
+        let file = |name: &str| Candidate::external(std::path::Path::new("/plugins").join(name));
+        let none = std::collections::BTreeMap::new();
+        assert!(consents(&file("rawexec"), "rawexec", "aa", &none));
+        assert!(consents(
+            &file("drover-driver-rawexec"),
+            "rawexec",
+            "aa",
+            &none
+        ));
+        assert!(consents(&file("rawexec.so"), "rawexec", "aa", &none));
+        assert!(consents(&file("librawexec.so"), "rawexec", "aa", &none));
+        assert!(!consents(&file("acme-gpu"), "rawexec", "aa", &none));
+        assert!(!consents(&file("rawexec-2"), "rawexec", "aa", &none));
+        assert!(!consents(
+            &file("drover-driver-rawexec"),
+            "exec",
+            "aa",
+            &none
+        ));
+        let pins = [("rawexec".to_owned(), "aa".to_owned())].into();
+        assert!(consents(&file("acme-gpu"), "rawexec", "aa", &pins));
+        assert!(!consents(&file("acme-gpu"), "rawexec", "bb", &pins));
+        let builtin = Candidate {
+            path: "/usr/bin/drover".into(),
+            args: vec!["plugin".into(), "serve".into(), "rawexec".into()],
+            source: Builtin,
+            label: "rawexec".into(),
+        };
+        assert!(consents(&builtin, "rawexec", "cc", &pins));
+    }
 
     #[test]
     fn a_file_takes_a_served_name_over_by_the_start_up_rule() {

@@ -31,6 +31,14 @@ pub trait TaskDriver: Send + Sync {
     fn retiring(&self) -> Option<String> {
         None
     }
+    /// Whether the driver's instance of `generation` is on probation: it replaced the
+    /// previous one in a hand-over that is still in progress, and a task it refuses
+    /// makes the catalog roll the hand-over back (the previous instance still runs
+    /// the task) rather than the task being lost.
+    fn on_probation(&self, generation: u64) -> bool {
+        let _ = generation;
+        false
+    }
     /// `StartTask`.
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError>;
     /// `WaitTask`: until the task exits.
@@ -93,6 +101,9 @@ impl TaskDriver for LoadedPlugin {
     }
     fn retiring(&self) -> Option<String> {
         LoadedPlugin::retiring(self)
+    }
+    fn on_probation(&self, generation: u64) -> bool {
+        LoadedPlugin::on_probation(self, generation)
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         self.client().start_task(spec).await

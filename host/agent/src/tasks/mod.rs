@@ -35,13 +35,14 @@ use std::time::{Duration, Instant, SystemTime};
 use drover_api::{
     RecoverySummary, RunRequest, TaskEventKind, TaskEventView, TaskLifecycle, TaskView,
 };
-use drover_plugin_sdk::{DriverError, TaskSpec, TaskStats};
+use drover_plugin_sdk::{DriverError, TaskHandle, TaskSpec, TaskStats};
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use driver::{Drivers, TaskDriver};
+pub(crate) use runner::refuses_task;
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, HandoverProgress};
 use crate::state::{StateError, StateStore};
 use drover_api::PluginState;
 use hooks::TaskHook;
@@ -115,6 +116,9 @@ pub(crate) struct Task {
     attached_on: AtomicU64,
     /// Destroyed: the record is gone and must not be written again.
     destroyed: AtomicBool,
+    /// The driver generation that refused to take the task over during a hand-over,
+    /// and why: the hand-over is rolled back instead of the task being lost.
+    refused: Mutex<Option<(u64, String)>>,
 }
 
 impl Task {
@@ -135,6 +139,7 @@ impl Task {
             attached: AtomicBool::new(false),
             attached_on: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
+            refused: Mutex::new(None),
         }
     }
 
@@ -292,26 +297,60 @@ impl TaskManager {
         self.attachments.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Tasks of `driver` that are not dead, and how many of them are still attached to
-    /// a driver instance older than `generation` (the catalog's hand-over waits until
-    /// none is).
-    pub fn handover_progress(&self, driver: &str, generation: u64) -> (usize, usize) {
+    /// A driver instance on probation (a hand-over in progress) of `generation` refused
+    /// `task`: the catalog rolls the hand-over back rather than lose the task.
+    fn refused_by(&self, task: &Task, generation: u64, why: String) {
+        *task
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((generation, why));
+        self.attachments.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Tasks of `driver` that are not dead, how many of them are still attached to a
+    /// driver instance older than `generation` (the catalog's hand-over waits until
+    /// none is), and the first one the instance of `generation` refused.
+    pub fn handover_progress(&self, driver: &str, generation: u64) -> HandoverProgress {
+        let mut progress = HandoverProgress::default();
         let Ok(tasks) = self.tasks.read() else {
-            return (0, 0);
+            return progress;
         };
         let live = tasks
             .values()
             .filter(|t| t.driver == driver && !t.is_dead());
-        let (mut n, mut behind) = (0, 0);
         for t in live {
-            n += 1;
+            progress.tasks += 1;
             if t.attached.load(Ordering::SeqCst)
                 && t.attached_on.load(Ordering::SeqCst) < generation
             {
-                behind += 1;
+                progress.behind += 1;
+            }
+            let refused = t
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            if let Some((g, why)) = refused
+                && g == generation
+                && progress.refused.is_none()
+            {
+                progress.refused = Some((t.id.clone(), why));
             }
         }
-        (n, behind)
+        progress
+    }
+
+    /// The handles of `driver`'s live tasks that have one (a task whose `StartTask` is
+    /// still in flight has none yet), for a new instance to prove it can take them.
+    pub fn live_handles(&self, driver: &str) -> Vec<(String, TaskHandle)> {
+        let Ok(tasks) = self.tasks.read() else {
+            return Vec::new();
+        };
+        tasks
+            .values()
+            .filter(|t| t.driver == driver && !t.is_dead())
+            .filter_map(|t| t.rec().handle.clone().map(|h| (t.id.clone(), h)))
+            .collect()
     }
 
     /// Sees a change whenever a task attaches to a driver instance or ends.
@@ -947,8 +986,11 @@ impl TaskManager {
 /// the task manager): the runners re-attach on their own when the driver's
 /// generation changes; the catalog only waits until none is behind.
 impl crate::catalog::TaskHandover for TaskManager {
-    fn handover_progress(&self, driver: &str, generation: u64) -> (usize, usize) {
+    fn handover_progress(&self, driver: &str, generation: u64) -> HandoverProgress {
         TaskManager::handover_progress(self, driver, generation)
+    }
+    fn live_handles(&self, driver: &str) -> Vec<(String, TaskHandle)> {
+        TaskManager::live_handles(self, driver)
     }
     fn attachments(&self) -> watch::Receiver<u64> {
         TaskManager::attachments(self)

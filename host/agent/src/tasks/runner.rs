@@ -48,6 +48,24 @@ fn retryable(e: &DriverError) -> bool {
     )
 }
 
+/// Answers to `RecoverTask` by which a driver says it cannot take the task: it does
+/// not know it, cannot read its handle, or does not recover at all. Anything else
+/// (a timeout, a broken connection) says nothing about the task.
+pub(crate) fn refuses_task(e: &DriverError) -> bool {
+    matches!(
+        e,
+        DriverError::NotFound(_)
+            | DriverError::InvalidConfig(_)
+            | DriverError::Unimplemented(_)
+            | DriverError::AlreadyExists(_)
+    )
+}
+
+/// How often a task refused by a driver instance on probation looks whether the
+/// probation ended without a rollback (the generation change that a rollback makes
+/// wakes it at once).
+const PROBATION_POLL: Duration = Duration::from_millis(250);
+
 /// Pauses between recoveries of a task the driver cannot account for yet although it
 /// may be running (RecoverTask timed out, or the executor is alive but unreachable):
 /// from the first to the last.
@@ -387,12 +405,24 @@ impl Runner {
                     tokio::time::sleep(retries.remove(0)).await;
                     continue;
                 }
-                Ok(Err(
-                    e @ (DriverError::NotFound(_)
-                    | DriverError::InvalidConfig(_)
-                    | DriverError::Unimplemented(_)
-                    | DriverError::AlreadyExists(_)),
-                )) => {
+                Ok(Err(e)) if refuses_task(&e) && driver.on_probation(seen) => {
+                    // A new instance still on probation (a hand-over in progress)
+                    // cannot take the task: the old instance still runs it, and the
+                    // catalog rolls the hand-over back when told. Wait for that (a
+                    // generation change), or for the probation to end, then ask again.
+                    drop(ops);
+                    drop(permit);
+                    tracing::warn!(task = %self.task.id, plugin = %name, "the new instance of the driver refused the task during a hand-over: {e}");
+                    self.mgr.refused_by(&self.task, seen, e.to_string());
+                    while *generation.borrow_and_update() == seen && driver.on_probation(seen) {
+                        tokio::select! {
+                            changed = generation.changed() => if changed.is_err() { break },
+                            () = tokio::time::sleep(PROBATION_POLL) => {}
+                        }
+                    }
+                    continue;
+                }
+                Ok(Err(e)) if refuses_task(&e) => {
                     return Attach::Lost(format!("driver {name} could not recover the task: {e}"));
                 }
                 answer => {
