@@ -912,6 +912,21 @@ mod elf_check {
                      that search path"
                 ));
             }
+            for entry in text.split(':') {
+                let Ok(st) = rustix::fs::stat(entry) else {
+                    continue;
+                };
+                let me = rustix::process::geteuid().as_raw();
+                if st.st_mode & 0o022 != 0 || (st.st_uid != 0 && st.st_uid != me) {
+                    return Err(format!(
+                        "its {name} entry {entry:?} is a directory that other users may \
+                         write (mode {:04o}, owner uid {}): one of them could plant a \
+                         dependency there",
+                        st.st_mode & 0o7777,
+                        st.st_uid
+                    ));
+                }
+            }
         }
         Ok(())
     }
