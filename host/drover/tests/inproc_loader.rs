@@ -563,3 +563,32 @@ typedef struct {
 static const entry_v1 ENTRY = { 1, sizeof(entry_v1), start, connect_fd, stop };
 const entry_v1 *drover_plugin_entry_v1(void) { return &ENTRY; }
 "#;
+
+/// A library whose file is still changing (written a moment ago, and again while the
+/// loader waits for it to settle) is refused before it is copied, to be tried again
+/// at its next change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_library_changing_while_it_settles_is_not_copied() {
+    let Some(fixture) = built_library("drover-fixture-library") else {
+        return;
+    };
+    let (dir, plugins) = plugin_dir_with(&fixture, "settle.so", "settle test");
+    let c = only_candidate(&plugins);
+    let binary = checked(&c);
+    let path = plugins.join("settle.so");
+    // Changed just now (a chmod sets its ctime, as every write does), and again within
+    // the settle time.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(loader::library::SETTLE / 5);
+        let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        std::io::Write::write_all(&mut f, b" and more").unwrap();
+    });
+    let err = refusal(&c, &binary, dir.path()).await;
+    writer.join().unwrap();
+    assert!(
+        err.contains("settle.so is still being written (it changed within the last"),
+        "{err}"
+    );
+    assert_eq!(open_copies("settle"), 0);
+}
