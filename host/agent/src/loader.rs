@@ -343,6 +343,13 @@ fn open_checked_inner(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
     if let Some(reason) = insecure_reason(mode, st2.st_uid, &shown, &c.path) {
         return Err(reason);
     }
+    if kind == CandidateKind::Library && open_for_writing(&fd) {
+        return Err(format!(
+            "{shown} is still open for writing (a copy in progress?): a library is loaded \
+             only once nobody writes it; it is tried again at the next reload (its writer's \
+             close starts one)"
+        ));
+    }
     let key = (
         st2.st_dev,
         st2.st_ino,
@@ -353,6 +360,34 @@ fn open_checked_inner(c: &Candidate) -> Result<(OwnedFd, FileKey), String> {
         st2.st_ctime_nsec as u64,
     );
     Ok((fd, key))
+}
+
+/// Does any process have the file behind `fd` (opened read-only) open for writing?
+///
+/// A read lease (`F_SETLEASE`, `F_RDLCK`) is refused with `EAGAIN` exactly then; it is
+/// given back at once. A writer opening the file in between would break the lease and
+/// signal this process: the signal is made `SIGURG` first (ignored unless handled; the
+/// default `SIGIO` would end the agent). The lease needs the file's owner or
+/// `CAP_LEASE`, and a filesystem that has leases: where it cannot be taken for those
+/// reasons, this says no, and the loader's quiet-time check
+/// ([`library::SETTLE`]) is what remains.
+fn open_for_writing(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd as _;
+    // `F_SETSIG` (asm-generic/fcntl.h), which the libc crate does not export.
+    const F_SETSIG: libc::c_int = 10;
+    let fd = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this function borrows, with integer arguments.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::fcntl(fd, F_SETSIG, libc::SIGURG) != 0 {
+            return false;
+        }
+        if libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) == 0 {
+            libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
+            return false;
+        }
+    }
+    std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN)
 }
 
 /// sha256 of the bytes behind `fd` (hex), read from the start.

@@ -7,8 +7,12 @@
 //! `MAX_DELAY` (2 s) after the first event, so a file written for ever cannot postpone it
 //! for ever. An operator who installs with an atomic rename (write elsewhere, `mv`
 //! into `plugin_dir`) gives one `MOVED_TO`, and a half-written file is never tried.
-//! A file caught half-written is refused by that reload and tried again by the next
-//! one (its `CLOSE_WRITE` comes after).
+//! A file caught half-written (a copy that paused longer than `QUIET`, or one
+//! slower than `MAX_DELAY`) is not served: a binary still open for writing cannot be
+//! executed (`ETXTBSY`), and a driver library is not loaded while anyone has it open
+//! for writing or while it changed less than the loader's settle time ago, and is
+//! refused on its ELF image if it is cut short (`loader::library`). Its writer's
+//! `CLOSE_WRITE` starts the reload that tries it again.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};

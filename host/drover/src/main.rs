@@ -401,6 +401,10 @@ fn run_agent(args: AgentArgs) -> ExitCode {
     };
     init_logging(&config);
     let mut config = config;
+    if let Err(e) = leave_working_directory(&mut config) {
+        tracing::error!("{e}");
+        return ExitCode::FAILURE;
+    }
     let stop = tokio_util::sync::CancellationToken::new();
     let dev_server = if config.dev && config.servers.is_empty() {
         match start_dev_server(&mut config, stop.clone()) {
@@ -462,6 +466,42 @@ fn run_agent(args: AgentArgs) -> ExitCode {
         let _ = thread.join();
     }
     code
+}
+
+/// Make the config's paths absolute against the directory the agent was started in,
+/// then make `/` the agent's working directory: nothing the agent loads or runs may
+/// resolve a path against a directory someone else controls (a driver library's
+/// relative search path, or one of its dependencies, would be looked for there).
+/// Plugins and executors start in `/` too; a relative path in a plugin's own config
+/// (`[plugin.NAME] config`) is the plugin's to resolve.
+fn leave_working_directory(config: &mut AgentConfig) -> anyhow::Result<()> {
+    let started_in = std::env::current_dir();
+    let mut paths: Vec<&mut PathBuf> = [
+        &mut config.data_dir,
+        &mut config.plugin_dir,
+        &mut config.api_socket,
+        &mut config.token_file,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if let Some(tls) = &mut config.tls {
+        paths.push(&mut tls.ca_file);
+        paths.extend(tls.cert_file.iter_mut());
+        paths.extend(tls.key_file.iter_mut());
+    }
+    for path in paths.into_iter().filter(|p| p.is_relative()) {
+        let dir = started_in.as_ref().map_err(|e| {
+            anyhow::anyhow!(
+                "{} is a relative path, and the working directory cannot be read ({e}): \
+                 give an absolute path",
+                path.display()
+            )
+        })?;
+        *path = dir.join(&*path);
+    }
+    std::env::set_current_dir("/")
+        .map_err(|e| anyhow::anyhow!("cannot change the working directory to /: {e}"))
 }
 
 /// `--dev`: a server in this process, its store in `<data_dir>/server`, listening on

@@ -165,3 +165,54 @@ fn a_library_whose_bytes_miss_their_pin_is_not_loaded() {
     let out = task_run(&agent, "fixture-library", "{}");
     assert!(!out.status.success(), "a task ran on a refused library");
 }
+
+/// A library cut short (an interrupted copy, a full disk) used to reach `dlopen`, whose
+/// first touch of a page past the end of the file killed the agent with `SIGBUS`, at
+/// every start. It is refused on its ELF image, and the agent serves on.
+#[test]
+fn a_truncated_library_is_refused_and_the_agent_keeps_serving() {
+    let Some(fixture) = built_library("drover-fixture-library") else {
+        return;
+    };
+    let rig = InProcessRig::new(
+        r#"
+[plugin.truncated]
+in_process = true
+[plugin.fixture-library]
+in_process = true
+"#,
+    );
+    let bytes = std::fs::read(&fixture).unwrap();
+    let build = rig.root.path().join("build");
+    std::fs::create_dir(&build).unwrap();
+    std::fs::write(build.join("truncated.so"), &bytes[..bytes.len() / 2]).unwrap();
+    let truncated = rig.install(&build.join("truncated.so"), "truncated.so", 0o644);
+    let good = rig.install(&fixture, "fixture-library.so", 0o644);
+    let agent = rig.start();
+    let rows = agent.wait_plugins(std::time::Duration::from_secs(30), |rows| {
+        rows.iter()
+            .any(|r| r["path"] == truncated.display().to_string().as_str())
+            && rows
+                .iter()
+                .any(|r| r["name"] == "fixture-library" && r["state"] == "healthy")
+    });
+    let r = row_at(&rows, &truncated);
+    assert_eq!(r["state"], "skipped", "{r:#}");
+    assert!(
+        reason(r).contains("past the end of the file")
+            && reason(r).contains("the file is truncated or still being written"),
+        "{r:#}"
+    );
+    // The agent is alive and serves: the library next to it, and the built-ins.
+    let task = started(
+        &agent,
+        "rawexec",
+        r#"{"command": "/bin/sh", "args": ["-c", "exit 4"]}"#,
+    );
+    let out = agent.cli(&["task", "wait", task["id"].as_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(row_at(&rows, &good)["state"], "healthy", "{rows:#?}");
+    // Nothing it loads resolves a path against the directory it was started in.
+    let cwd = std::fs::read_link(format!("/proc/{}/cwd", agent.child.id())).unwrap();
+    assert_eq!(cwd, std::path::Path::new("/"));
+}

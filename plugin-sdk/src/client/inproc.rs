@@ -69,7 +69,18 @@ impl InProcessOptions {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    /// `dlopen` failed (not an ELF shared object, missing dependency, ...).
+    /// The sealed copy is not a complete shared library for this host, or it would
+    /// find its dependencies outside the system's library path: refused before
+    /// `dlopen`, nothing of it ran or stays mapped.
+    #[error("{path} is not loaded: {reason}")]
+    Elf {
+        /// The library.
+        path: PathBuf,
+        /// What is wrong with its bytes.
+        reason: String,
+    },
+    /// `dlopen` failed (a missing dependency, an undefined symbol, ...); nothing of the
+    /// library stays mapped.
     #[error("cannot load {path} as a shared library: {reason}")]
     Dlopen {
         /// The library.
@@ -99,6 +110,7 @@ pub enum LoadError {
         expected: u32,
     },
     /// The plugin's start-up failed or panicked (contained: the host keeps running).
+    /// Its runtime stopped: a later start may succeed.
     #[error("{path}: the plugin failed to start: {reason}")]
     Start {
         /// The library.
@@ -106,13 +118,27 @@ pub enum LoadError {
         /// What it said, or the panic message.
         reason: String,
     },
-    /// No health answer within the timeout.
+    /// No health answer within the timeout (from [`InProcessLibrary::start`]: its
+    /// runtime stopped, a later start may succeed), or `dlopen` did not return within
+    /// it (from [`InProcessLibrary::open`]: the library's initialisers still run).
     #[error("{path}: the plugin did not answer its health check within {timeout:?}")]
     Timeout {
         /// The library.
         path: PathBuf,
         /// The bound.
         timeout: Duration,
+    },
+    /// The plugin's start failed, and its runtime did not stop when told to: it is left
+    /// running in the host, and the library cannot be started again.
+    #[error(
+        "{path}: the plugin failed to start ({reason}), and its runtime did not stop: it \
+         is left running in this process"
+    )]
+    NotStopped {
+        /// The library.
+        path: PathBuf,
+        /// Why the start failed.
+        reason: String,
     },
     /// Reading or sealing the bytes failed.
     #[error("{0}")]
@@ -171,32 +197,11 @@ impl InProcessPlugin {
     /// contained and reported as [`LoadError::Start`].
     pub async fn load(opts: InProcessOptions) -> Result<Self, LoadError> {
         let started = Instant::now();
-        let path = opts.display_path.clone();
-        let library = opts.library;
-        let opened = tokio::task::spawn_blocking(move || open_library(library));
-        let entry = match tokio::time::timeout(opts.timeout, opened).await {
-            Err(_) => {
-                return Err(LoadError::Timeout {
-                    path,
-                    timeout: opts.timeout,
-                });
-            }
-            Ok(Err(join)) => {
-                return Err(LoadError::Start {
-                    path,
-                    reason: format!("loading failed: {join}"),
-                });
-            }
-            Ok(Ok(r)) => r.map_err(|e| e.at(&path))?,
-        };
-        let library = Arc::new(Loaded {
-            name: opts.name,
-            display_path: path,
-            entry,
-            executor: opts.executor,
-        });
-        let left = opts.timeout.saturating_sub(started.elapsed());
-        let plugin = start_runtime(library, left).await?;
+        let timeout = opts.timeout;
+        let library = InProcessLibrary::open(opts).await?;
+        let plugin = library
+            .start(timeout.saturating_sub(started.elapsed()))
+            .await?;
         tracing::debug!(
             plugin = %plugin.name(),
             library = %plugin.display_path().display(),
@@ -204,6 +209,13 @@ impl InProcessPlugin {
             "plugin loaded in process"
         );
         Ok(plugin)
+    }
+
+    /// The library this plugin runs in.
+    pub fn library(&self) -> InProcessLibrary {
+        InProcessLibrary {
+            inner: self.inner.library.clone(),
+        }
     }
 
     /// Start the driver linked into this very binary through
@@ -314,8 +326,87 @@ impl InProcessPlugin {
     }
 }
 
+/// A driver library loaded into this process ([`InProcessLibrary::open`]), whose
+/// runtime is started with [`InProcessLibrary::start`], as often as it stopped. Cheap to
+/// clone. [`InProcessPlugin::load`] is `open` then `start`; keep the library to start
+/// it again after a start that failed (a timeout on a busy machine).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use drover_plugin_sdk::client::{InProcessLibrary, InProcessOptions, sealed_copy};
+/// use std::time::Duration;
+/// let file = std::fs::File::open("plugins/rawexec.so")?;
+/// let sealed = sealed_copy(&file.into(), "rawexec")?;
+/// let library = InProcessLibrary::open(InProcessOptions::new("rawexec", sealed, "plugins/rawexec.so")).await?;
+/// let plugin = match library.start(Duration::from_secs(5)).await {
+///     Ok(p) => p,
+///     // Its runtime stopped: try again.
+///     Err(_) => library.start(Duration::from_secs(5)).await?,
+/// };
+/// plugin.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct InProcessLibrary {
+    inner: Arc<Loaded>,
+}
+
+impl InProcessLibrary {
+    /// Check the sealed copy's ELF image (a complete 64-bit shared object for this
+    /// machine: every segment and the section headers inside the file, so that no page
+    /// the dynamic linker touches lies past its end, which would kill the process with
+    /// `SIGBUS`; dependencies found only in the system's library path), then `dlopen` it
+    /// and check its entry symbol and ABI version, within `opts.timeout`. Until
+    /// `dlopen` succeeds the copy is closed on every failure; after, it stays open for
+    /// the life of the process.
+    pub async fn open(opts: InProcessOptions) -> Result<Self, LoadError> {
+        let path = opts.display_path.clone();
+        let library = opts.library;
+        let opened = tokio::task::spawn_blocking(move || {
+            elf_check::check(&library).map_err(OpenError::Elf)?;
+            open_library(library)
+        });
+        let entry = match tokio::time::timeout(opts.timeout, opened).await {
+            Err(_) => {
+                return Err(LoadError::Timeout {
+                    path,
+                    timeout: opts.timeout,
+                });
+            }
+            Ok(Err(join)) => {
+                return Err(LoadError::Start {
+                    path,
+                    reason: format!("loading failed: {join}"),
+                });
+            }
+            Ok(Ok(r)) => r.map_err(|e| e.at(&path))?,
+        };
+        Ok(InProcessLibrary {
+            inner: Arc::new(Loaded {
+                name: opts.name,
+                display_path: path,
+                entry,
+                executor: opts.executor,
+            }),
+        })
+    }
+
+    /// Start a runtime in the library and check its health within `timeout`. On
+    /// [`LoadError::Start`] and [`LoadError::Timeout`] the runtime was stopped again and
+    /// a later `start` may succeed; [`LoadError::NotStopped`] says it was not.
+    pub async fn start(&self, timeout: Duration) -> Result<InProcessPlugin, LoadError> {
+        start_runtime(self.inner.clone(), timeout).await
+    }
+
+    /// Where the library came from.
+    pub fn display_path(&self) -> &std::path::Path {
+        &self.inner.display_path
+    }
+}
+
 /// A [`LoadError`] before its path is known.
 enum OpenError {
+    Elf(String),
     Dlopen(String),
     NoEntry,
     AbiVersion(u32),
@@ -326,6 +417,7 @@ impl OpenError {
     fn at(self, path: &std::path::Path) -> LoadError {
         let path = path.to_owned();
         match self {
+            OpenError::Elf(reason) => LoadError::Elf { path, reason },
             OpenError::Dlopen(reason) => LoadError::Dlopen { path, reason },
             OpenError::NoEntry => LoadError::NoEntry {
                 path,
@@ -351,8 +443,6 @@ impl OpenError {
 /// threads and thread-locals may still be alive is undefined behaviour.
 fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
     let name = format!("/proc/self/fd/{}", library.as_raw_fd());
-    // Kept open for ever (see above).
-    let _ = library.into_raw_fd();
     // SAFETY: loading runs the library's initialisers; the caller checked its bytes
     // (sealed, so they cannot have changed since) and the operator allowed it in
     // process. RTLD_NOW: a missing symbol fails here, not in the middle of a call;
@@ -365,6 +455,9 @@ fn open_library(library: OwnedFd) -> Result<EntryV1, OpenError> {
         )
     }
     .map_err(|e| OpenError::Dlopen(innermost(&e)))?;
+    // Loaded: kept open for ever (see above). A failed dlopen left nothing mapped, so
+    // `library` was closed on that path and its copy freed.
+    let _ = library.into_raw_fd();
     // SAFETY: the symbol's type is the ABI's (a function without arguments returning
     // the table's address); it is only called after this lookup succeeded.
     #[allow(unsafe_code)]
@@ -506,22 +599,20 @@ async fn start_runtime(
         unsafe { (entry.start)(&args) }
     })
     .await;
-    if let Err(reason) = start {
-        return Err(LoadError::Start {
-            path,
-            reason: format!("{reason}{}", format_tail(&tail)),
-        });
-    }
-
-    let left = timeout.saturating_sub(started.elapsed());
-    let healthy = tokio::time::timeout(left, async {
-        let channel = connect(entry, left).await?;
-        check_health(channel.clone())
+    let healthy = match start {
+        Err(reason) => Ok(Err(reason)),
+        Ok(()) => {
+            let left = timeout.saturating_sub(started.elapsed());
+            tokio::time::timeout(left, async {
+                let channel = connect(entry, left).await?;
+                check_health(channel.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(channel)
+            })
             .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>(channel)
-    })
-    .await;
+        }
+    };
     let failed = match healthy {
         Ok(Ok(channel)) => {
             return Ok(InProcessPlugin {
@@ -549,7 +640,24 @@ async fn start_runtime(
         stop(timeout_ms, err)
     })
     .await;
-    Err(failed)
+    // The log's end is the runtime's end (or a start that never got that far).
+    let mut exit = exit;
+    let stopped = tokio::time::timeout(Duration::from_secs(1), exit.wait_for(Option::is_some))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    if stopped {
+        return Err(failed);
+    }
+    let reason = match failed {
+        LoadError::Timeout { timeout, .. } => {
+            format!("it did not answer its health check within {timeout:?}")
+        }
+        other => other.to_string(),
+    };
+    Err(LoadError::NotStopped {
+        path: library.display_path.clone(),
+        reason,
+    })
 }
 
 /// A gRPC channel whose every connection is a fresh socket pair, one end handed to the
@@ -637,5 +745,189 @@ fn copy_through_buffer(from: &OwnedFd, to: &OwnedFd) -> std::io::Result<()> {
             }
         }
         offset += n as u64;
+    }
+}
+
+/// The ELF checks a library's sealed copy passes before `dlopen` ([`check_library`]).
+mod elf_check {
+    use std::os::fd::OwnedFd;
+
+    use object::elf;
+    use object::read::elf::{Dyn as _, FileHeader as _, ProgramHeader as _};
+    use object::{Endianness, ReadCache};
+
+    /// The host's `e_machine`; `None` on an architecture this list does not know (the
+    /// dynamic linker still refuses a foreign one).
+    const HOST_MACHINE: Option<elf::Machine> = if cfg!(target_arch = "x86_64") {
+        Some(elf::EM_X86_64)
+    } else if cfg!(target_arch = "aarch64") {
+        Some(elf::EM_AARCH64)
+    } else if cfg!(target_arch = "riscv64") {
+        Some(elf::EM_RISCV)
+    } else {
+        None
+    };
+
+    /// Why the bytes must not reach `dlopen`, as a clause for an operator.
+    pub(super) fn check(fd: &OwnedFd) -> Result<(), String> {
+        let file = std::fs::File::from(fd.try_clone().map_err(|e| format!("cannot read it: {e}"))?);
+        let size = file
+            .metadata()
+            .map_err(|e| format!("cannot stat it: {e}"))?
+            .len();
+        let cache = ReadCache::new(file);
+        let data = &cache;
+        let header = elf::FileHeader64::<Endianness>::parse(data).map_err(|_| {
+            "it is not a 64-bit ELF file (its header is not one, or the file is shorter \
+             than one)"
+                .to_owned()
+        })?;
+        let endian = header.endian().map_err(|e| e.to_string())?;
+        if endian != Endianness::default() {
+            return Err("it is an ELF file of the other byte order than this host's".into());
+        }
+        let machine = header.e_machine(endian);
+        if let Some(host) = HOST_MACHINE
+            && machine != host
+        {
+            return Err(format!(
+                "it is built for another machine (ELF e_machine {machine}, this host's is {host})"
+            ));
+        }
+        if header.e_type(endian) != elf::ET_DYN {
+            return Err(format!(
+                "it is not a shared object (ELF e_type {}, a shared library's is {})",
+                header.e_type(endian),
+                elf::ET_DYN
+            ));
+        }
+        let truncated = |what: String| {
+            format!(
+                "{what}, past the end of the file ({size} bytes): the file is truncated or \
+                 still being written"
+            )
+        };
+        let segments = header
+            .program_headers(endian, data)
+            .map_err(|_| truncated("its program headers do not lie inside the file".into()))?;
+        if segments.is_empty() {
+            return Err("it has no program headers: there is nothing to load".into());
+        }
+        for (i, s) in segments.iter().enumerate() {
+            let (offset, filesz) = (s.p_offset(endian), s.p_filesz(endian));
+            let end = offset.checked_add(filesz);
+            if end.is_none_or(|end| end > size) {
+                return Err(truncated(format!(
+                    "its segment {i} ({}) covers bytes {offset}..{}",
+                    s.p_type(endian),
+                    offset.saturating_add(filesz)
+                )));
+            }
+        }
+        // Linkers write the section headers last: a copy cut anywhere loses them, even
+        // where the loaded segments survive.
+        header.section_headers(endian, data).map_err(|_| {
+            truncated(format!(
+                "its section headers (at byte {}) do not lie inside the file",
+                header.e_shoff(endian)
+            ))
+        })?;
+        check_dynamic(segments, endian, data)
+    }
+
+    /// `DT_NEEDED`, `DT_RPATH` and `DT_RUNPATH`: the library's dependencies must be
+    /// found where the system's are, never relative to the working directory or to the
+    /// copy (`$ORIGIN` is `/proc/self/fd` here).
+    fn check_dynamic(
+        segments: &[elf::ProgramHeader64<Endianness>],
+        endian: Endianness,
+        data: &ReadCache<std::fs::File>,
+    ) -> Result<(), String> {
+        let Some(dynamic) = segments
+            .iter()
+            .find(|s| s.p_type(endian) == elf::PT_DYNAMIC)
+        else {
+            return Ok(());
+        };
+        let entries = dynamic
+            .dynamic(endian, data)
+            .map_err(|_| "its dynamic section cannot be read".to_owned())?
+            .unwrap_or(&[]);
+        let value = |tag: elf::DynamicTag| {
+            entries
+                .iter()
+                .find(|d| d.d_tag(endian) == tag)
+                .map(|d| d.d_val(endian))
+        };
+        let mut strings: Vec<(elf::DynamicTag, u64)> = Vec::new();
+        for d in entries {
+            let tag = d.d_tag(endian);
+            if tag == elf::DT_NULL {
+                break;
+            }
+            for t in [elf::DT_NEEDED, elf::DT_RPATH, elf::DT_RUNPATH] {
+                if tag == t {
+                    strings.push((t, d.d_val(endian)));
+                }
+            }
+        }
+        if strings.is_empty() {
+            return Ok(());
+        }
+        let (Some(strtab), Some(strsz)) = (value(elf::DT_STRTAB), value(elf::DT_STRSZ)) else {
+            return Err("its dynamic section names libraries but has no string table".into());
+        };
+        let table = segments
+            .iter()
+            .filter(|s| s.p_type(endian) == elf::PT_LOAD)
+            .find_map(|s| s.data_range(endian, data, strtab, strsz).ok().flatten())
+            .ok_or("its dynamic string table lies outside its loaded segments")?;
+        for (tag, offset) in strings {
+            let text = usize::try_from(offset)
+                .ok()
+                .and_then(|o| table.get(o..))
+                .and_then(|rest| rest.split(|b| *b == 0).next())
+                .ok_or("a name in its dynamic section lies outside its string table")?;
+            let text = String::from_utf8_lossy(text);
+            if tag == elf::DT_NEEDED {
+                if text.contains('/') {
+                    return Err(format!(
+                        "it needs the library {text:?} by a path (DT_NEEDED with a '/'): \
+                         a driver library's dependencies must come from the system's \
+                         library path"
+                    ));
+                }
+                continue;
+            }
+            let name = if tag == elf::DT_RPATH {
+                "DT_RPATH"
+            } else {
+                "DT_RUNPATH"
+            };
+            if let Some(entry) = text.split(':').find(|e| !e.starts_with('/')) {
+                return Err(format!(
+                    "its {name} {text:?} has the entry {entry:?}, which is not an absolute \
+                     path: it would be resolved against the agent's working directory or \
+                     the memfd the library is loaded from ($ORIGIN); rebuild it without \
+                     that search path"
+                ));
+            }
+            for entry in text.split(':') {
+                let Ok(st) = rustix::fs::stat(entry) else {
+                    continue;
+                };
+                let me = rustix::process::geteuid().as_raw();
+                if st.st_mode & 0o022 != 0 || (st.st_uid != 0 && st.st_uid != me) {
+                    return Err(format!(
+                        "its {name} entry {entry:?} is a directory that other users may \
+                         write (mode {:04o}, owner uid {}): one of them could plant a \
+                         dependency there",
+                        st.st_mode & 0o7777,
+                        st.st_uid
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -11,7 +11,7 @@ mod inproc;
 mod process;
 mod reattach;
 
-pub use inproc::{InProcessOptions, InProcessPlugin, LoadError, sealed_copy};
+pub use inproc::{InProcessLibrary, InProcessOptions, InProcessPlugin, LoadError, sealed_copy};
 
 pub use process::{
     LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE, set_plugin_nofile_soft_limit,
