@@ -437,13 +437,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let api: Vec<Stats> = api_latency.into_iter().map(stats).collect();
     println!("  {:<24} {:>12} {:>12} {:>12}", "", "p50", "p99", "min");
     for (form, s) in FORMS.iter().zip(&api) {
-        println!(
-            "  {:<24} {:>12} {:>12} {:>12}",
-            form.label(),
-            ms(s.median),
-            ms(s.p99),
-            ms(s.min)
-        );
+        latency_row(form.label(), s);
     }
     for (i, other) in [(0, "built-in"), (1, "external")] {
         println!(
@@ -461,12 +455,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         ("PluginProcess (binary)", &process),
         ("InProcessPlugin (.so)", &library),
     ] {
-        println!(
-            "  {what:<24} {:>12} {:>12} {:>12}",
-            ms(s.median),
-            ms(s.p99),
-            ms(s.min)
-        );
+        latency_row(what, s);
     }
     println!(
         "  ratio in-process/process: p50 {:.2}x  p99 {:.2}x",
@@ -476,6 +465,15 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
 
     // 4. Load time.
     crate::inproc_load::run(opts.load_rounds).await
+}
+
+fn latency_row(what: &str, s: &Stats) {
+    println!(
+        "  {what:<24} {:>12} {:>12} {:>12}",
+        ms(s.median),
+        ms(s.p99),
+        ms(s.min)
+    );
 }
 
 fn secs_ratio(a: Duration, b: Duration) -> f64 {
