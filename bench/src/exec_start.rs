@@ -16,14 +16,37 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
+use drover_plugin_sdk::client::{InProcessPlugin, LaunchOptions, PluginClient, PluginProcess};
 use drover_plugin_sdk::{AgentInfo, TaskSpec};
 
 use crate::{ms, sibling_binary, stats};
 
+/// What serves a driver: a plugin process, or a driver library loaded into this
+/// process.
+pub(crate) enum Served {
+    Process(PluginProcess),
+    Library(InProcessPlugin),
+}
+
+impl Served {
+    fn client(&self) -> PluginClient {
+        match self {
+            Served::Process(p) => p.client(),
+            Served::Library(l) => l.client(),
+        }
+    }
+
+    pub(crate) async fn shutdown(&self) {
+        match self {
+            Served::Process(p) => p.shutdown().await,
+            Served::Library(l) => l.shutdown().await,
+        };
+    }
+}
+
 pub(crate) struct Driver {
     name: &'static str,
-    pub(crate) process: PluginProcess,
+    pub(crate) process: Served,
     pub(crate) client: PluginClient,
     config: serde_json::Value,
 }
@@ -38,6 +61,25 @@ pub(crate) async fn launch(
     let process = PluginProcess::launch(LaunchOptions::new(name, binary))
         .await
         .with_context(|| format!("launching {}", binary.display()))?;
+    configure(
+        name,
+        Served::Process(process),
+        root,
+        plugin_config,
+        task_config,
+    )
+    .await
+}
+
+/// Configure the driver `served` serves (`SetConfig` with `root`'s alloc and state
+/// directories), ready for [`Driver::once`].
+pub(crate) async fn configure(
+    name: &'static str,
+    process: Served,
+    root: &Path,
+    plugin_config: serde_json::Value,
+    task_config: serde_json::Value,
+) -> anyhow::Result<Driver> {
     let client = process.client();
     let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
         .with_alloc_dir(root.join("alloc"))

@@ -88,7 +88,7 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
 
 /// `libdrover_driver_rawexec.so` next to this binary (same profile), built when
 /// missing.
-fn sibling_library() -> anyhow::Result<PathBuf> {
+pub(crate) fn sibling_library() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("bench binary has no directory")?;
     let path = dir.join(LIBRARY);

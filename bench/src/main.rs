@@ -4,6 +4,8 @@
 //! `cargo run --release -p drover-bench -- exec-start [--iterations N]` (as root)
 //! `cargo run --release -p drover-bench -- rawexec-start [--iterations N]` (as root)
 //! `cargo run --release -p drover-bench -- inproc-load [--iterations N]`
+//! `cargo run --release -p drover-bench -- plugin-forms [--tasks N] [--samples N]
+//!   [--rpc-samples N] [--load-rounds N]`
 //! `cargo run --release -p drover-bench -- qemu-start [--iterations N]` (needs the VM rig)
 //! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
 //!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
@@ -23,6 +25,7 @@ mod cluster;
 mod docker;
 mod exec_start;
 mod inproc_load;
+mod plugin_forms;
 mod qemu_start;
 mod rawexec_start;
 mod schedule;
@@ -95,6 +98,23 @@ enum Bench {
         /// load stays in memory (a library is never unloaded): keep it small.
         #[arg(long, default_value_t = 10)]
         iterations: usize,
+    },
+    /// rawexec built-in, external binary and in process (`.so`), three real agents in
+    /// one run: agent + plugin + executor memory (PSS) idle and with tasks, StartTask
+    /// latency through the API and of the RPC alone, and load time (`inproc-load`).
+    PluginForms {
+        /// Sleeping tasks per agent for the loaded memory reading.
+        #[arg(long, default_value_t = 20)]
+        tasks: usize,
+        /// StartTask calls through each agent's API.
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+        /// StartTask RPCs to each form from this process.
+        #[arg(long, default_value_t = 200)]
+        rpc_samples: usize,
+        /// Rounds of `inproc-load` at the end.
+        #[arg(long, default_value_t = 5)]
+        load_rounds: usize,
     },
     /// StartTask of a qemu task -> the guest's first serial line in the task's stdout
     /// log, against the same qemu command line run by hand, ABBA-interleaved in one run
@@ -170,7 +190,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(handshake(&plugin, iterations))
         }
         Bench::Tasks { count, concurrency } => {
-            let drover = sibling_binary("drover-host", "drover")?;
+            let drover = sibling_binary("drover", "drover")?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -183,7 +203,7 @@ fn main() -> anyhow::Result<()> {
             image,
         } => {
             let plugin = sibling_binary("drover-driver-docker", "drover-driver-docker")?;
-            let drover = sibling_binary("drover-host", "drover")?;
+            let drover = sibling_binary("drover", "drover")?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -249,6 +269,22 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(inproc_load::run(iterations))
+        }
+        Bench::PluginForms {
+            tasks,
+            samples,
+            rpc_samples,
+            load_rounds,
+        } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(plugin_forms::run(plugin_forms::Options {
+                tasks,
+                samples,
+                rpc_samples,
+                load_rounds,
+            }))
         }
         Bench::QemuStart { iterations } => {
             let rt = tokio::runtime::Builder::new_current_thread()

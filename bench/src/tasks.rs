@@ -39,12 +39,22 @@ pub(crate) async fn wait_healthy(
     }
 }
 
-struct AgentProc {
-    child: Child,
-    api: Client,
+pub(crate) struct AgentProc {
+    pub(crate) child: Child,
+    pub(crate) api: Client,
 }
 
 fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
+    start_agent_with(drover, root, &[])
+}
+
+/// A `--dev --drain` agent on `root/data` and `root/plugins`, logging warnings to
+/// `root/agent.log`, with `extra` arguments (e.g. `--config FILE`).
+pub(crate) fn start_agent_with(
+    drover: &Path,
+    root: &Path,
+    extra: &[&std::ffi::OsStr],
+) -> anyhow::Result<AgentProc> {
     let data = root.join("data");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -63,6 +73,7 @@ fn start_agent(drover: &Path, root: &Path) -> anyhow::Result<AgentProc> {
         .arg(&data)
         .arg("--plugin-dir")
         .arg(root.join("plugins"))
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -87,12 +98,12 @@ fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     Ok(stat.utime + stat.stime)
 }
 
-fn parent_pid(pid: u32) -> Option<u32> {
+pub(crate) fn parent_pid(pid: u32) -> Option<u32> {
     proc_stat(pid).ok().and_then(|s| u32::try_from(s.ppid).ok())
 }
 
 /// A `kB` field of `/proc/<pid>/status` or `smaps_rollup`, in KiB.
-fn proc_kib(pid: u32, file: &str, field: &str) -> Option<u64> {
+pub(crate) fn proc_kib(pid: u32, file: &str, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(field))?
@@ -103,7 +114,7 @@ fn proc_kib(pid: u32, file: &str, field: &str) -> Option<u64> {
         .ok()
 }
 
-fn mib(kib: u64) -> String {
+pub(crate) fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
@@ -326,7 +337,7 @@ async fn measure(
 }
 
 /// SIGTERM, then SIGKILL after 30 s.
-fn terminate(child: &mut Child) {
+pub(crate) fn terminate(child: &mut Child) {
     if let Some(pid) = i32::try_from(child.id())
         .ok()
         .and_then(rustix::process::Pid::from_raw)
@@ -377,7 +388,7 @@ fn reference_shims() {
     }
 }
 
-async fn cleanup(api: &Client) {
+pub(crate) async fn cleanup(api: &Client) {
     let Ok(list) = api.list_tasks().await else {
         return;
     };
@@ -401,7 +412,7 @@ async fn cleanup(api: &Client) {
 
 /// 1000 tasks need more than the default 1024 descriptors in this process (one
 /// connection per concurrent call) — raise the soft limit to the hard one.
-fn raise_nofile_limit() {
+pub(crate) fn raise_nofile_limit() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut lim = getrlimit(Resource::Nofile);
     if lim.current < lim.maximum {
