@@ -668,35 +668,95 @@ fn a_newer_rawexec_refusing_tasks_after_the_swap_is_rolled_back() {
     let _serial = serial();
     let (root, agent) = rawexec_agent();
     let api = agent.api();
-    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
-    let pids = sleepers(&api, "rawexec", 2);
-    let (newer, _) = install(
+    let (builtin_pid, pids, row) = rolled_back_upgrade(
         root.path(),
-        &agent.plugin_dir,
-        "rawexec",
+        &agent,
+        &api,
         "FIXTURE_MODE=rawexec FIXTURE_VERSION=99.0.0 FIXTURE_RECOVER_ACCEPT=2",
     );
-    let row = skipped_row(&agent, &newer, "rolled back");
-    println!("rolled back: {row:#}");
     assert!(
         row["reason"]
             .as_str()
             .is_some_and(|r| r.contains("version 99.0.0 cannot take task")),
         "{row:#}"
     );
+    assert_builtin_kept_its_tasks(&agent, &api, builtin_pid, &pids);
+}
+
+/// With two sleepers on the built-in rawexec, installs a newer rawexec run with `env`
+/// into `agent`'s plugin_dir and waits until its upgrade is rolled back and the
+/// built-in serves again, healthy. Returns the built-in's pid, the sleepers and the
+/// new file's skipped row.
+fn rolled_back_upgrade(
+    root: &Path,
+    agent: &Agent,
+    api: &Api,
+    env: &str,
+) -> (u32, BTreeMap<String, (u32, u64)>, serde_json::Value) {
+    let builtin_pid = serving(&plugins(api), "rawexec").unwrap().pid.unwrap();
+    let pids = sleepers(api, "rawexec", 2);
+    let (newer, _) = install(root, &agent.plugin_dir, "rawexec", env);
+    let row = skipped_row(agent, &newer, "rolled back");
+    println!("rolled back: {row:#}");
     until_blocking(
         Duration::from_secs(20),
         POLL,
         "the built-in serving, healthy",
         || {
-            serving(&plugins(&api), "rawexec").is_some_and(|r| {
+            serving(&plugins(api), "rawexec").is_some_and(|r| {
                 r.source == drover_api::PluginSource::Builtin
                     && r.state == PluginState::Healthy
                     && r.reason.contains("rolled back")
             })
         },
     );
+    (builtin_pid, pids, row)
+}
+
+/// A newer rawexec that crashes on the first handle it is asked to recover is found
+/// out before it serves: the upgrade is refused, and the old instance keeps the tasks.
+#[test]
+fn a_newer_rawexec_crashing_on_the_probe_does_not_take_the_tasks() {
+    let _serial = serial();
+    let (root, agent) = rawexec_agent();
+    let api = agent.api();
+    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let pids = sleepers(&api, "rawexec", 2);
+    let (newer, _) = install(
+        root.path(),
+        &agent.plugin_dir,
+        "rawexec",
+        "FIXTURE_MODE=rawexec FIXTURE_VERSION=99.0.0 FIXTURE_RECOVER_CRASH=0",
+    );
+    let row = skipped_row(&agent, &newer, "upgrade to version 99.0.0");
+    println!("refused upgrade: {row:#}");
+    let serving_row = serving(&plugins(&api), "rawexec").unwrap().clone();
+    assert!(
+        serving_row.reason.contains("upgrade to version 99.0.0")
+            && serving_row.reason.contains("keeps serving"),
+        "the serving row does not say why the upgrade was refused: {serving_row:?}"
+    );
     assert_builtin_kept_its_tasks(&agent, &api, builtin_pid, &pids);
+}
+
+/// A newer rawexec that passes the probe but crashes once it serves (on the first
+/// handle after the probed ones) is rolled back: the old instance, never shut down,
+/// serves again and keeps the tasks, which stay stoppable.
+#[test]
+fn a_newer_rawexec_crashing_after_the_swap_is_rolled_back() {
+    let _serial = serial();
+    let (root, agent) = rawexec_agent();
+    let api = agent.api();
+    let (builtin_pid, pids, _) = rolled_back_upgrade(
+        root.path(),
+        &agent,
+        &api,
+        "FIXTURE_MODE=rawexec FIXTURE_VERSION=99.0.0 FIXTURE_RECOVER_CRASH=2",
+    );
+    assert_builtin_kept_its_tasks(&agent, &api, builtin_pid, &pids);
+    // New tasks start (on the old instance) after the rollback.
+    let more = sleepers(&api, "rawexec", 1);
+    assert_builtin_kept_its_tasks(&agent, &api, builtin_pid, &more);
 }
 
 /// A file that calls itself by a served name, but is neither named after it nor

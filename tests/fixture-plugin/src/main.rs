@@ -14,6 +14,8 @@
 //!   - `rawexec-bad-config`: the same, refusing every `SetConfig`.
 //! - `FIXTURE_RECOVER_ACCEPT=N` (rawexec modes): recover only the first N tasks
 //!   handed over, refuse every later `RecoverTask` with `InvalidConfig`.
+//! - `FIXTURE_RECOVER_CRASH=N` (rawexec modes): abort on every `RecoverTask` after
+//!   the first N (see rawexec.rs)
 //! - `FIXTURE_LAUNCH_LOG=PATH`, `FIXTURE_LAUNCH_DELAY_MS=N` (any mode): append
 //!   `START_NS END_NS` to PATH, the wall-clock window of a start-up delayed by N ms
 //!   (how many launches of one reload overlap).

@@ -7,6 +7,9 @@
 //! and refuses every later `RecoverTask` as a driver that cannot read the handle does
 //! (`InvalidConfig`): a newer version whose handle decoding is incompatible (N = 0),
 //! or one that passes a hand-over's probe and refuses afterwards (N = the tasks).
+//! With `FIXTURE_RECOVER_CRASH=N`, the process aborts (a crash) on the `RecoverTask`
+//! after the first N: a newer version that dies on the handles it is handed, in the
+//! probe (N = 0) or once it serves (N = the tasks).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -26,6 +29,8 @@ pub struct Rawexec {
     refuse_config: bool,
     /// RecoverTask calls still accepted (`None`: all of them).
     recover_accept: Option<AtomicUsize>,
+    /// RecoverTask calls still served before the process aborts (`None`: never).
+    recover_crash: Option<AtomicUsize>,
 }
 
 impl Rawexec {
@@ -41,6 +46,9 @@ impl Rawexec {
             version,
             refuse_config,
             recover_accept: recover_accept.map(AtomicUsize::new),
+            recover_crash: std::env::var("FIXTURE_RECOVER_CRASH")
+                .ok()
+                .map(|n| AtomicUsize::new(n.parse().expect("FIXTURE_RECOVER_CRASH is a number"))),
         }
     }
 }
@@ -112,6 +120,17 @@ impl DriverPlugin for Rawexec {
     }
 
     async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        if let Some(left) = &self.recover_crash
+            && left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_err()
+        {
+            eprintln!(
+                "fixture {} {} crashes on the handle of task {}",
+                self.name, self.version, handle.spec.id
+            );
+            std::process::abort();
+        }
         if let Some(left) = &self.recover_accept {
             let accepted = left
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

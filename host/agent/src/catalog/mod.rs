@@ -37,6 +37,9 @@ const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// At most this many stored plugin processes are being reattached at once, so a start
 /// with many records (or hung plugins) stays bounded.
 const REATTACH_CONCURRENCY: usize = 8;
+/// A `StartTask` waits at most this long for a hand-over to end (which it does, in a
+/// rollback at worst, within the hand-over timeout).
+const HANDOVER_WAIT_CAP: Duration = Duration::from_secs(60);
 
 /// What the loader needs to (re)launch plugins.
 #[derive(Debug, Clone)]
@@ -188,6 +191,23 @@ impl LoadedPlugin {
     /// Bumped each time the plugin process is replaced.
     pub fn generation(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
+    }
+
+    /// Returns once no hand-over is in progress (bounded: a hand-over ends, in a
+    /// rollback at worst, within the catalog's hand-over timeout), so that a new task
+    /// starts on the instance that keeps serving, never on one about to be rolled back.
+    pub async fn after_handover(&self) {
+        let deadline = tokio::time::Instant::now() + HANDOVER_WAIT_CAP;
+        let mut generation = self.generation();
+        while self.probation.load(std::sync::atomic::Ordering::SeqCst) != 0
+            && tokio::time::Instant::now() < deadline
+        {
+            // Success ends a probation without a generation change: poll as well.
+            tokio::select! {
+                _ = generation.changed() => {}
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
     }
 
     /// Whether the instance of `generation` is on probation: it replaced the previous
@@ -1179,6 +1199,17 @@ async fn supervise(
         watcher.abort();
         if *plugin.generation.borrow() != seen {
             // Replaced meanwhile: this exit is the old instance being shut down.
+            continue;
+        }
+        if plugin.on_probation(seen) {
+            // An upgrade's new instance died during its hand-over: the upgrade rolls
+            // back to the old instance (a generation change); relaunching the file
+            // that just failed would end the probation instead.
+            tracing::warn!(plugin = %plugin.name, pid = ?process.pid(), "plugin process exited during its hand-over ({how})");
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = generation.changed() => {}
+            }
             continue;
         }
         if launched.elapsed() > STABLE_AFTER {

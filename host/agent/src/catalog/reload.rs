@@ -550,13 +550,16 @@ impl Catalog {
             (old, generation)
         };
         self.changes.send_modify(|n| *n += 1);
-        let progress = self.wait_handover(&p.name, generation).await;
-        if let Some((task, why)) = progress.refused {
-            let reason = format!("version {new_version} cannot take task {task}: {why}");
-            self.roll_back(p, old, fp_row, &new_version, &reason, changes)
-                .await;
-            return false;
-        }
+        let new_process = p.process();
+        let progress = match self.wait_handover(p, generation, &new_process).await {
+            Ok(progress) => progress,
+            Err(why) => {
+                let reason = format!("version {new_version} {why}");
+                self.roll_back(p, old, fp_row, &new_version, &reason, changes)
+                    .await;
+                return false;
+            }
+        };
         p.probation.store(0, Ordering::SeqCst);
         let handover_ms = started.elapsed().as_millis();
         let old_pid = pid_text(&old.process);
@@ -576,15 +579,8 @@ impl Catalog {
             row.version = old_version.clone();
             self.skip_lost(&old_c, old_sha, row);
         }
-        let (tasks, behind) = (progress.tasks, progress.behind);
-        let moved = match behind {
-            0 => format!("{tasks} running tasks handed over"),
-            n => format!(
-                "{} of {tasks} running tasks handed over within {HANDOVER_TIMEOUT:?}, the \
-                 others attach once the old instance is gone",
-                tasks - n
-            ),
-        };
+        // A hand-over that ends with tasks still behind is rolled back instead.
+        let moved = format!("{} running tasks handed over", progress.tasks);
         changes.push(
             PluginChangeKind::Upgraded,
             &p.name,
@@ -627,16 +623,18 @@ impl Catalog {
     }
 
     /// `RecoverTask` on `fp`'s new instance with the handle of every live task of
-    /// `driver`, while the old instance still serves. Fails on the first refusal
-    /// ([`crate::tasks::refuses_task`]); a probe that times out or fails in transport
-    /// says nothing about the task and is left to the hand-over's own recovery.
+    /// `driver`, while the old instance still serves. Fails on the first answer other
+    /// than `Ok` (a refusal, an error, a transport failure: a new instance that
+    /// crashes or errors on a task it must take is no better than one that refuses
+    /// it), when the probes together take longer than [`HANDOVER_TIMEOUT`], and when
+    /// the new instance has exited by the end.
     async fn probe(&self, driver: &str, fp: &Fingerprinted) -> Result<(), String> {
-        let Some(handover) = self.handover() else {
-            return Ok(());
-        };
-        let handles = handover.live_handles(driver);
-        let client = fp.process.client();
         let version = fp.info.version.clone();
+        let handles = self
+            .handover()
+            .map(|h| h.live_handles(driver))
+            .unwrap_or_default();
+        let client = fp.process.client();
         let slots = Arc::new(tokio::sync::Semaphore::new(PROBE_CONCURRENCY));
         let mut probes = tokio::task::JoinSet::new();
         for (id, handle) in handles {
@@ -648,22 +646,37 @@ impl Catalog {
                 (id, answer)
             });
         }
+        let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
         let mut probed = 0;
-        // Dropping the set on a refusal aborts the probes still running.
-        while let Some(joined) = probes.join_next().await {
-            let Ok((id, answer)) = joined else { continue };
+        // Dropping the set on a failure aborts the probes still running.
+        loop {
+            let joined = match tokio::time::timeout_at(deadline, probes.join_next()).await {
+                Ok(Some(joined)) => joined,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(format!(
+                        "version {version} did not recover the running tasks within \
+                         {HANDOVER_TIMEOUT:?} ({probed} recovered)"
+                    ));
+                }
+            };
+            let (id, answer) = joined
+                .map_err(|e| format!("a RecoverTask probe of version {version} failed: {e}"))?;
             match answer {
                 Ok(Ok(())) => probed += 1,
-                Ok(Err(e)) if crate::tasks::refuses_task(&e) => {
-                    return Err(format!("version {version} cannot take task {id}: {e}"));
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(plugin = %driver, task = %id, "RecoverTask probe of the new instance failed: {e}; the hand-over retries it")
-                }
+                Ok(Err(e)) => return Err(format!("version {version} cannot take task {id}: {e}")),
                 Err(_) => {
-                    tracing::warn!(plugin = %driver, task = %id, "RecoverTask probe of the new instance did not answer within {PROBE_TIMEOUT:?}; the hand-over retries it")
+                    return Err(format!(
+                        "version {version} did not answer RecoverTask for task {id} within \
+                         {PROBE_TIMEOUT:?}"
+                    ));
                 }
             }
+        }
+        if fp.process.has_exited() {
+            return Err(format!(
+                "version {version} exited while it recovered the running tasks ({probed} recovered)"
+            ));
         }
         tracing::debug!(plugin = %driver, probed, "new instance recovered every running task");
         Ok(())
@@ -721,31 +734,66 @@ impl Catalog {
         changes.push(PluginChangeKind::Failed, &p.name, &new.candidate.path, why);
     }
 
-    /// Wait (bounded) until no running task of `driver` is attached to an instance
-    /// older than `generation`, or until the instance of `generation` refused one.
-    async fn wait_handover(&self, driver: &str, generation: u64) -> HandoverProgress {
-        let Some(handover) = self.handover() else {
-            return HandoverProgress::default();
-        };
-        let mut attachments = handover.attachments();
+    /// Wait (bounded) until no running task of `p` is attached to an instance older
+    /// than `generation`. Fails (the caller rolls back) when the instance of
+    /// `generation` refuses or fails to recover a task, exits, is replaced, or when
+    /// tasks are still behind at [`HANDOVER_TIMEOUT`].
+    async fn wait_handover(
+        &self,
+        p: &LoadedPlugin,
+        generation: u64,
+        new: &crate::instance::PluginInstance,
+    ) -> Result<HandoverProgress, String> {
+        let driver = p.name.as_str();
+        let mut attachments = self.handover().map(|h| h.attachments());
+        let mut generations = p.generation();
         let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
         loop {
-            attachments.borrow_and_update();
-            let progress = handover.handover_progress(driver, generation);
-            if progress.behind == 0 || progress.refused.is_some() {
-                return progress;
+            if let Some(a) = attachments.as_mut() {
+                a.borrow_and_update();
             }
-            match tokio::time::timeout_at(deadline, attachments.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => {
-                    tracing::warn!(
-                        plugin = %driver,
-                        tasks = progress.tasks,
-                        behind = progress.behind,
-                        "not every task moved to the new instance within {HANDOVER_TIMEOUT:?}"
-                    );
-                    return progress;
+            generations.borrow_and_update();
+            let progress = self
+                .handover()
+                .map(|h| h.handover_progress(driver, generation))
+                .unwrap_or_default();
+            if let Some((task, why)) = progress.refused {
+                return Err(format!("cannot take task {task}: {why}"));
+            }
+            if new.has_exited() {
+                return Err("exited during the hand-over".to_owned());
+            }
+            if *p.generation.borrow() != generation {
+                return Err("was replaced during the hand-over".to_owned());
+            }
+            if progress.behind == 0 {
+                return Ok(progress);
+            }
+            let changed = async {
+                match attachments.as_mut() {
+                    Some(a) => a.changed().await.is_ok(),
+                    None => std::future::pending().await,
                 }
+            };
+            let woke = tokio::time::timeout_at(deadline, async {
+                tokio::select! {
+                    ok = changed => ok,
+                    _ = new.exited() => true,
+                    ok = generations.changed() => ok.is_ok(),
+                }
+            })
+            .await;
+            if !matches!(woke, Ok(true)) {
+                tracing::warn!(
+                    plugin = %driver,
+                    tasks = progress.tasks,
+                    behind = progress.behind,
+                    "not every task moved to the new instance within {HANDOVER_TIMEOUT:?}"
+                );
+                return Err(format!(
+                    "did not take {} of {} running tasks over within {HANDOVER_TIMEOUT:?}",
+                    progress.behind, progress.tasks
+                ));
             }
         }
     }

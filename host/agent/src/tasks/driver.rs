@@ -106,6 +106,7 @@ impl TaskDriver for LoadedPlugin {
         LoadedPlugin::on_probation(self, generation)
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        self.after_handover().await;
         self.client().start_task(spec).await
     }
     async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError> {

@@ -40,7 +40,6 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use driver::{Drivers, TaskDriver};
-pub(crate) use runner::refuses_task;
 
 use crate::catalog::{Catalog, HandoverProgress};
 use crate::state::{StateError, StateStore};

@@ -382,6 +382,32 @@ impl Runner {
                     return Attach::Attached(seen);
                 }
                 Ok(Err(DriverError::NotFound(_))) if probe => return Attach::NeverStarted,
+                answer if driver.on_probation(seen) => {
+                    // A new instance still on probation (a hand-over in progress)
+                    // refused the task, failed on it, or did not answer: the old
+                    // instance still runs it, and the catalog rolls the hand-over back
+                    // when told. `attached` stays as it is (on the old instance). Wait
+                    // for that (a generation change), or for the probation to end,
+                    // then ask again.
+                    drop(ops);
+                    drop(permit);
+                    let why = match answer {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!(
+                            "no answer to RecoverTask within {}",
+                            human(self.mgr.recover_timeout)
+                        ),
+                    };
+                    tracing::warn!(task = %self.task.id, plugin = %name, "the new instance of the driver did not take the task during a hand-over: {why}");
+                    self.mgr.refused_by(&self.task, seen, why);
+                    while *generation.borrow_and_update() == seen && driver.on_probation(seen) {
+                        tokio::select! {
+                            changed = generation.changed() => if changed.is_err() { break },
+                            () = tokio::time::sleep(PROBATION_POLL) => {}
+                        }
+                    }
+                    continue;
+                }
                 Ok(Err(DriverError::Unavailable(why))) => {
                     self.task.attached.store(false, Ordering::SeqCst);
                     self.task.failure(format!(
@@ -403,23 +429,6 @@ impl Runner {
                     drop(permit);
                     tracing::debug!(task = %self.task.id, "RecoverTask failed, retrying: {e}");
                     tokio::time::sleep(retries.remove(0)).await;
-                    continue;
-                }
-                Ok(Err(e)) if refuses_task(&e) && driver.on_probation(seen) => {
-                    // A new instance still on probation (a hand-over in progress)
-                    // cannot take the task: the old instance still runs it, and the
-                    // catalog rolls the hand-over back when told. Wait for that (a
-                    // generation change), or for the probation to end, then ask again.
-                    drop(ops);
-                    drop(permit);
-                    tracing::warn!(task = %self.task.id, plugin = %name, "the new instance of the driver refused the task during a hand-over: {e}");
-                    self.mgr.refused_by(&self.task, seen, e.to_string());
-                    while *generation.borrow_and_update() == seen && driver.on_probation(seen) {
-                        tokio::select! {
-                            changed = generation.changed() => if changed.is_err() { break },
-                            () = tokio::time::sleep(PROBATION_POLL) => {}
-                        }
-                    }
                     continue;
                 }
                 Ok(Err(e)) if refuses_task(&e) => {
