@@ -50,7 +50,10 @@ pub struct LaunchOptions {
     pub command: PathBuf,
     /// Its arguments (built-in drivers: `plugin serve NAME`).
     pub args: Vec<OsString>,
-    /// Extra environment, on top of the host's.
+    /// Which of the host's environment variables the plugin inherits.
+    pub host_env: HostEnv,
+    /// Extra environment, on top of what `host_env` passes. The handshake's own
+    /// variables (the cookie, `PLUGIN_*`) are set last and always win.
     pub env: Vec<(OsString, OsString)>,
     /// Time from spawn to a healthy connection.
     pub handshake_timeout: Duration,
@@ -83,6 +86,7 @@ impl LaunchOptions {
             name: name.into(),
             command: command.into(),
             args: Vec::new(),
+            host_env: HostEnv::All,
             env: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
             socket_dir: None,
@@ -90,6 +94,84 @@ impl LaunchOptions {
             executable: None,
         }
     }
+}
+
+/// Which of the host's environment variables a plugin is started with.
+///
+/// go-plugin passes a plugin the host's whole environment unless the host sets
+/// `SkipHostEnv`; a host that runs third-party plugins should not hand them its
+/// secrets, and passes [`HostEnv::Only`] what they need.
+///
+/// ```
+/// use drover_plugin_sdk::client::{HostEnv, LaunchOptions};
+/// let mut opts = LaunchOptions::new("rawexec", "/usr/lib/drover/plugins/rawexec");
+/// assert_eq!(opts.host_env, HostEnv::All);
+/// opts.host_env = HostEnv::Only(vec!["PATH".into()]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostEnv {
+    /// The host's whole environment (go-plugin's default).
+    All,
+    /// Only the named variables, those of them the host has (go-plugin's
+    /// `SkipHostEnv`, plus a list).
+    Only(Vec<OsString>),
+}
+
+impl HostEnv {
+    /// The host's variables this policy passes, in the host's order.
+    ///
+    /// ```
+    /// use drover_plugin_sdk::client::HostEnv;
+    /// let passed = HostEnv::Only(vec!["PATH".into()]).from_host();
+    /// assert!(passed.iter().all(|(k, _)| k == "PATH"));
+    /// ```
+    pub fn from_host(&self) -> Vec<(OsString, OsString)> {
+        match self {
+            HostEnv::All => std::env::vars_os().collect(),
+            HostEnv::Only(names) => std::env::vars_os()
+                .filter(|(k, _)| names.iter().any(|n| n == k))
+                .collect(),
+        }
+    }
+}
+
+/// The whole environment of a plugin launched with `opts`: what [`HostEnv`] passes,
+/// then `opts.env`, then the handshake's variables; a later entry replaces an earlier
+/// one of the same name.
+fn launch_env(opts: &LaunchOptions) -> Vec<(OsString, OsString)> {
+    let mut handshake_env: Vec<(OsString, OsString)> = vec![
+        (
+            handshake::MAGIC_COOKIE_KEY.into(),
+            handshake::MAGIC_COOKIE_VALUE.into(),
+        ),
+        (
+            handshake::ENV_PROTOCOL_VERSIONS.into(),
+            opts.app_protocol_versions
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+                .into(),
+        ),
+        (handshake::ENV_MIN_PORT.into(), "10000".into()),
+        (handshake::ENV_MAX_PORT.into(), "25000".into()),
+    ];
+    if let Some(dir) = &opts.socket_dir {
+        handshake_env.push((handshake::ENV_UNIX_SOCKET_DIR.into(), dir.into()));
+    }
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
+    for (k, v) in opts
+        .host_env
+        .from_host()
+        .into_iter()
+        .chain(opts.env.iter().cloned())
+        .chain(handshake_env)
+    {
+        env.retain(|(e, _)| *e != k);
+        env.push((k, v));
+    }
+    env
 }
 
 /// Why a plugin could not be launched. Every message is meant for an operator.
@@ -230,27 +312,10 @@ fn spawn(opts: &LaunchOptions) -> Result<tokio::process::Child, LaunchError> {
         path: opts.command.clone(),
         source,
     };
-    let mut env: Vec<(OsString, OsString)> = opts.env.clone();
-    env.push((
-        handshake::MAGIC_COOKIE_KEY.into(),
-        handshake::MAGIC_COOKIE_VALUE.into(),
-    ));
-    env.push((
-        handshake::ENV_PROTOCOL_VERSIONS.into(),
-        opts.app_protocol_versions
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-            .into(),
-    ));
-    env.push((handshake::ENV_MIN_PORT.into(), "10000".into()));
-    env.push((handshake::ENV_MAX_PORT.into(), "25000".into()));
-    if let Some(dir) = &opts.socket_dir {
-        env.push((handshake::ENV_UNIX_SOCKET_DIR.into(), dir.into()));
-    }
+    let env = launch_env(opts);
     let mut cmd = tokio::process::Command::new(&opts.command);
     cmd.args(&opts.args)
+        .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -341,7 +406,7 @@ impl ExecFd {
         fd: &OwnedFd,
         command: &std::path::Path,
         args: &[OsString],
-        extra_env: &[(OsString, OsString)],
+        env: &[(OsString, OsString)],
     ) -> std::io::Result<Self> {
         let fd = rustix::io::fcntl_dupfd_cloexec(fd.as_fd(), 3)?;
         let mut head = [0u8; 2];
@@ -364,12 +429,7 @@ impl ExecFd {
             strings.push(cstring(a.as_bytes())?);
         }
         let argc = strings.len();
-        // The host's environment with the launch's entries on top, as Command does it.
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !extra_env.iter().any(|(e, _)| e == k))
-            .collect();
-        env.extend(extra_env.iter().cloned());
-        for (k, v) in &env {
+        for (k, v) in env {
             let mut kv = k.as_bytes().to_vec();
             kv.push(b'=');
             kv.extend_from_slice(OsStr::as_bytes(v));
@@ -988,6 +1048,39 @@ async fn read_bounded_line<R: AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_listed_host_variables_pass_and_the_handshake_ones_win() {
+        let mut opts = LaunchOptions::new("p", "/bin/true");
+        opts.host_env = HostEnv::Only(vec!["PATH".into(), "NO_SUCH_VARIABLE_HERE".into()]);
+        opts.env = vec![
+            ("X".into(), "1".into()),
+            (handshake::MAGIC_COOKIE_KEY.into(), "forged".into()),
+        ];
+        let env = launch_env(&opts);
+        let names: Vec<&OsString> = env.iter().map(|(k, _)| k).collect();
+        let expected_path = std::env::var_os("PATH").map(|_| OsString::from("PATH"));
+        assert_eq!(
+            names.iter().filter(|k| ***k == "PATH").count(),
+            usize::from(expected_path.is_some())
+        );
+        assert!(!names.iter().any(|k| *k == "NO_SUCH_VARIABLE_HERE"));
+        assert!(names.iter().any(|k| *k == "X"));
+        let cookie: Vec<_> = env
+            .iter()
+            .filter(|(k, _)| k == handshake::MAGIC_COOKIE_KEY)
+            .collect();
+        assert_eq!(cookie.len(), 1);
+        assert_eq!(cookie[0].1, handshake::MAGIC_COOKIE_VALUE);
+        // Nothing else of this process's environment.
+        assert!(
+            env.iter().all(|(k, _)| k == "PATH"
+                || k == "X"
+                || k.to_string_lossy().starts_with("PLUGIN_")
+                || k == handshake::MAGIC_COOKIE_KEY),
+            "{env:?}"
+        );
+    }
 
     #[tokio::test]
     async fn an_endless_line_is_cut_and_memory_stays_bounded() {
