@@ -166,6 +166,7 @@ impl Drop for Java {
             nix::unistd::Pid::from_raw(self.process.pid() as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
+        drover_test_support::remove_plugin_socket_dir(&self.process.handshake().addr);
         // Whatever a failed test left in its cgroups.
         for c in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
             let root = Path::new("/sys/fs/cgroup").join(c).join(&self.parent);

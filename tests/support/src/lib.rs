@@ -121,3 +121,15 @@ pub fn sh_with(script: &str, extra: Value) -> Value {
     }
     v
 }
+
+/// Remove the socket directory a plugin announced at `addr`, for a test that killed
+/// the plugin from a `Drop` (a killed plugin cannot remove it, and the runtime whose
+/// `PluginProcess` would have seen the exit and removed it ends with the test). The
+/// test launched the plugin, so the path is trusted here, unlike in a host.
+pub fn remove_plugin_socket_dir(addr: &drover_plugin_sdk::handshake::PluginAddr) {
+    if let drover_plugin_sdk::handshake::PluginAddr::Unix(sock) = addr
+        && let Some(dir) = sock.parent()
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -128,6 +128,7 @@ impl Drop for Plugin {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+        drover_test_support::remove_plugin_socket_dir(&self.process.handshake().addr);
     }
 }
 

@@ -272,6 +272,7 @@ impl Drop for Plugin {
                 Signal::SIGKILL,
             );
         }
+        drover_test_support::remove_plugin_socket_dir(&self.process.handshake().addr);
         remove_cgroup_tree(&self.parent);
     }
 }

@@ -214,6 +214,7 @@ impl Drop for Plugin {
                 Signal::SIGKILL,
             );
         }
+        drover_test_support::remove_plugin_socket_dir(&self.process.handshake().addr);
         // Executors killed above leave their tasks' cgroups behind.
         if let (Some(version), Ok(dirs)) = (
             drover_executor::cgroup::plain_support(),

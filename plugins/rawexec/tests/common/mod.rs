@@ -194,6 +194,7 @@ impl Drop for Plugin {
                 Signal::SIGKILL,
             );
         }
+        drover_test_support::remove_plugin_socket_dir(&self.process.handshake().addr);
         // Executors killed above leave their tasks' cgroups behind (a driver's destroy
         // would remove them): empty and remove those of this test's executors.
         let executors = state_dir(&self.dir).join("rawexec");
