@@ -34,7 +34,7 @@ fn agent_refuses(root: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
         .args(args)
         .env("RUST_LOG", "info")
         .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
-        .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST")
+        .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST,DROVER_TEST_MARKER")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
     for (k, v) in env {

@@ -71,7 +71,7 @@ fn task_output(agent: &Agent, script: &str) -> String {
 #[test]
 fn a_plugin_gets_none_of_the_agents_environment_unless_listed() {
     let root = tempfile::tempdir().unwrap();
-    let agent = agent(root.path(), "DOCKER_HOST", "");
+    let agent = agent(root.path(), "DOCKER_HOST,DROVER_TEST_MARKER", "");
     let env = environ(rawexec_pid(&agent));
     assert!(
         !env.contains_key(SECRET.0) && !env.contains_key(LISTED.0),
@@ -99,7 +99,7 @@ fn listed_variables_and_set_ones_reach_the_plugin_and_nothing_else() {
     let root = tempfile::tempdir().unwrap();
     let agent = agent(
         root.path(),
-        "DOCKER_HOST,DROVER_TEST_LISTED",
+        "DOCKER_HOST,DROVER_TEST_MARKER,DROVER_TEST_LISTED",
         "[plugin.rawexec]\nenv = { DROVER_TEST_SET = \"set-value\" }\n\
          [plugin.docker]\npass_env = [\"DROVER_TEST_AGENT_SECRET\"]\n",
     );

@@ -33,6 +33,7 @@ fn run_agent_expecting_exit(root: &Path, data_dir: &Path) -> Refusal {
         .arg("--plugin-dir")
         .arg(&plugin_dir)
         .env("DROVER_TEST_MARKER", &marker)
+        .env("DROVER_PLUGIN_PASS_ENV", "DROVER_TEST_MARKER")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -142,7 +142,7 @@ impl Agent {
             // (`undetected`); docker tests name their daemon in the plugin config.
             .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
             // Plugins get only the agent variables listed (plugin_pass_env).
-            .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST")
+            .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST,DROVER_TEST_MARKER")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
