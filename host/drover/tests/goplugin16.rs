@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use common::*;
 use drover_plugin_sdk::handshake;
-use drover_test_support::{goplugin16, until_blocking};
+use drover_test_support::goplugin::{self, hex_decode};
+use drover_test_support::until_blocking;
 
 /// A Drover plugin to launch: its binary, its arguments, the name it gives.
 struct DroverPlugin {
@@ -40,28 +41,10 @@ fn drover_plugins() -> [DroverPlugin; 2] {
     ]
 }
 
-/// Run the go-plugin 1.6.3 program with `args`; its JSON report.
+/// Run the go-plugin 1.6.3 program with `args`, then `extra` paths and `tail`; its JSON
+/// report.
 fn run_go(program: &Path, args: &[&str], extra: &[&Path], tail: &[&str]) -> serde_json::Value {
-    let out = Command::new(program)
-        .args(args)
-        .args(extra)
-        .args(tail)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the go-plugin 1.6.3 program");
-    assert!(
-        out.status.success(),
-        "go-plugin 1.6.3 {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).expect("the go host's report is JSON")
-}
-
-fn hex_decode(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex from the go host"))
-        .collect()
+    goplugin::report(Command::new(program).args(args).args(extra).args(tail))
 }
 
 /// The go-plugin host got a healthy connection and the plugin's own PluginInfo answer.
@@ -97,7 +80,7 @@ fn assert_exited_on_shutdown(report: &serde_json::Value) {
 /// A go-plugin 1.6.3 host with `flags` loads every Drover plugin, calls it and shuts it
 /// down cleanly.
 fn go_host_loads_drover_plugins(flags: &[&str]) {
-    let Some(program) = goplugin16::program() else {
+    let Some(program) = goplugin::program_16() else {
         return;
     };
     for plugin in drover_plugins() {
@@ -151,7 +134,7 @@ fn running(pid: u32) -> bool {
 
 #[test]
 fn go_host_reattaches_over_automtls_after_the_launching_host_exited() {
-    let Some(program) = goplugin16::program() else {
+    let Some(program) = goplugin::program_16() else {
         return;
     };
     for plugin in drover_plugins() {
@@ -229,7 +212,7 @@ fn handshake_line(binary: &Path, multiplex: Option<&str>) -> String {
 
 #[test]
 fn drover_plugin_offers_broker_multiplexing_exactly_when_go_plugin_does() {
-    let Some(program) = goplugin16::program() else {
+    let Some(program) = goplugin::program_16() else {
         return;
     };
     let drover_plugin = workspace_bin("drover-skeleton-driver");

@@ -12,7 +12,7 @@ use std::time::Duration;
 use drover_plugin_sdk::DriverError;
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess, ReattachConfig};
 use drover_test_support::procs::alive;
-use drover_test_support::{goplugin16, until, within};
+use drover_test_support::{goplugin, until, within};
 
 /// The name the Go plugin gives in its PluginInfo answer.
 const GO_PLUGIN_NAME: &str = "goplugin16";
@@ -66,7 +66,7 @@ async fn assert_round_trips(plugin: &PluginProcess) {
 }
 
 async fn drover_host_uses_go_plugin(auto_mtls: bool, multiplex_grpc: bool) {
-    let Some(program) = goplugin16::program() else {
+    let Some(program) = goplugin::program_16() else {
         return;
     };
     let socket_dir = tempfile::tempdir().expect("temp dir");
@@ -112,7 +112,7 @@ async fn drover_host_uses_go_plugin_over_automtls_with_broker_multiplexing() {
 
 #[tokio::test]
 async fn drover_host_reattaches_to_go_plugin_over_automtls() {
-    let Some(program) = goplugin16::program() else {
+    let Some(program) = goplugin::program_16() else {
         return;
     };
     let socket_dir = tempfile::tempdir().expect("temp dir");

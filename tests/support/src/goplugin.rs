@@ -1,5 +1,6 @@
-//! The go-plugin 1.6.3 test program (`tests/goplugin16`): a real go-plugin host and
-//! plugin that `scripts/go-plugin-16.sh` builds from the go-plugin 1.6.3 source.
+//! Real HashiCorp go-plugin programs: the go-plugin 1.6.3 test program
+//! (`tests/goplugin16`, a host and a plugin that `scripts/go-plugin-16.sh` builds from
+//! the go-plugin 1.6.3 source), and reading what such a Go host reports.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,11 +17,11 @@ pub const ENV_PROGRAM: &str = "DROVER_TEST_GOPLUGIN16";
 /// (it does nothing when the program is up to date).
 ///
 /// ```no_run
-/// if let Some(program) = drover_test_support::goplugin16::program() {
+/// if let Some(program) = drover_test_support::goplugin::program_16() {
 ///     assert!(program.exists());
 /// }
 /// ```
-pub fn program() -> Option<PathBuf> {
+pub fn program_16() -> Option<PathBuf> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     match BUILT.get_or_init(locate) {
         Ok(p) => Some(p.clone()),
@@ -58,4 +59,39 @@ fn locate() -> Result<PathBuf, String> {
                 .map(PathBuf::from)
         })
         .ok_or_else(|| format!("{} built nothing: {stderr}", script.display()))
+}
+
+/// Run a Go host program; the JSON report it prints on stdout. Panics, with its stderr,
+/// when it fails.
+///
+/// ```no_run
+/// let mut cmd = std::process::Command::new("goplugin16");
+/// cmd.args(["host", "/usr/lib/drover/plugins/skeleton"]);
+/// let report = drover_test_support::goplugin::report(&mut cmd);
+/// assert_eq!(report["ping"], "ok");
+/// ```
+pub fn report(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{cmd:?} printed no JSON report: {e}"))
+}
+
+/// The bytes of a report's hex field (a raw protobuf answer).
+///
+/// ```
+/// assert_eq!(drover_test_support::goplugin::hex_decode("08ff"), vec![8, 255]);
+/// ```
+pub fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex in a Go report"))
+        .collect()
 }
