@@ -16,7 +16,7 @@ pub use inproc::{InProcessLibrary, InProcessOptions, InProcessPlugin, LoadError,
 pub use process::{
     LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE, set_plugin_nofile_soft_limit,
 };
-pub use reattach::{ReattachConfig, ReattachError, process_start_time};
+pub use reattach::{ReattachConfig, ReattachError, ReattachTls, process_start_time};
 
 use std::time::Duration;
 
