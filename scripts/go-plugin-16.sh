@@ -49,6 +49,12 @@ if [ "$commit" != "$commit_expected" ]; then
     echo "$tar_path is not go-plugin v1.6.3: git archive commit '${commit:-none}', expected $commit_expected" >&2
     exit 1
 fi
+# The .commit file shipped beside it, when there, must say the same.
+commit_file="${tar_path%.tar}.commit"
+if [ -f "$commit_file" ] && [ "$(tr -d '[:space:]' <"$commit_file")" != "$commit" ]; then
+    echo "$tar_path holds commit $commit but $commit_file says $(cat "$commit_file")" >&2
+    exit 1
+fi
 listing=$(tar -tf "$tar_path")
 grep -qx 'server.go' <<<"$listing" && grep -qx 'mtls.go' <<<"$listing" || {
     echo "$tar_path does not hold go-plugin's sources (no server.go / mtls.go at its top)" >&2
@@ -98,11 +104,13 @@ if [ -x "$bin" ] && [ -z "$(find "$repo/tests/goplugin16" "$out_dir/go-plugin.co
     echo "DROVER_TEST_GOPLUGIN16=$bin"
     exit 0
 fi
+mkdir -p "$out_dir/tmp"
 (
     cd "$prog_pkg"
     GO111MODULE=off GOPROXY=off GOFLAGS= CGO_ENABLED=0 \
         GOPATH="$gopath:/usr/share/gocode" \
         GOCACHE="$out_dir/gocache" \
+        GOTMPDIR="$out_dir/tmp" \
         go build -o "$bin.tmp" .
 )
 mv -f "$bin.tmp" "$bin"
