@@ -33,6 +33,7 @@ async fn launch_go_plugin(
     opts.multiplex_grpc = multiplex_grpc;
     // `launch` returns only once the health service answered SERVING over the
     // transport the handshake set up.
+    let started = std::time::Instant::now();
     let plugin = within(BUDGET, "launching the go-plugin 1.6.3 plugin", async {
         PluginProcess::launch(opts).await
     })
@@ -43,6 +44,11 @@ async fn launch_go_plugin(
              did not launch: {e}"
         )
     });
+    eprintln!(
+        "Drover host -> go-plugin 1.6.3 plugin (AutoMTLS {auto_mtls}, multiplexing \
+         {multiplex_grpc}): launch to healthy {} ms",
+        started.elapsed().as_millis()
+    );
     // As the agent does: go-plugin plugins mirror their stdio over GRPCStdio.
     plugin.mirror_stdio();
     plugin
@@ -83,7 +89,13 @@ async fn drover_host_uses_go_plugin(auto_mtls: bool, multiplex_grpc: bool) {
         "go-plugin 1.6.3 offers multiplexing (7th field) exactly when asked: {line}"
     );
     assert_round_trips(&plugin).await;
+    let asked = std::time::Instant::now();
     let how = within(BUDGET, "shutdown", plugin.shutdown()).await;
+    eprintln!(
+        "Drover host -> go-plugin 1.6.3 plugin (AutoMTLS {auto_mtls}, multiplexing \
+         {multiplex_grpc}): Shutdown to exit {} µs",
+        asked.elapsed().as_micros()
+    );
     assert!(
         how.is_success(),
         "the Go plugin must exit 0 on GRPCController.Shutdown, not be killed: {how}"
