@@ -78,7 +78,9 @@ if [ ! -d "$gopath/src/google.golang.org/protobuf" ] || [ ! -d "$gopath/src/gith
     debs="$out_dir/debs"
     rm -rf "$debs"
     mkdir -p "$debs"
-    (cd "$debs" && apt-get download golang-github-golang-protobuf-1-5-dev golang-google-protobuf-dev) >&2 ||
+    download() { (cd "$debs" && apt-get download golang-github-golang-protobuf-1-5-dev golang-google-protobuf-dev) >&2; }
+    # A machine that had every package installed may never have fetched the lists.
+    download || { [ "$(id -u)" -eq 0 ] && apt-get update -q >&2 && download; } ||
         skip "apt-get download of golang-github-golang-protobuf-1-5-dev golang-google-protobuf-dev failed"
     unpacked="$out_dir/unpacked"
     rm -rf "$unpacked"
