@@ -80,7 +80,7 @@ fn main() {
             || Box::pin(garbage_client_cert_is_a_clear_error()),
         ),
         (
-            "the plugin refuses a client presenting another certificate",
+            "the plugin refuses a client with another certificate; a stalled peer blocks nobody",
             || Box::pin(plugin_refuses_a_foreign_client_cert()),
         ),
         (
@@ -329,6 +329,14 @@ async fn plugin_refuses_a_foreign_client_cert() {
         refused.is_err(),
         "the plugin answered a client with a certificate it was not given"
     );
+    // A peer that connects and never says a word does not hold up anyone else: TLS
+    // handshakes run beside the accept loop.
+    let PluginAddr::Unix(path) = &line.addr else {
+        panic!("a unix socket");
+    };
+    let _stalled = tokio::net::UnixStream::connect(path)
+        .await
+        .expect("connects");
     // The same client with the certificate the plugin was given is served.
     health_with_client_cert(&line.addr, trusted, trusted_key)
         .await

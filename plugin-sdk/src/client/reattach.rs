@@ -56,14 +56,16 @@ pub struct ReattachConfig {
     /// The binary.
     pub path: PathBuf,
     /// AutoMTLS: the host's certificate and key and the plugin's certificate, with which
-    /// a later host reconnects. `None`: plain connection.
-    #[serde(default)]
+    /// a later host reconnects. `None`: plain connection. (Left out of the record when
+    /// `None`, as is `multiplex_grpc` when false: records of plain plugins stay as they
+    /// were, readable by older hosts.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ReattachTls>,
     /// Whether the plugin was launched with gRPC multiplexing (its connections are
     /// streams of a yamux session). Reattaching opens a new connection and session:
     /// Drover plugins accept that; go-plugin plugins accept one session only, and
     /// go-plugin itself refuses to reattach with multiplexing.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub multiplex_grpc: bool,
 }
 
