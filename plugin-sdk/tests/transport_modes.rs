@@ -84,6 +84,10 @@ fn main() {
             || Box::pin(plugin_refuses_a_foreign_client_cert()),
         ),
         (
+            "PLUGIN_MULTIPLEX_GRPC=false: the 7th field says true, connections stay plain",
+            || Box::pin(multiplex_false_is_announced_but_not_used()),
+        ),
+        (
             "auto_mtls or multiplexing against a plugin without them: clear errors",
             || Box::pin(features_the_plugin_lacks_are_clear_errors()),
         ),
@@ -207,6 +211,23 @@ async fn garbage_client_cert_is_a_clear_error() {
             && text.contains("PLUGIN_CLIENT_CERT is not a PEM certificate"),
         "{text}"
     );
+}
+
+async fn multiplex_false_is_announced_but_not_used() {
+    // go-plugin prints `|true` whenever the variable is set; only a true value turns
+    // multiplexing on. A host that set it false connects plainly.
+    let mut o = opts(false, false);
+    o.env
+        .push((handshake::ENV_MULTIPLEX_GRPC.into(), "false".into()));
+    let plugin = PluginProcess::launch(o).await.expect("launches");
+    assert_eq!(plugin.handshake().multiplex_grpc, Some(true));
+    assert!(
+        plugin.handshake().to_string().ends_with("|grpc||true"),
+        "{}",
+        plugin.handshake()
+    );
+    plugin.client().plugin_info().await.expect("plain gRPC");
+    assert!(plugin.shutdown().await.is_success());
 }
 
 /// The plugin behind a shell script that hides `variable` from it: a plugin that does
