@@ -55,9 +55,17 @@ DOCKERD_PID=""
 ETCD_DIR="$PWD/target/drover-test-etcd"
 ETCD_PID=""
 
+# --- The temp dir: the tests get a private one under the machine's, so that what they
+# leave there is seen, and none of it outlives the run. A plugin removes its socket dir
+# when it exits and a host removes a killed plugin's: a drover-plugin-* dir left in it
+# after the tests is a leak, and under CI=true a failure.
+TEST_TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/drover-test.XXXXXX")
+export TMPDIR="$TEST_TMPDIR"
+
 cleanup() {
     stop_dockerd
     stop_etcd
+    rm -rf "$TEST_TMPDIR"
 }
 trap cleanup EXIT
 
@@ -315,3 +323,12 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 start_dockerd
 start_etcd
 cargo test --workspace --locked "$@"
+
+left=$(find "$TEST_TMPDIR" -mindepth 1 -maxdepth 1 -name 'drover-plugin-*')
+if [ -n "$left" ]; then
+    echo "the tests left $(wc -l <<<"$left") plugin socket dir(s) in the temp dir:" >&2
+    echo "$left" >&2
+    if [ "${CI:-}" = "true" ]; then
+        exit 1
+    fi
+fi

@@ -347,13 +347,21 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
     if iterations == 0 {
         bail!("--iterations must be at least 1");
     }
-    let socket_dir = std::env::temp_dir().join(format!("drover-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&socket_dir)?;
-    // One warm-up of each, so page cache and dynamic loader state are the same for both.
-    launch_once(plugin, &socket_dir).await?;
+    let socket_dir = tempfile::Builder::new()
+        .prefix("drover-bench-")
+        .tempdir()
+        .context("make the socket dir")?;
+    // One warm-up of each, so page cache and dynamic loader state are the same for all.
+    for transport in Transport::ALL {
+        launch_once(plugin, socket_dir.path(), transport).await?;
+    }
     std::process::Command::new("/bin/true").status()?;
 
-    let mut plugin_samples = Vec::with_capacity(iterations);
+    let mut launch_samples: Vec<Vec<Duration>> = Transport::ALL
+        .iter()
+        .map(|_| Vec::with_capacity(iterations))
+        .collect();
+    let mut shutdown_samples = Vec::with_capacity(iterations * Transport::ALL.len());
     let mut spawn_samples = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
@@ -362,39 +370,94 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
         if !status.success() {
             bail!("/bin/true failed: {status}");
         }
-        plugin_samples.push(launch_once(plugin, &socket_dir).await?);
+        // Interleaved, so that drift on the machine touches every form alike.
+        for (i, transport) in Transport::ALL.iter().enumerate() {
+            let (launch, shutdown) = launch_once(plugin, socket_dir.path(), *transport).await?;
+            launch_samples[i].push(launch);
+            shutdown_samples.push(shutdown);
+        }
     }
-    let _ = std::fs::remove_dir_all(&socket_dir);
-    let p = stats(plugin_samples);
     let s = stats(spawn_samples);
     println!(
         "handshake benchmark: {iterations} iterations, plugin {}",
         plugin.display()
     );
+    let mut plain_median = None;
+    for (transport, samples) in Transport::ALL.iter().zip(launch_samples) {
+        let p = stats(samples);
+        let vs_plain = match plain_median {
+            None => {
+                plain_median = Some(p.median);
+                String::new()
+            }
+            Some(plain) => format!(
+                "  ({:.2}x plain)",
+                p.median.as_secs_f64() / Duration::as_secs_f64(&plain)
+            ),
+        };
+        println!(
+            "  launch -> handshake -> health -> PluginInfo, {:<9} median {}  p99 {}  min {}{vs_plain}",
+            transport.label(),
+            ms(p.median),
+            ms(p.p99),
+            ms(p.min)
+        );
+    }
+    let d = stats(shutdown_samples);
     println!(
-        "  plugin launch -> handshake -> health -> PluginInfo: median {}  p99 {}  min {}",
-        ms(p.median),
-        ms(p.p99),
-        ms(p.min)
+        "  GRPCController.Shutdown -> exit observed:        median {}  p99 {}  min {}",
+        ms(d.median),
+        ms(d.p99),
+        ms(d.min)
     );
     println!(
-        "  spawn+wait /bin/true (floor):                     median {}  p99 {}  min {}",
+        "  spawn+wait /bin/true (floor):                    median {}  p99 {}  min {}",
         ms(s.median),
         ms(s.p99),
         ms(s.min)
     );
-    println!(
-        "  ratio plugin/floor: median {:.2}x  p99 {:.2}x",
-        p.median.as_secs_f64() / s.median.as_secs_f64(),
-        p.p99.as_secs_f64() / s.p99.as_secs_f64()
-    );
+    if let Some(plain) = plain_median {
+        println!(
+            "  ratio plain launch/floor: median {:.2}x",
+            plain.as_secs_f64() / s.median.as_secs_f64()
+        );
+    }
     Ok(())
 }
 
-/// Launch, handshake, first RPC; returns the time that took. Shutdown is not timed.
-async fn launch_once(plugin: &Path, socket_dir: &Path) -> anyhow::Result<Duration> {
+/// How the host talks to the plugin.
+#[derive(Debug, Clone, Copy)]
+enum Transport {
+    /// h2c on the unix socket.
+    Plain,
+}
+
+impl Transport {
+    const ALL: [Transport; 1] = [Transport::Plain];
+
+    fn label(self) -> &'static str {
+        match self {
+            Transport::Plain => "plain:",
+        }
+    }
+
+    fn apply(self, _opts: &mut LaunchOptions) {
+        match self {
+            Transport::Plain => {}
+        }
+    }
+}
+
+/// Launch, handshake, first RPC; returns the time that took and the time from the
+/// Shutdown call to the exit being observed.
+async fn launch_once(
+    plugin: &Path,
+    socket_dir: &Path,
+    transport: Transport,
+) -> anyhow::Result<(Duration, Duration)> {
     let mut opts = LaunchOptions::new("bench", plugin);
     opts.socket_dir = Some(socket_dir.to_owned());
+    transport.apply(&mut opts);
     let t = Instant::now();
     let process = PluginProcess::launch(opts).await?;
     let info = process.client().plugin_info().await?;
@@ -402,6 +465,11 @@ async fn launch_once(plugin: &Path, socket_dir: &Path) -> anyhow::Result<Duratio
     if info.name.is_empty() {
         bail!("plugin answered PluginInfo without a name");
     }
-    process.shutdown().await;
-    Ok(elapsed)
+    let t = Instant::now();
+    let outcome = process.shutdown().await;
+    let shutdown = t.elapsed();
+    if shutdown >= drover_plugin_sdk::client::SHUTDOWN_GRACE {
+        bail!("the plugin did not exit after Shutdown within the grace ({outcome})");
+    }
+    Ok((elapsed, shutdown))
 }

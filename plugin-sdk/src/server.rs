@@ -326,17 +326,21 @@ pub(crate) async fn plugin_router<D: DriverPlugin>(
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(goplugin::grpc_controller_server::GrpcControllerServer::new(
-            Controller { stop },
+            Controller { stop: stop.clone() },
         ))
-        .add_service(goplugin::grpc_stdio_server::GrpcStdioServer::new(Stdio))
-        .add_service(goplugin::grpc_broker_server::GrpcBrokerServer::new(Broker))
+        .add_service(goplugin::grpc_stdio_server::GrpcStdioServer::new(Stdio {
+            stop: stop.clone(),
+        }))
+        .add_service(goplugin::grpc_broker_server::GrpcBrokerServer::new(
+            Broker { stop: stop.clone() },
+        ))
         .add_service(
             pb::base_plugin_server::BasePluginServer::new(BaseService(driver.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
         )
         .add_service(
-            pb::driver_server::DriverServer::new(DriverService(driver))
+            pb::driver_server::DriverServer::new(DriverService(driver, stop))
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
         )
@@ -511,21 +515,32 @@ impl goplugin::grpc_controller_server::GrpcController for Controller {
         _: Request<goplugin::Empty>,
     ) -> Result<Response<goplugin::Empty>, Status> {
         tracing::debug!("shutdown requested by host");
-        // Answer first; the process exits right after.
-        let stop = self.stop.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            stop.cancel();
-        });
+        // Stop at once: the server shuts down gracefully, which still sends this very
+        // answer (an RPC in flight is finished, only new ones are refused), and the
+        // plugin-lifetime streams (stdio, broker, fingerprints) end with `stop`, so a
+        // host with nothing else in flight sees the process exit right after the answer.
+        self.stop.cancel();
         Ok(Response::new(goplugin::Empty {}))
     }
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// A stream that sends nothing and ends when the plugin stops: a subscription for the
+/// plugin's lifetime must not hold up its shutdown.
+fn silent_until<T: Send + 'static>(stop: &CancellationToken) -> BoxStream<T> {
+    let stopped = stop.clone().cancelled_owned();
+    Box::pin(futures_util::StreamExt::filter_map(
+        futures_util::stream::once(stopped),
+        |()| async { None },
+    ))
+}
+
 /// go-plugin's stdio mirror. Drover plugins log to stderr directly, so the stream stays
-/// open and sends nothing.
-struct Stdio;
+/// open and sends nothing until the plugin stops.
+struct Stdio {
+    stop: CancellationToken,
+}
 
 #[tonic::async_trait]
 impl goplugin::grpc_stdio_server::GrpcStdio for Stdio {
@@ -534,13 +549,15 @@ impl goplugin::grpc_stdio_server::GrpcStdio for Stdio {
         &self,
         _: Request<()>,
     ) -> Result<Response<Self::StreamStdioStream>, Status> {
-        Ok(Response::new(Box::pin(tokio_stream::pending())))
+        Ok(Response::new(silent_until(&self.stop)))
     }
 }
 
 /// go-plugin's connection broker. Drover multiplexes nothing over it; the stream stays
-/// open and sends nothing.
-struct Broker;
+/// open and sends nothing until the plugin stops.
+struct Broker {
+    stop: CancellationToken,
+}
 
 #[tonic::async_trait]
 impl goplugin::grpc_broker_server::GrpcBroker for Broker {
@@ -549,7 +566,7 @@ impl goplugin::grpc_broker_server::GrpcBroker for Broker {
         &self,
         _: Request<tonic::Streaming<goplugin::ConnInfo>>,
     ) -> Result<Response<Self::StartStreamStream>, Status> {
-        Ok(Response::new(Box::pin(tokio_stream::pending())))
+        Ok(Response::new(silent_until(&self.stop)))
     }
 }
 
@@ -606,7 +623,8 @@ impl<D: DriverPlugin> pb::base_plugin_server::BasePlugin for BaseService<D> {
     }
 }
 
-struct DriverService<D>(Arc<D>);
+/// The driver's services; `.1` is the plugin's stop, which ends its fingerprint streams.
+struct DriverService<D>(Arc<D>, CancellationToken);
 
 #[tonic::async_trait]
 impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
@@ -636,6 +654,7 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
     ) -> Result<Response<Self::FingerprintStream>, Status> {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let driver = self.0.clone();
+        let stop = self.1.clone();
         tokio::spawn(async move {
             let mut last = None;
             let mut last_sent = Instant::now();
@@ -657,6 +676,8 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
                 tokio::select! {
                     () = tokio::time::sleep(driver.fingerprint_interval()) => {}
                     () = tx.closed() => return,
+                    // Dropping `tx` ends the stream: the host learns the plugin is going.
+                    () = stop.cancelled() => return,
                 }
             }
         });

@@ -62,6 +62,10 @@ fn main() {
     if std::env::var_os(ENV_SERVE).is_some() {
         serve(EchoDriver);
     }
+    // Every plugin's socket directory goes in here, removed at the end, whatever a
+    // plugin killed by its host left behind.
+    let sockets = tempfile::tempdir().expect("a socket dir");
+    SOCKETS.set(sockets.path().to_owned()).expect("set once");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -84,6 +88,10 @@ fn main() {
             || Box::pin(plugin_refuses_a_foreign_client_cert()),
         ),
         (
+            "PLUGIN_MULTIPLEX_GRPC=false: the 7th field says true, connections stay plain",
+            || Box::pin(multiplex_false_is_announced_but_not_used()),
+        ),
+        (
             "auto_mtls or multiplexing against a plugin without them: clear errors",
             || Box::pin(features_the_plugin_lacks_are_clear_errors()),
         ),
@@ -92,7 +100,16 @@ fn main() {
         rt.block_on(case());
         println!("ok  {name}");
     }
+    drop(rt);
+    drop(sockets);
     println!("{} passed, 0 failed", cases.len());
+}
+
+/// Where the plugins of this test make their socket directories.
+static SOCKETS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+fn sockets() -> std::path::PathBuf {
+    SOCKETS.get().expect("set in main").clone()
 }
 
 fn opts(auto_mtls: bool, multiplex: bool) -> LaunchOptions {
@@ -101,6 +118,7 @@ fn opts(auto_mtls: bool, multiplex: bool) -> LaunchOptions {
     opts.env.push((ENV_SERVE.into(), "1".into()));
     opts.auto_mtls = auto_mtls;
     opts.multiplex_grpc = multiplex;
+    opts.socket_dir = Some(sockets());
     opts
 }
 
@@ -209,6 +227,23 @@ async fn garbage_client_cert_is_a_clear_error() {
     );
 }
 
+async fn multiplex_false_is_announced_but_not_used() {
+    // go-plugin prints `|true` whenever the variable is set; only a true value turns
+    // multiplexing on. A host that set it false connects plainly.
+    let mut o = opts(false, false);
+    o.env
+        .push((handshake::ENV_MULTIPLEX_GRPC.into(), "false".into()));
+    let plugin = PluginProcess::launch(o).await.expect("launches");
+    assert_eq!(plugin.handshake().multiplex_grpc, Some(true));
+    assert!(
+        plugin.handshake().to_string().ends_with("|grpc||true"),
+        "{}",
+        plugin.handshake()
+    );
+    plugin.client().plugin_info().await.expect("plain gRPC");
+    assert!(plugin.shutdown().await.is_success());
+}
+
 /// The plugin behind a shell script that hides `variable` from it: a plugin that does
 /// not know that go-plugin feature.
 fn plugin_without(variable: &str, dir: &std::path::Path) -> std::path::PathBuf {
@@ -263,6 +298,7 @@ async fn spawn_plugin_trusting(trusted_pem: &str) -> (HandshakeLine, tokio::proc
         .env(handshake::MAGIC_COOKIE_KEY, handshake::MAGIC_COOKIE_VALUE)
         .env(handshake::ENV_PROTOCOL_VERSIONS, "1")
         .env(handshake::ENV_CLIENT_CERT, trusted_pem)
+        .env(handshake::ENV_UNIX_SOCKET_DIR, sockets())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -341,7 +377,21 @@ async fn plugin_refuses_a_foreign_client_cert() {
     health_with_client_cert(&line.addr, trusted, trusted_key)
         .await
         .expect("the client with PLUGIN_CLIENT_CERT's certificate is served");
-    let _ = child.kill().await;
+    // SIGTERM: the plugin shuts down and removes its socket directory.
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .expect("a pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let status = tokio::time::timeout(BUDGET, child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("waited");
+    assert!(status.success(), "{status}");
 }
 
 /// Accepts any server: this test checks the plugin's side of mutual TLS.

@@ -212,6 +212,7 @@ pub async fn run(
             .with_alloc_dir(alloc_dir.clone())
             .with_plugin_state_dir(plugin_state_dir),
         settings: config.plugin.clone(),
+        plugin_pass_env: config.plugin_pass_env.clone(),
     });
     let catalog = Arc::new(Catalog::new(store.clone()));
     let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store.clone()));

@@ -39,6 +39,14 @@ pub struct PluginSettings {
     /// `NAME` (see `docs/in-process.md`). It says nothing about plugin binaries.
     #[serde(default)]
     pub in_process: bool,
+    /// Names of the agent's environment variables this plugin also gets (besides
+    /// `PATH` and the agent-wide `plugin_pass_env`), e.g. `["DOCKER_HOST"]`. Applies to
+    /// the plugin whose file (or built-in) is named `NAME`.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Variables set in this plugin's environment, e.g. `{ JAVA_HOME = "/opt/jdk" }`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 impl Default for PluginSettings {
@@ -47,8 +55,26 @@ impl Default for PluginSettings {
             config: empty_object(),
             sha256: None,
             in_process: false,
+            pass_env: Vec::new(),
+            env: BTreeMap::new(),
         }
     }
+}
+
+/// Why `name` cannot be a plugin environment variable's name, if it cannot.
+fn bad_env_name(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return Some("is empty");
+    }
+    if name.contains(['=', '\0']) {
+        return Some("is not a variable name (it contains '=' or a NUL byte)");
+    }
+    if name.starts_with("PLUGIN_") || name == drover_plugin_sdk::handshake::MAGIC_COOKIE_KEY {
+        return Some(
+            "is a go-plugin handshake variable, which the agent sets itself for every plugin",
+        );
+    }
+    None
 }
 
 fn empty_object() -> serde_json::Value {
@@ -152,6 +178,12 @@ pub struct AgentConfig {
     /// Watch `plugin_dir` (inotify) and add, upgrade and remove plugins as their files
     /// come and go, without a restart. Off: only `drover plugin reload` does it.
     pub watch_plugin_dir: bool,
+    /// Names of the agent's environment variables every plugin gets. Plugins (and so
+    /// their tasks' executors) start with a clean environment: `PATH`,
+    /// `DROVER_PLUGIN_LOG`, the handshake's own variables, this list and their
+    /// `[plugin.NAME] pass_env` / `env`; nothing else of the agent's environment
+    /// (its secrets included) reaches a plugin. `DROVER_PLUGIN_PASS_ENV=A,B`.
+    pub plugin_pass_env: Vec<String>,
     /// Per-plugin settings, by plugin name.
     pub plugin: BTreeMap<String, PluginSettings>,
     /// Log filter (`tracing` EnvFilter syntax), e.g. `info` or `drover=debug`.
@@ -206,6 +238,7 @@ impl Default for AgentConfig {
             plugin_deny: Vec::new(),
             prefer_builtin: false,
             watch_plugin_dir: true,
+            plugin_pass_env: Vec::new(),
             plugin: BTreeMap::new(),
             log_level: "info".into(),
             log_format: LogFormat::Human,
@@ -253,6 +286,7 @@ const ENV_KEYS: &[&str] = &[
     "watch_plugin_dir",
     "drain_on_shutdown",
     "servers",
+    "plugin_pass_env",
     "node_name",
     "token_file",
 ];
@@ -283,7 +317,7 @@ impl AgentConfig {
         let env: BTreeMap<String, String> = env.into_iter().collect();
         for key in ENV_KEYS {
             if let Some(v) = env.get(&format!("DROVER_{}", key.to_uppercase())) {
-                let value = if *key == "servers" {
+                let value = if *key == "servers" || *key == "plugin_pass_env" {
                     // DROVER_SERVERS=a:4647,b:4647
                     figment::value::Value::from(
                         v.split(',')
@@ -305,6 +339,7 @@ impl AgentConfig {
         })?;
         config.limits.check()?;
         config.check_pins()?;
+        config.check_plugin_env()?;
         Ok(config)
     }
 
@@ -318,6 +353,35 @@ impl AgentConfig {
                     return Err(ConfigError(format!(
                         "[plugin.{name}] sha256 = {pin:?} is not a sha256: expected 64 hex \
                          digits, as `sha256sum <plugin binary>` prints them"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every variable name in `plugin_pass_env`, `pass_env` and `env` must be one a
+    /// process can have, and none may be one the agent sets itself for the handshake
+    /// (it would be overwritten, or worse, mislead the plugin about its host).
+    fn check_plugin_env(&self) -> Result<(), ConfigError> {
+        let check = |key: &str, name: &str| -> Result<(), ConfigError> {
+            if let Some(why) = bad_env_name(name) {
+                return Err(ConfigError(format!("{key}: {name:?} {why}")));
+            }
+            Ok(())
+        };
+        for name in &self.plugin_pass_env {
+            check("plugin_pass_env", name)?;
+        }
+        for (plugin, settings) in &self.plugin {
+            for name in &settings.pass_env {
+                check(&format!("[plugin.{plugin}] pass_env"), name)?;
+            }
+            for (name, value) in &settings.env {
+                check(&format!("[plugin.{plugin}] env"), name)?;
+                if value.contains('\0') {
+                    return Err(ConfigError(format!(
+                        "[plugin.{plugin}] env: the value of {name:?} contains a NUL byte"
                     )));
                 }
             }

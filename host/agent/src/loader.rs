@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
-use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+use drover_plugin_sdk::client::{HostEnv, LaunchOptions, PluginProcess};
 use drover_plugin_sdk::version::{negotiate_api_version, parse_version};
 use drover_plugin_sdk::{Capabilities, DriverError, PluginInfo};
 use sha2::Digest as _;
@@ -552,6 +552,66 @@ fn rpc_reason(rpc: &str, e: DriverError) -> String {
     }
 }
 
+/// The agent's variables every plugin gets, whatever the configuration: the search
+/// path, and the plugin SDK's log filter.
+pub const PLUGIN_BASE_ENV: &[&str] = &["PATH", drover_plugin_sdk::logging::ENV_PLUGIN_LOG];
+
+/// The environment a plugin process starts with: like go-plugin's `SkipHostEnv`, none
+/// of the agent's own environment but [`PLUGIN_BASE_ENV`] and what the operator listed
+/// (`plugin_pass_env`, `[plugin.NAME] pass_env`), plus `[plugin.NAME] env`. The
+/// handshake's variables are added by the launcher. A driver library loaded into the
+/// agent shares the agent's environment: it is the agent.
+///
+/// ```
+/// use drover_host::loader::PluginEnv;
+/// let env = PluginEnv::new(["DOCKER_HOST".to_string()].iter(), [].into_iter());
+/// assert!(format!("{env:?}").contains("DOCKER_HOST"));
+/// ```
+#[derive(Clone)]
+pub struct PluginEnv {
+    host_env: HostEnv,
+    set: Vec<(OsString, OsString)>,
+}
+
+/// [`PLUGIN_BASE_ENV`] only.
+impl Default for PluginEnv {
+    fn default() -> Self {
+        PluginEnv::new(std::iter::empty(), std::iter::empty())
+    }
+}
+
+/// Names only: an operator's `env` values may be credentials.
+impl std::fmt::Debug for PluginEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginEnv")
+            .field("host_env", &self.host_env)
+            .field("set", &self.set.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl PluginEnv {
+    /// Pass the agent's `PLUGIN_BASE_ENV` and `pass` variables, then set `set`.
+    pub fn new<'a>(
+        pass: impl Iterator<Item = &'a String>,
+        set: impl Iterator<Item = (&'a String, &'a String)>,
+    ) -> PluginEnv {
+        let mut names: Vec<OsString> = PLUGIN_BASE_ENV.iter().map(OsString::from).collect();
+        for name in pass {
+            let name = OsString::from(name);
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        PluginEnv {
+            host_env: HostEnv::Only(names),
+            set: set
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect(),
+        }
+    }
+}
+
 /// Launch one candidate from its checked `binary` (the descriptor is what runs), or
 /// load it into the agent when it is a driver library (a sealed copy of the bytes
 /// behind the descriptor is what is loaded, see [`library`]), and fingerprint it. On
@@ -567,11 +627,14 @@ pub async fn fingerprint(
     timeout: Duration,
     socket_dir: &Path,
     accepted: &semver::VersionReq,
+    env: &PluginEnv,
 ) -> Result<Fingerprinted, String> {
     let instance: PluginInstance = match candidate.kind() {
         CandidateKind::Binary => {
             let mut opts = LaunchOptions::new(candidate.label.clone(), candidate.path.clone());
             opts.args = candidate.args.clone();
+            opts.host_env = env.host_env.clone();
+            opts.env = env.set.clone();
             opts.handshake_timeout = timeout;
             opts.socket_dir = Some(socket_dir.to_owned());
             opts.executable = Some(binary.fd.clone());

@@ -310,6 +310,7 @@ fn agent_refuses(root: &Path, args: &[&str]) -> (Option<i32>, String) {
         .arg(root.join("plugins"))
         .args(args)
         .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
+        .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

@@ -34,6 +34,7 @@ fn agent_refuses(root: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
         .args(args)
         .env("RUST_LOG", "info")
         .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
+        .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
     for (k, v) in env {

@@ -74,6 +74,7 @@ fn context(root: &Path, cgroup_parent: &str) -> (AgentConfig, Vec<Builtin>, Arc<
             .with_alloc_dir(root.join("alloc"))
             .with_plugin_state_dir(root.join("plugin-state")),
         settings,
+        plugin_pass_env: Vec::new(),
     });
     (config, builtins, ctx)
 }

@@ -70,6 +70,84 @@ async fn socket_is_private_and_shutdown_is_prompt() {
     assert!(err.to_string().contains("exited"), "{err}");
 }
 
+/// A plugin that is killed cannot remove its socket directory; the host knows where it
+/// is and removes it, whether it killed the plugin or something else did.
+#[tokio::test]
+async fn a_killed_plugins_socket_dir_is_removed_by_the_host() {
+    let root = tempfile::tempdir().unwrap();
+    for external_kill in [false, true] {
+        let mut opts = LaunchOptions::new("skeleton", workspace_bin("drover-skeleton-driver"));
+        opts.socket_dir = Some(root.path().to_owned());
+        let plugin = PluginProcess::launch(opts).await.expect("launch");
+        let PluginAddr::Unix(sock) = plugin.handshake().addr.clone() else {
+            panic!("expected a unix socket");
+        };
+        let dir = sock.parent().unwrap().to_owned();
+        assert!(dir.is_dir());
+        let how = if external_kill {
+            nix_kill(plugin.pid(), nix::sys::signal::Signal::SIGKILL as i32).unwrap();
+            plugin.exited().await
+        } else {
+            plugin.kill().await
+        };
+        assert_eq!(
+            how,
+            ExitOutcome::Signal(drover_plugin_sdk::Signal::KILL),
+            "{how}"
+        );
+        assert!(
+            !dir.exists(),
+            "the killed plugin's socket dir {} was left behind (external kill: {external_kill})",
+            dir.display()
+        );
+    }
+    // Nothing else was touched: the base dir itself stays, empty.
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+}
+
+/// A dead plugin's handshake may have named any path: the host removes only a dead
+/// socket (nothing listening) and an emptied directory, never a live socket, such as
+/// another plugin's that a lying plugin announced as its own.
+#[tokio::test]
+async fn the_host_leaves_a_live_socket_named_by_a_dead_plugin_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let mut opts = LaunchOptions::new("skeleton", workspace_bin("drover-skeleton-driver"));
+    opts.socket_dir = Some(root.path().to_owned());
+    let honest = PluginProcess::launch(opts).await.expect("launch");
+    let PluginAddr::Unix(sock) = honest.handshake().addr.clone() else {
+        panic!("expected a unix socket");
+    };
+    let liar = root.path().join("liar");
+    write_exec(
+        &liar,
+        &format!(
+            "#!/bin/sh\necho '1|1|unix|{}|grpc'\nexec sleep 1000\n",
+            sock.display()
+        ),
+        0o755,
+    );
+    let liar = PluginProcess::launch(LaunchOptions::new("liar", &liar))
+        .await
+        .expect("the liar passes the health check on the honest plugin's socket");
+    let how = liar.kill().await;
+    assert_eq!(
+        how,
+        ExitOutcome::Signal(drover_plugin_sdk::Signal::KILL),
+        "{how}"
+    );
+    assert!(
+        sock.exists(),
+        "a live socket named by a dead plugin was removed"
+    );
+    let info = honest
+        .client()
+        .plugin_info()
+        .await
+        .expect("still reachable");
+    assert_eq!(info.name, "skeleton");
+    honest.shutdown().await;
+}
+
 #[tokio::test]
 async fn too_long_socket_path_is_a_precise_error() {
     let root = tempfile::tempdir().unwrap();

@@ -200,6 +200,7 @@ fn context(root: &Path) -> (AgentConfig, Vec<Builtin>, Arc<LoadContext>) {
             .with_alloc_dir(root.join("alloc"))
             .with_plugin_state_dir(root.join("plugin-state")),
         settings: Default::default(),
+        plugin_pass_env: Vec::new(),
     });
     (config, builtins, ctx)
 }

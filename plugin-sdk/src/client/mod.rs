@@ -14,7 +14,8 @@ mod reattach;
 pub use inproc::{InProcessLibrary, InProcessOptions, InProcessPlugin, LoadError, sealed_copy};
 
 pub use process::{
-    LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE, set_plugin_nofile_soft_limit,
+    HostEnv, LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE,
+    set_plugin_nofile_soft_limit,
 };
 pub use reattach::{ReattachConfig, ReattachError, ReattachTls, process_start_time};
 

@@ -53,7 +53,10 @@ pub struct LaunchOptions {
     pub command: PathBuf,
     /// Its arguments (built-in drivers: `plugin serve NAME`).
     pub args: Vec<OsString>,
-    /// Extra environment, on top of the host's.
+    /// Which of the host's environment variables the plugin inherits.
+    pub host_env: HostEnv,
+    /// Extra environment, on top of what `host_env` passes. The handshake's own
+    /// variables (the cookie, `PLUGIN_*`) are set last and always win.
     pub env: Vec<(OsString, OsString)>,
     /// Time from spawn to a healthy connection.
     pub handshake_timeout: Duration,
@@ -95,6 +98,7 @@ impl LaunchOptions {
             name: name.into(),
             command: command.into(),
             args: Vec::new(),
+            host_env: HostEnv::All,
             env: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
             socket_dir: None,
@@ -104,6 +108,90 @@ impl LaunchOptions {
             multiplex_grpc: false,
         }
     }
+}
+
+/// Which of the host's environment variables a plugin is started with.
+///
+/// go-plugin passes a plugin the host's whole environment unless the host sets
+/// `SkipHostEnv`; a host that runs third-party plugins should not hand them its
+/// secrets, and passes [`HostEnv::Only`] what they need.
+///
+/// ```
+/// use drover_plugin_sdk::client::{HostEnv, LaunchOptions};
+/// let mut opts = LaunchOptions::new("rawexec", "/usr/lib/drover/plugins/rawexec");
+/// assert_eq!(opts.host_env, HostEnv::All);
+/// opts.host_env = HostEnv::Only(vec!["PATH".into()]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostEnv {
+    /// The host's whole environment (go-plugin's default).
+    All,
+    /// Only the named variables, those of them the host has (go-plugin's
+    /// `SkipHostEnv`, plus a list).
+    Only(Vec<OsString>),
+}
+
+impl HostEnv {
+    /// The host's variables this policy passes, in the host's order.
+    ///
+    /// ```
+    /// use drover_plugin_sdk::client::HostEnv;
+    /// let passed = HostEnv::Only(vec!["PATH".into()]).from_host();
+    /// assert!(passed.iter().all(|(k, _)| k == "PATH"));
+    /// ```
+    pub fn from_host(&self) -> Vec<(OsString, OsString)> {
+        match self {
+            HostEnv::All => std::env::vars_os().collect(),
+            HostEnv::Only(names) => std::env::vars_os()
+                .filter(|(k, _)| names.iter().any(|n| n == k))
+                .collect(),
+        }
+    }
+}
+
+/// The whole environment of a plugin launched with `opts`: what [`HostEnv`] passes,
+/// then `opts.env`, then the handshake's variables; a later entry replaces an earlier
+/// one of the same name.
+fn launch_env(opts: &LaunchOptions, client_cert: Option<&str>) -> Vec<(OsString, OsString)> {
+    let mut handshake_env: Vec<(OsString, OsString)> = vec![
+        (
+            handshake::MAGIC_COOKIE_KEY.into(),
+            handshake::MAGIC_COOKIE_VALUE.into(),
+        ),
+        (
+            handshake::ENV_PROTOCOL_VERSIONS.into(),
+            opts.app_protocol_versions
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+                .into(),
+        ),
+        (handshake::ENV_MIN_PORT.into(), "10000".into()),
+        (handshake::ENV_MAX_PORT.into(), "25000".into()),
+    ];
+    if let Some(pem) = client_cert {
+        handshake_env.push((handshake::ENV_CLIENT_CERT.into(), pem.into()));
+    }
+    if opts.multiplex_grpc {
+        handshake_env.push((handshake::ENV_MULTIPLEX_GRPC.into(), "true".into()));
+    }
+    if let Some(dir) = &opts.socket_dir {
+        handshake_env.push((handshake::ENV_UNIX_SOCKET_DIR.into(), dir.into()));
+    }
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
+    for (k, v) in opts
+        .host_env
+        .from_host()
+        .into_iter()
+        .chain(opts.env.iter().cloned())
+        .chain(handshake_env)
+    {
+        env.retain(|(e, _)| *e != k);
+        env.push((k, v));
+    }
+    env
 }
 
 /// Why a plugin could not be launched. Every message is meant for an operator.
@@ -266,33 +354,10 @@ fn spawn(
         path: opts.command.clone(),
         source,
     };
-    let mut env: Vec<(OsString, OsString)> = opts.env.clone();
-    env.push((
-        handshake::MAGIC_COOKIE_KEY.into(),
-        handshake::MAGIC_COOKIE_VALUE.into(),
-    ));
-    env.push((
-        handshake::ENV_PROTOCOL_VERSIONS.into(),
-        opts.app_protocol_versions
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-            .into(),
-    ));
-    env.push((handshake::ENV_MIN_PORT.into(), "10000".into()));
-    env.push((handshake::ENV_MAX_PORT.into(), "25000".into()));
-    if let Some(pem) = client_cert {
-        env.push((handshake::ENV_CLIENT_CERT.into(), pem.into()));
-    }
-    if opts.multiplex_grpc {
-        env.push((handshake::ENV_MULTIPLEX_GRPC.into(), "true".into()));
-    }
-    if let Some(dir) = &opts.socket_dir {
-        env.push((handshake::ENV_UNIX_SOCKET_DIR.into(), dir.into()));
-    }
+    let env = launch_env(opts, client_cert);
     let mut cmd = tokio::process::Command::new(&opts.command);
     cmd.args(&opts.args)
+        .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -383,7 +448,7 @@ impl ExecFd {
         fd: &OwnedFd,
         command: &std::path::Path,
         args: &[OsString],
-        extra_env: &[(OsString, OsString)],
+        env: &[(OsString, OsString)],
     ) -> std::io::Result<Self> {
         let fd = rustix::io::fcntl_dupfd_cloexec(fd.as_fd(), 3)?;
         let mut head = [0u8; 2];
@@ -406,12 +471,7 @@ impl ExecFd {
             strings.push(cstring(a.as_bytes())?);
         }
         let argc = strings.len();
-        // The host's environment with the launch's entries on top, as Command does it.
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !extra_env.iter().any(|(e, _)| e == k))
-            .collect();
-        env.extend(extra_env.iter().cloned());
-        for (k, v) in &env {
+        for (k, v) in env {
             let mut kv = k.as_bytes().to_vec();
             kv.push(b'=');
             kv.extend_from_slice(OsStr::as_bytes(v));
@@ -638,7 +698,7 @@ async fn kill_and_reap(pid: u32, mut child: tokio::process::Child) {
 }
 
 /// Wait for our child in the background; the receiver holds how it ended.
-fn watch_exit(mut child: tokio::process::Child) -> watch::Receiver<Option<Exit>> {
+fn watch_exit(mut child: tokio::process::Child, addr: PluginAddr) -> watch::Receiver<Option<Exit>> {
     let (exit_tx, exit_rx) = watch::channel(None);
     tokio::spawn(async move {
         let exit = match child.wait().await {
@@ -648,9 +708,48 @@ fn watch_exit(mut child: tokio::process::Child) -> watch::Receiver<Option<Exit>>
                 outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
             },
         };
+        remove_dead_socket(&addr).await;
         let _ = exit_tx.send(Some(exit));
     });
     exit_rx
+}
+
+/// Remove the socket (and its directory, if that is left empty) of a plugin that has
+/// exited: one that exits cleanly removes them itself, but a killed or crashed one
+/// cannot, and without this every such plugin leaves a `drover-plugin-*` directory in
+/// the temp dir.
+///
+/// The path comes from the plugin's handshake line, so it is not trusted: only a unix
+/// socket owned by this user is removed, only while nothing listens on it (a dead
+/// plugin's socket refuses connections; a live one, even one that some other plugin
+/// named, is left alone), and its directory only with `rmdir`, which removes nothing
+/// but an empty directory.
+pub(super) async fn remove_dead_socket(addr: &PluginAddr) {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let PluginAddr::Unix(path) = addr else {
+        return;
+    };
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !meta.file_type().is_socket() || meta.uid() != rustix::process::geteuid().as_raw() {
+        return;
+    }
+    // Non-blocking: a live listener with a full backlog would block a plain connect.
+    match tokio::time::timeout(
+        Duration::from_millis(200),
+        tokio::net::UnixStream::connect(path),
+    )
+    .await
+    {
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        _ => return,
+    }
+    if std::fs::remove_file(path).is_ok()
+        && let Some(dir) = path.parent()
+    {
+        let _ = std::fs::remove_dir(dir);
+    }
 }
 
 /// Read the first stdout line, bounded in length.
@@ -847,13 +946,14 @@ impl PluginProcess {
                 tracing::info!(target: "drover::plugin", plugin = %name, "stdout: {l}{more}");
             }
         });
+        let exit = watch_exit(child, established.line.addr.clone());
         Ok(PluginProcess {
             name: opts.name,
             pid,
             line: established.line,
             path: opts.command,
             channel: established.channel,
-            exit: watch_exit(child),
+            exit,
             pidfd: None,
             tls: established.tls.map(Arc::new),
             multiplex_grpc: opts.multiplex_grpc,
@@ -1112,6 +1212,39 @@ async fn read_bounded_line<R: AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_listed_host_variables_pass_and_the_handshake_ones_win() {
+        let mut opts = LaunchOptions::new("p", "/bin/true");
+        opts.host_env = HostEnv::Only(vec!["PATH".into(), "NO_SUCH_VARIABLE_HERE".into()]);
+        opts.env = vec![
+            ("X".into(), "1".into()),
+            (handshake::MAGIC_COOKIE_KEY.into(), "forged".into()),
+        ];
+        let env = launch_env(&opts, None);
+        let names: Vec<&OsString> = env.iter().map(|(k, _)| k).collect();
+        let expected_path = std::env::var_os("PATH").map(|_| OsString::from("PATH"));
+        assert_eq!(
+            names.iter().filter(|k| ***k == "PATH").count(),
+            usize::from(expected_path.is_some())
+        );
+        assert!(!names.iter().any(|k| *k == "NO_SUCH_VARIABLE_HERE"));
+        assert!(names.iter().any(|k| *k == "X"));
+        let cookie: Vec<_> = env
+            .iter()
+            .filter(|(k, _)| k == handshake::MAGIC_COOKIE_KEY)
+            .collect();
+        assert_eq!(cookie.len(), 1);
+        assert_eq!(cookie[0].1, handshake::MAGIC_COOKIE_VALUE);
+        // Nothing else of this process's environment.
+        assert!(
+            env.iter().all(|(k, _)| k == "PATH"
+                || k == "X"
+                || k.to_string_lossy().starts_with("PLUGIN_")
+                || k == handshake::MAGIC_COOKIE_KEY),
+            "{env:?}"
+        );
+    }
 
     #[tokio::test]
     async fn an_endless_line_is_cut_and_memory_stays_bounded() {

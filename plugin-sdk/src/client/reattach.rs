@@ -281,10 +281,14 @@ pub(super) async fn reattach_inner(
             reason: format!("watching pidfd: {e}"),
         }
     })?;
+    let addr = config.addr.clone();
     tokio::spawn(async move {
         // A pidfd becomes readable when the process exits.
         let how = match async_fd.readable().await {
-            Ok(_) => "exited; exit status unknown (reattached, not our child)".to_owned(),
+            Ok(_) => {
+                super::process::remove_dead_socket(&addr).await;
+                "exited; exit status unknown (reattached, not our child)".to_owned()
+            }
             Err(e) => format!("lost track of it: pidfd: {e}"),
         };
         let _ = exit_tx.send(Some(Exit {

@@ -225,11 +225,11 @@ async fn capabilities_outside_the_allowlist_and_bad_configs_are_refused_by_name(
     .await;
     assert!(p2.wait("allowed").await.successful());
     // And a plugin config naming an unknown capability is refused at SetConfig.
-    let bad = drover_plugin_sdk::client::PluginProcess::launch(
-        drover_plugin_sdk::client::LaunchOptions::new("exec", BIN),
-    )
-    .await
-    .unwrap();
+    let mut options = drover_plugin_sdk::client::LaunchOptions::new("exec", BIN);
+    options.handshake_timeout = PROMPT;
+    let bad = drover_plugin_sdk::client::PluginProcess::launch(options)
+        .await
+        .unwrap();
     let err = bad
         .client()
         .set_config(

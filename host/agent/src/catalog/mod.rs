@@ -54,12 +54,25 @@ pub struct LoadContext {
     pub agent: AgentInfo,
     /// `[plugin.NAME]` settings.
     pub settings: BTreeMap<String, crate::config::PluginSettings>,
+    /// The agent's variables every plugin gets (`plugin_pass_env`).
+    pub plugin_pass_env: Vec<String>,
 }
 
 impl LoadContext {
     /// Settings of plugin `name` (defaults when not configured).
     pub fn settings(&self, name: &str) -> crate::config::PluginSettings {
         self.settings.get(name).cloned().unwrap_or_default()
+    }
+
+    /// The environment the plugin labelled `label` is launched with.
+    pub fn plugin_env(&self, label: &str) -> loader::PluginEnv {
+        let settings = self.settings.get(label);
+        loader::PluginEnv::new(
+            self.plugin_pass_env
+                .iter()
+                .chain(settings.into_iter().flat_map(|s| s.pass_env.iter())),
+            settings.into_iter().flat_map(|s| s.env.iter()),
+        )
     }
 }
 
@@ -1143,7 +1156,16 @@ async fn launch_checked(
 ) -> Result<Fingerprinted, String> {
     let binary = records.check(c).await?;
     policy.before_exec(c, &binary.sha256)?;
-    loader::fingerprint(c, &binary, ctx.timeout, &ctx.socket_dir, &ctx.accepted).await
+    let env = ctx.plugin_env(&c.label);
+    loader::fingerprint(
+        c,
+        &binary,
+        ctx.timeout,
+        &ctx.socket_dir,
+        &ctx.accepted,
+        &env,
+    )
+    .await
 }
 
 /// Validate and apply the plugin's configuration.

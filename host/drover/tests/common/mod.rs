@@ -101,6 +101,26 @@ impl Agent {
     /// [`Agent::start`] from another copy of the `drover` binary (its built-in drivers
     /// run from that copy).
     pub fn start_binary(binary: &Path, root: &Path, plugin_dir: &Path, extra: &[&str]) -> Agent {
+        Agent::start_binary_env(binary, root, plugin_dir, extra, &[])
+    }
+
+    /// [`Agent::start`] with `env` added to the agent's environment.
+    pub fn start_env(
+        root: &Path,
+        plugin_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
+        Agent::start_binary_env(&drover(), root, plugin_dir, extra, env)
+    }
+
+    fn start_binary_env(
+        binary: &Path,
+        root: &Path,
+        plugin_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let data_dir = root.join("data");
         let log = root.join("agent.log");
         let marker = format!(
@@ -121,6 +141,9 @@ impl Agent {
             // The built-in docker driver finds no daemon here whatever the machine has
             // (`undetected`); docker tests name their daemon in the plugin config.
             .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
+            // Plugins get only the agent variables listed (plugin_pass_env).
+            .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
