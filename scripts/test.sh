@@ -15,6 +15,14 @@ command -v cc >/dev/null || need_pkgs+=(gcc)
 command -v go >/dev/null || need_pkgs+=(golang-go)
 [ -d /usr/share/gocode/src/github.com/hashicorp/go-plugin ] || need_pkgs+=(golang-github-hashicorp-go-plugin-dev)
 [ -d /usr/share/gocode/src/google.golang.org/grpc ] || need_pkgs+=(golang-google-grpc-dev)
+# go-plugin 1.6.3 (scripts/go-plugin-16.sh builds a host and plugin from its source) needs
+# these too; its newer protobuf packages are downloaded by that script, not installed.
+gocode=/usr/share/gocode/src
+[ -d $gocode/github.com/hashicorp/go-hclog ] || need_pkgs+=(golang-github-hashicorp-go-hclog-dev)
+[ -d $gocode/github.com/hashicorp/yamux ] || need_pkgs+=(golang-github-hashicorp-yamux-dev)
+[ -d $gocode/github.com/oklog/run ] || need_pkgs+=(golang-github-oklog-run-dev)
+[ -d $gocode/golang.org/x/net ] || need_pkgs+=(golang-golang-x-net-dev)
+[ -d $gocode/golang.org/x/text ] || need_pkgs+=(golang-golang-x-text-dev)
 # The java driver's tests build a jar with javac and jar.
 command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
 # The cluster's TLS tests make their CA and certificates with the openssl tool.
@@ -288,6 +296,12 @@ if [ "${CI:-}" = "true" ]; then
 fi
 
 cargo build --workspace --bins --locked
+# The go-plugin 1.6.3 host and plugin of host/drover/tests/goplugin16*.rs, built offline
+# from ../shared/go-plugin/ (it skips loudly without the tarball; under CI=true it fails).
+gp16_env=$(scripts/go-plugin-16.sh)
+if [ -n "$gp16_env" ]; then
+    export "${gp16_env?}"
+fi
 # The exec driver's tests run a second time inside a cgroup v2 guest of the VM rig
 # (plugins/exec/tests/cgroup_v2_guest.rs), as the very test binaries cargo builds: built
 # here exactly as `cargo test --workspace` below builds them (nothing is built twice),

@@ -3,7 +3,9 @@
 //! A host starts a plugin with [`MAGIC_COOKIE_KEY`]=[`MAGIC_COOKIE_VALUE`] and
 //! [`ENV_PROTOCOL_VERSIONS`] in its environment. The plugin binds a unix socket and
 //! prints one [`HandshakeLine`] on stdout:
-//! `CORE-PROTOCOL-VERSION|APP-PROTOCOL-VERSION|NETWORK-TYPE|NETWORK-ADDR|PROTOCOL`.
+//! `CORE-PROTOCOL-VERSION|APP-PROTOCOL-VERSION|NETWORK-TYPE|NETWORK-ADDR|PROTOCOL`, then
+//! optionally `|SERVER-CERT` (AutoMTLS, when the host sent [`ENV_CLIENT_CERT`]) and
+//! `|MULTIPLEX` (when the host set [`ENV_MULTIPLEX_GRPC`]), as go-plugin 1.6 does.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -26,6 +28,30 @@ pub const ENV_MIN_PORT: &str = "PLUGIN_MIN_PORT";
 pub const ENV_MAX_PORT: &str = "PLUGIN_MAX_PORT";
 /// Directory in which the plugin creates its unix socket (optional).
 pub const ENV_UNIX_SOCKET_DIR: &str = "PLUGIN_UNIX_SOCKET_DIR";
+/// go-plugin's AutoMTLS: the host's certificate (PEM). A plugin that gets it serves TLS,
+/// accepts only that certificate, and prints its own in the handshake's 6th field.
+pub const ENV_CLIENT_CERT: &str = "PLUGIN_CLIENT_CERT";
+/// go-plugin 1.6's gRPC broker multiplexing: when it parses as true (Go's
+/// `strconv.ParseBool`), the host's connection is a yamux session. Whenever it is set
+/// at all, a plugin answers with the handshake's 7th field.
+pub const ENV_MULTIPLEX_GRPC: &str = "PLUGIN_MULTIPLEX_GRPC";
+
+/// Go's `strconv.ParseBool`: what go-plugin accepts for [`ENV_MULTIPLEX_GRPC`] and the
+/// handshake's 7th field.
+///
+/// ```
+/// use drover_plugin_sdk::handshake::parse_go_bool;
+/// assert_eq!(parse_go_bool("T"), Some(true));
+/// assert_eq!(parse_go_bool("0"), Some(false));
+/// assert_eq!(parse_go_bool("yes"), None);
+/// ```
+pub fn parse_go_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
 
 /// Longest unix socket path: `sun_path` is 108 bytes including the trailing NUL.
 pub const MAX_UNIX_SOCKET_PATH: usize = 107;
@@ -45,9 +71,10 @@ pub fn socket_path_fits(path: &std::path::Path) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandshakeError {
-    /// The line does not have 5 or 6 `|`-separated fields.
+    /// The line does not have 5, 6 or 7 `|`-separated fields.
     #[error(
-        "handshake line {line:?} has {fields} fields, expected 5 or 6 (CORE|APP|NETWORK|ADDR|PROTOCOL)"
+        "handshake line {line:?} has {fields} fields, expected 5 to 7 \
+         (CORE|APP|NETWORK|ADDR|PROTOCOL[|SERVER-CERT[|MULTIPLEX]])"
     )]
     FieldCount {
         /// The line received.
@@ -87,6 +114,14 @@ pub enum HandshakeError {
         /// The protocol field.
         protocol: String,
     },
+    /// The 7th field (multiplexing support) is not a boolean.
+    #[error("handshake line {line:?}: multiplexing field {value:?} is not true or false")]
+    Multiplex {
+        /// The line received.
+        line: String,
+        /// The field's text.
+        value: String,
+    },
     /// The address is empty or unusable.
     #[error("handshake line {line:?}: bad address {addr:?}")]
     Address {
@@ -124,6 +159,10 @@ impl fmt::Display for PluginAddr {
 /// assert_eq!(line.app_protocol_version, 1);
 /// assert_eq!(line.addr, PluginAddr::Unix("/run/drover/p.sock".into()));
 /// assert_eq!(line.to_string(), "1|1|unix|/run/drover/p.sock|grpc");
+///
+/// // A go-plugin 1.6 plugin asked for multiplexing, without AutoMTLS:
+/// let mux: HandshakeLine = "1|1|unix|/run/drover/p.sock|grpc||true".parse().unwrap();
+/// assert_eq!((mux.server_cert, mux.multiplex_grpc), (None, Some(true)));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandshakeLine {
@@ -133,8 +172,12 @@ pub struct HandshakeLine {
     pub app_protocol_version: u32,
     /// Where it listens.
     pub addr: PluginAddr,
-    /// Base64 server certificate for go-plugin's automatic mTLS, if any.
+    /// The plugin's AutoMTLS certificate, DER as base64 without padding (Go's
+    /// `RawStdEncoding`), if any (the 6th field; empty is none).
     pub server_cert: Option<String>,
+    /// Whether it multiplexes gRPC connections (the 7th field), if it said: go-plugin
+    /// plugins say `true` whenever the host set [`ENV_MULTIPLEX_GRPC`].
+    pub multiplex_grpc: Option<bool>,
 }
 
 impl fmt::Display for HandshakeLine {
@@ -148,8 +191,11 @@ impl fmt::Display for HandshakeLine {
             "{}|{}|{}|{}|grpc",
             self.core_protocol_version, self.app_protocol_version, network, addr
         )?;
-        if let Some(cert) = &self.server_cert {
-            write!(f, "|{cert}")?;
+        if self.server_cert.is_some() || self.multiplex_grpc.is_some() {
+            write!(f, "|{}", self.server_cert.as_deref().unwrap_or(""))?;
+        }
+        if let Some(multiplex) = self.multiplex_grpc {
+            write!(f, "|{multiplex}")?;
         }
         Ok(())
     }
@@ -158,13 +204,14 @@ impl fmt::Display for HandshakeLine {
 impl std::str::FromStr for HandshakeLine {
     type Err = HandshakeError;
 
-    /// Strict parse: exactly 5 or 6 fields, numeric versions, core version 1, network
-    /// `unix`/`tcp`, protocol `grpc`. A trailing `\n` or `\r\n` is accepted.
+    /// Strict parse: 5, 6 or 7 fields, numeric versions, core version 1, network
+    /// `unix`/`tcp`, protocol `grpc`, a 7th field that Go's `ParseBool` accepts. A
+    /// trailing `\n` or `\r\n` is accepted.
     fn from_str(raw: &str) -> Result<Self, Self::Err> {
         let line = raw.strip_suffix('\n').unwrap_or(raw);
         let line = line.strip_suffix('\r').unwrap_or(line);
         let fields: Vec<&str> = line.split('|').collect();
-        if !(5..=6).contains(&fields.len()) {
+        if !(5..=7).contains(&fields.len()) {
             return Err(HandshakeError::FieldCount {
                 line: line.to_owned(),
                 fields: fields.len(),
@@ -210,11 +257,21 @@ impl std::str::FromStr for HandshakeLine {
             .get(5)
             .filter(|c| !c.is_empty())
             .map(|c| (*c).to_owned());
+        let multiplex_grpc = match fields.get(6) {
+            None => None,
+            Some(value) => Some(
+                parse_go_bool(value).ok_or_else(|| HandshakeError::Multiplex {
+                    line: line.to_owned(),
+                    value: (*value).to_owned(),
+                })?,
+            ),
+        };
         Ok(HandshakeLine {
             core_protocol_version: core,
             app_protocol_version: app,
             addr,
             server_cert,
+            multiplex_grpc,
         })
     }
 }
@@ -257,6 +314,36 @@ mod tests {
         let tls: HandshakeLine = "1|2|tcp|127.0.0.1:1234|grpc|Q0VSVA==".parse().unwrap();
         assert_eq!(tls.app_protocol_version, 2);
         assert_eq!(tls.server_cert.as_deref(), Some("Q0VSVA=="));
+        assert_eq!(tls.multiplex_grpc, None);
+        assert_eq!(tls.to_string(), "1|2|tcp|127.0.0.1:1234|grpc|Q0VSVA==");
+    }
+
+    #[test]
+    fn six_and_seven_fields_as_go_plugin_prints_them() {
+        // go-plugin 1.6 prints an empty 6th field without AutoMTLS: "%s" of "".
+        let empty6: HandshakeLine = "1|1|unix|/tmp/a.sock|grpc|".parse().unwrap();
+        assert_eq!(
+            (empty6.server_cert.as_deref(), empty6.multiplex_grpc),
+            (None, None)
+        );
+        assert_eq!(empty6.to_string(), "1|1|unix|/tmp/a.sock|grpc");
+        // Multiplexing asked, no AutoMTLS.
+        let mux: HandshakeLine = "1|1|unix|/tmp/a.sock|grpc||true\n".parse().unwrap();
+        assert_eq!(
+            (mux.server_cert.as_deref(), mux.multiplex_grpc),
+            (None, Some(true))
+        );
+        assert_eq!(mux.to_string(), "1|1|unix|/tmp/a.sock|grpc||true");
+        // Both; Go's ParseBool spellings.
+        let both: HandshakeLine = "1|1|unix|/tmp/a.sock|grpc|QUJD|T".parse().unwrap();
+        assert_eq!(
+            (both.server_cert.as_deref(), both.multiplex_grpc),
+            (Some("QUJD"), Some(true))
+        );
+        assert_eq!(both.to_string(), "1|1|unix|/tmp/a.sock|grpc|QUJD|true");
+        let off: HandshakeLine = "1|1|unix|/tmp/a.sock|grpc||0".parse().unwrap();
+        assert_eq!(off.multiplex_grpc, Some(false));
+        assert_eq!(off.to_string(), "1|1|unix|/tmp/a.sock|grpc||false");
     }
 
     #[test]
@@ -271,7 +358,15 @@ mod tests {
             ("1|1|udp|/x|grpc", "unknown network type \"udp\""),
             ("1|1|unix|/x|netrpc", "only grpc"),
             ("1|1|unix||grpc", "bad address"),
-            ("1|1|unix|/x|grpc|c|extra", "has 7 fields"),
+            (
+                "1|1|unix|/x|grpc|c|extra",
+                "multiplexing field \"extra\" is not true or false",
+            ),
+            (
+                "1|1|unix|/x|grpc|c|",
+                "multiplexing field \"\" is not true or false",
+            ),
+            ("1|1|unix|/x|grpc|c|true|x", "has 8 fields"),
         ];
         for (line, want) in cases {
             let err = line.parse::<HandshakeLine>().unwrap_err().to_string();

@@ -34,6 +34,7 @@ pub mod store;
 pub mod taskdir;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod transport;
 pub mod types;
 pub mod version;
 

@@ -21,6 +21,7 @@ use crate::DriverError;
 use crate::driver::DriverPlugin;
 use crate::handshake::{self, HandshakeLine, PluginAddr};
 use crate::signal::Signal;
+use crate::transport::{ServerTransport, tls};
 use crate::types::{AgentInfo, TaskSpec, from_duration, validate_task_id};
 
 /// Largest gRPC message a plugin accepts or sends (go-plugin hosts allow more than
@@ -93,6 +94,10 @@ pub enum ServeError {
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    /// AutoMTLS could not be set up: `PLUGIN_CLIENT_CERT` is not a PEM certificate, or
+    /// the plugin's own certificate could not be made.
+    #[error("cannot set up automatic mTLS (PLUGIN_CLIENT_CERT): {0}")]
+    AutoMtls(String),
 }
 
 /// Serve `driver` as a plugin process and exit. Call it from `main`.
@@ -102,6 +107,14 @@ pub enum ServeError {
 /// in a fresh 0700 directory), serves health, go-plugin's controller/stdio/broker and
 /// Drover's BasePlugin and Driver services, prints the handshake line, ignores SIGINT,
 /// and exits when the host calls `GRPCController.Shutdown` or sends SIGTERM.
+///
+/// It reads go-plugin's transport variables as go-plugin 1.6.3's `Serve` does. With
+/// `PLUGIN_CLIENT_CERT` (a PEM certificate, AutoMTLS) it makes a fresh self-signed
+/// certificate, serves TLS only, requires the host to present that certificate (or one
+/// it issued), and prints its own certificate in the handshake's 6th field. With
+/// `PLUGIN_MULTIPLEX_GRPC=true` each host connection is a yamux session whose streams
+/// are gRPC connections; whenever the variable is set the handshake has a 7th field,
+/// `true`.
 ///
 /// A plugin outlives its host on purpose (the next agent reattaches to it through the
 /// socket it announced). It also exits by itself when it is *orphaned*: no host
@@ -203,7 +216,32 @@ pub(crate) fn check_socket_path(path: &Path) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// What the host asked for through go-plugin's transport variables: how to carry
+/// connections, and the handshake's 6th and 7th fields.
+fn transport_from_env() -> Result<(ServerTransport, Option<String>, Option<bool>), ServeError> {
+    let mut transport = ServerTransport::default();
+    let mut server_cert = None;
+    // go-plugin reads both with os.Getenv: set-but-empty is unset.
+    let client_cert = std::env::var(handshake::ENV_CLIENT_CERT).unwrap_or_default();
+    if !client_cert.is_empty() {
+        let trusted = tls::parse_pem_certs(handshake::ENV_CLIENT_CERT, &client_cert)
+            .map_err(|e| ServeError::AutoMtls(e.to_string()))?;
+        let own = tls::generate_cert().map_err(|e| ServeError::AutoMtls(e.to_string()))?;
+        transport.tls = Some(
+            tls::server_config(&own, trusted).map_err(|e| ServeError::AutoMtls(e.to_string()))?,
+        );
+        server_cert = Some(tls::encode_handshake_cert(&own.der));
+    }
+    let multiplex = std::env::var(handshake::ENV_MULTIPLEX_GRPC).unwrap_or_default();
+    transport.multiplex = handshake::parse_go_bool(&multiplex) == Some(true);
+    // As go-plugin: any non-empty value gets `|true`, even one that parsed false (the
+    // host then reads "supported" and does not ask for it).
+    let multiplex_field = (!multiplex.is_empty()).then_some(true);
+    Ok((transport, server_cert, multiplex_field))
+}
+
 async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
+    let (transport, server_cert, multiplex_grpc) = transport_from_env()?;
     let app_version = handshake::negotiate_app_protocol(
         handshake::APP_PROTOCOL_VERSIONS,
         std::env::var(handshake::ENV_PROTOCOL_VERSIONS)
@@ -234,9 +272,10 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
     let router = plugin_router(driver.clone(), stop.clone()).await;
     let connections = Arc::new(AtomicUsize::new(0));
     let counter = connections.clone();
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::UnixListenerStream::new(listener),
-        move |accepted| accepted.map(|stream| Counted::new(stream, counter.clone())),
+    let incoming = crate::transport::accept_loop(
+        listener,
+        move |stream| Counted::new(stream, counter.clone()),
+        transport,
     );
     let server_stop = stop.clone();
     let server = tokio::spawn(async move {
@@ -250,7 +289,8 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
         core_protocol_version: handshake::CORE_PROTOCOL_VERSION,
         app_protocol_version: app_version,
         addr: PluginAddr::Unix(path.clone()),
-        server_cert: None,
+        server_cert,
+        multiplex_grpc,
     };
     {
         let mut out = std::io::stdout().lock();
@@ -399,7 +439,7 @@ fn spawn_orphan_watch(
     });
 }
 
-/// A host connection, counted while it is open.
+/// A host connection, counted while it is open (a multiplexed session counts once).
 struct Counted {
     stream: tokio::net::UnixStream,
     open: Arc<AtomicUsize>,
@@ -415,14 +455,6 @@ impl Counted {
 impl Drop for Counted {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl tonic::transport::server::Connected for Counted {
-    type ConnectInfo = <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
     }
 }
 

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use drover_test_support::goplugin::{self, hex_decode};
 
 const GOPATH: &str = "/usr/share/gocode";
 
@@ -60,25 +61,7 @@ fn build_go_program_once() -> Option<PathBuf> {
 }
 
 fn go_host(program: &Path, plugin: &Path, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(program)
-        .arg("host")
-        .arg(plugin)
-        .args(args)
-        .output()
-        .expect("run go-plugin host");
-    assert!(
-        out.status.success(),
-        "go-plugin host failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).expect("go host report is JSON")
-}
-
-fn hex_decode(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
+    goplugin::report(Command::new(program).arg("host").arg(plugin).args(args))
 }
 
 fn assert_loaded_by_go(program: &Path, plugin: &Path, args: &[&str], name: &str) {

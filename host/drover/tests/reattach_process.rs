@@ -120,6 +120,8 @@ async fn unproven_processes_are_left_alone() {
         start_time: process_start_time(sleeper.id()).unwrap(),
         app_protocol_version: 1,
         path: "/bin/sleep".into(),
+        tls: None,
+        multiplex_grpc: false,
     };
     let err = PluginProcess::reattach("skeleton", foreign, BUDGET)
         .await
@@ -158,6 +160,8 @@ async fn hung_process_cannot_stall_a_reattach() {
         start_time: process_start_time(sleeper.id()).unwrap(),
         app_protocol_version: 1,
         path: "/bin/sleep".into(),
+        tls: None,
+        multiplex_grpc: false,
     };
     let t = Instant::now();
     let err = PluginProcess::reattach("skeleton", config, Duration::from_millis(500))
@@ -308,6 +312,8 @@ async fn record_of_a_foreign_or_hung_process_is_dropped_within_the_budget() {
                 start_time: process_start_time(sleeper.id()).unwrap(),
                 app_protocol_version: 1,
                 path: drover(),
+                tls: None,
+                multiplex_grpc: false,
             },
         })
         .unwrap();

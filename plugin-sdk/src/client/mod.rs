@@ -17,7 +17,7 @@ pub use process::{
     HostEnv, LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE,
     set_plugin_nofile_soft_limit,
 };
-pub use reattach::{ReattachConfig, ReattachError, process_start_time};
+pub use reattach::{ReattachConfig, ReattachError, ReattachTls, process_start_time};
 
 use std::time::Duration;
 

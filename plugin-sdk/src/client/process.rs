@@ -21,7 +21,10 @@ use crate::handshake::{self, HandshakeError, HandshakeLine, PluginAddr};
 use crate::types::ExitOutcome;
 
 use super::PluginClient;
-use super::reattach::{ReattachConfig, ReattachError, process_start_time, reattach_inner};
+use super::reattach::{
+    ReattachConfig, ReattachError, ReattachTls, process_start_time, reattach_inner,
+};
+use crate::transport::{ClientTransport, Io, mux, tls};
 
 /// How many lines of a plugin's stderr are kept to explain a failed launch.
 const STDERR_TAIL_LINES: usize = 8;
@@ -77,6 +80,15 @@ pub struct LaunchOptions {
     /// opts.executable = Some(std::sync::Arc::new(OwnedFd::from(file)));
     /// ```
     pub executable: Option<Arc<OwnedFd>>,
+    /// go-plugin's automatic mutual TLS: send the plugin a fresh certificate
+    /// (`PLUGIN_CLIENT_CERT`), require its own in the handshake line, and speak TLS with
+    /// exactly that certificate on the other end. The certificates go into
+    /// [`PluginProcess::reattach_config`], so a later host reconnects with TLS too.
+    pub auto_mtls: bool,
+    /// go-plugin 1.6's gRPC broker multiplexing: set `PLUGIN_MULTIPLEX_GRPC=true`,
+    /// require the plugin's handshake to say it supports it, and run the gRPC
+    /// connections as streams of one yamux session over a single connection.
+    pub multiplex_grpc: bool,
 }
 
 impl LaunchOptions {
@@ -92,6 +104,8 @@ impl LaunchOptions {
             socket_dir: None,
             app_protocol_versions: handshake::APP_PROTOCOL_VERSIONS.to_vec(),
             executable: None,
+            auto_mtls: false,
+            multiplex_grpc: false,
         }
     }
 }
@@ -139,7 +153,7 @@ impl HostEnv {
 /// The whole environment of a plugin launched with `opts`: what [`HostEnv`] passes,
 /// then `opts.env`, then the handshake's variables; a later entry replaces an earlier
 /// one of the same name.
-fn launch_env(opts: &LaunchOptions) -> Vec<(OsString, OsString)> {
+fn launch_env(opts: &LaunchOptions, client_cert: Option<&str>) -> Vec<(OsString, OsString)> {
     let mut handshake_env: Vec<(OsString, OsString)> = vec![
         (
             handshake::MAGIC_COOKIE_KEY.into(),
@@ -157,6 +171,12 @@ fn launch_env(opts: &LaunchOptions) -> Vec<(OsString, OsString)> {
         (handshake::ENV_MIN_PORT.into(), "10000".into()),
         (handshake::ENV_MAX_PORT.into(), "25000".into()),
     ];
+    if let Some(pem) = client_cert {
+        handshake_env.push((handshake::ENV_CLIENT_CERT.into(), pem.into()));
+    }
+    if opts.multiplex_grpc {
+        handshake_env.push((handshake::ENV_MULTIPLEX_GRPC.into(), "true".into()));
+    }
     if let Some(dir) = &opts.socket_dir {
         handshake_env.push((handshake::ENV_UNIX_SOCKET_DIR.into(), dir.into()));
     }
@@ -237,6 +257,20 @@ pub enum LaunchError {
     /// The health service did not report `plugin` as SERVING.
     #[error("health check failed: {0}")]
     Health(String),
+    /// Automatic mTLS was asked for and failed: no certificate could be made, or the
+    /// plugin sent none (it does not support AutoMTLS) or an unusable one. Also: the
+    /// plugin asks for TLS though the launch did not offer it.
+    #[error("automatic mTLS: {0}")]
+    AutoMtls(String),
+    /// Multiplexing was asked for and the plugin's handshake does not say it supports it.
+    #[error(
+        "plugin does not support gRPC broker multiplexing (its handshake line {line:?} has no \
+         7th field `true`); for Go plugins, update github.com/hashicorp/go-plugin to 1.6 or later"
+    )]
+    Multiplex {
+        /// The handshake line received.
+        line: String,
+    },
 }
 
 pub(super) fn format_tail(tail: &Mutex<VecDeque<String>>) -> String {
@@ -284,6 +318,10 @@ pub struct PluginProcess {
     /// Set for a reattached process (not our child): its pidfd, which tells when it
     /// exits and which signals cannot reach a later process that reuses the pid.
     pub(super) pidfd: Option<Arc<std::os::fd::OwnedFd>>,
+    /// The AutoMTLS material, for the reattach record.
+    pub(super) tls: Option<Arc<ReattachTls>>,
+    /// Whether the connection is multiplexed, for the reattach record.
+    pub(super) multiplex_grpc: bool,
 }
 
 /// How a plugin process ended.
@@ -307,12 +345,16 @@ impl Exit {
 /// Start the plugin binary as the handshake wants it: cookie and protocol versions in
 /// its environment, stdout and stderr piped, in its own process group (a Ctrl-C at the
 /// agent's terminal does not reach it, and a failed launch can be killed as a whole).
-fn spawn(opts: &LaunchOptions) -> Result<tokio::process::Child, LaunchError> {
+/// `client_cert` is the AutoMTLS certificate (PEM) to pass, if any.
+fn spawn(
+    opts: &LaunchOptions,
+    client_cert: Option<&str>,
+) -> Result<tokio::process::Child, LaunchError> {
     let spawn_error = |source| LaunchError::Spawn {
         path: opts.command.clone(),
         source,
     };
-    let env = launch_env(opts);
+    let env = launch_env(opts, client_cert);
     let mut cmd = tokio::process::Command::new(&opts.command);
     cmd.args(&opts.args)
         .env_clear()
@@ -482,6 +524,7 @@ impl ExecFd {
 struct Established {
     line: HandshakeLine,
     channel: Channel,
+    tls: Option<ReattachTls>,
     /// When the handshake line came, and when the connection stood, from the spawn.
     line_at: Duration,
     connected_at: Duration,
@@ -506,6 +549,7 @@ impl From<LaunchError> for Unestablished {
 /// The stderr tail of an error is filled in by the caller, once the plugin is gone.
 async fn establish(
     opts: &LaunchOptions,
+    client_cert: Option<&tls::GeneratedCert>,
     stdout: &mut BufReader<tokio::process::ChildStdout>,
     started: Instant,
 ) -> Result<Established, Unestablished> {
@@ -539,20 +583,14 @@ async fn establish(
         }
         .into());
     }
-    if line.server_cert.is_some() {
-        return Err(LaunchError::Connect {
-            addr: line.addr.clone(),
-            error: "plugin requires automatic mTLS, which this host does not offer".into(),
-        }
-        .into());
-    }
+    let (transport, tls) = client_transport(opts, client_cert, &line, line_text.trim_end())?;
     let remaining = || {
         opts.handshake_timeout
             .saturating_sub(started.elapsed())
             .max(Duration::from_millis(100))
     };
     let limit = remaining();
-    let channel = match tokio::time::timeout(limit, connect(&line.addr, limit)).await {
+    let channel = match tokio::time::timeout(limit, connect(&line.addr, limit, &transport)).await {
         Ok(Ok(c)) => c,
         Ok(Err(error)) => {
             return Err(LaunchError::Connect {
@@ -581,9 +619,61 @@ async fn establish(
     Ok(Established {
         line,
         channel,
+        tls,
         line_at,
         connected_at,
     })
+}
+
+/// How to reach the plugin, from what the launch offered and what its handshake `line`
+/// (`text`) answered; with AutoMTLS, the material for the reattach record.
+fn client_transport(
+    opts: &LaunchOptions,
+    client_cert: Option<&tls::GeneratedCert>,
+    line: &HandshakeLine,
+    text: &str,
+) -> Result<(ClientTransport, Option<ReattachTls>), LaunchError> {
+    // go-plugin hosts take a 6th field for a certificate only when it is longer than 50
+    // characters (older plugins printed other short things there).
+    let server_cert = line.server_cert.as_deref().filter(|c| c.len() > 50);
+    let mut transport = ClientTransport {
+        tls: None,
+        multiplex: opts.multiplex_grpc,
+    };
+    if opts.multiplex_grpc && line.multiplex_grpc != Some(true) {
+        return Err(LaunchError::Multiplex {
+            line: text.to_owned(),
+        });
+    }
+    let tls = match (client_cert, server_cert) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(LaunchError::AutoMtls(
+                "the plugin sent a server certificate (it speaks TLS), but this launch did not \
+                 offer automatic mTLS; enable it for this plugin"
+                    .into(),
+            ));
+        }
+        // A go-plugin host would go on and fail the TLS handshake against the plain
+        // plugin ("first record does not look like a TLS handshake"). Saying why here is
+        // kinder, and the same outcome: no connection without the TLS asked for.
+        (Some(_), None) => {
+            return Err(LaunchError::AutoMtls(format!(
+                "the plugin's handshake line {text:?} carries no server certificate: it does \
+                 not support AutoMTLS (PLUGIN_CLIENT_CERT); launch it without automatic mTLS"
+            )));
+        }
+        (Some(own), Some(theirs)) => {
+            let record = ReattachTls {
+                client_cert_pem: own.pem.clone(),
+                client_key_pem: own.key_pem(),
+                server_cert: theirs.to_owned(),
+            };
+            transport.tls = Some(record.client_config().map_err(LaunchError::AutoMtls)?);
+            Some(record)
+        }
+    };
+    Ok((transport, tls))
 }
 
 /// `e` with the plugin's last stderr lines, for the errors that show them.
@@ -684,16 +774,53 @@ async fn read_handshake_line<R: tokio::io::AsyncBufRead + Unpin>(
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
-async fn connect_unix(path: PathBuf, timeout: Duration) -> Result<Channel, String> {
+/// One connection to the plugin's address.
+async fn dial(addr: &PluginAddr) -> std::io::Result<Box<dyn Io>> {
+    Ok(match addr {
+        PluginAddr::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
+        PluginAddr::Tcp(a) => {
+            let stream = tokio::net::TcpStream::connect(a.as_str()).await?;
+            stream.set_nodelay(true)?;
+            Box::new(stream)
+        }
+    })
+}
+
+/// A gRPC channel to the plugin at `addr`, carried as `transport` says: each (re)connect
+/// dials the address, or opens a stream of the one multiplexed session; then, with
+/// AutoMTLS, runs the TLS handshake on it.
+pub(super) async fn connect(
+    addr: &PluginAddr,
+    timeout: Duration,
+    transport: &ClientTransport,
+) -> Result<Channel, String> {
+    let mux = if transport.multiplex {
+        let conn = tokio::time::timeout(timeout, dial(addr))
+            .await
+            .map_err(|_| format!("no answer within {timeout:?}"))?
+            .map_err(|e| e.to_string())?;
+        Some(mux::MuxClient::start(conn))
+    } else {
+        None
+    };
+    let tls = transport.tls.clone().map(tokio_rustls::TlsConnector::from);
     let endpoint = Endpoint::try_from("http://plugin")
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout);
+    let addr = addr.clone();
     endpoint
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
+            let (addr, mux, tls) = (addr.clone(), mux.clone(), tls.clone());
             async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                let conn: Box<dyn Io> = match mux {
+                    Some(mux) => Box::new(mux.open().await?),
+                    None => dial(&addr).await?,
+                };
+                let conn: Box<dyn Io> = match tls {
+                    Some(tls) => Box::new(tls.connect(tls::server_name(), conn).await?),
+                    None => conn,
+                };
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(conn))
             }
         }))
         .await
@@ -707,18 +834,6 @@ async fn connect_unix(path: PathBuf, timeout: Duration) -> Result<Channel, Strin
             }
             msg
         })
-}
-
-pub(super) async fn connect(addr: &PluginAddr, timeout: Duration) -> Result<Channel, String> {
-    match addr {
-        PluginAddr::Unix(p) => connect_unix(p.clone(), timeout).await,
-        PluginAddr::Tcp(a) => Endpoint::from_shared(format!("http://{a}"))
-            .map_err(|e| e.to_string())?
-            .connect_timeout(timeout)
-            .connect()
-            .await
-            .map_err(|e| e.to_string()),
-    }
 }
 
 pub(super) async fn check_health(channel: Channel) -> Result<(), LaunchError> {
@@ -750,7 +865,12 @@ impl PluginProcess {
     /// [`crate::logging::forward_plugin_log`]) for as long as it runs.
     pub async fn launch(opts: LaunchOptions) -> Result<Self, LaunchError> {
         let started = Instant::now();
-        let mut child = spawn(&opts)?;
+        let client_cert = if opts.auto_mtls {
+            Some(tls::generate_cert().map_err(|e| LaunchError::AutoMtls(e.to_string()))?)
+        } else {
+            None
+        };
+        let mut child = spawn(&opts, client_cert.as_ref().map(|c| c.pem.as_str()))?;
         let pid = child.id().unwrap_or(0);
         // Opened while the child cannot have been reaped yet: it tells when the plugin
         // exits without reaping it, so its group can still be killed safely then.
@@ -770,7 +890,7 @@ impl PluginProcess {
             });
         };
         let mut stdout = BufReader::new(stdout);
-        let established = match establish(&opts, &mut stdout, started).await {
+        let established = match establish(&opts, client_cert.as_ref(), &mut stdout, started).await {
             Ok(e) => e,
             Err(Unestablished::Failed(e)) => {
                 kill_and_reap(pid, child).await;
@@ -835,6 +955,8 @@ impl PluginProcess {
             channel: established.channel,
             exit,
             pidfd: None,
+            tls: established.tls.map(Arc::new),
+            multiplex_grpc: opts.multiplex_grpc,
         })
     }
 
@@ -956,6 +1078,8 @@ impl PluginProcess {
             start_time: process_start_time(self.pid).unwrap_or(0),
             app_protocol_version: self.line.app_protocol_version,
             path: self.path.clone(),
+            tls: self.tls.as_deref().cloned(),
+            multiplex_grpc: self.multiplex_grpc,
         }
     }
 
@@ -1097,7 +1221,7 @@ mod tests {
             ("X".into(), "1".into()),
             (handshake::MAGIC_COOKIE_KEY.into(), "forged".into()),
         ];
-        let env = launch_env(&opts);
+        let env = launch_env(&opts, None);
         let names: Vec<&OsString> = env.iter().map(|(k, _)| k).collect();
         let expected_path = std::env::var_os("PATH").map(|_| OsString::from("PATH"));
         assert_eq!(

@@ -16,6 +16,7 @@ use crate::types::ExitOutcome;
 use super::PluginProcess;
 use super::process::Exit;
 use super::process::connect;
+use crate::transport::{ClientTransport, tls};
 
 /// Everything needed to find a running plugin again after the host restarts.
 ///
@@ -28,10 +29,19 @@ use super::process::connect;
 ///     start_time: 1234,
 ///     app_protocol_version: 1,
 ///     path: "/usr/lib/drover/plugins/x".into(),
+///     tls: None,
+///     multiplex_grpc: false,
 /// };
 /// let json = serde_json::to_string(&r).unwrap();
 /// assert_eq!(serde_json::from_str::<ReattachConfig>(&json).unwrap(), r);
+/// // Records written before AutoMTLS and multiplexing existed still load.
+/// let old = r#"{"addr":{"network":"unix","address":"/p.sock"},"pid":42,"start_time":1,
+///               "app_protocol_version":1,"path":"/x"}"#;
+/// assert_eq!(serde_json::from_str::<ReattachConfig>(old).unwrap().tls, None);
 /// ```
+///
+/// A record with [`ReattachConfig::tls`] holds a private key: store it as a secret
+/// (mode 0600). Its `Debug` output leaves the key out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReattachConfig {
     /// Where it listens.
@@ -45,6 +55,62 @@ pub struct ReattachConfig {
     pub app_protocol_version: u32,
     /// The binary.
     pub path: PathBuf,
+    /// AutoMTLS: the host's certificate and key and the plugin's certificate, with which
+    /// a later host reconnects. `None`: plain connection. (Left out of the record when
+    /// `None`, as is `multiplex_grpc` when false: records of plain plugins stay as they
+    /// were, readable by older hosts.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ReattachTls>,
+    /// Whether the plugin was launched with gRPC multiplexing (its connections are
+    /// streams of a yamux session). Reattaching opens a new connection and session:
+    /// Drover plugins accept that; go-plugin plugins accept one session only, and
+    /// go-plugin itself refuses to reattach with multiplexing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multiplex_grpc: bool,
+}
+
+/// The AutoMTLS material of a launched plugin, to reconnect to it with TLS.
+///
+/// ```
+/// use drover_plugin_sdk::client::ReattachTls;
+/// let tls = ReattachTls {
+///     client_cert_pem: "-----BEGIN CERTIFICATE-----\n...".into(),
+///     client_key_pem: "-----BEGIN PRIVATE KEY-----\nSECRET".into(),
+///     server_cert: "MIIC...".into(),
+/// };
+/// assert!(!format!("{tls:?}").contains("SECRET"));
+/// ```
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReattachTls {
+    /// The host's certificate (PEM), the one the plugin got as `PLUGIN_CLIENT_CERT`.
+    pub client_cert_pem: String,
+    /// The host's private key (PKCS#8 PEM). Secret.
+    pub client_key_pem: String,
+    /// The plugin's certificate as its handshake line carried it: DER, base64 without
+    /// padding (go-plugin's encoding). Only this certificate is accepted.
+    pub server_cert: String,
+}
+
+impl std::fmt::Debug for ReattachTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReattachTls")
+            .field("client_cert_pem", &self.client_cert_pem)
+            .field("client_key_pem", &"<redacted>")
+            .field("server_cert", &self.server_cert)
+            .finish()
+    }
+}
+
+impl ReattachTls {
+    /// The TLS client configuration this material describes.
+    pub(super) fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        let own = tls::parse_pem_certs("the host's AutoMTLS certificate", &self.client_cert_pem)
+            .map_err(|e| e.to_string())?;
+        let key = tls::parse_pem_key(&self.client_key_pem).map_err(|e| e.to_string())?;
+        let theirs = tls::decode_handshake_cert(&self.server_cert).map_err(|e| e.to_string())?;
+        let first = own.into_iter().next().ok_or("no host certificate")?;
+        tls::client_config(first, &key, theirs).map_err(|e| e.to_string())
+    }
 }
 
 /// Start time of a process in clock ticks since boot, from `/proc/<pid>/stat`: with
@@ -111,6 +177,9 @@ pub enum ReattachError {
         /// The cause.
         error: String,
     },
+    /// The record's AutoMTLS material is unusable.
+    #[error("the record's AutoMTLS material is unusable: {0}")]
+    Tls(String),
     /// Something answers but does not prove to be the plugin (RPC failed or too slow).
     #[error("identity check failed: {0}")]
     Identity(String),
@@ -170,7 +239,14 @@ pub(super) async fn reattach_inner(
             found,
         });
     }
-    let channel = connect(&config.addr, timeout)
+    let transport = ClientTransport {
+        tls: match &config.tls {
+            Some(tls) => Some(tls.client_config().map_err(ReattachError::Tls)?),
+            None => None,
+        },
+        multiplex: config.multiplex_grpc,
+    };
+    let channel = connect(&config.addr, timeout, &transport)
         .await
         .map_err(|error| ReattachError::Connect {
             addr: config.addr.clone(),
@@ -233,11 +309,14 @@ pub(super) async fn reattach_inner(
             core_protocol_version: handshake::CORE_PROTOCOL_VERSION,
             app_protocol_version: config.app_protocol_version,
             addr: config.addr,
-            server_cert: None,
+            server_cert: config.tls.as_ref().map(|t| t.server_cert.clone()),
+            multiplex_grpc: config.multiplex_grpc.then_some(true),
         },
         path: config.path,
         channel,
         exit: exit_rx,
         pidfd: Some(shared),
+        tls: config.tls.map(Arc::new),
+        multiplex_grpc: config.multiplex_grpc,
     })
 }

@@ -4,7 +4,7 @@
 //! it tests: waiting with a deadline instead of sleeping and hoping ([`within`],
 //! [`until`], [`until_blocking`]), reading processes from `/proc` ([`procs`]), the
 //! private Docker daemon that `scripts/test.sh` starts ([`docker`]), a real etcd
-//! ([`etcd`]), and reading a
+//! ([`etcd`]), real go-plugin programs ([`goplugin`]), and reading a
 //! task's rotated logs ([`read_log`]).
 //!
 //! Only for tests: every helper panics with a message naming what did not happen.
@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 pub mod docker;
 pub mod etcd;
+pub mod goplugin;
 pub mod procs;
 pub mod vm;
 

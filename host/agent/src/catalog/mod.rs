@@ -989,6 +989,8 @@ async fn sweep(dir: &Path, sock: &Path, timeout: Duration) {
         start_time,
         app_protocol_version: 1,
         path: std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default(),
+        tls: None,
+        multiplex_grpc: false,
     };
     // Its name is unknown: ask under a name no plugin can have ("?" is outside
     // [a-z0-9_-]) and take the one it answers with; then prove identity under it.

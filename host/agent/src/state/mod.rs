@@ -148,6 +148,8 @@ mod tests {
                 start_time: 99,
                 app_protocol_version: 1,
                 path: "/usr/bin/drover".into(),
+                tls: None,
+                multiplex_grpc: false,
             },
         }
     }
