@@ -10,9 +10,11 @@
 //! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
 //!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
 //!
-//! Launches the rawexec plugin N times and measures launch → handshake → health →
-//! first RPC (`PluginInfo`), next to spawning `/bin/true` and waiting for it (the
-//! process-spawn floor on this machine), measured interleaved in the same run.
+//! `handshake` launches the rawexec plugin N times per transport (plain h2c, go-plugin
+//! AutoMTLS, go-plugin 1.6 broker multiplexing) and measures launch → handshake →
+//! health → first RPC (`PluginInfo`), then `GRPCController.Shutdown` → exit observed,
+//! next to spawning `/bin/true` and waiting for it (the process-spawn floor on this
+//! machine), all interleaved in the same run.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -430,20 +432,28 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
 enum Transport {
     /// h2c on the unix socket.
     Plain,
+    /// go-plugin AutoMTLS: a P-521 certificate made on each side, TLS on the socket.
+    AutoMtls,
+    /// go-plugin 1.6 broker multiplexing: gRPC in a yamux stream.
+    Multiplex,
 }
 
 impl Transport {
-    const ALL: [Transport; 1] = [Transport::Plain];
+    const ALL: [Transport; 3] = [Transport::Plain, Transport::AutoMtls, Transport::Multiplex];
 
     fn label(self) -> &'static str {
         match self {
             Transport::Plain => "plain:",
+            Transport::AutoMtls => "AutoMTLS:",
+            Transport::Multiplex => "yamux:",
         }
     }
 
-    fn apply(self, _opts: &mut LaunchOptions) {
+    fn apply(self, opts: &mut LaunchOptions) {
         match self {
             Transport::Plain => {}
+            Transport::AutoMtls => opts.auto_mtls = true,
+            Transport::Multiplex => opts.multiplex_grpc = true,
         }
     }
 }

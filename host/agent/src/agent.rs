@@ -213,6 +213,7 @@ pub async fn run(
             .with_plugin_state_dir(plugin_state_dir),
         settings: config.plugin.clone(),
         plugin_pass_env: config.plugin_pass_env.clone(),
+        plugin_auto_mtls: config.plugin_auto_mtls,
     });
     let catalog = Arc::new(Catalog::new(store.clone()));
     let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store.clone()));

@@ -47,6 +47,10 @@ pub struct PluginSettings {
     /// Variables set in this plugin's environment, e.g. `{ JAVA_HOME = "/opt/jdk" }`.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Talk to this plugin over go-plugin's automatic mutual TLS; unset: the agent-wide
+    /// `plugin_auto_mtls`. Applies to the plugin whose file (or built-in) is `NAME`.
+    #[serde(default)]
+    pub auto_mtls: Option<bool>,
 }
 
 impl Default for PluginSettings {
@@ -57,6 +61,7 @@ impl Default for PluginSettings {
             in_process: false,
             pass_env: Vec::new(),
             env: BTreeMap::new(),
+            auto_mtls: None,
         }
     }
 }
@@ -184,6 +189,12 @@ pub struct AgentConfig {
     /// `[plugin.NAME] pass_env` / `env`; nothing else of the agent's environment
     /// (its secrets included) reaches a plugin. `DROVER_PLUGIN_PASS_ENV=A,B`.
     pub plugin_pass_env: Vec<String>,
+    /// Launch plugin processes with go-plugin's automatic mutual TLS: each gets a fresh
+    /// client certificate and answers with its own, and every connection to it is TLS
+    /// pinned to exactly those two (the pair is kept in the reattach record, so a
+    /// restarted agent reconnects with it). A plugin without AutoMTLS then fails its
+    /// launch with a reason. Per plugin: `[plugin.NAME] auto_mtls`.
+    pub plugin_auto_mtls: bool,
     /// Per-plugin settings, by plugin name.
     pub plugin: BTreeMap<String, PluginSettings>,
     /// Log filter (`tracing` EnvFilter syntax), e.g. `info` or `drover=debug`.
@@ -239,6 +250,7 @@ impl Default for AgentConfig {
             prefer_builtin: false,
             watch_plugin_dir: true,
             plugin_pass_env: Vec::new(),
+            plugin_auto_mtls: false,
             plugin: BTreeMap::new(),
             log_level: "info".into(),
             log_format: LogFormat::Human,
@@ -287,6 +299,7 @@ const ENV_KEYS: &[&str] = &[
     "drain_on_shutdown",
     "servers",
     "plugin_pass_env",
+    "plugin_auto_mtls",
     "node_name",
     "token_file",
 ];

@@ -556,46 +556,34 @@ fn rpc_reason(rpc: &str, e: DriverError) -> String {
 /// path, and the plugin SDK's log filter.
 pub const PLUGIN_BASE_ENV: &[&str] = &["PATH", drover_plugin_sdk::logging::ENV_PLUGIN_LOG];
 
-/// The environment a plugin process starts with: like go-plugin's `SkipHostEnv`, none
-/// of the agent's own environment but [`PLUGIN_BASE_ENV`] and what the operator listed
+/// How a plugin process is launched: its environment and its transport.
+///
+/// The environment is like go-plugin's `SkipHostEnv`: none of the agent's own
+/// environment but [`PLUGIN_BASE_ENV`] and what the operator listed
 /// (`plugin_pass_env`, `[plugin.NAME] pass_env`), plus `[plugin.NAME] env`. The
 /// handshake's variables are added by the launcher. A driver library loaded into the
 /// agent shares the agent's environment: it is the agent.
 ///
 /// ```
-/// use drover_host::loader::PluginEnv;
-/// let env = PluginEnv::new(["DOCKER_HOST".to_string()].iter(), [].into_iter());
-/// assert!(format!("{env:?}").contains("DOCKER_HOST"));
+/// use drover_host::loader::LaunchSettings;
+/// let launch = LaunchSettings::new(["DOCKER_HOST".to_string()].iter(), [].into_iter())
+///     .with_auto_mtls(true);
+/// assert!(format!("{launch:?}").contains("DOCKER_HOST"));
 /// ```
 #[derive(Clone)]
-pub struct PluginEnv {
+pub struct LaunchSettings {
     host_env: HostEnv,
     set: Vec<(OsString, OsString)>,
+    auto_mtls: bool,
 }
 
-/// [`PLUGIN_BASE_ENV`] only.
-impl Default for PluginEnv {
-    fn default() -> Self {
-        PluginEnv::new(std::iter::empty(), std::iter::empty())
-    }
-}
-
-/// Names only: an operator's `env` values may be credentials.
-impl std::fmt::Debug for PluginEnv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginEnv")
-            .field("host_env", &self.host_env)
-            .field("set", &self.set.iter().map(|(k, _)| k).collect::<Vec<_>>())
-            .finish()
-    }
-}
-
-impl PluginEnv {
-    /// Pass the agent's `PLUGIN_BASE_ENV` and `pass` variables, then set `set`.
+impl LaunchSettings {
+    /// Pass the agent's `PLUGIN_BASE_ENV` and `pass` variables, then set `set`; plain
+    /// (no AutoMTLS).
     pub fn new<'a>(
         pass: impl Iterator<Item = &'a String>,
         set: impl Iterator<Item = (&'a String, &'a String)>,
-    ) -> PluginEnv {
+    ) -> LaunchSettings {
         let mut names: Vec<OsString> = PLUGIN_BASE_ENV.iter().map(OsString::from).collect();
         for name in pass {
             let name = OsString::from(name);
@@ -603,12 +591,37 @@ impl PluginEnv {
                 names.push(name);
             }
         }
-        PluginEnv {
+        LaunchSettings {
             host_env: HostEnv::Only(names),
             set: set
                 .map(|(k, v)| (OsString::from(k), OsString::from(v)))
                 .collect(),
+            auto_mtls: false,
         }
+    }
+
+    /// With go-plugin's automatic mutual TLS on or off.
+    pub fn with_auto_mtls(mut self, on: bool) -> LaunchSettings {
+        self.auto_mtls = on;
+        self
+    }
+}
+
+/// [`PLUGIN_BASE_ENV`] only, plain.
+impl Default for LaunchSettings {
+    fn default() -> Self {
+        LaunchSettings::new(std::iter::empty(), std::iter::empty())
+    }
+}
+
+/// Names only: an operator's `env` values may be credentials.
+impl std::fmt::Debug for LaunchSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchSettings")
+            .field("host_env", &self.host_env)
+            .field("set", &self.set.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("auto_mtls", &self.auto_mtls)
+            .finish()
     }
 }
 
@@ -627,14 +640,15 @@ pub async fn fingerprint(
     timeout: Duration,
     socket_dir: &Path,
     accepted: &semver::VersionReq,
-    env: &PluginEnv,
+    launch: &LaunchSettings,
 ) -> Result<Fingerprinted, String> {
     let instance: PluginInstance = match candidate.kind() {
         CandidateKind::Binary => {
             let mut opts = LaunchOptions::new(candidate.label.clone(), candidate.path.clone());
             opts.args = candidate.args.clone();
-            opts.host_env = env.host_env.clone();
-            opts.env = env.set.clone();
+            opts.host_env = launch.host_env.clone();
+            opts.env = launch.set.clone();
+            opts.auto_mtls = launch.auto_mtls;
             opts.handshake_timeout = timeout;
             opts.socket_dir = Some(socket_dir.to_owned());
             opts.executable = Some(binary.fd.clone());

@@ -75,6 +75,7 @@ fn context(root: &Path, cgroup_parent: &str) -> (AgentConfig, Vec<Builtin>, Arc<
             .with_plugin_state_dir(root.join("plugin-state")),
         settings,
         plugin_pass_env: Vec::new(),
+        plugin_auto_mtls: false,
     });
     (config, builtins, ctx)
 }

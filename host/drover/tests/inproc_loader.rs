@@ -80,7 +80,7 @@ async fn fingerprint(
         TIMEOUT,
         dir,
         &drover_plugin_sdk::version::supported_api_range(),
-        &loader::PluginEnv::default(),
+        &loader::LaunchSettings::default(),
     )
     .await
 }

@@ -44,7 +44,7 @@ async fn past_the_retained_libraries_bound_a_new_library_is_refused() {
             Duration::from_secs(10),
             root.path(),
             &drover_plugin_sdk::version::supported_api_range(),
-            &loader::PluginEnv::default(),
+            &loader::LaunchSettings::default(),
         )
         .await
         .map(|fp| fp.info.name)

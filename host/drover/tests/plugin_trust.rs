@@ -197,7 +197,7 @@ async fn the_bytes_checked_are_the_bytes_executed() {
         Duration::from_secs(10),
         root.path(),
         &drover_plugin_sdk::version::supported_api_range(),
-        &loader::PluginEnv::default(),
+        &loader::LaunchSettings::default(),
     )
     .await
     .expect("the checked binary launches");

@@ -183,6 +183,73 @@ fn killed_agent_reattaches_to_the_same_plugin_process() {
     assert_eq!(row(&rows, "rawexec")["reattached"], false);
 }
 
+/// The environment of the running process `pid`, as `KEY=VALUE` entries.
+fn environ(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .map(|e| String::from_utf8_lossy(e).into_owned())
+        .collect()
+}
+
+/// With `plugin_auto_mtls`, a plugin is launched with go-plugin's AutoMTLS and the
+/// certificates go into the reattach record: an agent killed with -9 comes back to
+/// the same plugin process over TLS, and that plugin takes tasks.
+#[test]
+fn killed_agent_reattaches_over_automtls() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("plugins")).unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "plugin_auto_mtls = true\n[plugin.docker]\nauto_mtls = false\n",
+    )
+    .unwrap();
+    let args = ["--config", config.to_str().unwrap()];
+    let (mut first, row1) = start(root.path(), &args, "rawexec");
+    let plugin = pid_of(&row1);
+    // It was asked for TLS: the handshake's client certificate is in its environment.
+    assert!(
+        environ(plugin)
+            .iter()
+            .any(|e| e.starts_with("PLUGIN_CLIENT_CERT=-----BEGIN CERTIFICATE-----")),
+        "rawexec was not launched with AutoMTLS"
+    );
+    // [plugin.docker] auto_mtls = false wins over the agent-wide setting.
+    let rows = first.cli_json(&["plugin", "status", "--json"]);
+    let docker = pid_of(row(rows.as_array().expect("plugin rows"), "docker"));
+    assert!(
+        !environ(docker)
+            .iter()
+            .any(|e| e.starts_with("PLUGIN_CLIENT_CERT=")),
+        "docker got AutoMTLS though its config turned it off"
+    );
+    kill9(&mut first);
+    assert!(alive(plugin), "the plugin died with the agent");
+
+    let (second, row2) = start(root.path(), &args, "rawexec");
+    assert_eq!(pid_of(&row2), plugin, "not reattached: {row2:#}");
+    assert_eq!(row2["reattached"], true);
+    let id = second.cli_json(&[
+        "task",
+        "run",
+        "--driver",
+        "rawexec",
+        "--json",
+        "--config",
+        r#"{"command":"/bin/sh","args":["-c","exit 5"]}"#,
+    ])["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(second.cli(&["task", "wait", &id]).status.code(), Some(5));
+    // The record holds the agent's private key: the state file is the agent's alone.
+    let state = root.path().join("data/state.db");
+    let meta = std::fs::metadata(&state).expect("the agent's state file");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(meta.permissions().mode() & 0o077, 0, "{}", state.display());
+}
+
 /// The test's long task is killed however the test ends.
 struct KillOnDrop(u32);
 

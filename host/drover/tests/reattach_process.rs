@@ -201,6 +201,7 @@ fn context(root: &Path) -> (AgentConfig, Vec<Builtin>, Arc<LoadContext>) {
             .with_plugin_state_dir(root.join("plugin-state")),
         settings: Default::default(),
         plugin_pass_env: Vec::new(),
+        plugin_auto_mtls: false,
     });
     (config, builtins, ctx)
 }

@@ -56,6 +56,8 @@ pub struct LoadContext {
     pub settings: BTreeMap<String, crate::config::PluginSettings>,
     /// The agent's variables every plugin gets (`plugin_pass_env`).
     pub plugin_pass_env: Vec<String>,
+    /// go-plugin AutoMTLS for every plugin process (`plugin_auto_mtls`).
+    pub plugin_auto_mtls: bool,
 }
 
 impl LoadContext {
@@ -64,14 +66,19 @@ impl LoadContext {
         self.settings.get(name).cloned().unwrap_or_default()
     }
 
-    /// The environment the plugin labelled `label` is launched with.
-    pub fn plugin_env(&self, label: &str) -> loader::PluginEnv {
+    /// How the plugin labelled `label` is launched: its environment, its transport.
+    pub fn launch_settings(&self, label: &str) -> loader::LaunchSettings {
         let settings = self.settings.get(label);
-        loader::PluginEnv::new(
+        loader::LaunchSettings::new(
             self.plugin_pass_env
                 .iter()
                 .chain(settings.into_iter().flat_map(|s| s.pass_env.iter())),
             settings.into_iter().flat_map(|s| s.env.iter()),
+        )
+        .with_auto_mtls(
+            settings
+                .and_then(|s| s.auto_mtls)
+                .unwrap_or(self.plugin_auto_mtls),
         )
     }
 }
@@ -1156,14 +1163,14 @@ async fn launch_checked(
 ) -> Result<Fingerprinted, String> {
     let binary = records.check(c).await?;
     policy.before_exec(c, &binary.sha256)?;
-    let env = ctx.plugin_env(&c.label);
+    let launch = ctx.launch_settings(&c.label);
     loader::fingerprint(
         c,
         &binary,
         ctx.timeout,
         &ctx.socket_dir,
         &ctx.accepted,
-        &env,
+        &launch,
     )
     .await
 }
