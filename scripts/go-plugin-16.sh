@@ -43,6 +43,14 @@ done
 [ -n "$tar_path" ] || skip "no go-plugin-v1.6.3.tar (set DROVER_GO_PLUGIN_16_TAR or put it in ../shared/go-plugin/)"
 command -v go >/dev/null || skip "no go toolchain (golang-go)"
 
+# The very bytes: `git archive` of v1.6.3 (the commit id in its header alone would not
+# tell a tampered tarball).
+sha256_expected=90dac4e23484e097b55ae101f6ca45d6ac345f5d814ed1f17e58c4e98b7738aa
+sha256=$(sha256sum "$tar_path" | cut -d' ' -f1)
+if [ "$sha256" != "$sha256_expected" ]; then
+    echo "$tar_path is not the go-plugin v1.6.3 tarball: sha256 $sha256, expected $sha256_expected" >&2
+    exit 1
+fi
 # `git archive` records the commit in the tar's header: it must be v1.6.3's.
 commit=$(git get-tar-commit-id <"$tar_path" || true)
 if [ "$commit" != "$commit_expected" ]; then

@@ -248,6 +248,25 @@ fn killed_agent_reattaches_over_automtls() {
     let meta = std::fs::metadata(&state).expect("the agent's state file");
     use std::os::unix::fs::PermissionsExt as _;
     assert_eq!(meta.permissions().mode() & 0o077, 0, "{}", state.display());
+
+    // AutoMTLS turned off while the agent was down: the plugin launched over TLS does
+    // not match the config any more and is replaced by a plain one.
+    let mut second = second;
+    kill9(&mut second);
+    std::fs::write(&config, "plugin_auto_mtls = false\n").unwrap();
+    let (_third, row3) = start(root.path(), &args, "rawexec");
+    let fresh = pid_of(&row3);
+    assert_ne!(
+        fresh, plugin,
+        "the AutoMTLS plugin was reattached: {row3:#}"
+    );
+    assert!(
+        !environ(fresh)
+            .iter()
+            .any(|e| e.starts_with("PLUGIN_CLIENT_CERT=")),
+        "the new rawexec still got AutoMTLS"
+    );
+    wait_dead(plugin);
 }
 
 /// The test's long task is killed however the test ends.

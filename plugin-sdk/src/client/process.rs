@@ -154,6 +154,15 @@ impl HostEnv {
 /// then `opts.env`, then the handshake's variables; a later entry replaces an earlier
 /// one of the same name.
 fn launch_env(opts: &LaunchOptions, client_cert: Option<&str>) -> Vec<(OsString, OsString)> {
+    launch_env_over(opts.host_env.from_host(), opts, client_cert)
+}
+
+/// [`launch_env`] over `host`, what the host's environment passes.
+fn launch_env_over(
+    host: Vec<(OsString, OsString)>,
+    opts: &LaunchOptions,
+    client_cert: Option<&str>,
+) -> Vec<(OsString, OsString)> {
     let mut handshake_env: Vec<(OsString, OsString)> = vec![
         (
             handshake::MAGIC_COOKIE_KEY.into(),
@@ -181,10 +190,14 @@ fn launch_env(opts: &LaunchOptions, client_cert: Option<&str>) -> Vec<(OsString,
         handshake_env.push((handshake::ENV_UNIX_SOCKET_DIR.into(), dir.into()));
     }
     let mut env: Vec<(OsString, OsString)> = Vec::new();
-    for (k, v) in opts
-        .host_env
-        .from_host()
-        .into_iter()
+    // The handshake's variables describe this launch only: a `PLUGIN_*` (or the cookie)
+    // in the host's own environment, from a go-plugin host above it, is dropped, or a
+    // plugin would see, say, `PLUGIN_MULTIPLEX_GRPC=true` that this host never offered.
+    let inherited = host.into_iter().filter(|(k, _)| {
+        let k = k.as_encoded_bytes();
+        !k.starts_with(b"PLUGIN_") && k != handshake::MAGIC_COOKIE_KEY.as_bytes()
+    });
+    for (k, v) in inherited
         .chain(opts.env.iter().cloned())
         .chain(handshake_env)
     {
@@ -1212,6 +1225,26 @@ async fn read_bounded_line<R: AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handshake_variables_of_the_hosts_own_environment_do_not_pass() {
+        let opts = LaunchOptions::new("p", "/bin/true");
+        let host = vec![
+            ("PLUGIN_MULTIPLEX_GRPC".into(), "true".into()),
+            ("PLUGIN_CLIENT_CERT".into(), "stale".into()),
+            (handshake::MAGIC_COOKIE_KEY.into(), "other".into()),
+            ("HOME".into(), "/root".into()),
+        ];
+        let env = launch_env_over(host, &opts, None);
+        let get = |k: &str| env.iter().find(|(e, _)| e == k).map(|(_, v)| v.clone());
+        assert_eq!(get("PLUGIN_MULTIPLEX_GRPC"), None);
+        assert_eq!(get("PLUGIN_CLIENT_CERT"), None);
+        assert_eq!(get("HOME"), Some("/root".into()));
+        assert_eq!(
+            get(handshake::MAGIC_COOKIE_KEY),
+            Some(handshake::MAGIC_COOKIE_VALUE.into())
+        );
+    }
 
     #[test]
     fn only_listed_host_variables_pass_and_the_handshake_ones_win() {

@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 /// A byte stream a gRPC connection can run on.
 pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -24,6 +24,10 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 /// Longest a host may take to complete a TLS handshake with a plugin. A peer that stalls
 /// holds only its own task: other connections are accepted meanwhile.
 pub(crate) const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TLS handshakes a plugin runs at once; more connections wait their turn.
+const MAX_PENDING_TLS_HANDSHAKES: usize = 8;
+/// Multiplexed (yamux) sessions a plugin holds at once; go-plugin hosts open one.
+const MAX_MUX_SESSIONS: usize = 8;
 
 /// How a plugin carries the connections it accepts, from its environment
 /// (`PLUGIN_CLIENT_CERT`, `PLUGIN_MULTIPLEX_GRPC`).
@@ -96,6 +100,8 @@ pub(crate) fn accept_loop<C: Io>(
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<ServedConn>> {
     let (tx, rx) = mpsc::channel(16);
     let acceptor = transport.tls.map(tokio_rustls::TlsAcceptor::from);
+    let handshakes = Arc::new(Semaphore::new(MAX_PENDING_TLS_HANDSHAKES));
+    let sessions = Arc::new(Semaphore::new(MAX_MUX_SESSIONS));
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -113,12 +119,24 @@ pub(crate) fn accept_loop<C: Io>(
                 }
             };
             if transport.multiplex {
-                let (tx, acceptor) = (tx.clone(), acceptor.clone());
-                tokio::spawn(mux::serve_session(conn, move |stream| {
-                    offer(stream, acceptor.clone(), tx.clone());
-                }));
+                // Each session holds up to 64 streams and their windows: a host has one
+                // (go-plugin opens exactly one), a flood of them is refused.
+                let Ok(session) = sessions.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        "refused a host connection: {MAX_MUX_SESSIONS} multiplexed sessions are open"
+                    );
+                    continue;
+                };
+                let (tx, acceptor, handshakes) = (tx.clone(), acceptor.clone(), handshakes.clone());
+                tokio::spawn(async move {
+                    mux::serve_session(conn, move |stream| {
+                        offer(stream, acceptor.clone(), handshakes.clone(), tx.clone());
+                    })
+                    .await;
+                    drop(session);
+                });
             } else {
-                offer(conn, acceptor.clone(), tx.clone());
+                offer(conn, acceptor.clone(), handshakes.clone(), tx.clone());
             }
         }
     });
@@ -129,13 +147,20 @@ pub(crate) fn accept_loop<C: Io>(
 fn offer<C: Io>(
     conn: C,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
+    handshakes: Arc<Semaphore>,
     tx: mpsc::Sender<std::io::Result<ServedConn>>,
 ) {
     tokio::spawn(async move {
         let served = match acceptor {
             None => ServedConn(Box::new(conn)),
             Some(acceptor) => {
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(conn)).await {
+                // Each handshake costs a P-521 signature: a few at a time, the rest wait
+                // (within the same time limit) rather than pile up.
+                let handshake = async {
+                    let _turn = handshakes.acquire_owned().await;
+                    acceptor.accept(conn).await
+                };
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake).await {
                     Ok(Ok(tls)) => ServedConn(Box::new(tls)),
                     Ok(Err(e)) => {
                         tracing::warn!("refused a host connection: TLS handshake failed: {e}");

@@ -1123,6 +1123,21 @@ async fn try_reattach(
         .await;
         return Err(reason);
     }
+    // So may `plugin_auto_mtls`: a plugin keeps the transport it was launched with, so
+    // one that no longer matches the config is replaced, as a binary that changed is.
+    let auto_mtls = ctx.launch_settings(&c.label).auto_mtls();
+    if auto_mtls != rec.reattach.tls.is_some() {
+        let why = if auto_mtls {
+            "AutoMTLS is now on for it (plugin_auto_mtls)"
+        } else {
+            "AutoMTLS is now off for it (plugin_auto_mtls)"
+        };
+        retire(rec, ctx.timeout, why).await;
+        return Err(format!(
+            "pid {} was launched with another transport: {why}",
+            rec.reattach.pid
+        ));
+    }
     let process = PluginProcess::reattach(rec.name.clone(), rec.reattach.clone(), ctx.timeout)
         .await
         .map_err(|e| e.to_string())?;
