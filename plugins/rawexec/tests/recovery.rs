@@ -357,10 +357,13 @@ async fn executors_are_small() {
     );
     // Debug builds carry far more relocations than release; this bound catches
     // regressions (a runtime started, a big buffer), the release figure is reported
-    // separately.
+    // separately (drover-bench tasks). Most of the private dirty memory is the binary's
+    // relocated tables (.data.rel.ro, .got), which grow with what the plugin links:
+    // go-plugin 1.6's AutoMTLS (aws-lc's P-521) and yamux took a debug executor from
+    // under 1024 KiB to ~1120 KiB (release: 1094 -> 1160 KiB PSS, measured in one run).
     for (pss, dirty) in samples {
         assert!(
-            pss < 4096 && dirty < 1024,
+            pss < 4096 && dirty < 1280,
             "pss {pss} KiB, dirty {dirty} KiB"
         );
     }
