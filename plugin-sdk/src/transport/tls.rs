@@ -484,8 +484,8 @@ impl ServerCertVerifier for PinnedServerVerifier {
 #[derive(Debug)]
 struct PinnedClientVerifier {
     trusted: Vec<CertificateDer<'static>>,
+    /// Built on the same provider: it checks chains, and every handshake signature.
     chained: Arc<dyn ClientCertVerifier>,
-    provider: Arc<CryptoProvider>,
 }
 
 impl PinnedClientVerifier {
@@ -500,17 +500,11 @@ impl PinnedClientVerifier {
                 reason: e.to_string(),
             })?;
         }
-        let chained = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots),
-            provider.clone(),
-        )
-        .build()
-        .map_err(|e| TlsSetupError::Config(e.to_string()))?;
-        Ok(PinnedClientVerifier {
-            trusted,
-            chained,
-            provider,
-        })
+        let chained =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsSetupError::Config(e.to_string()))?;
+        Ok(PinnedClientVerifier { trusted, chained })
     }
 }
 
@@ -548,12 +542,7 @@ impl ClientCertVerifier for PinnedClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chained.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -562,18 +551,11 @@ impl ClientCertVerifier for PinnedClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.chained.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.chained.supported_verify_schemes()
     }
 }
 
