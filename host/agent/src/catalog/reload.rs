@@ -809,29 +809,15 @@ impl Catalog {
         let gone = p.candidate();
         for alt in self.alternatives(&p.name, env) {
             match launch_checked(&alt, &env.ctx, &self.records, &env.policy).await {
-                Ok(fp)
-                    if fp.info.name == p.name && fp.candidate.source == PluginSource::External =>
-                {
-                    if let Err(reason) = takeover_consent(&fp, &gone, &env.policy) {
+                Ok(fp) if fp.info.name == p.name => {
+                    // A built-in needs no consent; another file claiming the name does.
+                    if fp.candidate.source == PluginSource::External
+                        && let Err(reason) = takeover_consent(&fp, &gone, &env.policy)
+                    {
                         tracing::info!(plugin = %p.name, path = %alt.path.display(), "cannot take over a removed plugin's tasks: {reason}");
                         fp.process.shutdown().await;
                         continue;
                     }
-                    if self.upgrade(p, fp, env, changes).await {
-                        changes.push(
-                            PluginChangeKind::Removed,
-                            &p.name,
-                            &gone.path,
-                            format!(
-                                "its file was removed; {} serves {:?} instead",
-                                alt.path.display(),
-                                p.name
-                            ),
-                        );
-                        return;
-                    }
-                }
-                Ok(fp) if fp.info.name == p.name => {
                     if self.upgrade(p, fp, env, changes).await {
                         changes.push(
                             PluginChangeKind::Removed,
