@@ -605,11 +605,6 @@ impl LaunchSettings {
         self.auto_mtls = on;
         self
     }
-
-    /// Whether the plugin is launched with go-plugin's automatic mutual TLS.
-    pub fn auto_mtls(&self) -> bool {
-        self.auto_mtls
-    }
 }
 
 /// [`PLUGIN_BASE_ENV`] only, plain.

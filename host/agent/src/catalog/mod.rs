@@ -75,11 +75,16 @@ impl LoadContext {
                 .chain(settings.into_iter().flat_map(|s| s.pass_env.iter())),
             settings.into_iter().flat_map(|s| s.env.iter()),
         )
-        .with_auto_mtls(
-            settings
-                .and_then(|s| s.auto_mtls)
-                .unwrap_or(self.plugin_auto_mtls),
-        )
+        .with_auto_mtls(self.auto_mtls(label))
+    }
+
+    /// Whether the plugin labelled `label` talks go-plugin AutoMTLS: its own
+    /// `[plugin.NAME] auto_mtls`, else the agent-wide `plugin_auto_mtls`.
+    pub fn auto_mtls(&self, label: &str) -> bool {
+        self.settings
+            .get(label)
+            .and_then(|s| s.auto_mtls)
+            .unwrap_or(self.plugin_auto_mtls)
     }
 }
 
@@ -1125,7 +1130,7 @@ async fn try_reattach(
     }
     // So may `plugin_auto_mtls`: a plugin keeps the transport it was launched with, so
     // one that no longer matches the config is replaced, as a binary that changed is.
-    let auto_mtls = ctx.launch_settings(&c.label).auto_mtls();
+    let auto_mtls = ctx.auto_mtls(&c.label);
     if auto_mtls != rec.reattach.tls.is_some() {
         let why = if auto_mtls {
             "AutoMTLS is now on for it (plugin_auto_mtls)"
