@@ -4,26 +4,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use drover_test_support::procs::environ;
 
 const SECRET: (&str, &str) = ("DROVER_TEST_AGENT_SECRET", "hunter2");
 const LISTED: (&str, &str) = ("DROVER_TEST_LISTED", "listed-value");
-
-/// The environment of the running process `pid`.
-fn environ(pid: u32) -> BTreeMap<String, String> {
-    let raw = std::fs::read(format!("/proc/{pid}/environ")).expect("read the plugin's environ");
-    raw.split(|b| *b == 0)
-        .filter(|e| !e.is_empty())
-        .filter_map(|e| {
-            let e = String::from_utf8_lossy(e);
-            e.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()))
-        })
-        .collect()
-}
 
 /// An agent with `SECRET` and `LISTED` in its environment, `pass_env` as its
 /// `DROVER_PLUGIN_PASS_ENV` and `config` as its config file; waits for rawexec.

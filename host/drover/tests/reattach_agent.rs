@@ -39,7 +39,7 @@ fn pid_of(row: &serde_json::Value) -> u32 {
     row["pid"].as_u64().expect("pid") as u32
 }
 
-use drover_test_support::procs::alive;
+use drover_test_support::procs::{alive, environ};
 
 fn wait_dead(pid: u32) {
     // A retired plugin gets a Shutdown, 2 s of grace and then SIGKILL; 15 s leaves a
@@ -154,19 +154,7 @@ fn killed_agent_reattaches_to_the_same_plugin_process() {
     );
     // The reattached plugin works, although its stderr pipe (to the dead agent) is
     // broken: serving a task makes it log, which must not kill it.
-    let id = second.cli_json(&[
-        "task",
-        "run",
-        "--driver",
-        "rawexec",
-        "--json",
-        "--config",
-        r#"{"command":"/bin/sh","args":["-c","exit 7"]}"#,
-    ])["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert_eq!(second.cli(&["task", "wait", &id]).status.code(), Some(7));
+    assert_eq!(run_sh(&second, "exit 7"), Some(7));
     assert!(alive(plugin));
     assert!(alive(task_pid));
 
@@ -183,13 +171,16 @@ fn killed_agent_reattaches_to_the_same_plugin_process() {
     assert_eq!(row(&rows, "rawexec")["reattached"], false);
 }
 
-/// The environment of the running process `pid`, as `KEY=VALUE` entries.
-fn environ(pid: u32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .unwrap_or_default()
-        .split(|b| *b == 0)
-        .map(|e| String::from_utf8_lossy(e).into_owned())
-        .collect()
+/// Run `/bin/sh -c SCRIPT` on rawexec through the CLI and return its exit code.
+fn run_sh(agent: &Agent, script: &str) -> Option<i32> {
+    let config = serde_json::json!({"command": "/bin/sh", "args": ["-c", script]}).to_string();
+    let id = agent.cli_json(&[
+        "task", "run", "--driver", "rawexec", "--json", "--config", &config,
+    ])["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    agent.cli(&["task", "wait", &id]).status.code()
 }
 
 /// With `plugin_auto_mtls`, a plugin is launched with go-plugin's AutoMTLS and the
@@ -211,17 +202,15 @@ fn killed_agent_reattaches_over_automtls() {
     // It was asked for TLS: the handshake's client certificate is in its environment.
     assert!(
         environ(plugin)
-            .iter()
-            .any(|e| e.starts_with("PLUGIN_CLIENT_CERT=-----BEGIN CERTIFICATE-----")),
+            .get("PLUGIN_CLIENT_CERT")
+            .is_some_and(|c| c.starts_with("-----BEGIN CERTIFICATE-----")),
         "rawexec was not launched with AutoMTLS"
     );
     // [plugin.docker] auto_mtls = false wins over the agent-wide setting.
     let rows = first.cli_json(&["plugin", "status", "--json"]);
     let docker = pid_of(row(rows.as_array().expect("plugin rows"), "docker"));
     assert!(
-        !environ(docker)
-            .iter()
-            .any(|e| e.starts_with("PLUGIN_CLIENT_CERT=")),
+        !environ(docker).contains_key("PLUGIN_CLIENT_CERT"),
         "docker got AutoMTLS though its config turned it off"
     );
     kill9(&mut first);
@@ -230,19 +219,7 @@ fn killed_agent_reattaches_over_automtls() {
     let (second, row2) = start(root.path(), &args, "rawexec");
     assert_eq!(pid_of(&row2), plugin, "not reattached: {row2:#}");
     assert_eq!(row2["reattached"], true);
-    let id = second.cli_json(&[
-        "task",
-        "run",
-        "--driver",
-        "rawexec",
-        "--json",
-        "--config",
-        r#"{"command":"/bin/sh","args":["-c","exit 5"]}"#,
-    ])["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert_eq!(second.cli(&["task", "wait", &id]).status.code(), Some(5));
+    assert_eq!(run_sh(&second, "exit 5"), Some(5));
     // The record holds the agent's private key: the state file is the agent's alone.
     let state = root.path().join("data/state.db");
     let meta = std::fs::metadata(&state).expect("the agent's state file");
@@ -261,9 +238,7 @@ fn killed_agent_reattaches_over_automtls() {
         "the AutoMTLS plugin was reattached: {row3:#}"
     );
     assert!(
-        !environ(fresh)
-            .iter()
-            .any(|e| e.starts_with("PLUGIN_CLIENT_CERT=")),
+        !environ(fresh).contains_key("PLUGIN_CLIENT_CERT"),
         "the new rawexec still got AutoMTLS"
     );
     wait_dead(plugin);

@@ -59,3 +59,21 @@ pub fn processes(pred: impl Fn(u32, u32) -> bool) -> Vec<u32> {
         })
         .collect()
 }
+
+/// The environment of process `pid` (`/proc/<pid>/environ`), by name; empty when it
+/// cannot be read (the process is gone).
+///
+/// ```
+/// let env = drover_test_support::procs::environ(std::process::id());
+/// assert_eq!(env.get("PATH").cloned(), std::env::var("PATH").ok());
+/// ```
+pub fn environ(pid: u32) -> std::collections::BTreeMap<String, String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter_map(|e| {
+            let e = String::from_utf8_lossy(e);
+            e.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
