@@ -149,11 +149,18 @@ fn logs_follow_shows_every_line_across_rotations() {
         .read_to_string(&mut err)
         .unwrap();
     assert!(logs.wait().unwrap().success(), "{err}");
+    // The agent says whether its followers could watch the log directory.
+    let agent_log = || {
+        let log = agent.log_text();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    };
     assert!(
         !err.contains("skipped"),
-        "the follower fell behind rotation: {err}"
+        "the follower fell behind rotation: {err}\nthe agent's log ends:\n{}",
+        agent_log()
     );
-    assert_eq!(data.len() as u64, LINES * 10, "{err}");
+    assert_eq!(data.len() as u64, LINES * 10, "{err}\n{}", agent_log());
     for (want, chunk) in (1u64..).zip(data.chunks(10)) {
         let n: u64 = std::str::from_utf8(&chunk[..9])
             .ok()

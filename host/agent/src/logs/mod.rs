@@ -144,53 +144,91 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Ahead {
-    /// Open the files after `last` that exist now, up to [`LOOKAHEAD`] files and
-    /// [`LOOKAHEAD_BYTES`]. Cheap when there is nothing new (one failed `open`).
-    fn fill(&mut self, base: &Path) -> io::Result<()> {
-        let Some(mut last) = self.last else {
-            return Ok(());
-        };
-        let Some((dir, stem)) = open_dir(base)? else {
-            return Ok(());
-        };
-        while self.files.len() < LOOKAHEAD
-            || (self.bytes < LOOKAHEAD_BYTES && self.files.len() < LOOKAHEAD_MAX_FILES)
-        {
-            let slot = if self.files.len() < LOOKAHEAD {
-                None
-            } else {
-                match ExtraFileSlot::take() {
-                    Some(slot) => Some(slot),
-                    None => break,
-                }
-            };
-            match open_log(&dir, &part(stem, last + 1)) {
-                Ok(file) => {
-                    last += 1;
-                    // The next file exists, so the one before it is complete: count it.
-                    if let Some(prev) = self.files.back_mut() {
-                        prev.counted = prev.file.metadata()?.len();
-                        self.bytes += prev.counted;
-                    }
-                    self.files.push_back(OpenFile {
-                        index: Some(last),
-                        file,
-                        counted: 0,
-                        _slot: slot,
-                    });
-                    self.last = Some(last);
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                Err(e) => return Err(e),
-            }
+    /// Whether a reader holding this wants another file ahead, and if so whether it
+    /// needs an [`ExtraFileSlot`] for it.
+    fn wants(&self) -> Option<bool> {
+        if self.files.len() < LOOKAHEAD {
+            Some(false)
+        } else if self.bytes < LOOKAHEAD_BYTES && self.files.len() < LOOKAHEAD_MAX_FILES {
+            Some(true)
+        } else {
+            None
         }
-        Ok(())
+    }
+
+    /// Take `file`, opened as `index`, if it is the next one (`last + 1`); `false`
+    /// when someone else took that index meanwhile.
+    fn push(&mut self, index: u64, file: File, slot: Option<ExtraFileSlot>) -> io::Result<bool> {
+        if self.last.map(|l| l + 1) != Some(index) {
+            return Ok(false);
+        }
+        // The next file exists, so the one before it is complete: count it.
+        if let Some(prev) = self.files.back_mut() {
+            prev.counted = prev.file.metadata()?.len();
+            self.bytes += prev.counted;
+        }
+        self.files.push_back(OpenFile {
+            index: Some(index),
+            file,
+            counted: 0,
+            _slot: slot,
+        });
+        self.last = Some(index);
+        Ok(true)
     }
 
     fn pop(&mut self) -> Option<OpenFile> {
         let open = self.files.pop_front()?;
         self.bytes -= open.counted;
         Some(open)
+    }
+}
+
+/// Open the files after the last one `ahead` holds that exist now, up to [`LOOKAHEAD`]
+/// files and [`LOOKAHEAD_BYTES`]. Cheap when there is nothing new (one failed `open`).
+///
+/// The reader and the inotify reader thread both fill, concurrently. The lock is held
+/// only to look at and to add to the files, never while opening one: a reader thread
+/// that lost its CPU while it held the lock across a directory look would otherwise
+/// keep the inotify thread from opening files that rotation then deleted. Two fillers
+/// opening the same file is harmless: the second copy is dropped.
+fn fill_ahead(ahead: &std::sync::Mutex<Ahead>, base: &Path) -> io::Result<()> {
+    let mut dir = None;
+    loop {
+        let (next, extra) = {
+            let a = lock(ahead);
+            let Some(last) = a.last else {
+                return Ok(());
+            };
+            let Some(extra) = a.wants() else {
+                return Ok(());
+            };
+            (last + 1, extra)
+        };
+        let slot = if extra {
+            match ExtraFileSlot::take() {
+                Some(slot) => Some(slot),
+                None => return Ok(()),
+            }
+        } else {
+            None
+        };
+        if dir.is_none() {
+            match open_dir(base)? {
+                Some(d) => dir = Some(d),
+                None => return Ok(()),
+            }
+        }
+        let Some((dir, stem)) = &dir else {
+            return Ok(());
+        };
+        let file = match open_log(dir, &part(stem, next)) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        // Taken by another filler meanwhile: go on from wherever it got to.
+        lock(ahead).push(next, file, slot)?;
     }
 }
 
@@ -205,18 +243,9 @@ impl AheadHandle {
     /// Open what was created ahead of the reader, if it is still there. An error is
     /// left for the reader to meet (and report) at its own next look.
     pub(crate) fn fill(&self) {
-        let Some(ahead) = self.ahead.upgrade() else {
-            return;
-        };
-        // Never wait for the reader: it holds the lock only while it looks at the
-        // directory itself, and a task that makes that look slow (thousands of files)
-        // must not hold up the one thread that serves every task's followers.
-        let mut ahead = match ahead.try_lock() {
-            Ok(a) => a,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
-        let _ = ahead.fill(&self.base);
+        if let Some(ahead) = self.ahead.upgrade() {
+            let _ = fill_ahead(&ahead, &self.base);
+        }
     }
 }
 
@@ -276,17 +305,25 @@ impl LogReader {
             let Some(index) = current.index else {
                 return Ok(None);
             };
-            // Under the lock throughout, so that the inotify reader cannot open the
-            // same next file ahead while we look for it here.
+            if let Some(open) = lock(&self.ahead).pop() {
+                self.pending = Some(Pending { open, skipped: 0 });
+                continue;
+            }
+            // Nothing held ahead: look for the next file ourselves, without the lock
+            // (a directory look can be slow), then settle with the inotify reader
+            // thread, which may have opened that same next file meanwhile.
+            let found = find_after(&self.base, index)?;
             let mut ahead = lock(&self.ahead);
             if let Some(open) = ahead.pop() {
                 self.pending = Some(Pending { open, skipped: 0 });
                 continue;
             }
-            match find_after(&self.base, index)? {
+            match found {
                 // The writer may have appended to the current file between our read
                 // and its creating the next one: read the current file once more.
                 Some(next) => {
+                    // Nothing was added ahead meanwhile, so nothing is held past
+                    // `index`: the found file (or a later one, after a skip) is next.
                     ahead.last = next.open.index;
                     self.pending = Some(next);
                 }
@@ -308,7 +345,7 @@ impl LogReader {
     /// read. Cheap when there is nothing new (one failed `open`); call it while
     /// waiting, too.
     pub fn open_ahead(&mut self) -> io::Result<()> {
-        lock(&self.ahead).fill(&self.base)
+        fill_ahead(&self.ahead, &self.base)
     }
 
     /// Open the file to start from; `false` when the stream has no file yet.
