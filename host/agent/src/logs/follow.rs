@@ -294,7 +294,8 @@ fn cannot_watch(dir: &Path, e: &io::Error) {
         tracing::warn!(
             "log followers poll instead of watching their directories ({}: {e}); a \
              fast writer can rotate output away between polls. Raise \
-             fs.inotify.max_user_instances or fs.inotify.max_user_watches",
+             fs.inotify.max_user_instances or fs.inotify.max_user_watches (or the \
+             agent's open-file limit, if that is what ran out)",
             dir.display()
         );
     }

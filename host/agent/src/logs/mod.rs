@@ -135,6 +135,9 @@ pub(crate) struct Ahead {
     files: std::collections::VecDeque<OpenFile>,
     /// Sum of `counted` over `files`.
     bytes: u64,
+    /// Fillers between looking at `last` and adding the file they open: a reader that
+    /// finds files skipped waits for them, as one of them may hold the next file open.
+    opening: usize,
 }
 
 /// Lock `m`; its data stays consistent at every unlock, so a panic elsewhere does not
@@ -156,11 +159,17 @@ impl Ahead {
         }
     }
 
-    /// Take `file`, opened as `index`, if it is the next one (`last + 1`); `false`
-    /// when someone else took that index meanwhile.
-    fn push(&mut self, index: u64, file: File, slot: Option<ExtraFileSlot>) -> io::Result<bool> {
+    /// Take `file`, opened as `index`, if it is the next one (`last + 1`); when someone
+    /// else took that index meanwhile, hand it back, to be closed outside the lock
+    /// (closing the last descriptor of a deleted file frees its blocks).
+    fn push(
+        &mut self,
+        index: u64,
+        file: File,
+        slot: Option<ExtraFileSlot>,
+    ) -> io::Result<Option<(File, Option<ExtraFileSlot>)>> {
         if self.last.map(|l| l + 1) != Some(index) {
-            return Ok(false);
+            return Ok(Some((file, slot)));
         }
         // The next file exists, so the one before it is complete: count it.
         if let Some(prev) = self.files.back_mut() {
@@ -174,7 +183,7 @@ impl Ahead {
             _slot: slot,
         });
         self.last = Some(index);
-        Ok(true)
+        Ok(None)
     }
 
     fn pop(&mut self) -> Option<OpenFile> {
@@ -196,39 +205,59 @@ fn fill_ahead(ahead: &std::sync::Mutex<Ahead>, base: &Path) -> io::Result<()> {
     let mut dir = None;
     loop {
         let (next, extra) = {
-            let a = lock(ahead);
+            let mut a = lock(ahead);
             let Some(last) = a.last else {
                 return Ok(());
             };
             let Some(extra) = a.wants() else {
                 return Ok(());
             };
+            a.opening += 1;
             (last + 1, extra)
         };
-        let slot = if extra {
-            match ExtraFileSlot::take() {
-                Some(slot) => Some(slot),
-                None => return Ok(()),
+        let opened = open_next(&mut dir, base, next, extra);
+        let refused = {
+            let mut a = lock(ahead);
+            a.opening -= 1;
+            match opened {
+                Ok(Some((file, slot))) => a.push(next, file, slot),
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e),
             }
-        } else {
-            None
         };
-        if dir.is_none() {
-            match open_dir(base)? {
-                Some(d) => dir = Some(d),
-                None => return Ok(()),
-            }
+        // Taken by another filler meanwhile: go on from wherever it got to. The copy
+        // is closed here, outside the lock.
+        drop(refused?);
+    }
+}
+
+/// Open file `index` of the stream at `base` (and its directory into `dir`, once);
+/// `None` when it does not exist, or when it would be past the agent's bound on
+/// files held ahead (`extra`).
+fn open_next<'a>(
+    dir: &mut Option<(Dir, &'a OsStr)>,
+    base: &'a Path,
+    index: u64,
+    extra: bool,
+) -> io::Result<Option<(File, Option<ExtraFileSlot>)>> {
+    let slot = if extra {
+        match ExtraFileSlot::take() {
+            Some(slot) => Some(slot),
+            None => return Ok(None),
         }
-        let Some((dir, stem)) = &dir else {
-            return Ok(());
-        };
-        let file = match open_log(dir, &part(stem, next)) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        // Taken by another filler meanwhile: go on from wherever it got to.
-        lock(ahead).push(next, file, slot)?;
+    } else {
+        None
+    };
+    if dir.is_none() {
+        *dir = open_dir(base)?;
+    }
+    let Some((dir, stem)) = dir else {
+        return Ok(None);
+    };
+    match open_log(dir, &part(stem, index)) {
+        Ok(file) => Ok(Some((file, slot))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -272,6 +301,7 @@ impl LogReader {
                 last: None,
                 files: std::collections::VecDeque::new(),
                 bytes: 0,
+                opening: 0,
             })),
             pending: None,
             buf: vec![0; CHUNK],
@@ -290,7 +320,10 @@ impl LogReader {
             let n = current.file.read(&mut self.buf)?;
             if n > 0 {
                 let chunk = LogChunk::Data(self.buf[..n].to_vec());
-                self.open_ahead()?;
+                // An error opening a file ahead (a link planted further on) is met
+                // again, and reported, when the reader gets to that file: the chunk
+                // read is not lost to it.
+                let _ = self.open_ahead();
                 return Ok(Some(chunk));
             }
             // End of the current file. If the next one was found before this read,
@@ -316,6 +349,13 @@ impl LogReader {
             let mut ahead = lock(&self.ahead);
             if let Some(open) = ahead.pop() {
                 self.pending = Some(Pending { open, skipped: 0 });
+                continue;
+            }
+            if found.as_ref().is_some_and(|f| f.skipped > 0) && ahead.opening > 0 {
+                // A filler may hold the file after `index` open, deleted since: let it
+                // add it rather than skip it (its open is one short system call).
+                drop(ahead);
+                std::thread::yield_now();
                 continue;
             }
             match found {
@@ -866,6 +906,30 @@ mod tests {
     /// A task that can write its log directory replaces its log with a link to a
     /// root-only file, a hard link to it, or a FIFO: the reader refuses each (without
     /// hanging on the FIFO) and never returns the file's bytes, whatever the start.
+    #[test]
+    fn output_before_a_planted_link_is_read_and_then_the_link_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, "root only\n").unwrap();
+        let logs = tmp.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        std::fs::write(logs.join("stdout.0"), "zero\n").unwrap();
+        std::fs::write(logs.join("stdout.1"), "one\n").unwrap();
+        std::os::unix::fs::symlink(&secret, logs.join("stdout.2")).unwrap();
+        let mut r = LogReader::new(logs.join("stdout"), LogStart::Beginning);
+        let mut read = Vec::new();
+        let e = loop {
+            match r.read() {
+                Ok(Some(LogChunk::Data(d))) => read.extend(d),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => break e,
+            }
+        };
+        // The files before the link are whole; the link ends the stream, with why.
+        assert_eq!(read, b"zero\none\n");
+        assert!(drover_plugin_sdk::taskdir::refusal(&e).is_some(), "{e}");
+    }
+
     #[test]
     fn planted_links_and_fifos_are_refused_not_read() {
         use std::os::unix::fs::symlink;
