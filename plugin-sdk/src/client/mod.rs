@@ -7,6 +7,7 @@
 //! - `inproc.rs`: load a driver library into this process ([`InProcessPlugin`]);
 //! - this module: [`PluginClient`], the typed RPCs, and what a plugin says it is.
 
+mod dead_socket;
 mod inproc;
 mod process;
 mod reattach;

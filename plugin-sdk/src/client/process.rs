@@ -711,7 +711,13 @@ async fn kill_and_reap(pid: u32, mut child: tokio::process::Child) {
 }
 
 /// Wait for our child in the background; the receiver holds how it ended.
-fn watch_exit(mut child: tokio::process::Child, addr: PluginAddr) -> watch::Receiver<Option<Exit>> {
+/// `within`: the directory the plugin was told to make its socket in (see
+/// [`super::dead_socket`]).
+fn watch_exit(
+    mut child: tokio::process::Child,
+    addr: PluginAddr,
+    within: PathBuf,
+) -> watch::Receiver<Option<Exit>> {
     let (exit_tx, exit_rx) = watch::channel(None);
     tokio::spawn(async move {
         let exit = match child.wait().await {
@@ -721,48 +727,10 @@ fn watch_exit(mut child: tokio::process::Child, addr: PluginAddr) -> watch::Rece
                 outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
             },
         };
-        remove_dead_socket(&addr).await;
+        super::dead_socket::remove_dead_socket(&addr, Some(&within)).await;
         let _ = exit_tx.send(Some(exit));
     });
     exit_rx
-}
-
-/// Remove the socket (and its directory, if that is left empty) of a plugin that has
-/// exited: one that exits cleanly removes them itself, but a killed or crashed one
-/// cannot, and without this every such plugin leaves a `drover-plugin-*` directory in
-/// the temp dir.
-///
-/// The path comes from the plugin's handshake line, so it is not trusted: only a unix
-/// socket owned by this user is removed, only while nothing listens on it (a dead
-/// plugin's socket refuses connections; a live one, even one that some other plugin
-/// named, is left alone), and its directory only with `rmdir`, which removes nothing
-/// but an empty directory.
-pub(super) async fn remove_dead_socket(addr: &PluginAddr) {
-    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
-    let PluginAddr::Unix(path) = addr else {
-        return;
-    };
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return;
-    };
-    if !meta.file_type().is_socket() || meta.uid() != rustix::process::geteuid().as_raw() {
-        return;
-    }
-    // Non-blocking: a live listener with a full backlog would block a plain connect.
-    match tokio::time::timeout(
-        Duration::from_millis(200),
-        tokio::net::UnixStream::connect(path),
-    )
-    .await
-    {
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
-        _ => return,
-    }
-    if std::fs::remove_file(path).is_ok()
-        && let Some(dir) = path.parent()
-    {
-        let _ = std::fs::remove_dir(dir);
-    }
 }
 
 /// Read the first stdout line, bounded in length.
@@ -959,7 +927,10 @@ impl PluginProcess {
                 tracing::info!(target: "drover::plugin", plugin = %name, "stdout: {l}{more}");
             }
         });
-        let exit = watch_exit(child, established.line.addr.clone());
+        // Where the plugin was told to make its socket: the dir given, or the temp
+        // dir of an environment like this host's.
+        let within = opts.socket_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let exit = watch_exit(child, established.line.addr.clone(), within);
         Ok(PluginProcess {
             name: opts.name,
             pid,

@@ -286,7 +286,7 @@ pub(super) async fn reattach_inner(
         // A pidfd becomes readable when the process exits.
         let how = match async_fd.readable().await {
             Ok(_) => {
-                super::process::remove_dead_socket(&addr).await;
+                super::dead_socket::remove_dead_socket(&addr, None).await;
                 "exited; exit status unknown (reattached, not our child)".to_owned()
             }
             Err(e) => format!("lost track of it: pidfd: {e}"),
