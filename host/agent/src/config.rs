@@ -20,8 +20,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// Settings for one plugin, `[plugin.NAME]` in TOML.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Settings for one plugin, `[plugin.NAME]` in TOML. Its `Debug` shows the names of
+/// `env` and the keys of `config`, never their values: both may hold credentials.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSettings {
     /// Plugin configuration, validated against the plugin's schema, then `SetConfig`.
@@ -53,6 +54,25 @@ pub struct PluginSettings {
     pub auto_mtls: Option<bool>,
 }
 
+impl std::fmt::Debug for PluginSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let config_keys: Vec<&String> = self
+            .config
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
+        let env_names: Vec<&String> = self.env.keys().collect();
+        f.debug_struct("PluginSettings")
+            .field("config_keys", &config_keys)
+            .field("sha256", &self.sha256)
+            .field("in_process", &self.in_process)
+            .field("pass_env", &self.pass_env)
+            .field("env_names", &env_names)
+            .field("auto_mtls", &self.auto_mtls)
+            .finish()
+    }
+}
+
 impl Default for PluginSettings {
     fn default() -> Self {
         PluginSettings {
@@ -80,6 +100,13 @@ fn bad_env_name(name: &str) -> Option<&'static str> {
         );
     }
     None
+}
+
+/// Whether `name` makes glibc's dynamic loader (or iconv) load code from where it
+/// says: `LD_PRELOAD`, `LD_LIBRARY_PATH`, `LD_AUDIT` and the rest of `LD_*`, and
+/// `GCONV_PATH`.
+fn loader_variable(name: &str) -> bool {
+    name.starts_with("LD_") || name == "GCONV_PATH"
 }
 
 fn empty_object() -> serde_json::Value {
@@ -383,15 +410,40 @@ impl AgentConfig {
             }
             Ok(())
         };
+        // A pin binds a name to the bytes of one file; a variable that makes the
+        // dynamic loader load more code would run code no pin covers.
+        let loads_code = |key: &str, name: &str| -> Result<(), ConfigError> {
+            if loader_variable(name) {
+                return Err(ConfigError(format!(
+                    "{key}: {name:?} makes the dynamic loader load code that no sha256 pin \
+                     covers, so it is refused for a pinned plugin; install the library \
+                     where the loader looks by default, or drop the pin"
+                )));
+            }
+            Ok(())
+        };
+        let any_pin = self.plugin.values().any(|p| p.sha256.is_some());
         for name in &self.plugin_pass_env {
             check("plugin_pass_env", name)?;
+            if any_pin {
+                loads_code("plugin_pass_env", name)?;
+            }
         }
         for (plugin, settings) in &self.plugin {
+            let pinned = settings.sha256.is_some();
             for name in &settings.pass_env {
-                check(&format!("[plugin.{plugin}] pass_env"), name)?;
+                let key = format!("[plugin.{plugin}] pass_env");
+                check(&key, name)?;
+                if pinned {
+                    loads_code(&key, name)?;
+                }
             }
             for (name, value) in &settings.env {
-                check(&format!("[plugin.{plugin}] env"), name)?;
+                let key = format!("[plugin.{plugin}] env");
+                check(&key, name)?;
+                if pinned {
+                    loads_code(&key, name)?;
+                }
                 if value.contains('\0') {
                     return Err(ConfigError(format!(
                         "[plugin.{plugin}] env: the value of {name:?} contains a NUL byte"
@@ -591,6 +643,65 @@ mod tests {
             err.contains("limits.header_read_timeout must be more than 0"),
             "{err}"
         );
+    }
+
+    fn load_toml(text: &str) -> Result<AgentConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, text).unwrap();
+        AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default())
+    }
+
+    const PIN: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+    /// A pinned plugin runs only the bytes its pin names: `LD_PRELOAD` and the like,
+    /// which would load more code into it, are refused for it, and for every plugin
+    /// through `plugin_pass_env` once any pin is set. An unpinned plugin may have them.
+    #[test]
+    fn loader_variables_are_refused_for_pinned_plugins() {
+        for (text, culprit) in [
+            (
+                format!(
+                    "[plugin.rawexec]\nsha256 = \"{PIN}\"\nenv = {{ LD_PRELOAD = \"/opt/x.so\" }}\n"
+                ),
+                "LD_PRELOAD",
+            ),
+            (
+                format!("[plugin.rawexec]\nsha256 = \"{PIN}\"\npass_env = [\"LD_LIBRARY_PATH\"]\n"),
+                "LD_LIBRARY_PATH",
+            ),
+            (
+                format!(
+                    "plugin_pass_env = [\"GCONV_PATH\"]\n[plugin.docker]\nsha256 = \"{PIN}\"\n"
+                ),
+                "GCONV_PATH",
+            ),
+        ] {
+            let err = load_toml(&text).unwrap_err().to_string();
+            assert!(
+                err.contains(culprit) && err.contains("no sha256 pin covers"),
+                "{err}"
+            );
+        }
+        let unpinned = load_toml(
+            "plugin_pass_env = [\"LD_LIBRARY_PATH\"]\n[plugin.rawexec]\nenv = { LD_PRELOAD = \"/opt/x.so\" }\n",
+        )
+        .unwrap();
+        assert_eq!(unpinned.plugin["rawexec"].env["LD_PRELOAD"], "/opt/x.so");
+    }
+
+    /// `env` values and `config` may be credentials: the settings' `Debug` (the one a
+    /// log line of the config would use) names them and shows no value.
+    #[test]
+    fn debug_of_plugin_settings_shows_no_env_or_config_values() {
+        let c = load_toml(
+            "[plugin.docker]\nenv = { TOKEN = \"s3cret-env\" }\nconfig = { auth = \"s3cret-config\" }\n",
+        )
+        .unwrap();
+        for shown in [format!("{:?}", c.plugin["docker"]), format!("{c:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("TOKEN") && shown.contains("auth"), "{shown}");
+        }
     }
 
     #[test]
