@@ -244,6 +244,38 @@ fn killed_agent_reattaches_over_automtls() {
     wait_dead(plugin);
 }
 
+/// An AutoMTLS plugin whose record was lost (the state file deleted while the agent
+/// was down) cannot be asked who it is in plain text, and the key to ask over TLS
+/// went with the record: the next agent launches a new one and removes the stray's
+/// socket, and the stray exits by itself instead of running for ever.
+#[test]
+fn a_stray_automtls_plugin_whose_record_is_lost_goes_away() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("plugins")).unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(&config, "plugin_auto_mtls = true\n").unwrap();
+    let args = ["--config", config.to_str().unwrap()];
+    let (mut first, row1) = start(root.path(), &args, "rawexec");
+    let stray = pid_of(&row1);
+    kill9(&mut first);
+    assert!(alive(stray), "the plugin died with the agent");
+    std::fs::remove_file(root.path().join("data/state.db")).unwrap();
+
+    let (second, row2) = start(root.path(), &args, "rawexec");
+    let fresh = pid_of(&row2);
+    assert_ne!(fresh, stray, "reattached without a record: {row2:#}");
+    // The sweep removes its socket after the start; the plugin sees that within its
+    // orphan check interval (2 s) and exits.
+    wait_dead(stray);
+    assert!(
+        second.log_text().contains("cannot be asked who it is"),
+        "{}",
+        second.log_text()
+    );
+    assert!(alive(fresh));
+    assert_eq!(run_sh(&second, "exit 4"), Some(4));
+}
+
 /// The test's long task is killed however the test ends.
 struct KillOnDrop(u32);
 

@@ -964,10 +964,15 @@ fn stray_sockets(socket_dir: &Path, serving: &[Arc<LoadedPlugin>]) -> Vec<(PathB
 /// without cleaning up (kill -9), so the dir goes. A plugin answering: a process an
 /// earlier agent launched but was killed before recording (or whose record was lost);
 /// it lives in our private socket dir and proves to be a plugin over RPC, so it is shut
-/// down. Anything else is left alone.
+/// down. One of our uid that cannot be asked (launched with AutoMTLS, whose key went
+/// with the record) loses its socket dir instead: an SDK plugin exits by itself once
+/// no host is connected and its socket is gone. Anything else is left alone.
 async fn sweep(dir: &Path, sock: &Path, timeout: Duration) {
-    let peer = match tokio::net::UnixStream::connect(sock).await {
-        Ok(s) => s.peer_cred().ok().and_then(|c| c.pid()),
+    let (peer, peer_uid) = match tokio::net::UnixStream::connect(sock).await {
+        Ok(s) => match s.peer_cred() {
+            Ok(c) => (c.pid(), Some(c.uid())),
+            Err(_) => (None, None),
+        },
         Err(e)
             if matches!(
                 e.kind(),
@@ -1009,6 +1014,25 @@ async fn sweep(dir: &Path, sock: &Path, timeout: Duration) {
     let name = match PluginProcess::reattach("?", config.clone(), timeout).await {
         Err(drover_plugin_sdk::client::ReattachError::WrongPlugin { found, .. }) => found,
         Ok(_) => return,
+        Err(e) if peer_uid == Some(rustix::process::geteuid().as_raw()) => {
+            // Only a process of our uid can have bound in our private (0700) socket
+            // dir, and nothing serving uses this socket.
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => tracing::warn!(
+                    pid,
+                    socket = %sock.display(),
+                    "a stray plugin process an earlier agent launched cannot be asked who \
+                     it is ({e}; launched with AutoMTLS, its key went with its lost \
+                     record): removed its socket, so that it exits once idle"
+                ),
+                Err(e) => tracing::warn!(
+                    pid,
+                    dir = %dir.display(),
+                    "cannot remove a stray plugin's socket dir: {e}"
+                ),
+            }
+            return;
+        }
         Err(e) => {
             tracing::warn!(pid, socket = %sock.display(), "unknown process on a plugin socket left alone: {e}");
             return;
