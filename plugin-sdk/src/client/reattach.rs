@@ -101,6 +101,14 @@ impl std::fmt::Debug for ReattachTls {
     }
 }
 
+/// The private key is wiped from memory when the record is dropped (copies made by
+/// serialising it are the serialiser's).
+impl Drop for ReattachTls {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.client_key_pem);
+    }
+}
+
 impl ReattachTls {
     /// The TLS client configuration this material describes.
     pub(super) fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {

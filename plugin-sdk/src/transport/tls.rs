@@ -85,6 +85,12 @@ impl std::fmt::Debug for GeneratedCert {
     }
 }
 
+impl Drop for GeneratedCert {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.key_pkcs8);
+    }
+}
+
 impl GeneratedCert {
     /// The key as PKCS#8 PEM (for the reattach record).
     pub(crate) fn key_pem(&self) -> String {
@@ -93,7 +99,8 @@ impl GeneratedCert {
 }
 
 fn pem_encode(label: &str, der: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    // Wiped when done: `der` may be a private key.
+    let b64 = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(der));
     let mut out = format!("-----BEGIN {label}-----\n");
     for chunk in b64.as_bytes().chunks(64) {
         out.push_str(&String::from_utf8_lossy(chunk));
@@ -196,12 +203,12 @@ pub(crate) fn parse_pem_certs(
 }
 
 /// A PKCS#8 (or SEC1) PEM private key as PKCS#8 DER.
-pub(crate) fn parse_pem_key(pem: &str) -> Result<Vec<u8>, TlsSetupError> {
+pub(crate) fn parse_pem_key(pem: &str) -> Result<zeroize::Zeroizing<Vec<u8>>, TlsSetupError> {
     use rustls::pki_types::pem::PemObject as _;
     match PrivateKeyDer::from_pem_slice(pem.as_bytes())
         .map_err(|e| TlsSetupError::BadKey(e.to_string()))?
     {
-        PrivateKeyDer::Pkcs8(k) => Ok(k.secret_pkcs8_der().to_vec()),
+        PrivateKeyDer::Pkcs8(k) => Ok(zeroize::Zeroizing::new(k.secret_pkcs8_der().to_vec())),
         _ => Err(TlsSetupError::BadKey(
             "expected a PKCS#8 \"PRIVATE KEY\" block".into(),
         )),
@@ -407,6 +414,63 @@ impl rustls::client::ResolvesClientCert for OwnClientCert {
     }
 }
 
+/// A pinned certificate is still checked for its validity period, as Go's
+/// verification checks it for a certificate in its root pool: one made for an earlier
+/// session and replayed long after (go-plugin's last 30 years) is refused.
+fn check_validity(cert: &CertificateDer<'_>, now: UnixTime) -> Result<(), rustls::Error> {
+    let Some((not_before, not_after)) = validity(cert) else {
+        return Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::BadEncoding,
+        ));
+    };
+    let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    if now < not_before {
+        return Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidYet,
+        ));
+    }
+    if now > not_after {
+        return Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Expired,
+        ));
+    }
+    Ok(())
+}
+
+/// `notBefore` and `notAfter` of an X.509 certificate, in Unix seconds (RFC 5280
+/// 4.1: `Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm, signature }`,
+/// the validity being the fifth field of `tbsCertificate`, after an optional version).
+fn validity(cert: &[u8]) -> Option<(i64, i64)> {
+    use yasna::{ASN1Result, BERReader, Tag};
+    fn time(r: BERReader<'_, '_>) -> ASN1Result<i64> {
+        if r.lookahead_tag()? == yasna::tags::TAG_UTCTIME {
+            Ok(r.read_utctime()?.datetime().unix_timestamp())
+        } else {
+            Ok(r.read_generalized_time()?.datetime().unix_timestamp())
+        }
+    }
+    yasna::parse_der(cert, |r| {
+        r.read_sequence(|r| {
+            let validity = r.next().read_sequence(|r| {
+                r.read_optional(|r| r.read_tagged(Tag::context(0), |r| r.read_der().map(drop)))?;
+                r.next().read_der()?; // serialNumber
+                r.next().read_der()?; // signature
+                r.next().read_der()?; // issuer
+                let validity = r
+                    .next()
+                    .read_sequence(|r| Ok((time(r.next())?, time(r.next())?)))?;
+                // subject, subjectPublicKeyInfo, then optional fields.
+                while r.read_optional(|r| r.read_der())?.is_some() {}
+                Ok(validity)
+            })?;
+            r.next().read_der()?; // signatureAlgorithm
+            r.next().read_der()?; // signatureValue
+            Ok(validity)
+        })
+    })
+    .ok()
+}
+
 /// The host's check of the plugin: its certificate must be byte for byte the one the
 /// plugin announced (go-plugin puts that one certificate alone in the host's root pool),
 /// valid for `localhost`; its handshake signature must verify with that certificate's
@@ -425,13 +489,14 @@ impl ServerCertVerifier for PinnedServerVerifier {
         _intermediates: &[CertificateDer<'_>],
         server_name: &ServerName<'_>,
         _ocsp_response: &[u8],
-        _now: UnixTime,
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         if end_entity.as_ref() != self.pinned.as_ref() {
             return Err(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::ApplicationVerificationFailure,
             ));
         }
+        check_validity(end_entity, now)?;
         let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| {
             rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding)
         })?;
@@ -526,6 +591,7 @@ impl ClientCertVerifier for PinnedClientVerifier {
             .iter()
             .any(|t| t.as_ref() == end_entity.as_ref())
         {
+            check_validity(end_entity, now)?;
             return Ok(ClientCertVerified::assertion());
         }
         self.chained
@@ -577,9 +643,55 @@ mod tests {
         assert!(!text.ends_with('='));
         assert_eq!(decode_handshake_cert(&text).unwrap(), c.der);
         assert_eq!(parse_pem_certs("x", &c.pem).unwrap(), vec![c.der.clone()]);
-        assert_eq!(parse_pem_key(&c.key_pem()).unwrap(), c.key_pkcs8);
+        assert_eq!(*parse_pem_key(&c.key_pem()).unwrap(), c.key_pkcs8);
         // Two certificates differ (fresh key and serial each time).
         assert_ne!(generate_cert().unwrap().der, c.der);
+    }
+
+    /// A pinned certificate is refused outside its validity period, as Go refuses it:
+    /// by the host checking the plugin's, and by the plugin checking the host's.
+    #[test]
+    fn a_pinned_certificate_is_refused_outside_its_validity() {
+        use std::time::{Duration, SystemTime, UNIX_EPOCH};
+        let c = generate_cert().unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let (not_before, not_after) = validity(&c.der).unwrap();
+        let now_s = i64::try_from(now.as_secs()).unwrap();
+        // go-plugin's shape: 30 s back, 262980 hours ahead (a GeneralizedTime, past 2049).
+        assert!(
+            (now_s - 40..=now_s - 20).contains(&not_before),
+            "{not_before}"
+        );
+        let lifetime = i64::try_from(CERT_LIFETIME.as_secs()).unwrap();
+        assert!((now_s + lifetime - 10..=now_s + lifetime + 10).contains(&not_after));
+
+        let at = |d: Duration| UnixTime::since_unix_epoch(d);
+        let later = now + CERT_LIFETIME + Duration::from_secs(3600);
+        let earlier = now - Duration::from_secs(3600);
+        let server = PinnedServerVerifier {
+            pinned: c.der.clone(),
+            provider: provider(),
+        };
+        let verify = |when| server.verify_server_cert(&c.der, &[], &server_name(), &[], at(when));
+        assert!(verify(now).is_ok());
+        assert_eq!(
+            verify(later).unwrap_err(),
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Expired)
+        );
+        assert_eq!(
+            verify(earlier).unwrap_err(),
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidYet)
+        );
+        let client = PinnedClientVerifier::new(vec![c.der.clone()], provider()).unwrap();
+        assert!(client.verify_client_cert(&c.der, &[], at(now)).is_ok());
+        assert_eq!(
+            client
+                .verify_client_cert(&c.der, &[], at(later))
+                .unwrap_err(),
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Expired)
+        );
+        // Not a certificate at all.
+        assert_eq!(validity(b"\x30\x03\x02\x01\x01"), None);
     }
 
     #[test]
