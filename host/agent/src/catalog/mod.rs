@@ -1014,10 +1014,14 @@ async fn sweep(dir: &Path, sock: &Path, timeout: Duration) {
     let name = match PluginProcess::reattach("?", config.clone(), timeout).await {
         Err(drover_plugin_sdk::client::ReattachError::WrongPlugin { found, .. }) => found,
         Ok(_) => return,
-        Err(e) if peer_uid == Some(rustix::process::geteuid().as_raw()) => {
-            // Only a process of our uid can have bound in our private (0700) socket
-            // dir, and nothing serving uses this socket.
-            match std::fs::remove_dir_all(dir) {
+        Err(e @ drover_plugin_sdk::client::ReattachError::Identity(_))
+            if peer_uid == Some(rustix::process::geteuid().as_raw()) =>
+        {
+            // It answered the connection but not the question. Only a process of our
+            // uid can have bound in our private (0700) socket dir, and nothing serving
+            // uses this socket: its socket goes, then the directory if that is empty.
+            let removed = std::fs::remove_file(sock).and_then(|()| std::fs::remove_dir(dir));
+            match removed {
                 Ok(()) => tracing::warn!(
                     pid,
                     socket = %sock.display(),

@@ -602,7 +602,7 @@ mod tests {
     /// `logs -f` on a task whose log directory does not exist yet (it was just
     /// submitted) watches the directory once it appears, instead of polling for the
     /// rest of its life: a polling follower, backed off while there was nothing, lost
-    /// most of a burst to rotation.
+    /// most of a burst to rotation. Then it follows whole through rotation.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_follower_started_before_its_log_directory_watches_it_once_it_exists() {
         let tmp = tempfile::tempdir().unwrap();
@@ -646,12 +646,33 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // A burst of ten files at once.
+        // Through rotation: each file is opened ahead of the follower (by the watch's
+        // thread) before the next one is written, so nothing depends on how quickly
+        // the follower gets the CPU; the first check above is what needs the watch.
+        let held = || {
+            let inotify = lock(&INOTIFY).clone()?;
+            let dirs = lock(&inotify.dirs);
+            let handle = dirs
+                .values()
+                .flat_map(|w| w.fillers.values())
+                .find(|h| h.base == base)?;
+            let ahead = handle.ahead.upgrade()?;
+            lock(&ahead).last
+        };
         let mut written = Vec::new();
         for file in 1..=10u8 {
             let data = vec![b'a' + file; MIB];
             w.write_all(&data).unwrap();
             written.extend(data);
+            let index = w.current_index();
+            while held().is_none_or(|last| last < index) {
+                assert!(
+                    Instant::now() < deadline,
+                    "file {index} was not opened ahead: {:?}",
+                    held()
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         }
         drop(w);
         dead_tx.send(()).unwrap();

@@ -310,6 +310,8 @@ impl LogReader {
 
     /// The next piece of the stream, or `None` when everything written so far was read.
     pub fn read(&mut self) -> io::Result<Option<LogChunk>> {
+        // Times this read waited for a filler (below).
+        let mut waited = 0u32;
         loop {
             let Some(current) = self.current.as_mut() else {
                 if !self.open_first()? {
@@ -355,7 +357,12 @@ impl LogReader {
                 // A filler may hold the file after `index` open, deleted since: let it
                 // add it rather than skip it (its open is one short system call).
                 drop(ahead);
-                std::thread::yield_now();
+                waited += 1;
+                if waited < 16 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
                 continue;
             }
             match found {
