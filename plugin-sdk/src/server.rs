@@ -184,13 +184,17 @@ fn set_process_name() {
     }
 }
 
+/// How the directory [`socket_dir`] makes for the socket is named: this, then random
+/// characters. Hosts (and the agent's sweep) know a plugin's directory by it.
+pub(crate) const SOCKET_DIR_PREFIX: &str = "drover-plugin-";
+
 /// Create the 0700 socket directory and return it with the socket path inside.
 fn socket_dir() -> Result<(tempfile::TempDir, PathBuf), ServeError> {
     let base = std::env::var_os(handshake::ENV_UNIX_SOCKET_DIR)
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::Builder::new()
-        .prefix("drover-plugin-")
+        .prefix(SOCKET_DIR_PREFIX)
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir_in(&base)
         .map_err(|source| ServeError::SocketDir {

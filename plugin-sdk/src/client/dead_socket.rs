@@ -30,7 +30,8 @@ use crate::handshake::PluginAddr;
 /// Remove the socket at `addr` of a plugin that has exited, if it is dead and safe to
 /// remove (see the [module docs](self)). `within`: the directory the socket must be
 /// in (directly, or in a directory of its own there); `None` for a plugin the host
-/// did not launch (reattached), whose socket may be anywhere without a link.
+/// did not launch (reattached), whose socket may be anywhere without a link, and
+/// whose directory goes too only if it is an SDK plugin's `drover-plugin-*`.
 pub(super) async fn remove_dead_socket(addr: &PluginAddr, within: Option<&Path>) {
     let PluginAddr::Unix(path) = addr else {
         return;
@@ -97,7 +98,12 @@ impl DeadSocket {
                 let root = rustix::fs::open("/", dir_flags(), Mode::empty()).ok()?;
                 let grand = open_beneath(&root, grand.as_os_str())?;
                 let dir = open_beneath(&grand, &own)?;
-                (dir, Some((grand, own)))
+                // Nothing confines where it is, so only a directory an SDK plugin
+                // makes for its socket goes with it.
+                let ours = own
+                    .as_encoded_bytes()
+                    .starts_with(crate::server::SOCKET_DIR_PREFIX.as_bytes());
+                (dir, ours.then_some((grand, own)))
             }
         };
         let id = socket_id(&dir, &name)?;
@@ -188,12 +194,20 @@ mod tests {
         remove_dead_socket(&addr(&sock), Some(root.path())).await;
         assert!(!sock.exists());
         assert!(root.path().exists());
-        // A reattached plugin's: anywhere, without links.
+        // A reattached plugin's: anywhere, without links; its directory only if it
+        // is named as the SDK names it.
         std::fs::create_dir(&own).unwrap();
         let sock = own.join("plugin.sock");
         dead_socket(&sock);
         remove_dead_socket(&addr(&sock), None).await;
         assert!(!own.exists());
+        let other = root.path().join("elsewhere");
+        std::fs::create_dir(&other).unwrap();
+        let sock = other.join("x.sock");
+        dead_socket(&sock);
+        remove_dead_socket(&addr(&sock), None).await;
+        assert!(!sock.exists());
+        assert!(other.exists(), "a directory not the plugin's was removed");
     }
 
     #[tokio::test]
