@@ -608,19 +608,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let logs = tmp.path().join("logs");
         let base = logs.join("stdout");
-        let (dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut rx = stream(
-            base.clone(),
-            LogStart::Beginning,
-            FollowOptions {
-                follow: true,
-                ..Default::default()
-            },
-            async move {
-                let _ = dead_rx.await;
-            },
-            Default::default(),
-        );
+        let (dead_tx, mut rx) = super::super::tests::follow_until_dead(&base);
         // Long enough for the follower's polling to back off to its longest interval.
         tokio::time::sleep(UNWATCHED_MAX_POLL * 2).await;
         std::fs::create_dir(&logs).unwrap();

@@ -872,13 +872,17 @@ mod tests {
         eprintln!("followed {LINES} lines: {skipped_files} files skipped, {lines_lost} lines lost");
     }
 
-    #[tokio::test]
-    async fn stream_ends_after_the_task_is_dead_and_all_was_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("stdout");
+    /// `logs -f` of the stream at `base` from its beginning, until the sender fires (the
+    /// task is dead) and all was read.
+    pub(super) fn follow_until_dead(
+        base: &Path,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::sync::mpsc::Receiver<io::Result<LogChunk>>,
+    ) {
         let (dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut rx = stream(
-            base.clone(),
+        let rx = stream(
+            base.to_owned(),
             LogStart::Beginning,
             FollowOptions {
                 follow: true,
@@ -889,6 +893,14 @@ mod tests {
             },
             Default::default(),
         );
+        (dead_tx, rx)
+    }
+
+    #[tokio::test]
+    async fn stream_ends_after_the_task_is_dead_and_all_was_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let (dead_tx, mut rx) = follow_until_dead(&base);
         let mut w = RotatingWriter::open(&base, limits()).unwrap();
         w.write_all(b"one\n").unwrap();
         assert_eq!(
