@@ -588,11 +588,7 @@ async fn a_host_network_container_serves_on_localhost() {
     let Some(env) = docker_env() else { return };
     let s = Scratch::new(&env);
     let p = Plugin::launch(&s, json!({ "allow_host_namespaces": ["network"] })).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = drover_test_support::net::free_local_addr().port();
     let spec = s.spec(
         "httpd",
         json!({

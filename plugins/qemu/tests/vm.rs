@@ -198,13 +198,10 @@ fn plugin_dir_text(p: &Plugin) -> String {
     p.dir.display().to_string()
 }
 
-/// A free TCP port on 127.0.0.1 (bound, then released for qemu to take).
+/// A free TCP port on 127.0.0.1 for qemu to take, below the ephemeral range (see
+/// [`drover_test_support::net::free_local_addr`]).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    drover_test_support::net::free_local_addr().port()
 }
 
 /// A port forward reaches the guest's service on 127.0.0.1, and a shared image under

@@ -9,7 +9,7 @@
 //! `CI=true` they panic instead.
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,11 +78,11 @@ fn no_etcd(why: &str) {
     );
 }
 
-/// A free TCP port on 127.0.0.1 (bound, read, released: another process could take it
-/// before etcd binds it, which makes the start fail loudly, not wrongly).
+/// A free TCP port on 127.0.0.1 for etcd to bind (below the kernel's ephemeral range,
+/// see [`crate::net::free_local_addr`]; another process taking it first still makes
+/// the start fail loudly, not wrongly).
 fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 for a free port");
-    l.local_addr().expect("local address of a bound listener")
+    crate::net::free_local_addr()
 }
 
 impl Etcd {

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 pub mod docker;
 pub mod etcd;
 pub mod goplugin;
+pub mod net;
 pub mod procs;
 pub mod vm;
 

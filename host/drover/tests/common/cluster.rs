@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use super::{Agent, drover, nix_kill};
 
-/// A free TCP port on 127.0.0.1 (bound, then released for the server to take).
+/// A free TCP port on 127.0.0.1 for a server to take, below the ephemeral range (see
+/// [`drover_test_support::net::free_local_addr`]).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().unwrap().port()
+    drover_test_support::net::free_local_addr().port()
 }
 
 /// A running `drover server`, killed when dropped.
