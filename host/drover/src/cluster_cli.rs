@@ -514,7 +514,7 @@ pub fn plan_text(job: &str, plan: &JobPlanResponse) -> String {
 }
 
 /// `job status --json`: the job's fields (`name`, `type`, `status`, ...) with its
-/// allocations, evaluations, and what its newest blocked evaluation could not place.
+/// allocations, evaluations, and what the newest evaluation to finish could not place.
 #[derive(Debug, Serialize)]
 pub struct JobStatusJson {
     /// The job.
@@ -524,17 +524,22 @@ pub struct JobStatusJson {
     pub allocations: Vec<Allocation>,
     /// Its evaluations, newest first.
     pub evaluations: Vec<Evaluation>,
-    /// Per group, what could not be placed (from the newest blocked evaluation).
+    /// Per group, what could not be placed (from the newest evaluation to finish).
     pub placement_failures: BTreeMap<String, PlacementFailure>,
 }
 
 impl JobStatusJson {
     /// The view of `job`, `allocations` and `evaluations`.
     pub fn new(job: Job, allocations: Vec<Allocation>, evaluations: Vec<Evaluation>) -> Self {
+        // The scheduler's last word on the job: every evaluation reconciles the whole
+        // job, so the newest one to finish says what is still unplaced (and a blocked
+        // evaluation holds the same reasons as the one that made it). Not "the newest
+        // blocked evaluation": while capacity changes, the blocked one is canceled and
+        // its retry is still pending, and the reasons must not blink out meanwhile.
         let placement_failures = evaluations
             .iter()
-            .filter(|e| e.status == EvalStatus::Blocked)
-            .max_by_key(|e| e.create_index)
+            .filter(|e| matches!(e.status, EvalStatus::Complete | EvalStatus::Blocked))
+            .max_by_key(|e| (e.modify_index, e.status == EvalStatus::Blocked))
             .map(|e| e.failed_tg_allocs.clone())
             .unwrap_or_default();
         JobStatusJson {
@@ -1145,7 +1150,7 @@ mod tests {
     }
 
     #[test]
-    fn job_status_shows_allocations_and_the_newest_blocked_reason() {
+    fn job_status_shows_allocations_and_the_reasons_that_still_stand() {
         let view = JobStatusJson::new(
             job(),
             vec![
@@ -1165,17 +1170,25 @@ mod tests {
             vec![
                 eval(
                     "e-old",
-                    EvalStatus::Blocked,
+                    EvalStatus::Complete,
                     2,
                     &[("app", "no node has driver qemu healthy", 3)],
                 ),
                 eval(
                     "e-new",
-                    EvalStatus::Blocked,
+                    EvalStatus::Complete,
                     6,
                     &[("app", "memory exhausted on 3 of 3 nodes", 1)],
                 ),
-                eval("e-done", EvalStatus::Complete, 7, &[]),
+                // The blocked evaluation e-new made, canceled because capacity
+                // changed; its retry has not run yet. The reasons still stand.
+                eval(
+                    "e-blocked",
+                    EvalStatus::Canceled,
+                    7,
+                    &[("app", "memory exhausted on 3 of 3 nodes", 1)],
+                ),
+                eval("e-retry", EvalStatus::Pending, 7, &[]),
             ],
         );
         let text = job_status_text(&view);
@@ -1211,6 +1224,31 @@ mod tests {
             json["placement_failures"]["app"]["reason"],
             "memory exhausted on 3 of 3 nodes"
         );
+    }
+
+    #[test]
+    fn job_status_drops_the_reasons_once_an_evaluation_places_everything() {
+        let failed = [("app", "no node has driver qemu healthy", 3)];
+        let blocked = JobStatusJson::new(
+            job(),
+            vec![],
+            vec![
+                eval("e-1", EvalStatus::Complete, 4, &failed),
+                eval("e-1b", EvalStatus::Blocked, 4, &failed),
+            ],
+        );
+        assert_eq!(blocked.placement_failures["app"].unplaced, 3);
+        let placed = JobStatusJson::new(
+            job(),
+            vec![],
+            vec![
+                eval("e-1", EvalStatus::Complete, 4, &failed),
+                eval("e-1b", EvalStatus::Canceled, 9, &failed),
+                eval("e-2", EvalStatus::Complete, 9, &[]),
+            ],
+        );
+        assert!(placed.placement_failures.is_empty());
+        assert!(!job_status_text(&placed).contains("Placement Failures"));
     }
 
     #[test]

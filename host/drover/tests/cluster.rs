@@ -421,7 +421,11 @@ fn bad_jobs_and_bad_clients_get_clear_answers() {
         &["job", "status", "vm", "--json"],
         Duration::from_secs(20),
         "the qemu job blocked",
-        |v| v.to_string().contains("no node has driver qemu"),
+        |v| {
+            v["placement_failures"]["g"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("no node has driver qemu"))
+        },
     );
     assert!(v["allocations"].as_array().unwrap().is_empty(), "{v:#}");
     let human = server.cli(&["job", "status", "vm"]);
@@ -443,7 +447,11 @@ fn bad_jobs_and_bad_clients_get_clear_answers() {
         &["job", "status", "big", "--json"],
         Duration::from_secs(20),
         "the big job blocked on memory",
-        |v| v.to_string().contains("memory exhausted on 1 of 1 nodes"),
+        |v| {
+            v["placement_failures"]["g"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("memory exhausted on 1 of 1 nodes"))
+        },
     );
     // The server kept serving throughout.
     assert!(server.cli(&["node", "status"]).status.success());
