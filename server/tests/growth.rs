@@ -380,8 +380,10 @@ async fn a_purged_jobs_allocations_are_deleted_once_terminal() {
 async fn a_long_down_node_without_allocations_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = collecting(dir.path(), Duration::from_secs(3600));
-    cfg.heartbeat_ttl = Duration::from_millis(100);
-    cfg.heartbeat_grace = Duration::from_millis(100);
+    // Down 2 s after registering: n2, the job and the placement (three fsync'd
+    // commits) must land on n1 before it is down, also on a loaded disk.
+    cfg.heartbeat_ttl = Duration::from_secs(1);
+    cfg.heartbeat_grace = Duration::from_secs(1);
     cfg.node_gc_threshold = Duration::from_millis(200);
     let s = start(cfg).await;
     s.server

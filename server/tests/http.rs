@@ -507,15 +507,17 @@ async fn blocking_queries_wait_until_a_commit_or_the_wait_ends() {
             .unwrap();
         let took = began.elapsed();
         assert!(took < Duration::from_secs(5), "{took:?}");
-        if took < Duration::from_millis(400) {
-            assert!(
-                next.index > first.index,
-                "early after {took:?} at the same index"
-            );
+        // Decided on the index, not the time: a query woken by a commit late in its
+        // wait can answer after 400 ms on a loaded machine.
+        if next.index > first.index {
             first = next;
             continue;
         }
         assert_eq!(next.index, first.index);
+        assert!(
+            took >= Duration::from_millis(400),
+            "early after {took:?} at the same index"
+        );
         waited_whole = true;
         break;
     }

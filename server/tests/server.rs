@@ -188,20 +188,31 @@ async fn the_applier_refuses_plans_for_an_old_spec_and_nodes_that_cannot_take_th
 async fn a_silent_node_is_down_after_ttl_plus_grace_and_its_allocations_lost() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
-    cfg.heartbeat_ttl = Duration::from_millis(300);
-    cfg.heartbeat_grace = Duration::from_millis(300);
+    // 500 ms + 500 ms: the job and the plan (fsync'd commits) land well before n1 is
+    // down, also on a loaded disk.
+    cfg.heartbeat_ttl = Duration::from_millis(500);
+    cfg.heartbeat_grace = Duration::from_millis(500);
     let s = start(cfg).await;
+    // Taken before the call: n1's deadline is set inside it.
+    let registered = Instant::now();
     let (ttl, _) = s
         .server
         .register_node(node("n1", 1000, 1000), SECRET)
         .await
         .unwrap();
-    assert_eq!(ttl, Duration::from_millis(300));
-    let registered = Instant::now();
+    assert_eq!(ttl, Duration::from_millis(500));
     s.server
         .register_node(node("n2", 1000, 1000), SECRET)
         .await
         .unwrap();
+    // n2 heartbeats from its registration on, n1 is silent.
+    let srv = s.server.clone();
+    let beat = tokio::spawn(async move {
+        loop {
+            srv.heartbeat("n2").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
     s.server
         .register_job(job("web", 2, 100, 100))
         .await
@@ -216,26 +227,18 @@ async fn a_silent_node_is_down_after_ttl_plus_grace_and_its_allocations_lost() {
     );
     s.server.apply_plan(p).await.unwrap();
 
-    // n2 heartbeats, n1 is silent.
-    let srv = s.server.clone();
-    let beat = tokio::spawn(async move {
-        loop {
-            srv.heartbeat("n2").await.unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
     let srv = s.server.clone();
     until(LONG, "n1 is down", || {
         srv.node("n1").unwrap().status == NodeStatus::Down
     })
     .await;
     assert!(
-        registered.elapsed() >= Duration::from_millis(600),
+        registered.elapsed() >= Duration::from_secs(1),
         "not down before TTL + grace: {:?}",
         registered.elapsed()
     );
     let n1 = s.server.node("n1").unwrap();
-    assert_eq!(n1.status_description, "missed heartbeats for 600ms");
+    assert_eq!(n1.status_description, "missed heartbeats for 1s");
     let lost = s.server.node_allocations("n1");
     assert_eq!(lost.len(), 1);
     assert_eq!(lost[0].client_status, ClientStatus::Lost);
@@ -248,7 +251,7 @@ async fn a_silent_node_is_down_after_ttl_plus_grace_and_its_allocations_lost() {
         "a node-update evaluation for the job: {evals:?}"
     );
     // The heartbeating node stays ready well past TTL + grace, its allocation running.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(s.server.node("n2").unwrap().status, NodeStatus::Ready);
     assert_eq!(
         s.server.node_allocations("n2")[0].desired_status,
@@ -296,8 +299,9 @@ async fn after_a_restart_nodes_get_the_failover_window_and_a_heartbeat_from_a_do
     s.stop().await;
     // Down long enough that the old deadline has passed.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let s = start(cfg).await;
+    // Taken before the start: the failover window begins inside it.
     let started = Instant::now();
+    let s = start(cfg).await;
     assert_eq!(
         s.server.node("n1").unwrap().status,
         NodeStatus::Ready,

@@ -65,7 +65,9 @@ fn a_partitioned_node_stops_its_replaced_allocations_when_it_returns() {
 
 fn dead_node(kill_tasks: bool) {
     let root = tempfile::tempdir().unwrap();
-    let server = ServerProc::start(root.path(), "1s", &[]);
+    // TTL 2 s (+ 2 s grace): with 1 s, a live agent that waits 1.5 s for the CPU on a
+    // loaded machine is marked down and its allocations replaced.
+    let server = ServerProc::start(root.path(), "2s", &[]);
     let mut agents: Vec<_> = ["n1", "n2", "n3"]
         .iter()
         .map(|n| client_agent(root.path(), &server, n, &[]))
@@ -123,23 +125,24 @@ fn dead_node(kill_tasks: bool) {
         .unwrap();
     {
         let a = &mut agents[victim];
-        // The agent, its plugins and executors (they carry its marker), and its
-        // tasks (their environment names its allocation dirs).
+        // The agent first (reaped, so it can neither restart a task nor report one),
+        // then its plugins and executors (they carry its marker), and its tasks (their
+        // environment names its allocation dirs).
+        let _ = nix_kill(a.child.id(), 9);
+        let _ = a.child.wait();
         let mut pids = a.marked_pids();
         if kill_tasks {
             pids.extend(common::cluster::pids_with_env_mentioning(
                 &a.data_dir.join("alloc"),
             ));
         }
-        pids.push(a.child.id());
         for pid in pids {
             let _ = nix_kill(pid, 9);
         }
-        let _ = a.child.wait();
         a.end_tasks = false;
     }
 
-    // Down after TTL + grace (1s + 1s), and count 6 again on the two others.
+    // Down after TTL + grace (2s + 2s), and count 6 again on the two others.
     server.wait_json(
         &["node", "status", "--json"],
         Duration::from_secs(20),

@@ -386,9 +386,13 @@ fn dev_mode_runs_jobs_from_files_through_the_agent_socket() {
         "the node ready",
         || {
             let nodes = json(&cli(&sock, None, &["node", "status", "--json"]));
-            nodes
-                .as_array()
-                .is_some_and(|n| n.len() == 1 && n[0]["status"] == "ready")
+            // Ready with rawexec fingerprinted: a node can register before its
+            // drivers' first fingerprint, and `job run` would then place nothing.
+            nodes.as_array().is_some_and(|n| {
+                n.len() == 1
+                    && n[0]["status"] == "ready"
+                    && n[0]["drivers"]["rawexec"]["healthy"] == true
+            })
         },
     );
     let out = cli(&sock, None, &["job", "run", &web]);
@@ -433,9 +437,20 @@ fn dev_mode_runs_jobs_from_files_through_the_agent_socket() {
     );
     let s = json(&cli(&sock, None, &["job", "status", "web", "--json"]));
     let alloc = s["allocations"][0]["id"].as_str().unwrap().to_owned();
-    let out = cli(&sock, None, &["alloc", "logs", &alloc, "main"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), format!("hello from {alloc}\n"));
+    // "running" says the task started, not that its output reached the log yet.
+    let mut logs = String::new();
+    until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the task's line in alloc logs",
+        || {
+            let out = cli(&sock, None, &["alloc", "logs", &alloc, "main"]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            logs = text(&out.stdout);
+            !logs.is_empty()
+        },
+    );
+    assert_eq!(logs, format!("hello from {alloc}\n"));
     let st = json(&cli(
         &sock,
         None,

@@ -20,6 +20,25 @@ fn dev_agent(root: &std::path::Path) -> Agent {
                 .any(|r| r["name"] == *n && r["state"] == "healthy")
         })
     });
+    // Healthy plugins are not yet a node the server can place on: the client
+    // registers after it has recovered its tasks, and says its drivers' health.
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the dev node ready with rawexec and exec",
+        || {
+            let out = agent.cli(&["node", "status", "--json"]);
+            let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            out.status.success()
+                && nodes.as_array().is_some_and(|n| {
+                    n.len() == 1
+                        && n[0]["status"] == "ready"
+                        && ["rawexec", "exec"]
+                            .iter()
+                            .all(|d| n[0]["drivers"][*d]["healthy"] == true)
+                })
+        },
+    );
     agent
 }
 
@@ -152,11 +171,19 @@ resources = { cpu = 100, memory_mb = 32 }
         .into_iter()
         .find(|a| a["group"] == "iso")
         .unwrap();
-    let iso_logs = cli_ok(
-        &agent,
-        &["alloc", "logs", iso["id"].as_str().unwrap(), "main"],
+    let mut iso_logs = String::new();
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the sandboxed task's output in alloc logs",
+        || {
+            iso_logs = cli_ok(
+                &agent,
+                &["alloc", "logs", iso["id"].as_str().unwrap(), "main"],
+            );
+            iso_logs.contains("isolated")
+        },
     );
-    assert!(iso_logs.contains("isolated"), "{iso_logs}");
 
     // The `task` commands keep working beside `job`: the job's tasks are there.
     let tasks = agent.cli_json(&["task", "list", "--json"]);

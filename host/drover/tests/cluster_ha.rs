@@ -461,9 +461,10 @@ fn read_http(mut conn: std::net::TcpStream, limit: Duration) -> (u16, String) {
 #[test]
 fn a_paused_leader_resumed_past_its_lease_never_commits() {
     let _one = common::serial();
-    // Heartbeats due every 1 s + 1 s grace: the paused leader's timers are all due
-    // when it resumes.
-    let Some(mut c) = HaCluster::start(3, 2, "1s") else {
+    // Heartbeats due every 2 s + 2 s grace (not 1 s: a live node that waits 1.5 s for
+    // the CPU on a loaded machine would be marked down): the paused leader's timers
+    // are all due when it resumes.
+    let Some(mut c) = HaCluster::start(3, 2, "2s") else {
         return;
     };
     let base = sleeper(11);
@@ -487,8 +488,8 @@ fn a_paused_leader_resumed_past_its_lease_never_commits() {
         paused_at.elapsed()
     );
     // Its lease is past by its own clock too, and its heartbeat timers (TTL + grace:
-    // 2 s) are long due; queue a job registration in its socket.
-    while paused_at.elapsed() < LEASE_TTL + Duration::from_secs(1) {
+    // 4 s) are due; queue a job registration in its socket.
+    while paused_at.elapsed() < (LEASE_TTL + Duration::from_secs(1)).max(Duration::from_secs(5)) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let job_text = service_job("queued", 2, &queued);
@@ -564,7 +565,7 @@ fn a_paused_leader_resumed_past_its_lease_never_commits() {
     }
     // Nothing of the stale leader's timers or plans committed, and it stays so for
     // longer than a heartbeat TTL + grace.
-    let settle = Instant::now() + Duration::from_secs(3);
+    let settle = Instant::now() + Duration::from_secs(5);
     while Instant::now() < settle {
         assert_nodes_untouched(&c, &nodes);
         assert_untouched(&c, "base", &before, &procs, &base);

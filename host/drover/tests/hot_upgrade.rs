@@ -185,14 +185,19 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
     let out = agent.cli(&["task", "status", id]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("running"), "{text}");
+    // The line is written once the old process is reaped, a moment after it is gone
+    // from /proc.
+    let handed_over = format!("{TASKS} running tasks handed over");
+    until_blocking(
+        Duration::from_secs(10),
+        POLL,
+        "the upgrade saying it handed every task over",
+        || agent.log_text().contains(&handed_over),
+    );
     let log = agent.log_text();
-    let line = log
-        .lines()
-        .find(|l| l.contains(&format!("{TASKS} running tasks handed over")))
-        .unwrap_or_else(|| {
-            panic!("the upgrade does not say it handed every task over; log:\n{log}")
-        });
-    println!("{line}");
+    if let Some(line) = log.lines().find(|l| l.contains(&handed_over)) {
+        println!("{line}");
+    }
 
     // A broken newer one (it refuses its configuration) leaves 99.0.0 serving. It is
     // named after the plugin, as a file taking a served name over must be.
@@ -347,10 +352,13 @@ fn plugin_reload_applies_changes_on_demand_when_watching_is_off() {
         "late",
         "FIXTURE_NAME=late FIXTURE_VERSION=0.2.0",
     );
-    assert!(
-        agent.log_text().contains("watch_plugin_dir = false"),
-        "the agent does not say it is not watching; log:\n{}",
-        agent.log_text()
+    // Logged once the catalog is loaded, which can be a moment after rawexec is
+    // healthy.
+    until_blocking(
+        Duration::from_secs(10),
+        POLL,
+        "the agent saying it is not watching plugin_dir",
+        || agent.log_text().contains("watch_plugin_dir = false"),
     );
     assert!(serving(&plugins(&api), "late").is_none());
     let out = agent.cli(&["plugin", "reload"]);
