@@ -619,15 +619,16 @@ mod tests {
             LogChunk::Data(b"first\n".to_vec())
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        let watched = || {
-            let inotify = lock(&INOTIFY).clone();
-            inotify.is_some_and(|i| {
-                lock(&i.dirs)
-                    .values()
-                    .any(|w| w.fillers.values().any(|h| h.base == base))
-            })
+        // The watch's handle on this follower's files ahead, once it is watched.
+        let filler = || {
+            let inotify = lock(&INOTIFY).clone()?;
+            let dirs = lock(&inotify.dirs);
+            dirs.values()
+                .flat_map(|w| w.fillers.values())
+                .find(|h| h.base == base)
+                .cloned()
         };
-        while !watched() {
+        while filler().is_none() {
             assert!(
                 Instant::now() < deadline,
                 "the follower never watched the directory"
@@ -638,13 +639,7 @@ mod tests {
         // thread) before the next one is written, so nothing depends on how quickly
         // the follower gets the CPU; the first check above is what needs the watch.
         let held = || {
-            let inotify = lock(&INOTIFY).clone()?;
-            let dirs = lock(&inotify.dirs);
-            let handle = dirs
-                .values()
-                .flat_map(|w| w.fillers.values())
-                .find(|h| h.base == base)?;
-            let ahead = handle.ahead.upgrade()?;
+            let ahead = filler()?.ahead.upgrade()?;
             lock(&ahead).last
         };
         let mut written = Vec::new();

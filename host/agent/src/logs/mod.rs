@@ -922,9 +922,9 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
-    /// A task that can write its log directory replaces its log with a link to a
-    /// root-only file, a hard link to it, or a FIFO: the reader refuses each (without
-    /// hanging on the FIFO) and never returns the file's bytes, whatever the start.
+    /// Files before a link the task planted further on are read whole (an error
+    /// opening files ahead does not throw away the chunk just read); then the link
+    /// ends the stream, saying why.
     #[test]
     fn output_before_a_planted_link_is_read_and_then_the_link_refused() {
         let tmp = tempfile::tempdir().unwrap();
@@ -949,6 +949,9 @@ mod tests {
         assert!(drover_plugin_sdk::taskdir::refusal(&e).is_some(), "{e}");
     }
 
+    /// A task that can write its log directory replaces its log with a link to a
+    /// root-only file, a hard link to it, or a FIFO: the reader refuses each (without
+    /// hanging on the FIFO) and never returns the file's bytes, whatever the start.
     #[test]
     fn planted_links_and_fifos_are_refused_not_read() {
         use std::os::unix::fs::symlink;
