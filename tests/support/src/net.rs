@@ -1,6 +1,5 @@
 //! Ports for the servers tests start on 127.0.0.1.
 
-use std::hash::{BuildHasher as _, Hasher as _};
 use std::net::{SocketAddr, TcpListener};
 
 /// Where the kernel's ephemeral ports start when `/proc` does not say.
@@ -21,13 +20,8 @@ const LOWEST: u16 = 10000;
 /// another test picking the same random port can take it.
 pub fn free_local_addr() -> SocketAddr {
     let high = ephemeral_low().max(LOWEST + 1000);
-    let span = u64::from(high - LOWEST);
-    let random = std::collections::hash_map::RandomState::new();
-    for attempt in 0u64..10_000 {
-        let mut h = random.build_hasher();
-        h.write_u64(attempt);
-        h.write_u32(std::process::id());
-        let port = LOWEST + u16::try_from(h.finish() % span).expect("a port below 65536");
+    for _ in 0..10_000 {
+        let port = fastrand::u16(LOWEST..high);
         if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
             return l.local_addr().expect("local address of a bound listener");
         }
