@@ -10,7 +10,8 @@
 //!   launched plugin only one in the socket directory the host gave it (or the host's
 //!   temp dir), directly or in one directory of its own there;
 //! - every step after that is relative to descriptors of the directories, so the
-//!   plugin cannot swap a link in between the checks and the removal;
+//!   plugin cannot swap a link in between the checks and the removal (directories
+//!   are opened with [`Dir`](crate::taskdir::Dir), as task dirs are);
 //! - only a unix socket owned by this user is removed, only while nothing listens on
 //!   it (a dead plugin's socket refuses connections; a live one, even one that some
 //!   other plugin named, is left alone), and only if it is still the very socket
@@ -19,13 +20,14 @@
 //!   and again only if it is still the directory the socket was found in.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd as _};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType};
 
 use crate::handshake::PluginAddr;
+use crate::taskdir::Dir;
 
 /// Remove the socket at `addr` of a plugin that has exited, if it is dead and safe to
 /// remove (see the [module docs](self)). `within`: the directory the socket must be
@@ -57,13 +59,13 @@ pub(super) async fn remove_dead_socket(addr: &PluginAddr, within: Option<&Path>)
 /// A socket found safe to look at, with descriptors of the directories it is in.
 struct DeadSocket {
     /// The directory the socket is in.
-    dir: OwnedFd,
+    dir: Dir,
     name: OsString,
     /// Device and inode of the socket as checked.
     id: (u64, u64),
     /// The directory `dir` is in, and `dir`'s name there, when `dir` is the plugin's
     /// own directory (to be removed if left empty).
-    own_dir: Option<(OwnedFd, OsString)>,
+    own_dir: Option<(Dir, OsString)>,
 }
 
 impl DeadSocket {
@@ -81,12 +83,12 @@ impl DeadSocket {
             Some(root) => {
                 // The host chose `root`; a link in it is the host's own business.
                 let rest = parent.strip_prefix(root).ok()?;
-                let root = rustix::fs::open(root, dir_flags(), Mode::empty()).ok()?;
+                let root = Dir::open(root).ok()?;
                 let mut parts = rest.components();
                 match (parts.next(), parts.next()) {
                     (None, _) => (root, None),
                     (Some(Component::Normal(own)), None) => {
-                        let dir = open_beneath(&root, own)?;
+                        let dir = root.open_dir(own).ok()?;
                         (dir, Some((root, own.to_owned())))
                     }
                     _ => return None,
@@ -95,9 +97,9 @@ impl DeadSocket {
             None => {
                 let own = parent.file_name()?.to_owned();
                 let grand = parent.parent()?.strip_prefix("/").ok()?;
-                let root = rustix::fs::open("/", dir_flags(), Mode::empty()).ok()?;
-                let grand = open_beneath(&root, grand.as_os_str())?;
-                let dir = open_beneath(&grand, &own)?;
+                // Beneath "/", through no link of any kind.
+                let grand = Dir::open("/").ok()?.open_dir(grand).ok()?;
+                let dir = grand.open_dir(&own).ok()?;
                 // Nothing confines where it is, so only a directory an SDK plugin
                 // makes for its socket goes with it.
                 let ours = own
@@ -117,7 +119,7 @@ impl DeadSocket {
 
     /// `/proc/self/fd/N/NAME`: the socket reached through `dir`'s descriptor.
     fn path_through_fd(&self) -> PathBuf {
-        let mut p = PathBuf::from(format!("/proc/self/fd/{}", self.dir.as_raw_fd()));
+        let mut p = PathBuf::from(format!("/proc/self/fd/{}", self.dir.as_fd().as_raw_fd()));
         p.push(&self.name);
         p
     }
@@ -146,20 +148,8 @@ impl DeadSocket {
     }
 }
 
-/// Open the directory `rel` beneath `at`, through no symbolic link and never out of
-/// `at`.
-fn open_beneath(at: &OwnedFd, rel: &OsStr) -> Option<OwnedFd> {
-    let rel = if rel.is_empty() { OsStr::new(".") } else { rel };
-    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::BENEATH;
-    rustix::fs::openat2(at, rel, dir_flags(), Mode::empty(), resolve).ok()
-}
-
-fn dir_flags() -> OFlags {
-    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
-}
-
 /// Device and inode of `name` in `dir` if it is a unix socket owned by this user.
-fn socket_id(dir: &OwnedFd, name: &OsStr) -> Option<(u64, u64)> {
+fn socket_id(dir: &Dir, name: &OsStr) -> Option<(u64, u64)> {
     let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
     (FileType::from_raw_mode(st.st_mode) == FileType::Socket
         && st.st_uid == rustix::process::geteuid().as_raw())
