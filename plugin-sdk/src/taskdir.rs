@@ -714,7 +714,10 @@ impl Dir {
             }
             .into());
         }
-        let mut flags = opts.access();
+        // Non-blocking: the owner of a file can put a lease on it (`F_SETLEASE`), and
+        // then every other open of it waits until the lease is given up or broken (45 s
+        // by default), which would let a task hold up whoever opens its files.
+        let mut flags = opts.access() | OFlags::NONBLOCK;
         if opts.truncate {
             flags |= OFlags::TRUNC;
         }
@@ -727,8 +730,20 @@ impl Dir {
                     self.full(rel).display()
                 )));
             }
+            Err(Errno::WOULDBLOCK) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "{}: another process holds a lease on it; not waiting for it",
+                        self.full(rel).display()
+                    ),
+                ));
+            }
             Err(e) => return Err(e.into()),
         };
+        // Regular files ignore O_NONBLOCK for reads and writes; cleared all the same,
+        // so that the file is exactly what the caller asked for.
+        rfs::fcntl_setfl(&file, rfs::fcntl_getfl(&file)? - OFlags::NONBLOCK)?;
         Ok(File::from(file))
     }
 }
@@ -799,6 +814,44 @@ mod tests {
             flags.contains(rustix::io::FdFlags::CLOEXEC),
             "{what}: the descriptor is not close-on-exec"
         );
+    }
+
+    /// A task puts a write lease on its own log file: opening it fails at once,
+    /// saying why, instead of waiting until the lease is broken (45 s by default)
+    /// while whoever opens it (the agent's log reader) is held up. Without a lease the
+    /// file opens as asked, blocking as usual.
+    #[test]
+    fn a_leased_file_is_not_waited_for() {
+        let (_tmp, task, _) = setup();
+        let holder = std::fs::File::open(task.path().join("logs/stdout.0")).unwrap();
+        // `F_SETSIG` (asm-generic/fcntl.h), which the libc crate does not export: the
+        // lease break signals its holder (this process) with SIGURG, ignored, instead
+        // of SIGIO, which would end the test.
+        const F_SETSIG: libc::c_int = 10;
+        let fd = holder.as_raw_fd();
+        // SAFETY: fcntl on a descriptor this test owns, with integer arguments.
+        #[allow(unsafe_code)]
+        let leased = unsafe {
+            libc::fcntl(fd, F_SETSIG, libc::SIGURG) == 0
+                && libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) == 0
+        };
+        assert!(leased, "{}", io::Error::last_os_error());
+        let t = std::time::Instant::now();
+        let e = task.open_file("logs/stdout.0", &read()).unwrap_err();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        assert!(e.to_string().contains("lease"), "{e}");
+        drop(holder);
+        let mut f = task.open_file("logs/stdout.0", &read()).unwrap();
+        let flags = rustix::fs::fcntl_getfl(&f).unwrap();
+        assert!(!flags.contains(OFlags::NONBLOCK), "{flags:?}");
+        let mut text = String::new();
+        f.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "out\n");
     }
 
     /// A descriptor without O_CLOEXEC leaks into every process spawned meanwhile

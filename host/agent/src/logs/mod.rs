@@ -168,7 +168,7 @@ impl Ahead {
         file: File,
         slot: Option<ExtraFileSlot>,
     ) -> io::Result<Option<(File, Option<ExtraFileSlot>)>> {
-        if self.last.map(|l| l + 1) != Some(index) {
+        if self.last.and_then(|l| l.checked_add(1)) != Some(index) {
             return Ok(Some((file, slot)));
         }
         // The next file exists, so the one before it is complete: count it.
@@ -212,8 +212,12 @@ fn fill_ahead(ahead: &std::sync::Mutex<Ahead>, base: &Path) -> io::Result<()> {
             let Some(extra) = a.wants() else {
                 return Ok(());
             };
+            // Nothing follows the last index there is (a task can plant that name).
+            let Some(next) = last.checked_add(1) else {
+                return Ok(());
+            };
             a.opening += 1;
-            (last + 1, extra)
+            (next, extra)
         };
         let opened = open_next(&mut dir, base, next, extra);
         let refused = {
@@ -260,6 +264,10 @@ fn open_next<'a>(
         Err(e) => Err(e),
     }
 }
+
+/// How many times a reader that finds files skipped waits for a filler before it
+/// reports the skip: 16 yields, then 1 ms sleeps.
+const FILLER_WAITS: u32 = 16 + 100;
 
 /// A handle on a reader's files ahead, for the inotify reader to fill.
 #[derive(Clone)]
@@ -353,9 +361,14 @@ impl LogReader {
                 self.pending = Some(Pending { open, skipped: 0 });
                 continue;
             }
-            if found.as_ref().is_some_and(|f| f.skipped > 0) && ahead.opening > 0 {
+            if found.as_ref().is_some_and(|f| f.skipped > 0)
+                && ahead.opening > 0
+                && waited < FILLER_WAITS
+            {
                 // A filler may hold the file after `index` open, deleted since: let it
-                // add it rather than skip it (its open is one short system call).
+                // add it rather than skip it (its open is one short system call, which
+                // does not wait even for a lease the task put on the file; bounded all
+                // the same, at about 100 ms).
                 drop(ahead);
                 waited += 1;
                 if waited < 16 {
@@ -445,14 +458,18 @@ impl LogReader {
 /// The file that follows `index`: `index + 1`, or, when rotation deleted that one
 /// already, the oldest present after it (with how many were skipped).
 fn find_after(base: &Path, index: u64) -> io::Result<Option<Pending>> {
+    // Nothing follows the last index there is (a task can plant that name).
+    let Some(next) = index.checked_add(1) else {
+        return Ok(None);
+    };
     let Some((dir, stem)) = open_dir(base)? else {
         return Ok(None);
     };
-    match open_log(&dir, &part(stem, index + 1)) {
+    match open_log(&dir, &part(stem, next)) {
         Ok(file) => {
             return Ok(Some(Pending {
                 open: OpenFile {
-                    index: Some(index + 1),
+                    index: Some(next),
                     file,
                     counted: 0,
                     _slot: None,
@@ -920,6 +937,29 @@ mod tests {
         }
         assert_eq!(rest, b"two\n");
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    /// A task plants a file with the last index there is beside its log: it is read,
+    /// and the stream ends there (nothing follows it), instead of the index wrapping
+    /// round to 0 and the stream never ending (or, in a debug build, a panic).
+    #[test]
+    fn a_planted_last_index_ends_the_stream() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("stdout.0"), "zero\n").unwrap();
+        std::fs::write(tmp.path().join(format!("stdout.{}", u64::MAX)), "last\n").unwrap();
+        let mut r = LogReader::new(tmp.path().join("stdout"), LogStart::Beginning);
+        let mut read = Vec::new();
+        for _ in 0..10 {
+            match r.read().unwrap() {
+                Some(LogChunk::Data(d)) => read.extend(d),
+                Some(LogChunk::Skipped(_)) => {}
+                None => break,
+            }
+        }
+        assert_eq!(read, b"zero\nlast\n");
+        assert!(r.read().unwrap().is_none());
+        r.open_ahead().unwrap();
+        assert!(r.read().unwrap().is_none());
     }
 
     /// Files before a link the task planted further on are read whole (an error
