@@ -16,8 +16,9 @@
 //!   it (a dead plugin's socket refuses connections; a live one, even one that some
 //!   other plugin named, is left alone), and only if it is still the very socket
 //!   that was checked (device and inode);
-//! - its directory only with `rmdir`, which removes nothing but an empty directory,
-//!   and again only if it is still the directory the socket was found in.
+//! - its directory only if it is named as an SDK plugin names it (`drover-plugin-*`),
+//!   only with `rmdir`, which removes nothing but an empty directory, and again only
+//!   if it is still the directory the socket was found in.
 
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd as _};
@@ -32,8 +33,8 @@ use crate::taskdir::Dir;
 /// Remove the socket at `addr` of a plugin that has exited, if it is dead and safe to
 /// remove (see the [module docs](self)). `within`: the directory the socket must be
 /// in (directly, or in a directory of its own there); `None` for a plugin the host
-/// did not launch (reattached), whose socket may be anywhere without a link, and
-/// whose directory goes too only if it is an SDK plugin's `drover-plugin-*`.
+/// did not launch (reattached), whose socket may be anywhere without a link. Either
+/// way its directory goes too only if it is an SDK plugin's `drover-plugin-*`.
 pub(super) async fn remove_dead_socket(addr: &PluginAddr, within: Option<&Path>) {
     let PluginAddr::Unix(path) = addr else {
         return;
@@ -89,7 +90,8 @@ impl DeadSocket {
                     (None, _) => (root, None),
                     (Some(Component::Normal(own)), None) => {
                         let dir = root.open_dir(own).ok()?;
-                        (dir, Some((root, own.to_owned())))
+                        let own_dir = sdk_socket_dir(own).then(|| (root, own.to_owned()));
+                        (dir, own_dir)
                     }
                     _ => return None,
                 }
@@ -100,11 +102,7 @@ impl DeadSocket {
                 // Beneath "/", through no link of any kind.
                 let grand = Dir::open("/").ok()?.open_dir(grand).ok()?;
                 let dir = grand.open_dir(&own).ok()?;
-                // Nothing confines where it is, so only a directory an SDK plugin
-                // makes for its socket goes with it.
-                let ours = own
-                    .as_encoded_bytes()
-                    .starts_with(crate::server::SOCKET_DIR_PREFIX.as_bytes());
+                let ours = sdk_socket_dir(&own);
                 (dir, ours.then_some((grand, own)))
             }
         };
@@ -148,6 +146,14 @@ impl DeadSocket {
     }
 }
 
+/// Whether a directory named `name` is one an SDK plugin makes for its socket: only
+/// such a directory goes with the socket (a plugin could otherwise name a socket in,
+/// say, `/tmp/.X11-unix` and have the host remove that directory once empty).
+fn sdk_socket_dir(name: &OsStr) -> bool {
+    name.as_encoded_bytes()
+        .starts_with(crate::server::SOCKET_DIR_PREFIX.as_bytes())
+}
+
 /// Device and inode of `name` in `dir` if it is a unix socket owned by this user.
 fn socket_id(dir: &Dir, name: &OsStr) -> Option<(u64, u64)> {
     let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
@@ -178,6 +184,14 @@ mod tests {
         dead_socket(&sock);
         remove_dead_socket(&addr(&sock), Some(root.path())).await;
         assert!(!own.exists(), "the socket's directory is left");
+        // In a directory of another name: the socket only, the directory stays.
+        let other = root.path().join(".X11-unix");
+        std::fs::create_dir(&other).unwrap();
+        let sock = other.join("X0");
+        dead_socket(&sock);
+        remove_dead_socket(&addr(&sock), Some(root.path())).await;
+        assert!(!sock.exists());
+        assert!(other.exists(), "a directory not a plugin's was removed");
         // Directly in the socket dir (go-plugin's layout): the socket only.
         let sock = root.path().join("plugin123");
         dead_socket(&sock);
