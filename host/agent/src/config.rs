@@ -404,46 +404,34 @@ impl AgentConfig {
     /// process can have, and none may be one the agent sets itself for the handshake
     /// (it would be overwritten, or worse, mislead the plugin about its host).
     fn check_plugin_env(&self) -> Result<(), ConfigError> {
+        // A pin binds a name to the bytes of one file; a variable that makes the
+        // dynamic loader load more code would run code no pin covers. Refused in every
+        // section once any pin is set: the environment follows a file's name, a pin
+        // its bytes, so a copy of a pinned binary under another section's name would
+        // run with that section's variables.
+        let any_pin = self.plugin.values().any(|p| p.sha256.is_some());
         let check = |key: &str, name: &str| -> Result<(), ConfigError> {
             if let Some(why) = bad_env_name(name) {
                 return Err(ConfigError(format!("{key}: {name:?} {why}")));
             }
-            Ok(())
-        };
-        // A pin binds a name to the bytes of one file; a variable that makes the
-        // dynamic loader load more code would run code no pin covers.
-        let loads_code = |key: &str, name: &str| -> Result<(), ConfigError> {
-            if loader_variable(name) {
+            if any_pin && loader_variable(name) {
                 return Err(ConfigError(format!(
                     "{key}: {name:?} makes the dynamic loader load code that no sha256 pin \
-                     covers, so it is refused for a pinned plugin; install the library \
-                     where the loader looks by default, or drop the pin"
+                     covers, so it is refused while any plugin is pinned; install the \
+                     library where the loader looks by default, or drop the pins"
                 )));
             }
             Ok(())
         };
-        let any_pin = self.plugin.values().any(|p| p.sha256.is_some());
         for name in &self.plugin_pass_env {
             check("plugin_pass_env", name)?;
-            if any_pin {
-                loads_code("plugin_pass_env", name)?;
-            }
         }
         for (plugin, settings) in &self.plugin {
-            let pinned = settings.sha256.is_some();
             for name in &settings.pass_env {
-                let key = format!("[plugin.{plugin}] pass_env");
-                check(&key, name)?;
-                if pinned {
-                    loads_code(&key, name)?;
-                }
+                check(&format!("[plugin.{plugin}] pass_env"), name)?;
             }
             for (name, value) in &settings.env {
-                let key = format!("[plugin.{plugin}] env");
-                check(&key, name)?;
-                if pinned {
-                    loads_code(&key, name)?;
-                }
+                check(&format!("[plugin.{plugin}] env"), name)?;
                 if value.contains('\0') {
                     return Err(ConfigError(format!(
                         "[plugin.{plugin}] env: the value of {name:?} contains a NUL byte"
@@ -655,8 +643,8 @@ mod tests {
     const PIN: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
     /// A pinned plugin runs only the bytes its pin names: `LD_PRELOAD` and the like,
-    /// which would load more code into it, are refused for it, and for every plugin
-    /// through `plugin_pass_env` once any pin is set. An unpinned plugin may have them.
+    /// which would load more code into it, are refused in every section and in
+    /// `plugin_pass_env` once any pin is set. Without pins they are allowed.
     #[test]
     fn loader_variables_are_refused_for_pinned_plugins() {
         for (text, culprit) in [
@@ -675,6 +663,14 @@ mod tests {
                     "plugin_pass_env = [\"GCONV_PATH\"]\n[plugin.docker]\nsha256 = \"{PIN}\"\n"
                 ),
                 "GCONV_PATH",
+            ),
+            // An unpinned section beside a pinned one: a copy of the pinned binary
+            // under this name would run with it.
+            (
+                format!(
+                    "[plugin.docker]\nsha256 = \"{PIN}\"\n[plugin.rawexec]\nenv = {{ LD_AUDIT = \"/opt/a.so\" }}\n"
+                ),
+                "LD_AUDIT",
             ),
         ] {
             let err = load_toml(&text).unwrap_err().to_string();
