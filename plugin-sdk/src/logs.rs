@@ -224,7 +224,15 @@ impl RotatingWriter {
     }
 
     fn rotate(&mut self) -> io::Result<()> {
-        self.index += 1;
+        // Only a planted name gets here (2^64 files of at least 1 MiB are never
+        // written): refuse to go on rather than wrap round to file 0.
+        self.index = self.index.checked_add(1).ok_or_else(|| {
+            io::Error::other(format!(
+                "{}: no log file can follow index {}",
+                self.dir.path().join(&self.stem).display(),
+                self.index
+            ))
+        })?;
         self.file = self
             .dir
             .open_file(part(&self.stem, self.index), &append())?;
@@ -234,7 +242,7 @@ impl RotatingWriter {
 
     /// Delete the oldest files beyond `max_files`.
     fn prune(&mut self) -> io::Result<()> {
-        let oldest_kept = (self.index + 1).saturating_sub(self.max_files);
+        let oldest_kept = self.index.saturating_add(1).saturating_sub(self.max_files);
         for (i, name) in log_files_in(&self.dir, &self.stem)? {
             if i < oldest_kept {
                 match self.dir.remove_file(&name) {
@@ -357,6 +365,30 @@ mod tests {
         // 10 MB in 1 MiB files: indexes 7, 8, 9 remain.
         assert_eq!(files[0].0, 7);
         assert_eq!(files[2].0, 9);
+    }
+
+    /// A task plants a file with the last index there is, then gets a new writer
+    /// (a restart): writing fills that file, and then fails saying why, instead of
+    /// wrapping round to file 0 past the reader (or panicking in a debug build).
+    #[test]
+    fn a_planted_last_index_stops_the_writer_without_wrapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        std::fs::write(file_name(&base, 0), "old\n").unwrap();
+        std::fs::write(file_name(&base, u64::MAX), "").unwrap();
+        let mut w = RotatingWriter::open(&base, limits(3)).unwrap();
+        assert_eq!(w.current_index(), u64::MAX);
+        let e = w.write_all(&vec![b'x'; 2 * MIB as usize]).unwrap_err();
+        assert!(e.to_string().contains("no log file can follow"), "{e}");
+        assert_eq!(
+            std::fs::metadata(file_name(&base, u64::MAX)).unwrap().len(),
+            MIB
+        );
+        assert!(
+            !file_name(&base, 0).exists(),
+            "pruned as older than the newest 3"
+        );
+        assert_eq!(log_files(&base).unwrap().len(), 1);
     }
 
     #[test]

@@ -174,7 +174,7 @@ impl Ahead {
         // The next file exists, so the one before it is complete: count it.
         if let Some(prev) = self.files.back_mut() {
             prev.counted = prev.file.metadata()?.len();
-            self.bytes += prev.counted;
+            self.bytes = self.bytes.saturating_add(prev.counted);
         }
         self.files.push_back(OpenFile {
             index: Some(index),
@@ -188,7 +188,7 @@ impl Ahead {
 
     fn pop(&mut self) -> Option<OpenFile> {
         let open = self.files.pop_front()?;
-        self.bytes -= open.counted;
+        self.bytes = self.bytes.saturating_sub(open.counted);
         Some(open)
     }
 }
@@ -569,12 +569,28 @@ fn offset_position(
     Ok((last, file_len(dir, &files[last].1)?))
 }
 
+/// The most a tail looks back: what a stream can hold
+/// ([`drover_api::MAX_LOG_MB_PER_STREAM`]). Only files a task planted (a sparse
+/// file of 2^63 bytes without a newline, say) are longer; the tail then starts there,
+/// instead of a reader thread going through them for ever.
+const TAIL_SCAN_MAX: u64 = drover_api::MAX_LOG_MB_PER_STREAM * 1024 * 1024;
+
 /// File and byte position where the last `lines` lines start. A newline ending the
 /// stream ends the last line; it does not start an empty one.
 fn tail_position(
     dir: &Dir,
     files: &[(Option<u64>, OsString)],
     lines: u64,
+) -> io::Result<(usize, u64)> {
+    tail_position_within(dir, files, lines, TAIL_SCAN_MAX)
+}
+
+/// [`tail_position`], looking back at most `scan_max` bytes (rounded up to a block).
+fn tail_position_within(
+    dir: &Dir,
+    files: &[(Option<u64>, OsString)],
+    lines: u64,
+    scan_max: u64,
 ) -> io::Result<(usize, u64)> {
     const BLOCK: u64 = 64 * 1024;
     let last = files.len() - 1;
@@ -584,6 +600,7 @@ fn tail_position(
     let mut remaining = lines;
     let mut at_stream_end = true;
     let mut block = vec![0u8; BLOCK as usize];
+    let mut scanned = 0u64;
     for (at, (_, name)) in files.iter().enumerate().rev() {
         let mut file = match open_log(dir, name) {
             Ok(f) => f,
@@ -592,7 +609,11 @@ fn tail_position(
         };
         let mut end = file.metadata()?.len();
         while end > 0 {
+            if scanned >= scan_max {
+                return Ok((at, end));
+            }
             let start = end.saturating_sub(BLOCK);
+            scanned += end - start;
             let len = (end - start) as usize;
             file.seek(SeekFrom::Start(start))?;
             file.read_exact(&mut block[..len])?;
@@ -937,6 +958,32 @@ mod tests {
         }
         assert_eq!(rest, b"two\n");
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    /// A task plants a huge sparse log file (1 TiB) without a newline: a tail looks back no
+    /// further than a stream can hold, and starts there, instead of reading it all.
+    #[test]
+    fn a_tail_looks_back_no_further_than_a_stream_holds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let huge = std::fs::File::create(tmp.path().join("stdout.0")).unwrap();
+        huge.set_len(1 << 40).unwrap();
+        std::fs::write(tmp.path().join("stdout.1"), "no newline either").unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
+        let files = vec![
+            (Some(0), OsString::from("stdout.0")),
+            (Some(1), OsString::from("stdout.1")),
+        ];
+        let (at, offset) = tail_position_within(&dir, &files, 10, 1 << 20).unwrap();
+        assert_eq!(at, 0);
+        // The last file whole, then 1 MiB of the planted one (in 64 KiB blocks).
+        let looked = (1u64 << 40) - offset + 17;
+        assert!(
+            (1 << 20..(1 << 20) + 128 * 1024).contains(&looked),
+            "{looked}"
+        );
+        // Lines within the bound are found as before.
+        let (at, offset) = tail_position_within(&dir, &files, 0, 1 << 20).unwrap();
+        assert_eq!((at, offset), (1, 17));
     }
 
     /// A task plants a file with the last index there is beside its log: it is read,
