@@ -578,7 +578,9 @@ impl<'a> TaskDir<'a> {
             .dir
             .as_ref()
             .ok_or_else(|| invalid(format!("{field}: {rel:?}: no task directory")))?
-            .open_file(rel, &OpenOptions::new().read(true))
+            // Hard links checked again on the file opened: one swapped in after
+            // `resolve` looked would be another file's bytes.
+            .open_file(rel, &OpenOptions::new().read(true).single_link(true))
             .map_err(|e| invalid(format!("{field}: cannot open {rel:?}: {e}")))?;
         Ok((path, file))
     }
