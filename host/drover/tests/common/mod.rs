@@ -2,8 +2,11 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod docker;
 pub mod ha;
 pub mod inproc;
+pub mod qemu;
+pub mod tasks;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,322 @@
+//! `drover agent --dev`: a server and a client in one process, driven through the
+//! agent's socket with job files (acceptance 1), and the task-group lifecycle order
+//! (acceptance 4).
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::Agent;
+use common::cluster::{allocs_with, job_file};
+
+fn dev_agent(root: &std::path::Path) -> Agent {
+    let plugins = root.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let mut agent = Agent::start(root, &plugins, &["--dev"]);
+    agent.end_tasks = true;
+    agent.wait_plugins(Duration::from_secs(20), |rows| {
+        ["rawexec", "exec"].iter().all(|n| {
+            rows.iter()
+                .any(|r| r["name"] == *n && r["state"] == "healthy")
+        })
+    });
+    // Healthy plugins are not yet a node the server can place on: the client
+    // registers after it has recovered its tasks, and says its drivers' health.
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the dev node ready with rawexec and exec",
+        || {
+            let out = agent.cli(&["node", "status", "--json"]);
+            let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            out.status.success()
+                && nodes.as_array().is_some_and(|n| {
+                    n.len() == 1
+                        && n[0]["status"] == "ready"
+                        && ["rawexec", "exec"]
+                            .iter()
+                            .all(|d| n[0]["drivers"][*d]["healthy"] == true)
+                })
+        },
+    );
+    agent
+}
+
+fn cli_ok(agent: &Agent, args: &[&str]) -> String {
+    let out = agent.cli(args);
+    assert!(
+        out.status.success(),
+        "drover {args:?} failed: {}\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout),
+        common::cluster::tail(&agent.log_text())
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_job(
+    agent: &Agent,
+    job: &str,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = agent.cli_json(&["job", "status", job, "--json"]);
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 60s; last:\n{v:#}\nagent log:\n{}",
+            common::cluster::tail(&agent.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Acceptance 1.
+#[test]
+fn dev_mode_runs_service_and_batch_jobs_from_files_through_the_socket() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = dev_agent(root.path());
+    let web = job_file(
+        root.path(),
+        "web",
+        r#"
+name = "web"
+type = "service"
+
+[[group]]
+name = "app"
+count = 3
+
+[[group.task]]
+name = "main"
+driver = "rawexec"
+config = { command = "/bin/sh", args = ["-c", "echo hello from $DROVER_ALLOC_ID; exec sleep 1000"] }
+resources = { cpu = 100, memory_mb = 32 }
+
+[[group]]
+name = "iso"
+
+[[group.task]]
+name = "main"
+driver = "exec"
+config = { command = "/bin/sh", args = ["-c", "echo isolated; exec sleep 1000"] }
+resources = { cpu = 100, memory_mb = 64 }
+"#,
+    );
+    let once = job_file(
+        root.path(),
+        "once",
+        r#"
+name = "once"
+type = "batch"
+
+[[group]]
+name = "work"
+
+[[group.task]]
+name = "main"
+driver = "rawexec"
+config = { command = "/bin/sh", args = ["-c", "echo batch done"] }
+resources = { cpu = 100, memory_mb = 32 }
+"#,
+    );
+    let out = cli_ok(&agent, &["job", "run", web.to_str().unwrap()]);
+    assert!(out.contains("web"), "{out}");
+    cli_ok(&agent, &["job", "run", once.to_str().unwrap()]);
+
+    let web_status = wait_job(&agent, "web", "4 running allocations", |v| {
+        allocs_with(v, "running").len() == 4
+    });
+    assert_eq!(web_status["status"], "running", "{web_status:#}");
+    let groups: Vec<&str> = allocs_with(&web_status, "running")
+        .iter()
+        .map(|a| a["group"].as_str().unwrap())
+        .collect();
+    assert_eq!(groups.iter().filter(|g| **g == "app").count(), 3);
+    assert_eq!(groups.iter().filter(|g| **g == "iso").count(), 1);
+    for a in allocs_with(&web_status, "running") {
+        assert_eq!(a["task_states"]["main"]["state"], "running", "{a:#}");
+        assert!(a["node_id"].as_str().is_some_and(|s| !s.is_empty()));
+    }
+    let batch = wait_job(&agent, "once", "the batch allocation complete", |v| {
+        allocs_with(v, "complete").len() == 1
+    });
+    assert_eq!(
+        allocs_with(&batch, "complete")[0]["task_states"]["main"]["exit_code"],
+        0
+    );
+
+    // Logs of a task of an allocation.
+    let app = allocs_with(&web_status, "running")
+        .into_iter()
+        .find(|a| a["group"] == "app")
+        .unwrap();
+    let id = app["id"].as_str().unwrap();
+    let mut logs = String::new();
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the task's output in alloc logs",
+        || {
+            logs = String::from_utf8_lossy(&agent.cli(&["alloc", "logs", id, "main"]).stdout)
+                .into_owned();
+            logs.contains(&format!("hello from {id}"))
+        },
+    );
+    let iso = allocs_with(&web_status, "running")
+        .into_iter()
+        .find(|a| a["group"] == "iso")
+        .unwrap();
+    let mut iso_logs = String::new();
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the sandboxed task's output in alloc logs",
+        || {
+            iso_logs = cli_ok(
+                &agent,
+                &["alloc", "logs", iso["id"].as_str().unwrap(), "main"],
+            );
+            iso_logs.contains("isolated")
+        },
+    );
+
+    // The `task` commands keep working beside `job`: the job's tasks are there.
+    let tasks = agent.cli_json(&["task", "list", "--json"]);
+    let running = tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["state"] == "running")
+        .count();
+    assert_eq!(running, 4, "{tasks:#}");
+
+    // `job stop` leaves no task process behind.
+    cli_ok(&agent, &["job", "stop", "web"]);
+    wait_job(&agent, "web", "every allocation stopped", |v| {
+        v["allocations"].as_array().is_some_and(|a| {
+            a.iter()
+                .all(|a| a["desired_status"] == "stop" && a["client_status"] == "complete")
+        })
+    });
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "no task process of the job",
+        || {
+            let tasks = agent.cli_json(&["task", "list", "--json"]);
+            tasks
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|t| t["state"] != "running")
+        },
+    );
+    // Only plugin processes (and no executor or task) carry the agent's marker.
+    let plugins = agent.cli_json(&["plugin", "status", "--json"]);
+    let plugin_pids: Vec<u64> = plugins
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["pid"].as_u64())
+        .collect();
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "no task or executor process left",
+        || {
+            agent
+                .marked_pids()
+                .iter()
+                .all(|p| plugin_pids.contains(&u64::from(*p)))
+        },
+    );
+}
+
+/// Acceptance 4: a prestart task writes into alloc/data, a prestart sidecar runs beside
+/// the main task, the main task reads the file, a poststop task runs after it; the
+/// order is asserted from timestamps the tasks write, and the sidecar is stopped at
+/// the end.
+#[test]
+fn group_lifecycle_runs_in_order_with_a_shared_alloc_dir() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = dev_agent(root.path());
+    let job = job_file(
+        root.path(),
+        "life",
+        r#"
+name = "life"
+type = "batch"
+
+[[group]]
+name = "g"
+
+[[group.task]]
+name = "init"
+driver = "rawexec"
+lifecycle = { hook = "prestart" }
+config = { command = "/bin/sh", args = ["-c", "sleep 0.2; echo payload > $DROVER_ALLOC_DIR/data/file; date +%s%N > $DROVER_ALLOC_DIR/data/init.end"] }
+
+[[group.task]]
+name = "side"
+driver = "rawexec"
+lifecycle = { hook = "prestart", sidecar = true }
+config = { command = "/bin/sh", args = ["-c", "date +%s%N > $DROVER_ALLOC_DIR/data/side.start; trap 'date +%s%N > $DROVER_ALLOC_DIR/data/side.stop; exit 0' TERM; while :; do sleep 0.05; done"] }
+
+[[group.task]]
+name = "main"
+driver = "rawexec"
+config = { command = "/bin/sh", args = ["-c", "date +%s%N > $DROVER_ALLOC_DIR/data/main.start; cat $DROVER_ALLOC_DIR/data/file > $DROVER_ALLOC_DIR/data/main.read; sleep 1; date +%s%N > $DROVER_ALLOC_DIR/data/main.end"] }
+
+[[group.task]]
+name = "after"
+driver = "rawexec"
+lifecycle = { hook = "poststop" }
+config = { command = "/bin/sh", args = ["-c", "date +%s%N > $DROVER_ALLOC_DIR/data/after.start"] }
+"#,
+    );
+    cli_ok(&agent, &["job", "run", job.to_str().unwrap()]);
+    let status = wait_job(&agent, "life", "the allocation complete", |v| {
+        allocs_with(v, "complete").len() == 1
+    });
+    let alloc = allocs_with(&status, "complete")[0];
+    let id = alloc["id"].as_str().unwrap();
+    for t in ["init", "side", "main", "after"] {
+        assert_eq!(alloc["task_states"][t]["state"], "dead", "{t}: {alloc:#}");
+    }
+    assert_eq!(alloc["task_states"]["main"]["exit_code"], 0, "{alloc:#}");
+    assert_eq!(alloc["task_states"]["after"]["exit_code"], 0, "{alloc:#}");
+
+    let data = agent.data_dir.join("alloc").join(id).join("alloc/data");
+    let read = |name: &str| -> u128 {
+        let text = std::fs::read_to_string(data.join(name))
+            .unwrap_or_else(|e| panic!("{name} in {}: {e}", data.display()));
+        text.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: {text:?}: {e}"))
+    };
+    let (init_end, side_start, side_stop) =
+        (read("init.end"), read("side.start"), read("side.stop"));
+    let (main_start, main_end, after_start) =
+        (read("main.start"), read("main.end"), read("after.start"));
+    assert!(init_end < main_start, "main started before prestart ended");
+    assert!(side_start < main_end, "the sidecar did not run beside main");
+    assert!(
+        side_stop >= main_end,
+        "the sidecar stopped before main ended"
+    );
+    assert!(after_start >= main_end, "poststop ran before main ended");
+    assert!(
+        side_stop <= after_start,
+        "the sidecar was not stopped before poststop"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("main.read")).unwrap(),
+        "payload\n",
+        "main did not read the prestart's file"
+    );
+}

@@ -1,0 +1,13 @@
+//! End-to-end tests of the cluster: `drover server`, agents that join it, the cluster
+//! CLI, `--dev`, several servers on etcd. One test binary for the area, so that CI links
+//! it once; each file is a module.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod agent_cluster;
+mod cluster;
+mod cluster_cli;
+mod cluster_dev;
+mod cluster_ha;
+mod cluster_join;
