@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build tests/goplugin16 (a go-plugin 1.6.3 host and plugin for the interoperability
-# tests in host/drover/tests/goplugin16.rs) offline, in GOPATH mode, against the
+# tests in host/drover/tests/compat/goplugin16*.rs) offline, in GOPATH mode, against the
 # go-plugin 1.6.3 source tarball and Debian's Go packages (recipe:
 # ../shared/go-plugin/README.md). Everything it makes is under target/go-plugin-16/.
 #

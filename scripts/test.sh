@@ -296,7 +296,7 @@ if [ "${CI:-}" = "true" ]; then
 fi
 
 cargo build --workspace --bins --locked
-# The go-plugin 1.6.3 host and plugin of host/drover/tests/goplugin16*.rs, built offline
+# The go-plugin 1.6.3 host and plugin of host/drover/tests/compat/goplugin16*.rs, built offline
 # from ../shared/go-plugin/ (it skips loudly without the tarball; under CI=true it fails).
 gp16_env=$(scripts/go-plugin-16.sh)
 if [ -n "$gp16_env" ]; then

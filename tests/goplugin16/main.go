@@ -1,5 +1,5 @@
 // goplugin16: a go-plugin 1.6.3 host and plugin, used by Drover's tests
-// (host/drover/tests/goplugin16.rs) to prove wire compatibility with today's go-plugin:
+// (host/drover/tests/compat/goplugin16*.rs) to prove wire compatibility with today's go-plugin:
 // AutoMTLS, gRPC broker multiplexing, SkipHostEnv and reattach.
 //
 //	goplugin16 host [-automtls] [-multiplex] [-skip-host-env] [-detach STATEFILE] PLUGIN [ARGS...]

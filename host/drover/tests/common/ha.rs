@@ -1,5 +1,5 @@
 //! Several `drover server`s on one etcd, with client agents that know all of them: the
-//! cluster of `tests/cluster_ha.rs`, as real processes on 127.0.0.1, driven through the
+//! cluster of `tests/cluster/cluster_ha.rs`, as real processes on 127.0.0.1, driven through the
 //! `drover` CLI as a user drives it.
 //!
 //! Every process started here is ended by pid: the servers and the agents when the

@@ -1,4 +1,9 @@
 //! Shared helpers for the agent's end-to-end tests: real binaries, real processes.
+//!
+//! Each area's test binary (`tests/AREA/main.rs`) declares this module once for all its
+//! files; the submodules hold what only some areas use: a cluster of real processes
+//! ([`cluster`], [`ha`]), driver libraries ([`inproc`]), the docker, qemu and task API
+//! helpers ([`docker`], [`qemu`], [`tasks`]).
 #![allow(dead_code)]
 
 pub mod cluster;
@@ -37,8 +42,8 @@ pub fn write_exec(path: &Path, body: &str, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// Tests that measure load time hold this so that no other agent of the same test
-/// binary competes for the two cores meanwhile.
+/// Tests that measure load time, or boot VMs, hold this so that no other test of the
+/// same binary that holds it competes for the two cores meanwhile.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock()

@@ -1,4 +1,4 @@
-//! Helpers for the qemu driver's end-to-end tests (`host/drover/tests/qemu.rs`): an
+//! Helpers for the qemu driver's end-to-end tests (`host/drover/tests/drivers/qemu.rs`): an
 //! agent whose qemu driver takes images from the VM rig's directory, task configs that
 //! boot the rig's guest, and a watch over the `qemu-system-*` processes of one task.
 //!

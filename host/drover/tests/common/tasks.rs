@@ -1,4 +1,5 @@
-//! Helpers of the `tasks_*` tests: the agent's HTTP API through `drover_api::Client`.
+//! Helpers of the tests that drive tasks through the agent's HTTP API
+//! (`drover_api::Client`): run a task, wait for its view, read its events.
 #![allow(dead_code, unused_imports)]
 
 use std::time::{Duration, Instant};
@@ -7,7 +8,7 @@ use drover_api::{RunRequest, TaskEventKind, TaskEventView, TaskView};
 
 use crate::common::Agent;
 
-#[allow(unused_imports)] // not every test binary that includes this module uses it
+#[allow(unused_imports)] // not every test binary that declares `common` uses it
 pub use crate::common::rawexec_agent as agent;
 
 /// A run request from its JSON, as a client would send it (the JSON must be one).
