@@ -13,6 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::{drover, nix_kill};
+use drover_test_support::pki::TestCa;
 use drover_test_support::until_blocking;
 
 /// A `drover server` process, stopped when dropped.
@@ -612,69 +613,22 @@ fn a_client_agent_forwards_the_cluster_commands_with_its_token() {
     assert!(server.child.try_wait().unwrap().is_none());
 }
 
-/// A CA and a certificate for 127.0.0.1 signed by it, made with the openssl tool.
+/// A CA (`ca.pem`) and a certificate for 127.0.0.1 signed by it (`server.pem`,
+/// `server.key`, mode 0600 as the server requires of a key), written to `dir`.
 fn certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (needed to make test certificates)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            text(&out.stderr)
-        );
-    };
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=drover test ca",
-    ]);
-    run(&ca);
-    let mut csr = vec!["req"];
-    csr.extend(ec);
-    csr.extend([
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    run(&csr);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf("127.0.0.1");
+    std::fs::write(dir.join("ca.pem"), &ca.ca_pem).unwrap();
+    std::fs::write(dir.join("server.pem"), cert).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join("server.key"))
+        .and_then(|mut f| f.write_all(key.as_bytes()))
+        .unwrap();
 }
 
 #[test]
