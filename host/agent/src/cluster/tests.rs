@@ -13,6 +13,7 @@ use drover_server_api::{
     AllocClientUpdate, AllocResources, Allocation, ClientAllocation, ClientStatus, DesiredStatus,
     DriverInfo, JobType, NodeRegistration, TaskGroup,
 };
+use drover_test_support::pki::TestCa;
 use pb::node_server::{Node, NodeServer};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -490,38 +491,11 @@ async fn with_a_dead_server_first_the_client_fails_over_and_keeps_reports() {
     server_stop.cancel();
 }
 
-struct Pki {
-    ca_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-fn ca() -> Pki {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    Pki {
-        ca_pem: cert.pem(),
-        issuer: rcgen::Issuer::new(params, key),
-    }
-}
-
-impl Pki {
-    fn leaf(&self, name: &str) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec![name.to_owned()])
-            .unwrap()
-            .signed_by(&key, &self.issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
 #[tokio::test]
 async fn tls_towards_the_servers_with_a_client_certificate() {
     use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-    let servers = ca();
-    let clients = ca();
+    let servers = TestCa::new();
+    let clients = TestCa::new();
     // The server's certificate names "cluster.test", not 127.0.0.1: the client checks
     // it against tls.server_name.
     let (cert, key) = servers.leaf("cluster.test");
@@ -576,7 +550,7 @@ async fn tls_towards_the_servers_with_a_client_certificate() {
     // that got through would register within milliseconds of its first attempt; the
     // window covers several reconnect attempts.)
     for (ca_pem, name) in [
-        (ca().ca_pem, "cluster.test"),
+        (TestCa::new().ca_pem, "cluster.test"),
         (servers.ca_pem.clone(), "other.test"),
     ] {
         let (task, stop) = start(config(&ca_pem, name));
