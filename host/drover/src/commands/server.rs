@@ -1,4 +1,5 @@
-//! `drover server`, and the in-process server of `drover agent --dev`.
+//! `drover server`: its flags, a server's start and life (also the in-process server
+//! of `drover agent --dev`), and `drover server status`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,6 +15,9 @@ use drover_server::tls::TlsFiles;
 use drover_server::{Election, ServerInfo};
 use drover_server::{Server, ServerConfig};
 use tokio_util::sync::CancellationToken;
+
+use super::cluster_error;
+use crate::render::{print_json, servers_status_text};
 
 /// `drover server` flags.
 #[derive(Debug, Args)]
@@ -630,7 +634,7 @@ pub fn run(args: ServerArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         let stop = CancellationToken::new();
-        tokio::spawn(crate::stop_on_signals(stop.clone()));
+        tokio::spawn(super::agent::stop_on_signals(stop.clone()));
         let started = match start(options, stop.clone()).await {
             Ok(s) => s,
             Err(e) => {
@@ -738,6 +742,21 @@ pub fn start_dev(
             bail!("the dev server's thread ended before it listened")
         }
     }
+}
+
+/// `drover server status`: the servers, the leader and the store, as the server at
+/// `--address` (any of them, or an agent's socket) sees them.
+pub async fn server_status(
+    c: &drover_server_api::client::Client,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let status = c.servers_status().await.map_err(cluster_error)?.value;
+    if json {
+        print_json(&status)?;
+    } else {
+        print!("{}", servers_status_text(&status));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
