@@ -35,9 +35,10 @@
 //! Kill settings are the two top-level keys `kill_signal` and `kill_timeout` (the
 //! flag names, the API's field names and what Nomad users write), not a `[kill]` table.
 //!
-//! Parsing is a pure function of the text and the file's name ([`parse`]). Every
-//! error names the file, the line and the field (`job.toml:7: restart.atempts: unknown
-//! field ...`). The driver's task config is only checked by the agent; its answer is
+//! Parsing is a pure function of the text, the file's name and the caller's signal
+//! check ([`parse`]; the signal names are the plugin SDK's, which the caller links).
+//! Every error names the file, the line and the field (`job.toml:7: restart.atempts:
+//! unknown field ...`). The driver's task config is only checked by the agent; its answer is
 //! mapped back to the lines of the `[config]` keys with [`SpecFile::locate_config_error`].
 
 use std::collections::BTreeMap;
@@ -122,8 +123,13 @@ struct LogsDoc {
     max_file_size_mb: Option<Spanned<u32>>,
 }
 
-/// Parse the spec in `text`; `file` is the name errors mention.
-pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
+/// Parse the spec in `text`; `file` is the name errors mention. `check_signal` says
+/// why a `kill_signal` is no signal (`Err(message)`), or accepts it.
+pub fn parse(
+    text: &str,
+    file: &str,
+    check_signal: &dyn Fn(&str) -> Result<(), String>,
+) -> Result<SpecFile, SpecError> {
     let err = |span: Option<Range<usize>>, field: Option<String>, message: String| SpecError {
         file: file.to_owned(),
         line: span.map_or(1, |s| line_of(text, s.start)),
@@ -185,10 +191,8 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
     };
     if let Some(sig) = &doc.kill_signal {
         // Validated here so the error names the line; stored as written.
-        drover_plugin_sdk::Signal::parse_or_default(sig.get_ref()).map_err(|e| {
-            let e = drover_plugin_sdk::DriverError::from(e);
-            err(Some(sig.span()), Some("kill_signal".into()), e.to_string())
-        })?;
+        check_signal(sig.get_ref())
+            .map_err(|e| err(Some(sig.span()), Some("kill_signal".into()), e))?;
         request.kill_signal = Some(sig.get_ref().clone());
     }
     if let Some(t) = &doc.kill_timeout {
@@ -323,8 +327,8 @@ impl SpecFile {
     /// the task config.
     ///
     /// The agent phrases these as `task config for driver "NAME": P1; P2`, each problem
-    /// either `unknown field "KEY" (...)` or `/json/pointer: ...` (see
-    /// `loader::validate`, which a test here runs to keep the two in step).
+    /// either `unknown field "KEY" (...)` or `/json/pointer: ...` (see the agent's
+    /// `loader::validate`; a test of `drover task run` runs both to keep them in step).
     pub fn locate_config_error(&self, message: &str) -> Option<String> {
         const MARK: &str = "task config for driver ";
         let start = message.find(MARK)?;
@@ -577,6 +581,19 @@ max_files = 3
 max_file_size_mb = 1
 "#;
 
+    /// A stand-in for the plugin SDK's signal check (the `drover` binary's tests run
+    /// the real one).
+    fn check_signal(name: &str) -> Result<(), String> {
+        match name {
+            "SIGINT" | "SIGTERM" => Ok(()),
+            other => Err(format!("unknown signal {other:?}")),
+        }
+    }
+
+    fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
+        super::parse(text, file, &check_signal)
+    }
+
     fn error(text: &str) -> String {
         parse(text, "job.toml").unwrap_err().to_string()
     }
@@ -774,34 +791,6 @@ max_file_size_mb = 1
             "--config: config.args[1]: bad\n\
              --config: config.comand: unknown field \"comand\" (expected one of: args)\n\
              job.toml:10: config.nested.deep[0]: worse"
-        );
-    }
-
-    /// The agent's validator and this mapping must agree on the message format.
-    #[test]
-    fn agent_validation_messages_map_back_to_lines() {
-        let schema = serde_json::json!({
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["command"],
-            "properties": {
-                "command": { "type": "string" },
-                "args": { "type": "array", "items": { "type": "string" } },
-            },
-        });
-        let text = "driver = \"rawexec\"\n[config]\ncommand = \"/bin/echo\"\nargs = [\"a\", 5]\ncomand = \"x\"\n";
-        let spec = parse(text, "t.toml").unwrap();
-        let problems = crate::loader::validate(&schema, &spec.request.config).unwrap_err();
-        let message = format!(
-            "{}",
-            drover_plugin_sdk::DriverError::InvalidConfig(format!(
-                "task config for driver \"rawexec\": {problems}"
-            ))
-        );
-        assert_eq!(
-            spec.locate_config_error(&message).unwrap(),
-            "t.toml:5: config.comand: unknown field \"comand\" (expected one of: args, command)\n\
-             t.toml:4: config.args[1]: 5 is not of type \"string\""
         );
     }
 

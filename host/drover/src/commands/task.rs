@@ -130,6 +130,7 @@ pub async fn task_command(c: Client, cmd: TaskCommand) -> anyhow::Result<ExitCod
                     Some(drover_host::spec::parse(
                         &text,
                         &path.display().to_string(),
+                        &check_kill_signal,
                     )?)
                 }
                 None => None,
@@ -287,6 +288,14 @@ pub struct RunFlags {
     /// Size of one log file in MiB.
     #[arg(long)]
     pub log_max_file_size_mb: Option<u32>,
+}
+
+/// Why `name` is no signal a task can be stopped with, as the agent would say it: the
+/// task file's check of `kill_signal`.
+fn check_kill_signal(name: &str) -> Result<(), String> {
+    drover_plugin_sdk::Signal::parse_or_default(name)
+        .map(drop)
+        .map_err(|e| drover_plugin_sdk::DriverError::from(e).to_string())
 }
 
 /// `value` of `flag` as a duration.
@@ -475,7 +484,7 @@ max_files = 4
 "#;
 
     fn spec() -> SpecFile {
-        drover_host::spec::parse(SPEC, "job.toml").unwrap()
+        drover_host::spec::parse(SPEC, "job.toml", &check_kill_signal).unwrap()
     }
 
     #[test]
@@ -585,12 +594,57 @@ max_files = 4
             })
             .contains("is not KEY=VALUE")
         );
-        let mut no_driver = drover_host::spec::parse("name = \"x\"\n", "j.toml").unwrap();
+        let mut no_driver =
+            drover_host::spec::parse("name = \"x\"\n", "j.toml", &check_kill_signal).unwrap();
         assert_eq!(
             run_request(Some(&mut no_driver), RunFlags::default())
                 .unwrap_err()
                 .to_string(),
             "j.toml: no driver: add `driver = \"...\"` or give --driver"
+        );
+    }
+
+    /// The agent's validator and this mapping must agree on the message format.
+    #[test]
+    fn agent_validation_messages_map_back_to_lines() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["command"],
+            "properties": {
+                "command": { "type": "string" },
+                "args": { "type": "array", "items": { "type": "string" } },
+            },
+        });
+        let text = "driver = \"rawexec\"\n[config]\ncommand = \"/bin/echo\"\nargs = [\"a\", 5]\ncomand = \"x\"\n";
+        let spec = drover_host::spec::parse(text, "t.toml", &check_kill_signal).unwrap();
+        let problems = drover_host::loader::validate(&schema, &spec.request.config).unwrap_err();
+        let message = format!(
+            "{}",
+            drover_plugin_sdk::DriverError::InvalidConfig(format!(
+                "task config for driver \"rawexec\": {problems}"
+            ))
+        );
+        assert_eq!(
+            spec.locate_config_error(&message).unwrap(),
+            "t.toml:5: config.comand: unknown field \"comand\" (expected one of: args, command)\n\
+             t.toml:4: config.args[1]: 5 is not of type \"string\""
+        );
+    }
+
+    #[test]
+    fn a_task_files_kill_signal_is_checked_as_the_agent_does() {
+        let e = drover_host::spec::parse(
+            "\nkill_signal = \"SIGNOPE\"\n",
+            "t.toml",
+            &check_kill_signal,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "t.toml:2: kill_signal: invalid config: unknown signal \"SIGNOPE\" (expected a name \
+             like SIGTERM or TERM, or a number like 15)"
         );
     }
 }
