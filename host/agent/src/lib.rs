@@ -21,7 +21,6 @@ pub mod limits;
 pub mod loader;
 pub mod logs;
 pub mod plugin_watch;
-pub mod spec;
 pub mod state;
 pub mod tasks;
 

@@ -11,7 +11,9 @@
 //!   sets are enums;
 //! - the framing of the log stream ([`Frame`], [`FrameDecoder`]);
 //! - [`Client`], an async client over the agent's unix socket with one typed method per
-//!   endpoint, and its [`Error`].
+//!   endpoint, and its [`Error`];
+//! - [`taskfile`]: the TOML task files of `drover task run`, read into a [`RunRequest`]
+//!   (errors name the file, line and field).
 //!
 //! The endpoints (under `<data_dir>/api.sock`):
 //!
@@ -51,6 +53,7 @@ mod error;
 mod logs;
 mod path;
 mod plugins;
+pub mod taskfile;
 mod tasks;
 
 pub use agent::{AgentHealth, ErrorBody, HealthStatus, RecoverySummary};

@@ -35,7 +35,7 @@ fn every_example_spec_parses() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
             let text = std::fs::read_to_string(&path).unwrap();
-            let spec = drover_host::spec::parse(&text, &path.display().to_string(), &|name| {
+            let spec = drover_api::taskfile::parse(&text, &path.display().to_string(), &|name| {
                 drover_plugin_sdk::Signal::parse_or_default(name)
                     .map(drop)
                     .map_err(|e| e.to_string())

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::Subcommand;
+use drover_api::taskfile::SpecFile;
 use drover_api::{
     Client, Frame, LogStream, LogsOptions, RestartMode, RestartPolicy, RunRequest, StopRequest,
     TaskView,
 };
-use drover_host::spec::SpecFile;
 
 use super::api_error;
 use crate::render;
@@ -127,7 +127,7 @@ pub async fn task_command(c: Client, cmd: TaskCommand) -> anyhow::Result<ExitCod
                 Some(path) => {
                     let text = std::fs::read_to_string(path)
                         .with_context(|| format!("cannot read task spec {}", path.display()))?;
-                    Some(drover_host::spec::parse(
+                    Some(drover_api::taskfile::parse(
                         &text,
                         &path.display().to_string(),
                         &check_kill_signal,
@@ -484,7 +484,7 @@ max_files = 4
 "#;
 
     fn spec() -> SpecFile {
-        drover_host::spec::parse(SPEC, "job.toml", &check_kill_signal).unwrap()
+        drover_api::taskfile::parse(SPEC, "job.toml", &check_kill_signal).unwrap()
     }
 
     #[test]
@@ -595,7 +595,7 @@ max_files = 4
             .contains("is not KEY=VALUE")
         );
         let mut no_driver =
-            drover_host::spec::parse("name = \"x\"\n", "j.toml", &check_kill_signal).unwrap();
+            drover_api::taskfile::parse("name = \"x\"\n", "j.toml", &check_kill_signal).unwrap();
         assert_eq!(
             run_request(Some(&mut no_driver), RunFlags::default())
                 .unwrap_err()
@@ -617,7 +617,7 @@ max_files = 4
             },
         });
         let text = "driver = \"rawexec\"\n[config]\ncommand = \"/bin/echo\"\nargs = [\"a\", 5]\ncomand = \"x\"\n";
-        let spec = drover_host::spec::parse(text, "t.toml", &check_kill_signal).unwrap();
+        let spec = drover_api::taskfile::parse(text, "t.toml", &check_kill_signal).unwrap();
         let problems = drover_host::loader::validate(&schema, &spec.request.config).unwrap_err();
         let message = format!(
             "{}",
@@ -634,7 +634,7 @@ max_files = 4
 
     #[test]
     fn a_task_files_kill_signal_is_checked_as_the_agent_does() {
-        let e = drover_host::spec::parse(
+        let e = drover_api::taskfile::parse(
             "\nkill_signal = \"SIGNOPE\"\n",
             "t.toml",
             &check_kill_signal,

@@ -50,7 +50,7 @@ use toml::de::{DeTable, DeValue};
 
 use std::time::Duration;
 
-use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, RestartMode, RestartPolicy, RunRequest};
+use crate::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, RestartMode, RestartPolicy, RunRequest};
 
 /// A spec file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -177,7 +177,7 @@ pub fn parse(
                     format!(
                         "{:?} is longer than the maximum of {}",
                         v.get_ref(),
-                        drover_api::human_duration(max)
+                        crate::human_duration(max)
                     ),
                 ));
             }
@@ -199,7 +199,7 @@ pub fn parse(
         request.kill_timeout = Some(duration(t, "kill_timeout", MAX_KILL_TIMEOUT)?);
     }
     if let Some(r) = doc.resources {
-        request.resources = Some(drover_api::Resources {
+        request.resources = Some(crate::Resources {
             cpu_shares: r.cpu_shares.map_or(0, i64::from),
             memory_mb: r.memory_mb.map_or(0, i64::from),
             memory_max_mb: r.memory_max_mb.map_or(0, i64::from),
@@ -222,7 +222,7 @@ pub fn parse(
         request.restart = Some(policy);
     }
     if let Some(l) = doc.logs {
-        let mut logs = drover_api::LogConfig::default();
+        let mut logs = crate::LogConfig::default();
         for (value, name, slot) in [
             (&l.max_files, "logs.max_files", &mut logs.max_files),
             (
@@ -619,7 +619,7 @@ max_file_size_mb = 1
         assert_eq!(r.env["DEBUG"], "true");
         assert_eq!(
             r.resources,
-            Some(drover_api::Resources {
+            Some(crate::Resources {
                 cpu_shares: 100,
                 memory_mb: 64,
                 memory_max_mb: 0
@@ -636,7 +636,7 @@ max_file_size_mb = 1
         );
         assert_eq!(
             r.logs,
-            Some(drover_api::LogConfig {
+            Some(crate::LogConfig {
                 max_files: 3,
                 max_file_size_mb: 1
             })
