@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::Subcommand;
-use drover_api::taskfile::SpecFile;
+use drover_api::taskfile::TaskFile;
 use drover_api::{
     Client, Frame, LogStream, LogsOptions, RestartMode, RestartPolicy, RunRequest, StopRequest,
     TaskView,
@@ -306,7 +306,7 @@ pub fn check_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
 
 /// The request `drover task run` sends: the spec file's, with the flags on top.
 /// Errors name the flag at fault.
-pub fn run_request(spec: Option<&mut SpecFile>, flags: RunFlags) -> anyhow::Result<RunRequest> {
+pub fn run_request(spec: Option<&mut TaskFile>, flags: RunFlags) -> anyhow::Result<RunRequest> {
     let mut req = match &spec {
         Some(s) => s.request.clone(),
         None => RunRequest {
@@ -483,7 +483,7 @@ delay = "2s"
 max_files = 4
 "#;
 
-    fn spec() -> SpecFile {
+    fn spec() -> TaskFile {
         drover_api::taskfile::parse(SPEC, "job.toml", &check_kill_signal).unwrap()
     }
 
