@@ -9,11 +9,6 @@ pub mod allocs;
 pub mod api;
 pub mod catalog;
 pub mod cluster;
-/// `cluster::forward`: declared here so that `cluster/mod.rs` (the cluster client's
-/// file) stays untouched on this branch; at the merge it becomes `pub mod forward;`
-/// there.
-#[path = "cluster/forward.rs"]
-pub mod cluster_forward;
 pub mod config;
 pub mod dirs;
 pub mod instance;

@@ -7,9 +7,8 @@
 //! whoever can reach the agent's socket (mode 0600) acts with the agent's rights, as
 //! with every other endpoint of the socket.
 //!
-//! The channels here are this module's own. The cluster client (`cluster::run`) holds
-//! connections to the same servers; sharing one channel per server is the next step
-//! once both exist on one branch.
+//! The agent forwards over the cluster client's connections ([`Forwarder::new`] with
+//! its channels and token); [`Forwarder::from_config`] makes channels of its own.
 
 use std::collections::HashMap;
 use std::time::Duration;
