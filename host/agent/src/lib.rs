@@ -16,6 +16,7 @@ pub mod limits;
 pub mod loader;
 pub mod logs;
 pub mod plugin_watch;
+pub mod private_file;
 pub mod state;
 pub mod tasks;
 

@@ -167,14 +167,14 @@ fn check_etcd_endpoint(e: &str) -> Result<(), String> {
 
 /// A private key file (`flag`'s): refused when its group or other users can read
 /// or change it (whoever reads it can act as this server), as the token file is
-/// ([`drover_host::cluster::forward::check_private_file`]).
+/// ([`drover_host::private_file::check_private_file`]).
 fn check_key_file(flag: &str, path: &std::path::Path) -> anyhow::Result<()> {
     if !path.exists() {
         // The loader says so, naming the file (certificate first).
         return Ok(());
     }
     let fix = format!("`chmod 600 {}`", path.display());
-    drover_host::cluster::forward::check_private_file(path, 0o077, &fix)
+    drover_host::private_file::check_private_file(path, 0o077, &fix)
         .map_err(|e| anyhow::anyhow!("{flag}: key file {}: {e}", path.display()))
 }
 
@@ -356,7 +356,7 @@ impl ServerArgs {
         let token = match &self.token_file {
             None => None,
             Some(f) => Some(
-                drover_host::cluster::forward::read_token(f)
+                drover_host::private_file::read_token(f)
                     .map_err(|e| anyhow::anyhow!("--token-file: {e}"))?,
             ),
         };
