@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use drover_api::{PluginState, PluginStatus, StatsView, TaskEventView, TaskView};
 use drover_server_api::{
-    Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, JobPlanResponse, Node,
+    Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobPlanResponse, Node,
     NodeStatus, PlacementFailure,
 };
 use serde::Serialize;
-
-use crate::commands::job::JobStatusJson;
 
 /// Print task events: time, type, message.
 pub fn print_events(events: &[TaskEventView], json: bool) -> anyhow::Result<()> {
@@ -238,6 +236,44 @@ pub fn plan_text(job: &str, plan: &JobPlanResponse) -> String {
     }
     let _ = writeln!(out, "Job modify index: {}", plan.job_modify_index);
     out
+}
+
+/// `job status --json`: the job's fields (`name`, `type`, `status`, ...) with its
+/// allocations, evaluations, and what the newest evaluation to finish could not place.
+#[derive(Debug, Serialize)]
+pub struct JobStatusJson {
+    /// The job.
+    #[serde(flatten)]
+    pub job: Job,
+    /// Its allocations, newest first.
+    pub allocations: Vec<Allocation>,
+    /// Its evaluations, newest first.
+    pub evaluations: Vec<Evaluation>,
+    /// Per group, what could not be placed (from the newest evaluation to finish).
+    pub placement_failures: BTreeMap<String, PlacementFailure>,
+}
+
+impl JobStatusJson {
+    /// The view of `job`, `allocations` and `evaluations`.
+    pub fn new(job: Job, allocations: Vec<Allocation>, evaluations: Vec<Evaluation>) -> Self {
+        // The scheduler's last word on the job: every evaluation reconciles the whole
+        // job, so the newest one to finish says what is still unplaced (and a blocked
+        // evaluation holds the same reasons as the one that made it). Not "the newest
+        // blocked evaluation": while capacity changes, the blocked one is canceled and
+        // its retry is still pending, and the reasons must not blink out meanwhile.
+        let placement_failures = evaluations
+            .iter()
+            .filter(|e| matches!(e.status, EvalStatus::Complete | EvalStatus::Blocked))
+            .max_by_key(|e| (e.modify_index, e.status == EvalStatus::Blocked))
+            .map(|e| e.failed_tg_allocs.clone())
+            .unwrap_or_default();
+        JobStatusJson {
+            job,
+            allocations,
+            evaluations,
+            placement_failures,
+        }
+    }
 }
 
 /// `job status NAME`'s report.

@@ -1,7 +1,6 @@
 //! `drover job`: submit a job file (and follow its evaluation until its allocations
 //! are placed), plan one, show jobs and stop them, through the servers' HTTP API.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,15 +8,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Subcommand;
 use drover_server_api::client::{Client, QueryOptions};
-use drover_server_api::{
-    Allocation, EvalStatus, Evaluation, Job, JobRegisterResponse, PlacementFailure,
-};
+use drover_server_api::{Allocation, EvalStatus, Evaluation, JobRegisterResponse};
 use serde::Serialize;
 
 use super::cluster_error;
 use crate::render::{
-    eval_status_word, job_status_text, job_status_word, placement_failure_lines, plan_text,
-    print_json, short,
+    JobStatusJson, eval_status_word, job_status_text, job_status_word, placement_failure_lines,
+    plan_text, print_json, short,
 };
 
 /// Exit code of `job run` when some copies could not be placed (as `nomad job run`).
@@ -333,44 +330,6 @@ async fn monitor(
         _ => say(format!("==> Evaluation \"{}\" finished", short(&eval.id))),
     }
     Ok(RunOutcome { eval, placed })
-}
-
-/// `job status --json`: the job's fields (`name`, `type`, `status`, ...) with its
-/// allocations, evaluations, and what the newest evaluation to finish could not place.
-#[derive(Debug, Serialize)]
-pub struct JobStatusJson {
-    /// The job.
-    #[serde(flatten)]
-    pub job: Job,
-    /// Its allocations, newest first.
-    pub allocations: Vec<Allocation>,
-    /// Its evaluations, newest first.
-    pub evaluations: Vec<Evaluation>,
-    /// Per group, what could not be placed (from the newest evaluation to finish).
-    pub placement_failures: BTreeMap<String, PlacementFailure>,
-}
-
-impl JobStatusJson {
-    /// The view of `job`, `allocations` and `evaluations`.
-    pub fn new(job: Job, allocations: Vec<Allocation>, evaluations: Vec<Evaluation>) -> Self {
-        // The scheduler's last word on the job: every evaluation reconciles the whole
-        // job, so the newest one to finish says what is still unplaced (and a blocked
-        // evaluation holds the same reasons as the one that made it). Not "the newest
-        // blocked evaluation": while capacity changes, the blocked one is canceled and
-        // its retry is still pending, and the reasons must not blink out meanwhile.
-        let placement_failures = evaluations
-            .iter()
-            .filter(|e| matches!(e.status, EvalStatus::Complete | EvalStatus::Blocked))
-            .max_by_key(|e| (e.modify_index, e.status == EvalStatus::Blocked))
-            .map(|e| e.failed_tg_allocs.clone())
-            .unwrap_or_default();
-        JobStatusJson {
-            job,
-            allocations,
-            evaluations,
-            placement_failures,
-        }
-    }
 }
 
 #[cfg(test)]
