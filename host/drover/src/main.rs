@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use commands::agent::{AgentArgs, run_agent};
 use commands::plugin::{PluginCommand, serve_builtin};
 use commands::task::{TaskCommand, task_command};
-use commands::{api_error, client_main, cluster_main, server};
+use commands::{client_main, cluster_main, server};
 
 /// Built-in drivers: name and how to serve it. Only this file names drivers.
 const BUILTINS: &[(&str, fn() -> !)] = &[
@@ -82,18 +82,10 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Serve { name }) => serve_builtin(&name),
         Command::Agent(args) => run_agent(args),
         Command::Plugin(PluginCommand::Status { json }) => {
-            client_main(cli.address, |c| async move {
-                let rows = c.plugins().await.map_err(api_error)?;
-                render::print_plugins(&rows, json)?;
-                Ok(ExitCode::SUCCESS)
-            })
+            client_main(cli.address, |c| commands::plugin::status(c, json))
         }
         Command::Plugin(PluginCommand::Reload { json }) => {
-            client_main(cli.address, |c| async move {
-                let report = c.reload_plugins().await.map_err(api_error)?;
-                render::print_reload(&report, json)?;
-                Ok(ExitCode::SUCCESS)
-            })
+            client_main(cli.address, |c| commands::plugin::reload(c, json))
         }
         Command::Task(cmd) => client_main(cli.address, |c| task_command(c, cmd)),
         Command::Server(args) => match args.command {

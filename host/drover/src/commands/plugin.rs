@@ -5,6 +5,9 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
+use super::api_error;
+use crate::render;
+
 use crate::BUILTINS;
 
 #[derive(Subcommand)]
@@ -43,4 +46,18 @@ pub fn serve_builtin(name: &str) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `plugin status`: every plugin binary the agent saw and its state.
+pub async fn status(c: drover_api::Client, json: bool) -> anyhow::Result<ExitCode> {
+    let rows = c.plugins().await.map_err(api_error)?;
+    render::print_plugins(&rows, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `plugin reload`: what changed in plugin_dir.
+pub async fn reload(c: drover_api::Client, json: bool) -> anyhow::Result<ExitCode> {
+    let report = c.reload_plugins().await.map_err(api_error)?;
+    render::print_reload(&report, json)?;
+    Ok(ExitCode::SUCCESS)
 }
