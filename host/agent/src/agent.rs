@@ -32,7 +32,7 @@ pub enum AgentError {
     Cluster(#[from] crate::cluster::ClusterError),
     /// The cluster API cannot be forwarded as configured (server address, TLS files).
     #[error(transparent)]
-    Forward(#[from] crate::cluster_forward::ForwardError),
+    Forward(#[from] crate::cluster::forward::ForwardError),
     /// The API socket could not be bound.
     #[error("cannot listen on {path}: {reason}")]
     Listen {
@@ -186,7 +186,7 @@ pub async fn run(
         let servers = (0..conn.len())
             .map(|i| (conn.address(i).to_owned(), conn.channel(i)))
             .collect();
-        Arc::new(crate::cluster_forward::Forwarder::new(
+        Arc::new(crate::cluster::forward::Forwarder::new(
             servers,
             conn.token(),
         ))

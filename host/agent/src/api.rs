@@ -21,7 +21,7 @@ use drover_api::{
 
 use crate::allocs::AllocManager;
 use crate::catalog::{Catalog, LoadedPlugin};
-use crate::cluster_forward::Forwarder;
+use crate::cluster::forward::Forwarder;
 use crate::limits::{CapError, LimitedListener, StreamCaps};
 use crate::logs::{FollowOptions, LogChunk, LogStart};
 use crate::tasks::TaskManager;

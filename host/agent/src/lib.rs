@@ -9,11 +9,6 @@ pub mod allocs;
 pub mod api;
 pub mod catalog;
 pub mod cluster;
-/// `cluster::forward`: declared here so that `cluster/mod.rs` (the cluster client's
-/// file) stays untouched on this branch; at the merge it becomes `pub mod forward;`
-/// there.
-#[path = "cluster/forward.rs"]
-pub mod cluster_forward;
 pub mod config;
 pub mod dirs;
 pub mod instance;
@@ -21,7 +16,7 @@ pub mod limits;
 pub mod loader;
 pub mod logs;
 pub mod plugin_watch;
-pub mod spec;
+pub mod private_file;
 pub mod state;
 pub mod tasks;
 

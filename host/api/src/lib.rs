@@ -11,7 +11,10 @@
 //!   sets are enums;
 //! - the framing of the log stream ([`Frame`], [`FrameDecoder`]);
 //! - [`Client`], an async client over the agent's unix socket with one typed method per
-//!   endpoint, and its [`Error`].
+//!   endpoint, and its [`Error`];
+//! - [`taskfile`]: the TOML task files of `drover task run`, read into a [`RunRequest`]
+//!   (errors name the file, line and field), with [`tomlfile`], the helpers it shares
+//!   with the job files of `drover job run` (`drover_server_api::jobfile`).
 //!
 //! The endpoints (under `<data_dir>/api.sock`):
 //!
@@ -51,7 +54,9 @@ mod error;
 mod logs;
 mod path;
 mod plugins;
+pub mod taskfile;
 mod tasks;
+pub mod tomlfile;
 
 pub use agent::{AgentHealth, ErrorBody, HealthStatus, RecoverySummary};
 pub use client::{Client, LogFrames, LogsOptions, RawResponse, StatsStream};

@@ -1,19 +1,15 @@
 //! `drover`: the agent daemon, its CLI, and (re-executed) the built-in drivers.
 
-mod cli;
-mod cluster_cli;
-mod server_cmd;
+mod commands;
+mod render;
 
-use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand};
-use cli::api_error;
-use drover_api::{Client, StopRequest};
-use drover_host::config::{AgentConfig, LogFormat};
-use drover_host::loader::Builtin;
+use clap::{Parser, Subcommand};
+use commands::agent::{AgentArgs, run_agent};
+use commands::plugin::{PluginCommand, serve_builtin};
+use commands::task::{TaskCommand, task_command};
+use commands::{client_main, cluster_main, server};
 
 /// Built-in drivers: name and how to serve it. Only this file names drivers.
 const BUILTINS: &[(&str, fn() -> !)] = &[
@@ -61,202 +57,19 @@ enum Command {
     Task(TaskCommand),
     /// Run a cluster server: jobs, scheduling, the HTTP API and the node RPCs (or
     /// `drover server status`: the servers, the leader and the store).
-    Server(server_cmd::ServerArgs),
+    Server(server::ServerArgs),
     /// Submit, inspect and stop cluster jobs.
     #[command(subcommand)]
-    Job(cluster_cli::JobCommand),
+    Job(commands::job::JobCommand),
     /// Inspect and drain cluster nodes.
     #[command(subcommand)]
-    Node(cluster_cli::NodeCommand),
+    Node(commands::node::NodeCommand),
     /// Inspect allocations and read their tasks' logs.
     #[command(subcommand)]
-    Alloc(cluster_cli::AllocCommand),
+    Alloc(commands::alloc::AllocCommand),
     /// Inspect evaluations.
     #[command(subcommand)]
-    Eval(cluster_cli::EvalCommand),
-}
-
-#[derive(Args)]
-struct AgentArgs {
-    /// Dev mode: data in $TMPDIR/drover-dev-$UID (refused if another user made it or
-    /// it is open to others), plugin_dir created if missing.
-    #[arg(long)]
-    dev: bool,
-    /// TOML config file (repeatable; later files win).
-    #[arg(long = "config", value_name = "FILE")]
-    config: Vec<PathBuf>,
-    /// State, task directories and the API socket live here.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// Directory scanned for plugin binaries.
-    #[arg(long)]
-    plugin_dir: Option<PathBuf>,
-    /// API socket path (default <data_dir>/api.sock).
-    #[arg(long)]
-    api_socket: Option<PathBuf>,
-    /// Plugin handshake timeout, e.g. "5s".
-    #[arg(long)]
-    handshake_timeout: Option<String>,
-    /// Log filter, e.g. "info" or "drover=debug".
-    #[arg(long)]
-    log_level: Option<String>,
-    /// Log format: human or json.
-    #[arg(long)]
-    log_format: Option<String>,
-    /// On SIGTERM/SIGINT stop every task and plugin (default: leave them running for
-    /// the next agent to reattach to).
-    #[arg(long)]
-    drain: bool,
-    /// Cluster servers' RPC addresses, HOST:PORT (repeatable or comma-separated): the
-    /// agent joins the cluster as a client node.
-    #[arg(long = "servers", value_name = "ADDR", value_delimiter = ',')]
-    servers: Vec<String>,
-    /// The node's name in the cluster (default: the host name).
-    #[arg(long, value_name = "NAME")]
-    node_name: Option<String>,
-    /// Node metadata for job constraints (`${node.meta.KEY}`), repeatable.
-    #[arg(long = "meta", value_name = "KEY=VALUE")]
-    meta: Vec<String>,
-    /// File holding the cluster token sent with every RPC (must not be readable by
-    /// other users).
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// CA the servers' certificates must chain to (PEM): TLS towards the servers.
-    #[arg(long, value_name = "FILE")]
-    tls_ca_file: Option<PathBuf>,
-    /// Client certificate for mutual TLS (PEM), with --tls-key-file.
-    #[arg(long, value_name = "FILE")]
-    tls_cert_file: Option<PathBuf>,
-    /// Client key for mutual TLS (PEM).
-    #[arg(long, value_name = "FILE")]
-    tls_key_file: Option<PathBuf>,
-}
-
-#[derive(Subcommand)]
-enum PluginCommand {
-    /// Show every plugin binary the agent saw and its state.
-    Status {
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Look at plugin_dir now: add new plugins, upgrade to newer ones, retire removed
-    /// ones, without restarting the agent (it does this by itself unless
-    /// `watch_plugin_dir = false`). Prints what changed.
-    Reload {
-        /// Print JSON (the changes and every plugin row).
-        #[arg(long)]
-        json: bool,
-    },
-    /// Serve a built-in driver as a plugin (the agent runs this; not for people).
-    #[command(hide = true)]
-    Serve {
-        /// Built-in driver name.
-        name: String,
-    },
-}
-
-#[derive(Subcommand)]
-enum TaskCommand {
-    /// Start a task, from a spec file (TOML) and/or flags; flags override the file.
-    Run {
-        /// Task spec file (TOML): driver, name, `[config]`, `[env]`, kill_signal,
-        /// kill_timeout, `[resources]`, `[restart]`, `[logs]`.
-        #[arg(value_name = "FILE")]
-        file: Option<PathBuf>,
-        #[command(flatten)]
-        flags: cli::RunFlags,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Show a task.
-    Status {
-        /// Task id.
-        id: String,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// List tasks.
-    List {
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Wait for a task to exit; exit with its exit code (128+N if killed by signal N).
-    Wait {
-        /// Task id.
-        id: String,
-        /// Print the task as JSON when it exits.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Stop a task: kill signal, then SIGKILL after the kill timeout.
-    Stop {
-        /// Task id.
-        id: String,
-        /// Signal instead of the task's kill signal.
-        #[arg(long)]
-        signal: Option<String>,
-        /// Timeout instead of the task's kill timeout, e.g. "2s".
-        #[arg(long)]
-        timeout: Option<String>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Send a signal to a task.
-    Signal {
-        /// Task id.
-        id: String,
-        /// Signal name, e.g. SIGHUP.
-        signal: String,
-    },
-    /// Print a task's output: stdout, or stderr with --stderr.
-    Logs {
-        /// Task id.
-        id: String,
-        /// Keep printing as the task writes, until it is dead.
-        #[arg(short, long)]
-        follow: bool,
-        /// Print stderr instead of stdout.
-        #[arg(long)]
-        stderr: bool,
-        /// Start with the last N lines.
-        #[arg(long, value_name = "N")]
-        tail: Option<u64>,
-    },
-    /// Print what happened to a task: time, type, message.
-    Events {
-        /// Task id.
-        id: String,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Print a task's CPU and memory use (CPU % over half a second), or follow it.
-    Stats {
-        /// Task id.
-        id: String,
-        /// Print a sample every --interval until the task is dead.
-        #[arg(short, long)]
-        follow: bool,
-        /// Time between samples when following.
-        #[arg(long, default_value = "1s")]
-        interval: String,
-        /// Print JSON (one object per line when following).
-        #[arg(long)]
-        json: bool,
-    },
-    /// Forget a dead task (or a running one with --force, killing it).
-    Destroy {
-        /// Task id.
-        id: String,
-        /// Kill it first if it is running.
-        #[arg(long)]
-        force: bool,
-    },
+    Eval(commands::eval::EvalCommand),
 }
 
 fn main() -> ExitCode {
@@ -269,490 +82,33 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Serve { name }) => serve_builtin(&name),
         Command::Agent(args) => run_agent(args),
         Command::Plugin(PluginCommand::Status { json }) => {
-            client_main(cli.address, |c| async move {
-                let rows = c.plugins().await.map_err(api_error)?;
-                cli::print_plugins(&rows, json)?;
-                Ok(ExitCode::SUCCESS)
-            })
+            client_main(cli.address, |c| commands::plugin::status(c, json))
         }
         Command::Plugin(PluginCommand::Reload { json }) => {
-            client_main(cli.address, |c| async move {
-                let report = c.reload_plugins().await.map_err(api_error)?;
-                cli::print_reload(&report, json)?;
-                Ok(ExitCode::SUCCESS)
-            })
+            client_main(cli.address, |c| commands::plugin::reload(c, json))
         }
         Command::Task(cmd) => client_main(cli.address, |c| task_command(c, cmd)),
         Command::Server(args) => match args.command {
-            Some(server_cmd::ServerCommand::Status { json }) => {
+            Some(server::ServerCommand::Status { json }) => {
                 cluster_main(cli.address, |c| async move {
-                    cluster_cli::server_status(&c, json).await
+                    server::server_status(&c, json).await
                 })
             }
-            None => server_cmd::run(args),
+            None => server::run(args),
         },
         Command::Job(cmd) => cluster_main(cli.address, |c| async move {
-            cluster_cli::job_command(&c, cmd).await
+            commands::job::job_command(&c, cmd).await
         }),
         Command::Node(cmd) => cluster_main(cli.address, |c| async move {
-            cluster_cli::node_command(&c, cmd).await
+            commands::node::node_command(&c, cmd).await
         }),
         Command::Alloc(cmd) => cluster_main(cli.address, |c| async move {
-            cluster_cli::alloc_command(&c, cmd).await
+            commands::alloc::alloc_command(&c, cmd).await
         }),
         Command::Eval(cmd) => cluster_main(cli.address, |c| async move {
-            cluster_cli::eval_command(&c, cmd).await
+            commands::eval::eval_command(&c, cmd).await
         }),
     }
-}
-
-fn serve_builtin(name: &str) -> ExitCode {
-    match BUILTINS.iter().find(|(n, _)| *n == name) {
-        Some((_, serve)) => serve(),
-        None => {
-            let names: Vec<_> = BUILTINS.iter().map(|(n, _)| *n).collect();
-            eprintln!(
-                "no built-in driver named {name:?}; built-ins: {}",
-                names.join(", ")
-            );
-            ExitCode::from(2)
-        }
-    }
-}
-
-fn init_logging(config: &AgentConfig) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log_level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    // Colours only on a terminal: a log file or journald gets plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Human => builder.init(),
-    }
-}
-
-fn agent_flags(args: &AgentArgs) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-    let mut flags = serde_json::Map::new();
-    let mut put = |k: &str, v: Option<serde_json::Value>| {
-        if let Some(v) = v {
-            flags.insert(k.to_owned(), v);
-        }
-    };
-    put("dev", args.dev.then_some(true.into()));
-    put(
-        "data_dir",
-        args.data_dir
-            .as_ref()
-            .map(|p| p.display().to_string().into()),
-    );
-    put(
-        "plugin_dir",
-        args.plugin_dir
-            .as_ref()
-            .map(|p| p.display().to_string().into()),
-    );
-    put(
-        "api_socket",
-        args.api_socket
-            .as_ref()
-            .map(|p| p.display().to_string().into()),
-    );
-    put(
-        "handshake_timeout",
-        args.handshake_timeout.clone().map(Into::into),
-    );
-    put("log_level", args.log_level.clone().map(Into::into));
-    put("log_format", args.log_format.clone().map(Into::into));
-    put("drain_on_shutdown", args.drain.then_some(true.into()));
-    let cluster = cli::ClusterFlags {
-        servers: args.servers.clone(),
-        node_name: args.node_name.clone(),
-        meta: args.meta.clone(),
-        token_file: args.token_file.clone(),
-        tls_ca_file: args.tls_ca_file.clone(),
-        tls_cert_file: args.tls_cert_file.clone(),
-        tls_key_file: args.tls_key_file.clone(),
-    };
-    flags.extend(cluster.into_flags()?);
-    Ok(flags)
-}
-
-fn run_agent(args: AgentArgs) -> ExitCode {
-    // Pure config parse first: a bad config exits before any socket opens.
-    let flags = match agent_flags(&args) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("drover: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let config = match AgentConfig::load(&args.config, std::env::vars(), &flags) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("drover: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    init_logging(&config);
-    let mut config = config;
-    if let Err(e) = leave_working_directory(&mut config) {
-        tracing::error!("{e}");
-        return ExitCode::FAILURE;
-    }
-    let stop = tokio_util::sync::CancellationToken::new();
-    let dev_server = if config.dev && config.servers.is_empty() {
-        match start_dev_server(&mut config, stop.clone()) {
-            Ok(thread) => Some(thread),
-            Err(e) => {
-                tracing::error!("{e:#}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        None
-    };
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!("cannot find the drover binary to run built-in drivers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let builtins = BUILTINS
-        .iter()
-        .map(|(name, _)| Builtin {
-            name: (*name).to_owned(),
-            command: exe.clone(),
-            args: ["plugin", "serve", name]
-                .iter()
-                .map(OsString::from)
-                .collect(),
-        })
-        .collect();
-    // One thread: the agent is I/O-bound control-plane code. Cross-thread wake-ups cost
-    // tens of microseconds each on VMs, which dominated plugin launch latency with a
-    // multi-threaded runtime (drover-bench handshake: 3.1 ms vs 2.3 ms median).
-    // Blocking work goes to `spawn_blocking`.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!("cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let agent_stop = stop.clone();
-    let code = runtime.block_on(async move {
-        tokio::spawn(stop_on_signals(agent_stop.clone()));
-        match drover_host::run(config, builtins, agent_stop).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("{e}");
-                ExitCode::FAILURE
-            }
-        }
-    });
-    // The agent is done (stopped, or failed to start): so is its dev server.
-    stop.cancel();
-    if let Some(thread) = dev_server {
-        let _ = thread.join();
-    }
-    code
-}
-
-/// Make the config's paths absolute against the directory the agent was started in,
-/// then make `/` the agent's working directory: nothing the agent loads or runs may
-/// resolve a path against a directory someone else controls (a driver library's
-/// relative search path, or one of its dependencies, would be looked for there).
-/// Plugins and executors start in `/` too; a relative path in a plugin's own config
-/// (`[plugin.NAME] config`) is the plugin's to resolve.
-fn leave_working_directory(config: &mut AgentConfig) -> anyhow::Result<()> {
-    let started_in = std::env::current_dir();
-    let mut paths: Vec<&mut PathBuf> = [
-        &mut config.data_dir,
-        &mut config.plugin_dir,
-        &mut config.api_socket,
-        &mut config.token_file,
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if let Some(tls) = &mut config.tls {
-        paths.push(&mut tls.ca_file);
-        paths.extend(tls.cert_file.iter_mut());
-        paths.extend(tls.key_file.iter_mut());
-    }
-    for path in paths.into_iter().filter(|p| p.is_relative()) {
-        let dir = started_in.as_ref().map_err(|e| {
-            anyhow::anyhow!(
-                "{} is a relative path, and the working directory cannot be read ({e}): \
-                 give an absolute path",
-                path.display()
-            )
-        })?;
-        *path = dir.join(&*path);
-    }
-    std::env::set_current_dir("/")
-        .map_err(|e| anyhow::anyhow!("cannot change the working directory to /: {e}"))
-}
-
-/// `--dev`: a server in this process, its store in `<data_dir>/server`, listening on
-/// 127.0.0.1 with ports the OS picks; the agent registers with it as its only server.
-/// `drover job ...` reaches it through the agent's socket (the agent forwards), so no
-/// fixed port is needed (a fixed one could clash with another dev agent).
-fn start_dev_server(
-    config: &mut AgentConfig,
-    stop: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    use drover_host::dirs::{Access, prepare};
-    let data_dir = config.data_dir();
-    let what = if config.data_dir.is_none() {
-        "dev data directory"
-    } else {
-        "data directory"
-    };
-    // As the agent prepares it (it does again, harmlessly): the server's store lives
-    // inside, so the directory must be safe before the server writes there.
-    prepare(&data_dir, what, Access::Private)?;
-    let server_dir = data_dir.join("server");
-    prepare(&server_dir, "dev server directory", Access::Private)?;
-    // The dev server listens on 127.0.0.1, where every local user can connect, and a
-    // job can run commands as root (rawexec): it gets a fresh random token, kept in a
-    // 0600 file in its 0700 directory, which the agent sends. Users reach it through
-    // the agent's 0600 socket.
-    let token = format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    );
-    let token_file = server_dir.join("dev-token");
-    write_private(&token_file, &token)
-        .with_context(|| format!("cannot write the dev token {}", token_file.display()))?;
-    let (http, rpc, thread) = server_cmd::start_dev(server_dir, token, stop)?;
-    tracing::info!(
-        http = %format!("http://{http}"),
-        rpc = %rpc,
-        token_file = %token_file.display(),
-        "dev server started; `drover job ...` reaches it through this agent's socket, \
-         or at --address http://{http} with DROVER_TOKEN from the token file"
-    );
-    config.servers = vec![rpc.to_string()];
-    config.token_file = Some(token_file);
-    Ok(thread)
-}
-
-/// Replace `path` with a new file holding `text`, mode 0600, never through a link.
-fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        // O_CREAT|O_EXCL: fails on any existing name, a link included.
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()
-}
-
-/// First SIGINT/SIGTERM: graceful stop. Second: exit at once.
-async fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
-    tracing::info!("signal received; stopping (send again to exit at once)");
-    stop.cancel();
-    tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
-    std::process::exit(130);
-}
-
-fn client_main<F, Fut>(address: Option<String>, f: F) -> ExitCode
-where
-    F: FnOnce(Client) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
-{
-    let result = (|| {
-        let socket = cli::resolve_address(address.as_deref())?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
-        runtime.block_on(f(Client::new(socket)))
-    })();
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("drover: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Run a cluster command with a client for `--address`/`DROVER_ADDR` and the
-/// `DROVER_TOKEN`/`DROVER_CACERT` of the environment.
-fn cluster_main<F, Fut>(address: Option<String>, f: F) -> ExitCode
-where
-    F: FnOnce(drover_server_api::client::Client) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
-{
-    let result = (|| {
-        let address = cluster_cli::cluster_address(address.as_deref())?;
-        let client = cluster_cli::client(&address, |k| std::env::var(k).ok())?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
-        runtime.block_on(f(client))
-    })();
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("drover: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn task_command(c: Client, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
-    match cmd {
-        TaskCommand::Run { file, flags, json } => {
-            let mut spec = match &file {
-                Some(path) => {
-                    let text = std::fs::read_to_string(path)
-                        .with_context(|| format!("cannot read task spec {}", path.display()))?;
-                    Some(drover_host::spec::parse(
-                        &text,
-                        &path.display().to_string(),
-                    )?)
-                }
-                None => None,
-            };
-            let request = cli::run_request(spec.as_mut(), flags)?;
-            let task = match c.run_task(&request).await {
-                Ok(task) => task,
-                Err(e) => {
-                    // A config problem only the agent can see: point at the file's line.
-                    let located = spec
-                        .as_ref()
-                        .and_then(|s| s.locate_config_error(&e.to_string()));
-                    return Err(located.map_or_else(|| api_error(e), |l| anyhow::anyhow!("{l}")));
-                }
-            };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&task)?);
-            } else {
-                println!("{}", task.id);
-            }
-        }
-        TaskCommand::Status { id, json } => {
-            let task = c.get_task(&id).await.map_err(api_error)?;
-            cli::print_task(&task, json)?;
-        }
-        TaskCommand::List { json } => {
-            let tasks = c.list_tasks().await.map_err(api_error)?;
-            cli::print_tasks(&tasks, json)?;
-        }
-        TaskCommand::Wait { id, json } => {
-            let task = c.wait_task(&id).await.map_err(api_error)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&task)?);
-            }
-            let code = cli::task_exit_code(&task);
-            return Ok(ExitCode::from(
-                u8::try_from(code.clamp(0, 255)).unwrap_or(1),
-            ));
-        }
-        TaskCommand::Stop {
-            id,
-            signal,
-            timeout,
-            json,
-        } => {
-            let request = StopRequest {
-                signal,
-                timeout: timeout
-                    .map(|t| cli::check_duration("--timeout", &t))
-                    .transpose()?,
-            };
-            let task = c.stop_task(&id, &request).await.map_err(api_error)?;
-            cli::print_task(&task, json)?;
-        }
-        TaskCommand::Signal { id, signal } => {
-            c.signal_task(&id, &signal).await.map_err(api_error)?;
-        }
-        TaskCommand::Logs {
-            id,
-            follow,
-            stderr,
-            tail,
-        } => {
-            let args = cli::LogsArgs {
-                stderr,
-                follow,
-                tail,
-            };
-            cli::print_logs(&c, &id, &args).await?;
-        }
-        TaskCommand::Events { id, json } => {
-            let events = c.task_events(&id).await.map_err(api_error)?;
-            cli::print_events(&events, json)?;
-        }
-        TaskCommand::Stats {
-            id,
-            follow,
-            interval,
-            json,
-        } => {
-            if follow {
-                let interval = cli::check_duration("--interval", &interval)?;
-                let mut samples = c
-                    .follow_task_stats(&id, Some(interval))
-                    .await
-                    .map_err(api_error)?;
-                if !json {
-                    println!("{}", cli::stats_header());
-                }
-                while let Some(sample) = samples.next().await.map_err(api_error)? {
-                    if json {
-                        println!("{}", serde_json::to_string(&sample)?);
-                    } else {
-                        println!("{}", cli::stats_row(&sample));
-                    }
-                }
-            } else {
-                let sample = c.task_stats(&id).await.map_err(api_error)?;
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&sample)?);
-                } else {
-                    println!("{}", cli::stats_header());
-                    println!("{}", cli::stats_row(&sample));
-                }
-            }
-        }
-        TaskCommand::Destroy { id, force } => {
-            c.destroy_task(&id, force).await.map_err(api_error)?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
@@ -768,7 +124,7 @@ mod tests {
         let cli = parse(&["job", "run", "web.toml", "--detach", "--json"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Job(cluster_cli::JobCommand::Run { ref file, detach: true, json: true }) if file == std::path::Path::new("web.toml")
+            Command::Job(commands::job::JobCommand::Run { ref file, detach: true, json: true }) if file == std::path::Path::new("web.toml")
         ));
         let cli = parse(&[
             "--address",
@@ -782,12 +138,12 @@ mod tests {
         assert_eq!(cli.address.as_deref(), Some("http://127.0.0.1:4646"));
         assert!(matches!(
             cli.command,
-            Command::Job(cluster_cli::JobCommand::Stop { purge: true, .. })
+            Command::Job(commands::job::JobCommand::Stop { purge: true, .. })
         ));
         let cli = parse(&["alloc", "logs", "abc", "main", "-f", "--stderr"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Alloc(cluster_cli::AllocCommand::Logs {
+            Command::Alloc(commands::alloc::AllocCommand::Logs {
                 follow: true,
                 stderr: true,
                 ..
@@ -909,7 +265,7 @@ mod tests {
         let o = args.options().unwrap();
         assert_eq!(
             o.store,
-            server_cmd::StoreChoice::Etcd {
+            server::StoreChoice::Etcd {
                 endpoints: vec![
                     "http://127.0.0.1:2379".into(),
                     "https://10.0.0.2:2379".into()
@@ -933,7 +289,7 @@ mod tests {
             panic!("not server")
         };
         let o = args.options().unwrap();
-        assert_eq!(o.store, server_cmd::StoreChoice::Embedded);
+        assert_eq!(o.store, server::StoreChoice::Embedded);
         assert!(!o.name.is_empty(), "the host name by default");
 
         for (bad, want) in [
@@ -987,7 +343,7 @@ mod tests {
         };
         assert!(matches!(
             args.command,
-            Some(server_cmd::ServerCommand::Status { json: true })
+            Some(server::ServerCommand::Status { json: true })
         ));
     }
 }

@@ -37,14 +37,13 @@
 //! of the field too. The task config is free-form here: the driver on the node checks
 //! it.
 //!
-//! The helpers at the bottom (spans to lines, TOML to JSON) are the same as those of
-//! the agent's task spec files (`host/agent/src/spec.rs`); this crate cannot depend on
-//! the agent.
+//! The spans, the error and the TOML-to-JSON conversion are [`drover_api::tomlfile`]'s,
+//! shared with the task files of `drover task run` (`drover_api::taskfile`).
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::time::Duration;
 
+use drover_api::tomlfile::{FileError, Source, value as entry};
 use drover_api::{LogConfig, MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, RestartMode, RestartPolicy};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -57,19 +56,9 @@ use crate::types::{
 };
 use crate::validate::MAX_RESCHEDULE_DURATION;
 
-/// A job file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {}{message}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
-pub struct JobFileError {
-    /// The file name as given.
-    pub file: String,
-    /// 1-based line.
-    pub line: usize,
-    /// Path of the field, e.g. `group[0].task[1].resources.memory_mb`.
-    pub field: Option<String>,
-    /// What is wrong.
-    pub message: String,
-}
+/// A job file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`; the
+/// field is a path such as `group[0].task[1].resources.memory_mb`.
+pub type JobFileError = FileError;
 
 /// A parsed job file.
 #[derive(Debug, Clone)]
@@ -149,38 +138,23 @@ struct RestartDoc {
 
 /// Parse the job file in `text`; `file` is the name errors mention.
 pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
-    let err = |span: Option<Range<usize>>, field: Option<String>, message: String| JobFileError {
-        file: file.to_owned(),
-        line: span.map_or(1, |s| line_of(text, s.start)),
-        field,
-        message,
-    };
-    let root = DeTable::parse(text).map_err(|e| {
-        let message = match e.span() {
-            Some(s) => format!(
-                "invalid TOML at column {}: {}",
-                column_of(text, s.start),
-                e.message().trim_end()
-            ),
-            None => format!("invalid TOML: {}", e.message().trim_end()),
-        };
-        err(e.span(), None, message)
-    })?;
-    let doc = JobDoc::deserialize(toml::de::Deserializer::from(root.clone())).map_err(|e| {
-        let field = e.span().and_then(|s| field_at(root.get_ref(), &s));
-        let mut message = e.message().trim_end().to_owned();
+    let source = Source { text, file };
+    let err = |span, field, message| source.error(span, field, message);
+    let root = source.parse()?;
+    let doc: JobDoc = source.deserialize(&root, |field| {
         // Spec files of `drover task run` say `cpu_shares`; a job reserves MHz.
-        if field
-            .as_deref()
-            .is_some_and(|f| f.ends_with("resources.cpu_shares"))
-        {
-            message.push_str(" (a job reserves CPU in MHz: write `cpu`)");
-        }
-        err(e.span(), field, message)
+        field
+            .ends_with("resources.cpu_shares")
+            .then_some(" (a job reserves CPU in MHz: write `cpu`)")
     })?;
     let table = root.get_ref();
     let mut field_lines = BTreeMap::new();
-    record_lines(text, &DeValue::Table(table.clone()), "", &mut field_lines);
+    record_lines(
+        &source,
+        &DeValue::Table(table.clone()),
+        "",
+        &mut field_lines,
+    );
     // A missing field is reported on the line of the table that lacks it.
     let missing = |path: &str, key: &str| {
         let line = line_for(&field_lines, path).unwrap_or(1);
@@ -195,37 +169,15 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
             message: "missing".to_owned(),
         }
     };
-    let duration = |v: &Spanned<String>, field: String, max: Duration| {
-        let d = humantime::parse_duration(v.get_ref()).map_err(|e| {
-            err(
-                Some(v.span()),
-                Some(field.clone()),
-                format!(
-                    "{:?} is not a duration like \"5s\" or \"1m30s\": {e}",
-                    v.get_ref()
-                ),
-            )
-        })?;
-        if d > max {
-            return Err(err(
-                Some(v.span()),
-                Some(field),
-                format!(
-                    "{:?} is longer than the maximum of {}",
-                    v.get_ref(),
-                    drover_api::human_duration(max)
-                ),
-            ));
-        }
-        Ok(d)
-    };
+    let duration =
+        |v: &Spanned<String>, field: String, max: Duration| source.duration(v, &field, max);
     let strings = |value: Option<&Spanned<DeValue<'_>>>,
                    field: &str|
      -> Result<BTreeMap<String, String>, JobFileError> {
         let Some(value) = value else {
             return Ok(BTreeMap::new());
         };
-        string_map(value, field).map_err(|(span, f, m)| err(Some(span), Some(f), m))
+        source.string_map(value, field)
     };
 
     let name = doc.name.ok_or_else(|| missing("", "name"))?;
@@ -251,8 +203,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                             format!("expected a table, found {}", value.get_ref().type_str()),
                         ));
                     };
-                    to_json(value, &format!("{tpath}.config"))
-                        .map_err(|(span, f, m)| err(Some(span), Some(f), m))?
+                    source.to_json(value, &format!("{tpath}.config"), &mut |_, _| {})?
                 }
                 None => serde_json::json!({}),
             };
@@ -402,7 +353,12 @@ fn line_for(lines: &BTreeMap<String, usize>, path: &str) -> Option<usize> {
     }
 }
 
-fn record_lines(text: &str, value: &DeValue<'_>, path: &str, out: &mut BTreeMap<String, usize>) {
+fn record_lines(
+    source: &Source<'_>,
+    value: &DeValue<'_>,
+    path: &str,
+    out: &mut BTreeMap<String, usize>,
+) {
     match value {
         DeValue::Table(t) => {
             for (k, v) in t {
@@ -419,15 +375,15 @@ fn record_lines(text: &str, value: &DeValue<'_>, path: &str, out: &mut BTreeMap<
                 } else {
                     format!("{path}.{key}")
                 };
-                out.insert(p.clone(), line_of(text, k.span().start));
-                record_lines(text, v.get_ref(), &p, out);
+                out.insert(p.clone(), source.line_of(k.span().start));
+                record_lines(source, v.get_ref(), &p, out);
             }
         }
         DeValue::Array(a) => {
             for (i, v) in a.iter().enumerate() {
                 let p = format!("{path}[{i}]");
-                out.insert(p.clone(), line_of(text, v.span().start));
-                record_lines(text, v.get_ref(), &p, out);
+                out.insert(p.clone(), source.line_of(v.span().start));
+                record_lines(source, v.get_ref(), &p, out);
             }
         }
         _ => {}
@@ -441,163 +397,6 @@ fn array_of<'a, 'i>(table: &'a DeTable<'i>, keys: &[&str]) -> Option<&'a toml::d
             DeValue::Array(a) => Some(a),
             _ => None,
         })
-}
-
-fn entry<'a, 'i>(table: &'a DeTable<'i>, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
-    table
-        .iter()
-        .find(|(k, _)| k.get_ref() == key)
-        .map(|(_, v)| v)
-}
-
-type ConvertError = (Range<usize>, String, String);
-
-/// `env` and `meta`: a table whose values are strings, or scalars turned into strings.
-fn string_map(
-    value: &Spanned<DeValue<'_>>,
-    field: &str,
-) -> Result<BTreeMap<String, String>, ConvertError> {
-    let DeValue::Table(t) = value.get_ref() else {
-        return Err((
-            value.span(),
-            field.to_owned(),
-            format!(
-                "expected a table of strings, found {}",
-                value.get_ref().type_str()
-            ),
-        ));
-    };
-    let mut out = BTreeMap::new();
-    for (k, v) in t {
-        let text = match v.get_ref() {
-            DeValue::String(s) => s.to_string(),
-            DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => {
-                scalar_json(v.get_ref())
-                    .map(|j| j.to_string())
-                    .unwrap_or_default()
-            }
-            other => {
-                return Err((
-                    v.span(),
-                    format!("{field}.{}", k.get_ref()),
-                    format!("expected a string, found {}", other.type_str()),
-                ));
-            }
-        };
-        out.insert(k.get_ref().to_string(), text);
-    }
-    Ok(out)
-}
-
-/// The dotted path of the deepest key whose key or value contains `span`.
-///
-/// Every level is searched, not only the children whose span contains `span`: the
-/// span of a table opened by a `[header]` covers the header, not the keys below it.
-fn field_at(table: &DeTable<'_>, span: &Range<usize>) -> Option<String> {
-    fn inside(s: &Range<usize>, at: usize) -> bool {
-        s.start <= at && at < s.end.max(s.start + 1)
-    }
-    fn walk(value: &DeValue<'_>, at: usize) -> Option<Vec<String>> {
-        let children: Vec<(String, Range<usize>, &Spanned<DeValue<'_>>)> = match value {
-            DeValue::Table(t) => t
-                .iter()
-                .map(|(k, v)| (k.get_ref().to_string(), k.span(), v))
-                .collect(),
-            DeValue::Array(a) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (format!("[{i}]"), v.span(), v))
-                .collect(),
-            _ => return None,
-        };
-        for (name, key_span, child) in children {
-            if let Some(mut deeper) = walk(child.get_ref(), at) {
-                deeper.insert(0, name);
-                return Some(deeper);
-            }
-            if inside(&key_span, at) || inside(&child.span(), at) {
-                return Some(vec![name]);
-            }
-        }
-        None
-    }
-    let path = walk(&DeValue::Table(table.clone()), span.start)?;
-    let mut field = String::new();
-    for seg in path {
-        if !field.is_empty() && !seg.starts_with('[') {
-            field.push('.');
-        }
-        field.push_str(&seg);
-    }
-    Some(field)
-}
-
-fn scalar_json(value: &DeValue<'_>) -> Option<serde_json::Value> {
-    match value {
-        DeValue::String(s) => Some(serde_json::Value::String(s.to_string())),
-        DeValue::Boolean(b) => Some((*b).into()),
-        DeValue::Integer(i) => {
-            let n = i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok()?;
-            Some(n.into())
-        }
-        DeValue::Float(f) => {
-            let n: f64 = f.as_str().replace('_', "").parse().ok()?;
-            serde_json::Number::from_f64(n).map(serde_json::Value::Number)
-        }
-        DeValue::Datetime(d) => Some(serde_json::Value::String(d.to_string())),
-        DeValue::Array(_) | DeValue::Table(_) => None,
-    }
-}
-
-/// A task's free-form `config` as JSON.
-fn to_json(value: &Spanned<DeValue<'_>>, field: &str) -> Result<serde_json::Value, ConvertError> {
-    Ok(match value.get_ref() {
-        DeValue::Table(t) => {
-            let mut map = serde_json::Map::new();
-            for (k, v) in t {
-                let key = k.get_ref().to_string();
-                let value = to_json(v, &format!("{field}.{key}"))?;
-                map.insert(key, value);
-            }
-            serde_json::Value::Object(map)
-        }
-        DeValue::Array(a) => {
-            let mut items = Vec::new();
-            for (i, v) in a.iter().enumerate() {
-                items.push(to_json(v, &format!("{field}[{i}]"))?);
-            }
-            serde_json::Value::Array(items)
-        }
-        other => scalar_json(other).ok_or_else(|| {
-            (
-                value.span(),
-                field.to_owned(),
-                format!("{} cannot be represented in JSON", other.type_str()),
-            )
-        })?,
-    })
-}
-
-/// 1-based line of byte `offset`.
-fn line_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    text.as_bytes()[..end]
-        .iter()
-        .filter(|b| **b == b'\n')
-        .count()
-        + 1
-}
-
-/// 1-based column (in characters) of byte `offset`.
-fn column_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    let start = text.as_bytes()[..end]
-        .iter()
-        .rposition(|b| *b == b'\n')
-        .map_or(0, |i| i + 1);
-    text.get(start..end)
-        .map_or(end - start, |s| s.chars().count())
-        + 1
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! How a client agent reaches its servers: the addresses, TLS and the token, checked
 //! once at start. [`connect`] is also what the agent's `/v1/*` forwarding uses.
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +71,13 @@ pub fn connect(config: &AgentConfig) -> Result<ServerConnection, ClusterError> {
             config.servers
         )));
     }
-    let token = config.token_file.as_deref().map(read_token).transpose()?;
+    let token = config
+        .token_file
+        .as_deref()
+        .map(|path| {
+            crate::private_file::read_token(path).map_err(|e| ClusterError::Config(e.to_string()))
+        })
+        .transpose()?;
     warn_token_in_clear_text(&servers, tls.is_some() || token.is_none());
     let interceptor = TokenInterceptor(
         token
@@ -262,47 +267,10 @@ fn warn_token_in_clear_text(servers: &[(String, Endpoint)], safe: bool) {
     });
 }
 
-/// Refuses a file whose mode has a bit of `mask` set (`0o006`: other users can read
-/// or change it; `0o077`: its group or others can), with `fix` as the remedy.
-/// Shared by the token file and the servers' private key files.
-pub fn check_private_file(path: &Path, mask: u32, fix: &str) -> Result<(), String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    let mode = meta.permissions().mode();
-    if mode & mask != 0 {
-        let who = if mask & 0o070 != 0 {
-            "users of its group or others"
-        } else {
-            "every user on this host"
-        };
-        return Err(format!(
-            "mode {:o} lets {who} read or change it; {fix}",
-            mode & 0o777
-        ));
-    }
-    Ok(())
-}
-
-/// The token in `path`: the file's content without surrounding whitespace. A file
-/// other users can read or write is refused (anyone who reads it can act as a node).
-pub fn read_token(path: &Path) -> Result<String, ClusterError> {
-    let bad = |why: String| ClusterError::Config(format!("token file {}: {why}", path.display()));
-    let fix = format!("`chmod o-rwx {}` (0600 is best)", path.display());
-    check_private_file(path, 0o006, &fix).map_err(bad)?;
-    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(bad("it is empty".into()));
-    }
-    if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(bad(
-            "the token must be printable ASCII without spaces (it travels in a header)".into(),
-        ));
-    }
-    Ok(token.to_owned())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     fn config(servers: &[&str]) -> AgentConfig {

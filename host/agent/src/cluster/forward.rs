@@ -7,9 +7,8 @@
 //! whoever can reach the agent's socket (mode 0600) acts with the agent's rights, as
 //! with every other endpoint of the socket.
 //!
-//! The channels here are this module's own. The cluster client (`cluster::run`) holds
-//! connections to the same servers; sharing one channel per server is the next step
-//! once both exist on one branch.
+//! The agent forwards over the cluster client's connections ([`Forwarder::new`] with
+//! its channels and token); [`Forwarder::from_config`] makes channels of its own.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -114,20 +113,6 @@ fn tls_config(
     Ok(config)
 }
 
-pub use crate::cluster::connection::check_private_file;
-
-/// The token in `file`, trimmed, with the cluster client's rules
-/// ([`crate::cluster::connection::read_token`]): a file other users can read or write
-/// is refused (whoever reads it acts with the token's rights), and so is an empty one
-/// (a token of nothing would let anyone in on a server that accepted it).
-pub fn read_token(file: &std::path::Path) -> Result<String, String> {
-    crate::cluster::connection::read_token(file).map_err(|e| match e {
-        // Without the "cluster client:" prefix: the server reads its token here too.
-        crate::cluster::ClusterError::Config(m) => m,
-        other => other.to_string(),
-    })
-}
-
 impl Forwarder {
     /// A forwarder over channels made elsewhere (the cluster client's connection:
     /// `(address, channel)` per server, in the order to try them) with `token`.
@@ -169,14 +154,16 @@ impl Forwarder {
         }
         let token = match &config.token_file {
             None => Ok(None),
-            Some(file) => read_token(file).and_then(|t| {
-                t.parse().map(Some).map_err(|_| {
-                    format!(
-                        "the token in {} holds characters a header cannot carry",
-                        file.display()
-                    )
-                })
-            }),
+            Some(file) => crate::private_file::read_token(file)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    t.parse().map(Some).map_err(|_| {
+                        format!(
+                            "the token in {} holds characters a header cannot carry",
+                            file.display()
+                        )
+                    })
+                }),
         };
         if let Err(e) = &token {
             tracing::error!("forwarding the cluster API will fail: {e}");
@@ -539,7 +526,9 @@ mod tests {
         assert!(!shown.contains("s3cret-t0ken"), "{shown}");
 
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let err = read_token(&token).unwrap_err();
+        let err = crate::private_file::read_token(&token)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(&token.display().to_string()) && err.contains("644"),
             "{err}"

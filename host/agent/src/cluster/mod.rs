@@ -18,6 +18,7 @@
 
 pub mod connection;
 pub mod fingerprint;
+pub mod forward;
 pub mod identity;
 pub mod queue;
 #[cfg(test)]

@@ -1688,7 +1688,7 @@ async fn the_api_router_forwards_the_cluster_api_only() {
     use drover_api::{Client, StatusCode};
 
     let env = Env::new();
-    let serve = |name: &str, forward: Option<Arc<crate::cluster_forward::Forwarder>>| {
+    let serve = |name: &str, forward: Option<Arc<crate::cluster::forward::Forwarder>>| {
         let sock = env._dir.path().join(name);
         let listener = tokio::net::UnixListener::bind(&sock).unwrap();
         let state = crate::api::ApiState {
@@ -1720,12 +1720,12 @@ async fn the_api_router_forwards_the_cluster_api_only() {
         StatusCode::OK
     );
 
-    let (server, seen) = crate::cluster_forward::testing::fake_server(None).await;
+    let (server, seen) = crate::cluster::forward::testing::fake_server(None).await;
     let config = crate::config::AgentConfig {
         servers: vec![server],
         ..Default::default()
     };
-    let forward = crate::cluster_forward::Forwarder::from_config(&config)
+    let forward = crate::cluster::forward::Forwarder::from_config(&config)
         .unwrap()
         .map(Arc::new);
     let member = serve("member.sock", forward);

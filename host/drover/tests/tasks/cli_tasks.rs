@@ -35,8 +35,12 @@ fn every_example_spec_parses() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
             let text = std::fs::read_to_string(&path).unwrap();
-            let spec = drover_host::spec::parse(&text, &path.display().to_string())
-                .unwrap_or_else(|e| panic!("{e}"));
+            let spec = drover_api::taskfile::parse(&text, &path.display().to_string(), &|name| {
+                drover_plugin_sdk::Signal::parse_or_default(name)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
             assert!(!spec.request.driver.is_empty(), "{}", path.display());
             seen += 1;
         }

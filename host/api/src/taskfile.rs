@@ -1,6 +1,6 @@
-//! Task spec files: `drover task run job.toml`.
+//! Task files: `drover task run job.toml`.
 //!
-//! A spec file carries the same fields as the `drover task run` flags, plus the
+//! A task file carries the same fields as the `drover task run` flags, plus the
 //! sections that are awkward on a command line:
 //!
 //! ```toml
@@ -35,39 +35,28 @@
 //! Kill settings are the two top-level keys `kill_signal` and `kill_timeout` (the
 //! flag names, the API's field names and what Nomad users write), not a `[kill]` table.
 //!
-//! Parsing is a pure function of the text and the file's name ([`parse`]). Every
-//! error names the file, the line and the field (`job.toml:7: restart.atempts: unknown
-//! field ...`). The driver's task config is only checked by the agent; its answer is
-//! mapped back to the lines of the `[config]` keys with [`SpecFile::locate_config_error`].
+//! Parsing is a pure function of the text, the file's name and the caller's signal
+//! check ([`parse`]; the signal names are the plugin SDK's, which the caller links).
+//! Every error names the file, the line and the field (`job.toml:7: restart.atempts:
+//! unknown field ...`), with the spans, errors and TOML-to-JSON conversion of
+//! [`crate::tomlfile`], which the job files' parser shares. The driver's task config is only checked by the agent; its answer is
+//! mapped back to the lines of the `[config]` keys with [`TaskFile::locate_config_error`].
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 
 use serde::Deserialize;
 use toml::Spanned;
-use toml::de::{DeTable, DeValue};
+use toml::de::DeValue;
 
-use std::time::Duration;
+use crate::tomlfile::{FileError, Source, entry, escape_pointer};
+use crate::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, RestartMode, RestartPolicy, RunRequest};
 
-use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION, RestartMode, RestartPolicy, RunRequest};
-
-/// A spec file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {}{message}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
-pub struct SpecError {
-    /// The file name as given.
-    pub file: String,
-    /// 1-based line.
-    pub line: usize,
-    /// Dotted path of the field, e.g. `restart.attempts`, when one is concerned.
-    pub field: Option<String>,
-    /// What is wrong.
-    pub message: String,
-}
+/// A task file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`.
+pub type TaskFileError = FileError;
 
 /// A parsed spec file: the request it describes, and where each `[config]` key is.
 #[derive(Debug, Clone)]
-pub struct SpecFile {
+pub struct TaskFile {
     /// The file name as given.
     pub file: String,
     /// The request the file describes. `driver` is empty when the file names none
@@ -122,61 +111,22 @@ struct LogsDoc {
     max_file_size_mb: Option<Spanned<u32>>,
 }
 
-/// Parse the spec in `text`; `file` is the name errors mention.
-pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
-    let err = |span: Option<Range<usize>>, field: Option<String>, message: String| SpecError {
-        file: file.to_owned(),
-        line: span.map_or(1, |s| line_of(text, s.start)),
-        field,
-        message,
-    };
-    let root = DeTable::parse(text).map_err(|e| {
-        let message = match e.span() {
-            Some(s) => format!(
-                "invalid TOML at column {}: {}",
-                column_of(text, s.start),
-                e.message().trim_end()
-            ),
-            None => format!("invalid TOML: {}", e.message().trim_end()),
-        };
-        err(e.span(), None, message)
-    })?;
-    let doc = Doc::deserialize(toml::de::Deserializer::from(root.clone())).map_err(|e| {
-        let field = e.span().and_then(|s| field_at(root.get_ref(), &s));
-        let mut message = e.message().trim_end().to_owned();
-        if field.as_deref() == Some("kill") {
-            message
-                .push_str(" (kill settings are the top-level keys kill_signal and kill_timeout)");
-        }
-        err(e.span(), field, message)
+/// Parse the spec in `text`; `file` is the name errors mention. `check_signal` says
+/// why a `kill_signal` is no signal (`Err(message)`), or accepts it.
+pub fn parse(
+    text: &str,
+    file: &str,
+    check_signal: &dyn Fn(&str) -> Result<(), String>,
+) -> Result<TaskFile, TaskFileError> {
+    let source = Source { text, file };
+    let err = |span, field, message| source.error(span, field, message);
+    let root = source.parse()?;
+    let doc: Doc = source.deserialize(&root, |field| {
+        (field == "kill")
+            .then_some(" (kill settings are the top-level keys kill_signal and kill_timeout)")
     })?;
     let table = root.get_ref();
-
-    let duration =
-        |v: &Spanned<String>, field: &str, max: Duration| -> Result<Duration, SpecError> {
-            let d = humantime::parse_duration(v.get_ref()).map_err(|e| {
-                err(
-                    Some(v.span()),
-                    Some(field.to_owned()),
-                    format!(
-                        "{:?} is not a duration like \"5s\" or \"1m30s\": {e}",
-                        v.get_ref()
-                    ),
-                )
-            })?;
-            if d > max {
-                return Err(err(
-                    Some(v.span()),
-                    Some(field.to_owned()),
-                    format!(
-                        "{:?} is longer than the maximum of {}",
-                        v.get_ref(),
-                        drover_api::human_duration(max)
-                    ),
-                ));
-            }
-            Ok(d)
-        };
+    let duration = |v, field, max| source.duration(v, field, max);
 
     let mut request = RunRequest {
         driver: doc.driver.unwrap_or_default(),
@@ -185,17 +135,15 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
     };
     if let Some(sig) = &doc.kill_signal {
         // Validated here so the error names the line; stored as written.
-        drover_plugin_sdk::Signal::parse_or_default(sig.get_ref()).map_err(|e| {
-            let e = drover_plugin_sdk::DriverError::from(e);
-            err(Some(sig.span()), Some("kill_signal".into()), e.to_string())
-        })?;
+        check_signal(sig.get_ref())
+            .map_err(|e| err(Some(sig.span()), Some("kill_signal".into()), e))?;
         request.kill_signal = Some(sig.get_ref().clone());
     }
     if let Some(t) = &doc.kill_timeout {
         request.kill_timeout = Some(duration(t, "kill_timeout", MAX_KILL_TIMEOUT)?);
     }
     if let Some(r) = doc.resources {
-        request.resources = Some(drover_api::Resources {
+        request.resources = Some(crate::Resources {
             cpu_shares: r.cpu_shares.map_or(0, i64::from),
             memory_mb: r.memory_mb.map_or(0, i64::from),
             memory_max_mb: r.memory_max_mb.map_or(0, i64::from),
@@ -218,7 +166,7 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
         request.restart = Some(policy);
     }
     if let Some(l) = doc.logs {
-        let mut logs = drover_api::LogConfig::default();
+        let mut logs = crate::LogConfig::default();
         for (value, name, slot) in [
             (&l.max_files, "logs.max_files", &mut logs.max_files),
             (
@@ -250,40 +198,13 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
     }
 
     if let Some((_, value)) = entry(table, "env") {
-        let DeValue::Table(env) = value.get_ref() else {
-            return Err(err(
-                Some(value.span()),
-                Some("env".into()),
-                format!(
-                    "expected a table of strings, found {}",
-                    value.get_ref().type_str()
-                ),
-            ));
-        };
-        for (k, v) in env {
-            let text = match v.get_ref() {
-                DeValue::String(s) => s.to_string(),
-                DeValue::Integer(_) | DeValue::Float(_) | DeValue::Boolean(_) => {
-                    scalar_json(v.get_ref())
-                        .map(|j| j.to_string())
-                        .unwrap_or_default()
-                }
-                other => {
-                    return Err(err(
-                        Some(v.span()),
-                        Some(format!("env.{}", k.get_ref())),
-                        format!("expected a string, found {}", other.type_str()),
-                    ));
-                }
-            };
-            request.env.insert(k.get_ref().to_string(), text);
-        }
+        request.env = source.string_map(value, "env")?;
     }
 
     let mut config_lines = BTreeMap::new();
     let mut config_line = None;
     if let Some((key, value)) = entry(table, "config") {
-        config_line = Some(line_of(text, key.span().start));
+        config_line = Some(source.line_of(key.span().start));
         let DeValue::Table(_) = value.get_ref() else {
             return Err(err(
                 Some(value.span()),
@@ -291,15 +212,14 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
                 format!("expected a table, found {}", value.get_ref().type_str()),
             ));
         };
-        request.config = to_json(value, "config", &mut |path, span| {
-            config_lines.insert(path.to_owned(), line_of(text, span.start));
-        })
-        .map_err(|(span, field, message)| err(Some(span), Some(field), message))?;
+        request.config = source.to_json(value, "config", &mut |path, span| {
+            config_lines.insert(path.to_owned(), source.line_of(span.start));
+        })?;
     } else {
         request.config = serde_json::json!({});
     }
 
-    Ok(SpecFile {
+    Ok(TaskFile {
         file: file.to_owned(),
         request,
         config_lines,
@@ -308,7 +228,7 @@ pub fn parse(text: &str, file: &str) -> Result<SpecFile, SpecError> {
     })
 }
 
-impl SpecFile {
+impl TaskFile {
     /// Record that a `--config` flag set the top-level config key `key` (replacing the
     /// file's value, if any): problems with it are reported against the flag.
     pub fn forget_config_key(&mut self, key: &str) {
@@ -323,8 +243,8 @@ impl SpecFile {
     /// the task config.
     ///
     /// The agent phrases these as `task config for driver "NAME": P1; P2`, each problem
-    /// either `unknown field "KEY" (...)` or `/json/pointer: ...` (see
-    /// `loader::validate`, which a test here runs to keep the two in step).
+    /// either `unknown field "KEY" (...)` or `/json/pointer: ...` (see the agent's
+    /// `loader::validate`; a test of `drover task run` runs both to keep them in step).
     pub fn locate_config_error(&self, message: &str) -> Option<String> {
         const MARK: &str = "task config for driver ";
         let start = message.find(MARK)?;
@@ -401,151 +321,10 @@ fn field_of_pointer(pointer: &str) -> String {
     field
 }
 
-fn escape_pointer(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
-}
-
-fn entry<'a, 'i>(
-    table: &'a DeTable<'i>,
-    key: &str,
-) -> Option<(
-    &'a Spanned<toml::de::DeString<'i>>,
-    &'a Spanned<DeValue<'i>>,
-)> {
-    table.iter().find(|(k, _)| k.get_ref() == key)
-}
-
-/// The dotted path of the deepest key whose key or value contains `span`.
-///
-/// Every level is searched, not only the children whose span contains `span`: the
-/// span of a table opened by a `[header]` covers the header, not the keys below it.
-fn field_at(table: &DeTable<'_>, span: &Range<usize>) -> Option<String> {
-    fn inside(s: &Range<usize>, at: usize) -> bool {
-        s.start <= at && at < s.end.max(s.start + 1)
-    }
-    fn walk(value: &DeValue<'_>, at: usize) -> Option<Vec<String>> {
-        let children: Vec<(String, Range<usize>, &Spanned<DeValue<'_>>)> = match value {
-            DeValue::Table(t) => t
-                .iter()
-                .map(|(k, v)| (k.get_ref().to_string(), k.span(), v))
-                .collect(),
-            DeValue::Array(a) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (format!("[{i}]"), v.span(), v))
-                .collect(),
-            _ => return None,
-        };
-        for (name, key_span, child) in children {
-            if let Some(mut deeper) = walk(child.get_ref(), at) {
-                deeper.insert(0, name);
-                return Some(deeper);
-            }
-            if inside(&key_span, at) || inside(&child.span(), at) {
-                return Some(vec![name]);
-            }
-        }
-        None
-    }
-    let path = walk(&DeValue::Table(table.clone()), span.start)?;
-    let mut field = String::new();
-    for seg in path {
-        if !field.is_empty() && !seg.starts_with('[') {
-            field.push('.');
-        }
-        field.push_str(&seg);
-    }
-    Some(field)
-}
-
-fn scalar_json(value: &DeValue<'_>) -> Option<serde_json::Value> {
-    match value {
-        DeValue::String(s) => Some(serde_json::Value::String(s.to_string())),
-        DeValue::Boolean(b) => Some((*b).into()),
-        DeValue::Integer(i) => {
-            let n = i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).ok()?;
-            Some(n.into())
-        }
-        DeValue::Float(f) => {
-            let n: f64 = f.as_str().replace('_', "").parse().ok()?;
-            serde_json::Number::from_f64(n).map(serde_json::Value::Number)
-        }
-        DeValue::Datetime(d) => Some(serde_json::Value::String(d.to_string())),
-        DeValue::Array(_) | DeValue::Table(_) => None,
-    }
-}
-
-type ConvertError = (Range<usize>, String, String);
-
-/// The driver config as JSON, calling `seen(pointer, span)` for every key and element.
-fn to_json(
-    value: &Spanned<DeValue<'_>>,
-    field: &str,
-    seen: &mut dyn FnMut(&str, Range<usize>),
-) -> Result<serde_json::Value, ConvertError> {
-    fn go(
-        value: &Spanned<DeValue<'_>>,
-        pointer: &str,
-        field: &str,
-        seen: &mut dyn FnMut(&str, Range<usize>),
-    ) -> Result<serde_json::Value, ConvertError> {
-        Ok(match value.get_ref() {
-            DeValue::Table(t) => {
-                let mut map = serde_json::Map::new();
-                for (k, v) in t {
-                    let key = k.get_ref().to_string();
-                    let p = format!("{pointer}/{}", escape_pointer(&key));
-                    seen(&p, k.span());
-                    map.insert(key.clone(), go(v, &p, &format!("{field}.{key}"), seen)?);
-                }
-                serde_json::Value::Object(map)
-            }
-            DeValue::Array(a) => {
-                let mut items = Vec::new();
-                for (i, v) in a.iter().enumerate() {
-                    let p = format!("{pointer}/{i}");
-                    seen(&p, v.span());
-                    items.push(go(v, &p, &format!("{field}[{i}]"), seen)?);
-                }
-                serde_json::Value::Array(items)
-            }
-            other => scalar_json(other).ok_or_else(|| {
-                (
-                    value.span(),
-                    field.to_owned(),
-                    format!("{} cannot be represented in JSON", other.type_str()),
-                )
-            })?,
-        })
-    }
-    go(value, "", field, seen)
-}
-
-/// 1-based line of byte `offset`.
-fn line_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    text.as_bytes()[..end]
-        .iter()
-        .filter(|b| **b == b'\n')
-        .count()
-        + 1
-}
-
-/// 1-based column (in characters) of byte `offset`.
-fn column_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    let start = text.as_bytes()[..end]
-        .iter()
-        .rposition(|b| *b == b'\n')
-        .map_or(0, |i| i + 1);
-    text.get(start..end)
-        .map_or(end - start, |s| s.chars().count())
-        + 1
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const FULL: &str = r#"# a web task
 driver = "rawexec"
@@ -577,6 +356,19 @@ max_files = 3
 max_file_size_mb = 1
 "#;
 
+    /// A stand-in for the plugin SDK's signal check (the `drover` binary's tests run
+    /// the real one).
+    fn check_signal(name: &str) -> Result<(), String> {
+        match name {
+            "SIGINT" | "SIGTERM" => Ok(()),
+            other => Err(format!("unknown signal {other:?}")),
+        }
+    }
+
+    fn parse(text: &str, file: &str) -> Result<TaskFile, TaskFileError> {
+        super::parse(text, file, &check_signal)
+    }
+
     fn error(text: &str) -> String {
         parse(text, "job.toml").unwrap_err().to_string()
     }
@@ -602,7 +394,7 @@ max_file_size_mb = 1
         assert_eq!(r.env["DEBUG"], "true");
         assert_eq!(
             r.resources,
-            Some(drover_api::Resources {
+            Some(crate::Resources {
                 cpu_shares: 100,
                 memory_mb: 64,
                 memory_max_mb: 0
@@ -619,7 +411,7 @@ max_file_size_mb = 1
         );
         assert_eq!(
             r.logs,
-            Some(drover_api::LogConfig {
+            Some(crate::LogConfig {
                 max_files: 3,
                 max_file_size_mb: 1
             })
@@ -777,38 +569,8 @@ max_file_size_mb = 1
         );
     }
 
-    /// The agent's validator and this mapping must agree on the message format.
-    #[test]
-    fn agent_validation_messages_map_back_to_lines() {
-        let schema = serde_json::json!({
-            "type": "object",
-            "additionalProperties": false,
-            "required": ["command"],
-            "properties": {
-                "command": { "type": "string" },
-                "args": { "type": "array", "items": { "type": "string" } },
-            },
-        });
-        let text = "driver = \"rawexec\"\n[config]\ncommand = \"/bin/echo\"\nargs = [\"a\", 5]\ncomand = \"x\"\n";
-        let spec = parse(text, "t.toml").unwrap();
-        let problems = crate::loader::validate(&schema, &spec.request.config).unwrap_err();
-        let message = format!(
-            "{}",
-            drover_plugin_sdk::DriverError::InvalidConfig(format!(
-                "task config for driver \"rawexec\": {problems}"
-            ))
-        );
-        assert_eq!(
-            spec.locate_config_error(&message).unwrap(),
-            "t.toml:5: config.comand: unknown field \"comand\" (expected one of: args, command)\n\
-             t.toml:4: config.args[1]: 5 is not of type \"string\""
-        );
-    }
-
     #[test]
     fn positions() {
-        assert_eq!(line_of("a\nb\nc", 4), 3);
-        assert_eq!(column_of("a\nbé c", 6), 4);
         assert_eq!(field_of_pointer("/a~1b/0/c"), "config.a/b[0].c");
     }
 }

@@ -1,4 +1,5 @@
-//! `drover server`, and the in-process server of `drover agent --dev`.
+//! `drover server`: its flags, a server's start and life (also the in-process server
+//! of `drover agent --dev`), and `drover server status`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,6 +15,9 @@ use drover_server::tls::TlsFiles;
 use drover_server::{Election, ServerInfo};
 use drover_server::{Server, ServerConfig};
 use tokio_util::sync::CancellationToken;
+
+use super::cluster_error;
+use crate::render::{print_json, servers_status_text};
 
 /// `drover server` flags.
 #[derive(Debug, Args)]
@@ -163,14 +167,14 @@ fn check_etcd_endpoint(e: &str) -> Result<(), String> {
 
 /// A private key file (`flag`'s): refused when its group or other users can read
 /// or change it (whoever reads it can act as this server), as the token file is
-/// ([`drover_host::cluster_forward::check_private_file`]).
+/// ([`drover_host::private_file::check_private_file`]).
 fn check_key_file(flag: &str, path: &std::path::Path) -> anyhow::Result<()> {
     if !path.exists() {
         // The loader says so, naming the file (certificate first).
         return Ok(());
     }
     let fix = format!("`chmod 600 {}`", path.display());
-    drover_host::cluster_forward::check_private_file(path, 0o077, &fix)
+    drover_host::private_file::check_private_file(path, 0o077, &fix)
         .map_err(|e| anyhow::anyhow!("{flag}: key file {}: {e}", path.display()))
 }
 
@@ -352,7 +356,7 @@ impl ServerArgs {
         let token = match &self.token_file {
             None => None,
             Some(f) => Some(
-                drover_host::cluster_forward::read_token(f)
+                drover_host::private_file::read_token(f)
                     .map_err(|e| anyhow::anyhow!("--token-file: {e}"))?,
             ),
         };
@@ -630,7 +634,7 @@ pub fn run(args: ServerArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         let stop = CancellationToken::new();
-        tokio::spawn(crate::stop_on_signals(stop.clone()));
+        tokio::spawn(super::agent::stop_on_signals(stop.clone()));
         let started = match start(options, stop.clone()).await {
             Ok(s) => s,
             Err(e) => {
@@ -738,6 +742,21 @@ pub fn start_dev(
             bail!("the dev server's thread ended before it listened")
         }
     }
+}
+
+/// `drover server status`: the servers, the leader and the store, as the server at
+/// `--address` (any of them, or an agent's socket) sees them.
+pub async fn server_status(
+    c: &drover_server_api::client::Client,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let status = c.servers_status().await.map_err(cluster_error)?.value;
+    if json {
+        print_json(&status)?;
+    } else {
+        print!("{}", servers_status_text(&status));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -1,361 +1,190 @@
-//! `drover job`, `node`, `alloc` and `eval`: the cluster commands, through the server's
-//! HTTP API ([`drover_server_api::client::Client`]) at `--address`/`DROVER_ADDR`: a
-//! server (`http://HOST:PORT`, `https://...` with `DROVER_CACERT`) or an agent's socket
-//! (`unix:///.../api.sock`), which forwards to its servers. The token comes from
-//! `DROVER_TOKEN`.
+//! What the commands print for a person: tables, reports and one-line sentences built
+//! from the agent's and the servers' typed answers, and the JSON printed with
+//! `--json`. The functions that return a `String` are pure, so the tests read the
+//! exact text; the `print_*` ones write to stdout.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
-use clap::Subcommand;
-use drover_server_api::client::{Client, ClientOptions, Error as ClientError, QueryOptions};
+use drover_api::{PluginState, PluginStatus, StatsView, TaskEventView, TaskView};
 use drover_server_api::{
-    AllocLogsQuery, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job,
-    JobPlanResponse, JobRegisterResponse, Node, NodeStatus, PlacementFailure,
+    Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobPlanResponse, Node,
+    NodeStatus, PlacementFailure,
 };
 use serde::Serialize;
 
-/// Exit code of `job run` when some copies could not be placed (as `nomad job run`).
-pub const EXIT_PLACEMENT_FAILED: u8 = 2;
-
-/// How long one blocking query of the monitor waits before asking again.
-const MONITOR_WAIT: Duration = Duration::from_secs(30);
-
-#[derive(Debug, Subcommand)]
-pub enum JobCommand {
-    /// Submit a job file (TOML) and wait until its allocations are placed.
-    Run {
-        /// The job file.
-        file: PathBuf,
-        /// Return once the job is registered, without waiting for placement.
-        #[arg(long)]
-        detach: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Show what submitting a job file would change; changes nothing.
-    Plan {
-        /// The job file.
-        file: PathBuf,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Show a job (or every job without NAME): status, allocations, placement failures.
-    Status {
-        /// Job name.
-        name: Option<String>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Stop a job: its allocations are stopped.
-    Stop {
-        /// Job name.
-        name: String,
-        /// Also forget the job.
-        #[arg(long)]
-        purge: bool,
-        /// Return at once instead of waiting until its allocations stopped.
-        #[arg(long)]
-        detach: bool,
-    },
+/// Print task events: time, type, message.
+pub fn print_events(events: &[TaskEventView], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(events)?);
+        return Ok(());
+    }
+    println!("{:<28} {:<16} MESSAGE", "TIME", "TYPE");
+    for e in events {
+        println!("{:<28} {:<16} {}", e.time, e.kind.as_str(), e.message);
+    }
+    Ok(())
 }
 
-#[derive(Debug, Subcommand)]
-pub enum NodeCommand {
-    /// List the nodes (or show one).
-    Status {
-        /// Node id or name.
-        node: Option<String>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Drain a node: nothing new is placed on it and its allocations move elsewhere.
-    Drain {
-        /// Node id or name.
-        node: String,
-        /// End the drain: the node takes allocations again.
-        #[arg(long)]
-        disable: bool,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum AllocCommand {
-    /// Show an allocation: where it runs and its tasks' states.
-    Status {
-        /// Allocation id (or a unique prefix).
-        id: String,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Print a task's output (ask the agent of the node the allocation runs on).
-    Logs {
-        /// Allocation id (or a unique prefix).
-        alloc: String,
-        /// Task name.
-        task: String,
-        /// Keep printing as the task writes, until it is dead.
-        #[arg(short, long)]
-        follow: bool,
-        /// Print stderr instead of stdout.
-        #[arg(long)]
-        stderr: bool,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum EvalCommand {
-    /// Show an evaluation: its status and what it could not place.
-    Status {
-        /// Evaluation id (or a unique prefix).
-        id: String,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-/// The address the cluster commands use: `--address`/`DROVER_ADDR` as given (a bare
-/// path is an agent's socket), else the local agent's socket as for `task` commands.
-pub fn cluster_address(given: Option<&str>) -> anyhow::Result<String> {
-    match given {
-        Some(a)
-            if a.starts_with("http://")
-                || a.starts_with("https://")
-                || a.starts_with("unix://") =>
-        {
-            Ok(a.to_owned())
-        }
-        Some(a) if a.starts_with("tcp://") => {
-            bail!(
-                "address {a:?}: use http://HOST:PORT for a server, unix:///path/api.sock for an agent"
-            )
-        }
-        other => {
-            let socket = crate::cli::resolve_address(other)?;
-            Ok(format!("unix://{}", socket.display()))
-        }
+/// Bytes as a short human size (KiB, MiB, GiB).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
     }
 }
 
-/// A client for `address` with the token of `DROVER_TOKEN` and the CA of
-/// `DROVER_CACERT` (client certificate: `DROVER_CLIENT_CERT` + `DROVER_CLIENT_KEY`).
-pub fn client(address: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Client> {
-    let token = env("DROVER_TOKEN").filter(|t| !t.trim().is_empty());
-    let client_cert = match (env("DROVER_CLIENT_CERT"), env("DROVER_CLIENT_KEY")) {
-        (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
-        (None, None) => None,
-        _ => bail!("set both DROVER_CLIENT_CERT and DROVER_CLIENT_KEY, or neither"),
-    };
-    let options = ClientOptions {
-        token,
-        ca_file: env("DROVER_CACERT").map(PathBuf::from),
-        client_cert,
-    };
-    Ok(Client::new(address, options)?)
+/// The header of the `task stats` table.
+pub fn stats_header() -> String {
+    format!(
+        "{:<28} {:>8} {:>12} {:>10}",
+        "TIME", "CPU %", "MEMORY", "CPU TIME"
+    )
 }
 
-/// A client error as the CLI reports it: an unreachable address says what to check.
-pub fn cluster_error(e: ClientError) -> anyhow::Error {
-    match e {
-        ClientError::Connect { ref address, .. } if address.starts_with("unix://") => {
-            anyhow!("{e} (is `drover agent` running? set --address or DROVER_ADDR)")
-        }
-        ClientError::Connect { .. } => {
-            anyhow!("{e} (is `drover server` running there? set --address or DROVER_ADDR)")
-        }
-        ClientError::Status { status, .. } if status.as_u16() == 401 => {
-            anyhow!("{e} (set DROVER_TOKEN to the cluster token)")
-        }
-        e => anyhow::Error::new(e),
+/// One sample as a row of the `task stats` table.
+pub fn stats_row(sample: &StatsView) -> String {
+    format!(
+        "{:<28} {:>7.1}% {:>12} {:>9.2}s",
+        sample.time,
+        sample.cpu_percent,
+        human_bytes(sample.memory_rss_bytes),
+        sample.cpu_user_seconds + sample.cpu_system_seconds
+    )
+}
+
+/// Print plugin status rows.
+pub fn print_plugins(rows: &[PluginStatus], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(rows)?);
+        return Ok(());
     }
+    println!(
+        "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} PATH / REASON",
+        "NAME", "SOURCE", "STATE", "VERSION", "API", "PID"
+    );
+    for r in rows {
+        let pid = match r.pid {
+            Some(p) => p.to_string(),
+            None if r.in_process => "in-agent".into(),
+            None => "-".into(),
+        };
+        let detail = if r.state == PluginState::Healthy {
+            r.path.display().to_string()
+        } else {
+            format!("{}: {}", r.path.display(), r.reason)
+        };
+        println!(
+            "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} {}",
+            r.name,
+            r.source.as_str(),
+            r.state.as_str(),
+            r.version,
+            r.api_version,
+            pid,
+            detail
+        );
+    }
+    Ok(())
 }
 
-fn short(id: &str) -> &str {
+/// Print what `drover plugin reload` changed, one line each.
+pub fn print_reload(report: &drover_api::ReloadReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    if report.changes.is_empty() {
+        println!("no plugin changed");
+    }
+    for c in &report.changes {
+        println!(
+            "{:<9} {:<16} {}: {}",
+            c.kind.as_str(),
+            c.name,
+            c.path.display(),
+            c.message
+        );
+    }
+    Ok(())
+}
+
+/// An optional number as table text: `-` when absent.
+fn or_dash(value: Option<i32>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+/// Print one task.
+pub fn print_task(task: &TaskView, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(task)?);
+        return Ok(());
+    }
+    println!("ID          = {}", task.id);
+    println!("Name        = {}", task.name);
+    println!("Driver      = {}", task.driver);
+    println!("State       = {}", task.state);
+    println!("Exit Code   = {}", or_dash(task.exit_code));
+    if let Some(signal) = task.signal {
+        println!("Signal      = {signal}");
+    }
+    if let Some(error) = &task.error {
+        println!("Error       = {error}");
+    }
+    println!("Task Dir    = {}", task.task_dir.display());
+    println!("Events:");
+    for e in &task.events {
+        println!("  {}  {:<14} {}", e.time, e.kind.as_str(), e.message);
+    }
+    Ok(())
+}
+
+/// Print a task list.
+pub fn print_tasks(tasks: &[TaskView], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(tasks)?);
+        return Ok(());
+    }
+    println!(
+        "{:<34} {:<16} {:<10} {:<8} EXIT",
+        "ID", "NAME", "DRIVER", "STATE"
+    );
+    for t in tasks {
+        // A task killed by a signal has exit code 0; show the signal instead.
+        let exit = match t.signal {
+            Some(sig) => format!("signal {sig}"),
+            None => or_dash(t.exit_code),
+        };
+        println!(
+            "{:<34} {:<16} {:<10} {:<8} {exit}",
+            t.id,
+            t.name,
+            t.driver,
+            t.state.as_str()
+        );
+    }
+    Ok(())
+}
+
+pub fn short(id: &str) -> &str {
     id.get(..8).unwrap_or(id)
 }
 
-fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+pub fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
-/// Read and check a job file: errors name the file, line and field.
-pub fn read_job_file(file: &std::path::Path) -> anyhow::Result<drover_server_api::JobSpec> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read job file {}", file.display()))?;
-    Ok(drover_server_api::jobfile::parse_and_validate(
-        &text,
-        &file.display().to_string(),
-    )?)
-}
-
-// --- job --------------------------------------------------------------------------
-
-/// Run a `job` subcommand.
-pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode> {
-    match cmd {
-        JobCommand::Run { file, detach, json } => {
-            let spec = read_job_file(&file)?;
-            let registered = c.register_job(&spec).await.map_err(cluster_error)?;
-            for w in &registered.warnings {
-                eprintln!("warning: {w}");
-            }
-            if detach || registered.eval_id.is_empty() {
-                if json {
-                    print_json(&registered)?;
-                } else {
-                    println!("Job registration successful");
-                    if !registered.eval_id.is_empty() {
-                        println!("Evaluation ID: {}", registered.eval_id);
-                    }
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            let outcome = monitor(c, &spec.name, &registered, !json).await?;
-            if json {
-                print_json(&RunOutcomeJson {
-                    register: &registered,
-                    evaluation: &outcome.eval,
-                    allocations: &outcome.placed,
-                })?;
-            }
-            Ok(outcome.exit_code())
-        }
-        JobCommand::Plan { file, json } => {
-            let spec = read_job_file(&file)?;
-            let plan = c.plan_job(&spec).await.map_err(cluster_error)?;
-            if json {
-                print_json(&plan)?;
-            } else {
-                print!("{}", plan_text(&spec.name, &plan));
-            }
-            Ok(if plan.failed_tg_allocs.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(EXIT_PLACEMENT_FAILED)
-            })
-        }
-        JobCommand::Status { name: None, json } => {
-            let jobs = c
-                .jobs(&QueryOptions::default())
-                .await
-                .map_err(cluster_error)?;
-            if json {
-                print_json(&jobs.value)?;
-            } else {
-                println!(
-                    "{:<24} {:<8} {:<9} {:<8} VERSION",
-                    "ID", "TYPE", "PRIORITY", "STATUS"
-                );
-                for j in &jobs.value {
-                    println!(
-                        "{:<24} {:<8} {:<9} {:<8} {}",
-                        j.name,
-                        j.job_type.as_str(),
-                        j.priority,
-                        job_status_word(j.status, j.stop),
-                        j.version
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        JobCommand::Status {
-            name: Some(name),
-            json,
-        } => {
-            let q = QueryOptions::default();
-            let job = c.job(&name, &q).await.map_err(cluster_error)?.value;
-            let allocations = c
-                .job_allocations(&name, &q)
-                .await
-                .map_err(cluster_error)?
-                .value;
-            let evaluations = c
-                .job_evaluations(&name, &q)
-                .await
-                .map_err(cluster_error)?
-                .value;
-            let view = JobStatusJson::new(job, allocations, evaluations);
-            if json {
-                print_json(&view)?;
-            } else {
-                print!("{}", job_status_text(&view));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        JobCommand::Stop {
-            name,
-            purge,
-            detach,
-        } => {
-            let stopped = c.stop_job(&name, purge).await.map_err(cluster_error)?;
-            if !stopped.eval_id.is_empty() {
-                println!("Evaluation ID: {}", stopped.eval_id);
-            }
-            if !detach {
-                wait_stopped(c, &name).await?;
-            }
-            if purge {
-                println!("Job {name} stopped and purged");
-            } else {
-                println!("Job {name} stopped");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
-/// How long `job stop` waits for the allocations to end (their tasks' kill timeouts,
-/// and the client's report): past it, it says what still runs and returns.
-const STOP_WAIT: Duration = Duration::from_secs(120);
-
-/// Wait until no allocation of `job` runs any more (every one terminal: complete,
-/// failed or lost), so that `job stop` returning means its tasks are gone.
-async fn wait_stopped(c: &Client, job: &str) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + STOP_WAIT;
-    let mut q = QueryOptions::default();
-    loop {
-        let answer = match c.job_allocations(job, &q).await {
-            Ok(a) => a,
-            // Purged, allocations and all.
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) => return Err(cluster_error(e)),
-        };
-        let running: Vec<&Allocation> = answer
-            .value
-            .iter()
-            .filter(|a| !a.client_status.is_terminal())
-            .collect();
-        if running.is_empty() {
-            return Ok(());
-        }
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            let ids: Vec<&str> = running.iter().map(|a| short(&a.id)).collect();
-            eprintln!(
-                "warning: allocations still stopping after {}s: {} (see `drover job status {job}`)",
-                STOP_WAIT.as_secs(),
-                ids.join(", ")
-            );
-            return Ok(());
-        }
-        q = QueryOptions::blocking(answer.index.max(q.index), left.min(MONITOR_WAIT));
-    }
-}
-
-fn job_status_word(status: drover_server_api::JobStatus, stop: bool) -> &'static str {
+pub fn job_status_word(status: drover_server_api::JobStatus, stop: bool) -> &'static str {
     use drover_server_api::JobStatus;
     match (status, stop) {
         (JobStatus::Dead, _) => "dead",
@@ -365,111 +194,7 @@ fn job_status_word(status: drover_server_api::JobStatus, stop: bool) -> &'static
     }
 }
 
-#[derive(Serialize)]
-struct RunOutcomeJson<'a> {
-    #[serde(flatten)]
-    register: &'a JobRegisterResponse,
-    evaluation: &'a Evaluation,
-    allocations: &'a [Allocation],
-}
-
-/// What the monitor of `job run` saw.
-pub struct RunOutcome {
-    /// The evaluation, finished.
-    pub eval: Evaluation,
-    /// The allocations it placed.
-    pub placed: Vec<Allocation>,
-}
-
-impl RunOutcome {
-    /// 0 when everything was placed, [`EXIT_PLACEMENT_FAILED`] when some copies wait
-    /// in a blocked evaluation, 1 when the evaluation failed.
-    pub fn exit_code(&self) -> ExitCode {
-        match self.eval.status {
-            EvalStatus::Failed | EvalStatus::Canceled => ExitCode::FAILURE,
-            _ if !self.eval.failed_tg_allocs.is_empty() => ExitCode::from(EXIT_PLACEMENT_FAILED),
-            _ => ExitCode::SUCCESS,
-        }
-    }
-}
-
-/// Follow the registration's evaluation until it is done, printing progress as
-/// `nomad job run` does: the allocations it placed, and what it could not place.
-async fn monitor(
-    c: &Client,
-    job: &str,
-    registered: &JobRegisterResponse,
-    print: bool,
-) -> anyhow::Result<RunOutcome> {
-    let say = |line: String| {
-        if print {
-            println!("{line}");
-        }
-    };
-    say(format!(
-        "==> Monitoring evaluation \"{}\"",
-        short(&registered.eval_id)
-    ));
-    let mut q = QueryOptions::default();
-    let mut last_status = None;
-    let eval = loop {
-        let answer = c
-            .evaluation(&registered.eval_id, &q)
-            .await
-            .map_err(cluster_error)?;
-        let eval = answer.value;
-        if last_status != Some(eval.status) {
-            say(format!(
-                "    Evaluation triggered by job \"{job}\": status \"{}\"",
-                eval_status_word(eval.status)
-            ));
-            last_status = Some(eval.status);
-        }
-        if eval.status != EvalStatus::Pending {
-            break eval;
-        }
-        q = QueryOptions::blocking(answer.index.max(q.index), MONITOR_WAIT);
-    };
-    let placed: Vec<Allocation> = c
-        .job_allocations(job, &QueryOptions::default())
-        .await
-        .map_err(cluster_error)?
-        .value
-        .into_iter()
-        .filter(|a| a.eval_id == eval.id)
-        .collect();
-    for a in placed.iter().rev() {
-        say(format!(
-            "    Allocation \"{}\" created: node \"{}\", group \"{}\"",
-            short(&a.id),
-            a.node_name,
-            a.group
-        ));
-    }
-    if !eval.failed_tg_allocs.is_empty() {
-        say("    Placement failures:".to_owned());
-        for line in placement_failure_lines(&eval.failed_tg_allocs) {
-            say(format!("      {line}"));
-        }
-        if let Some(b) = &eval.blocked_eval {
-            say(format!(
-                "    Evaluation \"{}\" waits for capacity to place the rest",
-                short(b)
-            ));
-        }
-    }
-    match eval.status {
-        EvalStatus::Failed => say(format!(
-            "==> Evaluation \"{}\" failed: {}",
-            short(&eval.id),
-            eval.status_description
-        )),
-        _ => say(format!("==> Evaluation \"{}\" finished", short(&eval.id))),
-    }
-    Ok(RunOutcome { eval, placed })
-}
-
-fn eval_status_word(s: EvalStatus) -> &'static str {
+pub fn eval_status_word(s: EvalStatus) -> &'static str {
     match s {
         EvalStatus::Pending => "pending",
         EvalStatus::Blocked => "blocked",
@@ -624,7 +349,7 @@ fn task_state_word(t: &drover_server_api::TaskState) -> String {
     }
 }
 
-fn alloc_row(a: &Allocation) -> String {
+pub fn alloc_row(a: &Allocation) -> String {
     let tasks: Vec<String> = a
         .task_states
         .iter()
@@ -641,8 +366,6 @@ fn alloc_row(a: &Allocation) -> String {
         tasks.join(" ")
     )
 }
-
-// --- node -------------------------------------------------------------------------
 
 /// The status a person reads: `draining` while a drain is on.
 pub fn node_status_word(n: &Node) -> &'static str {
@@ -678,69 +401,11 @@ pub fn nodes_text(nodes: &[Node]) -> String {
 
 /// `node status --json`: each node with `status` as `node status` shows it
 /// (`draining` while a drain is on).
-fn node_json(n: &Node) -> anyhow::Result<serde_json::Value> {
+pub fn node_json(n: &Node) -> anyhow::Result<serde_json::Value> {
     let mut v = serde_json::to_value(n)?;
     v["status"] = node_status_word(n).into();
     Ok(v)
 }
-
-/// Run a `node` subcommand.
-pub async fn node_command(c: &Client, cmd: NodeCommand) -> anyhow::Result<ExitCode> {
-    match cmd {
-        NodeCommand::Status { node: None, json } => {
-            let nodes = c
-                .nodes(&QueryOptions::default())
-                .await
-                .map_err(cluster_error)?
-                .value;
-            if json {
-                let view = nodes
-                    .iter()
-                    .map(node_json)
-                    .collect::<anyhow::Result<Vec<_>>>()?;
-                print_json(&view)?;
-            } else {
-                print!("{}", nodes_text(&nodes));
-            }
-        }
-        NodeCommand::Status {
-            node: Some(id),
-            json,
-        } => {
-            let node = c
-                .node(&id, &QueryOptions::default())
-                .await
-                .map_err(cluster_error)?
-                .value;
-            if json {
-                print_json(&node_json(&node)?)?;
-            } else {
-                print!("{}", nodes_text(std::slice::from_ref(&node)));
-                let allocs = c
-                    .node_allocations(&node.id, &QueryOptions::default())
-                    .await
-                    .map_err(cluster_error)?
-                    .value;
-                println!();
-                println!("Allocations");
-                for a in &allocs {
-                    println!("{}", alloc_row(a));
-                }
-            }
-        }
-        NodeCommand::Drain { node, disable } => {
-            c.drain_node(&node, !disable).await.map_err(cluster_error)?;
-            if disable {
-                println!("Node {node}: drain ended, it takes allocations again");
-            } else {
-                println!("Node {node}: draining, its allocations move to other nodes");
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-// --- alloc and eval --------------------------------------------------------------
 
 /// `alloc status`'s report.
 pub fn alloc_text(a: &Allocation) -> String {
@@ -825,105 +490,6 @@ pub fn eval_text(e: &Evaluation) -> String {
     out
 }
 
-/// Run an `alloc` subcommand.
-pub async fn alloc_command(c: &Client, cmd: AllocCommand) -> anyhow::Result<ExitCode> {
-    match cmd {
-        AllocCommand::Status { id, json } => {
-            let a = c
-                .allocation(&id, &QueryOptions::default())
-                .await
-                .map_err(cluster_error)?
-                .value;
-            if json {
-                print_json(&a)?;
-            } else {
-                print!("{}", alloc_text(&a));
-            }
-        }
-        AllocCommand::Logs {
-            alloc,
-            task,
-            follow,
-            stderr,
-        } => {
-            // The full id: the agent finds its local allocations by it.
-            let a = c
-                .allocation(&alloc, &QueryOptions::default())
-                .await
-                .map_err(cluster_error)?
-                .value;
-            if !a.task_states.is_empty() && !a.task_states.contains_key(&task) {
-                let names: Vec<&str> = a.task_states.keys().map(String::as_str).collect();
-                bail!(
-                    "allocation {} has no task named {task:?}; its tasks: {}",
-                    a.id,
-                    names.join(", ")
-                );
-            }
-            let query = AllocLogsQuery {
-                task,
-                stream: if stderr {
-                    drover_api::LogStream::Stderr
-                } else {
-                    drover_api::LogStream::Stdout
-                },
-                follow,
-                tail: None,
-                framed: true,
-            };
-            let mut frames = c.alloc_logs(&a.id, &query).await.map_err(cluster_error)?;
-            let mut out = std::io::stdout().lock();
-            while let Some(frame) = frames.next().await.map_err(cluster_error)? {
-                match frame {
-                    drover_api::Frame::Data(d) => {
-                        match out.write_all(&d).and_then(|()| out.flush()) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                                return Ok(ExitCode::SUCCESS);
-                            }
-                            Err(e) => return Err(e).context("writing to stdout"),
-                        }
-                    }
-                    drover_api::Frame::Skipped(n) => eprintln!("{}", drover_api::skipped_notice(n)),
-                    drover_api::Frame::Error(e) => bail!("{e}"),
-                }
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Run an `eval` subcommand.
-pub async fn eval_command(c: &Client, cmd: EvalCommand) -> anyhow::Result<ExitCode> {
-    match cmd {
-        EvalCommand::Status { id, json } => {
-            let e = c
-                .evaluation(&id, &QueryOptions::default())
-                .await
-                .map_err(cluster_error)?
-                .value;
-            if json {
-                print_json(&e)?;
-            } else {
-                print!("{}", eval_text(&e));
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `drover server status`: the servers, the leader and the store, as the server at
-/// `--address` (any of them, or an agent's socket) sees them.
-pub async fn server_status(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
-    let status = c.servers_status().await.map_err(cluster_error)?.value;
-    if json {
-        print_json(&status)?;
-    } else {
-        print!("{}", servers_status_text(&status));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 /// The text of `drover server status`.
 pub fn servers_status_text(s: &drover_server_api::ServersStatus) -> String {
     let mut out = String::new();
@@ -996,13 +562,13 @@ pub fn servers_status_text(s: &drover_server_api::ServersStatus) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use drover_server_api::{
-        DriverInfo, EvalTrigger, JobStatus, JobType, NodeResources, TaskRunState, TaskState,
+        DriverInfo, EvalTrigger, Job, JobStatus, JobType, NodeResources, TaskRunState, TaskState,
     };
 
-    fn job() -> Job {
+    pub(crate) fn job() -> Job {
         let spec = drover_server_api::jobfile::parse_and_validate(
             "name = \"web\"\n[[group]]\nname = \"app\"\ncount = 3\n[[group.task]]\nname = \"main\"\ndriver = \"rawexec\"\nconfig = { command = \"/bin/true\" }\n",
             "web.toml",
@@ -1020,7 +586,12 @@ mod tests {
         }
     }
 
-    fn alloc(id: &str, status: ClientStatus, task: TaskRunState, exit: Option<i32>) -> Allocation {
+    pub(crate) fn alloc(
+        id: &str,
+        status: ClientStatus,
+        task: TaskRunState,
+        exit: Option<i32>,
+    ) -> Allocation {
         Allocation {
             reschedule_events: Vec::new(),
             id: id.into(),
@@ -1056,7 +627,12 @@ mod tests {
         }
     }
 
-    fn eval(id: &str, status: EvalStatus, index: u64, failed: &[(&str, &str, u32)]) -> Evaluation {
+    pub(crate) fn eval(
+        id: &str,
+        status: EvalStatus,
+        index: u64,
+        failed: &[(&str, &str, u32)],
+    ) -> Evaluation {
         Evaluation {
             wait_until: None,
             id: id.into(),
@@ -1092,61 +668,9 @@ mod tests {
     }
 
     #[test]
-    fn addresses_keep_servers_and_agents_apart() {
-        assert_eq!(
-            cluster_address(Some("http://127.0.0.1:4646")).unwrap(),
-            "http://127.0.0.1:4646"
-        );
-        assert_eq!(
-            cluster_address(Some("unix:///x/api.sock")).unwrap(),
-            "unix:///x/api.sock"
-        );
-        // A bare path is an agent's socket, as for `task` commands.
-        assert_eq!(
-            cluster_address(Some("/x/api.sock")).unwrap(),
-            "unix:///x/api.sock"
-        );
-        assert!(
-            cluster_address(Some("tcp://h:1"))
-                .unwrap_err()
-                .to_string()
-                .contains("http://HOST:PORT")
-        );
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
-        assert!(client("http://127.0.0.1:1", env(&[("DROVER_TOKEN", "t")])).is_ok());
-        let err = client("https://127.0.0.1:1", env(&[]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("DROVER_CACERT"), "{err}");
-        let err = client(
-            "https://127.0.0.1:1",
-            env(&[("DROVER_CACERT", "/nonexistent/ca.pem")]),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("cannot read the CA file /nonexistent/ca.pem"),
-            "{err}"
-        );
-        let err = client("http://127.0.0.1:1", env(&[("DROVER_CLIENT_CERT", "c")]))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            err,
-            "set both DROVER_CLIENT_CERT and DROVER_CLIENT_KEY, or neither"
-        );
-        let err = client("ftp://h", env(&[])).unwrap_err().to_string();
-        assert!(
-            err.starts_with("address \"ftp://h\": expected http://"),
-            "{err}"
-        );
+    fn small_helpers() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
     }
 
     #[test]
@@ -1309,32 +833,6 @@ mod tests {
         let json = node_json(&node("n2", NodeStatus::Ready, true)).unwrap();
         assert_eq!(json["status"], "draining");
         assert_eq!(json["drivers"]["rawexec"]["healthy"], true);
-    }
-
-    #[test]
-    fn run_exit_codes_follow_nomad() {
-        let outcome = |e: Evaluation| RunOutcome {
-            eval: e,
-            placed: vec![],
-        };
-        assert_eq!(
-            outcome(eval("e", EvalStatus::Complete, 1, &[])).exit_code(),
-            ExitCode::SUCCESS
-        );
-        assert_eq!(
-            outcome(eval(
-                "e",
-                EvalStatus::Complete,
-                1,
-                &[("app", "no node has driver qemu healthy", 2)]
-            ))
-            .exit_code(),
-            ExitCode::from(EXIT_PLACEMENT_FAILED)
-        );
-        assert_eq!(
-            outcome(eval("e", EvalStatus::Failed, 1, &[])).exit_code(),
-            ExitCode::FAILURE
-        );
     }
 
     #[test]

@@ -1,0 +1,365 @@
+//! `drover job`: submit a job file (and follow its evaluation until its allocations
+//! are placed), plan one, show jobs and stop them, through the servers' HTTP API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use drover_server_api::client::{Client, QueryOptions};
+use drover_server_api::{Allocation, EvalStatus, Evaluation, JobRegisterResponse};
+use serde::Serialize;
+
+use super::cluster_error;
+use crate::render::{
+    JobStatusJson, eval_status_word, job_status_text, job_status_word, placement_failure_lines,
+    plan_text, print_json, short,
+};
+
+/// Exit code of `job run` when some copies could not be placed (as `nomad job run`).
+pub const EXIT_PLACEMENT_FAILED: u8 = 2;
+
+/// How long one blocking query of the monitor waits before asking again.
+const MONITOR_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Submit a job file (TOML) and wait until its allocations are placed.
+    Run {
+        /// The job file.
+        file: PathBuf,
+        /// Return once the job is registered, without waiting for placement.
+        #[arg(long)]
+        detach: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show what submitting a job file would change; changes nothing.
+    Plan {
+        /// The job file.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a job (or every job without NAME): status, allocations, placement failures.
+    Status {
+        /// Job name.
+        name: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a job: its allocations are stopped.
+    Stop {
+        /// Job name.
+        name: String,
+        /// Also forget the job.
+        #[arg(long)]
+        purge: bool,
+        /// Return at once instead of waiting until its allocations stopped.
+        #[arg(long)]
+        detach: bool,
+    },
+}
+
+/// Read and check a job file: errors name the file, line and field.
+pub fn read_job_file(file: &std::path::Path) -> anyhow::Result<drover_server_api::JobSpec> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read job file {}", file.display()))?;
+    Ok(drover_server_api::jobfile::parse_and_validate(
+        &text,
+        &file.display().to_string(),
+    )?)
+}
+
+/// Run a `job` subcommand.
+pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        JobCommand::Run { file, detach, json } => {
+            let spec = read_job_file(&file)?;
+            let registered = c.register_job(&spec).await.map_err(cluster_error)?;
+            for w in &registered.warnings {
+                eprintln!("warning: {w}");
+            }
+            if detach || registered.eval_id.is_empty() {
+                if json {
+                    print_json(&registered)?;
+                } else {
+                    println!("Job registration successful");
+                    if !registered.eval_id.is_empty() {
+                        println!("Evaluation ID: {}", registered.eval_id);
+                    }
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let outcome = monitor(c, &spec.name, &registered, !json).await?;
+            if json {
+                print_json(&RunOutcomeJson {
+                    register: &registered,
+                    evaluation: &outcome.eval,
+                    allocations: &outcome.placed,
+                })?;
+            }
+            Ok(outcome.exit_code())
+        }
+        JobCommand::Plan { file, json } => {
+            let spec = read_job_file(&file)?;
+            let plan = c.plan_job(&spec).await.map_err(cluster_error)?;
+            if json {
+                print_json(&plan)?;
+            } else {
+                print!("{}", plan_text(&spec.name, &plan));
+            }
+            Ok(if plan.failed_tg_allocs.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_PLACEMENT_FAILED)
+            })
+        }
+        JobCommand::Status { name: None, json } => {
+            let jobs = c
+                .jobs(&QueryOptions::default())
+                .await
+                .map_err(cluster_error)?;
+            if json {
+                print_json(&jobs.value)?;
+            } else {
+                println!(
+                    "{:<24} {:<8} {:<9} {:<8} VERSION",
+                    "ID", "TYPE", "PRIORITY", "STATUS"
+                );
+                for j in &jobs.value {
+                    println!(
+                        "{:<24} {:<8} {:<9} {:<8} {}",
+                        j.name,
+                        j.job_type.as_str(),
+                        j.priority,
+                        job_status_word(j.status, j.stop),
+                        j.version
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JobCommand::Status {
+            name: Some(name),
+            json,
+        } => {
+            let q = QueryOptions::default();
+            let job = c.job(&name, &q).await.map_err(cluster_error)?.value;
+            let allocations = c
+                .job_allocations(&name, &q)
+                .await
+                .map_err(cluster_error)?
+                .value;
+            let evaluations = c
+                .job_evaluations(&name, &q)
+                .await
+                .map_err(cluster_error)?
+                .value;
+            let view = JobStatusJson::new(job, allocations, evaluations);
+            if json {
+                print_json(&view)?;
+            } else {
+                print!("{}", job_status_text(&view));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JobCommand::Stop {
+            name,
+            purge,
+            detach,
+        } => {
+            let stopped = c.stop_job(&name, purge).await.map_err(cluster_error)?;
+            if !stopped.eval_id.is_empty() {
+                println!("Evaluation ID: {}", stopped.eval_id);
+            }
+            if !detach {
+                wait_stopped(c, &name).await?;
+            }
+            if purge {
+                println!("Job {name} stopped and purged");
+            } else {
+                println!("Job {name} stopped");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// How long `job stop` waits for the allocations to end (their tasks' kill timeouts,
+/// and the client's report): past it, it says what still runs and returns.
+const STOP_WAIT: Duration = Duration::from_secs(120);
+
+/// Wait until no allocation of `job` runs any more (every one terminal: complete,
+/// failed or lost), so that `job stop` returning means its tasks are gone.
+async fn wait_stopped(c: &Client, job: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + STOP_WAIT;
+    let mut q = QueryOptions::default();
+    loop {
+        let answer = match c.job_allocations(job, &q).await {
+            Ok(a) => a,
+            // Purged, allocations and all.
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(cluster_error(e)),
+        };
+        let running: Vec<&Allocation> = answer
+            .value
+            .iter()
+            .filter(|a| !a.client_status.is_terminal())
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            let ids: Vec<&str> = running.iter().map(|a| short(&a.id)).collect();
+            eprintln!(
+                "warning: allocations still stopping after {}s: {} (see `drover job status {job}`)",
+                STOP_WAIT.as_secs(),
+                ids.join(", ")
+            );
+            return Ok(());
+        }
+        q = QueryOptions::blocking(answer.index.max(q.index), left.min(MONITOR_WAIT));
+    }
+}
+
+#[derive(Serialize)]
+struct RunOutcomeJson<'a> {
+    #[serde(flatten)]
+    register: &'a JobRegisterResponse,
+    evaluation: &'a Evaluation,
+    allocations: &'a [Allocation],
+}
+
+/// What the monitor of `job run` saw.
+pub struct RunOutcome {
+    /// The evaluation, finished.
+    pub eval: Evaluation,
+    /// The allocations it placed.
+    pub placed: Vec<Allocation>,
+}
+
+impl RunOutcome {
+    /// 0 when everything was placed, [`EXIT_PLACEMENT_FAILED`] when some copies wait
+    /// in a blocked evaluation, 1 when the evaluation failed.
+    pub fn exit_code(&self) -> ExitCode {
+        match self.eval.status {
+            EvalStatus::Failed | EvalStatus::Canceled => ExitCode::FAILURE,
+            _ if !self.eval.failed_tg_allocs.is_empty() => ExitCode::from(EXIT_PLACEMENT_FAILED),
+            _ => ExitCode::SUCCESS,
+        }
+    }
+}
+
+/// Follow the registration's evaluation until it is done, printing progress as
+/// `nomad job run` does: the allocations it placed, and what it could not place.
+async fn monitor(
+    c: &Client,
+    job: &str,
+    registered: &JobRegisterResponse,
+    print: bool,
+) -> anyhow::Result<RunOutcome> {
+    let say = |line: String| {
+        if print {
+            println!("{line}");
+        }
+    };
+    say(format!(
+        "==> Monitoring evaluation \"{}\"",
+        short(&registered.eval_id)
+    ));
+    let mut q = QueryOptions::default();
+    let mut last_status = None;
+    let eval = loop {
+        let answer = c
+            .evaluation(&registered.eval_id, &q)
+            .await
+            .map_err(cluster_error)?;
+        let eval = answer.value;
+        if last_status != Some(eval.status) {
+            say(format!(
+                "    Evaluation triggered by job \"{job}\": status \"{}\"",
+                eval_status_word(eval.status)
+            ));
+            last_status = Some(eval.status);
+        }
+        if eval.status != EvalStatus::Pending {
+            break eval;
+        }
+        q = QueryOptions::blocking(answer.index.max(q.index), MONITOR_WAIT);
+    };
+    let placed: Vec<Allocation> = c
+        .job_allocations(job, &QueryOptions::default())
+        .await
+        .map_err(cluster_error)?
+        .value
+        .into_iter()
+        .filter(|a| a.eval_id == eval.id)
+        .collect();
+    for a in placed.iter().rev() {
+        say(format!(
+            "    Allocation \"{}\" created: node \"{}\", group \"{}\"",
+            short(&a.id),
+            a.node_name,
+            a.group
+        ));
+    }
+    if !eval.failed_tg_allocs.is_empty() {
+        say("    Placement failures:".to_owned());
+        for line in placement_failure_lines(&eval.failed_tg_allocs) {
+            say(format!("      {line}"));
+        }
+        if let Some(b) = &eval.blocked_eval {
+            say(format!(
+                "    Evaluation \"{}\" waits for capacity to place the rest",
+                short(b)
+            ));
+        }
+    }
+    match eval.status {
+        EvalStatus::Failed => say(format!(
+            "==> Evaluation \"{}\" failed: {}",
+            short(&eval.id),
+            eval.status_description
+        )),
+        _ => say(format!("==> Evaluation \"{}\" finished", short(&eval.id))),
+    }
+    Ok(RunOutcome { eval, placed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::tests::eval;
+
+    #[test]
+    fn run_exit_codes_follow_nomad() {
+        let outcome = |e: Evaluation| RunOutcome {
+            eval: e,
+            placed: vec![],
+        };
+        assert_eq!(
+            outcome(eval("e", EvalStatus::Complete, 1, &[])).exit_code(),
+            ExitCode::SUCCESS
+        );
+        assert_eq!(
+            outcome(eval(
+                "e",
+                EvalStatus::Complete,
+                1,
+                &[("app", "no node has driver qemu healthy", 2)]
+            ))
+            .exit_code(),
+            ExitCode::from(EXIT_PLACEMENT_FAILED)
+        );
+        assert_eq!(
+            outcome(eval("e", EvalStatus::Failed, 1, &[])).exit_code(),
+            ExitCode::FAILURE
+        );
+    }
+}
