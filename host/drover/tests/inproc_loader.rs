@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::inproc::{built_library, gcc_library};
-use drover_host::loader::{self, Binary, Candidate, CandidateKind, Policy};
+use drover_host::plugins::loader::{self, Binary, Candidate, CandidateKind, Policy};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 

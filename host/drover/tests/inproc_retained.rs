@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::inproc::gcc_library;
-use drover_host::loader::{self, Binary, Policy, library::MAX_RETAINED_LIBRARIES};
+use drover_host::plugins::loader::{self, Binary, Policy, library::MAX_RETAINED_LIBRARIES};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_retained_libraries_bound_a_new_library_is_refused() {

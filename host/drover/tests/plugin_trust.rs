@@ -16,7 +16,7 @@ fn plugin_dir(root: &Path) -> std::path::PathBuf {
 }
 
 fn sha256(path: &Path) -> String {
-    drover_host::loader::sha256_file(path).unwrap()
+    drover_host::plugins::loader::sha256_file(path).unwrap()
 }
 
 fn by_path<'a>(rows: &'a [serde_json::Value], file: &str) -> Option<&'a serde_json::Value> {
@@ -169,7 +169,7 @@ fn a_crashed_plugin_is_not_relaunched_from_a_world_writable_binary() {
 /// between the check and the exec.
 #[tokio::test]
 async fn the_bytes_checked_are_the_bytes_executed() {
-    use drover_host::loader;
+    use drover_host::plugins::loader;
     let root = tempfile::tempdir().unwrap();
     let dir = plugin_dir(root.path());
     let path = dir.join("skeleton");

@@ -23,7 +23,7 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 
-use crate::catalog::Catalog;
+use crate::plugins::catalog::Catalog;
 
 /// Quiet time after the last event before reloading.
 const QUIET: Duration = Duration::from_millis(250);

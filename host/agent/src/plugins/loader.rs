@@ -25,7 +25,7 @@ use drover_plugin_sdk::{Capabilities, DriverError, PluginInfo};
 use sha2::Digest as _;
 
 use crate::config::AgentConfig;
-use crate::instance::PluginInstance;
+use crate::plugins::instance::PluginInstance;
 
 /// A plugin binary or driver library to try.
 #[derive(Debug, Clone)]
@@ -565,7 +565,7 @@ pub const PLUGIN_BASE_ENV: &[&str] = &["PATH", drover_plugin_sdk::logging::ENV_P
 /// agent shares the agent's environment: it is the agent.
 ///
 /// ```
-/// use drover_host::loader::LaunchSettings;
+/// use drover_host::plugins::loader::LaunchSettings;
 /// let launch = LaunchSettings::new(["DOCKER_HOST".to_string()].iter(), [].into_iter())
 ///     .with_auto_mtls(true);
 /// assert!(format!("{launch:?}").contains("DOCKER_HOST"));

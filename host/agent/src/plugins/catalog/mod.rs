@@ -19,10 +19,10 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
-use crate::instance::PluginInstance;
+use crate::plugins::instance::PluginInstance;
 use drover_api::{PluginKind, PluginSource, PluginState, PluginStatus};
 
-use crate::loader::{self, Candidate, Fingerprinted};
+use crate::plugins::loader::{self, Candidate, Fingerprinted};
 use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
 mod reload;

@@ -34,8 +34,8 @@ use super::{
     supervise,
 };
 use crate::config::AgentConfig;
-use crate::instance::PluginInstance;
-use crate::loader::{self, Builtin, Candidate, Fingerprinted};
+use crate::plugins::instance::PluginInstance;
+use crate::plugins::loader::{self, Builtin, Candidate, Fingerprinted};
 
 /// How long an upgrade waits for every task of the driver to move to the new instance
 /// before it shuts the old one down all the same (a task still behind then finds the
@@ -742,7 +742,7 @@ impl Catalog {
         &self,
         p: &LoadedPlugin,
         generation: u64,
-        new: &crate::instance::PluginInstance,
+        new: &crate::plugins::instance::PluginInstance,
     ) -> Result<HandoverProgress, String> {
         let driver = p.name.as_str();
         let mut attachments = self.handover().map(|h| h.attachments());
