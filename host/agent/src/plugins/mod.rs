@@ -12,12 +12,23 @@
 //!   launching and fingerprinting them; [`loader::library`] loads a driver library
 //!   into the agent.
 //! - [`instance`]: one running plugin, a process or a loaded library.
-//! - [`catalog`]: the plugins that serve, by name, with their status rows; start-up
-//!   (reattach, launch, pick, sweep) and the supervisor that relaunches a dead plugin;
-//!   `catalog/reload.rs` adds, upgrades and removes plugins while the agent runs.
+//! - [`catalog`]: the registry: which plugin serves which name, status rows, plugin
+//!   records; the [`catalog::TaskHandover`] seam to the task manager.
+//! - `recover`: start-up ([`catalog::Catalog::load`]): reattach to the processes an
+//!   earlier agent left, launch the rest, pick one per name, sweep stray sockets.
+//! - `supervise`: every launch under the policy, and the supervisor that follows a
+//!   plugin's fingerprints and relaunches its process when it dies.
+//! - `reload`: adding, upgrading and removing plugins while the agent runs
+//!   ([`catalog::Catalog::reload`]).
 //! - [`watch`]: watching `plugin_dir`, so that a change starts a reload.
+//!
+//! Dependencies go one way: `recover` and `reload` use `supervise`, and all three use
+//! the catalog's types; the catalog calls none of them.
 
 pub mod catalog;
 pub mod instance;
 pub mod loader;
+mod recover;
+mod reload;
+mod supervise;
 pub mod watch;

@@ -20,22 +20,18 @@
 //!   (the built-in, say), or else stops taking new tasks and leaves once its running
 //!   tasks have ended.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use drover_api::{PluginChange, PluginChangeKind, PluginSource, PluginStatus};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
-use super::{
-    Catalog, LoadContext, LoadedPlugin, Skipped, configure, launch_checked, live_from, lock,
-    supervise,
+use super::catalog::{
+    Catalog, HandoverProgress, LoadedPlugin, ReloadEnv, Skipped, TaskHandover, live_from, lock,
 };
-use crate::config::AgentConfig;
+use super::supervise::{configure, launch_checked, supervise};
 use crate::plugins::instance::PluginInstance;
-use crate::plugins::loader::{self, Builtin, Candidate, Fingerprinted};
+use crate::plugins::loader::{self, Candidate, Fingerprinted};
 
 /// How long an upgrade waits for every task of the driver to move to the new instance
 /// before it shuts the old one down all the same (a task still behind then finds the
@@ -54,43 +50,6 @@ const PROBE_CONCURRENCY: usize = 8;
 /// Bound on one `RecoverTask` probe of a new instance. A probe that does not answer in
 /// time says nothing about the task (the hand-over's own recovery retries it).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where a hand-over stands, from [`TaskHandover::handover_progress`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HandoverProgress {
-    /// Tasks of the driver that are not dead.
-    pub tasks: usize,
-    /// How many of them are still attached to an older instance.
-    pub behind: usize,
-    /// The first task the instance on probation refused, and its answer.
-    pub refused: Option<(String, String)>,
-}
-
-/// What the catalog needs from whoever runs tasks (the task manager), so that it can
-/// hand a driver's tasks to a new instance without knowing the task manager's types.
-/// Installed at wiring with [`Catalog::set_handover`].
-pub trait TaskHandover: Send + Sync {
-    /// Tasks of `driver` that are not dead, how many of them are still attached to an
-    /// instance older than `generation`, and which one the instance of `generation`
-    /// refused (see [`crate::tasks::TaskDriver::on_probation`]).
-    fn handover_progress(&self, driver: &str, generation: u64) -> HandoverProgress;
-    /// The ids and handles of `driver`'s live tasks that have a handle, for a new
-    /// instance to prove with `RecoverTask` that it can take them before it serves.
-    fn live_handles(&self, driver: &str) -> Vec<(String, drover_plugin_sdk::TaskHandle)>;
-    /// Sees a change whenever a task attaches to a driver instance or ends.
-    fn attachments(&self) -> watch::Receiver<u64>;
-}
-
-/// What a reload needs, kept from [`Catalog::load`].
-pub(super) struct ReloadEnv {
-    plugin_dir: PathBuf,
-    prefer_builtin: bool,
-    builtins: Vec<Builtin>,
-    ctx: Arc<LoadContext>,
-    policy: Arc<loader::Policy>,
-    /// Parent of every plugin's supervisor token.
-    stop: CancellationToken,
-}
 
 /// The changes of one reload, each logged as it is made.
 #[derive(Default)]
@@ -147,24 +106,6 @@ fn removed(path: &std::path::Path) -> bool {
 }
 
 impl Catalog {
-    pub(super) fn set_reload_env(
-        &self,
-        config: &AgentConfig,
-        builtins: &[Builtin],
-        ctx: &Arc<LoadContext>,
-        policy: &Arc<loader::Policy>,
-        stop: &CancellationToken,
-    ) {
-        *lock(&self.reload_env) = Some(Arc::new(ReloadEnv {
-            plugin_dir: config.plugin_dir(),
-            prefer_builtin: config.prefer_builtin,
-            builtins: builtins.to_vec(),
-            ctx: ctx.clone(),
-            policy: policy.clone(),
-            stop: stop.clone(),
-        }));
-    }
-
     fn serving(&self) -> Vec<Arc<LoadedPlugin>> {
         self.loaded
             .read()
@@ -688,7 +629,7 @@ impl Catalog {
     async fn roll_back(
         &self,
         p: &Arc<LoadedPlugin>,
-        old: super::Live,
+        old: super::catalog::Live,
         mut new_row: PluginStatus,
         new_version: &str,
         reason: &str,
