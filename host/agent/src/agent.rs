@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use crate::allocs::AllocManager;
 use crate::config::AgentConfig;
 use crate::dirs::{Access, DirError};
+use crate::plugins::candidate::Builtin;
 use crate::plugins::catalog::{Catalog, LoadContext};
-use crate::plugins::loader::Builtin;
 use crate::state::{RedbStore, StateError, StateStore};
 use crate::tasks::TaskManager;
 
@@ -112,13 +112,13 @@ fn check_builtins_binary(builtins: &[Builtin]) {
         if !seen.insert(&b.command) {
             continue;
         }
-        let c = crate::plugins::loader::Candidate {
+        let c = crate::plugins::candidate::Candidate {
             path: b.command.clone(),
             args: b.args.clone(),
             source: drover_api::PluginSource::Builtin,
             label: b.name.clone(),
         };
-        if let Err(reason) = crate::plugins::loader::open_checked(&c) {
+        if let Err(reason) = crate::plugins::trust::open_checked(&c) {
             let names: Vec<&str> = builtins
                 .iter()
                 .filter(|o| o.command == b.command)

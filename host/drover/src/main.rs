@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use cli::api_error;
 use drover_api::{Client, StopRequest};
 use drover_host::config::{AgentConfig, LogFormat};
-use drover_host::plugins::loader::Builtin;
+use drover_host::plugins::candidate::Builtin;
 
 /// Built-in drivers: name and how to serve it. Only this file names drivers.
 const BUILTINS: &[(&str, fn() -> !)] = &[

@@ -24,7 +24,9 @@ use crate::config::AgentConfig;
 use crate::plugins::instance::PluginInstance;
 use drover_api::{PluginKind, PluginState, PluginStatus};
 
-use crate::plugins::loader::{self, Builtin, Candidate, Fingerprinted};
+use crate::plugins::candidate::{Builtin, Candidate};
+use crate::plugins::loader::{self, Fingerprinted};
+use crate::plugins::trust;
 use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
 /// A `StartTask` waits at most this long for a hand-over to end (which it does, in a
@@ -305,21 +307,21 @@ pub(super) fn live_from(fp: Fingerprinted) -> Live {
 /// Plugin records in the state store, and the binary hashes they carry.
 pub(super) struct Records {
     pub(super) store: Arc<dyn StateStore>,
-    /// sha256 by path, valid while the file's identity ([`loader::FileKey`], taken on
+    /// sha256 by path, valid while the file's identity ([`trust::FileKey`], taken on
     /// the open descriptor) is unchanged: the `drover` binary serves every built-in and
     /// is tens of MB.
-    hashes: Mutex<HashMap<PathBuf, (loader::FileKey, String)>>,
+    hashes: Mutex<HashMap<PathBuf, (trust::FileKey, String)>>,
     /// One lock per path, held while hashing it, so that the built-ins, launched
     /// together from one binary, hash it once and the others find it in `hashes`.
     hashing: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Records {
-    /// Open and check `c`'s binary ([`loader::open_checked`]) and hash the bytes behind
+    /// Open and check `c`'s binary ([`trust::open_checked`]) and hash the bytes behind
     /// the descriptor, off the async thread.
-    pub(super) async fn check(&self, c: &Candidate) -> Result<loader::Binary, String> {
+    pub(super) async fn check(&self, c: &Candidate) -> Result<trust::Binary, String> {
         let cand = c.clone();
-        let (fd, key) = tokio::task::spawn_blocking(move || loader::open_checked(&cand))
+        let (fd, key) = tokio::task::spawn_blocking(move || trust::open_checked(&cand))
             .await
             .map_err(|e| format!("checking {}: {e}", c.path.display()))??;
         let cached = || {
@@ -346,7 +348,7 @@ impl Records {
             Some(h) => h,
             None => {
                 let hashed = fd.clone();
-                let h = tokio::task::spawn_blocking(move || loader::sha256_fd(&hashed))
+                let h = tokio::task::spawn_blocking(move || trust::sha256_fd(&hashed))
                     .await
                     .map_err(|e| format!("hashing {}: {e}", c.path.display()))?
                     .map_err(|e| format!("cannot hash {}: {e}", c.path.display()))?;
@@ -354,7 +356,7 @@ impl Records {
                 h
             }
         };
-        Ok(loader::Binary { fd, sha256 })
+        Ok(trust::Binary { fd, sha256 })
     }
 
     /// The sha256 the last check of `path` found, if it was hashed.
@@ -521,7 +523,7 @@ pub(super) struct ReloadEnv {
     pub(super) prefer_builtin: bool,
     pub(super) builtins: Vec<Builtin>,
     pub(super) ctx: Arc<LoadContext>,
-    pub(super) policy: Arc<loader::Policy>,
+    pub(super) policy: Arc<trust::Policy>,
     /// Parent of every plugin's supervisor token.
     pub(super) stop: CancellationToken,
 }
@@ -687,7 +689,7 @@ impl Catalog {
         config: &AgentConfig,
         builtins: &[Builtin],
         ctx: &Arc<LoadContext>,
-        policy: &Arc<loader::Policy>,
+        policy: &Arc<trust::Policy>,
         stop: &CancellationToken,
     ) {
         *lock(&self.reload_env) = Some(Arc::new(ReloadEnv {

@@ -8,9 +8,12 @@
 //! supervised; later, changes in `plugin_dir` add, upgrade and remove plugins without a
 //! restart, handing running tasks from an old instance to a new one.
 //!
-//! - [`loader`]: finding candidates, checking their files and the operator's policy,
-//!   launching and fingerprinting them; [`loader::library`] loads a driver library
-//!   into the agent.
+//! - [`candidate`]: what may become a plugin (a file in `plugin_dir`, a built-in), and
+//!   the status row of one that does not serve.
+//! - [`trust`]: whether a candidate's file may run: the checks on its open
+//!   descriptor, its sha256, and the operator's policy (allow, deny, pins).
+//! - [`loader`]: scanning `plugin_dir`, launching and fingerprinting candidates.
+//! - [`library`]: loading a driver library into the agent, from a sealed copy.
 //! - [`instance`]: one running plugin, a process or a loaded library.
 //! - [`catalog`]: the registry: which plugin serves which name, status rows, plugin
 //!   records; the [`catalog::TaskHandover`] seam to the task manager.
@@ -25,10 +28,13 @@
 //! Dependencies go one way: `recover` and `reload` use `supervise`, and all three use
 //! the catalog's types; the catalog calls none of them.
 
+pub mod candidate;
 pub mod catalog;
 pub mod instance;
+pub mod library;
 pub mod loader;
 mod recover;
 mod reload;
 mod supervise;
+pub mod trust;
 pub mod watch;

@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 use super::catalog::{Catalog, LoadContext, LoadedPlugin, Progress, Records};
 use super::supervise::{configure, launch_checked, supervise};
 use crate::config::AgentConfig;
-use crate::plugins::loader::{self, Candidate, Fingerprinted};
+use crate::plugins::candidate::{self, Candidate};
+use crate::plugins::loader::{self, Fingerprinted};
+use crate::plugins::trust;
 use crate::state::PluginRecord;
 
 /// At most this many stored plugin processes are being reattached at once, so a start
@@ -45,13 +47,13 @@ impl Catalog {
     pub async fn load(
         self: &Arc<Self>,
         config: &AgentConfig,
-        builtins: &[loader::Builtin],
+        builtins: &[candidate::Builtin],
         ctx: Arc<LoadContext>,
         stop: CancellationToken,
     ) {
         let _done = DoneOnDrop(&self.progress);
         let started = Instant::now();
-        let policy = Arc::new(loader::Policy::from_config(config));
+        let policy = Arc::new(trust::Policy::from_config(config));
         self.set_reload_env(config, builtins, &ctx, &policy, &stop);
         let candidates = self.candidates(config, builtins);
         let records = match self.records.store.plugins() {
@@ -92,7 +94,7 @@ impl Catalog {
 
     /// Every binary in `plugin_dir` that may be a plugin, then the built-ins; files
     /// that cannot be are skipped here, with their reason.
-    fn candidates(&self, config: &AgentConfig, builtins: &[loader::Builtin]) -> Vec<Candidate> {
+    fn candidates(&self, config: &AgentConfig, builtins: &[candidate::Builtin]) -> Vec<Candidate> {
         let (mut candidates, skipped) = loader::scan_plugin_dir(&config.plugin_dir());
         for row in skipped {
             self.skip(row);
@@ -113,14 +115,14 @@ impl Catalog {
         &self,
         candidates: Vec<Candidate>,
         mut records: Vec<PluginRecord>,
-        policy: &Arc<loader::Policy>,
+        policy: &Arc<trust::Policy>,
         ctx: &Arc<LoadContext>,
         slots: &Arc<Semaphore>,
     ) -> (Launches, Vec<PluginRecord>) {
         let mut launches = tokio::task::JoinSet::new();
         for c in candidates {
-            if let Err(reason) = loader::allowed(&c.label, &policy.allow, &policy.deny) {
-                self.skip_of(&c, None, loader::skipped_status(&c, reason));
+            if let Err(reason) = trust::allowed(&c.label, &policy.allow, &policy.deny) {
+                self.skip_of(&c, None, candidate::skipped_status(&c, reason));
                 continue;
             }
             let record = records
@@ -172,7 +174,7 @@ impl Catalog {
             let fp = match result {
                 Ok(fp) => fp,
                 Err(reason) => {
-                    self.skip_of(&c, None, loader::skipped_status(&c, reason));
+                    self.skip_of(&c, None, candidate::skipped_status(&c, reason));
                     continue;
                 }
             };
@@ -198,7 +200,7 @@ impl Catalog {
             }
         }
         for (fp, reason) in losers {
-            let mut row = loader::skipped_status(&fp.candidate, reason);
+            let mut row = candidate::skipped_status(&fp.candidate, reason);
             row.name = fp.info.name.clone();
             row.version = fp.info.version.clone();
             if fp.process.is_reattached() {
@@ -217,7 +219,7 @@ impl Catalog {
     async fn configure_all(
         &self,
         winners: BTreeMap<String, Fingerprinted>,
-        policy: &Arc<loader::Policy>,
+        policy: &Arc<trust::Policy>,
         ctx: &Arc<LoadContext>,
         stop: &CancellationToken,
     ) -> Vec<Arc<LoadedPlugin>> {
@@ -234,7 +236,7 @@ impl Catalog {
         while let Some(joined) = configuring.join_next().await {
             let Ok((fp, result)) = joined else { continue };
             if let Err(reason) = result {
-                let mut row = loader::skipped_status(&fp.candidate, reason);
+                let mut row = candidate::skipped_status(&fp.candidate, reason);
                 row.name = fp.info.name.clone();
                 row.version = fp.info.version.clone();
                 fp.process.shutdown().await;
@@ -415,7 +417,7 @@ async fn obtain(
     ctx: &LoadContext,
     records: &Records,
     slots: &Semaphore,
-    policy: &loader::Policy,
+    policy: &trust::Policy,
 ) -> Result<Fingerprinted, String> {
     if let Some(rec) = record {
         let attempt = {
@@ -462,7 +464,7 @@ async fn try_reattach(
     rec: &PluginRecord,
     ctx: &LoadContext,
     records: &Records,
-    policy: &loader::Policy,
+    policy: &trust::Policy,
 ) -> Result<Fingerprinted, String> {
     let sha = match records.check(c).await {
         Ok(binary) => binary.sha256,

@@ -30,8 +30,10 @@ use super::catalog::{
     Catalog, HandoverProgress, LoadedPlugin, ReloadEnv, Skipped, TaskHandover, live_from, lock,
 };
 use super::supervise::{configure, launch_checked, supervise};
+use crate::plugins::candidate::{self, Candidate};
 use crate::plugins::instance::PluginInstance;
-use crate::plugins::loader::{self, Candidate, Fingerprinted};
+use crate::plugins::loader::{self, Fingerprinted};
+use crate::plugins::trust;
 
 /// How long an upgrade waits for every task of the driver to move to the new instance
 /// before it shuts the old one down all the same (a task still behind then finds the
@@ -218,14 +220,14 @@ impl Catalog {
         let serving = self.serving();
         let mut fresh = Vec::new();
         for c in scanned {
-            if let Err(reason) = loader::allowed(&c.label, &env.policy.allow, &env.policy.deny) {
-                refuse(loader::skipped_status(&c, reason), &mut rows);
+            if let Err(reason) = trust::allowed(&c.label, &env.policy.allow, &env.policy.deny) {
+                refuse(candidate::skipped_status(&c, reason), &mut rows);
                 continue;
             }
             let sha = match self.records.check(&c).await {
                 Ok(binary) => binary.sha256,
                 Err(reason) => {
-                    refuse(loader::skipped_status(&c, reason), &mut rows);
+                    refuse(candidate::skipped_status(&c, reason), &mut rows);
                     continue;
                 }
             };
@@ -293,7 +295,7 @@ impl Catalog {
             }
         }
         changes.push(PluginChangeKind::Failed, &c.label, &c.path, reason.clone());
-        self.skip_of(c, None, loader::skipped_status(c, reason));
+        self.skip_of(c, None, candidate::skipped_status(c, reason));
     }
 
     /// A new or changed file was fingerprinted: add it, upgrade to it, or skip it.
@@ -365,7 +367,7 @@ impl Catalog {
     /// The row of a fingerprinted candidate that does not serve.
     /// `lost`: it works, but another file serves its name.
     fn skip_fingerprinted(&self, fp: &Fingerprinted, reason: String, lost: bool) {
-        let mut row = loader::skipped_status(&fp.candidate, reason);
+        let mut row = candidate::skipped_status(&fp.candidate, reason);
         row.name = fp.info.name.clone();
         row.version = fp.info.version.clone();
         self.drop_rows_of(&fp.candidate);
@@ -473,7 +475,7 @@ impl Catalog {
         // instance at its next start (and sweeps the old one as a stray).
         self.records.save(&fp).await;
         self.drop_rows_of(&new_c);
-        let fp_row = loader::skipped_status(&fp.candidate, String::new());
+        let fp_row = candidate::skipped_status(&fp.candidate, String::new());
         let (old, generation) = {
             let _swap = p.swap.lock().await;
             let mut live = p.live();
@@ -506,7 +508,7 @@ impl Catalog {
         let old_pid = pid_text(&old.process);
         let how = old.process.shutdown().await;
         if !same_file(&old_c, &new_c) && !removed(&old_c.path) {
-            let mut row = loader::skipped_status(
+            let mut row = candidate::skipped_status(
                 &old_c,
                 format!(
                     "another binary also provides {:?}: {} (version {new_version}, {:?}) serves \
@@ -912,7 +914,7 @@ impl Catalog {
 fn takeover_consent(
     fp: &Fingerprinted,
     serving: &Candidate,
-    policy: &loader::Policy,
+    policy: &trust::Policy,
 ) -> Result<(), String> {
     let name = fp.info.name.as_str();
     if consents(&fp.candidate, name, &fp.sha256, &policy.pins) {

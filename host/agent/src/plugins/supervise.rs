@@ -12,7 +12,9 @@ use drover_plugin_sdk::client::PluginClient;
 use tokio_stream::StreamExt as _;
 
 use super::catalog::{LoadContext, LoadedPlugin, Records, live_from};
-use crate::plugins::loader::{self, Candidate, Fingerprinted};
+use crate::plugins::candidate::Candidate;
+use crate::plugins::loader::{self, Fingerprinted};
+use crate::plugins::trust;
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
 const RELAUNCH_BACKOFF: (Duration, Duration) =
@@ -27,7 +29,7 @@ pub(super) async fn launch_checked(
     c: &Candidate,
     ctx: &LoadContext,
     records: &Records,
-    policy: &loader::Policy,
+    policy: &trust::Policy,
 ) -> Result<Fingerprinted, String> {
     let binary = records.check(c).await?;
     policy.before_exec(c, &binary.sha256)?;
@@ -48,7 +50,7 @@ pub(super) async fn configure(
     fp: &Fingerprinted,
     settings: &crate::config::PluginSettings,
     ctx: &LoadContext,
-    policy: &loader::Policy,
+    policy: &trust::Policy,
 ) -> Result<(), String> {
     policy.before_serve(&fp.info.name, fp.candidate.source, &fp.sha256)?;
     loader::validate(&fp.config_schema, &settings.config)
@@ -69,7 +71,7 @@ pub(super) async fn supervise(
     plugin: Arc<LoadedPlugin>,
     ctx: Arc<LoadContext>,
     records: Arc<Records>,
-    policy: Arc<loader::Policy>,
+    policy: Arc<trust::Policy>,
 ) {
     let stop = plugin.stop.clone();
     let mut generation = plugin.generation();
@@ -140,7 +142,7 @@ async fn relaunch(
     seen: u64,
     ctx: &LoadContext,
     records: &Records,
-    policy: &loader::Policy,
+    policy: &trust::Policy,
 ) -> Result<(), String> {
     let candidate = plugin.candidate();
     let fp = launch_checked(&candidate, ctx, records, policy).await?;
