@@ -22,7 +22,8 @@
 //! - `supervise`: every launch under the policy, and the supervisor that follows a
 //!   plugin's fingerprints and relaunches its process when it dies.
 //! - `reload`: adding, upgrading and removing plugins while the agent runs
-//!   ([`catalog::Catalog::reload`]).
+//!   ([`catalog::Catalog::reload`]); its `upgrade` replaces a serving instance with a
+//!   new one and hands the running tasks over, or rolls back.
 //! - [`watch`]: watching `plugin_dir`, so that a change starts a reload.
 //!
 //! Dependencies go one way: `recover` and `reload` use `supervise`, and all three use
