@@ -90,7 +90,7 @@ pub struct Builtin {
 }
 
 /// The status row of a candidate that was not loaded.
-pub(crate) fn skipped_status(c: &Candidate, reason: impl Into<String>) -> PluginStatus {
+pub(super) fn skipped_status(c: &Candidate, reason: impl Into<String>) -> PluginStatus {
     PluginStatus {
         name: c.label.clone(),
         kind: PluginKind::Driver,

@@ -127,7 +127,7 @@ impl Drop for Reservation {
 /// The running plugin of `candidate`'s library, whose checked bytes are `binary`:
 /// loaded now, or the library already loaded with these bytes started afresh. The
 /// error is a reason for `plugin status`.
-pub async fn load(
+pub(super) async fn load(
     candidate: &Candidate,
     binary: &Binary,
     timeout: Duration,

@@ -236,7 +236,7 @@ pub async fn fingerprint(
 /// hashes to `sha256`: identity, versions, schemas, capabilities, within `timeout`. On
 /// failure the process has been shut down (killed if it stopped answering) and the
 /// error is the reason.
-pub async fn adopt(
+pub(super) async fn adopt(
     candidate: &Candidate,
     process: PluginInstance,
     sha256: String,
@@ -388,7 +388,7 @@ fn unknown_fields(schema: &serde_json::Value, value: &serde_json::Value) -> Vec<
 /// Which of two fingerprinted plugins with the same name should serve.
 /// External beats built-in unless `prefer_builtin`; otherwise the higher
 /// `plugin_version` wins; a tie keeps the first.
-pub fn prefer(a: &Fingerprinted, b: &Fingerprinted, prefer_builtin: bool) -> bool {
+pub(super) fn prefer(a: &Fingerprinted, b: &Fingerprinted, prefer_builtin: bool) -> bool {
     if a.candidate.source != b.candidate.source {
         let a_builtin = a.candidate.source == PluginSource::Builtin;
         return a_builtin == prefer_builtin;

@@ -365,7 +365,7 @@ impl Policy {
 }
 
 /// Is `name` allowed by the allow and deny lists?
-pub fn allowed(name: &str, allow: &[String], deny: &[String]) -> Result<(), String> {
+pub(super) fn allowed(name: &str, allow: &[String], deny: &[String]) -> Result<(), String> {
     if deny.iter().any(|d| d == name) {
         return Err(format!("{name:?} is in plugin_deny"));
     }
