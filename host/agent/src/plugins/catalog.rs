@@ -15,18 +15,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use drover_api::{PluginKind, PluginState, PluginStatus};
 use drover_plugin_sdk::client::PluginClient;
 use drover_plugin_sdk::{AgentInfo, Capabilities};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::candidate::{Builtin, Candidate};
+use super::instance::PluginInstance;
+use super::loader::{self, Fingerprinted};
+use super::trust;
 use crate::config::AgentConfig;
-use crate::plugins::instance::PluginInstance;
-use drover_api::{PluginKind, PluginState, PluginStatus};
-
-use crate::plugins::candidate::{Builtin, Candidate};
-use crate::plugins::loader::{self, Fingerprinted};
-use crate::plugins::trust;
 use crate::state::{MemStore, PluginRecord, StateError, StateStore};
 
 /// A `StartTask` waits at most this long for a hand-over to end (which it does, in a

@@ -20,9 +20,9 @@ use drover_plugin_sdk::version::{negotiate_api_version, parse_version};
 use drover_plugin_sdk::{Capabilities, DriverError, PluginInfo};
 
 use super::candidate::{Candidate, CandidateKind, skipped_status};
+use super::instance::PluginInstance;
 use super::library;
 use super::trust::{Binary, open_checked};
-use crate::plugins::instance::PluginInstance;
 
 /// A launched, identified, version-checked plugin, not yet configured.
 #[derive(Debug)]

@@ -18,12 +18,12 @@ use drover_plugin_sdk::client::PluginProcess;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::candidate::{self, Candidate};
 use super::catalog::{Catalog, LoadContext, LoadedPlugin, Progress, Records};
+use super::loader::{self, Fingerprinted};
 use super::supervise::{configure, launch_checked, supervise};
+use super::trust;
 use crate::config::AgentConfig;
-use crate::plugins::candidate::{self, Candidate};
-use crate::plugins::loader::{self, Fingerprinted};
-use crate::plugins::trust;
 use crate::state::PluginRecord;
 
 /// At most this many stored plugin processes are being reattached at once, so a start

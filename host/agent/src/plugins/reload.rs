@@ -21,12 +21,12 @@ use std::time::Instant;
 
 use drover_api::{PluginChange, PluginChangeKind, PluginSource, PluginStatus};
 
+use super::candidate::{self, Candidate};
 use super::catalog::{Catalog, LoadedPlugin, ReloadEnv, Skipped, TaskHandover, lock};
+use super::instance::PluginInstance;
+use super::loader::{self, Fingerprinted};
 use super::supervise::{configure, launch_checked, supervise};
-use crate::plugins::candidate::{self, Candidate};
-use crate::plugins::instance::PluginInstance;
-use crate::plugins::loader::{self, Fingerprinted};
-use crate::plugins::trust;
+use super::trust;
 
 mod upgrade;
 

@@ -11,10 +11,10 @@ use drover_plugin_sdk::Health;
 use drover_plugin_sdk::client::PluginClient;
 use tokio_stream::StreamExt as _;
 
+use super::candidate::Candidate;
 use super::catalog::{LoadContext, LoadedPlugin, Records, live_from};
-use crate::plugins::candidate::Candidate;
-use crate::plugins::loader::{self, Fingerprinted};
-use crate::plugins::trust;
+use super::loader::{self, Fingerprinted};
+use super::trust;
 
 /// Backoff between relaunches of a crashed plugin: doubles from the first to the last.
 const RELAUNCH_BACKOFF: (Duration, Duration) =
