@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocs::AllocManager;
-use crate::catalog::{Catalog, LoadContext};
 use crate::config::AgentConfig;
 use crate::dirs::{Access, DirError};
-use crate::loader::Builtin;
+use crate::plugins::candidate::Builtin;
+use crate::plugins::catalog::{Catalog, LoadContext};
 use crate::state::{RedbStore, StateError, StateStore};
 use crate::tasks::TaskManager;
 
@@ -112,13 +112,13 @@ fn check_builtins_binary(builtins: &[Builtin]) {
         if !seen.insert(&b.command) {
             continue;
         }
-        let c = crate::loader::Candidate {
+        let c = crate::plugins::candidate::Candidate {
             path: b.command.clone(),
             args: b.args.clone(),
             source: drover_api::PluginSource::Builtin,
             label: b.name.clone(),
         };
-        if let Err(reason) = crate::loader::open_checked(&c) {
+        if let Err(reason) = crate::plugins::trust::open_checked(&c) {
             let names: Vec<&str> = builtins
                 .iter()
                 .filter(|o| o.command == b.command)
@@ -219,7 +219,7 @@ pub async fn run(
     let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store.clone()));
     tasks.load()?;
     // An upgraded plugin's tasks move to its new instance through the task manager.
-    let handover: Arc<dyn crate::catalog::TaskHandover> = tasks.clone();
+    let handover: Arc<dyn crate::plugins::catalog::TaskHandover> = tasks.clone();
     catalog.set_handover(Arc::downgrade(&handover));
     let plugins_stop = stop.child_token();
     // Allocation runners report every status change here; the cluster client batches
@@ -252,7 +252,7 @@ pub async fn run(
         .load(&config, &builtins, ctx, plugins_stop.clone())
         .await;
     if config.watch_plugin_dir {
-        tokio::spawn(crate::plugin_watch::run(
+        tokio::spawn(crate::plugins::watch::run(
             catalog.clone(),
             plugin_dir.clone(),
             plugins_stop.clone(),

@@ -20,10 +20,10 @@ use drover_api::{
 };
 
 use crate::allocs::AllocManager;
-use crate::catalog::{Catalog, LoadedPlugin};
 use crate::cluster::forward::Forwarder;
 use crate::limits::{CapError, LimitedListener, StreamCaps};
 use crate::logs::{FollowOptions, LogChunk, LogStart};
+use crate::plugins::catalog::{Catalog, LoadedPlugin};
 use crate::tasks::TaskManager;
 use drover_api::PluginState;
 

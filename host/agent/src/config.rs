@@ -30,7 +30,7 @@ pub struct PluginSettings {
     pub config: serde_json::Value,
     /// Expected sha256 (64 hex digits) of the plugin binary, checked on the open file
     /// before every exec. Once any plugin has a pin, external binaries run only when
-    /// pinned (see `loader::Policy`).
+    /// pinned (see `trust::Policy`).
     #[serde(default)]
     pub sha256: Option<String>,
     /// Load this driver library (`NAME.so` or `libNAME.so` in `plugin_dir`) into the

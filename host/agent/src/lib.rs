@@ -7,15 +7,12 @@
 pub mod agent;
 pub mod allocs;
 pub mod api;
-pub mod catalog;
 pub mod cluster;
 pub mod config;
 pub mod dirs;
-pub mod instance;
 pub mod limits;
-pub mod loader;
 pub mod logs;
-pub mod plugin_watch;
+pub mod plugins;
 pub mod private_file;
 pub mod state;
 pub mod tasks;

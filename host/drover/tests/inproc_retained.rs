@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::inproc::gcc_library;
-use drover_host::loader::{self, Binary, Policy, library::MAX_RETAINED_LIBRARIES};
+use drover_host::plugins::library::MAX_RETAINED_LIBRARIES;
+use drover_host::plugins::trust::{self, Binary, Policy};
+use drover_host::plugins::{candidate, loader};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_retained_libraries_bound_a_new_library_is_refused() {
@@ -27,10 +29,10 @@ async fn past_the_retained_libraries_bound_a_new_library_is_refused() {
             return;
         };
         std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let c = loader::Candidate::external(library);
-        let (fd, _) = loader::open_checked(&c).unwrap_or_else(|e| panic!("{e}"));
+        let c = candidate::Candidate::external(library);
+        let (fd, _) = trust::open_checked(&c).unwrap_or_else(|e| panic!("{e}"));
         let binary = Binary {
-            sha256: loader::sha256_fd(&fd).unwrap(),
+            sha256: trust::sha256_fd(&fd).unwrap(),
             fd: Arc::new(fd),
         };
         let policy = Policy {

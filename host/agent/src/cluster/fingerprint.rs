@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use drover_api::PluginState;
 use drover_server_api::{DriverInfo, NodeResources};
 
-use crate::catalog::Catalog;
+use crate::plugins::catalog::Catalog;
 
 /// Used when neither sysfs nor /proc/cpuinfo tells the CPU's frequency (some VMs and
 /// ARM boards): the node's CPU capacity is then cores × this.

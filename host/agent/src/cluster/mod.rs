@@ -41,8 +41,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::allocs::AllocManager;
-use crate::catalog::Catalog;
 use crate::config::AgentConfig;
+use crate::plugins::catalog::Catalog;
 
 pub use connection::{ServerConnection, TokenInterceptor, connect};
 use queue::{Backoff, StatusQueue};

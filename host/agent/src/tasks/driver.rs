@@ -11,7 +11,7 @@ use drover_plugin_sdk::{
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
-use crate::catalog::{Catalog, LoadedPlugin};
+use crate::plugins::catalog::{Catalog, LoadedPlugin};
 use drover_api::PluginState;
 
 /// One driver as the task manager sees it. Every call goes to the driver's current

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use driver::{Drivers, TaskDriver};
 
-use crate::catalog::{Catalog, HandoverProgress};
+use crate::plugins::catalog::{Catalog, HandoverProgress};
 use crate::state::{StateError, StateStore};
 use drover_api::PluginState;
 use hooks::TaskHook;
@@ -520,7 +520,7 @@ impl TaskManager {
         } else {
             req.config.clone()
         };
-        crate::loader::validate(&driver.task_schema(), &config).map_err(|e| {
+        crate::plugins::loader::validate(&driver.task_schema(), &config).map_err(|e| {
             DriverError::InvalidConfig(format!("task config for driver {:?}: {e}", req.driver))
         })?;
         let settings = Settings::from_request(&req)?;
@@ -984,7 +984,7 @@ impl TaskManager {
 /// The catalog hands an upgraded driver's tasks over through this (it does not know
 /// the task manager): the runners re-attach on their own when the driver's
 /// generation changes; the catalog only waits until none is behind.
-impl crate::catalog::TaskHandover for TaskManager {
+impl crate::plugins::catalog::TaskHandover for TaskManager {
     fn handover_progress(&self, driver: &str, generation: u64) -> HandoverProgress {
         TaskManager::handover_progress(self, driver, generation)
     }

@@ -1523,7 +1523,7 @@ async fn the_api_router_answers_the_typed_client() {
     let sock = env._dir.path().join("api.sock");
     let listener = tokio::net::UnixListener::bind(&sock).unwrap();
     let state = crate::api::ApiState {
-        catalog: Arc::new(crate::catalog::Catalog::default()),
+        catalog: Arc::new(crate::plugins::catalog::Catalog::default()),
         tasks: env.mgr.clone(),
         streams: Default::default(),
         allocs: None,
@@ -1692,7 +1692,7 @@ async fn the_api_router_forwards_the_cluster_api_only() {
         let sock = env._dir.path().join(name);
         let listener = tokio::net::UnixListener::bind(&sock).unwrap();
         let state = crate::api::ApiState {
-            catalog: Arc::new(crate::catalog::Catalog::default()),
+            catalog: Arc::new(crate::plugins::catalog::Catalog::default()),
             tasks: env.mgr.clone(),
             streams: Default::default(),
             allocs: None,
@@ -1818,7 +1818,7 @@ async fn what_the_driver_says_about_a_task_is_in_its_events_bounded_and_cleaned(
 }
 
 /// Live tasks and how many are behind, of a hand-over's progress.
-fn counts(p: crate::catalog::HandoverProgress) -> (usize, usize) {
+fn counts(p: crate::plugins::catalog::HandoverProgress) -> (usize, usize) {
     (p.tasks, p.behind)
 }
 

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use drover_host::config::{AgentConfig, LogFormat};
-use drover_host::loader::Builtin;
+use drover_host::plugins::candidate::Builtin;
 
 use crate::BUILTINS;
 

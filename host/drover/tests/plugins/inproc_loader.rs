@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::inproc::{built_library, gcc_library};
-use drover_host::loader::{self, Binary, Candidate, CandidateKind, Policy};
+use drover_host::plugins::candidate::{Candidate, CandidateKind};
+use drover_host::plugins::trust::{self, Binary, Policy};
+use drover_host::plugins::{library, loader};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -56,8 +58,8 @@ fn fixture_candidate(trailer: &str) -> Option<(tempfile::TempDir, PathBuf, Candi
 /// Open and check the candidate's file as the catalog does before every load, and
 /// hash the bytes behind the descriptor.
 fn checked(c: &Candidate) -> Binary {
-    let (fd, _) = loader::open_checked(c).unwrap_or_else(|e| panic!("{e}"));
-    let sha256 = loader::sha256_fd(&fd).unwrap();
+    let (fd, _) = trust::open_checked(c).unwrap_or_else(|e| panic!("{e}"));
+    let sha256 = trust::sha256_fd(&fd).unwrap();
     Binary {
         fd: Arc::new(fd),
         sha256,
@@ -206,7 +208,7 @@ async fn a_library_too_large_to_keep_in_memory_is_not_copied() {
     std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o700)).unwrap();
     let big = std::fs::File::create(plugins.join("big.so")).unwrap();
     // Sparse: nothing is written, nothing is read before the refusal.
-    big.set_len(loader::library::MAX_LIBRARY_BYTES + 1).unwrap();
+    big.set_len(library::MAX_LIBRARY_BYTES + 1).unwrap();
     // Closed: a library still open for writing is not even scanned.
     drop(big);
     std::fs::set_permissions(
@@ -215,7 +217,7 @@ async fn a_library_too_large_to_keep_in_memory_is_not_copied() {
     )
     .unwrap();
     let c = only_candidate(&plugins);
-    let (fd, _) = loader::open_checked(&c).unwrap();
+    let (fd, _) = trust::open_checked(&c).unwrap();
     let binary = Binary {
         fd: Arc::new(fd),
         sha256: "0".repeat(64),
@@ -224,8 +226,8 @@ async fn a_library_too_large_to_keep_in_memory_is_not_copied() {
     assert!(
         err.contains(&format!(
             "is {} bytes, more than the {} a driver library may have",
-            loader::library::MAX_LIBRARY_BYTES + 1,
-            loader::library::MAX_LIBRARY_BYTES
+            library::MAX_LIBRARY_BYTES + 1,
+            library::MAX_LIBRARY_BYTES
         )),
         "{err}"
     );
@@ -329,7 +331,7 @@ async fn a_library_still_open_for_writing_is_not_loaded_until_it_is_closed() {
         .append(true)
         .open(plugins.join("fixture-library.so"))
         .unwrap();
-    let err = loader::open_checked(&c).map(|_| ()).unwrap_err();
+    let err = trust::open_checked(&c).map(|_| ()).unwrap_err();
     assert!(
         err.contains("fixture-library.so is still open for writing"),
         "{err}"
@@ -347,7 +349,7 @@ async fn a_library_still_open_for_writing_is_not_loaded_until_it_is_closed() {
     let (candidates, skipped) = loader::scan_plugin_dir(&plugins);
     assert!(skipped.is_empty(), "{skipped:#?}");
     assert_eq!(candidates.len(), 1, "{candidates:#?}");
-    assert!(loader::open_checked(&c).is_ok());
+    assert!(trust::open_checked(&c).is_ok());
 }
 
 /// Bytes `dlopen` refuses (a dependency that is not installed) leave nothing behind:
@@ -581,7 +583,7 @@ async fn a_library_changing_while_it_settles_is_not_copied() {
     // the settle time.
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let writer = std::thread::spawn(move || {
-        std::thread::sleep(loader::library::SETTLE / 5);
+        std::thread::sleep(library::SETTLE / 5);
         let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
         std::io::Write::write_all(&mut f, b" and more").unwrap();
     });

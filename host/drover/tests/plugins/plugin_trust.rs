@@ -16,7 +16,7 @@ fn plugin_dir(root: &Path) -> std::path::PathBuf {
 }
 
 fn sha256(path: &Path) -> String {
-    drover_host::loader::sha256_file(path).unwrap()
+    drover_host::plugins::trust::sha256_file(path).unwrap()
 }
 
 fn by_path<'a>(rows: &'a [serde_json::Value], file: &str) -> Option<&'a serde_json::Value> {
@@ -169,20 +169,21 @@ fn a_crashed_plugin_is_not_relaunched_from_a_world_writable_binary() {
 /// between the check and the exec.
 #[tokio::test]
 async fn the_bytes_checked_are_the_bytes_executed() {
-    use drover_host::loader;
+    use drover_host::plugins::candidate::Candidate;
+    use drover_host::plugins::{loader, trust};
     let root = tempfile::tempdir().unwrap();
     let dir = plugin_dir(root.path());
     let path = dir.join("skeleton");
     std::fs::copy(workspace_bin("drover-skeleton-driver"), &path).unwrap();
-    let candidate = loader::Candidate {
+    let candidate = Candidate {
         path: path.clone(),
         args: Vec::new(),
         source: drover_api::PluginSource::External,
         label: "skeleton".into(),
     };
-    let (fd, _) = loader::open_checked(&candidate).unwrap();
-    let binary = loader::Binary {
-        sha256: loader::sha256_fd(&fd).unwrap(),
+    let (fd, _) = trust::open_checked(&candidate).unwrap();
+    let binary = trust::Binary {
+        sha256: trust::sha256_fd(&fd).unwrap(),
         fd: std::sync::Arc::new(fd),
     };
     assert_eq!(binary.sha256, sha256(&path));

@@ -279,7 +279,7 @@ fn operator_settings_allow_deny_pin_and_config_are_enforced() {
     wrap("configured", "FIXTURE_NAME=configured");
     wrap("unpinned", "FIXTURE_NAME=unpinned");
     // Once any pin is set, every external binary needs one: pin the good ones.
-    let sha = |p: &std::path::Path| drover_host::loader::sha256_file(p).unwrap();
+    let sha = |p: &std::path::Path| drover_host::plugins::trust::sha256_file(p).unwrap();
     let config = root.path().join("agent.toml");
     std::fs::write(
         &config,

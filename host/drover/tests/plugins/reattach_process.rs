@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use drover_host::catalog::{Catalog, LoadContext};
 use drover_host::config::AgentConfig;
-use drover_host::loader::Builtin;
+use drover_host::plugins::candidate::Builtin;
+use drover_host::plugins::catalog::{Catalog, LoadContext};
 use drover_host::state::{ErrorStore, Fail, MemStore, PluginRecord, StateStore};
 use drover_plugin_sdk::client::{
     LaunchOptions, PluginProcess, ReattachConfig, ReattachError, process_start_time,
@@ -241,7 +241,7 @@ async fn catalog_reattaches_from_its_records_and_launches_once() {
     assert_eq!(recs[0].args, ["plugin", "serve", "rawexec"]);
     assert_eq!(
         recs[0].sha256,
-        drover_host::loader::sha256_file(&drover()).unwrap()
+        drover_host::plugins::trust::sha256_file(&drover()).unwrap()
     );
     // The "agent" goes away without stopping its plugins.
     stop.cancel();
@@ -306,7 +306,7 @@ async fn record_of_a_foreign_or_hung_process_is_dropped_within_the_budget() {
             version: "0.1.0".into(),
             api_version: "1.0.0".into(),
             args: vec!["plugin".into(), "serve".into(), "rawexec".into()],
-            sha256: drover_host::loader::sha256_file(&drover()).unwrap(),
+            sha256: drover_host::plugins::trust::sha256_file(&drover()).unwrap(),
             reattach: ReattachConfig {
                 addr: PluginAddr::Unix(sock),
                 pid: sleeper.id(),

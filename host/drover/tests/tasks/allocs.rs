@@ -17,9 +17,9 @@ use std::time::Duration;
 use common::drover;
 use drover_api::{RunRequest, TaskView};
 use drover_host::allocs::{AllocManager, AllocTaskHook, HookContext, HookState, default_hooks};
-use drover_host::catalog::{Catalog, LoadContext};
 use drover_host::config::{AgentConfig, PluginSettings};
-use drover_host::loader::Builtin;
+use drover_host::plugins::candidate::Builtin;
+use drover_host::plugins::catalog::{Catalog, LoadContext};
 use drover_host::state::{ErrorStore, Fail, RedbStore, StateStore};
 use drover_host::tasks::TaskManager;
 use drover_server_api::{

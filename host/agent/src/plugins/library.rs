@@ -1,8 +1,8 @@
 //! Driver libraries loaded into the agent (`NAME.so` in `plugin_dir` with
 //! `[plugin.NAME] in_process = true`).
 //!
-//! The file was opened and checked like a plugin binary ([`super::open_checked`]) and
-//! the [`super::Policy`] has passed the hash of the bytes behind that descriptor. What
+//! The file was opened and checked like a plugin binary ([`super::trust::open_checked`]) and
+//! the [`super::trust::Policy`] has passed the hash of the bytes behind that descriptor. What
 //! is loaded is a sealed copy of those bytes ([`sealed_copy`]: a memfd that nothing
 //! can write, grow or shrink any more), hashed again: the copy must hash to what was
 //! checked, or nothing is loaded. The SDK then `dlopen`s the copy through
@@ -33,7 +33,8 @@ use drover_plugin_sdk::client::{
     InProcessLibrary, InProcessOptions, InProcessPlugin, LoadError, sealed_copy,
 };
 
-use super::{Binary, Candidate, sha256_fd};
+use super::candidate::Candidate;
+use super::trust::{Binary, sha256_fd};
 
 /// The largest driver library loaded. Its sealed copy stays in memory for the life of
 /// the agent (a debug build of rawexec is 29 MB, a release build a third of that), so
@@ -126,7 +127,7 @@ impl Drop for Reservation {
 /// The running plugin of `candidate`'s library, whose checked bytes are `binary`:
 /// loaded now, or the library already loaded with these bytes started afresh. The
 /// error is a reason for `plugin status`.
-pub async fn load(
+pub(super) async fn load(
     candidate: &Candidate,
     binary: &Binary,
     timeout: Duration,

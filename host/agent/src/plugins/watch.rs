@@ -11,7 +11,7 @@
 //! slower than `MAX_DELAY`) is not served: a binary still open for writing cannot be
 //! executed (`ETXTBSY`), and a driver library is not loaded while anyone has it open
 //! for writing or while it changed less than the loader's settle time ago, and is
-//! refused on its ELF image if it is cut short (`loader::library`). Its writer's
+//! refused on its ELF image if it is cut short ([`super::library`]). Its writer's
 //! `CLOSE_WRITE` starts the reload that tries it again.
 
 use std::os::fd::OwnedFd;
@@ -23,7 +23,7 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 
-use crate::catalog::Catalog;
+use super::catalog::Catalog;
 
 /// Quiet time after the last event before reloading.
 const QUIET: Duration = Duration::from_millis(250);

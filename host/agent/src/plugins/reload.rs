@@ -8,89 +8,32 @@
 //! - a new file is checked, launched, fingerprinted and configured, then serves;
 //! - a file that wins a name already served (a higher version, or the serving file
 //!   replaced in place) is an upgrade: the new instance is launched, fingerprinted and
-//!   configured first, proves with `RecoverTask` that it can take every running task
-//!   while the old one serves, then replaces the old one in its [`LoadedPlugin`] (a
-//!   generation bump), every task of the driver is handed over to it (`RecoverTask`, by
-//!   the task runners), and only then is the old instance shut down. A new instance
-//!   that fails anywhere before the swap leaves the old one serving, with the reason on
-//!   both rows; one that refuses a task after the swap is rolled back. A file other
-//!   than the serving one takes a name over only when it is named after the plugin or
-//!   pinned ([`takeover_consent`]): plugins say their own names;
+//!   configured first, proves that it can take every running task, replaces the old
+//!   one and takes its tasks over, or the old one keeps serving (`reload/upgrade.rs`).
+//!   A file other than the serving one takes a name over only when it is named after
+//!   the plugin or pinned ([`takeover_consent`]): plugins say their own names;
 //! - a removed file hands its tasks to another candidate for the name if there is one
 //!   (the built-in, say), or else stops taking new tasks and leaves once its running
 //!   tasks have ended.
 
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use drover_api::{PluginChange, PluginChangeKind, PluginSource, PluginStatus};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
-use super::{
-    Catalog, LoadContext, LoadedPlugin, Skipped, configure, launch_checked, live_from, lock,
-    supervise,
-};
-use crate::config::AgentConfig;
-use crate::instance::PluginInstance;
-use crate::loader::{self, Builtin, Candidate, Fingerprinted};
+use super::candidate::{self, Candidate};
+use super::catalog::{Catalog, LoadedPlugin, ReloadEnv, Skipped, TaskHandover, lock};
+use super::instance::PluginInstance;
+use super::loader::{self, Fingerprinted};
+use super::supervise::{configure, launch_checked, supervise};
+use super::trust;
 
-/// How long an upgrade waits for every task of the driver to move to the new instance
-/// before it shuts the old one down all the same (a task still behind then finds the
-/// old instance gone and attaches to the new one, as after a crash).
-const HANDOVER_TIMEOUT: Duration = Duration::from_secs(30);
+mod upgrade;
 
 /// Launches (or library loads) one reload runs at once: each may be a plugin process
 /// starting or a library of up to 256 MiB being copied, and a 2-core machine given
 /// dozens at once times their handshakes out.
 const RELOAD_LAUNCHES: usize = 4;
-
-/// `RecoverTask` probes of a new instance in flight at once, before it replaces the
-/// serving one.
-const PROBE_CONCURRENCY: usize = 8;
-
-/// Bound on one `RecoverTask` probe of a new instance. A probe that does not answer in
-/// time says nothing about the task (the hand-over's own recovery retries it).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where a hand-over stands, from [`TaskHandover::handover_progress`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HandoverProgress {
-    /// Tasks of the driver that are not dead.
-    pub tasks: usize,
-    /// How many of them are still attached to an older instance.
-    pub behind: usize,
-    /// The first task the instance on probation refused, and its answer.
-    pub refused: Option<(String, String)>,
-}
-
-/// What the catalog needs from whoever runs tasks (the task manager), so that it can
-/// hand a driver's tasks to a new instance without knowing the task manager's types.
-/// Installed at wiring with [`Catalog::set_handover`].
-pub trait TaskHandover: Send + Sync {
-    /// Tasks of `driver` that are not dead, how many of them are still attached to an
-    /// instance older than `generation`, and which one the instance of `generation`
-    /// refused (see [`crate::tasks::TaskDriver::on_probation`]).
-    fn handover_progress(&self, driver: &str, generation: u64) -> HandoverProgress;
-    /// The ids and handles of `driver`'s live tasks that have a handle, for a new
-    /// instance to prove with `RecoverTask` that it can take them before it serves.
-    fn live_handles(&self, driver: &str) -> Vec<(String, drover_plugin_sdk::TaskHandle)>;
-    /// Sees a change whenever a task attaches to a driver instance or ends.
-    fn attachments(&self) -> watch::Receiver<u64>;
-}
-
-/// What a reload needs, kept from [`Catalog::load`].
-pub(super) struct ReloadEnv {
-    plugin_dir: PathBuf,
-    prefer_builtin: bool,
-    builtins: Vec<Builtin>,
-    ctx: Arc<LoadContext>,
-    policy: Arc<loader::Policy>,
-    /// Parent of every plugin's supervisor token.
-    stop: CancellationToken,
-}
 
 /// The changes of one reload, each logged as it is made.
 #[derive(Default)]
@@ -147,24 +90,6 @@ fn removed(path: &std::path::Path) -> bool {
 }
 
 impl Catalog {
-    pub(super) fn set_reload_env(
-        &self,
-        config: &AgentConfig,
-        builtins: &[Builtin],
-        ctx: &Arc<LoadContext>,
-        policy: &Arc<loader::Policy>,
-        stop: &CancellationToken,
-    ) {
-        *lock(&self.reload_env) = Some(Arc::new(ReloadEnv {
-            plugin_dir: config.plugin_dir(),
-            prefer_builtin: config.prefer_builtin,
-            builtins: builtins.to_vec(),
-            ctx: ctx.clone(),
-            policy: policy.clone(),
-            stop: stop.clone(),
-        }));
-    }
-
     fn serving(&self) -> Vec<Arc<LoadedPlugin>> {
         self.loaded
             .read()
@@ -277,14 +202,14 @@ impl Catalog {
         let serving = self.serving();
         let mut fresh = Vec::new();
         for c in scanned {
-            if let Err(reason) = loader::allowed(&c.label, &env.policy.allow, &env.policy.deny) {
-                refuse(loader::skipped_status(&c, reason), &mut rows);
+            if let Err(reason) = trust::allowed(&c.label, &env.policy.allow, &env.policy.deny) {
+                refuse(candidate::skipped_status(&c, reason), &mut rows);
                 continue;
             }
             let sha = match self.records.check(&c).await {
                 Ok(binary) => binary.sha256,
                 Err(reason) => {
-                    refuse(loader::skipped_status(&c, reason), &mut rows);
+                    refuse(candidate::skipped_status(&c, reason), &mut rows);
                     continue;
                 }
             };
@@ -352,7 +277,7 @@ impl Catalog {
             }
         }
         changes.push(PluginChangeKind::Failed, &c.label, &c.path, reason.clone());
-        self.skip_of(c, None, loader::skipped_status(c, reason));
+        self.skip_of(c, None, candidate::skipped_status(c, reason));
     }
 
     /// A new or changed file was fingerprinted: add it, upgrade to it, or skip it.
@@ -424,7 +349,7 @@ impl Catalog {
     /// The row of a fingerprinted candidate that does not serve.
     /// `lost`: it works, but another file serves its name.
     fn skip_fingerprinted(&self, fp: &Fingerprinted, reason: String, lost: bool) {
-        let mut row = loader::skipped_status(&fp.candidate, reason);
+        let mut row = candidate::skipped_status(&fp.candidate, reason);
         row.name = fp.info.name.clone();
         row.version = fp.info.version.clone();
         self.drop_rows_of(&fp.candidate);
@@ -474,328 +399,6 @@ impl Catalog {
             self.records.clone(),
             env.policy.clone(),
         ));
-    }
-
-    /// Replace `p`'s instance with `fp`'s and hand every task over to it; on any
-    /// failure before the swap the old instance keeps serving, and so it does when the
-    /// new one refuses a task after the swap (the swap is rolled back). Returns whether
-    /// `fp` now serves.
-    async fn upgrade(
-        &self,
-        p: &Arc<LoadedPlugin>,
-        fp: Fingerprinted,
-        env: &ReloadEnv,
-        changes: &mut Changes,
-    ) -> bool {
-        let started = Instant::now();
-        let (old_c, old_sha, old_version) = {
-            let live = p.live();
-            (
-                live.candidate.clone(),
-                live.sha256.clone(),
-                live.version.clone(),
-            )
-        };
-        let (new_c, new_version) = (fp.candidate.clone(), fp.info.version.clone());
-        if let Err(reason) = configure(&fp, &env.ctx.settings(&p.name), &env.ctx, &env.policy).await
-        {
-            self.upgrade_failed(p, &fp, &old_version, reason, changes)
-                .await;
-            fp.process.shutdown().await;
-            return false;
-        }
-        // While the old instance still serves, the new one proves it can take every
-        // running task: a refusal here (a handle encoding it cannot read, say) must not
-        // turn the tasks into lost ones after the swap.
-        if let Err(reason) = self.probe(&p.name, &fp).await {
-            self.upgrade_failed(p, &fp, &old_version, reason, changes)
-                .await;
-            fp.process.shutdown().await;
-            return false;
-        }
-        let moving = self
-            .handover()
-            .map_or(0, |h| h.handover_progress(&p.name, 0).tasks);
-        if !same_file(&old_c, &new_c) {
-            tracing::warn!(
-                plugin = %p.name,
-                from = %old_c.path.display(),
-                to = %new_c.path.display(),
-                tasks = moving,
-                "{} takes {:?} over: {moving} running tasks move to it",
-                new_c.path.display(),
-                p.name
-            );
-        }
-        let new_pid = pid_text(&fp.process);
-        // Recorded before the swap: an agent killed during the hand-over finds the new
-        // instance at its next start (and sweeps the old one as a stray).
-        self.records.save(&fp).await;
-        self.drop_rows_of(&new_c);
-        let fp_row = loader::skipped_status(&fp.candidate, String::new());
-        let (old, generation) = {
-            let _swap = p.swap.lock().await;
-            let mut live = p.live();
-            let mut next = live_from(fp);
-            // The old instance's health stands until the new one's first fingerprint,
-            // which its supervisor asks for at once: no gap where StartTask is refused.
-            next.state = live.state;
-            next.reason = live.reason.clone();
-            next.attributes = live.attributes.clone();
-            let old = std::mem::replace(&mut *live, next);
-            drop(live);
-            let generation = *p.generation.borrow() + 1;
-            p.probation.store(generation, Ordering::SeqCst);
-            p.generation.send_replace(generation);
-            (old, generation)
-        };
-        self.changes.send_modify(|n| *n += 1);
-        let new_process = p.process();
-        let progress = match self.wait_handover(p, generation, &new_process).await {
-            Ok(progress) => progress,
-            Err(why) => {
-                let reason = format!("version {new_version} {why}");
-                self.roll_back(p, old, fp_row, &new_version, &reason, changes)
-                    .await;
-                return false;
-            }
-        };
-        p.probation.store(0, Ordering::SeqCst);
-        let handover_ms = started.elapsed().as_millis();
-        let old_pid = pid_text(&old.process);
-        let how = old.process.shutdown().await;
-        if !same_file(&old_c, &new_c) && !removed(&old_c.path) {
-            let mut row = loader::skipped_status(
-                &old_c,
-                format!(
-                    "another binary also provides {:?}: {} (version {new_version}, {:?}) serves \
-                     it instead",
-                    p.name,
-                    new_c.path.display(),
-                    new_c.source
-                ),
-            );
-            row.name = p.name.clone();
-            row.version = old_version.clone();
-            self.skip_lost(&old_c, old_sha, row);
-        }
-        // A hand-over that ends with tasks still behind is rolled back instead.
-        let moved = format!("{} running tasks handed over", progress.tasks);
-        changes.push(
-            PluginChangeKind::Upgraded,
-            &p.name,
-            &new_c.path,
-            format!(
-                "version {old_version} ({}, pid {old_pid}) replaced by version {new_version} \
-                 (pid {new_pid}) without a restart: {moved} in {handover_ms} ms; old instance \
-                 stopped ({how})",
-                old_c.path.display()
-            ),
-        );
-        true
-    }
-
-    /// The rows of an upgrade that did not happen: a skipped row for the new file and
-    /// a note on the serving row, both saying why.
-    async fn upgrade_failed(
-        &self,
-        p: &LoadedPlugin,
-        fp: &Fingerprinted,
-        old_version: &str,
-        reason: String,
-        changes: &mut Changes,
-    ) {
-        let why = format!(
-            "upgrade to version {} from {} failed: {reason}",
-            fp.info.version,
-            fp.candidate.path.display()
-        );
-        self.skip_fingerprinted(
-            fp,
-            format!("{why}; version {old_version} keeps serving"),
-            false,
-        );
-        p.set_upgrade_failed(Some((
-            fp.candidate.path.clone(),
-            format!("{why}; this version keeps serving"),
-        )));
-        changes.push(PluginChangeKind::Failed, &p.name, &fp.candidate.path, why);
-    }
-
-    /// `RecoverTask` on `fp`'s new instance with the handle of every live task of
-    /// `driver`, while the old instance still serves. Fails on the first answer other
-    /// than `Ok` (a refusal, an error, a transport failure: a new instance that
-    /// crashes or errors on a task it must take is no better than one that refuses
-    /// it), when the probes together take longer than [`HANDOVER_TIMEOUT`], and when
-    /// the new instance has exited by the end.
-    async fn probe(&self, driver: &str, fp: &Fingerprinted) -> Result<(), String> {
-        let version = fp.info.version.clone();
-        let handles = self
-            .handover()
-            .map(|h| h.live_handles(driver))
-            .unwrap_or_default();
-        let client = fp.process.client();
-        let slots = Arc::new(tokio::sync::Semaphore::new(PROBE_CONCURRENCY));
-        let mut probes = tokio::task::JoinSet::new();
-        for (id, handle) in handles {
-            let (client, slots) = (client.clone(), slots.clone());
-            probes.spawn(async move {
-                // Never closed: acquiring cannot fail.
-                let _slot = slots.acquire_owned().await.ok();
-                let answer = tokio::time::timeout(PROBE_TIMEOUT, client.recover_task(handle)).await;
-                (id, answer)
-            });
-        }
-        let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
-        let mut probed = 0;
-        // Dropping the set on a failure aborts the probes still running.
-        loop {
-            let joined = match tokio::time::timeout_at(deadline, probes.join_next()).await {
-                Ok(Some(joined)) => joined,
-                Ok(None) => break,
-                Err(_) => {
-                    return Err(format!(
-                        "version {version} did not recover the running tasks within \
-                         {HANDOVER_TIMEOUT:?} ({probed} recovered)"
-                    ));
-                }
-            };
-            let (id, answer) = joined
-                .map_err(|e| format!("a RecoverTask probe of version {version} failed: {e}"))?;
-            match answer {
-                Ok(Ok(())) => probed += 1,
-                Ok(Err(e)) => return Err(format!("version {version} cannot take task {id}: {e}")),
-                Err(_) => {
-                    return Err(format!(
-                        "version {version} did not answer RecoverTask for task {id} within \
-                         {PROBE_TIMEOUT:?}"
-                    ));
-                }
-            }
-        }
-        if fp.process.has_exited() {
-            return Err(format!(
-                "version {version} exited while it recovered the running tasks ({probed} recovered)"
-            ));
-        }
-        tracing::debug!(plugin = %driver, probed, "new instance recovered every running task");
-        Ok(())
-    }
-
-    /// The new instance refused a task after the swap: put the old instance back (a
-    /// generation bump, so that every task attaches to it again), shut the new one
-    /// down, and say why on both rows.
-    async fn roll_back(
-        &self,
-        p: &Arc<LoadedPlugin>,
-        old: super::Live,
-        mut new_row: PluginStatus,
-        new_version: &str,
-        reason: &str,
-        changes: &mut Changes,
-    ) {
-        // Its record first (the new instance's replaced it before the swap), so that
-        // an agent killed now reattaches to the instance that keeps the tasks.
-        if old.process.reattach_config().is_some() {
-            self.records.save_live(&p.name, &old).await;
-        } else {
-            self.records.forget(&p.name).await;
-        }
-        let new = {
-            let _swap = p.swap.lock().await;
-            let mut live = p.live();
-            let mut old = old;
-            old.state = live.state;
-            old.reason = live.reason.clone();
-            let new = std::mem::replace(&mut *live, old);
-            drop(live);
-            p.probation.store(0, Ordering::SeqCst);
-            p.generation.send_modify(|g| *g += 1);
-            new
-        };
-        let old_version = p.live().version.clone();
-        let why = format!(
-            "upgrade to version {new_version} from {} rolled back: {reason}",
-            new.candidate.path.display()
-        );
-        tracing::warn!(plugin = %p.name, "{why}; version {old_version} keeps serving");
-        let how = new.process.shutdown().await;
-        tracing::info!(plugin = %p.name, "refused instance stopped ({how})");
-        new_row.name = p.name.clone();
-        new_row.version = new_version.to_owned();
-        new_row.reason = format!("{why}; version {old_version} keeps serving");
-        self.drop_rows_of(&new.candidate);
-        self.skip_of(&new.candidate, Some(new.sha256.clone()), new_row);
-        p.set_upgrade_failed(Some((
-            new.candidate.path.clone(),
-            format!("{why}; this version keeps serving"),
-        )));
-        self.changes.send_modify(|n| *n += 1);
-        changes.push(PluginChangeKind::Failed, &p.name, &new.candidate.path, why);
-    }
-
-    /// Wait (bounded) until no running task of `p` is attached to an instance older
-    /// than `generation`. Fails (the caller rolls back) when the instance of
-    /// `generation` refuses or fails to recover a task, exits, is replaced, or when
-    /// tasks are still behind at [`HANDOVER_TIMEOUT`].
-    async fn wait_handover(
-        &self,
-        p: &LoadedPlugin,
-        generation: u64,
-        new: &crate::instance::PluginInstance,
-    ) -> Result<HandoverProgress, String> {
-        let driver = p.name.as_str();
-        let mut attachments = self.handover().map(|h| h.attachments());
-        let mut generations = p.generation();
-        let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
-        loop {
-            if let Some(a) = attachments.as_mut() {
-                a.borrow_and_update();
-            }
-            generations.borrow_and_update();
-            let progress = self
-                .handover()
-                .map(|h| h.handover_progress(driver, generation))
-                .unwrap_or_default();
-            if let Some((task, why)) = progress.refused {
-                return Err(format!("cannot take task {task}: {why}"));
-            }
-            if new.has_exited() {
-                return Err("exited during the hand-over".to_owned());
-            }
-            if *p.generation.borrow() != generation {
-                return Err("was replaced during the hand-over".to_owned());
-            }
-            if progress.behind == 0 {
-                return Ok(progress);
-            }
-            let changed = async {
-                match attachments.as_mut() {
-                    Some(a) => a.changed().await.is_ok(),
-                    None => std::future::pending().await,
-                }
-            };
-            let woke = tokio::time::timeout_at(deadline, async {
-                tokio::select! {
-                    ok = changed => ok,
-                    _ = new.exited() => true,
-                    ok = generations.changed() => ok.is_ok(),
-                }
-            })
-            .await;
-            if !matches!(woke, Ok(true)) {
-                tracing::warn!(
-                    plugin = %driver,
-                    tasks = progress.tasks,
-                    behind = progress.behind,
-                    "not every task moved to the new instance within {HANDOVER_TIMEOUT:?}"
-                );
-                return Err(format!(
-                    "did not take {} of {} running tasks over within {HANDOVER_TIMEOUT:?}",
-                    progress.behind, progress.tasks
-                ));
-            }
-        }
     }
 
     /// `p`'s file is gone: hand its tasks to another file that provides the name, or
@@ -971,7 +574,7 @@ impl Catalog {
 fn takeover_consent(
     fp: &Fingerprinted,
     serving: &Candidate,
-    policy: &loader::Policy,
+    policy: &trust::Policy,
 ) -> Result<(), String> {
     let name = fp.info.name.as_str();
     if consents(&fp.candidate, name, &fp.sha256, &policy.pins) {
