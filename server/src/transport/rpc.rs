@@ -29,8 +29,8 @@ use tonic::{Request, Response, Status};
 use tower::ServiceExt as _;
 
 use crate::error::ServerError;
-use crate::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 use crate::server::Server;
+use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 
 /// How the RPC listener authenticates, encrypts and bounds its connections.
 #[derive(Clone)]
@@ -38,7 +38,7 @@ pub struct RpcOptions {
     /// Every call must carry this token (`x-drover-token`), when set.
     pub token: Option<String>,
     /// TLS (rustls), when set.
-    pub tls: Option<crate::tls::TlsFiles>,
+    pub tls: Option<crate::transport::tls::TlsFiles>,
     /// A connection must complete its first call that passes the token check within
     /// this time of being accepted (TLS handshake and HTTP/2 preface included), or it
     /// is closed: a peer cannot hold a connection slot by sending nothing, or half a
@@ -237,7 +237,7 @@ impl Node for NodeRpc {
             // server's state: answer once that state has the registration.
             if let Ok(resp) = &r {
                 self.server
-                    .wait_applied(resp.get_ref().index, crate::forward::APPLY_WAIT)
+                    .wait_applied(resp.get_ref().index, crate::transport::forward::APPLY_WAIT)
                     .await;
             }
             return r;

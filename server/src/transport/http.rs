@@ -30,8 +30,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{LEADERSHIP_LOST_PREFIX, NOT_LEADER_PREFIX, ServerError};
-use crate::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 use crate::server::Server;
+use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 
 /// Largest request body accepted: a job file is a few KiB; this leaves room for big
 /// driver configs and refuses anything that would only eat memory.
@@ -83,7 +83,7 @@ impl IntoResponse for ApiError {
         let not_leader = self.0 == StatusCode::SERVICE_UNAVAILABLE
             && (self.1.starts_with(NOT_LEADER_PREFIX)
                 || self.1.starts_with(LEADERSHIP_LOST_PREFIX));
-        crate::forward::error_response(self.0.as_u16(), &self.1, not_leader)
+        crate::transport::forward::error_response(self.0.as_u16(), &self.1, not_leader)
     }
 }
 
@@ -622,7 +622,7 @@ async fn leader_status(State(api): State<Api>) -> ApiResult {
 /// The rustls server config for `files`: their certificate chain and key, and with a
 /// client CA, client certificates required (mutual TLS). Errors name the file.
 pub fn tls_server_config(
-    files: &crate::tls::TlsFiles,
+    files: &crate::transport::tls::TlsFiles,
 ) -> Result<rustls::ServerConfig, ServerError> {
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -701,7 +701,7 @@ pub fn tls_server_config(
 pub async fn serve(
     router: axum::Router,
     listener: TcpListener,
-    tls: Option<crate::tls::TlsFiles>,
+    tls: Option<crate::transport::tls::TlsFiles>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
     let acceptor = match &tls {

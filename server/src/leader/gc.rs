@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use drover_server_api::{Allocation, DesiredStatus, EvalStatus, JobType, NodeStatus};
 
+use crate::core::Core;
 use crate::error::ServerError;
 use crate::scheduler::StateView;
-use crate::server::Core;
 use crate::state::{Batch, State};
 
 /// Deletions in one commit at most (a bigger backlog is taken in several).

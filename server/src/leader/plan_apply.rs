@@ -19,9 +19,10 @@ use drover_server_api::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::core::Core;
 use crate::error::ServerError;
 use crate::scheduler::{Plan, StateView};
-use crate::server::{Core, new_eval, set_eval_status};
+use crate::state::evals::{new_eval, set_eval_status};
 use crate::state::{Batch, State};
 
 /// Plans committed together at most (they wait in the queue while one commits).

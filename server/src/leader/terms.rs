@@ -23,9 +23,9 @@ use futures_util::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::core::{Core, LeaderTerm, PLAN_QUEUE};
 use crate::error::ServerError;
 use crate::leader::Term;
-use crate::server::{Core, LeaderTerm, PLAN_QUEUE};
 use crate::state::Batch;
 use crate::store::{StoreChange, WatchEvent};
 
@@ -187,7 +187,7 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
                 .max(core.config.failover_heartbeat_ttl);
         {
             let mut timers = core.timers();
-            *timers = crate::heartbeat::Timers::default();
+            *timers = crate::leader::heartbeat::Timers::default();
             for n in st.all_nodes().filter(|n| n.status != NodeStatus::Down) {
                 timers.reset(&n.id, deadline);
             }
@@ -210,19 +210,26 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
     }
     core.forwarder.set_leader(Some(core.me.clone()));
     let mut tasks = vec![
-        tokio::spawn(crate::plan::run(core.clone(), plans_rx, stop.clone())),
-        tokio::spawn(crate::server::run_updates(
+        tokio::spawn(crate::leader::plan_apply::run(
+            core.clone(),
+            plans_rx,
+            stop.clone(),
+        )),
+        tokio::spawn(crate::leader::client_updates::run(
             core.clone(),
             updates_rx,
             stop.clone(),
         )),
-        tokio::spawn(crate::heartbeat::run(core.clone(), stop.clone())),
-        tokio::spawn(crate::blocked::run(core.clone(), stop.clone())),
-        tokio::spawn(crate::worker::run_expiry(core.clone(), stop.clone())),
-        tokio::spawn(crate::gc::run(core.clone(), stop.clone())),
+        tokio::spawn(crate::leader::heartbeat::run(core.clone(), stop.clone())),
+        tokio::spawn(crate::leader::blocked::run(core.clone(), stop.clone())),
+        tokio::spawn(crate::leader::worker::run_expiry(
+            core.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(crate::leader::gc::run(core.clone(), stop.clone())),
     ];
     for i in 0..core.config.workers {
-        tasks.push(tokio::spawn(crate::worker::run(
+        tasks.push(tokio::spawn(crate::leader::worker::run(
             core.clone(),
             i,
             stop.clone(),
@@ -245,7 +252,7 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
         let _ = t.await;
     }
     core.broker.clear();
-    *core.timers() = crate::heartbeat::Timers::default();
+    *core.timers() = crate::leader::heartbeat::Timers::default();
     false
 }
 

@@ -28,9 +28,9 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 
 use crate::config::ServerConfig;
+use crate::core::Core;
 use crate::error::ServerError;
 use crate::leader::{Election, ServerInfo};
-use crate::server::Core;
 use crate::store::BoxFuture;
 
 /// Marks a request (HTTP header, RPC metadata) forwarded by a follower; its value is
@@ -66,7 +66,7 @@ const LEADER_SHARE: Duration = Duration::from_millis(200);
 /// Beyond the lease TTL, how long a request waits for a leader to be elected.
 const ELECTION_GRACE: Duration = Duration::from_secs(5);
 /// Largest message either way (as the RPC listener's).
-const MAX_MESSAGE_BYTES: usize = crate::rpc::MAX_MESSAGE_BYTES;
+const MAX_MESSAGE_BYTES: usize = crate::transport::rpc::MAX_MESSAGE_BYTES;
 
 /// Where a request goes.
 pub enum Forwarded<T> {
@@ -316,11 +316,11 @@ impl Forwarder {
             let to = match self.target(core, refresh, deadline).await {
                 Ok(Some(to)) => to,
                 Ok(None) => return Forwarded::Local,
-                Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
+                Err(e) => return Forwarded::Remote(Err(crate::transport::rpc::status_from(e))),
             };
             let channel = match self.channel(&to, Lane::Node) {
                 Ok(c) => c,
-                Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
+                Err(e) => return Forwarded::Remote(Err(crate::transport::rpc::status_from(e))),
             };
             let client = NodeClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

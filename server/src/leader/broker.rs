@@ -147,7 +147,7 @@ impl Broker {
 
     /// Add a pending evaluation (delayed if its `wait_until` is still to come).
     pub(crate) fn enqueue(&self, eval: Evaluation) {
-        self.enqueue_at(eval, crate::server::now_nanos());
+        self.enqueue_at(eval, crate::state::evals::now_nanos());
     }
 
     /// Hand the delayed evaluations due at `now` (unix nanoseconds) to the workers;

@@ -6,6 +6,8 @@
 //! store committed it, with the transaction's revision as index. Readers (workers,
 //! API) take the state's read lock for the duration of one call.
 
+pub(crate) mod evals;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use drover_server_api::{

@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use drover_server_api::{EvalStatus, EvalTrigger};
 
+use crate::core::Core;
 use crate::error::ServerError;
 use crate::scheduler::StateView;
-use crate::server::{Core, new_eval, set_eval_status};
 use crate::state::Batch;
+use crate::state::evals::{new_eval, set_eval_status};
 
 pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
     loop {
@@ -74,7 +75,7 @@ mod tests {
     };
     use tokio_util::sync::CancellationToken;
 
-    use crate::plan::{EvalFinish, finish_eval};
+    use crate::leader::plan_apply::{EvalFinish, finish_eval};
     use crate::state::Batch;
     use crate::{RedbStore, Server, ServerConfig};
 
@@ -179,7 +180,7 @@ mod tests {
                 .commit(|st, index, now| {
                     let mut b = Batch::default();
                     let job = crate::scheduler::StateView::job(st, "big").unwrap();
-                    let e = crate::server::new_eval(job, EvalTrigger::NodeUpdate, index, now);
+                    let e = crate::state::evals::new_eval(job, EvalTrigger::NodeUpdate, index, now);
                     let id = e.id.clone();
                     b.evals.push(e);
                     Ok((b, id))

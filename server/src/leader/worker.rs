@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use drover_server_api::{EvalStatus, EvalTrigger, Evaluation};
 
-use crate::broker::Nacked;
+use crate::core::Core;
 use crate::error::ServerError;
-use crate::plan::{EvalFinish, finish_eval};
+use crate::leader::broker::Nacked;
+use crate::leader::plan_apply::{EvalFinish, finish_eval};
 use crate::scheduler::{self, SchedulerOutput};
-use crate::server::{Core, new_eval, set_eval_status};
 use crate::state::Batch;
+use crate::state::evals::{new_eval, set_eval_status};
 use tokio_util::sync::CancellationToken;
 
 /// Plans submitted for one evaluation before it is given up with a `max-plan-attempts`
@@ -62,7 +63,7 @@ pub(crate) async fn run_expiry(core: Arc<Core>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        core.broker.promote_due(crate::server::now_nanos());
+        core.broker.promote_due(crate::state::evals::now_nanos());
         for e in core.broker.expire(Instant::now()) {
             core.fail_eval(&e, "not acknowledged by a worker in time, too often".into())
                 .await;
