@@ -1,19 +1,17 @@
 //! The server facade: [`Server`] starts the core and the leader loop, and is what the
 //! HTTP API and the node RPCs hold. Its operations are in `endpoints/`.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_server_api::{ClientAllocation, Index};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
-use crate::core::{Core, UNACK_TIMEOUT};
+use crate::core::Core;
 use crate::error::ServerError;
-use crate::leader::broker::Broker;
-use crate::leader::heartbeat::Timers;
+use crate::leader::leadership::Leadership;
 use crate::leader::plan_apply::PlanResult;
 use crate::leader::{Election, ServerInfo, SoleLeader};
 use crate::scheduler::Plan;
@@ -28,6 +26,8 @@ pub use crate::leader::client_updates::{
 /// and heartbeat timers in the background.
 pub struct Server {
     pub(crate) core: Arc<Core>,
+    pub(crate) leadership: Arc<Leadership>,
+    pub(crate) forwarder: crate::transport::forward::Forwarder,
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
     /// `servers_status`'s last answer and when: its election calls (leader, members,
     /// the leader's term) are made at most once per [`STATUS_CACHE`], and one at a
@@ -106,29 +106,13 @@ impl Server {
     ) -> Result<Arc<Server>, ServerError> {
         let (kvs, revision) = store.range("").await?;
         let state = State::load(kvs, revision)?;
-        let forwarder =
-            crate::transport::forward::Forwarder::new(&config, election.clone(), me.clone())?;
-        let core = Arc::new(Core {
-            broker: Broker::new(config.eval_delivery_limit, UNACK_TIMEOUT),
-            config,
-            store,
-            index_tx: watch::channel(state.index).0,
-            state: RwLock::new(state),
-            commit_lock: tokio::sync::Mutex::new(()),
-            timers: Mutex::new(Timers::default()),
-            timers_changed: tokio::sync::Notify::new(),
-            unblock: tokio::sync::Notify::new(),
-            term: RwLock::new(None),
-            leading: watch::channel(None).0,
-            election,
-            me,
-            forwarder,
-            shutdown,
-        });
+        let leadership = Arc::new(Leadership::new(election, me));
+        let forwarder = crate::transport::forward::Forwarder::new(&config, leadership.clone())?;
+        let core = Arc::new(Core::new(config, store, state, shutdown));
         {
             let st = core.read();
             tracing::info!(
-                server = %core.me.name,
+                server = %leadership.me.name,
                 index = st.index,
                 nodes = st.all_nodes().count(),
                 jobs = st.jobs().count(),
@@ -136,11 +120,16 @@ impl Server {
             );
         }
         let tasks = vec![
-            tokio::spawn(crate::leader::terms::run(core.clone())),
-            tokio::spawn(crate::leader::terms::keep_registered(core.clone())),
+            tokio::spawn(crate::leader::terms::run(core.clone(), leadership.clone())),
+            tokio::spawn(crate::leader::terms::keep_registered(
+                core.clone(),
+                leadership.clone(),
+            )),
         ];
         Ok(Arc::new(Server {
             core,
+            leadership,
+            forwarder,
             tasks: Mutex::new(tasks),
             status_cache: tokio::sync::Mutex::new(None),
         }))
@@ -148,7 +137,7 @@ impl Server {
 
     /// Wait until this server leads (or shuts down).
     pub async fn wait_leading(&self) {
-        let mut rx = self.core.leading.subscribe();
+        let mut rx = self.leadership.watch_leading();
         tokio::select! {
             _ = rx.wait_for(Option::is_some) => {}
             () = self.core.shutdown.cancelled() => {}
@@ -157,12 +146,12 @@ impl Server {
 
     /// The id of the term this server leads in; `None` while it follows.
     pub fn leading(&self) -> Option<u64> {
-        *self.core.leading.borrow()
+        self.leadership.leading()
     }
 
     /// This server as the others see it.
     pub fn info(&self) -> &ServerInfo {
-        &self.core.me
+        &self.leadership.me
     }
 
     /// Wait (at most `limit`) until this server's state holds the commit at `index`.
@@ -172,15 +161,15 @@ impl Server {
 
     /// Whether this server leads now (writes are made here, not forwarded).
     pub fn is_leader(&self) -> bool {
-        self.core.is_leader()
+        self.leadership.is_leader()
     }
 
     /// The leader as the store says (`None`: none elected at the moment).
     pub async fn leader(&self) -> Result<Option<ServerInfo>, ServerError> {
-        if self.core.is_leader() {
-            return Ok(Some(self.core.me.clone()));
+        if self.leadership.is_leader() {
+            return Ok(Some(self.leadership.me.clone()));
         }
-        Ok(self.core.election.leader().await?)
+        Ok(self.leadership.election.leader().await?)
     }
 
     /// An HTTP request for the leader (a write reaching a follower).
@@ -188,7 +177,7 @@ impl Server {
         &self,
         request: drover_proto::drover::cluster::v1::ForwardRequest,
     ) -> crate::transport::forward::Forwarded<axum::response::Response> {
-        self.core.forwarder.http(&self.core, request).await
+        self.forwarder.http(&self.core, request).await
     }
 
     /// A node RPC for the leader (see [`crate::transport::forward::Forwarder::node_call`]).
@@ -199,9 +188,8 @@ impl Server {
             tonic::Request<()>,
         ) -> crate::store::BoxFuture<'static, Result<R, tonic::Status>>,
     ) -> crate::transport::forward::Forwarded<Result<R, tonic::Status>> {
-        let fwd = &self.core.forwarder;
-        self.core
-            .forwarder
+        let fwd = &self.forwarder;
+        self.forwarder
             .node_call(&self.core, |client| call(client, fwd.outgoing_node(())))
             .await
     }
@@ -216,8 +204,8 @@ impl Server {
     }
 
     #[cfg(test)]
-    pub(crate) fn core(&self) -> &Arc<Core> {
-        &self.core
+    pub(crate) fn term(&self) -> Arc<crate::leader::term::LeaderTerm> {
+        self.leadership.term().expect("the server leads")
     }
 
     /// The newest committed index.
@@ -227,14 +215,15 @@ impl Server {
 
     /// Counters of the state.
     pub fn stats(&self) -> ServerStats {
+        let term = self.leadership.term();
         let st = self.core.read();
         ServerStats {
             index: st.index,
             jobs: st.jobs().count(),
             nodes: st.all_nodes().count(),
             allocations: st.alloc_count(),
-            evaluations_in_broker: self.core.broker.len(),
-            delayed_evaluations: self.core.broker.delayed_len(),
+            evaluations_in_broker: term.as_ref().map_or(0, |t| t.broker.len()),
+            delayed_evaluations: term.as_ref().map_or(0, |t| t.broker.delayed_len()),
             blocked_evaluations: st.blocked_evals().count(),
         }
     }
@@ -249,6 +238,6 @@ impl Server {
     /// Submit a plan to the plan applier, as a worker does, and wait for its verdict:
     /// what was committed and which nodes refused placements.
     pub async fn apply_plan(&self, plan: Plan) -> Result<PlanResult, ServerError> {
-        self.core.submit_plan(plan, None).await
+        self.leadership.require()?.submit_plan(plan, None).await
     }
 }

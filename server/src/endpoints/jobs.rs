@@ -59,8 +59,8 @@ impl Server {
     /// creates no version but still an evaluation (as `nomad job run`).
     pub async fn register_job(&self, spec: JobSpec) -> Result<JobRegisterResponse, ServerError> {
         validate_spec(&spec)?;
-        let (index, (eval_id, job_modify_index, warnings)) = self
-            .core
+        let term = self.leadership.require()?;
+        let (index, (eval_id, job_modify_index, warnings)) = term
             .commit(|st, index, now| {
                 let mut b = Batch::default();
                 let existing = scheduler::StateView::job(st, &spec.name);
@@ -138,8 +138,8 @@ impl Server {
         name: &str,
         purge: bool,
     ) -> Result<JobRegisterResponse, ServerError> {
-        let (index, (eval_id, job_modify_index)) = self
-            .core
+        let term = self.leadership.require()?;
+        let (index, (eval_id, job_modify_index)) = term
             .commit(|st, index, now| {
                 let Some(old) = scheduler::StateView::job(st, name) else {
                     return Err(ServerError::NotFound(format!("job {name} not found")));

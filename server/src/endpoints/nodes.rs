@@ -20,8 +20,9 @@ use drover_server_api::{
 use sha2::{Digest as _, Sha256};
 
 use super::newest_first;
-use crate::core::Core;
 use crate::error::ServerError;
+use crate::leader::client_updates::check_count;
+use crate::leader::requests::UpdateRequest;
 use crate::scheduler::{self, StateView};
 use crate::server::{NodeAllocations, Server};
 use crate::state::evals::{new_eval, system_job_evals};
@@ -177,36 +178,11 @@ fn capacity_changed(old: &Node, new: &Node) -> bool {
 impl Server {
     // --- nodes --------------------------------------------------------------------
 
-    /// Register or update a node; it is `ready` (or still draining). Returns the
-    /// heartbeat TTL and the index.
-    ///
-    /// `secret` is the node's secret: the first registration of an id binds it (the
-    /// server keeps its SHA-256); every later one must present the same, else
-    /// `Denied`. Attributes, meta and drivers are bounded (see the `MAX_NODE_*`
-    /// constants): more is `Invalid`.
-    pub async fn register_node(
-        &self,
-        registration: NodeRegistration,
-        secret: &str,
-    ) -> Result<(Duration, Index), ServerError> {
-        self.core.register_node(registration, secret).await
-    }
-
     /// May a caller presenting `secret` act as node `node_id`? `NotFound` for a node
     /// the server does not know, `Denied` for a wrong secret (or a node with none bound
     /// yet: it must register). The node RPCs call this before acting for a node.
     pub fn authenticate_node(&self, node_id: &str, secret: &str) -> Result<(), ServerError> {
         authenticate(&self.core.read(), node_id, secret)
-    }
-
-    /// A node's heartbeat. `NotFound` for an unknown node (it must register).
-    pub async fn heartbeat(&self, node_id: &str) -> Result<(Duration, Index), ServerError> {
-        self.core.heartbeat(node_id).await
-    }
-
-    /// Start or end a node's drain; `node` is an id or a unique name.
-    pub async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
-        self.core.drain_node(node, enable).await
     }
 
     /// Every node.
@@ -320,12 +296,26 @@ impl Server {
         node_id: &str,
         updates: Vec<AllocClientUpdate>,
     ) -> Result<Index, ServerError> {
-        self.core.update_allocations(node_id, updates).await
+        check_count(&updates)?;
+        self.leadership
+            .require()?
+            .submit_updates(UpdateRequest {
+                node_id: node_id.to_owned(),
+                updates,
+            })
+            .await
     }
 }
 
-impl Core {
-    pub(crate) async fn register_node(
+impl Server {
+    /// Register or update a node; it is `ready` (or still draining). Returns the
+    /// heartbeat TTL and the index.
+    ///
+    /// `secret` is the node's secret: the first registration of an id binds it (the
+    /// server keeps its SHA-256); every later one must present the same, else
+    /// `Denied`. Attributes, meta and drivers are bounded (see the `MAX_NODE_*`
+    /// constants): more is `Invalid`.
+    pub async fn register_node(
         &self,
         reg: NodeRegistration,
         secret: &str,
@@ -343,7 +333,8 @@ impl Core {
         }
         check_secret_shape(&reg.id, secret)?;
         check_registration(&reg)?;
-        let (index, ()) = self
+        let term = self.leadership.require()?;
+        let (index, ()) = term
             .commit(|st, index, now| {
                 let old = st.node(&reg.id);
                 let mut b = Batch::default();
@@ -414,12 +405,13 @@ impl Core {
                 Ok((b, ()))
             })
             .await?;
-        self.arm(&reg.id);
-        Ok((self.config.heartbeat_ttl, index))
+        term.arm(&reg.id);
+        Ok((self.core.config.heartbeat_ttl, index))
     }
 
-    pub(crate) async fn heartbeat(&self, node_id: &str) -> Result<(Duration, Index), ServerError> {
-        let status = self.read().node(node_id).map(|n| n.status);
+    /// A node's heartbeat. `NotFound` for an unknown node (it must register).
+    pub async fn heartbeat(&self, node_id: &str) -> Result<(Duration, Index), ServerError> {
+        let status = self.core.read().node(node_id).map(|n| n.status);
         match status {
             None => Err(ServerError::NotFound(format!(
                 "node {node_id} is not registered"
@@ -427,7 +419,8 @@ impl Core {
             Some(NodeStatus::Down) => {
                 // A node the server gave up on is heard again: it is back, with what it
                 // registered last.
-                let (index, ()) = self
+                let term = self.leadership.require()?;
+                let (index, ()) = term
                     .commit(|st, index, now| {
                         let mut b = Batch::default();
                         if let Some(n) = st.node(node_id)
@@ -449,20 +442,23 @@ impl Core {
                         Ok((b, ()))
                     })
                     .await?;
-                self.arm(node_id);
-                Ok((self.config.heartbeat_ttl, index))
+                term.arm(node_id);
+                Ok((self.core.config.heartbeat_ttl, index))
             }
             Some(_) => {
-                let deadline =
-                    Instant::now() + self.config.heartbeat_ttl + self.config.heartbeat_grace;
-                self.timers().reset(node_id, deadline);
-                Ok((self.config.heartbeat_ttl, self.read().index))
+                let deadline = Instant::now()
+                    + self.core.config.heartbeat_ttl
+                    + self.core.config.heartbeat_grace;
+                self.leadership.require()?.timers().reset(node_id, deadline);
+                Ok((self.core.config.heartbeat_ttl, self.core.read().index))
             }
         }
     }
 
-    pub(crate) async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
-        let (index, ()) = self
+    /// Start or end a node's drain; `node` is an id or a unique name.
+    pub async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
+        let term = self.leadership.require()?;
+        let (index, ()) = term
             .commit(|st, index, now| {
                 let Some(n) = lookup_node(st, node)? else {
                     return Err(ServerError::NotFound(format!("node {node} not found")));

@@ -9,12 +9,12 @@ const STATUS_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
 impl Server {
     /// This server's term, when it leads (`GET /v1/status/leader`).
     pub fn leader_status(&self) -> Result<drover_server_api::LeaderStatus, ServerError> {
-        match self.core.current_term() {
+        match self.leadership.term() {
             Some(t) => Ok(drover_server_api::LeaderStatus {
-                name: self.core.me.name.clone(),
-                term: t.id,
+                name: self.leadership.me.name.clone(),
+                term: t.id(),
             }),
-            None => Err(self.core.not_leader()),
+            None => Err(self.leadership.not_leader()),
         }
     }
 
@@ -43,14 +43,15 @@ impl Server {
 
     async fn servers_status_now(&self) -> drover_server_api::ServersStatus {
         let core = &self.core;
+        let leadership = &self.leadership;
         let leader = match self.leader_status() {
             Ok(me) => Some(me),
-            Err(_) => match core.election.leader().await {
+            Err(_) => match leadership.election.leader().await {
                 Ok(Some(l)) => {
-                    let term = if l.name == core.me.name {
+                    let term = if l.name == leadership.me.name {
                         0
                     } else {
-                        core.forwarder.leader_term(&l).await.unwrap_or(0)
+                        self.forwarder.leader_term(&l).await.unwrap_or(0)
                     };
                     Some(drover_server_api::LeaderStatus { name: l.name, term })
                 }
@@ -61,7 +62,7 @@ impl Server {
                 }
             },
         };
-        let members = core.election.members().await.unwrap_or_else(|e| {
+        let members = leadership.election.members().await.unwrap_or_else(|e| {
             tracing::debug!("server status: cannot list the servers: {e}");
             Vec::new()
         });
@@ -79,7 +80,7 @@ impl Server {
         servers.sort_by(|a, b| a.name.cmp(&b.name));
         let endpoints = self.store_health().await;
         drover_server_api::ServersStatus {
-            this: core.me.name.clone(),
+            this: leadership.me.name.clone(),
             leader,
             servers,
             store: drover_server_api::StoreStatus {

@@ -9,8 +9,10 @@ use drover_server_api::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::Core;
 use crate::error::ServerError;
+use crate::leader::batcher::{self, Queued};
+use crate::leader::requests::UpdateRequest;
+use crate::leader::term::LeaderTerm;
 use crate::scheduler;
 use crate::state::Batch;
 use crate::state::State;
@@ -26,13 +28,6 @@ pub const MAX_CLIENT_TEXT_BYTES: usize = 4096;
 /// is refused: these are identifiers and timestamps, not prose).
 pub const MAX_TASK_FIELD_BYTES: usize = 256;
 
-/// A client's status reports waiting to be committed.
-pub(crate) struct UpdateRequest {
-    node_id: String,
-    updates: Vec<AllocClientUpdate>,
-    reply: tokio::sync::oneshot::Sender<Result<Index, ServerError>>,
-}
-
 /// Client updates committed together at most.
 const MAX_UPDATE_REQUESTS_PER_COMMIT: usize = 256;
 
@@ -42,44 +37,26 @@ const MAX_UPDATE_REQUESTS_PER_COMMIT: usize = 256;
 /// (another node's allocation) is answered with its error and changes nothing; the
 /// others of the batch commit.
 pub(crate) async fn run(
-    core: Arc<Core>,
-    mut rx: mpsc::Receiver<UpdateRequest>,
+    term: Arc<LeaderTerm>,
+    rx: mpsc::Receiver<Queued<UpdateRequest, Index>>,
     stop: CancellationToken,
 ) {
-    loop {
-        let first = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = rx.recv() => match r {
-                Some(r) => r,
-                None => return,
-            },
-        };
-        let mut reqs = vec![first];
-        while reqs.len() < MAX_UPDATE_REQUESTS_PER_COMMIT {
-            match rx.try_recv() {
-                Ok(r) => reqs.push(r),
-                Err(_) => break,
-            }
+    let commit = |reqs: Vec<UpdateRequest>| {
+        let term = term.clone();
+        async move {
+            term.commit(|st, index, now| Ok(client_updates(st, &reqs, index, now)))
+                .await
         }
-        let res = core
-            .commit(|st, index, now| Ok(client_updates(st, &reqs, index, now)))
-            .await;
-        match res {
-            Ok((index, verdicts)) => {
-                for (req, v) in reqs.into_iter().zip(verdicts) {
-                    let _ = req.reply.send(v.map(|()| index));
-                }
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                for req in reqs {
-                    let _ = req.reply.send(Err(ServerError::Unavailable(format!(
-                        "allocation updates not committed: {msg}"
-                    ))));
-                }
-            }
-        }
-    }
+    };
+    batcher::run(
+        rx,
+        MAX_UPDATE_REQUESTS_PER_COMMIT,
+        stop,
+        "allocation updates",
+        commit,
+        |verdict: Result<(), ServerError>, index| verdict.map(|()| index),
+    )
+    .await;
 }
 
 /// `text` cut to at most [`MAX_CLIENT_TEXT_BYTES`], on a character boundary.
@@ -259,31 +236,13 @@ fn client_updates(
     (b, verdicts)
 }
 
-impl Core {
-    pub(crate) async fn update_allocations(
-        &self,
-        node_id: &str,
-        updates: Vec<AllocClientUpdate>,
-    ) -> Result<Index, ServerError> {
-        if updates.len() > MAX_CLIENT_UPDATES {
-            return Err(ServerError::Invalid(format!(
-                "{} allocation updates in one call, at most {MAX_CLIENT_UPDATES}",
-                updates.len()
-            )));
-        }
-        let Some(term) = self.current_term() else {
-            return Err(self.not_leader());
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let stopped = || self.term_ended("allocation updates not committed");
-        term.updates
-            .send(UpdateRequest {
-                node_id: node_id.to_owned(),
-                updates,
-                reply: tx,
-            })
-            .await
-            .map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+/// At most [`MAX_CLIENT_UPDATES`] in one call.
+pub(crate) fn check_count(updates: &[AllocClientUpdate]) -> Result<(), ServerError> {
+    if updates.len() > MAX_CLIENT_UPDATES {
+        return Err(ServerError::Invalid(format!(
+            "{} allocation updates in one call, at most {MAX_CLIENT_UPDATES}",
+            updates.len()
+        )));
     }
+    Ok(())
 }

@@ -6,3 +6,8 @@ pub mod forward;
 pub mod http;
 pub mod rpc;
 pub mod tls;
+
+/// Largest message either side decodes: a node's complete allocation set travels in
+/// one message (each with its group spec), so gRPC's 4 MiB default is too small for
+/// nodes with thousands of allocations.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;

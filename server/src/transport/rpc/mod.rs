@@ -74,10 +74,7 @@ impl std::fmt::Debug for RpcOptions {
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 /// Status reports in one `UpdateAllocations` call (the client sends at most 500).
 pub const MAX_UPDATE_BATCH: usize = 2_000;
-/// Largest message either side decodes: a node's complete allocation set travels in
-/// one message (each with its group spec), so gRPC's 4 MiB default is too small for
-/// nodes with thousands of allocations.
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+pub use super::MAX_MESSAGE_BYTES;
 /// A forwarded response body travels in pieces of at most this size.
 pub const FORWARD_CHUNK_BYTES: usize = 64 << 10;
 /// How long one `allocations_for_client` wait lasts before the watch asks again
