@@ -48,7 +48,7 @@ fn secret_hash(secret: &str) -> String {
 
 /// Is `secret` the one whose hash is `hash`? Hashes are compared in constant time.
 fn secret_matches(secret: &str, hash: &str) -> bool {
-    crate::rpc::token_eq(secret_hash(secret).as_bytes(), hash.as_bytes())
+    crate::transport::auth::token_eq(secret_hash(secret).as_bytes(), hash.as_bytes())
 }
 
 fn check_secret_shape(node_id: &str, secret: &str) -> Result<(), ServerError> {

@@ -1,7 +1,9 @@
 //! How the server is reached: the HTTP API (`http.rs`), the node RPCs and the
 //! forwarded API on gRPC (`rpc.rs`), the forwarding of writes from a follower to the
-//! leader (`forward.rs`), and the TLS settings of the listeners (`tls.rs`).
+//! leader (`forward.rs`), the TLS settings of the listeners (`tls.rs`), and the one
+//! constant-time token compare both listeners use (`auth.rs`).
 
+pub mod auth;
 pub mod forward;
 pub mod http;
 pub mod rpc;

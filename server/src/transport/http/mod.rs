@@ -32,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::serve::{serve, tls_server_config};
 
-use crate::error::{LEADERSHIP_LOST_PREFIX, NOT_LEADER_PREFIX, ServerError};
+use crate::error::ServerError;
 use crate::server::Server;
+use crate::transport::auth::token_eq;
 use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 
 /// Largest request body accepted: a job file is a few KiB; this leaves room for big
@@ -45,9 +46,24 @@ struct Api {
     server: Arc<Server>,
 }
 
-/// An API error: a status code and `{"error": "..."}`.
+/// An API error: a status code and `{"error": "..."}`, marked when the request
+/// belongs to the leader (the server does not lead, or stopped leading).
 #[derive(Debug)]
-struct ApiError(StatusCode, String);
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    not_leader: bool,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: String) -> ApiError {
+        ApiError {
+            status,
+            message,
+            not_leader: false,
+        }
+    }
+}
 
 impl From<ServerError> for ApiError {
     fn from(e: ServerError) -> Self {
@@ -61,7 +77,11 @@ impl From<ServerError> for ApiError {
             | ServerError::NotLeader { .. }
             | ServerError::LeadershipLost(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
-        ApiError(code, e.to_string())
+        ApiError {
+            status: code,
+            not_leader: e.is_not_leader(),
+            message: e.to_string(),
+        }
     }
 }
 
@@ -69,10 +89,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         // A write that reached a server which does not lead (any more): marked, so
         // that a forwarding follower looks for the leader again.
-        let not_leader = self.0 == StatusCode::SERVICE_UNAVAILABLE
-            && (self.1.starts_with(NOT_LEADER_PREFIX)
-                || self.1.starts_with(LEADERSHIP_LOST_PREFIX));
-        crate::transport::forward::error_response(self.0.as_u16(), &self.1, not_leader)
+        crate::transport::forward::error_response(
+            self.status.as_u16(),
+            &self.message,
+            self.not_leader,
+        )
     }
 }
 
@@ -87,7 +108,7 @@ fn answer(index: Index, value: impl serde::Serialize) -> ApiResult {
 }
 
 fn not_found(what: &str, name: &str) -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, format!("{what} {name:?} not found"))
+    ApiError::new(StatusCode::NOT_FOUND, format!("{what} {name:?} not found"))
 }
 
 /// The API's routes over `server`; `token`, when set, is required on every request
@@ -126,9 +147,9 @@ pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
         .route("/v1/client/fs/logs/{id}", get(alloc_logs_elsewhere))
         .route("/v1/status/servers", get(servers_status))
         .route("/v1/status/leader", get(leader_status))
-        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
         .method_not_allowed_fallback(|req: Request| async move {
-            ApiError(
+            ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("{} is not allowed on {}", req.method(), req.uri().path()),
             )
@@ -185,22 +206,23 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
         return next.run(req).await;
     }
     if let Some(ForwardedBy(by)) = req.extensions().get::<ForwardedBy>().cloned() {
-        return ApiError(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ServerError::NotLeader { leader: None }.to_string().replace(
+        return ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: ServerError::NotLeader { leader: None }.to_string().replace(
                 crate::error::NO_KNOWN_LEADER,
                 &format!(
                     "server {by} forwarded this write here, but this server does not lead either"
                 ),
             ),
-        )
+            not_leader: true,
+        }
         .into_response();
     }
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
-            return ApiError(
+            return ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
                     "request body larger than {} MiB (or cut short)",
@@ -240,26 +262,16 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
     }
 }
 
-/// Equal bytes, in time that depends only on the lengths: a wrong token's answer must
-/// not tell how much of it was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
 async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
     let given = req.headers().get(TOKEN_HEADER).map(HeaderValue::as_bytes);
     match given {
-        Some(given) if constant_time_eq(given, &token) => next.run(req).await,
+        Some(given) if token_eq(given, &token) => next.run(req).await,
         Some(_) => {
             // Never the token itself in logs.
             tracing::warn!(method = %req.method(), path = %req.uri().path(), "refused a request with a wrong token");
-            ApiError(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response()
+            ApiError::new(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response()
         }
-        None => ApiError(
+        None => ApiError::new(
             StatusCode::UNAUTHORIZED,
             format!("this server requires a token: send it in the {TOKEN_HEADER} header (DROVER_TOKEN for the CLI)"),
         )
@@ -292,7 +304,7 @@ fn parse_wait(text: &str) -> Result<Duration, ApiError> {
         return Ok(Duration::from_secs(secs));
     }
     humantime::parse_duration(text).map_err(|e| {
-        ApiError(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("invalid query: wait={text:?} is not a duration like \"30s\" or \"5m\": {e}"),
         )
@@ -300,7 +312,7 @@ fn parse_wait(text: &str) -> Result<Duration, ApiError> {
 }
 
 fn bad_query(e: QueryRejection) -> ApiError {
-    ApiError(
+    ApiError::new(
         StatusCode::BAD_REQUEST,
         format!("invalid query: {}", e.body_text()),
     )
@@ -338,7 +350,7 @@ fn json_body<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError(
+            ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
                     "request body larger than {} MiB",
@@ -346,20 +358,20 @@ fn json_body<T: DeserializeOwned>(
                 ),
             )
         } else {
-            ApiError(
+            ApiError::new(
                 e.status(),
                 format!("cannot read the request body: {}", e.body_text()),
             )
         }
     })?;
     if body.is_empty() {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "the request body is empty".into(),
         ));
     }
     serde_json::from_slice(&body).map_err(|e| {
-        ApiError(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("invalid request body: {e}"),
         )
@@ -375,7 +387,7 @@ fn job_from_body(
     if let Some(name) = name
         && job.name != name
     {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
                 "the job in the body is named {:?}, the path names {name:?}",
@@ -584,7 +596,7 @@ async fn alloc_logs_elsewhere(State(api): State<Api>, Path(id): Path<String>) ->
         .server
         .allocation(&id)
         .ok_or_else(|| not_found("allocation", &id))?;
-    Err(ApiError(
+    Err(ApiError::new(
         StatusCode::BAD_REQUEST,
         format!(
             "the logs of allocation {} are on node {} ({}): ask that node's agent \
@@ -612,10 +624,10 @@ mod tests {
 
     #[test]
     fn tokens_compare_whole() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secret", b"secreT"));
+        assert!(!token_eq(b"secret", b"secret2"));
+        assert!(!token_eq(b"", b"x"));
     }
 
     #[test]
@@ -633,10 +645,20 @@ mod tests {
                 ServerError::Unavailable("x".into()),
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
+            (
+                ServerError::NotLeader { leader: None },
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                ServerError::LeadershipLost("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
         ] {
             let message = e.to_string();
-            let ApiError(got, said) = ApiError::from(e);
-            assert_eq!((got, said), (code, message));
+            let not_leader = e.is_not_leader();
+            let got = ApiError::from(e);
+            assert_eq!((got.status, got.message), (code, message));
+            assert_eq!(got.not_leader, not_leader);
         }
     }
 
@@ -665,7 +687,7 @@ mod tests {
             Some((7, MAX_BLOCKING_WAIT))
         );
         let err = blocking_wait(&q(Some(7), Some("soon"))).unwrap_err();
-        assert_eq!(err.0, StatusCode::BAD_REQUEST);
-        assert!(err.1.contains("wait=\"soon\""), "{}", err.1);
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(err.message.contains("wait=\"soon\""), "{}", err.message);
     }
 }

@@ -29,6 +29,7 @@ pub use self::conn::{
 use self::conn::{first_call_made, incoming};
 use crate::error::ServerError;
 use crate::server::Server;
+pub use crate::transport::auth::token_eq;
 use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 
 /// How the RPC listener authenticates, encrypts and bounds its connections.
@@ -102,19 +103,6 @@ pub fn status_from(e: ServerError) -> Status {
 fn with<T>(req: Request<()>, msg: T) -> Request<T> {
     let (metadata, extensions, ()) = req.into_parts();
     Request::from_parts(metadata, extensions, msg)
-}
-
-/// Equal without leaking, through timing, how long a common prefix is.
-pub fn token_eq(given: &[u8], want: &[u8]) -> bool {
-    // The length is not secret enough to hide (it is the file's); the bytes are.
-    if given.len() != want.len() {
-        return false;
-    }
-    let diff = given
-        .iter()
-        .zip(want)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    std::hint::black_box(diff) == 0
 }
 
 /// The interceptor that refuses calls without the token.
