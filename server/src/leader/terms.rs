@@ -10,7 +10,8 @@
 //! loops (plan applier, client update batcher, heartbeat timers, blocked and delayed
 //! evaluations, garbage collection, workers). When the term is lost (lease expired or
 //! revoked, a commit refused by the fence) or the server shuts down, the loops stop,
-//! the broker and the timers are emptied, and the server follows again.
+//! the term's broker and timers go with it ([`LeaderTerm`]), and the server follows
+//! again.
 //!
 //! The one server on the embedded store always leads ([`crate::leader::SoleLeader`]):
 //! its first term starts at once and lasts until shutdown.
