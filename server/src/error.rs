@@ -43,7 +43,8 @@ pub enum ServerError {
     LeadershipLost(String),
 }
 
-/// How a [`ServerError::NotLeader`] message starts (the HTTP layer marks such answers,
+/// How a [`ServerError::NotLeader`] message starts (people and gRPC callers read it;
+/// the HTTP layer marks such answers by the variant, [`ServerError::is_not_leader`],
 /// so that a forwarding server knows to look for the leader again).
 pub const NOT_LEADER_PREFIX: &str = "this server is not the leader: ";
 /// What a [`ServerError::NotLeader`] says when this server knows no leader: an election

@@ -26,28 +26,22 @@
 //! heartbeat timers, every commit fenced by its term; the others follow its commits
 //! (serving every read from them) and forward writes to it ([`forward`]).
 
-mod blocked;
-mod broker;
 pub mod config;
+mod core;
+mod endpoints;
 pub mod error;
-pub mod forward;
-mod gc;
-mod ha;
-mod heartbeat;
-pub mod http;
 pub mod leader;
-pub mod plan;
-pub mod rpc;
 pub mod scheduler;
 pub mod server;
 mod state;
 pub mod store;
-pub mod tls;
-mod worker;
+mod transport;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
+pub use leader::plan_apply as plan;
 pub use leader::{Election, ServerInfo, SoleLeader};
 pub use plan::PlanResult;
 pub use server::{NodeAllocations, Server, ServerStats};
 pub use store::{EtcdOptions, EtcdStore, RedbStore};
+pub use transport::{forward, http, rpc, tls};

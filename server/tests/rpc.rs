@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use drover_proto::drover::cluster::v1 as pb;
 use drover_server::rpc::{FORWARD_CHUNK_BYTES, MAX_UPDATE_BATCH, RpcOptions, serve};
-use drover_server::store::{BoxFuture, Condition, KeyValue, Op, Store, StoreError, TxnOutcome};
+use drover_server::store::MemStore;
 use drover_server::tls::TlsFiles;
 use drover_server::{Server, ServerConfig};
 use drover_server_api::{
@@ -26,89 +26,6 @@ const LIMIT: Duration = Duration::from_secs(20);
 /// The node secret these tests' nodes present.
 const SECRET: &str = "rpc-test-node-secret-0123456789";
 
-/// A store in memory with the trait's semantics (revisions, conditions). The RPC
-/// layer is what these tests check; the redb store has its own tests.
-#[derive(Default)]
-struct MemStore {
-    inner: Mutex<(BTreeMap<String, KeyValue>, u64)>,
-}
-
-impl Store for MemStore {
-    fn range(&self, prefix: &str) -> BoxFuture<'_, Result<(Vec<KeyValue>, u64), StoreError>> {
-        let prefix = prefix.to_owned();
-        Box::pin(async move {
-            let g = self.inner.lock().unwrap();
-            let kvs =
-                g.0.range(prefix.clone()..)
-                    .take_while(|(k, _)| k.starts_with(&prefix))
-                    .map(|(_, v)| v.clone())
-                    .collect();
-            Ok((kvs, g.1))
-        })
-    }
-
-    fn txn(
-        &self,
-        conditions: Vec<Condition>,
-        ops: Vec<Op>,
-    ) -> BoxFuture<'_, Result<TxnOutcome, StoreError>> {
-        Box::pin(async move {
-            let mut g = self.inner.lock().unwrap();
-            let holds = conditions.iter().all(|c| match c {
-                Condition::ModRevision { key, revision } => {
-                    g.0.get(key).map_or(0, |kv| kv.mod_revision) == *revision
-                }
-                Condition::CreateRevision { key, revision } => {
-                    g.0.get(key).map_or(0, |kv| kv.create_revision) == *revision
-                }
-            });
-            if !holds {
-                return Ok(TxnOutcome {
-                    succeeded: false,
-                    revision: g.1,
-                });
-            }
-            g.1 += 1;
-            let rev = g.1;
-            for op in ops {
-                match op {
-                    Op::Put { key, value } => {
-                        let create = g.0.get(&key).map_or(rev, |kv| kv.create_revision);
-                        g.0.insert(
-                            key.clone(),
-                            KeyValue {
-                                key,
-                                value,
-                                create_revision: create,
-                                mod_revision: rev,
-                            },
-                        );
-                    }
-                    Op::Delete { key } => {
-                        g.0.remove(&key);
-                    }
-                }
-            }
-            Ok(TxnOutcome {
-                succeeded: true,
-                revision: rev,
-            })
-        })
-    }
-
-    fn revision(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move { Ok(self.inner.lock().unwrap().1) })
-    }
-
-    fn kind(&self) -> &'static str {
-        "embedded"
-    }
-
-    fn health(&self) -> BoxFuture<'_, Vec<drover_server::store::EndpointHealth>> {
-        Box::pin(async { Vec::new() })
-    }
-}
-
 struct Running {
     addr: std::net::SocketAddr,
     stop: CancellationToken,
@@ -121,7 +38,7 @@ async fn start(options: RpcOptions, api: Option<axum::Router>) -> Running {
     let stop = CancellationToken::new();
     let mut config = ServerConfig::new(dir.path());
     config.workers = 1;
-    let server = Server::start(config, Arc::new(MemStore::default()), stop.clone())
+    let server = Server::start(config, Arc::new(MemStore::new()), stop.clone())
         .await
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -600,7 +517,7 @@ async fn unreadable_or_invalid_tls_files_stop_serve_with_the_file_named() {
     let stop = CancellationToken::new();
     let server = Server::start(
         ServerConfig::new(dir.path()),
-        Arc::new(MemStore::default()),
+        Arc::new(MemStore::new()),
         stop.clone(),
     )
     .await

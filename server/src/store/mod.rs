@@ -1,6 +1,7 @@
 //! The durable state behind the server: a key-value store with revisions and
 //! compare-and-set, the model etcd offers, so that the embedded store (redb, one
-//! server) and the etcd store (several servers) are interchangeable.
+//! server) and the etcd store (several servers) are interchangeable. With the cargo
+//! feature `testing`, a third one lives in memory (`MemStore`, for tests).
 //!
 //! The server keeps the whole state in memory, indexed for the scheduler, and writes
 //! every change through [`Store::txn`] before it acknowledges it and before it applies
@@ -195,7 +196,7 @@ pub trait Store: Send + Sync + 'static {
         TxnLimits::UNLIMITED
     }
 
-    /// `"embedded"` or `"etcd"`.
+    /// `"embedded"` or `"etcd"` (`"memory"` for the test store).
     fn kind(&self) -> &'static str;
 
     /// Each endpoint's health (one entry for the embedded store).
@@ -203,7 +204,11 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub mod etcd;
+#[cfg(any(test, feature = "testing"))]
+pub mod mem;
 pub mod redb;
 
 pub use self::etcd::{EtcdOptions, EtcdStore};
+#[cfg(any(test, feature = "testing"))]
+pub use self::mem::MemStore;
 pub use self::redb::RedbStore;

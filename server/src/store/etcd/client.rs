@@ -13,7 +13,7 @@ use pb::maintenance_client::MaintenanceClient;
 use pb::watch_client::WatchClient;
 use tonic::transport::{Channel, Endpoint};
 
-use super::EtcdTls;
+use super::options::EtcdTls;
 use crate::store::StoreError;
 
 /// The TLS settings of the connections to etcd; errors name the file.

@@ -590,7 +590,7 @@ async fn still_held(client: &Client, key: &[u8], rev: i64) -> Result<(bool, i64)
             async move { kv(ch).range(r).await }
         })
         .await?;
-    let at = super::header_revision(resp.header.as_ref());
+    let at = super::keys::header_revision(resp.header.as_ref());
     Ok((
         resp.kvs.first().is_some_and(|kv| kv.create_revision == rev),
         at,

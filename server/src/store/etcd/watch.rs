@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::client::{self, Client};
-use super::{INDEX_KEY, Inner, is_state_key};
+use super::inner::Inner;
+use super::keys::{INDEX_KEY, is_state_key};
 use crate::store::{KeyValue, StoreChange, StoreError, WatchEvent, WatchStream};
 
 /// Events buffered between the etcd watch and the store's watcher.

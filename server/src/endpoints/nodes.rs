@@ -1,11 +1,6 @@
-//! Nodes: registration, heartbeats and their timers, drain.
-//!
-//! Every live node has a deadline (last heartbeat + TTL + grace) kept in [`Timers`];
-//! one loop sleeps until the earliest and marks a node whose deadline passed `down`:
-//! its non-terminal allocations are stopped as `lost` (the scheduler replaces them) and
-//! a `node-update` evaluation is made for every affected job and every system job.
-//! Heartbeats are not written to the store (as Nomad's): after a server restart every
-//! node gets a fresh TTL + grace.
+//! Node endpoints: registration (with its bounds), authentication by the node's
+//! secret, heartbeats, drain, and the reads of nodes and their allocations (the
+//! clients' blocking allocation watch among them).
 //!
 //! A node proves who it is with its secret (as Nomad's node SecretID): a random string
 //! its client keeps next to its id and sends on every node RPC. The server keeps only
@@ -15,59 +10,23 @@
 //! nothing. A node stored before secrets existed has no hash: its next registration
 //! binds the secret it presents.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use drover_server_api::{
-    ClientStatus, DesiredStatus, DriverInfo, EvalTrigger, Index, JobType, Node, NodeRegistration,
-    NodeStatus,
+    AllocClientUpdate, Allocation, ClientAllocation, ClientStatus, DriverInfo, EvalTrigger, Index,
+    Node, NodeRegistration, NodeStatus,
 };
 use sha2::{Digest as _, Sha256};
 
+use super::newest_first;
 use crate::error::ServerError;
-use crate::scheduler::StateView;
-use crate::server::{Core, new_eval};
+use crate::leader::client_updates::check_count;
+use crate::leader::requests::UpdateRequest;
+use crate::scheduler::{self, StateView};
+use crate::server::{NodeAllocations, Server};
+use crate::state::evals::{new_eval, system_job_evals};
 use crate::state::{Batch, State};
-
-/// Heartbeat deadlines, earliest first.
-#[derive(Debug, Default)]
-pub(crate) struct Timers {
-    by_node: HashMap<String, Instant>,
-    order: BTreeSet<(Instant, String)>,
-}
-
-impl Timers {
-    pub(crate) fn reset(&mut self, node: &str, deadline: Instant) {
-        if let Some(old) = self.by_node.insert(node.to_owned(), deadline) {
-            self.order.remove(&(old, node.to_owned()));
-        }
-        self.order.insert((deadline, node.to_owned()));
-    }
-
-    pub(crate) fn next(&self) -> Option<Instant> {
-        self.order.first().map(|(t, _)| *t)
-    }
-
-    pub(crate) fn has(&self, node: &str) -> bool {
-        self.by_node.contains_key(node)
-    }
-
-    /// Remove and return the nodes whose deadline is at or before `now`.
-    pub(crate) fn pop_expired(&mut self, now: Instant) -> Vec<String> {
-        let mut out = Vec::new();
-        while let Some((t, _)) = self.order.first() {
-            if *t > now {
-                break;
-            }
-            if let Some((_, n)) = self.order.pop_first() {
-                self.by_node.remove(&n);
-                out.push(n);
-            }
-        }
-        out
-    }
-}
 
 /// Shortest node secret taken (the client sends 64 hex characters).
 pub const MIN_NODE_SECRET_BYTES: usize = 16;
@@ -89,7 +48,7 @@ fn secret_hash(secret: &str) -> String {
 
 /// Is `secret` the one whose hash is `hash`? Hashes are compared in constant time.
 fn secret_matches(secret: &str, hash: &str) -> bool {
-    crate::rpc::token_eq(secret_hash(secret).as_bytes(), hash.as_bytes())
+    crate::transport::auth::token_eq(secret_hash(secret).as_bytes(), hash.as_bytes())
 }
 
 fn check_secret_shape(node_id: &str, secret: &str) -> Result<(), ServerError> {
@@ -208,41 +167,6 @@ fn check_registration(reg: &NodeRegistration) -> Result<(), ServerError> {
     Ok(())
 }
 
-pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
-    loop {
-        let changed = core.timers_changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        let next = core.timers().next();
-        let sleep = async {
-            match next {
-                Some(t) => tokio::time::sleep_until(t.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = changed => continue,
-            _ = sleep => {}
-        }
-        let expired = core.timers().pop_expired(Instant::now());
-        for node in expired {
-            if let Err(e) = core.node_down(&node).await {
-                if e.is_not_leader() {
-                    // The term ended under this loop (it stops at once): the next
-                    // leader's timers decide about the node, after its failover window.
-                    tracing::info!(node = %node, "not marking the node down: {e}");
-                    return;
-                }
-                tracing::error!(node = %node, "could not mark the node down: {e}; retrying");
-                // Try again soon rather than forget the node.
-                core.timers()
-                    .reset(&node, Instant::now() + Duration::from_secs(1));
-            }
-        }
-    }
-}
-
 /// A node has new capacity or features for the scheduler.
 fn capacity_changed(old: &Node, new: &Node) -> bool {
     old.resources != new.resources
@@ -251,30 +175,147 @@ fn capacity_changed(old: &Node, new: &Node) -> bool {
         || old.meta != new.meta
 }
 
-/// A `node-update` evaluation for every live system job.
-fn system_job_evals(st: &State, node_id: &str, index: Index, now: i64, b: &mut Batch) {
-    for job in st
-        .jobs()
-        .filter(|j| j.spec.job_type == JobType::System && !j.stop)
-    {
-        let mut e = new_eval(job, EvalTrigger::NodeUpdate, index, now);
-        e.node_id = Some(node_id.to_owned());
-        b.evals.push(e);
+impl Server {
+    // --- nodes --------------------------------------------------------------------
+
+    /// May a caller presenting `secret` act as node `node_id`? `NotFound` for a node
+    /// the server does not know, `Denied` for a wrong secret (or a node with none bound
+    /// yet: it must register). The node RPCs call this before acting for a node.
+    pub fn authenticate_node(&self, node_id: &str, secret: &str) -> Result<(), ServerError> {
+        authenticate(&self.core.read(), node_id, secret)
+    }
+
+    /// Every node.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.core.read().all_nodes().cloned().collect()
+    }
+
+    /// One node, by id or name. `NotFound` when none has it; `Invalid`, listing their
+    /// ids, when several nodes have that name.
+    pub fn node(&self, node: &str) -> Result<Node, ServerError> {
+        lookup_node(&self.core.read(), node)?
+            .cloned()
+            .ok_or_else(|| ServerError::NotFound(format!("node {node:?} not found")))
+    }
+
+    /// A node's allocations, newest first.
+    pub fn node_allocations(&self, node_id: &str) -> Vec<Allocation> {
+        let st = self.core.read();
+        let mut v: Vec<Allocation> = st.allocs_on_node(node_id).cloned().collect();
+        newest_first(&mut v, |a| (a.create_index, &a.id));
+        v
+    }
+
+    /// What a client gets: with `index` 0 the complete set of its node's allocations,
+    /// else those whose `alloc_modify_index` is above `index` (or the complete set if
+    /// the server cannot tell what changed). Waits up to `wait` for something newer
+    /// than `index` first.
+    pub async fn allocations_for_client(
+        &self,
+        node_id: &str,
+        index: Index,
+        wait: Duration,
+    ) -> Result<NodeAllocations, ServerError> {
+        let deadline = tokio::time::Instant::now() + wait.min(drover_server_api::MAX_BLOCKING_WAIT);
+        let mut rx = self.core.index_tx.subscribe();
+        loop {
+            // Mark the current value seen before reading the state: a commit after
+            // this point wakes `changed()` below.
+            rx.borrow_and_update();
+            let timed_out = tokio::time::Instant::now() >= deadline;
+            {
+                let st = self.core.read();
+                if scheduler::StateView::node(&*st, node_id).is_none() {
+                    return Err(ServerError::NotFound(format!(
+                        "node {node_id} is not registered"
+                    )));
+                }
+                let to_client = |a: &Allocation| ClientAllocation {
+                    alloc: a.clone(),
+                    job_type: scheduler::StateView::job(&*st, &a.job_name)
+                        .map(|j| j.spec.job_type)
+                        .or_else(|| st.evals_of_job(&a.job_name).next().map(|e| e.job_type))
+                        .unwrap_or_default(),
+                    group: st.alloc_group(a),
+                };
+                // An index from the future (the server's state was replaced) cannot be
+                // diffed against: send everything.
+                if index == 0 || index > st.index {
+                    // Only what the node must still act on: an allocation its client
+                    // reported ended (complete, failed) needs nothing more, and
+                    // sending every one it ever ran (each with its group) would grow
+                    // without bound. Missing from the set, the client forgets it
+                    // (it is terminal there already). Lost ones are the server's
+                    // verdict, not the client's: they stay, so that it stops them.
+                    let mut allocations: Vec<ClientAllocation> = st
+                        .allocs_on_node(node_id)
+                        .filter(|a| {
+                            !a.client_status.is_terminal() || a.client_status == ClientStatus::Lost
+                        })
+                        .map(to_client)
+                        .collect();
+                    allocations.sort_by(|a, b| a.alloc.id.cmp(&b.alloc.id));
+                    return Ok(NodeAllocations {
+                        index: st.index,
+                        complete: true,
+                        allocations,
+                    });
+                }
+                let mut changed: Vec<ClientAllocation> = st
+                    .allocs_on_node(node_id)
+                    .filter(|a| a.alloc_modify_index > index)
+                    .map(to_client)
+                    .collect();
+                if !changed.is_empty() || timed_out {
+                    changed.sort_by(|a, b| a.alloc.id.cmp(&b.alloc.id));
+                    return Ok(NodeAllocations {
+                        index: st.index,
+                        complete: false,
+                        allocations: changed,
+                    });
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                r = rx.changed() => {
+                    if r.is_err() {
+                        return Err(ServerError::Unavailable("server shutting down".into()));
+                    }
+                }
+                _ = self.core.shutdown.cancelled() => {
+                    return Err(ServerError::Unavailable("server shutting down".into()));
+                }
+            }
+        }
+    }
+
+    /// Status reports from a node's client; durable when this returns. Updates for
+    /// allocations of other nodes are refused.
+    pub async fn update_allocations(
+        &self,
+        node_id: &str,
+        updates: Vec<AllocClientUpdate>,
+    ) -> Result<Index, ServerError> {
+        check_count(&updates)?;
+        self.leadership
+            .require()?
+            .submit_updates(UpdateRequest {
+                node_id: node_id.to_owned(),
+                updates,
+            })
+            .await
     }
 }
 
-impl Core {
-    pub(crate) fn timers(&self) -> std::sync::MutexGuard<'_, Timers> {
-        self.timers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn arm(&self, node_id: &str) {
-        let deadline = Instant::now() + self.config.heartbeat_ttl + self.config.heartbeat_grace;
-        self.timers().reset(node_id, deadline);
-        self.timers_changed.notify_one();
-    }
-
-    pub(crate) async fn register_node(
+impl Server {
+    /// Register or update a node; it is `ready` (or still draining). Returns the
+    /// heartbeat TTL and the index.
+    ///
+    /// `secret` is the node's secret: the first registration of an id binds it (the
+    /// server keeps its SHA-256); every later one must present the same, else
+    /// `Denied`. Attributes, meta and drivers are bounded (see the `MAX_NODE_*`
+    /// constants): more is `Invalid`.
+    pub async fn register_node(
         &self,
         reg: NodeRegistration,
         secret: &str,
@@ -292,7 +333,8 @@ impl Core {
         }
         check_secret_shape(&reg.id, secret)?;
         check_registration(&reg)?;
-        let (index, ()) = self
+        let term = self.leadership.require()?;
+        let (index, ()) = term
             .commit(|st, index, now| {
                 let old = st.node(&reg.id);
                 let mut b = Batch::default();
@@ -363,12 +405,13 @@ impl Core {
                 Ok((b, ()))
             })
             .await?;
-        self.arm(&reg.id);
-        Ok((self.config.heartbeat_ttl, index))
+        term.arm(&reg.id);
+        Ok((self.core.config.heartbeat_ttl, index))
     }
 
-    pub(crate) async fn heartbeat(&self, node_id: &str) -> Result<(Duration, Index), ServerError> {
-        let status = self.read().node(node_id).map(|n| n.status);
+    /// A node's heartbeat. `NotFound` for an unknown node (it must register).
+    pub async fn heartbeat(&self, node_id: &str) -> Result<(Duration, Index), ServerError> {
+        let status = self.core.read().node(node_id).map(|n| n.status);
         match status {
             None => Err(ServerError::NotFound(format!(
                 "node {node_id} is not registered"
@@ -376,7 +419,8 @@ impl Core {
             Some(NodeStatus::Down) => {
                 // A node the server gave up on is heard again: it is back, with what it
                 // registered last.
-                let (index, ()) = self
+                let term = self.leadership.require()?;
+                let (index, ()) = term
                     .commit(|st, index, now| {
                         let mut b = Batch::default();
                         if let Some(n) = st.node(node_id)
@@ -398,72 +442,23 @@ impl Core {
                         Ok((b, ()))
                     })
                     .await?;
-                self.arm(node_id);
-                Ok((self.config.heartbeat_ttl, index))
+                term.arm(node_id);
+                Ok((self.core.config.heartbeat_ttl, index))
             }
             Some(_) => {
-                let deadline =
-                    Instant::now() + self.config.heartbeat_ttl + self.config.heartbeat_grace;
-                self.timers().reset(node_id, deadline);
-                Ok((self.config.heartbeat_ttl, self.read().index))
+                let deadline = Instant::now()
+                    + self.core.config.heartbeat_ttl
+                    + self.core.config.heartbeat_grace;
+                self.leadership.require()?.timers().reset(node_id, deadline);
+                Ok((self.core.config.heartbeat_ttl, self.core.read().index))
             }
         }
     }
 
-    /// Mark a node whose heartbeat deadline passed `down`.
-    pub(crate) async fn node_down(&self, node_id: &str) -> Result<(), ServerError> {
-        let silent = self.config.heartbeat_ttl + self.config.heartbeat_grace;
-        let (index, n) = self
-            .commit(|st, index, now| {
-                let mut b = Batch::default();
-                // A heartbeat or registration that came in since the deadline wins.
-                if self.timers().has(node_id) {
-                    return Ok((b, 0));
-                }
-                let Some(node) = st.node(node_id).filter(|n| n.status != NodeStatus::Down) else {
-                    return Ok((b, 0));
-                };
-                let mut node = node.clone();
-                node.status = NodeStatus::Down;
-                node.status_description =
-                    format!("missed heartbeats for {}", humantime_secs(silent));
-                node.status_updated_at = now;
-                node.modify_index = index;
-                let mut jobs = BTreeSet::new();
-                for a in st.allocs_on_node(node_id) {
-                    if a.is_terminal() {
-                        continue;
-                    }
-                    let mut a = a.clone();
-                    a.desired_status = DesiredStatus::Stop;
-                    a.desired_description = "node down".into();
-                    a.client_status = ClientStatus::Lost;
-                    a.client_description = "node down: allocation lost".into();
-                    a.alloc_modify_index = index;
-                    a.modify_index = index;
-                    a.modify_time = now;
-                    jobs.insert(a.job_name.clone());
-                    b.allocs.push(a);
-                }
-                let n = b.allocs.len();
-                for name in &jobs {
-                    if let Some(job) = st.job(name).filter(|j| j.spec.job_type != JobType::System) {
-                        let mut e = new_eval(job, EvalTrigger::NodeUpdate, index, now);
-                        e.node_id = Some(node_id.to_owned());
-                        b.evals.push(e);
-                    }
-                }
-                system_job_evals(st, node_id, index, now, &mut b);
-                b.nodes.push(node);
-                Ok((b, n))
-            })
-            .await?;
-        tracing::warn!(node = %node_id, index, lost_allocations = n, "node missed its heartbeats: down");
-        Ok(())
-    }
-
-    pub(crate) async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
-        let (index, ()) = self
+    /// Start or end a node's drain; `node` is an id or a unique name.
+    pub async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
+        let term = self.leadership.require()?;
+        let (index, ()) = term
             .commit(|st, index, now| {
                 let Some(n) = lookup_node(st, node)? else {
                     return Err(ServerError::NotFound(format!("node {node} not found")));
@@ -510,38 +505,5 @@ impl Core {
             })
             .await?;
         Ok(index)
-    }
-}
-
-fn humantime_secs(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timers_pop_in_deadline_order_and_reset_moves_a_node() {
-        let t0 = Instant::now();
-        let mut t = Timers::default();
-        t.reset("a", t0 + Duration::from_secs(1));
-        t.reset("b", t0 + Duration::from_secs(2));
-        t.reset("a", t0 + Duration::from_secs(3));
-        assert_eq!(t.next(), Some(t0 + Duration::from_secs(2)));
-        assert_eq!(
-            t.pop_expired(t0 + Duration::from_secs(2)),
-            vec!["b".to_string()]
-        );
-        assert!(t.has("a") && !t.has("b"));
-        assert_eq!(
-            t.pop_expired(t0 + Duration::from_secs(3)),
-            vec!["a".to_string()]
-        );
-        assert_eq!(t.next(), None);
     }
 }

@@ -10,6 +10,8 @@
 //! - With a token, every request must carry it in `X-Drover-Token`; anything else is
 //!   refused with 401 before the request is looked at, and changes nothing.
 
+mod serve;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,39 +28,42 @@ use drover_server_api::{
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{LEADERSHIP_LOST_PREFIX, NOT_LEADER_PREFIX, ServerError};
-use crate::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
+pub use self::serve::{serve, tls_server_config};
+
+use crate::error::ServerError;
 use crate::server::Server;
+use crate::transport::auth::token_eq;
+use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 
 /// Largest request body accepted: a job file is a few KiB; this leaves room for big
 /// driver configs and refuses anything that would only eat memory.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
-
-/// Connections served at once; more wait in the listen backlog. Blocking queries hold a
-/// connection for up to [`MAX_BLOCKING_WAIT`], so this is generous, but bounded.
-const MAX_CONNECTIONS: usize = 4096;
-
-/// A connection must send a whole request head within this (after accept, and after
-/// each answer on a kept-alive one), or it is closed: idle sockets cannot hold slots.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A TLS handshake must finish within this.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// After shutdown fires, requests in flight get this long to finish.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 struct Api {
     server: Arc<Server>,
 }
 
-/// An API error: a status code and `{"error": "..."}`.
+/// An API error: a status code and `{"error": "..."}`, marked when the request
+/// belongs to the leader (the server does not lead, or stopped leading).
 #[derive(Debug)]
-struct ApiError(StatusCode, String);
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    not_leader: bool,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: String) -> ApiError {
+        ApiError {
+            status,
+            message,
+            not_leader: false,
+        }
+    }
+}
 
 impl From<ServerError> for ApiError {
     fn from(e: ServerError) -> Self {
@@ -72,7 +77,11 @@ impl From<ServerError> for ApiError {
             | ServerError::NotLeader { .. }
             | ServerError::LeadershipLost(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
-        ApiError(code, e.to_string())
+        ApiError {
+            status: code,
+            not_leader: e.is_not_leader(),
+            message: e.to_string(),
+        }
     }
 }
 
@@ -80,10 +89,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         // A write that reached a server which does not lead (any more): marked, so
         // that a forwarding follower looks for the leader again.
-        let not_leader = self.0 == StatusCode::SERVICE_UNAVAILABLE
-            && (self.1.starts_with(NOT_LEADER_PREFIX)
-                || self.1.starts_with(LEADERSHIP_LOST_PREFIX));
-        crate::forward::error_response(self.0.as_u16(), &self.1, not_leader)
+        crate::transport::forward::error_response(
+            self.status.as_u16(),
+            &self.message,
+            self.not_leader,
+        )
     }
 }
 
@@ -98,7 +108,7 @@ fn answer(index: Index, value: impl serde::Serialize) -> ApiResult {
 }
 
 fn not_found(what: &str, name: &str) -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, format!("{what} {name:?} not found"))
+    ApiError::new(StatusCode::NOT_FOUND, format!("{what} {name:?} not found"))
 }
 
 /// The API's routes over `server`; `token`, when set, is required on every request
@@ -137,9 +147,9 @@ pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
         .route("/v1/client/fs/logs/{id}", get(alloc_logs_elsewhere))
         .route("/v1/status/servers", get(servers_status))
         .route("/v1/status/leader", get(leader_status))
-        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
         .method_not_allowed_fallback(|req: Request| async move {
-            ApiError(
+            ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("{} is not allowed on {}", req.method(), req.uri().path()),
             )
@@ -196,22 +206,23 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
         return next.run(req).await;
     }
     if let Some(ForwardedBy(by)) = req.extensions().get::<ForwardedBy>().cloned() {
-        return ApiError(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ServerError::NotLeader { leader: None }.to_string().replace(
+        return ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: ServerError::NotLeader { leader: None }.to_string().replace(
                 crate::error::NO_KNOWN_LEADER,
                 &format!(
                     "server {by} forwarded this write here, but this server does not lead either"
                 ),
             ),
-        )
+            not_leader: true,
+        }
         .into_response();
     }
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
-            return ApiError(
+            return ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
                     "request body larger than {} MiB (or cut short)",
@@ -251,26 +262,16 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
     }
 }
 
-/// Equal bytes, in time that depends only on the lengths: a wrong token's answer must
-/// not tell how much of it was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
 async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
     let given = req.headers().get(TOKEN_HEADER).map(HeaderValue::as_bytes);
     match given {
-        Some(given) if constant_time_eq(given, &token) => next.run(req).await,
+        Some(given) if token_eq(given, &token) => next.run(req).await,
         Some(_) => {
             // Never the token itself in logs.
             tracing::warn!(method = %req.method(), path = %req.uri().path(), "refused a request with a wrong token");
-            ApiError(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response()
+            ApiError::new(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response()
         }
-        None => ApiError(
+        None => ApiError::new(
             StatusCode::UNAUTHORIZED,
             format!("this server requires a token: send it in the {TOKEN_HEADER} header (DROVER_TOKEN for the CLI)"),
         )
@@ -303,7 +304,7 @@ fn parse_wait(text: &str) -> Result<Duration, ApiError> {
         return Ok(Duration::from_secs(secs));
     }
     humantime::parse_duration(text).map_err(|e| {
-        ApiError(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("invalid query: wait={text:?} is not a duration like \"30s\" or \"5m\": {e}"),
         )
@@ -311,7 +312,7 @@ fn parse_wait(text: &str) -> Result<Duration, ApiError> {
 }
 
 fn bad_query(e: QueryRejection) -> ApiError {
-    ApiError(
+    ApiError::new(
         StatusCode::BAD_REQUEST,
         format!("invalid query: {}", e.body_text()),
     )
@@ -349,7 +350,7 @@ fn json_body<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError(
+            ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
                     "request body larger than {} MiB",
@@ -357,20 +358,20 @@ fn json_body<T: DeserializeOwned>(
                 ),
             )
         } else {
-            ApiError(
+            ApiError::new(
                 e.status(),
                 format!("cannot read the request body: {}", e.body_text()),
             )
         }
     })?;
     if body.is_empty() {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "the request body is empty".into(),
         ));
     }
     serde_json::from_slice(&body).map_err(|e| {
-        ApiError(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("invalid request body: {e}"),
         )
@@ -386,7 +387,7 @@ fn job_from_body(
     if let Some(name) = name
         && job.name != name
     {
-        return Err(ApiError(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
                 "the job in the body is named {:?}, the path names {name:?}",
@@ -595,7 +596,7 @@ async fn alloc_logs_elsewhere(State(api): State<Api>, Path(id): Path<String>) ->
         .server
         .allocation(&id)
         .ok_or_else(|| not_found("allocation", &id))?;
-    Err(ApiError(
+    Err(ApiError::new(
         StatusCode::BAD_REQUEST,
         format!(
             "the logs of allocation {} are on node {} ({}): ask that node's agent \
@@ -617,196 +618,16 @@ async fn leader_status(State(api): State<Api>) -> ApiResult {
     answer(index, api.server.leader_status()?)
 }
 
-// --- serving ----------------------------------------------------------------------
-
-/// The rustls server config for `files`: their certificate chain and key, and with a
-/// client CA, client certificates required (mutual TLS). Errors name the file.
-pub fn tls_server_config(
-    files: &crate::tls::TlsFiles,
-) -> Result<rustls::ServerConfig, ServerError> {
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let read = |path: &std::path::Path, what: &str| {
-        std::fs::read(path).map_err(|e| {
-            ServerError::Invalid(format!(
-                "cannot read the TLS {what} {}: {e}",
-                path.display()
-            ))
-        })
-    };
-    let pem_certs = |path: &std::path::Path,
-                     what: &str|
-     -> Result<Vec<CertificateDer<'static>>, ServerError> {
-        let pem = read(path, what)?;
-        let certs = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                ServerError::Invalid(format!("the TLS {what} {} is not PEM: {e}", path.display()))
-            })?;
-        if certs.is_empty() {
-            return Err(ServerError::Invalid(format!(
-                "the TLS {what} {} holds no certificate",
-                path.display()
-            )));
-        }
-        Ok(certs)
-    };
-    let certs = pem_certs(&files.cert, "certificate file")?;
-    let key_pem = read(&files.key, "key file")?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-        ServerError::Invalid(format!(
-            "the TLS key file {} holds no private key: {e}",
-            files.key.display()
-        ))
-    })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ServerError::Invalid(format!("TLS: {e}")))?;
-    let builder = match &files.client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in pem_certs(ca, "client CA file")? {
-                roots.add(cert).map_err(|e| {
-                    ServerError::Invalid(format!("the TLS client CA file {}: {e}", ca.display()))
-                })?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider,
-            )
-            .build()
-            .map_err(|e| {
-                ServerError::Invalid(format!("the TLS client CA file {}: {e}", ca.display()))
-            })?;
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-        ServerError::Invalid(format!(
-            "the TLS certificate {} and key {} do not make a usable pair: {e}",
-            files.cert.display(),
-            files.key.display()
-        ))
-    })?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
-}
-
-/// Serve `router` on `listener` (TLS when `tls` is set) until `shutdown` fires; then
-/// stop accepting, end blocking queries with what there is, and give requests in
-/// flight `SHUTDOWN_GRACE` to finish. A bad TLS file is an error before anything is
-/// served.
-pub async fn serve(
-    router: axum::Router,
-    listener: TcpListener,
-    tls: Option<crate::tls::TlsFiles>,
-    shutdown: CancellationToken,
-) -> Result<(), ServerError> {
-    let acceptor = match &tls {
-        Some(files) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
-            tls_server_config(files)?,
-        ))),
-        None => None,
-    };
-    let app = router.layer(Extension(shutdown.clone()));
-    // Not `axum::serve`: it builds hyper's connection without a timer, and without one
-    // hyper never enforces `header_read_timeout`.
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    // Each connection's task holds a clone of `open`; once all are dropped, `drained`
-    // reports that every connection closed.
-    let (open, mut drained) = tokio::sync::mpsc::channel::<()>(1);
-    loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let (stream, peer) = tokio::select! {
-            conn = listener.accept() => match conn {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let http = http.clone();
-        let acceptor = acceptor.clone();
-        let stop = shutdown.clone();
-        let open = open.clone();
-        tokio::spawn(async move {
-            let _open = open;
-            let _permit = permit;
-            match acceptor {
-                None => serve_connection(&http, stream, app, &stop).await,
-                Some(acceptor) => {
-                    let tls =
-                        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
-                    match tls {
-                        Ok(Ok(tls)) => serve_connection(&http, tls, app, &stop).await,
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                }
-            }
-        });
-    }
-    drop(listener);
-    drop(open);
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, drained.recv()).await;
-    Ok(())
-}
-
-async fn serve_connection<IO>(
-    http: &hyper::server::conn::http1::Builder,
-    io: IO,
-    app: Router,
-    stop: &CancellationToken,
-) where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let service = hyper_util::service::TowerToHyperService::new(app);
-    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
-    let mut conn = std::pin::pin!(conn);
-    let done = tokio::select! {
-        r = conn.as_mut() => Some(r),
-        () = stop.cancelled() => None,
-    };
-    let r = match done {
-        Some(r) => r,
-        None => {
-            // Finish the request in flight, if any, then close.
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = r {
-        tracing::debug!(error = %e, "HTTP connection ended with an error");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn tokens_compare_whole() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secret", b"secreT"));
+        assert!(!token_eq(b"secret", b"secret2"));
+        assert!(!token_eq(b"", b"x"));
     }
 
     #[test]
@@ -824,10 +645,20 @@ mod tests {
                 ServerError::Unavailable("x".into()),
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
+            (
+                ServerError::NotLeader { leader: None },
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                ServerError::LeadershipLost("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
         ] {
             let message = e.to_string();
-            let ApiError(got, said) = ApiError::from(e);
-            assert_eq!((got, said), (code, message));
+            let not_leader = e.is_not_leader();
+            let got = ApiError::from(e);
+            assert_eq!((got.status, got.message), (code, message));
+            assert_eq!(got.not_leader, not_leader);
         }
     }
 
@@ -856,7 +687,7 @@ mod tests {
             Some((7, MAX_BLOCKING_WAIT))
         );
         let err = blocking_wait(&q(Some(7), Some("soon"))).unwrap_err();
-        assert_eq!(err.0, StatusCode::BAD_REQUEST);
-        assert!(err.1.contains("wait=\"soon\""), "{}", err.1);
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(err.message.contains("wait=\"soon\""), "{}", err.message);
     }
 }

@@ -10,88 +10,36 @@
 //! accepted in order while they fit; the rest is refused and the worker plans it again
 //! against the newer state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use drover_server_api::{
-    AllocResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, EvalTrigger, Evaluation,
-    Index, PlacementFailure,
+    AllocResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, EvalTrigger, Index,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use crate::error::ServerError;
+use crate::leader::batcher::{self, Queued};
+pub use crate::leader::requests::PlanResult;
+pub(crate) use crate::leader::requests::{EvalFinish, PlanRequest};
+use crate::leader::term::LeaderTerm;
 use crate::scheduler::{Plan, StateView};
-use crate::server::{Core, new_eval, set_eval_status};
+use crate::state::evals::{new_eval, set_eval_status};
 use crate::state::{Batch, State};
 
 /// Plans committed together at most (they wait in the queue while one commits).
 const MAX_PLANS_PER_COMMIT: usize = 64;
 
-/// What the worker writes for its evaluation once its plan committed completely.
-#[derive(Debug, Clone)]
-pub(crate) struct EvalFinish {
-    pub eval: Evaluation,
-    pub failed_tg_allocs: BTreeMap<String, PlacementFailure>,
-    pub queued_allocations: BTreeMap<String, u32>,
-    /// A failed allocation waits for its reschedule delay until then (unix
-    /// nanoseconds): a follow-up evaluation is made, due at that time.
-    pub follow_up_at: Option<i64>,
-}
-
-pub(crate) struct PlanRequest {
-    pub plan: Plan,
-    pub finish: Option<EvalFinish>,
-    pub reply: oneshot::Sender<Result<PlanResult, ServerError>>,
-}
-
-/// The applier's verdict on a plan.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PlanResult {
-    /// The index of the commit (the current index if nothing was committed).
-    pub index: Index,
-    /// Allocations created.
-    pub placed: usize,
-    /// Allocations stopped (or marked lost).
-    pub stopped: usize,
-    /// Allocations refused because they no longer fit or their node cannot take them.
-    pub refused: usize,
-    /// Nodes that refused some of their placements, with why.
-    pub refused_nodes: BTreeMap<String, String>,
-    /// The whole plan was refused: it was made for an older version of the job.
-    pub stale_job: bool,
-}
-
-impl PlanResult {
-    /// Everything in the plan was committed.
-    pub fn fully_committed(&self) -> bool {
-        self.refused == 0 && !self.stale_job
-    }
-}
-
 /// The applier loop: takes every plan waiting (up to [`MAX_PLANS_PER_COMMIT`]) and
-/// commits them together.
+/// commits them together (the shared [`batcher`] loop).
 pub(crate) async fn run(
-    core: Arc<Core>,
-    mut rx: mpsc::Receiver<PlanRequest>,
+    term: Arc<LeaderTerm>,
+    rx: mpsc::Receiver<Queued<PlanRequest, PlanResult>>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    loop {
-        let first = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = rx.recv() => match r {
-                Some(r) => r,
-                None => return,
-            },
-        };
-        let mut reqs = vec![first];
-        while reqs.len() < MAX_PLANS_PER_COMMIT {
-            match rx.try_recv() {
-                Ok(r) => reqs.push(r),
-                Err(_) => break,
-            }
-        }
-        let res = core
-            .commit(|st, index, now| {
+    let commit = |reqs: Vec<PlanRequest>| {
+        let term = term.clone();
+        async move {
+            term.commit(|st, index, now| {
                 let mut batch = Batch::default();
                 let mut ctx = ApplyCtx::default();
                 let results = reqs
@@ -110,25 +58,21 @@ pub(crate) async fn run(
                     .collect::<Vec<_>>();
                 Ok((batch, results))
             })
-            .await;
-        match res {
-            Ok((index, results)) => {
-                for (req, mut r) in reqs.into_iter().zip(results) {
-                    r.index = index;
-                    let _ = req.reply.send(Ok(r));
-                }
-            }
-            Err(e) => {
-                tracing::error!("plan commit failed: {e}");
-                let msg = e.to_string();
-                for req in reqs {
-                    let _ = req.reply.send(Err(ServerError::Unavailable(format!(
-                        "plan not committed: {msg}"
-                    ))));
-                }
-            }
+            .await
         }
-    }
+    };
+    batcher::run(
+        rx,
+        MAX_PLANS_PER_COMMIT,
+        stop,
+        "plan",
+        commit,
+        |mut r: PlanResult, index| {
+            r.index = index;
+            Ok(r)
+        },
+    )
+    .await;
 }
 
 /// What earlier plans of the same commit did.

@@ -99,12 +99,6 @@ impl Broker {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Forget every evaluation: the server stopped leading, and the next leader
-    /// rebuilds its broker from the stored evaluations.
-    pub(crate) fn clear(&self) {
-        *self.lock() = Inner::default();
-    }
-
     /// Add a pending evaluation. An evaluation the broker already holds is ignored;
     /// one whose `wait_until` is later than `now` (unix nanoseconds) is held until
     /// [`Broker::promote_due`] is called at or after that time.
@@ -147,7 +141,7 @@ impl Broker {
 
     /// Add a pending evaluation (delayed if its `wait_until` is still to come).
     pub(crate) fn enqueue(&self, eval: Evaluation) {
-        self.enqueue_at(eval, crate::server::now_nanos());
+        self.enqueue_at(eval, crate::state::evals::now_nanos());
     }
 
     /// Hand the delayed evaluations due at `now` (unix nanoseconds) to the workers;

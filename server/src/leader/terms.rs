@@ -10,7 +10,8 @@
 //! loops (plan applier, client update batcher, heartbeat timers, blocked and delayed
 //! evaluations, garbage collection, workers). When the term is lost (lease expired or
 //! revoked, a commit refused by the fence) or the server shuts down, the loops stop,
-//! the broker and the timers are emptied, and the server follows again.
+//! the term's broker and timers go with it ([`LeaderTerm`]), and the server follows
+//! again.
 //!
 //! The one server on the embedded store always leads ([`crate::leader::SoleLeader`]):
 //! its first term starts at once and lasts until shutdown.
@@ -20,12 +21,13 @@ use std::time::Duration;
 
 use drover_server_api::{EvalStatus, Evaluation, NodeStatus};
 use futures_util::StreamExt as _;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::core::{Core, Fence};
 use crate::error::ServerError;
 use crate::leader::Term;
-use crate::server::{Core, LeaderTerm, PLAN_QUEUE};
+use crate::leader::leadership::Leadership;
+use crate::leader::term::LeaderTerm;
 use crate::state::Batch;
 use crate::store::{StoreChange, WatchEvent};
 
@@ -47,26 +49,26 @@ const MAX_STAGED_PARTS: usize = 10_000;
 
 /// Campaign, lead, follow, until shutdown; then hand leadership over at once
 /// ([`crate::leader::Election::close`]: etcd revokes this server's lease).
-pub(crate) async fn run(core: Arc<Core>) {
-    run_terms(&core).await;
-    core.election.close().await;
-    tracing::info!(server = %core.me.name, "left the election");
+pub(crate) async fn run(core: Arc<Core>, leadership: Arc<Leadership>) {
+    run_terms(&core, &leadership).await;
+    leadership.election.close().await;
+    tracing::info!(server = %leadership.me.name, "left the election");
 }
 
-async fn run_terms(core: &Arc<Core>) {
+async fn run_terms(core: &Arc<Core>, leadership: &Leadership) {
     // The state was just loaded by `start_with`: the first term or follow need not
     // read it again if nothing was committed since.
     let mut fresh = true;
     loop {
         let follow_stop = core.shutdown.child_token();
         let follower = tokio::spawn(follow(core.clone(), follow_stop.clone(), !fresh));
-        let term = campaign(core).await;
+        let term = campaign(core, leadership).await;
         follow_stop.cancel();
         let _ = follower.await;
         let Some(term) = term else {
             return; // shutdown
         };
-        let gave_up = lead(core, term, fresh).await;
+        let gave_up = lead(core, leadership, term, fresh).await;
         fresh = false;
         if gave_up {
             // Campaign again only after a pause: the others queue up meanwhile, and a
@@ -83,10 +85,10 @@ async fn run_terms(core: &Arc<Core>) {
 }
 
 /// Keep this server registered as a member while it runs.
-pub(crate) async fn keep_registered(core: Arc<Core>) {
+pub(crate) async fn keep_registered(core: Arc<Core>, leadership: Arc<Leadership>) {
     loop {
         let r = tokio::select! {
-            r = core.election.register(core.me.clone()) => r,
+            r = leadership.election.register(leadership.me.clone()) => r,
             () = core.shutdown.cancelled() => return,
         };
         if let Err(e) = r {
@@ -100,10 +102,10 @@ pub(crate) async fn keep_registered(core: Arc<Core>) {
 }
 
 /// Campaign until elected; `None` on shutdown.
-async fn campaign(core: &Core) -> Option<Term> {
+async fn campaign(core: &Core, leadership: &Leadership) -> Option<Term> {
     loop {
         let r = tokio::select! {
-            r = core.election.campaign(core.me.clone()) => r,
+            r = leadership.election.campaign(leadership.me.clone()) => r,
             () = core.shutdown.cancelled() => return None,
         };
         match r {
@@ -121,12 +123,10 @@ async fn campaign(core: &Core) -> Option<Term> {
 
 /// One term: set up, run the leader loops until the term is lost or shutdown, then
 /// tear down. `true`: the term was given up because the state could not be loaded.
-async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
+async fn lead(core: &Arc<Core>, leadership: &Leadership, term: Term, fresh: bool) -> bool {
     let Term { fence, lost, id } = term;
     let stop = core.shutdown.child_token();
-    let (plans_tx, plans_rx) = mpsc::channel(PLAN_QUEUE);
-    let (updates_tx, updates_rx) = mpsc::channel(PLAN_QUEUE);
-    {
+    let (leader_term, queues) = {
         let _writer = core.commit_lock.lock().await;
         // The whole state, as the store has it now: a follower's state may lag, and
         // the term must start from what the previous leader committed last.
@@ -146,13 +146,13 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
                 // server of another version, or the fault may be this server's).
                 Err(e) if attempts >= LOAD_ATTEMPTS || started.elapsed() >= LOAD_GIVE_UP => {
                     tracing::error!(
-                        server = %core.me.name,
+                        server = %leadership.me.name,
                         term = id,
                         attempts,
                         "cannot load the state for the new term: {e}; resigning so that \
                          another server can try"
                     );
-                    core.election.resign().await;
+                    leadership.election.resign().await;
                     return true;
                 }
                 Err(e) => {
@@ -169,7 +169,16 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
                 }
             }
         }
-        core.broker.clear();
+        let (leader_term, queues) = LeaderTerm::new(
+            core.clone(),
+            Fence {
+                term: id,
+                holder: leadership.me.name.clone(),
+                conditions: fence,
+                lost: lost.clone(),
+                ended: stop.clone(),
+            },
+        );
         let st = core.read();
         let mut pending: Vec<&Evaluation> = st
             .all_evals()
@@ -177,7 +186,7 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
             .collect();
         pending.sort_by_key(|e| e.create_index);
         for e in pending {
-            core.broker.enqueue(e.clone());
+            leader_term.broker.enqueue(e.clone());
         }
         // Every live node gets a fresh window: the previous leader (or this server,
         // before a restart) heard its heartbeats, not this term; its client may be in
@@ -186,66 +195,65 @@ async fn lead(core: &Arc<Core>, term: Term, fresh: bool) -> bool {
             + (core.config.heartbeat_ttl + core.config.heartbeat_grace)
                 .max(core.config.failover_heartbeat_ttl);
         {
-            let mut timers = core.timers();
-            *timers = crate::heartbeat::Timers::default();
+            let mut timers = leader_term.timers();
             for n in st.all_nodes().filter(|n| n.status != NodeStatus::Down) {
                 timers.reset(&n.id, deadline);
             }
         }
         tracing::info!(
-            server = %core.me.name,
+            server = %leadership.me.name,
             term = id,
             index = st.index,
             nodes = st.all_nodes().count(),
-            pending_evals = core.broker.len(),
+            pending_evals = leader_term.broker.len(),
             "leading"
         );
-        *core.term.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(LeaderTerm {
-            id,
-            fence,
-            lost: lost.clone(),
-            plans: plans_tx,
-            updates: updates_tx,
-        }));
-    }
-    core.forwarder.set_leader(Some(core.me.clone()));
+        let leader_term = Arc::new(leader_term);
+        leadership.begin(leader_term.clone());
+        (leader_term, queues)
+    };
+    leadership.set_known_leader(Some(leadership.me.clone()));
+    let term = leader_term;
     let mut tasks = vec![
-        tokio::spawn(crate::plan::run(core.clone(), plans_rx, stop.clone())),
-        tokio::spawn(crate::server::run_updates(
-            core.clone(),
-            updates_rx,
+        tokio::spawn(crate::leader::plan_apply::run(
+            term.clone(),
+            queues.plans,
             stop.clone(),
         )),
-        tokio::spawn(crate::heartbeat::run(core.clone(), stop.clone())),
-        tokio::spawn(crate::blocked::run(core.clone(), stop.clone())),
-        tokio::spawn(crate::worker::run_expiry(core.clone(), stop.clone())),
-        tokio::spawn(crate::gc::run(core.clone(), stop.clone())),
+        tokio::spawn(crate::leader::client_updates::run(
+            term.clone(),
+            queues.updates,
+            stop.clone(),
+        )),
+        tokio::spawn(crate::leader::heartbeat::run(term.clone(), stop.clone())),
+        tokio::spawn(crate::leader::blocked::run(term.clone(), stop.clone())),
+        tokio::spawn(crate::leader::worker::run_expiry(
+            term.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(crate::leader::gc::run(term.clone(), stop.clone())),
     ];
     for i in 0..core.config.workers {
-        tasks.push(tokio::spawn(crate::worker::run(
-            core.clone(),
+        tasks.push(tokio::spawn(crate::leader::worker::run(
+            term.clone(),
             i,
             stop.clone(),
         )));
     }
-    core.leading.send_replace(Some(id));
+    leadership.announce(id);
     tokio::select! {
         () = lost.cancelled() => {
-            tracing::warn!(server = %core.me.name, term = id, "leadership lost: following again");
+            tracing::warn!(server = %leadership.me.name, term = id, "leadership lost: following again");
         }
         () = core.shutdown.cancelled() => {}
     }
     // Writes are refused from here on; the loops finish what they hold (their
-    // commits fail) and stop.
-    *core.term.write().unwrap_or_else(|p| p.into_inner()) = None;
-    core.leading.send_replace(None);
-    core.forwarder.set_leader(None);
+    // commits fail) and stop. The broker and the timers go with the term.
+    leadership.end();
     stop.cancel();
     for t in tasks {
         let _ = t.await;
     }
-    core.broker.clear();
-    *core.timers() = crate::heartbeat::Timers::default();
     false
 }
 

@@ -6,6 +6,8 @@
 //! store committed it, with the transaction's revision as index. Readers (workers,
 //! API) take the state's read lock for the duration of one call.
 
+pub(crate) mod evals;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use drover_server_api::{
@@ -221,7 +223,7 @@ pub(crate) struct State {
     jobs: HashMap<String, Job>,
     versions: HashMap<String, BTreeMap<u64, Job>>,
     nodes: BTreeMap<String, Node>,
-    /// Hex SHA-256 of each node's secret, by node id (see `heartbeat.rs`).
+    /// Hex SHA-256 of each node's secret, by node id (see `endpoints/nodes.rs`).
     node_secrets: HashMap<String, String>,
     allocs: HashMap<String, Allocation>,
     by_job: HashMap<String, HashSet<String>>,

@@ -20,8 +20,8 @@ use std::time::Duration;
 use drover_server_api::{Allocation, DesiredStatus, EvalStatus, JobType, NodeStatus};
 
 use crate::error::ServerError;
+use crate::leader::term::LeaderTerm;
 use crate::scheduler::StateView;
-use crate::server::Core;
 use crate::state::{Batch, State};
 
 /// Deletions in one commit at most (a bigger backlog is taken in several).
@@ -30,8 +30,8 @@ pub(crate) const MAX_DELETIONS_PER_COMMIT: usize = 10_000;
 /// Terminal allocations kept per job at least, whatever its count.
 const MIN_KEPT_PER_JOB: usize = 10;
 
-pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
-    let period = core.config.gc_interval.max(Duration::from_millis(10));
+pub(crate) async fn run(term: Arc<LeaderTerm>, stop: tokio_util::sync::CancellationToken) {
+    let period = term.core.config.gc_interval.max(Duration::from_millis(10));
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -39,7 +39,7 @@ pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationTok
         }
         // A backlog bigger than one commit is taken at once, commit after commit.
         loop {
-            match collect(&core).await {
+            match collect(&term).await {
                 Ok(n) if n >= MAX_DELETIONS_PER_COMMIT => continue,
                 Ok(_) => break,
                 Err(e) => {
@@ -79,10 +79,10 @@ fn collectable(st: &State, a: &Allocation) -> bool {
 }
 
 /// One collection pass, committed; how many objects it deleted.
-pub(crate) async fn collect(core: &Core) -> Result<usize, ServerError> {
-    let alloc_age = nanos(core.config.alloc_gc_threshold);
-    let node_age = nanos(core.config.node_gc_threshold);
-    let (_, n) = core
+pub(crate) async fn collect(term: &LeaderTerm) -> Result<usize, ServerError> {
+    let alloc_age = nanos(term.core.config.alloc_gc_threshold);
+    let node_age = nanos(term.core.config.node_gc_threshold);
+    let (_, n) = term
         .commit(|st, _index, now| {
             let b = garbage(st, now, alloc_age, node_age);
             let n = b.drop_allocs.len() + b.drop_evals.len() + b.drop_nodes.len();

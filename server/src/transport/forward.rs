@@ -28,9 +28,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 
 use crate::config::ServerConfig;
+use crate::core::Core;
 use crate::error::ServerError;
-use crate::leader::{Election, ServerInfo};
-use crate::server::Core;
+use crate::leader::ServerInfo;
+use crate::leader::leadership::Leadership;
 use crate::store::BoxFuture;
 
 /// Marks a request (HTTP header, RPC metadata) forwarded by a follower; its value is
@@ -66,7 +67,7 @@ const LEADER_SHARE: Duration = Duration::from_millis(200);
 /// Beyond the lease TTL, how long a request waits for a leader to be elected.
 const ELECTION_GRACE: Duration = Duration::from_secs(5);
 /// Largest message either way (as the RPC listener's).
-const MAX_MESSAGE_BYTES: usize = crate::rpc::MAX_MESSAGE_BYTES;
+const MAX_MESSAGE_BYTES: usize = super::MAX_MESSAGE_BYTES;
 
 /// Where a request goes.
 pub enum Forwarded<T> {
@@ -78,11 +79,11 @@ pub enum Forwarded<T> {
 
 /// Connections to the leader, and who it is.
 pub(crate) struct Forwarder {
-    election: Arc<dyn Election>,
-    me: ServerInfo,
+    /// Whether this server leads, the election to ask who does, and the leader as
+    /// last seen.
+    leadership: Arc<Leadership>,
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     tls: Option<ClientTlsConfig>,
-    leader: Mutex<Option<ServerInfo>>,
     /// Lazily connecting channels per server address and [`Lane`] (bounded by the
     /// servers there are; dropped when a call through it fails).
     channels: Mutex<HashMap<(Lane, String), Channel>>,
@@ -113,8 +114,7 @@ fn read_pem(what: &str, path: &std::path::Path) -> Result<Vec<u8>, ServerError> 
 impl Forwarder {
     pub(crate) fn new(
         config: &ServerConfig,
-        election: Arc<dyn Election>,
-        me: ServerInfo,
+        leadership: Arc<Leadership>,
     ) -> Result<Forwarder, ServerError> {
         let token = match &config.forward.token {
             None => None,
@@ -137,11 +137,9 @@ impl Forwarder {
             }
         };
         Ok(Forwarder {
-            election,
-            me,
+            leadership,
             token,
             tls,
-            leader: Mutex::new(None),
             channels: Mutex::new(HashMap::new()),
             lookup: tokio::sync::Mutex::new(None),
             node_timeout: (config.heartbeat_ttl / 2).clamp(NODE_TIMEOUT_MIN, NODE_TIMEOUT_MAX),
@@ -150,14 +148,11 @@ impl Forwarder {
 
     /// The leader as last seen.
     pub(crate) fn cached_leader(&self) -> Option<ServerInfo> {
-        self.leader
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.leadership.known_leader()
     }
 
     pub(crate) fn set_leader(&self, leader: Option<ServerInfo>) {
-        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = leader;
+        self.leadership.set_known_leader(leader);
     }
 
     /// Who leads, as the store says: one lookup at a time for every request that
@@ -173,7 +168,12 @@ impl Forwarder {
         {
             return answer.clone();
         }
-        let answer = self.election.leader().await.map_err(|e| e.to_string());
+        let answer = self
+            .leadership
+            .election
+            .leader()
+            .await
+            .map_err(|e| e.to_string());
         *last = Some((Instant::now(), answer.clone()));
         answer
     }
@@ -181,12 +181,12 @@ impl Forwarder {
     /// Whether `l` is this server: its name, or its RPC address (a leader announcing
     /// this server's address would have every forward come back here).
     fn is_me(&self, l: &ServerInfo) -> bool {
-        l.name == self.me.name || l.rpc_addr == self.me.rpc_addr
+        l.name == self.leadership.me.name || l.rpc_addr == self.leadership.me.rpc_addr
     }
 
     /// Until when a request waits for a leader.
     fn deadline(&self) -> Instant {
-        Instant::now() + self.election.lease_ttl() + ELECTION_GRACE
+        Instant::now() + self.leadership.election.lease_ttl() + ELECTION_GRACE
     }
 
     /// The leader to send a write to; `None` when this server leads. Waits for an
@@ -198,7 +198,7 @@ impl Forwarder {
         deadline: Instant,
     ) -> Result<Option<ServerInfo>, ServerError> {
         loop {
-            if core.is_leader() {
+            if self.leadership.is_leader() {
                 return Ok(None);
             }
             if !refresh && let Some(l) = self.cached_leader().filter(|l| !self.is_me(l)) {
@@ -211,7 +211,7 @@ impl Forwarder {
                 }
                 // A leader announcing this server's own RPC address: forwarding there
                 // would come back here. Wait for a leader that is somewhere else.
-                Ok(Some(l)) if l.name != self.me.name => {
+                Ok(Some(l)) if l.name != self.leadership.me.name => {
                     tracing::warn!(
                         leader = %l.name,
                         rpc_addr = %l.rpc_addr,
@@ -275,10 +275,7 @@ impl Forwarder {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(_, addr), _| *addr != to.rpc_addr);
-        let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner());
-        if leader.as_ref().is_some_and(|l| l.name == to.name) {
-            *leader = None;
-        }
+        self.leadership.forget_known_leader(&to.name);
     }
 
     /// `msg` as a call to the leader: this server's token, the forwarded mark.
@@ -287,7 +284,7 @@ impl Forwarder {
         if let Some(t) = &self.token {
             req.metadata_mut().insert(TOKEN_HEADER, t.clone());
         }
-        if let Ok(v) = self.me.name.parse() {
+        if let Ok(v) = self.leadership.me.name.parse() {
             req.metadata_mut().insert(FORWARDED_HEADER, v);
         }
         req.set_timeout(FORWARD_TIMEOUT);
@@ -316,11 +313,11 @@ impl Forwarder {
             let to = match self.target(core, refresh, deadline).await {
                 Ok(Some(to)) => to,
                 Ok(None) => return Forwarded::Local,
-                Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
+                Err(e) => return Forwarded::Remote(Err(crate::transport::rpc::status_from(e))),
             };
             let channel = match self.channel(&to, Lane::Node) {
                 Ok(c) => c,
-                Err(e) => return Forwarded::Remote(Err(crate::rpc::status_from(e))),
+                Err(e) => return Forwarded::Remote(Err(crate::transport::rpc::status_from(e))),
             };
             let client = NodeClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -10,25 +10,26 @@ use std::sync::Arc;
 use drover_server_api::{EvalStatus, EvalTrigger};
 
 use crate::error::ServerError;
+use crate::leader::term::LeaderTerm;
 use crate::scheduler::StateView;
-use crate::server::{Core, new_eval, set_eval_status};
 use crate::state::Batch;
+use crate::state::evals::{new_eval, set_eval_status};
 
-pub(crate) async fn run(core: Arc<Core>, stop: tokio_util::sync::CancellationToken) {
+pub(crate) async fn run(term: Arc<LeaderTerm>, stop: tokio_util::sync::CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = core.unblock.notified() => {}
+            _ = term.unblock.notified() => {}
         }
-        if let Err(e) = unblock_all(&core).await {
+        if let Err(e) = unblock_all(&term).await {
             tracing::warn!("could not retry blocked evaluations: {e}");
         }
     }
 }
 
 /// Retry every blocked evaluation; how many were retried.
-pub(crate) async fn unblock_all(core: &Core) -> Result<usize, ServerError> {
-    let (_, n) = core
+pub(crate) async fn unblock_all(term: &LeaderTerm) -> Result<usize, ServerError> {
+    let (_, n) = term
         .commit(|st, index, now| {
             let mut b = Batch::default();
             let mut n = 0;
@@ -74,7 +75,7 @@ mod tests {
     };
     use tokio_util::sync::CancellationToken;
 
-    use crate::plan::{EvalFinish, finish_eval};
+    use crate::leader::plan_apply::{EvalFinish, finish_eval};
     use crate::state::Batch;
     use crate::{RedbStore, Server, ServerConfig};
 
@@ -139,7 +140,7 @@ mod tests {
             follow_up_at: None,
         };
         server
-            .core()
+            .term()
             .commit(|st, index, now| {
                 let mut b = Batch::default();
                 finish_eval(st, &finish, index, now, &mut b);
@@ -174,12 +175,12 @@ mod tests {
 
         // A second evaluation that fails too replaces the blocked one: one per job.
         let rolling = {
-            let core = server.core();
+            let core = server.term();
             let (_, id) = core
                 .commit(|st, index, now| {
                     let mut b = Batch::default();
                     let job = crate::scheduler::StateView::job(st, "big").unwrap();
-                    let e = crate::server::new_eval(job, EvalTrigger::NodeUpdate, index, now);
+                    let e = crate::state::evals::new_eval(job, EvalTrigger::NodeUpdate, index, now);
                     let id = e.id.clone();
                     b.evals.push(e);
                     Ok((b, id))

@@ -1,0 +1,349 @@
+//! Job endpoints: register, plan, stop, and the reads of jobs with their
+//! allocations and evaluations.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use drover_server_api::{
+    Allocation, ClientStatus, EvalStatus, EvalTrigger, Evaluation, GroupPlanSummary, GroupSummary,
+    Job, JobListStub, JobPlanResponse, JobRegisterResponse, JobSpec, JobStatus, JobType, Node,
+    NodeStatus,
+};
+
+use super::newest_first;
+use crate::core::Core;
+use crate::error::ServerError;
+use crate::scheduler;
+use crate::server::Server;
+use crate::state::evals::{new_eval, now_nanos, set_eval_status};
+use crate::state::{Batch, KEPT_VERSIONS, Overlay, State};
+
+/// The same checks as the CLI's (`drover_server_api::validate`): a job refused here
+/// names the field (`group[0].task[1].resources.memory_mb: ...`).
+fn validate_spec(spec: &JobSpec) -> Result<(), ServerError> {
+    drover_server_api::validate::validate(spec).map_err(|e| ServerError::Invalid(e.to_string()))
+}
+
+/// A job's status, derived from its allocations and evaluations.
+fn job_status(st: &State, job: &Job) -> JobStatus {
+    let mut any = false;
+    for a in st.allocs_of_job(&job.spec.name) {
+        if !a.is_terminal() {
+            return JobStatus::Running;
+        }
+        any = true;
+    }
+    if job.stop {
+        return JobStatus::Dead;
+    }
+    let waiting = st.blocked_eval(&job.spec.name).is_some()
+        || st
+            .evals_of_job(&job.spec.name)
+            .any(|e| e.status == EvalStatus::Pending);
+    if job.spec.job_type == JobType::Batch && any && !waiting {
+        return JobStatus::Dead;
+    }
+    JobStatus::Pending
+}
+
+fn job_with_status(st: &State, job: &Job) -> Job {
+    let mut j = job.clone();
+    j.status = job_status(st, job);
+    j
+}
+
+impl Server {
+    // --- jobs ---------------------------------------------------------------------
+
+    /// Register a job or a new version of it, and create its evaluation. Validates the
+    /// spec (`ServerError::Invalid` names the field). Re-registering an unchanged spec
+    /// creates no version but still an evaluation (as `nomad job run`).
+    pub async fn register_job(&self, spec: JobSpec) -> Result<JobRegisterResponse, ServerError> {
+        validate_spec(&spec)?;
+        let term = self.leadership.require()?;
+        let (index, (eval_id, job_modify_index, warnings)) = term
+            .commit(|st, index, now| {
+                let mut b = Batch::default();
+                let existing = scheduler::StateView::job(st, &spec.name);
+                let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
+                let job = match existing {
+                    None => Job {
+                        spec: spec.clone(),
+                        version: 0,
+                        stop: false,
+                        status: JobStatus::Pending,
+                        submit_time: now,
+                        create_index: index,
+                        modify_index: index,
+                        job_modify_index: index,
+                    },
+                    Some(old) if changed => Job {
+                        spec: spec.clone(),
+                        version: old.version + 1,
+                        stop: false,
+                        status: JobStatus::Pending,
+                        submit_time: now,
+                        create_index: old.create_index,
+                        modify_index: index,
+                        job_modify_index: index,
+                    },
+                    Some(old) => old.clone(),
+                };
+                if changed {
+                    b.jobs.push(job.clone());
+                    b.versions.push(job.clone());
+                    if let Some(vs) = st.job_versions(&job.spec.name) {
+                        // Keep the newest KEPT_VERSIONS (the new one included).
+                        let drop = (vs.len() + 1).saturating_sub(KEPT_VERSIONS);
+                        b.drop_versions
+                            .extend(vs.keys().take(drop).map(|v| (job.spec.name.clone(), *v)));
+                    }
+                }
+                let eval = new_eval(&job, EvalTrigger::JobRegister, index, now);
+                if let Some(blocked) = st.blocked_eval(&job.spec.name) {
+                    b.evals.push(set_eval_status(
+                        blocked,
+                        EvalStatus::Canceled,
+                        format!("superseded by evaluation {}", eval.id),
+                        index,
+                        now,
+                    ));
+                }
+                let warnings = driver_warnings(st, &job.spec);
+                let r = (eval.id.clone(), job.job_modify_index, warnings);
+                b.evals.push(eval);
+                Ok((b, r))
+            })
+            .await?;
+        Ok(JobRegisterResponse {
+            eval_id,
+            job_modify_index,
+            index,
+            warnings,
+        })
+    }
+
+    /// What registering `spec` would do; commits nothing. The scheduler runs on a
+    /// blocking thread (as a worker's does): a big job must not hold an async worker
+    /// thread of the HTTP server for the whole placement.
+    pub async fn plan_job(&self, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
+        validate_spec(&spec)?;
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || plan_job_blocking(&core, spec))
+            .await
+            .map_err(|e| ServerError::Unavailable(format!("the scheduler failed: {e}")))?
+    }
+    /// Stop a job (its allocations are stopped); with `purge` also forget it.
+    pub async fn stop_job(
+        &self,
+        name: &str,
+        purge: bool,
+    ) -> Result<JobRegisterResponse, ServerError> {
+        let term = self.leadership.require()?;
+        let (index, (eval_id, job_modify_index)) = term
+            .commit(|st, index, now| {
+                let Some(old) = scheduler::StateView::job(st, name) else {
+                    return Err(ServerError::NotFound(format!("job {name} not found")));
+                };
+                let mut b = Batch::default();
+                let mut job = old.clone();
+                job.stop = true;
+                job.modify_index = index;
+                // A plan made for the running spec must not place anything any more.
+                job.job_modify_index = index;
+                let eval = new_eval(&job, EvalTrigger::JobDeregister, index, now);
+                if purge {
+                    b.purge.push(name.to_owned());
+                    // What already ended goes with the job; the rest once its client
+                    // reports it ended (garbage collection).
+                    b.drop_allocs.extend(
+                        st.allocs_of_job(name)
+                            .filter(|a| a.client_status.is_terminal())
+                            .map(|a| a.id.clone()),
+                    );
+                } else {
+                    b.jobs.push(job.clone());
+                }
+                if let Some(blocked) = st.blocked_eval(name) {
+                    b.evals.push(set_eval_status(
+                        blocked,
+                        EvalStatus::Canceled,
+                        format!("job stopped (evaluation {})", eval.id),
+                        index,
+                        now,
+                    ));
+                }
+                let r = (eval.id.clone(), job.job_modify_index);
+                b.evals.push(eval);
+                Ok((b, r))
+            })
+            .await?;
+        Ok(JobRegisterResponse {
+            eval_id,
+            job_modify_index,
+            index,
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Every job.
+    pub fn jobs(&self) -> Vec<JobListStub> {
+        let st = self.core.read();
+        let mut out: Vec<JobListStub> = st
+            .jobs()
+            .map(|j| {
+                let mut summary: BTreeMap<String, GroupSummary> = j
+                    .spec
+                    .groups
+                    .iter()
+                    .map(|g| (g.name.clone(), GroupSummary::default()))
+                    .collect();
+                for a in st.allocs_of_job(&j.spec.name) {
+                    let s = summary.entry(a.group.clone()).or_default();
+                    match a.client_status {
+                        ClientStatus::Pending => s.pending += 1,
+                        ClientStatus::Running => s.running += 1,
+                        ClientStatus::Complete => s.complete += 1,
+                        ClientStatus::Failed => s.failed += 1,
+                        ClientStatus::Lost => s.lost += 1,
+                    }
+                }
+                if let Some(b) = st.blocked_eval(&j.spec.name) {
+                    for (g, n) in &b.queued_allocations {
+                        summary.entry(g.clone()).or_default().queued += n;
+                    }
+                }
+                JobListStub {
+                    name: j.spec.name.clone(),
+                    job_type: j.spec.job_type,
+                    priority: j.spec.priority,
+                    status: job_status(&st, j),
+                    stop: j.stop,
+                    version: j.version,
+                    summary,
+                    create_index: j.create_index,
+                    modify_index: j.modify_index,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// One job.
+    pub fn job(&self, name: &str) -> Option<Job> {
+        let st = self.core.read();
+        scheduler::StateView::job(&*st, name).map(|j| job_with_status(&st, j))
+    }
+
+    /// A job's allocations, newest first.
+    pub fn job_allocations(&self, name: &str) -> Vec<Allocation> {
+        let st = self.core.read();
+        let mut v: Vec<Allocation> = st.allocs_of_job(name).cloned().collect();
+        newest_first(&mut v, |a| (a.create_index, &a.id));
+        v
+    }
+
+    /// A job's evaluations, newest first.
+    pub fn job_evaluations(&self, name: &str) -> Vec<Evaluation> {
+        let st = self.core.read();
+        let mut v: Vec<Evaluation> = st.evals_of_job(name).cloned().collect();
+        newest_first(&mut v, |e| (e.create_index, &e.id));
+        v
+    }
+}
+
+/// "no ready node has driver X": said at registration, the job is still accepted.
+fn driver_warnings(st: &State, spec: &JobSpec) -> Vec<String> {
+    let drivers: BTreeSet<&str> = spec
+        .groups
+        .iter()
+        .flat_map(|g| g.tasks.iter().map(|t| t.driver.as_str()))
+        .collect();
+    let mut out = Vec::new();
+    let nodes: Vec<&Node> = st
+        .all_nodes()
+        .filter(|n| n.status == NodeStatus::Ready)
+        .collect();
+    for d in drivers {
+        let ok = nodes
+            .iter()
+            .any(|n| n.drivers.get(d).is_some_and(|i| i.detected && i.healthy));
+        if !ok {
+            out.push(format!("no ready node has driver {d} healthy"));
+        }
+    }
+    out
+}
+
+/// `Server::plan_job` on the calling (blocking) thread, under the state's read lock.
+fn plan_job_blocking(core: &Core, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
+    let st = core.read();
+    let existing = scheduler::StateView::job(&*st, &spec.name);
+    let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
+    let version = match existing {
+        None => 0,
+        Some(j) if changed => j.version + 1,
+        Some(j) => j.version,
+    };
+    let job_modify_index = existing.map_or(0, |j| j.job_modify_index);
+    let job = Job {
+        spec: spec.clone(),
+        version,
+        stop: false,
+        status: JobStatus::Pending,
+        submit_time: now_nanos(),
+        create_index: existing.map_or(st.index + 1, |j| j.create_index),
+        modify_index: st.index + 1,
+        job_modify_index: if changed {
+            st.index + 1
+        } else {
+            job_modify_index
+        },
+    };
+    let eval = new_eval(&job, EvalTrigger::JobRegister, st.index + 1, now_nanos());
+    let overlay = Overlay { base: &st, job };
+    let out = scheduler::schedule(&overlay, &eval, core.settings());
+    let mut groups: BTreeMap<String, GroupPlanSummary> = spec
+        .groups
+        .iter()
+        .map(|g| (g.name.clone(), GroupPlanSummary::default()))
+        .collect();
+    let stopped: std::collections::HashSet<&str> = out
+        .plan
+        .node_update
+        .values()
+        .flatten()
+        .map(|s| s.alloc_id.as_str())
+        .collect();
+    for a in out.plan.node_allocation.values().flatten() {
+        let g = groups.entry(a.group.clone()).or_default();
+        if a.previous_allocation
+            .as_deref()
+            .is_some_and(|p| stopped.contains(p))
+        {
+            g.update += 1;
+        } else {
+            g.place += 1;
+        }
+    }
+    for s in out.plan.node_update.values().flatten() {
+        if let Some(a) = st.alloc(&s.alloc_id) {
+            groups.entry(a.group.clone()).or_default().stop += 1;
+        }
+    }
+    for g in groups.values_mut() {
+        g.stop = g.stop.saturating_sub(g.update);
+    }
+    for a in st.allocs_of_job(&spec.name) {
+        if !a.is_terminal() && !stopped.contains(a.id.as_str()) {
+            groups.entry(a.group.clone()).or_default().ignore += 1;
+        }
+    }
+    Ok(JobPlanResponse {
+        job_version: version,
+        changed,
+        groups,
+        failed_tg_allocs: out.failed_tg_allocs,
+        job_modify_index,
+    })
+}
