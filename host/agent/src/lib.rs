@@ -1,6 +1,6 @@
 //! # drover-host
 //!
-//! The Drover agent as a library: configuration, the plugin loader and catalog, the
+//! The Drover agent as a library: configuration, the plugin lifecycle (`plugins/`: loader, catalog, supervision, live reload), the
 //! task manager and the HTTP API. The `drover` binary wires these to a CLI and links
 //! the built-in drivers; this library never names a driver.
 

@@ -1,7 +1,7 @@
 //! The server's state in memory, indexed for the scheduler, and the [`Batch`] of
 //! changes every write is made of.
 //!
-//! Writes go through `Core::commit` (server.rs): a `Batch` is built against the
+//! Writes go through `Core::commit` (core.rs): a `Batch` is built against the
 //! current state, turned into one store transaction, and applied here only after the
 //! store committed it, with the transaction's revision as index. Readers (workers,
 //! API) take the state's read lock for the duration of one call.

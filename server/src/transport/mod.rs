@@ -1,5 +1,5 @@
-//! How the server is reached: the HTTP API (`http.rs`), the node RPCs and the
-//! forwarded API on gRPC (`rpc.rs`), the forwarding of writes from a follower to the
+//! How the server is reached: the HTTP API (`http/`), the node RPCs and the
+//! forwarded API on gRPC (`rpc/`), the forwarding of writes from a follower to the
 //! leader (`forward.rs`), the TLS settings of the listeners (`tls.rs`), and the one
 //! constant-time token compare both listeners use (`auth.rs`).
 
