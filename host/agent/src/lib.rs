@@ -1,7 +1,8 @@
 //! # drover-host
 //!
-//! The Drover agent as a library: configuration, the plugin lifecycle (`plugins/`: loader, catalog, supervision, live reload), the
-//! task manager and the HTTP API. The `drover` binary wires these to a CLI and links
+//! The Drover agent as a library: configuration, the plugin lifecycle (`plugins/`:
+//! loader, catalog, supervision, live reload), the task manager and the HTTP API. The
+//! `drover` binary wires these to a CLI and links
 //! the built-in drivers; this library never names a driver.
 
 pub mod agent;
