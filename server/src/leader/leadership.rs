@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
 
 use crate::error::ServerError;
-use crate::leader::election::{Election, ServerInfo};
 use crate::leader::term::LeaderTerm;
+use crate::store::election::{Election, ServerInfo};
 
 pub(crate) struct Leadership {
     pub election: Arc<dyn Election>,

@@ -1,6 +1,6 @@
-//! Leadership: the election ([`Election`]) and what a server does as one of several
-//! on one store: campaign, lead a term, follow the leader's commits between terms
-//! (`terms.rs`). A term ([`term::LeaderTerm`]) owns what the leader runs for it: the
+//! Leadership: what a server does as one of several on one store: campaign (through
+//! the store's [`Election`], `store/election.rs`), lead a term, follow the leader's
+//! commits between terms (`terms.rs`). A term ([`term::LeaderTerm`]) owns what the leader runs for it: the
 //! evaluation broker and its workers (`broker.rs`, `worker.rs`), the heartbeat timers
 //! (`timers.rs`, `heartbeat.rs`), and two queues drained by one shared batch-commit
 //! loop (`batcher.rs`): plans for the plan applier (`plan_apply.rs`) and client status
@@ -12,7 +12,6 @@ pub(crate) mod batcher;
 pub(crate) mod blocked;
 pub(crate) mod broker;
 pub(crate) mod client_updates;
-pub mod election;
 pub(crate) mod gc;
 pub(crate) mod heartbeat;
 pub(crate) mod leadership;
@@ -23,4 +22,5 @@ pub(crate) mod terms;
 pub(crate) mod timers;
 pub(crate) mod worker;
 
-pub use election::{Election, ServerInfo, SoleLeader, Term};
+/// The election is the store's (`store/election.rs`): re-exported where leadership is.
+pub use crate::store::election::{Election, ServerInfo, SoleLeader, Term};

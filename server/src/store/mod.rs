@@ -203,6 +203,7 @@ pub trait Store: Send + Sync + 'static {
     fn health(&self) -> BoxFuture<'_, Vec<EndpointHealth>>;
 }
 
+pub mod election;
 pub mod etcd;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;

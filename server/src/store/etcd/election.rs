@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{self, Client, Retry, kv};
 use super::watch::{MAX_BACKOFF, Reader, Received, open};
-use crate::leader::{Election, ServerInfo, Term};
+use crate::store::election::{Election, ServerInfo, Term};
 use crate::store::{BoxFuture, Condition, StoreError};
 
 /// One lease of this store instance.

@@ -7,7 +7,7 @@
 //!   serialised across servers and the index moves by one per commit whatever else
 //!   moves etcd's revision), `<prefix>schema` (`"1"`), `<prefix>election` (the
 //!   election's name; the candidates' keys are `<prefix>election/<lease id, hex>`) and
-//!   `<prefix>servers/<name>` (a server's [`ServerInfo`](crate::leader::ServerInfo),
+//!   `<prefix>servers/<name>` (a server's [`ServerInfo`](crate::store::election::ServerInfo),
 //!   bound to its lease). [`Store::range`] and [`Store::watch`] show only the state's
 //!   keys, never `meta/`, `schema`, `election/` or `servers/`.
 //! - Values: the same JSON documents as the embedded store's; fields added later are
@@ -77,7 +77,7 @@ use self::inner::{Inner, Seen};
 use super::{
     BoxFuture, Condition, EndpointHealth, KeyValue, Op, Store, StoreError, TxnOutcome, WatchStream,
 };
-use crate::leader::Election;
+use crate::store::election::Election;
 
 pub use self::options::{EtcdOptions, EtcdTls, SCHEMA_VERSION};
 
