@@ -23,4 +23,4 @@ pub(crate) mod timers;
 pub(crate) mod worker;
 
 /// The election is the store's (`store/election.rs`): re-exported where leadership is.
-pub use crate::store::election::{Election, ServerInfo, SoleLeader, Term};
+pub use crate::store::election::{Election, NameClaim, ServerInfo, SoleLeader, Term};

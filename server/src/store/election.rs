@@ -57,6 +57,27 @@ pub struct Term {
     pub id: u64,
 }
 
+/// What [`Election::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameClaim {
+    /// The name is this server's: it is registered under it.
+    Claimed,
+    /// Another live server holds the name: its registration.
+    HeldBy(ServerInfo),
+}
+
+impl ServerInfo {
+    /// The same server, as far as others can tell: same name and addresses. A server
+    /// restarted before its old registration expired is the same server (its
+    /// listeners are bound before it claims its name, so no other live process on
+    /// its host holds those addresses).
+    pub fn same_server(&self, other: &ServerInfo) -> bool {
+        self.name == other.name
+            && self.rpc_addr == other.rpc_addr
+            && self.http_addr == other.http_addr
+    }
+}
+
 /// How a server becomes leader and learns who leads.
 pub trait Election: Send + Sync + 'static {
     /// Campaign until this server leads, then return its term. Fails only when the
@@ -71,6 +92,29 @@ pub trait Election: Send + Sync + 'static {
     /// (etcd: a key bound to a lease of this server); it ends only when the store
     /// fails for good or when dropped.
     fn register(&self, me: ServerInfo) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Register `me` under its name unless another live server holds it, in one step
+    /// of the store (etcd: a transaction that creates the key only if it is absent), so
+    /// that of two servers starting at once with one name exactly one gets it. A
+    /// registration of [`ServerInfo::same_server`] is this server's own from before a
+    /// restart and is taken over. Call it once at start, before serving.
+    ///
+    /// The default, for an election that cannot do it in one step, asks
+    /// [`Election::members`] (a server starting at the same moment can be missed).
+    fn claim(&self, me: ServerInfo) -> BoxFuture<'_, Result<NameClaim, StoreError>> {
+        Box::pin(async move {
+            let members = self.members().await?;
+            Ok(
+                match members
+                    .into_iter()
+                    .find(|m| m.name == me.name && !m.same_server(&me))
+                {
+                    Some(other) => NameClaim::HeldBy(other),
+                    None => NameClaim::Claimed,
+                },
+            )
+        })
+    }
 
     /// The servers registered now.
     fn members(&self) -> BoxFuture<'_, Result<Vec<ServerInfo>, StoreError>>;

@@ -12,7 +12,7 @@ use clap::Args;
 use drover_server::config::{ForwardOptions, ForwardTls, SchedulerAlgorithm};
 use drover_server::store::Store;
 use drover_server::tls::TlsFiles;
-use drover_server::{Election, ServerInfo};
+use drover_server::{Election, NameClaim, ServerInfo};
 use drover_server::{Server, ServerConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -573,23 +573,22 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
 }
 
 /// Two live servers with one name cannot be told apart (status, leadership, the
-/// forwarding of writes): a server whose name a live server with other addresses has
-/// registered does not start. The same name at the same addresses is this server
-/// restarted before its old registration expired: allowed.
+/// forwarding of writes): a server claims its name in the store before it serves, in
+/// one step, and does not start when a live server with other addresses holds it (of
+/// servers started at once with one name, one starts). The same name at the same
+/// addresses is this server restarted before its old registration expired: taken over.
 async fn refuse_taken_name(
     election: &dyn Election,
     me: &ServerInfo,
     lease_ttl: Duration,
 ) -> anyhow::Result<()> {
-    let members = election
-        .members()
+    match election
+        .claim(me.clone())
         .await
-        .context("cannot list the servers registered in etcd")?;
-    if let Some(other) = members
-        .iter()
-        .find(|m| m.name == me.name && (m.rpc_addr != me.rpc_addr || m.http_addr != me.http_addr))
+        .context("cannot register this server's name in etcd")?
     {
-        bail!(
+        NameClaim::Claimed => Ok(()),
+        NameClaim::HeldBy(other) => bail!(
             "--name {}: a live server already registered this name (rpc {}, http {}); give \
              each server its own name, or, if that was this server before a restart, wait \
              {}s for its registration to expire",
@@ -597,9 +596,8 @@ async fn refuse_taken_name(
             other.rpc_addr,
             other.http_addr,
             lease_ttl.as_secs()
-        );
+        ),
     }
-    Ok(())
 }
 
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {

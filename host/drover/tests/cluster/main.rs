@@ -11,3 +11,4 @@ mod cluster_cli;
 mod cluster_dev;
 mod cluster_ha;
 mod cluster_join;
+mod server_names;
