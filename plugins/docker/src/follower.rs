@@ -42,10 +42,9 @@ async fn read(docker: &bollard::Docker, task: &Task, sink: &mut Sink, follow: bo
         stdout: true,
         stderr: true,
         timestamps: true,
-        since: sink.cursor.since(),
+        since: sink.start_read(),
         ..Default::default()
     };
-    sink.cursor.rewind();
     let mut stream = docker.logs(cid, Some(options));
     loop {
         let item = tokio::select! {

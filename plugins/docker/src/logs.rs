@@ -133,12 +133,12 @@ impl Cursor {
 
     /// A read from [`Cursor::since`] is about to start: the messages it delivers first
     /// are the ones already written.
-    pub(crate) fn rewind(&mut self) {
+    fn rewind(&mut self) {
         self.skip = self.counts[0] + self.counts[1];
     }
 
     /// The whole second to ask Docker for output since (0: everything).
-    pub(crate) fn since(&self) -> i32 {
+    fn since(&self) -> i32 {
         self.since
             .and_then(|s| i32::try_from(s.max(0)).ok())
             .unwrap_or(0)
@@ -203,7 +203,7 @@ pub(crate) struct Sink {
     container: String,
     stdout: Option<RotatingWriter>,
     stderr: Option<RotatingWriter>,
-    pub(crate) cursor: Cursor,
+    cursor: Cursor,
     cursor_file: Option<(PathBuf, File)>,
 }
 
@@ -255,6 +255,14 @@ impl Sink {
         // one can be cut off if this process dies before counting it.
         sink.save()?;
         Ok(sink)
+    }
+
+    /// A read of the container's logs is about to start: returns the whole second to
+    /// ask Docker for output since (0: everything); the messages that read delivers
+    /// first, written already, are skipped.
+    pub(crate) fn start_read(&mut self) -> i32 {
+        self.cursor.rewind();
+        self.cursor.since()
     }
 
     pub(crate) fn write(&mut self, out: LogOutput) -> std::io::Result<()> {
