@@ -26,10 +26,16 @@
 #                       tmpfs overlay, so the guest sees the host's files, with cgroup v2
 #                       as its only cgroup hierarchy, then runs drover.run=PATH (a host
 #                       path) as root inside it with output on the serial console,
-#                       prints "drover-guest: exit CODE" and powers off. The host side
-#                       (virtiofsd on a read-only recursive bind of /, made in a mount
-#                       namespace of its own, and the qemu command) is
-#                       drover_test_support::vm::Rig::run_on_host
+#                       prints "drover-guest: exit CODE" and powers off. The guest's
+#                       /tmp, /run, /dev, /proc and /sys are its own; the host's whole
+#                       tree, /tmp and /run included, is at /host (through the overlay).
+#                       drover.bind=DIR,DIR... binds the host's DIR (/host/DIR) at DIR,
+#                       for a run that needs host directories under /tmp, /run or /host
+#                       at their own paths (a clone under /tmp: its test binaries and
+#                       target dir); the rest of the guest's /tmp stays its own. The
+#                       host side (virtiofsd on a read-only recursive bind of /, made in
+#                       a mount namespace of its own, the binds, and the qemu command)
+#                       is drover_test_support::vm::Rig::run_on_host
 #   drover.poweroff=1   powers off after the steps above instead of waiting forever
 #
 # Installing qemu: on these machines the image carries a backported qemu-utils that
@@ -39,7 +45,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VM_DIR="${DROVER_VM_DIR:-$PWD/target/drover-vm}"
-RIG_VERSION=8   # bump when the initramfs contents change
+RIG_VERSION=9   # bump when the initramfs contents change
 
 say() { echo "vm-rig: $*" >&2; }
 
@@ -214,6 +220,11 @@ if [ "$(arg host 0)" = 1 ]; then
     mkdir -p /overlay/upper /overlay/work
     mount -t overlay overlay -o lowerdir=/host,upperdir=/overlay/upper,workdir=/overlay/work /newroot ||
         { echo "drover-guest: overlay failed"; poweroff -f; }
+    # The host's whole tree at a mount point of its own, /host: the overlay's root bound
+    # before the guest's own filesystems cover its /tmp, /run, ... (so the host's are
+    # there), writable as the rest of the overlay (what the guest writes stays in it).
+    mkdir -p /newroot/host
+    mount -o bind /newroot /newroot/host || { echo "drover-guest: /host failed"; poweroff -f; }
     mount -t proc proc /newroot/proc
     mount -t sysfs sysfs /newroot/sys
     mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
@@ -223,6 +234,12 @@ if [ "$(arg host 0)" = 1 ]; then
     mount -t tmpfs tmpfs /newroot/dev/shm
     mount -t tmpfs tmpfs /newroot/tmp
     mount -t tmpfs tmpfs /newroot/run
+    # Host directories the run needs at their own paths under the guest's own /tmp or
+    # /run (or under /host), each from the host's tree.
+    for dir in $(arg bind "" | tr ',' ' '); do
+        mkdir -p "/newroot$dir" && mount -o bind "/newroot/host$dir" "/newroot$dir" ||
+            { echo "drover-guest: cannot bind the host's $dir"; poweroff -f; }
+    done
     # The host's own mounts under / (e.g. /work on another device) are not in the
     # share: say which paths the run script may rely on.
     echo "drover-guest: cgroup2 at /sys/fs/cgroup: $(cat /newroot/sys/fs/cgroup/cgroup.controllers)"

@@ -3,7 +3,9 @@
 //!
 //! - `process.rs`: [`PluginProcess`] — launch a binary and check its handshake, its
 //!   liveness, shutdown; [`LaunchOptions`], [`LaunchError`];
-//! - `reattach.rs`: take over a plugin an earlier host launched ([`ReattachConfig`]);
+//! - `reattach.rs`: take over a plugin an earlier host launched ([`ReattachConfig`],
+//!   [`PluginProcess::reattach`]);
+//! - `reattach_tls.rs`: the AutoMTLS material kept for a launched plugin ([`ReattachTls`]);
 //! - `inproc.rs`: load a driver library into this process ([`InProcessPlugin`]);
 //! - this module: [`PluginClient`], the typed RPCs, and what a plugin says it is.
 
@@ -11,6 +13,7 @@ mod dead_socket;
 mod inproc;
 mod process;
 mod reattach;
+mod reattach_tls;
 
 pub use inproc::{InProcessLibrary, InProcessOptions, InProcessPlugin, LoadError, sealed_copy};
 
@@ -18,7 +21,8 @@ pub use process::{
     HostEnv, LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE,
     set_plugin_nofile_soft_limit,
 };
-pub use reattach::{ReattachConfig, ReattachError, ReattachTls, process_start_time};
+pub use reattach::{ReattachConfig, ReattachError, process_start_time};
+pub use reattach_tls::ReattachTls;
 
 use std::time::Duration;
 

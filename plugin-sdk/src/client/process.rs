@@ -21,9 +21,7 @@ use crate::handshake::{self, HandshakeError, HandshakeLine, PluginAddr};
 use crate::types::ExitOutcome;
 
 use super::PluginClient;
-use super::reattach::{
-    ReattachConfig, ReattachError, ReattachTls, process_start_time, reattach_inner,
-};
+use super::reattach_tls::ReattachTls;
 use crate::transport::{ClientTransport, Io, mux, tls};
 
 /// How many lines of a plugin's stderr are kept to explain a failed launch.
@@ -944,43 +942,6 @@ impl PluginProcess {
         })
     }
 
-    /// Take over a plugin process that an earlier host launched, from the
-    /// [`ReattachConfig`] it stored. Identity is proven before anything else is done:
-    /// the pid must still be the process that was launched (same start time, checked
-    /// after a pidfd was opened on it, so a pid reused in between cannot pass), it must
-    /// answer on the recorded address, and its `PluginInfo` must name `name`. All of it
-    /// within `timeout`. On any failure nothing was sent to the process.
-    ///
-    /// The result is not our child: its liveness comes from the pidfd, so
-    /// [`Self::exited`] still resolves when it dies and every RPC then fails with
-    /// [`DriverError::Unavailable`](crate::DriverError::Unavailable); [`Self::exit_status`] stays `None` (its status goes
-    /// to its new parent). Its stdout/stderr were pipes to the previous host and are
-    /// gone: whatever it logs from now on is lost.
-    ///
-    /// ```no_run
-    /// # async fn demo(saved: drover_plugin_sdk::client::ReattachConfig) {
-    /// use drover_plugin_sdk::client::PluginProcess;
-    /// match PluginProcess::reattach("rawexec", saved, std::time::Duration::from_secs(5)).await {
-    ///     Ok(p) => println!("reattached to pid {}", p.pid()),
-    ///     Err(e) => println!("launching a fresh one: {e}"),
-    /// }
-    /// # }
-    /// ```
-    pub async fn reattach(
-        name: impl Into<String>,
-        config: ReattachConfig,
-        timeout: Duration,
-    ) -> Result<Self, ReattachError> {
-        let name = name.into();
-        match tokio::time::timeout(timeout, reattach_inner(name, config.clone(), timeout)).await {
-            Ok(r) => r,
-            Err(_) => Err(ReattachError::Identity(format!(
-                "pid {} did not prove its identity within {timeout:?}",
-                config.pid
-            ))),
-        }
-    }
-
     /// Whether this process was reattached rather than launched by us.
     pub fn is_reattached(&self) -> bool {
         self.pidfd.is_some()
@@ -1051,19 +1012,6 @@ impl PluginProcess {
                 .as_ref()
                 .map_or_else(|| ExitOutcome::Other(String::new()), |e| e.outcome.clone()),
             Err(_) => ExitOutcome::Other("watcher gone".into()),
-        }
-    }
-
-    /// What a host stores to reattach to this process later.
-    pub fn reattach_config(&self) -> ReattachConfig {
-        ReattachConfig {
-            addr: self.line.addr.clone(),
-            pid: self.pid,
-            start_time: process_start_time(self.pid).unwrap_or(0),
-            app_protocol_version: self.line.app_protocol_version,
-            path: self.path.clone(),
-            tls: self.tls.as_deref().cloned(),
-            multiplex_grpc: self.multiplex_grpc,
         }
     }
 

@@ -1,5 +1,6 @@
-//! Taking over a plugin process that an earlier host launched, proving first that it
-//! is that plugin.
+//! The record a host stores to find a plugin it launched again ([`ReattachConfig`]),
+//! and taking over the plugin process from it after a restart, proving first that it
+//! is that plugin ([`PluginProcess::reattach`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,7 +17,8 @@ use crate::types::ExitOutcome;
 use super::PluginProcess;
 use super::process::Exit;
 use super::process::connect;
-use crate::transport::{ClientTransport, tls};
+use super::reattach_tls::ReattachTls;
+use crate::transport::ClientTransport;
 
 /// Everything needed to find a running plugin again after the host restarts.
 ///
@@ -67,58 +69,6 @@ pub struct ReattachConfig {
     /// go-plugin itself refuses to reattach with multiplexing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub multiplex_grpc: bool,
-}
-
-/// The AutoMTLS material of a launched plugin, to reconnect to it with TLS.
-///
-/// ```
-/// use drover_plugin_sdk::client::ReattachTls;
-/// let tls = ReattachTls {
-///     client_cert_pem: "-----BEGIN CERTIFICATE-----\n...".into(),
-///     client_key_pem: "-----BEGIN PRIVATE KEY-----\nSECRET".into(),
-///     server_cert: "MIIC...".into(),
-/// };
-/// assert!(!format!("{tls:?}").contains("SECRET"));
-/// ```
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReattachTls {
-    /// The host's certificate (PEM), the one the plugin got as `PLUGIN_CLIENT_CERT`.
-    pub client_cert_pem: String,
-    /// The host's private key (PKCS#8 PEM). Secret.
-    pub client_key_pem: String,
-    /// The plugin's certificate as its handshake line carried it: DER, base64 without
-    /// padding (go-plugin's encoding). Only this certificate is accepted.
-    pub server_cert: String,
-}
-
-impl std::fmt::Debug for ReattachTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReattachTls")
-            .field("client_cert_pem", &self.client_cert_pem)
-            .field("client_key_pem", &"<redacted>")
-            .field("server_cert", &self.server_cert)
-            .finish()
-    }
-}
-
-/// The private key is wiped from memory when the record is dropped (copies made by
-/// serialising it are the serialiser's).
-impl Drop for ReattachTls {
-    fn drop(&mut self) {
-        zeroize::Zeroize::zeroize(&mut self.client_key_pem);
-    }
-}
-
-impl ReattachTls {
-    /// The TLS client configuration this material describes.
-    pub(super) fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
-        let own = tls::parse_pem_certs("the host's AutoMTLS certificate", &self.client_cert_pem)
-            .map_err(|e| e.to_string())?;
-        let key = tls::parse_pem_key(&self.client_key_pem).map_err(|e| e.to_string())?;
-        let theirs = tls::decode_handshake_cert(&self.server_cert).map_err(|e| e.to_string())?;
-        let first = own.into_iter().next().ok_or("no host certificate")?;
-        tls::client_config(first, &key, theirs).map_err(|e| e.to_string())
-    }
 }
 
 /// Start time of a process in clock ticks since boot, from `/proc/<pid>/stat`: with
@@ -201,6 +151,58 @@ pub enum ReattachError {
         /// The name it gave.
         found: String,
     },
+}
+
+impl PluginProcess {
+    /// Take over a plugin process that an earlier host launched, from the
+    /// [`ReattachConfig`] it stored. Identity is proven before anything else is done:
+    /// the pid must still be the process that was launched (same start time, checked
+    /// after a pidfd was opened on it, so a pid reused in between cannot pass), it must
+    /// answer on the recorded address, and its `PluginInfo` must name `name`. All of it
+    /// within `timeout`. On any failure nothing was sent to the process.
+    ///
+    /// The result is not our child: its liveness comes from the pidfd, so
+    /// [`Self::exited`] still resolves when it dies and every RPC then fails with
+    /// [`DriverError::Unavailable`](crate::DriverError::Unavailable); [`Self::exit_status`] stays `None` (its status goes
+    /// to its new parent). Its stdout/stderr were pipes to the previous host and are
+    /// gone: whatever it logs from now on is lost.
+    ///
+    /// ```no_run
+    /// # async fn demo(saved: drover_plugin_sdk::client::ReattachConfig) {
+    /// use drover_plugin_sdk::client::PluginProcess;
+    /// match PluginProcess::reattach("rawexec", saved, std::time::Duration::from_secs(5)).await {
+    ///     Ok(p) => println!("reattached to pid {}", p.pid()),
+    ///     Err(e) => println!("launching a fresh one: {e}"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn reattach(
+        name: impl Into<String>,
+        config: ReattachConfig,
+        timeout: Duration,
+    ) -> Result<Self, ReattachError> {
+        let name = name.into();
+        match tokio::time::timeout(timeout, reattach_inner(name, config.clone(), timeout)).await {
+            Ok(r) => r,
+            Err(_) => Err(ReattachError::Identity(format!(
+                "pid {} did not prove its identity within {timeout:?}",
+                config.pid
+            ))),
+        }
+    }
+
+    /// What a host stores to reattach to this process later.
+    pub fn reattach_config(&self) -> ReattachConfig {
+        ReattachConfig {
+            addr: self.line.addr.clone(),
+            pid: self.pid,
+            start_time: process_start_time(self.pid).unwrap_or(0),
+            app_protocol_version: self.line.app_protocol_version,
+            path: self.path.clone(),
+            tls: self.tls.as_deref().cloned(),
+            multiplex_grpc: self.multiplex_grpc,
+        }
+    }
 }
 
 pub(super) async fn reattach_inner(

@@ -27,7 +27,7 @@ use crate::dangling::Reconciler;
 use crate::engine::{Endpoint, Engine, docker_err, status_of};
 use crate::handle::{HandleState, Task, docker_time, short, watch_exit};
 use crate::store::Store;
-use crate::{image, logs};
+use crate::{follower, image, logs};
 
 /// The driver's name.
 pub const PLUGIN_NAME: &str = "docker";
@@ -111,7 +111,7 @@ impl DockerDriver {
 
     /// Follow the task's logs and watch for its exit, in the background.
     fn watch(&self, task: &Arc<Task>) {
-        tokio::spawn(logs::follow(task.clone()));
+        tokio::spawn(follower::follow(task.clone()));
         let events = self.events.clone();
         let task = task.clone();
         tokio::spawn(async move {

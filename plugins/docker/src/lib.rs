@@ -29,15 +29,16 @@
 //!
 //! Layout: [`driver`](DockerDriver) (the trait impl), `config` (plugin and task config,
 //! and the container they make), `engine` (the daemon connection and error mapping),
-//! `handle` (one task: exit watching and stats), `logs` (the log follower), `image`
-//! (pull, load, garbage collection), `dangling` (containers no task owns), `store` (the
-//! task map).
+//! `handle` (one task: exit watching and stats), `logs` (the task's log files and
+//! their cursor), `follower` (the log follower), `image` (pull, load, garbage
+//! collection), `dangling` (containers no task owns), `store` (the task map).
 #![warn(missing_docs)]
 
 mod config;
 mod dangling;
 mod driver;
 mod engine;
+mod follower;
 mod handle;
 mod image;
 mod logs;

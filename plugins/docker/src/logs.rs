@@ -1,9 +1,11 @@
-//! The container's output into the task's rotated log files.
+//! The container's output into the task's rotated log files: where they are, and what
+//! writes them.
 //!
-//! Docker keeps the output (json-file driver, small); a follower per task reads it
-//! with timestamps and writes stdout and stderr with the SDK's [`RotatingWriter`]. A
-//! cursor file next to the logs holds the container id, a second to read again from
-//! and how many of the messages written were stamped at or after it (see [`Cursor`]).
+//! Docker keeps the output (json-file driver, small); a follower per task (the loop is
+//! in `follower`) reads it with timestamps and writes stdout and stderr, through a
+//! [`Sink`], with the SDK's [`RotatingWriter`]. A cursor file next to the logs holds
+//! the container id, a second to read again from and how many of the messages written
+//! were stamped at or after it (see [`Cursor`]).
 //! A follower started by a new plugin process, or a read after a follow that ended,
 //! asks Docker for the output since that second and skips that many messages, so
 //! lines are neither lost nor repeated.
@@ -21,17 +23,12 @@ use std::fs::File;
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use bollard::container::LogOutput;
 use drover_plugin_sdk::LogConfig;
 use drover_plugin_sdk::logs::{LogPosition, RotatingWriter, roll_back};
 use drover_plugin_sdk::taskdir::{Dir, OpenOptions};
-use futures_util::StreamExt as _;
-
-use crate::engine::{Engine, status_of};
-use crate::handle::{Backoff, Task, short};
 
 /// Name of the cursor file, in the directory of the stdout (else stderr) log files.
 /// It does not look like a log file, so log readers skip it.
@@ -202,7 +199,7 @@ fn split_timestamp(frame: &[u8]) -> Option<(&str, SystemTime, &[u8])> {
 }
 
 /// The open log files and cursor of one task.
-struct Sink {
+pub(crate) struct Sink {
     container: String,
     stdout: Option<RotatingWriter>,
     stderr: Option<RotatingWriter>,
@@ -218,7 +215,7 @@ fn open_writer(base: &Path, limits: LogConfig) -> std::io::Result<Option<Rotatin
 }
 
 impl Sink {
-    fn open(target: &LogTarget, container: &str) -> std::io::Result<Sink> {
+    pub(crate) fn open(target: &LogTarget, container: &str) -> std::io::Result<Sink> {
         let cursor_file = target.open_cursor()?;
         let saved = cursor_file.as_ref().and_then(|(_, file)| {
             let mut text = String::new();
@@ -260,7 +257,15 @@ impl Sink {
         Ok(sink)
     }
 
-    fn write(&mut self, out: LogOutput) -> std::io::Result<()> {
+    /// A read of the container's logs is about to start: returns the whole second to
+    /// ask Docker for output since (0: everything); the messages that read delivers
+    /// first, written already, are skipped.
+    pub(crate) fn start_read(&mut self) -> i32 {
+        self.cursor.rewind();
+        self.cursor.since()
+    }
+
+    pub(crate) fn write(&mut self, out: LogOutput) -> std::io::Result<()> {
         let (frame, to_stdout) = match &out {
             LogOutput::StdOut { message } => (message, true),
             LogOutput::StdErr { message } => (message, false),
@@ -320,112 +325,6 @@ fn in_file(path: &Path, e: std::io::Error) -> std::io::Error {
 pub(crate) fn remove_cursor(target: &LogTarget) {
     if let Some(dir) = target.cursor_dir() {
         let _ = Dir::open(dir).and_then(|d| d.remove_file(CURSOR_FILE));
-    }
-}
-
-/// Copy the container's output into the task's log files until the container has
-/// stopped and everything it wrote is copied, or the task is destroyed. Keeps trying
-/// while the daemon is away.
-pub(crate) async fn follow(task: Arc<Task>) {
-    if !task.logs.discard() {
-        match Sink::open(&task.logs, &task.state.container_id) {
-            Ok(sink) => copy(&task.engine, &task, sink).await,
-            Err(e) => tracing::warn!(task = %task.id, "cannot open the task's log files: {e}"),
-        }
-    }
-    task.logs_finished();
-}
-
-/// How one read of the container's logs ended.
-enum Read {
-    /// The daemon ended the stream.
-    Ended,
-    /// The connection broke (daemon going away).
-    Broken,
-    /// The container or the task is gone, or the log files cannot be written.
-    Stop,
-}
-
-/// Write what Docker has for the container since the cursor; with `follow`, keep
-/// writing until the daemon ends the stream.
-async fn read(docker: &bollard::Docker, task: &Task, sink: &mut Sink, follow: bool) -> Read {
-    let cid = task.state.container_id.as_str();
-    let options = bollard::query_parameters::LogsOptions {
-        follow,
-        stdout: true,
-        stderr: true,
-        timestamps: true,
-        since: sink.cursor.since(),
-        ..Default::default()
-    };
-    sink.cursor.rewind();
-    let mut stream = docker.logs(cid, Some(options));
-    loop {
-        let item = tokio::select! {
-            biased;
-            () = task.cancel.cancelled() => return Read::Stop,
-            item = stream.next() => item,
-        };
-        match item {
-            None => return Read::Ended,
-            Some(Ok(out)) => {
-                if let Err(e) = sink.write(out) {
-                    tracing::warn!(task = %task.id, "writing the task's logs: {e}");
-                    return Read::Stop;
-                }
-                task.log_copied();
-            }
-            Some(Err(e)) if status_of(&e) == Some(404) => return Read::Stop,
-            Some(Err(e)) => {
-                tracing::debug!(task = %task.id, "reading the logs of {}: {e}", short(cid));
-                return Read::Broken;
-            }
-        }
-    }
-}
-
-async fn copy(engine: &Engine, task: &Task, mut sink: Sink) {
-    let cid = task.state.container_id.as_str();
-    let mut backoff = Backoff::new();
-    loop {
-        if task.cancel.is_cancelled() {
-            return;
-        }
-        let Ok(docker) = engine.client().await else {
-            if !backoff.pause(&task.cancel).await {
-                return;
-            }
-            continue;
-        };
-        match read(&docker, task, &mut sink, true).await {
-            Read::Stop => return,
-            Read::Broken => {
-                if !backoff.pause(&task.cancel).await {
-                    return;
-                }
-                continue;
-            }
-            Read::Ended => backoff.reset(),
-        }
-        // A follow ends when the container stops, but also early (Docker 20.10 ends
-        // it at a log file rotation, and when the container stops before the follower
-        // caught up). Once the container has stopped, one plain read from the cursor
-        // picks up whatever the follow missed.
-        match docker.inspect_container(cid, None).await {
-            Ok(info) if info.state.as_ref().and_then(|s| s.running) != Some(true) => {
-                match read(&docker, task, &mut sink, false).await {
-                    Read::Ended | Read::Stop => return,
-                    Read::Broken => {}
-                }
-            }
-            // Still running: follow again from the cursor (after a short pause).
-            Ok(_) => {}
-            Err(e) if status_of(&e) == Some(404) => return,
-            Err(_) => {}
-        }
-        if !backoff.pause(&task.cancel).await {
-            return;
-        }
     }
 }
 

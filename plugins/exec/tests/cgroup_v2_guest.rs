@@ -175,8 +175,9 @@ fn the_exec_tests_pass_in_a_cgroup_v2_guest() {
         .map(|t| (t.name, listed_tests(&binaries[t.name], t.filter)))
         .collect();
 
-    // Not under /tmp: the guest has a /tmp of its own. Under the target dir, which it
-    // sees as the host has it.
+    // Under the target dir: the guest sees it at its host path, as it does the
+    // workspace and the test binaries (bound into the guest's own /tmp for a checkout
+    // under /tmp), whose paths the binaries have built in.
     let dir = tempfile::Builder::new()
         .prefix("cgroup-v2-guest-")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -186,10 +187,21 @@ fn the_exec_tests_pass_in_a_cgroup_v2_guest() {
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .expect("chmod the guest script");
 
+    let host_dirs = [
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        Path::new(common::BIN),
+    ]
+    .into_iter()
+    .chain(binaries.values().map(PathBuf::as_path))
+    .filter_map(|p| if p.is_dir() { Some(p) } else { p.parent() })
+    .map(Path::to_path_buf)
+    .collect();
     let options = HostRunOptions {
         memory_mib: 2048,
         cpus: 2,
         limit: Duration::from_secs(900),
+        host_dirs,
         ..HostRunOptions::default()
     };
     let Some(run) = rig.run_on_host(&script, &options) else {

@@ -8,7 +8,8 @@ use drover_plugin_sdk::{DriverError, TaskSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::driver::DEFAULT_PATH;
+/// `PATH` given to tasks whose environment does not set one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// rawexec's plugin configuration (`[plugin.rawexec] config = {...}` in the agent
 /// config). Unknown fields are refused.

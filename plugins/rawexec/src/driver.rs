@@ -20,8 +20,6 @@ pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Version of the task handle's driver state. Version 2 names the task's executor;
 /// version 1 (a bare pid, from before executors) is refused with an explanation.
 pub const HANDLE_VERSION: u32 = 2;
-/// `PATH` given to tasks whose environment does not set one.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Version 1 of the handle state, from before tasks had executors. Decoded only to
 /// say precisely why such a task cannot be recovered.

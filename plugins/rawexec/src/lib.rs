@@ -22,13 +22,13 @@
 //!
 //! Layout: [`driver`](RawExecDriver) (the trait impl and constants, over the shared
 //! engine of plain executor tasks, `drover_executor::plain`), `config` (plugin and
-//! task config).
+//! task config, and the default `PATH` a task's environment starts from).
 #![warn(missing_docs)]
 
 mod config;
 mod driver;
 
-pub use config::{PluginConfig, TaskConfig};
-pub use driver::{DEFAULT_PATH, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, RawExecDriver};
+pub use config::{DEFAULT_PATH, PluginConfig, TaskConfig};
+pub use driver::{HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, RawExecDriver};
 
 drover_plugin_sdk::export_driver!(RawExecDriver::new);

@@ -124,6 +124,11 @@ pub struct HostRunOptions {
     /// The serial output kept: the last this many bytes (what precedes is counted in
     /// [`HostRun::output_dropped`]).
     pub output_limit: usize,
+    /// Host directories the program needs at their own paths, besides its own
+    /// directory: e.g. the workspace and the target dir whose paths a test binary has
+    /// built in. Those under the guest's own `/tmp` or `/run` (a clone under `/tmp`)
+    /// are bound there from the host's tree; the others are where they are anyway.
+    pub host_dirs: Vec<PathBuf>,
 }
 
 impl Default for HostRunOptions {
@@ -133,6 +138,7 @@ impl Default for HostRunOptions {
             cpus: 2,
             limit: Duration::from_secs(600),
             output_limit: 4 << 20,
+            host_dirs: Vec::new(),
         }
     }
 }
@@ -149,6 +155,46 @@ pub struct HostRun {
     pub output_dropped: usize,
     /// From starting virtiofsd to qemu's exit.
     pub elapsed: Duration,
+}
+
+/// Where the guest has the host's whole tree (`/host/tmp` is the host's `/tmp`).
+pub const GUEST_HOST_TREE: &str = "/host";
+
+/// The guest's own directories, which hide the host's at those paths: tmpfs (`/tmp`,
+/// `/run`), the guest's mount of the host's tree, and its kernel's filesystems.
+const GUEST_OWN: [&str; 6] = ["/tmp", "/run", GUEST_HOST_TREE, "/dev", "/proc", "/sys"];
+
+/// Of the guest's own directories, those under which a host directory can be bound:
+/// the kernel's filesystems (`/dev`, `/proc`, `/sys`) hold nothing of the host's.
+const GUEST_BINDABLE: [&str; 3] = ["/tmp", "/run", GUEST_HOST_TREE];
+
+/// The host directories a run binds at their own paths in the guest
+/// (`drover.bind=` of `scripts/vm-rig.sh`): of `dirs`, those under a directory of the
+/// guest's own, without any under another of them. Panics on a path the kernel command
+/// line cannot carry (relative, whitespace, a comma) or under the guest's `/dev`,
+/// `/proc` or `/sys`.
+fn guest_binds<'a>(dirs: impl IntoIterator<Item = &'a Path>) -> Vec<PathBuf> {
+    let mut binds: Vec<PathBuf> = Vec::new();
+    for dir in dirs {
+        let shown = dir.display().to_string();
+        assert!(
+            dir.is_absolute() && !shown.contains(|c: char| c.is_whitespace() || c == ','),
+            "run_on_host: {shown:?} must be an absolute path without whitespace or commas"
+        );
+        let Some(own) = GUEST_OWN.into_iter().find(|own| dir.starts_with(own)) else {
+            continue;
+        };
+        assert!(
+            GUEST_BINDABLE.contains(&own),
+            "run_on_host: {shown} is under {own}, which the guest has its own of"
+        );
+        binds.push(dir.to_path_buf());
+    }
+    binds.sort();
+    binds.dedup();
+    let all = binds.clone();
+    binds.retain(|d| !all.iter().any(|other| other != d && d.starts_with(other)));
+    binds
 }
 
 /// The virtiofsd binary: `$DROVER_TEST_VIRTIOFSD`, else where Debian's qemu (7.x,
@@ -252,10 +298,14 @@ impl Rig {
     /// The guest (`drover.host=1` of `scripts/vm-rig.sh`) sees the host's `/` as the
     /// read-only lower layer of an overlay on tmpfs, so host binaries run in it as
     /// they are and what they write stays in the guest; `/tmp`, `/run`, `/dev`,
-    /// `/proc` and `/sys` are the guest's own. So `program`, and whatever it needs from
-    /// the host, must not be under those: the call panics on such a path, or one the
-    /// kernel command line cannot carry (whitespace). The program runs with the
-    /// guest init's environment; it learns anything else from files next to it.
+    /// `/proc` and `/sys` are the guest's own, and the host's whole tree is at
+    /// [`GUEST_HOST_TREE`]. `program`'s directory and [`HostRunOptions::host_dirs`]
+    /// are seen at their host paths wherever they are: those under the guest's `/tmp`
+    /// or `/run` (a checkout under `/tmp`) are bound there from the host's tree, and
+    /// the rest of the guest's `/tmp` stays its own. The call panics on a path under
+    /// `/dev`, `/proc` or `/sys`, or one the kernel command line cannot carry
+    /// (whitespace, a comma). The program runs with the guest init's environment; it
+    /// learns anything else from files next to it.
     ///
     /// How: virtiofsd serves a read-only recursive bind of `/` made in a mount
     /// namespace of its own (nothing is mounted on the host), on a socket in a private
@@ -270,12 +320,12 @@ impl Rig {
             program.is_absolute() && !shown.contains(char::is_whitespace),
             "run_on_host: {shown:?} must be an absolute path without whitespace"
         );
-        for guest_own in ["/tmp", "/run", "/dev", "/proc", "/sys"] {
-            assert!(
-                !program.starts_with(guest_own),
-                "run_on_host: {shown} is under {guest_own}, which the guest has its own of"
-            );
-        }
+        let binds = guest_binds(
+            program
+                .parent()
+                .into_iter()
+                .chain(options.host_dirs.iter().map(PathBuf::as_path)),
+        );
         if !rustix::process::geteuid().is_root() {
             return not_possible("it needs root (virtiofsd, a mount namespace)");
         }
@@ -347,6 +397,14 @@ impl Rig {
         }
 
         let run = format!("drover.run={shown}");
+        let bind = format!(
+            "drover.bind={}",
+            binds
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         let memory = format!("{}M", options.memory_mib);
         let mut qemu = Command::new(&self.qemu);
         qemu.args([
@@ -370,7 +428,7 @@ impl Rig {
         .arg("-append")
         // loglevel=1: the kernel's messages (an OOM kill's report) would otherwise
         // land in the middle of the program's lines on the one console.
-        .arg(self.append(&["loglevel=1", "drover.host=1", &run]))
+        .arg(self.append(&["loglevel=1", "drover.host=1", &run, &bind]))
         .arg("-chardev")
         .arg(format!("socket,id=host,path={}", socket.display()))
         .args(["-device", "vhost-user-fs-pci,chardev=host,tag=host"])
@@ -452,5 +510,34 @@ mod tests {
         assert_eq!((kept.as_slice(), dropped), (&b"6789"[..], 6));
         let (kept, dropped) = read_tail(&b"abc"[..], 4);
         assert_eq!((kept.as_slice(), dropped), (&b"abc"[..], 0));
+    }
+
+    #[test]
+    fn only_host_dirs_under_the_guests_own_are_bound_and_each_once() {
+        let dirs = [
+            "/tmp/clone/target/tmp/guest-1",
+            "/tmp/clone/plugins/exec",
+            "/tmp/clone",
+            "/work/clone/target",
+            "/run/user/0/t",
+            "/tmp/clone",
+            "/host/checkout",
+            "/tmpfoo/not-tmp",
+        ];
+        let binds = guest_binds(dirs.iter().map(Path::new));
+        let binds: Vec<&str> = binds.iter().filter_map(|p| p.to_str()).collect();
+        assert_eq!(binds, ["/host/checkout", "/run/user/0/t", "/tmp/clone"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "which the guest has its own of")]
+    fn a_host_dir_under_proc_is_refused() {
+        guest_binds([Path::new("/proc/self/cwd")]);
+    }
+
+    #[test]
+    #[should_panic(expected = "without whitespace or commas")]
+    fn a_host_dir_with_a_comma_is_refused() {
+        guest_binds([Path::new("/tmp/a,b")]);
     }
 }
