@@ -4,11 +4,9 @@
 //! Plans are built by hand here (the scheduler is tested on its own); tests that need
 //! the real scheduler to place allocations say so in their name and `ignore` reason.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use drover_server_api::{
     AllocClientUpdate, ClientStatus, DesiredStatus, EvalStatus, EvalTrigger, JobStatus, NodeStatus,
 };

@@ -7,13 +7,11 @@
 //! RPCs on 127.0.0.1 as `drover server` does. Without an etcd binary the tests skip
 //! loudly (and fail under `CI=true`).
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{SECRET, job, node};
+use crate::common::{SECRET, job, node};
 use drover_proto::drover::cluster::v1 as pb;
 use drover_server::forward::{FORWARDED_HEADER, NOT_LEADER_HEADER};
 use drover_server::http::router;
