@@ -1,8 +1,6 @@
-//! The HTTP API over a real listener on 127.0.0.1, through the typed client.
-//!
-//! Tests marked `needs cluster-core` exercise the facade's real answers (jobs stored,
-//! evaluations made, blocking queries woken by commits); on the cluster-http branch the
-//! facade is a stub, so they are ignored there and run after the merge.
+//! The HTTP API over a real listener on 127.0.0.1, through the typed client: tokens,
+//! TLS, and the server core's answers through it (jobs stored, evaluations made,
+//! blocking queries woken by commits).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -363,7 +361,7 @@ async fn bad_tls_files_are_refused_naming_the_file() {
     assert!(err.to_string().contains("holds no certificate"), "{err}");
 }
 
-// --- needs cluster-core ---------------------------------------------------------------
+// --- the server core's answers --------------------------------------------------------
 
 fn web_job() -> JobSpec {
     serde_json::from_value(serde_json::json!({

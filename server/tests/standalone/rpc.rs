@@ -516,8 +516,7 @@ async fn unreadable_or_invalid_tls_files_stop_serve_with_the_file_named() {
 }
 
 // --- the cycle through the server core --------------------------------------------
-// These drive the core (`Server::register_node` and friends, branch cluster-core)
-// through the RPC layer; the foundation's facade answers "not built yet".
+// These drive the core (`Server::register_node` and friends) through the RPC layer.
 
 #[tokio::test]
 async fn register_heartbeat_and_watch_through_the_core() {
