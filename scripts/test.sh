@@ -25,8 +25,6 @@ gocode=/usr/share/gocode/src
 [ -d $gocode/golang.org/x/text ] || need_pkgs+=(golang-golang-x-text-dev)
 # The java driver's tests build a jar with javac and jar.
 command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
-# The cluster's TLS tests make their CA and certificates with the openssl tool.
-command -v openssl >/dev/null || need_pkgs+=(openssl)
 # scripts/test.sh reads cargo's JSON messages (the test binaries of the cgroup v2 guest).
 command -v jq >/dev/null || need_pkgs+=(jq)
 # The etcd store's tests (and the HA tests) run a real etcd: Debian's etcd-server.

@@ -4,102 +4,18 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use drover_server::rpc::{RpcOptions, serve};
-use drover_server::store::{BoxFuture, Condition, KeyValue, Op, Store, StoreError, TxnOutcome};
+use drover_server::store::MemStore;
 use drover_server::{Server, ServerConfig};
 use drover_server_api::NodeStatus;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-/// A store in memory with the trait's semantics; what is under test here is the
-/// agent ↔ server path, not the store.
-#[derive(Default)]
-struct MemStore {
-    inner: Mutex<(BTreeMap<String, KeyValue>, u64)>,
-}
-
-impl Store for MemStore {
-    fn range(&self, prefix: &str) -> BoxFuture<'_, Result<(Vec<KeyValue>, u64), StoreError>> {
-        let prefix = prefix.to_owned();
-        Box::pin(async move {
-            let g = self.inner.lock().unwrap();
-            let kvs =
-                g.0.range(prefix.clone()..)
-                    .take_while(|(k, _)| k.starts_with(&prefix))
-                    .map(|(_, v)| v.clone())
-                    .collect();
-            Ok((kvs, g.1))
-        })
-    }
-
-    fn txn(
-        &self,
-        conditions: Vec<Condition>,
-        ops: Vec<Op>,
-    ) -> BoxFuture<'_, Result<TxnOutcome, StoreError>> {
-        Box::pin(async move {
-            let mut g = self.inner.lock().unwrap();
-            let holds = conditions.iter().all(|c| match c {
-                Condition::ModRevision { key, revision } => {
-                    g.0.get(key).map_or(0, |kv| kv.mod_revision) == *revision
-                }
-                Condition::CreateRevision { key, revision } => {
-                    g.0.get(key).map_or(0, |kv| kv.create_revision) == *revision
-                }
-            });
-            if !holds {
-                return Ok(TxnOutcome {
-                    succeeded: false,
-                    revision: g.1,
-                });
-            }
-            g.1 += 1;
-            let rev = g.1;
-            for op in ops {
-                match op {
-                    Op::Put { key, value } => {
-                        let create = g.0.get(&key).map_or(rev, |kv| kv.create_revision);
-                        g.0.insert(
-                            key.clone(),
-                            KeyValue {
-                                key,
-                                value,
-                                create_revision: create,
-                                mod_revision: rev,
-                            },
-                        );
-                    }
-                    Op::Delete { key } => {
-                        g.0.remove(&key);
-                    }
-                }
-            }
-            Ok(TxnOutcome {
-                succeeded: true,
-                revision: rev,
-            })
-        })
-    }
-
-    fn revision(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move { Ok(self.inner.lock().unwrap().1) })
-    }
-
-    fn kind(&self) -> &'static str {
-        "embedded"
-    }
-
-    fn health(&self) -> BoxFuture<'_, Vec<drover_server::store::EndpointHealth>> {
-        Box::pin(async { Vec::new() })
-    }
-}
 
 fn token_file(dir: &std::path::Path, name: &str, token: &str) -> String {
     let path = dir.join(name);

@@ -3,12 +3,10 @@
 //! collection of terminal allocations and down nodes, complete sets without the
 //! allocations a node is done with, and job size caps. Real redb store in a temp dir.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use drover_server::ServerError;
 use drover_server_api::{
     AllocClientUpdate, Allocation, ClientStatus, EvalStatus, EvalTrigger, Evaluation, JobSpec,

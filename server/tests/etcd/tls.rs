@@ -8,34 +8,7 @@ use std::time::Duration;
 use drover_server::store::etcd::EtcdTls;
 use drover_server::store::{EtcdOptions, EtcdStore, Op, Store};
 use drover_test_support::etcd::{ClientTls, Etcd};
-
-struct Pki {
-    ca_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-fn ca() -> Pki {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    Pki {
-        ca_pem: cert.pem(),
-        issuer: rcgen::Issuer::new(params, key),
-    }
-}
-
-impl Pki {
-    /// A certificate for `name` signed by this CA: (cert PEM, key PEM).
-    fn leaf(&self, name: &str) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec![name.to_owned()])
-            .unwrap()
-            .signed_by(&key, &self.issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
+use drover_test_support::pki::TestCa;
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
@@ -53,7 +26,7 @@ fn options(endpoint: String, tls: Option<EtcdTls>) -> EtcdOptions {
 #[tokio::test]
 async fn the_store_talks_tls_to_an_etcd_that_checks_client_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = ca();
+    let pki = TestCa::new();
     let (scert, skey) = pki.leaf("127.0.0.1");
     let (ccert, ckey) = pki.leaf("drover-server");
     let ca_file = write(dir.path(), "ca.pem", &pki.ca_pem);
@@ -98,7 +71,7 @@ async fn the_store_talks_tls_to_an_etcd_that_checks_client_certificates() {
     assert!(err.to_string().contains(&etcd.endpoint()), "{err}");
 
     // A CA that did not sign etcd's certificate: this side refuses.
-    let other = ca();
+    let other = TestCa::new();
     let mut wrong_ca = tls.clone();
     wrong_ca.ca = write(dir.path(), "other-ca.pem", &other.ca_pem);
     let err = EtcdStore::connect(options(etcd.endpoint(), Some(wrong_ca)))

@@ -7,13 +7,11 @@
 //! RPCs on 127.0.0.1 as `drover server` does. Without an etcd binary the tests skip
 //! loudly (and fail under `CI=true`).
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{SECRET, job, node};
+use crate::common::{SECRET, job, node};
 use drover_proto::drover::cluster::v1 as pb;
 use drover_server::forward::{FORWARDED_HEADER, NOT_LEADER_HEADER};
 use drover_server::http::router;
@@ -24,6 +22,7 @@ use drover_server::{Election, Server, ServerConfig, ServerInfo};
 use drover_server_api::client::{Client, ClientOptions, QueryOptions};
 use drover_server_api::{ClientStatus, EvalStatus, NodeStatus, TOKEN_HEADER};
 use drover_test_support::etcd::{SharedEtcd, shared};
+use drover_test_support::pki::TestCa;
 use drover_test_support::{until, within};
 use tokio_util::sync::CancellationToken;
 
@@ -183,25 +182,17 @@ struct Tls {
 
 fn tls_files() -> Tls {
     let dir = tempfile::tempdir().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf_for(&["127.0.0.1", "localhost"]);
     let write = |name: &str, text: &str| {
         let p = dir.path().join(name);
         std::fs::write(&p, text).unwrap();
         p
     };
     Tls {
-        ca: write("ca.pem", &ca_cert.pem()),
-        cert: write("cert.pem", &cert.pem()),
-        key: write("key.pem", &key.serialize_pem()),
+        ca: write("ca.pem", &ca.ca_pem),
+        cert: write("cert.pem", &cert),
+        key: write("key.pem", &key),
         _dir: dir,
     }
 }

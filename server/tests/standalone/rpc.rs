@@ -15,6 +15,7 @@ use drover_server::{Server, ServerConfig};
 use drover_server_api::{
     AllocClientUpdate, ClientStatus, DriverInfo, NodeRegistration, NodeResources,
 };
+use drover_test_support::pki::TestCa;
 use drover_test_support::within;
 use pb::api_client::ApiClient;
 use pb::node_client::NodeClient;
@@ -354,34 +355,6 @@ async fn forward_runs_the_request_through_the_router_and_streams_the_body_back()
     running.stop().await;
 }
 
-struct Pki {
-    ca_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-fn ca() -> Pki {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    Pki {
-        ca_pem: cert.pem(),
-        issuer: rcgen::Issuer::new(params, key),
-    }
-}
-
-impl Pki {
-    /// A certificate for `name` signed by this CA: (cert PEM, key PEM).
-    fn leaf(&self, name: &str) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec![name.to_owned()])
-            .unwrap()
-            .signed_by(&key, &self.issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
 fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -410,7 +383,7 @@ async fn tls_channel(
 #[tokio::test]
 async fn tls_serves_clients_that_trust_its_ca_and_refuses_others() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = ca();
+    let pki = TestCa::new();
     let (cert, key) = pki.leaf("localhost");
     let files = TlsFiles {
         cert: write(dir.path(), "server.pem", &cert),
@@ -437,7 +410,7 @@ async fn tls_serves_clients_that_trust_its_ca_and_refuses_others() {
     assert_eq!(status, 200);
 
     // A client that trusts another CA does not get through the handshake.
-    let other = ca();
+    let other = TestCa::new();
     let refused = match tls_channel(running.addr, &other.ca_pem, None).await {
         Err(_) => true,
         Ok(ch) => forward(&mut ApiClient::new(ch), tonic::Request::new(get("/v1/big")))
@@ -469,8 +442,8 @@ async fn tls_serves_clients_that_trust_its_ca_and_refuses_others() {
 #[tokio::test]
 async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
     let dir = tempfile::tempdir().unwrap();
-    let servers = ca();
-    let clients = ca();
+    let servers = TestCa::new();
+    let clients = TestCa::new();
     let (cert, key) = servers.leaf("localhost");
     let files = TlsFiles {
         cert: write(dir.path(), "server.pem", &cert),
@@ -543,8 +516,7 @@ async fn unreadable_or_invalid_tls_files_stop_serve_with_the_file_named() {
 }
 
 // --- the cycle through the server core --------------------------------------------
-// These drive the core (`Server::register_node` and friends, branch cluster-core)
-// through the RPC layer; the foundation's facade answers "not built yet".
+// These drive the core (`Server::register_node` and friends) through the RPC layer.
 
 #[tokio::test]
 async fn register_heartbeat_and_watch_through_the_core() {
@@ -748,7 +720,7 @@ async fn first_call_deadline_case(tls: bool) {
     use tokio::io::AsyncWriteExt as _;
     const DEADLINE: Duration = Duration::from_millis(300);
     let dir = tempfile::tempdir().unwrap();
-    let pki = ca();
+    let pki = TestCa::new();
     let (cert, key) = pki.leaf("localhost");
     let files = tls.then(|| TlsFiles {
         cert: write(dir.path(), "server.pem", &cert),

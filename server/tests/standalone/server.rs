@@ -1,14 +1,12 @@
 //! The server core on a real redb store: durability, the plan applier, heartbeats and
 //! node state, blocking queries, client updates, jobs and versions.
 //!
-//! Plans are built by hand here (the scheduler is tested on its own); tests that need
-//! the real scheduler to place allocations say so in their name and `ignore` reason.
-
-mod common;
+//! Plans are built by hand here (the scheduler is tested on its own); tests that run
+//! the real scheduler's workers to place allocations say so in their name.
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use drover_server_api::{
     AllocClientUpdate, ClientStatus, DesiredStatus, EvalStatus, EvalTrigger, JobStatus, NodeStatus,
 };
@@ -571,8 +569,8 @@ async fn job_versions_stop_and_purge() {
     s.stop().await;
 }
 
-/// Needs the real scheduler (branch cluster-sched): with the foundation stub nothing is
-/// ever placed or blocked. Remove the `ignore` once it is merged.
+/// With the scheduler's workers: a job no node can hold is blocked, and placed when a
+/// node that can registers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers() {
     let dir = tempfile::tempdir().unwrap();
@@ -611,7 +609,8 @@ async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers
     s.stop().await;
 }
 
-/// Needs the real scheduler (branch cluster-sched). Remove the `ignore` once merged.
+/// With the scheduler's workers: the allocations of a node that goes down are placed on
+/// the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_scheduler_a_down_nodes_allocations_are_replaced_elsewhere() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,8 +1,6 @@
-//! The HTTP API over a real listener on 127.0.0.1, through the typed client.
-//!
-//! Tests marked `needs cluster-core` exercise the facade's real answers (jobs stored,
-//! evaluations made, blocking queries woken by commits); on the cluster-http branch the
-//! facade is a stub, so they are ignored there and run after the merge.
+//! The HTTP API over a real listener on 127.0.0.1, through the typed client: tokens,
+//! TLS, and the server core's answers through it (jobs stored, evaluations made,
+//! blocking queries woken by commits).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +10,7 @@ use drover_server::store::redb::RedbStore;
 use drover_server::{Server, ServerConfig};
 use drover_server_api::client::{Client, ClientOptions, QueryOptions};
 use drover_server_api::{JobSpec, MAX_BLOCKING_WAIT};
+use drover_test_support::pki::TestCa;
 use hyper::{Method, StatusCode};
 use tokio_util::sync::CancellationToken;
 
@@ -247,69 +246,23 @@ async fn shutdown_ends_serving_promptly_even_with_a_blocking_query_open() {
     assert!(tokio::net::TcpStream::connect(s.addr).await.is_err());
 }
 
-/// Generate a CA and a server certificate for 127.0.0.1 with the openssl tool.
+/// A CA (`ca.pem`) and a certificate for 127.0.0.1 signed by it (`server.pem`, its key
+/// in `server.key`, readable by its owner only as a real key file would be) in `dir`.
 fn certificates(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (needed to make test certificates)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=drover test ca",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf("127.0.0.1");
+    std::fs::write(dir.join("ca.pem"), &ca.ca_pem).unwrap();
+    std::fs::write(dir.join("server.pem"), cert).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join("server.key"))
+        .and_then(|mut f| f.write_all(key.as_bytes()))
+        .unwrap();
 }
 
 #[tokio::test]
@@ -408,7 +361,7 @@ async fn bad_tls_files_are_refused_naming_the_file() {
     assert!(err.to_string().contains("holds no certificate"), "{err}");
 }
 
-// --- needs cluster-core ---------------------------------------------------------------
+// --- the server core's answers --------------------------------------------------------
 
 fn web_job() -> JobSpec {
     serde_json::from_value(serde_json::json!({

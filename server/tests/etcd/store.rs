@@ -1,5 +1,5 @@
 //! The etcd store on a real etcd: the same range/txn/revision semantics as the embedded
-//! store (server/tests/store.rs), plus what only several servers on one etcd have:
+//! store (standalone/store.rs), plus what only several servers on one etcd have:
 //! a second writer that did not read the last commit is refused, prefixes isolate,
 //! the schema is checked.
 

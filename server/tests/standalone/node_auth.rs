@@ -3,12 +3,10 @@
 //! for its id must present it; a node back from down keeps its name; what a node
 //! reports is bounded.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use drover_proto::drover::cluster::v1 as pb;
 use drover_server::ServerError;
 use drover_server::rpc::{RpcOptions, serve};
