@@ -1,6 +1,7 @@
 //! Leadership: what a server does as one of several on one store: campaign (through
 //! the store's [`Election`], `store/election.rs`), lead a term, follow the leader's
-//! commits between terms (`terms.rs`). A term ([`term::LeaderTerm`]) owns what the leader runs for it: the
+//! commits between terms (`terms.rs`). A term (`term::LeaderTerm`) owns what the
+//! leader runs for it: the
 //! evaluation broker and its workers (`broker.rs`, `worker.rs`), the heartbeat timers
 //! (`timers.rs`, `heartbeat.rs`), and two queues drained by one shared batch-commit
 //! loop (`batcher.rs`): plans for the plan applier (`plan_apply.rs`) and client status

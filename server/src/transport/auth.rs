@@ -13,3 +13,19 @@ pub fn token_eq(given: &[u8], want: &[u8]) -> bool {
         .fold(0u8, |acc, (a, b)| acc | (a ^ b));
     std::hint::black_box(diff) == 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::token_eq;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secret", b"secreT"));
+        assert!(!token_eq(b"secreT", b"secret"));
+        assert!(!token_eq(b"secret", b"secret2"));
+        assert!(!token_eq(b"secret1", b"secret"));
+        assert!(!token_eq(b"", b"x"));
+        assert!(!token_eq(b"", b"secret"));
+    }
+}

@@ -6,7 +6,7 @@
 //! - Node RPCs that write (`Register`, `Heartbeat`, `UpdateAllocations`) go to the
 //!   leader's `Node` service; the node's secret passes through unchanged and the
 //!   leader checks it. `WatchAllocations` is served by every server from its own state.
-//! - Who leads: [`Election::leader`], cached, asked again when a forward fails. While
+//! - Who leads: [`Election::leader`](crate::Election::leader), cached, asked again when a forward fails. While
 //!   there is none (an election in progress), a request waits up to the lease TTL plus
 //!   5 s for one, then fails with 503 / `UNAVAILABLE` saying so.
 //! - No loops: a forwarded request that reaches a server that does not lead is not

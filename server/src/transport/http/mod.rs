@@ -623,14 +623,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_compare_whole() {
-        assert!(token_eq(b"secret", b"secret"));
-        assert!(!token_eq(b"secret", b"secreT"));
-        assert!(!token_eq(b"secret", b"secret2"));
-        assert!(!token_eq(b"", b"x"));
-    }
-
-    #[test]
     fn server_errors_map_to_statuses() {
         use crate::store::StoreError;
         for (e, code) in [

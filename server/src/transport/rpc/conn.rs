@@ -15,10 +15,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Request;
 
-/// The default [`RpcOptions::first_call_deadline`]: an agent makes its first call
+/// The default [`RpcOptions::first_call_deadline`](super::RpcOptions::first_call_deadline): an agent makes its first call
 /// (registration) right after connecting, so 10 s is ample even over a slow link.
 pub const FIRST_CALL_DEADLINE: Duration = Duration::from_secs(10);
-/// The default [`RpcOptions::max_connections_per_ip`]: a quarter of
+/// The default [`RpcOptions::max_connections_per_ip`](super::RpcOptions::max_connections_per_ip): a quarter of
 /// [`MAX_CONNECTIONS`], so one address cannot take every slot, yet high enough for
 /// many agents behind one NAT address and for `drover-bench cluster`, whose 1,000
 /// simulated clients each hold a connection from 127.0.0.1.
@@ -48,7 +48,7 @@ pub(super) fn first_call_made(req: &Request<()>) {
     }
 }
 
-/// Connections open per peer address, for [`RpcOptions::max_connections_per_ip`].
+/// Connections open per peer address, for [`RpcOptions::max_connections_per_ip`](super::RpcOptions::max_connections_per_ip).
 type PerIp = Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>;
 
 /// A peer address's share of the open connections, given back on drop.

@@ -638,14 +638,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn token_comparison() {
-        assert!(token_eq(b"secret", b"secret"));
-        assert!(!token_eq(b"secreT", b"secret"));
-        assert!(!token_eq(b"secret1", b"secret"));
-        assert!(!token_eq(b"", b"secret"));
-    }
-
-    #[test]
     fn errors_map_to_codes() {
         use tonic::Code;
         assert_eq!(
