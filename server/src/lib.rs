@@ -39,9 +39,8 @@ mod transport;
 
 pub use config::ServerConfig;
 pub use error::ServerError;
-pub use leader::plan_apply as plan;
+pub use leader::plan_apply::PlanResult;
 pub use leader::{Election, NameClaim, ServerInfo, SoleLeader};
-pub use plan::PlanResult;
 pub use server::{NodeAllocations, Server, ServerStats};
 pub use store::{EtcdOptions, EtcdStore, RedbStore};
 pub use transport::{forward, http, rpc, tls};

@@ -29,7 +29,7 @@ pub use self::conn::{
 use self::conn::{first_call_made, incoming};
 use crate::error::ServerError;
 use crate::server::Server;
-pub use crate::transport::auth::token_eq;
+use crate::transport::auth::token_eq;
 use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 
 /// How the RPC listener authenticates, encrypts and bounds its connections.
