@@ -496,9 +496,15 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     if let StoreChoice::Etcd { lease_ttl, .. } = &options.store {
         refuse_taken_name(election.as_ref(), &me, *lease_ttl).await?;
     }
-    let server = Server::start_with(config, store, election, me, stop.clone())
-        .await
-        .context("cannot start the server")?;
+    let server = match Server::start_with(config, store, election.clone(), me, stop.clone()).await {
+        Ok(server) => server,
+        Err(e) => {
+            // The name was claimed on this server's lease: give it back now, not after
+            // the lease TTL, so that a server started in its place is not refused.
+            election.close().await;
+            return Err(anyhow::Error::new(e).context("cannot start the server"));
+        }
+    };
     let scheme = if options.tls.is_some() {
         "https"
     } else {
