@@ -10,6 +10,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/plugin/grpc_controller.proto",
         "proto/plugin/grpc_stdio.proto",
         "proto/plugin/grpc_broker.proto",
+        // Nomad's plugin protocol (our own copies: Nomad's packages, names and field
+        // numbers): Nomad drivers in plugin_dir, and the SDK serving Nomad agents.
+        "proto/nomad/plugins/base/base.proto",
+        "proto/nomad/plugins/drivers/driver.proto",
+        "proto/nomad/plugins/shared/hclspec/hcl_spec.proto",
+        "proto/nomad/plugins/shared/structs/attribute.proto",
+        "proto/nomad/plugins/shared/structs/recoverable_error.proto",
+        "proto/nomad/plugins/shared/structs/stats.proto",
         // etcd's v3 API (trimmed copies, etcd's names and numbers) for the server's
         // etcd store.
         "proto/etcd/api/mvccpb/kv.proto",

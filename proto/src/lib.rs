@@ -3,6 +3,8 @@
 //! - [`drover::plugin::v1`]: Drover's own `BasePlugin` and `Driver` services.
 //! - [`drover::cluster::v1`]: the cluster protocol between client agents and servers.
 //! - [`etcd`]: etcd's v3 API (KV, Watch, Lease, Maintenance, Election), trimmed.
+//! - [`nomad`]: Nomad's plugin protocol (`hashicorp.nomad.plugins.*`: BasePlugin,
+//!   Driver, hclspec, structs), for Nomad drivers and for serving Nomad agents.
 //! - [`goplugin`]: HashiCorp go-plugin's `plugin` package (`GRPCController`,
 //!   `GRPCStdio`, `GRPCBroker`), byte-for-byte wire compatible.
 //!
@@ -44,6 +46,52 @@ pub mod etcd {
     pub mod v3electionpb {
         tonic::include_proto!("v3electionpb");
     }
+}
+
+/// Nomad's plugin packages, nested as their names are (`hashicorp.nomad.plugins.*`),
+/// which the generated code's cross-package paths need. Use them through [`nomad`].
+pub mod hashicorp {
+    /// `hashicorp.nomad`
+    pub mod nomad {
+        /// `hashicorp.nomad.plugins`
+        pub mod plugins {
+            /// `hashicorp.nomad.plugins.base`
+            pub mod base {
+                /// `hashicorp.nomad.plugins.base.proto`: BasePlugin.
+                pub mod proto {
+                    tonic::include_proto!("hashicorp.nomad.plugins.base.proto");
+                }
+            }
+            /// `hashicorp.nomad.plugins.drivers`
+            pub mod drivers {
+                /// `hashicorp.nomad.plugins.drivers.proto`: Driver.
+                pub mod proto {
+                    tonic::include_proto!("hashicorp.nomad.plugins.drivers.proto");
+                }
+            }
+            /// `hashicorp.nomad.plugins.shared`
+            pub mod shared {
+                /// `hashicorp.nomad.plugins.shared.hclspec`: config specs.
+                pub mod hclspec {
+                    tonic::include_proto!("hashicorp.nomad.plugins.shared.hclspec");
+                }
+                /// `hashicorp.nomad.plugins.shared.structs`: attributes, stats,
+                /// recoverable errors.
+                pub mod structs {
+                    tonic::include_proto!("hashicorp.nomad.plugins.shared.structs");
+                }
+            }
+        }
+    }
+}
+
+/// Nomad's plugin protocol: our own copies of Nomad's `.proto` files with its packages,
+/// names and field numbers, so a Drover agent loads Nomad's task drivers and a Nomad
+/// agent loads drivers built on Drover's SDK.
+pub mod nomad {
+    pub use crate::hashicorp::nomad::plugins::base::proto as base;
+    pub use crate::hashicorp::nomad::plugins::drivers::proto as drivers;
+    pub use crate::hashicorp::nomad::plugins::shared::{hclspec, structs};
 }
 
 /// HashiCorp go-plugin's internal `plugin` package.
