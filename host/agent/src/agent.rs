@@ -33,6 +33,9 @@ pub enum AgentError {
     /// The cluster API cannot be forwarded as configured (server address, TLS files).
     #[error(transparent)]
     Forward(#[from] crate::cluster::forward::ForwardError),
+    /// The agent's own binary, which Nomad drivers' log relays run, cannot be found.
+    #[error("cannot find the agent's own binary (Nomad drivers' log relays run it): {0}")]
+    OwnBinary(std::io::Error),
     /// The API socket could not be bound.
     #[error("cannot listen on {path}: {reason}")]
     Listen {
@@ -172,6 +175,18 @@ pub async fn run(
     )?;
     let plugin_state_dir = data_dir.join("plugin-state");
     crate::dirs::prepare(&plugin_state_dir, "plugin state directory", Access::Private)?;
+    // Nomad task drivers' log FIFOs: the agent's own, out of every task's reach.
+    let nomad_fifo_dir = data_dir.join("nomad-fifos");
+    crate::dirs::prepare(
+        &nomad_fifo_dir,
+        "Nomad driver FIFO directory",
+        Access::Private,
+    )?;
+    // The log relays of Nomad drivers' tasks are this binary, re-executed.
+    let nomad_host = drover_plugin_sdk::client::NomadHostOptions::new(
+        nomad_fifo_dir,
+        std::env::current_exe().map_err(AgentError::OwnBinary)?,
+    );
     // With servers, the agent is a cluster client: its settings and node id are
     // checked here, so that a bad token file or TLS file stops the start.
     let cluster = if config.servers.is_empty() {
@@ -214,6 +229,7 @@ pub async fn run(
         settings: config.plugin.clone(),
         plugin_pass_env: config.plugin_pass_env.clone(),
         plugin_auto_mtls: config.plugin_auto_mtls,
+        nomad: Some(nomad_host),
     });
     let catalog = Arc::new(Catalog::new(store.clone()));
     let tasks = Arc::new(TaskManager::new(catalog.clone(), alloc_dir, store.clone()));

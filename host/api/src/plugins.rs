@@ -37,6 +37,27 @@ pub enum PluginState {
     Skipped,
 }
 
+/// The driver protocol a plugin speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginProtocol {
+    /// Drover's own (`drover.plugin.v1`).
+    #[default]
+    Drover,
+    /// Nomad's driver plugin protocol: an unmodified Nomad task driver.
+    Nomad,
+}
+
+impl PluginProtocol {
+    /// The name on the wire, e.g. `"nomad"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginProtocol::Drover => "drover",
+            PluginProtocol::Nomad => "nomad",
+        }
+    }
+}
+
 /// One row of `drover plugin status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PluginStatus {
@@ -66,6 +87,9 @@ pub struct PluginStatus {
     /// its own: `pid` is then empty, and a crash of the driver is a crash of the agent.
     #[serde(default)]
     pub in_process: bool,
+    /// The driver protocol it speaks (Drover's, or Nomad's for a Nomad task driver).
+    #[serde(default)]
+    pub protocol: PluginProtocol,
 }
 
 impl PluginSource {

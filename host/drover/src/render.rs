@@ -69,8 +69,8 @@ pub fn print_plugins(rows: &[PluginStatus], json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} PATH / REASON",
-        "NAME", "SOURCE", "STATE", "VERSION", "API", "PID"
+        "{:<16} {:<9} {:<9} {:<10} {:<10} {:<8} {:<8} PATH / REASON",
+        "NAME", "SOURCE", "PROTOCOL", "STATE", "VERSION", "API", "PID"
     );
     for r in rows {
         let pid = match r.pid {
@@ -84,9 +84,10 @@ pub fn print_plugins(rows: &[PluginStatus], json: bool) -> anyhow::Result<()> {
             format!("{}: {}", r.path.display(), r.reason)
         };
         println!(
-            "{:<16} {:<9} {:<10} {:<10} {:<8} {:<8} {}",
+            "{:<16} {:<9} {:<9} {:<10} {:<10} {:<8} {:<8} {}",
             r.name,
             r.source.as_str(),
+            r.protocol.as_str(),
             r.state.as_str(),
             r.version,
             r.api_version,

@@ -258,6 +258,7 @@ impl InProcessPlugin {
             name: self.inner.library.name.clone(),
             channel: self.inner.channel.clone(),
             exit: self.inner.exit.clone(),
+            nomad: None,
         }
     }
 

@@ -11,11 +11,16 @@
 
 mod dead_socket;
 mod inproc;
+mod nomad;
 mod process;
 mod reattach;
 mod reattach_tls;
 
 pub use inproc::{InProcessLibrary, InProcessOptions, InProcessPlugin, LoadError, sealed_copy};
+pub use nomad::{
+    NOMAD_APP_PROTOCOL, NOMAD_DRIVER_API_REQ, NOMAD_MAGIC_COOKIE_KEY, NOMAD_MAGIC_COOKIE_VALUE,
+    NomadHostOptions,
+};
 
 pub use process::{
     HostEnv, LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE,
@@ -24,6 +29,7 @@ pub use process::{
 pub use reattach::{ReattachConfig, ReattachError, process_start_time};
 pub use reattach_tls::ReattachTls;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use drover_proto::v1 as pb;
@@ -46,9 +52,10 @@ use process::Exit;
 /// versions it speaks.
 ///
 /// ```
-/// use drover_plugin_sdk::client::{PluginIdentity, PluginKind};
+/// use drover_plugin_sdk::client::{PluginIdentity, PluginKind, PluginProtocol};
 /// let id = PluginIdentity::new("rawexec", "0.1.0", vec!["1.0.0".into()]);
 /// assert_eq!(id.kind, PluginKind::Driver);
+/// assert_eq!(id.protocol, PluginProtocol::Drover);
 /// assert_eq!(id.info().name, "rawexec");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +69,53 @@ pub struct PluginIdentity {
     pub api_versions: Vec<String>,
     /// What kind of plugin it is.
     pub kind: PluginKind,
+    /// Which driver protocol it speaks.
+    pub protocol: PluginProtocol,
+}
+
+/// The driver protocol a plugin speaks, which its handshake's app protocol version
+/// tells: Drover's own (`drover.plugin.v1`, app protocol 1) or Nomad's
+/// (`hashicorp.nomad.plugins.*`, app protocol 2). A host talks to both through the same
+/// [`PluginClient`].
+///
+/// ```
+/// use drover_plugin_sdk::client::PluginProtocol;
+/// assert_eq!(PluginProtocol::from_app_protocol(2), PluginProtocol::Nomad);
+/// assert_eq!(PluginProtocol::Nomad.to_string(), "nomad");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginProtocol {
+    /// Drover's driver protocol.
+    #[default]
+    Drover,
+    /// Nomad's driver protocol.
+    Nomad,
+}
+
+impl PluginProtocol {
+    /// The protocol of a handshake's app protocol version.
+    pub fn from_app_protocol(version: u32) -> Self {
+        if version == NOMAD_APP_PROTOCOL {
+            PluginProtocol::Nomad
+        } else {
+            PluginProtocol::Drover
+        }
+    }
+
+    /// Its name, as `plugin status` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginProtocol::Drover => "drover",
+            PluginProtocol::Nomad => "nomad",
+        }
+    }
+}
+
+impl std::fmt::Display for PluginProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl PluginIdentity {
@@ -76,6 +130,7 @@ impl PluginIdentity {
             version: version.into(),
             api_versions,
             kind: PluginKind::Driver,
+            protocol: PluginProtocol::Drover,
         }
     }
 
@@ -119,6 +174,11 @@ impl std::fmt::Display for PluginKind {
     }
 }
 
+/// A stream of a plugin's answers (fingerprints, stats, events), whatever protocol it
+/// speaks.
+pub type BoxStream<T> =
+    std::pin::Pin<Box<dyn Stream<Item = Result<T, DriverError>> + Send + 'static>>;
+
 /// Typed calls to one plugin. Every call fails fast with
 /// [`DriverError::Unavailable`] once the plugin process has exited, instead of hanging.
 ///
@@ -136,6 +196,8 @@ pub struct PluginClient {
     name: String,
     channel: Channel,
     exit: watch::Receiver<Option<Exit>>,
+    /// Set for a plugin that speaks Nomad's protocol: every typed call goes through it.
+    nomad: Option<Arc<nomad::NomadBridge>>,
 }
 
 impl PluginClient {
@@ -156,6 +218,20 @@ impl PluginClient {
         &self,
         call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, DriverError> {
+        self.guard_call(async {
+            call.await
+                .map(tonic::Response::into_inner)
+                .map_err(DriverError::from)
+        })
+        .await
+    }
+
+    /// Run one call (an RPC, or a Nomad plugin's calls through the bridge), failing as
+    /// soon as the plugin process exits.
+    async fn guard_call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, DriverError>>,
+    ) -> Result<T, DriverError> {
         let mut exit = self.exit.clone();
         let exited = |e: Option<&Exit>| {
             DriverError::Unavailable(match e {
@@ -167,13 +243,25 @@ impl PluginClient {
             return Err(exited(Some(e)));
         }
         tokio::select! {
-            r = call => r.map(tonic::Response::into_inner).map_err(DriverError::from),
+            r = call => r,
             e = exit.wait_for(Option::is_some) => Err(exited(e.ok().as_deref().and_then(Option::as_ref))),
+        }
+    }
+
+    /// Which driver protocol the plugin speaks.
+    pub fn protocol(&self) -> PluginProtocol {
+        if self.nomad.is_some() {
+            PluginProtocol::Nomad
+        } else {
+            PluginProtocol::Drover
         }
     }
 
     /// `PluginInfo`: identity plus the plugin API versions it offers.
     pub async fn plugin_info(&self) -> Result<PluginIdentity, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.plugin_info()).await;
+        }
         let r = self
             .guard(self.base().plugin_info(pb::PluginInfoRequest {}))
             .await?;
@@ -182,6 +270,7 @@ impl PluginClient {
             version: r.plugin_version,
             api_versions: r.plugin_api_versions,
             kind: PluginKind::from_wire(r.r#type),
+            protocol: PluginProtocol::Drover,
         })
     }
 
@@ -196,6 +285,9 @@ impl PluginClient {
 
     /// `ConfigSchema`: JSON Schema of the plugin configuration.
     pub async fn config_schema(&self) -> Result<String, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.config_schema()).await;
+        }
         Ok(self
             .guard(self.base().config_schema(pb::ConfigSchemaRequest {}))
             .await?
@@ -208,6 +300,9 @@ impl PluginClient {
         config_json: String,
         agent: &AgentInfo,
     ) -> Result<(), DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.set_config(&config_json, agent)).await;
+        }
         self.guard(self.base().set_config(pb::SetConfigRequest {
             config_json,
             plugin_api_version: agent.api_version.clone(),
@@ -222,6 +317,9 @@ impl PluginClient {
 
     /// `TaskConfigSchema`: JSON Schema of the driver's task config.
     pub async fn task_config_schema(&self) -> Result<String, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.task_config_schema()).await;
+        }
         Ok(self
             .guard(
                 self.driver()
@@ -233,6 +331,9 @@ impl PluginClient {
 
     /// `Capabilities`.
     pub async fn capabilities(&self) -> Result<Capabilities, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.capabilities()).await;
+        }
         Ok(self
             .guard(self.driver().capabilities(pb::CapabilitiesRequest {}))
             .await?
@@ -242,17 +343,24 @@ impl PluginClient {
     }
 
     /// `Fingerprint`: a stream of fingerprints; the first arrives at once.
-    pub async fn fingerprint(
-        &self,
-    ) -> Result<impl Stream<Item = Result<Fingerprint, DriverError>> + use<>, DriverError> {
+    pub async fn fingerprint(&self) -> Result<BoxStream<Fingerprint>, DriverError> {
+        if let Some(b) = &self.nomad {
+            let s = self.guard_call(b.fingerprint()).await?;
+            return Ok(Box::pin(s));
+        }
         let s = self
             .guard(self.driver().fingerprint(pb::FingerprintRequest {}))
             .await?;
-        Ok(s.map(|r| r.map(Fingerprint::from).map_err(DriverError::from)))
+        Ok(Box::pin(s.map(|r| {
+            r.map(Fingerprint::from).map_err(DriverError::from)
+        })))
     }
 
     /// `StartTask`.
     pub async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.start_task(spec)).await;
+        }
         let r = self
             .guard(self.driver().start_task(pb::StartTaskRequest {
                 task: Some(spec.into()),
@@ -265,6 +373,9 @@ impl PluginClient {
 
     /// `WaitTask`: blocks until the task exits.
     pub async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.wait_task(task_id)).await;
+        }
         let r = self
             .guard(self.driver().wait_task(pb::WaitTaskRequest {
                 task_id: task_id.into(),
@@ -280,6 +391,9 @@ impl PluginClient {
         timeout: Duration,
         signal: Signal,
     ) -> Result<(), DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.stop_task(task_id, timeout, signal)).await;
+        }
         self.guard(self.driver().stop_task(pb::StopTaskRequest {
             task_id: task_id.into(),
             timeout: Some(to_duration(timeout)),
@@ -291,6 +405,9 @@ impl PluginClient {
 
     /// `DestroyTask`.
     pub async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.destroy_task(task_id, force)).await;
+        }
         self.guard(self.driver().destroy_task(pb::DestroyTaskRequest {
             task_id: task_id.into(),
             force,
@@ -301,6 +418,9 @@ impl PluginClient {
 
     /// `InspectTask`.
     pub async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.inspect_task(task_id)).await;
+        }
         let r = self
             .guard(self.driver().inspect_task(pb::InspectTaskRequest {
                 task_id: task_id.into(),
@@ -313,6 +433,9 @@ impl PluginClient {
 
     /// `RecoverTask`.
     pub async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.recover_task(handle)).await;
+        }
         self.guard(self.driver().recover_task(pb::RecoverTaskRequest {
             task_id: handle.spec.id.clone(),
             handle: Some(handle.into()),
@@ -323,6 +446,9 @@ impl PluginClient {
 
     /// `SignalTask`.
     pub async fn signal_task(&self, task_id: &str, signal: Signal) -> Result<(), DriverError> {
+        if let Some(b) = &self.nomad {
+            return self.guard_call(b.signal_task(task_id, signal)).await;
+        }
         self.guard(self.driver().signal_task(pb::SignalTaskRequest {
             task_id: task_id.into(),
             signal: signal.to_string(),
@@ -336,24 +462,34 @@ impl PluginClient {
         &self,
         task_id: &str,
         interval: Duration,
-    ) -> Result<impl Stream<Item = Result<TaskStats, DriverError>> + use<>, DriverError> {
+    ) -> Result<BoxStream<TaskStats>, DriverError> {
+        if let Some(b) = &self.nomad {
+            let s = self.guard_call(b.task_stats(task_id, interval)).await?;
+            return Ok(Box::pin(s));
+        }
         let s = self
             .guard(self.driver().task_stats(pb::TaskStatsRequest {
                 task_id: task_id.into(),
                 interval: Some(to_duration(interval)),
             }))
             .await?;
-        Ok(s.map(|r| r.map(TaskStats::from).map_err(DriverError::from)))
+        Ok(Box::pin(s.map(|r| {
+            r.map(TaskStats::from).map_err(DriverError::from)
+        })))
     }
 
     /// `TaskEvents`.
-    pub async fn task_events(
-        &self,
-    ) -> Result<impl Stream<Item = Result<TaskEvent, DriverError>> + use<>, DriverError> {
+    pub async fn task_events(&self) -> Result<BoxStream<TaskEvent>, DriverError> {
+        if let Some(b) = &self.nomad {
+            let s = self.guard_call(b.task_events()).await?;
+            return Ok(Box::pin(s));
+        }
         let s = self
             .guard(self.driver().task_events(pb::TaskEventsRequest {}))
             .await?;
-        Ok(s.map(|r| r.map(TaskEvent::from).map_err(DriverError::from)))
+        Ok(Box::pin(s.map(|r| {
+            r.map(TaskEvent::from).map_err(DriverError::from)
+        })))
     }
 
     /// `ExecTask`.
@@ -363,6 +499,11 @@ impl PluginClient {
         command: Vec<String>,
         timeout: Duration,
     ) -> Result<ExecOutput, DriverError> {
+        if let Some(b) = &self.nomad {
+            return self
+                .guard_call(b.exec_task(task_id, command, timeout))
+                .await;
+        }
         let r = self
             .guard(self.driver().exec_task(pb::ExecTaskRequest {
                 task_id: task_id.into(),

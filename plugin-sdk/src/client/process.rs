@@ -87,6 +87,12 @@ pub struct LaunchOptions {
     /// require the plugin's handshake to say it supports it, and run the gRPC
     /// connections as streams of one yamux session over a single connection.
     pub multiplex_grpc: bool,
+    /// Also accept plugins that speak Nomad's driver protocol: the plugin is started
+    /// with Nomad's cookie beside Drover's and offered app protocols 1 and 2, so one
+    /// launch tells which it speaks (its handshake names the version it chose). A Nomad
+    /// plugin is then driven through a bridge that needs these host settings. `None`:
+    /// Drover plugins only.
+    pub nomad: Option<super::NomadHostOptions>,
 }
 
 impl LaunchOptions {
@@ -104,7 +110,18 @@ impl LaunchOptions {
             executable: None,
             auto_mtls: false,
             multiplex_grpc: false,
+            nomad: None,
         }
+    }
+
+    /// The app protocol versions this launch offers: the host's, plus Nomad's when
+    /// Nomad plugins are accepted.
+    fn offered_app_protocols(&self) -> Vec<u32> {
+        let mut v = self.app_protocol_versions.clone();
+        if self.nomad.is_some() && !v.contains(&super::NOMAD_APP_PROTOCOL) {
+            v.push(super::NOMAD_APP_PROTOCOL);
+        }
+        v
     }
 }
 
@@ -168,7 +185,7 @@ fn launch_env_over(
         ),
         (
             handshake::ENV_PROTOCOL_VERSIONS.into(),
-            opts.app_protocol_versions
+            opts.offered_app_protocols()
                 .iter()
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
@@ -178,6 +195,12 @@ fn launch_env_over(
         (handshake::ENV_MIN_PORT.into(), "10000".into()),
         (handshake::ENV_MAX_PORT.into(), "25000".into()),
     ];
+    if opts.nomad.is_some() {
+        handshake_env.push((
+            super::NOMAD_MAGIC_COOKIE_KEY.into(),
+            super::NOMAD_MAGIC_COOKIE_VALUE.into(),
+        ));
+    }
     if let Some(pem) = client_cert {
         handshake_env.push((handshake::ENV_CLIENT_CERT.into(), pem.into()));
     }
@@ -193,7 +216,9 @@ fn launch_env_over(
     // plugin would see, say, `PLUGIN_MULTIPLEX_GRPC=true` that this host never offered.
     let inherited = host.into_iter().filter(|(k, _)| {
         let k = k.as_encoded_bytes();
-        !k.starts_with(b"PLUGIN_") && k != handshake::MAGIC_COOKIE_KEY.as_bytes()
+        !k.starts_with(b"PLUGIN_")
+            && k != handshake::MAGIC_COOKIE_KEY.as_bytes()
+            && k != super::NOMAD_MAGIC_COOKIE_KEY.as_bytes()
     });
     for (k, v) in inherited
         .chain(opts.env.iter().cloned())
@@ -333,6 +358,8 @@ pub struct PluginProcess {
     pub(super) tls: Option<Arc<ReattachTls>>,
     /// Whether the connection is multiplexed, for the reattach record.
     pub(super) multiplex_grpc: bool,
+    /// The bridge to a plugin that speaks Nomad's protocol.
+    pub(super) nomad: Option<Arc<super::nomad::NomadBridge>>,
 }
 
 /// How a plugin process ended.
@@ -585,12 +612,12 @@ async fn establish(
             stderr: String::new(),
         })?;
     if !opts
-        .app_protocol_versions
+        .offered_app_protocols()
         .contains(&line.app_protocol_version)
     {
         return Err(LaunchError::AppProtocol {
             plugin: line.app_protocol_version,
-            host: opts.app_protocol_versions.clone(),
+            host: opts.offered_app_protocols(),
         }
         .into());
     }
@@ -929,7 +956,18 @@ impl PluginProcess {
         // dir of an environment like this host's.
         let within = opts.socket_dir.clone().unwrap_or_else(std::env::temp_dir);
         let exit = watch_exit(child, established.line.addr.clone(), within);
+        let nomad = match (&opts.nomad, established.line.app_protocol_version) {
+            (Some(host), super::NOMAD_APP_PROTOCOL) => {
+                Some(Arc::new(super::nomad::NomadBridge::new(
+                    opts.name.clone(),
+                    established.channel.clone(),
+                    host.clone(),
+                )))
+            }
+            _ => None,
+        };
         Ok(PluginProcess {
+            nomad,
             name: opts.name,
             pid,
             line: established.line,
@@ -986,6 +1024,15 @@ impl PluginProcess {
         &self.name
     }
 
+    /// Which driver protocol it speaks.
+    pub fn protocol(&self) -> super::PluginProtocol {
+        if self.nomad.is_some() {
+            super::PluginProtocol::Nomad
+        } else {
+            super::PluginProtocol::Drover
+        }
+    }
+
     /// The handshake line it printed.
     pub fn handshake(&self) -> &HandshakeLine {
         &self.line
@@ -1021,6 +1068,7 @@ impl PluginProcess {
             name: self.name.clone(),
             channel: self.channel.clone(),
             exit: self.exit.clone(),
+            nomad: self.nomad.clone(),
         }
     }
 

@@ -181,8 +181,20 @@ impl PluginProcess {
         config: ReattachConfig,
         timeout: Duration,
     ) -> Result<Self, ReattachError> {
+        Self::reattach_with(name, config, timeout, None).await
+    }
+
+    /// [`PluginProcess::reattach`], for a host that also runs Nomad plugins: a record
+    /// of one (app protocol 2) is taken over with its bridge, which needs `nomad`.
+    pub async fn reattach_with(
+        name: impl Into<String>,
+        config: ReattachConfig,
+        timeout: Duration,
+        nomad: Option<super::NomadHostOptions>,
+    ) -> Result<Self, ReattachError> {
         let name = name.into();
-        match tokio::time::timeout(timeout, reattach_inner(name, config.clone(), timeout)).await {
+        let inner = reattach_inner(name, config.clone(), timeout, nomad);
+        match tokio::time::timeout(timeout, inner).await {
             Ok(r) => r,
             Err(_) => Err(ReattachError::Identity(format!(
                 "pid {} did not prove its identity within {timeout:?}",
@@ -209,8 +221,19 @@ pub(super) async fn reattach_inner(
     name: String,
     config: ReattachConfig,
     timeout: Duration,
+    nomad_host: Option<super::NomadHostOptions>,
 ) -> Result<PluginProcess, ReattachError> {
     let pid = config.pid;
+    let nomad_host = match (config.app_protocol_version, nomad_host) {
+        (super::NOMAD_APP_PROTOCOL, Some(h)) => Some(h),
+        (super::NOMAD_APP_PROTOCOL, None) => {
+            return Err(ReattachError::Identity(format!(
+                "pid {pid} speaks Nomad's driver protocol and this host was not set up to \
+                 run Nomad plugins"
+            )));
+        }
+        _ => None,
+    };
     if config.start_time == 0 {
         return Err(ReattachError::NoStartTime { pid });
     }
@@ -262,20 +285,38 @@ pub(super) async fn reattach_inner(
             addr: config.addr.clone(),
             error,
         })?;
-    let base = BasePluginClient::new(channel.clone());
-    let info = base
-        .clone()
-        .plugin_info(pb::PluginInfoRequest {})
-        .await
-        .map_err(|s| ReattachError::Identity(format!("PluginInfo: {}: {}", s.code(), s.message())))?
-        .into_inner();
-    if info.name != name {
+    let identity_error = |s: tonic::Status| {
+        ReattachError::Identity(format!("PluginInfo: {}: {}", s.code(), s.message()))
+    };
+    let found = if nomad_host.is_some() {
+        drover_proto::nomad::base::base_plugin_client::BasePluginClient::new(channel.clone())
+            .plugin_info(drover_proto::nomad::base::PluginInfoRequest {})
+            .await
+            .map_err(identity_error)?
+            .into_inner()
+            .name
+    } else {
+        BasePluginClient::new(channel.clone())
+            .plugin_info(pb::PluginInfoRequest {})
+            .await
+            .map_err(identity_error)?
+            .into_inner()
+            .name
+    };
+    if found != name {
         return Err(ReattachError::WrongPlugin {
             pid,
             expected: name,
-            found: info.name,
+            found,
         });
     }
+    let nomad = nomad_host.map(|host| {
+        Arc::new(super::nomad::NomadBridge::new(
+            name.clone(),
+            channel.clone(),
+            host,
+        ))
+    });
     let shared = Arc::new(pidfd);
     let watched = shared.try_clone().map_err(|e| ReattachError::Watch {
         pid,
@@ -328,5 +369,6 @@ pub(super) async fn reattach_inner(
         pidfd: Some(shared),
         tls: config.tls.map(Arc::new),
         multiplex_grpc: config.multiplex_grpc,
+        nomad,
     })
 }

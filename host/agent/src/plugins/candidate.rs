@@ -103,6 +103,7 @@ pub(super) fn skipped_status(c: &Candidate, reason: impl Into<String>) -> Plugin
         pid: None,
         reattached: false,
         in_process: false,
+        protocol: Default::default(),
     }
 }
 

@@ -49,6 +49,9 @@ pub struct LoadContext {
     pub plugin_pass_env: Vec<String>,
     /// go-plugin AutoMTLS for every plugin process (`plugin_auto_mtls`).
     pub plugin_auto_mtls: bool,
+    /// What Nomad task drivers in plugin_dir need (their log FIFOs' directory, the log
+    /// relay program); `None`: only Drover plugins load.
+    pub nomad: Option<drover_plugin_sdk::client::NomadHostOptions>,
 }
 
 impl LoadContext {
@@ -67,6 +70,7 @@ impl LoadContext {
             settings.into_iter().flat_map(|s| s.env.iter()),
         )
         .with_auto_mtls(self.auto_mtls(label))
+        .with_nomad(self.nomad.clone())
     }
 
     /// Whether the plugin labelled `label` talks go-plugin AutoMTLS: its own
@@ -276,6 +280,12 @@ impl LoadedPlugin {
                 .flatten(),
             reattached: live.reattached,
             in_process: live.process.in_process(),
+            protocol: match live.process.protocol() {
+                drover_plugin_sdk::client::PluginProtocol::Nomad => {
+                    drover_api::PluginProtocol::Nomad
+                }
+                _ => drover_api::PluginProtocol::Drover,
+            },
         }
     }
 

@@ -39,6 +39,14 @@ impl PluginInstance {
         }
     }
 
+    /// The driver protocol it speaks (a driver library speaks Drover's).
+    pub fn protocol(&self) -> drover_plugin_sdk::client::PluginProtocol {
+        match self {
+            PluginInstance::Process(p) => p.protocol(),
+            PluginInstance::InProcess(_) => drover_plugin_sdk::client::PluginProtocol::Drover,
+        }
+    }
+
     /// The plugin's own process; `None` in process (it is the agent's).
     pub fn pid(&self) -> Option<u32> {
         match self {

@@ -126,6 +126,7 @@ pub struct LaunchSettings {
     host_env: HostEnv,
     set: Vec<(OsString, OsString)>,
     auto_mtls: bool,
+    nomad: Option<drover_plugin_sdk::client::NomadHostOptions>,
 }
 
 impl LaunchSettings {
@@ -148,7 +149,18 @@ impl LaunchSettings {
                 .map(|(k, v)| (OsString::from(k), OsString::from(v)))
                 .collect(),
             auto_mtls: false,
+            nomad: None,
         }
+    }
+
+    /// Also load plugins that speak Nomad's driver protocol, with these host settings
+    /// (`None`: Drover plugins only).
+    pub fn with_nomad(
+        mut self,
+        nomad: Option<drover_plugin_sdk::client::NomadHostOptions>,
+    ) -> LaunchSettings {
+        self.nomad = nomad;
+        self
     }
 
     /// With go-plugin's automatic mutual TLS on or off.
@@ -200,6 +212,10 @@ pub async fn fingerprint(
             opts.host_env = launch.host_env.clone();
             opts.env = launch.set.clone();
             opts.auto_mtls = launch.auto_mtls;
+            // A built-in is the agent's own binary, which speaks Drover's protocol.
+            if candidate.source == PluginSource::External {
+                opts.nomad = launch.nomad.clone();
+            }
             opts.handshake_timeout = timeout;
             opts.socket_dir = Some(socket_dir.to_owned());
             opts.executable = Some(binary.fd.clone());
@@ -291,6 +307,16 @@ async fn identify(
         return Err(format!("plugin type {} is not a driver", identity.kind));
     }
     let (info, api_versions) = (identity.info(), identity.api_versions);
+    // A Nomad driver speaks Nomad's driver API, which the bridge translates.
+    let nomad_api;
+    let accepted = match identity.protocol {
+        drover_plugin_sdk::client::PluginProtocol::Nomad => {
+            nomad_api = semver::VersionReq::parse(drover_plugin_sdk::client::NOMAD_DRIVER_API_REQ)
+                .map_err(|e| format!("Nomad driver API requirement: {e}"))?;
+            &nomad_api
+        }
+        _ => accepted,
+    };
     let name_ok = !info.name.is_empty()
         && info.name.len() <= 64
         && info

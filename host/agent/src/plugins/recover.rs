@@ -150,9 +150,16 @@ impl Catalog {
         let mut retiring = tokio::task::JoinSet::new();
         for rec in unclaimed {
             let (store, slots, timeout) = (self.records.clone(), slots.clone(), ctx.timeout);
+            let nomad = ctx.nomad.clone();
             retiring.spawn(async move {
                 let _slot = slots.acquire_owned().await;
-                retire(&rec, timeout, "its binary is no longer a plugin candidate").await;
+                retire(
+                    &rec,
+                    timeout,
+                    nomad,
+                    "its binary is no longer a plugin candidate",
+                )
+                .await;
                 store.forget(&rec.name).await;
             });
         }
@@ -473,6 +480,7 @@ async fn try_reattach(
             retire(
                 rec,
                 ctx.timeout,
+                ctx.nomad.clone(),
                 &format!("its binary fails the checks: {reason}"),
             )
             .await;
@@ -480,7 +488,13 @@ async fn try_reattach(
         }
     };
     if !sha.eq_ignore_ascii_case(&rec.sha256) {
-        retire(rec, ctx.timeout, "its binary changed (upgrade)").await;
+        retire(
+            rec,
+            ctx.timeout,
+            ctx.nomad.clone(),
+            "its binary changed (upgrade)",
+        )
+        .await;
         return Err(format!(
             "{} changed since pid {} was launched",
             c.path.display(),
@@ -493,6 +507,7 @@ async fn try_reattach(
         retire(
             rec,
             ctx.timeout,
+            ctx.nomad.clone(),
             &format!("its binary may no longer run: {reason}"),
         )
         .await;
@@ -507,15 +522,20 @@ async fn try_reattach(
         } else {
             "AutoMTLS is now off for it (plugin_auto_mtls)"
         };
-        retire(rec, ctx.timeout, why).await;
+        retire(rec, ctx.timeout, ctx.nomad.clone(), why).await;
         return Err(format!(
             "pid {} was launched with another transport: {why}",
             rec.reattach.pid
         ));
     }
-    let process = PluginProcess::reattach(rec.name.clone(), rec.reattach.clone(), ctx.timeout)
-        .await
-        .map_err(|e| e.to_string())?;
+    let process = PluginProcess::reattach_with(
+        rec.name.clone(),
+        rec.reattach.clone(),
+        ctx.timeout,
+        ctx.nomad.clone(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     // Proven to be our plugin: from here on a failure shuts it down (adopt does).
     let fp = loader::adopt(c, process.into(), sha, ctx.timeout, &ctx.accepted).await?;
     tracing::info!(
@@ -527,8 +547,15 @@ async fn try_reattach(
 }
 
 /// Shut down the process `rec` describes if, and only if, it proves to be that plugin.
-async fn retire(rec: &PluginRecord, timeout: Duration, why: &str) {
-    match PluginProcess::reattach(rec.name.clone(), rec.reattach.clone(), timeout).await {
+async fn retire(
+    rec: &PluginRecord,
+    timeout: Duration,
+    nomad: Option<drover_plugin_sdk::client::NomadHostOptions>,
+    why: &str,
+) {
+    let reattached =
+        PluginProcess::reattach_with(rec.name.clone(), rec.reattach.clone(), timeout, nomad);
+    match reattached.await {
         Ok(p) => {
             tracing::info!(plugin = %rec.name, pid = p.pid(), "shutting down the old plugin process: {why}");
             let how = p.shutdown().await;

@@ -202,6 +202,7 @@ fn context(root: &Path) -> (AgentConfig, Vec<Builtin>, Arc<LoadContext>) {
         settings: Default::default(),
         plugin_pass_env: Vec::new(),
         plugin_auto_mtls: false,
+        nomad: None,
     });
     (config, builtins, ctx)
 }

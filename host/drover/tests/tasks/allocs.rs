@@ -76,6 +76,7 @@ fn context(root: &Path, cgroup_parent: &str) -> (AgentConfig, Vec<Builtin>, Arc<
         settings,
         plugin_pass_env: Vec::new(),
         plugin_auto_mtls: false,
+        nomad: None,
     });
     (config, builtins, ctx)
 }

@@ -1,0 +1,920 @@
+//! Nomad's task drivers behind Drover's typed client.
+//!
+//! A plugin binary that answers the handshake with app protocol 2 speaks Nomad's driver
+//! protocol (`hashicorp.nomad.plugins.base.proto.BasePlugin` and
+//! `hashicorp.nomad.plugins.drivers.proto.Driver`). [`NomadBridge`] does for it what
+//! Nomad's client does around a driver, so that the host above sees the same
+//! [`super::PluginClient`] calls as for a Drover plugin:
+//!
+//! - configs: the plugin describes its plugin config and task config as hclspec trees;
+//!   the host gets them as JSON Schema (so its own validation names a bad key before
+//!   anything starts), and a user's JSON config is checked against the spec, given its
+//!   defaults and sent as msgpack of the spec's types ([`crate::nomad::hclspec`]);
+//! - task directories: Nomad's drivers work in `<alloc_dir>/<name>`, which is exactly a
+//!   Drover task directory and its parent;
+//! - logs: Nomad's drivers write a task's output into two FIFOs that Nomad's per-task
+//!   `logmon` reads. Here a log relay process (`crate::logs::relay`) reads them into
+//!   Drover's rotated log files; it is a process of its own, so output goes on being
+//!   saved while the agent is down or restarting. The FIFOs live in a private directory
+//!   of the host ([`NomadHostOptions::fifo_dir`]), out of the task's reach;
+//! - handles: Nomad's own task handle (with the driver's opaque state, which for
+//!   raw_exec is how to find its executor again) is kept inside the Drover handle's
+//!   driver state, with the relay's pid, and given back in `RecoverTask`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use drover_proto::nomad::base as nb;
+use drover_proto::nomad::drivers as nd;
+use drover_proto::nomad::structs as ns;
+use nb::base_plugin_client::BasePluginClient;
+use nd::driver_client::DriverClient;
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::transport::Channel;
+
+use crate::DriverError;
+// TEMPORARY until the hclspec and relay modules land: same names, see `pending`.
+use crate::signal::Signal;
+use crate::types::{
+    AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, FsIsolation, Health,
+    NetworkModes, TaskEvent, TaskHandle, TaskSpec, TaskState, TaskStats, TaskStatus,
+};
+use pending::hclspec::{self, Spec, SpecError};
+use pending::relay::{self, RelayProcess, RelaySpec};
+
+use super::{PluginIdentity, PluginKind, PluginProtocol};
+
+/// Environment key of Nomad's plugin magic cookie.
+pub const NOMAD_MAGIC_COOKIE_KEY: &str = "NOMAD_PLUGIN_MAGIC_COOKIE";
+/// Value of Nomad's plugin magic cookie.
+pub const NOMAD_MAGIC_COOKIE_VALUE: &str =
+    "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e91a7255";
+/// The go-plugin app protocol version of Nomad's plugins.
+pub const NOMAD_APP_PROTOCOL: u32 = 2;
+
+/// Nomad driver API versions this bridge speaks (Nomad 0.9's plugins say "0.1.0",
+/// later ones "v0.1.0").
+const NOMAD_DRIVER_API: &str = "0.1.0";
+
+/// The Nomad driver API versions the bridge speaks, as a requirement on what a Nomad
+/// plugin's `PluginInfo` offers (a leading `v` is ignored).
+pub const NOMAD_DRIVER_API_REQ: &str = "=0.1.0";
+
+/// Version of the driver state the bridge keeps in a Drover [`TaskHandle`].
+const BRIDGE_STATE_VERSION: u32 = 1;
+
+/// The largest Nomad task handle accepted from a driver: it is stored with the task,
+/// and a driver that answers with more is broken or hostile.
+const MAX_NOMAD_HANDLE: usize = 1024 * 1024;
+
+/// gRPC message limit both ways (Nomad's drivers send specs and stats, never much).
+const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// What a host must provide to run Nomad drivers' tasks.
+///
+/// ```
+/// use drover_plugin_sdk::client::NomadHostOptions;
+/// let o = NomadHostOptions::new("/var/lib/drover/fifos", "/usr/bin/drover");
+/// assert_eq!(o.client_port_range, (14000, 14512));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NomadHostOptions {
+    /// A private directory (0700, the host's) where each task's stdout and stderr FIFOs
+    /// are made.
+    pub fifo_dir: PathBuf,
+    /// The program that becomes a log relay when it runs (it calls
+    /// [`crate::logs::relay::run_if_relay`] first thing in `main`).
+    pub relay_program: PathBuf,
+    /// Its arguments.
+    pub relay_args: Vec<OsString>,
+    /// Port range Nomad gives drivers for their own sub-plugins (executors); they use
+    /// unix sockets on Linux and ignore it.
+    pub client_port_range: (u32, u32),
+}
+
+impl NomadHostOptions {
+    /// Options with Nomad's default port range and no relay arguments.
+    pub fn new(fifo_dir: impl Into<PathBuf>, relay_program: impl Into<PathBuf>) -> Self {
+        NomadHostOptions {
+            fifo_dir: fifo_dir.into(),
+            relay_program: relay_program.into(),
+            relay_args: Vec::new(),
+            client_port_range: (14000, 14512),
+        }
+    }
+}
+
+/// What the bridge keeps in a Drover handle's `driver_state`.
+#[derive(Debug, Serialize, Deserialize)]
+struct BridgeState {
+    /// Nomad's `TaskHandle`, protobuf, base64.
+    nomad_handle: String,
+    /// The log relay of this start, if the task's output is kept.
+    #[serde(default)]
+    relay: Option<RelayRecord>,
+    /// The FIFOs of this start, removed when the task is destroyed.
+    #[serde(default)]
+    fifos: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct RelayRecord {
+    pid: u32,
+    start_time: u64,
+}
+
+/// What the bridge knows of one task between calls.
+#[derive(Debug, Default)]
+struct BridgeTask {
+    relay: Option<RelayProcess>,
+    fifos: Vec<PathBuf>,
+}
+
+/// A Nomad driver plugin seen through Drover's driver API. One per plugin process.
+#[derive(Debug)]
+pub(crate) struct NomadBridge {
+    name: String,
+    channel: Channel,
+    host: NomadHostOptions,
+    /// The Nomad driver API version chosen from PluginInfo's list.
+    api_version: Mutex<Option<String>>,
+    config_spec: Mutex<Option<Arc<Spec>>>,
+    task_spec: Mutex<Option<Arc<Spec>>>,
+    tasks: Mutex<HashMap<String, BridgeTask>>,
+}
+
+/// What goes wrong between the bridge and the Nomad plugin, as a [`DriverError`].
+fn spec_errors(what: &str, errors: Vec<SpecError>) -> DriverError {
+    let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    DriverError::InvalidConfig(format!("{what}: {}", list.join("; ")))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl NomadBridge {
+    pub(crate) fn new(name: String, channel: Channel, host: NomadHostOptions) -> Self {
+        NomadBridge {
+            name,
+            channel,
+            host,
+            api_version: Mutex::new(None),
+            config_spec: Mutex::new(None),
+            task_spec: Mutex::new(None),
+            tasks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn base(&self) -> BasePluginClient<Channel> {
+        BasePluginClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    fn driver(&self) -> DriverClient<Channel> {
+        DriverClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    /// `PluginInfo`. The identity says the Drover API version the bridge speaks; the
+    /// Nomad version it will use with the plugin is remembered for `SetConfig`.
+    pub(crate) async fn plugin_info(&self) -> Result<PluginIdentity, DriverError> {
+        let r = self
+            .base()
+            .plugin_info(nb::PluginInfoRequest {})
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        let kind = match nb::PluginType::try_from(r.r#type) {
+            Ok(nb::PluginType::Driver) => PluginKind::Driver,
+            _ => PluginKind::Other(r.r#type),
+        };
+        let nomad_api = r
+            .plugin_api_versions
+            .iter()
+            .find(|v| v.trim_start_matches('v') == NOMAD_DRIVER_API)
+            .cloned();
+        // Nomad's driver API versions, not Drover's: a host accepts a Nomad plugin
+        // whose list has [`NOMAD_DRIVER_API_REQ`]'s version.
+        let api_versions = r.plugin_api_versions.clone();
+        *lock(&self.api_version) = nomad_api;
+        Ok(PluginIdentity {
+            name: r.name,
+            version: r.plugin_version,
+            api_versions,
+            kind,
+            protocol: PluginProtocol::Nomad,
+        })
+    }
+
+    async fn config_spec(&self) -> Result<Arc<Spec>, DriverError> {
+        if let Some(s) = lock(&self.config_spec).clone() {
+            return Ok(s);
+        }
+        let r = self
+            .base()
+            .config_schema(nb::ConfigSchemaRequest {})
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        let spec = Arc::new(r.spec.unwrap_or_default());
+        *lock(&self.config_spec) = Some(spec.clone());
+        Ok(spec)
+    }
+
+    async fn task_spec(&self) -> Result<Arc<Spec>, DriverError> {
+        if let Some(s) = lock(&self.task_spec).clone() {
+            return Ok(s);
+        }
+        let r = self
+            .driver()
+            .task_config_schema(nd::TaskConfigSchemaRequest {})
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        let spec = Arc::new(r.spec.unwrap_or_default());
+        *lock(&self.task_spec) = Some(spec.clone());
+        Ok(spec)
+    }
+
+    fn schema_text(what: &str, spec: &Spec) -> Result<String, DriverError> {
+        let schema = hclspec::to_json_schema(spec).map_err(|e| {
+            DriverError::Internal(format!("the plugin's {what} spec is malformed: {e}"))
+        })?;
+        Ok(schema.to_string())
+    }
+
+    /// `ConfigSchema`, as JSON Schema.
+    pub(crate) async fn config_schema(&self) -> Result<String, DriverError> {
+        let spec = self.config_spec().await?;
+        Self::schema_text("plugin config", &spec)
+    }
+
+    /// `TaskConfigSchema`, as JSON Schema.
+    pub(crate) async fn task_config_schema(&self) -> Result<String, DriverError> {
+        let spec = self.task_spec().await?;
+        Self::schema_text("task config", &spec)
+    }
+
+    /// `SetConfig`: the JSON config checked against the plugin's spec, then msgpack.
+    pub(crate) async fn set_config(
+        &self,
+        config_json: &str,
+        _agent: &AgentInfo,
+    ) -> Result<(), DriverError> {
+        let value = parse_config(config_json, "plugin config")?;
+        let spec = self.config_spec().await?;
+        let msgpack =
+            hclspec::encode_msgpack(&spec, &value).map_err(|e| spec_errors("plugin config", e))?;
+        let plugin_api_version = lock(&self.api_version)
+            .clone()
+            .unwrap_or_else(|| NOMAD_DRIVER_API.to_owned());
+        let (min, max) = self.host.client_port_range;
+        self.base()
+            .set_config(nb::SetConfigRequest {
+                msgpack_config: msgpack,
+                nomad_config: Some(nb::NomadConfig {
+                    driver: Some(nb::NomadDriverConfig {
+                        client_max_port: max,
+                        client_min_port: min,
+                    }),
+                }),
+                plugin_api_version,
+            })
+            .await
+            .map_err(DriverError::from)?;
+        Ok(())
+    }
+
+    /// `Capabilities`.
+    pub(crate) async fn capabilities(&self) -> Result<Capabilities, DriverError> {
+        let c = self
+            .driver()
+            .capabilities(nd::CapabilitiesRequest {})
+            .await
+            .map_err(DriverError::from)?
+            .into_inner()
+            .capabilities
+            .unwrap_or_default();
+        Ok(capabilities_from_nomad(&c))
+    }
+
+    /// `Fingerprint`.
+    pub(crate) async fn fingerprint(
+        &self,
+    ) -> Result<impl Stream<Item = Result<Fingerprint, DriverError>> + use<>, DriverError> {
+        let s = self
+            .driver()
+            .fingerprint(nd::FingerprintRequest {})
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        Ok(s.map(|r| r.map(fingerprint_from_nomad).map_err(DriverError::from)))
+    }
+
+    /// `StartTask`: FIFOs and a relay for the output, the config as msgpack, Nomad's
+    /// handle kept inside Drover's.
+    pub(crate) async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        let task_spec = self.task_spec().await?;
+        let value = parse_config(&spec.driver_config_json, "task config")?;
+        let msgpack = hclspec::encode_msgpack(&task_spec, &value)
+            .map_err(|e| spec_errors("task config", e))?;
+        let (alloc_dir, name) = nomad_dirs(&spec)?;
+        let output = self.start_output(&spec)?;
+        let config = nd::TaskConfig {
+            id: spec.id.clone(),
+            name,
+            msgpack_driver_config: msgpack,
+            env: spec.env.clone().into_iter().collect(),
+            resources: Some(resources_to_nomad(&spec)),
+            user: spec.user.clone(),
+            alloc_dir: alloc_dir.display().to_string(),
+            stdout_path: output.stdout.display().to_string(),
+            stderr_path: output.stderr.display().to_string(),
+            alloc_id: spec.id.clone(),
+            ..Default::default()
+        };
+        let answer = self
+            .driver()
+            .start_task(nd::StartTaskRequest { task: Some(config) })
+            .await
+            .map_err(DriverError::from);
+        let handle = match answer.map(tonic::Response::into_inner) {
+            Ok(r) => self.accept_start(&spec, r).await,
+            Err(e) => Err(e),
+        };
+        let handle = match handle {
+            Ok(h) => h,
+            Err(e) => {
+                output.discard();
+                return Err(e);
+            }
+        };
+        let state = BridgeState {
+            nomad_handle: base64::engine::general_purpose::STANDARD.encode(handle.encode_to_vec()),
+            relay: output.relay.as_ref().map(|r| RelayRecord {
+                pid: r.pid,
+                start_time: r.start_time,
+            }),
+            fifos: output.fifos.clone(),
+        };
+        lock(&self.tasks).insert(
+            spec.id.clone(),
+            BridgeTask {
+                relay: output.relay,
+                fifos: output.fifos,
+            },
+        );
+        TaskHandle::new(spec, BRIDGE_STATE_VERSION, &state)
+    }
+
+    /// Check a `StartTask` answer. A refusal, or a handle that is missing, names
+    /// another task or is too big, fails the start; in the last two cases the task the
+    /// plugin may have started is destroyed first, so that nothing runs unknown.
+    async fn accept_start(
+        &self,
+        spec: &TaskSpec,
+        r: nd::StartTaskResponse,
+    ) -> Result<nd::TaskHandle, DriverError> {
+        match nd::start_task_response::Result::try_from(r.result) {
+            Ok(nd::start_task_response::Result::Success) => {}
+            Ok(nd::start_task_response::Result::Retry) => {
+                return Err(DriverError::Unavailable(format!(
+                    "{} refused to start the task (it may succeed later): {}",
+                    self.name, r.driver_error_msg
+                )));
+            }
+            _ => {
+                return Err(DriverError::InvalidConfig(format!(
+                    "{} failed to start the task: {}",
+                    self.name, r.driver_error_msg
+                )));
+            }
+        }
+        let problem = match &r.handle {
+            None => Some("no task handle".to_owned()),
+            Some(h) if h.encoded_len() > MAX_NOMAD_HANDLE => Some(format!(
+                "a task handle of {} bytes (at most {MAX_NOMAD_HANDLE})",
+                h.encoded_len()
+            )),
+            Some(h) if h.config.as_ref().is_some_and(|c| c.id != spec.id) => Some(format!(
+                "the handle of another task ({:?})",
+                h.config.as_ref().map(|c| c.id.as_str()).unwrap_or_default()
+            )),
+            Some(_) => None,
+        };
+        match (problem, r.handle) {
+            (None, Some(h)) => Ok(h),
+            (problem, _) => {
+                let problem = problem.unwrap_or_else(|| "no task handle".into());
+                let _ = self
+                    .driver()
+                    .destroy_task(nd::DestroyTaskRequest {
+                        task_id: spec.id.clone(),
+                        force: true,
+                    })
+                    .await;
+                Err(DriverError::Internal(format!(
+                    "{} answered StartTask with {problem}; the task was destroyed",
+                    self.name
+                )))
+            }
+        }
+    }
+
+    /// The FIFOs and the relay for a start of `spec`; `/dev/null` for a stream the
+    /// host does not keep.
+    fn start_output(&self, spec: &TaskSpec) -> Result<StartOutput, DriverError> {
+        let keep =
+            !spec.stdout_path.as_os_str().is_empty() || !spec.stderr_path.as_os_str().is_empty();
+        if !keep {
+            return Ok(StartOutput {
+                stdout: "/dev/null".into(),
+                stderr: "/dev/null".into(),
+                relay: None,
+                fifos: Vec::new(),
+            });
+        }
+        let nonce = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let name = format!("{}.{nonce:x}", spec.id);
+        let (stdout, stderr) = relay::make_fifos(&self.host.fifo_dir, &name).map_err(|e| {
+            DriverError::Internal(format!(
+                "cannot make the task's log FIFOs in {}: {e}",
+                self.host.fifo_dir.display()
+            ))
+        })?;
+        let fifos = vec![stdout.clone(), stderr.clone()];
+        let relay_spec = RelaySpec {
+            stdout_fifo: stdout.clone(),
+            stdout_base: or_dev_null(&spec.stdout_path),
+            stderr_fifo: stderr.clone(),
+            stderr_base: or_dev_null(&spec.stderr_path),
+            limits: spec.logs,
+        };
+        let relay =
+            relay::spawn_relay(&self.host.relay_program, &self.host.relay_args, &relay_spec)
+                .map_err(|e| {
+                    remove_files(&fifos);
+                    DriverError::Internal(format!("cannot start the task's log relay: {e}"))
+                })?;
+        Ok(StartOutput {
+            stdout,
+            stderr,
+            relay: Some(relay),
+            fifos,
+        })
+    }
+
+    /// `WaitTask`.
+    pub(crate) async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
+        let r = self
+            .driver()
+            .wait_task(nd::WaitTaskRequest {
+                task_id: task_id.into(),
+            })
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        let mut result = r.result.map(exit_from_nomad).unwrap_or_default();
+        if !r.err.is_empty() {
+            result.err = Some(r.err);
+        }
+        Ok(result)
+    }
+
+    /// `StopTask`.
+    pub(crate) async fn stop_task(
+        &self,
+        task_id: &str,
+        timeout: Duration,
+        signal: Signal,
+    ) -> Result<(), DriverError> {
+        self.driver()
+            .stop_task(nd::StopTaskRequest {
+                task_id: task_id.into(),
+                timeout: Some(crate::types::to_duration(timeout)),
+                signal: signal.to_string(),
+            })
+            .await
+            .map_err(DriverError::from)?;
+        Ok(())
+    }
+
+    /// `DestroyTask`; then the relay drains and ends, and the FIFOs go.
+    pub(crate) async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
+        self.driver()
+            .destroy_task(nd::DestroyTaskRequest {
+                task_id: task_id.into(),
+                force,
+            })
+            .await
+            .map_err(DriverError::from)?;
+        let gone = lock(&self.tasks).remove(task_id);
+        if let Some(task) = gone {
+            if let Some(relay) = &task.relay
+                && let Err(e) = relay.stop()
+            {
+                tracing::warn!(plugin = %self.name, task = task_id, error = %e, "stopping the task's log relay");
+            }
+            remove_files(&task.fifos);
+        }
+        Ok(())
+    }
+
+    /// `InspectTask`.
+    pub(crate) async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
+        let r = self
+            .driver()
+            .inspect_task(nd::InspectTaskRequest {
+                task_id: task_id.into(),
+            })
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        let Some(t) = r.task else {
+            return Err(DriverError::Internal(format!(
+                "{} answered InspectTask without a status",
+                self.name
+            )));
+        };
+        let mut status = TaskStatus::new(t.id, task_state_from_nomad(t.state)).with_name(t.name);
+        status.started_at = t.started_at.and_then(time_from_proto);
+        status.completed_at = t.completed_at.and_then(time_from_proto);
+        status.exit_result = t.result.map(exit_from_nomad);
+        if let Some(d) = r.driver {
+            status.attributes = d.attributes.into_iter().collect();
+        }
+        Ok(status)
+    }
+
+    /// `RecoverTask` from the handle `start_task` made.
+    pub(crate) async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
+        let task_id = handle.spec.id.clone();
+        if handle.driver_state.is_empty() {
+            return Err(DriverError::NotFound(format!(
+                "task {task_id}: no handle of its start was kept, and a Nomad driver cannot \
+                 find a task by id"
+            )));
+        }
+        let state: BridgeState = handle.decode_state(BRIDGE_STATE_VERSION)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(state.nomad_handle.as_bytes())
+            .map_err(|e| DriverError::InvalidConfig(format!("task handle: {e}")))?;
+        let nomad = nd::TaskHandle::decode(bytes.as_slice())
+            .map_err(|e| DriverError::InvalidConfig(format!("task handle: {e}")))?;
+        self.driver()
+            .recover_task(nd::RecoverTaskRequest {
+                task_id: task_id.clone(),
+                handle: Some(nomad),
+            })
+            .await
+            .map_err(DriverError::from)?;
+        let relay = state
+            .relay
+            .map(|r| RelayProcess::from_parts(r.pid, r.start_time));
+        lock(&self.tasks).insert(
+            task_id,
+            BridgeTask {
+                relay,
+                fifos: state.fifos,
+            },
+        );
+        Ok(())
+    }
+
+    /// `SignalTask`.
+    pub(crate) async fn signal_task(
+        &self,
+        task_id: &str,
+        signal: Signal,
+    ) -> Result<(), DriverError> {
+        self.driver()
+            .signal_task(nd::SignalTaskRequest {
+                task_id: task_id.into(),
+                signal: signal.to_string(),
+            })
+            .await
+            .map_err(DriverError::from)?;
+        Ok(())
+    }
+
+    /// `TaskStats`.
+    pub(crate) async fn task_stats(
+        &self,
+        task_id: &str,
+        interval: Duration,
+    ) -> Result<impl Stream<Item = Result<TaskStats, DriverError>> + use<>, DriverError> {
+        let s = self
+            .driver()
+            .task_stats(nd::TaskStatsRequest {
+                task_id: task_id.into(),
+                collection_interval: Some(crate::types::to_duration(interval)),
+            })
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        Ok(s.map(|r| {
+            r.map(|r| stats_from_nomad(r.stats.unwrap_or_default()))
+                .map_err(DriverError::from)
+        }))
+    }
+
+    /// `TaskEvents`.
+    pub(crate) async fn task_events(
+        &self,
+    ) -> Result<impl Stream<Item = Result<TaskEvent, DriverError>> + use<>, DriverError> {
+        let s = self
+            .driver()
+            .task_events(nd::TaskEventsRequest {})
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        Ok(s.map(|r| r.map(event_from_nomad).map_err(DriverError::from)))
+    }
+
+    /// `ExecTask`.
+    pub(crate) async fn exec_task(
+        &self,
+        task_id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, DriverError> {
+        let r = self
+            .driver()
+            .exec_task(nd::ExecTaskRequest {
+                task_id: task_id.into(),
+                command,
+                timeout: Some(crate::types::to_duration(timeout)),
+            })
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        Ok(
+            ExecOutput::new(r.result.map(exit_from_nomad).unwrap_or_default())
+                .with_stdout(r.stdout)
+                .with_stderr(r.stderr),
+        )
+    }
+}
+
+/// The output side of one start.
+struct StartOutput {
+    stdout: PathBuf,
+    stderr: PathBuf,
+    relay: Option<RelayProcess>,
+    fifos: Vec<PathBuf>,
+}
+
+impl StartOutput {
+    /// The start failed: the relay goes (nothing was written) and so do the FIFOs.
+    fn discard(self) {
+        if let Some(r) = &self.relay {
+            let _ = r.stop();
+        }
+        remove_files(&self.fifos);
+    }
+}
+
+fn remove_files(paths: &[PathBuf]) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+fn or_dev_null(p: &Path) -> PathBuf {
+    if p.as_os_str().is_empty() {
+        PathBuf::from("/dev/null")
+    } else {
+        p.to_owned()
+    }
+}
+
+/// A config as JSON; an empty text is an empty object.
+fn parse_config(text: &str, what: &str) -> Result<serde_json::Value, DriverError> {
+    if text.trim().is_empty() {
+        return Ok(serde_json::Value::Object(Default::default()));
+    }
+    serde_json::from_str(text).map_err(|e| DriverError::InvalidConfig(format!("{what}: {e}")))
+}
+
+/// Nomad's `alloc_dir` and task name for a Drover task: its directory is
+/// `<alloc_dir>/<name>`.
+fn nomad_dirs(spec: &TaskSpec) -> Result<(PathBuf, String), DriverError> {
+    let dir = &spec.task_dir;
+    match (dir.parent(), dir.file_name().and_then(|n| n.to_str())) {
+        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => {
+            Ok((parent.to_owned(), name.to_owned()))
+        }
+        _ => Err(DriverError::InvalidConfig(format!(
+            "a Nomad driver needs a task directory <alloc_dir>/<name>; this task has {:?}",
+            dir.display().to_string()
+        ))),
+    }
+}
+
+fn resources_to_nomad(spec: &TaskSpec) -> nd::Resources {
+    let r = &spec.resources;
+    nd::Resources {
+        allocated_resources: Some(nd::AllocatedTaskResources {
+            cpu: Some(nd::AllocatedCpuResources {
+                cpu_shares: r.cpu_shares,
+            }),
+            memory: Some(nd::AllocatedMemoryResources {
+                memory_mb: r.memory_mb,
+                memory_max_mb: r.memory_max_mb,
+            }),
+            networks: Vec::new(),
+        }),
+        linux_resources: Some(nd::LinuxResources {
+            cpu_shares: r.cpu_shares,
+            memory_limit_bytes: r.memory_max_mb.max(r.memory_mb).saturating_mul(1024 * 1024),
+            ..Default::default()
+        }),
+        ports: Vec::new(),
+    }
+}
+
+fn capabilities_from_nomad(c: &nd::DriverCapabilities) -> Capabilities {
+    use nd::driver_capabilities::FsIsolation as NomadFs;
+    use nd::network_isolation_spec::NetworkIsolationMode as Mode;
+    let modes: Vec<Mode> = c
+        .network_isolation_modes
+        .iter()
+        .filter_map(|m| Mode::try_from(*m).ok())
+        .collect();
+    let mut caps = Capabilities::default();
+    caps.send_signals = c.send_signals;
+    caps.exec = c.exec;
+    caps.fs_isolation = match NomadFs::try_from(c.fs_isolation) {
+        Ok(NomadFs::Chroot) => FsIsolation::Chroot,
+        Ok(NomadFs::Image) => FsIsolation::Image,
+        _ => FsIsolation::None,
+    };
+    // Every Nomad driver serves TaskStats, TaskEvents and RecoverTask (they are part of
+    // its interface, not optional).
+    caps.task_stats = true;
+    caps.task_events = true;
+    caps.recover = true;
+    let mut net = NetworkModes::default();
+    // A driver that names no mode runs tasks in the host's network (Nomad's default).
+    net.host = modes.is_empty() || modes.contains(&Mode::Host);
+    net.none = modes.contains(&Mode::None);
+    net.bridge = modes.contains(&Mode::Group);
+    caps.network_modes = net;
+    caps
+}
+
+fn attribute_text(a: &ns::Attribute) -> Option<String> {
+    use ns::attribute::Value;
+    Some(match a.value.as_ref()? {
+        Value::FloatVal(f) => f.to_string(),
+        Value::IntVal(i) => i.to_string(),
+        Value::StringVal(s) => s.clone(),
+        Value::BoolVal(b) => b.to_string(),
+    })
+}
+
+fn fingerprint_from_nomad(r: nd::FingerprintResponse) -> Fingerprint {
+    use nd::fingerprint_response::HealthState;
+    let health = match HealthState::try_from(r.health) {
+        Ok(HealthState::Healthy) => Health::Healthy,
+        Ok(HealthState::Unhealthy) => Health::Unhealthy,
+        _ => Health::Undetected,
+    };
+    let mut fp = Fingerprint::not_ready(health, r.health_description);
+    fp.attributes = r
+        .attributes
+        .iter()
+        .filter_map(|(k, v)| attribute_text(v).map(|t| (k.clone(), t)))
+        .collect::<BTreeMap<_, _>>();
+    fp
+}
+
+fn exit_from_nomad(r: nd::ExitResult) -> ExitResult {
+    let mut e = ExitResult::code(r.exit_code);
+    e.signal = r.signal;
+    e.oom_killed = r.oom_killed;
+    e
+}
+
+fn task_state_from_nomad(s: i32) -> TaskState {
+    match nd::TaskState::try_from(s) {
+        Ok(nd::TaskState::Running) => TaskState::Running,
+        Ok(nd::TaskState::Exited) => TaskState::Exited,
+        _ => TaskState::Unknown,
+    }
+}
+
+fn time_from_proto(t: prost_types::Timestamp) -> Option<SystemTime> {
+    // Go's zero time (year 1) comes as a large negative timestamp: not a time.
+    let secs = u64::try_from(t.seconds).ok()?;
+    let nanos = u32::try_from(t.nanos).ok()?;
+    if secs == 0 && nanos == 0 {
+        return None;
+    }
+    SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+}
+
+fn stats_from_nomad(s: nd::TaskStats) -> TaskStats {
+    let mut out = TaskStats::default();
+    if let Some(agg) = s.agg_resource_usage {
+        if let Some(m) = agg.memory {
+            out.memory_rss_bytes = m.rss;
+            out.memory_cache_bytes = m.cache;
+        }
+        if let Some(c) = agg.cpu {
+            out.cpu_percent = c.percent;
+        }
+    }
+    out.process_count = s.resource_usage_by_pid.len() as u64;
+    out
+}
+
+fn event_from_nomad(e: nd::DriverTaskEvent) -> TaskEvent {
+    let mut annotations: BTreeMap<String, String> = e.annotations.into_iter().collect();
+    if !e.alloc_id.is_empty() {
+        annotations.insert("alloc_id".into(), e.alloc_id);
+    }
+    if !e.task_name.is_empty() {
+        annotations.insert("task_name".into(), e.task_name);
+    }
+    let mut ev = TaskEvent::new(e.task_id, e.message);
+    ev.timestamp = e
+        .timestamp
+        .and_then(time_from_proto)
+        .unwrap_or_else(SystemTime::now);
+    ev.annotations = annotations;
+    ev
+}
+
+/// TEMPORARY stand-ins with the API of `crate::nomad::hclspec` and `crate::logs::relay`,
+/// which are being written; replaced by them before this lands.
+mod pending {
+    pub mod hclspec {
+        pub use drover_proto::nomad::hclspec::Spec;
+        #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+        #[error("{path}: {message}")]
+        pub struct SpecError {
+            pub path: String,
+            pub message: String,
+        }
+        pub fn to_json_schema(_spec: &Spec) -> Result<serde_json::Value, SpecError> {
+            Ok(serde_json::json!({"type": "object"}))
+        }
+        pub fn encode_msgpack(
+            _spec: &Spec,
+            _value: &serde_json::Value,
+        ) -> Result<Vec<u8>, Vec<SpecError>> {
+            Ok(vec![0x80])
+        }
+    }
+    pub mod relay {
+        use std::ffi::OsString;
+        use std::path::{Path, PathBuf};
+        pub struct RelaySpec {
+            pub stdout_fifo: PathBuf,
+            pub stdout_base: PathBuf,
+            pub stderr_fifo: PathBuf,
+            pub stderr_base: PathBuf,
+            pub limits: crate::LogConfig,
+        }
+        #[derive(Debug)]
+        pub struct RelayProcess {
+            pub pid: u32,
+            pub start_time: u64,
+        }
+        impl RelayProcess {
+            pub fn from_parts(pid: u32, start_time: u64) -> Self {
+                RelayProcess { pid, start_time }
+            }
+            pub fn stop(&self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        pub fn make_fifos(dir: &Path, name: &str) -> std::io::Result<(PathBuf, PathBuf)> {
+            Ok((
+                dir.join(format!("{name}.out")),
+                dir.join(format!("{name}.err")),
+            ))
+        }
+        pub fn spawn_relay(
+            _program: &Path,
+            _args: &[OsString],
+            _spec: &RelaySpec,
+        ) -> std::io::Result<RelayProcess> {
+            Err(std::io::Error::other("relay not yet available"))
+        }
+    }
+}
