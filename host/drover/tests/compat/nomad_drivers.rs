@@ -410,3 +410,100 @@ fn nomad_raw_exec_tasks_survive_agent_and_plugin_sigkill_without_restarts_or_los
         assert!(n > 50, "task {id} printed only {n} lines");
     }
 }
+
+#[test]
+fn a_cluster_job_on_nomad_raw_exec_runs_shows_its_logs_and_stops_without_leftovers() {
+    let Some(p) = peers() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::copy(p.raw_exec(), plugins.join("raw_exec")).unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(&config, "[plugin.raw_exec]\nconfig = { enabled = true }\n").unwrap();
+    let mut agent = Agent::start(
+        root.path(),
+        &plugins,
+        &["--dev", "--config", config.to_str().unwrap()],
+    );
+    agent.end_tasks = true;
+    // The node says the Nomad driver's health to the server.
+    drover_test_support::until_blocking(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        "the dev node ready with raw_exec healthy",
+        || {
+            let out = agent.cli(&["node", "status", "--json"]);
+            let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            out.status.success()
+                && nodes.as_array().is_some_and(|n| {
+                    n.len() == 1
+                        && n[0]["status"] == "ready"
+                        && n[0]["drivers"]["raw_exec"]["healthy"] == true
+                })
+        },
+    );
+    let job = common::cluster::job_file(
+        root.path(),
+        "nomadweb",
+        r#"
+name = "nomadweb"
+type = "service"
+
+[[group]]
+name = "app"
+count = 2
+
+[[group.task]]
+name = "main"
+driver = "raw_exec"
+config = { command = "/bin/sh", args = ["-c", "echo hello from $DROVER_ALLOC_ID; exec sleep 1000"] }
+resources = { cpu = 100, memory_mb = 32 }
+"#,
+    );
+    cli_ok(&agent, &["job", "run", job.to_str().unwrap()]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let v = agent.cli_json(&["job", "status", "nomadweb", "--json"]);
+        if common::cluster::allocs_with(&v, "running").len() == 2 {
+            break v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "2 running allocations: not within 60s; last:\n{v:#}\nagent log:\n{}",
+            common::cluster::tail(&agent.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let api = agent.api();
+    let mut pids = Vec::new();
+    for a in common::cluster::allocs_with(&status, "running") {
+        let id = a["id"].as_str().unwrap();
+        let mut logs = String::new();
+        drover_test_support::until_blocking(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            "the task's output in alloc logs",
+            || {
+                logs = cli_ok(&agent, &["alloc", "logs", id, "main"]);
+                logs.contains(&format!("hello from {id}"))
+            },
+        );
+    }
+    let tasks = agent.cli_json(&["task", "list", "--json"]);
+    for t in tasks.as_array().unwrap() {
+        let view = api
+            .block_on(api.get_task(t["id"].as_str().unwrap()))
+            .expect("task view");
+        pids.push(pid_of(&view).expect("raw_exec says its task's pid"));
+    }
+    assert_eq!(pids.len(), 2, "{tasks:#}");
+    assert!(pids.iter().all(|p| running(*p)));
+
+    cli_ok(&agent, &["job", "stop", "nomadweb"]);
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "every task process of the job gone",
+        || pids.iter().all(|p| !running(*p)),
+    );
+}
