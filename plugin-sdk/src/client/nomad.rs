@@ -39,14 +39,13 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::Channel;
 
 use crate::DriverError;
-// TEMPORARY until the hclspec and relay modules land: same names, see `pending`.
 use crate::logs::relay::{self, RelayProcess, RelaySpec};
+use crate::nomad::hclspec::{self, Spec, SpecError};
 use crate::signal::Signal;
 use crate::types::{
     AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, FsIsolation, Health,
     NetworkModes, TaskEvent, TaskHandle, TaskSpec, TaskState, TaskStats, TaskStatus,
 };
-use pending::hclspec::{self, Spec, SpecError};
 
 use super::{PluginIdentity, PluginKind, PluginProtocol};
 
@@ -837,27 +836,4 @@ fn event_from_nomad(e: nd::DriverTaskEvent) -> TaskEvent {
         .unwrap_or_else(SystemTime::now);
     ev.annotations = annotations;
     ev
-}
-
-/// TEMPORARY stand-ins with the API of `crate::nomad::hclspec` and `crate::logs::relay`,
-/// which are being written; replaced by them before this lands.
-mod pending {
-    pub mod hclspec {
-        pub use drover_proto::nomad::hclspec::Spec;
-        #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-        #[error("{path}: {message}")]
-        pub struct SpecError {
-            pub path: String,
-            pub message: String,
-        }
-        pub fn to_json_schema(_spec: &Spec) -> Result<serde_json::Value, SpecError> {
-            Ok(serde_json::json!({"type": "object"}))
-        }
-        pub fn encode_msgpack(
-            _spec: &Spec,
-            _value: &serde_json::Value,
-        ) -> Result<Vec<u8>, Vec<SpecError>> {
-            Ok(vec![0x80])
-        }
-    }
 }
