@@ -772,7 +772,17 @@ fn fingerprint_from_nomad(r: nd::FingerprintResponse) -> Fingerprint {
         Ok(HealthState::Unhealthy) => Health::Unhealthy,
         _ => Health::Undetected,
     };
-    let mut fp = Fingerprint::not_ready(health, r.health_description);
+    let description = if r.health_description.is_empty() {
+        // Nomad shows nothing then; an operator reading `plugin status` deserves a word.
+        match health {
+            Health::Healthy => "healthy".to_owned(),
+            Health::Unhealthy => "the driver says it is unhealthy, without a reason".to_owned(),
+            _ => "the driver says it is not detected on this node, without a reason".to_owned(),
+        }
+    } else {
+        r.health_description
+    };
+    let mut fp = Fingerprint::not_ready(health, description);
     fp.attributes = r
         .attributes
         .iter()

@@ -22,6 +22,10 @@ const RELAUNCH_BACKOFF: (Duration, Duration) =
 /// A plugin that ran this long before dying starts over at the shortest backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
 
+/// A plugin whose first fingerprint has not come after this long is said to hang in
+/// `Fingerprint` (it stays unusable, and the watcher keeps waiting for it).
+const FIRST_FINGERPRINT_WAIT: Duration = Duration::from_secs(10);
+
 /// Open and check `c`'s binary, check it against `policy`, and launch and fingerprint
 /// exactly the bytes checked (the launcher executes the checked descriptor). Every
 /// launch goes through here: the first one, and each relaunch after a crash.
@@ -181,7 +185,27 @@ async fn watch_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
             return;
         }
     };
-    while let Some(next) = stream.next().await {
+    let first = tokio::time::timeout(FIRST_FINGERPRINT_WAIT, stream.next()).await;
+    let mut first = match first {
+        Ok(first) => Some(first),
+        Err(_) => {
+            tracing::warn!(plugin = %plugin.name, "no fingerprint within {FIRST_FINGERPRINT_WAIT:?}");
+            plugin.set_state(
+                PluginState::Unhealthy,
+                format!(
+                    "no fingerprint within {FIRST_FINGERPRINT_WAIT:?}: the driver hangs in \
+                     Fingerprint; it takes no tasks until one comes"
+                ),
+            );
+            None
+        }
+    };
+    loop {
+        let next = match first.take() {
+            Some(first) => first,
+            None => stream.next().await,
+        };
+        let Some(next) = next else { break };
         match next {
             Ok(fp) => {
                 let state = match fp.health {

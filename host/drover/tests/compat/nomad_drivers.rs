@@ -100,11 +100,11 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
     // fingerprint says "undetected": it is a template with nothing to detect).
     let (_root, agent) = agent_with(
         &[(&skeleton, "skeleton")],
-        "[plugin.skeleton]\nconfig = { enabled = true }\n",
+        "[plugin.test-plugin]\nconfig = { enabled = true }\n",
     );
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter()
-            .any(|r| r["name"] == "test-plugin" && r["state"] != "skipped")
+            .any(|r| r["name"] == "test-plugin" && r["state"] == "undetected")
     });
     let r = row(&rows, "test-plugin");
     assert_eq!(r["protocol"], "nomad", "{r:#}");
@@ -112,6 +112,10 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
     assert_eq!(r["api_version"], "0.1.0", "{r:#}");
     assert_eq!(r["source"], "external", "{r:#}");
     assert_eq!(r["state"], "undetected", "{r:#}");
+    assert!(
+        r["reason"].as_str().unwrap().contains("not detected"),
+        "{r:#}"
+    );
     assert!(r["pid"].as_u64().is_some(), "{r:#}");
     let text = cli_ok(&agent, &["plugin", "status"]);
     let line = text
@@ -120,48 +124,17 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
         .unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains(" nomad "), "{line}");
 
-    // Its task config is checked against its hclspec before anything starts: the
-    // required `strconfig` missing, an unknown key named.
-    let out = agent.cli(&[
-        "task",
-        "run",
-        "--driver",
-        "test-plugin",
-        "--config",
-        r#"{"boolcfg": true, "strconfg": "x"}"#,
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("strconfg"), "{err}");
-    assert!(err.contains("strconfig"), "{err}");
-    // The skeleton answers StartTask without a task handle: refused with the reason,
-    // nothing left behind.
-    let out = agent.cli(&[
-        "task",
-        "run",
-        "--driver",
-        "test-plugin",
-        "--config",
-        r#"{"strconfig": "x"}"#,
-        "--json",
-    ]);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains("no task handle"), "{text}");
     drop(agent);
 
     // A bad key in its plugin config: not loaded, the key named.
     let (_root, agent) = agent_with(
         &[(&skeleton, "skeleton")],
-        "[plugin.skeleton]\nconfig = { enabeld = true }\n",
+        "[plugin.test-plugin]\nconfig = { enabeld = true }\n",
     );
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter().any(|r| {
             r["path"].as_str().is_some_and(|p| p.ends_with("/skeleton")) && r["state"] == "skipped"
-        })
+        }) && rows.iter().all(|r| r["state"] != "unhealthy")
     });
     let r = rows
         .iter()
@@ -172,11 +145,12 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
     agent.assert_only_healthy_plugins_run(&rows);
     drop(agent);
 
-    // Pins: the right hash loads it, a wrong one keeps it from running at all.
+    // Pins: the right hash under its name loads it; a wrong hash under its file's name
+    // keeps it from running at all.
     let good = sha256_hex(&skeleton);
     let (_root, agent) = agent_with(
         &[(&skeleton, "skeleton")],
-        &format!("[plugin.skeleton]\nsha256 = \"{good}\"\n"),
+        &format!("[plugin.test-plugin]\nsha256 = \"{good}\"\n"),
     );
     agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter()
@@ -191,6 +165,7 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter()
             .any(|r| r["name"] == "skeleton" && r["state"] == "skipped")
+            && rows.iter().all(|r| r["state"] != "unhealthy")
     });
     let reason = row(&rows, "skeleton")["reason"]
         .as_str()
@@ -362,10 +337,19 @@ fn nomad_raw_exec_tasks_survive_agent_and_plugin_sigkill_without_restarts_or_los
         assert_eq!(pid_of(&t), Some(pids[id]), "task {id} has another process");
         assert_eq!(t.restarts, 0, "{t:#?}");
     }
-    let rows = agent.cli_json(&["plugin", "status", "--json"]);
-    let r = row(rows.as_array().unwrap(), "raw_exec");
-    assert_eq!(r["pid"].as_u64(), Some(u64::from(plugin_pid)), "{r:#}");
-    assert_eq!(r["reattached"], true, "{r:#}");
+    // The plugin process was reattached; a Go plugin whose stderr pipe broke with the
+    // old agent dies at its next log line (SIGPIPE), and is then relaunched: either
+    // way one raw_exec process serves, never two.
+    let rows = agent.wait_plugins(Duration::from_secs(30), |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
+    });
+    let plugin_now = row(&rows, "raw_exec")["pid"].as_u64().unwrap() as u32;
+    assert!(
+        plugin_now == plugin_pid || !running(plugin_pid),
+        "the old raw_exec plugin {plugin_pid} still runs beside {plugin_now}"
+    );
+    let plugin_pid = plugin_now;
 
     // kill -9 of the plugin: relaunched, every task recovered, none restarted.
     nix_kill(plugin_pid, 9).unwrap();
@@ -506,4 +490,132 @@ resources = { cpu = 100, memory_mb = 32 }
         "every task process of the job gone",
         || pids.iter().all(|p| !running(*p)),
     );
+}
+
+/// The bridge against the real skeleton, without an agent: its hclspec turned into a
+/// JSON Schema that names its fields, its config checked; and a StartTask that kills
+/// it (the template answers with a nil handle, on which Nomad's own plugin server
+/// panics) fails the start with the reason and leaves nothing behind: no FIFO, no
+/// log relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nomad_driver_that_dies_in_start_task_fails_the_start_and_leaves_nothing() {
+    use drover_plugin_sdk::client::{
+        LaunchOptions, NomadHostOptions, PluginProcess, PluginProtocol,
+    };
+    let Some(p) = peers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let fifos = dir.path().join("fifos");
+    std::fs::create_dir(&fifos).unwrap();
+    std::fs::set_permissions(&fifos, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let mut opts = LaunchOptions::new("skeleton", p.skeleton());
+    opts.nomad = Some(NomadHostOptions::new(&fifos, drover()));
+    let plugin = PluginProcess::launch(opts)
+        .await
+        .expect("launch the skeleton");
+    assert_eq!(plugin.protocol(), PluginProtocol::Nomad);
+    let client = plugin.client();
+    let id = client.plugin_info().await.unwrap();
+    assert_eq!(
+        (id.name.as_str(), id.version.as_str()),
+        ("test-plugin", "0.0.1")
+    );
+    assert_eq!(id.protocol, PluginProtocol::Nomad);
+    let schema: serde_json::Value =
+        serde_json::from_str(&client.task_config_schema().await.unwrap()).unwrap();
+    assert!(schema["properties"]["strconfig"].is_object(), "{schema:#}");
+    assert!(
+        schema["required"]
+            .as_array()
+            .unwrap()
+            .contains(&"strconfig".into()),
+        "{schema:#}"
+    );
+    let err = client
+        .set_config(r#"{"enabled": "yes"}"#.into(), &Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("enabled"), "{err}");
+    client
+        .set_config(r#"{"enabled": true}"#.into(), &Default::default())
+        .await
+        .expect("SetConfig");
+
+    let task_dir = dir.path().join("alloc").join("t1");
+    std::fs::create_dir_all(&task_dir).unwrap();
+    let mut spec = drover_plugin_sdk::TaskSpec::new("t1");
+    spec.task_dir = task_dir.clone();
+    spec.stdout_path = task_dir.join("stdout");
+    spec.stderr_path = task_dir.join("stderr");
+    spec.driver_config_json = r#"{"strconfig": "x"}"#.into();
+    let err = client.start_task(spec).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            drover_plugin_sdk::DriverError::Unavailable(_)
+                | drover_plugin_sdk::DriverError::Transport(_)
+        ),
+        "{err:?}"
+    );
+    // The start left nothing: no FIFO, and no log relay (a relay holds the FIFOs open).
+    assert_eq!(std::fs::read_dir(&fifos).unwrap().count(), 0);
+    let holders = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+            .filter(|e| {
+                std::fs::read_dir(e.path().join("fd"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.starts_with(&fifos)))
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    // The relay was told to stop (SIGTERM): it exits at once, nothing to drain.
+    drover_test_support::until_blocking(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        "no process holding the FIFOs",
+        || holders().is_empty(),
+    );
+    let how = plugin.exited().await;
+    assert!(!how.is_success(), "{how}");
+}
+
+/// Bad Nomad plugins: a real Nomad driver that exits at start (run without its cookie,
+/// it says it is a plugin and exits 1) is skipped with its own words; the agent keeps
+/// serving and nothing of it is left running.
+#[test]
+fn a_nomad_plugin_that_exits_at_start_is_skipped_with_its_reason() {
+    let Some(p) = peers() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("plugins");
+    std::fs::create_dir(&dir).unwrap();
+    write_exec(
+        &dir.join("crashing"),
+        &format!(
+            "#!/bin/sh\nunset NOMAD_PLUGIN_MAGIC_COOKIE\nexec {}\n",
+            p.raw_exec().display()
+        ),
+        0o755,
+    );
+    let mut agent = Agent::start(root.path(), &dir, &[]);
+    agent.end_tasks = true;
+    let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "crashing" && r["state"] == "skipped")
+            && rows
+                .iter()
+                .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+            && rows.iter().all(|r| r["state"] != "unhealthy")
+    });
+    let reason = row(&rows, "crashing")["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains("exited"), "{reason}");
+    assert!(reason.contains("This binary is a plugin"), "{reason}");
+    agent.assert_only_healthy_plugins_run(&rows);
 }
