@@ -1089,3 +1089,62 @@ fn block_defaults_are_read_as_the_block() {
         "default value: usr: unknown key; expected one of: port, user; user: missing required attribute (of type string)"
     );
 }
+
+/// A small deterministic generator of JSON values (xorshift), for fuzz-ish round trips.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn string(&mut self) -> String {
+        const ALPHABET: &[&str] = &[
+            "a", "Z", "0", " ", "\"", "\\", "\n", "\t", "${", "%{", "é", "🦀", "\u{1}", "}", "=",
+        ];
+        (0..self.next() % 6)
+            .map(|_| ALPHABET[(self.next() % ALPHABET.len() as u64) as usize])
+            .collect()
+    }
+    fn value(&mut self, depth: usize) -> Value {
+        match self.next() % if depth == 0 { 5 } else { 7 } {
+            0 => Value::Null,
+            1 => Value::Bool(self.next().is_multiple_of(2)),
+            2 => json!((self.next() as i64) >> (self.next() % 64)),
+            3 => json!(((self.next() % 2_000_000) as f64 - 1_000_000.0) / 64.0),
+            4 => Value::String(self.string()),
+            5 => Value::Array(
+                (0..self.next() % 4)
+                    .map(|_| self.value(depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..self.next() % 4)
+                    .map(|_| (self.string(), self.value(depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[test]
+fn fuzzish_values_survive_literals_and_msgpack() {
+    let spec = object(vec![("x", attr("x", "any", false))]);
+    let mut generator = Gen(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..2000 {
+        let v = generator.value(4);
+        // JSON written as an HCL literal evaluates back to itself.
+        let literal = default(attr("x", "any", false), lit(&from_schema::hcl_literal(&v)));
+        let via_literal = normalize(&object(vec![("x", literal)]), &json!({})).unwrap();
+        // And the value through msgpack comes back too (integral floats as ints).
+        let via_msgpack =
+            decode_msgpack(&encode_msgpack(&spec, &json!({"x": v})).unwrap()).unwrap();
+        let canonical = normalize(&spec, &json!({"x": v})).unwrap();
+        assert_eq!(via_msgpack, canonical, "{v}");
+        if !v.is_null() {
+            assert_eq!(via_literal, canonical, "{v}");
+        }
+    }
+}
