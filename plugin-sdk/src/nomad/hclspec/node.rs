@@ -370,9 +370,11 @@ impl Node {
                 match get(name) {
                     None => {}
                     Some(Value::Array(items)) => {
+                        // A set holds each block once; serialized for a linear check.
+                        let mut seen = std::collections::HashSet::new();
                         for (i, item) in items.iter().enumerate() {
                             let v = nested.decode_body(item, &join_index(&p, i), depth + 1, errors);
-                            if !(*set && out.contains(&v)) {
+                            if !*set || seen.insert(super::msgpack::set_key(&v)) {
                                 out.push(v);
                             }
                         }
