@@ -328,7 +328,7 @@ fn is_string_schema(v: &Value) -> bool {
 /// A JSON value as an HCL literal. JSON is HCL expression syntax, except that `${` and
 /// `%{` in a string start a template there; HCL's escapes for them are `$${` and `%%{`.
 /// (Those two sequences can only occur inside JSON strings.)
-fn hcl_literal(value: &Value) -> String {
+pub(crate) fn hcl_literal(value: &Value) -> String {
     value.to_string().replace("${", "$${").replace("%{", "%%{")
 }
 
@@ -347,6 +347,13 @@ mod tests {
             json!(["a", 1, 2.5, true, null]),
             json!({"a": {"b": [1, {"c": "d"}]}, "weird key-1": "x"}),
             json!(-3),
+            json!(u64::MAX),
+            json!(i64::MIN),
+            json!(1e300),
+            json!(0.1),
+            json!(-2.5e-8),
+            json!("emoji 🦀 and \u{2028}"),
+            json!({"": "", "$${": "%%{"}),
         ] {
             assert_eq!(
                 eval_literal(&hcl_literal(&v)).unwrap(),

@@ -142,3 +142,12 @@ fn float(f: f64, path: &str) -> Result<Value, SpecError> {
         .map(|n| Value::Number(canonical_number(&n)))
         .ok_or_else(|| SpecError::new(path, format!("{f} has no JSON form")))
 }
+
+/// A key that is equal for equal values whatever order their maps keep (their msgpack,
+/// keys sorted): what a set tells its elements apart by.
+pub(crate) fn set_key(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail; an empty key would only merge such values.
+    let _ = rmpv::encode::write_value(&mut out, &to_msgpack(value));
+    out
+}

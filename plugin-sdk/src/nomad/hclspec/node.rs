@@ -164,14 +164,31 @@ impl Node {
                 // hcldec would hand the literal over as written; converting it to the
                 // attribute's type here means the plugin gets one type either way, and a
                 // literal that cannot be one is a spec error now, not a decode error later.
-                if let (Node::Attr { ty, .. }, Node::Literal(v)) = (&primary, &mut default)
+                // Likewise a block's default is read as that block would be.
+                if let Node::Literal(v) = &mut default
                     && !v.is_null()
                 {
                     let mut errors = Vec::new();
-                    match ty.convert(v, path, 0, &mut errors) {
-                        Some(converted) => *v = converted,
-                        None => {
-                            let why: Vec<String> = errors.into_iter().map(|e| e.message).collect();
+                    let converted = match &primary {
+                        Node::Attr { ty, .. } => ty.convert(v, "", 0, &mut errors),
+                        Node::BlockAttrs { ty, .. } => {
+                            HclType::Map(Box::new(ty.clone())).convert(v, "", 0, &mut errors)
+                        }
+                        Node::Block { nested, .. } => {
+                            Some(nested.decode_body(v, "", 0, &mut errors))
+                        }
+                        _ => Some(v.clone()),
+                    };
+                    match converted {
+                        Some(converted) if errors.is_empty() => *v = converted,
+                        _ => {
+                            let why: Vec<String> = errors
+                                .iter()
+                                .map(|e| match e.path.as_str() {
+                                    "(root)" => e.message.clone(),
+                                    _ => e.to_string(),
+                                })
+                                .collect();
                             return Err(SpecError::new(
                                 path,
                                 format!("default value: {}", why.join("; ")),
@@ -353,9 +370,11 @@ impl Node {
                 match get(name) {
                     None => {}
                     Some(Value::Array(items)) => {
+                        // A set holds each block once; serialized for a linear check.
+                        let mut seen = std::collections::HashSet::new();
                         for (i, item) in items.iter().enumerate() {
                             let v = nested.decode_body(item, &join_index(&p, i), depth + 1, errors);
-                            if !(*set && out.contains(&v)) {
+                            if !*set || seen.insert(super::msgpack::set_key(&v)) {
                                 out.push(v);
                             }
                         }

@@ -923,3 +923,228 @@ fn empty_config_struct_is_an_empty_object() {
         ["x"]
     );
 }
+
+/// A part of docker's task config spec (drivers/docker/config.go, Nomad v1.0.18), with
+/// its mount body spec as it is.
+fn docker_task() -> Spec {
+    let mount_body = object(vec![
+        (
+            "type",
+            default(attr("type", "string", false), lit("\"volume\"")),
+        ),
+        ("target", attr("target", "string", false)),
+        ("source", attr("source", "string", false)),
+        ("readonly", attr("readonly", "bool", false)),
+        (
+            "bind_options",
+            block(
+                "bind_options",
+                false,
+                object(vec![("propagation", attr("propagation", "string", false))]),
+            ),
+        ),
+        (
+            "tmpfs_options",
+            block(
+                "tmpfs_options",
+                false,
+                object(vec![
+                    ("size", attr("size", "number", false)),
+                    ("mode", attr("mode", "number", false)),
+                ]),
+            ),
+        ),
+        (
+            "volume_options",
+            block(
+                "volume_options",
+                false,
+                object(vec![
+                    ("no_copy", attr("no_copy", "bool", false)),
+                    ("labels", attr("labels", "list(map(string))", false)),
+                    (
+                        "driver_config",
+                        block(
+                            "driver_config",
+                            false,
+                            object(vec![
+                                ("name", attr("name", "string", false)),
+                                ("options", attr("options", "list(map(string))", false)),
+                            ]),
+                        ),
+                    ),
+                ]),
+            ),
+        ),
+    ]);
+    object(vec![
+        ("image", attr("image", "string", true)),
+        ("args", attr("args", "list(string)", false)),
+        (
+            "auth",
+            block(
+                "auth",
+                false,
+                object(vec![
+                    ("username", attr("username", "string", false)),
+                    ("password", attr("password", "string", false)),
+                ]),
+            ),
+        ),
+        (
+            "cpu_cfs_period",
+            default(attr("cpu_cfs_period", "number", false), lit("100000")),
+        ),
+        (
+            "image_pull_timeout",
+            default(attr("image_pull_timeout", "string", false), lit(r#""5m""#)),
+        ),
+        ("port_map", attr("port_map", "list(map(number))", false)),
+        ("storage_opt", block_attrs("storage_opt", "string", false)),
+        ("mount", block_list("mount", 0, 0, mount_body.clone())),
+        ("mounts", block_list("mounts", 0, 0, mount_body)),
+    ])
+}
+
+#[test]
+fn docker_spec_nested_blocks_defaults_and_deep_error_paths() {
+    let spec = docker_task();
+    let cfg = json!({
+        "image": "redis:7",
+        "port_map": [{"db": 6379}],
+        "storage_opt": {"size": 10},
+        "mount": [{"target": "/data", "volume_options": {"driver_config": {"name": "local", "options": [{"o": "bind"}]}}}],
+    });
+    let bytes = encode_msgpack(&spec, &cfg).unwrap();
+    let m = mp_map(&bytes);
+    assert_eq!(m["cpu_cfs_period"], Mp::from(100_000));
+    assert!(m["cpu_cfs_period"].is_u64());
+    assert_eq!(m["image_pull_timeout"], Mp::from("5m"));
+    assert_eq!(
+        m["port_map"],
+        Mp::Array(vec![Mp::Map(vec![(Mp::from("db"), Mp::from(6379))])])
+    );
+    assert_eq!(
+        m["storage_opt"],
+        Mp::Map(vec![(Mp::from("size"), Mp::from("10"))])
+    );
+    assert_eq!(m["mounts"], Mp::Array(vec![]));
+    assert_eq!(m["auth"], Mp::Nil);
+    let decoded = decode_msgpack(&bytes).unwrap();
+    assert_eq!(
+        decoded["mount"][0]["type"],
+        json!("volume"),
+        "the mount body's default"
+    );
+    assert_eq!(decoded["mount"][0]["bind_options"], Value::Null);
+    assert_eq!(
+        decoded["mount"][0]["volume_options"]["driver_config"]["options"],
+        json!([{"o": "bind"}])
+    );
+    assert_eq!(decoded["mount"][0]["volume_options"]["labels"], Value::Null);
+
+    let bad = json!({
+        "image": "redis",
+        "port_map": {"db": 6379},
+        "mount": [{}, {"volume_options": {"driver_config": {"nam": "x", "options": [{"o": 1}, {"p": ["x"]}]}}}],
+        "auth": {"username": "u", "pasword": "p"},
+    });
+    let errors = normalize(&spec, &bad).unwrap_err();
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "auth.pasword: unknown key; expected one of: password, username",
+            "mount[1].volume_options.driver_config.nam: unknown key; expected one of: name, options",
+            "mount[1].volume_options.driver_config.options[1].p: expected string, got an array",
+            "port_map: expected list(map(number)), got an object",
+        ]
+    );
+}
+
+#[test]
+fn block_defaults_are_read_as_the_block() {
+    let auth = block(
+        "auth",
+        false,
+        object(vec![
+            ("user", attr("user", "string", true)),
+            ("port", attr("port", "number", false)),
+        ]),
+    );
+    let spec = object(vec![("auth", default(auth.clone(), lit(r#"{"user": 7}"#)))]);
+    assert_eq!(
+        normalize(&spec, &json!({})).unwrap(),
+        json!({"auth": {"user": "7", "port": null}})
+    );
+    assert_eq!(
+        normalize(&spec, &json!({"auth": {"user": "u"}})).unwrap(),
+        json!({"auth": {"user": "u", "port": null}})
+    );
+    let bad = object(vec![("auth", default(auth, lit(r#"{"usr": "x"}"#)))]);
+    let err = to_json_schema(&bad).unwrap_err();
+    assert_eq!(err.path, "auth");
+    assert_eq!(
+        err.message,
+        "default value: usr: unknown key; expected one of: port, user; user: missing required attribute (of type string)"
+    );
+}
+
+/// A small deterministic generator of JSON values (xorshift), for fuzz-ish round trips.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn string(&mut self) -> String {
+        const ALPHABET: &[&str] = &[
+            "a", "Z", "0", " ", "\"", "\\", "\n", "\t", "${", "%{", "é", "🦀", "\u{1}", "}", "=",
+        ];
+        (0..self.next() % 6)
+            .map(|_| ALPHABET[(self.next() % ALPHABET.len() as u64) as usize])
+            .collect()
+    }
+    fn value(&mut self, depth: usize) -> Value {
+        match self.next() % if depth == 0 { 5 } else { 7 } {
+            0 => Value::Null,
+            1 => Value::Bool(self.next().is_multiple_of(2)),
+            2 => json!((self.next() as i64) >> (self.next() % 64)),
+            3 => json!(((self.next() % 2_000_000) as f64 - 1_000_000.0) / 64.0),
+            4 => Value::String(self.string()),
+            5 => Value::Array(
+                (0..self.next() % 4)
+                    .map(|_| self.value(depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..self.next() % 4)
+                    .map(|_| (self.string(), self.value(depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[test]
+fn fuzzish_values_survive_literals_and_msgpack() {
+    let spec = object(vec![("x", attr("x", "any", false))]);
+    let mut generator = Gen(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..2000 {
+        let v = generator.value(4);
+        // JSON written as an HCL literal evaluates back to itself.
+        let literal = default(attr("x", "any", false), lit(&from_schema::hcl_literal(&v)));
+        let via_literal = normalize(&object(vec![("x", literal)]), &json!({})).unwrap();
+        // And the value through msgpack comes back too (integral floats as ints).
+        let via_msgpack =
+            decode_msgpack(&encode_msgpack(&spec, &json!({"x": v})).unwrap()).unwrap();
+        let canonical = normalize(&spec, &json!({"x": v})).unwrap();
+        assert_eq!(via_msgpack, canonical, "{v}");
+        if !v.is_null() {
+            assert_eq!(via_literal, canonical, "{v}");
+        }
+    }
+}

@@ -206,11 +206,15 @@ impl HclType {
                 };
                 let before = errors.len();
                 let mut out = Vec::with_capacity(items.len());
+                // Serialized elements already in a set: linear, where `out.contains` is not.
+                let mut seen = std::collections::HashSet::new();
                 for (i, item) in items.iter().enumerate() {
                     let p = join_index(path, i);
                     if let Some(v) = elem.convert_element(item, &p, depth, errors) {
                         // A set holds each value once, as cty's sets do.
-                        if !(matches!(self, HclType::Set(_)) && out.contains(&v)) {
+                        if !matches!(self, HclType::Set(_))
+                            || seen.insert(super::msgpack::set_key(&v))
+                        {
                             out.push(v);
                         }
                     }
@@ -452,6 +456,20 @@ mod tests {
             set.convert(&json!(["a", "b", "a"]), "s", 0, &mut errors),
             Some(json!(["a", "b"]))
         );
+        let maps = HclType::parse("set(map(string))").unwrap();
+        let got = maps.convert(
+            &json!([{"a": "1", "b": 2}, {"b": "2", "a": 1}, {"a": "1"}]),
+            "s",
+            0,
+            &mut errors,
+        );
+        assert_eq!(got, Some(json!([{"a": "1", "b": "2"}, {"a": "1"}])));
+        // Large sets are deduplicated in linear time.
+        let many: Vec<u64> = (0..50_000).map(|i| i % 25_000).collect();
+        let got = HclType::parse("set(number)")
+            .unwrap()
+            .convert(&json!(many), "s", 0, &mut errors);
+        assert_eq!(got.and_then(|v| v.as_array().map(Vec::len)), Some(25_000));
         let tuple = HclType::parse("tuple([string, number])").unwrap();
         assert_eq!(
             tuple.convert(&json!([1, 2]), "t", 0, &mut errors),
