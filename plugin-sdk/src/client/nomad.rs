@@ -390,18 +390,7 @@ impl NomadBridge {
                 )));
             }
         }
-        let problem = match &r.handle {
-            None => Some("no task handle".to_owned()),
-            Some(h) if h.encoded_len() > MAX_NOMAD_HANDLE => Some(format!(
-                "a task handle of {} bytes (at most {MAX_NOMAD_HANDLE})",
-                h.encoded_len()
-            )),
-            Some(h) if h.config.as_ref().is_some_and(|c| c.id != spec.id) => Some(format!(
-                "the handle of another task ({:?})",
-                h.config.as_ref().map(|c| c.id.as_str()).unwrap_or_default()
-            )),
-            Some(_) => None,
-        };
+        let problem = handle_problem(&spec.id, r.handle.as_ref());
         match (problem, r.handle) {
             (None, Some(h)) => Ok(h),
             (problem, _) => {
@@ -656,6 +645,25 @@ impl NomadBridge {
     }
 }
 
+/// What is wrong with the task handle a `StartTask` answer carries for task `task_id`,
+/// if anything: none at all, one too big to keep, or one of another task.
+fn handle_problem(task_id: &str, handle: Option<&nd::TaskHandle>) -> Option<String> {
+    let h = match handle {
+        None => return Some("no task handle".to_owned()),
+        Some(h) => h,
+    };
+    let size = h.encoded_len();
+    if size > MAX_NOMAD_HANDLE {
+        return Some(format!(
+            "a task handle of {size} bytes (at most {MAX_NOMAD_HANDLE})"
+        ));
+    }
+    match &h.config {
+        Some(c) if c.id != task_id => Some(format!("the handle of another task ({:?})", c.id)),
+        _ => None,
+    }
+}
+
 /// The output side of one start.
 struct StartOutput {
     stdout: PathBuf,
@@ -846,4 +854,120 @@ fn event_from_nomad(e: nd::DriverTaskEvent) -> TaskEvent {
         .unwrap_or_else(SystemTime::now);
     ev.annotations = annotations;
     ev
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(id: &str, state: usize) -> nd::TaskHandle {
+        nd::TaskHandle {
+            version: 1,
+            config: Some(nd::TaskConfig {
+                id: id.into(),
+                ..Default::default()
+            }),
+            state: nd::TaskState::Running as i32,
+            driver_state: vec![7; state],
+        }
+    }
+
+    #[test]
+    fn start_answers_without_a_usable_handle_are_named() {
+        assert_eq!(handle_problem("t1", Some(&handle("t1", 100))), None);
+        assert_eq!(
+            handle_problem("t1", None).as_deref(),
+            Some("no task handle")
+        );
+        let other = handle_problem("t1", Some(&handle("t2", 1))).unwrap();
+        assert!(other.contains("another task (\"t2\")"), "{other}");
+        let big = handle_problem("t1", Some(&handle("t1", MAX_NOMAD_HANDLE + 1))).unwrap();
+        assert!(big.contains("bytes (at most"), "{big}");
+    }
+
+    #[test]
+    fn nomad_configs_and_dirs_map_as_nomad_expects() {
+        let mut spec = TaskSpec::new("t1");
+        assert!(nomad_dirs(&spec).is_err());
+        spec.task_dir = "/var/lib/drover/alloc/a1/web".into();
+        let (alloc, name) = nomad_dirs(&spec).unwrap();
+        assert_eq!(alloc, PathBuf::from("/var/lib/drover/alloc/a1"));
+        assert_eq!(name, "web");
+        assert_eq!(parse_config("  ", "x").unwrap(), serde_json::json!({}));
+        let err = parse_config("{", "task config").unwrap_err();
+        assert!(err.to_string().contains("task config"), "{err}");
+    }
+
+    #[test]
+    fn fingerprints_capabilities_and_results_translate() {
+        use nd::fingerprint_response::HealthState;
+        let mut attrs = std::collections::HashMap::new();
+        attrs.insert(
+            "driver.raw_exec".to_owned(),
+            ns::Attribute {
+                value: Some(ns::attribute::Value::BoolVal(true)),
+                unit: String::new(),
+            },
+        );
+        let fp = fingerprint_from_nomad(nd::FingerprintResponse {
+            attributes: attrs,
+            health: HealthState::Healthy as i32,
+            health_description: "Healthy".into(),
+        });
+        assert_eq!(fp.health, Health::Healthy);
+        assert_eq!(fp.attributes["driver.raw_exec"], "true");
+        let quiet = fingerprint_from_nomad(nd::FingerprintResponse::default());
+        assert_eq!(quiet.health, Health::Undetected);
+        assert!(
+            quiet.description.contains("not detected"),
+            "{}",
+            quiet.description
+        );
+
+        let caps = capabilities_from_nomad(&nd::DriverCapabilities {
+            send_signals: true,
+            exec: true,
+            fs_isolation: nd::driver_capabilities::FsIsolation::Chroot as i32,
+            ..Default::default()
+        });
+        assert!(caps.send_signals && caps.exec && caps.recover);
+        assert_eq!(caps.fs_isolation, FsIsolation::Chroot);
+        assert!(caps.network_modes.host && !caps.network_modes.bridge);
+
+        let r = exit_from_nomad(nd::ExitResult {
+            exit_code: 0,
+            signal: 9,
+            oom_killed: true,
+        });
+        assert_eq!((r.signal, r.oom_killed), (9, true));
+        // Go's zero time is no time.
+        assert_eq!(
+            time_from_proto(prost_types::Timestamp {
+                seconds: -62135596800,
+                nanos: 0
+            }),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn a_garbage_handle_is_refused_on_recovery_with_the_reason() {
+        // A channel to nowhere: the checks come before any call.
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let bridge = NomadBridge::new(
+            "x".into(),
+            channel,
+            NomadHostOptions::new("/nonexistent", "/nonexistent"),
+        );
+        let mut h = TaskHandle::for_spec(TaskSpec::new("t1"));
+        let err = bridge.recover_task(h.clone()).await.unwrap_err();
+        assert!(matches!(err, DriverError::NotFound(_)), "{err:?}");
+        h.version = BRIDGE_STATE_VERSION;
+        h.driver_state = b"not json".to_vec();
+        let err = bridge.recover_task(h.clone()).await.unwrap_err();
+        assert!(err.to_string().contains("task handle state"), "{err}");
+        h.driver_state = br#"{"nomad_handle": "!!!"}"#.to_vec();
+        let err = bridge.recover_task(h).await.unwrap_err();
+        assert!(err.to_string().contains("task handle"), "{err}");
+    }
 }
