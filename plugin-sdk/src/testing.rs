@@ -99,7 +99,7 @@ enum Form {
 
 /// The plugin being checked, in either form.
 enum UnderTest {
-    Process(PluginProcess),
+    Process(Box<PluginProcess>),
     Library(InProcessPlugin),
 }
 
@@ -266,7 +266,7 @@ impl Conformance {
                 opts.socket_dir = Some(dir.to_owned());
                 PluginProcess::launch(opts)
                     .await
-                    .map(UnderTest::Process)
+                    .map(|p| UnderTest::Process(Box::new(p)))
                     .map_err(|e| e.to_string())
             }
             Form::Library(path) => {

@@ -741,26 +741,27 @@ fn capabilities_from_nomad(c: &nd::DriverCapabilities) -> Capabilities {
         .iter()
         .filter_map(|m| Mode::try_from(*m).ok())
         .collect();
-    let mut caps = Capabilities::default();
-    caps.send_signals = c.send_signals;
-    caps.exec = c.exec;
-    caps.fs_isolation = match NomadFs::try_from(c.fs_isolation) {
-        Ok(NomadFs::Chroot) => FsIsolation::Chroot,
-        Ok(NomadFs::Image) => FsIsolation::Image,
-        _ => FsIsolation::None,
-    };
-    // Every Nomad driver serves TaskStats, TaskEvents and RecoverTask (they are part of
-    // its interface, not optional).
-    caps.task_stats = true;
-    caps.task_events = true;
-    caps.recover = true;
-    let mut net = NetworkModes::default();
-    // A driver that names no mode runs tasks in the host's network (Nomad's default).
-    net.host = modes.is_empty() || modes.contains(&Mode::Host);
-    net.none = modes.contains(&Mode::None);
-    net.bridge = modes.contains(&Mode::Group);
-    caps.network_modes = net;
-    caps
+    Capabilities {
+        send_signals: c.send_signals,
+        exec: c.exec,
+        fs_isolation: match NomadFs::try_from(c.fs_isolation) {
+            Ok(NomadFs::Chroot) => FsIsolation::Chroot,
+            Ok(NomadFs::Image) => FsIsolation::Image,
+            _ => FsIsolation::None,
+        },
+        // Every Nomad driver serves TaskStats, TaskEvents and RecoverTask (they are part
+        // of its interface, not optional).
+        task_stats: true,
+        task_events: true,
+        recover: true,
+        network_modes: NetworkModes {
+            // A driver that names no mode runs tasks in the host's network (Nomad's
+            // default).
+            host: modes.is_empty() || modes.contains(&Mode::Host),
+            none: modes.contains(&Mode::None),
+            bridge: modes.contains(&Mode::Group),
+        },
+    }
 }
 
 fn attribute_text(a: &ns::Attribute) -> Option<String> {

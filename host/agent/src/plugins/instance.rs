@@ -12,15 +12,16 @@ use drover_plugin_sdk::client::{InProcessPlugin, PluginClient, PluginProcess, Re
 /// A running plugin.
 #[derive(Debug, Clone)]
 pub enum PluginInstance {
-    /// A plugin process (launched now, or reattached to).
-    Process(PluginProcess),
+    /// A plugin process (launched now, or reattached to). Boxed: a process's handle is
+    /// a few hundred bytes, a library's a pointer.
+    Process(Box<PluginProcess>),
     /// A driver library loaded into the agent.
     InProcess(InProcessPlugin),
 }
 
 impl From<PluginProcess> for PluginInstance {
     fn from(p: PluginProcess) -> Self {
-        PluginInstance::Process(p)
+        PluginInstance::Process(Box::new(p))
     }
 }
 
