@@ -29,6 +29,8 @@ command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
 command -v jq >/dev/null || need_pkgs+=(jq)
 # The etcd store's tests (and the HA tests) run a real etcd: Debian's etcd-server.
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need_pkgs+=(etcd-server)
+# The real Nomad 1.0.18 programs (Nomad driver compatibility tests) come as a .tar.xz.
+command -v xz >/dev/null || need_pkgs+=(xz-utils)
 if ((${#need_pkgs[@]})); then
     if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2

@@ -4,7 +4,8 @@
 //! it tests: waiting with a deadline instead of sleeping and hoping ([`within`],
 //! [`until`], [`until_blocking`]), reading processes from `/proc` ([`procs`]), the
 //! private Docker daemon that `scripts/test.sh` starts ([`docker`]), a real etcd
-//! ([`etcd`]), real go-plugin programs ([`goplugin`]), a test certificate authority
+//! ([`etcd`]), real go-plugin programs ([`goplugin`]), the real Nomad 1.0.18 programs
+//! ([`nomad`]), a test certificate authority
 //! ([`pki`]), and reading a task's rotated logs ([`read_log`]).
 //!
 //! Only for tests: every helper panics with a message naming what did not happen.
@@ -20,6 +21,7 @@ pub mod docker;
 pub mod etcd;
 pub mod goplugin;
 pub mod net;
+pub mod nomad;
 pub mod pki;
 pub mod procs;
 pub mod vm;
