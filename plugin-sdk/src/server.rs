@@ -106,7 +106,14 @@ pub enum ServeError {
 /// Serve `driver` as a plugin process and exit. Call it from `main`.
 ///
 /// It checks the magic cookie (a person running the binary by hand gets a sentence on
-/// stderr and exit code 1), logs JSON lines to stderr, binds a unix socket (mode 0600
+/// stderr and exit code 1). With Drover's cookie ([`handshake::MAGIC_COOKIE_KEY`]) it
+/// speaks Drover's protocol, app protocol 1, as below. With only Nomad's
+/// ([`handshake::NOMAD_MAGIC_COOKIE_KEY`], as a Nomad agent starts every binary in its
+/// `plugin_dir`) it speaks Nomad's driver protocol instead, app protocol 2: Nomad's
+/// `BasePlugin` and `Driver` services translated to the same `driver` (what maps and
+/// what does not: docs/plugin-authoring.md, "Your driver in a Nomad agent";
+/// [`drover_task_id`]; [`crate::LogMode::Direct`]). Drover's cookie wins when both are
+/// set. It logs JSON lines to stderr, binds a unix socket (mode 0600
 /// in a fresh 0700 directory), serves health, go-plugin's controller/stdio/broker and
 /// Drover's BasePlugin and Driver services, prints the handshake line, ignores SIGINT,
 /// and exits when the host calls `GRPCController.Shutdown` or sends SIGTERM.
