@@ -45,8 +45,9 @@ const MIB: u64 = 1024 * 1024;
 /// ```
 pub const DIRECT_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Open `name` in `dir` for [`LogMode::Direct`]: write-only, never through a link,
-/// created 0600 as a regular file when missing; a FIFO or a regular file, nothing else.
+/// Open `name` in `dir` for [`LogMode::Direct`]: write-only, never through a symbolic
+/// link, created 0600 as a regular file when missing; a FIFO or a regular file with one
+/// name, nothing else.
 /// `wait` bounds the wait for a FIFO's reader (`None`: do not wait).
 fn open_direct(dir: &Dir, name: &OsStr, wait: Option<std::time::Duration>) -> io::Result<File> {
     use rustix::fs::{FileType, Mode, OFlags};
@@ -90,7 +91,20 @@ fn open_direct(dir: &Dir, name: &OsStr, wait: Option<std::time::Duration>) -> io
     };
     let stat = rustix::fs::fstat(&fd)?;
     match FileType::from_raw_mode(stat.st_mode) {
-        FileType::Fifo | FileType::RegularFile => {}
+        FileType::Fifo => {}
+        // A second name may be one the task planted for a file it must not write
+        // (the log directory is the allocation's, which tasks can write).
+        FileType::RegularFile if stat.st_nlink > 1 => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: has {} names (a hard link); refused",
+                    path().display(),
+                    stat.st_nlink
+                ),
+            ));
+        }
+        FileType::RegularFile => {}
         other => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -346,9 +360,11 @@ impl RotatingWriter {
         self.prune()
     }
 
-    /// [`LogMode::Direct`]: write as it is. A FIFO whose reader went away (Nomad's
-    /// `logmon` restarted) is opened again once, without waiting, and the write retried
-    /// there; if nobody reads it now, the error is the caller's.
+    /// [`LogMode::Direct`]: write as it is. A write while no one reads the FIFO (Nomad's
+    /// `logmon` restarting) fails with `BrokenPipe`; the FIFO is then opened again once,
+    /// without waiting, and the write retried, and if there is still no reader the error
+    /// is the caller's (the executor drops that output and notes it once). Once a new
+    /// reader opens the FIFO, writes go on.
     fn write_direct(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self.file.write(buf) {
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
@@ -466,6 +482,99 @@ mod tests {
 
     fn limits(files: u32) -> LogConfig {
         LogConfig::new(files, 1)
+    }
+
+    fn direct() -> LogConfig {
+        LogConfig::default().with_mode(LogMode::Direct)
+    }
+
+    fn mkfifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn direct_mode_writes_the_path_as_it_is_and_never_rotates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut w = RotatingWriter::open(&path, direct().with_max_file_size_mb(1)).unwrap();
+        w.write_all(&vec![b'a'; 2 * MIB as usize]).unwrap();
+        drop(w);
+        assert_eq!(file_len(&path), 2 * MIB, "no cap, no rotation");
+        assert!(log_files(&path).unwrap().is_empty(), "no numbered files");
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            LOG_FILE_MODE
+        );
+    }
+
+    #[test]
+    fn direct_mode_refuses_links_and_other_kinds_of_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "keep\n").unwrap();
+        let link = dir.path().join("symlink");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = RotatingWriter::open(&link, direct()).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let hard = dir.path().join("hardlink");
+        std::fs::hard_link(&target, &hard).unwrap();
+        let e = RotatingWriter::open(&hard, direct()).unwrap_err();
+        assert!(e.to_string().contains("hard link"), "{e}");
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(RotatingWriter::open(&sub, direct()).is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep\n");
+    }
+
+    #[test]
+    fn direct_mode_gives_up_on_a_fifo_nobody_reads_and_reopens_one_whose_reader_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("stdout.fifo");
+        mkfifo(&fifo);
+        let d = Dir::open(dir.path()).unwrap();
+        let e = open_direct(
+            &d,
+            OsStr::new("stdout.fifo"),
+            Some(std::time::Duration::from_millis(50)),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("no process reads"), "{e}");
+
+        // A reader comes, goes, and a new one comes (Nomad's logmon restarted).
+        // A blocking O_RDONLY open waits for a writer: open the readers non-blocking.
+        let open_reader = || {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+                .open(&fifo)
+                .unwrap()
+        };
+        let reader = open_reader();
+        let mut w = RotatingWriter::open(&fifo, direct()).unwrap();
+        w.write_all(b"one\n").unwrap();
+        drop(reader);
+        // Nobody reads: the write fails at once (no hang, no SIGPIPE death).
+        let e = w.write_all(b"lost\n").unwrap_err();
+        assert!(
+            e.kind() == io::ErrorKind::BrokenPipe || e.to_string().contains("no process reads"),
+            "{e}"
+        );
+        let mut again = open_reader();
+        w.write_all(b"two\n").unwrap();
+        drop(w);
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut again, &mut got).unwrap();
+        assert_eq!(got, "one\ntwo\n", "what the pipe held, then the new output");
     }
 
     #[test]
