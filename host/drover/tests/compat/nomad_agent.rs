@@ -2,7 +2,8 @@
 //! driver's and rawexec's binaries, unchanged, in a Nomad dev agent's `plugin_dir` load
 //! (Nomad runs each with no arguments and its own cookie: `drover-plugin-sdk` then
 //! speaks Nomad's driver protocol), fingerprint healthy, and a batch job on rawexec runs
-//! to its end with its exit code and its output in Nomad's own logs.
+//! to its end with its exit code and its output in Nomad's own logs; a job whose config
+//! misspells a key is refused by Nomad, from rawexec's schema, naming the key.
 //!
 //! The agent is `nomad` from `../shared/nomad/nomad-peers-v1.0.18.tar.xz` (see the README
 //! beside it), unpacked into the build tree and checked against its SHA256SUMS by
@@ -314,6 +315,51 @@ client {{
             }
             stdout == "hello-from-drover\n"
         },
+    );
+
+    // A misspelt key is refused by Nomad itself, from the hclspec rawexec's JSON Schema
+    // became, naming the key, before anything starts.
+    let bad_id = "drover-rawexec-bad-config";
+    let mut bad = job.clone();
+    bad["Job"]["ID"] = json!(bad_id);
+    bad["Job"]["Name"] = json!(bad_id);
+    bad["Job"]["TaskGroups"][0]["Tasks"][0]["Config"] =
+        json!({"comand": "/bin/sh", "args": ["-c", "echo must-not-run"]});
+    let (status, body) = api
+        .call(http::Method::POST, "/v1/jobs", Some(&bad))
+        .expect("Nomad answers the job registration");
+    assert_eq!(status, 200, "registering the job: {body}");
+    let mut bad_state = Value::Null;
+    until_blocking(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        "the misconfigured task to fail",
+        || {
+            let Some(allocs) = api.get_json(&format!("/v1/job/{bad_id}/allocations")) else {
+                return false;
+            };
+            bad_state = allocs[0]["TaskStates"]["hello"].clone();
+            bad_state["State"] == "dead"
+        },
+    );
+    let validation = bad_state["Events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["Type"] == "Failed Validation")
+        .unwrap_or_else(|| panic!("no Failed Validation event: {bad_state:#}"));
+    let why = validation["DisplayMessage"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("\"comand\""),
+        "the message names the key: {why}"
+    );
+    assert!(
+        !bad_state["Events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["Type"] == "Started"),
+        "nothing started: {bad_state:#}"
     );
 
     // Stop the agent by its pid; nothing of this test may be left running.
