@@ -3,7 +3,8 @@
 //! (Nomad runs each with no arguments and its own cookie: `drover-plugin-sdk` then
 //! speaks Nomad's driver protocol), fingerprint healthy, and a batch job on rawexec runs
 //! to its end with its exit code and its output in Nomad's own logs; a job whose config
-//! misspells a key is refused by Nomad, from rawexec's schema, naming the key.
+//! misspells a key is refused by Nomad, from rawexec's schema, naming the key. The same
+//! with rawexec served by the `drover` binary itself (`drover plugin serve rawexec`).
 //!
 //! The agent is `nomad` from `../shared/nomad/nomad-peers-v1.0.18.tar.xz` (see the README
 //! beside it), unpacked into the build tree and checked against its SHA256SUMS by
@@ -137,8 +138,26 @@ fn leftovers(plugin_dir: &Path, marker: &str, value: &str) -> Vec<u32> {
         .collect()
 }
 
+/// How rawexec is installed in the Nomad agent's plugin_dir.
+enum RawExec {
+    /// rawexec's own binary, run with no arguments.
+    Standalone,
+    /// The `drover` binary, which Nomad runs as `drover plugin serve rawexec` (the
+    /// arguments of a `plugin "drover"` block).
+    DroverBinary,
+}
+
 #[test]
 fn nomad_agent_loads_drover_drivers_and_runs_a_rawexec_job() {
+    run_in_nomad(RawExec::Standalone);
+}
+
+#[test]
+fn nomad_agent_runs_drover_plugin_serve_rawexec() {
+    run_in_nomad(RawExec::DroverBinary);
+}
+
+fn run_in_nomad(rawexec: RawExec) {
     let _serial = serial();
     let Some(peers) = drover_test_support::nomad::peers() else {
         return;
@@ -147,10 +166,28 @@ fn nomad_agent_loads_drover_drivers_and_runs_a_rawexec_job() {
     let tmp = tempfile::tempdir().unwrap();
     let plugin_dir = tmp.path().join("plugins");
     std::fs::create_dir(&plugin_dir).unwrap();
-    // Copies, as an operator installs them; Nomad runs each with no arguments.
-    for bin in ["drover-skeleton-driver", "drover-driver-rawexec"] {
-        std::fs::copy(workspace_bin(bin), plugin_dir.join(bin)).unwrap();
-    }
+    // Copies, as an operator installs them; Nomad runs each with no arguments unless a
+    // `plugin "<file name>"` block gives some.
+    let rawexec_bin = match rawexec {
+        RawExec::Standalone => workspace_bin("drover-driver-rawexec"),
+        RawExec::DroverBinary => drover(),
+    };
+    let rawexec_file = match rawexec {
+        RawExec::Standalone => "drover-driver-rawexec",
+        RawExec::DroverBinary => "drover",
+    };
+    let plugin_block = match rawexec {
+        RawExec::Standalone => "",
+        RawExec::DroverBinary => {
+            "plugin \"drover\" {\n  args = [\"plugin\", \"serve\", \"rawexec\"]\n}\n"
+        }
+    };
+    std::fs::copy(
+        workspace_bin("drover-skeleton-driver"),
+        plugin_dir.join("drover-skeleton-driver"),
+    )
+    .unwrap();
+    std::fs::copy(rawexec_bin, plugin_dir.join(rawexec_file)).unwrap();
     let data_dir = tmp.path().join("data");
     std::fs::create_dir(&data_dir).unwrap();
     let (http, rpc, serf) = (
@@ -172,7 +209,7 @@ ports {{ http = {http}  rpc = {rpc}  serf = {serf} }}
 client {{
   options {{ "fingerprint.denylist" = "env_aws,env_gce,env_azure" }}
 }}
-"#,
+{plugin_block}"#,
             data = data_dir.display(),
             plugins = plugin_dir.display(),
         ),
