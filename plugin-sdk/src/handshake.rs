@@ -20,6 +20,16 @@ pub const CORE_PROTOCOL_VERSION: u32 = 1;
 /// App protocol versions this SDK speaks (go-plugin level; picks the gRPC service set).
 pub const APP_PROTOCOL_VERSIONS: &[u32] = &[1];
 
+/// Environment key of Nomad's plugin magic cookie. A binary started with it (and
+/// without [`MAGIC_COOKIE_KEY`]) is being run by a Nomad agent: [`crate::serve`] then
+/// speaks Nomad's driver protocol, app protocol [`NOMAD_APP_PROTOCOL_VERSION`].
+pub const NOMAD_MAGIC_COOKIE_KEY: &str = "NOMAD_PLUGIN_MAGIC_COOKIE";
+/// Value of Nomad's plugin magic cookie (Nomad's `plugins/base.Handshake`).
+pub const NOMAD_MAGIC_COOKIE_VALUE: &str =
+    "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e91a7255";
+/// The go-plugin app protocol version of Nomad's plugins (0.9 and later: gRPC).
+pub const NOMAD_APP_PROTOCOL_VERSION: u32 = 2;
+
 /// Comma list of app protocol versions the host speaks.
 pub const ENV_PROTOCOL_VERSIONS: &str = "PLUGIN_PROTOCOL_VERSIONS";
 /// Lowest TCP port a plugin may bind (unused for unix sockets, passed for go-plugin parity).

@@ -9,6 +9,9 @@
 //! - Drivers whose tasks must outlive the plugin (rawexec, exec, java, qemu) start them
 //!   through a per-task executor: the `drover-executor` crate (`plugins/shared/executor`
 //!   in the Drover repository).
+//! - The same binary also loads in a HashiCorp Nomad agent's `plugin_dir`: started with
+//!   Nomad's cookie, [`serve`] speaks Nomad's driver protocol (see [`server`] and the
+//!   author's guide, "Your driver in a Nomad agent").
 //! - The same driver can also be built as a shared library that a host loads in
 //!   process: `crate-type = ["rlib", "cdylib"]` and [`export_driver!`] in its `lib.rs`
 //!   (see [`inproc`]).

@@ -17,6 +17,9 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+mod nomad;
+pub use nomad::{NOMAD_PLUGIN_API_VERSIONS, drover_task_id};
+
 use crate::DriverError;
 use crate::driver::DriverPlugin;
 use crate::handshake::{self, HandshakeLine, PluginAddr};
@@ -103,7 +106,14 @@ pub enum ServeError {
 /// Serve `driver` as a plugin process and exit. Call it from `main`.
 ///
 /// It checks the magic cookie (a person running the binary by hand gets a sentence on
-/// stderr and exit code 1), logs JSON lines to stderr, binds a unix socket (mode 0600
+/// stderr and exit code 1). With Drover's cookie ([`handshake::MAGIC_COOKIE_KEY`]) it
+/// speaks Drover's protocol, app protocol 1, as below. With only Nomad's
+/// ([`handshake::NOMAD_MAGIC_COOKIE_KEY`], as a Nomad agent starts every binary in its
+/// `plugin_dir`) it speaks Nomad's driver protocol instead, app protocol 2: Nomad's
+/// `BasePlugin` and `Driver` services translated to the same `driver` (what maps and
+/// what does not: docs/plugin-authoring.md, "Your driver in a Nomad agent";
+/// [`drover_task_id`]; [`crate::LogMode::Direct`]). Drover's cookie wins when both are
+/// set. It logs JSON lines to stderr, binds a unix socket (mode 0600
 /// in a fresh 0700 directory), serves health, go-plugin's controller/stdio/broker and
 /// Drover's BasePlugin and Driver services, prints the handshake line, ignores SIGINT,
 /// and exits when the host calls `GRPCController.Shutdown` or sends SIGTERM.
@@ -134,16 +144,17 @@ pub enum ServeError {
 /// }
 /// ```
 pub fn serve<D: DriverPlugin>(driver: D) -> ! {
-    if std::env::var(handshake::MAGIC_COOKIE_KEY).as_deref() != Ok(handshake::MAGIC_COOKIE_VALUE) {
+    let Some(protocol) = Protocol::from_env() else {
         let name = std::env::args()
             .next()
             .unwrap_or_else(|| "this program".into());
         eprintln!(
-            "{name} is a Drover plugin. It is not meant to be run by hand: put it in the \
-             agent's plugin_dir and the Drover agent will start it."
+            "{name} is a Drover plugin. It is not meant to be run by hand: put it in a \
+             Drover agent's plugin_dir (or a Nomad agent's: it speaks Nomad's driver \
+             protocol too) and the agent will start it."
         );
         std::process::exit(1);
-    }
+    };
     crate::logging::init_plugin_logging();
     set_process_name();
     // One thread: a plugin is I/O-bound control-plane code. No worker threads to start
@@ -153,7 +164,7 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime);
-    let code = match runtime.and_then(|rt| rt.block_on(serve_async(driver))) {
+    let code = match runtime.and_then(|rt| rt.block_on(serve_async(driver, protocol))) {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!("{e}");
@@ -162,6 +173,42 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// Which host started the plugin, told by the magic cookie in its environment.
+///
+/// Drover's cookie wins when both are set: a Drover host sets both and offers app
+/// protocols `1,2`, so that one launch tells it what a binary speaks; a binary on
+/// this SDK then answers as a Drover plugin, exactly as it always did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// `drover.plugin.v1`, app protocol 1.
+    Drover,
+    /// Nomad's `hashicorp.nomad.plugins.*`, app protocol 2 (see `server/nomad.rs`).
+    Nomad,
+}
+
+impl Protocol {
+    fn from_env() -> Option<Protocol> {
+        let has = |key, value| std::env::var(key).as_deref() == Ok(value);
+        if has(handshake::MAGIC_COOKIE_KEY, handshake::MAGIC_COOKIE_VALUE) {
+            Some(Protocol::Drover)
+        } else if has(
+            handshake::NOMAD_MAGIC_COOKIE_KEY,
+            handshake::NOMAD_MAGIC_COOKIE_VALUE,
+        ) {
+            Some(Protocol::Nomad)
+        } else {
+            None
+        }
+    }
+
+    fn app_protocol_versions(self) -> &'static [u32] {
+        match self {
+            Protocol::Drover => handshake::APP_PROTOCOL_VERSIONS,
+            Protocol::Nomad => &[handshake::NOMAD_APP_PROTOCOL_VERSION],
+        }
+    }
 }
 
 /// Name the process after its binary. A host that runs the checked file through its
@@ -244,10 +291,10 @@ fn transport_from_env() -> Result<(ServerTransport, Option<String>, Option<bool>
     Ok((transport, server_cert, multiplex_field))
 }
 
-async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
+async fn serve_async<D: DriverPlugin>(driver: D, protocol: Protocol) -> Result<(), ServeError> {
     let (transport, server_cert, multiplex_grpc) = transport_from_env()?;
     let app_version = handshake::negotiate_app_protocol(
-        handshake::APP_PROTOCOL_VERSIONS,
+        protocol.app_protocol_versions(),
         std::env::var(handshake::ENV_PROTOCOL_VERSIONS)
             .ok()
             .as_deref(),
@@ -273,7 +320,10 @@ async fn serve_async<D: DriverPlugin>(driver: D) -> Result<(), ServeError> {
 
     let stop = CancellationToken::new();
     let driver = Arc::new(driver);
-    let router = plugin_router(driver.clone(), stop.clone()).await;
+    let router = match protocol {
+        Protocol::Drover => plugin_router(driver.clone(), stop.clone()).await,
+        Protocol::Nomad => nomad_router(driver.clone(), stop.clone()).await,
+    };
     let connections = Arc::new(AtomicUsize::new(0));
     let counter = connections.clone();
     let incoming = crate::transport::accept_loop(
@@ -323,6 +373,33 @@ pub(crate) async fn plugin_router<D: DriverPlugin>(
     driver: Arc<D>,
     stop: CancellationToken,
 ) -> tonic::transport::server::Router {
+    goplugin_router(stop.clone())
+        .await
+        .add_service(
+            pb::base_plugin_server::BasePluginServer::new(BaseService(driver.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        )
+        .add_service(
+            pb::driver_server::DriverServer::new(DriverService(driver, stop))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        )
+}
+
+/// What a Nomad agent talks to: go-plugin's services and Nomad's BasePlugin and Driver
+/// over `driver`.
+async fn nomad_router<D: DriverPlugin>(
+    driver: Arc<D>,
+    stop: CancellationToken,
+) -> tonic::transport::server::Router {
+    let router = goplugin_router(stop.clone()).await;
+    nomad::add_services(router, driver, stop)
+}
+
+/// go-plugin's own services: health ("plugin" serving), controller (its Shutdown
+/// cancels `stop`), stdio and broker.
+async fn goplugin_router(stop: CancellationToken) -> tonic::transport::server::Router {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status("plugin", tonic_health::ServingStatus::Serving)
@@ -336,18 +413,8 @@ pub(crate) async fn plugin_router<D: DriverPlugin>(
             stop: stop.clone(),
         }))
         .add_service(goplugin::grpc_broker_server::GrpcBrokerServer::new(
-            Broker { stop: stop.clone() },
+            Broker { stop },
         ))
-        .add_service(
-            pb::base_plugin_server::BasePluginServer::new(BaseService(driver.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
-        .add_service(
-            pb::driver_server::DriverServer::new(DriverService(driver, stop))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
 }
 
 /// `DriverPlugin::shutdown`, bounded to 1 s, a panic in it logged and contained.
@@ -574,6 +641,107 @@ impl goplugin::grpc_broker_server::GrpcBroker for Broker {
     }
 }
 
+/// The fingerprint stream of either protocol: `driver.fingerprint()` now and every
+/// `fingerprint_interval`, sent (as `map` makes it) when it changed and at least every
+/// [`FINGERPRINT_HEARTBEAT`]; it ends when the plugin stops.
+fn fingerprint_stream<D: DriverPlugin, T: Send + 'static>(
+    driver: Arc<D>,
+    stop: CancellationToken,
+    map: fn(crate::Fingerprint) -> T,
+) -> BoxStream<T> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut last = None;
+        let mut last_sent = Instant::now();
+        loop {
+            let fp = match contained("Fingerprint", driver.fingerprint()).await {
+                Ok(fp) => fp,
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            };
+            if last.as_ref() != Some(&fp) || last_sent.elapsed() >= FINGERPRINT_HEARTBEAT {
+                if tx.send(Ok(map(fp.clone()))).await.is_err() {
+                    return;
+                }
+                last_sent = Instant::now();
+                last = Some(fp);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(driver.fingerprint_interval()) => {}
+                () = tx.closed() => return,
+                // Dropping `tx` ends the stream: the host learns the plugin is going.
+                () = stop.cancelled() => return,
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The stats stream of either protocol: a sample of `task_id` every `interval` (at
+/// least 100 ms), as `map` makes it. The first sample answers the call, so an
+/// unsupported or unknown task fails the call itself.
+async fn stats_stream<D: DriverPlugin, T: Send + 'static>(
+    driver: Arc<D>,
+    task_id: String,
+    interval: Duration,
+    map: impl Fn(crate::TaskStats) -> T + Send + 'static,
+) -> Result<BoxStream<T>, Status> {
+    let interval = interval.max(Duration::from_millis(100));
+    let first = contained("TaskStats", driver.task_stats(&task_id)).await??;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut sample = Ok(first);
+        loop {
+            let msg = sample.map(&map).map_err(Status::from);
+            let failed = msg.is_err();
+            if tx.send(msg).await.is_err() || failed {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = tx.closed() => return,
+            }
+            sample = match contained("TaskStats", driver.task_stats(&task_id)).await {
+                Ok(sample) => sample,
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            };
+        }
+    });
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+/// The task event stream of either protocol, as `map` makes each event; a driver
+/// without events answers UNIMPLEMENTED, one that fell behind DATA_LOSS.
+fn events_stream<D: DriverPlugin, T: Send + 'static>(
+    driver: &D,
+    map: impl Fn(crate::TaskEvent) -> T + Send + 'static,
+) -> Result<BoxStream<T>, Status> {
+    let Some(mut events) = contained_sync("TaskEvents", || driver.task_events())? else {
+        return Err(DriverError::Unimplemented("TaskEvents".into()).into());
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let msg = match events.recv().await {
+                Ok(e) => Ok(map(e)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    Err(Status::data_loss(format!("{n} task events were dropped")))
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
 fn schema_json<T: schemars::JsonSchema>() -> String {
     serde_json::to_string(&schemars::schema_for!(T)).unwrap_or_else(|_| "{}".into())
 }
@@ -656,37 +824,10 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         &self,
         _: Request<pb::FingerprintRequest>,
     ) -> Result<Response<Self::FingerprintStream>, Status> {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let driver = self.0.clone();
-        let stop = self.1.clone();
-        tokio::spawn(async move {
-            let mut last = None;
-            let mut last_sent = Instant::now();
-            loop {
-                let fp = match contained("Fingerprint", driver.fingerprint()).await {
-                    Ok(fp) => fp,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
-                };
-                if last.as_ref() != Some(&fp) || last_sent.elapsed() >= FINGERPRINT_HEARTBEAT {
-                    if tx.send(Ok(fp.clone().into())).await.is_err() {
-                        return;
-                    }
-                    last_sent = Instant::now();
-                    last = Some(fp);
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(driver.fingerprint_interval()) => {}
-                    () = tx.closed() => return,
-                    // Dropping `tx` ends the stream: the host learns the plugin is going.
-                    () = stop.cancelled() => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok(Response::new(fingerprint_stream(
+            self.0.clone(),
+            self.1.clone(),
+            pb::FingerprintResponse::from,
         )))
     }
 
@@ -790,37 +931,12 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         let interval = from_duration(req.interval)
             .unwrap_or(Duration::from_secs(1))
             .max(Duration::from_millis(100));
-        // The first sample answers the call, so an unsupported or unknown task fails it.
-        let first = contained("TaskStats", self.0.task_stats(&req.task_id)).await??;
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let driver = self.0.clone();
         let task_id = req.task_id;
-        tokio::spawn(async move {
-            let mut sample = Ok(first);
-            loop {
-                let msg = sample
-                    .map(|s| s.into_pb(task_id.clone()))
-                    .map_err(Status::from);
-                let failed = msg.is_err();
-                if tx.send(msg).await.is_err() || failed {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(interval) => {}
-                    () = tx.closed() => return,
-                }
-                sample = match contained("TaskStats", driver.task_stats(&task_id)).await {
-                    Ok(sample) => sample,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
-                };
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        let stream = stats_stream(self.0.clone(), task_id.clone(), interval, move |s| {
+            s.into_pb(task_id.clone())
+        })
+        .await?;
+        Ok(Response::new(stream))
     }
 
     type TaskEventsStream = BoxStream<pb::DriverTaskEvent>;
@@ -829,27 +945,10 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         &self,
         _: Request<pb::TaskEventsRequest>,
     ) -> Result<Response<Self::TaskEventsStream>, Status> {
-        let Some(mut events) = contained_sync("TaskEvents", || self.0.task_events())? else {
-            return Err(DriverError::Unimplemented("TaskEvents".into()).into());
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let msg = match events.recv().await {
-                    Ok(e) => Ok(e.into()),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        Err(Status::data_loss(format!("{n} task events were dropped")))
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                };
-                if tx.send(msg).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(events_stream(
+            self.0.as_ref(),
+            pb::DriverTaskEvent::from,
+        )?))
     }
 
     async fn exec_task(

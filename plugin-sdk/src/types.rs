@@ -255,7 +255,37 @@ impl Resources {
     }
 }
 
-/// Log rotation limits for a task's stdout and stderr.
+/// Where a task's stdout and stderr paths lead: how [`crate::logs::RotatingWriter`]
+/// writes them.
+///
+/// A Drover agent always asks for [`LogMode::Rotate`]. A Nomad agent (see
+/// [`crate::server`], "Nomad's protocol") hands the driver the paths of two FIFOs that
+/// its own `logmon` process reads and rotates: the SDK then sets [`LogMode::Direct`],
+/// and the driver's output goes into those FIFOs as it is.
+///
+/// ```
+/// use drover_plugin_sdk::{LogConfig, LogMode};
+/// assert_eq!(LogConfig::default().mode, LogMode::Rotate);
+/// assert_eq!(LogConfig::default().with_mode(LogMode::Direct).mode, LogMode::Direct);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum LogMode {
+    /// The path is the base of numbered, size- and count-capped files
+    /// (`<path>.0`, `<path>.1`, …) that the driver writes and rotates.
+    #[default]
+    Rotate,
+    /// The path is one FIFO (or file) that someone else reads and rotates: the driver
+    /// writes to it as it is, never renames, caps or deletes it. It is opened
+    /// write-only without following a link; a FIFO with no reader yet is waited for
+    /// (up to [`crate::logs::DIRECT_OPEN_TIMEOUT`]); a missing path is created as a
+    /// regular 0600 file; anything else (a directory, a device, a socket) is refused.
+    /// The limits of [`LogConfig`] do not apply.
+    Direct,
+}
+
+/// How a task's stdout and stderr are written: rotation limits, or [`LogMode::Direct`].
 ///
 /// ```
 /// let l = drover_plugin_sdk::LogConfig::default();
@@ -271,6 +301,9 @@ pub struct LogConfig {
     pub max_files: u32,
     /// Size of one file in MiB.
     pub max_file_size_mb: u32,
+    /// Whether the paths are rotated files' base (the default) or FIFOs/files to
+    /// write as they are.
+    pub mode: LogMode,
 }
 
 impl Default for LogConfig {
@@ -285,7 +318,13 @@ impl LogConfig {
         LogConfig {
             max_files,
             max_file_size_mb,
+            mode: LogMode::Rotate,
         }
+    }
+    /// With [`LogConfig::mode`] set.
+    pub fn with_mode(mut self, mode: LogMode) -> Self {
+        self.mode = mode;
+        self
     }
     /// With [`LogConfig::max_files`] set.
     pub fn with_max_files(mut self, max_files: u32) -> Self {
@@ -324,7 +363,9 @@ pub struct TaskSpec {
     pub task_dir: PathBuf,
     /// Base path of the task's stdout files (empty: discarded). The driver writes
     /// `<stdout_path>.0`, `.1`, … with [`crate::logs::RotatingWriter`] under the
-    /// limits in [`TaskSpec::logs`].
+    /// limits in [`TaskSpec::logs`]; when its [`LogConfig::mode`] is
+    /// [`LogMode::Direct`] (under a Nomad agent), this path is a FIFO written as it is,
+    /// which [`crate::logs::RotatingWriter::open`] does by itself.
     pub stdout_path: PathBuf,
     /// Base path of the task's stderr files, like [`TaskSpec::stdout_path`].
     pub stderr_path: PathBuf,
@@ -1062,10 +1103,7 @@ impl From<pb::TaskConfig> for TaskSpec {
             stderr_path: c.stderr_path.into(),
             logs: c
                 .logs
-                .map(|l| LogConfig {
-                    max_files: l.max_files,
-                    max_file_size_mb: l.max_file_size_mb,
-                })
+                .map(|l| LogConfig::new(l.max_files, l.max_file_size_mb))
                 .unwrap_or_default(),
             driver_config_json: c.driver_config_json,
             user: c.user,

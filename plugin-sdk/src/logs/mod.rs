@@ -33,10 +33,94 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::LogConfig;
 use crate::taskdir::{Dir, OpenOptions};
+use crate::{LogConfig, LogMode};
 
 const MIB: u64 = 1024 * 1024;
+
+/// How long [`RotatingWriter::open`] waits, in [`LogMode::Direct`], for a FIFO to get a
+/// reader (a Nomad agent's `logmon` opens it just before the task starts). Past it the
+/// open fails with an error naming the FIFO, rather than hanging the start forever.
+///
+/// ```
+/// assert_eq!(drover_plugin_sdk::logs::DIRECT_OPEN_TIMEOUT.as_secs(), 30);
+/// ```
+pub const DIRECT_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Open `name` in `dir` for [`LogMode::Direct`]: write-only, never through a symbolic
+/// link, created 0600 as a regular file when missing; a FIFO or a regular file with one
+/// name, nothing else.
+/// `wait` bounds the wait for a FIFO's reader (`None`: do not wait).
+fn open_direct(dir: &Dir, name: &OsStr, wait: Option<std::time::Duration>) -> io::Result<File> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let flags = OFlags::WRONLY
+        | OFlags::APPEND
+        | OFlags::CREATE
+        | OFlags::NOFOLLOW
+        | OFlags::NONBLOCK
+        | OFlags::CLOEXEC
+        | OFlags::NOCTTY;
+    let deadline = wait.map(|w| std::time::Instant::now() + w);
+    let path = || dir.path().join(name);
+    let fd = loop {
+        match rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(LOG_FILE_MODE)) {
+            Ok(fd) => break fd,
+            // A FIFO nobody reads yet.
+            Err(rustix::io::Errno::NXIO)
+                if deadline.is_some_and(|d| std::time::Instant::now() < d) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(rustix::io::Errno::NXIO) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{}: no process reads this FIFO", path().display()),
+                ));
+            }
+            Err(rustix::io::Errno::LOOP) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{}: is a symbolic link; refused", path().display()),
+                ));
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("{}: {e}", path().display()),
+                ));
+            }
+        }
+    };
+    let stat = rustix::fs::fstat(&fd)?;
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Fifo => {}
+        // A second name may be one the task planted for a file it must not write
+        // (the log directory is the allocation's, which tasks can write).
+        FileType::RegularFile if stat.st_nlink > 1 => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: has {} names (a hard link); refused",
+                    path().display(),
+                    stat.st_nlink
+                ),
+            ));
+        }
+        FileType::RegularFile => {}
+        other => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: is a {other:?}, not a FIFO or a file; refused",
+                    path().display()
+                ),
+            ));
+        }
+    }
+    // Writes block as a pipe's do: the executor polls the task's pipes, not this one.
+    rustix::fs::fcntl_setfl(&fd, OFlags::APPEND)?;
+    Ok(File::from(fd))
+}
 
 /// Mode of the log files a [`RotatingWriter`] creates: the agent's user reads them, and
 /// no one else (the task's user included).
@@ -171,11 +255,33 @@ pub struct RotatingWriter {
     index: u64,
     written: u64,
     file: File,
+    /// [`LogMode::Direct`]: `stem` is the one FIFO or file, never rotated.
+    direct: bool,
 }
 
 impl RotatingWriter {
     /// Open the stream at `base` with `limits` (a zero limit counts as 1). `base`'s
     /// directory must exist and must not be a symbolic link.
+    ///
+    /// With [`LogMode::Direct`] in `limits`, `base` itself is opened (see
+    /// [`LogMode::Direct`]; this may wait up to [`DIRECT_OPEN_TIMEOUT`] for a FIFO's
+    /// reader) and every write goes there unchanged:
+    ///
+    /// ```
+    /// use drover_plugin_sdk::{LogConfig, LogMode, logs::RotatingWriter};
+    /// use std::io::Write as _;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let fifo = dir.path().join("stdout.fifo");
+    /// assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    /// let reader = std::thread::spawn({
+    ///     let fifo = fifo.clone();
+    ///     move || std::fs::read(fifo).unwrap()
+    /// });
+    /// let mut w = RotatingWriter::open(&fifo, LogConfig::default().with_mode(LogMode::Direct)).unwrap();
+    /// w.write_all(b"as it is\n").unwrap();
+    /// drop(w);
+    /// assert_eq!(reader.join().unwrap(), b"as it is\n");
+    /// ```
     pub fn open(base: &Path, limits: LogConfig) -> io::Result<Self> {
         let (dir, stem) = split(base)?;
         Self::open_in(Dir::open(dir)?, stem, limits)
@@ -193,6 +299,19 @@ impl RotatingWriter {
     /// assert_eq!(std::fs::read(tmp.path().join("logs/stderr.0")).unwrap(), b"oops\n");
     /// ```
     pub fn open_in(dir: Dir, stem: &OsStr, limits: LogConfig) -> io::Result<Self> {
+        if limits.mode == LogMode::Direct {
+            let file = open_direct(&dir, stem, Some(DIRECT_OPEN_TIMEOUT))?;
+            return Ok(RotatingWriter {
+                dir,
+                stem: stem.to_owned(),
+                max_files: 1,
+                max_size: u64::MAX,
+                index: 0,
+                written: 0,
+                file,
+                direct: true,
+            });
+        }
         let files = log_files_in(&dir, stem)?;
         let index = files.last().map_or(0, |(i, _)| *i);
         let file = dir.open_file(part(stem, index), &append())?;
@@ -205,6 +324,7 @@ impl RotatingWriter {
             index,
             written,
             file,
+            direct: false,
         };
         w.prune()?;
         Ok(w)
@@ -242,6 +362,22 @@ impl RotatingWriter {
         self.prune()
     }
 
+    /// [`LogMode::Direct`]: write as it is. A write while no one reads the FIFO (Nomad's
+    /// `logmon` restarting) fails with `BrokenPipe`; the FIFO is then opened again once,
+    /// without waiting, and the write retried, and if there is still no reader the error
+    /// is the caller's (the executor drops that output and notes it once). Once a new
+    /// reader opens the FIFO, writes go on.
+    fn write_direct(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.file.write(buf) {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+                self.file = open_direct(&self.dir, &self.stem, None)?;
+                self.file.write(buf)
+            }
+            other => other,
+        }
+        .inspect(|n| self.written = self.written.saturating_add(*n as u64))
+    }
+
     /// Delete the oldest files beyond `max_files`.
     fn prune(&mut self) -> io::Result<()> {
         let oldest_kept = self.index.saturating_add(1).saturating_sub(self.max_files);
@@ -262,6 +398,9 @@ impl Write for RotatingWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
+        }
+        if self.direct {
+            return self.write_direct(buf);
         }
         if self.written >= self.max_size {
             self.rotate()?;
@@ -344,10 +483,100 @@ mod tests {
     use super::*;
 
     fn limits(files: u32) -> LogConfig {
-        LogConfig {
-            max_files: files,
-            max_file_size_mb: 1,
-        }
+        LogConfig::new(files, 1)
+    }
+
+    fn direct() -> LogConfig {
+        LogConfig::default().with_mode(LogMode::Direct)
+    }
+
+    fn mkfifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn direct_mode_writes_the_path_as_it_is_and_never_rotates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let mut w = RotatingWriter::open(&path, direct().with_max_file_size_mb(1)).unwrap();
+        w.write_all(&vec![b'a'; 2 * MIB as usize]).unwrap();
+        drop(w);
+        assert_eq!(file_len(&path), 2 * MIB, "no cap, no rotation");
+        assert!(log_files(&path).unwrap().is_empty(), "no numbered files");
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            LOG_FILE_MODE
+        );
+    }
+
+    #[test]
+    fn direct_mode_refuses_links_and_other_kinds_of_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "keep\n").unwrap();
+        let link = dir.path().join("symlink");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = RotatingWriter::open(&link, direct()).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let hard = dir.path().join("hardlink");
+        std::fs::hard_link(&target, &hard).unwrap();
+        let e = RotatingWriter::open(&hard, direct()).unwrap_err();
+        assert!(e.to_string().contains("hard link"), "{e}");
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(RotatingWriter::open(&sub, direct()).is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep\n");
+    }
+
+    #[test]
+    fn direct_mode_gives_up_on_a_fifo_nobody_reads_and_reopens_one_whose_reader_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("stdout.fifo");
+        mkfifo(&fifo);
+        let d = Dir::open(dir.path()).unwrap();
+        let e = open_direct(
+            &d,
+            OsStr::new("stdout.fifo"),
+            Some(std::time::Duration::from_millis(50)),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("no process reads"), "{e}");
+
+        // A reader comes, goes, and a new one comes (Nomad's logmon restarted).
+        // A blocking O_RDONLY open waits for a writer: open the readers non-blocking.
+        let open_reader = || {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+                .open(&fifo)
+                .unwrap()
+        };
+        let reader = open_reader();
+        let mut w = RotatingWriter::open(&fifo, direct()).unwrap();
+        w.write_all(b"one\n").unwrap();
+        drop(reader);
+        // Nobody reads: the write fails at once (no hang, no SIGPIPE death).
+        let e = w.write_all(b"lost\n").unwrap_err();
+        assert!(
+            e.kind() == io::ErrorKind::BrokenPipe || e.to_string().contains("no process reads"),
+            "{e}"
+        );
+        let mut again = open_reader();
+        w.write_all(b"two\n").unwrap();
+        drop(w);
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut again, &mut got).unwrap();
+        assert_eq!(got, "one\ntwo\n", "what the pipe held, then the new output");
     }
 
     #[test]
