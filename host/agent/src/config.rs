@@ -96,7 +96,7 @@ fn bad_env_name(name: &str) -> Option<&'static str> {
     }
     if name.starts_with("PLUGIN_")
         || name == drover_plugin_sdk::handshake::MAGIC_COOKIE_KEY
-        || name == drover_plugin_sdk::client::NOMAD_MAGIC_COOKIE_KEY
+        || name == drover_plugin_sdk::handshake::NOMAD_MAGIC_COOKIE_KEY
     {
         return Some(
             "is a go-plugin handshake variable, which the agent sets itself for every plugin",

@@ -17,10 +17,7 @@ mod reattach;
 mod reattach_tls;
 
 pub use inproc::{InProcessLibrary, InProcessOptions, InProcessPlugin, LoadError, sealed_copy};
-pub use nomad::{
-    NOMAD_APP_PROTOCOL, NOMAD_DRIVER_API_REQ, NOMAD_MAGIC_COOKIE_KEY, NOMAD_MAGIC_COOKIE_VALUE,
-    NomadHostOptions,
-};
+pub use nomad::{NOMAD_DRIVER_API_REQ, NomadHostOptions};
 
 pub use process::{
     HostEnv, LaunchError, LaunchOptions, PluginProcess, SHUTDOWN_GRACE,
@@ -96,7 +93,7 @@ pub enum PluginProtocol {
 impl PluginProtocol {
     /// The protocol of a handshake's app protocol version.
     pub fn from_app_protocol(version: u32) -> Self {
-        if version == NOMAD_APP_PROTOCOL {
+        if version == crate::handshake::NOMAD_APP_PROTOCOL_VERSION {
             PluginProtocol::Nomad
         } else {
             PluginProtocol::Drover

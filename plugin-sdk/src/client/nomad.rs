@@ -49,14 +49,6 @@ use crate::types::{
 
 use super::{PluginIdentity, PluginKind, PluginProtocol};
 
-/// Environment key of Nomad's plugin magic cookie.
-pub const NOMAD_MAGIC_COOKIE_KEY: &str = "NOMAD_PLUGIN_MAGIC_COOKIE";
-/// Value of Nomad's plugin magic cookie.
-pub const NOMAD_MAGIC_COOKIE_VALUE: &str =
-    "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e91a7255";
-/// The go-plugin app protocol version of Nomad's plugins.
-pub const NOMAD_APP_PROTOCOL: u32 = 2;
-
 /// Nomad driver API versions this bridge speaks (Nomad 0.9's plugins say "0.1.0",
 /// later ones "v0.1.0").
 const NOMAD_DRIVER_API: &str = "0.1.0";

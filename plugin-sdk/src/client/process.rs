@@ -118,8 +118,8 @@ impl LaunchOptions {
     /// Nomad plugins are accepted.
     fn offered_app_protocols(&self) -> Vec<u32> {
         let mut v = self.app_protocol_versions.clone();
-        if self.nomad.is_some() && !v.contains(&super::NOMAD_APP_PROTOCOL) {
-            v.push(super::NOMAD_APP_PROTOCOL);
+        if self.nomad.is_some() && !v.contains(&handshake::NOMAD_APP_PROTOCOL_VERSION) {
+            v.push(handshake::NOMAD_APP_PROTOCOL_VERSION);
         }
         v
     }
@@ -197,8 +197,8 @@ fn launch_env_over(
     ];
     if opts.nomad.is_some() {
         handshake_env.push((
-            super::NOMAD_MAGIC_COOKIE_KEY.into(),
-            super::NOMAD_MAGIC_COOKIE_VALUE.into(),
+            handshake::NOMAD_MAGIC_COOKIE_KEY.into(),
+            handshake::NOMAD_MAGIC_COOKIE_VALUE.into(),
         ));
     }
     if let Some(pem) = client_cert {
@@ -218,7 +218,7 @@ fn launch_env_over(
         let k = k.as_encoded_bytes();
         !k.starts_with(b"PLUGIN_")
             && k != handshake::MAGIC_COOKIE_KEY.as_bytes()
-            && k != super::NOMAD_MAGIC_COOKIE_KEY.as_bytes()
+            && k != handshake::NOMAD_MAGIC_COOKIE_KEY.as_bytes()
     });
     for (k, v) in inherited
         .chain(opts.env.iter().cloned())
@@ -957,7 +957,7 @@ impl PluginProcess {
         let within = opts.socket_dir.clone().unwrap_or_else(std::env::temp_dir);
         let exit = watch_exit(child, established.line.addr.clone(), within);
         let nomad = match (&opts.nomad, established.line.app_protocol_version) {
-            (Some(host), super::NOMAD_APP_PROTOCOL) => {
+            (Some(host), handshake::NOMAD_APP_PROTOCOL_VERSION) => {
                 Some(Arc::new(super::nomad::NomadBridge::new(
                     opts.name.clone(),
                     established.channel.clone(),

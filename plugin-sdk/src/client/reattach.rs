@@ -225,8 +225,8 @@ pub(super) async fn reattach_inner(
 ) -> Result<PluginProcess, ReattachError> {
     let pid = config.pid;
     let nomad_host = match (config.app_protocol_version, nomad_host) {
-        (super::NOMAD_APP_PROTOCOL, Some(h)) => Some(h),
-        (super::NOMAD_APP_PROTOCOL, None) => {
+        (handshake::NOMAD_APP_PROTOCOL_VERSION, Some(h)) => Some(h),
+        (handshake::NOMAD_APP_PROTOCOL_VERSION, None) => {
             return Err(ReattachError::Identity(format!(
                 "pid {pid} speaks Nomad's driver protocol and this host was not set up to \
                  run Nomad plugins"

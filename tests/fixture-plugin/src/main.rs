@@ -11,7 +11,12 @@
 //!     (long enough for a loaded machine to finish the handshake first);
 //!   - `rawexec`: the real rawexec driver, named `FIXTURE_NAME` (default `rawexec`) at
 //!     `FIXTURE_VERSION` (a "newer rawexec" for the hot-upgrade tests);
-//!   - `rawexec-bad-config`: the same, refusing every `SetConfig`.
+//!   - `rawexec-bad-config`: the same, refusing every `SetConfig`;
+//!   - `hang-fingerprint`: a normal plugin whose first fingerprint never comes.
+//!
+//!   Started with Nomad's cookie and without Drover's, any mode speaks Nomad's driver
+//!   protocol (the SDK's `serve`): a test's wrapper script that unsets
+//!   `DROVER_PLUGIN_MAGIC_COOKIE` makes a misbehaving Nomad driver of it.
 //! - `FIXTURE_RECOVER_ACCEPT=N` (rawexec modes): recover only the first N tasks
 //!   handed over, refuse every later `RecoverTask` with `InvalidConfig`.
 //! - `FIXTURE_RECOVER_CRASH=N` (rawexec modes): abort on every `RecoverTask` after
@@ -47,6 +52,8 @@ struct FixtureTaskConfig {
 #[derive(Default)]
 struct Fixture {
     tasks: Mutex<HashMap<String, i32>>,
+    /// `FIXTURE_MODE=hang-fingerprint`.
+    hang_fingerprint: bool,
 }
 
 impl Fixture {
@@ -83,6 +90,10 @@ impl DriverPlugin for Fixture {
     }
 
     async fn fingerprint(&self) -> Fingerprint {
+        if self.hang_fingerprint {
+            // A driver stuck in its health check: the first fingerprint never comes.
+            std::future::pending::<()>().await;
+        }
         Fingerprint::healthy("fixture ready")
     }
 
@@ -176,6 +187,10 @@ fn main() {
             });
             drover_plugin_sdk::serve(Fixture::default())
         }
+        "hang-fingerprint" => drover_plugin_sdk::serve(Fixture {
+            hang_fingerprint: true,
+            ..Fixture::default()
+        }),
         _ => drover_plugin_sdk::serve(Fixture::default()),
     }
 }
