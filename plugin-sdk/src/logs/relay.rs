@@ -526,6 +526,8 @@ pub fn spawn_relay(
     cmd.args(args)
         .env_clear()
         .env(ENV_RELAY, wire)
+        // Holding no directory (a mount) busy for as long as the task runs.
+        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -586,7 +588,14 @@ fn read_verdict(ready: OwnedFd, program: &Path) -> io::Result<RelayProcess> {
         }
         match rustix::io::read(&ready, &mut buf) {
             Ok(0) => break,
-            Ok(n) if said.len() < 16 * 1024 => said.extend_from_slice(&buf[..n]),
+            Ok(n) if said.len() < 16 * 1024 => {
+                said.extend_from_slice(&buf[..n]);
+                // Done once it has said: a process forked meanwhile by another
+                // thread may hold a copy of the write end until it execs.
+                if said.ends_with(b"\n") && has_verdict(&said) {
+                    break;
+                }
+            }
             Ok(_) => break,
             Err(Errno::INTR | Errno::AGAIN) => continue,
             Err(e) => return Err(e.into()),
@@ -601,6 +610,12 @@ fn read_verdict(ready: OwnedFd, program: &Path) -> io::Result<RelayProcess> {
             program.display()
         ))),
     }
+}
+
+/// Whether `said` holds `ok` or `err …` (the relay's last word).
+fn has_verdict(said: &[u8]) -> bool {
+    said.split(|&b| b == b'\n')
+        .any(|line| line == b"ok" || line.starts_with(b"err "))
 }
 
 /// The relay named in `said`, and whether it said it is ready (`Err` with its reason,
@@ -844,6 +859,11 @@ impl Relay {
             nix::sys::signal::SaFlags::SA_RESTART,
             nix::sys::signal::SigSet::empty(),
         );
+        // The signal mask survives exec: the host may have blocked SIGTERM in the
+        // thread that started this process.
+        nix::sys::signal::SigSet::from(nix::sys::signal::Signal::SIGTERM)
+            .thread_unblock()
+            .map_err(io::Error::from)?;
         // SAFETY: the handler only loads an atomic and calls write(2).
         #[allow(unsafe_code)]
         let installed =
