@@ -506,7 +506,12 @@ fn parse_stat(text: &str) -> Option<(char, u64)> {
 /// thing (the host's own binary: `std::env::current_exe()`). The relay is forked
 /// twice (no caller has to reap it, and it is in nobody's process group), runs in its
 /// own session, with stdin, stdout and stderr on `/dev/null` and an environment that
-/// holds nothing but [`ENV_RELAY`].
+/// holds nothing but [`ENV_RELAY`]. (So what goes wrong once it runs, a log write that
+/// fails, is not reported anywhere; the bytes concerned are dropped and the relay goes
+/// on reading, so that the task never blocks on a full pipe.)
+///
+/// This blocks until the relay has answered (at most 20 seconds): in async code, call
+/// it from `spawn_blocking`.
 ///
 /// See the [module docs](self) for a complete example.
 pub fn spawn_relay(
