@@ -506,7 +506,12 @@ fn parse_stat(text: &str) -> Option<(char, u64)> {
 /// thing (the host's own binary: `std::env::current_exe()`). The relay is forked
 /// twice (no caller has to reap it, and it is in nobody's process group), runs in its
 /// own session, with stdin, stdout and stderr on `/dev/null` and an environment that
-/// holds nothing but [`ENV_RELAY`].
+/// holds nothing but [`ENV_RELAY`]. (So what goes wrong once it runs, a log write that
+/// fails, is not reported anywhere; the bytes concerned are dropped and the relay goes
+/// on reading, so that the task never blocks on a full pipe.)
+///
+/// This blocks until the relay has answered (at most 20 seconds): in async code, call
+/// it from `spawn_blocking`.
 ///
 /// See the [module docs](self) for a complete example.
 pub fn spawn_relay(
@@ -526,6 +531,8 @@ pub fn spawn_relay(
     cmd.args(args)
         .env_clear()
         .env(ENV_RELAY, wire)
+        // Holding no directory (a mount) busy for as long as the task runs.
+        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -586,7 +593,14 @@ fn read_verdict(ready: OwnedFd, program: &Path) -> io::Result<RelayProcess> {
         }
         match rustix::io::read(&ready, &mut buf) {
             Ok(0) => break,
-            Ok(n) if said.len() < 16 * 1024 => said.extend_from_slice(&buf[..n]),
+            Ok(n) if said.len() < 16 * 1024 => {
+                said.extend_from_slice(&buf[..n]);
+                // Done once it has said: a process forked meanwhile by another
+                // thread may hold a copy of the write end until it execs.
+                if said.ends_with(b"\n") && has_verdict(&said) {
+                    break;
+                }
+            }
             Ok(_) => break,
             Err(Errno::INTR | Errno::AGAIN) => continue,
             Err(e) => return Err(e.into()),
@@ -601,6 +615,12 @@ fn read_verdict(ready: OwnedFd, program: &Path) -> io::Result<RelayProcess> {
             program.display()
         ))),
     }
+}
+
+/// Whether `said` holds `ok` or `err …` (the relay's last word).
+fn has_verdict(said: &[u8]) -> bool {
+    said.split(|&b| b == b'\n')
+        .any(|line| line == b"ok" || line.starts_with(b"err "))
 }
 
 /// The relay named in `said`, and whether it said it is ready (`Err` with its reason,
@@ -844,6 +864,11 @@ impl Relay {
             nix::sys::signal::SaFlags::SA_RESTART,
             nix::sys::signal::SigSet::empty(),
         );
+        // The signal mask survives exec: the host may have blocked SIGTERM in the
+        // thread that started this process.
+        nix::sys::signal::SigSet::from(nix::sys::signal::Signal::SIGTERM)
+            .thread_unblock()
+            .map_err(io::Error::from)?;
         // SAFETY: the handler only loads an atomic and calls write(2).
         #[allow(unsafe_code)]
         let installed =

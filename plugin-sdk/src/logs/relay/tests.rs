@@ -401,13 +401,24 @@ fn eof_of_both_streams_makes_it_exit_0() {
 }
 
 /// SIGTERM while a writer still holds the FIFO: what was written is drained into the
-/// files, and the relay exits 0.
+/// files, and the relay exits 0. It was started from a thread that blocks SIGTERM
+/// (the mask survives exec): the relay unblocks it.
 #[test]
 fn sigterm_drains_and_exits() {
     adopt_orphans();
     let tmp = tempfile::tempdir().unwrap();
     let layout = Layout::new(&tmp);
-    let relay = layout.spawn(LogConfig::new(2, 1)).unwrap();
+    let relay = std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sys::signal::SigSet::from(nix::sys::signal::Signal::SIGTERM)
+                .thread_block()
+                .unwrap();
+            layout.spawn(LogConfig::new(2, 1))
+        })
+        .join()
+        .unwrap()
+    })
+    .unwrap();
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .open(&layout.out_fifo)
