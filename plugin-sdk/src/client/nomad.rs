@@ -120,6 +120,18 @@ struct BridgeState {
 struct BridgeTask {
     relay: Option<RelayProcess>,
     fifos: Vec<PathBuf>,
+    /// Set once the task has exited and the plugin has been told to forget it: a Nomad
+    /// driver keeps an exited task's executor (raw_exec: a process of some MiB) until
+    /// `DestroyTask`, which a host may call much later or, across a plugin relaunch,
+    /// never usefully. The bridge answers for the task from here on.
+    ended: Option<Ended>,
+}
+
+/// What the bridge keeps of a task it has released from the plugin.
+#[derive(Debug, Clone)]
+struct Ended {
+    result: ExitResult,
+    status: TaskStatus,
 }
 
 /// A Nomad driver plugin seen through Drover's driver API. One per plugin process.
@@ -314,7 +326,7 @@ impl NomadBridge {
         let msgpack = hclspec::encode_msgpack(&task_spec, &value)
             .map_err(|e| spec_errors("task config", e))?;
         let (alloc_dir, name) = nomad_dirs(&spec)?;
-        let output = self.start_output(&spec)?;
+        let output = self.start_output(&spec).await?;
         let config = nd::TaskConfig {
             id: spec.id.clone(),
             name,
@@ -354,6 +366,7 @@ impl NomadBridge {
             BridgeTask {
                 relay: output.relay,
                 fifos: output.fifos,
+                ended: None,
             },
         );
         TaskHandle::new(spec, BRIDGE_STATE_VERSION, &state)
@@ -404,7 +417,7 @@ impl NomadBridge {
 
     /// The FIFOs and the relay for a start of `spec`; `/dev/null` for a stream the
     /// host does not keep.
-    fn start_output(&self, spec: &TaskSpec) -> Result<StartOutput, DriverError> {
+    async fn start_output(&self, spec: &TaskSpec) -> Result<StartOutput, DriverError> {
         let keep =
             !spec.stdout_path.as_os_str().is_empty() || !spec.stderr_path.as_os_str().is_empty();
         if !keep {
@@ -434,12 +447,27 @@ impl NomadBridge {
             stderr_base: spec.stderr_path.clone(),
             limits: spec.logs,
         };
-        let relay =
-            relay::spawn_relay(&self.host.relay_program, &self.host.relay_args, &relay_spec)
-                .map_err(|e| {
-                    remove_files(&fifos);
-                    DriverError::Internal(format!("cannot start the task's log relay: {e}"))
-                })?;
+        // Spawning waits for the relay to say it has the FIFOs open: blocking.
+        let (program, args) = (
+            self.host.relay_program.clone(),
+            self.host.relay_args.clone(),
+        );
+        let spawned =
+            tokio::task::spawn_blocking(move || relay::spawn_relay(&program, &args, &relay_spec))
+                .await
+                .map_err(DriverError::internal)
+                .and_then(|r| {
+                    r.map_err(|e| {
+                        DriverError::Internal(format!("cannot start the task's log relay: {e}"))
+                    })
+                });
+        let relay = match spawned {
+            Ok(r) => r,
+            Err(e) => {
+                remove_files(&fifos);
+                return Err(e);
+            }
+        };
         Ok(StartOutput {
             stdout,
             stderr,
@@ -449,20 +477,74 @@ impl NomadBridge {
     }
 
     /// `WaitTask`.
+    /// The exit of a task this bridge has released, if it has.
+    fn ended(&self, task_id: &str) -> Option<Ended> {
+        lock(&self.tasks).get(task_id).and_then(|t| t.ended.clone())
+    }
+
+    /// `WaitTask`. Once the task has exited, the plugin is told to forget it (its
+    /// executor goes) and the bridge answers for it until `destroy_task`.
     pub(crate) async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
-        let r = self
+        if let Some(e) = self.ended(task_id) {
+            return Ok(e.result);
+        }
+        let answer = self
             .driver()
             .wait_task(nd::WaitTaskRequest {
                 task_id: task_id.into(),
             })
             .await
-            .map_err(DriverError::from)?
-            .into_inner();
+            .map_err(DriverError::from);
+        let r = match answer {
+            Ok(r) => r.into_inner(),
+            // Another waiter released it meanwhile.
+            Err(e) => return self.ended(task_id).map(|e| e.result).ok_or(e),
+        };
         let mut result = r.result.map(exit_from_nomad).unwrap_or_default();
         if !r.err.is_empty() {
             result.err = Some(r.err);
         }
+        self.release(task_id, &result).await;
         Ok(result)
+    }
+
+    /// The task has exited: keep its last status, and have the plugin destroy it (and
+    /// its executor). Its FIFOs go; the relay ends by itself once the executor has
+    /// closed them. Only tasks this bridge started or recovered are released.
+    async fn release(&self, task_id: &str, result: &ExitResult) {
+        if !lock(&self.tasks)
+            .get(task_id)
+            .is_some_and(|t| t.ended.is_none())
+        {
+            return;
+        }
+        let status = match self.plugin_inspect(task_id).await {
+            Ok(s) => s,
+            Err(_) => TaskStatus::new(task_id, TaskState::Exited),
+        }
+        .with_exit_result(result.clone());
+        let destroyed = self
+            .driver()
+            .destroy_task(nd::DestroyTaskRequest {
+                task_id: task_id.into(),
+                force: false,
+            })
+            .await;
+        if let Err(e) = destroyed {
+            tracing::warn!(plugin = %self.name, task = task_id, error = %e.message(), "the driver did not forget an exited task");
+        }
+        let fifos = {
+            let mut tasks = lock(&self.tasks);
+            let Some(t) = tasks.get_mut(task_id) else {
+                return;
+            };
+            t.ended = Some(Ended {
+                result: result.clone(),
+                status,
+            });
+            std::mem::take(&mut t.fifos)
+        };
+        remove_files(&fifos);
     }
 
     /// `StopTask`.
@@ -472,6 +554,9 @@ impl NomadBridge {
         timeout: Duration,
         signal: Signal,
     ) -> Result<(), DriverError> {
+        if self.ended(task_id).is_some() {
+            return Ok(());
+        }
         self.driver()
             .stop_task(nd::StopTaskRequest {
                 task_id: task_id.into(),
@@ -485,13 +570,16 @@ impl NomadBridge {
 
     /// `DestroyTask`; then the relay drains and ends, and the FIFOs go.
     pub(crate) async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
-        self.driver()
-            .destroy_task(nd::DestroyTaskRequest {
-                task_id: task_id.into(),
-                force,
-            })
-            .await
-            .map_err(DriverError::from)?;
+        // A released task is gone from the plugin already.
+        if self.ended(task_id).is_none() {
+            self.driver()
+                .destroy_task(nd::DestroyTaskRequest {
+                    task_id: task_id.into(),
+                    force,
+                })
+                .await
+                .map_err(DriverError::from)?;
+        }
         let gone = lock(&self.tasks).remove(task_id);
         if let Some(task) = gone {
             if let Some(relay) = &task.relay
@@ -506,6 +594,13 @@ impl NomadBridge {
 
     /// `InspectTask`.
     pub(crate) async fn inspect_task(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
+        if let Some(e) = self.ended(task_id) {
+            return Ok(e.status);
+        }
+        self.plugin_inspect(task_id).await
+    }
+
+    async fn plugin_inspect(&self, task_id: &str) -> Result<TaskStatus, DriverError> {
         let r = self
             .driver()
             .inspect_task(nd::InspectTaskRequest {
@@ -557,6 +652,7 @@ impl NomadBridge {
             BridgeTask {
                 relay: state.relay,
                 fifos: state.fifos,
+                ended: None,
             },
         );
         Ok(())
@@ -568,6 +664,11 @@ impl NomadBridge {
         task_id: &str,
         signal: Signal,
     ) -> Result<(), DriverError> {
+        if self.ended(task_id).is_some() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} has exited"
+            )));
+        }
         self.driver()
             .signal_task(nd::SignalTaskRequest {
                 task_id: task_id.into(),

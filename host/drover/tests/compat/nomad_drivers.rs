@@ -56,6 +56,20 @@ fn sha256_hex(path: &Path) -> String {
         .to_owned()
 }
 
+/// Live processes whose command line mentions `text`.
+fn processes_mentioning(text: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| running(*pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(text))
+        })
+        .collect()
+}
+
 fn running(pid: u32) -> bool {
     drover_test_support::procs::alive(pid)
 }
@@ -192,6 +206,23 @@ fn nomad_raw_exec_runs_tasks_with_logs_exit_codes_signals_and_stops() {
     assert_eq!(stdout, "hello-nomad\n");
     let stderr = cli_ok(&agent, &["task", "logs", "--stderr", &id]);
     assert_eq!(stderr, "oops\n");
+    // Once it has exited, the driver's executor for it is gone (Nomad's raw_exec keeps
+    // one until DestroyTask) and so are its FIFOs; its status still answers.
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "no process of the exited task left (raw_exec's executor names its task dir)",
+        || processes_mentioning(&id).is_empty(),
+    );
+    let fifos: Vec<_> = std::fs::read_dir(agent.data_dir.join("nomad-fifos"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with(id.as_str()))
+        .collect();
+    assert!(fifos.is_empty(), "{fifos:?}");
+    let status = cli_ok(&agent, &["task", "status", &id]);
+    assert!(status.contains("Exit Code   = 3"), "{status}");
 
     // task logs -f follows the output as it comes, to the task's end.
     let id = task_run(
@@ -618,4 +649,46 @@ fn a_nomad_plugin_that_exits_at_start_is_skipped_with_its_reason() {
     assert!(reason.contains("exited"), "{reason}");
     assert!(reason.contains("This binary is a plugin"), "{reason}");
     agent.assert_only_healthy_plugins_run(&rows);
+}
+
+/// A Nomad driver that never sends its first fingerprint (the fixture plugin served
+/// under Nomad's protocol, by a wrapper that drops Drover's cookie) is reported as
+/// hanging in Fingerprint, takes no task, and the agent goes on serving.
+#[test]
+fn a_nomad_driver_hanging_in_fingerprint_is_reported_and_takes_no_tasks() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("plugins");
+    std::fs::create_dir(&dir).unwrap();
+    write_exec(
+        &dir.join("hanging"),
+        &format!(
+            "#!/bin/sh\nunset DROVER_PLUGIN_MAGIC_COOKIE\nFIXTURE_MODE=hang-fingerprint FIXTURE_NAME=hanging exec {}\n",
+            workspace_bin("drover-fixture-plugin").display()
+        ),
+        0o755,
+    );
+    let mut agent = Agent::start(root.path(), &dir, &[]);
+    agent.end_tasks = true;
+    let rows = agent.wait_plugins(Duration::from_secs(40), |rows| {
+        rows.iter().any(|r| {
+            r["name"] == "hanging"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("hangs in Fingerprint"))
+        })
+    });
+    let r = row(&rows, "hanging");
+    assert_eq!(r["protocol"], "nomad", "{r:#}");
+    assert_eq!(r["state"], "unhealthy", "{r:#}");
+    let out = agent.cli(&["task", "run", "--driver", "hanging", "--config", "{}"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hangs in Fingerprint"), "{err}");
+    // The agent still serves its other drivers.
+    let id = task_run(
+        &agent,
+        "rawexec",
+        serde_json::json!({"command": "/bin/true"}),
+    );
+    assert_eq!(agent.cli(&["task", "wait", &id]).status.code(), Some(0));
 }
