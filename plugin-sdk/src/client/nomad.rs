@@ -58,7 +58,10 @@ const NOMAD_DRIVER_API: &str = "0.1.0";
 pub const NOMAD_DRIVER_API_REQ: &str = "=0.1.0";
 
 /// Version of the driver state the bridge keeps in a Drover [`TaskHandle`].
-const BRIDGE_STATE_VERSION: u32 = 1;
+/// Not a small number: a Drover driver's handle (version 1, 2, ...) handed to the bridge
+/// (a plugin upgraded in place from Drover's protocol to Nomad's) is refused, never read
+/// as the bridge's, whose relay pid and FIFO paths the bridge acts on. ("NB", 1.)
+const BRIDGE_STATE_VERSION: u32 = 0x4E42_0001;
 
 /// The largest Nomad task handle accepted from a driver: it is stored with the task,
 /// and a driver that answers with more is broken or hostile.
@@ -349,23 +352,19 @@ impl NomadBridge {
             Ok(r) => self.accept_start(&spec, r).await,
             Err(e) => Err(e),
         };
-        let handle = match handle {
-            Ok(h) => h,
-            Err(e) => {
-                output.discard();
-                return Err(e);
-            }
-        };
+        // On an error `output` is dropped: its relay stops and its FIFOs go.
+        let handle = handle?;
+        let (relay, fifos) = output.keep();
         let state = BridgeState {
             nomad_handle: base64::engine::general_purpose::STANDARD.encode(handle.encode_to_vec()),
-            relay: output.relay,
-            fifos: output.fifos.clone(),
+            relay,
+            fifos: fifos.clone(),
         };
-        lock(&self.tasks).insert(
-            spec.id.clone(),
+        self.track(
+            &spec.id,
             BridgeTask {
-                relay: output.relay,
-                fifos: output.fifos,
+                relay,
+                fifos,
                 ended: None,
             },
         );
@@ -571,25 +570,38 @@ impl NomadBridge {
     /// `DestroyTask`; then the relay drains and ends, and the FIFOs go.
     pub(crate) async fn destroy_task(&self, task_id: &str, force: bool) -> Result<(), DriverError> {
         // A released task is gone from the plugin already.
-        if self.ended(task_id).is_none() {
+        let answer = if self.ended(task_id).is_none() {
             self.driver()
                 .destroy_task(nd::DestroyTaskRequest {
                     task_id: task_id.into(),
                     force,
                 })
                 .await
-                .map_err(DriverError::from)?;
+                .map(drop)
+                .map_err(DriverError::from)
+        } else {
+            Ok(())
+        };
+        match answer {
+            // Still running and not forced: the task keeps its output.
+            Err(e @ DriverError::FailedPrecondition(_)) => return Err(e),
+            Err(DriverError::NotFound(_)) | Ok(()) => {}
+            // The relay and the FIFOs are the bridge's, whatever the plugin answered.
+            Err(e) => {
+                self.untrack(task_id);
+                return Err(e);
+            }
         }
+        self.untrack(task_id);
+        Ok(())
+    }
+
+    /// Forget `task_id`: its relay drains and ends, its FIFOs go.
+    fn untrack(&self, task_id: &str) {
         let gone = lock(&self.tasks).remove(task_id);
         if let Some(task) = gone {
-            if let Some(relay) = &task.relay
-                && let Err(e) = relay.stop()
-            {
-                tracing::warn!(plugin = %self.name, task = task_id, error = %e, "stopping the task's log relay");
-            }
-            remove_files(&task.fifos);
+            forget(task);
         }
-        Ok(())
     }
 
     /// `InspectTask`.
@@ -629,12 +641,26 @@ impl NomadBridge {
     pub(crate) async fn recover_task(&self, handle: TaskHandle) -> Result<(), DriverError> {
         let task_id = handle.spec.id.clone();
         if handle.driver_state.is_empty() {
+            // The host never got this start's answer (it gave up on it, or died). A
+            // Nomad driver cannot be handed a task by id; if this plugin process started
+            // it anyway, it must not run unseen.
+            if self.plugin_inspect(&task_id).await.is_ok() {
+                let _ = self
+                    .driver()
+                    .destroy_task(nd::DestroyTaskRequest {
+                        task_id: task_id.clone(),
+                        force: true,
+                    })
+                    .await;
+                tracing::warn!(plugin = %self.name, task = %task_id, "destroyed a task whose start was never answered");
+            }
             return Err(DriverError::NotFound(format!(
                 "task {task_id}: no handle of its start was kept, and a Nomad driver cannot \
                  find a task by id"
             )));
         }
         let state: BridgeState = handle.decode_state(BRIDGE_STATE_VERSION)?;
+        self.check_state(&task_id, &state)?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(state.nomad_handle.as_bytes())
             .map_err(|e| DriverError::InvalidConfig(format!("task handle: {e}")))?;
@@ -647,8 +673,8 @@ impl NomadBridge {
             })
             .await
             .map_err(DriverError::from)?;
-        lock(&self.tasks).insert(
-            task_id,
+        self.track(
+            &task_id,
             BridgeTask {
                 relay: state.relay,
                 fifos: state.fifos,
@@ -656,6 +682,44 @@ impl NomadBridge {
             },
         );
         Ok(())
+    }
+
+    /// What a handle's state names must be this bridge's own for `task_id`: FIFOs of
+    /// that task in the FIFO directory, a relay process that is a log relay. The state
+    /// is checked though the bridge wrote it, because a handle can reach the bridge from
+    /// elsewhere (a plugin that spoke Drover's protocol at its last launch).
+    fn check_state(&self, task_id: &str, state: &BridgeState) -> Result<(), DriverError> {
+        let bad = |what: String| {
+            DriverError::InvalidConfig(format!("task {task_id}: task handle state: {what}"))
+        };
+        for f in &state.fifos {
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let ours = f.parent() == Some(self.host.fifo_dir.as_path())
+                && name.starts_with(&format!("{task_id}."))
+                && (name.ends_with(".stdout") || name.ends_with(".stderr"))
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+            if !ours {
+                return Err(bad(format!("{} is not one of its FIFOs", f.display())));
+            }
+        }
+        if let Some(r) = &state.relay
+            && r.is_running()
+            && !is_log_relay(r.pid)
+        {
+            return Err(bad(format!("pid {} is not a log relay", r.pid)));
+        }
+        Ok(())
+    }
+
+    /// Keep `task` as the bridge's record of `task_id`, ending what an earlier record
+    /// of the same id held (a restart's new start replaces the old one's).
+    fn track(&self, task_id: &str, task: BridgeTask) {
+        let old = lock(&self.tasks).insert(task_id.to_owned(), task);
+        if let Some(old) = old {
+            forget(old);
+        }
     }
 
     /// `SignalTask`.
@@ -757,7 +821,10 @@ fn handle_problem(task_id: &str, handle: Option<&nd::TaskHandle>) -> Option<Stri
     }
 }
 
-/// The output side of one start.
+/// The output side of one start. Until [`StartOutput::keep`] it is the start's to
+/// undo: dropped (the start failed, or its caller gave up on it and dropped the future
+/// mid-call) it stops the relay and removes the FIFOs, so a start that ends any other
+/// way than with a kept handle leaves nothing of its own behind.
 struct StartOutput {
     stdout: PathBuf,
     stderr: PathBuf,
@@ -766,13 +833,37 @@ struct StartOutput {
 }
 
 impl StartOutput {
-    /// The start failed: the relay goes (nothing was written) and so do the FIFOs.
-    fn discard(self) {
-        if let Some(r) = &self.relay {
+    /// The start succeeded: the relay and the FIFOs are the task's now.
+    fn keep(mut self) -> (Option<RelayProcess>, Vec<PathBuf>) {
+        (self.relay.take(), std::mem::take(&mut self.fifos))
+    }
+}
+
+impl Drop for StartOutput {
+    fn drop(&mut self) {
+        if let Some(r) = self.relay.take() {
             let _ = r.stop();
         }
         remove_files(&self.fifos);
     }
+}
+
+/// End what a task record holds: its relay (told to drain and exit) and its FIFOs.
+fn forget(task: BridgeTask) {
+    if let Some(relay) = &task.relay
+        && is_log_relay(relay.pid)
+        && let Err(e) = relay.stop()
+    {
+        tracing::warn!(pid = relay.pid, error = %e, "stopping a task's log relay");
+    }
+    remove_files(&task.fifos);
+}
+
+/// Whether `pid` is a log relay: its environment is the one [`relay::spawn_relay`]
+/// gives it. Checked before the bridge signals a pid it read from a stored handle.
+fn is_log_relay(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.starts_with(format!("{}=", relay::ENV_RELAY).as_bytes()))
 }
 
 fn remove_files(paths: &[PathBuf]) {
@@ -884,13 +975,34 @@ fn fingerprint_from_nomad(r: nd::FingerprintResponse) -> Fingerprint {
     } else {
         r.health_description
     };
-    let mut fp = Fingerprint::not_ready(health, description);
+    let mut fp = Fingerprint::not_ready(health, cut(description, MAX_FINGERPRINT_TEXT));
+    // Bounded: the agent keeps them, logs changes and sends them to the servers.
     fp.attributes = r
         .attributes
         .iter()
-        .filter_map(|(k, v)| attribute_text(v).map(|t| (k.clone(), t)))
+        .filter(|(k, _)| k.len() <= MAX_FINGERPRINT_TEXT)
+        .filter_map(|(k, v)| attribute_text(v).map(|t| (k.clone(), cut(t, MAX_FINGERPRINT_TEXT))))
+        .take(MAX_FINGERPRINT_ATTRIBUTES)
         .collect::<BTreeMap<_, _>>();
     fp
+}
+
+/// At most this many attributes of a fingerprint are kept, the rest dropped.
+const MAX_FINGERPRINT_ATTRIBUTES: usize = 256;
+/// A fingerprint's description, attribute names and values are cut to this many bytes.
+const MAX_FINGERPRINT_TEXT: usize = 1024;
+
+/// `text` cut to at most `max` bytes, at a character boundary, marked when cut.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut at = max;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.truncate(at);
+        text.push_str(" [cut]");
+    }
+    text
 }
 
 fn exit_from_nomad(r: nd::ExitResult) -> ExitResult {
@@ -1061,7 +1173,35 @@ mod tests {
         let err = bridge.recover_task(h.clone()).await.unwrap_err();
         assert!(err.to_string().contains("task handle state"), "{err}");
         h.driver_state = br#"{"nomad_handle": "!!!"}"#.to_vec();
-        let err = bridge.recover_task(h).await.unwrap_err();
+        let err = bridge.recover_task(h.clone()).await.unwrap_err();
         assert!(err.to_string().contains("task handle"), "{err}");
+        // A Drover driver's handle (version 1) is never read as the bridge's.
+        h.version = 1;
+        h.driver_state = br#"{"nomad_handle": ""}"#.to_vec();
+        let err = bridge.recover_task(h.clone()).await.unwrap_err();
+        assert!(err.to_string().contains("version"), "{err}");
+        // Nor acted on when it names what is not the bridge's: a file elsewhere, a
+        // process that is not a log relay (this test's own).
+        h.version = BRIDGE_STATE_VERSION;
+        h.driver_state = br#"{"nomad_handle": "", "fifos": ["/etc/passwd"]}"#.to_vec();
+        let err = bridge.recover_task(h.clone()).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("/etc/passwd is not one of its FIFOs"),
+            "{err}"
+        );
+        h.driver_state =
+            br#"{"nomad_handle": "", "fifos": ["/nonexistent/t1.1.stdout/../../x"]}"#.to_vec();
+        assert!(bridge.recover_task(h.clone()).await.is_err());
+        let me = relay::RelayProcess {
+            pid: std::process::id(),
+            start_time: crate::client::process_start_time(std::process::id()).unwrap(),
+        };
+        h.driver_state = serde_json::to_vec(&serde_json::json!({
+            "nomad_handle": "", "relay": me, "fifos": ["/nonexistent/t1.5.stdout"]
+        }))
+        .unwrap();
+        let err = bridge.recover_task(h).await.unwrap_err();
+        assert!(err.to_string().contains("is not a log relay"), "{err}");
     }
 }
