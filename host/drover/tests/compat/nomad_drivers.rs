@@ -70,6 +70,15 @@ fn processes_mentioning(text: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Every built-in driver has loaded and no plugin is still starting: the moment to
+/// check which processes run.
+fn settled(rows: &[serde_json::Value]) -> bool {
+    ["rawexec", "exec", "java", "qemu", "docker"]
+        .iter()
+        .all(|n| rows.iter().any(|r| r["name"] == *n && r["pid"].is_u64()))
+        && rows.iter().all(|r| r["state"] != "unhealthy")
+}
+
 fn running(pid: u32) -> bool {
     drover_test_support::procs::alive(pid)
 }
@@ -148,7 +157,7 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter().any(|r| {
             r["path"].as_str().is_some_and(|p| p.ends_with("/skeleton")) && r["state"] == "skipped"
-        }) && rows.iter().all(|r| r["state"] != "unhealthy")
+        }) && settled(rows)
     });
     let r = rows
         .iter()
@@ -179,7 +188,7 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter()
             .any(|r| r["name"] == "skeleton" && r["state"] == "skipped")
-            && rows.iter().all(|r| r["state"] != "unhealthy")
+            && settled(rows)
     });
     let reason = row(&rows, "skeleton")["reason"]
         .as_str()
@@ -640,7 +649,7 @@ fn a_nomad_plugin_that_exits_at_start_is_skipped_with_its_reason() {
             && rows
                 .iter()
                 .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
-            && rows.iter().all(|r| r["state"] != "unhealthy")
+            && settled(rows)
     });
     let reason = row(&rows, "crashing")["reason"]
         .as_str()
