@@ -150,27 +150,24 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     }
     println!("  agent           {}", build.drover.display());
 
-    eprintln!("1. launch -> first fingerprint, {} each", opts.launches);
+    // Each part is printed once measured, so that a later failure keeps it.
     let launches = launch_latencies(&build, opts.launches).await?;
+    print_launches(&launches, opts.launches);
 
     let mut agent = BothAgent::start(&build).await?;
-    eprintln!("2. StartTask -> running, {} each", opts.samples);
     let measured = async {
         let latency = api_latencies(&agent, opts.samples).await?;
-        eprintln!("3. memory, {} tasks per driver, ABBA", opts.tasks);
+        print_latency(latency, opts.samples);
         let mut memory = Vec::new();
         for (round, d) in ABBA.into_iter().enumerate() {
             memory.push((d, measure_memory(&agent, d, opts.tasks, round).await?));
         }
-        anyhow::Ok((latency, memory))
+        print_memory(&memory, opts.tasks, &build);
+        anyhow::Ok(())
     }
     .await;
     agent.stop().await;
-    let (latency, memory) = measured?;
-
-    print_launches(&launches, opts.launches);
-    print_latency(latency, opts.samples);
-    print_memory(&memory, opts.tasks, &build);
+    measured?;
     Ok(())
 }
 
