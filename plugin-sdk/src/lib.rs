@@ -28,6 +28,7 @@ pub mod handshake;
 pub mod inproc;
 pub mod logging;
 pub mod logs;
+pub mod nomad;
 pub mod server;
 pub mod signal;
 pub mod store;

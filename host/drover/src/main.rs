@@ -77,6 +77,9 @@ fn main() -> ExitCode {
     // before anything else (argument parsing included): it exists once per task, so
     // every page it does not touch is memory saved a thousand times over.
     drover_executor::run_if_executor(Some(&drover_isolation::LinuxSandbox));
+    // A task's log relay (Nomad drivers' stdout/stderr FIFOs into the log files) is
+    // this binary re-executed too, once per task: the same reasons apply.
+    drover_plugin_sdk::logs::relay::run_if_relay();
     let cli = Cli::parse();
     match cli.command {
         Command::Plugin(PluginCommand::Serve { name }) => serve_builtin(&name),

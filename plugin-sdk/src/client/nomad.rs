@@ -23,7 +23,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -39,14 +39,13 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::Channel;
 
 use crate::DriverError;
-// TEMPORARY until the hclspec and relay modules land: same names, see `pending`.
+use crate::logs::relay::{self, RelayProcess, RelaySpec};
+use crate::nomad::hclspec::{self, Spec, SpecError};
 use crate::signal::Signal;
 use crate::types::{
     AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, FsIsolation, Health,
     NetworkModes, TaskEvent, TaskHandle, TaskSpec, TaskState, TaskStats, TaskStatus,
 };
-use pending::hclspec::{self, Spec, SpecError};
-use pending::relay::{self, RelayProcess, RelaySpec};
 
 use super::{PluginIdentity, PluginKind, PluginProtocol};
 
@@ -118,16 +117,10 @@ struct BridgeState {
     nomad_handle: String,
     /// The log relay of this start, if the task's output is kept.
     #[serde(default)]
-    relay: Option<RelayRecord>,
+    relay: Option<RelayProcess>,
     /// The FIFOs of this start, removed when the task is destroyed.
     #[serde(default)]
     fifos: Vec<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-struct RelayRecord {
-    pid: u32,
-    start_time: u64,
 }
 
 /// What the bridge knows of one task between calls.
@@ -361,10 +354,7 @@ impl NomadBridge {
         };
         let state = BridgeState {
             nomad_handle: base64::engine::general_purpose::STANDARD.encode(handle.encode_to_vec()),
-            relay: output.relay.as_ref().map(|r| RelayRecord {
-                pid: r.pid,
-                start_time: r.start_time,
-            }),
+            relay: output.relay,
             fifos: output.fifos.clone(),
         };
         lock(&self.tasks).insert(
@@ -458,9 +448,9 @@ impl NomadBridge {
         let fifos = vec![stdout.clone(), stderr.clone()];
         let relay_spec = RelaySpec {
             stdout_fifo: stdout.clone(),
-            stdout_base: or_dev_null(&spec.stdout_path),
+            stdout_base: spec.stdout_path.clone(),
             stderr_fifo: stderr.clone(),
-            stderr_base: or_dev_null(&spec.stderr_path),
+            stderr_base: spec.stderr_path.clone(),
             limits: spec.logs,
         };
         let relay =
@@ -581,13 +571,10 @@ impl NomadBridge {
             })
             .await
             .map_err(DriverError::from)?;
-        let relay = state
-            .relay
-            .map(|r| RelayProcess::from_parts(r.pid, r.start_time));
         lock(&self.tasks).insert(
             task_id,
             BridgeTask {
-                relay,
+                relay: state.relay,
                 fifos: state.fifos,
             },
         );
@@ -690,14 +677,6 @@ impl StartOutput {
 fn remove_files(paths: &[PathBuf]) {
     for p in paths {
         let _ = std::fs::remove_file(p);
-    }
-}
-
-fn or_dev_null(p: &Path) -> PathBuf {
-    if p.as_os_str().is_empty() {
-        PathBuf::from("/dev/null")
-    } else {
-        p.to_owned()
     }
 }
 
@@ -857,64 +836,4 @@ fn event_from_nomad(e: nd::DriverTaskEvent) -> TaskEvent {
         .unwrap_or_else(SystemTime::now);
     ev.annotations = annotations;
     ev
-}
-
-/// TEMPORARY stand-ins with the API of `crate::nomad::hclspec` and `crate::logs::relay`,
-/// which are being written; replaced by them before this lands.
-mod pending {
-    pub mod hclspec {
-        pub use drover_proto::nomad::hclspec::Spec;
-        #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-        #[error("{path}: {message}")]
-        pub struct SpecError {
-            pub path: String,
-            pub message: String,
-        }
-        pub fn to_json_schema(_spec: &Spec) -> Result<serde_json::Value, SpecError> {
-            Ok(serde_json::json!({"type": "object"}))
-        }
-        pub fn encode_msgpack(
-            _spec: &Spec,
-            _value: &serde_json::Value,
-        ) -> Result<Vec<u8>, Vec<SpecError>> {
-            Ok(vec![0x80])
-        }
-    }
-    pub mod relay {
-        use std::ffi::OsString;
-        use std::path::{Path, PathBuf};
-        pub struct RelaySpec {
-            pub stdout_fifo: PathBuf,
-            pub stdout_base: PathBuf,
-            pub stderr_fifo: PathBuf,
-            pub stderr_base: PathBuf,
-            pub limits: crate::LogConfig,
-        }
-        #[derive(Debug)]
-        pub struct RelayProcess {
-            pub pid: u32,
-            pub start_time: u64,
-        }
-        impl RelayProcess {
-            pub fn from_parts(pid: u32, start_time: u64) -> Self {
-                RelayProcess { pid, start_time }
-            }
-            pub fn stop(&self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        pub fn make_fifos(dir: &Path, name: &str) -> std::io::Result<(PathBuf, PathBuf)> {
-            Ok((
-                dir.join(format!("{name}.out")),
-                dir.join(format!("{name}.err")),
-            ))
-        }
-        pub fn spawn_relay(
-            _program: &Path,
-            _args: &[OsString],
-            _spec: &RelaySpec,
-        ) -> std::io::Result<RelayProcess> {
-            Err(std::io::Error::other("relay not yet available"))
-        }
-    }
 }

@@ -26,6 +26,8 @@
 //! assert_eq!(files.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1, 2]);
 //! ```
 
+pub mod relay;
+
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Write};
