@@ -24,7 +24,8 @@ use crate::{ms, sibling_binary, stats};
 /// What serves a driver: a plugin process, or a driver library loaded into this
 /// process.
 pub(crate) enum Served {
-    Process(PluginProcess),
+    /// Boxed: a `PluginProcess` is far bigger than an `InProcessPlugin` handle.
+    Process(Box<PluginProcess>),
     Library(InProcessPlugin),
 }
 
@@ -63,7 +64,7 @@ pub(crate) async fn launch(
         .with_context(|| format!("launching {}", binary.display()))?;
     configure(
         name,
-        Served::Process(process),
+        Served::Process(Box::new(process)),
         root,
         plugin_config,
         task_config,

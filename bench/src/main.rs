@@ -7,6 +7,8 @@
 //! `cargo run --release -p drover-bench -- plugin-forms [--tasks N] [--samples N]
 //!   [--rpc-samples N] [--load-rounds N]`
 //! `cargo run --release -p drover-bench -- qemu-start [--iterations N]` (needs the VM rig)
+//! `cargo run --release -p drover-bench -- nomad-drivers [--launches N] [--samples N]
+//!   [--tasks N] [--raw-exec PATH]` (Nomad 1.0.18's raw_exec against Drover's rawexec)
 //! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
 //!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
 //!
@@ -27,6 +29,7 @@ mod cluster;
 mod docker;
 mod exec_start;
 mod inproc_load;
+mod nomad_drivers;
 mod plugin_forms;
 mod qemu_start;
 mod rawexec_start;
@@ -152,6 +155,25 @@ enum Bench {
         /// separated); default: start a private etcd.
         #[arg(long, value_delimiter = ',')]
         etcd_endpoints: Option<Vec<String>>,
+    },
+    /// Nomad 1.0.18's raw_exec (an unmodified Nomad driver, through the bridge) against
+    /// Drover's rawexec, in one run: launch -> handshake -> first fingerprint, StartTask
+    /// -> running through a real agent with both, and memory per running task
+    /// (executor, log relay; the task apart).
+    NomadDrivers {
+        /// Plugin launches per driver.
+        #[arg(long, default_value_t = 20)]
+        launches: usize,
+        /// StartTask calls through the agent's API per driver.
+        #[arg(long, default_value_t = 40)]
+        samples: usize,
+        /// Sleeping tasks per driver for the memory reading.
+        #[arg(long, default_value_t = 10)]
+        tasks: usize,
+        /// Nomad's raw_exec plugin binary (default: the test peers archive's, unpacked
+        /// and checked by drover-test-support).
+        #[arg(long)]
+        raw_exec: Option<PathBuf>,
     },
     /// From submitting jobs to every allocation reported running by simulated clients
     /// over gRPC (in-process server, real store), against placement alone.
@@ -286,6 +308,23 @@ fn main() -> anyhow::Result<()> {
                 samples,
                 rpc_samples,
                 load_rounds,
+            }))
+        }
+        Bench::NomadDrivers {
+            launches,
+            samples,
+            tasks,
+            raw_exec,
+        } => {
+            // The same runtime flavour as the agent.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(nomad_drivers::run(nomad_drivers::Options {
+                launches,
+                samples,
+                tasks,
+                raw_exec,
             }))
         }
         Bench::QemuStart { iterations } => {
