@@ -511,10 +511,10 @@ impl NomadBridge {
     /// its executor). Its FIFOs go; the relay ends by itself once the executor has
     /// closed them. Only tasks this bridge started or recovered are released.
     async fn release(&self, task_id: &str, result: &ExitResult) {
-        if !lock(&self.tasks)
+        let running = lock(&self.tasks)
             .get(task_id)
-            .is_some_and(|t| t.ended.is_none())
-        {
+            .is_some_and(|t| t.ended.is_none());
+        if !running {
             return;
         }
         let status = match self.plugin_inspect(task_id).await {
