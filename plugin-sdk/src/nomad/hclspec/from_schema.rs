@@ -356,7 +356,7 @@ mod tests {
             json!({"": "", "$${": "%%{"}),
         ] {
             assert_eq!(
-                eval_literal(&hcl_literal(&v)).unwrap(),
+                eval_literal(&hcl_literal(&v), &mut { usize::MAX }).unwrap(),
                 v,
                 "{}",
                 hcl_literal(&v)

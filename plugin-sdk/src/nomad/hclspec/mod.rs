@@ -26,6 +26,11 @@
 //!   literal that cannot be is a spec error), so the plugin always gets one type.
 //! - Values of `any` pass unchanged (cty would unify the element types of `list(any)`).
 //! - A whole config of `null` is an empty body.
+//! - Specs come from third-party plugins, so reading one is bounded: `Literal`s must be
+//!   constants (null, bools, numbers, plain strings, arrays and objects of them; no `for`,
+//!   conditionals, operators, function calls, variables or `${…}` templates, which Nomad
+//!   would evaluate), at most 64 KiB each and 100 000 values in all; names, keys and
+//!   labels at most 256 bytes; type expressions at most 4 KiB; at most 10 000 nodes.
 //!
 //! What is sent is what Nomad's host sends: every spec'd key is present, an absent
 //! optional attribute or `Block` as nil, an absent `BlockList`/`BlockSet` as an empty
@@ -110,7 +115,7 @@ pub(crate) fn join_index(path: &str, index: usize) -> String {
 }
 
 fn compile(spec: &Spec) -> Result<Node, SpecError> {
-    Node::compile(spec, "", "", 0)
+    Node::compile(spec, "", "", 0, &mut node::Budget::default())
 }
 
 /// JSON Schema (draft 2020-12) of what `spec` accepts in Drover's JSON form of the config:

@@ -10,6 +10,51 @@ use serde_json::{Map, Value, json};
 use super::types::{HclType, MAX_DEPTH, kind};
 use super::{Spec, SpecError, join_index, join_key};
 
+/// Longest name, object key or label a spec may have, in bytes. Paths are built from
+/// them for every child, so long ones would make compiling cost far more than the spec's
+/// size suggests; real ones are a few words.
+pub(crate) const MAX_NAME_LEN: usize = 256;
+/// Most nodes a spec may have in all (Nomad's docker driver has a few hundred).
+pub(crate) const MAX_NODES: usize = 10_000;
+/// Most labels a `block_map` may have (Nomad's have one); each is a level of nesting.
+pub(crate) const MAX_LABELS: usize = 8;
+/// Longest Literal text, in bytes.
+pub(crate) const MAX_LITERAL_LEN: usize = 64 * 1024;
+/// Most values all of a spec's literals may hold together.
+pub(crate) const MAX_LITERAL_VALUES: usize = 100_000;
+
+/// What a spec being compiled may still use: compiling a hostile plugin's spec costs at
+/// most time and memory in proportion to these.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    nodes_left: usize,
+    values_left: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget {
+            nodes_left: MAX_NODES,
+            values_left: MAX_LITERAL_VALUES,
+        }
+    }
+}
+
+/// Refuses a name, key or label longer than [`MAX_NAME_LEN`]; `path` is where it is.
+fn check_name(path: &str, what: &str, name: &str) -> Result<(), SpecError> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(SpecError::new(
+            path,
+            format!(
+                "{what} {} is {} bytes long (at most {MAX_NAME_LEN})",
+                preview(name),
+                name.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A checked spec node; the variants are the hclspec ones.
 #[derive(Debug, Clone)]
 pub(crate) enum Node {
@@ -55,26 +100,49 @@ pub(crate) enum Node {
 impl Node {
     /// Checks `spec` as Nomad's `hclspecutils.Convert` does: names default to the key of the
     /// enclosing Object (`implied`), a BlockMap needs labels, nested specs must be there,
-    /// types and literals must parse. `path` locates the spec node in errors.
+    /// types and literals must parse. `path` locates the spec node in errors. `budget`
+    /// bounds the whole spec's size (see [`Budget`]); names are bounded too.
     pub(crate) fn compile(
         spec: &Spec,
         implied: &str,
         path: &str,
         depth: usize,
+        budget: &mut Budget,
     ) -> Result<Node, SpecError> {
         if depth > MAX_DEPTH {
             return Err(SpecError::new(path, "spec nested too deeply"));
         }
+        budget.nodes_left = budget
+            .nodes_left
+            .checked_sub(1)
+            .ok_or_else(|| SpecError::new(path, format!("spec has more than {MAX_NODES} nodes")))?;
+        // Children are counted before any is compiled, so a huge object is refused before
+        // its keys are sorted or paths are built for them.
+        let reserve_children = |n: usize, budget: &Budget| {
+            if n > budget.nodes_left {
+                return Err(SpecError::new(
+                    path,
+                    format!("spec has more than {MAX_NODES} nodes ({n} children here)"),
+                ));
+            }
+            Ok(())
+        };
         let name_of = |given: &str, what: &str| -> Result<String, SpecError> {
             match (given, implied) {
                 ("", "") => Err(SpecError::new(path, format!("{what} spec without a name"))),
                 ("", implied) => Ok(implied.to_owned()),
-                (given, _) => Ok(given.to_owned()),
+                (given, _) => {
+                    check_name(path, &format!("{what} name"), given)?;
+                    Ok(given.to_owned())
+                }
             }
         };
-        let nested = |n: &Option<Box<Spec>>, what: &str| -> Result<Box<Node>, SpecError> {
+        let nested = |n: &Option<Box<Spec>>,
+                      what: &str,
+                      budget: &mut Budget|
+         -> Result<Box<Node>, SpecError> {
             match n {
-                Some(n) => Ok(Box::new(Node::compile(n, "", path, depth + 1)?)),
+                Some(n) => Ok(Box::new(Node::compile(n, "", path, depth + 1, budget)?)),
                 None => Err(SpecError::new(
                     path,
                     format!("{what} spec without a nested spec"),
@@ -90,6 +158,10 @@ impl Node {
         };
         Ok(match kind {
             SpecKind::Object(obj) => {
+                reserve_children(obj.attributes.len(), budget)?;
+                for key in obj.attributes.keys() {
+                    check_name(path, "key", key)?;
+                }
                 let mut keys: Vec<&String> = obj.attributes.keys().collect();
                 keys.sort();
                 let mut out = Vec::with_capacity(keys.len());
@@ -97,18 +169,21 @@ impl Node {
                     let child = &obj.attributes[key];
                     out.push((
                         key.clone(),
-                        Node::compile(child, key, &join_key(path, key), depth + 1)?,
+                        Node::compile(child, key, &join_key(path, key), depth + 1, budget)?,
                     ));
                 }
                 Node::Object(out)
             }
-            SpecKind::Array(arr) => Node::Array(
-                arr.values
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| Node::compile(s, "", &join_index(path, i), depth + 1))
-                    .collect::<Result<_, _>>()?,
-            ),
+            SpecKind::Array(arr) => {
+                reserve_children(arr.values.len(), budget)?;
+                Node::Array(
+                    arr.values
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| Node::compile(s, "", &join_index(path, i), depth + 1, budget))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
             SpecKind::Attr(a) => Node::Attr {
                 name: name_of(&a.name, "attribute")?,
                 ty: ty_of(&a.r#type)?,
@@ -117,7 +192,7 @@ impl Node {
             SpecKind::BlockValue(b) => Node::Block {
                 name: name_of(&b.name, "block")?,
                 required: b.required,
-                nested: nested(&b.nested, "block")?,
+                nested: nested(&b.nested, "block", budget)?,
             },
             SpecKind::BlockAttrs(b) => Node::BlockAttrs {
                 name: name_of(&b.name, "block_attrs")?,
@@ -128,14 +203,14 @@ impl Node {
                 name: name_of(&b.name, "block_list")?,
                 min: b.min_items,
                 max: b.max_items,
-                nested: nested(&b.nested, "block_list")?,
+                nested: nested(&b.nested, "block_list", budget)?,
                 set: false,
             },
             SpecKind::BlockSet(b) => Node::BlockList {
                 name: name_of(&b.name, "block_set")?,
                 min: b.min_items,
                 max: b.max_items,
-                nested: nested(&b.nested, "block_set")?,
+                nested: nested(&b.nested, "block_set", budget)?,
                 set: true,
             },
             SpecKind::BlockMap(b) => {
@@ -145,22 +220,34 @@ impl Node {
                         "block_map spec without labels (it needs at least one)",
                     ));
                 }
+                if b.labels.len() > MAX_LABELS {
+                    return Err(SpecError::new(
+                        path,
+                        format!(
+                            "block_map spec with {} labels (at most {MAX_LABELS})",
+                            b.labels.len()
+                        ),
+                    ));
+                }
+                for label in &b.labels {
+                    check_name(path, "block_map label", label)?;
+                }
                 Node::BlockMap {
                     name: name_of(&b.name, "block_map")?,
                     labels: b.labels.clone(),
-                    nested: nested(&b.nested, "block_map")?,
+                    nested: nested(&b.nested, "block_map", budget)?,
                 }
             }
             SpecKind::Default(d) => {
-                let part = |s: &Option<Box<Spec>>, what: &str| match s {
-                    Some(s) => Node::compile(s, "", path, depth + 1),
+                let part = |s: &Option<Box<Spec>>, what: &str, budget: &mut Budget| match s {
+                    Some(s) => Node::compile(s, "", path, depth + 1, budget),
                     None => Err(SpecError::new(
                         path,
                         format!("default spec without its {what}"),
                     )),
                 };
-                let primary = part(&d.primary, "primary")?;
-                let mut default = part(&d.default, "default")?;
+                let primary = part(&d.primary, "primary", budget)?;
+                let mut default = part(&d.default, "default", budget)?;
                 // hcldec would hand the literal over as written; converting it to the
                 // attribute's type here means the plugin gets one type either way, and a
                 // literal that cannot be one is a spec error now, not a decode error later.
@@ -201,9 +288,10 @@ impl Node {
                     default: Box::new(default),
                 }
             }
-            SpecKind::Literal(l) => {
-                Node::Literal(eval_literal(&l.value).map_err(|e| SpecError::new(path, e))?)
-            }
+            SpecKind::Literal(l) => Node::Literal(
+                eval_literal(&l.value, &mut budget.values_left)
+                    .map_err(|e| SpecError::new(path, e))?,
+            ),
         })
     }
 
@@ -549,56 +637,179 @@ fn decode_labels(
     )
 }
 
-/// Evaluates a Literal's HCL expression without variables or functions, as Nomad does.
-pub(crate) fn eval_literal(text: &str) -> Result<Value, String> {
-    use hcl::eval::Evaluate;
+/// Reads a Literal's HCL expression as a constant: null, bools, numbers, strings without
+/// `${…}`/`%{…}` (escapes like `$${` are fine), and arrays and objects of those (object
+/// keys identifiers or strings). Nomad's real specs use nothing else. Everything that would
+/// be evaluated is refused rather than run: hcl-rs evaluates `for` expressions, and a few
+/// KiB of nested ones build millions of values synchronously, so a hostile plugin's spec
+/// could take the agent's memory. `values_left` is the number of values the literal may
+/// still hold (shared across a spec); it is decremented by the values read.
+pub(crate) fn eval_literal(text: &str, values_left: &mut usize) -> Result<Value, String> {
+    if text.len() > MAX_LITERAL_LEN {
+        return Err(format!(
+            "literal of {} bytes is too long (at most {MAX_LITERAL_LEN})",
+            text.len()
+        ));
+    }
     let expr: hcl::Expression = text
         .trim()
         .parse()
-        .map_err(|e| format!("literal {text:?} is not an HCL expression: {e}"))?;
-    let value = expr
-        .evaluate(&hcl::eval::Context::new())
-        .map_err(|e| format!("literal {text:?} is not a constant value: {e}"))?;
-    serde_json::to_value(&value).map_err(|e| format!("literal {text:?}: {e}"))
+        .map_err(|e| format!("literal {} is not an HCL expression: {e}", preview(text)))?;
+    constant(&expr, "", values_left).map_err(|e| {
+        format!(
+            "literal {} is not a constant value: {e}; only constant literals are supported",
+            preview(text)
+        )
+    })
+}
+
+/// The value of a constant expression (see [`eval_literal`]); `at` is the place inside
+/// the literal, for errors. The parser bounds nesting (hcl-edit refuses more than 64
+/// levels), so the recursion is bounded too.
+fn constant(expr: &hcl::Expression, at: &str, values_left: &mut usize) -> Result<Value, String> {
+    use hcl::{Expression as E, ObjectKey};
+    *values_left = values_left
+        .checked_sub(1)
+        .ok_or_else(|| format!("more than {MAX_LITERAL_VALUES} values in the spec's literals"))?;
+    let refuse = |what: &str| match at {
+        "" => Err(format!("it is {what}")),
+        at => Err(format!("{at} is {what}")),
+    };
+    match expr {
+        E::Null => Ok(Value::Null),
+        E::Bool(b) => Ok(Value::Bool(*b)),
+        E::Number(n) => serde_json::to_value(n).map_err(|e| format!("number {n}: {e}")),
+        // Plain strings only: the parser gives a string with interpolations or directives
+        // (or a heredoc) as a TemplateExpr.
+        E::String(s) => Ok(Value::String(s.clone())),
+        E::Parenthesis(inner) => constant(inner, at, values_left),
+        E::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| constant(item, &join_index(at, i), values_left))
+            .collect::<Result<_, _>>()
+            .map(Value::Array),
+        E::Object(entries) => {
+            let mut out = Map::new();
+            for (key, item) in entries {
+                let key = match key {
+                    ObjectKey::Identifier(id) => id.as_str().to_owned(),
+                    ObjectKey::Expression(E::String(s)) => s.clone(),
+                    _ => {
+                        return refuse("an object with a key that is not a name or a plain string");
+                    }
+                };
+                let v = constant(item, &join_key(at, &key), values_left)?;
+                out.insert(key, v);
+            }
+            Ok(Value::Object(out))
+        }
+        E::TemplateExpr(_) => refuse("a template (a string with ${…} or %{…}, or a heredoc)"),
+        E::Variable(v) => refuse(&format!("the variable {}", preview(v.as_str()))),
+        E::Traversal(_) => refuse("a traversal"),
+        E::FuncCall(_) => refuse("a function call"),
+        E::Conditional(_) => refuse("a conditional"),
+        E::Operation(_) => refuse("an operation"),
+        E::ForExpr(_) => refuse("a for expression"),
+        _ => refuse("an unsupported expression"),
+    }
+}
+
+/// `text` quoted for an error message, cut short: the text may be a hostile plugin's.
+pub(crate) fn preview(text: &str) -> String {
+    const SHOWN: usize = 64;
+    match text.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{:?}…", &text[..cut]),
+        None => format!("{text:?}"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn eval(text: &str) -> Result<Value, String> {
+        let mut values_left = MAX_LITERAL_VALUES;
+        eval_literal(text, &mut values_left)
+    }
+
     #[test]
-    fn literals_are_hcl_expressions() {
+    fn literals_are_hcl_constants() {
         for (text, want) in [
             ("false", json!(false)),
             ("true", json!(true)),
             ("null", json!(null)),
             ("42", json!(42)),
             ("-7", json!(-7)),
+            ("- 7", json!(-7)),
             ("1.5", json!(1.5)),
+            ("(3)", json!(3)),
             (r#""bash""#, json!("bash")),
             (r#""none""#, json!("none")),
             (r#""a\"b\\c\n\t\u00e9""#, json!("a\"b\\c\n\t\u{e9}")),
+            (r#""$${x} %%{y}""#, json!("${x} %{y}")),
+            ("[]", json!([])),
+            ("{}", json!({})),
             (r#"["a", 1, true]"#, json!(["a", 1, true])),
             (r#"{a = 1, "b" = [2]}"#, json!({"a": 1, "b": [2]})),
             (r#"{"a": {"b": null}}"#, json!({"a": {"b": null}})),
             ("  \"spaced\"  ", json!("spaced")),
         ] {
-            assert_eq!(eval_literal(text).unwrap(), want, "{text}");
+            assert_eq!(eval(text).unwrap(), want, "{text}");
         }
     }
 
     #[test]
     fn bad_literals_are_refused() {
-        for text in [
-            "",
-            "\"open",
-            "var.x",
-            "foo",
-            "[1,",
-            "{a = }",
-            "upper(\"x\")",
-        ] {
-            assert!(eval_literal(text).is_err(), "{text:?} was accepted");
+        for text in ["", "\"open", "[1,", "{a = }"] {
+            assert!(eval(text).is_err(), "{text:?} was accepted");
         }
+    }
+
+    #[test]
+    fn only_constants_are_read_nothing_is_evaluated() {
+        for (text, what) in [
+            ("var.x", "a traversal"),
+            ("foo", "the variable \"foo\""),
+            ("flase", "the variable"),
+            ("upper(\"x\")", "a function call"),
+            ("true ? 1 : 2", "a conditional"),
+            ("1 + 2", "an operation"),
+            ("!true", "an operation"),
+            ("-(1)", "an operation"),
+            ("[for x in [1, 2]: x]", "a for expression"),
+            ("{for k, v in {a = 1}: k => v}", "a for expression"),
+            ("\"${1}\"", "a template"),
+            ("\"%{ if true }x%{ endif }\"", "a template"),
+            ("\"a${\"b\"}c\"", "a template"),
+            ("<<EOT\nhello\nEOT\n", "a template"),
+            ("[1, [2, 1 + 1]]", "[1][1] is an operation"),
+            ("{a = {b = x}}", "a.b is the variable"),
+            ("{(x) = 1}", "a key that is not a name or a plain string"),
+            ("{1 = 1}", "a key that is not a name or a plain string"),
+        ] {
+            let err = eval(text).unwrap_err();
+            assert!(err.contains(what), "{text:?}: {err}");
+            assert!(
+                err.contains("only constant literals are supported"),
+                "{text:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn literal_size_and_values_are_bounded() {
+        // Just over the text limit: refused before parsing, and the text is not echoed.
+        let long = format!("\"{}\"", "a".repeat(MAX_LITERAL_LEN));
+        let err = eval(&long).unwrap_err();
+        assert!(err.contains("too long"), "{err}");
+        assert!(err.len() < 200, "{err}");
+        // The value budget is shared: 3 values fit in 3, not in 2.
+        assert_eq!(eval_literal("[1, 2]", &mut 3).unwrap(), json!([1, 2]));
+        let err = eval_literal("[1, 2]", &mut 2).unwrap_err();
+        assert!(err.contains("more than"), "{err}");
+        let mut left = 10;
+        eval_literal("[1, 2]", &mut left).unwrap();
+        assert_eq!(left, 7);
     }
 }

@@ -1148,3 +1148,168 @@ fn fuzzish_values_survive_literals_and_msgpack() {
         }
     }
 }
+
+/// A literal of nested `for` expressions: `n` to the third power values if it were
+/// evaluated (n = 400 is 64M values from 4 KiB of text).
+fn for_bomb(n: usize) -> String {
+    let items = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    format!("[for a in [{items}]: [for b in [{items}]: [for c in [{items}]: 0]]]")
+}
+
+#[test]
+fn for_expression_bomb_literal_is_refused_not_evaluated() {
+    // 64^3 = 262144 values if evaluated: more than the literal budget, and it would take
+    // visible time; refused it takes neither.
+    let bomb = object(vec![(
+        "x",
+        default(attr("x", "any", false), lit(&for_bomb(64))),
+    )]);
+    let started = std::time::Instant::now();
+    let err = to_json_schema(&bomb).unwrap_err();
+    assert_eq!(err.path, "x", "{err}");
+    assert!(err.message.contains("a for expression"), "{err}");
+    assert!(
+        err.message.contains("only constant literals are supported"),
+        "{err}"
+    );
+    assert!(err.message.len() < 300, "the literal is not echoed: {err}");
+    let errors = encode_msgpack(&bomb, &json!({"x": 1})).unwrap_err();
+    assert_eq!(errors, [err]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn evaluated_literals_are_refused_with_their_place() {
+    for (text, what) in [
+        ("true ? \"a\" : \"b\"", "a conditional"),
+        ("1 + 1", "an operation"),
+        ("upper(\"bash\")", "a function call"),
+        ("\"${env.HOME}\"", "a template"),
+        ("\"%{ for x in [1] }x%{ endfor }\"", "a template"),
+        ("var.shell", "a traversal"),
+    ] {
+        let spec = object(vec![(
+            "cfg",
+            block(
+                "cfg",
+                false,
+                object(vec![(
+                    "shell",
+                    default(attr("shell", "any", false), lit(text)),
+                )]),
+            ),
+        )]);
+        let err = to_json_schema(&spec).unwrap_err();
+        assert_eq!(err.path, "cfg.shell", "{text}: {err}");
+        assert!(err.message.contains(what), "{text}: {err}");
+        assert!(
+            err.message.contains("only constant literals are supported"),
+            "{text}: {err}"
+        );
+    }
+    // A plain `Literal` spec (not under a Default) is read the same way.
+    let spec = object(vec![("k", lit("[for x in [1]: x]"))]);
+    assert!(
+        to_json_schema(&spec)
+            .unwrap_err()
+            .message
+            .contains("a for expression")
+    );
+}
+
+#[test]
+fn long_names_keys_labels_and_types_are_refused() {
+    let long = "k".repeat(300);
+    // An object key.
+    let spec = object(vec![(
+        "cfg",
+        block(
+            "cfg",
+            false,
+            object(vec![(&long, attr("a", "string", false))]),
+        ),
+    )]);
+    let err = to_json_schema(&spec).unwrap_err();
+    assert_eq!(err.path, "cfg");
+    assert!(err.message.contains("key"), "{err}");
+    assert!(
+        err.message.contains("300 bytes long (at most 256)"),
+        "{err}"
+    );
+    assert!(
+        err.message.len() < 200,
+        "the key is not echoed whole: {err}"
+    );
+    // A name given in the spec.
+    let spec = object(vec![("a", attr(&long, "string", false))]);
+    let err = to_json_schema(&spec).unwrap_err();
+    assert_eq!(err.path, "a");
+    assert!(err.message.contains("attribute name"), "{err}");
+    // A block_map label, and too many labels.
+    let spec = object(vec![("m", block_map("m", &[&long], object(vec![])))]);
+    let err = to_json_schema(&spec).unwrap_err();
+    assert_eq!(err.path, "m");
+    assert!(err.message.contains("block_map label"), "{err}");
+    let labels = ["l"; 9];
+    let spec = object(vec![("m", block_map("m", &labels, object(vec![])))]);
+    assert!(
+        to_json_schema(&spec)
+            .unwrap_err()
+            .message
+            .contains("9 labels (at most 8)")
+    );
+    // 256 bytes is still a name.
+    let ok = "k".repeat(256);
+    let spec = object(vec![(&ok, attr(&ok, "string", false))]);
+    assert!(to_json_schema(&spec).is_ok());
+    // A type expression over 4 KiB, even a valid one.
+    let ty = format!("list({}string)", " ".repeat(4096));
+    let spec = object(vec![("a", attr("a", &ty, false))]);
+    let err = to_json_schema(&spec).unwrap_err();
+    assert_eq!(err.path, "a");
+    assert!(err.message.contains("too long (at most 4096)"), "{err}");
+}
+
+#[test]
+fn specs_over_ten_thousand_nodes_are_refused() {
+    let attrs = |n: usize, prefix: &str| -> Vec<(String, Spec)> {
+        (0..n)
+            .map(|i| (format!("{prefix}{i}"), attr("", "string", false)))
+            .collect()
+    };
+    let object_of = |attrs: Vec<(String, Spec)>| {
+        s(K::Object(pb::Object {
+            attributes: attrs.into_iter().collect(),
+        }))
+    };
+    // The root and 9 999 attributes: 10 000 nodes.
+    assert!(to_json_schema(&object_of(attrs(9_999, "a"))).is_ok());
+    // One more: 10 001.
+    let err = to_json_schema(&object_of(attrs(10_000, "a"))).unwrap_err();
+    assert_eq!(err.path, "(root)");
+    assert!(err.message.contains("more than 10000 nodes"), "{err}");
+    // Counted across the whole tree: the root, then 101 blocks each of a block node, its
+    // object and n attributes: n = 97 is 1 + 101 * 99 = 10 000 nodes and fits, n = 98 is
+    // 10 101 and does not.
+    for (per_block, fits) in [(97, true), (98, false)] {
+        let spec = object_of(
+            (0..101)
+                .map(|b| {
+                    let name = format!("b{b}");
+                    let nested = block(&name, false, object_of(attrs(per_block, "a")));
+                    (name, nested)
+                })
+                .collect(),
+        );
+        let got = to_json_schema(&spec);
+        assert_eq!(got.is_ok(), fits, "{per_block}: {got:?}");
+        if let Err(err) = got {
+            assert!(err.message.contains("more than 10000 nodes"), "{err}");
+            assert!(err.path.starts_with('b'), "{err}");
+        }
+    }
+}

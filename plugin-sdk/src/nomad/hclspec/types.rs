@@ -12,6 +12,10 @@ use super::{SpecError, join_index, join_key};
 /// real plugin's config, and it keeps recursion on hostile input bounded.
 pub(crate) const MAX_DEPTH: usize = 64;
 
+/// Longest type expression, in bytes (real ones are a few dozen): a hostile plugin's spec
+/// must not make the agent parse megabytes per attribute.
+pub(crate) const MAX_TYPE_LEN: usize = 4096;
+
 /// A cty type, as the type expressions of Nomad's hclspec name them.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum HclType {
@@ -32,6 +36,12 @@ impl HclType {
     /// `string`, `number`, `bool`, `any` and the functions `list`, `set`, `map`, `object`,
     /// `tuple`.
     pub(crate) fn parse(text: &str) -> Result<HclType, String> {
+        if text.len() > MAX_TYPE_LEN {
+            return Err(format!(
+                "type expression of {} bytes is too long (at most {MAX_TYPE_LEN})",
+                text.len()
+            ));
+        }
         let expr: Expression = text
             .trim()
             .parse()
