@@ -87,7 +87,12 @@ pub fn print_plugins(rows: &[PluginStatus], json: bool) -> anyhow::Result<()> {
             "{:<16} {:<9} {:<9} {:<10} {:<10} {:<8} {:<8} {}",
             r.name,
             r.source.as_str(),
-            r.protocol.as_str(),
+            // Not known of a file that was skipped before it ever ran.
+            if r.state == PluginState::Skipped && r.version.is_empty() {
+                "-"
+            } else {
+                r.protocol.as_str()
+            },
             r.state.as_str(),
             r.version,
             r.api_version,

@@ -280,12 +280,7 @@ impl LoadedPlugin {
                 .flatten(),
             reattached: live.reattached,
             in_process: live.process.in_process(),
-            protocol: match live.process.protocol() {
-                drover_plugin_sdk::client::PluginProtocol::Nomad => {
-                    drover_api::PluginProtocol::Nomad
-                }
-                _ => drover_api::PluginProtocol::Drover,
-            },
+            protocol: live.process.protocol(),
         }
     }
 

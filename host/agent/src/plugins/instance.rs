@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use drover_api::PluginProtocol as Protocol;
 use drover_plugin_sdk::ExitOutcome;
 use drover_plugin_sdk::client::{InProcessPlugin, PluginClient, PluginProcess, ReattachConfig};
 
@@ -40,11 +41,15 @@ impl PluginInstance {
         }
     }
 
-    /// The driver protocol it speaks (a driver library speaks Drover's).
-    pub fn protocol(&self) -> drover_plugin_sdk::client::PluginProtocol {
+    /// The driver protocol it speaks (a driver library speaks Drover's), as
+    /// `plugin status` shows it.
+    pub fn protocol(&self) -> Protocol {
         match self {
-            PluginInstance::Process(p) => p.protocol(),
-            PluginInstance::InProcess(_) => drover_plugin_sdk::client::PluginProtocol::Drover,
+            PluginInstance::Process(p) => match p.protocol() {
+                drover_plugin_sdk::client::PluginProtocol::Nomad => Protocol::Nomad,
+                _ => Protocol::Drover,
+            },
+            PluginInstance::InProcess(_) => Protocol::Drover,
         }
     }
 

@@ -210,6 +210,7 @@ impl Catalog {
             let mut row = candidate::skipped_status(&fp.candidate, reason);
             row.name = fp.info.name.clone();
             row.version = fp.info.version.clone();
+            row.protocol = fp.process.protocol();
             if fp.process.is_reattached() {
                 // The record is under the winner's name, which the winner rewrites.
                 tracing::info!(plugin = %fp.info.name, pid = ?fp.process.pid(), "shutting down a reattached plugin that no longer wins its name");
@@ -246,6 +247,7 @@ impl Catalog {
                 let mut row = candidate::skipped_status(&fp.candidate, reason);
                 row.name = fp.info.name.clone();
                 row.version = fp.info.version.clone();
+                row.protocol = fp.process.protocol();
                 fp.process.shutdown().await;
                 self.records.forget(&fp.info.name).await;
                 self.skip_of(&fp.candidate, Some(fp.sha256.clone()), row);

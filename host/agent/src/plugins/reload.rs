@@ -352,6 +352,7 @@ impl Catalog {
         let mut row = candidate::skipped_status(&fp.candidate, reason);
         row.name = fp.info.name.clone();
         row.version = fp.info.version.clone();
+        row.protocol = fp.process.protocol();
         self.drop_rows_of(&fp.candidate);
         if lost {
             self.skip_lost(&fp.candidate, fp.sha256.clone(), row);

@@ -165,6 +165,7 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
         .unwrap();
     let reason = r["reason"].as_str().unwrap();
     assert!(reason.contains("enabeld"), "{reason}");
+    assert_eq!(r["protocol"], "nomad", "{r:#}");
     agent.assert_only_healthy_plugins_run(&rows);
     drop(agent);
 
