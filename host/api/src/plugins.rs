@@ -187,13 +187,18 @@ mod tests {
 
     #[test]
     fn a_status_row_reads_and_writes_the_agents_json_unchanged() {
-        let text = r#"[{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false,"in_process":false},{"name":"bad","type":"driver","version":"","api_version":"","source":"external","path":"/p/bad","state":"skipped","reason":"not executable","pid":null,"reattached":false,"in_process":false}]"#;
+        let text = r#"[{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false,"in_process":false,"protocol":"drover"},{"name":"raw_exec","type":"driver","version":"0.1.0","api_version":"0.1.0","source":"external","path":"/p/raw_exec","state":"healthy","reason":"Healthy","pid":43,"reattached":false,"in_process":false,"protocol":"nomad"},{"name":"bad","type":"driver","version":"","api_version":"","source":"external","path":"/p/bad","state":"skipped","reason":"not executable","pid":null,"reattached":false,"in_process":false,"protocol":"drover"}]"#;
         let rows: Vec<PluginStatus> = serde_json::from_str(text).unwrap();
         assert_eq!(rows[0].state, PluginState::Healthy);
         assert_eq!(rows[0].kind, PluginKind::Driver);
-        assert_eq!(rows[1].source, PluginSource::External);
-        assert_eq!(rows[1].state.to_string(), "skipped");
+        assert_eq!(rows[1].protocol, PluginProtocol::Nomad);
+        assert_eq!(rows[2].source, PluginSource::External);
+        assert_eq!(rows[2].state.to_string(), "skipped");
         assert_eq!(serde_json::to_string(&rows).unwrap(), text);
+        // Rows of an agent from before protocols were shown: Drover's.
+        let old = r#"{"name":"rawexec","type":"driver","version":"0.1.0","api_version":"1.0.0","source":"builtin","path":"/usr/bin/drover","state":"healthy","reason":"ready","pid":42,"reattached":false,"in_process":false}"#;
+        let row: PluginStatus = serde_json::from_str(old).unwrap();
+        assert_eq!(row.protocol, PluginProtocol::Drover);
     }
 
     #[test]
