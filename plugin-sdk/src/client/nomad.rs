@@ -706,7 +706,7 @@ impl NomadBridge {
         }
         if let Some(r) = &state.relay
             && r.is_running()
-            && !is_log_relay(r.pid)
+            && !r.is_relay()
         {
             return Err(bad(format!("pid {} is not a log relay", r.pid)));
         }
@@ -851,19 +851,12 @@ impl Drop for StartOutput {
 /// End what a task record holds: its relay (told to drain and exit) and its FIFOs.
 fn forget(task: BridgeTask) {
     if let Some(relay) = &task.relay
-        && is_log_relay(relay.pid)
+        && relay.is_relay()
         && let Err(e) = relay.stop()
     {
         tracing::warn!(pid = relay.pid, error = %e, "stopping a task's log relay");
     }
     remove_files(&task.fifos);
-}
-
-/// Whether `pid` is a log relay: its environment is the one [`relay::spawn_relay`]
-/// gives it. Checked before the bridge signals a pid it read from a stored handle.
-fn is_log_relay(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .is_ok_and(|env| env.starts_with(format!("{}=", relay::ENV_RELAY).as_bytes()))
 }
 
 fn remove_files(paths: &[PathBuf]) {
@@ -1021,13 +1014,9 @@ fn task_state_from_nomad(s: i32) -> TaskState {
 }
 
 fn time_from_proto(t: prost_types::Timestamp) -> Option<SystemTime> {
-    // Go's zero time (year 1) comes as a large negative timestamp: not a time.
-    let secs = u64::try_from(t.seconds).ok()?;
-    let nanos = u32::try_from(t.nanos).ok()?;
-    if secs == 0 && nanos == 0 {
-        return None;
-    }
-    SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+    // Go's zero time (year 1) comes as a large negative timestamp: not a time, nor is
+    // the epoch itself.
+    crate::types::from_timestamp(Some(t)).filter(|t| *t > SystemTime::UNIX_EPOCH)
 }
 
 fn stats_from_nomad(s: nd::TaskStats) -> TaskStats {

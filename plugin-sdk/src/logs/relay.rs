@@ -430,7 +430,9 @@ impl RelayProcess {
 
     /// Ask the relay to stop: `SIGTERM`, after which it drains what is readable and
     /// exits. Nothing is sent when the relay has exited already, and never to a later
-    /// process that got its pid (the start time is checked through a pidfd).
+    /// process that got its pid (the start time is checked through a pidfd). A record
+    /// read back from storage may name any pid with its start time (which anyone can
+    /// read): check [`RelayProcess::is_relay`] first.
     pub fn stop(&self) -> io::Result<()> {
         let Some(pidfd) = self.prove()? else {
             return Ok(());
@@ -439,6 +441,13 @@ impl RelayProcess {
             Ok(()) | Err(Errno::SRCH) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Whether the process with this pid is a log relay: its environment is the one
+    /// [`spawn_relay`] gives a relay (nothing but [`ENV_RELAY`]).
+    pub fn is_relay(&self) -> bool {
+        std::fs::read(format!("/proc/{}/environ", self.pid))
+            .is_ok_and(|env| env.starts_with(format!("{ENV_RELAY}=").as_bytes()))
     }
 
     /// Whether the relay (this pid with this start time) is still running.
