@@ -7,7 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::Agent;
-use common::cluster::{allocs_with, job_file};
+use common::cluster::{allocs_with, job_file, wait_dev_node_ready, wait_job};
 
 fn dev_agent(root: &std::path::Path) -> Agent {
     let plugins = root.join("plugins");
@@ -22,23 +22,7 @@ fn dev_agent(root: &std::path::Path) -> Agent {
     });
     // Healthy plugins are not yet a node the server can place on: the client
     // registers after it has recovered its tasks, and says its drivers' health.
-    drover_test_support::until_blocking(
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        "the dev node ready with rawexec and exec",
-        || {
-            let out = agent.cli(&["node", "status", "--json"]);
-            let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            out.status.success()
-                && nodes.as_array().is_some_and(|n| {
-                    n.len() == 1
-                        && n[0]["status"] == "ready"
-                        && ["rawexec", "exec"]
-                            .iter()
-                            .all(|d| n[0]["drivers"][*d]["healthy"] == true)
-                })
-        },
-    );
+    wait_dev_node_ready(&agent, &["rawexec", "exec"], Duration::from_secs(30));
     agent
 }
 
@@ -52,27 +36,6 @@ fn cli_ok(agent: &Agent, args: &[&str]) -> String {
         common::cluster::tail(&agent.log_text())
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn wait_job(
-    agent: &Agent,
-    job: &str,
-    what: &str,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = agent.cli_json(&["job", "status", job, "--json"]);
-        if done(&v) {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: not within 60s; last:\n{v:#}\nagent log:\n{}",
-            common::cluster::tail(&agent.log_text())
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Acceptance 1.

@@ -272,3 +272,49 @@ pub fn kill_running(argv: &[&str]) {
         let _ = nix_kill(pid, 9);
     }
 }
+
+/// Poll `job status JOB --json` on `agent` (a dev agent) until `done` holds for it, or
+/// panic after 60 s with the last status and the agent's log tail.
+pub fn wait_job(
+    agent: &Agent,
+    job: &str,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = agent.cli_json(&["job", "status", job, "--json"]);
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 60s; last:\n{v:#}\nagent log:\n{}",
+            tail(&agent.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait until `agent` (a dev agent, server and client in one) lists its one node
+/// `ready` with every one of `drivers` healthy: plugins being healthy is not yet a node
+/// the server can place on (the client registers once it has recovered its tasks).
+pub fn wait_dev_node_ready(agent: &Agent, drivers: &[&str], limit: Duration) {
+    drover_test_support::until_blocking(
+        limit,
+        Duration::from_millis(100),
+        &format!("the dev node ready with {} healthy", drivers.join(" and ")),
+        || {
+            let out = agent.cli(&["node", "status", "--json"]);
+            let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            out.status.success()
+                && nodes.as_array().is_some_and(|n| {
+                    n.len() == 1
+                        && n[0]["status"] == "ready"
+                        && drivers
+                            .iter()
+                            .all(|d| n[0]["drivers"][*d]["healthy"] == true)
+                })
+        },
+    );
+}

@@ -452,21 +452,7 @@ fn a_cluster_job_on_nomad_raw_exec_runs_shows_its_logs_and_stops_without_leftove
     );
     agent.end_tasks = true;
     // The node says the Nomad driver's health to the server.
-    drover_test_support::until_blocking(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        "the dev node ready with raw_exec healthy",
-        || {
-            let out = agent.cli(&["node", "status", "--json"]);
-            let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            out.status.success()
-                && nodes.as_array().is_some_and(|n| {
-                    n.len() == 1
-                        && n[0]["status"] == "ready"
-                        && n[0]["drivers"]["raw_exec"]["healthy"] == true
-                })
-        },
-    );
+    common::cluster::wait_dev_node_ready(&agent, &["raw_exec"], Duration::from_secs(60));
     let job = common::cluster::job_file(
         root.path(),
         "nomadweb",
@@ -486,19 +472,9 @@ resources = { cpu = 100, memory_mb = 32 }
 "#,
     );
     cli_ok(&agent, &["job", "run", job.to_str().unwrap()]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        let v = agent.cli_json(&["job", "status", "nomadweb", "--json"]);
-        if common::cluster::allocs_with(&v, "running").len() == 2 {
-            break v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "2 running allocations: not within 60s; last:\n{v:#}\nagent log:\n{}",
-            common::cluster::tail(&agent.log_text())
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = common::cluster::wait_job(&agent, "nomadweb", "2 running allocations", |v| {
+        common::cluster::allocs_with(v, "running").len() == 2
+    });
     let api = agent.api();
     let mut pids = Vec::new();
     for a in common::cluster::allocs_with(&status, "running") {
