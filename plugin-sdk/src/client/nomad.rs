@@ -360,15 +360,17 @@ impl NomadBridge {
             relay,
             fifos: fifos.clone(),
         };
+        let task_id = spec.id.clone();
+        let handle = TaskHandle::new(spec, BRIDGE_STATE_VERSION, &state)?;
         self.track(
-            &spec.id,
+            &task_id,
             BridgeTask {
                 relay,
                 fifos,
                 ended: None,
             },
         );
-        TaskHandle::new(spec, BRIDGE_STATE_VERSION, &state)
+        Ok(handle)
     }
 
     /// Check a `StartTask` answer. A refusal, or a handle that is missing, names
@@ -529,8 +531,14 @@ impl NomadBridge {
                 force: false,
             })
             .await;
-        if let Err(e) = destroyed {
-            tracing::warn!(plugin = %self.name, task = task_id, error = %e.message(), "the driver did not forget an exited task");
+        match destroyed.map_err(DriverError::from) {
+            Ok(_) | Err(DriverError::NotFound(_)) => {}
+            // Not forgotten: the task stays the plugin's to answer for (a driver whose
+            // wait returned early must still be stoppable through it).
+            Err(e) => {
+                tracing::warn!(plugin = %self.name, task = task_id, error = %e, "the driver did not forget an exited task");
+                return;
+            }
         }
         let fifos = {
             let mut tasks = lock(&self.tasks);
@@ -694,21 +702,29 @@ impl NomadBridge {
         };
         for f in &state.fifos {
             let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            // Exactly `<task id>.<hex nonce>.<stream>`: a task id may hold dots, so a
+            // looser match would take `web.2`'s FIFOs for `web`'s.
+            let nonce = name
+                .strip_prefix(task_id)
+                .and_then(|r| r.strip_prefix('.'))
+                .and_then(|r| {
+                    r.strip_suffix(".stdout")
+                        .or_else(|| r.strip_suffix(".stderr"))
+                });
             let ours = f.parent() == Some(self.host.fifo_dir.as_path())
-                && name.starts_with(&format!("{task_id}."))
-                && (name.ends_with(".stdout") || name.ends_with(".stderr"))
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+                && nonce.is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_hexdigit()));
             if !ours {
                 return Err(bad(format!("{} is not one of its FIFOs", f.display())));
             }
         }
         if let Some(r) = &state.relay
             && r.is_running()
-            && !r.is_relay()
+            && !r.serves(&state.fifos)
         {
-            return Err(bad(format!("pid {} is not a log relay", r.pid)));
+            return Err(bad(format!(
+                "pid {} is not a log relay of this task's FIFOs",
+                r.pid
+            )));
         }
         Ok(())
     }
@@ -1143,6 +1159,23 @@ mod tests {
             }),
             None
         );
+    }
+
+    #[tokio::test]
+    async fn a_handle_naming_another_tasks_fifos_is_refused() {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let bridge = NomadBridge::new(
+            "x".into(),
+            channel,
+            NomadHostOptions::new("/nonexistent", "/nonexistent"),
+        );
+        let mut h = TaskHandle::for_spec(TaskSpec::new("web"));
+        h.version = BRIDGE_STATE_VERSION;
+        // Task ids may hold dots: `web.2.ab.stdout` is task `web.2`'s, not `web`'s.
+        h.driver_state =
+            br#"{"nomad_handle": "", "fifos": ["/nonexistent/web.2.ab.stdout"]}"#.to_vec();
+        let err = bridge.recover_task(h).await.unwrap_err();
+        assert!(err.to_string().contains("is not one of its FIFOs"), "{err}");
     }
 
     #[tokio::test]

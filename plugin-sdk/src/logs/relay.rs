@@ -450,6 +450,22 @@ impl RelayProcess {
             .is_ok_and(|env| env.starts_with(format!("{ENV_RELAY}=").as_bytes()))
     }
 
+    /// Whether the process with this pid is the log relay of exactly these FIFOs (its
+    /// spec names them): a relay of another task is not this task's.
+    pub fn serves(&self, fifos: &[PathBuf]) -> bool {
+        let Ok(env) = std::fs::read(format!("/proc/{}/environ", self.pid)) else {
+            return false;
+        };
+        let prefix = format!("{ENV_RELAY}=");
+        let Some(value) = env.strip_prefix(prefix.as_bytes()) else {
+            return false;
+        };
+        let value = value.split(|b| *b == 0).next().unwrap_or_default();
+        serde_json::from_slice::<Wire>(value).is_ok_and(|w| {
+            fifos.contains(&w.spec.stdout_fifo) && fifos.contains(&w.spec.stderr_fifo)
+        })
+    }
+
     /// Whether the relay (this pid with this start time) is still running.
     pub fn is_running(&self) -> bool {
         matches!(self.prove(), Ok(Some(_)))
