@@ -143,6 +143,7 @@ fn registration(i: usize) -> NodeRegistration {
     attributes.insert("os.name".into(), "linux".into());
     attributes.insert("cpu.numcores".into(), "8".into());
     NodeRegistration {
+        datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("00000000-0000-4000-8000-{i:012}"),
         name: format!("sim-{i}"),
         attributes,
@@ -196,6 +197,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
         let count = per_job + usize::from(extra > 0);
         extra = extra.saturating_sub(1);
         let spec = JobSpec {
+            datacenters: Vec::new(),
             name: format!("bench-{j}"),
             job_type: JobType::Service,
             priority: 50,
@@ -209,6 +211,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
                 constraints: vec![],
                 meta: BTreeMap::new(),
                 tasks: vec![Task {
+                    meta: Default::default(),
                     name: "t".into(),
                     driver: "rawexec".into(),
                     config: serde_json::json!({"command": "/bin/true"}),

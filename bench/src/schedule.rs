@@ -39,6 +39,7 @@ pub(crate) struct Options {
 
 fn node(i: usize) -> NodeRegistration {
     NodeRegistration {
+        datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("00000000-0000-4000-8000-{i:012}"),
         name: format!("bench-node-{i}"),
         attributes: BTreeMap::from([
@@ -64,6 +65,7 @@ fn node(i: usize) -> NodeRegistration {
 
 fn job(i: usize, count: u32) -> JobSpec {
     JobSpec {
+        datacenters: Vec::new(),
         name: format!("bench-{i}"),
         job_type: JobType::Service,
         priority: 50,
@@ -77,6 +79,7 @@ fn job(i: usize, count: u32) -> JobSpec {
             constraints: vec![],
             meta: BTreeMap::new(),
             tasks: vec![Task {
+                meta: Default::default(),
                 name: "main".into(),
                 driver: "rawexec".into(),
                 config: serde_json::json!({"command": "/bin/sleep", "args": ["3600"]}),

@@ -784,6 +784,7 @@ pub(crate) mod tests {
     #[test]
     fn nodes_show_draining_and_healthy_drivers() {
         let node = |name: &str, status: NodeStatus, drain: bool| Node {
+            datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: format!("{name}-0123456789"),
             name: name.into(),
             status,

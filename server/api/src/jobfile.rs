@@ -83,6 +83,7 @@ struct JobDoc {
     constraint: Option<Vec<Constraint>>,
     update: Option<UpdateStrategy>,
     meta: Option<IgnoredAny>,
+    datacenters: Option<Vec<String>>,
     #[serde(alias = "groups")]
     group: Option<Vec<GroupDoc>>,
 }
@@ -119,6 +120,7 @@ struct TaskDoc {
     driver: Option<String>,
     config: Option<IgnoredAny>,
     env: Option<IgnoredAny>,
+    meta: Option<IgnoredAny>,
     kill_signal: Option<String>,
     kill_timeout: Option<Spanned<String>>,
     restart: Option<RestartDoc>,
@@ -244,6 +246,10 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                     ttable.and_then(|t| entry(t, "env")),
                     &format!("{tpath}.env"),
                 )?,
+                meta: strings(
+                    ttable.and_then(|t| entry(t, "meta")),
+                    &format!("{tpath}.meta"),
+                )?,
                 kill_signal: t.kill_signal,
                 kill_timeout,
                 restart,
@@ -306,6 +312,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
         constraints: doc.constraint.unwrap_or_default(),
         update: doc.update.unwrap_or_default(),
         meta: strings(entry(table, "meta"), "meta")?,
+        datacenters: doc.datacenters.unwrap_or_default(),
         groups,
     };
     Ok(JobFile {

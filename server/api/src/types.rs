@@ -58,6 +58,10 @@ pub struct JobSpec {
     /// Free-form metadata.
     #[serde(default)]
     pub meta: BTreeMap<String, String>,
+    /// Datacenters the job may be placed in, glob patterns (`dc1`, `eu-*`, `*`);
+    /// empty: every datacenter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datacenters: Vec<String>,
     /// The task groups (at least one).
     #[serde(rename = "group", alias = "groups")]
     pub groups: Vec<TaskGroup>,
@@ -184,6 +188,9 @@ pub struct Task {
     /// Extra environment.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Free-form metadata (over the group's and the job's: `NOMAD_META_*`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
     /// Signal sent on stop (default SIGTERM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill_signal: Option<String>,
@@ -484,6 +491,10 @@ pub struct NodeRegistration {
     pub id: String,
     /// Human name (`--node-name`, default the host name); unique among live nodes.
     pub name: String,
+    /// The datacenter the node is in (`datacenter` of the agent's config, default
+    /// `dc1`).
+    #[serde(default = "default_datacenter")]
+    pub datacenter: String,
     /// Fingerprinted attributes: `os.name`, `kernel.name`, `kernel.version`,
     /// `cpu.arch`, `cpu.numcores`, `cpu.frequency` (MHz), `memory.totalbytes`,
     /// `unique.hostname`, and whatever else the client found.
@@ -496,6 +507,13 @@ pub struct NodeRegistration {
     pub drivers: BTreeMap<String, DriverInfo>,
 }
 
+/// The datacenter of a node that names none: Nomad's default.
+pub const DEFAULT_DATACENTER: &str = "dc1";
+
+fn default_datacenter() -> String {
+    DEFAULT_DATACENTER.to_owned()
+}
+
 /// A node as the server keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Node {
@@ -503,6 +521,9 @@ pub struct Node {
     pub id: String,
     /// Human name.
     pub name: String,
+    /// Datacenter (see [`NodeRegistration::datacenter`]).
+    #[serde(default = "default_datacenter")]
+    pub datacenter: String,
     /// Scheduling state.
     pub status: NodeStatus,
     /// Why it has its status ("missed heartbeats for 20s", ...).
@@ -1044,6 +1065,7 @@ mod tests {
     #[test]
     fn group_resources_sum_their_tasks() {
         let task = |cpu, memory_mb| Task {
+            meta: Default::default(),
             name: "t".into(),
             driver: "rawexec".into(),
             config: serde_json::Value::Null,

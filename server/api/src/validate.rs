@@ -537,6 +537,7 @@ mod tests {
 
     fn task(name: &str) -> Task {
         Task {
+            meta: Default::default(),
             name: name.into(),
             driver: "rawexec".into(),
             config: serde_json::json!({"command": "/bin/true"}),
@@ -552,6 +553,7 @@ mod tests {
 
     fn job() -> JobSpec {
         JobSpec {
+            datacenters: Vec::new(),
             name: "web".into(),
             job_type: Default::default(),
             priority: 50,

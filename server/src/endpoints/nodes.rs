@@ -373,6 +373,7 @@ impl Server {
                 let node = Node {
                     id: reg.id.clone(),
                     name: reg.name.clone(),
+                    datacenter: reg.datacenter.clone(),
                     status,
                     status_description: String::new(),
                     drain,

@@ -81,6 +81,7 @@ mod tests {
 
     fn job() -> JobSpec {
         JobSpec {
+            datacenters: Vec::new(),
             name: "big".into(),
             job_type: Default::default(),
             priority: 50,
@@ -94,6 +95,7 @@ mod tests {
                 constraints: vec![],
                 meta: BTreeMap::new(),
                 tasks: vec![Task {
+                    meta: Default::default(),
                     name: "t".into(),
                     driver: "rawexec".into(),
                     config: serde_json::Value::Null,
@@ -111,6 +113,7 @@ mod tests {
 
     fn node(id: &str) -> NodeRegistration {
         NodeRegistration {
+            datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: id.into(),
             name: id.into(),
             attributes: BTreeMap::new(),

@@ -148,6 +148,7 @@ fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
         attributes: BTreeMap::from([("version".to_owned(), "1.2.3".to_owned())]),
     };
     Node {
+        datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("id-{name}"),
         name: name.into(),
         status: NodeStatus::Ready,
@@ -169,6 +170,7 @@ fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
 
 fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
     Task {
+        meta: Default::default(),
         name: name.into(),
         driver: driver.into(),
         config: serde_json::json!({"command": "/bin/sleep", "args": ["1000"]}),
@@ -199,6 +201,7 @@ fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
 
 fn spec(name: &str, job_type: JobType, groups: Vec<TaskGroup>) -> JobSpec {
     JobSpec {
+        datacenters: Vec::new(),
         name: name.into(),
         job_type,
         priority: 50,

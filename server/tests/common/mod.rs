@@ -48,6 +48,7 @@ pub async fn start(cfg: ServerConfig) -> Running {
 
 pub fn node(id: &str, cpu: u64, memory_mb: u64) -> NodeRegistration {
     NodeRegistration {
+        datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: id.into(),
         name: format!("name-{id}"),
         attributes: BTreeMap::from([("os.name".into(), "linux".into())]),
@@ -66,6 +67,7 @@ pub fn node(id: &str, cpu: u64, memory_mb: u64) -> NodeRegistration {
 
 pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
     JobSpec {
+        datacenters: Vec::new(),
         name: name.into(),
         job_type: JobType::Service,
         priority: 50,
@@ -79,6 +81,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
             constraints: vec![],
             meta: BTreeMap::new(),
             tasks: vec![Task {
+                meta: Default::default(),
                 name: "main".into(),
                 driver: "rawexec".into(),
                 config: serde_json::json!({"command": "/bin/sleep", "args": ["1000"]}),

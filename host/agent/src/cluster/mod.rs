@@ -323,6 +323,7 @@ impl Client {
 
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
+            datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: self.node.node_id.clone(),
             name: self.node.name.clone(),
             attributes: self.node.host.attributes.clone(),

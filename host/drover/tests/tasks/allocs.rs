@@ -254,6 +254,7 @@ fn remove_cgroups(parent: &str) {
 
 fn sh(name: &str, script: &str, lifecycle: Option<(LifecycleHook, bool)>) -> Task {
     Task {
+        meta: Default::default(),
         name: name.into(),
         driver: "rawexec".into(),
         config: serde_json::json!({ "command": "/bin/sh", "args": ["-c", script] }),
