@@ -17,6 +17,7 @@
 #[cfg(feature = "client")]
 pub mod client;
 pub mod jobfile;
+pub mod nomad;
 pub mod types;
 pub mod validate;
 
