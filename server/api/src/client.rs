@@ -2,6 +2,12 @@
 //! or `https://HOST:PORT` with a CA file) or over a client agent's unix socket
 //! (`unix:///path/api.sock`: the agent forwards to its servers).
 //!
+//! The API is Nomad's: the client sends and decodes the wire types of
+//! [`crate::nomad`] (PascalCase JSON, `X-Nomad-Token`, `X-Nomad-Index`) and hands the
+//! CLI Drover's internal types, converted from them. Lists are Nomad's stubs: what a
+//! stub lacks (an allocation's resources, a node's attributes) is empty in the
+//! internal objects of a list; the single-object reads have everything.
+//!
 //! One connection per request: the CLI makes a handful of requests, and a blocking
 //! query may hold its connection for minutes anyway.
 //!
@@ -30,10 +36,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::nomad;
 use crate::{
     AllocLogsQuery, Allocation, Evaluation, INDEX_HEADER, Index, Job, JobListStub, JobPlanResponse,
-    JobRegisterRequest, JobRegisterResponse, JobSpec, Node, NodeDrainRequest, NodeDrainResponse,
-    ServersStatus, TOKEN_HEADER,
+    JobRegisterResponse, JobSpec, Node, NodeDrainResponse, ServersStatus, TOKEN_HEADER,
 };
 
 /// How long connecting (TCP and TLS) may take.
@@ -91,6 +97,16 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The answer decoded but does not convert into Drover's types (a job holding
+    /// what Drover cannot run).
+    #[error("cannot use the answer to {request}: {source}")]
+    Convert {
+        /// The request.
+        request: String,
+        /// What the conversion refused.
+        #[source]
+        source: nomad::ConversionError,
+    },
     /// Reading the answer failed part-way, or it was too large.
     #[error("the answer to {request} broke off: {reason}")]
     Body {
@@ -125,7 +141,7 @@ impl Error {
 /// How to talk to the server.
 #[derive(Debug, Clone, Default)]
 pub struct ClientOptions {
-    /// Sent as `X-Drover-Token` with every request.
+    /// Sent as `X-Nomad-Token` with every request.
     pub token: Option<String>,
     /// CA file (PEM) the server's certificate must chain to, for `https://`.
     pub ca_file: Option<PathBuf>,
@@ -163,7 +179,7 @@ impl QueryOptions {
     }
 }
 
-/// An answer and the index it was read at (`X-Drover-Index`).
+/// An answer and the index it was read at (`X-Nomad-Index`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer<T> {
     /// What was read.
@@ -172,25 +188,38 @@ pub struct Answer<T> {
     pub index: Index,
 }
 
+impl<T> Answer<T> {
+    /// The same answer with its value converted.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Answer<U> {
+        Answer {
+            value: f(self.value),
+            index: self.index,
+        }
+    }
+}
+
 /// An answer as it came, whatever its status: see [`Client::raw`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawAnswer {
     /// The HTTP status.
     pub status: StatusCode,
-    /// `X-Drover-Index`, when present.
+    /// `X-Nomad-Index`, when present.
     pub index: Option<Index>,
     /// The whole body.
     pub body: Vec<u8>,
 }
 
 impl RawAnswer {
-    /// The `error` of an error body.
+    /// The `error` of a JSON error body, or the text of a plain one (Nomad answers
+    /// errors in plain text).
     pub fn error_message(&self) -> Option<String> {
-        serde_json::from_slice::<serde_json::Value>(&self.body)
-            .ok()?
-            .get("error")?
-            .as_str()
-            .map(str::to_owned)
+        match serde_json::from_slice::<serde_json::Value>(&self.body) {
+            Ok(v) => v.get("error")?.as_str().map(str::to_owned),
+            Err(_) => {
+                let text = String::from_utf8_lossy(&self.body).trim().to_owned();
+                (!text.is_empty()).then_some(text)
+            }
+        }
     }
 }
 
@@ -306,49 +335,97 @@ impl Client {
 
     // --- jobs -----------------------------------------------------------------------
 
-    /// `GET /v1/jobs`.
+    /// `GET /v1/jobs`: Nomad's stubs as Drover's.
     pub async fn jobs(&self, q: &QueryOptions) -> Result<Answer<Vec<JobListStub>>, Error> {
-        self.read(&["v1", "jobs"], q).await
+        let a: Answer<Vec<nomad::JobListStub>> = self.read(&["v1", "jobs"], q).await?;
+        Ok(a.map(|v| v.iter().map(JobListStub::from).collect()))
     }
 
-    /// `PUT /v1/jobs`: register a job (or a new version); creates an evaluation.
+    /// `PUT /v1/jobs` with `{"Job": ...}`: register a job (or a new version); creates
+    /// an evaluation.
     pub async fn register_job(&self, job: &JobSpec) -> Result<JobRegisterResponse, Error> {
-        let body = JobRegisterRequest { job: job.clone() };
-        self.write(Method::PUT, &["v1", "jobs"], None, Some(&body))
-            .await
+        self.register_nomad_job(&nomad::Job::from(job)).await
+    }
+
+    /// `PUT /v1/jobs` with a job in Nomad's shape as it is (an HCL job file's, or a
+    /// JSON job's): the server converts it.
+    pub async fn register_nomad_job(&self, job: &nomad::Job) -> Result<JobRegisterResponse, Error> {
+        let body = nomad::JobRegisterRequest::new(job.clone());
+        let r: nomad::JobRegisterResponse = self
+            .write(Method::PUT, &["v1", "jobs"], None, Some(&body))
+            .await?;
+        Ok(JobRegisterResponse::from(&r))
     }
 
     /// `PUT /v1/job/{name}/plan`: what registering `job` would do; commits nothing.
     pub async fn plan_job(&self, job: &JobSpec) -> Result<JobPlanResponse, Error> {
-        let body = JobRegisterRequest { job: job.clone() };
-        self.write(
-            Method::PUT,
-            &["v1", "job", &job.name, "plan"],
-            None,
-            Some(&body),
-        )
-        .await
+        self.plan_nomad_job(&nomad::Job::from(job)).await
     }
 
-    /// `GET /v1/job/{name}`.
+    /// `PUT /v1/job/{id}/plan` with a job in Nomad's shape as it is.
+    pub async fn plan_nomad_job(&self, job: &nomad::Job) -> Result<JobPlanResponse, Error> {
+        let id = job
+            .id
+            .clone()
+            .filter(|id| !id.is_empty())
+            .or_else(|| job.name.clone())
+            .unwrap_or_default();
+        let body = nomad::JobPlanRequest {
+            job: job.clone(),
+            diff: true,
+            policy_override: false,
+        };
+        let r: nomad::JobPlanResponse = self
+            .write(Method::PUT, &["v1", "job", &id, "plan"], None, Some(&body))
+            .await?;
+        Ok(JobPlanResponse::from(&r))
+    }
+
+    /// `GET /v1/job/{name}`, as Drover keeps it.
     pub async fn job(&self, name: &str, q: &QueryOptions) -> Result<Answer<Job>, Error> {
+        let a = self.nomad_job(name, q).await?;
+        let job = a.value.to_internal().map_err(|source| Error::Convert {
+            request: format!("GET /v1/job/{name}"),
+            source,
+        })?;
+        Ok(Answer {
+            value: job,
+            index: a.index,
+        })
+    }
+
+    /// `GET /v1/job/{name}` in Nomad's shape.
+    pub async fn nomad_job(
+        &self,
+        name: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<nomad::Job>, Error> {
         self.read(&["v1", "job", name], q).await
     }
 
     /// `DELETE /v1/job/{name}`: stop a job (and with `purge` forget it).
     pub async fn stop_job(&self, name: &str, purge: bool) -> Result<JobRegisterResponse, Error> {
         let query = purge.then(|| "purge=true".to_owned());
-        self.write::<(), _>(Method::DELETE, &["v1", "job", name], query, None)
-            .await
+        let r: nomad::JobDeregisterResponse = self
+            .write::<(), _>(Method::DELETE, &["v1", "job", name], query, None)
+            .await?;
+        Ok(JobRegisterResponse::from(&r))
     }
 
-    /// `GET /v1/job/{name}/allocations`, newest first.
+    /// `GET /v1/job/{name}/allocations`, newest first (from Nomad's stubs: no
+    /// resources, no previous or next allocation).
     pub async fn job_allocations(
         &self,
         name: &str,
         q: &QueryOptions,
     ) -> Result<Answer<Vec<Allocation>>, Error> {
-        self.read(&["v1", "job", name, "allocations"], q).await
+        let a: Answer<Vec<nomad::AllocationListStub>> =
+            self.read(&["v1", "job", name, "allocations"], q).await?;
+        Ok(a.map(|v| {
+            v.iter()
+                .map(nomad::AllocationListStub::to_internal)
+                .collect()
+        }))
     }
 
     /// `GET /v1/job/{name}/evaluations`, newest first.
@@ -357,19 +434,23 @@ impl Client {
         name: &str,
         q: &QueryOptions,
     ) -> Result<Answer<Vec<Evaluation>>, Error> {
-        self.read(&["v1", "job", name, "evaluations"], q).await
+        let a: Answer<Vec<nomad::Evaluation>> =
+            self.read(&["v1", "job", name, "evaluations"], q).await?;
+        Ok(a.map(|v| v.iter().map(nomad::Evaluation::to_internal).collect()))
     }
 
     // --- nodes ----------------------------------------------------------------------
 
-    /// `GET /v1/nodes`.
+    /// `GET /v1/nodes` (from Nomad's stubs: no attributes or meta).
     pub async fn nodes(&self, q: &QueryOptions) -> Result<Answer<Vec<Node>>, Error> {
-        self.read(&["v1", "nodes"], q).await
+        let a: Answer<Vec<nomad::NodeListStub>> = self.read(&["v1", "nodes"], q).await?;
+        Ok(a.map(|v| v.iter().map(nomad::NodeListStub::to_internal).collect()))
     }
 
     /// `GET /v1/node/{id}` (an id or a unique name).
     pub async fn node(&self, id: &str, q: &QueryOptions) -> Result<Answer<Node>, Error> {
-        self.read(&["v1", "node", id], q).await
+        let a: Answer<nomad::Node> = self.read(&["v1", "node", id], q).await?;
+        Ok(a.map(|n| n.to_internal()))
     }
 
     /// `GET /v1/node/{id}/allocations`.
@@ -378,25 +459,42 @@ impl Client {
         id: &str,
         q: &QueryOptions,
     ) -> Result<Answer<Vec<Allocation>>, Error> {
-        self.read(&["v1", "node", id, "allocations"], q).await
+        let a: Answer<Vec<nomad::Allocation>> =
+            self.read(&["v1", "node", id, "allocations"], q).await?;
+        Ok(a.map(|v| v.iter().map(nomad::Allocation::to_internal).collect()))
     }
 
-    /// `POST /v1/node/{id}/drain`: start (`enable`) or end a node's drain.
+    /// `POST /v1/node/{id}/drain`: start (`enable`) or end a node's drain (Nomad's
+    /// body: a `DrainSpec` without deadline, or none and `MarkEligible`).
     pub async fn drain_node(&self, id: &str, enable: bool) -> Result<NodeDrainResponse, Error> {
-        self.write(
-            Method::POST,
-            &["v1", "node", id, "drain"],
-            None,
-            Some(&NodeDrainRequest { enable }),
-        )
-        .await
+        let body = nomad::NodeDrainRequest {
+            node_id: id.to_owned(),
+            drain_spec: enable.then(nomad::DrainSpec::default),
+            mark_eligible: !enable,
+            meta: None,
+        };
+        let r: nomad::NodeDrainUpdateResponse = self
+            .write(
+                Method::POST,
+                &["v1", "node", id, "drain"],
+                None,
+                Some(&body),
+            )
+            .await?;
+        Ok(NodeDrainResponse { index: r.index })
     }
 
     // --- allocations and evaluations ----------------------------------------------
 
-    /// `GET /v1/allocations`.
+    /// `GET /v1/allocations` (from Nomad's stubs).
     pub async fn allocations(&self, q: &QueryOptions) -> Result<Answer<Vec<Allocation>>, Error> {
-        self.read(&["v1", "allocations"], q).await
+        let a: Answer<Vec<nomad::AllocationListStub>> =
+            self.read(&["v1", "allocations"], q).await?;
+        Ok(a.map(|v| {
+            v.iter()
+                .map(nomad::AllocationListStub::to_internal)
+                .collect()
+        }))
     }
 
     /// `GET /v1/allocation/{id}` (an id or a unique prefix).
@@ -405,12 +503,14 @@ impl Client {
         id: &str,
         q: &QueryOptions,
     ) -> Result<Answer<Allocation>, Error> {
-        self.read(&["v1", "allocation", id], q).await
+        let a: Answer<nomad::Allocation> = self.read(&["v1", "allocation", id], q).await?;
+        Ok(a.map(|a| a.to_internal()))
     }
 
     /// `GET /v1/evaluations`.
     pub async fn evaluations(&self, q: &QueryOptions) -> Result<Answer<Vec<Evaluation>>, Error> {
-        self.read(&["v1", "evaluations"], q).await
+        let a: Answer<Vec<nomad::Evaluation>> = self.read(&["v1", "evaluations"], q).await?;
+        Ok(a.map(|v| v.iter().map(nomad::Evaluation::to_internal).collect()))
     }
 
     /// `GET /v1/evaluation/{id}` (an id or a unique prefix).
@@ -419,7 +519,8 @@ impl Client {
         id: &str,
         q: &QueryOptions,
     ) -> Result<Answer<Evaluation>, Error> {
-        self.read(&["v1", "evaluation", id], q).await
+        let a: Answer<nomad::Evaluation> = self.read(&["v1", "evaluation", id], q).await?;
+        Ok(a.map(|e| e.to_internal()))
     }
 
     /// `GET /v1/status/servers`: the cluster's servers, its leader and its store

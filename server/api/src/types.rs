@@ -1031,10 +1031,13 @@ pub struct AllocLogsQuery {
     pub framed: bool,
 }
 
-/// Header carrying the index of the state an answer was read at (as Nomad's).
-pub const INDEX_HEADER: &str = "x-drover-index";
-/// Header carrying the ACL token.
-pub const TOKEN_HEADER: &str = "x-drover-token";
+/// Header carrying the index of the state an answer was read at (Nomad's).
+pub const INDEX_HEADER: &str = "x-nomad-index";
+/// HTTP header carrying the ACL token (Nomad's).
+pub const TOKEN_HEADER: &str = "x-nomad-token";
+/// Metadata key carrying the cluster token on the node and server RPCs (Drover's own
+/// protocol, not Nomad's API: it keeps its name).
+pub const RPC_TOKEN_KEY: &str = "x-drover-token";
 /// Longest blocking-query wait the server allows.
 pub const MAX_BLOCKING_WAIT: Duration = Duration::from_secs(300);
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use drover_proto::drover::cluster::v1 as pb;
-use drover_server_api::TOKEN_HEADER;
+use drover_server_api::RPC_TOKEN_KEY;
 use pb::api_client::ApiClient;
 use pb::node_client::NodeClient;
 use tokio::time::Instant;
@@ -282,7 +282,7 @@ impl Forwarder {
     pub(crate) fn outgoing<T>(&self, msg: T) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         if let Some(t) = &self.token {
-            req.metadata_mut().insert(TOKEN_HEADER, t.clone());
+            req.metadata_mut().insert(RPC_TOKEN_KEY, t.clone());
         }
         if let Ok(v) = self.leadership.me.name.parse() {
             req.metadata_mut().insert(FORWARDED_HEADER, v);

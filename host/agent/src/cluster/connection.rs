@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_server_api::TOKEN_HEADER;
+use drover_server_api::RPC_TOKEN_KEY;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -44,7 +44,7 @@ pub struct TokenInterceptor(Option<MetadataValue<Ascii>>);
 impl tonic::service::Interceptor for TokenInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(token) = &self.0 {
-            req.metadata_mut().insert(TOKEN_HEADER, token.clone());
+            req.metadata_mut().insert(RPC_TOKEN_KEY, token.clone());
         }
         Ok(req)
     }

@@ -6,7 +6,8 @@
 //! servers' HTTP API ([`drover_server_api::client::Client`]) at
 //! `--address`/`DROVER_ADDR`: a server (`http://HOST:PORT`, `https://...` with
 //! `DROVER_CACERT`) or an agent's socket (`unix:///.../api.sock`), which forwards to its
-//! servers. The token comes from `DROVER_TOKEN`. The others (`task`, `plugin`) use the
+//! servers. The token comes from `DROVER_TOKEN`. Nomad's `NOMAD_ADDR`, `NOMAD_TOKEN`,
+//! `NOMAD_CACERT`, ... are read where Drover's are not set. The others (`task`, `plugin`) use the
 //! agent's API ([`drover_api::Client`]).
 
 pub mod agent;
@@ -82,18 +83,31 @@ pub fn cluster_address(given: Option<&str>) -> anyhow::Result<String> {
     }
 }
 
+/// A cluster setting of the environment: `DROVER_<NAME>`, else Nomad's `NOMAD_<NAME>`
+/// (so that a Nomad user's `NOMAD_ADDR`, `NOMAD_TOKEN`, ... work unchanged; Drover's
+/// name wins when both are set). Empty values count as unset.
+pub fn cluster_setting(env: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    [format!("DROVER_{name}"), format!("NOMAD_{name}")]
+        .iter()
+        .find_map(|k| env(k).filter(|v| !v.trim().is_empty()))
+}
+
 /// A client for `address` with the token of `DROVER_TOKEN` and the CA of
-/// `DROVER_CACERT` (client certificate: `DROVER_CLIENT_CERT` + `DROVER_CLIENT_KEY`).
+/// `DROVER_CACERT` (client certificate: `DROVER_CLIENT_CERT` + `DROVER_CLIENT_KEY`),
+/// each else Nomad's `NOMAD_*` variable of the same name.
 pub fn client(address: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Client> {
-    let token = env("DROVER_TOKEN").filter(|t| !t.trim().is_empty());
-    let client_cert = match (env("DROVER_CLIENT_CERT"), env("DROVER_CLIENT_KEY")) {
+    let token = cluster_setting(&env, "TOKEN");
+    let client_cert = match (
+        cluster_setting(&env, "CLIENT_CERT"),
+        cluster_setting(&env, "CLIENT_KEY"),
+    ) {
         (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
         (None, None) => None,
         _ => bail!("set both DROVER_CLIENT_CERT and DROVER_CLIENT_KEY, or neither"),
     };
     let options = ClientOptions {
         token,
-        ca_file: env("DROVER_CACERT").map(PathBuf::from),
+        ca_file: cluster_setting(&env, "CACERT").map(PathBuf::from),
         client_cert,
     };
     Ok(Client::new(address, options)?)
@@ -137,16 +151,20 @@ where
     }
 }
 
-/// Run a cluster command with a client for `--address`/`DROVER_ADDR` and the
-/// `DROVER_TOKEN`/`DROVER_CACERT` of the environment.
+/// Run a cluster command with a client for `--address`/`DROVER_ADDR` (else
+/// `NOMAD_ADDR`) and the `DROVER_TOKEN`/`DROVER_CACERT` (else `NOMAD_TOKEN`/
+/// `NOMAD_CACERT`) of the environment.
 pub fn cluster_main<F, Fut>(address: Option<String>, f: F) -> ExitCode
 where
     F: FnOnce(drover_server_api::client::Client) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {
     let result = (|| {
+        let env = |k: &str| std::env::var(k).ok();
+        // `--address` or DROVER_ADDR (clap reads it), else Nomad's NOMAD_ADDR.
+        let address = address.or_else(|| cluster_setting(&env, "ADDR"));
         let address = cluster_address(address.as_deref())?;
-        let client = client(&address, |k| std::env::var(k).ok())?;
+        let client = client(&address, env)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -217,6 +235,23 @@ mod tests {
             err,
             "set both DROVER_CLIENT_CERT and DROVER_CLIENT_KEY, or neither"
         );
+        // Nomad's variables work, Drover's win.
+        let both = env(&[
+            ("DROVER_TOKEN", "d"),
+            ("NOMAD_TOKEN", "n"),
+            ("NOMAD_ADDR", "a"),
+        ]);
+        assert_eq!(cluster_setting(&both, "TOKEN").as_deref(), Some("d"));
+        assert_eq!(cluster_setting(&both, "ADDR").as_deref(), Some("a"));
+        let nomad = env(&[("DROVER_TOKEN", " "), ("NOMAD_TOKEN", "n")]);
+        assert_eq!(cluster_setting(&nomad, "TOKEN").as_deref(), Some("n"));
+        let err = client(
+            "https://127.0.0.1:1",
+            env(&[("NOMAD_CACERT", "/nonexistent/nomad-ca.pem")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/nonexistent/nomad-ca.pem"), "{err}");
         let err = client("ftp://h", env(&[])).unwrap_err().to_string();
         assert!(
             err.starts_with("address \"ftp://h\": expected http://"),

@@ -470,3 +470,24 @@ fn sample_node(rng: &mut Rng) -> internal::Node {
         modify_index: rng.below(1000),
     }
 }
+
+#[test]
+fn nomads_drain_answer_and_drover_drain_request_have_nomads_shape() {
+    let r: NodeDrainUpdateResponse = fixture("node-drain-response.json");
+    assert_eq!((r.index, r.node_modify_index), (74, 74));
+    let start = NodeDrainRequest {
+        node_id: "n1".into(),
+        drain_spec: Some(DrainSpec::default()),
+        mark_eligible: false,
+        meta: None,
+    };
+    let v = serde_json::to_value(&start).unwrap();
+    assert_eq!(
+        v["DrainSpec"],
+        json!({"Deadline": 0, "IgnoreSystemJobs": false})
+    );
+    let end: NodeDrainRequest =
+        serde_json::from_value(json!({"NodeID": "n1", "DrainSpec": null, "MarkEligible": true}))
+            .unwrap();
+    assert!(end.drain_spec.is_none() && end.mark_eligible);
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_proto::drover::cluster::v1 as pb;
-use drover_server_api::{AllocClientUpdate, NodeRegistration, TOKEN_HEADER};
+use drover_server_api::{AllocClientUpdate, NodeRegistration, RPC_TOKEN_KEY, TOKEN_HEADER};
 use http_body_util::BodyExt as _;
 use pb::api_server::{Api, ApiServer};
 use pb::node_server::{Node, NodeServer};
@@ -115,9 +115,9 @@ impl tonic::service::Interceptor for TokenCheck {
             first_call_made(&req);
             return Ok(req);
         };
-        match req.metadata().get(TOKEN_HEADER) {
+        match req.metadata().get(RPC_TOKEN_KEY) {
             None => Err(Status::unauthenticated(format!(
-                "this server requires a token: send it in the {TOKEN_HEADER} metadata entry"
+                "this server requires a token: send it in the {RPC_TOKEN_KEY} metadata entry"
             ))),
             Some(given) if token_eq(given.as_bytes(), want.as_bytes()) => {
                 first_call_made(&req);
@@ -661,7 +661,7 @@ mod tests {
     #[test]
     fn forwarded_requests_carry_the_servers_token_not_the_callers() {
         let mut headers = std::collections::HashMap::new();
-        headers.insert("X-Drover-Token".to_owned(), "from-client".to_owned());
+        headers.insert("X-Nomad-Token".to_owned(), "from-client".to_owned());
         headers.insert("content-type".to_owned(), "application/json".to_owned());
         headers.insert("connection".to_owned(), "close".to_owned());
         let req = pb::ForwardRequest {
