@@ -18,6 +18,7 @@
 pub mod client;
 pub mod hcl;
 pub mod jobfile;
+pub mod nomad;
 pub mod types;
 pub mod validate;
 

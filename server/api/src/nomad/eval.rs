@@ -1,0 +1,1 @@
+//! Evaluations as Nomad's API carries them (`api/evaluations.go`).

@@ -1,0 +1,656 @@
+//! Jobs in Nomad's shape: what `nomad job run -output` prints converts into the spec
+//! Drover runs, what Drover cannot run yet is refused by name, and a spec survives the
+//! trip to the wire and back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use drover_api::{LogConfig as InternalLogConfig, RestartMode, RestartPolicy as InternalRestart};
+use serde_json::json;
+
+use super::*;
+use crate::types::{self as internal, ConstraintOperator, JobType, LifecycleHook};
+
+fn fixture(name: &str) -> JobRegisterRequest {
+    let path = format!("{}/tests/fixtures/nomad/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn parse(v: serde_json::Value) -> Result<ParsedJob, ConversionError> {
+    let req: JobRegisterRequest = serde_json::from_value(v).expect("decodes");
+    req.job.to_spec()
+}
+
+#[test]
+fn nomad_job_run_output_of_a_service_job_converts_to_its_spec() {
+    let parsed = fixture("job-run-output-web.json").job.to_spec().unwrap();
+    assert_eq!(parsed.region, None);
+    assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+    let spec = parsed.spec;
+    assert_eq!(spec.name, "web");
+    assert_eq!(spec.job_type, JobType::Service);
+    assert_eq!(spec.priority, 50);
+    assert_eq!(spec.datacenters, ["dc1"]);
+    assert_eq!(spec.meta, BTreeMap::from([("owner".into(), "x".into())]));
+    assert_eq!(spec.update.max_parallel, 2);
+    let g = &spec.groups[0];
+    assert_eq!((g.name.as_str(), g.count), ("g", 2));
+    let t = &g.tasks[0];
+    assert_eq!((t.name.as_str(), t.driver.as_str()), ("t", "raw_exec"));
+    assert_eq!(
+        t.config,
+        json!({"command": "/bin/sh", "args": ["-c", "echo hi; sleep 1000"]})
+    );
+    assert_eq!(t.env, BTreeMap::from([("A".into(), "b".into())]));
+    assert_eq!((t.resources.cpu, t.resources.memory_mb), (50, 32));
+    assert_eq!(t.kill_timeout, Some(Duration::from_secs(7)));
+    // The group's restart block, with Nomad's service defaults for what it leaves out.
+    assert_eq!(
+        t.restart,
+        Some(InternalRestart {
+            attempts: 3,
+            interval: Duration::from_secs(30 * 60),
+            delay: Duration::from_secs(10),
+            mode: RestartMode::Fail,
+        })
+    );
+    assert_eq!(t.logs, None);
+    assert_eq!(t.lifecycle, None);
+    crate::validate(&spec).expect("a spec Drover accepts");
+}
+
+#[test]
+fn nomad_job_run_output_of_a_batch_job_with_a_prestart_task_converts() {
+    let spec = fixture("job-run-output-batch.json")
+        .job
+        .to_spec()
+        .unwrap()
+        .spec;
+    assert_eq!(spec.job_type, JobType::Batch);
+    assert_eq!(spec.priority, 70);
+    assert_eq!(spec.datacenters, ["dc1", "eu-*"]);
+    assert_eq!(
+        spec.constraints,
+        [internal::Constraint {
+            attribute: "${attr.kernel.name}".into(),
+            operator: ConstraintOperator::Equal,
+            value: "linux".into(),
+        }]
+    );
+    let g = &spec.groups[0];
+    assert_eq!(g.meta, BTreeMap::from([("g".into(), "1".into())]));
+    assert_eq!(g.constraints[0].operator, ConstraintOperator::DistinctHosts);
+    // The job's reschedule block over the batch defaults (a longer delay lifts the
+    // default limit of the doubling).
+    assert_eq!(
+        g.reschedule,
+        Some(internal::ReschedulePolicy {
+            attempts: 2,
+            interval: Duration::from_secs(3600),
+            delay: Duration::from_secs(10),
+            max_delay: Duration::from_secs(10),
+            unlimited: false,
+        })
+    );
+    let setup = &g.tasks[0];
+    assert_eq!(
+        setup.lifecycle,
+        Some(internal::Lifecycle {
+            hook: LifecycleHook::Prestart,
+            sidecar: false
+        })
+    );
+    assert_eq!(
+        setup.restart, None,
+        "no restart block anywhere: Drover's default"
+    );
+    let main = &g.tasks[1];
+    assert_eq!(main.driver, "exec");
+    assert_eq!(main.config["args"], json!(["${NOMAD_ALLOC_INDEX}"]));
+    assert_eq!(main.meta, BTreeMap::from([("t".into(), "x".into())]));
+    assert_eq!(main.kill_signal.as_deref(), Some("SIGINT"));
+    assert_eq!(
+        main.logs,
+        Some(InternalLogConfig {
+            max_files: 3,
+            max_file_size_mb: 5
+        })
+    );
+    // Batch defaults for what the task's restart block leaves out.
+    assert_eq!(
+        main.restart,
+        Some(InternalRestart {
+            attempts: 0,
+            interval: Duration::from_secs(24 * 3600),
+            delay: Duration::from_secs(15),
+            mode: RestartMode::Fail,
+        })
+    );
+    assert_eq!((main.resources.cpu, main.resources.memory_mb), (200, 64));
+    crate::validate(&spec).expect("a spec Drover accepts");
+}
+
+#[test]
+fn a_group_network_from_nomad_is_refused_by_name_not_dropped() {
+    let err = fixture("job-run-output-docker-network.json")
+        .job
+        .to_spec()
+        .unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Networks");
+    assert_eq!(
+        err.to_string(),
+        "TaskGroups[0].Networks: not supported yet by Drover"
+    );
+    let err = fixture("job-run-output-init-short.json")
+        .job
+        .to_spec()
+        .unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Networks");
+}
+
+#[test]
+fn a_partial_job_as_python_nomad_users_write_it_gets_nomads_defaults() {
+    let parsed = parse(json!({"Job": {
+        "ID": "x",
+        "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec",
+            "Config": {"command": "/bin/sleep", "args": ["60"]}}]}]
+    }}))
+    .unwrap();
+    let spec = parsed.spec;
+    assert_eq!(spec.name, "x");
+    assert_eq!(spec.job_type, JobType::Service);
+    assert_eq!(spec.priority, 50);
+    assert!(spec.datacenters.is_empty());
+    assert_eq!(spec.update, internal::UpdateStrategy::default());
+    let g = &spec.groups[0];
+    assert_eq!(g.count, 1);
+    assert_eq!(g.reschedule, None);
+    let t = &g.tasks[0];
+    assert_eq!(t.resources, internal::TaskResources::default());
+    assert_eq!(t.restart, None);
+    assert_eq!(t.kill_timeout, None);
+    assert_eq!(t.kill_signal, None);
+    crate::validate(&spec).expect("valid");
+}
+
+#[test]
+fn snake_case_and_lowercase_keys_are_read_as_go_reads_them() {
+    let spec = parse(json!({"job": {
+        "id": "x", "type": "batch", "datacenters": ["dc1"],
+        "task_groups": [{"name": "g", "count": 3, "tasks": [{"name": "t", "driver": "raw_exec",
+            "resources": {"cpu": 10, "memory_mb": 20}, "kill_timeout": "3s",
+            "restart_policy": {"attempts": 1, "delay": 2000000000}}]}]
+    }}))
+    .unwrap()
+    .spec;
+    assert_eq!(spec.job_type, JobType::Batch);
+    let t = &spec.groups[0].tasks[0];
+    assert_eq!(spec.groups[0].count, 3);
+    assert_eq!((t.resources.cpu, t.resources.memory_mb), (10, 20));
+    assert_eq!(t.kill_timeout, Some(Duration::from_secs(3)));
+    assert_eq!(
+        t.restart.as_ref().map(|r| r.delay),
+        Some(Duration::from_secs(2))
+    );
+}
+
+#[test]
+fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
+    let base = || {
+        json!({"ID": "x", "TaskGroups": [{"Name": "g", "Tasks": [
+            {"Name": "t", "Driver": "raw_exec", "Resources": {}}]}]})
+    };
+    let cases = [
+        (
+            "/TaskGroups/0",
+            "Services",
+            json!([{"Name": "web"}]),
+            "TaskGroups[0].Services",
+        ),
+        (
+            "/TaskGroups/0/Tasks/0",
+            "Services",
+            json!([{"Name": "w"}]),
+            "TaskGroups[0].Tasks[0].Services",
+        ),
+        (
+            "/TaskGroups/0",
+            "Volumes",
+            json!({"v": {"Type": "host"}}),
+            "TaskGroups[0].Volumes",
+        ),
+        (
+            "/TaskGroups/0/Tasks/0",
+            "Vault",
+            json!({"Policies": ["p"]}),
+            "TaskGroups[0].Tasks[0].Vault",
+        ),
+        ("", "Periodic", json!({"Spec": "* * * * *"}), "Periodic"),
+        (
+            "",
+            "ParameterizedJob",
+            json!({"Payload": "required"}),
+            "ParameterizedJob",
+        ),
+        ("", "Affinities", json!([{"LTarget": "a"}]), "Affinities"),
+        ("", "Spreads", json!([{"Attribute": "a"}]), "Spreads"),
+        (
+            "/TaskGroups/0/Tasks/0/Resources",
+            "Networks",
+            json!([{"MBits": 10}]),
+            "TaskGroups[0].Tasks[0].Resources.Networks",
+        ),
+        (
+            "/TaskGroups/0/Tasks/0",
+            "User",
+            json!("nobody"),
+            "TaskGroups[0].Tasks[0].User",
+        ),
+        (
+            "/TaskGroups/0/Tasks/0",
+            "Templates",
+            json!([{"EmbeddedTmpl": "x"}]),
+            "TaskGroups[0].Tasks[0].Templates",
+        ),
+        ("", "Update", json!({"Canary": 1}), "Update.Canary"),
+    ];
+    for (pointer, key, value, path) in cases {
+        let mut job = base();
+        job.pointer_mut(pointer).expect("in the base job")[key] = value;
+        let err = parse(json!({ "Job": job })).unwrap_err();
+        assert_eq!(err.path, path, "{err}");
+        assert_eq!(err.message, "not supported yet by Drover");
+    }
+}
+
+#[test]
+fn empty_values_of_unsupported_fields_are_fine() {
+    let parsed = parse(json!({"Job": {
+        "ID": "x", "Affinities": [], "Spreads": null, "Periodic": null, "AllAtOnce": false,
+        "Dispatched": false, "Payload": null,
+        "Update": {"Canary": 0, "AutoRevert": false, "MaxParallel": 1},
+        "TaskGroups": [{"Name": "g", "Services": [], "Networks": null, "Volumes": {},
+            "EphemeralDisk": {"SizeMB": null, "Sticky": null},
+            "Tasks": [{"Name": "t", "Driver": "raw_exec", "User": "", "Leader": false,
+                "ShutdownDelay": 0, "Kind": "", "Lifecycle": {"Hook": "", "Sidecar": false}}]}]
+    }}))
+    .unwrap();
+    assert_eq!(parsed.spec.groups[0].tasks[0].lifecycle, None);
+}
+
+#[test]
+fn unknown_keys_with_a_value_are_errors_and_empty_ones_are_not() {
+    let err = parse(
+        json!({"Job": {"ID": "x", "Datacentres": ["dc1"], "TaskGroups": [
+        {"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}}),
+    )
+    .unwrap_err();
+    assert_eq!(err.path, "Datacentres");
+    assert!(err.message.contains("unknown field"), "{err}");
+    let err = parse(json!({"Job": {"ID": "x", "TaskGroups": [
+        {"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Resources": {"Memroy": 5}}]}]}}))
+    .unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Tasks[0].Resources.Memroy");
+    parse(
+        json!({"Job": {"ID": "x", "SomethingNew": null, "TaskGroups": [
+        {"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}}),
+    )
+    .expect("a null unknown key carries nothing");
+}
+
+#[test]
+fn namespaces_other_than_default_are_refused() {
+    let job = |ns: serde_json::Value| {
+        json!({"Job": {"ID": "x", "Namespace": ns, "TaskGroups": [
+            {"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}})
+    };
+    parse(job(json!("default"))).unwrap();
+    parse(job(json!(""))).unwrap();
+    parse(job(json!(null))).unwrap();
+    let err = parse(job(json!("prod"))).unwrap_err();
+    assert_eq!(err.path, "Namespace");
+    assert!(err.message.contains("\"prod\""), "{err}");
+}
+
+#[test]
+fn region_is_exposed_and_a_name_unlike_the_id_is_a_warning() {
+    let parsed = parse(json!({"Job": {"ID": "x", "Name": "pretty", "Region": "eu",
+        "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}}))
+    .unwrap();
+    assert_eq!(parsed.spec.name, "x");
+    assert_eq!(parsed.region.as_deref(), Some("eu"));
+    assert_eq!(parsed.warnings.len(), 1);
+    assert!(
+        parsed.warnings[0].contains("pretty"),
+        "{:?}",
+        parsed.warnings
+    );
+}
+
+#[test]
+fn group_restart_applies_to_tasks_without_their_own_field_by_field() {
+    let spec = parse(json!({"Job": {"ID": "x", "TaskGroups": [{"Name": "g",
+    "RestartPolicy": {"Attempts": 5, "Mode": "delay"},
+    "Tasks": [
+        {"Name": "a", "Driver": "raw_exec"},
+        {"Name": "b", "Driver": "raw_exec", "RestartPolicy": {"Attempts": 1}}
+    ]}]}}))
+    .unwrap()
+    .spec;
+    let a = spec.groups[0].tasks[0].restart.clone().unwrap();
+    let b = spec.groups[0].tasks[1].restart.clone().unwrap();
+    assert_eq!((a.attempts, a.mode), (5, RestartMode::Delay));
+    assert_eq!((b.attempts, b.mode), (1, RestartMode::Delay));
+    assert_eq!(b.interval, Duration::from_secs(30 * 60));
+}
+
+#[test]
+fn a_group_update_unlike_the_jobs_is_refused_and_an_equal_one_accepted() {
+    let job = |group_update: serde_json::Value| {
+        json!({"Job": {"ID": "x", "Update": {"MaxParallel": 2}, "TaskGroups": [{"Name": "g",
+            "Update": group_update,
+            "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}})
+    };
+    parse(job(json!({"MaxParallel": 2}))).unwrap();
+    parse(job(json!({"MinHealthyTime": 10_000_000_000_i64}))).unwrap();
+    let err = parse(job(json!({"MaxParallel": 3}))).unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Update.MaxParallel");
+    assert!(err.message.contains("not supported yet"), "{err}");
+}
+
+#[test]
+fn update_health_timings_are_accepted_with_a_warning() {
+    let parsed = parse(json!({"Job": {"ID": "x",
+        "Update": {"MaxParallel": 1, "MinHealthyTime": 10_000_000_000_i64, "HealthyDeadline": null},
+        "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}}))
+    .unwrap();
+    assert_eq!(parsed.warnings.len(), 1, "{:?}", parsed.warnings);
+    assert!(parsed.warnings[0].starts_with("Update.MinHealthyTime"));
+}
+
+#[test]
+fn bad_values_are_errors_with_the_path_of_the_field() {
+    let job = |task: serde_json::Value| json!({"Job": {"ID": "x", "TaskGroups": [{"Name": "g", "Tasks": [task]}]}});
+    let err = parse(job(
+        json!({"Name": "t", "Driver": "raw_exec", "Resources": {"MemoryMB": -1}}),
+    ))
+    .unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Tasks[0].Resources.MemoryMB");
+    let err = parse(job(json!({"Name": "t"}))).unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Tasks[0].Driver");
+    let err = parse(job(
+        json!({"Name": "t", "Driver": "d", "Lifecycle": {"Hook": "later"}}),
+    ))
+    .unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Tasks[0].Lifecycle.Hook");
+    let err = parse(job(
+        json!({"Name": "t", "Driver": "d", "RestartPolicy": {"Mode": "never"}}),
+    ))
+    .unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Tasks[0].RestartPolicy.Mode");
+    let err = parse(json!({"Job": {"ID": "x", "Type": "cron", "TaskGroups": []}})).unwrap_err();
+    assert_eq!(err.path, "Type");
+    let err = parse(json!({"Job": {"TaskGroups": []}})).unwrap_err();
+    assert_eq!(err.path, "ID");
+    // A duration that is not one fails to decode, saying why.
+    let bad: Result<JobRegisterRequest, _> =
+        serde_json::from_value(job(json!({"Name": "t", "Driver": "d", "KillTimeout": -5})));
+    assert!(bad.unwrap_err().to_string().contains("negative"));
+}
+
+#[test]
+fn the_wire_job_has_nomads_keys() {
+    let spec = sample_spec(&mut Rng(7));
+    let wire = serde_json::to_value(Job::from(&spec)).unwrap();
+    for key in [
+        "ID",
+        "Name",
+        "Type",
+        "Priority",
+        "Datacenters",
+        "TaskGroups",
+        "Update",
+        "Meta",
+        "Namespace",
+        "Region",
+        "Constraints",
+    ] {
+        assert!(wire.get(key).is_some(), "{key} in {wire}");
+    }
+    let task = &wire["TaskGroups"][0]["Tasks"][0];
+    for key in [
+        "Name",
+        "Driver",
+        "Config",
+        "Env",
+        "Meta",
+        "Resources",
+        "KillTimeout",
+        "KillSignal",
+        "RestartPolicy",
+        "LogConfig",
+        "Lifecycle",
+    ] {
+        assert!(task.get(key).is_some(), "{key} in {task}");
+    }
+    assert!(task["Resources"].get("MemoryMB").is_some());
+    assert!(wire["Update"].get("MaxParallel").is_some());
+}
+
+#[test]
+fn a_served_job_carries_the_servers_fields() {
+    let spec = sample_spec(&mut Rng(3));
+    let job = internal::Job {
+        spec: spec.clone(),
+        version: 4,
+        stop: true,
+        status: internal::JobStatus::Dead,
+        submit_time: 1_700_000_000_123_456_789,
+        create_index: 10,
+        modify_index: 20,
+        job_modify_index: 15,
+    };
+    let wire = Job::from(&job);
+    let v = serde_json::to_value(&wire).unwrap();
+    assert_eq!(v["Status"], "dead");
+    assert_eq!(v["Stop"], true);
+    assert_eq!(v["Version"], 4);
+    assert_eq!(v["SubmitTime"], 1_700_000_000_123_456_789_i64);
+    assert_eq!(v["JobModifyIndex"], 15);
+    assert_eq!(v["Namespace"], "default");
+    // Re-registering a job read from the API works: the server's fields are ignored.
+    let back: Job = serde_json::from_value(v).unwrap();
+    assert_eq!(back.to_spec().unwrap().spec, spec);
+    assert_eq!(back.to_internal().unwrap(), job);
+}
+
+#[test]
+fn internal_to_wire_to_internal_is_the_identity_over_varied_jobs() {
+    let mut rng = Rng(0x5eed);
+    for round in 0..300 {
+        let spec = sample_spec(&mut rng);
+        let wire = Job::from(&spec);
+        let json = serde_json::to_string(&JobRegisterRequest::new(wire)).unwrap();
+        let back: JobRegisterRequest = serde_json::from_str(&json).unwrap();
+        let parsed = back
+            .job
+            .to_spec()
+            .unwrap_or_else(|e| panic!("round {round}: {e}\n{json}"));
+        assert_eq!(parsed.spec, spec, "round {round}: {json}");
+        assert!(parsed.warnings.is_empty());
+    }
+}
+
+// --- a small deterministic generator of varied values -----------------------------
+
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.0.max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub(crate) fn bool(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+    pub(crate) fn word(&mut self) -> String {
+        const PARTS: [&str; 8] = ["web", "db", "a-b", "x_y", "ü", "1", "cache.v2", "Z"];
+        let n = 1 + self.below(3);
+        (0..n)
+            .map(|_| PARTS[self.below(PARTS.len() as u64) as usize])
+            .collect::<Vec<_>>()
+            .join("")
+    }
+    pub(crate) fn map(&mut self) -> BTreeMap<String, String> {
+        (0..self.below(4))
+            .map(|_| (self.word(), self.word()))
+            .collect()
+    }
+    pub(crate) fn duration(&mut self) -> Duration {
+        Duration::from_nanos(self.below(10_000_000_000_000))
+    }
+}
+
+pub(crate) fn sample_spec(rng: &mut Rng) -> internal::JobSpec {
+    let job_type = [JobType::Service, JobType::Batch, JobType::System][rng.below(3) as usize];
+    let groups = (0..1 + rng.below(3))
+        .map(|gi| sample_group(rng, gi))
+        .collect();
+    internal::JobSpec {
+        name: rng.word(),
+        job_type,
+        priority: rng.below(101) as u8,
+        constraints: (0..rng.below(3)).map(|_| sample_constraint(rng)).collect(),
+        update: internal::UpdateStrategy {
+            max_parallel: rng.below(5) as u32,
+        },
+        meta: rng.map(),
+        datacenters: (0..rng.below(3)).map(|_| rng.word()).collect(),
+        groups,
+    }
+}
+
+fn sample_constraint(rng: &mut Rng) -> internal::Constraint {
+    use ConstraintOperator::*;
+    let ops = [
+        Equal,
+        NotEqual,
+        Less,
+        LessEqual,
+        Greater,
+        GreaterEqual,
+        Version,
+        Regexp,
+        SetContains,
+        SetContainsAny,
+        DistinctHosts,
+        IsSet,
+        IsNotSet,
+    ];
+    internal::Constraint {
+        attribute: if rng.bool() {
+            format!("${{attr.{}}}", rng.word())
+        } else {
+            String::new()
+        },
+        operator: ops[rng.below(ops.len() as u64) as usize],
+        value: rng.word(),
+    }
+}
+
+fn sample_group(rng: &mut Rng, index: u64) -> internal::TaskGroup {
+    internal::TaskGroup {
+        name: format!("g{index}{}", rng.word()),
+        count: rng.below(10) as u32,
+        constraints: (0..rng.below(3)).map(|_| sample_constraint(rng)).collect(),
+        meta: rng.map(),
+        tasks: (0..1 + rng.below(3))
+            .map(|ti| sample_task(rng, ti))
+            .collect(),
+        reschedule: rng.bool().then(|| internal::ReschedulePolicy {
+            attempts: rng.below(10) as u32,
+            interval: rng.duration(),
+            delay: rng.duration(),
+            max_delay: rng.duration(),
+            unlimited: rng.bool(),
+        }),
+    }
+}
+
+fn sample_task(rng: &mut Rng, index: u64) -> internal::Task {
+    let config = match rng.below(4) {
+        0 => serde_json::Value::Null,
+        1 => json!({"command": rng.word(), "args": [rng.word(), 3, true, null]}),
+        2 => json!({"image": rng.word(), "ports": [], "nested": {"k": [1.5, {"z": "y"}]}}),
+        _ => json!({}),
+    };
+    internal::Task {
+        name: format!("t{index}{}", rng.word()),
+        driver: ["raw_exec", "docker", "exec", "java", "qemu", "rawexec"][rng.below(6) as usize]
+            .into(),
+        config,
+        env: rng.map(),
+        meta: rng.map(),
+        kill_signal: rng.bool().then(|| "SIGINT".to_owned()),
+        kill_timeout: rng.bool().then(|| rng.duration()),
+        restart: rng.bool().then(|| InternalRestart {
+            attempts: rng.below(10) as u32,
+            interval: rng.duration(),
+            delay: rng.duration(),
+            mode: if rng.bool() {
+                RestartMode::Fail
+            } else {
+                RestartMode::Delay
+            },
+        }),
+        resources: internal::TaskResources {
+            cpu: rng.below(5000) as u32,
+            memory_mb: rng.below(5000) as u32,
+            memory_max_mb: rng.below(5000) as u32,
+        },
+        logs: rng.bool().then(|| InternalLogConfig {
+            max_files: rng.below(20) as u32,
+            max_file_size_mb: rng.below(20) as u32,
+        }),
+        lifecycle: rng.bool().then(|| internal::Lifecycle {
+            hook: [
+                LifecycleHook::Prestart,
+                LifecycleHook::Poststart,
+                LifecycleHook::Poststop,
+            ][rng.below(3) as usize],
+            sidecar: rng.bool(),
+        }),
+    }
+}
+
+#[test]
+fn reschedule_delay_functions_map_onto_drovers_doubling_delay() {
+    let job = |f: &str| {
+        json!({"Job": {"ID": "x", "TaskGroups": [{"Name": "g",
+            "ReschedulePolicy": {"DelayFunction": f, "Delay": 7_000_000_000_i64,
+                "MaxDelay": 60_000_000_000_i64},
+            "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}})
+    };
+    let r = parse(job("constant")).unwrap().spec.groups[0]
+        .reschedule
+        .unwrap();
+    assert_eq!(
+        (r.delay, r.max_delay),
+        (Duration::from_secs(7), Duration::from_secs(7))
+    );
+    let r = parse(job("exponential")).unwrap().spec.groups[0]
+        .reschedule
+        .unwrap();
+    assert_eq!(r.max_delay, Duration::from_secs(60));
+    let err = parse(job("fibonacci")).unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].ReschedulePolicy.DelayFunction");
+}

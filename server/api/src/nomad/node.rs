@@ -1,0 +1,1 @@
+//! Nodes as Nomad's API carries them (`api/nodes.go`).
