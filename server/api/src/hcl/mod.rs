@@ -166,6 +166,37 @@ pub fn parse(
     Ok(serde_json::json!({ "Job": job }))
 }
 
+/// Read a job file into Nomad's API job ([`crate::nomad::Job`]), ready to submit or to
+/// convert into a [`crate::JobSpec`] (`Job::to_spec`).
+pub fn parse_job_file(path: &Path, inputs: &VarInputs) -> Result<crate::nomad::Job, HclError> {
+    let name = path.display().to_string();
+    to_job(&name, parse_file(path, inputs)?)
+}
+
+/// [`parse`], into Nomad's API job ([`crate::nomad::Job`]).
+pub fn parse_job(
+    file_name: &str,
+    base_dir: &Path,
+    text: &str,
+    inputs: &VarInputs,
+) -> Result<crate::nomad::Job, HclError> {
+    to_job(file_name, parse(file_name, base_dir, text, inputs)?)
+}
+
+fn to_job(file_name: &str, mut wrapped: serde_json::Value) -> Result<crate::nomad::Job, HclError> {
+    let job = wrapped
+        .get_mut("Job")
+        .map(serde_json::Value::take)
+        .unwrap_or_default();
+    // The parser writes only what the wire type has: a failure here is a bug of ours.
+    serde_json::from_value(job).map_err(|e| {
+        HclError::whole(
+            file_name,
+            format!("internal error: the parsed job is not Nomad's job shape: {e}"),
+        )
+    })
+}
+
 /// Whether a file name says HCL: it ends `.hcl` or `.nomad`.
 pub fn is_hcl_name(path: &Path) -> bool {
     matches!(
