@@ -24,9 +24,35 @@ pub(crate) fn evaluate(src: &Source, ctx: &Context, expr: &Expression) -> Result
     }
     .visit_expr_mut(&mut rewritten);
     let converted: hcl::Expression = rewritten.into();
-    converted
+    let value = converted
         .evaluate(ctx)
-        .map_err(|e| src.error(expr, format!("cannot evaluate: {e}")))
+        .map_err(|e| src.error(expr, format!("cannot evaluate: {e}")))?;
+    let mut budget = super::MAX_VALUE_BYTES;
+    if !fits(&value, &mut budget) {
+        return Err(src.error(
+            expr,
+            format!("the value is larger than {} bytes", super::MAX_VALUE_BYTES),
+        ));
+    }
+    Ok(value)
+}
+
+/// Whether `v` takes at most `budget` bytes (about: its JSON size), stopping early.
+fn fits(v: &Value, budget: &mut usize) -> bool {
+    let own = match v {
+        Value::String(s) => s.len() + 2,
+        Value::Object(m) => m.keys().map(|k| k.len() + 4).sum::<usize>() + 2,
+        _ => 8,
+    };
+    let Some(left) = budget.checked_sub(own) else {
+        return false;
+    };
+    *budget = left;
+    match v {
+        Value::Array(items) => items.iter().all(|i| fits(i, budget)),
+        Value::Object(m) => m.values().all(|i| fits(i, budget)),
+        _ => true,
+    }
 }
 
 /// Replaces every reference whose root is not defined (`attr.kernel.name`,

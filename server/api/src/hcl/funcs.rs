@@ -23,12 +23,12 @@ thread_local! {
     static BASE_DIR: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
 }
 
-/// Sets the directory of `file()` until dropped.
+/// Sets the directory of `file()` until dropped; `None`: `file()` is refused.
 pub(crate) struct BaseDirGuard(Option<PathBuf>);
 
 impl BaseDirGuard {
-    pub(crate) fn set(dir: &Path) -> Self {
-        BaseDirGuard(BASE_DIR.with(|b| b.replace(Some(dir.to_path_buf()))))
+    pub(crate) fn set(dir: Option<&Path>) -> Self {
+        BaseDirGuard(BASE_DIR.with(|b| b.replace(dir.map(Path::to_path_buf))))
     }
 }
 
@@ -534,6 +534,9 @@ fn file(a: FuncArgs) -> Result<Value, String> {
     let name = s(&a[0])?;
     let path = Path::new(&name);
     let full = if path.is_absolute() {
+        if BASE_DIR.with(|b| b.borrow().is_none()) {
+            return Err("file() cannot read files here".to_owned());
+        }
         path.to_path_buf()
     } else {
         BASE_DIR

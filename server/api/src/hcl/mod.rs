@@ -67,6 +67,7 @@ pub const UNSUPPORTED_BLOCKS: &[&str] = &[
     "csi",
     "csi_plugin",
     "device",
+    "dynamic",
     "dispatch_payload",
     "ephemeral_disk",
     "identity",
@@ -109,6 +110,11 @@ pub const MAX_JOB_FILE_BYTES: u64 = 4 << 20;
 
 /// The largest file the `file()` function reads.
 pub const MAX_INCLUDED_FILE_BYTES: u64 = 1 << 20;
+
+/// The largest value one expression, variable or local may evaluate to (its JSON size,
+/// about): a job file cannot make the parser build an unbounded value out of small
+/// text (`concat(local.x, local.x)` doubling through locals).
+pub const MAX_VALUE_BYTES: usize = 4 << 20;
 
 /// Prefix of the environment variables that give input variables values
 /// (`NOMAD_VAR_region=eu`), as Nomad reads them.
@@ -155,6 +161,32 @@ pub fn parse_file(path: &Path, inputs: &VarInputs) -> Result<serde_json::Value, 
 pub fn parse(
     file_name: &str,
     base_dir: &Path,
+    text: &str,
+    inputs: &VarInputs,
+) -> Result<serde_json::Value, HclError> {
+    parse_in(file_name, Some(base_dir), text, inputs)
+}
+
+/// [`parse`] for a text from elsewhere (an API request, as Nomad's `/v1/jobs/parse`):
+/// `file()` fails instead of reading this machine's files, and `inputs.var_files` must
+/// be empty.
+pub fn parse_without_files(
+    file_name: &str,
+    text: &str,
+    inputs: &VarInputs,
+) -> Result<serde_json::Value, HclError> {
+    if !inputs.var_files.is_empty() {
+        return Err(HclError::whole(
+            file_name,
+            "variable files cannot be read here",
+        ));
+    }
+    parse_in(file_name, None, text, inputs)
+}
+
+fn parse_in(
+    file_name: &str,
+    base_dir: Option<&Path>,
     text: &str,
     inputs: &VarInputs,
 ) -> Result<serde_json::Value, HclError> {

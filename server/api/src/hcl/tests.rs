@@ -395,3 +395,46 @@ fn go_durations() {
     assert_eq!(eval::parse_go_duration("10"), None);
     assert_eq!(eval::parse_go_duration("1 s"), None);
 }
+
+#[test]
+fn values_are_bounded() {
+    // Each local doubles the last: 2^30 elements unless the parser stops it.
+    let mut text = String::from("locals {\n  l0 = [\"xxxxxxxxxxxxxxxx\"]\n");
+    for i in 1..=30 {
+        text.push_str(&format!(
+            "  l{i} = concat(local.l{}, local.l{})\n",
+            i - 1,
+            i - 1
+        ));
+    }
+    text.push_str("}\njob \"j\" {\n  meta {\n    n = length(local.l30)\n  }\n}\n");
+    let e = err(&text);
+    assert!(
+        e.contains(&format!("the value is larger than {MAX_VALUE_BYTES} bytes")),
+        "{e}"
+    );
+}
+
+#[test]
+fn text_from_elsewhere_reads_no_files() {
+    let text = "job \"j\" {\n  meta {\n    m = file(\"/etc/hostname\")\n  }\n}\n";
+    let e = parse_without_files("request", text, &VarInputs::default()).expect_err("no files");
+    assert!(
+        e.to_string().starts_with("request:3:9: cannot evaluate: "),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("file() cannot read files here"),
+        "{e}"
+    );
+    let e = parse_without_files(
+        "request",
+        text,
+        &VarInputs {
+            var_files: vec![PathBuf::from("/etc/passwd")],
+            ..VarInputs::default()
+        },
+    )
+    .expect_err("no var files");
+    assert_eq!(e.to_string(), "request: variable files cannot be read here");
+}
