@@ -27,6 +27,7 @@ pub(crate) fn evaluate(src: &Source, ctx: &Context, expr: &Expression) -> Result
     let value = converted
         .evaluate(ctx)
         .map_err(|e| src.error(expr, format!("cannot evaluate: {e}")))?;
+    let value = sorted(value);
     let mut budget = super::MAX_VALUE_BYTES;
     if !fits(&value, &mut budget) {
         return Err(src.error(
@@ -35,6 +36,20 @@ pub(crate) fn evaluate(src: &Source, ctx: &Context, expr: &Expression) -> Result
         ));
     }
     Ok(value)
+}
+
+/// `v` with every object's keys in order: cty's maps and objects are ordered by key,
+/// and a `for` over one (or its JSON) follows that order in Nomad.
+fn sorted(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
 }
 
 /// Whether `v` takes at most `budget` bytes (about: its JSON size), stopping early.
@@ -119,6 +134,23 @@ impl VisitMut for RuntimeRefs<'_> {
             && let Some(span) = expr.span()
         {
             *expr = Expression::String(Decorated::new(self.runtime_text(span)));
+            return;
+        }
+        if let Expression::Object(o) = expr {
+            // Object literals in key order, as cty has them (a `for` over one follows it).
+            let key_text = |k: &hcl::edit::expr::ObjectKey| match k {
+                hcl::edit::expr::ObjectKey::Ident(i) => Some(i.as_str().to_owned()),
+                hcl::edit::expr::ObjectKey::Expression(Expression::String(s)) => {
+                    Some(s.as_str().to_owned())
+                }
+                hcl::edit::expr::ObjectKey::Expression(_) => None,
+            };
+            if o.iter().all(|(k, _)| key_text(k).is_some()) {
+                let mut entries: Vec<_> = std::mem::take(o).into_iter().collect();
+                entries.sort_by_key(|(k, _)| key_text(k));
+                *o = entries.into_iter().collect();
+            }
+            visit_expr_mut(self, expr);
             return;
         }
         if let Expression::ForExpr(f) = expr {

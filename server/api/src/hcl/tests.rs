@@ -438,3 +438,28 @@ fn text_from_elsewhere_reads_no_files() {
     .expect_err("no var files");
     assert_eq!(e.to_string(), "request: variable files cannot be read here");
 }
+
+#[test]
+fn variables_block_for_keys_and_cycles() {
+    let text = r#"
+variables {
+  tiers = { web = 2, db = 1 }
+}
+job "j" {
+  meta {
+    pairs = join(",", [for k, v in var.tiers : "${k}=${v}@${node.class}"])
+    lit   = join(",", [for k, v in { z = 1, a = 2 } : k])
+  }
+}
+"#;
+    let job = parse_text(text).expect("parses");
+    assert_eq!(
+        job["Job"]["Meta"]["pairs"],
+        "db=1@${node.class},web=2@${node.class}"
+    );
+    assert_eq!(job["Job"]["Meta"]["lit"], "a,z");
+
+    let cycle = "locals {\n  a = local.b\n  b = local.a\n}\njob \"j\" {\n}\n";
+    let e = err(cycle);
+    assert!(e.starts_with("job.hcl:2:7: cannot evaluate: "), "{e}");
+}
