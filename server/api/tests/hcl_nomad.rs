@@ -35,6 +35,8 @@ const CASES: &[(&str, &[&str], &[&str])] = &[
         &["vars.vars.hcl"],
     ),
     ("batch.hcl", &[], &[]),
+    ("docs.nomad.hcl", &["message=hello"], &[]),
+    ("config.hcl", &[], &[]),
 ];
 
 #[test]

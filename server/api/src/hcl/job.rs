@@ -290,16 +290,23 @@ impl Reader<'_, '_> {
         }
     }
 
-    /// A free-form body (a task's `config`) as JSON: attributes as their values, blocks
-    /// as lists of objects under their type (labels nest: `a "x" {}` is
-    /// `{"a": [{"x": [{}]}]}`), as Nomad keeps them.
+    /// A free-form body (a task's `config`) as JSON: attributes as their values (a map
+    /// as a list of one map), blocks as lists of objects under their type (labels nest:
+    /// `a "x" {}` is `{"a": [{"x": [{}]}]}`), as Nomad keeps them.
     fn free_form(&self, body: &Body) -> Result<Obj, HclError> {
         let mut out = Obj::new();
         for item in body.iter() {
             match item {
                 Structure::Attribute(a) => {
-                    let v = self.value(&a.value)?;
-                    out.insert(a.key.as_str().to_owned(), eval::to_json(&v));
+                    // As Nomad keeps them: a map argument becomes a list of that one
+                    // map (`a = { b = 1 }` is `"a": [{"b": 1}]`), like a block; null
+                    // is no argument.
+                    let v = match eval::to_json(&self.value(&a.value)?) {
+                        Json::Null => continue,
+                        map @ Json::Object(_) => Json::Array(vec![map]),
+                        other => other,
+                    };
+                    out.insert(a.key.as_str().to_owned(), v);
                 }
                 Structure::Block(b) => {
                     let mut inner = Json::Object(self.free_form(&b.body)?);

@@ -30,6 +30,10 @@ pub(crate) fn fixture_inputs(name: &str) -> VarInputs {
             var_files: vec![fixtures().join("vars.vars.hcl")],
             env: vec![],
         },
+        "docs.nomad.hcl" => VarInputs {
+            vars: vec!["message=hello".into()],
+            ..VarInputs::default()
+        },
         _ => VarInputs::default(),
     }
 }
@@ -38,6 +42,8 @@ pub(crate) const GOLDEN: &[(&str, &str)] = &[
     ("web.nomad", "web.json"),
     ("vars.nomad.hcl", "vars.json"),
     ("batch.hcl", "batch.json"),
+    ("docs.nomad.hcl", "docs.json"),
+    ("config.hcl", "config.json"),
 ];
 
 #[test]
