@@ -418,10 +418,15 @@ fn one_line(text: &str) -> String {
 /// Where a constraint side reads from on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
-    /// `${node.name}`.
+    /// `${node.unique.name}` (or `${node.name}`).
     NodeName,
-    /// `${node.id}`.
+    /// `${node.unique.id}` (or `${node.id}`).
     NodeId,
+    /// `${node.datacenter}`.
+    NodeDatacenter,
+    /// `${node.class}`: Drover nodes have no class, so it is empty on every node (as
+    /// on a Nomad node without `node_class`).
+    NodeClass,
     /// `${attr.KEY}`.
     Attribute(&'a str),
     /// `${node.meta.KEY}` or `${meta.KEY}`.
@@ -447,8 +452,10 @@ pub fn interpolation_target(text: &str) -> Result<Target<'_>, String> {
         return Err(format!("{text:?} is missing its closing '}}'"));
     };
     let target = match inner {
-        "node.name" => Target::NodeName,
+        "node.name" | "node.unique.name" => Target::NodeName,
         "node.id" | "node.unique.id" => Target::NodeId,
+        "node.datacenter" => Target::NodeDatacenter,
+        "node.class" => Target::NodeClass,
         _ => {
             if let Some(k) = inner.strip_prefix("attr.") {
                 Target::Attribute(k)
@@ -470,8 +477,9 @@ pub fn interpolation_target(text: &str) -> Result<Target<'_>, String> {
                 }
             } else {
                 return Err(format!(
-                    "{text:?} is not something a node has: use ${{node.name}}, ${{node.id}}, \
-                     ${{attr.KEY}}, ${{node.meta.KEY}} or ${{driver.NAME.KEY}}"
+                    "{text:?} is not something a node has: use ${{node.unique.name}}, \
+                     ${{node.unique.id}}, ${{node.datacenter}}, ${{node.class}}, ${{attr.KEY}}, \
+                     ${{meta.KEY}} (or ${{node.meta.KEY}}) or ${{driver.NAME.KEY}}"
                 ));
             }
         }
