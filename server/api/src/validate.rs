@@ -32,6 +32,8 @@ pub const MAX_TASKS: usize = 50;
 pub const MAX_JOB_COUNT: u64 = 10_000;
 /// Most constraints on a job or on a group.
 pub const MAX_CONSTRAINTS: usize = 64;
+/// Datacenter patterns per job (each is matched against every node per evaluation).
+pub const MAX_DATACENTERS: usize = 64;
 /// Most entries of a task's `env`, of a job's or a group's `meta`.
 pub const MAX_MAP_ENTRIES: usize = 256;
 /// Most bytes (keys and values) of a task's `env`, of a job's or a group's `meta`.
@@ -76,6 +78,21 @@ pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
         check_constraint(&format!("constraint[{i}]"), c)?;
     }
     check_map("meta", &spec.meta)?;
+    check_len("datacenters", spec.datacenters.len(), MAX_DATACENTERS)?;
+    for (i, dc) in spec.datacenters.iter().enumerate() {
+        if dc.is_empty()
+            || dc.len() > MAX_NAME_LEN
+            || dc.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(fail(
+                format!("datacenters[{i}]"),
+                format!(
+                    "{dc:?} is not a datacenter or pattern: expected 1 to {MAX_NAME_LEN} \
+                     characters without spaces, `*` for any run of characters (\"dc1\", \"eu-*\")"
+                ),
+            ));
+        }
+    }
     if spec.groups.is_empty() {
         return Err(fail("group", "a job needs at least one group"));
     }
@@ -929,6 +946,22 @@ mod tests {
             refused(|j| j.constraints = vec![constraint("${attr.x}", Equal, "${bogus}")])
                 .starts_with("constraint[0].value: \"${bogus}\" is not something a node has")
         );
+    }
+
+    #[test]
+    fn datacenter_patterns_are_names_or_star_globs() {
+        let mut ok = job();
+        ok.datacenters = vec!["dc1".into(), "eu-*".into(), "*".into()];
+        assert!(validate(&ok).is_ok());
+        for bad in ["", "dc 1", "dc\n"] {
+            let e = refused(|j| j.datacenters = vec!["dc1".into(), bad.into()]);
+            assert!(
+                e.starts_with(&format!("datacenters[1]: {bad:?} is not a datacenter")),
+                "{e}"
+            );
+        }
+        let e = refused(|j| j.datacenters = vec!["dc".into(); MAX_DATACENTERS + 1]);
+        assert!(e.starts_with("datacenters: 65 entries, at most 64"), "{e}");
     }
 
     #[test]
