@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub node_gc_threshold: Duration,
     /// How a follower reaches the leader to forward writes to it.
     pub forward: ForwardOptions,
+    /// The region the server serves (Nomad's `region`, default `global`): clients
+    /// learn it with their allocations (`NOMAD_REGION`, `${node.region}`).
+    pub region: String,
 }
 
 /// How a follower authenticates to the leader when it forwards writes (HTTP writes
@@ -90,6 +93,7 @@ impl ServerConfig {
             alloc_gc_threshold: Duration::from_secs(3600),
             node_gc_threshold: Duration::from_secs(24 * 3600),
             forward: ForwardOptions::default(),
+            region: drover_server_api::DEFAULT_REGION.to_owned(),
         }
     }
 }

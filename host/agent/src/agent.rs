@@ -241,9 +241,11 @@ pub async fn run(
     // Allocation runners report every status change here; the cluster client batches
     // them to the servers.
     let (alloc_updates, alloc_updates_rx) = tokio::sync::mpsc::unbounded_channel();
-    let allocs = cluster
-        .as_ref()
-        .map(|_| AllocManager::new(tasks.clone(), store.clone(), alloc_updates));
+    let allocs = cluster.as_ref().map(|prepared| {
+        let allocs = AllocManager::new(tasks.clone(), store.clone(), alloc_updates);
+        allocs.set_node(prepared.node_env());
+        allocs
+    });
 
     // Serve the API at once: `plugin status` answers while plugins are still loading.
     let api = tokio::spawn(crate::api::serve(

@@ -241,6 +241,10 @@ pub struct AgentConfig {
     pub servers: Vec<String>,
     /// The node's name in the cluster (default: the host name).
     pub node_name: Option<String>,
+    /// The node's datacenter (Nomad's `datacenter`, default `dc1`): jobs whose
+    /// `datacenters` it does not match are not placed on the node. `DROVER_DATACENTER`,
+    /// `--datacenter`.
+    pub datacenter: String,
     /// Node metadata for constraints (`${node.meta.KEY}`), `--meta k=v`.
     pub meta: BTreeMap<String, String>,
     /// File holding the cluster token sent with every RPC and forwarded request.
@@ -288,6 +292,7 @@ impl Default for AgentConfig {
             limits: Limits::default(),
             servers: Vec::new(),
             node_name: None,
+            datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             meta: BTreeMap::new(),
             token_file: None,
             tls: None,
@@ -331,6 +336,7 @@ const ENV_KEYS: &[&str] = &[
     "plugin_pass_env",
     "plugin_auto_mtls",
     "node_name",
+    "datacenter",
     "token_file",
 ];
 
@@ -375,15 +381,36 @@ impl AgentConfig {
                 figment = figment.merge(Serialized::global(key, value));
             }
         }
-        figment = figment.merge(Serialized::defaults(flags.clone()));
+        // The global profile, as the environment's: a flag given with the same key as
+        // a `DROVER_*` variable wins over it (in the default profile it would lose).
+        figment = figment.merge(Serialized::globals(flags.clone()));
         let config: AgentConfig = figment.extract().map_err(|e| {
             let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
             ConfigError(msgs.join("; "))
         })?;
         config.limits.check()?;
+        config.check_datacenter()?;
         config.check_pins()?;
         config.check_plugin_env()?;
         Ok(config)
+    }
+
+    /// A datacenter is a name: not empty, no `*` (jobs match datacenters with `*`
+    /// globs), no spaces or control characters.
+    fn check_datacenter(&self) -> Result<(), ConfigError> {
+        let dc = &self.datacenter;
+        let bad = dc.is_empty()
+            || dc.len() > 128
+            || dc
+                .chars()
+                .any(|c| c == '*' || c.is_whitespace() || c.is_control());
+        if bad {
+            return Err(ConfigError(format!(
+                "datacenter = {dc:?} is not a datacenter name: expected 1 to 128 \
+                 characters without '*', spaces or control characters, e.g. \"dc1\""
+            )));
+        }
+        Ok(())
     }
 
     /// Every `sha256` pin must be a sha256: a typo would otherwise keep a plugin (and,
@@ -732,5 +759,46 @@ mod tests {
         let c = AgentConfig::load(&[], env, &Default::default()).unwrap();
         assert_eq!(c.servers, vec!["127.0.0.1:4647", "127.0.0.2:4647"]);
         assert_eq!(c.node_name.as_deref(), Some("n7"));
+    }
+
+    #[test]
+    fn datacenter_from_file_env_and_flag_default_dc1() {
+        assert_eq!(
+            AgentConfig::load(&[], vec![], &Default::default())
+                .unwrap()
+                .datacenter,
+            "dc1"
+        );
+        assert_eq!(
+            load_toml("datacenter = \"eu-west\"\n").unwrap().datacenter,
+            "eu-west"
+        );
+        let env = vec![("DROVER_DATACENTER".to_owned(), "us-east".to_owned())];
+        assert_eq!(
+            AgentConfig::load(&[], env.clone(), &Default::default())
+                .unwrap()
+                .datacenter,
+            "us-east"
+        );
+        // The flag wins over the environment.
+        let c = AgentConfig::load(&[], env, &flags(&[("datacenter", "ap-1".into())])).unwrap();
+        assert_eq!(c.datacenter, "ap-1");
+        // A number is a name too.
+        let env = vec![("DROVER_DATACENTER".to_owned(), "7".to_owned())];
+        assert_eq!(
+            AgentConfig::load(&[], env, &Default::default())
+                .unwrap()
+                .datacenter,
+            "7"
+        );
+        for bad in ["", "dc*", "dc 1"] {
+            let e = AgentConfig::load(&[], vec![], &flags(&[("datacenter", bad.into())]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("datacenter") && e.contains(&format!("{bad:?}")),
+                "{e}"
+            );
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod logs;
 pub mod plugins;
 pub mod private_file;
 pub mod state;
+pub mod taskenv;
 pub mod tasks;
 
 pub use agent::run;

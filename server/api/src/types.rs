@@ -514,6 +514,38 @@ fn default_datacenter() -> String {
     DEFAULT_DATACENTER.to_owned()
 }
 
+/// Whether datacenter `dc` matches one of a job's `datacenters` patterns (Nomad 1.5's
+/// rule: a pattern is a glob where `*` stands for any run of characters, nothing else
+/// is special, and the match is exact and case-sensitive). No pattern at all: every
+/// datacenter.
+pub fn datacenter_allowed(patterns: &[String], dc: &str) -> bool {
+    patterns.is_empty() || patterns.iter().any(|p| glob_matches(p, dc))
+}
+
+/// `*`-only glob matching, linear in the text: each `*` lets the next literal piece
+/// match at its first position from where the previous piece ended (the leftmost
+/// match is always the right one for `*`-only globs).
+fn glob_matches(pattern: &str, text: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    // `split` always yields at least one piece.
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let middle: Vec<&str> = pieces.collect();
+    let Some((last, middle)) = middle.split_last() else {
+        // No `*`: the whole text must be the pattern.
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
 /// A node as the server keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Node {
@@ -744,6 +776,20 @@ pub struct ClientAllocation {
     pub job_type: JobType,
     /// The group spec at `alloc.job_version`.
     pub group: TaskGroup,
+    /// The job's `meta` at `alloc.job_version` (under the group's and the task's: the
+    /// client merges them into `NOMAD_META_*`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub job_meta: BTreeMap<String, String>,
+    /// The region of the server that placed it (`NOMAD_REGION`, `${node.region}`).
+    #[serde(default = "default_region")]
+    pub region: String,
+}
+
+/// The region of a server that names none: Nomad's default.
+pub const DEFAULT_REGION: &str = "global";
+
+fn default_region() -> String {
+    DEFAULT_REGION.to_owned()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1099,5 +1145,41 @@ mod tests {
                 memory_mb: 192
             }
         );
+    }
+
+    #[test]
+    fn datacenter_patterns_are_star_globs() {
+        let p = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+        assert!(
+            datacenter_allowed(&[], "anything"),
+            "no pattern: every datacenter"
+        );
+        for (patterns, dc, want) in [
+            (&["dc1"][..], "dc1", true),
+            (&["dc1"], "dc10", false),
+            (&["dc1"], "DC1", false),
+            (&["dc2", "dc1"], "dc1", true),
+            (&["*"], "", true),
+            (&["*"], "eu-west-1", true),
+            (&["eu-*"], "eu-west-1", true),
+            (&["eu-*"], "us-east-1", false),
+            (&["*-1"], "eu-west-1", true),
+            (&["eu-*-1"], "eu-west-1", true),
+            (&["eu-*-1"], "eu-1", false),
+            (&["a*a"], "a", false),
+            (&["a*a"], "aa", true),
+            (&["*b*"], "abc", true),
+            (&["*b*"], "ac", false),
+            (&["a**c"], "abbc", true),
+            // Nothing but `*` is special.
+            (&["dc?"], "dc1", false),
+            (&["dc[12]"], "dc1", false),
+        ] {
+            assert_eq!(
+                datacenter_allowed(&p(patterns), dc),
+                want,
+                "{patterns:?} ~ {dc}"
+            );
+        }
     }
 }

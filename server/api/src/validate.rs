@@ -32,6 +32,8 @@ pub const MAX_TASKS: usize = 50;
 pub const MAX_JOB_COUNT: u64 = 10_000;
 /// Most constraints on a job or on a group.
 pub const MAX_CONSTRAINTS: usize = 64;
+/// Datacenter patterns per job (each is matched against every node per evaluation).
+pub const MAX_DATACENTERS: usize = 64;
 /// Most entries of a task's `env`, of a job's or a group's `meta`.
 pub const MAX_MAP_ENTRIES: usize = 256;
 /// Most bytes (keys and values) of a task's `env`, of a job's or a group's `meta`.
@@ -76,6 +78,21 @@ pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
         check_constraint(&format!("constraint[{i}]"), c)?;
     }
     check_map("meta", &spec.meta)?;
+    check_len("datacenters", spec.datacenters.len(), MAX_DATACENTERS)?;
+    for (i, dc) in spec.datacenters.iter().enumerate() {
+        if dc.is_empty()
+            || dc.len() > MAX_NAME_LEN
+            || dc.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(fail(
+                format!("datacenters[{i}]"),
+                format!(
+                    "{dc:?} is not a datacenter or pattern: expected 1 to {MAX_NAME_LEN} \
+                     characters without spaces, `*` for any run of characters (\"dc1\", \"eu-*\")"
+                ),
+            ));
+        }
+    }
     if spec.groups.is_empty() {
         return Err(fail("group", "a job needs at least one group"));
     }
@@ -418,10 +435,15 @@ fn one_line(text: &str) -> String {
 /// Where a constraint side reads from on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
-    /// `${node.name}`.
+    /// `${node.unique.name}` (or `${node.name}`).
     NodeName,
-    /// `${node.id}`.
+    /// `${node.unique.id}` (or `${node.id}`).
     NodeId,
+    /// `${node.datacenter}`.
+    NodeDatacenter,
+    /// `${node.class}`: Drover nodes have no class, so it is empty on every node (as
+    /// on a Nomad node without `node_class`).
+    NodeClass,
     /// `${attr.KEY}`.
     Attribute(&'a str),
     /// `${node.meta.KEY}` or `${meta.KEY}`.
@@ -447,8 +469,10 @@ pub fn interpolation_target(text: &str) -> Result<Target<'_>, String> {
         return Err(format!("{text:?} is missing its closing '}}'"));
     };
     let target = match inner {
-        "node.name" => Target::NodeName,
+        "node.name" | "node.unique.name" => Target::NodeName,
         "node.id" | "node.unique.id" => Target::NodeId,
+        "node.datacenter" => Target::NodeDatacenter,
+        "node.class" => Target::NodeClass,
         _ => {
             if let Some(k) = inner.strip_prefix("attr.") {
                 Target::Attribute(k)
@@ -470,8 +494,9 @@ pub fn interpolation_target(text: &str) -> Result<Target<'_>, String> {
                 }
             } else {
                 return Err(format!(
-                    "{text:?} is not something a node has: use ${{node.name}}, ${{node.id}}, \
-                     ${{attr.KEY}}, ${{node.meta.KEY}} or ${{driver.NAME.KEY}}"
+                    "{text:?} is not something a node has: use ${{node.unique.name}}, \
+                     ${{node.unique.id}}, ${{node.datacenter}}, ${{node.class}}, ${{attr.KEY}}, \
+                     ${{meta.KEY}} (or ${{node.meta.KEY}}) or ${{driver.NAME.KEY}}"
                 ));
             }
         }
@@ -921,6 +946,22 @@ mod tests {
             refused(|j| j.constraints = vec![constraint("${attr.x}", Equal, "${bogus}")])
                 .starts_with("constraint[0].value: \"${bogus}\" is not something a node has")
         );
+    }
+
+    #[test]
+    fn datacenter_patterns_are_names_or_star_globs() {
+        let mut ok = job();
+        ok.datacenters = vec!["dc1".into(), "eu-*".into(), "*".into()];
+        assert!(validate(&ok).is_ok());
+        for bad in ["", "dc 1", "dc\n"] {
+            let e = refused(|j| j.datacenters = vec!["dc1".into(), bad.into()]);
+            assert!(
+                e.starts_with(&format!("datacenters[1]: {bad:?} is not a datacenter")),
+                "{e}"
+            );
+        }
+        let e = refused(|j| j.datacenters = vec!["dc".into(); MAX_DATACENTERS + 1]);
+        assert!(e.starts_with("datacenters: 65 entries, at most 64"), "{e}");
     }
 
     #[test]

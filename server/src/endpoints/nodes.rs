@@ -237,6 +237,8 @@ impl Server {
                         .or_else(|| st.evals_of_job(&a.job_name).next().map(|e| e.job_type))
                         .unwrap_or_default(),
                     group: st.alloc_group(a),
+                    job_meta: st.alloc_job_meta(a),
+                    region: self.core.config.region.clone(),
                 };
                 // An index from the future (the server's state was replaced) cannot be
                 // diffed against: send everything.

@@ -155,6 +155,8 @@ fn resolve<'n>(node: &'n Node, text: &'n str) -> Option<&'n str> {
     match interpolation_target(text).ok()? {
         Target::NodeName => Some(&node.name),
         Target::NodeId => Some(&node.id),
+        Target::NodeDatacenter => Some(&node.datacenter),
+        Target::NodeClass => Some(""),
         Target::Attribute(k) => node.attributes.get(k).map(String::as_str),
         Target::Meta(k) => node.meta.get(k).map(String::as_str),
         Target::Driver(d, k) => node

@@ -68,6 +68,9 @@ pub(crate) struct Placer<'a> {
     groups: Vec<GroupCtx<'a>>,
     group_ix: HashMap<&'a str, usize>,
     compiled: Compiled,
+    /// Nodes left out because their datacenter matches none of the job's
+    /// `datacenters` (they are not in `nodes`).
+    dc_filtered: u32,
     /// Nodes looked at by placements so far (the cost of placing).
     pub(crate) visits: u64,
 }
@@ -90,7 +93,20 @@ impl<'a> Placer<'a> {
         eval_id: &'a str,
         algorithm: SchedulerAlgorithm,
     ) -> Self {
-        let nodes = state.nodes();
+        let mut nodes = state.nodes();
+        // The job's datacenters, once per evaluation: a node outside them is never
+        // visited (nor counted by the sample limit). No pattern: nothing to do. The
+        // plan applier does not check this again: a node's datacenter is fixed at its
+        // registration and a plan is made for one job version, so a plan cannot become
+        // wrong about datacenters between scheduling and applying.
+        let mut dc_filtered = 0u32;
+        if !job.spec.datacenters.is_empty() {
+            let before = nodes.len();
+            nodes.retain(|node| {
+                drover_server_api::datacenter_allowed(&job.spec.datacenters, &node.datacenter)
+            });
+            dc_filtered = (before - nodes.len()) as u32;
+        }
         let n = nodes.len();
         let mut rng = SplitMix64::new(rank::seed_for(eval_id));
         let walk = Walk::new(n, &mut rng);
@@ -122,6 +138,7 @@ impl<'a> Placer<'a> {
             groups,
             group_ix,
             compiled: Compiled::default(),
+            dc_filtered,
             visits: 0,
         };
         for a in allocs {
@@ -371,7 +388,9 @@ impl<'a> Placer<'a> {
     /// Why `group` cannot be placed: every node is looked at (this runs once per group
     /// that failed, not per copy).
     pub(crate) fn failure(&mut self, group: &'a TaskGroup, unplaced: u32) -> PlacementFailure {
-        let n = self.nodes.len();
+        let in_dcs = self.nodes.len();
+        // Nodes outside the job's datacenters count as filtered, like any other reason.
+        let n = in_dcs + self.dc_filtered as usize;
         let gi = self.group_index(group);
         let ask = self.groups[gi].ask;
         let mut filtered: BTreeMap<String, u32> = BTreeMap::new();
@@ -381,7 +400,11 @@ impl<'a> Placer<'a> {
         let mut drivers: BTreeMap<&str, u32> = BTreeMap::new();
         let mut constraints: Vec<(String, u32)> = Vec::new();
         let mut distinct = 0u32;
-        for i in 0..n {
+        let dcs = format!("datacenters [{}]", self.job.spec.datacenters.join(", "));
+        if self.dc_filtered > 0 {
+            filtered.insert(format!("not in {dcs}"), self.dc_filtered);
+        }
+        for i in 0..in_dcs {
             let check = feasible::check(self.nodes[i], &self.groups[gi].needs, &mut self.compiled);
             match check {
                 Err(f) => {
@@ -411,8 +434,12 @@ impl<'a> Placer<'a> {
                 }
             }
         }
-        let ready = n as u32 - not_ready;
+        let ready = in_dcs as u32 - not_ready;
         let mut parts: Vec<(u32, String)> = Vec::new();
+        if self.dc_filtered > 0 {
+            let k = self.dc_filtered;
+            parts.push((k, format!("{k} of {n} nodes not in {dcs}")));
+        }
         for (d, k) in &drivers {
             parts.push((
                 *k,
@@ -437,7 +464,9 @@ impl<'a> Placer<'a> {
         }
         // Most nodes first; a stable sort keeps the order above for ties.
         parts.sort_by_key(|p| std::cmp::Reverse(p.0));
-        let reason = if ready == 0 {
+        let reason = if in_dcs == 0 && self.dc_filtered > 0 {
+            format!("no node in {dcs}")
+        } else if ready == 0 {
             "no node is ready".to_owned()
         } else {
             let mut sentences: Vec<String> = parts.into_iter().map(|(_, s)| s).collect();

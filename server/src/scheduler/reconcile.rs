@@ -403,7 +403,9 @@ fn counted_group<'a>(
     out.summary.insert(group.name.clone(), summary);
 }
 
-/// System: one copy on every ready node (the placer skips the infeasible ones).
+/// System: one copy on every ready node of the job's datacenters (the placer skips the
+/// infeasible ones). A copy already on a node outside them is left alone, as Nomad
+/// does; a new version of the job replaces it with nothing.
 fn system_group<'a>(
     state: &'a dyn StateView,
     job: &'a Job,
@@ -438,7 +440,10 @@ fn system_group<'a>(
                 summary.stop += 1;
             }
             kept.extend(here);
-        } else if node.status == NodeStatus::Ready && !node.drain {
+        } else if node.status == NodeStatus::Ready
+            && !node.drain
+            && drover_server_api::datacenter_allowed(&job.spec.datacenters, &node.datacenter)
+        {
             out.places.push(Place {
                 group,
                 index: 0,

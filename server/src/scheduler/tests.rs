@@ -968,6 +968,16 @@ fn every_constraint_operator() {
         ("${node.meta.missing}", IsNotSet, "", true),
         ("${node.meta.rack}", IsNotSet, "", false),
         ("${driver.docker.version}", IsNotSet, "", true),
+        // Nomad's own names of the node's fields.
+        ("${node.unique.name}", Equal, "n1", true),
+        ("${node.unique.id}", Equal, "id-n1", true),
+        ("${node.datacenter}", Equal, "dc1", true),
+        ("${node.datacenter}", Regexp, "^dc[0-9]$", true),
+        ("${node.datacenter}", Equal, "dc2", false),
+        // No node classes in Drover: empty, but set.
+        ("${node.class}", Equal, "", true),
+        ("${node.class}", IsSet, "", true),
+        ("${node.class}", Equal, "gpu", false),
     ];
     for (attribute, op, value, want) in cases {
         assert_eq!(
@@ -1304,4 +1314,89 @@ fn small_evaluations_over_many_nodes() {
         "schedule: one-copy evaluation over 5000 nodes: {:?} each",
         took / rounds
     );
+}
+
+fn in_dc(mut n: Node, dc: &str) -> Node {
+    n.datacenter = dc.into();
+    n
+}
+
+fn dcs(patterns: &[&str]) -> Vec<String> {
+    patterns.iter().map(|p| (*p).to_owned()).collect()
+}
+
+#[test]
+fn a_job_is_placed_only_in_its_datacenters() {
+    let mut s = TestState::default();
+    for (name, dc) in [
+        ("a", "dc1"),
+        ("b", "eu-west"),
+        ("c", "eu-east"),
+        ("d", "us-east"),
+    ] {
+        s.add_node(in_dc(node(name, 4000, 4096), dc));
+    }
+    let mut j = spec("web", JobType::Service, vec![group("app", 6, 100, 64)]);
+    j.datacenters = dcs(&["eu-*"]);
+    s.register(j);
+    let out = run_and_apply(&mut s, "web");
+    assert!(
+        out.failed_tg_allocs.is_empty(),
+        "{:?}",
+        out.failed_tg_allocs
+    );
+    let on: BTreeSet<String> = placed(&out).iter().map(|a| a.node_name.clone()).collect();
+    assert_eq!(on, BTreeSet::from(["b".to_owned(), "c".to_owned()]));
+
+    // No pattern at all: every datacenter.
+    let mut j = spec("any", JobType::Service, vec![group("app", 8, 100, 64)]);
+    j.datacenters = Vec::new();
+    s.register(j);
+    let on: BTreeSet<String> = placed(&run(&s, "any"))
+        .iter()
+        .map(|a| a.node_name.clone())
+        .collect();
+    assert_eq!(on.len(), 4, "{on:?}");
+
+    // System jobs: one copy per node of the datacenters, nothing planned elsewhere.
+    let mut j = spec("sys", JobType::System, vec![group("agent", 1, 100, 64)]);
+    j.datacenters = dcs(&["dc1", "us-*"]);
+    s.register(j);
+    let out = run(&s, "sys");
+    let on: BTreeSet<String> = placed(&out).iter().map(|a| a.node_name.clone()).collect();
+    assert_eq!(on, BTreeSet::from(["a".to_owned(), "d".to_owned()]));
+    assert_eq!(out.desired_tg_updates["agent"].place, 2);
+    assert!(out.failed_tg_allocs.is_empty());
+}
+
+#[test]
+fn no_node_in_the_datacenters_is_the_reason() {
+    let mut s = three_nodes();
+    let mut j = spec("web", JobType::Service, vec![group("app", 2, 100, 64)]);
+    j.datacenters = dcs(&["dc2"]);
+    s.register(j);
+    let out = run(&s, "web");
+    assert!(out.plan.is_empty());
+    let f = &out.failed_tg_allocs["app"];
+    assert_eq!(f.reason, "no node in datacenters [dc2]");
+    assert_eq!(f.unplaced, 2);
+    assert_eq!(f.nodes_evaluated, 3);
+    assert_eq!(
+        f.nodes_filtered,
+        BTreeMap::from([("not in datacenters [dc2]".into(), 3)])
+    );
+
+    // Some nodes in the datacenters but full: both reasons, the bigger first.
+    let mut s = three_nodes();
+    s.add_node(in_dc(node("small", 4000, 100), "dc2"));
+    let mut j = spec("big", JobType::Service, vec![group("app", 1, 100, 2048)]);
+    j.datacenters = dcs(&["dc2", "dc3"]);
+    s.register(j);
+    let f = &run(&s, "big").failed_tg_allocs["app"];
+    assert_eq!(
+        f.reason,
+        "3 of 4 nodes not in datacenters [dc2, dc3]; memory exhausted on 1 of 4 nodes"
+    );
+    assert_eq!(f.nodes_filtered["not in datacenters [dc2, dc3]"], 3);
+    assert_eq!(f.nodes_exhausted["memory"], 1);
 }

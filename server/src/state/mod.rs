@@ -448,6 +448,15 @@ impl State {
             })
     }
 
+    /// The job's `meta` at the allocation's version (the current job's when that
+    /// version is no longer kept; empty when the job is gone).
+    pub(crate) fn alloc_job_meta(&self, a: &Allocation) -> BTreeMap<String, String> {
+        self.job_at_version(&a.job_name, a.job_version)
+            .or_else(|| self.jobs.get(&a.job_name))
+            .map(|j| j.spec.meta.clone())
+            .unwrap_or_default()
+    }
+
     /// The hex SHA-256 of a node's secret, once one was bound.
     pub(crate) fn node_secret_hash(&self, id: &str) -> Option<&str> {
         self.node_secrets.get(id).map(String::as_str)

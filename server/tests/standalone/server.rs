@@ -851,3 +851,61 @@ async fn plan_commits_nothing_and_node_names_are_unique_among_live_nodes() {
     );
     s.stop().await;
 }
+
+/// With the scheduler's workers: a job runs only in its datacenters (a job whose
+/// datacenters have no node is blocked, saying so), and a client gets the job's meta
+/// and the server's region with each allocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_scheduler_jobs_run_in_their_datacenters_and_clients_learn_meta_and_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.workers = 2;
+    cfg.region = "europe".into();
+    let s = start(cfg).await;
+    for (id, dc) in [("us", "us-east"), ("eu", "eu-west")] {
+        let mut n = node(id, 4000, 4096);
+        n.datacenter = dc.into();
+        s.server.register_node(n, SECRET).await.unwrap();
+    }
+    let mut web = job("web", 3, 100, 64);
+    web.datacenters = vec!["eu-*".into()];
+    web.meta.insert("owner".into(), "ops".into());
+    s.server.register_job(web).await.unwrap();
+    let mut lost = job("lost", 1, 100, 64);
+    lost.datacenters = vec!["dc9".into()];
+    s.server.register_job(lost).await.unwrap();
+
+    let srv = s.server.clone();
+    until(LONG, "web's 3 allocations placed", || {
+        srv.job_allocations("web").len() == 3
+    })
+    .await;
+    assert!(
+        s.server
+            .job_allocations("web")
+            .iter()
+            .all(|a| a.node_id == "eu"),
+        "only on the node in eu-west"
+    );
+    let set = s
+        .server
+        .allocations_for_client("eu", 0, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(set.allocations.len(), 3);
+    for a in &set.allocations {
+        assert_eq!(a.region, "europe");
+        assert_eq!(a.job_meta["owner"], "ops");
+    }
+    until(LONG, "lost blocked: no node in its datacenters", || {
+        srv.job_evaluations("lost").iter().any(|e| {
+            e.status == EvalStatus::Blocked
+                && e.failed_tg_allocs
+                    .get("app")
+                    .is_some_and(|f| f.reason == "no node in datacenters [dc9]")
+        })
+    })
+    .await;
+    assert!(s.server.job_allocations("lost").is_empty());
+    s.stop().await;
+}

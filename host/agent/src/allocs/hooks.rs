@@ -11,9 +11,12 @@
 use std::path::{Path, PathBuf};
 
 use drover_api::{RunRequest, TaskView};
+use drover_plugin_sdk::FsIsolation;
 use drover_plugin_sdk::taskdir::{Dir, FileKind};
 use drover_server_api::{ClientAllocation, Task};
 use serde::{Deserialize, Serialize};
+
+use crate::taskenv::{NodeEnv, TaskDirs, TaskEnv};
 
 /// Largest hook state kept (its JSON): state is for small facts, not data.
 pub const MAX_HOOK_STATE: usize = 4096;
@@ -58,6 +61,13 @@ pub struct HookContext<'a> {
     pub alloc_root: &'a Path,
     /// The shared directory (`<alloc_root>/alloc`): `DROVER_ALLOC_DIR`.
     pub shared_dir: &'a Path,
+    /// The task's directory on the host (`<data_dir>/alloc/<task id>`).
+    pub task_dir: &'a Path,
+    /// How the task's driver isolates its filesystem (where the task sees its
+    /// directories).
+    pub fs_isolation: FsIsolation,
+    /// The node the allocation runs on.
+    pub node: &'a NodeEnv,
     /// Called again after an agent restart for a task already started: what a
     /// prestart changes in the request is not used.
     pub restored: bool,
@@ -185,10 +195,12 @@ impl AllocTaskHook for AllocDirHook {
     }
 }
 
-/// The allocation's variables: `DROVER_ALLOC_ID`, `DROVER_ALLOC_INDEX`,
-/// `DROVER_GROUP_NAME`, `DROVER_JOB_NAME`, `DROVER_TASK_NAME` (the task manager adds
-/// `DROVER_ALLOC_DIR` from the spec, and its own task variables). They win over the
-/// task's `env`.
+/// The allocation's variables and interpolation (see [`crate::taskenv`]): Nomad's
+/// `NOMAD_*` variables and `NOMAD_META_*` under the task's `env` (interpolated), then
+/// `DROVER_ALLOC_ID`, `DROVER_ALLOC_INDEX`, `DROVER_GROUP_NAME`, `DROVER_JOB_NAME`,
+/// `DROVER_TASK_NAME`, which win over the task's `env` (the task manager adds
+/// `DROVER_ALLOC_DIR` from the spec, and its own task variables). Every string of the
+/// task's `config` is interpolated against the result, before the driver sees it.
 pub(crate) struct AllocEnvHook;
 
 #[tonic::async_trait]
@@ -203,6 +215,12 @@ impl AllocTaskHook for AllocEnvHook {
         _state: &mut HookState,
     ) -> Result<(), String> {
         let a = &ctx.alloc.alloc;
+        let dirs = TaskDirs::for_driver(ctx.fs_isolation, ctx.shared_dir, ctx.task_dir);
+        // What the request's env holds so far (the task's `env`, and whatever an
+        // earlier hook added) is the user's part.
+        let mut task = ctx.task.clone();
+        task.env = std::mem::take(&mut req.env);
+        let mut task_env = TaskEnv::build(ctx.node, ctx.alloc, &task, &dirs);
         for (k, v) in [
             ("DROVER_ALLOC_ID", a.id.clone()),
             ("DROVER_ALLOC_NAME", a.name.clone()),
@@ -211,8 +229,10 @@ impl AllocTaskHook for AllocEnvHook {
             ("DROVER_JOB_NAME", a.job_name.clone()),
             ("DROVER_TASK_NAME", ctx.task.name.clone()),
         ] {
-            req.env.insert(k.to_owned(), v);
+            task_env.env.insert(k.to_owned(), v);
         }
+        task_env.interpolate_config(&mut req.config);
+        req.env = task_env.env;
         Ok(())
     }
 }

@@ -40,6 +40,7 @@ use record::AllocRecord;
 use runner::Runner;
 
 use crate::state::StateStore;
+use crate::taskenv::NodeEnv;
 use crate::tasks::TaskManager;
 
 /// How long an allocation terminal here and on the server is kept (its directory, task
@@ -107,6 +108,8 @@ pub struct AllocManager {
     gc_wake: Arc<Notify>,
     gc_policy: Mutex<(Duration, usize)>,
     stop: CancellationToken,
+    /// The node, for the tasks' environment (`NOMAD_DC`, `${node.unique.id}`, ...).
+    node: Mutex<Arc<NodeEnv>>,
 }
 
 impl AllocManager {
@@ -143,7 +146,19 @@ impl AllocManager {
             gc_wake: Arc::new(Notify::new()),
             gc_policy: Mutex::new((GC_AFTER, MAX_TERMINAL_KEPT)),
             stop: CancellationToken::new(),
+            node: Mutex::new(Arc::new(NodeEnv::default())),
         })
+    }
+
+    /// The node the allocations run on (its id, name, datacenter, attributes and
+    /// meta), for the environment and interpolation of the tasks started from now on.
+    /// The agent sets it before the first allocation arrives.
+    pub fn set_node(&self, node: NodeEnv) {
+        *lock(&self.node) = Arc::new(node);
+    }
+
+    fn node(&self) -> Arc<NodeEnv> {
+        lock(&self.node).clone()
     }
 
     /// Keep terminal allocations `after` at most, and at most `keep` of them

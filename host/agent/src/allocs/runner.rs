@@ -506,12 +506,17 @@ impl Runner {
             .get(name)
             .map(|s| s.hooks.clone())
             .unwrap_or_default();
+        let node = self.mgr.node();
+        let task_dir = self.mgr.tasks.task_dir(id);
         let ctx = HookContext {
             alloc: &alloc,
             task,
             task_id: id,
             alloc_root: &self.root,
             shared_dir: &self.shared,
+            task_dir: &task_dir,
+            fs_isolation: self.mgr.tasks.fs_isolation(&task.driver),
+            node: &node,
             restored,
         };
         let mut result = Ok(());
@@ -658,12 +663,17 @@ impl Runner {
         let id = slot.id.clone();
         let mut states = slot.hooks.clone();
         let alloc = self.rec.alloc.clone();
+        let node = self.mgr.node();
+        let task_dir = self.mgr.tasks.task_dir(&id);
         let ctx = HookContext {
             alloc: &alloc,
             task: &task,
             task_id: &id,
             alloc_root: &self.root,
             shared_dir: &self.shared,
+            task_dir: &task_dir,
+            fs_isolation: self.mgr.tasks.fs_isolation(&task.driver),
+            node: &node,
             restored: self.restored,
         };
         for hook in &self.mgr.hooks {

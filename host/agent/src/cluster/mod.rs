@@ -91,6 +91,7 @@ pub struct Prepared {
     node_id: String,
     node_secret: identity::NodeSecret,
     name: String,
+    datacenter: String,
     meta: BTreeMap<String, String>,
     host: fingerprint::HostFacts,
 }
@@ -107,6 +108,22 @@ impl Prepared {
     /// The servers.
     pub fn connection(&self) -> &ServerConnection {
         &self.conn
+    }
+    /// The node's datacenter.
+    pub fn datacenter(&self) -> &str {
+        &self.datacenter
+    }
+    /// What the node's tasks may know of it (their environment and interpolation):
+    /// the values it registers with.
+    pub fn node_env(&self) -> crate::taskenv::NodeEnv {
+        crate::taskenv::NodeEnv {
+            id: self.node_id.clone(),
+            name: self.name.clone(),
+            datacenter: self.datacenter.clone(),
+            class: String::new(),
+            attributes: self.host.attributes.clone(),
+            meta: self.meta.clone(),
+        }
     }
 }
 
@@ -127,6 +144,7 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
         node_id,
         node_secret,
         name,
+        datacenter: config.datacenter.clone(),
         meta: config.meta.clone(),
         host,
     })
@@ -323,7 +341,7 @@ impl Client {
 
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
-            datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
+            datacenter: self.node.datacenter.clone(),
             id: self.node.node_id.clone(),
             name: self.node.name.clone(),
             attributes: self.node.host.attributes.clone(),

@@ -218,6 +218,8 @@ fn allocation(id: &str) -> ClientAllocation {
             meta: BTreeMap::new(),
             tasks: vec![],
         },
+        job_meta: BTreeMap::new(),
+        region: drover_server_api::DEFAULT_REGION.to_owned(),
     }
 }
 
@@ -226,6 +228,7 @@ fn prepared(servers: Vec<String>, data_dir: &std::path::Path, token: Option<&str
         servers,
         data_dir: Some(data_dir.to_owned()),
         node_name: Some("node-one".into()),
+        datacenter: "eu-west".into(),
         meta: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
         ..Default::default()
     };
@@ -294,6 +297,10 @@ async fn a_session_registers_heartbeats_watches_and_reports() {
     };
     assert_eq!(reg.id, node_id);
     assert_eq!(reg.name, "node-one");
+    assert_eq!(
+        reg.datacenter, "eu-west",
+        "the agent's datacenter is registered"
+    );
     assert_eq!(reg.meta["rack"], "r1");
     assert!(reg.drivers["rawexec"].healthy);
     assert!(reg.resources.cpu > 0 && reg.resources.memory_mb > 0);

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_plugin_sdk::{
-    DriverError, ExitResult, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
+    DriverError, ExitResult, FsIsolation, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,
+    TaskStatus,
 };
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
@@ -38,6 +39,12 @@ pub trait TaskDriver: Send + Sync {
     fn on_probation(&self, generation: u64) -> bool {
         let _ = generation;
         false
+    }
+    /// Where its tasks see their directories (its capabilities' filesystem
+    /// isolation): the host's paths, or `/local`, `/secrets` and `/alloc` inside a
+    /// chroot or image. Default: no isolation.
+    fn fs_isolation(&self) -> FsIsolation {
+        FsIsolation::None
     }
     /// `StartTask`.
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError>;
@@ -104,6 +111,9 @@ impl TaskDriver for LoadedPlugin {
     }
     fn on_probation(&self, generation: u64) -> bool {
         LoadedPlugin::on_probation(self, generation)
+    }
+    fn fs_isolation(&self) -> FsIsolation {
+        self.capabilities().fs_isolation
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         self.after_handover().await;

@@ -433,6 +433,19 @@ impl TaskManager {
         &self.alloc_dir
     }
 
+    /// The directory of the task with id `id` (whether or not it exists yet).
+    pub fn task_dir(&self, id: &str) -> PathBuf {
+        self.alloc_dir.join(id)
+    }
+
+    /// The filesystem isolation of driver `name` ([`FsIsolation::None`] for a driver
+    /// not loaded: its tasks cannot start anyway).
+    pub fn fs_isolation(&self, name: &str) -> drover_plugin_sdk::FsIsolation {
+        self.drivers
+            .driver(name)
+            .map_or(drover_plugin_sdk::FsIsolation::None, |d| d.fs_isolation())
+    }
+
     /// The ids of tasks whose state changed (every change that is recorded: start,
     /// exit, restart pending, dead, destroyed), as they happen. A receiver that falls
     /// behind gets `Lagged` and should read the tasks it watches again.
@@ -535,7 +548,7 @@ impl TaskManager {
             )));
         }
         let name = req.name.clone().unwrap_or_else(|| req.driver.clone());
-        let task_dir = self.alloc_dir.join(&id);
+        let task_dir = self.task_dir(&id);
         let mut spec = TaskSpec::new(id.clone())
             .with_name(name.clone())
             .with_envs(req.env.clone())

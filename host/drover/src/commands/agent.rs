@@ -50,6 +50,10 @@ pub struct AgentArgs {
     /// The node's name in the cluster (default: the host name).
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+    /// The node's datacenter (default dc1): jobs are placed only in the datacenters
+    /// their `datacenters` name.
+    #[arg(long, value_name = "NAME")]
+    datacenter: Option<String>,
     /// Node metadata for job constraints (`${node.meta.KEY}`), repeatable.
     #[arg(long = "meta", value_name = "KEY=VALUE")]
     meta: Vec<String>,
@@ -121,6 +125,7 @@ fn agent_flags(args: &AgentArgs) -> anyhow::Result<serde_json::Map<String, serde
     let cluster = ClusterFlags {
         servers: args.servers.clone(),
         node_name: args.node_name.clone(),
+        datacenter: args.datacenter.clone(),
         meta: args.meta.clone(),
         token_file: args.token_file.clone(),
         tls_ca_file: args.tls_ca_file.clone(),
@@ -340,6 +345,8 @@ pub struct ClusterFlags {
     pub servers: Vec<String>,
     /// `--node-name`.
     pub node_name: Option<String>,
+    /// `--datacenter`.
+    pub datacenter: Option<String>,
     /// `--meta KEY=VALUE`, repeatable.
     pub meta: Vec<String>,
     /// `--token-file`.
@@ -373,6 +380,9 @@ impl ClusterFlags {
         }
         if let Some(n) = self.node_name {
             flags.insert("node_name".into(), n.into());
+        }
+        if let Some(dc) = self.datacenter {
+            flags.insert("datacenter".into(), dc.into());
         }
         if !self.meta.is_empty() {
             let mut meta = serde_json::Map::new();
@@ -418,6 +428,7 @@ mod tests {
         let flags = ClusterFlags {
             servers: vec!["127.0.0.1:4647,10.0.0.2:4647".into(), "h:1".into()],
             node_name: Some("n1".into()),
+            datacenter: Some("eu-west".into()),
             meta: vec!["rack=r1".into(), "zone=a=b".into()],
             token_file: Some("/etc/drover/token".into()),
             tls_ca_file: Some("/etc/drover/ca.pem".into()),
@@ -429,6 +440,7 @@ mod tests {
         let c = AgentConfig::load(&[], vec![], &flags).unwrap();
         assert_eq!(c.servers, vec!["127.0.0.1:4647", "10.0.0.2:4647", "h:1"]);
         assert_eq!(c.node_name.as_deref(), Some("n1"));
+        assert_eq!(c.datacenter, "eu-west");
         assert_eq!(c.meta["rack"], "r1");
         assert_eq!(c.meta["zone"], "a=b");
         assert_eq!(c.token_file, Some(PathBuf::from("/etc/drover/token")));

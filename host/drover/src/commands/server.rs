@@ -79,6 +79,10 @@ pub struct ServerArgs {
     /// Extra time after a missed TTL before a node is down.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_grace: Duration,
+    /// The region this server serves (Nomad's `region`): its clients' tasks see it
+    /// as `NOMAD_REGION` and `${node.region}`.
+    #[arg(long, value_name = "NAME", default_value = drover_server_api::DEFAULT_REGION)]
+    pub region: String,
     /// TLS certificate (PEM) for both listeners; with --tls-key-file.
     #[arg(long, value_name = "FILE", requires = "tls_key_file")]
     pub tls_cert_file: Option<PathBuf>,
@@ -236,6 +240,8 @@ pub struct ServerOptions {
     pub advertise_rpc: Option<String>,
     /// Advertised HTTP address (default: the bound one).
     pub advertise_http: Option<String>,
+    /// The region served.
+    pub region: String,
 }
 
 /// Where the state lives.
@@ -273,6 +279,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("name", &self.name)
             .field("advertise_rpc", &self.advertise_rpc)
             .field("advertise_http", &self.advertise_http)
+            .field("region", &self.region)
             .finish()
     }
 }
@@ -353,6 +360,16 @@ impl ServerArgs {
                 h
             }
         };
+        let region = self.region.trim();
+        if region.is_empty()
+            || region.len() > 128
+            || region.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            bail!(
+                "--region {:?}: expected 1 to 128 characters without spaces, e.g. \"global\"",
+                self.region
+            );
+        }
         let token = match &self.token_file {
             None => None,
             Some(f) => Some(
@@ -376,6 +393,7 @@ impl ServerArgs {
             _ => bail!("give both --tls-cert-file and --tls-key-file, or neither"),
         };
         Ok(ServerOptions {
+            region: region.to_owned(),
             data_dir,
             store,
             name,
@@ -456,6 +474,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     let mut config = ServerConfig::new(&options.data_dir);
     config.heartbeat_ttl = options.heartbeat_ttl;
     config.heartbeat_grace = options.heartbeat_grace;
+    config.region.clone_from(&options.region);
     if let Some(w) = options.workers {
         config.workers = w;
     }
@@ -697,6 +716,7 @@ pub fn start_dev(
         algorithm: SchedulerAlgorithm::BinPack,
         store: StoreChoice::Embedded,
         name: "dev".into(),
+        region: drover_server_api::DEFAULT_REGION.to_owned(),
         advertise_rpc: None,
         advertise_http: None,
     };
@@ -781,6 +801,7 @@ mod tests {
             algorithm: SchedulerAlgorithm::default(),
             store: StoreChoice::Embedded,
             name: "s1".into(),
+            region: "global".into(),
             advertise_rpc: None,
             advertise_http: None,
         };

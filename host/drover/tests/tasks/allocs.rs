@@ -21,6 +21,7 @@ use drover_host::config::{AgentConfig, PluginSettings};
 use drover_host::plugins::candidate::Builtin;
 use drover_host::plugins::catalog::{Catalog, LoadContext};
 use drover_host::state::{ErrorStore, Fail, RedbStore, StateStore};
+use drover_host::taskenv::NodeEnv;
 use drover_host::tasks::TaskManager;
 use drover_server_api::{
     AllocClientUpdate, AllocResources, Allocation, ClientAllocation, ClientStatus, DesiredStatus,
@@ -305,6 +306,8 @@ fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
         },
         job_type,
         group,
+        job_meta: BTreeMap::new(),
+        region: drover_server_api::DEFAULT_REGION.to_owned(),
     }
 }
 
@@ -833,6 +836,112 @@ fn restore_after_an_agent_restart_restarts_nothing_and_carries_on() {
     assert!(!done.task_states["main"].failed);
 }
 
+/// The node the tests' allocations run on, as the agent would describe it.
+fn test_node() -> NodeEnv {
+    NodeEnv {
+        id: "node-uuid-1".into(),
+        name: "n1".into(),
+        datacenter: "eu-west".into(),
+        class: String::new(),
+        attributes: BTreeMap::from([("kernel.name".into(), "linux".into())]),
+        meta: BTreeMap::from([("rack".into(), "r7".into())]),
+    }
+}
+
+fn env_file(path: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// A task of an allocation sees Nomad's variables, its merged meta and its `env`
+/// interpolated, and its `config` is interpolated before the driver sees it (node
+/// values, task variables, unknown references left alone).
+#[test]
+fn a_task_sees_nomad_variables_and_an_interpolated_config() {
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    node.allocs().set_node(test_node());
+    let id = "11111111-0000-4000-8000-000000000009";
+    let mut main = sh("main", "unused", None);
+    main.config = serde_json::json!({
+        "command": "/bin/sh",
+        "args": [
+            "-c",
+            // Single quotes: what the shell prints is what the driver was given.
+            "env | grep -e ^NOMAD_ -e ^GREETING= | sort > \"$NOMAD_ALLOC_DIR/data/env\"; \
+             echo 'idx=${NOMAD_ALLOC_INDEX} os=${attr.kernel.name} node=${node.unique.name} \
+             rack=${meta.rack} owner=${NOMAD_META_owner} left=${UNKNOWN}' \
+             > \"$NOMAD_ALLOC_DIR/data/config\"",
+        ],
+    });
+    main.env = BTreeMap::from([(
+        "GREETING".into(),
+        "hello ${NOMAD_ALLOC_INDEX} from ${node.datacenter}".into(),
+    )]);
+    main.meta = BTreeMap::from([("tier".into(), "task".into())]);
+    main.resources.memory_max_mb = 512;
+    let mut a = alloc(id, JobType::Batch, vec![main]);
+    a.alloc.index = 2;
+    a.alloc.name = "web.app[2]".into();
+    a.job_meta = BTreeMap::from([
+        ("owner".into(), "ops".into()),
+        ("tier".into(), "job".into()),
+    ]);
+    a.group.meta = BTreeMap::from([("tier".into(), "group".into())]);
+    node.apply(vec![a], false);
+    let done = node.wait(id, "complete", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+
+    let data = shared(root.path(), id).join("data");
+    let env = env_file(&data.join("env"));
+    let task_dir = node.tasks().task_dir(&done.task_states["main"].task_id);
+    let want = [
+        ("NOMAD_ALLOC_ID", id.to_owned()),
+        ("NOMAD_ALLOC_NAME", "web.app[2]".to_owned()),
+        ("NOMAD_ALLOC_INDEX", "2".to_owned()),
+        (
+            "NOMAD_ALLOC_DIR",
+            shared(root.path(), id).display().to_string(),
+        ),
+        // rawexec has no filesystem isolation: the host's paths.
+        (
+            "NOMAD_TASK_DIR",
+            task_dir.join("local").display().to_string(),
+        ),
+        (
+            "NOMAD_SECRETS_DIR",
+            task_dir.join("secrets").display().to_string(),
+        ),
+        ("NOMAD_TASK_NAME", "main".to_owned()),
+        ("NOMAD_GROUP_NAME", "app".to_owned()),
+        ("NOMAD_JOB_ID", "web".to_owned()),
+        ("NOMAD_JOB_NAME", "web".to_owned()),
+        ("NOMAD_NAMESPACE", "default".to_owned()),
+        ("NOMAD_DC", "eu-west".to_owned()),
+        ("NOMAD_REGION", "global".to_owned()),
+        ("NOMAD_CPU_LIMIT", "100".to_owned()),
+        ("NOMAD_MEMORY_LIMIT", "300".to_owned()),
+        ("NOMAD_MEMORY_MAX_LIMIT", "512".to_owned()),
+        ("NOMAD_META_owner", "ops".to_owned()),
+        ("NOMAD_META_OWNER", "ops".to_owned()),
+        ("NOMAD_META_tier", "task".to_owned()),
+        ("NOMAD_META_TIER", "task".to_owned()),
+        ("GREETING", "hello 2 from eu-west".to_owned()),
+    ];
+    for (k, v) in &want {
+        assert_eq!(env.get(*k), Some(v), "{k}: {env:#?}");
+    }
+    assert_eq!(env.len(), want.len(), "{env:#?}");
+    assert_eq!(
+        std::fs::read_to_string(data.join("config")).unwrap(),
+        "idx=2 os=linux node=n1 rack=r7 owner=ops left=${UNKNOWN}\n"
+    );
+}
+
 fn exec_available() -> bool {
     // The exec driver needs root (namespaces, pivot_root, cgroups).
     rustix::process::geteuid().is_root()
@@ -853,7 +962,9 @@ fn exec_tasks_see_the_shared_dir_at_alloc() {
     writer.driver = "exec".into();
     writer.config = serde_json::json!({
         "command": "/bin/sh",
-        "args": ["-c", "echo \"$DROVER_ALLOC_DIR\" > /alloc/data/where; id -u > /alloc/data/uid"],
+        "args": ["-c", "echo \"$DROVER_ALLOC_DIR\" > /alloc/data/where; id -u > /alloc/data/uid; \
+                        echo \"$NOMAD_ALLOC_DIR $NOMAD_TASK_DIR $NOMAD_SECRETS_DIR\" > /alloc/data/nomad; \
+                        echo '${NOMAD_TASK_DIR}' > /alloc/data/config"],
     });
     let reader = sh("reader", "true", PRE);
     node.apply(vec![alloc(id, JobType::Batch, vec![reader, writer])], false);
@@ -863,6 +974,16 @@ fn exec_tasks_see_the_shared_dir_at_alloc() {
     assert_eq!(
         std::fs::read_to_string(data.join("where")).unwrap(),
         "/alloc\n"
+    );
+    // Nomad's directory variables, in the environment and in the config, are where
+    // the task sees the directories inside its root.
+    assert_eq!(
+        std::fs::read_to_string(data.join("nomad")).unwrap(),
+        "/alloc /local /secrets\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("config")).unwrap(),
+        "/local\n"
     );
     let uid: u32 = std::fs::read_to_string(data.join("uid"))
         .unwrap()
