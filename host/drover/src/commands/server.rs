@@ -236,6 +236,9 @@ pub struct ServerOptions {
     pub advertise_rpc: Option<String>,
     /// Advertised HTTP address (default: the bound one).
     pub advertise_http: Option<String>,
+    /// The API socket of an agent in this process (`agent --dev`), which answers
+    /// Nomad's client endpoints (`/v1/client/fs/logs/...`) on the HTTP address.
+    pub local_agent: Option<PathBuf>,
 }
 
 /// Where the state lives.
@@ -273,6 +276,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("name", &self.name)
             .field("advertise_rpc", &self.advertise_rpc)
             .field("advertise_http", &self.advertise_http)
+            .field("local_agent", &self.local_agent)
             .finish()
     }
 }
@@ -381,6 +385,7 @@ impl ServerArgs {
             name,
             advertise_rpc: self.advertise_rpc.clone(),
             advertise_http: self.advertise_http.clone(),
+            local_agent: None,
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
@@ -545,7 +550,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     ));
     let core_server = server.clone();
     let http_task = tokio::spawn(drover_server::http::serve(
-        drover_server::http::router(server, options.token),
+        drover_server::http::router_with_local_agent(server, options.token, options.local_agent),
         http_listener,
         options.tls,
         stop.clone(),
@@ -683,6 +688,7 @@ fn init_logging(level: &str) {
 pub fn start_dev(
     data_dir: PathBuf,
     token: String,
+    local_agent: PathBuf,
     stop: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, SocketAddr, std::thread::JoinHandle<()>)> {
     let options = ServerOptions {
@@ -699,6 +705,7 @@ pub fn start_dev(
         name: "dev".into(),
         advertise_rpc: None,
         advertise_http: None,
+        local_agent: Some(local_agent),
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -783,6 +790,7 @@ mod tests {
             name: "s1".into(),
             advertise_rpc: None,
             advertise_http: None,
+            local_agent: None,
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("s3cret-t0ken"), "{shown}");
