@@ -189,16 +189,25 @@ async fn logs_response(
     };
     let Some(task_id) = task_ids.get(&request.task).cloned() else {
         let e = if allocs.has_task(alloc, &request.task) {
-            NomadError(
-                StatusCode::NOT_FOUND,
-                format!("task {:?} not started yet. No logs available", request.task),
-            )
+            not_started(&request.task)
         } else {
             bad_request(format!("unknown task name {:?}", request.task))
         };
         return Ok(e.into_response());
     };
+    // Its id is given before the task manager has it: not started yet, all the same.
+    if s.tasks.status(&task_id).is_err() {
+        return Ok(not_started(&request.task).into_response());
+    }
     Ok(stream_logs(s, stop, task_id, request).unwrap_or_else(IntoResponse::into_response))
+}
+
+/// Nomad's answer for the logs of a task that has not started.
+fn not_started(task: &str) -> NomadError {
+    NomadError(
+        StatusCode::NOT_FOUND,
+        format!("task {task:?} not started yet. No logs available"),
+    )
 }
 
 fn stream_logs(
@@ -234,6 +243,8 @@ fn stream_logs(
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(4);
     tokio::spawn(async move {
         let _counted = permit;
+        // Plain: whether the bytes sent so far end a line.
+        let mut at_line_start = true;
         loop {
             let next = tokio::select! {
                 next = chunks.recv() => next,
@@ -248,20 +259,28 @@ fn stream_logs(
             let out = match next {
                 None => return,
                 Some(Ok((chunk, _))) if plain => Ok(Bytes::from(match chunk {
-                    LogChunk::Data(d) => d,
+                    LogChunk::Data(d) => {
+                        at_line_start = d.last().is_none_or(|b| *b == b'\n');
+                        d
+                    }
                     LogChunk::Skipped(n) => {
+                        at_line_start = true;
                         format!("{}\n", drover_api::skipped_notice(n)).into_bytes()
                     }
                 })),
                 Some(Ok((chunk, at))) => Ok(Bytes::from(framer.frames(chunk, at))),
                 Some(Err(e)) => {
-                    // Framed, the reason first, for a client that reads it (Drover's
-                    // CLI); then the body is cut short, so that any client sees the
-                    // stream did not end well.
-                    if !plain {
-                        let _ = tx.send(Ok(Bytes::from(framer.error(&e)))).await;
+                    // As Nomad's, the error's text ends the body (framed, after an
+                    // error frame, for a client that reads it, such as Drover's CLI):
+                    // a Nomad client fails to decode it and reports an error. The body
+                    // itself ends well: one cut short would lose what hyper still
+                    // buffers before it.
+                    let mut out = if plain { Vec::new() } else { framer.error(&e) };
+                    if plain && !at_line_start {
+                        out.push(b'\n');
                     }
-                    let _ = tx.send(Err(e)).await;
+                    out.extend_from_slice(format!("{e}\n").as_bytes());
+                    let _ = tx.send(Ok(Bytes::from(out))).await;
                     return;
                 }
             };
@@ -377,8 +396,12 @@ async fn alloc_usage(
 ) -> Result<AllocResourceUsage, NomadError> {
     let mut sampling = tokio::task::JoinSet::new();
     for (name, id) in task_ids {
-        let view = s.tasks.status(&id)?;
-        if view.state == TaskLifecycle::Dead {
+        // A task the task manager does not have yet has not started: no use to show.
+        let Ok(view) = s.tasks.status(&id) else {
+            continue;
+        };
+        // Only a running task has use to show (as Nomad's).
+        if view.state != TaskLifecycle::Running {
             continue;
         }
         let plugin = crate::api::live_driver(s, &view)?;
@@ -408,7 +431,7 @@ async fn alloc_usage(
             Err(_)
                 if tasks
                     .status(&id)
-                    .is_ok_and(|v| v.state == TaskLifecycle::Dead) =>
+                    .is_ok_and(|v| v.state != TaskLifecycle::Running) =>
             {
                 continue;
             }

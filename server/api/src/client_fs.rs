@@ -9,8 +9,9 @@
 //! Nomad's clients (its CLI, python-nomad) read them unchanged. Two Drover additions
 //! ride on frames, as fields Nomad's clients ignore: [`StreamFrame::skipped`] (log
 //! files rotation deleted before they were read) and [`StreamFrame::error`] (why the
-//! stream ends early; the body is then cut short, so that a Nomad client, which knows
-//! no error frame, sees a broken stream rather than a complete one).
+//! stream ends early). The error frame is followed by the error's text, as Nomad ends
+//! a stream that failed: a Nomad client, which knows no error frame, fails to decode
+//! the text and reports an error rather than a complete stream.
 
 use std::collections::BTreeMap;
 
