@@ -46,7 +46,7 @@ pub struct ApiState {
 
 /// An API error: a status code and `{"error": "..."}`.
 #[derive(Debug)]
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub(crate) StatusCode, pub(crate) String);
 
 impl From<DriverError> for ApiError {
     fn from(e: DriverError) -> Self {
@@ -105,7 +105,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tasks/{id}/events", get(task_events))
         .route("/v1/tasks/{id}/logs", get(task_logs))
         .route("/v1/tasks/{id}/stats", get(task_stats))
-        .route("/v1/client/fs/logs/{alloc}", get(alloc_logs))
+        // Nomad's client endpoints: `/v1/client/fs/logs/{alloc}`, `.../allocation/{alloc}/stats`.
+        .merge(crate::client_api::routes())
         .fallback(cluster_api)
         .with_state(state)
 }
@@ -129,47 +130,6 @@ async fn cluster_api(State(s): State<ApiState>, req: axum::extract::Request) -> 
             .into_response()
         }
         _ => ApiError(StatusCode::NOT_FOUND, "no such API endpoint".into()).into_response(),
-    }
-}
-
-/// `GET /v1/client/fs/logs/{alloc}?task=NAME`: a task's log of an allocation this node
-/// runs, as `task logs` answers it. An allocation of another node is the server's to
-/// place: the request is forwarded, and the server says which node has it.
-async fn alloc_logs(
-    State(s): State<ApiState>,
-    stop: Option<Extension<CancellationToken>>,
-    Path(alloc): Path<String>,
-    query: Result<Query<drover_server_api::AllocLogsQuery>, QueryRejection>,
-    req: axum::extract::Request,
-) -> ApiResult {
-    let Query(q) = query.map_err(bad_query)?;
-    if let Some(allocs) = &s.allocs {
-        if let Some(task_id) = allocs.task_id(&alloc, &q.task) {
-            let logs = LogsQuery {
-                stream: q.stream,
-                follow: q.follow,
-                offset: None,
-                tail: q.tail,
-                framed: q.framed,
-            };
-            return logs_response(&s, stop, task_id, logs);
-        }
-        if allocs.statuses().iter().any(|a| a.id == alloc) {
-            return Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "allocation {alloc} has no task named {:?} (or it has not started yet)",
-                    q.task
-                ),
-            ));
-        }
-    }
-    match &s.forward {
-        Some(f) => Ok(f.forward(req).await),
-        None => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("allocation {alloc} does not run on this agent"),
-        )),
     }
 }
 
@@ -378,7 +338,7 @@ fn stats_view(task_id: &str, s: &drover_plugin_sdk::TaskStats) -> StatsView {
 
 /// The driver of a task that can answer now: 409 for a dead task, 503 when its
 /// driver is not loaded or not healthy.
-fn live_driver(s: &ApiState, view: &TaskView) -> Result<Arc<LoadedPlugin>, ApiError> {
+pub(crate) fn live_driver(s: &ApiState, view: &TaskView) -> Result<Arc<LoadedPlugin>, ApiError> {
     if view.state == TaskLifecycle::Dead {
         return Err(ApiError(
             StatusCode::CONFLICT,
@@ -403,7 +363,7 @@ fn live_driver(s: &ApiState, view: &TaskView) -> Result<Arc<LoadedPlugin>, ApiEr
 
 /// Interval of the two samples a single `stats` answer is computed from: the driver
 /// reports CPU use since its previous sample, so one sample alone says little.
-const ONE_SHOT_INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) const ONE_SHOT_INTERVAL: Duration = Duration::from_millis(500);
 
 /// `GET /v1/tasks/{id}/stats`: one sample (CPU % over half a second), or with
 /// `follow=true` a JSON line per `interval` until the task is dead.

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod allocs;
 pub mod api;
+mod client_api;
 pub mod cluster;
 pub mod config;
 pub mod dirs;

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_api::{Frame, FrameDecoder, LOG_FRAMES_CONTENT_TYPE, encode_path_segment};
+use drover_api::{Frame, encode_path_segment};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, StatusCode, header};
@@ -530,18 +530,33 @@ impl Client {
             .await
     }
 
-    /// `GET /v1/client/fs/logs/{alloc}?task=...`: a task's log, as frames. Only the
-    /// agent of the node running the allocation has it (a server answers which node
-    /// that is).
+    /// `GET /v1/client/fs/logs/{alloc}?task=...`: a task's log, from Nomad's JSON
+    /// frames. Only the agent of the node running the allocation has it (a server
+    /// answers which node that is).
     pub async fn alloc_logs(
         &self,
         alloc: &str,
         query: &AllocLogsQuery,
     ) -> Result<AllocLogFrames, Error> {
-        let mut query = query.clone();
-        query.framed = true;
-        let q = serde_urlencoded::to_string(&query)
-            .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
+        if query.tail.is_some() {
+            return Err(Error::InvalidRequest(
+                "the client fs logs API starts at a byte offset, not at the last N lines".into(),
+            ));
+        }
+        let stream = match query.stream {
+            drover_api::LogStream::Stdout => "stdout",
+            drover_api::LogStream::Stderr => "stderr",
+        };
+        let follow = if query.follow { "true" } else { "false" };
+        let q = serde_urlencoded::to_string([
+            ("task", query.task.as_str()),
+            ("type", stream),
+            ("follow", follow),
+            ("origin", "start"),
+            ("offset", "0"),
+            ("plain", "false"),
+        ])
+        .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
         let path = path(&["v1", "client", "fs", "logs", alloc])?;
         let request = format!("GET {path}");
         let resp = self.send(Method::GET, &path, Some(q), None).await?;
@@ -555,16 +570,16 @@ impl Client {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
-        if got != LOG_FRAMES_CONTENT_TYPE {
+        if !got.starts_with("application/json") {
             return Err(Error::Body {
                 request,
-                reason: format!("content type {got:?}, expected {LOG_FRAMES_CONTENT_TYPE:?}"),
+                reason: format!("content type {got:?}, expected \"application/json\""),
             });
         }
         Ok(AllocLogFrames {
             request,
             body: resp.into_body(),
-            decoder: FrameDecoder::default(),
+            buf: Vec::new(),
             done: false,
         })
     }
@@ -834,42 +849,70 @@ fn refusal(request: &str, status: StatusCode, body: &[u8]) -> Error {
     Error::Status { status, message }
 }
 
-/// A task's log as it arrives, from [`Client::alloc_logs`].
+/// A task's log as it arrives, from [`Client::alloc_logs`]: Nomad's frames
+/// ([`crate::client_fs::StreamFrame`]), one JSON object after the other.
 #[derive(Debug)]
 pub struct AllocLogFrames {
     request: String,
     body: Incoming,
-    decoder: FrameDecoder,
+    /// Received, not decoded yet.
+    buf: Vec<u8>,
     done: bool,
 }
 
+/// Frames of a log stream held at most before one is whole (Nomad's frames carry at
+/// most 64 KiB, base64: a third more).
+const MAX_LOG_FRAME_BYTES: usize = 1024 * 1024;
+
 impl AllocLogFrames {
     /// The next frame ([`Frame::Data`] or [`Frame::Skipped`]); `Ok(None)` at the end.
+    /// Heartbeats and Nomad's file events are passed over.
     pub async fn next(&mut self) -> Result<Option<Frame>, Error> {
+        use crate::client_fs::{FILE_EVENT_ERROR, FILE_EVENT_SKIPPED, StreamFrame};
         loop {
-            let frame = self.decoder.next_frame().map_err(|e| Error::Body {
+            let mut frames = serde_json::Deserializer::from_slice(&self.buf).into_iter();
+            let decoded: Option<Result<StreamFrame, _>> = frames.next();
+            let used = frames.byte_offset();
+            let body_error = |reason: String| Error::Body {
                 request: self.request.clone(),
-                reason: e.to_string(),
-            })?;
-            match frame {
-                Some(Frame::Error(message)) => {
-                    self.done = true;
-                    return Err(Error::Stream(message));
+                reason,
+            };
+            match decoded {
+                Some(Ok(frame)) => {
+                    self.buf.drain(..used);
+                    if frame.file_event == FILE_EVENT_ERROR {
+                        self.done = true;
+                        return Err(Error::Stream(frame.error.unwrap_or_default()));
+                    }
+                    if frame.file_event == FILE_EVENT_SKIPPED {
+                        return Ok(Some(Frame::Skipped(frame.skipped.unwrap_or(0))));
+                    }
+                    if !frame.data.is_empty() {
+                        return Ok(Some(Frame::Data(frame.data)));
+                    }
+                    continue;
                 }
-                Some(frame) => return Ok(Some(frame)),
-                None if self.done => return Ok(None),
-                None => {}
+                Some(Err(e)) if !e.is_eof() => {
+                    return Err(body_error(format!("not a log frame: {e}")));
+                }
+                // Only whitespace, or a frame not whole yet: read on.
+                _ if self.done => {
+                    if self.buf.iter().all(u8::is_ascii_whitespace) {
+                        return Ok(None);
+                    }
+                    return Err(body_error(
+                        "the log stream ended in the middle of a frame".into(),
+                    ));
+                }
+                _ if self.buf.len() > MAX_LOG_FRAME_BYTES => {
+                    return Err(body_error(format!(
+                        "a log frame longer than {MAX_LOG_FRAME_BYTES} bytes"
+                    )));
+                }
+                _ => {}
             }
             match self.body.frame().await {
-                None => {
-                    self.done = true;
-                    if self.decoder.has_partial() {
-                        return Err(Error::Body {
-                            request: self.request.clone(),
-                            reason: "the log stream ended in the middle of a frame".into(),
-                        });
-                    }
-                }
+                None => self.done = true,
                 Some(Err(e)) => {
                     return Err(Error::Body {
                         request: self.request.clone(),
@@ -878,7 +921,7 @@ impl AllocLogFrames {
                 }
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        self.decoder.push(&data);
+                        self.buf.extend_from_slice(&data);
                     }
                 }
             }

@@ -87,16 +87,24 @@ async fn every_read_route_answers_json_with_the_index() {
         ("/v1/node/nope/allocations", "node \"nope\" not found"),
         ("/v1/allocation/nope", "allocation \"nope\" not found"),
         ("/v1/evaluation/nope", "evaluation \"nope\" not found"),
-        (
-            "/v1/client/fs/logs/nope?task=main",
-            "allocation \"nope\" not found",
-        ),
         ("/v1/nosuch", "no such API endpoint"),
     ] {
         let raw = c.raw(Method::GET, path, None).await.unwrap();
         assert_eq!(raw.status, StatusCode::NOT_FOUND, "{path}");
         assert_eq!(error_of(&raw), what, "{path}");
         assert!(raw.index.is_some(), "{path}: no X-Drover-Index");
+    }
+    // Nomad's client endpoints answer as Nomad's: a line of text.
+    for path in [
+        "/v1/client/fs/logs/nope?task=main&type=stdout",
+        "/v1/client/allocation/nope/stats",
+    ] {
+        let raw = c.raw(Method::GET, path, None).await.unwrap();
+        assert_eq!(raw.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            String::from_utf8_lossy(&raw.body),
+            "Unknown allocation \"nope\""
+        );
     }
     // The typed client says what the server said.
     let err = c.job("nope", &QueryOptions::default()).await.unwrap_err();

@@ -335,6 +335,28 @@ impl AllocManager {
         lock(&h.task_ids).get(task).cloned()
     }
 
+    /// The node-local task ids of allocation `alloc_id`'s started tasks by task name,
+    /// or `None` when the allocation is not on this node (Nomad's client endpoints).
+    pub fn task_ids(&self, alloc_id: &str) -> Option<BTreeMap<String, String>> {
+        let h = lock(&self.handles).get(alloc_id).cloned()?;
+        let ids = lock(&h.task_ids).clone();
+        Some(ids)
+    }
+
+    /// Whether `task` is a task of allocation `alloc_id`'s group (started or not).
+    pub fn has_task(&self, alloc_id: &str, task: &str) -> bool {
+        let Some(h) = lock(&self.handles).get(alloc_id).cloned() else {
+            return false;
+        };
+        h.control
+            .borrow()
+            .alloc
+            .group
+            .tasks
+            .iter()
+            .any(|t| t.name == task)
+    }
+
     fn spawn(self: &Arc<Self>, rec: AllocRecord, restored: bool) {
         let handle = Arc::new(Handle {
             control: watch::channel(Control {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AheadHandle, LogChunk, LogReader, LogStart, lock};
+use super::{AheadHandle, FilePosition, LogChunk, LogReader, LogStart, lock};
 
 /// How a stream is served.
 #[derive(Debug, Clone, Copy)]
@@ -326,7 +326,25 @@ pub fn stream(
 ) -> tokio::sync::mpsc::Receiver<io::Result<LogChunk>> {
     // A few chunks of slack; beyond that the reader waits for the client.
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tokio::spawn(follow(base, start, options, dead, stop, tx));
+    tokio::spawn(follow(base, start, options, dead, stop, tx, |chunk, _| {
+        chunk
+    }));
+    rx
+}
+
+/// [`stream`], each chunk with where it ends ([`LogReader::position`]): Nomad's log
+/// frames name the file and the offset.
+pub fn stream_positioned(
+    base: PathBuf,
+    start: LogStart,
+    options: FollowOptions,
+    dead: impl std::future::Future<Output = ()> + Send + 'static,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::sync::mpsc::Receiver<io::Result<(LogChunk, Option<FilePosition>)>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(follow(base, start, options, dead, stop, tx, |chunk, at| {
+        (chunk, at)
+    }));
     rx
 }
 
@@ -357,8 +375,13 @@ impl PooledReader {
         out
     }
 
-    async fn read(&mut self) -> io::Result<Option<LogChunk>> {
-        self.call(LogReader::read).await
+    /// The next chunk and where it ends.
+    async fn read(&mut self) -> io::Result<Option<(LogChunk, Option<FilePosition>)>> {
+        self.call(|r| match r.read()? {
+            Some(chunk) => Ok(Some((chunk, r.position()?))),
+            None => Ok(None),
+        })
+        .await
     }
 
     async fn open_ahead(&mut self) -> io::Result<()> {
@@ -366,13 +389,14 @@ impl PooledReader {
     }
 }
 
-async fn follow(
+async fn follow<T: Send + 'static>(
     base: PathBuf,
     start: LogStart,
     options: FollowOptions,
     dead: impl std::future::Future<Output = ()> + Send + 'static,
     stop: tokio_util::sync::CancellationToken,
-    tx: tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
+    tx: tokio::sync::mpsc::Sender<io::Result<T>>,
+    item: fn(LogChunk, Option<FilePosition>) -> T,
 ) {
     let finished = Arc::new(AtomicBool::new(false));
     // Fired when this follower ends, so that the watcher of `dead` ends with it.
@@ -419,10 +443,10 @@ async fn follow(
             return;
         }
         match reader.read().await {
-            Ok(Some(chunk)) => {
+            Ok(Some((chunk, at))) => {
                 quiet_since = None;
                 poll = options.poll;
-                if !send(&tx, &mut reader, watch.as_mut(), &stop, Ok(chunk)).await {
+                if !send(&tx, &mut reader, watch.as_mut(), &stop, Ok(item(chunk, at))).await {
                     return;
                 }
             }
@@ -472,12 +496,12 @@ async fn follow(
 /// Send `item`, opening the files that appear meanwhile while the client is slow, so
 /// that a burst of output is not lost to rotation while we wait. `false` when the
 /// receiver is gone or `stop` fired.
-async fn send(
-    tx: &tokio::sync::mpsc::Sender<io::Result<LogChunk>>,
+async fn send<T>(
+    tx: &tokio::sync::mpsc::Sender<io::Result<T>>,
     reader: &mut PooledReader,
     mut watch: Option<&mut DirWatch>,
     stop: &tokio_util::sync::CancellationToken,
-    item: io::Result<LogChunk>,
+    item: io::Result<T>,
 ) -> bool {
     // No pause before the first wait; after a wake-up, a short one, so that a chatty
     // task does not wake a follower whose client is slow once per write.

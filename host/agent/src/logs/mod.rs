@@ -35,7 +35,7 @@ use drover_plugin_sdk::taskdir::{Dir, FileKind, OpenOptions};
 
 mod follow;
 
-pub use follow::{FollowOptions, stream};
+pub use follow::{FollowOptions, stream, stream_positioned};
 
 /// Largest piece returned by one read.
 const CHUNK: usize = 256 * 1024;
@@ -102,6 +102,19 @@ pub enum LogStart {
     Offset(u64),
     /// At the start of the last `n` lines.
     Tail(u64),
+    /// This many bytes before the end of the stream (Nomad's `origin=end&offset=n`);
+    /// at the beginning of the oldest file present when the stream is shorter.
+    FromEnd(u64),
+}
+
+/// Where a chunk just read ends: in which file (`None` for a plain, unnumbered file)
+/// and at which byte of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilePosition {
+    /// The file's index (`<base>.<index>`).
+    pub index: Option<u64>,
+    /// The byte after the chunk's last, in that file.
+    pub offset: u64,
 }
 
 struct OpenFile {
@@ -392,6 +405,19 @@ impl LogReader {
         }
     }
 
+    /// Where the chunk [`LogReader::read`] returned last ends (for a
+    /// [`LogChunk::Skipped`], the start of the file read next); `None` before the
+    /// first file is open.
+    pub fn position(&mut self) -> io::Result<Option<FilePosition>> {
+        let Some(current) = self.current.as_mut() else {
+            return Ok(None);
+        };
+        Ok(Some(FilePosition {
+            index: current.index,
+            offset: current.file.stream_position()?,
+        }))
+    }
+
     /// A handle the inotify reader fills this reader's files ahead through.
     pub(crate) fn ahead_handle(&self) -> AheadHandle {
         AheadHandle {
@@ -432,6 +458,7 @@ impl LogReader {
                 LogStart::Beginning => (0, 0),
                 LogStart::Offset(n) => offset_position(&dir, &files, n)?,
                 LogStart::Tail(n) => tail_position(&dir, &files, n)?,
+                LogStart::FromEnd(n) => end_position(&dir, &files, n)?,
             };
             let (index, name) = &files[at];
             match open_log(&dir, name) {
@@ -567,6 +594,23 @@ fn offset_position(
     }
     let last = files.len() - 1;
     Ok((last, file_len(dir, &files[last].1)?))
+}
+
+/// File and byte position `back` bytes before the end of the stream, or its very
+/// beginning when it is shorter.
+fn end_position(
+    dir: &Dir,
+    files: &[(Option<u64>, OsString)],
+    mut back: u64,
+) -> io::Result<(usize, u64)> {
+    for (at, (_, name)) in files.iter().enumerate().rev() {
+        let len = file_len(dir, name)?;
+        if back <= len {
+            return Ok((at, len - back));
+        }
+        back -= len;
+    }
+    Ok((0, 0))
 }
 
 /// The most a tail looks back: what a stream can hold
@@ -802,6 +846,34 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert!(from(1 << 40).is_empty());
+    }
+
+    /// Nomad's `origin=end&offset=N`: N bytes before the end, across file boundaries;
+    /// each chunk says where it ends (the file and the byte after it), which Nomad's
+    /// frames carry.
+    #[test]
+    fn from_end_starts_that_many_bytes_before_the_end_and_chunks_say_where_they_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("stdout");
+        let mut w = RotatingWriter::open(&base, limits().with_max_files(10)).unwrap();
+        let all: Vec<u8> = (0..MIB + MIB / 2).map(|i| b'a' + (i % 26) as u8).collect();
+        w.write_all(&all).unwrap();
+        assert_eq!(log_files(&base).unwrap().len(), 2);
+        let from_end = |n: usize| drain(&mut LogReader::new(&base, LogStart::FromEnd(n as u64))).0;
+        assert_eq!(from_end(0), b"");
+        assert_eq!(from_end(5), &all[all.len() - 5..]);
+        assert_eq!(from_end(MIB / 2 + 7), &all[all.len() - MIB / 2 - 7..]);
+        assert_eq!(from_end(1 << 40), all);
+        let mut r = LogReader::new(&base, LogStart::FromEnd(5));
+        assert_eq!(r.position().unwrap(), None);
+        assert!(matches!(r.read().unwrap(), Some(LogChunk::Data(d)) if d.len() == 5));
+        assert_eq!(
+            r.position().unwrap(),
+            Some(FilePosition {
+                index: Some(1),
+                offset: (MIB / 2) as u64
+            })
+        );
     }
 
     #[test]

@@ -1707,13 +1707,16 @@ async fn the_api_router_forwards_the_cluster_api_only() {
     let msg = raw.error_message().unwrap();
     assert!(msg.contains("this agent has no servers"), "{msg}");
     let raw = alone
-        .get_raw(&["v1", "client", "fs", "logs", "a1"], &[("task", "main")])
+        .get_raw(
+            &["v1", "client", "fs", "logs", "a1"],
+            &[("task", "main"), ("type", "stdout")],
+        )
         .await
         .unwrap();
     assert_eq!(raw.status, StatusCode::NOT_FOUND);
     assert_eq!(
-        raw.error_message().unwrap(),
-        "allocation a1 does not run on this agent"
+        String::from_utf8(raw.body).unwrap(),
+        "Unknown allocation \"a1\""
     );
     assert_eq!(
         alone.get_raw(&["v1", "tasks"], &[]).await.unwrap().status,
@@ -1739,12 +1742,15 @@ async fn the_api_router_forwards_the_cluster_api_only() {
         "[\"GET /v1/job/web?index=4 \"]"
     );
     let raw = member
-        .get_raw(&["v1", "client", "fs", "logs", "a1"], &[("task", "main")])
+        .get_raw(
+            &["v1", "client", "fs", "logs", "a1"],
+            &[("task", "main"), ("type", "stdout")],
+        )
         .await
         .unwrap();
     assert_eq!(
         String::from_utf8(raw.body).unwrap(),
-        "[\"GET /v1/client/fs/logs/a1?task=main \"]"
+        "[\"GET /v1/client/fs/logs/a1?task=main&type=stdout \"]"
     );
     // The agent's own endpoints never reach the server.
     assert_eq!(member.list_tasks().await.unwrap(), env.mgr.list());

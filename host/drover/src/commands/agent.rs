@@ -289,7 +289,8 @@ fn start_dev_server(
     let token_file = server_dir.join("dev-token");
     write_private(&token_file, &token)
         .with_context(|| format!("cannot write the dev token {}", token_file.display()))?;
-    let (http, rpc, thread) = super::server::start_dev(server_dir, token, stop)?;
+    let (http, rpc, thread) =
+        super::server::start_dev(server_dir, token, config.api_socket(), stop)?;
     tracing::info!(
         http = %format!("http://{http}"),
         rpc = %rpc,

@@ -242,6 +242,9 @@ pub struct ServerOptions {
     pub advertise_http: Option<String>,
     /// The region served.
     pub region: String,
+    /// The API socket of an agent in this process (`agent --dev`), which answers
+    /// Nomad's client endpoints (`/v1/client/fs/logs/...`) on the HTTP address.
+    pub local_agent: Option<PathBuf>,
 }
 
 /// Where the state lives.
@@ -280,6 +283,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("advertise_rpc", &self.advertise_rpc)
             .field("advertise_http", &self.advertise_http)
             .field("region", &self.region)
+            .field("local_agent", &self.local_agent)
             .finish()
     }
 }
@@ -399,6 +403,7 @@ impl ServerArgs {
             name,
             advertise_rpc: self.advertise_rpc.clone(),
             advertise_http: self.advertise_http.clone(),
+            local_agent: None,
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
@@ -564,7 +569,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     ));
     let core_server = server.clone();
     let http_task = tokio::spawn(drover_server::http::serve(
-        drover_server::http::router(server, options.token),
+        drover_server::http::router_with_local_agent(server, options.token, options.local_agent),
         http_listener,
         options.tls,
         stop.clone(),
@@ -702,6 +707,7 @@ fn init_logging(level: &str) {
 pub fn start_dev(
     data_dir: PathBuf,
     token: String,
+    local_agent: PathBuf,
     stop: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, SocketAddr, std::thread::JoinHandle<()>)> {
     let options = ServerOptions {
@@ -719,6 +725,7 @@ pub fn start_dev(
         region: drover_server_api::DEFAULT_REGION.to_owned(),
         advertise_rpc: None,
         advertise_http: None,
+        local_agent: Some(local_agent),
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -804,6 +811,7 @@ mod tests {
             region: "global".into(),
             advertise_rpc: None,
             advertise_http: None,
+            local_agent: None,
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("s3cret-t0ken"), "{shown}");

@@ -12,6 +12,7 @@ mod allocs;
 mod cli_logs;
 mod cli_rawexec;
 mod cli_tasks;
+mod client_fs;
 mod fault_agent_kill;
 mod rawexec_one_copy;
 mod state_corrupt;

@@ -10,6 +10,7 @@
 //! - With a token, every request must carry it in `X-Drover-Token`; anything else is
 //!   refused with 401 before the request is looked at, and changes nothing.
 
+mod client_routes;
 mod serve;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+pub use self::client_routes::client_routes;
 pub use self::serve::{serve, tls_server_config};
 
 use crate::error::ServerError;
@@ -114,6 +116,17 @@ fn not_found(what: &str, name: &str) -> ApiError {
 /// The API's routes over `server`; `token`, when set, is required on every request
 /// (`x-drover-token` header).
 pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
+    router_with_local_agent(server, token, None)
+}
+
+/// [`router`], passing Nomad's client endpoints to the agent at `local_agent` (its
+/// API socket; see [`client_routes`]).
+pub fn router_with_local_agent(
+    server: Arc<Server>,
+    token: Option<String>,
+    local_agent: Option<std::path::PathBuf>,
+) -> axum::Router {
+    let client = client_routes(server.clone(), local_agent);
     let api = Api { server };
     let routes = Router::new()
         .route(
@@ -144,7 +157,6 @@ pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
         .route("/v1/allocation/{id}", get(get_allocation))
         .route("/v1/evaluations", get(list_evaluations))
         .route("/v1/evaluation/{id}", get(get_evaluation))
-        .route("/v1/client/fs/logs/{id}", get(alloc_logs_elsewhere))
         .route("/v1/status/servers", get(servers_status))
         .route("/v1/status/leader", get(leader_status))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
@@ -163,7 +175,8 @@ pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
             api.clone(),
             forward_writes,
         ))
-        .with_state(api);
+        .with_state(api)
+        .merge(client);
     match token {
         Some(token) => routes.layer(axum::middleware::from_fn(move |req, next| {
             check_token(Arc::from(token.as_bytes()), req, next)
@@ -586,24 +599,6 @@ async fn get_evaluation(
         .evaluation(&id)
         .ok_or_else(|| not_found("evaluation", &id))?;
     answer(index, eval)
-}
-
-/// `GET /v1/client/fs/logs/{alloc}`: task logs live on the node that runs the
-/// allocation; its agent answers this itself. Reaching the server means the caller
-/// asked the wrong place: say which node has them.
-async fn alloc_logs_elsewhere(State(api): State<Api>, Path(id): Path<String>) -> ApiResult {
-    let alloc = api
-        .server
-        .allocation(&id)
-        .ok_or_else(|| not_found("allocation", &id))?;
-    Err(ApiError::new(
-        StatusCode::BAD_REQUEST,
-        format!(
-            "the logs of allocation {} are on node {} ({}): ask that node's agent \
-             (drover alloc logs --address unix:///<its data dir>/api.sock)",
-            alloc.id, alloc.node_name, alloc.node_id
-        ),
-    ))
 }
 
 // --- status -----------------------------------------------------------------------
