@@ -438,7 +438,7 @@ fn system_group<'a>(
                 summary.stop += 1;
             }
             kept.extend(here);
-        } else if node.status == NodeStatus::Ready && !node.drain {
+        } else if node.status == NodeStatus::Ready && !node.drain && !node.ineligible {
             out.places.push(Place {
                 group,
                 index: 0,

@@ -20,7 +20,7 @@ use drover_server::rpc::RpcOptions;
 use drover_server::store::{BoxFuture, EtcdOptions, EtcdStore, StoreError};
 use drover_server::{Election, Server, ServerConfig, ServerInfo};
 use drover_server_api::client::{Client, ClientOptions, QueryOptions};
-use drover_server_api::{ClientStatus, EvalStatus, NodeStatus, TOKEN_HEADER};
+use drover_server_api::{ClientStatus, EvalStatus, NodeStatus};
 use drover_test_support::etcd::{SharedEtcd, shared};
 use drover_test_support::pki::TestCa;
 use drover_test_support::{until, within};
@@ -291,7 +291,7 @@ impl Election for Counted {
 fn authed<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.metadata_mut()
-        .insert(TOKEN_HEADER, TOKEN.parse().unwrap());
+        .insert("x-drover-token", TOKEN.parse().unwrap());
     r
 }
 

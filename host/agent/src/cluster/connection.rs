@@ -5,7 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_server_api::TOKEN_HEADER;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -44,7 +43,9 @@ pub struct TokenInterceptor(Option<MetadataValue<Ascii>>);
 impl tonic::service::Interceptor for TokenInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(token) = &self.0 {
-            req.metadata_mut().insert(TOKEN_HEADER, token.clone());
+            // The cluster's own key (lowercase, as gRPC metadata keys must be), not the
+            // HTTP API's `X-Nomad-Token`.
+            req.metadata_mut().insert("x-drover-token", token.clone());
         }
         Ok(req)
     }

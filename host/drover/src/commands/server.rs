@@ -67,6 +67,10 @@ pub struct ServerArgs {
     /// Address of the HTTP API (`/v1/...`); port 0 picks a free one.
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:4646")]
     pub http_addr: SocketAddr,
+    /// The region this server serves (Nomad's): jobs naming another region are
+    /// refused.
+    #[arg(long, value_name = "NAME", default_value = drover_server::config::DEFAULT_REGION)]
+    pub region: String,
     /// Address of the node RPCs client agents connect to.
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:4647")]
     pub rpc_addr: SocketAddr,
@@ -236,6 +240,8 @@ pub struct ServerOptions {
     pub advertise_rpc: Option<String>,
     /// Advertised HTTP address (default: the bound one).
     pub advertise_http: Option<String>,
+    /// The region served.
+    pub region: String,
 }
 
 /// Where the state lives.
@@ -273,6 +279,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("name", &self.name)
             .field("advertise_rpc", &self.advertise_rpc)
             .field("advertise_http", &self.advertise_http)
+            .field("region", &self.region)
             .finish()
     }
 }
@@ -381,6 +388,7 @@ impl ServerArgs {
             name,
             advertise_rpc: self.advertise_rpc.clone(),
             advertise_http: self.advertise_http.clone(),
+            region: self.region.clone(),
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
@@ -460,6 +468,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         config.workers = w;
     }
     config.algorithm = options.algorithm;
+    config.region.clone_from(&options.region);
     config.forward = ForwardOptions {
         token: options.token.clone(),
         // The other servers' certificates come from the same CA as this one's: the
@@ -676,18 +685,34 @@ fn init_logging(level: &str) {
         .init();
 }
 
+/// Where the dev agent's HTTP API listens unless told otherwise: Nomad's.
+pub const DEV_HTTP_ADDR: &str = "127.0.0.1:4646";
+
 /// The server of `drover agent --dev`, on its own thread and runtime (the agent's
 /// runtime is single-threaded by design; scheduling must not stall it). Its store is
-/// `<data_dir>/server`, both listeners on 127.0.0.1 with ports the OS picks; it stops
-/// when `stop` fires. Returns once it listens.
+/// `<data_dir>/server`, its HTTP API on `http_addr` (Nomad's 127.0.0.1:4646 by
+/// default, port 0 for one the OS picks), its RPCs on 127.0.0.1 with a port the OS
+/// picks; it stops when `stop` fires. Returns once it listens.
 pub fn start_dev(
     data_dir: PathBuf,
     token: String,
+    http_addr: SocketAddr,
     stop: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, SocketAddr, std::thread::JoinHandle<()>)> {
+    // Bound here first for a clear error: a port in use is another dev agent (or
+    // Nomad's) most of the time.
+    match std::net::TcpListener::bind(http_addr) {
+        Ok(probe) => drop(probe),
+        Err(e) => bail!(
+            "cannot listen on {http_addr} for the dev agent's HTTP API: {e}; \
+             is another dev agent (Drover's or Nomad's) running? Choose another address \
+             with --dev-http-addr IP:PORT (port 0 picks a free one)"
+        ),
+    }
     let options = ServerOptions {
         data_dir,
-        http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        http_addr,
+        region: drover_server::config::DEFAULT_REGION.to_owned(),
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         token: Some(token),
         tls: None,
@@ -783,6 +808,7 @@ mod tests {
             name: "s1".into(),
             advertise_rpc: None,
             advertise_http: None,
+            region: "global".into(),
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("s3cret-t0ken"), "{shown}");

@@ -1,0 +1,259 @@
+//! The conversions between the server's internal types and Nomad's wire shapes
+//! (`drover_server_api::nomad`), in one place for every route.
+//!
+//! PLACEHOLDER for allocations, evaluations and nodes: until their wire types land,
+//! their internal shapes are served.
+
+use std::collections::BTreeMap;
+
+use drover_server_api::{
+    Allocation, Evaluation, GroupSummary, Index, Job, JobPlanResponse, JobRegisterResponse, Node,
+    nomad,
+};
+use serde_json::{Value, json};
+
+use super::ApiError;
+use crate::events::Payload;
+use crate::server::Server;
+
+/// A submitted job, converted: the spec, the region it names, warnings.
+pub(super) type Submitted = nomad::ParsedJob;
+
+fn to_value(v: impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// `{"Job": {...}}` must carry a job (Nomad's "Job must be specified").
+fn has_job(body: &Value) -> Result<(), ApiError> {
+    match body.get("Job").or_else(|| body.get("job")) {
+        Some(j) if !j.is_null() => Ok(()),
+        _ => Err(ApiError::bad_request("Job must be specified")),
+    }
+}
+
+fn convert(job: &nomad::Job) -> Result<Submitted, ApiError> {
+    if job.id.as_deref().is_none_or(str::is_empty) {
+        return Err(ApiError::bad_request("Job ID hasn't been provided"));
+    }
+    job.to_spec()
+        .map_err(|e| ApiError::bad_request(format!("invalid job: {e}")))
+}
+
+pub(super) fn register_request(body: Value) -> Result<Submitted, ApiError> {
+    has_job(&body)?;
+    let req: nomad::JobRegisterRequest = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("Failed to decode request body: {e}")))?;
+    convert(&req.job)
+}
+
+pub(super) fn plan_request(body: Value) -> Result<(Submitted, bool), ApiError> {
+    has_job(&body)?;
+    let req: nomad::JobPlanRequest = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("Failed to decode request body: {e}")))?;
+    Ok((convert(&req.job)?, req.diff))
+}
+
+pub(super) fn parse_hcl(
+    _hcl: &str,
+    _canonicalize: bool,
+    _variables: Option<&str>,
+) -> Result<Value, ApiError> {
+    // TODO(i24-hcl): drover_server_api::hcl once it is merged.
+    Err(ApiError::new(
+        axum::http::StatusCode::NOT_IMPLEMENTED,
+        "parsing HCL job files on the server is not available in this build yet",
+    ))
+}
+
+pub(super) fn register_response(r: &JobRegisterResponse) -> Value {
+    to_value(nomad::JobRegisterResponse::from(r))
+}
+
+pub(super) fn deregister_response(r: &JobRegisterResponse) -> Value {
+    to_value(nomad::JobDeregisterResponse::from(r))
+}
+
+/// A stored job in Nomad's shape, in this server's region.
+fn nomad_job(server: &Server, j: &Job) -> nomad::Job {
+    let mut out = nomad::Job::from(j);
+    out.region = Some(server.region().to_owned());
+    out
+}
+
+pub(super) fn job(server: &Server, j: &Job) -> Value {
+    to_value(nomad_job(server, j))
+}
+
+pub(super) fn job_stub(j: &Job, summary: &BTreeMap<String, GroupSummary>) -> Value {
+    to_value(nomad::JobListStub::new(j, summary))
+}
+
+pub(super) fn job_summary(j: &Job, summary: &BTreeMap<String, GroupSummary>) -> Value {
+    to_value(nomad::JobSummary::new(
+        &j.spec.name,
+        summary,
+        j.create_index,
+        j.modify_index,
+    ))
+}
+
+pub(super) fn job_versions(server: &Server, versions: &[Job], index: Index, known: bool) -> Value {
+    to_value(nomad::JobVersionsResponse {
+        versions: versions.iter().map(|j| nomad_job(server, j)).collect(),
+        diffs: None,
+        index,
+        last_contact: 0,
+        known_leader: known,
+    })
+}
+
+/// Nomad's `JobScaleStatusResponse`.
+pub(super) fn scale_status(j: &Job, summary: &BTreeMap<String, GroupSummary>) -> Value {
+    let groups: BTreeMap<&str, Value> = j
+        .spec
+        .groups
+        .iter()
+        .map(|g| {
+            let s = summary.get(&g.name).copied().unwrap_or_default();
+            (
+                g.name.as_str(),
+                json!({
+                    "Desired": g.count,
+                    "Placed": s.pending + s.running,
+                    "Running": s.running,
+                    "Healthy": s.running,
+                    "Unhealthy": 0,
+                    "Events": null,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "JobID": j.spec.name,
+        "Namespace": nomad::DEFAULT_NAMESPACE,
+        "JobCreateIndex": j.create_index,
+        "JobModifyIndex": j.job_modify_index,
+        "JobStopped": j.stop,
+        "TaskGroups": groups,
+    })
+}
+
+pub(super) fn plan_response(
+    p: &JobPlanResponse,
+    existing: Option<&Job>,
+    id: &str,
+    _diff: bool,
+    warnings: Vec<String>,
+) -> Value {
+    to_value(nomad::JobPlanResponse::new(
+        id,
+        p,
+        existing.is_some(),
+        &warnings,
+    ))
+}
+
+// Until `nomad::Allocation`, `nomad::Evaluation` and `nomad::Node` land: the fields
+// Nomad's clients read most, in Nomad's names.
+
+pub(super) fn alloc_stub(a: &Allocation) -> Value {
+    json!({
+        "ID": a.id,
+        "EvalID": a.eval_id,
+        "Name": a.name,
+        "Namespace": nomad::DEFAULT_NAMESPACE,
+        "NodeID": a.node_id,
+        "NodeName": a.node_name,
+        "JobID": a.job_name,
+        "JobVersion": a.job_version,
+        "TaskGroup": a.group,
+        "DesiredStatus": a.desired_status,
+        "DesiredDescription": a.desired_description,
+        "ClientStatus": a.client_status,
+        "ClientDescription": a.client_description,
+        "TaskStates": a.task_states,
+        "PreviousAllocation": a.previous_allocation.clone().unwrap_or_default(),
+        "NextAllocation": a.next_allocation.clone().unwrap_or_default(),
+        "CreateIndex": a.create_index,
+        "ModifyIndex": a.modify_index,
+        "AllocModifyIndex": a.alloc_modify_index,
+        "CreateTime": a.create_time,
+        "ModifyTime": a.modify_time,
+    })
+}
+
+pub(super) fn alloc(server: &Server, a: &Allocation, job: Option<&Job>) -> Value {
+    let mut v = alloc_stub(a);
+    if let (Some(o), Some(j)) = (v.as_object_mut(), job) {
+        o.insert("Job".into(), self::job(server, j));
+    }
+    v
+}
+
+pub(super) fn eval(e: &Evaluation) -> Value {
+    json!({
+        "ID": e.id,
+        "Namespace": nomad::DEFAULT_NAMESPACE,
+        "Priority": e.priority,
+        "Type": e.job_type.as_str(),
+        "TriggeredBy": e.triggered_by,
+        "JobID": e.job_name,
+        "JobModifyIndex": e.job_modify_index,
+        "NodeID": e.node_id.clone().unwrap_or_default(),
+        "Status": e.status,
+        "StatusDescription": e.status_description,
+        "BlockedEval": e.blocked_eval.clone().unwrap_or_default(),
+        "PreviousEval": e.previous_eval.clone().unwrap_or_default(),
+        "QueuedAllocations": e.queued_allocations,
+        "CreateIndex": e.create_index,
+        "ModifyIndex": e.modify_index,
+        "CreateTime": e.create_time,
+        "ModifyTime": e.modify_time,
+    })
+}
+
+fn eligibility(n: &Node) -> &'static str {
+    if n.ineligible || n.drain {
+        "ineligible"
+    } else {
+        "eligible"
+    }
+}
+
+pub(super) fn node_stub(_server: &Server, n: &Node) -> Value {
+    node_stub_of(n)
+}
+
+fn node_stub_of(n: &Node) -> Value {
+    json!({
+        "ID": n.id,
+        "Name": n.name,
+        "Datacenter": n.datacenter,
+        "NodeClass": "",
+        "Drain": n.drain,
+        "SchedulingEligibility": eligibility(n),
+        "Status": n.status.as_str(),
+        "StatusDescription": n.status_description,
+        "CreateIndex": n.create_index,
+        "ModifyIndex": n.modify_index,
+    })
+}
+
+pub(super) fn node(server: &Server, n: &Node) -> Value {
+    let mut v = node_stub(server, n);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("Attributes".into(), to_value(&n.attributes));
+        o.insert("Meta".into(), to_value(&n.meta));
+    }
+    v
+}
+
+pub(super) fn event_payload(p: &Payload) -> Value {
+    match p {
+        Payload::Job(j) => json!({ "Job": to_value(nomad::Job::from(&**j)) }),
+        Payload::Evaluation(e) => json!({ "Evaluation": eval(e) }),
+        // Without the job (Nomad's: it keeps the events small).
+        Payload::Allocation(a) => json!({ "Allocation": alloc_stub(a) }),
+        Payload::Node(n) => json!({ "Node": node_stub_of(n) }),
+    }
+}
