@@ -63,7 +63,6 @@ pub(crate) mod opt {
 }
 
 /// `#[serde(with = "duration::plain")]` for `Duration` (absent or null: zero).
-#[allow(dead_code)]
 pub(crate) mod plain {
     use super::*;
 

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use drover_api::{LogConfig as InternalLogConfig, RestartMode, RestartPolicy as InternalRestart};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::duration;
 use super::{
-    ConversionError, DEFAULT_NAMESPACE, DEFAULT_REGION, join, refuse_unknown, refuse_unsupported,
+    ConversionError, DEFAULT_NAMESPACE, DEFAULT_REGION, is_nomad_default, join, refuse_unknown,
+    refuse_unsupported,
 };
 use crate::types::{
     self as internal, ConstraintOperator, GroupPlanSummary, JobStatus, JobType, LifecycleHook,
@@ -552,22 +553,22 @@ pub struct JobPlanRequest {
 #[serde(default)]
 pub struct JobListStub {
     /// The job's id (Drover's job name).
-    #[serde(rename = "ID")]
+    #[serde(rename = "ID", deserialize_with = "super::null_default")]
     pub id: String,
     /// Parent (none in Drover).
-    #[serde(rename = "ParentID")]
+    #[serde(rename = "ParentID", deserialize_with = "super::null_default")]
     pub parent_id: String,
     /// Same as the id.
-    #[serde(rename = "Name")]
+    #[serde(rename = "Name", deserialize_with = "super::null_default")]
     pub name: String,
     /// `default`.
-    #[serde(rename = "Namespace")]
+    #[serde(rename = "Namespace", deserialize_with = "super::null_default")]
     pub namespace: String,
     /// Datacenters.
-    #[serde(rename = "Datacenters")]
+    #[serde(rename = "Datacenters", deserialize_with = "super::null_default")]
     pub datacenters: Vec<String>,
     /// `service`, `batch`, `system`.
-    #[serde(rename = "Type")]
+    #[serde(rename = "Type", deserialize_with = "super::null_default")]
     pub job_type: String,
     /// Priority.
     #[serde(rename = "Priority")]
@@ -582,10 +583,10 @@ pub struct JobListStub {
     #[serde(rename = "Stop")]
     pub stop: bool,
     /// `pending`, `running`, `dead`.
-    #[serde(rename = "Status")]
+    #[serde(rename = "Status", deserialize_with = "super::null_default")]
     pub status: String,
     /// Why the status.
-    #[serde(rename = "StatusDescription")]
+    #[serde(rename = "StatusDescription", deserialize_with = "super::null_default")]
     pub status_description: String,
     /// Allocation counts per group.
     #[serde(rename = "JobSummary")]
@@ -612,13 +613,13 @@ pub struct JobListStub {
 #[serde(default)]
 pub struct JobSummary {
     /// The job's id.
-    #[serde(rename = "JobID")]
+    #[serde(rename = "JobID", deserialize_with = "super::null_default")]
     pub job_id: String,
     /// `default`.
-    #[serde(rename = "Namespace")]
+    #[serde(rename = "Namespace", deserialize_with = "super::null_default")]
     pub namespace: String,
     /// Per group.
-    #[serde(rename = "Summary")]
+    #[serde(rename = "Summary", deserialize_with = "super::null_default")]
     pub summary: BTreeMap<String, TaskGroupSummary>,
     /// Child jobs (none in Drover).
     #[serde(rename = "Children")]
@@ -675,7 +676,7 @@ pub struct TaskGroupSummary {
 #[serde(default)]
 pub struct JobVersionsResponse {
     /// Newest first.
-    #[serde(rename = "Versions")]
+    #[serde(rename = "Versions", deserialize_with = "super::null_default")]
     pub versions: Vec<Job>,
     /// Diffs between consecutive versions when asked (`?diffs=true`); Drover has none.
     #[serde(rename = "Diffs")]
@@ -696,7 +697,7 @@ pub struct JobVersionsResponse {
 #[serde(default)]
 pub struct JobRegisterResponse {
     /// The evaluation created (empty when nothing changed).
-    #[serde(rename = "EvalID")]
+    #[serde(rename = "EvalID", deserialize_with = "super::null_default")]
     pub eval_id: String,
     /// The index the evaluation was created at.
     #[serde(rename = "EvalCreateIndex")]
@@ -705,7 +706,7 @@ pub struct JobRegisterResponse {
     #[serde(rename = "JobModifyIndex")]
     pub job_modify_index: u64,
     /// Warnings, one per line (Nomad's is one string).
-    #[serde(rename = "Warnings")]
+    #[serde(rename = "Warnings", deserialize_with = "super::null_default")]
     pub warnings: String,
     /// The index of the commit.
     #[serde(rename = "Index")]
@@ -723,7 +724,7 @@ pub struct JobRegisterResponse {
 #[serde(default)]
 pub struct JobDeregisterResponse {
     /// The evaluation created.
-    #[serde(rename = "EvalID")]
+    #[serde(rename = "EvalID", deserialize_with = "super::null_default")]
     pub eval_id: String,
     /// The index the evaluation was created at.
     #[serde(rename = "EvalCreateIndex")]
@@ -762,11 +763,11 @@ pub struct JobPlanResponse {
     /// What could not be placed, per group.
     #[serde(rename = "FailedTGAllocs")]
     pub failed_tg_allocs: Option<BTreeMap<String, super::AllocationMetric>>,
-    /// Go's zero time (no periodic jobs).
+    /// The next launch of a periodic job (`null`: none, as Nomad writes it).
     #[serde(rename = "NextPeriodicLaunch")]
-    pub next_periodic_launch: String,
+    pub next_periodic_launch: Option<String>,
     /// Warnings, one per line.
-    #[serde(rename = "Warnings")]
+    #[serde(rename = "Warnings", deserialize_with = "super::null_default")]
     pub warnings: String,
     /// Drover: the version the job would get.
     #[serde(rename = "JobVersion")]
@@ -775,7 +776,7 @@ pub struct JobPlanResponse {
     #[serde(rename = "Changed")]
     pub changed: bool,
     /// Drover: per group, what would happen to its allocations.
-    #[serde(rename = "Groups")]
+    #[serde(rename = "Groups", deserialize_with = "super::null_default")]
     pub groups: BTreeMap<String, GroupPlan>,
 }
 
@@ -784,10 +785,10 @@ pub struct JobPlanResponse {
 #[serde(default)]
 pub struct JobDiff {
     /// `None`, `Added`, `Edited`.
-    #[serde(rename = "Type")]
+    #[serde(rename = "Type", deserialize_with = "super::null_default")]
     pub diff_type: String,
     /// The job's id.
-    #[serde(rename = "ID")]
+    #[serde(rename = "ID", deserialize_with = "super::null_default")]
     pub id: String,
     /// Field diffs (none yet).
     #[serde(rename = "Fields")]
@@ -805,7 +806,7 @@ pub struct JobDiff {
 #[serde(default)]
 pub struct PlanAnnotations {
     /// Per group.
-    #[serde(rename = "DesiredTGUpdates")]
+    #[serde(rename = "DesiredTGUpdates", deserialize_with = "super::null_default")]
     pub desired_tg_updates: BTreeMap<String, DesiredUpdates>,
     /// Preemptions (none in Drover).
     #[serde(rename = "PreemptedAllocs")]
@@ -1023,14 +1024,29 @@ impl Job {
         job_update: internal::UpdateStrategy,
         warnings: &mut Vec<String>,
     ) -> Result<internal::TaskGroup, ConversionError> {
+        // Nomad's defaults of these blocks (in every job a Nomad server serves) ask
+        // for nothing Drover lacks.
+        let ephemeral_disk = g.ephemeral_disk.clone().filter(|v| {
+            !is_nomad_default(
+                v,
+                &json!({"Sticky": false, "SizeMB": 300, "Migrate": false}),
+            )
+        });
+        let migrate = g.migrate.clone().filter(|v| {
+            !is_nomad_default(
+                v,
+                &json!({"MaxParallel": 1, "HealthCheck": "checks",
+                    "MinHealthyTime": 10_000_000_000_i64, "HealthyDeadline": 300_000_000_000_i64}),
+            )
+        });
         refuse_unsupported(
             path,
             &[
                 ("Affinities", &g.affinities),
                 ("Spreads", &g.spreads),
                 ("Volumes", &g.volumes),
-                ("EphemeralDisk", &g.ephemeral_disk),
-                ("Migrate", &g.migrate),
+                ("EphemeralDisk", &ephemeral_disk),
+                ("Migrate", &migrate),
                 ("Networks", &g.networks),
                 ("Services", &g.services),
                 ("ShutdownDelay", &g.shutdown_delay),
@@ -1819,7 +1835,7 @@ impl JobPlanResponse {
                     .map(|(g, f)| (g.clone(), super::AllocationMetric::from(f)))
                     .collect(),
             ),
-            next_periodic_launch: super::GO_ZERO_TIME.to_owned(),
+            next_periodic_launch: None,
             warnings: warnings.join("\n"),
             job_version: plan.job_version,
             changed: plan.changed,

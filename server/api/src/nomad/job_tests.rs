@@ -654,3 +654,43 @@ fn reschedule_delay_functions_map_onto_drovers_doubling_delay() {
     let err = parse(job("fibonacci")).unwrap_err();
     assert_eq!(err.path, "TaskGroups[0].ReschedulePolicy.DelayFunction");
 }
+
+#[test]
+fn a_job_served_by_a_nomad_server_converts_with_warnings_for_what_drover_ignores() {
+    // GET /v1/job/:id of a real Nomad 1.0.18 dev agent: Nomad's defaults filled in
+    // (EphemeralDisk, Migrate, Update timings), all of which ask nothing Drover lacks.
+    let path = format!(
+        "{}/tests/fixtures/nomad/job.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let job: Job = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let parsed = job.to_spec().unwrap();
+    assert_eq!(parsed.region.as_deref(), Some("global"));
+    assert!(
+        parsed
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("Update.Stagger")),
+        "{:?}",
+        parsed.warnings
+    );
+    let spec = parsed.spec;
+    assert_eq!(spec.name, "fixture");
+    assert_eq!(spec.groups[0].count, 2);
+    let t = &spec.groups[0].tasks[0];
+    assert_eq!(t.kill_timeout, Some(Duration::from_secs(5)));
+    assert_eq!(t.restart, Some(default_restart(JobType::Service)));
+    assert_eq!(
+        spec.groups[0].reschedule,
+        Some(internal::ReschedulePolicy::default_for(JobType::Service))
+    );
+    crate::validate(&spec).unwrap();
+    // A disk bigger than Nomad's default asks for something.
+    let mut v = serde_json::to_value(&job).unwrap();
+    v["TaskGroups"][0]["EphemeralDisk"]["SizeMB"] = json!(1000);
+    let err = serde_json::from_value::<Job>(v)
+        .unwrap()
+        .to_spec()
+        .unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].EphemeralDisk");
+}

@@ -25,11 +25,13 @@ mod job;
 #[cfg(test)]
 mod job_tests;
 mod node;
+#[cfg(test)]
+mod wire_tests;
 
 pub use alloc::*;
-// pub use eval::*;
+pub use eval::*;
 pub use job::*;
-// pub use node::*;
+pub use node::*;
 
 use serde_json::Value;
 
@@ -74,6 +76,29 @@ pub(crate) fn carries_nothing(v: &Value) -> bool {
         Value::Array(a) => a.is_empty(),
         Value::Object(o) => o.values().all(carries_nothing),
     }
+}
+
+/// Whether `v` asks for nothing beyond Nomad's default `default`: every key it sets
+/// carries nothing or has the default's value. A job read from a Nomad server holds
+/// Nomad's defaults of blocks Drover lacks (`EphemeralDisk`, `Migrate`); they ask
+/// nothing Drover must refuse.
+pub(crate) fn is_nomad_default(v: &Value, default: &Value) -> bool {
+    match v {
+        Value::Object(o) => o
+            .iter()
+            .all(|(k, val)| carries_nothing(val) || default.get(k) == Some(val)),
+        other => carries_nothing(other),
+    }
+}
+
+/// Reads `null` as the default: Go writes a nil map, slice or pointer as `null`.
+pub(crate) fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + serde::Deserialize<'de>,
+{
+    use serde::Deserialize as _;
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// `prefix.Key`, or `Key` at the top.

@@ -1,1 +1,517 @@
 //! Nodes as Nomad's API carries them (`api/nodes.go`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{GO_ZERO_TIME, Resources};
+use crate::types::{self as internal, NodeStatus};
+
+/// A driver's fingerprint on a node, in Nomad's shape.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DriverInfo {
+    /// `driver.<name>.<key>` attributes.
+    #[serde(rename = "Attributes")]
+    pub attributes: Option<BTreeMap<String, String>>,
+    /// Found and answering.
+    #[serde(rename = "Detected")]
+    pub detected: bool,
+    /// Can run tasks now.
+    #[serde(rename = "Healthy")]
+    pub healthy: bool,
+    /// Why not, or `Healthy`.
+    #[serde(rename = "HealthDescription", deserialize_with = "super::null_default")]
+    pub health_description: String,
+    /// RFC 3339 of the last fingerprint (Drover does not keep it: Go's zero time).
+    #[serde(rename = "UpdateTime", deserialize_with = "super::null_default")]
+    pub update_time: String,
+}
+
+/// CPU a node offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeCpuResources {
+    /// MHz in total.
+    #[serde(rename = "CpuShares")]
+    pub cpu_shares: i64,
+}
+
+/// Memory a node offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeMemoryResources {
+    /// MiB.
+    #[serde(rename = "MemoryMB")]
+    pub memory_mb: i64,
+}
+
+/// Disk a node offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeDiskResources {
+    /// MiB (Drover does not account disk: 0).
+    #[serde(rename = "DiskMB")]
+    pub disk_mb: i64,
+}
+
+/// What a node offers, in Nomad's newer shape.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeResources {
+    /// CPU.
+    #[serde(rename = "Cpu")]
+    pub cpu: NodeCpuResources,
+    /// Memory.
+    #[serde(rename = "Memory")]
+    pub memory: NodeMemoryResources,
+    /// Disk.
+    #[serde(rename = "Disk")]
+    pub disk: NodeDiskResources,
+    /// Networks (none in Drover).
+    #[serde(rename = "Networks")]
+    pub networks: Option<Value>,
+    /// Devices (none in Drover).
+    #[serde(rename = "Devices")]
+    pub devices: Option<Value>,
+}
+
+/// A drain in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DrainStrategy {
+    /// Nanoseconds the drain may take (Drover: 0, no deadline).
+    #[serde(rename = "Deadline")]
+    pub deadline: i64,
+    /// Leave system jobs' allocations.
+    #[serde(rename = "IgnoreSystemJobs")]
+    pub ignore_system_jobs: bool,
+    /// RFC 3339 of the deadline.
+    #[serde(rename = "ForceDeadline", deserialize_with = "super::null_default")]
+    pub force_deadline: String,
+    /// RFC 3339 of the start.
+    #[serde(rename = "StartedAt", deserialize_with = "super::null_default")]
+    pub started_at: String,
+}
+
+/// A node in Nomad's shape (`GET /v1/node/:id`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Node {
+    /// Stable id.
+    #[serde(rename = "ID", deserialize_with = "super::null_default")]
+    pub id: String,
+    /// Datacenter.
+    #[serde(rename = "Datacenter", deserialize_with = "super::null_default")]
+    pub datacenter: String,
+    /// Name.
+    #[serde(rename = "Name", deserialize_with = "super::null_default")]
+    pub name: String,
+    /// Its agent's HTTP address (Drover's server does not know it: empty).
+    #[serde(rename = "HTTPAddr", deserialize_with = "super::null_default")]
+    pub http_addr: String,
+    /// TLS on its HTTP address.
+    #[serde(rename = "TLSEnabled")]
+    pub tls_enabled: bool,
+    /// Fingerprinted attributes.
+    #[serde(rename = "Attributes")]
+    pub attributes: Option<BTreeMap<String, String>>,
+    /// Capacity, older shape (`CPU`, `MemoryMB`).
+    #[serde(rename = "Resources")]
+    pub resources: Option<Resources>,
+    /// Reserved for the system (none in Drover).
+    #[serde(rename = "Reserved")]
+    pub reserved: Option<Resources>,
+    /// Capacity.
+    #[serde(rename = "NodeResources")]
+    pub node_resources: Option<NodeResources>,
+    /// Reserved for the system (none in Drover).
+    #[serde(rename = "ReservedResources")]
+    pub reserved_resources: Option<Value>,
+    /// Links (none in Drover).
+    #[serde(rename = "Links")]
+    pub links: Option<BTreeMap<String, String>>,
+    /// Operator metadata.
+    #[serde(rename = "Meta")]
+    pub meta: Option<BTreeMap<String, String>>,
+    /// Node class (none in Drover).
+    #[serde(rename = "NodeClass", deserialize_with = "super::null_default")]
+    pub node_class: String,
+    /// Draining.
+    #[serde(rename = "Drain")]
+    pub drain: bool,
+    /// The drain, while draining.
+    #[serde(rename = "DrainStrategy")]
+    pub drain_strategy: Option<DrainStrategy>,
+    /// `eligible` or `ineligible`.
+    #[serde(
+        rename = "SchedulingEligibility",
+        deserialize_with = "super::null_default"
+    )]
+    pub scheduling_eligibility: String,
+    /// `initializing`, `ready`, `down`.
+    #[serde(rename = "Status", deserialize_with = "super::null_default")]
+    pub status: String,
+    /// Why the status.
+    #[serde(rename = "StatusDescription", deserialize_with = "super::null_default")]
+    pub status_description: String,
+    /// Seconds since the epoch of the last status change.
+    #[serde(rename = "StatusUpdatedAt")]
+    pub status_updated_at: i64,
+    /// Node events (none in Drover).
+    #[serde(rename = "Events")]
+    pub events: Option<Vec<Value>>,
+    /// Drivers by name.
+    #[serde(rename = "Drivers")]
+    pub drivers: Option<BTreeMap<String, DriverInfo>>,
+    /// Host volumes (none in Drover).
+    #[serde(rename = "HostVolumes")]
+    pub host_volumes: Option<Value>,
+    /// CSI (none in Drover).
+    #[serde(rename = "CSIControllerPlugins")]
+    pub csi_controller_plugins: Option<Value>,
+    /// CSI (none in Drover).
+    #[serde(rename = "CSINodePlugins")]
+    pub csi_node_plugins: Option<Value>,
+    /// Index of the first registration.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: u64,
+    /// Index of the last change.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: u64,
+    /// Drover: the status as Drover says it (`draining` where Nomad says `ready`
+    /// with `Drain`).
+    #[serde(rename = "DroverStatus", skip_serializing_if = "Option::is_none")]
+    pub drover_status: Option<String>,
+    /// Drover: `StatusUpdatedAt` in nanoseconds.
+    #[serde(
+        rename = "StatusUpdatedAtNanos",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub status_updated_at_nanos: Option<i64>,
+}
+
+/// One line of `GET /v1/nodes`, in Nomad's shape.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeListStub {
+    /// The node's IP address (Drover's server does not know it: empty).
+    #[serde(rename = "Address", deserialize_with = "super::null_default")]
+    pub address: String,
+    /// Stable id.
+    #[serde(rename = "ID", deserialize_with = "super::null_default")]
+    pub id: String,
+    /// Datacenter.
+    #[serde(rename = "Datacenter", deserialize_with = "super::null_default")]
+    pub datacenter: String,
+    /// Name.
+    #[serde(rename = "Name", deserialize_with = "super::null_default")]
+    pub name: String,
+    /// Node class (none in Drover).
+    #[serde(rename = "NodeClass", deserialize_with = "super::null_default")]
+    pub node_class: String,
+    /// The agent's version (its `drover.version` attribute).
+    #[serde(rename = "Version", deserialize_with = "super::null_default")]
+    pub version: String,
+    /// Draining.
+    #[serde(rename = "Drain")]
+    pub drain: bool,
+    /// `eligible` or `ineligible`.
+    #[serde(
+        rename = "SchedulingEligibility",
+        deserialize_with = "super::null_default"
+    )]
+    pub scheduling_eligibility: String,
+    /// `initializing`, `ready`, `down`.
+    #[serde(rename = "Status", deserialize_with = "super::null_default")]
+    pub status: String,
+    /// Why the status.
+    #[serde(rename = "StatusDescription", deserialize_with = "super::null_default")]
+    pub status_description: String,
+    /// Drivers by name.
+    #[serde(rename = "Drivers")]
+    pub drivers: Option<BTreeMap<String, DriverInfo>>,
+    /// Capacity (Nomad sends it with `?resources=true`; Drover always).
+    #[serde(rename = "NodeResources", skip_serializing_if = "Option::is_none")]
+    pub node_resources: Option<NodeResources>,
+    /// Index of the first registration.
+    #[serde(rename = "CreateIndex")]
+    pub create_index: u64,
+    /// Index of the last change.
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: u64,
+    /// Drover: the status as Drover says it.
+    #[serde(rename = "DroverStatus", skip_serializing_if = "Option::is_none")]
+    pub drover_status: Option<String>,
+}
+
+/// `POST /v1/node/:id/drain`: Nomad's body. `DrainSpec` null ends a drain.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeDrainRequest {
+    /// The node (Nomad repeats it in the body).
+    #[serde(rename = "NodeID", alias = "node_id")]
+    pub node_id: String,
+    /// The drain; `null`: stop draining.
+    #[serde(rename = "DrainSpec", alias = "drain_spec")]
+    pub drain_spec: Option<DrainSpec>,
+    /// Make the node eligible again when the drain ends (Nomad's default: true when
+    /// stopping a drain from the CLI).
+    #[serde(rename = "MarkEligible", alias = "mark_eligible")]
+    pub mark_eligible: bool,
+    /// Metadata (ignored).
+    #[serde(rename = "Meta")]
+    pub meta: Option<BTreeMap<String, String>>,
+}
+
+/// How a node drains.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DrainSpec {
+    /// Nanoseconds the drain may take (Drover ignores it).
+    #[serde(rename = "Deadline")]
+    pub deadline: i64,
+    /// Leave system jobs' allocations.
+    #[serde(rename = "IgnoreSystemJobs")]
+    pub ignore_system_jobs: bool,
+}
+
+/// Answer to `POST /v1/node/:id/drain` and `/eligibility`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeDrainUpdateResponse {
+    /// Evaluations created.
+    #[serde(rename = "EvalIDs")]
+    pub eval_ids: Option<Vec<String>>,
+    /// Index they were created at.
+    #[serde(rename = "EvalCreateIndex")]
+    pub eval_create_index: u64,
+    /// Index of the node's change.
+    #[serde(rename = "NodeModifyIndex")]
+    pub node_modify_index: u64,
+    /// Index of the commit.
+    #[serde(rename = "Index")]
+    pub index: u64,
+    /// Milliseconds since the leader was last heard.
+    #[serde(rename = "LastContact")]
+    pub last_contact: i64,
+    /// A leader is known.
+    #[serde(rename = "KnownLeader")]
+    pub known_leader: bool,
+}
+
+/// Nomad's word for a Drover node status (`draining` is `ready` with `Drain`).
+pub fn node_status(s: NodeStatus) -> &'static str {
+    match s {
+        NodeStatus::Initializing => "initializing",
+        NodeStatus::Ready | NodeStatus::Draining => "ready",
+        NodeStatus::Down => "down",
+    }
+}
+
+fn eligibility(n: &internal::Node) -> &'static str {
+    if n.drain || n.status == NodeStatus::Draining {
+        "ineligible"
+    } else {
+        "eligible"
+    }
+}
+
+fn status_from(drover: Option<&str>, nomad: &str, drain: bool) -> NodeStatus {
+    if let Some(s) = drover
+        && let Ok(s) = serde_json::from_value::<NodeStatus>(Value::String(s.to_owned()))
+    {
+        return s;
+    }
+    match nomad {
+        "ready" if drain => NodeStatus::Draining,
+        "ready" => NodeStatus::Ready,
+        "down" | "disconnected" => NodeStatus::Down,
+        _ => NodeStatus::Initializing,
+    }
+}
+
+fn drivers(d: &BTreeMap<String, internal::DriverInfo>) -> Option<BTreeMap<String, DriverInfo>> {
+    Some(
+        d.iter()
+            .map(|(name, i)| {
+                (
+                    name.clone(),
+                    DriverInfo {
+                        attributes: Some(i.attributes.clone()),
+                        detected: i.detected,
+                        healthy: i.healthy,
+                        health_description: i.health_description.clone(),
+                        update_time: GO_ZERO_TIME.to_owned(),
+                    },
+                )
+            })
+            .collect(),
+    )
+}
+
+fn internal_drivers(
+    d: &Option<BTreeMap<String, DriverInfo>>,
+) -> BTreeMap<String, internal::DriverInfo> {
+    d.iter()
+        .flatten()
+        .map(|(name, i)| {
+            (
+                name.clone(),
+                internal::DriverInfo {
+                    detected: i.detected,
+                    healthy: i.healthy,
+                    health_description: i.health_description.clone(),
+                    attributes: i.attributes.clone().unwrap_or_default(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn node_resources(r: &internal::NodeResources) -> NodeResources {
+    NodeResources {
+        cpu: NodeCpuResources {
+            cpu_shares: i64::try_from(r.cpu).unwrap_or(i64::MAX),
+        },
+        memory: NodeMemoryResources {
+            memory_mb: i64::try_from(r.memory_mb).unwrap_or(i64::MAX),
+        },
+        ..Default::default()
+    }
+}
+
+impl From<&internal::Node> for Node {
+    fn from(n: &internal::Node) -> Node {
+        Node {
+            id: n.id.clone(),
+            datacenter: n.datacenter.clone(),
+            name: n.name.clone(),
+            http_addr: String::new(),
+            tls_enabled: false,
+            attributes: Some(n.attributes.clone()),
+            resources: Some(Resources {
+                cpu: Some(i64::try_from(n.resources.cpu).unwrap_or(i64::MAX)),
+                memory_mb: Some(i64::try_from(n.resources.memory_mb).unwrap_or(i64::MAX)),
+                ..Default::default()
+            }),
+            reserved: None,
+            node_resources: Some(node_resources(&n.resources)),
+            reserved_resources: None,
+            links: None,
+            meta: Some(n.meta.clone()),
+            node_class: String::new(),
+            drain: n.drain,
+            drain_strategy: n.drain.then(|| DrainStrategy {
+                force_deadline: GO_ZERO_TIME.to_owned(),
+                started_at: GO_ZERO_TIME.to_owned(),
+                ..Default::default()
+            }),
+            scheduling_eligibility: eligibility(n).to_owned(),
+            status: node_status(n.status).to_owned(),
+            status_description: n.status_description.clone(),
+            status_updated_at: n.status_updated_at.div_euclid(1_000_000_000),
+            events: None,
+            drivers: drivers(&n.drivers),
+            host_volumes: None,
+            csi_controller_plugins: None,
+            csi_node_plugins: None,
+            create_index: n.create_index,
+            modify_index: n.modify_index,
+            drover_status: Some(n.status.as_str().to_owned()),
+            status_updated_at_nanos: Some(n.status_updated_at),
+        }
+    }
+}
+
+impl Node {
+    /// The node as Drover keeps it (for clients that render internal types).
+    pub fn to_internal(&self) -> internal::Node {
+        let narrow = |v: i64| u64::try_from(v).unwrap_or(0);
+        let resources = match (&self.node_resources, &self.resources) {
+            (Some(r), _) => internal::NodeResources {
+                cpu: narrow(r.cpu.cpu_shares),
+                memory_mb: narrow(r.memory.memory_mb),
+            },
+            (None, Some(r)) => internal::NodeResources {
+                cpu: narrow(r.cpu.unwrap_or(0)),
+                memory_mb: narrow(r.memory_mb.unwrap_or(0)),
+            },
+            (None, None) => internal::NodeResources::default(),
+        };
+        internal::Node {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            datacenter: self.datacenter.clone(),
+            status: status_from(self.drover_status.as_deref(), &self.status, self.drain),
+            status_description: self.status_description.clone(),
+            drain: self.drain,
+            attributes: self.attributes.clone().unwrap_or_default(),
+            meta: self.meta.clone().unwrap_or_default(),
+            resources,
+            drivers: internal_drivers(&self.drivers),
+            status_updated_at: self
+                .status_updated_at_nanos
+                .unwrap_or(self.status_updated_at.saturating_mul(1_000_000_000)),
+            create_index: self.create_index,
+            modify_index: self.modify_index,
+        }
+    }
+}
+
+impl From<&internal::Node> for NodeListStub {
+    fn from(n: &internal::Node) -> NodeListStub {
+        NodeListStub {
+            address: String::new(),
+            id: n.id.clone(),
+            datacenter: n.datacenter.clone(),
+            name: n.name.clone(),
+            node_class: String::new(),
+            version: n
+                .attributes
+                .get("drover.version")
+                .cloned()
+                .unwrap_or_default(),
+            drain: n.drain,
+            scheduling_eligibility: eligibility(n).to_owned(),
+            status: node_status(n.status).to_owned(),
+            status_description: n.status_description.clone(),
+            drivers: drivers(&n.drivers),
+            node_resources: Some(node_resources(&n.resources)),
+            create_index: n.create_index,
+            modify_index: n.modify_index,
+            drover_status: Some(n.status.as_str().to_owned()),
+        }
+    }
+}
+
+impl NodeListStub {
+    /// What a stub tells of the node as Drover keeps it: no attributes or meta (fetch
+    /// the node for them).
+    pub fn to_internal(&self) -> internal::Node {
+        let narrow = |v: i64| u64::try_from(v).unwrap_or(0);
+        internal::Node {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            datacenter: self.datacenter.clone(),
+            status: status_from(self.drover_status.as_deref(), &self.status, self.drain),
+            status_description: self.status_description.clone(),
+            drain: self.drain,
+            attributes: BTreeMap::new(),
+            meta: BTreeMap::new(),
+            resources: self
+                .node_resources
+                .as_ref()
+                .map(|r| internal::NodeResources {
+                    cpu: narrow(r.cpu.cpu_shares),
+                    memory_mb: narrow(r.memory.memory_mb),
+                })
+                .unwrap_or_default(),
+            drivers: internal_drivers(&self.drivers),
+            status_updated_at: 0,
+            create_index: self.create_index,
+            modify_index: self.modify_index,
+        }
+    }
+}
