@@ -278,6 +278,12 @@ impl Server {
         self.core.events.subscribe(index)
     }
 
+    /// The type of job `name` (`None`: no such job).
+    pub fn job_type_of(&self, name: &str) -> Option<drover_server_api::JobType> {
+        let st = self.core.read();
+        crate::scheduler::StateView::job(&*st, name).map(|j| j.spec.job_type)
+    }
+
     /// The version of its job an allocation runs (the current one, or a kept one).
     pub fn job_version_of(
         &self,

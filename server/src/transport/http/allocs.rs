@@ -22,7 +22,7 @@ pub(super) async fn list(
         .allocations()
         .iter()
         .filter(|a| a.id.starts_with(prefix))
-        .map(wire::alloc_stub)
+        .map(|a| wire::alloc_stub(&api.server, a))
         .collect();
     answer(index, stubs)
 }
@@ -99,7 +99,7 @@ pub(super) async fn eval_allocs(
         .allocations()
         .iter()
         .filter(|a| a.eval_id == id)
-        .map(wire::alloc_stub)
+        .map(|a| wire::alloc_stub(&api.server, a))
         .collect();
     answer(index, stubs)
 }

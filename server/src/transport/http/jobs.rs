@@ -161,7 +161,7 @@ pub(super) async fn allocations(
         .server
         .job_allocations(&id)
         .iter()
-        .map(wire::alloc_stub)
+        .map(|a| wire::alloc_stub(&api.server, a))
         .collect();
     answer(index, stubs)
 }

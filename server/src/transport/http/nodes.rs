@@ -20,7 +20,7 @@ pub(super) async fn list(
         .nodes()
         .iter()
         .filter(|n| n.id.starts_with(prefix))
-        .map(|n| wire::node_stub(&api.server, n))
+        .map(|n| wire::node_stub(n))
         .collect();
     answer(index, stubs)
 }
@@ -42,7 +42,7 @@ pub(super) async fn get(
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let n = node(&api, &id)?;
-    answer(index, wire::node(&api.server, &n))
+    answer(index, wire::node(&n))
 }
 
 pub(super) async fn allocations(

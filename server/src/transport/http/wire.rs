@@ -1,8 +1,6 @@
 //! The conversions between the server's internal types and Nomad's wire shapes
 //! (`drover_server_api::nomad`), in one place for every route.
 //!
-//! PLACEHOLDER for allocations, evaluations and nodes: until their wire types land,
-//! their internal shapes are served.
 
 use std::collections::BTreeMap;
 
@@ -153,99 +151,35 @@ pub(super) fn plan_response(
     ))
 }
 
-// Until `nomad::Allocation`, `nomad::Evaluation` and `nomad::Node` land: the fields
-// Nomad's clients read most, in Nomad's names.
-
-pub(super) fn alloc_stub(a: &Allocation) -> Value {
-    json!({
-        "ID": a.id,
-        "EvalID": a.eval_id,
-        "Name": a.name,
-        "Namespace": nomad::DEFAULT_NAMESPACE,
-        "NodeID": a.node_id,
-        "NodeName": a.node_name,
-        "JobID": a.job_name,
-        "JobVersion": a.job_version,
-        "TaskGroup": a.group,
-        "DesiredStatus": a.desired_status,
-        "DesiredDescription": a.desired_description,
-        "ClientStatus": a.client_status,
-        "ClientDescription": a.client_description,
-        "TaskStates": a.task_states,
-        "PreviousAllocation": a.previous_allocation.clone().unwrap_or_default(),
-        "NextAllocation": a.next_allocation.clone().unwrap_or_default(),
-        "CreateIndex": a.create_index,
-        "ModifyIndex": a.modify_index,
-        "AllocModifyIndex": a.alloc_modify_index,
-        "CreateTime": a.create_time,
-        "ModifyTime": a.modify_time,
-    })
+/// An allocation's line in a list.
+pub(super) fn alloc_stub(server: &Server, a: &Allocation) -> Value {
+    let job_type = server.job_type_of(&a.job_name).unwrap_or_default();
+    to_value(nomad::AllocationListStub::new(a, job_type))
 }
 
+/// A whole allocation, with the version of its job it runs (and its tasks'
+/// resources) when the server still has it.
 pub(super) fn alloc(server: &Server, a: &Allocation, job: Option<&Job>) -> Value {
-    let mut v = alloc_stub(a);
-    if let (Some(o), Some(j)) = (v.as_object_mut(), job) {
-        o.insert("Job".into(), self::job(server, j));
+    let mut out = nomad::Allocation::from(a);
+    if let Some(j) = job {
+        if let Some(g) = j.spec.groups.iter().find(|g| g.name == a.group) {
+            out = out.with_group(g);
+        }
+        out.job = Some(Box::new(nomad_job(server, j)));
     }
-    v
+    to_value(out)
 }
 
 pub(super) fn eval(e: &Evaluation) -> Value {
-    json!({
-        "ID": e.id,
-        "Namespace": nomad::DEFAULT_NAMESPACE,
-        "Priority": e.priority,
-        "Type": e.job_type.as_str(),
-        "TriggeredBy": e.triggered_by,
-        "JobID": e.job_name,
-        "JobModifyIndex": e.job_modify_index,
-        "NodeID": e.node_id.clone().unwrap_or_default(),
-        "Status": e.status,
-        "StatusDescription": e.status_description,
-        "BlockedEval": e.blocked_eval.clone().unwrap_or_default(),
-        "PreviousEval": e.previous_eval.clone().unwrap_or_default(),
-        "QueuedAllocations": e.queued_allocations,
-        "CreateIndex": e.create_index,
-        "ModifyIndex": e.modify_index,
-        "CreateTime": e.create_time,
-        "ModifyTime": e.modify_time,
-    })
+    to_value(nomad::Evaluation::from(e))
 }
 
-fn eligibility(n: &Node) -> &'static str {
-    if n.ineligible || n.drain {
-        "ineligible"
-    } else {
-        "eligible"
-    }
+pub(super) fn node_stub(n: &Node) -> Value {
+    to_value(nomad::NodeListStub::from(n))
 }
 
-pub(super) fn node_stub(_server: &Server, n: &Node) -> Value {
-    node_stub_of(n)
-}
-
-fn node_stub_of(n: &Node) -> Value {
-    json!({
-        "ID": n.id,
-        "Name": n.name,
-        "Datacenter": n.datacenter,
-        "NodeClass": "",
-        "Drain": n.drain,
-        "SchedulingEligibility": eligibility(n),
-        "Status": n.status.as_str(),
-        "StatusDescription": n.status_description,
-        "CreateIndex": n.create_index,
-        "ModifyIndex": n.modify_index,
-    })
-}
-
-pub(super) fn node(server: &Server, n: &Node) -> Value {
-    let mut v = node_stub(server, n);
-    if let Some(o) = v.as_object_mut() {
-        o.insert("Attributes".into(), to_value(&n.attributes));
-        o.insert("Meta".into(), to_value(&n.meta));
-    }
-    v
+pub(super) fn node(n: &Node) -> Value {
+    to_value(nomad::Node::from(n))
 }
 
 pub(super) fn event_payload(p: &Payload) -> Value {
@@ -253,7 +187,7 @@ pub(super) fn event_payload(p: &Payload) -> Value {
         Payload::Job(j) => json!({ "Job": to_value(nomad::Job::from(&**j)) }),
         Payload::Evaluation(e) => json!({ "Evaluation": eval(e) }),
         // Without the job (Nomad's: it keeps the events small).
-        Payload::Allocation(a) => json!({ "Allocation": alloc_stub(a) }),
-        Payload::Node(n) => json!({ "Node": node_stub_of(n) }),
+        Payload::Allocation(a) => json!({ "Allocation": to_value(nomad::Allocation::from(&**a)) }),
+        Payload::Node(n) => json!({ "Node": node(n) }),
     }
 }
