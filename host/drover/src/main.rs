@@ -80,7 +80,7 @@ fn main() -> ExitCode {
     // A task's log relay (Nomad drivers' stdout/stderr FIFOs into the log files) is
     // this binary re-executed too, once per task: the same reasons apply.
     drover_plugin_sdk::logs::relay::run_if_relay();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(commands::jobspec::nomad_style_args(std::env::args_os()));
     match cli.command {
         Command::Plugin(PluginCommand::Serve { name }) => serve_builtin(&name),
         Command::Agent(args) => run_agent(args),
@@ -99,6 +99,7 @@ fn main() -> ExitCode {
             }
             None => server::run(args),
         },
+        Command::Job(cmd) if cmd.is_local() => commands::job::local_job_command(cmd),
         Command::Job(cmd) => cluster_main(cli.address, |c| async move {
             commands::job::job_command(&c, cmd).await
         }),
@@ -127,7 +128,7 @@ mod tests {
         let cli = parse(&["job", "run", "web.toml", "--detach", "--json"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Job(commands::job::JobCommand::Run { ref file, detach: true, json: true }) if file == std::path::Path::new("web.toml")
+            Command::Job(commands::job::JobCommand::Run { ref job, detach: true, json: true }) if job.file == std::path::Path::new("web.toml")
         ));
         let cli = parse(&[
             "--address",

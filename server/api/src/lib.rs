@@ -16,6 +16,7 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+pub mod hcl;
 pub mod jobfile;
 pub mod nomad;
 pub mod types;

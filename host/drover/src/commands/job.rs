@@ -5,13 +5,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::Subcommand;
 use drover_server_api::client::{Client, QueryOptions};
 use drover_server_api::{Allocation, EvalStatus, Evaluation, JobRegisterResponse};
 use serde::Serialize;
 
 use super::cluster_error;
+use super::jobspec::{self, JobFileArgs};
 use crate::render::{
     JobStatusJson, eval_status_word, job_status_text, job_status_word, placement_failure_lines,
     plan_text, print_json, short,
@@ -25,10 +25,10 @@ const MONITOR_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
-    /// Submit a job file (TOML) and wait until its allocations are placed.
+    /// Submit a job file (Nomad HCL or TOML) and wait until its allocations are placed.
     Run {
-        /// The job file.
-        file: PathBuf,
+        #[command(flatten)]
+        job: JobFileArgs,
         /// Return once the job is registered, without waiting for placement.
         #[arg(long)]
         detach: bool,
@@ -38,11 +38,21 @@ pub enum JobCommand {
     },
     /// Show what submitting a job file would change; changes nothing.
     Plan {
-        /// The job file.
-        file: PathBuf,
+        #[command(flatten)]
+        job: JobFileArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Check a job file as the server would (syntax, fields, values); needs no server.
+    Validate {
+        #[command(flatten)]
+        job: JobFileArgs,
+    },
+    /// Write an example job file (HCL) that runs on a dev agent as it is.
+    Init {
+        /// Where (default example.nomad.hcl); an existing file is not overwritten.
+        file: Option<PathBuf>,
     },
     /// Show a job (or every job without NAME): status, allocations, placement failures.
     Status {
@@ -65,21 +75,50 @@ pub enum JobCommand {
     },
 }
 
-/// Read and check a job file: errors name the file, line and field.
-pub fn read_job_file(file: &std::path::Path) -> anyhow::Result<drover_server_api::JobSpec> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read job file {}", file.display()))?;
-    Ok(drover_server_api::jobfile::parse_and_validate(
-        &text,
-        &file.display().to_string(),
-    )?)
+impl JobCommand {
+    /// Whether the command needs no server (`validate`, `init`).
+    pub fn is_local(&self) -> bool {
+        matches!(self, JobCommand::Validate { .. } | JobCommand::Init { .. })
+    }
+}
+
+/// Read and check a job file (HCL or TOML, see [`jobspec`]), printing the warnings of
+/// its conversion: errors name the file and the line or field.
+pub fn read_job_file(job: &JobFileArgs) -> anyhow::Result<drover_server_api::JobSpec> {
+    let loaded = jobspec::load(job)?;
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(loaded.spec)
+}
+
+/// Run `job validate` or `job init`, which need no server: 0, or 1 after the error.
+pub fn local_job_command(cmd: JobCommand) -> ExitCode {
+    let result = match cmd {
+        JobCommand::Validate { job } => {
+            read_job_file(&job).map(|_| "Job validation successful".to_owned())
+        }
+        JobCommand::Init { file } => jobspec::init(file.as_deref())
+            .map(|p| format!("Example job file written to {}", p.display())),
+        _ => Err(anyhow::anyhow!("this job command needs a server")),
+    };
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("drover: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Run a `job` subcommand.
 pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        JobCommand::Run { file, detach, json } => {
-            let spec = read_job_file(&file)?;
+        JobCommand::Run { job, detach, json } => {
+            let spec = read_job_file(&job)?;
             let registered = c.register_job(&spec).await.map_err(cluster_error)?;
             for w in &registered.warnings {
                 eprintln!("warning: {w}");
@@ -105,8 +144,8 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
             }
             Ok(outcome.exit_code())
         }
-        JobCommand::Plan { file, json } => {
-            let spec = read_job_file(&file)?;
+        JobCommand::Plan { job, json } => {
+            let spec = read_job_file(&job)?;
             let plan = c.plan_job(&spec).await.map_err(cluster_error)?;
             if json {
                 print_json(&plan)?;
@@ -119,6 +158,7 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
                 ExitCode::from(EXIT_PLACEMENT_FAILED)
             })
         }
+        cmd @ (JobCommand::Validate { .. } | JobCommand::Init { .. }) => Ok(local_job_command(cmd)),
         JobCommand::Status { name: None, json } => {
             let jobs = c
                 .jobs(&QueryOptions::default())

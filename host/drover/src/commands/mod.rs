@@ -13,6 +13,7 @@ pub mod agent;
 pub mod alloc;
 pub mod eval;
 pub mod job;
+pub mod jobspec;
 pub mod node;
 pub mod plugin;
 pub mod server;

@@ -1,0 +1,440 @@
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value as Json, json};
+
+use super::*;
+
+pub(crate) fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hcl")
+}
+
+/// Nomad's output less its nulls: what we print.
+pub(crate) fn without_nulls(v: &Json) -> Json {
+    match v {
+        Json::Object(m) => Json::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Json::Array(items) => Json::Array(items.iter().map(without_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The inputs each golden fixture was printed with by `nomad job run -output`.
+pub(crate) fn fixture_inputs(name: &str) -> VarInputs {
+    match name {
+        "vars.nomad.hcl" => VarInputs {
+            vars: vec!["image_tag=v2".into(), "region=us-east".into()],
+            var_files: vec![fixtures().join("vars.vars.hcl")],
+            env: vec![],
+        },
+        _ => VarInputs::default(),
+    }
+}
+
+pub(crate) const GOLDEN: &[(&str, &str)] = &[
+    ("web.nomad", "web.json"),
+    ("vars.nomad.hcl", "vars.json"),
+    ("batch.hcl", "batch.json"),
+];
+
+#[test]
+fn golden_files_match_nomads_output() {
+    for (job, expected) in GOLDEN {
+        let ours = parse_file(&fixtures().join(job), &fixture_inputs(job))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(fixtures().join(expected)).expect("fixture");
+        let nomad: Json = serde_json::from_str(&text).expect("fixture JSON");
+        assert_eq!(
+            ours,
+            without_nulls(&nomad),
+            "{job}: ours (left) differs from Nomad's (right)"
+        );
+    }
+}
+
+#[test]
+fn golden_files_become_valid_job_specs() {
+    let job = "vars.nomad.hcl";
+    let wire = parse_job_file(&fixtures().join(job), &fixture_inputs(job))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let parsed = wire.to_spec().unwrap_or_else(|e| panic!("{job}: {e}"));
+    crate::validate(&parsed.spec).unwrap_or_else(|e| panic!("{job}: {e:?}"));
+    assert_eq!(wire.id.as_deref(), Some(parsed.spec.name.as_str()));
+    let shop = parse_job_file(
+        &fixtures().join("vars.nomad.hcl"),
+        &fixture_inputs("vars.nomad.hcl"),
+    )
+    .expect("parses")
+    .to_spec()
+    .expect("converts")
+    .spec;
+    assert_eq!(shop.datacenters, vec!["dc1".to_owned(), "dc2".to_owned()]);
+    assert_eq!(shop.groups[0].count, 4);
+    // web.nomad has every argument Nomad 1.0 prints, some of which Drover does not act
+    // on yet: the conversion names them instead of dropping them.
+    let web = parse_job_file(&fixtures().join("web.nomad"), &VarInputs::default()).expect("parses");
+    let refused = web.to_spec().expect_err("canaries are not supported yet");
+    assert!(refused.to_string().contains("Canary"), "{refused}");
+    let batch =
+        parse_job_file(&fixtures().join("batch.hcl"), &VarInputs::default()).expect("parses");
+    let refused = batch
+        .to_spec()
+        .expect_err("distinct_property is not supported yet");
+    assert_eq!(
+        refused.to_string(),
+        "TaskGroups[1].Constraints[0].Operand: not supported yet by Drover"
+    );
+}
+
+fn parse_text(text: &str) -> Result<Json, HclError> {
+    parse("job.hcl", &fixtures(), text, &VarInputs::default())
+}
+
+fn err(text: &str) -> String {
+    match parse_text(text) {
+        Ok(j) => panic!("parsed, expected an error: {j}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn task_file(inner: &str) -> String {
+    format!(
+        "job \"j\" {{\n  group \"g\" {{\n    task \"t\" {{\n      driver = \"raw_exec\"\n{inner}\n    }}\n  }}\n}}\n"
+    )
+}
+
+#[test]
+fn typo_is_named_with_a_suggestion_and_its_place() {
+    let text = "job \"j\" {\n  group \"g\" {\n    cunt = 2\n  }\n}\n";
+    assert_eq!(
+        err(text),
+        "job.hcl:3:5: unsupported argument \"cunt\"; did you mean \"count\"?"
+    );
+}
+
+#[test]
+fn unknown_block_is_named() {
+    let text = "job \"j\" {\n  group \"g\" {\n    tsak \"t\" {\n    }\n  }\n}\n";
+    assert_eq!(
+        err(text),
+        "job.hcl:3:5: unsupported block \"tsak\"; did you mean \"task\"?"
+    );
+    let text = "job \"j\" {\n  foo {\n  }\n}\n";
+    assert_eq!(err(text), "job.hcl:2:3: unsupported block \"foo\"");
+}
+
+#[test]
+fn nomad_blocks_drover_lacks_are_refused_not_dropped() {
+    let text = task_file("      vault {\n        policies = [\"x\"]\n      }");
+    assert_eq!(
+        err(&text),
+        "job.hcl:5:7: block \"vault\" is not supported by Drover yet"
+    );
+    for block in UNSUPPORTED_BLOCKS {
+        let text = task_file(&format!("      {block} {{\n      }}"));
+        assert_eq!(
+            err(&text),
+            format!("job.hcl:5:7: block \"{block}\" is not supported by Drover yet")
+        );
+    }
+    let text = "job \"j\" {\n  all_at_once = true\n}\n";
+    assert_eq!(
+        err(text),
+        "job.hcl:2:3: argument \"all_at_once\" is not supported by Drover yet"
+    );
+}
+
+#[test]
+fn a_value_of_the_wrong_type_is_placed_on_the_value() {
+    let text = "job \"j\" {\n  group \"g\" {\n    count = \"two\"\n  }\n}\n";
+    assert_eq!(
+        err(text),
+        "job.hcl:3:13: \"count\": a number is required, found string \"two\""
+    );
+    let text = task_file("      kill_timeout = \"soon\"");
+    assert_eq!(
+        err(&text),
+        "job.hcl:5:22: \"kill_timeout\": a duration is required (such as \"30s\" or \"1h30m\"), found string \"soon\""
+    );
+    // As Nomad converts: a numeric string is a number.
+    let ok =
+        parse_text("job \"j\" {\n  group \"g\" {\n    count = \"3\"\n  }\n}\n").expect("parses");
+    assert_eq!(ok["Job"]["TaskGroups"][0]["Count"], 3);
+}
+
+#[test]
+fn syntax_errors_are_placed() {
+    let e = err("job \"j\" {\n  group \"g\" {\n    count = = 2\n  }\n}\n");
+    assert!(e.starts_with("job.hcl:3:13: syntax error: "), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+#[test]
+fn a_file_without_a_job_or_with_two_is_refused() {
+    assert_eq!(
+        err("locals {\n  a = 1\n}\n"),
+        "job.hcl: no job block: the file must hold one job \"NAME\" { ... }"
+    );
+    assert_eq!(
+        err("job \"a\" {\n}\njob \"b\" {\n}\n"),
+        "job.hcl:3:1: only one job block is allowed in a file"
+    );
+    assert_eq!(
+        err("job {\n}\n"),
+        "job.hcl:1:1: block \"job\" needs exactly one label (its name), as in job \"example\" { ... }"
+    );
+}
+
+#[test]
+fn runtime_references_stay_text_for_the_client() {
+    let text = task_file(
+        "      env {\n        A = \"${NOMAD_PORT_http}\"\n        B = \"${attr.kernel.name}\"\n        C = \"x-${node.unique.name}-y\"\n        D = \"${meta.rack}\"\n        E = \"${env[\"HOME\"]}\"\n        F = attr.cpu.arch\n        G = \"$${literal}\"\n      }",
+    );
+    let job = parse_text(&text).expect("parses");
+    assert_eq!(
+        job["Job"]["TaskGroups"][0]["Tasks"][0]["Env"],
+        json!({
+            "A": "${NOMAD_PORT_http}",
+            "B": "${attr.kernel.name}",
+            "C": "x-${node.unique.name}-y",
+            "D": "${meta.rack}",
+            "E": "${env[\"HOME\"]}",
+            "F": "${attr.cpu.arch}",
+            "G": "${literal}",
+        })
+    );
+}
+
+const VARS_FILE: &str = r#"
+variable "dc" {
+  type    = string
+  default = "dc1"
+}
+variable "n" {
+  type = number
+}
+variable "tags" {
+  type    = list(string)
+  default = []
+}
+locals {
+  # uses a local defined after it
+  label = "${local.base}-${var.n}"
+  base  = upper(var.dc)
+}
+job "j" {
+  datacenters = [var.dc]
+  meta {
+    label = local.label
+    tags  = join(",", var.tags)
+  }
+  group "g" {
+    count = var.n
+  }
+}
+"#;
+
+fn parse_vars(inputs: &VarInputs) -> Result<Json, HclError> {
+    parse("vars.hcl", &fixtures(), VARS_FILE, inputs)
+}
+
+#[test]
+fn variables_take_values_from_env_var_files_and_var_in_that_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let var_file = dir.path().join("v.hcl");
+    std::fs::write(&var_file, "n = 5\ndc = \"from-file\"\n").expect("write");
+    let inputs = VarInputs {
+        vars: vec!["dc=from-var".into(), "tags=[\"a\", \"b\"]".into()],
+        var_files: vec![var_file.clone()],
+        env: vec![
+            ("NOMAD_VAR_n".into(), "2".into()),
+            ("NOMAD_VAR_dc".into(), "from-env".into()),
+        ],
+    };
+    let job = parse_vars(&inputs).expect("parses");
+    assert_eq!(job["Job"]["Datacenters"], json!(["from-var"]));
+    assert_eq!(job["Job"]["TaskGroups"][0]["Count"], 5);
+    assert_eq!(
+        job["Job"]["Meta"],
+        json!({"label": "FROM-VAR-5", "tags": "a,b"})
+    );
+
+    let env_only = VarInputs {
+        env: vec![
+            ("NOMAD_VAR_n".into(), "2".into()),
+            ("NOMAD_VAR_unknown".into(), "x".into()),
+        ],
+        ..VarInputs::default()
+    };
+    let job = parse_vars(&env_only).expect("parses");
+    assert_eq!(job["Job"]["TaskGroups"][0]["Count"], 2);
+    assert_eq!(job["Job"]["Datacenters"], json!(["dc1"]));
+}
+
+#[test]
+fn variable_errors_are_clear() {
+    let missing = parse_vars(&VarInputs::default()).expect_err("n has no value");
+    assert_eq!(
+        missing.to_string(),
+        "vars.hcl:6:1: variable \"n\" has no value: give it a default, -var n=..., a -var-file or NOMAD_VAR_n"
+    );
+    let undeclared = parse_vars(&VarInputs {
+        vars: vec!["n=1".into(), "nope=1".into()],
+        ..VarInputs::default()
+    })
+    .expect_err("nope is not declared");
+    assert_eq!(
+        undeclared.to_string(),
+        "vars.hcl: -var nope: no variable \"nope\" is declared in this file"
+    );
+    let bad = parse_vars(&VarInputs {
+        vars: vec!["n=many".into()],
+        ..VarInputs::default()
+    })
+    .expect_err("n is a number");
+    assert!(bad.to_string().starts_with("vars.hcl: -var n: "), "{bad}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let var_file = dir.path().join("v.hcl");
+    std::fs::write(&var_file, "n = 1\n\nzone = \"a\"\n").expect("write");
+    let e = parse_vars(&VarInputs {
+        var_files: vec![var_file.clone()],
+        ..VarInputs::default()
+    })
+    .expect_err("zone is not declared");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}:3:1: no variable \"zone\" is declared in vars.hcl",
+            var_file.display()
+        )
+    );
+
+    let e = err("job \"j\" {\n  datacenters = [var.nope]\n}\n");
+    assert!(e.starts_with("job.hcl:2:17: cannot evaluate: "), "{e}");
+}
+
+#[test]
+fn functions_beyond_nomad_1_0() {
+    let text = r##"
+locals {
+  nums = tolist([3, 1])
+}
+job "j" {
+  meta {
+    a = tostring(12)
+    b = tonumber("7") + 1
+    c = length(toset(["x", "x", "y"]))
+    d = length(uuidv4())
+    e = regex_replace("a1b22", "[0-9]+", "#")
+    f = element(local.nums, 3)
+    g = coalesce(null, "z")
+    h = length(timestamp()) > 0
+  }
+}
+"##;
+    let job = parse_text(text).expect("parses");
+    assert_eq!(
+        job["Job"]["Meta"],
+        json!({"a": "12", "b": "8", "c": "2", "d": "36", "e": "a#b#", "f": "1", "g": "z", "h": "true"})
+    );
+}
+
+#[test]
+fn memory_max_and_task_blocks_read() {
+    let text = task_file(
+        "      resources {\n        cpu        = 100\n        memory     = 64\n        memory_max = 128\n      }\n      lifecycle {\n        hook = \"prestart\"\n      }",
+    );
+    let job = parse_text(&text).expect("parses");
+    let task = &job["Job"]["TaskGroups"][0]["Tasks"][0];
+    assert_eq!(
+        task["Resources"],
+        json!({"CPU": 100, "MemoryMB": 64, "MemoryMaxMB": 128})
+    );
+    assert_eq!(
+        task["Lifecycle"],
+        json!({"Hook": "prestart", "Sidecar": false})
+    );
+}
+
+#[test]
+fn file_is_read_relative_to_the_job_and_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("msg.txt"), "hi").expect("write");
+    std::fs::write(
+        dir.path().join("big.txt"),
+        vec![b'x'; MAX_INCLUDED_FILE_BYTES as usize + 1],
+    )
+    .expect("write");
+    let job_path = dir.path().join("j.hcl");
+    std::fs::write(
+        &job_path,
+        "job \"j\" {\n  meta {\n    m = file(\"msg.txt\")\n  }\n}\n",
+    )
+    .expect("write");
+    let job = parse_file(&job_path, &VarInputs::default()).expect("parses");
+    assert_eq!(job["Job"]["Meta"]["m"], "hi");
+    std::fs::write(
+        &job_path,
+        "job \"j\" {\n  meta {\n    m = file(\"big.txt\")\n  }\n}\n",
+    )
+    .expect("write");
+    let e = parse_file(&job_path, &VarInputs::default()).expect_err("too big");
+    assert!(e.to_string().contains("is larger than"), "{e}");
+}
+
+#[test]
+fn go_durations() {
+    assert_eq!(eval::parse_go_duration("1h30m"), Some(5_400_000_000_000));
+    assert_eq!(eval::parse_go_duration("1.5s"), Some(1_500_000_000));
+    assert_eq!(eval::parse_go_duration("300ms"), Some(300_000_000));
+    assert_eq!(eval::parse_go_duration("0"), Some(0));
+    assert_eq!(eval::parse_go_duration("10"), None);
+    assert_eq!(eval::parse_go_duration("1 s"), None);
+}
+
+#[test]
+fn values_are_bounded() {
+    // Each local doubles the last: 2^30 elements unless the parser stops it.
+    let mut text = String::from("locals {\n  l0 = [\"xxxxxxxxxxxxxxxx\"]\n");
+    for i in 1..=30 {
+        text.push_str(&format!(
+            "  l{i} = concat(local.l{}, local.l{})\n",
+            i - 1,
+            i - 1
+        ));
+    }
+    text.push_str("}\njob \"j\" {\n  meta {\n    n = length(local.l30)\n  }\n}\n");
+    let e = err(&text);
+    assert!(
+        e.contains(&format!("the value is larger than {MAX_VALUE_BYTES} bytes")),
+        "{e}"
+    );
+}
+
+#[test]
+fn text_from_elsewhere_reads_no_files() {
+    let text = "job \"j\" {\n  meta {\n    m = file(\"/etc/hostname\")\n  }\n}\n";
+    let e = parse_without_files("request", text, &VarInputs::default()).expect_err("no files");
+    assert!(
+        e.to_string().starts_with("request:3:9: cannot evaluate: "),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("file() cannot read files here"),
+        "{e}"
+    );
+    let e = parse_without_files(
+        "request",
+        text,
+        &VarInputs {
+            var_files: vec![PathBuf::from("/etc/passwd")],
+            ..VarInputs::default()
+        },
+    )
+    .expect_err("no var files");
+    assert_eq!(e.to_string(), "request: variable files cannot be read here");
+}
