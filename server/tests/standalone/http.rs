@@ -1070,3 +1070,75 @@ async fn an_ineligible_node_gets_no_placements_and_a_drain_moves_allocations_off
         (StatusCode::NOT_FOUND, "node not found".into())
     );
 }
+
+#[tokio::test]
+async fn an_hcl_job_file_parses_into_nomads_job_json() {
+    let s = start(None).await;
+    let h = s.http(None);
+    let hcl = r#"
+variable "n" {
+  default = 2
+}
+job "web" {
+  datacenters = ["dc1"]
+  group "app" {
+    count = var.n
+    task "main" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["1000"]
+      }
+    }
+  }
+}
+"#;
+    for canonicalize in [false, true] {
+        let a = h
+            .write(
+                Method::POST,
+                "/v1/jobs/parse",
+                json!({"JobHCL": hcl, "Canonicalize": canonicalize}),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        let job = a.json();
+        assert_eq!(job["ID"], "web", "{job}");
+        assert_eq!(job["TaskGroups"][0]["Count"], 2, "{job}");
+        assert_eq!(
+            job["TaskGroups"][0]["Tasks"][0]["Config"]["command"],
+            "/bin/sleep"
+        );
+        if canonicalize {
+            assert_eq!(job["Region"], "global", "{job}");
+            assert_eq!(job["Type"], "service", "{job}");
+        }
+    }
+    // Errors name the place; nothing is read from the server's files.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/jobs/parse",
+            json!({"JobHCL": "job \"x\" {\n  group \"g\" {\n"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(a.text().starts_with("error parsing: "), "{}", a.text());
+    assert!(a.text().contains("job.hcl"), "{}", a.text());
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/jobs/parse",
+            json!({"JobHCL": "job \"x\" {\n  meta { k = file(\"/etc/passwd\") }\n}\n"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(!a.text().contains("root:"), "{}", a.text());
+    let a = h
+        .write(Method::POST, "/v1/jobs/parse", json!({"JobHCL": ""}))
+        .await;
+    assert_eq!(
+        (a.status, a.text()),
+        (StatusCode::BAD_REQUEST, "Job HCL must be specified".into())
+    );
+}

@@ -20,7 +20,7 @@ pub(super) async fn list(
         .nodes()
         .iter()
         .filter(|n| n.id.starts_with(prefix))
-        .map(|n| wire::node_stub(n))
+        .map(wire::node_stub)
         .collect();
     answer(index, stubs)
 }

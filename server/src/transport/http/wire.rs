@@ -51,16 +51,42 @@ pub(super) fn plan_request(body: Value) -> Result<(Submitted, bool), ApiError> {
     Ok((convert(&req.job)?, req.diff))
 }
 
+/// `/v1/jobs/parse`: an HCL job file's text as Nomad's API job. Nothing of this
+/// machine is read (`file()` and variable files are refused); `canonicalize` fills in
+/// the defaults the server would apply (through Drover's own conversion).
 pub(super) fn parse_hcl(
-    _hcl: &str,
-    _canonicalize: bool,
-    _variables: Option<&str>,
+    hcl: &str,
+    canonicalize: bool,
+    variables: Option<&str>,
 ) -> Result<Value, ApiError> {
-    // TODO(i24-hcl): drover_server_api::hcl once it is merged.
-    Err(ApiError::new(
-        axum::http::StatusCode::NOT_IMPLEMENTED,
-        "parsing HCL job files on the server is not available in this build yet",
-    ))
+    if variables.is_some_and(|v| !v.trim().is_empty()) {
+        return Err(ApiError::bad_request(
+            "Variables are not supported by this endpoint yet: give the values in the \
+             job file's variable defaults, or parse with `drover job run -var` locally",
+        ));
+    }
+    let inputs = drover_server_api::hcl::VarInputs::default();
+    let mut wrapped = drover_server_api::hcl::parse_without_files("job.hcl", hcl, &inputs)
+        .map_err(|e| ApiError::bad_request(format!("error parsing: {e}")))?;
+    let job_value = wrapped
+        .get_mut("Job")
+        .map(Value::take)
+        .ok_or_else(|| ApiError::bad_request("error parsing: no job block"))?;
+    if !canonicalize {
+        return Ok(job_value);
+    }
+    let job: nomad::Job = serde_json::from_value(job_value)
+        .map_err(|e| ApiError::bad_request(format!("error parsing: {e}")))?;
+    let parsed = job
+        .to_spec()
+        .map_err(|e| ApiError::bad_request(format!("invalid job: {e}")))?;
+    let mut out = nomad::Job::from(&parsed.spec);
+    out.region = Some(
+        parsed
+            .region
+            .unwrap_or_else(|| nomad::DEFAULT_REGION.to_owned()),
+    );
+    Ok(to_value(out))
 }
 
 pub(super) fn register_response(r: &JobRegisterResponse) -> Value {
