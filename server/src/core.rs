@@ -171,7 +171,11 @@ impl Core {
         let (kvs, revision) = self.store.range("").await?;
         let state = State::load(kvs, revision)?;
         let index = state.index;
-        *self.write() = state;
+        let before = std::mem::replace(&mut *self.write(), state).index;
+        if index != before {
+            // What changed in between is not known as events: readers start anew.
+            self.events.reset(index);
+        }
         self.index_tx.send_replace(index);
         Ok(index)
     }

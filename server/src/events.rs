@@ -187,6 +187,19 @@ impl EventBroker {
         self.published.send_replace(index);
     }
 
+    /// Forget every batch kept: the state was replaced whole at `index` (a reload
+    /// from the store) and the changes between are not known as events. Readers
+    /// behind `index` are told they missed events; new ones start after it.
+    pub fn reset(&self, index: Index) {
+        {
+            let mut ring = self.ring();
+            ring.batches.clear();
+            ring.events = 0;
+            ring.evicted_up_to = ring.evicted_up_to.max(index);
+        }
+        self.published.send_modify(|i| *i = (*i).max(index));
+    }
+
     /// A cursor that yields the batches from `index` on (the one at `index`
     /// included, as Nomad's); from an index older than the ring (0 among them), from
     /// the oldest batch kept.
@@ -411,6 +424,19 @@ mod tests {
         // StartAtClosest).
         let mut late = broker.subscribe(1);
         assert_eq!(late.next().await.unwrap().index, 7);
+    }
+
+    #[tokio::test]
+    async fn a_reload_tells_readers_they_missed_events() {
+        let broker = Arc::new(EventBroker::with_capacity(100));
+        broker.publish(3, vec![node_event("a", 3)]);
+        let mut reader = broker.subscribe(0);
+        assert_eq!(reader.next().await.unwrap().index, 3);
+        broker.reset(10);
+        assert!(reader.next().await.is_err());
+        let mut fresh = broker.subscribe(0);
+        broker.publish(11, vec![node_event("b", 11)]);
+        assert_eq!(fresh.next().await.unwrap().index, 11);
     }
 
     #[test]
