@@ -43,10 +43,15 @@ pub struct ServerConfig {
     pub node_gc_threshold: Duration,
     /// How a follower reaches the leader to forward writes to it.
     pub forward: ForwardOptions,
-    /// The region the server serves (Nomad's `region`, default `global`): clients
-    /// learn it with their allocations (`NOMAD_REGION`, `${node.region}`).
+    /// The region this server serves (Nomad's; default [`DEFAULT_REGION`]): a job
+    /// whose region is set to another one is refused.
     pub region: String,
+    /// The datacenter this server says it is in (`/v1/agent/self`).
+    pub datacenter: String,
 }
+
+/// The region of a server not told otherwise (Nomad's).
+pub use drover_server_api::DEFAULT_REGION;
 
 /// How a follower authenticates to the leader when it forwards writes (HTTP writes
 /// over the leader's `Api.Forward`, node RPCs to its `Node` service).
@@ -93,7 +98,8 @@ impl ServerConfig {
             alloc_gc_threshold: Duration::from_secs(3600),
             node_gc_threshold: Duration::from_secs(24 * 3600),
             forward: ForwardOptions::default(),
-            region: drover_server_api::DEFAULT_REGION.to_owned(),
+            region: DEFAULT_REGION.to_owned(),
+            datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         }
     }
 }

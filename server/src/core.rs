@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 use crate::error::ServerError;
+use crate::events::EventBroker;
 use crate::scheduler::SchedulerSettings;
 use crate::state::evals::{gc_evals, now_nanos};
 use crate::state::{Batch, State};
@@ -48,6 +49,8 @@ pub(crate) struct Core {
     /// A follower applying the leader's commits, and a reload, take it too.
     pub(crate) commit_lock: tokio::sync::Mutex<()>,
     pub shutdown: CancellationToken,
+    /// Every commit applied here, as events (`/v1/event/stream`).
+    pub(crate) events: Arc<EventBroker>,
 }
 
 impl Core {
@@ -64,6 +67,7 @@ impl Core {
             state: RwLock::new(state),
             commit_lock: tokio::sync::Mutex::new(()),
             shutdown,
+            events: Arc::new(EventBroker::default()),
         }
     }
 
@@ -147,7 +151,7 @@ impl Core {
             .cloned()
             .collect();
         let unblock = batch.unblock;
-        self.write().apply(batch, index);
+        self.apply_and_publish(vec![batch], index);
         self.index_tx.send_replace(index);
         committed(enqueue, unblock);
         Ok((index, r))
@@ -167,7 +171,11 @@ impl Core {
         let (kvs, revision) = self.store.range("").await?;
         let state = State::load(kvs, revision)?;
         let index = state.index;
-        *self.write() = state;
+        let before = std::mem::replace(&mut *self.write(), state).index;
+        if index != before {
+            // What changed in between is not known as events: readers start anew.
+            self.events.reset(index);
+        }
         self.index_tx.send_replace(index);
         Ok(index)
     }
@@ -176,16 +184,27 @@ impl Core {
     /// parts of a split transaction come together, so that no reader sees half a
     /// commit. Changes at or below the current index are already applied.
     pub(crate) fn apply_followed(&self, batches: Vec<Batch>, index: Index) -> bool {
-        {
-            let mut st = self.write();
-            if index <= st.index {
-                return false;
-            }
-            for b in batches {
-                st.apply(b, index);
-            }
+        if index <= self.read().index {
+            return false;
         }
+        self.apply_and_publish(batches, index);
         self.index_tx.send_replace(index);
         true
+    }
+
+    /// Apply `batches` at `index` and publish their events, in one: the events are
+    /// made against the state before the change, and published before the index
+    /// moves on, so a reader woken by the index finds them.
+    fn apply_and_publish(&self, batches: Vec<Batch>, index: Index) {
+        let events = {
+            let mut st = self.write();
+            let mut events = Vec::new();
+            for b in batches {
+                events.extend(crate::events::of_batch(&st, &b, index));
+                st.apply(b, index);
+            }
+            events
+        };
+        self.events.publish(index, events);
     }
 }

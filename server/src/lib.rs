@@ -30,6 +30,7 @@ pub mod config;
 mod core;
 mod endpoints;
 pub mod error;
+pub mod events;
 pub mod leader;
 pub mod scheduler;
 pub mod server;

@@ -235,6 +235,71 @@ impl Server {
         *rx.borrow()
     }
 
+    /// The region this server serves.
+    pub fn region(&self) -> &str {
+        &self.core.config.region
+    }
+
+    /// The datacenter this server says it is in.
+    pub fn datacenter(&self) -> &str {
+        &self.core.config.datacenter
+    }
+
+    /// The leader as this server knows it without asking the store: itself while it
+    /// leads, else the one it last heard of (`None`: none known).
+    pub fn known_leader(&self) -> Option<ServerInfo> {
+        if self.leadership.is_leader() {
+            return Some(self.leadership.me.clone());
+        }
+        self.leadership.known_leader()
+    }
+
+    /// The servers registered in the store (empty when the store cannot say, or for
+    /// a sole server that registers nowhere).
+    pub async fn members(&self) -> Vec<ServerInfo> {
+        self.leadership
+            .election
+            .members()
+            .await
+            .unwrap_or_else(|e| {
+                tracing::debug!("cannot list the servers: {e}");
+                Vec::new()
+            })
+    }
+
+    /// What the state is stored in (`embedded`, `etcd`).
+    pub fn store_kind(&self) -> &'static str {
+        self.core.store.kind()
+    }
+
+    /// The events of the commits this server applies, from `index` on (see
+    /// [`crate::events`]).
+    pub fn subscribe_events(&self, index: Index) -> crate::events::Subscription {
+        self.core.events.subscribe(index)
+    }
+
+    /// The type of job `name` (`None`: no such job).
+    pub fn job_type_of(&self, name: &str) -> Option<drover_server_api::JobType> {
+        let st = self.core.read();
+        crate::scheduler::StateView::job(&*st, name).map(|j| j.spec.job_type)
+    }
+
+    /// The version of its job an allocation runs (the current one, or a kept one).
+    pub fn job_version_of(
+        &self,
+        alloc: &drover_server_api::Allocation,
+    ) -> Option<drover_server_api::Job> {
+        let st = self.core.read();
+        if let Some(j) = crate::scheduler::StateView::job(&*st, &alloc.job_name)
+            && j.version == alloc.job_version
+        {
+            return Some(j.clone());
+        }
+        st.job_versions(&alloc.job_name)
+            .and_then(|vs| vs.get(&alloc.job_version))
+            .cloned()
+    }
+
     /// Submit a plan to the plan applier, as a worker does, and wait for its verdict:
     /// what was committed and which nodes refused placements.
     pub async fn apply_plan(&self, plan: Plan) -> Result<PlanResult, ServerError> {

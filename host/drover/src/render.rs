@@ -790,6 +790,7 @@ pub(crate) mod tests {
             status,
             status_description: String::new(),
             drain,
+            ineligible: false,
             attributes: Default::default(),
             meta: Default::default(),
             resources: NodeResources::default(),

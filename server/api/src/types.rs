@@ -563,6 +563,10 @@ pub struct Node {
     pub status_description: String,
     /// A drain was asked for: nothing new is placed, allocations are moved off.
     pub drain: bool,
+    /// Marked ineligible for new placements (Nomad's `SchedulingEligibility`
+    /// "ineligible"): what runs there stays; kept through re-registrations.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ineligible: bool,
     /// Attributes (see [`NodeRegistration::attributes`]).
     pub attributes: BTreeMap<String, String>,
     /// Metadata.
@@ -834,6 +838,10 @@ pub enum EvalTrigger {
     RollingUpdate,
     /// The plan was rejected too often; re-planned.
     MaxPlanAttempts,
+    /// A user stopped one allocation (Nomad's `alloc-stop`): it is replaced.
+    AllocStop,
+    /// A group's count was changed through the scale endpoint (Nomad's `job-scaling`).
+    JobScaling,
 }
 
 /// Why a group could not (all) be placed: what a person reads in `job status`.

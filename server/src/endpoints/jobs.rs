@@ -45,6 +45,32 @@ fn job_status(st: &State, job: &Job) -> JobStatus {
     JobStatus::Pending
 }
 
+/// A job's allocation counts by group and client status, with what is queued.
+fn group_summaries(st: &State, j: &Job) -> BTreeMap<String, GroupSummary> {
+    let mut summary: BTreeMap<String, GroupSummary> = j
+        .spec
+        .groups
+        .iter()
+        .map(|g| (g.name.clone(), GroupSummary::default()))
+        .collect();
+    for a in st.allocs_of_job(&j.spec.name) {
+        let s = summary.entry(a.group.clone()).or_default();
+        match a.client_status {
+            ClientStatus::Pending => s.pending += 1,
+            ClientStatus::Running => s.running += 1,
+            ClientStatus::Complete => s.complete += 1,
+            ClientStatus::Failed => s.failed += 1,
+            ClientStatus::Lost => s.lost += 1,
+        }
+    }
+    if let Some(b) = st.blocked_eval(&j.spec.name) {
+        for (g, n) in &b.queued_allocations {
+            summary.entry(g.clone()).or_default().queued += n;
+        }
+    }
+    summary
+}
+
 fn job_with_status(st: &State, job: &Job) -> Job {
     let mut j = job.clone();
     j.status = job_status(st, job);
@@ -142,7 +168,7 @@ impl Server {
         let (index, (eval_id, job_modify_index)) = term
             .commit(|st, index, now| {
                 let Some(old) = scheduler::StateView::job(st, name) else {
-                    return Err(ServerError::NotFound(format!("job {name} not found")));
+                    return Err(ServerError::NotFound("job not found".into()));
                 };
                 let mut b = Batch::default();
                 let mut job = old.clone();
@@ -191,27 +217,7 @@ impl Server {
         let mut out: Vec<JobListStub> = st
             .jobs()
             .map(|j| {
-                let mut summary: BTreeMap<String, GroupSummary> = j
-                    .spec
-                    .groups
-                    .iter()
-                    .map(|g| (g.name.clone(), GroupSummary::default()))
-                    .collect();
-                for a in st.allocs_of_job(&j.spec.name) {
-                    let s = summary.entry(a.group.clone()).or_default();
-                    match a.client_status {
-                        ClientStatus::Pending => s.pending += 1,
-                        ClientStatus::Running => s.running += 1,
-                        ClientStatus::Complete => s.complete += 1,
-                        ClientStatus::Failed => s.failed += 1,
-                        ClientStatus::Lost => s.lost += 1,
-                    }
-                }
-                if let Some(b) = st.blocked_eval(&j.spec.name) {
-                    for (g, n) in &b.queued_allocations {
-                        summary.entry(g.clone()).or_default().queued += n;
-                    }
-                }
+                let summary = group_summaries(&st, j);
                 JobListStub {
                     name: j.spec.name.clone(),
                     job_type: j.spec.job_type,
@@ -233,6 +239,118 @@ impl Server {
     pub fn job(&self, name: &str) -> Option<Job> {
         let st = self.core.read();
         scheduler::StateView::job(&*st, name).map(|j| job_with_status(&st, j))
+    }
+
+    /// The jobs whose name starts with `prefix`, with their allocation counts by
+    /// group, by name.
+    pub fn jobs_with_summaries(&self, prefix: &str) -> Vec<(Job, BTreeMap<String, GroupSummary>)> {
+        let st = self.core.read();
+        let mut out: Vec<(Job, BTreeMap<String, GroupSummary>)> = st
+            .jobs()
+            .filter(|j| j.spec.name.starts_with(prefix))
+            .map(|j| (job_with_status(&st, j), group_summaries(&st, j)))
+            .collect();
+        out.sort_by(|a, b| a.0.spec.name.cmp(&b.0.spec.name));
+        out
+    }
+
+    /// A job's summary: allocation counts by group (`None`: no such job).
+    pub fn job_summary(&self, name: &str) -> Option<(Job, BTreeMap<String, GroupSummary>)> {
+        let st = self.core.read();
+        let j = scheduler::StateView::job(&*st, name)?;
+        Some((job_with_status(&st, j), group_summaries(&st, j)))
+    }
+
+    /// A job's kept versions, newest first (`None`: no such job).
+    pub fn job_versions(&self, name: &str) -> Option<Vec<Job>> {
+        let st = self.core.read();
+        let current = scheduler::StateView::job(&*st, name)?;
+        let mut out: Vec<Job> = st
+            .job_versions(name)
+            .map(|vs| vs.values().rev().cloned().collect())
+            .unwrap_or_default();
+        match out.first_mut() {
+            // The current version carries the current stop flag and status.
+            Some(first) if first.version == current.version => {
+                *first = job_with_status(&st, current);
+            }
+            _ => out.insert(0, job_with_status(&st, current)),
+        }
+        Some(out)
+    }
+
+    /// Set the count of `group` of job `name` to `count` as a new version of the job,
+    /// and evaluate it (Nomad's `/v1/job/:id/scale`). A stopped job is refused.
+    pub async fn scale_job(
+        &self,
+        name: &str,
+        group: &str,
+        count: u32,
+    ) -> Result<JobRegisterResponse, ServerError> {
+        let term = self.leadership.require()?;
+        let (index, (eval_id, job_modify_index)) = term
+            .commit(|st, index, now| {
+                let Some(old) = scheduler::StateView::job(st, name) else {
+                    return Err(ServerError::NotFound("job not found".into()));
+                };
+                if old.stop {
+                    return Err(ServerError::Invalid(format!(
+                        "job {name} is stopped: scaling a stopped job is not allowed"
+                    )));
+                }
+                let mut spec = old.spec.clone();
+                let Some(g) = spec.groups.iter_mut().find(|g| g.name == group) else {
+                    return Err(ServerError::Invalid(format!(
+                        "job {name} has no task group {group:?}"
+                    )));
+                };
+                g.count = count;
+                validate_spec(&spec)?;
+                let mut b = Batch::default();
+                let changed = spec != old.spec;
+                let job = if changed {
+                    let job = Job {
+                        spec,
+                        version: old.version + 1,
+                        stop: false,
+                        status: JobStatus::Pending,
+                        submit_time: now,
+                        create_index: old.create_index,
+                        modify_index: index,
+                        job_modify_index: index,
+                    };
+                    b.jobs.push(job.clone());
+                    b.versions.push(job.clone());
+                    if let Some(vs) = st.job_versions(name) {
+                        let drop = (vs.len() + 1).saturating_sub(KEPT_VERSIONS);
+                        b.drop_versions
+                            .extend(vs.keys().take(drop).map(|v| (name.to_owned(), *v)));
+                    }
+                    job
+                } else {
+                    old.clone()
+                };
+                let eval = new_eval(&job, EvalTrigger::JobScaling, index, now);
+                if let Some(blocked) = st.blocked_eval(name) {
+                    b.evals.push(set_eval_status(
+                        blocked,
+                        EvalStatus::Canceled,
+                        format!("superseded by evaluation {}", eval.id),
+                        index,
+                        now,
+                    ));
+                }
+                let r = (eval.id.clone(), job.job_modify_index);
+                b.evals.push(eval);
+                Ok((b, r))
+            })
+            .await?;
+        Ok(JobRegisterResponse {
+            eval_id,
+            job_modify_index,
+            index,
+            warnings: Vec::new(),
+        })
     }
 
     /// A job's allocations, newest first.

@@ -379,6 +379,7 @@ impl Server {
                     status,
                     status_description: String::new(),
                     drain,
+                    ineligible: old.is_some_and(|n| n.ineligible),
                     attributes: reg.attributes.clone(),
                     meta: reg.meta.clone(),
                     resources: reg.resources,
@@ -458,8 +459,20 @@ impl Server {
         }
     }
 
-    /// Start or end a node's drain; `node` is an id or a unique name.
+    /// Start or end a node's drain; `node` is an id or a unique name. A drain that
+    /// ends leaves the node eligible (as `nomad node drain -disable`).
     pub async fn drain_node(&self, node: &str, enable: bool) -> Result<Index, ServerError> {
+        self.update_drain(node, enable, true).await
+    }
+
+    /// Start or end a node's drain; when it ends, `mark_eligible` says whether the
+    /// node takes new allocations again or stays ineligible (Nomad's `MarkEligible`).
+    pub async fn update_drain(
+        &self,
+        node: &str,
+        enable: bool,
+        mark_eligible: bool,
+    ) -> Result<Index, ServerError> {
         let term = self.leadership.require()?;
         let (index, ()) = term
             .commit(|st, index, now| {
@@ -467,10 +480,30 @@ impl Server {
                     return Err(ServerError::NotFound(format!("node {node} not found")));
                 };
                 let mut b = Batch::default();
-                if n.drain == enable {
+                // A drain that ends leaves the node ineligible unless asked otherwise
+                // (Nomad's); a drain itself already keeps new placements away.
+                let ineligible = if enable {
+                    n.ineligible
+                } else if mark_eligible {
+                    false
+                } else {
+                    n.ineligible || n.drain
+                };
+                if n.drain == enable && n.ineligible == ineligible {
                     return Ok((b, ()));
                 }
+                let eligible_again = n.ineligible && !ineligible;
                 let mut n = n.clone();
+                n.ineligible = ineligible;
+                if n.drain == enable {
+                    n.modify_index = index;
+                    if eligible_again {
+                        b.unblock = true;
+                        system_job_evals(st, &n.id, index, now, &mut b);
+                    }
+                    b.nodes.push(n);
+                    return Ok((b, ()));
+                }
                 n.drain = enable;
                 if n.status != NodeStatus::Down {
                     n.status = if enable {
@@ -500,6 +533,44 @@ impl Server {
                         }
                     }
                 } else {
+                    b.unblock = true;
+                    system_job_evals(st, &n.id, index, now, &mut b);
+                }
+                b.nodes.push(n);
+                Ok((b, ()))
+            })
+            .await?;
+        Ok(index)
+    }
+
+    /// Mark a node eligible or ineligible for new placements (`nomad node
+    /// eligibility`): what runs there stays; a node made eligible again gets the
+    /// system jobs and the blocked evaluations retried.
+    pub async fn set_node_eligibility(
+        &self,
+        node: &str,
+        eligible: bool,
+    ) -> Result<Index, ServerError> {
+        let term = self.leadership.require()?;
+        let (index, ()) = term
+            .commit(|st, index, now| {
+                let Some(n) = lookup_node(st, node)? else {
+                    return Err(ServerError::NotFound(format!("node {node} not found")));
+                };
+                let mut b = Batch::default();
+                if n.ineligible != eligible {
+                    return Ok((b, ()));
+                }
+                if eligible && n.drain {
+                    return Err(ServerError::Invalid(format!(
+                        "node {}: can not set node's scheduling eligibility to eligible while it is draining",
+                        n.id
+                    )));
+                }
+                let mut n = n.clone();
+                n.ineligible = !eligible;
+                n.modify_index = index;
+                if eligible {
                     b.unblock = true;
                     system_job_evals(st, &n.id, index, now, &mut b);
                 }

@@ -51,6 +51,7 @@ pub(crate) fn describe(c: &Constraint) -> String {
 pub(crate) fn not_ready(node: &Node) -> Option<&'static str> {
     match node.status {
         NodeStatus::Ready if node.drain => Some("node draining"),
+        NodeStatus::Ready if node.ineligible => Some("node ineligible"),
         NodeStatus::Ready => None,
         NodeStatus::Draining => Some("node draining"),
         NodeStatus::Down => Some("node down"),

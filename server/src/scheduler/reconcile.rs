@@ -442,6 +442,7 @@ fn system_group<'a>(
             kept.extend(here);
         } else if node.status == NodeStatus::Ready
             && !node.drain
+            && !node.ineligible
             && drover_server_api::datacenter_allowed(&job.spec.datacenters, &node.datacenter)
         {
             out.places.push(Place {

@@ -154,6 +154,7 @@ fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
         status: NodeStatus::Ready,
         status_description: String::new(),
         drain: false,
+        ineligible: false,
         attributes: BTreeMap::from([
             ("kernel.name".to_owned(), "linux".to_owned()),
             ("kernel.version".to_owned(), "6.1.0-18-amd64".to_owned()),

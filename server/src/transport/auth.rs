@@ -1,5 +1,10 @@
 //! The shared token of the HTTP API and the RPCs, compared in constant time.
 
+/// The gRPC metadata key of the cluster token on the node RPCs and `Api.Forward`
+/// (agents and servers among themselves; lowercase, as gRPC metadata keys must be).
+/// Users' HTTP requests carry theirs in `X-Nomad-Token` instead.
+pub use drover_server_api::RPC_TOKEN_KEY;
+
 /// Equal bytes, in time that depends only on the lengths: a wrong token's answer must
 /// not tell how much of it was right. (The length is not secret enough to hide: it is
 /// the token file's; the bytes are.)

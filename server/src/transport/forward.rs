@@ -374,7 +374,7 @@ impl Forwarder {
                         // commit (the client's next read may come here).
                         if let Some(index) = head
                             .headers
-                            .get(drover_server_api::INDEX_HEADER)
+                            .get(crate::transport::http::INDEX_HEADER)
                             .and_then(|v| v.parse().ok())
                         {
                             core.wait_applied(index, APPLY_WAIT).await;
@@ -507,7 +507,8 @@ fn response(
     resp
 }
 
-/// `{"error": message}` with `status`; `not_leader` adds [`NOT_LEADER_HEADER`].
+/// `message` as plain text with `status` (Nomad answers errors as text); `not_leader`
+/// adds [`NOT_LEADER_HEADER`].
 pub(crate) fn error_response(
     status: u16,
     message: &str,
@@ -516,7 +517,11 @@ pub(crate) fn error_response(
     let status = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let mut resp = axum::response::IntoResponse::into_response((
         status,
-        axum::Json(serde_json::json!({ "error": message })),
+        [(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        message.to_owned(),
     ));
     if not_leader {
         resp.headers_mut()

@@ -1,6 +1,7 @@
-//! The HTTP API over a real listener on 127.0.0.1, through the typed client: tokens,
-//! TLS, and the server core's answers through it (jobs stored, evaluations made,
-//! blocking queries woken by commits).
+//! The HTTP API over a real listener on 127.0.0.1, as Nomad's clients use it: Nomad's
+//! paths, PascalCase JSON, `X-Nomad-Index`/`X-Nomad-Token`, plain-text errors with
+//! Nomad's codes and texts, blocking queries and the event stream; tokens, TLS, and
+//! the server core's answers through it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,14 +10,18 @@ use drover_server::store::Store;
 use drover_server::store::redb::RedbStore;
 use drover_server::{Server, ServerConfig};
 use drover_server_api::client::{Client, ClientOptions, QueryOptions};
-use drover_server_api::{JobSpec, MAX_BLOCKING_WAIT};
+use drover_server_api::{AllocClientUpdate, ClientStatus, MAX_BLOCKING_WAIT};
 use drover_test_support::pki::TestCa;
 use hyper::{Method, StatusCode};
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+use crate::common::{SECRET, node};
 
 struct Running {
     _dir: tempfile::TempDir,
     addr: std::net::SocketAddr,
+    server: Arc<Server>,
     stop: CancellationToken,
     served: tokio::task::JoinHandle<Result<(), drover_server::ServerError>>,
 }
@@ -32,18 +37,25 @@ impl Running {
         )
         .unwrap()
     }
+
+    fn http(&self, token: Option<&str>) -> Http {
+        Http {
+            addr: self.addr,
+            token: token.map(str::to_owned),
+        }
+    }
 }
 
-async fn start(token: Option<&str>) -> Running {
+async fn start_with(token: Option<&str>, workers: usize) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let stop = CancellationToken::new();
     let store: Arc<dyn Store> = Arc::new(RedbStore::open(dir.path()).unwrap());
-    let server = Server::start(ServerConfig::new(dir.path()), store, stop.clone())
-        .await
-        .unwrap();
+    let mut config = ServerConfig::new(dir.path());
+    config.workers = workers;
+    let server = Server::start(config, store, stop.clone()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let router = drover_server::http::router(server, token.map(str::to_owned));
+    let router = drover_server::http::router(server.clone(), token.map(str::to_owned));
     let served = tokio::spawn(drover_server::http::serve(
         router,
         listener,
@@ -53,180 +65,414 @@ async fn start(token: Option<&str>) -> Running {
     Running {
         _dir: dir,
         addr,
+        server,
         stop,
         served,
     }
 }
 
-fn error_of(raw: &drover_server_api::client::RawAnswer) -> String {
-    raw.error_message()
-        .unwrap_or_else(|| panic!("no JSON error in {:?}", String::from_utf8_lossy(&raw.body)))
+/// A server with its scheduler workers (placements happen) and no token.
+async fn start(token: Option<&str>) -> Running {
+    start_with(token, 1).await
+}
+
+/// A plain HTTP/1.1 client, as a Nomad client speaks to the API (no typed client:
+/// the wire is what is under test).
+struct Http {
+    addr: std::net::SocketAddr,
+    token: Option<String>,
+}
+
+/// An answer: status, headers, body.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    headers: hyper::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn index(&self) -> u64 {
+        self.headers
+            .get("X-Nomad-Index")
+            .unwrap_or_else(|| panic!("no X-Nomad-Index in {self:?}"))
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {} {:?}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl Http {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> hyper::Response<hyper::body::Incoming> {
+        let stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", self.addr.to_string());
+        if let Some(t) = &self.token {
+            req = req.header("X-Nomad-Token", t);
+        }
+        let body = http_body_util::Full::new(bytes::Bytes::from(body.unwrap_or_default()));
+        sender.send_request(req.body(body).unwrap()).await.unwrap()
+    }
+
+    async fn request(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Answer {
+        use http_body_util::BodyExt as _;
+        let resp = self.send(method, path, body).await;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.request(Method::GET, path, None).await
+    }
+
+    /// GET `path`, which must answer 200 with JSON.
+    async fn read(&self, path: &str) -> (Value, u64) {
+        let a = self.get(path).await;
+        assert_eq!(a.status, StatusCode::OK, "GET {path}: {}", a.text());
+        (a.json(), a.index())
+    }
+
+    async fn write(&self, method: Method, path: &str, body: Value) -> Answer {
+        self.request(method, path, Some(serde_json::to_vec(&body).unwrap()))
+            .await
+    }
+}
+
+/// A job as Nomad's API carries it (what `nomad job run -output` prints).
+fn nomad_job(id: &str, count: u32) -> Value {
+    json!({
+        "ID": id,
+        "Name": id,
+        "Type": "service",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{
+            "Name": "app",
+            "Count": count,
+            "Tasks": [{
+                "Name": "main",
+                "Driver": "rawexec",
+                "Config": {"command": "/bin/sleep", "args": ["1000"]},
+                "Resources": {"CPU": 100, "MemoryMB": 64}
+            }]
+        }]
+    })
+}
+
+async fn register(h: &Http, id: &str, count: u32) -> Value {
+    let a = h
+        .write(
+            Method::PUT,
+            "/v1/jobs",
+            json!({ "Job": nomad_job(id, count) }),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "register {id}: {}", a.text());
+    a.json()
+}
+
+/// Poll `path` until `cond` holds of its JSON (deadline 20 s).
+async fn poll(h: &Http, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (v, _) = h.read(path).await;
+        if cond(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The allocations of `job` that the server wants running.
+fn running_wanted(allocs: &Value) -> Vec<Value> {
+    allocs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["DesiredStatus"] == "run")
+        .cloned()
+        .collect()
 }
 
 #[tokio::test]
-async fn every_read_route_answers_json_with_the_index() {
+async fn every_read_route_answers_json_with_nomads_headers() {
     let s = start(None).await;
-    let c = s.client(None);
+    let h = s.http(None);
     for path in [
         "/v1/jobs",
         "/v1/nodes",
         "/v1/allocations",
         "/v1/evaluations",
+        "/v1/status/peers",
+        "/v1/regions",
+        "/v1/job/nope/allocations",
+        "/v1/job/nope/evaluations",
     ] {
-        let raw = c.raw(Method::GET, path, None).await.unwrap();
-        assert_eq!(raw.status, StatusCode::OK, "{path}");
-        assert!(raw.index.is_some(), "{path}: no X-Drover-Index");
-        let v: serde_json::Value = serde_json::from_slice(&raw.body).unwrap();
-        assert!(v.is_array(), "{path}: {v}");
+        let a = h.get(path).await;
+        assert_eq!(a.status, StatusCode::OK, "{path}: {}", a.text());
+        a.index();
+        assert_eq!(a.headers["X-Nomad-KnownLeader"], "true", "{path}");
+        assert!(a.headers.contains_key("X-Nomad-LastContact"), "{path}");
+        assert!(a.json().is_array(), "{path}: {}", a.text());
     }
-    for (path, what) in [
-        ("/v1/job/nope", "job \"nope\" not found"),
-        ("/v1/job/nope/allocations", "job \"nope\" not found"),
-        ("/v1/job/nope/evaluations", "job \"nope\" not found"),
-        ("/v1/node/nope", "node \"nope\" not found"),
-        ("/v1/node/nope/allocations", "node \"nope\" not found"),
-        ("/v1/allocation/nope", "allocation \"nope\" not found"),
-        ("/v1/evaluation/nope", "evaluation \"nope\" not found"),
-        ("/v1/nosuch", "no such API endpoint"),
+    // Nomad's texts, as plain text (clients read the code and the text).
+    for (path, code, text) in [
+        ("/v1/job/nope", 404, "job not found"),
+        ("/v1/job/nope/summary", 404, "job not found"),
+        ("/v1/job/nope/versions", 404, "job versions not found"),
+        ("/v1/node/nope", 404, "node not found"),
+        ("/v1/node/nope/allocations", 404, "node not found"),
+        ("/v1/allocation/nope", 404, "alloc not found"),
+        ("/v1/evaluation/nope", 404, "eval not found"),
     ] {
-        let raw = c.raw(Method::GET, path, None).await.unwrap();
-        assert_eq!(raw.status, StatusCode::NOT_FOUND, "{path}");
-        assert_eq!(error_of(&raw), what, "{path}");
-        assert!(raw.index.is_some(), "{path}: no X-Drover-Index");
+        let a = h.get(path).await;
+        assert_eq!(a.status.as_u16(), code, "{path}");
+        assert_eq!(a.text(), text, "{path}");
+        assert!(
+            a.headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain"),
+            "{path}"
+        );
+        a.index();
     }
-    // Nomad's client endpoints answer as Nomad's: a line of text.
+    // Nomad's client endpoints (the agents' own; a server without one in its process
+    // says which node has the allocation) answer as Nomad's: a line of text.
     for path in [
         "/v1/client/fs/logs/nope?task=main&type=stdout",
         "/v1/client/allocation/nope/stats",
     ] {
-        let raw = c.raw(Method::GET, path, None).await.unwrap();
-        assert_eq!(raw.status, StatusCode::NOT_FOUND, "{path}");
-        assert_eq!(
-            String::from_utf8_lossy(&raw.body),
-            "Unknown allocation \"nope\""
-        );
+        let a = h.get(path).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(a.text(), "Unknown allocation \"nope\"", "{path}");
     }
-    // The typed client says what the server said.
-    let err = c.job("nope", &QueryOptions::default()).await.unwrap_err();
-    assert!(err.is_not_found());
-    assert_eq!(err.to_string(), "job \"nope\" not found");
-    let raw = c.raw(Method::PATCH, "/v1/jobs", None).await.unwrap();
-    assert_eq!(raw.status, StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(error_of(&raw), "PATCH is not allowed on /v1/jobs");
+    let a = h.get("/v1/nosuch").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    let a = h.request(Method::PATCH, "/v1/jobs", None).await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(a.text(), "Invalid method");
+}
+
+#[tokio::test]
+async fn agent_and_status_routes_describe_the_server_as_nomads_clients_read_it() {
+    let s = start(None).await;
+    let h = s.http(None);
+    let (me, _) = h.read("/v1/agent/self").await;
+    assert_eq!(me["config"]["Region"], "global");
+    assert_eq!(me["config"]["Datacenter"], "dc1");
+    assert!(me["config"]["Version"]["Version"].is_string(), "{me}");
+    assert_eq!(me["member"]["Tags"]["region"], "global");
+    assert_eq!(me["member"]["Tags"]["dc"], "dc1");
+    assert_eq!(me["member"]["Status"], "alive");
+    assert_eq!(me["stats"]["nomad"]["leader"], "true");
+    let (members, _) = h.read("/v1/agent/members").await;
+    assert_eq!(members["ServerRegion"], "global");
+    assert_eq!(members["ServerDC"], "dc1");
+    assert_eq!(members["Members"].as_array().unwrap().len(), 1);
+    assert_eq!(members["Members"][0]["Status"], "alive");
+    let (health, _) = h.read("/v1/agent/health").await;
+    assert_eq!(health, json!({"server": {"ok": true, "message": "ok"}}));
+    let (leader, _) = h.read("/v1/status/leader").await;
+    assert_eq!(leader, json!(s.server.info().rpc_addr));
+    let (peers, _) = h.read("/v1/status/peers").await;
+    assert_eq!(peers, json!([s.server.info().rpc_addr]));
+    let (regions, _) = h.read("/v1/regions").await;
+    assert_eq!(regions, json!(["global"]));
+    // Drover's own status endpoint stays (the CLI's `server status`).
+    let (servers, _) = h.read("/v1/status/servers").await;
+    assert!(servers["leader"].is_object(), "{servers}");
+    // A query for another region has no path there.
+    let a = h.get("/v1/jobs?region=mars").await;
+    assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(a.text().starts_with("No path to region"), "{}", a.text());
 }
 
 #[tokio::test]
 async fn bad_requests_are_refused_naming_what_is_wrong() {
     let s = start(None).await;
-    let c = s.client(None);
-    let cases: [(Method, &str, &[u8], &str); 6] = [
+    let h = s.http(None);
+    let mut other_region = nomad_job("a", 1);
+    other_region["Region"] = json!("mars");
+    let cases: Vec<(Method, &str, Vec<u8>, &str)> = vec![
         (
             Method::PUT,
             "/v1/jobs",
-            b"{not json",
-            "invalid request body: key must be a string",
+            b"{not json".to_vec(),
+            "Failed to decode request body",
         ),
-        (Method::PUT, "/v1/jobs", b"", "the request body is empty"),
+        (Method::PUT, "/v1/jobs", Vec::new(), "Request body is empty"),
         (
             Method::PUT,
             "/v1/jobs",
-            br#"{"job": {"name": "a", "group": [], "colour": 1}}"#,
-            "invalid request body: unknown field `colour`",
+            br#"{"Nope": 1}"#.to_vec(),
+            "Job must be specified",
         ),
         (
             Method::PUT,
-            "/v1/job/b/plan",
-            br#"{"job": {"name": "a", "group": []}}"#,
-            "the job in the body is named \"a\", the path names \"b\"",
+            "/v1/job/b",
+            serde_json::to_vec(&json!({"Job": nomad_job("a", 1)})).unwrap(),
+            "Job ID does not match name",
+        ),
+        (
+            Method::PUT,
+            "/v1/jobs",
+            serde_json::to_vec(&json!({"Job": other_region})).unwrap(),
+            "No path to region",
         ),
         (
             Method::POST,
-            "/v1/node/n1/drain",
-            br#"{"enable": "yes"}"#,
-            "invalid request body: invalid type: string \"yes\", expected a boolean",
+            "/v1/node/n1/eligibility",
+            br#"{"Eligibility": "maybe"}"#.to_vec(),
+            "invalid scheduling eligibility \"maybe\"",
+        ),
+        (
+            Method::POST,
+            "/v1/job/a/scale",
+            br#"{"Count": 2, "Target": {}}"#.to_vec(),
+            "missing task group name",
         ),
         (
             Method::GET,
             "/v1/jobs?index=3&wait=soon",
-            b"",
-            "invalid query: wait=\"soon\" is not a duration",
+            Vec::new(),
+            "Invalid wait time",
+        ),
+        (Method::GET, "/v1/jobs?index=x", Vec::new(), "Invalid index"),
+        (
+            Method::DELETE,
+            "/v1/job/a?purge=perhaps",
+            Vec::new(),
+            "Failed to parse value of \"purge\"",
+        ),
+        (
+            Method::GET,
+            "/v1/event/stream?topic=Job:a:b",
+            Vec::new(),
+            "Invalid topic query",
+        ),
+        (
+            Method::GET,
+            "/v1/event/stream?topic=Weather",
+            Vec::new(),
+            "Invalid topic query",
         ),
     ];
     for (method, path, body, want) in cases {
-        let raw = c
-            .raw(
-                method.clone(),
-                path,
-                (!body.is_empty()).then(|| body.to_vec()),
-            )
-            .await
-            .unwrap();
-        assert_eq!(raw.status, StatusCode::BAD_REQUEST, "{method} {path}");
-        let msg = error_of(&raw);
-        assert!(msg.starts_with(want), "{method} {path}: {msg}");
+        let a = h
+            .request(method.clone(), path, (!body.is_empty()).then_some(body))
+            .await;
+        assert_eq!(
+            a.status,
+            StatusCode::BAD_REQUEST,
+            "{method} {path}: {}",
+            a.text()
+        );
+        assert!(a.text().starts_with(want), "{method} {path}: {}", a.text());
     }
-    let raw = c.raw(Method::GET, "/v1/jobs?index=x", None).await.unwrap();
-    assert_eq!(raw.status, StatusCode::BAD_REQUEST);
-    assert!(error_of(&raw).starts_with("invalid query"));
+    // Nothing was registered by any of them.
+    let (jobs, _) = h.read("/v1/jobs").await;
+    assert_eq!(jobs, json!([]));
+}
+
+#[tokio::test]
+async fn a_token_is_required_everywhere_and_refusals_change_nothing() {
+    let s = start(Some("s3cret")).await;
+    let good = s.http(Some("s3cret"));
+    for token in [None, Some("wrong"), Some("s3cret2")] {
+        let h = s.http(token);
+        for (method, path, body) in [
+            (Method::GET, "/v1/jobs", None),
+            (Method::GET, "/v1/nosuch", None),
+            (Method::GET, "/v1/agent/self", None),
+            (Method::GET, "/v1/event/stream", None),
+            (
+                Method::PUT,
+                "/v1/jobs",
+                Some(serde_json::to_vec(&json!({"Job": nomad_job("a", 1)})).unwrap()),
+            ),
+            (Method::DELETE, "/v1/job/a?purge=true", None),
+            (
+                Method::POST,
+                "/v1/node/n/drain",
+                Some(br#"{"DrainSpec": {"Deadline": 0}}"#.to_vec()),
+            ),
+        ] {
+            let a = h.request(method.clone(), path, body).await;
+            assert_eq!(a.status, StatusCode::FORBIDDEN, "{method} {path}");
+            assert!(
+                a.text().starts_with("Permission denied"),
+                "{method} {path}: {}",
+                a.text()
+            );
+        }
+    }
+    // The server still serves the right token, and nothing was registered.
+    let (jobs, _) = good.read("/v1/jobs").await;
+    assert_eq!(jobs, json!([]));
+    assert_eq!(good.get("/v1/job/a").await.status, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
 async fn bodies_over_the_limit_get_413_and_the_server_keeps_serving() {
     let s = start(None).await;
     let c = s.client(None);
-    let mut big = br#"{"job": {"name": "big", "meta": {"x": ""#.to_vec();
+    let mut big = br#"{"Job": {"ID": "big", "Meta": {"x": ""#.to_vec();
     big.extend(std::iter::repeat_n(
         b'a',
         drover_server::http::MAX_BODY_BYTES + 1,
     ));
-    big.extend(br#""}, "group": []}}"#);
+    big.extend(br#""}, "TaskGroups": []}}"#);
     let raw = c.raw(Method::PUT, "/v1/jobs", Some(big)).await.unwrap();
     assert_eq!(raw.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(error_of(&raw), "request body larger than 4 MiB");
+    assert_eq!(
+        String::from_utf8_lossy(&raw.body),
+        "request body larger than 4 MiB"
+    );
     let raw = c.raw(Method::GET, "/v1/jobs", None).await.unwrap();
     assert_eq!(raw.status, StatusCode::OK);
-}
-
-#[tokio::test]
-async fn a_token_is_required_everywhere_and_refusals_change_nothing() {
-    let s = start(Some("s3cret")).await;
-    let good = s.client(Some("s3cret"));
-    for (client, want) in [
-        (s.client(None), "this server requires a token"),
-        (s.client(Some("wrong")), "invalid token"),
-        (s.client(Some("s3cret2")), "invalid token"),
-    ] {
-        for (method, path, body) in [
-            (Method::GET, "/v1/jobs", None),
-            (Method::GET, "/v1/nosuch", None),
-            (
-                Method::PUT,
-                "/v1/jobs",
-                Some(br#"{"job": {"name": "a", "group": []}}"#.to_vec()),
-            ),
-            (Method::DELETE, "/v1/job/a?purge=true", None),
-            (
-                Method::POST,
-                "/v1/node/n/drain",
-                Some(br#"{"enable": true}"#.to_vec()),
-            ),
-        ] {
-            let raw = client.raw(method.clone(), path, body).await.unwrap();
-            assert_eq!(raw.status, StatusCode::UNAUTHORIZED, "{method} {path}");
-            assert!(error_of(&raw).starts_with(want), "{method} {path}");
-        }
-        let err = client.jobs(&QueryOptions::default()).await.unwrap_err();
-        assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
-    }
-    // The server still serves the right token, and nothing was registered.
-    let jobs = good.jobs(&QueryOptions::default()).await.unwrap();
-    assert!(jobs.value.is_empty());
-    assert!(
-        good.job("a", &QueryOptions::default())
-            .await
-            .unwrap_err()
-            .is_not_found()
-    );
 }
 
 #[tokio::test]
@@ -371,137 +617,537 @@ async fn bad_tls_files_are_refused_naming_the_file() {
 
 // --- the server core's answers --------------------------------------------------------
 
-fn web_job() -> JobSpec {
-    serde_json::from_value(serde_json::json!({
-        "name": "web",
-        "type": "service",
-        "group": [{
-            "name": "app",
-            "count": 2,
-            "task": [{
-                "name": "main",
-                "driver": "rawexec",
-                "config": {"command": "/bin/sleep", "args": ["1000"]},
-                "resources": {"cpu": 100, "memory_mb": 64}
-            }]
-        }]
-    }))
-    .unwrap()
-}
-
 #[tokio::test]
-async fn a_job_round_trips_through_register_read_stop_and_purge() {
-    let s = start(None).await;
-    let c = s.client(None);
-    let registered = c.register_job(&web_job()).await.unwrap();
-    assert!(!registered.eval_id.is_empty());
-    assert!(registered.index > 0);
-    let job = c.job("web", &QueryOptions::default()).await.unwrap();
-    assert_eq!(job.value.spec, web_job());
-    assert_eq!(job.value.version, 0);
-    assert!(job.index >= registered.index);
-    let jobs = c.jobs(&QueryOptions::default()).await.unwrap();
-    assert_eq!(jobs.value.len(), 1);
-    assert_eq!(jobs.value[0].name, "web");
-    let evals = c
-        .job_evaluations("web", &QueryOptions::default())
-        .await
-        .unwrap();
-    assert!(evals.value.iter().any(|e| e.id == registered.eval_id));
-    let eval = c
-        .evaluation(&registered.eval_id, &QueryOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(eval.value.job_name, "web");
-    // Re-registering the same spec makes no new version.
-    c.register_job(&web_job()).await.unwrap();
+async fn a_job_round_trips_through_register_read_scale_stop_and_purge() {
+    let s = start_with(None, 0).await;
+    let h = s.http(None);
+    let registered = register(&h, "web", 2).await;
+    assert!(
+        !registered["EvalID"].as_str().unwrap().is_empty(),
+        "{registered}"
+    );
+    let reg_index = registered["Index"].as_u64().unwrap();
+    assert!(reg_index > 0);
+    let (job, index) = h.read("/v1/job/web").await;
+    assert!(index >= reg_index);
+    assert_eq!(job["ID"], "web");
+    assert_eq!(job["Version"], 0);
+    assert_eq!(job["TaskGroups"][0]["Count"], 2);
     assert_eq!(
-        c.job("web", &QueryOptions::default())
-            .await
-            .unwrap()
-            .value
-            .version,
-        0
+        job["TaskGroups"][0]["Tasks"][0]["Resources"]["MemoryMB"],
+        64
     );
-    let plan = c.plan_job(&web_job()).await.unwrap();
-    assert!(!plan.changed);
-    let stopped = c.stop_job("web", false).await.unwrap();
-    assert!(stopped.index > registered.index);
+    // PUT on the job's own path registers too.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/job/web",
+            json!({"Job": nomad_job("web", 2)}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let (stubs, _) = h.read("/v1/jobs?prefix=we").await;
+    assert_eq!(stubs.as_array().unwrap().len(), 1, "{stubs}");
+    assert_eq!(stubs[0]["ID"], "web");
     assert!(
-        c.job("web", &QueryOptions::default())
-            .await
-            .unwrap()
-            .value
-            .stop
+        stubs[0]["JobSummary"]["Summary"]["app"].is_object(),
+        "{stubs}"
     );
-    c.stop_job("web", true).await.unwrap();
+    let (none, _) = h.read("/v1/jobs?prefix=zz").await;
+    assert_eq!(none, json!([]));
+    let (summary, _) = h.read("/v1/job/web/summary").await;
+    assert_eq!(summary["JobID"], "web");
+    assert!(summary["Summary"]["app"].is_object(), "{summary}");
+    let (evals, _) = h.read("/v1/job/web/evaluations").await;
     assert!(
-        c.job("web", &QueryOptions::default())
-            .await
-            .unwrap_err()
-            .is_not_found()
+        evals
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["ID"] == registered["EvalID"]),
+        "{evals}"
+    );
+    let (eval, _) = h
+        .read(&format!(
+            "/v1/evaluation/{}",
+            registered["EvalID"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(eval["JobID"], "web");
+    // A plan of the same job changes nothing.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/job/web/plan",
+            json!({"Job": nomad_job("web", 2), "Diff": true}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(a.json()["Changed"], false, "{}", a.text());
+    // Scaling makes a new version with the group's new count.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/job/web/scale",
+            json!({"Count": 3, "Target": {"Group": "app"}, "Message": "more"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert!(!a.json()["EvalID"].as_str().unwrap().is_empty());
+    let (job, _) = h.read("/v1/job/web").await;
+    assert_eq!(job["Version"], 1);
+    assert_eq!(job["TaskGroups"][0]["Count"], 3);
+    let (scale, _) = h.read("/v1/job/web/scale").await;
+    assert_eq!(scale["TaskGroups"]["app"]["Desired"], 3, "{scale}");
+    let (versions, _) = h.read("/v1/job/web/versions").await;
+    let counts: Vec<(u64, u64)> = versions["Versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["Version"].as_u64().unwrap(),
+                v["TaskGroups"][0]["Count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counts, [(1, 3), (0, 2)]);
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/job/web/scale",
+            json!({"Count": 1, "Target": {"Group": "db"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(a.text().contains("no task group \"db\""), "{}", a.text());
+    // Deregister stops it; purge forgets it.
+    let a = h.request(Method::DELETE, "/v1/job/web", None).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert!(!a.json()["EvalID"].as_str().unwrap().is_empty());
+    let (job, _) = h.read("/v1/job/web").await;
+    assert_eq!(job["Stop"], true);
+    let a = h
+        .request(Method::DELETE, "/v1/job/web?purge=true", None)
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let a = h.get("/v1/job/web").await;
+    assert_eq!(
+        (a.status, a.text()),
+        (StatusCode::NOT_FOUND, "job not found".into())
+    );
+    let a = h.request(Method::DELETE, "/v1/job/web", None).await;
+    assert_eq!(
+        (a.status, a.text()),
+        (StatusCode::NOT_FOUND, "job not found".into())
     );
 }
 
-#[tokio::test]
-async fn blocking_queries_wait_until_a_commit_or_the_wait_ends() {
-    let s = start(None).await;
-    let c = s.client(None);
-    // Index 0 is "answer at once" (as Nomad's): commit something first.
-    let mut other = web_job();
-    other.name = "other".into();
-    c.register_job(&other).await.unwrap();
-    // The index is the store's: it moves with every commit (the registration's
-    // evaluation is processed meanwhile). A query returns before its wait only with a
-    // newer index; once nothing is committed any more, it waits the whole wait.
-    let mut first = c.jobs(&QueryOptions::default()).await.unwrap();
-    assert!(first.index > 0);
-    let mut waited_whole = false;
+/// Wait until the server commits nothing more for a while; its index then.
+async fn settled(h: &Http) -> u64 {
+    let (_, mut index) = h.read("/v1/jobs").await;
     for _ in 0..50 {
-        let began = Instant::now();
-        let next = c
-            .jobs(&QueryOptions::blocking(
-                first.index,
-                Duration::from_millis(400),
-            ))
-            .await
-            .unwrap();
-        let took = began.elapsed();
-        assert!(took < Duration::from_secs(5), "{took:?}");
-        // Decided on the index, not the time: a query woken by a commit late in its
-        // wait can answer after 400 ms on a loaded machine.
-        if next.index > first.index {
-            first = next;
-            continue;
+        let a = h.get(&format!("/v1/jobs?index={index}&wait=300ms")).await;
+        if a.index() == index {
+            return index;
         }
-        assert_eq!(next.index, first.index);
-        assert!(
-            took >= Duration::from_millis(400),
-            "early after {took:?} at the same index"
-        );
-        waited_whole = true;
-        break;
+        index = a.index();
     }
-    assert!(waited_whole, "the index never settled");
-    // A commit during the wait ends it early, with the new state and a newer index.
+    panic!("the index never settled");
+}
+
+async fn report_running(s: &Running, node_id: &str, alloc_id: &str) {
+    s.server
+        .update_allocations(
+            node_id,
+            vec![AllocClientUpdate {
+                id: alloc_id.to_owned(),
+                client_status: ClientStatus::Running,
+                client_description: String::new(),
+                task_states: Default::default(),
+            }],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_blocking_query_on_a_jobs_allocations_returns_when_one_changes() {
+    let s = start(None).await;
+    let h = s.http(None);
+    s.server
+        .register_node(node("n1", 4000, 4096), SECRET)
+        .await
+        .unwrap();
+    register(&h, "web", 1).await;
+    let allocs = poll(&h, "/v1/job/web/allocations", "a placement", |v| {
+        v.as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    let alloc_id = allocs[0]["ID"].as_str().unwrap().to_owned();
+    assert_eq!(allocs[0]["ClientStatus"], "pending");
+    let index = settled(&h).await;
     let waiter = {
-        let c = c.clone();
+        let h = s.http(None);
         tokio::spawn(async move {
-            c.jobs(&QueryOptions::blocking(
-                first.index,
-                Duration::from_secs(60),
-            ))
-            .await
+            let began = Instant::now();
+            let a = h
+                .get(&format!("/v1/job/web/allocations?index={index}&wait=60s"))
+                .await;
+            (a, began.elapsed())
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the query did not block");
+    report_running(&s, "n1", &alloc_id).await;
+    let (a, took) =
+        drover_test_support::within(Duration::from_secs(10), "the blocking query", waiter)
+            .await
+            .unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.index() > index, "X-Nomad-Index did not move on");
+    assert_eq!(a.json()[0]["ClientStatus"], "running", "{}", a.text());
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // With nothing committed, the query waits its whole wait and answers at the same
+    // index.
+    let index = settled(&h).await;
     let began = Instant::now();
-    c.register_job(&web_job()).await.unwrap();
-    let woke = drover_test_support::within(Duration::from_secs(10), "the blocking query", waiter)
+    let a = h
+        .get(&format!("/v1/job/web/allocations?index={index}&wait=400ms"))
+        .await;
+    assert!(began.elapsed() >= Duration::from_millis(400));
+    assert_eq!(a.index(), index);
+}
+
+/// Reads ndjson lines off an event stream.
+struct Lines {
+    body: hyper::body::Incoming,
+    buf: Vec<u8>,
+}
+
+impl Lines {
+    async fn next(&mut self) -> Value {
+        use http_body_util::BodyExt as _;
+        loop {
+            if let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=at).collect();
+                return serde_json::from_slice(&line[..line.len() - 1]).unwrap_or_else(|e| {
+                    panic!(
+                        "not a JSON line ({e}): {:?}",
+                        String::from_utf8_lossy(&line)
+                    )
+                });
+            }
+            let frame = drover_test_support::within(
+                Duration::from_secs(20),
+                "the next event",
+                self.body.frame(),
+            )
+            .await
+            .expect("the stream ended")
+            .unwrap();
+            if let Ok(data) = frame.into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+}
+
+async fn subscribe(h: &Http, query: &str) -> Lines {
+    let resp = h
+        .send(Method::GET, &format!("/v1/event/stream?{query}"), None)
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    Lines {
+        body: resp.into_body(),
+        buf: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn the_event_stream_delivers_a_registration_then_the_allocation_updates_in_order() {
+    let s = start(None).await;
+    let h = s.http(None);
+    let mut stream = subscribe(&h, "topic=Job:web&topic=Allocation:web").await;
+    // `{}` at once: the stream is open.
+    assert_eq!(stream.next().await, json!({}));
+    s.server
+        .register_node(node("n1", 4000, 4096), SECRET)
         .await
-        .unwrap()
         .unwrap();
-    assert!(began.elapsed() < Duration::from_secs(5));
-    assert!(woke.index > first.index);
-    assert_eq!(woke.value.len(), 2);
+    register(&h, "other", 1).await;
+    register(&h, "web", 1).await;
+    let mut seen: Vec<(u64, String, String)> = Vec::new();
+    let mut last_index = 0;
+    let mut alloc_id = None;
+    while !seen
+        .iter()
+        .any(|(_, t, status)| t == "AllocationUpdated" && status == "running")
+    {
+        let line = stream.next().await;
+        if line == json!({}) {
+            continue;
+        }
+        let index = line["Index"].as_u64().unwrap();
+        assert!(
+            index > last_index,
+            "batches out of order: {index} after {last_index}"
+        );
+        last_index = index;
+        for e in line["Events"].as_array().unwrap() {
+            assert_eq!(e["Index"], index);
+            assert_eq!(e["Namespace"], "default");
+            match e["Topic"].as_str().unwrap() {
+                "Job" => {
+                    assert_eq!(e["Key"], "web", "{e}");
+                    assert_eq!(e["Payload"]["Job"]["ID"], "web", "{e}");
+                    seen.push((index, e["Type"].as_str().unwrap().into(), String::new()));
+                }
+                "Allocation" => {
+                    let a = &e["Payload"]["Allocation"];
+                    assert_eq!(a["JobID"], "web", "{e}");
+                    assert_eq!(e["FilterKeys"][0], "web", "{e}");
+                    let id = a["ID"].as_str().unwrap().to_owned();
+                    if alloc_id.is_none() {
+                        alloc_id = Some(id.clone());
+                        // The client reports it running: the next event of it.
+                        report_running(&s, "n1", &id).await;
+                    }
+                    seen.push((
+                        index,
+                        e["Type"].as_str().unwrap().into(),
+                        a["ClientStatus"].as_str().unwrap().into(),
+                    ));
+                }
+                other => panic!("topic {other} was not asked for: {e}"),
+            }
+        }
+    }
+    assert_eq!(seen[0].1, "JobRegistered", "{seen:?}");
+    assert_eq!(seen[1].1, "PlanResult", "{seen:?}");
+    assert_eq!(seen[1].2, "pending", "{seen:?}");
+    // A subscriber from an index replays what the ring still holds, from there.
+    let mut replay = subscribe(&h, &format!("topic=Job&index={}", seen[0].0)).await;
+    assert_eq!(replay.next().await, json!({}));
+    let first = replay.next().await;
+    assert_eq!(first["Index"], seen[0].0);
+    assert_eq!(first["Events"][0]["Type"], "JobRegistered");
+}
+
+#[tokio::test]
+async fn stopping_an_allocation_replaces_it() {
+    let s = start(None).await;
+    let h = s.http(None);
+    s.server
+        .register_node(node("n1", 4000, 4096), SECRET)
+        .await
+        .unwrap();
+    register(&h, "web", 1).await;
+    let allocs = poll(&h, "/v1/job/web/allocations", "a placement", |v| {
+        v.as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    let old = allocs[0]["ID"].as_str().unwrap().to_owned();
+    let (full, _) = h.read(&format!("/v1/allocation/{old}")).await;
+    assert_eq!(full["ID"], old.as_str());
+    assert_eq!(full["JobID"], "web");
+    let (stubs, _) = h
+        .read(&format!("/v1/allocations?prefix={}", &old[..8]))
+        .await;
+    assert_eq!(stubs.as_array().unwrap().len(), 1);
+    let a = h
+        .request(Method::POST, &format!("/v1/allocation/{old}/stop"), None)
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let stopped = a.json();
+    assert!(!stopped["EvalID"].as_str().unwrap().is_empty(), "{stopped}");
+    assert!(stopped["Index"].as_u64().unwrap() > 0);
+    let allocs = poll(&h, "/v1/job/web/allocations", "a replacement", |v| {
+        let wanted = running_wanted(v);
+        wanted.len() == 1 && wanted[0]["ID"] != old.as_str()
+    })
+    .await;
+    let old_now = allocs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["ID"] == old.as_str())
+        .unwrap();
+    assert_eq!(old_now["DesiredStatus"], "stop");
+    let a = h
+        .request(Method::POST, "/v1/allocation/nope/stop", None)
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn an_ineligible_node_gets_no_placements_and_a_drain_moves_allocations_off() {
+    let s = start(None).await;
+    let h = s.http(None);
+    s.server
+        .register_node(node("n1", 4000, 4096), SECRET)
+        .await
+        .unwrap();
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/node/n1/eligibility",
+            json!({"Eligibility": "ineligible"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert!(a.json()["NodeModifyIndex"].as_u64().unwrap() > 0);
+    let (n, _) = h.read("/v1/node/n1").await;
+    assert_eq!(n["SchedulingEligibility"], "ineligible", "{n}");
+    // The node's next registration (an agent restart) keeps it ineligible.
+    s.server
+        .register_node(node("n1", 4000, 4096), SECRET)
+        .await
+        .unwrap();
+    let (n, _) = h.read("/v1/node/n1").await;
+    assert_eq!(n["SchedulingEligibility"], "ineligible", "{n}");
+    register(&h, "web", 1).await;
+    poll(&h, "/v1/job/web/summary", "the job queued", |v| {
+        v["Summary"]["app"]["Queued"].as_u64() == Some(1)
+    })
+    .await;
+    assert_eq!(h.read("/v1/job/web/allocations").await.0, json!([]));
+    // Eligible again: the blocked placement happens there.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/node/n1/eligibility",
+            json!({"Eligibility": "eligible"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let allocs = poll(&h, "/v1/job/web/allocations", "a placement on n1", |v| {
+        running_wanted(v).len() == 1
+    })
+    .await;
+    assert_eq!(allocs[0]["NodeID"], "n1");
+    let (on_node, _) = h.read("/v1/node/n1/allocations").await;
+    assert_eq!(on_node.as_array().unwrap().len(), 1);
+    // A drain moves it off: nowhere else to go, it waits.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/node/n1/drain",
+            json!({"DrainSpec": {"Deadline": 3_600_000_000_000_i64, "IgnoreSystemJobs": false}, "MarkEligible": false}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let (n, _) = h.read("/v1/node/n1").await;
+    assert_eq!(n["Drain"], true, "{n}");
+    assert_eq!(n["SchedulingEligibility"], "ineligible", "{n}");
+    poll(
+        &h,
+        "/v1/job/web/allocations",
+        "the allocation stopped",
+        |v| running_wanted(v).is_empty(),
+    )
+    .await;
+    // The drain ends; marked eligible, the node takes the job back.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/node/n1/drain",
+            json!({"DrainSpec": null, "MarkEligible": true}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let (n, _) = h.read("/v1/node/n1").await;
+    assert_eq!(n["Drain"], false, "{n}");
+    assert_eq!(n["SchedulingEligibility"], "eligible", "{n}");
+    poll(&h, "/v1/job/web/allocations", "a placement again", |v| {
+        running_wanted(v).len() == 1
+    })
+    .await;
+    let (stubs, _) = h.read("/v1/nodes").await;
+    assert_eq!(stubs[0]["ID"], "n1");
+    assert_eq!(stubs[0]["SchedulingEligibility"], "eligible");
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/node/nope/eligibility",
+            json!({"Eligibility": "eligible"}),
+        )
+        .await;
+    assert_eq!(
+        (a.status, a.text()),
+        (StatusCode::NOT_FOUND, "node not found".into())
+    );
+}
+
+#[tokio::test]
+async fn an_hcl_job_file_parses_into_nomads_job_json() {
+    let s = start(None).await;
+    let h = s.http(None);
+    let hcl = r#"
+variable "n" {
+  default = 2
+}
+job "web" {
+  datacenters = ["dc1"]
+  group "app" {
+    count = var.n
+    task "main" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["1000"]
+      }
+    }
+  }
+}
+"#;
+    for canonicalize in [false, true] {
+        let a = h
+            .write(
+                Method::POST,
+                "/v1/jobs/parse",
+                json!({"JobHCL": hcl, "Canonicalize": canonicalize}),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        let job = a.json();
+        assert_eq!(job["ID"], "web", "{job}");
+        assert_eq!(job["TaskGroups"][0]["Count"], 2, "{job}");
+        assert_eq!(
+            job["TaskGroups"][0]["Tasks"][0]["Config"]["command"],
+            "/bin/sleep"
+        );
+        if canonicalize {
+            assert_eq!(job["Region"], "global", "{job}");
+            assert_eq!(job["Type"], "service", "{job}");
+        }
+    }
+    // Errors name the place; nothing is read from the server's files.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/jobs/parse",
+            json!({"JobHCL": "job \"x\" {\n  group \"g\" {\n"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(a.text().starts_with("error parsing: "), "{}", a.text());
+    assert!(a.text().contains("job.hcl"), "{}", a.text());
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/jobs/parse",
+            json!({"JobHCL": "job \"x\" {\n  meta { k = file(\"/etc/passwd\") }\n}\n"}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(!a.text().contains("root:"), "{}", a.text());
+    let a = h
+        .write(Method::POST, "/v1/jobs/parse", json!({"JobHCL": ""}))
+        .await;
+    assert_eq!(
+        (a.status, a.text()),
+        (StatusCode::BAD_REQUEST, "Job HCL must be specified".into())
+    );
 }

@@ -116,7 +116,7 @@ fn test_router(token: Option<&'static str>) -> axum::Router {
                         .to_owned();
                     (
                         http::StatusCode::CREATED,
-                        [("x-drover-index", "7")],
+                        [("x-nomad-index", "7")],
                         format!("{} {} {}", uri, ct, String::from_utf8_lossy(&body)),
                     )
                 },
@@ -131,7 +131,7 @@ fn test_router(token: Option<&'static str>) -> axum::Router {
             if let Some(want) = token
                 && req
                     .headers()
-                    .get("x-drover-token")
+                    .get("x-nomad-token")
                     .and_then(|v| v.to_str().ok())
                     != Some(want)
             {
@@ -327,7 +327,7 @@ async fn forward_runs_the_request_through_the_router_and_streams_the_body_back()
         .await
         .unwrap();
     assert_eq!(status, 201);
-    assert_eq!(headers.get("x-drover-index").map(String::as_str), Some("7"));
+    assert_eq!(headers.get("x-nomad-index").map(String::as_str), Some("7"));
     assert_eq!(
         String::from_utf8(body).unwrap(),
         "/v1/echo?index=3&wait=1s application/json {\"a\":1}"

@@ -1,7 +1,8 @@
 //! The cluster API on the agent's socket: `/v1/jobs`, `/v1/nodes`, ... are not the
 //! agent's own, so it forwards them to a server over the `Api.Forward` RPC and streams
-//! the answer back unchanged (status, `X-Drover-Index`, body). Blocking queries pass
-//! through: the RPC lasts as long as the server holds the query.
+//! the answer back unchanged (status, `X-Nomad-Index` and Nomad's other headers,
+//! body). Blocking queries and the event stream pass through: the RPC lasts as long
+//! as the server holds the query.
 //!
 //! The agent sends its own cluster token (`token_file`) with every forwarded request;
 //! whoever can reach the agent's socket (mode 0600) acts with the agent's rights, as
@@ -76,8 +77,18 @@ pub struct ForwardError(String);
 /// The `x-drover-token` metadata key.
 const TOKEN_KEY: &str = "x-drover-token";
 
-fn json_error(status: StatusCode, message: String) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+/// An error as the server (and Nomad) answers them: the status and a plain-text
+/// message.
+fn text_error(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        message,
+    )
+        .into_response()
 }
 
 fn tls_config(
@@ -175,13 +186,13 @@ impl Forwarder {
     pub async fn forward(&self, req: Request) -> Response {
         let token = match &self.token {
             Ok(t) => t.clone(),
-            Err(e) => return json_error(StatusCode::SERVICE_UNAVAILABLE, e.clone()),
+            Err(e) => return text_error(StatusCode::SERVICE_UNAVAILABLE, e.clone()),
         };
         let (parts, body) = req.into_parts();
         let body = match axum::body::to_bytes(body, MAX_FORWARD_BODY).await {
             Ok(b) => b,
             Err(_) => {
-                return json_error(
+                return text_error(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     format!(
                         "request body larger than {} MiB",
@@ -221,7 +232,7 @@ impl Forwarder {
                     last_error = format!("{addr}: {}", status.message());
                 }
                 Err(status) if status.code() == tonic::Code::Unauthenticated => {
-                    return json_error(
+                    return text_error(
                         StatusCode::UNAUTHORIZED,
                         format!(
                             "server {addr} refused this agent's token ({}); check the agent's token_file",
@@ -230,7 +241,7 @@ impl Forwarder {
                     );
                 }
                 Err(status) => {
-                    return json_error(
+                    return text_error(
                         StatusCode::BAD_GATEWAY,
                         format!(
                             "server {addr} failed the forwarded request: {}",
@@ -240,7 +251,7 @@ impl Forwarder {
                 }
             }
         }
-        json_error(
+        text_error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("no cluster server answers ({last_error})"),
         )
@@ -258,13 +269,13 @@ async fn stream_answer(
     let first = match answer.message().await {
         Ok(Some(first)) => first,
         Ok(None) => {
-            return json_error(
+            return text_error(
                 StatusCode::BAD_GATEWAY,
                 format!("server {addr} sent an empty answer"),
             );
         }
         Err(status) => {
-            return json_error(
+            return text_error(
                 StatusCode::BAD_GATEWAY,
                 format!("server {addr}: {}", status.message()),
             );
@@ -348,7 +359,7 @@ pub(crate) mod testing {
             let first = ForwardResponse {
                 status: 201,
                 headers: [
-                    ("x-drover-index".to_owned(), "7".to_owned()),
+                    ("x-nomad-index".to_owned(), "7".to_owned()),
                     ("content-type".to_owned(), "application/json".to_owned()),
                 ]
                 .into(),
@@ -414,7 +425,7 @@ mod tests {
         let status = resp.status();
         let index = resp
             .headers()
-            .get("x-drover-index")
+            .get("x-nomad-index")
             .map(|v| v.to_str().unwrap().to_owned());
         let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
             .await
@@ -435,7 +446,7 @@ mod tests {
             .method("PUT")
             .uri("/v1/jobs?index=3&wait=1s")
             .header("content-type", "application/json")
-            .header("x-drover-token", "the caller's, not forwarded")
+            .header("x-nomad-token", "the caller's, not forwarded")
             .body(Body::from("{\"job\":1}"))
             .unwrap();
         let (status, index, body) = body_of(f.forward(req).await).await;
@@ -449,7 +460,7 @@ mod tests {
             req.headers.get("content-type").map(String::as_str),
             Some("application/json")
         );
-        assert!(!req.headers.contains_key("x-drover-token"));
+        assert!(!req.headers.contains_key("x-nomad-token"));
     }
 
     #[tokio::test]

@@ -61,6 +61,10 @@ pub struct AgentArgs {
     /// other users).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// With --dev: where the dev server's HTTP API listens (Nomad's 127.0.0.1:4646 by
+    /// default; port 0 picks a free one).
+    #[arg(long, value_name = "IP:PORT", default_value = super::server::DEV_HTTP_ADDR)]
+    dev_http_addr: std::net::SocketAddr,
     /// CA the servers' certificates must chain to (PEM): TLS towards the servers.
     #[arg(long, value_name = "FILE")]
     tls_ca_file: Option<PathBuf>,
@@ -160,7 +164,7 @@ pub fn run_agent(args: AgentArgs) -> ExitCode {
     }
     let stop = tokio_util::sync::CancellationToken::new();
     let dev_server = if config.dev && config.servers.is_empty() {
-        match start_dev_server(&mut config, stop.clone()) {
+        match start_dev_server(&mut config, args.dev_http_addr, stop.clone()) {
             Ok(thread) => Some(thread),
             Err(e) => {
                 tracing::error!("{e:#}");
@@ -257,12 +261,13 @@ fn leave_working_directory(config: &mut AgentConfig) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot change the working directory to /: {e}"))
 }
 
-/// `--dev`: a server in this process, its store in `<data_dir>/server`, listening on
-/// 127.0.0.1 with ports the OS picks; the agent registers with it as its only server.
-/// `drover job ...` reaches it through the agent's socket (the agent forwards), so no
-/// fixed port is needed (a fixed one could clash with another dev agent).
+/// `--dev`: a server in this process, its store in `<data_dir>/server`, its HTTP API
+/// on `http_addr` (Nomad's 127.0.0.1:4646 unless `--dev-http-addr` says otherwise),
+/// its RPCs on 127.0.0.1 with a port the OS picks; the agent registers with it as its
+/// only server. `drover job ...` reaches it through the agent's socket too.
 fn start_dev_server(
     config: &mut AgentConfig,
+    http_addr: std::net::SocketAddr,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     use drover_host::dirs::{Access, prepare};
@@ -290,13 +295,14 @@ fn start_dev_server(
     write_private(&token_file, &token)
         .with_context(|| format!("cannot write the dev token {}", token_file.display()))?;
     let (http, rpc, thread) =
-        super::server::start_dev(server_dir, token, config.api_socket(), stop)?;
+        super::server::start_dev(server_dir, token, http_addr, config.api_socket(), stop)?;
     tracing::info!(
         http = %format!("http://{http}"),
         rpc = %rpc,
         token_file = %token_file.display(),
-        "dev server started; `drover job ...` reaches it through this agent's socket, \
-         or at --address http://{http} with DROVER_TOKEN from the token file"
+        "dev server started; `drover job ...` reaches it through this agent's socket; \
+         Nomad's clients at http://{http} with the token file's token in the \
+         X-Nomad-Token header (NOMAD_TOKEN)"
     );
     config.servers = vec![rpc.to_string()];
     config.token_file = Some(token_file);

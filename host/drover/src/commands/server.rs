@@ -67,6 +67,10 @@ pub struct ServerArgs {
     /// Address of the HTTP API (`/v1/...`); port 0 picks a free one.
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:4646")]
     pub http_addr: SocketAddr,
+    /// The region this server serves (Nomad's): jobs naming another region are
+    /// refused; its clients' tasks see it as `NOMAD_REGION` and `${node.region}`.
+    #[arg(long, value_name = "NAME", default_value = drover_server::config::DEFAULT_REGION)]
+    pub region: String,
     /// Address of the node RPCs client agents connect to.
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:4647")]
     pub rpc_addr: SocketAddr,
@@ -79,10 +83,6 @@ pub struct ServerArgs {
     /// Extra time after a missed TTL before a node is down.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_grace: Duration,
-    /// The region this server serves (Nomad's `region`): its clients' tasks see it
-    /// as `NOMAD_REGION` and `${node.region}`.
-    #[arg(long, value_name = "NAME", default_value = drover_server_api::DEFAULT_REGION)]
-    pub region: String,
     /// TLS certificate (PEM) for both listeners; with --tls-key-file.
     #[arg(long, value_name = "FILE", requires = "tls_key_file")]
     pub tls_cert_file: Option<PathBuf>,
@@ -479,11 +479,11 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     let mut config = ServerConfig::new(&options.data_dir);
     config.heartbeat_ttl = options.heartbeat_ttl;
     config.heartbeat_grace = options.heartbeat_grace;
-    config.region.clone_from(&options.region);
-    if let Some(w) = options.workers {
+ = options.workers {
         config.workers = w;
     }
     config.algorithm = options.algorithm;
+    config.region.clone_from(&options.region);
     config.forward = ForwardOptions {
         token: options.token.clone(),
         // The other servers' certificates come from the same CA as this one's: the
@@ -700,19 +700,35 @@ fn init_logging(level: &str) {
         .init();
 }
 
+/// Where the dev agent's HTTP API listens unless told otherwise: Nomad's.
+pub const DEV_HTTP_ADDR: &str = "127.0.0.1:4646";
+
 /// The server of `drover agent --dev`, on its own thread and runtime (the agent's
 /// runtime is single-threaded by design; scheduling must not stall it). Its store is
-/// `<data_dir>/server`, both listeners on 127.0.0.1 with ports the OS picks; it stops
-/// when `stop` fires. Returns once it listens.
+/// `<data_dir>/server`, its HTTP API on `http_addr` (Nomad's 127.0.0.1:4646 by
+/// default, port 0 for one the OS picks), its RPCs on 127.0.0.1 with a port the OS
+/// picks; it stops when `stop` fires. Returns once it listens.
 pub fn start_dev(
     data_dir: PathBuf,
     token: String,
+    http_addr: SocketAddr,
     local_agent: PathBuf,
     stop: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, SocketAddr, std::thread::JoinHandle<()>)> {
+    // Bound here first for a clear error: a port in use is another dev agent (or
+    // Nomad's) most of the time.
+    match std::net::TcpListener::bind(http_addr) {
+        Ok(probe) => drop(probe),
+        Err(e) => bail!(
+            "cannot listen on {http_addr} for the dev agent's HTTP API: {e}; \
+             is another dev agent (Drover's or Nomad's) running? Choose another address \
+             with --dev-http-addr IP:PORT (port 0 picks a free one)"
+        ),
+    }
     let options = ServerOptions {
         data_dir,
-        http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        http_addr,
+        region: drover_server::config::DEFAULT_REGION.to_owned(),
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         token: Some(token),
         tls: None,
@@ -722,8 +738,7 @@ pub fn start_dev(
         algorithm: SchedulerAlgorithm::BinPack,
         store: StoreChoice::Embedded,
         name: "dev".into(),
-        region: drover_server_api::DEFAULT_REGION.to_owned(),
-        advertise_rpc: None,
+
         advertise_http: None,
         local_agent: Some(local_agent),
     };

@@ -38,7 +38,7 @@ use serde_json::Value;
 /// The namespace every Drover object is in (namespaces come with issue 26).
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// The region a server names when none is configured (Nomad's default).
-pub const DEFAULT_REGION: &str = "global";
+pub use crate::types::DEFAULT_REGION;
 
 /// A submitted job Drover cannot take as it is. Displays as `PATH: MESSAGE`, the path
 /// being the JSON path of the field in the job (`TaskGroups[0].Tasks[1].KillTimeout`).

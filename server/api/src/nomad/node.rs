@@ -311,7 +311,7 @@ pub fn node_status(s: NodeStatus) -> &'static str {
 }
 
 fn eligibility(n: &internal::Node) -> &'static str {
-    if n.drain || n.status == NodeStatus::Draining {
+    if n.ineligible || n.drain || n.status == NodeStatus::Draining {
         "ineligible"
     } else {
         "eligible"
@@ -447,6 +447,7 @@ impl Node {
             status: status_from(self.drover_status.as_deref(), &self.status, self.drain),
             status_description: self.status_description.clone(),
             drain: self.drain,
+            ineligible: !self.drain && self.scheduling_eligibility == "ineligible",
             attributes: self.attributes.clone().unwrap_or_default(),
             meta: self.meta.clone().unwrap_or_default(),
             resources,
@@ -498,6 +499,7 @@ impl NodeListStub {
             status: status_from(self.drover_status.as_deref(), &self.status, self.drain),
             status_description: self.status_description.clone(),
             drain: self.drain,
+            ineligible: !self.drain && self.scheduling_eligibility == "ineligible",
             attributes: BTreeMap::new(),
             meta: BTreeMap::new(),
             resources: self

@@ -442,6 +442,7 @@ fn sample_node(rng: &mut Rng) -> internal::Node {
             String::new()
         },
         drain: rng.bool(),
+        ineligible: false,
         attributes: rng.map(),
         meta: rng.map(),
         resources: internal::NodeResources {

@@ -1,33 +1,42 @@
-//! The server's JSON HTTP API (`/v1/...`), Nomad-shaped, with blocking queries.
+//! The server's HTTP API: Nomad's paths and Nomad's JSON (the wire types of
+//! `drover_server_api::nomad`), with Nomad's blocking queries and event stream.
 //!
-//! - Every answer carries `X-Drover-Index`: the store index the answer was read at
-//!   (for a write, the index of its commit).
+//! - Every answer carries `X-Nomad-Index`: the store index the answer was read at
+//!   (for a write, the index of its commit), and `X-Nomad-KnownLeader` and
+//!   `X-Nomad-LastContact` as Nomad's.
 //! - Every `GET` is a blocking query when it has `?index=N`: the answer waits until
 //!   something newer than `N` was committed, or `wait` passed (default and maximum
 //!   [`MAX_BLOCKING_WAIT`]), then reads the state as usual.
-//! - Errors are `{"error": "..."}` with 400 (bad request), 401 (token), 404, 405, 409,
-//!   413 (body too large), 500 (store) or 503 (not serving).
-//! - With a token, every request must carry it in `X-Drover-Token`; anything else is
-//!   refused with 401 before the request is looked at, and changes nothing.
+//! - Errors are plain text with Nomad's status codes (as Nomad's `http.go`: clients
+//!   read the code and the text): 400 (bad request), 403 `Permission denied` (token),
+//!   404 (`job not found`, ...), 405 `Invalid method`, 409, 413 (body too large), 500
+//!   (store) or 503 (not serving).
+//! - With a token, every request must carry it in `X-Nomad-Token`; anything else is
+//!   refused with 403 before the request is looked at, and changes nothing.
+//! - `/v1/client/*` is the agents' (logs, files, stats of an allocation): not routed
+//!   here, but merged from [`client_routes`].
 
+mod agent;
+mod allocs;
 mod client_routes;
+mod events;
+mod jobs;
+mod nodes;
 mod serve;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
-use drover_server_api::{
-    INDEX_HEADER, Index, JobRegisterRequest, JobSpec, MAX_BLOCKING_WAIT, NodeDrainRequest,
-    NodeDrainResponse, TOKEN_HEADER,
-};
-use serde::Deserialize;
+use drover_server_api::{Index, MAX_BLOCKING_WAIT};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
@@ -43,13 +52,26 @@ use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
 /// driver configs and refuses anything that would only eat memory.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// Nomad's index header: the store index an answer was read at (lowercase: header
+/// names are case-insensitive, and lowercase is what `HeaderName` takes as is).
+pub const INDEX_HEADER: &str = "x-nomad-index";
+/// Nomad's token header.
+pub const TOKEN_HEADER: &str = "x-nomad-token";
+/// Nomad's header saying whether the answering server knows a leader.
+pub const KNOWN_LEADER_HEADER: &str = "x-nomad-knownleader";
+/// Nomad's header with the milliseconds since the answering server last heard from
+/// the leader (0 on the leader).
+pub const LAST_CONTACT_HEADER: &str = "x-nomad-lastcontact";
+
 #[derive(Clone)]
 struct Api {
     server: Arc<Server>,
+    /// A token is required (Nomad's `ACL.Enabled` in `/v1/agent/self`).
+    token_required: bool,
 }
 
-/// An API error: a status code and `{"error": "..."}`, marked when the request
-/// belongs to the leader (the server does not lead, or stopped leading).
+/// An API error: a status code and a plain-text message (Nomad's), marked when the
+/// request belongs to the leader (the server does not lead, or stopped leading).
 #[derive(Debug)]
 struct ApiError {
     status: StatusCode,
@@ -58,12 +80,20 @@ struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: String) -> ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
-            message,
+            message: message.into(),
             not_leader: false,
         }
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
     }
 }
 
@@ -79,10 +109,15 @@ impl From<ServerError> for ApiError {
             | ServerError::NotLeader { .. }
             | ServerError::LeadershipLost(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
+        let message = match &e {
+            // Nomad's texts where clients look for them ("job not found").
+            ServerError::NotFound(m) => m.clone(),
+            _ => e.to_string(),
+        };
         ApiError {
             status: code,
             not_leader: e.is_not_leader(),
-            message: e.to_string(),
+            message,
         }
     }
 }
@@ -109,12 +144,9 @@ fn answer(index: Index, value: impl serde::Serialize) -> ApiResult {
     Ok(resp)
 }
 
-fn not_found(what: &str, name: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, format!("{what} {name:?} not found"))
-}
-
 /// The API's routes over `server`; `token`, when set, is required on every request
-/// (`x-drover-token` header).
+/// (`X-Nomad-Token` header). `/v1/client/*` is not among them: see
+/// [`client_routes`].
 pub fn router(server: Arc<Server>, token: Option<String>) -> axum::Router {
     router_with_local_agent(server, token, None)
 }
@@ -127,49 +159,65 @@ pub fn router_with_local_agent(
     local_agent: Option<std::path::PathBuf>,
 ) -> axum::Router {
     let client = client_routes(server.clone(), local_agent);
-    let api = Api { server };
+    let api = Api {
+        server,
+        token_required: token.is_some(),
+    };
     let routes = Router::new()
         .route(
             "/v1/jobs",
-            get(list_jobs).put(register_job).post(register_job),
+            get(jobs::list).put(jobs::register).post(jobs::register),
         )
+        .route("/v1/jobs/parse", put(jobs::parse).post(jobs::parse))
         .route(
-            "/v1/job/{name}",
-            get(get_job)
-                .put(register_named_job)
-                .post(register_named_job)
-                .delete(stop_job),
+            "/v1/job/{id}",
+            get(jobs::get)
+                .put(jobs::register_named)
+                .post(jobs::register_named)
+                .delete(jobs::deregister),
         )
+        .route("/v1/job/{id}/allocations", get(jobs::allocations))
+        .route("/v1/job/{id}/evaluations", get(jobs::evaluations))
+        .route("/v1/job/{id}/summary", get(jobs::summary))
+        .route("/v1/job/{id}/versions", get(jobs::versions))
+        .route("/v1/job/{id}/plan", put(jobs::plan).post(jobs::plan))
         .route(
-            "/v1/job/{name}/plan",
-            axum::routing::put(plan_job).post(plan_job),
+            "/v1/job/{id}/scale",
+            get(jobs::scale_status).put(jobs::scale).post(jobs::scale),
         )
-        .route("/v1/job/{name}/allocations", get(job_allocations))
-        .route("/v1/job/{name}/evaluations", get(job_evaluations))
-        .route("/v1/nodes", get(list_nodes))
-        .route("/v1/node/{id}", get(get_node))
-        .route("/v1/node/{id}/allocations", get(node_allocations))
+        .route("/v1/allocations", get(allocs::list))
+        .route("/v1/allocation/{id}", get(allocs::get))
         .route(
-            "/v1/node/{id}/drain",
-            axum::routing::post(drain_node).put(drain_node),
+            "/v1/allocation/{id}/stop",
+            put(allocs::stop).post(allocs::stop),
         )
-        .route("/v1/allocations", get(list_allocations))
-        .route("/v1/allocation/{id}", get(get_allocation))
-        .route("/v1/evaluations", get(list_evaluations))
-        .route("/v1/evaluation/{id}", get(get_evaluation))
-        .route("/v1/status/servers", get(servers_status))
-        .route("/v1/status/leader", get(leader_status))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API endpoint".into()) })
-        .method_not_allowed_fallback(|req: Request| async move {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!("{} is not allowed on {}", req.method(), req.uri().path()),
-            )
+        .route("/v1/evaluations", get(allocs::list_evals))
+        .route("/v1/evaluation/{id}", get(allocs::get_eval))
+        .route("/v1/evaluation/{id}/allocations", get(allocs::eval_allocs))
+        .route("/v1/nodes", get(nodes::list))
+        .route("/v1/node/{id}", get(nodes::get))
+        .route("/v1/node/{id}/allocations", get(nodes::allocations))
+        .route("/v1/node/{id}/drain", put(nodes::drain).post(nodes::drain))
+        .route(
+            "/v1/node/{id}/eligibility",
+            put(nodes::eligibility).post(nodes::eligibility),
+        )
+        .route("/v1/agent/self", get(agent::agent_self))
+        .route("/v1/agent/members", get(agent::members))
+        .route("/v1/agent/health", get(agent::health))
+        .route("/v1/status/leader", get(agent::leader))
+        .route("/v1/status/peers", get(agent::peers))
+        .route("/v1/status/servers", get(agent::servers_status))
+        .route("/v1/regions", get(agent::regions))
+        .route("/v1/event/stream", get(events::stream))
+        .fallback(|| async { ApiError::not_found("404 page not found") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Invalid method")
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response_with_state(
             api.clone(),
-            with_index,
+            with_meta,
         ))
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),
@@ -186,12 +234,21 @@ pub fn router_with_local_agent(
 }
 
 /// Every answer behind the token check carries the index, errors too (a 404 of a
-/// blocking query is an answer at an index like any other).
-async fn with_index(State(api): State<Api>, mut resp: Response) -> Response {
-    if !resp.headers().contains_key(INDEX_HEADER) {
-        resp.headers_mut()
-            .insert(INDEX_HEADER, HeaderValue::from(api.server.index()));
+/// blocking query is an answer at an index like any other), and whether a leader is
+/// known.
+async fn with_meta(State(api): State<Api>, mut resp: Response) -> Response {
+    let headers = resp.headers_mut();
+    if !headers.contains_key(INDEX_HEADER) {
+        headers.insert(INDEX_HEADER, HeaderValue::from(api.server.index()));
     }
+    let known = api.server.known_leader().is_some();
+    headers.insert(
+        KNOWN_LEADER_HEADER,
+        HeaderValue::from_static(if known { "true" } else { "false" }),
+    );
+    // A follower's state moves with the leader's commits as they come (a watch):
+    // nothing tells how stale it is beyond that; 0 as Nomad's leader says.
+    headers.insert(LAST_CONTACT_HEADER, HeaderValue::from_static("0"));
     resp
 }
 
@@ -212,10 +269,15 @@ const NOT_FORWARDED: &[&str] = &[
 
 /// Writes (every method but GET and HEAD) reaching a follower go to the leader; its
 /// answer is this answer. A write another server forwarded here is not forwarded
-/// again (503, marked: that server looks for the leader anew).
+/// again (503, marked: that server looks for the leader anew). `/v1/jobs/parse`
+/// writes nothing: any server answers it.
 async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Response {
     let method = req.method();
-    if method == http::Method::GET || method == http::Method::HEAD || api.server.is_leader() {
+    if method == http::Method::GET
+        || method == http::Method::HEAD
+        || req.uri().path() == "/v1/jobs/parse"
+        || api.server.is_leader()
+    {
         return next.run(req).await;
     }
     if let Some(ForwardedBy(by)) = req.extensions().get::<ForwardedBy>().cloned() {
@@ -247,7 +309,10 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
     };
     let mut headers = std::collections::HashMap::new();
     for (name, value) in &parts.headers {
-        if NOT_FORWARDED.contains(&name.as_str()) {
+        if NOT_FORWARDED
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name.as_str()))
+        {
             continue;
         }
         let Ok(value) = value.to_str() else { continue };
@@ -275,6 +340,9 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
     }
 }
 
+/// Nomad's text for a refused token (clients look for it).
+const PERMISSION_DENIED: &str = "Permission denied";
+
 async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
     let given = req.headers().get(TOKEN_HEADER).map(HeaderValue::as_bytes);
     match given {
@@ -282,64 +350,130 @@ async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
         Some(_) => {
             // Never the token itself in logs.
             tracing::warn!(method = %req.method(), path = %req.uri().path(), "refused a request with a wrong token");
-            ApiError::new(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response()
+            ApiError::new(StatusCode::FORBIDDEN, PERMISSION_DENIED).into_response()
         }
         None => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!("this server requires a token: send it in the {TOKEN_HEADER} header (DROVER_TOKEN for the CLI)"),
+            StatusCode::FORBIDDEN,
+            format!(
+                "{PERMISSION_DENIED}: this server requires a token in the X-Nomad-Token header"
+            ),
         )
         .into_response(),
     }
 }
 
-/// `?index=N&wait=30s` of a blocking query.
-#[derive(Debug, Default, Deserialize)]
-struct BlockingQuery {
-    #[serde(default)]
-    index: Option<Index>,
-    #[serde(default)]
-    wait: Option<String>,
+/// The query parameters of a request, as pairs (a parameter may repeat: `topic`).
+/// Taking it checks `region`: this server serves its own only.
+#[derive(Debug, Default)]
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `?purge`, `?purge=true`: present and not false (Go's `strconv.ParseBool`).
+    fn flag(&self, key: &str) -> Result<bool, ApiError> {
+        match self.get(key) {
+            None => Ok(false),
+            Some("" | "1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
+            Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
+            Some(v) => Err(ApiError::bad_request(format!(
+                "Failed to parse value of {key:?} ({v:?}) as a bool"
+            ))),
+        }
+    }
+
+    fn prefix(&self) -> &str {
+        self.get("prefix").unwrap_or("")
+    }
+
+    /// Whether the objects of `namespace "default"` (all of Drover's) are asked for.
+    fn in_default_namespace(&self) -> bool {
+        matches!(self.get("namespace"), None | Some("" | "default" | "*"))
+    }
 }
 
-/// Parse the blocking-query parameters; the longest wait is [`MAX_BLOCKING_WAIT`],
-/// which is also the default when only `index` is given (as Nomad's).
-fn blocking_wait(q: &BlockingQuery) -> Result<Option<(Index, Duration)>, ApiError> {
-    let wait = match &q.wait {
-        None => MAX_BLOCKING_WAIT,
+impl FromRequestParts<Api> for Params {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        let pairs: Vec<(String, String)> = serde_urlencoded_pairs(query)
+            .map_err(|e| ApiError::bad_request(format!("invalid query string: {e}")))?;
+        let params = Params(pairs);
+        if let Some(region) = params.get("region")
+            && !region.is_empty()
+            && region != api.server.region()
+        {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "No path to region: this server serves region {:?}, not {region:?}",
+                    api.server.region()
+                ),
+            ));
+        }
+        Ok(params)
+    }
+}
+
+fn serde_urlencoded_pairs(query: &str) -> Result<Vec<(String, String)>, String> {
+    use axum::extract::Query;
+    let uri: http::Uri = format!("/?{query}")
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| e.to_string())?;
+    Query::<Vec<(String, String)>>::try_from_uri(&uri)
+        .map(|Query(v)| v)
+        .map_err(|e| e.body_text())
+}
+
+/// The blocking part of a query (`index`, `wait`), if asked: the index to wait past
+/// and for how long at most ([`MAX_BLOCKING_WAIT`], also the default, as Nomad's).
+fn blocking_wait(q: &Params) -> Result<Option<(Index, Duration)>, ApiError> {
+    let wait = match q.get("wait") {
+        None | Some("") => MAX_BLOCKING_WAIT,
         Some(w) => parse_wait(w)?.min(MAX_BLOCKING_WAIT),
     };
-    Ok(q.index.filter(|i| *i > 0).map(|i| (i, wait)))
+    let index = match q.get("index") {
+        None | Some("") => 0,
+        Some(i) => i
+            .parse::<Index>()
+            .map_err(|_| ApiError::bad_request("Invalid index"))?,
+    };
+    Ok((index > 0).then_some((index, wait)))
 }
 
-/// `30s`, `5m`, `1m30s`, `250ms`, or a bare number of seconds.
+/// `30s`, `5m`, `1m30s`, `250ms` (Go's durations), or a bare number of seconds.
 fn parse_wait(text: &str) -> Result<Duration, ApiError> {
     if let Ok(secs) = text.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
     humantime::parse_duration(text).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("invalid query: wait={text:?} is not a duration like \"30s\" or \"5m\": {e}"),
-        )
+        ApiError::bad_request(format!(
+            "Invalid wait time: {text:?} is not a duration like \"30s\" or \"5m\": {e}"
+        ))
     })
-}
-
-fn bad_query(e: QueryRejection) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        format!("invalid query: {}", e.body_text()),
-    )
 }
 
 /// Run the blocking part of a query, if asked; then the index to answer with. The
 /// index is read before the state, so the state is at least as new as the index.
 async fn block(
     api: &Api,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
+    q: &Params,
     shutdown: Option<Extension<CancellationToken>>,
 ) -> Result<Index, ApiError> {
-    let Query(q) = query.map_err(bad_query)?;
-    if let Some((index, wait)) = blocking_wait(&q)? {
+    if let Some((index, wait)) = blocking_wait(q)? {
         let waited = api.server.wait_for_index(index, wait);
         match shutdown {
             Some(Extension(stop)) => {
@@ -378,239 +512,10 @@ fn json_body<T: DeserializeOwned>(
         }
     })?;
     if body.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "the request body is empty".into(),
-        ));
+        return Err(ApiError::bad_request("Request body is empty"));
     }
-    serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("invalid request body: {e}"),
-        )
-    })
-}
-
-/// The body's job, which must carry the name in the path when there is one.
-fn job_from_body(
-    name: Option<&str>,
-    body: Result<axum::body::Bytes, BytesRejection>,
-) -> Result<JobSpec, ApiError> {
-    let JobRegisterRequest { job } = json_body(body)?;
-    if let Some(name) = name
-        && job.name != name
-    {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "the job in the body is named {:?}, the path names {name:?}",
-                job.name
-            ),
-        ));
-    }
-    Ok(job)
-}
-
-// --- jobs -------------------------------------------------------------------------
-
-async fn list_jobs(
-    State(api): State<Api>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    answer(index, api.server.jobs())
-}
-
-async fn register_job(
-    State(api): State<Api>,
-    body: Result<axum::body::Bytes, BytesRejection>,
-) -> ApiResult {
-    let job = job_from_body(None, body)?;
-    let resp = api.server.register_job(job).await?;
-    answer(resp.index, resp)
-}
-
-async fn register_named_job(
-    State(api): State<Api>,
-    Path(name): Path<String>,
-    body: Result<axum::body::Bytes, BytesRejection>,
-) -> ApiResult {
-    let job = job_from_body(Some(&name), body)?;
-    let resp = api.server.register_job(job).await?;
-    answer(resp.index, resp)
-}
-
-async fn get_job(
-    State(api): State<Api>,
-    Path(name): Path<String>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    let job = api
-        .server
-        .job(&name)
-        .ok_or_else(|| not_found("job", &name))?;
-    answer(index, job)
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct StopQuery {
-    #[serde(default)]
-    purge: bool,
-}
-
-async fn stop_job(
-    State(api): State<Api>,
-    Path(name): Path<String>,
-    query: Result<Query<StopQuery>, QueryRejection>,
-) -> ApiResult {
-    let Query(q) = query.map_err(bad_query)?;
-    let resp = api.server.stop_job(&name, q.purge).await?;
-    answer(resp.index, resp)
-}
-
-async fn plan_job(
-    State(api): State<Api>,
-    Path(name): Path<String>,
-    body: Result<axum::body::Bytes, BytesRejection>,
-) -> ApiResult {
-    let job = job_from_body(Some(&name), body)?;
-    let index = api.server.index();
-    answer(index, api.server.plan_job(job).await?)
-}
-
-async fn job_allocations(
-    State(api): State<Api>,
-    Path(name): Path<String>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    let allocs = api.server.job_allocations(&name);
-    // A purged job's allocations may outlive it; an unknown name with none is a typo.
-    if allocs.is_empty() && api.server.job(&name).is_none() {
-        return Err(not_found("job", &name));
-    }
-    answer(index, allocs)
-}
-
-async fn job_evaluations(
-    State(api): State<Api>,
-    Path(name): Path<String>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    let evals = api.server.job_evaluations(&name);
-    if evals.is_empty() && api.server.job(&name).is_none() {
-        return Err(not_found("job", &name));
-    }
-    answer(index, evals)
-}
-
-// --- nodes ------------------------------------------------------------------------
-
-async fn list_nodes(
-    State(api): State<Api>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    answer(index, api.server.nodes())
-}
-
-async fn get_node(
-    State(api): State<Api>,
-    Path(id): Path<String>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    let node = api.server.node(&id)?;
-    answer(index, node)
-}
-
-async fn node_allocations(
-    State(api): State<Api>,
-    Path(id): Path<String>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    let node = api.server.node(&id)?;
-    answer(index, api.server.node_allocations(&node.id))
-}
-
-async fn drain_node(
-    State(api): State<Api>,
-    Path(id): Path<String>,
-    body: Result<axum::body::Bytes, BytesRejection>,
-) -> ApiResult {
-    let NodeDrainRequest { enable } = json_body(body)?;
-    let index = api.server.drain_node(&id, enable).await?;
-    answer(index, NodeDrainResponse { index })
-}
-
-// --- allocations and evaluations -------------------------------------------------
-
-async fn list_allocations(
-    State(api): State<Api>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    answer(index, api.server.allocations())
-}
-
-async fn get_allocation(
-    State(api): State<Api>,
-    Path(id): Path<String>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    let alloc = api
-        .server
-        .allocation(&id)
-        .ok_or_else(|| not_found("allocation", &id))?;
-    answer(index, alloc)
-}
-
-async fn list_evaluations(
-    State(api): State<Api>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    answer(index, api.server.evaluations())
-}
-
-async fn get_evaluation(
-    State(api): State<Api>,
-    Path(id): Path<String>,
-    stop: Option<Extension<CancellationToken>>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
-) -> ApiResult {
-    let index = block(&api, query, stop).await?;
-    let eval = api
-        .server
-        .evaluation(&id)
-        .ok_or_else(|| not_found("evaluation", &id))?;
-    answer(index, eval)
-}
-
-// --- status -----------------------------------------------------------------------
-
-async fn servers_status(State(api): State<Api>) -> ApiResult {
-    let index = api.server.index();
-    answer(index, api.server.servers_status().await)
-}
-
-async fn leader_status(State(api): State<Api>) -> ApiResult {
-    let index = api.server.index();
-    answer(index, api.server.leader_status()?)
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("Failed to decode request body: {e}")))
 }
 
 #[cfg(test)]
@@ -641,40 +546,83 @@ mod tests {
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
         ] {
-            let message = e.to_string();
             let not_leader = e.is_not_leader();
             let got = ApiError::from(e);
-            assert_eq!((got.status, got.message), (code, message));
+            assert_eq!(got.status, code);
             assert_eq!(got.not_leader, not_leader);
         }
+        // Nomad's texts: a not-found error is its message alone.
+        let got = ApiError::from(ServerError::NotFound("job not found".into()));
+        assert_eq!(got.message, "job not found");
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> Params {
+        Params(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        )
     }
 
     #[test]
     fn blocking_waits_are_bounded() {
-        let q = |index: Option<u64>, wait: Option<&str>| BlockingQuery {
-            index,
-            wait: wait.map(str::to_owned),
+        let q = |index: Option<&str>, wait: Option<&str>| {
+            let mut v = Vec::new();
+            if let Some(i) = index {
+                v.push(("index", i));
+            }
+            if let Some(w) = wait {
+                v.push(("wait", w));
+            }
+            params(&v)
         };
         assert_eq!(blocking_wait(&q(None, Some("30s"))).unwrap(), None);
-        assert_eq!(blocking_wait(&q(Some(0), None)).unwrap(), None);
+        assert_eq!(blocking_wait(&q(Some("0"), None)).unwrap(), None);
         assert_eq!(
-            blocking_wait(&q(Some(7), Some("30s"))).unwrap(),
+            blocking_wait(&q(Some("7"), Some("30s"))).unwrap(),
             Some((7, Duration::from_secs(30)))
         );
         assert_eq!(
-            blocking_wait(&q(Some(7), Some("2"))).unwrap(),
+            blocking_wait(&q(Some("7"), Some("2"))).unwrap(),
             Some((7, Duration::from_secs(2)))
         );
         assert_eq!(
-            blocking_wait(&q(Some(7), Some("1h"))).unwrap(),
+            blocking_wait(&q(Some("7"), Some("1h"))).unwrap(),
             Some((7, MAX_BLOCKING_WAIT))
         );
         assert_eq!(
-            blocking_wait(&q(Some(7), None)).unwrap(),
+            blocking_wait(&q(Some("7"), None)).unwrap(),
             Some((7, MAX_BLOCKING_WAIT))
         );
-        let err = blocking_wait(&q(Some(7), Some("soon"))).unwrap_err();
+        let err = blocking_wait(&q(Some("7"), Some("soon"))).unwrap_err();
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
-        assert!(err.message.contains("wait=\"soon\""), "{}", err.message);
+        assert!(
+            err.message.starts_with("Invalid wait time"),
+            "{}",
+            err.message
+        );
+        let err = blocking_wait(&q(Some("x"), None)).unwrap_err();
+        assert_eq!(err.message, "Invalid index");
+    }
+
+    #[test]
+    fn flags_read_as_go_reads_bools() {
+        assert!(params(&[("purge", "true")]).flag("purge").unwrap());
+        assert!(params(&[("purge", "")]).flag("purge").unwrap());
+        assert!(!params(&[("purge", "false")]).flag("purge").unwrap());
+        assert!(!params(&[]).flag("purge").unwrap());
+        assert!(params(&[("purge", "yes please")]).flag("purge").is_err());
+    }
+
+    #[test]
+    fn query_strings_keep_repeated_keys() {
+        let pairs = serde_urlencoded_pairs("topic=Job:*&topic=Allocation:a%20b&index=3").unwrap();
+        let p = Params(pairs);
+        assert_eq!(
+            p.all("topic").collect::<Vec<_>>(),
+            ["Job:*", "Allocation:a b"]
+        );
+        assert_eq!(p.get("index"), Some("3"));
     }
 }

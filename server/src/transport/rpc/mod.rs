@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_proto::drover::cluster::v1 as pb;
-use drover_server_api::{AllocClientUpdate, NodeRegistration, RPC_TOKEN_KEY, TOKEN_HEADER};
+use drover_server_api::{AllocClientUpdate, NodeRegistration};
 use http_body_util::BodyExt as _;
 use pb::api_server::{Api, ApiServer};
 use pb::node_server::{Node, NodeServer};
@@ -29,8 +29,9 @@ pub use self::conn::{
 use self::conn::{first_call_made, incoming};
 use crate::error::ServerError;
 use crate::server::Server;
-use crate::transport::auth::token_eq;
+use crate::transport::auth::{RPC_TOKEN_KEY, token_eq};
 use crate::transport::forward::{FORWARDED_HEADER, Forwarded, ForwardedBy};
+use crate::transport::http::TOKEN_HEADER;
 
 /// How the RPC listener authenticates, encrypts and bounds its connections.
 #[derive(Clone)]
@@ -445,6 +446,8 @@ const DROPPED_HEADERS: &[&str] = &[
     "host",
     "content-length",
     TOKEN_HEADER,
+    // The token header of the API before it spoke Nomad's.
+    "x-drover-token",
     FORWARDED_HEADER,
 ];
 
@@ -467,7 +470,10 @@ fn forward_request(
     let mut builder = http::Request::builder().method(method).uri(uri);
     for (name, value) in &req.headers {
         let lower = name.to_ascii_lowercase();
-        if DROPPED_HEADERS.contains(&lower.as_str()) {
+        if DROPPED_HEADERS
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(&lower))
+        {
             continue;
         }
         let name = http::HeaderName::from_bytes(lower.as_bytes())

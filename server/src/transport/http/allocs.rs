@@ -1,0 +1,105 @@
+//! `/v1/allocations`, `/v1/allocation/:id[/stop]`, `/v1/evaluations`,
+//! `/v1/evaluation/:id[/allocations]`.
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use tokio_util::sync::CancellationToken;
+
+use super::{Api, ApiError, ApiResult, Params, answer, block, wire};
+
+pub(super) async fn list(
+    State(api): State<Api>,
+    q: Params,
+    stop: Option<Extension<CancellationToken>>,
+) -> ApiResult {
+    let index = block(&api, &q, stop).await?;
+    if !q.in_default_namespace() {
+        return answer(index, Vec::<()>::new());
+    }
+    let prefix = q.prefix();
+    let stubs: Vec<_> = api
+        .server
+        .allocations()
+        .iter()
+        .filter(|a| a.id.starts_with(prefix))
+        .map(|a| wire::alloc_stub(&api.server, a))
+        .collect();
+    answer(index, stubs)
+}
+
+pub(super) async fn get(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    q: Params,
+    stop: Option<Extension<CancellationToken>>,
+) -> ApiResult {
+    let index = block(&api, &q, stop).await?;
+    let alloc = api
+        .server
+        .allocation(&id)
+        .ok_or_else(|| ApiError::not_found("alloc not found"))?;
+    let job = api.server.job_version_of(&alloc);
+    answer(index, wire::alloc(&api.server, &alloc, job.as_ref()))
+}
+
+/// `POST /v1/allocation/:id/stop`: stop it; the scheduler replaces it (Nomad's
+/// `AllocStopResponse`).
+pub(super) async fn stop(State(api): State<Api>, Path(id): Path<String>, _q: Params) -> ApiResult {
+    let (eval_id, index) = api.server.stop_allocation(&id).await?;
+    answer(
+        index,
+        serde_json::json!({ "EvalID": eval_id, "Index": index }),
+    )
+}
+
+pub(super) async fn list_evals(
+    State(api): State<Api>,
+    q: Params,
+    stop: Option<Extension<CancellationToken>>,
+) -> ApiResult {
+    let index = block(&api, &q, stop).await?;
+    if !q.in_default_namespace() {
+        return answer(index, Vec::<()>::new());
+    }
+    let prefix = q.prefix();
+    let evals: Vec<_> = api
+        .server
+        .evaluations()
+        .iter()
+        .filter(|e| e.id.starts_with(prefix))
+        .map(wire::eval)
+        .collect();
+    answer(index, evals)
+}
+
+pub(super) async fn get_eval(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    q: Params,
+    stop: Option<Extension<CancellationToken>>,
+) -> ApiResult {
+    let index = block(&api, &q, stop).await?;
+    let eval = api
+        .server
+        .evaluation(&id)
+        .ok_or_else(|| ApiError::not_found("eval not found"))?;
+    answer(index, wire::eval(&eval))
+}
+
+/// The allocations an evaluation placed or changed.
+pub(super) async fn eval_allocs(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    q: Params,
+    stop: Option<Extension<CancellationToken>>,
+) -> ApiResult {
+    let index = block(&api, &q, stop).await?;
+    let stubs: Vec<_> = api
+        .server
+        .allocations()
+        .iter()
+        .filter(|a| a.eval_id == id)
+        .map(|a| wire::alloc_stub(&api.server, a))
+        .collect();
+    answer(index, stubs)
+}
