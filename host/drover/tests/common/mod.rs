@@ -3,13 +3,14 @@
 //! Each area's test binary (`tests/AREA/main.rs`) declares this module once for all its
 //! files; the submodules hold what only some areas use: a cluster of real processes
 //! ([`cluster`], [`ha`]), driver libraries ([`inproc`]), the docker, qemu and task API
-//! helpers ([`docker`], [`qemu`], [`tasks`]).
+//! helpers ([`docker`], [`qemu`], [`tasks`]), Nomad's HTTP API ([`nomad_http`]).
 #![allow(dead_code)]
 
 pub mod cluster;
 pub mod docker;
 pub mod ha;
 pub mod inproc;
+pub mod nomad_http;
 pub mod qemu;
 pub mod tasks;
 
