@@ -202,6 +202,22 @@ impl Agent {
             .expect("run drover cli")
     }
 
+    /// Run the CLI in `dir` (for commands that write files there): its stdout, or its
+    /// stderr as the error.
+    pub fn cli_in(&self, dir: &Path, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(drover())
+            .args(args)
+            .current_dir(dir)
+            .env("DROVER_ADDR", format!("unix://{}", self.socket.display()))
+            .output()
+            .expect("run drover cli");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
     /// Run the CLI and parse its stdout as JSON; panics with stderr on failure.
     pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
         let out = self.cli(args);
