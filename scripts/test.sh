@@ -31,6 +31,9 @@ command -v jq >/dev/null || need_pkgs+=(jq)
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need_pkgs+=(etcd-server)
 # The real Nomad 1.0.18 programs (Nomad driver compatibility tests) come as a .tar.xz.
 command -v xz >/dev/null || need_pkgs+=(xz-utils)
+# Nomad's HTTP API is tested with a real client of it: python-nomad (PyPI), in a venv.
+command -v python3 >/dev/null || need_pkgs+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
 if ((${#need_pkgs[@]})); then
     if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2
@@ -294,6 +297,25 @@ fi
 if [ "${CI:-}" = "true" ]; then
     export CARGO_INCREMENTAL=0
 fi
+
+# python-nomad, the Python client of Nomad's HTTP API (host/drover/tests/compat/nomad_api.rs
+# drives a dev agent with it), pinned, in a venv of its own under target/; the tests find
+# its interpreter in DROVER_TEST_PYTHON_NOMAD.
+PY_NOMAD_VENV="$PWD/target/python-nomad"
+PY_NOMAD_VERSION=2.1.0
+if ! "$PY_NOMAD_VENV/bin/python" -c "import nomad, importlib.metadata as m; assert m.version('python-nomad') == '$PY_NOMAD_VERSION'" 2>/dev/null; then
+    rm -rf "$PY_NOMAD_VENV"
+    if python3 -m venv "$PY_NOMAD_VENV" &&
+        "$PY_NOMAD_VENV/bin/pip" install -q "python-nomad==$PY_NOMAD_VERSION"; then
+        :
+    elif [ "${CI:-}" = "true" ]; then
+        echo "python-nomad could not be installed (above; CI=true: this is a failure)" >&2
+        exit 1
+    else
+        echo "# SKIPPING the python-nomad tests: python-nomad could not be installed (above)" >&2
+    fi
+fi
+[ -x "$PY_NOMAD_VENV/bin/python" ] && export DROVER_TEST_PYTHON_NOMAD="$PY_NOMAD_VENV/bin/python"
 
 cargo build --workspace --bins --locked
 # The go-plugin 1.6.3 host and plugin of host/drover/tests/compat/goplugin16*.rs, built offline

@@ -149,3 +149,44 @@ fn unpack() -> Result<NomadPeers, String> {
     }
     Ok(NomadPeers { dir: dest })
 }
+
+/// Where `scripts/test.sh` announces the Python interpreter of its python-nomad venv.
+pub const ENV_PYTHON_NOMAD: &str = "DROVER_TEST_PYTHON_NOMAD";
+
+/// A Python interpreter that imports `nomad` (the PyPI package `python-nomad`, a real
+/// client of Nomad's HTTP API), or `None` after a loud skip line; under `CI=true` its
+/// absence is a failure. `scripts/test.sh` makes it (a venv under `target/`) and says
+/// where in `DROVER_TEST_PYTHON_NOMAD`; without that variable the venv's usual place
+/// is tried.
+///
+/// ```no_run
+/// if let Some(python) = drover_test_support::nomad::python_nomad() {
+///     assert!(python.is_file());
+/// }
+/// ```
+pub fn python_nomad() -> Option<PathBuf> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let candidate = std::env::var_os(ENV_PYTHON_NOMAD)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target/python-nomad/bin/python"));
+    let why = match std::process::Command::new(&candidate)
+        .args(["-c", "import nomad"])
+        .output()
+    {
+        Ok(out) if out.status.success() => return Some(candidate),
+        Ok(out) => format!(
+            "{} cannot import nomad: {}",
+            candidate.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => format!(
+            "no python-nomad interpreter at {}: {e}",
+            candidate.display()
+        ),
+    };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("python-nomad is missing (CI=true: a failure): {why}; scripts/test.sh installs it");
+    }
+    eprintln!("SKIPPED: a test with python-nomad: {why} (scripts/test.sh installs it)");
+    None
+}

@@ -3,13 +3,14 @@
 //! Each area's test binary (`tests/AREA/main.rs`) declares this module once for all its
 //! files; the submodules hold what only some areas use: a cluster of real processes
 //! ([`cluster`], [`ha`]), driver libraries ([`inproc`]), the docker, qemu and task API
-//! helpers ([`docker`], [`qemu`], [`tasks`]).
+//! helpers ([`docker`], [`qemu`], [`tasks`]), Nomad's HTTP API ([`nomad_http`]).
 #![allow(dead_code)]
 
 pub mod cluster;
 pub mod docker;
 pub mod ha;
 pub mod inproc;
+pub mod nomad_http;
 pub mod qemu;
 pub mod tasks;
 
@@ -199,6 +200,22 @@ impl Agent {
             .env("DROVER_ADDR", format!("unix://{}", self.socket.display()))
             .output()
             .expect("run drover cli")
+    }
+
+    /// Run the CLI in `dir` (for commands that write files there): its stdout, or its
+    /// stderr as the error.
+    pub fn cli_in(&self, dir: &Path, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(drover())
+            .args(args)
+            .current_dir(dir)
+            .env("DROVER_ADDR", format!("unix://{}", self.socket.display()))
+            .output()
+            .expect("run drover cli");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
     }
 
     /// Run the CLI and parse its stdout as JSON; panics with stderr on failure.
