@@ -479,7 +479,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     let mut config = ServerConfig::new(&options.data_dir);
     config.heartbeat_ttl = options.heartbeat_ttl;
     config.heartbeat_grace = options.heartbeat_grace;
- = options.workers {
+    if let Some(w) = options.workers {
         config.workers = w;
     }
     config.algorithm = options.algorithm;
@@ -738,7 +738,7 @@ pub fn start_dev(
         algorithm: SchedulerAlgorithm::BinPack,
         store: StoreChoice::Embedded,
         name: "dev".into(),
-
+        advertise_rpc: None,
         advertise_http: None,
         local_agent: Some(local_agent),
     };

@@ -229,6 +229,8 @@ fn wait_for(gate: &Path) -> String {
 
 fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
     ClientAllocation {
+        job_meta: Default::default(),
+        region: drover_server_api::DEFAULT_REGION.to_owned(),
         alloc: Allocation {
             reschedule_events: Vec::new(),
             id: id.into(),
