@@ -184,6 +184,14 @@ pub struct Node {
     /// with `Drain`).
     #[serde(rename = "DroverStatus", skip_serializing_if = "Option::is_none")]
     pub drover_status: Option<String>,
+    /// Drover's own: the node was marked ineligible (apart from a drain, which makes
+    /// it ineligible too), so that the mark survives a round trip.
+    #[serde(
+        rename = "DroverMarkedIneligible",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub drover_marked_ineligible: Option<bool>,
     /// Drover: `StatusUpdatedAt` in nanoseconds.
     #[serde(
         rename = "StatusUpdatedAtNanos",
@@ -244,6 +252,14 @@ pub struct NodeListStub {
     /// Drover: the status as Drover says it.
     #[serde(rename = "DroverStatus", skip_serializing_if = "Option::is_none")]
     pub drover_status: Option<String>,
+    /// Drover's own: the node was marked ineligible (apart from a drain, which makes
+    /// it ineligible too), so that the mark survives a round trip.
+    #[serde(
+        rename = "DroverMarkedIneligible",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub drover_marked_ineligible: Option<bool>,
 }
 
 /// `POST /v1/node/:id/drain`: Nomad's body. `DrainSpec` null ends a drain.
@@ -420,6 +436,7 @@ impl From<&internal::Node> for Node {
             create_index: n.create_index,
             modify_index: n.modify_index,
             drover_status: Some(n.status.as_str().to_owned()),
+            drover_marked_ineligible: Some(n.ineligible),
             status_updated_at_nanos: Some(n.status_updated_at),
         }
     }
@@ -447,7 +464,9 @@ impl Node {
             status: status_from(self.drover_status.as_deref(), &self.status, self.drain),
             status_description: self.status_description.clone(),
             drain: self.drain,
-            ineligible: !self.drain && self.scheduling_eligibility == "ineligible",
+            ineligible: self
+                .drover_marked_ineligible
+                .unwrap_or(!self.drain && self.scheduling_eligibility == "ineligible"),
             attributes: self.attributes.clone().unwrap_or_default(),
             meta: self.meta.clone().unwrap_or_default(),
             resources,
@@ -483,6 +502,7 @@ impl From<&internal::Node> for NodeListStub {
             create_index: n.create_index,
             modify_index: n.modify_index,
             drover_status: Some(n.status.as_str().to_owned()),
+            drover_marked_ineligible: Some(n.ineligible),
         }
     }
 }
@@ -499,7 +519,9 @@ impl NodeListStub {
             status: status_from(self.drover_status.as_deref(), &self.status, self.drain),
             status_description: self.status_description.clone(),
             drain: self.drain,
-            ineligible: !self.drain && self.scheduling_eligibility == "ineligible",
+            ineligible: self
+                .drover_marked_ineligible
+                .unwrap_or(!self.drain && self.scheduling_eligibility == "ineligible"),
             attributes: BTreeMap::new(),
             meta: BTreeMap::new(),
             resources: self
