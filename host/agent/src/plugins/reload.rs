@@ -600,9 +600,13 @@ fn consents(
     pins: &std::collections::BTreeMap<String, String>,
 ) -> bool {
     let label = c.label.as_str();
+    // Names compared as the driver names they stand for: `drover-driver-rawexec` (the
+    // raw exec driver's binary) serves `raw_exec`, the driver's name since `rawexec`.
+    let names =
+        |n: &str| drover_api::canonical_driver_name(n) == drover_api::canonical_driver_name(name);
     c.source == PluginSource::Builtin
-        || label == name
-        || label.strip_prefix("drover-driver-") == Some(name)
+        || names(label)
+        || label.strip_prefix("drover-driver-").is_some_and(names)
         || pins.get(name).is_some_and(|pin| pin == sha256)
 }
 
@@ -621,6 +625,15 @@ mod tests {
         let file = |name: &str| Candidate::external(std::path::Path::new("/plugins").join(name));
         let none = std::collections::BTreeMap::new();
         assert!(consents(&file("rawexec"), "rawexec", "aa", &none));
+        // The raw exec driver's binary and Nomad's name for it.
+        assert!(consents(
+            &file("drover-driver-rawexec"),
+            "raw_exec",
+            "aa",
+            &none
+        ));
+        assert!(consents(&file("raw_exec"), "raw_exec", "aa", &none));
+        assert!(consents(&file("rawexec"), "raw_exec", "aa", &none));
         assert!(consents(
             &file("drover-driver-rawexec"),
             "rawexec",
