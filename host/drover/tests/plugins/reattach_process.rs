@@ -258,7 +258,7 @@ async fn catalog_reattaches_from_its_records_and_launches_once() {
     assert!(row.reattached);
     assert!(
         second
-            .get("rawexec")
+            .get("raw_exec")
             .unwrap()
             .client()
             .capabilities()
