@@ -1926,7 +1926,7 @@ mod tests {
             "dns_servers": ["1.1.1.1"], "dns_search_domains": ["example.com"],
             "dns_options": ["ndots:2"], "extra_hosts": ["db:10.0.0.2"], "readonly_rootfs": true,
             "pids_limit": 64, "tty": false, "interactive": false, "cap_add": ["CHOWN"],
-            "cap_drop": ["NET_RAW"], "pid_mode": "", "force_pull": false}"#;
+            "cap_drop": ["NET_RAW"], "force_pull": false}"#;
         let value: serde_json::Value = serde_json::from_str(json).unwrap();
         let schema = serde_json::to_value(schemars::schema_for!(TaskConfig)).unwrap();
         let validator = jsonschema::validator_for(&schema).unwrap();
@@ -1935,8 +1935,7 @@ mod tests {
             .map(|e| e.to_string())
             .collect();
         assert!(problems.is_empty(), "{problems:?}");
-        let mut cfg = parse(json);
-        cfg.pid_mode = None;
+        let cfg = parse(json);
         let mut p = policy();
         p.config.allow_sysctl = true;
         let plan = cfg.plan(&spec(dir.path()), &p).unwrap();
