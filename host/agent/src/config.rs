@@ -400,10 +400,11 @@ impl AgentConfig {
             let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
             ConfigError(msgs.join("; "))
         })?;
-        config.resolve_driver_aliases()?;
         config.limits.check()?;
         config.check_pins()?;
         config.check_plugin_env()?;
+        // After the checks, so that their errors name the sections as written.
+        config.resolve_driver_aliases()?;
         Ok(config)
     }
 

@@ -581,13 +581,27 @@ fn takeover_consent(
     if consents(&fp.candidate, name, &fp.sha256, &policy.pins) {
         return Ok(());
     }
+    // The names the file may have: the plugin's, and an older name of it (`rawexec`
+    // for `raw_exec`: the raw exec driver's binary is `drover-driver-rawexec`).
+    let spellings: Vec<&str> = std::iter::once(name)
+        .chain(
+            drover_api::DRIVER_ALIASES
+                .iter()
+                .filter(|(_, new)| *new == name)
+                .map(|(old, _)| *old),
+        )
+        .collect();
+    let files: Vec<String> = spellings
+        .iter()
+        .flat_map(|n| [(*n).to_owned(), format!("drover-driver-{n}")])
+        .collect();
     Err(format!(
         "{} calls itself {name:?}, which {} serves: a file takes over a served name only \
-         when it is named {name}, drover-driver-{name} or {name}.so (a library), or \
-         when [plugin.{name}] sha256 pins its bytes; rename the file, or pin it, to allow the \
-         takeover",
+         when it is named {}, or {name}.so (a library), or when [plugin.{name}] sha256 pins \
+         its bytes; rename the file, or pin it, to allow the takeover",
         fp.candidate.path.display(),
-        serving.path.display()
+        serving.path.display(),
+        files.join(", ")
     ))
 }
 

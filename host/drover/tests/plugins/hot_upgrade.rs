@@ -583,7 +583,7 @@ fn assert_builtin_kept_its_tasks(
     builtin_pid: u32,
     pids: &BTreeMap<String, (u32, u64)>,
 ) {
-    let now = serving(&plugins(api), "rawexec").unwrap().clone();
+    let now = serving(&plugins(api), "raw_exec").unwrap().clone();
     assert_eq!(
         (now.source, now.pid),
         (drover_api::PluginSource::Builtin, Some(builtin_pid)),
@@ -701,7 +701,7 @@ fn rolled_back_upgrade(
     api: &Api,
     env: &str,
 ) -> (u32, BTreeMap<String, (u32, u64)>, serde_json::Value) {
-    let builtin_pid = serving(&plugins(api), "rawexec").unwrap().pid.unwrap();
+    let builtin_pid = serving(&plugins(api), "raw_exec").unwrap().pid.unwrap();
     let pids = sleepers(api, "rawexec", 2);
     let (newer, _) = install(root, &agent.plugin_dir, "rawexec", env);
     let row = skipped_row(agent, &newer, "rolled back");
@@ -711,7 +711,7 @@ fn rolled_back_upgrade(
         POLL,
         "the built-in serving, healthy",
         || {
-            serving(&plugins(api), "rawexec").is_some_and(|r| {
+            serving(&plugins(api), "raw_exec").is_some_and(|r| {
                 r.source == drover_api::PluginSource::Builtin
                     && r.state == PluginState::Healthy
                     && r.reason.contains("rolled back")

@@ -92,7 +92,7 @@ fn rawexec_processes(markers: &[&str]) -> Vec<u32> {
             let needle = format!("DROVER_TEST_MARKER={m}");
             env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
         });
-        if ours && cmd.ends_with(b"plugin\0serve\0rawexec\0") && alive(pid) {
+        if ours && cmd.ends_with(b"plugin\0serve\0raw_exec\0") && alive(pid) {
             pids.push(pid);
         }
     }

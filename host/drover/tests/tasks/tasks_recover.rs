@@ -75,7 +75,7 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
         );
         let failure = &agent_events(&task)[2].message;
         assert!(
-            failure.contains("driver rawexec is unavailable"),
+            failure.contains("driver raw_exec is unavailable"),
             "{failure}"
         );
     }
