@@ -151,7 +151,7 @@ impl FormAgent {
             if let Ok(rows) = self.agent.api.plugins().await {
                 let healthy: Vec<&PluginStatus> = rows
                     .iter()
-                    .filter(|p| p.name == "rawexec" && p.state == PluginState::Healthy)
+                    .filter(|p| p.name == "raw_exec" && p.state == PluginState::Healthy)
                     .collect();
                 if let [row] = healthy[..] {
                     self.check_form(row, build).with_context(|| {

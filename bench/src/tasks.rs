@@ -167,7 +167,7 @@ async fn measure(
     concurrency: usize,
     direct_elapsed: Duration,
 ) -> anyhow::Result<()> {
-    wait_healthy(&agent.api, "rawexec", Duration::from_secs(30)).await?;
+    wait_healthy(&agent.api, "raw_exec", Duration::from_secs(30)).await?;
     let api = agent.api.clone();
     let body = |i: usize| RunRequest {
         driver: "rawexec".into(),
@@ -244,7 +244,7 @@ async fn measure(
     let plugins = api.plugins().await?;
     let plugin_pid = plugins
         .iter()
-        .find(|p| p.name == "rawexec")
+        .find(|p| p.name == "raw_exec")
         .and_then(|p| p.pid);
     let plugin_rss = plugin_pid.and_then(|p| proc_kib(p, "status", "VmRSS:"));
     let mut executors: Vec<u32> = task_pids

@@ -345,7 +345,7 @@ pub(crate) fn live_driver(s: &ApiState, view: &TaskView) -> Result<Arc<LoadedPlu
             format!("task {} is not running (it is dead)", view.id),
         ));
     }
-    let plugin = s.catalog.get(&view.driver).ok_or_else(|| {
+    let plugin = s.catalog.driver_named(&view.driver).ok_or_else(|| {
         ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("driver {:?} is not loaded", view.driver),

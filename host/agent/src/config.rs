@@ -105,6 +105,23 @@ fn bad_env_name(name: &str) -> Option<&'static str> {
     None
 }
 
+/// The docker client's own variables, which the docker driver follows as the `docker`
+/// CLI and Nomad's docker driver do: the daemon's address (`DOCKER_HOST`), its TLS
+/// settings and the API version. Passed from the agent's environment to the docker
+/// plugin (and to no other) by default, whether it is the built-in or its own binary
+/// ([`DOCKER_PLUGIN_LABELS`]), so that a `DOCKER_HOST` the operator set reaches it;
+/// `[plugin.docker] env` overrides them.
+pub const DOCKER_CLIENT_ENV: &[&str] = &[
+    "DOCKER_HOST",
+    "DOCKER_TLS_VERIFY",
+    "DOCKER_CERT_PATH",
+    "DOCKER_API_VERSION",
+];
+
+/// Labels of the docker driver: the built-in, or its binary in `plugin_dir` under the
+/// driver's name or the crate's.
+pub const DOCKER_PLUGIN_LABELS: &[&str] = &["docker", "drover-driver-docker"];
+
 /// Whether `name` makes glibc's dynamic loader (or iconv) load code from where it
 /// says: `LD_PRELOAD`, `LD_LIBRARY_PATH`, `LD_AUDIT` and the rest of `LD_*`, and
 /// `GCONV_PATH`.
@@ -217,7 +234,10 @@ pub struct AgentConfig {
     /// their tasks' executors) start with a clean environment: `PATH`,
     /// `DROVER_PLUGIN_LOG`, the handshake's own variables, this list and their
     /// `[plugin.NAME] pass_env` / `env`; nothing else of the agent's environment
-    /// (its secrets included) reaches a plugin. `DROVER_PLUGIN_PASS_ENV=A,B`.
+    /// (its secrets included) reaches a plugin. `DROVER_PLUGIN_PASS_ENV=A,B`. The
+    /// docker driver alone also gets the docker client's variables by default
+    /// (`DOCKER_HOST`, `DOCKER_TLS_VERIFY`, `DOCKER_CERT_PATH`, `DOCKER_API_VERSION`:
+    /// [`DOCKER_CLIENT_ENV`]), as Nomad's docker driver follows them.
     pub plugin_pass_env: Vec<String>,
     /// Launch plugin processes with go-plugin's automatic mutual TLS: each gets a fresh
     /// client certificate and answers with its own, and every connection to it is TLS
@@ -384,7 +404,7 @@ impl AgentConfig {
         // The global profile, as the environment's: a flag given with the same key as
         // a `DROVER_*` variable wins over it (in the default profile it would lose).
         figment = figment.merge(Serialized::globals(flags.clone()));
-        let config: AgentConfig = figment.extract().map_err(|e| {
+        let mut config: AgentConfig = figment.extract().map_err(|e| {
             let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
             ConfigError(msgs.join("; "))
         })?;
@@ -392,6 +412,8 @@ impl AgentConfig {
         config.check_datacenter()?;
         config.check_pins()?;
         config.check_plugin_env()?;
+        // After the checks, so that their errors name the sections as written.
+        config.resolve_driver_aliases()?;
         Ok(config)
     }
 
@@ -409,6 +431,30 @@ impl AgentConfig {
                 "datacenter = {dc:?} is not a datacenter name: expected 1 to 128 \
                  characters without '*', spaces or control characters, e.g. \"dc1\""
             )));
+        }
+        Ok(())
+    }
+
+    /// Configs written for a driver's older name keep working: `[plugin.rawexec]` is
+    /// the settings of `raw_exec` (the built-in's name and label now), and `rawexec` in
+    /// `plugin_allow` / `plugin_deny` also allows / denies `raw_exec`. Both sections at
+    /// once is an error: which one was meant is not ours to guess.
+    fn resolve_driver_aliases(&mut self) -> Result<(), ConfigError> {
+        for (old, new) in drover_api::DRIVER_ALIASES {
+            if let Some(settings) = self.plugin.remove(*old) {
+                if self.plugin.contains_key(*new) {
+                    return Err(ConfigError(format!(
+                        "[plugin.{old}] and [plugin.{new}] are both set, but {old} is the \
+                         driver's older name for {new}: merge them into [plugin.{new}]"
+                    )));
+                }
+                self.plugin.insert((*new).to_owned(), settings);
+            }
+            for list in [&mut self.plugin_allow, &mut self.plugin_deny] {
+                if list.iter().any(|n| n == old) && !list.iter().any(|n| n == new) {
+                    list.push((*new).to_owned());
+                }
+            }
         }
         Ok(())
     }
@@ -552,7 +598,8 @@ mod tests {
         assert_eq!(c.plugin_dir(), PathBuf::from("/env/plugins"));
         assert_eq!(c.api_socket(), PathBuf::from("/flag/api.sock"));
         assert_eq!(c.handshake_timeout, Duration::from_secs(3));
-        assert_eq!(c.plugin_settings("rawexec").config["a"], 1);
+        // `rawexec` is raw_exec's older name: its section is raw_exec's.
+        assert_eq!(c.plugin_settings("raw_exec").config["a"], 1);
 
         let c = AgentConfig::load(
             &[file],
@@ -672,6 +719,29 @@ mod tests {
 
     const PIN: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
+    /// Configs written for the raw exec driver's older name `rawexec` keep working:
+    /// its section, allow and deny entries are `raw_exec`'s; both sections at once are
+    /// refused, naming both.
+    #[test]
+    fn the_older_driver_name_rawexec_configures_raw_exec() {
+        let c = load_toml(
+            "plugin_deny = [\"rawexec\"]\nplugin_allow = [\"docker\"]\n\
+             [plugin.rawexec]\nconfig = { no_cgroups = true }\n",
+        )
+        .unwrap();
+        assert_eq!(c.plugin_settings("raw_exec").config["no_cgroups"], true);
+        assert!(!c.plugin.contains_key("rawexec"));
+        assert!(c.plugin_deny.contains(&"raw_exec".to_owned()), "{c:?}");
+        assert_eq!(c.plugin_allow, ["docker"]);
+        let err = load_toml("[plugin.rawexec]\nconfig = {}\n[plugin.raw_exec]\nconfig = {}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[plugin.rawexec] and [plugin.raw_exec] are both set"),
+            "{err}"
+        );
+    }
+
     /// A pinned plugin runs only the bytes its pin names: `LD_PRELOAD` and the like,
     /// which would load more code into it, are refused in every section and in
     /// `plugin_pass_env` once any pin is set. Without pins they are allowed.
@@ -713,7 +783,7 @@ mod tests {
             "plugin_pass_env = [\"LD_LIBRARY_PATH\"]\n[plugin.rawexec]\nenv = { LD_PRELOAD = \"/opt/x.so\" }\n",
         )
         .unwrap();
-        assert_eq!(unpinned.plugin["rawexec"].env["LD_PRELOAD"], "/opt/x.so");
+        assert_eq!(unpinned.plugin["raw_exec"].env["LD_PRELOAD"], "/opt/x.so");
     }
 
     /// `env` values and `config` may be credentials: the settings' `Debug` (the one a

@@ -66,8 +66,8 @@ pub use http::StatusCode;
 pub use logs::{Frame, FrameDecoder, FrameError, LOG_FRAMES_CONTENT_TYPE, skipped_notice};
 pub use path::encode_path_segment;
 pub use plugins::{
-    PluginChange, PluginChangeKind, PluginKind, PluginProtocol, PluginSource, PluginState,
-    PluginStatus, ReloadReport,
+    DRIVER_ALIASES, PluginChange, PluginChangeKind, PluginKind, PluginProtocol, PluginSource,
+    PluginState, PluginStatus, ReloadReport, canonical_driver_name,
 };
 pub use tasks::{
     DestroyQuery, Destroyed, LogConfig, LogStream, LogsQuery, MAX_LOG_MB_PER_STREAM, Resources,

@@ -4,6 +4,27 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+/// Older names of drivers, each with the name the driver has now. Drover's raw exec
+/// driver was `rawexec` before it took Nomad's name `raw_exec`; task files, job files
+/// and scripts that say `rawexec` keep working, and run on the driver named `raw_exec`
+/// (built-in, or an operator's plugin of that name, which wins over the built-in).
+pub const DRIVER_ALIASES: &[(&str, &str)] = &[("rawexec", "raw_exec")];
+
+/// The driver name `name` stands for: the current name of an older one (see
+/// [`DRIVER_ALIASES`]), else `name` itself.
+///
+/// ```
+/// assert_eq!(drover_api::canonical_driver_name("rawexec"), "raw_exec");
+/// assert_eq!(drover_api::canonical_driver_name("raw_exec"), "raw_exec");
+/// assert_eq!(drover_api::canonical_driver_name("docker"), "docker");
+/// ```
+pub fn canonical_driver_name(name: &str) -> &str {
+    DRIVER_ALIASES
+        .iter()
+        .find(|(old, _)| *old == name)
+        .map_or(name, |(_, new)| new)
+}
+
 /// What a plugin is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -13,7 +13,8 @@ use commands::{client_main, cluster_main, server};
 
 /// Built-in drivers: name and how to serve it. Only this file names drivers.
 const BUILTINS: &[(&str, fn() -> !)] = &[
-    ("rawexec", || {
+    // Nomad's name; `rawexec`, its name before, is an alias (drover_api::DRIVER_ALIASES).
+    ("raw_exec", || {
         drover_plugin_sdk::serve(drover_driver_rawexec::RawExecDriver::new())
     }),
     ("docker", || {

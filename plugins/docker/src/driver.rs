@@ -24,7 +24,7 @@ use crate::config::{
     LABEL_ALLOC_DIR, LABEL_TASK_ID, Plan, PluginConfig, Policy, TaskConfig, normalize_image,
 };
 use crate::dangling::Reconciler;
-use crate::engine::{Endpoint, Engine, docker_err, status_of};
+use crate::engine::{DaemonAddress, Endpoint, Engine, docker_err, status_of};
 use crate::handle::{HandleState, Task, docker_time, short, watch_exit};
 use crate::store::Store;
 use crate::{follower, image, logs};
@@ -49,10 +49,11 @@ struct Settings {
 
 impl Settings {
     fn new(config: PluginConfig, alloc_dir: String) -> Result<Self, DriverError> {
-        let endpoint = Endpoint::resolve(config.endpoint.as_deref())?;
+        let address =
+            DaemonAddress::resolve(config.endpoint.as_deref(), |n| std::env::var(n).ok())?;
         Ok(Settings {
             policy: Policy { config, alloc_dir },
-            engine: Ok(Arc::new(Engine::new(endpoint))),
+            engine: Ok(Arc::new(Engine::new(address))),
         })
     }
 
@@ -380,7 +381,10 @@ impl DriverPlugin for DockerDriver {
                 if !self.answered.load(Ordering::Relaxed) && engine.endpoint().absent() {
                     return Fingerprint::not_ready(
                         Health::Undetected,
-                        format!("no docker daemon: {endpoint} does not exist"),
+                        format!(
+                            "no docker daemon: {endpoint} does not exist ({})",
+                            engine.address().origin()
+                        ),
                     );
                 }
                 return Fingerprint::not_ready(Health::Unhealthy, why);
@@ -422,7 +426,9 @@ impl DriverPlugin for DockerDriver {
         let engine = settings.engine()?;
         let reservation = self.store.reserve(&spec.id)?;
         let docker = engine.client().await?;
-        let pull_timeout = settings.policy.config.pull_timeout;
+        let pull_timeout = plan
+            .pull_timeout
+            .unwrap_or(settings.policy.config.pull_timeout);
         if let Some((tarball, file)) = &plan.load {
             self.event(
                 &spec.id,

@@ -56,14 +56,7 @@ impl Endpoint {
 
     /// The configured endpoint, else `DOCKER_HOST`, else [`DEFAULT_ENDPOINT`].
     pub fn resolve(configured: Option<&str>) -> Result<Endpoint, DriverError> {
-        match configured {
-            Some(e) => Endpoint::parse(e),
-            None => match std::env::var("DOCKER_HOST") {
-                Ok(h) if !h.trim().is_empty() => Endpoint::parse(&h)
-                    .map_err(|e| DriverError::InvalidConfig(format!("DOCKER_HOST: {e}"))),
-                _ => Endpoint::parse(DEFAULT_ENDPOINT),
-            },
-        }
+        DaemonAddress::resolve(configured, |name| std::env::var(name).ok()).map(|a| a.endpoint)
     }
 
     /// Whether the daemon is simply not there: a unix socket that does not exist.
@@ -84,22 +77,137 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
+/// Where the daemon's address came from, for reasons that tell a user what was tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressSource {
+    /// The plugin config's `endpoint`.
+    Config,
+    /// `DOCKER_HOST` in the plugin's environment.
+    DockerHost,
+    /// Neither: [`DEFAULT_ENDPOINT`].
+    Default,
+}
+
+/// The daemon to talk to and how: its address, where that came from, and the API
+/// version `DOCKER_API_VERSION` fixes (`None`: negotiated with the daemon). The driver
+/// follows the docker client's own variables (`DOCKER_HOST`, `DOCKER_TLS_VERIFY`,
+/// `DOCKER_CERT_PATH`, `DOCKER_API_VERSION`) as the `docker` CLI and Nomad's docker
+/// driver do; the agent passes them to the docker plugin by default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonAddress {
+    /// The address.
+    pub endpoint: Endpoint,
+    /// Where it came from.
+    pub source: AddressSource,
+    /// `DOCKER_API_VERSION`, `(major, minor)`.
+    pub api_version: Option<(usize, usize)>,
+}
+
+impl DaemonAddress {
+    /// The configured endpoint, else `DOCKER_HOST`, else [`DEFAULT_ENDPOINT`], with
+    /// the docker client's other variables read through `env`. A `tcp://` daemon that
+    /// `DOCKER_TLS_VERIFY` or `DOCKER_CERT_PATH` says speaks TLS is refused with the
+    /// reason: this driver talks plain HTTP only, and sending the daemon's API in
+    /// clear to an address that was meant to be protected would be worse.
+    ///
+    /// ```
+    /// use drover_driver_docker::{AddressSource, DaemonAddress, Endpoint};
+    /// let env = |vars: &'static [(&'static str, &'static str)]| {
+    ///     move |n: &str| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())
+    /// };
+    /// let a = DaemonAddress::resolve(None, env(&[("DOCKER_HOST", "unix:///run/d.sock")])).unwrap();
+    /// assert_eq!((a.endpoint, a.source), (Endpoint::Unix("/run/d.sock".into()), AddressSource::DockerHost));
+    /// let a = DaemonAddress::resolve(Some("/x.sock"), env(&[("DOCKER_HOST", "/y.sock")])).unwrap();
+    /// assert_eq!(a.source, AddressSource::Config);
+    /// let a = DaemonAddress::resolve(None, env(&[("DOCKER_API_VERSION", "1.41")])).unwrap();
+    /// assert_eq!((a.source, a.api_version), (AddressSource::Default, Some((1, 41))));
+    /// assert!(DaemonAddress::resolve(None, env(&[("DOCKER_API_VERSION", "new")])).is_err());
+    /// let tls = DaemonAddress::resolve(None, env(&[("DOCKER_HOST", "tcp://h:2376"), ("DOCKER_TLS_VERIFY", "1")]));
+    /// assert!(tls.unwrap_err().to_string().contains("DOCKER_TLS_VERIFY"));
+    /// ```
+    pub fn resolve(
+        configured: Option<&str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<DaemonAddress, DriverError> {
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let (endpoint, source) = match (configured, set("DOCKER_HOST")) {
+            (Some(e), _) => (Endpoint::parse(e)?, AddressSource::Config),
+            (None, Some(h)) => (
+                Endpoint::parse(&h)
+                    .map_err(|e| DriverError::InvalidConfig(format!("DOCKER_HOST: {e}")))?,
+                AddressSource::DockerHost,
+            ),
+            (None, None) => (Endpoint::parse(DEFAULT_ENDPOINT)?, AddressSource::Default),
+        };
+        if let Endpoint::Tcp(addr) = &endpoint {
+            let tls: Vec<&str> = ["DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"]
+                .into_iter()
+                .filter(|n| set(n).is_some())
+                .collect();
+            if !tls.is_empty() {
+                return Err(DriverError::InvalidConfig(format!(
+                    "the docker daemon at {addr} is to be reached over TLS ({} set), which \
+                     Drover's docker driver does not support yet: give it a unix socket \
+                     (DOCKER_HOST=unix:///path or [plugin.docker] config endpoint), or a \
+                     local tunnel to the daemon",
+                    tls.join(" and ")
+                )));
+            }
+        }
+        let api_version = match set("DOCKER_API_VERSION") {
+            None => None,
+            Some(v) => Some(parse_api_version(&v).ok_or_else(|| {
+                DriverError::InvalidConfig(format!(
+                    "DOCKER_API_VERSION={v:?} is not an API version like \"1.41\""
+                ))
+            })?),
+        };
+        Ok(DaemonAddress {
+            endpoint,
+            source,
+            api_version,
+        })
+    }
+
+    /// What a user needs to know about where the address came from, e.g. "the
+    /// default address; DOCKER_HOST is not set in the docker driver's environment".
+    pub fn origin(&self) -> &'static str {
+        match self.source {
+            AddressSource::Config => "from [plugin.docker] config endpoint",
+            AddressSource::DockerHost => "from DOCKER_HOST",
+            AddressSource::Default => {
+                "the default address; DOCKER_HOST is not set in the docker driver's environment"
+            }
+        }
+    }
+}
+
+/// `"1.41"` → `(1, 41)`.
+fn parse_api_version(text: &str) -> Option<(usize, usize)> {
+    let (major, minor) = text.trim().trim_start_matches('v').split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
 /// The shared, lazily made client.
 pub(crate) struct Engine {
-    endpoint: Endpoint,
+    address: DaemonAddress,
     docker: tokio::sync::Mutex<Option<Docker>>,
 }
 
 impl Engine {
-    pub(crate) fn new(endpoint: Endpoint) -> Self {
+    pub(crate) fn new(address: DaemonAddress) -> Self {
         Engine {
-            endpoint,
+            address,
             docker: tokio::sync::Mutex::new(None),
         }
     }
 
     pub(crate) fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
+        &self.address.endpoint
+    }
+
+    pub(crate) fn address(&self) -> &DaemonAddress {
+        &self.address
     }
 
     /// The client, connecting first if need be. Every request opens its own connection
@@ -118,19 +226,28 @@ impl Engine {
     async fn connect(&self) -> Result<Docker, DriverError> {
         let unreachable = |e: &dyn std::fmt::Display| {
             DriverError::Internal(format!(
-                "docker daemon at {} is unreachable: {e}",
-                self.endpoint
+                "docker daemon at {} ({}) is unreachable: {e}",
+                self.address.endpoint,
+                self.address.origin()
             ))
         };
-        let docker = match &self.endpoint {
-            Endpoint::Unix(path) => {
-                Docker::connect_with_unix(path, REQUEST_TIMEOUT_SECS, bollard::API_DEFAULT_VERSION)
-            }
-            Endpoint::Tcp(addr) => {
-                Docker::connect_with_http(addr, REQUEST_TIMEOUT_SECS, bollard::API_DEFAULT_VERSION)
-            }
+        let fixed = self
+            .address
+            .api_version
+            .map(|(major_version, minor_version)| bollard::ClientVersion {
+                major_version,
+                minor_version,
+            });
+        let version = fixed.as_ref().unwrap_or(bollard::API_DEFAULT_VERSION);
+        let docker = match &self.address.endpoint {
+            Endpoint::Unix(path) => Docker::connect_with_unix(path, REQUEST_TIMEOUT_SECS, version),
+            Endpoint::Tcp(addr) => Docker::connect_with_http(addr, REQUEST_TIMEOUT_SECS, version),
         }
         .map_err(|e| unreachable(&e))?;
+        if fixed.is_some() {
+            // DOCKER_API_VERSION: speak that level, as the docker CLI does.
+            return Ok(docker);
+        }
         // Speak the daemon's API level (Debian's 20.10 daemon is 1.41; bollard's
         // default is newer).
         match tokio::time::timeout(CONNECT_TIMEOUT, docker.negotiate_version()).await {

@@ -472,7 +472,11 @@ mod tests {
                 image: "i".into(),
             },
             SystemTime::now(),
-            Arc::new(Engine::new(Endpoint::Unix("/nonexistent".into()))),
+            Arc::new(Engine::new(crate::engine::DaemonAddress {
+                endpoint: Endpoint::Unix("/nonexistent".into()),
+                source: crate::engine::AddressSource::Config,
+                api_version: None,
+            })),
         );
         let first = t.sample(&stats(1_000, 10_000, 100 << 20, 30 << 20));
         assert_eq!(first.cpu_percent, 0.0);

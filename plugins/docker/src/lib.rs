@@ -51,5 +51,5 @@ pub use config::{
     MountConfig, MountKind, PluginConfig, PortSpec, TaskConfig, VolumesConfig, normalize_image,
 };
 pub use driver::{DockerDriver, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION};
-pub use engine::{DEFAULT_ENDPOINT, Endpoint};
+pub use engine::{AddressSource, DEFAULT_ENDPOINT, DaemonAddress, Endpoint};
 pub use logs::CURSOR_FILE;

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use drover_isolation::{IsolationConfig, NetworkMode, RlimitConfig};
+use drover_isolation::{IsolationConfig, NamespaceMode, NetworkMode, RlimitConfig};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -54,6 +54,12 @@ pub struct TaskConfig {
     /// Working directory inside the task's root (default `/`, the task directory).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Nomad's `pid_mode`: `private` (default, what every task gets); `host` is refused.
+    #[serde(default)]
+    pub pid_mode: NamespaceMode,
+    /// Nomad's `ipc_mode`: `private` (default, what every task gets); `host` is refused.
+    #[serde(default)]
+    pub ipc_mode: NamespaceMode,
 }
 
 impl TaskConfig {
@@ -69,6 +75,8 @@ impl TaskConfig {
             rlimits: self.rlimits.clone(),
             hostname: self.hostname.clone(),
             cwd: self.cwd.clone(),
+            pid_mode: self.pid_mode,
+            ipc_mode: self.ipc_mode,
         }
     }
 }
@@ -106,6 +114,27 @@ mod tests {
         ok.validate().unwrap();
         assert_eq!(ok.rlimits().unwrap()[0].hard, Some(64));
         assert_eq!(ok.network_mode, NetworkMode::None);
+    }
+
+    /// Every key of Nomad's exec task config (`command`, `args`, `pid_mode`,
+    /// `ipc_mode`) decodes; `host` namespaces are refused with the reason.
+    #[test]
+    fn nomads_exec_keys_decode_and_host_namespaces_are_refused() {
+        let c: TaskConfig = serde_json::from_str(
+            r#"{"command":"/bin/sh","args":["-c","id"],"pid_mode":"private","ipc_mode":"private"}"#,
+        )
+        .unwrap();
+        assert_eq!((c.command.as_str(), c.args.len()), ("/bin/sh", 2));
+        c.isolation().validate().unwrap();
+        for (key, word) in [("pid_mode", "pid namespace"), ("ipc_mode", "ipc namespace")] {
+            let json = format!(r#"{{"command":"x","{key}":"host"}}"#);
+            let err = iso(&json).validate().unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(word), "{err}");
+        }
+        let err = serde_json::from_str::<TaskConfig>(r#"{"command":"x","pid_mode":"shared"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("shared"), "{err}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use drover_isolation::{IsolationConfig, NetworkMode, RlimitConfig};
+use drover_isolation::{IsolationConfig, NamespaceMode, NetworkMode, RlimitConfig};
 use drover_plugin_sdk::DriverError;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -66,6 +66,12 @@ pub struct TaskConfig {
     /// Working directory inside the task's root (default `/`, the task directory).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Nomad's `pid_mode`: `private` (default, what every task gets); `host` is refused.
+    #[serde(default)]
+    pub pid_mode: NamespaceMode,
+    /// Nomad's `ipc_mode`: `private` (default, what every task gets); `host` is refused.
+    #[serde(default)]
+    pub ipc_mode: NamespaceMode,
 }
 
 impl TaskConfig {
@@ -96,6 +102,8 @@ impl TaskConfig {
             rlimits: self.rlimits.clone(),
             hostname: self.hostname.clone(),
             cwd: self.cwd.clone(),
+            pid_mode: self.pid_mode,
+            ipc_mode: self.ipc_mode,
         }
     }
 }
@@ -121,6 +129,29 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("class_path"), "{err}");
         assert!(serde_json::from_str::<TaskConfig>(r#"{"jar":"a.jar"}"#).is_err());
+    }
+
+    /// Every key of Nomad's java task config decodes with Nomad's meaning; `host`
+    /// namespaces are refused with the reason.
+    #[test]
+    fn nomads_java_keys_decode() {
+        let c = parse(
+            r#"{"class":"app.Main","class_path":"local/lib:local/app.jar","jvm_options":["-Xmx64m"],
+                "args":["serve"],"pid_mode":"private","ipc_mode":"private"}"#,
+        );
+        c.validate().unwrap();
+        c.isolation().validate().unwrap();
+        assert_eq!(c.class.as_deref(), Some("app.Main"));
+        assert_eq!(c.jvm_options, ["-Xmx64m"]);
+        assert_eq!(c.args, ["serve"]);
+        let jar = parse(r#"{"jar_path":"local/app.jar"}"#);
+        jar.validate().unwrap();
+        let err = parse(r#"{"jar_path":"a.jar","pid_mode":"host"}"#)
+            .isolation()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pid_mode = \"host\" is refused"), "{err}");
     }
 
     #[test]

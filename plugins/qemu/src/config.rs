@@ -159,7 +159,20 @@ pub struct TaskConfig {
     /// Default false: stop kills qemu.
     #[serde(default)]
     pub graceful_shutdown: bool,
+    /// Nomad's `port_map` (guest ports by the group network's port labels): refused,
+    /// ports need a group `network` block, which Drover does not support yet (issue
+    /// 25). `port_forwards` forwards guest ports meanwhile.
+    #[serde(default)]
+    pub port_map: Option<serde_json::Value>,
+    /// Nomad's `guest_agent` (a virtio channel to the QEMU guest agent): not supported
+    /// yet; `false` is accepted.
+    #[serde(default)]
+    pub guest_agent: bool,
 }
+
+/// Why Nomad's port keys (`port_map`) are refused.
+pub const PORTS_NEED_A_NETWORK: &str =
+    "ports need a group network block, which Drover does not support yet (issue 25)";
 
 /// How a disk image is attached: see [`TaskConfig::check`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,6 +272,18 @@ impl TaskConfig {
         plugin: &PluginConfig,
         kvm: &Result<(), String>,
     ) -> Result<Checked, DriverError> {
+        if self.port_map.is_some() {
+            return invalid(format!(
+                "port_map: {PORTS_NEED_A_NETWORK}; port_forwards forwards guest ports meanwhile"
+            ));
+        }
+        if self.guest_agent {
+            return invalid(
+                "guest_agent = true: Drover's qemu driver does not support the QEMU guest \
+                 agent yet (graceful_shutdown stops the guest with its ACPI power button)"
+                    .into(),
+            );
+        }
         if self.image_path.is_none() && self.kernel.is_none() {
             return invalid(
                 "give image_path (a disk image) or kernel (direct boot), or both".into(),
@@ -851,6 +876,44 @@ mod tests {
                 .unwrap()
                 .restrict_network
         );
+    }
+
+    /// Nomad's qemu keys: `image_path`, `accelerator`, `args`, `graceful_shutdown`
+    /// decode with Nomad's meaning; `port_map` (as Nomad's job files write it, a list
+    /// of maps) is refused because ports need issue 25's networks, and
+    /// `guest_agent = true` because it is not supported yet.
+    #[test]
+    fn nomads_qemu_keys_decode_and_port_map_names_issue_25() {
+        let c = task(
+            r#"{"image_path":"local/vmlinuz","accelerator":"tcg","graceful_shutdown":true,
+                "args":[],"guest_agent":false}"#,
+        );
+        assert_eq!(c.image_path.as_deref(), Some("local/vmlinuz"));
+        assert_eq!(c.accelerator, Accelerator::Tcg);
+        assert!(c.graceful_shutdown);
+        check(
+            r#"{"image_path":"local/vmlinuz","accelerator":"tcg","graceful_shutdown":true}"#,
+            &PluginConfig::default(),
+        )
+        .unwrap();
+        let err = check(
+            r#"{"image_path":"local/vmlinuz","port_map":[{"ssh":22}]}"#,
+            &PluginConfig::default(),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("port_map: ports need a group network block") && err.contains("issue 25"),
+            "{err}"
+        );
+        let err = check(
+            r#"{"image_path":"local/vmlinuz","guest_agent":true}"#,
+            &PluginConfig::default(),
+        )
+        .unwrap_err();
+        assert!(err.contains("guest_agent"), "{err}");
+        let err = serde_json::from_str::<TaskConfig>(r#"{"image_path":"x","acelerator":"kvm"}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("acelerator"), "{err}");
     }
 
     #[test]

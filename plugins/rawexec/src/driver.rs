@@ -1,4 +1,4 @@
-//! The rawexec driver: the [`DriverPlugin`] impl.
+//! The raw_exec driver: the [`DriverPlugin`] impl.
 
 use std::time::Duration;
 
@@ -13,8 +13,13 @@ use serde::Deserialize;
 
 use crate::config::{Launch, PluginConfig, TaskConfig};
 
-/// The driver's name.
-pub const PLUGIN_NAME: &str = "rawexec";
+/// The driver's name, Nomad's (`rawexec`, its name before, is an alias the agent
+/// resolves: `drover_api::DRIVER_ALIASES`).
+pub const PLUGIN_NAME: &str = "raw_exec";
+/// The directory under the agent's plugin state directory that holds the executors'
+/// sockets and specs: still the driver's old name, so that an agent upgraded across
+/// the rename finds the executors of the tasks it already runs.
+const STATE_DIR_NAME: &str = "rawexec";
 /// The plugin's version.
 pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Version of the task handle's driver state. Version 2 names the task's executor;
@@ -46,7 +51,7 @@ impl RawExecDriver {
     /// A driver with no tasks.
     pub fn new() -> Self {
         RawExecDriver {
-            engine: PlainEngine::new(PLUGIN_NAME, HANDLE_VERSION),
+            engine: PlainEngine::new(STATE_DIR_NAME, HANDLE_VERSION),
         }
     }
 }
@@ -77,9 +82,9 @@ impl DriverPlugin for RawExecDriver {
 
     async fn fingerprint(&self) -> Fingerprint {
         Fingerprint::healthy("ready")
-            .attribute("driver.rawexec.version", PLUGIN_VERSION)
+            .attribute("driver.raw_exec.version", PLUGIN_VERSION)
             .attribute(
-                "driver.rawexec.cgroup",
+                "driver.raw_exec.cgroup",
                 self.engine
                     .task_cgroups()
                     .map_or("none", cgroup::Version::name),

@@ -583,6 +583,17 @@ pub struct Node {
     pub modify_index: Index,
 }
 
+impl Node {
+    /// The fingerprint of the driver a task's `driver` names: the driver of that name,
+    /// else of the name it is an older spelling of (a job that says `rawexec` runs on
+    /// a node whose driver is `raw_exec`, see [`drover_api::DRIVER_ALIASES`]).
+    pub fn driver(&self, name: &str) -> Option<&DriverInfo> {
+        self.drivers
+            .get(name)
+            .or_else(|| self.drivers.get(drover_api::canonical_driver_name(name)))
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Allocations
 // ---------------------------------------------------------------------------------------

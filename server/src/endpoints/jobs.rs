@@ -385,7 +385,7 @@ fn driver_warnings(st: &State, spec: &JobSpec) -> Vec<String> {
     for d in drivers {
         let ok = nodes
             .iter()
-            .any(|n| n.drivers.get(d).is_some_and(|i| i.detected && i.healthy));
+            .any(|n| n.driver(d).is_some_and(|i| i.detected && i.healthy));
         if !ok {
             out.push(format!("no ready node has driver {d} healthy"));
         }

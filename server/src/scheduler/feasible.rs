@@ -137,7 +137,7 @@ pub(crate) fn check<'a>(
         return Err(Filter::NotReady(why));
     }
     for d in &needs.drivers {
-        match node.drivers.get(*d) {
+        match node.driver(d) {
             Some(info) if info.detected && info.healthy => {}
             Some(info) if info.detected => return Err(Filter::DriverUnhealthy(d)),
             _ => return Err(Filter::DriverMissing(d)),
@@ -161,8 +161,7 @@ fn resolve<'n>(node: &'n Node, text: &'n str) -> Option<&'n str> {
         Target::Attribute(k) => node.attributes.get(k).map(String::as_str),
         Target::Meta(k) => node.meta.get(k).map(String::as_str),
         Target::Driver(d, k) => node
-            .drivers
-            .get(d)
+            .driver(d)
             .and_then(|i| i.attributes.get(k))
             .map(String::as_str),
         Target::Literal(t) => Some(t),

@@ -599,6 +599,37 @@ fn a_batch_allocation_that_completed_is_never_replaced() {
     assert_eq!(placed(&run(&s, "svc")).len(), 1);
 }
 
+/// `rawexec` is the raw exec driver's older name: a job that says it is placed on a
+/// node whose driver is `raw_exec` (Nomad's name, what agents fingerprint now), as a
+/// job that says `raw_exec` is; `${driver.rawexec.*}` reads raw_exec's attributes.
+#[test]
+fn a_job_saying_rawexec_is_placed_on_nodes_with_raw_exec() {
+    let mut s = TestState::default();
+    let mut n = node("a", 4000, 4096);
+    let info = n.drivers.remove("rawexec").unwrap();
+    n.drivers.insert("raw_exec".to_owned(), info);
+    s.add_node(n.clone());
+    for driver in ["rawexec", "raw_exec"] {
+        let mut g = group("g", 1, 100, 64);
+        g.tasks[0].driver = driver.into();
+        s.register(spec(driver, JobType::Service, vec![g]));
+        let out = run(&s, driver);
+        assert_eq!(
+            placed(&out).len(),
+            1,
+            "{driver}: {:?}",
+            out.failed_tg_allocs
+        );
+    }
+    let mut compiled = Compiled::default();
+    let c = constraint(
+        "${driver.rawexec.version}",
+        ConstraintOperator::Equal,
+        "1.2.3",
+    );
+    assert!(feasible::holds(&n, &c, &mut compiled));
+}
+
 #[test]
 fn a_system_job_runs_once_on_every_feasible_ready_node() {
     let mut s = three_nodes();

@@ -9,7 +9,7 @@
 //!     and go-plugin's own services, none of Drover's;
 //!   - `crash-after-handshake`: a normal plugin that exits with code 7 after 2 s
 //!     (long enough for a loaded machine to finish the handshake first);
-//!   - `rawexec`: the real rawexec driver, named `FIXTURE_NAME` (default `rawexec`) at
+//!   - `rawexec`: the real rawexec driver, named `FIXTURE_NAME` (default `raw_exec`) at
 //!     `FIXTURE_VERSION` (a "newer rawexec" for the hot-upgrade tests);
 //!   - `rawexec-bad-config`: the same, refusing every `SetConfig`;
 //!   - `hang-fingerprint`: a normal plugin whose first fingerprint never comes.
@@ -171,7 +171,7 @@ fn main() {
     match env_or("FIXTURE_MODE", "normal").as_str() {
         mode @ ("rawexec" | "rawexec-bad-config") => {
             drover_plugin_sdk::serve(rawexec::Rawexec::new(
-                env_or("FIXTURE_NAME", "rawexec"),
+                env_or("FIXTURE_NAME", "raw_exec"),
                 env_or("FIXTURE_VERSION", "0.1.0"),
                 mode == "rawexec-bad-config",
                 std::env::var("FIXTURE_RECOVER_ACCEPT")

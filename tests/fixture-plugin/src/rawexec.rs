@@ -1,5 +1,5 @@
 //! `FIXTURE_MODE=rawexec` and `rawexec-bad-config`: the real rawexec driver under the
-//! name and version of `FIXTURE_NAME` (default `rawexec`) and `FIXTURE_VERSION`, so
+//! name and version of `FIXTURE_NAME` (default `raw_exec`) and `FIXTURE_VERSION`, so
 //! that tests can drop "a newer rawexec" into a plugin_dir. Its task handles are
 //! rawexec's own (same encoding version), so it recovers the built-in's tasks.
 //! `rawexec-bad-config` refuses every `SetConfig`: a newer version that cannot serve.

@@ -17,7 +17,8 @@ pub struct Candidate {
     /// Where it came from.
     pub source: PluginSource,
     /// File name (external binary), file name without `lib` and `.so` (library) or
-    /// built-in name, for logs, allow/deny lists and `[plugin.<label>]`.
+    /// built-in name, for logs, allow/deny lists and `[plugin.<label>]`; an older
+    /// driver name is replaced by the current one (`rawexec` → `raw_exec`).
     pub label: String,
 }
 
@@ -39,9 +40,12 @@ impl Candidate {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let label = library_label(&file_name)
-            .map(str::to_owned)
-            .unwrap_or(file_name);
+        let label = library_label(&file_name).unwrap_or(&file_name);
+        // A file named after a driver's older name (`rawexec`, `rawexec.so`) is
+        // labelled with its current one (`raw_exec`): the name its `[plugin.NAME]`
+        // settings, allow/deny entries and pins are under once the config is loaded
+        // (see `AgentConfig::load`), and the one a library must serve.
+        let label = drover_api::canonical_driver_name(label).to_owned();
         Candidate {
             path,
             args: Vec::new(),
@@ -134,10 +138,13 @@ mod tests {
         };
         assert_eq!(builtin.kind(), CandidateKind::Binary);
         let lib = Candidate::external(PathBuf::from("/plugins/librawexec.so"));
+        // `rawexec` is the raw_exec driver's older name: labelled with the current one.
         assert_eq!(
             (lib.label.as_str(), lib.kind()),
-            ("rawexec", CandidateKind::Library)
+            ("raw_exec", CandidateKind::Library)
         );
+        let lib = Candidate::external(PathBuf::from("/plugins/libacme.so"));
+        assert_eq!(lib.label, "acme");
         let bin = Candidate::external(PathBuf::from("/plugins/drover-skeleton-driver"));
         assert_eq!(
             (bin.label.as_str(), bin.kind()),

@@ -61,11 +61,19 @@ impl LoadContext {
     }
 
     /// How the plugin labelled `label` is launched: its environment, its transport.
+    /// The docker driver also gets the docker client's variables
+    /// ([`crate::config::DOCKER_CLIENT_ENV`]) the agent has.
     pub fn launch_settings(&self, label: &str) -> loader::LaunchSettings {
         let settings = self.settings.get(label);
+        let docker_env = crate::config::DOCKER_CLIENT_ENV
+            .iter()
+            .filter(|_| crate::config::DOCKER_PLUGIN_LABELS.contains(&label))
+            .map(|n| (*n).to_owned())
+            .collect::<Vec<String>>();
         loader::LaunchSettings::new(
             self.plugin_pass_env
                 .iter()
+                .chain(&docker_env)
                 .chain(settings.into_iter().flat_map(|s| s.pass_env.iter())),
             settings.into_iter().flat_map(|s| s.env.iter()),
         )
@@ -624,6 +632,15 @@ impl Catalog {
     /// The plugin serving `name`.
     pub fn get(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
         self.loaded.read().ok()?.get(name).cloned()
+    }
+
+    /// The plugin a task's `driver` names: the plugin of that name, else the one of
+    /// the name it is an older spelling of (`rawexec` → `raw_exec`, see
+    /// [`drover_api::DRIVER_ALIASES`]). For user-given names only: the catalog's own
+    /// bookkeeping (reload, upgrades) goes by exact names through [`Catalog::get`].
+    pub fn driver_named(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
+        self.get(name)
+            .or_else(|| self.get(drover_api::canonical_driver_name(name)))
     }
 
     /// Names of loaded plugins.

@@ -538,7 +538,7 @@ mod tests {
         std::os::unix::fs::symlink(p("librawexec.so"), p("link.so")).unwrap();
         let (cands, skipped) = scan_plugin_dir(dir.path());
         assert_eq!(cands.len(), 1, "{cands:#?} {skipped:#?}");
-        assert_eq!(cands[0].label, "rawexec");
+        assert_eq!(cands[0].label, "raw_exec");
         assert_eq!(cands[0].kind(), CandidateKind::Library);
         assert!(reason_of(&skipped, "worldw").contains("world-writable"));
         assert!(reason_of(&skipped, "groupw").contains("group-writable"));

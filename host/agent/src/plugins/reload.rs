@@ -581,13 +581,27 @@ fn takeover_consent(
     if consents(&fp.candidate, name, &fp.sha256, &policy.pins) {
         return Ok(());
     }
+    // The names the file may have: the plugin's, and an older name of it (`rawexec`
+    // for `raw_exec`: the raw exec driver's binary is `drover-driver-rawexec`).
+    let spellings: Vec<&str> = std::iter::once(name)
+        .chain(
+            drover_api::DRIVER_ALIASES
+                .iter()
+                .filter(|(_, new)| *new == name)
+                .map(|(old, _)| *old),
+        )
+        .collect();
+    let files: Vec<String> = spellings
+        .iter()
+        .flat_map(|n| [(*n).to_owned(), format!("drover-driver-{n}")])
+        .collect();
     Err(format!(
         "{} calls itself {name:?}, which {} serves: a file takes over a served name only \
-         when it is named {name}, drover-driver-{name} or {name}.so (a library), or \
-         when [plugin.{name}] sha256 pins its bytes; rename the file, or pin it, to allow the \
-         takeover",
+         when it is named {}, or {name}.so (a library), or when [plugin.{name}] sha256 pins \
+         its bytes; rename the file, or pin it, to allow the takeover",
         fp.candidate.path.display(),
-        serving.path.display()
+        serving.path.display(),
+        files.join(", ")
     ))
 }
 
@@ -600,9 +614,13 @@ fn consents(
     pins: &std::collections::BTreeMap<String, String>,
 ) -> bool {
     let label = c.label.as_str();
+    // Names compared as the driver names they stand for: `drover-driver-rawexec` (the
+    // raw exec driver's binary) serves `raw_exec`, the driver's name since `rawexec`.
+    let names =
+        |n: &str| drover_api::canonical_driver_name(n) == drover_api::canonical_driver_name(name);
     c.source == PluginSource::Builtin
-        || label == name
-        || label.strip_prefix("drover-driver-") == Some(name)
+        || names(label)
+        || label.strip_prefix("drover-driver-").is_some_and(names)
         || pins.get(name).is_some_and(|pin| pin == sha256)
 }
 
@@ -621,6 +639,15 @@ mod tests {
         let file = |name: &str| Candidate::external(std::path::Path::new("/plugins").join(name));
         let none = std::collections::BTreeMap::new();
         assert!(consents(&file("rawexec"), "rawexec", "aa", &none));
+        // The raw exec driver's binary and Nomad's name for it.
+        assert!(consents(
+            &file("drover-driver-rawexec"),
+            "raw_exec",
+            "aa",
+            &none
+        ));
+        assert!(consents(&file("raw_exec"), "raw_exec", "aa", &none));
+        assert!(consents(&file("rawexec"), "raw_exec", "aa", &none));
         assert!(consents(
             &file("drover-driver-rawexec"),
             "rawexec",

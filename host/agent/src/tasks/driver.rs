@@ -80,15 +80,26 @@ pub type TaskEventStream =
 
 /// Where the task manager finds drivers by name.
 pub trait Drivers: Send + Sync {
-    /// The driver serving `name`, if one is loaded.
+    /// The driver serving `name`, if one is loaded (an older name of a driver, e.g.
+    /// `rawexec`, finds the driver under its current name).
     fn driver(&self, name: &str) -> Option<Arc<dyn TaskDriver>>;
+    /// The name of the driver [`Drivers::driver`] finds for `name`: what a new task
+    /// records as its driver, so that it shows, and is handed over, under the name the
+    /// driver has. `name` itself when no driver serves it.
+    fn resolve_name(&self, name: &str) -> String {
+        name.to_owned()
+    }
     /// Names of the loaded drivers, for error messages.
     fn names(&self) -> Vec<String>;
 }
 
 impl Drivers for Catalog {
     fn driver(&self, name: &str) -> Option<Arc<dyn TaskDriver>> {
-        self.get(name).map(|p| p as Arc<dyn TaskDriver>)
+        self.driver_named(name).map(|p| p as Arc<dyn TaskDriver>)
+    }
+    fn resolve_name(&self, name: &str) -> String {
+        self.driver_named(name)
+            .map_or_else(|| name.to_owned(), |p| p.name.clone())
     }
     fn names(&self) -> Vec<String> {
         Catalog::names(self)

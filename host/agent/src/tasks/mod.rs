@@ -316,7 +316,7 @@ impl TaskManager {
         };
         let live = tasks
             .values()
-            .filter(|t| t.driver == driver && !t.is_dead());
+            .filter(|t| driven_by(&t.driver, driver) && !t.is_dead());
         for t in live {
             progress.tasks += 1;
             if t.attached.load(Ordering::SeqCst)
@@ -347,7 +347,7 @@ impl TaskManager {
         };
         tasks
             .values()
-            .filter(|t| t.driver == driver && !t.is_dead())
+            .filter(|t| driven_by(&t.driver, driver) && !t.is_dead())
             .filter_map(|t| t.rec().handle.clone().map(|h| (t.id.clone(), h)))
             .collect()
     }
@@ -470,6 +470,7 @@ impl TaskManager {
     }
 
     fn driver(&self, name: &str) -> Result<Arc<dyn TaskDriver>, DriverError> {
+        // `driver` below resolves an older name (`rawexec`) to the current one.
         self.drivers.driver(name).ok_or_else(|| {
             DriverError::NotFound(format!(
                 "no driver named {name:?}; loaded drivers: {}",
@@ -515,6 +516,9 @@ impl TaskManager {
         opts: RunOptions,
     ) -> Result<TaskView, DriverError> {
         let driver = self.driver(&req.driver)?;
+        // Recorded under the name of the driver that serves it (`rawexec` asks for
+        // `raw_exec`): that is the name shown, matched in hand-overs and recovered by.
+        let driver_name = self.drivers.resolve_name(&req.driver);
         if let Some(why) = driver.retiring() {
             return Err(DriverError::FailedPrecondition(format!(
                 "driver {:?} takes no new tasks: {why}",
@@ -547,7 +551,7 @@ impl TaskManager {
                 "a task with id {id:?} exists"
             )));
         }
-        let name = req.name.clone().unwrap_or_else(|| req.driver.clone());
+        let name = req.name.clone().unwrap_or_else(|| driver_name.clone());
         let task_dir = self.task_dir(&id);
         let mut spec = TaskSpec::new(id.clone())
             .with_name(name.clone())
@@ -568,7 +572,7 @@ impl TaskManager {
         let view = TaskView {
             id: id.clone(),
             name,
-            driver: req.driver.clone(),
+            driver: driver_name,
             state: TaskLifecycle::Pending,
             exit_code: None,
             signal: None,
@@ -1007,4 +1011,11 @@ impl crate::plugins::catalog::TaskHandover for TaskManager {
     fn attachments(&self) -> watch::Receiver<u64> {
         TaskManager::attachments(self)
     }
+}
+
+/// Whether a task recorded with driver `recorded` is the task of the plugin named
+/// `plugin`: the same name, or an older name of it (a task recorded as `rawexec`
+/// before the driver took Nomad's name `raw_exec`).
+fn driven_by(recorded: &str, plugin: &str) -> bool {
+    recorded == plugin || drover_api::canonical_driver_name(recorded) == plugin
 }

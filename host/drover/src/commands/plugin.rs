@@ -35,6 +35,7 @@ pub enum PluginCommand {
 }
 
 pub fn serve_builtin(name: &str) -> ExitCode {
+    let name = drover_api::canonical_driver_name(name);
     match BUILTINS.iter().find(|(n, _)| *n == name) {
         Some((_, serve)) => serve(),
         None => {

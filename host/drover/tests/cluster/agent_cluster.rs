@@ -173,7 +173,7 @@ fn an_agent_with_servers_registers_its_node_heartbeats_and_watches() {
     // registration may show docker still waiting for its first).
     let settled = |r: &NodeRegistration| {
         r.drivers
-            .get("rawexec")
+            .get("raw_exec")
             .is_some_and(|d| d.detected && d.healthy)
             && r.drivers
                 .get("docker")

@@ -392,7 +392,7 @@ fn dev_mode_runs_jobs_from_files_through_the_agent_socket() {
             nodes.as_array().is_some_and(|n| {
                 n.len() == 1
                     && n[0]["status"] == "ready"
-                    && n[0]["drivers"]["rawexec"]["healthy"] == true
+                    && n[0]["drivers"]["raw_exec"]["healthy"] == true
             })
         },
     );
@@ -563,7 +563,7 @@ fn a_client_agent_forwards_the_cluster_commands_with_its_token() {
                 n.len() == 1
                     && n[0]["name"] == "n1"
                     && n[0]["status"] == "ready"
-                    && n[0]["drivers"]["rawexec"]["healthy"] == true
+                    && n[0]["drivers"]["raw_exec"]["healthy"] == true
             })
         },
     );

@@ -15,14 +15,14 @@ fn dev_agent(root: &std::path::Path) -> Agent {
     let mut agent = Agent::start(root, &plugins, &["--dev"]);
     agent.end_tasks = true;
     agent.wait_plugins(Duration::from_secs(20), |rows| {
-        ["rawexec", "exec"].iter().all(|n| {
+        ["raw_exec", "exec"].iter().all(|n| {
             rows.iter()
                 .any(|r| r["name"] == *n && r["state"] == "healthy")
         })
     });
     // Healthy plugins are not yet a node the server can place on: the client
     // registers after it has recovered its tasks, and says its drivers' health.
-    wait_dev_node_ready(&agent, &["rawexec", "exec"], Duration::from_secs(30));
+    wait_dev_node_ready(&agent, &["raw_exec", "exec"], Duration::from_secs(30));
     agent
 }
 

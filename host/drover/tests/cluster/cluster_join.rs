@@ -83,7 +83,7 @@ fn agents_join_a_server_and_a_wrong_token_is_refused() {
                 n.name == "good"
                     && n.status == NodeStatus::Ready
                     && n.meta.get("rack").map(String::as_str) == Some("r1")
-                    && n.drivers.get("rawexec").is_some_and(|d| d.healthy)
+                    && n.drivers.get("raw_exec").is_some_and(|d| d.healthy)
             })
         },
     );

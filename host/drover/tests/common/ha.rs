@@ -380,7 +380,7 @@ impl HaCluster {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter(|n| n["status"] == "ready" && n["drivers"]["rawexec"]["healthy"] == true)
+                .filter(|n| n["status"] == "ready" && n["drivers"]["raw_exec"]["healthy"] == true)
                 .count();
             if ready == n {
                 Ok(nodes)

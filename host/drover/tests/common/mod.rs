@@ -382,7 +382,7 @@ pub fn rawexec_agent_with_config(config: &str) -> (tempfile::TempDir, Agent) {
     let (root, agent) = agent_with_config(config);
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+            .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
     });
     (root, agent)
 }

@@ -36,7 +36,7 @@ fn drover_plugins() -> [DroverPlugin; 2] {
         DroverPlugin {
             path: workspace_bin("drover-driver-rawexec"),
             args: &[],
-            name: "rawexec",
+            name: "raw_exec",
         },
     ]
 }

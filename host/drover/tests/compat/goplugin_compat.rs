@@ -103,8 +103,8 @@ fn drover_plugins_load_in_a_go_plugin_host() {
     assert_loaded_by_go(
         &program,
         &drover(),
-        &["plugin", "serve", "rawexec"],
-        "rawexec",
+        &["plugin", "serve", "raw_exec"],
+        "raw_exec",
     );
 }
 
@@ -120,7 +120,7 @@ fn go_plugin_for_another_app_is_refused_and_shut_down() {
     let agent = Agent::start(root.path(), &dir, &[]);
     let rows = agent.wait_plugins(Duration::from_secs(15), |rows| {
         // Every plugin settled, the built-ins included.
-        ["go-other-app", "rawexec", "exec", "java"]
+        ["go-other-app", "raw_exec", "exec", "java"]
             .iter()
             .all(|n| rows.iter().any(|r| r["name"] == *n))
             && rows.iter().all(|r| r["state"] != "unhealthy")

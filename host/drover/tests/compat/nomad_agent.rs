@@ -188,7 +188,7 @@ client {{
         let healthy = |name: &str| {
             n["Drivers"][name]["Detected"] == true && n["Drivers"][name]["Healthy"] == true
         };
-        let ok = healthy("rawexec") && healthy("skeleton") && n["Status"] == "ready";
+        let ok = healthy("raw_exec") && healthy("skeleton") && n["Status"] == "ready";
         *node = n;
         ok
     };
@@ -196,7 +196,7 @@ client {{
     while !ready(&mut node, &mut last_drivers) {
         assert!(
             Instant::now() < deadline,
-            "Nomad's node did not report drivers rawexec and skeleton healthy within 60 s; \
+            "Nomad's node did not report drivers raw_exec and skeleton healthy within 60 s; \
              drivers: {last_drivers:#}\nagent log:\n{}",
             agent.log()
         );
@@ -209,13 +209,13 @@ client {{
     }
     let drivers = &node["Drivers"];
     assert_eq!(
-        drivers["rawexec"]["HealthDescription"], "ready",
+        drivers["raw_exec"]["HealthDescription"], "ready",
         "{drivers:#}"
     );
     assert_eq!(
-        drivers["rawexec"]["Attributes"]["driver.rawexec.version"],
+        drivers["raw_exec"]["Attributes"]["driver.raw_exec.version"],
         env!("CARGO_PKG_VERSION"),
-        "rawexec's fingerprint attributes reach Nomad's node: {drivers:#}"
+        "raw_exec's fingerprint attributes reach Nomad's node: {drivers:#}"
     );
 
     // A batch job on Drover's rawexec.
@@ -227,7 +227,7 @@ client {{
             "RestartPolicy": {"Attempts": 0, "Mode": "fail"},
             "ReschedulePolicy": {"Attempts": 0, "Unlimited": false},
             "Tasks": [{
-                "Name": "hello", "Driver": "rawexec",
+                "Name": "hello", "Driver": "raw_exec",
                 "Config": {"command": "/bin/sh", "args": ["-c", "echo hello-from-drover; exit 3"]},
                 "Resources": {"CPU": 100, "MemoryMB": 64},
                 "LogConfig": {"MaxFiles": 2, "MaxFileSizeMB": 1}

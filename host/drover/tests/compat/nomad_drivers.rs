@@ -73,7 +73,7 @@ fn processes_mentioning(text: &str) -> Vec<u32> {
 /// Every built-in driver has loaded and no plugin is still starting: the moment to
 /// check which processes run.
 fn settled(rows: &[serde_json::Value]) -> bool {
-    ["rawexec", "exec", "java", "qemu", "docker"]
+    ["raw_exec", "exec", "java", "qemu", "docker"]
         .iter()
         .all(|n| rows.iter().any(|r| r["name"] == *n && r["pid"].is_u64()))
         && rows.iter().all(|r| r["state"] != "unhealthy")
@@ -197,6 +197,59 @@ fn the_unmodified_skeleton_loads_as_a_nomad_driver_with_its_config_checked_and_p
         .to_owned();
     assert!(reason.contains("sha256"), "{reason}");
     agent.assert_only_healthy_plugins_run(&rows);
+}
+
+/// Drover's built-in driver is named `raw_exec` too, as Nomad names it: the operator's
+/// Nomad raw_exec in plugin_dir wins the name (an external plugin beats a built-in of
+/// the same name unless `prefer_builtin`), the built-in is not run, and a task that
+/// says `rawexec` (the built-in's older name) runs on the plugin that serves
+/// `raw_exec`, recorded under that name.
+#[test]
+fn nomads_raw_exec_in_plugin_dir_wins_the_name_over_the_built_in() {
+    let Some(p) = peers() else { return };
+    let (_root, agent) = raw_exec_agent(&p);
+    let rows = agent.wait_plugins(Duration::from_secs(30), settled_with_nomads_raw_exec);
+    let serving: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
+        .collect();
+    assert_eq!(serving.len(), 1, "{rows:#?}");
+    assert_eq!(serving[0]["protocol"], "nomad", "{:#}", serving[0]);
+    assert_eq!(serving[0]["source"], "external", "{:#}", serving[0]);
+    let builtin = rows
+        .iter()
+        .find(|r| r["name"] == "raw_exec" && r["source"] == "builtin")
+        .unwrap_or_else(|| panic!("no row of the built-in raw_exec: {rows:#?}"));
+    assert!(
+        builtin["pid"].is_null(),
+        "the built-in runs too: {builtin:#}"
+    );
+    eprintln!("the built-in's row: {builtin:#}");
+    agent.assert_only_healthy_plugins_run(&rows);
+
+    let id = task_run(
+        &agent,
+        "rawexec",
+        serde_json::json!({"command": "/bin/sh", "args": ["-c", "echo via-the-alias"]}),
+    );
+    let out = agent.cli(&["task", "wait", &id]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(cli_ok(&agent, &["task", "logs", &id]), "via-the-alias\n");
+    let view: serde_json::Value =
+        serde_json::from_str(&cli_ok(&agent, &["task", "status", &id, "--json"])).unwrap();
+    assert_eq!(view["driver"], "raw_exec", "{view:#}");
+}
+
+/// Every driver has loaded, Nomad's raw_exec serves `raw_exec`, and no plugin is still
+/// starting.
+fn settled_with_nomads_raw_exec(rows: &[serde_json::Value]) -> bool {
+    ["exec", "java", "qemu", "docker"]
+        .iter()
+        .all(|n| rows.iter().any(|r| r["name"] == *n && r["pid"].is_u64()))
+        && rows
+            .iter()
+            .any(|r| r["name"] == "raw_exec" && r["protocol"] == "nomad" && r["pid"].is_u64())
+        && rows.iter().all(|r| r["state"] != "unhealthy")
 }
 
 #[test]
@@ -625,7 +678,7 @@ fn a_nomad_plugin_that_exits_at_start_is_skipped_with_its_reason() {
             .any(|r| r["name"] == "crashing" && r["state"] == "skipped")
             && rows
                 .iter()
-                .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+                .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
             && settled(rows)
     });
     let reason = row(&rows, "crashing")["reason"]

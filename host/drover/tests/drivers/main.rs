@@ -6,6 +6,7 @@
 mod common;
 
 mod docker_cli;
+mod docker_env;
 mod docker_health;
 mod docker_recovery;
 mod docker_task_dir;

@@ -16,7 +16,7 @@ fn running_tasks_move_from_the_rawexec_process_to_rawexec_in_process() {
     };
     let rig = InProcessRig::new("[plugin.rawexec]\nin_process = true\n");
     let agent = rig.start();
-    healthy(&agent, "rawexec");
+    healthy(&agent, "raw_exec");
     let ids: Vec<String> = (0..5)
         .map(|_| {
             started(
@@ -43,9 +43,9 @@ fn running_tasks_move_from_the_rawexec_process_to_rawexec_in_process() {
     std::fs::rename(&staged, rig.plugins.join("rawexec.so")).unwrap();
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["in_process"] == true && r["state"] == "healthy")
+            .any(|r| r["name"] == "raw_exec" && r["in_process"] == true && r["state"] == "healthy")
     });
-    println!("{:#}", row(&rows, "rawexec"));
+    println!("{:#}", row(&rows, "raw_exec"));
     until_blocking(
         Duration::from_secs(20),
         Duration::from_millis(20),

@@ -110,7 +110,7 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
     let _serial = serial();
     let (root, agent) = rawexec_agent();
     let api = agent.api();
-    let builtin = serving(&plugins(&api), "rawexec").unwrap().clone();
+    let builtin = serving(&plugins(&api), "raw_exec").unwrap().clone();
     assert_eq!(builtin.source, drover_api::PluginSource::Builtin);
     let builtin_pid = builtin.pid.expect("the built-in rawexec runs as a process");
 
@@ -140,7 +140,7 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
         "the newer rawexec serving",
         || {
             let rows = plugins(&api);
-            let ok = serving(&rows, "rawexec").is_some_and(|r| {
+            let ok = serving(&rows, "raw_exec").is_some_and(|r| {
                 r.version == "99.0.0" && r.path == newer && r.state == PluginState::Healthy
             });
             if ok && served_after.is_none() {
@@ -159,7 +159,7 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
         "the newer rawexec served only after {served_after:?} (bound {SERVED_WITHIN:?}); log:\n{}",
         agent.log_text()
     );
-    let upgraded = serving(&plugins(&api), "rawexec").unwrap().clone();
+    let upgraded = serving(&plugins(&api), "raw_exec").unwrap().clone();
     let new_pid = upgraded.pid.expect("the new rawexec runs as a process");
     assert_ne!(new_pid, builtin_pid);
 
@@ -216,13 +216,13 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
                     .is_some_and(|s| s.contains("SetConfig"))
         })
     });
-    let now = serving(&plugins(&api), "rawexec").unwrap().clone();
+    let now = serving(&plugins(&api), "raw_exec").unwrap().clone();
     assert_eq!((now.version.as_str(), now.pid), ("99.0.0", Some(new_pid)));
     assert!(
         now.reason.contains("upgrade to version 100.0.0") && now.reason.contains("failed"),
         "the serving row does not say the upgrade failed: {now:?}"
     );
-    println!("broken upgrade: {:#}", row(&rows, "rawexec"));
+    println!("broken upgrade: {:#}", row(&rows, "raw_exec"));
     assert_same_processes(&api, &pids);
 
     // The broken one goes; then the serving file goes: the built-in provides rawexec
@@ -232,7 +232,7 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
         !rows
             .iter()
             .any(|r| r["path"] == broken.display().to_string())
-            && !row(rows, "rawexec")["reason"]
+            && !row(rows, "raw_exec")["reason"]
                 .as_str()
                 .is_some_and(|r| r.contains("failed"))
     });
@@ -242,7 +242,7 @@ fn a_newer_rawexec_takes_50_running_tasks_over_and_a_removed_one_leaves_them_run
         POLL,
         "the built-in serving again",
         || {
-            serving(&plugins(&api), "rawexec")
+            serving(&plugins(&api), "raw_exec")
                 .is_some_and(|r| r.source == drover_api::PluginSource::Builtin && r.pid.is_some())
         },
     );
@@ -439,7 +439,7 @@ fn an_upgraded_plugin_is_reattached_by_the_next_agent_with_its_tasks() {
     let mut agent = Agent::start(root.path(), &dir, &[]);
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+            .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
     });
     let api = agent.api();
     let view = api
@@ -456,7 +456,7 @@ fn an_upgraded_plugin_is_reattached_by_the_next_agent_with_its_tasks() {
         Duration::from_secs(20),
         POLL,
         "the newer rawexec serving",
-        || serving(&plugins(&api), "rawexec").is_some_and(|r| r.version == "99.0.0"),
+        || serving(&plugins(&api), "raw_exec").is_some_and(|r| r.version == "99.0.0"),
     );
     until_blocking(
         Duration::from_secs(20),
@@ -464,7 +464,7 @@ fn an_upgraded_plugin_is_reattached_by_the_next_agent_with_its_tasks() {
         "the task handed over",
         || count(&task(&api, &id), TaskEventKind::Recovered) == 1,
     );
-    let upgraded_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let upgraded_pid = serving(&plugins(&api), "raw_exec").unwrap().pid.unwrap();
     // The agent goes; the plugin it upgraded to and the task stay.
     assert!(agent.stop().success());
     drop(api);
@@ -476,7 +476,7 @@ fn an_upgraded_plugin_is_reattached_by_the_next_agent_with_its_tasks() {
         POLL,
         "rawexec 99.0.0 reattached",
         || {
-            serving(&plugins(&api), "rawexec").is_some_and(|r| {
+            serving(&plugins(&api), "raw_exec").is_some_and(|r| {
                 r.version == "99.0.0" && r.reattached && r.pid == Some(upgraded_pid)
             })
         },
@@ -508,7 +508,7 @@ fn a_plugin_dir_created_after_the_start_is_loaded_when_it_appears() {
         Duration::from_secs(10),
         POLL,
         "the built-ins loaded",
-        || serving(&plugins(&api), "rawexec").is_some(),
+        || serving(&plugins(&api), "raw_exec").is_some(),
     );
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
@@ -583,7 +583,7 @@ fn assert_builtin_kept_its_tasks(
     builtin_pid: u32,
     pids: &BTreeMap<String, (u32, u64)>,
 ) {
-    let now = serving(&plugins(api), "rawexec").unwrap().clone();
+    let now = serving(&plugins(api), "raw_exec").unwrap().clone();
     assert_eq!(
         (now.source, now.pid),
         (drover_api::PluginSource::Builtin, Some(builtin_pid)),
@@ -644,7 +644,7 @@ fn a_newer_rawexec_that_cannot_read_the_handles_does_not_take_the_tasks() {
     let _serial = serial();
     let (root, agent) = rawexec_agent();
     let api = agent.api();
-    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let builtin_pid = serving(&plugins(&api), "raw_exec").unwrap().pid.unwrap();
     let pids = sleepers(&api, "rawexec", 3);
     let (newer, _) = install(
         root.path(),
@@ -654,7 +654,7 @@ fn a_newer_rawexec_that_cannot_read_the_handles_does_not_take_the_tasks() {
     );
     let row = skipped_row(&agent, &newer, "cannot take task");
     println!("refused upgrade: {row:#}");
-    let serving_row = serving(&plugins(&api), "rawexec").unwrap().clone();
+    let serving_row = serving(&plugins(&api), "raw_exec").unwrap().clone();
     assert!(
         serving_row
             .reason
@@ -701,7 +701,7 @@ fn rolled_back_upgrade(
     api: &Api,
     env: &str,
 ) -> (u32, BTreeMap<String, (u32, u64)>, serde_json::Value) {
-    let builtin_pid = serving(&plugins(api), "rawexec").unwrap().pid.unwrap();
+    let builtin_pid = serving(&plugins(api), "raw_exec").unwrap().pid.unwrap();
     let pids = sleepers(api, "rawexec", 2);
     let (newer, _) = install(root, &agent.plugin_dir, "rawexec", env);
     let row = skipped_row(agent, &newer, "rolled back");
@@ -711,7 +711,7 @@ fn rolled_back_upgrade(
         POLL,
         "the built-in serving, healthy",
         || {
-            serving(&plugins(api), "rawexec").is_some_and(|r| {
+            serving(&plugins(api), "raw_exec").is_some_and(|r| {
                 r.source == drover_api::PluginSource::Builtin
                     && r.state == PluginState::Healthy
                     && r.reason.contains("rolled back")
@@ -728,7 +728,7 @@ fn a_newer_rawexec_crashing_on_the_probe_does_not_take_the_tasks() {
     let _serial = serial();
     let (root, agent) = rawexec_agent();
     let api = agent.api();
-    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let builtin_pid = serving(&plugins(&api), "raw_exec").unwrap().pid.unwrap();
     let pids = sleepers(&api, "rawexec", 2);
     let (newer, _) = install(
         root.path(),
@@ -738,7 +738,7 @@ fn a_newer_rawexec_crashing_on_the_probe_does_not_take_the_tasks() {
     );
     let row = skipped_row(&agent, &newer, "upgrade to version 99.0.0");
     println!("refused upgrade: {row:#}");
-    let serving_row = serving(&plugins(&api), "rawexec").unwrap().clone();
+    let serving_row = serving(&plugins(&api), "raw_exec").unwrap().clone();
     assert!(
         serving_row.reason.contains("upgrade to version 99.0.0")
             && serving_row.reason.contains("keeps serving"),
@@ -774,7 +774,7 @@ fn a_file_only_claiming_a_served_name_takes_nothing_over() {
     let _serial = serial();
     let (root, agent) = rawexec_agent();
     let api = agent.api();
-    let builtin_pid = serving(&plugins(&api), "rawexec").unwrap().pid.unwrap();
+    let builtin_pid = serving(&plugins(&api), "raw_exec").unwrap().pid.unwrap();
     let pids = sleepers(&api, "rawexec", 2);
     let (claimer, _) = install(
         root.path(),

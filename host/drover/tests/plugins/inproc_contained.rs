@@ -70,7 +70,7 @@ in_process = true
         expected.iter().all(|p| seen(p))
             && rows
                 .iter()
-                .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+                .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
             && rows
                 .iter()
                 .any(|r| r["name"] == "fixture-library" && r["state"] == "healthy")
@@ -148,7 +148,7 @@ fn a_library_whose_bytes_miss_their_pin_is_not_loaded() {
     let library = rig.install(&fixture, "libfixture-library.so", 0o644);
     let agent = rig.start();
     // The built-in rawexec loads as usual; the refused library has its row by then.
-    healthy(&agent, "rawexec");
+    healthy(&agent, "raw_exec");
     let rows = agent.wait_plugins(std::time::Duration::from_secs(20), |rows| {
         rows.iter()
             .any(|r| r["path"] == library.display().to_string().as_str())

@@ -96,12 +96,12 @@ fn rawexec_in_process_runs_tasks_through_the_cli() {
         return;
     };
     let agent = rig.start();
-    let rows = served_in_process(&agent, "rawexec", &library);
+    let rows = served_in_process(&agent, "raw_exec", &library);
     // The built-in rawexec answered too, and lost to the library: skipped, its process
     // shut down.
     let builtin = rows
         .iter()
-        .find(|r| r["name"] == "rawexec" && r["source"] == "builtin")
+        .find(|r| r["name"] == "raw_exec" && r["source"] == "builtin")
         .unwrap_or_else(|| panic!("no built-in rawexec row: {rows:#?}"));
     assert_eq!(builtin["state"], "skipped", "{builtin:#}");
     assert!(
@@ -122,13 +122,13 @@ fn rawexec_in_process_runs_tasks_through_the_cli() {
         .find(|l| l.contains(&library.display().to_string()))
         .unwrap_or_else(|| panic!("{table}"));
     assert!(
-        line.starts_with("rawexec ") && line.contains("healthy") && line.contains("in-agent"),
+        line.starts_with("raw_exec ") && line.contains("healthy") && line.contains("in-agent"),
         "{table}"
     );
     let serving_builtin = || {
         agent.marked_pids().into_iter().any(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"rawexec"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"raw_exec"))
         })
     };
     drover_test_support::until_blocking(
@@ -203,7 +203,7 @@ fn in_process_rawexec_tasks_survive_kill_9_of_the_agent() {
     let mut first = rig.start();
     // The next agent takes the tasks over.
     first.end_tasks = false;
-    served_in_process(&first, "rawexec", &library);
+    served_in_process(&first, "raw_exec", &library);
     let long = run(
         &first,
         "rawexec",
@@ -235,7 +235,7 @@ fn in_process_rawexec_tasks_survive_kill_9_of_the_agent() {
     );
 
     let second = rig.start();
-    served_in_process(&second, "rawexec", &library);
+    served_in_process(&second, "raw_exec", &library);
     // Recovered: the same process, told by a Recovered event.
     let recovered = |id: &str| {
         common::tasks::until(&second, id, Duration::from_secs(30), "recovered", |t| {

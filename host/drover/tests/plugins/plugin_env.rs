@@ -29,7 +29,7 @@ fn agent(root: &Path, pass_env: &str, config: &str) -> Agent {
     agent.end_tasks = true;
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+            .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
     });
     agent
 }
@@ -37,7 +37,7 @@ fn agent(root: &Path, pass_env: &str, config: &str) -> Agent {
 fn rawexec_pid(agent: &Agent) -> u32 {
     let rows = agent.cli_json(&["plugin", "status", "--json"]);
     let rows = rows.as_array().expect("plugin rows");
-    row(rows, "rawexec")["pid"]
+    row(rows, "raw_exec")["pid"]
         .as_u64()
         .expect("rawexec runs as a process") as u32
 }

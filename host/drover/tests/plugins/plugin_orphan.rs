@@ -25,7 +25,7 @@ fn plugins_left_behind_exit_once_their_agents_data_dir_is_deleted() {
     .unwrap();
     let mut agent = Agent::start(root.path(), &dir, &[]);
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
-        ["skeleton", "rawexec"].iter().all(|n| {
+        ["skeleton", "raw_exec"].iter().all(|n| {
             rows.iter()
                 .any(|r| r["name"] == *n && r["state"] == "healthy")
         })

@@ -77,7 +77,7 @@ fn a_pin_is_checked_before_the_binary_runs_whatever_its_file_is_called() {
     assert!(reason.contains("not pinned"), "{script:#?}");
     assert!(script["pid"].is_null(), "{script:#?}");
     // Built-ins need no pin.
-    assert_eq!(row(&rows, "rawexec")["state"], "healthy");
+    assert_eq!(row(&rows, "raw_exec")["state"], "healthy");
     agent.assert_only_healthy_plugins_run(&rows);
 }
 
@@ -262,7 +262,7 @@ fn a_fifo_in_plugin_dir_is_skipped_and_the_agent_serves() {
         if by_path(&rows, "drover-fifo-driver").is_some()
             && rows
                 .iter()
-                .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+                .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
         {
             break rows;
         }
@@ -319,7 +319,7 @@ fn a_group_writable_agent_binary_is_an_error_naming_it_and_the_fix() {
             .collect()
     };
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
-        builtin_rows(rows).iter().any(|r| r["name"] == "rawexec")
+        builtin_rows(rows).iter().any(|r| r["name"] == "raw_exec")
     });
     let builtins = builtin_rows(&rows);
     assert!(!builtins.is_empty());

@@ -142,7 +142,7 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     let names: BTreeSet<&str> = healthy.iter().filter_map(|r| r["name"].as_str()).collect();
     assert_eq!(
         names,
-        BTreeSet::from(["dup", "rawexec", "skeleton"]),
+        BTreeSet::from(["dup", "raw_exec", "skeleton"]),
         "{rows:#?}"
     );
     for r in &healthy {
@@ -157,7 +157,7 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     assert_eq!(rawexec["state"], "healthy");
     let builtin = rows
         .iter()
-        .find(|r| r["source"] == "builtin" && r["name"] == "rawexec")
+        .find(|r| r["source"] == "builtin" && r["name"] == "raw_exec")
         .expect("builtin rawexec row");
     assert_eq!(builtin["state"], "skipped");
     assert!(
@@ -237,19 +237,19 @@ fn crashed_plugin_is_relaunched() {
     let agent = Agent::start(root.path(), &dir, &[]);
     let healthy_rawexec = |rows: &[serde_json::Value]| {
         rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+            .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
     };
     let rows = agent.wait_plugins(Duration::from_secs(10), healthy_rawexec);
-    let old_pid = row(&rows, "rawexec")["pid"].as_u64().unwrap() as u32;
+    let old_pid = row(&rows, "raw_exec")["pid"].as_u64().unwrap() as u32;
     nix_kill(old_pid, 9).unwrap();
     let rows = agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter().any(|r| {
-            r["name"] == "rawexec"
+            r["name"] == "raw_exec"
                 && r["state"] == "healthy"
                 && r["pid"].as_u64().is_some_and(|p| p as u32 != old_pid)
         })
     });
-    let new_pid = row(&rows, "rawexec")["pid"].as_u64().unwrap();
+    let new_pid = row(&rows, "raw_exec")["pid"].as_u64().unwrap();
     assert_ne!(new_pid as u32, old_pid);
     assert!(
         agent.log_text().contains("plugin relaunched"),
@@ -314,7 +314,7 @@ fn operator_settings_allow_deny_pin_and_config_are_enforced() {
         "{r}"
     );
     assert_eq!(row(&rows, "skeleton")["state"], "healthy");
-    assert_eq!(row(&rows, "rawexec")["state"], "healthy");
+    assert_eq!(row(&rows, "raw_exec")["state"], "healthy");
     agent.assert_only_healthy_plugins_run(&rows);
 
     // A plugin's stderr is the agent's log feed: lines show up under the plugin's name.

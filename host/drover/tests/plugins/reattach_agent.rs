@@ -92,7 +92,7 @@ fn rawexec_processes(markers: &[&str]) -> Vec<u32> {
             let needle = format!("DROVER_TEST_MARKER={m}");
             env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
         });
-        if ours && cmd.ends_with(b"plugin\0serve\0rawexec\0") && alive(pid) {
+        if ours && cmd.ends_with(b"plugin\0serve\0raw_exec\0") && alive(pid) {
             pids.push(pid);
         }
     }
@@ -103,7 +103,7 @@ fn rawexec_processes(markers: &[&str]) -> Vec<u32> {
 fn killed_agent_reattaches_to_the_same_plugin_process() {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("plugins")).unwrap();
-    let (mut first, row1) = start(root.path(), &[], "rawexec");
+    let (mut first, row1) = start(root.path(), &[], "raw_exec");
     let plugin = pid_of(&row1);
     assert_eq!(row1["reattached"], false);
     // Its own process group: a Ctrl-C at the agent's terminal does not reach it.
@@ -135,7 +135,7 @@ fn killed_agent_reattaches_to_the_same_plugin_process() {
     assert!(alive(plugin), "the plugin died with the agent");
     assert!(alive(task_pid), "the task died with the agent");
 
-    let (second, row2) = start(root.path(), &[], "rawexec");
+    let (second, row2) = start(root.path(), &[], "raw_exec");
     assert_eq!(
         pid_of(&row2),
         plugin,
@@ -163,12 +163,12 @@ fn killed_agent_reattaches_to_the_same_plugin_process() {
     nix_kill(plugin, 9).unwrap();
     let rows = second.wait_plugins(Duration::from_secs(15), |rows| {
         rows.iter().any(|r| {
-            r["name"] == "rawexec"
+            r["name"] == "raw_exec"
                 && r["state"] == "healthy"
                 && r["pid"].as_u64().is_some_and(|p| p as u32 != plugin)
         })
     });
-    assert_eq!(row(&rows, "rawexec")["reattached"], false);
+    assert_eq!(row(&rows, "raw_exec")["reattached"], false);
 }
 
 /// Run `/bin/sh -c SCRIPT` on rawexec through the CLI and return its exit code.
@@ -197,7 +197,7 @@ fn killed_agent_reattaches_over_automtls() {
     )
     .unwrap();
     let args = ["--config", config.to_str().unwrap()];
-    let (mut first, row1) = start(root.path(), &args, "rawexec");
+    let (mut first, row1) = start(root.path(), &args, "raw_exec");
     let plugin = pid_of(&row1);
     // It was asked for TLS: the handshake's client certificate is in its environment.
     assert!(
@@ -216,7 +216,7 @@ fn killed_agent_reattaches_over_automtls() {
     kill9(&mut first);
     assert!(alive(plugin), "the plugin died with the agent");
 
-    let (second, row2) = start(root.path(), &args, "rawexec");
+    let (second, row2) = start(root.path(), &args, "raw_exec");
     assert_eq!(pid_of(&row2), plugin, "not reattached: {row2:#}");
     assert_eq!(row2["reattached"], true);
     assert_eq!(run_sh(&second, "exit 5"), Some(5));
@@ -231,7 +231,7 @@ fn killed_agent_reattaches_over_automtls() {
     let mut second = second;
     kill9(&mut second);
     std::fs::write(&config, "plugin_auto_mtls = false\n").unwrap();
-    let (_third, row3) = start(root.path(), &args, "rawexec");
+    let (_third, row3) = start(root.path(), &args, "raw_exec");
     let fresh = pid_of(&row3);
     assert_ne!(
         fresh, plugin,
@@ -255,13 +255,13 @@ fn a_stray_automtls_plugin_whose_record_is_lost_goes_away() {
     let config = root.path().join("agent.toml");
     std::fs::write(&config, "plugin_auto_mtls = true\n").unwrap();
     let args = ["--config", config.to_str().unwrap()];
-    let (mut first, row1) = start(root.path(), &args, "rawexec");
+    let (mut first, row1) = start(root.path(), &args, "raw_exec");
     let stray = pid_of(&row1);
     kill9(&mut first);
     assert!(alive(stray), "the plugin died with the agent");
     std::fs::remove_file(root.path().join("data/state.db")).unwrap();
 
-    let (second, row2) = start(root.path(), &args, "rawexec");
+    let (second, row2) = start(root.path(), &args, "raw_exec");
     let fresh = pid_of(&row2);
     assert_ne!(fresh, stray, "reattached without a record: {row2:#}");
     // The sweep removes its socket after the start; the plugin sees that within its
@@ -289,13 +289,13 @@ impl Drop for KillOnDrop {
 fn plugin_that_died_while_the_agent_was_down_is_launched_afresh() {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("plugins")).unwrap();
-    let (mut first, row1) = start(root.path(), &[], "rawexec");
+    let (mut first, row1) = start(root.path(), &[], "raw_exec");
     let old = pid_of(&row1);
     kill9(&mut first);
     nix_kill(old, 9).unwrap();
     wait_dead(old);
 
-    let (second, row2) = start(root.path(), &[], "rawexec");
+    let (second, row2) = start(root.path(), &[], "raw_exec");
     let new = pid_of(&row2);
     assert_ne!(new, old);
     assert_eq!(row2["reattached"], false);
@@ -309,7 +309,7 @@ fn plugin_that_died_while_the_agent_was_down_is_launched_afresh() {
 fn graceful_stop_leaves_plugins_running_and_drain_stops_them() {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("plugins")).unwrap();
-    let (mut first, row1) = start(root.path(), &[], "rawexec");
+    let (mut first, row1) = start(root.path(), &[], "raw_exec");
     let plugin = pid_of(&row1);
     assert!(first.stop().success(), "agent failed on SIGTERM");
     assert!(
@@ -317,7 +317,7 @@ fn graceful_stop_leaves_plugins_running_and_drain_stops_them() {
         "a graceful stop (no --drain) stopped the plugin"
     );
 
-    let (mut second, row2) = start(root.path(), &["--drain"], "rawexec");
+    let (mut second, row2) = start(root.path(), &["--drain"], "raw_exec");
     assert_eq!(pid_of(&row2), plugin);
     assert_eq!(row2["reattached"], true);
     // SIGINT (Ctrl-C) is as graceful as SIGTERM.
@@ -338,7 +338,7 @@ fn graceful_stop_leaves_plugins_running_and_drain_stops_them() {
     );
 
     // Nothing to reattach to: the next agent launches.
-    let (third, row3) = start(root.path(), &[], "rawexec");
+    let (third, row3) = start(root.path(), &[], "raw_exec");
     assert_eq!(row3["reattached"], false);
     drop(third);
 }
@@ -386,20 +386,20 @@ fn unrecorded_plugin_and_dead_sockets_are_cleaned_up_at_start() {
     use drover_host::state::{RedbStore, StateStore as _};
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("plugins")).unwrap();
-    let (mut first, row1) = start(root.path(), &[], "rawexec");
+    let (mut first, row1) = start(root.path(), &[], "raw_exec");
     let stray = pid_of(&row1);
     kill9(&mut first);
     // As if the agent had been killed between launching the plugin and recording it.
     {
         let store = RedbStore::open(&first.data_dir).unwrap();
-        store.delete_plugin("rawexec").unwrap();
+        store.delete_plugin("raw_exec").unwrap();
     }
     // And a socket dir of a plugin that was kill -9ed long ago.
     let dead = first.data_dir.join("run/drover-plugin-dead");
     std::fs::create_dir(&dead).unwrap();
     drop(std::os::unix::net::UnixListener::bind(dead.join("plugin.sock")).unwrap());
 
-    let (second, row2) = start(root.path(), &[], "rawexec");
+    let (second, row2) = start(root.path(), &[], "raw_exec");
     assert_ne!(pid_of(&row2), stray);
     assert_eq!(row2["reattached"], false);
     wait_dead(stray);

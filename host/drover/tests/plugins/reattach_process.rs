@@ -188,9 +188,9 @@ fn context(root: &Path) -> (AgentConfig, Vec<Builtin>, Arc<LoadContext>) {
         ..AgentConfig::default()
     };
     let builtins = vec![Builtin {
-        name: "rawexec".into(),
+        name: "raw_exec".into(),
         command: drover(),
-        args: ["plugin", "serve", "rawexec"].map(Into::into).to_vec(),
+        args: ["plugin", "serve", "raw_exec"].map(Into::into).to_vec(),
     }];
     let ctx = Arc::new(LoadContext {
         timeout: BUDGET,
@@ -225,21 +225,21 @@ async fn catalog_reattaches_from_its_records_and_launches_once() {
 
     let (first, stop) = load(store.clone(), root.path()).await;
     assert!(first.loading_done());
-    let plugin = first.wait_loaded("rawexec").await.expect("rawexec loaded");
+    let plugin = first.wait_loaded("raw_exec").await.expect("rawexec loaded");
     assert!(first.wait_loaded("docker").await.is_none());
     let pid = plugin.client().plugin_info().await.map(|_| ()).ok();
     assert!(pid.is_some());
     let row = first
         .status()
         .into_iter()
-        .find(|r| r.name == "rawexec")
+        .find(|r| r.name == "raw_exec")
         .unwrap();
     let pid = row.pid.unwrap();
     assert!(!row.reattached);
     let recs: Vec<PluginRecord> = store.plugins().unwrap();
     assert_eq!(recs.len(), 1, "{recs:?}");
     assert_eq!(recs[0].reattach.pid, pid);
-    assert_eq!(recs[0].args, ["plugin", "serve", "rawexec"]);
+    assert_eq!(recs[0].args, ["plugin", "serve", "raw_exec"]);
     assert_eq!(
         recs[0].sha256,
         drover_host::plugins::trust::sha256_file(&drover()).unwrap()
@@ -252,13 +252,13 @@ async fn catalog_reattaches_from_its_records_and_launches_once() {
     let row = second
         .status()
         .into_iter()
-        .find(|r| r.name == "rawexec")
+        .find(|r| r.name == "raw_exec")
         .unwrap();
     assert_eq!(row.pid, Some(pid), "not the same process: {row:?}");
     assert!(row.reattached);
     assert!(
         second
-            .get("rawexec")
+            .get("raw_exec")
             .unwrap()
             .client()
             .capabilities()
@@ -280,7 +280,7 @@ async fn failing_store_costs_reattach_not_service() {
     let store = Arc::new(ErrorStore::new(inner.clone(), Fail::All));
     let (catalog, stop) = load(store.clone(), root.path()).await;
     let plugin = catalog
-        .wait_loaded("rawexec")
+        .wait_loaded("raw_exec")
         .await
         .expect("a failing store does not stop plugins from loading");
     assert!(plugin.client().capabilities().await.is_ok());
@@ -303,10 +303,10 @@ async fn record_of_a_foreign_or_hung_process_is_dropped_within_the_budget() {
         .unwrap();
     store
         .put_plugin(&PluginRecord {
-            name: "rawexec".into(),
+            name: "raw_exec".into(),
             version: "0.1.0".into(),
             api_version: "1.0.0".into(),
-            args: vec!["plugin".into(), "serve".into(), "rawexec".into()],
+            args: vec!["plugin".into(), "serve".into(), "raw_exec".into()],
             sha256: drover_host::plugins::trust::sha256_file(&drover()).unwrap(),
             reattach: ReattachConfig {
                 addr: PluginAddr::Unix(sock),
@@ -329,7 +329,7 @@ async fn record_of_a_foreign_or_hung_process_is_dropped_within_the_budget() {
     let row = catalog
         .status()
         .into_iter()
-        .find(|r| r.name == "rawexec")
+        .find(|r| r.name == "raw_exec")
         .unwrap();
     assert!(!row.reattached, "{row:?}");
     assert_ne!(row.pid, Some(sleeper.id()));

@@ -551,7 +551,7 @@ fn the_agent_raises_its_open_file_soft_limit_to_the_hard_limit() {
     // executor) gets the limit the agent was started with.
     agent.wait_plugins(Duration::from_secs(10), |rows| {
         rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+            .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
     });
     let run = agent.cli_json(&[
         "task",

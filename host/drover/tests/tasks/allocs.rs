@@ -52,7 +52,7 @@ fn context(root: &Path, cgroup_parent: &str) -> (AgentConfig, Vec<Builtin>, Arc<
         data_dir: Some(root.to_owned()),
         ..AgentConfig::default()
     };
-    let builtins = ["rawexec", "exec"]
+    let builtins = ["raw_exec", "exec"]
         .map(|name| Builtin {
             name: name.into(),
             command: drover(),

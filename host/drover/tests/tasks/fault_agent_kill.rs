@@ -52,7 +52,7 @@ fn new_agent(root: &Path) -> Agent {
     let agent = Agent::start(root, &root.join("plugins"), &[]);
     agent.wait_plugins(Duration::from_secs(20), |rows| {
         rows.iter()
-            .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+            .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
     });
     agent
 }

@@ -154,7 +154,7 @@ fn truncated_state_file_stops_the_agent() {
         let mut agent = Agent::start(root.path(), &plugin_dir, &["--drain"]);
         agent.wait_plugins(Duration::from_secs(10), |rows| {
             rows.iter()
-                .any(|r| r["name"] == "rawexec" && r["state"] == "healthy")
+                .any(|r| r["name"] == "raw_exec" && r["state"] == "healthy")
         });
         assert!(agent.stop().success());
         std::fs::read(agent.data_dir.join("state.db")).unwrap()

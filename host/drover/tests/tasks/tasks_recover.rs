@@ -13,7 +13,7 @@ use drover_api::{StatusCode, StopRequest, TaskEventKind, TaskLifecycle, TaskView
 fn rawexec_pid(agent: &Agent) -> u32 {
     let rows = agent.cli_json(&["plugin", "status", "--json"]);
     let rows = rows.as_array().cloned().unwrap_or_default();
-    row(&rows, "rawexec")["pid"]
+    row(&rows, "raw_exec")["pid"]
         .as_u64()
         .expect("rawexec has a pid") as u32
 }
@@ -75,7 +75,7 @@ fn killed_plugin_is_relaunched_and_every_task_recovered_not_restarted() {
         );
         let failure = &agent_events(&task)[2].message;
         assert!(
-            failure.contains("driver rawexec is unavailable"),
+            failure.contains("driver raw_exec is unavailable"),
             "{failure}"
         );
     }

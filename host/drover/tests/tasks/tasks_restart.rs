@@ -71,7 +71,7 @@ fn crash_loop_in_fail_mode_starts_exactly_attempts_plus_one_times() {
     assert!(
         events[1]
             .message
-            .starts_with("task started by driver rawexec (pid "),
+            .starts_with("task started by driver raw_exec (pid "),
         "{dead:#?}"
     );
 

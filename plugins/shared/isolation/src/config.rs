@@ -72,6 +72,19 @@ pub enum NetworkMode {
     None,
 }
 
+/// A task's pid or ipc namespace: Nomad's `pid_mode` / `ipc_mode` of the exec and java
+/// drivers. Drover gives every task its own of both (`private`, the default);
+/// `host` is refused (see [`IsolationConfig::validate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NamespaceMode {
+    /// The task's own (default).
+    #[default]
+    Private,
+    /// The host's: refused.
+    Host,
+}
+
 /// One resource limit: `{"soft": 1024, "hard": 4096}`; `hard` defaults to `soft`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -110,6 +123,10 @@ pub struct IsolationConfig {
     pub hostname: Option<String>,
     /// Working directory inside the task's root (default `/`, the task directory).
     pub cwd: Option<String>,
+    /// Pid namespace (Nomad's `pid_mode`): only `private`.
+    pub pid_mode: NamespaceMode,
+    /// Ipc namespace (Nomad's `ipc_mode`): only `private`.
+    pub ipc_mode: NamespaceMode,
 }
 
 impl IsolationConfig {
@@ -140,6 +157,27 @@ impl IsolationConfig {
             return bad(format!(
                 "cwd {cwd:?} must be an absolute path inside the task's root (e.g. /local)"
             ));
+        }
+        // Nomad lets an operator allow `host` (its plugin's `default_pid_mode`); Drover
+        // does not: a task in the host's pid namespace sees and can signal every
+        // process of the host, and one in its ipc namespace reaches every process's
+        // shared memory and semaphores.
+        if self.pid_mode == NamespaceMode::Host {
+            return bad(
+                "pid_mode = \"host\" is refused: a task in the host's pid namespace \
+                 sees and can signal every process on the host; Drover runs every task in \
+                 a pid namespace of its own (pid_mode = \"private\")"
+                    .into(),
+            );
+        }
+        if self.ipc_mode == NamespaceMode::Host {
+            return bad(
+                "ipc_mode = \"host\" is refused: a task in the host's ipc namespace \
+                 reaches the shared memory and semaphores of every process on the host; \
+                 Drover runs every task in an ipc namespace of its own (ipc_mode = \
+                 \"private\")"
+                    .into(),
+            );
         }
         self.rlimits()?;
         Ok(())
@@ -199,6 +237,39 @@ mod tests {
             rlimits: [(name.to_owned(), RlimitConfig { soft, hard })].into(),
             ..IsolationConfig::default()
         }
+    }
+
+    /// Nomad's `pid_mode` / `ipc_mode`: `private` is what every task gets; `host` is
+    /// refused with the reason.
+    #[test]
+    fn host_pid_and_ipc_namespaces_are_refused_with_the_reason() {
+        let private = IsolationConfig {
+            pid_mode: NamespaceMode::Private,
+            ipc_mode: NamespaceMode::Private,
+            ..IsolationConfig::default()
+        };
+        private.validate().unwrap();
+        for (iso, word) in [
+            (
+                IsolationConfig {
+                    pid_mode: NamespaceMode::Host,
+                    ..IsolationConfig::default()
+                },
+                "pid_mode = \"host\" is refused",
+            ),
+            (
+                IsolationConfig {
+                    ipc_mode: NamespaceMode::Host,
+                    ..IsolationConfig::default()
+                },
+                "ipc_mode = \"host\" is refused",
+            ),
+        ] {
+            let e = iso.validate().unwrap_err().to_string();
+            assert!(e.contains(word), "{e}");
+        }
+        let bad: Result<NamespaceMode, _> = serde_json::from_str("\"shared\"");
+        assert!(bad.is_err());
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub mod seccomp;
 mod store;
 pub mod user;
 
-pub use config::{IsolationConfig, NetworkMode, PluginConfig, RlimitConfig};
+pub use config::{IsolationConfig, NamespaceMode, NetworkMode, PluginConfig, RlimitConfig};
 pub use engine::{
     CommandLine, DEFAULT_CGROUP_PARENT, DEFAULT_PATH, Flavor, HANDLE_VERSION, IsolatedDriver,
     TaskContext,
