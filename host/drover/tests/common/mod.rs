@@ -138,6 +138,15 @@ impl Agent {
             root.display().to_string().len()
         );
         let marker = format!("{marker}-{}", rand_suffix());
+        // A dev agent's HTTP API is on Nomad's 127.0.0.1:4646 unless told otherwise:
+        // tests run many at once, each on a port the OS picks.
+        let dev_port: &[&str] = if extra.contains(&"--dev")
+            && !extra.iter().any(|a| a.starts_with("--dev-http-addr"))
+        {
+            &["--dev-http-addr", "127.0.0.1:0"]
+        } else {
+            &[]
+        };
         let child = Command::new(binary)
             .arg("agent")
             .arg("--data-dir")
@@ -145,6 +154,7 @@ impl Agent {
             .arg("--plugin-dir")
             .arg(plugin_dir)
             .args(extra)
+            .args(dev_port)
             .env("DROVER_TEST_MARKER", &marker)
             .env("RUST_LOG", "info")
             // The built-in docker driver finds no daemon here whatever the machine has

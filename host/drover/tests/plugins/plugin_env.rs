@@ -111,7 +111,8 @@ fn a_handshake_variable_in_the_config_is_refused_with_the_key_named() {
     )
     .unwrap();
     let out = std::process::Command::new(drover())
-        .args(["agent", "--dev", "--config", file.to_str().unwrap()])
+        .args(["agent", "--dev", "--dev-http-addr", "127.0.0.1:0"])
+        .args(["--config", file.to_str().unwrap()])
         .arg("--data-dir")
         .arg(root.path().join("data"))
         .output()

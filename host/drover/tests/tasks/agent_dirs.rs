@@ -187,7 +187,11 @@ fn dev_refuses_a_dev_dir_another_user_created_first() {
     std::fs::create_dir(&dev).unwrap();
     chmod(&dev, 0o700);
     chown(&dev, OTHER_UID);
-    let log = agent_refuses(tmp.path(), &["--dev"], &[("TMPDIR", tmp.path())]);
+    let log = agent_refuses(
+        tmp.path(),
+        &["--dev", "--dev-http-addr", "127.0.0.1:0"],
+        &[("TMPDIR", tmp.path())],
+    );
     assert!(
         log.contains(&format!(
             "refusing to use {} as the dev data directory: it is owned by uid {OTHER_UID}",
@@ -200,7 +204,11 @@ fn dev_refuses_a_dev_dir_another_user_created_first() {
     // Made by us but left open (0777): refused as well, with the chmod to run.
     chown(&dev, me);
     chmod(&dev, 0o777);
-    let log = agent_refuses(tmp.path(), &["--dev"], &[("TMPDIR", tmp.path())]);
+    let log = agent_refuses(
+        tmp.path(),
+        &["--dev", "--dev-http-addr", "127.0.0.1:0"],
+        &[("TMPDIR", tmp.path())],
+    );
     assert!(
         log.contains(&format!("`chmod 0700 {}`", dev.display())),
         "{log}"
