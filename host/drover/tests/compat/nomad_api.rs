@@ -187,8 +187,8 @@ fn blocking_queries_and_the_event_stream_follow_a_job() {
             "the blocking query waited its whole wait ({waited:?}) though the allocation changed"
         );
     }
-    // A query at the current index with nothing changing waits its wait, then answers
-    // with the same index.
+    // A query at an index nothing has reached yet waits its whole wait, then answers
+    // with the state as it is.
     let now = api
         .answer(
             http::Method::GET,
@@ -201,16 +201,20 @@ fn blocking_queries_and_the_event_stream_follow_a_job() {
     let idle = api
         .answer(
             http::Method::GET,
-            &format!("/v1/job/blocky?index={}&wait=1s", now.index.unwrap()),
+            &format!(
+                "/v1/job/blocky?index={}&wait=1s",
+                now.index.unwrap() + 1_000_000
+            ),
             None,
             Duration::from_secs(10),
         )
         .expect("an answer");
     assert!(
         asked.elapsed() >= Duration::from_millis(900),
-        "an idle blocking query came back early"
+        "a blocking query came back before its wait with nothing new"
     );
     assert_eq!(idle.status, 200);
+    assert_eq!(idle.json("the job")["ID"], "blocky");
 
     let lines = events.join().expect("the event stream reader");
     let events: Vec<Value> = lines

@@ -498,34 +498,148 @@ fn format(a: FuncArgs) -> Result<Value, String> {
             out.push(c);
             continue;
         }
-        let Some(verb) = chars.next() else {
-            return Err("format: a verb is missing after %".to_owned());
-        };
-        if verb == '%' {
+        if chars.peek() == Some(&'%') {
+            chars.next();
             out.push('%');
             continue;
         }
+        // cty's (Go's fmt) verb syntax: %[flags][width][.precision]verb.
+        let mut flags = FormatFlags::default();
+        while let Some(f) = chars.peek().copied() {
+            match f {
+                '-' => flags.left = true,
+                '0' => flags.zero = true,
+                '+' => flags.plus = true,
+                ' ' => flags.space = true,
+                '#' => {}
+                _ => break,
+            }
+            chars.next();
+        }
+        let width = format_number(&mut chars)?;
+        let precision = if chars.peek() == Some(&'.') {
+            chars.next();
+            Some(format_number(&mut chars)?.unwrap_or(0))
+        } else {
+            None
+        };
+        let Some(verb) = chars.next() else {
+            return Err("format: a verb is missing after %".to_owned());
+        };
         let arg = args
             .next()
             .ok_or_else(|| format!("format: too few arguments for %{verb}"))?;
-        match verb {
-            's' => out.push_str(&s(arg)?),
+        let (text, numeric) = match verb {
+            's' => {
+                let t = s(arg)?;
+                match precision {
+                    Some(p) => (t.chars().take(p).collect(), false),
+                    None => (t, false),
+                }
+            }
             'v' => match arg {
-                Value::String(t) => out.push_str(t),
-                Value::Number(n) => out.push_str(&number_text(n)),
-                other => out.push_str(&serde_json::to_string(other).map_err(|e| e.to_string())?),
+                Value::String(t) => (t.clone(), false),
+                Value::Number(n) => (number_text(n), true),
+                other => (
+                    serde_json::to_string(other).map_err(|e| e.to_string())?,
+                    false,
+                ),
             },
-            'd' => out.push_str(&to_int(arg)?.to_string()),
-            'f' => out.push_str(&format!("{:.6}", to_number(arg)?)),
-            'q' => out.push_str(&serde_json::to_string(&s(arg)?).map_err(|e| e.to_string())?),
-            't' => out.push_str(&super::eval::to_bool(arg)?.to_string()),
+            'd' => (signed(to_int(arg)?.to_string(), &flags), true),
+            'x' => (format!("{:x}", to_int(arg)?), true),
+            'X' => (format!("{:X}", to_int(arg)?), true),
+            'o' => (format!("{:o}", to_int(arg)?), true),
+            'b' => (format!("{:b}", to_int(arg)?), true),
+            'f' => (
+                signed(
+                    format!("{:.*}", precision.unwrap_or(6), to_number(arg)?),
+                    &flags,
+                ),
+                true,
+            ),
+            'e' => (
+                signed(
+                    format!("{:.*e}", precision.unwrap_or(6), to_number(arg)?),
+                    &flags,
+                ),
+                true,
+            ),
+            'q' => (
+                serde_json::to_string(&s(arg)?).map_err(|e| e.to_string())?,
+                false,
+            ),
+            't' => (super::eval::to_bool(arg)?.to_string(), false),
             other => return Err(format!("format: unsupported verb %{other}")),
-        }
+        };
+        out.push_str(&pad(text, width.unwrap_or(0), &flags, numeric));
     }
     if args.next().is_some() {
         return Err("format: too many arguments".to_owned());
     }
     Ok(Value::String(out))
+}
+
+/// The flags of one `format` verb.
+#[derive(Default)]
+struct FormatFlags {
+    left: bool,
+    zero: bool,
+    plus: bool,
+    space: bool,
+}
+
+/// Widths and precisions are bounded: a format string must not make a huge value.
+const MAX_FORMAT_WIDTH: usize = 4096;
+
+fn format_number(
+    chars: &mut std::iter::Peekable<std::str::Chars<'_>>,
+) -> Result<Option<usize>, String> {
+    let mut n: Option<usize> = None;
+    while let Some(d) = chars.peek().and_then(|c| c.to_digit(10)) {
+        chars.next();
+        let v = n.unwrap_or(0) * 10 + d as usize;
+        if v > MAX_FORMAT_WIDTH {
+            return Err(format!(
+                "format: a width or precision above {MAX_FORMAT_WIDTH}"
+            ));
+        }
+        n = Some(v);
+    }
+    Ok(n)
+}
+
+/// `+` or ` ` before a non-negative number, as the flags ask.
+fn signed(text: String, flags: &FormatFlags) -> String {
+    if text.starts_with('-') {
+        text
+    } else if flags.plus {
+        format!("+{text}")
+    } else if flags.space {
+        format!(" {text}")
+    } else {
+        text
+    }
+}
+
+/// `text` padded to `width` characters: on the right with `-`, with zeros after the
+/// sign for a number with `0`, else with spaces on the left.
+fn pad(text: String, width: usize, flags: &FormatFlags, numeric: bool) -> String {
+    let len = text.chars().count();
+    if len >= width {
+        return text;
+    }
+    let fill = width - len;
+    if flags.left {
+        format!("{text}{}", " ".repeat(fill))
+    } else if flags.zero && numeric {
+        let (sign, digits) = match text.chars().next() {
+            Some(c @ ('-' | '+' | ' ')) => (c.to_string(), text[1..].to_owned()),
+            _ => (String::new(), text),
+        };
+        format!("{sign}{}{digits}", "0".repeat(fill))
+    } else {
+        format!("{}{text}", " ".repeat(fill))
+    }
 }
 
 /// `file(path)`: a UTF-8 file, relative to the job file's directory, at most

@@ -469,3 +469,29 @@ job "j" {
     let e = err(cycle);
     assert!(e.starts_with("job.hcl:2:7: cannot evaluate: "), "{e}");
 }
+
+#[test]
+fn format_takes_flags_width_and_precision_as_nomad_does() {
+    // The expected values are what `nomad job run -output` (1.0.18) printed for them.
+    let text = r#"
+job "j" {
+  meta {
+    a = format("%03d", 2)
+    b = format("%-5s|", "ab")
+    c = format("%5.1f", 3.14159)
+    d = format("%+d", 5)
+    e = format("%x", 255)
+    f = format("%.2s", "hello")
+    g = format("%05d", -42)
+    h = format("%%|%v|%t", 7, true)
+  }
+}
+"#;
+    let job = parse_text(text).expect("parses");
+    assert_eq!(
+        job["Job"]["Meta"],
+        json!({"a": "002", "b": "ab   |", "c": "  3.1", "d": "+5", "e": "ff", "f": "he", "g": "-0042", "h": "%|7|true"})
+    );
+    let e = err("job \"j\" {\n  meta {\n    a = format(\"%99999d\", 1)\n  }\n}\n");
+    assert!(e.contains("width or precision above"), "{e}");
+}
