@@ -179,6 +179,10 @@ pub fn init(file: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// The long flags of `drover job ...` that Nomad's CLI spells with one dash
+/// (`nomad job run -var x=1 -detach`, `nomad job stop -purge`): accepted so.
+const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &["var", "var-file", "purge", "detach", "json"];
+
 /// Nomad spells the variable flags with one dash (`-var x=1`, `-var-file f`): rewrite
 /// them to the `--var`/`--var-file` clap knows, for `drover job ...` only and never
 /// after a `--`.
@@ -206,11 +210,11 @@ pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsStri
         if text == "--" {
             break;
         }
-        if text == "-var"
-            || text == "-var-file"
-            || text.starts_with("-var=")
-            || text.starts_with("-var-file=")
-        {
+        let name = text
+            .strip_prefix('-')
+            .filter(|t| !t.starts_with('-'))
+            .map(|t| t.split_once('=').map_or(t, |(n, _)| n));
+        if name.is_some_and(|n| NOMAD_SINGLE_DASH_FLAGS.contains(&n)) {
             *arg = OsString::from(format!("-{text}"));
         }
     }
@@ -328,6 +332,15 @@ mod tests {
                 "--var-file=f.hcl",
                 "x.hcl"
             ])
+        );
+        assert_eq!(
+            nomad_style_args(os(&["drover", "job", "stop", "-purge", "-detach", "web"])),
+            os(&["drover", "job", "stop", "--purge", "--detach", "web"])
+        );
+        // Short flags and unknown single-dash words are clap's to judge.
+        assert_eq!(
+            nomad_style_args(os(&["drover", "job", "status", "-h", "-verbose"])),
+            os(&["drover", "job", "status", "-h", "-verbose"])
         );
         assert_eq!(
             nomad_style_args(os(&["drover", "task", "run", "--", "prog", "-var"])),
