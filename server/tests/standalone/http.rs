@@ -261,6 +261,7 @@ async fn every_read_route_answers_json_with_nomads_headers() {
     for (path, code, text) in [
         ("/v1/job/nope", 404, "job not found"),
         ("/v1/job/nope/summary", 404, "job not found"),
+        ("/v1/job/nope/deployment", 404, "job not found"),
         ("/v1/job/nope/versions", 404, "job versions not found"),
         ("/v1/node/nope", 404, "node not found"),
         ("/v1/node/nope/allocations", 404, "node not found"),
@@ -655,6 +656,11 @@ async fn a_job_round_trips_through_register_read_scale_stop_and_purge() {
     );
     let (none, _) = h.read("/v1/jobs?prefix=zz").await;
     assert_eq!(none, json!([]));
+    // No deployments yet (issue 25): what Nomad's clients read as "none".
+    let (latest, _) = h.read("/v1/job/web/deployment").await;
+    assert_eq!(latest, Value::Null);
+    let (all, _) = h.read("/v1/job/web/deployments").await;
+    assert_eq!(all, json!([]));
     let (summary, _) = h.read("/v1/job/web/summary").await;
     assert_eq!(summary["JobID"], "web");
     assert!(summary["Summary"]["app"].is_object(), "{summary}");

@@ -180,6 +180,8 @@ pub fn router_with_local_agent(
         .route("/v1/job/{id}/evaluations", get(jobs::evaluations))
         .route("/v1/job/{id}/summary", get(jobs::summary))
         .route("/v1/job/{id}/versions", get(jobs::versions))
+        .route("/v1/job/{id}/deployment", get(jobs::deployments))
+        .route("/v1/job/{id}/deployments", get(jobs::deployments))
         .route("/v1/job/{id}/plan", put(jobs::plan).post(jobs::plan))
         .route(
             "/v1/job/{id}/scale",
