@@ -647,16 +647,15 @@ fn pad(text: String, width: usize, flags: &FormatFlags, numeric: bool) -> String
 fn file(a: FuncArgs) -> Result<Value, String> {
     let name = s(&a[0])?;
     let path = Path::new(&name);
+    // Without the job file's directory (text from a request, `/v1/jobs/parse`), no
+    // path is the submitter's to read: a relative one would be the server's.
+    let Some(base) = BASE_DIR.with(|b| b.borrow().clone()) else {
+        return Err("file() cannot read files here".to_owned());
+    };
     let full = if path.is_absolute() {
-        if BASE_DIR.with(|b| b.borrow().is_none()) {
-            return Err("file() cannot read files here".to_owned());
-        }
         path.to_path_buf()
     } else {
-        BASE_DIR
-            .with(|b| b.borrow().clone())
-            .unwrap_or_else(|| PathBuf::from("."))
-            .join(path)
+        base.join(path)
     };
     super::source::read_bounded(&full, MAX_INCLUDED_FILE_BYTES).map(Value::String)
 }

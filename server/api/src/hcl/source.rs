@@ -33,6 +33,13 @@ impl HclError {
 
 /// Read at most `limit` bytes of a UTF-8 file; more is an error, not a truncation.
 pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
+    // A FIFO or a device would block or never end: only regular files are read (these
+    // are the CLI user's own files; the server reads none).
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
     let f =
         std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut bytes = Vec::new();

@@ -390,6 +390,20 @@ fn file_is_read_relative_to_the_job_and_bounded() {
     .expect("write");
     let e = parse_file(&job_path, &VarInputs::default()).expect_err("too big");
     assert!(e.to_string().contains("is larger than"), "{e}");
+    // A FIFO would block for ever: only regular files are read.
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    std::fs::write(
+        &job_path,
+        "job \"j\" {\n  meta {\n    m = file(\"fifo\")\n  }\n}\n",
+    )
+    .expect("write");
+    let e = parse_file(&job_path, &VarInputs::default()).expect_err("a fifo");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
 }
 
 #[test]
@@ -433,6 +447,16 @@ fn text_from_elsewhere_reads_no_files() {
         e.to_string().contains("file() cannot read files here"),
         "{e}"
     );
+    // Nor a relative path, which would be the server's working directory's.
+    for name in ["../../../../../../etc/passwd", "Cargo.toml", "."] {
+        let text = format!("job \"j\" {{\n  meta {{\n    m = file(\"{name}\")\n  }}\n}}\n");
+        let e = parse_without_files("request", &text, &VarInputs::default())
+            .expect_err("no relative files");
+        assert!(
+            e.to_string().contains("file() cannot read files here"),
+            "{name}: {e}"
+        );
+    }
     let e = parse_without_files(
         "request",
         text,
