@@ -302,6 +302,7 @@ fn check_task(path: &str, t: &Task) -> Result<(), ValidationError> {
         ));
     }
     check_map(&format!("{path}.env"), &t.env)?;
+    check_map(&format!("{path}.meta"), &t.meta)?;
     let r = &t.resources;
     if r.cpu < 1 {
         return Err(fail(
@@ -806,6 +807,13 @@ mod tests {
                     std::collections::BTreeMap::from([("m".into(), "z".repeat(70_000))]);
             })
             .starts_with("group[0].meta: 70001 bytes")
+        );
+        assert!(
+            refused(|j| {
+                j.groups[0].tasks[0].meta =
+                    std::collections::BTreeMap::from([("m".into(), "z".repeat(70_000))]);
+            })
+            .starts_with("group[0].task[0].meta: 70001 bytes")
         );
         assert_eq!(
             refused(|j| j.groups[0].constraints =

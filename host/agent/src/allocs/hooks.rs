@@ -220,7 +220,8 @@ impl AllocTaskHook for AllocEnvHook {
         // earlier hook added) is the user's part.
         let mut task = ctx.task.clone();
         task.env = std::mem::take(&mut req.env);
-        let mut task_env = TaskEnv::build(ctx.node, ctx.alloc, &task, &dirs);
+        let mut task_env =
+            TaskEnv::build(ctx.node, ctx.alloc, &task, &dirs).map_err(|e| e.to_string())?;
         for (k, v) in [
             ("DROVER_ALLOC_ID", a.id.clone()),
             ("DROVER_ALLOC_NAME", a.name.clone()),
@@ -231,7 +232,9 @@ impl AllocTaskHook for AllocEnvHook {
         ] {
             task_env.env.insert(k.to_owned(), v);
         }
-        task_env.interpolate_config(&mut req.config);
+        task_env
+            .interpolate_config(&mut req.config)
+            .map_err(|e| e.to_string())?;
         req.env = task_env.env;
         Ok(())
     }

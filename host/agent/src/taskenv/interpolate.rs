@@ -19,6 +19,42 @@
 
 use std::borrow::Cow;
 
+/// The most bytes interpolation may add to one task's environment and config
+/// together. A reference is replaced by its whole value, so a small job could
+/// otherwise multiply into gigabytes on every node it is placed on (a 60 KB meta value
+/// referenced a thousand times in an env value, itself referenced in every config
+/// argument).
+pub const MAX_GROWTH_BYTES: usize = 1024 * 1024;
+
+/// What interpolation may still add (see [`MAX_GROWTH_BYTES`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    left: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            left: MAX_GROWTH_BYTES,
+        }
+    }
+}
+
+/// Interpolation would add more than [`MAX_GROWTH_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the task's ${{...}} references would add more than {} KiB to its environment and config",
+    MAX_GROWTH_BYTES / 1024
+)]
+pub struct TooLarge;
+
+impl Budget {
+    fn charge(&mut self, added: usize) -> Result<(), TooLarge> {
+        self.left = self.left.checked_sub(added).ok_or(TooLarge)?;
+        Ok(())
+    }
+}
+
 /// Which forms of reference are recognised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Syntax {
@@ -51,14 +87,16 @@ fn reference(text: &str, at: usize, syntax: Syntax) -> Option<(&str, usize)> {
 }
 
 /// `text` with every reference `lookup` knows replaced by its value (borrowed when
-/// nothing was replaced).
+/// nothing was replaced); what the values add beyond the references' own text is
+/// charged to `budget`.
 pub fn interpolate<'t, 'v>(
     text: &'t str,
     syntax: Syntax,
     lookup: impl Fn(&str) -> Option<&'v str>,
-) -> Cow<'t, str> {
+    budget: &mut Budget,
+) -> Result<Cow<'t, str>, TooLarge> {
     let Some(first) = text.find("${") else {
-        return Cow::Borrowed(text);
+        return Ok(Cow::Borrowed(text));
     };
     let mut out = String::new();
     // `text[copied..]` is not in `out` yet; `at` is the next `${` to look at.
@@ -69,6 +107,7 @@ pub fn interpolate<'t, 'v>(
         if let Some((name, len)) = reference(text, at, syntax)
             && let Some(value) = lookup(name)
         {
+            budget.charge(value.len().saturating_sub(len))?;
             out.push_str(&text[copied..at]);
             out.push_str(value);
             copied = at + len;
@@ -80,10 +119,10 @@ pub fn interpolate<'t, 'v>(
         }
     }
     if copied == 0 {
-        return Cow::Borrowed(text);
+        return Ok(Cow::Borrowed(text));
     }
     out.push_str(&text[copied..]);
-    Cow::Owned(out)
+    Ok(Cow::Owned(out))
 }
 
 /// Interpolate every string of a JSON value (object keys stay as they are: they are the
@@ -91,9 +130,10 @@ pub fn interpolate<'t, 'v>(
 pub fn interpolate_json<'v>(
     value: &mut serde_json::Value,
     lookup: &dyn Fn(&str) -> Option<&'v str>,
-) -> usize {
-    match value {
-        serde_json::Value::String(s) => match interpolate(s, Syntax::Config, lookup) {
+    budget: &mut Budget,
+) -> Result<usize, TooLarge> {
+    Ok(match value {
+        serde_json::Value::String(s) => match interpolate(s, Syntax::Config, lookup, budget)? {
             Cow::Owned(new) => {
                 *s = new;
                 1
@@ -101,13 +141,21 @@ pub fn interpolate_json<'v>(
             Cow::Borrowed(_) => 0,
         },
         serde_json::Value::Array(items) => {
-            items.iter_mut().map(|v| interpolate_json(v, lookup)).sum()
+            let mut n = 0;
+            for v in items {
+                n += interpolate_json(v, lookup, budget)?;
+            }
+            n
         }
         serde_json::Value::Object(map) => {
-            map.values_mut().map(|v| interpolate_json(v, lookup)).sum()
+            let mut n = 0;
+            for v in map.values_mut() {
+                n += interpolate_json(v, lookup, budget)?;
+            }
+            n
         }
         _ => 0,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -128,12 +176,26 @@ mod tests {
 
     fn plain(text: &str) -> String {
         let v = vars();
-        interpolate(text, Syntax::Plain, |k| v.get(k).copied()).into_owned()
+        interpolate(
+            text,
+            Syntax::Plain,
+            |k| v.get(k).copied(),
+            &mut Budget::default(),
+        )
+        .expect("within the budget")
+        .into_owned()
     }
 
     fn config(text: &str) -> String {
         let v = vars();
-        interpolate(text, Syntax::Config, |k| v.get(k).copied()).into_owned()
+        interpolate(
+            text,
+            Syntax::Config,
+            |k| v.get(k).copied(),
+            &mut Budget::default(),
+        )
+        .expect("within the budget")
+        .into_owned()
     }
 
     #[test]
@@ -203,8 +265,13 @@ mod tests {
     fn nothing_replaced_borrows() {
         let v = vars();
         assert!(matches!(
-            interpolate("${UNKNOWN} x", Syntax::Plain, |k| v.get(k).copied()),
-            Cow::Borrowed(_)
+            interpolate(
+                "${UNKNOWN} x",
+                Syntax::Plain,
+                |k| v.get(k).copied(),
+                &mut Budget::default()
+            ),
+            Ok(Cow::Borrowed(_))
         ));
     }
 
@@ -217,7 +284,8 @@ mod tests {
             "nested": {"deeper": [{"k": "kernel ${attr.kernel.name}"}]},
             "${NOMAD_ALLOC_INDEX}": "keys stay",
         });
-        let changed = interpolate_json(&mut config, &|k| v.get(k).copied());
+        let changed = interpolate_json(&mut config, &|k| v.get(k).copied(), &mut Budget::default())
+            .expect("within the budget");
         assert_eq!(changed, 2);
         assert_eq!(
             config,
@@ -228,5 +296,29 @@ mod tests {
                 "${NOMAD_ALLOC_INDEX}": "keys stay",
             })
         );
+    }
+
+    #[test]
+    fn what_references_add_is_bounded() {
+        let big = "x".repeat(60_000);
+        let v = BTreeMap::from([("BIG", big.as_str())]);
+        let mut budget = Budget::default();
+        // Each reference adds its value's length less its own text.
+        let once = interpolate("${BIG}", Syntax::Plain, |k| v.get(k).copied(), &mut budget)
+            .expect("one fits");
+        assert_eq!(once.len(), 60_000);
+        // A thousand references in one value: refused, not gigabytes.
+        let many = "${BIG}".repeat(1000);
+        assert_eq!(
+            interpolate(&many, Syntax::Plain, |k| v.get(k).copied(), &mut budget),
+            Err(TooLarge)
+        );
+        // The budget is shared: strings of a config count together.
+        let mut config = serde_json::json!({"args": vec!["${BIG}"; 40]});
+        assert_eq!(
+            interpolate_json(&mut config, &|k| v.get(k).copied(), &mut Budget::default()),
+            Err(TooLarge)
+        );
+        assert!(TooLarge.to_string().contains("1024 KiB"), "{TooLarge}");
     }
 }

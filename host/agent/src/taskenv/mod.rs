@@ -108,6 +108,8 @@ pub struct TaskEnv {
     /// The node's values, by their names in references (`node.unique.id`,
     /// `attr.kernel.name`, `meta.rack`, ...).
     pub node: BTreeMap<String, String>,
+    /// What interpolating the config may still add (the env took its part).
+    budget: interpolate::Budget,
 }
 
 /// Nomad's `helper.CleanEnvVar(key, '_')`: byte by byte, so a non-ASCII character
@@ -156,7 +158,17 @@ fn node_key(name: &str) -> Cow<'_, str> {
 impl TaskEnv {
     /// The environment of `task` of allocation `alloc` on `node`, with the task's
     /// directories `dirs`.
-    pub fn build(node: &NodeEnv, alloc: &ClientAllocation, task: &Task, dirs: &TaskDirs) -> Self {
+    ///
+    /// # Errors
+    /// The references of the task's meta and env would add more than
+    /// [`interpolate::MAX_GROWTH_BYTES`].
+    pub fn build(
+        node: &NodeEnv,
+        alloc: &ClientAllocation,
+        task: &Task,
+        dirs: &TaskDirs,
+    ) -> Result<Self, interpolate::TooLarge> {
+        let mut budget = interpolate::Budget::default();
         let a = &alloc.alloc;
         let node_vals = node_values(node, &alloc.region);
         let mut env = BTreeMap::new();
@@ -197,7 +209,9 @@ impl TaskEnv {
                 .or_else(|| before.get(name))
                 .map(String::as_str)
         };
-        let plain = |text: &str| interpolate::interpolate(text, Syntax::Plain, lookup).into_owned();
+        let mut plain = |text: &str| {
+            interpolate::interpolate(text, Syntax::Plain, lookup, &mut budget).map(Cow::into_owned)
+        };
         let mut meta: BTreeMap<&str, &str> = BTreeMap::new();
         for (k, v) in alloc
             .job_meta
@@ -208,7 +222,7 @@ impl TaskEnv {
             meta.insert(k, v);
         }
         for (k, v) in meta {
-            let (k, v) = (plain(k), plain(v));
+            let (k, v) = (plain(k)?, plain(v)?);
             env.insert(format!("NOMAD_META_{}", k.to_uppercase()), v.clone());
             env.insert(format!("NOMAD_META_{k}"), v);
         }
@@ -220,7 +234,7 @@ impl TaskEnv {
                 .map(String::as_str)
         };
         for (k, v) in &task.env {
-            let v = interpolate::interpolate(v, Syntax::Plain, lookup).into_owned();
+            let v = interpolate::interpolate(v, Syntax::Plain, lookup, &mut budget)?.into_owned();
             env.insert(k.clone(), v);
         }
 
@@ -234,10 +248,11 @@ impl TaskEnv {
                 }
             })
             .collect();
-        TaskEnv {
+        Ok(TaskEnv {
             env,
             node: node_vals,
-        }
+            budget,
+        })
     }
 
     /// What `${name}` stands for: a task variable, else a node value.
@@ -249,13 +264,32 @@ impl TaskEnv {
     }
 
     /// `text` with the references this environment knows replaced.
-    pub fn interpolate<'t>(&self, text: &'t str, syntax: Syntax) -> Cow<'t, str> {
-        interpolate::interpolate(text, syntax, |n| self.lookup(n))
+    ///
+    /// # Errors
+    /// The references would add more than what is left of the task's budget.
+    pub fn interpolate<'t>(
+        &mut self,
+        text: &'t str,
+        syntax: Syntax,
+    ) -> Result<Cow<'t, str>, interpolate::TooLarge> {
+        let mut budget = self.budget.clone();
+        let out = interpolate::interpolate(text, syntax, |n| self.lookup(n), &mut budget)?;
+        self.budget = budget;
+        Ok(out)
     }
 
     /// Every string of a task's `config`, nested or not, interpolated in place.
-    pub fn interpolate_config(&self, config: &mut serde_json::Value) -> usize {
-        interpolate::interpolate_json(config, &|n| self.lookup(n))
+    ///
+    /// # Errors
+    /// The references would add more than what is left of the task's budget.
+    pub fn interpolate_config(
+        &mut self,
+        config: &mut serde_json::Value,
+    ) -> Result<usize, interpolate::TooLarge> {
+        let mut budget = self.budget.clone();
+        let n = interpolate::interpolate_json(config, &|n| self.lookup(n), &mut budget)?;
+        self.budget = budget;
+        Ok(n)
     }
 }
 
@@ -350,7 +384,7 @@ mod tests {
     #[test]
     fn nomad_variables_of_an_allocation() {
         let t = task();
-        let e = TaskEnv::build(&node(), &alloc(&t), &t, &host_dirs());
+        let e = TaskEnv::build(&node(), &alloc(&t), &t, &host_dirs()).expect("within the budget");
         let want = [
             ("NOMAD_ALLOC_ID", "alloc-uuid"),
             ("NOMAD_ALLOC_NAME", "shop.front[2]"),
@@ -376,7 +410,7 @@ mod tests {
 
         let mut t = task();
         t.resources.memory_max_mb = 512;
-        let e = TaskEnv::build(&node(), &alloc(&t), &t, &host_dirs());
+        let e = TaskEnv::build(&node(), &alloc(&t), &t, &host_dirs()).expect("within the budget");
         assert_eq!(e.env["NOMAD_MEMORY_MAX_LIMIT"], "512");
     }
 
@@ -413,7 +447,7 @@ mod tests {
             ("tier".into(), "group".into()),
             ("owner".into(), "web-team".into()),
         ]);
-        let e = TaskEnv::build(&node(), &a, &t, &host_dirs());
+        let e = TaskEnv::build(&node(), &a, &t, &host_dirs()).expect("within the budget");
         assert_eq!(e.env["NOMAD_META_tier"], "task");
         assert_eq!(e.env["NOMAD_META_TIER"], "task");
         assert_eq!(e.env["NOMAD_META_owner"], "web-team");
@@ -441,7 +475,7 @@ mod tests {
                 "keys are not interpolated".into(),
             ),
         ]);
-        let e = TaskEnv::build(&node(), &alloc(&t), &t, &host_dirs());
+        let e = TaskEnv::build(&node(), &alloc(&t), &t, &host_dirs()).expect("within the budget");
         assert_eq!(e.env["INDEX"], "i-2");
         assert_eq!(e.env["KERNEL"], "linux");
         assert_eq!(e.env["RACK"], "r7 r7");
@@ -459,7 +493,7 @@ mod tests {
         t.env = BTreeMap::from([("PORT".into(), "80${NOMAD_ALLOC_INDEX}".into())]);
         let mut a = alloc(&t);
         a.job_meta = BTreeMap::from([("color".into(), "blue".into())]);
-        let e = TaskEnv::build(&node(), &a, &t, &host_dirs());
+        let mut e = TaskEnv::build(&node(), &a, &t, &host_dirs()).expect("within the budget");
         let mut config = serde_json::json!({
             "command": "${NOMAD_TASK_DIR}/run",
             "args": [
@@ -474,7 +508,8 @@ mod tests {
                 "--left=${nope.nope}",
             ],
         });
-        e.interpolate_config(&mut config);
+        e.interpolate_config(&mut config)
+            .expect("within the budget");
         assert_eq!(
             config,
             serde_json::json!({
