@@ -377,52 +377,52 @@ pub struct TaskConfig {
     // Nomad docker options Drover's docker driver does not support yet: in the schema
     // so that a job file using one gets an error naming it as such (see
     // UNSUPPORTED_KEYS), never a silent no-op and never "unknown field".
-    /// Nomad's `advertise_ipv6_address`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `advertise_ipv6_address`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub advertise_ipv6_address: Option<serde_json::Value>,
-    /// Nomad's `auth_soft_fail`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `auth_soft_fail`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub auth_soft_fail: Option<serde_json::Value>,
-    /// Nomad's `cpu_cfs_period`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `cpu_cfs_period`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub cpu_cfs_period: Option<serde_json::Value>,
-    /// Nomad's `cpu_hard_limit`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `cpu_hard_limit`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub cpu_hard_limit: Option<serde_json::Value>,
-    /// Nomad's `cpuset_cpus`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `cpuset_cpus`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub cpuset_cpus: Option<serde_json::Value>,
-    /// Nomad's `interactive`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `interactive`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub interactive: Option<serde_json::Value>,
-    /// Nomad's `ipv4_address`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `ipv4_address`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub ipv4_address: Option<serde_json::Value>,
-    /// Nomad's `ipv6_address`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `ipv6_address`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub ipv6_address: Option<serde_json::Value>,
-    /// Nomad's `logging`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `logging`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub logging: Option<serde_json::Value>,
-    /// Nomad's `mac_address`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `mac_address`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub mac_address: Option<serde_json::Value>,
-    /// Nomad's `memory_hard_limit`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `memory_hard_limit`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub memory_hard_limit: Option<serde_json::Value>,
-    /// Nomad's `network_aliases`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `network_aliases`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub network_aliases: Option<serde_json::Value>,
-    /// Nomad's `runtime`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `runtime`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub runtime: Option<serde_json::Value>,
-    /// Nomad's `storage_opt`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `storage_opt`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub storage_opt: Option<serde_json::Value>,
-    /// Nomad's `tty`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `tty`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub tty: Option<serde_json::Value>,
-    /// Nomad's `volume_driver`: not supported yet (see [`UNSUPPORTED_KEYS`]).
+    /// Nomad's `volume_driver`: not supported yet (see [`UNSUPPORTED_KEYS`](crate::UNSUPPORTED_KEYS)).
     #[serde(default)]
     pub volume_driver: Option<serde_json::Value>,
 }

@@ -48,7 +48,8 @@ mod store;
 pub use config::{
     AuthConfig, CONTAINER_LOCAL_DIR, CONTAINER_SECRETS_DIR, DEFAULT_ALLOW_CAPS, DanglingConfig,
     DeviceConfig, GcConfig, HostNamespace, LABEL_ALLOC_DIR, LABEL_TASK_ID, LABEL_TASK_NAME,
-    MountConfig, MountKind, PluginConfig, PortSpec, TaskConfig, VolumesConfig, normalize_image,
+    MountConfig, MountKind, PluginConfig, PortSpec, TaskConfig, UNSUPPORTED_KEYS, VolumesConfig,
+    normalize_image,
 };
 pub use driver::{DockerDriver, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION};
 pub use engine::{AddressSource, DEFAULT_ENDPOINT, DaemonAddress, Endpoint};

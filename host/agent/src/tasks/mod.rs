@@ -438,7 +438,7 @@ impl TaskManager {
         self.alloc_dir.join(id)
     }
 
-    /// The filesystem isolation of driver `name` ([`FsIsolation::None`] for a driver
+    /// The filesystem isolation of driver `name` ([`FsIsolation::None`](drover_plugin_sdk::FsIsolation::None) for a driver
     /// not loaded: its tasks cannot start anyway).
     pub fn fs_isolation(&self, name: &str) -> drover_plugin_sdk::FsIsolation {
         self.drivers
