@@ -132,7 +132,7 @@ async fn start_server(
 fn registration(i: usize) -> NodeRegistration {
     let mut drivers = BTreeMap::new();
     drivers.insert(
-        "rawexec".to_owned(),
+        "raw_exec".to_owned(),
         DriverInfo {
             detected: true,
             healthy: true,
@@ -213,7 +213,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
                 tasks: vec![Task {
                     meta: Default::default(),
                     name: "t".into(),
-                    driver: "rawexec".into(),
+                    driver: "raw_exec".into(),
                     config: serde_json::json!({"command": "/bin/true"}),
                     env: BTreeMap::new(),
                     kill_signal: None,

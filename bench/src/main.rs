@@ -8,7 +8,7 @@
 //!   [--rpc-samples N] [--load-rounds N]`
 //! `cargo run --release -p drover-bench -- qemu-start [--iterations N]` (needs the VM rig)
 //! `cargo run --release -p drover-bench -- nomad-drivers [--launches N] [--samples N]
-//!   [--tasks N] [--raw-exec PATH]` (Nomad 1.0.18's raw_exec against Drover's rawexec)
+//!   [--tasks N] [--raw-exec PATH]` (Nomad 1.0.18's raw_exec against Drover's)
 //! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
 //!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
 //!
@@ -157,9 +157,9 @@ enum Bench {
         etcd_endpoints: Option<Vec<String>>,
     },
     /// Nomad 1.0.18's raw_exec (an unmodified Nomad driver, through the bridge) against
-    /// Drover's rawexec, in one run: launch -> handshake -> first fingerprint, StartTask
-    /// -> running through a real agent with both, and memory per running task
-    /// (executor, log relay; the task apart).
+    /// Drover's raw_exec, in one run: launch -> handshake -> first fingerprint, StartTask
+    /// -> running through a real agent per driver (both are named raw_exec), and memory
+    /// per running task (executor, log relay; the task apart).
     NomadDrivers {
         /// Plugin launches per driver.
         #[arg(long, default_value_t = 20)]

@@ -1,6 +1,8 @@
 //! `drover-bench nomad-drivers`: Nomad 1.0.18's `raw_exec` (the unmodified driver,
 //! served as an external plugin, through Drover's Nomad bridge) against Drover's own
-//! `rawexec` (the `drover-driver-rawexec` binary), side by side in one run.
+//! raw exec driver (the `drover-driver-rawexec` binary), side by side in one run. Both
+//! are named `raw_exec` (Drover's took Nomad's name; `rawexec` is its alias), so an
+//! agent can serve only one of them: parts 2 and 3 use two agents, one per driver.
 //!
 //! Measured:
 //! 1. launch → handshake → first fingerprint: `PluginProcess::launch` (with the Nomad
@@ -8,19 +10,23 @@
 //!    it returns (the handshake is done and the client is connected), then the first
 //!    item of the `Fingerprint` stream; `--launches` per driver, ABBA, each plugin shut
 //!    down (untimed) before the next launch;
-//! 2. StartTask → running through a real agent: one agent with both binaries in its
-//!    `plugin_dir` (Nomad's `raw_exec` with `config = { enabled = true }`), `POST
-//!    /v1/tasks` of `/bin/sleep 300` until the answer says running; `--samples` per
-//!    driver, ABBA, each task stopped and destroyed (untimed) before the next start;
-//! 3. memory per running task: `--tasks` sleeping tasks of one driver at a time in the
-//!    same agent (A B B A), then `Pss` and the private part (USS, `Private_Clean +
+//! 2. StartTask → running through a real agent: two agents, started once and kept for
+//!    the whole run, each with one driver's binary alone in its `plugin_dir` (Nomad's
+//!    `raw_exec` with `config = { enabled = true }`) and the other built-in drivers
+//!    denied; `POST /v1/tasks` of `/bin/sleep 300` to the agent of the driver measured
+//!    until the answer says running; `--samples` per driver, ABBA, each task stopped
+//!    and destroyed (untimed) before the next start. Both agents run all along, so the
+//!    idle one weighs on both drivers' samples alike;
+//! 3. memory per running task: `--tasks` sleeping tasks of one driver at a time in its
+//!    agent (A B B A), then `Pss` and the private part (USS, `Private_Clean +
 //!    Private_Dirty`) of `/proc/<pid>/smaps_rollup` of every process the tasks added on
 //!    the host besides the agent and the plugin process: the executors, the log relays
 //!    (Nomad drivers write into FIFOs that a relay process reads into Drover's log files;
 //!    Drover's executor writes the log files itself), and, apart, the tasks themselves.
 //!    A process counts as added when it was not there before the tasks started and it
-//!    descends from the agent, holds a FIFO of the agent's `nomad-fifos` directory, or
-//!    is a task or a task's parent. The plugin processes' growth is shown too.
+//!    descends from that driver's agent, holds a FIFO of that agent's `nomad-fifos`
+//!    directory, or is a task or a task's parent (never the agent or its plugin
+//!    process). The plugin process's growth is shown too.
 //!
 //! Ratios are Nomad's driver over Drover's.
 
@@ -38,8 +44,9 @@ use crate::tasks::{
 };
 use crate::{Stats, ms, sibling_binary, stats};
 
-/// The built-in drivers, denied so that the agent runs the two drivers compared only
-/// (the built-in rawexec loses to the external binary of the same name).
+/// The built-in drivers other than `raw_exec`, denied so that each agent runs the
+/// driver compared only (the built-in `raw_exec` loses to the external binary of the
+/// same name).
 const OTHER_BUILTINS: [&str; 4] = ["docker", "exec", "java", "qemu"];
 
 /// How long the agent is left alone before memory is read (the last start's
@@ -62,7 +69,7 @@ pub(crate) struct Options {
 enum Driver {
     /// Nomad 1.0.18's raw_exec, through the bridge.
     Nomad,
-    /// Drover's rawexec.
+    /// Drover's raw_exec (`drover-driver-rawexec`).
     Drover,
 }
 
@@ -75,15 +82,32 @@ impl Driver {
     fn label(self) -> &'static str {
         match self {
             Driver::Nomad => "Nomad raw_exec",
-            Driver::Drover => "Drover rawexec",
+            Driver::Drover => "Drover raw_exec",
         }
     }
 
-    /// The name the agent knows the driver by (its `PluginInfo` name).
+    /// The name the agent knows the driver by (its `PluginInfo` name): Nomad's for
+    /// both, which is why each has an agent of its own.
     fn name(self) -> &'static str {
+        "raw_exec"
+    }
+
+    /// The binary's file name in its agent's `plugin_dir`. Nomad's is named as the
+    /// plugin is, so that `[plugin.raw_exec]` is its settings whether they are found by
+    /// file name or by plugin name.
+    fn file_name(self) -> &'static str {
         match self {
             Driver::Nomad => "raw_exec",
-            Driver::Drover => "rawexec",
+            Driver::Drover => "drover-driver-rawexec",
+        }
+    }
+
+    /// The driver's settings in its agent's config. Nomad's `raw_exec` runs nothing
+    /// unless enabled; Drover's has no such switch (and refuses unknown keys).
+    fn plugin_settings(self) -> &'static str {
+        match self {
+            Driver::Nomad => "[plugin.raw_exec]\nconfig = { enabled = true }\n",
+            Driver::Drover => "",
         }
     }
 
@@ -105,15 +129,15 @@ impl Driver {
 /// The programs compared, and the agent.
 struct Build {
     drover: PathBuf,
-    rawexec: PathBuf,
-    raw_exec: PathBuf,
+    nomad_raw_exec: PathBuf,
+    drover_raw_exec: PathBuf,
 }
 
 impl Build {
     fn binary(&self, d: Driver) -> &Path {
         match d {
-            Driver::Nomad => &self.raw_exec,
-            Driver::Drover => &self.rawexec,
+            Driver::Nomad => &self.nomad_raw_exec,
+            Driver::Drover => &self.drover_raw_exec,
         }
     }
 }
@@ -140,8 +164,8 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     }
     let build = Build {
         drover: sibling_binary("drover", "drover")?,
-        rawexec: sibling_binary("drover-driver-rawexec", "drover-driver-rawexec")?,
-        raw_exec,
+        nomad_raw_exec: raw_exec,
+        drover_raw_exec: sibling_binary("drover-driver-rawexec", "drover-driver-rawexec")?,
     };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     println!("nomad-drivers benchmark: `{command}`");
@@ -154,19 +178,26 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let launches = launch_latencies(&build, opts.launches).await?;
     print_launches(&launches, opts.launches);
 
-    let mut agent = BothAgent::start(&build).await?;
+    // One agent per driver, in `DRIVERS` order, kept for parts 2 and 3.
+    let mut agents: Vec<DriverAgent> = Vec::with_capacity(DRIVERS.len());
     let measured = async {
-        let latency = api_latencies(&agent, opts.samples).await?;
+        for d in DRIVERS {
+            agents.push(DriverAgent::start(&build, d).await?);
+        }
+        let latency = api_latencies(&agents, opts.samples).await?;
         print_latency(latency, opts.samples);
         let mut memory = Vec::new();
         for (round, d) in ABBA.into_iter().enumerate() {
-            memory.push((d, measure_memory(&agent, d, opts.tasks, round).await?));
+            let agent = &agents[d.index()];
+            memory.push((d, measure_memory(agent, opts.tasks, round).await?));
         }
         print_memory(&memory, opts.tasks, &build);
         anyhow::Ok(())
     }
     .await;
-    agent.stop().await;
+    for agent in &mut agents {
+        agent.stop().await;
+    }
     measured?;
     Ok(())
 }
@@ -258,36 +289,31 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A real agent with both drivers in its `plugin_dir`.
-struct BothAgent {
+/// A real agent serving one driver: its binary alone in `plugin_dir`, the other
+/// built-ins denied.
+struct DriverAgent {
+    driver: Driver,
     root: tempfile::TempDir,
     agent: AgentProc,
-    /// The plugin processes, in `DRIVERS` order.
-    plugin_pids: [u32; 2],
+    /// The driver's plugin process.
+    plugin_pid: u32,
 }
 
-impl BothAgent {
-    async fn start(build: &Build) -> anyhow::Result<BothAgent> {
+impl DriverAgent {
+    async fn start(build: &Build, driver: Driver) -> anyhow::Result<DriverAgent> {
         use std::os::unix::fs::PermissionsExt as _;
         let root = tempfile::Builder::new()
-            .prefix("drover-bench-nomad-")
+            .prefix(&format!("drover-bench-nomad-{driver:?}-").to_lowercase())
             .tempdir()?;
         let plugins = root.path().join("plugins");
         private_dir(&plugins)?;
-        // Named as the plugin is, so that `[plugin.raw_exec]` is its settings whether
-        // they are found by file name or by plugin name.
-        for (from, to) in [
-            (&build.raw_exec, "raw_exec"),
-            (&build.rawexec, "drover-driver-rawexec"),
-        ] {
-            let to = plugins.join(to);
-            std::fs::copy(from, &to)
-                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))?;
-        }
+        let from = build.binary(driver);
+        let to = plugins.join(driver.file_name());
+        std::fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))?;
         let deny = OTHER_BUILTINS.map(|n| format!("{n:?}")).join(", ");
-        let config =
-            format!("plugin_deny = [{deny}]\n\n[plugin.raw_exec]\nconfig = {{ enabled = true }}\n");
+        let config = format!("plugin_deny = [{deny}]\n\n{}", driver.plugin_settings());
         let config_file = root.path().join("agent.toml");
         std::fs::write(&config_file, config)?;
         let agent = start_agent_with(
@@ -295,13 +321,14 @@ impl BothAgent {
             root.path(),
             &["--config".as_ref(), config_file.as_os_str()],
         )?;
-        let mut started = BothAgent {
+        let mut started = DriverAgent {
+            driver,
             root,
             agent,
-            plugin_pids: [0, 0],
+            plugin_pid: 0,
         };
         match started.wait_served().await {
-            Ok(pids) => started.plugin_pids = pids,
+            Ok(pid) => started.plugin_pid = pid,
             Err(e) => {
                 started.stop().await;
                 return Err(e);
@@ -310,37 +337,40 @@ impl BothAgent {
         Ok(started)
     }
 
-    /// Until `plugin status` shows both drivers healthy, each in its protocol from an
-    /// external binary, and no other plugin process; their pids.
-    async fn wait_served(&self) -> anyhow::Result<[u32; 2]> {
+    /// Until `plugin status` shows the driver healthy, in its protocol (Nomad's or
+    /// Drover's: both are named `raw_exec`) from the external binary, and no other
+    /// plugin process (not the built-in `raw_exec`); its pid.
+    async fn wait_served(&self) -> anyhow::Result<u32> {
+        let d = self.driver;
         let deadline = Duration::from_secs(60);
         let t = Instant::now();
         loop {
             if let Ok(rows) = self.api().plugins().await {
-                let serving = |d: Driver| {
-                    rows.iter()
-                        .find(|p| {
-                            p.name == d.name()
-                                && p.state == PluginState::Healthy
-                                && p.source == PluginSource::External
-                                && p.protocol == d.protocol()
-                        })
-                        .and_then(|p| p.pid)
-                };
+                let serving = rows
+                    .iter()
+                    .find(|p| {
+                        p.name == d.name()
+                            && p.state == PluginState::Healthy
+                            && p.source == PluginSource::External
+                            && p.protocol == d.protocol()
+                    })
+                    .and_then(|p| p.pid);
                 let processes = rows.iter().filter(|p| p.pid.is_some()).count();
-                if let (Some(nomad), Some(drover)) =
-                    (serving(Driver::Nomad), serving(Driver::Drover))
-                    && processes == 2
+                if let Some(pid) = serving
+                    && processes == 1
                 {
-                    return Ok([nomad, drover]);
+                    return Ok(pid);
                 }
             }
             if t.elapsed() > deadline {
                 let log =
                     std::fs::read_to_string(self.root.path().join("agent.log")).unwrap_or_default();
                 bail!(
-                    "the agent did not serve raw_exec (Nomad) and rawexec (external) alone, \
-                     healthy, within {deadline:?}; plugin status: {:#?}\nagent log:\n{log}",
+                    "the {} agent did not serve {} alone ({:?} protocol, external, healthy) \
+                     within {deadline:?}; plugin status: {:#?}\nagent log:\n{log}",
+                    d.label(),
+                    d.name(),
+                    d.protocol(),
                     self.api().plugins().await
                 );
             }
@@ -405,13 +435,18 @@ async fn end_task(api: &Client, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// StartTask → running through the API, `samples` per driver, ABBA.
-async fn api_latencies(agent: &BothAgent, samples: usize) -> anyhow::Result<Vec<Vec<Duration>>> {
+/// StartTask → running through the API of each driver's agent (`agents` in `DRIVERS`
+/// order), `samples` per driver, ABBA.
+async fn api_latencies(
+    agents: &[DriverAgent],
+    samples: usize,
+) -> anyhow::Result<Vec<Vec<Duration>>> {
     // Warm-up: page cache, the executors' binaries, each driver's first task.
     for d in DRIVERS {
+        let api = agents[d.index()].api();
         for n in 0..3 {
-            let (id, _) = run_sleeper(agent.api(), d, format!("warm-{n}")).await?;
-            end_task(agent.api(), &id).await?;
+            let (id, _) = run_sleeper(api, d, format!("warm-{n}")).await?;
+            end_task(api, &id).await?;
         }
     }
     let mut out: Vec<Vec<Duration>> = DRIVERS.iter().map(|_| Vec::new()).collect();
@@ -421,10 +456,11 @@ async fn api_latencies(agent: &BothAgent, samples: usize) -> anyhow::Result<Vec<
             if out[d.index()].len() == samples {
                 continue;
             }
+            let api = agents[d.index()].api();
             let t = Instant::now();
-            let (id, _) = run_sleeper(agent.api(), d, format!("lat-{n}")).await?;
+            let (id, _) = run_sleeper(api, d, format!("lat-{n}")).await?;
             out[d.index()].push(t.elapsed());
-            end_task(agent.api(), &id).await?;
+            end_task(api, &id).await?;
             n += 1;
         }
     }
@@ -469,14 +505,14 @@ struct MemoryRun {
     exes: BTreeMap<Role, BTreeSet<String>>,
 }
 
-/// Start `tasks` tasks on `d`, read what they added, end them.
+/// Start `tasks` tasks on the agent's driver, read what they added, end them.
 async fn measure_memory(
-    agent: &BothAgent,
-    d: Driver,
+    agent: &DriverAgent,
     tasks: usize,
     round: usize,
 ) -> anyhow::Result<MemoryRun> {
-    let plugin = agent.plugin_pids[d.index()];
+    let d = agent.driver;
+    let plugin = agent.plugin_pid;
     tokio::time::sleep(SETTLE).await;
     let before: BTreeSet<u32> = related(agent, &[]).into_iter().collect();
     let plugin_before = pss(plugin)?;
@@ -494,7 +530,7 @@ async fn measure_memory(
     .await;
     let read = started.and_then(|()| {
         let plugin_after = pss(plugin)?;
-        let skip: BTreeSet<u32> = [agent.pid(), agent.plugin_pids[0], agent.plugin_pids[1]].into();
+        let skip: BTreeSet<u32> = [agent.pid(), plugin].into();
         let tasks: BTreeSet<u32> = task_pids.iter().copied().collect();
         let executors: BTreeSet<u32> = task_pids.iter().filter_map(|p| parent_pid(*p)).collect();
         let fifo_holders = fifo_holders(&agent.fifo_dir());
@@ -581,7 +617,7 @@ fn all_pids() -> Vec<u32> {
 /// The processes that may belong to the agent's tasks: its descendants, the holders of
 /// a FIFO in its FIFO directory (a log relay that left the agent's tree), `tasks` and
 /// their parents (an executor that did).
-fn related(agent: &BothAgent, tasks: &[u32]) -> Vec<u32> {
+fn related(agent: &DriverAgent, tasks: &[u32]) -> Vec<u32> {
     let parents: HashMap<u32, u32> = all_pids()
         .into_iter()
         .filter_map(|p| Some((p, parent_pid(p)?)))
@@ -714,7 +750,7 @@ fn print_latency(latency: Vec<Vec<Duration>>, n: usize) {
 fn print_memory(runs: &[(Driver, MemoryRun)], tasks: usize, build: &Build) {
     let per_driver = runs.len() / DRIVERS.len();
     println!(
-        "3. Memory per running task: {tasks} tasks of one driver at a time in the agent, ABBA, \
+        "3. Memory per running task: {tasks} tasks of one driver at a time in its agent, ABBA, \
          mean of {per_driver} runs; KiB per task, PSS (USS = private pages) from smaps_rollup:"
     );
     println!(

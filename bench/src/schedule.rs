@@ -53,7 +53,7 @@ fn node(i: usize) -> NodeRegistration {
             memory_mb: 32 * 1024,
         },
         drivers: BTreeMap::from([(
-            "rawexec".into(),
+            "raw_exec".into(),
             DriverInfo {
                 detected: true,
                 healthy: true,
@@ -81,7 +81,7 @@ fn job(i: usize, count: u32) -> JobSpec {
             tasks: vec![Task {
                 meta: Default::default(),
                 name: "main".into(),
-                driver: "rawexec".into(),
+                driver: "raw_exec".into(),
                 config: serde_json::json!({"command": "/bin/sleep", "args": ["3600"]}),
                 env: BTreeMap::new(),
                 kill_signal: None,

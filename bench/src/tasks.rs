@@ -73,6 +73,9 @@ pub(crate) fn start_agent_with(
         .arg(&data)
         .arg("--plugin-dir")
         .arg(root.join("plugins"))
+        // The dev server's HTTP API on a free port: not Nomad's 4646, which another
+        // agent (of this bench, or anyone's) may hold.
+        .args(["--dev-http-addr", "127.0.0.1:0"])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
