@@ -426,9 +426,12 @@ impl DriverPlugin for DockerDriver {
         let engine = settings.engine()?;
         let reservation = self.store.reserve(&spec.id)?;
         let docker = engine.client().await?;
+        // A task may ask for less time than the operator's limit, never more.
         let pull_timeout = plan
             .pull_timeout
-            .unwrap_or(settings.policy.config.pull_timeout);
+            .map_or(settings.policy.config.pull_timeout, |t| {
+                t.min(settings.policy.config.pull_timeout)
+            });
         if let Some((tarball, file)) = &plan.load {
             self.event(
                 &spec.id,

@@ -639,8 +639,10 @@ impl Catalog {
     /// [`drover_api::DRIVER_ALIASES`]). For user-given names only: the catalog's own
     /// bookkeeping (reload, upgrades) goes by exact names through [`Catalog::get`].
     pub fn driver_named(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
-        self.get(name)
-            .or_else(|| self.get(drover_api::canonical_driver_name(name)))
+        // The driver's current name first: a plugin reporting an older name must not
+        // take the tasks of the driver that carries it now.
+        self.get(drover_api::canonical_driver_name(name))
+            .or_else(|| self.get(name))
     }
 
     /// Names of loaded plugins.

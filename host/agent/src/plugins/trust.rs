@@ -366,10 +366,14 @@ impl Policy {
 
 /// Is `name` allowed by the allow and deny lists?
 pub(super) fn allowed(name: &str, allow: &[String], deny: &[String]) -> Result<(), String> {
-    if deny.iter().any(|d| d == name) {
+    // A driver's older name is the same driver: a plugin reporting `rawexec` is as
+    // denied as `raw_exec` (and cannot slip past a deny list by the alias).
+    let canonical = drover_api::canonical_driver_name;
+    let same = |listed: &String| canonical(listed) == canonical(name);
+    if deny.iter().any(same) {
         return Err(format!("{name:?} is in plugin_deny"));
     }
-    if !allow.is_empty() && !allow.iter().any(|a| a == name) {
+    if !allow.is_empty() && !allow.iter().any(same) {
         return Err(format!("{name:?} is not in plugin_allow"));
     }
     Ok(())
@@ -386,6 +390,10 @@ mod tests {
         assert!(allowed("x", &[], &["x".into()]).is_err());
         assert!(allowed("x", &["y".into()], &[]).is_err());
         assert!(allowed("y", &["y".into()], &[]).is_ok());
+        // A driver's older name is the same driver, either way round.
+        assert!(allowed("rawexec", &[], &["raw_exec".into()]).is_err());
+        assert!(allowed("raw_exec", &[], &["rawexec".into()]).is_err());
+        assert!(allowed("rawexec", &["raw_exec".into()], &[]).is_ok());
     }
 
     fn candidate(label: &str, source: PluginSource) -> Candidate {

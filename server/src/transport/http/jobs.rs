@@ -288,7 +288,9 @@ pub(super) async fn scale(
         ApiError::bad_request(format!("scaling action count can't be negative ({count})"))
     })?;
     if let Some(message) = &req.message {
-        tracing::info!(job = %id, group = %group, count, message = %message, "scaling a job");
+        // The submitter's words: quoted (no forged log lines) and cut short.
+        let message: String = message.chars().take(256).collect();
+        tracing::info!(job = %id, group = %group, count, message = ?message, "scaling a job");
     }
     let resp = api.server.scale_job(&id, group, count).await?;
     answer(resp.index, wire::register_response(&resp))
