@@ -316,14 +316,14 @@ fn list(v: &Value) -> Result<Vec<Value>, String> {
     }
 }
 
+/// `items` without repeats, first ones kept; in linear time (a list may hold a million
+/// elements), each element known by its JSON text.
 fn dedup(items: Vec<Value>) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::new();
-    for i in items {
-        if !out.contains(&i) {
-            out.push(i);
-        }
-    }
-    out
+    let mut seen = std::collections::HashSet::new();
+    items
+        .into_iter()
+        .filter(|i| seen.insert(serde_json::to_string(i).unwrap_or_default()))
+        .collect()
 }
 
 fn flatten(items: Vec<Value>) -> Vec<Value> {
@@ -375,9 +375,21 @@ fn join(a: FuncArgs) -> Result<Value, String> {
     Ok(Value::String(parts.join(&sep)))
 }
 
+/// About what one value takes in memory besides its text.
+const VALUE_OVERHEAD_BYTES: usize = 32;
+
 fn split(a: FuncArgs) -> Result<Value, String> {
     let sep = s(&a[0])?;
     let text = s(&a[1])?;
+    // Every piece is a value of its own (tens of bytes): bound them before making them.
+    let pieces = if sep.is_empty() {
+        text.chars().count()
+    } else {
+        text.matches(sep.as_str()).count() + 1
+    };
+    if pieces.saturating_mul(VALUE_OVERHEAD_BYTES) > budget::left() {
+        return Err(budget::work_error());
+    }
     if sep.is_empty() {
         return Ok(Value::Array(
             text.chars().map(|c| Value::String(c.to_string())).collect(),

@@ -584,12 +584,26 @@ fn functions_that_multiply_their_input_are_bounded_before_they_run() {
         "length(replace(local.s, \" \", local.s))",
         "length(regex_replace(local.s, \" \", local.s))",
         "length(join(local.s, split(\"\", local.s)))",
+        // A million pieces of a string that doubles through locals.
+        "length(split(\"\", replace(format(\"%4000s\", \"\"), \" \", format(\"%4000s\", \"\"))))",
         // Copies of a local, each a reference hcl-rs copies before any function runs.
         &format!("length([{}])", vec!["local.s"; 2000].join(", ")),
     ] {
         let e = err(&meta_file(S40K, &format!("    m = {expr}\n")));
         assert!(e.contains("bytes of work"), "{expr}: {e}");
     }
+}
+
+#[test]
+fn distinct_is_linear() {
+    // 100 000 elements: quadratic would be 10^10 comparisons.
+    let job = parse_text(&meta_file(
+        "  l = flatten([for a in range(1000) : range(100)])\n",
+        "    m = length(distinct(local.l))\n    n = length(toset(concat(local.l, [\"x\"])))\n",
+    ))
+    .expect("distinct");
+    assert_eq!(job["Job"]["Meta"]["m"], "100");
+    assert_eq!(job["Job"]["Meta"]["n"], "101");
 }
 
 #[test]
