@@ -98,48 +98,65 @@ impl Cost<'_> {
     }
 
     fn for_expr(&mut self, whole: &Expression, f: &hcl::edit::expr::ForExpr) {
+        self.bounded_loop(whole, &f.intro.collection_expr, 0, |body| {
+            if let Some(k) = &f.key_expr {
+                body.visit_expr(k);
+            }
+            body.visit_expr(&f.value_expr);
+            if let Some(c) = &f.cond {
+                body.visit_expr(&c.expr);
+            }
+        });
+    }
+
+    /// A `for` expression or a template's `%{ for }` at `at`, over `collection`, each
+    /// iteration building `literal` bytes of text and what `body` visits.
+    fn bounded_loop(
+        &mut self,
+        at: &dyn hcl::edit::Span,
+        collection_expr: &Expression,
+        literal: usize,
+        visit_body: impl FnOnce(&mut Self),
+    ) {
         if self.in_for {
             self.error = Some(self.src.error(
-                whole,
+                at,
                 "a for expression inside another is not supported by Drover",
             ));
             return;
         }
         let mut collection = self.nested();
-        collection.visit_expr(&f.intro.collection_expr);
+        collection.visit_expr(collection_expr);
         if collection.error.is_some() {
             self.error = collection.error;
             return;
         }
         if collection.bytes > budget::left() {
-            self.error = Some(self.src.error(whole, budget::work_error()));
+            self.error = Some(self.src.error(at, budget::work_error()));
             return;
         }
         // The collection is evaluated once here and once by hcl-rs; an error is left
         // for hcl-rs to report in its words.
-        let converted: hcl::Expression = f.intro.collection_expr.clone().into();
+        let converted: hcl::Expression = collection_expr.clone().into();
         let length = match converted.evaluate(self.ctx) {
             Ok(Value::Array(items)) => items.len(),
             Ok(Value::Object(m)) => m.len(),
             _ => 0,
         };
         let mut body = self.nested();
-        if let Some(k) = &f.key_expr {
-            body.visit_expr(k);
-        }
-        body.visit_expr(&f.value_expr);
-        if let Some(c) = &f.cond {
-            body.visit_expr(&c.expr);
-        }
+        visit_body(&mut body);
         if body.error.is_some() {
             self.error = body.error;
             return;
         }
-        let each = body.bytes.saturating_add(FOR_ITERATION_BYTES);
+        let each = body
+            .bytes
+            .saturating_add(literal)
+            .saturating_add(FOR_ITERATION_BYTES);
         let bound = length.saturating_mul(each);
         if bound > super::MAX_FOR_BYTES {
             self.error = Some(self.src.error(
-                whole,
+                at,
                 format!(
                     "this for expression may build {bound} bytes ({length} elements, {each} bytes each), more than Drover's limit of {} bytes",
                     super::MAX_FOR_BYTES
@@ -153,6 +170,26 @@ impl Cost<'_> {
             .saturating_add(collection.bytes.saturating_mul(2))
             .saturating_add(bound);
     }
+}
+
+/// The bytes of text a template's literals (and its `%{ if }`s') hold.
+fn literal_bytes(template: &hcl::edit::template::Template) -> usize {
+    use hcl::edit::template::{Directive, Element};
+    template
+        .iter()
+        .map(|e| match e {
+            Element::Literal(l) => l.len(),
+            Element::Interpolation(_) => 0,
+            Element::Directive(d) => match d.as_ref() {
+                Directive::If(i) => literal_bytes(&i.if_expr.template).saturating_add(
+                    i.else_expr
+                        .as_ref()
+                        .map_or(0, |x| literal_bytes(&x.template)),
+                ),
+                Directive::For(f) => literal_bytes(&f.for_expr.template),
+            },
+        })
+        .fold(0, usize::saturating_add)
 }
 
 impl hcl::edit::visit::Visit for Cost<'_> {
@@ -189,6 +226,19 @@ impl hcl::edit::visit::Visit for Cost<'_> {
             }
             _ => hcl::edit::visit::visit_expr(self, expr),
         }
+    }
+
+    fn visit_for_directive(&mut self, node: &hcl::edit::template::ForDirective) {
+        if self.error.is_some() {
+            return;
+        }
+        let f = &node.for_expr;
+        self.bounded_loop(
+            node,
+            &f.collection_expr,
+            literal_bytes(&f.template),
+            |body| body.visit_template(&f.template),
+        );
     }
 }
 
@@ -295,6 +345,18 @@ impl VisitMut for RuntimeRefs<'_> {
             return;
         }
         visit_expr_mut(self, expr);
+    }
+
+    /// A template's `%{ for }`: its variables are defined inside it, as a `for`'s.
+    fn visit_for_template_expr_mut(&mut self, node: &mut hcl::edit::template::ForTemplateExpr) {
+        self.visit_expr_mut(&mut node.collection_expr);
+        let depth = self.scopes.len();
+        self.scopes.push(node.value_var.as_str().to_owned());
+        if let Some(k) = &node.key_var {
+            self.scopes.push(k.as_str().to_owned());
+        }
+        self.visit_template_mut(&mut node.template);
+        self.scopes.truncate(depth);
     }
 }
 

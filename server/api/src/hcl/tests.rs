@@ -588,6 +588,7 @@ fn functions_that_multiply_their_input_are_bounded_before_they_run() {
         "length(split(\"\", replace(format(\"%4000s\", \"\"), \" \", format(\"%4000s\", \"\"))))",
         // Copies of a local, each a reference hcl-rs copies before any function runs.
         &format!("length([{}])", vec!["local.s"; 2000].join(", ")),
+        &format!("length(\"{}\")", vec!["${local.s}"; 2000].join("")),
     ] {
         let e = err(&meta_file(S40K, &format!("    m = {expr}\n")));
         assert!(e.contains("bytes of work"), "{expr}: {e}");
@@ -627,6 +628,27 @@ fn a_for_inside_another_is_refused_on_the_inner_for() {
             "{expr}: {e}"
         );
     }
+    // A template's `%{ for }` too, with its text counted.
+    let e = err(&meta_file(
+        "",
+        "    m = \"%{ for a in range(3) }%{ for b in range(3) }x%{ endfor }%{ endfor }\"\n",
+    ));
+    assert!(
+        e.ends_with("a for expression inside another is not supported by Drover"),
+        "{e}"
+    );
+    let text = "x".repeat(20_000);
+    let e = err(&meta_file(
+        "",
+        &format!("    m = \"%{{ for a in range(1024) }}{text}%{{ endfor }}\"\n"),
+    ));
+    assert!(e.contains("this for expression may build"), "{e}");
+    let job = parse_text(&meta_file(
+        "",
+        "    m = \"%{ for a in range(3) }${a}%{ endfor }\"\n",
+    ))
+    .expect("a template for");
+    assert_eq!(job["Job"]["Meta"]["m"], "012");
     // One level of for is fine.
     let job = parse_text(&meta_file(
         "",
