@@ -42,6 +42,13 @@
 //! (with a "did you mean"), an unknown block, a block or argument of Nomad's that Drover
 //! does not support yet ([`UNSUPPORTED_BLOCKS`], [`UNSUPPORTED_ARGUMENTS`]), a value of the
 //! wrong type, an expression that cannot be evaluated, a variable without a value.
+//!
+//! Evaluation is bounded (job files come from users, and from the network through
+//! `/v1/jobs/parse`): a value nests at most [`MAX_VALUE_DEPTH`] levels and takes at most
+//! [`MAX_VALUE_BYTES`]; variables and locals together at most [`MAX_VARIABLES_BYTES`];
+//! a `for` (or a template's `%{ for }`) cannot sit inside another, and may build at most
+//! [`MAX_FOR_BYTES`], bounded before it runs; the functions and expressions of one parse
+//! do at most [`MAX_PARSE_WORK_BYTES`] of work.
 
 mod budget;
 mod eval;

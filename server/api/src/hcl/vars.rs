@@ -330,12 +330,13 @@ pub(crate) fn context(
         }
     }
     let mut locals = Map::new();
-    let mut locals_bytes: usize = 0;
+    // The variables are copied into each round's context too.
+    let mut context_bytes: usize = super::budget::named_size("var", None);
     while !pending.is_empty() {
-        // Each round copies the locals and tries every pending one: charged, so an
-        // order that needs one round per local stays bounded.
+        // Each round copies the variables and locals and tries every pending local:
+        // charged, so an order that needs one round per local stays bounded.
         super::budget::charge(
-            locals_bytes.saturating_add(pending.len().saturating_mul(LOCAL_ATTEMPT_BYTES)),
+            context_bytes.saturating_add(pending.len().saturating_mul(LOCAL_ATTEMPT_BYTES)),
         )
         .map_err(|e| src.error(pending[0], e))?;
         let mut ctx = funcs::base_context();
@@ -351,7 +352,7 @@ pub(crate) fn context(
             match evaluate(src, &ctx, &a.value) {
                 Ok(v) => match named(src, &a.value, "local", a.key.as_str(), &v) {
                     Ok(size) => {
-                        locals_bytes = locals_bytes.saturating_add(size);
+                        context_bytes = context_bytes.saturating_add(size);
                         locals.insert(a.key.as_str().to_owned(), v);
                         false
                     }
