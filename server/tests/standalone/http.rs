@@ -1156,4 +1156,47 @@ job "web" {
         (a.status, a.text()),
         (StatusCode::BAD_REQUEST, "Job HCL must be specified".into())
     );
+
+    // What used to overflow the server's stack (locals wrapping each other 60 levels at
+    // a time) and what used to take gigabytes (nested fors): refused, several at once,
+    // and the server goes on parsing.
+    let wrap = |inner: &str| format!("{}{inner}{}", "[".repeat(60), "]".repeat(60));
+    let mut deep = format!("locals {{\n  l0 = {}\n", wrap("1"));
+    for i in 1..3000 {
+        deep.push_str(&format!(
+            "  l{i} = {}\n",
+            wrap(&format!("local.l{}", i - 1))
+        ));
+    }
+    deep.push_str("}\njob \"x\" {\n  meta { m = jsonencode(local.l2999) }\n}\n");
+    let nested = "job \"x\" {\n  meta { m = jsonencode([for a in range(1024) : [for b in range(64) : format(\"%4096s\", \"\")]]) }\n}\n";
+    let attacks = (0..4).map(|i| {
+        let text = if i % 2 == 0 {
+            deep.clone()
+        } else {
+            nested.to_owned()
+        };
+        let h = &h;
+        async move {
+            h.write(Method::POST, "/v1/jobs/parse", json!({"JobHCL": text}))
+                .await
+        }
+    });
+    for (i, a) in futures_util::future::join_all(attacks)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+        let expected = if i % 2 == 0 {
+            "nested deeper than 64 levels"
+        } else {
+            "a for expression inside another is not supported by Drover"
+        };
+        assert!(a.text().contains(expected), "{}", a.text());
+    }
+    let a = h
+        .write(Method::POST, "/v1/jobs/parse", json!({"JobHCL": hcl}))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
 }

@@ -10,12 +10,20 @@ use hcl::edit::visit_mut::{VisitMut, visit_expr_mut};
 use hcl::eval::{Context, Evaluate as _};
 use serde_json::Value as Json;
 
+use hcl::edit::expr::TraversalOperator;
+use hcl::edit::visit::Visit as _;
+
+use super::budget;
 use super::source::{HclError, Source};
 
 /// Roots the evaluation context defines; any other root is a runtime reference.
 const DEFINED_ROOTS: &[&str] = &["var", "local"];
 
-/// Evaluate `expr` (parsed from `src`) in `ctx`.
+/// Evaluate `expr` (parsed from `src`) in `ctx`. The value is refused when nested
+/// deeper than [`MAX_VALUE_DEPTH`](super::MAX_VALUE_DEPTH) or larger than
+/// [`MAX_VALUE_BYTES`](super::MAX_VALUE_BYTES); the work it takes is charged to the
+/// parse's budget, and bounded before it starts where hcl-rs does it (`for`s and the
+/// copies of variables and locals it makes for each reference).
 pub(crate) fn evaluate(src: &Source, ctx: &Context, expr: &Expression) -> Result<Value, HclError> {
     let mut rewritten = expr.clone();
     RuntimeRefs {
@@ -23,23 +31,33 @@ pub(crate) fn evaluate(src: &Source, ctx: &Context, expr: &Expression) -> Result
         scopes: Vec::new(),
     }
     .visit_expr_mut(&mut rewritten);
+    let mut cost = Cost {
+        src,
+        ctx,
+        in_for: false,
+        bytes: 0,
+        error: None,
+    };
+    cost.visit_expr(&rewritten);
+    if let Some(e) = cost.error {
+        return Err(e);
+    }
+    // The copies and loops hcl-rs will make, charged before it makes them.
+    budget::charge(cost.bytes).map_err(|e| src.error(expr, e))?;
     let converted: hcl::Expression = rewritten.into();
     let value = converted
         .evaluate(ctx)
         .map_err(|e| src.error(expr, format!("cannot evaluate: {e}")))?;
-    let value = sorted(value);
-    let mut budget = super::MAX_VALUE_BYTES;
-    if !fits(&value, &mut budget) {
-        return Err(src.error(
-            expr,
-            format!("the value is larger than {} bytes", super::MAX_VALUE_BYTES),
-        ));
-    }
-    Ok(value)
+    // Measured before anything recurses on it (`sorted`, the job's conversions).
+    let size = budget::measure(&value, super::MAX_VALUE_BYTES)
+        .map_err(|why| src.error(expr, budget::too_big_message(why, super::MAX_VALUE_BYTES)))?;
+    budget::charge(size).map_err(|e| src.error(expr, e))?;
+    Ok(sorted(value))
 }
 
 /// `v` with every object's keys in order: cty's maps and objects are ordered by key,
-/// and a `for` over one (or its JSON) follows that order in Nomad.
+/// and a `for` over one (or its JSON) follows that order in Nomad. Only for measured
+/// values (at most `MAX_VALUE_DEPTH` levels).
 fn sorted(v: Value) -> Value {
     match v {
         Value::Object(m) => {
@@ -52,21 +70,175 @@ fn sorted(v: Value) -> Value {
     }
 }
 
-/// Whether `v` takes at most `budget` bytes (about: its JSON size), stopping early.
-fn fits(v: &Value, budget: &mut usize) -> bool {
-    let own = match v {
-        Value::String(s) => s.len() + 2,
-        Value::Object(m) => m.keys().map(|k| k.len() + 4).sum::<usize>() + 2,
-        _ => 8,
-    };
-    let Some(left) = budget.checked_sub(own) else {
-        return false;
-    };
-    *budget = left;
-    match v {
-        Value::Array(items) => items.iter().all(|i| fits(i, budget)),
-        Value::Object(m) => m.values().all(|i| fits(i, budget)),
-        _ => true,
+/// An upper bound of the bytes an expression copies out of variables and locals (each
+/// reference copies its value), with each `for` multiplying its body's by the length
+/// of its collection; refuses a `for` inside another and a `for` whose bound exceeds
+/// [`MAX_FOR_BYTES`](super::MAX_FOR_BYTES). hcl-rs runs the loops, so this is the only
+/// place to bound them before they run.
+struct Cost<'a> {
+    src: &'a Source<'a>,
+    ctx: &'a Context<'a>,
+    in_for: bool,
+    bytes: usize,
+    error: Option<HclError>,
+}
+
+/// What one iteration of a `for` may build besides the values it references.
+const FOR_ITERATION_BYTES: usize = 1024;
+
+impl Cost<'_> {
+    fn nested(&self) -> Self {
+        Cost {
+            src: self.src,
+            ctx: self.ctx,
+            in_for: true,
+            bytes: 0,
+            error: None,
+        }
+    }
+
+    fn for_expr(&mut self, whole: &Expression, f: &hcl::edit::expr::ForExpr) {
+        self.bounded_loop(whole, &f.intro.collection_expr, 0, |body| {
+            if let Some(k) = &f.key_expr {
+                body.visit_expr(k);
+            }
+            body.visit_expr(&f.value_expr);
+            if let Some(c) = &f.cond {
+                body.visit_expr(&c.expr);
+            }
+        });
+    }
+
+    /// A `for` expression or a template's `%{ for }` at `at`, over `collection`, each
+    /// iteration building `literal` bytes of text and what `body` visits.
+    fn bounded_loop(
+        &mut self,
+        at: &dyn hcl::edit::Span,
+        collection_expr: &Expression,
+        literal: usize,
+        visit_body: impl FnOnce(&mut Self),
+    ) {
+        if self.in_for {
+            self.error = Some(self.src.error(
+                at,
+                "a for expression inside another is not supported by Drover",
+            ));
+            return;
+        }
+        let mut collection = self.nested();
+        collection.visit_expr(collection_expr);
+        if collection.error.is_some() {
+            self.error = collection.error;
+            return;
+        }
+        if collection.bytes > budget::left() {
+            self.error = Some(self.src.error(at, budget::work_error()));
+            return;
+        }
+        // The collection is evaluated once here and once by hcl-rs; an error is left
+        // for hcl-rs to report in its words.
+        let converted: hcl::Expression = collection_expr.clone().into();
+        let length = match converted.evaluate(self.ctx) {
+            Ok(Value::Array(items)) => items.len(),
+            Ok(Value::Object(m)) => m.len(),
+            _ => 0,
+        };
+        let mut body = self.nested();
+        visit_body(&mut body);
+        if body.error.is_some() {
+            self.error = body.error;
+            return;
+        }
+        let each = body
+            .bytes
+            .saturating_add(literal)
+            .saturating_add(FOR_ITERATION_BYTES);
+        let bound = length.saturating_mul(each);
+        if bound > super::MAX_FOR_BYTES {
+            self.error = Some(self.src.error(
+                at,
+                format!(
+                    "this for expression may build {bound} bytes ({length} elements, {each} bytes each), more than Drover's limit of {} bytes",
+                    super::MAX_FOR_BYTES
+                ),
+            ));
+            return;
+        }
+        // The collection's copies are made twice: here and by hcl-rs.
+        self.bytes = self
+            .bytes
+            .saturating_add(collection.bytes.saturating_mul(2))
+            .saturating_add(bound);
+    }
+}
+
+/// The bytes of text a template's literals (and its `%{ if }`s') hold.
+fn literal_bytes(template: &hcl::edit::template::Template) -> usize {
+    use hcl::edit::template::{Directive, Element};
+    template
+        .iter()
+        .map(|e| match e {
+            Element::Literal(l) => l.len(),
+            Element::Interpolation(_) => 0,
+            Element::Directive(d) => match d.as_ref() {
+                Directive::If(i) => literal_bytes(&i.if_expr.template).saturating_add(
+                    i.else_expr
+                        .as_ref()
+                        .map_or(0, |x| literal_bytes(&x.template)),
+                ),
+                Directive::For(f) => literal_bytes(&f.for_expr.template),
+            },
+        })
+        .fold(0, usize::saturating_add)
+}
+
+impl hcl::edit::visit::Visit for Cost<'_> {
+    fn visit_expr(&mut self, expr: &Expression) {
+        if self.error.is_some() {
+            return;
+        }
+        match expr {
+            Expression::ForExpr(f) => self.for_expr(expr, f),
+            Expression::Variable(v) if DEFINED_ROOTS.contains(&v.as_str()) => {
+                self.bytes = self
+                    .bytes
+                    .saturating_add(budget::named_size(v.as_str(), None));
+            }
+            Expression::Traversal(t) => {
+                if let Expression::Variable(v) = &t.expr
+                    && DEFINED_ROOTS.contains(&v.as_str())
+                {
+                    let name = match t.operators.first().map(|o| o.value()) {
+                        Some(TraversalOperator::GetAttr(i)) => Some(i.as_str()),
+                        _ => None,
+                    };
+                    self.bytes = self
+                        .bytes
+                        .saturating_add(budget::named_size(v.as_str(), name));
+                } else {
+                    self.visit_expr(&t.expr);
+                }
+                for op in &t.operators {
+                    if let TraversalOperator::Index(i) = op.value() {
+                        self.visit_expr(i);
+                    }
+                }
+            }
+            _ => hcl::edit::visit::visit_expr(self, expr),
+        }
+    }
+
+    fn visit_for_directive(&mut self, node: &hcl::edit::template::ForDirective) {
+        if self.error.is_some() {
+            return;
+        }
+        let f = &node.for_expr;
+        self.bounded_loop(
+            node,
+            &f.collection_expr,
+            literal_bytes(&f.template),
+            |body| body.visit_template(&f.template),
+        );
     }
 }
 
@@ -173,6 +345,18 @@ impl VisitMut for RuntimeRefs<'_> {
             return;
         }
         visit_expr_mut(self, expr);
+    }
+
+    /// A template's `%{ for }`: its variables are defined inside it, as a `for`'s.
+    fn visit_for_template_expr_mut(&mut self, node: &mut hcl::edit::template::ForTemplateExpr) {
+        self.visit_expr_mut(&mut node.collection_expr);
+        let depth = self.scopes.len();
+        self.scopes.push(node.value_var.as_str().to_owned());
+        if let Some(k) = &node.key_var {
+            self.scopes.push(k.as_str().to_owned());
+        }
+        self.visit_template_mut(&mut node.template);
+        self.scopes.truncate(depth);
     }
 }
 

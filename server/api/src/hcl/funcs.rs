@@ -13,6 +13,7 @@ use hcl::eval::{Context, FuncArgs, FuncDef, ParamType};
 use hcl::{Map, Value};
 
 use super::MAX_INCLUDED_FILE_BYTES;
+use super::budget;
 use super::eval::{describe, number_text, to_int, to_number, to_string};
 
 type Func = fn(FuncArgs) -> Result<Value, String>;
@@ -39,47 +40,57 @@ impl Drop for BaseDirGuard {
     }
 }
 
+/// A function of `n` parameters whose every call is charged to the parse's budget
+/// ([`budget::charge_result`]). hcl-rs takes plain `fn`s, hence the `const` and a macro.
+macro_rules! fixed {
+    ($n:expr, $f:expr) => {{
+        const F: Func = $f;
+        FuncDef::builder()
+            .params((0..$n).map(|_| ParamType::Any))
+            .build(|a| budget::charge_result(F(a)))
+    }};
+}
+
+/// [`fixed!`] with any number of further parameters.
+macro_rules! variadic {
+    ($n:expr, $f:expr) => {{
+        const F: Func = $f;
+        FuncDef::builder()
+            .params((0..$n).map(|_| ParamType::Any))
+            .variadic_param(ParamType::Any)
+            .build(|a| budget::charge_result(F(a)))
+    }};
+}
+
 /// A context with every function and no variable.
 pub(crate) fn base_context() -> Context<'static> {
     let mut ctx = Context::new();
-    let any = || ParamType::Any;
-    let fixed = |n: usize, f: Func| {
-        FuncDef::builder()
-            .params((0..n).map(|_| ParamType::Any))
-            .build(f)
-    };
-    let variadic = |n: usize, f: Func| {
-        FuncDef::builder()
-            .params((0..n).map(|_| ParamType::Any))
-            .variadic_param(any())
-            .build(f)
-    };
     let table: Vec<(&str, FuncDef)> = vec![
         (
             "upper",
-            fixed(1, |a| Ok(Value::String(s(&a[0])?.to_uppercase()))),
+            fixed!(1, |a| Ok(Value::String(s(&a[0])?.to_uppercase()))),
         ),
         (
             "lower",
-            fixed(1, |a| Ok(Value::String(s(&a[0])?.to_lowercase()))),
+            fixed!(1, |a| Ok(Value::String(s(&a[0])?.to_lowercase()))),
         ),
-        ("title", fixed(1, title)),
-        ("format", variadic(1, format)),
-        ("join", variadic(1, join)),
-        ("split", fixed(2, split)),
-        ("concat", variadic(0, concat)),
-        ("length", fixed(1, length)),
-        ("lookup", variadic(2, lookup)),
-        ("merge", variadic(0, merge)),
-        ("replace", fixed(3, replace)),
-        ("regex_replace", fixed(3, regex_replace)),
+        ("title", fixed!(1, title)),
+        ("format", variadic!(1, format)),
+        ("join", variadic!(1, join)),
+        ("split", fixed!(2, split)),
+        ("concat", variadic!(0, concat)),
+        ("length", fixed!(1, length)),
+        ("lookup", variadic!(2, lookup)),
+        ("merge", variadic!(0, merge)),
+        ("replace", fixed!(3, replace)),
+        ("regex_replace", fixed!(3, regex_replace)),
         (
             "trimspace",
-            fixed(1, |a| Ok(Value::String(s(&a[0])?.trim().to_owned()))),
+            fixed!(1, |a| Ok(Value::String(s(&a[0])?.trim().to_owned()))),
         ),
         (
             "trim",
-            fixed(2, |a| {
+            fixed!(2, |a| {
                 let cut = s(&a[1])?;
                 Ok(Value::String(
                     s(&a[0])?.trim_matches(|c| cut.contains(c)).to_owned(),
@@ -88,7 +99,7 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "trimprefix",
-            fixed(2, |a| {
+            fixed!(2, |a| {
                 let text = s(&a[0])?;
                 Ok(Value::String(
                     text.strip_prefix(s(&a[1])?.as_str())
@@ -99,7 +110,7 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "trimsuffix",
-            fixed(2, |a| {
+            fixed!(2, |a| {
                 let text = s(&a[0])?;
                 Ok(Value::String(
                     text.strip_suffix(s(&a[1])?.as_str())
@@ -110,16 +121,16 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "chomp",
-            fixed(1, |a| {
+            fixed!(1, |a| {
                 Ok(Value::String(
                     s(&a[0])?.trim_end_matches(['\n', '\r']).to_owned(),
                 ))
             }),
         ),
-        ("substr", fixed(3, substr)),
+        ("substr", fixed!(3, substr)),
         (
             "jsonencode",
-            fixed(1, |a| {
+            fixed!(1, |a| {
                 serde_json::to_string(&a[0])
                     .map(Value::String)
                     .map_err(|e| e.to_string())
@@ -127,43 +138,46 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "jsondecode",
-            fixed(1, |a| {
+            fixed!(1, |a| {
                 serde_json::from_str::<Value>(&s(&a[0])?).map_err(|e| format!("jsondecode: {e}"))
             }),
         ),
         (
             "tostring",
-            fixed(1, |a| match &a[0] {
+            fixed!(1, |a| match &a[0] {
                 Value::Null => Ok(Value::Null),
                 v => to_string(v).map(Value::String),
             }),
         ),
         (
             "tonumber",
-            fixed(1, |a| match &a[0] {
+            fixed!(1, |a| match &a[0] {
                 Value::Null => Ok(Value::Null),
                 v => Ok(num(to_number(v)?)),
             }),
         ),
         (
             "tobool",
-            fixed(1, |a| match &a[0] {
+            fixed!(1, |a| match &a[0] {
                 Value::Null => Ok(Value::Null),
                 v => super::eval::to_bool(v).map(Value::Bool),
             }),
         ),
-        ("tolist", fixed(1, |a| list(&a[0]).map(Value::Array))),
-        ("toset", fixed(1, |a| Ok(Value::Array(dedup(list(&a[0])?))))),
+        ("tolist", fixed!(1, |a| list(&a[0]).map(Value::Array))),
+        (
+            "toset",
+            fixed!(1, |a| Ok(Value::Array(dedup(list(&a[0])?)))),
+        ),
         (
             "tomap",
-            fixed(1, |a| match &a[0] {
+            fixed!(1, |a| match &a[0] {
                 Value::Object(_) => Ok(a[0].clone()),
                 v => Err(format!("a map is required, found {}", describe(v))),
             }),
         ),
         (
             "coalesce",
-            variadic(0, |a| {
+            variadic!(0, |a| {
                 a.iter()
                     .find(|v| !matches!(v, Value::Null))
                     .cloned()
@@ -172,7 +186,7 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "coalescelist",
-            variadic(0, |a| {
+            variadic!(0, |a| {
                 a.iter()
                     .find(|v| matches!(v, Value::Array(items) if !items.is_empty()))
                     .cloned()
@@ -181,7 +195,7 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "compact",
-            fixed(1, |a| {
+            fixed!(1, |a| {
                 Ok(Value::Array(
                     list(&a[0])?
                         .into_iter()
@@ -195,21 +209,21 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "distinct",
-            fixed(1, |a| Ok(Value::Array(dedup(list(&a[0])?)))),
+            fixed!(1, |a| Ok(Value::Array(dedup(list(&a[0])?)))),
         ),
         (
             "flatten",
-            fixed(1, |a| Ok(Value::Array(flatten(list(&a[0])?)))),
+            fixed!(1, |a| Ok(Value::Array(flatten(list(&a[0])?)))),
         ),
         (
             "reverse",
-            fixed(1, |a| {
+            fixed!(1, |a| {
                 Ok(Value::Array(list(&a[0])?.into_iter().rev().collect()))
             }),
         ),
         (
             "index",
-            fixed(2, |a| {
+            fixed!(2, |a| {
                 list(&a[0])?
                     .iter()
                     .position(|v| *v == a[1])
@@ -217,15 +231,15 @@ pub(crate) fn base_context() -> Context<'static> {
                     .ok_or_else(|| "item not found".to_owned())
             }),
         ),
-        ("min", variadic(0, |a| extreme(&a, |x, y| x < y))),
-        ("max", variadic(0, |a| extreme(&a, |x, y| x > y))),
-        ("abs", fixed(1, |a| Ok(num(to_number(&a[0])?.abs())))),
-        ("ceil", fixed(1, |a| Ok(num(to_number(&a[0])?.ceil())))),
-        ("floor", fixed(1, |a| Ok(num(to_number(&a[0])?.floor())))),
-        ("range", variadic(0, range)),
+        ("min", variadic!(0, |a| extreme(&a, |x, y| x < y))),
+        ("max", variadic!(0, |a| extreme(&a, |x, y| x > y))),
+        ("abs", fixed!(1, |a| Ok(num(to_number(&a[0])?.abs())))),
+        ("ceil", fixed!(1, |a| Ok(num(to_number(&a[0])?.ceil())))),
+        ("floor", fixed!(1, |a| Ok(num(to_number(&a[0])?.floor())))),
+        ("range", variadic!(0, range)),
         (
             "keys",
-            fixed(1, |a| match &a[0] {
+            fixed!(1, |a| match &a[0] {
                 Value::Object(m) => Ok(Value::Array(
                     sorted_keys(m).into_iter().map(Value::String).collect(),
                 )),
@@ -234,7 +248,7 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "values",
-            fixed(1, |a| match &a[0] {
+            fixed!(1, |a| match &a[0] {
                 Value::Object(m) => Ok(Value::Array(
                     sorted_keys(m)
                         .iter()
@@ -246,11 +260,11 @@ pub(crate) fn base_context() -> Context<'static> {
         ),
         (
             "contains",
-            fixed(2, |a| Ok(Value::Bool(list(&a[0])?.contains(&a[1])))),
+            fixed!(2, |a| Ok(Value::Bool(list(&a[0])?.contains(&a[1])))),
         ),
         (
             "element",
-            fixed(2, |a| {
+            fixed!(2, |a| {
                 let items = list(&a[0])?;
                 if items.is_empty() {
                     return Err("cannot use element() on an empty list".to_owned());
@@ -262,14 +276,14 @@ pub(crate) fn base_context() -> Context<'static> {
                 Ok(items[(i as usize) % items.len()].clone())
             }),
         ),
-        ("file", fixed(1, file)),
+        ("file", fixed!(1, file)),
         (
             "uuidv4",
-            fixed(0, |_| Ok(Value::String(uuid::Uuid::new_v4().to_string()))),
+            fixed!(0, |_| Ok(Value::String(uuid::Uuid::new_v4().to_string()))),
         ),
         (
             "timestamp",
-            fixed(0, |_| {
+            fixed!(0, |_| {
                 Ok(Value::String(
                     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
                 ))
@@ -302,14 +316,14 @@ fn list(v: &Value) -> Result<Vec<Value>, String> {
     }
 }
 
+/// `items` without repeats, first ones kept; in linear time (a list may hold a million
+/// elements), each element known by its JSON text.
 fn dedup(items: Vec<Value>) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::new();
-    for i in items {
-        if !out.contains(&i) {
-            out.push(i);
-        }
-    }
-    out
+    let mut seen = std::collections::HashSet::new();
+    items
+        .into_iter()
+        .filter(|i| seen.insert(serde_json::to_string(i).unwrap_or_default()))
+        .collect()
 }
 
 fn flatten(items: Vec<Value>) -> Vec<Value> {
@@ -350,12 +364,32 @@ fn join(a: FuncArgs) -> Result<Value, String> {
             parts.push(s(&item)?);
         }
     }
+    // The separator repeats: bound the result before building it.
+    let size = parts
+        .iter()
+        .map(|p| p.len().saturating_add(sep.len()))
+        .fold(0usize, usize::saturating_add);
+    if size > budget::left() {
+        return Err(budget::work_error());
+    }
     Ok(Value::String(parts.join(&sep)))
 }
+
+/// About what one value takes in memory besides its text.
+const VALUE_OVERHEAD_BYTES: usize = 32;
 
 fn split(a: FuncArgs) -> Result<Value, String> {
     let sep = s(&a[0])?;
     let text = s(&a[1])?;
+    // Every piece is a value of its own (tens of bytes): bound them before making them.
+    let pieces = if sep.is_empty() {
+        text.chars().count()
+    } else {
+        text.matches(sep.as_str()).count() + 1
+    };
+    if pieces.saturating_mul(VALUE_OVERHEAD_BYTES) > budget::left() {
+        return Err(budget::work_error());
+    }
     if sep.is_empty() {
         return Ok(Value::Array(
             text.chars().map(|c| Value::String(c.to_string())).collect(),
@@ -423,14 +457,33 @@ fn merge(a: FuncArgs) -> Result<Value, String> {
 /// `replace(s, substring, replacement)`: plain text, as Nomad's (cty's) `replace`
 /// (`regex_replace` takes a regular expression).
 fn replace(a: FuncArgs) -> Result<Value, String> {
-    Ok(Value::String(s(&a[0])?.replace(&s(&a[1])?, &s(&a[2])?)))
+    let (text, from, to) = (s(&a[0])?, s(&a[1])?, s(&a[2])?);
+    // Each match may grow: bound the result before building it.
+    let size = text
+        .len()
+        .saturating_add(text.matches(from.as_str()).count().saturating_mul(to.len()));
+    if size > budget::left() {
+        return Err(budget::work_error());
+    }
+    Ok(Value::String(text.replace(&from, &to)))
 }
 
 /// `regex_replace(s, pattern, replacement)` (`$1` in the replacement).
 fn regex_replace(a: FuncArgs) -> Result<Value, String> {
     let re = regex::Regex::new(&s(&a[1])?).map_err(|e| format!("regex_replace: {e}"))?;
+    let (text, to) = (s(&a[0])?, s(&a[2])?);
+    // Each match becomes the replacement with its groups (parts of the match)
+    // substituted: bound the result before building it.
+    let dollars = to.matches('$').count();
+    let mut size = text.len();
+    for m in re.find_iter(&text) {
+        size = size.saturating_add(to.len().saturating_add(dollars.saturating_mul(m.len())));
+        if size > budget::left() {
+            return Err(budget::work_error());
+        }
+    }
     Ok(Value::String(
-        re.replace_all(&s(&a[0])?, s(&a[2])?.as_str()).into_owned(),
+        re.replace_all(&text, to.as_str()).into_owned(),
     ))
 }
 
@@ -572,6 +625,10 @@ fn format(a: FuncArgs) -> Result<Value, String> {
             other => return Err(format!("format: unsupported verb %{other}")),
         };
         out.push_str(&pad(text, width.unwrap_or(0), &flags, numeric));
+        // Widths repeat for every verb: bound the result as it grows.
+        if out.len() > budget::left() {
+            return Err(budget::work_error());
+        }
     }
     if args.next().is_some() {
         return Err("format: too many arguments".to_owned());

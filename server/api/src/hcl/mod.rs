@@ -42,7 +42,15 @@
 //! (with a "did you mean"), an unknown block, a block or argument of Nomad's that Drover
 //! does not support yet ([`UNSUPPORTED_BLOCKS`], [`UNSUPPORTED_ARGUMENTS`]), a value of the
 //! wrong type, an expression that cannot be evaluated, a variable without a value.
+//!
+//! Evaluation is bounded (job files come from users, and from the network through
+//! `/v1/jobs/parse`): a value nests at most [`MAX_VALUE_DEPTH`] levels and takes at most
+//! [`MAX_VALUE_BYTES`]; variables and locals together at most [`MAX_VARIABLES_BYTES`];
+//! a `for` (or a template's `%{ for }`) cannot sit inside another, and may build at most
+//! [`MAX_FOR_BYTES`], bounded before it runs; the functions and expressions of one parse
+//! do at most [`MAX_PARSE_WORK_BYTES`] of work.
 
+mod budget;
 mod eval;
 mod funcs;
 mod job;
@@ -115,6 +123,23 @@ pub const MAX_INCLUDED_FILE_BYTES: u64 = 1 << 20;
 /// about): a job file cannot make the parser build an unbounded value out of small
 /// text (`concat(local.x, local.x)` doubling through locals).
 pub const MAX_VALUE_BYTES: usize = 4 << 20;
+
+/// The deepest nesting of lists and objects a value may have: the evaluator and the
+/// parser's helpers recurse on values, and locals could otherwise wrap each other
+/// without end (each within hcl-edit's limit on a literal's nesting).
+pub const MAX_VALUE_DEPTH: usize = 64;
+
+/// The work one parse's expressions may do, in bytes of values built: what our
+/// functions return (and 1 per call), every expression's value, the copies a `for`
+/// makes. A job file cannot make the parser spend unbounded memory or time.
+pub const MAX_PARSE_WORK_BYTES: usize = 64 << 20;
+
+/// The most one `for` expression may build, bounded before it runs: (elements of its
+/// collection) × (sizes of the variables and locals its body references + 1 KiB).
+pub const MAX_FOR_BYTES: usize = 16 << 20;
+
+/// The largest the variables and locals of one job file may be, all together.
+pub const MAX_VARIABLES_BYTES: usize = 16 << 20;
 
 /// Prefix of the environment variables that give input variables values
 /// (`NOMAD_VAR_region=eu`), as Nomad reads them.
@@ -190,6 +215,7 @@ fn parse_in(
     text: &str,
     inputs: &VarInputs,
 ) -> Result<serde_json::Value, HclError> {
+    let _budget = budget::ParseBudget::start();
     let src = source::Source::new(file_name, text);
     let body = src.parse_body()?;
     let _base = funcs::BaseDirGuard::set(base_dir);

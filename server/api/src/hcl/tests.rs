@@ -519,3 +519,205 @@ job "j" {
     let e = err("job \"j\" {\n  meta {\n    a = format(\"%99999d\", 1)\n  }\n}\n");
     assert!(e.contains("width or precision above"), "{e}");
 }
+
+fn meta_file(locals: &str, meta: &str) -> String {
+    format!("locals {{\n{locals}}}\njob \"j\" {{\n  meta {{\n{meta}  }}\n}}\n")
+}
+
+#[test]
+fn values_nested_deeper_than_64_levels_are_refused() {
+    // The attack that overflowed the stack, at a safe scale: each local wraps the last
+    // in 60 levels (hcl-edit allows 64 in one literal; locals used to stack them).
+    let wrap = |inner: &str| format!("{}{inner}{}", "[".repeat(60), "]".repeat(60));
+    let mut locals = format!("  l0 = {}\n", wrap("1"));
+    for i in 1..3000 {
+        locals.push_str(&format!(
+            "  l{i} = {}\n",
+            wrap(&format!("local.l{}", i - 1))
+        ));
+    }
+    let e = err(&meta_file(&locals, "    m = jsonencode(local.l2999)\n"));
+    assert!(
+        e.starts_with("job.hcl:3:8: ") && e.contains("nested deeper than 64 levels"),
+        "{e}"
+    );
+
+    // 64 levels are a value; 65 are refused, whichever function builds them.
+    let json = |levels: usize| format!("{}{}", "[".repeat(levels), "]".repeat(levels));
+    let ok = parse_text(&meta_file(
+        "",
+        &format!("    m = length(jsondecode(\"{}\"))\n", json(64)),
+    ))
+    .expect("64 levels parse");
+    assert_eq!(ok["Job"]["Meta"]["m"], "1");
+    let e = err(&meta_file(
+        "",
+        &format!("    m = length(jsondecode(\"{}\"))\n", json(65)),
+    ));
+    assert!(e.contains("nested deeper than 64 levels"), "{e}");
+}
+
+#[test]
+fn locals_in_reverse_order_are_bounded_work() {
+    // Each round of the locals' evaluation defines one: n rounds of n tries.
+    let locals: String = (0..3000)
+        .map(|i| format!("  l{i} = local.l{}\n", i + 1))
+        .chain(std::iter::once("  l3000 = 1\n".to_owned()))
+        .collect();
+    let e = err(&meta_file(&locals, "    m = local.l0\n"));
+    assert!(e.contains("bytes of work"), "{e}");
+    // A few out of order are fine.
+    let job = parse_text(&meta_file(
+        "  a = local.b\n  b = local.c\n  c = 3\n",
+        "    m = local.a\n",
+    ))
+    .expect("locals in any order");
+    assert_eq!(job["Job"]["Meta"]["m"], "3");
+}
+
+/// A 40 KB string local, cheap to build.
+const S40K: &str = "  s = join(\"\", [for a in range(10) : format(\"%4000s\", \"\")])\n";
+
+#[test]
+fn a_parse_has_a_work_budget_reset_for_each_parse() {
+    // Each entry builds a 4 MB list (4 MB of format() results, and the for's bound of
+    // 1 KiB an element): sixteen of them are more work than one parse may do.
+    let entry = |i: usize| {
+        format!("    m{i} = length([for a in range(1024) : format(\"%4000s\", \"\")])\n")
+    };
+    let many: String = (0..16).map(entry).collect();
+    let e = err(&meta_file("", &many));
+    assert!(
+        e.contains(&format!(
+            "the job file's expressions need more than {MAX_PARSE_WORK_BYTES} bytes of work"
+        )),
+        "{e}"
+    );
+    // Fewer fit, and the budget is afresh for each parse.
+    let few: String = (0..8).map(entry).collect();
+    for _ in 0..3 {
+        let job = parse_text(&meta_file("", &few)).expect("within the budget");
+        assert_eq!(job["Job"]["Meta"]["m7"], "1024");
+    }
+}
+
+#[test]
+fn functions_that_multiply_their_input_are_bounded_before_they_run() {
+    for expr in [
+        // 40 KB × 40 KB.
+        "length(replace(local.s, \" \", local.s))",
+        "length(regex_replace(local.s, \" \", local.s))",
+        "length(join(local.s, split(\"\", local.s)))",
+        // A million pieces of a string that doubles through locals.
+        "length(split(\"\", replace(format(\"%4000s\", \"\"), \" \", format(\"%4000s\", \"\"))))",
+        // Copies of a local, each a reference hcl-rs copies before any function runs.
+        &format!("length([{}])", vec!["local.s"; 2000].join(", ")),
+        &format!("length(\"{}\")", vec!["${local.s}"; 2000].join("")),
+    ] {
+        let e = err(&meta_file(S40K, &format!("    m = {expr}\n")));
+        assert!(e.contains("bytes of work"), "{expr}: {e}");
+    }
+}
+
+#[test]
+fn distinct_is_linear() {
+    // 100 000 elements: quadratic would be 10^10 comparisons.
+    let job = parse_text(&meta_file(
+        "  l = flatten([for a in range(1000) : range(100)])\n",
+        "    m = length(distinct(local.l))\n    n = length(toset(concat(local.l, [\"x\"])))\n",
+    ))
+    .expect("distinct");
+    assert_eq!(job["Job"]["Meta"]["m"], "100");
+    assert_eq!(job["Job"]["Meta"]["n"], "101");
+}
+
+#[test]
+fn a_for_inside_another_is_refused_on_the_inner_for() {
+    let e = err(&meta_file(
+        "",
+        "    m = jsonencode([for a in range(1024) : [for b in range(64) : format(\"%4096s\", \"\")]])\n",
+    ));
+    assert_eq!(
+        e,
+        "job.hcl:5:44: a for expression inside another is not supported by Drover"
+    );
+    for expr in [
+        "[for a in [for b in range(3) : b] : a]",
+        "{for a in range(3) : [for b in range(3) : b][0] => a}",
+        "[for a in range(3) : a if length([for b in range(3) : b]) > 0]",
+    ] {
+        let e = err(&meta_file("", &format!("    m = jsonencode({expr})\n")));
+        assert!(
+            e.ends_with("a for expression inside another is not supported by Drover"),
+            "{expr}: {e}"
+        );
+    }
+    // A template's `%{ for }` too, with its text counted.
+    let e = err(&meta_file(
+        "",
+        "    m = \"%{ for a in range(3) }%{ for b in range(3) }x%{ endfor }%{ endfor }\"\n",
+    ));
+    assert!(
+        e.ends_with("a for expression inside another is not supported by Drover"),
+        "{e}"
+    );
+    let text = "x".repeat(20_000);
+    let e = err(&meta_file(
+        "",
+        &format!("    m = \"%{{ for a in range(1024) }}{text}%{{ endfor }}\"\n"),
+    ));
+    assert!(e.contains("this for expression may build"), "{e}");
+    let job = parse_text(&meta_file(
+        "",
+        "    m = \"%{ for a in range(3) }${a}%{ endfor }\"\n",
+    ))
+    .expect("a template for");
+    assert_eq!(job["Job"]["Meta"]["m"], "012");
+    // One level of for is fine.
+    let job = parse_text(&meta_file(
+        "",
+        "    m = jsonencode([for a in range(3) : a * 2 if a > 0])\n",
+    ))
+    .expect("a for");
+    assert_eq!(job["Job"]["Meta"]["m"], "[2,4]");
+}
+
+#[test]
+fn a_for_whose_body_copies_a_big_local_is_refused_before_it_runs() {
+    let e = err(&meta_file(
+        S40K,
+        "    m = length([for a in range(1024) : local.s])\n",
+    ));
+    assert!(
+        e.starts_with("job.hcl:6:16: this for expression may build ")
+            && e.contains(&format!(
+                "more than Drover's limit of {MAX_FOR_BYTES} bytes"
+            )),
+        "{e}"
+    );
+    // A few copies are fine.
+    let job = parse_text(&meta_file(
+        S40K,
+        "    m = length([for a in range(4) : local.s])\n",
+    ))
+    .expect("a small for");
+    assert_eq!(job["Job"]["Meta"]["m"], "4");
+}
+
+#[test]
+fn variables_and_locals_together_are_bounded() {
+    // Each 3.5 MB, under the bound of one value; five are more than all may hold.
+    let mut locals =
+        String::from("  l1 = join(\"\", [for a in range(875) : format(\"%4000s\", \"\")])\n");
+    for i in 2..=5 {
+        locals.push_str(&format!("  l{i} = local.l1\n"));
+    }
+    let e = err(&meta_file(&locals, "    m = length(local.l5)\n"));
+    assert!(
+        e.starts_with("job.hcl:6:8: local.l5: ")
+            && e.contains(&format!(
+                "variables and locals together are larger than {MAX_VARIABLES_BYTES} bytes"
+            )),
+        "{e}"
+    );
+}

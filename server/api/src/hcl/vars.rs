@@ -296,6 +296,7 @@ pub(crate) fn context(
                 "variable \"{name}\" has no value: give it a default, -var {name}=..., a -var-file or {ENV_VAR_PREFIX}{name}"
             )));
         };
+        named(src, d.at, "var", &name, &v)?;
         vars.insert(name, v);
     }
     let vars = Value::Object(vars);
@@ -329,22 +330,46 @@ pub(crate) fn context(
         }
     }
     let mut locals = Map::new();
+    // The variables are copied into each round's context too.
+    let mut context_bytes: usize = super::budget::named_size("var", None);
     while !pending.is_empty() {
+        // Each round copies the variables and locals and tries every pending local:
+        // charged, so an order that needs one round per local stays bounded.
+        super::budget::charge(
+            context_bytes.saturating_add(pending.len().saturating_mul(LOCAL_ATTEMPT_BYTES)),
+        )
+        .map_err(|e| src.error(pending[0], e))?;
         let mut ctx = funcs::base_context();
         ctx.declare_var("var", vars.clone());
         ctx.declare_var("local", Value::Object(locals.clone()));
         let mut first_error = None;
         let before = pending.len();
-        pending.retain(|a| match evaluate(src, &ctx, &a.value) {
-            Ok(v) => {
-                locals.insert(a.key.as_str().to_owned(), v);
-                false
+        let mut refused = None;
+        pending.retain(|a| {
+            if refused.is_some() {
+                return true;
             }
-            Err(e) => {
-                first_error.get_or_insert(e);
-                true
+            match evaluate(src, &ctx, &a.value) {
+                Ok(v) => match named(src, &a.value, "local", a.key.as_str(), &v) {
+                    Ok(size) => {
+                        context_bytes = context_bytes.saturating_add(size);
+                        locals.insert(a.key.as_str().to_owned(), v);
+                        false
+                    }
+                    Err(e) => {
+                        refused = Some(e);
+                        true
+                    }
+                },
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    true
+                }
             }
         });
+        if let Some(e) = refused {
+            return Err(e);
+        }
         if pending.len() == before
             && let Some(e) = first_error
         {
@@ -357,6 +382,10 @@ pub(crate) fn context(
     ctx.declare_var("local", Value::Object(locals));
     Ok(ctx)
 }
+
+/// The work charged for each try at evaluating a local: a file whose locals need one
+/// round each (defined in reverse order) tries n²/2 times.
+const LOCAL_ATTEMPT_BYTES: usize = 1024;
 
 /// A value given as text (`-var x=...`, `NOMAD_VAR_x`): the text itself for a string (or
 /// untyped) variable, else an HCL expression (`[1, 2]`, `{ a = "b" }`, `3`) converted to
@@ -371,4 +400,27 @@ fn value_from_text(ty: &VarType, text: &str) -> Result<Value, String> {
             ty.convert(v)
         }
     }
+}
+
+/// Record the variable or local `root.name` (checked and measured): its size for the
+/// bounds of later expressions, and refused when all of them together are too large.
+fn named(
+    src: &Source,
+    at: &dyn hcl::edit::Span,
+    root: &str,
+    name: &str,
+    v: &Value,
+) -> Result<usize, HclError> {
+    let size = super::budget::measure(v, super::MAX_VALUE_BYTES).map_err(|why| {
+        src.error(
+            at,
+            format!(
+                "{root}.{name}: {}",
+                super::budget::too_big_message(why, super::MAX_VALUE_BYTES)
+            ),
+        )
+    })?;
+    super::budget::record_named(root, name, size)
+        .map_err(|e| src.error(at, format!("{root}.{name}: {e}")))?;
+    Ok(size)
 }

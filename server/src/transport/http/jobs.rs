@@ -3,6 +3,7 @@
 use axum::Extension;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -98,9 +99,29 @@ pub(super) async fn parse(
     if req.job_hcl.trim().is_empty() {
         return Err(ApiError::bad_request("Job HCL must be specified"));
     }
-    let job = wire::parse_hcl(&req.job_hcl, req.canonicalize, req.variables.as_deref())?;
+    // A parse may take a while (its work is bounded, not nil): on a blocking thread,
+    // a few at a time, so that parses never hold the async workers nor pile up.
+    let _slot = PARSE_SLOTS
+        .acquire()
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let job = tokio::task::spawn_blocking(move || {
+        wire::parse_hcl(&req.job_hcl, req.canonicalize, req.variables.as_deref())
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the parser failed: {e}"),
+        )
+    })??;
     answer(api.server.index(), job)
 }
+
+/// How many `/v1/jobs/parse` requests are parsed at once; the others wait their turn.
+const MAX_PARALLEL_PARSES: usize = 2;
+
+static PARSE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PARALLEL_PARSES);
 
 pub(super) async fn get(
     State(api): State<Api>,
