@@ -25,6 +25,21 @@ use crate::state::{Batch, State};
 /// than this (a plan placing thousands of allocations) is kept whole, alone.
 pub const MAX_BUFFERED_EVENTS: usize = 4096;
 
+/// About the most bytes of payloads the ring keeps: a job can be a few MiB, and 4096
+/// versions of one would otherwise stay in memory on every server.
+pub const MAX_BUFFERED_BYTES: usize = 256 * 1024 * 1024;
+
+/// About what an event's payload holds. A job is measured (its spec: the config,
+/// env and meta are what can be large); the other objects are bounded and small, and
+/// measuring every allocation of a big plan would cost placements.
+fn approx_bytes(p: &Payload) -> usize {
+    const SMALL: usize = 2048;
+    match p {
+        Payload::Job(job) => serde_json::to_vec(&job.spec).map_or(SMALL, |v| v.len() + SMALL),
+        Payload::Evaluation(_) | Payload::Allocation(_) | Payload::Node(_) => SMALL,
+    }
+}
+
 /// The namespace every Drover object is in (Nomad's default).
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -107,6 +122,9 @@ struct Ring {
     batches: VecDeque<Arc<EventBatch>>,
     /// Events in `batches`.
     events: usize,
+    /// About the bytes of their payloads ([`approx_bytes`]), by batch.
+    bytes: usize,
+    batch_bytes: VecDeque<usize>,
     /// The newest index whose batch was evicted (0: none yet).
     evicted_up_to: Index,
 }
@@ -117,6 +135,7 @@ pub struct EventBroker {
     /// The index of the newest batch published.
     published: watch::Sender<Index>,
     capacity: usize,
+    max_bytes: usize,
 }
 
 impl Default for EventBroker {
@@ -152,10 +171,13 @@ impl EventBroker {
             ring: Mutex::new(Ring {
                 batches: VecDeque::new(),
                 events: 0,
+                bytes: 0,
+                batch_bytes: VecDeque::new(),
                 evicted_up_to: 0,
             }),
             published: watch::channel(0).0,
             capacity: capacity.max(1),
+            max_bytes: MAX_BUFFERED_BYTES,
         }
     }
 
@@ -174,12 +196,18 @@ impl EventBroker {
             if ring.batches.back().is_some_and(|b| b.index >= index) {
                 return;
             }
+            let bytes: usize = events.iter().map(|e| approx_bytes(&e.payload)).sum();
             ring.events += events.len();
+            ring.bytes += bytes;
+            ring.batch_bytes.push_back(bytes);
             ring.batches
                 .push_back(Arc::new(EventBatch { index, events }));
-            while ring.events > self.capacity && ring.batches.len() > 1 {
+            while (ring.events > self.capacity || ring.bytes > self.max_bytes)
+                && ring.batches.len() > 1
+            {
                 if let Some(old) = ring.batches.pop_front() {
                     ring.events -= old.events.len();
+                    ring.bytes -= ring.batch_bytes.pop_front().unwrap_or(0);
                     ring.evicted_up_to = old.index;
                 }
             }
@@ -194,7 +222,9 @@ impl EventBroker {
         {
             let mut ring = self.ring();
             ring.batches.clear();
+            ring.batch_bytes.clear();
             ring.events = 0;
+            ring.bytes = 0;
             ring.evicted_up_to = ring.evicted_up_to.max(index);
         }
         self.published.send_modify(|i| *i = (*i).max(index));
@@ -424,6 +454,21 @@ mod tests {
         // StartAtClosest).
         let mut late = broker.subscribe(1);
         assert_eq!(late.next().await.unwrap().index, 7);
+    }
+
+    #[tokio::test]
+    async fn the_ring_is_bounded_in_bytes_too() {
+        // Small events by count, but more bytes than allowed: the oldest go.
+        let mut broker = EventBroker::with_capacity(1000);
+        broker.max_bytes = 5 * 2048;
+        for i in 1..=10 {
+            broker.publish(i, vec![node_event("n", i)]);
+        }
+        let ring = broker.ring();
+        assert_eq!(ring.batches.len(), 5);
+        assert_eq!(ring.bytes, 5 * 2048);
+        assert_eq!(ring.batch_bytes.len(), 5);
+        assert_eq!(ring.evicted_up_to, 5);
     }
 
     #[tokio::test]
