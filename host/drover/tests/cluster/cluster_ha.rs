@@ -495,7 +495,10 @@ fn a_paused_leader_resumed_past_its_lease_never_commits() {
     let job_text = service_job("queued", 2, &queued);
     let spec = drover_server_api::jobfile::parse_and_validate(&job_text, "queued.toml")
         .expect("a valid job");
-    let body = serde_json::to_string(&drover_server_api::JobRegisterRequest { job: spec }).unwrap();
+    let body = serde_json::to_string(&drover_server_api::nomad::JobRegisterRequest::new(
+        drover_server_api::nomad::Job::from(&spec),
+    ))
+    .unwrap();
     let conn = send_http(c.servers[leader].http, "/v1/jobs", &body);
 
     c.servers[leader].resume();
@@ -551,8 +554,9 @@ fn a_paused_leader_resumed_past_its_lease_never_commits() {
     if (200..300).contains(&code) {
         wait_running(&c, "queued", 2, &queued, Duration::from_secs(30));
     } else {
+        // Nomad's errors are a line of text.
         assert!(
-            answer.contains("error"),
+            !answer.trim().is_empty() && !answer.trim_start().starts_with('{'),
             "a refused registration says why: {code} {answer}"
         );
         if let Ok(job) = &queued_job {

@@ -352,12 +352,20 @@ async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
         Some(_) => {
             // Never the token itself in logs.
             tracing::warn!(method = %req.method(), path = %req.uri().path(), "refused a request with a wrong token");
-            ApiError::new(StatusCode::FORBIDDEN, PERMISSION_DENIED).into_response()
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{PERMISSION_DENIED}: invalid token (X-Nomad-Token; NOMAD_TOKEN or \
+                     DROVER_TOKEN for the CLI)"
+                ),
+            )
+            .into_response()
         }
         None => ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
-                "{PERMISSION_DENIED}: this server requires a token in the X-Nomad-Token header"
+                "{PERMISSION_DENIED}: this server requires a token in the X-Nomad-Token header \
+                 (NOMAD_TOKEN or DROVER_TOKEN for the CLI)"
             ),
         )
         .into_response(),
