@@ -727,13 +727,13 @@ async fn a_server_passes_client_requests_to_its_local_agent_after_the_token_chec
         None,
     )
     .await;
-    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     let resp = get(
         "/v1/client/allocation/aaaaaaaa-0000-4000-8000-0000000000a5/stats",
         Some("wrong"),
     )
     .await;
-    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
 
     let resp = get(
         "/v1/client/fs/logs/aaaaaaaa-0000-4000-8000-0000000000a5?task=web&type=stdout",
