@@ -7,7 +7,7 @@ use crate::server::Server;
 const STATUS_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Server {
-    /// This server's term, when it leads (`GET /v1/status/leader`).
+    /// This server's term, when it leads (`GET /v1/status/term`, Drover's own).
     pub fn leader_status(&self) -> Result<drover_server_api::LeaderStatus, ServerError> {
         match self.leadership.term() {
             Some(t) => Ok(drover_server_api::LeaderStatus {

@@ -431,14 +431,14 @@ impl Forwarder {
         }
     }
 
-    /// The leader's term id, asked of the leader (`GET /v1/status/leader`); `None`
+    /// The leader's term id, asked of the leader (`GET /v1/status/term`); `None`
     /// when it cannot be reached quickly.
     pub(crate) async fn leader_term(&self, to: &ServerInfo) -> Option<u64> {
         let channel = self.channel(to, Lane::Http).ok()?;
         let mut client = ApiClient::new(channel);
         let req = pb::ForwardRequest {
             method: "GET".into(),
-            path_and_query: "/v1/status/leader".into(),
+            path_and_query: "/v1/status/term".into(),
             headers: HashMap::new(),
             body: Vec::new(),
         };

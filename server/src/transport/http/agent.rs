@@ -160,6 +160,13 @@ pub(super) async fn regions(State(api): State<Api>, _q: Params) -> ApiResult {
     answer(api.server.index(), [api.server.region()])
 }
 
+/// Drover's own: this server's name and term when it leads (another server's
+/// `servers_status` asks the leader this; Nomad's `/v1/status/leader` is an address).
+pub(super) async fn leader_term(State(api): State<Api>) -> ApiResult {
+    let index = api.server.index();
+    answer(index, api.server.leader_status()?)
+}
+
 /// Drover's own: the servers, the leader and its term, the store (`drover server
 /// status`).
 pub(super) async fn servers_status(State(api): State<Api>) -> ApiResult {

@@ -210,6 +210,7 @@ pub fn router_with_local_agent(
         .route("/v1/status/leader", get(agent::leader))
         .route("/v1/status/peers", get(agent::peers))
         .route("/v1/status/servers", get(agent::servers_status))
+        .route("/v1/status/term", get(agent::leader_term))
         .route("/v1/regions", get(agent::regions))
         .route("/v1/event/stream", get(events::stream))
         .fallback(|| async { ApiError::not_found("404 page not found") })
