@@ -196,11 +196,14 @@ impl Core {
     /// made against the state before the change, and published before the index
     /// moves on, so a reader woken by the index finds them.
     fn apply_and_publish(&self, batches: Vec<Batch>, index: Index) {
+        let wanted = self.events.wanted();
         let events = {
             let mut st = self.write();
             let mut events = Vec::new();
             for b in batches {
-                events.extend(crate::events::of_batch(&st, &b, index));
+                if wanted {
+                    events.extend(crate::events::of_batch(&st, &b, index));
+                }
                 st.apply(b, index);
             }
             events
