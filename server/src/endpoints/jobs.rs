@@ -71,6 +71,58 @@ fn group_summaries(st: &State, j: &Job) -> BTreeMap<String, GroupSummary> {
     summary
 }
 
+/// What registering and scaling share: `spec` becomes the job's next version (unless
+/// it is the running job's already), the oldest versions past [`KEPT_VERSIONS`] go, and
+/// a new evaluation supersedes a blocked one; all into `b`. The job as it will be, and
+/// the evaluation's id.
+fn submit(
+    st: &State,
+    b: &mut Batch,
+    spec: JobSpec,
+    trigger: EvalTrigger,
+    index: drover_server_api::Index,
+    now: i64,
+) -> (Job, String) {
+    let existing = scheduler::StateView::job(st, &spec.name);
+    let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
+    let job = match existing {
+        Some(old) if !changed => old.clone(),
+        _ => Job {
+            version: existing.map_or(0, |old| old.version + 1),
+            create_index: existing.map_or(index, |old| old.create_index),
+            spec,
+            stop: false,
+            status: JobStatus::Pending,
+            submit_time: now,
+            modify_index: index,
+            job_modify_index: index,
+        },
+    };
+    if changed {
+        b.jobs.push(job.clone());
+        b.versions.push(job.clone());
+        if let Some(vs) = st.job_versions(&job.spec.name) {
+            // Keep the newest KEPT_VERSIONS (the new one included).
+            let drop = (vs.len() + 1).saturating_sub(KEPT_VERSIONS);
+            b.drop_versions
+                .extend(vs.keys().take(drop).map(|v| (job.spec.name.clone(), *v)));
+        }
+    }
+    let eval = new_eval(&job, trigger, index, now);
+    if let Some(blocked) = st.blocked_eval(&job.spec.name) {
+        b.evals.push(set_eval_status(
+            blocked,
+            EvalStatus::Canceled,
+            format!("superseded by evaluation {}", eval.id),
+            index,
+            now,
+        ));
+    }
+    let id = eval.id.clone();
+    b.evals.push(eval);
+    (job, id)
+}
+
 fn job_with_status(st: &State, job: &Job) -> Job {
     let mut j = job.clone();
     j.status = job_status(st, job);
@@ -89,55 +141,16 @@ impl Server {
         let (index, (eval_id, job_modify_index, warnings)) = term
             .commit(|st, index, now| {
                 let mut b = Batch::default();
-                let existing = scheduler::StateView::job(st, &spec.name);
-                let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
-                let job = match existing {
-                    None => Job {
-                        spec: spec.clone(),
-                        version: 0,
-                        stop: false,
-                        status: JobStatus::Pending,
-                        submit_time: now,
-                        create_index: index,
-                        modify_index: index,
-                        job_modify_index: index,
-                    },
-                    Some(old) if changed => Job {
-                        spec: spec.clone(),
-                        version: old.version + 1,
-                        stop: false,
-                        status: JobStatus::Pending,
-                        submit_time: now,
-                        create_index: old.create_index,
-                        modify_index: index,
-                        job_modify_index: index,
-                    },
-                    Some(old) => old.clone(),
-                };
-                if changed {
-                    b.jobs.push(job.clone());
-                    b.versions.push(job.clone());
-                    if let Some(vs) = st.job_versions(&job.spec.name) {
-                        // Keep the newest KEPT_VERSIONS (the new one included).
-                        let drop = (vs.len() + 1).saturating_sub(KEPT_VERSIONS);
-                        b.drop_versions
-                            .extend(vs.keys().take(drop).map(|v| (job.spec.name.clone(), *v)));
-                    }
-                }
-                let eval = new_eval(&job, EvalTrigger::JobRegister, index, now);
-                if let Some(blocked) = st.blocked_eval(&job.spec.name) {
-                    b.evals.push(set_eval_status(
-                        blocked,
-                        EvalStatus::Canceled,
-                        format!("superseded by evaluation {}", eval.id),
-                        index,
-                        now,
-                    ));
-                }
+                let (job, eval_id) = submit(
+                    st,
+                    &mut b,
+                    spec.clone(),
+                    EvalTrigger::JobRegister,
+                    index,
+                    now,
+                );
                 let warnings = driver_warnings(st, &job.spec);
-                let r = (eval.id.clone(), job.job_modify_index, warnings);
-                b.evals.push(eval);
-                Ok((b, r))
+                Ok((b, (eval_id, job.job_modify_index, warnings)))
             })
             .await?;
         Ok(JobRegisterResponse {
@@ -307,42 +320,8 @@ impl Server {
                 g.count = count;
                 validate_spec(&spec)?;
                 let mut b = Batch::default();
-                let changed = spec != old.spec;
-                let job = if changed {
-                    let job = Job {
-                        spec,
-                        version: old.version + 1,
-                        stop: false,
-                        status: JobStatus::Pending,
-                        submit_time: now,
-                        create_index: old.create_index,
-                        modify_index: index,
-                        job_modify_index: index,
-                    };
-                    b.jobs.push(job.clone());
-                    b.versions.push(job.clone());
-                    if let Some(vs) = st.job_versions(name) {
-                        let drop = (vs.len() + 1).saturating_sub(KEPT_VERSIONS);
-                        b.drop_versions
-                            .extend(vs.keys().take(drop).map(|v| (name.to_owned(), *v)));
-                    }
-                    job
-                } else {
-                    old.clone()
-                };
-                let eval = new_eval(&job, EvalTrigger::JobScaling, index, now);
-                if let Some(blocked) = st.blocked_eval(name) {
-                    b.evals.push(set_eval_status(
-                        blocked,
-                        EvalStatus::Canceled,
-                        format!("superseded by evaluation {}", eval.id),
-                        index,
-                        now,
-                    ));
-                }
-                let r = (eval.id.clone(), job.job_modify_index);
-                b.evals.push(eval);
-                Ok((b, r))
+                let (job, eval_id) = submit(st, &mut b, spec, EvalTrigger::JobScaling, index, now);
+                Ok((b, (eval_id, job.job_modify_index)))
             })
             .await?;
         Ok(JobRegisterResponse {
