@@ -4,7 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use drover_api::{RunRequest, TaskEventKind, TaskEventView, TaskView};
+use drover_server_api::{
+    AllocResources, Allocation, ClientAllocation, ClientStatus, DesiredStatus, JobType, Task,
+    TaskGroup,
+};
 
 use crate::common::Agent;
 
@@ -76,3 +82,47 @@ pub fn until(
 /// Whether `pid` is a running process (a zombie is not: it only waits to be reaped,
 /// which an orphan's init may never do in a container).
 pub use drover_test_support::procs::alive as running;
+
+/// Allocation `id` of job `web`, group `app` holding `tasks`, on node `n1`, as a
+/// client receives it: the allocation runners' tests build theirs from it.
+pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
+    let group = TaskGroup {
+        reschedule: None,
+        name: "app".into(),
+        count: 1,
+        constraints: vec![],
+        meta: BTreeMap::new(),
+        tasks,
+    };
+    ClientAllocation {
+        alloc: Allocation {
+            reschedule_events: Vec::new(),
+            id: id.into(),
+            name: "web.app[0]".into(),
+            index: 0,
+            job_name: "web".into(),
+            job_version: 0,
+            group: "app".into(),
+            node_id: "node-1".into(),
+            node_name: "n1".into(),
+            resources: AllocResources::default(),
+            desired_status: DesiredStatus::Run,
+            desired_description: String::new(),
+            client_status: ClientStatus::Pending,
+            client_description: String::new(),
+            task_states: BTreeMap::new(),
+            eval_id: "e1".into(),
+            previous_allocation: None,
+            next_allocation: None,
+            create_index: 1,
+            modify_index: 1,
+            alloc_modify_index: 1,
+            create_time: 0,
+            modify_time: 0,
+        },
+        job_type,
+        group,
+        job_meta: BTreeMap::new(),
+        region: drover_server_api::DEFAULT_REGION.to_owned(),
+    }
+}

@@ -7,6 +7,7 @@
 //! one from the state store, as a new agent process would.
 
 use crate::common;
+use common::tasks::alloc;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,8 +25,8 @@ use drover_host::state::{ErrorStore, Fail, RedbStore, StateStore};
 use drover_host::taskenv::NodeEnv;
 use drover_host::tasks::TaskManager;
 use drover_server_api::{
-    AllocClientUpdate, AllocResources, Allocation, ClientAllocation, ClientStatus, DesiredStatus,
-    JobType, Lifecycle, LifecycleHook, Task, TaskGroup, TaskResources, TaskRunState,
+    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, JobType, Lifecycle,
+    LifecycleHook, Task, TaskResources, TaskRunState,
 };
 use drover_test_support::until;
 use tokio::sync::mpsc;
@@ -266,48 +267,6 @@ fn sh(name: &str, script: &str, lifecycle: Option<(LifecycleHook, bool)>) -> Tas
         resources: TaskResources::default(),
         logs: None,
         lifecycle: lifecycle.map(|(hook, sidecar)| Lifecycle { hook, sidecar }),
-    }
-}
-
-fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
-    let group = TaskGroup {
-        reschedule: None,
-        name: "app".into(),
-        count: 1,
-        constraints: vec![],
-        meta: BTreeMap::new(),
-        tasks,
-    };
-    ClientAllocation {
-        alloc: Allocation {
-            reschedule_events: Vec::new(),
-            id: id.into(),
-            name: "web.app[0]".into(),
-            index: 0,
-            job_name: "web".into(),
-            job_version: 0,
-            group: "app".into(),
-            node_id: "node-1".into(),
-            node_name: "n1".into(),
-            resources: AllocResources::default(),
-            desired_status: DesiredStatus::Run,
-            desired_description: String::new(),
-            client_status: ClientStatus::Pending,
-            client_description: String::new(),
-            task_states: BTreeMap::new(),
-            eval_id: "e1".into(),
-            previous_allocation: None,
-            next_allocation: None,
-            create_index: 1,
-            modify_index: 1,
-            alloc_modify_index: 1,
-            create_time: 0,
-            modify_time: 0,
-        },
-        job_type,
-        group,
-        job_meta: BTreeMap::new(),
-        region: drover_server_api::DEFAULT_REGION.to_owned(),
     }
 }
 

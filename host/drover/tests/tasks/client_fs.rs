@@ -5,6 +5,7 @@
 //! through a server that passes them to its local agent (`agent --dev`).
 
 use crate::common;
+use common::tasks::alloc;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,10 +23,7 @@ use drover_host::plugins::catalog::{Catalog, LoadContext};
 use drover_host::state::{RedbStore, StateStore};
 use drover_host::tasks::TaskManager;
 use drover_server_api::client_fs::{AllocResourceUsage, FILE_EVENT_ERROR, StreamFrame};
-use drover_server_api::{
-    AllocClientUpdate, AllocLogsQuery, AllocResources, Allocation, ClientAllocation, ClientStatus,
-    DesiredStatus, JobType, Task, TaskGroup, TaskResources,
-};
+use drover_server_api::{AllocClientUpdate, AllocLogsQuery, JobType, Task, TaskResources};
 use drover_test_support::until;
 use http_body_util::{BodyExt as _, Empty};
 use hyper::StatusCode;
@@ -225,47 +223,6 @@ fn wait_for(gate: &Path) -> String {
         "i=0; while [ ! -e '{}' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done",
         gate.display()
     )
-}
-
-fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
-    ClientAllocation {
-        job_meta: Default::default(),
-        region: drover_server_api::DEFAULT_REGION.to_owned(),
-        alloc: Allocation {
-            reschedule_events: Vec::new(),
-            id: id.into(),
-            name: "web.app[0]".into(),
-            index: 0,
-            job_name: "web".into(),
-            job_version: 0,
-            group: "app".into(),
-            node_id: "node-1".into(),
-            node_name: "n1".into(),
-            resources: AllocResources::default(),
-            desired_status: DesiredStatus::Run,
-            desired_description: String::new(),
-            client_status: ClientStatus::Pending,
-            client_description: String::new(),
-            task_states: BTreeMap::new(),
-            eval_id: "e1".into(),
-            previous_allocation: None,
-            next_allocation: None,
-            create_index: 1,
-            modify_index: 1,
-            alloc_modify_index: 1,
-            create_time: 0,
-            modify_time: 0,
-        },
-        job_type,
-        group: TaskGroup {
-            reschedule: None,
-            name: "app".into(),
-            count: 1,
-            constraints: vec![],
-            meta: BTreeMap::new(),
-            tasks,
-        },
-    }
 }
 
 /// `GET target` over `io`, with `headers`.
