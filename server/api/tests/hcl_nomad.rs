@@ -37,6 +37,7 @@ const CASES: &[(&str, &[&str], &[&str])] = &[
     ("batch.hcl", &[], &[]),
     ("docs.nomad.hcl", &["message=hello"], &[]),
     ("config.hcl", &[], &[]),
+    ("services.nomad.hcl", &[], &[]),
 ];
 
 #[test]

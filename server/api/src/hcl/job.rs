@@ -467,6 +467,220 @@ impl Reader<'_, '_> {
         Ok(Json::Object(o))
     }
 
+    /// A group's `network` block: Nomad's `NetworkResource`, static ports as
+    /// `ReservedPorts`, the others as `DynamicPorts`.
+    fn network(&self, b: &Block) -> Result<Json, HclError> {
+        check_body(self.src, &b.body, &["mode"], &["port"])?;
+        let mut o = Obj::new();
+        o.insert("Mode".into(), "".into());
+        self.put(&mut o, &b.body, "mode", "Mode", Kind::String)?;
+        o.insert("Device".into(), "".into());
+        o.insert("CIDR".into(), "".into());
+        o.insert("IP".into(), "".into());
+        let mut reserved = Vec::new();
+        let mut dynamic = Vec::new();
+        for p in blocks(&b.body, "port") {
+            label_count(self.src, p, 1)?;
+            check_body(self.src, &p.body, &["static", "to", "host_network"], &[])?;
+            let mut po = Obj::new();
+            po.insert("Label".into(), label(p, 0).unwrap_or_default().into());
+            po.insert("Value".into(), 0.into());
+            self.put(&mut po, &p.body, "static", "Value", Kind::Int)?;
+            po.insert("To".into(), 0.into());
+            self.put(&mut po, &p.body, "to", "To", Kind::Int)?;
+            po.insert("HostNetwork".into(), "".into());
+            self.put(
+                &mut po,
+                &p.body,
+                "host_network",
+                "HostNetwork",
+                Kind::String,
+            )?;
+            if po.get("Value").and_then(Json::as_i64).unwrap_or(0) != 0 {
+                reserved.push(Json::Object(po));
+            } else {
+                dynamic.push(Json::Object(po));
+            }
+        }
+        if !reserved.is_empty() {
+            o.insert("ReservedPorts".into(), Json::Array(reserved));
+        }
+        if !dynamic.is_empty() {
+            o.insert("DynamicPorts".into(), Json::Array(dynamic));
+        }
+        Ok(Json::Object(o))
+    }
+
+    /// The `service` blocks of a group or task, as Nomad's `Services` (none: `None`).
+    fn services(&self, body: &Body) -> Result<Option<Json>, HclError> {
+        let mut list = Vec::new();
+        for b in blocks(body, "service") {
+            label_count(self.src, b, 0)?;
+            list.push(self.service(b)?);
+        }
+        Ok((!list.is_empty()).then_some(Json::Array(list)))
+    }
+
+    /// One `service` block. `provider` is Nomad 1.3's: only `"nomad"` (Drover keeps
+    /// services itself), printed as `Provider` when the file sets it.
+    fn service(&self, b: &Block) -> Result<Json, HclError> {
+        let body = &b.body;
+        check_body(
+            self.src,
+            body,
+            &["name", "port", "tags", "meta", "provider", "task"],
+            &["check", "check_restart", "meta"],
+        )?;
+        let mut o = Obj::new();
+        o.insert("Id".into(), "".into());
+        o.insert("Name".into(), "".into());
+        self.put(&mut o, body, "name", "Name", Kind::String)?;
+        self.put(&mut o, body, "tags", "Tags", Kind::StringList)?;
+        o.insert("EnableTagOverride".into(), false.into());
+        o.insert("PortLabel".into(), "".into());
+        self.put(&mut o, body, "port", "PortLabel", Kind::String)?;
+        o.insert("AddressMode".into(), "".into());
+        let mut checks = Vec::new();
+        for c in blocks(body, "check") {
+            label_count(self.src, c, 0)?;
+            checks.push(self.check(c)?);
+        }
+        if !checks.is_empty() {
+            o.insert("Checks".into(), Json::Array(checks));
+        }
+        if let Some(r) = self.check_restart(body)? {
+            o.insert("CheckRestart".into(), r);
+        }
+        self.put_map(&mut o, body, "meta", "Meta")?;
+        o.insert("TaskName".into(), "".into());
+        self.put(&mut o, body, "task", "TaskName", Kind::String)?;
+        if let Some(a) = attribute(self.src, body, "provider")? {
+            let mut tmp = Obj::new();
+            self.put(&mut tmp, body, "provider", "Provider", Kind::String)?;
+            match tmp.get("Provider").and_then(Json::as_str) {
+                None => {}
+                Some(crate::types::NOMAD_SERVICE_PROVIDER) => {
+                    o.insert(
+                        "Provider".into(),
+                        crate::types::NOMAD_SERVICE_PROVIDER.into(),
+                    );
+                }
+                Some(other) => {
+                    return Err(self.src.error(
+                        &a.value,
+                        format!(
+                            "provider {other:?} is not supported: Drover keeps services itself: provider = \"nomad\""
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(Json::Object(o))
+    }
+
+    /// One `check` block of a service, with every key Nomad 1.0 prints.
+    fn check(&self, b: &Block) -> Result<Json, HclError> {
+        let body = &b.body;
+        check_body(
+            self.src,
+            body,
+            &[
+                "name", "type", "command", "args", "path", "protocol", "port", "expose",
+                "interval", "timeout", "method", "task",
+            ],
+            &["header", "check_restart"],
+        )?;
+        let mut o = Obj::new();
+        o.insert("Id".into(), "".into());
+        let strings: &[(&str, &str)] = &[
+            ("name", "Name"),
+            ("type", "Type"),
+            ("command", "Command"),
+            ("path", "Path"),
+            ("protocol", "Protocol"),
+            ("port", "PortLabel"),
+        ];
+        for (name, key) in strings {
+            o.insert((*key).into(), "".into());
+            self.put(&mut o, body, name, key, Kind::String)?;
+        }
+        self.put(&mut o, body, "args", "Args", Kind::StringList)?;
+        o.insert("Expose".into(), false.into());
+        self.put(&mut o, body, "expose", "Expose", Kind::Bool)?;
+        o.insert("AddressMode".into(), "".into());
+        o.insert("Interval".into(), 0.into());
+        self.put(&mut o, body, "interval", "Interval", Kind::Duration)?;
+        o.insert("Timeout".into(), 0.into());
+        self.put(&mut o, body, "timeout", "Timeout", Kind::Duration)?;
+        o.insert("InitialStatus".into(), "".into());
+        o.insert("TLSSkipVerify".into(), false.into());
+        if let Some(h) = single_block(self.src, body, "header")? {
+            o.insert("Header".into(), self.header(h)?);
+        }
+        o.insert("Method".into(), "".into());
+        self.put(&mut o, body, "method", "Method", Kind::String)?;
+        if let Some(r) = self.check_restart(body)? {
+            o.insert("CheckRestart".into(), r);
+        }
+        o.insert("GRPCService".into(), "".into());
+        o.insert("GRPCUseTLS".into(), false.into());
+        o.insert("TaskName".into(), "".into());
+        self.put(&mut o, body, "task", "TaskName", Kind::String)?;
+        o.insert("SuccessBeforePassing".into(), 0.into());
+        o.insert("FailuresBeforeCritical".into(), 0.into());
+        Ok(Json::Object(o))
+    }
+
+    /// A check's `header { Name = ["value", ...] }`.
+    fn header(&self, b: &Block) -> Result<Json, HclError> {
+        let mut map = Obj::new();
+        for item in b.body.iter() {
+            match item {
+                Structure::Attribute(a) => {
+                    let v = self.value(&a.value)?;
+                    let values = eval::to_string_list(&v).map_err(|e| {
+                        self.src
+                            .error(&a.value, format!("header \"{}\": {e}", a.key.as_str()))
+                    })?;
+                    map.insert(a.key.as_str().to_owned(), values.into());
+                }
+                Structure::Block(inner) => {
+                    return Err(self.src.error(
+                        inner,
+                        format!("unsupported block \"{}\" in header", inner.ident.as_str()),
+                    ));
+                }
+            }
+        }
+        Ok(Json::Object(map))
+    }
+
+    /// `check_restart { limit, grace, ignore_warnings }` of a service or check.
+    fn check_restart(&self, body: &Body) -> Result<Option<Json>, HclError> {
+        let Some(b) = single_block(self.src, body, "check_restart")? else {
+            return Ok(None);
+        };
+        check_body(
+            self.src,
+            &b.body,
+            &["limit", "grace", "ignore_warnings"],
+            &[],
+        )?;
+        let mut o = Obj::new();
+        o.insert("Limit".into(), 0.into());
+        self.put(&mut o, &b.body, "limit", "Limit", Kind::Int)?;
+        self.put(&mut o, &b.body, "grace", "Grace", Kind::Duration)?;
+        o.insert("IgnoreWarnings".into(), false.into());
+        self.put(
+            &mut o,
+            &b.body,
+            "ignore_warnings",
+            "IgnoreWarnings",
+            Kind::Bool,
+        )?;
+        Ok(Some(Json::Object(o)))
+    }
+
     fn group(&self, b: &Block) -> Result<Json, HclError> {
         label_count(self.src, b, 1)?;
         let body = &b.body;
@@ -481,11 +695,19 @@ impl Reader<'_, '_> {
                 "reschedule",
                 "update",
                 "task",
+                "network",
+                "service",
             ],
         )?;
         let mut o = Obj::new();
         o.insert("Name".into(), label(b, 0).unwrap_or_default().into());
         self.put(&mut o, body, "count", "Count", Kind::Int)?;
+        if let Some(n) = single_block(self.src, body, "network")? {
+            o.insert("Networks".into(), json!([self.network(n)?]));
+        }
+        if let Some(s) = self.services(body)? {
+            o.insert("Services".into(), s);
+        }
         if let Some(c) = self.constraints(body)? {
             o.insert("Constraints".into(), c);
         }
@@ -525,8 +747,15 @@ impl Reader<'_, '_> {
                 "restart",
                 "logs",
                 "lifecycle",
+                "service",
             ],
         )?;
+        if let Some(n) = blocks(body, "network").next() {
+            return Err(self.src.error(
+                n,
+                "a task has no network: move network { ... } to the group (one network per group, as Nomad 1.0 has it)",
+            ));
+        }
         let mut o = Obj::new();
         o.insert("Name".into(), label(b, 0).unwrap_or_default().into());
         self.put(&mut o, body, "driver", "Driver", Kind::String)?;
@@ -548,6 +777,12 @@ impl Reader<'_, '_> {
         }
         self.put_map(&mut o, body, "env", "Env")?;
         if let Some(r) = single_block(self.src, body, "resources")? {
+            if let Some(n) = blocks(&r.body, "network").next() {
+                return Err(self.src.error(
+                    n,
+                    "network in resources: move network { ... } to the group (one network per group, as Nomad 1.0 has it)",
+                ));
+            }
             let fields: &[Field] = &[
                 ("cpu", "CPU", Kind::Int),
                 ("memory", "MemoryMB", Kind::Int),
@@ -566,6 +801,9 @@ impl Reader<'_, '_> {
                 ("max_file_size", "MaxFileSizeMB", Kind::Int),
             ];
             o.insert("LogConfig".into(), self.fields(&l.body, fields)?);
+        }
+        if let Some(s) = self.services(body)? {
+            o.insert("Services".into(), s);
         }
         o.insert("Leader".into(), false.into());
         o.insert("ShutdownDelay".into(), 0.into());

@@ -44,6 +44,7 @@ pub(crate) const GOLDEN: &[(&str, &str)] = &[
     ("batch.hcl", "batch.json"),
     ("docs.nomad.hcl", "docs.json"),
     ("config.hcl", "config.json"),
+    ("services.nomad.hcl", "services.json"),
 ];
 
 #[test]

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{DEFAULT_NAMESPACE, GO_ZERO_TIME, Job, Resources, nanos_from_rfc3339};
+use super::{
+    DEFAULT_NAMESPACE, GO_ZERO_TIME, Job, Resources, allocated_resources, allocation_network,
+    nanos_from_rfc3339, ports_of_allocated_resources,
+};
 use crate::types::{
     self as internal, AllocResources, ClientStatus, DesiredStatus, JobType, PlacementFailure,
     TaskRunState,
@@ -451,7 +454,8 @@ pub struct Allocation {
     /// Per task (the server fills it in when it has the group).
     #[serde(rename = "TaskResources")]
     pub task_resources: Option<BTreeMap<String, Resources>>,
-    /// Nomad's newer resources shape (kept as it came).
+    /// Nomad's newer resources shape: Drover fills `Shared.Ports` and
+    /// `Shared.Networks` (the allocation's ports); otherwise kept as it came.
     #[serde(rename = "AllocatedResources")]
     pub allocated_resources: Option<Value>,
     /// How it was placed.
@@ -714,10 +718,11 @@ impl From<&internal::Allocation> for Allocation {
             resources: Some(Resources {
                 cpu: Some(i64::try_from(a.resources.cpu).unwrap_or(i64::MAX)),
                 memory_mb: Some(i64::try_from(a.resources.memory_mb).unwrap_or(i64::MAX)),
+                networks: (!a.ports.is_empty()).then(|| vec![allocation_network(&a.ports, None)]),
                 ..Default::default()
             }),
             task_resources: None,
-            allocated_resources: None,
+            allocated_resources: Some(allocated_resources(&a.ports, None)),
             metrics: None,
             desired_status: desired_status(a.desired_status).to_owned(),
             desired_description: a.desired_description.clone(),
@@ -746,6 +751,14 @@ impl From<&internal::Allocation> for Allocation {
 impl Allocation {
     /// With the group's tasks: `TaskResources` per task (what Nomad's clients read).
     pub fn with_group(mut self, group: &internal::TaskGroup) -> Allocation {
+        // The group tells which ports were static and the network's mode.
+        let ports = ports_of_allocated_resources(self.allocated_resources.as_ref());
+        if group.network.is_some() || !ports.is_empty() {
+            self.allocated_resources = Some(allocated_resources(&ports, Some(group)));
+            if let Some(r) = self.resources.as_mut() {
+                r.networks = Some(vec![allocation_network(&ports, Some(group))]);
+            }
+        }
         self.task_resources = Some(
             group
                 .tasks
@@ -779,7 +792,7 @@ impl Allocation {
             self.job_version
         };
         internal::Allocation {
-            ports: Default::default(),
+            ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),
             name: self.name.clone(),
             index: alloc_index_of(&self.name),

@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::duration;
+use super::network::{
+    NetworkResource, Service, ServiceOwner, group_network, refuse_task_networks, services,
+};
 use super::{
     ConversionError, DEFAULT_NAMESPACE, DEFAULT_REGION, is_nomad_default, join, refuse_unknown,
     refuse_unsupported,
@@ -203,12 +206,12 @@ pub struct TaskGroup {
     /// Not supported yet.
     #[serde(rename = "Migrate", default)]
     pub migrate: Option<Value>,
-    /// Not supported yet.
-    #[serde(rename = "Networks", default)]
-    pub networks: Option<Value>,
-    /// Not supported yet (issue 25).
-    #[serde(rename = "Services", default)]
-    pub services: Option<Value>,
+    /// The allocation's network (one per group, as in Nomad).
+    #[serde(rename = "Networks", alias = "networks", default)]
+    pub networks: Option<Vec<NetworkResource>>,
+    /// The group's services.
+    #[serde(rename = "Services", alias = "services", default)]
+    pub services: Option<Vec<Service>>,
     /// Not supported yet.
     #[serde(rename = "ShutdownDelay", default)]
     pub shutdown_delay: Option<Value>,
@@ -280,9 +283,9 @@ pub struct Task {
     /// Not supported yet.
     #[serde(rename = "Affinities", default)]
     pub affinities: Option<Value>,
-    /// Not supported yet (issue 25).
-    #[serde(rename = "Services", default)]
-    pub services: Option<Value>,
+    /// The task's services.
+    #[serde(rename = "Services", alias = "services", default)]
+    pub services: Option<Vec<Service>>,
     /// Not supported yet.
     #[serde(rename = "Artifacts", default)]
     pub artifacts: Option<Value>,
@@ -340,9 +343,9 @@ pub struct Resources {
     /// Not supported yet.
     #[serde(rename = "DiskMB", default)]
     pub disk_mb: Option<Value>,
-    /// Not supported yet.
+    /// A task's: refused (networks are the group's); an allocation's: its ports.
     #[serde(rename = "Networks", default)]
-    pub networks: Option<Value>,
+    pub networks: Option<Vec<NetworkResource>>,
     /// Not supported yet.
     #[serde(rename = "Devices", default)]
     pub devices: Option<Value>,
@@ -994,6 +997,7 @@ impl Job {
         for (i, g) in groups_in.iter().enumerate() {
             groups.push(self.group(
                 &format!("TaskGroups[{i}]"),
+                &name,
                 g,
                 job_type,
                 update,
@@ -1019,6 +1023,7 @@ impl Job {
     fn group(
         &self,
         path: &str,
+        job_name: &str,
         g: &TaskGroup,
         job_type: JobType,
         job_update: internal::UpdateStrategy,
@@ -1047,8 +1052,6 @@ impl Job {
                 ("Volumes", &g.volumes),
                 ("EphemeralDisk", &ephemeral_disk),
                 ("Migrate", &migrate),
-                ("Networks", &g.networks),
-                ("Services", &g.services),
                 ("ShutdownDelay", &g.shutdown_delay),
                 ("StopAfterClientDisconnect", &g.stop_after_client_disconnect),
                 ("Scaling", &g.scaling),
@@ -1111,11 +1114,34 @@ impl Job {
                 // A task's constraints restrict where its group goes, as in Nomad.
                 constraints.push(constraint(&format!("{tpath}.Constraints[{j}]"), c)?);
             }
-            tasks.push(task(&tpath, t, job_type, g.restart_policy.as_ref())?);
+            let mut converted = task(&tpath, t, job_type, g.restart_policy.as_ref())?;
+            converted.services = services(
+                &join(&tpath, "Services"),
+                t.services.as_deref().unwrap_or_default(),
+                &ServiceOwner {
+                    job: job_name,
+                    group: &name,
+                    task: Some(&converted.name),
+                },
+            )?;
+            tasks.push(converted);
         }
+        let network = group_network(
+            &join(path, "Networks"),
+            g.networks.as_deref().unwrap_or_default(),
+        )?;
+        let group_services = services(
+            &join(path, "Services"),
+            g.services.as_deref().unwrap_or_default(),
+            &ServiceOwner {
+                job: job_name,
+                group: &name,
+                task: None,
+            },
+        )?;
         Ok(internal::TaskGroup {
-            network: Default::default(),
-            services: Default::default(),
+            network,
+            services: group_services,
             name,
             count,
             constraints,
@@ -1137,7 +1163,6 @@ fn task(
         &[
             ("User", &t.user),
             ("Affinities", &t.affinities),
-            ("Services", &t.services),
             ("Artifacts", &t.artifacts),
             ("Vault", &t.vault),
             ("Templates", &t.templates),
@@ -1234,11 +1259,11 @@ fn path_of_group_restart(task_path: &str) -> String {
 }
 
 fn resources(path: &str, r: &Resources) -> Result<internal::TaskResources, ConversionError> {
+    refuse_task_networks(&join(path, "Networks"), &r.networks)?;
     refuse_unsupported(
         path,
         &[
             ("DiskMB", &r.disk_mb),
-            ("Networks", &r.networks),
             ("Devices", &r.devices),
             ("IOPS", &r.iops),
             ("Cores", &r.cores),
@@ -1483,6 +1508,8 @@ impl From<&internal::TaskGroup> for TaskGroup {
             reschedule_policy: g.reschedule.as_ref().map(ReschedulePolicy::from),
             update: None,
             meta: Some(g.meta.clone()),
+            networks: g.network.as_ref().map(|n| vec![NetworkResource::from(n)]),
+            services: Some(g.services.iter().map(Service::from).collect()),
             ..Default::default()
         }
     }
@@ -1519,6 +1546,7 @@ impl From<&internal::Task> for Task {
                 max_files: Some(i64::from(l.max_files)),
                 max_file_size_mb: Some(i64::from(l.max_file_size_mb)),
             }),
+            services: Some(t.services.iter().map(Service::from).collect()),
             ..Default::default()
         }
     }

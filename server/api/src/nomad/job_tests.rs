@@ -132,21 +132,37 @@ fn nomad_job_run_output_of_a_batch_job_with_a_prestart_task_converts() {
 }
 
 #[test]
-fn a_group_network_from_nomad_is_refused_by_name_not_dropped() {
-    let err = fixture("job-run-output-docker-network.json")
+fn a_group_network_from_nomad_becomes_the_groups_ports() {
+    let spec = fixture("job-run-output-docker-network.json")
         .job
         .to_spec()
-        .unwrap_err();
-    assert_eq!(err.path, "TaskGroups[0].Networks");
+        .unwrap()
+        .spec;
     assert_eq!(
-        err.to_string(),
-        "TaskGroups[0].Networks: not supported yet by Drover"
+        spec.groups[0].network,
+        Some(internal::NetworkSpec {
+            mode: internal::NetworkMode::Host,
+            ports: vec![internal::PortSpec {
+                label: "http".into(),
+                static_port: 5678,
+                ..Default::default()
+            }],
+        })
     );
-    let err = fixture("job-run-output-init-short.json")
+    let spec = fixture("job-run-output-init-short.json")
         .job
         .to_spec()
-        .unwrap_err();
-    assert_eq!(err.path, "TaskGroups[0].Networks");
+        .unwrap()
+        .spec;
+    assert_eq!(
+        spec.groups[0].network.as_ref().map(|n| n.ports.clone()),
+        Some(vec![internal::PortSpec {
+            label: "db".into(),
+            to: 6379,
+            ..Default::default()
+        }])
+    );
+    crate::validate(&spec).expect("a spec Drover accepts");
 }
 
 #[test]
@@ -198,22 +214,12 @@ fn snake_case_and_lowercase_keys_are_read_as_go_reads_them() {
 #[test]
 fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
     let base = || {
-        json!({"ID": "x", "TaskGroups": [{"Name": "g", "Tasks": [
-            {"Name": "t", "Driver": "raw_exec", "Resources": {}}]}]})
+        json!({"ID": "x", "TaskGroups": [{"Name": "g",
+            "Networks": [{"DynamicPorts": [{"Label": "http"}]}],
+            "Services": [{"PortLabel": "http", "Checks": [{"Type": "tcp"}]}],
+            "Tasks": [{"Name": "t", "Driver": "raw_exec", "Resources": {}}]}]})
     };
     let cases = [
-        (
-            "/TaskGroups/0",
-            "Services",
-            json!([{"Name": "web"}]),
-            "TaskGroups[0].Services",
-        ),
-        (
-            "/TaskGroups/0/Tasks/0",
-            "Services",
-            json!([{"Name": "w"}]),
-            "TaskGroups[0].Tasks[0].Services",
-        ),
         (
             "/TaskGroups/0",
             "Volumes",
@@ -236,10 +242,22 @@ fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
         ("", "Affinities", json!([{"LTarget": "a"}]), "Affinities"),
         ("", "Spreads", json!([{"Attribute": "a"}]), "Spreads"),
         (
-            "/TaskGroups/0/Tasks/0/Resources",
-            "Networks",
-            json!([{"MBits": 10}]),
-            "TaskGroups[0].Tasks[0].Resources.Networks",
+            "/TaskGroups/0/Services/0",
+            "Connect",
+            json!({"Native": true}),
+            "TaskGroups[0].Services[0].Connect",
+        ),
+        (
+            "/TaskGroups/0/Services/0/Checks/0",
+            "TLSSkipVerify",
+            json!(true),
+            "TaskGroups[0].Services[0].Checks[0].TLSSkipVerify",
+        ),
+        (
+            "/TaskGroups/0/Networks/0",
+            "DNS",
+            json!({"Servers": ["1.1.1.1"]}),
+            "TaskGroups[0].Networks[0].DNS",
         ),
         (
             "/TaskGroups/0/Tasks/0",
@@ -696,4 +714,259 @@ fn a_job_served_by_a_nomad_server_converts_with_warnings_for_what_drover_ignores
         .to_spec()
         .unwrap_err();
     assert_eq!(err.path, "TaskGroups[0].EphemeralDisk");
+}
+
+fn services_fixture() -> Job {
+    let path = format!(
+        "{}/tests/fixtures/hcl/services.nomad.hcl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    crate::hcl::parse_job_file(std::path::Path::new(&path), &Default::default())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn networks_services_and_checks_convert_with_nomads_defaults() {
+    let spec = services_fixture().to_spec().unwrap().spec;
+    crate::validate(&spec).expect("a spec Drover accepts");
+    let web = &spec.groups[0];
+    assert_eq!(
+        web.network,
+        Some(internal::NetworkSpec {
+            mode: internal::NetworkMode::Host,
+            ports: vec![
+                internal::PortSpec {
+                    label: "admin".into(),
+                    static_port: 8081,
+                    ..Default::default()
+                },
+                internal::PortSpec {
+                    label: "http".into(),
+                    ..Default::default()
+                },
+            ],
+        })
+    );
+    let s = &web.services[0];
+    assert_eq!((s.name.as_str(), s.port.as_str()), ("web", "http"));
+    assert_eq!(s.tags, ["v1", "public"]);
+    assert_eq!(s.meta, BTreeMap::from([("version".into(), "1".into())]));
+    assert_eq!(s.provider, "nomad");
+    // Nomad's default check name, and the check's own name kept.
+    assert_eq!(s.checks[0].name, "service: \"web\" check");
+    assert_eq!(s.checks[0].check_type, "http");
+    assert_eq!(s.checks[0].path, "/health");
+    assert_eq!(
+        (s.checks[0].interval, s.checks[0].timeout),
+        (Duration::from_secs(10), Duration::from_secs(2))
+    );
+    assert_eq!(s.checks[1].name, "admin answers");
+    assert_eq!(s.checks[1].port, "admin");
+    // A task's service without a name: JOB-GROUP-TASK.
+    let ts = &web.tasks[0].services[0];
+    assert_eq!(ts.name, "shop-web-server");
+    assert_eq!(ts.checks[0].name, "service: \"shop-web-server\" check");
+    assert_eq!(ts.checks[0].command, "/bin/test");
+    assert_eq!(ts.checks[0].args, ["-f", "${NOMAD_TASK_DIR}/ready"]);
+    assert_eq!(
+        ts.checks[0].check_restart,
+        Some(internal::CheckRestart {
+            limit: 3,
+            grace: Duration::from_secs(30),
+            ignore_warnings: true,
+        })
+    );
+
+    let api = &spec.groups[1];
+    let n = api.network.as_ref().unwrap();
+    assert_eq!(n.mode, internal::NetworkMode::Bridge);
+    assert_eq!((n.ports[0].static_port, n.ports[0].to), (8080, 80));
+    assert_eq!(
+        (n.ports[1].to, n.ports[1].host_network.as_str()),
+        (-1, "default")
+    );
+    // A group's service without a name: JOB-GROUP.
+    let s = &api.services[0];
+    assert_eq!((s.name.as_str(), s.task.as_str()), ("shop-api", "api"));
+    let http = &s.checks[0];
+    assert_eq!(
+        (
+            http.method.as_str(),
+            http.protocol.as_str(),
+            http.port.as_str(),
+            http.expose
+        ),
+        ("POST", "https", "metrics", true)
+    );
+    assert_eq!(http.header["X-Probe"], ["a", "b"]);
+    assert_eq!(s.checks[1].task, "api");
+    // The service's check_restart, with Nomad's 1s grace for what it leaves out.
+    assert_eq!(
+        s.check_restart,
+        Some(internal::CheckRestart {
+            limit: 2,
+            grace: Duration::from_secs(1),
+            ignore_warnings: false,
+        })
+    );
+}
+
+#[test]
+fn networks_and_services_survive_the_trip_to_the_wire_and_back() {
+    let spec = services_fixture().to_spec().unwrap().spec;
+    let wire = serde_json::to_value(Job::from(&spec)).unwrap();
+    let g = &wire["TaskGroups"][1];
+    assert_eq!(g["Networks"][0]["Mode"], "bridge");
+    assert_eq!(
+        g["Networks"][0]["ReservedPorts"][0],
+        json!({"Label": "http", "Value": 8080, "To": 80, "HostNetwork": ""})
+    );
+    assert_eq!(g["Services"][0]["Name"], "shop-api");
+    assert_eq!(g["Services"][0]["PortLabel"], "http");
+    assert_eq!(g["Services"][0]["TaskName"], "api");
+    assert_eq!(
+        g["Services"][0]["Checks"][0]["Interval"],
+        15_000_000_000_i64
+    );
+    assert_eq!(
+        g["Services"][0]["CheckRestart"],
+        json!({"Limit": 2, "Grace": 1_000_000_000, "IgnoreWarnings": false})
+    );
+    assert_eq!(
+        wire["TaskGroups"][0]["Tasks"][0]["Services"][0]["Name"],
+        "shop-web-server"
+    );
+    let back = parse(json!({ "Job": wire })).unwrap().spec;
+    assert_eq!(back.groups, spec.groups);
+}
+
+#[test]
+fn what_drover_lacks_of_networks_and_services_is_refused_by_path() {
+    let job = |group: serde_json::Value| {
+        let mut g = json!({"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]});
+        for (k, v) in group.as_object().unwrap() {
+            g[k] = v.clone();
+        }
+        parse(json!({"Job": {"ID": "x", "TaskGroups": [g]}})).unwrap_err()
+    };
+    let e = job(json!({"Services": [{"Provider": "consul"}]}));
+    assert_eq!(e.path, "TaskGroups[0].Services[0].Provider");
+    assert!(
+        e.message
+            .contains("Drover keeps services itself: provider = \"nomad\""),
+        "{e}"
+    );
+    let e = job(json!({"Networks": [{}, {}]}));
+    assert_eq!(e.path, "TaskGroups[0].Networks[1]");
+    let e = job(json!({"Networks": [{"Mode": "cni/mynet"}]}));
+    assert_eq!(e.path, "TaskGroups[0].Networks[0].Mode");
+    let e = job(json!({"Services": [{"AddressMode": "driver"}]}));
+    assert_eq!(e.path, "TaskGroups[0].Services[0].AddressMode");
+    let e = job(json!({"Services": [{"CanaryTags": ["c"]}]}));
+    assert_eq!(e.path, "TaskGroups[0].Services[0].CanaryTags");
+    let e = job(json!({"Services": [{"Checks": [{"Type": "tcp", "Bogus": 1}]}]}));
+    assert_eq!(e.path, "TaskGroups[0].Services[0].Checks[0].Bogus");
+    let e = job(json!({"Tasks": [{"Name": "t", "Driver": "raw_exec",
+        "Resources": {"Networks": [{"DynamicPorts": [{"Label": "http"}]}]}}]}));
+    assert_eq!(e.path, "TaskGroups[0].Tasks[0].Resources.Networks");
+    assert!(e.message.contains("move network to the group"), "{e}");
+    // A provider of "nomad", as Nomad 1.3 writes it, is Drover's.
+    let spec = parse(json!({"Job": {"ID": "x", "TaskGroups": [{"Name": "g",
+        "Services": [{"Provider": "nomad"}],
+        "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}}))
+    .unwrap()
+    .spec;
+    assert_eq!(spec.groups[0].services[0].name, "x-g");
+}
+
+#[test]
+fn an_allocations_ports_and_a_nodes_network_in_nomads_shape() {
+    let mut spec = services_fixture().to_spec().unwrap().spec;
+    let group = spec.groups.remove(1);
+    let alloc = internal::Allocation {
+        ports: vec![
+            internal::AllocatedPort {
+                label: "http".into(),
+                value: 8080,
+                to: 80,
+                host_ip: "10.0.0.5".into(),
+            },
+            internal::AllocatedPort {
+                label: "metrics".into(),
+                value: 23456,
+                to: 23456,
+                host_ip: "10.0.0.5".into(),
+            },
+        ],
+        ..serde_json::from_value(json!({
+            "id": "a1", "name": "shop.api[0]", "index": 0, "job_name": "shop",
+            "job_version": 0, "group": "api", "node_id": "n1", "node_name": "n",
+            "resources": {"cpu": 100, "memory_mb": 64}, "desired_status": "run",
+            "desired_description": "", "client_status": "running",
+            "client_description": "", "task_states": {}, "eval_id": "e",
+            "create_index": 1, "modify_index": 1, "alloc_modify_index": 1,
+            "create_time": 0, "modify_time": 0
+        }))
+        .expect("an allocation")
+    };
+    let wire = Allocation::from(&alloc).with_group(&group);
+    let v = serde_json::to_value(&wire).unwrap();
+    let shared = &v["AllocatedResources"]["Shared"];
+    assert_eq!(
+        shared["Ports"],
+        json!([{"Label": "http", "Value": 8080, "To": 80, "HostIP": "10.0.0.5"},
+            {"Label": "metrics", "Value": 23456, "To": 23456, "HostIP": "10.0.0.5"}])
+    );
+    let net = &shared["Networks"][0];
+    assert_eq!(
+        (net["Mode"].as_str(), net["IP"].as_str()),
+        (Some("bridge"), Some("10.0.0.5"))
+    );
+    assert_eq!(net["ReservedPorts"][0]["Label"], "http");
+    assert_eq!(net["DynamicPorts"][0]["Value"], 23456);
+    assert_eq!(v["Resources"]["Networks"][0]["Mode"], "bridge");
+    // Read back by a client of the API.
+    let back: Allocation = serde_json::from_value(v).unwrap();
+    assert_eq!(back.to_internal().ports, alloc.ports);
+
+    let node_network = internal::NodeNetwork {
+        address: "10.0.0.5".into(),
+        min_dynamic_port: 21000,
+        max_dynamic_port: 22000,
+        reserved_ports: vec![
+            internal::PortRange {
+                first: 22,
+                last: 22,
+            },
+            internal::PortRange {
+                first: 8000,
+                last: 8100,
+            },
+        ],
+    };
+    let node: internal::Node = serde_json::from_value(json!({
+        "id": "n1", "name": "n", "datacenter": "dc1", "status": "ready",
+        "status_description": "", "drain": false, "ineligible": false,
+        "attributes": {}, "meta": {}, "resources": {"cpu": 1000, "memory_mb": 1024},
+        "drivers": {}, "status_updated_at": 0, "create_index": 1, "modify_index": 1
+    }))
+    .expect("a node");
+    let node = internal::Node {
+        network: node_network.clone(),
+        ..node
+    };
+    let v = serde_json::to_value(Node::from(&node)).unwrap();
+    assert_eq!(
+        v["NodeResources"]["Networks"][0],
+        json!({"Mode": "host", "Device": "", "CIDR": "10.0.0.5/32", "IP": "10.0.0.5",
+            "ReservedPorts": null, "DynamicPorts": null, "MBits": null, "DNS": null})
+    );
+    assert_eq!(v["NodeResources"]["MinDynamicPort"], 21000);
+    assert_eq!(v["NodeResources"]["MaxDynamicPort"], 22000);
+    assert_eq!(
+        v["ReservedResources"]["Networks"]["ReservedHostPorts"],
+        "22,8000-8100"
+    );
+    let back: Node = serde_json::from_value(v).unwrap();
+    assert_eq!(back.to_internal().network, node_network);
 }

@@ -24,6 +24,7 @@ mod eval;
 mod job;
 #[cfg(test)]
 mod job_tests;
+mod network;
 mod node;
 #[cfg(test)]
 mod wire_tests;
@@ -31,6 +32,7 @@ mod wire_tests;
 pub use alloc::*;
 pub use eval::*;
 pub use job::*;
+pub use network::*;
 pub use node::*;
 
 use serde_json::Value;

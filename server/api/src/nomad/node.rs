@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{GO_ZERO_TIME, Resources};
+use super::{
+    GO_ZERO_TIME, NetworkResource, Resources, node_network, parse_reserved_ports,
+    reserved_ports_text,
+};
 use crate::types::{self as internal, NodeStatus};
 
 /// A driver's fingerprint on a node, in Nomad's shape.
@@ -69,12 +72,46 @@ pub struct NodeResources {
     /// Disk.
     #[serde(rename = "Disk")]
     pub disk: NodeDiskResources,
-    /// Networks (none in Drover).
+    /// The node's network: the address allocations' ports are on (`Mode` `host`).
     #[serde(rename = "Networks")]
-    pub networks: Option<Value>,
+    pub networks: Option<Vec<NetworkResource>>,
     /// Devices (none in Drover).
     #[serde(rename = "Devices")]
     pub devices: Option<Value>,
+    /// Lowest port the scheduler picks (Nomad 1.1's).
+    #[serde(rename = "MinDynamicPort")]
+    pub min_dynamic_port: i64,
+    /// Highest port the scheduler picks (Nomad 1.1's).
+    #[serde(rename = "MaxDynamicPort")]
+    pub max_dynamic_port: i64,
+}
+
+/// What a node keeps from allocations, in Nomad's shape (`ReservedResources`): Drover
+/// reserves only ports.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeReservedResources {
+    /// CPU (none).
+    #[serde(rename = "Cpu")]
+    pub cpu: NodeCpuResources,
+    /// Memory (none).
+    #[serde(rename = "Memory")]
+    pub memory: NodeMemoryResources,
+    /// Disk (none).
+    #[serde(rename = "Disk")]
+    pub disk: NodeDiskResources,
+    /// Ports.
+    #[serde(rename = "Networks")]
+    pub networks: NodeReservedNetworkResources,
+}
+
+/// A node's reserved ports in Nomad's shape.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeReservedNetworkResources {
+    /// `22,80,8000-8100`.
+    #[serde(rename = "ReservedHostPorts", deserialize_with = "super::null_default")]
+    pub reserved_host_ports: String,
 }
 
 /// A drain in progress.
@@ -126,9 +163,9 @@ pub struct Node {
     /// Capacity.
     #[serde(rename = "NodeResources")]
     pub node_resources: Option<NodeResources>,
-    /// Reserved for the system (none in Drover).
+    /// Kept from allocations: the node's reserved ports.
     #[serde(rename = "ReservedResources")]
-    pub reserved_resources: Option<Value>,
+    pub reserved_resources: Option<NodeReservedResources>,
     /// Links (none in Drover).
     #[serde(rename = "Links")]
     pub links: Option<BTreeMap<String, String>>,
@@ -386,16 +423,54 @@ fn internal_drivers(
         .collect()
 }
 
-fn node_resources(r: &internal::NodeResources) -> NodeResources {
+fn node_resources(n: &internal::Node) -> NodeResources {
     NodeResources {
         cpu: NodeCpuResources {
-            cpu_shares: i64::try_from(r.cpu).unwrap_or(i64::MAX),
+            cpu_shares: i64::try_from(n.resources.cpu).unwrap_or(i64::MAX),
         },
         memory: NodeMemoryResources {
-            memory_mb: i64::try_from(r.memory_mb).unwrap_or(i64::MAX),
+            memory_mb: i64::try_from(n.resources.memory_mb).unwrap_or(i64::MAX),
         },
+        networks: Some(vec![node_network(&n.network)]),
+        min_dynamic_port: i64::from(n.network.min_dynamic_port),
+        max_dynamic_port: i64::from(n.network.max_dynamic_port),
         ..Default::default()
     }
+}
+
+/// The node's network read back: its address from `NodeResources.Networks`, its port
+/// range and reserved ports; what is missing keeps the defaults.
+fn internal_network(
+    resources: Option<&NodeResources>,
+    reserved: Option<&NodeReservedResources>,
+) -> internal::NodeNetwork {
+    let mut out = internal::NodeNetwork::default();
+    if let Some(r) = resources {
+        if let Some(ip) = r
+            .networks
+            .iter()
+            .flatten()
+            .find_map(|n| n.ip.clone().filter(|ip| !ip.is_empty()))
+        {
+            out.address = ip;
+        }
+        if let Ok(p) = u16::try_from(r.min_dynamic_port)
+            && p != 0
+        {
+            out.min_dynamic_port = p;
+        }
+        if let Ok(p) = u16::try_from(r.max_dynamic_port)
+            && p != 0
+        {
+            out.max_dynamic_port = p;
+        }
+    }
+    if let Some(ranges) =
+        reserved.and_then(|r| parse_reserved_ports(&r.networks.reserved_host_ports))
+    {
+        out.reserved_ports = ranges;
+    }
+    out
 }
 
 impl From<&internal::Node> for Node {
@@ -413,8 +488,13 @@ impl From<&internal::Node> for Node {
                 ..Default::default()
             }),
             reserved: None,
-            node_resources: Some(node_resources(&n.resources)),
-            reserved_resources: None,
+            node_resources: Some(node_resources(n)),
+            reserved_resources: Some(NodeReservedResources {
+                networks: NodeReservedNetworkResources {
+                    reserved_host_ports: reserved_ports_text(&n.network.reserved_ports),
+                },
+                ..Default::default()
+            }),
             links: None,
             meta: Some(n.meta.clone()),
             node_class: String::new(),
@@ -458,7 +538,10 @@ impl Node {
             (None, None) => internal::NodeResources::default(),
         };
         internal::Node {
-            network: Default::default(),
+            network: internal_network(
+                self.node_resources.as_ref(),
+                self.reserved_resources.as_ref(),
+            ),
             id: self.id.clone(),
             name: self.name.clone(),
             datacenter: self.datacenter.clone(),
@@ -499,7 +582,7 @@ impl From<&internal::Node> for NodeListStub {
             status: node_status(n.status).to_owned(),
             status_description: n.status_description.clone(),
             drivers: drivers(&n.drivers),
-            node_resources: Some(node_resources(&n.resources)),
+            node_resources: Some(node_resources(n)),
             create_index: n.create_index,
             modify_index: n.modify_index,
             drover_status: Some(n.status.as_str().to_owned()),
@@ -514,7 +597,7 @@ impl NodeListStub {
     pub fn to_internal(&self) -> internal::Node {
         let narrow = |v: i64| u64::try_from(v).unwrap_or(0);
         internal::Node {
-            network: Default::default(),
+            network: internal_network(self.node_resources.as_ref(), None),
             id: self.id.clone(),
             name: self.name.clone(),
             datacenter: self.datacenter.clone(),
