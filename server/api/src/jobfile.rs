@@ -29,6 +29,27 @@
 //! resources = { cpu = 100, memory_mb = 64 }
 //! restart = { attempts = 2, delay = "5s", mode = "fail" }
 //! lifecycle = { hook = "prestart", sidecar = false }   # absent: a main task
+//!
+//! [group.network]             # absent: host networking, no ports
+//! mode = "host"               # host | bridge
+//!
+//! [[group.network.port]]      # NOMAD_PORT_http; static absent: the scheduler picks
+//! label = "http"
+//! static = 8080               # a fixed port of the node (optional)
+//! to = 80                     # the port inside the allocation (bridge, docker)
+//!
+//! [[group.service]]           # also [[group.task.service]]
+//! name = "web"                # absent: JOB-GROUP (JOB-GROUP-TASK for a task's)
+//! port = "http"
+//! tags = ["v1"]
+//! task = "main"               # a group's service: the task check_restart restarts
+//! check_restart = { limit = 3, grace = "10s" }
+//!
+//! [[group.service.check]]     # name absent: service: "web" check
+//! type = "http"               # http | tcp | script
+//! path = "/health"
+//! interval = "10s"
+//! timeout = "2s"
 //! ```
 //!
 //! [`parse`] is a pure function of the text and the file's name. Every error names the
@@ -50,11 +71,12 @@ use serde::de::IgnoredAny;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use crate::nomad::{DEFAULT_CHECK_RESTART_GRACE, default_check_name};
 use crate::types::{
-    Constraint, JobSpec, JobType, Lifecycle, ReschedulePolicy, Task, TaskGroup, TaskResources,
-    UpdateStrategy,
+    CheckRestart, CheckSpec, Constraint, JobSpec, JobType, Lifecycle, NOMAD_SERVICE_PROVIDER,
+    NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup, TaskResources, UpdateStrategy,
 };
-use crate::validate::MAX_RESCHEDULE_DURATION;
+use crate::validate::{MAX_CHECK_DURATION, MAX_RESCHEDULE_DURATION};
 
 /// A job file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`; the
 /// field is a path such as `group[0].task[1].resources.memory_mb`.
@@ -98,8 +120,52 @@ struct GroupDoc {
     constraint: Option<Vec<Constraint>>,
     meta: Option<IgnoredAny>,
     reschedule: Option<RescheduleDoc>,
+    network: Option<NetworkSpec>,
+    service: Option<Vec<ServiceDoc>>,
     #[serde(alias = "tasks")]
     task: Option<Vec<TaskDoc>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // `meta` is converted from the spanned tree
+struct ServiceDoc {
+    name: Option<String>,
+    port: Option<String>,
+    tags: Option<Vec<String>>,
+    meta: Option<IgnoredAny>,
+    provider: Option<String>,
+    task: Option<String>,
+    check: Option<Vec<CheckDoc>>,
+    check_restart: Option<CheckRestartDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckDoc {
+    name: Option<String>,
+    #[serde(rename = "type")]
+    check_type: Option<String>,
+    interval: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    path: Option<String>,
+    method: Option<String>,
+    protocol: Option<String>,
+    header: Option<BTreeMap<String, Vec<String>>>,
+    port: Option<String>,
+    command: Option<String>,
+    args: Option<Vec<String>>,
+    task: Option<String>,
+    expose: Option<bool>,
+    check_restart: Option<CheckRestartDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRestartDoc {
+    limit: Option<u32>,
+    grace: Option<Spanned<String>>,
+    ignore_warnings: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -127,6 +193,7 @@ struct TaskDoc {
     resources: Option<TaskResources>,
     logs: Option<LogConfig>,
     lifecycle: Option<Lifecycle>,
+    service: Option<Vec<ServiceDoc>>,
 }
 
 #[derive(Deserialize)]
@@ -238,9 +305,20 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                 )?),
                 None => None,
             };
+            let task_name = t.name.ok_or_else(|| missing(&tpath, "name"))?;
+            let task_services = read_services(
+                &source,
+                t.service.unwrap_or_default(),
+                ttable.and_then(|t| array_of(t, &["service"])),
+                &tpath,
+                &format!(
+                    "{name}-{}-{task_name}",
+                    g.name.as_deref().unwrap_or_default()
+                ),
+            )?;
             tasks.push(Task {
-                services: Default::default(),
-                name: t.name.ok_or_else(|| missing(&tpath, "name"))?,
+                services: task_services,
+                name: task_name,
                 driver: t.driver.ok_or_else(|| missing(&tpath, "driver"))?,
                 config,
                 env: strings(
@@ -291,9 +369,16 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                 Some(p)
             }
         };
+        let group_services = read_services(
+            &source,
+            g.service.unwrap_or_default(),
+            gtable.and_then(|t| array_of(t, &["service"])),
+            &gpath,
+            &format!("{name}-{}", g.name.as_deref().unwrap_or_default()),
+        )?;
         groups.push(TaskGroup {
-            network: Default::default(),
-            services: Default::default(),
+            network: g.network,
+            services: group_services,
             reschedule,
             name: g.name.ok_or_else(|| missing(&gpath, "name"))?,
             count: g.count.unwrap_or(1),
@@ -322,6 +407,114 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
         file: file.to_owned(),
         spec,
         field_lines,
+    })
+}
+
+/// The `[[service]]` tables of a group or task (at `owner_path`), with Nomad's defaults:
+/// the name `default_name` (`JOB-GROUP[-TASK]`), check names `service: "<name>" check`,
+/// the service's `check_restart` under each check's own, a 1s grace.
+fn read_services(
+    source: &Source<'_>,
+    docs: Vec<ServiceDoc>,
+    values: Option<&toml::de::DeArray<'_>>,
+    owner_path: &str,
+    default_name: &str,
+) -> Result<Vec<ServiceSpec>, JobFileError> {
+    let mut out = Vec::with_capacity(docs.len());
+    for (i, s) in docs.into_iter().enumerate() {
+        let spath = format!("{owner_path}.service[{i}]");
+        let table = values
+            .and_then(|a| a.get(i))
+            .and_then(|v| v.get_ref().as_table());
+        let meta = match table.and_then(|t| entry(t, "meta")) {
+            Some(v) => source.string_map(v, &format!("{spath}.meta"))?,
+            None => BTreeMap::new(),
+        };
+        let name = s
+            .name
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| default_name.to_owned());
+        let service_restart = s
+            .check_restart
+            .as_ref()
+            .map(|r| check_restart(source, r, None, &format!("{spath}.check_restart")))
+            .transpose()?;
+        let mut checks = Vec::new();
+        for (j, c) in s.check.unwrap_or_default().into_iter().enumerate() {
+            let cpath = format!("{spath}.check[{j}]");
+            let duration = |v: &Option<Spanned<String>>, field: &str| match v {
+                Some(v) => source.duration(v, &format!("{cpath}.{field}"), MAX_CHECK_DURATION),
+                // Refused by validation with the field's name.
+                None => Ok(Duration::ZERO),
+            };
+            checks.push(CheckSpec {
+                name: c
+                    .name
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| default_check_name(&name)),
+                check_type: c.check_type.unwrap_or_default().to_ascii_lowercase(),
+                interval: duration(&c.interval, "interval")?,
+                timeout: duration(&c.timeout, "timeout")?,
+                path: c.path.unwrap_or_default(),
+                method: c.method.unwrap_or_default(),
+                protocol: c.protocol.unwrap_or_default(),
+                header: c.header.unwrap_or_default(),
+                port: c.port.unwrap_or_default(),
+                command: c.command.unwrap_or_default(),
+                args: c.args.unwrap_or_default(),
+                task: c.task.unwrap_or_default(),
+                expose: c.expose.unwrap_or(false),
+                check_restart: c
+                    .check_restart
+                    .as_ref()
+                    .map(|r| {
+                        check_restart(
+                            source,
+                            r,
+                            s.check_restart.as_ref(),
+                            &format!("{cpath}.check_restart"),
+                        )
+                    })
+                    .transpose()?,
+            });
+        }
+        out.push(ServiceSpec {
+            name,
+            port: s.port.unwrap_or_default(),
+            tags: s.tags.unwrap_or_default(),
+            meta,
+            provider: s
+                .provider
+                .unwrap_or_else(|| NOMAD_SERVICE_PROVIDER.to_owned()),
+            task: s.task.unwrap_or_default(),
+            checks,
+            check_restart: service_restart,
+        });
+    }
+    Ok(out)
+}
+
+/// A `check_restart` table over its service's (`base`), field by field as Nomad merges
+/// them; a grace left out is Nomad's 1s.
+fn check_restart(
+    source: &Source<'_>,
+    r: &CheckRestartDoc,
+    base: Option<&CheckRestartDoc>,
+    path: &str,
+) -> Result<CheckRestart, JobFileError> {
+    let grace = match r.grace.as_ref().or(base.and_then(|b| b.grace.as_ref())) {
+        Some(v) => source.duration(v, &format!("{path}.grace"), MAX_CHECK_DURATION)?,
+        None => DEFAULT_CHECK_RESTART_GRACE,
+    };
+    Ok(CheckRestart {
+        limit: r
+            .limit
+            .filter(|l| *l > 0)
+            .or(base.and_then(|b| b.limit))
+            .unwrap_or(0),
+        grace,
+        ignore_warnings: r.ignore_warnings.unwrap_or(false)
+            || base.and_then(|b| b.ignore_warnings).unwrap_or(false),
     })
 }
 
@@ -808,5 +1001,154 @@ driver = "rawexec"
             "name = \"w\"\npriority = 0\n[[group]]\nname = \"g\"\n[[group.task]]\nname = \"t\"\ndriver = \"d\"\n",
         );
         assert_eq!(e, "web.toml:2: priority: 0 is not within 1..=100");
+    }
+
+    /// A host-mode service with checks, and a bridge one with a mapped port.
+    const SERVICES: &str = r#"name = "shop"
+
+[[group]]
+name = "web"
+count = 3
+
+[group.network]
+mode = "host"
+
+[[group.network.port]]
+label = "http"
+
+[[group.network.port]]
+label = "admin"
+static = 8081
+
+[[group.service]]
+name = "web"
+port = "http"
+tags = ["v1"]
+meta = { version = 1 }
+task = "server"
+check_restart = { limit = 3 }
+
+[[group.service.check]]
+type = "http"
+path = "/health"
+interval = "10s"
+timeout = "2s"
+header = { X-Probe = ["a", "b"] }
+
+[[group.service.check]]
+name = "admin answers"
+type = "tcp"
+port = "admin"
+interval = "30s"
+timeout = "1s"
+check_restart = { grace = "20s" }
+
+[[group.task]]
+name = "server"
+driver = "rawexec"
+config = { command = "python3", args = ["-m", "http.server", "${NOMAD_PORT_http}"] }
+
+[[group.task.service]]
+port = "admin"
+
+[[group.task.service.check]]
+type = "script"
+command = "/bin/true"
+interval = "5s"
+timeout = "1s"
+
+[[group]]
+name = "api"
+network = { mode = "bridge", port = [{ label = "http", static = 8080, to = 80 }] }
+
+[[group.service]]
+port = "http"
+
+[[group.task]]
+name = "api"
+driver = "rawexec"
+"#;
+
+    #[test]
+    fn networks_services_and_checks_parse_with_nomads_defaults() {
+        let spec = parse_and_validate(SERVICES, "shop.toml").unwrap_or_else(|e| panic!("{e}"));
+        let web = &spec.groups[0];
+        let net = web.network.as_ref().expect("a network");
+        assert_eq!(net.mode, crate::types::NetworkMode::Host);
+        assert_eq!(
+            net.ports
+                .iter()
+                .map(|p| (p.label.as_str(), p.static_port))
+                .collect::<Vec<_>>(),
+            [("http", 0), ("admin", 8081)]
+        );
+        let s = &web.services[0];
+        assert_eq!((s.name.as_str(), s.port.as_str()), ("web", "http"));
+        assert_eq!(s.provider, "nomad");
+        assert_eq!(s.meta["version"], "1");
+        assert_eq!(s.checks[0].name, "service: \"web\" check");
+        assert_eq!(s.checks[0].interval, Duration::from_secs(10));
+        assert_eq!(s.checks[0].header["X-Probe"], ["a", "b"]);
+        assert_eq!(
+            s.check_restart,
+            Some(CheckRestart {
+                limit: 3,
+                grace: Duration::from_secs(1),
+                ignore_warnings: false
+            })
+        );
+        // A check's own check_restart over its service's, field by field.
+        assert_eq!(
+            s.checks[1].check_restart,
+            Some(CheckRestart {
+                limit: 3,
+                grace: Duration::from_secs(20),
+                ignore_warnings: false
+            })
+        );
+        let ts = &web.tasks[0].services[0];
+        assert_eq!(ts.name, "shop-web-server");
+        assert_eq!(ts.checks[0].name, "service: \"shop-web-server\" check");
+        let api = &spec.groups[1];
+        let net = api.network.as_ref().expect("a network");
+        assert_eq!(net.mode, crate::types::NetworkMode::Bridge);
+        assert_eq!((net.ports[0].static_port, net.ports[0].to), (8080, 80));
+        assert_eq!(api.services[0].name, "shop-api");
+    }
+
+    #[test]
+    fn service_errors_name_their_field_and_line() {
+        let e = error(&SERVICES.replace("path = \"/health\"", "path = \"/health\"\npaht = \"/\""));
+        assert!(
+            e.starts_with("web.toml:28: group[0].service[0].check[0].paht: unknown field"),
+            "{e}"
+        );
+        let e = error(&SERVICES.replace("interval = \"10s\"", "interval = \"often\""));
+        assert!(
+            e.starts_with("web.toml:28: group[0].service[0].check[0].interval:"),
+            "{e}"
+        );
+        let e = invalid(&SERVICES.replace("type = \"tcp\"", "type = \"grpc\""));
+        assert!(
+            e.starts_with(
+                "web.toml:34: group[0].service[0].check[1].type: unknown check type \"grpc\""
+            ),
+            "{e}"
+        );
+        let e = invalid(&SERVICES.replace("port = \"admin\"\n\n", "port = \"metrics\"\n\n"));
+        assert!(
+            e.starts_with("web.toml:46: group[0].task[0].service[0].port: port \"metrics\""),
+            "{e}"
+        );
+        let e = invalid(&SERVICES.replace("static = 8081", "static = 80810"));
+        assert!(
+            e.starts_with("web.toml:15: group[0].network.port[1].static:"),
+            "{e}"
+        );
+        let e = invalid(&SERVICES.replace("tags = [\"v1\"]", "provider = \"consul\""));
+        assert!(
+            e.starts_with("web.toml:20: group[0].service[0].provider:"),
+            "{e}"
+        );
     }
 }

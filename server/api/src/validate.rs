@@ -404,7 +404,7 @@ fn check_services(
             return Err(fail(
                 format!("{spath}.provider"),
                 format!(
-                    "provider {:?} is not supported: Drover keeps services itself (\"nomad\")",
+                    "provider {:?} is not supported: Drover keeps services itself: provider = \"nomad\"",
                     s.provider
                 ),
             ));

@@ -734,6 +734,12 @@ impl Reader<'_, '_> {
     fn task(&self, b: &Block) -> Result<Json, HclError> {
         label_count(self.src, b, 1)?;
         let body = &b.body;
+        if let Some(n) = blocks(body, "network").next() {
+            return Err(self.src.error(
+                n,
+                "a task has no network: move network { ... } to the group (one network per group, as Nomad 1.0 has it)",
+            ));
+        }
         check_body(
             self.src,
             body,
@@ -750,12 +756,6 @@ impl Reader<'_, '_> {
                 "service",
             ],
         )?;
-        if let Some(n) = blocks(body, "network").next() {
-            return Err(self.src.error(
-                n,
-                "a task has no network: move network { ... } to the group (one network per group, as Nomad 1.0 has it)",
-            ));
-        }
         let mut o = Obj::new();
         o.insert("Name".into(), label(b, 0).unwrap_or_default().into());
         self.put(&mut o, body, "driver", "Driver", Kind::String)?;

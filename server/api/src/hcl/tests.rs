@@ -722,3 +722,105 @@ fn variables_and_locals_together_are_bounded() {
         "{e}"
     );
 }
+
+fn group_file(inner: &str) -> String {
+    format!(
+        "job \"j\" {{\n  group \"g\" {{\n{inner}\n    task \"t\" {{\n      driver = \"raw_exec\"\n    }}\n  }}\n}}\n"
+    )
+}
+
+#[test]
+fn service_provider_is_nomads_only() {
+    let text = group_file("    service {\n      provider = \"nomad\"\n    }");
+    let job = parse_text(&text).expect("parses");
+    assert_eq!(
+        job["Job"]["TaskGroups"][0]["Services"][0]["Provider"],
+        "nomad"
+    );
+    let text = group_file("    service {\n      provider = \"consul\"\n    }");
+    assert_eq!(
+        err(&text),
+        "job.hcl:4:18: provider \"consul\" is not supported: Drover keeps services itself: provider = \"nomad\""
+    );
+}
+
+#[test]
+fn service_and_check_arguments_drover_lacks_are_refused_by_name() {
+    for (inner, place, name) in [
+        (
+            "    service {\n      address_mode = \"driver\"\n    }",
+            "4:7",
+            "address_mode",
+        ),
+        (
+            "    service {\n      canary_tags = [\"c\"]\n    }",
+            "4:7",
+            "canary_tags",
+        ),
+        (
+            "    service {\n      enable_tag_override = true\n    }",
+            "4:7",
+            "enable_tag_override",
+        ),
+        (
+            "    service {\n      on_update = \"ignore\"\n    }",
+            "4:7",
+            "on_update",
+        ),
+        (
+            "    service {\n      check {\n        tls_skip_verify = true\n      }\n    }",
+            "5:9",
+            "tls_skip_verify",
+        ),
+        (
+            "    service {\n      check {\n        grpc_service = \"x\"\n      }\n    }",
+            "5:9",
+            "grpc_service",
+        ),
+        ("    network {\n      mbits = 10\n    }", "4:7", "mbits"),
+    ] {
+        assert_eq!(
+            err(&group_file(inner)),
+            format!("job.hcl:{place}: argument \"{name}\" is not supported by Drover yet")
+        );
+    }
+    let text = group_file("    service {\n      connect {\n      }\n    }");
+    assert_eq!(
+        err(&text),
+        "job.hcl:4:7: block \"connect\" is not supported by Drover yet"
+    );
+    let text = group_file("    service {\n      chek {\n      }\n    }");
+    assert_eq!(
+        err(&text),
+        "job.hcl:4:7: unsupported block \"chek\"; did you mean \"check\"?"
+    );
+}
+
+#[test]
+fn a_network_belongs_to_the_group() {
+    let text = task_file("      resources {\n        network {\n        }\n      }");
+    assert!(
+        err(&text)
+            .starts_with("job.hcl:6:9: network in resources: move network { ... } to the group"),
+        "{}",
+        err(&text)
+    );
+    let text = task_file("      network {\n      }");
+    assert!(
+        err(&text)
+            .starts_with("job.hcl:5:7: a task has no network: move network { ... } to the group"),
+        "{}",
+        err(&text)
+    );
+    let text = group_file("    network {\n    }\n    network {\n    }");
+    assert_eq!(
+        err(&text),
+        "job.hcl:5:5: only one \"network\" block is allowed here"
+    );
+    let text = group_file("    network {\n      port {\n      }\n    }");
+    assert!(
+        err(&text).contains("needs exactly one label"),
+        "{}",
+        err(&text)
+    );
+}
