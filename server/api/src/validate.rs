@@ -59,6 +59,16 @@ pub const MAX_TAGS: usize = 64;
 pub const MIN_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Longest check interval or timeout.
 pub const MAX_CHECK_DURATION: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Longest service tag.
+pub const MAX_TAG_LEN: usize = 256;
+/// Most arguments of a script check.
+pub const MAX_CHECK_ARGS: usize = 64;
+/// Most header names of an http check.
+pub const MAX_CHECK_HEADERS: usize = 32;
+/// Most values of one header of an http check.
+pub const MAX_CHECK_HEADER_VALUES: usize = 16;
+/// Most bytes of an http check's headers (names and values).
+pub const MAX_CHECK_HEADER_BYTES: usize = 8 * 1024;
 
 /// Why a job spec was refused. Displays as `FIELD: MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -392,12 +402,36 @@ fn check_services(
     task: Option<&Task>,
 ) -> Result<(), ValidationError> {
     check_len(path, services.len(), MAX_SERVICES)?;
+    let mut known = BTreeSet::new();
     for (i, s) in services.iter().enumerate() {
         let spath = format!("{path}[{i}]");
+        // As Nomad: one registration per name and port.
+        if !known.insert((s.name.as_str(), s.port.as_str())) {
+            return Err(fail(
+                format!("{spath}.name"),
+                format!("service {:?} on port {:?} is given twice", s.name, s.port),
+            ));
+        }
         if s.name.trim().is_empty() || s.name.len() > 2 * MAX_NAME_LEN {
             return Err(fail(
                 format!("{spath}.name"),
                 format!("must be 1 to {} characters", 2 * MAX_NAME_LEN),
+            ));
+        }
+        // The name is a path segment of /v1/service/<name>; `${...}` is the client's
+        // to fill in.
+        if !s.name.contains("${")
+            && !s
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(fail(
+                format!("{spath}.name"),
+                format!(
+                    "{:?} is not a service name: letters, digits, '-', '_' or '.'",
+                    s.name
+                ),
             ));
         }
         if s.provider != NOMAD_SERVICE_PROVIDER {
@@ -413,6 +447,14 @@ fn check_services(
             check_port_ref(format!("{spath}.port"), &s.port, g)?;
         }
         check_len(&format!("{spath}.tags"), s.tags.len(), MAX_TAGS)?;
+        for (t, tag) in s.tags.iter().enumerate() {
+            if tag.len() > MAX_TAG_LEN || tag.chars().any(char::is_control) {
+                return Err(fail(
+                    format!("{spath}.tags[{t}]"),
+                    format!("at most {MAX_TAG_LEN} bytes, without control characters"),
+                ));
+            }
+        }
         check_map(&format!("{spath}.meta"), &s.meta)?;
         // A group service names the task its checks restart or run in.
         let own_task = match task {
@@ -434,8 +476,19 @@ fn check_services(
             })?),
         };
         check_len(&format!("{spath}.check"), s.checks.len(), MAX_CHECKS)?;
+        let mut check_names = BTreeSet::new();
         for (j, c) in s.checks.iter().enumerate() {
-            check_check(&format!("{spath}.check[{j}]"), c, s, g, own_task)?;
+            let cpath = format!("{spath}.check[{j}]");
+            check_check(&cpath, c, s, g, own_task)?;
+            if !check_names.insert(c.name.as_str()) {
+                return Err(fail(
+                    format!("{cpath}.name"),
+                    format!(
+                        "check name {:?} is used twice in service {:?} (give each check a name)",
+                        c.name, s.name
+                    ),
+                ));
+            }
         }
         if s.check_restart.is_some()
             && own_task.is_none()
@@ -446,6 +499,44 @@ fn check_services(
                 "a group's service restarts a task only when it names one (task = \"...\")",
             ));
         }
+    }
+    Ok(())
+}
+
+/// An http check's headers: names are HTTP tokens, values hold no line breaks (they
+/// become request lines), bounded in count and bytes.
+fn check_headers(
+    path: &str,
+    header: &std::collections::BTreeMap<String, Vec<String>>,
+) -> Result<(), ValidationError> {
+    check_len(path, header.len(), MAX_CHECK_HEADERS)?;
+    let mut bytes = 0;
+    for (name, values) in header {
+        let hpath = format!("{path}.{name}");
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
+        {
+            return Err(fail(hpath, format!("{name:?} is not a header name")));
+        }
+        check_len(&hpath, values.len(), MAX_CHECK_HEADER_VALUES)?;
+        for v in values {
+            if v.chars().any(|c| c.is_control() && c != '\t') {
+                return Err(fail(
+                    hpath,
+                    "a header value may not hold line breaks or control characters",
+                ));
+            }
+            bytes += v.len();
+        }
+        bytes += name.len();
+    }
+    if bytes > MAX_CHECK_HEADER_BYTES {
+        return Err(fail(
+            path,
+            format!("{bytes} bytes of names and values, at most {MAX_CHECK_HEADER_BYTES}"),
+        ));
     }
     Ok(())
 }
@@ -465,6 +556,21 @@ fn check_check(
                 c.check_type,
                 CHECK_TYPES.join(", ")
             ),
+        ));
+    }
+    if c.expose && c.check_type != "http" {
+        return Err(fail(
+            format!("{path}.expose"),
+            format!("expose is for http checks, not {}", c.check_type),
+        ));
+    }
+    check_len(&format!("{path}.args"), c.args.len(), MAX_CHECK_ARGS)?;
+    if let Some(r) = &c.check_restart
+        && r.grace > MAX_CHECK_DURATION
+    {
+        return Err(fail(
+            format!("{path}.check_restart.grace"),
+            format!("{:?} is more than the maximum of 1h", r.grace),
         ));
     }
     for (field, d) in [("interval", c.interval), ("timeout", c.timeout)] {
@@ -526,12 +632,34 @@ fn check_check(
             }
             check_port_ref(format!("{path}.port"), port, g)?;
             if c.check_type == "http" {
-                if !(c.path.starts_with('/') || c.path.is_empty()) {
+                if c.path.is_empty() {
                     return Err(fail(
                         format!("{path}.path"),
-                        format!("{:?} must start with '/'", c.path),
+                        "an http check needs a path (such as \"/health\")",
                     ));
                 }
+                if !c.path.starts_with('/') || c.path.chars().any(|ch| ch.is_control() || ch == ' ')
+                {
+                    return Err(fail(
+                        format!("{path}.path"),
+                        format!(
+                            "{:?} must start with '/' and hold no spaces or control characters",
+                            c.path
+                        ),
+                    ));
+                }
+                if !c.method.is_empty()
+                    && (c.method.len() > 16 || !c.method.chars().all(|ch| ch.is_ascii_alphabetic()))
+                {
+                    return Err(fail(
+                        format!("{path}.method"),
+                        format!(
+                            "{:?} is not an HTTP method (GET, POST, HEAD, ...)",
+                            c.method
+                        ),
+                    ));
+                }
+                check_headers(&format!("{path}.header"), &c.header)?;
                 if !matches!(c.protocol.as_str(), "" | "http" | "https") {
                     return Err(fail(
                         format!("{path}.protocol"),
@@ -1391,6 +1519,73 @@ mod tests {
         // At task level the check runs in its task.
         j.groups[0].services.clear();
         j.groups[0].tasks[0].services = vec![s];
+        validate(&j).unwrap();
+    }
+
+    #[test]
+    fn http_checks_need_a_path_a_method_and_headers_that_are_http() {
+        let mut j = with_web_port(job());
+        let mut s = service("http");
+        let mut c = check("http");
+        c.path = String::new();
+        s.checks = vec![c];
+        j.groups[0].services = vec![s];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[0].path");
+        assert!(e.message.contains("needs a path"), "{e}");
+        let c = &mut j.groups[0].services[0].checks[0];
+        c.path = "/health".into();
+        c.method = "GET /x HTTP/1.1".into();
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[0].method");
+        let c = &mut j.groups[0].services[0].checks[0];
+        c.method = "HEAD".into();
+        c.header = [("X-Evil".to_owned(), vec!["a\r\nHost: b".to_owned()])].into();
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[0].header.X-Evil");
+        let c = &mut j.groups[0].services[0].checks[0];
+        c.header = [("X Bad".to_owned(), vec!["v".to_owned()])].into();
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[0].header.X Bad");
+        let c = &mut j.groups[0].services[0].checks[0];
+        c.header = [("X-Ok".to_owned(), vec!["v".to_owned()])].into();
+        validate(&j).unwrap();
+    }
+
+    #[test]
+    fn expose_is_for_http_checks() {
+        let mut j = with_web_port(job());
+        let mut s = service("http");
+        let mut c = check("tcp");
+        c.expose = true;
+        s.checks = vec![c];
+        j.groups[0].services = vec![s];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[0].expose");
+    }
+
+    #[test]
+    fn names_of_services_and_checks_are_unique_and_fit_a_url() {
+        let mut j = with_web_port(job());
+        let mut s = service("http");
+        s.checks = vec![check("tcp"), check("tcp")];
+        s.checks[0].name = "c".into();
+        s.checks[1].name = "c".into();
+        j.groups[0].services = vec![s.clone()];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[1].name");
+        s.checks[1].name = "d".into();
+        j.groups[0].services = vec![s.clone(), s.clone()];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[1].name");
+        assert!(e.message.contains("given twice"), "{e}");
+        s.name = "web/../x".into();
+        j.groups[0].services = vec![s.clone()];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].name");
+        // Interpolated by the client: left to it.
+        s.name = "web-${NOMAD_ALLOC_INDEX}".into();
+        j.groups[0].services = vec![s];
         validate(&j).unwrap();
     }
 }
