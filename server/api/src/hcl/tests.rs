@@ -824,3 +824,46 @@ fn a_network_belongs_to_the_group() {
         err(&text)
     );
 }
+
+/// The fenced blocks of `lang` in docs/services.md.
+fn doc_examples(lang: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/services.md");
+    let text = std::fs::read_to_string(&path).expect("docs/services.md");
+    let fence = format!("```{lang}\n");
+    let mut out = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find(&fence) {
+        let body = &rest[start + fence.len()..];
+        let end = body.find("```").expect("a closed fence");
+        out.push(body[..end].to_owned());
+        rest = &body[end + 3..];
+    }
+    out
+}
+
+#[test]
+fn the_job_files_of_the_services_docs_are_valid() {
+    let hcl = doc_examples("hcl");
+    assert_eq!(hcl.len(), 2, "a host and a bridge example");
+    for text in &hcl {
+        let job = parse_job("services.md", &fixtures(), text, &VarInputs::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let spec = job.to_spec().unwrap_or_else(|e| panic!("{e}")).spec;
+        crate::validate(&spec).unwrap_or_else(|e| panic!("{e}"));
+        assert!(spec.groups[0].network.is_some() && !spec.groups[0].services.is_empty());
+    }
+    let toml = doc_examples("toml");
+    assert_eq!(toml.len(), 2, "the same jobs in TOML");
+    for (text, hcl_text) in toml.iter().zip(&hcl) {
+        let from_toml = crate::jobfile::parse_and_validate(text, "services.md")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let from_hcl = parse_job("services.md", &fixtures(), hcl_text, &VarInputs::default())
+            .expect("parses")
+            .to_spec()
+            .expect("converts")
+            .spec;
+        // Both formats say the same of ports and services.
+        assert_eq!(from_toml.groups[0].network, from_hcl.groups[0].network);
+        assert_eq!(from_toml.groups[0].services, from_hcl.groups[0].services);
+    }
+}
