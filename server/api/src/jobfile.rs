@@ -376,8 +376,12 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
             &gpath,
             &format!("{name}-{}", g.name.as_deref().unwrap_or_default()),
         )?;
+        let mut network = g.network;
+        for p in network.iter_mut().flat_map(|n| n.ports.iter_mut()) {
+            p.host_network = crate::nomad::host_network_or_default(&p.host_network);
+        }
         groups.push(TaskGroup {
-            network: g.network,
+            network,
             services: group_services,
             reschedule,
             name: g.name.ok_or_else(|| missing(&gpath, "name"))?,

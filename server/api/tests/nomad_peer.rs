@@ -111,6 +111,47 @@ fn spec() -> JobSpec {
     .expect("a job spec")
 }
 
+/// A service job: a dynamic port, a group service and a task service with checks
+/// (Nomad 1.0 registers them in Consul, which is not there: the task runs anyway).
+fn web_spec() -> JobSpec {
+    let spec: JobSpec = serde_json::from_value(serde_json::json!({
+        "name": "peer-web",
+        "datacenters": ["dc1"],
+        "group": [{
+            "name": "web",
+            "network": {"mode": "host", "port": [{"label": "http"}]},
+            "service": [{
+                "name": "peer-web-group",
+                "port": "http",
+                "tags": ["v1"],
+                "meta": {"team": "a"},
+                "check": [{"name": "alive", "type": "tcp", "interval": "10s", "timeout": "2s"}]
+            }],
+            "task": [{
+                "name": "server",
+                "driver": "raw_exec",
+                "config": {"command": "/bin/sh", "args": ["-c", "exec sleep 300"]},
+                "resources": {"cpu": 50, "memory_mb": 32},
+                "service": [{
+                    "name": "peer-web-server",
+                    "port": "http",
+                    "check": [{
+                        "name": "ready",
+                        "type": "http",
+                        "path": "/ready",
+                        "interval": "5s",
+                        "timeout": "1s",
+                        "check_restart": {"limit": 3, "grace": "10s"}
+                    }]
+                }]
+            }]
+        }]
+    }))
+    .expect("a job spec");
+    drover_server_api::validate(&spec).expect("a valid spec");
+    spec
+}
+
 /// Polls a read of the client until `done` holds for its answer.
 async fn wait_for<T, F, Fut>(what: &str, mut read: F, done: impl Fn(&T) -> bool) -> T
 where
@@ -237,6 +278,45 @@ async fn the_client_drives_a_real_nomad_agent() {
         .expect("node allocs")
         .value;
     assert_eq!(on_node.iter().filter(|a| a.job_name == "peer").count(), 2);
+
+    // Ports and services: Nomad takes them as Drover sends them, places the port, and
+    // its job, allocation and node read back into Drover's types.
+    let web = web_spec();
+    c.register_job(&web)
+        .await
+        .expect("register a job with ports");
+    let running = wait_for(
+        "a running allocation with a port",
+        || async { c.job_allocations("peer-web", &q).await.map(|a| a.value) },
+        |a| a.len() == 1 && a[0].client_status == ClientStatus::Running,
+    )
+    .await;
+    let alloc = c
+        .allocation(&running[0].id, &q)
+        .await
+        .expect("allocation")
+        .value;
+    assert_eq!(alloc.ports.len(), 1, "{:?}", alloc.ports);
+    let port = &alloc.ports[0];
+    assert_eq!(port.label, "http");
+    assert!(
+        (20000..=32000).contains(&port.value),
+        "a port of Nomad's dynamic range: {port:?}"
+    );
+    assert_eq!(port.host_ip, "127.0.0.1");
+    // Nomad's job (canonicalized by its server) reads back as the job Drover would
+    // store from the same spec.
+    let job = c.job("peer-web", &q).await.expect("job").value;
+    let ours = drover_server_api::nomad::Job::from(&web)
+        .to_spec()
+        .expect("converts")
+        .spec;
+    let g = &job.spec.groups[0];
+    assert_eq!(g.network, ours.groups[0].network);
+    assert_eq!(g.services, ours.groups[0].services);
+    assert_eq!(g.tasks[0].services, ours.groups[0].tasks[0].services);
+    assert_eq!(node.network.address, "127.0.0.1", "{:?}", node.network);
+    c.stop_job("peer-web", false).await.expect("stop");
 
     // Errors keep Nomad's status.
     let missing = c.job("no-such-job", &q).await.unwrap_err();

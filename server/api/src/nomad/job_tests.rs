@@ -145,6 +145,7 @@ fn a_group_network_from_nomad_becomes_the_groups_ports() {
             ports: vec![internal::PortSpec {
                 label: "http".into(),
                 static_port: 5678,
+                host_network: "default".into(),
                 ..Default::default()
             }],
         })
@@ -159,6 +160,7 @@ fn a_group_network_from_nomad_becomes_the_groups_ports() {
         Some(vec![internal::PortSpec {
             label: "db".into(),
             to: 6379,
+            host_network: "default".into(),
             ..Default::default()
         }])
     );
@@ -738,10 +740,12 @@ fn networks_services_and_checks_convert_with_nomads_defaults() {
                 internal::PortSpec {
                     label: "admin".into(),
                     static_port: 8081,
+                    host_network: "default".into(),
                     ..Default::default()
                 },
                 internal::PortSpec {
                     label: "http".into(),
+                    host_network: "default".into(),
                     ..Default::default()
                 },
             ],
@@ -819,7 +823,7 @@ fn networks_and_services_survive_the_trip_to_the_wire_and_back() {
     assert_eq!(g["Networks"][0]["Mode"], "bridge");
     assert_eq!(
         g["Networks"][0]["ReservedPorts"][0],
-        json!({"Label": "http", "Value": 8080, "To": 80, "HostNetwork": ""})
+        json!({"Label": "http", "Value": 8080, "To": 80, "HostNetwork": "default"})
     );
     assert_eq!(g["Services"][0]["Name"], "shop-api");
     assert_eq!(g["Services"][0]["PortLabel"], "http");

@@ -324,12 +324,25 @@ pub(crate) fn group_network(
                 label: p.label.clone(),
                 static_port,
                 to,
-                host_network: p.host_network.clone(),
+                host_network: host_network_or_default(&p.host_network),
             });
         }
     }
     Ok(Some(internal::NetworkSpec { mode, ports }))
 }
+
+/// The node's host network a port is on: `default` when none is named (as a Nomad
+/// server fills it in).
+pub fn host_network_or_default(name: &str) -> String {
+    if name.is_empty() {
+        DEFAULT_HOST_NETWORK.to_owned()
+    } else {
+        name.to_owned()
+    }
+}
+
+/// The host network every node has (and the only one Drover's nodes have).
+pub const DEFAULT_HOST_NETWORK: &str = "default";
 
 /// A task's `Resources.Networks`: refused (Nomad 1.0 still reads them; Drover has
 /// group networks only).
