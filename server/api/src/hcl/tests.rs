@@ -789,6 +789,22 @@ fn service_and_check_arguments_drover_lacks_are_refused_by_name() {
         err(&text),
         "job.hcl:4:7: block \"connect\" is not supported by Drover yet"
     );
+    // As Nomad's parser: header is a block.
+    let text = group_file(
+        "    service {\n      check {\n        header = { X = [\"a\"] }\n      }\n    }",
+    );
+    assert_eq!(
+        err(&text),
+        "job.hcl:5:9: \"header\" is a block here: write header { ... }"
+    );
+    let text = group_file(
+        "    service {\n      check {\n        header {\n          X = \"a\"\n        }\n      }\n    }",
+    );
+    assert!(
+        err(&text).contains("header \"X\": a list of strings is required"),
+        "{}",
+        err(&text)
+    );
     let text = group_file("    service {\n      chek {\n      }\n    }");
     assert_eq!(
         err(&text),
