@@ -1149,6 +1149,16 @@ driver = "rawexec"
             e.starts_with("web.toml:15: group[0].network.port[1].static:"),
             "{e}"
         );
+        let e = error(&SERVICES.replace("mode = \"host\"", "mode = \"overlay\""));
+        assert!(
+            e.starts_with("web.toml:8: group[0].network.mode: unknown variant `overlay`"),
+            "{e}"
+        );
+        let e = error(&SERVICES.replace("static = 8081", "statik = 8081"));
+        assert!(
+            e.starts_with("web.toml:15: group[0].network.port[1].statik: unknown field"),
+            "{e}"
+        );
         let e = invalid(&SERVICES.replace("tags = [\"v1\"]", "provider = \"consul\""));
         assert!(
             e.starts_with("web.toml:20: group[0].service[0].provider:"),
