@@ -422,7 +422,7 @@ pub struct CheckSpec {
     /// Name (default: `service: "<service>" check`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
-    /// `http`, `tcp` or `script` (checked by [`crate::validate`], so that a wrong one is
+    /// `http`, `tcp` or `script` (checked by [`crate::validate()`], so that a wrong one is
     /// refused by field name).
     #[serde(rename = "type")]
     pub check_type: String,
