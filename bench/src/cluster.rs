@@ -143,6 +143,7 @@ fn registration(i: usize) -> NodeRegistration {
     attributes.insert("os.name".into(), "linux".into());
     attributes.insert("cpu.numcores".into(), "8".into());
     NodeRegistration {
+        network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("00000000-0000-4000-8000-{i:012}"),
         name: format!("sim-{i}"),
@@ -205,12 +206,15 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
             update: UpdateStrategy::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                network: Default::default(),
+                services: Default::default(),
                 reschedule: None,
                 name: "g".into(),
                 count: u32::try_from(count)?,
                 constraints: vec![],
                 meta: BTreeMap::new(),
                 tasks: vec![Task {
+                    services: Default::default(),
                     meta: Default::default(),
                     name: "t".into(),
                     driver: "raw_exec".into(),

@@ -39,6 +39,7 @@ pub(crate) struct Options {
 
 fn node(i: usize) -> NodeRegistration {
     NodeRegistration {
+        network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("00000000-0000-4000-8000-{i:012}"),
         name: format!("bench-node-{i}"),
@@ -73,12 +74,15 @@ fn job(i: usize, count: u32) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            network: Default::default(),
+            services: Default::default(),
             reschedule: None,
             name: "app".into(),
             count,
             constraints: vec![],
             meta: BTreeMap::new(),
             tasks: vec![Task {
+                services: Default::default(),
                 meta: Default::default(),
                 name: "main".into(),
                 driver: "raw_exec".into(),
@@ -412,6 +416,7 @@ async fn baseline(store: &dyn Store, counts: &[u32], doc: &[u8]) -> anyhow::Resu
 
 fn sample_alloc() -> Allocation {
     Allocation {
+        ports: Default::default(),
         reschedule_events: Vec::new(),
         id: "00000000-0000-4000-8000-000000000000".into(),
         name: "bench-0.app[0]".into(),

@@ -599,6 +599,7 @@ pub(crate) mod tests {
         exit: Option<i32>,
     ) -> Allocation {
         Allocation {
+            ports: Default::default(),
             reschedule_events: Vec::new(),
             id: id.into(),
             name: "web.app[0]".into(),
@@ -784,6 +785,7 @@ pub(crate) mod tests {
     #[test]
     fn nodes_show_draining_and_healthy_drivers() {
         let node = |name: &str, status: NodeStatus, drain: bool| Node {
+            network: Default::default(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: format!("{name}-0123456789"),
             name: name.into(),

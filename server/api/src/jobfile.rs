@@ -239,6 +239,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                 None => None,
             };
             tasks.push(Task {
+                services: Default::default(),
                 name: t.name.ok_or_else(|| missing(&tpath, "name"))?,
                 driver: t.driver.ok_or_else(|| missing(&tpath, "driver"))?,
                 config,
@@ -291,6 +292,8 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
             }
         };
         groups.push(TaskGroup {
+            network: Default::default(),
+            services: Default::default(),
             reschedule,
             name: g.name.ok_or_else(|| missing(&gpath, "name"))?,
             count: g.count.unwrap_or(1),

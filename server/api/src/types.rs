@@ -108,6 +108,18 @@ pub struct TaskGroup {
     /// [`ReschedulePolicy::default_for`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reschedule: Option<ReschedulePolicy>,
+    /// The allocation's network: its mode and the ports it asks for (absent: host
+    /// networking, no ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
+    /// Services of the group (Nomad's group-level `service` blocks).
+    #[serde(
+        default,
+        rename = "service",
+        alias = "services",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub services: Vec<ServiceSpec>,
 }
 
 fn default_count() -> u32 {
@@ -213,6 +225,262 @@ pub struct Task {
     /// When the task runs within the group (absent: a main task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
+    /// Services of the task (Nomad's task-level `service` blocks).
+    #[serde(
+        default,
+        rename = "service",
+        alias = "services",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub services: Vec<ServiceSpec>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Networks and ports
+// ---------------------------------------------------------------------------------------
+
+/// How an allocation is networked (Nomad's `network { mode = ... }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// The node's own network: tasks bind the node's address and their ports on it.
+    #[default]
+    Host,
+    /// A network namespace of the allocation's own, shared by its tasks, on the node's
+    /// bridge; mapped ports are forwarded from the node's address.
+    Bridge,
+}
+
+impl NetworkMode {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::Host => "host",
+            NetworkMode::Bridge => "bridge",
+        }
+    }
+}
+
+/// A group's network (Nomad's `network` block).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// Host or bridge.
+    #[serde(default)]
+    pub mode: NetworkMode,
+    /// The ports the allocation needs, by label.
+    #[serde(
+        default,
+        rename = "port",
+        alias = "ports",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub ports: Vec<PortSpec>,
+}
+
+/// One port of a group (Nomad's `port "label" { static = ...; to = ... }`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortSpec {
+    /// The name tasks and services refer to it by (`NOMAD_PORT_<label>`).
+    pub label: String,
+    /// A fixed port on the node (1-65535); 0: the scheduler picks one from the node's
+    /// dynamic range. Wider than `u16` so that a wrong number is refused by name.
+    #[serde(
+        default,
+        rename = "static",
+        skip_serializing_if = "crate::types::is_zero_u32"
+    )]
+    pub static_port: u32,
+    /// The port inside the allocation the node's port is mapped to (bridge mode, docker
+    /// `ports`); 0: the same number as the node's port; -1: also the same (Nomad's
+    /// spelling).
+    #[serde(default, skip_serializing_if = "crate::types::is_zero_i32")]
+    pub to: i32,
+    /// The node's host network to take the address from (only `default` so far).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_network: String,
+}
+
+pub(crate) fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+pub(crate) fn is_zero_i32(v: &i32) -> bool {
+    *v == 0
+}
+
+/// A port the scheduler gave an allocation on its node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AllocatedPort {
+    /// The group's label for it.
+    pub label: String,
+    /// The port on the node.
+    pub value: u16,
+    /// The port inside the allocation it maps to (bridge mode, docker); equal to
+    /// `value` when the group asked for no mapping.
+    pub to: u16,
+    /// The node's address the port is on.
+    pub host_ip: String,
+}
+
+/// What a node offers for ports, from its agent's config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeNetwork {
+    /// The address allocations' ports are on (the agent's `network_interface`'s, or
+    /// `bind_addr`; 127.0.0.1 on a dev agent).
+    pub address: String,
+    /// Lowest port the scheduler may pick (Nomad's `min_dynamic_port`, 20000).
+    pub min_dynamic_port: u16,
+    /// Highest port the scheduler may pick (Nomad's `max_dynamic_port`, 32000).
+    pub max_dynamic_port: u16,
+    /// Ports never given to allocations (`reserved.reserved_ports`): ranges, inclusive.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reserved_ports: Vec<PortRange>,
+}
+
+/// Nomad's default lowest dynamic port.
+pub const DEFAULT_MIN_DYNAMIC_PORT: u16 = 20000;
+/// Nomad's default highest dynamic port.
+pub const DEFAULT_MAX_DYNAMIC_PORT: u16 = 32000;
+
+impl Default for NodeNetwork {
+    fn default() -> Self {
+        NodeNetwork {
+            address: "127.0.0.1".to_owned(),
+            min_dynamic_port: DEFAULT_MIN_DYNAMIC_PORT,
+            max_dynamic_port: DEFAULT_MAX_DYNAMIC_PORT,
+            reserved_ports: Vec::new(),
+        }
+    }
+}
+
+/// An inclusive range of ports (`first == last` for one port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PortRange {
+    /// First port.
+    pub first: u16,
+    /// Last port (at least `first`).
+    pub last: u16,
+}
+
+// ---------------------------------------------------------------------------------------
+// Services and checks
+// ---------------------------------------------------------------------------------------
+
+/// A service an allocation offers (Nomad's `service` block with `provider = "nomad"`):
+/// registered by the client with the server while the allocation runs, served by
+/// `GET /v1/service/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    /// The service's name; may use `${...}` (Nomad's default:
+    /// `${JOB}-${TASKGROUP}[-${TASK}]`, filled in by the parser when absent).
+    pub name: String,
+    /// The port label of the group's network (or a port number) the service is at.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub port: String,
+    /// Tags, served with every instance.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    /// Free-form metadata of the service.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
+    /// Who keeps the registrations: `nomad` (the server) is the only one Drover has.
+    #[serde(default = "default_service_provider")]
+    pub provider: String,
+    /// For a group-level service: the task whose restarts `check_restart` acts on and
+    /// in which `script` checks run (Nomad's `task` of a group service).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub task: String,
+    /// Health checks: the instance is healthy while every one passes.
+    #[serde(
+        default,
+        rename = "check",
+        alias = "checks",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub checks: Vec<CheckSpec>,
+    /// Restart the task after this many failed checks in a row (every check of the
+    /// service that has none of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_restart: Option<CheckRestart>,
+}
+
+/// The only service provider Drover has: its own servers (Nomad's native discovery).
+pub const NOMAD_SERVICE_PROVIDER: &str = "nomad";
+
+fn default_service_provider() -> String {
+    NOMAD_SERVICE_PROVIDER.to_owned()
+}
+
+/// A health check of a service (Nomad's `check` block).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSpec {
+    /// Name (default: `service: "<service>" check`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// `http`, `tcp` or `script` (checked by [`crate::validate`], so that a wrong one is
+    /// refused by field name).
+    #[serde(rename = "type")]
+    pub check_type: String,
+    /// Time between two runs.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Time one run may take before it counts as failed.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// `http`: the path asked for (`/health`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub path: String,
+    /// `http`: the method (default GET).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub method: String,
+    /// `http`: `http` (default) or `https`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub protocol: String,
+    /// `http`: extra request headers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub header: BTreeMap<String, Vec<String>>,
+    /// The port label to check (default: the service's port).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub port: String,
+    /// `script`: the command, run inside the task (exit 0 passing, 1 warning, other
+    /// critical).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub command: String,
+    /// `script`: its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// `script` of a group-level service: the task it runs in.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub task: String,
+    /// Check through a port the allocation exposes for it (bridge mode).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expose: bool,
+    /// Restart the task after failures of this check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_restart: Option<CheckRestart>,
+}
+
+/// The kinds of check Drover runs.
+pub const CHECK_TYPES: [&str; 3] = ["http", "tcp", "script"];
+
+/// When failing checks restart their task (Nomad's `check_restart`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRestart {
+    /// Failures in a row that restart the task (0: never).
+    #[serde(default)]
+    pub limit: u32,
+    /// Time after the task (re)started during which failures do not count.
+    #[serde(default, with = "humantime_serde")]
+    pub grace: Duration,
+    /// A warning counts as passing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_warnings: bool,
 }
 
 /// A task's resources: what the scheduler reserves on the node and the driver enforces.
@@ -505,6 +773,10 @@ pub struct NodeRegistration {
     pub resources: NodeResources,
     /// Every driver's fingerprint, by driver name.
     pub drivers: BTreeMap<String, DriverInfo>,
+    /// Address and ports offered to allocations (an older agent sends none: the
+    /// defaults).
+    #[serde(default)]
+    pub network: NodeNetwork,
 }
 
 /// The datacenter of a node that names none: Nomad's default.
@@ -575,6 +847,9 @@ pub struct Node {
     pub resources: NodeResources,
     /// Drivers by name.
     pub drivers: BTreeMap<String, DriverInfo>,
+    /// Address and ports (see [`NodeRegistration::network`]).
+    #[serde(default)]
+    pub network: NodeNetwork,
     /// Unix time of the last status change, nanoseconds.
     pub status_updated_at: i64,
     /// Index of the first registration.
@@ -708,6 +983,9 @@ pub struct Allocation {
     pub node_name: String,
     /// What it reserves on the node.
     pub resources: AllocResources,
+    /// The ports it was given on the node, one per port label of its group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<AllocatedPort>,
     /// What the server wants.
     pub desired_status: DesiredStatus,
     /// Why (for a stop: "job stopped", "node down", "replaced by a newer version"...).
@@ -1133,6 +1411,7 @@ mod tests {
     #[test]
     fn group_resources_sum_their_tasks() {
         let task = |cpu, memory_mb| Task {
+            services: Default::default(),
             meta: Default::default(),
             name: "t".into(),
             driver: "rawexec".into(),
@@ -1150,6 +1429,8 @@ mod tests {
             lifecycle: None,
         };
         let g = TaskGroup {
+            network: Default::default(),
+            services: Default::default(),
             name: "g".into(),
             count: 1,
             constraints: vec![],

@@ -13,7 +13,8 @@ use std::collections::BTreeSet;
 use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION};
 
 use crate::types::{
-    Constraint, ConstraintOperator, JobSpec, LifecycleHook, ReschedulePolicy, Task, TaskGroup,
+    CHECK_TYPES, CheckSpec, Constraint, ConstraintOperator, JobSpec, LifecycleHook,
+    NOMAD_SERVICE_PROVIDER, NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup,
 };
 
 /// Most copies of one group a job may ask for.
@@ -45,6 +46,19 @@ pub const MAX_RESCHEDULE_ATTEMPTS: u32 = 100;
 /// Longest reschedule delay, maximum delay or interval.
 pub const MAX_RESCHEDULE_DURATION: std::time::Duration =
     std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Most ports of one group's network.
+pub const MAX_PORTS: usize = 64;
+/// Most services of a group, or of a task.
+pub const MAX_SERVICES: usize = 32;
+/// Most checks of one service.
+pub const MAX_CHECKS: usize = 16;
+/// Most tags of one service.
+pub const MAX_TAGS: usize = 64;
+/// Shortest time between two runs of a check (Nomad's minimum).
+pub const MIN_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest check interval or timeout.
+pub const MAX_CHECK_DURATION: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Why a job spec was refused. Displays as `FIELD: MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -258,10 +272,15 @@ fn check_group(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
             format!("{} tasks, at most {MAX_TASKS} per group", g.tasks.len()),
         ));
     }
+    if let Some(n) = &g.network {
+        check_network(&format!("{path}.network"), n)?;
+    }
+    check_services(&format!("{path}.service"), &g.services, g, None)?;
     let mut names = BTreeSet::new();
     for (i, t) in g.tasks.iter().enumerate() {
         let tpath = format!("{path}.task[{i}]");
         check_task(&tpath, t)?;
+        check_services(&format!("{tpath}.service"), &t.services, g, Some(t))?;
         if !names.insert(t.name.as_str()) {
             return Err(fail(
                 format!("{tpath}.name"),
@@ -277,6 +296,250 @@ fn check_group(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
                 g.name
             ),
         ));
+    }
+    Ok(())
+}
+
+fn check_network(path: &str, n: &NetworkSpec) -> Result<(), ValidationError> {
+    check_len(&format!("{path}.port"), n.ports.len(), MAX_PORTS)?;
+    let mut labels = BTreeSet::new();
+    for (i, p) in n.ports.iter().enumerate() {
+        let ppath = format!("{path}.port[{i}]");
+        // The label ends up in variable names (NOMAD_PORT_<label>).
+        if p.label.is_empty()
+            || p.label.len() > MAX_NAME_LEN
+            || !p
+                .label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(fail(
+                format!("{ppath}.label"),
+                format!(
+                    "{:?} is not a port label: 1 to {MAX_NAME_LEN} letters, digits, '_' or '-'",
+                    p.label
+                ),
+            ));
+        }
+        if !labels.insert(p.label.as_str()) {
+            return Err(fail(
+                format!("{ppath}.label"),
+                format!("port label {:?} is used twice", p.label),
+            ));
+        }
+        if p.static_port > u32::from(u16::MAX) {
+            return Err(fail(
+                format!("{ppath}.static"),
+                format!("{} is not a port: 1-65535", p.static_port),
+            ));
+        }
+        if !(-1..=i32::from(u16::MAX)).contains(&p.to) {
+            return Err(fail(
+                format!("{ppath}.to"),
+                format!(
+                    "{} is not a port: 1-65535 (or -1: the same as the node's)",
+                    p.to
+                ),
+            ));
+        }
+        if !(p.host_network.is_empty() || p.host_network == "default") {
+            return Err(fail(
+                format!("{ppath}.host_network"),
+                format!(
+                    "host network {:?}: Drover nodes have only the \"default\" one",
+                    p.host_network
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A service's (or check's) `port`: a label of the group's network, or a number.
+fn check_port_ref(field: String, port: &str, g: &TaskGroup) -> Result<(), ValidationError> {
+    if port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return Ok(());
+    }
+    let labels: Vec<&str> = g
+        .network
+        .iter()
+        .flat_map(|n| n.ports.iter().map(|p| p.label.as_str()))
+        .collect();
+    if labels.contains(&port) {
+        return Ok(());
+    }
+    Err(fail(
+        field,
+        if labels.is_empty() {
+            format!(
+                "port {port:?}: group {:?} has no network ports (add network {{ port {port:?} {{}} }})",
+                g.name
+            )
+        } else {
+            format!(
+                "port {port:?} is not a port label of group {:?} (it has {})",
+                g.name,
+                labels.join(", ")
+            )
+        },
+    ))
+}
+
+fn check_services(
+    path: &str,
+    services: &[ServiceSpec],
+    g: &TaskGroup,
+    task: Option<&Task>,
+) -> Result<(), ValidationError> {
+    check_len(path, services.len(), MAX_SERVICES)?;
+    for (i, s) in services.iter().enumerate() {
+        let spath = format!("{path}[{i}]");
+        if s.name.trim().is_empty() || s.name.len() > 2 * MAX_NAME_LEN {
+            return Err(fail(
+                format!("{spath}.name"),
+                format!("must be 1 to {} characters", 2 * MAX_NAME_LEN),
+            ));
+        }
+        if s.provider != NOMAD_SERVICE_PROVIDER {
+            return Err(fail(
+                format!("{spath}.provider"),
+                format!(
+                    "provider {:?} is not supported: Drover keeps services itself (\"nomad\")",
+                    s.provider
+                ),
+            ));
+        }
+        if !s.port.is_empty() {
+            check_port_ref(format!("{spath}.port"), &s.port, g)?;
+        }
+        check_len(&format!("{spath}.tags"), s.tags.len(), MAX_TAGS)?;
+        check_map(&format!("{spath}.meta"), &s.meta)?;
+        // A group service names the task its checks restart or run in.
+        let own_task = match task {
+            Some(t) => {
+                if !(s.task.is_empty() || s.task == t.name) {
+                    return Err(fail(
+                        format!("{spath}.task"),
+                        "only a group's service names a task",
+                    ));
+                }
+                Some(t)
+            }
+            None if s.task.is_empty() => None,
+            None => Some(g.tasks.iter().find(|t| t.name == s.task).ok_or_else(|| {
+                fail(
+                    format!("{spath}.task"),
+                    format!("group {:?} has no task {:?}", g.name, s.task),
+                )
+            })?),
+        };
+        check_len(&format!("{spath}.check"), s.checks.len(), MAX_CHECKS)?;
+        for (j, c) in s.checks.iter().enumerate() {
+            check_check(&format!("{spath}.check[{j}]"), c, s, g, own_task)?;
+        }
+        if s.check_restart.is_some()
+            && own_task.is_none()
+            && s.checks.iter().all(|c| c.task.is_empty())
+        {
+            return Err(fail(
+                format!("{spath}.check_restart"),
+                "a group's service restarts a task only when it names one (task = \"...\")",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_check(
+    path: &str,
+    c: &CheckSpec,
+    s: &ServiceSpec,
+    g: &TaskGroup,
+    task: Option<&Task>,
+) -> Result<(), ValidationError> {
+    if !CHECK_TYPES.contains(&c.check_type.as_str()) {
+        return Err(fail(
+            format!("{path}.type"),
+            format!(
+                "unknown check type {:?} (one of {})",
+                c.check_type,
+                CHECK_TYPES.join(", ")
+            ),
+        ));
+    }
+    for (field, d) in [("interval", c.interval), ("timeout", c.timeout)] {
+        if d < MIN_CHECK_INTERVAL && field == "interval" {
+            return Err(fail(
+                format!("{path}.{field}"),
+                format!("{d:?} is less than the minimum of 1s"),
+            ));
+        }
+        if d.is_zero() {
+            return Err(fail(format!("{path}.{field}"), "must be more than 0"));
+        }
+        if d > MAX_CHECK_DURATION {
+            return Err(fail(
+                format!("{path}.{field}"),
+                format!("{d:?} is more than the maximum of 1h"),
+            ));
+        }
+    }
+    match c.check_type.as_str() {
+        "script" => {
+            if c.command.trim().is_empty() {
+                return Err(fail(
+                    format!("{path}.command"),
+                    "a script check needs a command",
+                ));
+            }
+            let runs_in = if c.task.is_empty() {
+                task.map(|t| t.name.as_str())
+            } else {
+                Some(c.task.as_str())
+            };
+            match runs_in {
+                None => {
+                    return Err(fail(
+                        format!("{path}.task"),
+                        "a script check of a group's service needs the task to run in",
+                    ));
+                }
+                Some(name) if !g.tasks.iter().any(|t| t.name == name) => {
+                    return Err(fail(
+                        format!("{path}.task"),
+                        format!("group {:?} has no task {name:?}", g.name),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        _ => {
+            let port = if c.port.is_empty() { &s.port } else { &c.port };
+            if port.is_empty() {
+                return Err(fail(
+                    format!("{path}.port"),
+                    format!(
+                        "a {} check needs a port: the service's or its own",
+                        c.check_type
+                    ),
+                ));
+            }
+            check_port_ref(format!("{path}.port"), port, g)?;
+            if c.check_type == "http" {
+                if !(c.path.starts_with('/') || c.path.is_empty()) {
+                    return Err(fail(
+                        format!("{path}.path"),
+                        format!("{:?} must start with '/'", c.path),
+                    ));
+                }
+                if !matches!(c.protocol.as_str(), "" | "http" | "https") {
+                    return Err(fail(
+                        format!("{path}.protocol"),
+                        format!("{:?}: http or https", c.protocol),
+                    ));
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -563,6 +826,7 @@ mod tests {
 
     fn task(name: &str) -> Task {
         Task {
+            services: Default::default(),
             meta: Default::default(),
             name: name.into(),
             driver: "rawexec".into(),
@@ -587,6 +851,8 @@ mod tests {
             update: Default::default(),
             meta: Default::default(),
             groups: vec![TaskGroup {
+                network: Default::default(),
+                services: Default::default(),
                 reschedule: None,
                 name: "app".into(),
                 count: 3,
@@ -1012,5 +1278,119 @@ mod tests {
         );
         assert_eq!(interpolation_target("linux"), Ok(Target::Literal("linux")));
         assert_eq!(set_items(" a, b ,,c").collect::<Vec<_>>(), ["a", "b", "c"]);
+    }
+
+    fn with_web_port(mut j: JobSpec) -> JobSpec {
+        j.groups[0].network = Some(crate::types::NetworkSpec {
+            mode: crate::types::NetworkMode::Host,
+            ports: vec![crate::types::PortSpec {
+                label: "http".into(),
+                ..Default::default()
+            }],
+        });
+        j
+    }
+
+    fn service(port: &str) -> ServiceSpec {
+        ServiceSpec {
+            name: "web".into(),
+            port: port.into(),
+            provider: NOMAD_SERVICE_PROVIDER.into(),
+            ..Default::default()
+        }
+    }
+
+    fn check(kind: &str) -> CheckSpec {
+        CheckSpec {
+            name: String::new(),
+            check_type: kind.into(),
+            interval: std::time::Duration::from_secs(5),
+            timeout: std::time::Duration::from_secs(1),
+            path: "/".into(),
+            method: String::new(),
+            protocol: String::new(),
+            header: Default::default(),
+            port: String::new(),
+            command: String::new(),
+            args: Vec::new(),
+            task: String::new(),
+            expose: false,
+            check_restart: None,
+        }
+    }
+
+    #[test]
+    fn a_service_on_a_port_label_the_group_lacks_is_refused_by_field() {
+        let mut j = with_web_port(job());
+        j.groups[0].services = vec![service("http")];
+        validate(&j).unwrap();
+        j.groups[0].tasks[0].services = vec![service("admin")];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].task[0].service[0].port");
+        assert!(
+            e.message.contains("\"admin\"") && e.message.contains("http"),
+            "{e}"
+        );
+        let mut bare = job();
+        bare.groups[0].services = vec![service("http")];
+        let e = validate(&bare).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].port");
+        assert!(e.message.contains("no network ports"), "{e}");
+    }
+
+    #[test]
+    fn a_check_of_an_unknown_type_is_refused_by_field() {
+        let mut j = with_web_port(job());
+        let mut s = service("http");
+        s.checks = vec![check("http"), check("grpc")];
+        j.groups[0].services = vec![s];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[1].type");
+        assert!(
+            e.message.contains("\"grpc\"") && e.message.contains("http, tcp, script"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_static_port_outside_the_port_numbers_is_refused_by_field() {
+        let mut j = with_web_port(job());
+        j.groups[0].network.as_mut().unwrap().ports[0].static_port = 70000;
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].network.port[0].static");
+        j.groups[0].network.as_mut().unwrap().ports[0].static_port = 8080;
+        validate(&j).unwrap();
+        j.groups[0]
+            .network
+            .as_mut()
+            .unwrap()
+            .ports
+            .push(crate::types::PortSpec {
+                label: "http".into(),
+                ..Default::default()
+            });
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].network.port[1].label");
+    }
+
+    #[test]
+    fn script_checks_need_a_command_and_a_task_of_the_group() {
+        let mut j = with_web_port(job());
+        let mut s = service("http");
+        let mut c = check("script");
+        c.command = "/bin/true".into();
+        s.checks = vec![c];
+        j.groups[0].services = vec![s.clone()];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check[0].task");
+        j.groups[0].services[0].task = "main".into();
+        validate(&j).unwrap();
+        j.groups[0].services[0].task = "nope".into();
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].task");
+        // At task level the check runs in its task.
+        j.groups[0].services.clear();
+        j.groups[0].tasks[0].services = vec![s];
+        validate(&j).unwrap();
     }
 }

@@ -373,6 +373,7 @@ impl Server {
                     NodeStatus::Ready
                 };
                 let node = Node {
+                    network: Default::default(),
                     id: reg.id.clone(),
                     name: reg.name.clone(),
                     datacenter: reg.datacenter.clone(),

@@ -89,12 +89,15 @@ mod tests {
             update: Default::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                network: Default::default(),
+                services: Default::default(),
                 reschedule: None,
                 name: "app".into(),
                 count: 1,
                 constraints: vec![],
                 meta: BTreeMap::new(),
                 tasks: vec![Task {
+                    services: Default::default(),
                     meta: Default::default(),
                     name: "t".into(),
                     driver: "rawexec".into(),
@@ -113,6 +116,7 @@ mod tests {
 
     fn node(id: &str) -> NodeRegistration {
         NodeRegistration {
+            network: Default::default(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: id.into(),
             name: id.into(),

@@ -359,6 +359,7 @@ impl<'a> Placer<'a> {
     ) -> Allocation {
         let node = self.nodes[i];
         Allocation {
+            ports: Default::default(),
             reschedule_events: Vec::new(),
             id: uuid::Uuid::new_v4().to_string(),
             name: format!("{}.{}[{index}]", self.job.spec.name, group.name),

@@ -148,6 +148,7 @@ fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
         attributes: BTreeMap::from([("version".to_owned(), "1.2.3".to_owned())]),
     };
     Node {
+        network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("id-{name}"),
         name: name.into(),
@@ -171,6 +172,7 @@ fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
 
 fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
     Task {
+        services: Default::default(),
         meta: Default::default(),
         name: name.into(),
         driver: driver.into(),
@@ -191,6 +193,8 @@ fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
 
 fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
     TaskGroup {
+        network: Default::default(),
+        services: Default::default(),
         reschedule: None,
         name: name.into(),
         count,

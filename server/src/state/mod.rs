@@ -439,6 +439,8 @@ impl State {
             .and_then(from)
             .or_else(|| self.jobs.get(&a.job_name).and_then(from))
             .unwrap_or_else(|| TaskGroup {
+                network: Default::default(),
+                services: Default::default(),
                 reschedule: None,
                 name: a.group.clone(),
                 count: 0,

@@ -48,6 +48,7 @@ pub async fn start(cfg: ServerConfig) -> Running {
 
 pub fn node(id: &str, cpu: u64, memory_mb: u64) -> NodeRegistration {
     NodeRegistration {
+        network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: id.into(),
         name: format!("name-{id}"),
@@ -75,12 +76,15 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            network: Default::default(),
+            services: Default::default(),
             reschedule: None,
             name: "app".into(),
             count,
             constraints: vec![],
             meta: BTreeMap::new(),
             tasks: vec![Task {
+                services: Default::default(),
                 meta: Default::default(),
                 name: "main".into(),
                 driver: "rawexec".into(),
@@ -104,6 +108,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
 /// A new allocation as the scheduler would put it in a plan.
 pub fn placement(job: &str, index: u32, cpu: u64, memory_mb: u64) -> Allocation {
     Allocation {
+        ports: Default::default(),
         reschedule_events: Vec::new(),
         id: String::new(),
         name: format!("{job}.app[{index}]"),

@@ -80,6 +80,7 @@ fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
 
 fn registration(id: &str, name: &str) -> NodeRegistration {
     NodeRegistration {
+        network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: id.into(),
         name: name.into(),

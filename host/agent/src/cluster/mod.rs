@@ -341,6 +341,7 @@ impl Client {
 
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
+            network: Default::default(),
             datacenter: self.node.datacenter.clone(),
             id: self.node.node_id.clone(),
             name: self.node.name.clone(),

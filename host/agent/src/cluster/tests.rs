@@ -185,6 +185,7 @@ fn report(id: &str, status: ClientStatus) -> AllocClientUpdate {
 fn allocation(id: &str) -> ClientAllocation {
     ClientAllocation {
         alloc: Allocation {
+            ports: Default::default(),
             reschedule_events: Vec::new(),
             id: id.into(),
             name: "web.app[0]".into(),
@@ -211,6 +212,8 @@ fn allocation(id: &str) -> ClientAllocation {
         },
         job_type: JobType::Service,
         group: TaskGroup {
+            network: Default::default(),
+            services: Default::default(),
             reschedule: None,
             name: "app".into(),
             count: 1,

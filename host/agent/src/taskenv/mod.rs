@@ -314,6 +314,7 @@ mod tests {
 
     fn task() -> Task {
         Task {
+            services: Default::default(),
             name: "web".into(),
             driver: "raw_exec".into(),
             config: serde_json::Value::Null,
@@ -335,6 +336,7 @@ mod tests {
     fn alloc(task: &Task) -> ClientAllocation {
         ClientAllocation {
             alloc: Allocation {
+                ports: Default::default(),
                 id: "alloc-uuid".into(),
                 name: "shop.front[2]".into(),
                 index: 2,
@@ -361,6 +363,8 @@ mod tests {
             },
             job_type: JobType::Service,
             group: TaskGroup {
+                network: Default::default(),
+                services: Default::default(),
                 name: "front".into(),
                 count: 3,
                 constraints: Vec::new(),

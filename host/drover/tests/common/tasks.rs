@@ -87,6 +87,8 @@ pub use drover_test_support::procs::alive as running;
 /// client receives it: the allocation runners' tests build theirs from it.
 pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
     let group = TaskGroup {
+        network: Default::default(),
+        services: Default::default(),
         reschedule: None,
         name: "app".into(),
         count: 1,
@@ -96,6 +98,7 @@ pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation 
     };
     ClientAllocation {
         alloc: Allocation {
+            ports: Default::default(),
             reschedule_events: Vec::new(),
             id: id.into(),
             name: "web.app[0]".into(),

@@ -256,6 +256,7 @@ fn remove_cgroups(parent: &str) {
 
 fn sh(name: &str, script: &str, lifecycle: Option<(LifecycleHook, bool)>) -> Task {
     Task {
+        services: Default::default(),
         meta: Default::default(),
         name: name.into(),
         driver: "rawexec".into(),

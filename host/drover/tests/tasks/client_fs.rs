@@ -203,6 +203,7 @@ impl Drop for Agent {
 
 fn sh(name: &str, script: &str) -> Task {
     Task {
+        services: Default::default(),
         meta: Default::default(),
         name: name.into(),
         driver: "rawexec".into(),

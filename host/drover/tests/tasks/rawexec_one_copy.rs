@@ -217,17 +217,28 @@ fn running_with_setsid_child(agent: &Agent, dir: &Path, extra: &[&str]) -> (Stri
     until_blocking(LIMIT, POLL, "the child started", || {
         pids_in(&child).len() == 1
     });
-    (id, pids_in(&child)[0])
+    let pid = pids_in(&child)[0];
+    wait_for_setsid(pid);
+    (id, pid)
+}
+
+/// Waits until `pid` has called `setsid`: `$!` is written right after the fork, before
+/// `setsid` runs in the child, so the pid file alone does not say the child left the
+/// task's process group yet.
+fn wait_for_setsid(pid: u32) {
+    until_blocking(LIMIT, POLL, "the child called setsid", || {
+        let info = drover_test_support::procs::stat(pid).expect("the child runs");
+        info.pgid == pid
+    });
 }
 
 #[test]
 fn a_setsid_child_does_not_survive_task_stop() {
     needs_cgroups();
     let (root, agent) = agent();
+    // The child left the task's process group (and session): a signal to the group
+    // misses it.
     let (id, pid) = running_with_setsid_child(&agent, root.path(), &["--kill-timeout", "5s"]);
-    // It left the task's process group (and session): a signal to the group misses it.
-    let info = drover_test_support::procs::stat(pid).expect("the child runs");
-    assert_eq!(info.pgid, pid, "the child did not call setsid: {info:?}");
     let cgroup = task_cgroup(pid);
     cli_ok(&agent, &["task", "stop", &id]);
     until_blocking(
@@ -260,6 +271,7 @@ fn a_setsid_child_does_not_survive_task_destroy() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let pid = pids_in(&child)[0];
     assert!(alive(pid), "the setsid child did not outlive its task");
+    wait_for_setsid(pid);
     let cgroup = task_cgroup(pid);
     cli_ok(&agent, &["task", "destroy", &id]);
     until_blocking(

@@ -779,6 +779,7 @@ impl Allocation {
             self.job_version
         };
         internal::Allocation {
+            ports: Default::default(),
             id: self.id.clone(),
             name: self.name.clone(),
             index: alloc_index_of(&self.name),
@@ -846,6 +847,7 @@ impl AllocationListStub {
     /// (zero, none); fetch the allocation for them.
     pub fn to_internal(&self) -> internal::Allocation {
         internal::Allocation {
+            ports: Default::default(),
             id: self.id.clone(),
             name: self.name.clone(),
             index: alloc_index_of(&self.name),

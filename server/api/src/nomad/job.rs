@@ -1114,6 +1114,8 @@ impl Job {
             tasks.push(task(&tpath, t, job_type, g.restart_policy.as_ref())?);
         }
         Ok(internal::TaskGroup {
+            network: Default::default(),
+            services: Default::default(),
             name,
             count,
             constraints,
@@ -1208,6 +1210,7 @@ fn task(
         }
     };
     Ok(internal::Task {
+        services: Default::default(),
         name,
         driver,
         config: t.config.clone().unwrap_or(Value::Null),

@@ -569,6 +569,8 @@ fn sample_constraint(rng: &mut Rng) -> internal::Constraint {
 
 fn sample_group(rng: &mut Rng, index: u64) -> internal::TaskGroup {
     internal::TaskGroup {
+        network: Default::default(),
+        services: Default::default(),
         name: format!("g{index}{}", rng.word()),
         count: rng.below(10) as u32,
         constraints: (0..rng.below(3)).map(|_| sample_constraint(rng)).collect(),
@@ -594,6 +596,7 @@ fn sample_task(rng: &mut Rng, index: u64) -> internal::Task {
         _ => json!({}),
     };
     internal::Task {
+        services: Default::default(),
         name: format!("t{index}{}", rng.word()),
         driver: ["raw_exec", "docker", "exec", "java", "qemu", "rawexec"][rng.below(6) as usize]
             .into(),

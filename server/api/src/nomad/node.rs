@@ -458,6 +458,7 @@ impl Node {
             (None, None) => internal::NodeResources::default(),
         };
         internal::Node {
+            network: Default::default(),
             id: self.id.clone(),
             name: self.name.clone(),
             datacenter: self.datacenter.clone(),
@@ -513,6 +514,7 @@ impl NodeListStub {
     pub fn to_internal(&self) -> internal::Node {
         let narrow = |v: i64| u64::try_from(v).unwrap_or(0);
         internal::Node {
+            network: Default::default(),
             id: self.id.clone(),
             name: self.name.clone(),
             datacenter: self.datacenter.clone(),

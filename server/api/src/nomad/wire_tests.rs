@@ -329,6 +329,7 @@ fn sample_alloc(rng: &mut Rng) -> internal::Allocation {
     let job = rng.word();
     let group = rng.word();
     internal::Allocation {
+        ports: Default::default(),
         id: rng.word(),
         name: format!("{job}.{group}[{index}]"),
         index,
@@ -432,6 +433,7 @@ fn sample_eval(rng: &mut Rng) -> internal::Evaluation {
 fn sample_node(rng: &mut Rng) -> internal::Node {
     use internal::NodeStatus::*;
     internal::Node {
+        network: Default::default(),
         id: rng.word(),
         name: rng.word(),
         datacenter: rng.word(),
