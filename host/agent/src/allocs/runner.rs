@@ -23,8 +23,8 @@ use std::time::{Duration, SystemTime};
 use drover_api::{Resources, RunRequest, TaskLifecycle, TaskView};
 use drover_plugin_sdk::DriverError;
 use drover_server_api::{
-    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook, Task,
-    TaskRunState, TaskState,
+    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook, NetworkMode,
+    Task, TaskRunState, TaskState,
 };
 
 use super::hooks::{HookContext, HookState, JobVersionHook, version_note};
@@ -109,10 +109,50 @@ fn request(alloc: &ClientAllocation, task: &Task) -> RunRequest {
 }
 
 /// The port mappings of the group's bridge network, `None` when the group is not in
-/// bridge mode.
+/// bridge mode. Each port the allocation was given is forwarded from the node's port
+/// (on the node's address) to its `to` inside the namespace, TCP and UDP, as Nomad
+/// does; a static port of the group the allocation lists no assignment for is taken
+/// as it is written.
 fn bridge_ports(alloc: &ClientAllocation) -> Option<Vec<PortMapping>> {
-    let _ = alloc;
-    None
+    let network = alloc.group.network.as_ref()?;
+    if network.mode != NetworkMode::Bridge {
+        return None;
+    }
+    let mut assigned: Vec<(u16, u16, String)> = alloc
+        .alloc
+        .ports
+        .iter()
+        .map(|p| {
+            let to = if p.to == 0 { p.value } else { p.to };
+            (p.value, to, p.host_ip.clone())
+        })
+        .collect();
+    for spec in &network.ports {
+        let listed = alloc.alloc.ports.iter().any(|p| p.label == spec.label);
+        let Ok(port) = u16::try_from(spec.static_port) else {
+            continue;
+        };
+        if listed || port == 0 {
+            continue;
+        }
+        let to = u16::try_from(spec.to)
+            .ok()
+            .filter(|t| *t > 0)
+            .unwrap_or(port);
+        assigned.push((port, to, String::new()));
+    }
+    let mut mappings = Vec::new();
+    for (host_port, container_port, host_ip) in assigned {
+        for protocol in ["tcp", "udp"] {
+            mappings.push(PortMapping {
+                host_port,
+                container_port,
+                protocol: protocol.into(),
+                host_ip: host_ip.clone(),
+            });
+        }
+    }
+    Some(mappings)
 }
 
 pub(super) struct Runner {
