@@ -1342,3 +1342,39 @@ fn a_bridge_group_with_a_driver_that_cannot_join_fails_with_the_reason() {
     let seen = drover_test_support::cni::Footprint::observe("drover", id, &netns_of(id));
     assert_eq!(seen.remains(), Vec::<String>::new());
 }
+
+#[test]
+fn a_bridge_group_on_a_node_without_the_plugins_fails_naming_the_plugin() {
+    if !bridge_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let bridge = drover_host::network::Bridge::new(drover_host::network::BridgeConfig {
+        cni_path: vec![root.path().join("no-cni-here")],
+        ..Default::default()
+    })
+    .unwrap();
+    node.allocs().set_bridge(Some(bridge));
+    let id = "11111111-0000-4000-8000-000000000b05";
+    node.apply(
+        vec![bridge_alloc(
+            id,
+            drover_test_support::net::free_local_addr().port(),
+        )],
+        false,
+    );
+    let done = node.wait(id, "failed", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Failed, "{done:#?}");
+    let why = &done.client_description;
+    assert!(
+        why.contains("bridge network") && why.contains("\"loopback\" not found"),
+        "{why}"
+    );
+    assert!(
+        done.task_states.values().all(|t| t.task_id.is_empty()),
+        "no task started: {done:#?}"
+    );
+    let seen = drover_test_support::cni::Footprint::observe("drover", id, &netns_of(id));
+    assert_eq!(seen.remains(), Vec::<String>::new());
+}
