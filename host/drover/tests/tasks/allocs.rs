@@ -1324,7 +1324,7 @@ fn a_bridge_network_is_torn_down_by_the_next_agent_after_a_crash() {
 }
 
 #[test]
-fn a_bridge_group_with_a_driver_that_cannot_join_fails_with_the_reason() {
+fn a_rawexec_task_of_a_bridge_group_joins_its_namespace() {
     if !bridge_available() {
         return;
     }
@@ -1332,14 +1332,28 @@ fn a_bridge_group_with_a_driver_that_cannot_join_fails_with_the_reason() {
     let node = Node::boot(root.path(), default_hooks());
     let id = "11111111-0000-4000-8000-000000000b04";
     let mut a = bridge_alloc(id, drover_test_support::net::free_local_addr().port());
-    a.group.tasks = vec![sh("raw", "sleep 1000", None)];
-    node.apply(vec![a], false);
-    let done = node.wait(id, "failed", |u| u.client_status.is_terminal());
-    assert_eq!(done.client_status, ClientStatus::Failed, "{done:#?}");
-    let why = &done.task_states["raw"].message;
-    assert!(why.contains("cannot join a bridge network"), "{why}");
-    // Its network went with it.
+    a.group.tasks = vec![sh(
+        "raw",
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' ' \
+         > \"$DROVER_ALLOC_DIR/data/links\"; exec sleep 1000",
+        None,
+    )];
+    node.apply(vec![a.clone()], false);
+    node.wait(id, "running", |u| u.client_status == ClientStatus::Running);
+    let links = shared(root.path(), id).join("data/links");
+    node.rt()
+        .block_on(until(LIMIT, "the task listed its interfaces", || {
+            std::fs::read_to_string(&links).is_ok_and(|l| !l.is_empty())
+        }));
+    assert_eq!(
+        std::fs::read_to_string(&links).unwrap().trim(),
+        "eth0 lo",
+        "the group's interfaces, not the host's"
+    );
     let seen = drover_test_support::cni::Footprint::observe("drover", id, &netns_of(id));
+    node.apply(vec![stopped(a)], false);
+    let done = node.wait(id, "stopped", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
     assert_eq!(seen.remains(), Vec::<String>::new());
 }
 

@@ -64,6 +64,10 @@ pub struct LaunchSpec {
     /// says the host allows: the start fails if the cgroup cannot be made.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_cgroup: bool,
+    /// A network namespace a plain task (no `isolation`) joins between fork and exec:
+    /// its group's, in bridge mode. With `isolation`, [`Isolation::netns_path`] says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_path: Option<PathBuf>,
 }
 
 fn root() -> PathBuf {
@@ -85,6 +89,7 @@ impl LaunchSpec {
             logs: LogConfig::default(),
             isolation: None,
             own_cgroup: false,
+            netns_path: None,
         }
     }
 }
