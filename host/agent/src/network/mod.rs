@@ -45,6 +45,8 @@ pub const ADMIN_CHAIN: &str = "DROVER-ADMIN";
 const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks";
 /// Most one plugin call may take.
 const PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts of a setup whose plugin failed.
+const SETUP_ATTEMPTS: u32 = 3;
 
 /// How this agent's bridge network looks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,6 +236,25 @@ impl Bridge {
     /// earlier, unfinished attempt left (the agent died in it) is removed first; a
     /// failure removes what this attempt made.
     pub async fn setup(&self, st: &mut NetworkState) -> Result<(), NetworkError> {
+        // Two allocations making the bridge at the same moment can make one bridge
+        // plugin fail (Nomad retries for the same reason); a plugin that failed is
+        // tried again twice, from a clean slate, before the setup fails.
+        let mut attempt = 1;
+        loop {
+            match self.setup_once(st).await {
+                Err(NetworkError::Cni(e @ (CniError::Failed { .. } | CniError::Exec { .. })))
+                    if attempt < SETUP_ATTEMPTS =>
+                {
+                    tracing::warn!(alloc = %st.container_id, attempt, "network setup failed, trying again: {e}");
+                    tokio::time::sleep(Duration::from_millis(500 + fastrand::u64(0..500))).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn setup_once(&self, st: &mut NetworkState) -> Result<(), NetworkError> {
         if st.netns.exists() {
             self.teardown(st).await?;
         }
