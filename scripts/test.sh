@@ -34,6 +34,13 @@ command -v xz >/dev/null || need_pkgs+=(xz-utils)
 # Nomad's HTTP API is tested with a real client of it: python-nomad (PyPI), in a venv.
 command -v python3 >/dev/null || need_pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+# Bridge networking (groups in network { mode = "bridge" }) runs the real CNI plugins,
+# which run iptables; its tests' tasks serve and fetch with busybox's httpd and wget.
+[ -x /usr/lib/cni/bridge ] || [ -x /opt/cni/bin/bridge ] || need_pkgs+=(containernetworking-plugins)
+command -v iptables >/dev/null || need_pkgs+=(iptables)
+command -v nsenter >/dev/null || need_pkgs+=(util-linux)
+command -v ip >/dev/null || need_pkgs+=(iproute2)
+[ -x /bin/busybox ] || need_pkgs+=(busybox-static)
 if ((${#need_pkgs[@]})); then
     if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2

@@ -68,6 +68,11 @@ pub struct NetworkModes {
     pub none: bool,
     /// An own network namespace attached to a bridge.
     pub bridge: bool,
+    /// Joins the network namespace of its task group ([`TaskSpec::netns_path`]: a
+    /// group in bridge mode, whose namespace the agent made), as Nomad's `group`
+    /// isolation mode.
+    #[serde(default)]
+    pub group: bool,
 }
 
 impl NetworkModes {
@@ -84,6 +89,11 @@ impl NetworkModes {
     /// With or without [`NetworkModes::bridge`].
     pub fn with_bridge(mut self, on: bool) -> Self {
         self.bridge = on;
+        self
+    }
+    /// With or without [`NetworkModes::group`].
+    pub fn with_group(mut self, on: bool) -> Self {
+        self.group = on;
         self
     }
 }
@@ -380,6 +390,17 @@ pub struct TaskSpec {
     /// outside an allocation. Drivers that isolate the filesystem mount it at `/alloc`.
     #[serde(default)]
     pub alloc_dir: PathBuf,
+    /// The network namespace the task joins: its group's, in bridge mode
+    /// (`/run/netns/<alloc id>`), shared by every task of the group; empty: the
+    /// driver's own network choice. Only given to a driver whose
+    /// [`NetworkModes::group`] is set; it enters the namespace (setns) before the
+    /// task's exec.
+    #[serde(default, skip_serializing_if = "crate::types::path_is_empty")]
+    pub netns_path: PathBuf,
+}
+
+fn path_is_empty(p: &std::path::Path) -> bool {
+    p.as_os_str().is_empty()
 }
 
 impl TaskSpec {
@@ -454,6 +475,11 @@ impl TaskSpec {
     /// With [`TaskSpec::alloc_dir`] set.
     pub fn with_alloc_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.alloc_dir = dir.into();
+        self
+    }
+    /// With [`TaskSpec::netns_path`] set.
+    pub fn with_netns_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.netns_path = path.into();
         self
     }
 }
@@ -999,6 +1025,7 @@ impl From<Capabilities> for pb::Capabilities {
                 (c.network_modes.host, pb::NetworkMode::Host),
                 (c.network_modes.none, pb::NetworkMode::None),
                 (c.network_modes.bridge, pb::NetworkMode::Bridge),
+                (c.network_modes.group, pb::NetworkMode::Group),
             ]
             .into_iter()
             .filter(|(on, _)| *on)
@@ -1027,6 +1054,7 @@ impl From<pb::Capabilities> for Capabilities {
                     host: has(pb::NetworkMode::Host),
                     none: has(pb::NetworkMode::None),
                     bridge: has(pb::NetworkMode::Bridge),
+                    group: has(pb::NetworkMode::Group),
                 }
             },
         }
@@ -1082,6 +1110,7 @@ impl From<TaskSpec> for pb::TaskConfig {
             driver_config_json: s.driver_config_json,
             user: s.user,
             alloc_dir: s.alloc_dir.display().to_string(),
+            netns_path: s.netns_path.display().to_string(),
         }
     }
 }
@@ -1108,6 +1137,7 @@ impl From<pb::TaskConfig> for TaskSpec {
             driver_config_json: c.driver_config_json,
             user: c.user,
             alloc_dir: c.alloc_dir.into(),
+            netns_path: c.netns_path.into(),
         }
     }
 }

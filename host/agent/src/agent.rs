@@ -244,6 +244,8 @@ pub async fn run(
     let allocs = cluster.as_ref().map(|prepared| {
         let allocs = AllocManager::new(tasks.clone(), store.clone(), alloc_updates);
         allocs.set_node(prepared.node_env());
+        // Checked when the config was loaded.
+        allocs.set_bridge(config.bridge().ok());
         allocs
     });
 

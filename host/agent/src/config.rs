@@ -271,6 +271,15 @@ pub struct AgentConfig {
     pub token_file: Option<PathBuf>,
     /// TLS towards the servers (rustls); plain TCP when absent.
     pub tls: Option<ClientTls>,
+    /// The bridge groups in `network { mode = "bridge" }` are attached to (Nomad's
+    /// `bridge_network_name`; default `drover`).
+    pub bridge_network_name: String,
+    /// The bridge's subnet, allocations' addresses come from it (Nomad's
+    /// `bridge_network_subnet`; default 172.26.80.0/20).
+    pub bridge_network_subnet: String,
+    /// Directories holding the CNI plugins (Nomad's `cni_path`; default
+    /// `/usr/lib/cni`, Debian's `containernetworking-plugins`, then `/opt/cni/bin`).
+    pub cni_path: Vec<PathBuf>,
 }
 
 /// How a client agent verifies its servers, and proves itself to them.
@@ -316,6 +325,12 @@ impl Default for AgentConfig {
             meta: BTreeMap::new(),
             token_file: None,
             tls: None,
+            bridge_network_name: crate::network::DEFAULT_BRIDGE.into(),
+            bridge_network_subnet: crate::network::DEFAULT_SUBNET.into(),
+            cni_path: crate::network::DEFAULT_CNI_PATH
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
         }
     }
 }
@@ -412,9 +427,21 @@ impl AgentConfig {
         config.check_datacenter()?;
         config.check_pins()?;
         config.check_plugin_env()?;
+        config.bridge().map_err(|e| ConfigError(e.to_string()))?;
         // After the checks, so that their errors name the sections as written.
         config.resolve_driver_aliases()?;
         Ok(config)
+    }
+
+    /// The bridge network of groups in bridge mode, from `bridge_network_name`,
+    /// `bridge_network_subnet` and `cni_path` (checked).
+    pub fn bridge(&self) -> Result<crate::network::Bridge, crate::network::NetworkError> {
+        crate::network::Bridge::new(crate::network::BridgeConfig {
+            name: self.bridge_network_name.clone(),
+            subnet: self.bridge_network_subnet.clone(),
+            cni_path: self.cni_path.clone(),
+            ..crate::network::BridgeConfig::default()
+        })
     }
 
     /// A datacenter is a name: not empty, no `*` (jobs match datacenters with `*`
@@ -715,6 +742,25 @@ mod tests {
         let file = dir.path().join("agent.toml");
         std::fs::write(&file, text).unwrap();
         AgentConfig::load(std::slice::from_ref(&file), vec![], &Default::default())
+    }
+
+    #[test]
+    fn the_bridge_network_is_configurable_and_checked() {
+        let c = load_toml(
+            "bridge_network_name = \"br-test\"\nbridge_network_subnet = \"10.99.0.0/24\"\n\
+             cni_path = [\"/opt/cni/bin\"]\n",
+        )
+        .unwrap();
+        let b = c.bridge().unwrap();
+        assert_eq!(b.config().name, "br-test");
+        assert_eq!(
+            b.conflist().plugins[1]["ipam"]["ranges"][0][0]["subnet"],
+            "10.99.0.0/24"
+        );
+        let d = AgentConfig::default().bridge().unwrap();
+        assert_eq!(d.config().name, "drover");
+        let e = load_toml("bridge_network_subnet = \"10.99.0.0\"\n").unwrap_err();
+        assert!(e.to_string().contains("bridge_network_subnet"), "{e}");
     }
 
     const PIN: &str = "0000000000000000000000000000000000000000000000000000000000000000";

@@ -14,6 +14,7 @@ pub mod config;
 pub mod dirs;
 pub mod limits;
 pub mod logs;
+pub mod network;
 pub mod plugins;
 pub mod private_file;
 pub mod state;

@@ -341,6 +341,13 @@ impl NomadBridge {
             stdout_path: output.stdout.display().to_string(),
             stderr_path: output.stderr.display().to_string(),
             alloc_id: spec.id.clone(),
+            network_isolation_spec: (!spec.netns_path.as_os_str().is_empty()).then(|| {
+                nd::NetworkIsolationSpec {
+                    mode: nd::network_isolation_spec::NetworkIsolationMode::Group as i32,
+                    path: spec.netns_path.display().to_string(),
+                    ..Default::default()
+                }
+            }),
             ..Default::default()
         };
         let answer = self
@@ -953,6 +960,9 @@ fn capabilities_from_nomad(c: &nd::DriverCapabilities) -> Capabilities {
             host: modes.is_empty() || modes.contains(&Mode::Host),
             none: modes.contains(&Mode::None),
             bridge: modes.contains(&Mode::Group),
+            // Nomad's drivers that offer group isolation join the namespace given in
+            // the TaskConfig's NetworkIsolationSpec.
+            group: modes.contains(&Mode::Group),
         },
     }
 }

@@ -273,6 +273,13 @@ fn task_spec(cfg: &nd::TaskConfig) -> TaskSpec {
             .with_task_dir(alloc.join(&cfg.name))
             .with_alloc_dir(alloc.join("alloc"));
     }
+    // Nomad's group isolation: the allocation's namespace, which the task joins.
+    if let Some(iso) = &cfg.network_isolation_spec
+        && iso.mode == nd::network_isolation_spec::NetworkIsolationMode::Group as i32
+        && !iso.path.is_empty()
+    {
+        spec = spec.with_netns_path(iso.path.clone());
+    }
     spec
 }
 
@@ -317,7 +324,13 @@ fn nomad_capabilities(c: Capabilities) -> nd::DriverCapabilities {
             FsIsolation::Chroot => nd::driver_capabilities::FsIsolation::Chroot,
             FsIsolation::Image => nd::driver_capabilities::FsIsolation::Image,
         }) as i32,
-        network_isolation_modes: modes,
+        network_isolation_modes: {
+            if c.network_modes.group {
+                // The task joins the namespace its allocation runner made.
+                modes.push(Mode::Group as i32);
+            }
+            modes
+        },
         must_create_network: false,
         // A Drover driver gets no volume mounts from Nomad (TaskSpec has none).
         mount_configs: nd::driver_capabilities::MountConfigs::NoMounts as i32,

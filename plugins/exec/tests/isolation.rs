@@ -287,6 +287,86 @@ async fn network_none_has_only_a_loopback_device_which_is_up_and_host_keeps_the_
     assert!(link.contains("<LOOPBACK,UP"), "{link}");
 }
 
+/// A namespace the test makes (`ip netns add`) with a veth pair in it, removed
+/// when dropped.
+struct TestNetns(String);
+
+impl TestNetns {
+    fn new() -> Option<TestNetns> {
+        let name = format!("drover-exec-test-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ip(&["netns", "add", &name]) {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: `ip netns add` failed (iproute2 and root are needed)"
+            );
+            eprintln!("#### SKIPPED: `ip netns add` failed (iproute2 and root are needed)");
+            return None;
+        }
+        let ns = TestNetns(name);
+        // (No dummy interfaces everywhere: a veth pair, both ends inside.)
+        let made = ip(&[
+            "-n", &ns.0, "link", "add", "drv7a", "type", "veth", "peer", "name", "drv7b",
+        ]);
+        assert!(made, "a veth pair in the test's namespace");
+        Some(ns)
+    }
+    fn path(&self) -> std::path::PathBuf {
+        std::path::Path::new("/run/netns").join(&self.0)
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn tasks_given_a_group_namespace_join_it_and_share_it() {
+    if !isolation_possible() {
+        return;
+    }
+    let Some(ns) = TestNetns::new() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    let script = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' '";
+    for (id, config) in [
+        ("first", json!({})),
+        // The group's namespace wins over the task's own choice.
+        ("second", json!({ "network_mode": "none" })),
+    ] {
+        let spec = p
+            .spec(id, sh_with(script, config))
+            .with_netns_path(ns.path());
+        p.start_spec(spec).await;
+    }
+    for id in ["first", "second"] {
+        assert!(p.wait(id).await.successful(), "{}", p.log(id, "stderr"));
+        assert_eq!(
+            p.stdout(id).trim(),
+            "drv7a drv7b lo",
+            "{id} sees the group's interfaces"
+        );
+    }
+    // A namespace that is not there: refused by name, nothing runs.
+    let spec = p
+        .spec("lost", sh("true"))
+        .with_netns_path("/run/netns/drover-no-such-namespace");
+    let e = p.client.start_task(spec).await.unwrap_err();
+    assert!(
+        e.to_string().contains("drover-no-such-namespace"),
+        "the error names the namespace: {e}"
+    );
+}
+
 #[tokio::test]
 async fn fingerprint_is_healthy_with_the_cgroup_version_and_capabilities_tell_the_truth() {
     if !isolation_possible() {
@@ -302,6 +382,10 @@ async fn fingerprint_is_healthy_with_the_cgroup_version_and_capabilities_tell_th
     assert_eq!(caps.fs_isolation, drover_plugin_sdk::FsIsolation::Chroot);
     assert!(caps.send_signals && !caps.exec && caps.recover && caps.task_stats);
     assert!(caps.network_modes.host && caps.network_modes.none && !caps.network_modes.bridge);
+    assert!(
+        caps.network_modes.group,
+        "exec joins its group's network namespace"
+    );
 }
 
 #[tokio::test]

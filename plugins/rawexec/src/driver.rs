@@ -72,8 +72,9 @@ impl DriverPlugin for RawExecDriver {
             .with_task_stats(true)
             .with_task_events(true)
             .with_recover(true)
-            // Plain host processes: the host's network, nothing else.
-            .with_network_modes(NetworkModes::default().with_host(true))
+            // Plain host processes: the host's network, or their group's namespace
+            // (bridge mode), joined between fork and exec.
+            .with_network_modes(NetworkModes::default().with_host(true).with_group(true))
     }
 
     async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
@@ -112,6 +113,9 @@ impl DriverPlugin for RawExecDriver {
         how.stdout_path = spec.stdout_path.clone();
         how.stderr_path = spec.stderr_path.clone();
         how.logs = spec.logs;
+        if !spec.netns_path.as_os_str().is_empty() {
+            how.netns_path = Some(spec.netns_path.clone());
+        }
         self.engine.start(spec, how, launch).await
     }
 

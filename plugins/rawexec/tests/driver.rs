@@ -457,3 +457,47 @@ async fn exec_runs_in_the_tasks_environment() {
     p.client.destroy_task("host", true).await.unwrap();
     p.shutdown().await;
 }
+
+/// A task given its group's namespace (bridge mode) runs in it: it sees the
+/// namespace's interfaces, not the host's.
+#[tokio::test]
+async fn a_task_given_a_group_namespace_joins_it() {
+    use std::os::unix::fs::MetadataExt as _;
+    // /proc/self belongs to the process's effective user.
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: joining a network namespace needs root"
+        );
+        eprintln!("#### SKIPPED: joining a network namespace needs root");
+        return;
+    }
+    let name = format!("drover-rawexec-test-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    assert!(ip(&["netns", "add", &name]), "ip netns add (iproute2)");
+    let made = ip(&[
+        "-n", &name, "link", "add", "drv8a", "type", "veth", "peer", "name", "drv8b",
+    ]);
+    let (_dir, p) = setup().await;
+    let caps = p.client.capabilities().await.unwrap();
+    assert!(caps.network_modes.group && caps.network_modes.host);
+    let spec = p
+        .spec(
+            "grouped",
+            sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' '"),
+        )
+        .with_netns_path(Path::new("/run/netns").join(&name));
+    p.start_spec(spec).await;
+    let exit = p.wait("grouped").await;
+    let out = p.stdout("grouped");
+    ip(&["netns", "delete", &name]);
+    assert!(made, "a veth pair in the test's namespace");
+    assert_eq!(exit, ExitResult::code(0));
+    assert_eq!(out.trim(), "drv8a drv8b lo");
+    p.shutdown().await;
+}

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub mod cni;
 pub mod docker;
 pub mod etcd;
 pub mod goplugin;

@@ -39,6 +39,7 @@ pub use hooks::{AllocTaskHook, HookContext, HookState, MAX_HOOK_STATE, default_h
 use record::AllocRecord;
 use runner::Runner;
 
+use crate::network::{Bridge, BridgeConfig};
 use crate::state::StateStore;
 use crate::taskenv::NodeEnv;
 use crate::tasks::TaskManager;
@@ -110,6 +111,8 @@ pub struct AllocManager {
     stop: CancellationToken,
     /// The node, for the tasks' environment (`NOMAD_DC`, `${node.unique.id}`, ...).
     node: Mutex<Arc<NodeEnv>>,
+    /// Bridge networking of groups in `bridge` mode; `None`: not offered here.
+    bridge: Mutex<Option<Arc<Bridge>>>,
 }
 
 impl AllocManager {
@@ -147,7 +150,19 @@ impl AllocManager {
             gc_policy: Mutex::new((GC_AFTER, MAX_TERMINAL_KEPT)),
             stop: CancellationToken::new(),
             node: Mutex::new(Arc::new(NodeEnv::default())),
+            bridge: Mutex::new(Bridge::new(BridgeConfig::default()).ok().map(Arc::new)),
         })
+    }
+
+    /// The bridge network groups in `bridge` mode get (default: [`BridgeConfig`]'s
+    /// defaults); `None`: such groups fail here with the reason. An allocation set up
+    /// on another bridge is torn down from its own record, whatever this says.
+    pub fn set_bridge(&self, bridge: Option<Bridge>) {
+        *lock(&self.bridge) = bridge.map(Arc::new);
+    }
+
+    fn bridge(&self) -> Option<Arc<Bridge>> {
+        lock(&self.bridge).clone()
     }
 
     /// The node the allocations run on (its id, name, datacenter, attributes and

@@ -8,6 +8,7 @@ use drover_server_api::{ClientAllocation, ClientStatus};
 use serde::{Deserialize, Serialize};
 
 use super::hooks::HookState;
+use crate::network::NetworkState;
 use crate::state::StateError;
 
 /// Version of the record encoding this agent writes and reads.
@@ -79,6 +80,10 @@ pub(crate) struct AllocRecord {
     /// When it became terminal on this node.
     #[serde(default)]
     pub terminal_at: Option<SystemTime>,
+    /// Its bridge network (a group in `bridge` mode): recorded before it is made,
+    /// with the address once it is; gone once torn down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkState>,
 }
 
 impl AllocRecord {
@@ -92,6 +97,7 @@ impl AllocRecord {
             description: String::new(),
             forget: false,
             terminal_at: None,
+            network: None,
         }
     }
 

@@ -23,13 +23,14 @@ use std::time::{Duration, SystemTime};
 use drover_api::{Resources, RunRequest, TaskLifecycle, TaskView};
 use drover_plugin_sdk::DriverError;
 use drover_server_api::{
-    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook, Task,
-    TaskRunState, TaskState,
+    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook, NetworkMode,
+    Task, TaskRunState, TaskState,
 };
 
 use super::hooks::{HookContext, HookState, JobVersionHook, version_note};
 use super::record::{AllocRecord, Phase, TaskSlot};
 use super::{AllocManager, Handle};
+use crate::network::{Bridge, BridgeConfig, PortMapping};
 use crate::tasks::RunOptions;
 
 /// Pauses between attempts to stop tasks whose stop failed (a driver away).
@@ -105,6 +106,53 @@ fn request(alloc: &ClientAllocation, task: &Task) -> RunRequest {
         }),
         logs: task.logs,
     }
+}
+
+/// The port mappings of the group's bridge network, `None` when the group is not in
+/// bridge mode. Each port the allocation was given is forwarded from the node's port
+/// (on the node's address) to its `to` inside the namespace, TCP and UDP, as Nomad
+/// does; a static port of the group the allocation lists no assignment for is taken
+/// as it is written.
+fn bridge_ports(alloc: &ClientAllocation) -> Option<Vec<PortMapping>> {
+    let network = alloc.group.network.as_ref()?;
+    if network.mode != NetworkMode::Bridge {
+        return None;
+    }
+    let mut assigned: Vec<(u16, u16, String)> = alloc
+        .alloc
+        .ports
+        .iter()
+        .map(|p| {
+            let to = if p.to == 0 { p.value } else { p.to };
+            (p.value, to, p.host_ip.clone())
+        })
+        .collect();
+    for spec in &network.ports {
+        let listed = alloc.alloc.ports.iter().any(|p| p.label == spec.label);
+        let Ok(port) = u16::try_from(spec.static_port) else {
+            continue;
+        };
+        if listed || port == 0 {
+            continue;
+        }
+        let to = u16::try_from(spec.to)
+            .ok()
+            .filter(|t| *t > 0)
+            .unwrap_or(port);
+        assigned.push((port, to, String::new()));
+    }
+    let mut mappings = Vec::new();
+    for (host_port, container_port, host_ip) in assigned {
+        for protocol in ["tcp", "udp"] {
+            mappings.push(PortMapping {
+                host_port,
+                container_port,
+                protocol: protocol.into(),
+                host_ip: host_ip.clone(),
+            });
+        }
+    }
+    Some(mappings)
 }
 
 pub(super) struct Runner {
@@ -306,6 +354,12 @@ impl Runner {
                     self.rec.description = "stopped as asked".into();
                     return self.enter(Phase::Stopping).await;
                 }
+                // The group's network exists before its first task starts.
+                match self.ensure_network().await {
+                    Ok(true) => {}
+                    Ok(false) => return false,
+                    Err(why) => return self.fail(why).await,
+                }
                 let names = self.names(|k| matches!(k, Kind::Prestart { .. }));
                 let mut progressed = false;
                 for n in &names {
@@ -380,6 +434,8 @@ impl Runner {
                     }
                 }
                 if all_dead {
+                    // Every task of the group is dead: its network goes.
+                    self.release_network().await;
                     return self.enter(Phase::Done).await;
                 }
                 if progressed {
@@ -388,6 +444,97 @@ impl Runner {
                 progressed
             }
             Phase::Done => false,
+        }
+    }
+
+    /// Make the group's bridge network unless the group has none or it is made: true
+    /// when the tasks may start, false when not yet (the record could not be
+    /// written), the reason when the allocation fails.
+    ///
+    /// The plan is recorded before anything is made, so that an agent killed in the
+    /// middle tears down what it made; a plan without an address (the agent died in
+    /// the setup, before any task started) is set up again from a clean slate.
+    async fn ensure_network(&mut self) -> Result<bool, String> {
+        let Some(ports) = bridge_ports(&self.rec.alloc) else {
+            return Ok(true);
+        };
+        if self
+            .rec
+            .network
+            .as_ref()
+            .is_some_and(|n| n.address.is_some())
+        {
+            return Ok(true);
+        }
+        let Some(bridge) = self.mgr.bridge() else {
+            return Err(
+                "the group asks for a bridge network, and this node offers none \
+                        (bridge networking is off or misconfigured in the agent's config)"
+                    .into(),
+            );
+        };
+        if self.rec.network.is_none() {
+            self.rec.network = Some(bridge.plan(self.id(), ports));
+            if !self.save().await {
+                self.rec.network = None;
+                return Ok(false);
+            }
+        }
+        let Some(mut st) = self.rec.network.clone() else {
+            return Ok(false);
+        };
+        match bridge.setup(&mut st).await {
+            Ok(()) => {
+                tracing::info!(
+                    alloc = %self.id(),
+                    netns = %st.netns.display(),
+                    address = st.address.as_deref().unwrap_or_default(),
+                    "bridge network set up"
+                );
+                self.rec.network = Some(st);
+                if !self.save().await {
+                    // Not durable: the tasks do not start in it yet. Tried again (from
+                    // a clean slate) on the next wake-up.
+                    if let Some(n) = self.rec.network.as_mut() {
+                        n.address = None;
+                        n.result = None;
+                    }
+                    return Ok(false);
+                }
+                Ok(true)
+            }
+            Err(e) => Err(format!("cannot set up the group's bridge network: {e}")),
+        }
+    }
+
+    /// Tear the group's bridge network down (every task is dead). A failure keeps the
+    /// network in the record: collecting the allocation tries again, and the record
+    /// stays until it succeeds, so nothing is lost track of.
+    async fn release_network(&mut self) -> bool {
+        let Some(st) = self.rec.network.clone() else {
+            return true;
+        };
+        let bridge = match self.mgr.bridge() {
+            Some(b) => b,
+            // Bridge networking was turned off since: the record has all teardown needs.
+            None => match Bridge::new(BridgeConfig::default()) {
+                Ok(b) => Arc::new(b),
+                Err(e) => {
+                    tracing::error!(alloc = %self.id(), "cannot tear down the bridge network: {e}");
+                    return false;
+                }
+            },
+        };
+        match bridge.teardown(&st).await {
+            Ok(()) => {
+                tracing::info!(alloc = %self.id(), netns = %st.netns.display(), "bridge network torn down");
+                self.rec.network = None;
+                self.save().await
+            }
+            Err(e) => {
+                tracing::warn!(alloc = %self.id(), "cannot tear down the bridge network yet (tried again when the allocation is collected): {e}");
+                false
+            }
         }
     }
 
@@ -450,6 +597,12 @@ impl Runner {
         let opts = RunOptions {
             id: Some(id.clone()),
             alloc_dir: Some(self.shared.clone()),
+            netns: self
+                .rec
+                .network
+                .as_ref()
+                .filter(|n| n.address.is_some())
+                .map(|n| n.netns.clone()),
         };
         let outcome = match self.mgr.tasks.run_with(req, opts).await {
             Ok(_) | Err(DriverError::AlreadyExists(_)) => None,
@@ -806,6 +959,9 @@ impl Runner {
                 return false;
             }
             self.released = true;
+        }
+        if !self.release_network().await {
+            return false;
         }
         let root = self.root.clone();
         let removed = tokio::task::spawn_blocking(move || {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_plugin_sdk::{
-    DriverError, ExitResult, FsIsolation, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,
-    TaskStatus,
+    DriverError, ExitResult, FsIsolation, NetworkModes, Signal, TaskEvent, TaskHandle, TaskSpec,
+    TaskStats, TaskStatus,
 };
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
@@ -45,6 +45,10 @@ pub trait TaskDriver: Send + Sync {
     /// chroot or image. Default: no isolation.
     fn fs_isolation(&self) -> FsIsolation {
         FsIsolation::None
+    }
+    /// The network modes its capabilities offer (default: none said, the host's).
+    fn network_modes(&self) -> NetworkModes {
+        NetworkModes::default().with_host(true)
     }
     /// `StartTask`.
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError>;
@@ -125,6 +129,9 @@ impl TaskDriver for LoadedPlugin {
     }
     fn fs_isolation(&self) -> FsIsolation {
         self.capabilities().fs_isolation
+    }
+    fn network_modes(&self) -> NetworkModes {
+        self.capabilities().network_modes
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         self.after_handover().await;

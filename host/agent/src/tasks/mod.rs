@@ -92,6 +92,9 @@ pub struct RunOptions {
     pub id: Option<String>,
     /// The allocation's shared directory ([`TaskSpec::alloc_dir`]).
     pub alloc_dir: Option<PathBuf>,
+    /// The group's network namespace the task joins (a group in bridge mode,
+    /// [`TaskSpec::netns_path`]); only a driver offering the `group` network mode can.
+    pub netns: Option<PathBuf>,
 }
 
 /// One task: its record and what coordinates the runner with user calls.
@@ -540,6 +543,13 @@ impl TaskManager {
         crate::plugins::loader::validate(&driver.task_schema(), &config).map_err(|e| {
             DriverError::InvalidConfig(format!("task config for driver {:?}: {e}", req.driver))
         })?;
+        if opts.netns.is_some() && !driver.network_modes().group {
+            return Err(DriverError::InvalidConfig(format!(
+                "driver {driver_name} cannot join a bridge network (it does not offer the \
+                 group network mode): run this task in a group without \
+                 network {{ mode = \"bridge\" }}"
+            )));
+        }
         let settings = Settings::from_request(&req)?;
         let (resources, logs) = limits(&req)?;
 
@@ -562,6 +572,9 @@ impl TaskManager {
             .with_driver_config_json(config.to_string());
         if let Some(dir) = opts.alloc_dir {
             spec = spec.with_alloc_dir(dir);
+        }
+        if let Some(netns) = opts.netns {
+            spec = spec.with_netns_path(netns);
         }
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {

@@ -498,6 +498,24 @@ async fn the_handle_is_durable_before_run_returns() {
 }
 
 #[tokio::test]
+async fn a_driver_without_the_group_network_mode_cannot_join_a_bridge_network() {
+    let env = Env::new();
+    let req = request(serde_json::json!({ "exit_code": 0 }), None);
+    let opts = RunOptions {
+        id: Some("bridged-1".into()),
+        alloc_dir: None,
+        netns: Some("/run/netns/some-alloc".into()),
+    };
+    let e = env.mgr.run_with(req, opts).await.unwrap_err();
+    assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("cannot join a bridge network"),
+        "{e}"
+    );
+    assert!(env.fake.s().starts.is_empty(), "nothing started");
+}
+
+#[tokio::test]
 async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced() {
     let env = Env::new();
     let mut changes = env.mgr.subscribe();
@@ -508,6 +526,7 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
     let opts = RunOptions {
         id: Some("chosen-1".into()),
         alloc_dir: Some(shared.clone()),
+        netns: None,
     };
     let v = env.mgr.run_with(req.clone(), opts.clone()).await.unwrap();
     assert_eq!(v.id, "chosen-1");
@@ -526,6 +545,7 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
     let bad = RunOptions {
         id: Some("../x".into()),
         alloc_dir: None,
+        netns: None,
     };
     assert!(env.mgr.run_with(req.clone(), bad).await.is_err());
     // Outside an allocation, DROVER_TASK_NAME is the task's name, whatever the env says.

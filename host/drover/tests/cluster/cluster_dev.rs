@@ -283,3 +283,170 @@ config = { command = "/bin/sh", args = ["-c", "date +%s%N > $DROVER_ALLOC_DIR/da
         "main did not read the prestart's file"
     );
 }
+
+/// A free port on 127.0.0.1 below the nodes' dynamic range (20000-32000), where a
+/// static port must be.
+fn free_static_port() -> u16 {
+    for _ in 0..1000 {
+        let port = drover_test_support::net::free_local_addr().port();
+        if port < 20000 {
+            return port;
+        }
+    }
+    panic!("no free port between 10000 and 20000 on 127.0.0.1");
+}
+
+/// `GET /` on 127.0.0.1:`port`: the body, or why not.
+fn http_get(port: u16) -> Result<String, String> {
+    use std::io::{Read as _, Write as _};
+    let mut c = std::net::TcpStream::connect_timeout(
+        &([127, 0, 0, 1], port).into(),
+        Duration::from_secs(2),
+    )
+    .map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut s = String::new();
+    c.read_to_string(&mut s).map_err(|e| e.to_string())?;
+    s.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .ok_or_else(|| format!("not an HTTP answer: {s:?}"))
+}
+
+/// A bridge group: `server` serves `hello from <alloc id>` on 8080 of the group's
+/// namespace, `fetch` gets it from 127.0.0.1:8080 into alloc/data/fetched; the node's
+/// `port` is mapped to 8080.
+fn bridge_job(root: &std::path::Path, port: u16) -> std::path::PathBuf {
+    job_file(
+        root,
+        "bridged",
+        &format!(
+            r#"
+name = "bridged"
+type = "service"
+
+[[group]]
+name = "web"
+
+[group.network]
+mode = "bridge"
+
+[[group.network.port]]
+label = "http"
+static = {port}
+to = 8080
+
+[[group.task]]
+name = "server"
+driver = "exec"
+config = {{ command = "/bin/sh", args = ["-c", "echo \"hello from $NOMAD_ALLOC_ID\" > /local/index.html; exec /bin/busybox httpd -f -p 8080 -h /local"] }}
+resources = {{ cpu = 100, memory_mb = 64 }}
+
+[[group.task]]
+name = "fetch"
+driver = "exec"
+config = {{ command = "/bin/sh", args = ["-c", "until /bin/busybox wget -q -O /alloc/data/fetched.part http://127.0.0.1:8080/; do sleep 0.1; done; mv /alloc/data/fetched.part /alloc/data/fetched; exec sleep 1000"] }}
+resources = {{ cpu = 100, memory_mb = 64 }}
+"#
+        ),
+    )
+}
+
+/// The running allocation of job `bridged` once its tasks talked over 127.0.0.1 and
+/// it answers through `port`: its id and its network's footprint.
+fn bridge_running(agent: &Agent, port: u16) -> (String, drover_test_support::cni::Footprint) {
+    let status = wait_job(agent, "bridged", "the bridge allocation running", |v| {
+        allocs_with(v, "running").len() == 1
+    });
+    let id = allocs_with(&status, "running")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let fetched = agent
+        .data_dir
+        .join("alloc")
+        .join(&id)
+        .join("alloc/data/fetched");
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        "the group's tasks talk over 127.0.0.1",
+        || fetched.exists(),
+    );
+    let want = format!("hello from {id}\n");
+    assert_eq!(std::fs::read_to_string(&fetched).unwrap(), want);
+    assert_eq!(
+        http_get(port).as_deref(),
+        Ok(want.as_str()),
+        "through the node port"
+    );
+    let netns = std::path::Path::new("/run/netns").join(&id);
+    let seen = drover_test_support::cni::Footprint::observe("drover", &id, &netns);
+    assert!(seen.ip.is_some() && seen.host_ifindex.is_some(), "{seen:?}");
+    (id, seen)
+}
+
+fn nothing_left(agent: &Agent, seen: &drover_test_support::cni::Footprint) {
+    let mut last = Vec::new();
+    let gone = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drover_test_support::until_blocking(
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            "the allocation's network torn down",
+            || {
+                last = seen.remains();
+                last.is_empty()
+            },
+        )
+    }));
+    assert!(
+        gone.is_ok(),
+        "left behind: {last:#?}\nagent log:\n{}",
+        common::cluster::tail(&agent.log_text())
+    );
+}
+
+/// Acceptance 2 of issue 25 (bridge networking): the group's two tasks share a
+/// namespace (127.0.0.1), the node port reaches it; after `job stop`, and after a
+/// `kill -9` of the agent, a restart and a stop, no namespace, veth, rule or address
+/// reservation is left.
+#[test]
+#[ignore = "job files cannot say network { mode = \"bridge\" } yet (the TOML parser and the \
+            Nomad conversion, another part of issue 25, drop the group's network): run it \
+            once they carry it"]
+fn a_bridge_group_is_reached_through_its_port_and_leaves_nothing_after_stop_or_agent_crash() {
+    if drover_test_support::cni::plugins().is_none() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let mut agent = dev_agent(root.path());
+    let port = free_static_port();
+    let job = bridge_job(root.path(), port);
+    cli_ok(&agent, &["job", "run", job.to_str().unwrap()]);
+    let (_, seen) = bridge_running(&agent, port);
+    cli_ok(&agent, &["job", "stop", "bridged"]);
+    nothing_left(&agent, &seen);
+    assert!(http_get(port).is_err(), "nothing answers on the node port");
+
+    // Again, and the agent dies with the allocation running.
+    cli_ok(&agent, &["job", "run", job.to_str().unwrap()]);
+    let (_, seen) = bridge_running(&agent, port);
+    let _ = common::nix_kill(agent.child.id(), 9);
+    let _ = agent.child.wait();
+    assert!(
+        http_get(port).is_ok(),
+        "the tasks and their network outlive the agent"
+    );
+    // Kept (dead) until the end: dropping it would end its plugins, which the next
+    // agent takes over.
+    agent.end_tasks = false;
+    let _killed = agent;
+    let plugins = root.path().join("plugins");
+    let mut agent = Agent::start(root.path(), &plugins, &["--dev"]);
+    agent.end_tasks = true;
+    wait_dev_node_ready(&agent, &["raw_exec", "exec"], Duration::from_secs(30));
+    cli_ok(&agent, &["job", "stop", "bridged"]);
+    nothing_left(&agent, &seen);
+}

@@ -1154,3 +1154,241 @@ fn a_directory_that_cannot_be_removed_keeps_its_allocation_until_a_later_pass_re
     assert!(!dir.exists());
     assert!(node.store().allocs().unwrap().is_empty());
 }
+
+/// The CNI plugins, root and busybox (the tasks' `httpd` and `wget`), or why not.
+fn bridge_available() -> bool {
+    if drover_test_support::cni::plugins().is_none() {
+        return false;
+    }
+    if !Path::new("/bin/busybox").exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: /bin/busybox (busybox-static) is needed for the bridge tests"
+        );
+        eprintln!("#### SKIPPED: no /bin/busybox (install busybox-static)");
+        return false;
+    }
+    true
+}
+
+/// A group of two exec tasks in bridge mode: `web` serves `hello from <alloc id>` on
+/// port 8080 of the group's namespace, `fetch` gets it from `127.0.0.1:8080` (only
+/// there if the two share the namespace) into `alloc/data/fetched`. The node's
+/// `host_port` on 127.0.0.1 is mapped to 8080.
+fn bridge_alloc(id: &str, host_port: u16) -> ClientAllocation {
+    let mut web = sh("web", "", None);
+    web.driver = "exec".into();
+    web.config = serde_json::json!({
+        "command": "/bin/sh",
+        "args": ["-c", "echo \"hello from $NOMAD_ALLOC_ID\" > /local/index.html; \
+                        exec /bin/busybox httpd -f -p 8080 -h /local"],
+    });
+    let mut fetch = sh("fetch", "", None);
+    fetch.driver = "exec".into();
+    fetch.config = serde_json::json!({
+        "command": "/bin/sh",
+        "args": ["-c", "until /bin/busybox wget -q -O /alloc/data/fetched.part \
+                        http://127.0.0.1:8080/; do sleep 0.1; done; \
+                        mv /alloc/data/fetched.part /alloc/data/fetched; exec sleep 1000"],
+    });
+    let mut a = alloc(id, JobType::Service, vec![web, fetch]);
+    a.group.network = Some(drover_server_api::NetworkSpec {
+        mode: drover_server_api::NetworkMode::Bridge,
+        ports: vec![drover_server_api::PortSpec {
+            label: "http".into(),
+            to: 8080,
+            ..Default::default()
+        }],
+    });
+    a.alloc.ports = vec![drover_server_api::AllocatedPort {
+        label: "http".into(),
+        value: host_port,
+        to: 8080,
+        host_ip: "127.0.0.1".into(),
+    }];
+    a
+}
+
+/// `GET /` on 127.0.0.1:`port`: the body, or why not.
+fn http_get(port: u16) -> Result<String, String> {
+    use std::io::{Read as _, Write as _};
+    let mut c = std::net::TcpStream::connect_timeout(
+        &([127, 0, 0, 1], port).into(),
+        Duration::from_secs(2),
+    )
+    .map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut s = String::new();
+    c.read_to_string(&mut s).map_err(|e| e.to_string())?;
+    s.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .ok_or_else(|| format!("not an HTTP answer: {s:?}"))
+}
+
+fn netns_of(id: &str) -> PathBuf {
+    Path::new("/run/netns").join(id)
+}
+
+/// Wait until allocation `id`'s `fetch` task got the page over 127.0.0.1 and the
+/// page is reached from the host through `host_port`; what its network is made of.
+fn bridge_serves(
+    node: &Node,
+    root: &Path,
+    id: &str,
+    host_port: u16,
+) -> drover_test_support::cni::Footprint {
+    let fetched = shared(root, id).join("data/fetched");
+    node.wait(id, "running", |u| u.client_status == ClientStatus::Running);
+    node.rt()
+        .block_on(until(LIMIT, "the tasks talk over 127.0.0.1", || {
+            fetched.exists()
+        }));
+    let want = format!("hello from {id}\n");
+    assert_eq!(std::fs::read_to_string(&fetched).unwrap(), want);
+    assert_eq!(http_get(host_port).as_deref(), Ok(want.as_str()));
+    let seen = drover_test_support::cni::Footprint::observe("drover", id, &netns_of(id));
+    assert!(seen.ip.is_some() && seen.host_ifindex.is_some(), "{seen:?}");
+    seen
+}
+
+#[test]
+fn a_bridge_group_shares_a_namespace_reached_through_its_port_and_stop_leaves_nothing() {
+    if !bridge_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    // Two allocations of one group (count = 2), each with its own node port.
+    let ids = [
+        "11111111-0000-4000-8000-000000000b01",
+        "11111111-0000-4000-8000-000000000b02",
+    ];
+    let ports = ids.map(|_| drover_test_support::net::free_local_addr().port());
+    let allocs: Vec<ClientAllocation> = ids
+        .iter()
+        .zip(ports)
+        .map(|(id, port)| bridge_alloc(id, port))
+        .collect();
+    node.apply(allocs.clone(), false);
+    let seen: Vec<_> = ids
+        .iter()
+        .zip(ports)
+        .map(|(id, port)| bridge_serves(&node, root.path(), id, port))
+        .collect();
+    assert_ne!(
+        seen[0].ip, seen[1].ip,
+        "each allocation has its own address"
+    );
+
+    node.apply(allocs.into_iter().map(stopped).collect(), false);
+    for (id, seen) in ids.iter().zip(&seen) {
+        let done = node.wait(id, "stopped", |u| u.client_status.is_terminal());
+        assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+        assert_eq!(seen.remains(), Vec::<String>::new(), "left by {id}");
+    }
+    for port in ports {
+        assert!(
+            http_get(port).is_err(),
+            "nothing answers on {port} any more"
+        );
+    }
+}
+
+#[test]
+fn a_bridge_network_is_torn_down_by_the_next_agent_after_a_crash() {
+    if !bridge_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let id = "11111111-0000-4000-8000-000000000b03";
+    let port = drover_test_support::net::free_local_addr().port();
+    let a = bridge_alloc(id, port);
+    let node = Node::boot(root.path(), default_hooks());
+    node.apply(vec![a.clone()], false);
+    let seen = bridge_serves(&node, root.path(), id, port);
+    // The agent dies; its tasks and their network stay.
+    node.crash();
+    assert_eq!(
+        http_get(port).as_deref(),
+        Ok(format!("hello from {id}\n").as_str())
+    );
+
+    let node = Node::boot(root.path(), default_hooks());
+    node.apply(vec![stopped(a)], false);
+    let done = node.wait(id, "stopped", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    assert_eq!(seen.remains(), Vec::<String>::new());
+}
+
+#[test]
+fn a_rawexec_task_of_a_bridge_group_joins_its_namespace() {
+    if !bridge_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let id = "11111111-0000-4000-8000-000000000b04";
+    let mut a = bridge_alloc(id, drover_test_support::net::free_local_addr().port());
+    a.group.tasks = vec![sh(
+        "raw",
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' ' \
+         > \"$DROVER_ALLOC_DIR/data/links\"; exec sleep 1000",
+        None,
+    )];
+    node.apply(vec![a.clone()], false);
+    node.wait(id, "running", |u| u.client_status == ClientStatus::Running);
+    let links = shared(root.path(), id).join("data/links");
+    node.rt()
+        .block_on(until(LIMIT, "the task listed its interfaces", || {
+            std::fs::read_to_string(&links).is_ok_and(|l| !l.is_empty())
+        }));
+    assert_eq!(
+        std::fs::read_to_string(&links).unwrap().trim(),
+        "eth0 lo",
+        "the group's interfaces, not the host's"
+    );
+    let seen = drover_test_support::cni::Footprint::observe("drover", id, &netns_of(id));
+    node.apply(vec![stopped(a)], false);
+    let done = node.wait(id, "stopped", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    assert_eq!(seen.remains(), Vec::<String>::new());
+}
+
+#[test]
+fn a_bridge_group_on_a_node_without_the_plugins_fails_naming_the_plugin() {
+    if !bridge_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let bridge = drover_host::network::Bridge::new(drover_host::network::BridgeConfig {
+        cni_path: vec![root.path().join("no-cni-here")],
+        ..Default::default()
+    })
+    .unwrap();
+    node.allocs().set_bridge(Some(bridge));
+    let id = "11111111-0000-4000-8000-000000000b05";
+    node.apply(
+        vec![bridge_alloc(
+            id,
+            drover_test_support::net::free_local_addr().port(),
+        )],
+        false,
+    );
+    let done = node.wait(id, "failed", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Failed, "{done:#?}");
+    let why = &done.client_description;
+    assert!(
+        why.contains("bridge network") && why.contains("\"loopback\" not found"),
+        "{why}"
+    );
+    assert!(
+        done.task_states.values().all(|t| t.task_id.is_empty()),
+        "no task started: {done:#?}"
+    );
+    let seen = drover_test_support::cni::Footprint::observe("drover", id, &netns_of(id));
+    assert_eq!(seen.remains(), Vec::<String>::new());
+}

@@ -64,6 +64,10 @@ pub struct LaunchSpec {
     /// says the host allows: the start fails if the cgroup cannot be made.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_cgroup: bool,
+    /// A network namespace a plain task (no `isolation`) joins between fork and exec:
+    /// its group's, in bridge mode. With `isolation`, [`Isolation::netns_path`] says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_path: Option<PathBuf>,
 }
 
 fn root() -> PathBuf {
@@ -85,12 +89,13 @@ impl LaunchSpec {
             logs: LogConfig::default(),
             isolation: None,
             own_cgroup: false,
+            netns_path: None,
         }
     }
 }
 
 /// How the executor contains a task. Applied in the forked child, in this order:
-/// join the cgroups → unshare the namespaces → hostname → build the root from
+/// join the cgroups → join the network namespace `netns_path` → unshare the namespaces → hostname → build the root from
 /// `mounts` and `pivot_root` into it → (fork the task under a small init, see below)
 /// → rlimits → drop the bounding set → groups, gid, uid → permitted, effective,
 /// inheritable and ambient capabilities → `no_new_privs` → exec. A failure at any
@@ -124,6 +129,10 @@ pub struct Isolation {
     pub cgroup_procs: Vec<PathBuf>,
     /// Namespaces to create.
     pub namespaces: Namespaces,
+    /// An existing network namespace the task joins (setns) instead of the
+    /// executor's: its group's, in bridge mode. Not with `namespaces.net`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netns_path: Option<PathBuf>,
     /// Hostname set in the new UTS namespace.
     pub hostname: Option<String>,
     /// The task's root, built on an empty tmpfs (read-only once built) in a new mount

@@ -131,6 +131,29 @@ pub(crate) fn spawn_task(
     }
     let mut command = Command::new(&spec.command);
     join.before_exec(&mut command);
+    if let Some(path) = &spec.netns_path {
+        let ns = std::fs::File::open(path).map_err(|e| {
+            format!(
+                "cannot open the group's network namespace {}: {e}",
+                path.display()
+            )
+        })?;
+        use std::os::fd::AsFd as _;
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: the closure runs between fork and exec; it only calls setns(2),
+        // which is async-signal-safe, on a descriptor the closure owns (open in the
+        // child), and allocates nothing (an error is a bare OS error code).
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                rustix::thread::move_into_link_name_space(
+                    ns.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    }
     command
         .args(&spec.args)
         .env_clear()

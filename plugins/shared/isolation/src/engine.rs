@@ -541,8 +541,12 @@ impl<F: Flavor> IsolatedDriver<F> {
             pid: true,
             ipc: true,
             uts: true,
-            net: iso.network_mode == NetworkMode::None,
+            // A task of a group in bridge mode joins its group's namespace instead.
+            net: iso.network_mode == NetworkMode::None && spec.netns_path.as_os_str().is_empty(),
         };
+        if !spec.netns_path.as_os_str().is_empty() {
+            isolation.netns_path = Some(spec.netns_path.clone());
+        }
         isolation.hostname = iso.hostname.clone();
         isolation.mounts = root.mounts();
         isolation.rlimits = rlimits;
@@ -691,7 +695,9 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
                 NetworkModes::default()
                     .with_host(true)
                     .with_none(true)
-                    .with_bridge(false),
+                    .with_bridge(false)
+                    // Joins the namespace its group's runner made (TaskSpec::netns_path).
+                    .with_group(true),
             )
     }
 

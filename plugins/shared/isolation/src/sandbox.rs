@@ -118,6 +118,17 @@ pub(crate) fn validate(iso: &Isolation) -> Result<(), String> {
     if !iso.mounts.is_empty() && !iso.namespaces.mount {
         return Err("a task root (mounts) needs a mount namespace".into());
     }
+    if iso.netns_path.is_some() && iso.namespaces.net {
+        return Err("a task joins a network namespace or gets a new one, not both".into());
+    }
+    if let Some(p) = &iso.netns_path
+        && !p.is_absolute()
+    {
+        return Err(format!(
+            "network namespace {} must be an absolute path",
+            p.display()
+        ));
+    }
     if iso.hostname.is_some() && !iso.namespaces.uts {
         return Err("a hostname needs a uts namespace".into());
     }
@@ -346,6 +357,25 @@ fn init_setup(plan: &Plan<'_>) -> Result<(), String> {
         // "0" is the writer itself, whatever its pid in its namespace.
         std::fs::write(procs, "0")
             .map_err(|e| format!("cannot join cgroup {}: {e}", procs.display()))?;
+    }
+    if let Some(path) = &iso.netns_path {
+        // Before the mount namespace and the new root: the path is the host's.
+        let ns = std::fs::File::open(path).map_err(|e| {
+            format!(
+                "cannot open the group's network namespace {}: {e}",
+                path.display()
+            )
+        })?;
+        rustix::thread::move_into_link_name_space(
+            ns.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot join the group's network namespace {}: {e}",
+                path.display()
+            )
+        })?;
     }
     let ns = iso.namespaces;
     let mut flags = UnshareFlags::empty();
