@@ -92,6 +92,8 @@ pub struct RunOptions {
     pub id: Option<String>,
     /// The allocation's shared directory ([`TaskSpec::alloc_dir`]).
     pub alloc_dir: Option<PathBuf>,
+    /// The allocation's ports on the node ([`TaskSpec::ports`]).
+    pub ports: Vec<drover_plugin_sdk::TaskPort>,
 }
 
 /// One task: its record and what coordinates the runner with user calls.
@@ -562,6 +564,9 @@ impl TaskManager {
             .with_driver_config_json(config.to_string());
         if let Some(dir) = opts.alloc_dir {
             spec = spec.with_alloc_dir(dir);
+        }
+        if !opts.ports.is_empty() {
+            spec = spec.with_ports(opts.ports);
         }
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {

@@ -505,14 +505,23 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
     let mut req = request(serde_json::json!({ "exit_code": 0, "after_ms": 50 }), None);
     req.env.insert("DROVER_TASK_NAME".into(), "main".into());
     req.name = Some("web.app[0].main".into());
+    let port = drover_plugin_sdk::TaskPort::new("http", 23456)
+        .with_to(80)
+        .with_host_ip("127.0.0.1");
     let opts = RunOptions {
         id: Some("chosen-1".into()),
         alloc_dir: Some(shared.clone()),
+        ports: vec![port.clone()],
     };
     let v = env.mgr.run_with(req.clone(), opts.clone()).await.unwrap();
     assert_eq!(v.id, "chosen-1");
     let spec = env.fake.s().starts[0].2.clone();
     assert_eq!(spec.alloc_dir, shared);
+    assert_eq!(
+        spec.ports,
+        [port],
+        "the driver learns the allocation's ports"
+    );
     assert_eq!(spec.env["DROVER_ALLOC_DIR"], shared.display().to_string());
     assert_eq!(
         spec.env["DROVER_TASK_NAME"], "main",
@@ -525,7 +534,7 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
     // A bad id never becomes a path.
     let bad = RunOptions {
         id: Some("../x".into()),
-        alloc_dir: None,
+        ..Default::default()
     };
     assert!(env.mgr.run_with(req.clone(), bad).await.is_err());
     // Outside an allocation, DROVER_TASK_NAME is the task's name, whatever the env says.
