@@ -397,10 +397,70 @@ pub struct TaskSpec {
     /// task's exec.
     #[serde(default, skip_serializing_if = "crate::types::path_is_empty")]
     pub netns_path: PathBuf,
+    /// The ports the scheduler gave the task's allocation on the node, one per label
+    /// of the group's `network` (Nomad's `Resources.Ports`). A driver that publishes
+    /// ports (docker `ports`, qemu `port_map`) forwards [`TaskPort::host_ip`] and
+    /// [`TaskPort::value`] to [`TaskPort::to`] inside the task; the task's
+    /// environment already has `NOMAD_PORT_<label>` and the rest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<TaskPort>,
 }
 
 fn path_is_empty(p: &std::path::Path) -> bool {
     p.as_os_str().is_empty()
+}
+
+/// A port of a task's allocation on its node.
+///
+/// ```
+/// let p = drover_plugin_sdk::TaskPort::new("http", 23456)
+///     .with_to(80)
+///     .with_host_ip("127.0.0.1");
+/// assert_eq!((p.label.as_str(), p.value, p.to), ("http", 23456, 80));
+/// // Unmapped: the task listens on the node's port itself.
+/// assert_eq!(drover_plugin_sdk::TaskPort::new("db", 24000).task_port(), 24000);
+/// let spec = drover_plugin_sdk::TaskSpec::new("web-1").with_ports([p]);
+/// assert_eq!(spec.port("http").map(|p| p.task_port()), Some(80));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TaskPort {
+    /// The group's label for the port (`http` of `port "http" {}`).
+    pub label: String,
+    /// The port on the node.
+    pub value: u16,
+    /// The port inside the task it maps to (0: the same as [`TaskPort::value`]).
+    pub to: u16,
+    /// The node's address the port is on.
+    pub host_ip: String,
+}
+
+impl TaskPort {
+    /// Port `value` on the node under `label`, not mapped, on no particular address.
+    pub fn new(label: impl Into<String>, value: u16) -> Self {
+        TaskPort {
+            label: label.into(),
+            value,
+            to: 0,
+            host_ip: String::new(),
+        }
+    }
+    /// With [`TaskPort::to`] set.
+    pub fn with_to(mut self, to: u16) -> Self {
+        self.to = to;
+        self
+    }
+    /// With [`TaskPort::host_ip`] set.
+    pub fn with_host_ip(mut self, ip: impl Into<String>) -> Self {
+        self.host_ip = ip.into();
+        self
+    }
+    /// The port the task listens on: [`TaskPort::to`], or [`TaskPort::value`] when
+    /// the port is not mapped (Nomad's rule for `NOMAD_PORT_<label>`).
+    pub fn task_port(&self) -> u16 {
+        if self.to == 0 { self.value } else { self.to }
+    }
 }
 
 impl TaskSpec {
@@ -481,6 +541,16 @@ impl TaskSpec {
     pub fn with_netns_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.netns_path = path.into();
         self
+    }
+
+    /// With [`TaskSpec::ports`] set.
+    pub fn with_ports(mut self, ports: impl IntoIterator<Item = TaskPort>) -> Self {
+        self.ports = ports.into_iter().collect();
+        self
+    }
+    /// The allocation's port labelled `label`, if it has one.
+    pub fn port(&self, label: &str) -> Option<&TaskPort> {
+        self.ports.iter().find(|p| p.label == label)
     }
 }
 
@@ -1111,6 +1181,17 @@ impl From<TaskSpec> for pb::TaskConfig {
             user: s.user,
             alloc_dir: s.alloc_dir.display().to_string(),
             netns_path: s.netns_path.display().to_string(),
+
+            ports: s
+                .ports
+                .into_iter()
+                .map(|p| pb::TaskPort {
+                    label: p.label,
+                    value: u32::from(p.value),
+                    to: u32::from(p.to),
+                    host_ip: p.host_ip,
+                })
+                .collect(),
         }
     }
 }
@@ -1138,6 +1219,21 @@ impl From<pb::TaskConfig> for TaskSpec {
             user: c.user,
             alloc_dir: c.alloc_dir.into(),
             netns_path: c.netns_path.into(),
+
+            // A number past 65535 is no port: it is dropped here, and a driver that
+            // was asked to publish its label says the label is unknown.
+            ports: c
+                .ports
+                .into_iter()
+                .filter_map(|p| {
+                    Some(TaskPort {
+                        label: p.label,
+                        value: u16::try_from(p.value).ok()?,
+                        to: u16::try_from(p.to).ok()?,
+                        host_ip: p.host_ip,
+                    })
+                })
+                .collect(),
         }
     }
 }
@@ -1278,5 +1374,27 @@ impl From<pb::DriverTaskEvent> for TaskEvent {
             message: e.message,
             annotations: e.annotations.into_iter().collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    /// The ports cross the plugin protocol as they are; a number past 65535 arriving
+    /// from a broken peer is dropped rather than wrapped into another port.
+    #[test]
+    fn task_ports_cross_the_wire() {
+        let spec = TaskSpec::new("t1").with_ports([
+            TaskPort::new("http", 23456)
+                .with_to(80)
+                .with_host_ip("127.0.0.1"),
+            TaskPort::new("db", 23457),
+        ]);
+        let mut wire = pb::TaskConfig::from(spec.clone());
+        assert_eq!(TaskSpec::from(wire.clone()), spec);
+        wire.ports[1].value = 70000;
+        let back = TaskSpec::from(wire);
+        assert_eq!(back.ports, spec.ports[..1]);
     }
 }

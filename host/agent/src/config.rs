@@ -280,6 +280,29 @@ pub struct AgentConfig {
     /// Directories holding the CNI plugins (Nomad's `cni_path`; default
     /// `/usr/lib/cni`, Debian's `containernetworking-plugins`, then `/opt/cni/bin`).
     pub cni_path: Vec<PathBuf>,
+
+    /// The network interface whose first IPv4 address is the node's address: where
+    /// allocations' ports are (Nomad's `network_interface`, `--network-interface`).
+    /// Unset: the address the agent reaches its first server from (127.0.0.1 with
+    /// `--dev`).
+    pub network_interface: Option<String>,
+    /// Lowest port the scheduler picks for a dynamic port (Nomad's
+    /// `min_dynamic_port`, 20000).
+    pub min_dynamic_port: u32,
+    /// Highest port the scheduler picks for a dynamic port (Nomad's
+    /// `max_dynamic_port`, 32000).
+    pub max_dynamic_port: u32,
+    /// What the node keeps for itself (Nomad's `reserved` block): ports never given
+    /// to allocations.
+    pub reserved: Reserved,
+}
+
+/// Nomad's client `reserved` block: only `reserved_ports` has a meaning here.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Reserved {
+    /// Ports and ranges, comma-separated: `"22,80,8000-8100"`.
+    pub reserved_ports: String,
 }
 
 /// How a client agent verifies its servers, and proves itself to them.
@@ -331,6 +354,11 @@ impl Default for AgentConfig {
                 .iter()
                 .map(PathBuf::from)
                 .collect(),
+
+            network_interface: None,
+            min_dynamic_port: u32::from(drover_server_api::DEFAULT_MIN_DYNAMIC_PORT),
+            max_dynamic_port: u32::from(drover_server_api::DEFAULT_MAX_DYNAMIC_PORT),
+            reserved: Reserved::default(),
         }
     }
 }
@@ -373,6 +401,9 @@ const ENV_KEYS: &[&str] = &[
     "node_name",
     "datacenter",
     "token_file",
+    "network_interface",
+    "min_dynamic_port",
+    "max_dynamic_port",
 ];
 
 /// The config error, with figment's account of which source and key were wrong.
@@ -410,6 +441,12 @@ impl AgentConfig {
                             .map(str::to_owned)
                             .collect::<Vec<String>>(),
                     )
+                } else if *key == "min_dynamic_port" || *key == "max_dynamic_port" {
+                    // A number; anything else stays text, which the typed extraction
+                    // refuses naming the key.
+                    v.trim()
+                        .parse::<u32>()
+                        .map_or_else(|_| v.to_string().into(), figment::value::Value::from)
                 } else {
                     parse_env_value(v)
                 };
@@ -428,6 +465,8 @@ impl AgentConfig {
         config.check_pins()?;
         config.check_plugin_env()?;
         config.bridge().map_err(|e| ConfigError(e.to_string()))?;
+
+        config.port_settings()?;
         // After the checks, so that their errors name the sections as written.
         config.resolve_driver_aliases()?;
         Ok(config)
@@ -460,6 +499,52 @@ impl AgentConfig {
             )));
         }
         Ok(())
+    }
+
+    /// The node's port settings, checked: `min_dynamic_port` and `max_dynamic_port`
+    /// within 1-65535 and in order, `reserved.reserved_ports` a list of ports and
+    /// ranges in 1-65535. The address is not part of it (see
+    /// [`crate::cluster::network::node_network`]).
+    ///
+    /// # Errors
+    /// A setting out of range or unreadable, named.
+    pub fn port_settings(&self) -> Result<PortSettings, ConfigError> {
+        let port = |key: &str, v: u32| -> Result<u16, ConfigError> {
+            u16::try_from(v).ok().filter(|p| *p != 0).ok_or_else(|| {
+                ConfigError(format!("{key} = {v} is not a port: expected 1 to 65535"))
+            })
+        };
+        let min = port("min_dynamic_port", self.min_dynamic_port)?;
+        let max = port("max_dynamic_port", self.max_dynamic_port)?;
+        if min > max {
+            return Err(ConfigError(format!(
+                "min_dynamic_port = {min} is above max_dynamic_port = {max}: the dynamic \
+                 port range would be empty"
+            )));
+        }
+        let reserved = parse_port_list(&self.reserved.reserved_ports).map_err(|why| {
+            ConfigError(format!(
+                "reserved.reserved_ports = {:?}: {why} (expected ports and ranges such as \
+                 \"22,80,8000-8100\")",
+                self.reserved.reserved_ports
+            ))
+        })?;
+        if let Some(name) = &self.network_interface
+            && (name.is_empty()
+                || name.len() > 15
+                || name.contains(['/', '\0'])
+                || name.trim() != name)
+        {
+            return Err(ConfigError(format!(
+                "network_interface = {name:?} is not an interface name (1 to 15 characters \
+                 without '/' or spaces, e.g. \"eth0\")"
+            )));
+        }
+        Ok(PortSettings {
+            min_dynamic_port: min,
+            max_dynamic_port: max,
+            reserved_ports: reserved,
+        })
     }
 
     /// Configs written for a driver's older name keep working: `[plugin.rawexec]` is
@@ -578,6 +663,47 @@ impl AgentConfig {
     pub fn plugin_settings(&self, name: &str) -> PluginSettings {
         self.plugin.get(name).cloned().unwrap_or_default()
     }
+}
+
+/// The port settings of a node, checked (see [`AgentConfig::port_settings`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSettings {
+    /// Lowest dynamic port.
+    pub min_dynamic_port: u16,
+    /// Highest dynamic port.
+    pub max_dynamic_port: u16,
+    /// Reserved ports, as written (ranges inclusive).
+    pub reserved_ports: Vec<drover_server_api::PortRange>,
+}
+
+/// Nomad's port list syntax: ports and `first-last` ranges, comma-separated, blanks
+/// around them ignored; empty: none.
+fn parse_port_list(text: &str) -> Result<Vec<drover_server_api::PortRange>, String> {
+    let port = |s: &str| -> Result<u16, String> {
+        let s = s.trim();
+        s.parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{s:?} is not a port from 1 to 65535"))
+    };
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let range = match part.split_once('-') {
+            Some((a, b)) => {
+                let (first, last) = (port(a)?, port(b)?);
+                if first > last {
+                    return Err(format!("the range {part:?} ends before it starts"));
+                }
+                drover_server_api::PortRange { first, last }
+            }
+            None => {
+                let p = port(part)?;
+                drover_server_api::PortRange { first: p, last: p }
+            }
+        };
+        out.push(range);
+    }
+    Ok(out)
 }
 
 /// `<data_dir>/api.sock`.
@@ -915,6 +1041,70 @@ mod tests {
                 e.contains("datacenter") && e.contains(&format!("{bad:?}")),
                 "{e}"
             );
+        }
+    }
+
+    /// Nomad's client port settings: the dynamic range and the reserved ports, from
+    /// the file and the environment; a wrong one is refused naming its key.
+    #[test]
+    fn port_settings_are_read_and_checked_by_key() {
+        let c = AgentConfig::load(&[], vec![], &Default::default()).unwrap();
+        let p = c.port_settings().unwrap();
+        assert_eq!((p.min_dynamic_port, p.max_dynamic_port), (20000, 32000));
+        assert!(p.reserved_ports.is_empty());
+
+        let c = load_toml(
+            "min_dynamic_port = 10000\nmax_dynamic_port = 10010\nnetwork_interface = \"eth0\"\n\
+             [reserved]\nreserved_ports = \"22,80, 8000-8100\"\n",
+        )
+        .unwrap();
+        let p = c.port_settings().unwrap();
+        assert_eq!((p.min_dynamic_port, p.max_dynamic_port), (10000, 10010));
+        let ranges: Vec<(u16, u16)> = p.reserved_ports.iter().map(|r| (r.first, r.last)).collect();
+        assert_eq!(ranges, [(22, 22), (80, 80), (8000, 8100)]);
+        assert_eq!(c.network_interface.as_deref(), Some("eth0"));
+
+        let env = vec![
+            ("DROVER_MIN_DYNAMIC_PORT".to_owned(), "30000".to_owned()),
+            ("DROVER_NETWORK_INTERFACE".to_owned(), "lo".to_owned()),
+        ];
+        let c = AgentConfig::load(&[], env, &Default::default()).unwrap();
+        assert_eq!(c.port_settings().unwrap().min_dynamic_port, 30000);
+        assert_eq!(c.network_interface.as_deref(), Some("lo"));
+
+        for (text, named) in [
+            (
+                "min_dynamic_port = 0\n",
+                "min_dynamic_port = 0 is not a port",
+            ),
+            (
+                "max_dynamic_port = 70000\n",
+                "max_dynamic_port = 70000 is not a port",
+            ),
+            (
+                "min_dynamic_port = 31000\nmax_dynamic_port = 30000\n",
+                "min_dynamic_port = 31000 is above max_dynamic_port = 30000",
+            ),
+            (
+                "[reserved]\nreserved_ports = \"22,http\"\n",
+                "reserved.reserved_ports = \"22,http\": \"http\" is not a port",
+            ),
+            (
+                "[reserved]\nreserved_ports = \"90-80\"\n",
+                "\"90-80\" ends before it starts",
+            ),
+            (
+                "[reserved]\nreserved_ports = \"0\"\n",
+                "\"0\" is not a port from 1 to 65535",
+            ),
+            ("[reserved]\ncpu = 100\n", "cpu"),
+            (
+                "network_interface = \"\"\n",
+                "network_interface = \"\" is not an interface",
+            ),
+        ] {
+            let err = load_toml(text).unwrap_err().to_string();
+            assert!(err.contains(named), "{text}: {err}");
         }
     }
 }

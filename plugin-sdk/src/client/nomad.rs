@@ -929,7 +929,18 @@ fn resources_to_nomad(spec: &TaskSpec) -> nd::Resources {
             memory_limit_bytes: r.memory_max_mb.max(r.memory_mb).saturating_mul(1024 * 1024),
             ..Default::default()
         }),
-        ports: Vec::new(),
+        // Nomad's `AllocatedResources.Shared.Ports`: what its docker driver's `ports`
+        // and its task environment read.
+        ports: spec
+            .ports
+            .iter()
+            .map(|p| nd::PortMapping {
+                label: p.label.clone(),
+                value: i32::from(p.value),
+                to: i32::from(p.to),
+                host_ip: p.host_ip.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -1091,6 +1102,31 @@ mod tests {
             state: nd::TaskState::Running as i32,
             driver_state: vec![7; state],
         }
+    }
+
+    /// A Nomad driver gets the allocation's ports where Nomad puts them
+    /// (`Resources.Ports`, its `AllocatedResources.Shared.Ports`).
+    #[test]
+    fn the_allocations_ports_go_to_a_nomad_driver_as_its_port_mappings() {
+        let spec = TaskSpec::new("t1").with_ports([
+            crate::TaskPort::new("http", 23456)
+                .with_to(80)
+                .with_host_ip("127.0.0.1"),
+            crate::TaskPort::new("db", 23457).with_host_ip("127.0.0.1"),
+        ]);
+        let r = resources_to_nomad(&spec);
+        let got: Vec<(&str, i32, i32, &str)> = r
+            .ports
+            .iter()
+            .map(|p| (p.label.as_str(), p.value, p.to, p.host_ip.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("http", 23456, 80, "127.0.0.1"),
+                ("db", 23457, 0, "127.0.0.1")
+            ]
+        );
     }
 
     #[test]

@@ -31,8 +31,8 @@ use crate::driver::DriverPlugin;
 use crate::signal::Signal;
 use crate::types::{
     AgentInfo, Capabilities, ExitResult, Fingerprint, FsIsolation, Health, LogConfig, LogMode,
-    Resources, TaskHandle, TaskSpec, TaskState, TaskStats, TaskStatus, from_duration, to_timestamp,
-    validate_task_id,
+    Resources, TaskHandle, TaskPort, TaskSpec, TaskState, TaskStats, TaskStatus, from_duration,
+    to_timestamp, validate_task_id,
 };
 use crate::{DriverError, TaskEvent};
 
@@ -267,7 +267,8 @@ fn task_spec(cfg: &nd::TaskConfig) -> TaskSpec {
         .with_user(cfg.user.clone())
         .with_stdout_path(cfg.stdout_path.clone())
         .with_stderr_path(cfg.stderr_path.clone())
-        .with_logs(LogConfig::default().with_mode(LogMode::Direct));
+        .with_logs(LogConfig::default().with_mode(LogMode::Direct))
+        .with_ports(ports_from_nomad(&resources.ports));
     if !cfg.alloc_dir.is_empty() {
         spec = spec
             .with_task_dir(alloc.join(&cfg.name))
@@ -281,6 +282,23 @@ fn task_spec(cfg: &nd::TaskConfig) -> TaskSpec {
         spec = spec.with_netns_path(iso.path.clone());
     }
     spec
+}
+
+/// Nomad's port mappings as the task's ports; a number that is no port (Nomad's `to`
+/// of -1 means "the same port") is 0, so the same.
+fn ports_from_nomad(ports: &[nd::PortMapping]) -> Vec<TaskPort> {
+    ports
+        .iter()
+        .filter_map(|p| {
+            let value = u16::try_from(p.value).ok()?;
+            let to = u16::try_from(p.to).unwrap_or(0);
+            Some(
+                TaskPort::new(p.label.clone(), value)
+                    .with_to(to)
+                    .with_host_ip(p.host_ip.clone()),
+            )
+        })
+        .collect()
 }
 
 fn nomad_task(cfg: &nd::TaskConfig) -> NomadTask {
@@ -794,6 +812,20 @@ mod tests {
                     }),
                     networks: Vec::new(),
                 }),
+                ports: vec![
+                    nd::PortMapping {
+                        label: "http".into(),
+                        value: 23456,
+                        to: 80,
+                        host_ip: "127.0.0.1".into(),
+                    },
+                    nd::PortMapping {
+                        label: "same".into(),
+                        value: 23457,
+                        to: -1,
+                        host_ip: "127.0.0.1".into(),
+                    },
+                ],
                 ..Default::default()
             }),
             msgpack_driver_config: msgpack_map(&[
@@ -842,6 +874,16 @@ mod tests {
         );
         assert_eq!(spec.task_dir, Path::new("/var/nomad/alloc/5f2c9a1b/hello"));
         assert_eq!(spec.alloc_dir, Path::new("/var/nomad/alloc/5f2c9a1b/alloc"));
+        // Nomad's shared ports reach the driver; its `to = -1` is "the same port".
+        assert_eq!(
+            spec.ports,
+            [
+                TaskPort::new("http", 23456)
+                    .with_to(80)
+                    .with_host_ip("127.0.0.1"),
+                TaskPort::new("same", 23457).with_host_ip("127.0.0.1"),
+            ]
+        );
         assert_eq!(spec.stdout_path, Path::new(&cfg.stdout_path));
         assert_eq!(
             spec.logs.mode,

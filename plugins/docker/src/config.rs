@@ -11,7 +11,7 @@ use bollard::models::{
     PortBinding,
 };
 use drover_plugin_sdk::taskdir::{Dir, FileKind, OpenOptions};
-use drover_plugin_sdk::{DriverError, TaskSpec};
+use drover_plugin_sdk::{DriverError, TaskPort, TaskSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -265,13 +265,14 @@ pub struct TaskConfig {
     #[serde(default)]
     pub user: Option<String>,
     /// Published ports: container port (`"80"`, `"53/udp"`) → host port (`8080`, or
-    /// `"127.0.0.1:8080"`; `0` lets Docker pick). Nomad's form, a list of the group
-    /// network's port labels (`["http"]`), is refused: ports need a group `network`
-    /// block, which Drover does not support yet (issue 25).
+    /// `"127.0.0.1:8080"`; `0` lets Docker pick). Or Nomad's form, a list of the group
+    /// network's port labels (`["http"]`): each allocated port's address and number
+    /// on the node is published to its `to` in the container (the same number when
+    /// it has none), TCP and UDP; a label the group does not have fails the start.
     #[serde(default)]
     pub ports: Ports,
-    /// Nomad's `port_map` (container ports by port label): refused like a list of
-    /// `ports`, for the same reason.
+    /// Nomad's older `port_map { http = 80 }`: the group port labelled `http` is
+    /// published to container port 80, and `NOMAD_PORT_http` in the container says 80.
     #[serde(default)]
     pub port_map: Option<serde_json::Value>,
     /// Bind mounts `source:target[:ro]`. A relative source is inside the task
@@ -565,8 +566,7 @@ where
         .map_err(serde::de::Error::custom)
 }
 
-/// Published ports: Drover's map, or Nomad's list of port labels (refused until
-/// issue 25's networks).
+/// Published ports: Drover's map, or Nomad's list of port labels.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Ports {
@@ -582,9 +582,54 @@ impl Default for Ports {
     }
 }
 
-/// Why Nomad's port keys (`ports = ["http"]`, `port_map`) are refused.
-pub const PORTS_NEED_A_NETWORK: &str =
-    "ports need a group network block, which Drover does not support yet (issue 25)";
+/// Nomad's `port_map`, as HCL gives it (`[{"http": 80}]`) or as a plain map: container
+/// ports by port label.
+fn port_map_entries(value: &serde_json::Value) -> Result<BTreeMap<String, u16>, DriverError> {
+    let bad = |why: String| {
+        invalid(format!(
+            "port_map: {why} (expected port_map {{ http = 80 }})"
+        ))
+    };
+    let maps: Vec<&serde_json::Map<String, serde_json::Value>> = match value {
+        serde_json::Value::Object(m) => vec![m],
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(|i| {
+                i.as_object()
+                    .ok_or_else(|| bad(format!("{i} is not a map of labels to ports")))
+            })
+            .collect::<Result<_, _>>()?,
+        serde_json::Value::Null => Vec::new(),
+        other => return Err(bad(format!("{other} is not a map of labels to ports"))),
+    };
+    let mut out = BTreeMap::new();
+    for (label, port) in maps.into_iter().flatten() {
+        let n = port
+            .as_u64()
+            .or_else(|| port.as_str().and_then(|s| s.parse().ok()))
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|n| *n != 0)
+            .ok_or_else(|| bad(format!("{label} = {port} is not a port from 1 to 65535")))?;
+        out.insert(label.clone(), n);
+    }
+    Ok(out)
+}
+
+/// The group port `label` of the task's allocation, or an error naming `key`, the label
+/// and the labels there are.
+fn group_port<'s>(spec: &'s TaskSpec, key: &str, label: &str) -> Result<&'s TaskPort, DriverError> {
+    spec.port(label).ok_or_else(|| {
+        let known: Vec<&str> = spec.ports.iter().map(|p| p.label.as_str()).collect();
+        let known = if known.is_empty() {
+            "it has no ports: add network { port \"...\" {} } to the group".to_owned()
+        } else {
+            format!("it has {}", known.join(", "))
+        };
+        invalid(format!(
+            "{key}: port {label:?} not found in the group's network block ({known})"
+        ))
+    })
+}
 
 /// A published port's host side.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -1009,11 +1054,8 @@ impl TaskConfig {
                  driver yet{why}; leave it out"
             )));
         }
-        if matches!(&self.ports, Ports::Labels(l) if !l.is_empty()) {
-            return Err(invalid(format!("ports: {PORTS_NEED_A_NETWORK}")));
-        }
-        if self.port_map.is_some() {
-            return Err(invalid(format!("port_map: {PORTS_NEED_A_NETWORK}")));
+        if let Some(m) = &self.port_map {
+            port_map_entries(m)?;
         }
         if let Some(n) = self.pids_limit
             && n <= 0
@@ -1119,19 +1161,57 @@ impl TaskConfig {
 
         let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
         let mut exposed = Vec::new();
-        let published = match &self.ports {
-            Ports::Published(p) => p.iter().collect(),
-            Ports::Labels(_) => Vec::new(),
-        };
-        for (container, host) in published {
-            let key = container_port(container)?;
-            let binding = host_binding(&key, host)?;
-            exposed.push(key.clone());
+        let mut publish = |key: String, binding: PortBinding| {
+            if !exposed.contains(&key) {
+                exposed.push(key.clone());
+            }
             port_bindings
                 .entry(key)
                 .or_default()
                 .get_or_insert_with(Vec::new)
                 .push(binding);
+        };
+        // Nomad's `port_map` sets the container port of a label, and the task's
+        // NOMAD_PORT_<label> with it.
+        let port_map = self
+            .port_map
+            .as_ref()
+            .map(port_map_entries)
+            .transpose()?
+            .unwrap_or_default();
+        let mut group_ports: Vec<(&TaskPort, u16)> = Vec::new();
+        match &self.ports {
+            Ports::Published(p) => {
+                for (container, host) in p {
+                    let key = container_port(container)?;
+                    let binding = host_binding(&key, host)?;
+                    publish(key, binding);
+                }
+            }
+            Ports::Labels(labels) => {
+                for label in labels {
+                    let port = group_port(spec, "ports", label)?;
+                    let to = port_map.get(label).copied().unwrap_or(port.task_port());
+                    group_ports.push((port, to));
+                }
+            }
+        }
+        for (label, to) in &port_map {
+            if !group_ports.iter().any(|(p, _)| &p.label == label) {
+                group_ports.push((group_port(spec, "port_map", label)?, *to));
+            }
+        }
+        for (port, to) in &group_ports {
+            // TCP and UDP, as Nomad publishes them.
+            for proto in ["tcp", "udp"] {
+                publish(
+                    format!("{to}/{proto}"),
+                    PortBinding {
+                        host_ip: (!port.host_ip.is_empty()).then(|| port.host_ip.clone()),
+                        host_port: Some(port.value.to_string()),
+                    },
+                );
+            }
         }
 
         let load = self
@@ -1150,6 +1230,9 @@ impl TaskConfig {
         }
         for (var, target) in dir_env {
             env.insert(var.to_owned(), target.to_owned());
+        }
+        for (label, to) in &port_map {
+            env.insert(format!("NOMAD_PORT_{label}"), to.to_string());
         }
 
         let mut labels: HashMap<String, String> = self
@@ -1845,6 +1928,59 @@ mod tests {
         assert_eq!(schema["properties"]["creation_grace"]["type"], "string");
     }
 
+    /// Nomad's `ports = ["http"]` publishes the allocation's port on the node's
+    /// address to the port's `to` (or the same number), TCP and UDP; `port_map`
+    /// gives a label its container port and `NOMAD_PORT_<label>`; a label the group
+    /// lacks is refused naming it and the labels there are.
+    #[test]
+    fn group_port_labels_are_published_from_the_nodes_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path()).with_ports([
+            TaskPort::new("http", 23456)
+                .with_to(80)
+                .with_host_ip("127.0.0.1"),
+            TaskPort::new("metrics", 23457).with_host_ip("127.0.0.1"),
+            TaskPort::new("admin", 23458).with_host_ip("127.0.0.1"),
+        ]);
+        let cfg =
+            parse(r#"{"image":"busybox","ports":["http","metrics"],"port_map":[{"admin":9000}]}"#);
+        let plan = cfg.plan(&s, &policy()).unwrap();
+        let h = plan.body.host_config.as_ref().unwrap();
+        let bindings = h.port_bindings.as_ref().unwrap();
+        let bound = |key: &str| {
+            let b = &bindings[key].as_ref().unwrap()[0];
+            (b.host_ip.clone().unwrap(), b.host_port.clone().unwrap())
+        };
+        assert_eq!(bound("80/tcp"), ("127.0.0.1".into(), "23456".into()));
+        assert_eq!(bound("80/udp"), ("127.0.0.1".into(), "23456".into()));
+        assert_eq!(bound("23457/tcp"), ("127.0.0.1".into(), "23457".into()));
+        assert_eq!(bound("9000/tcp"), ("127.0.0.1".into(), "23458".into()));
+        assert_eq!(bindings.len(), 6, "{bindings:?}");
+        let exposed = plan.body.exposed_ports.as_ref().unwrap();
+        assert!(exposed.contains(&"80/tcp".to_owned()), "{exposed:?}");
+        let env = plan.body.env.as_ref().unwrap();
+        assert!(env.contains(&"NOMAD_PORT_admin=9000".to_owned()), "{env:?}");
+
+        let m = err_with(r#"{"image":"x","ports":["http","nope"]}"#, &s);
+        assert!(
+            m.contains("ports: port \"nope\" not found in the group's network block")
+                && m.contains("it has http, metrics, admin"),
+            "{m}"
+        );
+        let m = err_with(r#"{"image":"x","port_map":{"web":80}}"#, &spec(dir.path()));
+        assert!(
+            m.contains("port_map: port \"web\" not found") && m.contains("it has no ports"),
+            "{m}"
+        );
+    }
+
+    fn err_with(cfg: &str, spec: &TaskSpec) -> String {
+        match parse(cfg).plan(spec, &policy()) {
+            Err(DriverError::InvalidConfig(m)) => m,
+            other => panic!("expected InvalidConfig for {cfg}, got {other:?}"),
+        }
+    }
+
     #[test]
     fn builds_the_container() {
         let dir = tempfile::tempdir().unwrap();
@@ -1975,20 +2111,16 @@ mod tests {
         );
     }
 
-    /// Nomad keys Drover cannot honour are refused naming the key and why: ports need
-    /// issue 25's networks; options not supported yet say so; the safety refusals
-    /// stay; a typo keeps its unknown-field error.
+    /// Nomad keys Drover cannot honour are refused naming the key and why: a
+    /// `port_map` entry that is no port; options not supported yet say so; the safety
+    /// refusals stay; a typo keeps its unknown-field error.
     #[test]
     fn nomads_docker_keys_drover_cannot_honour_are_refused_naming_them() {
         let p = policy();
         for (json, words) in [
             (
-                r#"{"image":"x","ports":["http"]}"#,
-                &["ports: ports need a group network block", "issue 25"][..],
-            ),
-            (
-                r#"{"image":"x","port_map":[{"http":80}]}"#,
-                &["port_map: ports need a group network block", "issue 25"],
+                r#"{"image":"x","port_map":[{"http":0}]}"#,
+                &["port_map: http = 0 is not a port"][..],
             ),
             (
                 r#"{"image":"x","logging":[{"type":"syslog"}]}"#,

@@ -3,12 +3,13 @@
 
 mod args;
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
-use drover_plugin_sdk::DriverError;
 use drover_plugin_sdk::taskdir::{self, OpenOptions, Refused};
+use drover_plugin_sdk::{DriverError, TaskPort};
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -159,9 +160,10 @@ pub struct TaskConfig {
     /// Default false: stop kills qemu.
     #[serde(default)]
     pub graceful_shutdown: bool,
-    /// Nomad's `port_map` (guest ports by the group network's port labels): refused,
-    /// ports need a group `network` block, which Drover does not support yet (issue
-    /// 25). `port_forwards` forwards guest ports meanwhile.
+    /// Nomad's `port_map { http = 80 }`: guest ports by the group network's port
+    /// labels. Each label's port on the node (its address and number, as the
+    /// scheduler gave them) is forwarded to the guest port, TCP and UDP, like
+    /// `port_forwards`; a label the group does not have fails the start.
     #[serde(default)]
     pub port_map: Option<serde_json::Value>,
     /// Nomad's `guest_agent` (a virtio channel to the QEMU guest agent): not supported
@@ -170,9 +172,38 @@ pub struct TaskConfig {
     pub guest_agent: bool,
 }
 
-/// Why Nomad's port keys (`port_map`) are refused.
-pub const PORTS_NEED_A_NETWORK: &str =
-    "ports need a group network block, which Drover does not support yet (issue 25)";
+/// Nomad's `port_map`, as HCL gives it (`[{"http": 80}]`) or as a plain map: guest
+/// ports by port label.
+fn port_map_entries(value: &serde_json::Value) -> Result<BTreeMap<String, u16>, DriverError> {
+    let bad = |why: String| {
+        DriverError::InvalidConfig(format!(
+            "port_map: {why} (expected port_map {{ http = 80 }})"
+        ))
+    };
+    let maps: Vec<&serde_json::Map<String, serde_json::Value>> = match value {
+        serde_json::Value::Object(m) => vec![m],
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(|i| {
+                i.as_object()
+                    .ok_or_else(|| bad(format!("{i} is not a map of labels to ports")))
+            })
+            .collect::<Result<_, _>>()?,
+        serde_json::Value::Null => Vec::new(),
+        other => return Err(bad(format!("{other} is not a map of labels to ports"))),
+    };
+    let mut out = BTreeMap::new();
+    for (label, port) in maps.into_iter().flatten() {
+        let n = port
+            .as_u64()
+            .or_else(|| port.as_str().and_then(|s| s.parse().ok()))
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|n| *n != 0)
+            .ok_or_else(|| bad(format!("{label} = {port} is not a port from 1 to 65535")))?;
+        out.insert(label.clone(), n);
+    }
+    Ok(out)
+}
 
 /// How a disk image is attached: see [`TaskConfig::check`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,10 +303,8 @@ impl TaskConfig {
         plugin: &PluginConfig,
         kvm: &Result<(), String>,
     ) -> Result<Checked, DriverError> {
-        if self.port_map.is_some() {
-            return invalid(format!(
-                "port_map: {PORTS_NEED_A_NETWORK}; port_forwards forwards guest ports meanwhile"
-            ));
+        if let Some(m) = &self.port_map {
+            port_map_entries(m)?;
         }
         if self.guest_agent {
             return invalid(
@@ -360,6 +389,83 @@ impl TaskConfig {
             initrd: file("initrd", &self.initrd)?,
             restrict_network: !plugin.guest_outbound_network,
         })
+    }
+
+    /// The forwards of `port_map`: for each label, the allocation's port of that label
+    /// on the node (`ports`, from the scheduler) to the guest port, TCP and UDP, as
+    /// Nomad's qemu driver forwards them. The node's address needs no entry in the
+    /// plugin's `port_forward_host_ips` (the agent's config chose it); the port must
+    /// still be at least `port_forward_min_host_port`, and no host port may be
+    /// forwarded twice (counting `port_forwards`).
+    ///
+    /// # Errors
+    /// A label the group does not have, an IPv6 address, a port below the minimum, a
+    /// port forwarded twice: each named.
+    pub fn group_port_forwards(
+        &self,
+        ports: &[TaskPort],
+        plugin: &PluginConfig,
+    ) -> Result<Vec<PortForward>, DriverError> {
+        let Some(map) = &self.port_map else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (label, guest) in port_map_entries(map)? {
+            let Some(port) = ports.iter().find(|p| p.label == label) else {
+                let known: Vec<&str> = ports.iter().map(|p| p.label.as_str()).collect();
+                return invalid(format!(
+                    "port_map: port {label:?} not found in the group's network block ({})",
+                    if known.is_empty() {
+                        "it has no ports: add network { port \"...\" {} } to the group".to_owned()
+                    } else {
+                        format!("it has {}", known.join(", "))
+                    }
+                ));
+            };
+            let host_ip = if port.host_ip.is_empty() {
+                None
+            } else {
+                let ip: IpAddr = port.host_ip.parse().map_err(|_| {
+                    DriverError::InvalidConfig(format!(
+                        "port_map: port {label:?} is on {:?}, which is not an IP address",
+                        port.host_ip
+                    ))
+                })?;
+                if ip.is_ipv6() {
+                    return invalid(format!(
+                        "port_map: port {label:?} is on {ip}, an IPv6 address; qemu's \
+                         user-mode hostfwd binds IPv4 addresses only"
+                    ));
+                }
+                Some(ip)
+            };
+            if port.value < plugin.port_forward_min_host_port {
+                return invalid(format!(
+                    "port_map: port {label:?} is host port {}, below the plugin's \
+                     port_forward_min_host_port {}; the operator may lower it",
+                    port.value, plugin.port_forward_min_host_port
+                ));
+            }
+            for protocol in [Protocol::Tcp, Protocol::Udp] {
+                let taken = self
+                    .port_forwards
+                    .iter()
+                    .any(|f| f.host == port.value && f.protocol == protocol);
+                if taken {
+                    return invalid(format!(
+                        "port_map: port {label:?} (host port {}) is also in port_forwards",
+                        port.value
+                    ));
+                }
+                out.push(PortForward {
+                    host: port.value,
+                    guest,
+                    host_ip,
+                    protocol,
+                });
+            }
+        }
+        Ok(out)
     }
 
     fn check_port_forwards(&self, plugin: &PluginConfig) -> Result<(), DriverError> {
@@ -879,11 +985,11 @@ mod tests {
     }
 
     /// Nomad's qemu keys: `image_path`, `accelerator`, `args`, `graceful_shutdown`
-    /// decode with Nomad's meaning; `port_map` (as Nomad's job files write it, a list
-    /// of maps) is refused because ports need issue 25's networks, and
-    /// `guest_agent = true` because it is not supported yet.
+    /// decode with Nomad's meaning, `port_map` too (as Nomad's job files write it, a
+    /// list of maps; a value that is no port is named); `guest_agent = true` is
+    /// refused because it is not supported yet.
     #[test]
-    fn nomads_qemu_keys_decode_and_port_map_names_issue_25() {
+    fn nomads_qemu_keys_decode_and_bad_ones_are_named() {
         let c = task(
             r#"{"image_path":"local/vmlinuz","accelerator":"tcg","graceful_shutdown":true,
                 "args":[],"guest_agent":false}"#,
@@ -896,13 +1002,18 @@ mod tests {
             &PluginConfig::default(),
         )
         .unwrap();
-        let err = check(
+        check(
             r#"{"image_path":"local/vmlinuz","port_map":[{"ssh":22}]}"#,
+            &PluginConfig::default(),
+        )
+        .unwrap();
+        let err = check(
+            r#"{"image_path":"local/vmlinuz","port_map":[{"ssh":"twenty"}]}"#,
             &PluginConfig::default(),
         )
         .unwrap_err();
         assert!(
-            err.contains("port_map: ports need a group network block") && err.contains("issue 25"),
+            err.contains("port_map: ssh = \"twenty\" is not a port"),
             "{err}"
         );
         let err = check(
@@ -927,5 +1038,63 @@ mod tests {
         assert!(err.to_string().contains("proto"), "{err}");
         let err = serde_json::from_str::<PluginConfig>(r#"{"args_allow":[]}"#).unwrap_err();
         assert!(err.to_string().contains("args_allow"), "{err}");
+    }
+
+    /// `port_map { http = 80 }` forwards the allocation's `http` port on the node's
+    /// address to guest port 80, TCP and UDP; a label the group lacks, a port below
+    /// the plugin's minimum or one already in `port_forwards` is refused by name.
+    #[test]
+    fn port_map_forwards_the_allocations_ports() {
+        let ports = [
+            TaskPort::new("http", 23456).with_host_ip("127.0.0.1"),
+            TaskPort::new("low", 80).with_host_ip("127.0.0.1"),
+        ];
+        let plugin = PluginConfig::default();
+        let c = task(r#"{"kernel":"k","port_map":[{"http":8080}]}"#);
+        let f = c.group_port_forwards(&ports, &plugin).unwrap();
+        let lo = Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(
+            f,
+            [
+                PortForward {
+                    host: 23456,
+                    guest: 8080,
+                    host_ip: lo,
+                    protocol: Protocol::Tcp
+                },
+                PortForward {
+                    host: 23456,
+                    guest: 8080,
+                    host_ip: lo,
+                    protocol: Protocol::Udp
+                },
+            ]
+        );
+        assert!(
+            task(r#"{"kernel":"k"}"#)
+                .group_port_forwards(&ports, &plugin)
+                .unwrap()
+                .is_empty()
+        );
+        for (json, named) in [
+            (
+                r#"{"kernel":"k","port_map":{"web":80}}"#,
+                "port_map: port \"web\" not found in the group's network block (it has http, low)",
+            ),
+            (
+                r#"{"kernel":"k","port_map":{"low":80}}"#,
+                "below the plugin's port_forward_min_host_port",
+            ),
+            (
+                r#"{"kernel":"k","port_map":{"http":80},"port_forwards":[{"host":23456,"guest":22}]}"#,
+                "port_map: port \"http\" (host port 23456) is also in port_forwards",
+            ),
+        ] {
+            let err = task(json)
+                .group_port_forwards(&ports, &plugin)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{json}: {err}");
+        }
     }
 }

@@ -313,6 +313,7 @@ impl DriverPlugin for QemuDriver {
         let plugin = self.plugin_config();
         let probe = self.probe().await;
         let checked = config.check(&spec.task_dir, &plugin, &probe.kvm)?;
+        let group_forwards = config.group_port_forwards(&spec.ports, &plugin)?;
         let Some(emulator) = Self::emulator(&probe) else {
             return Err(DriverError::FailedPrecondition(
                 "no qemu-system-* found on this host (install qemu-system-x86)".into(),
@@ -332,13 +333,14 @@ impl DriverPlugin for QemuDriver {
         }
         let root = rustix::process::geteuid().is_root();
         let memory_mb = u64::try_from(spec.resources.memory_mb).unwrap_or(0);
-        let vm = Vm::of_task(
+        let mut vm = Vm::of_task(
             &config,
             checked,
             memory_mb,
             qmp.clone(),
             vm::hardening(probe.version.as_deref(), root),
         );
+        vm.port_forwards.extend(group_forwards);
         let mut how = LaunchSpec::new(spec.id.clone(), emulator.display().to_string());
         how.args = vm::command_line(&vm);
         // qemu opens nothing relative; the task dir (the job submitter's) is no place

@@ -89,6 +89,18 @@ fn describe(v: &TaskView) -> String {
     s
 }
 
+/// The allocation's ports as its drivers get them.
+fn task_ports(ports: &[drover_server_api::AllocatedPort]) -> Vec<drover_plugin_sdk::TaskPort> {
+    ports
+        .iter()
+        .map(|p| {
+            drover_plugin_sdk::TaskPort::new(p.label.clone(), p.value)
+                .with_to(p.to)
+                .with_host_ip(p.host_ip.clone())
+        })
+        .collect()
+}
+
 /// The job's task as the task manager's request (hooks add the allocation's part).
 fn request(alloc: &ClientAllocation, task: &Task) -> RunRequest {
     RunRequest {
@@ -603,6 +615,8 @@ impl Runner {
                 .as_ref()
                 .filter(|n| n.address.is_some())
                 .map(|n| n.netns.clone()),
+
+            ports: task_ports(&self.rec.alloc.alloc.ports),
         };
         let outcome = match self.mgr.tasks.run_with(req, opts).await {
             Ok(_) | Err(DriverError::AlreadyExists(_)) => None,

@@ -20,6 +20,7 @@ pub mod connection;
 pub mod fingerprint;
 pub mod forward;
 pub mod identity;
+pub mod network;
 pub mod queue;
 #[cfg(test)]
 mod tests;
@@ -94,6 +95,7 @@ pub struct Prepared {
     datacenter: String,
     meta: BTreeMap<String, String>,
     host: fingerprint::HostFacts,
+    network: drover_server_api::NodeNetwork,
 }
 
 impl Prepared {
@@ -112,6 +114,10 @@ impl Prepared {
     /// The node's datacenter.
     pub fn datacenter(&self) -> &str {
         &self.datacenter
+    }
+    /// The node's address and ports, as registered.
+    pub fn network(&self) -> &drover_server_api::NodeNetwork {
+        &self.network
     }
     /// What the node's tasks may know of it (their environment and interpolation):
     /// the values it registers with.
@@ -134,6 +140,7 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
     let node_id = identity::load_or_create(&config.data_dir())?;
     let node_secret = identity::load_or_create_secret(&config.data_dir())?;
     let host = fingerprint::host();
+    let network = network::node_network(config)?;
     let name = config
         .node_name
         .clone()
@@ -147,6 +154,7 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
         datacenter: config.datacenter.clone(),
         meta: config.meta.clone(),
         host,
+        network,
     })
 }
 
@@ -341,7 +349,7 @@ impl Client {
 
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
-            network: Default::default(),
+            network: self.node.network.clone(),
             datacenter: self.node.datacenter.clone(),
             id: self.node.node_id.clone(),
             name: self.node.name.clone(),

@@ -8,7 +8,7 @@
 //!    `node.region`, `node.class`, `attr.KEY` (fingerprinted attributes), `meta.KEY`
 //!    (the agent's `meta`);
 //! 2. the `NOMAD_*` variables of the allocation and task (directories as the task sees
-//!    them: see [`TaskDirs`]);
+//!    them: see [`TaskDirs`]; the ports of the allocation: see [`port_variables`]);
 //! 3. `NOMAD_META_<key>` and `NOMAD_META_<KEY>` (upper-cased) of job < group < task
 //!    `meta`, keys and values interpolated against 1 and 2;
 //! 4. the task's `env`, values interpolated against 1 to 3 (keys are not), over 2 and
@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use drover_plugin_sdk::FsIsolation;
-use drover_server_api::{ClientAllocation, Task};
+use drover_server_api::{AllocatedPort, ClientAllocation, Task};
 
 pub use interpolate::Syntax;
 
@@ -127,6 +127,39 @@ fn clean_key(key: &str) -> String {
         .collect()
 }
 
+/// The variables of an allocation's ports, Nomad's (`client/taskenv`'s `addPorts`),
+/// for each port `<label>`:
+/// - `NOMAD_PORT_<label>` and `NOMAD_ALLOC_PORT_<label>`: the port the task listens on,
+///   the `to` of a mapped port (bridge mode, docker), else the node's port;
+/// - `NOMAD_HOST_PORT_<label>`: the node's port;
+/// - `NOMAD_IP_<label>` and `NOMAD_HOST_IP_<label>`: the node's address the port is on;
+/// - `NOMAD_ADDR_<label>` and `NOMAD_HOST_ADDR_<label>`: that address and the node's
+///   port (`[v6]:port` for an IPv6 address).
+pub fn port_variables(ports: &[AllocatedPort]) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for p in ports {
+        let label = &p.label;
+        let host_port = p.value.to_string();
+        let task_port = if p.to != 0 { p.to } else { p.value }.to_string();
+        let addr = match p.host_ip.parse::<std::net::IpAddr>() {
+            Ok(ip) => std::net::SocketAddr::new(ip, p.value).to_string(),
+            Err(_) => format!("{}:{}", p.host_ip, p.value),
+        };
+        for (prefix, value) in [
+            ("NOMAD_IP_", &p.host_ip),
+            ("NOMAD_HOST_IP_", &p.host_ip),
+            ("NOMAD_ADDR_", &addr),
+            ("NOMAD_HOST_ADDR_", &addr),
+            ("NOMAD_PORT_", &task_port),
+            ("NOMAD_ALLOC_PORT_", &task_port),
+            ("NOMAD_HOST_PORT_", &host_port),
+        ] {
+            env.insert(format!("{prefix}{label}"), value.clone());
+        }
+    }
+    env
+}
+
 /// The node's values by reference name.
 fn node_values(node: &NodeEnv, region: &str) -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
@@ -199,6 +232,9 @@ impl TaskEnv {
         put("NOMAD_DC", node.datacenter.clone());
         put("NOMAD_NAMESPACE", NAMESPACE.to_owned());
         put("NOMAD_REGION", alloc.region.clone());
+        for (k, v) in port_variables(&a.ports) {
+            env.insert(k, v);
+        }
 
         // Meta and env are interpolated against what is there before them, node
         // values first (Nomad's `ReplaceEnv(v, nodeAttrs, envMap)`).
@@ -538,5 +574,72 @@ mod tests {
         assert_eq!(clean_key("NOMAD_META_a-b.c"), "NOMAD_META_a_b.c");
         assert_eq!(clean_key("NOMAD_META_ün"), "NOMAD_META___n");
         assert_eq!(clean_key("1abc"), "_abc");
+    }
+
+    fn port(label: &str, value: u16, to: u16) -> AllocatedPort {
+        AllocatedPort {
+            label: label.into(),
+            value,
+            to,
+            host_ip: "127.0.0.1".into(),
+        }
+    }
+
+    /// Nomad's port variables: the task's port is `to` when the port is mapped, the
+    /// node's port otherwise; the host variables always carry the node's side.
+    #[test]
+    fn port_variables_of_host_and_mapped_ports() {
+        let t = task();
+        let mut a = alloc(&t);
+        a.alloc.ports = vec![port("http", 23456, 23456), port("db", 24000, 5432)];
+        let e = TaskEnv::build(&node(), &a, &t, &host_dirs()).expect("within the budget");
+        for (k, v) in [
+            ("NOMAD_PORT_http", "23456"),
+            ("NOMAD_ALLOC_PORT_http", "23456"),
+            ("NOMAD_HOST_PORT_http", "23456"),
+            ("NOMAD_IP_http", "127.0.0.1"),
+            ("NOMAD_HOST_IP_http", "127.0.0.1"),
+            ("NOMAD_ADDR_http", "127.0.0.1:23456"),
+            ("NOMAD_HOST_ADDR_http", "127.0.0.1:23456"),
+            ("NOMAD_PORT_db", "5432"),
+            ("NOMAD_ALLOC_PORT_db", "5432"),
+            ("NOMAD_HOST_PORT_db", "24000"),
+            ("NOMAD_IP_db", "127.0.0.1"),
+            ("NOMAD_ADDR_db", "127.0.0.1:24000"),
+            ("NOMAD_HOST_ADDR_db", "127.0.0.1:24000"),
+        ] {
+            assert_eq!(e.env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        // A port with no `to` at all is the node's port.
+        let mut p = port("x", 25000, 0);
+        p.host_ip = "::1".into();
+        let vars = port_variables(&[p]);
+        assert_eq!(vars["NOMAD_PORT_x"], "25000");
+        assert_eq!(vars["NOMAD_ADDR_x"], "[::1]:25000");
+    }
+
+    /// `${NOMAD_PORT_http}` and the rest work in the task's config and env, as the
+    /// acceptance's `python3 -m http.server ${NOMAD_PORT_http} --bind ${NOMAD_IP_http}`
+    /// needs; a label with a character Nomad cleans is cleaned in the key.
+    #[test]
+    fn port_variables_are_interpolated_in_config_and_env() {
+        let mut t = task();
+        t.env = BTreeMap::from([("LISTEN".into(), "${NOMAD_ADDR_http}".into())]);
+        let mut a = alloc(&t);
+        a.alloc.ports = vec![port("http", 23456, 23456), port("ad-min", 23457, 9000)];
+        let mut e = TaskEnv::build(&node(), &a, &t, &host_dirs()).expect("within the budget");
+        assert_eq!(e.env["LISTEN"], "127.0.0.1:23456");
+        assert_eq!(e.env["NOMAD_PORT_ad_min"], "9000");
+        assert_eq!(e.env["NOMAD_HOST_PORT_ad_min"], "23457");
+        let mut config = serde_json::json!({
+            "command": "python3",
+            "args": ["-m", "http.server", "${NOMAD_PORT_http}", "--bind", "${NOMAD_IP_http}"],
+        });
+        e.interpolate_config(&mut config)
+            .expect("within the budget");
+        assert_eq!(
+            config["args"],
+            serde_json::json!(["-m", "http.server", "23456", "--bind", "127.0.0.1"])
+        );
     }
 }

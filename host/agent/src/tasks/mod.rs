@@ -95,6 +95,9 @@ pub struct RunOptions {
     /// The group's network namespace the task joins (a group in bridge mode,
     /// [`TaskSpec::netns_path`]); only a driver offering the `group` network mode can.
     pub netns: Option<PathBuf>,
+
+    /// The allocation's ports on the node ([`TaskSpec::ports`]).
+    pub ports: Vec<drover_plugin_sdk::TaskPort>,
 }
 
 /// One task: its record and what coordinates the runner with user calls.
@@ -575,6 +578,9 @@ impl TaskManager {
         }
         if let Some(netns) = opts.netns {
             spec = spec.with_netns_path(netns);
+        }
+        if !opts.ports.is_empty() {
+            spec = spec.with_ports(opts.ports);
         }
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {

@@ -505,6 +505,7 @@ async fn a_driver_without_the_group_network_mode_cannot_join_a_bridge_network() 
         id: Some("bridged-1".into()),
         alloc_dir: None,
         netns: Some("/run/netns/some-alloc".into()),
+        ports: Vec::new(),
     };
     let e = env.mgr.run_with(req, opts).await.unwrap_err();
     assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
@@ -523,15 +524,24 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
     let mut req = request(serde_json::json!({ "exit_code": 0, "after_ms": 50 }), None);
     req.env.insert("DROVER_TASK_NAME".into(), "main".into());
     req.name = Some("web.app[0].main".into());
+    let port = drover_plugin_sdk::TaskPort::new("http", 23456)
+        .with_to(80)
+        .with_host_ip("127.0.0.1");
     let opts = RunOptions {
         id: Some("chosen-1".into()),
         alloc_dir: Some(shared.clone()),
         netns: None,
+        ports: vec![port.clone()],
     };
     let v = env.mgr.run_with(req.clone(), opts.clone()).await.unwrap();
     assert_eq!(v.id, "chosen-1");
     let spec = env.fake.s().starts[0].2.clone();
     assert_eq!(spec.alloc_dir, shared);
+    assert_eq!(
+        spec.ports,
+        [port],
+        "the driver learns the allocation's ports"
+    );
     assert_eq!(spec.env["DROVER_ALLOC_DIR"], shared.display().to_string());
     assert_eq!(
         spec.env["DROVER_TASK_NAME"], "main",
@@ -546,6 +556,7 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
         id: Some("../x".into()),
         alloc_dir: None,
         netns: None,
+        ..Default::default()
     };
     assert!(env.mgr.run_with(req.clone(), bad).await.is_err());
     // Outside an allocation, DROVER_TASK_NAME is the task's name, whatever the env says.

@@ -57,6 +57,10 @@ pub struct AgentArgs {
     /// Node metadata for job constraints (`${node.meta.KEY}`), repeatable.
     #[arg(long = "meta", value_name = "KEY=VALUE")]
     meta: Vec<String>,
+    /// The interface whose first IPv4 address allocations' ports are on (default: the
+    /// one the agent reaches its servers from; 127.0.0.1 with --dev).
+    #[arg(long, value_name = "NAME")]
+    network_interface: Option<String>,
     /// File holding the cluster token sent with every RPC (must not be readable by
     /// other users).
     #[arg(long, value_name = "FILE")]
@@ -131,6 +135,7 @@ fn agent_flags(args: &AgentArgs) -> anyhow::Result<serde_json::Map<String, serde
         node_name: args.node_name.clone(),
         datacenter: args.datacenter.clone(),
         meta: args.meta.clone(),
+        network_interface: args.network_interface.clone(),
         token_file: args.token_file.clone(),
         tls_ca_file: args.tls_ca_file.clone(),
         tls_cert_file: args.tls_cert_file.clone(),
@@ -356,6 +361,8 @@ pub struct ClusterFlags {
     pub datacenter: Option<String>,
     /// `--meta KEY=VALUE`, repeatable.
     pub meta: Vec<String>,
+    /// `--network-interface`.
+    pub network_interface: Option<String>,
     /// `--token-file`.
     pub token_file: Option<PathBuf>,
     /// `--tls-ca-file`.
@@ -390,6 +397,9 @@ impl ClusterFlags {
         }
         if let Some(dc) = self.datacenter {
             flags.insert("datacenter".into(), dc.into());
+        }
+        if let Some(name) = self.network_interface {
+            flags.insert("network_interface".into(), name.into());
         }
         if !self.meta.is_empty() {
             let mut meta = serde_json::Map::new();
@@ -437,6 +447,7 @@ mod tests {
             node_name: Some("n1".into()),
             datacenter: Some("eu-west".into()),
             meta: vec!["rack=r1".into(), "zone=a=b".into()],
+            network_interface: Some("lo".into()),
             token_file: Some("/etc/drover/token".into()),
             tls_ca_file: Some("/etc/drover/ca.pem".into()),
             tls_cert_file: None,
@@ -450,6 +461,7 @@ mod tests {
         assert_eq!(c.datacenter, "eu-west");
         assert_eq!(c.meta["rack"], "r1");
         assert_eq!(c.meta["zone"], "a=b");
+        assert_eq!(c.network_interface.as_deref(), Some("lo"));
         assert_eq!(c.token_file, Some(PathBuf::from("/etc/drover/token")));
         assert_eq!(
             c.tls.map(|t| t.ca_file),

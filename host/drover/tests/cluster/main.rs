@@ -11,4 +11,5 @@ mod cluster_cli;
 mod cluster_dev;
 mod cluster_ha;
 mod cluster_join;
+mod cluster_ports;
 mod server_names;

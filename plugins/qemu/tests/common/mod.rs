@@ -113,12 +113,14 @@ impl Plugin {
     }
 
     pub async fn try_start(&self, id: &str, config: &Value) -> Result<TaskHandle, DriverError> {
-        let result = within(
-            PROMPT,
-            "start",
-            self.client.start_task(self.spec(id, config)),
-        )
-        .await;
+        self.try_start_spec(self.spec(id, config)).await
+    }
+
+    /// Start `spec` (made by [`Plugin::spec`], then changed), tracking what it runs.
+    pub async fn try_start_spec(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        let id = spec.id.clone();
+        let id = id.as_str();
+        let result = within(PROMPT, "start", self.client.start_task(spec)).await;
         if result.is_ok() {
             self.track(self.pid(id).await);
             self.track(self.attribute(id, "executor_pid").await);
