@@ -758,6 +758,7 @@ impl Runner {
             client_status: self.client_status(),
             client_description: self.rec.description.clone(),
             task_states,
+            services: None,
         }
     }
 
