@@ -16,6 +16,7 @@ pub mod limits;
 pub mod logs;
 pub mod plugins;
 pub mod private_file;
+pub mod services;
 pub mod state;
 pub mod taskenv;
 pub mod tasks;

@@ -12,3 +12,4 @@ mod cluster_dev;
 mod cluster_ha;
 mod cluster_join;
 mod server_names;
+mod services;
