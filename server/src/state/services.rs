@@ -210,3 +210,75 @@ pub(crate) fn drop_ended(st: &State, batch: &mut Batch) {
     drops.retain(|id| st.service(id).is_some() && !batch.drop_services.contains(id));
     batch.drop_services.extend(drops);
 }
+
+#[cfg(test)]
+mod tests {
+    use drover_server_api::ServiceHealth;
+
+    use super::*;
+    use crate::store::{KeyValue, StoreChange};
+
+    fn reg(id: &str, alloc: &str) -> ServiceRegistration {
+        ServiceRegistration {
+            id: id.into(),
+            service_name: "web".into(),
+            namespace: SERVICE_NAMESPACE.into(),
+            node_id: "n1".into(),
+            datacenter: "dc1".into(),
+            job_id: "web".into(),
+            alloc_id: alloc.into(),
+            tags: vec![],
+            address: "127.0.0.1".into(),
+            port: 8080,
+            health: ServiceHealth::Passing,
+            checks: vec![],
+            create_index: 1,
+            modify_index: 1,
+        }
+    }
+
+    #[test]
+    fn followers_apply_service_keys_and_the_index_by_name_follows() {
+        let change = StoreChange {
+            revision: Some(2),
+            puts: vec![KeyValue {
+                key: "service/s1".into(),
+                value: serde_json::to_vec(&reg("s1", "a1")).unwrap(),
+                create_revision: 2,
+                mod_revision: 2,
+            }],
+            deletes: vec![],
+        };
+        let mut st = State::default();
+        st.apply(Batch::from_change(&change).unwrap(), 2);
+        assert_eq!(st.service_instances("web").count(), 1);
+        assert_eq!(st.services_of_alloc("a1").count(), 1);
+        let change = StoreChange {
+            revision: Some(3),
+            puts: vec![],
+            deletes: vec!["service/s1".into()],
+        };
+        st.apply(Batch::from_change(&change).unwrap(), 3);
+        assert_eq!(st.service_instances("web").count(), 0);
+        assert_eq!(st.service_names().count(), 0);
+        assert_eq!(st.services_of_alloc("a1").count(), 0);
+    }
+
+    #[test]
+    fn a_deleted_allocation_takes_its_registrations_with_it() {
+        let mut st = State::default();
+        st.apply(
+            Batch {
+                services: vec![reg("s1", "a1"), reg("s2", "a2")],
+                ..Batch::default()
+            },
+            1,
+        );
+        let mut b = Batch {
+            drop_allocs: vec!["a1".into()],
+            ..Batch::default()
+        };
+        drop_ended(&st, &mut b);
+        assert_eq!(b.drop_services, ["s1"]);
+    }
+}
