@@ -377,6 +377,7 @@ async fn client_session(
                 client_status: ClientStatus::Running,
                 client_description: String::new(),
                 task_states: states,
+                services: None,
             };
             updates.push(serde_json::to_vec(&update)?);
         }

@@ -110,6 +110,7 @@ impl Core {
                 return Ok((st.index, r));
             }
             gc_evals(&st, &mut batch);
+            crate::state::services::drop_ended(&st, &mut batch);
             let ops = batch.ops(&st)?;
             (batch, r, ops, index)
         };

@@ -17,6 +17,7 @@ pub mod logs;
 pub mod network;
 pub mod plugins;
 pub mod private_file;
+pub mod services;
 pub mod state;
 pub mod taskenv;
 pub mod tasks;

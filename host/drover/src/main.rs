@@ -71,6 +71,9 @@ enum Command {
     /// Inspect evaluations.
     #[command(subcommand)]
     Eval(commands::eval::EvalCommand),
+    /// List registered services and show their instances.
+    #[command(subcommand)]
+    Service(commands::service::ServiceCommand),
 }
 
 fn main() -> ExitCode {
@@ -112,6 +115,9 @@ fn main() -> ExitCode {
         }),
         Command::Eval(cmd) => cluster_main(cli.address, |c| async move {
             commands::eval::eval_command(&c, cmd).await
+        }),
+        Command::Service(cmd) => cluster_main(cli.address, |c| async move {
+            commands::service::service_command(&c, cmd).await
         }),
     }
 }

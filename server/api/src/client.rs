@@ -523,6 +523,40 @@ impl Client {
         Ok(a.map(|e| e.to_internal()))
     }
 
+    /// `GET /v1/services`: the registered services, by namespace.
+    pub async fn services(
+        &self,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<crate::services::NomadServiceNamespace>>, Error> {
+        self.read(&["v1", "services"], q).await
+    }
+
+    /// `GET /v1/service/{name}`: its healthy instances, or every one with `all`.
+    pub async fn service(
+        &self,
+        name: &str,
+        all: bool,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<crate::services::NomadServiceRegistration>>, Error> {
+        let path = path(&["v1", "service", name])?;
+        let request = format!("GET {path}");
+        let mut query: Vec<String> = q.query().into_iter().collect();
+        if all {
+            query.push("all=true".to_owned());
+        }
+        let query = (!query.is_empty()).then(|| query.join("&"));
+        let resp = self.send(Method::GET, &path, query, None).await?;
+        let status = resp.status();
+        let index = index_of(resp.headers()).unwrap_or(0);
+        let body = read_body(&request, resp.into_body()).await?;
+        if status != StatusCode::OK {
+            return Err(refusal(&request, status, &body));
+        }
+        let value =
+            serde_json::from_slice(&body).map_err(|source| Error::Decode { request, source })?;
+        Ok(Answer { value, index })
+    }
+
     /// `GET /v1/status/servers`: the cluster's servers, its leader and its store
     /// (`drover server status`).
     pub async fn servers_status(&self) -> Result<Answer<ServersStatus>, Error> {

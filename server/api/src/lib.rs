@@ -20,9 +20,11 @@ pub mod client_fs;
 pub mod hcl;
 pub mod jobfile;
 pub mod nomad;
+pub mod services;
 pub mod types;
 pub mod validate;
 
 pub use jobfile::{JobFile, JobFileError};
+pub use services::*;
 pub use types::*;
 pub use validate::{ValidationError, validate};

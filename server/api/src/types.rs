@@ -1057,6 +1057,10 @@ pub struct AllocClientUpdate {
     /// Task states by task name.
     #[serde(default)]
     pub task_states: BTreeMap<String, TaskState>,
+    /// The allocation's service instances, all of them (an empty list deregisters
+    /// every one); absent: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<Vec<crate::services::ServiceInstance>>,
 }
 
 /// An allocation as a client receives it: the allocation and the group it runs, at the

@@ -8,6 +8,7 @@ pub(crate) mod allocs;
 pub(crate) mod evals;
 pub(crate) mod jobs;
 pub(crate) mod nodes;
+pub(crate) mod services;
 pub(crate) mod status;
 
 use drover_server_api::Index;

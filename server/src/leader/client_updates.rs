@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use drover_server_api::{
     AllocClientUpdate, Allocation, ClientStatus, DesiredStatus, EvalTrigger, Index, Job, JobType,
+    ServiceInstance,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +18,7 @@ use crate::scheduler;
 use crate::state::Batch;
 use crate::state::State;
 use crate::state::evals::new_eval;
+use crate::state::services;
 
 /// Client status updates accepted in one call.
 pub const MAX_CLIENT_UPDATES: usize = 10_000;
@@ -129,6 +131,8 @@ fn client_updates(
     let mut rolling: HashMap<String, bool> = HashMap::new();
     let mut rolling_evals: BTreeSet<String> = BTreeSet::new();
     let mut verdicts = Vec::with_capacity(reqs.len());
+    // Each allocation's reported service instances (its node, the complete set).
+    let mut reports: HashMap<String, (&str, &[ServiceInstance])> = HashMap::new();
     for req in reqs {
         let node_id = req.node_id.as_str();
         if scheduler::StateView::node(st, node_id).is_none() {
@@ -149,11 +153,13 @@ fn client_updates(
             ))));
             continue;
         }
-        if let Some(e) = req
-            .updates
-            .iter()
-            .find_map(|u| check_task_states(st, u).err())
-        {
+        if let Some(e) = req.updates.iter().find_map(|u| {
+            check_task_states(st, u).err().or_else(|| {
+                u.services
+                    .as_deref()
+                    .and_then(|s| services::check_report(&format!("allocation {}", u.id), s).err())
+            })
+        }) {
             verdicts.push(Err(e));
             continue;
         }
@@ -162,6 +168,10 @@ fn client_updates(
                 tracing::debug!(alloc = %u.id, node = %node_id, "update for an unknown allocation ignored");
                 continue;
             };
+            if let Some(list) = &u.services {
+                // The latest report of the allocation in this batch counts.
+                reports.insert(u.id.clone(), (node_id, list.as_slice()));
+            }
             let mut a = old.clone();
             // A terminal client status is final: lost stays lost (the server replaced
             // it), complete/failed do not go back to running.
@@ -217,6 +227,17 @@ fn client_updates(
             changed.insert(a.id.clone(), a);
         }
         verdicts.push(Ok(()));
+    }
+    for (alloc_id, (node_id, list)) in &reports {
+        let (Some(alloc), Some(node)) = (
+            changed.get(alloc_id).or_else(|| st.alloc(alloc_id)),
+            scheduler::StateView::node(st, node_id),
+        ) else {
+            continue;
+        };
+        let (puts, drops) = services::apply_report(st, alloc, node, list, index);
+        b.services.extend(puts);
+        b.drop_services.extend(drops);
     }
     b.allocs = changed.into_values().collect();
     for name in &failure_evals {

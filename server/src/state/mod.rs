@@ -7,11 +7,13 @@
 //! API) take the state's read lock for the duration of one call.
 
 pub(crate) mod evals;
+pub(crate) mod services;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use drover_server_api::{
-    AllocResources, Allocation, EvalStatus, Evaluation, Index, Job, Node, TaskGroup,
+    AllocResources, Allocation, EvalStatus, Evaluation, Index, Job, Node, ServiceRegistration,
+    TaskGroup,
 };
 
 use crate::scheduler::StateView;
@@ -73,6 +75,10 @@ pub(crate) struct Batch {
     pub drop_nodes: Vec<String>,
     /// Node secrets deleted (only seen by followers, in another server's commits).
     pub drop_node_secrets: Vec<String>,
+    /// Service registrations written.
+    pub services: Vec<ServiceRegistration>,
+    /// Service registrations removed, by id.
+    pub drop_services: Vec<String>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -91,6 +97,8 @@ impl Batch {
             && self.drop_allocs.is_empty()
             && self.drop_nodes.is_empty()
             && self.drop_node_secrets.is_empty()
+            && self.services.is_empty()
+            && self.drop_services.is_empty()
     }
 
     /// The batch a follower applies for one change the leader committed (or one part
@@ -124,6 +132,7 @@ impl Batch {
                 "nodesecret" => b.drop_node_secrets.push(rest.to_owned()),
                 "alloc" => b.drop_allocs.push(rest.to_owned()),
                 "eval" => b.drop_evals.push(rest.to_owned()),
+                "service" => b.drop_services.push(rest.to_owned()),
                 _ => note_unknown_key(key),
             }
         }
@@ -136,6 +145,7 @@ impl Batch {
                 "nodesecret" => b.node_secrets.push((rest.to_owned(), decode(kv)?)),
                 "alloc" => b.allocs.push(decode(kv)?),
                 "eval" => b.evals.push(decode(kv)?),
+                "service" => b.services.push(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -193,6 +203,11 @@ impl Batch {
                 key: node_secret_key(id),
             });
         }
+        for id in &self.drop_services {
+            ops.push(Op::Delete {
+                key: services::service_key(id),
+            });
+        }
         for j in &self.jobs {
             ops.push(put(job_key(&j.spec.name), j)?);
         }
@@ -207,6 +222,9 @@ impl Batch {
         }
         for a in &self.allocs {
             ops.push(put(format!("alloc/{}", a.id), a)?);
+        }
+        for r in &self.services {
+            ops.push(put(services::service_key(&r.id), r)?);
         }
         for e in &self.evals {
             ops.push(put(format!("eval/{}", e.id), e)?);
@@ -233,6 +251,8 @@ pub(crate) struct State {
     evals_by_job: HashMap<String, Vec<String>>,
     /// The blocked evaluation of each job that has one.
     blocked: HashMap<String, String>,
+    /// Service registrations, indexed by name and by allocation.
+    services: services::Registry,
 }
 
 impl State {
@@ -267,6 +287,7 @@ impl State {
                 }
                 "alloc" => s.put_alloc(decode(kv)?),
                 "eval" => s.put_eval(decode(kv)?),
+                "service" => s.services.put(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -322,6 +343,12 @@ impl State {
         }
         for id in batch.drop_node_secrets {
             self.node_secrets.remove(&id);
+        }
+        for id in batch.drop_services {
+            self.services.remove(&id);
+        }
+        for r in batch.services {
+            self.services.put(r);
         }
         self.index = index;
     }

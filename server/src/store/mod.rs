@@ -19,6 +19,7 @@
 //! | `node/<id>` | `Node` |
 //! | `alloc/<id>` | `Allocation` |
 //! | `eval/<id>` | `Evaluation` |
+//! | `service/<id>` | `ServiceRegistration` (Nomad's `_nomad-task-...` id) |
 //! | `schema` | the schema version, `"1"` |
 //!
 //! With several servers (the etcd store) every key lives under the store's prefix

@@ -22,6 +22,7 @@ fn upd(id: &str, status: ClientStatus) -> AllocClientUpdate {
         client_status: status,
         client_description: String::new(),
         task_states: Default::default(),
+        services: None,
     }
 }
 

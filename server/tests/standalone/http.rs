@@ -771,6 +771,7 @@ async fn report_running(s: &Running, node_id: &str, alloc_id: &str) {
                 client_status: ClientStatus::Running,
                 client_description: String::new(),
                 task_states: Default::default(),
+                services: None,
             }],
         )
         .await

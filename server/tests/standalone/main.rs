@@ -11,4 +11,5 @@ mod http;
 mod node_auth;
 mod rpc;
 mod server;
+mod services;
 mod store;

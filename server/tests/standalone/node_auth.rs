@@ -67,6 +67,7 @@ fn upd(id: &str, status: ClientStatus) -> AllocClientUpdate {
         client_status: status,
         client_description: String::new(),
         task_states: BTreeMap::new(),
+        services: None,
     }
 }
 

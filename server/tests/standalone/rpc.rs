@@ -265,6 +265,7 @@ async fn malformed_documents_are_invalid_arguments_naming_the_field() {
         client_status: ClientStatus::Running,
         client_description: String::new(),
         task_states: BTreeMap::new(),
+        services: None,
     })
     .unwrap();
     let err = node
@@ -599,6 +600,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
         client_status: ClientStatus::Running,
         client_description: String::new(),
         task_states: BTreeMap::new(),
+        services: None,
     })
     .unwrap();
     let answer = node

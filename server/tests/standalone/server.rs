@@ -425,6 +425,7 @@ async fn client_updates_are_checked_and_drive_evaluations_and_capacity() {
         client_status: st,
         client_description: String::new(),
         task_states: Default::default(),
+        services: None,
     };
     let err = s
         .server
@@ -785,6 +786,7 @@ async fn concurrent_client_reports_commit_together_and_a_refused_one_changes_not
                         client_status: ClientStatus::Running,
                         client_description: String::new(),
                         task_states: Default::default(),
+                        services: None,
                     }],
                 )
                 .await;

@@ -31,6 +31,8 @@ use super::hooks::{HookContext, HookState, JobVersionHook, version_note};
 use super::record::{AllocRecord, Phase, TaskSlot};
 use super::{AllocManager, Handle};
 use crate::network::{Bridge, BridgeConfig, PortMapping};
+
+use crate::services::{AllocServices, Waker, Wanted};
 use crate::tasks::RunOptions;
 
 /// Pauses between attempts to stop tasks whose stop failed (a driver away).
@@ -182,6 +184,8 @@ pub(super) struct Runner {
     last: Option<AllocClientUpdate>,
     stop_pause: Duration,
     start_pause: Duration,
+    /// The allocation's registered service instances and their running checks.
+    services: AllocServices,
 }
 
 impl Runner {
@@ -203,6 +207,7 @@ impl Runner {
             last: None,
             stop_pause: STOP_RETRY.0,
             start_pause: START_RETRY.0,
+            services: AllocServices::default(),
         }
     }
 
@@ -920,16 +925,100 @@ impl Runner {
             .iter()
             .map(|t| (t.name.clone(), self.task_state(&t.name)))
             .collect();
+        let has_services = !self.rec.alloc.group.services.is_empty()
+            || self
+                .rec
+                .alloc
+                .group
+                .tasks
+                .iter()
+                .any(|t| !t.services.is_empty());
         AllocClientUpdate {
             id: self.id().to_owned(),
             client_status: self.client_status(),
             client_description: self.rec.description.clone(),
             task_states,
+            services: has_services.then(|| self.services.snapshot()),
         }
+    }
+
+    /// The service instances that should be registered now: the group's while the
+    /// allocation runs, a task's while the task runs; none once it stops.
+    fn wanted_services(&self) -> Vec<Wanted> {
+        let mut out = Vec::new();
+        if self.stop_wanted() || self.rec.phase >= Phase::Stopping {
+            return out;
+        }
+        let a = &self.rec.alloc;
+        let node = self.mgr.node();
+        let address = node
+            .attributes
+            .get("unique.network.ip-address")
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1".to_owned());
+        let task_id = |name: &str| {
+            self.rec
+                .tasks
+                .get(name)
+                .map(|s| s.id.clone())
+                .filter(|id| !id.is_empty())
+        };
+        let mut add = |w: Result<Wanted, String>| match w {
+            Ok(w) => out.push(w),
+            Err(e) => tracing::warn!(alloc = %a.alloc.id, "cannot register a service: {e}"),
+        };
+        if self.client_status() == ClientStatus::Running {
+            let mains = self.names(|k| k == Kind::Main);
+            for s in &a.group.services {
+                // The task `check_restart` restarts: the service's, or the only main
+                // task.
+                let task = if !s.task.is_empty() {
+                    Some(s.task.as_str())
+                } else if let Some(t) = s.checks.iter().find(|c| !c.task.is_empty()) {
+                    Some(t.task.as_str())
+                } else if mains.len() == 1 {
+                    Some(mains[0].as_str())
+                } else {
+                    None
+                };
+                add(Wanted::of(
+                    s,
+                    &format!("group-{}", a.group.name),
+                    (&a.alloc.job_name, &a.group.name, "", &a.alloc.id),
+                    &a.alloc.ports,
+                    &address,
+                    task.and_then(task_id),
+                ));
+            }
+        }
+        for t in &a.group.tasks {
+            if t.services.is_empty()
+                || !self
+                    .view(&t.name)
+                    .is_some_and(|v| v.state == TaskLifecycle::Running)
+            {
+                continue;
+            }
+            for s in &t.services {
+                add(Wanted::of(
+                    s,
+                    &t.name,
+                    (&a.alloc.job_name, &a.group.name, &t.name, &a.alloc.id),
+                    &a.alloc.ports,
+                    &address,
+                    task_id(&t.name),
+                ));
+            }
+        }
+        out
     }
 
     /// Send the allocation's status when it changed.
     fn report(&mut self) {
+        let wanted = self.wanted_services();
+        let handle = self.handle.clone();
+        let wake: Waker = Arc::new(move || handle.notify.notify_one());
+        self.services.sync(wanted, &self.mgr.tasks, &wake);
         let u = self.update();
         if self.last.as_ref() == Some(&u) {
             return;

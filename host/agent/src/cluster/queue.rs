@@ -121,6 +121,7 @@ mod tests {
             client_status: status,
             client_description: String::new(),
             task_states: Default::default(),
+            services: None,
         }
     }
 

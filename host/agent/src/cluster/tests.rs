@@ -179,6 +179,7 @@ fn report(id: &str, status: ClientStatus) -> AllocClientUpdate {
         client_status: status,
         client_description: String::new(),
         task_states: BTreeMap::new(),
+        services: None,
     }
 }
 

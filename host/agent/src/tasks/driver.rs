@@ -71,6 +71,17 @@ pub trait TaskDriver: Send + Sync {
     async fn signal_task(&self, id: &str, signal: Signal) -> Result<(), DriverError>;
     /// One `TaskStats` sample.
     async fn task_stats(&self, id: &str) -> Result<TaskStats, DriverError>;
+    /// `ExecTask`: run a command inside the task (script checks). Default: the
+    /// driver cannot.
+    async fn exec_task(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<drover_plugin_sdk::ExecOutput, DriverError> {
+        let _ = (id, command, timeout);
+        Err(DriverError::Unimplemented("ExecTask".into()))
+    }
     /// `TaskEvents`: what the driver's current process says about its tasks, until
     /// that process goes away. Default: the driver has nothing to say.
     async fn task_events(&self) -> Result<TaskEventStream, DriverError> {
@@ -172,5 +183,13 @@ impl TaskDriver for LoadedPlugin {
     }
     async fn task_events(&self) -> Result<TaskEventStream, DriverError> {
         Ok(Box::pin(self.client().task_events().await?))
+    }
+    async fn exec_task(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<drover_plugin_sdk::ExecOutput, DriverError> {
+        self.client().exec_task(id, command, timeout).await
     }
 }

@@ -124,6 +124,10 @@ pub(crate) struct Task {
     /// The driver generation that refused to take the task over during a hand-over,
     /// and why: the hand-over is rolled back instead of the task being lost.
     refused: Mutex<Option<(u64, String)>>,
+    /// Why the agent asked for a restart of the running incarnation (a failing
+    /// check's `check_restart`): its exit restarts it at once, whatever the restart
+    /// policy says.
+    restart_wanted: Mutex<Option<String>>,
 }
 
 impl Task {
@@ -145,7 +149,16 @@ impl Task {
             attached_on: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
             refused: Mutex::new(None),
+            restart_wanted: Mutex::new(None),
         }
+    }
+
+    /// Take the reason of a restart the agent asked for, if any.
+    pub(crate) fn take_restart_wanted(&self) -> Option<String> {
+        self.restart_wanted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     fn rec(&self) -> std::sync::MutexGuard<'_, TaskRecord> {
@@ -843,6 +856,60 @@ impl TaskManager {
             return Err(timed_out("its exit was not reported"));
         }
         Ok(task.view())
+    }
+
+    /// Restart a running task now (a failing check's `check_restart`): its kill signal,
+    /// SIGKILL after its kill timeout, then it is started again at once, whatever its
+    /// restart policy says; it counts as a restart, and its events say `why`.
+    pub async fn restart(&self, id: &str, why: &str) -> Result<(), DriverError> {
+        let task = self.entry(id)?;
+        if task.kill.is_cancelled() || task.state() != TaskLifecycle::Running {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {id} is not running"
+            )));
+        }
+        let _ops = task.ops.lock().await;
+        if !task.attached.load(Ordering::SeqCst) {
+            return Err(DriverError::Unavailable(format!(
+                "task {id} is being recovered by driver {}; try again shortly",
+                task.driver
+            )));
+        }
+        let sig = drover_plugin_sdk::Signal::parse_or_default(&task.settings.kill_signal)?;
+        *task
+            .restart_wanted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.to_owned());
+        task.event(TaskEventKind::Restarting, why.to_owned());
+        task.save(&self.store).await;
+        let sent = self
+            .driver(&task.driver)?
+            .stop_task(id, task.settings.kill_timeout, sig)
+            .await;
+        if let Err(e) = sent {
+            task.take_restart_wanted();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Run a command inside a running task through its driver's `ExecTask` (script
+    /// checks), for at most `timeout`.
+    pub async fn exec(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<drover_plugin_sdk::ExecOutput, DriverError> {
+        let task = self.entry(id)?;
+        if task.state() != TaskLifecycle::Running || !task.attached.load(Ordering::SeqCst) {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {id} is not running"
+            )));
+        }
+        self.driver(&task.driver)?
+            .exec_task(id, command, timeout)
+            .await
     }
 
     /// Send a signal to a running task.

@@ -627,6 +627,20 @@ impl Runner {
             return self.finish().await;
         }
         let now = SystemTime::now();
+        if let Some(why) = self.task.take_restart_wanted() {
+            // The agent stopped it to restart it (a failing check): at once, whatever
+            // the policy says; the restart window is not used up by it.
+            {
+                let mut rec = self.task.rec();
+                rec.restart.restart_at = Some(now);
+                rec.view.state = TaskLifecycle::Pending;
+                rec.view.restart_at = Some(rfc3339(now));
+            }
+            self.task
+                .event(TaskEventKind::Restarting, format!("restarting now: {why}"));
+            self.task.save(&self.mgr.store).await;
+            return Phase::RestartAt(now);
+        }
         let window = self.task.rec().restart.window.clone();
         match decide(&self.task.settings.policy, &window, now, &result) {
             Decision::Complete => self.finish().await,

@@ -18,6 +18,7 @@ pub mod jobspec;
 pub mod node;
 pub mod plugin;
 pub mod server;
+pub mod service;
 pub mod task;
 
 use std::path::{Path, PathBuf};

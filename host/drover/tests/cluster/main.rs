@@ -13,3 +13,4 @@ mod cluster_ha;
 mod cluster_join;
 mod cluster_ports;
 mod server_names;
+mod services;

@@ -23,6 +23,7 @@ mod events;
 mod jobs;
 mod nodes;
 mod serve;
+mod services;
 mod wire;
 
 use std::sync::Arc;
@@ -34,7 +35,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{delete, get, put};
 use axum::{Extension, Json, Router};
 use drover_server_api::{Index, MAX_BLOCKING_WAIT};
 use serde::de::DeserializeOwned;
@@ -213,6 +214,9 @@ pub fn router_with_local_agent(
         .route("/v1/status/term", get(agent::leader_term))
         .route("/v1/regions", get(agent::regions))
         .route("/v1/event/stream", get(events::stream))
+        .route("/v1/services", get(services::list))
+        .route("/v1/service/{name}", get(services::get))
+        .route("/v1/service/{name}/{id}", delete(services::delete))
         .fallback(|| async { ApiError::not_found("404 page not found") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Invalid method")

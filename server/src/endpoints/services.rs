@@ -1,0 +1,66 @@
+//! Service registrations: what `GET /v1/services` and `GET /v1/service/<name>` serve,
+//! and removing one by hand.
+
+use std::collections::BTreeSet;
+
+use drover_server_api::{Index, ServiceRegistration};
+
+use crate::error::ServerError;
+use crate::server::Server;
+use crate::state::Batch;
+
+impl Server {
+    /// Every registered service's name with the union of its instances' tags, by name.
+    pub fn services(&self) -> Vec<(String, Vec<String>)> {
+        let st = self.core.read();
+        st.service_names()
+            .map(|name| {
+                let tags: BTreeSet<&str> = st
+                    .service_instances(name)
+                    .flat_map(|r| r.tags.iter().map(String::as_str))
+                    .collect();
+                (
+                    name.to_owned(),
+                    tags.into_iter().map(str::to_owned).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// The registered instances of service `name`, oldest first (then by id).
+    pub fn service_registrations(&self, name: &str) -> Vec<ServiceRegistration> {
+        let st = self.core.read();
+        let mut v: Vec<ServiceRegistration> = st.service_instances(name).cloned().collect();
+        v.sort_by(|a, b| {
+            a.create_index
+                .cmp(&b.create_index)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        v
+    }
+
+    /// Remove the registration `id` of service `name` (Nomad's
+    /// `DELETE /v1/service/<name>/<id>`). Its client registers it again with its next
+    /// report while the allocation runs, as Nomad's does. The commit's index.
+    pub async fn delete_service(&self, name: &str, id: &str) -> Result<Index, ServerError> {
+        let term = self.leadership.require()?;
+        let (index, ()) = term
+            .commit(|st, _index, _now| {
+                match st.service(id) {
+                    Some(r) if r.service_name == name => {}
+                    _ => {
+                        return Err(ServerError::NotFound(format!(
+                            "service registration {id} of service {name} not found"
+                        )));
+                    }
+                }
+                let b = Batch {
+                    drop_services: vec![id.to_owned()],
+                    ..Batch::default()
+                };
+                Ok((b, ()))
+            })
+            .await?;
+        Ok(index)
+    }
+}
