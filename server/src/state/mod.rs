@@ -398,10 +398,14 @@ impl State {
             u.cpu += a.resources.cpu;
             u.memory_mb += a.resources.memory_mb;
             if !a.ports.is_empty() {
-                self.ports
-                    .entry(a.node_id.clone())
-                    .or_default()
-                    .add_alloc(&a);
+                match self.ports.get_mut(&a.node_id) {
+                    Some(used) => used.add_alloc(&a),
+                    None => {
+                        let mut used = UsedPorts::default();
+                        used.add_alloc(&a);
+                        self.ports.insert(a.node_id.clone(), used);
+                    }
+                }
             }
         }
         self.allocs.insert(a.id.clone(), a);
