@@ -10,7 +10,7 @@
 //! `cargo run --release -p drover-bench -- nomad-drivers [--launches N] [--samples N]
 //!   [--tasks N] [--raw-exec PATH]` (Nomad 1.0.18's raw_exec against Drover's)
 //! `cargo run --release -p drover-bench -- schedule [--nodes N] [--allocs N] [--jobs N]
-//!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…]`
+//!   [--stores both|embedded|etcd] [--etcd-endpoints URL,…] [--ports [--rounds N]]`
 //!
 //! `handshake` launches the rawexec plugin N times per transport (plain h2c, go-plugin
 //! AutoMTLS, go-plugin 1.6 broker multiplexing) and measures launch → handshake →
@@ -155,6 +155,13 @@ enum Bench {
         /// separated); default: start a private etcd.
         #[arg(long, value_delimiter = ',')]
         etcd_endpoints: Option<Vec<String>>,
+        /// Instead: the placement rate with two dynamic ports per allocation against
+        /// the rate without, alternated over `--rounds` rounds on the embedded store.
+        #[arg(long)]
+        ports: bool,
+        /// Rounds of the `--ports` comparison.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// Nomad 1.0.18's raw_exec (an unmodified Nomad driver, through the bridge) against
     /// Drover's raw_exec, in one run: launch -> handshake -> first fingerprint, StartTask
@@ -255,6 +262,8 @@ fn main() -> anyhow::Result<()> {
             timeout_secs,
             stores,
             etcd_endpoints,
+            ports,
+            rounds,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -268,6 +277,8 @@ fn main() -> anyhow::Result<()> {
                 timeout: std::time::Duration::from_secs(timeout_secs),
                 stores,
                 etcd_endpoints,
+                ports,
+                rounds,
             }))
         }
         Bench::Cluster {

@@ -13,6 +13,12 @@
 //! (`/usr/bin/etcd`, data dir in a temp dir) unless `--etcd-endpoints` names one (the
 //! bench then works under a prefix of its own and deletes it afterwards), and the
 //! ratio of the two placement rates.
+//!
+//! `--ports`: the placement rate of jobs whose allocations each ask for two dynamic
+//! ports against the same jobs without ports, on the embedded store, in one run:
+//! `--rounds` rounds, each placing both ways on a fresh server and store (the order
+//! alternates from round to round so that neither always runs on a warmer machine);
+//! reported per round, as medians, and their ratio.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,7 +41,14 @@ pub(crate) struct Options {
     pub timeout: Duration,
     pub stores: Stores,
     pub etcd_endpoints: Option<Vec<String>>,
+    /// Compare placing with dynamic ports against placing without.
+    pub ports: bool,
+    /// Rounds of the `--ports` comparison.
+    pub rounds: usize,
 }
+
+/// Dynamic ports each allocation asks for in the `--ports` runs.
+const PORTS_PER_ALLOC: usize = 2;
 
 fn node(i: usize) -> NodeRegistration {
     NodeRegistration {
@@ -64,7 +77,16 @@ fn node(i: usize) -> NodeRegistration {
     }
 }
 
-fn job(i: usize, count: u32) -> JobSpec {
+fn job(i: usize, count: u32, ports: usize) -> JobSpec {
+    let network = (ports > 0).then(|| drover_server_api::NetworkSpec {
+        mode: drover_server_api::NetworkMode::Host,
+        ports: (0..ports)
+            .map(|k| drover_server_api::PortSpec {
+                label: format!("p{k}"),
+                ..Default::default()
+            })
+            .collect(),
+    });
     JobSpec {
         datacenters: Vec::new(),
         name: format!("bench-{i}"),
@@ -74,7 +96,7 @@ fn job(i: usize, count: u32) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
-            network: Default::default(),
+            network,
             services: Default::default(),
             reschedule: None,
             name: "app".into(),
@@ -130,6 +152,9 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
         .map(|i| (base + usize::from(i < o.allocs % o.jobs)) as u32)
         .collect();
     let doc = serde_json::to_vec(&sample_alloc())?;
+    if o.ports {
+        return compare_ports(&o, &counts).await;
+    }
 
     let mut embedded = None;
     if o.stores != Stores::Etcd {
@@ -143,6 +168,7 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
                 &data_dir,
                 Arc::new(store),
                 "embedded (redb) store",
+                0,
             )
             .await?,
         );
@@ -197,6 +223,7 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
         &dir.path().join("server"),
         Arc::new(store),
         "etcd store",
+        0,
     )
     .await;
     let bprefix = format!("/drover-bench-{run_id}-baseline/");
@@ -232,6 +259,59 @@ pub(crate) async fn run(o: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--ports`: rounds of placing without ports and with [`PORTS_PER_ALLOC`] dynamic
+/// ports per allocation, alternating which goes first, each on a fresh embedded store.
+async fn compare_ports(o: &Options, counts: &[u32]) -> anyhow::Result<()> {
+    let rounds = o.rounds.max(1);
+    let mut without = Vec::with_capacity(rounds);
+    let mut with = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let order: [usize; 2] = if round % 2 == 0 {
+            [0, PORTS_PER_ALLOC]
+        } else {
+            [PORTS_PER_ALLOC, 0]
+        };
+        for ports in order {
+            let dir = tempfile::tempdir()?;
+            let data_dir = dir.path().join("server");
+            let store = RedbStore::open(&data_dir).context("open the store")?;
+            let what = if ports == 0 {
+                format!("round {}, no ports", round + 1)
+            } else {
+                format!("round {}, {ports} dynamic ports per allocation", round + 1)
+            };
+            let p = place(o, counts, &data_dir, Arc::new(store), &what, ports).await?;
+            if p.placed < o.allocs {
+                bail!("{what}: only {} of {} placed", p.placed, o.allocs);
+            }
+            if ports == 0 {
+                without.push(p.rate);
+            } else {
+                with.push(p.rate);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (w, wo) = (median(&mut with), median(&mut without));
+    println!(
+        "ports: {rounds} rounds, {} nodes, {} allocations each way; placements/s without \
+         ports {:?}, with {PORTS_PER_ALLOC} dynamic ports {:?}",
+        o.nodes,
+        o.allocs,
+        without.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        with.iter().map(|r| r.round()).collect::<Vec<_>>()
+    );
+    println!(
+        "ports: median with / without = {w:.0} / {wo:.0} placements/s = {:.0} % (goal: at \
+         least 70 %)",
+        100.0 * w / wo
+    );
+    Ok(())
+}
+
 /// Delete every key under `prefix` (the bench's keys on an etcd it did not start).
 async fn delete_prefix(endpoint: &str, prefix: &str) -> anyhow::Result<()> {
     use drover_proto::etcd::etcdserverpb::{DeleteRangeRequest, kv_client::KvClient};
@@ -257,6 +337,7 @@ async fn place(
     data_dir: &std::path::Path,
     store: Arc<dyn Store>,
     what: &str,
+    ports: usize,
 ) -> anyhow::Result<Placement> {
     let mut cfg = ServerConfig::new(data_dir.to_path_buf());
     // Nobody heartbeats here: no node may go down during the run.
@@ -293,7 +374,7 @@ async fn place(
     let mut set = tokio::task::JoinSet::new();
     for (i, c) in counts.iter().enumerate() {
         let server = server.clone();
-        let spec = job(i, *c);
+        let spec = job(i, *c, ports);
         set.spawn(async move { server.register_job(spec).await });
     }
     while let Some(r) = set.join_next().await {
@@ -324,6 +405,33 @@ async fn place(
     };
     let elapsed = t.elapsed();
     let stats = server.stats();
+    if ports > 0 {
+        // The placements really carry their ports, distinct on each node.
+        let mut per_node: std::collections::HashMap<String, Vec<u16>> = Default::default();
+        for i in 0..counts.len() {
+            for a in server.job_allocations(&format!("bench-{i}")) {
+                if a.ports.len() != ports {
+                    bail!(
+                        "{what}: allocation {} has {} ports, not {ports}",
+                        a.id,
+                        a.ports.len()
+                    );
+                }
+                per_node
+                    .entry(a.node_id.clone())
+                    .or_default()
+                    .extend(a.ports.iter().map(|p| p.value));
+            }
+        }
+        for (node, mut v) in per_node {
+            let n = v.len();
+            v.sort_unstable();
+            v.dedup();
+            if v.len() != n {
+                bail!("{what}: a port was given twice on node {node}");
+            }
+        }
+    }
     shutdown.cancel();
     server.stopped().await;
     drop(server);

@@ -23,6 +23,23 @@ fn validate_spec(spec: &JobSpec) -> Result<(), ServerError> {
     drover_server_api::validate::validate(spec).map_err(|e| ServerError::Invalid(e.to_string()))
 }
 
+/// What validation cannot know alone: a static port inside the dynamic port range of a
+/// node that could run the group (`group[0].network.port[0].static: 20500 is inside
+/// the dynamic port range 20000-32000 of node ...`).
+fn check_ports(st: &State, spec: &JobSpec) -> Result<(), ServerError> {
+    let has_static = spec.groups.iter().any(|g| {
+        g.network
+            .as_ref()
+            .is_some_and(|n| n.ports.iter().any(|p| p.static_port != 0))
+    });
+    if !has_static {
+        return Ok(());
+    }
+    let nodes: Vec<&Node> = st.all_nodes().collect();
+    scheduler::ports::check_static_ports(spec, &nodes)
+        .map_err(|(field, message)| ServerError::Invalid(format!("{field}: {message}")))
+}
+
 /// A job's status, derived from its allocations and evaluations.
 fn job_status(st: &State, job: &Job) -> JobStatus {
     let mut any = false;
@@ -140,6 +157,7 @@ impl Server {
         let term = self.leadership.require()?;
         let (index, (eval_id, job_modify_index, warnings)) = term
             .commit(|st, index, now| {
+                check_ports(st, &spec)?;
                 let mut b = Batch::default();
                 let (job, eval_id) = submit(
                     st,
@@ -375,6 +393,7 @@ fn driver_warnings(st: &State, spec: &JobSpec) -> Vec<String> {
 /// `Server::plan_job` on the calling (blocking) thread, under the state's read lock.
 fn plan_job_blocking(core: &Core, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
     let st = core.read();
+    check_ports(&st, &spec)?;
     let existing = scheduler::StateView::job(&*st, &spec.name);
     let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
     let version = match existing {

@@ -164,7 +164,7 @@ fn check_registration(reg: &NodeRegistration) -> Result<(), ServerError> {
         }
         check_entries(id, &format!("drivers.{name}.attributes"), attributes)?;
     }
-    Ok(())
+    check_network(id, &reg.network)
 }
 
 /// A node has new capacity or features for the scheduler.
@@ -173,6 +173,46 @@ fn capacity_changed(old: &Node, new: &Node) -> bool {
         || old.drivers != new.drivers
         || old.attributes != new.attributes
         || old.meta != new.meta
+        || old.network != new.network
+}
+
+/// Reserved port ranges a node may report at most.
+const MAX_NODE_RESERVED_RANGES: usize = 1024;
+
+/// A node's address and ports: an IP address, a dynamic range of at least one port
+/// starting at 1 or above, reserved ranges that are ranges.
+fn check_network(id: &str, net: &drover_server_api::NodeNetwork) -> Result<(), ServerError> {
+    if net.address.parse::<std::net::IpAddr>().is_err() {
+        return Err(ServerError::Invalid(format!(
+            "node {id}: network.address: {:?} is not an IP address",
+            net.address.chars().take(64).collect::<String>()
+        )));
+    }
+    if net.min_dynamic_port == 0 || net.min_dynamic_port > net.max_dynamic_port {
+        return Err(ServerError::Invalid(format!(
+            "node {id}: network: the dynamic port range {}-{} is not a range of ports \
+             (1-65535, min at most max)",
+            net.min_dynamic_port, net.max_dynamic_port
+        )));
+    }
+    if net.reserved_ports.len() > MAX_NODE_RESERVED_RANGES {
+        return Err(ServerError::Invalid(format!(
+            "node {id}: network.reserved_ports: {} ranges, at most {MAX_NODE_RESERVED_RANGES}",
+            net.reserved_ports.len()
+        )));
+    }
+    if let Some((i, r)) = net
+        .reserved_ports
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.first == 0 || r.first > r.last)
+    {
+        return Err(ServerError::Invalid(format!(
+            "node {id}: network.reserved_ports[{i}]: {}-{} is not a range of ports",
+            r.first, r.last
+        )));
+    }
+    Ok(())
 }
 
 impl Server {
@@ -373,7 +413,7 @@ impl Server {
                     NodeStatus::Ready
                 };
                 let node = Node {
-                    network: Default::default(),
+                    network: reg.network.clone(),
                     id: reg.id.clone(),
                     name: reg.name.clone(),
                     datacenter: reg.datacenter.clone(),

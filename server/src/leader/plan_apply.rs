@@ -6,9 +6,10 @@
 //! A plan is checked node by node: the job spec it was made for is still the current
 //! one; a node that gets new allocations exists, is `ready` and not draining; and its
 //! new allocations fit next to the node's non-terminal allocations (minus those the
-//! plan stops, plus what earlier plans of the same batch placed). New allocations are
-//! accepted in order while they fit; the rest is refused and the worker plans it again
-//! against the newer state.
+//! plan stops, plus what earlier plans of the same batch placed), and their ports are
+//! free there (two workers may have picked the same port on a node) and not reserved.
+//! New allocations are accepted in order while they fit; the rest is refused and the
+//! worker plans it again against the newer state.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::leader::batcher::{self, Queued};
 pub use crate::leader::requests::PlanResult;
 pub(crate) use crate::leader::requests::{EvalFinish, PlanRequest};
 use crate::leader::term::LeaderTerm;
+use crate::scheduler::ports::reserved;
 use crate::scheduler::{Plan, StateView};
 use crate::state::evals::{new_eval, set_eval_status};
 use crate::state::{Batch, State};
@@ -82,6 +84,40 @@ struct ApplyCtx {
     delta: HashMap<String, (i128, i128)>,
     /// Existing allocations already rewritten in this batch: index into `batch.allocs`.
     touched: HashMap<String, usize>,
+    /// Ports taken and freed on each node by earlier plans (and stops) of the batch.
+    ports: HashMap<String, PortsDelta>,
+}
+
+#[derive(Default)]
+struct PortsDelta {
+    taken: Vec<u16>,
+    freed: Vec<u16>,
+}
+
+/// Why `want`'s ports cannot be had on its node, if they cannot: one reserved by the
+/// node, or held by a live allocation (after this batch's stops and placements), or
+/// asked twice.
+fn port_conflict(
+    st: &State,
+    node: &drover_server_api::Node,
+    delta: Option<&PortsDelta>,
+    want: &Allocation,
+) -> Option<String> {
+    let used = st.used_ports(&node.id);
+    for (k, p) in want.ports.iter().enumerate() {
+        if reserved(&node.network, p.value) {
+            return Some(format!("port {} reserved", p.value));
+        }
+        let mut holders = used.map_or(0, |u| u.holders(p.value)) as usize;
+        if let Some(d) = delta {
+            holders = holders.saturating_sub(d.freed.iter().filter(|f| **f == p.value).count());
+            holders += d.taken.iter().filter(|t| **t == p.value).count();
+        }
+        if holders > 0 || want.ports[..k].iter().any(|q| q.value == p.value) {
+            return Some(format!("port {} in use", p.value));
+        }
+    }
+    None
 }
 
 fn touch<'a>(
@@ -155,6 +191,11 @@ fn apply_one(
                 let d = ctx.delta.entry(a.node_id.clone()).or_default();
                 d.0 -= i128::from(a.resources.cpu);
                 d.1 -= i128::from(a.resources.memory_mb);
+                if !a.ports.is_empty() {
+                    let freed = a.ports.iter().map(|p| p.value);
+                    let pd = ctx.ports.entry(a.node_id.clone()).or_default();
+                    pd.freed.extend(freed);
+                }
                 batch.unblock = true;
             }
         }
@@ -208,6 +249,14 @@ fn apply_one(
                 };
                 refuse(&mut r, allocs.len() - i, format!("{dim} exhausted"));
                 break;
+            }
+            if !want.ports.is_empty() {
+                if let Some(why) = port_conflict(st, node, ctx.ports.get(node_id), want) {
+                    refuse(&mut r, allocs.len() - i, why);
+                    break;
+                }
+                let pd = ctx.ports.entry(node_id.clone()).or_default();
+                pd.taken.extend(want.ports.iter().map(|p| p.value));
             }
             used_cpu += cpu;
             used_mem += mem;
@@ -312,4 +361,180 @@ pub(crate) fn finish_eval(st: &State, f: &EvalFinish, index: Index, now: i64, ba
     }
     batch.evals.push(e);
     batch.evals.extend(blocked);
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_server_api::{AllocatedPort, Job, JobStatus, JobType};
+
+    use super::*;
+    use crate::scheduler::tests::{node, ports_group, spec, with_range};
+
+    /// A state with node `n1` (ports 22 and 8000-8100 reserved) and job `web`.
+    fn state() -> State {
+        let mut st = State::default();
+        let n = with_range(
+            node("n1", 4000, 4096),
+            20000,
+            32000,
+            &[(22, 22), (8000, 8100)],
+        );
+        let job = Job {
+            spec: spec(
+                "web",
+                JobType::Service,
+                vec![ports_group("g", 3, &[("http", 9090)])],
+            ),
+            version: 0,
+            stop: false,
+            status: JobStatus::Pending,
+            submit_time: 0,
+            create_index: 1,
+            modify_index: 1,
+            job_modify_index: 1,
+        };
+        st.apply(
+            Batch {
+                nodes: vec![n],
+                jobs: vec![job],
+                ..Batch::default()
+            },
+            1,
+        );
+        st
+    }
+
+    fn alloc(id: &str, port: u16) -> Allocation {
+        let mut a: Allocation = serde_json::from_value(serde_json::json!({
+            "id": id, "name": "web.g[0]", "index": 0, "job_name": "web", "job_version": 0,
+            "group": "g", "node_id": "id-n1", "node_name": "n1",
+            "resources": {"cpu": 10, "memory_mb": 10},
+            "desired_status": "run", "desired_description": "",
+            "client_status": "pending", "client_description": "",
+            "task_states": {}, "eval_id": "e", "create_index": 0, "modify_index": 0,
+            "alloc_modify_index": 0, "create_time": 0, "modify_time": 0
+        }))
+        .expect("an allocation");
+        a.ports = vec![AllocatedPort {
+            label: "http".into(),
+            value: port,
+            to: port,
+            host_ip: "127.0.0.1".into(),
+        }];
+        a
+    }
+
+    fn plan(place: Vec<Allocation>, stop: &[&str]) -> Plan {
+        let mut p = Plan {
+            eval_id: "e".into(),
+            job_name: "web".into(),
+            job_modify_index: 1,
+            snapshot_index: 1,
+            ..Plan::default()
+        };
+        p.node_allocation.insert("id-n1".into(), place);
+        if !stop.is_empty() {
+            p.node_update.insert(
+                "id-n1".into(),
+                stop.iter()
+                    .map(|id| crate::scheduler::AllocStop {
+                        alloc_id: (*id).into(),
+                        desired_description: "replaced".into(),
+                        lost: false,
+                    })
+                    .collect(),
+            );
+        }
+        p
+    }
+
+    #[test]
+    fn two_plans_picking_the_same_port_on_a_node_commit_only_the_first() {
+        let st = state();
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let first = apply_one(
+            &st,
+            &plan(vec![alloc("a", 9090)], &[]),
+            None,
+            2,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        let second = apply_one(
+            &st,
+            &plan(vec![alloc("b", 9090)], &[]),
+            None,
+            2,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!((first.placed, first.refused), (1, 0));
+        assert_eq!((second.placed, second.refused), (0, 1));
+        assert_eq!(second.refused_nodes["id-n1"], "port 9090 in use");
+        // Another port is fine.
+        let third = apply_one(
+            &st,
+            &plan(vec![alloc("c", 9091)], &[]),
+            None,
+            2,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(third.placed, 1);
+    }
+
+    #[test]
+    fn a_port_held_in_the_state_or_reserved_is_refused_unless_the_plan_frees_it() {
+        let mut st = state();
+        let mut held = alloc("held", 9090);
+        held.create_index = 2;
+        st.apply(
+            Batch {
+                allocs: vec![held],
+                ..Batch::default()
+            },
+            2,
+        );
+        assert!(st.used_ports("id-n1").is_some_and(|u| u.contains(9090)));
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let r = apply_one(
+            &st,
+            &plan(vec![alloc("a", 9090)], &[]),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(r.refused_nodes["id-n1"], "port 9090 in use");
+        let r = apply_one(
+            &st,
+            &plan(vec![alloc("b", 8080)], &[]),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(r.refused_nodes["id-n1"], "port 8080 reserved");
+        // The plan stops the holder: its port is the new allocation's.
+        let r = apply_one(
+            &st,
+            &plan(vec![alloc("c", 9090)], &["held"]),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!((r.placed, r.refused, r.stopped), (1, 0, 1));
+        st.apply(batch, 3);
+        let used = st.used_ports("id-n1").expect("ports held");
+        assert_eq!(used.holders(9090), 1);
+    }
 }

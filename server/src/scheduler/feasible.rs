@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use drover_server_api::validate::{
     Target, interpolation_target, lenient_version, set_items, version_requirement,
 };
-use drover_server_api::{Constraint, ConstraintOperator, Job, Node, NodeStatus, TaskGroup};
+use drover_server_api::{Constraint, ConstraintOperator, JobSpec, Node, NodeStatus, TaskGroup};
 use regex::Regex;
 use semver::VersionReq;
 
@@ -77,7 +77,7 @@ fn distinct_enabled(c: &Constraint) -> bool {
 }
 
 impl<'a> GroupNeeds<'a> {
-    pub(crate) fn new(job: &'a Job, group: &'a TaskGroup) -> Self {
+    pub(crate) fn new(job: &'a JobSpec, group: &'a TaskGroup) -> Self {
         let mut drivers: Vec<&str> = Vec::new();
         for t in &group.tasks {
             if !drivers.contains(&t.driver.as_str()) {
@@ -85,7 +85,6 @@ impl<'a> GroupNeeds<'a> {
             }
         }
         let constraints = job
-            .spec
             .constraints
             .iter()
             .chain(&group.constraints)
@@ -94,7 +93,7 @@ impl<'a> GroupNeeds<'a> {
         GroupNeeds {
             drivers,
             constraints,
-            distinct_job: job.spec.constraints.iter().any(distinct_enabled),
+            distinct_job: job.constraints.iter().any(distinct_enabled),
             distinct_group: group.constraints.iter().any(distinct_enabled),
         }
     }
@@ -149,6 +148,16 @@ pub(crate) fn check<'a>(
         }
     }
     Ok(())
+}
+
+/// Whether `node` could ever run a group needing `needs`: its drivers were detected
+/// (healthy or not) and the constraints hold; whether it is ready now does not matter.
+pub(crate) fn could_run(node: &Node, needs: &GroupNeeds<'_>, compiled: &mut Compiled) -> bool {
+    needs
+        .drivers
+        .iter()
+        .all(|d| node.driver(d).is_some_and(|i| i.detected))
+        && needs.constraints.iter().all(|c| holds(node, c, compiled))
 }
 
 /// The value a constraint side has on `node` (`None`: not set there).

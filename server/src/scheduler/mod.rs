@@ -9,6 +9,7 @@
 //! default, spread as an option, anti-affinity between a job's allocations), over a
 //! bounded random sample of feasible nodes as Nomad's limit iterator does.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use drover_server_api::{
@@ -19,12 +20,14 @@ use crate::config::SchedulerAlgorithm;
 
 mod feasible;
 mod place;
+pub(crate) mod ports;
 mod rank;
 mod reconcile;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use place::{Placed, Placer};
+pub use ports::UsedPorts;
 
 /// A consistent read of the state the scheduler works on.
 pub trait StateView {
@@ -52,6 +55,19 @@ pub trait StateView {
     fn node_allocs(&self, node_id: &str) -> Vec<&Allocation>;
     /// What the node's non-terminal allocations reserve.
     fn node_usage(&self, node_id: &str) -> AllocResources;
+    /// The ports the node's non-terminal allocations hold (`None`: none).
+    ///
+    /// The default builds them from [`StateView::node_allocs`]; the server's state
+    /// keeps them indexed and lends them.
+    fn node_ports(&self, node_id: &str) -> Option<Cow<'_, UsedPorts>> {
+        let mut used = UsedPorts::default();
+        for a in self.node_allocs(node_id) {
+            if !a.is_terminal() {
+                used.add_alloc(a);
+            }
+        }
+        (!used.is_empty()).then_some(Cow::Owned(used))
+    }
 }
 
 /// An allocation the plan stops or marks lost.

@@ -8,14 +8,17 @@
 //! depends only on the node and the group is computed once per node and group, when
 //! the node is first visited.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use drover_server_api::{
-    AllocResources, Allocation, ClientStatus, DesiredStatus, Job, Node, PlacementFailure, TaskGroup,
+    AllocResources, Allocation, ClientStatus, DesiredStatus, Job, Node, PlacementFailure, PortSpec,
+    TaskGroup,
 };
 
 use super::StateView;
 use super::feasible::{self, Compiled, Filter, GroupNeeds};
+use super::ports::{self, PortProblem, UsedPorts};
 use super::rank::{self, MAX_SKIP, SplitMix64, Walk};
 use crate::config::SchedulerAlgorithm;
 
@@ -26,11 +29,13 @@ struct GroupCtx<'a> {
     feasible: Vec<u8>,
     /// Allocations of the group per node (only kept for `distinct_hosts` on the group).
     on_node: Vec<u32>,
+    /// The ports each allocation needs (empty: none).
+    ports: &'a [PortSpec],
 }
 
 impl<'a> GroupCtx<'a> {
     fn new(job: &'a Job, group: &'a TaskGroup, n: usize) -> Self {
-        let needs = GroupNeeds::new(job, group);
+        let needs = GroupNeeds::new(&job.spec, group);
         let on_node = if needs.distinct_group {
             vec![0; n]
         } else {
@@ -41,6 +46,10 @@ impl<'a> GroupCtx<'a> {
             ask: group.resources(),
             feasible: vec![0; n],
             on_node,
+            ports: group
+                .network
+                .as_ref()
+                .map_or(&[], |net| net.ports.as_slice()),
         }
     }
 }
@@ -73,6 +82,21 @@ pub(crate) struct Placer<'a> {
     dc_filtered: u32,
     /// Nodes looked at by placements so far (the cost of placing).
     pub(crate) visits: u64,
+    /// Ports held on each node according to the state, read when a group with ports
+    /// first looks at the node (empty until then: jobs without ports never read them).
+    ports_base: Vec<Option<Option<Cow<'a, UsedPorts>>>>,
+    /// What the plan took (+) and freed (-) of each node's ports.
+    ports_delta: HashMap<usize, PortsDelta>,
+    /// Dynamic port picks (seeded by the evaluation, as the visiting order).
+    port_rng: SplitMix64,
+    /// The ports of the last placement, for [`Placer::allocation`].
+    assigned: Vec<u16>,
+}
+
+#[derive(Default)]
+struct PortsDelta {
+    taken: Vec<u16>,
+    freed: Vec<u16>,
 }
 
 /// One placement's outcome.
@@ -140,6 +164,10 @@ impl<'a> Placer<'a> {
             compiled: Compiled::default(),
             dc_filtered,
             visits: 0,
+            ports_base: Vec::new(),
+            ports_delta: HashMap::new(),
+            port_rng: SplitMix64::new(rank::seed_for(eval_id) ^ 0x706f_7274_7300_0000),
+            assigned: Vec::new(),
         };
         for a in allocs {
             if a.desired_status == DesiredStatus::Run
@@ -182,6 +210,10 @@ impl<'a> Placer<'a> {
         self.delta[i].0 -= a.resources.cpu as i64;
         self.delta[i].1 -= a.resources.memory_mb as i64;
         self.job_on_node[i] = self.job_on_node[i].saturating_sub(1);
+        if !a.ports.is_empty() {
+            let d = self.ports_delta.entry(i).or_default();
+            d.freed.extend(a.ports.iter().map(|p| p.value));
+        }
         if let Some(&gi) = self.group_ix.get(a.group.as_str())
             && self.groups[gi].needs.distinct_group
         {
@@ -223,6 +255,32 @@ impl<'a> Placer<'a> {
         } else {
             None
         }
+    }
+
+    /// The ports of one allocation of group `gi` on node `i`, or why there are none.
+    fn pick_ports(&mut self, gi: usize, i: usize) -> Result<Vec<u16>, PortProblem> {
+        let specs = self.groups[gi].ports;
+        if specs.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.ports_base.is_empty() {
+            self.ports_base = vec![None; self.nodes.len()];
+        }
+        let state = self.state;
+        let node = self.nodes[i];
+        let base = self.ports_base[i]
+            .get_or_insert_with(|| state.node_ports(&node.id))
+            .as_deref();
+        let delta = self.ports_delta.get(&i);
+        let used = |p: u16| {
+            let mut holders = base.map_or(0, |b| b.holders(p)) as usize;
+            if let Some(d) = delta {
+                holders = holders.saturating_sub(d.freed.iter().filter(|f| **f == p).count());
+                holders += d.taken.iter().filter(|t| **t == p).count();
+            }
+            holders > 0
+        };
+        ports::assign(specs, &node.network, used, &mut self.port_rng)
     }
 
     fn statically_feasible(&mut self, gi: usize, i: usize) -> bool {
@@ -286,7 +344,10 @@ impl<'a> Placer<'a> {
             if self.exhausted(i, ask).is_some() {
                 return Placed::Failed;
             }
-            self.commit(gi, i, ask);
+            let Ok(ports) = self.pick_ports(gi, i) else {
+                return Placed::Failed;
+            };
+            self.commit(gi, i, ask, ports);
             return Placed::Node(i);
         }
         let n = self.nodes.len();
@@ -294,9 +355,9 @@ impl<'a> Placer<'a> {
         let failed_on = previous
             .filter(|p| p.client_status == ClientStatus::Failed)
             .map(|p| p.node_id.clone());
-        let mut best: Option<(f64, usize)> = None;
+        let mut best: Option<(f64, usize, Vec<u16>)> = None;
         let mut candidates = 0;
-        let mut skipped: Vec<(f64, usize)> = Vec::new();
+        let mut skipped: Vec<(f64, usize, Vec<u16>)> = Vec::new();
         let mut visited = 0;
         while visited < n && candidates < self.limit {
             let i = self.walk.next_index();
@@ -308,34 +369,42 @@ impl<'a> Placer<'a> {
             {
                 continue;
             }
+            let Ok(ports) = self.pick_ports(gi, i) else {
+                continue;
+            };
             let score = self.score(i, ask, desired, failed_on.as_deref());
             if score < 0.0 && skipped.len() < MAX_SKIP {
-                skipped.push((score, i));
+                skipped.push((score, i, ports));
                 continue;
             }
             candidates += 1;
-            if best.is_none_or(|(s, _)| score > s) {
-                best = Some((score, i));
+            if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
+                best = Some((score, i, ports));
             }
         }
         // Too few good candidates: the penalized ones are still better than nothing.
         if candidates < self.limit {
-            for (score, i) in skipped {
-                if best.is_none_or(|(s, _)| score > s) {
-                    best = Some((score, i));
+            for (score, i, ports) in skipped {
+                if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
+                    best = Some((score, i, ports));
                 }
             }
         }
         match best {
-            Some((_, i)) => {
-                self.commit(gi, i, ask);
+            Some((_, i, ports)) => {
+                self.commit(gi, i, ask, ports);
                 Placed::Node(i)
             }
             None => Placed::Failed,
         }
     }
 
-    fn commit(&mut self, gi: usize, i: usize, ask: AllocResources) {
+    fn commit(&mut self, gi: usize, i: usize, ask: AllocResources, ports: Vec<u16>) {
+        if !ports.is_empty() {
+            let d = self.ports_delta.entry(i).or_default();
+            d.taken.extend_from_slice(&ports);
+        }
+        self.assigned = ports;
         self.delta[i].0 += ask.cpu as i64;
         self.delta[i].1 += ask.memory_mb as i64;
         self.job_on_node[i] += 1;
@@ -358,8 +427,12 @@ impl<'a> Placer<'a> {
         previous: Option<&Allocation>,
     ) -> Allocation {
         let node = self.nodes[i];
+        let specs = group
+            .network
+            .as_ref()
+            .map_or(&[][..], |n| n.ports.as_slice());
         Allocation {
-            ports: Default::default(),
+            ports: ports::allocated(specs, &self.assigned, &node.network),
             reschedule_events: Vec::new(),
             id: uuid::Uuid::new_v4().to_string(),
             name: format!("{}.{}[{index}]", self.job.spec.name, group.name),
@@ -431,6 +504,8 @@ impl<'a> Placer<'a> {
                 Ok(()) => {
                     if let Some(dim) = self.exhausted(i, ask) {
                         *exhausted.entry(dim.into()).or_default() += 1;
+                    } else if let Err(p) = self.pick_ports(gi, i) {
+                        *exhausted.entry(p.key()).or_default() += 1;
                     }
                 }
             }
@@ -461,7 +536,7 @@ impl<'a> Placer<'a> {
             ));
         }
         for (dim, k) in &exhausted {
-            parts.push((*k, format!("{dim} exhausted on {k} of {n} nodes")));
+            parts.push((*k, ports::exhausted_sentence(dim, *k, n)));
         }
         // Most nodes first; a stable sort keeps the order above for ties.
         parts.sort_by_key(|p| std::cmp::Reverse(p.0));
@@ -507,11 +582,13 @@ impl<'a> Placer<'a> {
             };
             if let Some(dim) = self.exhausted(i, ask) {
                 *exhausted.entry(dim.into()).or_default() += 1;
+            } else if let Err(p) = self.pick_ports(gi, i) {
+                *exhausted.entry(p.key()).or_default() += 1;
             }
         }
         let mut parts: Vec<(u32, String)> = exhausted
             .iter()
-            .map(|(dim, k)| (*k, format!("{dim} exhausted on {k} of {n} nodes")))
+            .map(|(dim, k)| (*k, ports::exhausted_sentence(dim, *k, n)))
             .collect();
         parts.sort_by_key(|p| std::cmp::Reverse(p.0));
         PlacementFailure {

@@ -135,8 +135,10 @@ fn live(a: &Allocation) -> bool {
 }
 
 /// Whether `a` runs a different spec of `group` than the job's current one: any task
-/// differs (a destructive update). A count or metadata change is not one. When the
-/// version `a` was placed with is no longer known, it counts as changed.
+/// or the network differs (a destructive update: new ports need a new placement). A
+/// count or metadata change is not one: the allocation is left alone and keeps its
+/// ports. When the version `a` was placed with is no longer known, it counts as
+/// changed.
 fn changed(state: &dyn StateView, job: &Job, group: &TaskGroup, a: &Allocation) -> bool {
     if a.job_version == job.version {
         return false;
@@ -147,7 +149,7 @@ fn changed(state: &dyn StateView, job: &Job, group: &TaskGroup, a: &Allocation) 
             .groups
             .iter()
             .find(|g| g.name == group.name)
-            .is_none_or(|g| g.tasks != group.tasks),
+            .is_none_or(|g| g.tasks != group.tasks || g.network != group.network),
         None => true,
     }
 }

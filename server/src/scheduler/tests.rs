@@ -140,7 +140,7 @@ impl TestState {
     }
 }
 
-fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
+pub(crate) fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
     let healthy = DriverInfo {
         detected: true,
         healthy: true,
@@ -191,7 +191,7 @@ fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
     }
 }
 
-fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
+pub(crate) fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
     TaskGroup {
         network: Default::default(),
         services: Default::default(),
@@ -204,7 +204,7 @@ fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
     }
 }
 
-fn spec(name: &str, job_type: JobType, groups: Vec<TaskGroup>) -> JobSpec {
+pub(crate) fn spec(name: &str, job_type: JobType, groups: Vec<TaskGroup>) -> JobSpec {
     JobSpec {
         datacenters: Vec::new(),
         name: name.into(),
@@ -1435,4 +1435,340 @@ fn no_node_in_the_datacenters_is_the_reason() {
     );
     assert_eq!(f.nodes_filtered["not in datacenters [dc2, dc3]"], 3);
     assert_eq!(f.nodes_exhausted["memory"], 1);
+}
+
+// --- ports ---------------------------------------------------------------------------
+
+pub(crate) fn ports_group(name: &str, count: u32, ports: &[(&str, u32)]) -> TaskGroup {
+    let mut g = group(name, count, 10, 10);
+    g.network = Some(drover_server_api::NetworkSpec {
+        mode: drover_server_api::NetworkMode::Host,
+        ports: ports
+            .iter()
+            .map(|(label, static_port)| drover_server_api::PortSpec {
+                label: (*label).into(),
+                static_port: *static_port,
+                ..Default::default()
+            })
+            .collect(),
+    });
+    g
+}
+
+pub(crate) fn with_range(mut n: Node, min: u16, max: u16, reserved: &[(u16, u16)]) -> Node {
+    n.network = drover_server_api::NodeNetwork {
+        address: format!("10.0.0.{}", n.name.len()),
+        min_dynamic_port: min,
+        max_dynamic_port: max,
+        reserved_ports: reserved
+            .iter()
+            .map(|(first, last)| drover_server_api::PortRange {
+                first: *first,
+                last: *last,
+            })
+            .collect(),
+    };
+    n
+}
+
+#[test]
+fn dynamic_ports_are_distinct_per_node_in_its_range_and_never_reserved() {
+    let mut s = TestState::default();
+    s.add_node(with_range(
+        node("a", 4000, 4096),
+        20000,
+        20019,
+        &[(20000, 20004)],
+    ));
+    s.add_node(with_range(
+        node("bb", 4000, 4096),
+        30000,
+        30019,
+        &[(30010, 30014)],
+    ));
+    // 3 dynamic ports per allocation (one mapped): the 15 free ports of each node
+    // fit 5 allocations there, 10 in all.
+    let mut g = ports_group("web", 10, &[("http", 0), ("admin", 0), ("metrics", 0)]);
+    if let Some(net) = g.network.as_mut() {
+        net.ports[1].to = 9090;
+    }
+    s.register(spec("web", JobType::Service, vec![g]));
+    let out = run_and_apply(&mut s, "web");
+    assert!(
+        out.failed_tg_allocs.is_empty(),
+        "{:?}",
+        out.failed_tg_allocs
+    );
+    let live = s.live("web");
+    assert_eq!(live.len(), 10);
+    let mut per_node: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+    for a in &live {
+        let node = s.node(&a.node_id).unwrap();
+        assert_eq!(
+            a.ports.iter().map(|p| p.label.as_str()).collect::<Vec<_>>(),
+            ["http", "admin", "metrics"]
+        );
+        for p in &a.ports {
+            let net = &node.network;
+            assert!(
+                (net.min_dynamic_port..=net.max_dynamic_port).contains(&p.value),
+                "{p:?} outside the range of {}",
+                node.name
+            );
+            assert!(
+                !net.reserved_ports
+                    .iter()
+                    .any(|r| (r.first..=r.last).contains(&p.value)),
+                "{p:?} is reserved on {}",
+                node.name
+            );
+            assert_eq!(p.host_ip, net.address);
+            per_node.entry(node.name.clone()).or_default().push(p.value);
+        }
+        assert_eq!(a.ports[0].to, a.ports[0].value);
+        assert_eq!(a.ports[1].to, 9090);
+    }
+    for (name, mut ports) in per_node {
+        let n = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), n, "a port given twice on {name}");
+    }
+    // Every free dynamic port is given: one more finds none.
+    s.register(spec(
+        "more",
+        JobType::Service,
+        vec![ports_group("g", 1, &[("http", 0)])],
+    ));
+    let out = run(&s, "more");
+    let f = &out.failed_tg_allocs["g"];
+    assert_eq!(f.reason, "no free dynamic port on 2 of 2 nodes");
+    assert_eq!(
+        f.nodes_exhausted,
+        BTreeMap::from([("network: no free dynamic port".into(), 2)])
+    );
+}
+
+#[test]
+fn a_static_port_taken_on_the_only_node_places_one_and_says_why_for_the_rest() {
+    let mut s = TestState::default();
+    s.add_node(node("a", 4000, 4096));
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![ports_group("g", 3, &[("http", 8080)])],
+    ));
+    let out = run_and_apply(&mut s, "web");
+    assert_eq!(placed(&out).len(), 1);
+    assert_eq!(placed(&out)[0].ports[0].value, 8080);
+    let f = &out.failed_tg_allocs["g"];
+    assert_eq!(f.unplaced, 2);
+    assert_eq!(f.reason, "port 8080 in use on 1 of 1 nodes");
+    assert_eq!(
+        f.nodes_exhausted,
+        BTreeMap::from([("network: port 8080 in use".into(), 1)])
+    );
+    assert_eq!(out.queued_allocations["g"], 2);
+
+    // Another job asking for the same port: the same reason, over every node.
+    s.add_node(node("b", 4000, 4096));
+    s.add_node(node("c", 4000, 4096));
+    s.register(spec(
+        "other",
+        JobType::Service,
+        vec![ports_group("g", 3, &[("http", 8080)])],
+    ));
+    let out = run_and_apply(&mut s, "other");
+    assert_eq!(placed(&out).len(), 2);
+    let f = &out.failed_tg_allocs["g"];
+    assert_eq!(f.reason, "port 8080 in use on 3 of 3 nodes");
+}
+
+#[test]
+fn a_reserved_static_port_is_never_given() {
+    let mut s = TestState::default();
+    s.add_node(with_range(
+        node("a", 4000, 4096),
+        20000,
+        32000,
+        &[(22, 22), (8000, 8100)],
+    ));
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![ports_group("g", 1, &[("http", 8080)])],
+    ));
+    let out = run(&s, "web");
+    assert!(placed(&out).is_empty());
+    assert_eq!(
+        out.failed_tg_allocs["g"].reason,
+        "port 8080 reserved on 1 of 1 nodes"
+    );
+}
+
+#[test]
+fn a_stopped_allocation_frees_its_ports() {
+    let mut s = TestState::default();
+    s.add_node(node("a", 4000, 4096));
+    s.register(spec(
+        "one",
+        JobType::Service,
+        vec![ports_group("g", 1, &[("http", 8080)])],
+    ));
+    run_and_apply(&mut s, "one");
+    s.register(spec(
+        "two",
+        JobType::Service,
+        vec![ports_group("g", 1, &[("http", 8080)])],
+    ));
+    assert!(!run(&s, "two").failed_tg_allocs.is_empty());
+    // The client reports the first one failed (its reschedule is due later): the port
+    // is free.
+    s.report("one", ClientStatus::Complete);
+    let out = run(&s, "two");
+    assert!(
+        out.failed_tg_allocs.is_empty(),
+        "{:?}",
+        out.failed_tg_allocs
+    );
+    assert_eq!(placed(&out)[0].ports[0].value, 8080);
+
+    // Within one plan: a destructive update on the only node stops the old copy and
+    // gives its static port to the new one.
+    let mut s = TestState::default();
+    s.add_node(node("a", 4000, 4096));
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![ports_group("g", 1, &[("http", 8080)])],
+    ));
+    run_and_apply(&mut s, "web");
+    let mut v2 = ports_group("g", 1, &[("http", 8080)]);
+    v2.tasks[0].env.insert("V".into(), "2".into());
+    s.register(spec("web", JobType::Service, vec![v2]));
+    let out = run(&s, "web");
+    assert_eq!(stopped(&out).len(), 1);
+    assert_eq!(placed(&out).len(), 1, "{:?}", out.failed_tg_allocs);
+    assert_eq!(placed(&out)[0].ports[0].value, 8080);
+}
+
+#[test]
+fn an_unchanged_network_keeps_the_ports_and_a_changed_one_replaces_the_allocation() {
+    let mut s = TestState::default();
+    s.add_node(node("a", 4000, 4096));
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![ports_group("g", 2, &[("http", 0)])],
+    ));
+    run_and_apply(&mut s, "web");
+    let before: Vec<(String, u16)> = s
+        .live("web")
+        .iter()
+        .map(|a| (a.id.clone(), a.ports[0].value))
+        .collect();
+    // Metadata and count changes: nothing is replaced, the ports stay.
+    let mut g = ports_group("g", 3, &[("http", 0)]);
+    g.meta.insert("owner".into(), "ops".into());
+    s.register(spec("web", JobType::Service, vec![g]));
+    let out = run_and_apply(&mut s, "web");
+    assert!(stopped(&out).is_empty());
+    assert_eq!(placed(&out).len(), 1);
+    let after: Vec<(String, u16)> = s
+        .live("web")
+        .iter()
+        .map(|a| (a.id.clone(), a.ports[0].value))
+        .collect();
+    assert_eq!(after[..2], before[..]);
+    assert_ne!(after[2].1, after[0].1);
+    assert_ne!(after[2].1, after[1].1);
+    // A new port label: every allocation is replaced (a destructive update).
+    let mut v3 = spec(
+        "web",
+        JobType::Service,
+        vec![ports_group("g", 3, &[("http", 0), ("admin", 0)])],
+    );
+    v3.update.max_parallel = 0;
+    s.register(v3);
+    let out = run(&s, "web");
+    assert_eq!(stopped(&out).len(), 3);
+    assert_eq!(placed(&out).len(), 3);
+    assert!(placed(&out).iter().all(|a| a.ports.len() == 2));
+    assert_eq!(out.desired_tg_updates["g"].update, 3);
+}
+
+#[test]
+fn a_system_job_with_a_taken_static_port_says_why_per_node() {
+    let mut s = three_nodes();
+    s.register(spec(
+        "holder",
+        JobType::Service,
+        vec![ports_group("g", 1, &[("dns", 53)])],
+    ));
+    run_and_apply(&mut s, "holder");
+    s.register(spec(
+        "sys",
+        JobType::System,
+        vec![ports_group("g", 1, &[("dns", 53)])],
+    ));
+    let out = run(&s, "sys");
+    assert_eq!(placed(&out).len(), 2);
+    let f = &out.failed_tg_allocs["g"];
+    assert_eq!(f.unplaced, 1);
+    assert_eq!(f.reason, "port 53 in use on 1 of 3 nodes");
+}
+
+#[test]
+fn the_static_ports_of_a_job_are_checked_against_the_nodes_that_could_run_it() {
+    let a = with_range(node("a", 4000, 4096), 20000, 32000, &[]);
+    let mut b = with_range(node("bb", 4000, 4096), 40000, 50000, &[]);
+    b.drivers.clear();
+    let web = |port: u32| {
+        spec(
+            "web",
+            JobType::Service,
+            vec![ports_group("g", 1, &[("http", port)])],
+        )
+    };
+    // No node: the default range.
+    let (field, msg) = super::ports::check_static_ports(&web(20500), &[]).unwrap_err();
+    assert_eq!(field, "group[0].network.port[0].static");
+    assert!(
+        msg.contains("default dynamic port range 20000-32000"),
+        "{msg}"
+    );
+    let (_, msg) = super::ports::check_static_ports(&web(20500), &[&a, &b]).unwrap_err();
+    assert!(
+        msg.contains("20500 is inside the dynamic port range 20000-32000 of node a"),
+        "{msg}"
+    );
+    // Node bb has no rawexec: its range does not matter.
+    assert!(super::ports::check_static_ports(&web(45000), &[&a, &b]).is_ok());
+    assert!(super::ports::check_static_ports(&web(8080), &[&a, &b]).is_ok());
+    // The same port asked twice by a group.
+    let twice = spec(
+        "web",
+        JobType::Service,
+        vec![ports_group("g", 1, &[("http", 8080), ("alt", 8080)])],
+    );
+    let (field, msg) = super::ports::check_static_ports(&twice, &[&a]).unwrap_err();
+    assert_eq!(field, "group[0].network.port[1].static");
+    assert!(msg.contains("asked twice"), "{msg}");
+}
+
+#[test]
+fn the_same_evaluation_picks_the_same_ports() {
+    let mut s = three_nodes();
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![ports_group("g", 6, &[("http", 0), ("grpc", 0)])],
+    ));
+    let ports = |out: &SchedulerOutput| -> Vec<Vec<u16>> {
+        placed(out)
+            .iter()
+            .map(|a| a.ports.iter().map(|p| p.value).collect())
+            .collect()
+    };
+    assert_eq!(ports(&run(&s, "web")), ports(&run(&s, "web")));
 }

@@ -9,6 +9,7 @@
 pub(crate) mod evals;
 pub(crate) mod services;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use drover_server_api::{
@@ -16,7 +17,7 @@ use drover_server_api::{
     TaskGroup,
 };
 
-use crate::scheduler::StateView;
+use crate::scheduler::{StateView, UsedPorts};
 use crate::store::{KeyValue, Op, StoreChange, StoreError};
 
 /// Key of a job's current version.
@@ -233,6 +234,19 @@ impl Batch {
     }
 }
 
+/// `a` (live until now) no longer holds its ports.
+fn free_ports(ports: &mut HashMap<String, UsedPorts>, a: &Allocation) {
+    if a.ports.is_empty() {
+        return;
+    }
+    if let Some(used) = ports.get_mut(&a.node_id) {
+        used.remove_alloc(a);
+        if used.is_empty() {
+            ports.remove(&a.node_id);
+        }
+    }
+}
+
 /// Everything the server knows, indexed.
 #[derive(Debug, Default)]
 pub(crate) struct State {
@@ -247,6 +261,9 @@ pub(crate) struct State {
     by_job: HashMap<String, HashSet<String>>,
     by_node: HashMap<String, HashSet<String>>,
     usage: HashMap<String, AllocResources>,
+    /// The ports the non-terminal allocations of each node hold (only nodes where some
+    /// do), kept with `usage`: placing tests a bit instead of scanning allocations.
+    ports: HashMap<String, UsedPorts>,
     evals: HashMap<String, Evaluation>,
     evals_by_job: HashMap<String, Vec<String>>,
     /// The blocked evaluation of each job that has one.
@@ -340,6 +357,7 @@ impl State {
         for id in batch.drop_nodes {
             self.nodes.remove(&id);
             self.usage.remove(&id);
+            self.ports.remove(&id);
         }
         for id in batch.drop_node_secrets {
             self.node_secrets.remove(&id);
@@ -357,11 +375,12 @@ impl State {
         let Some(a) = self.allocs.remove(id) else {
             return;
         };
-        if !a.is_terminal()
-            && let Some(u) = self.usage.get_mut(&a.node_id)
-        {
-            u.cpu = u.cpu.saturating_sub(a.resources.cpu);
-            u.memory_mb = u.memory_mb.saturating_sub(a.resources.memory_mb);
+        if !a.is_terminal() {
+            if let Some(u) = self.usage.get_mut(&a.node_id) {
+                u.cpu = u.cpu.saturating_sub(a.resources.cpu);
+                u.memory_mb = u.memory_mb.saturating_sub(a.resources.memory_mb);
+            }
+            free_ports(&mut self.ports, &a);
         }
         for (index, key) in [
             (&mut self.by_job, &a.job_name),
@@ -387,6 +406,7 @@ impl State {
                     let u = self.usage.entry(old.node_id.clone()).or_default();
                     u.cpu = u.cpu.saturating_sub(old.resources.cpu);
                     u.memory_mb = u.memory_mb.saturating_sub(old.resources.memory_mb);
+                    free_ports(&mut self.ports, old);
                 }
             }
             None => {
@@ -404,6 +424,16 @@ impl State {
             let u = self.usage.entry(a.node_id.clone()).or_default();
             u.cpu += a.resources.cpu;
             u.memory_mb += a.resources.memory_mb;
+            if !a.ports.is_empty() {
+                match self.ports.get_mut(&a.node_id) {
+                    Some(used) => used.add_alloc(&a),
+                    None => {
+                        let mut used = UsedPorts::default();
+                        used.add_alloc(&a);
+                        self.ports.insert(a.node_id.clone(), used);
+                    }
+                }
+            }
         }
         self.allocs.insert(a.id.clone(), a);
     }
@@ -543,6 +573,12 @@ impl State {
         self.blocked.values().filter_map(|id| self.evals.get(id))
     }
 
+    /// The ports the node's live allocations hold (the index the scheduler and the
+    /// plan applier test ports against).
+    pub(crate) fn used_ports(&self, node_id: &str) -> Option<&UsedPorts> {
+        self.ports.get(node_id)
+    }
+
     /// The node's allocations, by iteration over its index only.
     pub(crate) fn allocs_on_node(&self, node_id: &str) -> impl Iterator<Item = &Allocation> {
         self.by_node
@@ -593,6 +629,10 @@ impl StateView for State {
     fn node_usage(&self, node_id: &str) -> AllocResources {
         self.usage.get(node_id).copied().unwrap_or_default()
     }
+
+    fn node_ports(&self, node_id: &str) -> Option<Cow<'_, UsedPorts>> {
+        self.ports.get(node_id).map(Cow::Borrowed)
+    }
 }
 
 /// The state with one job replaced: what `job plan` schedules against.
@@ -633,6 +673,9 @@ impl StateView for Overlay<'_> {
     }
     fn node_usage(&self, node_id: &str) -> AllocResources {
         self.base.node_usage(node_id)
+    }
+    fn node_ports(&self, node_id: &str) -> Option<Cow<'_, UsedPorts>> {
+        self.base.node_ports(node_id)
     }
 }
 
@@ -695,5 +738,96 @@ mod tests {
         };
         let err = Batch::from_change(&change).unwrap_err().to_string();
         assert!(err.contains("jobv/web"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod ports_tests {
+    use drover_server_api::{AllocatedPort, DesiredStatus};
+
+    use super::*;
+    use crate::scheduler::tests::node;
+
+    fn alloc(id: &str, ports: &[u16]) -> Allocation {
+        let mut a: Allocation = serde_json::from_value(serde_json::json!({
+            "id": id, "name": "web.g[0]", "index": 0, "job_name": "web", "job_version": 0,
+            "group": "g", "node_id": "id-n1", "node_name": "n1",
+            "resources": {"cpu": 10, "memory_mb": 10},
+            "desired_status": "run", "desired_description": "",
+            "client_status": "running", "client_description": "",
+            "task_states": {}, "eval_id": "e", "create_index": 2, "modify_index": 2,
+            "alloc_modify_index": 2, "create_time": 0, "modify_time": 0
+        }))
+        .expect("an allocation");
+        a.ports = ports
+            .iter()
+            .map(|p| AllocatedPort {
+                label: format!("p{p}"),
+                value: *p,
+                to: *p,
+                host_ip: "127.0.0.1".into(),
+            })
+            .collect();
+        a
+    }
+
+    fn kv(key: String, value: Vec<u8>) -> KeyValue {
+        KeyValue {
+            key,
+            value,
+            create_revision: 2,
+            mod_revision: 2,
+        }
+    }
+
+    #[test]
+    fn a_state_read_back_from_the_store_knows_the_ports_held_and_frees_them_on_stop() {
+        let n = node("n1", 4000, 4096);
+        let mut stopped = alloc("old", &[7000]);
+        stopped.desired_status = DesiredStatus::Stop;
+        let kvs = vec![
+            kv("node/id-n1".into(), serde_json::to_vec(&n).unwrap()),
+            kv(
+                "alloc/a".into(),
+                serde_json::to_vec(&alloc("a", &[8080, 20001])).unwrap(),
+            ),
+            kv("alloc/old".into(), serde_json::to_vec(&stopped).unwrap()),
+        ];
+        let mut st = State::load(kvs, 2).unwrap();
+        let used = st.used_ports("id-n1").expect("the node's ports");
+        assert!(used.contains(8080) && used.contains(20001));
+        assert!(!used.contains(7000), "a stopped allocation holds no port");
+        assert_eq!(
+            StateView::node_ports(&st, "id-n1").map(|u| u.contains(8080)),
+            Some(true)
+        );
+        // The client reports it failed: its ports are free.
+        let mut a = alloc("a", &[8080, 20001]);
+        a.client_status = drover_server_api::ClientStatus::Failed;
+        st.apply(
+            Batch {
+                allocs: vec![a],
+                ..Batch::default()
+            },
+            3,
+        );
+        assert!(st.used_ports("id-n1").is_none());
+        // Garbage collection of a live one frees them too.
+        st.apply(
+            Batch {
+                allocs: vec![alloc("b", &[9000])],
+                ..Batch::default()
+            },
+            4,
+        );
+        assert!(st.used_ports("id-n1").is_some_and(|u| u.contains(9000)));
+        st.apply(
+            Batch {
+                drop_allocs: vec!["b".into()],
+                ..Batch::default()
+            },
+            5,
+        );
+        assert!(st.used_ports("id-n1").is_none());
     }
 }

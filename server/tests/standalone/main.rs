@@ -9,6 +9,7 @@ mod common;
 mod growth;
 mod http;
 mod node_auth;
+mod ports;
 mod rpc;
 mod server;
 mod services;

@@ -413,9 +413,6 @@ fn nothing_left(agent: &Agent, seen: &drover_test_support::cni::Footprint) {
 /// `kill -9` of the agent, a restart and a stop, no namespace, veth, rule or address
 /// reservation is left.
 #[test]
-#[ignore = "job files cannot say network { mode = \"bridge\" } yet (the TOML parser and the \
-            Nomad conversion, another part of issue 25, drop the group's network): run it \
-            once they carry it"]
 fn a_bridge_group_is_reached_through_its_port_and_leaves_nothing_after_stop_or_agent_crash() {
     if drover_test_support::cni::plugins().is_none() {
         return;
@@ -449,4 +446,103 @@ fn a_bridge_group_is_reached_through_its_port_and_leaves_nothing_after_stop_or_a
     wait_dev_node_ready(&agent, &["raw_exec", "exec"], Duration::from_secs(30));
     cli_ok(&agent, &["job", "stop", "bridged"]);
     nothing_left(&agent, &seen);
+}
+
+/// Issue 25, ports (scheduler side): on a dev agent's one node, a job of three copies
+/// on static port 8080 gets one running and two blocked with the port named; dynamic
+/// ports are distinct, in the node's range; a static port inside that range is refused
+/// at `job run` with the field named.
+#[test]
+fn static_ports_clash_on_one_node_and_dynamic_ports_are_distinct() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = dev_agent(root.path());
+    let ports_job = |name: &str, count: u32, port: &str| {
+        job_file(
+            root.path(),
+            name,
+            &format!(
+                r#"
+name = "{name}"
+type = "service"
+
+[[group]]
+name = "app"
+count = {count}
+
+[group.network]
+mode = "host"
+
+[[group.network.port]]
+label = "http"
+{port}
+
+[[group.task]]
+name = "main"
+driver = "rawexec"
+config = {{ command = "/bin/sh", args = ["-c", "exec sleep 1000"] }}
+resources = {{ cpu = 50, memory_mb = 16 }}
+"#
+            ),
+        )
+    };
+    let fixed = ports_job("fixed", 3, "static = 8080");
+    let out = agent.cli(&["job", "run", "--detach", fixed.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = wait_job(
+        &agent,
+        "fixed",
+        "one running, two blocked on port 8080",
+        |v| {
+            allocs_with(v, "running").len() == 1
+                && v["placement_failures"]["app"]["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("port 8080 in use on 1 of 1 nodes"))
+        },
+    );
+    let running = allocs_with(&v, "running");
+    assert_eq!(running[0]["ports"][0]["value"], 8080, "{v:#}");
+    assert_eq!(running[0]["ports"][0]["label"], "http", "{v:#}");
+    assert_eq!(v["allocations"].as_array().unwrap().len(), 1, "{v:#}");
+    let human = cli_ok(&agent, &["job", "status", "fixed"]);
+    assert!(
+        human.contains("port 8080 in use on 1 of 1 nodes"),
+        "{human}"
+    );
+
+    let dynamic = ports_job("dynamic", 3, "");
+    cli_ok(
+        &agent,
+        &["job", "run", "--detach", dynamic.to_str().unwrap()],
+    );
+    let v = wait_job(&agent, "dynamic", "three running", |v| {
+        allocs_with(v, "running").len() == 3
+    });
+    let mut ports: Vec<u64> = allocs_with(&v, "running")
+        .iter()
+        .map(|a| a["ports"][0]["value"].as_u64().unwrap())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), 3, "{v:#}");
+    assert!(
+        ports.iter().all(|p| (20000..=32000).contains(p)),
+        "{ports:?}"
+    );
+
+    let inside = ports_job("inside", 1, "static = 20500");
+    let out = agent.cli(&["job", "run", "--detach", inside.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "group[0].network.port[0].static: 20500 is inside the dynamic port range 20000-32000"
+        ),
+        "{err}"
+    );
+    cli_ok(&agent, &["job", "stop", "fixed"]);
+    cli_ok(&agent, &["job", "stop", "dynamic"]);
 }
