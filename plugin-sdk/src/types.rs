@@ -463,6 +463,49 @@ impl TaskPort {
     }
 }
 
+/// Nomad's `port_map` driver option (docker, qemu): the port inside the task for each
+/// port label, as HCL gives it (`[{"http": 80}]`) or as a plain map (`{"http": 80}`);
+/// ports may be numbers or strings. A wrong shape or a number outside 1-65535 is an
+/// [`DriverError::InvalidConfig`] naming the entry.
+///
+/// ```
+/// use serde_json::json;
+/// let m = drover_plugin_sdk::port_map_entries(&json!([{"http": 80}, {"db": "5432"}])).unwrap();
+/// assert_eq!(m["http"], 80);
+/// assert_eq!(m["db"], 5432);
+/// assert!(drover_plugin_sdk::port_map_entries(&json!({"http": 70000})).is_err());
+/// ```
+pub fn port_map_entries(value: &serde_json::Value) -> Result<BTreeMap<String, u16>, DriverError> {
+    let bad = |why: String| {
+        DriverError::InvalidConfig(format!(
+            "port_map: {why} (expected port_map {{ http = 80 }})"
+        ))
+    };
+    let maps: Vec<&serde_json::Map<String, serde_json::Value>> = match value {
+        serde_json::Value::Object(m) => vec![m],
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(|i| {
+                i.as_object()
+                    .ok_or_else(|| bad(format!("{i} is not a map of labels to ports")))
+            })
+            .collect::<Result<_, _>>()?,
+        serde_json::Value::Null => Vec::new(),
+        other => return Err(bad(format!("{other} is not a map of labels to ports"))),
+    };
+    let mut out = BTreeMap::new();
+    for (label, port) in maps.into_iter().flatten() {
+        let n = port
+            .as_u64()
+            .or_else(|| port.as_str().and_then(|s| s.parse().ok()))
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|n| *n != 0)
+            .ok_or_else(|| bad(format!("{label} = {port} is not a port from 1 to 65535")))?;
+        out.insert(label.clone(), n);
+    }
+    Ok(out)
+}
+
 impl TaskSpec {
     /// A task with id `id` and nothing else set; its name is its id.
     pub fn new(id: impl Into<String>) -> Self {

@@ -582,39 +582,6 @@ impl Default for Ports {
     }
 }
 
-/// Nomad's `port_map`, as HCL gives it (`[{"http": 80}]`) or as a plain map: container
-/// ports by port label.
-fn port_map_entries(value: &serde_json::Value) -> Result<BTreeMap<String, u16>, DriverError> {
-    let bad = |why: String| {
-        invalid(format!(
-            "port_map: {why} (expected port_map {{ http = 80 }})"
-        ))
-    };
-    let maps: Vec<&serde_json::Map<String, serde_json::Value>> = match value {
-        serde_json::Value::Object(m) => vec![m],
-        serde_json::Value::Array(items) => items
-            .iter()
-            .map(|i| {
-                i.as_object()
-                    .ok_or_else(|| bad(format!("{i} is not a map of labels to ports")))
-            })
-            .collect::<Result<_, _>>()?,
-        serde_json::Value::Null => Vec::new(),
-        other => return Err(bad(format!("{other} is not a map of labels to ports"))),
-    };
-    let mut out = BTreeMap::new();
-    for (label, port) in maps.into_iter().flatten() {
-        let n = port
-            .as_u64()
-            .or_else(|| port.as_str().and_then(|s| s.parse().ok()))
-            .and_then(|n| u16::try_from(n).ok())
-            .filter(|n| *n != 0)
-            .ok_or_else(|| bad(format!("{label} = {port} is not a port from 1 to 65535")))?;
-        out.insert(label.clone(), n);
-    }
-    Ok(out)
-}
-
 /// The group port `label` of the task's allocation, or an error naming `key`, the label
 /// and the labels there are.
 fn group_port<'s>(spec: &'s TaskSpec, key: &str, label: &str) -> Result<&'s TaskPort, DriverError> {
@@ -1055,7 +1022,7 @@ impl TaskConfig {
             )));
         }
         if let Some(m) = &self.port_map {
-            port_map_entries(m)?;
+            drover_plugin_sdk::port_map_entries(m)?;
         }
         if let Some(n) = self.pids_limit
             && n <= 0
@@ -1176,7 +1143,7 @@ impl TaskConfig {
         let port_map = self
             .port_map
             .as_ref()
-            .map(port_map_entries)
+            .map(drover_plugin_sdk::port_map_entries)
             .transpose()?
             .unwrap_or_default();
         let mut group_ports: Vec<(&TaskPort, u16)> = Vec::new();

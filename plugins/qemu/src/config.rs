@@ -3,7 +3,6 @@
 
 mod args;
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -172,39 +171,6 @@ pub struct TaskConfig {
     pub guest_agent: bool,
 }
 
-/// Nomad's `port_map`, as HCL gives it (`[{"http": 80}]`) or as a plain map: guest
-/// ports by port label.
-fn port_map_entries(value: &serde_json::Value) -> Result<BTreeMap<String, u16>, DriverError> {
-    let bad = |why: String| {
-        DriverError::InvalidConfig(format!(
-            "port_map: {why} (expected port_map {{ http = 80 }})"
-        ))
-    };
-    let maps: Vec<&serde_json::Map<String, serde_json::Value>> = match value {
-        serde_json::Value::Object(m) => vec![m],
-        serde_json::Value::Array(items) => items
-            .iter()
-            .map(|i| {
-                i.as_object()
-                    .ok_or_else(|| bad(format!("{i} is not a map of labels to ports")))
-            })
-            .collect::<Result<_, _>>()?,
-        serde_json::Value::Null => Vec::new(),
-        other => return Err(bad(format!("{other} is not a map of labels to ports"))),
-    };
-    let mut out = BTreeMap::new();
-    for (label, port) in maps.into_iter().flatten() {
-        let n = port
-            .as_u64()
-            .or_else(|| port.as_str().and_then(|s| s.parse().ok()))
-            .and_then(|n| u16::try_from(n).ok())
-            .filter(|n| *n != 0)
-            .ok_or_else(|| bad(format!("{label} = {port} is not a port from 1 to 65535")))?;
-        out.insert(label.clone(), n);
-    }
-    Ok(out)
-}
-
 /// How a disk image is attached: see [`TaskConfig::check`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Disk {
@@ -304,7 +270,7 @@ impl TaskConfig {
         kvm: &Result<(), String>,
     ) -> Result<Checked, DriverError> {
         if let Some(m) = &self.port_map {
-            port_map_entries(m)?;
+            drover_plugin_sdk::port_map_entries(m)?;
         }
         if self.guest_agent {
             return invalid(
@@ -410,7 +376,7 @@ impl TaskConfig {
             return Ok(Vec::new());
         };
         let mut out = Vec::new();
-        for (label, guest) in port_map_entries(map)? {
+        for (label, guest) in drover_plugin_sdk::port_map_entries(map)? {
             let Some(port) = ports.iter().find(|p| p.label == label) else {
                 let known: Vec<&str> = ports.iter().map(|p| p.label.as_str()).collect();
                 return invalid(format!(
