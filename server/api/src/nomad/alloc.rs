@@ -566,6 +566,14 @@ pub struct AllocationListStub {
     /// Group name.
     #[serde(rename = "TaskGroup", deserialize_with = "super::null_default")]
     pub task_group: String,
+    /// The allocation's ports (`Shared.Ports`, `Shared.Networks`), as Nomad's stub
+    /// carries them; absent when it has none.
+    #[serde(
+        rename = "AllocatedResources",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub allocated_resources: Option<Value>,
     /// `run` or `stop`.
     #[serde(rename = "DesiredStatus", deserialize_with = "super::null_default")]
     pub desired_status: String,
@@ -837,6 +845,7 @@ impl AllocationListStub {
             job_type: job_type.as_str().to_owned(),
             job_version: a.job_version,
             task_group: a.group.clone(),
+            allocated_resources: (!a.ports.is_empty()).then(|| allocated_resources(&a.ports, None)),
             desired_status: desired_status(a.desired_status).to_owned(),
             desired_description: a.desired_description.clone(),
             client_status: a.client_status.as_str().to_owned(),
@@ -860,7 +869,7 @@ impl AllocationListStub {
     /// (zero, none); fetch the allocation for them.
     pub fn to_internal(&self) -> internal::Allocation {
         internal::Allocation {
-            ports: Default::default(),
+            ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),
             name: self.name.clone(),
             index: alloc_index_of(&self.name),
