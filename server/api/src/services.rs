@@ -28,7 +28,7 @@ pub const MAX_SERVICE_ADDRESS_BYTES: usize = 128;
 /// Checks of one instance, at most.
 pub const MAX_SERVICE_CHECKS: usize = 32;
 /// A check's output is kept up to this many bytes (the rest is cut, not refused).
-pub const MAX_CHECK_OUTPUT_BYTES: usize = 4096;
+pub const MAX_CHECK_OUTPUT_BYTES: usize = 256;
 
 /// Health of an instance, or of one of its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 
 use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION};
 
+use crate::services::{MAX_SERVICE_NAME_BYTES, MAX_SERVICES_PER_ALLOC};
 use crate::types::{
     CHECK_TYPES, CheckSpec, Constraint, ConstraintOperator, JobSpec, LifecycleHook,
     NOMAD_SERVICE_PROVIDER, NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup,
@@ -298,6 +299,18 @@ fn check_group(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
             ));
         }
     }
+    // One allocation of the group registers all of these: the server takes at most
+    // this many from it, so a bigger group is refused here, not its node's reports.
+    let services = g.services.len() + g.tasks.iter().map(|t| t.services.len()).sum::<usize>();
+    if services > MAX_SERVICES_PER_ALLOC {
+        return Err(fail(
+            format!("{path}.service"),
+            format!(
+                "the group and its tasks have {services} services, at most \
+                 {MAX_SERVICES_PER_ALLOC} per group"
+            ),
+        ));
+    }
     if g.tasks.iter().all(|t| t.lifecycle.is_some()) {
         return Err(fail(
             format!("{path}.task"),
@@ -365,10 +378,28 @@ fn check_network(path: &str, n: &NetworkSpec) -> Result<(), ValidationError> {
     Ok(())
 }
 
-/// A service's (or check's) `port`: a label of the group's network, or a number.
-fn check_port_ref(field: String, port: &str, g: &TaskGroup) -> Result<(), ValidationError> {
+/// A service's (or check's) `port`: a label of the group's network, or (for a
+/// service's own port only, which is advertised but never probed) a number. A check
+/// probes only a port of its allocation: a number would let a job probe any port
+/// of the node's address.
+fn check_port_ref(
+    field: String,
+    port: &str,
+    g: &TaskGroup,
+    number_allowed: bool,
+) -> Result<(), ValidationError> {
     if port.parse::<u16>().is_ok_and(|p| p > 0) {
-        return Ok(());
+        if number_allowed {
+            return Ok(());
+        }
+        return Err(fail(
+            field,
+            format!(
+                "port {port:?}: an http or tcp check probes a port label of group {:?}'s \
+                 network (network {{ port \"http\" {{}} }}), not a number",
+                g.name
+            ),
+        ));
     }
     let labels: Vec<&str> = g
         .network
@@ -412,10 +443,10 @@ fn check_services(
                 format!("service {:?} on port {:?} is given twice", s.name, s.port),
             ));
         }
-        if s.name.trim().is_empty() || s.name.len() > 2 * MAX_NAME_LEN {
+        if s.name.trim().is_empty() || s.name.len() > MAX_SERVICE_NAME_BYTES {
             return Err(fail(
                 format!("{spath}.name"),
-                format!("must be 1 to {} characters", 2 * MAX_NAME_LEN),
+                format!("must be 1 to {MAX_SERVICE_NAME_BYTES} bytes"),
             ));
         }
         // The name is a path segment of /v1/service/<name>; `${...}` is the client's
@@ -444,7 +475,7 @@ fn check_services(
             ));
         }
         if !s.port.is_empty() {
-            check_port_ref(format!("{spath}.port"), &s.port, g)?;
+            check_port_ref(format!("{spath}.port"), &s.port, g, true)?;
         }
         check_len(&format!("{spath}.tags"), s.tags.len(), MAX_TAGS)?;
         for (t, tag) in s.tags.iter().enumerate() {
@@ -479,6 +510,13 @@ fn check_services(
         let mut check_names = BTreeSet::new();
         for (j, c) in s.checks.iter().enumerate() {
             let cpath = format!("{spath}.check[{j}]");
+            // Printed by `drover service info`, kept by the server up to its limit.
+            if c.name.len() > MAX_SERVICE_NAME_BYTES || c.name.chars().any(char::is_control) {
+                return Err(fail(
+                    format!("{cpath}.name"),
+                    format!("at most {MAX_SERVICE_NAME_BYTES} bytes, without control characters"),
+                ));
+            }
             check_check(&cpath, c, s, g, own_task)?;
             if !check_names.insert(c.name.as_str()) {
                 return Err(fail(
@@ -630,7 +668,13 @@ fn check_check(
                     ),
                 ));
             }
-            check_port_ref(format!("{path}.port"), port, g)?;
+            let field = if c.port.is_empty() {
+                // The service's port is the one probed: say so.
+                format!("{path}.port (the service's port)")
+            } else {
+                format!("{path}.port")
+            };
+            check_port_ref(field, port, g, false)?;
             if c.check_type == "http" {
                 if c.path.is_empty() {
                     return Err(fail(
@@ -1585,6 +1629,73 @@ mod tests {
         assert_eq!(e.field, "group[0].service[0].name");
         // Interpolated by the client: left to it.
         s.name = "web-${NOMAD_ALLOC_INDEX}".into();
+        j.groups[0].services = vec![s];
+        validate(&j).unwrap();
+    }
+
+    #[test]
+    fn a_check_probes_a_port_label_never_a_number() {
+        let mut j = with_web_port(job());
+        // A numeric service port is only advertised: it may stay, without checks.
+        j.groups[0].services = vec![service("8080")];
+        validate(&j).unwrap();
+        for kind in ["http", "tcp"] {
+            j.groups[0].services[0].checks = vec![check(kind)];
+            let e = validate(&j).unwrap_err();
+            assert_eq!(
+                e.field,
+                "group[0].service[0].check[0].port (the service's port)"
+            );
+            assert!(e.message.contains("not a number"), "{e}");
+            let mut own = check(kind);
+            own.port = "22".into();
+            j.groups[0].services[0].checks = vec![own];
+            let e = validate(&j).unwrap_err();
+            assert_eq!(e.field, "group[0].service[0].check[0].port");
+            j.groups[0].services[0].checks[0].port = "http".into();
+            validate(&j).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_group_has_at_most_the_services_one_allocation_may_register() {
+        let mut j = with_web_port(job());
+        let named = |i: usize| ServiceSpec {
+            name: format!("s{i}"),
+            ..service("http")
+        };
+        j.groups[0].services = (0..MAX_SERVICES).map(named).collect();
+        j.groups[0].tasks[0].services = (MAX_SERVICES..MAX_SERVICES_PER_ALLOC).map(named).collect();
+        validate(&j).unwrap();
+        let mut second = j.groups[0].tasks[0].clone();
+        second.name = "second".into();
+        second.services = vec![named(MAX_SERVICES_PER_ALLOC)];
+        j.groups[0].tasks.push(second);
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service");
+        assert!(e.message.contains("65 services"), "{e}");
+    }
+
+    #[test]
+    fn names_of_services_and_checks_fit_the_servers_limit_without_control_characters() {
+        let mut j = with_web_port(job());
+        let mut s = service("http");
+        s.name = "w".repeat(MAX_SERVICE_NAME_BYTES + 1);
+        j.groups[0].services = vec![s];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].name");
+        let mut s = service("http");
+        s.checks = vec![check("tcp")];
+        for bad in [
+            "c".repeat(MAX_SERVICE_NAME_BYTES + 1),
+            "ok\x1b[2Jfake".into(),
+        ] {
+            s.checks[0].name = bad;
+            j.groups[0].services = vec![s.clone()];
+            let e = validate(&j).unwrap_err();
+            assert_eq!(e.field, "group[0].service[0].check[0].name");
+        }
+        s.checks[0].name = "a check: with spaces".into();
         j.groups[0].services = vec![s];
         validate(&j).unwrap();
     }

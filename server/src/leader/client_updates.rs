@@ -153,13 +153,11 @@ fn client_updates(
             ))));
             continue;
         }
-        if let Some(e) = req.updates.iter().find_map(|u| {
-            check_task_states(st, u).err().or_else(|| {
-                u.services
-                    .as_deref()
-                    .and_then(|s| services::check_report(&format!("allocation {}", u.id), s).err())
-            })
-        }) {
+        if let Some(e) = req
+            .updates
+            .iter()
+            .find_map(|u| check_task_states(st, u).err())
+        {
             verdicts.push(Err(e));
             continue;
         }
@@ -169,8 +167,18 @@ fn client_updates(
                 continue;
             };
             if let Some(list) = &u.services {
-                // The latest report of the allocation in this batch counts.
-                reports.insert(u.id.clone(), (node_id, list.as_slice()));
+                // Services the server cannot keep are skipped (the allocation's earlier
+                // registrations stay), not the node's whole report: one job must not
+                // get its node's status refused.
+                match services::check_report(&format!("allocation {}", u.id), list) {
+                    // The latest report of the allocation in this batch counts.
+                    Ok(()) => {
+                        reports.insert(u.id.clone(), (node_id, list.as_slice()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %node_id, "service registrations skipped: {e}");
+                    }
+                }
             }
             let mut a = old.clone();
             // A terminal client status is final: lost stays lost (the server replaced

@@ -96,8 +96,8 @@ impl State {
     }
 }
 
-/// Check a client's report of an allocation's instances before anything of its
-/// request is taken (`what` names the update in errors).
+/// Check a client's report of an allocation's instances (`what` names the update in
+/// errors); a report that fails has its services skipped, not its node's request.
 pub(crate) fn check_report(what: &str, instances: &[ServiceInstance]) -> Result<(), ServerError> {
     if instances.len() > MAX_SERVICES_PER_ALLOC {
         return Err(ServerError::Invalid(format!(

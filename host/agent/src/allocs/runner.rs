@@ -23,8 +23,8 @@ use std::time::{Duration, SystemTime};
 use drover_api::{Resources, RunRequest, TaskLifecycle, TaskView};
 use drover_plugin_sdk::DriverError;
 use drover_server_api::{
-    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook, NetworkMode,
-    Task, TaskRunState, TaskState,
+    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook,
+    MAX_SERVICES_PER_ALLOC, NetworkMode, Task, TaskRunState, TaskState,
 };
 
 use super::hooks::{HookContext, HookState, JobVersionHook, version_note};
@@ -963,7 +963,15 @@ impl Runner {
                 .map(|s| s.id.clone())
                 .filter(|id| !id.is_empty())
         };
+        // What the server would refuse is dropped here (with a warning), so that one
+        // job never gets its node's whole report refused.
         let mut add = |w: Result<Wanted, String>| match w {
+            Ok(w) if out.len() >= MAX_SERVICES_PER_ALLOC => tracing::warn!(
+                alloc = %a.alloc.id,
+                service = %w.instance.service_name,
+                "cannot register a service: the allocation has more than \
+                 {MAX_SERVICES_PER_ALLOC} services"
+            ),
             Ok(w) => out.push(w),
             Err(e) => tracing::warn!(alloc = %a.alloc.id, "cannot register a service: {e}"),
         };

@@ -11,7 +11,6 @@ use drover_api::TaskLifecycle;
 use drover_server_api::{
     CheckRestart, CheckSpec, CheckStatus, MAX_CHECK_OUTPUT_BYTES, ServiceHealth, truncate_utf8,
 };
-use http_body_util::BodyExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -177,6 +176,7 @@ async fn http(spec: &CheckSpec, host: &str, port: u16) -> CheckOutcome {
             ),
         );
     }
+    let method_name = method;
     let method = match hyper::Method::from_bytes(method.as_bytes()) {
         Ok(m) => m,
         Err(_) => {
@@ -220,24 +220,10 @@ async fn http(spec: &CheckSpec, host: &str, port: u16) -> CheckOutcome {
             } else {
                 ServiceHealth::Critical
             };
-            // The body's first bytes only: a check's output is bounded.
-            let mut body = Vec::new();
-            let mut incoming = resp.into_body();
-            while body.len() < MAX_CHECK_OUTPUT_BYTES {
-                match incoming.frame().await {
-                    Some(Ok(f)) => {
-                        if let Ok(d) = f.into_data() {
-                            body.extend_from_slice(&d);
-                        }
-                    }
-                    _ => break,
-                }
-            }
-            body.truncate(MAX_CHECK_OUTPUT_BYTES);
-            CheckOutcome::new(
-                status,
-                format!("{what}: {code} Output: {}", String::from_utf8_lossy(&body)),
-            )
+            // The status line only: the body is the service's (it may hold what a
+            // job fetched from anywhere) and would be kept and served by the server.
+            drop(resp);
+            CheckOutcome::new(status, format!("HTTP {method_name} {path}: {code}"))
         }
         Err(e) => CheckOutcome::new(ServiceHealth::Critical, format!("{what}: {e}")),
     };
@@ -268,7 +254,8 @@ pub(super) async fn run(c: CheckRun) {
             changed
         };
         if changed {
-            tracing::info!(check = %lock(&c.status).name, status = outcome.status.as_str(), "check status changed: {}", outcome.output);
+            // Without the output: that is the task's, not for the agent's logs.
+            tracing::info!(check = %lock(&c.status).name, status = outcome.status.as_str(), "check status changed");
             (c.wake)();
         }
         if let (true, Some(task_id)) = (limit > 0, c.task_id.as_deref()) {
@@ -301,7 +288,7 @@ pub(super) async fn run(c: CheckRun) {
                 let name = lock(&c.status).name.clone();
                 let why = format!(
                     "check {name:?} failed {limit} times in a row ({}); restarting the task",
-                    outcome.output
+                    outcome.status.as_str()
                 );
                 tracing::info!(task = %task_id, "{why}");
                 if let Err(e) = c.tasks.restart(task_id, &why).await {
@@ -359,7 +346,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn http_checks_map_status_codes_and_bound_their_output() {
+    async fn http_checks_map_status_codes_and_keep_only_the_status_line() {
         for (code, want) in [
             (200, ServiceHealth::Passing),
             (429, ServiceHealth::Warning),
@@ -376,8 +363,12 @@ mod tests {
             )
             .await;
             assert_eq!(o.status, want, "{code}: {}", o.output);
-            assert!(o.output.len() <= MAX_CHECK_OUTPUT_BYTES);
-            assert!(o.output.contains(&code.to_string()), "{}", o.output);
+            let line = hyper::StatusCode::from_u16(code).unwrap().to_string();
+            assert_eq!(
+                o.output,
+                format!("HTTP GET /health: {line}"),
+                "the status line only, never the body"
+            );
         }
     }
 

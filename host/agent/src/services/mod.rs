@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_server_api::{
-    AllocatedPort, CheckRestart, CheckSpec, CheckStatus, ServiceHealth, ServiceInstance,
-    ServiceSpec,
+    AllocatedPort, CheckRestart, CheckSpec, CheckStatus, MAX_SERVICE_NAME_BYTES, ServiceHealth,
+    ServiceInstance, ServiceSpec,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +45,36 @@ pub fn resolve_port(
     }
     let n: u16 = label.parse().ok()?;
     (n != 0).then(|| (node_address.to_owned(), n))
+}
+
+/// Where a check connects: a port of the allocation, by its label only (a number
+/// would let a job probe any port of the node's address; validation refuses it).
+pub fn resolve_check_port(label: &str, ports: &[AllocatedPort]) -> Option<(String, u16)> {
+    ports
+        .iter()
+        .find(|p| p.label == label)
+        .map(|p| (p.host_ip.clone(), p.value))
+}
+
+/// Why an interpolated service name cannot be registered: the server's length limit,
+/// and the characters validation allows (it is a path segment of
+/// `/v1/service/<name>` and printed by `drover service list`).
+pub fn bad_service_name(name: &str) -> Option<String> {
+    if name.is_empty() || name.len() > MAX_SERVICE_NAME_BYTES {
+        return Some(format!(
+            "a service name of {} bytes: must be 1 to {MAX_SERVICE_NAME_BYTES}",
+            name.len()
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Some(format!(
+            "service name {name:?}: only letters, digits, '-', '_' or '.'"
+        ));
+    }
+    None
 }
 
 /// `${...}` in a service name: the job, group and task names and the allocation id
@@ -92,6 +122,9 @@ impl Wanted {
     ) -> Result<Wanted, String> {
         let (job, group, task, alloc_id) = names;
         let name = service_name(&spec.name, job, group, task, alloc_id);
+        if let Some(why) = bad_service_name(&name) {
+            return Err(why);
+        }
         let (address, port) = if spec.port.is_empty() {
             (node_address.to_owned(), 0)
         } else {
@@ -110,17 +143,18 @@ impl Wanted {
                     args: c.args.clone(),
                 },
                 kind => {
-                    let (host, port) = if c.port.is_empty() {
-                        (address.clone(), port)
+                    let label = if c.port.is_empty() {
+                        &spec.port
                     } else {
-                        resolve_port(&c.port, ports, node_address).ok_or_else(|| {
-                            format!(
-                                "service {name}: check {:?}: port {:?} is neither a port of \
-                                 the allocation nor a number",
-                                c.name, c.port
-                            )
-                        })?
+                        &c.port
                     };
+                    let (host, port) = resolve_check_port(label, ports).ok_or_else(|| {
+                        format!(
+                            "service {name}: check {:?}: port {label:?} is not a port label \
+                             of the allocation",
+                            c.name
+                        )
+                    })?;
                     if kind == "http" {
                         CheckTarget::Http { host, port }
                     } else {
@@ -128,6 +162,13 @@ impl Wanted {
                     }
                 }
             };
+            let check = check_name(c, &name);
+            if check.len() > MAX_SERVICE_NAME_BYTES {
+                return Err(format!(
+                    "service {name}: check name of {} bytes, at most {MAX_SERVICE_NAME_BYTES}",
+                    check.len()
+                ));
+            }
             checks.push((c.clone(), target));
         }
         Ok(Wanted {
@@ -250,3 +291,103 @@ fn check_name(spec: &CheckSpec, service: &str) -> String {
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Shortest interval between two runs of a check (a 0 interval would spin).
 pub const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ports() -> Vec<AllocatedPort> {
+        vec![AllocatedPort {
+            label: "http".into(),
+            value: 23456,
+            to: 23456,
+            host_ip: "127.0.0.1".into(),
+        }]
+    }
+
+    fn check(kind: &str, port: &str) -> CheckSpec {
+        CheckSpec {
+            name: String::new(),
+            check_type: kind.into(),
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            path: "/health".into(),
+            method: String::new(),
+            protocol: String::new(),
+            header: Default::default(),
+            port: port.into(),
+            command: String::new(),
+            args: Vec::new(),
+            task: String::new(),
+            expose: false,
+            check_restart: None,
+        }
+    }
+
+    fn spec(name: &str, port: &str, checks: Vec<CheckSpec>) -> ServiceSpec {
+        ServiceSpec {
+            name: name.into(),
+            port: port.into(),
+            checks,
+            ..Default::default()
+        }
+    }
+
+    fn wanted(s: &ServiceSpec) -> Result<Wanted, String> {
+        Wanted::of(
+            s,
+            "web",
+            ("job", "group", "web", "alloc"),
+            &ports(),
+            "10.0.0.1",
+            None,
+        )
+    }
+
+    #[test]
+    fn checks_probe_only_the_allocations_ports_by_label() {
+        let w = wanted(&spec("web", "http", vec![check("tcp", "")])).unwrap();
+        assert_eq!(
+            w.checks[0].1,
+            CheckTarget::Tcp {
+                host: "127.0.0.1".into(),
+                port: 23456
+            }
+        );
+        // A number (a job file from before validation refused it) is never probed.
+        let e = wanted(&spec("web", "http", vec![check("http", "22")])).err();
+        assert!(e.is_some_and(|e| e.contains("\"22\"")));
+        let e = wanted(&spec("web", "8080", vec![check("tcp", "")])).err();
+        assert!(e.is_some_and(|e| e.contains("\"8080\"")));
+        // A numeric service port without checks is only advertised.
+        let w = wanted(&spec("web", "8080", Vec::new())).unwrap();
+        assert_eq!(
+            (w.instance.address.as_str(), w.instance.port),
+            ("10.0.0.1", 8080)
+        );
+    }
+
+    #[test]
+    fn interpolated_names_the_server_would_refuse_are_not_registered() {
+        assert!(wanted(&spec("${TASK}-api", "http", Vec::new())).is_ok());
+        let long = "x".repeat(MAX_SERVICE_NAME_BYTES);
+        let e = wanted(&spec(&format!("{long}-${{TASK}}"), "http", Vec::new())).err();
+        assert!(e.is_some_and(|e| e.contains("bytes")));
+        // A job name carrying a control character reaches the name only here.
+        let s = spec("${JOB}", "http", Vec::new());
+        let e = Wanted::of(
+            &s,
+            "web",
+            ("a\x1b[2J", "g", "t", "alloc"),
+            &ports(),
+            "h",
+            None,
+        )
+        .err();
+        assert!(e.is_some_and(|e| e.contains("only letters")));
+        // Nomad's default check name quotes the service's: it must fit too.
+        let name = "y".repeat(MAX_SERVICE_NAME_BYTES - 4);
+        let e = wanted(&spec(&name, "http", vec![check("tcp", "")])).err();
+        assert!(e.is_some_and(|e| e.contains("check name")));
+    }
+}

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Agent;
-use common::cluster::{allocs_with, free_port, job_file, wait_dev_node_ready, wait_job};
+use common::cluster::{allocs_with, job_file, wait_dev_node_ready, wait_job};
 use serde_json::Value;
 
 fn dev_agent(root: &Path) -> Agent {
@@ -46,9 +46,10 @@ fn python3() -> Option<String> {
     None
 }
 
-/// A job of one group whose task serves `dir` on 127.0.0.1:`port`, with a service
-/// `name` on that port checked over HTTP every second.
-fn web_job(name: &str, dir: &Path, port: u16, python: &str, check_restart: &str) -> String {
+/// A job of one group whose task serves `dir` on its dynamic port `http` (a check
+/// probes only a port label of the group's network), with a service `name` on that
+/// port checked over HTTP every second.
+fn web_job(name: &str, dir: &Path, python: &str, check_restart: &str) -> String {
     format!(
         r#"
 name = "{name}"
@@ -57,9 +58,15 @@ type = "service"
 [[group]]
 name = "app"
 
+[group.network]
+mode = "host"
+
+[[group.network.port]]
+label = "http"
+
 [[group.service]]
 name = "{name}"
-port = "{port}"
+port = "http"
 tags = ["web", "v1"]
 task = "srv"
 {check_restart}
@@ -74,7 +81,7 @@ timeout = "1s"
 [[group.task]]
 name = "srv"
 driver = "raw_exec"
-config = {{ command = "{python}", args = ["-m", "http.server", "{port}", "--bind", "127.0.0.1", "--directory", "{dir}"] }}
+config = {{ command = "{python}", args = ["-m", "http.server", "${{NOMAD_PORT_http}}", "--bind", "${{NOMAD_IP_http}}", "--directory", "{dir}"] }}
 resources = {{ cpu = 100, memory_mb = 64 }}
 "#,
         dir = dir.display(),
@@ -129,12 +136,7 @@ fn a_failing_check_turns_the_instance_critical_and_check_restart_restarts_the_ta
     let www = root.path().join("www");
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("health"), "ok\n").unwrap();
-    let port = free_port();
-    let file = job_file(
-        root.path(),
-        "flip",
-        &web_job("flip", &www, port, &python, ""),
-    );
+    let file = job_file(root.path(), "flip", &web_job("flip", &www, &python, ""));
     let out = agent.cli(&["job", "run", file.to_str().unwrap()]);
     assert!(
         out.status.success(),
@@ -157,17 +159,16 @@ fn a_failing_check_turns_the_instance_critical_and_check_restart_restarts_the_ta
         |v| v.len() == 1,
     );
     let r = &healthy[0];
+    // The scheduler's dynamic port for label `http`, probed by the check.
+    let port = r["Port"].as_u64().expect("the dynamic port's number");
+    assert!((20000..=32000).contains(&port), "{r:#}");
     assert_eq!(r["ServiceName"], "flip");
     assert_eq!(r["AllocID"], alloc.as_str());
     assert_eq!(r["JobID"], "flip");
     assert_eq!(r["Address"], "127.0.0.1");
-    assert_eq!(r["Port"], port);
     assert_eq!(r["Status"], "passing");
     assert_eq!(r["Tags"], serde_json::json!(["web", "v1"]));
-    assert_eq!(
-        r["ID"],
-        format!("_nomad-task-{alloc}-group-app-flip-{port}")
-    );
+    assert_eq!(r["ID"], format!("_nomad-task-{alloc}-group-app-flip-http"));
     let listed = agent.cli_json(&["service", "list", "--json"]);
     assert!(
         listed[0]["Services"]
@@ -196,7 +197,10 @@ fn a_failing_check_turns_the_instance_critical_and_check_restart_restarts_the_ta
     assert_eq!(all.len(), 1, "still registered: {all:#?}");
     assert_eq!(all[0]["Status"], "critical");
     let output = all[0]["Checks"][0]["Output"].as_str().unwrap_or_default();
-    assert!(output.contains("404"), "{output}");
+    assert_eq!(
+        output, "HTTP GET /health: 404 Not Found",
+        "the status line only, never the body"
+    );
     let table = agent.cli(&["service", "info", "flip", "--all"]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
@@ -226,17 +230,10 @@ fn a_failing_check_turns_the_instance_critical_and_check_restart_restarts_the_ta
     let www2 = root.path().join("www2");
     std::fs::create_dir_all(&www2).unwrap();
     std::fs::write(www2.join("health"), "ok\n").unwrap();
-    let port2 = free_port();
     let file = job_file(
         root.path(),
         "heal",
-        &web_job(
-            "heal",
-            &www2,
-            port2,
-            &python,
-            "check_restart = { limit = 2 }",
-        ),
+        &web_job("heal", &www2, &python, "check_restart = { limit = 2 }"),
     );
     let out = agent.cli(&["job", "run", file.to_str().unwrap()]);
     assert!(
