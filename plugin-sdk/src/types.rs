@@ -1023,6 +1023,36 @@ impl TaskEvent {
     }
 }
 
+/// How much of each of stdout and stderr an `ExecTask` keeps: a script check runs
+/// every interval, and its command is the task's (hostile) code, so what it prints
+/// must not grow the driver's or the agent's memory. The rest is read and discarded,
+/// so that the command is never blocked on a full pipe.
+pub const EXEC_OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// Reads `reader` to its end, keeping at most [`EXEC_OUTPUT_LIMIT`] bytes and
+/// discarding the rest (read all the same, so the writer never blocks).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let big = vec![b'x'; drover_plugin_sdk::EXEC_OUTPUT_LIMIT + 10];
+/// let kept = drover_plugin_sdk::read_exec_output(&big[..]).await.unwrap();
+/// assert_eq!(kept.len(), drover_plugin_sdk::EXEC_OUTPUT_LIMIT);
+/// # });
+/// ```
+pub async fn read_exec_output<R>(mut reader: R) -> std::io::Result<Vec<u8>>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt as _;
+    let mut kept = Vec::new();
+    (&mut reader)
+        .take(EXEC_OUTPUT_LIMIT as u64)
+        .read_to_end(&mut kept)
+        .await?;
+    tokio::io::copy(&mut reader, &mut tokio::io::sink()).await?;
+    Ok(kept)
+}
+
 /// Output of a command run with `ExecTask`.
 ///
 /// ```
@@ -1058,6 +1088,20 @@ impl ExecOutput {
     pub fn with_stderr(mut self, stderr: Vec<u8>) -> Self {
         self.stderr = stderr;
         self
+    }
+    /// Appends `chunk` to `buf`, keeping `buf` at most [`EXEC_OUTPUT_LIMIT`] bytes:
+    /// for drivers that receive a command's output in chunks.
+    ///
+    /// ```
+    /// use drover_plugin_sdk::{EXEC_OUTPUT_LIMIT, ExecOutput};
+    /// let mut out = ExecOutput::default();
+    /// ExecOutput::append_capped(&mut out.stdout, &vec![0; EXEC_OUTPUT_LIMIT - 1]);
+    /// ExecOutput::append_capped(&mut out.stdout, b"abc");
+    /// assert_eq!(out.stdout.len(), EXEC_OUTPUT_LIMIT);
+    /// ```
+    pub fn append_capped(buf: &mut Vec<u8>, chunk: &[u8]) {
+        let room = EXEC_OUTPUT_LIMIT.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
     }
 }
 

@@ -298,11 +298,37 @@ pub struct AgentConfig {
 }
 
 /// Nomad's client `reserved` block: only `reserved_ports` has a meaning here.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Reserved {
-    /// Ports and ranges, comma-separated: `"22,80,8000-8100"`.
+    /// Ports and ranges, comma-separated: `"22,80,8000-8100"`. Unset, the
+    /// privileged ports [`DEFAULT_RESERVED_PORTS`]; set, exactly what it says (`""`
+    /// reserves none).
     pub reserved_ports: String,
+}
+
+/// The ports a node reserves unless `reserved.reserved_ports` says otherwise: the
+/// privileged ones, where the host's own services listen (a task given static port
+/// 22 in bridge mode would receive the node's SSH connections).
+pub const DEFAULT_RESERVED_PORTS: &str = "1-1023";
+
+impl Default for Reserved {
+    fn default() -> Self {
+        Reserved {
+            reserved_ports: DEFAULT_RESERVED_PORTS.to_owned(),
+        }
+    }
+}
+
+impl Reserved {
+    /// Adds `port` to the reserved ports: one the agent itself listens on.
+    pub fn add_port(&mut self, port: u16) {
+        if self.reserved_ports.trim().is_empty() {
+            self.reserved_ports = port.to_string();
+        } else {
+            self.reserved_ports = format!("{},{port}", self.reserved_ports);
+        }
+    }
 }
 
 /// How a client agent verifies its servers, and proves itself to them.
@@ -1051,7 +1077,21 @@ mod tests {
         let c = AgentConfig::load(&[], vec![], &Default::default()).unwrap();
         let p = c.port_settings().unwrap();
         assert_eq!((p.min_dynamic_port, p.max_dynamic_port), (20000, 32000));
-        assert!(p.reserved_ports.is_empty());
+        // The privileged ports by default; explicitly none when the operator says so.
+        let ranges: Vec<(u16, u16)> = p.reserved_ports.iter().map(|r| (r.first, r.last)).collect();
+        assert_eq!(ranges, [(1, 1023)]);
+        let none = load_toml("[reserved]\nreserved_ports = \"\"\n").unwrap();
+        assert!(none.port_settings().unwrap().reserved_ports.is_empty());
+        let mut dev = c.clone();
+        dev.reserved.add_port(4646);
+        let ranges: Vec<(u16, u16)> = dev
+            .port_settings()
+            .unwrap()
+            .reserved_ports
+            .iter()
+            .map(|r| (r.first, r.last))
+            .collect();
+        assert_eq!(ranges, [(1, 1023), (4646, 4646)]);
 
         let c = load_toml(
             "min_dynamic_port = 10000\nmax_dynamic_port = 10010\nnetwork_interface = \"eth0\"\n\

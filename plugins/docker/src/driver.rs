@@ -694,11 +694,13 @@ impl DriverPlugin for DockerDriver {
             {
                 while let Some(chunk) = output.next().await {
                     match chunk.map_err(|e| docker_err(format!("exec {command:?}"), e))? {
+                        // At most `EXEC_OUTPUT_LIMIT` of each is kept; the rest is
+                        // read and dropped, so the command never blocks.
                         bollard::container::LogOutput::StdOut { message } => {
-                            out.stdout.extend_from_slice(&message);
+                            ExecOutput::append_capped(&mut out.stdout, &message);
                         }
                         bollard::container::LogOutput::StdErr { message } => {
-                            out.stderr.extend_from_slice(&message);
+                            ExecOutput::append_capped(&mut out.stderr, &message);
                         }
                         _ => {}
                     }
@@ -717,10 +719,12 @@ impl DriverPlugin for DockerDriver {
         };
         match tokio::time::timeout(timeout, run).await {
             Ok(r) => r,
-            // Docker cannot kill an exec'd process by itself; it is left to finish.
-            Err(_) => Ok(ExecOutput::new(ExitResult::unknown(format!(
-                "timed out after {timeout:?}"
-            )))),
+            Err(_) => {
+                let killed = kill_exec(&docker, &exec.id, cid).await;
+                Ok(ExecOutput::new(ExitResult::unknown(format!(
+                    "timed out after {timeout:?}{killed}"
+                ))))
+            }
         }
     }
 
@@ -733,5 +737,41 @@ impl DriverPlugin for DockerDriver {
         {
             c.cancel();
         }
+    }
+}
+
+/// SIGKILLs an exec'd command that outlived its timeout (a script check runs at every
+/// interval: it must not pile up processes). Docker's API cannot kill an exec, so
+/// this sends the signal from here to the pid Docker reports, and only when that pid
+/// is, in this host's `/proc`, a process of the container (the daemon may be remote
+/// or in another pid namespace, where the pid names something else). Says what
+/// happened, for the caller's message.
+async fn kill_exec(docker: &Docker, exec_id: &str, cid: &str) -> String {
+    let info = match docker.inspect_exec(exec_id).await {
+        Ok(info) => info,
+        Err(e) => return format!("; cannot inspect the exec to kill it: {e}"),
+    };
+    if info.running != Some(true) {
+        return String::new();
+    }
+    let Some(pid) = info
+        .pid
+        .and_then(|p| i32::try_from(p).ok())
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return "; left running: Docker gave no pid to kill".into();
+    };
+    let cgroup = tokio::fs::read_to_string(format!("/proc/{}/cgroup", pid.as_raw_nonzero()))
+        .await
+        .unwrap_or_default();
+    if cid.is_empty() || !cgroup.contains(cid) {
+        return format!(
+            "; left running: pid {} is not a process of the container on this host",
+            pid.as_raw_nonzero()
+        );
+    }
+    match rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
+        Ok(()) => "; killed".into(),
+        Err(e) => format!("; cannot kill it: {e}"),
     }
 }

@@ -7,7 +7,7 @@ use drover_executor::cgroup;
 use drover_executor::plain::PlainEngine;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec,
+    FsIsolation, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec, read_exec_output,
 };
 use serde::Deserialize;
 
@@ -32,6 +32,22 @@ pub const HANDLE_VERSION: u32 = 2;
 struct HandleStateV1 {
     pid: u32,
     pgid: u32,
+}
+
+/// SIGKILLs the process group of an exec'd command when dropped: a script check runs
+/// at every interval, and must leave no process behind.
+struct KillGroupOnDrop(u32);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Ok(pgid) = i32::try_from(self.0) {
+            // ESRCH (the group is empty) is the usual answer.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
 
 /// Runs tasks as plain host processes, each owned by its own executor process and the
@@ -177,21 +193,53 @@ impl DriverPlugin for RawExecDriver {
             .stderr(std::process::Stdio::piped())
             // Unlike the task, an exec'd command dies with its call (e.g. on timeout).
             .kill_on_drop(true);
-        let child = cmd.spawn().map_err(|e| {
+        let mut child = cmd.spawn().map_err(|e| {
             DriverError::InvalidConfig(if in_cgroup {
                 format!("cannot start {program:?} in the cgroup of task {task_id:?}: {e}")
             } else {
                 format!("cannot start {program:?}: {e}")
             })
         })?;
-        match tokio::time::timeout(timeout, child.wait_with_output()).await {
-            Ok(Ok(out)) => Ok(ExecOutput::new(ExitResult::from_status(out.status))
-                .with_stdout(out.stdout)
-                .with_stderr(out.stderr)),
+        // The command leads its own process group (`Launch::command`): whatever it
+        // started there dies when the call ends, however it ends (answered, timed
+        // out, or dropped by a caller that went away).
+        let _group = child.id().map(KillGroupOnDrop);
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        // At most `EXEC_OUTPUT_LIMIT` of each is kept; the rest is drained so that
+        // the command never blocks on a full pipe.
+        let run = async {
+            let (stdout, stderr, status) = tokio::join!(
+                async {
+                    match stdout {
+                        Some(r) => read_exec_output(r).await,
+                        None => Ok(Vec::new()),
+                    }
+                },
+                async {
+                    match stderr {
+                        Some(r) => read_exec_output(r).await,
+                        None => Ok(Vec::new()),
+                    }
+                },
+                child.wait(),
+            );
+            Ok::<_, std::io::Error>(
+                ExecOutput::new(ExitResult::from_status(status?))
+                    .with_stdout(stdout?)
+                    .with_stderr(stderr?),
+            )
+        };
+        let outcome = tokio::time::timeout(timeout, run).await;
+        match outcome {
+            Ok(Ok(out)) => Ok(out),
             Ok(Err(e)) => Err(DriverError::Internal(format!("running {program:?}: {e}"))),
-            Err(_) => Ok(ExecOutput::new(
-                ExitResult::signaled(Signal::KILL).with_err(format!("timed out after {timeout:?}")),
-            )),
+            Err(_) => {
+                let _ = child.kill().await;
+                Ok(ExecOutput::new(
+                    ExitResult::signaled(Signal::KILL)
+                        .with_err(format!("timed out after {timeout:?}: killed")),
+                ))
+            }
         }
     }
 

@@ -458,6 +458,79 @@ async fn exec_runs_in_the_tasks_environment() {
     p.shutdown().await;
 }
 
+/// A script check runs the task's own code at every interval: what an exec keeps of
+/// its output is capped, and a command that outlives its timeout is killed with all
+/// it started, so that neither memory nor processes grow.
+#[tokio::test]
+async fn exec_output_is_capped_and_a_timed_out_exec_leaves_no_process() {
+    use drover_plugin_sdk::EXEC_OUTPUT_LIMIT;
+    let (_dir, p) = setup().await;
+    p.start("host", json!({ "command": "/bin/sleep", "args": ["1000"] }))
+        .await;
+    // 4 MiB on each stream, far past the cap: the call returns with the cap of each
+    // and the command's own exit code (it was never blocked on a full pipe).
+    let out = within(
+        PROMPT,
+        "exec printing a lot",
+        p.client.exec_task(
+            "host",
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "head -c 4194304 /dev/zero; head -c 4194304 /dev/zero >&2; exit 7".into(),
+            ],
+            Duration::from_secs(8),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.stdout.len(), EXEC_OUTPUT_LIMIT);
+    assert_eq!(out.stderr.len(), EXEC_OUTPUT_LIMIT);
+    assert_eq!(out.result, ExitResult::code(7));
+
+    // The shell and the sleep it starts in the background (which holds stdout open)
+    // both die at the timeout.
+    let pids = p.dir.join("host").join("exec-pids");
+    let t = Instant::now();
+    let out = within(
+        PROMPT,
+        "exec past its timeout",
+        p.client.exec_task(
+            "host",
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("/bin/sleep 1000 & echo $$ $! > {}; wait", pids.display()),
+            ],
+            Duration::from_millis(500),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(
+        out.result
+            .err
+            .as_deref()
+            .is_some_and(|e| e.contains("timed out")),
+        "{out:?}"
+    );
+    let pids: Vec<u32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in pids {
+        until(PROMPT, &format!("exec'd process {pid} is gone"), || {
+            !alive(pid)
+        })
+        .await;
+    }
+    p.client.destroy_task("host", true).await.unwrap();
+    p.shutdown().await;
+}
+
 /// A task given its group's namespace (bridge mode) runs in it: it sees the
 /// namespace's interfaces, not the host's.
 #[tokio::test]

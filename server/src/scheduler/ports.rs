@@ -367,6 +367,25 @@ mod tests {
         );
     }
 
+    /// Agents reserve the privileged ports by default (`reserved.reserved_ports`):
+    /// a static port 22 is refused, the reason naming the port, so that no task in
+    /// bridge mode receives the node's SSH connections.
+    #[test]
+    fn a_static_privileged_port_on_a_default_node_is_refused_naming_it() {
+        let net = NodeNetwork {
+            reserved_ports: vec![PortRange {
+                first: 1,
+                last: 1023,
+            }],
+            ..NodeNetwork::default()
+        };
+        let mut rng = SplitMix64::new(7);
+        let problem = assign(&[spec("ssh", 22)], &net, |_| false, &mut rng).unwrap_err();
+        assert_eq!(problem, PortProblem::Reserved(22));
+        assert_eq!(problem.key(), "network: port 22 reserved");
+        assert!(assign(&[spec("web", 8080)], &net, |_| false, &mut rng).is_ok());
+    }
+
     #[test]
     fn to_defaults_to_the_value() {
         let net = NodeNetwork::default();

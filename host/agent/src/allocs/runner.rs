@@ -122,17 +122,30 @@ fn request(alloc: &ClientAllocation, task: &Task) -> RunRequest {
     }
 }
 
-/// The port mappings of the group's bridge network, `None` when the group is not in
-/// bridge mode. Each port the allocation was given is forwarded from the node's port
-/// (on the node's address) to its `to` inside the namespace, TCP and UDP, as Nomad
-/// does; a static port of the group the allocation lists no assignment for is taken
-/// as it is written.
-fn bridge_ports(alloc: &ClientAllocation) -> Option<Vec<PortMapping>> {
-    let network = alloc.group.network.as_ref()?;
+/// The port mappings of the group's bridge network, `Ok(None)` when the group is not
+/// in bridge mode. Each port the allocation was given is forwarded from the node's
+/// port (on the node's address) to its `to` inside the namespace, TCP and UDP, as
+/// Nomad does. Only the scheduler's assignments are forwarded: a port of the group
+/// the allocation lists no assignment for is not forwarded, and a static one fails
+/// the allocation (forwarding it as written would bypass the node's reserved and used
+/// ports).
+fn bridge_ports(alloc: &ClientAllocation) -> Result<Option<Vec<PortMapping>>, String> {
+    let Some(network) = alloc.group.network.as_ref() else {
+        return Ok(None);
+    };
     if network.mode != NetworkMode::Bridge {
-        return None;
+        return Ok(None);
     }
-    let mut assigned: Vec<(u16, u16, String)> = alloc
+    if let Some(spec) = network.ports.iter().find(|spec| {
+        spec.static_port != 0 && !alloc.alloc.ports.iter().any(|p| p.label == spec.label)
+    }) {
+        return Err(format!(
+            "network port {:?} (static {}) has no port assigned to this allocation by \
+             the scheduler; only assigned ports are forwarded",
+            spec.label, spec.static_port
+        ));
+    }
+    let assigned: Vec<(u16, u16, String)> = alloc
         .alloc
         .ports
         .iter()
@@ -141,20 +154,6 @@ fn bridge_ports(alloc: &ClientAllocation) -> Option<Vec<PortMapping>> {
             (p.value, to, p.host_ip.clone())
         })
         .collect();
-    for spec in &network.ports {
-        let listed = alloc.alloc.ports.iter().any(|p| p.label == spec.label);
-        let Ok(port) = u16::try_from(spec.static_port) else {
-            continue;
-        };
-        if listed || port == 0 {
-            continue;
-        }
-        let to = u16::try_from(spec.to)
-            .ok()
-            .filter(|t| *t > 0)
-            .unwrap_or(port);
-        assigned.push((port, to, String::new()));
-    }
     let mut mappings = Vec::new();
     for (host_port, container_port, host_ip) in assigned {
         for protocol in ["tcp", "udp"] {
@@ -166,7 +165,7 @@ fn bridge_ports(alloc: &ClientAllocation) -> Option<Vec<PortMapping>> {
             });
         }
     }
-    Some(mappings)
+    Ok(Some(mappings))
 }
 
 pub(super) struct Runner {
@@ -472,7 +471,7 @@ impl Runner {
     /// middle tears down what it made; a plan without an address (the agent died in
     /// the setup, before any task started) is set up again from a clean slate.
     async fn ensure_network(&mut self) -> Result<bool, String> {
-        let Some(ports) = bridge_ports(&self.rec.alloc) else {
+        let Some(ports) = bridge_ports(&self.rec.alloc)? else {
             return Ok(true);
         };
         if self
@@ -1125,4 +1124,89 @@ enum HookCall<'a> {
     Exited(&'a TaskView),
     Update,
     Stop,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_server_api::{
+        AllocResources, AllocatedPort, Allocation, JobType, NetworkSpec, PortSpec, TaskGroup,
+    };
+
+    fn bridge_alloc(ports: Vec<PortSpec>, assigned: Vec<AllocatedPort>) -> ClientAllocation {
+        ClientAllocation {
+            alloc: Allocation {
+                ports: assigned,
+                reschedule_events: Vec::new(),
+                id: "a1".into(),
+                name: "web.app[0]".into(),
+                index: 0,
+                job_name: "web".into(),
+                job_version: 0,
+                group: "app".into(),
+                node_id: "n".into(),
+                node_name: "n".into(),
+                resources: AllocResources::default(),
+                desired_status: DesiredStatus::Run,
+                desired_description: String::new(),
+                client_status: ClientStatus::Pending,
+                client_description: String::new(),
+                task_states: BTreeMap::new(),
+                eval_id: "e".into(),
+                previous_allocation: None,
+                next_allocation: None,
+                create_index: 1,
+                modify_index: 1,
+                alloc_modify_index: 1,
+                create_time: 0,
+                modify_time: 0,
+            },
+            job_type: JobType::Service,
+            group: TaskGroup {
+                network: Some(NetworkSpec {
+                    mode: NetworkMode::Bridge,
+                    ports,
+                }),
+                services: Default::default(),
+                reschedule: None,
+                name: "app".into(),
+                count: 1,
+                constraints: vec![],
+                meta: BTreeMap::new(),
+                tasks: vec![],
+            },
+            job_meta: BTreeMap::new(),
+            region: drover_server_api::DEFAULT_REGION.to_owned(),
+        }
+    }
+
+    /// Only the scheduler's assignments are forwarded: a static port the allocation
+    /// was not given (which would bypass the node's reserved ports) fails it, naming
+    /// the port.
+    #[test]
+    fn a_static_port_without_an_assignment_is_refused_not_forwarded() {
+        let ssh = PortSpec {
+            label: "ssh".into(),
+            static_port: 22,
+            ..Default::default()
+        };
+        let err = bridge_ports(&bridge_alloc(vec![ssh.clone()], vec![])).unwrap_err();
+        assert!(err.contains("\"ssh\"") && err.contains("22"), "{err}");
+
+        let given = AllocatedPort {
+            label: "ssh".into(),
+            value: 2222,
+            to: 22,
+            host_ip: "127.0.0.1".into(),
+        };
+        let mappings = bridge_ports(&bridge_alloc(vec![ssh], vec![given]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(mappings.len(), 2, "{mappings:?}");
+        assert!(
+            mappings
+                .iter()
+                .all(|m| (m.host_port, m.container_port) == (2222, 22))
+        );
+    }
 }

@@ -62,6 +62,10 @@ impl CheckOutcome {
     }
 }
 
+/// How long past its timeout the agent waits for a script check's `ExecTask` to
+/// answer: the driver kills the command at the timeout and reports it.
+const SCRIPT_ANSWER_GRACE: Duration = Duration::from_secs(10);
+
 /// Everything one check's loop needs.
 pub(super) struct CheckRun {
     pub spec: CheckSpec,
@@ -141,7 +145,15 @@ pub async fn run_once(
             }
         }
     };
-    match tokio::time::timeout(timeout, fut).await {
+    // A script's driver kills the command at `timeout` and then answers; the agent
+    // waits for that answer (a little longer than `timeout`) rather than dropping the
+    // call, so that the loop never starts a run while the previous one still runs.
+    let limit = if matches!(target, CheckTarget::Script { .. }) {
+        timeout + SCRIPT_ANSWER_GRACE
+    } else {
+        timeout
+    };
+    match tokio::time::timeout(limit, fut).await {
         Ok(o) => o,
         Err(_) => CheckOutcome::new(
             ServiceHealth::Critical,

@@ -309,6 +309,10 @@ fn start_dev_server(
          Nomad's clients at http://{http} with the token file's token in the \
          X-Nomad-Token header (NOMAD_TOKEN)"
     );
+    // The dev server's ports are on this node: never given to a task (a static port
+    // in bridge mode would take them over).
+    config.reserved.add_port(http.port());
+    config.reserved.add_port(rpc.port());
     config.servers = vec![rpc.to_string()];
     config.token_file = Some(token_file);
     Ok(thread)

@@ -259,6 +259,21 @@ mod task_dir_tests {
 
 /// The cgroup limits of a task: its `resources` and config, with defaults where they
 /// say nothing, so that no isolated task runs without a memory and a pids limit.
+/// A task of a group in bridge mode (given the group's namespace) that asks for
+/// `network_mode = "none"` is refused: it would join the bridge, silently getting the
+/// network it asked not to have.
+fn check_network_mode(spec: &TaskSpec, iso: &IsolationConfig) -> Result<(), DriverError> {
+    if iso.network_mode == NetworkMode::None && !spec.netns_path.as_os_str().is_empty() {
+        return Err(DriverError::InvalidConfig(format!(
+            "network_mode = \"none\": the task's group is in bridge mode (network \
+             namespace {}), and a task of it joins the group's network; remove \
+             network_mode, or move the task to a group without a bridge network",
+            spec.netns_path.display()
+        )));
+    }
+    Ok(())
+}
+
 fn limits(spec: &TaskSpec, iso: &IsolationConfig) -> Result<Limits, DriverError> {
     // Checked: a shift would wrap a huge value into a small (or zero) limit.
     let mib = |m: i64, field: &str| -> Result<Option<u64>, DriverError> {
@@ -437,6 +452,7 @@ impl<F: Flavor> IsolatedDriver<F> {
     ) -> Result<TaskHandle, DriverError> {
         let settings = self.settings();
         iso.validate()?;
+        check_network_mode(&spec, &iso)?;
         let capabilities = caps::task_caps(settings.allow, &iso.cap_add, &iso.cap_drop)?;
         let rlimits = iso.rlimits()?;
         let lim = limits(&spec, &iso)?;
@@ -947,6 +963,22 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn network_mode_none_in_a_bridge_group_is_refused() {
+        let none = IsolationConfig {
+            network_mode: NetworkMode::None,
+            ..IsolationConfig::default()
+        };
+        let bridged = TaskSpec::default().with_netns_path("/run/netns/a1");
+        let err = check_network_mode(&bridged, &none).unwrap_err().to_string();
+        assert!(
+            err.contains("network_mode") && err.contains("bridge"),
+            "{err}"
+        );
+        assert!(check_network_mode(&TaskSpec::default(), &none).is_ok());
+        assert!(check_network_mode(&bridged, &IsolationConfig::default()).is_ok());
+    }
 
     #[test]
     fn drover_dirs_point_inside_the_root() {
