@@ -842,12 +842,20 @@ fn a_network_belongs_to_the_group() {
 }
 
 /// The fenced blocks of `lang` in docs/services.md.
+/// The `lang` code blocks of the "Job files" section of docs/services.md (the other
+/// sections show fragments of jobs).
 fn doc_examples(lang: &str) -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/services.md");
     let text = std::fs::read_to_string(&path).expect("docs/services.md");
+    let start = text.find("\n## Job files\n").expect("a Job files section");
+    let section = &text[start + 1..];
+    let section = match section[1..].find("\n## ") {
+        Some(end) => &section[..end + 1],
+        None => section,
+    };
     let fence = format!("```{lang}\n");
     let mut out = Vec::new();
-    let mut rest = text.as_str();
+    let mut rest = section;
     while let Some(start) = rest.find(&fence) {
         let body = &rest[start + fence.len()..];
         let end = body.find("```").expect("a closed fence");
