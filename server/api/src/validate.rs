@@ -611,22 +611,26 @@ fn check_check(
             format!("{:?} is more than the maximum of 1h", r.grace),
         ));
     }
-    for (field, d) in [("interval", c.interval), ("timeout", c.timeout)] {
-        if d < MIN_CHECK_INTERVAL && field == "interval" {
-            return Err(fail(
-                format!("{path}.{field}"),
-                format!("{d:?} is less than the minimum of 1s"),
-            ));
-        }
-        if d.is_zero() {
-            return Err(fail(format!("{path}.{field}"), "must be more than 0"));
-        }
-        if d > MAX_CHECK_DURATION {
-            return Err(fail(
-                format!("{path}.{field}"),
-                format!("{d:?} is more than the maximum of 1h"),
-            ));
-        }
+    let too_long = |field: &str, d: std::time::Duration| {
+        fail(
+            format!("{path}.{field}"),
+            format!("{d:?} is more than the maximum of 1h"),
+        )
+    };
+    if c.interval < MIN_CHECK_INTERVAL {
+        return Err(fail(
+            format!("{path}.interval"),
+            format!("{:?} is less than the minimum of 1s", c.interval),
+        ));
+    }
+    if c.interval > MAX_CHECK_DURATION {
+        return Err(too_long("interval", c.interval));
+    }
+    if c.timeout.is_zero() {
+        return Err(fail(format!("{path}.timeout"), "must be more than 0"));
+    }
+    if c.timeout > MAX_CHECK_DURATION {
+        return Err(too_long("timeout", c.timeout));
     }
     match c.check_type.as_str() {
         "script" => {
