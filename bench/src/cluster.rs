@@ -206,6 +206,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
             update: UpdateStrategy::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),
                 reschedule: None,
@@ -373,6 +374,7 @@ async fn client_session(
                 })
                 .collect();
             let update = AllocClientUpdate {
+                healthy: Default::default(),
                 id: ca.alloc.id.clone(),
                 client_status: ClientStatus::Running,
                 client_description: String::new(),

@@ -96,6 +96,7 @@ fn job(i: usize, count: u32, ports: usize) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            update: Default::default(),
             network,
             services: Default::default(),
             reschedule: None,
@@ -524,6 +525,8 @@ async fn baseline(store: &dyn Store, counts: &[u32], doc: &[u8]) -> anyhow::Resu
 
 fn sample_alloc() -> Allocation {
     Allocation {
+        deployment_id: Default::default(),
+        deployment_status: Default::default(),
         ports: Default::default(),
         reschedule_events: Vec::new(),
         id: "00000000-0000-4000-8000-000000000000".into(),

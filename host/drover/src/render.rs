@@ -581,6 +581,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         Job {
+            stable: Default::default(),
             spec,
             version: 2,
             stop: false,
@@ -599,6 +600,8 @@ pub(crate) mod tests {
         exit: Option<i32>,
     ) -> Allocation {
         Allocation {
+            deployment_id: Default::default(),
+            deployment_status: Default::default(),
             ports: Default::default(),
             reschedule_events: Vec::new(),
             id: id.into(),

@@ -74,9 +74,10 @@ use toml::de::{DeTable, DeValue};
 use crate::nomad::{DEFAULT_CHECK_RESTART_GRACE, default_check_name};
 use crate::types::{
     CheckRestart, CheckSpec, Constraint, JobSpec, JobType, Lifecycle, NOMAD_SERVICE_PROVIDER,
-    NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup, TaskResources, UpdateStrategy,
+    HealthCheckMode, NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup, TaskResources,
+    UpdateStrategy,
 };
-use crate::validate::{MAX_CHECK_DURATION, MAX_RESCHEDULE_DURATION};
+use crate::validate::{MAX_CHECK_DURATION, MAX_RESCHEDULE_DURATION, MAX_UPDATE_DURATION};
 
 /// A job file that could not be used. Displays as `FILE:LINE: FIELD: MESSAGE`; the
 /// field is a path such as `group[0].task[1].resources.memory_mb`.
@@ -103,7 +104,7 @@ struct JobDoc {
     priority: Option<u8>,
     #[serde(alias = "constraints")]
     constraint: Option<Vec<Constraint>>,
-    update: Option<UpdateStrategy>,
+    update: Option<UpdateDoc>,
     meta: Option<IgnoredAny>,
     datacenters: Option<Vec<String>>,
     #[serde(alias = "groups")]
@@ -120,6 +121,7 @@ struct GroupDoc {
     constraint: Option<Vec<Constraint>>,
     meta: Option<IgnoredAny>,
     reschedule: Option<RescheduleDoc>,
+    update: Option<UpdateDoc>,
     network: Option<NetworkSpec>,
     service: Option<Vec<ServiceDoc>>,
     #[serde(alias = "tasks")]
@@ -166,6 +168,51 @@ struct CheckRestartDoc {
     limit: Option<u32>,
     grace: Option<Spanned<String>>,
     ignore_warnings: Option<bool>,
+}
+
+/// An `update` table: what it leaves out is the job's (for a group) or Nomad's default.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateDoc {
+    max_parallel: Option<u32>,
+    health_check: Option<HealthCheckMode>,
+    min_healthy_time: Option<Spanned<String>>,
+    healthy_deadline: Option<Spanned<String>>,
+    progress_deadline: Option<Spanned<String>>,
+    canary: Option<u32>,
+    auto_promote: Option<bool>,
+    auto_revert: Option<bool>,
+    stagger: Option<Spanned<String>>,
+}
+
+impl UpdateDoc {
+    /// These fields over `base`; durations of at most [`MAX_UPDATE_DURATION`].
+    fn over(
+        &self,
+        source: &Source<'_>,
+        base: UpdateStrategy,
+        path: &str,
+    ) -> Result<UpdateStrategy, JobFileError> {
+        let d = |v: &Option<Spanned<String>>, field: &str, default: Duration| match v {
+            None => Ok(default),
+            Some(v) => source.duration(v, &format!("{path}.{field}"), MAX_UPDATE_DURATION),
+        };
+        Ok(UpdateStrategy {
+            max_parallel: self.max_parallel.unwrap_or(base.max_parallel),
+            health_check: self.health_check.unwrap_or(base.health_check),
+            min_healthy_time: d(&self.min_healthy_time, "min_healthy_time", base.min_healthy_time)?,
+            healthy_deadline: d(&self.healthy_deadline, "healthy_deadline", base.healthy_deadline)?,
+            progress_deadline: d(
+                &self.progress_deadline,
+                "progress_deadline",
+                base.progress_deadline,
+            )?,
+            canary: self.canary.unwrap_or(base.canary),
+            auto_promote: self.auto_promote.unwrap_or(base.auto_promote),
+            auto_revert: self.auto_revert.unwrap_or(base.auto_revert),
+            stagger: d(&self.stagger, "stagger", base.stagger)?,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -251,6 +298,10 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
 
     let name = doc.name.ok_or_else(|| missing("", "name"))?;
     let group_values = array_of(table, &["group", "groups"]);
+    let job_update = match &doc.update {
+        None => UpdateStrategy::default(),
+        Some(u) => u.over(&source, UpdateStrategy::default(), "update")?,
+    };
     let mut groups = Vec::new();
     for (i, g) in doc.group.unwrap_or_default().into_iter().enumerate() {
         let gpath = format!("group[{i}]");
@@ -380,10 +431,18 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
         for p in network.iter_mut().flat_map(|n| n.ports.iter_mut()) {
             p.host_network = crate::nomad::host_network_or_default(&p.host_network);
         }
+        let update = match &g.update {
+            None => None,
+            Some(u) => {
+                let merged = u.over(&source, job_update, &format!("{gpath}.update"))?;
+                (merged != job_update).then_some(merged)
+            }
+        };
         groups.push(TaskGroup {
             network,
             services: group_services,
             reschedule,
+            update,
             name: g.name.ok_or_else(|| missing(&gpath, "name"))?,
             count: g.count.unwrap_or(1),
             constraints: g.constraint.unwrap_or_default(),
@@ -402,7 +461,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
         job_type: doc.job_type.unwrap_or_default(),
         priority: doc.priority.unwrap_or(50),
         constraints: doc.constraint.unwrap_or_default(),
-        update: doc.update.unwrap_or_default(),
+        update: job_update,
         meta: strings(entry(table, "meta"), "meta")?,
         datacenters: doc.datacenters.unwrap_or_default(),
         groups,

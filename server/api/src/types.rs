@@ -71,18 +71,89 @@ fn default_priority() -> u8 {
     50
 }
 
-/// Rolling updates: at most `max_parallel` allocations of a group are replaced at once
-/// when a task of the group changed (a count change only adds or removes).
+/// How a changed job replaces its allocations (Nomad's `update` block): a
+/// deployment replaces at most `max_parallel` allocations of a group at a time and
+/// waits for each new one to be healthy (its tasks running, and with
+/// `health_check = "checks"` its checks passing, for `min_healthy_time`) before the
+/// next; `canary` new copies first wait for a promotion; a deployment that fails
+/// (an allocation unhealthy, `healthy_deadline` or `progress_deadline` passed) stops,
+/// and with `auto_revert` the job goes back to its last stable version.
+///
+/// Nomad's defaults: max_parallel 1, health checks, 10s, 5m, 10m, no canary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpdateStrategy {
-    /// Allocations replaced at a time (default 1; 0 replaces them all at once).
+    /// Allocations replaced at a time (default 1; 0: no deployment, every changed
+    /// allocation is replaced at once, health unchecked).
     pub max_parallel: u32,
+    /// What makes a new allocation healthy.
+    pub health_check: HealthCheckMode,
+    /// How long a new allocation must stay healthy to count as healthy.
+    #[serde(with = "humantime_serde")]
+    pub min_healthy_time: Duration,
+    /// A new allocation not healthy by then (from its start) is unhealthy.
+    #[serde(with = "humantime_serde")]
+    pub healthy_deadline: Duration,
+    /// A deployment that made no progress (no allocation turned healthy) for this long
+    /// fails (0: never).
+    #[serde(with = "humantime_serde")]
+    pub progress_deadline: Duration,
+    /// New copies placed next to the old ones, waiting for a promotion.
+    pub canary: u32,
+    /// Promote once every canary is healthy.
+    pub auto_promote: bool,
+    /// A failed deployment reverts the job to its last stable version.
+    pub auto_revert: bool,
+    /// Accepted for Nomad's job files: Drover moves a deployment on as soon as an
+    /// allocation turns healthy.
+    #[serde(with = "humantime_serde")]
+    pub stagger: Duration,
 }
 
 impl Default for UpdateStrategy {
     fn default() -> Self {
-        UpdateStrategy { max_parallel: 1 }
+        UpdateStrategy {
+            max_parallel: 1,
+            health_check: HealthCheckMode::Checks,
+            min_healthy_time: Duration::from_secs(10),
+            healthy_deadline: Duration::from_secs(5 * 60),
+            progress_deadline: Duration::from_secs(10 * 60),
+            canary: 0,
+            auto_promote: false,
+            auto_revert: false,
+            stagger: Duration::from_secs(30),
+        }
+    }
+}
+
+impl UpdateStrategy {
+    /// Whether a change of the job is rolled out as a deployment (health-gated).
+    pub fn deploys(&self) -> bool {
+        self.max_parallel > 0
+    }
+}
+
+/// What makes a new allocation of a deployment healthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthCheckMode {
+    /// Every task running and every check of its services passing.
+    #[default]
+    Checks,
+    /// Every task running.
+    TaskStates,
+    /// Nothing automatic: health is set through the API.
+    Manual,
+}
+
+impl HealthCheckMode {
+    /// The job-file name (`checks`, `task_states`, `manual`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthCheckMode::Checks => "checks",
+            HealthCheckMode::TaskStates => "task_states",
+            HealthCheckMode::Manual => "manual",
+        }
     }
 }
 
@@ -112,6 +183,10 @@ pub struct TaskGroup {
     /// networking, no ports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkSpec>,
+    /// The group's own update strategy (Nomad's group-level `update`, merged over the
+    /// job's field by field when read); absent: the job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<UpdateStrategy>,
     /// Services of the group (Nomad's group-level `service` blocks).
     #[serde(
         default,
@@ -171,6 +246,13 @@ impl ReschedulePolicy {
                 unlimited: true,
             },
         }
+    }
+}
+
+impl JobSpec {
+    /// The update strategy of `group`: its own, else the job's.
+    pub fn update_of(&self, group: &TaskGroup) -> UpdateStrategy {
+        group.update.unwrap_or(self.update)
     }
 }
 
@@ -645,6 +727,10 @@ pub struct Job {
     pub modify_index: Index,
     /// Index of the last change of the spec (a new version).
     pub job_modify_index: Index,
+    /// A deployment of this version succeeded (or it was the first version, placed
+    /// without one): what a failed deployment's auto-revert goes back to.
+    #[serde(default)]
+    pub stable: bool,
 }
 
 /// One line of `GET /v1/jobs`.
@@ -1007,6 +1093,13 @@ pub struct Allocation {
     /// The allocation that replaced it, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_allocation: Option<String>,
+    /// The deployment that placed it (a service job's rollout of a version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_id: Option<String>,
+    /// Its health as its deployment sees it (reported by the client), and whether it
+    /// is a canary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_status: Option<AllocDeploymentStatus>,
     /// The replacements of failed allocations that led to this one, oldest first
     /// (bounded: what the group's `reschedule` policy needs to count and to double
     /// the delay).
@@ -1023,6 +1116,23 @@ pub struct Allocation {
     pub create_time: i64,
     /// Unix time of the last change, nanoseconds.
     pub modify_time: i64,
+}
+
+/// An allocation's standing in its deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AllocDeploymentStatus {
+    /// Healthy or unhealthy, as the client decided; absent: not yet known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// Unix time the health was decided, nanoseconds (0: not yet).
+    #[serde(default)]
+    pub timestamp: i64,
+    /// Placed as a canary (next to the old version, until promoted).
+    #[serde(default)]
+    pub canary: bool,
+    /// Index of the last change.
+    #[serde(default)]
+    pub modify_index: Index,
 }
 
 /// One replacement of a failed allocation.
@@ -1057,6 +1167,10 @@ pub struct AllocClientUpdate {
     /// Task states by task name.
     #[serde(default)]
     pub task_states: BTreeMap<String, TaskState>,
+    /// The allocation's health in its deployment, once the client decided it (see
+    /// [`UpdateStrategy`]); absent: not decided, or no deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
     /// The allocation's service instances, all of them (an empty list deregisters
     /// every one); absent: unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1073,6 +1187,10 @@ pub struct ClientAllocation {
     pub job_type: JobType,
     /// The group spec at `alloc.job_version`.
     pub group: TaskGroup,
+    /// The group's update strategy when the allocation belongs to a deployment: how
+    /// the client decides its health.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<UpdateStrategy>,
     /// The job's `meta` at `alloc.job_version` (under the group's and the task's: the
     /// client merges them into `NOMAD_META_*`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -1087,6 +1205,121 @@ pub const DEFAULT_REGION: &str = "global";
 
 fn default_region() -> String {
     DEFAULT_REGION.to_owned()
+}
+
+// ---------------------------------------------------------------------------------------
+// Deployments
+// ---------------------------------------------------------------------------------------
+
+/// Where a deployment stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeploymentStatus {
+    /// Placing and waiting for health.
+    #[default]
+    Running,
+    /// Held by an operator.
+    Paused,
+    /// Every group has its healthy allocations: the version is stable.
+    Successful,
+    /// An allocation was unhealthy, a deadline passed, or an operator failed it.
+    Failed,
+    /// A newer version of the job (or its stop) replaced it.
+    Cancelled,
+}
+
+impl DeploymentStatus {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeploymentStatus::Running => "running",
+            DeploymentStatus::Paused => "paused",
+            DeploymentStatus::Successful => "successful",
+            DeploymentStatus::Failed => "failed",
+            DeploymentStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Running or paused: it may still move.
+    pub fn is_active(self) -> bool {
+        matches!(self, DeploymentStatus::Running | DeploymentStatus::Paused)
+    }
+}
+
+/// The rollout of one version of a service job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployment {
+    /// UUID.
+    pub id: String,
+    /// Job name.
+    pub job_name: String,
+    /// The version it rolls out.
+    pub job_version: u64,
+    /// The job's `job_modify_index` at that version.
+    pub job_modify_index: Index,
+    /// The job's `create_index`.
+    pub job_create_index: Index,
+    /// Status.
+    pub status: DeploymentStatus,
+    /// Why, for people.
+    #[serde(default)]
+    pub status_description: String,
+    /// Per group.
+    pub groups: BTreeMap<String, DeploymentGroup>,
+    /// Index of creation.
+    pub create_index: Index,
+    /// Index of the last change.
+    pub modify_index: Index,
+    /// Unix time of creation, nanoseconds.
+    pub create_time: i64,
+    /// Unix time of the last change, nanoseconds.
+    pub modify_time: i64,
+}
+
+/// A deployment's state for one group.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeploymentGroup {
+    /// Revert the job when this deployment fails.
+    pub auto_revert: bool,
+    /// Promote once the canaries are healthy.
+    pub auto_promote: bool,
+    /// The canaries were promoted (or there are none to promote).
+    pub promoted: bool,
+    /// How long the group may go without progress.
+    #[serde(with = "humantime_serde")]
+    pub progress_deadline: Duration,
+    /// Unix time (nanoseconds) by which an allocation must turn healthy; 0: none.
+    #[serde(default)]
+    pub require_progress_by: i64,
+    /// Canaries wanted.
+    pub desired_canaries: u32,
+    /// Allocations of the version wanted (the group's count).
+    pub desired_total: u32,
+    /// The canaries placed.
+    #[serde(default)]
+    pub placed_canaries: Vec<String>,
+    /// Allocations placed by this deployment.
+    pub placed_allocs: u32,
+    /// Of them, healthy.
+    pub healthy_allocs: u32,
+    /// Of them, unhealthy.
+    pub unhealthy_allocs: u32,
+}
+
+impl Deployment {
+    /// Every group with canaries is promoted.
+    pub fn promoted(&self) -> bool {
+        self.groups
+            .values()
+            .all(|g| g.desired_canaries == 0 || g.promoted)
+    }
+
+    /// Some group waits for a promotion.
+    pub fn has_unpromoted_canaries(&self) -> bool {
+        self.groups
+            .values()
+            .any(|g| g.desired_canaries > 0 && !g.promoted)
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1135,6 +1368,9 @@ pub enum EvalTrigger {
     AllocStop,
     /// A group's count was changed through the scale endpoint (Nomad's `job-scaling`).
     JobScaling,
+    /// A deployment changed: promoted, failed, an allocation's health decided
+    /// (Nomad's `deployment-watcher`).
+    DeploymentWatcher,
 }
 
 /// Why a group could not (all) be placed: what a person reads in `job status`.
@@ -1433,6 +1669,7 @@ mod tests {
             lifecycle: None,
         };
         let g = TaskGroup {
+            update: Default::default(),
             network: Default::default(),
             services: Default::default(),
             name: "g".into(),

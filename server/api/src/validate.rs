@@ -14,8 +14,9 @@ use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION};
 
 use crate::services::{MAX_SERVICE_NAME_BYTES, MAX_SERVICES_PER_ALLOC};
 use crate::types::{
-    CHECK_TYPES, CheckSpec, Constraint, ConstraintOperator, JobSpec, LifecycleHook,
+    CHECK_TYPES, CheckSpec, Constraint, ConstraintOperator, JobSpec, JobType, LifecycleHook,
     NOMAD_SERVICE_PROVIDER, NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup,
+    UpdateStrategy,
 };
 
 /// Most copies of one group a job may ask for.
@@ -46,6 +47,9 @@ pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
 pub const MAX_RESCHEDULE_ATTEMPTS: u32 = 100;
 /// Longest reschedule delay, maximum delay or interval.
 pub const MAX_RESCHEDULE_DURATION: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 3600);
+/// Longest duration of an `update` block.
+pub const MAX_UPDATE_DURATION: std::time::Duration =
     std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Most ports of one group's network.
@@ -127,10 +131,16 @@ pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
             format!("{} groups, at most {MAX_GROUPS} per job", spec.groups.len()),
         ));
     }
+    check_update("update", spec.job_type, &spec.update, None)?;
     let mut groups = BTreeSet::new();
     for (i, g) in spec.groups.iter().enumerate() {
         let path = format!("group[{i}]");
         check_group(&path, g)?;
+        let (upath, u) = match &g.update {
+            Some(u) => (format!("{path}.update"), u),
+            None => ("update".to_owned(), &spec.update),
+        };
+        check_update(&upath, spec.job_type, u, Some(g))?;
         if !groups.insert(g.name.as_str()) {
             return Err(fail(
                 format!("{path}.name"),
@@ -144,6 +154,89 @@ pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
             "group.count",
             format!(
                 "the groups' counts add up to {total}, more than the maximum of {MAX_JOB_COUNT} per job"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An update strategy (`path`: where it was written), for `group` when given.
+fn check_update(
+    path: &str,
+    job_type: JobType,
+    u: &UpdateStrategy,
+    group: Option<&TaskGroup>,
+) -> Result<(), ValidationError> {
+    let human = drover_api::human_duration;
+    for (field, d) in [
+        ("min_healthy_time", u.min_healthy_time),
+        ("healthy_deadline", u.healthy_deadline),
+        ("progress_deadline", u.progress_deadline),
+        ("stagger", u.stagger),
+    ] {
+        if d > MAX_UPDATE_DURATION {
+            return Err(fail(
+                format!("{path}.{field}"),
+                format!(
+                    "{} is longer than the maximum of {}",
+                    human(d),
+                    human(MAX_UPDATE_DURATION)
+                ),
+            ));
+        }
+    }
+    if u.healthy_deadline.is_zero() {
+        return Err(fail(
+            format!("{path}.healthy_deadline"),
+            "must be more than 0s",
+        ));
+    }
+    if u.min_healthy_time >= u.healthy_deadline {
+        return Err(fail(
+            format!("{path}.min_healthy_time"),
+            format!(
+                "{} is not shorter than healthy_deadline ({}): no allocation could turn healthy",
+                human(u.min_healthy_time),
+                human(u.healthy_deadline)
+            ),
+        ));
+    }
+    if !u.progress_deadline.is_zero() && u.healthy_deadline >= u.progress_deadline {
+        return Err(fail(
+            format!("{path}.progress_deadline"),
+            format!(
+                "{} is not longer than healthy_deadline ({}) (0 turns it off)",
+                human(u.progress_deadline),
+                human(u.healthy_deadline)
+            ),
+        ));
+    }
+    if u.canary > 0 && job_type != JobType::Service {
+        return Err(fail(
+            format!("{path}.canary"),
+            format!("canaries are for service jobs, not {} jobs", job_type.as_str()),
+        ));
+    }
+    if u.canary > 0 && !u.deploys() {
+        return Err(fail(
+            format!("{path}.canary"),
+            "canaries need a deployment: set max_parallel to 1 or more",
+        ));
+    }
+    if u.auto_promote && u.canary == 0 && group.is_some() {
+        return Err(fail(
+            format!("{path}.auto_promote"),
+            "auto_promote promotes canaries: set canary to 1 or more",
+        ));
+    }
+    if let Some(g) = group
+        && u.canary > g.count
+    {
+        return Err(fail(
+            format!("{path}.canary"),
+            format!(
+                "{} canaries is more than group {:?}'s count of {}",
+                u.canary, g.name, g.count
             ),
         ));
     }
@@ -1027,6 +1120,7 @@ mod tests {
             update: Default::default(),
             meta: Default::default(),
             groups: vec![TaskGroup {
+                update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),
                 reschedule: None,

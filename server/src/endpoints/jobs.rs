@@ -105,6 +105,7 @@ fn submit(
     let job = match existing {
         Some(old) if !changed => old.clone(),
         _ => Job {
+            stable: Default::default(),
             version: existing.map_or(0, |old| old.version + 1),
             create_index: existing.map_or(index, |old| old.create_index),
             spec,
@@ -403,6 +404,7 @@ fn plan_job_blocking(core: &Core, spec: JobSpec) -> Result<JobPlanResponse, Serv
     };
     let job_modify_index = existing.map_or(0, |j| j.job_modify_index);
     let job = Job {
+        stable: Default::default(),
         spec: spec.clone(),
         version,
         stop: false,

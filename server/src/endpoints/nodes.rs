@@ -271,6 +271,7 @@ impl Server {
                     )));
                 }
                 let to_client = |a: &Allocation| ClientAllocation {
+                    update: st.alloc_update(a),
                     alloc: a.clone(),
                     job_type: scheduler::StateView::job(&*st, &a.job_name)
                         .map(|j| j.spec.job_type)

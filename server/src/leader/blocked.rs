@@ -89,6 +89,7 @@ mod tests {
             update: Default::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),
                 reschedule: None,

@@ -380,6 +380,7 @@ mod tests {
             &[(22, 22), (8000, 8100)],
         );
         let job = Job {
+            stable: Default::default(),
             spec: spec(
                 "web",
                 JobType::Service,

@@ -432,6 +432,8 @@ impl<'a> Placer<'a> {
             .as_ref()
             .map_or(&[][..], |n| n.ports.as_slice());
         Allocation {
+            deployment_id: Default::default(),
+            deployment_status: Default::default(),
             ports: ports::allocated(specs, &self.assigned, &node.network),
             reschedule_events: Vec::new(),
             id: uuid::Uuid::new_v4().to_string(),

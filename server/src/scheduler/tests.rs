@@ -78,6 +78,7 @@ impl TestState {
         self.index += 1;
         let version = self.job(&spec.name).map_or(0, |j| j.version + 1);
         self.jobs.push(Job {
+            stable: Default::default(),
             spec,
             version,
             stop: false,
@@ -193,6 +194,7 @@ fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
 
 pub(crate) fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
     TaskGroup {
+        update: Default::default(),
         network: Default::default(),
         services: Default::default(),
         reschedule: None,

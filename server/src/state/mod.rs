@@ -496,6 +496,7 @@ impl State {
             .and_then(from)
             .or_else(|| self.jobs.get(&a.job_name).and_then(from))
             .unwrap_or_else(|| TaskGroup {
+                update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),
                 reschedule: None,
@@ -505,6 +506,17 @@ impl State {
                 meta: BTreeMap::new(),
                 tasks: Vec::new(),
             })
+    }
+
+    /// The update strategy of the allocation's group at its version, when the
+    /// allocation belongs to a deployment (the client decides its health by it).
+    pub(crate) fn alloc_update(&self, a: &Allocation) -> Option<drover_server_api::UpdateStrategy> {
+        a.deployment_id.as_ref()?;
+        let job = self
+            .job_at_version(&a.job_name, a.job_version)
+            .or_else(|| self.jobs.get(&a.job_name))?;
+        let group = job.spec.groups.iter().find(|g| g.name == a.group)?;
+        Some(job.spec.update_of(group))
     }
 
     /// The job's `meta` at the allocation's version (the current job's when that

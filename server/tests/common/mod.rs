@@ -76,6 +76,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            update: Default::default(),
             network: Default::default(),
             services: Default::default(),
             reschedule: None,
@@ -108,6 +109,8 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
 /// A new allocation as the scheduler would put it in a plan.
 pub fn placement(job: &str, index: u32, cpu: u64, memory_mb: u64) -> Allocation {
     Allocation {
+        deployment_id: Default::default(),
+        deployment_status: Default::default(),
         ports: Default::default(),
         reschedule_events: Vec::new(),
         id: String::new(),

@@ -18,6 +18,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 fn upd(id: &str, status: ClientStatus) -> AllocClientUpdate {
     AllocClientUpdate {
+        healthy: Default::default(),
         id: id.into(),
         client_status: status,
         client_description: String::new(),

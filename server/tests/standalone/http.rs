@@ -767,6 +767,7 @@ async fn report_running(s: &Running, node_id: &str, alloc_id: &str) {
         .update_allocations(
             node_id,
             vec![AllocClientUpdate {
+                healthy: Default::default(),
                 id: alloc_id.to_owned(),
                 client_status: ClientStatus::Running,
                 client_description: String::new(),

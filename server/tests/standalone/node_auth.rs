@@ -63,6 +63,7 @@ fn update_req(
 
 fn upd(id: &str, status: ClientStatus) -> AllocClientUpdate {
     AllocClientUpdate {
+        healthy: Default::default(),
         id: id.into(),
         client_status: status,
         client_description: String::new(),

@@ -261,6 +261,7 @@ async fn malformed_documents_are_invalid_arguments_naming_the_field() {
     assert!(err.message().contains("node_json"), "{}", err.message());
 
     let good = serde_json::to_vec(&AllocClientUpdate {
+        healthy: Default::default(),
         id: "a1".into(),
         client_status: ClientStatus::Running,
         client_description: String::new(),
@@ -596,6 +597,7 @@ async fn register_heartbeat_and_watch_through_the_core() {
     // A status report travels (decoded, batched) to the core, which answers with
     // the index of its commit or refuses an allocation the node does not have.
     let update = serde_json::to_vec(&AllocClientUpdate {
+        healthy: Default::default(),
         id: "not-an-alloc".into(),
         client_status: ClientStatus::Running,
         client_description: String::new(),

@@ -421,6 +421,7 @@ async fn client_updates_are_checked_and_drive_evaluations_and_capacity() {
         .map(|a| a.id)
         .collect();
     let upd = |id: &str, st| AllocClientUpdate {
+        healthy: Default::default(),
         id: id.into(),
         client_status: st,
         client_description: String::new(),
@@ -782,6 +783,7 @@ async fn concurrent_client_reports_commit_together_and_a_refused_one_changes_not
                 .update_allocations(
                     &n,
                     vec![AllocClientUpdate {
+                        healthy: Default::default(),
                         id: target,
                         client_status: ClientStatus::Running,
                         client_description: String::new(),

@@ -81,6 +81,7 @@ fn instance(name: &str, port: u16, health: ServiceHealth) -> ServiceInstance {
 
 fn report(alloc: &str, status: ClientStatus, services: Vec<ServiceInstance>) -> AllocClientUpdate {
     AllocClientUpdate {
+        healthy: Default::default(),
         id: alloc.into(),
         client_status: status,
         client_description: String::new(),

@@ -933,6 +933,7 @@ impl Runner {
                 .iter()
                 .any(|t| !t.services.is_empty());
         AllocClientUpdate {
+            healthy: Default::default(),
             id: self.id().to_owned(),
             client_status: self.client_status(),
             client_description: self.rec.description.clone(),
@@ -1135,7 +1136,10 @@ mod tests {
 
     fn bridge_alloc(ports: Vec<PortSpec>, assigned: Vec<AllocatedPort>) -> ClientAllocation {
         ClientAllocation {
+            update: Default::default(),
             alloc: Allocation {
+                deployment_id: Default::default(),
+                deployment_status: Default::default(),
                 ports: assigned,
                 reschedule_events: Vec::new(),
                 id: "a1".into(),
@@ -1163,6 +1167,7 @@ mod tests {
             },
             job_type: JobType::Service,
             group: TaskGroup {
+                update: Default::default(),
                 network: Some(NetworkSpec {
                     mode: NetworkMode::Bridge,
                     ports,

@@ -117,6 +117,7 @@ mod tests {
 
     fn update(id: &str, status: ClientStatus) -> AllocClientUpdate {
         AllocClientUpdate {
+            healthy: Default::default(),
             id: id.into(),
             client_status: status,
             client_description: String::new(),

@@ -175,6 +175,7 @@ impl AllocSink for Sink {
 
 fn report(id: &str, status: ClientStatus) -> AllocClientUpdate {
     AllocClientUpdate {
+        healthy: Default::default(),
         id: id.into(),
         client_status: status,
         client_description: String::new(),
@@ -185,7 +186,10 @@ fn report(id: &str, status: ClientStatus) -> AllocClientUpdate {
 
 fn allocation(id: &str) -> ClientAllocation {
     ClientAllocation {
+        update: Default::default(),
         alloc: Allocation {
+            deployment_id: Default::default(),
+            deployment_status: Default::default(),
             ports: Default::default(),
             reschedule_events: Vec::new(),
             id: id.into(),
@@ -213,6 +217,7 @@ fn allocation(id: &str) -> ClientAllocation {
         },
         job_type: JobType::Service,
         group: TaskGroup {
+            update: Default::default(),
             network: Default::default(),
             services: Default::default(),
             reschedule: None,

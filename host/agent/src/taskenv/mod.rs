@@ -371,7 +371,10 @@ mod tests {
 
     fn alloc(task: &Task) -> ClientAllocation {
         ClientAllocation {
+            update: Default::default(),
             alloc: Allocation {
+                deployment_id: Default::default(),
+                deployment_status: Default::default(),
                 ports: Default::default(),
                 id: "alloc-uuid".into(),
                 name: "shop.front[2]".into(),
@@ -399,6 +402,7 @@ mod tests {
             },
             job_type: JobType::Service,
             group: TaskGroup {
+                update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),
                 name: "front".into(),

@@ -87,6 +87,7 @@ pub use drover_test_support::procs::alive as running;
 /// client receives it: the allocation runners' tests build theirs from it.
 pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
     let group = TaskGroup {
+        update: Default::default(),
         network: Default::default(),
         services: Default::default(),
         reschedule: None,
@@ -97,7 +98,10 @@ pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation 
         tasks,
     };
     ClientAllocation {
+        update: Default::default(),
         alloc: Allocation {
+            deployment_id: Default::default(),
+            deployment_status: Default::default(),
             ports: Default::default(),
             reschedule_events: Vec::new(),
             id: id.into(),

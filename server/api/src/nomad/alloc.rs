@@ -482,10 +482,10 @@ pub struct Allocation {
     /// By task name.
     #[serde(rename = "TaskStates")]
     pub task_states: Option<BTreeMap<String, TaskState>>,
-    /// Deployment (none in Drover).
+    /// The deployment that placed it.
     #[serde(rename = "DeploymentID", deserialize_with = "super::null_default")]
     pub deployment_id: String,
-    /// Deployment health (none in Drover).
+    /// Its health in the deployment (see [`super::deployment::alloc_status`]).
     #[serde(rename = "DeploymentStatus")]
     pub deployment_status: Option<Value>,
     /// Follow-up evaluation.
@@ -595,7 +595,7 @@ pub struct AllocationListStub {
     /// By task name.
     #[serde(rename = "TaskStates")]
     pub task_states: Option<BTreeMap<String, TaskState>>,
-    /// Deployment health (none in Drover).
+    /// Its health in the deployment (see [`super::deployment::alloc_status`]).
     #[serde(rename = "DeploymentStatus")]
     pub deployment_status: Option<Value>,
     /// Follow-up evaluation.
@@ -738,8 +738,11 @@ impl From<&internal::Allocation> for Allocation {
             client_status: a.client_status.as_str().to_owned(),
             client_description: a.client_description.clone(),
             task_states: task_states(&a.task_states),
-            deployment_id: String::new(),
-            deployment_status: None,
+            deployment_id: a.deployment_id.clone().unwrap_or_default(),
+            deployment_status: a
+                .deployment_status
+                .as_ref()
+                .map(super::deployment::alloc_status),
             followup_eval_id: String::new(),
             previous_allocation: a.previous_allocation.clone().unwrap_or_default(),
             next_allocation: a.next_allocation.clone().unwrap_or_default(),
@@ -822,6 +825,11 @@ impl Allocation {
             previous_allocation: Some(self.previous_allocation.clone()).filter(|s| !s.is_empty()),
             next_allocation: Some(self.next_allocation.clone()).filter(|s| !s.is_empty()),
             reschedule_events: internal_reschedule_events(&self.reschedule_tracker),
+            deployment_id: Some(self.deployment_id.clone()).filter(|s| !s.is_empty()),
+            deployment_status: self
+                .deployment_status
+                .as_ref()
+                .and_then(super::deployment::alloc_status_from),
             create_index: self.create_index,
             modify_index: self.modify_index,
             alloc_modify_index: self.alloc_modify_index,
@@ -852,7 +860,10 @@ impl AllocationListStub {
             client_description: a.client_description.clone(),
             desired_transition: empty_object(),
             task_states: task_states(&a.task_states),
-            deployment_status: None,
+            deployment_status: a
+                .deployment_status
+                .as_ref()
+                .map(super::deployment::alloc_status),
             followup_eval_id: String::new(),
             reschedule_tracker: tracker(&a.reschedule_events),
             preempted_allocations: None,
@@ -888,6 +899,11 @@ impl AllocationListStub {
             previous_allocation: None,
             next_allocation: None,
             reschedule_events: internal_reschedule_events(&self.reschedule_tracker),
+            deployment_id: None,
+            deployment_status: self
+                .deployment_status
+                .as_ref()
+                .and_then(super::deployment::alloc_status_from),
             create_index: self.create_index,
             modify_index: self.modify_index,
             alloc_modify_index: self.modify_index,

@@ -437,38 +437,68 @@ pub const DELAY_FUNCTION: &str = "exponential";
 /// Nomad's constant delay: Drover's doubling delay with `MaxDelay` equal to `Delay`.
 pub const CONSTANT_DELAY_FUNCTION: &str = "constant";
 
-/// An update strategy in Nomad's shape. Drover replaces `MaxParallel` allocations at a
-/// time; the health timings are accepted with a warning, canaries and auto-revert are
-/// not supported yet.
+/// An update strategy in Nomad's shape. An absent field takes the job's (a group's
+/// `Update`) or else Nomad's default.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct UpdateStrategy {
     /// Allocations replaced at a time.
     #[serde(rename = "MaxParallel", alias = "max_parallel", default)]
     pub max_parallel: Option<i64>,
-    /// Ignored (warning).
-    #[serde(rename = "Stagger", default)]
-    pub stagger: Option<Value>,
-    /// Ignored (warning).
-    #[serde(rename = "HealthCheck", default)]
-    pub health_check: Option<Value>,
-    /// Ignored (warning).
-    #[serde(rename = "MinHealthyTime", default)]
-    pub min_healthy_time: Option<Value>,
-    /// Ignored (warning).
-    #[serde(rename = "HealthyDeadline", default)]
-    pub healthy_deadline: Option<Value>,
-    /// Ignored (warning).
-    #[serde(rename = "ProgressDeadline", default)]
-    pub progress_deadline: Option<Value>,
-    /// Not supported yet.
-    #[serde(rename = "Canary", default)]
-    pub canary: Option<Value>,
-    /// Not supported yet.
-    #[serde(rename = "AutoRevert", default)]
-    pub auto_revert: Option<Value>,
-    /// Not supported yet.
-    #[serde(rename = "AutoPromote", default)]
-    pub auto_promote: Option<Value>,
+    /// Accepted; Drover moves on as soon as an allocation turns healthy.
+    #[serde(rename = "Stagger", alias = "stagger", default, with = "duration::opt")]
+    pub stagger: Option<Duration>,
+    /// `checks`, `task_states` or `manual`.
+    #[serde(rename = "HealthCheck", alias = "health_check", default)]
+    pub health_check: Option<String>,
+    /// How long a new allocation must be healthy.
+    #[serde(
+        rename = "MinHealthyTime",
+        alias = "min_healthy_time",
+        default,
+        with = "duration::opt"
+    )]
+    pub min_healthy_time: Option<Duration>,
+    /// By when a new allocation must be healthy.
+    #[serde(
+        rename = "HealthyDeadline",
+        alias = "healthy_deadline",
+        default,
+        with = "duration::opt"
+    )]
+    pub healthy_deadline: Option<Duration>,
+    /// How long a deployment may go without progress.
+    #[serde(
+        rename = "ProgressDeadline",
+        alias = "progress_deadline",
+        default,
+        with = "duration::opt"
+    )]
+    pub progress_deadline: Option<Duration>,
+    /// Canaries.
+    #[serde(rename = "Canary", alias = "canary", default)]
+    pub canary: Option<i64>,
+    /// Revert to the last stable version when the deployment fails.
+    #[serde(rename = "AutoRevert", alias = "auto_revert", default)]
+    pub auto_revert: Option<bool>,
+    /// Promote once the canaries are healthy.
+    #[serde(rename = "AutoPromote", alias = "auto_promote", default)]
+    pub auto_promote: Option<bool>,
+}
+
+impl From<&internal::UpdateStrategy> for UpdateStrategy {
+    fn from(u: &internal::UpdateStrategy) -> UpdateStrategy {
+        UpdateStrategy {
+            max_parallel: Some(i64::from(u.max_parallel)),
+            stagger: Some(u.stagger),
+            health_check: Some(u.health_check.as_str().to_owned()),
+            min_healthy_time: Some(u.min_healthy_time),
+            healthy_deadline: Some(u.healthy_deadline),
+            progress_deadline: Some(u.progress_deadline),
+            canary: Some(i64::from(u.canary)),
+            auto_revert: Some(u.auto_revert),
+            auto_promote: Some(u.auto_promote),
+        }
+    }
 }
 
 /// Log rotation in Nomad's shape.
@@ -980,7 +1010,7 @@ impl Job {
         };
         let update = match &self.update {
             None => internal::UpdateStrategy::default(),
-            Some(u) => update_strategy("Update", u, &mut warnings)?,
+            Some(u) => update_strategy("Update", &internal::UpdateStrategy::default(), u)?,
         };
         let mut constraints = Vec::new();
         for (i, c) in self.constraints.iter().flatten().enumerate() {
@@ -1001,7 +1031,6 @@ impl Job {
                 g,
                 job_type,
                 update,
-                &mut warnings,
             )?);
         }
         Ok(ParsedJob {
@@ -1027,7 +1056,6 @@ impl Job {
         g: &TaskGroup,
         job_type: JobType,
         job_update: internal::UpdateStrategy,
-        warnings: &mut Vec<String>,
     ) -> Result<internal::TaskGroup, ConversionError> {
         // Nomad's defaults of these blocks (in every job a Nomad server serves) ask
         // for nothing Drover lacks.
@@ -1063,26 +1091,15 @@ impl Job {
             None => 1,
             Some(c) => count_u32(&join(path, "Count"), c, "Count")?,
         };
-        if let Some(u) = &g.update {
-            let upath = join(path, "Update");
-            let group_update = update_strategy(&upath, u, warnings)?;
-            // Nomad merges a group's update over the job's, field by field.
-            let merged = if u.max_parallel.is_some() {
-                group_update
-            } else {
-                job_update
-            };
-            if merged != job_update {
-                return Err(ConversionError::new(
-                    join(&upath, "MaxParallel"),
-                    format!(
-                        "a group's update strategy different from the job's (MaxParallel {} \
-                         vs {}) is not supported yet by Drover: set it on the job",
-                        merged.max_parallel, job_update.max_parallel
-                    ),
-                ));
+        // Nomad merges a group's update over the job's, field by field; the result
+        // is kept on the group only when it differs.
+        let update = match &g.update {
+            None => None,
+            Some(u) => {
+                let merged = update_strategy(&join(path, "Update"), &job_update, u)?;
+                (merged != job_update).then_some(merged)
             }
-        }
+        };
         let mut constraints = Vec::new();
         for (i, c) in g.constraints.iter().flatten().enumerate() {
             constraints.push(constraint(&format!("{path}.Constraints[{i}]"), c)?);
@@ -1148,6 +1165,7 @@ impl Job {
             meta: g.meta.clone().unwrap_or_default(),
             tasks,
             reschedule,
+            update,
         })
     }
 }
@@ -1311,39 +1329,40 @@ fn constraint(path: &str, c: &Constraint) -> Result<internal::Constraint, Conver
     })
 }
 
+/// `u` over `base`, field by field (Nomad merges a group's update over the job's).
 fn update_strategy(
     path: &str,
+    base: &internal::UpdateStrategy,
     u: &UpdateStrategy,
-    warnings: &mut Vec<String>,
 ) -> Result<internal::UpdateStrategy, ConversionError> {
-    refuse_unsupported(
-        path,
-        &[
-            ("Canary", &u.canary),
-            ("AutoRevert", &u.auto_revert),
-            ("AutoPromote", &u.auto_promote),
-        ],
-    )?;
-    for (field, value) in [
-        ("Stagger", &u.stagger),
-        ("HealthCheck", &u.health_check),
-        ("MinHealthyTime", &u.min_healthy_time),
-        ("HealthyDeadline", &u.healthy_deadline),
-        ("ProgressDeadline", &u.progress_deadline),
-    ] {
-        if value.as_ref().is_some_and(|v| !super::carries_nothing(v)) {
-            warnings.push(format!(
-                "{}: ignored: Drover replaces an allocation once its replacement runs \
-                 (no health-checked deployments yet)",
-                join(path, field)
+    let health_check = match u.health_check.as_deref() {
+        None | Some("") => base.health_check,
+        Some("checks") => internal::HealthCheckMode::Checks,
+        Some("task_states") => internal::HealthCheckMode::TaskStates,
+        Some("manual") => internal::HealthCheckMode::Manual,
+        Some(other) => {
+            return Err(ConversionError::new(
+                join(path, "HealthCheck"),
+                format!("unknown health check {other:?} (checks, task_states or manual)"),
             ));
         }
-    }
-    Ok(match u.max_parallel {
-        None => internal::UpdateStrategy::default(),
-        Some(v) => internal::UpdateStrategy {
-            max_parallel: count_u32(&join(path, "MaxParallel"), v, "MaxParallel")?,
+    };
+    Ok(internal::UpdateStrategy {
+        max_parallel: match u.max_parallel {
+            None => base.max_parallel,
+            Some(v) => count_u32(&join(path, "MaxParallel"), v, "MaxParallel")?,
         },
+        health_check,
+        min_healthy_time: u.min_healthy_time.unwrap_or(base.min_healthy_time),
+        healthy_deadline: u.healthy_deadline.unwrap_or(base.healthy_deadline),
+        progress_deadline: u.progress_deadline.unwrap_or(base.progress_deadline),
+        canary: match u.canary {
+            None => base.canary,
+            Some(v) => count_u32(&join(path, "Canary"), v, "Canary")?,
+        },
+        auto_promote: u.auto_promote.unwrap_or(base.auto_promote),
+        auto_revert: u.auto_revert.unwrap_or(base.auto_revert),
+        stagger: u.stagger.unwrap_or(base.stagger),
     })
 }
 
@@ -1448,10 +1467,7 @@ impl From<&internal::JobSpec> for Job {
             datacenters: Some(spec.datacenters.clone()),
             constraints: Some(spec.constraints.iter().map(Constraint::from).collect()),
             task_groups: Some(spec.groups.iter().map(TaskGroup::from).collect()),
-            update: Some(UpdateStrategy {
-                max_parallel: Some(i64::from(spec.update.max_parallel)),
-                ..Default::default()
-            }),
+            update: Some(UpdateStrategy::from(&spec.update)),
             meta: Some(spec.meta.clone()),
             ..Default::default()
         }
@@ -1467,7 +1483,7 @@ impl From<&internal::Job> for Job {
         out.stop = Some(job.stop);
         out.status = Some(job_status(job.status).to_owned());
         out.status_description = Some(String::new());
-        out.stable = Some(false);
+        out.stable = Some(job.stable);
         out.version = Some(job.version);
         out.submit_time = Some(job.submit_time);
         out.create_index = Some(job.create_index);
@@ -1506,7 +1522,7 @@ impl From<&internal::TaskGroup> for TaskGroup {
             tasks: Some(g.tasks.iter().map(Task::from).collect()),
             restart_policy: None,
             reschedule_policy: g.reschedule.as_ref().map(ReschedulePolicy::from),
-            update: None,
+            update: g.update.as_ref().map(UpdateStrategy::from),
             meta: Some(g.meta.clone()),
             networks: g.network.as_ref().map(|n| vec![NetworkResource::from(n)]),
             services: Some(g.services.iter().map(Service::from).collect()),
@@ -1761,6 +1777,7 @@ impl Job {
             create_index: self.create_index.unwrap_or_default(),
             modify_index: self.modify_index.unwrap_or_default(),
             job_modify_index: self.job_modify_index.unwrap_or_default(),
+            stable: self.stable.unwrap_or_default(),
         })
     }
 }

@@ -462,6 +462,7 @@ fn the_wire_job_has_nomads_keys() {
 fn a_served_job_carries_the_servers_fields() {
     let spec = sample_spec(&mut Rng(3));
     let job = internal::Job {
+        stable: Default::default(),
         spec: spec.clone(),
         version: 4,
         stop: true,
@@ -552,6 +553,7 @@ pub(crate) fn sample_spec(rng: &mut Rng) -> internal::JobSpec {
         constraints: (0..rng.below(3)).map(|_| sample_constraint(rng)).collect(),
         update: internal::UpdateStrategy {
             max_parallel: rng.below(5) as u32,
+            ..Default::default()
         },
         meta: rng.map(),
         datacenters: (0..rng.below(3)).map(|_| rng.word()).collect(),
@@ -589,6 +591,7 @@ fn sample_constraint(rng: &mut Rng) -> internal::Constraint {
 
 fn sample_group(rng: &mut Rng, index: u64) -> internal::TaskGroup {
     internal::TaskGroup {
+        update: Default::default(),
         network: Default::default(),
         services: Default::default(),
         name: format!("g{index}{}", rng.word()),

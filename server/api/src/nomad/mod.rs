@@ -19,6 +19,7 @@
 //! PascalCase keys (e.g. `TaskState.TaskID`), which Nomad's clients ignore.
 
 mod alloc;
+mod deployment;
 mod duration;
 mod eval;
 mod job;
@@ -30,6 +31,7 @@ mod node;
 mod wire_tests;
 
 pub use alloc::*;
+pub use deployment::*;
 pub use eval::*;
 pub use job::*;
 pub use network::*;

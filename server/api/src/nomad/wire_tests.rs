@@ -182,6 +182,7 @@ fn a_draining_node_is_ready_and_ineligible_as_nomad_says_it() {
 fn job_list_stub_and_summary_carry_nomads_counts() {
     let spec = sample_spec(&mut Rng(11));
     let job = internal::Job {
+        stable: Default::default(),
         spec,
         version: 2,
         stop: false,
@@ -329,6 +330,8 @@ fn sample_alloc(rng: &mut Rng) -> internal::Allocation {
     let job = rng.word();
     let group = rng.word();
     internal::Allocation {
+        deployment_id: Default::default(),
+        deployment_status: Default::default(),
         ports: Default::default(),
         id: rng.word(),
         name: format!("{job}.{group}[{index}]"),
