@@ -1467,6 +1467,20 @@ pub struct JobRegisterResponse {
     pub warnings: Vec<String>,
 }
 
+/// What a deployment change (promote, fail) or a job revert committed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeploymentUpdateResponse {
+    /// The evaluation created.
+    pub eval_id: String,
+    /// The deployment's index after the change (0 for a revert).
+    pub deployment_modify_index: Index,
+    /// The version a revert registered (a failed deployment's auto-revert too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverted_job_version: Option<u64>,
+    /// The index of the commit.
+    pub index: Index,
+}
+
 /// What would happen to the allocations of one group (`job plan`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct GroupPlanSummary {

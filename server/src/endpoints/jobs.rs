@@ -92,7 +92,7 @@ fn group_summaries(st: &State, j: &Job) -> BTreeMap<String, GroupSummary> {
 /// it is the running job's already), the oldest versions past [`KEPT_VERSIONS`] go, and
 /// a new evaluation supersedes a blocked one; all into `b`. The job as it will be, and
 /// the evaluation's id.
-fn submit(
+pub(crate) fn submit(
     st: &State,
     b: &mut Batch,
     spec: JobSpec,

@@ -5,6 +5,7 @@
 //! batcher).
 
 pub(crate) mod allocs;
+pub(crate) mod deployments;
 pub(crate) mod evals;
 pub(crate) mod jobs;
 pub(crate) mod nodes;

@@ -13,6 +13,7 @@ pub(crate) mod batcher;
 pub(crate) mod blocked;
 pub(crate) mod broker;
 pub(crate) mod client_updates;
+pub(crate) mod deployments;
 pub(crate) mod gc;
 pub(crate) mod heartbeat;
 pub(crate) mod leadership;

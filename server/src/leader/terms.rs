@@ -232,6 +232,7 @@ async fn lead(core: &Arc<Core>, leadership: &Leadership, term: Term, fresh: bool
             stop.clone(),
         )),
         tokio::spawn(crate::leader::gc::run(term.clone(), stop.clone())),
+        tokio::spawn(crate::leader::deployments::run(term.clone(), stop.clone())),
     ];
     for i in 0..core.config.workers {
         tasks.push(tokio::spawn(crate::leader::worker::run(

@@ -13,7 +13,8 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use drover_server_api::{
-    AllocResources, Allocation, Evaluation, GroupPlanSummary, Index, Job, Node, PlacementFailure,
+    AllocResources, Allocation, Deployment, DeploymentStatus, Evaluation, GroupPlanSummary, Index,
+    Job, Node, PlacementFailure,
 };
 
 use crate::config::SchedulerAlgorithm;
@@ -27,6 +28,7 @@ mod reconcile;
 pub(crate) mod tests;
 
 use place::{Placed, Placer};
+pub(crate) use reconcile::changed;
 pub use ports::UsedPorts;
 
 /// A consistent read of the state the scheduler works on.
@@ -44,6 +46,12 @@ pub trait StateView {
     /// should answer from it.
     fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
         self.job(name).filter(|j| j.version == version)
+    }
+    /// The job's newest deployment (of any version, in any status), if any. The
+    /// default: none (a state without deployments).
+    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
+        let _ = job;
+        None
     }
     /// Every node, in a stable order.
     fn nodes(&self) -> Vec<&Node>;
@@ -97,6 +105,22 @@ pub struct Plan {
     pub node_allocation: BTreeMap<String, Vec<Allocation>>,
     /// Allocations to stop, by node id.
     pub node_update: BTreeMap<String, Vec<AllocStop>>,
+    /// A deployment the plan creates (its counts are the applier's: it adds what it
+    /// commits of `node_allocation`), or the job's current one with a change.
+    pub deployment: Option<Deployment>,
+    /// Status changes of other deployments (an older version's, cancelled).
+    pub deployment_updates: Vec<DeploymentStatusUpdate>,
+}
+
+/// A deployment's new status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeploymentStatusUpdate {
+    /// The deployment.
+    pub deployment_id: String,
+    /// Its new status.
+    pub status: DeploymentStatus,
+    /// Why.
+    pub description: String,
 }
 
 impl Plan {
@@ -104,6 +128,8 @@ impl Plan {
     pub fn is_empty(&self) -> bool {
         self.node_allocation.values().all(Vec::is_empty)
             && self.node_update.values().all(Vec::is_empty)
+            && self.deployment.is_none()
+            && self.deployment_updates.is_empty()
     }
 }
 

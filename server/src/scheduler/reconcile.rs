@@ -139,7 +139,7 @@ fn live(a: &Allocation) -> bool {
 /// count or metadata change is not one: the allocation is left alone and keeps its
 /// ports. When the version `a` was placed with is no longer known, it counts as
 /// changed.
-fn changed(state: &dyn StateView, job: &Job, group: &TaskGroup, a: &Allocation) -> bool {
+pub(crate) fn changed(state: &dyn StateView, job: &Job, group: &TaskGroup, a: &Allocation) -> bool {
     if a.job_version == job.version {
         return false;
     }

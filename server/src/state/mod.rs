@@ -13,8 +13,8 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use drover_server_api::{
-    AllocResources, Allocation, EvalStatus, Evaluation, Index, Job, Node, ServiceRegistration,
-    TaskGroup,
+    AllocResources, Allocation, Deployment, EvalStatus, Evaluation, Index, Job, Node,
+    ServiceRegistration, TaskGroup,
 };
 
 use crate::scheduler::{StateView, UsedPorts};
@@ -29,6 +29,14 @@ pub(crate) fn job_key(name: &str) -> String {
 pub(crate) fn version_key(name: &str, version: u64) -> String {
     format!("jobv/{name}/{version:020}")
 }
+
+/// Key of a deployment.
+pub(crate) fn deployment_key(id: &str) -> String {
+    format!("deployment/{id}")
+}
+
+/// Deployments kept per job (the newest; an active one is never dropped).
+pub(crate) const KEPT_DEPLOYMENTS: usize = 10;
 
 /// Key of the hash of a node's secret.
 pub(crate) fn node_secret_key(id: &str) -> String {
@@ -80,6 +88,10 @@ pub(crate) struct Batch {
     pub services: Vec<ServiceRegistration>,
     /// Service registrations removed, by id.
     pub drop_services: Vec<String>,
+    /// Deployments written.
+    pub deployments: Vec<Deployment>,
+    /// Deployments removed, by id.
+    pub drop_deployments: Vec<String>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -100,6 +112,8 @@ impl Batch {
             && self.drop_node_secrets.is_empty()
             && self.services.is_empty()
             && self.drop_services.is_empty()
+            && self.deployments.is_empty()
+            && self.drop_deployments.is_empty()
     }
 
     /// The batch a follower applies for one change the leader committed (or one part
@@ -134,6 +148,7 @@ impl Batch {
                 "alloc" => b.drop_allocs.push(rest.to_owned()),
                 "eval" => b.drop_evals.push(rest.to_owned()),
                 "service" => b.drop_services.push(rest.to_owned()),
+                "deployment" => b.drop_deployments.push(rest.to_owned()),
                 _ => note_unknown_key(key),
             }
         }
@@ -147,6 +162,7 @@ impl Batch {
                 "alloc" => b.allocs.push(decode(kv)?),
                 "eval" => b.evals.push(decode(kv)?),
                 "service" => b.services.push(decode(kv)?),
+                "deployment" => b.deployments.push(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -209,6 +225,11 @@ impl Batch {
                 key: services::service_key(id),
             });
         }
+        for id in &self.drop_deployments {
+            ops.push(Op::Delete {
+                key: deployment_key(id),
+            });
+        }
         for j in &self.jobs {
             ops.push(put(job_key(&j.spec.name), j)?);
         }
@@ -229,6 +250,9 @@ impl Batch {
         }
         for e in &self.evals {
             ops.push(put(format!("eval/{}", e.id), e)?);
+        }
+        for d in &self.deployments {
+            ops.push(put(deployment_key(&d.id), d)?);
         }
         Ok(ops)
     }
@@ -270,6 +294,9 @@ pub(crate) struct State {
     blocked: HashMap<String, String>,
     /// Service registrations, indexed by name and by allocation.
     services: services::Registry,
+    deployments: HashMap<String, Deployment>,
+    /// Each job's deployments by creation index.
+    deployments_by_job: HashMap<String, BTreeMap<Index, String>>,
 }
 
 impl State {
@@ -305,6 +332,7 @@ impl State {
                 "alloc" => s.put_alloc(decode(kv)?),
                 "eval" => s.put_eval(decode(kv)?),
                 "service" => s.services.put(decode(kv)?),
+                "deployment" => s.put_deployment(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -368,7 +396,52 @@ impl State {
         for r in batch.services {
             self.services.put(r);
         }
+        for id in batch.drop_deployments {
+            self.remove_deployment(&id);
+        }
+        for d in batch.deployments {
+            self.put_deployment(d);
+        }
         self.index = index;
+    }
+
+    fn put_deployment(&mut self, d: Deployment) {
+        self.deployments_by_job
+            .entry(d.job_name.clone())
+            .or_default()
+            .insert(d.create_index, d.id.clone());
+        self.deployments.insert(d.id.clone(), d);
+    }
+
+    fn remove_deployment(&mut self, id: &str) {
+        let Some(d) = self.deployments.remove(id) else {
+            return;
+        };
+        if let Some(ids) = self.deployments_by_job.get_mut(&d.job_name) {
+            ids.remove(&d.create_index);
+            if ids.is_empty() {
+                self.deployments_by_job.remove(&d.job_name);
+            }
+        }
+    }
+
+    /// A deployment by id.
+    pub(crate) fn deployment(&self, id: &str) -> Option<&Deployment> {
+        self.deployments.get(id)
+    }
+
+    /// Every deployment.
+    pub(crate) fn all_deployments(&self) -> impl Iterator<Item = &Deployment> {
+        self.deployments.values()
+    }
+
+    /// A job's deployments, oldest first.
+    pub(crate) fn deployments_of_job(&self, job: &str) -> impl DoubleEndedIterator<Item = &Deployment> {
+        self.deployments_by_job
+            .get(job)
+            .into_iter()
+            .flat_map(|ids| ids.values())
+            .filter_map(|id| self.deployments.get(id))
     }
 
     fn remove_alloc(&mut self, id: &str) {
@@ -645,6 +718,10 @@ impl StateView for State {
     fn node_ports(&self, node_id: &str) -> Option<Cow<'_, UsedPorts>> {
         self.ports.get(node_id).map(Cow::Borrowed)
     }
+
+    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
+        self.deployments_of_job(job).next_back()
+    }
 }
 
 /// The state with one job replaced: what `job plan` schedules against.
@@ -682,6 +759,9 @@ impl StateView for Overlay<'_> {
     }
     fn node_allocs(&self, node_id: &str) -> Vec<&Allocation> {
         self.base.node_allocs(node_id)
+    }
+    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
+        self.base.latest_deployment(job)
     }
     fn node_usage(&self, node_id: &str) -> AllocResources {
         self.base.node_usage(node_id)
