@@ -74,6 +74,9 @@ enum Command {
     /// List registered services and show their instances.
     #[command(subcommand)]
     Service(commands::service::ServiceCommand),
+    /// Inspect, promote and fail deployments (the rollouts of service jobs).
+    #[command(subcommand)]
+    Deployment(commands::deployment::DeploymentCommand),
 }
 
 fn main() -> ExitCode {
@@ -119,6 +122,9 @@ fn main() -> ExitCode {
         Command::Service(cmd) => cluster_main(cli.address, |c| async move {
             commands::service::service_command(&c, cmd).await
         }),
+        Command::Deployment(cmd) => cluster_main(cli.address, |c| async move {
+            commands::deployment::deployment_command(&c, cmd).await
+        }),
     }
 }
 
@@ -135,7 +141,7 @@ mod tests {
         let cli = parse(&["job", "run", "web.toml", "--detach", "--json"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Job(commands::job::JobCommand::Run { ref job, detach: true, json: true }) if job.file == std::path::Path::new("web.toml")
+            Command::Job(commands::job::JobCommand::Run { ref job, detach: true, json: true, .. }) if job.file == std::path::Path::new("web.toml")
         ));
         let cli = parse(&[
             "--address",
@@ -170,6 +176,74 @@ mod tests {
         ] {
             parse(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
         }
+    }
+
+    #[test]
+    fn deployment_and_job_history_commands_parse_with_nomads_flags() {
+        use commands::deployment::DeploymentCommand;
+        use commands::job::JobCommand;
+        let nomad = |args: &[&str]| {
+            let argv = std::iter::once("drover")
+                .chain(args.iter().copied())
+                .map(std::ffi::OsString::from);
+            Cli::try_parse_from(commands::jobspec::nomad_style_args(argv))
+        };
+        let cli = nomad(&[
+            "deployment",
+            "promote",
+            "0b23",
+            "-group",
+            "api",
+            "--group",
+            "db",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Deployment(DeploymentCommand::Promote { ref id, ref groups, json: false })
+                if id == "0b23" && groups == &["api", "db"]
+        ));
+        let cli = nomad(&["deployment", "status", "0b23", "-json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Deployment(DeploymentCommand::Status { json: true, .. })
+        ));
+        for ok in [
+            &["deployment", "list"][..],
+            &["deployment", "fail", "0b23"],
+            &["job", "history", "web", "--json"],
+        ] {
+            parse(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        let cli = parse(&["job", "revert", "web", "1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Job(JobCommand::Revert { ref name, version: 1, .. }) if name == "web"
+        ));
+        let cli = parse(&["job", "scale", "web", "app", "5"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Job(JobCommand::Scale { ref group, count: 5, .. }) if group == "app"
+        ));
+        let cli = nomad(&["job", "run", "web.hcl", "-no-follow"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Job(JobCommand::Run {
+                no_follow: true,
+                detach: false,
+                ..
+            })
+        ));
+        let err = parse(&["job", "revert", "web", "v1"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("invalid value 'v1'"), "{err}");
+        let err = parse(&["job", "scale", "web", "app", "-1"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("-1"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,13 @@ use drover_server_api::{
 };
 use serde::Serialize;
 
+pub mod deployments;
+
+pub use deployments::{
+    deployment_progress_lines, deployment_status_text, deployments_text, job_history_text,
+    latest_deployment_text,
+};
+
 /// Print task events: time, type, message.
 pub fn print_events(events: &[TaskEventView], json: bool) -> anyhow::Result<()> {
     if json {
@@ -257,6 +264,9 @@ pub struct JobStatusJson {
     pub evaluations: Vec<Evaluation>,
     /// Per group, what could not be placed (from the newest evaluation to finish).
     pub placement_failures: BTreeMap<String, PlacementFailure>,
+    /// The job's newest deployment, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latest_deployment: Option<drover_server_api::Deployment>,
 }
 
 impl JobStatusJson {
@@ -278,6 +288,7 @@ impl JobStatusJson {
             allocations,
             evaluations,
             placement_failures,
+            latest_deployment: None,
         }
     }
 }
@@ -324,6 +335,10 @@ pub fn job_status_text(v: &JobStatusJson) -> String {
         for line in placement_failure_lines(&v.placement_failures) {
             let _ = writeln!(out, "{line}");
         }
+    }
+    if let Some(d) = &v.latest_deployment {
+        let _ = writeln!(out);
+        out.push_str(&latest_deployment_text(d));
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "Allocations");

@@ -38,8 +38,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::nomad;
 use crate::{
-    AllocLogsQuery, Allocation, Evaluation, INDEX_HEADER, Index, Job, JobListStub, JobPlanResponse,
-    JobRegisterResponse, JobSpec, Node, NodeDrainResponse, ServersStatus, TOKEN_HEADER,
+    AllocLogsQuery, Allocation, Deployment, DeploymentUpdateResponse, Evaluation, INDEX_HEADER,
+    Index, Job, JobListStub, JobPlanResponse, JobRegisterResponse, JobSpec, Node,
+    NodeDrainResponse, ServersStatus, TOKEN_HEADER,
 };
 
 /// How long connecting (TCP and TLS) may take.
@@ -439,6 +440,161 @@ impl Client {
         Ok(a.map(|v| v.iter().map(nomad::Evaluation::to_internal).collect()))
     }
 
+    /// `GET /v1/job/{name}/versions`: the versions kept, newest first.
+    pub async fn job_versions(
+        &self,
+        name: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<Job>>, Error> {
+        let a: Answer<nomad::JobVersionsResponse> =
+            self.read(&["v1", "job", name, "versions"], q).await?;
+        let mut out = Vec::with_capacity(a.value.versions.len());
+        for v in &a.value.versions {
+            out.push(v.to_internal().map_err(|source| Error::Convert {
+                request: format!("GET /v1/job/{name}/versions"),
+                source,
+            })?);
+        }
+        Ok(Answer {
+            value: out,
+            index: a.index,
+        })
+    }
+
+    /// `PUT /v1/job/{name}/revert`: register version `version` again as the newest;
+    /// with `enforce_prior_version`, only if the current version is that one.
+    pub async fn revert_job(
+        &self,
+        name: &str,
+        version: u64,
+        enforce_prior_version: Option<u64>,
+    ) -> Result<JobRegisterResponse, Error> {
+        let body = nomad::JobRevertRequest {
+            job_id: name.to_owned(),
+            job_version: version,
+            enforce_prior_version,
+        };
+        let r: nomad::JobRegisterResponse = self
+            .write(
+                Method::PUT,
+                &["v1", "job", name, "revert"],
+                None,
+                Some(&body),
+            )
+            .await?;
+        Ok(JobRegisterResponse::from(&r))
+    }
+
+    /// `PUT /v1/job/{name}/scale`: set the count of `group`.
+    pub async fn scale_job(
+        &self,
+        name: &str,
+        group: &str,
+        count: u32,
+    ) -> Result<JobRegisterResponse, Error> {
+        let body = serde_json::json!({
+            "Count": count,
+            "Target": { "Job": name, "Group": group },
+        });
+        let r: nomad::JobRegisterResponse = self
+            .write(
+                Method::PUT,
+                &["v1", "job", name, "scale"],
+                None,
+                Some(&body),
+            )
+            .await?;
+        Ok(JobRegisterResponse::from(&r))
+    }
+
+    /// `GET /v1/job/{name}/deployments`: the job's deployments, newest first.
+    pub async fn job_deployments(
+        &self,
+        name: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<Deployment>>, Error> {
+        let a: Answer<Vec<nomad::Deployment>> =
+            self.read(&["v1", "job", name, "deployments"], q).await?;
+        Ok(a.map(|v| v.iter().map(nomad::Deployment::to_internal).collect()))
+    }
+
+    /// `GET /v1/job/{name}/deployment`: the job's newest deployment, if any.
+    pub async fn latest_job_deployment(
+        &self,
+        name: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Option<Deployment>>, Error> {
+        let a: Answer<Option<nomad::Deployment>> =
+            self.read(&["v1", "job", name, "deployment"], q).await?;
+        Ok(a.map(|d| d.as_ref().map(nomad::Deployment::to_internal)))
+    }
+
+    // --- deployments ----------------------------------------------------------------
+
+    /// `GET /v1/deployments`: every deployment, newest first.
+    pub async fn deployments(&self, q: &QueryOptions) -> Result<Answer<Vec<Deployment>>, Error> {
+        let a: Answer<Vec<nomad::Deployment>> = self.read(&["v1", "deployments"], q).await?;
+        Ok(a.map(|v| v.iter().map(nomad::Deployment::to_internal).collect()))
+    }
+
+    /// `GET /v1/deployment/{id}` (an id or a unique prefix).
+    pub async fn deployment(
+        &self,
+        id: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Deployment>, Error> {
+        let a: Answer<nomad::Deployment> = self.read(&["v1", "deployment", id], q).await?;
+        Ok(a.map(|d| d.to_internal()))
+    }
+
+    /// `GET /v1/deployment/allocations/{id}`: the allocations it placed (from stubs).
+    pub async fn deployment_allocations(
+        &self,
+        id: &str,
+        q: &QueryOptions,
+    ) -> Result<Answer<Vec<Allocation>>, Error> {
+        let a: Answer<Vec<nomad::AllocationListStub>> = self
+            .read(&["v1", "deployment", "allocations", id], q)
+            .await?;
+        Ok(a.map(|v| {
+            v.iter()
+                .map(nomad::AllocationListStub::to_internal)
+                .collect()
+        }))
+    }
+
+    /// `PUT /v1/deployment/promote/{id}`: promote the canaries of `groups` (of every
+    /// group when `None`).
+    pub async fn promote_deployment(
+        &self,
+        id: &str,
+        groups: Option<Vec<String>>,
+    ) -> Result<DeploymentUpdateResponse, Error> {
+        let body = nomad::DeploymentPromoteRequest {
+            deployment_id: id.to_owned(),
+            all: groups.is_none(),
+            groups: groups.unwrap_or_default(),
+        };
+        let r: nomad::DeploymentUpdateResponse = self
+            .write(
+                Method::PUT,
+                &["v1", "deployment", "promote", id],
+                None,
+                Some(&body),
+            )
+            .await?;
+        Ok(deployment_update(&r))
+    }
+
+    /// `PUT /v1/deployment/fail/{id}`: mark a running deployment failed (with
+    /// `auto_revert`, the job goes back to its last stable version).
+    pub async fn fail_deployment(&self, id: &str) -> Result<DeploymentUpdateResponse, Error> {
+        let r: nomad::DeploymentUpdateResponse = self
+            .write::<(), _>(Method::PUT, &["v1", "deployment", "fail", id], None, None)
+            .await?;
+        Ok(deployment_update(&r))
+    }
+
     // --- nodes ----------------------------------------------------------------------
 
     /// `GET /v1/nodes` (from Nomad's stubs: no attributes or meta).
@@ -764,6 +920,15 @@ impl Client {
                 address: self.address.clone(),
                 reason: e.to_string(),
             })
+    }
+}
+
+fn deployment_update(r: &nomad::DeploymentUpdateResponse) -> DeploymentUpdateResponse {
+    DeploymentUpdateResponse {
+        eval_id: r.eval_id.clone(),
+        deployment_modify_index: r.deployment_modify_index,
+        reverted_job_version: r.reverted_job_version,
+        index: r.index,
     }
 }
 

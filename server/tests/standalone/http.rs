@@ -656,7 +656,7 @@ async fn a_job_round_trips_through_register_read_scale_stop_and_purge() {
     );
     let (none, _) = h.read("/v1/jobs?prefix=zz").await;
     assert_eq!(none, json!([]));
-    // No deployments yet (issue 25): what Nomad's clients read as "none".
+    // No deployment (no scheduler here): what Nomad's clients read as "none".
     let (latest, _) = h.read("/v1/job/web/deployment").await;
     assert_eq!(latest, Value::Null);
     let (all, _) = h.read("/v1/job/web/deployments").await;
@@ -1201,4 +1201,202 @@ job "web" {
         .write(Method::POST, "/v1/jobs/parse", json!({"JobHCL": hcl}))
         .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+}
+
+#[tokio::test]
+async fn deployment_routes_answer_nomads_shapes_and_refuse_unknown_ids() {
+    let s = start_with(None, 0).await;
+    let h = s.http(None);
+    // Nothing deployed: empty lists, a job's latest deployment is null.
+    let (all, _) = h.read("/v1/deployments").await;
+    assert_eq!(all, json!([]));
+    register(&h, "web", 2).await;
+    let (latest, _) = h.read("/v1/job/web/deployment").await;
+    assert_eq!(latest, Value::Null);
+    let (list, _) = h.read("/v1/job/web/deployments").await;
+    assert_eq!(list, json!([]));
+    let (none, _) = h.read("/v1/deployments?prefix=0b").await;
+    assert_eq!(none, json!([]));
+    // A job that does not exist, a deployment that does not exist: 404 with the words.
+    for (path, words) in [
+        ("/v1/job/nope/deployment", "job not found"),
+        ("/v1/job/nope/deployments", "job not found"),
+        ("/v1/deployment/0b23b149", "deployment not found"),
+        (
+            "/v1/deployment/allocations/0b23b149",
+            "deployment not found",
+        ),
+    ] {
+        let a = h.get(path).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "GET {path}: {}", a.text());
+        assert_eq!(a.text(), words, "GET {path}");
+        a.index();
+    }
+    for method in [Method::PUT, Method::POST] {
+        let a = h
+            .write(
+                method.clone(),
+                "/v1/deployment/promote/0b23b149",
+                json!({"All": true}),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.text());
+        assert!(
+            a.text().contains("deployment 0b23b149 not found"),
+            "{}",
+            a.text()
+        );
+        let a = h
+            .request(method, "/v1/deployment/fail/0b23b149", None)
+            .await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.text());
+        assert!(
+            a.text().contains("deployment 0b23b149 not found"),
+            "{}",
+            a.text()
+        );
+    }
+    // A promote naming nothing to promote is refused before anything is looked up.
+    let a = h
+        .write(Method::PUT, "/v1/deployment/promote/0b23b149", json!({}))
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(a.text().contains("\"All\""), "{}", a.text());
+    // Reads only on GET.
+    let a = h
+        .request(Method::DELETE, "/v1/deployment/0b23b149", None)
+        .await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{}", a.text());
+}
+
+#[tokio::test]
+async fn a_job_reverts_to_an_earlier_version_as_a_new_one() {
+    let s = start_with(None, 0).await;
+    let h = s.http(None);
+    register(&h, "web", 2).await;
+    let a = h
+        .write(
+            Method::PUT,
+            "/v1/job/web/scale",
+            json!({"Count": 5, "Target": {"Group": "app"}}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let (job, _) = h.read("/v1/job/web").await;
+    assert_eq!(
+        (
+            job["Version"].clone(),
+            job["TaskGroups"][0]["Count"].clone()
+        ),
+        (json!(1), json!(5))
+    );
+    // Refusals: the current version, a version not kept, another job's id, a prior
+    // version that is not the current one; each names why and changes nothing.
+    for (body, status, words) in [
+        (
+            json!({"JobID": "web", "JobVersion": 1}),
+            StatusCode::BAD_REQUEST,
+            "can't revert to current version 1",
+        ),
+        (
+            json!({"JobID": "web", "JobVersion": 9}),
+            StatusCode::NOT_FOUND,
+            "job web has no version 9 kept",
+        ),
+        (
+            json!({"JobID": "api", "JobVersion": 0}),
+            StatusCode::BAD_REQUEST,
+            "Job ID does not match",
+        ),
+        (
+            json!({"JobID": "web", "JobVersion": 0, "EnforcePriorVersion": 0}),
+            StatusCode::BAD_REQUEST,
+            "current job has version 1; enforcing version 0",
+        ),
+    ] {
+        let a = h
+            .write(Method::PUT, "/v1/job/web/revert", body.clone())
+            .await;
+        assert_eq!(a.status, status, "{body}: {}", a.text());
+        assert!(a.text().contains(words), "{body}: {}", a.text());
+    }
+    let a = h
+        .write(Method::PUT, "/v1/job/nope/revert", json!({"JobVersion": 0}))
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.text());
+    let (job, _) = h.read("/v1/job/web").await;
+    assert_eq!(job["Version"], 1, "a refused revert changed the job");
+    // The revert: a registration's answer, and version 2 is version 0's spec.
+    let a = h
+        .write(
+            Method::POST,
+            "/v1/job/web/revert",
+            json!({"JobID": "web", "JobVersion": 0, "EnforcePriorVersion": 1}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let r = a.json();
+    assert!(!r["EvalID"].as_str().unwrap().is_empty(), "{r}");
+    assert!(r["JobModifyIndex"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(a.index(), r["Index"].as_u64().unwrap());
+    let (job, _) = h.read("/v1/job/web").await;
+    assert_eq!(job["Version"], 2);
+    assert_eq!(job["TaskGroups"][0]["Count"], 2);
+    let (versions, _) = h.read("/v1/job/web/versions").await;
+    let numbers: Vec<u64> = versions["Versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["Version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, [2, 1, 0]);
+    // The typed client (the CLI's) reads the same.
+    let c = s.client(None);
+    let versions = c
+        .job_versions("web", &QueryOptions::default())
+        .await
+        .unwrap()
+        .value;
+    assert_eq!(
+        versions.iter().map(|j| j.version).collect::<Vec<_>>(),
+        [2, 1, 0]
+    );
+    let r = c.revert_job("web", 1, Some(2)).await.unwrap();
+    assert!(!r.eval_id.is_empty());
+    let r = c.scale_job("web", "app", 3).await.unwrap();
+    assert!(!r.eval_id.is_empty());
+    let job = c.job("web", &QueryOptions::default()).await.unwrap().value;
+    assert_eq!((job.version, job.spec.groups[0].count), (4, 3));
+    assert_eq!(
+        c.latest_job_deployment("web", &QueryOptions::default())
+            .await
+            .unwrap()
+            .value,
+        None
+    );
+    assert!(
+        c.job_deployments("web", &QueryOptions::default())
+            .await
+            .unwrap()
+            .value
+            .is_empty()
+    );
+    assert!(
+        c.deployments(&QueryOptions::default())
+            .await
+            .unwrap()
+            .value
+            .is_empty()
+    );
+    let err = c.fail_deployment("0b23").await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let err = c.promote_deployment("0b23", None).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let err = c
+        .deployment("0b23", &QueryOptions::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    s.stop.cancel();
+    let _ = s.served.await;
 }

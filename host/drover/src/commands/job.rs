@@ -7,18 +7,29 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use drover_server_api::client::{Client, QueryOptions};
-use drover_server_api::{Allocation, EvalStatus, Evaluation, JobRegisterResponse};
+use drover_server_api::{
+    Allocation, Deployment, DeploymentStatus, EvalStatus, Evaluation, JobRegisterResponse, JobType,
+};
 use serde::Serialize;
 
 use super::cluster_error;
 use super::jobspec::{self, JobFileArgs};
 use crate::render::{
-    JobStatusJson, eval_status_word, job_status_text, job_status_word, placement_failure_lines,
-    plan_text, print_json, short,
+    JobStatusJson, deployment_progress_lines, eval_status_word, job_history_text, job_status_text,
+    job_status_word, placement_failure_lines, plan_text, print_json, short,
 };
 
 /// Exit code of `job run` when some copies could not be placed (as `nomad job run`).
 pub const EXIT_PLACEMENT_FAILED: u8 = 2;
+
+/// Exit code of `job run` when the deployment it followed failed (as Nomad's
+/// deployment monitor).
+pub const EXIT_DEPLOYMENT_FAILED: u8 = 2;
+
+/// How long `job run` waits, after its evaluation finished, for the deployment of the
+/// version it registered to show up (the scheduler creates it with the placements, so
+/// it is there at once when there is one; this covers a slow follower's view).
+const DEPLOYMENT_APPEAR_WAIT: Duration = Duration::from_secs(3);
 
 /// How long one blocking query of the monitor waits before asking again.
 const MONITOR_WAIT: Duration = Duration::from_secs(30);
@@ -32,6 +43,10 @@ pub enum JobCommand {
         /// Return once the job is registered, without waiting for placement.
         #[arg(long)]
         detach: bool,
+        /// Wait for the placement only, not for the deployment of the new version to
+        /// turn healthy.
+        #[arg(long)]
+        no_follow: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -72,6 +87,36 @@ pub enum JobCommand {
         /// Return at once instead of waiting until its allocations stopped.
         #[arg(long)]
         detach: bool,
+    },
+    /// List the versions of a job kept by the servers, newest first.
+    History {
+        /// Job name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Register an earlier version of a job again as its newest.
+    Revert {
+        /// Job name.
+        name: String,
+        /// The version to go back to (see `drover job history`).
+        version: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the count of one group of a job.
+    Scale {
+        /// Job name.
+        name: String,
+        /// Group name.
+        group: String,
+        /// The new count.
+        count: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -117,7 +162,12 @@ pub fn local_job_command(cmd: JobCommand) -> ExitCode {
 /// Run a `job` subcommand.
 pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        JobCommand::Run { job, detach, json } => {
+        JobCommand::Run {
+            job,
+            detach,
+            no_follow,
+            json,
+        } => {
             let spec = read_job_file(&job)?;
             let registered = c.register_job(&spec).await.map_err(cluster_error)?;
             for w in &registered.warnings {
@@ -134,12 +184,16 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let outcome = monitor(c, &spec.name, &registered, !json).await?;
+            let mut outcome = monitor(c, &spec.name, &registered, !json).await?;
+            if !no_follow && outcome.exit_code() == ExitCode::SUCCESS {
+                outcome.deployment = follow_deployment(c, &spec.name, &registered, !json).await?;
+            }
             if json {
                 print_json(&RunOutcomeJson {
                     register: &registered,
                     evaluation: &outcome.eval,
                     allocations: &outcome.placed,
+                    deployment: outcome.deployment.as_ref(),
                 })?;
             }
             Ok(outcome.exit_code())
@@ -200,7 +254,13 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
                 .await
                 .map_err(cluster_error)?
                 .value;
-            let view = JobStatusJson::new(job, allocations, evaluations);
+            let latest = c
+                .latest_job_deployment(&name, &q)
+                .await
+                .map_err(cluster_error)?
+                .value;
+            let mut view = JobStatusJson::new(job, allocations, evaluations);
+            view.latest_deployment = latest;
             if json {
                 print_json(&view)?;
             } else {
@@ -224,6 +284,58 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
                 println!("Job {name} stopped and purged");
             } else {
                 println!("Job {name} stopped");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JobCommand::History { name, json } => {
+            let versions = c
+                .job_versions(&name, &QueryOptions::default())
+                .await
+                .map_err(cluster_error)?
+                .value;
+            if json {
+                print_json(&versions)?;
+            } else {
+                print!("{}", job_history_text(&versions));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JobCommand::Revert {
+            name,
+            version,
+            json,
+        } => {
+            let r = c
+                .revert_job(&name, version, None)
+                .await
+                .map_err(cluster_error)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!("Job {name} reverted to version {version}");
+                if !r.eval_id.is_empty() {
+                    println!("Evaluation ID: {}", r.eval_id);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JobCommand::Scale {
+            name,
+            group,
+            count,
+            json,
+        } => {
+            let r = c
+                .scale_job(&name, &group, count)
+                .await
+                .map_err(cluster_error)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!("Job {name} group {group:?} scaled to {count}");
+                if !r.eval_id.is_empty() {
+                    println!("Evaluation ID: {}", r.eval_id);
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -274,6 +386,8 @@ struct RunOutcomeJson<'a> {
     register: &'a JobRegisterResponse,
     evaluation: &'a Evaluation,
     allocations: &'a [Allocation],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deployment: Option<&'a Deployment>,
 }
 
 /// What the monitor of `job run` saw.
@@ -282,15 +396,26 @@ pub struct RunOutcome {
     pub eval: Evaluation,
     /// The allocations it placed.
     pub placed: Vec<Allocation>,
+    /// The deployment of the version registered, as it ended, when followed.
+    pub deployment: Option<Deployment>,
 }
 
 impl RunOutcome {
-    /// 0 when everything was placed, [`EXIT_PLACEMENT_FAILED`] when some copies wait
-    /// in a blocked evaluation, 1 when the evaluation failed.
+    /// 0 when everything was placed (and the deployment followed, if any, succeeded),
+    /// [`EXIT_PLACEMENT_FAILED`] when some copies wait in a blocked evaluation or the
+    /// deployment failed (as `nomad job run`), 1 when the evaluation failed or the
+    /// deployment was cancelled (a newer version replaced it).
     pub fn exit_code(&self) -> ExitCode {
         match self.eval.status {
-            EvalStatus::Failed | EvalStatus::Canceled => ExitCode::FAILURE,
-            _ if !self.eval.failed_tg_allocs.is_empty() => ExitCode::from(EXIT_PLACEMENT_FAILED),
+            EvalStatus::Failed | EvalStatus::Canceled => return ExitCode::FAILURE,
+            _ if !self.eval.failed_tg_allocs.is_empty() => {
+                return ExitCode::from(EXIT_PLACEMENT_FAILED);
+            }
+            _ => {}
+        }
+        match self.deployment.as_ref().map(|d| d.status) {
+            Some(DeploymentStatus::Failed) => ExitCode::from(EXIT_DEPLOYMENT_FAILED),
+            Some(DeploymentStatus::Cancelled) => ExitCode::FAILURE,
             _ => ExitCode::SUCCESS,
         }
     }
@@ -369,7 +494,92 @@ async fn monitor(
         )),
         _ => say(format!("==> Evaluation \"{}\" finished", short(&eval.id))),
     }
-    Ok(RunOutcome { eval, placed })
+    Ok(RunOutcome {
+        eval,
+        placed,
+        deployment: None,
+    })
+}
+
+/// After the registration's evaluation finished: when the version registered is rolled
+/// out as a deployment (a service job whose groups deploy), follow it until it ends,
+/// printing the groups' counts as they change; the deployment as it ended. `None`
+/// when there is none to follow (a batch or system job, `max_parallel = 0`, a job
+/// changed again meanwhile, or none showed up in [`DEPLOYMENT_APPEAR_WAIT`]).
+async fn follow_deployment(
+    c: &Client,
+    job: &str,
+    registered: &JobRegisterResponse,
+    print: bool,
+) -> anyhow::Result<Option<Deployment>> {
+    let current = c
+        .job(job, &QueryOptions::default())
+        .await
+        .map_err(cluster_error)?
+        .value;
+    let deploys = current.spec.job_type == JobType::Service
+        && current
+            .spec
+            .groups
+            .iter()
+            .any(|g| current.spec.update_of(g).deploys());
+    // Another registration came after ours: its deployment is not ours to follow.
+    if !deploys || current.stop || current.job_modify_index != registered.job_modify_index {
+        return Ok(None);
+    }
+    let version = current.version;
+    let appear_by = tokio::time::Instant::now() + DEPLOYMENT_APPEAR_WAIT;
+    let mut q = QueryOptions::default();
+    let mut d = loop {
+        let answer = c
+            .latest_job_deployment(job, &q)
+            .await
+            .map_err(cluster_error)?;
+        match answer.value {
+            Some(d) if d.job_version == version => break d,
+            // A newer version's: ours was replaced before it got one.
+            Some(d) if d.job_version > version => return Ok(None),
+            _ => {}
+        }
+        let left = appear_by.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        q = QueryOptions::blocking(answer.index.max(q.index), left);
+    };
+    let say = |line: String| {
+        if print {
+            println!("{line}");
+        }
+    };
+    say(format!("==> Monitoring deployment \"{}\"", short(&d.id)));
+    let mut last_lines = Vec::new();
+    let mut index = 0;
+    loop {
+        let lines = deployment_progress_lines(&d);
+        if lines != last_lines {
+            for l in &lines {
+                say(l.clone());
+            }
+            last_lines = lines;
+        }
+        if !d.status.is_active() {
+            break;
+        }
+        let answer = c
+            .deployment(&d.id, &QueryOptions::blocking(index, MONITOR_WAIT))
+            .await
+            .map_err(cluster_error)?;
+        index = answer.index.max(index);
+        d = answer.value;
+    }
+    say(format!(
+        "==> Deployment \"{}\" {}: {}",
+        short(&d.id),
+        d.status.as_str(),
+        d.status_description
+    ));
+    Ok(Some(d))
 }
 
 #[cfg(test)]
@@ -382,6 +592,7 @@ mod tests {
         let outcome = |e: Evaluation| RunOutcome {
             eval: e,
             placed: vec![],
+            deployment: None,
         };
         assert_eq!(
             outcome(eval("e", EvalStatus::Complete, 1, &[])).exit_code(),
@@ -399,6 +610,28 @@ mod tests {
         );
         assert_eq!(
             outcome(eval("e", EvalStatus::Failed, 1, &[])).exit_code(),
+            ExitCode::FAILURE
+        );
+    }
+
+    #[test]
+    fn a_followed_deployment_decides_the_exit_code() {
+        use crate::render::deployments::tests::{deployment, group};
+        let followed = |status: DeploymentStatus| RunOutcome {
+            eval: eval("e", EvalStatus::Complete, 1, &[]),
+            placed: vec![],
+            deployment: Some(deployment(status, &[("app", group(1, 1, 1))])),
+        };
+        assert_eq!(
+            followed(DeploymentStatus::Successful).exit_code(),
+            ExitCode::SUCCESS
+        );
+        assert_eq!(
+            followed(DeploymentStatus::Failed).exit_code(),
+            ExitCode::from(EXIT_DEPLOYMENT_FAILED)
+        );
+        assert_eq!(
+            followed(DeploymentStatus::Cancelled).exit_code(),
             ExitCode::FAILURE
         );
     }

@@ -181,11 +181,19 @@ pub fn init(file: Option<&Path>) -> anyhow::Result<PathBuf> {
 
 /// The long flags of `drover job ...` that Nomad's CLI spells with one dash
 /// (`nomad job run -var x=1 -detach`, `nomad job stop -purge`): accepted so.
-const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &["var", "var-file", "purge", "detach", "json"];
+const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &[
+    "var",
+    "var-file",
+    "purge",
+    "detach",
+    "json",
+    "group",
+    "no-follow",
+];
 
 /// Nomad spells the variable flags with one dash (`-var x=1`, `-var-file f`): rewrite
-/// them to the `--var`/`--var-file` clap knows, for `drover job ...` only and never
-/// after a `--`.
+/// them to the `--var`/`--var-file` clap knows, for `drover job ...` and
+/// `drover deployment ...` only and never after a `--`.
 pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsString> {
     let mut args: Vec<OsString> = args.into_iter().collect();
     // The command is the first word that is neither a flag nor the value of the one
@@ -197,7 +205,7 @@ pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsStri
             Some("--address") => i += 2,
             Some(a) if a.starts_with('-') => i += 1,
             other => {
-                command = other.map(|c| (c == "job", i));
+                command = other.map(|c| (c == "job" || c == "deployment", i));
                 break;
             }
         }

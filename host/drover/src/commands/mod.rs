@@ -12,6 +12,7 @@
 
 pub mod agent;
 pub mod alloc;
+pub mod deployment;
 pub mod eval;
 pub mod job;
 pub mod jobspec;

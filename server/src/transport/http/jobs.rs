@@ -217,27 +217,6 @@ pub(super) async fn summary(
     answer(index, wire::job_summary(&job, &summary))
 }
 
-/// `GET /v1/job/:id/deployment` and `/deployments`: Drover has no deployments yet
-/// (issue 25), so a job has none; Nomad's clients (`nomad job status`) ask for them and
-/// read `null` (the latest) or `[]` (all) as "none".
-pub(super) async fn deployments(
-    State(api): State<Api>,
-    Path(id): Path<String>,
-    uri: axum::http::Uri,
-    q: Params,
-    stop: Option<Extension<CancellationToken>>,
-) -> ApiResult {
-    let index = block(&api, &q, stop).await?;
-    if api.server.job(&id).is_none() {
-        return Err(ApiError::not_found("job not found"));
-    }
-    if uri.path().ends_with("/deployments") {
-        answer(index, serde_json::json!([]))
-    } else {
-        answer(index, serde_json::Value::Null)
-    }
-}
-
 pub(super) async fn versions(
     State(api): State<Api>,
     Path(id): Path<String>,

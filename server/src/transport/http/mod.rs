@@ -19,6 +19,7 @@
 mod agent;
 mod allocs;
 mod client_routes;
+mod deployments;
 mod events;
 mod jobs;
 mod nodes;
@@ -181,8 +182,26 @@ pub fn router_with_local_agent(
         .route("/v1/job/{id}/evaluations", get(jobs::evaluations))
         .route("/v1/job/{id}/summary", get(jobs::summary))
         .route("/v1/job/{id}/versions", get(jobs::versions))
-        .route("/v1/job/{id}/deployment", get(jobs::deployments))
-        .route("/v1/job/{id}/deployments", get(jobs::deployments))
+        .route("/v1/job/{id}/deployment", get(deployments::of_job))
+        .route("/v1/job/{id}/deployments", get(deployments::of_job))
+        .route(
+            "/v1/job/{id}/revert",
+            put(deployments::revert).post(deployments::revert),
+        )
+        .route("/v1/deployments", get(deployments::list))
+        .route("/v1/deployment/{id}", get(deployments::get))
+        .route(
+            "/v1/deployment/allocations/{id}",
+            get(deployments::allocations),
+        )
+        .route(
+            "/v1/deployment/promote/{id}",
+            put(deployments::promote).post(deployments::promote),
+        )
+        .route(
+            "/v1/deployment/fail/{id}",
+            put(deployments::fail).post(deployments::fail),
+        )
         .route("/v1/job/{id}/plan", put(jobs::plan).post(jobs::plan))
         .route(
             "/v1/job/{id}/scale",
