@@ -847,7 +847,10 @@ fn a_deployment_survives_a_leader_kill_and_finishes_without_doubles_or_losses() 
     let old = c.servers[leader].name.clone();
     c.servers[leader].kill9();
     let (new_leader, _) = c.wait_leader(LEASE_TTL + Duration::from_secs(15), Some(&old));
-    eprintln!("{} leads after {old} was killed mid-deployment", c.servers[new_leader].name);
+    eprintln!(
+        "{} leads after {old} was killed mid-deployment",
+        c.servers[new_leader].name
+    );
 
     let done = wait_deployment(&c, "roll", "v1 deployed", Duration::from_secs(90), |d| {
         d["ID"] == id.as_str() && d["Status"] != "running"
@@ -867,7 +870,10 @@ fn a_deployment_survives_a_leader_kill_and_finishes_without_doubles_or_losses() 
         .get_json("/v1/job/roll/allocations")
         .unwrap_or_default();
     let allocs = allocs.as_array().cloned().unwrap_or_default();
-    let live: Vec<&Value> = allocs.iter().filter(|a| a["DesiredStatus"] == "run").collect();
+    let live: Vec<&Value> = allocs
+        .iter()
+        .filter(|a| a["DesiredStatus"] == "run")
+        .collect();
     let names: BTreeSet<&str> = live.iter().filter_map(|a| a["Name"].as_str()).collect();
     assert_eq!(
         names,

@@ -225,7 +225,10 @@ fn a_version_that_never_turns_healthy_fails_and_the_job_goes_back_to_the_stable_
     let began = Instant::now();
     let (code, out) = job_run(&agent, &v1, &[]);
     let took = began.elapsed();
-    assert_ne!(code, 0, "job run of a version that fails its deployment:\n{out}");
+    assert_ne!(
+        code, 0,
+        "job run of a version that fails its deployment:\n{out}"
+    );
     assert!(
         took < Duration::from_secs(8 + 20),
         "the deployment failed {took:?} after the run: healthy_deadline is 8s\n{out}"
@@ -244,7 +247,10 @@ fn a_version_that_never_turns_healthy_fails_and_the_job_goes_back_to_the_stable_
         why.contains("unhealthy") && why.contains("rolling back to job version 0"),
         "{why}"
     );
-    assert!(out.contains("failed"), "job run says the deployment failed:\n{out}");
+    assert!(
+        out.contains("failed"),
+        "job run says the deployment failed:\n{out}"
+    );
 
     // The job is back on v0's spec (as version 2), its deployment succeeds, and two
     // copies of it serve, among them v0's copy that v1 never got to replace.
@@ -341,13 +347,19 @@ fn a_canary_waits_next_to_the_old_copies_until_promoted() {
     std::thread::sleep(Duration::from_secs(2));
     let d = get(&api, &format!("/v1/deployment/{id}"));
     assert_eq!(
-        (d["Status"].as_str(), d["TaskGroups"]["app"]["Promoted"].as_bool()),
+        (
+            d["Status"].as_str(),
+            d["TaskGroups"]["app"]["Promoted"].as_bool()
+        ),
         (Some("running"), Some(false)),
         "{d:#}"
     );
     let now = running(&api, "canary");
     assert_eq!(now.len(), 3, "two old copies and the canary: {now:#?}");
-    assert!(old.iter().all(|o| now.iter().any(|a| a["ID"] == o.as_str())));
+    assert!(
+        old.iter()
+            .all(|o| now.iter().any(|a| a["ID"] == o.as_str()))
+    );
     let c = get(&api, &format!("/v1/allocation/{canary}"));
     assert_eq!(c["DeploymentStatus"]["Canary"], true, "{c:#}");
     assert_eq!(c["DeploymentStatus"]["Healthy"], true, "{c:#}");
