@@ -1898,7 +1898,10 @@ fn canaries_wait_next_to_the_old_copies_until_promoted_then_replace_them() {
     assert_eq!(out.desired_tg_updates["app"].canary, 1);
     let d = s.deployment("web").clone();
     assert_eq!((d.job_version, d.groups["app"].desired_canaries), (1, 1));
-    assert_eq!(d.groups["app"].placed_canaries, std::slice::from_ref(&canary.id));
+    assert_eq!(
+        d.groups["app"].placed_canaries,
+        std::slice::from_ref(&canary.id)
+    );
     assert_eq!(s.live("web").len(), 4, "three old copies and the canary");
 
     // Healthy, not promoted: still nothing.
