@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod deployments;
 mod growth;
 mod http;
 mod node_auth;

@@ -280,7 +280,10 @@ impl Bridge {
                 Some(a) => {
                     st.address = Some(a);
                     st.result = Some(result);
-                    self.ensure_admin_rule().await
+                    match self.ensure_admin_rule().await {
+                        Ok(()) => self.ensure_localhost_guard().await,
+                        Err(e) => Err(e),
+                    }
                 }
                 None => Err(NetworkError::NoAddress(result.to_string())),
             },
@@ -357,6 +360,40 @@ impl Bridge {
         }))
     }
 
+    /// The rule that keeps an allocation from reaching the host's 127.0.0.0/8. The
+    /// portmap plugin (with `snat`, which makes the node's own 127.0.0.1:<host port>
+    /// work) turns on `route_localnet` for the bridge: the kernel would then accept a
+    /// packet for 127.0.0.1 arriving from a namespace on the bridge, and a task able to
+    /// send one (a route of its own, a raw socket) would reach every service the node
+    /// keeps to loopback — the agent's API, etcd (Kubernetes' CVE-2020-8558). Dropped
+    /// at INPUT unless it is the answer of a connection or a forwarded port (conntrack
+    /// `RELATED,ESTABLISHED,DNAT`), as kubelet's rule does; added once, kept after the
+    /// last allocation (like the admin chain's rule).
+    async fn ensure_localhost_guard(&self) -> Result<(), NetworkError> {
+        let rule = localhost_guard_rule(&self.config.name);
+        let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+        let mut check = vec!["-C", "INPUT"];
+        check.extend(&rule);
+        if let Ok(Ok(o)) = iptables(&check).await
+            && o.status.success()
+        {
+            return Ok(());
+        }
+        let mut add = vec!["-I", "INPUT", "1"];
+        add.extend(&rule);
+        match iptables(&add).await {
+            Ok(Ok(o)) if o.status.success() => Ok(()),
+            Ok(Ok(o)) => Err(NetworkError::Config(format!(
+                "iptables -I INPUT (the rule keeping allocations off the node's 127.0.0.0/8): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ))),
+            Ok(Err(e)) => Err(NetworkError::Config(format!("cannot run iptables: {e}"))),
+            Err(_) => Err(NetworkError::Config(
+                "iptables did not finish in time".into(),
+            )),
+        }
+    }
+
     /// The rule that lets forwarded traffic into the bridge's subnet (Nomad adds the
     /// same to its admin chain: hosts whose FORWARD policy is DROP, Docker's, would
     /// drop it). The firewall plugin made the chain; the rule is added once.
@@ -407,6 +444,48 @@ impl Bridge {
             )),
         }
     }
+}
+
+/// `iptables -w -t filter ARGS`, bounded in time.
+async fn iptables(
+    args: &[&str],
+) -> Result<std::io::Result<std::process::Output>, tokio::time::error::Elapsed> {
+    tokio::time::timeout(
+        PLUGIN_TIMEOUT,
+        tokio::process::Command::new("iptables")
+            .args(["-w", "-t", "filter"])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+}
+
+/// The INPUT rule of [`Bridge::ensure_localhost_guard`] for bridge `bridge`.
+fn localhost_guard_rule(bridge: &str) -> Vec<String> {
+    [
+        "-i",
+        bridge,
+        "-d",
+        "127.0.0.0/8",
+        "-m",
+        "conntrack",
+        "!",
+        "--ctstate",
+        "RELATED,ESTABLISHED,DNAT",
+        "-m",
+        "comment",
+        "--comment",
+        "drover: allocations may not reach the node's loopback",
+        "-j",
+        "DROP",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
 }
 
 /// The allocation's address in a CNI result: the first address on an interface

@@ -72,6 +72,7 @@ fn mapping(host: u16, container: u16) -> PortMapping {
 #[tokio::test]
 async fn setup_gives_an_address_and_forwards_the_host_port_teardown_leaves_nothing() {
     let Some(cni) = plugins() else { return };
+    let _one = GUARD.lock().await;
     let b = bridge(cni);
     let id = alloc_id();
     let host_port = drover_test_support::net::free_local_addr().port();
@@ -121,6 +122,7 @@ async fn teardown_without_the_add_result_still_removes_everything() {
     // The agent died between the plugins' ADD and recording its result: the record
     // holds only the plan.
     let Some(cni) = plugins() else { return };
+    let _one = GUARD.lock().await;
     let b = bridge(cni);
     let id = alloc_id();
     let host_port = drover_test_support::net::free_local_addr().port();
@@ -139,6 +141,7 @@ async fn teardown_without_the_add_result_still_removes_everything() {
 #[tokio::test]
 async fn setup_again_after_an_unfinished_one_starts_clean() {
     let Some(cni) = plugins() else { return };
+    let _one = GUARD.lock().await;
     let b = bridge(cni);
     let id = alloc_id();
     let plan = b.plan(&id, Vec::new());
@@ -159,6 +162,7 @@ async fn setup_again_after_an_unfinished_one_starts_clean() {
 #[tokio::test]
 async fn a_failing_plugin_is_named_with_what_it_said_and_nothing_is_left() {
     let Some(cni) = plugins() else { return };
+    let _one = GUARD.lock().await;
     let b = bridge(cni);
     let id = alloc_id();
     let mut st = b.plan(&id, Vec::new());
@@ -231,3 +235,137 @@ fn a_reservation_is_found_by_container_and_interface() {
     );
     assert_eq!(reserved_address(dir.path(), "nobody", "eth0"), None);
 }
+
+/// `nsenter --net=NETNS ARGS` (util-linux), panicking with what it said.
+fn in_netns(netns: &Path, args: &[&str]) {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(args)
+        .output()
+        .expect("run nsenter");
+    assert!(
+        out.status.success(),
+        "nsenter {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// From inside `netns`, connect to 127.0.0.1:`port` (which the namespace routed to
+/// the bridge): whether a connection was made within 2 s.
+fn connects_from(netns: &Path, port: u16) -> bool {
+    let ns = std::fs::File::open(netns).expect("open the namespace");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            rustix::thread::move_into_link_name_space(
+                ns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .expect("enter the namespace");
+            TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(2))
+                .is_ok()
+        })
+        .join()
+        .expect("the connecting thread")
+    })
+}
+
+fn guard_rule_args(op: &str, bridge: &str) -> Vec<String> {
+    let mut args = vec!["-w".to_owned(), op.to_owned(), "INPUT".to_owned()];
+    args.extend(localhost_guard_rule(bridge));
+    args
+}
+
+/// The attack of CVE-2020-8558 against the node: a task that routes 127.0.0.0/8 to
+/// its gateway (it may: CAP_NET_ADMIN in its own namespace, or a raw socket) sends a
+/// SYN for 127.0.0.1 onto the bridge, where portmap turned `route_localnet` on. With
+/// the guard it never reaches the node's loopback listener; without it (removed for a
+/// moment, to show the attack is real on this kernel) it does.
+#[tokio::test]
+async fn a_namespace_on_the_bridge_cannot_reach_the_nodes_loopback() {
+    let Some(cni) = plugins() else { return };
+    let _one = GUARD.lock().await;
+    let b = bridge(cni);
+    let id = alloc_id();
+    let host_port = drover_test_support::net::free_local_addr().port();
+    let mut st = b.plan(&id, vec![mapping(host_port, 8080)]);
+    b.setup(&mut st).await.expect("setup");
+    let localnet = std::fs::read_to_string(format!(
+        "/proc/sys/net/ipv4/conf/{}/route_localnet",
+        b.config().name
+    ))
+    .unwrap_or_default();
+    eprintln!("route_localnet on the bridge: {}", localnet.trim());
+
+    // The node's loopback-only service.
+    let secret = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listen on 127.0.0.1");
+    let port = secret.local_addr().unwrap().port();
+    secret.set_nonblocking(true).unwrap();
+
+    // The task's side: 127.0.0.0/8 off its loopback and routed to the gateway.
+    // host-local's gateway: the subnet's first address, on the bridge.
+    let (net, _) = parse_cidr(&b.config().subnet).unwrap();
+    let gateway = Ipv4Addr::from(u32::from(net) + 1).to_string();
+    in_netns(&st.netns, &["ip", "addr", "flush", "dev", "lo"]);
+    in_netns(
+        &st.netns,
+        &["ip", "route", "flush", "table", "local", "dev", "lo"],
+    );
+    in_netns(
+        &st.netns,
+        &["sysctl", "-q", "-w", "net.ipv4.conf.all.route_localnet=1"],
+    );
+    in_netns(
+        &st.netns,
+        &["sysctl", "-q", "-w", "net.ipv4.conf.eth0.route_localnet=1"],
+    );
+    in_netns(
+        &st.netns,
+        &[
+            "ip",
+            "route",
+            "add",
+            "127.0.0.0/8",
+            "via",
+            &gateway,
+            "dev",
+            "eth0",
+        ],
+    );
+
+    assert!(
+        !connects_from(&st.netns, port),
+        "a namespace on the bridge reached the node's 127.0.0.1:{port}"
+    );
+    // The control: the same attempt without the guard gets through.
+    let bridge_name = b.config().name.clone();
+    let del = std::process::Command::new("iptables")
+        .args(guard_rule_args("-D", &bridge_name))
+        .output()
+        .expect("iptables -D");
+    assert!(
+        del.status.success(),
+        "{}",
+        String::from_utf8_lossy(&del.stderr)
+    );
+    let reached = connects_from(&st.netns, port);
+    let add = std::process::Command::new("iptables")
+        .args(guard_rule_args("-I", &bridge_name))
+        .output()
+        .expect("iptables -I");
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    b.teardown(&st).await.expect("teardown");
+    assert!(
+        reached,
+        "without the guard the attack should reach 127.0.0.1:{port} (route_localnet {}): \
+         the test does not show what it guards against",
+        localnet.trim()
+    );
+}
+
+/// Taken by every test that sets a bridge up: the test above removes the guard rule
+/// for a moment, and a setup meanwhile would put it back.
+static GUARD: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
