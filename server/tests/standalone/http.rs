@@ -1400,3 +1400,119 @@ async fn a_job_reverts_to_an_earlier_version_as_a_new_one() {
     s.stop.cancel();
     let _ = s.served.await;
 }
+
+#[tokio::test]
+async fn a_service_jobs_deployment_reads_through_every_route_and_refuses_a_promote_without_canaries()
+ {
+    let s = start(None).await;
+    let h = s.http(None);
+    s.server
+        .register_node(node("n1", 4000, 4096), SECRET)
+        .await
+        .unwrap();
+    let mut job = nomad_job("web", 2);
+    job["Update"] = json!({"MaxParallel": 1, "HealthCheck": "task_states", "AutoRevert": false});
+    let a = h
+        .write(Method::PUT, "/v1/jobs", json!({ "Job": job }))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let list = poll(&h, "/v1/deployments", "a deployment", |v| {
+        v.as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    let d = &list[0];
+    let id = d["ID"].as_str().unwrap().to_owned();
+    assert_eq!(d["JobID"], "web");
+    assert_eq!(d["JobVersion"], 0);
+    assert_eq!(d["Status"], "running", "{d:#}");
+    assert_eq!(d["Namespace"], "default");
+    assert_eq!(d["TaskGroups"]["app"]["DesiredTotal"], 2, "{d:#}");
+    assert_eq!(d["TaskGroups"]["app"]["DesiredCanaries"], 0, "{d:#}");
+    // The same deployment by id, by prefix, as the job's latest and in its list.
+    let (one, _) = h.read(&format!("/v1/deployment/{id}")).await;
+    assert_eq!(one["ID"], id.as_str());
+    let (by_prefix, _) = h.read(&format!("/v1/deployment/{}", &id[..8])).await;
+    assert_eq!(by_prefix["ID"], id.as_str());
+    let (latest, _) = h.read("/v1/job/web/deployment").await;
+    assert_eq!(latest["ID"], id.as_str());
+    let (of_job, _) = h.read("/v1/job/web/deployments").await;
+    assert_eq!(of_job.as_array().unwrap().len(), 1, "{of_job:#}");
+    let (prefixed, _) = h
+        .read(&format!("/v1/deployments?prefix={}", &id[..4]))
+        .await;
+    assert_eq!(prefixed.as_array().unwrap().len(), 1);
+    // The allocations it placed (max_parallel 1: one first), as stubs with the id.
+    let allocs = poll(
+        &h,
+        &format!("/v1/deployment/allocations/{id}"),
+        "its first placement",
+        |v| v.as_array().is_some_and(|a| !a.is_empty()),
+    )
+    .await;
+    assert_eq!(allocs[0]["JobID"], "web");
+    // Nomad's stubs carry no deployment id: the full allocation does.
+    let (full, _) = h
+        .read(&format!(
+            "/v1/allocation/{}",
+            allocs[0]["ID"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(full["DeploymentID"], id.as_str(), "{full:#}");
+    // Nothing to promote: 400 saying why; the deployment goes on.
+    let a = h
+        .write(
+            Method::PUT,
+            &format!("/v1/deployment/promote/{id}"),
+            json!({"All": true}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(a.text().contains("no canaries to promote"), "{}", a.text());
+    let a = h
+        .write(
+            Method::PUT,
+            &format!("/v1/deployment/promote/{id}"),
+            json!({"Groups": ["nope"]}),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(a.text().contains("no task group \"nope\""), "{}", a.text());
+    // An operator fails it: Nomad's update answer; it is failed and says so; a second
+    // fail is refused naming its status.
+    let a = h
+        .request(Method::POST, &format!("/v1/deployment/fail/{id}"), None)
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let r = a.json();
+    assert!(r["DeploymentModifyIndex"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(a.index(), r["Index"].as_u64().unwrap());
+    let (failed, _) = h.read(&format!("/v1/deployment/{id}")).await;
+    assert_eq!(failed["Status"], "failed", "{failed:#}");
+    assert_eq!(failed["StatusDescription"], "Deployment marked as failed");
+    let a = h
+        .request(Method::PUT, &format!("/v1/deployment/fail/{id}"), None)
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(a.text().contains("is failed"), "{}", a.text());
+    // The typed client reads the same.
+    let c = s.client(None);
+    let d = c
+        .deployment(&id[..8], &QueryOptions::default())
+        .await
+        .unwrap()
+        .value;
+    assert_eq!(
+        (
+            d.id.as_str(),
+            d.status.as_str(),
+            d.groups["app"].desired_total
+        ),
+        (id.as_str(), "failed", 2)
+    );
+    let allocs = c
+        .deployment_allocations(&id, &QueryOptions::default())
+        .await
+        .unwrap()
+        .value;
+    assert!(!allocs.is_empty());
+}

@@ -12,6 +12,7 @@ mod cluster_dev;
 mod cluster_ha;
 mod cluster_join;
 mod cluster_ports;
+mod deployments;
 mod rollouts;
 mod server_names;
 mod services;
