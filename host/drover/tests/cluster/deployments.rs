@@ -50,10 +50,11 @@ job "web" {{
   datacenters = ["dc1"]
 
   update {{
-    max_parallel     = 1
-    min_healthy_time = "1s"
-    healthy_deadline = "20s"
-    health_check     = "task_states"
+    max_parallel      = 1
+    min_healthy_time  = "1s"
+    healthy_deadline  = "20s"
+    progress_deadline = "40s"
+    health_check      = "task_states"
   }}
 
   group "app" {{
