@@ -40,7 +40,10 @@ fn approx_bytes(p: &Payload) -> usize {
     const SMALL: usize = 2048;
     match p {
         Payload::Job(job) => serde_json::to_vec(&job.spec).map_or(SMALL, |v| v.len() + SMALL),
-        Payload::Evaluation(_) | Payload::Allocation(_) | Payload::Node(_) => SMALL,
+        Payload::Evaluation(_)
+        | Payload::Allocation(_)
+        | Payload::Node(_)
+        | Payload::Deployment(_) => SMALL,
     }
 }
 
@@ -54,6 +57,7 @@ pub enum Topic {
     Evaluation,
     Allocation,
     Node,
+    Deployment,
 }
 
 impl Topic {
@@ -64,6 +68,7 @@ impl Topic {
             Topic::Evaluation => "Evaluation",
             Topic::Allocation => "Allocation",
             Topic::Node => "Node",
+            Topic::Deployment => "Deployment",
         }
     }
 
@@ -74,6 +79,7 @@ impl Topic {
             "Evaluation" => Topic::Evaluation,
             "Allocation" => Topic::Allocation,
             "Node" => Topic::Node,
+            "Deployment" => Topic::Deployment,
             _ => return None,
         })
     }
@@ -86,6 +92,7 @@ pub enum Payload {
     Evaluation(Arc<Evaluation>),
     Allocation(Arc<Allocation>),
     Node(Arc<Node>),
+    Deployment(Arc<drover_server_api::Deployment>),
 }
 
 /// One event (Nomad's `structs.Event`).
@@ -94,7 +101,8 @@ pub struct Event {
     pub topic: Topic,
     /// Nomad's event type: `JobRegistered`, `JobDeregistered`, `EvaluationUpdated`,
     /// `PlanResult`, `AllocationUpdated`, `NodeRegistration`, `NodeDeregistration`,
-    /// `NodeDrain`, `NodeEligibility`, `NodeStreamEvent`.
+    /// `NodeDrain`, `NodeEligibility`, `NodeStreamEvent`, `DeploymentStatusUpdate`,
+    /// `DeploymentPromotion`, `DeploymentAllocHealth`.
     pub kind: &'static str,
     /// The object's id (a job's name).
     pub key: String,
@@ -317,7 +325,8 @@ impl Subscription {
 
 /// The events of `batch`, committed at `index`, against `st`, the state before it is
 /// applied (to tell a new node from a changed one, and for the purged jobs' last
-/// version). In the order a reader expects: jobs, evaluations, allocations, nodes.
+/// version). In the order a reader expects: jobs, evaluations, allocations,
+/// deployments, nodes.
 pub(crate) fn of_batch(st: &State, batch: &Batch, index: Index) -> Vec<Event> {
     use crate::scheduler::StateView as _;
     let mut out = Vec::new();
@@ -373,6 +382,25 @@ pub(crate) fn of_batch(st: &State, batch: &Batch, index: Index) -> Vec<Event> {
             filter_keys: vec![a.job_name.clone()],
             index,
             payload: Payload::Allocation(Arc::new(a.clone())),
+        });
+    }
+    for d in &batch.deployments {
+        // Nomad's kinds: a new deployment or a new status, a promotion, else its
+        // counts moved (an allocation's health).
+        let kind = match st.deployment(&d.id) {
+            Some(old) if old.status == d.status && old.promoted() != d.promoted() => {
+                "DeploymentPromotion"
+            }
+            Some(old) if old.status == d.status => "DeploymentAllocHealth",
+            _ => "DeploymentStatusUpdate",
+        };
+        out.push(Event {
+            topic: Topic::Deployment,
+            kind,
+            key: d.id.clone(),
+            filter_keys: vec![d.job_name.clone()],
+            index,
+            payload: Payload::Deployment(Arc::new(d.clone())),
         });
     }
     for n in &batch.nodes {

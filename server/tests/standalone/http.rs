@@ -1410,6 +1410,8 @@ async fn a_service_jobs_deployment_reads_through_every_route_and_refuses_a_promo
         .register_node(node("n1", 4000, 4096), SECRET)
         .await
         .unwrap();
+    let mut stream = subscribe(&h, "topic=Deployment:web").await;
+    assert_eq!(stream.next().await, json!({}));
     let mut job = nomad_job("web", 2);
     job["Update"] = json!({"MaxParallel": 1, "HealthCheck": "task_states", "AutoRevert": false});
     let a = h
@@ -1428,6 +1430,23 @@ async fn a_service_jobs_deployment_reads_through_every_route_and_refuses_a_promo
     assert_eq!(d["Namespace"], "default");
     assert_eq!(d["TaskGroups"]["app"]["DesiredTotal"], 2, "{d:#}");
     assert_eq!(d["TaskGroups"]["app"]["DesiredCanaries"], 0, "{d:#}");
+    // Its creation came through the event stream (topic `Deployment`, keyed by its id
+    // and selected by its job).
+    let created = loop {
+        let line = stream.next().await;
+        if line == json!({}) {
+            continue;
+        }
+        break line;
+    };
+    let event = &created["Events"][0];
+    assert_eq!(event["Topic"], "Deployment", "{created:#}");
+    assert_eq!(event["Type"], "DeploymentStatusUpdate", "{created:#}");
+    assert_eq!(event["Key"], id.as_str(), "{created:#}");
+    assert_eq!(
+        event["Payload"]["Deployment"]["JobID"], "web",
+        "{created:#}"
+    );
     // The same deployment by id, by prefix, as the job's latest and in its list.
     let (one, _) = h.read(&format!("/v1/deployment/{id}")).await;
     assert_eq!(one["ID"], id.as_str());

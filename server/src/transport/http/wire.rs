@@ -215,5 +215,6 @@ pub(super) fn event_payload(p: &Payload) -> Value {
         // Without the job (Nomad's: it keeps the events small).
         Payload::Allocation(a) => json!({ "Allocation": to_value(nomad::Allocation::from(&**a)) }),
         Payload::Node(n) => json!({ "Node": node(n) }),
+        Payload::Deployment(d) => json!({ "Deployment": to_value(nomad::Deployment::from(&**d)) }),
     }
 }
