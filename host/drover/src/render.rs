@@ -856,6 +856,7 @@ pub(crate) mod tests {
             groups: [(
                 "app".to_owned(),
                 drover_server_api::GroupPlanSummary {
+                    canary: Default::default(),
                     place: 2,
                     stop: 0,
                     update: 1,

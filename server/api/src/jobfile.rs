@@ -73,9 +73,9 @@ use toml::de::{DeTable, DeValue};
 
 use crate::nomad::{DEFAULT_CHECK_RESTART_GRACE, default_check_name};
 use crate::types::{
-    CheckRestart, CheckSpec, Constraint, JobSpec, JobType, Lifecycle, NOMAD_SERVICE_PROVIDER,
-    HealthCheckMode, NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup, TaskResources,
-    UpdateStrategy,
+    CheckRestart, CheckSpec, Constraint, HealthCheckMode, JobSpec, JobType, Lifecycle,
+    NOMAD_SERVICE_PROVIDER, NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup,
+    TaskResources, UpdateStrategy,
 };
 use crate::validate::{MAX_CHECK_DURATION, MAX_RESCHEDULE_DURATION, MAX_UPDATE_DURATION};
 
@@ -200,8 +200,16 @@ impl UpdateDoc {
         Ok(UpdateStrategy {
             max_parallel: self.max_parallel.unwrap_or(base.max_parallel),
             health_check: self.health_check.unwrap_or(base.health_check),
-            min_healthy_time: d(&self.min_healthy_time, "min_healthy_time", base.min_healthy_time)?,
-            healthy_deadline: d(&self.healthy_deadline, "healthy_deadline", base.healthy_deadline)?,
+            min_healthy_time: d(
+                &self.min_healthy_time,
+                "min_healthy_time",
+                base.min_healthy_time,
+            )?,
+            healthy_deadline: d(
+                &self.healthy_deadline,
+                "healthy_deadline",
+                base.healthy_deadline,
+            )?,
             progress_deadline: d(
                 &self.progress_deadline,
                 "progress_deadline",
@@ -945,6 +953,42 @@ driver = "rawexec"
         );
         let e = error(&FULL.replace("owner = \"ops\"", "owner = { b = 1 }"));
         assert_eq!(e, "web.toml:5: meta.owner: expected a string, found table");
+    }
+
+    #[test]
+    fn update_blocks_merge_a_groups_over_the_jobs_and_canaries_beyond_count_are_refused() {
+        let text = "name = \"web\"\nupdate = { max_parallel = 2, min_healthy_time = \"2s\", auto_revert = true }\n\
+            [[group]]\nname = \"g\"\ncount = 2\nupdate = { canary = 1, health_check = \"task_states\" }\n\
+            [[group.task]]\nname = \"t\"\ndriver = \"rawexec\"\n";
+        let spec = parse_and_validate(text, "web.toml").unwrap();
+        let u = spec.update_of(&spec.groups[0]);
+        assert_eq!(
+            (
+                u.max_parallel,
+                u.min_healthy_time,
+                u.auto_revert,
+                u.canary,
+                u.health_check
+            ),
+            (
+                2,
+                Duration::from_secs(2),
+                true,
+                1,
+                HealthCheckMode::TaskStates
+            )
+        );
+        let e = parse_and_validate(&text.replace("canary = 1", "canary = 3"), "web.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("web.toml:6: group[0].update.canary: 3 canaries is more than"),
+            "{e}"
+        );
+        let e = parse_and_validate(&text.replace("\"2s\"", "\"soon\""), "web.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("web.toml:2: update.min_healthy_time:"), "{e}");
     }
 
     #[test]

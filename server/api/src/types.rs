@@ -1492,6 +1492,9 @@ pub struct GroupPlanSummary {
     pub update: u32,
     /// Allocations left as they are.
     pub ignore: u32,
+    /// Canaries placed.
+    #[serde(default)]
+    pub canary: u32,
 }
 
 /// Answer to `job plan`: nothing is committed.

@@ -49,8 +49,7 @@ pub const MAX_RESCHEDULE_ATTEMPTS: u32 = 100;
 pub const MAX_RESCHEDULE_DURATION: std::time::Duration =
     std::time::Duration::from_secs(7 * 24 * 3600);
 /// Longest duration of an `update` block.
-pub const MAX_UPDATE_DURATION: std::time::Duration =
-    std::time::Duration::from_secs(7 * 24 * 3600);
+pub const MAX_UPDATE_DURATION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Most ports of one group's network.
 pub const MAX_PORTS: usize = 64;
@@ -214,7 +213,10 @@ fn check_update(
     if u.canary > 0 && job_type != JobType::Service {
         return Err(fail(
             format!("{path}.canary"),
-            format!("canaries are for service jobs, not {} jobs", job_type.as_str()),
+            format!(
+                "canaries are for service jobs, not {} jobs",
+                job_type.as_str()
+            ),
         ));
     }
     if u.canary > 0 && !u.deploys() {
@@ -1796,5 +1798,65 @@ mod tests {
         s.checks[0].name = "a check: with spaces".into();
         j.groups[0].services = vec![s];
         validate(&j).unwrap();
+    }
+
+    #[test]
+    fn update_strategies_are_checked_by_field() {
+        let mut j = job();
+        j.groups[0].count = 2;
+        j.update.canary = 3;
+        let e = validate(&j).unwrap_err().to_string();
+        assert!(
+            e.starts_with("update.canary: 3 canaries is more than group"),
+            "{e}"
+        );
+        let mut j = job();
+        j.groups[0].count = 2;
+        j.groups[0].update = Some(UpdateStrategy {
+            canary: 5,
+            ..UpdateStrategy::default()
+        });
+        assert!(
+            validate(&j)
+                .unwrap_err()
+                .to_string()
+                .starts_with("group[0].update.canary:")
+        );
+        let e = refused(|j| {
+            j.update.min_healthy_time = std::time::Duration::from_secs(400);
+        });
+        assert!(
+            e.starts_with("update.min_healthy_time: 6m 40s is not shorter"),
+            "{e}"
+        );
+        let e = refused(|j| {
+            j.update.progress_deadline = std::time::Duration::from_secs(60);
+        });
+        assert!(e.starts_with("update.progress_deadline:"), "{e}");
+        let e = refused(|j| {
+            j.update.auto_promote = true;
+        });
+        assert!(e.starts_with("update.auto_promote:"), "{e}");
+        let e = refused(|j| {
+            j.job_type = JobType::Batch;
+            j.update.canary = 1;
+        });
+        assert!(
+            e.starts_with("update.canary: canaries are for service jobs"),
+            "{e}"
+        );
+        let e = refused(|j| {
+            j.update.canary = 1;
+            j.update.max_parallel = 0;
+        });
+        assert!(
+            e.starts_with("update.canary: canaries need a deployment"),
+            "{e}"
+        );
+        let mut ok = job();
+        ok.groups[0].count = 3;
+        ok.update.canary = 3;
+        ok.update.auto_promote = true;
+        validate(&ok).unwrap();
     }
 }

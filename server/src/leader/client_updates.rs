@@ -130,6 +130,10 @@ fn client_updates(
     // Per job: does an older version still run (a rolling update in progress)?
     let mut rolling: HashMap<String, bool> = HashMap::new();
     let mut rolling_evals: BTreeSet<String> = BTreeSet::new();
+    // Deployments whose counts changed, and jobs to evaluate because an allocation of
+    // their deployment turned healthy.
+    let mut deployments: HashMap<String, drover_server_api::Deployment> = HashMap::new();
+    let mut deployment_evals: BTreeSet<String> = BTreeSet::new();
     let mut verdicts = Vec::with_capacity(reqs.len());
     // Each allocation's reported service instances (its node, the complete set).
     let mut reports: HashMap<String, (&str, &[ServiceInstance])> = HashMap::new();
@@ -199,11 +203,56 @@ fn client_updates(
                     })
                     .collect();
             }
+            // The client's first verdict on the allocation's health in its deployment
+            // counts; a later, different one is ignored.
+            let mut health_decided = None;
+            if let (Some(h), Some(did)) = (u.healthy, old.deployment_id.as_deref())
+                && old
+                    .deployment_status
+                    .as_ref()
+                    .and_then(|s| s.healthy)
+                    .is_none()
+            {
+                let mut status = old.deployment_status.clone().unwrap_or_default();
+                status.healthy = Some(h);
+                status.timestamp = now;
+                status.modify_index = index;
+                a.deployment_status = Some(status);
+                health_decided = Some((did.to_owned(), h));
+            }
             if a.client_status == old.client_status
                 && a.client_description == old.client_description
                 && a.task_states == old.task_states
+                && health_decided.is_none()
             {
                 continue;
+            }
+            if let Some((did, h)) = health_decided
+                && let Some(d) = deployments
+                    .get(&did)
+                    .or_else(|| st.deployment(&did))
+                    .filter(|d| d.status.is_active())
+            {
+                let mut d = d.clone();
+                if let Some(g) = d.groups.get_mut(&a.group) {
+                    if h {
+                        g.healthy_allocs += 1;
+                        if !g.progress_deadline.is_zero() {
+                            g.require_progress_by = now.saturating_add(
+                                crate::leader::deployments::nanos(g.progress_deadline),
+                            );
+                        }
+                    } else {
+                        g.unhealthy_allocs += 1;
+                    }
+                }
+                d.modify_index = index;
+                d.modify_time = now;
+                if h {
+                    // The next batch of the rollout may go.
+                    deployment_evals.insert(d.job_name.clone());
+                }
+                deployments.insert(did, d);
             }
             a.modify_index = index;
             a.modify_time = now;
@@ -248,6 +297,8 @@ fn client_updates(
         b.drop_services.extend(drops);
     }
     b.allocs = changed.into_values().collect();
+    b.deployments = deployments.into_values().collect();
+    rolling_evals.extend(deployment_evals);
     for name in &failure_evals {
         if let Some(job) = scheduler::StateView::job(st, name) {
             b.evals

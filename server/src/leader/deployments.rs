@@ -111,8 +111,7 @@ pub(crate) fn watch(st: &State, index: Index, now: i64) -> Batch {
             }
             continue;
         }
-        if d
-            .groups
+        if d.groups
             .iter()
             .all(|(name, g)| group_complete(st, job, d, name, g))
         {

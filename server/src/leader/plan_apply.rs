@@ -15,18 +15,20 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use drover_server_api::{
-    AllocResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, EvalTrigger, Index,
+    AllocResources, Allocation, ClientStatus, Deployment, DesiredStatus, EvalStatus, EvalTrigger,
+    Index,
 };
 use tokio::sync::mpsc;
 
 use crate::leader::batcher::{self, Queued};
+use crate::leader::deployments;
 pub use crate::leader::requests::PlanResult;
 pub(crate) use crate::leader::requests::{EvalFinish, PlanRequest};
 use crate::leader::term::LeaderTerm;
 use crate::scheduler::ports::reserved;
 use crate::scheduler::{Plan, StateView};
 use crate::state::evals::{new_eval, set_eval_status};
-use crate::state::{Batch, State};
+use crate::state::{Batch, KEPT_DEPLOYMENTS, State};
 
 /// Plans committed together at most (they wait in the queue while one commits).
 const MAX_PLANS_PER_COMMIT: usize = 64;
@@ -295,12 +297,70 @@ fn apply_one(
             }
         }
     }
+    if let Some(d) = &plan.deployment {
+        write_deployment(st, d, index, now, batch);
+    }
     if r.fully_committed()
         && let Some(f) = finish
     {
         finish_eval(st, f, index, now, batch);
     }
     r
+}
+
+/// Commit the plan's deployment: a new one (its deadlines start now; the job's
+/// oldest ended deployments beyond [`KEPT_DEPLOYMENTS`] go), or the running one with
+/// the groups the plan added; either way with the counts of what this plan placed
+/// in it.
+fn write_deployment(st: &State, planned: &Deployment, index: Index, now: i64, batch: &mut Batch) {
+    let mut d = match st.deployment(&planned.id) {
+        Some(current) => {
+            if !current.status.is_active() {
+                return;
+            }
+            let mut d = current.clone();
+            for (name, g) in &planned.groups {
+                d.groups.entry(name.clone()).or_insert_with(|| g.clone());
+            }
+            d
+        }
+        None => {
+            let mut d = planned.clone();
+            d.create_index = index;
+            d.create_time = now;
+            let mut ended: Vec<&Deployment> = st
+                .deployments_of_job(&d.job_name)
+                .filter(|o| !o.status.is_active())
+                .collect();
+            let excess = (ended.len() + 1).saturating_sub(KEPT_DEPLOYMENTS);
+            ended.truncate(excess);
+            batch
+                .drop_deployments
+                .extend(ended.into_iter().map(|o| o.id.clone()));
+            d
+        }
+    };
+    for g in d.groups.values_mut() {
+        if g.require_progress_by == 0 && !g.progress_deadline.is_zero() {
+            g.require_progress_by = now.saturating_add(deployments::nanos(g.progress_deadline));
+        }
+    }
+    for a in batch
+        .allocs
+        .iter()
+        .filter(|a| a.create_index == index && a.deployment_id.as_deref() == Some(d.id.as_str()))
+    {
+        if let Some(g) = d.groups.get_mut(&a.group) {
+            g.placed_allocs += 1;
+            if a.deployment_status.as_ref().is_some_and(|s| s.canary) {
+                g.placed_canaries.push(a.id.clone());
+            }
+        }
+    }
+    d.modify_index = index;
+    d.modify_time = now;
+    batch.deployments.retain(|o| o.id != d.id);
+    batch.deployments.push(d);
 }
 
 /// Write an evaluation's result: `complete` with what it could not place; a `blocked`

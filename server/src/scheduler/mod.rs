@@ -13,8 +13,8 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use drover_server_api::{
-    AllocResources, Allocation, Deployment, DeploymentStatus, Evaluation, GroupPlanSummary, Index,
-    Job, Node, PlacementFailure,
+    AllocDeploymentStatus, AllocResources, Allocation, Deployment, Evaluation, GroupPlanSummary,
+    Index, Job, Node, PlacementFailure,
 };
 
 use crate::config::SchedulerAlgorithm;
@@ -28,8 +28,8 @@ mod reconcile;
 pub(crate) mod tests;
 
 use place::{Placed, Placer};
-pub(crate) use reconcile::changed;
 pub use ports::UsedPorts;
+pub(crate) use reconcile::changed;
 
 /// A consistent read of the state the scheduler works on.
 pub trait StateView {
@@ -108,19 +108,6 @@ pub struct Plan {
     /// A deployment the plan creates (its counts are the applier's: it adds what it
     /// commits of `node_allocation`), or the job's current one with a change.
     pub deployment: Option<Deployment>,
-    /// Status changes of other deployments (an older version's, cancelled).
-    pub deployment_updates: Vec<DeploymentStatusUpdate>,
-}
-
-/// A deployment's new status.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeploymentStatusUpdate {
-    /// The deployment.
-    pub deployment_id: String,
-    /// Its new status.
-    pub status: DeploymentStatus,
-    /// Why.
-    pub description: String,
 }
 
 impl Plan {
@@ -129,7 +116,6 @@ impl Plan {
         self.node_allocation.values().all(Vec::is_empty)
             && self.node_update.values().all(Vec::is_empty)
             && self.deployment.is_none()
-            && self.deployment_updates.is_empty()
     }
 }
 
@@ -186,7 +172,7 @@ pub fn schedule(
             ..Plan::default()
         },
         rolling_update_pending: rec.rolling_update_pending,
-        desired_tg_updates: rec.summary,
+        desired_tg_updates: rec.summary.clone(),
         follow_up_at: rec.follow_up,
         ..SchedulerOutput::default()
     };
@@ -205,6 +191,14 @@ pub fn schedule(
         return out;
     };
 
+    // The deployment the placements join: the one the plan creates or changes, else
+    // the job's running one for this version.
+    let deployment_id = rec
+        .deployment
+        .as_ref()
+        .map(|d| d.id.clone())
+        .or_else(|| rec.active_deployment.map(|d| d.id.clone()));
+    out.plan.deployment = rec.deployment.clone();
     let mut placer = Placer::new(state, job, &allocs, &eval.id, settings.algorithm);
     for stop in &rec.stops {
         placer.stopped(stop.alloc);
@@ -226,6 +220,15 @@ pub fn schedule(
             Placed::Node(i) => {
                 let mut alloc = placer.allocation(p.group, p.index, i, p.previous);
                 alloc.reschedule_events.clone_from(&p.reschedule_events);
+                if p.deployment {
+                    alloc.deployment_id = deployment_id.clone();
+                    if p.canary {
+                        alloc.deployment_status = Some(AllocDeploymentStatus {
+                            canary: true,
+                            ..AllocDeploymentStatus::default()
+                        });
+                    }
+                }
                 out.plan
                     .node_allocation
                     .entry(placer.node(i).id.clone())
@@ -250,6 +253,18 @@ pub fn schedule(
     }
     for (name, f) in &out.failed_tg_allocs {
         out.queued_allocations.insert(name.clone(), f.unplaced);
+    }
+    // Nothing placed in the deployment (no node fit): nothing to create or change.
+    if let Some(d) = &out.plan.deployment {
+        let used = out
+            .plan
+            .node_allocation
+            .values()
+            .flatten()
+            .any(|a| a.deployment_id.as_deref() == Some(d.id.as_str()));
+        if !used {
+            out.plan.deployment = None;
+        }
     }
     out
 }

@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use drover_server_api::{
-    Allocation, ClientStatus, DesiredStatus, GroupPlanSummary, Job, JobType, Node, NodeStatus,
-    RescheduleEvent, ReschedulePolicy, TaskGroup,
+    Allocation, ClientStatus, Deployment, DeploymentGroup, DeploymentStatus, DesiredStatus,
+    GroupPlanSummary, Job, JobType, Node, NodeStatus, RescheduleEvent, ReschedulePolicy, TaskGroup,
+    UpdateStrategy,
 };
 
 use super::StateView;
@@ -31,6 +32,10 @@ pub(crate) struct Place<'a> {
     pub node: Option<&'a Node>,
     /// A failed allocation's replacement: the reschedule history it carries on.
     pub reschedule_events: Vec<RescheduleEvent>,
+    /// It joins the job's deployment (the plan's new one, or the running one).
+    pub deployment: bool,
+    /// Placed as a canary: next to the old version, until promoted.
+    pub canary: bool,
 }
 
 /// What reconciliation decided.
@@ -45,6 +50,79 @@ pub(crate) struct Reconciled<'a> {
     /// The earliest time (unix nanoseconds) a failed allocation left waiting for its
     /// reschedule delay is due: the evaluation gets a follow-up for then.
     pub follow_up: Option<i64>,
+    /// A deployment the plan creates, or the running one with a group added.
+    pub deployment: Option<Deployment>,
+    /// The job's running deployment of its current version, unchanged by the plan.
+    pub active_deployment: Option<&'a Deployment>,
+}
+
+/// The job's deployment of its current version as reconciliation sees it.
+struct Deploy<'a> {
+    /// The job's deployment of this version, in any status.
+    existing: Option<&'a Deployment>,
+    /// What the plan creates or changes (a copy of `existing` once changed).
+    changed: Option<Deployment>,
+}
+
+impl Deploy<'_> {
+    /// The deployment as the plan will have it.
+    fn current(&self) -> Option<&Deployment> {
+        self.changed.as_ref().or(self.existing)
+    }
+
+    fn status(&self) -> Option<DeploymentStatus> {
+        self.current().map(|d| d.status)
+    }
+
+    /// The group's state, creating the deployment (for `job`'s version) and the group
+    /// as needed. `None` when the version's deployment is over (successful, failed,
+    /// cancelled): placements then join none.
+    fn group(
+        &mut self,
+        job: &Job,
+        group: &TaskGroup,
+        u: &UpdateStrategy,
+        canaries: u32,
+        now: i64,
+    ) -> Option<&mut DeploymentGroup> {
+        if self.status().is_some_and(|s| !s.is_active()) {
+            return None;
+        }
+        if self.changed.is_none() {
+            self.changed = Some(match self.existing {
+                Some(d) => d.clone(),
+                None => Deployment {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    job_name: job.spec.name.clone(),
+                    job_version: job.version,
+                    job_modify_index: job.job_modify_index,
+                    job_create_index: job.create_index,
+                    status: DeploymentStatus::Running,
+                    status_description: "Deployment is running".into(),
+                    groups: BTreeMap::new(),
+                    create_index: 0,
+                    modify_index: 0,
+                    create_time: now,
+                    modify_time: now,
+                },
+            });
+        }
+        let d = self.changed.as_mut()?;
+        Some(
+            d.groups
+                .entry(group.name.clone())
+                .or_insert_with(|| DeploymentGroup {
+                    auto_revert: u.auto_revert,
+                    auto_promote: u.auto_promote,
+                    promoted: false,
+                    progress_deadline: u.progress_deadline,
+                    require_progress_by: 0,
+                    desired_canaries: canaries,
+                    desired_total: group.count,
+                    ..DeploymentGroup::default()
+                }),
+        )
+    }
 }
 
 /// Reschedule history kept per allocation at most.
@@ -205,13 +283,34 @@ pub(crate) fn reconcile<'a>(
         out.summary.entry(a.group.clone()).or_default().stop += 1;
     }
 
+    let mut deploy = Deploy {
+        existing: state
+            .latest_deployment(&job.spec.name)
+            .filter(|d| d.job_version == job.version && d.job_create_index == job.create_index),
+        changed: None,
+    };
     for group in &job.spec.groups {
         let allocs = by_group.remove(group.name.as_str()).unwrap_or_default();
         match job.spec.job_type {
             JobType::System => system_group(state, job, group, &allocs, &mut out),
             JobType::Service | JobType::Batch => {
-                counted_group(state, job, group, &allocs, now, &mut out)
+                counted_group(state, job, group, &allocs, now, &mut deploy, &mut out)
             }
+        }
+    }
+    // A deployment is created only to place something; the running one is written
+    // only when a group joined it.
+    let places = out.places.iter().any(|p| p.deployment);
+    out.deployment = match (deploy.existing, deploy.changed) {
+        (None, Some(new)) if places => Some(new),
+        (Some(old), Some(changed)) if changed.groups.len() != old.groups.len() => Some(changed),
+        _ => None,
+    };
+    out.active_deployment = deploy.existing.filter(|d| d.status.is_active());
+    if out.deployment.is_none() && out.active_deployment.is_none() {
+        for p in out.places.iter_mut() {
+            p.deployment = false;
+            p.canary = false;
         }
     }
     out
@@ -302,22 +401,85 @@ fn rolling<'a>(
     outdated.into_iter().take(budget).collect()
 }
 
+/// Whether `a` is a canary of `d` not yet promoted.
+fn unpromoted_canary(d: Option<&Deployment>, a: &Allocation) -> bool {
+    let Some(d) = d else {
+        return false;
+    };
+    a.deployment_id.as_deref() == Some(d.id.as_str())
+        && a.deployment_status.as_ref().is_some_and(|s| s.canary)
+        && d.groups.get(&a.group).is_some_and(|g| !g.promoted)
+}
+
+fn healthy(a: &Allocation) -> bool {
+    a.deployment_status.as_ref().and_then(|s| s.healthy) == Some(true)
+}
+
 /// Service and batch: `count` copies, indexes `0..count`.
+///
+/// A service group whose update strategy deploys (`max_parallel` > 0) rolls a new
+/// version out through the job's deployment: with `canary`, that many new copies
+/// first, next to the old ones, until promoted; then at most `max_parallel` old
+/// copies replaced at a time, the next only once the new ones are healthy; nothing
+/// more once the deployment failed.
 fn counted_group<'a>(
     state: &'a dyn StateView,
     job: &'a Job,
     group: &'a TaskGroup,
     allocs: &[&'a Allocation],
     now: i64,
+    deploy: &mut Deploy<'a>,
     out: &mut Reconciled<'a>,
 ) {
     let mut summary = GroupPlanSummary::default();
     let Sorted {
-        mut live,
+        live: all_live,
         done,
         replaceable,
     } = sort_out(state, job, allocs, out, &mut summary);
     let want = group.count as usize;
+    let strategy = job.spec.update_of(group);
+    let deploying = job.spec.job_type == JobType::Service && strategy.deploys();
+
+    // Canaries waiting for their promotion stand apart: they neither count toward the
+    // group's copies nor replace anything yet.
+    let (canaries, mut live): (Vec<&Allocation>, Vec<&Allocation>) = all_live
+        .into_iter()
+        .partition(|a| deploying && unpromoted_canary(deploy.existing, a));
+
+    // Two live copies at one index (a promoted canary and the copy it replaces, or a
+    // canary of an abandoned version): the one running the current spec stays.
+    let mut by_index: BTreeMap<u32, Vec<&Allocation>> = BTreeMap::new();
+    for a in &live {
+        by_index.entry(a.index).or_default().push(a);
+    }
+    let mut extra: HashSet<&str> = HashSet::new();
+    for (_, mut here) in by_index.into_iter().filter(|(_, v)| v.len() > 1) {
+        // Current spec first, then healthy, then newest.
+        here.sort_by_key(|a| {
+            (
+                changed(state, job, group, a),
+                !healthy(a),
+                std::cmp::Reverse(a.create_index),
+            )
+        });
+        let keep = here[0];
+        for a in &here[1..] {
+            let description = if keep.deployment_status.as_ref().is_some_and(|s| s.canary) {
+                format!("replaced by canary {}", keep.id)
+            } else {
+                "another copy runs at its index".to_owned()
+            };
+            out.stops.push(Stop {
+                alloc: a,
+                description,
+                lost: false,
+            });
+            summary.stop += 1;
+            extra.insert(a.id.as_str());
+        }
+    }
+    live.retain(|a| !extra.contains(a.id.as_str()));
 
     // Scale down: stop the highest indexes (newest first among equals).
     let have = live.len() + done.len();
@@ -334,13 +496,66 @@ fn counted_group<'a>(
         }
     }
 
-    // Destructive updates, max_parallel at a time.
     let outdated: Vec<&Allocation> = live
         .iter()
         .copied()
         .filter(|a| changed(state, job, group, a))
         .collect();
-    let replace_now = rolling(job, outdated, &live, out);
+    let deployment_over = deploy.status().is_some_and(|s| !s.is_active());
+    let promoted = deploy
+        .current()
+        .and_then(|d| d.groups.get(&group.name))
+        .is_some_and(|g| g.promoted);
+    let replace_now: Vec<&Allocation> = if !deploying {
+        rolling(job, outdated, &live, out)
+    } else if deployment_over || outdated.is_empty() {
+        Vec::new()
+    } else if strategy.canary > 0 && !promoted {
+        // Canaries first: as many as asked, at the indexes of copies they will
+        // replace once promoted.
+        let want_canaries = strategy.canary.min(group.count) as usize;
+        let mut taken: HashSet<u32> = canaries.iter().map(|a| a.index).collect();
+        let missing = want_canaries.saturating_sub(canaries.len());
+        let at: Vec<u32> = outdated
+            .iter()
+            .map(|a| a.index)
+            .filter(|i| taken.insert(*i))
+            .take(missing)
+            .collect();
+        if deploy
+            .group(job, group, &strategy, want_canaries as u32, now)
+            .is_some()
+        {
+            for index in at {
+                out.places.push(Place {
+                    group,
+                    index,
+                    previous: None,
+                    node: None,
+                    reschedule_events: Vec::new(),
+                    deployment: true,
+                    canary: true,
+                });
+                summary.canary += 1;
+            }
+        }
+        Vec::new()
+    } else {
+        // The new copies not yet healthy hold the budget.
+        let in_flight = deploy.existing.map_or(0, |d| {
+            live.iter()
+                .filter(|a| a.deployment_id.as_deref() == Some(d.id.as_str()) && !healthy(a))
+                .count()
+        });
+        let budget = (strategy.max_parallel as usize).saturating_sub(in_flight);
+        if outdated.len() > budget {
+            out.rolling_update_pending = true;
+        }
+        outdated.into_iter().take(budget).collect()
+    };
+    let joins = deploying
+        && !replace_now.is_empty()
+        && deploy.group(job, group, &strategy, 0, now).is_some();
     for a in &replace_now {
         out.stops.push(Stop {
             alloc: a,
@@ -353,6 +568,8 @@ fn counted_group<'a>(
             previous: Some(a),
             node: None,
             reschedule_events: Vec::new(),
+            deployment: joins,
+            canary: false,
         });
         summary.update += 1;
     }
@@ -370,6 +587,7 @@ fn counted_group<'a>(
         .reschedule
         .unwrap_or_else(|| ReschedulePolicy::default_for(job.spec.job_type));
     let mut index = 0u32;
+    let mut placed_missing = false;
     for _ in 0..missing {
         while used.contains(&index) {
             index += 1;
@@ -399,8 +617,19 @@ fn counted_group<'a>(
             previous,
             node: None,
             reschedule_events,
+            deployment: false,
+            canary: false,
         });
+        placed_missing = true;
         summary.place += 1;
+    }
+    if deploying && placed_missing && deploy.group(job, group, &strategy, 0, now).is_some() {
+        for p in out.places.iter_mut().rev() {
+            if !std::ptr::eq(p.group, group) {
+                break;
+            }
+            p.deployment = true;
+        }
     }
     out.summary.insert(group.name.clone(), summary);
 }
@@ -453,6 +682,8 @@ fn system_group<'a>(
                 previous: last_on_node.get(node.id.as_str()).copied(),
                 node: Some(node),
                 reschedule_events: Vec::new(),
+                deployment: false,
+                canary: false,
             });
             summary.place += 1;
         }
@@ -476,6 +707,8 @@ fn system_group<'a>(
                 previous: Some(a),
                 node: Some(node),
                 reschedule_events: Vec::new(),
+                deployment: false,
+                canary: false,
             });
         }
         summary.update += 1;

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use drover_server_api::{
-    AllocResources, Allocation, ClientStatus, Constraint, ConstraintOperator, DesiredStatus,
-    DriverInfo, EvalStatus, EvalTrigger, Evaluation, Job, JobSpec, JobStatus, JobType, Node,
-    NodeResources, NodeStatus, Task, TaskGroup, TaskResources, UpdateStrategy,
+    AllocResources, Allocation, ClientStatus, Constraint, ConstraintOperator, DeploymentStatus,
+    DesiredStatus, DriverInfo, EvalStatus, EvalTrigger, Evaluation, Job, JobSpec, JobStatus,
+    JobType, Node, NodeResources, NodeStatus, Task, TaskGroup, TaskResources, UpdateStrategy,
 };
 
 use super::feasible::{self, Compiled};
@@ -22,6 +22,7 @@ struct TestState {
     jobs: Vec<Job>,
     nodes: Vec<Node>,
     allocs: Vec<Allocation>,
+    deployments: Vec<Deployment>,
 }
 
 impl StateView for TestState {
@@ -53,6 +54,12 @@ impl StateView for TestState {
             .iter()
             .filter(|a| a.node_id == node_id)
             .collect()
+    }
+    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
+        self.deployments
+            .iter()
+            .filter(|d| d.job_name == job)
+            .max_by_key(|d| d.create_index)
     }
     fn node_usage(&self, node_id: &str) -> AllocResources {
         let mut r = AllocResources::default();
@@ -107,14 +114,70 @@ impl TestState {
                 }
             }
         }
+        if let Some(d) = &out.plan.deployment {
+            match self.deployments.iter_mut().find(|o| o.id == d.id) {
+                Some(o) => {
+                    for (name, g) in &d.groups {
+                        o.groups.entry(name.clone()).or_insert_with(|| g.clone());
+                    }
+                }
+                None => {
+                    let mut d = d.clone();
+                    d.create_index = self.index;
+                    self.deployments.push(d);
+                }
+            }
+        }
         for allocs in out.plan.node_allocation.values() {
             for a in allocs {
                 let mut a = a.clone();
                 a.create_index = self.index;
                 a.modify_index = self.index;
+                if let Some(d) = a
+                    .deployment_id
+                    .as_ref()
+                    .and_then(|id| self.deployments.iter_mut().find(|d| &d.id == id))
+                    && let Some(g) = d.groups.get_mut(&a.group)
+                {
+                    g.placed_allocs += 1;
+                    if a.deployment_status.as_ref().is_some_and(|s| s.canary) {
+                        g.placed_canaries.push(a.id.clone());
+                    }
+                }
                 self.allocs.push(a);
             }
         }
+    }
+
+    /// Every live allocation of `job` in a deployment is running and healthy (what
+    /// the clients report, and the server counts).
+    fn report_healthy(&mut self, job: &str) {
+        for a in &mut self.allocs {
+            if a.job_name != job || a.is_terminal() {
+                continue;
+            }
+            a.client_status = ClientStatus::Running;
+            let Some(id) = a.deployment_id.clone() else {
+                continue;
+            };
+            let status = a.deployment_status.get_or_insert_with(Default::default);
+            if status.healthy.is_some() {
+                continue;
+            }
+            status.healthy = Some(true);
+            if let Some(g) = self
+                .deployments
+                .iter_mut()
+                .find(|d| d.id == id)
+                .and_then(|d| d.groups.get_mut(&a.group))
+            {
+                g.healthy_allocs += 1;
+            }
+        }
+    }
+
+    fn deployment(&self, job: &str) -> &Deployment {
+        self.latest_deployment(job).unwrap()
     }
 
     /// Every live allocation of `job` reports `status`.
@@ -732,18 +795,22 @@ fn a_changed_task_is_rolled_out_max_parallel_at_a_time() {
     assert_eq!(out.desired_tg_updates["app"].update, 2);
     assert_eq!(out.desired_tg_updates["app"].ignore, 2);
 
-    // The new ones are still pending: they count against max_parallel.
+    // The new ones are not healthy yet: they count against max_parallel, running
+    // or not.
     let out = run(&s, "web");
     assert!(out.plan.is_empty(), "{:?}", out.plan);
     assert!(out.rolling_update_pending);
-
-    // They run: the next batch.
     s.report("web", ClientStatus::Running);
+    let out = run(&s, "web");
+    assert!(out.plan.is_empty(), "{:?}", out.plan);
+
+    // They are healthy: the next batch.
+    s.report_healthy("web");
     let out = run_and_apply(&mut s, "web");
     assert_eq!(stopped(&out).len(), 2);
     assert_eq!(placed(&out).len(), 2);
     assert!(!out.rolling_update_pending);
-    s.report("web", ClientStatus::Running);
+    s.report_healthy("web");
     assert!(run(&s, "web").plan.is_empty());
     let live = s.live("web");
     assert_eq!(live.len(), 4);
@@ -1773,4 +1840,118 @@ fn the_same_evaluation_picks_the_same_ports() {
             .collect()
     };
     assert_eq!(ports(&run(&s, "web")), ports(&run(&s, "web")));
+}
+
+#[test]
+fn a_service_job_rolls_out_through_a_deployment_its_placements_join() {
+    let mut s = three_nodes();
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![group("app", 3, 100, 64)],
+    ));
+    let out = run_and_apply(&mut s, "web");
+    let d = out
+        .plan
+        .deployment
+        .as_ref()
+        .expect("a deployment for version 0");
+    assert_eq!((d.job_version, d.groups["app"].desired_total), (0, 3));
+    assert!(
+        placed(&out)
+            .iter()
+            .all(|a| a.deployment_id.as_deref() == Some(d.id.as_str()))
+    );
+    assert_eq!(s.deployment("web").groups["app"].placed_allocs, 3);
+    // A batch job has none.
+    s.register(spec("b", JobType::Batch, vec![group("app", 1, 100, 64)]));
+    let out = run(&s, "b");
+    assert!(out.plan.deployment.is_none());
+    assert!(placed(&out).iter().all(|a| a.deployment_id.is_none()));
+}
+
+#[test]
+fn canaries_wait_next_to_the_old_copies_until_promoted_then_replace_them() {
+    let mut s = three_nodes();
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![group("app", 3, 100, 64)],
+    ));
+    run_and_apply(&mut s, "web");
+    s.report_healthy("web");
+    let mut v1 = changed_task(1);
+    v1.groups[0].count = 3;
+    v1.update.canary = 1;
+    s.register(v1);
+    let out = run_and_apply(&mut s, "web");
+    assert!(stopped(&out).is_empty(), "canaries replace nothing yet");
+    let canaries = placed(&out);
+    assert_eq!(canaries.len(), 1);
+    let canary = canaries[0].clone();
+    assert!(
+        canary
+            .deployment_status
+            .as_ref()
+            .is_some_and(|st| st.canary)
+    );
+    assert_eq!(out.desired_tg_updates["app"].canary, 1);
+    let d = s.deployment("web").clone();
+    assert_eq!((d.job_version, d.groups["app"].desired_canaries), (1, 1));
+    assert_eq!(d.groups["app"].placed_canaries, [canary.id.clone()]);
+    assert_eq!(s.live("web").len(), 4, "three old copies and the canary");
+
+    // Healthy, not promoted: still nothing.
+    s.report_healthy("web");
+    assert!(run(&s, "web").plan.is_empty());
+
+    // Promoted: the copy at the canary's index goes, and the rollout goes on.
+    s.deployments
+        .iter_mut()
+        .find(|x| x.id == d.id)
+        .unwrap()
+        .groups
+        .get_mut("app")
+        .unwrap()
+        .promoted = true;
+    let out = run_and_apply(&mut s, "web");
+    let stops = stopped(&out);
+    assert!(
+        stops
+            .iter()
+            .any(|st| st.desired_description == format!("replaced by canary {}", canary.id)),
+        "{stops:?}"
+    );
+    assert_eq!(placed(&out).len(), 1, "max_parallel 1 past the canary");
+    s.report_healthy("web");
+    run_and_apply(&mut s, "web");
+    s.report_healthy("web");
+    assert!(run(&s, "web").plan.is_empty());
+    let live = s.live("web");
+    assert_eq!(live.len(), 3);
+    assert!(live.iter().all(|a| a.job_version == 1));
+    let idx: BTreeSet<u32> = live.iter().map(|a| a.index).collect();
+    assert_eq!(idx, BTreeSet::from([0, 1, 2]));
+}
+
+#[test]
+fn a_failed_deployment_replaces_nothing_more() {
+    let mut s = rolling_state(1);
+    s.report_healthy("web");
+    s.register(changed_task(1));
+    let out = run_and_apply(&mut s, "web");
+    assert_eq!(placed(&out).len(), 1);
+    let id = s.deployment("web").id.clone();
+    s.deployments
+        .iter_mut()
+        .find(|d| d.id == id)
+        .unwrap()
+        .status = DeploymentStatus::Failed;
+    s.report_healthy("web");
+    let out = run(&s, "web");
+    assert!(out.plan.is_empty(), "{:?}", out.plan);
+    assert_eq!(
+        s.live("web").iter().filter(|a| a.job_version == 0).count(),
+        3
+    );
 }

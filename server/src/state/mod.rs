@@ -187,6 +187,11 @@ impl Batch {
         );
         for name in &self.purge {
             ops.push(Op::Delete { key: job_key(name) });
+            for d in state.deployments_of_job(name) {
+                ops.push(Op::Delete {
+                    key: deployment_key(&d.id),
+                });
+            }
             if let Some(vs) = state.versions.get(name) {
                 for v in vs.keys() {
                     ops.push(Op::Delete {
@@ -349,6 +354,11 @@ impl State {
         for name in batch.purge {
             self.jobs.remove(&name);
             self.versions.remove(&name);
+            if let Some(ids) = self.deployments_by_job.remove(&name) {
+                for id in ids.values() {
+                    self.deployments.remove(id);
+                }
+            }
         }
         for (name, v) in batch.drop_versions {
             if let Some(vs) = self.versions.get_mut(&name) {
@@ -436,7 +446,10 @@ impl State {
     }
 
     /// A job's deployments, oldest first.
-    pub(crate) fn deployments_of_job(&self, job: &str) -> impl DoubleEndedIterator<Item = &Deployment> {
+    pub(crate) fn deployments_of_job(
+        &self,
+        job: &str,
+    ) -> impl DoubleEndedIterator<Item = &Deployment> {
         self.deployments_by_job
             .get(job)
             .into_iter()

@@ -753,3 +753,144 @@ fn an_etcd_restart_loses_nothing_and_writes_fail_clearly_meanwhile() {
     assert_nodes_untouched(&c, &nodes);
     c.shutdown();
 }
+
+/// A service job of `count` copies of `argv` whose task carries `version` in its
+/// environment (a new version replaces the copies), rolled out one at a time, each
+/// healthy once it ran for 3 s.
+fn rolling_job(name: &str, count: u32, argv: &[String], version: u32) -> String {
+    format!(
+        r#"
+name = "{name}"
+type = "service"
+update = {{ max_parallel = 1, health_check = "task_states", min_healthy_time = "3s", healthy_deadline = "60s", progress_deadline = "120s" }}
+
+[[group]]
+name = "app"
+count = {count}
+
+[[group.task]]
+name = "main"
+driver = "rawexec"
+env = {{ ROLL_VERSION = "{version}" }}
+config = {{ command = "{}", args = ["{}"] }}
+resources = {{ cpu = 50, memory_mb = 16 }}
+"#,
+        argv[0], argv[1]
+    )
+}
+
+/// Nomad's API of server `i` of the cluster.
+fn nomad_api(c: &HaCluster, i: usize) -> common::nomad_http::NomadApi {
+    let url = c.servers[i].http_url();
+    let port = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url}"));
+    common::nomad_http::NomadApi::new(port)
+}
+
+/// The newest deployment of `job` once `cond` holds for it (asked of the leader of
+/// the moment).
+fn wait_deployment(
+    c: &HaCluster,
+    job: &str,
+    what: &str,
+    limit: Duration,
+    cond: impl Fn(&Value) -> bool,
+) -> Value {
+    let began = Instant::now();
+    let mut last = Value::Null;
+    while began.elapsed() < limit {
+        if let Ok(leader) = c.leader_index()
+            && let Some(d) = nomad_api(c, leader).get_json(&format!("/v1/job/{job}/deployment"))
+        {
+            if cond(&d) {
+                return d;
+            }
+            last = d;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{what}: not within {limit:?}; last deployment:\n{last:#}");
+}
+
+/// Issue 25, acceptance 4: the leader is killed mid-deployment; the next one finishes
+/// it, with no allocation doubled or lost.
+#[test]
+fn a_deployment_survives_a_leader_kill_and_finishes_without_doubles_or_losses() {
+    let _one = common::serial();
+    let Some(mut c) = HaCluster::start(3, 2, "2s") else {
+        return;
+    };
+    let argv = sleeper(7);
+    let _cleanup = Cleanup(vec![argv.clone()]);
+    c.wait_nodes_ready(Duration::from_secs(30));
+    let (leader, _) = c.wait_leader(Duration::from_secs(10), None);
+
+    let v0 = job_file(c.root.path(), "roll", &rolling_job("roll", 3, &argv, 0));
+    let out = c.servers[leader].cli(&["job", "run", "--detach", v0.to_str().unwrap()]);
+    assert!(out.status.success(), "job run v0: {}", text(&out.stderr));
+    wait_deployment(&c, "roll", "v0 deployed", Duration::from_secs(60), |d| {
+        d["JobVersion"] == 0 && d["Status"] == "successful"
+    });
+
+    let v1 = job_file(c.root.path(), "roll", &rolling_job("roll", 3, &argv, 1));
+    let out = c.servers[leader].cli(&["job", "run", "--detach", v1.to_str().unwrap()]);
+    assert!(out.status.success(), "job run v1: {}", text(&out.stderr));
+    // Mid-deployment: one new copy healthy, two to go.
+    let mid = wait_deployment(&c, "roll", "v1 one copy in", Duration::from_secs(60), |d| {
+        d["JobVersion"] == 1 && d["TaskGroups"]["app"]["HealthyAllocs"] == 1
+    });
+    assert_eq!(mid["Status"], "running", "{mid:#}");
+    let id = mid["ID"].as_str().unwrap().to_owned();
+    let old = c.servers[leader].name.clone();
+    c.servers[leader].kill9();
+    let (new_leader, _) = c.wait_leader(LEASE_TTL + Duration::from_secs(15), Some(&old));
+    eprintln!("{} leads after {old} was killed mid-deployment", c.servers[new_leader].name);
+
+    let done = wait_deployment(&c, "roll", "v1 deployed", Duration::from_secs(90), |d| {
+        d["ID"] == id.as_str() && d["Status"] != "running"
+    });
+    assert_eq!(done["Status"], "successful", "{done:#}");
+    let group = &done["TaskGroups"]["app"];
+    assert_eq!(
+        (
+            group["PlacedAllocs"].as_u64(),
+            group["HealthyAllocs"].as_u64(),
+            group["UnhealthyAllocs"].as_u64()
+        ),
+        (Some(3), Some(3), Some(0)),
+        "each copy replaced once: {done:#}"
+    );
+    let allocs = nomad_api(&c, new_leader)
+        .get_json("/v1/job/roll/allocations")
+        .unwrap_or_default();
+    let allocs = allocs.as_array().cloned().unwrap_or_default();
+    let live: Vec<&Value> = allocs.iter().filter(|a| a["DesiredStatus"] == "run").collect();
+    let names: BTreeSet<&str> = live.iter().filter_map(|a| a["Name"].as_str()).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["roll.app[0]", "roll.app[1]", "roll.app[2]"]),
+        "three copies, one per index: {live:#?}"
+    );
+    assert!(live.iter().all(|a| a["JobVersion"] == 1), "{live:#?}");
+    assert!(
+        allocs.iter().all(|a| a["ClientStatus"] != "lost"),
+        "no allocation lost: {allocs:#?}"
+    );
+    // And on the nodes: three task processes of the new version, no more.
+    let procs = c.poll(Duration::from_secs(30), "three task processes", || {
+        let procs = c.task_procs(&argv);
+        if procs.len() == 3 {
+            Ok(procs)
+        } else {
+            Err(format!("{procs:?}"))
+        }
+    });
+    let by_alloc: BTreeSet<&str> = live.iter().filter_map(|a| a["ID"].as_str()).collect();
+    assert!(
+        procs.keys().all(|a| by_alloc.contains(a.as_str())),
+        "processes of allocations that should not run: {procs:?} vs {by_alloc:?}"
+    );
+}

@@ -12,5 +12,6 @@ mod cluster_dev;
 mod cluster_ha;
 mod cluster_join;
 mod cluster_ports;
+mod rollouts;
 mod server_names;
 mod services;

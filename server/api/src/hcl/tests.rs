@@ -80,11 +80,24 @@ fn golden_files_become_valid_job_specs() {
     .spec;
     assert_eq!(shop.datacenters, vec!["dc1".to_owned(), "dc2".to_owned()]);
     assert_eq!(shop.groups[0].count, 4);
-    // web.nomad has every argument Nomad 1.0 prints, some of which Drover does not act
-    // on yet: the conversion names them instead of dropping them.
-    let web = parse_job_file(&fixtures().join("web.nomad"), &VarInputs::default()).expect("parses");
-    let refused = web.to_spec().expect_err("canaries are not supported yet");
-    assert!(refused.to_string().contains("Canary"), "{refused}");
+    // web.nomad has every argument Nomad 1.0 prints: its update blocks (canaries,
+    // auto-revert, a group's own max_parallel) become the group's strategy.
+    let web = parse_job_file(&fixtures().join("web.nomad"), &VarInputs::default())
+        .expect("parses")
+        .to_spec()
+        .expect("converts")
+        .spec;
+    let group_update = web.update_of(&web.groups[0]);
+    assert_eq!(
+        (
+            web.update.max_parallel,
+            group_update.max_parallel,
+            group_update.canary,
+            group_update.auto_revert,
+            group_update.health_check,
+        ),
+        (2, 1, 1, true, crate::HealthCheckMode::TaskStates)
+    );
     let batch =
         parse_job_file(&fixtures().join("batch.hcl"), &VarInputs::default()).expect("parses");
     let refused = batch

@@ -892,6 +892,9 @@ pub struct GroupPlan {
     /// Allocations left alone.
     #[serde(rename = "Ignore")]
     pub ignore: u32,
+    /// Canaries placed.
+    #[serde(rename = "Canary", default)]
+    pub canary: u32,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1025,13 +1028,7 @@ impl Job {
         }
         let mut groups = Vec::with_capacity(groups_in.len());
         for (i, g) in groups_in.iter().enumerate() {
-            groups.push(self.group(
-                &format!("TaskGroups[{i}]"),
-                &name,
-                g,
-                job_type,
-                update,
-            )?);
+            groups.push(self.group(&format!("TaskGroups[{i}]"), &name, g, job_type, update)?);
         }
         Ok(ParsedJob {
             spec: internal::JobSpec {
@@ -1354,7 +1351,12 @@ fn update_strategy(
         },
         health_check,
         min_healthy_time: u.min_healthy_time.unwrap_or(base.min_healthy_time),
-        healthy_deadline: u.healthy_deadline.unwrap_or(base.healthy_deadline),
+        // Nomad serves a job's own `Update` with zero timings (its groups carry the
+        // real ones): a zero deadline, which could never be met, is the default.
+        healthy_deadline: u
+            .healthy_deadline
+            .filter(|d| !d.is_zero())
+            .unwrap_or(base.healthy_deadline),
         progress_deadline: u.progress_deadline.unwrap_or(base.progress_deadline),
         canary: match u.canary {
             None => base.canary,
@@ -1870,6 +1872,7 @@ impl JobPlanResponse {
                                 place: u64::from(s.place),
                                 stop: u64::from(s.stop),
                                 destructive_update: u64::from(s.update),
+                                canary: u64::from(s.canary),
                                 ..Default::default()
                             },
                         )
@@ -1898,6 +1901,7 @@ impl JobPlanResponse {
                             stop: s.stop,
                             update: s.update,
                             ignore: s.ignore,
+                            canary: s.canary,
                         },
                     )
                 })
@@ -1920,6 +1924,7 @@ impl From<&JobPlanResponse> for internal::JobPlanResponse {
                             stop: s.stop,
                             update: s.update,
                             ignore: s.ignore,
+                            canary: s.canary,
                         },
                     )
                 })
@@ -1937,6 +1942,7 @@ impl From<&JobPlanResponse> for internal::JobPlanResponse {
                             stop: c(u.stop),
                             update: c(u.destructive_update + u.in_place_update),
                             ignore: c(u.ignore),
+                            canary: c(u.canary),
                         },
                     )
                 })

@@ -273,7 +273,6 @@ fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
             json!([{"EmbeddedTmpl": "x"}]),
             "TaskGroups[0].Tasks[0].Templates",
         ),
-        ("", "Update", json!({"Canary": 1}), "Update.Canary"),
     ];
     for (pointer, key, value, path) in cases {
         let mut job = base();
@@ -366,27 +365,59 @@ fn group_restart_applies_to_tasks_without_their_own_field_by_field() {
 }
 
 #[test]
-fn a_group_update_unlike_the_jobs_is_refused_and_an_equal_one_accepted() {
+fn a_group_update_merges_over_the_jobs_field_by_field() {
     let job = |group_update: serde_json::Value| {
-        json!({"Job": {"ID": "x", "Update": {"MaxParallel": 2}, "TaskGroups": [{"Name": "g",
+        json!({"Job": {"ID": "x", "Update": {"MaxParallel": 2, "Canary": 1, "AutoRevert": true},
+            "TaskGroups": [{"Name": "g", "Count": 3,
             "Update": group_update,
             "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}})
     };
-    parse(job(json!({"MaxParallel": 2}))).unwrap();
-    parse(job(json!({"MinHealthyTime": 10_000_000_000_i64}))).unwrap();
-    let err = parse(job(json!({"MaxParallel": 3}))).unwrap_err();
-    assert_eq!(err.path, "TaskGroups[0].Update.MaxParallel");
-    assert!(err.message.contains("not supported yet"), "{err}");
+    // The same as the job's: kept on the job only.
+    let same = parse(job(json!({"MaxParallel": 2}))).unwrap().spec;
+    assert_eq!(same.groups[0].update, None);
+    let own = parse(job(
+        json!({"MinHealthyTime": 2_000_000_000_i64, "HealthCheck": "task_states"}),
+    ))
+    .unwrap()
+    .spec;
+    let u = own.update_of(&own.groups[0]);
+    assert_eq!(
+        (
+            u.max_parallel,
+            u.canary,
+            u.auto_revert,
+            u.min_healthy_time,
+            u.health_check
+        ),
+        (
+            2,
+            1,
+            true,
+            Duration::from_secs(2),
+            internal::HealthCheckMode::TaskStates
+        )
+    );
+    let err = parse(job(json!({"HealthCheck": "sometimes"}))).unwrap_err();
+    assert_eq!(err.path, "TaskGroups[0].Update.HealthCheck");
 }
 
 #[test]
-fn update_health_timings_are_accepted_with_a_warning() {
+fn update_timings_are_read_in_nanoseconds_or_as_text() {
     let parsed = parse(json!({"Job": {"ID": "x",
-        "Update": {"MaxParallel": 1, "MinHealthyTime": 10_000_000_000_i64, "HealthyDeadline": null},
+        "Update": {"MaxParallel": 1, "MinHealthyTime": 10_000_000_000_i64, "HealthyDeadline": "1m",
+            "ProgressDeadline": null, "AutoPromote": false},
         "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}}))
     .unwrap();
-    assert_eq!(parsed.warnings.len(), 1, "{:?}", parsed.warnings);
-    assert!(parsed.warnings[0].starts_with("Update.MinHealthyTime"));
+    assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+    let u = parsed.spec.update;
+    assert_eq!(
+        (u.min_healthy_time, u.healthy_deadline, u.progress_deadline),
+        (
+            Duration::from_secs(10),
+            Duration::from_secs(60),
+            Duration::from_secs(600)
+        )
+    );
 }
 
 #[test]
@@ -692,13 +723,11 @@ fn a_job_served_by_a_nomad_server_converts_with_warnings_for_what_drover_ignores
     let job: Job = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let parsed = job.to_spec().unwrap();
     assert_eq!(parsed.region.as_deref(), Some("global"));
-    assert!(
-        parsed
-            .warnings
-            .iter()
-            .any(|w| w.starts_with("Update.Stagger")),
-        "{:?}",
-        parsed.warnings
+    assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+    assert_eq!(
+        parsed.spec.update_of(&parsed.spec.groups[0]),
+        internal::UpdateStrategy::default(),
+        "Nomad's served defaults are Drover's"
     );
     let spec = parsed.spec;
     assert_eq!(spec.name, "fixture");

@@ -234,6 +234,7 @@ fn register_and_plan_answers_round_trip() {
         groups: BTreeMap::from([(
             "g".into(),
             internal::GroupPlanSummary {
+                canary: Default::default(),
                 place: 1,
                 stop: 2,
                 update: 3,
