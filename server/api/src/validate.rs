@@ -623,6 +623,14 @@ fn check_services(
                 ));
             }
         }
+        if let Some(r) = &s.check_restart
+            && r.grace > MAX_CHECK_DURATION
+        {
+            return Err(fail(
+                format!("{spath}.check_restart.grace"),
+                format!("{:?} is more than the maximum of 1h", r.grace),
+            ));
+        }
         if s.check_restart.is_some()
             && own_task.is_none()
             && s.checks.iter().all(|c| c.task.is_empty())
@@ -1608,6 +1616,22 @@ mod tests {
         let e = validate(&bare).unwrap_err();
         assert_eq!(e.field, "group[0].service[0].port");
         assert!(e.message.contains("no network ports"), "{e}");
+    }
+
+    #[test]
+    fn a_services_check_restart_grace_is_bounded() {
+        let mut j = with_web_port(job());
+        let mut s = service("http");
+        s.task = j.groups[0].tasks[0].name.clone();
+        s.checks = vec![check("http")];
+        s.check_restart = Some(crate::CheckRestart {
+            limit: 3,
+            grace: std::time::Duration::from_secs(2 * 3600),
+            ignore_warnings: false,
+        });
+        j.groups[0].services = vec![s];
+        let e = validate(&j).unwrap_err();
+        assert_eq!(e.field, "group[0].service[0].check_restart.grace");
     }
 
     #[test]

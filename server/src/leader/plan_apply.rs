@@ -92,8 +92,9 @@ struct ApplyCtx {
 
 #[derive(Default)]
 struct PortsDelta {
-    taken: Vec<u16>,
-    freed: Vec<u16>,
+    /// Counts per port (a big plan tests each port in O(1)).
+    taken: HashMap<u16, u32>,
+    freed: HashMap<u16, u32>,
 }
 
 /// Why `want`'s ports cannot be had on its node, if they cannot: one reserved by the
@@ -112,8 +113,8 @@ fn port_conflict(
         }
         let mut holders = used.map_or(0, |u| u.holders(p.value)) as usize;
         if let Some(d) = delta {
-            holders = holders.saturating_sub(d.freed.iter().filter(|f| **f == p.value).count());
-            holders += d.taken.iter().filter(|t| **t == p.value).count();
+            holders = holders.saturating_sub(d.freed.get(&p.value).copied().unwrap_or(0) as usize);
+            holders += d.taken.get(&p.value).copied().unwrap_or(0) as usize;
         }
         if holders > 0 || want.ports[..k].iter().any(|q| q.value == p.value) {
             return Some(format!("port {} in use", p.value));
@@ -196,7 +197,9 @@ fn apply_one(
                 if !a.ports.is_empty() {
                     let freed = a.ports.iter().map(|p| p.value);
                     let pd = ctx.ports.entry(a.node_id.clone()).or_default();
-                    pd.freed.extend(freed);
+                    for p in freed {
+                        *pd.freed.entry(p).or_default() += 1;
+                    }
                 }
                 batch.unblock = true;
             }
@@ -258,7 +261,9 @@ fn apply_one(
                     break;
                 }
                 let pd = ctx.ports.entry(node_id.clone()).or_default();
-                pd.taken.extend(want.ports.iter().map(|p| p.value));
+                for p in &want.ports {
+                    *pd.taken.entry(p.value).or_default() += 1;
+                }
             }
             used_cpu += cpu;
             used_mem += mem;

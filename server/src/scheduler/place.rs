@@ -95,8 +95,11 @@ pub(crate) struct Placer<'a> {
 
 #[derive(Default)]
 struct PortsDelta {
-    taken: Vec<u16>,
-    freed: Vec<u16>,
+    /// How many times each port was taken or freed: counted, so that a big job
+    /// placing many copies on one node tests a port in O(1), not in the number of
+    /// ports it placed so far.
+    taken: HashMap<u16, u32>,
+    freed: HashMap<u16, u32>,
 }
 
 /// One placement's outcome.
@@ -212,7 +215,9 @@ impl<'a> Placer<'a> {
         self.job_on_node[i] = self.job_on_node[i].saturating_sub(1);
         if !a.ports.is_empty() {
             let d = self.ports_delta.entry(i).or_default();
-            d.freed.extend(a.ports.iter().map(|p| p.value));
+            for p in &a.ports {
+                *d.freed.entry(p.value).or_default() += 1;
+            }
         }
         if let Some(&gi) = self.group_ix.get(a.group.as_str())
             && self.groups[gi].needs.distinct_group
@@ -275,8 +280,8 @@ impl<'a> Placer<'a> {
         let used = |p: u16| {
             let mut holders = base.map_or(0, |b| b.holders(p)) as usize;
             if let Some(d) = delta {
-                holders = holders.saturating_sub(d.freed.iter().filter(|f| **f == p).count());
-                holders += d.taken.iter().filter(|t| **t == p).count();
+                holders = holders.saturating_sub(d.freed.get(&p).copied().unwrap_or(0) as usize);
+                holders += d.taken.get(&p).copied().unwrap_or(0) as usize;
             }
             holders > 0
         };
@@ -402,7 +407,9 @@ impl<'a> Placer<'a> {
     fn commit(&mut self, gi: usize, i: usize, ask: AllocResources, ports: Vec<u16>) {
         if !ports.is_empty() {
             let d = self.ports_delta.entry(i).or_default();
-            d.taken.extend_from_slice(&ports);
+            for p in &ports {
+                *d.taken.entry(*p).or_default() += 1;
+            }
         }
         self.assigned = ports;
         self.delta[i].0 += ask.cpu as i64;

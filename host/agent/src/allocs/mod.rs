@@ -19,6 +19,7 @@
 //!   more than [`MAX_TERMINAL_KEPT`] are kept; one missing from a complete set is
 //!   stopped and collected as soon as it is terminal.
 
+mod health;
 mod hooks;
 mod record;
 mod runner;

@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use drover_server_api::{ClientAllocation, ClientStatus};
 use serde::{Deserialize, Serialize};
 
+use super::health::HealthDecision;
 use super::hooks::HookState;
 use crate::network::NetworkState;
 use crate::state::StateError;
@@ -84,6 +85,10 @@ pub(crate) struct AllocRecord {
     /// with the address once it is; gone once torn down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkState>,
+    /// Its health in its deployment once decided (final: an agent restart does not
+    /// decide again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthDecision>,
 }
 
 impl AllocRecord {
@@ -98,6 +103,7 @@ impl AllocRecord {
             forget: false,
             terminal_at: None,
             network: None,
+            health: None,
         }
     }
 

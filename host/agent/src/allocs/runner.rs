@@ -24,9 +24,11 @@ use drover_api::{Resources, RunRequest, TaskLifecycle, TaskView};
 use drover_plugin_sdk::DriverError;
 use drover_server_api::{
     AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, LifecycleHook,
-    MAX_SERVICES_PER_ALLOC, NetworkMode, Task, TaskRunState, TaskState,
+    MAX_SERVICES_PER_ALLOC, NetworkMode, ServiceHealth, Task, TaskRunState, TaskState,
 };
+use tokio::time::Instant;
 
+use super::health::{ChecksSeen, HealthDecision, HealthTracker, Observation};
 use super::hooks::{HookContext, HookState, JobVersionHook, version_note};
 use super::record::{AllocRecord, Phase, TaskSlot};
 use super::{AllocManager, Handle};
@@ -185,6 +187,9 @@ pub(super) struct Runner {
     start_pause: Duration,
     /// The allocation's registered service instances and their running checks.
     services: AllocServices,
+    /// The deployment the allocation belongs to and the tracker deciding its health
+    /// in it; `None` outside a deployment.
+    health: Option<(String, HealthTracker)>,
 }
 
 impl Runner {
@@ -207,6 +212,7 @@ impl Runner {
             stop_pause: STOP_RETRY.0,
             start_pause: START_RETRY.0,
             services: AllocServices::default(),
+            health: None,
         }
     }
 
@@ -228,6 +234,7 @@ impl Runner {
                 return;
             }
             self.absorb_control().await;
+            self.track_health();
             if self.rec.phase == Phase::Done {
                 self.handle.set_terminal(self.rec.terminal_at);
                 if self.handle.control.borrow().collect && self.collect().await {
@@ -236,12 +243,18 @@ impl Runner {
             }
             let progressed = self.step().await;
             self.observe().await;
+            self.sync_services();
+            self.judge_health().await;
             self.report();
             if progressed {
                 continue;
             }
+            // The health timers (end of `min_healthy_time`, the deadline) wake the
+            // runner too: a decision is reported when it is made.
+            let health_wake = self.health.as_ref().and_then(|(_, t)| t.next_wake());
             tokio::select! {
                 () = self.handle.notify.notified() => {}
+                () = sleep_until(health_wake) => {}
                 () = stop.cancelled() => return,
             }
         }
@@ -277,11 +290,17 @@ impl Runner {
     /// server replaces an allocation whose tasks changed; a new job version on the
     /// same allocation is not applied in place, the update hooks are told).
     async fn absorb_control(&mut self) {
-        let (alloc, forget) = {
+        let (alloc, update, forget) = {
             let c = self.handle.control.borrow();
-            (c.alloc.alloc.clone(), c.forget)
+            (c.alloc.alloc.clone(), c.alloc.update, c.forget)
         };
         let mut changed = false;
+        // The update strategy comes with the deployment the allocation (now) belongs
+        // to: it says how its health is decided, not how its tasks run.
+        if update != self.rec.alloc.update {
+            self.rec.alloc.update = update;
+            changed = true;
+        }
         if alloc != self.rec.alloc.alloc {
             let moved = alloc.job_version != self.rec.alloc.alloc.job_version
                 || alloc.desired_status != self.rec.alloc.alloc.desired_status;
@@ -933,7 +952,7 @@ impl Runner {
                 .iter()
                 .any(|t| !t.services.is_empty());
         AllocClientUpdate {
-            healthy: Default::default(),
+            healthy: self.health.as_ref().and_then(|(_, t)| t.decision()),
             id: self.id().to_owned(),
             client_status: self.client_status(),
             client_description: self.rec.description.clone(),
@@ -1021,12 +1040,149 @@ impl Runner {
         out
     }
 
-    /// Send the allocation's status when it changed.
-    fn report(&mut self) {
+    /// Register the service instances wanted now, deregister the others.
+    fn sync_services(&mut self) {
         let wanted = self.wanted_services();
         let handle = self.handle.clone();
         let wake: Waker = Arc::new(move || handle.notify.notify_one());
         self.services.sync(wanted, &self.mgr.tasks, &wake);
+    }
+
+    /// Keep the health tracker in step with the allocation's deployment: none outside
+    /// one; a new one (its deadline counted from now) when the allocation joins a
+    /// deployment, unless the record holds the decision made for it before.
+    fn track_health(&mut self) {
+        let deployment = self.rec.alloc.alloc.deployment_id.clone();
+        let Some((deployment, strategy)) = deployment.zip(self.rec.alloc.update) else {
+            self.health = None;
+            return;
+        };
+        if self.health.as_ref().is_some_and(|(d, _)| *d == deployment) {
+            return;
+        }
+        let tracker = match &self.rec.health {
+            Some(d) if d.deployment_id == deployment => {
+                HealthTracker::decided(&strategy, d.healthy)
+            }
+            _ => HealthTracker::new(&strategy, Instant::now()),
+        };
+        self.health = Some((deployment, tracker));
+    }
+
+    /// Let the health tracker look; a decision is recorded (final across agent
+    /// restarts) and goes into every report from now on.
+    async fn judge_health(&mut self) {
+        if self
+            .health
+            .as_ref()
+            .is_none_or(|(_, t)| t.decision().is_some())
+        {
+            return;
+        }
+        let obs = self.health_observation();
+        let Some((deployment, tracker)) = self.health.as_mut() else {
+            return;
+        };
+        let Some(healthy) = tracker.observe(Instant::now(), &obs) else {
+            return;
+        };
+        let deployment = deployment.clone();
+        tracing::info!(
+            alloc = %self.id(),
+            deployment = %deployment,
+            healthy,
+            why = obs.failed.as_deref().unwrap_or_default(),
+            "allocation health decided"
+        );
+        self.rec.health = Some(HealthDecision {
+            deployment_id: deployment,
+            healthy,
+        });
+        self.save().await;
+    }
+
+    /// What the health tracker looks at: the tasks that must run (main tasks and
+    /// sidecars), the ephemeral ones, the checks of the registered services.
+    fn health_observation(&self) -> Observation {
+        let mut obs = Observation {
+            stopping: self.stop_wanted(),
+            tasks_running: true,
+            ..Observation::default()
+        };
+        if self.rec.failed {
+            obs.failed = Some(self.rec.description.clone());
+            return obs;
+        }
+        if self.rec.phase >= Phase::Stopping {
+            obs.failed = Some(format!(
+                "the allocation ended before it was healthy ({})",
+                self.rec.description
+            ));
+            return obs;
+        }
+        let mut expected = 0;
+        for t in &self.rec.alloc.group.tasks {
+            let sidecar = t.lifecycle.is_some_and(|l| l.sidecar);
+            let must_run = match kind(t) {
+                Kind::Poststop => continue,
+                Kind::Main => true,
+                Kind::Prestart { .. } | Kind::Poststart => sidecar,
+            };
+            let seen = self.seen(&t.name);
+            if let Seen::Failed(why) = &seen {
+                obs.failed = Some(format!("task {} failed: {why}", t.name));
+                return obs;
+            }
+            if !must_run {
+                // Ephemeral: a prestart task is done once it succeeded, a poststart
+                // one once it started.
+                let done = match kind(t) {
+                    Kind::Prestart { .. } => seen == Seen::Succeeded,
+                    _ => seen != Seen::Pending,
+                };
+                obs.tasks_running &= done;
+                continue;
+            }
+            expected += t.services.iter().map(|s| s.checks.len()).sum::<usize>();
+            if let Some(v) = self.view(&t.name) {
+                obs.starts += u64::from(v.restarts) + u64::from(v.started_at.is_some());
+            }
+            match seen {
+                Seen::Running => {}
+                Seen::Pending => obs.tasks_running = false,
+                Seen::Succeeded => {
+                    obs.failed = Some(format!("task {} ended before it was healthy", t.name));
+                    return obs;
+                }
+                Seen::Failed(_) => {}
+            }
+        }
+        expected += self
+            .rec
+            .alloc
+            .group
+            .services
+            .iter()
+            .map(|s| s.checks.len())
+            .sum::<usize>();
+        let mut checks = ChecksSeen {
+            expected,
+            ..ChecksSeen::default()
+        };
+        for i in self.services.snapshot() {
+            checks.registered += i.checks.len();
+            checks.passing += i
+                .checks
+                .iter()
+                .filter(|c| c.status == ServiceHealth::Passing)
+                .count();
+        }
+        obs.checks = checks;
+        obs
+    }
+
+    /// Send the allocation's status when it changed.
+    fn report(&mut self) {
         let u = self.update();
         if self.last.as_ref() == Some(&u) {
             return;
@@ -1115,6 +1271,14 @@ impl Runner {
         self.mgr.forget(self.id());
         tracing::info!(alloc = %self.id(), "allocation collected");
         true
+    }
+}
+
+/// Until `at`, or for ever.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

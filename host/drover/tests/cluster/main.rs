@@ -6,6 +6,7 @@
 mod common;
 
 mod agent_cluster;
+mod alloc_health;
 mod cluster;
 mod cluster_cli;
 mod cluster_dev;

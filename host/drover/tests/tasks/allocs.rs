@@ -25,8 +25,9 @@ use drover_host::state::{ErrorStore, Fail, RedbStore, StateStore};
 use drover_host::taskenv::NodeEnv;
 use drover_host::tasks::TaskManager;
 use drover_server_api::{
-    AllocClientUpdate, ClientAllocation, ClientStatus, DesiredStatus, JobType, Lifecycle,
-    LifecycleHook, Task, TaskResources, TaskRunState,
+    AllocClientUpdate, AllocatedPort, CheckSpec, ClientAllocation, ClientStatus, DesiredStatus,
+    HealthCheckMode, JobType, Lifecycle, LifecycleHook, ServiceHealth, ServiceSpec, Task,
+    TaskResources, TaskRunState, UpdateStrategy,
 };
 use drover_test_support::until;
 use tokio::sync::mpsc;
@@ -1391,4 +1392,184 @@ fn a_bridge_group_on_a_node_without_the_plugins_fails_naming_the_plugin() {
     );
     let seen = drover_test_support::cni::Footprint::observe("drover", id, &netns_of(id));
     assert_eq!(seen.remains(), Vec::<String>::new());
+}
+
+// Health of allocations in a deployment: decided by the runner, reported in its
+// status (`healthy`), final across agent restarts.
+
+fn in_deployment(
+    mut a: ClientAllocation,
+    mode: HealthCheckMode,
+    min_healthy_time: Duration,
+    healthy_deadline: Duration,
+) -> ClientAllocation {
+    a.alloc.deployment_id = Some("dddddddd-0000-4000-8000-000000000001".into());
+    a.update = Some(UpdateStrategy {
+        health_check: mode,
+        min_healthy_time,
+        healthy_deadline,
+        ..UpdateStrategy::default()
+    });
+    a
+}
+
+#[test]
+fn a_deployment_allocation_is_healthy_after_min_healthy_time_and_stays_so_after_an_agent_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let mut node = Node::boot(root.path(), default_hooks());
+    let id = "11111111-0000-4000-8000-000000000d01";
+    let a = in_deployment(
+        alloc(
+            id,
+            JobType::Service,
+            vec![sh("main", "exec sleep 1000", None)],
+        ),
+        HealthCheckMode::TaskStates,
+        Duration::from_secs(1),
+        Duration::from_secs(20),
+    );
+    let applied = std::time::Instant::now();
+    node.apply(vec![a.clone()], false);
+    let decided = node.wait(id, "health decided", |u| u.healthy.is_some());
+    assert!(
+        applied.elapsed() >= Duration::from_secs(1),
+        "decided after {:?}, before min_healthy_time",
+        applied.elapsed()
+    );
+    assert_eq!(decided.healthy, Some(true), "{decided:#?}");
+    assert_eq!(decided.client_status, ClientStatus::Running);
+    // Running was reported undecided first; the decision came in a report of its own
+    // (the timer woke the runner: nothing else changed), and every report since
+    // carries it.
+    let updates = node.drain_updates();
+    let first = updates
+        .iter()
+        .position(|u| u.healthy.is_some())
+        .expect("the decision was reported");
+    assert!(
+        updates[..first]
+            .iter()
+            .any(|u| u.client_status == ClientStatus::Running && u.healthy.is_none()),
+        "{updates:#?}"
+    );
+    assert!(updates[first..].iter().all(|u| u.healthy == Some(true)));
+    node.crash();
+
+    // The next agent reports the recorded decision from its first report on.
+    let mut node = Node::boot(root.path(), default_hooks());
+    let again = node.wait(id, "restored", |_| true);
+    assert_eq!(again.healthy, Some(true), "{again:#?}");
+    assert_eq!(node.drain_updates()[0].healthy, Some(true));
+
+    // A stop afterwards changes nothing of the decision.
+    node.apply(vec![stopped(a)], false);
+    let done = node.wait(id, "complete", |u| u.client_status.is_terminal());
+    assert_eq!(done.healthy, Some(true), "the decision stays: {done:#?}");
+}
+
+#[test]
+fn a_failing_task_makes_a_deployment_allocation_unhealthy_at_once() {
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let id = "11111111-0000-4000-8000-000000000d02";
+    let mut main = sh("main", "exit 3", None);
+    main.restart = Some(drover_api::RestartPolicy {
+        attempts: 0,
+        interval: Duration::from_secs(60),
+        delay: Duration::from_millis(100),
+        mode: drover_api::RestartMode::Fail,
+    });
+    let a = in_deployment(
+        alloc(id, JobType::Service, vec![main]),
+        HealthCheckMode::Checks,
+        Duration::from_secs(1),
+        Duration::from_secs(600),
+    );
+    let applied = std::time::Instant::now();
+    node.apply(vec![a], false);
+    let decided = node.wait(id, "health decided", |u| u.healthy.is_some());
+    assert_eq!(decided.healthy, Some(false), "{decided:#?}");
+    assert!(
+        applied.elapsed() < Duration::from_secs(60),
+        "not by the deadline"
+    );
+    let done = node.wait(id, "failed", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Failed);
+    assert_eq!(done.healthy, Some(false));
+}
+
+/// A group service with a TCP check of the allocation's port `http` (127.0.0.1:port).
+fn with_tcp_check(mut a: ClientAllocation, port: u16) -> ClientAllocation {
+    a.alloc.ports = vec![AllocatedPort {
+        label: "http".into(),
+        value: port,
+        to: 0,
+        host_ip: "127.0.0.1".into(),
+    }];
+    a.group.services = vec![ServiceSpec {
+        name: "web".into(),
+        port: "http".into(),
+        checks: vec![CheckSpec {
+            name: "alive".into(),
+            check_type: "tcp".into(),
+            interval: Duration::from_millis(200),
+            timeout: Duration::from_secs(1),
+            path: String::new(),
+            method: String::new(),
+            protocol: String::new(),
+            header: Default::default(),
+            port: String::new(),
+            command: String::new(),
+            args: Vec::new(),
+            task: String::new(),
+            expose: false,
+            check_restart: None,
+        }],
+        ..ServiceSpec::default()
+    }];
+    a
+}
+
+#[test]
+fn checks_gate_a_deployment_allocations_health_and_the_deadline_decides_unhealthy() {
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let main = || vec![sh("main", "exec sleep 1000", None)];
+
+    // Nothing listens on the checked port: the tasks run, the check fails, and the
+    // deadline decides.
+    let closed = drover_test_support::net::free_local_addr().port();
+    let failing = "11111111-0000-4000-8000-000000000d03";
+    let a = in_deployment(
+        with_tcp_check(alloc(failing, JobType::Service, main()), closed),
+        HealthCheckMode::Checks,
+        Duration::from_secs(1),
+        Duration::from_secs(3),
+    );
+    node.apply(vec![a], false);
+    let decided = node.wait(failing, "health decided", |u| u.healthy.is_some());
+    assert_eq!(decided.healthy, Some(false), "{decided:#?}");
+    assert_eq!(decided.client_status, ClientStatus::Running);
+    let checks: Vec<ServiceHealth> = decided
+        .services
+        .iter()
+        .flatten()
+        .flat_map(|s| s.checks.iter().map(|c| c.status))
+        .collect();
+    assert_eq!(checks, vec![ServiceHealth::Critical], "{decided:#?}");
+
+    // The same with the port answering: healthy.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let open = listener.local_addr().unwrap().port();
+    let passing = "11111111-0000-4000-8000-000000000d04";
+    let a = in_deployment(
+        with_tcp_check(alloc(passing, JobType::Service, main()), open),
+        HealthCheckMode::Checks,
+        Duration::from_secs(1),
+        Duration::from_secs(20),
+    );
+    node.apply(vec![a], false);
+    let decided = node.wait(passing, "health decided", |u| u.healthy.is_some());
+    assert_eq!(decided.healthy, Some(true), "{decided:#?}");
+    drop(listener);
 }
