@@ -302,8 +302,19 @@ fn apply_one(
             }
         }
     }
-    if let Some(d) = &plan.deployment {
-        write_deployment(st, d, index, now, batch);
+    // The deployments this plan placed into: the one it creates or changes, and the
+    // running one its placements join (their counts go up).
+    let mut ids: Vec<&str> = plan.deployment.iter().map(|d| d.id.as_str()).collect();
+    for a in plan.node_allocation.values().flatten() {
+        if let Some(id) = a.deployment_id.as_deref()
+            && !ids.contains(&id)
+        {
+            ids.push(id);
+        }
+    }
+    for id in ids {
+        let planned = plan.deployment.as_ref().filter(|d| d.id == id);
+        write_deployment(st, id, planned, &plan.eval_id, index, now, batch);
     }
     if r.fully_committed()
         && let Some(f) = finish
@@ -313,23 +324,37 @@ fn apply_one(
     r
 }
 
-/// Commit the plan's deployment: a new one (its deadlines start now; the job's
-/// oldest ended deployments beyond [`KEPT_DEPLOYMENTS`] go), or the running one with
-/// the groups the plan added; either way with the counts of what this plan placed
-/// in it.
-fn write_deployment(st: &State, planned: &Deployment, index: Index, now: i64, batch: &mut Batch) {
-    let mut d = match st.deployment(&planned.id) {
-        Some(current) => {
+/// Commit deployment `id` as this plan leaves it: a new one (`planned`; its deadlines
+/// start now; the job's oldest ended deployments beyond [`KEPT_DEPLOYMENTS`] go), or
+/// the running one (as this batch or the state has it) with the groups the plan
+/// added; either way with the counts of what this plan placed in it. An ended one is
+/// left as it is.
+fn write_deployment(
+    st: &State,
+    id: &str,
+    planned: Option<&Deployment>,
+    eval_id: &str,
+    index: Index,
+    now: i64,
+    batch: &mut Batch,
+) {
+    let current = batch
+        .deployments
+        .iter()
+        .find(|d| d.id == id)
+        .or_else(|| st.deployment(id));
+    let mut d = match (current, planned) {
+        (Some(current), _) => {
             if !current.status.is_active() {
                 return;
             }
             let mut d = current.clone();
-            for (name, g) in &planned.groups {
+            for (name, g) in planned.iter().flat_map(|p| p.groups.iter()) {
                 d.groups.entry(name.clone()).or_insert_with(|| g.clone());
             }
             d
         }
-        None => {
+        (None, Some(planned)) => {
             let mut d = planned.clone();
             d.create_index = index;
             d.create_time = now;
@@ -344,17 +369,19 @@ fn write_deployment(st: &State, planned: &Deployment, index: Index, now: i64, ba
                 .extend(ended.into_iter().map(|o| o.id.clone()));
             d
         }
+        (None, None) => return,
     };
     for g in d.groups.values_mut() {
         if g.require_progress_by == 0 && !g.progress_deadline.is_zero() {
             g.require_progress_by = now.saturating_add(deployments::nanos(g.progress_deadline));
         }
     }
-    for a in batch
-        .allocs
-        .iter()
-        .filter(|a| a.create_index == index && a.deployment_id.as_deref() == Some(d.id.as_str()))
-    {
+    for a in batch.allocs.iter().filter(|a| {
+        // This plan's placements (a batch commits several plans).
+        a.create_index == index
+            && a.eval_id == eval_id
+            && a.deployment_id.as_deref() == Some(d.id.as_str())
+    }) {
         if let Some(g) = d.groups.get_mut(&a.group) {
             g.placed_allocs += 1;
             if a.deployment_status.as_ref().is_some_and(|s| s.canary) {

@@ -283,10 +283,18 @@ async fn canaries_wait_for_a_promotion_refused_until_they_are_healthy() {
     assert!(done.iter().any(|a| a.id == c[0]), "the canary is kept");
     let fresh: Vec<String> = done.iter().map(|a| a.id.clone()).collect();
     report(&s, &fresh, Some(true)).await;
-    wait_deployment(&s, "v1 successful", |d| {
+    let v1 = wait_deployment(&s, "v1 successful", |d| {
         d.job_version == 1 && d.status == DeploymentStatus::Successful
     })
     .await;
+    // Every copy it placed is counted, the canary and the two rolled after it.
+    assert_eq!(
+        (
+            v1.groups["app"].placed_allocs,
+            v1.groups["app"].healthy_allocs
+        ),
+        (3, 3)
+    );
 
     // An operator fails a running deployment: nothing more is replaced, and without
     // auto-revert the job stays where it is.
