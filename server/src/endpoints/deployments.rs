@@ -151,6 +151,10 @@ impl Server {
                 let target = st.job_at_version(name, version).ok_or_else(|| {
                     ServerError::NotFound(format!("job {name} has no version {version} kept"))
                 })?;
+                // A version kept from before a rule was tightened is refused now.
+                drover_server_api::validate::validate(&target.spec).map_err(|e| {
+                    ServerError::Invalid(format!("version {version} is no longer valid: {e}"))
+                })?;
                 let mut b = Batch::default();
                 let (job, eval_id) = super::jobs::submit(
                     st,

@@ -206,12 +206,21 @@ fn client_updates(
             // The client's first verdict on the allocation's health in its deployment
             // counts; a later, different one is ignored.
             let mut health_decided = None;
-            if let (Some(h), Some(did)) = (u.healthy, old.deployment_id.as_deref())
+            // A copy that failed before any verdict is unhealthy whatever the health
+            // mode (`manual` sends none): a failing version must not roll on.
+            let verdict = u
+                .healthy
+                .or_else(|| (a.client_status == ClientStatus::Failed).then_some(false));
+            if let (Some(h), Some(did)) = (verdict, old.deployment_id.as_deref())
                 && old
                     .deployment_status
                     .as_ref()
                     .and_then(|s| s.healthy)
                     .is_none()
+                // The server stopped it, or it was lost: a late verdict says nothing
+                // about the version.
+                && old.desired_status == DesiredStatus::Run
+                && old.client_status != ClientStatus::Lost
             {
                 let mut status = old.deployment_status.clone().unwrap_or_default();
                 status.healthy = Some(h);

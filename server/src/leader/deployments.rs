@@ -84,9 +84,15 @@ pub(crate) fn watch(st: &State, index: Index, now: i64) -> Batch {
             );
             continue;
         }
+        // A group whose canaries are all healthy waits for its promotion, not for
+        // progress (as Nomad's watcher does).
         let late = d.groups.iter().any(|(name, g)| {
+            let awaits_promotion = g.desired_canaries > 0
+                && !g.promoted
+                && canaries_healthy(st, g) >= g.desired_canaries;
             g.require_progress_by != 0
                 && now > g.require_progress_by
+                && !awaits_promotion
                 && !group_complete(st, job, d, name, g)
         });
         if late {
@@ -331,8 +337,11 @@ fn revert_target<'a>(st: &'a State, job: &Job) -> Option<&'a Job> {
     if job.spec.job_type != JobType::Service {
         return None;
     }
-    st.job_versions(&job.spec.name)?
-        .values()
-        .rev()
-        .find(|v| v.version < job.version && v.stable && v.spec != job.spec)
+    st.job_versions(&job.spec.name)?.values().rev().find(|v| {
+        v.version < job.version
+                && v.stable
+                && v.spec != job.spec
+                // Kept from before a rule was tightened: not registered again.
+                && drover_server_api::validate::validate(&v.spec).is_ok()
+    })
 }

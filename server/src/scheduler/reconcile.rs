@@ -447,6 +447,20 @@ fn counted_group<'a>(
         .into_iter()
         .partition(|a| deploying && unpromoted_canary(deploy.existing, a));
 
+    // The canaries of a deployment that failed (or was cancelled) go: nothing will
+    // promote them.
+    let (canaries, dropped): (Vec<&Allocation>, Vec<&Allocation>) = canaries
+        .into_iter()
+        .partition(|_| deploy.status().is_none_or(|s| s.is_active()));
+    for a in dropped {
+        out.stops.push(Stop {
+            alloc: a,
+            description: "canary of a deployment that ended".into(),
+            lost: false,
+        });
+        summary.stop += 1;
+    }
+
     // Two live copies at one index (a promoted canary and the copy it replaces, or a
     // canary of an abandoned version): the one running the current spec stays.
     let mut by_index: BTreeMap<u32, Vec<&Allocation>> = BTreeMap::new();
@@ -501,7 +515,11 @@ fn counted_group<'a>(
         .copied()
         .filter(|a| changed(state, job, group, a))
         .collect();
-    let deployment_over = deploy.status().is_some_and(|s| !s.is_active());
+    // Over, or as good as failed: an allocation of it was unhealthy (the watcher
+    // fails it at its next look; meanwhile nothing more is replaced).
+    let deployment_over = deploy.current().is_some_and(|d| {
+        !d.status.is_active() || d.groups.values().any(|g| g.unhealthy_allocs > 0)
+    });
     let promoted = deploy
         .current()
         .and_then(|d| d.groups.get(&group.name))
@@ -541,10 +559,17 @@ fn counted_group<'a>(
         }
         Vec::new()
     } else {
-        // The new copies not yet healthy hold the budget.
+        // The new copies not yet healthy hold the budget; so do those that failed or
+        // were lost before a verdict (a failing version must not roll on).
         let in_flight = deploy.existing.map_or(0, |d| {
-            live.iter()
-                .filter(|a| a.deployment_id.as_deref() == Some(d.id.as_str()) && !healthy(a))
+            allocs
+                .iter()
+                .filter(|a| {
+                    a.deployment_id.as_deref() == Some(d.id.as_str())
+                        && !healthy(a)
+                        && a.desired_status == DesiredStatus::Run
+                        && a.next_allocation.is_none()
+                })
                 .count()
         });
         let budget = (strategy.max_parallel as usize).saturating_sub(in_flight);

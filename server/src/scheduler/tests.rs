@@ -1958,3 +1958,64 @@ fn a_failed_deployment_replaces_nothing_more() {
         3
     );
 }
+
+#[test]
+fn an_unhealthy_copy_stops_the_rollout_before_the_watcher_fails_the_deployment() {
+    let mut s = rolling_state(1);
+    s.report_healthy("web");
+    s.register(changed_task(1));
+    run_and_apply(&mut s, "web");
+    let id = s.deployment("web").id.clone();
+    // The verdict is in (the client's report), the deployment still says running.
+    for a in &mut s.allocs {
+        if a.job_version == 1 {
+            a.client_status = ClientStatus::Failed;
+            a.deployment_status
+                .get_or_insert_with(Default::default)
+                .healthy = Some(false);
+        }
+    }
+    s.deployments
+        .iter_mut()
+        .find(|d| d.id == id)
+        .unwrap()
+        .groups
+        .get_mut("app")
+        .unwrap()
+        .unhealthy_allocs = 1;
+    let out = run(&s, "web");
+    assert!(
+        stopped(&out).is_empty(),
+        "no old copy is replaced: {:?}",
+        out.plan
+    );
+}
+
+#[test]
+fn the_canaries_of_a_failed_deployment_are_stopped() {
+    let mut s = three_nodes();
+    s.register(spec(
+        "web",
+        JobType::Service,
+        vec![group("app", 2, 100, 64)],
+    ));
+    run_and_apply(&mut s, "web");
+    s.report_healthy("web");
+    let mut v1 = changed_task(1);
+    v1.groups[0].count = 2;
+    v1.update.canary = 1;
+    s.register(v1);
+    let out = run_and_apply(&mut s, "web");
+    let canary = placed(&out)[0].id.clone();
+    let id = s.deployment("web").id.clone();
+    s.deployments
+        .iter_mut()
+        .find(|d| d.id == id)
+        .unwrap()
+        .status = DeploymentStatus::Failed;
+    let out = run(&s, "web");
+    let stops = stopped(&out);
+    assert_eq!(stops.len(), 1, "{stops:?}");
+    assert_eq!(stops[0].alloc_id, canary);
+    assert!(placed(&out).is_empty());
+}

@@ -10,7 +10,7 @@ pub(crate) mod evals;
 pub(crate) mod services;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use drover_server_api::{
     AllocResources, Allocation, Deployment, EvalStatus, Evaluation, Index, Job, Node,
@@ -300,8 +300,8 @@ pub(crate) struct State {
     /// Service registrations, indexed by name and by allocation.
     services: services::Registry,
     deployments: HashMap<String, Deployment>,
-    /// Each job's deployments by creation index.
-    deployments_by_job: HashMap<String, BTreeMap<Index, String>>,
+    /// Each job's deployments by creation index (and id: two made in one commit).
+    deployments_by_job: HashMap<String, BTreeSet<(Index, String)>>,
 }
 
 impl State {
@@ -355,7 +355,7 @@ impl State {
             self.jobs.remove(&name);
             self.versions.remove(&name);
             if let Some(ids) = self.deployments_by_job.remove(&name) {
-                for id in ids.values() {
+                for (_, id) in &ids {
                     self.deployments.remove(id);
                 }
             }
@@ -419,7 +419,7 @@ impl State {
         self.deployments_by_job
             .entry(d.job_name.clone())
             .or_default()
-            .insert(d.create_index, d.id.clone());
+            .insert((d.create_index, d.id.clone()));
         self.deployments.insert(d.id.clone(), d);
     }
 
@@ -428,7 +428,7 @@ impl State {
             return;
         };
         if let Some(ids) = self.deployments_by_job.get_mut(&d.job_name) {
-            ids.remove(&d.create_index);
+            ids.remove(&(d.create_index, d.id.clone()));
             if ids.is_empty() {
                 self.deployments_by_job.remove(&d.job_name);
             }
@@ -453,8 +453,8 @@ impl State {
         self.deployments_by_job
             .get(job)
             .into_iter()
-            .flat_map(|ids| ids.values())
-            .filter_map(|id| self.deployments.get(id))
+            .flat_map(|ids| ids.iter())
+            .filter_map(|(_, id)| self.deployments.get(id))
     }
 
     fn remove_alloc(&mut self, id: &str) {

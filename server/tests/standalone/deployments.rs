@@ -327,3 +327,75 @@ async fn canaries_wait_for_a_promotion_refused_until_they_are_healthy() {
     assert!(s.server.fail_deployment(&d.id).await.is_err());
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_fails_without_a_verdict_fails_the_deployment_and_stops_the_rollout() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = scheduling_server(dir.path()).await;
+    // Manual health: the client decides nothing; a canary that fails must still stop
+    // the rollout (not be replaced again and again).
+    let manual = UpdateStrategy {
+        health_check: drover_server_api::HealthCheckMode::Manual,
+        progress_deadline: Duration::ZERO,
+        ..strategy()
+    };
+    s.server.register_job(web(3, "0", manual)).await.unwrap();
+    let v0 = wait_live(&s, "three copies of v0", |v| v.len() == 3).await;
+    let ids: Vec<String> = v0.iter().map(|a| a.id.clone()).collect();
+    report(&s, &ids, Some(true)).await;
+    wait_deployment(&s, "v0 successful", |d| {
+        d.status == DeploymentStatus::Successful
+    })
+    .await;
+    s.server.register_job(web(3, "1", manual)).await.unwrap();
+    let now = wait_live(&s, "one copy of v1", |v| {
+        v.iter().filter(|a| a.job_version == 1).count() == 1
+    })
+    .await;
+    let new = now.iter().find(|a| a.job_version == 1).unwrap().id.clone();
+    let failed = AllocClientUpdate {
+        id: new.clone(),
+        client_status: ClientStatus::Failed,
+        client_description: "exited 3".into(),
+        task_states: BTreeMap::new(),
+        services: None,
+        healthy: None,
+    };
+    s.server
+        .update_allocations("n1", vec![failed])
+        .await
+        .unwrap();
+    let d = until("v1's deployment failed", || {
+        s.server
+            .job_deployments("web")
+            .unwrap()
+            .into_iter()
+            .find(|d| d.job_version == 1 && d.status == DeploymentStatus::Failed)
+    })
+    .await;
+    assert_eq!(d.groups["app"].unhealthy_allocs, 1);
+    let a = s.server.allocation(&new).unwrap();
+    assert_eq!(
+        a.deployment_status.and_then(|st| st.healthy),
+        Some(false),
+        "a failure is the verdict"
+    );
+    // Nothing more of v1 is placed, old copies keep running.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let live_now = live(&s);
+    assert_eq!(
+        live_now.iter().filter(|a| a.job_version == 0).count(),
+        2,
+        "{live_now:#?}"
+    );
+    assert!(
+        s.server
+            .job_allocations("web")
+            .iter()
+            .filter(|a| a.job_version == 1)
+            .count()
+            <= 2,
+        "the failed copy may be rescheduled once at most, never replaced in a loop"
+    );
+    s.stop().await;
+}

@@ -499,6 +499,13 @@ impl Runner {
             .as_ref()
             .is_some_and(|n| n.address.is_some())
         {
+            // A network made before this agent started (a restart): its guard rule
+            // may be gone with a firewall reload; put it back.
+            if let Some(bridge) = self.mgr.bridge()
+                && let Err(e) = bridge.ensure_localhost_guard().await
+            {
+                tracing::warn!(alloc = %self.rec.alloc.alloc.id, "{e}");
+            }
             return Ok(true);
         }
         let Some(bridge) = self.mgr.bridge() else {
@@ -1015,6 +1022,7 @@ impl Runner {
                     &a.alloc.ports,
                     &address,
                     task.and_then(task_id),
+                    &task_id,
                 ));
             }
         }
@@ -1034,6 +1042,7 @@ impl Runner {
                     &a.alloc.ports,
                     &address,
                     task_id(&t.name),
+                    &task_id,
                 ));
             }
         }

@@ -274,16 +274,20 @@ impl Bridge {
                 reason: format!("cannot create it: {e}"),
             });
         }
+        // The guard first: portmap turns route_localnet on as it adds the mapping.
+        if let Err(e) = self.ensure_localhost_guard().await {
+            if let Err(te) = self.teardown(st).await {
+                tracing::warn!(alloc = %st.container_id, "cleaning up a failed network setup: {te}");
+            }
+            return Err(e);
+        }
         let added = self.runner.add(&st.conflist, &self.invocation(st)).await;
         let outcome = match added {
             Ok(result) => match address_of(&result, &st.ifname) {
                 Some(a) => {
                     st.address = Some(a);
                     st.result = Some(result);
-                    match self.ensure_admin_rule().await {
-                        Ok(()) => self.ensure_localhost_guard().await,
-                        Err(e) => Err(e),
-                    }
+                    self.ensure_admin_rule().await
                 }
                 None => Err(NetworkError::NoAddress(result.to_string())),
             },
@@ -369,7 +373,7 @@ impl Bridge {
     /// at INPUT unless it is the answer of a connection or a forwarded port (conntrack
     /// `RELATED,ESTABLISHED,DNAT`), as kubelet's rule does; added once, kept after the
     /// last allocation (like the admin chain's rule).
-    async fn ensure_localhost_guard(&self) -> Result<(), NetworkError> {
+    pub async fn ensure_localhost_guard(&self) -> Result<(), NetworkError> {
         let rule = localhost_guard_rule(&self.config.name);
         let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
         let mut check = vec!["-C", "INPUT"];

@@ -100,8 +100,10 @@ pub fn service_name(template: &str, job: &str, group: &str, task: &str, alloc_id
 pub struct Wanted {
     /// Its registration (health and checks are filled in by the checks).
     pub instance: ServiceInstance,
-    /// Its checks, each with where it connects.
-    pub checks: Vec<(CheckSpec, CheckTarget)>,
+    /// Its checks, each with where it connects and the node-local id of the task it
+    /// belongs to (a check's own `task`, else the service's: the task a `script`
+    /// check runs in and its `check_restart` restarts).
+    pub checks: Vec<(CheckSpec, CheckTarget, Option<String>)>,
     /// The service's `check_restart` (a check's own wins).
     pub check_restart: Option<CheckRestart>,
     /// The node-local id of the task `check_restart` restarts and `script` checks run
@@ -111,7 +113,8 @@ pub struct Wanted {
 
 impl Wanted {
     /// The instance of `spec` for `owner` (a task's name or `group-<group>`), or why
-    /// it cannot be registered.
+    /// it cannot be registered. `task_id` is the service's task; `task_id_of` finds
+    /// the task a check names itself (`task` of a group service's check).
     pub fn of(
         spec: &ServiceSpec,
         owner: &str,
@@ -119,6 +122,7 @@ impl Wanted {
         ports: &[AllocatedPort],
         node_address: &str,
         task_id: Option<String>,
+        task_id_of: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Wanted, String> {
         let (job, group, task, alloc_id) = names;
         let name = service_name(&spec.name, job, group, task, alloc_id);
@@ -169,7 +173,12 @@ impl Wanted {
                     check.len()
                 ));
             }
-            checks.push((c.clone(), target));
+            let check_task = if c.task.is_empty() {
+                task_id.clone()
+            } else {
+                task_id_of(&c.task)
+            };
+            checks.push((c.clone(), target, check_task));
         }
         Ok(Wanted {
             instance: ServiceInstance {
@@ -228,7 +237,7 @@ impl AllocServices {
             }
             let stop = CancellationToken::new();
             let mut statuses = Vec::new();
-            for (spec, target) in w.checks {
+            for (spec, target, task_id) in w.checks {
                 let status = Arc::new(Mutex::new(CheckStatus {
                     name: check_name(&spec, &w.instance.service_name),
                     status: ServiceHealth::Pending,
@@ -240,7 +249,7 @@ impl AllocServices {
                     spec,
                     target,
                     restart,
-                    task_id: w.task_id.clone(),
+                    task_id,
                     status,
                     tasks: tasks.clone(),
                     wake: wake.clone(),
@@ -340,8 +349,20 @@ mod tests {
             ("job", "group", "web", "alloc"),
             &ports(),
             "10.0.0.1",
-            None,
+            Some("id-of-web".into()),
+            &|name| (name == "sidecar").then(|| "id-of-sidecar".to_owned()),
         )
+    }
+
+    #[test]
+    fn a_check_naming_its_own_task_runs_in_that_task_the_others_in_the_services() {
+        let mut own = check("script", "");
+        own.task = "sidecar".into();
+        let mut gone = check("script", "");
+        gone.task = "not-running".into();
+        let w = wanted(&spec("web", "http", vec![check("script", ""), own, gone])).unwrap();
+        let ids: Vec<Option<&str>> = w.checks.iter().map(|c| c.2.as_deref()).collect();
+        assert_eq!(ids, [Some("id-of-web"), Some("id-of-sidecar"), None]);
     }
 
     #[test]
@@ -382,6 +403,7 @@ mod tests {
             &ports(),
             "h",
             None,
+            &|_| None,
         )
         .err();
         assert!(e.is_some_and(|e| e.contains("only letters")));
