@@ -11,30 +11,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Agent;
-use common::cluster::{free_port, tail, wait_dev_node_ready};
+use common::cluster::{dev_agent_with_api as dev_agent, tail};
 use common::nomad_http::NomadApi;
 use serde_json::Value;
 
-fn dev_agent(root: &Path) -> (Agent, NomadApi) {
-    let plugins = root.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut agent = Agent::start(root, &plugins, &["--dev", "--dev-http-addr", &addr]);
-    agent.end_tasks = true;
-    wait_dev_node_ready(&agent, &["raw_exec"], Duration::from_secs(30));
-    let token_file = agent.data_dir.join("server/dev-token");
-    let token = std::fs::read_to_string(&token_file)
-        .unwrap_or_else(|e| panic!("the dev token {}: {e}", token_file.display()));
-    (agent, NomadApi::new(port).with_token(token.trim()))
-}
-
 fn get(api: &NomadApi, path: &str) -> Value {
-    let (status, body) = api
-        .call(http::Method::GET, path, None)
-        .unwrap_or_else(|| panic!("GET {path}: no answer"));
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    api.get_ok(path)
 }
 
 /// Poll `GET path` until `cond` holds for it.

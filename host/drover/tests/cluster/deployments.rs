@@ -12,7 +12,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::Agent;
-use common::cluster::{tail, wait_dev_node_ready};
+use common::cluster::{python3, tail, wait_dev_node_ready};
 
 /// A dev agent (its server embedded; the CLI goes through the agent's socket).
 fn dev_agent(root: &Path) -> Agent {
@@ -22,24 +22,6 @@ fn dev_agent(root: &Path) -> Agent {
     agent.end_tasks = true;
     wait_dev_node_ready(&agent, &["raw_exec"], Duration::from_secs(30));
     agent
-}
-
-/// python3, or `None` after saying loudly why the test cannot run (a failure under
-/// `CI=true`).
-fn python3() -> Option<&'static str> {
-    let found = std::process::Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if found {
-        return Some("python3");
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "python3 is missing (CI=true: the deployment CLI tests must run)"
-    );
-    eprintln!("SKIPPED: python3 is missing; the deployment CLI tests did not run");
-    None
 }
 
 fn web_hcl(python: &str, count: u32) -> String {
@@ -117,7 +99,7 @@ fn job_run_follows_the_deployment_and_the_cli_shows_it() {
     let root = tempfile::tempdir().unwrap();
     let agent = dev_agent(root.path());
     let file = root.path().join("web.nomad.hcl");
-    std::fs::write(&file, web_hcl(python, 2)).unwrap();
+    std::fs::write(&file, web_hcl(&python, 2)).unwrap();
 
     // `job run` returns once the deployment of v0 is successful.
     let out = agent.cli(&["job", "run", file.to_str().unwrap()]);

@@ -14,42 +14,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Agent;
-use common::cluster::{free_port, job_file, tail, wait_dev_node_ready};
+use common::cluster::{dev_agent_with_api as dev_agent, job_file, python3, tail};
 use common::nomad_http::NomadApi;
 use serde_json::{Value, json};
-
-/// A dev agent whose server answers Nomad's API on 127.0.0.1; the API client.
-fn dev_agent(root: &Path) -> (Agent, NomadApi) {
-    let plugins = root.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut agent = Agent::start(root, &plugins, &["--dev", "--dev-http-addr", &addr]);
-    agent.end_tasks = true;
-    wait_dev_node_ready(&agent, &["raw_exec"], Duration::from_secs(30));
-    let token_file = agent.data_dir.join("server/dev-token");
-    let token = std::fs::read_to_string(&token_file)
-        .unwrap_or_else(|e| panic!("the dev token {}: {e}", token_file.display()));
-    (agent, NomadApi::new(port).with_token(token.trim()))
-}
-
-/// python3, or `None` after saying loudly why the test cannot run (a failure under
-/// `CI=true`).
-fn python3() -> Option<String> {
-    let found = std::process::Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if found {
-        return Some("python3".into());
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "python3 is missing (CI=true: the deployment tests must run)"
-    );
-    eprintln!("SKIPPED: python3 is missing; the deployment end-to-end tests did not run");
-    None
-}
 
 /// A service job of `count` copies serving `dir` on the dynamic port `http`, its
 /// service `name` checked over HTTP at `check_path` every second; `version` lands in
@@ -102,13 +69,8 @@ resources = {{ cpu = 100, memory_mb = 64 }}
     )
 }
 
-/// `GET path` answered 200 with JSON.
 fn get(api: &NomadApi, path: &str) -> Value {
-    let (status, body) = api
-        .call(http::Method::GET, path, None)
-        .unwrap_or_else(|| panic!("GET {path}: no answer"));
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    api.get_ok(path)
 }
 
 /// Poll `GET path` until `cond` holds for it.

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Agent;
-use common::cluster::{allocs_with, job_file, wait_dev_node_ready, wait_job};
+use common::cluster::{allocs_with, job_file, python3, wait_dev_node_ready, wait_job};
 use serde_json::Value;
 
 fn dev_agent(root: &Path) -> Agent {
@@ -26,24 +26,6 @@ fn dev_agent(root: &Path) -> Agent {
     });
     wait_dev_node_ready(&agent, &["raw_exec"], Duration::from_secs(30));
     agent
-}
-
-/// python3, or `None` after saying loudly why the test cannot run (a failure under
-/// `CI=true`).
-fn python3() -> Option<String> {
-    let found = std::process::Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if found {
-        return Some("python3".into());
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "python3 is missing (CI=true: the services tests must run)"
-    );
-    eprintln!("SKIPPED: python3 is missing; the services end-to-end test did not run");
-    None
 }
 
 /// A job of one group whose task serves `dir` on its dynamic port `http` (a check

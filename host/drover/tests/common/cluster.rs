@@ -318,3 +318,40 @@ pub fn wait_dev_node_ready(agent: &Agent, drivers: &[&str], limit: Duration) {
         },
     );
 }
+
+/// A dev agent (server and client in one) whose server answers Nomad's API on
+/// 127.0.0.1, ready with raw_exec; the API client with the agent's dev token.
+pub fn dev_agent_with_api(root: &Path) -> (Agent, super::nomad_http::NomadApi) {
+    let plugins = root.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut agent = Agent::start(root, &plugins, &["--dev", "--dev-http-addr", &addr]);
+    agent.end_tasks = true;
+    wait_dev_node_ready(&agent, &["raw_exec"], Duration::from_secs(30));
+    let token_file = agent.data_dir.join("server/dev-token");
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap_or_else(|e| panic!("the dev token {}: {e}", token_file.display()));
+    (
+        agent,
+        super::nomad_http::NomadApi::new(port).with_token(token.trim()),
+    )
+}
+
+/// python3, or `None` after saying loudly why the test cannot run (a failure under
+/// `CI=true`).
+pub fn python3() -> Option<String> {
+    let found = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some("python3".into());
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "python3 is missing (CI=true: the tests that serve HTTP with it must run)"
+    );
+    eprintln!("SKIPPED: python3 is missing; a test that serves HTTP with it did not run");
+    None
+}

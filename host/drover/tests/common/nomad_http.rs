@@ -178,3 +178,14 @@ impl NomadApi {
         }
     }
 }
+
+impl NomadApi {
+    /// `GET path` answered 200, as JSON; a panic naming the request otherwise.
+    pub fn get_ok(&self, path: &str) -> Value {
+        let (status, body) = self
+            .call(http::Method::GET, path, None)
+            .unwrap_or_else(|| panic!("GET {path}: no answer"));
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+}
