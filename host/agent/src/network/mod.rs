@@ -365,7 +365,7 @@ impl Bridge {
     }
 
     /// The rule that keeps an allocation from reaching the host's 127.0.0.0/8. The
-    /// portmap plugin (with `snat`, which makes the node's own 127.0.0.1:<host port>
+    /// portmap plugin (with `snat`, which makes the node's own `127.0.0.1:<host port>`
     /// work) turns on `route_localnet` for the bridge: the kernel would then accept a
     /// packet for 127.0.0.1 arriving from a namespace on the bridge, and a task able to
     /// send one (a route of its own, a raw socket) would reach every service the node
