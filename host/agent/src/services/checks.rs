@@ -396,8 +396,16 @@ mod tests {
             run_once(&spec("tcp"), &target, None).await.status,
             ServiceHealth::Passing
         );
-        drop(l);
-        let o = run_once(&spec("tcp"), &target, None).await;
+        // A port bound and not listening (and not SO_REUSEADDR, so that no other test
+        // can take it meanwhile, as a freed port could be): refused.
+        let holder = tokio::net::TcpSocket::new_v4().unwrap();
+        holder.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let closed = CheckTarget::Tcp {
+            host: "127.0.0.1".into(),
+            port: holder.local_addr().unwrap().port(),
+        };
+        let o = run_once(&spec("tcp"), &closed, None).await;
         assert_eq!(o.status, ServiceHealth::Critical, "{}", o.output);
+        drop(l);
     }
 }
