@@ -291,12 +291,9 @@ pub(crate) fn fail(
     let mut reverted = None;
     let mut eval_id = String::new();
     if let Some(job) = job {
-        let target = if d.groups.values().any(|g| g.auto_revert) {
-            revert_target(st, job)
-        } else {
-            None
-        };
-        if d.groups.values().any(|g| g.auto_revert) {
+        let auto_revert = d.groups.values().any(|g| g.auto_revert);
+        let target = auto_revert.then(|| revert_target(st, job)).flatten();
+        if auto_revert {
             match &target {
                 Some(t) => {
                     out.status_description =
