@@ -376,26 +376,13 @@ impl Bridge {
     pub async fn ensure_localhost_guard(&self) -> Result<(), NetworkError> {
         let rule = localhost_guard_rule(&self.config.name);
         let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
-        let mut check = vec!["-C", "INPUT"];
-        check.extend(&rule);
-        if let Ok(Ok(o)) = iptables(&check).await
-            && o.status.success()
-        {
-            return Ok(());
-        }
-        let mut add = vec!["-I", "INPUT", "1"];
-        add.extend(&rule);
-        match iptables(&add).await {
-            Ok(Ok(o)) if o.status.success() => Ok(()),
-            Ok(Ok(o)) => Err(NetworkError::Config(format!(
-                "iptables -I INPUT (the rule keeping allocations off the node's 127.0.0.0/8): {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ))),
-            Ok(Err(e)) => Err(NetworkError::Config(format!("cannot run iptables: {e}"))),
-            Err(_) => Err(NetworkError::Config(
-                "iptables did not finish in time".into(),
-            )),
-        }
+        ensure_rule(
+            &["-C", "INPUT"],
+            &["-I", "INPUT", "1"],
+            &rule,
+            "iptables -I INPUT (the rule keeping allocations off the node's 127.0.0.0/8)",
+        )
+        .await
     }
 
     /// The rule that lets forwarded traffic into the bridge's subnet (Nomad adds the
@@ -410,43 +397,41 @@ impl Bridge {
             "-j",
             "ACCEPT",
         ];
-        let run = |args: Vec<&str>| {
-            let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
-            async move {
-                tokio::time::timeout(
-                    PLUGIN_TIMEOUT,
-                    tokio::process::Command::new("iptables")
-                        .args(["-w", "-t", "filter"])
-                        .args(&args)
-                        .stdin(std::process::Stdio::null())
-                        .stdout(std::process::Stdio::null())
-                        .stderr(std::process::Stdio::piped())
-                        .kill_on_drop(true)
-                        .output(),
-                )
-                .await
-            }
-        };
-        let mut check = vec!["-C", ADMIN_CHAIN];
-        check.extend(rule);
-        if let Ok(Ok(o)) = run(check).await
-            && o.status.success()
-        {
-            return Ok(());
-        }
-        let mut add = vec!["-A", ADMIN_CHAIN];
-        add.extend(rule);
-        match run(add).await {
-            Ok(Ok(o)) if o.status.success() => Ok(()),
-            Ok(Ok(o)) => Err(NetworkError::Config(format!(
-                "iptables -A {ADMIN_CHAIN}: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ))),
-            Ok(Err(e)) => Err(NetworkError::Config(format!("cannot run iptables: {e}"))),
-            Err(_) => Err(NetworkError::Config(
-                "iptables did not finish in time".into(),
-            )),
-        }
+        ensure_rule(
+            &["-C", ADMIN_CHAIN],
+            &["-A", ADMIN_CHAIN],
+            &rule,
+            "iptables -A DROVER-ADMIN",
+        )
+        .await
+    }
+}
+
+/// Add `rule` with `add` (e.g. `-A CHAIN`) unless `check` (`-C CHAIN`) finds it;
+/// `what` names the command in the error.
+async fn ensure_rule(
+    check: &[&str],
+    add: &[&str],
+    rule: &[&str],
+    what: &str,
+) -> Result<(), NetworkError> {
+    let check: Vec<&str> = check.iter().chain(rule).copied().collect();
+    let add: Vec<&str> = add.iter().chain(rule).copied().collect();
+    if let Ok(Ok(o)) = iptables(&check).await
+        && o.status.success()
+    {
+        return Ok(());
+    }
+    match iptables(&add).await {
+        Ok(Ok(o)) if o.status.success() => Ok(()),
+        Ok(Ok(o)) => Err(NetworkError::Config(format!(
+            "{what}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))),
+        Ok(Err(e)) => Err(NetworkError::Config(format!("cannot run iptables: {e}"))),
+        Err(_) => Err(NetworkError::Config(
+            "iptables did not finish in time".into(),
+        )),
     }
 }
 
