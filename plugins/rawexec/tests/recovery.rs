@@ -852,11 +852,15 @@ async fn an_execd_setsid_child_is_in_the_tasks_cgroup_and_dies_with_the_task() {
         String::from_utf8_lossy(&out.stdout)
     );
 
-    // A child that leaves its session and outlives the exec call.
+    // A child that leaves its session and outlives the exec call. The call waits until
+    // the child has become `sleep` (after its `setsid`): an exec call's own process
+    // group is killed when the call ends, so a child still in it then dies with it.
     let out = exec_sh(
         &p,
         "host",
-        "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!",
+        "setsid sleep 1000 </dev/null >/dev/null 2>&1 & c=$!; i=0; \
+         while [ \"$(cat /proc/$c/comm 2>/dev/null)\" != sleep ] && [ $i -lt 200 ]; \
+         do sleep 0.05; i=$((i+1)); done; echo $c",
     )
     .await
     .unwrap();

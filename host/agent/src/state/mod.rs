@@ -154,9 +154,42 @@ mod tests {
         }
     }
 
+    /// Open the store, waiting while its lock is held. Locks are `flock`s on open file
+    /// descriptions: a process another test in this binary forks between our open and
+    /// its own exec holds a copy of our descriptor (close-on-exec only closes it at the
+    /// exec), so a reopen right after a drop can briefly see `Locked`. An agent never
+    /// retries: a second agent on one data dir is refused at once (tested below).
+    fn open_when_free(dir: &Path) -> Result<RedbStore, StateError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match RedbStore::open(dir) {
+                Err(StateError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// `redb::Database::open`, waiting while the file's lock is held (see
+    /// [`open_when_free`]).
+    fn redb_open_when_free(path: impl AsRef<Path>) -> Result<redb::Database, redb::DatabaseError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match redb::Database::open(path.as_ref()) {
+                Err(redb::DatabaseError::DatabaseAlreadyOpen)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// A state file with some content, closed cleanly; returns its bytes.
     fn populated(dir: &Path) -> Vec<u8> {
-        let store = RedbStore::open(dir).unwrap();
+        let store = open_when_free(dir).unwrap();
         store.put_plugin(&record("rawexec", 10)).unwrap();
         for i in 0..200 {
             store.put_task(&format!("task-{i}"), &[7u8; 300]).unwrap();
@@ -169,7 +202,7 @@ mod tests {
     fn assert_refused(dir: &Path, what: &str) -> String {
         let path = dir.join(STATE_FILE);
         let before = std::fs::read(&path).ok();
-        let err = RedbStore::open(dir).expect_err(what);
+        let err = open_when_free(dir).expect_err(what);
         assert!(matches!(err, StateError::Corrupt { .. }), "{what}: {err:?}");
         let msg = err.to_string();
         assert!(msg.contains(&path.display().to_string()), "{what}: {msg}");
@@ -181,7 +214,7 @@ mod tests {
     #[test]
     fn records_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(store.path()).unwrap().permissions(),
         );
@@ -201,7 +234,7 @@ mod tests {
         store.delete_task("t4").unwrap();
         drop(store);
 
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         assert_eq!(store.plugins().unwrap(), vec![record("rawexec", 11)]);
         assert_eq!(
             store.tasks().unwrap(),
@@ -216,14 +249,14 @@ mod tests {
     #[test]
     fn alloc_records_survive_reopen_and_an_older_file_without_their_table_opens() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         store.put_task("t1", b"one").unwrap();
         store.put_alloc("a1", b"alloc one").unwrap();
         store.put_alloc("a2", b"alloc two").unwrap();
         store.delete_alloc("a1").unwrap();
         store.delete_alloc("never-was").unwrap();
         drop(store);
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         assert_eq!(
             store.allocs().unwrap(),
             vec![("a2".into(), b"alloc two".to_vec())]
@@ -232,7 +265,7 @@ mod tests {
 
         // A file an agent wrote before allocations existed: no `allocs` table.
         {
-            let db = redb::Database::open(dir.path().join(STATE_FILE)).unwrap();
+            let db = redb_open_when_free(dir.path().join(STATE_FILE)).unwrap();
             let txn = db.begin_write().unwrap();
             assert!(
                 txn.delete_table(TableDefinition::<&str, &[u8]>::new("allocs"))
@@ -240,13 +273,13 @@ mod tests {
             );
             txn.commit().unwrap();
         }
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         assert!(store.allocs().unwrap().is_empty());
         assert_eq!(store.tasks().unwrap().len(), 1, "its tasks are kept");
         store.delete_alloc("a2").unwrap();
         store.put_alloc("a3", b"three").unwrap();
         drop(store);
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         assert_eq!(
             store.allocs().unwrap(),
             vec![("a3".into(), b"three".to_vec())]
@@ -264,7 +297,7 @@ mod tests {
     fn leftover_half_made_file_is_replaced() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("state.db.new"), b"half").unwrap();
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         assert!(store.tasks().unwrap().is_empty());
         assert!(!dir.path().join("state.db.new").exists());
     }
@@ -274,13 +307,13 @@ mod tests {
         // Copy the file while the store is open: the copy is what a kill -9 leaves
         // (committed data, "recovery required" flag set).
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(dir.path()).unwrap();
+        let store = open_when_free(dir.path()).unwrap();
         store.put_plugin(&record("rawexec", 10)).unwrap();
         store.put_task("t1", b"one").unwrap();
         let copy = tempfile::tempdir().unwrap();
         std::fs::copy(store.path(), copy.path().join(STATE_FILE)).unwrap();
         store.put_task("t2", b"after the copy").unwrap();
-        let reopened = RedbStore::open(copy.path()).unwrap();
+        let reopened = open_when_free(copy.path()).unwrap();
         assert_eq!(reopened.plugins().unwrap(), vec![record("rawexec", 10)]);
         assert_eq!(
             reopened.tasks().unwrap(),
@@ -353,7 +386,7 @@ mod tests {
     fn directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join(STATE_FILE)).unwrap();
-        let err = RedbStore::open(dir.path()).unwrap_err().to_string();
+        let err = open_when_free(dir.path()).unwrap_err().to_string();
         assert!(err.contains("is a directory"), "{err}");
         assert!(dir.path().join(STATE_FILE).is_dir());
     }
@@ -376,7 +409,7 @@ mod tests {
     }
 
     fn set_meta(path: &Path, key: &str, value: &[u8]) {
-        let db = redb::Database::open(path).unwrap();
+        let db = redb_open_when_free(path).unwrap();
         let txn = db.begin_write().unwrap();
         txn.open_table(META).unwrap().insert(key, value).unwrap();
         txn.commit().unwrap();
@@ -389,7 +422,7 @@ mod tests {
         let path = dir.path().join(STATE_FILE);
         set_meta(&path, "schema_version", &7u32.to_be_bytes());
         let before = std::fs::read(&path).unwrap();
-        let err = RedbStore::open(dir.path()).unwrap_err();
+        let err = open_when_free(dir.path()).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -412,13 +445,13 @@ mod tests {
     #[test]
     fn second_agent_is_locked_out() {
         let dir = tempfile::tempdir().unwrap();
-        let first = RedbStore::open(dir.path()).unwrap();
+        let first = open_when_free(dir.path()).unwrap();
         first.put_task("t", b"x").unwrap();
         let err = RedbStore::open(dir.path()).unwrap_err();
         assert!(matches!(err, StateError::Locked { .. }), "{err:?}");
         assert!(err.to_string().contains("another agent"), "{err}");
         drop(first);
-        let again = RedbStore::open(dir.path()).unwrap();
+        let again = open_when_free(dir.path()).unwrap();
         assert_eq!(again.tasks().unwrap().len(), 1);
     }
 
