@@ -102,13 +102,9 @@ impl Driver {
         }
     }
 
-    /// The driver's settings in its agent's config. Nomad's `raw_exec` runs nothing
-    /// unless enabled; Drover's has no such switch (and refuses unknown keys).
+    /// The driver's settings in its agent's config: both run nothing unless enabled.
     fn plugin_settings(self) -> &'static str {
-        match self {
-            Driver::Nomad => "[plugin.raw_exec]\nconfig = { enabled = true }\n",
-            Driver::Drover => "",
-        }
+        "[plugin.raw_exec]\nconfig = { enabled = true }\n"
     }
 
     fn protocol(self) -> PluginProtocol {

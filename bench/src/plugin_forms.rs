@@ -105,8 +105,11 @@ impl FormAgent {
         let deny = OTHER_BUILTINS.map(|n| format!("{n:?}")).join(", ");
         let mut config = format!("plugin_deny = [{deny}]\n");
         match form {
-            Form::Builtin => {}
+            // raw_exec runs nothing unless enabled (the in-process form says it under
+            // the library's name below: both names at once are refused).
+            Form::Builtin => config.push_str("[plugin.raw_exec]\nconfig = { enabled = true }\n"),
             Form::External => {
+                config.push_str("[plugin.raw_exec]\nconfig = { enabled = true }\n");
                 let to = plugins.join("drover-driver-rawexec");
                 std::fs::copy(&build.rawexec_bin, &to)?;
                 std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))?;
@@ -115,7 +118,8 @@ impl FormAgent {
                 let to = plugins.join("rawexec.so");
                 std::fs::copy(&build.rawexec_lib, &to)?;
                 std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644))?;
-                config.push_str("[plugin.rawexec]\nin_process = true\n");
+                config
+                    .push_str("[plugin.rawexec]\nin_process = true\nconfig = { enabled = true }\n");
             }
         }
         let config_file = root.path().join("agent.toml");

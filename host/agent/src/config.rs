@@ -495,7 +495,23 @@ impl AgentConfig {
         config.port_settings()?;
         // After the checks, so that their errors name the sections as written.
         config.resolve_driver_aliases()?;
+        config.dev_enables_raw_exec();
         Ok(config)
+    }
+
+    /// A dev agent runs raw_exec unless its config says otherwise, as Nomad's `-dev`
+    /// does: it is one machine, its operator's own. Every other agent leaves raw_exec
+    /// off until `[plugin.raw_exec] config = { enabled = true }`.
+    fn dev_enables_raw_exec(&mut self) {
+        if !self.dev {
+            return;
+        }
+        let settings = self.plugin.entry("raw_exec".to_owned()).or_default();
+        if let Some(fields) = settings.config.as_object_mut() {
+            fields
+                .entry("enabled")
+                .or_insert(serde_json::Value::Bool(true));
+        }
     }
 
     /// The bridge network of groups in bridge mode, from `bridge_network_name`,
@@ -839,6 +855,28 @@ mod tests {
         assert!(err.contains("/nonexistent/agent.toml"), "{err}");
     }
 
+    /// raw_exec is off unless configured on, except on a dev agent (as Nomad's).
+    #[test]
+    fn raw_exec_is_enabled_by_config_or_dev_mode_only() {
+        let plain = AgentConfig::load(&[], vec![], &flags(&[])).unwrap();
+        assert_eq!(
+            plain.plugin_settings("raw_exec").config.get("enabled"),
+            None
+        );
+        let dev = AgentConfig::load(&[], vec![], &flags(&[("dev", true.into())])).unwrap();
+        assert_eq!(dev.plugin_settings("raw_exec").config["enabled"], true);
+        // The operator's word wins in dev mode too, and other settings are kept.
+        let (_dir, file) =
+            write_toml("[plugin.raw_exec]\nconfig = { enabled = false, no_cgroups = true }\n");
+        let off = AgentConfig::load(&[file], vec![], &flags(&[("dev", true.into())])).unwrap();
+        assert_eq!(off.plugin_settings("raw_exec").config["enabled"], false);
+        assert_eq!(off.plugin_settings("raw_exec").config["no_cgroups"], true);
+        let (_dir, file) = write_toml("[plugin.rawexec]\nconfig = { no_cgroups = true }\n");
+        let dev = AgentConfig::load(&[file], vec![], &flags(&[("dev", true.into())])).unwrap();
+        assert_eq!(dev.plugin_settings("raw_exec").config["enabled"], true);
+        assert_eq!(dev.plugin_settings("raw_exec").config["no_cgroups"], true);
+    }
+
     #[test]
     fn dev_defaults() {
         let c = AgentConfig::load(&[], vec![], &flags(&[("dev", true.into())])).unwrap();
@@ -887,6 +925,14 @@ mod tests {
             err.contains("limits.header_read_timeout must be more than 0"),
             "{err}"
         );
+    }
+
+    /// `text` in a TOML file of its own (kept while the dir lives).
+    fn write_toml(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        std::fs::write(&file, text).unwrap();
+        (dir, file)
     }
 
     fn load_toml(text: &str) -> Result<AgentConfig, ConfigError> {

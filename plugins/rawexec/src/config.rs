@@ -11,12 +11,19 @@ use serde::Deserialize;
 /// `PATH` given to tasks whose environment does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// rawexec's plugin configuration (`[plugin.rawexec] config = {...}` in the agent
+/// raw_exec's plugin configuration (`[plugin.raw_exec] config = {...}` in the agent
 /// config). Unknown fields are refused.
+///
+/// raw_exec runs tasks as the agent's own user (root, usually) with no isolation, so
+/// it is **off unless `enabled = true`**, as Nomad's (`plugin "raw_exec" { config {
+/// enabled = true } }`); a dev agent (`--dev`) turns it on, as Nomad's `-dev` does.
 ///
 /// ```
 /// let c: drover_driver_rawexec::PluginConfig = serde_json::from_str("{}").unwrap();
-/// assert!(!c.no_cgroups);
+/// assert!(!c.enabled && !c.no_cgroups);
+/// let c: drover_driver_rawexec::PluginConfig =
+///     serde_json::from_str(r#"{"enabled":true}"#).unwrap();
+/// assert!(c.enabled);
 /// let c: drover_driver_rawexec::PluginConfig =
 ///     serde_json::from_str(r#"{"no_cgroups":true}"#).unwrap();
 /// assert!(c.no_cgroups);
@@ -25,6 +32,12 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PluginConfig {
+    /// Run tasks at all. Off by default: every raw_exec task runs as the agent's user
+    /// (root) with the host's whole view, so a job submitter who can use raw_exec owns
+    /// the node. Disabled, the driver reports itself undetected (jobs needing it are
+    /// not placed on the node, with the reason) and refuses to start tasks.
+    #[serde(default)]
+    pub enabled: bool,
     /// Leave every task in its process group only, without a cgroup of its own, even
     /// where the host has cgroups (like Nomad's `raw_exec` `no_cgroups`). A child that
     /// calls `setsid` then escapes stop and destroy, and a task whose executor died is

@@ -1,5 +1,6 @@
 //! The raw_exec driver: the [`DriverPlugin`] impl.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use drover_executor::LaunchSpec;
@@ -7,7 +8,7 @@ use drover_executor::cgroup;
 use drover_executor::plain::PlainEngine;
 use drover_plugin_sdk::{
     AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec, read_exec_output,
+    FsIsolation, Health, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec, read_exec_output,
 };
 use serde::Deserialize;
 
@@ -25,6 +26,11 @@ pub const PLUGIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Version of the task handle's driver state. Version 2 names the task's executor;
 /// version 1 (a bare pid, from before executors) is refused with an explanation.
 pub const HANDLE_VERSION: u32 = 2;
+
+/// Why a raw_exec that was not enabled refuses to run anything (its fingerprint's
+/// description, so the scheduler's reason and `drover plugin status` say it).
+pub const DISABLED: &str = "raw_exec is disabled: it runs tasks as the agent's user with no \
+     isolation; enable it in the agent config with [plugin.raw_exec] config = { enabled = true }";
 
 /// Version 1 of the handle state, from before tasks had executors. Decoded only to
 /// say precisely why such a task cannot be recovered.
@@ -55,6 +61,8 @@ impl Drop for KillGroupOnDrop {
 /// their environment and directory (`Launch`) for `ExecTask`.
 pub struct RawExecDriver {
     engine: PlainEngine<Launch>,
+    /// `PluginConfig::enabled`, from the last `SetConfig` (off until then).
+    enabled: AtomicBool,
 }
 
 impl Default for RawExecDriver {
@@ -68,6 +76,7 @@ impl RawExecDriver {
     pub fn new() -> Self {
         RawExecDriver {
             engine: PlainEngine::new(STATE_DIR_NAME, HANDLE_VERSION),
+            enabled: AtomicBool::new(false),
         }
     }
 }
@@ -94,10 +103,17 @@ impl DriverPlugin for RawExecDriver {
     }
 
     async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
-        self.engine.configure(&agent, config.no_cgroups).await
+        self.engine.configure(&agent, config.no_cgroups).await?;
+        self.enabled.store(config.enabled, Ordering::Release);
+        Ok(())
     }
 
     async fn fingerprint(&self) -> Fingerprint {
+        if !self.enabled.load(Ordering::Acquire) {
+            // Nomad's answer for a raw_exec that is not enabled: undetected, so no
+            // job is placed here, and the reason travels with the node.
+            return Fingerprint::not_ready(Health::Undetected, DISABLED);
+        }
         Fingerprint::healthy("ready")
             .attribute("driver.raw_exec.version", PLUGIN_VERSION)
             .attribute(
@@ -113,6 +129,9 @@ impl DriverPlugin for RawExecDriver {
         spec: TaskSpec,
         config: TaskConfig,
     ) -> Result<TaskHandle, DriverError> {
+        if !self.enabled.load(Ordering::Acquire) {
+            return Err(DriverError::FailedPrecondition(DISABLED.into()));
+        }
         config.validate()?;
         if !spec.user.is_empty() {
             // Refuse rather than silently run as the plugin's user.

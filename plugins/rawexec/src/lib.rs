@@ -29,6 +29,6 @@ mod config;
 mod driver;
 
 pub use config::{DEFAULT_PATH, PluginConfig, TaskConfig};
-pub use driver::{HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, RawExecDriver};
+pub use driver::{DISABLED, HANDLE_VERSION, PLUGIN_NAME, PLUGIN_VERSION, RawExecDriver};
 
 drover_plugin_sdk::export_driver!(RawExecDriver::new);

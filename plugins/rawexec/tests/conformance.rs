@@ -33,6 +33,7 @@ const LIBRARY: &str = "libdrover_driver_rawexec.so";
 /// Run the harness with rawexec's sample and long tasks, in either form.
 async fn check(form: Conformance) {
     let report = form
+        .plugin_config(serde_json::json!({ "enabled": true }))
         .sample_task(serde_json::json!({ "command": "/bin/sh", "args": ["-c", "exit 0"] }))
         .long_task(serde_json::json!({ "command": "/bin/sleep", "args": ["1000"] }))
         .run()

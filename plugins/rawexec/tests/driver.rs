@@ -574,3 +574,36 @@ async fn a_task_given_a_group_namespace_joins_it() {
     assert_eq!(out.trim(), "drv8a drv8b lo");
     p.shutdown().await;
 }
+
+/// raw_exec is off unless its config says `enabled = true` (Nomad's default): it then
+/// fingerprints undetected with the reason, and refuses to start a task, which
+/// leaves nothing behind.
+#[tokio::test]
+async fn raw_exec_not_enabled_is_undetected_and_starts_nothing() {
+    for config in [r#"{}"#, r#"{"enabled":false,"no_cgroups":true}"#] {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Plugin::launch_with_exactly(dir.path(), config).await;
+        let mut prints = p.client.fingerprint().await.unwrap();
+        let print = within(PROMPT, "a fingerprint", prints.next())
+            .await
+            .expect("a fingerprint")
+            .expect("a fingerprint, not an error");
+        assert_eq!(
+            print.health,
+            drover_plugin_sdk::Health::Undetected,
+            "{config}: {print:?}"
+        );
+        assert_eq!(print.description, drover_driver_rawexec::DISABLED);
+        assert!(print.description.contains("enabled = true"), "{print:?}");
+
+        let marker = dir.path().join("ran");
+        let spec = p.spec("off", sh(&format!("touch {}", marker.display())));
+        let err = p.client.start_task(spec).await.unwrap_err();
+        assert!(
+            matches!(&err, DriverError::FailedPrecondition(m) if m == drover_driver_rawexec::DISABLED),
+            "{config}: {err:?}"
+        );
+        assert!(!marker.exists(), "{config}: the refused task ran");
+        p.shutdown().await;
+    }
+}

@@ -22,6 +22,9 @@ use super::ports::{self, PortProblem, UsedPorts};
 use super::rank::{self, MAX_SKIP, SplitMix64, Walk};
 use crate::config::SchedulerAlgorithm;
 
+/// Most characters of a driver's own description quoted in a placement failure.
+const MAX_DRIVER_SAYS: usize = 240;
+
 /// Per group: its needs and which nodes are statically feasible (0 unknown, 1 yes, 2 no).
 struct GroupCtx<'a> {
     needs: GroupNeeds<'a>,
@@ -480,7 +483,9 @@ impl<'a> Placer<'a> {
         let mut exhausted: BTreeMap<String, u32> = BTreeMap::new();
         // Buckets for the sentence, in the order a tie is reported.
         let mut not_ready = 0u32;
-        let mut drivers: BTreeMap<&str, u32> = BTreeMap::new();
+        // Per driver: the nodes it failed on, and what they said about it when all
+        // of them said the same (e.g. raw_exec "disabled ... enable it with ...").
+        let mut drivers: BTreeMap<&str, (u32, Option<&str>)> = BTreeMap::new();
         let mut constraints: Vec<(String, u32)> = Vec::new();
         let mut distinct = 0u32;
         let dcs = format!("datacenters [{}]", self.job.spec.datacenters.join(", "));
@@ -495,7 +500,15 @@ impl<'a> Placer<'a> {
                     match f {
                         Filter::NotReady(_) => not_ready += 1,
                         Filter::DriverMissing(d) | Filter::DriverUnhealthy(d) => {
-                            *drivers.entry(d).or_default() += 1
+                            let said = self.nodes[i]
+                                .driver(d)
+                                .map(|info| info.health_description.as_str())
+                                .filter(|s| !s.is_empty());
+                            let entry = drivers.entry(d).or_insert((0, said));
+                            if entry.0 > 0 && entry.1 != said {
+                                entry.1 = None;
+                            }
+                            entry.0 += 1;
                         }
                         Filter::Constraint(c) => {
                             let what = feasible::describe(c);
@@ -525,15 +538,18 @@ impl<'a> Placer<'a> {
             let k = self.dc_filtered;
             parts.push((k, format!("{k} of {n} nodes not in {dcs}")));
         }
-        for (d, k) in &drivers {
-            parts.push((
-                *k,
-                if *k == ready {
-                    format!("no node has driver {d} healthy")
-                } else {
-                    format!("driver {d} missing or unhealthy on {k} of {n} nodes")
-                },
-            ));
+        for (d, (k, said)) in &drivers {
+            let mut sentence = if *k == ready {
+                format!("no node has driver {d} healthy")
+            } else {
+                format!("driver {d} missing or unhealthy on {k} of {n} nodes")
+            };
+            if let Some(said) = said {
+                // Bounded: a driver's description is a plugin's text.
+                let said: String = said.chars().take(MAX_DRIVER_SAYS).collect();
+                sentence.push_str(&format!(" ({said})"));
+            }
+            parts.push((*k, sentence));
         }
         for (what, k) in &constraints {
             parts.push((*k, format!("{what} filtered {k} of {n} nodes")));

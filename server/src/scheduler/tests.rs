@@ -1164,6 +1164,45 @@ fn a_missing_or_unhealthy_driver_is_the_reason() {
     assert_eq!(placed(&out)[0].node_name, "a");
 }
 
+/// A driver that every node reports undetected with one reason (raw_exec not enabled):
+/// the reason says it, so the job's submitter learns what the operator must change.
+#[test]
+fn what_the_nodes_say_of_a_driver_is_in_the_reason() {
+    let mut s = three_nodes();
+    let disabled =
+        "raw_exec is disabled: enable it with [plugin.raw_exec] config = { enabled = true }";
+    for n in &mut s.nodes {
+        n.drivers.insert(
+            "raw_exec".into(),
+            DriverInfo {
+                detected: false,
+                healthy: false,
+                health_description: disabled.into(),
+                attributes: BTreeMap::new(),
+            },
+        );
+    }
+    let mut g = group("app", 1, 100, 64);
+    g.tasks[0].driver = "raw_exec".into();
+    s.register(spec("web", JobType::Service, vec![g]));
+    let out = run(&s, "web");
+    assert_eq!(
+        out.failed_tg_allocs["app"].reason,
+        format!("no node has driver raw_exec healthy ({disabled})")
+    );
+    // Nodes that say different things: no quote.
+    s.nodes[0]
+        .drivers
+        .get_mut("raw_exec")
+        .unwrap()
+        .health_description = "something else".into();
+    let out = run(&s, "web");
+    assert_eq!(
+        out.failed_tg_allocs["app"].reason,
+        "no node has driver raw_exec healthy"
+    );
+}
+
 #[test]
 fn exhausted_resources_are_the_reason() {
     let mut s = three_nodes();

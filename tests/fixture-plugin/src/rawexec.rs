@@ -79,6 +79,12 @@ impl DriverPlugin for Rawexec {
                 self.name, self.version
             )));
         }
+        // Whatever section its name finds in the test's config: the fixture stands in
+        // for a rawexec its operator enabled (raw_exec is off unless `enabled`).
+        let config = Config {
+            enabled: true,
+            ..config
+        };
         self.inner.set_config(config, agent).await
     }
 

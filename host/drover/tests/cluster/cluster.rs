@@ -460,3 +460,71 @@ fn bad_jobs_and_bad_clients_get_clear_answers() {
     assert!(server.cli(&["node", "status"]).status.success());
     assert!(server.child.as_mut().unwrap().try_wait().unwrap().is_none());
 }
+
+/// Issue 26, acceptance 2: raw_exec is off on an agent that was not told otherwise (as
+/// Nomad's): a job needing it is accepted but blocked, and the reason says what the
+/// operator must change; once the agent's config enables it, the same job runs.
+#[test]
+fn raw_exec_is_off_on_a_default_agent_and_a_job_needing_it_says_why() {
+    let root = tempfile::tempdir().unwrap();
+    let server = ServerProc::start(root.path(), "10s", &[]);
+    let dir = root.path().join("plain");
+    std::fs::create_dir_all(dir.join("plugins")).unwrap();
+    let rpc = server.rpc_addr();
+    let node_args = ["--servers", rpc.as_str(), "--node-name", "plain"];
+    let mut plain = common::Agent::start_with_defaults(&dir, &dir.join("plugins"), &node_args);
+    plain.end_tasks = true;
+    server.wait_json(
+        &["node", "status", "--json"],
+        Duration::from_secs(30),
+        "the default node ready",
+        |v| {
+            v.as_array().is_some_and(|n| {
+                n.iter()
+                    .any(|n| n["name"] == "plain" && n["status"] == "ready")
+            })
+        },
+    );
+    let argv = sleeper("raw-off");
+    let _cleanup = Cleanup(argv.clone());
+    let job = job_file(
+        root.path(),
+        "raw",
+        &sleeper_job("raw", 1, &argv).replace("\"rawexec\"", "\"raw_exec\""),
+    );
+    let out = server.cli(&["job", "run", "--detach", job.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let v = server.wait_json(
+        &["job", "status", "raw", "--json"],
+        Duration::from_secs(20),
+        "the raw_exec job blocked with the reason",
+        |v| {
+            v["placement_failures"]["app"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("raw_exec is disabled"))
+        },
+    );
+    let reason = v["placement_failures"]["app"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("no node has driver raw_exec healthy")
+            && reason.contains("[plugin.raw_exec] config = { enabled = true }"),
+        "{reason}"
+    );
+    assert!(v["allocations"].as_array().unwrap().is_empty(), "{v:#}");
+    assert!(pids_running(&argv.iter().map(String::as_str).collect::<Vec<_>>()).is_empty());
+
+    // The operator enables it: the agent comes back with the config, the job runs.
+    plain.stop();
+    drop(plain);
+    let enable = common::enable_raw_exec(&dir);
+    let mut args = vec!["--config", enable.to_str().unwrap()];
+    args.extend_from_slice(&node_args);
+    let mut enabled = common::Agent::start_with_defaults(&dir, &dir.join("plugins"), &args);
+    enabled.end_tasks = true;
+    server.wait_json(
+        &["job", "status", "raw", "--json"],
+        Duration::from_secs(30),
+        "the raw_exec job running once raw_exec is enabled",
+        |v| allocs_with(v, "running").len() == 1,
+    );
+}

@@ -123,7 +123,33 @@ impl Agent {
         Agent::start_binary_env(&drover(), root, plugin_dir, extra, env)
     }
 
+    /// [`Agent::start`] with only the agent's own defaults: raw_exec is not enabled
+    /// (every other start enables it with a config file of its own, given before the
+    /// test's: a later `--config` wins).
+    pub fn start_with_defaults(root: &Path, plugin_dir: &Path, extra: &[&str]) -> Agent {
+        Agent::spawn(&drover(), root, plugin_dir, extra, &[])
+    }
+
     fn start_binary_env(
+        binary: &Path,
+        root: &Path,
+        plugin_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
+        // A test config written for the driver's older name `rawexec` gets the
+        // enabling under that name too: both names at once are refused.
+        let older_name = extra.windows(2).any(|w| {
+            w[0] == "--config"
+                && std::fs::read_to_string(w[1]).is_ok_and(|t| t.contains("[plugin.rawexec]"))
+        });
+        let enable = enable_raw_exec_as(root, if older_name { "rawexec" } else { "raw_exec" });
+        let mut args: Vec<&str> = vec!["--config", enable.to_str().expect("a UTF-8 path")];
+        args.extend_from_slice(extra);
+        Agent::spawn(binary, root, plugin_dir, &args, env)
+    }
+
+    fn spawn(
         binary: &Path,
         root: &Path,
         plugin_dir: &Path,
@@ -380,6 +406,23 @@ pub fn row<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Val
     rows.iter()
         .find(|r| r["name"] == name)
         .unwrap_or_else(|| panic!("no plugin row named {name:?} in {rows:#?}"))
+}
+
+/// A config file under `root` that enables raw_exec (off by default on every agent
+/// but a dev one): most tests run their tasks with it. Its path.
+pub fn enable_raw_exec(root: &Path) -> PathBuf {
+    enable_raw_exec_as(root, "raw_exec")
+}
+
+/// [`enable_raw_exec`] in the section `[plugin.SECTION]`.
+fn enable_raw_exec_as(root: &Path, section: &str) -> PathBuf {
+    let file = root.join("raw_exec.toml");
+    std::fs::write(
+        &file,
+        format!("[plugin.{section}]\nconfig = {{ enabled = true }}\n"),
+    )
+    .expect("write raw_exec.toml");
+    file
 }
 
 /// An agent on fresh dirs with the built-in rawexec driver healthy.

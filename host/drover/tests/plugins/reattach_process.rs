@@ -199,7 +199,14 @@ fn context(root: &Path) -> (AgentConfig, Vec<Builtin>, Arc<LoadContext>) {
         agent: drover_plugin_sdk::AgentInfo::new(String::new())
             .with_alloc_dir(root.join("alloc"))
             .with_plugin_state_dir(root.join("plugin-state")),
-        settings: Default::default(),
+        // raw_exec runs nothing unless enabled.
+        settings: std::collections::BTreeMap::from([(
+            "raw_exec".to_owned(),
+            drover_host::config::PluginSettings {
+                config: serde_json::json!({ "enabled": true }),
+                ..Default::default()
+            },
+        )]),
         plugin_pass_env: Vec::new(),
         plugin_auto_mtls: false,
         nomad: None,

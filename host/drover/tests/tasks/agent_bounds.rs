@@ -508,6 +508,8 @@ fn the_agent_raises_its_open_file_soft_limit_to_the_hard_limit() {
         .arg(&data)
         .arg("--plugin-dir")
         .arg(&plugins)
+        .arg("--config")
+        .arg(common::enable_raw_exec(root.path()))
         .env("DROVER_TEST_MARKER", &marker)
         .env("DOCKER_HOST", "unix:///nonexistent/drover-test/docker.sock")
         .env("DROVER_PLUGIN_PASS_ENV", "DOCKER_HOST,DROVER_TEST_MARKER")

@@ -62,6 +62,14 @@ fn context(root: &Path, cgroup_parent: &str) -> (AgentConfig, Vec<Builtin>, Arc<
         })
         .to_vec();
     let mut settings = BTreeMap::new();
+    // raw_exec runs nothing unless enabled.
+    settings.insert(
+        "raw_exec".to_owned(),
+        PluginSettings {
+            config: serde_json::json!({ "enabled": true }),
+            ..PluginSettings::default()
+        },
+    );
     settings.insert(
         "exec".to_owned(),
         PluginSettings {

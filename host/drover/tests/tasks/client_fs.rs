@@ -71,7 +71,14 @@ impl Agent {
             agent: drover_plugin_sdk::AgentInfo::new(String::new())
                 .with_alloc_dir(dir.join("alloc"))
                 .with_plugin_state_dir(dir.join("plugin-state")),
-            settings: BTreeMap::new(),
+            // raw_exec runs nothing unless enabled.
+            settings: BTreeMap::from([(
+                "raw_exec".to_owned(),
+                drover_host::config::PluginSettings {
+                    config: serde_json::json!({ "enabled": true }),
+                    ..Default::default()
+                },
+            )]),
             plugin_pass_env: Vec::new(),
             plugin_auto_mtls: false,
             nomad: None,

@@ -39,8 +39,17 @@ impl Plugin {
         Self::launch_with(dir, "{}").await
     }
 
-    /// [`Self::launch`] with plugin config `config` (JSON).
+    /// [`Self::launch`] with plugin config `config` (JSON), `enabled` unless it says.
     pub async fn launch_with(dir: &Path, config: &str) -> Plugin {
+        let mut config: Value = serde_json::from_str(config).expect("a JSON plugin config");
+        if let Some(fields) = config.as_object_mut() {
+            fields.entry("enabled").or_insert(Value::Bool(true));
+        }
+        Self::launch_with_exactly(dir, &config.to_string()).await
+    }
+
+    /// [`Self::launch`] with exactly `config` (JSON) as its plugin config.
+    pub async fn launch_with_exactly(dir: &Path, config: &str) -> Plugin {
         let process = within(
             PROMPT,
             "launch",
