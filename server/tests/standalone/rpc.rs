@@ -245,6 +245,49 @@ async fn a_wrong_or_missing_token_is_refused_and_the_server_keeps_serving() {
     running.stop().await;
 }
 
+/// A node-introduction token opens the node RPCs only: `Api.Forward` (the servers'
+/// own, which runs any HTTP request) refuses it, and the cluster token still opens both
+/// (servers forward node RPCs to the leader with it).
+#[tokio::test]
+async fn the_node_token_opens_node_rpcs_and_not_the_servers_forwarding() {
+    let running = start(
+        RpcOptions {
+            token: Some("s3cret".into()),
+            node_token: Some("n0de".into()),
+            ..RpcOptions::default()
+        },
+        Some(test_router(Some("s3cret"))),
+    )
+    .await;
+    let channel = running.channel().await;
+    let mut node = NodeClient::new(channel.clone());
+    let mut api = ApiClient::new(channel);
+    let hb = || pb::HeartbeatRequest {
+        node_secret: SECRET.into(),
+        node_id: "n1".into(),
+    };
+    for token in ["n0de", "s3cret"] {
+        let answer = node.heartbeat(with_token(hb(), token)).await;
+        assert_ne!(
+            answer.err().map(|e| e.code()),
+            Some(Code::Unauthenticated),
+            "{token}"
+        );
+    }
+    let err = node.heartbeat(with_token(hb(), "n0dE")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+
+    let err = forward(&mut api, with_token(get("/v1/big"), "n0de"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let (status, _, _, _) = forward(&mut api, with_token(get("/v1/big"), "s3cret"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    running.stop().await;
+}
+
 #[tokio::test]
 async fn malformed_documents_are_invalid_arguments_naming_the_field() {
     let running = start(RpcOptions::default(), None).await;

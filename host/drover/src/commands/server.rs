@@ -77,6 +77,12 @@ pub struct ServerArgs {
     /// File holding the cluster token: every HTTP request and RPC must carry it.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// File holding the node-introduction token: give this one, not the cluster
+    /// token, to client agents (their `token_file`). It opens the node RPCs only
+    /// (each call also proves the node's own secret), never the HTTP API nor the
+    /// servers' forwarding. Needs --token-file.
+    #[arg(long, value_name = "FILE", requires = "token_file")]
+    pub node_token_file: Option<PathBuf>,
     /// Nodes must heartbeat at least this often, e.g. "10s".
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_ttl: Duration,
@@ -222,6 +228,8 @@ pub struct ServerOptions {
     pub rpc_addr: SocketAddr,
     /// Required on every request, when set.
     pub token: Option<String>,
+    /// What client agents carry instead of `token` on node RPCs, when set.
+    pub node_token: Option<String>,
     /// Both listeners speak TLS, when set.
     pub tls: Option<TlsFiles>,
     /// Heartbeat TTL.
@@ -273,6 +281,10 @@ impl std::fmt::Debug for ServerOptions {
             .field("http_addr", &self.http_addr)
             .field("rpc_addr", &self.rpc_addr)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "node_token",
+                &self.node_token.as_ref().map(|_| "<redacted>"),
+            )
             .field("tls", &self.tls)
             .field("heartbeat_ttl", &self.heartbeat_ttl)
             .field("heartbeat_grace", &self.heartbeat_grace)
@@ -381,6 +393,19 @@ impl ServerArgs {
                     .map_err(|e| anyhow::anyhow!("--token-file: {e}"))?,
             ),
         };
+        let node_token = match &self.node_token_file {
+            None => None,
+            Some(f) => Some(
+                drover_host::private_file::read_token(f)
+                    .map_err(|e| anyhow::anyhow!("--node-token-file: {e}"))?,
+            ),
+        };
+        if node_token.is_some() && node_token == token {
+            bail!(
+                "--node-token-file holds the cluster token (--token-file): the nodes' token \
+                 must be another one, or a node could act as a user and as a server"
+            );
+        }
         let tls = match (&self.tls_cert_file, &self.tls_key_file) {
             (Some(cert), Some(key)) => {
                 check_key_file("--tls-key-file", key)?;
@@ -407,6 +432,7 @@ impl ServerArgs {
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
+            node_token,
             tls,
             heartbeat_ttl: self.heartbeat_ttl,
             heartbeat_grace: self.heartbeat_grace,
@@ -561,6 +587,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
         rpc_listener,
         drover_server::rpc::RpcOptions {
             token: options.token.clone(),
+            node_token: options.node_token.clone(),
             tls: options.tls.clone(),
             ..Default::default()
         },
@@ -731,6 +758,7 @@ pub fn start_dev(
         region: drover_server::config::DEFAULT_REGION.to_owned(),
         rpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         token: Some(token),
+        node_token: None,
         tls: None,
         heartbeat_ttl: Duration::from_secs(10),
         heartbeat_grace: Duration::from_secs(10),
@@ -816,6 +844,7 @@ mod tests {
             http_addr: "127.0.0.1:1".parse().unwrap(),
             rpc_addr: "127.0.0.1:2".parse().unwrap(),
             token: Some("s3cret-t0ken".into()),
+            node_token: Some("n0de-t0ken".into()),
             tls: None,
             heartbeat_ttl: Duration::from_secs(10),
             heartbeat_grace: Duration::from_secs(10),
@@ -829,7 +858,10 @@ mod tests {
             local_agent: None,
         };
         let shown = format!("{options:?}");
-        assert!(!shown.contains("s3cret-t0ken"), "{shown}");
+        assert!(
+            !shown.contains("s3cret-t0ken") && !shown.contains("n0de-t0ken"),
+            "{shown}"
+        );
         assert!(shown.contains("<redacted>"), "{shown}");
     }
 

@@ -528,3 +528,93 @@ fn raw_exec_is_off_on_a_default_agent_and_a_job_needing_it_says_why() {
         |v| allocs_with(v, "running").len() == 1,
     );
 }
+
+/// Issue 26 (node identity): client agents carry the node-introduction token, not the
+/// cluster token. With it a node registers and runs its allocations; as a user's token
+/// on the HTTP API it opens nothing (no job submitted, no node or allocation read).
+#[test]
+fn a_node_token_registers_nodes_and_opens_nothing_else() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let cluster_token = "cluster-token-for-the-servers-and-users";
+    let node_token = "node-introduction-token-for-the-clients";
+    let token_file = root.path().join("token");
+    let node_token_file = root.path().join("node-token");
+    for (f, t) in [(&token_file, cluster_token), (&node_token_file, node_token)] {
+        std::fs::write(f, t).unwrap();
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let server = ServerProc::start_with_token(
+        root.path(),
+        "10s",
+        &[
+            "--token-file",
+            token_file.to_str().unwrap(),
+            "--node-token-file",
+            node_token_file.to_str().unwrap(),
+        ],
+        Some(cluster_token),
+    );
+    let mut node = client_agent(
+        root.path(),
+        &server,
+        "n1",
+        &["--token-file", node_token_file.to_str().unwrap()],
+    );
+    node.end_tasks = true;
+    server.wait_json(
+        &["node", "status", "--json"],
+        Duration::from_secs(30),
+        "the node registered with the node token",
+        |v| {
+            v.as_array().is_some_and(|n| {
+                n.iter()
+                    .any(|n| n["name"] == "n1" && n["status"] == "ready")
+            })
+        },
+    );
+    let argv = sleeper("node-token");
+    let _cleanup = Cleanup(argv.clone());
+    let job = job_file(root.path(), "nt", &sleeper_job("nt", 1, &argv));
+    let out = server.cli(&["job", "run", "--detach", job.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    server.wait_json(
+        &["job", "status", "nt", "--json"],
+        Duration::from_secs(30),
+        "the job running on the node",
+        |v| allocs_with(v, "running").len() == 1,
+    );
+
+    // The node's token as a user's: refused everywhere, nothing changes.
+    let as_node = ServerProc {
+        child: None,
+        data_dir: server.data_dir.clone(),
+        http: server.http,
+        rpc: server.rpc,
+        log: server.log.clone(),
+        extra: vec![],
+        token: Some(node_token.to_owned()),
+    };
+    let other = job_file(root.path(), "intruder", &sleeper_job("intruder", 1, &argv));
+    for args in [
+        vec!["job", "run", "--detach", other.to_str().unwrap()],
+        vec!["node", "status", "--json"],
+        vec!["job", "status", "nt", "--json"],
+    ] {
+        let out = as_node.cli(&args);
+        assert!(
+            !out.status.success(),
+            "{args:?} with the node token: {out:?}"
+        );
+        let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(
+            err.contains("permission denied") || err.contains("token"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = server.cli(&["job", "status", "intruder", "--json"]);
+    assert!(
+        !out.status.success(),
+        "a job was submitted with the node token: {out:?}"
+    );
+}

@@ -4,7 +4,8 @@
 //! Objects travel as JSON documents of the `drover-server-api` types; a document that
 //! does not decode is INVALID_ARGUMENT naming the field (and element) that failed.
 //! With a token, every call must carry it in the `x-drover-token` metadata entry;
-//! anything else is UNAUTHENTICATED before any handler runs.
+//! anything else is UNAUTHENTICATED before any handler runs. With a node-introduction
+//! token as well, node RPCs may carry that one instead (`RpcOptions::node_token`).
 
 mod conn;
 
@@ -36,8 +37,16 @@ use crate::transport::http::TOKEN_HEADER;
 /// How the RPC listener authenticates, encrypts and bounds its connections.
 #[derive(Clone)]
 pub struct RpcOptions {
-    /// Every call must carry this token (`x-drover-token`), when set.
+    /// The cluster token (`x-drover-token`), when set: the servers' own credential.
+    /// Every call must carry it, unless `node_token` is set: then a node RPC may carry
+    /// that instead, and only the servers' `Api.Forward` still needs this one.
     pub token: Option<String>,
+    /// The node-introduction token, when set: what client agents carry instead of the
+    /// cluster token. It opens the `Node` service only (register, heartbeat, watch
+    /// and update the node's own allocations, each call also proving the node's
+    /// secret), never `Api.Forward` nor the HTTP API, so a node holds no credential a
+    /// user or a server holds.
+    pub node_token: Option<String>,
     /// TLS (rustls), when set.
     pub tls: Option<crate::transport::tls::TlsFiles>,
     /// A connection must complete its first call that passes the token check within
@@ -53,6 +62,7 @@ impl Default for RpcOptions {
     fn default() -> Self {
         RpcOptions {
             token: None,
+            node_token: None,
             tls: None,
             first_call_deadline: FIRST_CALL_DEADLINE,
             max_connections_per_ip: MAX_CONNECTIONS_PER_IP,
@@ -64,6 +74,10 @@ impl std::fmt::Debug for RpcOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RpcOptions")
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "node_token",
+                &self.node_token.as_ref().map(|_| "<redacted>"),
+            )
             .field("tls", &self.tls)
             .field("first_call_deadline", &self.first_call_deadline)
             .field("max_connections_per_ip", &self.max_connections_per_ip)
@@ -106,25 +120,41 @@ fn with<T>(req: Request<()>, msg: T) -> Request<T> {
     Request::from_parts(metadata, extensions, msg)
 }
 
-/// The interceptor that refuses calls without the token.
+/// The interceptor that refuses calls without one of the tokens it accepts (none
+/// given: every call passes).
 #[derive(Clone)]
-struct TokenCheck(Option<Arc<str>>);
+struct TokenCheck(Vec<Arc<str>>);
+
+impl TokenCheck {
+    /// Accepting each of `tokens` that is set.
+    fn new(tokens: &[&Option<Arc<str>>]) -> TokenCheck {
+        TokenCheck(tokens.iter().filter_map(|t| (*t).clone()).collect())
+    }
+}
 
 impl tonic::service::Interceptor for TokenCheck {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(want) = &self.0 else {
+        if self.0.is_empty() {
             first_call_made(&req);
             return Ok(req);
-        };
+        }
         match req.metadata().get(RPC_TOKEN_KEY) {
             None => Err(Status::unauthenticated(format!(
                 "this server requires a token: send it in the {RPC_TOKEN_KEY} metadata entry"
             ))),
-            Some(given) if token_eq(given.as_bytes(), want.as_bytes()) => {
-                first_call_made(&req);
-                Ok(req)
+            Some(given) => {
+                // Every accepted token is compared (no early exit): the answer's time
+                // does not tell which one came close.
+                let matched = self.0.iter().fold(false, |any, want| {
+                    token_eq(given.as_bytes(), want.as_bytes()) | any
+                });
+                if matched {
+                    first_call_made(&req);
+                    Ok(req)
+                } else {
+                    Err(Status::unauthenticated("wrong token"))
+                }
             }
-            Some(_) => Err(Status::unauthenticated("wrong token")),
         }
     }
 }
@@ -597,7 +627,11 @@ pub async fn serve(
             .map_err(|e| ServerError::Invalid(format!("RPC TLS settings: {e}")))?;
     }
     let token: Option<Arc<str>> = options.token.as_deref().map(Arc::from);
-    let check = TokenCheck(token.clone());
+    let node_token: Option<Arc<str>> = options.node_token.as_deref().map(Arc::from);
+    // Servers forward node RPCs to the leader with the cluster token, so the node
+    // service takes both; `Api.Forward` is the servers' alone.
+    let node_check = TokenCheck::new(&[&token, &node_token]);
+    let api_check = TokenCheck::new(&[&token]);
     let node = NodeServer::new(NodeRpc {
         server,
         shutdown: shutdown.clone(),
@@ -612,14 +646,15 @@ pub async fn serve(
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        tonic::service::interceptor::InterceptedService::new(svc, check.clone())
+        tonic::service::interceptor::InterceptedService::new(svc, api_check)
     });
-    let node = tonic::service::interceptor::InterceptedService::new(node, check);
+    let node = tonic::service::interceptor::InterceptedService::new(node, node_check);
     let addr = listener.local_addr().ok();
     tracing::info!(
         addr = ?addr,
         tls = options.tls.is_some(),
         token = options.token.is_some(),
+        node_token = options.node_token.is_some(),
         forward = api.is_some(),
         "serving node RPCs"
     );
