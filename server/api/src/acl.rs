@@ -315,7 +315,6 @@ fn json_items(
     obj: serde_json::Map<String, serde_json::Value>,
 ) -> Result<Vec<Item>, PolicyError> {
     fn block(
-        parent: &str,
         name: &str,
         labels: Vec<String>,
         want: usize,
@@ -325,7 +324,7 @@ fn json_items(
         match v {
             serde_json::Value::Array(vs) => {
                 for v in vs {
-                    block(parent, name, labels.clone(), want, v, out)?;
+                    block(name, labels.clone(), want, v, out)?;
                 }
                 Ok(())
             }
@@ -333,7 +332,7 @@ fn json_items(
                 for (label, v) in o {
                     let mut l = labels.clone();
                     l.push(label);
-                    block(parent, name, l, want, v, out)?;
+                    block(name, l, want, v, out)?;
                 }
                 Ok(())
             }
@@ -347,7 +346,7 @@ fn json_items(
     let mut items = Vec::new();
     for (k, v) in obj {
         match block_labels(parent, &k) {
-            Some(n) => block(parent, &k, Vec::new(), n, v, &mut items)?,
+            Some(n) => block(&k, Vec::new(), n, v, &mut items)?,
             None => items.push(Item::Attr(k, json_lit(v))),
         }
     }
