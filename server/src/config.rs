@@ -48,6 +48,10 @@ pub struct ServerConfig {
     pub region: String,
     /// The datacenter this server says it is in (`/v1/agent/self`).
     pub datacenter: String,
+    /// ACLs are enforced on the HTTP API (Nomad's `acl { enabled = true }`): every
+    /// request is checked against its token's policies (`X-Nomad-Token`), and the
+    /// cluster token is no user credential any more.
+    pub acl_enabled: bool,
 }
 
 /// The region of a server not told otherwise (Nomad's).
@@ -100,6 +104,7 @@ impl ServerConfig {
             forward: ForwardOptions::default(),
             region: DEFAULT_REGION.to_owned(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
+            acl_enabled: false,
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod store;
 mod transport;
 
 pub use config::ServerConfig;
+pub use endpoints::acl::{Identity, TokenRefusal};
 pub use error::ServerError;
 pub use leader::plan_apply::PlanResult;
 pub use leader::{Election, NameClaim, ServerInfo, SoleLeader};

@@ -295,6 +295,18 @@ pub struct AgentConfig {
     /// What the node keeps for itself (Nomad's `reserved` block): ports never given
     /// to allocations.
     pub reserved: Reserved,
+    /// ACLs of the in-process server of `--dev` (Nomad's `acl` block).
+    #[serde(default)]
+    pub acl: AclSettings,
+}
+
+/// Nomad's `acl` block: `[acl] enabled = true` enforces ACLs on the HTTP API of the
+/// server this agent runs (`--dev`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AclSettings {
+    /// Enforce ACLs.
+    pub enabled: bool,
 }
 
 /// Nomad's client `reserved` block: only `reserved_ports` has a meaning here.
@@ -385,6 +397,7 @@ impl Default for AgentConfig {
             min_dynamic_port: u32::from(drover_server_api::DEFAULT_MIN_DYNAMIC_PORT),
             max_dynamic_port: u32::from(drover_server_api::DEFAULT_MAX_DYNAMIC_PORT),
             reserved: Reserved::default(),
+            acl: AclSettings::default(),
         }
     }
 }

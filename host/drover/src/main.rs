@@ -77,6 +77,8 @@ enum Command {
     /// Inspect, promote and fail deployments (the rollouts of service jobs).
     #[command(subcommand)]
     Deployment(commands::deployment::DeploymentCommand),
+    /// ACLs: bootstrap, policies and tokens (with `--acl-enabled` servers).
+    Acl(commands::acl::AclArgs),
 }
 
 fn main() -> ExitCode {
@@ -125,6 +127,7 @@ fn main() -> ExitCode {
         Command::Deployment(cmd) => cluster_main(cli.address, |c| async move {
             commands::deployment::deployment_command(&c, cmd).await
         }),
+        Command::Acl(args) => commands::acl::run(cli.address, args),
     }
 }
 
@@ -134,6 +137,41 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("drover").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn acl_commands_take_nomads_single_dash_flags() {
+        use commands::acl::{AclCommand, TokenCommand};
+        let args: Vec<std::ffi::OsString> = [
+            "drover", "acl", "token", "create", "-name", "ci", "-policy", "a", "-policy", "b",
+            "-ttl", "1h", "-token", "s3",
+        ]
+        .iter()
+        .map(std::ffi::OsString::from)
+        .collect();
+        let cli = Cli::try_parse_from(commands::jobspec::nomad_style_args(args)).unwrap();
+        let Command::Acl(acl) = cli.command else {
+            panic!("not an acl command")
+        };
+        assert_eq!(acl.token.as_deref(), Some("s3"));
+        match acl.command {
+            AclCommand::Token(TokenCommand::Create {
+                name,
+                policies,
+                ttl,
+                token_type,
+                ..
+            }) => {
+                assert_eq!(name, "ci");
+                assert_eq!(policies, ["a", "b"]);
+                assert_eq!(ttl, Some(std::time::Duration::from_secs(3600)));
+                assert_eq!(token_type, "client");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["acl", "token", "create", "--type", "root"]).is_err());
+        assert!(parse(&["acl", "policy", "apply", "p", "f.hcl", "--description", "d"]).is_ok());
+        assert!(parse(&["acl", "bootstrap", "--json"]).is_ok());
     }
 
     #[test]

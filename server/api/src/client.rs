@@ -36,6 +36,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+mod acl;
+
 use crate::nomad;
 use crate::{
     AllocLogsQuery, Allocation, Deployment, DeploymentUpdateResponse, Evaluation, INDEX_HEADER,

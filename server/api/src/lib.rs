@@ -14,6 +14,7 @@
 //! and field); [`validate()`] checks a job spec the way the server does before it
 //! accepts one.
 
+pub mod acl;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod client_fs;

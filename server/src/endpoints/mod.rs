@@ -4,6 +4,7 @@
 //! writes are one commit each (the client status reports go through the leader's
 //! batcher).
 
+pub(crate) mod acl;
 pub(crate) mod allocs;
 pub(crate) mod deployments;
 pub(crate) mod evals;

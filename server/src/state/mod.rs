@@ -6,6 +6,7 @@
 //! store committed it, with the transaction's revision as index. Readers (workers,
 //! API) take the state's read lock for the duration of one call.
 
+pub(crate) mod acl;
 pub(crate) mod evals;
 pub(crate) mod services;
 
@@ -92,6 +93,16 @@ pub(crate) struct Batch {
     pub deployments: Vec<Deployment>,
     /// Deployments removed, by id.
     pub drop_deployments: Vec<String>,
+    /// ACL policies written.
+    pub acl_policies: Vec<drover_server_api::acl::AclPolicy>,
+    /// ACL policies removed, by name.
+    pub drop_acl_policies: Vec<String>,
+    /// ACL tokens written.
+    pub acl_tokens: Vec<drover_server_api::acl::AclToken>,
+    /// ACL tokens removed, by accessor id.
+    pub drop_acl_tokens: Vec<String>,
+    /// The ACL bootstrap was done (at this batch's index).
+    pub acl_bootstrap: Option<Index>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -114,6 +125,11 @@ impl Batch {
             && self.drop_services.is_empty()
             && self.deployments.is_empty()
             && self.drop_deployments.is_empty()
+            && self.acl_policies.is_empty()
+            && self.drop_acl_policies.is_empty()
+            && self.acl_tokens.is_empty()
+            && self.drop_acl_tokens.is_empty()
+            && self.acl_bootstrap.is_none()
     }
 
     /// The batch a follower applies for one change the leader committed (or one part
@@ -149,6 +165,8 @@ impl Batch {
                 "eval" => b.drop_evals.push(rest.to_owned()),
                 "service" => b.drop_services.push(rest.to_owned()),
                 "deployment" => b.drop_deployments.push(rest.to_owned()),
+                "aclpolicy" => b.drop_acl_policies.push(rest.to_owned()),
+                "acltoken" => b.drop_acl_tokens.push(rest.to_owned()),
                 _ => note_unknown_key(key),
             }
         }
@@ -163,6 +181,9 @@ impl Batch {
                 "eval" => b.evals.push(decode(kv)?),
                 "service" => b.services.push(decode(kv)?),
                 "deployment" => b.deployments.push(decode(kv)?),
+                "aclpolicy" => b.acl_policies.push(decode(kv)?),
+                "acltoken" => b.acl_tokens.push(decode(kv)?),
+                "aclbootstrap" => b.acl_bootstrap = Some(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -259,6 +280,25 @@ impl Batch {
         for d in &self.deployments {
             ops.push(put(deployment_key(&d.id), d)?);
         }
+        for name in &self.drop_acl_policies {
+            ops.push(Op::Delete {
+                key: acl::policy_key(name),
+            });
+        }
+        for accessor in &self.drop_acl_tokens {
+            ops.push(Op::Delete {
+                key: acl::token_key(accessor),
+            });
+        }
+        for p in &self.acl_policies {
+            ops.push(put(acl::policy_key(&p.name), p)?);
+        }
+        for t in &self.acl_tokens {
+            ops.push(put(acl::token_key(&t.accessor_id), t)?);
+        }
+        if let Some(index) = self.acl_bootstrap {
+            ops.push(put(acl::BOOTSTRAP_KEY.to_owned(), &index)?);
+        }
         Ok(ops)
     }
 }
@@ -302,6 +342,8 @@ pub(crate) struct State {
     deployments: HashMap<String, Deployment>,
     /// Each job's deployments by creation index (and id: two made in one commit).
     deployments_by_job: HashMap<String, BTreeSet<(Index, String)>>,
+    /// ACL policies and tokens.
+    pub(crate) acl: acl::AclState,
 }
 
 impl State {
@@ -338,6 +380,9 @@ impl State {
                 "eval" => s.put_eval(decode(kv)?),
                 "service" => s.services.put(decode(kv)?),
                 "deployment" => s.put_deployment(decode(kv)?),
+                "aclpolicy" => s.acl.put_policy(decode(kv)?),
+                "acltoken" => s.acl.put_token(decode(kv)?),
+                "aclbootstrap" => s.acl.set_bootstrapped(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -411,6 +456,21 @@ impl State {
         }
         for d in batch.deployments {
             self.put_deployment(d);
+        }
+        for name in batch.drop_acl_policies {
+            self.acl.remove_policy(&name);
+        }
+        for accessor in batch.drop_acl_tokens {
+            self.acl.remove_token(&accessor);
+        }
+        for p in batch.acl_policies {
+            self.acl.put_policy(p);
+        }
+        for t in batch.acl_tokens {
+            self.acl.put_token(t);
+        }
+        if let Some(i) = batch.acl_bootstrap {
+            self.acl.set_bootstrapped(i);
         }
         self.index = index;
     }

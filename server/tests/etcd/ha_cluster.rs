@@ -71,6 +71,22 @@ impl Member {
         tls: Option<&Tls>,
         wrap: impl FnOnce(Arc<dyn Election>, SocketAddr) -> Arc<dyn Election>,
     ) -> Member {
+        Member::start_full(endpoint, prefix, name, tls, false, wrap).await
+    }
+
+    /// A server with ACLs enforced on its HTTP API.
+    async fn start_acl(etcd: &SharedEtcd, prefix: &str, name: &str) -> Member {
+        Member::start_full(&etcd.endpoint(), prefix, name, None, true, |e, _| e).await
+    }
+
+    async fn start_full(
+        endpoint: &str,
+        prefix: &str,
+        name: &str,
+        tls: Option<&Tls>,
+        acl_enabled: bool,
+        wrap: impl FnOnce(Arc<dyn Election>, SocketAddr) -> Arc<dyn Election>,
+    ) -> Member {
         let dir = tempfile::tempdir().unwrap();
         let mut o = EtcdOptions::new(vec![endpoint.to_owned()]);
         o.prefix = prefix.to_owned();
@@ -90,6 +106,7 @@ impl Member {
         // A new leader gives known nodes this long before it can mark them down.
         config.failover_heartbeat_ttl = Duration::from_secs(5);
         config.forward.token = Some(TOKEN.into());
+        config.acl_enabled = acl_enabled;
         let files = tls.map(|t| drover_server::tls::TlsFiles {
             cert: t.cert.clone(),
             key: t.key.clone(),
@@ -1033,4 +1050,54 @@ async fn requests_waiting_for_a_leader_share_the_stores_answer_and_status_is_cac
         "{n} store calls for 10 status answers within a second"
     );
     s.shutdown().await;
+}
+
+/// With ACLs, a write reaching a follower goes to the leader with the caller's own
+/// token, and the leader checks it: the follower's cluster token does not stand in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_acls_a_follower_forwards_the_callers_token_and_the_leader_checks_it() {
+    let Some(etcd) = shared() else { return };
+    let prefix = etcd.unique_prefix();
+    let mut members = Vec::new();
+    for name in ["a1", "a2"] {
+        members.push(Member::start_acl(&etcd, &prefix, name).await);
+    }
+    let leader = one_leader(&members, LEASE + Duration::from_secs(5)).await;
+    let l = by_name(&members, &leader);
+    let follower = members.iter().find(|m| m.name != leader).unwrap();
+    let at_follower = |token: Option<&str>| {
+        Client::new(
+            &format!("http://{}", follower.http),
+            ClientOptions {
+                token: token.map(str::to_owned),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    // Anonymous and the cluster token: refused, through the follower too.
+    for token in [None, Some(TOKEN)] {
+        let e = at_follower(token)
+            .register_job(&job("nope", 1, 100, 100))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(hyper::StatusCode::FORBIDDEN), "{e}");
+    }
+    assert!(l.server.job("nope").is_none());
+    // The bootstrap through the follower; its management token writes through it.
+    let boot = at_follower(None).acl_bootstrap().await.expect("bootstrap");
+    let mgmt = at_follower(Some(&boot.secret_id));
+    mgmt.register_job(&job("yes", 1, 100, 100))
+        .await
+        .expect("a management write through the follower");
+    until(Duration::from_secs(10), "the leader has the job", || {
+        l.server.job("yes").is_some()
+    })
+    .await;
+    // The follower knows the token too (it follows the leader's commits).
+    let me = mgmt.acl_token_self().await.unwrap().value;
+    assert_eq!(me.token_type, "management");
+    for m in members {
+        m.shutdown().await;
+    }
 }

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod acl;
 mod deployments;
 mod growth;
 mod http;

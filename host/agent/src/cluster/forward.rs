@@ -6,7 +6,8 @@
 //!
 //! The agent sends its own cluster token (`token_file`) with every forwarded request;
 //! whoever can reach the agent's socket (mode 0600) acts with the agent's rights, as
-//! with every other endpoint of the socket.
+//! with every other endpoint of the socket, unless the servers enforce ACLs: then the
+//! caller's own `X-Nomad-Token` (passed on) says what it may do.
 //!
 //! The agent forwards over the cluster client's connections ([`Forwarder::new`] with
 //! its channels and token); [`Forwarder::from_config`] makes channels of its own.
@@ -39,8 +40,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(6 * 60);
 /// How long connecting to a server may take before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Request headers the server acts on; nothing else is forwarded (never a token).
-const FORWARDED_HEADERS: [&str; 2] = ["content-type", "accept"];
+/// Request headers the server acts on; nothing else is forwarded. The caller's own
+/// `X-Nomad-Token` goes on too: a server with ACLs checks it (the agent's cluster token
+/// authenticates the RPC, and is no user credential there); one without ignores it.
+const FORWARDED_HEADERS: [&str; 3] = ["content-type", "accept", "x-nomad-token"];
 
 /// Forwards requests to the configured servers, in order, the next one when a server
 /// cannot be reached.
@@ -446,7 +449,8 @@ mod tests {
             .method("PUT")
             .uri("/v1/jobs?index=3&wait=1s")
             .header("content-type", "application/json")
-            .header("x-nomad-token", "the caller's, not forwarded")
+            .header("x-nomad-token", "the caller's")
+            .header("x-drover-token", "never forwarded")
             .body(Body::from("{\"job\":1}"))
             .unwrap();
         let (status, index, body) = body_of(f.forward(req).await).await;
@@ -460,7 +464,13 @@ mod tests {
             req.headers.get("content-type").map(String::as_str),
             Some("application/json")
         );
-        assert!(!req.headers.contains_key("x-nomad-token"));
+        // The caller's ACL token goes along (the server checks it when ACLs are on);
+        // the RPC itself carries the agent's.
+        assert_eq!(
+            req.headers.get("x-nomad-token").map(String::as_str),
+            Some("the caller's")
+        );
+        assert!(!req.headers.contains_key("x-drover-token"));
     }
 
     #[tokio::test]

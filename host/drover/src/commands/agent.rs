@@ -65,6 +65,10 @@ pub struct AgentArgs {
     /// other users).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// With --dev: enforce ACLs on the dev server's HTTP API (as `[acl] enabled =
+    /// true` in the config); `drover acl bootstrap` makes the first management token.
+    #[arg(long)]
+    acl_enabled: bool,
     /// With --dev: where the dev server's HTTP API listens (Nomad's 127.0.0.1:4646 by
     /// default; port 0 picks a free one).
     #[arg(long, value_name = "IP:PORT", default_value = super::server::DEV_HTTP_ADDR)]
@@ -163,6 +167,9 @@ pub fn run_agent(args: AgentArgs) -> ExitCode {
     };
     init_logging(&config);
     let mut config = config;
+    if args.acl_enabled {
+        config.acl.enabled = true;
+    }
     if let Err(e) = leave_working_directory(&mut config) {
         tracing::error!("{e}");
         return ExitCode::FAILURE;
@@ -299,8 +306,14 @@ fn start_dev_server(
     let token_file = server_dir.join("dev-token");
     write_private(&token_file, &token)
         .with_context(|| format!("cannot write the dev token {}", token_file.display()))?;
-    let (http, rpc, thread) =
-        super::server::start_dev(server_dir, token, http_addr, config.api_socket(), stop)?;
+    let (http, rpc, thread) = super::server::start_dev(
+        server_dir,
+        token,
+        http_addr,
+        config.api_socket(),
+        config.acl.enabled,
+        stop,
+    )?;
     tracing::info!(
         http = %format!("http://{http}"),
         rpc = %rpc,
@@ -309,6 +322,12 @@ fn start_dev_server(
          Nomad's clients at http://{http} with the token file's token in the \
          X-Nomad-Token header (NOMAD_TOKEN)"
     );
+    if config.acl.enabled {
+        tracing::info!(
+            "ACLs are enabled: the dev token is no user credential on the HTTP API; \
+             run `drover acl bootstrap` for a management token"
+        );
+    }
     // The dev server's ports are on this node: never given to a task (a static port
     // in bridge mode would take them over).
     config.reserved.add_port(http.port());

@@ -191,9 +191,21 @@ const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &[
     "no-follow",
 ];
 
+/// Nomad's single-dash flags of `nomad acl ...`.
+const NOMAD_ACL_SINGLE_DASH_FLAGS: &[&str] = &[
+    "name",
+    "type",
+    "policy",
+    "ttl",
+    "description",
+    "token",
+    "json",
+];
+
 /// Nomad spells the variable flags with one dash (`-var x=1`, `-var-file f`): rewrite
-/// them to the `--var`/`--var-file` clap knows, for `drover job ...` and
-/// `drover deployment ...` only and never after a `--`.
+/// them to the `--var`/`--var-file` clap knows, for `drover job ...`,
+/// `drover deployment ...` and `drover acl ...` (its own flags: `-name`, `-policy`,
+/// ...) only and never after a `--`.
 pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsString> {
     let mut args: Vec<OsString> = args.into_iter().collect();
     // The command is the first word that is neither a flag nor the value of the one
@@ -205,13 +217,18 @@ pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsStri
             Some("--address") => i += 2,
             Some(a) if a.starts_with('-') => i += 1,
             other => {
-                command = other.map(|c| (c == "job" || c == "deployment", i));
+                command = other.map(|c| (c == "job" || c == "deployment" || c == "acl", i));
                 break;
             }
         }
     }
     let Some((true, start)) = command else {
         return args;
+    };
+    let flags = if args[start].to_str() == Some("acl") {
+        NOMAD_ACL_SINGLE_DASH_FLAGS
+    } else {
+        NOMAD_SINGLE_DASH_FLAGS
     };
     for arg in args.iter_mut().skip(start + 1) {
         let Some(text) = arg.to_str() else { continue };
@@ -222,7 +239,7 @@ pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsStri
             .strip_prefix('-')
             .filter(|t| !t.starts_with('-'))
             .map(|t| t.split_once('=').map_or(t, |(n, _)| n));
-        if name.is_some_and(|n| NOMAD_SINGLE_DASH_FLAGS.contains(&n)) {
+        if name.is_some_and(|n| flags.contains(&n)) {
             *arg = OsString::from(format!("-{text}"));
         }
     }

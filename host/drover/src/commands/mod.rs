@@ -10,6 +10,7 @@
 //! `NOMAD_CACERT`, ... are read where Drover's are not set. The others (`task`, `plugin`) use the
 //! agent's API ([`drover_api::Client`]).
 
+pub mod acl;
 pub mod agent;
 pub mod alloc;
 pub mod deployment;

@@ -83,6 +83,12 @@ pub struct ServerArgs {
     /// servers' forwarding. Needs --token-file.
     #[arg(long, value_name = "FILE", requires = "token_file")]
     pub node_token_file: Option<PathBuf>,
+    /// Enforce ACLs on the HTTP API (Nomad's `acl { enabled = true }`): every request
+    /// is checked against its token's policies; `drover acl bootstrap` makes the first
+    /// management token. The --token-file token then only authenticates servers and
+    /// nodes on the RPCs.
+    #[arg(long)]
+    pub acl_enabled: bool,
     /// Nodes must heartbeat at least this often, e.g. "10s".
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_ttl: Duration,
@@ -253,6 +259,8 @@ pub struct ServerOptions {
     /// The API socket of an agent in this process (`agent --dev`), which answers
     /// Nomad's client endpoints (`/v1/client/fs/logs/...`) on the HTTP address.
     pub local_agent: Option<PathBuf>,
+    /// ACLs are enforced on the HTTP API.
+    pub acl_enabled: bool,
 }
 
 /// Where the state lives.
@@ -296,6 +304,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("advertise_http", &self.advertise_http)
             .field("region", &self.region)
             .field("local_agent", &self.local_agent)
+            .field("acl_enabled", &self.acl_enabled)
             .finish()
     }
 }
@@ -429,6 +438,7 @@ impl ServerArgs {
             advertise_rpc: self.advertise_rpc.clone(),
             advertise_http: self.advertise_http.clone(),
             local_agent: None,
+            acl_enabled: self.acl_enabled,
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
@@ -510,6 +520,7 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     }
     config.algorithm = options.algorithm;
     config.region.clone_from(&options.region);
+    config.acl_enabled = options.acl_enabled;
     config.forward = ForwardOptions {
         token: options.token.clone(),
         // The other servers' certificates come from the same CA as this one's: the
@@ -570,10 +581,11 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
             StoreChoice::Etcd { .. } => "etcd",
         },
         token = options.token.is_some(),
+        acl = options.acl_enabled,
         tls = options.tls.is_some(),
         "drover server listening"
     );
-    if options.token.is_none() {
+    if options.token.is_none() && !options.acl_enabled {
         tracing::warn!(
             "no --token-file: anyone who can reach the HTTP or RPC address can submit jobs, \
              which run as root on nodes with the rawexec driver, and register nodes"
@@ -740,6 +752,7 @@ pub fn start_dev(
     token: String,
     http_addr: SocketAddr,
     local_agent: PathBuf,
+    acl_enabled: bool,
     stop: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, SocketAddr, std::thread::JoinHandle<()>)> {
     // Bound here first for a clear error: a port in use is another dev agent (or
@@ -769,6 +782,7 @@ pub fn start_dev(
         advertise_rpc: None,
         advertise_http: None,
         local_agent: Some(local_agent),
+        acl_enabled,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -856,6 +870,7 @@ mod tests {
             advertise_rpc: None,
             advertise_http: None,
             local_agent: None,
+            acl_enabled: false,
         };
         let shown = format!("{options:?}");
         assert!(

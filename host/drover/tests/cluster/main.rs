@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod acl;
 mod agent_cluster;
 mod alloc_health;
 mod cluster;

@@ -18,6 +18,7 @@
 //! hand-written requests rely on it. Fields Drover has that Nomad lacks travel in extra
 //! PascalCase keys (e.g. `TaskState.TaskID`), which Nomad's clients ignore.
 
+mod acl;
 mod alloc;
 mod deployment;
 mod duration;
@@ -30,6 +31,7 @@ mod node;
 #[cfg(test)]
 mod wire_tests;
 
+pub use acl::*;
 pub use alloc::*;
 pub use deployment::*;
 pub use eval::*;

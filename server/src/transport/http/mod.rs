@@ -13,9 +13,13 @@
 //!   (store) or 503 (not serving).
 //! - With a token, every request must carry it in `X-Nomad-Token`; anything else is
 //!   refused with 403 before the request is looked at, and changes nothing.
+//! - With ACLs on (the server's `acl_enabled`), the shared token is no user
+//!   credential: each request's token (`X-Nomad-Token` or `Authorization: Bearer`)
+//!   is looked up, and each route checks what it needs (see [`acl`]).
 //! - `/v1/client/*` is the agents' (logs, files, stats of an allocation): not routed
 //!   here, but merged from [`client_routes`].
 
+mod acl;
 mod agent;
 mod allocs;
 mod client_routes;
@@ -161,81 +165,118 @@ pub fn router_with_local_agent(
     local_agent: Option<std::path::PathBuf>,
 ) -> axum::Router {
     let client = client_routes(server.clone(), local_agent);
+    let acl_enabled = server.acl_enabled();
     let api = Api {
         server,
-        token_required: token.is_some(),
+        token_required: token.is_some() || acl_enabled,
+    };
+    let client = if acl_enabled {
+        client.route_layer(axum::middleware::from_fn(acl::enforce))
+    } else {
+        client
     };
     let routes = Router::new()
-        .route(
+        .acl_route(
             "/v1/jobs",
             get(jobs::list).put(jobs::register).post(jobs::register),
         )
-        .route("/v1/jobs/parse", put(jobs::parse).post(jobs::parse))
-        .route(
+        .acl_route("/v1/jobs/parse", put(jobs::parse).post(jobs::parse))
+        .acl_route(
             "/v1/job/{id}",
             get(jobs::get)
                 .put(jobs::register_named)
                 .post(jobs::register_named)
                 .delete(jobs::deregister),
         )
-        .route("/v1/job/{id}/allocations", get(jobs::allocations))
-        .route("/v1/job/{id}/evaluations", get(jobs::evaluations))
-        .route("/v1/job/{id}/summary", get(jobs::summary))
-        .route("/v1/job/{id}/versions", get(jobs::versions))
-        .route("/v1/job/{id}/deployment", get(deployments::of_job))
-        .route("/v1/job/{id}/deployments", get(deployments::of_job))
-        .route(
+        .acl_route("/v1/job/{id}/allocations", get(jobs::allocations))
+        .acl_route("/v1/job/{id}/evaluations", get(jobs::evaluations))
+        .acl_route("/v1/job/{id}/summary", get(jobs::summary))
+        .acl_route("/v1/job/{id}/versions", get(jobs::versions))
+        .acl_route("/v1/job/{id}/deployment", get(deployments::of_job))
+        .acl_route("/v1/job/{id}/deployments", get(deployments::of_job))
+        .acl_route(
             "/v1/job/{id}/revert",
             put(deployments::revert).post(deployments::revert),
         )
-        .route("/v1/deployments", get(deployments::list))
-        .route("/v1/deployment/{id}", get(deployments::get))
-        .route(
+        .acl_route("/v1/deployments", get(deployments::list))
+        .acl_route("/v1/deployment/{id}", get(deployments::get))
+        .acl_route(
             "/v1/deployment/allocations/{id}",
             get(deployments::allocations),
         )
-        .route(
+        .acl_route(
             "/v1/deployment/promote/{id}",
             put(deployments::promote).post(deployments::promote),
         )
-        .route(
+        .acl_route(
             "/v1/deployment/fail/{id}",
             put(deployments::fail).post(deployments::fail),
         )
-        .route("/v1/job/{id}/plan", put(jobs::plan).post(jobs::plan))
-        .route(
+        .acl_route("/v1/job/{id}/plan", put(jobs::plan).post(jobs::plan))
+        .acl_route(
             "/v1/job/{id}/scale",
             get(jobs::scale_status).put(jobs::scale).post(jobs::scale),
         )
-        .route("/v1/allocations", get(allocs::list))
-        .route("/v1/allocation/{id}", get(allocs::get))
-        .route(
+        .acl_route("/v1/allocations", get(allocs::list))
+        .acl_route("/v1/allocation/{id}", get(allocs::get))
+        .acl_route(
             "/v1/allocation/{id}/stop",
             put(allocs::stop).post(allocs::stop),
         )
-        .route("/v1/evaluations", get(allocs::list_evals))
-        .route("/v1/evaluation/{id}", get(allocs::get_eval))
-        .route("/v1/evaluation/{id}/allocations", get(allocs::eval_allocs))
-        .route("/v1/nodes", get(nodes::list))
-        .route("/v1/node/{id}", get(nodes::get))
-        .route("/v1/node/{id}/allocations", get(nodes::allocations))
-        .route("/v1/node/{id}/drain", put(nodes::drain).post(nodes::drain))
-        .route(
+        .acl_route("/v1/evaluations", get(allocs::list_evals))
+        .acl_route("/v1/evaluation/{id}", get(allocs::get_eval))
+        .acl_route("/v1/evaluation/{id}/allocations", get(allocs::eval_allocs))
+        .acl_route("/v1/nodes", get(nodes::list))
+        .acl_route("/v1/node/{id}", get(nodes::get))
+        .acl_route("/v1/node/{id}/allocations", get(nodes::allocations))
+        .acl_route("/v1/node/{id}/drain", put(nodes::drain).post(nodes::drain))
+        .acl_route(
             "/v1/node/{id}/eligibility",
             put(nodes::eligibility).post(nodes::eligibility),
         )
-        .route("/v1/agent/self", get(agent::agent_self))
-        .route("/v1/agent/members", get(agent::members))
-        .route("/v1/agent/health", get(agent::health))
-        .route("/v1/status/leader", get(agent::leader))
-        .route("/v1/status/peers", get(agent::peers))
-        .route("/v1/status/servers", get(agent::servers_status))
-        .route("/v1/status/term", get(agent::leader_term))
-        .route("/v1/regions", get(agent::regions))
-        .route("/v1/event/stream", get(events::stream))
-        .route("/v1/services", get(services::list))
-        .route("/v1/service/{name}", get(services::get))
-        .route("/v1/service/{name}/{id}", delete(services::delete))
+        .acl_route("/v1/agent/self", get(agent::agent_self))
+        .acl_route("/v1/agent/members", get(agent::members))
+        .acl_route("/v1/agent/health", get(agent::health))
+        .acl_route("/v1/status/leader", get(agent::leader))
+        .acl_route("/v1/status/peers", get(agent::peers))
+        .acl_route("/v1/status/servers", get(agent::servers_status))
+        .acl_route("/v1/status/term", get(agent::leader_term))
+        .acl_route("/v1/regions", get(agent::regions))
+        .acl_route("/v1/event/stream", get(events::stream))
+        .acl_route("/v1/services", get(services::list))
+        .acl_route("/v1/service/{name}", get(services::get))
+        .acl_route("/v1/service/{name}/{id}", delete(services::delete))
+        .acl_route(
+            "/v1/acl/bootstrap",
+            put(acl::bootstrap).post(acl::bootstrap),
+        )
+        .acl_route("/v1/acl/policies", get(acl::list_policies))
+        .acl_route(
+            "/v1/acl/policy/{name}",
+            get(acl::get_policy)
+                .put(acl::put_policy)
+                .post(acl::put_policy)
+                .delete(acl::delete_policy),
+        )
+        .acl_route("/v1/acl/tokens", get(acl::list_tokens))
+        .acl_route(
+            "/v1/acl/token",
+            put(acl::create_token).post(acl::create_token),
+        )
+        .acl_route("/v1/acl/token/self", get(acl::token_self))
+        .acl_route(
+            "/v1/acl/token/{accessor}",
+            get(acl::get_token)
+                .put(acl::update_token)
+                .post(acl::update_token)
+                .delete(acl::delete_token),
+        );
+    let routes = if acl_enabled {
+        routes.route_layer(axum::middleware::from_fn(acl::enforce))
+    } else {
+        routes
+    };
+    let routes = routes
         .fallback(|| async { ApiError::not_found("404 page not found") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Invalid method")
@@ -249,13 +290,32 @@ pub fn router_with_local_agent(
             api.clone(),
             forward_writes,
         ))
-        .with_state(api)
+        .with_state(api.clone())
         .merge(client);
     match token {
+        // With ACLs, each request's own token says who it is; the cluster token is
+        // the servers' and nodes' credential on the RPCs, not a user's.
+        _ if acl_enabled => routes.layer(axum::middleware::from_fn_with_state(api, acl::resolve)),
         Some(token) => routes.layer(axum::middleware::from_fn(move |req, next| {
             check_token(Arc::from(token.as_bytes()), req, next)
         })),
         None => routes,
+    }
+}
+
+/// `Router::route` that refuses a path without an ACL rule (a route must say what it
+/// needs before it can be served).
+trait AclRoute {
+    fn acl_route(self, path: &str, method_router: axum::routing::MethodRouter<Api>) -> Self;
+}
+
+impl AclRoute for Router<Api> {
+    fn acl_route(self, path: &str, method_router: axum::routing::MethodRouter<Api>) -> Self {
+        assert!(
+            acl::rule(path).is_some(),
+            "route {path} has no ACL rule in transport/http/acl.rs RULES"
+        );
+        self.route(path, method_router)
     }
 }
 
@@ -279,7 +339,8 @@ async fn with_meta(State(api): State<Api>, mut resp: Response) -> Response {
 }
 
 /// Request headers not passed on to the leader: hop-by-hop ones, and the token (the
-/// forward carries this server's own).
+/// forward carries this server's own). With ACLs the caller's token is passed on
+/// instead: the leader checks it (see `forward_writes`).
 const NOT_FORWARDED: &[&str] = &[
     "connection",
     "keep-alive",
@@ -335,9 +396,11 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
     };
     let mut headers = std::collections::HashMap::new();
     for (name, value) in &parts.headers {
-        if NOT_FORWARDED
-            .iter()
-            .any(|n| n.eq_ignore_ascii_case(name.as_str()))
+        let keep_token = api.server.acl_enabled() && name.as_str() == TOKEN_HEADER;
+        if !keep_token
+            && NOT_FORWARDED
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name.as_str()))
         {
             continue;
         }
@@ -367,7 +430,7 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
 }
 
 /// Nomad's text for a refused token (clients look for it).
-const PERMISSION_DENIED: &str = "Permission denied";
+pub(crate) const PERMISSION_DENIED: &str = "Permission denied";
 
 async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
     let given = req.headers().get(TOKEN_HEADER).map(HeaderValue::as_bytes);

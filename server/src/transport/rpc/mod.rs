@@ -461,6 +461,9 @@ async fn watch(
 struct ApiRpc {
     router: axum::Router,
     token: Option<Arc<str>>,
+    /// ACLs are on: the caller's own token travels with the request, and the leader
+    /// checks it (the RPC's token only says another server or an agent sent it).
+    acl_enabled: bool,
     shutdown: CancellationToken,
 }
 
@@ -484,6 +487,7 @@ const DROPPED_HEADERS: &[&str] = &[
 fn forward_request(
     req: pb::ForwardRequest,
     token: Option<&str>,
+    acl_enabled: bool,
 ) -> Result<http::Request<axum::body::Body>, Status> {
     let method = http::Method::from_bytes(req.method.as_bytes()).map_err(|_| {
         Status::invalid_argument(format!("method {:?} is not an HTTP method", req.method))
@@ -500,9 +504,11 @@ fn forward_request(
     let mut builder = http::Request::builder().method(method).uri(uri);
     for (name, value) in &req.headers {
         let lower = name.to_ascii_lowercase();
-        if DROPPED_HEADERS
-            .iter()
-            .any(|h| h.eq_ignore_ascii_case(&lower))
+        let caller_token = acl_enabled && lower == TOKEN_HEADER;
+        if !caller_token
+            && DROPPED_HEADERS
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(&lower))
         {
             continue;
         }
@@ -512,7 +518,7 @@ fn forward_request(
             .map_err(|_| Status::invalid_argument(format!("header {name}: value is not valid")))?;
         builder = builder.header(name, value);
     }
-    if let Some(token) = token {
+    if let Some(token) = token.filter(|_| !acl_enabled) {
         // The call was authenticated with this token; the router checks it again.
         let value = http::HeaderValue::from_str(token)
             .map_err(|_| Status::internal("the server's token is not a valid header value"))?;
@@ -535,7 +541,11 @@ impl Api for ApiRpc {
             .metadata()
             .get(FORWARDED_HEADER)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        let mut http_request = forward_request(request.into_inner(), self.token.as_deref())?;
+        let mut http_request = forward_request(
+            request.into_inner(),
+            self.token.as_deref(),
+            self.acl_enabled,
+        )?;
         if let Some(by) = by {
             // The router refuses to forward it again (`forward_writes`).
             http_request.extensions_mut().insert(ForwardedBy(by));
@@ -628,10 +638,17 @@ pub async fn serve(
     }
     let token: Option<Arc<str>> = options.token.as_deref().map(Arc::from);
     let node_token: Option<Arc<str>> = options.node_token.as_deref().map(Arc::from);
+    let acl_enabled = server.acl_enabled();
     // Servers forward node RPCs to the leader with the cluster token, so the node
-    // service takes both; `Api.Forward` is the servers' alone.
+    // service takes both. `Api.Forward` runs any HTTP request: without ACLs it is the
+    // servers' alone; with ACLs the request runs as the caller's own ACL token (a
+    // node's agent passes its caller's on), so the node token may carry it too.
     let node_check = TokenCheck::new(&[&token, &node_token]);
-    let api_check = TokenCheck::new(&[&token]);
+    let api_check = if acl_enabled {
+        TokenCheck::new(&[&token, &node_token])
+    } else {
+        TokenCheck::new(&[&token])
+    };
     let node = NodeServer::new(NodeRpc {
         server,
         shutdown: shutdown.clone(),
@@ -642,6 +659,7 @@ pub async fn serve(
         let svc = ApiServer::new(ApiRpc {
             router,
             token: token.clone(),
+            acl_enabled,
             shutdown: shutdown.clone(),
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -711,7 +729,7 @@ mod tests {
             headers,
             body: b"{}".to_vec(),
         };
-        let r = forward_request(req.clone(), Some("t0k")).unwrap();
+        let r = forward_request(req.clone(), Some("t0k"), false).unwrap();
         assert_eq!(r.method(), http::Method::PUT);
         assert_eq!(r.uri().path_and_query().unwrap().as_str(), "/v1/jobs?x=1");
         assert_eq!(r.headers().get_all(TOKEN_HEADER).iter().count(), 1);
@@ -719,12 +737,18 @@ mod tests {
         assert_eq!(r.headers()["content-type"], "application/json");
         assert!(r.headers().get("connection").is_none());
 
+        // With ACLs the caller's token goes on, and the server's is not added.
+        let r = forward_request(req.clone(), Some("t0k"), true).unwrap();
+        assert_eq!(r.headers().get_all(TOKEN_HEADER).iter().count(), 1);
+        assert_eq!(r.headers()[TOKEN_HEADER], "from-client");
+
         let err = forward_request(
             pb::ForwardRequest {
                 path_and_query: "/etc/passwd".into(),
                 ..req.clone()
             },
             None,
+            false,
         )
         .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
@@ -735,6 +759,7 @@ mod tests {
                 ..req
             },
             None,
+            false,
         )
         .unwrap_err();
         assert!(err.message().contains("GE T"), "{}", err.message());

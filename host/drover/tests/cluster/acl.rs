@@ -1,0 +1,420 @@
+//! ACLs on a dev agent started with `--acl-enabled` (issue 26, acceptance 1): the
+//! bootstrap (once), policies in Nomad's rule language, client and management tokens,
+//! expiry, and the checks every route makes, through the HTTP API, the `drover acl`
+//! CLI and the real python-nomad client.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::Agent;
+use common::cluster::{free_port, tail};
+use common::nomad_http::NomadApi;
+use serde_json::{Value, json};
+
+/// A dev agent with ACLs on; its HTTP port and the dev (cluster) token.
+fn acl_dev_agent(root: &Path) -> (Agent, u16, String) {
+    let plugins = root.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut agent = Agent::start(
+        root,
+        &plugins,
+        &["--dev", "--dev-http-addr", &addr, "--acl-enabled"],
+    );
+    agent.end_tasks = true;
+    let api = NomadApi::new(port);
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the dev server's HTTP API answering",
+        || api.get_json("/v1/status/leader").is_some(),
+    );
+    let token_file = agent.data_dir.join("server/dev-token");
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap_or_else(|e| panic!("the dev token {}: {e}", token_file.display()));
+    (agent, port, token.trim().to_owned())
+}
+
+/// `drover ARGS` against the server at 127.0.0.1:`port` with `token` (none: no token
+/// at all, whatever the test's environment holds).
+fn cli(port: u16, token: Option<&str>, args: &[&str]) -> Output {
+    let mut c = Command::new(common::drover());
+    c.args(args)
+        .env("DROVER_ADDR", format!("http://127.0.0.1:{port}"))
+        .env_remove("DROVER_TOKEN")
+        .env_remove("NOMAD_TOKEN")
+        .env_remove("NOMAD_ADDR");
+    if let Some(t) = token {
+        c.env("DROVER_TOKEN", t);
+    }
+    c.output().expect("run drover cli")
+}
+
+fn ok_json(out: &Output, what: &str) -> Value {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn job(id: &str) -> Value {
+    json!({"Job": {
+        "ID": id,
+        "Type": "service",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{
+            "Name": "g",
+            "Count": 1,
+            "Tasks": [{
+                "Name": "t",
+                "Driver": "raw_exec",
+                "Config": {"command": "/bin/sh", "args": ["-c", "exec sleep 300"]},
+                "Resources": {"CPU": 50, "MemoryMB": 32}
+            }]
+        }]
+    }})
+}
+
+/// Bootstrap through the CLI: the management token's secret.
+fn bootstrap(port: u16, agent: &Agent) -> String {
+    let out = cli(port, None, &["acl", "bootstrap", "-json"]);
+    let t = ok_json(&out, "acl bootstrap");
+    assert_eq!(t["Type"], "management", "{t}");
+    let secret = t["SecretID"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        !secret.is_empty(),
+        "{t}\nagent log:\n{}",
+        tail(&agent.log_text())
+    );
+    secret
+}
+
+#[test]
+fn acls_refuse_anonymous_callers_and_grant_what_policies_say() {
+    let root = tempfile::tempdir().unwrap();
+    let (agent, port, dev_token) = acl_dev_agent(root.path());
+    let anonymous = NomadApi::new(port);
+
+    // Before anything: anonymous callers get nothing but the status endpoints.
+    let (status, body) = anonymous.call(http::Method::GET, "/v1/jobs", None).unwrap();
+    assert_eq!((status, body.as_str()), (403, "Permission denied"));
+    let (status, _) = anonymous
+        .call(http::Method::PUT, "/v1/jobs", Some(&job("anon")))
+        .unwrap();
+    assert_eq!(status, 403);
+    assert!(anonymous.get_json("/v1/status/leader").is_some());
+    // The cluster token (what every node holds) is no user credential.
+    let node_cred = NomadApi::new(port).with_token(&dev_token);
+    let (status, body) = node_cred.call(http::Method::GET, "/v1/jobs", None).unwrap();
+    assert_eq!((status, body.as_str()), (403, "ACL token not found"));
+    let (status, _) = node_cred
+        .call(http::Method::PUT, "/v1/jobs", Some(&job("node")))
+        .unwrap();
+    assert_eq!(status, 403);
+    let (status, _) = node_cred
+        .call(http::Method::GET, "/v1/nodes", None)
+        .unwrap();
+    assert_eq!(status, 403);
+
+    // The bootstrap works once.
+    let mgmt_secret = bootstrap(port, &agent);
+    let again = cli(port, None, &["acl", "bootstrap"]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("ACL bootstrap already done"),
+        "{}",
+        stderr(&again)
+    );
+    let mgmt = NomadApi::new(port).with_token(&mgmt_secret);
+    let agent_self = mgmt.get_ok("/v1/agent/self");
+    assert_eq!(agent_self["config"]["ACL"]["Enabled"], true);
+
+    // A policy with a typo is refused, naming the field.
+    let bad = root.path().join("bad.hcl");
+    std::fs::write(&bad, "namespace \"default\" {\n  polcy = \"read\"\n}\n").unwrap();
+    let out = cli(
+        port,
+        Some(&mgmt_secret),
+        &["acl", "policy", "apply", "bad", bad.to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(r#"namespace "default": unknown field "polcy""#),
+        "{}",
+        stderr(&out)
+    );
+
+    // A read-only policy on `default`, and a client token with it.
+    let rules = root.path().join("reader.hcl");
+    std::fs::write(&rules, "namespace \"default\" {\n  policy = \"read\"\n}\n").unwrap();
+    let out = cli(
+        port,
+        Some(&mgmt_secret),
+        &[
+            "acl",
+            "policy",
+            "apply",
+            "-description",
+            "reads default",
+            "reader",
+            rules.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let info = ok_json(
+        &cli(
+            port,
+            Some(&mgmt_secret),
+            &["acl", "policy", "info", "reader", "-json"],
+        ),
+        "acl policy info",
+    );
+    assert_eq!(info["Description"], "reads default");
+    let reader = ok_json(
+        &cli(
+            port,
+            Some(&mgmt_secret),
+            &[
+                "acl", "token", "create", "-name", "r", "-type", "client", "-policy", "reader",
+                "-json",
+            ],
+        ),
+        "acl token create",
+    );
+    let reader_secret = reader["SecretID"].as_str().unwrap().to_owned();
+    let reader_api = NomadApi::new(port).with_token(&reader_secret);
+
+    // Management can do everything: register a job, read nodes, list tokens.
+    let (status, body) = mgmt
+        .call(http::Method::PUT, "/v1/jobs", Some(&job("web")))
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    mgmt.get_ok("/v1/nodes");
+    let tokens = mgmt.get_ok("/v1/acl/tokens");
+    assert_eq!(tokens.as_array().map(Vec::len), Some(2), "{tokens}");
+    assert!(
+        tokens
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t.get("SecretID").is_none()),
+        "a listing serves no secret: {tokens}"
+    );
+
+    // The reader lists and reads default's jobs...
+    let jobs = reader_api.get_ok("/v1/jobs");
+    assert!(
+        jobs.as_array().unwrap().iter().any(|j| j["ID"] == "web"),
+        "{jobs}"
+    );
+    reader_api.get_ok("/v1/job/web");
+    reader_api.get_ok("/v1/job/web/allocations");
+    // ...but not another namespace's, not the nodes, and it cannot submit.
+    let (status, body) = reader_api
+        .call(http::Method::GET, "/v1/jobs?namespace=b", None)
+        .unwrap();
+    assert_eq!((status, body.as_str()), (403, "Permission denied"));
+    let (status, _) = reader_api
+        .call(http::Method::GET, "/v1/nodes", None)
+        .unwrap();
+    assert_eq!(status, 403);
+    let (status, _) = reader_api
+        .call(http::Method::DELETE, "/v1/job/web", None)
+        .unwrap();
+    assert_eq!(status, 403);
+    let jobfile = root.path().join("web2.nomad.hcl");
+    std::fs::write(
+        &jobfile,
+        r#"job "web2" {
+  datacenters = ["dc1"]
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "exec sleep 300"]
+      }
+    }
+  }
+}
+"#,
+    )
+    .unwrap();
+    let out = cli(
+        port,
+        Some(&reader_secret),
+        &["job", "run", "-detach", jobfile.to_str().unwrap()],
+    );
+    assert!(
+        !out.status.success(),
+        "job run with a read-only token succeeded"
+    );
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    // ...and sees itself and its policy, not the others' tokens.
+    let me = ok_json(
+        &cli(
+            port,
+            Some(&reader_secret),
+            &["acl", "token", "self", "-json"],
+        ),
+        "acl token self",
+    );
+    assert_eq!(me["Name"], "r");
+    assert_eq!(me["Policies"], json!(["reader"]));
+    let (status, _) = reader_api
+        .call(http::Method::GET, "/v1/acl/tokens", None)
+        .unwrap();
+    assert_eq!(status, 403);
+
+    // Through the agent's socket the caller's token goes along: the socket is no way
+    // around the ACLs.
+    let via_socket = |token: Option<&str>| {
+        let mut c = Command::new(common::drover());
+        c.args(["job", "status", "--json"])
+            .env("DROVER_ADDR", format!("unix://{}", agent.socket.display()))
+            .env_remove("DROVER_TOKEN")
+            .env_remove("NOMAD_TOKEN");
+        if let Some(t) = token {
+            c.env("DROVER_TOKEN", t);
+        }
+        c.output().unwrap()
+    };
+    let out = via_socket(None);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    let out = via_socket(Some(&reader_secret));
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // An expired token is refused as such.
+    let short = ok_json(
+        &cli(
+            port,
+            Some(&mgmt_secret),
+            &[
+                "acl", "token", "create", "-name", "short", "-policy", "reader", "-ttl", "1s",
+                "-json",
+            ],
+        ),
+        "acl token create -ttl",
+    );
+    assert!(short["ExpirationTime"].is_string(), "{short}");
+    let short_api = NomadApi::new(port).with_token(short["SecretID"].as_str().unwrap());
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the 1s token refused as expired",
+        || {
+            short_api.call(http::Method::GET, "/v1/jobs", None)
+                == Some((403, "ACL token expired".to_owned()))
+        },
+    );
+
+    // A deleted token is gone at once.
+    let accessor = reader["AccessorID"].as_str().unwrap();
+    let out = cli(
+        port,
+        Some(&mgmt_secret),
+        &["acl", "token", "delete", accessor],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (status, body) = reader_api
+        .call(http::Method::GET, "/v1/jobs", None)
+        .unwrap();
+    assert_eq!((status, body.as_str()), (403, "ACL token not found"));
+
+    // An `anonymous` policy opens what it says to callers without a token.
+    let out = cli(
+        port,
+        Some(&mgmt_secret),
+        &[
+            "acl",
+            "policy",
+            "apply",
+            "anonymous",
+            rules.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    anonymous.get_ok("/v1/jobs");
+    let (status, _) = anonymous
+        .call(http::Method::PUT, "/v1/jobs", Some(&job("anon")))
+        .unwrap();
+    assert_eq!(status, 403);
+
+    // Nothing logged a secret.
+    let log = agent.log_text();
+    for s in [&mgmt_secret, &reader_secret] {
+        assert!(!log.contains(s.as_str()), "a token secret in the agent log");
+    }
+}
+
+/// python-nomad, unchanged, with ACL tokens.
+#[test]
+fn python_nomad_works_with_acl_tokens() {
+    let Some(python) = drover_test_support::nomad::python_nomad() else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let (agent, port, _) = acl_dev_agent(root.path());
+    let mgmt = bootstrap(port, &agent);
+    let script = r#"
+import sys, nomad
+port, mgmt = int(sys.argv[1]), sys.argv[2]
+m = nomad.Nomad(host="127.0.0.1", port=port, token=mgmt, timeout=10)
+m.acl.create_policy("reader", {"Name": "reader", "Rules": 'namespace "default" { policy = "read" }'})
+t = m.acl.create_token({"Name": "py", "Type": "client", "Policies": ["reader"]})
+secret = t["SecretID"]
+m.job.register_job("pyweb", {"Job": {"ID": "pyweb", "Datacenters": ["dc1"], "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["300"]}}]}]}})
+r = nomad.Nomad(host="127.0.0.1", port=port, token=secret, timeout=10)
+assert [j["ID"] for j in r.jobs.get_jobs()] == ["pyweb"], r.jobs.get_jobs()
+assert r.acl.get_self_token()["Name"] == "py"
+try:
+    r.job.register_job("evil", {"Job": {"ID": "evil", "TaskGroups": []}})
+    sys.exit("a read-only token registered a job")
+except nomad.api.exceptions.URLNotAuthorizedNomadException:
+    print("refused")
+anon = nomad.Nomad(host="127.0.0.1", port=port, timeout=10)
+try:
+    anon.jobs.get_jobs()
+    sys.exit("an anonymous caller listed jobs")
+except nomad.api.exceptions.URLNotAuthorizedNomadException:
+    print("anonymous refused")
+m.job.deregister_job("pyweb", purge=True)
+print("ok")
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, &port.to_string(), &mgmt])
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().last() == Some("ok"),
+        "python-nomad with ACL tokens failed:\n{stdout}\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        tail(&agent.log_text())
+    );
+}
