@@ -48,6 +48,10 @@ pub struct ServerConfig {
     pub region: String,
     /// The datacenter this server says it is in (`/v1/agent/self`).
     pub datacenter: String,
+    /// The keyring's key-encryption key (`--keyring-kek-file`): base64 of 32 bytes,
+    /// 0600. Every server of a cluster must be given the same one. `None`: the one in
+    /// `<data_dir>/keystore/kek`, generated on first start (a single server).
+    pub keyring_kek_file: Option<PathBuf>,
 }
 
 /// The region of a server not told otherwise (Nomad's).
@@ -100,6 +104,7 @@ impl ServerConfig {
             forward: ForwardOptions::default(),
             region: DEFAULT_REGION.to_owned(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
+            keyring_kek_file: None,
         }
     }
 }

@@ -77,6 +77,12 @@ enum Command {
     /// Inspect, promote and fail deployments (the rollouts of service jobs).
     #[command(subcommand)]
     Deployment(commands::deployment::DeploymentCommand),
+    /// Read, write, list and purge variables (encrypted at rest).
+    #[command(subcommand)]
+    Var(commands::var::VarCommand),
+    /// Operate the cluster: `operator root keyring list|rotate`.
+    #[command(subcommand)]
+    Operator(commands::var::OperatorCommand),
 }
 
 fn main() -> ExitCode {
@@ -124,6 +130,12 @@ fn main() -> ExitCode {
         }),
         Command::Deployment(cmd) => cluster_main(cli.address, |c| async move {
             commands::deployment::deployment_command(&c, cmd).await
+        }),
+        Command::Var(cmd) => cluster_main(cli.address, |c| async move {
+            commands::var::var_command(&c, cmd).await
+        }),
+        Command::Operator(cmd) => cluster_main(cli.address, |c| async move {
+            commands::var::operator_command(&c, cmd).await
         }),
     }
 }

@@ -35,6 +35,11 @@ pub(crate) fn deployment_key(id: &str) -> String {
     format!("deployment/{id}")
 }
 
+/// Key of a root key of the keyring (metadata and wrapped material).
+pub(crate) fn root_key_key(id: &str) -> String {
+    format!("rootkey/{id}")
+}
+
 /// Deployments kept per job (the newest; an active one is never dropped).
 pub(crate) const KEPT_DEPLOYMENTS: usize = 10;
 
@@ -92,6 +97,12 @@ pub(crate) struct Batch {
     pub deployments: Vec<Deployment>,
     /// Deployments removed, by id.
     pub drop_deployments: Vec<String>,
+    /// Variables written (encrypted; see `crate::variables`).
+    pub vars: Vec<crate::variables::StoredVariable>,
+    /// Variables removed: (namespace, path).
+    pub drop_vars: Vec<(String, String)>,
+    /// Root keys written (metadata and wrapped material; see `crate::keyring`).
+    pub root_keys: Vec<crate::keyring::StoredRootKey>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -114,6 +125,9 @@ impl Batch {
             && self.drop_services.is_empty()
             && self.deployments.is_empty()
             && self.drop_deployments.is_empty()
+            && self.vars.is_empty()
+            && self.drop_vars.is_empty()
+            && self.root_keys.is_empty()
     }
 
     /// The batch a follower applies for one change the leader committed (or one part
@@ -149,6 +163,14 @@ impl Batch {
                 "eval" => b.drop_evals.push(rest.to_owned()),
                 "service" => b.drop_services.push(rest.to_owned()),
                 "deployment" => b.drop_deployments.push(rest.to_owned()),
+                "var" => match rest.split_once('/') {
+                    Some((ns, path)) => b.drop_vars.push((ns.to_owned(), path.to_owned())),
+                    None => {
+                        return Err(StoreError::Corrupt(format!(
+                            "deleted key {key}: not var/<namespace>/<path>"
+                        )));
+                    }
+                },
                 _ => note_unknown_key(key),
             }
         }
@@ -163,6 +185,8 @@ impl Batch {
                 "eval" => b.evals.push(decode(kv)?),
                 "service" => b.services.push(decode(kv)?),
                 "deployment" => b.deployments.push(decode(kv)?),
+                "var" => b.vars.push(decode(kv)?),
+                "rootkey" => b.root_keys.push(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -235,6 +259,19 @@ impl Batch {
                 key: deployment_key(id),
             });
         }
+        for (ns, path) in &self.drop_vars {
+            ops.push(Op::Delete {
+                key: crate::variables::var_key(ns, path),
+            });
+        }
+        // Root keys before the variables they encrypt (a split transaction's prefix
+        // never holds a ciphertext whose key is missing).
+        for k in &self.root_keys {
+            ops.push(put(root_key_key(&k.meta.key_id), k)?);
+        }
+        for v in &self.vars {
+            ops.push(put(crate::variables::var_key(&v.namespace, &v.path), v)?);
+        }
         for j in &self.jobs {
             ops.push(put(job_key(&j.spec.name), j)?);
         }
@@ -302,6 +339,10 @@ pub(crate) struct State {
     deployments: HashMap<String, Deployment>,
     /// Each job's deployments by creation index (and id: two made in one commit).
     deployments_by_job: HashMap<String, BTreeSet<(Index, String)>>,
+    /// Variables by (namespace, path), their items encrypted.
+    vars: BTreeMap<(String, String), crate::variables::StoredVariable>,
+    /// The keyring's root keys by id (their material wrapped).
+    root_keys: BTreeMap<String, crate::keyring::StoredRootKey>,
 }
 
 impl State {
@@ -338,6 +379,11 @@ impl State {
                 "eval" => s.put_eval(decode(kv)?),
                 "service" => s.services.put(decode(kv)?),
                 "deployment" => s.put_deployment(decode(kv)?),
+                "var" => s.put_var(decode(kv)?),
+                "rootkey" => {
+                    let k: crate::keyring::StoredRootKey = decode(kv)?;
+                    s.root_keys.insert(k.meta.key_id.clone(), k);
+                }
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -412,7 +458,59 @@ impl State {
         for d in batch.deployments {
             self.put_deployment(d);
         }
+        for k in batch.root_keys {
+            self.root_keys.insert(k.meta.key_id.clone(), k);
+        }
+        for (ns, path) in batch.drop_vars {
+            self.vars.remove(&(ns, path));
+        }
+        for v in batch.vars {
+            self.put_var(v);
+        }
         self.index = index;
+    }
+
+    fn put_var(&mut self, v: crate::variables::StoredVariable) {
+        self.vars.insert((v.namespace.clone(), v.path.clone()), v);
+    }
+
+    /// A variable (encrypted) by namespace and path.
+    pub(crate) fn var(
+        &self,
+        namespace: &str,
+        path: &str,
+    ) -> Option<&crate::variables::StoredVariable> {
+        self.vars.get(&(namespace.to_owned(), path.to_owned()))
+    }
+
+    /// The variables of `namespace` (every namespace for `*`) whose path starts with
+    /// `prefix`, in (namespace, path) order.
+    pub(crate) fn vars_with_prefix<'a>(
+        &'a self,
+        namespace: &'a str,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = &'a crate::variables::StoredVariable> + 'a {
+        self.vars.values().filter(move |v| {
+            (namespace == "*" || v.namespace == namespace) && v.path.starts_with(prefix)
+        })
+    }
+
+    /// How many variables `namespace` holds.
+    pub(crate) fn var_count(&self, namespace: &str) -> usize {
+        self.vars.keys().filter(|(ns, _)| ns == namespace).count()
+    }
+
+    /// Every root key, by id.
+    pub(crate) fn root_keys(&self) -> &BTreeMap<String, crate::keyring::StoredRootKey> {
+        &self.root_keys
+    }
+
+    /// The active root key, if any.
+    pub(crate) fn active_root_key(&self) -> Option<&crate::keyring::StoredRootKey> {
+        self.root_keys
+            .values()
+            .filter(|k| k.meta.state == crate::keyring::ACTIVE)
+            .max_by_key(|k| (k.meta.create_index, k.meta.create_time))
     }
 
     fn put_deployment(&mut self, d: Deployment) {

@@ -77,6 +77,12 @@ pub struct ServerArgs {
     /// File holding the cluster token: every HTTP request and RPC must carry it.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// The keyring's key-encryption key (base64 of 32 random bytes, mode 0600), which
+    /// wraps the root keys that encrypt variables: every server of a cluster must be
+    /// given the same file. Default: `<data-dir>/keystore/kek`, generated on first
+    /// start (a single server).
+    #[arg(long, value_name = "FILE")]
+    pub keyring_kek_file: Option<PathBuf>,
     /// Nodes must heartbeat at least this often, e.g. "10s".
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_ttl: Duration,
@@ -245,6 +251,8 @@ pub struct ServerOptions {
     /// The API socket of an agent in this process (`agent --dev`), which answers
     /// Nomad's client endpoints (`/v1/client/fs/logs/...`) on the HTTP address.
     pub local_agent: Option<PathBuf>,
+    /// The keyring's KEK file (`None`: generated in the data dir).
+    pub keyring_kek_file: Option<PathBuf>,
 }
 
 /// Where the state lives.
@@ -404,6 +412,7 @@ impl ServerArgs {
             advertise_rpc: self.advertise_rpc.clone(),
             advertise_http: self.advertise_http.clone(),
             local_agent: None,
+            keyring_kek_file: self.keyring_kek_file.clone(),
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
@@ -484,6 +493,9 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     }
     config.algorithm = options.algorithm;
     config.region.clone_from(&options.region);
+    config
+        .keyring_kek_file
+        .clone_from(&options.keyring_kek_file);
     config.forward = ForwardOptions {
         token: options.token.clone(),
         // The other servers' certificates come from the same CA as this one's: the
@@ -741,6 +753,7 @@ pub fn start_dev(
         advertise_rpc: None,
         advertise_http: None,
         local_agent: Some(local_agent),
+        keyring_kek_file: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -827,6 +840,7 @@ mod tests {
             advertise_rpc: None,
             advertise_http: None,
             local_agent: None,
+            keyring_kek_file: None,
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("s3cret-t0ken"), "{shown}");

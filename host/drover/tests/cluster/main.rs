@@ -17,3 +17,4 @@ mod deployments;
 mod rollouts;
 mod server_names;
 mod services;
+mod variables;
