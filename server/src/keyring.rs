@@ -97,6 +97,9 @@ struct Material {
 pub struct Keyring {
     kek: Zeroizing<[u8; KEY_BYTES]>,
     cache: Mutex<HashMap<String, Arc<Material>>>,
+    /// Root keys that did not unwrap, each logged once (a server given another KEK
+    /// than its peers would say so at every allocation it sends).
+    refused: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Keyring {
@@ -118,6 +121,7 @@ impl Keyring {
         Keyring {
             kek: Zeroizing::new(kek),
             cache: Mutex::new(HashMap::new()),
+            refused: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -216,11 +220,25 @@ impl Keyring {
             &key.wrapped,
             format!("drover/rootkey/{id}").as_bytes(),
         )
-        .map_err(|_| KeyringError::RootKey {
-            id: id.clone(),
-            reason: "does not unwrap with this server's KEK (every server must be given \
-                     the same --keyring-kek-file)"
-                .into(),
+        .map_err(|_| {
+            let e = KeyringError::RootKey {
+                id: id.clone(),
+                reason: "does not unwrap with this server's KEK (every server must be given \
+                         the same --keyring-kek-file)"
+                    .into(),
+            };
+            if self
+                .refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.clone())
+            {
+                tracing::warn!(
+                    "{e}: variables it encrypted cannot be read here, and no \
+                                workload identity is signed here"
+                );
+            }
+            e
         })?;
         let mut aes = Zeroizing::new([0u8; KEY_BYTES]);
         if raw.len() != KEY_BYTES {

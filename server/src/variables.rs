@@ -403,7 +403,8 @@ impl Server {
                     out.insert(task.name.clone(), token);
                 }
                 Err(e) => {
-                    tracing::warn!(alloc = %alloc.id, "cannot sign workload identities: {e}");
+                    // The keyring logged why once (a KEK that differs from the peers').
+                    tracing::debug!(alloc = %alloc.id, "cannot sign workload identities: {e}");
                     return BTreeMap::new();
                 }
             }
