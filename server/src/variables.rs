@@ -171,6 +171,9 @@ pub(crate) fn ensure_root_key(
     Ok(k)
 }
 
+/// Ciphertext written per commit when a full rotation re-encrypts the variables.
+pub const REKEY_BATCH_BYTES: usize = 1024 * 1024;
+
 fn namespace_of(namespace: Option<&str>) -> Result<String, ServerError> {
     let ns = match namespace {
         None | Some("") => DEFAULT_NAMESPACE,
@@ -332,8 +335,10 @@ impl Server {
     }
 
     /// A new active root key; the others become inactive and stay, to decrypt and
-    /// verify what they made. `full`: every variable is encrypted again with the new
-    /// key, in the same commit.
+    /// verify what they made. `full`: every variable is then encrypted again with the
+    /// new key, in commits of at most [`REKEY_BATCH_BYTES`] each (a keyring of many
+    /// large variables never makes one huge transaction); the answer comes once all
+    /// are. Their indexes do not move (their items did not change).
     pub async fn rotate_keyring(&self, full: bool) -> Result<KeyringRotateResponse, ServerError> {
         let keyring = self.keyring.clone();
         let term = self.leadership.require()?;
@@ -351,24 +356,52 @@ impl Server {
                         b.root_keys.push(k);
                     }
                 }
-                if full {
-                    for v in st.vars_with_prefix("*", "") {
-                        let items = decode_items(&keyring, st, v)?;
-                        let mut v = v.clone();
-                        v.data = encrypt_items(&keyring, &new, &v.namespace, &v.path, &items)?;
-                        v.key_id = new.meta.key_id.clone();
-                        // The items did not change: neither do the indexes a
-                        // check-and-set writer holds.
-                        b.vars.push(v);
-                    }
-                }
                 let meta = new.meta.clone();
                 b.root_keys.push(new);
                 Ok((b, meta))
             })
             .await?;
         tracing::info!(key_id = %key.key_id, full, "rotated the keyring's root key");
-        Ok(KeyringRotateResponse { key, index })
+        let mut last = index;
+        if full {
+            loop {
+                let (at, rekeyed) = term
+                    .commit(|st, _index, _now| {
+                        let mut b = Batch::default();
+                        // Another rotation since: the newer one re-encrypts (if full).
+                        let Some(active) =
+                            st.active_root_key().filter(|k| k.meta.key_id == key.key_id)
+                        else {
+                            return Ok((b, 0));
+                        };
+                        let mut bytes = 0;
+                        for v in st.vars_with_prefix("*", "") {
+                            if v.key_id == key.key_id {
+                                continue;
+                            }
+                            if bytes >= REKEY_BATCH_BYTES {
+                                break;
+                            }
+                            let items = decode_items(&keyring, st, v)?;
+                            let mut v = v.clone();
+                            v.data =
+                                encrypt_items(&keyring, active, &v.namespace, &v.path, &items)?;
+                            v.key_id = key.key_id.clone();
+                            bytes += v.data.len();
+                            b.vars.push(v);
+                        }
+                        let n = b.vars.len();
+                        Ok((b, n))
+                    })
+                    .await?;
+                last = at;
+                if rekeyed == 0 {
+                    break;
+                }
+                tracing::info!(key_id = %key.key_id, variables = rekeyed, "re-encrypted variables with the new root key");
+            }
+        }
+        Ok(KeyringRotateResponse { key, index: last })
     }
 
     /// The workload identities of `alloc`'s tasks (task name to JWT), signed with the
@@ -632,9 +665,24 @@ mod tests {
                 s.variable(None, "old", &op).unwrap().unwrap().items["k"],
                 marker
             );
-            // Full: everything under the newest key, indexes unchanged.
+            // Full: everything under the newest key, indexes unchanged, in commits of
+            // bounded size (20 variables of 60 KiB: more than one batch).
+            let big = "x".repeat(60 * 1024);
+            for i in 0..20 {
+                done(
+                    s.put_variable(None, &format!("big/{i}"), items(&[("k", &big)]), None)
+                        .await
+                        .unwrap(),
+                );
+            }
             let before = s.variable(None, "old", &op).unwrap().unwrap();
+            let index_before = s.index();
             let full = s.rotate_keyring(true).await.unwrap();
+            assert!(
+                full.index >= index_before + 3,
+                "the key, then at least two batches: {index_before} -> {}",
+                full.index
+            );
             {
                 let st = s.core.read();
                 assert!(
