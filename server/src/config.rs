@@ -52,6 +52,11 @@ pub struct ServerConfig {
     /// request is checked against its token's policies (`X-Nomad-Token`), and the
     /// cluster token is no user credential any more.
     pub acl_enabled: bool,
+
+    /// The keyring's key-encryption key (`--keyring-kek-file`): base64 of 32 bytes,
+    /// 0600. Every server of a cluster must be given the same one. `None`: the one in
+    /// `<data_dir>/keystore/kek`, generated on first start (a single server).
+    pub keyring_kek_file: Option<PathBuf>,
 }
 
 /// The region of a server not told otherwise (Nomad's).
@@ -105,6 +110,8 @@ impl ServerConfig {
             region: DEFAULT_REGION.to_owned(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             acl_enabled: false,
+
+            keyring_kek_file: None,
         }
     }
 }

@@ -31,12 +31,14 @@ mod core;
 mod endpoints;
 pub mod error;
 pub mod events;
+pub mod keyring;
 pub mod leader;
 pub mod scheduler;
 pub mod server;
 mod state;
 pub mod store;
 mod transport;
+pub mod variables;
 
 pub use config::ServerConfig;
 pub use endpoints::acl::{Identity, TokenRefusal};

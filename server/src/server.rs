@@ -35,6 +35,8 @@ pub struct Server {
     /// health is asked every time.
     pub(crate) status_cache:
         tokio::sync::Mutex<Option<(std::time::Instant, drover_server_api::ServersStatus)>>,
+    /// The keyring's KEK and unwrapped root keys (variables, workload identities).
+    pub(crate) keyring: Arc<crate::keyring::Keyring>,
 }
 
 /// A batch of a node's allocations for its client (see the `WatchAllocations` RPC).
@@ -104,6 +106,25 @@ impl Server {
         me: ServerInfo,
         shutdown: CancellationToken,
     ) -> Result<Arc<Server>, ServerError> {
+        let keyring = Arc::new(
+            match &config.keyring_kek_file {
+                Some(file) => crate::keyring::Keyring::open(file, false),
+                None => {
+                    if store.kind() == "etcd" {
+                        tracing::warn!(
+                            "no --keyring-kek-file: this server generates its own KEK, and \
+                         variables written through another server will not decrypt here; \
+                         give every server the same KEK file"
+                        );
+                    }
+                    crate::keyring::Keyring::open(
+                        &crate::keyring::default_kek_file(&config.data_dir),
+                        true,
+                    )
+                }
+            }
+            .map_err(|e| ServerError::Unavailable(e.to_string()))?,
+        );
         let (kvs, revision) = store.range("").await?;
         let state = State::load(kvs, revision)?;
         let leadership = Arc::new(Leadership::new(election, me));
@@ -132,6 +153,7 @@ impl Server {
             forwarder,
             tasks: Mutex::new(tasks),
             status_cache: tokio::sync::Mutex::new(None),
+            keyring,
         }))
     }
 

@@ -79,6 +79,13 @@ enum Command {
     Deployment(commands::deployment::DeploymentCommand),
     /// ACLs: bootstrap, policies and tokens (with `--acl-enabled` servers).
     Acl(commands::acl::AclArgs),
+
+    /// Read, write, list and purge variables (encrypted at rest).
+    #[command(subcommand)]
+    Var(commands::var::VarCommand),
+    /// Operate the cluster: `operator root keyring list|rotate`.
+    #[command(subcommand)]
+    Operator(commands::var::OperatorCommand),
 }
 
 fn main() -> ExitCode {
@@ -128,6 +135,13 @@ fn main() -> ExitCode {
             commands::deployment::deployment_command(&c, cmd).await
         }),
         Command::Acl(args) => commands::acl::run(cli.address, args),
+
+        Command::Var(cmd) => cluster_main(cli.address, |c| async move {
+            commands::var::var_command(&c, cmd).await
+        }),
+        Command::Operator(cmd) => cluster_main(cli.address, |c| async move {
+            commands::var::operator_command(&c, cmd).await
+        }),
     }
 }
 

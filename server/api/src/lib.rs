@@ -18,12 +18,15 @@ pub mod acl;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod client_fs;
+#[cfg(feature = "client")]
+pub mod client_vars;
 pub mod hcl;
 pub mod jobfile;
 pub mod nomad;
 pub mod services;
 pub mod types;
 pub mod validate;
+pub mod variables;
 
 pub use jobfile::{JobFile, JobFileError};
 pub use services::*;

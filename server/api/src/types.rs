@@ -1198,6 +1198,12 @@ pub struct ClientAllocation {
     /// The region of the server that placed it (`NOMAD_REGION`, `${node.region}`).
     #[serde(default = "default_region")]
     pub region: String,
+    /// Each task's workload identity (task name to a JWT the server signed), which the
+    /// client writes to the task's `secrets/nomad_token`: it reads the task's own
+    /// variables (`nomad/jobs/<job>[/<group>[/<task>]]`). Empty for a stopped
+    /// allocation, or before the keyring has a key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub identities: BTreeMap<String, String>,
 }
 
 /// The region of a server that names none: Nomad's default.

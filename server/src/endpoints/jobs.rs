@@ -160,6 +160,9 @@ impl Server {
             .commit(|st, index, now| {
                 check_ports(st, &spec)?;
                 let mut b = Batch::default();
+                // The job's allocations get workload identities: the keyring needs a
+                // key to sign them with before the first is placed.
+                crate::variables::ensure_root_key(&self.keyring, st, &mut b, index, now)?;
                 let (job, eval_id) = submit(
                     st,
                     &mut b,

@@ -277,6 +277,10 @@ impl Server {
                         .map(|j| j.spec.job_type)
                         .or_else(|| st.evals_of_job(&a.job_name).next().map(|e| e.job_type))
                         .unwrap_or_default(),
+                    identities: {
+                        let group = st.alloc_group(a);
+                        self.workload_identities(&st, a, &group)
+                    },
                     group: st.alloc_group(a),
                     job_meta: st.alloc_job_meta(a),
                     region: self.core.config.region.clone(),

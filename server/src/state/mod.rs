@@ -36,6 +36,11 @@ pub(crate) fn deployment_key(id: &str) -> String {
     format!("deployment/{id}")
 }
 
+/// Key of a root key of the keyring (metadata and wrapped material).
+pub(crate) fn root_key_key(id: &str) -> String {
+    format!("rootkey/{id}")
+}
+
 /// Deployments kept per job (the newest; an active one is never dropped).
 pub(crate) const KEPT_DEPLOYMENTS: usize = 10;
 
@@ -103,6 +108,13 @@ pub(crate) struct Batch {
     pub drop_acl_tokens: Vec<String>,
     /// The ACL bootstrap was done (at this batch's index).
     pub acl_bootstrap: Option<Index>,
+
+    /// Variables written (encrypted; see `crate::variables`).
+    pub vars: Vec<crate::variables::StoredVariable>,
+    /// Variables removed: (namespace, path).
+    pub drop_vars: Vec<(String, String)>,
+    /// Root keys written (metadata and wrapped material; see `crate::keyring`).
+    pub root_keys: Vec<crate::keyring::StoredRootKey>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -130,6 +142,10 @@ impl Batch {
             && self.acl_tokens.is_empty()
             && self.drop_acl_tokens.is_empty()
             && self.acl_bootstrap.is_none()
+
+            && self.vars.is_empty()
+            && self.drop_vars.is_empty()
+            && self.root_keys.is_empty()
     }
 
     /// The batch a follower applies for one change the leader committed (or one part
@@ -167,6 +183,15 @@ impl Batch {
                 "deployment" => b.drop_deployments.push(rest.to_owned()),
                 "aclpolicy" => b.drop_acl_policies.push(rest.to_owned()),
                 "acltoken" => b.drop_acl_tokens.push(rest.to_owned()),
+
+                "var" => match rest.split_once('/') {
+                    Some((ns, path)) => b.drop_vars.push((ns.to_owned(), path.to_owned())),
+                    None => {
+                        return Err(StoreError::Corrupt(format!(
+                            "deleted key {key}: not var/<namespace>/<path>"
+                        )));
+                    }
+                },
                 _ => note_unknown_key(key),
             }
         }
@@ -184,6 +209,9 @@ impl Batch {
                 "aclpolicy" => b.acl_policies.push(decode(kv)?),
                 "acltoken" => b.acl_tokens.push(decode(kv)?),
                 "aclbootstrap" => b.acl_bootstrap = Some(decode(kv)?),
+
+                "var" => b.vars.push(decode(kv)?),
+                "rootkey" => b.root_keys.push(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -255,6 +283,19 @@ impl Batch {
             ops.push(Op::Delete {
                 key: deployment_key(id),
             });
+        }
+        for (ns, path) in &self.drop_vars {
+            ops.push(Op::Delete {
+                key: crate::variables::var_key(ns, path),
+            });
+        }
+        // Root keys before the variables they encrypt (a split transaction's prefix
+        // never holds a ciphertext whose key is missing).
+        for k in &self.root_keys {
+            ops.push(put(root_key_key(&k.meta.key_id), k)?);
+        }
+        for v in &self.vars {
+            ops.push(put(crate::variables::var_key(&v.namespace, &v.path), v)?);
         }
         for j in &self.jobs {
             ops.push(put(job_key(&j.spec.name), j)?);
@@ -344,6 +385,11 @@ pub(crate) struct State {
     deployments_by_job: HashMap<String, BTreeSet<(Index, String)>>,
     /// ACL policies and tokens.
     pub(crate) acl: acl::AclState,
+
+    /// Variables by (namespace, path), their items encrypted.
+    vars: BTreeMap<(String, String), crate::variables::StoredVariable>,
+    /// The keyring's root keys by id (their material wrapped).
+    root_keys: BTreeMap<String, crate::keyring::StoredRootKey>,
 }
 
 impl State {
@@ -383,6 +429,12 @@ impl State {
                 "aclpolicy" => s.acl.put_policy(decode(kv)?),
                 "acltoken" => s.acl.put_token(decode(kv)?),
                 "aclbootstrap" => s.acl.set_bootstrapped(decode(kv)?),
+
+                "var" => s.put_var(decode(kv)?),
+                "rootkey" => {
+                    let k: crate::keyring::StoredRootKey = decode(kv)?;
+                    s.root_keys.insert(k.meta.key_id.clone(), k);
+                }
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -472,7 +524,59 @@ impl State {
         if let Some(i) = batch.acl_bootstrap {
             self.acl.set_bootstrapped(i);
         }
+        for k in batch.root_keys {
+            self.root_keys.insert(k.meta.key_id.clone(), k);
+        }
+        for (ns, path) in batch.drop_vars {
+            self.vars.remove(&(ns, path));
+        }
+        for v in batch.vars {
+            self.put_var(v);
+        }
         self.index = index;
+    }
+
+    fn put_var(&mut self, v: crate::variables::StoredVariable) {
+        self.vars.insert((v.namespace.clone(), v.path.clone()), v);
+    }
+
+    /// A variable (encrypted) by namespace and path.
+    pub(crate) fn var(
+        &self,
+        namespace: &str,
+        path: &str,
+    ) -> Option<&crate::variables::StoredVariable> {
+        self.vars.get(&(namespace.to_owned(), path.to_owned()))
+    }
+
+    /// The variables of `namespace` (every namespace for `*`) whose path starts with
+    /// `prefix`, in (namespace, path) order.
+    pub(crate) fn vars_with_prefix<'a>(
+        &'a self,
+        namespace: &'a str,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = &'a crate::variables::StoredVariable> + 'a {
+        self.vars.values().filter(move |v| {
+            (namespace == "*" || v.namespace == namespace) && v.path.starts_with(prefix)
+        })
+    }
+
+    /// How many variables `namespace` holds.
+    pub(crate) fn var_count(&self, namespace: &str) -> usize {
+        self.vars.keys().filter(|(ns, _)| ns == namespace).count()
+    }
+
+    /// Every root key, by id.
+    pub(crate) fn root_keys(&self) -> &BTreeMap<String, crate::keyring::StoredRootKey> {
+        &self.root_keys
+    }
+
+    /// The active root key, if any.
+    pub(crate) fn active_root_key(&self) -> Option<&crate::keyring::StoredRootKey> {
+        self.root_keys
+            .values()
+            .filter(|k| k.meta.state == crate::keyring::ACTIVE)
+            .max_by_key(|k| (k.meta.create_index, k.meta.create_time))
     }
 
     fn put_deployment(&mut self, d: Deployment) {

@@ -107,6 +107,7 @@ pub fn default_hooks() -> Vec<Box<dyn AllocTaskHook>> {
         Box::new(AllocDirHook),
         Box::new(AllocEnvHook),
         Box::new(JobVersionHook),
+        Box::new(super::identity::IdentityHook),
     ]
 }
 

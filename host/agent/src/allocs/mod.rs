@@ -21,6 +21,7 @@
 
 mod health;
 mod hooks;
+mod identity;
 mod record;
 mod runner;
 

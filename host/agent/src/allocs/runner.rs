@@ -1355,6 +1355,7 @@ mod tests {
             },
             job_meta: BTreeMap::new(),
             region: drover_server_api::DEFAULT_REGION.to_owned(),
+            identities: BTreeMap::new(),
         }
     }
 

@@ -229,6 +229,7 @@ fn allocation(id: &str) -> ClientAllocation {
         },
         job_meta: BTreeMap::new(),
         region: drover_server_api::DEFAULT_REGION.to_owned(),
+        identities: BTreeMap::new(),
     }
 }
 

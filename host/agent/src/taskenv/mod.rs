@@ -414,6 +414,7 @@ mod tests {
             },
             job_meta: BTreeMap::new(),
             region: "europe".into(),
+            identities: BTreeMap::new(),
         }
     }
 

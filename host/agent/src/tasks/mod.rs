@@ -40,6 +40,7 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use driver::{Drivers, TaskDriver};
+pub(crate) use hooks::create_task_dir;
 
 use crate::plugins::catalog::{Catalog, HandoverProgress};
 use crate::state::{StateError, StateStore};

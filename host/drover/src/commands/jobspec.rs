@@ -179,7 +179,7 @@ pub fn init(file: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The long flags of `drover job ...` that Nomad's CLI spells with one dash
+/// The long flags of `drover job ...` (and `var`, `operator`) that Nomad's CLI spells with one dash
 /// (`nomad job run -var x=1 -detach`, `nomad job stop -purge`): accepted so.
 const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &[
     "var",
@@ -189,6 +189,12 @@ const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &[
     "json",
     "group",
     "no-follow",
+    // `nomad var ...`, `nomad operator root keyring rotate -full`.
+    "item",
+    "check-index",
+    "out",
+    "namespace",
+    "full",
 ];
 
 /// Nomad's single-dash flags of `nomad acl ...`.
@@ -204,8 +210,8 @@ const NOMAD_ACL_SINGLE_DASH_FLAGS: &[&str] = &[
 
 /// Nomad spells the variable flags with one dash (`-var x=1`, `-var-file f`): rewrite
 /// them to the `--var`/`--var-file` clap knows, for `drover job ...`,
-/// `drover deployment ...` and `drover acl ...` (its own flags: `-name`, `-policy`,
-/// ...) only and never after a `--`.
+/// `drover deployment ...`, `drover acl ...` (its own flags: `-name`, `-policy`, ...),
+/// `drover var ...` and `drover operator ...` only and never after a `--`.
 pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsString> {
     let mut args: Vec<OsString> = args.into_iter().collect();
     // The command is the first word that is neither a flag nor the value of the one
@@ -217,7 +223,12 @@ pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsStri
             Some("--address") => i += 2,
             Some(a) if a.starts_with('-') => i += 1,
             other => {
-                command = other.map(|c| (c == "job" || c == "deployment" || c == "acl", i));
+                command = other.map(|c| {
+                    (
+                        matches!(c, "job" | "deployment" | "acl" | "var" | "operator"),
+                        i,
+                    )
+                });
                 break;
             }
         }

@@ -22,6 +22,7 @@ pub mod plugin;
 pub mod server;
 pub mod service;
 pub mod task;
+pub mod var;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -89,6 +89,13 @@ pub struct ServerArgs {
     /// nodes on the RPCs.
     #[arg(long)]
     pub acl_enabled: bool,
+
+    /// The keyring's key-encryption key (base64 of 32 random bytes, mode 0600), which
+    /// wraps the root keys that encrypt variables: every server of a cluster must be
+    /// given the same file. Default: `<data-dir>/keystore/kek`, generated on first
+    /// start (a single server).
+    #[arg(long, value_name = "FILE")]
+    pub keyring_kek_file: Option<PathBuf>,
     /// Nodes must heartbeat at least this often, e.g. "10s".
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_ttl: Duration,
@@ -261,6 +268,9 @@ pub struct ServerOptions {
     pub local_agent: Option<PathBuf>,
     /// ACLs are enforced on the HTTP API.
     pub acl_enabled: bool,
+
+    /// The keyring's KEK file (`None`: generated in the data dir).
+    pub keyring_kek_file: Option<PathBuf>,
 }
 
 /// Where the state lives.
@@ -439,6 +449,8 @@ impl ServerArgs {
             advertise_http: self.advertise_http.clone(),
             local_agent: None,
             acl_enabled: self.acl_enabled,
+
+            keyring_kek_file: self.keyring_kek_file.clone(),
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
             token,
@@ -521,6 +533,10 @@ pub async fn start(options: ServerOptions, stop: CancellationToken) -> anyhow::R
     config.algorithm = options.algorithm;
     config.region.clone_from(&options.region);
     config.acl_enabled = options.acl_enabled;
+
+    config
+        .keyring_kek_file
+        .clone_from(&options.keyring_kek_file);
     config.forward = ForwardOptions {
         token: options.token.clone(),
         // The other servers' certificates come from the same CA as this one's: the
@@ -783,6 +799,8 @@ pub fn start_dev(
         advertise_http: None,
         local_agent: Some(local_agent),
         acl_enabled,
+
+        keyring_kek_file: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -871,6 +889,8 @@ mod tests {
             advertise_http: None,
             local_agent: None,
             acl_enabled: false,
+
+            keyring_kek_file: None,
         };
         let shown = format!("{options:?}");
         assert!(

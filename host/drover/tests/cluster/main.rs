@@ -18,3 +18,4 @@ mod deployments;
 mod rollouts;
 mod server_names;
 mod services;
+mod variables;

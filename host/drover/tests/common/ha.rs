@@ -286,6 +286,10 @@ impl HaCluster {
             prefix,
         };
         let lease = format!("{}s", LEASE_TTL.as_secs());
+        // One keyring KEK for every server (as an operator gives them): each unwraps
+        // the root keys the others made.
+        let kek = cluster.root.path().join("keyring-kek");
+        drover_server::keyring::Keyring::open(&kek, true).expect("the KEK file");
         for i in 1..=servers {
             let name = format!("s{i}");
             let dir = cluster.root.path().join(&name);
@@ -313,6 +317,8 @@ impl HaCluster {
                 heartbeat,
                 "--heartbeat-grace",
                 heartbeat,
+                "--keyring-kek-file",
+                kek.to_str().unwrap(),
             ]
             .iter()
             .map(|s| s.to_string())

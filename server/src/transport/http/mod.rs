@@ -29,6 +29,7 @@ mod jobs;
 mod nodes;
 mod serve;
 mod services;
+mod variables;
 mod wire;
 
 use std::sync::Arc;
@@ -246,6 +247,19 @@ pub fn router_with_local_agent(
         .acl_route("/v1/services", get(services::list))
         .acl_route("/v1/service/{name}", get(services::get))
         .acl_route("/v1/service/{name}/{id}", delete(services::delete))
+        .acl_route("/v1/vars", get(variables::list))
+        .acl_route(
+            "/v1/var/{*path}",
+            get(variables::get)
+                .put(variables::put)
+                .post(variables::put)
+                .delete(variables::delete),
+        )
+        .acl_route("/v1/operator/keyring/keys", get(variables::keyring_keys))
+        .acl_route(
+            "/v1/operator/keyring/rotate",
+            put(variables::keyring_rotate).post(variables::keyring_rotate),
+        )
         .acl_route(
             "/v1/acl/bootstrap",
             put(acl::bootstrap).post(acl::bootstrap),
@@ -432,10 +446,19 @@ async fn forward_writes(State(api): State<Api>, req: Request, next: Next) -> Res
 /// Nomad's text for a refused token (clients look for it).
 pub(crate) const PERMISSION_DENIED: &str = "Permission denied";
 
-async fn check_token(token: Arc<[u8]>, req: Request, next: Next) -> Response {
+async fn check_token(token: Arc<[u8]>, mut req: Request, next: Next) -> Response {
     let given = req.headers().get(TOKEN_HEADER).map(HeaderValue::as_bytes);
     match given {
-        Some(given) if token_eq(given, &token) => next.run(req).await,
+        Some(given) if token_eq(given, &token) => {
+            req.extensions_mut().insert(variables::ClusterTokenChecked);
+            next.run(req).await
+        }
+        // A workload identity reading variables: its handler verifies it.
+        Some(given)
+            if variables::admits_workload_identity(req.method(), req.uri().path(), given) =>
+        {
+            next.run(req).await
+        }
         Some(_) => {
             // Never the token itself in logs.
             tracing::warn!(method = %req.method(), path = %req.uri().path(), "refused a request with a wrong token");
