@@ -77,13 +77,30 @@ pub enum VarWrite {
 }
 
 /// Who reads variables: the operator (the cluster token, or anyone when the server
-/// has none), or a task with its workload identity.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// has none), a task with its workload identity, or an ACL token.
+#[derive(Debug, Clone)]
 pub enum VarCaller {
     /// Full access.
     Operator,
     /// A verified workload identity: reads of its job's paths in its namespace only.
     Workload(WorkloadAccess),
+    /// An ACL token (or the anonymous policy): what its `variables` rules grant.
+    Acl(std::sync::Arc<drover_server_api::acl::Acl>),
+}
+
+impl VarCaller {
+    /// May the caller do `op` on the variable at `path` of `namespace`? (A workload
+    /// identity only reads.)
+    pub fn may(&self, namespace: &str, path: &str, op: drover_server_api::acl::VariableOp) -> bool {
+        use drover_server_api::acl::VariableOp;
+        match self {
+            VarCaller::Operator => true,
+            VarCaller::Workload(w) => {
+                matches!(op, VariableOp::Read | VariableOp::List) && w.may_read(namespace, path)
+            }
+            VarCaller::Acl(acl) => acl.allow_variable(namespace, path, op),
+        }
+    }
 }
 
 /// What a verified workload identity may read.
@@ -174,7 +191,7 @@ pub(crate) fn ensure_root_key(
 /// Ciphertext written per commit when a full rotation re-encrypts the variables.
 pub const REKEY_BATCH_BYTES: usize = 1024 * 1024;
 
-fn namespace_of(namespace: Option<&str>) -> Result<String, ServerError> {
+pub(crate) fn namespace_of(namespace: Option<&str>) -> Result<String, ServerError> {
     let ns = match namespace {
         None | Some("") => DEFAULT_NAMESPACE,
         Some(ns) => ns,
@@ -199,9 +216,12 @@ impl Server {
         let st = self.core.read();
         Ok(st
             .vars_with_prefix(&ns, prefix)
-            .filter(|v| match caller {
-                VarCaller::Operator => true,
-                VarCaller::Workload(w) => w.may_read(&v.namespace, &v.path),
+            .filter(|v| {
+                caller.may(
+                    &v.namespace,
+                    &v.path,
+                    drover_server_api::acl::VariableOp::List,
+                )
             })
             .map(StoredVariable::metadata)
             .collect())
@@ -217,9 +237,7 @@ impl Server {
         caller: &VarCaller,
     ) -> Result<Option<Variable>, ServerError> {
         let ns = namespace_of(namespace)?;
-        if let VarCaller::Workload(w) = caller
-            && !w.may_read(&ns, path)
-        {
+        if !caller.may(&ns, path, drover_server_api::acl::VariableOp::Read) {
             return Err(ServerError::Denied("Permission denied".into()));
         }
         let st = self.core.read();

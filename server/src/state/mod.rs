@@ -142,7 +142,6 @@ impl Batch {
             && self.acl_tokens.is_empty()
             && self.drop_acl_tokens.is_empty()
             && self.acl_bootstrap.is_none()
-
             && self.vars.is_empty()
             && self.drop_vars.is_empty()
             && self.root_keys.is_empty()

@@ -7,7 +7,9 @@
 //! of its own job in its namespace: `nomad/jobs/<job>`, `.../<group>`,
 //! `.../<group>/<task>`, while its allocation is not terminal. Everything else it
 //! asks for is 403. [`admits_workload_identity`] is the one place that lets such a
-//! token past the cluster-token check.
+//! token past the cluster-token check. With ACLs, an ACL token may do what its
+//! policies' `variables` rules grant (`list`, `read`, `write`, `destroy`; management:
+//! everything), and the resolver hands a workload identity over as `Unresolved`.
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -22,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Api, ApiError, ApiResult, INDEX_HEADER, Params, TOKEN_HEADER, answer, block, json_body,
 };
+use crate::endpoints::acl::Identity;
 use crate::variables::{VarCaller, VarWrite};
+use drover_server_api::acl::VariableOp;
 
 /// Set on a request whose token is the cluster token (checked by `check_token`).
 #[derive(Debug, Clone, Copy)]
@@ -55,9 +59,22 @@ fn caller(
     api: &Api,
     headers: &HeaderMap,
     checked: Option<&ClusterTokenChecked>,
+    identity: Option<&Identity>,
 ) -> Result<VarCaller, ApiError> {
     if checked.is_some() {
         return Ok(VarCaller::Operator);
+    }
+    // With ACLs: the resolved token's variables rules, or a workload identity (the
+    // one kind of token the resolver leaves to this module).
+    if let Some(identity) = identity {
+        return match identity {
+            Identity::Unresolved(token) => Ok(VarCaller::Workload(
+                api.server.verify_workload_identity(token)?,
+            )),
+            Identity::Anonymous(acl) | Identity::Token { acl, .. } => {
+                Ok(VarCaller::Acl(acl.clone()))
+            }
+        };
     }
     match headers.get(TOKEN_HEADER).map(HeaderValue::as_bytes) {
         Some(t) if looks_like_jwt(t) => {
@@ -98,10 +115,13 @@ fn write_answer(w: VarWrite, delete: bool) -> ApiResult {
     }
 }
 
-fn workload_may_not_write(c: &VarCaller) -> Result<(), ApiError> {
-    match c {
-        VarCaller::Operator => Ok(()),
-        VarCaller::Workload(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "Permission denied")),
+/// 403 unless `c` may `op` the variable at `path` of the request's namespace.
+fn may_write(c: &VarCaller, q: &Params, path: &str, op: VariableOp) -> Result<(), ApiError> {
+    let ns = crate::variables::namespace_of(q.get("namespace"))?;
+    if c.may(&ns, path, op) {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::FORBIDDEN, "Permission denied"))
     }
 }
 
@@ -109,10 +129,11 @@ pub(super) async fn list(
     State(api): State<Api>,
     headers: HeaderMap,
     checked: Option<Extension<ClusterTokenChecked>>,
+    identity: Option<Extension<Identity>>,
     q: Params,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
-    let who = caller(&api, &headers, checked.as_deref())?;
+    let who = caller(&api, &headers, checked.as_deref(), identity.as_deref())?;
     let index = block(&api, &q, stop).await?;
     let list = api.server.variables(q.get("namespace"), q.prefix(), &who)?;
     answer(index, list)
@@ -123,10 +144,11 @@ pub(super) async fn get(
     Path(path): Path<String>,
     headers: HeaderMap,
     checked: Option<Extension<ClusterTokenChecked>>,
+    identity: Option<Extension<Identity>>,
     q: Params,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
-    let who = caller(&api, &headers, checked.as_deref())?;
+    let who = caller(&api, &headers, checked.as_deref(), identity.as_deref())?;
     let index = block(&api, &q, stop).await?;
     match api.server.variable(q.get("namespace"), &path, &who)? {
         Some(v) => answer(index, v),
@@ -139,10 +161,12 @@ pub(super) async fn put(
     Path(path): Path<String>,
     headers: HeaderMap,
     checked: Option<Extension<ClusterTokenChecked>>,
+    identity: Option<Extension<Identity>>,
     q: Params,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    workload_may_not_write(&caller(&api, &headers, checked.as_deref())?)?;
+    let who = caller(&api, &headers, checked.as_deref(), identity.as_deref())?;
+    may_write(&who, &q, &path, VariableOp::Write)?;
     let cas = cas(&q)?;
     let v: Variable = json_body(body)?;
     let w = api
@@ -157,9 +181,11 @@ pub(super) async fn delete(
     Path(path): Path<String>,
     headers: HeaderMap,
     checked: Option<Extension<ClusterTokenChecked>>,
+    identity: Option<Extension<Identity>>,
     q: Params,
 ) -> ApiResult {
-    workload_may_not_write(&caller(&api, &headers, checked.as_deref())?)?;
+    let who = caller(&api, &headers, checked.as_deref(), identity.as_deref())?;
+    may_write(&who, &q, &path, VariableOp::Destroy)?;
     let cas = cas(&q)?;
     let w = api
         .server
