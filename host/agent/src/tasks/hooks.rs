@@ -88,7 +88,7 @@ impl TaskHook for TaskDirHook {
 /// planted entry (anything but a directory) is removed, not followed, and made again.
 /// Modes are set every time, so a directory made by an older agent (0755, tmp/ 1777)
 /// is tightened too.
-fn create_task_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_task_dir(dir: &Path) -> std::io::Result<()> {
     let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

@@ -18,6 +18,7 @@
 mod driver;
 mod driver_events;
 mod hooks;
+pub(crate) use hooks::create_task_dir;
 mod record;
 pub mod restart;
 mod runner;

@@ -7,6 +7,7 @@ mod common;
 
 mod agent_cluster;
 mod alloc_health;
+mod artifacts;
 mod cluster;
 mod cluster_cli;
 mod cluster_dev;
@@ -17,3 +18,4 @@ mod deployments;
 mod rollouts;
 mod server_names;
 mod services;
+mod templates;

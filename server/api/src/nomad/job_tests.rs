@@ -269,9 +269,9 @@ fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
         ),
         (
             "/TaskGroups/0/Tasks/0",
-            "Templates",
-            json!([{"EmbeddedTmpl": "x"}]),
-            "TaskGroups[0].Tasks[0].Templates",
+            "Vault",
+            json!({"Policies": ["x"]}),
+            "TaskGroups[0].Tasks[0].Vault",
         ),
     ];
     for (pointer, key, value, path) in cases {
@@ -686,6 +686,8 @@ fn sample_task(rng: &mut Rng, index: u64) -> internal::Task {
             ][rng.below(3) as usize],
             sidecar: rng.bool(),
         }),
+        artifacts: Vec::new(),
+        templates: Vec::new(),
     }
 }
 
