@@ -300,7 +300,9 @@ impl AllocTaskHook for TemplateHook {
         };
         let env = req.env.clone();
         if ctx.restored {
-            // The task runs with what was rendered: watch from here on.
+            // After an agent restart the task runs with what was rendered, and its
+            // poststart was seen before: watch from here on (the first render again
+            // is the baseline).
             self.lock().insert(
                 ctx.task_id.to_owned(),
                 Watched {
@@ -309,6 +311,7 @@ impl AllocTaskHook for TemplateHook {
                     stop: None,
                 },
             );
+            self.watch(ctx);
             return Ok(());
         }
         let task_dir = dirs.task.clone();
@@ -351,9 +354,32 @@ impl AllocTaskHook for TemplateHook {
         _view: &drover_api::TaskView,
         _state: &mut HookState,
     ) {
-        if ctx.task.templates.is_empty() {
-            return;
+        if !ctx.task.templates.is_empty() {
+            self.watch(ctx);
         }
+    }
+
+    async fn prekill(&self, ctx: &HookContext<'_>, _state: &mut HookState) {
+        self.stop_watching(ctx.task_id);
+    }
+
+    async fn exited(
+        &self,
+        ctx: &HookContext<'_>,
+        _view: &drover_api::TaskView,
+        _state: &mut HookState,
+    ) {
+        self.stop_watching(ctx.task_id);
+    }
+
+    async fn stop(&self, ctx: &HookContext<'_>, _state: &mut HookState) {
+        self.stop_watching(ctx.task_id);
+    }
+}
+
+impl TemplateHook {
+    /// Start the task's watcher unless it runs already.
+    fn watch(&self, ctx: &HookContext<'_>) {
         let stop = CancellationToken::new();
         let (env, last) = {
             let mut tasks = self.lock();
@@ -384,23 +410,6 @@ impl AllocTaskHook for TemplateHook {
                 () = stop.cancelled() => {}
             }
         });
-    }
-
-    async fn prekill(&self, ctx: &HookContext<'_>, _state: &mut HookState) {
-        self.stop_watching(ctx.task_id);
-    }
-
-    async fn exited(
-        &self,
-        ctx: &HookContext<'_>,
-        _view: &drover_api::TaskView,
-        _state: &mut HookState,
-    ) {
-        self.stop_watching(ctx.task_id);
-    }
-
-    async fn stop(&self, ctx: &HookContext<'_>, _state: &mut HookState) {
-        self.stop_watching(ctx.task_id);
     }
 }
 
