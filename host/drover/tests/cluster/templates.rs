@@ -2,7 +2,8 @@
 //! before it starts (`env` and `nomadService`, Go template syntax), applies `perms`
 //! (0600 under `secrets/` whatever `perms` says), adds an `env = true` file to the
 //! task's environment; when the service changes the file renders differently and
-//! `change_mode = "restart"` restarts the task within seconds. A destination with `..`
+//! `change_mode = "restart"` restarts the task within seconds (`signal` sends the
+//! task its `change_signal` instead). A destination with `..`
 //! is refused when the job is submitted, and a link planted at a destination (by a
 //! sibling task, in the shared `alloc/`) is not followed.
 
@@ -99,6 +100,28 @@ destination = "local/perm.txt"
 perms = "640"
 "#;
 
+/// A task that notes each SIGHUP; its template signals it when `backend` changes.
+const SIGNALLED: &str = r#"
+name = "signalled"
+type = "service"
+
+[[group]]
+name = "s"
+
+[[group.task]]
+name = "t"
+driver = "raw_exec"
+config = { command = "/bin/sh", args = ["-c", 'trap "echo hup >> ROOT/hups" HUP; touch ROOT/signalled-started; while :; do sleep 0.2; done'] }
+resources = { cpu = 100, memory_mb = 32 }
+
+[[group.task.template]]
+data = '{{ range nomadService "backend" }}{{ .Port }}{{ end }}'
+destination = "local/ports"
+change_mode = "signal"
+change_signal = "SIGHUP"
+splay = "0s"
+"#;
+
 /// The runs of the front task so far: (app.conf, env, modes) of each, oldest first.
 fn runs(root: &Path) -> Vec<(String, String, String)> {
     let dir = root.join("runs");
@@ -157,6 +180,14 @@ fn templates_render_before_start_and_a_service_change_restarts_the_task() {
 
     let front = FRONT.replace("ROOT", &root.display().to_string());
     run_ok(&agent, root, "front", &front);
+    let signalled = SIGNALLED.replace("ROOT", &root.display().to_string());
+    run_ok(&agent, root, "signalled", &signalled);
+    wait_for(
+        "the signalled task running",
+        &agent,
+        Duration::from_secs(60),
+        || root.join("signalled-started").exists().then_some(()),
+    );
     let first = wait_for(
         "the front task's first run",
         &agent,
@@ -190,6 +221,23 @@ fn templates_render_before_start_and_a_service_change_restarts_the_task() {
         "restarted only after {:?}",
         began.elapsed()
     );
+    // change_mode = "signal": the other task got SIGHUP and was not restarted.
+    wait_for(
+        "the signalled task got SIGHUP",
+        &agent,
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(root.join("hups"))
+                .ok()
+                .filter(|s| s.contains("hup"))
+        },
+    );
+    let v = agent.cli_json(&["job", "status", "signalled", "--json"]);
+    let id = v["allocations"][0]["id"].as_str().unwrap().to_owned();
+    let full = agent.cli_json(&["alloc", "status", &id, "--json"]);
+    assert_eq!(full["task_states"]["t"]["restarts"], 0, "{full:#}");
+    assert_eq!(full["task_states"]["t"]["state"], "running", "{full:#}");
+
     let status = wait_job(&agent, "front", "the restart counted", |v| {
         v["allocations"].as_array().is_some_and(|a| {
             a.iter().any(|a| {
