@@ -150,6 +150,9 @@ impl Downloader {
             .parse()
             .map_err(|e| FetchError::Url(format!("{}: {e}", redact(url))))?;
         let mut redirects = 0;
+        // The job's headers (credentials, often) go only to the host it named: a
+        // redirect elsewhere is followed without them, as Go's client does.
+        let origin = uri.authority().map(|a| a.as_str().to_ascii_lowercase());
         let resp = loop {
             match uri.scheme_str() {
                 Some("http") | Some("https") => {}
@@ -161,7 +164,8 @@ impl Downloader {
                 }
             }
             let mut req = http::Request::get(uri.clone());
-            for (k, v) in headers {
+            let same_host = uri.authority().map(|a| a.as_str().to_ascii_lowercase()) == origin;
+            for (k, v) in headers.iter().filter(|_| same_host) {
                 req = req.header(k.as_str(), v.as_str());
             }
             if !headers.keys().any(|k| k.eq_ignore_ascii_case("user-agent")) {

@@ -37,6 +37,9 @@ use render::{Inputs, Wanted};
 
 /// How often a running task's templates are rendered again.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+/// Longest one render may take: a template that loops over its own input for ever
+/// fails the task instead of holding the agent (the render's thread is abandoned).
+const RENDER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Rounds of fetching what a render asked for before giving up.
 const MAX_ROUNDS: usize = 4;
 /// Largest template `source` file read from the task directory.
@@ -48,8 +51,13 @@ pub const WORKLOAD_TOKEN_FILE: &str = "secrets/nomad_token";
 /// servers ([`crate::cluster::forward::Forwarder`]).
 #[tonic::async_trait]
 pub trait TemplateServer: Send + Sync {
-    /// The instances of service `name` (Nomad's `/v1/service/:name`, as JSON).
-    async fn service(&self, name: &str) -> Result<Vec<serde_json::Value>, String>;
+    /// The instances of service `name` (Nomad's `/v1/service/:name`, as JSON), read
+    /// with the task's workload identity token when it has one.
+    async fn service(
+        &self,
+        name: &str,
+        token: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, String>;
 }
 
 /// Variables, read with a task's workload identity token (`VariableSource` of the
@@ -168,7 +176,7 @@ async fn fetch(
     };
     for name in &wanted.services {
         let list = server
-            .service(name)
+            .service(name, token)
             .await
             .map_err(|e| format!("nomadService {name:?}: {e}"))?;
         inputs.services.insert(name.clone(), list);
@@ -226,10 +234,12 @@ async fn render_one(
             t.error_on_missing_key,
             inputs.clone(),
         );
-        let (out, wanted) =
-            tokio::task::spawn_blocking(move || render::render(&text, &left, &right, strict, &now))
-                .await
-                .map_err(|e| e.to_string())??;
+        let rendering =
+            tokio::task::spawn_blocking(move || render::render(&text, &left, &right, strict, &now));
+        let (out, wanted) = tokio::time::timeout(RENDER_TIMEOUT, rendering)
+            .await
+            .map_err(|_| format!("rendering took longer than {RENDER_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())??;
         if wanted.is_empty() {
             return Ok(out);
         }
@@ -497,9 +507,13 @@ impl Watch {
 /// The agent's forwarder as the templates' server.
 #[tonic::async_trait]
 impl TemplateServer for crate::cluster::forward::Forwarder {
-    async fn service(&self, name: &str) -> Result<Vec<serde_json::Value>, String> {
+    async fn service(
+        &self,
+        name: &str,
+        token: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, String> {
         let path = format!("/v1/service/{}", encode(name));
-        let (status, body) = self.get(&path, None).await?;
+        let (status, body) = self.get(&path, token).await?;
         match status {
             200 => serde_json::from_slice(&body).map_err(|e| format!("the server's answer: {e}")),
             404 => Ok(Vec::new()),

@@ -304,6 +304,46 @@ fn contains(args: &[Value]) -> Result<Value, FuncError> {
     }))
 }
 
+/// Widest field `printf` may pad to (a `%999999999d` would allocate that much before
+/// the output bound sees it).
+const MAX_PRINTF_WIDTH: usize = 1024;
+
+/// Go's `printf`, with its widths and precisions bounded.
+fn bounded_printf(args: &[Value]) -> Result<Value, FuncError> {
+    let format = string_arg("printf", args, 0)?;
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            continue;
+        }
+        while chars.peek().is_some_and(|c| "-+# 0".contains(*c)) {
+            chars.next();
+        }
+        for _ in 0..2 {
+            let mut digits = String::new();
+            while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                digits.push(d);
+                chars.next();
+            }
+            if chars.peek() == Some(&'*') || chars.peek() == Some(&'[') {
+                return Err(generic("printf: `*` and `[n]` widths are not supported"));
+            }
+            if digits.parse::<usize>().is_ok_and(|w| w > MAX_PRINTF_WIDTH) || digits.len() > 6 {
+                return Err(generic(format!(
+                    "printf: widths and precisions are at most {MAX_PRINTF_WIDTH}"
+                )));
+            }
+            if chars.peek() == Some(&'.') {
+                chars.next();
+            } else {
+                break;
+            }
+        }
+        chars.next();
+    }
+    gtmpl::funcs::printf(args)
+}
+
 /// `timestamp`: now, RFC 3339 in UTC.
 fn timestamp(args: &[Value]) -> Result<Value, FuncError> {
     if !args.is_empty() {
@@ -317,6 +357,7 @@ fn timestamp(args: &[Value]) -> Result<Value, FuncError> {
 }
 
 const FUNCS: &[(&str, gtmpl_value::Func)] = &[
+    ("printf", bounded_printf),
     ("env", env),
     ("nomadService", nomad_service),
     ("nomadVar", nomad_var),
@@ -486,6 +527,16 @@ mod tests {
             r#"{"password":"s3cret"}"#
         );
         assert!(r("{{ timestamp }}").ends_with('Z'));
+        assert_eq!(r(r#"{{ printf "%3d|%.2f" 7 1.5 }}"#), "  7|1.50");
+        let e = render(
+            r#"{{ printf "%999999999d" 1 }}"#,
+            "{{",
+            "}}",
+            false,
+            &inputs(),
+        )
+        .unwrap_err();
+        assert!(e.contains("at most"), "{e}");
     }
 
     #[test]
