@@ -231,6 +231,8 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
                     },
                     logs: None,
                     lifecycle: None,
+                    artifacts: Vec::new(),
+                    templates: Vec::new(),
                 }],
             }],
         };

@@ -121,6 +121,8 @@ fn job(i: usize, count: u32, ports: usize) -> JobSpec {
                 },
                 logs: None,
                 lifecycle: None,
+                artifacts: Vec::new(),
+                templates: Vec::new(),
             }],
         }],
     }

@@ -242,7 +242,17 @@ pub async fn run(
     // them to the servers.
     let (alloc_updates, alloc_updates_rx) = tokio::sync::mpsc::unbounded_channel();
     let allocs = cluster.as_ref().map(|prepared| {
-        let allocs = AllocManager::new(tasks.clone(), store.clone(), alloc_updates);
+        let allocs = AllocManager::with_hooks(
+            tasks.clone(),
+            store.clone(),
+            alloc_updates,
+            crate::allocs::configured_hooks(
+                config.artifact,
+                forward
+                    .clone()
+                    .map(|f| f as Arc<dyn crate::allocs::TemplateSources>),
+            ),
+        );
         allocs.set_node(prepared.node_env());
         // Checked when the config was loaded.
         allocs.set_bridge(config.bridge().ok());

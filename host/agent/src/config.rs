@@ -295,6 +295,9 @@ pub struct AgentConfig {
     /// What the node keeps for itself (Nomad's `reserved` block): ports never given
     /// to allocations.
     pub reserved: Reserved,
+    /// Bounds on the tasks' artifacts (`[artifact]`: download and unpacked bytes,
+    /// archive entries, time).
+    pub artifact: crate::allocs::ArtifactLimits,
     /// ACLs of the in-process server of `--dev` (Nomad's `acl` block).
     #[serde(default)]
     pub acl: AclSettings,
@@ -398,15 +401,17 @@ impl Default for AgentConfig {
             max_dynamic_port: u32::from(drover_server_api::DEFAULT_MAX_DYNAMIC_PORT),
             reserved: Reserved::default(),
             acl: AclSettings::default(),
+
+            artifact: crate::allocs::ArtifactLimits::default(),
         }
     }
 }
 
-fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&humantime::format_duration(*d).to_string())
 }
 
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw {
@@ -500,6 +505,7 @@ impl AgentConfig {
             ConfigError(msgs.join("; "))
         })?;
         config.limits.check()?;
+        config.artifact.check().map_err(ConfigError)?;
         config.check_datacenter()?;
         config.check_pins()?;
         config.check_plugin_env()?;

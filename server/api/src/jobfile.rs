@@ -50,6 +50,17 @@
 //! path = "/health"
 //! interval = "10s"
 //! timeout = "2s"
+//!
+//! [[group.task.artifact]]     # fetched into the task dir before it starts
+//! source = "https://example.com/app.tar.gz"   # http(s) only; archives are unpacked
+//! destination = "local/app"   # default local/
+//! options = { checksum = "sha256:..." }
+//!
+//! [[group.task.template]]     # rendered before the task starts, and on changes
+//! data = "PORT={{ env \"NOMAD_PORT_http\" }}"
+//! destination = "secrets/app.env"
+//! env = true                  # KEY=VALUE lines added to the task's environment
+//! change_mode = "restart"     # restart | signal | noop
 //! ```
 //!
 //! [`parse`] is a pure function of the text and the file's name. Every error names the
@@ -249,6 +260,8 @@ struct TaskDoc {
     logs: Option<LogConfig>,
     lifecycle: Option<Lifecycle>,
     service: Option<Vec<ServiceDoc>>,
+    artifact: Option<Vec<crate::types::ArtifactSpec>>,
+    template: Option<Vec<crate::types::TemplateSpec>>,
 }
 
 #[derive(Deserialize)]
@@ -394,6 +407,8 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                 resources: t.resources.unwrap_or_default(),
                 logs: t.logs,
                 lifecycle: t.lifecycle,
+                artifacts: t.artifact.unwrap_or_default(),
+                templates: t.template.unwrap_or_default(),
             });
         }
         if tasks.is_empty() {
@@ -806,6 +821,39 @@ driver = "exec"
         // What a file gives and what the HTTP API takes are the same spec.
         let json = serde_json::to_value(&spec).unwrap();
         assert_eq!(serde_json::from_value::<JobSpec>(json).unwrap(), spec);
+    }
+
+    #[test]
+    fn artifact_and_template_tables() {
+        let text = r#"name = "web"
+[[group]]
+name = "g"
+[[group.task]]
+name = "t"
+driver = "raw_exec"
+[[group.task.artifact]]
+source = "http://127.0.0.1:8000/app.tgz"
+options = { checksum = "md5:0123456789abcdef0123456789abcdef" }
+[[group.task.template]]
+data = "A={{ env \"NOMAD_TASK_NAME\" }}"
+destination = "secrets/a.env"
+env = true
+change_mode = "noop"
+splay = "1s"
+"#;
+        let spec = parse_and_validate(text, "web.toml").unwrap();
+        let t = &spec.groups[0].tasks[0];
+        assert_eq!(t.artifacts[0].destination, "local/");
+        assert_eq!(t.templates[0].change_mode, crate::types::ChangeMode::Noop);
+        assert_eq!(t.templates[0].splay, Duration::from_secs(1));
+        assert_eq!(t.templates[0].perms, "644");
+        let e = invalid(&text.replace("secrets/a.env", "/etc/a.env"));
+        assert!(
+            e.contains("group[0].task[0].template[0].destination"),
+            "{e}"
+        );
+        let e = error(&text.replace("change_mode", "chnage_mode"));
+        assert!(e.contains("chnage_mode"), "{e}");
     }
 
     #[test]

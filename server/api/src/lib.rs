@@ -24,6 +24,7 @@ pub mod hcl;
 pub mod jobfile;
 pub mod nomad;
 pub mod services;
+pub mod taskfiles;
 pub mod types;
 pub mod validate;
 pub mod variables;

@@ -315,6 +315,195 @@ pub struct Task {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub services: Vec<ServiceSpec>,
+    /// Files fetched into the task directory before it starts (Nomad's `artifact`).
+    #[serde(
+        default,
+        rename = "artifact",
+        alias = "artifacts",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub artifacts: Vec<ArtifactSpec>,
+    /// Files rendered into the task directory before it starts, and again when what
+    /// they read changes (Nomad's `template`).
+    #[serde(
+        default,
+        rename = "template",
+        alias = "templates",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub templates: Vec<TemplateSpec>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Artifacts and templates
+// ---------------------------------------------------------------------------------------
+
+/// Where an artifact goes when its `destination` is not given (Nomad's default).
+pub const DEFAULT_ARTIFACT_DESTINATION: &str = "local/";
+
+/// The name of the client's artifact hook; a task failed by it says so first in its
+/// message (`artifacts hook: ...`), which Nomad's API shows as a "Failed Artifact
+/// Download" event.
+pub const ARTIFACT_HOOK: &str = "artifacts";
+
+fn default_artifact_destination() -> String {
+    DEFAULT_ARTIFACT_DESTINATION.to_owned()
+}
+
+/// One file fetched over http(s) into the task directory before the task starts
+/// (Nomad's `artifact` block). An archive (by its name: `.tar`, `.tar.gz`, `.tgz`,
+/// `.zip`) is unpacked unless `options { archive = "false" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactSpec {
+    /// The URL (`http://` or `https://`).
+    pub source: String,
+    /// Where in the task directory (relative, default `local/`).
+    #[serde(default = "default_artifact_destination")]
+    pub destination: String,
+    /// `any` (default), `file` or `dir`.
+    #[serde(default, skip_serializing_if = "ArtifactMode::is_any")]
+    pub mode: ArtifactMode,
+    /// go-getter's options: `checksum = "sha256:..."`, `archive = "false"`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+    /// Headers sent with the request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// What an artifact's destination is (Nomad's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArtifactMode {
+    /// A directory for an archive, the file's directory otherwise.
+    #[default]
+    Any,
+    /// The destination is the file itself.
+    File,
+    /// The destination is a directory.
+    Dir,
+}
+
+impl ArtifactMode {
+    fn is_any(&self) -> bool {
+        *self == ArtifactMode::Any
+    }
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactMode::Any => "any",
+            ArtifactMode::File => "file",
+            ArtifactMode::Dir => "dir",
+        }
+    }
+}
+
+/// What the client does to a running task when its template renders differently
+/// (Nomad's `change_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeMode {
+    /// Restart the task.
+    #[default]
+    Restart,
+    /// Send it `change_signal`.
+    Signal,
+    /// Nothing: the file changes under the running task.
+    Noop,
+}
+
+impl ChangeMode {
+    fn is_restart(&self) -> bool {
+        *self == ChangeMode::Restart
+    }
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeMode::Restart => "restart",
+            ChangeMode::Signal => "signal",
+            ChangeMode::Noop => "noop",
+        }
+    }
+}
+
+/// Default permission bits of a rendered template (Nomad's `perms`).
+pub const DEFAULT_TEMPLATE_PERMS: &str = "644";
+/// Default delay before a change is applied (Nomad's `splay`).
+pub const DEFAULT_TEMPLATE_SPLAY: Duration = Duration::from_secs(5);
+
+fn default_template_perms() -> String {
+    DEFAULT_TEMPLATE_PERMS.to_owned()
+}
+fn default_left_delimiter() -> String {
+    "{{".to_owned()
+}
+fn default_right_delimiter() -> String {
+    "}}".to_owned()
+}
+fn default_splay() -> Duration {
+    DEFAULT_TEMPLATE_SPLAY
+}
+fn is_default_perms(p: &String) -> bool {
+    p == DEFAULT_TEMPLATE_PERMS
+}
+fn is_left(p: &String) -> bool {
+    p == "{{"
+}
+fn is_right(p: &String) -> bool {
+    p == "}}"
+}
+fn is_default_splay(d: &Duration) -> bool {
+    *d == DEFAULT_TEMPLATE_SPLAY
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// A file rendered from a Go template (consul-template's syntax) into the task
+/// directory (Nomad's `template` block).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateSpec {
+    /// The template itself (one of `data` and `source`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub data: String,
+    /// A template file in the task directory (relative), read when rendering.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// Where the result goes in the task directory (relative).
+    pub destination: String,
+    /// What a change does to the running task.
+    #[serde(default, skip_serializing_if = "ChangeMode::is_restart")]
+    pub change_mode: ChangeMode,
+    /// The signal of `change_mode = "signal"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_signal: Option<String>,
+    /// The result is `KEY=VALUE` lines added to the task's environment.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub env: bool,
+    /// Permission bits of the file, octal (`"644"`); files under `secrets/` are 0600.
+    #[serde(
+        default = "default_template_perms",
+        skip_serializing_if = "is_default_perms"
+    )]
+    pub perms: String,
+    /// Opening delimiter of actions.
+    #[serde(default = "default_left_delimiter", skip_serializing_if = "is_left")]
+    pub left_delimiter: String,
+    /// Closing delimiter of actions.
+    #[serde(default = "default_right_delimiter", skip_serializing_if = "is_right")]
+    pub right_delimiter: String,
+    /// Random delay, up to this, before a change is applied.
+    #[serde(
+        default = "default_splay",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_splay"
+    )]
+    pub splay: Duration,
+    /// A missing map key is an error (otherwise it renders as `<no value>`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub error_on_missing_key: bool,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1690,6 +1879,8 @@ mod tests {
             },
             logs: None,
             lifecycle: None,
+            artifacts: Vec::new(),
+            templates: Vec::new(),
         };
         let g = TaskGroup {
             update: Default::default(),

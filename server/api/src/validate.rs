@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use drover_api::{MAX_KILL_TIMEOUT, MAX_RESTART_DURATION};
 
 use crate::services::{MAX_SERVICE_NAME_BYTES, MAX_SERVICES_PER_ALLOC};
+use crate::taskfiles::Root;
 use crate::types::{
     CHECK_TYPES, CheckSpec, Constraint, ConstraintOperator, JobSpec, JobType, LifecycleHook,
     NOMAD_SERVICE_PROVIDER, NetworkSpec, ReschedulePolicy, ServiceSpec, Task, TaskGroup,
@@ -907,7 +908,178 @@ fn check_task(path: &str, t: &Task) -> Result<(), ValidationError> {
             "a poststop task cannot be a sidecar (it runs after the main tasks ended)",
         ));
     }
+    check_artifacts(path, t)?;
+    check_templates(path, t)?;
     Ok(())
+}
+
+/// A task's `artifact` blocks (see [`crate::taskfiles`]).
+fn check_artifacts(path: &str, t: &Task) -> Result<(), ValidationError> {
+    use crate::taskfiles as tf;
+    check_len(
+        &format!("{path}.artifact"),
+        t.artifacts.len(),
+        tf::MAX_ARTIFACTS,
+    )?;
+    for (i, a) in t.artifacts.iter().enumerate() {
+        let apath = format!("{path}.artifact[{i}]");
+        tf::check_source(&a.source).map_err(|m| fail(format!("{apath}.source"), m))?;
+        tf::task_path(&a.destination).map_err(|m| fail(format!("{apath}.destination"), m))?;
+        for (k, v) in &a.options {
+            if !tf::ARTIFACT_OPTIONS.contains(&k.as_str()) {
+                return Err(fail(
+                    format!("{apath}.options.{k}"),
+                    format!(
+                        "option {k:?} is not supported (only {})",
+                        tf::ARTIFACT_OPTIONS.join(", ")
+                    ),
+                ));
+            }
+            let checked = match k.as_str() {
+                "checksum" => tf::parse_checksum(v).map(|_| ()),
+                _ => tf::archive_option(&a.options).map(|_| ()),
+            };
+            checked.map_err(|m| fail(format!("{apath}.options.{k}"), m))?;
+        }
+        check_len(
+            &format!("{apath}.headers"),
+            a.headers.len(),
+            tf::MAX_HEADERS,
+        )?;
+        let bytes: usize = a.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if bytes > tf::MAX_HEADER_BYTES {
+            return Err(fail(
+                format!("{apath}.headers"),
+                format!("{bytes} bytes, at most {}", tf::MAX_HEADER_BYTES),
+            ));
+        }
+        for (k, v) in &a.headers {
+            let token = !k.is_empty()
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token {
+                return Err(fail(
+                    format!("{apath}.headers"),
+                    format!("{k:?} is not a valid header name"),
+                ));
+            }
+            if v.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+                return Err(fail(
+                    format!("{apath}.headers.{k}"),
+                    "a header value cannot hold a line break or NUL",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A task's `template` blocks (see [`crate::taskfiles`]).
+fn check_templates(path: &str, t: &Task) -> Result<(), ValidationError> {
+    use crate::taskfiles as tf;
+    check_len(
+        &format!("{path}.template"),
+        t.templates.len(),
+        tf::MAX_TEMPLATES,
+    )?;
+    let mut seen = BTreeSet::new();
+    for (i, tm) in t.templates.iter().enumerate() {
+        let tpath = format!("{path}.template[{i}]");
+        match (tm.data.is_empty(), tm.source.is_empty()) {
+            (true, true) => {
+                return Err(fail(
+                    format!("{tpath}.data"),
+                    "give the template as data, or a source file",
+                ));
+            }
+            (false, false) => {
+                return Err(fail(
+                    format!("{tpath}.source"),
+                    "give data or source, not both",
+                ));
+            }
+            _ => {}
+        }
+        if tm.data.len() > tf::MAX_TEMPLATE_DATA {
+            return Err(fail(
+                format!("{tpath}.data"),
+                format!("{} bytes, at most {}", tm.data.len(), tf::MAX_TEMPLATE_DATA),
+            ));
+        }
+        if !tm.source.is_empty() {
+            tf::task_path(&tm.source).map_err(|m| fail(format!("{tpath}.source"), m))?;
+        }
+        if tm.destination.is_empty() {
+            return Err(fail(format!("{tpath}.destination"), "must not be empty"));
+        }
+        let dest =
+            tf::task_path(&tm.destination).map_err(|m| fail(format!("{tpath}.destination"), m))?;
+        if dest.trailing_slash || dest.rel.components().count() < 2 && dest.root == Root::Task {
+            return Err(fail(
+                format!("{tpath}.destination"),
+                format!("{:?} names a directory; give a file path", tm.destination),
+            ));
+        }
+        if !seen.insert((dest.root == Root::Alloc, dest.rel.clone())) {
+            return Err(fail(
+                format!("{tpath}.destination"),
+                format!(
+                    "{:?}: another template writes the same file",
+                    tm.destination
+                ),
+            ));
+        }
+        if tm.change_mode == crate::types::ChangeMode::Signal {
+            match tm.change_signal.as_deref() {
+                None | Some("") => {
+                    return Err(fail(
+                        format!("{tpath}.change_signal"),
+                        "required with change_mode = \"signal\" (e.g. \"SIGHUP\")",
+                    ));
+                }
+                Some(sig) if !is_signal_name(sig) => {
+                    return Err(fail(
+                        format!("{tpath}.change_signal"),
+                        format!("{sig:?} is not a signal name like SIGHUP"),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        tf::parse_perms(&tm.perms).map_err(|m| fail(format!("{tpath}.perms"), m))?;
+        for (name, d) in [
+            ("left_delimiter", &tm.left_delimiter),
+            ("right_delimiter", &tm.right_delimiter),
+        ] {
+            if d.is_empty() || d.len() > 16 || d.chars().any(char::is_whitespace) {
+                return Err(fail(
+                    format!("{tpath}.{name}"),
+                    "1 to 16 characters, no white space",
+                ));
+            }
+        }
+        if tm.splay > tf::MAX_SPLAY {
+            return Err(fail(
+                format!("{tpath}.splay"),
+                format!(
+                    "{} is longer than the maximum of {}",
+                    drover_api::human_duration(tm.splay),
+                    drover_api::human_duration(tf::MAX_SPLAY)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `SIGHUP`, `SIGUSR1` ...: upper-case letters and digits after `SIG`.
+fn is_signal_name(s: &str) -> bool {
+    s.strip_prefix("SIG").is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+    })
 }
 
 fn check_constraint(path: &str, c: &Constraint) -> Result<(), ValidationError> {
@@ -1117,6 +1289,8 @@ mod tests {
             resources: TaskResources::default(),
             logs: None,
             lifecycle: None,
+            artifacts: Vec::new(),
+            templates: Vec::new(),
         }
     }
 
@@ -1632,6 +1806,93 @@ mod tests {
         j.groups[0].services = vec![s];
         let e = validate(&j).unwrap_err();
         assert_eq!(e.field, "group[0].service[0].check_restart.grace");
+    }
+
+    fn artifact(source: &str, dest: &str) -> crate::types::ArtifactSpec {
+        crate::types::ArtifactSpec {
+            source: source.into(),
+            destination: dest.into(),
+            mode: Default::default(),
+            options: Default::default(),
+            headers: Default::default(),
+        }
+    }
+
+    fn template(dest: &str) -> crate::types::TemplateSpec {
+        serde_json::from_value(serde_json::json!({"data": "x", "destination": dest})).unwrap()
+    }
+
+    #[test]
+    fn artifacts_and_templates_are_refused_by_field() {
+        let mut j = job();
+        j.groups[0].tasks[0].artifacts = vec![artifact("https://example.com/a.tgz", "local/")];
+        j.groups[0].tasks[0].templates = vec![template("secrets/app.env")];
+        validate(&j).unwrap();
+
+        let e = refused(|j| {
+            j.groups[0].tasks[0].artifacts = vec![artifact("file:///etc/passwd", "local/")]
+        });
+        assert!(e.starts_with("group[0].task[0].artifact[0].source:"), "{e}");
+        let e = refused(|j| {
+            j.groups[0].tasks[0].artifacts = vec![artifact("http://h/a", "local/../../etc")]
+        });
+        assert!(
+            e.starts_with("group[0].task[0].artifact[0].destination:") && e.contains(".."),
+            "{e}"
+        );
+        let e = refused(|j| {
+            let mut a = artifact("http://h/a", "local/");
+            a.options.insert("checksum".into(), "sha256:00".into());
+            j.groups[0].tasks[0].artifacts = vec![a];
+        });
+        assert!(
+            e.starts_with("group[0].task[0].artifact[0].options.checksum:"),
+            "{e}"
+        );
+        let e = refused(|j| {
+            let mut a = artifact("http://h/a", "local/");
+            a.options.insert("aws_access_key_id".into(), "x".into());
+            j.groups[0].tasks[0].artifacts = vec![a];
+        });
+        assert!(e.contains("options.aws_access_key_id"), "{e}");
+        let e = refused(|j| {
+            let mut a = artifact("http://h/a", "local/");
+            a.headers.insert("X-A".into(), "a\r\nInjected: 1".into());
+            j.groups[0].tasks[0].artifacts = vec![a];
+        });
+        assert!(e.contains("headers.X-A"), "{e}");
+
+        let e = refused(|j| j.groups[0].tasks[0].templates = vec![template("../x")]);
+        assert!(
+            e.starts_with("group[0].task[0].template[0].destination:"),
+            "{e}"
+        );
+        let e = refused(|j| j.groups[0].tasks[0].templates = vec![template("/etc/passwd")]);
+        assert!(
+            e.starts_with("group[0].task[0].template[0].destination:"),
+            "{e}"
+        );
+        let e = refused(|j| {
+            let mut t = template("local/a");
+            t.change_mode = crate::types::ChangeMode::Signal;
+            j.groups[0].tasks[0].templates = vec![t];
+        });
+        assert!(
+            e.starts_with("group[0].task[0].template[0].change_signal:"),
+            "{e}"
+        );
+        let e = refused(|j| {
+            let mut t = template("local/a");
+            t.perms = "4755".into();
+            j.groups[0].tasks[0].templates = vec![t];
+        });
+        assert!(e.starts_with("group[0].task[0].template[0].perms:"), "{e}");
+        let e = refused(|j| {
+            let mut t = template("local/a");
+            t.data.clear();
+            j.groups[0].tasks[0].templates = vec![t];
+        });
+        assert!(e.starts_with("group[0].task[0].template[0].data:"), "{e}");
     }
 
     #[test]

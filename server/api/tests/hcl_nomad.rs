@@ -38,6 +38,7 @@ const CASES: &[(&str, &[&str], &[&str])] = &[
     ("docs.nomad.hcl", &["message=hello"], &[]),
     ("config.hcl", &[], &[]),
     ("services.nomad.hcl", &[], &[]),
+    ("artifacts.nomad.hcl", &[], &[]),
 ];
 
 #[test]

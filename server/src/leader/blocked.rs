@@ -110,6 +110,8 @@ mod tests {
                     resources: TaskResources::default(),
                     logs: None,
                     lifecycle: None,
+                    artifacts: Vec::new(),
+                    templates: Vec::new(),
                 }],
             }],
         }

@@ -252,6 +252,8 @@ fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
         },
         logs: None,
         lifecycle: None,
+        artifacts: Vec::new(),
+        templates: Vec::new(),
     }
 }
 

@@ -101,6 +101,8 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
                 },
                 logs: None,
                 lifecycle: None,
+                artifacts: Vec::new(),
+                templates: Vec::new(),
             }],
         }],
     }

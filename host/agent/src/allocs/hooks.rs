@@ -16,6 +16,8 @@ use drover_plugin_sdk::taskdir::{Dir, FileKind};
 use drover_server_api::{ClientAllocation, Task};
 use serde::{Deserialize, Serialize};
 
+use super::artifacts::{ArtifactHook, ArtifactLimits};
+use super::templates::{TemplateHook, TemplateSources};
 use crate::taskenv::{NodeEnv, TaskDirs, TaskEnv};
 
 /// Largest hook state kept (its JSON): state is for small facts, not data.
@@ -71,6 +73,8 @@ pub struct HookContext<'a> {
     /// Called again after an agent restart for a task already started: what a
     /// prestart changes in the request is not used.
     pub restored: bool,
+    /// The task manager (a hook that restarts or signals the task: templates).
+    pub tasks: &'a std::sync::Arc<crate::tasks::TaskManager>,
 }
 
 /// One step around the tasks of an allocation. Every method defaults to nothing.
@@ -101,13 +105,27 @@ pub trait AllocTaskHook: Send + Sync {
 
 /// The hooks every task of an allocation gets, in order: the shared directory
 /// (`alloc_dir`), the allocation's variables (`alloc_env`), the job version a task was
-/// started with (`job_version`).
+/// started with (`job_version`), the task's artifacts (`artifacts`, with the default
+/// [`ArtifactLimits`]) and templates (`templates`, with no server: `nomadService` and
+/// `nomadVar` fail).
 pub fn default_hooks() -> Vec<Box<dyn AllocTaskHook>> {
+    configured_hooks(ArtifactLimits::default(), None)
+}
+
+/// [`default_hooks`] with the agent's `[artifact]` limits, and the cluster servers
+/// templates read services and variables from.
+pub fn configured_hooks(
+    artifact: ArtifactLimits,
+    server: Option<std::sync::Arc<dyn TemplateSources>>,
+) -> Vec<Box<dyn AllocTaskHook>> {
     vec![
         Box::new(AllocDirHook),
         Box::new(AllocEnvHook),
         Box::new(JobVersionHook),
         Box::new(super::identity::IdentityHook),
+
+        Box::new(ArtifactHook::new(artifact)),
+        Box::new(TemplateHook::new(server)),
     ]
 }
 

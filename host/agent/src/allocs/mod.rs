@@ -19,11 +19,13 @@
 //!   more than [`MAX_TERMINAL_KEPT`] are kept; one missing from a complete set is
 //!   stopped and collected as soon as it is terminal.
 
+mod artifacts;
 mod health;
 mod hooks;
 mod identity;
 mod record;
 mod runner;
+mod templates;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,9 +39,13 @@ use tokio_util::sync::CancellationToken;
 /// For implementing [`AllocTaskHook`] outside this crate.
 pub use tonic::async_trait;
 
-pub use hooks::{AllocTaskHook, HookContext, HookState, MAX_HOOK_STATE, default_hooks};
+pub use artifacts::ArtifactLimits;
+pub use hooks::{
+    AllocTaskHook, HookContext, HookState, MAX_HOOK_STATE, configured_hooks, default_hooks,
+};
 use record::AllocRecord;
 use runner::Runner;
+pub use templates::{TemplateServer, TemplateSources, VariableSource};
 
 use crate::network::{Bridge, BridgeConfig};
 use crate::state::StateStore;

@@ -55,6 +55,17 @@ pub(crate) struct TaskSlot {
     /// Per-hook state, by hook name.
     #[serde(default)]
     pub hooks: BTreeMap<String, HookState>,
+    /// Prestart hooks that failed (an artifact that could not be fetched), each retried
+    /// under the task's restart policy, as Nomad does.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prestart_failures: u32,
+    /// The last prestart failure while a retry is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prestart_error: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Everything needed to carry an allocation on after an agent restart.

@@ -190,6 +190,8 @@ pub(super) struct Runner {
     /// The deployment the allocation belongs to and the tracker deciding its health
     /// in it; `None` outside a deployment.
     health: Option<(String, HealthTracker)>,
+    /// Tasks whose prestart hooks failed, not tried again before this instant.
+    prestart_retry: BTreeMap<String, Instant>,
 }
 
 impl Runner {
@@ -213,6 +215,7 @@ impl Runner {
             start_pause: START_RETRY.0,
             services: AllocServices::default(),
             health: None,
+            prestart_retry: BTreeMap::new(),
         }
     }
 
@@ -625,6 +628,13 @@ impl Runner {
             self.handle.set_task_id(name, &id);
             self.mgr.own(&id, self.id());
         }
+        if self
+            .prestart_retry
+            .get(name)
+            .is_some_and(|at| Instant::now() < *at)
+        {
+            return false;
+        }
         let id = self.rec.tasks[name].id.clone();
         if self.mgr.tasks.status(&id).is_ok() {
             // Started before an agent restart cut the runner short.
@@ -633,8 +643,15 @@ impl Runner {
         }
         let mut req = request(&self.rec.alloc, &task);
         if let Err(e) = self.prestart_hooks(name, &task, &id, &mut req, false).await {
+            if self.retry_prestart(name, &task, &e).await {
+                return false;
+            }
             self.mark_started(name, Some(e)).await;
             return true;
+        }
+        self.prestart_retry.remove(name);
+        if let Some(slot) = self.rec.tasks.get_mut(name) {
+            slot.prestart_error = None;
         }
         let opts = RunOptions {
             id: Some(id.clone()),
@@ -672,6 +689,42 @@ impl Runner {
             Err(e) => Some(format!("cannot start task {name}: {e}")),
         };
         self.mark_started(name, outcome).await;
+        true
+    }
+
+    /// A prestart hook failed: under the task's restart policy (attempts left), the
+    /// start is tried again after its `delay` (true); otherwise the task fails (false).
+    /// Attempts are counted over the allocation's life on this node.
+    async fn retry_prestart(&mut self, name: &str, task: &Task, why: &str) -> bool {
+        let Some(policy) = task.restart.clone() else {
+            return false;
+        };
+        let Some(slot) = self.rec.tasks.get_mut(name) else {
+            return false;
+        };
+        if slot.prestart_failures >= policy.attempts {
+            return false;
+        }
+        slot.prestart_failures += 1;
+        slot.prestart_error = Some(format!(
+            "{why} (attempt {} of {}; trying again in {})",
+            slot.prestart_failures,
+            policy.attempts,
+            drover_api::human_duration(policy.delay)
+        ));
+        tracing::warn!(alloc = %self.id(), task = name, "{why}; trying again in {:?}", policy.delay);
+        self.save().await;
+        self.prestart_retry
+            .insert(name.to_owned(), Instant::now() + policy.delay);
+        let handle = self.handle.clone();
+        let stop = self.mgr.stop.clone();
+        let delay = policy.delay;
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => handle.notify.notify_one(),
+                () = stop.cancelled() => {}
+            }
+        });
         true
     }
 
@@ -715,6 +768,7 @@ impl Runner {
             fs_isolation: self.mgr.tasks.fs_isolation(&task.driver),
             node: &node,
             restored,
+            tasks: &self.mgr.tasks,
         };
         let mut result = Ok(());
         for hook in &self.mgr.hooks {
@@ -872,6 +926,7 @@ impl Runner {
             fs_isolation: self.mgr.tasks.fs_isolation(&task.driver),
             node: &node,
             restored: self.restored,
+            tasks: &self.mgr.tasks,
         };
         for hook in &self.mgr.hooks {
             let state: &mut HookState = states.entry(hook.name().to_owned()).or_default();
@@ -936,7 +991,11 @@ impl Runner {
                 st.state = TaskRunState::Dead;
                 st.message = "not started: the allocation ended first".into();
             }
-            None => {}
+            None => {
+                if let Some(e) = slot.and_then(|s| s.prestart_error.clone()) {
+                    st.message = e;
+                }
+            }
         }
         st
     }

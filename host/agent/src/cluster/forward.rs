@@ -185,12 +185,40 @@ impl Forwarder {
         Ok(Some(Forwarder { servers, token }))
     }
 
+    /// `GET path_and_query` on a server for the agent itself (templates: services,
+    /// variables): the status and the body (at most [`MAX_FORWARD_BODY`] bytes). A
+    /// task's workload identity token, when given, goes as `X-Nomad-Token` (the
+    /// server reads variables with the task's rights, not the agent's).
+    pub async fn get(
+        &self,
+        path_and_query: &str,
+        workload_token: Option<&str>,
+    ) -> Result<(u16, bytes::Bytes), String> {
+        let mut headers = HashMap::new();
+        headers.insert("accept".to_owned(), "application/json".to_owned());
+        if let Some(t) = workload_token {
+            headers.insert("x-nomad-token".to_owned(), t.to_owned());
+        }
+        let message = ForwardRequest {
+            method: "GET".to_owned(),
+            path_and_query: path_and_query.to_owned(),
+            headers,
+            body: Vec::new(),
+        };
+        let answer = self.send(message).await;
+        let status = answer.status().as_u16();
+        let body = axum::body::to_bytes(answer.into_body(), MAX_FORWARD_BODY)
+            .await
+            .map_err(|e| format!("reading the server's answer: {e}"))?;
+        Ok((status, body))
+    }
+
     /// Forward `req` to a server and stream its answer back.
     pub async fn forward(&self, req: Request) -> Response {
-        let token = match &self.token {
-            Ok(t) => t.clone(),
-            Err(e) => return text_error(StatusCode::SERVICE_UNAVAILABLE, e.clone()),
-        };
+        // An unreadable token fails before the body is read.
+        if let Err(e) = &self.token {
+            return text_error(StatusCode::SERVICE_UNAVAILABLE, e.clone());
+        }
         let (parts, body) = req.into_parts();
         let body = match axum::body::to_bytes(body, MAX_FORWARD_BODY).await {
             Ok(b) => b,
@@ -218,6 +246,15 @@ impl Forwarder {
                 .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.to_string()),
             headers,
             body: body.to_vec(),
+        };
+        self.send(message).await
+    }
+
+    /// Send one forwarded request to the first server that answers.
+    async fn send(&self, message: ForwardRequest) -> Response {
+        let token = match &self.token {
+            Ok(t) => t.clone(),
+            Err(e) => return text_error(StatusCode::SERVICE_UNAVAILABLE, e.clone()),
         };
         let mut last_error = String::new();
         for (addr, channel) in &self.servers {

@@ -366,6 +366,8 @@ mod tests {
             },
             logs: None,
             lifecycle: None,
+            artifacts: Vec::new(),
+            templates: Vec::new(),
         }
     }
 

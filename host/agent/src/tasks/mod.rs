@@ -18,6 +18,7 @@
 mod driver;
 mod driver_events;
 mod hooks;
+pub(crate) use hooks::create_task_dir;
 mod record;
 pub mod restart;
 mod runner;
@@ -40,7 +41,6 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use driver::{Drivers, TaskDriver};
-pub(crate) use hooks::create_task_dir;
 
 use crate::plugins::catalog::{Catalog, HandoverProgress};
 use crate::state::{StateError, StateStore};

@@ -8,6 +8,7 @@ mod common;
 mod acl;
 mod agent_cluster;
 mod alloc_health;
+mod artifacts;
 mod cluster;
 mod cluster_cli;
 mod cluster_dev;
@@ -19,3 +20,5 @@ mod rollouts;
 mod server_names;
 mod services;
 mod variables;
+
+mod templates;

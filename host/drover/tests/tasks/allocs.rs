@@ -277,6 +277,8 @@ fn sh(name: &str, script: &str, lifecycle: Option<(LifecycleHook, bool)>) -> Tas
         resources: TaskResources::default(),
         logs: None,
         lifecycle: lifecycle.map(|(hook, sidecar)| Lifecycle { hook, sidecar }),
+        artifacts: Vec::new(),
+        templates: Vec::new(),
     }
 }
 

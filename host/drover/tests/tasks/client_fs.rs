@@ -222,6 +222,8 @@ fn sh(name: &str, script: &str) -> Task {
         resources: TaskResources::default(),
         logs: None,
         lifecycle: None,
+        artifacts: Vec::new(),
+        templates: Vec::new(),
     }
 }
 

@@ -681,6 +681,72 @@ impl Reader<'_, '_> {
         Ok(Some(Json::Object(o)))
     }
 
+    /// An `artifact` block (`api.TaskArtifact`), with what Nomad 1.0 prints.
+    fn artifact(&self, b: &Block) -> Result<Json, HclError> {
+        label_count(self.src, b, 0)?;
+        let body = &b.body;
+        check_body(
+            self.src,
+            body,
+            &["source", "destination", "mode", "options", "headers"],
+            &["options", "headers"],
+        )?;
+        let mut o = Obj::new();
+        self.put(&mut o, body, "source", "GetterSource", Kind::String)?;
+        self.put_map(&mut o, body, "options", "GetterOptions")?;
+        self.put_map(&mut o, body, "headers", "GetterHeaders")?;
+        self.put(&mut o, body, "mode", "GetterMode", Kind::String)?;
+        self.put(&mut o, body, "destination", "RelativeDest", Kind::String)?;
+        Ok(Json::Object(o))
+    }
+
+    /// A `template` block (`api.Template`), with the defaults Nomad 1.0's parser fills
+    /// in (`ChangeMode`, `Splay`, `Perms`).
+    fn template(&self, b: &Block) -> Result<Json, HclError> {
+        label_count(self.src, b, 0)?;
+        let body = &b.body;
+        check_body(
+            self.src,
+            body,
+            &[
+                "source",
+                "destination",
+                "data",
+                "change_mode",
+                "change_signal",
+                "splay",
+                "perms",
+                "left_delimiter",
+                "right_delimiter",
+                "env",
+                "error_on_missing_key",
+            ],
+            &[],
+        )?;
+        let mut o = Obj::new();
+        self.put(&mut o, body, "source", "SourcePath", Kind::String)?;
+        self.put(&mut o, body, "destination", "DestPath", Kind::String)?;
+        self.put(&mut o, body, "data", "EmbeddedTmpl", Kind::String)?;
+        o.insert("ChangeMode".into(), "restart".into());
+        self.put(&mut o, body, "change_mode", "ChangeMode", Kind::String)?;
+        self.put(&mut o, body, "change_signal", "ChangeSignal", Kind::String)?;
+        o.insert("Splay".into(), 5_000_000_000_i64.into());
+        self.put(&mut o, body, "splay", "Splay", Kind::Duration)?;
+        o.insert("Perms".into(), "0644".into());
+        self.put(&mut o, body, "perms", "Perms", Kind::String)?;
+        self.put(&mut o, body, "left_delimiter", "LeftDelim", Kind::String)?;
+        self.put(&mut o, body, "right_delimiter", "RightDelim", Kind::String)?;
+        self.put(&mut o, body, "env", "Envvars", Kind::Bool)?;
+        self.put(
+            &mut o,
+            body,
+            "error_on_missing_key",
+            "ErrMissingKey",
+            Kind::Bool,
+        )?;
+        Ok(Json::Object(o))
+    }
+
     fn group(&self, b: &Block) -> Result<Json, HclError> {
         label_count(self.src, b, 1)?;
         let body = &b.body;
@@ -754,6 +820,8 @@ impl Reader<'_, '_> {
                 "logs",
                 "lifecycle",
                 "service",
+                "artifact",
+                "template",
             ],
         )?;
         let mut o = Obj::new();
@@ -804,6 +872,18 @@ impl Reader<'_, '_> {
         }
         if let Some(s) = self.services(body)? {
             o.insert("Services".into(), s);
+        }
+        let artifacts = blocks(body, "artifact")
+            .map(|a| self.artifact(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !artifacts.is_empty() {
+            o.insert("Artifacts".into(), Json::Array(artifacts));
+        }
+        let templates = blocks(body, "template")
+            .map(|t| self.template(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !templates.is_empty() {
+            o.insert("Templates".into(), Json::Array(templates));
         }
         o.insert("Leader".into(), false.into());
         o.insert("ShutdownDelay".into(), 0.into());

@@ -69,7 +69,6 @@ pub use source::HclError;
 /// `network` and `service`).
 pub const UNSUPPORTED_BLOCKS: &[&str] = &[
     "affinity",
-    "artifact",
     "connect",
     "consul",
     "csi",
@@ -86,7 +85,6 @@ pub const UNSUPPORTED_BLOCKS: &[&str] = &[
     "periodic",
     "scaling",
     "spread",
-    "template",
     "vault",
     "volume",
     "volume_mount",

@@ -45,7 +45,64 @@ pub(crate) const GOLDEN: &[(&str, &str)] = &[
     ("docs.nomad.hcl", "docs.json"),
     ("config.hcl", "config.json"),
     ("services.nomad.hcl", "services.json"),
+    ("artifacts.nomad.hcl", "artifacts.json"),
 ];
+
+#[test]
+fn artifact_and_template_blocks_become_the_tasks_files() {
+    let spec = parse_job_file(
+        &fixtures().join("artifacts.nomad.hcl"),
+        &VarInputs::default(),
+    )
+    .expect("parses")
+    .to_spec()
+    .expect("converts")
+    .spec;
+    crate::validate(&spec).unwrap_or_else(|e| panic!("{e}"));
+    let t = &spec.groups[0].tasks[0];
+    assert_eq!(t.artifacts.len(), 2);
+    let a = &t.artifacts[0];
+    assert_eq!(a.source, "http://127.0.0.1:8080/app.tar.gz");
+    assert_eq!(a.destination, "local/app");
+    assert_eq!(a.mode, crate::ArtifactMode::Dir);
+    assert!(a.options["checksum"].starts_with("sha256:"));
+    assert_eq!(a.headers["X-Team"], "a");
+    assert_eq!(t.artifacts[1].destination, "local/");
+    assert_eq!(t.artifacts[1].options["archive"], "false");
+    let tm = &t.templates[0];
+    assert_eq!(tm.destination, "secrets/app.env");
+    assert!(tm.env);
+    assert_eq!(tm.change_mode, crate::ChangeMode::Signal);
+    assert_eq!(tm.change_signal.as_deref(), Some("SIGHUP"));
+    assert_eq!(tm.perms, "600");
+    assert_eq!(tm.splay, std::time::Duration::from_secs(2));
+    assert_eq!(
+        (tm.left_delimiter.as_str(), tm.right_delimiter.as_str()),
+        ("[[", "]]")
+    );
+    let tm = &t.templates[1];
+    assert_eq!(tm.source, "local/in.tpl");
+    assert_eq!(tm.change_mode, crate::ChangeMode::Restart);
+    assert_eq!(tm.perms, "0644");
+
+    // Back to Nomad's shape and in again: nothing lost.
+    let wire = crate::nomad::Job::from(&spec);
+    let again = wire.to_spec().expect("converts back").spec;
+    assert_eq!(again.groups[0].tasks[0].artifacts, t.artifacts);
+    assert_eq!(again.groups[0].tasks[0].templates, t.templates);
+
+    // A hostile destination is refused naming the field.
+    let text = task_file(
+        "      template {\n        data = \"x\"\n        destination = \"../../etc/cron.d/x\"\n      }",
+    );
+    let e = crate::validate(
+        &parse_text(&text)
+            .map(|j| to_job("job.hcl", j).unwrap().to_spec().unwrap().spec)
+            .unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "group[0].task[0].template[0].destination", "{e}");
+}
 
 #[test]
 fn golden_files_match_nomads_output() {

@@ -303,6 +303,16 @@ impl From<&internal::TaskState> for TaskState {
                     }
                     e
                 }
+                // The client's artifact hook failed the task's start (Nomad's event).
+                None if t.failed
+                    && t.message
+                        .strip_prefix(internal::ARTIFACT_HOOK)
+                        .is_some_and(|m| m.starts_with(" hook: ")) =>
+                {
+                    let mut e = TaskEvent::new("Failed Artifact Download", time, t.message.clone());
+                    e.download_error = t.message.clone();
+                    e
+                }
                 None if t.failed => TaskEvent::new("Driver Failure", time, t.message.clone()),
                 None => TaskEvent::new("Killed", time, "Task successfully killed".to_owned()),
             };

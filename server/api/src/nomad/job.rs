@@ -287,14 +287,14 @@ pub struct Task {
     #[serde(rename = "Services", alias = "services", default)]
     pub services: Option<Vec<Service>>,
     /// Not supported yet.
-    #[serde(rename = "Artifacts", default)]
-    pub artifacts: Option<Value>,
+    #[serde(rename = "Artifacts", alias = "artifacts", default)]
+    pub artifacts: Option<Vec<TaskArtifact>>,
     /// Not supported yet.
     #[serde(rename = "Vault", default)]
     pub vault: Option<Value>,
     /// Not supported yet.
-    #[serde(rename = "Templates", default)]
-    pub templates: Option<Value>,
+    #[serde(rename = "Templates", alias = "templates", default)]
+    pub templates: Option<Vec<Template>>,
     /// Not supported yet.
     #[serde(rename = "DispatchPayload", default)]
     pub dispatch_payload: Option<Value>,
@@ -526,6 +526,194 @@ pub struct TaskLifecycle {
     /// Keeps running beside the main tasks.
     #[serde(rename = "Sidecar", alias = "sidecar", default)]
     pub sidecar: bool,
+}
+
+/// An `artifact` block in Nomad's shape (`api.TaskArtifact`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TaskArtifact {
+    /// The URL.
+    #[serde(rename = "GetterSource", alias = "source", default)]
+    pub getter_source: Option<String>,
+    /// go-getter options (`checksum`, `archive`).
+    #[serde(rename = "GetterOptions", alias = "options", default)]
+    pub getter_options: Option<BTreeMap<String, String>>,
+    /// Request headers.
+    #[serde(rename = "GetterHeaders", alias = "headers", default)]
+    pub getter_headers: Option<BTreeMap<String, String>>,
+    /// `any`, `file` or `dir`.
+    #[serde(rename = "GetterMode", alias = "mode", default)]
+    pub getter_mode: Option<String>,
+    /// Destination in the task directory.
+    #[serde(rename = "RelativeDest", alias = "destination", default)]
+    pub relative_dest: Option<String>,
+    /// Keys Drover does not know.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+/// A `template` block in Nomad's shape (`api.Template`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Template {
+    /// A template file in the task directory.
+    #[serde(rename = "SourcePath", alias = "source", default)]
+    pub source_path: Option<String>,
+    /// Where the result goes.
+    #[serde(rename = "DestPath", alias = "destination", default)]
+    pub dest_path: Option<String>,
+    /// The template itself.
+    #[serde(rename = "EmbeddedTmpl", alias = "data", default)]
+    pub embedded_tmpl: Option<String>,
+    /// `restart`, `signal` or `noop`.
+    #[serde(rename = "ChangeMode", alias = "change_mode", default)]
+    pub change_mode: Option<String>,
+    /// The signal of `signal`.
+    #[serde(rename = "ChangeSignal", alias = "change_signal", default)]
+    pub change_signal: Option<String>,
+    /// Random delay before a change is applied, nanoseconds.
+    #[serde(rename = "Splay", alias = "splay", default, with = "duration::opt")]
+    pub splay: Option<Duration>,
+    /// Octal permission bits.
+    #[serde(rename = "Perms", alias = "perms", default)]
+    pub perms: Option<String>,
+    /// Opening delimiter.
+    #[serde(rename = "LeftDelim", alias = "left_delimiter", default)]
+    pub left_delim: Option<String>,
+    /// Closing delimiter.
+    #[serde(rename = "RightDelim", alias = "right_delimiter", default)]
+    pub right_delim: Option<String>,
+    /// The result is added to the task's environment.
+    #[serde(rename = "Envvars", alias = "env", default)]
+    pub envvars: Option<bool>,
+    /// A missing map key is an error.
+    #[serde(rename = "ErrMissingKey", alias = "error_on_missing_key", default)]
+    pub err_missing_key: Option<bool>,
+    /// Not supported yet.
+    #[serde(rename = "ChangeScript", default)]
+    pub change_script: Option<Value>,
+    /// Not supported yet.
+    #[serde(rename = "Uid", default)]
+    pub uid: Option<Value>,
+    /// Not supported yet.
+    #[serde(rename = "Gid", default)]
+    pub gid: Option<Value>,
+    /// Not supported yet.
+    #[serde(rename = "Wait", default)]
+    pub wait: Option<Value>,
+    /// Deprecated in Nomad (unused since Vault 0.5): ignored.
+    #[serde(rename = "VaultGrace", default, skip_serializing)]
+    pub vault_grace: Option<Value>,
+    /// Keys Drover does not know.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+fn artifact(path: &str, a: &TaskArtifact) -> Result<internal::ArtifactSpec, ConversionError> {
+    refuse_unknown(path, &a.other)?;
+    let source = a.getter_source.clone().unwrap_or_default();
+    let mode = match a.getter_mode.as_deref() {
+        None | Some("") | Some("any") => internal::ArtifactMode::Any,
+        Some("file") => internal::ArtifactMode::File,
+        Some("dir") => internal::ArtifactMode::Dir,
+        Some(other) => {
+            return Err(ConversionError::new(
+                join(path, "GetterMode"),
+                format!("unknown mode {other:?} (any, file or dir)"),
+            ));
+        }
+    };
+    let destination = match a.relative_dest.as_deref() {
+        Some(d) if !d.is_empty() => d.to_owned(),
+        // Nomad: a file goes to local/<its name>, anything else into local/.
+        _ if mode == internal::ArtifactMode::File => {
+            let base = source
+                .split(['?', '#'])
+                .next()
+                .unwrap_or_default()
+                .rsplit('/')
+                .next()
+                .unwrap_or_default();
+            format!("local/{base}")
+        }
+        _ => internal::DEFAULT_ARTIFACT_DESTINATION.to_owned(),
+    };
+    Ok(internal::ArtifactSpec {
+        source,
+        destination,
+        mode,
+        options: a.getter_options.clone().unwrap_or_default(),
+        headers: a.getter_headers.clone().unwrap_or_default(),
+    })
+}
+
+fn template(path: &str, t: &Template) -> Result<internal::TemplateSpec, ConversionError> {
+    refuse_unsupported(
+        path,
+        &[
+            ("ChangeScript", &t.change_script),
+            ("Uid", &t.uid),
+            ("Gid", &t.gid),
+            ("Wait", &t.wait),
+        ],
+    )?;
+    refuse_unknown(path, &t.other)?;
+    let change_mode = match t.change_mode.as_deref() {
+        None | Some("") | Some("restart") => internal::ChangeMode::Restart,
+        Some("signal") => internal::ChangeMode::Signal,
+        Some("noop") => internal::ChangeMode::Noop,
+        Some("script") => return Err(ConversionError::unsupported(join(path, "ChangeMode"))),
+        Some(other) => {
+            return Err(ConversionError::new(
+                join(path, "ChangeMode"),
+                format!("unknown change mode {other:?} (restart, signal or noop)"),
+            ));
+        }
+    };
+    let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+    Ok(internal::TemplateSpec {
+        data: t.embedded_tmpl.clone().unwrap_or_default(),
+        source: t.source_path.clone().unwrap_or_default(),
+        destination: t.dest_path.clone().unwrap_or_default(),
+        change_mode,
+        change_signal: non_empty(&t.change_signal).map(|s| s.to_uppercase()),
+        env: t.envvars.unwrap_or(false),
+        perms: non_empty(&t.perms).unwrap_or_else(|| internal::DEFAULT_TEMPLATE_PERMS.to_owned()),
+        left_delimiter: non_empty(&t.left_delim).unwrap_or_else(|| "{{".to_owned()),
+        right_delimiter: non_empty(&t.right_delim).unwrap_or_else(|| "}}".to_owned()),
+        splay: t.splay.unwrap_or(internal::DEFAULT_TEMPLATE_SPLAY),
+        error_on_missing_key: t.err_missing_key.unwrap_or(false),
+    })
+}
+
+impl From<&internal::ArtifactSpec> for TaskArtifact {
+    fn from(a: &internal::ArtifactSpec) -> TaskArtifact {
+        TaskArtifact {
+            getter_source: Some(a.source.clone()),
+            getter_options: Some(a.options.clone()).filter(|o| !o.is_empty()),
+            getter_headers: Some(a.headers.clone()).filter(|o| !o.is_empty()),
+            getter_mode: Some(a.mode.as_str().to_owned()),
+            relative_dest: Some(a.destination.clone()),
+            other: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<&internal::TemplateSpec> for Template {
+    fn from(t: &internal::TemplateSpec) -> Template {
+        Template {
+            source_path: Some(t.source.clone()),
+            dest_path: Some(t.destination.clone()),
+            embedded_tmpl: Some(t.data.clone()),
+            change_mode: Some(t.change_mode.as_str().to_owned()),
+            change_signal: Some(t.change_signal.clone().unwrap_or_default()),
+            splay: Some(t.splay),
+            perms: Some(t.perms.clone()),
+            left_delim: Some(t.left_delimiter.clone()),
+            right_delim: Some(t.right_delimiter.clone()),
+            envvars: Some(t.env),
+            err_missing_key: Some(t.error_on_missing_key),
+            ..Default::default()
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1178,9 +1366,7 @@ fn task(
         &[
             ("User", &t.user),
             ("Affinities", &t.affinities),
-            ("Artifacts", &t.artifacts),
             ("Vault", &t.vault),
-            ("Templates", &t.templates),
             ("DispatchPayload", &t.dispatch_payload),
             ("VolumeMounts", &t.volume_mounts),
             ("CSIPluginConfig", &t.csi_plugin_config),
@@ -1249,6 +1435,14 @@ fn task(
             })
         }
     };
+    let mut artifacts = Vec::new();
+    for (i, a) in t.artifacts.iter().flatten().enumerate() {
+        artifacts.push(artifact(&join(path, &format!("Artifacts[{i}]")), a)?);
+    }
+    let mut templates = Vec::new();
+    for (i, tm) in t.templates.iter().flatten().enumerate() {
+        templates.push(template(&join(path, &format!("Templates[{i}]")), tm)?);
+    }
     Ok(internal::Task {
         services: Default::default(),
         name,
@@ -1262,6 +1456,8 @@ fn task(
         resources,
         logs,
         lifecycle,
+        artifacts,
+        templates,
     })
 }
 
@@ -1565,6 +1761,8 @@ impl From<&internal::Task> for Task {
                 max_file_size_mb: Some(i64::from(l.max_file_size_mb)),
             }),
             services: Some(t.services.iter().map(Service::from).collect()),
+            artifacts: Some(t.artifacts.iter().map(TaskArtifact::from).collect()),
+            templates: Some(t.templates.iter().map(Template::from).collect()),
             ..Default::default()
         }
     }

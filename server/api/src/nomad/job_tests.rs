@@ -214,6 +214,55 @@ fn snake_case_and_lowercase_keys_are_read_as_go_reads_them() {
 }
 
 #[test]
+fn artifacts_and_templates_in_nomads_json_convert_and_bad_ones_name_the_field() {
+    let mut job = json!({"ID": "x", "TaskGroups": [{"Name": "g",
+        "Tasks": [{"Name": "t", "Driver": "raw_exec", "Resources": {}}]}]});
+    job.pointer_mut("/TaskGroups/0/Tasks/0").unwrap()["Artifacts"] = json!([{
+        "GetterSource": "https://example.com/tool",
+        "GetterMode": "file",
+        "GetterOptions": {"checksum": format!("sha512:{}", "ab".repeat(64))},
+    }]);
+    job.pointer_mut("/TaskGroups/0/Tasks/0").unwrap()["Templates"] = json!([{
+        "EmbeddedTmpl": "x", "DestPath": "local/x", "ChangeMode": "signal",
+        "ChangeSignal": "sighup", "Splay": 1_000_000_000_i64, "Perms": "0600",
+        "VaultGrace": 0, "Uid": null,
+    }]);
+    let spec = parse(json!({ "Job": job.clone() })).expect("converts").spec;
+    let t = &spec.groups[0].tasks[0];
+    // A file with no destination goes to local/<its name>, as Nomad's API has it.
+    assert_eq!(t.artifacts[0].destination, "local/tool");
+    assert_eq!(t.artifacts[0].mode, crate::ArtifactMode::File);
+    assert_eq!(t.templates[0].change_signal.as_deref(), Some("SIGHUP"));
+    assert_eq!(t.templates[0].splay, std::time::Duration::from_secs(1));
+    crate::validate(&spec).expect("valid");
+
+    let mut bad = job.clone();
+    bad.pointer_mut("/TaskGroups/0/Tasks/0/Artifacts/0")
+        .unwrap()["GetterMode"] = json!("weird");
+    let e = parse(json!({ "Job": bad })).unwrap_err();
+    assert_eq!(
+        e.path, "TaskGroups[0].Tasks[0].Artifacts[0].GetterMode",
+        "{e}"
+    );
+    let mut bad = job.clone();
+    bad.pointer_mut("/TaskGroups/0/Tasks/0/Templates/0")
+        .unwrap()["ChangeScript"] = json!({"Command": "/bin/true"});
+    let e = parse(json!({ "Job": bad })).unwrap_err();
+    assert_eq!(
+        e.path, "TaskGroups[0].Tasks[0].Templates[0].ChangeScript",
+        "{e}"
+    );
+    let mut bad = job;
+    bad.pointer_mut("/TaskGroups/0/Tasks/0/Templates/0")
+        .unwrap()["ChangeMode"] = json!("script");
+    let e = parse(json!({ "Job": bad })).unwrap_err();
+    assert_eq!(
+        e.path, "TaskGroups[0].Tasks[0].Templates[0].ChangeMode",
+        "{e}"
+    );
+}
+
+#[test]
 fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
     let base = || {
         json!({"ID": "x", "TaskGroups": [{"Name": "g",
@@ -269,9 +318,9 @@ fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
         ),
         (
             "/TaskGroups/0/Tasks/0",
-            "Templates",
-            json!([{"EmbeddedTmpl": "x"}]),
-            "TaskGroups[0].Tasks[0].Templates",
+            "DispatchPayload",
+            json!({"File": "x"}),
+            "TaskGroups[0].Tasks[0].DispatchPayload",
         ),
     ];
     for (pointer, key, value, path) in cases {
@@ -686,6 +735,8 @@ fn sample_task(rng: &mut Rng, index: u64) -> internal::Task {
             ][rng.below(3) as usize],
             sidecar: rng.bool(),
         }),
+        artifacts: Vec::new(),
+        templates: Vec::new(),
     }
 }
 
