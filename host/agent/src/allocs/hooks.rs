@@ -123,7 +123,6 @@ pub fn configured_hooks(
         Box::new(AllocEnvHook),
         Box::new(JobVersionHook),
         Box::new(super::identity::IdentityHook),
-
         Box::new(ArtifactHook::new(artifact)),
         Box::new(TemplateHook::new(server)),
     ]

@@ -862,6 +862,24 @@ impl TaskManager {
     /// Restart a running task now (a failing check's `check_restart`): its kill signal,
     /// SIGKILL after its kill timeout, then it is started again at once, whatever its
     /// restart policy says; it counts as a restart, and its events say `why`.
+    /// Set `env` in the environment of the task's next incarnations (its own restarts
+    /// and the agent's): what a template with `env = true` rendered anew. The running
+    /// incarnation keeps the environment it started with.
+    pub async fn update_env(
+        &self,
+        id: &str,
+        env: BTreeMap<String, String>,
+    ) -> Result<(), DriverError> {
+        let task = self.entry(id)?;
+        {
+            let mut rec = task.rec();
+            rec.spec.env.extend(env.clone());
+            rec.request.env.extend(env);
+        }
+        task.save(&self.store).await;
+        Ok(())
+    }
+
     pub async fn restart(&self, id: &str, why: &str) -> Result<(), DriverError> {
         let task = self.entry(id)?;
         if task.kill.is_cancelled() || task.state() != TaskLifecycle::Running {

@@ -418,3 +418,162 @@ print("ok")
         tail(&agent.log_text())
     );
 }
+
+/// A job running `script` in raw_exec task `t` of group `g`, with `templates` (Nomad's
+/// JSON `Templates`).
+fn job_with(id: &str, script: &str, templates: Value) -> Value {
+    json!({"Job": {
+        "ID": id,
+        "Type": "service",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{
+            "Name": "g",
+            "Count": 1,
+            "Tasks": [{
+                "Name": "t",
+                "Driver": "raw_exec",
+                "Config": {"command": "/bin/sh", "args": ["-c", script]},
+                "Resources": {"CPU": 50, "MemoryMB": 32},
+                "Templates": templates
+            }]
+        }]
+    }})
+}
+
+/// The runs of web's task so far: (secrets/app.env, $PASSWORD, the file's mode).
+fn web_runs(dir: &Path) -> Vec<(String, String, String)> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+        .iter()
+        .filter_map(|d| {
+            let read = |f: &str| std::fs::read_to_string(d.join(f)).ok();
+            Some((
+                read("file")?,
+                read("env")?.trim().to_owned(),
+                read("mode")?.trim().to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// Issue 26, acceptance 3, with ACLs on: a variable at `nomad/jobs/web` reaches web's
+/// task through a template (read with the task's own workload identity) into
+/// `secrets/app.env`, mode 0600, and into its environment; changing the variable
+/// restarts the task with the new value within seconds. Another job's task, with its
+/// own workload identity, gets 403 on web's variable.
+#[test]
+fn a_jobs_variable_reaches_its_task_through_a_template_and_a_change_restarts_it() {
+    let root = tempfile::tempdir().unwrap();
+    let (agent, port, _) = acl_dev_agent(root.path());
+    let mgmt = bootstrap(port, &agent);
+    let put = |value: &str| {
+        let out = cli(
+            port,
+            Some(&mgmt),
+            &["var", "put", "nomad/jobs/web", &format!("password={value}")],
+        );
+        assert!(out.status.success(), "var put: {}", stderr(&out));
+    };
+    put("first-s3cret");
+    let runs = root.path().join("web-runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    let script = format!(
+        "d={}/$(date +%s%N); mkdir -p $d.tmp; cp $NOMAD_SECRETS_DIR/app.env $d.tmp/file; \
+         echo \"$PASSWORD\" > $d.tmp/env; stat -c %a $NOMAD_SECRETS_DIR/app.env > $d.tmp/mode; \
+         mv $d.tmp $d; exec sleep 600",
+        runs.display()
+    );
+    let templates = json!([{
+        "EmbeddedTmpl": "PASSWORD={{ with nomadVar \"nomad/jobs/web\" }}{{ .password }}{{ end }}\n",
+        "DestPath": "secrets/app.env",
+        "ChangeMode": "restart",
+        "Envvars": true,
+        "Perms": "644",
+        "Splay": 0
+    }]);
+    let api = NomadApi::new(port).with_token(&mgmt);
+    let (status, body) = api
+        .call(
+            http::Method::PUT,
+            "/v1/jobs",
+            Some(&job_with("web", &script, templates)),
+        )
+        .expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    drover_test_support::until_blocking(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        "web's task started with the variable rendered",
+        || !web_runs(&runs).is_empty(),
+    );
+    let first = web_runs(&runs);
+    assert_eq!(
+        first[0],
+        (
+            "PASSWORD=first-s3cret\n".to_owned(),
+            "first-s3cret".to_owned(),
+            "600".to_owned()
+        ),
+        "agent log:\n{}",
+        tail(&agent.log_text())
+    );
+
+    // The variable changes: the task is restarted with the new value.
+    let changed = std::time::Instant::now();
+    put("second-s3cret");
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "web's task restarted with the new value",
+        || {
+            web_runs(&runs)
+                .last()
+                .is_some_and(|r| r.1 == "second-s3cret" && r.0 == "PASSWORD=second-s3cret\n")
+        },
+    );
+    eprintln!(
+        "restarted {:?} after the variable changed",
+        changed.elapsed()
+    );
+
+    // Another job's workload identity: 403 on web's variable (and nothing else opens).
+    let token_copy = root.path().join("other-token");
+    let script = format!(
+        "cp $NOMAD_SECRETS_DIR/nomad_token {}; exec sleep 600",
+        token_copy.display()
+    );
+    let (status, body) = api
+        .call(
+            http::Method::PUT,
+            "/v1/jobs",
+            Some(&job_with("other", &script, json!([]))),
+        )
+        .expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    drover_test_support::until_blocking(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        "the other job's task copied its workload token",
+        || std::fs::read_to_string(&token_copy).is_ok_and(|t| t.split('.').count() == 3),
+    );
+    let other = std::fs::read_to_string(&token_copy).unwrap();
+    let as_other = NomadApi::new(port).with_token(other.trim());
+    for path in ["/v1/var/nomad/jobs/web", "/v1/jobs", "/v1/var/nomad/jobs"] {
+        let (status, body) = as_other
+            .call(http::Method::GET, path, None)
+            .expect("an answer");
+        assert_eq!(
+            status, 403,
+            "GET {path} with another job's identity: {body}"
+        );
+    }
+    let listed = as_other.get_ok("/v1/vars?prefix=nomad/jobs");
+    assert_eq!(
+        listed,
+        json!([]),
+        "another job's identity lists web's variable"
+    );
+}

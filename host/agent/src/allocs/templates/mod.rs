@@ -458,11 +458,26 @@ impl Watch {
                     continue;
                 }
                 if let Some(slot) = self.last.get_mut(i) {
-                    *slot = Some(text);
+                    *slot = Some(text.clone());
                 }
                 if first {
                     // After an agent restart: the first render is the baseline.
                     continue;
+                }
+                if t.env {
+                    // The task's next incarnation starts with what rendered now (as
+                    // Nomad's: a restart sees the new values, the running one keeps
+                    // its environment).
+                    match render::parse_env(&text) {
+                        Ok(env) => {
+                            if let Err(e) = self.tasks.update_env(&self.task_id, env).await {
+                                tracing::warn!(task = %self.task.name, template = i, "keeping the environment of the task: {e}");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(task = %self.task.name, template = i, "env: {e}");
+                        }
+                    }
                 }
                 tracing::info!(task = %self.task.name, template = i, destination = %t.destination, "template rendered differently");
                 splay = splay.max(t.splay);
