@@ -15,7 +15,7 @@
 //!   refused with 403 before the request is looked at, and changes nothing.
 //! - With ACLs on (the server's `acl_enabled`), the shared token is no user
 //!   credential: each request's token (`X-Nomad-Token` or `Authorization: Bearer`)
-//!   is looked up, and each route checks what it needs (see [`acl`]).
+//!   is looked up, and each route checks what it needs (see `acl.rs`).
 //! - `/v1/client/*` is the agents' (logs, files, stats of an allocation): not routed
 //!   here, but merged from [`client_routes`].
 
