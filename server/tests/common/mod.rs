@@ -38,7 +38,19 @@ pub fn config(dir: &std::path::Path) -> ServerConfig {
 }
 
 pub async fn start(cfg: ServerConfig) -> Running {
-    let store = RedbStore::open(&cfg.data_dir).expect("open store");
+    // A server stopped just before may still be letting go of the file (its last
+    // tasks end after the shutdown), and a process another test forks holds a copy
+    // of the lock's descriptor until it execs: wait for the lock, not longer.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let store = loop {
+        match RedbStore::open(&cfg.data_dir) {
+            Ok(store) => break store,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("open store: {e:?}"),
+        }
+    };
     let shutdown = CancellationToken::new();
     let server = Server::start(cfg, Arc::new(store), shutdown.clone())
         .await
