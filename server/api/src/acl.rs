@@ -752,9 +752,16 @@ impl Acl {
                     } else {
                         &mut acl.variables
                     };
-                    map.entry(key)
-                        .or_default()
-                        .extend(v.capabilities.iter().cloned());
+                    // Deny wins across policies, as for namespaces.
+                    let caps = map.entry(key).or_default();
+                    if caps.contains("deny") {
+                        continue;
+                    }
+                    if v.capabilities.contains("deny") {
+                        *caps = BTreeSet::from(["deny".to_owned()]);
+                        continue;
+                    }
+                    caps.extend(v.capabilities.iter().cloned());
                 }
                 let map = if glob {
                     &mut acl.wildcard_namespaces
@@ -826,7 +833,7 @@ impl Acl {
         self.variables
             .get(&key)
             .or_else(|| closest_glob(&self.wildcard_variables, &key))
-            .is_some_and(|c| c.contains(op.capability()))
+            .is_some_and(|c| !c.contains("deny") && c.contains(op.capability()))
     }
 
     /// Has the token any variables rule in namespace `ns` (a listing is then filtered
@@ -1119,6 +1126,26 @@ mod tests {
         assert!(a.allow_variable_search("default"));
         assert!(!a.allow_variable_search("other"));
         assert!(Acl::management().allow_variable("x", "y", VariableOp::Write));
+
+        // Deny wins across policies, whichever comes first.
+        let rule = |caps: &str| {
+            format!(
+                "namespace \"default\" {{\n  variables {{\n    path \"secret\" {{\n      capabilities = [\"{caps}\"]\n    }}\n  }}\n}}\n"
+            )
+        };
+        let (deny, read) = (rule("deny"), rule("read"));
+        let (deny, read) = (deny.as_str(), read.as_str());
+        for order in [[deny, read], [read, deny]] {
+            let a = acl(&order);
+            assert!(
+                !a.allow_variable("default", "secret", VariableOp::Read),
+                "{order:?}"
+            );
+            assert!(
+                !a.allow_variable("default", "secret", VariableOp::List),
+                "{order:?}"
+            );
+        }
     }
 
     #[test]

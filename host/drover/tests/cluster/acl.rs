@@ -225,6 +225,42 @@ fn acls_refuse_anonymous_callers_and_grant_what_policies_say() {
     );
     reader_api.get_ok("/v1/job/web");
     reader_api.get_ok("/v1/job/web/allocations");
+    // A token of another team's namespace reaches nothing of `default`'s through the
+    // namespace it names: not by `*`, not by naming its own on a default job's path
+    // (jobs all live in `default` until namespaces exist: another one is not found).
+    let team = root.path().join("team.hcl");
+    std::fs::write(&team, "namespace \"team-a\" {\n  policy = \"write\"\n}\n").unwrap();
+    let out = cli(
+        port,
+        Some(&mgmt_secret),
+        &["acl", "policy", "apply", "team-a", team.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let team_token = ok_json(
+        &cli(
+            port,
+            Some(&mgmt_secret),
+            &[
+                "acl", "token", "create", "-name", "a", "-type", "client", "-policy", "team-a",
+                "-json",
+            ],
+        ),
+        "acl token create team-a",
+    );
+    let team_api = NomadApi::new(port).with_token(team_token["SecretID"].as_str().unwrap());
+    for (method, path, want) in [
+        (http::Method::GET, "/v1/jobs?namespace=*", 403),
+        (http::Method::GET, "/v1/jobs", 403),
+        (http::Method::GET, "/v1/job/web?namespace=team-a", 404),
+        (http::Method::DELETE, "/v1/job/web?namespace=team-a", 404),
+        (http::Method::GET, "/v1/allocations?namespace=*", 403),
+        (http::Method::GET, "/v1/event/stream?namespace=*", 403),
+    ] {
+        let (status, body) = team_api.call(method.clone(), path, None).unwrap();
+        assert_eq!(status, want, "{method} {path}: {body}");
+    }
+    mgmt.get_ok("/v1/job/web");
+
     // ...but not another namespace's, not the nodes, and it cannot submit.
     let (status, body) = reader_api
         .call(http::Method::GET, "/v1/jobs?namespace=b", None)

@@ -258,6 +258,17 @@ pub(crate) async fn enforce(req: Request, next: Next) -> Response {
             .into_response();
     };
     let ns = namespace_of(&req);
+    // Until namespaces exist, every job, allocation, evaluation, deployment and service
+    // lives in `default`, and their handlers act there whatever the query says: `*`
+    // is checked as `default`, and another namespace, once allowed, is one that does
+    // not exist (404). Variables keep theirs: their handlers store and check the
+    // namespace they are given.
+    let scoped = matches!(need, Ns(_) | Events);
+    let ns = if scoped && ns == "*" {
+        "default".to_owned()
+    } else {
+        ns
+    };
     let allowed = match need {
         Public | NotRouted | Caller | Variables => true,
         Management => acl.is_management(),
@@ -277,6 +288,9 @@ pub(crate) async fn enforce(req: Request, next: Next) -> Response {
             "ACL: permission denied"
         );
         return denied().into_response();
+    }
+    if scoped && ns != "default" {
+        return ApiError::not_found(format!("namespace {ns:?} not found")).into_response();
     }
     next.run(req).await
 }

@@ -49,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::client_routes::client_routes;
 pub use self::serve::{serve, tls_server_config};
+pub(crate) use self::variables::looks_like_jwt;
 
 use crate::error::ServerError;
 use crate::server::Server;

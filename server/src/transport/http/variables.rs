@@ -34,7 +34,7 @@ pub(super) struct ClusterTokenChecked;
 
 /// Whether `token` has the shape of a JWT: three dot-separated base64url parts (a
 /// workload identity; the cluster token is never checked against it).
-pub(super) fn looks_like_jwt(token: &[u8]) -> bool {
+pub(crate) fn looks_like_jwt(token: &[u8]) -> bool {
     let parts: Vec<&[u8]> = token.split(|b| *b == b'.').collect();
     parts.len() == 3
         && parts.iter().all(|p| {

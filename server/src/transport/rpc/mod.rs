@@ -502,9 +502,16 @@ fn forward_request(
         Status::invalid_argument(format!("path_and_query {:?}: {e}", req.path_and_query))
     })?;
     let mut builder = http::Request::builder().method(method).uri(uri);
+    // A workload identity (a task's JWT, e.g. a template reading its job's variables
+    // through its agent) stays the caller's even without ACLs: with the server's token
+    // in its place the request would read as the operator's.
+    let workload = req.headers.iter().any(|(name, value)| {
+        name.eq_ignore_ascii_case(TOKEN_HEADER)
+            && crate::transport::http::looks_like_jwt(value.as_bytes())
+    });
     for (name, value) in &req.headers {
         let lower = name.to_ascii_lowercase();
-        let caller_token = acl_enabled && lower == TOKEN_HEADER;
+        let caller_token = (acl_enabled || workload) && lower == TOKEN_HEADER;
         if !caller_token
             && DROPPED_HEADERS
                 .iter()
@@ -518,7 +525,7 @@ fn forward_request(
             .map_err(|_| Status::invalid_argument(format!("header {name}: value is not valid")))?;
         builder = builder.header(name, value);
     }
-    if let Some(token) = token.filter(|_| !acl_enabled) {
+    if let Some(token) = token.filter(|_| !acl_enabled && !workload) {
         // The call was authenticated with this token; the router checks it again.
         let value = http::HeaderValue::from_str(token)
             .map_err(|_| Status::internal("the server's token is not a valid header value"))?;
@@ -741,6 +748,19 @@ mod tests {
         let r = forward_request(req.clone(), Some("t0k"), true).unwrap();
         assert_eq!(r.headers().get_all(TOKEN_HEADER).iter().count(), 1);
         assert_eq!(r.headers()[TOKEN_HEADER], "from-client");
+
+        // A workload identity stays the caller's without ACLs too (a template reading
+        // its job's variables must not read as the operator).
+        let jwt = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJ4In0.c2ln";
+        let mut workload = req.clone();
+        workload.method = "GET".into();
+        workload.path_and_query = "/v1/var/nomad/jobs/web".into();
+        workload
+            .headers
+            .insert("X-Nomad-Token".to_owned(), jwt.to_owned());
+        let r = forward_request(workload, Some("t0k"), false).unwrap();
+        assert_eq!(r.headers().get_all(TOKEN_HEADER).iter().count(), 1);
+        assert_eq!(r.headers()[TOKEN_HEADER], jwt);
 
         let err = forward_request(
             pb::ForwardRequest {

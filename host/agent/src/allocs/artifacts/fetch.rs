@@ -152,7 +152,15 @@ impl Downloader {
         let mut redirects = 0;
         // The job's headers (credentials, often) go only to the host it named: a
         // redirect elsewhere is followed without them, as Go's client does.
-        let origin = uri.authority().map(|a| a.as_str().to_ascii_lowercase());
+        // Scheme and host: an https URL redirected to http on the same host would
+        // send them in clear.
+        let origin_of = |u: &http::Uri| {
+            (
+                u.scheme_str().map(str::to_ascii_lowercase),
+                u.authority().map(|a| a.as_str().to_ascii_lowercase()),
+            )
+        };
+        let origin = origin_of(&uri);
         let resp = loop {
             match uri.scheme_str() {
                 Some("http") | Some("https") => {}
@@ -164,7 +172,7 @@ impl Downloader {
                 }
             }
             let mut req = http::Request::get(uri.clone());
-            let same_host = uri.authority().map(|a| a.as_str().to_ascii_lowercase()) == origin;
+            let same_host = origin_of(&uri) == origin;
             for (k, v) in headers.iter().filter(|_| same_host) {
                 req = req.header(k.as_str(), v.as_str());
             }

@@ -145,7 +145,9 @@ fn template_text(t: &TemplateSpec, dirs: &Dirs) -> Result<String, String> {
     };
     let dir = Dir::open(root).map_err(|e| format!("source {}: {e}", t.source))?;
     let f = dir
-        .open_file(&p.rel, &OpenOptions::new().read(true))
+        // One link only: a task may not hard-link an agent's file (a key, a state
+        // file) into its directory and have the agent render it back to it.
+        .open_file(&p.rel, &OpenOptions::new().read(true).single_link(true))
         .map_err(|e| format!("source {}: {e}", t.source))?;
     let mut s = String::new();
     use std::io::Read as _;

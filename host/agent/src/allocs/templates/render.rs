@@ -241,13 +241,26 @@ fn join(args: &[Value]) -> Result<Value, FuncError> {
     let Value::Array(items) = &args[1] else {
         return Err(generic("join: the second argument must be a list"));
     };
-    Ok(Value::String(
-        items
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(&sep),
-    ))
+    let items: Vec<String> = items.iter().map(ToString::to_string).collect();
+    let size = items
+        .iter()
+        .map(String::len)
+        .sum::<usize>()
+        .saturating_add(sep.len().saturating_mul(items.len()));
+    within_bound("join", size)?;
+    Ok(Value::String(items.join(&sep)))
+}
+
+/// A function's result may not outgrow what a template may render: a template that
+/// nests growing calls (`replaceAll` of `replaceAll` ...) fails, instead of taking the
+/// agent's memory.
+fn within_bound(name: &str, size: usize) -> Result<(), FuncError> {
+    if size > MAX_RENDERED {
+        return Err(generic(format!(
+            "{name}: the result would be larger than {MAX_RENDERED} bytes"
+        )));
+    }
+    Ok(())
 }
 
 fn parse_int(args: &[Value]) -> Result<Value, FuncError> {
@@ -292,6 +305,12 @@ fn replace_all(args: &[Value]) -> Result<Value, FuncError> {
     if old.is_empty() {
         return Ok(Value::String(s));
     }
+    // Measured before anything is built.
+    let n = s.matches(old.as_str()).count();
+    within_bound(
+        "replaceAll",
+        (s.len() - n * old.len()).saturating_add(n.saturating_mul(new.len())),
+    )?;
     Ok(Value::String(s.replace(&old, &new)))
 }
 
@@ -341,7 +360,15 @@ fn bounded_printf(args: &[Value]) -> Result<Value, FuncError> {
         }
         chars.next();
     }
-    gtmpl::funcs::printf(args)
+    // The arguments bound the result (widths are bounded above).
+    let args_size = args.iter().map(|a| a.to_string().len()).sum::<usize>();
+    within_bound(
+        "printf",
+        args_size.saturating_add(MAX_PRINTF_WIDTH.saturating_mul(args.len())),
+    )?;
+    let out = gtmpl::funcs::printf(args)?;
+    within_bound("printf", out.to_string().len())?;
+    Ok(out)
 }
 
 /// `timestamp`: now, RFC 3339 in UTC.
@@ -403,6 +430,27 @@ fn translate(text: &str, left: &str, right: &str) -> Result<String, String> {
     }
 }
 
+/// Refuse `define`, `template` and `block` actions: a template calling itself recurses
+/// as deep as the engine lets it (100,000 calls), past the render thread's stack, and
+/// would take the agent down. consul-template users rarely need them in a job file.
+/// (After [`translate`], every `{{` opens an action.)
+fn refuse_nested_templates(source: &str) -> Result<(), String> {
+    for (at, _) in source.match_indices("{{") {
+        let action = source[at + 2..].trim_start_matches('-').trim_start();
+        for keyword in ["define", "template", "block"] {
+            if action.strip_prefix(keyword).is_some_and(|rest| {
+                rest.starts_with(|c: char| c.is_whitespace() || c == '"' || c == '`' || c == '}')
+            }) {
+                return Err(format!(
+                    "`{{{{ {keyword} }}}}` actions are not supported in templates (a template \
+                     that calls itself would recurse without bound)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A writer that refuses to grow past [`MAX_RENDERED`].
 struct Bounded(Vec<u8>);
 
@@ -431,6 +479,7 @@ pub(crate) fn render(
     inputs: &Inputs,
 ) -> Result<(String, Wanted), String> {
     let source = translate(text, left, right)?;
+    refuse_nested_templates(&source)?;
     let mut tmpl = gtmpl::Template::default();
     tmpl.add_funcs(FUNCS);
     tmpl.parse(source)
@@ -537,6 +586,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("at most"), "{e}");
+    }
+
+    /// Hostile templates fail with a reason instead of taking the agent down: one that
+    /// calls itself (stack), one whose calls multiply a string (memory).
+    #[test]
+    fn recursion_and_growing_calls_are_refused() {
+        let fail = |text: &str| render(text, "{{", "}}", false, &inputs()).unwrap_err();
+        for text in [
+            r#"{{define "x"}}{{template "x"}}{{end}}{{template "x"}}"#,
+            r#"{{- block "b" . }}x{{ end }}"#,
+            r#"{{ template "t" }}"#,
+        ] {
+            let e = fail(text);
+            assert!(e.contains("not supported"), "{text}: {e}");
+        }
+        // Custom delimiters are translated first: the same actions are caught.
+        let e = render(r#"[[define "x"]][[end]]"#, "[[", "]]", false, &inputs()).unwrap_err();
+        assert!(e.contains("not supported"), "{e}");
+        // Text that merely says the words is fine.
+        assert_eq!(r("define template block"), "define template block");
+        assert_eq!(r(r#"{{ "template" }}"#), "template");
+
+        let big = "a".repeat(20_000);
+        let e = fail(&format!(
+            r#"{{{{ "aaaaaaaaaa" | replaceAll "a" "{big}" | replaceAll "a" "{big}" }}}}"#
+        ));
+        assert!(e.contains("larger than"), "{e}");
+        let e = fail(&format!(
+            r#"{{{{ printf "%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s" {} }}}}"#,
+            vec![format!("\"{big}\""); 56].join(" ")
+        ));
+        assert!(e.contains("larger than"), "{e}");
     }
 
     #[test]
