@@ -229,6 +229,11 @@ pub fn run_agent(args: AgentArgs) -> ExitCode {
             }
         }
     });
+    // The agent's tasks go with its runtime: their connections to the dev server
+    // (the templates' forwarder, the cluster client) close, so the dev server's
+    // graceful stop does not wait for them. A blocking call still running (a template
+    // render past its deadline) is not waited for long.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     // The agent is done (stopped, or failed to start): so is its dev server.
     stop.cancel();
     if let Some(thread) = dev_server {
