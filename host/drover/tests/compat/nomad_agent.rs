@@ -115,10 +115,14 @@ fn run_in_nomad(rawexec: RawExec) {
         RawExec::Standalone => "drover-driver-rawexec",
         RawExec::DroverBinary => "drover",
     };
+    // raw_exec runs nothing unless enabled (Nomad finds a plugin's block by its file
+    // name).
     let plugin_block = match rawexec {
-        RawExec::Standalone => "",
+        RawExec::Standalone => {
+            "plugin \"drover-driver-rawexec\" {\n  config {\n    enabled = true\n  }\n}\n"
+        }
         RawExec::DroverBinary => {
-            "plugin \"drover\" {\n  args = [\"plugin\", \"serve\", \"rawexec\"]\n}\n"
+            "plugin \"drover\" {\n  args = [\"plugin\", \"serve\", \"rawexec\"]\n  config {\n    enabled = true\n  }\n}\n"
         }
     };
     std::fs::copy(
