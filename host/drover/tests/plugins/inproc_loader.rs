@@ -38,7 +38,21 @@ fn plugin_dir_with(library: &Path, file_name: &str, trailer: &str) -> (tempfile:
 
 /// The one candidate in `plugins`, a library.
 fn only_candidate(plugins: &Path) -> Candidate {
-    let (mut candidates, skipped) = loader::scan_plugin_dir(plugins);
+    // The test wrote and closed the file, but a process another test forks holds a copy
+    // of every descriptor open at its fork until it execs (close-on-exec closes them
+    // only then): the scanner may briefly see "still open for writing". Wait for that
+    // to pass, not for anything else.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let (mut candidates, skipped) = loop {
+        let (candidates, skipped) = loader::scan_plugin_dir(plugins);
+        let busy = skipped
+            .iter()
+            .any(|s| format!("{s:?}").contains("still open for writing"));
+        if !busy || std::time::Instant::now() > deadline {
+            break (candidates, skipped);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(skipped.is_empty(), "{skipped:#?}");
     assert_eq!(candidates.len(), 1, "{candidates:#?}");
     let c = candidates.remove(0);
