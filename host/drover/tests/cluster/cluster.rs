@@ -143,16 +143,11 @@ fn dead_node(kill_tasks: bool) {
     }
 
     // Down after TTL + grace (2s + 2s), and count 6 again on the two others.
-    server.wait_json(
-        &["node", "status", "--json"],
+    server.wait_node_status(
+        victim_name,
+        "down",
         Duration::from_secs(20),
         "the killed node is down",
-        |v| {
-            v.as_array().is_some_and(|n| {
-                n.iter()
-                    .any(|n| n["name"] == victim_name && n["status"] == "down")
-            })
-        },
     );
     let status = server.wait_json(
         &["job", "status", "six", "--json"],
@@ -189,16 +184,11 @@ fn dead_node(kill_tasks: bool) {
         &["--servers", &rpc, "--node-name", victim_name],
     );
     back.end_tasks = true;
-    server.wait_json(
-        &["node", "status", "--json"],
+    server.wait_node_status(
+        victim_name,
+        "ready",
         Duration::from_secs(30),
         "the node is ready again",
-        |v| {
-            v.as_array().is_some_and(|n| {
-                n.iter()
-                    .any(|n| n["name"] == victim_name && n["status"] == "ready")
-            })
-        },
     );
     // Its old allocations are stopped (partitioned: their tasks are killed; killed:
     // they are not started again): exactly 6 copies, and it stays so.
@@ -376,16 +366,11 @@ fn bad_jobs_and_bad_clients_get_clear_answers() {
         &["--token-file", bad_token.to_str().unwrap()],
     );
     bad.end_tasks = true;
-    server.wait_json(
-        &["node", "status", "--json"],
+    server.wait_node_status(
+        "good",
+        "ready",
         Duration::from_secs(30),
         "the good node ready",
-        |v| {
-            v.as_array().is_some_and(|n| {
-                n.iter()
-                    .any(|n| n["name"] == "good" && n["status"] == "ready")
-            })
-        },
     );
     drover_test_support::until_blocking(
         Duration::from_secs(20),
@@ -474,16 +459,11 @@ fn raw_exec_is_off_on_a_default_agent_and_a_job_needing_it_says_why() {
     let node_args = ["--servers", rpc.as_str(), "--node-name", "plain"];
     let mut plain = common::Agent::start_with_defaults(&dir, &dir.join("plugins"), &node_args);
     plain.end_tasks = true;
-    server.wait_json(
-        &["node", "status", "--json"],
+    server.wait_node_status(
+        "plain",
+        "ready",
         Duration::from_secs(30),
         "the default node ready",
-        |v| {
-            v.as_array().is_some_and(|n| {
-                n.iter()
-                    .any(|n| n["name"] == "plain" && n["status"] == "ready")
-            })
-        },
     );
     let argv = sleeper("raw-off");
     let _cleanup = Cleanup(argv.clone());
@@ -562,16 +542,11 @@ fn a_node_token_registers_nodes_and_opens_nothing_else() {
         &["--token-file", node_token_file.to_str().unwrap()],
     );
     node.end_tasks = true;
-    server.wait_json(
-        &["node", "status", "--json"],
+    server.wait_node_status(
+        "n1",
+        "ready",
         Duration::from_secs(30),
         "the node registered with the node token",
-        |v| {
-            v.as_array().is_some_and(|n| {
-                n.iter()
-                    .any(|n| n["name"] == "n1" && n["status"] == "ready")
-            })
-        },
     );
     let argv = sleeper("node-token");
     let _cleanup = Cleanup(argv.clone());

@@ -148,6 +148,15 @@ impl ServerProc {
         })
     }
 
+    /// Poll `node status` until the node named `name` has `status`, or panic after
+    /// `within` saying `what`.
+    pub fn wait_node_status(&self, name: &str, status: &str, within: Duration, what: &str) {
+        self.wait_json(&["node", "status", "--json"], within, what, |v| {
+            v.as_array()
+                .is_some_and(|n| n.iter().any(|n| n["name"] == name && n["status"] == status))
+        });
+    }
+
     /// Poll `what` (a CLI JSON answer) until `done` holds, or panic after `within`.
     pub fn wait_json(
         &self,
