@@ -198,6 +198,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
         let count = per_job + usize::from(extra > 0);
         extra = extra.saturating_sub(1);
         let spec = JobSpec {
+            namespace: "default".into(),
             datacenters: Vec::new(),
             name: format!("bench-{j}"),
             job_type: JobType::Service,

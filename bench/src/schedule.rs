@@ -88,6 +88,7 @@ fn job(i: usize, count: u32, ports: usize) -> JobSpec {
             .collect(),
     });
     JobSpec {
+        namespace: "default".into(),
         datacenters: Vec::new(),
         name: format!("bench-{i}"),
         job_type: JobType::Service,
@@ -412,7 +413,7 @@ async fn place(
         // The placements really carry their ports, distinct on each node.
         let mut per_node: std::collections::HashMap<String, Vec<u16>> = Default::default();
         for i in 0..counts.len() {
-            for a in server.job_allocations(&format!("bench-{i}")) {
+            for a in server.job_allocations("default", &format!("bench-{i}")) {
                 if a.ports.len() != ports {
                     bail!(
                         "{what}: allocation {} has {} ports, not {ports}",
@@ -527,6 +528,7 @@ async fn baseline(store: &dyn Store, counts: &[u32], doc: &[u8]) -> anyhow::Resu
 
 fn sample_alloc() -> Allocation {
     Allocation {
+        namespace: "default".into(),
         deployment_id: Default::default(),
         deployment_status: Default::default(),
         ports: Default::default(),

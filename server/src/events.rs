@@ -47,9 +47,6 @@ fn approx_bytes(p: &Payload) -> usize {
     }
 }
 
-/// The namespace every Drover object is in (Nomad's default).
-pub const DEFAULT_NAMESPACE: &str = "default";
-
 /// Nomad's event topics (those Drover has).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Topic {
@@ -114,6 +111,17 @@ pub struct Event {
 }
 
 impl Event {
+    /// The namespace of the object (`None` for a node: nodes have none).
+    pub fn namespace(&self) -> Option<&str> {
+        match &self.payload {
+            Payload::Job(j) => Some(&j.spec.namespace),
+            Payload::Evaluation(e) => Some(&e.namespace),
+            Payload::Allocation(a) => Some(&a.namespace),
+            Payload::Deployment(d) => Some(&d.namespace),
+            Payload::Node(_) => None,
+        }
+    }
+
     /// Whether a subscription to `topic:key` selects this event (`*` for any).
     pub fn matches(&self, topic: Option<Topic>, key: &str) -> bool {
         if topic.is_some_and(|t| t != self.topic) {
@@ -344,8 +352,8 @@ pub(crate) fn of_batch(st: &State, batch: &Batch, index: Index) -> Vec<Event> {
             payload: Payload::Job(Arc::new(j.clone())),
         });
     }
-    for name in &batch.purge {
-        if let Some(j) = st.job(name) {
+    for (ns, name) in &batch.purge {
+        if let Some(j) = st.job_in(ns, name) {
             let mut j = j.clone();
             j.stop = true;
             out.push(Event {

@@ -300,10 +300,10 @@ impl Server {
         self.core.events.subscribe(index)
     }
 
-    /// The type of job `name` (`None`: no such job).
-    pub fn job_type_of(&self, name: &str) -> Option<drover_server_api::JobType> {
+    /// The type of job `name` of namespace `ns` (`None`: no such job).
+    pub fn job_type_of(&self, ns: &str, name: &str) -> Option<drover_server_api::JobType> {
         let st = self.core.read();
-        crate::scheduler::StateView::job(&*st, name).map(|j| j.spec.job_type)
+        st.job_in(ns, name).map(|j| j.spec.job_type)
     }
 
     /// The version of its job an allocation runs (the current one, or a kept one).
@@ -312,12 +312,12 @@ impl Server {
         alloc: &drover_server_api::Allocation,
     ) -> Option<drover_server_api::Job> {
         let st = self.core.read();
-        if let Some(j) = crate::scheduler::StateView::job(&*st, &alloc.job_name)
+        if let Some(j) = st.job_in(&alloc.namespace, &alloc.job_name)
             && j.version == alloc.job_version
         {
             return Some(j.clone());
         }
-        st.job_versions(&alloc.job_name)
+        st.job_versions(&alloc.namespace, &alloc.job_name)
             .and_then(|vs| vs.get(&alloc.job_version))
             .cloned()
     }

@@ -89,6 +89,16 @@ pub enum VarCaller {
 }
 
 impl VarCaller {
+    /// The namespace a request means when it names none: a workload identity's own
+    /// (Nomad's templates read their task's namespace), else `default`.
+    pub fn namespace_or<'a>(&'a self, named: Option<&'a str>) -> Option<&'a str> {
+        match (named.filter(|n| !n.is_empty()), self) {
+            (Some(n), _) => Some(n),
+            (None, VarCaller::Workload(w)) => Some(&w.namespace),
+            (None, _) => None,
+        }
+    }
+
     /// May the caller do `op` on the variable at `path` of `namespace`? (A workload
     /// identity only reads.)
     pub fn may(&self, namespace: &str, path: &str, op: drover_server_api::acl::VariableOp) -> bool {
@@ -263,6 +273,11 @@ impl Server {
         let term = self.leadership.require()?;
         let (index, outcome) = term
             .commit(|st, index, now| {
+                if st.namespace(&ns).is_none() {
+                    return Err(ServerError::Invalid(format!(
+                        "namespace {ns:?} does not exist"
+                    )));
+                }
                 let existing = st.var(&ns, path);
                 if let Some(conflict) = cas_conflict(&keyring, st, &ns, path, existing, cas)? {
                     return Ok((Batch::default(), VarWrite::Conflict(conflict)));
@@ -440,7 +455,7 @@ impl Server {
         };
         for task in &group.tasks {
             let claims = WorkloadClaims {
-                nomad_namespace: DEFAULT_NAMESPACE.into(),
+                nomad_namespace: alloc.namespace.clone(),
                 nomad_job_id: alloc.job_name.clone(),
                 nomad_allocation_id: alloc.id.clone(),
                 nomad_task: task.name.clone(),
@@ -483,7 +498,7 @@ impl Server {
         if alloc.is_terminal() {
             return Err(denied("its allocation is terminal".into()));
         }
-        if alloc.job_name != claims.nomad_job_id || claims.nomad_namespace != DEFAULT_NAMESPACE {
+        if alloc.job_name != claims.nomad_job_id || claims.nomad_namespace != alloc.namespace {
             return Err(denied("its claims do not match its allocation".into()));
         }
         let group = st.alloc_group(alloc);
@@ -634,7 +649,19 @@ mod tests {
             ServerError::Invalid(_)
         ));
         assert_eq!(s.index(), index);
-        // Namespaces are apart.
+        // Namespaces are apart; a variable goes only to one that exists.
+        assert!(matches!(
+            s.put_variable(Some("team-a"), "p", items(&[("k", "a")]), None)
+                .await
+                .unwrap_err(),
+            ServerError::Invalid(_)
+        ));
+        s.upsert_namespace(drover_server_api::Namespace {
+            name: "team-a".into(),
+            ..drover_server_api::Namespace::default_one()
+        })
+        .await
+        .unwrap();
         done(
             s.put_variable(Some("team-a"), "p", items(&[("k", "a")]), None)
                 .await

@@ -42,6 +42,11 @@ struct Cli {
     /// alloc, eval) also take a server's (http://HOST:PORT).
     #[arg(long, global = true, env = "DROVER_ADDR")]
     address: Option<String>,
+    /// The namespace of the jobs, allocations, evaluations, deployments, services and
+    /// variables the cluster commands act on (default `default`; `*`: every one, in
+    /// lists). Else `DROVER_NAMESPACE`, else `NOMAD_NAMESPACE`.
+    #[arg(long, global = true, env = "DROVER_NAMESPACE")]
+    namespace: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -80,6 +85,9 @@ enum Command {
     /// ACLs: bootstrap, policies and tokens (with `--acl-enabled` servers).
     Acl(commands::acl::AclArgs),
 
+    /// Create, list, show and delete namespaces (what ACL policies grant per team).
+    #[command(subcommand)]
+    Namespace(commands::namespace::NamespaceCommand),
     /// Read, write, list and purge variables (encrypted at rest).
     #[command(subcommand)]
     Var(commands::var::VarCommand),
@@ -109,37 +117,40 @@ fn main() -> ExitCode {
         Command::Task(cmd) => client_main(cli.address, |c| task_command(c, cmd)),
         Command::Server(args) => match args.command {
             Some(server::ServerCommand::Status { json }) => {
-                cluster_main(cli.address, |c| async move {
+                cluster_main((cli.address, cli.namespace), |c| async move {
                     server::server_status(&c, json).await
                 })
             }
             None => server::run(args),
         },
         Command::Job(cmd) if cmd.is_local() => commands::job::local_job_command(cmd),
-        Command::Job(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Job(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::job::job_command(&c, cmd).await
         }),
-        Command::Node(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Node(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::node::node_command(&c, cmd).await
         }),
-        Command::Alloc(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Alloc(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::alloc::alloc_command(&c, cmd).await
         }),
-        Command::Eval(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Eval(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::eval::eval_command(&c, cmd).await
         }),
-        Command::Service(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Service(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::service::service_command(&c, cmd).await
         }),
-        Command::Deployment(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Deployment(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::deployment::deployment_command(&c, cmd).await
         }),
         Command::Acl(args) => commands::acl::run(cli.address, args),
 
-        Command::Var(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Namespace(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
+            commands::namespace::namespace_command(&c, cmd).await
+        }),
+        Command::Var(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::var::var_command(&c, cmd).await
         }),
-        Command::Operator(cmd) => cluster_main(cli.address, |c| async move {
+        Command::Operator(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::var::operator_command(&c, cmd).await
         }),
     }

@@ -615,6 +615,7 @@ pub(crate) mod tests {
         exit: Option<i32>,
     ) -> Allocation {
         Allocation {
+            namespace: "default".into(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),
             ports: Default::default(),
@@ -659,6 +660,7 @@ pub(crate) mod tests {
         failed: &[(&str, &str, u32)],
     ) -> Evaluation {
         Evaluation {
+            namespace: "default".into(),
             wait_until: None,
             id: id.into(),
             job_name: "web".into(),

@@ -823,6 +823,15 @@ impl Acl {
             .is_some_and(|c| c.contains(capability))
     }
 
+    /// Has the token any capability in namespace `ns` (what listing namespaces
+    /// shows, as Nomad's)? A `deny` policy has none.
+    pub fn allow_namespace(&self, ns: &str) -> bool {
+        self.management
+            || self
+                .namespace_caps(ns)
+                .is_some_and(|c| !c.is_empty() && !c.contains("deny"))
+    }
+
     /// May `op` be done on the variable at `path` in namespace `ns` (by the token's
     /// policies; a workload identity's own paths are the variables code's to grant)?
     pub fn allow_variable(&self, ns: &str, path: &str, op: VariableOp) -> bool {

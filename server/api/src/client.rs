@@ -37,6 +37,7 @@ use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 mod acl;
+mod namespaces;
 
 use crate::nomad;
 use crate::{
@@ -150,6 +151,9 @@ pub struct ClientOptions {
     pub ca_file: Option<PathBuf>,
     /// Client certificate and key (PEM) for mutual TLS.
     pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Sent as `?namespace=` with every request that names none itself (Nomad's
+    /// `-namespace`, `NOMAD_NAMESPACE`); `None`: the server's `default`.
+    pub namespace: Option<String>,
 }
 
 /// Blocking-query parameters of a read.
@@ -245,6 +249,7 @@ pub struct Client {
     address: String,
     target: Target,
     token: Option<hyper::header::HeaderValue>,
+    namespace: Option<String>,
 }
 
 impl fmt::Debug for Client {
@@ -319,11 +324,33 @@ impl Client {
                 Error::InvalidRequest("the token holds characters a header cannot carry".into())
             })?),
         };
+        if let Some(ns) = &options.namespace
+            && ns != "*"
+        {
+            crate::namespaces::check_namespace_name(ns)
+                .map_err(|why| Error::InvalidRequest(format!("namespace {ns:?}: {why}")))?;
+        }
         Ok(Client {
             address: address.to_owned(),
             target,
             token,
+            namespace: options.namespace.filter(|n| !n.is_empty()),
         })
+    }
+
+    /// This client, its requests naming namespace `ns` (what `nomad job run` does
+    /// for a job file that names its namespace).
+    pub fn with_namespace(&self, ns: &str) -> Client {
+        Client {
+            namespace: Some(ns.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// The namespace sent with requests that name none (`None`: the server's
+    /// `default`).
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
     }
 
     /// The address as given.
@@ -355,7 +382,12 @@ impl Client {
     pub async fn register_nomad_job(&self, job: &nomad::Job) -> Result<JobRegisterResponse, Error> {
         let body = nomad::JobRegisterRequest::new(job.clone());
         let r: nomad::JobRegisterResponse = self
-            .write(Method::PUT, &["v1", "jobs"], None, Some(&body))
+            .write(
+                Method::PUT,
+                &["v1", "jobs"],
+                job_namespace(job),
+                Some(&body),
+            )
             .await?;
         Ok(JobRegisterResponse::from(&r))
     }
@@ -379,7 +411,12 @@ impl Client {
             policy_override: false,
         };
         let r: nomad::JobPlanResponse = self
-            .write(Method::PUT, &["v1", "job", &id, "plan"], None, Some(&body))
+            .write(
+                Method::PUT,
+                &["v1", "job", &id, "plan"],
+                job_namespace(job),
+                Some(&body),
+            )
             .await?;
         Ok(JobPlanResponse::from(&r))
     }
@@ -894,6 +931,21 @@ impl Client {
         tokio::spawn(async move {
             let _ = conn.await;
         });
+        // The client's namespace, unless the request names its own.
+        let names_its_own = query.as_deref().is_some_and(|q| {
+            q.split('&')
+                .any(|kv| kv == "namespace" || kv.starts_with("namespace="))
+        });
+        let query = match (&self.namespace, query) {
+            (Some(ns), q) if !names_its_own => {
+                let ns = format!("namespace={}", encode_query(ns));
+                Some(match q {
+                    Some(q) if !q.is_empty() => format!("{q}&{ns}"),
+                    _ => ns,
+                })
+            }
+            (_, q) => q,
+        };
         let path_and_query = match query {
             Some(q) => format!("{path}?{q}"),
             None => path.to_owned(),
@@ -932,6 +984,22 @@ fn deployment_update(r: &nomad::DeploymentUpdateResponse) -> DeploymentUpdateRes
         reverted_job_version: r.reverted_job_version,
         index: r.index,
     }
+}
+
+/// A submitted job goes to its own namespace, as `nomad job run` sends it: the job
+/// file's wins over the client's `-namespace`.
+fn job_namespace(job: &nomad::Job) -> Option<String> {
+    job.namespace
+        .as_deref()
+        .filter(|ns| !ns.is_empty())
+        .map(|ns| format!("namespace={}", encode_query(ns)))
+}
+
+/// `s` percent-encoded for a query value.
+fn encode_query(s: &str) -> String {
+    serde_urlencoded::to_string([("", s)])
+        .map(|kv| kv.trim_start_matches('=').to_owned())
+        .unwrap_or_default()
 }
 
 fn index_of(headers: &hyper::HeaderMap) -> Option<Index> {

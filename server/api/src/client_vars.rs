@@ -98,7 +98,10 @@ impl Client {
         let request = format!("PUT {p}");
         let extra: Vec<(&str, String)> = cas.map(|c| ("cas", c.to_string())).into_iter().collect();
         let body = Variable {
-            namespace: namespace.unwrap_or_default().to_owned(),
+            namespace: namespace
+                .or(self.namespace())
+                .unwrap_or_default()
+                .to_owned(),
             path: path.to_owned(),
             items,
             ..Variable::default()

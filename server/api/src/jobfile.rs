@@ -110,6 +110,7 @@ pub struct JobFile {
 #[allow(dead_code)] // `meta` exists to be accepted by deny_unknown_fields
 struct JobDoc {
     name: Option<String>,
+    namespace: Option<String>,
     #[serde(rename = "type")]
     job_type: Option<JobType>,
     priority: Option<u8>,
@@ -480,6 +481,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
         return Err(missing("", "group"));
     }
     let spec = JobSpec {
+        namespace: doc.namespace.unwrap_or_else(crate::default_namespace),
         name,
         job_type: doc.job_type.unwrap_or_default(),
         priority: doc.priority.unwrap_or(50),

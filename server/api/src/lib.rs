@@ -22,6 +22,7 @@ pub mod client_fs;
 pub mod client_vars;
 pub mod hcl;
 pub mod jobfile;
+pub mod namespaces;
 pub mod nomad;
 pub mod services;
 pub mod taskfiles;
@@ -30,6 +31,7 @@ pub mod validate;
 pub mod variables;
 
 pub use jobfile::{JobFile, JobFileError};
+pub use namespaces::{DEFAULT_NAMESPACE, Namespace, default_namespace};
 pub use services::*;
 pub use types::*;
 pub use validate::{ValidationError, validate};

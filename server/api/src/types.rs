@@ -41,8 +41,11 @@ impl JobType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
-    /// The job's name: its id, `[A-Za-z0-9_.-]{1,128}`.
+    /// The job's name: its id, `[A-Za-z0-9_.-]{1,128}`, unique within its namespace.
     pub name: String,
+    /// The namespace it lives in (`default` when the job file names none).
+    #[serde(default = "crate::default_namespace")]
+    pub namespace: String,
     /// Scheduler type.
     #[serde(rename = "type", default)]
     pub job_type: JobType,
@@ -927,6 +930,9 @@ pub struct Job {
 pub struct JobListStub {
     /// Name.
     pub name: String,
+    /// Its namespace.
+    #[serde(default = "crate::default_namespace")]
+    pub namespace: String,
     /// Type.
     #[serde(rename = "type")]
     pub job_type: JobType,
@@ -1246,6 +1252,9 @@ pub struct Allocation {
     pub name: String,
     /// Which copy of the group (0..count).
     pub index: u32,
+    /// The namespace of its job.
+    #[serde(default = "crate::default_namespace")]
+    pub namespace: String,
     /// Job name.
     pub job_name: String,
     /// The job version this allocation runs.
@@ -1446,6 +1455,9 @@ impl DeploymentStatus {
 pub struct Deployment {
     /// UUID.
     pub id: String,
+    /// The namespace of its job.
+    #[serde(default = "crate::default_namespace")]
+    pub namespace: String,
     /// Job name.
     pub job_name: String,
     /// The version it rolls out.
@@ -1591,6 +1603,9 @@ pub struct PlacementFailure {
 pub struct Evaluation {
     /// UUID.
     pub id: String,
+    /// The namespace of its job.
+    #[serde(default = "crate::default_namespace")]
+    pub namespace: String,
     /// Job it evaluates.
     pub job_name: String,
     /// Job type.

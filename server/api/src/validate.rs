@@ -96,6 +96,8 @@ fn fail(field: impl Into<String>, message: impl Into<String>) -> ValidationError
 /// Check `spec`; the first problem found is returned.
 pub fn validate(spec: &JobSpec) -> Result<(), ValidationError> {
     check_name("name", &spec.name)?;
+    crate::namespaces::check_namespace_name(&spec.namespace)
+        .map_err(|why| fail("namespace", why))?;
     if !(1..=100).contains(&spec.priority) {
         return Err(fail(
             "priority",
@@ -1296,6 +1298,7 @@ mod tests {
 
     fn job() -> JobSpec {
         JobSpec {
+            namespace: crate::DEFAULT_NAMESPACE.into(),
             datacenters: Vec::new(),
             name: "web".into(),
             job_type: Default::default(),
@@ -1361,6 +1364,7 @@ mod tests {
             "name: must not be empty"
         );
         assert!(refused(|j| j.name = "we b".into()).starts_with("name: \"we b\" contains ' '"));
+        assert!(refused(|j| j.namespace = "a_b".into()).starts_with("namespace: "));
         assert!(refused(|j| j.name = "x".repeat(129)).starts_with("name: is 129 characters"));
         validate(&JobSpec {
             name: "A-z_0.9".repeat(18),

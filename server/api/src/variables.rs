@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::Index;
 
 /// The namespace of a variable that names none (Nomad's).
-pub const DEFAULT_NAMESPACE: &str = "default";
+pub use crate::namespaces::DEFAULT_NAMESPACE;
 
 /// Longest path (Nomad's `^[a-zA-Z0-9-_~/]{1,128}$`).
 pub const MAX_PATH_BYTES: usize = 128;

@@ -77,6 +77,14 @@ impl Identity {
         }
     }
 
+    /// The permissions, shared, for a resolved identity.
+    pub fn acl_shared(&self) -> Option<Arc<Acl>> {
+        match self {
+            Identity::Anonymous(a) | Identity::Token { acl: a, .. } => Some(a.clone()),
+            Identity::Unresolved(_) => None,
+        }
+    }
+
     /// The token, when the request carried a known one.
     pub fn token(&self) -> Option<&AclToken> {
         match self {

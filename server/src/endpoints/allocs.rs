@@ -39,7 +39,7 @@ impl Server {
                 else {
                     return Err(ServerError::NotFound(format!("alloc not found: {id}")));
                 };
-                let Some(job) = crate::scheduler::StateView::job(st, &alloc.job_name) else {
+                let Some(job) = st.job_in(&alloc.namespace, &alloc.job_name) else {
                     return Err(ServerError::NotFound(format!(
                         "job {} of allocation {} not found",
                         alloc.job_name, alloc.id

@@ -9,7 +9,6 @@ use drover_server_api::{
 use super::{by_id_or_prefix, newest_first};
 use crate::error::ServerError;
 use crate::leader::deployments as watcher;
-use crate::scheduler;
 use crate::server::Server;
 use crate::state::Batch;
 use crate::state::evals::new_eval;
@@ -30,10 +29,10 @@ impl Server {
     }
 
     /// A job's deployments, newest first (`None`: no such job).
-    pub fn job_deployments(&self, job: &str) -> Option<Vec<Deployment>> {
+    pub fn job_deployments(&self, ns: &str, job: &str) -> Option<Vec<Deployment>> {
         let st = self.core.read();
-        scheduler::StateView::job(&*st, job)?;
-        Some(st.deployments_of_job(job).rev().cloned().collect())
+        st.job_in(ns, job)?;
+        Some(st.deployments_of_job(ns, job).rev().cloned().collect())
     }
 
     /// The allocations a deployment placed.
@@ -41,7 +40,7 @@ impl Server {
         let st = self.core.read();
         let d = by_id_or_prefix(st.deployment(id), st.all_deployments(), |d| &d.id, id)?;
         let mut v: Vec<Allocation> = st
-            .allocs_of_job(&d.job_name)
+            .allocs_of_job(&d.namespace, &d.job_name)
             .filter(|a| a.deployment_id.as_deref() == Some(d.id.as_str()))
             .cloned()
             .collect();
@@ -66,7 +65,8 @@ impl Server {
                     .ok_or_else(|| ServerError::NotFound(format!("deployment {id} not found")))?;
                 let mut d = d.clone();
                 watcher::promote(st, &mut d, groups.as_deref(), index, now)?;
-                let job = scheduler::StateView::job(st, &d.job_name)
+                let job = st
+                    .job_in(&d.namespace, &d.job_name)
                     .ok_or_else(|| ServerError::NotFound("job not found".into()))?;
                 let eval = new_eval(job, EvalTrigger::DeploymentWatcher, index, now);
                 let eval_id = eval.id.clone();
@@ -126,6 +126,7 @@ impl Server {
     /// version is that one.
     pub async fn revert_job(
         &self,
+        ns: &str,
         name: &str,
         version: u64,
         enforce_prior_version: Option<u64>,
@@ -133,7 +134,8 @@ impl Server {
         let term = self.leadership.require()?;
         let (index, (eval_id, job_modify_index)) = term
             .commit(|st, index, now| {
-                let current = scheduler::StateView::job(st, name)
+                let current = st
+                    .job_in(ns, name)
                     .ok_or_else(|| ServerError::NotFound("job not found".into()))?;
                 if let Some(prior) = enforce_prior_version
                     && prior != current.version
@@ -148,7 +150,7 @@ impl Server {
                         "can't revert to current version {version}"
                     )));
                 }
-                let target = st.job_at_version(name, version).ok_or_else(|| {
+                let target = st.job_at_version(ns, name, version).ok_or_else(|| {
                     ServerError::NotFound(format!("job {name} has no version {version} kept"))
                 })?;
                 // A version kept from before a rule was tightened is refused now.

@@ -9,13 +9,13 @@ use drover_server_api::{
     NodeStatus,
 };
 
-use super::newest_first;
+use super::{NsFilter, newest_first};
 use crate::core::Core;
 use crate::error::ServerError;
 use crate::scheduler;
 use crate::server::Server;
 use crate::state::evals::{new_eval, now_nanos, set_eval_status};
-use crate::state::{Batch, KEPT_VERSIONS, Overlay, State};
+use crate::state::{Batch, KEPT_VERSIONS, Overlay, State, job_id};
 
 /// The same checks as the CLI's (`drover_server_api::validate`): a job refused here
 /// names the field (`group[0].task[1].resources.memory_mb: ...`).
@@ -43,7 +43,8 @@ fn check_ports(st: &State, spec: &JobSpec) -> Result<(), ServerError> {
 /// A job's status, derived from its allocations and evaluations.
 fn job_status(st: &State, job: &Job) -> JobStatus {
     let mut any = false;
-    for a in st.allocs_of_job(&job.spec.name) {
+    let (ns, name) = (&job.spec.namespace, &job.spec.name);
+    for a in st.allocs_of_job(ns, name) {
         if !a.is_terminal() {
             return JobStatus::Running;
         }
@@ -52,9 +53,9 @@ fn job_status(st: &State, job: &Job) -> JobStatus {
     if job.stop {
         return JobStatus::Dead;
     }
-    let waiting = st.blocked_eval(&job.spec.name).is_some()
+    let waiting = st.blocked_eval(ns, name).is_some()
         || st
-            .evals_of_job(&job.spec.name)
+            .evals_of_job(ns, name)
             .any(|e| e.status == EvalStatus::Pending);
     if job.spec.job_type == JobType::Batch && any && !waiting {
         return JobStatus::Dead;
@@ -70,7 +71,7 @@ fn group_summaries(st: &State, j: &Job) -> BTreeMap<String, GroupSummary> {
         .iter()
         .map(|g| (g.name.clone(), GroupSummary::default()))
         .collect();
-    for a in st.allocs_of_job(&j.spec.name) {
+    for a in st.allocs_of_job(&j.spec.namespace, &j.spec.name) {
         let s = summary.entry(a.group.clone()).or_default();
         match a.client_status {
             ClientStatus::Pending => s.pending += 1,
@@ -80,7 +81,7 @@ fn group_summaries(st: &State, j: &Job) -> BTreeMap<String, GroupSummary> {
             ClientStatus::Lost => s.lost += 1,
         }
     }
-    if let Some(b) = st.blocked_eval(&j.spec.name) {
+    if let Some(b) = st.blocked_eval(&j.spec.namespace, &j.spec.name) {
         for (g, n) in &b.queued_allocations {
             summary.entry(g.clone()).or_default().queued += n;
         }
@@ -100,7 +101,7 @@ pub(crate) fn submit(
     index: drover_server_api::Index,
     now: i64,
 ) -> (Job, String) {
-    let existing = scheduler::StateView::job(st, &spec.name);
+    let existing = st.job_in(&spec.namespace, &spec.name);
     let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
     let job = match existing {
         Some(old) if !changed => old.clone(),
@@ -119,15 +120,16 @@ pub(crate) fn submit(
     if changed {
         b.jobs.push(job.clone());
         b.versions.push(job.clone());
-        if let Some(vs) = st.job_versions(&job.spec.name) {
+        if let Some(vs) = st.job_versions(&job.spec.namespace, &job.spec.name) {
             // Keep the newest KEPT_VERSIONS (the new one included).
             let drop = (vs.len() + 1).saturating_sub(KEPT_VERSIONS);
+            let id = job_id(&job.spec.namespace, &job.spec.name);
             b.drop_versions
-                .extend(vs.keys().take(drop).map(|v| (job.spec.name.clone(), *v)));
+                .extend(vs.keys().take(drop).map(|v| (id.clone(), *v)));
         }
     }
     let eval = new_eval(&job, trigger, index, now);
-    if let Some(blocked) = st.blocked_eval(&job.spec.name) {
+    if let Some(blocked) = st.blocked_eval(&job.spec.namespace, &job.spec.name) {
         b.evals.push(set_eval_status(
             blocked,
             EvalStatus::Canceled,
@@ -158,6 +160,12 @@ impl Server {
         let term = self.leadership.require()?;
         let (index, (eval_id, job_modify_index, warnings)) = term
             .commit(|st, index, now| {
+                if st.namespace(&spec.namespace).is_none() {
+                    return Err(ServerError::Invalid(format!(
+                        "job {:?} is in nonexistent namespace {:?}",
+                        spec.name, spec.namespace
+                    )));
+                }
                 check_ports(st, &spec)?;
                 let mut b = Batch::default();
                 // The job's allocations get workload identities: the keyring needs a
@@ -193,16 +201,18 @@ impl Server {
             .await
             .map_err(|e| ServerError::Unavailable(format!("the scheduler failed: {e}")))?
     }
-    /// Stop a job (its allocations are stopped); with `purge` also forget it.
+    /// Stop job `name` of namespace `ns` (its allocations are stopped); with `purge`
+    /// also forget it.
     pub async fn stop_job(
         &self,
+        ns: &str,
         name: &str,
         purge: bool,
     ) -> Result<JobRegisterResponse, ServerError> {
         let term = self.leadership.require()?;
         let (index, (eval_id, job_modify_index)) = term
             .commit(|st, index, now| {
-                let Some(old) = scheduler::StateView::job(st, name) else {
+                let Some(old) = st.job_in(ns, name) else {
                     return Err(ServerError::NotFound("job not found".into()));
                 };
                 let mut b = Batch::default();
@@ -213,18 +223,18 @@ impl Server {
                 job.job_modify_index = index;
                 let eval = new_eval(&job, EvalTrigger::JobDeregister, index, now);
                 if purge {
-                    b.purge.push(name.to_owned());
+                    b.purge.push(job_id(ns, name));
                     // What already ended goes with the job; the rest once its client
                     // reports it ended (garbage collection).
                     b.drop_allocs.extend(
-                        st.allocs_of_job(name)
+                        st.allocs_of_job(ns, name)
                             .filter(|a| a.client_status.is_terminal())
                             .map(|a| a.id.clone()),
                     );
                 } else {
                     b.jobs.push(job.clone());
                 }
-                if let Some(blocked) = st.blocked_eval(name) {
+                if let Some(blocked) = st.blocked_eval(ns, name) {
                     b.evals.push(set_eval_status(
                         blocked,
                         EvalStatus::Canceled,
@@ -246,7 +256,7 @@ impl Server {
         })
     }
 
-    /// Every job.
+    /// Every job, by namespace and name.
     pub fn jobs(&self) -> Vec<JobListStub> {
         let st = self.core.read();
         let mut out: Vec<JobListStub> = st
@@ -254,6 +264,7 @@ impl Server {
             .map(|j| {
                 let summary = group_summaries(&st, j);
                 JobListStub {
+                    namespace: j.spec.namespace.clone(),
                     name: j.spec.name.clone(),
                     job_type: j.spec.job_type,
                     priority: j.spec.priority,
@@ -266,42 +277,52 @@ impl Server {
                 }
             })
             .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         out
     }
 
-    /// One job.
-    pub fn job(&self, name: &str) -> Option<Job> {
+    /// The job named `name` in namespace `ns`.
+    pub fn job(&self, ns: &str, name: &str) -> Option<Job> {
         let st = self.core.read();
-        scheduler::StateView::job(&*st, name).map(|j| job_with_status(&st, j))
+        st.job_in(ns, name).map(|j| job_with_status(&st, j))
     }
 
-    /// The jobs whose name starts with `prefix`, with their allocation counts by
-    /// group, by name.
-    pub fn jobs_with_summaries(&self, prefix: &str) -> Vec<(Job, BTreeMap<String, GroupSummary>)> {
+    /// The jobs of the namespaces `namespaces` takes whose name starts with `prefix`,
+    /// with their allocation counts by group, by namespace and name.
+    pub fn jobs_with_summaries(
+        &self,
+        namespaces: NsFilter<'_>,
+        prefix: &str,
+    ) -> Vec<(Job, BTreeMap<String, GroupSummary>)> {
         let st = self.core.read();
         let mut out: Vec<(Job, BTreeMap<String, GroupSummary>)> = st
             .jobs()
-            .filter(|j| j.spec.name.starts_with(prefix))
+            .filter(|j| j.spec.name.starts_with(prefix) && namespaces(&j.spec.namespace))
             .map(|j| (job_with_status(&st, j), group_summaries(&st, j)))
             .collect();
-        out.sort_by(|a, b| a.0.spec.name.cmp(&b.0.spec.name));
+        out.sort_by(|a, b| {
+            (&a.0.spec.namespace, &a.0.spec.name).cmp(&(&b.0.spec.namespace, &b.0.spec.name))
+        });
         out
     }
 
     /// A job's summary: allocation counts by group (`None`: no such job).
-    pub fn job_summary(&self, name: &str) -> Option<(Job, BTreeMap<String, GroupSummary>)> {
+    pub fn job_summary(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Option<(Job, BTreeMap<String, GroupSummary>)> {
         let st = self.core.read();
-        let j = scheduler::StateView::job(&*st, name)?;
+        let j = st.job_in(ns, name)?;
         Some((job_with_status(&st, j), group_summaries(&st, j)))
     }
 
     /// A job's kept versions, newest first (`None`: no such job).
-    pub fn job_versions(&self, name: &str) -> Option<Vec<Job>> {
+    pub fn job_versions(&self, ns: &str, name: &str) -> Option<Vec<Job>> {
         let st = self.core.read();
-        let current = scheduler::StateView::job(&*st, name)?;
+        let current = st.job_in(ns, name)?;
         let mut out: Vec<Job> = st
-            .job_versions(name)
+            .job_versions(ns, name)
             .map(|vs| vs.values().rev().cloned().collect())
             .unwrap_or_default();
         match out.first_mut() {
@@ -318,6 +339,7 @@ impl Server {
     /// and evaluate it (Nomad's `/v1/job/:id/scale`). A stopped job is refused.
     pub async fn scale_job(
         &self,
+        ns: &str,
         name: &str,
         group: &str,
         count: u32,
@@ -325,7 +347,7 @@ impl Server {
         let term = self.leadership.require()?;
         let (index, (eval_id, job_modify_index)) = term
             .commit(|st, index, now| {
-                let Some(old) = scheduler::StateView::job(st, name) else {
+                let Some(old) = st.job_in(ns, name) else {
                     return Err(ServerError::NotFound("job not found".into()));
                 };
                 if old.stop {
@@ -355,17 +377,17 @@ impl Server {
     }
 
     /// A job's allocations, newest first.
-    pub fn job_allocations(&self, name: &str) -> Vec<Allocation> {
+    pub fn job_allocations(&self, ns: &str, name: &str) -> Vec<Allocation> {
         let st = self.core.read();
-        let mut v: Vec<Allocation> = st.allocs_of_job(name).cloned().collect();
+        let mut v: Vec<Allocation> = st.allocs_of_job(ns, name).cloned().collect();
         newest_first(&mut v, |a| (a.create_index, &a.id));
         v
     }
 
     /// A job's evaluations, newest first.
-    pub fn job_evaluations(&self, name: &str) -> Vec<Evaluation> {
+    pub fn job_evaluations(&self, ns: &str, name: &str) -> Vec<Evaluation> {
         let st = self.core.read();
-        let mut v: Vec<Evaluation> = st.evals_of_job(name).cloned().collect();
+        let mut v: Vec<Evaluation> = st.evals_of_job(ns, name).cloned().collect();
         newest_first(&mut v, |e| (e.create_index, &e.id));
         v
     }
@@ -398,7 +420,13 @@ fn driver_warnings(st: &State, spec: &JobSpec) -> Vec<String> {
 fn plan_job_blocking(core: &Core, spec: JobSpec) -> Result<JobPlanResponse, ServerError> {
     let st = core.read();
     check_ports(&st, &spec)?;
-    let existing = scheduler::StateView::job(&*st, &spec.name);
+    if st.namespace(&spec.namespace).is_none() {
+        return Err(ServerError::Invalid(format!(
+            "job {:?} is in nonexistent namespace {:?}",
+            spec.name, spec.namespace
+        )));
+    }
+    let existing = st.job_in(&spec.namespace, &spec.name);
     let changed = existing.is_none_or(|j| j.spec != spec || j.stop);
     let version = match existing {
         None => 0,
@@ -455,7 +483,7 @@ fn plan_job_blocking(core: &Core, spec: JobSpec) -> Result<JobPlanResponse, Serv
     for g in groups.values_mut() {
         g.stop = g.stop.saturating_sub(g.update);
     }
-    for a in st.allocs_of_job(&spec.name) {
+    for a in st.allocs_of_job(&spec.namespace, &spec.name) {
         if !a.is_terminal() && !stopped.contains(a.id.as_str()) {
             groups.entry(a.group.clone()).or_default().ignore += 1;
         }

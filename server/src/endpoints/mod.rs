@@ -9,11 +9,16 @@ pub(crate) mod allocs;
 pub(crate) mod deployments;
 pub(crate) mod evals;
 pub(crate) mod jobs;
+pub(crate) mod namespaces;
 pub(crate) mod nodes;
 pub(crate) mod services;
 pub(crate) mod status;
 
 use drover_server_api::Index;
+
+/// Which namespaces a list answers for: a test of a namespace's name (one namespace;
+/// with `*`, every one the caller may read).
+pub type NsFilter<'a> = &'a (dyn Fn(&str) -> bool + Sync);
 
 fn newest_first<T>(v: &mut [T], key: impl Fn(&T) -> (Index, &str)) {
     v.sort_by(|a, b| {

@@ -273,9 +273,14 @@ impl Server {
                 let to_client = |a: &Allocation| ClientAllocation {
                     update: st.alloc_update(a),
                     alloc: a.clone(),
-                    job_type: scheduler::StateView::job(&*st, &a.job_name)
+                    job_type: st
+                        .job_in(&a.namespace, &a.job_name)
                         .map(|j| j.spec.job_type)
-                        .or_else(|| st.evals_of_job(&a.job_name).next().map(|e| e.job_type))
+                        .or_else(|| {
+                            st.evals_of_job(&a.namespace, &a.job_name)
+                                .next()
+                                .map(|e| e.job_type)
+                        })
                         .unwrap_or_default(),
                     identities: {
                         let group = st.alloc_group(a);
@@ -566,13 +571,13 @@ impl Server {
                 };
                 n.modify_index = index;
                 if enable {
-                    let jobs: BTreeSet<&str> = st
+                    let jobs: BTreeSet<(&str, &str)> = st
                         .allocs_on_node(&n.id)
                         .filter(|a| !a.is_terminal())
-                        .map(|a| a.job_name.as_str())
+                        .map(|a| (a.namespace.as_str(), a.job_name.as_str()))
                         .collect();
-                    for name in jobs {
-                        if let Some(job) = st.job(name) {
+                    for (ns, name) in jobs {
+                        if let Some(job) = st.job_in(ns, name) {
                             let mut e = new_eval(job, EvalTrigger::NodeDrain, index, now);
                             e.node_id = Some(n.id.clone());
                             b.evals.push(e);

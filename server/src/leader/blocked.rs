@@ -11,7 +11,6 @@ use drover_server_api::{EvalStatus, EvalTrigger};
 
 use crate::error::ServerError;
 use crate::leader::term::LeaderTerm;
-use crate::scheduler::StateView;
 use crate::state::Batch;
 use crate::state::evals::{new_eval, set_eval_status};
 
@@ -34,7 +33,10 @@ pub(crate) async fn unblock_all(term: &LeaderTerm) -> Result<usize, ServerError>
             let mut b = Batch::default();
             let mut n = 0;
             for blocked in st.blocked_evals() {
-                match st.job(&blocked.job_name).filter(|j| !j.stop) {
+                match st
+                    .job_in(&blocked.namespace, &blocked.job_name)
+                    .filter(|j| !j.stop)
+                {
                     Some(job) => {
                         let mut e = new_eval(job, EvalTrigger::QueuedAllocs, index, now);
                         e.previous_eval = Some(blocked.id.clone());
@@ -81,6 +83,7 @@ mod tests {
 
     fn job() -> JobSpec {
         JobSpec {
+            namespace: "default".into(),
             datacenters: Vec::new(),
             name: "big".into(),
             job_type: Default::default(),
@@ -189,7 +192,7 @@ mod tests {
             let (_, id) = core
                 .commit(|st, index, now| {
                     let mut b = Batch::default();
-                    let job = crate::scheduler::StateView::job(st, "big").unwrap();
+                    let job = st.job_in("default", "big").unwrap();
                     let e = crate::state::evals::new_eval(job, EvalTrigger::NodeUpdate, index, now);
                     let id = e.id.clone();
                     b.evals.push(e);
@@ -201,7 +204,7 @@ mod tests {
         };
         fail_to_place(&server, &rolling).await;
         let blocked: Vec<_> = server
-            .job_evaluations("big")
+            .job_evaluations("default", "big")
             .into_iter()
             .filter(|e| e.status == EvalStatus::Blocked)
             .collect();
@@ -230,7 +233,7 @@ mod tests {
         )
         .await;
         let retry: Vec<_> = server
-            .job_evaluations("big")
+            .job_evaluations("default", "big")
             .into_iter()
             .filter(|e| e.triggered_by == EvalTrigger::QueuedAllocs)
             .collect();

@@ -310,6 +310,7 @@ mod tests {
 
     fn eval(id: &str, job: &str, priority: u8) -> Evaluation {
         Evaluation {
+            namespace: "default".into(),
             wait_until: None,
             id: id.into(),
             job_name: job.into(),

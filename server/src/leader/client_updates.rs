@@ -15,10 +15,10 @@ use crate::leader::batcher::{self, Queued};
 use crate::leader::requests::UpdateRequest;
 use crate::leader::term::LeaderTerm;
 use crate::scheduler;
-use crate::state::Batch;
 use crate::state::State;
 use crate::state::evals::new_eval;
 use crate::state::services;
+use crate::state::{Batch, JobKey, job_id};
 
 /// Client status updates accepted in one call.
 pub const MAX_CLIENT_UPDATES: usize = 10_000;
@@ -83,9 +83,9 @@ fn group_tasks<'a>(st: &'a State, a: &Allocation) -> Option<Vec<&'a str>> {
             .find(|g| g.name == a.group)
             .map(|g| g.tasks.iter().map(|t| t.name.as_str()).collect())
     };
-    st.job_at_version(&a.job_name, a.job_version)
+    st.job_at_version(&a.namespace, &a.job_name, a.job_version)
         .and_then(of)
-        .or_else(|| scheduler::StateView::job(st, &a.job_name).and_then(of))
+        .or_else(|| st.job_in(&a.namespace, &a.job_name).and_then(of))
 }
 
 /// Task states are kept only for tasks of the allocation's group, with bounded fields.
@@ -126,14 +126,14 @@ fn client_updates(
 ) -> (Batch, Vec<Result<(), ServerError>>) {
     let mut changed: HashMap<String, Allocation> = HashMap::new();
     let mut b = Batch::default();
-    let mut failure_evals: BTreeSet<String> = BTreeSet::new();
+    let mut failure_evals: BTreeSet<JobKey> = BTreeSet::new();
     // Per job: does an older version still run (a rolling update in progress)?
-    let mut rolling: HashMap<String, bool> = HashMap::new();
-    let mut rolling_evals: BTreeSet<String> = BTreeSet::new();
+    let mut rolling: HashMap<JobKey, bool> = HashMap::new();
+    let mut rolling_evals: BTreeSet<JobKey> = BTreeSet::new();
     // Deployments whose counts changed, and jobs to evaluate because an allocation of
     // their deployment turned healthy.
     let mut deployments: HashMap<String, drover_server_api::Deployment> = HashMap::new();
-    let mut deployment_evals: BTreeSet<String> = BTreeSet::new();
+    let mut deployment_evals: BTreeSet<JobKey> = BTreeSet::new();
     let mut verdicts = Vec::with_capacity(reqs.len());
     // Each allocation's reported service instances (its node, the complete set).
     let mut reports: HashMap<String, (&str, &[ServiceInstance])> = HashMap::new();
@@ -259,7 +259,7 @@ fn client_updates(
                 d.modify_time = now;
                 if h {
                     // The next batch of the rollout may go.
-                    deployment_evals.insert(d.job_name.clone());
+                    deployment_evals.insert(job_id(&d.namespace, &d.job_name));
                 }
                 deployments.insert(did, d);
             }
@@ -268,8 +268,8 @@ fn client_updates(
             if !old.is_terminal() && a.is_terminal() {
                 b.unblock = true;
             }
-            if let Some(job) = scheduler::StateView::job(st, &a.job_name).filter(|j| !j.stop) {
-                let name = &job.spec.name;
+            if let Some(job) = st.job_in(&a.namespace, &a.job_name).filter(|j| !j.stop) {
+                let name = job_id(&job.spec.namespace, &job.spec.name);
                 if a.client_status == ClientStatus::Failed
                     && old.client_status != ClientStatus::Failed
                     && a.desired_status == DesiredStatus::Run
@@ -282,7 +282,7 @@ fn client_updates(
                     && a.job_version == job.version
                 {
                     let in_progress = *rolling.entry(name.clone()).or_insert_with(|| {
-                        st.allocs_of_job(name)
+                        st.allocs_of_job(&name.0, &name.1)
                             .any(|o| !o.is_terminal() && o.job_version < job.version)
                     });
                     if in_progress {
@@ -308,17 +308,17 @@ fn client_updates(
     b.allocs = changed.into_values().collect();
     b.deployments = deployments.into_values().collect();
     rolling_evals.extend(deployment_evals);
-    for name in &failure_evals {
-        if let Some(job) = scheduler::StateView::job(st, name) {
+    for (ns, name) in &failure_evals {
+        if let Some(job) = st.job_in(ns, name) {
             b.evals
                 .push(new_eval(job, EvalTrigger::AllocFailure, index, now));
         }
     }
     // An alloc-failure evaluation of the same job does the rolling update's work too.
-    for name in rolling_evals.difference(&failure_evals) {
-        if let Some(job) = scheduler::StateView::job(st, name) {
+    for (ns, name) in rolling_evals.difference(&failure_evals) {
+        if let Some(job) = st.job_in(ns, name) {
             let mut e = new_eval(job, EvalTrigger::RollingUpdate, index, now);
-            e.previous_eval = st.evals_of_job(name).last().map(|p| p.id.clone());
+            e.previous_eval = st.evals_of_job(ns, name).last().map(|p| p.id.clone());
             b.evals.push(e);
         }
     }

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::endpoints::jobs::submit;
 use crate::error::ServerError;
 use crate::leader::term::LeaderTerm;
-use crate::scheduler::{self, StateView};
+use crate::scheduler;
 use crate::state::evals::new_eval;
 use crate::state::{Batch, State};
 
@@ -58,7 +58,7 @@ pub(crate) fn watch(st: &State, index: Index, now: i64) -> Batch {
         .filter(|d| d.status == DeploymentStatus::Running)
         .collect();
     for d in running {
-        let job = st.job(&d.job_name);
+        let job = st.job_in(&d.namespace, &d.job_name);
         let current = job.filter(|j| {
             !j.stop && j.version == d.job_version && j.create_index == d.job_create_index
         });
@@ -158,7 +158,7 @@ fn mark_stable(st: &State, b: &mut Batch, job: &Job, index: Index) {
     j.stable = true;
     j.modify_index = index;
     b.jobs.push(j);
-    if let Some(v) = st.job_at_version(&job.spec.name, job.version) {
+    if let Some(v) = st.job_at_version(&job.spec.namespace, &job.spec.name, job.version) {
         let mut v = v.clone();
         v.stable = true;
         b.versions.push(v);
@@ -175,7 +175,7 @@ fn group_complete(st: &State, job: &Job, d: &Deployment, name: &str, g: &Deploym
         return true;
     };
     let mut live = 0u32;
-    for a in st.allocs_of_job(&job.spec.name) {
+    for a in st.allocs_of_job(&job.spec.namespace, &job.spec.name) {
         if a.group != name || a.is_terminal() {
             continue;
         }
@@ -286,7 +286,7 @@ pub(crate) fn fail(
 ) -> (String, Option<u64>) {
     let mut out = with_status(d, status, why, index, now);
     let job = st
-        .job(&d.job_name)
+        .job_in(&d.namespace, &d.job_name)
         .filter(|j| !j.stop && j.version == d.job_version);
     let mut reverted = None;
     let mut eval_id = String::new();
@@ -334,11 +334,14 @@ fn revert_target<'a>(st: &'a State, job: &Job) -> Option<&'a Job> {
     if job.spec.job_type != JobType::Service {
         return None;
     }
-    st.job_versions(&job.spec.name)?.values().rev().find(|v| {
-        v.version < job.version
+    st.job_versions(&job.spec.namespace, &job.spec.name)?
+        .values()
+        .rev()
+        .find(|v| {
+            v.version < job.version
                 && v.stable
                 && v.spec != job.spec
                 // Kept from before a rule was tightened: not registered again.
                 && drover_server_api::validate::validate(&v.spec).is_ok()
-    })
+        })
 }

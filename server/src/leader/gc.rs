@@ -21,7 +21,6 @@ use drover_server_api::{Allocation, DesiredStatus, EvalStatus, JobType, NodeStat
 
 use crate::error::ServerError;
 use crate::leader::term::LeaderTerm;
-use crate::scheduler::StateView;
 use crate::state::{Batch, State};
 
 /// Deletions in one commit at most (a bigger backlog is taken in several).
@@ -61,7 +60,7 @@ fn collectable(st: &State, a: &Allocation) -> bool {
     if !a.client_status.is_terminal() {
         return false;
     }
-    match st.job(&a.job_name) {
+    match st.job_in(&a.namespace, &a.job_name) {
         None => true,
         Some(j) if j.stop => true,
         Some(j) => {
@@ -100,12 +99,12 @@ pub(crate) fn garbage(st: &State, now: i64, alloc_age: i64, node_age: i64) -> Ba
     let mut b = Batch::default();
     let budget = MAX_DELETIONS_PER_COMMIT;
     let old = |t: i64, age: i64| now.saturating_sub(t) > age;
-    let mut jobs: Vec<&str> = st.jobs_with_allocs().collect();
+    let mut jobs: Vec<&(String, String)> = st.jobs_with_allocs().collect();
     jobs.sort_unstable();
-    for name in jobs {
-        let job = st.job(name);
+    for (ns, name) in jobs {
+        let job = st.job_in(ns, name);
         let mut done: Vec<&Allocation> = st
-            .allocs_of_job(name)
+            .allocs_of_job(ns, name)
             .filter(|a| collectable(st, a))
             .collect();
         // Newest first: the cap keeps the newest.
@@ -124,13 +123,13 @@ pub(crate) fn garbage(st: &State, now: i64, alloc_age: i64, node_age: i64) -> Ba
         }
     }
     // Purged jobs' evaluations: nothing else ever deletes them.
-    let mut purged: Vec<&str> = st
+    let mut purged: Vec<&(String, String)> = st
         .jobs_with_evals()
-        .filter(|j| st.job(j).is_none())
+        .filter(|(ns, name)| st.job_in(ns, name).is_none())
         .collect();
     purged.sort_unstable();
-    for name in purged {
-        for e in st.evals_of_job(name) {
+    for (ns, name) in purged {
+        for e in st.evals_of_job(ns, name) {
             if b.drop_evals.len() >= budget {
                 break;
             }

@@ -86,12 +86,15 @@ impl LeaderTerm {
                     a.alloc_modify_index = index;
                     a.modify_index = index;
                     a.modify_time = now;
-                    jobs.insert(a.job_name.clone());
+                    jobs.insert((a.namespace.clone(), a.job_name.clone()));
                     b.allocs.push(a);
                 }
                 let n = b.allocs.len();
-                for name in &jobs {
-                    if let Some(job) = st.job(name).filter(|j| j.spec.job_type != JobType::System) {
+                for (ns, name) in &jobs {
+                    if let Some(job) = st
+                        .job_in(ns, name)
+                        .filter(|j| j.spec.job_type != JobType::System)
+                    {
                         let mut e = new_eval(job, EvalTrigger::NodeUpdate, index, now);
                         e.node_id = Some(node_id.to_owned());
                         b.evals.push(e);

@@ -152,7 +152,7 @@ fn apply_one(
     batch: &mut Batch,
 ) -> PlanResult {
     let mut r = PlanResult::default();
-    let job = st.job(&plan.job_name);
+    let job = st.job_in(&plan.namespace, &plan.job_name);
     if let Some(job) = job
         && job.job_modify_index != plan.job_modify_index
     {
@@ -359,7 +359,7 @@ fn write_deployment(
             d.create_index = index;
             d.create_time = now;
             let mut ended: Vec<&Deployment> = st
-                .deployments_of_job(&d.job_name)
+                .deployments_of_job(&d.namespace, &d.job_name)
                 .filter(|o| !o.status.is_active())
                 .collect();
             let excess = (ended.len() + 1).saturating_sub(KEPT_DEPLOYMENTS);
@@ -404,9 +404,11 @@ pub(crate) fn finish_eval(st: &State, f: &EvalFinish, index: Index, now: i64, ba
     e.failed_tg_allocs = f.failed_tg_allocs.clone();
     e.queued_allocations = f.queued_allocations.clone();
     let old_blocked = st
-        .blocked_eval(&f.eval.job_name)
+        .blocked_eval(&f.eval.namespace, &f.eval.job_name)
         .filter(|b| b.id != f.eval.id);
-    let job = st.job(&f.eval.job_name).filter(|j| !j.stop);
+    let job = st
+        .job_in(&f.eval.namespace, &f.eval.job_name)
+        .filter(|j| !j.stop);
     let mut blocked = None;
     if !f.failed_tg_allocs.is_empty()
         && let Some(job) = job
@@ -434,15 +436,18 @@ pub(crate) fn finish_eval(st: &State, f: &EvalFinish, index: Index, now: i64, ba
     {
         // One follow-up covers every failed allocation due at or after it (it makes
         // the next one when it runs): no new one while an earlier one waits.
-        let waiting = st.evals_of_job(&f.eval.job_name).any(|o| {
-            o.id != f.eval.id
-                && o.status == EvalStatus::Pending
-                && o.wait_until.is_some_and(|w| w <= at)
-        }) || batch.evals.iter().any(|o| {
-            o.job_name == f.eval.job_name
-                && o.status == EvalStatus::Pending
-                && o.wait_until.is_some_and(|w| w <= at)
-        });
+        let waiting = st
+            .evals_of_job(&f.eval.namespace, &f.eval.job_name)
+            .any(|o| {
+                o.id != f.eval.id
+                    && o.status == EvalStatus::Pending
+                    && o.wait_until.is_some_and(|w| w <= at)
+            })
+            || batch.evals.iter().any(|o| {
+                o.job_name == f.eval.job_name
+                    && o.status == EvalStatus::Pending
+                    && o.wait_until.is_some_and(|w| w <= at)
+            });
         if !waiting {
             let mut next = new_eval(job, EvalTrigger::AllocFailure, index, now);
             next.wait_until = Some(at);
@@ -520,6 +525,7 @@ mod tests {
     fn plan(place: Vec<Allocation>, stop: &[&str]) -> Plan {
         let mut p = Plan {
             eval_id: "e".into(),
+            namespace: "default".into(),
             job_name: "web".into(),
             job_modify_index: 1,
             snapshot_index: 1,

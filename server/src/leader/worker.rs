@@ -125,7 +125,7 @@ pub(crate) async fn process(term: &Arc<LeaderTerm>, eval: &Evaluation) -> Result
             index,
             now,
         );
-        if let Some(job) = scheduler::StateView::job(st, &eval.job_name) {
+        if let Some(job) = st.job_in(&eval.namespace, &eval.job_name) {
             let mut next = new_eval(job, EvalTrigger::MaxPlanAttempts, index, now);
             next.previous_eval = Some(eval.id.clone());
             failed.status_description = format!(

@@ -35,8 +35,9 @@ pub(crate) use reconcile::changed;
 pub trait StateView {
     /// The index the view is consistent with.
     fn index(&self) -> Index;
-    /// The job's current version (also a stopped job: `job.stop`).
-    fn job(&self, name: &str) -> Option<&Job>;
+    /// The current version of the job named `name` in namespace `ns` (also a stopped
+    /// job: `job.stop`).
+    fn job(&self, ns: &str, name: &str) -> Option<&Job>;
     /// The job as it was at `version` (the spec its older allocations run), if still
     /// kept. The scheduler compares an allocation's group at its version with the
     /// current one to tell a destructive update (a task changed) from a count change.
@@ -44,13 +45,13 @@ pub trait StateView {
     /// The default knows only the current version: every allocation of an older
     /// version then counts as changed. A state that keeps `jobv/<name>/<version>`
     /// should answer from it.
-    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
-        self.job(name).filter(|j| j.version == version)
+    fn job_version(&self, ns: &str, name: &str, version: u64) -> Option<&Job> {
+        self.job(ns, name).filter(|j| j.version == version)
     }
     /// The job's newest deployment (of any version, in any status), if any. The
     /// default: none (a state without deployments).
-    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
-        let _ = job;
+    fn latest_deployment(&self, ns: &str, job: &str) -> Option<&Deployment> {
+        let _ = (ns, job);
         None
     }
     /// Every node, in a stable order.
@@ -58,7 +59,7 @@ pub trait StateView {
     /// One node.
     fn node(&self, id: &str) -> Option<&Node>;
     /// Every allocation of the job, terminal ones included.
-    fn job_allocs(&self, job: &str) -> Vec<&Allocation>;
+    fn job_allocs(&self, ns: &str, job: &str) -> Vec<&Allocation>;
     /// Every allocation on the node, terminal ones included.
     fn node_allocs(&self, node_id: &str) -> Vec<&Allocation>;
     /// What the node's non-terminal allocations reserve.
@@ -90,10 +91,12 @@ pub struct AllocStop {
 }
 
 /// What a worker wants committed for one evaluation.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// The evaluation it answers.
     pub eval_id: String,
+    /// The job's namespace.
+    pub namespace: String,
     /// The job.
     pub job_name: String,
     /// The job spec index it was made for: a plan for an older spec is refused.
@@ -108,6 +111,22 @@ pub struct Plan {
     /// A deployment the plan creates (its counts are the applier's: it adds what it
     /// commits of `node_allocation`), or the job's current one with a change.
     pub deployment: Option<Deployment>,
+}
+
+impl Default for Plan {
+    /// An empty plan for a job of the `default` namespace.
+    fn default() -> Plan {
+        Plan {
+            eval_id: String::new(),
+            namespace: drover_server_api::DEFAULT_NAMESPACE.to_owned(),
+            job_name: String::new(),
+            job_modify_index: 0,
+            snapshot_index: 0,
+            node_allocation: BTreeMap::new(),
+            node_update: BTreeMap::new(),
+            deployment: None,
+        }
+    }
 }
 
 impl Plan {
@@ -160,12 +179,13 @@ pub fn schedule(
     eval: &Evaluation,
     settings: SchedulerSettings,
 ) -> SchedulerOutput {
-    let job = state.job(&eval.job_name);
-    let allocs = state.job_allocs(&eval.job_name);
+    let job = state.job(&eval.namespace, &eval.job_name);
+    let allocs = state.job_allocs(&eval.namespace, &eval.job_name);
     let rec = reconcile::reconcile(state, job, &allocs, settings.now);
     let mut out = SchedulerOutput {
         plan: Plan {
             eval_id: eval.id.clone(),
+            namespace: eval.namespace.clone(),
             job_name: eval.job_name.clone(),
             job_modify_index: job.map_or(0, |j| j.job_modify_index),
             snapshot_index: state.index(),

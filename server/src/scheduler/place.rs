@@ -449,6 +449,7 @@ impl<'a> Placer<'a> {
             id: uuid::Uuid::new_v4().to_string(),
             name: format!("{}.{}[{index}]", self.job.spec.name, group.name),
             index,
+            namespace: self.job.spec.namespace.clone(),
             job_name: self.job.spec.name.clone(),
             job_version: self.job.version,
             group: group.name.clone(),

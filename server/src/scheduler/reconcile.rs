@@ -93,6 +93,7 @@ impl Deploy<'_> {
                 Some(d) => d.clone(),
                 None => Deployment {
                     id: uuid::Uuid::new_v4().to_string(),
+                    namespace: job.spec.namespace.clone(),
                     job_name: job.spec.name.clone(),
                     job_version: job.version,
                     job_modify_index: job.job_modify_index,
@@ -221,7 +222,7 @@ pub(crate) fn changed(state: &dyn StateView, job: &Job, group: &TaskGroup, a: &A
     if a.job_version == job.version {
         return false;
     }
-    match state.job_version(&job.spec.name, a.job_version) {
+    match state.job_version(&job.spec.namespace, &job.spec.name, a.job_version) {
         Some(old) => old
             .spec
             .groups
@@ -285,7 +286,7 @@ pub(crate) fn reconcile<'a>(
 
     let mut deploy = Deploy {
         existing: state
-            .latest_deployment(&job.spec.name)
+            .latest_deployment(&job.spec.namespace, &job.spec.name)
             .filter(|d| d.job_version == job.version && d.job_create_index == job.create_index),
         changed: None,
     };

@@ -29,16 +29,16 @@ impl StateView for TestState {
     fn index(&self) -> Index {
         self.index
     }
-    fn job(&self, name: &str) -> Option<&Job> {
+    fn job(&self, ns: &str, name: &str) -> Option<&Job> {
         self.jobs
             .iter()
-            .filter(|j| j.spec.name == name)
+            .filter(|j| j.spec.name == name && j.spec.namespace == ns)
             .max_by_key(|j| j.version)
     }
-    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
+    fn job_version(&self, ns: &str, name: &str, version: u64) -> Option<&Job> {
         self.jobs
             .iter()
-            .find(|j| j.spec.name == name && j.version == version)
+            .find(|j| j.spec.name == name && j.spec.namespace == ns && j.version == version)
     }
     fn nodes(&self) -> Vec<&Node> {
         self.nodes.iter().collect()
@@ -46,8 +46,11 @@ impl StateView for TestState {
     fn node(&self, id: &str) -> Option<&Node> {
         self.nodes.iter().find(|n| n.id == id)
     }
-    fn job_allocs(&self, job: &str) -> Vec<&Allocation> {
-        self.allocs.iter().filter(|a| a.job_name == job).collect()
+    fn job_allocs(&self, ns: &str, job: &str) -> Vec<&Allocation> {
+        self.allocs
+            .iter()
+            .filter(|a| a.job_name == job && a.namespace == ns)
+            .collect()
     }
     fn node_allocs(&self, node_id: &str) -> Vec<&Allocation> {
         self.allocs
@@ -55,10 +58,10 @@ impl StateView for TestState {
             .filter(|a| a.node_id == node_id)
             .collect()
     }
-    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
+    fn latest_deployment(&self, ns: &str, job: &str) -> Option<&Deployment> {
         self.deployments
             .iter()
-            .filter(|d| d.job_name == job)
+            .filter(|d| d.job_name == job && d.namespace == ns)
             .max_by_key(|d| d.create_index)
     }
     fn node_usage(&self, node_id: &str) -> AllocResources {
@@ -83,7 +86,7 @@ impl TestState {
     /// Register `spec` as the job's next version.
     fn register(&mut self, spec: JobSpec) {
         self.index += 1;
-        let version = self.job(&spec.name).map_or(0, |j| j.version + 1);
+        let version = self.job("default", &spec.name).map_or(0, |j| j.version + 1);
         self.jobs.push(Job {
             stable: Default::default(),
             spec,
@@ -177,7 +180,7 @@ impl TestState {
     }
 
     fn deployment(&self, job: &str) -> &Deployment {
-        self.latest_deployment(job).unwrap()
+        self.latest_deployment("default", job).unwrap()
     }
 
     /// Every live allocation of `job` reports `status`.
@@ -273,6 +276,7 @@ pub(crate) fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGro
 
 pub(crate) fn spec(name: &str, job_type: JobType, groups: Vec<TaskGroup>) -> JobSpec {
     JobSpec {
+        namespace: "default".into(),
         datacenters: Vec::new(),
         name: name.into(),
         job_type,
@@ -293,8 +297,9 @@ fn constraint(attribute: &str, operator: ConstraintOperator, value: &str) -> Con
 }
 
 fn eval(state: &TestState, job: &str, id: &str) -> Evaluation {
-    let j = state.job(job);
+    let j = state.job("default", job);
     Evaluation {
+        namespace: "default".into(),
         wait_until: None,
         id: id.into(),
         job_name: job.into(),
@@ -1385,7 +1390,7 @@ fn placing_visits_a_bounded_sample_of_nodes() {
         JobType::Service,
         vec![group("app", 10_000, 100, 64)],
     ));
-    let job = s.job("big").unwrap();
+    let job = s.job("default", "big").unwrap();
     let g = &job.spec.groups[0];
     let mut placer = Placer::new(&s, job, &[], "eval", SchedulerAlgorithm::BinPack);
     let mut per_node = vec![0u32; 5000];

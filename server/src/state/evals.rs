@@ -22,6 +22,7 @@ pub(crate) fn new_eval(job: &Job, trigger: EvalTrigger, index: Index, now: i64) 
     Evaluation {
         wait_until: None,
         id: uuid::Uuid::new_v4().to_string(),
+        namespace: job.spec.namespace.clone(),
         job_name: job.spec.name.clone(),
         job_type: job.spec.job_type,
         priority: job.spec.priority,
@@ -60,16 +61,16 @@ pub(crate) fn set_eval_status(
 /// Delete the oldest terminal evaluations of jobs that get a new one and hold more
 /// than [`MAX_EVALS_PER_JOB`].
 pub(crate) fn gc_evals(st: &State, batch: &mut Batch) {
-    let mut jobs: BTreeSet<&str> = BTreeSet::new();
+    let mut jobs: BTreeSet<(&str, &str)> = BTreeSet::new();
     for e in &batch.evals {
         if st.eval(&e.id).is_none() {
-            jobs.insert(&e.job_name);
+            jobs.insert((&e.namespace, &e.job_name));
         }
     }
     let keep: std::collections::HashSet<&str> = batch.evals.iter().map(|e| e.id.as_str()).collect();
     let mut drop = Vec::new();
-    for job in jobs {
-        let evals: Vec<&Evaluation> = st.evals_of_job(job).collect();
+    for (ns, job) in jobs {
+        let evals: Vec<&Evaluation> = st.evals_of_job(ns, job).collect();
         if evals.len() < MAX_EVALS_PER_JOB {
             continue;
         }

@@ -14,21 +14,54 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use drover_server_api::{
-    AllocResources, Allocation, Deployment, EvalStatus, Evaluation, Index, Job, Node,
-    ServiceRegistration, TaskGroup,
+    AllocResources, Allocation, DEFAULT_NAMESPACE, Deployment, EvalStatus, Evaluation, Index, Job,
+    Namespace, Node, ServiceRegistration, TaskGroup,
 };
 
 use crate::scheduler::{StateView, UsedPorts};
 use crate::store::{KeyValue, Op, StoreChange, StoreError};
 
-/// Key of a job's current version.
-pub(crate) fn job_key(name: &str) -> String {
-    format!("job/{name}")
+/// A job's identity: (namespace, name). Names are unique within a namespace only.
+pub(crate) type JobKey = (String, String);
+
+/// The [`JobKey`] of a job in `namespace` named `name`.
+pub(crate) fn job_id(namespace: &str, name: &str) -> JobKey {
+    (namespace.to_owned(), name.to_owned())
 }
 
-/// Key of one kept version of a job.
-pub(crate) fn version_key(name: &str, version: u64) -> String {
-    format!("jobv/{name}/{version:020}")
+/// Key of a job's current version: `job/<name>` in `default` (the key of the jobs
+/// written before namespaces existed, so that they need no migration),
+/// `job/<namespace>/<name>` in the others. Neither a job name nor a namespace name
+/// holds a `/` (validate.rs), so the two shapes cannot be confused.
+pub(crate) fn job_key(ns: &str, name: &str) -> String {
+    if ns == DEFAULT_NAMESPACE {
+        format!("job/{name}")
+    } else {
+        format!("job/{ns}/{name}")
+    }
+}
+
+/// Key of one kept version of a job: `jobv/[<namespace>/]<name>/<version>`, the
+/// namespace left out for `default` as in [`job_key`].
+pub(crate) fn version_key(ns: &str, name: &str, version: u64) -> String {
+    if ns == DEFAULT_NAMESPACE {
+        format!("jobv/{name}/{version:020}")
+    } else {
+        format!("jobv/{ns}/{name}/{version:020}")
+    }
+}
+
+/// The job of the rest of a `job/` or `jobv/` key (after the version is cut off).
+fn job_of_key_rest(rest: &str) -> JobKey {
+    match rest.split_once('/') {
+        Some((ns, name)) => job_id(ns, name),
+        None => job_id(DEFAULT_NAMESPACE, rest),
+    }
+}
+
+/// Key of a namespace other than an unwritten `default`.
+pub(crate) fn namespace_key(name: &str) -> String {
+    format!("namespace/{name}")
 }
 
 /// Key of a deployment.
@@ -69,10 +102,14 @@ pub(crate) struct Batch {
     pub jobs: Vec<Job>,
     /// Job versions written.
     pub versions: Vec<Job>,
-    /// Versions removed (job name, version).
-    pub drop_versions: Vec<(String, u64)>,
+    /// Versions removed (job, version).
+    pub drop_versions: Vec<(JobKey, u64)>,
     /// Jobs forgotten (purged), with every version the state holds.
-    pub purge: Vec<String>,
+    pub purge: Vec<JobKey>,
+    /// Namespaces written.
+    pub namespaces: Vec<Namespace>,
+    /// Namespaces removed, by name.
+    pub drop_namespaces: Vec<String>,
     /// Nodes written.
     pub nodes: Vec<Node>,
     /// Node secrets bound: (node id, hex SHA-256 of the secret). Kept under keys of
@@ -125,6 +162,8 @@ impl Batch {
             && self.versions.is_empty()
             && self.drop_versions.is_empty()
             && self.purge.is_empty()
+            && self.namespaces.is_empty()
+            && self.drop_namespaces.is_empty()
             && self.nodes.is_empty()
             && self.node_secrets.is_empty()
             && self.allocs.is_empty()
@@ -160,20 +199,21 @@ impl Batch {
         for key in &change.deletes {
             let (kind, rest) = key.split_once('/').unwrap_or((key.as_str(), ""));
             match kind {
-                "job" => b.purge.push(rest.to_owned()),
+                "job" => b.purge.push(job_of_key_rest(rest)),
                 "jobv" => {
                     let parsed = rest
                         .rsplit_once('/')
-                        .and_then(|(name, v)| Some((name.to_owned(), v.parse::<u64>().ok()?)));
+                        .and_then(|(job, v)| Some((job_of_key_rest(job), v.parse::<u64>().ok()?)));
                     match parsed {
                         Some(nv) => b.drop_versions.push(nv),
                         None => {
                             return Err(StoreError::Corrupt(format!(
-                                "deleted key {key}: not jobv/<job>/<version>"
+                                "deleted key {key}: not jobv/[<namespace>/]<job>/<version>"
                             )));
                         }
                     }
                 }
+                "namespace" => b.drop_namespaces.push(rest.to_owned()),
                 "node" => b.drop_nodes.push(rest.to_owned()),
                 "nodesecret" => b.drop_node_secrets.push(rest.to_owned()),
                 "alloc" => b.drop_allocs.push(rest.to_owned()),
@@ -199,6 +239,7 @@ impl Batch {
             match kind {
                 "job" => b.jobs.push(decode(kv)?),
                 "jobv" => b.versions.push(decode(kv)?),
+                "namespace" => b.namespaces.push(decode(kv)?),
                 "node" => b.nodes.push(decode(kv)?),
                 "nodesecret" => b.node_secrets.push((rest.to_owned(), decode(kv)?)),
                 "alloc" => b.allocs.push(decode(kv)?),
@@ -233,25 +274,35 @@ impl Batch {
                 + self.evals.len()
                 + self.drop_versions.len(),
         );
-        for name in &self.purge {
-            ops.push(Op::Delete { key: job_key(name) });
-            for d in state.deployments_of_job(name) {
+        for (ns, name) in &self.purge {
+            ops.push(Op::Delete {
+                key: job_key(ns, name),
+            });
+            for d in state.deployments_of_job(ns, name) {
                 ops.push(Op::Delete {
                     key: deployment_key(&d.id),
                 });
             }
-            if let Some(vs) = state.versions.get(name) {
+            if let Some(vs) = state.versions.get(&job_id(ns, name)) {
                 for v in vs.keys() {
                     ops.push(Op::Delete {
-                        key: version_key(name, *v),
+                        key: version_key(ns, name, *v),
                     });
                 }
             }
         }
-        for (name, v) in &self.drop_versions {
+        for ((ns, name), v) in &self.drop_versions {
             ops.push(Op::Delete {
-                key: version_key(name, *v),
+                key: version_key(ns, name, *v),
             });
+        }
+        for name in &self.drop_namespaces {
+            ops.push(Op::Delete {
+                key: namespace_key(name),
+            });
+        }
+        for n in &self.namespaces {
+            ops.push(put(namespace_key(&n.name), n)?);
         }
         for id in &self.drop_evals {
             ops.push(Op::Delete {
@@ -297,10 +348,13 @@ impl Batch {
             ops.push(put(crate::variables::var_key(&v.namespace, &v.path), v)?);
         }
         for j in &self.jobs {
-            ops.push(put(job_key(&j.spec.name), j)?);
+            ops.push(put(job_key(&j.spec.namespace, &j.spec.name), j)?);
         }
         for j in &self.versions {
-            ops.push(put(version_key(&j.spec.name, j.version), j)?);
+            ops.push(put(
+                version_key(&j.spec.namespace, &j.spec.name, j.version),
+                j,
+            )?);
         }
         for n in &self.nodes {
             ops.push(put(format!("node/{}", n.id), n)?);
@@ -361,27 +415,29 @@ fn free_ports(ports: &mut HashMap<String, UsedPorts>, a: &Allocation) {
 pub(crate) struct State {
     /// The index of the last applied commit.
     pub index: Index,
-    jobs: HashMap<String, Job>,
-    versions: HashMap<String, BTreeMap<u64, Job>>,
+    jobs: HashMap<JobKey, Job>,
+    versions: HashMap<JobKey, BTreeMap<u64, Job>>,
+    /// Namespaces written (`default` is there only once someone wrote it).
+    namespaces: BTreeMap<String, Namespace>,
     nodes: BTreeMap<String, Node>,
     /// Hex SHA-256 of each node's secret, by node id (see `endpoints/nodes.rs`).
     node_secrets: HashMap<String, String>,
     allocs: HashMap<String, Allocation>,
-    by_job: HashMap<String, HashSet<String>>,
+    by_job: HashMap<JobKey, HashSet<String>>,
     by_node: HashMap<String, HashSet<String>>,
     usage: HashMap<String, AllocResources>,
     /// The ports the non-terminal allocations of each node hold (only nodes where some
     /// do), kept with `usage`: placing tests a bit instead of scanning allocations.
     ports: HashMap<String, UsedPorts>,
     evals: HashMap<String, Evaluation>,
-    evals_by_job: HashMap<String, Vec<String>>,
+    evals_by_job: HashMap<JobKey, Vec<String>>,
     /// The blocked evaluation of each job that has one.
-    blocked: HashMap<String, String>,
+    blocked: HashMap<JobKey, String>,
     /// Service registrations, indexed by name and by allocation.
     services: services::Registry,
     deployments: HashMap<String, Deployment>,
     /// Each job's deployments by creation index (and id: two made in one commit).
-    deployments_by_job: HashMap<String, BTreeSet<(Index, String)>>,
+    deployments_by_job: HashMap<JobKey, BTreeSet<(Index, String)>>,
     /// ACL policies and tokens.
     pub(crate) acl: acl::AclState,
 
@@ -407,14 +463,18 @@ impl State {
             match kind {
                 "job" => {
                     let j: Job = decode(kv)?;
-                    s.jobs.insert(j.spec.name.clone(), j);
+                    s.jobs.insert(job_id(&j.spec.namespace, &j.spec.name), j);
                 }
                 "jobv" => {
                     let j: Job = decode(kv)?;
                     s.versions
-                        .entry(j.spec.name.clone())
+                        .entry(job_id(&j.spec.namespace, &j.spec.name))
                         .or_default()
                         .insert(j.version, j);
+                }
+                "namespace" => {
+                    let n: Namespace = decode(kv)?;
+                    s.namespaces.insert(n.name.clone(), n);
                 }
                 "node" => s.put_node(decode(kv)?),
                 "nodesecret" => {
@@ -447,28 +507,34 @@ impl State {
 
     /// Apply a committed batch.
     pub(crate) fn apply(&mut self, batch: Batch, index: Index) {
-        for name in batch.purge {
-            self.jobs.remove(&name);
-            self.versions.remove(&name);
-            if let Some(ids) = self.deployments_by_job.remove(&name) {
+        for job in batch.purge {
+            self.jobs.remove(&job);
+            self.versions.remove(&job);
+            if let Some(ids) = self.deployments_by_job.remove(&job) {
                 for (_, id) in &ids {
                     self.deployments.remove(id);
                 }
             }
         }
-        for (name, v) in batch.drop_versions {
-            if let Some(vs) = self.versions.get_mut(&name) {
+        for (job, v) in batch.drop_versions {
+            if let Some(vs) = self.versions.get_mut(&job) {
                 vs.remove(&v);
             }
         }
         for j in batch.versions {
             self.versions
-                .entry(j.spec.name.clone())
+                .entry(job_id(&j.spec.namespace, &j.spec.name))
                 .or_default()
                 .insert(j.version, j);
         }
         for j in batch.jobs {
-            self.jobs.insert(j.spec.name.clone(), j);
+            self.jobs.insert(job_id(&j.spec.namespace, &j.spec.name), j);
+        }
+        for name in batch.drop_namespaces {
+            self.namespaces.remove(&name);
+        }
+        for n in batch.namespaces {
+            self.namespaces.insert(n.name.clone(), n);
         }
         for n in batch.nodes {
             self.put_node(n);
@@ -580,7 +646,7 @@ impl State {
 
     fn put_deployment(&mut self, d: Deployment) {
         self.deployments_by_job
-            .entry(d.job_name.clone())
+            .entry(job_id(&d.namespace, &d.job_name))
             .or_default()
             .insert((d.create_index, d.id.clone()));
         self.deployments.insert(d.id.clone(), d);
@@ -590,10 +656,11 @@ impl State {
         let Some(d) = self.deployments.remove(id) else {
             return;
         };
-        if let Some(ids) = self.deployments_by_job.get_mut(&d.job_name) {
+        let job = job_id(&d.namespace, &d.job_name);
+        if let Some(ids) = self.deployments_by_job.get_mut(&job) {
             ids.remove(&(d.create_index, d.id.clone()));
             if ids.is_empty() {
-                self.deployments_by_job.remove(&d.job_name);
+                self.deployments_by_job.remove(&job);
             }
         }
     }
@@ -611,10 +678,11 @@ impl State {
     /// A job's deployments, oldest first.
     pub(crate) fn deployments_of_job(
         &self,
+        ns: &str,
         job: &str,
     ) -> impl DoubleEndedIterator<Item = &Deployment> {
         self.deployments_by_job
-            .get(job)
+            .get(&job_id(ns, job))
             .into_iter()
             .flat_map(|ids| ids.iter())
             .filter_map(|(_, id)| self.deployments.get(id))
@@ -631,15 +699,17 @@ impl State {
             }
             free_ports(&mut self.ports, &a);
         }
-        for (index, key) in [
-            (&mut self.by_job, &a.job_name),
-            (&mut self.by_node, &a.node_id),
-        ] {
-            if let Some(ids) = index.get_mut(key) {
-                ids.remove(id);
-                if ids.is_empty() {
-                    index.remove(key);
-                }
+        let job = job_id(&a.namespace, &a.job_name);
+        if let Some(ids) = self.by_job.get_mut(&job) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.by_job.remove(&job);
+            }
+        }
+        if let Some(ids) = self.by_node.get_mut(&a.node_id) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.by_node.remove(&a.node_id);
             }
         }
     }
@@ -660,7 +730,7 @@ impl State {
             }
             None => {
                 self.by_job
-                    .entry(a.job_name.clone())
+                    .entry(job_id(&a.namespace, &a.job_name))
                     .or_default()
                     .insert(a.id.clone());
                 self.by_node
@@ -688,16 +758,17 @@ impl State {
     }
 
     fn put_eval(&mut self, e: Evaluation) {
+        let job = job_id(&e.namespace, &e.job_name);
         if !self.evals.contains_key(&e.id) {
             self.evals_by_job
-                .entry(e.job_name.clone())
+                .entry(job.clone())
                 .or_default()
                 .push(e.id.clone());
         }
         if e.status == EvalStatus::Blocked {
-            self.blocked.insert(e.job_name.clone(), e.id.clone());
-        } else if self.blocked.get(&e.job_name) == Some(&e.id) {
-            self.blocked.remove(&e.job_name);
+            self.blocked.insert(job, e.id.clone());
+        } else if self.blocked.get(&job) == Some(&e.id) {
+            self.blocked.remove(&job);
         }
         self.evals.insert(e.id.clone(), e);
     }
@@ -706,14 +777,15 @@ impl State {
         let Some(e) = self.evals.remove(id) else {
             return;
         };
-        if let Some(ids) = self.evals_by_job.get_mut(&e.job_name) {
+        let job = job_id(&e.namespace, &e.job_name);
+        if let Some(ids) = self.evals_by_job.get_mut(&job) {
             ids.retain(|x| x != id);
             if ids.is_empty() {
-                self.evals_by_job.remove(&e.job_name);
+                self.evals_by_job.remove(&job);
             }
         }
-        if self.blocked.get(&e.job_name).map(String::as_str) == Some(id) {
-            self.blocked.remove(&e.job_name);
+        if self.blocked.get(&job).map(String::as_str) == Some(id) {
+            self.blocked.remove(&job);
         }
     }
 
@@ -723,17 +795,60 @@ impl State {
         self.jobs.values()
     }
 
-    /// The job at `version`, if that version is kept (what the scheduler's
-    /// `StateView::job_version` answers once cluster-sched is merged).
-    pub(crate) fn job_at_version(&self, name: &str, version: u64) -> Option<&Job> {
-        self.versions
-            .get(name)
-            .and_then(|vs| vs.get(&version))
-            .or_else(|| self.jobs.get(name).filter(|j| j.version == version))
+    /// The namespace named `name`: `default` exists even when never written.
+    pub(crate) fn namespace(&self, name: &str) -> Option<Cow<'_, Namespace>> {
+        match self.namespaces.get(name) {
+            Some(n) => Some(Cow::Borrowed(n)),
+            None if name == DEFAULT_NAMESPACE => Some(Cow::Owned(Namespace::default_one())),
+            None => None,
+        }
     }
 
-    pub(crate) fn job_versions(&self, name: &str) -> Option<&BTreeMap<u64, Job>> {
-        self.versions.get(name)
+    /// Every namespace, by name (`default` among them).
+    pub(crate) fn namespaces(&self) -> Vec<Cow<'_, Namespace>> {
+        let mut all: Vec<_> = self.namespaces.values().map(Cow::Borrowed).collect();
+        if !self.namespaces.contains_key(DEFAULT_NAMESPACE) {
+            all.push(Cow::Owned(Namespace::default_one()));
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        all
+    }
+
+    /// How many namespaces are written (`default` counts once written).
+    pub(crate) fn namespace_count(&self) -> usize {
+        self.namespaces.len()
+    }
+
+    /// Whether anything lives in namespace `ns`: a job (a stopped one too) or
+    /// allocations, evaluations or deployments left of a purged one.
+    pub(crate) fn namespace_in_use(&self, ns: &str) -> bool {
+        self.jobs.keys().any(|(n, _)| n == ns)
+            || self.by_job.keys().any(|(n, _)| n == ns)
+            || self.evals_by_job.keys().any(|(n, _)| n == ns)
+            || self.deployments_by_job.keys().any(|(n, _)| n == ns)
+    }
+
+    /// The job named `name` in namespace `ns`.
+    pub(crate) fn job_in(&self, ns: &str, name: &str) -> Option<&Job> {
+        self.jobs.get(&job_id(ns, name))
+    }
+
+    /// The job at `version`, if that version is kept.
+    pub(crate) fn job_at_version(&self, ns: &str, name: &str, version: u64) -> Option<&Job> {
+        let job = job_id(ns, name);
+        self.versions
+            .get(&job)
+            .and_then(|vs| vs.get(&version))
+            .or_else(|| self.jobs.get(&job).filter(|j| j.version == version))
+    }
+
+    pub(crate) fn job_versions(&self, ns: &str, name: &str) -> Option<&BTreeMap<u64, Job>> {
+        self.versions.get(&job_id(ns, name))
+    }
+
+    /// The current version of an allocation's job.
+    fn job_of(&self, a: &Allocation) -> Option<&Job> {
+        self.job_in(&a.namespace, &a.job_name)
     }
 
     /// The group an allocation runs: at its job version if kept, else the current
@@ -741,9 +856,9 @@ impl State {
     /// stop them).
     pub(crate) fn alloc_group(&self, a: &Allocation) -> TaskGroup {
         let from = |j: &Job| j.spec.groups.iter().find(|g| g.name == a.group).cloned();
-        self.job_at_version(&a.job_name, a.job_version)
+        self.job_at_version(&a.namespace, &a.job_name, a.job_version)
             .and_then(from)
-            .or_else(|| self.jobs.get(&a.job_name).and_then(from))
+            .or_else(|| self.job_of(a).and_then(from))
             .unwrap_or_else(|| TaskGroup {
                 update: Default::default(),
                 network: Default::default(),
@@ -762,8 +877,8 @@ impl State {
     pub(crate) fn alloc_update(&self, a: &Allocation) -> Option<drover_server_api::UpdateStrategy> {
         a.deployment_id.as_ref()?;
         let job = self
-            .job_at_version(&a.job_name, a.job_version)
-            .or_else(|| self.jobs.get(&a.job_name))?;
+            .job_at_version(&a.namespace, &a.job_name, a.job_version)
+            .or_else(|| self.job_of(a))?;
         let group = job.spec.groups.iter().find(|g| g.name == a.group)?;
         Some(job.spec.update_of(group))
     }
@@ -771,8 +886,8 @@ impl State {
     /// The job's `meta` at the allocation's version (the current job's when that
     /// version is no longer kept; empty when the job is gone).
     pub(crate) fn alloc_job_meta(&self, a: &Allocation) -> BTreeMap<String, String> {
-        self.job_at_version(&a.job_name, a.job_version)
-            .or_else(|| self.jobs.get(&a.job_name))
+        self.job_at_version(&a.namespace, &a.job_name, a.job_version)
+            .or_else(|| self.job_of(a))
             .map(|j| j.spec.meta.clone())
             .unwrap_or_default()
     }
@@ -807,26 +922,28 @@ impl State {
     }
 
     /// Jobs that have evaluations (purged ones included).
-    pub(crate) fn jobs_with_evals(&self) -> impl Iterator<Item = &str> {
-        self.evals_by_job.keys().map(String::as_str)
+    pub(crate) fn jobs_with_evals(&self) -> impl Iterator<Item = &JobKey> {
+        self.evals_by_job.keys()
     }
 
     /// Jobs that have allocations (purged ones included).
-    pub(crate) fn jobs_with_allocs(&self) -> impl Iterator<Item = &str> {
-        self.by_job.keys().map(String::as_str)
+    pub(crate) fn jobs_with_allocs(&self) -> impl Iterator<Item = &JobKey> {
+        self.by_job.keys()
     }
 
-    pub(crate) fn evals_of_job(&self, job: &str) -> impl Iterator<Item = &Evaluation> {
+    pub(crate) fn evals_of_job(&self, ns: &str, job: &str) -> impl Iterator<Item = &Evaluation> {
         self.evals_by_job
-            .get(job)
+            .get(&job_id(ns, job))
             .into_iter()
             .flatten()
             .filter_map(|id| self.evals.get(id))
     }
 
     /// The job's blocked evaluation, if any.
-    pub(crate) fn blocked_eval(&self, job: &str) -> Option<&Evaluation> {
-        self.blocked.get(job).and_then(|id| self.evals.get(id))
+    pub(crate) fn blocked_eval(&self, ns: &str, job: &str) -> Option<&Evaluation> {
+        self.blocked
+            .get(&job_id(ns, job))
+            .and_then(|id| self.evals.get(id))
     }
 
     /// Every blocked evaluation.
@@ -849,9 +966,9 @@ impl State {
             .filter_map(|id| self.allocs.get(id))
     }
 
-    pub(crate) fn allocs_of_job(&self, job: &str) -> impl Iterator<Item = &Allocation> {
+    pub(crate) fn allocs_of_job(&self, ns: &str, job: &str) -> impl Iterator<Item = &Allocation> {
         self.by_job
-            .get(job)
+            .get(&job_id(ns, job))
             .into_iter()
             .flatten()
             .filter_map(|id| self.allocs.get(id))
@@ -863,12 +980,12 @@ impl StateView for State {
         self.index
     }
 
-    fn job(&self, name: &str) -> Option<&Job> {
-        self.jobs.get(name)
+    fn job(&self, ns: &str, name: &str) -> Option<&Job> {
+        self.job_in(ns, name)
     }
 
-    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
-        self.job_at_version(name, version)
+    fn job_version(&self, ns: &str, name: &str, version: u64) -> Option<&Job> {
+        self.job_at_version(ns, name, version)
     }
 
     fn nodes(&self) -> Vec<&Node> {
@@ -879,8 +996,8 @@ impl StateView for State {
         self.nodes.get(id)
     }
 
-    fn job_allocs(&self, job: &str) -> Vec<&Allocation> {
-        self.allocs_of_job(job).collect()
+    fn job_allocs(&self, ns: &str, job: &str) -> Vec<&Allocation> {
+        self.allocs_of_job(ns, job).collect()
     }
 
     fn node_allocs(&self, node_id: &str) -> Vec<&Allocation> {
@@ -895,8 +1012,8 @@ impl StateView for State {
         self.ports.get(node_id).map(Cow::Borrowed)
     }
 
-    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
-        self.deployments_of_job(job).next_back()
+    fn latest_deployment(&self, ns: &str, job: &str) -> Option<&Deployment> {
+        self.deployments_of_job(ns, job).next_back()
     }
 }
 
@@ -910,18 +1027,21 @@ impl StateView for Overlay<'_> {
     fn index(&self) -> Index {
         self.base.index
     }
-    fn job(&self, name: &str) -> Option<&Job> {
-        if name == self.job.spec.name {
+    fn job(&self, ns: &str, name: &str) -> Option<&Job> {
+        if name == self.job.spec.name && ns == self.job.spec.namespace {
             Some(&self.job)
         } else {
-            self.base.job(name)
+            self.base.job(ns, name)
         }
     }
-    fn job_version(&self, name: &str, version: u64) -> Option<&Job> {
-        if name == self.job.spec.name && version == self.job.version {
+    fn job_version(&self, ns: &str, name: &str, version: u64) -> Option<&Job> {
+        if name == self.job.spec.name
+            && ns == self.job.spec.namespace
+            && version == self.job.version
+        {
             Some(&self.job)
         } else {
-            self.base.job_version(name, version)
+            self.base.job_version(ns, name, version)
         }
     }
     fn nodes(&self) -> Vec<&Node> {
@@ -930,14 +1050,14 @@ impl StateView for Overlay<'_> {
     fn node(&self, id: &str) -> Option<&Node> {
         self.base.node(id)
     }
-    fn job_allocs(&self, job: &str) -> Vec<&Allocation> {
-        self.base.job_allocs(job)
+    fn job_allocs(&self, ns: &str, job: &str) -> Vec<&Allocation> {
+        self.base.job_allocs(ns, job)
     }
     fn node_allocs(&self, node_id: &str) -> Vec<&Allocation> {
         self.base.node_allocs(node_id)
     }
-    fn latest_deployment(&self, job: &str) -> Option<&Deployment> {
-        self.base.latest_deployment(job)
+    fn latest_deployment(&self, ns: &str, job: &str) -> Option<&Deployment> {
+        self.base.latest_deployment(ns, job)
     }
     fn node_usage(&self, node_id: &str) -> AllocResources {
         self.base.node_usage(node_id)
@@ -967,7 +1087,10 @@ mod tests {
             puts: vec![kv("nodesecret/n1", b"\"abcd\""), kv("meta/index", b"7")],
             deletes: vec![
                 "job/web".into(),
+                "job/ops/db".into(),
                 "jobv/web/00000000000000000003".into(),
+                "jobv/ops/db/00000000000000000004".into(),
+                "namespace/ops".into(),
                 "node/n2".into(),
                 "nodesecret/n2".into(),
                 "alloc/a1".into(),
@@ -976,8 +1099,12 @@ mod tests {
             ],
         };
         let b = Batch::from_change(&change).unwrap();
-        assert_eq!(b.purge, ["web"]);
-        assert_eq!(b.drop_versions, [("web".to_owned(), 3)]);
+        assert_eq!(b.purge, [job_id("default", "web"), job_id("ops", "db")]);
+        assert_eq!(
+            b.drop_versions,
+            [(job_id("default", "web"), 3), (job_id("ops", "db"), 4)]
+        );
+        assert_eq!(b.drop_namespaces, ["ops"]);
         assert_eq!(b.drop_nodes, ["n2"]);
         assert_eq!(b.drop_node_secrets, ["n2"]);
         assert_eq!(b.drop_allocs, ["a1"]);

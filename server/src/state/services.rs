@@ -5,8 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use drover_server_api::{
-    Allocation, Index, MAX_SERVICES_PER_ALLOC, Node, SERVICE_NAMESPACE, ServiceInstance,
-    ServiceRegistration,
+    Allocation, Index, MAX_SERVICES_PER_ALLOC, Node, ServiceInstance, ServiceRegistration,
 };
 
 use super::{Batch, State};
@@ -143,7 +142,7 @@ pub(crate) fn apply_report(
             let mut r = ServiceRegistration {
                 id: id.clone(),
                 service_name: inst.service_name,
-                namespace: SERVICE_NAMESPACE.to_owned(),
+                namespace: alloc.namespace.clone(),
                 node_id: alloc.node_id.clone(),
                 datacenter: node.datacenter.clone(),
                 job_id: alloc.job_name.clone(),
@@ -222,7 +221,7 @@ mod tests {
         ServiceRegistration {
             id: id.into(),
             service_name: "web".into(),
-            namespace: SERVICE_NAMESPACE.into(),
+            namespace: "default".into(),
             node_id: "n1".into(),
             datacenter: "dc1".into(),
             job_id: "web".into(),

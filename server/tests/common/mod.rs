@@ -80,6 +80,7 @@ pub fn node(id: &str, cpu: u64, memory_mb: u64) -> NodeRegistration {
 
 pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
     JobSpec {
+        namespace: "default".into(),
         datacenters: Vec::new(),
         name: name.into(),
         job_type: JobType::Service,
@@ -123,6 +124,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
 /// A new allocation as the scheduler would put it in a plan.
 pub fn placement(job: &str, index: u32, cpu: u64, memory_mb: u64) -> Allocation {
     Allocation {
+        namespace: "default".into(),
         deployment_id: Default::default(),
         deployment_status: Default::default(),
         ports: Default::default(),
@@ -154,7 +156,7 @@ pub fn placement(job: &str, index: u32, cpu: u64, memory_mb: u64) -> Allocation 
 
 /// A plan for `job` (at its current spec) placing `allocs` on nodes.
 pub fn plan(server: &Server, job: &str, allocs: Vec<(&str, Allocation)>) -> Plan {
-    let j = server.job(job).expect("job registered");
+    let j = server.job("default", job).expect("job registered");
     let mut p = Plan {
         eval_id: "hand-made".into(),
         job_name: job.into(),

@@ -360,7 +360,7 @@ fn by_name<'a>(members: &'a [Member], name: &str) -> &'a Member {
 
 fn alloc_ids(server: &Server, job: &str) -> Vec<String> {
     let mut ids: Vec<String> = server
-        .job_allocations(job)
+        .job_allocations("default", job)
         .into_iter()
         .map(|a| a.id)
         .collect();
@@ -542,7 +542,7 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     let err = f2.node_client().await.heartbeat(hop).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert!(
-        l.server.job("hop").is_none(),
+        l.server.job("default", "hop").is_none(),
         "the refused write was not made"
     );
 
@@ -588,7 +588,7 @@ async fn three_servers_one_leader_followers_forward_and_a_failover_keeps_every_p
     assert_eq!(alloc_ids(&nl.server, "web"), placed, "placements unchanged");
     assert!(
         nl.server
-            .job_allocations("web")
+            .job_allocations("default", "web")
             .iter()
             .all(|a| a.client_status != ClientStatus::Lost),
         "nothing lost"
@@ -697,11 +697,11 @@ async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_ref
     assert_eq!(one_leader(&members, Duration::from_secs(5)).await, "other");
     let [old, other] = members;
     assert!(
-        other.server.job("stale").is_none(),
+        other.server.job("default", "stale").is_none(),
         "the refused job was not committed"
     );
     assert!(
-        old.server.job("stale").is_none(),
+        old.server.job("default", "stale").is_none(),
         "nor applied by the old leader"
     );
     assert_eq!(
@@ -719,9 +719,9 @@ async fn a_leader_whose_lease_is_revoked_behind_its_back_has_its_next_commit_ref
             .await
             .unwrap();
         eval_complete(&other.server, &r.eval_id).await;
-        assert!(other.server.job(&name).is_some());
+        assert!(other.server.job("default", &name).is_some());
         until(Duration::from_secs(10), "the old leader follows", || {
-            old.server.job(&name).is_some()
+            old.server.job("default", &name).is_some()
         })
         .await;
     }
@@ -744,6 +744,7 @@ async fn over_tls_a_follower_forwards_writes_to_the_leader_with_its_own_certific
     let api = Client::new(
         &format!("https://{}", follower.http),
         ClientOptions {
+            namespace: Default::default(),
             token: Some(TOKEN.into()),
             ca_file: Some(tls.ca.clone()),
             client_cert: Some((tls.cert.clone(), tls.key.clone())),
@@ -755,7 +756,7 @@ async fn over_tls_a_follower_forwards_writes_to_the_leader_with_its_own_certific
         .await
         .expect("a write through the follower, over TLS");
     until(Duration::from_secs(10), "the leader has the job", || {
-        l.server.job("secure").is_some()
+        l.server.job("default", "secure").is_some()
     })
     .await;
     eval_complete(&l.server, &r.eval_id).await;
@@ -843,13 +844,13 @@ async fn without_etcd_reads_answer_from_the_last_state_writes_fail_clearly_and_i
     assert_eq!(s.server.node("n1").unwrap().status, NodeStatus::Ready);
     assert!(
         s.server
-            .job_allocations("before")
+            .job_allocations("default", "before")
             .iter()
             .all(|a| a.client_status != ClientStatus::Lost),
         "nothing lost"
     );
     heartbeats.abort();
-    assert!(s.server.job("during").is_none());
+    assert!(s.server.job("default", "during").is_none());
     s.shutdown().await;
 }
 
@@ -875,7 +876,7 @@ async fn a_commit_split_into_parts_reaches_a_follower_whole() {
         let (server, seen, stop) = (f.server.clone(), seen.clone(), f.stop.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                let n = server.job_allocations("big").len();
+                let n = server.job_allocations("default", "big").len();
                 seen.lock().unwrap().insert(n);
                 if n == 300 {
                     return;
@@ -1002,7 +1003,7 @@ async fn a_follower_told_the_leader_is_at_its_own_address_does_not_forward_to_it
         "{:?}",
         started.elapsed()
     );
-    assert!(leader.server.job("looped").is_none());
+    assert!(leader.server.job("default", "looped").is_none());
     // Node heartbeats through it are not stuck behind a loop either: it answers.
     let status = follower.api().servers_status().await.unwrap();
     assert_eq!(status.value.this, "misled");
@@ -1083,7 +1084,7 @@ async fn with_acls_a_follower_forwards_the_callers_token_and_the_leader_checks_i
             .unwrap_err();
         assert_eq!(e.status(), Some(hyper::StatusCode::FORBIDDEN), "{e}");
     }
-    assert!(l.server.job("nope").is_none());
+    assert!(l.server.job("default", "nope").is_none());
     // The bootstrap through the follower; its management token writes through it.
     let boot = at_follower(None).acl_bootstrap().await.expect("bootstrap");
     let mgmt = at_follower(Some(&boot.secret_id));
@@ -1091,7 +1092,7 @@ async fn with_acls_a_follower_forwards_the_callers_token_and_the_leader_checks_i
         .await
         .expect("a management write through the follower");
     until(Duration::from_secs(10), "the leader has the job", || {
-        l.server.job("yes").is_some()
+        l.server.job("default", "yes").is_some()
     })
     .await;
     // The follower knows the token too (it follows the leader's commits).

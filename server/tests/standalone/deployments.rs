@@ -63,7 +63,7 @@ fn strategy() -> UpdateStrategy {
 fn live(s: &Running) -> Vec<Allocation> {
     let mut v: Vec<Allocation> = s
         .server
-        .job_allocations("web")
+        .job_allocations("default", "web")
         .into_iter()
         .filter(|a| !a.is_terminal())
         .collect();
@@ -89,7 +89,7 @@ async fn report(s: &Running, ids: &[String], healthy: Option<bool>) {
 
 fn newest(s: &Running) -> Deployment {
     s.server
-        .job_deployments("web")
+        .job_deployments("default", "web")
         .unwrap()
         .into_iter()
         .next()
@@ -115,7 +115,7 @@ async fn wait_deployment(
 ) -> Deployment {
     until(what, || {
         s.server
-            .job_deployments("web")
+            .job_deployments("default", "web")
             .and_then(|v| v.into_iter().next())
             .filter(|d| cond(d))
     })
@@ -153,7 +153,7 @@ async fn an_unhealthy_version_fails_its_deployment_and_auto_revert_restores_the_
     })
     .await;
     assert_eq!(d0.groups["app"].healthy_allocs, 2);
-    assert!(s.server.job("web").unwrap().stable);
+    assert!(s.server.job("default", "web").unwrap().stable);
 
     // v1: one copy replaced (max_parallel 1), which turns unhealthy.
     s.server
@@ -185,7 +185,7 @@ async fn an_unhealthy_version_fails_its_deployment_and_auto_revert_restores_the_
     report(&s, &new, Some(false)).await;
     let failed = until("v1's deployment failed", || {
         s.server
-            .job_deployments("web")
+            .job_deployments("default", "web")
             .unwrap()
             .into_iter()
             .find(|d| d.job_version == 1 && d.status == DeploymentStatus::Failed)
@@ -196,7 +196,7 @@ async fn an_unhealthy_version_fails_its_deployment_and_auto_revert_restores_the_
         "Failed due to unhealthy allocations - rolling back to job version 0"
     );
     assert_eq!(failed.groups["app"].unhealthy_allocs, 1);
-    let job = s.server.job("web").unwrap();
+    let job = s.server.job("default", "web").unwrap();
     assert_eq!(job.version, 2);
     assert_eq!(job.spec.groups[0].tasks[0].env["WEB_VERSION"], "0");
     // v2 (= v0's spec) replaces the failed copy; v0's copy that was never replaced
@@ -218,7 +218,7 @@ async fn an_unhealthy_version_fails_its_deployment_and_auto_revert_restores_the_
         d.job_version == 2 && d.status == DeploymentStatus::Successful
     })
     .await;
-    let versions = s.server.job_versions("web").unwrap();
+    let versions = s.server.job_versions("default", "web").unwrap();
     let stable: Vec<(u64, bool)> = versions.iter().map(|j| (j.version, j.stable)).collect();
     assert_eq!(stable, [(2, true), (1, false), (0, true)]);
     s.stop().await;
@@ -323,7 +323,7 @@ async fn canaries_wait_for_a_promotion_refused_until_they_are_healthy() {
         1,
         "a failed deployment replaces nothing more"
     );
-    assert_eq!(s.server.job("web").unwrap().version, 3 - 1);
+    assert_eq!(s.server.job("default", "web").unwrap().version, 3 - 1);
     assert!(s.server.fail_deployment(&d.id).await.is_err());
     s.stop().await;
 }
@@ -367,7 +367,7 @@ async fn a_copy_that_fails_without_a_verdict_fails_the_deployment_and_stops_the_
         .unwrap();
     let d = until("v1's deployment failed", || {
         s.server
-            .job_deployments("web")
+            .job_deployments("default", "web")
             .unwrap()
             .into_iter()
             .find(|d| d.job_version == 1 && d.status == DeploymentStatus::Failed)
@@ -390,7 +390,7 @@ async fn a_copy_that_fails_without_a_verdict_fails_the_deployment_and_stops_the_
     );
     assert!(
         s.server
-            .job_allocations("web")
+            .job_allocations("default", "web")
             .iter()
             .filter(|a| a.job_version == 1)
             .count()

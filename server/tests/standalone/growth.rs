@@ -50,7 +50,7 @@ fn scheduling(dir: &std::path::Path) -> drover_server::ServerConfig {
 
 fn live(s: &Running, job: &str) -> Vec<Allocation> {
     s.server
-        .job_allocations(job)
+        .job_allocations("default", job)
         .into_iter()
         .filter(|a| !a.is_terminal())
         .collect()
@@ -71,11 +71,14 @@ async fn fail(s: &Running, node: &str, id: &str) -> Evaluation {
         .unwrap();
     let failed_at = s.server.allocation(id).unwrap().modify_index;
     let eval = || {
-        s.server.job_evaluations("flaky").into_iter().find(|e| {
-            e.triggered_by == EvalTrigger::AllocFailure
-                && e.create_index == failed_at
-                && e.wait_until.is_none()
-        })
+        s.server
+            .job_evaluations("default", "flaky")
+            .into_iter()
+            .find(|e| {
+                e.triggered_by == EvalTrigger::AllocFailure
+                    && e.create_index == failed_at
+                    && e.wait_until.is_none()
+            })
     };
     until(LIMIT, "the alloc-failure evaluation done", || {
         eval().is_some_and(|e| e.status == EvalStatus::Complete)
@@ -91,7 +94,7 @@ fn nanos(d: Duration) -> i64 {
 /// The delayed follow-up evaluation of `after`.
 fn follow_up(s: &Running, after: &Evaluation) -> Option<Evaluation> {
     s.server
-        .job_evaluations("flaky")
+        .job_evaluations("default", "flaky")
         .into_iter()
         .find(|e| e.previous_eval.as_deref() == Some(after.id.as_str()) && e.wait_until.is_some())
 }
@@ -222,7 +225,7 @@ async fn place(s: &Running, job: &str, n: u32) -> Vec<String> {
         .await
         .unwrap();
     assert_eq!(r.placed, n as usize);
-    let mut allocs = s.server.job_allocations(job);
+    let mut allocs = s.server.job_allocations("default", job);
     allocs.sort_by_key(|a| a.index);
     allocs.into_iter().map(|a| a.id).collect()
 }
@@ -315,7 +318,7 @@ async fn terminal_allocations_beyond_twice_the_count_are_deleted() {
         .await
         .unwrap();
     until(LIMIT, "the job's terminal allocations capped", || {
-        s.server.job_allocations("web").len() == 11
+        s.server.job_allocations("default", "web").len() == 11
     })
     .await;
     assert!(
@@ -346,7 +349,7 @@ async fn a_purged_jobs_allocations_are_deleted_once_terminal() {
         )
         .await
         .unwrap();
-    s.server.stop_job("gone", true).await.unwrap();
+    s.server.stop_job("default", "gone", true).await.unwrap();
     assert!(
         s.server.allocation(&ids[0]).is_none(),
         "deleted with the purge"

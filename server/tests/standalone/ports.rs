@@ -28,7 +28,7 @@ fn with_static(mut j: JobSpec, port: u32) -> JobSpec {
 
 fn live(s: &Running, job: &str) -> Vec<Allocation> {
     s.server
-        .job_allocations(job)
+        .job_allocations("default", job)
         .into_iter()
         .filter(|a| !a.is_terminal())
         .collect()
@@ -86,7 +86,7 @@ async fn a_static_port_inside_a_dynamic_range_is_refused_at_registration_naming_
         m.starts_with("group[0].network.port[0].static: 20500"),
         "{m}"
     );
-    assert!(s.server.job("web").is_none());
+    assert!(s.server.job("default", "web").is_none());
 
     // A node whose range is elsewhere: the port is fine there (n1 still counts, so a
     // job that only n2 can run is the one accepted).
@@ -131,7 +131,7 @@ async fn a_static_port_job_of_three_on_one_node_places_one_and_blocks_two_with_t
         .unwrap();
     let blocked = || {
         s.server
-            .job_evaluations("web")
+            .job_evaluations("default", "web")
             .into_iter()
             .find(|e| e.status == EvalStatus::Blocked)
     };

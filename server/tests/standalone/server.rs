@@ -33,7 +33,7 @@ async fn state_and_pending_evaluations_survive_a_restart() {
     let r = s.server.apply_plan(p).await.unwrap();
     assert_eq!(r.placed, 2);
     let index = s.server.index();
-    let allocs = s.server.job_allocations("web");
+    let allocs = s.server.job_allocations("default", "web");
     s.stop().await;
 
     let s = start(cfg.clone()).await;
@@ -41,11 +41,11 @@ async fn state_and_pending_evaluations_survive_a_restart() {
     let n = s.server.node("n1").expect("node kept");
     assert_eq!(n.status, NodeStatus::Ready);
     assert_eq!(
-        s.server.job_allocations("web"),
+        s.server.job_allocations("default", "web"),
         allocs,
         "allocations identical"
     );
-    let j = s.server.job("web").unwrap();
+    let j = s.server.job("default", "web").unwrap();
     assert_eq!((j.version, j.status), (0, JobStatus::Running));
     let e = s.server.evaluation(&reg.eval_id).expect("evaluation kept");
     assert_eq!(e.status, EvalStatus::Pending);
@@ -241,7 +241,7 @@ async fn a_silent_node_is_down_after_ttl_plus_grace_and_its_allocations_lost() {
     assert_eq!(lost.len(), 1);
     assert_eq!(lost[0].client_status, ClientStatus::Lost);
     assert_eq!(lost[0].desired_status, DesiredStatus::Stop);
-    let evals = s.server.job_evaluations("web");
+    let evals = s.server.job_evaluations("default", "web");
     assert!(
         evals.iter().any(
             |e| e.triggered_by == EvalTrigger::NodeUpdate && e.node_id.as_deref() == Some("n1")
@@ -473,7 +473,7 @@ async fn client_updates_are_checked_and_drive_evaluations_and_capacity() {
         .update_allocations("n1", vec![upd(&ids[0], ClientStatus::Failed)])
         .await
         .unwrap();
-    let evals = s.server.job_evaluations("a");
+    let evals = s.server.job_evaluations("default", "a");
     assert_eq!(evals[0].triggered_by, EvalTrigger::AllocFailure);
     let r = s
         .server
@@ -504,7 +504,7 @@ async fn job_versions_stop_and_purge() {
     let r0 = s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
     let r1 = s.server.register_job(job("a", 1, 100, 100)).await.unwrap();
     assert_eq!(
-        s.server.job("a").unwrap().version,
+        s.server.job("default", "a").unwrap().version,
         0,
         "unchanged spec: same version"
     );
@@ -516,7 +516,7 @@ async fn job_versions_stop_and_purge() {
         "no node yet"
     );
     let r2 = s.server.register_job(job("a", 3, 100, 100)).await.unwrap();
-    let j = s.server.job("a").unwrap();
+    let j = s.server.job("default", "a").unwrap();
     assert_eq!(j.version, 1);
     assert_eq!(j.job_modify_index, r2.index);
     assert_eq!(j.status, JobStatus::Pending);
@@ -543,9 +543,12 @@ async fn job_versions_stop_and_purge() {
         ))
         .await
         .unwrap();
-    assert_eq!(s.server.job("a").unwrap().status, JobStatus::Running);
-    let stop = s.server.stop_job("a", false).await.unwrap();
-    let j = s.server.job("a").unwrap();
+    assert_eq!(
+        s.server.job("default", "a").unwrap().status,
+        JobStatus::Running
+    );
+    let stop = s.server.stop_job("default", "a", false).await.unwrap();
+    let j = s.server.job("default", "a").unwrap();
     assert!(j.stop);
     let e = s.server.evaluation(&stop.eval_id).unwrap();
     assert_eq!(e.triggered_by, EvalTrigger::JobDeregister);
@@ -556,16 +559,16 @@ async fn job_versions_stop_and_purge() {
     };
     assert!(s.server.apply_plan(late).await.unwrap().stale_job);
 
-    s.server.stop_job("a", true).await.unwrap();
-    assert!(s.server.job("a").is_none(), "purged");
+    s.server.stop_job("default", "a", true).await.unwrap();
+    assert!(s.server.job("default", "a").is_none(), "purged");
     assert_eq!(
-        s.server.job_allocations("a").len(),
+        s.server.job_allocations("default", "a").len(),
         1,
         "allocations kept until terminal"
     );
     assert!(s.server.jobs().is_empty());
     assert!(matches!(
-        s.server.stop_job("a", false).await,
+        s.server.stop_job("default", "a", false).await,
         Err(drover_server::ServerError::NotFound(_))
     ));
     s.stop().await;
@@ -589,7 +592,7 @@ async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers
         .unwrap();
     let srv = s.server.clone();
     until(LONG, "a blocked evaluation with a memory reason", || {
-        srv.job_evaluations("big").iter().any(|e| {
+        srv.job_evaluations("default", "big").iter().any(|e| {
             e.status == EvalStatus::Blocked
                 && e.failed_tg_allocs
                     .get("app")
@@ -603,7 +606,7 @@ async fn with_scheduler_a_blocked_job_is_placed_when_a_big_enough_node_registers
         .unwrap();
     let srv = s.server.clone();
     until(LONG, "the job placed on the new node", || {
-        srv.job_allocations("big")
+        srv.job_allocations("default", "big")
             .iter()
             .any(|a| a.node_id == "large" && a.desired_status == DesiredStatus::Run)
     })
@@ -642,7 +645,7 @@ async fn with_scheduler_a_down_nodes_allocations_are_replaced_elsewhere() {
         .unwrap();
     let srv = s.server.clone();
     let running = move || {
-        srv.job_allocations("web")
+        srv.job_allocations("default", "web")
             .into_iter()
             .filter(|a| a.desired_status == DesiredStatus::Run)
             .collect::<Vec<_>>()
@@ -717,7 +720,7 @@ async fn drain_makes_drain_evaluations_and_a_client_from_the_future_gets_everyth
     let n = s.server.node("n1").unwrap();
     assert!(n.drain);
     assert_eq!(n.status, NodeStatus::Draining);
-    let e = &s.server.job_evaluations("a")[0];
+    let e = &s.server.job_evaluations("default", "a")[0];
     assert_eq!(e.triggered_by, EvalTrigger::NodeDrain);
     assert_eq!(e.node_id.as_deref(), Some("n1"));
     // Re-registering keeps the drain.
@@ -836,7 +839,7 @@ async fn plan_commits_nothing_and_node_names_are_unique_among_live_nodes() {
     assert_eq!(changed.job_version, 1);
     assert!(changed.groups.contains_key("app"));
     assert_eq!(s.server.index(), before, "a plan commits nothing");
-    assert_eq!(s.server.job("a").unwrap().version, 0);
+    assert_eq!(s.server.job("default", "a").unwrap().version, 0);
     assert!(matches!(
         s.server.plan_job(job("", 1, 1, 1)).await,
         Err(drover_server::ServerError::Invalid(_))
@@ -881,12 +884,12 @@ async fn with_scheduler_jobs_run_in_their_datacenters_and_clients_learn_meta_and
 
     let srv = s.server.clone();
     until(LONG, "web's 3 allocations placed", || {
-        srv.job_allocations("web").len() == 3
+        srv.job_allocations("default", "web").len() == 3
     })
     .await;
     assert!(
         s.server
-            .job_allocations("web")
+            .job_allocations("default", "web")
             .iter()
             .all(|a| a.node_id == "eu"),
         "only on the node in eu-west"
@@ -902,7 +905,7 @@ async fn with_scheduler_jobs_run_in_their_datacenters_and_clients_learn_meta_and
         assert_eq!(a.job_meta["owner"], "ops");
     }
     until(LONG, "lost blocked: no node in its datacenters", || {
-        srv.job_evaluations("lost").iter().any(|e| {
+        srv.job_evaluations("default", "lost").iter().any(|e| {
             e.status == EvalStatus::Blocked
                 && e.failed_tg_allocs
                     .get("app")
@@ -910,6 +913,6 @@ async fn with_scheduler_jobs_run_in_their_datacenters_and_clients_learn_meta_and
         })
     })
     .await;
-    assert!(s.server.job_allocations("lost").is_empty());
+    assert!(s.server.job_allocations("default", "lost").is_empty());
     s.stop().await;
 }

@@ -1370,6 +1370,7 @@ mod tests {
         ClientAllocation {
             update: Default::default(),
             alloc: Allocation {
+                namespace: "default".into(),
                 deployment_id: Default::default(),
                 deployment_status: Default::default(),
                 ports: assigned,

@@ -188,6 +188,7 @@ fn allocation(id: &str) -> ClientAllocation {
     ClientAllocation {
         update: Default::default(),
         alloc: Allocation {
+            namespace: "default".into(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),
             ports: Default::default(),

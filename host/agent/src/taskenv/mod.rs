@@ -35,9 +35,6 @@ use drover_server_api::{AllocatedPort, ClientAllocation, Task};
 
 pub use interpolate::Syntax;
 
-/// Nomad's namespace: Drover has one.
-pub const NAMESPACE: &str = "default";
-
 /// Prefixes of variables whose keys are cleaned (Nomad's `prefixesToClean`).
 const CLEANED_PREFIXES: [&str; 5] = [
     "NOMAD_ADDR_",
@@ -230,7 +227,7 @@ impl TaskEnv {
         put("NOMAD_JOB_ID", a.job_name.clone());
         put("NOMAD_JOB_NAME", a.job_name.clone());
         put("NOMAD_DC", node.datacenter.clone());
-        put("NOMAD_NAMESPACE", NAMESPACE.to_owned());
+        put("NOMAD_NAMESPACE", a.namespace.clone());
         put("NOMAD_REGION", alloc.region.clone());
         for (k, v) in port_variables(&a.ports) {
             env.insert(k, v);
@@ -375,6 +372,7 @@ mod tests {
         ClientAllocation {
             update: Default::default(),
             alloc: Allocation {
+                namespace: "default".into(),
                 deployment_id: Default::default(),
                 deployment_status: Default::default(),
                 ports: Default::default(),

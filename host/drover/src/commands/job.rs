@@ -137,6 +137,19 @@ pub fn read_job_file(job: &JobFileArgs) -> anyhow::Result<drover_server_api::Job
     Ok(loaded.spec)
 }
 
+/// A job file that names no namespace (it says `default`) goes to the client's
+/// (`-namespace`, `NOMAD_NAMESPACE`); one that names its own keeps it, as with
+/// `nomad job run`.
+fn in_namespace(c: &Client, mut spec: drover_server_api::JobSpec) -> drover_server_api::JobSpec {
+    if let Some(ns) = c.namespace()
+        && ns != "*"
+        && spec.namespace == drover_server_api::DEFAULT_NAMESPACE
+    {
+        spec.namespace = ns.to_owned();
+    }
+    spec
+}
+
 /// Run `job validate` or `job init`, which need no server: 0, or 1 after the error.
 pub fn local_job_command(cmd: JobCommand) -> ExitCode {
     let result = match cmd {
@@ -168,7 +181,9 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
             no_follow,
             json,
         } => {
-            let spec = read_job_file(&job)?;
+            let spec = in_namespace(c, read_job_file(&job)?);
+            // What follows (monitoring, the deployment) reads the job's namespace.
+            let c = &c.with_namespace(&spec.namespace);
             let registered = c.register_job(&spec).await.map_err(cluster_error)?;
             for w in &registered.warnings {
                 eprintln!("warning: {w}");
@@ -199,7 +214,7 @@ pub async fn job_command(c: &Client, cmd: JobCommand) -> anyhow::Result<ExitCode
             Ok(outcome.exit_code())
         }
         JobCommand::Plan { job, json } => {
-            let spec = read_job_file(&job)?;
+            let spec = in_namespace(c, read_job_file(&job)?);
             let plan = c.plan_job(&spec).await.map_err(cluster_error)?;
             if json {
                 print_json(&plan)?;

@@ -195,6 +195,9 @@ const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &[
     "out",
     "namespace",
     "full",
+    // `nomad namespace apply -description D -meta k=v`.
+    "description",
+    "meta",
 ];
 
 /// Nomad's single-dash flags of `nomad acl ...`.
@@ -220,12 +223,23 @@ pub fn nomad_style_args<I: IntoIterator<Item = OsString>>(args: I) -> Vec<OsStri
     let mut i = 1;
     while i < args.len() {
         match args[i].to_str() {
-            Some("--address") => i += 2,
+            Some("--address" | "--namespace") => i += 2,
             Some(a) if a.starts_with('-') => i += 1,
             other => {
                 command = other.map(|c| {
                     (
-                        matches!(c, "job" | "deployment" | "acl" | "var" | "operator"),
+                        matches!(
+                            c,
+                            "job"
+                                | "deployment"
+                                | "acl"
+                                | "var"
+                                | "operator"
+                                | "namespace"
+                                | "alloc"
+                                | "eval"
+                                | "service"
+                        ),
                         i,
                     )
                 });

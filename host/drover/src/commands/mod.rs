@@ -17,6 +17,7 @@ pub mod deployment;
 pub mod eval;
 pub mod job;
 pub mod jobspec;
+pub mod namespace;
 pub mod node;
 pub mod plugin;
 pub mod server;
@@ -101,6 +102,16 @@ pub fn cluster_setting(env: &impl Fn(&str) -> Option<String>, name: &str) -> Opt
 /// `DROVER_CACERT` (client certificate: `DROVER_CLIENT_CERT` + `DROVER_CLIENT_KEY`),
 /// each else Nomad's `NOMAD_*` variable of the same name.
 pub fn client(address: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Client> {
+    client_in(address, None, env)
+}
+
+/// [`client`] whose requests name namespace `namespace` (`-namespace`), else
+/// `DROVER_NAMESPACE`, else `NOMAD_NAMESPACE` (none: the server's `default`).
+pub fn client_in(
+    address: &str,
+    namespace: Option<String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<Client> {
     let token = cluster_setting(&env, "TOKEN");
     let client_cert = match (
         cluster_setting(&env, "CLIENT_CERT"),
@@ -114,6 +125,9 @@ pub fn client(address: &str, env: impl Fn(&str) -> Option<String>) -> anyhow::Re
         token,
         ca_file: cluster_setting(&env, "CACERT").map(PathBuf::from),
         client_cert,
+        namespace: namespace
+            .filter(|n| !n.trim().is_empty())
+            .or_else(|| cluster_setting(&env, "NAMESPACE")),
     };
     Ok(Client::new(address, options)?)
 }
@@ -159,7 +173,10 @@ where
 /// Run a cluster command with a client for `--address`/`DROVER_ADDR` (else
 /// `NOMAD_ADDR`) and the `DROVER_TOKEN`/`DROVER_CACERT` (else `NOMAD_TOKEN`/
 /// `NOMAD_CACERT`) of the environment.
-pub fn cluster_main<F, Fut>(address: Option<String>, f: F) -> ExitCode
+pub fn cluster_main<F, Fut>(
+    (address, namespace): (Option<String>, Option<String>),
+    f: F,
+) -> ExitCode
 where
     F: FnOnce(drover_server_api::client::Client) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
@@ -169,7 +186,7 @@ where
         // `--address` or DROVER_ADDR (clap reads it), else Nomad's NOMAD_ADDR.
         let address = address.or_else(|| cluster_setting(&env, "ADDR"));
         let address = cluster_address(address.as_deref())?;
-        let client = client(&address, env)?;
+        let client = client_in(&address, namespace, env)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

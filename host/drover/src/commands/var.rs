@@ -28,9 +28,6 @@ pub enum VarCommand {
         /// `table` (default) or `json` (Nomad's `Variable`).
         #[arg(long, value_parser = ["table", "json"], default_value = "table")]
         out: String,
-        /// The namespace (default `default`).
-        #[arg(long, env = "NOMAD_NAMESPACE")]
-        namespace: Option<String>,
     },
     /// Write a variable: `drover var put PATH key=value ...` (`key=@file` reads the
     /// value from a file, `key=-` from stdin). Replaces every item.
@@ -47,9 +44,6 @@ pub enum VarCommand {
         /// `none` (default: a line saying it was written), `table` or `json`.
         #[arg(long, value_parser = ["none", "table", "json"], default_value = "none")]
         out: String,
-        /// The namespace (default `default`).
-        #[arg(long, env = "NOMAD_NAMESPACE")]
-        namespace: Option<String>,
     },
     /// List the variables under a prefix (their paths, not their items).
     List {
@@ -59,9 +53,6 @@ pub enum VarCommand {
         /// `table` (default) or `json` (Nomad's `VariableMetadata` list).
         #[arg(long, value_parser = ["table", "json"], default_value = "table")]
         out: String,
-        /// The namespace (default `default`; `*` for all).
-        #[arg(long, env = "NOMAD_NAMESPACE")]
-        namespace: Option<String>,
     },
     /// Delete a variable.
     Purge {
@@ -70,9 +61,6 @@ pub enum VarCommand {
         /// Delete only if the variable's modify index is this.
         #[arg(long, value_name = "N")]
         check_index: Option<u64>,
-        /// The namespace (default `default`).
-        #[arg(long, env = "NOMAD_NAMESPACE")]
-        namespace: Option<String>,
     },
 }
 
@@ -203,17 +191,8 @@ fn cas_conflict(check: Option<u64>, current: &Variable) -> ExitCode {
 /// Run a `var` subcommand.
 pub async fn var_command(c: &Client, cmd: VarCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        VarCommand::Get {
-            path,
-            item,
-            out,
-            namespace,
-        } => {
-            let Some(v) = c
-                .variable(&path, namespace.as_deref())
-                .await
-                .map_err(cluster_error)?
-            else {
+        VarCommand::Get { path, item, out } => {
+            let Some(v) = c.variable(&path, None).await.map_err(cluster_error)? else {
                 eprintln!("Variable not found");
                 return Ok(ExitCode::FAILURE);
             };
@@ -240,11 +219,10 @@ pub async fn var_command(c: &Client, cmd: VarCommand) -> anyhow::Result<ExitCode
             items,
             check_index,
             out,
-            namespace,
         } => {
             let items = parse_items(&items)?;
             match c
-                .put_variable(&path, namespace.as_deref(), items, check_index)
+                .put_variable(&path, None, items, check_index)
                 .await
                 .map_err(cluster_error)?
             {
@@ -258,15 +236,8 @@ pub async fn var_command(c: &Client, cmd: VarCommand) -> anyhow::Result<ExitCode
                 },
             }
         }
-        VarCommand::List {
-            prefix,
-            out,
-            namespace,
-        } => {
-            let list = c
-                .variables(&prefix, namespace.as_deref())
-                .await
-                .map_err(cluster_error)?;
+        VarCommand::List { prefix, out } => {
+            let list = c.variables(&prefix, None).await.map_err(cluster_error)?;
             if out == "json" {
                 return print_json(&list).map(|()| ExitCode::SUCCESS);
             }
@@ -291,13 +262,9 @@ pub async fn var_command(c: &Client, cmd: VarCommand) -> anyhow::Result<ExitCode
                 );
             }
         }
-        VarCommand::Purge {
-            path,
-            check_index,
-            namespace,
-        } => {
+        VarCommand::Purge { path, check_index } => {
             match c
-                .delete_variable(&path, namespace.as_deref(), check_index)
+                .delete_variable(&path, None, check_index)
                 .await
                 .map_err(cluster_error)?
             {

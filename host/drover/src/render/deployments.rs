@@ -194,6 +194,7 @@ pub(crate) mod tests {
         groups: &[(&str, DeploymentGroup)],
     ) -> Deployment {
         Deployment {
+            namespace: "default".into(),
             id: "0b23b149-7b2c-4c3c-8f3e-0123456789ab".to_owned(),
             job_name: "web".to_owned(),
             job_version: 1,

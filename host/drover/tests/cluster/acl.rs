@@ -226,8 +226,8 @@ fn acls_refuse_anonymous_callers_and_grant_what_policies_say() {
     reader_api.get_ok("/v1/job/web");
     reader_api.get_ok("/v1/job/web/allocations");
     // A token of another team's namespace reaches nothing of `default`'s through the
-    // namespace it names: not by `*`, not by naming its own on a default job's path
-    // (jobs all live in `default` until namespaces exist: another one is not found).
+    // namespace it names: `*` lists only its own namespace's, and naming its own on a
+    // default job's path finds no such job there.
     let team = root.path().join("team.hcl");
     std::fs::write(&team, "namespace \"team-a\" {\n  policy = \"write\"\n}\n").unwrap();
     let out = cli(
@@ -249,15 +249,24 @@ fn acls_refuse_anonymous_callers_and_grant_what_policies_say() {
     );
     let team_api = NomadApi::new(port).with_token(team_token["SecretID"].as_str().unwrap());
     for (method, path, want) in [
-        (http::Method::GET, "/v1/jobs?namespace=*", 403),
+        (http::Method::GET, "/v1/jobs?namespace=*", 200),
         (http::Method::GET, "/v1/jobs", 403),
         (http::Method::GET, "/v1/job/web?namespace=team-a", 404),
         (http::Method::DELETE, "/v1/job/web?namespace=team-a", 404),
-        (http::Method::GET, "/v1/allocations?namespace=*", 403),
-        (http::Method::GET, "/v1/event/stream?namespace=*", 403),
+        (http::Method::GET, "/v1/job/web", 403),
+        (http::Method::GET, "/v1/allocations?namespace=*", 200),
+        (http::Method::GET, "/v1/evaluations?namespace=*", 200),
+        (http::Method::GET, "/v1/event/stream", 403),
     ] {
         let (status, body) = team_api.call(method.clone(), path, None).unwrap();
         assert_eq!(status, want, "{method} {path}: {body}");
+        if status == 200 {
+            assert_eq!(
+                body.trim(),
+                "[]",
+                "{method} {path} showed default's objects"
+            );
+        }
     }
     mgmt.get_ok("/v1/job/web");
 
@@ -425,6 +434,12 @@ m.acl.create_policy("reader", {"Name": "reader", "Rules": 'namespace "default" {
 t = m.acl.create_token({"Name": "py", "Type": "client", "Policies": ["reader"]})
 secret = t["SecretID"]
 m.job.register_job("pyweb", {"Job": {"ID": "pyweb", "Datacenters": ["dc1"], "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["300"]}}]}]}})
+m.namespace.create_namespace({"Name": "team-a", "Description": "team a"})
+assert m.namespace.get_namespace("team-a")["Description"] == "team a"
+ma = nomad.Nomad(host="127.0.0.1", port=port, token=mgmt, namespace="team-a", timeout=10)
+ma.job.register_job("pya", {"Job": {"ID": "pya", "Datacenters": ["dc1"], "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["300"]}}]}]}})
+assert [(j["Namespace"], j["ID"]) for j in ma.jobs.get_jobs()] == [("team-a", "pya")], ma.jobs.get_jobs()
+assert ma.job.get_job("pya")["Namespace"] == "team-a"
 r = nomad.Nomad(host="127.0.0.1", port=port, token=secret, timeout=10)
 assert [j["ID"] for j in r.jobs.get_jobs()] == ["pyweb"], r.jobs.get_jobs()
 assert r.acl.get_self_token()["Name"] == "py"
@@ -440,6 +455,7 @@ try:
 except nomad.api.exceptions.URLNotAuthorizedNomadException:
     print("anonymous refused")
 m.job.deregister_job("pyweb", purge=True)
+ma.job.deregister_job("pya", purge=True)
 print("ok")
 "#;
     let out = Command::new(&python)
@@ -612,4 +628,297 @@ fn a_jobs_variable_reaches_its_task_through_a_template_and_a_change_restarts_it(
         json!([]),
         "another job's identity lists web's variable"
     );
+}
+
+/// A job of namespace `ns` in Nomad's JSON (its task prints its namespace, then sleeps).
+fn job_in(ns: &str, id: &str) -> Value {
+    let mut j = job(id);
+    j["Job"]["Namespace"] = json!(ns);
+    j["Job"]["TaskGroups"][0]["Tasks"][0]["Config"]["args"] =
+        json!(["-c", "echo \"ns=$NOMAD_NAMESPACE\"; exec sleep 300"]);
+    j
+}
+
+/// The allocations of job `id` in namespace `ns`, once there is one (as `api` sees them).
+fn allocs_of(api: &NomadApi, ns: &str, id: &str) -> Vec<Value> {
+    let path = format!("/v1/job/{id}/allocations?namespace={ns}");
+    let mut found = Vec::new();
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        &format!("an allocation of job {id} in namespace {ns}"),
+        || {
+            found = api
+                .get_json(&path)
+                .and_then(|v| v.as_array().cloned())
+                .unwrap_or_default();
+            !found.is_empty()
+        },
+    );
+    found
+}
+
+/// Namespaces (issue 26, acceptance 1): two teams' jobs of the same name live apart; a
+/// token with `read` on namespace `a` lists and reads `a`'s and nothing of `b`'s, and
+/// cannot submit; namespaces are made and deleted with `drover namespace`, and one that
+/// holds a job is not deleted.
+#[test]
+fn namespaces_keep_two_teams_apart() {
+    let root = tempfile::tempdir().unwrap();
+    let (agent, port, _) = acl_dev_agent(root.path());
+    let mgmt_secret = bootstrap(port, &agent);
+    let mgmt = NomadApi::new(port).with_token(&mgmt_secret);
+    let m = |args: &[&str]| cli(port, Some(&mgmt_secret), args);
+
+    // A job in a namespace that does not exist is refused, naming it.
+    let (status, body) = mgmt
+        .call(http::Method::PUT, "/v1/jobs", Some(&job_in("a", "web")))
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains(r#"nonexistent namespace "a""#), "{body}");
+
+    for (ns, what) in [("a", "team a"), ("b", "team b"), ("c", "empty")] {
+        let out = m(&["namespace", "apply", "-description", what, ns]);
+        assert!(
+            out.status.success(),
+            "namespace apply {ns}: {}",
+            stderr(&out)
+        );
+    }
+    let list = ok_json(&m(&["namespace", "list", "-json"]), "namespace list");
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["Name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "b", "c", "default"], "{list}");
+    let a_info = ok_json(
+        &m(&["namespace", "status", "a", "-json"]),
+        "namespace status",
+    );
+    assert_eq!(a_info["Description"], "team a");
+    let out = m(&["namespace", "apply", "a/b"]);
+    assert!(!out.status.success(), "a namespace named a/b was made");
+
+    // The same job name in both: `a`'s through the CLI's -namespace with an HCL file
+    // that names none, `b`'s by the Namespace in the job's JSON with no query at all.
+    let hcl = root.path().join("web.nomad.hcl");
+    std::fs::write(
+        &hcl,
+        r#"job "web" {
+  datacenters = ["dc1"]
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "exec sleep 300"]
+      }
+      resources {
+        cpu    = 50
+        memory = 32
+      }
+    }
+  }
+}
+"#,
+    )
+    .unwrap();
+    let out = m(&[
+        "job",
+        "run",
+        "-detach",
+        "-namespace",
+        "a",
+        hcl.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "job run -namespace a: {}",
+        stderr(&out)
+    );
+    let (status, body) = mgmt
+        .call(http::Method::PUT, "/v1/jobs", Some(&job_in("b", "web")))
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let a_job = mgmt.get_ok("/v1/job/web?namespace=a");
+    let b_job = mgmt.get_ok("/v1/job/web?namespace=b");
+    assert_eq!(
+        (&a_job["Namespace"], &b_job["Namespace"]),
+        (&json!("a"), &json!("b"))
+    );
+    assert_ne!(
+        a_job["TaskGroups"], b_job["TaskGroups"],
+        "two jobs, not one"
+    );
+    let (status, _) = mgmt.call(http::Method::GET, "/v1/job/web", None).unwrap();
+    assert_eq!(status, 404, "no web in default");
+    let a_alloc = allocs_of(&mgmt, "a", "web")[0]["ID"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b_alloc = allocs_of(&mgmt, "b", "web")[0]["ID"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(a_alloc, b_alloc);
+    let all = mgmt.get_ok("/v1/jobs?namespace=*");
+    let ids: Vec<(String, String)> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["Namespace"].as_str().unwrap().into(),
+                j["ID"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [("a".into(), "web".into()), ("b".into(), "web".into())]
+    );
+    // The task runs with its namespace in NOMAD_NAMESPACE.
+    let b_alloc_full = mgmt.get_ok(&format!("/v1/allocation/{b_alloc}"));
+    assert_eq!(b_alloc_full["Namespace"], "b");
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "b's task printing its namespace",
+        || {
+            mgmt.call(
+                http::Method::GET,
+                &format!("/v1/client/fs/logs/{b_alloc}?task=t&type=stdout&plain=true&origin=start"),
+                None,
+            )
+            .is_some_and(|(s, body)| s == 200 && body.contains("ns=b"))
+        },
+    );
+
+    // A reader of `a`.
+    let rules = root.path().join("a-read.hcl");
+    std::fs::write(&rules, "namespace \"a\" {\n  policy = \"read\"\n}\n").unwrap();
+    let out = m(&["acl", "policy", "apply", "a-read", rules.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let token = ok_json(
+        &m(&[
+            "acl", "token", "create", "-name", "ra", "-policy", "a-read", "-json",
+        ]),
+        "acl token create",
+    );
+    let reader_secret = token["SecretID"].as_str().unwrap().to_owned();
+    let reader = NomadApi::new(port).with_token(&reader_secret);
+    let a_jobs = reader.get_ok("/v1/jobs?namespace=a");
+    assert_eq!(a_jobs.as_array().map(Vec::len), Some(1), "{a_jobs}");
+    assert_eq!(a_jobs[0]["Namespace"], "a");
+    let star = reader.get_ok("/v1/jobs?namespace=*");
+    assert_eq!(star, a_jobs, "`*` lists only the namespaces it may read");
+    reader.get_ok("/v1/job/web?namespace=a");
+    reader.get_ok(&format!("/v1/allocation/{a_alloc}"));
+    let evals = reader.get_ok("/v1/evaluations?namespace=*");
+    assert!(
+        evals
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["Namespace"] == "a"),
+        "{evals}"
+    );
+    for (method, path, body) in [
+        (http::Method::GET, "/v1/jobs?namespace=b".to_owned(), None),
+        (
+            http::Method::GET,
+            "/v1/job/web?namespace=b".to_owned(),
+            None,
+        ),
+        (http::Method::GET, "/v1/jobs".to_owned(), None),
+        (http::Method::GET, format!("/v1/allocation/{b_alloc}"), None),
+        (
+            http::Method::GET,
+            format!("/v1/client/fs/logs/{b_alloc}?task=t&type=stdout"),
+            None,
+        ),
+        (
+            http::Method::PUT,
+            format!("/v1/allocation/{b_alloc}/stop"),
+            None,
+        ),
+        (
+            http::Method::DELETE,
+            "/v1/job/web?namespace=b".to_owned(),
+            None,
+        ),
+        (
+            http::Method::PUT,
+            "/v1/jobs?namespace=a".to_owned(),
+            Some(job_in("a", "more")),
+        ),
+        // The job's own namespace counts when the query names none.
+        (
+            http::Method::PUT,
+            "/v1/jobs".to_owned(),
+            Some(job_in("a", "more")),
+        ),
+        (
+            http::Method::PUT,
+            "/v1/namespace/d".to_owned(),
+            Some(json!({})),
+        ),
+    ] {
+        let (status, text) = reader.call(method.clone(), &path, body.as_ref()).unwrap();
+        assert_eq!(status, 403, "{method} {path}: {text}");
+    }
+    let seen = ok_json(
+        &cli(port, Some(&reader_secret), &["namespace", "list", "-json"]),
+        "namespace list as a reader",
+    );
+    assert_eq!(seen.as_array().map(Vec::len), Some(1), "{seen}");
+    assert_eq!(seen[0]["Name"], "a");
+    // The CLI reads the namespace from NOMAD_NAMESPACE too.
+    let status_out = Command::new(common::drover())
+        .args(["job", "status", "web", "--json"])
+        .env("DROVER_ADDR", format!("http://127.0.0.1:{port}"))
+        .env("DROVER_TOKEN", &reader_secret)
+        .env("NOMAD_NAMESPACE", "a")
+        .env_remove("DROVER_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(status_out.status.success(), "{}", stderr(&status_out));
+    let out = cli(
+        port,
+        Some(&reader_secret),
+        &["job", "status", "-namespace", "b", "web"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Variables live in a namespace that exists.
+    let out = m(&["var", "put", "-namespace", "a", "nomad/jobs/web", "k=v"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = m(&["var", "put", "-namespace", "nope", "nomad/jobs/web", "k=v"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+
+    // Deleting: `default` never, a namespace with a job or a variable not, an empty one.
+    for (ns, why) in [
+        ("default", "can not be deleted"),
+        ("b", "has jobs"),
+        ("a", "has jobs"),
+    ] {
+        let out = m(&["namespace", "delete", ns]);
+        assert!(!out.status.success(), "namespace {ns} deleted");
+        assert!(stderr(&out).contains(why), "{ns}: {}", stderr(&out));
+    }
+    let out = m(&["namespace", "delete", "c"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (status, _) = mgmt
+        .call(http::Method::GET, "/v1/namespace/c", None)
+        .unwrap();
+    assert_eq!(status, 404);
+    mgmt.get_ok("/v1/job/web?namespace=b");
 }

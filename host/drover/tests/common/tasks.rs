@@ -100,6 +100,7 @@ pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation 
     ClientAllocation {
         update: Default::default(),
         alloc: Allocation {
+            namespace: "default".into(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),
             ports: Default::default(),

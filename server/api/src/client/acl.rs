@@ -8,7 +8,7 @@ use crate::nomad::{AclPolicy, AclPolicyListStub, AclToken, AclTokenListStub};
 
 impl Client {
     /// A write whose answer has no body: its index.
-    async fn write_no_answer(
+    pub(super) async fn write_no_answer(
         &self,
         method: Method,
         segments: &[&str],

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    DEFAULT_NAMESPACE, GO_ZERO_TIME, Job, Resources, allocated_resources, allocation_network,
+    GO_ZERO_TIME, Job, Resources, allocated_resources, allocation_network, namespace_or_default,
     nanos_from_rfc3339, ports_of_allocated_resources,
 };
 use crate::types::{
@@ -725,7 +725,7 @@ impl From<&internal::Allocation> for Allocation {
     fn from(a: &internal::Allocation) -> Allocation {
         Allocation {
             id: a.id.clone(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
+            namespace: a.namespace.clone(),
             eval_id: a.eval_id.clone(),
             name: a.name.clone(),
             node_id: a.node_id.clone(),
@@ -813,6 +813,7 @@ impl Allocation {
             self.job_version
         };
         internal::Allocation {
+            namespace: namespace_or_default(&self.namespace),
             ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),
             name: self.name.clone(),
@@ -856,7 +857,7 @@ impl AllocationListStub {
             id: a.id.clone(),
             eval_id: a.eval_id.clone(),
             name: a.name.clone(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
+            namespace: a.namespace.clone(),
             node_id: a.node_id.clone(),
             node_name: a.node_name.clone(),
             job_id: a.job_name.clone(),
@@ -890,6 +891,7 @@ impl AllocationListStub {
     /// (zero, none); fetch the allocation for them.
     pub fn to_internal(&self) -> internal::Allocation {
         internal::Allocation {
+            namespace: namespace_or_default(&self.namespace),
             ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),
             name: self.name.clone(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{DEFAULT_NAMESPACE, duration, nanos_from_rfc3339, rfc3339_from_nanos};
+use super::{duration, nanos_from_rfc3339, rfc3339_from_nanos};
 use crate::types as internal;
 
 /// A deployment as Nomad's API serves it.
@@ -98,7 +98,7 @@ impl From<&internal::Deployment> for Deployment {
     fn from(d: &internal::Deployment) -> Deployment {
         Deployment {
             id: d.id.clone(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
+            namespace: d.namespace.clone(),
             job_id: d.job_name.clone(),
             job_version: d.job_version,
             job_modify_index: d.job_modify_index,
@@ -155,6 +155,7 @@ impl Deployment {
     /// times of creation are not in Nomad's shape: zero).
     pub fn to_internal(&self) -> internal::Deployment {
         internal::Deployment {
+            namespace: super::namespace_or_default(&self.namespace),
             id: self.id.clone(),
             job_name: self.job_id.clone(),
             job_version: self.job_version,

@@ -6,8 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    AllocationMetric, DEFAULT_NAMESPACE, GO_ZERO_TIME, job_type_from, nanos_from_rfc3339,
-    rfc3339_from_nanos,
+    AllocationMetric, GO_ZERO_TIME, job_type_from, nanos_from_rfc3339, rfc3339_from_nanos,
 };
 use crate::types::{self as internal, EvalStatus, EvalTrigger, PlacementFailure};
 
@@ -123,7 +122,7 @@ impl From<&internal::Evaluation> for Evaluation {
             priority: i64::from(e.priority),
             eval_type: e.job_type.as_str().to_owned(),
             triggered_by: word(&e.triggered_by),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
+            namespace: e.namespace.clone(),
             job_id: e.job_name.clone(),
             job_modify_index: e.job_modify_index,
             node_id: e.node_id.clone().unwrap_or_default(),
@@ -167,6 +166,7 @@ impl Evaluation {
     pub fn to_internal(&self) -> internal::Evaluation {
         let none_if_empty = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
         internal::Evaluation {
+            namespace: super::namespace_or_default(&self.namespace),
             id: self.id.clone(),
             job_name: self.job_id.clone(),
             job_type: job_type_from(&self.eval_type),

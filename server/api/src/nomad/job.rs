@@ -15,7 +15,7 @@ use super::network::{
     NetworkResource, Service, ServiceOwner, group_network, refuse_task_networks, services,
 };
 use super::{
-    ConversionError, DEFAULT_NAMESPACE, DEFAULT_REGION, is_nomad_default, join, refuse_unknown,
+    ConversionError, DEFAULT_REGION, is_nomad_default, join, namespace_or_default, refuse_unknown,
     refuse_unsupported,
 };
 use crate::types::{
@@ -739,6 +739,15 @@ pub struct JobRegisterRequest {
     /// Keep the running groups' counts.
     #[serde(rename = "PreserveCounts", alias = "preserve_counts", default)]
     pub preserve_counts: bool,
+    /// The write request's namespace (Nomad's `WriteRequest.Namespace`): used for a
+    /// job that names none when the query names none either.
+    #[serde(
+        rename = "Namespace",
+        alias = "namespace",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub namespace: Option<String>,
 }
 
 impl JobRegisterRequest {
@@ -1172,14 +1181,9 @@ impl Job {
                 "Name {n:?} differs from ID {id:?}: Drover names the job by its ID"
             ));
         }
-        match self.namespace.as_deref() {
-            None | Some("") | Some(DEFAULT_NAMESPACE) => {}
-            Some(other) => {
-                return Err(ConversionError::new(
-                    "Namespace",
-                    format!("namespace {other:?}: Drover has only the \"default\" namespace"),
-                ));
-            }
+        let namespace = namespace_or_default(self.namespace.as_deref().unwrap_or(""));
+        if let Err(why) = crate::namespaces::check_namespace_name(&namespace) {
+            return Err(ConversionError::new("Namespace", why));
         }
         let job_type = match self.job_type.as_deref() {
             None | Some("") | Some("service") => JobType::Service,
@@ -1220,6 +1224,7 @@ impl Job {
         }
         Ok(ParsedJob {
             spec: internal::JobSpec {
+                namespace,
                 name,
                 job_type,
                 priority,
@@ -1657,7 +1662,7 @@ impl From<&internal::JobSpec> for Job {
     fn from(spec: &internal::JobSpec) -> Job {
         Job {
             region: None,
-            namespace: Some(DEFAULT_NAMESPACE.to_owned()),
+            namespace: Some(spec.namespace.clone()),
             id: Some(spec.name.clone()),
             name: Some(spec.name.clone()),
             job_type: Some(spec.job_type.as_str().to_owned()),
@@ -1846,6 +1851,7 @@ impl From<&TaskGroupSummary> for internal::GroupSummary {
 impl JobSummary {
     /// The summary of `job` from its per-group counts.
     pub fn new(
+        namespace: &str,
         job_id: &str,
         summary: &BTreeMap<String, internal::GroupSummary>,
         create_index: u64,
@@ -1853,7 +1859,7 @@ impl JobSummary {
     ) -> JobSummary {
         JobSummary {
             job_id: job_id.to_owned(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
+            namespace: namespace.to_owned(),
             summary: summary
                 .iter()
                 .map(|(g, s)| (g.clone(), TaskGroupSummary::from(s)))
@@ -1876,7 +1882,7 @@ impl JobListStub {
             id: job.spec.name.clone(),
             parent_id: String::new(),
             name: job.spec.name.clone(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
+            namespace: job.spec.namespace.clone(),
             datacenters: job.spec.datacenters.clone(),
             job_type: job.spec.job_type.as_str().to_owned(),
             priority: i64::from(job.spec.priority),
@@ -1886,6 +1892,7 @@ impl JobListStub {
             status: job_status(job.status).to_owned(),
             status_description: String::new(),
             job_summary: Some(JobSummary::new(
+                &job.spec.namespace,
                 &job.spec.name,
                 summary,
                 job.create_index,
@@ -1908,7 +1915,7 @@ impl From<&internal::JobListStub> for JobListStub {
             id: s.name.clone(),
             parent_id: String::new(),
             name: s.name.clone(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
+            namespace: s.namespace.clone(),
             datacenters: Vec::new(),
             job_type: s.job_type.as_str().to_owned(),
             priority: i64::from(s.priority),
@@ -1918,6 +1925,7 @@ impl From<&internal::JobListStub> for JobListStub {
             status: job_status(s.status).to_owned(),
             status_description: String::new(),
             job_summary: Some(JobSummary::new(
+                &s.namespace,
                 &s.name,
                 &s.summary,
                 s.create_index,
@@ -1936,6 +1944,7 @@ impl From<&JobListStub> for internal::JobListStub {
     /// What the CLI renders of a job list line. An unknown type reads as `service`.
     fn from(s: &JobListStub) -> internal::JobListStub {
         internal::JobListStub {
+            namespace: namespace_or_default(&s.namespace),
             name: s.id.clone(),
             job_type: job_type_from(&s.job_type),
             priority: u8::try_from(s.priority).unwrap_or(u8::MAX),

@@ -368,17 +368,27 @@ fn unknown_keys_with_a_value_are_errors_and_empty_ones_are_not() {
 }
 
 #[test]
-fn namespaces_other_than_default_are_refused() {
+fn a_jobs_namespace_is_kept_and_checked() {
     let job = |ns: serde_json::Value| {
         json!({"Job": {"ID": "x", "Namespace": ns, "TaskGroups": [
             {"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}})
     };
-    parse(job(json!("default"))).unwrap();
-    parse(job(json!(""))).unwrap();
-    parse(job(json!(null))).unwrap();
-    let err = parse(job(json!("prod"))).unwrap_err();
+    for (given, kept) in [
+        (json!("default"), "default"),
+        (json!(""), "default"),
+        (json!(null), "default"),
+        (json!("prod"), "prod"),
+    ] {
+        let parsed = parse(job(given)).unwrap();
+        assert_eq!(parsed.spec.namespace, kept);
+        assert_eq!(
+            crate::nomad::Job::from(&parsed.spec).namespace.as_deref(),
+            Some(kept)
+        );
+    }
+    let err = parse(job(json!("a/b"))).unwrap_err();
     assert_eq!(err.path, "Namespace");
-    assert!(err.message.contains("\"prod\""), "{err}");
+    assert!(err.message.contains("\"a/b\""), "{err}");
 }
 
 #[test]
@@ -627,6 +637,7 @@ pub(crate) fn sample_spec(rng: &mut Rng) -> internal::JobSpec {
         .map(|gi| sample_group(rng, gi))
         .collect();
     internal::JobSpec {
+        namespace: crate::DEFAULT_NAMESPACE.into(),
         name: rng.word(),
         job_type,
         priority: rng.below(101) as u8,

@@ -41,8 +41,18 @@ pub use node::*;
 
 use serde_json::Value;
 
-/// The namespace every Drover object is in (namespaces come with issue 26).
-pub const DEFAULT_NAMESPACE: &str = "default";
+/// The namespace of an object that names none.
+pub use crate::namespaces::DEFAULT_NAMESPACE;
+
+/// A wire namespace as Drover keeps it: empty (an older client's, or a stub's that
+/// left it out) is `default`.
+pub fn namespace_or_default(ns: &str) -> String {
+    if ns.is_empty() {
+        DEFAULT_NAMESPACE.to_owned()
+    } else {
+        ns.to_owned()
+    }
+}
 /// The region a server names when none is configured (Nomad's default).
 pub use crate::types::DEFAULT_REGION;
 

@@ -331,6 +331,7 @@ fn sample_alloc(rng: &mut Rng) -> internal::Allocation {
     let job = rng.word();
     let group = rng.word();
     internal::Allocation {
+        namespace: crate::DEFAULT_NAMESPACE.into(),
         deployment_id: Default::default(),
         deployment_status: Default::default(),
         ports: Default::default(),
@@ -401,6 +402,7 @@ fn sample_eval(rng: &mut Rng) -> internal::Evaluation {
         EvalStatus::Canceled,
     ];
     internal::Evaluation {
+        namespace: crate::DEFAULT_NAMESPACE.into(),
         id: rng.word(),
         job_name: rng.word(),
         job_type: [

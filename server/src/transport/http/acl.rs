@@ -6,7 +6,10 @@
 //!
 //! What a route needs, by method: reads (`GET`, `HEAD`) and writes (every other
 //! method) may need different things. The namespace of a namespaced capability is the
-//! request's `?namespace=` (`default` when absent).
+//! request's `?namespace=` (`default` when absent; `*`: the capability in some
+//! namespace, and lists show only the namespaces where the caller has it), or for
+//! [`Need::Obj`] the namespace of the object the request reaches, which only its
+//! handler knows (see `scope.rs`).
 
 use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -31,6 +34,11 @@ pub(crate) enum Need {
     Management,
     /// A namespace capability in `?namespace=`.
     Ns(&'static str),
+    /// A namespace capability in the namespace of the object the request reaches (an
+    /// allocation, evaluation or deployment by id; the job in a register's body),
+    /// which the handler checks (`Scope::check`): here only that the caller has it
+    /// in some namespace.
+    Obj(&'static str),
     /// `node:read`.
     NodeRead,
     /// `node:write`.
@@ -54,9 +62,9 @@ use Need::*;
 /// Every route's needs: (path as routed, reads, writes). A route missing here cannot
 /// be added: the router refuses to build (see [`rule`]).
 pub(crate) const RULES: &[(&str, Need, Need)] = &[
-    ("/v1/jobs", Ns("list-jobs"), Ns("submit-job")),
+    ("/v1/jobs", Ns("list-jobs"), Obj("submit-job")),
     ("/v1/jobs/parse", NotRouted, Ns("parse-job")),
-    ("/v1/job/{id}", Ns("read-job"), Ns("submit-job")),
+    ("/v1/job/{id}", Ns("read-job"), Obj("submit-job")),
     ("/v1/job/{id}/allocations", Ns("read-job"), NotRouted),
     ("/v1/job/{id}/evaluations", Ns("read-job"), NotRouted),
     ("/v1/job/{id}/summary", Ns("read-job"), NotRouted),
@@ -64,7 +72,7 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
     ("/v1/job/{id}/deployment", Ns("read-job"), NotRouted),
     ("/v1/job/{id}/deployments", Ns("read-job"), NotRouted),
     ("/v1/job/{id}/revert", NotRouted, Ns("submit-job")),
-    ("/v1/job/{id}/plan", NotRouted, Ns("submit-job")),
+    ("/v1/job/{id}/plan", NotRouted, Obj("submit-job")),
     ("/v1/job/{id}/dispatch", NotRouted, Ns("dispatch-job")),
     (
         "/v1/job/{id}/scale",
@@ -72,16 +80,28 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
         Ns("scale-job"),
     ),
     ("/v1/deployments", Ns("read-job"), NotRouted),
-    ("/v1/deployment/{id}", Ns("read-job"), NotRouted),
-    ("/v1/deployment/allocations/{id}", Ns("read-job"), NotRouted),
-    ("/v1/deployment/promote/{id}", NotRouted, Ns("submit-job")),
-    ("/v1/deployment/fail/{id}", NotRouted, Ns("submit-job")),
+    ("/v1/deployment/{id}", Obj("read-job"), NotRouted),
+    (
+        "/v1/deployment/allocations/{id}",
+        Obj("read-job"),
+        NotRouted,
+    ),
+    ("/v1/deployment/promote/{id}", NotRouted, Obj("submit-job")),
+    ("/v1/deployment/fail/{id}", NotRouted, Obj("submit-job")),
     ("/v1/allocations", Ns("read-job"), NotRouted),
-    ("/v1/allocation/{id}", Ns("read-job"), NotRouted),
-    ("/v1/allocation/{id}/stop", NotRouted, Ns("alloc-lifecycle")),
+    ("/v1/allocation/{id}", Obj("read-job"), NotRouted),
+    (
+        "/v1/allocation/{id}/stop",
+        NotRouted,
+        Obj("alloc-lifecycle"),
+    ),
     ("/v1/evaluations", Ns("read-job"), NotRouted),
-    ("/v1/evaluation/{id}", Ns("read-job"), NotRouted),
-    ("/v1/evaluation/{id}/allocations", Ns("read-job"), NotRouted),
+    ("/v1/evaluation/{id}", Obj("read-job"), NotRouted),
+    (
+        "/v1/evaluation/{id}/allocations",
+        Obj("read-job"),
+        NotRouted,
+    ),
     ("/v1/nodes", NodeRead, NotRouted),
     ("/v1/node/{id}", NodeRead, NotRouted),
     ("/v1/node/{id}/allocations", NodeRead, NotRouted),
@@ -100,10 +120,10 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
     ("/v1/service/{name}", Ns("read-job"), NotRouted),
     ("/v1/service/{name}/{id}", NotRouted, Ns("submit-job")),
     // The agents' endpoints, passed to the agent that runs the allocation.
-    ("/v1/client/fs/logs/{alloc}", Ns("read-logs"), NotRouted),
+    ("/v1/client/fs/logs/{alloc}", Obj("read-logs"), NotRouted),
     (
         "/v1/client/allocation/{alloc}/stats",
-        Ns("read-job"),
+        Obj("read-job"),
         NotRouted,
     ),
     // ACLs: the handlers decide who sees which policy and token.
@@ -119,6 +139,7 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
     ("/v1/vars", Variables, NotRouted),
     ("/v1/var/{*path}", Variables, Variables),
     ("/v1/namespaces", Caller, NotRouted),
+    ("/v1/namespace", NotRouted, Management),
     ("/v1/namespace/{name}", Caller, Management),
     ("/v1/operator/raft/configuration", OperatorRead, NotRouted),
     (
@@ -171,7 +192,7 @@ pub(crate) async fn resolve(State(api): State<Api>, mut req: Request, next: Next
     next.run(req).await
 }
 
-fn denied() -> ApiError {
+pub(super) fn denied() -> ApiError {
     ApiError::new(StatusCode::FORBIDDEN, PERMISSION_DENIED)
 }
 
@@ -258,19 +279,11 @@ pub(crate) async fn enforce(req: Request, next: Next) -> Response {
             .into_response();
     };
     let ns = namespace_of(&req);
-    // Until namespaces exist, every job, allocation, evaluation, deployment and service
-    // lives in `default`, and their handlers act there whatever the query says: `*`
-    // is checked as `default`, and another namespace, once allowed, is one that does
-    // not exist (404). Variables keep theirs: their handlers store and check the
-    // namespace they are given.
-    let scoped = matches!(need, Ns(_) | Events);
-    let ns = if scoped && ns == "*" {
-        "default".to_owned()
-    } else {
-        ns
-    };
     let allowed = match need {
         Public | NotRouted | Caller | Variables => true,
+        // The handler checks the object's namespace; a caller who has the capability
+        // in no namespace at all is refused before anything is read.
+        Obj(cap) => acl.allow_namespace_op("*", cap),
         Management => acl.is_management(),
         Ns(cap) => acl.allow_namespace_op(&ns, cap),
         NodeRead => acl.allow_node_read(),
@@ -288,9 +301,6 @@ pub(crate) async fn enforce(req: Request, next: Next) -> Response {
             "ACL: permission denied"
         );
         return denied().into_response();
-    }
-    if scoped && ns != "default" {
-        return ApiError::not_found(format!("namespace {ns:?} not found")).into_response();
     }
     next.run(req).await
 }

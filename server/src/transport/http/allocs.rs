@@ -5,23 +5,22 @@ use axum::Extension;
 use axum::extract::{Path, State};
 use tokio_util::sync::CancellationToken;
 
+use super::scope::Scope;
 use super::{Api, ApiError, ApiResult, Params, answer, block, wire};
 
 pub(super) async fn list(
     State(api): State<Api>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    if !q.in_default_namespace() {
-        return answer(index, Vec::<()>::new());
-    }
     let prefix = q.prefix();
     let stubs: Vec<_> = api
         .server
         .allocations()
         .iter()
-        .filter(|a| a.id.starts_with(prefix))
+        .filter(|a| a.id.starts_with(prefix) && scope.lists(&a.namespace, "read-job"))
         .map(|a| wire::alloc_stub(&api.server, a))
         .collect();
     answer(index, stubs)
@@ -31,12 +30,12 @@ pub(super) async fn get(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    let alloc = api
-        .server
-        .allocation(&id)
+    let alloc = scope
+        .check_object(api.server.allocation(&id), |a| &a.namespace, "read-job")?
         .ok_or_else(|| ApiError::not_found("alloc not found"))?;
     let job = api.server.job_version_of(&alloc);
     answer(index, wire::alloc(&api.server, &alloc, job.as_ref()))
@@ -44,7 +43,17 @@ pub(super) async fn get(
 
 /// `POST /v1/allocation/:id/stop`: stop it; the scheduler replaces it (Nomad's
 /// `AllocStopResponse`).
-pub(super) async fn stop(State(api): State<Api>, Path(id): Path<String>, _q: Params) -> ApiResult {
+pub(super) async fn stop(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    _q: Params,
+    scope: Scope,
+) -> ApiResult {
+    scope.check_object(
+        api.server.allocation(&id),
+        |a| &a.namespace,
+        "alloc-lifecycle",
+    )?;
     let (eval_id, index) = api.server.stop_allocation(&id).await?;
     answer(
         index,
@@ -55,18 +64,16 @@ pub(super) async fn stop(State(api): State<Api>, Path(id): Path<String>, _q: Par
 pub(super) async fn list_evals(
     State(api): State<Api>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    if !q.in_default_namespace() {
-        return answer(index, Vec::<()>::new());
-    }
     let prefix = q.prefix();
     let evals: Vec<_> = api
         .server
         .evaluations()
         .iter()
-        .filter(|e| e.id.starts_with(prefix))
+        .filter(|e| e.id.starts_with(prefix) && scope.lists(&e.namespace, "read-job"))
         .map(wire::eval)
         .collect();
     answer(index, evals)
@@ -76,12 +83,12 @@ pub(super) async fn get_eval(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    let eval = api
-        .server
-        .evaluation(&id)
+    let eval = scope
+        .check_object(api.server.evaluation(&id), |e| &e.namespace, "read-job")?
         .ok_or_else(|| ApiError::not_found("eval not found"))?;
     answer(index, wire::eval(&eval))
 }
@@ -91,14 +98,16 @@ pub(super) async fn eval_allocs(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
+    scope.check_object(api.server.evaluation(&id), |e| &e.namespace, "read-job")?;
     let stubs: Vec<_> = api
         .server
         .allocations()
         .iter()
-        .filter(|a| a.eval_id == id)
+        .filter(|a| a.eval_id == id && scope.allows(&a.namespace, "read-job"))
         .map(|a| wire::alloc_stub(&api.server, a))
         .collect();
     answer(index, stubs)

@@ -70,6 +70,32 @@ async fn client_request(
     stop: Option<Extension<CancellationToken>>,
     req: Request,
 ) -> Response {
+    // With ACLs, the caller needs `read-logs` (logs) or `read-job` (stats) in the
+    // allocation's own namespace (`enforce` let any valid caller through: only here
+    // is the allocation known).
+    if let Some(super::acl::TokenLookup(lookup)) = req.extensions().get::<super::acl::TokenLookup>()
+    {
+        let capability = if req.uri().path().ends_with("/stats") {
+            "read-job"
+        } else {
+            "read-logs"
+        };
+        let allowed = match (lookup, routes.server.allocation(&alloc)) {
+            (Ok(id), Some(a)) => id
+                .acl()
+                .is_some_and(|acl| acl.allow_namespace_op(&a.namespace, capability)),
+            (Ok(_), None) => {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    format!("Unknown allocation {alloc:?}"),
+                );
+            }
+            (Err(_), _) => false,
+        };
+        if !allowed {
+            return error(StatusCode::FORBIDDEN, super::PERMISSION_DENIED.to_owned());
+        }
+    }
     match &routes.local_agent {
         Some(socket) => {
             let stop = stop.map(|Extension(t)| t).unwrap_or_default();

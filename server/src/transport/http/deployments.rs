@@ -8,6 +8,7 @@ use axum::extract::{Path, State};
 use drover_server_api::nomad;
 use tokio_util::sync::CancellationToken;
 
+use super::scope::Scope;
 use super::{Api, ApiError, ApiResult, Params, answer, block, json_body, wire};
 
 /// A deployment update's answer in Nomad's shape (`DeploymentUpdateResponse`).
@@ -28,21 +29,27 @@ fn update_response(
 pub(super) async fn list(
     State(api): State<Api>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    if !q.in_default_namespace() {
-        return answer(index, Vec::<()>::new());
-    }
     let prefix = q.prefix();
     let list: Vec<nomad::Deployment> = api
         .server
         .deployments()
         .iter()
-        .filter(|d| d.id.starts_with(prefix))
+        .filter(|d| d.id.starts_with(prefix) && scope.lists(&d.namespace, "read-job"))
         .map(nomad::Deployment::from)
         .collect();
     answer(index, list)
+}
+
+/// 403 unless the caller may use `capability` in the namespace of deployment `id`
+/// (an unknown one is left to the handler's own 404).
+fn check_deployment(api: &Api, scope: &Scope, id: &str, capability: &str) -> Result<(), ApiError> {
+    scope
+        .check_object(api.server.deployment(id), |d| &d.namespace, capability)
+        .map(drop)
 }
 
 /// `GET /v1/deployment/:id` (an id or a unique prefix).
@@ -50,12 +57,12 @@ pub(super) async fn get(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    let d = api
-        .server
-        .deployment(&id)
+    let d = scope
+        .check_object(api.server.deployment(&id), |d| &d.namespace, "read-job")?
         .ok_or_else(|| ApiError::not_found("deployment not found"))?;
     answer(index, nomad::Deployment::from(&d))
 }
@@ -65,9 +72,11 @@ pub(super) async fn allocations(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
+    check_deployment(&api, &scope, &id, "read-job")?;
     let allocs = api
         .server
         .deployment_allocations(&id)
@@ -84,8 +93,10 @@ pub(super) async fn promote(
     State(api): State<Api>,
     Path(id): Path<String>,
     _q: Params,
+    scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
+    check_deployment(&api, &scope, &id, "submit-job")?;
     let req: nomad::DeploymentPromoteRequest = json_body(body)?;
     let groups = match (req.all, req.groups.is_empty()) {
         (true, _) => None,
@@ -101,7 +112,13 @@ pub(super) async fn promote(
 }
 
 /// `PUT /v1/deployment/fail/:id`.
-pub(super) async fn fail(State(api): State<Api>, Path(id): Path<String>, _q: Params) -> ApiResult {
+pub(super) async fn fail(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    _q: Params,
+    scope: Scope,
+) -> ApiResult {
+    check_deployment(&api, &scope, &id, "submit-job")?;
     let resp = api.server.fail_deployment(&id).await?;
     answer(resp.index, update_response(&resp))
 }
@@ -113,12 +130,13 @@ pub(super) async fn of_job(
     Path(id): Path<String>,
     uri: axum::http::Uri,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let list = api
         .server
-        .job_deployments(&id)
+        .job_deployments(scope.namespace(), &id)
         .ok_or_else(|| ApiError::not_found("job not found"))?;
     if uri.path().ends_with("/deployments") {
         let list: Vec<nomad::Deployment> = list.iter().map(nomad::Deployment::from).collect();
@@ -134,6 +152,7 @@ pub(super) async fn revert(
     State(api): State<Api>,
     Path(id): Path<String>,
     _q: Params,
+    scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
     let req: nomad::JobRevertRequest = json_body(body)?;
@@ -142,7 +161,12 @@ pub(super) async fn revert(
     }
     let resp = api
         .server
-        .revert_job(&id, req.job_version, req.enforce_prior_version)
+        .revert_job(
+            scope.namespace(),
+            &id,
+            req.job_version,
+            req.enforce_prior_version,
+        )
         .await?;
     answer(resp.index, wire::register_response(&resp))
 }

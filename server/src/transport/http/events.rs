@@ -16,22 +16,23 @@ use drover_server_api::Index;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::scope::Scope;
 use super::{Api, ApiError, ApiResult, Params, wire};
-use crate::events::{DEFAULT_NAMESPACE, EventBatch, Subscription, Topic};
+use crate::events::{EventBatch, Subscription, Topic};
 
 /// How often an idle stream says it is alive (Nomad's 10 s).
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// What a subscription selects: `(topic, key)` pairs, `None` for every topic.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) struct Filter {
     topics: Vec<(Option<Topic>, String)>,
-    /// Another namespace than Drover's one: nothing matches.
-    other_namespace: bool,
+    /// The namespace asked for (`*`: those where the caller may `read-job`).
+    scope: Scope,
 }
 
 impl Filter {
-    pub(super) fn parse(q: &Params) -> Result<Filter, ApiError> {
+    pub(super) fn parse(q: &Params, scope: Scope) -> Result<Filter, ApiError> {
         let mut topics = Vec::new();
         for raw in q.all("topic") {
             let (topic, key) = match raw.split(':').collect::<Vec<_>>().as_slice() {
@@ -56,11 +57,7 @@ impl Filter {
         if topics.is_empty() {
             topics.push((None, "*".to_owned()));
         }
-        let other_namespace = !q.in_default_namespace();
-        Ok(Filter {
-            topics,
-            other_namespace,
-        })
+        Ok(Filter { topics, scope })
     }
 
     /// The batch's events this filter selects, as Nomad's JSON line (`None`: none).
@@ -70,7 +67,8 @@ impl Filter {
             .iter()
             .filter(|e| {
                 // Nodes have no namespace (Nomad's): they pass any namespace filter.
-                (!self.other_namespace || e.topic == Topic::Node)
+                e.namespace()
+                    .is_none_or(|ns| self.scope.lists(ns, "read-job"))
                     && self.topics.iter().any(|(t, k)| e.matches(*t, k))
             })
             .map(|e| {
@@ -78,7 +76,7 @@ impl Filter {
                     "Topic": e.topic.name(),
                     "Type": e.kind,
                     "Key": e.key,
-                    "Namespace": if e.topic == Topic::Node { "" } else { DEFAULT_NAMESPACE },
+                    "Namespace": e.namespace().unwrap_or(""),
                     "FilterKeys": if e.filter_keys.is_empty() { None } else { Some(&e.filter_keys) },
                     "Index": e.index,
                     "Payload": wire::event_payload(&e.payload),
@@ -150,6 +148,7 @@ impl Stream {
 pub(super) async fn stream(
     State(api): State<Api>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index: Index = match q.get("index") {
@@ -158,7 +157,7 @@ pub(super) async fn stream(
             .parse()
             .map_err(|e| ApiError::bad_request(format!("Unable to parse index: {e}")))?,
     };
-    let filter = Filter::parse(&q)?;
+    let filter = Filter::parse(&q, scope)?;
     let sub = api.server.subscribe_events(index);
     let mut heartbeat =
         tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);

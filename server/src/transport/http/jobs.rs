@@ -7,20 +7,19 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use super::scope::Scope;
 use super::{Api, ApiError, ApiResult, Params, answer, block, json_body, wire};
 
 pub(super) async fn list(
     State(api): State<Api>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    if !q.in_default_namespace() {
-        return answer(index, Vec::<()>::new());
-    }
     let stubs: Vec<_> = api
         .server
-        .jobs_with_summaries(q.prefix())
+        .jobs_with_summaries(&scope.list_filter("list-jobs"), q.prefix())
         .iter()
         .map(|(j, s)| wire::job_stub(j, s))
         .collect();
@@ -31,20 +30,36 @@ pub(super) async fn list(
 /// job's `ID` must be.
 async fn register_body(
     api: &Api,
+    scope: &Scope,
     id: Option<&str>,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
-    let parsed = wire::register_request(json_body(body)?)?;
+    let (mut parsed, request_ns) = wire::register_request(json_body(body)?)?;
     if let Some(id) = id
         && parsed.spec.name != id
     {
         return Err(ApiError::bad_request("Job ID does not match name"));
     }
     check_region(api, parsed.region.as_deref())?;
+    place_in_namespace(scope, request_ns, &mut parsed.spec)?;
     let mut resp = api.server.register_job(parsed.spec).await?;
     // What the conversion accepted without acting on it, then the server's own.
     resp.warnings.extend(parsed.warnings);
     answer(resp.index, wire::register_response(&resp))
+}
+
+/// The namespace a submitted job goes to, as Nomad decides it: the query's
+/// `?namespace=` (the CLI's `-namespace`), else the request's `Namespace`, else the
+/// job's own, else `default`; and the caller must have `submit-job` there.
+fn place_in_namespace(
+    scope: &Scope,
+    request_ns: Option<String>,
+    spec: &mut drover_server_api::JobSpec,
+) -> Result<(), ApiError> {
+    if let Some(ns) = scope.query_namespace().map(str::to_owned).or(request_ns) {
+        spec.namespace = ns;
+    }
+    scope.check(&spec.namespace, "submit-job")
 }
 
 /// A job naming another region than this server's is refused (Nomad forwards it to
@@ -64,18 +79,20 @@ fn check_region(api: &Api, region: Option<&str>) -> Result<(), ApiError> {
 pub(super) async fn register(
     State(api): State<Api>,
     _q: Params,
+    scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
-    register_body(&api, None, body).await
+    register_body(&api, &scope, None, body).await
 }
 
 pub(super) async fn register_named(
     State(api): State<Api>,
     Path(id): Path<String>,
     _q: Params,
+    scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
-    register_body(&api, Some(&id), body).await
+    register_body(&api, &scope, Some(&id), body).await
 }
 
 /// `{"JobHCL": "...", "Canonicalize": true}` of `/v1/jobs/parse`.
@@ -127,12 +144,13 @@ pub(super) async fn get(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let job = api
         .server
-        .job(&id)
+        .job(scope.namespace(), &id)
         .ok_or_else(|| ApiError::not_found("job not found"))?;
     answer(index, wire::job(&api.server, &job))
 }
@@ -141,9 +159,11 @@ pub(super) async fn deregister(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
 ) -> ApiResult {
     let purge = q.flag("purge")?;
-    let resp = api.server.stop_job(&id, purge).await?;
+    scope.check(scope.namespace(), "submit-job")?;
+    let resp = api.server.stop_job(scope.namespace(), &id, purge).await?;
     answer(resp.index, wire::deregister_response(&resp))
 }
 
@@ -151,14 +171,16 @@ pub(super) async fn plan(
     State(api): State<Api>,
     Path(id): Path<String>,
     _q: Params,
+    scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
-    let (parsed, diff) = wire::plan_request(json_body(body)?)?;
+    let (mut parsed, diff) = wire::plan_request(json_body(body)?)?;
     if parsed.spec.name != id {
         return Err(ApiError::bad_request("Job ID does not match"));
     }
     check_region(&api, parsed.region.as_deref())?;
-    let existing = api.server.job(&id);
+    place_in_namespace(&scope, None, &mut parsed.spec)?;
+    let existing = api.server.job(&parsed.spec.namespace, &id);
     let index = api.server.index();
     let plan = api.server.plan_job(parsed.spec).await?;
     answer(
@@ -171,6 +193,7 @@ pub(super) async fn allocations(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
@@ -180,7 +203,7 @@ pub(super) async fn allocations(
     q.flag("all")?;
     let stubs: Vec<_> = api
         .server
-        .job_allocations(&id)
+        .job_allocations(scope.namespace(), &id)
         .iter()
         .map(|a| wire::alloc_stub(&api.server, a))
         .collect();
@@ -191,12 +214,13 @@ pub(super) async fn evaluations(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let evals: Vec<_> = api
         .server
-        .job_evaluations(&id)
+        .job_evaluations(scope.namespace(), &id)
         .iter()
         .map(wire::eval)
         .collect();
@@ -207,12 +231,13 @@ pub(super) async fn summary(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let (job, summary) = api
         .server
-        .job_summary(&id)
+        .job_summary(scope.namespace(), &id)
         .ok_or_else(|| ApiError::not_found("job not found"))?;
     answer(index, wire::job_summary(&job, &summary))
 }
@@ -221,12 +246,13 @@ pub(super) async fn versions(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let versions = api
         .server
-        .job_versions(&id)
+        .job_versions(scope.namespace(), &id)
         .ok_or_else(|| ApiError::not_found("job versions not found"))?;
     let known = api.server.known_leader().is_some();
     answer(
@@ -240,12 +266,13 @@ pub(super) async fn scale_status(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let (job, summary) = api
         .server
-        .job_summary(&id)
+        .job_summary(scope.namespace(), &id)
         .ok_or_else(|| ApiError::not_found("job not found"))?;
     answer(index, wire::scale_status(&job, &summary))
 }
@@ -265,6 +292,7 @@ pub(super) async fn scale(
     State(api): State<Api>,
     Path(id): Path<String>,
     _q: Params,
+    scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
     let req: ScaleRequest = json_body(body)?;
@@ -292,6 +320,9 @@ pub(super) async fn scale(
         let message: String = message.chars().take(256).collect();
         tracing::info!(job = %id, group = %group, count, message = ?message, "scaling a job");
     }
-    let resp = api.server.scale_job(&id, group, count).await?;
+    let resp = api
+        .server
+        .scale_job(scope.namespace(), &id, group, count)
+        .await?;
     answer(resp.index, wire::register_response(&resp))
 }

@@ -26,7 +26,9 @@ mod client_routes;
 mod deployments;
 mod events;
 mod jobs;
+mod namespaces;
 mod nodes;
+mod scope;
 mod serve;
 mod services;
 mod variables;
@@ -255,6 +257,18 @@ pub fn router_with_local_agent(
                 .put(variables::put)
                 .post(variables::put)
                 .delete(variables::delete),
+        )
+        .acl_route("/v1/namespaces", get(namespaces::list))
+        .acl_route(
+            "/v1/namespace",
+            put(namespaces::put_unnamed).post(namespaces::put_unnamed),
+        )
+        .acl_route(
+            "/v1/namespace/{name}",
+            get(namespaces::get)
+                .put(namespaces::put)
+                .post(namespaces::put)
+                .delete(namespaces::delete),
         )
         .acl_route("/v1/operator/keyring/keys", get(variables::keyring_keys))
         .acl_route(
@@ -517,11 +531,6 @@ impl Params {
 
     fn prefix(&self) -> &str {
         self.get("prefix").unwrap_or("")
-    }
-
-    /// Whether the objects of `namespace "default"` (all of Drover's) are asked for.
-    fn in_default_namespace(&self) -> bool {
-        matches!(self.get("namespace"), None | Some("" | "default" | "*"))
     }
 }
 

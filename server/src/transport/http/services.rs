@@ -8,50 +8,46 @@
 
 use axum::Extension;
 use axum::extract::{Path, State};
-use drover_server_api::{
-    NomadServiceNamespace, NomadServiceRegistration, NomadServiceStub, SERVICE_NAMESPACE,
-};
+use drover_server_api::{NomadServiceNamespace, NomadServiceRegistration, NomadServiceStub};
 use tokio_util::sync::CancellationToken;
 
+use super::scope::Scope;
 use super::{Api, ApiResult, Params, answer, block};
 
 pub(super) async fn list(
     State(api): State<Api>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    let services = api.server.services();
-    if !q.in_default_namespace() || services.is_empty() {
-        return answer(index, Vec::<NomadServiceNamespace>::new());
-    }
-    let services = services
+    let list: Vec<NomadServiceNamespace> = api
+        .server
+        .services(&scope.list_filter("read-job"))
         .into_iter()
-        .map(|(service_name, tags)| NomadServiceStub { service_name, tags })
+        .map(|(namespace, services)| NomadServiceNamespace {
+            namespace,
+            services: services
+                .into_iter()
+                .map(|(service_name, tags)| NomadServiceStub { service_name, tags })
+                .collect(),
+        })
         .collect();
-    answer(
-        index,
-        vec![NomadServiceNamespace {
-            namespace: SERVICE_NAMESPACE.to_owned(),
-            services,
-        }],
-    )
+    answer(index, list)
 }
 
 pub(super) async fn get(
     State(api): State<Api>,
     Path(name): Path<String>,
     q: Params,
+    scope: Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let all = q.flag("all")?;
     let index = block(&api, &q, stop).await?;
-    if !q.in_default_namespace() {
-        return answer(index, Vec::<NomadServiceRegistration>::new());
-    }
     let regs: Vec<NomadServiceRegistration> = api
         .server
-        .service_registrations(&name)
+        .service_registrations(scope.namespace(), &name)
         .iter()
         .filter(|r| all || r.health.is_healthy())
         .map(NomadServiceRegistration::from)
@@ -63,7 +59,11 @@ pub(super) async fn delete(
     State(api): State<Api>,
     Path((name, id)): Path<(String, String)>,
     _q: Params,
+    scope: Scope,
 ) -> ApiResult {
-    let index = api.server.delete_service(&name, &id).await?;
+    let index = api
+        .server
+        .delete_service(scope.namespace(), &name, &id)
+        .await?;
     answer(index, serde_json::json!({ "Index": index }))
 }

@@ -135,7 +135,9 @@ pub(super) async fn list(
 ) -> ApiResult {
     let who = caller(&api, &headers, checked.as_deref(), identity.as_deref())?;
     let index = block(&api, &q, stop).await?;
-    let list = api.server.variables(q.get("namespace"), q.prefix(), &who)?;
+    let list = api
+        .server
+        .variables(who.namespace_or(q.get("namespace")), q.prefix(), &who)?;
     answer(index, list)
 }
 
@@ -150,7 +152,10 @@ pub(super) async fn get(
 ) -> ApiResult {
     let who = caller(&api, &headers, checked.as_deref(), identity.as_deref())?;
     let index = block(&api, &q, stop).await?;
-    match api.server.variable(q.get("namespace"), &path, &who)? {
+    match api
+        .server
+        .variable(who.namespace_or(q.get("namespace")), &path, &who)?
+    {
         Some(v) => answer(index, v),
         None => Err(ApiError::not_found("variable not found")),
     }

@@ -37,11 +37,13 @@ fn convert(job: &nomad::Job) -> Result<Submitted, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("invalid job: {e}")))
 }
 
-pub(super) fn register_request(body: Value) -> Result<Submitted, ApiError> {
+/// A register request's job, and the request's own `Namespace` (when it names one).
+pub(super) fn register_request(body: Value) -> Result<(Submitted, Option<String>), ApiError> {
     has_job(&body)?;
     let req: nomad::JobRegisterRequest = serde_json::from_value(body)
         .map_err(|e| ApiError::bad_request(format!("Failed to decode request body: {e}")))?;
-    convert(&req.job)
+    let ns = req.namespace.clone().filter(|n| !n.is_empty());
+    Ok((convert(&req.job)?, ns))
 }
 
 pub(super) fn plan_request(body: Value) -> Result<(Submitted, bool), ApiError> {
@@ -114,6 +116,7 @@ pub(super) fn job_stub(j: &Job, summary: &BTreeMap<String, GroupSummary>) -> Val
 
 pub(super) fn job_summary(j: &Job, summary: &BTreeMap<String, GroupSummary>) -> Value {
     to_value(nomad::JobSummary::new(
+        &j.spec.namespace,
         &j.spec.name,
         summary,
         j.create_index,
@@ -154,7 +157,7 @@ pub(super) fn scale_status(j: &Job, summary: &BTreeMap<String, GroupSummary>) ->
         .collect();
     json!({
         "JobID": j.spec.name,
-        "Namespace": nomad::DEFAULT_NAMESPACE,
+        "Namespace": j.spec.namespace,
         "JobCreateIndex": j.create_index,
         "JobModifyIndex": j.job_modify_index,
         "JobStopped": j.stop,
@@ -179,7 +182,9 @@ pub(super) fn plan_response(
 
 /// An allocation's line in a list.
 pub(super) fn alloc_stub(server: &Server, a: &Allocation) -> Value {
-    let job_type = server.job_type_of(&a.job_name).unwrap_or_default();
+    let job_type = server
+        .job_type_of(&a.namespace, &a.job_name)
+        .unwrap_or_default();
     to_value(nomad::AllocationListStub::new(a, job_type))
 }
 

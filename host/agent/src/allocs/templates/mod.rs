@@ -51,10 +51,12 @@ pub const WORKLOAD_TOKEN_FILE: &str = "secrets/nomad_token";
 /// servers ([`crate::cluster::forward::Forwarder`]).
 #[tonic::async_trait]
 pub trait TemplateServer: Send + Sync {
-    /// The instances of service `name` (Nomad's `/v1/service/:name`, as JSON), read
-    /// with the task's workload identity token when it has one.
+    /// The instances of service `name` of namespace `namespace` (Nomad's
+    /// `/v1/service/:name`, as JSON), read with the task's workload identity token
+    /// when it has one.
     async fn service(
         &self,
+        namespace: &str,
         name: &str,
         token: Option<&str>,
     ) -> Result<Vec<serde_json::Value>, String>;
@@ -114,11 +116,13 @@ impl TemplateHook {
     }
 }
 
-/// The directories a template reads from and writes to.
+/// The directories a template reads from and writes to, and the namespace of its
+/// allocation (where `nomadService` looks services up, as Nomad's).
 #[derive(Clone)]
 struct Dirs {
     task: std::path::PathBuf,
     shared: std::path::PathBuf,
+    namespace: String,
 }
 
 /// The workload identity token in the task's `secrets/`, if the server wrote one.
@@ -166,6 +170,7 @@ fn template_text(t: &TemplateSpec, dirs: &Dirs) -> Result<String, String> {
 /// Fetch what a render asked for into `inputs`.
 async fn fetch(
     server: Option<&Arc<dyn TemplateSources>>,
+    namespace: &str,
     wanted: &Wanted,
     inputs: &mut Inputs,
     token: Option<&str>,
@@ -178,7 +183,7 @@ async fn fetch(
     };
     for name in &wanted.services {
         let list = server
-            .service(name, token)
+            .service(namespace, name, token)
             .await
             .map_err(|e| format!("nomadService {name:?}: {e}"))?;
         inputs.services.insert(name.clone(), list);
@@ -245,7 +250,14 @@ async fn render_one(
         if wanted.is_empty() {
             return Ok(out);
         }
-        fetch(server, &wanted, &mut inputs, token.as_deref()).await?;
+        fetch(
+            server,
+            &dirs.namespace,
+            &wanted,
+            &mut inputs,
+            token.as_deref(),
+        )
+        .await?;
     }
     Err(format!(
         "what the template reads was still changing after {MAX_ROUNDS} rounds"
@@ -309,6 +321,7 @@ impl AllocTaskHook for TemplateHook {
         let dirs = Dirs {
             task: ctx.task_dir.to_owned(),
             shared: ctx.shared_dir.to_owned(),
+            namespace: ctx.alloc.alloc.namespace.clone(),
         };
         let env = req.env.clone();
         if ctx.restored {
@@ -410,6 +423,7 @@ impl TemplateHook {
             dirs: Dirs {
                 task: ctx.task_dir.to_owned(),
                 shared: ctx.shared_dir.to_owned(),
+                namespace: ctx.alloc.alloc.namespace.clone(),
             },
             env,
             last,
@@ -526,10 +540,15 @@ impl Watch {
 impl TemplateServer for crate::cluster::forward::Forwarder {
     async fn service(
         &self,
+        namespace: &str,
         name: &str,
         token: Option<&str>,
     ) -> Result<Vec<serde_json::Value>, String> {
-        let path = format!("/v1/service/{}", encode(name));
+        let path = format!(
+            "/v1/service/{}?namespace={}",
+            encode(name),
+            encode(namespace)
+        );
         let (status, body) = self.get(&path, token).await?;
         match status {
             200 => serde_json::from_slice(&body).map_err(|e| format!("the server's answer: {e}")),
