@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::state::{JobKey, job_id};
 use drover_server_api::Evaluation;
 use tokio::sync::Notify;
 
@@ -65,9 +66,9 @@ struct Inner {
     seq: u64,
     ready: BinaryHeap<Ready>,
     /// Evaluations of jobs that already have one ready or in flight.
-    waiting: HashMap<String, BinaryHeap<Ready>>,
-    /// Jobs with an evaluation ready or in flight.
-    busy: HashSet<String>,
+    waiting: HashMap<JobKey, BinaryHeap<Ready>>,
+    /// Jobs (namespace, name) with an evaluation ready or in flight.
+    busy: HashSet<JobKey>,
     known: HashMap<String, Known>,
     inflight: HashMap<String, Unacked>,
     /// Evaluations waiting for their `wait_until`, by (due time, arrival).
@@ -120,7 +121,7 @@ impl Broker {
             seq: Reverse(seq),
             id: eval.id.clone(),
         };
-        let job = eval.job_name.clone();
+        let job = job_id(&eval.namespace, &eval.job_name);
         g.known.insert(
             eval.id.clone(),
             Known {
@@ -210,7 +211,7 @@ impl Broker {
         check_token(&g, id, token)?;
         g.inflight.remove(id);
         if let Some(k) = g.known.remove(id) {
-            self.release_job(&mut g, &k.eval.job_name);
+            self.release_job(&mut g, &job_id(&k.eval.namespace, &k.eval.job_name));
         }
         Ok(())
     }
@@ -232,7 +233,7 @@ impl Broker {
             let k = g.known.remove(id).map(|k| k.eval);
             match k {
                 Some(eval) => {
-                    self.release_job(g, &eval.job_name);
+                    self.release_job(g, &job_id(&eval.namespace, &eval.job_name));
                     Nacked::Failed(Box::new(eval))
                 }
                 None => Nacked::Redelivered,
@@ -248,7 +249,7 @@ impl Broker {
         }
     }
 
-    fn release_job(&self, g: &mut Inner, job: &str) {
+    fn release_job(&self, g: &mut Inner, job: &JobKey) {
         let next = g.waiting.get_mut(job).and_then(BinaryHeap::pop);
         if g.waiting.get(job).is_some_and(BinaryHeap::is_empty) {
             g.waiting.remove(job);

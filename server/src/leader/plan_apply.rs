@@ -445,6 +445,7 @@ pub(crate) fn finish_eval(st: &State, f: &EvalFinish, index: Index, now: i64, ba
             })
             || batch.evals.iter().any(|o| {
                 o.job_name == f.eval.job_name
+                    && o.namespace == f.eval.namespace
                     && o.status == EvalStatus::Pending
                     && o.wait_until.is_some_and(|w| w <= at)
             });

@@ -798,7 +798,11 @@ fn namespaces_keep_two_teams_apart() {
 
     // A reader of `a`.
     let rules = root.path().join("a-read.hcl");
-    std::fs::write(&rules, "namespace \"a\" {\n  policy = \"read\"\n}\n").unwrap();
+    std::fs::write(
+        &rules,
+        "namespace \"a\" {\n  policy = \"read\"\n}\nnode {\n  policy = \"read\"\n}\n",
+    )
+    .unwrap();
     let out = m(&["acl", "policy", "apply", "a-read", rules.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let token = ok_json(
@@ -869,6 +873,34 @@ fn namespaces_keep_two_teams_apart() {
         let (status, text) = reader.call(method.clone(), &path, body.as_ref()).unwrap();
         assert_eq!(status, 403, "{method} {path}: {text}");
     }
+    // An id prefix of another namespace's object is as unknown as none (prefixes are
+    // no way to learn which ids exist there); the whole id is refused.
+    for path in [
+        format!("/v1/allocation/{}", &b_alloc[..8]),
+        format!("/v1/client/allocation/{}/stats", &b_alloc[..8]),
+    ] {
+        let (status, text) = reader.call(http::Method::GET, &path, None).unwrap();
+        assert_eq!(status, 404, "{path}: {text}");
+    }
+    // `node:read` shows a node's allocations only where the namespace may be read.
+    let node_id = mgmt.get_ok(&format!("/v1/allocation/{a_alloc}"))["NodeID"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let on_node = reader.get_ok(&format!("/v1/node/{node_id}/allocations"));
+    let seen_ids: Vec<&str> = on_node
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["ID"].as_str())
+        .collect();
+    assert_eq!(seen_ids, [a_alloc.as_str()], "{on_node}");
+    assert_eq!(
+        mgmt.get_ok(&format!("/v1/node/{node_id}/allocations"))
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
     let seen = ok_json(
         &cli(port, Some(&reader_secret), &["namespace", "list", "-json"]),
         "namespace list as a reader",

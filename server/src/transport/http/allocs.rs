@@ -8,6 +8,40 @@ use tokio_util::sync::CancellationToken;
 use super::scope::Scope;
 use super::{Api, ApiError, ApiResult, Params, answer, block, wire};
 
+/// Allocation `id` (or unique id prefix), if the caller may use `capability` in its
+/// namespace.
+fn find_alloc(
+    api: &Api,
+    scope: &Scope,
+    id: &str,
+    capability: &str,
+) -> Result<drover_server_api::Allocation, ApiError> {
+    scope.find(
+        api.server.allocation(id),
+        id,
+        |a| &a.id,
+        |a| &a.namespace,
+        capability,
+        "alloc not found",
+    )
+}
+
+/// Evaluation `id` (or unique id prefix), if the caller may read its namespace.
+fn find_eval(
+    api: &Api,
+    scope: &Scope,
+    id: &str,
+) -> Result<drover_server_api::Evaluation, ApiError> {
+    scope.find(
+        api.server.evaluation(id),
+        id,
+        |e| &e.id,
+        |e| &e.namespace,
+        "read-job",
+        "eval not found",
+    )
+}
+
 pub(super) async fn list(
     State(api): State<Api>,
     q: Params,
@@ -34,9 +68,7 @@ pub(super) async fn get(
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    let alloc = scope
-        .check_object(api.server.allocation(&id), |a| &a.namespace, "read-job")?
-        .ok_or_else(|| ApiError::not_found("alloc not found"))?;
+    let alloc = find_alloc(&api, &scope, &id, "read-job")?;
     let job = api.server.job_version_of(&alloc);
     answer(index, wire::alloc(&api.server, &alloc, job.as_ref()))
 }
@@ -49,12 +81,9 @@ pub(super) async fn stop(
     _q: Params,
     scope: Scope,
 ) -> ApiResult {
-    scope.check_object(
-        api.server.allocation(&id),
-        |a| &a.namespace,
-        "alloc-lifecycle",
-    )?;
-    let (eval_id, index) = api.server.stop_allocation(&id).await?;
+    // The whole id from here on: a prefix is resolved (and checked) once.
+    let alloc = find_alloc(&api, &scope, &id, "alloc-lifecycle")?;
+    let (eval_id, index) = api.server.stop_allocation(&alloc.id).await?;
     answer(
         index,
         serde_json::json!({ "EvalID": eval_id, "Index": index }),
@@ -87,9 +116,7 @@ pub(super) async fn get_eval(
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    let eval = scope
-        .check_object(api.server.evaluation(&id), |e| &e.namespace, "read-job")?
-        .ok_or_else(|| ApiError::not_found("eval not found"))?;
+    let eval = find_eval(&api, &scope, &id)?;
     answer(index, wire::eval(&eval))
 }
 
@@ -102,12 +129,12 @@ pub(super) async fn eval_allocs(
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    scope.check_object(api.server.evaluation(&id), |e| &e.namespace, "read-job")?;
+    let eval = find_eval(&api, &scope, &id)?;
     let stubs: Vec<_> = api
         .server
         .allocations()
         .iter()
-        .filter(|a| a.eval_id == id && scope.allows(&a.namespace, "read-job"))
+        .filter(|a| a.eval_id == eval.id && scope.allows(&a.namespace, "read-job"))
         .map(|a| wire::alloc_stub(&api.server, a))
         .collect();
     answer(index, stubs)

@@ -80,18 +80,26 @@ async fn client_request(
         } else {
             "read-logs"
         };
-        let allowed = match (lookup, routes.server.allocation(&alloc)) {
-            (Ok(id), Some(a)) => id
-                .acl()
-                .is_some_and(|acl| acl.allow_namespace_op(&a.namespace, capability)),
-            (Ok(_), None) => {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    format!("Unknown allocation {alloc:?}"),
-                );
-            }
-            (Err(_), _) => false,
+        let unknown = || {
+            error(
+                StatusCode::NOT_FOUND,
+                format!("Unknown allocation {alloc:?}"),
+            )
         };
+        let (allowed, whole_id) = match (lookup, routes.server.allocation(&alloc)) {
+            (Ok(id), Some(a)) => (
+                id.acl()
+                    .is_some_and(|acl| acl.allow_namespace_op(&a.namespace, capability)),
+                a.id == alloc,
+            ),
+            (Ok(_), None) => return unknown(),
+            (Err(_), _) => (false, true),
+        };
+        // A prefix of an allocation the caller may not see is as unknown as none:
+        // prefixes are no way to learn which ids exist in other namespaces.
+        if !allowed && !whole_id {
+            return unknown();
+        }
         if !allowed {
             return error(StatusCode::FORBIDDEN, super::PERMISSION_DENIED.to_owned());
         }

@@ -44,12 +44,22 @@ pub(super) async fn list(
     answer(index, list)
 }
 
-/// 403 unless the caller may use `capability` in the namespace of deployment `id`
-/// (an unknown one is left to the handler's own 404).
-fn check_deployment(api: &Api, scope: &Scope, id: &str, capability: &str) -> Result<(), ApiError> {
-    scope
-        .check_object(api.server.deployment(id), |d| &d.namespace, capability)
-        .map(drop)
+/// Deployment `id` (or unique id prefix), if the caller may use `capability` in its
+/// namespace.
+fn find_deployment(
+    api: &Api,
+    scope: &Scope,
+    id: &str,
+    capability: &str,
+) -> Result<drover_server_api::Deployment, ApiError> {
+    scope.find(
+        api.server.deployment(id),
+        id,
+        |d| &d.id,
+        |d| &d.namespace,
+        capability,
+        "deployment not found",
+    )
 }
 
 /// `GET /v1/deployment/:id` (an id or a unique prefix).
@@ -61,9 +71,7 @@ pub(super) async fn get(
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    let d = scope
-        .check_object(api.server.deployment(&id), |d| &d.namespace, "read-job")?
-        .ok_or_else(|| ApiError::not_found("deployment not found"))?;
+    let d = find_deployment(&api, &scope, &id, "read-job")?;
     answer(index, nomad::Deployment::from(&d))
 }
 
@@ -76,10 +84,10 @@ pub(super) async fn allocations(
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
-    check_deployment(&api, &scope, &id, "read-job")?;
+    let d = find_deployment(&api, &scope, &id, "read-job")?;
     let allocs = api
         .server
-        .deployment_allocations(&id)
+        .deployment_allocations(&d.id)
         .ok_or_else(|| ApiError::not_found("deployment not found"))?;
     let stubs: Vec<_> = allocs
         .iter()
@@ -96,7 +104,8 @@ pub(super) async fn promote(
     scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
-    check_deployment(&api, &scope, &id, "submit-job")?;
+    // The whole id from here on: a prefix is resolved (and checked) once.
+    let id = find_deployment(&api, &scope, &id, "submit-job")?.id;
     let req: nomad::DeploymentPromoteRequest = json_body(body)?;
     let groups = match (req.all, req.groups.is_empty()) {
         (true, _) => None,
@@ -118,7 +127,7 @@ pub(super) async fn fail(
     _q: Params,
     scope: Scope,
 ) -> ApiResult {
-    check_deployment(&api, &scope, &id, "submit-job")?;
+    let id = find_deployment(&api, &scope, &id, "submit-job")?.id;
     let resp = api.server.fail_deployment(&id).await?;
     answer(resp.index, update_response(&resp))
 }

@@ -49,14 +49,18 @@ pub(super) async fn allocations(
     State(api): State<Api>,
     Path(id): Path<String>,
     q: Params,
+    scope: super::scope::Scope,
     stop: Option<Extension<CancellationToken>>,
 ) -> ApiResult {
     let index = block(&api, &q, stop).await?;
     let n = node(&api, &id)?;
+    // `node:read` shows the node; its allocations only where the caller may read
+    // their namespace (Nomad's).
     let allocs: Vec<_> = api
         .server
         .node_allocations(&n.id)
         .iter()
+        .filter(|a| scope.allows(&a.namespace, "read-job"))
         .map(|a| {
             let job = api.server.job_version_of(a);
             wire::alloc(&api.server, a, job.as_ref())

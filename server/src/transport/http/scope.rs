@@ -64,18 +64,30 @@ impl Scope {
         }
     }
 
-    /// An object found by id: 403 unless the caller may use `capability` in its
-    /// namespace.
-    pub(super) fn check_object<T>(
+    /// The object found for `requested` (an id or a unique id prefix), if the
+    /// caller may use `capability` in its namespace. Not found: 404 with
+    /// `not_found`. Not allowed: 403 when `requested` was the object's whole id, but
+    /// 404 when it was a prefix, so that prefixes are no way to learn which ids exist
+    /// in namespaces the caller cannot read.
+    pub(super) fn find<T>(
         &self,
         found: Option<T>,
+        requested: &str,
+        id_of: impl Fn(&T) -> &str,
         ns_of: impl Fn(&T) -> &str,
         capability: &str,
-    ) -> Result<Option<T>, ApiError> {
-        if let Some(o) = &found {
-            self.check(ns_of(o), capability)?;
+        not_found: &str,
+    ) -> Result<T, ApiError> {
+        let Some(o) = found else {
+            return Err(ApiError::not_found(not_found));
+        };
+        if self.allows(ns_of(&o), capability) {
+            Ok(o)
+        } else if id_of(&o) == requested {
+            Err(super::acl::denied())
+        } else {
+            Err(ApiError::not_found(not_found))
         }
-        Ok(found)
     }
 
     /// Does a list answer for namespace `ns`? The one asked for; with `*`, every one
