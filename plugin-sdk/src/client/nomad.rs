@@ -128,6 +128,14 @@ struct BridgeTask {
     /// `DestroyTask`, which a host may call much later or, across a plugin relaunch,
     /// never usefully. The bridge answers for the task from here on.
     ended: Option<Ended>,
+    /// Held shared by each `StopTask` in flight and exclusively while an exited task
+    /// is released. Nomad's client never destroys a task while it is being stopped,
+    /// and Nomad's drivers rely on it: raw_exec's `DestroyTask` shuts the executor
+    /// down and kills it while `StopTask` still waits on that executor's `Shutdown`,
+    /// which then fails ("transport is closing", or the cleanup it raced with), and
+    /// for a reattached executor (after a plugin relaunch) the driver cannot tell that
+    /// failure from a real one: the user's stop got an error for a task that stopped.
+    calls: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// What the bridge keeps of a task it has released from the plugin.
@@ -375,6 +383,7 @@ impl NomadBridge {
                 relay,
                 fifos,
                 ended: None,
+                calls: Arc::default(),
             },
         );
         Ok(handle)
@@ -490,6 +499,12 @@ impl NomadBridge {
         lock(&self.tasks).get(task_id).and_then(|t| t.ended.clone())
     }
 
+    /// The lock that keeps a release of `task_id` apart from its stops (see
+    /// [`BridgeTask::calls`]); none for a task the bridge does not track.
+    fn calls(&self, task_id: &str) -> Option<Arc<tokio::sync::RwLock<()>>> {
+        lock(&self.tasks).get(task_id).map(|t| t.calls.clone())
+    }
+
     /// `WaitTask`. Once the task has exited, the plugin is told to forget it (its
     /// executor goes) and the bridge answers for it until `destroy_task`.
     pub(crate) async fn wait_task(&self, task_id: &str) -> Result<ExitResult, DriverError> {
@@ -520,6 +535,12 @@ impl NomadBridge {
     /// its executor). Its FIFOs go; the relay ends by itself once the executor has
     /// closed them. Only tasks this bridge started or recovered are released.
     async fn release(&self, task_id: &str, result: &ExitResult) {
+        let Some(calls) = self.calls(task_id) else {
+            return;
+        };
+        // A stop in flight ends first: its exit is what this release reports, and
+        // the plugin's DestroyTask would tear its executor down under it.
+        let _no_stop = calls.write().await;
         let running = lock(&self.tasks)
             .get(task_id)
             .is_some_and(|t| t.ended.is_none());
@@ -568,6 +589,11 @@ impl NomadBridge {
         timeout: Duration,
         signal: Signal,
     ) -> Result<(), DriverError> {
+        let calls = self.calls(task_id);
+        let _stopping = match &calls {
+            Some(c) => Some(c.read().await),
+            None => None,
+        };
         if self.ended(task_id).is_some() {
             return Ok(());
         }
@@ -694,6 +720,7 @@ impl NomadBridge {
                 relay: state.relay,
                 fifos: state.fifos,
                 ended: None,
+                calls: Arc::default(),
             },
         );
         Ok(())
