@@ -1291,6 +1291,7 @@ mod tests {
             lifecycle: None,
             artifacts: Vec::new(),
             templates: Vec::new(),
+            identity: None,
         }
     }
 
