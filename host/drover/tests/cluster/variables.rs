@@ -642,6 +642,7 @@ destination = "secrets/app.env"
         as_task.get_ok("/v1/var/nomad/jobs/idfile")["Items"]["pass"],
         marker
     );
+    verify_with_served_jwks(port, jwt, "idfile");
 
     // Nomad's HCL: the token in the environment only.
     let env_job = root.path().join("idenv.nomad.hcl");
@@ -700,3 +701,34 @@ job "idenv" {
     assert_eq!(status, 403);
 }
 
+/// `jwt` verifies with the key `/.well-known/jwks.json` serves under its `kid`
+/// (fetched without a token, as Nomad serves it) and names `job`; the token altered
+/// does not.
+fn verify_with_served_jwks(port: u16, jwt: &str, job: &str) {
+    let (status, text) = NomadApi::new(port)
+        .call(http::Method::GET, "/.well-known/jwks.json", None)
+        .unwrap();
+    assert_eq!(status, 200, "the JWKS without a token: {text}");
+    let set: jsonwebtoken::jwk::JwkSet =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not a JWK set ({e}): {text}"));
+    let kid = jsonwebtoken::decode_header(jwt)
+        .unwrap()
+        .kid
+        .expect("a kid");
+    let jwk = set
+        .find(&kid)
+        .unwrap_or_else(|| panic!("key {kid} not served: {text}"));
+    let key = jsonwebtoken::DecodingKey::from_jwk(jwk).unwrap();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
+    validation.required_spec_claims.clear();
+    validation.validate_exp = false;
+    let claims = jsonwebtoken::decode::<Value>(jwt, &key, &validation)
+        .unwrap_or_else(|e| panic!("the task's token does not verify with the served key: {e}"))
+        .claims;
+    assert_eq!(claims["nomad_job_id"], job, "{claims}");
+    // One character of the claims changed: the signature no longer holds.
+    let parts: Vec<&str> = jwt.split('.').collect();
+    let first = if parts[1].starts_with('e') { "f" } else { "e" };
+    let forged = format!("{}.{first}{}.{}", parts[0], &parts[1][1..], parts[2]);
+    assert!(jsonwebtoken::decode::<Value>(&forged, &key, &validation).is_err());
+}
