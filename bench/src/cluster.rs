@@ -234,6 +234,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
                     lifecycle: None,
                     artifacts: Vec::new(),
                     templates: Vec::new(),
+                    identity: None,
                 }],
             }],
         };

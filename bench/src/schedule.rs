@@ -124,6 +124,7 @@ fn job(i: usize, count: u32, ports: usize) -> JobSpec {
                 lifecycle: None,
                 artifacts: Vec::new(),
                 templates: Vec::new(),
+                identity: None,
             }],
         }],
     }

@@ -347,6 +347,54 @@ impl Keyring {
     pub fn public_key(&self, key: &StoredRootKey) -> Result<Vec<u8>, KeyringError> {
         Ok(self.material(key)?.public.clone())
     }
+
+    /// The JSON Web Key Set of `keys` (Nomad's `/.well-known/jwks.json`): the public
+    /// key that verifies each one's workload identities, `kid` its key id. Inactive
+    /// keys are in it (what they signed is still valid); a key that does not unwrap
+    /// here (another KEK) is left out, and was logged when first refused.
+    pub fn jwks<'a>(&self, keys: impl IntoIterator<Item = &'a StoredRootKey>) -> JwkSet {
+        let keys = keys
+            .into_iter()
+            .filter_map(|k| {
+                let public = self.public_key(k).ok()?;
+                Some(Jwk {
+                    kty: "OKP".into(),
+                    crv: "Ed25519".into(),
+                    alg: "EdDSA".into(),
+                    key_use: "sig".into(),
+                    kid: k.meta.key_id.clone(),
+                    x: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(public),
+                })
+            })
+            .collect();
+        JwkSet { keys }
+    }
+}
+
+/// A JSON Web Key Set (RFC 7517), as `/.well-known/jwks.json` serves it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JwkSet {
+    /// The keys.
+    pub keys: Vec<Jwk>,
+}
+
+/// An Ed25519 public key as a JSON Web Key (RFC 8037: `OKP`, `crv` Ed25519, `x` the
+/// raw key in base64url without padding).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Jwk {
+    /// `OKP`.
+    pub kty: String,
+    /// `Ed25519`.
+    pub crv: String,
+    /// `EdDSA`.
+    pub alg: String,
+    /// `sig`.
+    #[serde(rename = "use")]
+    pub key_use: String,
+    /// The root key's id: the `kid` of the identities it signed.
+    pub kid: String,
+    /// The public key.
+    pub x: String,
 }
 
 /// The associated data of a variable's ciphertext: where it belongs.
@@ -486,6 +534,54 @@ mod tests {
         );
         let forged = format!("{}.{forged_claims}.{}", parts[0], parts[2]);
         assert!(k.verify_identity(&forged, |_| Some(&key)).is_err());
+    }
+
+    #[test]
+    fn the_jwks_verifies_each_keys_identities_by_kid_and_nothing_else() {
+        let k = ring();
+        let old = k.new_root_key(INACTIVE, 1, 0).unwrap();
+        let active = k.new_root_key(ACTIVE, 2, 0).unwrap();
+        let foreign = Keyring::with_kek([9; 32])
+            .new_root_key(ACTIVE, 3, 0)
+            .unwrap();
+        let set = k.jwks([&old, &active, &foreign]);
+        // The key this server cannot unwrap is left out.
+        let kids: Vec<&str> = set.keys.iter().map(|j| j.kid.as_str()).collect();
+        assert_eq!(
+            kids,
+            [old.meta.key_id.as_str(), active.meta.key_id.as_str()]
+        );
+        // What a JWT library reads from the served JSON verifies the identities.
+        let text = serde_json::to_string(&set).unwrap();
+        assert!(!text.contains("\"d\""), "no private part: {text}");
+        let parsed: jsonwebtoken::jwk::JwkSet = serde_json::from_str(&text).unwrap();
+        let claims = WorkloadClaims {
+            nomad_namespace: "default".into(),
+            nomad_job_id: "web".into(),
+            nomad_allocation_id: "a1".into(),
+            nomad_task: "t".into(),
+            sub: "a1".into(),
+            iat: 5,
+        };
+        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
+        validation.required_spec_claims.clear();
+        validation.validate_exp = false;
+        for key in [&old, &active] {
+            let token = k.sign_identity(key, &claims).unwrap();
+            let kid = jsonwebtoken::decode_header(&token).unwrap().kid.unwrap();
+            let jwk = parsed.find(&kid).expect("the token's kid is served");
+            let dec = jsonwebtoken::DecodingKey::from_jwk(jwk).unwrap();
+            let got = jsonwebtoken::decode::<WorkloadClaims>(&token, &dec, &validation).unwrap();
+            assert_eq!(got.claims, claims);
+            // The other served key does not verify it.
+            let other = parsed
+                .keys
+                .iter()
+                .find(|j| j.common.key_id.as_deref() != Some(&kid))
+                .unwrap();
+            let dec = jsonwebtoken::DecodingKey::from_jwk(other).unwrap();
+            assert!(jsonwebtoken::decode::<WorkloadClaims>(&token, &dec, &validation).is_err());
+        }
     }
 
     #[test]

@@ -367,6 +367,20 @@ impl Server {
         keys
     }
 
+    /// The public keys that verify workload identities (`/.well-known/jwks.json`),
+    /// newest first.
+    pub fn jwks(&self) -> crate::keyring::JwkSet {
+        let st = self.core.read();
+        let mut keys: Vec<_> = st.root_keys().values().collect();
+        keys.sort_by(|a, b| {
+            b.meta
+                .create_index
+                .cmp(&a.meta.create_index)
+                .then(a.meta.key_id.cmp(&b.meta.key_id))
+        });
+        self.keyring.jwks(keys)
+    }
+
     /// A new active root key; the others become inactive and stay, to decrypt and
     /// verify what they made. `full`: every variable is then encrypted again with the
     /// new key, in commits of at most [`REKEY_BATCH_BYTES`] each (a keyring of many

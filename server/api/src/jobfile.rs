@@ -263,6 +263,7 @@ struct TaskDoc {
     service: Option<Vec<ServiceDoc>>,
     artifact: Option<Vec<crate::types::ArtifactSpec>>,
     template: Option<Vec<crate::types::TemplateSpec>>,
+    identity: Option<crate::types::TaskIdentity>,
 }
 
 #[derive(Deserialize)]
@@ -410,6 +411,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                 lifecycle: t.lifecycle,
                 artifacts: t.artifact.unwrap_or_default(),
                 templates: t.template.unwrap_or_default(),
+                identity: t.identity,
             });
         }
         if tasks.is_empty() {

@@ -335,6 +335,39 @@ pub struct Task {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub templates: Vec<TemplateSpec>,
+    /// How the task gets its workload identity token (Nomad's `identity` block);
+    /// absent: in `secrets/nomad_token`, not in the environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<TaskIdentity>,
+}
+
+/// A task's `identity` block (Nomad's `WorkloadIdentity`: `env`, `file`). A field
+/// left out of the block is false, as in Nomad; a task without the block gets the
+/// file and not the variable ([`TaskIdentity::DEFAULT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskIdentity {
+    /// The token in the task's environment as `NOMAD_TOKEN`.
+    #[serde(default)]
+    pub env: bool,
+    /// The token in `secrets/nomad_token`.
+    #[serde(default)]
+    pub file: bool,
+}
+
+impl TaskIdentity {
+    /// A task without an `identity` block: the file, not the variable.
+    pub const DEFAULT: TaskIdentity = TaskIdentity {
+        env: false,
+        file: true,
+    };
+}
+
+impl Task {
+    /// Where this task's workload identity token goes.
+    pub fn identity(&self) -> TaskIdentity {
+        self.identity.unwrap_or(TaskIdentity::DEFAULT)
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1896,6 +1929,7 @@ mod tests {
             lifecycle: None,
             artifacts: Vec::new(),
             templates: Vec::new(),
+            identity: None,
         };
         let g = TaskGroup {
             update: Default::default(),

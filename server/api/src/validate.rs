@@ -1293,6 +1293,7 @@ mod tests {
             lifecycle: None,
             artifacts: Vec::new(),
             templates: Vec::new(),
+            identity: None,
         }
     }
 

@@ -115,6 +115,7 @@ mod tests {
                     lifecycle: None,
                     artifacts: Vec::new(),
                     templates: Vec::new(),
+                    identity: None,
                 }],
             }],
         }

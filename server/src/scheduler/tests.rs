@@ -257,6 +257,7 @@ fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
         lifecycle: None,
         artifacts: Vec::new(),
         templates: Vec::new(),
+        identity: None,
     }
 }
 

@@ -116,6 +116,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
                 lifecycle: None,
                 artifacts: Vec::new(),
                 templates: Vec::new(),
+                identity: None,
             }],
         }],
     }

@@ -25,6 +25,7 @@ mod hooks;
 mod identity;
 mod record;
 mod runner;
+pub(crate) mod task_user;
 mod templates;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

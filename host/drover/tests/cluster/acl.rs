@@ -119,6 +119,9 @@ fn acls_refuse_anonymous_callers_and_grant_what_policies_say() {
         .unwrap();
     assert_eq!(status, 403);
     assert!(anonymous.get_json("/v1/status/leader").is_some());
+    // The public keys of workload identities are anyone's to read, as in Nomad.
+    let jwks = anonymous.get_ok("/.well-known/jwks.json");
+    assert!(jwks["keys"].is_array(), "{jwks}");
     // The cluster token (what every node holds) is no user credential.
     let node_cred = NomadApi::new(port).with_token(&dev_token);
     let (status, body) = node_cred.call(http::Method::GET, "/v1/jobs", None).unwrap();

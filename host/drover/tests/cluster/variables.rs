@@ -521,3 +521,214 @@ fn on_etcd_a_variable_written_through_one_server_reads_through_another_and_is_st
         common::ha::text(&out.stderr)
     );
 }
+
+/// The value after `key=` on a line of `log`, once the task has printed it.
+fn logged<'a>(log: &'a str, key: &str) -> Option<&'a str> {
+    log.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// The one running allocation of `job`, and the output of its task `t` once it holds
+/// every line of `keys`.
+fn task_output(agent: &Agent, job: &str, keys: &[&str]) -> String {
+    let status = common::cluster::wait_job(agent, job, "one running allocation", |v| {
+        common::cluster::allocs_with(v, "running").len() == 1
+    });
+    let alloc = common::cluster::allocs_with(&status, "running")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut log = String::new();
+    drover_test_support::until_blocking(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        &format!("{job}'s task printing {keys:?}"),
+        || {
+            log = String::from_utf8_lossy(&agent.cli(&["alloc", "logs", &alloc, "t"]).stdout)
+                .into_owned();
+            keys.iter().all(|k| logged(&log, k).is_some())
+        },
+    );
+    log
+}
+
+/// Exec tasks run as `nobody` (the first says so in its config, the second gets the
+/// driver's default): each reads its own workload identity and a template-rendered
+/// `secrets/` file, both 0600 and given to its user. Without an `identity` block the
+/// token is in `secrets/nomad_token` and not in the environment; with Nomad's
+/// `identity { env = true, file = false }` (HCL) it is in `NOMAD_TOKEN` and no file is
+/// written, and templates still read variables with it. Each token works as the
+/// task's identity.
+#[test]
+fn non_root_exec_tasks_read_their_identity_and_secrets_as_their_identity_block_says() {
+    let root = tempfile::tempdir().unwrap();
+    let (agent, port, _token) = dev_agent(root.path());
+    wait_dev_node_ready(&agent, &["raw_exec", "exec"], Duration::from_secs(30));
+    let marker = format!("id-marker-{}", std::process::id());
+    ok(
+        &agent,
+        &["var", "put", "nomad/jobs/idfile", &format!("pass={marker}")],
+    );
+    ok(
+        &agent,
+        &[
+            "var",
+            "put",
+            "nomad/jobs/idenv",
+            &format!("pass={marker}-env"),
+        ],
+    );
+
+    let file_job = job_file(
+        root.path(),
+        "idfile",
+        r#"
+name = "idfile"
+type = "service"
+
+[[group]]
+name = "g"
+
+[[group.task]]
+name = "t"
+driver = "exec"
+config = { command = "/bin/sh", user = "nobody", args = ["-c", 'echo "uid=$(id -u)"; echo "token=$(cat $NOMAD_SECRETS_DIR/nomad_token)"; echo "secret=$(cat $NOMAD_SECRETS_DIR/app.env)"; echo "env=[$NOMAD_TOKEN]"; exec sleep 600'] }
+resources = { cpu = 100, memory_mb = 64 }
+
+[[group.task.template]]
+data = '{{ with nomadVar "nomad/jobs/idfile" }}PASS={{ .pass }}{{ end }}'
+destination = "secrets/app.env"
+"#,
+    );
+    ok(
+        &agent,
+        &["job", "run", "--detach", file_job.to_str().unwrap()],
+    );
+    let log = task_output(&agent, "idfile", &["uid", "token", "secret", "env"]);
+    let uid = logged(&log, "uid").unwrap();
+    assert_ne!(uid, "0", "the exec task runs as nobody: {log}");
+    let jwt = logged(&log, "token").unwrap();
+    assert_eq!(jwt.split('.').count(), 3, "the task read its token: {log}");
+    assert_eq!(
+        logged(&log, "secret"),
+        Some(format!("PASS={marker}").as_str()),
+        "{log}"
+    );
+    assert_eq!(
+        logged(&log, "env"),
+        Some("[]"),
+        "no NOMAD_TOKEN by default: {log}"
+    );
+    // On the host: both files the task user's, 0600.
+    use std::os::unix::fs::MetadataExt as _;
+    for (needle, name) in [
+        (jwt.as_bytes(), "secrets/nomad_token"),
+        (marker.as_bytes(), "secrets/app.env"),
+    ] {
+        let files: Vec<_> = files_contain(&agent.data_dir.join("alloc"), needle)
+            .into_iter()
+            .filter(|p| p.ends_with(name))
+            .collect();
+        assert_eq!(files.len(), 1, "{name}: {files:?}");
+        let m = std::fs::metadata(&files[0]).unwrap();
+        assert_eq!(
+            (m.uid().to_string().as_str(), m.mode() & 0o777),
+            (uid, 0o600),
+            "{name}"
+        );
+    }
+    let as_task = NomadApi::new(port).with_token(jwt);
+    assert_eq!(
+        as_task.get_ok("/v1/var/nomad/jobs/idfile")["Items"]["pass"],
+        marker
+    );
+    verify_with_served_jwks(port, jwt, "idfile");
+
+    // Nomad's HCL: the token in the environment only.
+    let env_job = root.path().join("idenv.nomad.hcl");
+    std::fs::write(
+        &env_job,
+        r#"
+job "idenv" {
+  type = "service"
+  group "g" {
+    task "t" {
+      driver = "exec"
+      config {
+        command = "/bin/sh"
+        args = ["-c", "echo \"uid=$(id -u)\"; if [ -e \"$NOMAD_SECRETS_DIR/nomad_token\" ]; then echo file=yes; else echo file=no; fi; echo \"secret=$(cat $NOMAD_SECRETS_DIR/app.env)\"; echo \"env=$NOMAD_TOKEN\"; exec sleep 600"]
+      }
+      identity {
+        env  = true
+        file = false
+      }
+      template {
+        data        = "{{ with nomadVar \"nomad/jobs/idenv\" }}PASS={{ .pass }}{{ end }}"
+        destination = "secrets/app.env"
+      }
+      resources {
+        cpu    = 100
+        memory = 64
+      }
+    }
+  }
+}
+"#,
+    )
+    .unwrap();
+    ok(
+        &agent,
+        &["job", "run", "--detach", env_job.to_str().unwrap()],
+    );
+    let log = task_output(&agent, "idenv", &["uid", "file", "secret", "env"]);
+    assert_ne!(logged(&log, "uid"), Some("0"), "{log}");
+    assert_eq!(logged(&log, "file"), Some("no"), "file = false: {log}");
+    assert_eq!(
+        logged(&log, "secret"),
+        Some(format!("PASS={marker}-env").as_str()),
+        "{log}"
+    );
+    let jwt = logged(&log, "env").unwrap();
+    assert_eq!(jwt.split('.').count(), 3, "env = true: {log}");
+    let as_task = NomadApi::new(port).with_token(jwt);
+    assert_eq!(
+        as_task.get_ok("/v1/var/nomad/jobs/idenv")["Items"]["pass"],
+        format!("{marker}-env")
+    );
+    let (status, _) = as_task
+        .call(http::Method::GET, "/v1/var/nomad/jobs/idfile", None)
+        .unwrap();
+    assert_eq!(status, 403);
+}
+
+/// `jwt` verifies with the key `/.well-known/jwks.json` serves under its `kid`
+/// (fetched without a token, as Nomad serves it) and names `job`; the token altered
+/// does not.
+fn verify_with_served_jwks(port: u16, jwt: &str, job: &str) {
+    let (status, text) = NomadApi::new(port)
+        .call(http::Method::GET, "/.well-known/jwks.json", None)
+        .unwrap();
+    assert_eq!(status, 200, "the JWKS without a token: {text}");
+    let set: jsonwebtoken::jwk::JwkSet =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not a JWK set ({e}): {text}"));
+    let kid = jsonwebtoken::decode_header(jwt)
+        .unwrap()
+        .kid
+        .expect("a kid");
+    let jwk = set
+        .find(&kid)
+        .unwrap_or_else(|| panic!("key {kid} not served: {text}"));
+    let key = jsonwebtoken::DecodingKey::from_jwk(jwk).unwrap();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
+    validation.required_spec_claims.clear();
+    validation.validate_exp = false;
+    let claims = jsonwebtoken::decode::<Value>(jwt, &key, &validation)
+        .unwrap_or_else(|e| panic!("the task's token does not verify with the served key: {e}"))
+        .claims;
+    assert_eq!(claims["nomad_job_id"], job, "{claims}");
+    // One character of the claims changed: the signature no longer holds.
+    let parts: Vec<&str> = jwt.split('.').collect();
+    let first = if parts[1].starts_with('e') { "f" } else { "e" };
+    let forged = format!("{}.{first}{}.{}", parts[0], &parts[1][1..], parts[2]);
+    assert!(jsonwebtoken::decode::<Value>(&forged, &key, &validation).is_err());
+}

@@ -279,6 +279,7 @@ fn sh(name: &str, script: &str, lifecycle: Option<(LifecycleHook, bool)>) -> Tas
         lifecycle: lifecycle.map(|(hook, sidecar)| Lifecycle { hook, sidecar }),
         artifacts: Vec::new(),
         templates: Vec::new(),
+        identity: None,
     }
 }
 

@@ -224,6 +224,7 @@ fn sh(name: &str, script: &str) -> Task {
         lifecycle: None,
         artifacts: Vec::new(),
         templates: Vec::new(),
+        identity: None,
     }
 }
 

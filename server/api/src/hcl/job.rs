@@ -822,6 +822,7 @@ impl Reader<'_, '_> {
                 "service",
                 "artifact",
                 "template",
+                "identity",
             ],
         )?;
         let mut o = Obj::new();
@@ -884,6 +885,17 @@ impl Reader<'_, '_> {
             .collect::<Result<Vec<_>, _>>()?;
         if !templates.is_empty() {
             o.insert("Templates".into(), Json::Array(templates));
+        }
+        if let Some(id) = single_block(self.src, body, "identity")? {
+            let fields: &[Field] = &[("env", "Env", Kind::Bool), ("file", "File", Kind::Bool)];
+            let mut io = match self.fields(&id.body, fields)? {
+                Json::Object(io) => io,
+                _ => Obj::new(),
+            };
+            // Nomad prints both, false when left out.
+            io.entry("Env").or_insert(Json::Bool(false));
+            io.entry("File").or_insert(Json::Bool(false));
+            o.insert("Identity".into(), Json::Object(io));
         }
         o.insert("Leader".into(), false.into());
         o.insert("ShutdownDelay".into(), 0.into());

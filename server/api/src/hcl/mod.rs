@@ -78,7 +78,6 @@ pub const UNSUPPORTED_BLOCKS: &[&str] = &[
     "dynamic",
     "dispatch_payload",
     "ephemeral_disk",
-    "identity",
     "migrate",
     "multiregion",
     "parameterized",

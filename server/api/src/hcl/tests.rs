@@ -184,6 +184,54 @@ fn task_file(inner: &str) -> String {
 }
 
 #[test]
+fn an_identity_block_says_where_the_token_goes_and_left_out_fields_are_false() {
+    let spec = |inner: &str| {
+        let text = task_file(inner);
+        let json = parse_text(&text).unwrap_or_else(|e| panic!("{e}"));
+        let job = to_job("job.hcl", json.clone())
+            .unwrap()
+            .to_spec()
+            .unwrap()
+            .spec;
+        (json, job.groups[0].tasks[0].clone())
+    };
+    let (json, t) = spec("      identity {\n        env  = true\n        file = false\n      }");
+    assert_eq!(
+        json["Job"]["TaskGroups"][0]["Tasks"][0]["Identity"],
+        json!({"Env": true, "File": false})
+    );
+    assert_eq!(
+        t.identity(),
+        crate::TaskIdentity {
+            env: true,
+            file: false
+        }
+    );
+    // Nomad's: a field left out of the block is false.
+    let (_, t) = spec("      identity {\n        env = true\n      }");
+    assert_eq!(
+        t.identity(),
+        crate::TaskIdentity {
+            env: true,
+            file: false
+        }
+    );
+    // No block: the file, not the variable.
+    let (json, t) = spec("");
+    assert!(
+        json["Job"]["TaskGroups"][0]["Tasks"][0]
+            .get("Identity")
+            .is_none()
+    );
+    assert_eq!(t.identity, None);
+    assert_eq!(t.identity(), crate::TaskIdentity::DEFAULT);
+    assert_eq!(
+        err(&task_file("      identity {\n        envv = true\n      }")),
+        "job.hcl:6:9: unsupported argument \"envv\"; did you mean \"env\"?"
+    );
+}
+
+#[test]
 fn typo_is_named_with_a_suggestion_and_its_place() {
     let text = "job \"j\" {\n  group \"g\" {\n    cunt = 2\n  }\n}\n";
     assert_eq!(

@@ -295,6 +295,14 @@ pub struct Task {
     /// Not supported yet.
     #[serde(rename = "Templates", alias = "templates", default)]
     pub templates: Option<Vec<Template>>,
+    /// How the task gets its workload identity token.
+    #[serde(
+        rename = "Identity",
+        alias = "identity",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub identity: Option<WorkloadIdentity>,
     /// Not supported yet.
     #[serde(rename = "DispatchPayload", default)]
     pub dispatch_payload: Option<Value>,
@@ -546,6 +554,20 @@ pub struct TaskArtifact {
     /// Destination in the task directory.
     #[serde(rename = "RelativeDest", alias = "destination", default)]
     pub relative_dest: Option<String>,
+    /// Keys Drover does not know.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+/// A task's `identity` block in Nomad's shape (`api.WorkloadIdentity`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct WorkloadIdentity {
+    /// The token in the task's environment as `NOMAD_TOKEN`.
+    #[serde(rename = "Env", alias = "env", default)]
+    pub env: Option<bool>,
+    /// The token in `secrets/nomad_token`.
+    #[serde(rename = "File", alias = "file", default)]
+    pub file: Option<bool>,
     /// Keys Drover does not know.
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
@@ -1448,6 +1470,17 @@ fn task(
     for (i, tm) in t.templates.iter().flatten().enumerate() {
         templates.push(template(&join(path, &format!("Templates[{i}]")), tm)?);
     }
+    let identity = match &t.identity {
+        None => None,
+        Some(id) => {
+            refuse_unknown(&join(path, "Identity"), &id.other)?;
+            // A field left out of the block is false, as in Nomad.
+            Some(internal::TaskIdentity {
+                env: id.env.unwrap_or(false),
+                file: id.file.unwrap_or(false),
+            })
+        }
+    };
     Ok(internal::Task {
         services: Default::default(),
         name,
@@ -1463,6 +1496,7 @@ fn task(
         lifecycle,
         artifacts,
         templates,
+        identity,
     })
 }
 
@@ -1768,6 +1802,11 @@ impl From<&internal::Task> for Task {
             services: Some(t.services.iter().map(Service::from).collect()),
             artifacts: Some(t.artifacts.iter().map(TaskArtifact::from).collect()),
             templates: Some(t.templates.iter().map(Template::from).collect()),
+            identity: t.identity.map(|id| WorkloadIdentity {
+                env: Some(id.env),
+                file: Some(id.file),
+                other: BTreeMap::new(),
+            }),
             ..Default::default()
         }
     }

@@ -263,6 +263,33 @@ fn artifacts_and_templates_in_nomads_json_convert_and_bad_ones_name_the_field() 
 }
 
 #[test]
+fn an_identity_in_nomads_json_converts_both_ways_and_unknown_keys_are_named() {
+    let job = |identity: serde_json::Value| {
+        json!({"Job": {"ID": "x", "TaskGroups": [{"Name": "g",
+            "Tasks": [{"Name": "t", "Driver": "exec", "Resources": {}, "Identity": identity}]}]}})
+    };
+    let spec = parse(job(json!({"Env": true, "File": false})))
+        .expect("converts")
+        .spec;
+    let want = crate::TaskIdentity {
+        env: true,
+        file: false,
+    };
+    assert_eq!(spec.groups[0].tasks[0].identity, Some(want));
+    let wire = crate::nomad::Job::from(&spec);
+    let again = wire.to_spec().expect("converts back").spec;
+    assert_eq!(again.groups[0].tasks[0].identity, Some(want));
+    // Null (what Nomad sends for a task without the block): the default.
+    let spec = parse(job(serde_json::Value::Null)).expect("converts").spec;
+    assert_eq!(
+        spec.groups[0].tasks[0].identity(),
+        crate::TaskIdentity::DEFAULT
+    );
+    let e = parse(job(json!({"Env": true, "Audience": ["x"]}))).unwrap_err();
+    assert_eq!(e.path, "TaskGroups[0].Tasks[0].Identity.Audience", "{e}");
+}
+
+#[test]
 fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
     let base = || {
         json!({"ID": "x", "TaskGroups": [{"Name": "g",
@@ -748,6 +775,7 @@ fn sample_task(rng: &mut Rng, index: u64) -> internal::Task {
         }),
         artifacts: Vec::new(),
         templates: Vec::new(),
+        identity: None,
     }
 }
 

@@ -321,7 +321,11 @@ pub fn router_with_local_agent(
         ))
         .with_state(api.clone())
         .merge(client);
-    match token {
+    // Outside every token check: public keys, which anyone may use to verify.
+    let public = Router::new()
+        .route(JWKS_PATH, get(variables::jwks))
+        .with_state(api.clone());
+    let routes = match token {
         // With ACLs, each request's own token says who it is; the cluster token is
         // the servers' and nodes' credential on the RPCs, not a user's.
         _ if acl_enabled => routes.layer(axum::middleware::from_fn_with_state(api, acl::resolve)),
@@ -329,8 +333,12 @@ pub fn router_with_local_agent(
             check_token(Arc::from(token.as_bytes()), req, next)
         })),
         None => routes,
-    }
+    };
+    public.merge(routes)
 }
+
+/// Nomad's JSON Web Key Set of the keys that sign workload identities.
+pub const JWKS_PATH: &str = "/.well-known/jwks.json";
 
 /// `Router::route` that refuses a path without an ACL rule (a route must say what it
 /// needs before it can be served).

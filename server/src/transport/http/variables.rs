@@ -204,6 +204,13 @@ pub(super) async fn keyring_keys(State(api): State<Api>, q: Params) -> ApiResult
     answer(api.server.index(), api.server.keyring_keys())
 }
 
+/// `GET /.well-known/jwks.json`: the public keys that verify workload identities.
+/// Unauthenticated, as in Nomad: a third party checks a task's token with them, and
+/// they are public keys only.
+pub(super) async fn jwks(State(api): State<Api>) -> ApiResult {
+    answer(api.server.index(), api.server.jwks())
+}
+
 pub(super) async fn keyring_rotate(State(api): State<Api>, q: Params) -> ApiResult {
     let full = q.0.iter().any(|(k, _)| k == "full");
     let r = api.server.rotate_keyring(full).await?;

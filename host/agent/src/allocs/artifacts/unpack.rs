@@ -415,6 +415,19 @@ pub(crate) fn write_file(
     reader: &mut dyn Read,
     budget_or_cap: &mut dyn Cap,
 ) -> Result<u64, UnpackError> {
+    write_file_owned(dest, rel, mode, reader, budget_or_cap, None)
+}
+
+/// [`write_file`], the file given to `owner` (through the descriptor opened, never
+/// by path) when there is one.
+pub(crate) fn write_file_owned(
+    dest: &Dir,
+    rel: &Path,
+    mode: u32,
+    reader: &mut dyn Read,
+    budget_or_cap: &mut dyn Cap,
+    owner: Option<crate::allocs::task_user::Owner>,
+) -> Result<u64, UnpackError> {
     let (Some(name), parent) = (rel.file_name(), rel.parent()) else {
         return Err(write_err(rel, io::Error::other("no file name")));
     };
@@ -451,6 +464,9 @@ pub(crate) fn write_file(
                 .single_link(true),
         )
         .map_err(|e| write_err(rel, e))?;
+    if let Some(owner) = owner {
+        owner.give(&out).map_err(|e| write_err(rel, e))?;
+    }
     let cap = budget_or_cap.remaining();
     let written = io::copy(&mut reader.take(cap.saturating_add(1)), &mut out)
         .map_err(|e| UnpackError::Read(format!("{}: {e}", rel.display())))?;

@@ -5,13 +5,16 @@
 //!   written beneath the task directory's descriptor without following links (a link
 //!   planted at or on the way to the destination is refused, not written through);
 //!   `perms` applies, files under `secrets/` are always 0600; a rendered file is at
-//!   most [`render::MAX_RENDERED`] bytes.
+//!   most [`render::MAX_RENDERED`] bytes. It belongs to the user the task runs as
+//!   ([`super::task_user`]: an exec task's `nobody` can read its 0600 secrets), given
+//!   through the descriptor written, never by path.
 //! - `env = true`: the rendered `KEY=VALUE` lines are added to the task's environment.
 //! - Inputs: the task's environment (`env`), services (`nomadService`, Nomad's
 //!   `/v1/service/:name`) and variables (`nomadVar`, `nomadVarList`, `/v1/var/:path`
-//!   and `/v1/vars?prefix=` read with the task's workload identity token from
-//!   `secrets/nomad_token`), through a [`TemplateServer`] (the agent's forwarder to the
-//!   cluster servers).
+//!   and `/v1/vars?prefix=` read with the task's workload identity token, the one
+//!   the server signed for it, whether or not its `identity` block has it written to
+//!   `secrets/nomad_token`), through a [`TemplateServer`] (the agent's forwarder to
+//!   the cluster servers).
 //! - Changes: while the task runs, its templates are rendered again every
 //!   [`WATCH_INTERVAL`]; a file that renders differently is rewritten and, after a
 //!   random delay up to `splay`, `change_mode` applies: `restart` (the task manager
@@ -20,7 +23,6 @@
 pub(crate) mod render;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::artifacts::unpack;
 use super::hooks::{AllocTaskHook, HookContext, HookState};
+use super::task_user::{self, Owner};
 use crate::tasks::TaskManager;
 use render::{Inputs, Wanted};
 
@@ -44,8 +47,6 @@ const RENDER_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_ROUNDS: usize = 4;
 /// Largest template `source` file read from the task directory.
 const MAX_SOURCE: u64 = 256 * 1024;
-/// Where the server writes the task's workload identity token (in its task dir).
-pub const WORKLOAD_TOKEN_FILE: &str = "secrets/nomad_token";
 
 /// What templates read from the cluster. The agent's implementation forwards to the
 /// servers ([`crate::cluster::forward::Forwarder`]).
@@ -85,6 +86,8 @@ struct Watched {
     env: BTreeMap<String, String>,
     last: Vec<Option<String>>,
     stop: Option<CancellationToken>,
+    /// Whose the rendered files are (from the task's final driver config).
+    owner: Option<Owner>,
 }
 
 /// Renders a task's templates before it starts and watches them while it runs.
@@ -116,25 +119,25 @@ impl TemplateHook {
     }
 }
 
-/// The directories a template reads from and writes to, and the namespace of its
-/// allocation (where `nomadService` looks services up, as Nomad's).
+/// The directories a template reads from and writes to, whose its files are, and the
+/// namespace of its allocation (where `nomadService` looks services up, as Nomad's).
 #[derive(Clone)]
 struct Dirs {
     task: std::path::PathBuf,
     shared: std::path::PathBuf,
     namespace: String,
+    /// The user the task runs as, when not root (see [`task_user`]).
+    owner: Option<Owner>,
 }
 
-/// The workload identity token in the task's `secrets/`, if the server wrote one.
-fn workload_token(task_dir: &Path) -> Option<String> {
-    let dir = Dir::open(task_dir).ok()?;
-    let mut f = dir
-        .open_file(WORKLOAD_TOKEN_FILE, &OpenOptions::new().read(true))
-        .ok()?;
-    let mut s = String::new();
-    use std::io::Read as _;
-    (&mut f).take(64 * 1024).read_to_string(&mut s).ok()?;
-    Some(s.trim().to_owned()).filter(|s| !s.is_empty())
+/// The task's workload identity token, as the server signed it (not read back from
+/// `secrets/nomad_token`, which the task may have replaced, or not have).
+fn workload_token(ctx: &HookContext<'_>) -> Option<String> {
+    ctx.alloc
+        .identities
+        .get(&ctx.task.name)
+        .filter(|t| !t.is_empty())
+        .cloned()
 }
 
 /// The template's text: `data`, or its `source` file read from the task directory.
@@ -190,7 +193,7 @@ async fn fetch(
     }
     if !wanted.vars.is_empty() || !wanted.var_lists.is_empty() {
         let token = token.ok_or_else(|| {
-            format!("nomadVar: the task has no workload identity token ({WORKLOAD_TOKEN_FILE})")
+            "nomadVar: the task has no workload identity token (the server signed none)".to_owned()
         })?;
         for path in &wanted.vars {
             let v = server
@@ -216,18 +219,13 @@ async fn render_one(
     dirs: &Dirs,
     env: &BTreeMap<String, String>,
     server: Option<&Arc<dyn TemplateSources>>,
+    token: Option<&str>,
 ) -> Result<String, String> {
     let text = {
         let (t, dirs) = (t.clone(), dirs.clone());
         tokio::task::spawn_blocking(move || template_text(&t, &dirs))
             .await
             .map_err(|e| e.to_string())??
-    };
-    let token = {
-        let task = dirs.task.clone();
-        tokio::task::spawn_blocking(move || workload_token(&task))
-            .await
-            .map_err(|e| e.to_string())?
     };
     let mut inputs = Inputs {
         env: env.clone(),
@@ -250,14 +248,7 @@ async fn render_one(
         if wanted.is_empty() {
             return Ok(out);
         }
-        fetch(
-            server,
-            &dirs.namespace,
-            &wanted,
-            &mut inputs,
-            token.as_deref(),
-        )
-        .await?;
+        fetch(server, &dirs.namespace, &wanted, &mut inputs, token).await?;
     }
     Err(format!(
         "what the template reads was still changing after {MAX_ROUNDS} rounds"
@@ -265,7 +256,7 @@ async fn render_one(
 }
 
 /// Write the rendered `text` to `t`'s destination (link-safe, bounded, `perms`,
-/// 0600 under `secrets/`).
+/// 0600 under `secrets/`, the task user's).
 fn write_one(t: &TemplateSpec, dirs: &Dirs, text: &str) -> Result<(), String> {
     let dest = taskfiles::task_path(&t.destination).map_err(|e| format!("destination: {e}"))?;
     let mode = if dest.is_secret() {
@@ -290,9 +281,16 @@ fn write_one(t: &TemplateSpec, dirs: &Dirs, text: &str) -> Result<(), String> {
             }
         }
     }
-    unpack::write_file(&top, &dest.rel, mode, &mut text.as_bytes(), &mut Cap)
-        .map(|_| ())
-        .map_err(|e| format!("destination {}: {e}", t.destination))
+    unpack::write_file_owned(
+        &top,
+        &dest.rel,
+        mode,
+        &mut text.as_bytes(),
+        &mut Cap,
+        dirs.owner,
+    )
+    .map(|_| ())
+    .map_err(|e| format!("destination {}: {e}", t.destination))
 }
 
 async fn write(t: &TemplateSpec, dirs: &Dirs, text: String) -> Result<(), String> {
@@ -322,8 +320,10 @@ impl AllocTaskHook for TemplateHook {
             task: ctx.task_dir.to_owned(),
             shared: ctx.shared_dir.to_owned(),
             namespace: ctx.alloc.alloc.namespace.clone(),
+            owner: task_user::task_owner(&req.driver, &req.config),
         };
         let env = req.env.clone();
+        let token = workload_token(ctx);
         if ctx.restored {
             // After an agent restart the task runs with what was rendered, and its
             // poststart was seen before: watch from here on (the first render again
@@ -334,6 +334,7 @@ impl AllocTaskHook for TemplateHook {
                     env,
                     last: vec![None; ctx.task.templates.len()],
                     stop: None,
+                    owner: dirs.owner,
                 },
             );
             self.watch(ctx);
@@ -347,7 +348,7 @@ impl AllocTaskHook for TemplateHook {
         let mut last = Vec::new();
         let mut added = BTreeMap::new();
         for (i, t) in ctx.task.templates.iter().enumerate() {
-            let text = render_one(t, &dirs, &env, self.server.as_ref())
+            let text = render_one(t, &dirs, &env, self.server.as_ref(), token.as_deref())
                 .await
                 .map_err(|e| format!("template {i} ({}): {e}", t.destination))?;
             if t.env {
@@ -368,6 +369,7 @@ impl AllocTaskHook for TemplateHook {
                 env,
                 last,
                 stop: None,
+                owner: dirs.owner,
             },
         );
         Ok(())
@@ -406,7 +408,7 @@ impl TemplateHook {
     /// Start the task's watcher unless it runs already.
     fn watch(&self, ctx: &HookContext<'_>) {
         let stop = CancellationToken::new();
-        let (env, last) = {
+        let (env, last, owner) = {
             let mut tasks = self.lock();
             let Some(w) = tasks.get_mut(ctx.task_id) else {
                 return;
@@ -415,7 +417,7 @@ impl TemplateHook {
                 return;
             }
             w.stop = Some(stop.clone());
-            (w.env.clone(), w.last.clone())
+            (w.env.clone(), w.last.clone(), w.owner)
         };
         let watch = Watch {
             task: ctx.task.clone(),
@@ -424,8 +426,10 @@ impl TemplateHook {
                 task: ctx.task_dir.to_owned(),
                 shared: ctx.shared_dir.to_owned(),
                 namespace: ctx.alloc.alloc.namespace.clone(),
+                owner,
             },
             env,
+            token: workload_token(ctx),
             last,
             server: self.server.clone(),
             tasks: ctx.tasks.clone(),
@@ -445,6 +449,7 @@ struct Watch {
     task_id: String,
     dirs: Dirs,
     env: BTreeMap<String, String>,
+    token: Option<String>,
     last: Vec<Option<String>>,
     server: Option<Arc<dyn TemplateSources>>,
     tasks: Arc<TaskManager>,
@@ -458,7 +463,15 @@ impl Watch {
             let mut signals = Vec::new();
             let mut splay = Duration::ZERO;
             for (i, t) in self.task.templates.iter().enumerate() {
-                let text = match render_one(t, &self.dirs, &self.env, self.server.as_ref()).await {
+                let text = match render_one(
+                    t,
+                    &self.dirs,
+                    &self.env,
+                    self.server.as_ref(),
+                    self.token.as_deref(),
+                )
+                .await
+                {
                     Ok(text) => text,
                     Err(e) => {
                         tracing::warn!(task = %self.task.name, template = i, "rendering again failed: {e}");
