@@ -58,7 +58,12 @@ fn find_deployment(
         |d| &d.id,
         |d| &d.namespace,
         capability,
-        "deployment not found",
+        // The writes name the id (`drover deployment fail` prints it), as before.
+        &if capability == "read-job" {
+            "deployment not found".to_owned()
+        } else {
+            format!("deployment {id} not found")
+        },
     )
 }
 
@@ -104,8 +109,6 @@ pub(super) async fn promote(
     scope: Scope,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> ApiResult {
-    // The whole id from here on: a prefix is resolved (and checked) once.
-    let id = find_deployment(&api, &scope, &id, "submit-job")?.id;
     let req: nomad::DeploymentPromoteRequest = json_body(body)?;
     let groups = match (req.all, req.groups.is_empty()) {
         (true, _) => None,
@@ -116,6 +119,8 @@ pub(super) async fn promote(
             ));
         }
     };
+    // The whole id from here on: a prefix is resolved (and checked) once.
+    let id = find_deployment(&api, &scope, &id, "submit-job")?.id;
     let resp = api.server.promote_deployment(&id, groups).await?;
     answer(resp.index, update_response(&resp))
 }
