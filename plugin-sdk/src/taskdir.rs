@@ -512,6 +512,30 @@ impl Dir {
         rfs::unlinkat(&parent.fd, name, AtFlags::empty()).map_err(Into::into)
     }
 
+    /// Rename `from` to `to` (both beneath this directory, no link followed on the
+    /// way to either): an existing file at `to` is replaced at once, so a reader
+    /// sees the old file or the new one, never none. A link at `to` is replaced
+    /// itself, never followed; a directory at `to` is not replaced (an error).
+    ///
+    /// ```
+    /// use drover_plugin_sdk::taskdir::{Dir, OpenOptions};
+    /// use std::io::Write as _;
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// let task = Dir::open(tmp.path()).unwrap();
+    /// std::fs::write(tmp.path().join("app.env"), "old").unwrap();
+    /// let mut f = task
+    ///     .open_file(".app.env.new", &OpenOptions::new().write(true).create(0o600))
+    ///     .unwrap();
+    /// f.write_all(b"new").unwrap();
+    /// task.rename(".app.env.new", "app.env").unwrap();
+    /// assert_eq!(std::fs::read_to_string(tmp.path().join("app.env")).unwrap(), "new");
+    /// ```
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        let (from_parent, from_name) = self.parent_of(from.as_ref())?;
+        let (to_parent, to_name) = self.parent_of(to.as_ref())?;
+        rfs::renameat(&from_parent.fd, from_name, &to_parent.fd, to_name).map_err(Into::into)
+    }
+
     /// The names in this directory (without `.` and `..`), in no particular order.
     pub fn entries(&self) -> io::Result<Vec<OsString>> {
         let mut names = Vec::new();

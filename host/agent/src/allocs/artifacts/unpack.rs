@@ -436,9 +436,8 @@ pub(crate) fn write_file_owned(
         _ => dest.open_dir("").map_err(|e| write_err(rel, e))?,
     };
     match dir.metadata(name) {
-        Ok(m) if m.kind == FileKind::File => {
-            dir.remove_file(name).map_err(|e| write_err(rel, e))?;
-        }
+        // Replaced below, at once (a rendered template the task may be reading).
+        Ok(m) if m.kind == FileKind::File => {}
         Ok(m) => {
             return Err(write_err(
                 rel,
@@ -454,31 +453,57 @@ pub(crate) fn write_file_owned(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(write_err(rel, e)),
     }
-    let mut out = dir
-        .open_file(
-            name,
-            &OpenOptions::new()
-                .write(true)
-                .truncate(true)
-                .create(mode & 0o777)
-                .single_link(true),
-        )
-        .map_err(|e| write_err(rel, e))?;
-    if let Some(owner) = owner {
-        owner.give(&out).map_err(|e| write_err(rel, e))?;
+    // Written beside it under a temporary name, then renamed over it: a reader (the
+    // running task, for a re-rendered template) sees the old file or the new one,
+    // never a missing or half-written one.
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".drover-new");
+    let tmp = Path::new(&tmp_name);
+    match dir.metadata(tmp) {
+        // A leftover of a write that failed (or the task's own file of that name).
+        Ok(m) if m.kind == FileKind::File || m.kind == FileKind::Symlink => {
+            dir.remove_file(tmp).map_err(|e| write_err(rel, e))?;
+        }
+        _ => {}
     }
-    let cap = budget_or_cap.remaining();
-    let written = io::copy(&mut reader.take(cap.saturating_add(1)), &mut out)
-        .map_err(|e| UnpackError::Read(format!("{}: {e}", rel.display())))?;
-    if written > cap {
-        return Err(budget_or_cap.too_large());
+    let written = (|| {
+        let mut out = dir
+            .open_file(
+                tmp,
+                &OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .create(mode & 0o777)
+                    .single_link(true),
+            )
+            .map_err(|e| write_err(rel, e))?;
+        if let Some(owner) = owner {
+            owner.give(&out).map_err(|e| write_err(rel, e))?;
+        }
+        let cap = budget_or_cap.remaining();
+        let written = io::copy(&mut reader.take(cap.saturating_add(1)), &mut out)
+            .map_err(|e| UnpackError::Read(format!("{}: {e}", rel.display())))?;
+        if written > cap {
+            return Err(budget_or_cap.too_large());
+        }
+        // Exactly `mode`, whatever was there before.
+        use std::os::unix::fs::PermissionsExt as _;
+        out.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
+            .map_err(|e| write_err(rel, e))?;
+        dir.rename(tmp, name).map_err(|e| write_err(rel, e))?;
+        Ok(written)
+    })();
+    match written {
+        Ok(n) => {
+            budget_or_cap.spend(n);
+            Ok(n)
+        }
+        Err(e) => {
+            let _ = dir.remove_file(tmp);
+            Err(e)
+        }
     }
-    budget_or_cap.spend(written);
-    // Exactly `mode`, also over a file that was there (create only applies to new ones).
-    use std::os::unix::fs::PermissionsExt as _;
-    out.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
-        .map_err(|e| write_err(rel, e))?;
-    Ok(written)
 }
 
 /// A byte budget [`write_file`] spends from.
@@ -509,6 +534,52 @@ impl Cap for Budget {
 mod tests {
     use super::*;
     use std::io::Write as _;
+
+    /// A file written again is replaced at once: a reader polling it (a task reading
+    /// its re-rendered template) never finds it missing or empty, and no temporary
+    /// file is left beside it.
+    #[test]
+    fn a_file_written_again_is_never_missing_to_a_reader() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
+        let write = |text: &str| {
+            let mut budget = Budget::new(LIMITS);
+            write_file(
+                &dir,
+                Path::new("app.env"),
+                0o600,
+                &mut text.as_bytes(),
+                &mut budget,
+            )
+            .unwrap();
+        };
+        write("A=0\n");
+        let path = tmp.path().join("app.env");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads < 100 {
+                    let text = std::fs::read_to_string(&path).expect("the file is always there");
+                    assert!(text.starts_with("A="), "a reader saw {text:?}");
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for i in 1..300 {
+            write(&format!("A={i}\n"));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().expect("the reader never failed") >= 100);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "A=299\n");
+        assert_eq!(
+            dir.entries().unwrap(),
+            [std::ffi::OsString::from("app.env")]
+        );
+        assert_eq!(dir.metadata("app.env").unwrap().mode, 0o600);
+    }
 
     const LIMITS: UnpackLimits = UnpackLimits {
         max_bytes: 1 << 20,
