@@ -391,6 +391,8 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                 ),
             )?;
             tasks.push(Task {
+                devices: Default::default(),
+                volume_mounts: Default::default(),
                 services: task_services,
                 name: task_name,
                 driver: t.driver.ok_or_else(|| missing(&tpath, "driver"))?,
@@ -465,6 +467,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
             }
         };
         groups.push(TaskGroup {
+            volumes: Default::default(),
             network,
             services: group_services,
             reschedule,

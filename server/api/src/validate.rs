@@ -1279,6 +1279,8 @@ mod tests {
 
     fn task(name: &str) -> Task {
         Task {
+            devices: Default::default(),
+            volume_mounts: Default::default(),
             services: Default::default(),
             meta: Default::default(),
             name: name.into(),
@@ -1308,6 +1310,7 @@ mod tests {
             update: Default::default(),
             meta: Default::default(),
             groups: vec![TaskGroup {
+                volumes: Default::default(),
                 update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),

@@ -442,6 +442,7 @@ impl<'a> Placer<'a> {
             .as_ref()
             .map_or(&[][..], |n| n.ports.as_slice());
         Allocation {
+            task_devices: Default::default(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),
             ports: ports::allocated(specs, &self.assigned, &node.network),

@@ -349,6 +349,8 @@ impl Client {
 
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
+            devices: Default::default(),
+            host_volumes: Default::default(),
             network: self.node.network.clone(),
             datacenter: self.node.datacenter.clone(),
             id: self.node.node_id.clone(),

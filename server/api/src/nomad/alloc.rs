@@ -813,6 +813,7 @@ impl Allocation {
             self.job_version
         };
         internal::Allocation {
+            task_devices: Default::default(),
             namespace: namespace_or_default(&self.namespace),
             ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),
@@ -891,6 +892,7 @@ impl AllocationListStub {
     /// (zero, none); fetch the allocation for them.
     pub fn to_internal(&self) -> internal::Allocation {
         internal::Allocation {
+            task_devices: Default::default(),
             namespace: namespace_or_default(&self.namespace),
             ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),

@@ -1369,6 +1369,7 @@ impl Job {
             },
         )?;
         Ok(internal::TaskGroup {
+            volumes: Default::default(),
             network,
             services: group_services,
             name,
@@ -1482,6 +1483,8 @@ fn task(
         }
     };
     Ok(internal::Task {
+        devices: Default::default(),
+        volume_mounts: Default::default(),
         services: Default::default(),
         name,
         driver,

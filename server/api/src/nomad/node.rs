@@ -538,6 +538,8 @@ impl Node {
             (None, None) => internal::NodeResources::default(),
         };
         internal::Node {
+            devices: Default::default(),
+            host_volumes: Default::default(),
             network: internal_network(
                 self.node_resources.as_ref(),
                 self.reserved_resources.as_ref(),
@@ -597,6 +599,8 @@ impl NodeListStub {
     pub fn to_internal(&self) -> internal::Node {
         let narrow = |v: i64| u64::try_from(v).unwrap_or(0);
         internal::Node {
+            devices: Default::default(),
+            host_volumes: Default::default(),
             network: internal_network(self.node_resources.as_ref(), None),
             id: self.id.clone(),
             name: self.name.clone(),
