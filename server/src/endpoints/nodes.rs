@@ -423,7 +423,7 @@ impl Server {
                     NodeStatus::Ready
                 };
                 let node = Node {
-                    devices: Default::default(),
+                    devices: reg.devices.clone(),
                     host_volumes: Default::default(),
                     network: reg.network.clone(),
                     id: reg.id.clone(),
