@@ -1218,6 +1218,45 @@ fn event_from_nomad(e: nd::DriverTaskEvent) -> TaskEvent {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_nomad_device_group_keeps_ids_health_and_attributes_with_units() {
+        let attr = |value, unit: &str| ns::Attribute {
+            value: Some(value),
+            unit: unit.to_owned(),
+        };
+        let g = device_group_from_nomad(ndev::DeviceGroup {
+            vendor: "nvidia".into(),
+            device_type: "gpu".into(),
+            device_name: "1080ti".into(),
+            devices: vec![ndev::DetectedDevice {
+                id: "GPU-1".into(),
+                healthy: false,
+                health_description: "too hot".into(),
+                hw_locality: None,
+            }],
+            attributes: [
+                (
+                    "memory".to_owned(),
+                    attr(ns::attribute::Value::IntVal(11), "GiB"),
+                ),
+                (
+                    "model".to_owned(),
+                    attr(ns::attribute::Value::StringVal("x".into()), ""),
+                ),
+            ]
+            .into(),
+        });
+        assert_eq!(
+            (g.vendor.as_str(), g.device_type.as_str(), g.name.as_str()),
+            ("nvidia", "gpu", "1080ti")
+        );
+        assert_eq!(g.instances[0].id, "GPU-1");
+        assert!(!g.instances[0].healthy);
+        assert_eq!(g.instances[0].health_description, "too hot");
+        assert_eq!(g.attributes["memory"], "11 GiB");
+        assert_eq!(g.attributes["model"], "x");
+    }
+
     fn handle(id: &str, state: usize) -> nd::TaskHandle {
         nd::TaskHandle {
             version: 1,

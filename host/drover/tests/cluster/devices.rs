@@ -206,6 +206,14 @@ fn nomads_example_device_plugin_fingerprints_places_reserves_and_blocks() {
     let mut names: Vec<&str> = all.iter().map(|(id, _)| id.as_str()).collect();
     names.sort();
     assert_eq!(names, ["dev-a", "dev-b", "dev-c"]);
+    let list = agent.cli_json(&["node", "status", "--json"]);
+    let node_id = list[0]["id"].as_str().unwrap().to_owned();
+    let out = agent.cli(&["node", "status", &node_id]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("nomad/file/mock  3/3 healthy  dev-a, dev-b, dev-c"),
+        "{text}"
+    );
 
     // count = 2: placed, and the task sees the 2 ids it was given.
     run_job(&agent, &job(root.path(), "first", 2));
@@ -245,6 +253,12 @@ fn nomads_example_device_plugin_fingerprints_places_reserves_and_blocks() {
     wait_instances(&agent, "the chmod-ed instance unhealthy", |i| {
         i.iter().any(|(id, h)| id == sick && !*h) && i.iter().filter(|(_, h)| *h).count() == 2
     });
+    let out = agent.cli(&["node", "status", &node_id]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("{sick} (unhealthy: Device has bad permissions")),
+        "{text}"
+    );
     let out = agent.cli(&["job", "stop", "second"]);
     assert!(
         out.status.success(),
