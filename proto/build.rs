@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // numbers): Nomad drivers in plugin_dir, and the SDK serving Nomad agents.
         "proto/nomad/plugins/base/base.proto",
         "proto/nomad/plugins/drivers/driver.proto",
+        "proto/nomad/plugins/device/device.proto",
         "proto/nomad/plugins/shared/hclspec/hcl_spec.proto",
         "proto/nomad/plugins/shared/structs/attribute.proto",
         "proto/nomad/plugins/shared/structs/recoverable_error.proto",

@@ -143,6 +143,8 @@ fn registration(i: usize) -> NodeRegistration {
     attributes.insert("os.name".into(), "linux".into());
     attributes.insert("cpu.numcores".into(), "8".into());
     NodeRegistration {
+        devices: Default::default(),
+        host_volumes: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("00000000-0000-4000-8000-{i:012}"),
@@ -207,6 +209,7 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
             update: UpdateStrategy::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                volumes: Default::default(),
                 update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),
@@ -216,6 +219,8 @@ async fn submit(server: &Server, allocs: usize, jobs: usize) -> anyhow::Result<(
                 constraints: vec![],
                 meta: BTreeMap::new(),
                 tasks: vec![Task {
+                    devices: Default::default(),
+                    volume_mounts: Default::default(),
                     services: Default::default(),
                     meta: Default::default(),
                     name: "t".into(),

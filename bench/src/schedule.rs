@@ -52,6 +52,8 @@ const PORTS_PER_ALLOC: usize = 2;
 
 fn node(i: usize) -> NodeRegistration {
     NodeRegistration {
+        devices: Default::default(),
+        host_volumes: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("00000000-0000-4000-8000-{i:012}"),
@@ -97,6 +99,7 @@ fn job(i: usize, count: u32, ports: usize) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            volumes: Default::default(),
             update: Default::default(),
             network,
             services: Default::default(),
@@ -106,6 +109,8 @@ fn job(i: usize, count: u32, ports: usize) -> JobSpec {
             constraints: vec![],
             meta: BTreeMap::new(),
             tasks: vec![Task {
+                devices: Default::default(),
+                volume_mounts: Default::default(),
                 services: Default::default(),
                 meta: Default::default(),
                 name: "main".into(),
@@ -529,6 +534,7 @@ async fn baseline(store: &dyn Store, counts: &[u32], doc: &[u8]) -> anyhow::Resu
 
 fn sample_alloc() -> Allocation {
     Allocation {
+        task_devices: Default::default(),
         namespace: "default".into(),
         deployment_id: Default::default(),
         deployment_status: Default::default(),

@@ -25,6 +25,7 @@
 
 #[cfg(feature = "launcher")]
 pub mod client;
+pub mod device;
 pub mod driver;
 pub mod error;
 pub mod handshake;

@@ -69,6 +69,10 @@ pub mod hashicorp {
                     tonic::include_proto!("hashicorp.nomad.plugins.drivers.proto");
                 }
             }
+            /// `hashicorp.nomad.plugins.device`: DevicePlugin.
+            pub mod device {
+                tonic::include_proto!("hashicorp.nomad.plugins.device");
+            }
             /// `hashicorp.nomad.plugins.shared`
             pub mod shared {
                 /// `hashicorp.nomad.plugins.shared.hclspec`: config specs.
@@ -90,6 +94,7 @@ pub mod hashicorp {
 /// agent loads drivers built on Drover's SDK.
 pub mod nomad {
     pub use crate::hashicorp::nomad::plugins::base::proto as base;
+    pub use crate::hashicorp::nomad::plugins::device;
     pub use crate::hashicorp::nomad::plugins::drivers::proto as drivers;
     pub use crate::hashicorp::nomad::plugins::shared::{hclspec, structs};
 }

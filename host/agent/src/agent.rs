@@ -242,17 +242,15 @@ pub async fn run(
     // them to the servers.
     let (alloc_updates, alloc_updates_rx) = tokio::sync::mpsc::unbounded_channel();
     let allocs = cluster.as_ref().map(|prepared| {
-        let allocs = AllocManager::with_hooks(
-            tasks.clone(),
-            store.clone(),
-            alloc_updates,
-            crate::allocs::configured_hooks(
-                config.artifact,
-                forward
-                    .clone()
-                    .map(|f| f as Arc<dyn crate::allocs::TemplateSources>),
-            ),
+        let mut hooks = crate::allocs::configured_hooks(
+            config.artifact,
+            forward
+                .clone()
+                .map(|f| f as Arc<dyn crate::allocs::TemplateSources>),
         );
+        // Last: the device plugins' variables are set over the task's own.
+        hooks.push(Box::new(crate::allocs::DeviceHook::new(catalog.clone())));
+        let allocs = AllocManager::with_hooks(tasks.clone(), store.clone(), alloc_updates, hooks);
         allocs.set_node(prepared.node_env());
         // Checked when the config was loaded.
         allocs.set_bridge(config.bridge().ok());

@@ -29,9 +29,11 @@ pub fn canonical_driver_name(name: &str) -> &str {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PluginKind {
-    /// A task driver (the only kind there is so far).
+    /// A task driver.
     #[default]
     Driver,
+    /// A device plugin (Nomad's device protocol): fingerprints devices tasks ask for.
+    Device,
 }
 
 /// Where a plugin came from.

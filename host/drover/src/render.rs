@@ -615,6 +615,7 @@ pub(crate) mod tests {
         exit: Option<i32>,
     ) -> Allocation {
         Allocation {
+            task_devices: Default::default(),
             namespace: "default".into(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),
@@ -805,6 +806,8 @@ pub(crate) mod tests {
     #[test]
     fn nodes_show_draining_and_healthy_drivers() {
         let node = |name: &str, status: NodeStatus, drain: bool| Node {
+            devices: Default::default(),
+            host_volumes: Default::default(),
             network: Default::default(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: format!("{name}-0123456789"),

@@ -148,6 +148,8 @@ impl PluginIdentity {
 pub enum PluginKind {
     /// A task driver.
     Driver,
+    /// A device plugin (Nomad's base type `device`).
+    Device,
     /// A type this host does not know (or none): its number on the wire.
     Other(i32),
 }
@@ -166,6 +168,7 @@ impl std::fmt::Display for PluginKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PluginKind::Driver => write!(f, "{}", pb::PluginType::Driver as i32),
+            PluginKind::Device => f.write_str("device"),
             PluginKind::Other(n) => write!(f, "{n}"),
         }
     }
@@ -351,6 +354,33 @@ impl PluginClient {
         Ok(Box::pin(s.map(|r| {
             r.map(Fingerprint::from).map_err(DriverError::from)
         })))
+    }
+
+    /// A device plugin's `Fingerprint`: a stream of its device groups (all of them in
+    /// each message); the first arrives at once. Nomad's device plugins only.
+    pub async fn device_fingerprint(
+        &self,
+    ) -> Result<BoxStream<Vec<crate::device::DeviceGroup>>, DriverError> {
+        let Some(b) = &self.nomad else {
+            return Err(DriverError::Unimplemented(
+                "device plugins speak Nomad's device protocol only".into(),
+            ));
+        };
+        let s = self.guard_call(b.device_fingerprint()).await?;
+        Ok(Box::pin(s))
+    }
+
+    /// A device plugin's `Reserve`: what a task given these instances needs.
+    pub async fn reserve_devices(
+        &self,
+        device_ids: Vec<String>,
+    ) -> Result<crate::device::Reservation, DriverError> {
+        let Some(b) = &self.nomad else {
+            return Err(DriverError::Unimplemented(
+                "device plugins speak Nomad's device protocol only".into(),
+            ));
+        };
+        self.guard_call(b.reserve_devices(device_ids)).await
     }
 
     /// `StartTask`.

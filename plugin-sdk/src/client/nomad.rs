@@ -29,16 +29,19 @@ use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use drover_proto::nomad::base as nb;
+use drover_proto::nomad::device as ndev;
 use drover_proto::nomad::drivers as nd;
 use drover_proto::nomad::structs as ns;
 use nb::base_plugin_client::BasePluginClient;
 use nd::driver_client::DriverClient;
+use ndev::device_plugin_client::DevicePluginClient;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::Channel;
 
 use crate::DriverError;
+use crate::device::{DeviceGroup, DeviceInstance, DeviceMount, DeviceNode, Reservation};
 use crate::logs::relay::{self, RelayProcess, RelaySpec};
 use crate::nomad::hclspec::{self, Spec, SpecError};
 use crate::signal::Signal;
@@ -204,6 +207,7 @@ impl NomadBridge {
             .into_inner();
         let kind = match nb::PluginType::try_from(r.r#type) {
             Ok(nb::PluginType::Driver) => PluginKind::Driver,
+            Ok(nb::PluginType::Device) => PluginKind::Device,
             _ => PluginKind::Other(r.r#type),
         };
         let nomad_api = r
@@ -301,6 +305,69 @@ impl NomadBridge {
             .await
             .map_err(DriverError::from)?;
         Ok(())
+    }
+
+    fn device(&self) -> DevicePluginClient<Channel> {
+        DevicePluginClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    /// A device plugin's `Fingerprint`.
+    pub(crate) async fn device_fingerprint(
+        &self,
+    ) -> Result<impl Stream<Item = Result<Vec<DeviceGroup>, DriverError>> + use<>, DriverError>
+    {
+        let s = self
+            .device()
+            .fingerprint(ndev::FingerprintRequest {})
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        Ok(s.map(|r| {
+            r.map(|r| {
+                r.device_group
+                    .into_iter()
+                    .map(device_group_from_nomad)
+                    .collect()
+            })
+            .map_err(DriverError::from)
+        }))
+    }
+
+    /// A device plugin's `Reserve`.
+    pub(crate) async fn reserve_devices(
+        &self,
+        device_ids: Vec<String>,
+    ) -> Result<Reservation, DriverError> {
+        let r = self
+            .device()
+            .reserve(ndev::ReserveRequest { device_ids })
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        let c = r.container_res.unwrap_or_default();
+        Ok(Reservation {
+            envs: c.envs.into_iter().collect(),
+            mounts: c
+                .mounts
+                .into_iter()
+                .map(|m| DeviceMount {
+                    task_path: m.task_path,
+                    host_path: m.host_path,
+                    read_only: m.read_only,
+                })
+                .collect(),
+            devices: c
+                .devices
+                .into_iter()
+                .map(|d| DeviceNode {
+                    task_path: d.task_path,
+                    host_path: d.host_path,
+                    permissions: d.permissions,
+                })
+                .collect(),
+        })
     }
 
     /// `Capabilities`.
@@ -1005,6 +1072,38 @@ fn capabilities_from_nomad(c: &nd::DriverCapabilities) -> Capabilities {
     }
 }
 
+fn device_group_from_nomad(g: ndev::DeviceGroup) -> DeviceGroup {
+    DeviceGroup {
+        vendor: g.vendor,
+        device_type: g.device_type,
+        name: g.device_name,
+        instances: g
+            .devices
+            .into_iter()
+            .map(|d| DeviceInstance {
+                id: d.id,
+                healthy: d.healthy,
+                health_description: d.health_description,
+            })
+            .collect(),
+        attributes: g
+            .attributes
+            .iter()
+            .filter_map(|(k, a)| {
+                let text = attribute_text(a)?;
+                Some((
+                    k.clone(),
+                    if a.unit.is_empty() {
+                        text
+                    } else {
+                        format!("{text} {}", a.unit)
+                    },
+                ))
+            })
+            .collect(),
+    }
+}
+
 fn attribute_text(a: &ns::Attribute) -> Option<String> {
     use ns::attribute::Value;
     Some(match a.value.as_ref()? {
@@ -1118,6 +1217,45 @@ fn event_from_nomad(e: nd::DriverTaskEvent) -> TaskEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nomad_device_group_keeps_ids_health_and_attributes_with_units() {
+        let attr = |value, unit: &str| ns::Attribute {
+            value: Some(value),
+            unit: unit.to_owned(),
+        };
+        let g = device_group_from_nomad(ndev::DeviceGroup {
+            vendor: "nvidia".into(),
+            device_type: "gpu".into(),
+            device_name: "1080ti".into(),
+            devices: vec![ndev::DetectedDevice {
+                id: "GPU-1".into(),
+                healthy: false,
+                health_description: "too hot".into(),
+                hw_locality: None,
+            }],
+            attributes: [
+                (
+                    "memory".to_owned(),
+                    attr(ns::attribute::Value::IntVal(11), "GiB"),
+                ),
+                (
+                    "model".to_owned(),
+                    attr(ns::attribute::Value::StringVal("x".into()), ""),
+                ),
+            ]
+            .into(),
+        });
+        assert_eq!(
+            (g.vendor.as_str(), g.device_type.as_str(), g.name.as_str()),
+            ("nvidia", "gpu", "1080ti")
+        );
+        assert_eq!(g.instances[0].id, "GPU-1");
+        assert!(!g.instances[0].healthy);
+        assert_eq!(g.instances[0].health_description, "too hot");
+        assert_eq!(g.attributes["memory"], "11 GiB");
+        assert_eq!(g.attributes["model"], "x");
+    }
 
     fn handle(id: &str, state: usize) -> nd::TaskHandle {
         nd::TaskHandle {

@@ -264,6 +264,7 @@ struct TaskDoc {
     artifact: Option<Vec<crate::types::ArtifactSpec>>,
     template: Option<Vec<crate::types::TemplateSpec>>,
     identity: Option<crate::types::TaskIdentity>,
+    device: Option<Vec<crate::DeviceRequest>>,
 }
 
 #[derive(Deserialize)]
@@ -391,6 +392,8 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
                 ),
             )?;
             tasks.push(Task {
+                devices: t.device.unwrap_or_default(),
+                volume_mounts: Default::default(),
                 services: task_services,
                 name: task_name,
                 driver: t.driver.ok_or_else(|| missing(&tpath, "driver"))?,
@@ -465,6 +468,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
             }
         };
         groups.push(TaskGroup {
+            volumes: Default::default(),
             network,
             services: group_services,
             reschedule,
@@ -1319,5 +1323,38 @@ driver = "rawexec"
             e.starts_with("web.toml:20: group[0].service[0].provider:"),
             "{e}"
         );
+    }
+
+    /// A TOML task's `[[group.task.device]]` tables are its device requests, checked
+    /// like the others (issue 27).
+    #[test]
+    fn toml_device_requests() {
+        let text = r#"name = "gpu"
+[[group]]
+name = "g"
+[[group.task]]
+name = "t"
+driver = "raw_exec"
+config = { command = "/bin/true" }
+[[group.task.device]]
+name = "nvidia/gpu"
+count = 2
+[[group.task.device.constraint]]
+attribute = "${device.attr.memory}"
+operator = ">="
+value = "4"
+"#;
+        let spec = parse_and_validate(text, "gpu.toml").expect("valid");
+        let d = &spec.groups[0].tasks[0].devices;
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].name.as_str(), d[0].count), ("nvidia/gpu", 2));
+        assert_eq!(
+            d[0].constraints[0].operator,
+            ConstraintOperator::GreaterEqual
+        );
+        let e = parse_and_validate(&text.replace("count = 2", "count = 0"), "gpu.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("count") && e.contains("must be 1 to 64"), "{e}");
     }
 }

@@ -20,6 +20,7 @@ pub mod client;
 pub mod client_fs;
 #[cfg(feature = "client")]
 pub mod client_vars;
+pub mod devices;
 pub mod hcl;
 pub mod jobfile;
 pub mod namespaces;
@@ -29,9 +30,12 @@ pub mod taskfiles;
 pub mod types;
 pub mod validate;
 pub mod variables;
+pub mod volumes;
 
+pub use devices::{AllocatedDevices, DeviceRequest, NodeDeviceGroup, NodeDeviceInstance};
 pub use jobfile::{JobFile, JobFileError};
 pub use namespaces::{DEFAULT_NAMESPACE, Namespace, default_namespace};
 pub use services::*;
 pub use types::*;
 pub use validate::{ValidationError, validate};
+pub use volumes::{HostVolume, VolumeMount, VolumeRequest};

@@ -198,6 +198,14 @@ pub struct TaskGroup {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub services: Vec<ServiceSpec>,
+    /// Volumes the group's tasks may mount, by name (Nomad's group `volume` blocks).
+    #[serde(
+        default,
+        rename = "volume",
+        alias = "volumes",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub volumes: BTreeMap<String, crate::VolumeRequest>,
 }
 
 fn default_count() -> u32 {
@@ -339,6 +347,21 @@ pub struct Task {
     /// absent: in `secrets/nomad_token`, not in the environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<TaskIdentity>,
+    /// Devices the task asks for (Nomad's `resources { device "NAME" { ... } }`).
+    #[serde(
+        default,
+        rename = "device",
+        alias = "devices",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub devices: Vec<crate::DeviceRequest>,
+    /// The group's volumes the task mounts (Nomad's `volume_mount` blocks).
+    #[serde(
+        default,
+        rename = "volume_mount",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub volume_mounts: Vec<crate::VolumeMount>,
 }
 
 /// A task's `identity` block (Nomad's `WorkloadIdentity`: `env`, `file`). A field
@@ -1091,6 +1114,12 @@ pub struct NodeRegistration {
     /// defaults).
     #[serde(default)]
     pub network: NodeNetwork,
+    /// Device groups the node's device plugins fingerprinted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<crate::NodeDeviceGroup>,
+    /// Host volumes of the agent's config, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_volumes: BTreeMap<String, crate::HostVolume>,
 }
 
 /// The datacenter of a node that names none: Nomad's default.
@@ -1164,6 +1193,12 @@ pub struct Node {
     /// Address and ports (see [`NodeRegistration::network`]).
     #[serde(default)]
     pub network: NodeNetwork,
+    /// Device groups (see [`NodeRegistration::devices`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<crate::NodeDeviceGroup>,
+    /// Host volumes by name (see [`NodeRegistration::host_volumes`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_volumes: BTreeMap<String, crate::HostVolume>,
     /// Unix time of the last status change, nanoseconds.
     pub status_updated_at: i64,
     /// Index of the first registration.
@@ -1303,6 +1338,9 @@ pub struct Allocation {
     /// The ports it was given on the node, one per port label of its group.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<AllocatedPort>,
+    /// The device instances each task was given, by task name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub task_devices: BTreeMap<String, Vec<crate::AllocatedDevices>>,
     /// What the server wants.
     pub desired_status: DesiredStatus,
     /// Why (for a stop: "job stopped", "node down", "replaced by a newer version"...).
@@ -1911,6 +1949,8 @@ mod tests {
     #[test]
     fn group_resources_sum_their_tasks() {
         let task = |cpu, memory_mb| Task {
+            devices: Default::default(),
+            volume_mounts: Default::default(),
             services: Default::default(),
             meta: Default::default(),
             name: "t".into(),
@@ -1932,6 +1972,7 @@ mod tests {
             identity: None,
         };
         let g = TaskGroup {
+            volumes: Default::default(),
             update: Default::default(),
             network: Default::default(),
             services: Default::default(),

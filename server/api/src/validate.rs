@@ -870,6 +870,7 @@ fn check_task(path: &str, t: &Task) -> Result<(), ValidationError> {
             ),
         ));
     }
+    check_devices(path, &t.devices)?;
     if let Some(d) = t.kill_timeout
         && d > MAX_KILL_TIMEOUT
     {
@@ -1084,6 +1085,113 @@ fn is_signal_name(s: &str) -> bool {
     })
 }
 
+/// Most instances one `device` block may ask for (Nomad has no limit; a request for
+/// more is surely a mistake, and bounds the scheduler's work).
+pub const MAX_DEVICE_COUNT: u32 = 64;
+/// Most `device` blocks per task.
+const MAX_DEVICE_REQUESTS: usize = 16;
+
+fn check_devices(path: &str, devices: &[crate::DeviceRequest]) -> Result<(), ValidationError> {
+    if devices.len() > MAX_DEVICE_REQUESTS {
+        return Err(fail(
+            format!("{path}.devices"),
+            format!(
+                "{} device blocks, at most {MAX_DEVICE_REQUESTS}",
+                devices.len()
+            ),
+        ));
+    }
+    for (i, d) in devices.iter().enumerate() {
+        let at = format!("{path}.device[{i}]");
+        let parts: Vec<&str> = d.name.split('/').collect();
+        let part_ok = |p: &&str| {
+            !p.is_empty()
+                && p.len() <= 128
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+        };
+        if parts.len() > 3 || !parts.iter().all(part_ok) {
+            return Err(fail(
+                format!("{at}.name"),
+                format!(
+                    "{:?} is not a device name: write type, vendor/type or vendor/type/name \
+                     (letters, digits, '-', '_', '.', ':')",
+                    d.name
+                ),
+            ));
+        }
+        if d.count < 1 || d.count > MAX_DEVICE_COUNT {
+            return Err(fail(
+                format!("{at}.count"),
+                format!("must be 1 to {MAX_DEVICE_COUNT}, got {}", d.count),
+            ));
+        }
+        for (j, c) in d.constraints.iter().enumerate() {
+            let cpath = format!("{at}.constraint[{j}]");
+            if c.operator == crate::ConstraintOperator::DistinctHosts {
+                return Err(fail(
+                    format!("{cpath}.operator"),
+                    "distinct_hosts is not a device constraint",
+                ));
+            }
+            // Device targets are checked here; the operator's own rules (a regular
+            // expression that compiles, ...) by check_constraint, with each device
+            // target standing in as an interpolation it accepts.
+            let mut stand_in = c.clone();
+            for (side, text) in [
+                ("attribute", &mut stand_in.attribute),
+                ("value", &mut stand_in.value),
+            ] {
+                match device_target(text) {
+                    Ok(DeviceTarget::Literal(_)) => {}
+                    Ok(_) => *text = "${attr.device}".to_owned(),
+                    Err(message) => return Err(fail(format!("{cpath}.{side}"), message)),
+                }
+            }
+            check_constraint(&cpath, &stand_in)?;
+        }
+    }
+    Ok(())
+}
+
+/// What a side of a device constraint names (Nomad's `${device.*}` targets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceTarget<'a> {
+    /// `${device.vendor}`.
+    Vendor,
+    /// `${device.type}`.
+    Type,
+    /// `${device.model}` (the group's name).
+    Model,
+    /// `${device.attr.KEY}`.
+    Attribute(&'a str),
+    /// Not an interpolation: the text itself.
+    Literal(&'a str),
+}
+
+/// Parse one side of a device constraint.
+pub fn device_target(text: &str) -> Result<DeviceTarget<'_>, String> {
+    let t = text.trim();
+    let Some(inner) = t.strip_prefix("${") else {
+        return Ok(DeviceTarget::Literal(text));
+    };
+    let Some(inner) = inner.strip_suffix('}') else {
+        return Err(format!("{text:?} is missing its closing '}}'"));
+    };
+    match inner {
+        "device.vendor" => Ok(DeviceTarget::Vendor),
+        "device.type" => Ok(DeviceTarget::Type),
+        "device.model" => Ok(DeviceTarget::Model),
+        _ => match inner.strip_prefix("device.attr.") {
+            Some(k) if !k.is_empty() => Ok(DeviceTarget::Attribute(k)),
+            _ => Err(format!(
+                "{text:?} is not something a device has: use ${{device.vendor}}, \
+                 ${{device.type}}, ${{device.model}} or ${{device.attr.KEY}}"
+            )),
+        },
+    }
+}
+
 fn check_constraint(path: &str, c: &Constraint) -> Result<(), ValidationError> {
     use ConstraintOperator::*;
     let op = c.operator.as_str();
@@ -1279,6 +1387,8 @@ mod tests {
 
     fn task(name: &str) -> Task {
         Task {
+            devices: Default::default(),
+            volume_mounts: Default::default(),
             services: Default::default(),
             meta: Default::default(),
             name: name.into(),
@@ -1308,6 +1418,7 @@ mod tests {
             update: Default::default(),
             meta: Default::default(),
             groups: vec![TaskGroup {
+                volumes: Default::default(),
                 update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),

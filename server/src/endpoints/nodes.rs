@@ -423,6 +423,8 @@ impl Server {
                     NodeStatus::Ready
                 };
                 let node = Node {
+                    devices: reg.devices.clone(),
+                    host_volumes: Default::default(),
                     network: reg.network.clone(),
                     id: reg.id.clone(),
                     name: reg.name.clone(),

@@ -92,6 +92,7 @@ mod tests {
             update: Default::default(),
             meta: BTreeMap::new(),
             groups: vec![TaskGroup {
+                volumes: Default::default(),
                 update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),
@@ -101,6 +102,8 @@ mod tests {
                 constraints: vec![],
                 meta: BTreeMap::new(),
                 tasks: vec![Task {
+                    devices: Default::default(),
+                    volume_mounts: Default::default(),
                     services: Default::default(),
                     meta: Default::default(),
                     name: "t".into(),
@@ -123,6 +126,8 @@ mod tests {
 
     fn node(id: &str) -> NodeRegistration {
         NodeRegistration {
+            devices: Default::default(),
+            host_volumes: Default::default(),
             network: Default::default(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: id.into(),

@@ -88,6 +88,57 @@ struct ApplyCtx {
     touched: HashMap<String, usize>,
     /// Ports taken and freed on each node by earlier plans (and stops) of the batch.
     ports: HashMap<String, PortsDelta>,
+    /// Device instances held on each node in the state, read when a placement with
+    /// devices first lands there.
+    devices_base: HashMap<String, std::collections::HashSet<String>>,
+    /// Device instances taken and freed on each node by earlier plans of the batch.
+    devices: HashMap<String, DevicesDelta>,
+}
+
+#[derive(Default)]
+struct DevicesDelta {
+    taken: std::collections::HashSet<String>,
+    freed: std::collections::HashSet<String>,
+}
+
+/// Why `want`'s device instances cannot be had on its node, if they cannot: one the
+/// node does not have (any more), or one a live allocation holds (after this batch's
+/// stops and placements), or one asked twice.
+fn device_conflict(
+    st: &State,
+    node: &drover_server_api::Node,
+    ctx: &mut ApplyCtx,
+    want: &Allocation,
+) -> Option<String> {
+    use crate::scheduler::StateView as _;
+    use crate::scheduler::devices::{held, instance_key};
+    let base = ctx
+        .devices_base
+        .entry(node.id.clone())
+        .or_insert_with(|| held(st.node_allocs(&node.id)));
+    let delta = ctx.devices.get(&node.id);
+    let mut mine = std::collections::HashSet::new();
+    for d in want.task_devices.values().flatten() {
+        let group = format!("{}/{}/{}", d.vendor, d.device_type, d.name);
+        for id in &d.device_ids {
+            let exists = node.devices.iter().any(|g| {
+                g.vendor == d.vendor
+                    && g.device_type == d.device_type
+                    && g.name == d.name
+                    && g.instances.iter().any(|i| &i.id == id)
+            });
+            if !exists {
+                return Some(format!("device {group} instance {id} not on the node"));
+            }
+            let k = instance_key(&group, id);
+            let used = delta.is_some_and(|d| d.taken.contains(&k))
+                || (base.contains(&k) && !delta.is_some_and(|d| d.freed.contains(&k)));
+            if used || !mine.insert(k) {
+                return Some(format!("device {group} instance {id} in use"));
+            }
+        }
+    }
+    None
 }
 
 #[derive(Default)]
@@ -201,6 +252,14 @@ fn apply_one(
                         *pd.freed.entry(p).or_default() += 1;
                     }
                 }
+                if !a.task_devices.is_empty() {
+                    let keys: Vec<String> = crate::scheduler::devices::held_by(a).collect();
+                    let dd = ctx.devices.entry(a.node_id.clone()).or_default();
+                    for k in keys {
+                        dd.taken.remove(&k);
+                        dd.freed.insert(k);
+                    }
+                }
                 batch.unblock = true;
             }
         }
@@ -263,6 +322,16 @@ fn apply_one(
                 let pd = ctx.ports.entry(node_id.clone()).or_default();
                 for p in &want.ports {
                     *pd.taken.entry(p.value).or_default() += 1;
+                }
+            }
+            if !want.task_devices.is_empty() {
+                if let Some(why) = device_conflict(st, node, ctx, want) {
+                    refuse(&mut r, allocs.len() - i, why);
+                    break;
+                }
+                let dd = ctx.devices.entry(node_id.clone()).or_default();
+                for k in crate::scheduler::devices::held_by(want) {
+                    dd.taken.insert(k);
                 }
             }
             used_cpu += cpu;
@@ -636,5 +705,139 @@ mod tests {
         st.apply(batch, 3);
         let used = st.used_ports("id-n1").expect("ports held");
         assert_eq!(used.holders(9090), 1);
+    }
+
+    /// `state()` with device instances `d1`, `d2` of `nomad/file/mock` on `n1`.
+    fn state_with_devices() -> State {
+        let mut st = state();
+        let mut n = st.node("id-n1").expect("n1").clone();
+        n.devices = vec![drover_server_api::NodeDeviceGroup {
+            vendor: "nomad".into(),
+            device_type: "file".into(),
+            name: "mock".into(),
+            instances: ["d1", "d2"]
+                .iter()
+                .map(|id| drover_server_api::NodeDeviceInstance {
+                    id: (*id).into(),
+                    healthy: true,
+                    health_description: String::new(),
+                })
+                .collect(),
+            attributes: Default::default(),
+        }];
+        st.apply(
+            Batch {
+                nodes: vec![n],
+                ..Batch::default()
+            },
+            2,
+        );
+        st
+    }
+
+    fn with_device(mut a: Allocation, ids: &[&str]) -> Allocation {
+        a.ports.clear();
+        a.task_devices.insert(
+            "t".into(),
+            vec![drover_server_api::AllocatedDevices {
+                vendor: "nomad".into(),
+                device_type: "file".into(),
+                name: "mock".into(),
+                device_ids: ids.iter().map(|i| (*i).to_owned()).collect(),
+            }],
+        );
+        a
+    }
+
+    #[test]
+    fn a_device_instance_is_never_given_twice() {
+        let mut st = state_with_devices();
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let p = |a| plan(vec![a], &[]);
+        let r = apply_one(
+            &st,
+            &p(with_device(alloc("a", 1), &["d1"])),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(r.placed, 1);
+        // The same instance in a later plan of the batch, or twice in one allocation.
+        let r = apply_one(
+            &st,
+            &p(with_device(alloc("b", 1), &["d1"])),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            r.refused_nodes["id-n1"],
+            "device nomad/file/mock instance d1 in use"
+        );
+        let r = apply_one(
+            &st,
+            &p(with_device(alloc("c", 1), &["d2", "d2"])),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            r.refused_nodes["id-n1"],
+            "device nomad/file/mock instance d2 in use"
+        );
+        let r = apply_one(
+            &st,
+            &p(with_device(alloc("d", 1), &["d9"])),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            r.refused_nodes["id-n1"],
+            "device nomad/file/mock instance d9 not on the node"
+        );
+        st.apply(batch, 3);
+        // Held in the state: refused, unless the same plan stops the holder.
+        let held = st
+            .node_allocs("id-n1")
+            .into_iter()
+            .find(|a| !a.task_devices.is_empty())
+            .expect("the holder")
+            .id
+            .clone();
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let r = apply_one(
+            &st,
+            &p(with_device(alloc("e", 1), &["d1"])),
+            None,
+            4,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            r.refused_nodes["id-n1"],
+            "device nomad/file/mock instance d1 in use"
+        );
+        let r = apply_one(
+            &st,
+            &plan(vec![with_device(alloc("f", 1), &["d1"])], &[held.as_str()]),
+            None,
+            4,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!((r.placed, r.stopped), (1, 1), "{:?}", r.refused_nodes);
     }
 }

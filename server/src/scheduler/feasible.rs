@@ -23,6 +23,9 @@ pub(crate) enum Filter<'a> {
     DriverUnhealthy(&'a str),
     /// A constraint does not hold.
     Constraint(&'a Constraint),
+    /// No device group of the node matches a task's `device` request (name and
+    /// constraints) with enough instances, healthy or not.
+    DeviceMissing(&'a str),
 }
 
 impl Filter<'_> {
@@ -33,6 +36,7 @@ impl Filter<'_> {
             Filter::DriverMissing(d) => format!("driver {d} not detected"),
             Filter::DriverUnhealthy(d) => format!("driver {d} unhealthy"),
             Filter::Constraint(c) => describe(c),
+            Filter::DeviceMissing(d) => format!("missing compatible device {d}"),
         }
     }
 }
@@ -70,6 +74,8 @@ pub(crate) struct GroupNeeds<'a> {
     pub distinct_job: bool,
     /// `distinct_hosts` on the group: no two allocations of the group on a node.
     pub distinct_group: bool,
+    /// The `device` requests of its tasks, with the task's name.
+    pub devices: Vec<(&'a str, &'a drover_server_api::DeviceRequest)>,
 }
 
 fn distinct_enabled(c: &Constraint) -> bool {
@@ -90,8 +96,14 @@ impl<'a> GroupNeeds<'a> {
             .chain(&group.constraints)
             .filter(|c| c.operator != ConstraintOperator::DistinctHosts)
             .collect();
+        let devices = group
+            .tasks
+            .iter()
+            .flat_map(|t| t.devices.iter().map(move |d| (t.name.as_str(), d)))
+            .collect();
         GroupNeeds {
             drivers,
+            devices,
             constraints,
             distinct_job: job.constraints.iter().any(distinct_enabled),
             distinct_group: group.constraints.iter().any(distinct_enabled),
@@ -147,6 +159,11 @@ pub(crate) fn check<'a>(
             return Err(Filter::Constraint(c));
         }
     }
+    for (_, d) in &needs.devices {
+        if !super::devices::could_serve(node, d, compiled) {
+            return Err(Filter::DeviceMissing(&d.name));
+        }
+    }
     Ok(())
 }
 
@@ -158,6 +175,10 @@ pub(crate) fn could_run(node: &Node, needs: &GroupNeeds<'_>, compiled: &mut Comp
         .iter()
         .all(|d| node.driver(d).is_some_and(|i| i.detected))
         && needs.constraints.iter().all(|c| holds(node, c, compiled))
+        && needs
+            .devices
+            .iter()
+            .all(|(_, d)| super::devices::could_serve(node, d, compiled))
 }
 
 /// The value a constraint side has on `node` (`None`: not set there).
@@ -187,11 +208,21 @@ fn compare(l: &str, r: &str) -> std::cmp::Ordering {
 
 /// Whether constraint `c` holds on `node`.
 pub(crate) fn holds(node: &Node, c: &Constraint, compiled: &mut Compiled) -> bool {
-    use ConstraintOperator::*;
-    use std::cmp::Ordering;
     let l = resolve(node, &c.attribute);
     let r = resolve(node, &c.value);
-    match c.operator {
+    holds_for(c.operator, l, r, compiled)
+}
+
+/// Whether `l operator r` holds, the sides resolved (`None`: not set).
+pub(crate) fn holds_for(
+    operator: ConstraintOperator,
+    l: Option<&str>,
+    r: Option<&str>,
+    compiled: &mut Compiled,
+) -> bool {
+    use ConstraintOperator::*;
+    use std::cmp::Ordering;
+    match operator {
         Equal => l.is_some() && l == r,
         NotEqual => l != r,
         Less | LessEqual | Greater | GreaterEqual => {
@@ -199,7 +230,7 @@ pub(crate) fn holds(node: &Node, c: &Constraint, compiled: &mut Compiled) -> boo
                 return false;
             };
             let ord = compare(l, r);
-            match c.operator {
+            match operator {
                 Less => ord == Ordering::Less,
                 LessEqual => ord != Ordering::Greater,
                 Greater => ord == Ordering::Greater,
@@ -227,7 +258,7 @@ pub(crate) fn holds(node: &Node, c: &Constraint, compiled: &mut Compiled) -> boo
             };
             let have: Vec<&str> = set_items(l).collect();
             let mut wanted = set_items(r);
-            if c.operator == SetContains {
+            if operator == SetContains {
                 wanted.all(|w| have.contains(&w))
             } else {
                 wanted.any(|w| have.contains(&w))

@@ -19,6 +19,7 @@ use drover_server_api::{
 
 use crate::config::SchedulerAlgorithm;
 
+pub(crate) mod devices;
 mod feasible;
 mod place;
 pub(crate) mod ports;

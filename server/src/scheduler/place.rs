@@ -9,7 +9,7 @@
 //! the node is first visited.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use drover_server_api::{
     AllocResources, Allocation, ClientStatus, DesiredStatus, Job, Node, PlacementFailure, PortSpec,
@@ -17,6 +17,7 @@ use drover_server_api::{
 };
 
 use super::StateView;
+use super::devices::{self, DeviceShortage, TaskDevices};
 use super::feasible::{self, Compiled, Filter, GroupNeeds};
 use super::ports::{self, PortProblem, UsedPorts};
 use super::rank::{self, MAX_SKIP, SplitMix64, Walk};
@@ -94,6 +95,25 @@ pub(crate) struct Placer<'a> {
     port_rng: SplitMix64,
     /// The ports of the last placement, for [`Placer::allocation`].
     assigned: Vec<u16>,
+    /// Device instances held on each node according to the state, read when a group
+    /// with devices first looks at the node.
+    devices_base: HashMap<usize, HashSet<String>>,
+    /// Device instances the plan took and freed on each node.
+    devices_delta: HashMap<usize, DevicesDelta>,
+    /// The devices of the last placement, for [`Placer::allocation`].
+    assigned_devices: TaskDevices,
+}
+
+#[derive(Default)]
+struct DevicesDelta {
+    taken: HashSet<String>,
+    freed: HashSet<String>,
+}
+
+/// What a placement on a node takes besides cpu and memory.
+struct Pick {
+    ports: Vec<u16>,
+    devices: TaskDevices,
 }
 
 #[derive(Default)]
@@ -174,6 +194,9 @@ impl<'a> Placer<'a> {
             ports_delta: HashMap::new(),
             port_rng: SplitMix64::new(rank::seed_for(eval_id) ^ 0x706f_7274_7300_0000),
             assigned: Vec::new(),
+            devices_base: HashMap::new(),
+            devices_delta: HashMap::new(),
+            assigned_devices: TaskDevices::new(),
         };
         for a in allocs {
             if a.desired_status == DesiredStatus::Run
@@ -220,6 +243,13 @@ impl<'a> Placer<'a> {
             let d = self.ports_delta.entry(i).or_default();
             for p in &a.ports {
                 *d.freed.entry(p.value).or_default() += 1;
+            }
+        }
+        if !a.task_devices.is_empty() {
+            let d = self.devices_delta.entry(i).or_default();
+            for k in devices::held_by(a) {
+                d.taken.remove(&k);
+                d.freed.insert(k);
             }
         }
         if let Some(&gi) = self.group_ix.get(a.group.as_str())
@@ -291,6 +321,38 @@ impl<'a> Placer<'a> {
         ports::assign(specs, &node.network, used, &mut self.port_rng)
     }
 
+    /// The device instances of one allocation of group `gi` on node `i`, or which
+    /// request cannot be served.
+    fn pick_devices(&mut self, gi: usize, i: usize) -> Result<TaskDevices, DeviceShortage> {
+        if self.groups[gi].needs.devices.is_empty() {
+            return Ok(TaskDevices::new());
+        }
+        let state = self.state;
+        let node = self.nodes[i];
+        let base = self
+            .devices_base
+            .entry(i)
+            .or_insert_with(|| devices::held(state.node_allocs(&node.id)));
+        let delta = self.devices_delta.get(&i);
+        let used = |k: &str| {
+            delta.is_some_and(|d| d.taken.contains(k))
+                || (base.contains(k) && !delta.is_some_and(|d| d.freed.contains(k)))
+        };
+        devices::assign(
+            node,
+            &self.groups[gi].needs.devices,
+            used,
+            &mut self.compiled,
+        )
+    }
+
+    /// Ports and devices of one allocation of group `gi` on node `i`, if it gets them.
+    fn pick(&mut self, gi: usize, i: usize) -> Option<Pick> {
+        let ports = self.pick_ports(gi, i).ok()?;
+        let devices = self.pick_devices(gi, i).ok()?;
+        Some(Pick { ports, devices })
+    }
+
     fn statically_feasible(&mut self, gi: usize, i: usize) -> bool {
         let g = &mut self.groups[gi];
         match g.feasible[i] {
@@ -352,10 +414,10 @@ impl<'a> Placer<'a> {
             if self.exhausted(i, ask).is_some() {
                 return Placed::Failed;
             }
-            let Ok(ports) = self.pick_ports(gi, i) else {
+            let Some(pick) = self.pick(gi, i) else {
                 return Placed::Failed;
             };
-            self.commit(gi, i, ask, ports);
+            self.commit(gi, i, ask, pick);
             return Placed::Node(i);
         }
         let n = self.nodes.len();
@@ -363,9 +425,9 @@ impl<'a> Placer<'a> {
         let failed_on = previous
             .filter(|p| p.client_status == ClientStatus::Failed)
             .map(|p| p.node_id.clone());
-        let mut best: Option<(f64, usize, Vec<u16>)> = None;
+        let mut best: Option<(f64, usize, Pick)> = None;
         let mut candidates = 0;
-        let mut skipped: Vec<(f64, usize, Vec<u16>)> = Vec::new();
+        let mut skipped: Vec<(f64, usize, Pick)> = Vec::new();
         let mut visited = 0;
         while visited < n && candidates < self.limit {
             let i = self.walk.next_index();
@@ -377,37 +439,48 @@ impl<'a> Placer<'a> {
             {
                 continue;
             }
-            let Ok(ports) = self.pick_ports(gi, i) else {
+            let Some(pick) = self.pick(gi, i) else {
                 continue;
             };
             let score = self.score(i, ask, desired, failed_on.as_deref());
             if score < 0.0 && skipped.len() < MAX_SKIP {
-                skipped.push((score, i, ports));
+                skipped.push((score, i, pick));
                 continue;
             }
             candidates += 1;
             if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
-                best = Some((score, i, ports));
+                best = Some((score, i, pick));
             }
         }
         // Too few good candidates: the penalized ones are still better than nothing.
         if candidates < self.limit {
-            for (score, i, ports) in skipped {
+            for (score, i, pick) in skipped {
                 if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
-                    best = Some((score, i, ports));
+                    best = Some((score, i, pick));
                 }
             }
         }
         match best {
-            Some((_, i, ports)) => {
-                self.commit(gi, i, ask, ports);
+            Some((_, i, pick)) => {
+                self.commit(gi, i, ask, pick);
                 Placed::Node(i)
             }
             None => Placed::Failed,
         }
     }
 
-    fn commit(&mut self, gi: usize, i: usize, ask: AllocResources, ports: Vec<u16>) {
+    fn commit(&mut self, gi: usize, i: usize, ask: AllocResources, pick: Pick) {
+        let Pick { ports, devices } = pick;
+        if !devices.is_empty() {
+            let d = self.devices_delta.entry(i).or_default();
+            for a in devices.values().flatten() {
+                let group = format!("{}/{}/{}", a.vendor, a.device_type, a.name);
+                for id in &a.device_ids {
+                    d.taken.insert(devices::instance_key(&group, id));
+                }
+            }
+        }
+        self.assigned_devices = devices;
         if !ports.is_empty() {
             let d = self.ports_delta.entry(i).or_default();
             for p in &ports {
@@ -442,6 +515,7 @@ impl<'a> Placer<'a> {
             .as_ref()
             .map_or(&[][..], |n| n.ports.as_slice());
         Allocation {
+            task_devices: self.assigned_devices.clone(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),
             ports: ports::allocated(specs, &self.assigned, &node.network),
@@ -511,6 +585,13 @@ impl<'a> Placer<'a> {
                             }
                             entry.0 += 1;
                         }
+                        Filter::DeviceMissing(_) => {
+                            let what = f.key();
+                            match constraints.iter_mut().find(|(w, _)| *w == what) {
+                                Some((_, k)) => *k += 1,
+                                None => constraints.push((what, 1)),
+                            }
+                        }
                         Filter::Constraint(c) => {
                             let what = feasible::describe(c);
                             match constraints.iter_mut().find(|(w, _)| *w == what) {
@@ -529,6 +610,8 @@ impl<'a> Placer<'a> {
                         *exhausted.entry(dim.into()).or_default() += 1;
                     } else if let Err(p) = self.pick_ports(gi, i) {
                         *exhausted.entry(p.key()).or_default() += 1;
+                    } else if let Err(d) = self.pick_devices(gi, i) {
+                        *exhausted.entry(d.key()).or_default() += 1;
                     }
                 }
             }
@@ -610,6 +693,8 @@ impl<'a> Placer<'a> {
                 *exhausted.entry(dim.into()).or_default() += 1;
             } else if let Err(p) = self.pick_ports(gi, i) {
                 *exhausted.entry(p.key()).or_default() += 1;
+            } else if let Err(d) = self.pick_devices(gi, i) {
+                *exhausted.entry(d.key()).or_default() += 1;
             }
         }
         let mut parts: Vec<(u32, String)> = exhausted

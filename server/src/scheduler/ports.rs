@@ -136,7 +136,10 @@ impl PortProblem {
 /// The sentence of one exhausted dimension over `k` of `n` nodes: `cpu exhausted on 2
 /// of 3 nodes`, `port 8080 in use on 3 of 3 nodes`.
 pub(crate) fn exhausted_sentence(dim: &str, k: u32, n: usize) -> String {
-    match dim.strip_prefix("network: ") {
+    match dim
+        .strip_prefix("network: ")
+        .or_else(|| dim.strip_prefix("devices: "))
+    {
         Some(what) => format!("{what} on {k} of {n} nodes"),
         None => format!("{dim} exhausted on {k} of {n} nodes"),
     }

@@ -215,6 +215,8 @@ pub(crate) fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
         attributes: BTreeMap::from([("version".to_owned(), "1.2.3".to_owned())]),
     };
     Node {
+        devices: Default::default(),
+        host_volumes: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("id-{name}"),
@@ -239,6 +241,8 @@ pub(crate) fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
 
 fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
     Task {
+        devices: Default::default(),
+        volume_mounts: Default::default(),
         services: Default::default(),
         meta: Default::default(),
         name: name.into(),
@@ -263,6 +267,7 @@ fn task(name: &str, driver: &str, cpu: u32, memory_mb: u32) -> Task {
 
 pub(crate) fn group(name: &str, count: u32, cpu: u32, memory_mb: u32) -> TaskGroup {
     TaskGroup {
+        volumes: Default::default(),
         update: Default::default(),
         network: Default::default(),
         services: Default::default(),

@@ -860,6 +860,7 @@ impl State {
             .and_then(from)
             .or_else(|| self.job_of(a).and_then(from))
             .unwrap_or_else(|| TaskGroup {
+                volumes: Default::default(),
                 update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),

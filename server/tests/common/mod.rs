@@ -60,6 +60,8 @@ pub async fn start(cfg: ServerConfig) -> Running {
 
 pub fn node(id: &str, cpu: u64, memory_mb: u64) -> NodeRegistration {
     NodeRegistration {
+        devices: Default::default(),
+        host_volumes: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: id.into(),
@@ -89,6 +91,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
         update: Default::default(),
         meta: BTreeMap::new(),
         groups: vec![TaskGroup {
+            volumes: Default::default(),
             update: Default::default(),
             network: Default::default(),
             services: Default::default(),
@@ -98,6 +101,8 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
             constraints: vec![],
             meta: BTreeMap::new(),
             tasks: vec![Task {
+                devices: Default::default(),
+                volume_mounts: Default::default(),
                 services: Default::default(),
                 meta: Default::default(),
                 name: "main".into(),
@@ -125,6 +130,7 @@ pub fn job(name: &str, count: u32, cpu: u32, memory_mb: u32) -> JobSpec {
 /// A new allocation as the scheduler would put it in a plan.
 pub fn placement(job: &str, index: u32, cpu: u64, memory_mb: u64) -> Allocation {
     Allocation {
+        task_devices: Default::default(),
         namespace: "default".into(),
         deployment_id: Default::default(),
         deployment_status: Default::default(),

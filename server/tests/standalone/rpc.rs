@@ -80,6 +80,8 @@ fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
 
 fn registration(id: &str, name: &str) -> NodeRegistration {
     NodeRegistration {
+        devices: Default::default(),
+        host_volumes: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: id.into(),

@@ -20,6 +20,7 @@
 //!   stopped and collected as soon as it is terminal.
 
 mod artifacts;
+mod devices;
 mod health;
 mod hooks;
 mod identity;
@@ -41,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 pub use tonic::async_trait;
 
 pub use artifacts::ArtifactLimits;
+pub use devices::{DeviceHook, device_env_name};
 pub use hooks::{
     AllocTaskHook, HookContext, HookState, MAX_HOOK_STATE, configured_hooks, default_hooks,
 };

@@ -1370,6 +1370,7 @@ mod tests {
         ClientAllocation {
             update: Default::default(),
             alloc: Allocation {
+                task_devices: Default::default(),
                 namespace: "default".into(),
                 deployment_id: Default::default(),
                 deployment_status: Default::default(),
@@ -1400,6 +1401,7 @@ mod tests {
             },
             job_type: JobType::Service,
             group: TaskGroup {
+                volumes: Default::default(),
                 update: Default::default(),
                 network: Some(NetworkSpec {
                     mode: NetworkMode::Bridge,

@@ -159,6 +159,9 @@ pub fn drivers(catalog: &Catalog) -> BTreeMap<String, DriverInfo> {
         let Some(plugin) = catalog.get(&name) else {
             continue;
         };
+        if plugin.kind() != drover_api::PluginKind::Driver {
+            continue;
+        }
         let (state, reason) = plugin.state();
         let healthy = state == PluginState::Healthy;
         let prefix = format!("driver.{name}.");
@@ -183,6 +186,56 @@ pub fn drivers(catalog: &Catalog) -> BTreeMap<String, DriverInfo> {
         );
     }
     out
+}
+
+/// Every device group the loaded device plugins fingerprinted, in a stable order
+/// (by `vendor/type/name`, instances by id) so that an unchanged fingerprint never
+/// re-registers the node. Two plugins reporting the same group: the first plugin's
+/// (by name) is kept, the other's logged.
+pub fn devices(catalog: &Catalog) -> Vec<drover_server_api::NodeDeviceGroup> {
+    let mut out: BTreeMap<String, drover_server_api::NodeDeviceGroup> = BTreeMap::new();
+    for plugin in catalog.device_plugins() {
+        for g in plugin.devices() {
+            let mut instances: Vec<_> = g
+                .instances
+                .into_iter()
+                .map(|i| drover_server_api::NodeDeviceInstance {
+                    id: i.id,
+                    healthy: i.healthy,
+                    health_description: i.health_description,
+                })
+                .collect();
+            instances.sort_by(|a, b| a.id.cmp(&b.id));
+            let group = drover_server_api::NodeDeviceGroup {
+                vendor: g.vendor,
+                device_type: g.device_type,
+                name: g.name,
+                instances,
+                attributes: g.attributes,
+            };
+            let id = group.id();
+            if out.contains_key(&id) {
+                tracing::warn!(plugin = %plugin.name, device = %id, "device group reported by two plugins; keeping the first");
+                continue;
+            }
+            out.insert(id, group);
+        }
+    }
+    out.into_values().collect()
+}
+
+/// The device plugin that reported device group `vendor/type/name`.
+pub fn device_plugin_of(
+    catalog: &Catalog,
+    vendor: &str,
+    device_type: &str,
+    name: &str,
+) -> Option<std::sync::Arc<crate::plugins::catalog::LoadedPlugin>> {
+    catalog.device_plugins().into_iter().find(|p| {
+        p.devices()
+            .iter()
+            .any(|g| g.vendor == vendor && g.device_type == device_type && g.name == name)
+    })
 }
 
 #[cfg(test)]

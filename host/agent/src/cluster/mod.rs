@@ -187,7 +187,9 @@ pub async fn run_prepared(
     stop: CancellationToken,
 ) {
     let changes = catalog.driver_changes();
+    let device_catalog = catalog.clone();
     let drivers = move || fingerprint::drivers(&catalog);
+    let devices = move || fingerprint::devices(&device_catalog);
     Client::new(
         prepared,
         Box::new(drivers),
@@ -196,6 +198,7 @@ pub async fn run_prepared(
         stop,
     )
     .with_driver_changes(changes)
+    .with_devices(Box::new(devices))
     .run()
     .await;
 }
@@ -225,6 +228,8 @@ impl AllocSink for Manager {
 
 /// Reads every driver's fingerprint now.
 pub type Drivers = Box<dyn Fn() -> BTreeMap<String, DriverInfo> + Send + Sync>;
+/// Reads every device group the device plugins fingerprinted, now.
+pub type Devices = Box<dyn Fn() -> Vec<drover_server_api::NodeDeviceGroup> + Send + Sync>;
 type Rpc = NodeClient<InterceptedService<Channel, TokenInterceptor>>;
 
 /// Why a session ended.
@@ -256,6 +261,8 @@ fn failed(what: &str, status: &tonic::Status) -> Ended {
 pub struct Client {
     node: Prepared,
     drivers: Drivers,
+    /// The device plugins' device groups (none without).
+    devices: Devices,
     /// Fires when a driver's fingerprint may have changed (else: polled).
     driver_changes: Option<tokio::sync::watch::Receiver<u64>>,
     allocs: Arc<dyn AllocSink>,
@@ -282,6 +289,7 @@ impl Client {
         Client {
             node,
             drivers,
+            devices: Box::new(Vec::new),
             driver_changes: None,
             allocs,
             updates,
@@ -292,6 +300,12 @@ impl Client {
             applying: Arc::default(),
             stop,
         }
+    }
+
+    /// Read device groups from `devices` for each registration.
+    pub fn with_devices(mut self, devices: Devices) -> Self {
+        self.devices = devices;
+        self
     }
 
     /// Also register again as soon as `changes` sees a change (a driver became
@@ -349,6 +363,8 @@ impl Client {
 
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
+            devices: (self.devices)(),
+            host_volumes: Default::default(),
             network: self.node.network.clone(),
             datacenter: self.node.datacenter.clone(),
             id: self.node.node_id.clone(),
@@ -397,6 +413,7 @@ impl Client {
         let Client {
             node,
             drivers: read_drivers,
+            devices: read_devices,
             driver_changes,
             allocs,
             updates,
@@ -414,6 +431,7 @@ impl Client {
             registration,
             secret,
             read_drivers,
+            read_devices,
             driver_changes,
             ttl,
         );
@@ -487,6 +505,7 @@ async fn heartbeats(
     mut registration: NodeRegistration,
     secret: &identity::NodeSecret,
     read_drivers: &Drivers,
+    read_devices: &Devices,
     driver_changes: &mut Option<tokio::sync::watch::Receiver<u64>>,
     mut ttl: Duration,
 ) -> Ended {
@@ -528,12 +547,15 @@ async fn heartbeats(
                 }
             } => {
                 let drivers = read_drivers();
-                if drivers != registration.drivers {
+                let devices = read_devices();
+                if drivers != registration.drivers || devices != registration.devices {
                     tracing::info!(
                         healthy = ?drivers.iter().filter(|(_, d)| d.healthy).map(|(n, _)| n).collect::<Vec<_>>(),
-                        "drivers changed; registering again"
+                        devices = devices.len(),
+                        "drivers or devices changed; registering again"
                     );
                     registration.drivers = drivers;
+                    registration.devices = devices;
                     match register(&mut rpc, &registration, secret).await {
                         Ok(t) => ttl = t,
                         Err(e) => return e,

@@ -188,6 +188,7 @@ fn allocation(id: &str) -> ClientAllocation {
     ClientAllocation {
         update: Default::default(),
         alloc: Allocation {
+            task_devices: Default::default(),
             namespace: "default".into(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),
@@ -218,6 +219,7 @@ fn allocation(id: &str) -> ClientAllocation {
         },
         job_type: JobType::Service,
         group: TaskGroup {
+            volumes: Default::default(),
             update: Default::default(),
             network: Default::default(),
             services: Default::default(),

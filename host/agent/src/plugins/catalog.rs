@@ -92,6 +92,11 @@ impl LoadContext {
 }
 
 pub(super) struct Live {
+    /// A task driver or a device plugin.
+    pub(super) kind: PluginKind,
+    /// A device plugin's device groups, from its last fingerprint (empty until the
+    /// first, and after a failed one).
+    pub(super) devices: Vec<drover_plugin_sdk::device::DeviceGroup>,
     /// The file (and arguments) the instance runs: replaced by an upgrade.
     pub(super) candidate: Candidate,
     /// sha256 of the bytes the instance runs.
@@ -216,6 +221,25 @@ impl LoadedPlugin {
         self.live().attributes.clone()
     }
 
+    /// A task driver or a device plugin.
+    pub fn kind(&self) -> PluginKind {
+        self.live().kind
+    }
+
+    /// A device plugin's device groups, from its last fingerprint.
+    pub fn devices(&self) -> Vec<drover_plugin_sdk::device::DeviceGroup> {
+        self.live().devices.clone()
+    }
+
+    pub(super) fn set_devices(&self, devices: Vec<drover_plugin_sdk::device::DeviceGroup>) {
+        let mut live = self.live();
+        if live.devices != devices {
+            live.devices = devices;
+            drop(live);
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
     /// Bumped each time the plugin process is replaced.
     pub fn generation(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
@@ -276,7 +300,7 @@ impl LoadedPlugin {
         }
         PluginStatus {
             name: self.name.clone(),
-            kind: PluginKind::Driver,
+            kind: live.kind,
             version: live.version.clone(),
             api_version: live.api_version.clone(),
             source: live.candidate.source,
@@ -299,6 +323,8 @@ impl LoadedPlugin {
 
 pub(super) fn live_from(fp: Fingerprinted) -> Live {
     Live {
+        kind: fp.kind,
+        devices: Vec::new(),
         candidate: fp.candidate,
         sha256: fp.sha256,
         upgrade_failed: None,
@@ -643,6 +669,20 @@ impl Catalog {
         // take the tasks of the driver that carries it now.
         self.get(drover_api::canonical_driver_name(name))
             .or_else(|| self.get(name))
+            .filter(|p| p.kind() == PluginKind::Driver)
+    }
+
+    /// The loaded device plugins.
+    pub fn device_plugins(&self) -> Vec<Arc<LoadedPlugin>> {
+        self.loaded
+            .read()
+            .map(|l| {
+                l.values()
+                    .filter(|p| p.kind() == PluginKind::Device)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Names of loaded plugins.

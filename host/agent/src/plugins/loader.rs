@@ -33,6 +33,8 @@ pub struct Fingerprinted {
     pub process: PluginInstance,
     /// Its identity.
     pub info: PluginInfo,
+    /// A task driver or a device plugin.
+    pub kind: drover_api::PluginKind,
     /// The negotiated plugin API version.
     pub api_version: semver::Version,
     /// JSON Schema of the plugin config.
@@ -260,12 +262,13 @@ pub(super) async fn adopt(
     accepted: &semver::VersionReq,
 ) -> Result<Fingerprinted, String> {
     match tokio::time::timeout(timeout, identify(&process, accepted)).await {
-        Ok(Ok((info, api_version, config_schema, task_schema, capabilities))) => {
+        Ok(Ok((info, kind, api_version, config_schema, task_schema, capabilities))) => {
             process.mirror_stdio();
             Ok(Fingerprinted {
                 candidate: candidate.clone(),
                 process,
                 info,
+                kind,
                 api_version,
                 config_schema,
                 task_schema,
@@ -288,6 +291,7 @@ pub(super) async fn adopt(
 
 type Identity = (
     PluginInfo,
+    drover_api::PluginKind,
     semver::Version,
     serde_json::Value,
     serde_json::Value,
@@ -303,9 +307,20 @@ async fn identify(
         .plugin_info()
         .await
         .map_err(|e| rpc_reason("PluginInfo", e))?;
-    if identity.kind != drover_plugin_sdk::client::PluginKind::Driver {
-        return Err(format!("plugin type {} is not a driver", identity.kind));
-    }
+    let kind = match identity.kind {
+        drover_plugin_sdk::client::PluginKind::Driver => drover_api::PluginKind::Driver,
+        // Nomad's device plugins (Drover's protocol has no device service yet).
+        drover_plugin_sdk::client::PluginKind::Device
+            if identity.protocol == drover_plugin_sdk::client::PluginProtocol::Nomad =>
+        {
+            drover_api::PluginKind::Device
+        }
+        other => {
+            return Err(format!(
+                "plugin type {other} is neither a driver nor a Nomad device plugin"
+            ));
+        }
+    };
     let (info, api_versions) = (identity.info(), identity.api_versions);
     // A Nomad driver speaks Nomad's driver API, which the bridge translates.
     let nomad_api;
@@ -339,6 +354,17 @@ async fn identify(
             .await
             .map_err(|e| rpc_reason("ConfigSchema", e))?,
     )?;
+    if kind == drover_api::PluginKind::Device {
+        // A device plugin has no task config and no driver capabilities.
+        return Ok((
+            info,
+            kind,
+            api_version,
+            config_schema,
+            serde_json::json!({}),
+            Capabilities::default(),
+        ));
+    }
     let task_schema = parse_schema(
         "task config schema",
         &client
@@ -350,7 +376,14 @@ async fn identify(
         .capabilities()
         .await
         .map_err(|e| rpc_reason("Capabilities", e))?;
-    Ok((info, api_version, config_schema, task_schema, capabilities))
+    Ok((
+        info,
+        kind,
+        api_version,
+        config_schema,
+        task_schema,
+        capabilities,
+    ))
 }
 
 /// Validate `value` against `schema`; the error lists each problem with its location.

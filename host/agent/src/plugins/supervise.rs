@@ -83,7 +83,11 @@ pub(super) async fn supervise(
     loop {
         let seen = *generation.borrow_and_update();
         let process = plugin.process();
-        let watcher = tokio::spawn(watch_fingerprints(plugin.clone(), process.client()));
+        let watcher = if plugin.kind() == drover_api::PluginKind::Device {
+            tokio::spawn(watch_device_fingerprints(plugin.clone(), process.client()))
+        } else {
+            tokio::spawn(watch_fingerprints(plugin.clone(), process.client()))
+        };
         let launched = Instant::now();
         let mut how = tokio::select! {
             biased;
@@ -226,5 +230,75 @@ async fn watch_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
                 return;
             }
         }
+    }
+}
+
+/// A device plugin's fingerprints: its device groups, kept on the plugin for the
+/// node's registration. A failed stream empties them (the devices cannot be reserved
+/// while the plugin does not answer) and is opened again; a dead process is the
+/// supervisor's to relaunch.
+async fn watch_device_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClient) {
+    let mut retry = RELAUNCH_BACKOFF.0;
+    loop {
+        match client.device_fingerprint().await {
+            Ok(mut stream) => {
+                let mut first = true;
+                loop {
+                    let next = if first {
+                        match tokio::time::timeout(FIRST_FINGERPRINT_WAIT, stream.next()).await {
+                            Ok(n) => n,
+                            Err(_) => {
+                                plugin.set_state(
+                                    PluginState::Unhealthy,
+                                    format!(
+                                        "no device fingerprint within {FIRST_FINGERPRINT_WAIT:?}"
+                                    ),
+                                );
+                                stream.next().await
+                            }
+                        }
+                    } else {
+                        stream.next().await
+                    };
+                    first = false;
+                    match next {
+                        Some(Ok(groups)) => {
+                            retry = RELAUNCH_BACKOFF.0;
+                            let instances: usize = groups.iter().map(|g| g.instances.len()).sum();
+                            plugin.set_devices(groups);
+                            plugin.set_state(
+                                PluginState::Healthy,
+                                format!("{instances} device instance(s)"),
+                            );
+                        }
+                        Some(Err(e)) => {
+                            plugin.set_devices(Vec::new());
+                            plugin.set_state(
+                                PluginState::Unhealthy,
+                                format!("device fingerprint stream failed: {e}"),
+                            );
+                            break;
+                        }
+                        None => {
+                            plugin.set_devices(Vec::new());
+                            plugin.set_state(
+                                PluginState::Unhealthy,
+                                "device fingerprint stream ended".into(),
+                            );
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                plugin.set_devices(Vec::new());
+                plugin.set_state(
+                    PluginState::Unhealthy,
+                    format!("device Fingerprint failed: {e}"),
+                );
+            }
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(RELAUNCH_BACKOFF.1);
     }
 }

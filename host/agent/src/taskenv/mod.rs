@@ -347,6 +347,8 @@ mod tests {
 
     fn task() -> Task {
         Task {
+            devices: Default::default(),
+            volume_mounts: Default::default(),
             services: Default::default(),
             name: "web".into(),
             driver: "raw_exec".into(),
@@ -373,6 +375,7 @@ mod tests {
         ClientAllocation {
             update: Default::default(),
             alloc: Allocation {
+                task_devices: Default::default(),
                 namespace: "default".into(),
                 deployment_id: Default::default(),
                 deployment_status: Default::default(),
@@ -403,6 +406,7 @@ mod tests {
             },
             job_type: JobType::Service,
             group: TaskGroup {
+                volumes: Default::default(),
                 update: Default::default(),
                 network: Default::default(),
                 services: Default::default(),

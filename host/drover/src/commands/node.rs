@@ -60,6 +60,27 @@ pub async fn node_command(c: &Client, cmd: NodeCommand) -> anyhow::Result<ExitCo
                 print_json(&node_json(&node)?)?;
             } else {
                 print!("{}", nodes_text(std::slice::from_ref(&node)));
+                if !node.devices.is_empty() {
+                    println!();
+                    println!("Devices");
+                    for g in &node.devices {
+                        let healthy = g.instances.iter().filter(|i| i.healthy).count();
+                        println!(
+                            "{}  {healthy}/{} healthy  {}",
+                            g.id(),
+                            g.instances.len(),
+                            g.instances
+                                .iter()
+                                .map(|i| if i.healthy {
+                                    i.id.clone()
+                                } else {
+                                    format!("{} (unhealthy: {})", i.id, i.health_description)
+                                })
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                }
                 let allocs = c
                     .node_allocations(&node.id, &QueryOptions::default())
                     .await

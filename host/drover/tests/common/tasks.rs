@@ -87,6 +87,7 @@ pub use drover_test_support::procs::alive as running;
 /// client receives it: the allocation runners' tests build theirs from it.
 pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation {
     let group = TaskGroup {
+        volumes: Default::default(),
         update: Default::default(),
         network: Default::default(),
         services: Default::default(),
@@ -100,6 +101,7 @@ pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation 
     ClientAllocation {
         update: Default::default(),
         alloc: Allocation {
+            task_devices: Default::default(),
             namespace: "default".into(),
             deployment_id: Default::default(),
             deployment_status: Default::default(),

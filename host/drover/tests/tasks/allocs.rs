@@ -265,6 +265,8 @@ fn remove_cgroups(parent: &str) {
 
 fn sh(name: &str, script: &str, lifecycle: Option<(LifecycleHook, bool)>) -> Task {
     Task {
+        devices: Default::default(),
+        volume_mounts: Default::default(),
         services: Default::default(),
         meta: Default::default(),
         name: name.into(),

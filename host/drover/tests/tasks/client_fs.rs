@@ -210,6 +210,8 @@ impl Drop for Agent {
 
 fn sh(name: &str, script: &str) -> Task {
     Task {
+        devices: Default::default(),
+        volume_mounts: Default::default(),
         services: Default::default(),
         meta: Default::default(),
         name: name.into(),

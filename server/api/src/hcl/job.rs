@@ -331,6 +331,23 @@ impl Reader<'_, '_> {
         Ok(out)
     }
 
+    /// A task's `device "vendor/type/name" { count, constraint }` as Nomad's
+    /// `RequestedDevice` (count 1 when left out; `affinity` is refused as unsupported).
+    fn device(&self, b: &Block) -> Result<Json, HclError> {
+        label_count(self.src, b, 1)?;
+        check_body(self.src, &b.body, &["count"], &["constraint"])?;
+        let mut o = Obj::new();
+        o.insert("Name".into(), label(b, 0).unwrap_or_default().into());
+        o.insert("Count".into(), 1.into());
+        self.put(&mut o, &b.body, "count", "Count", Kind::Int)?;
+        o.insert(
+            "Constraints".into(),
+            self.constraints(&b.body)?.unwrap_or(Json::Null),
+        );
+        o.insert("Affinities".into(), Json::Null);
+        Ok(Json::Object(o))
+    }
+
     fn constraints(&self, body: &Body) -> Result<Option<Json>, HclError> {
         let mut list = Vec::new();
         for b in blocks(body, "constraint") {
@@ -852,12 +869,23 @@ impl Reader<'_, '_> {
                     "network in resources: move network { ... } to the group (one network per group, as Nomad 1.0 has it)",
                 ));
             }
-            let fields: &[Field] = &[
-                ("cpu", "CPU", Kind::Int),
-                ("memory", "MemoryMB", Kind::Int),
-                ("memory_max", "MemoryMaxMB", Kind::Int),
-            ];
-            o.insert("Resources".into(), self.fields(&r.body, fields)?);
+            check_body(
+                self.src,
+                &r.body,
+                &["cpu", "memory", "memory_max"],
+                &["device"],
+            )?;
+            let mut ro = Obj::new();
+            self.put(&mut ro, &r.body, "cpu", "CPU", Kind::Int)?;
+            self.put(&mut ro, &r.body, "memory", "MemoryMB", Kind::Int)?;
+            self.put(&mut ro, &r.body, "memory_max", "MemoryMaxMB", Kind::Int)?;
+            let devices = blocks(&r.body, "device")
+                .map(|d| self.device(d))
+                .collect::<Result<Vec<_>, _>>()?;
+            if !devices.is_empty() {
+                ro.insert("Devices".into(), Json::Array(devices));
+            }
+            o.insert("Resources".into(), Json::Object(ro));
         }
         if let Some(r) = self.restart(body)? {
             o.insert("RestartPolicy".into(), r);

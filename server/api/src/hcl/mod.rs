@@ -73,7 +73,6 @@ pub const UNSUPPORTED_BLOCKS: &[&str] = &[
     "consul",
     "csi",
     "csi_plugin",
-    "device",
     "dns",
     "dynamic",
     "dispatch_payload",

@@ -1009,3 +1009,69 @@ fn the_job_files_of_the_services_docs_are_valid() {
         assert_eq!(from_toml.groups[0].services, from_hcl.groups[0].services);
     }
 }
+
+/// A task's `device` blocks (issue 27) become Nomad's `Resources.Devices`, and then
+/// the task's device requests; affinities are refused; validation checks count and
+/// name.
+#[test]
+fn device_blocks_become_device_requests() {
+    let text = task_file(
+        "      resources {\n        device \"nvidia/gpu\" {\n          count = 2\n          constraint {\n            attribute = \"${device.attr.memory}\"\n            operator  = \">=\"\n            value     = \"4\"\n          }\n        }\n        device \"fpga\" {}\n      }",
+    );
+    let json = parse_text(&text).expect("parses");
+    let devices = &json["Job"]["TaskGroups"][0]["Tasks"][0]["Resources"]["Devices"];
+    assert_eq!(devices[0]["Name"], "nvidia/gpu", "{json:#}");
+    assert_eq!(devices[0]["Count"], 2);
+    assert_eq!(
+        devices[0]["Constraints"][0]["LTarget"],
+        "${device.attr.memory}"
+    );
+    assert_eq!(devices[1]["Count"], 1);
+    let job = to_job("job.hcl", json).expect("a job");
+    let parsed = job.to_spec().expect("converts");
+    let task = &parsed.spec.groups[0].tasks[0];
+    assert_eq!(task.devices.len(), 2);
+    assert_eq!(task.devices[0].count, 2);
+    assert_eq!(task.devices[0].constraints[0].value, "4");
+    crate::validate::validate(&parsed.spec).expect("valid");
+
+    // Back to Nomad's shape and again: the same requests.
+    let mut wire = crate::nomad::Job::from(&parsed.spec);
+    let again = wire.to_spec().expect("converts back");
+    assert_eq!(again.spec.groups[0].tasks[0].devices, task.devices);
+    // Nomad's JSON with an affinity: refused, naming the field.
+    let groups = wire.task_groups.as_mut().expect("groups");
+    let tasks = groups[0].tasks.as_mut().expect("tasks");
+    let res = tasks[0].resources.as_mut().expect("resources");
+    res.devices.as_mut().expect("devices")[0].affinities =
+        Some(json!([{"LTarget": "${device.model}", "RTarget": "x", "Weight": 50}]));
+    let e = wire.to_spec().unwrap_err().to_string();
+    assert!(
+        e.contains("Resources.Devices[0].Affinities") && e.contains("not supported"),
+        "{e}"
+    );
+
+    let text = task_file(
+        "      resources {\n        device \"gpu\" {\n          affinity {\n          }\n        }\n      }",
+    );
+    assert_eq!(
+        err(&text),
+        "job.hcl:7:11: block \"affinity\" is not supported by Drover yet"
+    );
+
+    let mut bad = parsed.spec.clone();
+    bad.groups[0].tasks[0].devices[0].count = 65;
+    let e = crate::validate::validate(&bad).unwrap_err();
+    assert_eq!(e.field, "group[0].task[0].device[0].count", "{e:?}");
+    let mut bad = parsed.spec.clone();
+    bad.groups[0].tasks[0].devices[0].name = "a/b/c/d".into();
+    let e = crate::validate::validate(&bad).unwrap_err();
+    assert_eq!(e.field, "group[0].task[0].device[0].name", "{e:?}");
+    let mut bad = parsed.spec;
+    bad.groups[0].tasks[0].devices[0].constraints[0].attribute = "${attr.kernel.name}".into();
+    let e = crate::validate::validate(&bad).unwrap_err();
+    assert_eq!(
+        e.field, "group[0].task[0].device[0].constraint[0].attribute",
+        "{e:?}"
+    );
+}

@@ -740,7 +740,10 @@ impl From<&internal::Allocation> for Allocation {
                 ..Default::default()
             }),
             task_resources: None,
-            allocated_resources: Some(allocated_resources(&a.ports, None)),
+            allocated_resources: Some(with_devices(
+                allocated_resources(&a.ports, None),
+                &a.task_devices,
+            )),
             metrics: None,
             desired_status: desired_status(a.desired_status).to_owned(),
             desired_description: a.desired_description.clone(),
@@ -769,13 +772,92 @@ impl From<&internal::Allocation> for Allocation {
     }
 }
 
+/// `AllocatedResources` with each task's devices under `Tasks.<task>.Devices`, in
+/// Nomad's shape (`AllocatedDeviceResource`: Vendor, Type, Name, DeviceIDs).
+fn with_devices(
+    mut resources: Value,
+    devices: &BTreeMap<String, Vec<crate::AllocatedDevices>>,
+) -> Value {
+    if devices.is_empty() {
+        return resources;
+    }
+    if let Some(tasks) = resources
+        .as_object_mut()
+        .map(|o| o.entry("Tasks").or_insert_with(empty_object))
+        .and_then(Value::as_object_mut)
+    {
+        for (task, given) in devices {
+            let list: Vec<Value> = given
+                .iter()
+                .map(|d| {
+                    serde_json::json!({
+                        "Vendor": d.vendor,
+                        "Type": d.device_type,
+                        "Name": d.name,
+                        "DeviceIDs": d.device_ids,
+                    })
+                })
+                .collect();
+            let entry = tasks.entry(task.clone()).or_insert_with(empty_object);
+            if let Some(o) = entry.as_object_mut() {
+                o.insert("Devices".into(), Value::Array(list));
+            }
+        }
+    }
+    resources
+}
+
+/// Each task's devices read back from `AllocatedResources.Tasks.<task>.Devices`.
+fn devices_of_allocated_resources(
+    v: Option<&Value>,
+) -> BTreeMap<String, Vec<crate::AllocatedDevices>> {
+    let mut out = BTreeMap::new();
+    let Some(tasks) = v.and_then(|v| v.get("Tasks")).and_then(Value::as_object) else {
+        return out;
+    };
+    for (task, t) in tasks {
+        let Some(list) = t.get("Devices").and_then(Value::as_array) else {
+            continue;
+        };
+        let text = |d: &Value, k: &str| {
+            d.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let given: Vec<crate::AllocatedDevices> = list
+            .iter()
+            .map(|d| crate::AllocatedDevices {
+                vendor: text(d, "Vendor"),
+                device_type: text(d, "Type"),
+                name: text(d, "Name"),
+                device_ids: d
+                    .get("DeviceIDs")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|i| i.as_str().map(str::to_owned))
+                    .collect(),
+            })
+            .collect();
+        if !given.is_empty() {
+            out.insert(task.clone(), given);
+        }
+    }
+    out
+}
+
 impl Allocation {
     /// With the group's tasks: `TaskResources` per task (what Nomad's clients read).
     pub fn with_group(mut self, group: &internal::TaskGroup) -> Allocation {
         // The group tells which ports were static and the network's mode.
         let ports = ports_of_allocated_resources(self.allocated_resources.as_ref());
         if group.network.is_some() || !ports.is_empty() {
-            self.allocated_resources = Some(allocated_resources(&ports, Some(group)));
+            let devices = devices_of_allocated_resources(self.allocated_resources.as_ref());
+            self.allocated_resources = Some(with_devices(
+                allocated_resources(&ports, Some(group)),
+                &devices,
+            ));
             if let Some(r) = self.resources.as_mut() {
                 r.networks = Some(vec![allocation_network(&ports, Some(group))]);
             }
@@ -813,6 +895,7 @@ impl Allocation {
             self.job_version
         };
         internal::Allocation {
+            task_devices: devices_of_allocated_resources(self.allocated_resources.as_ref()),
             namespace: namespace_or_default(&self.namespace),
             ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),
@@ -864,7 +947,8 @@ impl AllocationListStub {
             job_type: job_type.as_str().to_owned(),
             job_version: a.job_version,
             task_group: a.group.clone(),
-            allocated_resources: (!a.ports.is_empty()).then(|| allocated_resources(&a.ports, None)),
+            allocated_resources: (!a.ports.is_empty() || !a.task_devices.is_empty())
+                .then(|| with_devices(allocated_resources(&a.ports, None), &a.task_devices)),
             desired_status: desired_status(a.desired_status).to_owned(),
             desired_description: a.desired_description.clone(),
             client_status: a.client_status.as_str().to_owned(),
@@ -891,6 +975,7 @@ impl AllocationListStub {
     /// (zero, none); fetch the allocation for them.
     pub fn to_internal(&self) -> internal::Allocation {
         internal::Allocation {
+            task_devices: devices_of_allocated_resources(self.allocated_resources.as_ref()),
             namespace: namespace_or_default(&self.namespace),
             ports: ports_of_allocated_resources(self.allocated_resources.as_ref()),
             id: self.id.clone(),

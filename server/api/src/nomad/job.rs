@@ -354,9 +354,9 @@ pub struct Resources {
     /// A task's: refused (networks are the group's); an allocation's: its ports.
     #[serde(rename = "Networks", default)]
     pub networks: Option<Vec<NetworkResource>>,
-    /// Not supported yet.
-    #[serde(rename = "Devices", default)]
-    pub devices: Option<Value>,
+    /// Devices the task asks for (`device "vendor/type/name" { count }`).
+    #[serde(rename = "Devices", alias = "devices", default)]
+    pub devices: Option<Vec<RequestedDevice>>,
     /// Deprecated in Nomad; not supported.
     #[serde(rename = "IOPS", default)]
     pub iops: Option<Value>,
@@ -381,6 +381,26 @@ pub struct Constraint {
     /// `=`, `!=`, `<`, `regexp`, `version`, `distinct_hosts`, ... (empty: `=`).
     #[serde(rename = "Operand", alias = "operand", alias = "operator", default)]
     pub operand: String,
+}
+
+/// A task's `device` block in Nomad's shape (`RequestedDevice`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RequestedDevice {
+    /// `type`, `vendor/type` or `vendor/type/name`.
+    #[serde(rename = "Name", alias = "name", default)]
+    pub name: String,
+    /// Instances wanted (absent: 1).
+    #[serde(rename = "Count", alias = "count", default)]
+    pub count: Option<i64>,
+    /// Constraints on the device group (`${device.attr.memory}`, ...).
+    #[serde(rename = "Constraints", alias = "constraint", default)]
+    pub constraints: Option<Vec<Constraint>>,
+    /// Affinities: not supported yet (refused).
+    #[serde(rename = "Affinities", alias = "affinity", default)]
+    pub affinities: Option<Value>,
+    /// Unknown fields, refused.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
 }
 
 /// A restart policy in Nomad's shape (durations in nanoseconds). An absent field takes
@@ -1369,6 +1389,7 @@ impl Job {
             },
         )?;
         Ok(internal::TaskGroup {
+            volumes: Default::default(),
             network,
             services: group_services,
             name,
@@ -1481,7 +1502,17 @@ fn task(
             })
         }
     };
+    let devices = match t.resources.as_ref().and_then(|r| r.devices.as_ref()) {
+        None => Vec::new(),
+        Some(ds) => ds
+            .iter()
+            .enumerate()
+            .map(|(i, d)| device_request(&join(path, &format!("Resources.Devices[{i}]")), d))
+            .collect::<Result<_, _>>()?,
+    };
     Ok(internal::Task {
+        devices,
+        volume_mounts: Default::default(),
         services: Default::default(),
         name,
         driver,
@@ -1514,7 +1545,6 @@ fn resources(path: &str, r: &Resources) -> Result<internal::TaskResources, Conve
         path,
         &[
             ("DiskMB", &r.disk_mb),
-            ("Devices", &r.devices),
             ("IOPS", &r.iops),
             ("Cores", &r.cores),
         ],
@@ -1534,6 +1564,42 @@ fn resources(path: &str, r: &Resources) -> Result<internal::TaskResources, Conve
             None => d.memory_max_mb,
             Some(v) => count_u32(&join(path, "MemoryMaxMB"), v, "MemoryMaxMB")?,
         },
+    })
+}
+
+/// A `device` block: name and count as given (validation checks their ranges and
+/// forms, naming the task), constraints converted, affinities refused.
+fn device_request(
+    path: &str,
+    d: &RequestedDevice,
+) -> Result<crate::DeviceRequest, ConversionError> {
+    refuse_unknown(path, &d.other)?;
+    if d.affinities
+        .as_ref()
+        .is_some_and(|a| !a.is_null() && !a.as_array().is_some_and(Vec::is_empty))
+    {
+        return Err(ConversionError::new(
+            join(path, "Affinities"),
+            "device affinities are not supported yet (use a constraint)",
+        ));
+    }
+    let count = match d.count {
+        None => 1,
+        Some(v) => u32::try_from(v).map_err(|_| {
+            ConversionError::new(join(path, "Count"), format!("must be 1 to 64, got {v}"))
+        })?,
+    };
+    let constraints = d
+        .constraints
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| constraint(&join(path, &format!("Constraints[{i}]")), c))
+        .collect::<Result<_, _>>()?;
+    Ok(crate::DeviceRequest {
+        name: d.name.clone(),
+        count,
+        constraints,
     })
 }
 
@@ -1789,6 +1855,18 @@ impl From<&internal::Task> for Task {
                 cpu: Some(i64::from(t.resources.cpu)),
                 memory_mb: Some(i64::from(t.resources.memory_mb)),
                 memory_max_mb: Some(i64::from(t.resources.memory_max_mb)),
+                devices: (!t.devices.is_empty()).then(|| {
+                    t.devices
+                        .iter()
+                        .map(|d| RequestedDevice {
+                            name: d.name.clone(),
+                            count: Some(i64::from(d.count)),
+                            constraints: (!d.constraints.is_empty())
+                                .then(|| d.constraints.iter().map(Constraint::from).collect()),
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
                 ..Default::default()
             }),
             restart_policy: t.restart.as_ref().map(RestartPolicy::from),

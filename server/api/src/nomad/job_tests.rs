@@ -709,6 +709,7 @@ fn sample_constraint(rng: &mut Rng) -> internal::Constraint {
 
 fn sample_group(rng: &mut Rng, index: u64) -> internal::TaskGroup {
     internal::TaskGroup {
+        volumes: Default::default(),
         update: Default::default(),
         network: Default::default(),
         services: Default::default(),
@@ -737,6 +738,8 @@ fn sample_task(rng: &mut Rng, index: u64) -> internal::Task {
         _ => json!({}),
     };
     internal::Task {
+        devices: Default::default(),
+        volume_mounts: Default::default(),
         services: Default::default(),
         name: format!("t{index}{}", rng.word()),
         driver: ["raw_exec", "docker", "exec", "java", "qemu", "rawexec"][rng.below(6) as usize]

@@ -75,15 +75,164 @@ pub struct NodeResources {
     /// The node's network: the address allocations' ports are on (`Mode` `host`).
     #[serde(rename = "Networks")]
     pub networks: Option<Vec<NetworkResource>>,
-    /// Devices (none in Drover).
+    /// Device groups the node's device plugins fingerprinted.
     #[serde(rename = "Devices")]
-    pub devices: Option<Value>,
+    pub devices: Option<Vec<NodeDeviceResource>>,
     /// Lowest port the scheduler picks (Nomad 1.1's).
     #[serde(rename = "MinDynamicPort")]
     pub min_dynamic_port: i64,
     /// Highest port the scheduler picks (Nomad 1.1's).
     #[serde(rename = "MaxDynamicPort")]
     pub max_dynamic_port: i64,
+}
+
+/// One device group, in Nomad's shape (`NodeDeviceResource`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeDeviceResource {
+    /// Vendor.
+    #[serde(rename = "Vendor")]
+    pub vendor: String,
+    /// Type.
+    #[serde(rename = "Type")]
+    pub device_type: String,
+    /// Name.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Instances.
+    #[serde(rename = "Instances")]
+    pub instances: Option<Vec<NodeDevice>>,
+    /// Attributes (Nomad's `{Float, Int, String, Bool, Unit}`; Drover sends text as
+    /// `String`).
+    #[serde(rename = "Attributes")]
+    pub attributes: Option<BTreeMap<String, DeviceAttribute>>,
+}
+
+/// One device instance, in Nomad's shape (`NodeDevice`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeDevice {
+    /// Its id.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Whether it may be given to a task.
+    #[serde(rename = "Healthy")]
+    pub healthy: bool,
+    /// Why not.
+    #[serde(rename = "HealthDescription")]
+    pub health_description: String,
+    /// Hardware locality (never set by Drover).
+    #[serde(rename = "Locality")]
+    pub locality: Option<Value>,
+}
+
+/// A device attribute, in Nomad's shape (`psstructs.Attribute`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceAttribute {
+    /// A float value.
+    #[serde(rename = "Float", skip_serializing_if = "Option::is_none")]
+    pub float: Option<f64>,
+    /// An integer value.
+    #[serde(rename = "Int", skip_serializing_if = "Option::is_none")]
+    pub int: Option<i64>,
+    /// A string value.
+    #[serde(rename = "String", skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+    /// A bool value.
+    #[serde(rename = "Bool", skip_serializing_if = "Option::is_none")]
+    pub bool: Option<bool>,
+    /// Unit of a number.
+    #[serde(rename = "Unit")]
+    pub unit: String,
+}
+
+impl DeviceAttribute {
+    /// The attribute as text, with its unit (`11 GiB`).
+    pub fn text(&self) -> Option<String> {
+        let value = match (&self.string, self.int, self.float, self.bool) {
+            (Some(s), ..) => return Some(s.clone()),
+            (None, Some(i), ..) => i.to_string(),
+            (None, None, Some(f), _) => f.to_string(),
+            (None, None, None, Some(b)) => return Some(b.to_string()),
+            (None, None, None, None) => return None,
+        };
+        Some(if self.unit.is_empty() {
+            value
+        } else {
+            format!("{value} {}", self.unit)
+        })
+    }
+}
+
+fn wire_devices(groups: &[crate::NodeDeviceGroup]) -> Option<Vec<NodeDeviceResource>> {
+    if groups.is_empty() {
+        return None;
+    }
+    Some(
+        groups
+            .iter()
+            .map(|g| NodeDeviceResource {
+                vendor: g.vendor.clone(),
+                device_type: g.device_type.clone(),
+                name: g.name.clone(),
+                instances: Some(
+                    g.instances
+                        .iter()
+                        .map(|i| NodeDevice {
+                            id: i.id.clone(),
+                            healthy: i.healthy,
+                            health_description: i.health_description.clone(),
+                            locality: None,
+                        })
+                        .collect(),
+                ),
+                attributes: Some(
+                    g.attributes
+                        .iter()
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                DeviceAttribute {
+                                    string: Some(v.clone()),
+                                    ..Default::default()
+                                },
+                            )
+                        })
+                        .collect(),
+                ),
+            })
+            .collect(),
+    )
+}
+
+fn internal_devices(resources: Option<&NodeResources>) -> Vec<crate::NodeDeviceGroup> {
+    resources
+        .and_then(|r| r.devices.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|g| crate::NodeDeviceGroup {
+            vendor: g.vendor.clone(),
+            device_type: g.device_type.clone(),
+            name: g.name.clone(),
+            instances: g
+                .instances
+                .iter()
+                .flatten()
+                .map(|i| crate::NodeDeviceInstance {
+                    id: i.id.clone(),
+                    healthy: i.healthy,
+                    health_description: i.health_description.clone(),
+                })
+                .collect(),
+            attributes: g
+                .attributes
+                .iter()
+                .flatten()
+                .filter_map(|(k, a)| Some((k.clone(), a.text()?)))
+                .collect(),
+        })
+        .collect()
 }
 
 /// What a node keeps from allocations, in Nomad's shape (`ReservedResources`): Drover
@@ -432,6 +581,7 @@ fn node_resources(n: &internal::Node) -> NodeResources {
             memory_mb: i64::try_from(n.resources.memory_mb).unwrap_or(i64::MAX),
         },
         networks: Some(vec![node_network(&n.network)]),
+        devices: wire_devices(&n.devices),
         min_dynamic_port: i64::from(n.network.min_dynamic_port),
         max_dynamic_port: i64::from(n.network.max_dynamic_port),
         ..Default::default()
@@ -538,6 +688,8 @@ impl Node {
             (None, None) => internal::NodeResources::default(),
         };
         internal::Node {
+            devices: internal_devices(self.node_resources.as_ref()),
+            host_volumes: Default::default(),
             network: internal_network(
                 self.node_resources.as_ref(),
                 self.reserved_resources.as_ref(),
@@ -597,6 +749,8 @@ impl NodeListStub {
     pub fn to_internal(&self) -> internal::Node {
         let narrow = |v: i64| u64::try_from(v).unwrap_or(0);
         internal::Node {
+            devices: internal_devices(self.node_resources.as_ref()),
+            host_volumes: Default::default(),
             network: internal_network(self.node_resources.as_ref(), None),
             id: self.id.clone(),
             name: self.name.clone(),

@@ -331,6 +331,7 @@ fn sample_alloc(rng: &mut Rng) -> internal::Allocation {
     let job = rng.word();
     let group = rng.word();
     internal::Allocation {
+        task_devices: Default::default(),
         namespace: crate::DEFAULT_NAMESPACE.into(),
         deployment_id: Default::default(),
         deployment_status: Default::default(),
@@ -439,6 +440,8 @@ fn sample_eval(rng: &mut Rng) -> internal::Evaluation {
 fn sample_node(rng: &mut Rng) -> internal::Node {
     use internal::NodeStatus::*;
     internal::Node {
+        devices: Default::default(),
+        host_volumes: Default::default(),
         network: Default::default(),
         id: rng.word(),
         name: rng.word(),
