@@ -254,6 +254,7 @@ pub async fn run(
             ),
         );
         allocs.set_node(prepared.node_env());
+        allocs.set_host_volumes(prepared.host_volumes().clone());
         // Checked when the config was loaded.
         allocs.set_bridge(config.bridge().ok());
         allocs

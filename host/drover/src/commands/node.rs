@@ -60,6 +60,18 @@ pub async fn node_command(c: &Client, cmd: NodeCommand) -> anyhow::Result<ExitCo
                 print_json(&node_json(&node)?)?;
             } else {
                 print!("{}", nodes_text(std::slice::from_ref(&node)));
+                if !node.host_volumes.is_empty() {
+                    println!();
+                    println!("Host Volumes");
+                    for (name, v) in &node.host_volumes {
+                        let mode = if v.read_only {
+                            "read-only"
+                        } else {
+                            "read-write"
+                        };
+                        println!("{name}  {}  {mode}", v.path);
+                    }
+                }
                 let allocs = c
                     .node_allocations(&node.id, &QueryOptions::default())
                     .await

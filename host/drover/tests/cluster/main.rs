@@ -20,5 +20,6 @@ mod rollouts;
 mod server_names;
 mod services;
 mod variables;
+mod volumes;
 
 mod templates;
