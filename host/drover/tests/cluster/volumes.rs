@@ -17,7 +17,17 @@ use common::cluster::{allocs_with, free_port, job_file, wait_dev_node_ready, wai
 /// A dev agent offering `volumes` (name, path, read_only), with Nomad's HTTP API on a
 /// free port; the port.
 fn volume_agent(root: &Path, volumes: &[(&str, &Path, bool)]) -> (Agent, u16) {
-    let mut config = String::new();
+    volume_agent_with(root, volumes, "", &["exec"])
+}
+
+/// [`volume_agent`] with more config (`extra`), ready once `drivers` are healthy.
+fn volume_agent_with(
+    root: &Path,
+    volumes: &[(&str, &Path, bool)],
+    extra: &str,
+    drivers: &[&str],
+) -> (Agent, u16) {
+    let mut config = extra.to_owned();
     for (name, path, ro) in volumes {
         config.push_str(&format!(
             "[host_volume.{name}]\npath = \"{}\"\nread_only = {ro}\n",
@@ -42,7 +52,7 @@ fn volume_agent(root: &Path, volumes: &[(&str, &Path, bool)]) -> (Agent, u16) {
         ],
     );
     agent.end_tasks = true;
-    wait_dev_node_ready(&agent, &["exec"], Duration::from_secs(30));
+    wait_dev_node_ready(&agent, drivers, Duration::from_secs(30));
     (agent, port)
 }
 
@@ -339,6 +349,87 @@ fn a_link_planted_in_a_volume_does_not_reach_outside_it() {
     assert!(text.contains("without following links"), "{status:#}");
     assert!(
         !results.join("nested").exists() || !read(&results.join("nested")).contains("top-secret")
+    );
+}
+
+/// Acceptance 3 with docker: the task sees the volume at its destination, writes to
+/// it, a read-only mount of it refuses writes, and a link inside it resolves in the
+/// container, not on the host.
+#[test]
+fn a_docker_task_mounts_a_host_volume() {
+    let Some(env) = drover_test_support::docker::docker_env() else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let shared = dir(root.path(), "shared");
+    let results = dir(root.path(), "results");
+    let secret = root.path().join("secret");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::write(secret.join("marker"), "top-secret\n").unwrap();
+    std::fs::write(shared.join("note"), "from the host\n").unwrap();
+    std::os::unix::fs::symlink(&secret, shared.join("escape")).unwrap();
+    let (agent, _) = volume_agent_with(
+        root.path(),
+        &[("shared", &shared, false), ("results", &results, false)],
+        &format!(
+            "[plugin.docker]\nconfig = {{ endpoint = \"{}\" }}\n",
+            env.host
+        ),
+        &["docker"],
+    );
+    let job = format!(
+        r#"
+name = "boxed"
+type = "batch"
+
+[[group]]
+name = "g"
+
+[group.volume.data]
+type = "host"
+source = "shared"
+
+[group.volume.out]
+type = "host"
+source = "results"
+
+[[group.task]]
+name = "t"
+driver = "docker"
+config = {{ image = "{image}", command = "/bin/sh", args = ["-c", 'cat /data/note > /out/read; echo from-docker > /data/docker-note; if echo x 2> /out/ro-error > /ro/x; then echo wrote > /out/ro; else echo refused > /out/ro; fi; cat /data/escape/marker > /out/escape 2>&1; echo done > /out/done'] }}
+resources = {{ cpu = 100, memory_mb = 64 }}
+
+[[group.task.volume_mount]]
+volume = "data"
+destination = "/data"
+
+[[group.task.volume_mount]]
+volume = "data"
+destination = "/ro"
+read_only = true
+
+[[group.task.volume_mount]]
+volume = "out"
+destination = "/out"
+"#,
+        image = env.image
+    );
+    run_ok(&agent, root.path(), "boxed", &job);
+    wait_done(&agent, "boxed", "complete");
+    assert_eq!(read(&results.join("done")).trim(), "done");
+    assert_eq!(read(&results.join("read")).trim(), "from the host");
+    assert_eq!(read(&shared.join("docker-note")).trim(), "from-docker");
+    assert_eq!(read(&results.join("ro")).trim(), "refused");
+    assert!(
+        read(&results.join("ro-error")).contains("Read-only file system"),
+        "{}",
+        read(&results.join("ro-error"))
+    );
+    assert!(!shared.join("x").exists());
+    assert!(
+        !read(&results.join("escape")).contains("top-secret"),
+        "{}",
+        read(&results.join("escape"))
     );
 }
 
