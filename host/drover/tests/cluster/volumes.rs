@@ -352,6 +352,72 @@ fn a_link_planted_in_a_volume_does_not_reach_outside_it() {
     );
 }
 
+/// A mount point a sibling task replaced with a link (in the shared `alloc/`) is not
+/// followed: the task fails to start, saying why. raw_exec, which has no filesystem
+/// isolation, refuses volume mounts.
+#[test]
+fn a_linked_mount_point_is_refused_and_raw_exec_refuses_volumes() {
+    let root = tempfile::tempdir().unwrap();
+    let shared = dir(root.path(), "shared");
+    let (agent, _) = volume_agent_with(
+        root.path(),
+        &[("shared", &shared, false)],
+        "",
+        &["exec", "raw_exec"],
+    );
+    let job = r#"
+name = "sibling"
+type = "batch"
+
+[[group]]
+name = "g"
+
+[group.volume.data]
+type = "host"
+source = "shared"
+
+[[group.task]]
+name = "plant"
+driver = "exec"
+lifecycle = { hook = "prestart", sidecar = false }
+config = { command = "/bin/sh", args = ["-c", "ln -s /etc /alloc/data/vol"] }
+resources = { cpu = 100, memory_mb = 64 }
+
+[[group.task]]
+name = "main"
+driver = "exec"
+config = { command = "/bin/sh", args = ["-c", "echo x > /alloc/data/vol/planted"] }
+resources = { cpu = 100, memory_mb = 64 }
+
+[[group.task.volume_mount]]
+volume = "data"
+destination = "/alloc/data/vol"
+"#;
+    run_ok(&agent, root.path(), "sibling", job);
+    let status = wait_done(&agent, "sibling", "failed");
+    assert!(
+        status.to_string().contains("without following links"),
+        "{status:#}"
+    );
+    assert!(!shared.join("planted").exists());
+
+    let raw = batch_job(
+        "raw",
+        "[group.volume.data]\ntype = \"host\"\nsource = \"shared\"\n",
+        "[[group.task.volume_mount]]\nvolume = \"data\"\ndestination = \"/data\"\n",
+        "true",
+    )
+    .replace("driver = \"exec\"", "driver = \"raw_exec\"");
+    run_ok(&agent, root.path(), "raw", &raw);
+    let status = wait_done(&agent, "raw", "failed");
+    assert!(
+        status
+            .to_string()
+            .contains("has no filesystem isolation, so it cannot mount volumes"),
+        "{status:#}"
+    );
+}
+
 /// Acceptance 3 with docker: the task sees the volume at its destination, writes to
 /// it, a read-only mount of it refuses writes, and a link inside it resolves in the
 /// container, not on the host.
