@@ -521,7 +521,8 @@ impl From<&internal::Node> for Node {
             status_updated_at: n.status_updated_at.div_euclid(1_000_000_000),
             events: None,
             drivers: drivers(&n.drivers),
-            host_volumes: Some(
+            // Nomad's is null for a node without host volumes.
+            host_volumes: (!n.host_volumes.is_empty()).then(|| {
                 n.host_volumes
                     .iter()
                     .map(|(name, v)| {
@@ -533,8 +534,8 @@ impl From<&internal::Node> for Node {
                             },
                         )
                     })
-                    .collect(),
-            ),
+                    .collect()
+            }),
             csi_controller_plugins: None,
             csi_node_plugins: None,
             create_index: n.create_index,
