@@ -404,6 +404,55 @@ pub struct TaskSpec {
     /// environment already has `NOMAD_PORT_<label>` and the rest.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<TaskPort>,
+    /// Host volumes the task mounts. A driver that isolates the filesystem binds each
+    /// [`TaskVolume::host_path`] (the directory itself, opened without following
+    /// links) at [`TaskVolume::destination`]; one that cannot must refuse the task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<TaskVolume>,
+}
+
+/// A host volume a task mounts.
+///
+/// ```
+/// let v = drover_plugin_sdk::TaskVolume::new("data", "/srv/data", "/data").with_read_only(true);
+/// assert!(v.read_only);
+/// let spec = drover_plugin_sdk::TaskSpec::new("t1").with_volumes([v]);
+/// assert_eq!(spec.volumes[0].destination, std::path::Path::new("/data"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TaskVolume {
+    /// The group's name of the volume.
+    pub name: String,
+    /// The volume's directory on the node (an absolute directory owned by root, not a
+    /// link: the agent checked it at start).
+    pub host_path: PathBuf,
+    /// Where the task sees it: absolute, without `..`.
+    pub destination: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+impl TaskVolume {
+    /// Volume `name` at `host_path` on the node, seen at `destination`, writable.
+    pub fn new(
+        name: impl Into<String>,
+        host_path: impl Into<PathBuf>,
+        destination: impl Into<PathBuf>,
+    ) -> Self {
+        TaskVolume {
+            name: name.into(),
+            host_path: host_path.into(),
+            destination: destination.into(),
+            read_only: false,
+        }
+    }
+    /// With [`TaskVolume::read_only`] set.
+    pub fn with_read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
 }
 
 fn path_is_empty(p: &std::path::Path) -> bool {
@@ -589,6 +638,11 @@ impl TaskSpec {
     /// With [`TaskSpec::ports`] set.
     pub fn with_ports(mut self, ports: impl IntoIterator<Item = TaskPort>) -> Self {
         self.ports = ports.into_iter().collect();
+        self
+    }
+    /// With [`TaskSpec::volumes`] set.
+    pub fn with_volumes(mut self, volumes: impl IntoIterator<Item = TaskVolume>) -> Self {
+        self.volumes = volumes.into_iter().collect();
         self
     }
     /// The allocation's port labelled `label`, if it has one.
@@ -1279,6 +1333,16 @@ impl From<TaskSpec> for pb::TaskConfig {
                     host_ip: p.host_ip,
                 })
                 .collect(),
+            volumes: s
+                .volumes
+                .into_iter()
+                .map(|v| pb::TaskVolume {
+                    name: v.name,
+                    host_path: v.host_path.display().to_string(),
+                    destination: v.destination.display().to_string(),
+                    read_only: v.read_only,
+                })
+                .collect(),
         }
     }
 }
@@ -1319,6 +1383,16 @@ impl From<pb::TaskConfig> for TaskSpec {
                         to: u16::try_from(p.to).ok()?,
                         host_ip: p.host_ip,
                     })
+                })
+                .collect(),
+            volumes: c
+                .volumes
+                .into_iter()
+                .map(|v| TaskVolume {
+                    name: v.name,
+                    host_path: v.host_path.into(),
+                    destination: v.destination.into(),
+                    read_only: v.read_only,
                 })
                 .collect(),
         }

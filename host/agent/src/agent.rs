@@ -252,6 +252,7 @@ pub async fn run(
         hooks.push(Box::new(crate::allocs::DeviceHook::new(catalog.clone())));
         let allocs = AllocManager::with_hooks(tasks.clone(), store.clone(), alloc_updates, hooks);
         allocs.set_node(prepared.node_env());
+        allocs.set_host_volumes(prepared.host_volumes().clone());
         // Checked when the config was loaded.
         allocs.set_bridge(config.bridge().ok());
         allocs

@@ -301,6 +301,11 @@ pub struct AgentConfig {
     /// ACLs of the in-process server of `--dev` (Nomad's `acl` block).
     #[serde(default)]
     pub acl: AclSettings,
+    /// Host volumes the node offers, by name: `[host_volume.NAME] path = "/srv/data"`,
+    /// `read_only = false` (Nomad's `host_volume "NAME" { ... }`). Each path must be
+    /// an absolute directory owned by root with no link in it, checked at start.
+    #[serde(default)]
+    pub host_volume: BTreeMap<String, drover_server_api::HostVolume>,
 }
 
 /// Nomad's `acl` block: `[acl] enabled = true` enforces ACLs on the HTTP API of the
@@ -401,6 +406,7 @@ impl Default for AgentConfig {
             max_dynamic_port: u32::from(drover_server_api::DEFAULT_MAX_DYNAMIC_PORT),
             reserved: Reserved::default(),
             acl: AclSettings::default(),
+            host_volume: BTreeMap::new(),
 
             artifact: crate::allocs::ArtifactLimits::default(),
         }
@@ -1211,5 +1217,20 @@ mod tests {
             let err = load_toml(text).unwrap_err().to_string();
             assert!(err.contains(named), "{text}: {err}");
         }
+    }
+
+    /// Issue 27: `[host_volume.NAME]` tables; a misspelt key is refused by name.
+    #[test]
+    fn host_volumes_are_read_from_the_file() {
+        let c = load_toml(
+            "[host_volume.data]\npath = \"/srv/data\"\n[host_volume.ro]\npath = \"/srv/ro\"\nread_only = true\n",
+        )
+        .unwrap();
+        assert_eq!(c.host_volume["data"].path, "/srv/data");
+        assert!(!c.host_volume["data"].read_only && c.host_volume["ro"].read_only);
+        let err = load_toml("[host_volume.data]\npth = \"/srv/data\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pth"), "{err}");
     }
 }

@@ -21,6 +21,7 @@ pub mod services;
 pub mod state;
 pub mod taskenv;
 pub mod tasks;
+pub mod volumes;
 
 pub use agent::run;
 pub use config::AgentConfig;

@@ -399,6 +399,15 @@ impl NomadBridge {
     /// `StartTask`: FIFOs and a relay for the output, the config as msgpack, Nomad's
     /// handle kept inside Drover's.
     pub(crate) async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        if let Some(v) = spec.volumes.first() {
+            // Nomad's TaskConfig.mounts would carry them, but what a Nomad driver does
+            // with a host path (follow links in it or not) is not ours to check.
+            return Err(DriverError::InvalidConfig(format!(
+                "volume_mount of volume {:?}: Nomad drivers are not given host volumes by \
+                 Drover yet; use the exec, java or docker driver",
+                v.name
+            )));
+        }
         let task_spec = self.task_spec().await?;
         let value = parse_config(&spec.driver_config_json, "task config")?;
         let msgpack = hclspec::encode_msgpack(&task_spec, &value)

@@ -894,6 +894,49 @@ impl<'a> TaskDir<'a> {
 /// The allocation's shared directory, to be mounted at [`CONTAINER_ALLOC_DIR`]: an
 /// absolute path under the agent's allocation directory whose last component is a
 /// directory, not a link (the agent made it; its parents are the agent's).
+/// A host volume as a bind (`HOST:DEST[:ro]`). The volume's directory must be
+/// reached without following a link from `/` (the agent checked it at start; this
+/// checks again, as a task of another volume might have put a link where a nested
+/// volume was); docker binds that directory itself, and resolves the destination
+/// inside the container's root (never through the container's links to the host).
+fn host_volume_bind(v: &drover_plugin_sdk::TaskVolume) -> Result<String, DriverError> {
+    let bad = |why: String| {
+        DriverError::InvalidConfig(format!("volume_mount of volume {:?}: {why}", v.name))
+    };
+    let host = v.host_path.to_str().unwrap_or_default();
+    let dest = v.destination.to_str().unwrap_or_default();
+    if !host.starts_with('/') || host.contains([':', ',']) {
+        return Err(bad(format!(
+            "the volume's path {} must be absolute, without ':' or ','",
+            v.host_path.display()
+        )));
+    }
+    if !dest.starts_with('/') || dest.contains([':', ',']) || dest.split('/').any(|c| c == "..") {
+        return Err(bad(format!(
+            "destination {} must be an absolute path without '..', ':' or ','",
+            v.destination.display()
+        )));
+    }
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        host,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+        rustix::fs::ResolveFlags::NO_SYMLINKS | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| {
+        bad(format!(
+            "cannot open {host} as a directory without following links ({e}); a link in \
+             its path is refused"
+        ))
+    })?;
+    Ok(if v.read_only {
+        format!("{host}:{dest}:ro")
+    } else {
+        format!("{host}:{dest}")
+    })
+}
+
 fn shared_alloc_dir(spec: &TaskSpec, policy: &Policy) -> Result<Option<PathBuf>, DriverError> {
     let dir = &spec.alloc_dir;
     if dir.as_os_str().is_empty() {
@@ -1118,6 +1161,9 @@ impl TaskConfig {
         if let Some(dir) = shared_alloc_dir(spec, policy)? {
             binds.push(format!("{}:{CONTAINER_ALLOC_DIR}", dir.display()));
             dir_env.push(("DROVER_ALLOC_DIR", CONTAINER_ALLOC_DIR));
+        }
+        for v in &spec.volumes {
+            binds.push(host_volume_bind(v)?);
         }
         for v in &self.volumes {
             binds.push(self.bind(&task, pc, v)?);

@@ -302,6 +302,13 @@ impl DriverPlugin for QemuDriver {
         spec: TaskSpec,
         config: TaskConfig,
     ) -> Result<TaskHandle, DriverError> {
+        if let Some(v) = spec.volumes.first() {
+            return Err(DriverError::InvalidConfig(format!(
+                "volume_mount of volume {:?}: the qemu driver does not share host volumes \
+                 with its guests yet",
+                v.name
+            )));
+        }
         if !spec.user.is_empty() {
             return Err(DriverError::InvalidConfig(format!(
                 "qemu runs as the plugin's user and drops to {} itself; user {:?} is not \

@@ -133,6 +133,13 @@ impl DriverPlugin for RawExecDriver {
             return Err(DriverError::FailedPrecondition(DISABLED.into()));
         }
         config.validate()?;
+        if let Some(v) = spec.volumes.first() {
+            return Err(DriverError::InvalidConfig(format!(
+                "volume_mount of volume {:?}: raw_exec has no filesystem isolation, so it \
+                 cannot mount volumes (use exec, java or docker)",
+                v.name
+            )));
+        }
         if !spec.user.is_empty() {
             // Refuse rather than silently run as the plugin's user.
             return Err(DriverError::InvalidConfig(format!(

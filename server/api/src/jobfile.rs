@@ -51,6 +51,16 @@
 //! interval = "10s"
 //! timeout = "2s"
 //!
+//! [group.volume.data]         # a host volume of the node (agent's [host_volume.NAME])
+//! type = "host"
+//! source = "shared-data"
+//! read_only = false
+//!
+//! [[group.task.volume_mount]] # the group's volume "data" at /data in the task
+//! volume = "data"
+//! destination = "/data"
+//! read_only = false
+//!
 //! [[group.task.artifact]]     # fetched into the task dir before it starts
 //! source = "https://example.com/app.tar.gz"   # http(s) only; archives are unpacked
 //! destination = "local/app"   # default local/
@@ -136,6 +146,8 @@ struct GroupDoc {
     update: Option<UpdateDoc>,
     network: Option<NetworkSpec>,
     service: Option<Vec<ServiceDoc>>,
+    #[serde(alias = "volumes")]
+    volume: Option<BTreeMap<String, crate::VolumeRequest>>,
     #[serde(alias = "tasks")]
     task: Option<Vec<TaskDoc>>,
 }
@@ -265,6 +277,8 @@ struct TaskDoc {
     template: Option<Vec<crate::types::TemplateSpec>>,
     identity: Option<crate::types::TaskIdentity>,
     device: Option<Vec<crate::DeviceRequest>>,
+    #[serde(alias = "volume_mounts")]
+    volume_mount: Option<Vec<crate::VolumeMount>>,
 }
 
 #[derive(Deserialize)]
@@ -393,7 +407,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
             )?;
             tasks.push(Task {
                 devices: t.device.unwrap_or_default(),
-                volume_mounts: Default::default(),
+                volume_mounts: t.volume_mount.unwrap_or_default(),
                 services: task_services,
                 name: task_name,
                 driver: t.driver.ok_or_else(|| missing(&tpath, "driver"))?,
@@ -468,7 +482,7 @@ pub fn parse(text: &str, file: &str) -> Result<JobFile, JobFileError> {
             }
         };
         groups.push(TaskGroup {
-            volumes: Default::default(),
+            volumes: g.volume.unwrap_or_default(),
             network,
             services: group_services,
             reschedule,
@@ -1356,5 +1370,30 @@ value = "4"
             .unwrap_err()
             .to_string();
         assert!(e.contains("count") && e.contains("must be 1 to 64"), "{e}");
+    }
+
+    /// Issue 27: `[group.volume.NAME]` and `[[group.task.volume_mount]]`.
+    #[test]
+    fn volumes_and_volume_mounts_are_read_and_checked() {
+        let text = |extra: &str| {
+            format!(
+                "name = \"v\"\n[[group]]\nname = \"g\"\n[group.volume.data]\ntype = \"host\"\n\
+                 source = \"shared\"\nread_only = true\n[[group.task]]\nname = \"t\"\n\
+                 driver = \"exec\"\n[[group.task.volume_mount]]\n{extra}"
+            )
+        };
+        let spec = parse_and_validate(
+            &text("volume = \"data\"\ndestination = \"/data\"\n"),
+            "v.toml",
+        )
+        .unwrap();
+        let g = &spec.groups[0];
+        assert!(g.volumes["data"].read_only);
+        assert_eq!(g.volumes["data"].source, "shared");
+        assert_eq!(g.tasks[0].volume_mounts[0].destination, "/data");
+        let e = invalid(&text("volume = \"data\"\ndestination = \"data\"\n"));
+        assert!(e.contains("volume_mount[0].destination"), "{e}");
+        let e = error(&text("volume = \"data\"\ndestinaton = \"/data\"\n"));
+        assert!(e.contains("destinaton"), "{e}");
     }
 }

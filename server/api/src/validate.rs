@@ -385,6 +385,7 @@ fn check_group(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
         check_network(&format!("{path}.network"), n)?;
     }
     check_services(&format!("{path}.service"), &g.services, g, None)?;
+    check_volumes(path, g)?;
     let mut names = BTreeSet::new();
     for (i, t) in g.tasks.iter().enumerate() {
         let tpath = format!("{path}.task[{i}]");
@@ -522,6 +523,124 @@ fn check_port_ref(
             )
         },
     ))
+}
+
+/// Most volumes of a group, and most volume mounts of a task.
+pub const MAX_VOLUMES: usize = 64;
+/// Longest volume destination.
+pub const MAX_VOLUME_DESTINATION_BYTES: usize = 4096;
+
+/// A group's `volume` blocks and its tasks' `volume_mount`s: host volumes with a
+/// source, mounts of volumes the group has at absolute destinations without `..`.
+fn check_volumes(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
+    check_len(&format!("{path}.volume"), g.volumes.len(), MAX_VOLUMES)?;
+    for (name, v) in &g.volumes {
+        let vpath = format!("{path}.volume[{name:?}]");
+        if name.is_empty() || name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
+            return Err(fail(
+                vpath,
+                format!(
+                    "a volume's name must be 1 to {MAX_NAME_LEN} characters without control characters"
+                ),
+            ));
+        }
+        match v.volume_type.as_str() {
+            "host" => {}
+            "csi" => {
+                return Err(fail(
+                    format!("{vpath}.type"),
+                    "CSI volumes are not supported yet",
+                ));
+            }
+            "" => return Err(fail(format!("{vpath}.type"), "missing: type = \"host\"")),
+            other => {
+                return Err(fail(
+                    format!("{vpath}.type"),
+                    format!("unknown volume type {other:?}: expected \"host\""),
+                ));
+            }
+        }
+        if v.source.is_empty()
+            || v.source.len() > MAX_NAME_LEN
+            || v.source.chars().any(char::is_control)
+        {
+            return Err(fail(
+                format!("{vpath}.source"),
+                format!(
+                    "must name the node's host volume (1 to {MAX_NAME_LEN} characters \
+                     without control characters), as in source = \"shared-data\""
+                ),
+            ));
+        }
+        for (field, value) in [
+            ("access_mode", &v.access_mode),
+            ("attachment_mode", &v.attachment_mode),
+        ] {
+            if !value.is_empty() {
+                return Err(fail(
+                    format!("{vpath}.{field}"),
+                    "host volumes have no access or attachment mode (CSI volumes do)",
+                ));
+            }
+        }
+    }
+    for (i, t) in g.tasks.iter().enumerate() {
+        let tpath = format!("{path}.task[{i}]");
+        check_len(
+            &format!("{tpath}.volume_mount"),
+            t.volume_mounts.len(),
+            MAX_VOLUMES,
+        )?;
+        let mut destinations = BTreeSet::new();
+        for (j, m) in t.volume_mounts.iter().enumerate() {
+            let mpath = format!("{tpath}.volume_mount[{j}]");
+            if !g.volumes.contains_key(&m.volume) {
+                return Err(fail(
+                    format!("{mpath}.volume"),
+                    format!(
+                        "volume {:?} is not a volume of group {:?} (add volume {:?} {{ type = \"host\", source = ... }} to the group)",
+                        m.volume, g.name, m.volume
+                    ),
+                ));
+            }
+            check_volume_destination(&format!("{mpath}.destination"), &m.destination)?;
+            if !destinations.insert(m.destination.trim_end_matches('/')) {
+                return Err(fail(
+                    format!("{mpath}.destination"),
+                    format!("{:?} is mounted twice in the task", m.destination),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A volume's destination: an absolute path below `/`, no `..`, no NUL.
+fn check_volume_destination(field: &str, dest: &str) -> Result<(), ValidationError> {
+    let bad = |why: &str| {
+        Err(fail(
+            field,
+            format!("{dest:?} {why} (expected an absolute path such as \"/data\")"),
+        ))
+    };
+    if dest.len() > MAX_VOLUME_DESTINATION_BYTES {
+        return bad(&format!(
+            "is longer than {MAX_VOLUME_DESTINATION_BYTES} bytes"
+        ));
+    }
+    if !dest.starts_with('/') {
+        return bad("is not an absolute path");
+    }
+    if dest.contains('\0') {
+        return bad("contains a NUL byte");
+    }
+    if dest.split('/').any(|c| c == "..") {
+        return bad("contains \"..\"");
+    }
+    if dest.split('/').all(|c| c.is_empty() || c == ".") {
+        return bad("is the task's root itself");
+    }
+    Ok(())
 }
 
 fn check_services(
@@ -2259,5 +2378,52 @@ mod tests {
         ok.update.canary = 3;
         ok.update.auto_promote = true;
         validate(&ok).unwrap();
+    }
+
+    /// Issue 27: volumes of type host with a source; mounts of the group's volumes at
+    /// absolute destinations without `..`; CSI refused for now.
+    #[test]
+    fn volumes_and_their_mounts_are_checked() {
+        let with = |volume_type: &str, source: &str, mount: &str, dest: &str| {
+            let mut j = job();
+            j.groups[0].volumes.insert(
+                "data".into(),
+                crate::VolumeRequest {
+                    volume_type: volume_type.into(),
+                    source: source.into(),
+                    read_only: false,
+                    access_mode: String::new(),
+                    attachment_mode: String::new(),
+                },
+            );
+            j.groups[0].tasks[0].volume_mounts.push(crate::VolumeMount {
+                volume: mount.into(),
+                destination: dest.into(),
+                read_only: false,
+            });
+            validate(&j)
+        };
+        with("host", "shared", "data", "/data").unwrap();
+        let e = with("csi", "vol1", "data", "/data").unwrap_err();
+        assert_eq!(e.field, "group[0].volume[\"data\"].type");
+        assert_eq!(e.message, "CSI volumes are not supported yet");
+        let e = with("nfs", "x", "data", "/data").unwrap_err();
+        assert!(e.message.contains("unknown volume type \"nfs\""), "{e:?}");
+        let e = with("host", "", "data", "/data").unwrap_err();
+        assert_eq!(e.field, "group[0].volume[\"data\"].source");
+        let e = with("host", "shared", "dta", "/data").unwrap_err();
+        assert_eq!(e.field, "group[0].task[0].volume_mount[0].volume");
+        assert!(
+            e.message
+                .contains("volume \"dta\" is not a volume of group \"app\""),
+            "{e:?}"
+        );
+        for bad in ["data", "/data/../etc", "/", "/./", ""] {
+            let e = with("host", "shared", "data", bad).unwrap_err();
+            assert_eq!(
+                e.field, "group[0].task[0].volume_mount[0].destination",
+                "{bad}"
+            );
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! nothing. A node stored before secrets existed has no hash: its next registration
 //! binds the secret it presents.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use drover_server_api::{
@@ -133,6 +133,7 @@ fn check_entries(
 /// What a node reports is kept, indexed and served to everyone: bound it.
 fn check_registration(reg: &NodeRegistration) -> Result<(), ServerError> {
     let id = &reg.id;
+    check_host_volumes(id, &reg.host_volumes)?;
     check_entries(id, "attributes", &reg.attributes)?;
     check_entries(id, "meta", &reg.meta)?;
     if reg.drivers.len() > MAX_NODE_DRIVERS {
@@ -168,12 +169,42 @@ fn check_registration(reg: &NodeRegistration) -> Result<(), ServerError> {
 }
 
 /// A node has new capacity or features for the scheduler.
+/// Host volumes a node may report at most.
+const MAX_NODE_HOST_VOLUMES: usize = 256;
+
+/// A node's host volumes: bounded in number, names and paths of bounded size.
+fn check_host_volumes(
+    id: &str,
+    volumes: &BTreeMap<String, drover_server_api::HostVolume>,
+) -> Result<(), ServerError> {
+    if volumes.len() > MAX_NODE_HOST_VOLUMES {
+        return Err(ServerError::Invalid(format!(
+            "node {id}: host_volumes: {} volumes, at most {MAX_NODE_HOST_VOLUMES}",
+            volumes.len()
+        )));
+    }
+    for (name, v) in volumes {
+        if name.is_empty() || name.len() > MAX_NODE_KEY_BYTES {
+            return Err(ServerError::Invalid(format!(
+                "node {id}: host_volumes: a volume name must be 1 to {MAX_NODE_KEY_BYTES} bytes"
+            )));
+        }
+        if v.path.is_empty() || v.path.len() > MAX_NODE_VALUE_BYTES {
+            return Err(ServerError::Invalid(format!(
+                "node {id}: host_volumes.{name}.path must be 1 to {MAX_NODE_VALUE_BYTES} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn capacity_changed(old: &Node, new: &Node) -> bool {
     old.resources != new.resources
         || old.drivers != new.drivers
         || old.attributes != new.attributes
         || old.meta != new.meta
         || old.network != new.network
+        || old.host_volumes != new.host_volumes
 }
 
 /// Reserved port ranges a node may report at most.
@@ -424,7 +455,7 @@ impl Server {
                 };
                 let node = Node {
                     devices: reg.devices.clone(),
-                    host_volumes: Default::default(),
+                    host_volumes: reg.host_volumes.clone(),
                     network: reg.network.clone(),
                     id: reg.id.clone(),
                     name: reg.name.clone(),

@@ -26,6 +26,10 @@ pub(crate) enum Filter<'a> {
     /// No device group of the node matches a task's `device` request (name and
     /// constraints) with enough instances, healthy or not.
     DeviceMissing(&'a str),
+    /// The node has no host volume of this name.
+    HostVolumeMissing(&'a str),
+    /// The node's host volume is read-only, the group wants it writable.
+    HostVolumeReadOnly(&'a str),
 }
 
 impl Filter<'_> {
@@ -37,6 +41,8 @@ impl Filter<'_> {
             Filter::DriverUnhealthy(d) => format!("driver {d} unhealthy"),
             Filter::Constraint(c) => describe(c),
             Filter::DeviceMissing(d) => format!("missing compatible device {d}"),
+            Filter::HostVolumeMissing(v) => format!("missing host volume {v:?}"),
+            Filter::HostVolumeReadOnly(v) => format!("host volume {v:?} is read-only"),
         }
     }
 }
@@ -76,6 +82,8 @@ pub(crate) struct GroupNeeds<'a> {
     pub distinct_group: bool,
     /// The `device` requests of its tasks, with the task's name.
     pub devices: Vec<(&'a str, &'a drover_server_api::DeviceRequest)>,
+    /// The host volumes it mounts ([`host_volume_needs`]).
+    pub host_volumes: Vec<HostVolumeNeed<'a>>,
 }
 
 fn distinct_enabled(c: &Constraint) -> bool {
@@ -107,6 +115,7 @@ impl<'a> GroupNeeds<'a> {
             constraints,
             distinct_job: job.constraints.iter().any(distinct_enabled),
             distinct_group: group.constraints.iter().any(distinct_enabled),
+            host_volumes: host_volume_needs(group),
         }
     }
 }
@@ -164,6 +173,51 @@ pub(crate) fn check<'a>(
             return Err(Filter::DeviceMissing(&d.name));
         }
     }
+    check_host_volumes(node, &needs.host_volumes)?;
+    Ok(())
+}
+
+/// A host volume a group mounts: the node's volume name (the request's `source`) and
+/// whether some task mounts it writable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostVolumeNeed<'a> {
+    /// The name in the node's `host_volume` config.
+    pub source: &'a str,
+    /// The group's request is not read-only (a task may write to it).
+    pub writable: bool,
+}
+
+/// The host volumes `group` asks for, each source once (writable if any request of it
+/// is). CSI volumes are not placed by this.
+pub(crate) fn host_volume_needs(group: &TaskGroup) -> Vec<HostVolumeNeed<'_>> {
+    let mut out: Vec<HostVolumeNeed<'_>> = Vec::new();
+    for v in group.volumes.values().filter(|v| v.volume_type == "host") {
+        match out.iter_mut().find(|n| n.source == v.source) {
+            Some(n) => n.writable |= !v.read_only,
+            None => out.push(HostVolumeNeed {
+                source: &v.source,
+                writable: !v.read_only,
+            }),
+        }
+    }
+    out
+}
+
+/// The node has every host volume in `needs`, and writable where a need is (Nomad's
+/// `HostVolumeChecker`).
+pub(crate) fn check_host_volumes<'a>(
+    node: &Node,
+    needs: &[HostVolumeNeed<'a>],
+) -> Result<(), Filter<'a>> {
+    for need in needs {
+        match node.host_volumes.get(need.source) {
+            None => return Err(Filter::HostVolumeMissing(need.source)),
+            Some(v) if v.read_only && need.writable => {
+                return Err(Filter::HostVolumeReadOnly(need.source));
+            }
+            Some(_) => {}
+        }
+    }
     Ok(())
 }
 
@@ -179,6 +233,7 @@ pub(crate) fn could_run(node: &Node, needs: &GroupNeeds<'_>, compiled: &mut Comp
             .devices
             .iter()
             .all(|(_, d)| super::devices::could_serve(node, d, compiled))
+        && check_host_volumes(node, &needs.host_volumes).is_ok()
 }
 
 /// The value a constraint side has on `node` (`None`: not set there).

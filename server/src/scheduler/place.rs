@@ -562,6 +562,7 @@ impl<'a> Placer<'a> {
         // of them said the same (e.g. raw_exec "disabled ... enable it with ...").
         let mut drivers: BTreeMap<&str, (u32, Option<&str>)> = BTreeMap::new();
         let mut constraints: Vec<(String, u32)> = Vec::new();
+        let mut volumes: Vec<(String, u32)> = Vec::new();
         let mut distinct = 0u32;
         let dcs = format!("datacenters [{}]", self.job.spec.datacenters.join(", "));
         if self.dc_filtered > 0 {
@@ -597,6 +598,13 @@ impl<'a> Placer<'a> {
                             match constraints.iter_mut().find(|(w, _)| *w == what) {
                                 Some((_, k)) => *k += 1,
                                 None => constraints.push((what, 1)),
+                            }
+                        }
+                        Filter::HostVolumeMissing(_) | Filter::HostVolumeReadOnly(_) => {
+                            let what = f.key();
+                            match volumes.iter_mut().find(|(w, _)| *w == what) {
+                                Some((_, k)) => *k += 1,
+                                None => volumes.push((what, 1)),
                             }
                         }
                     }
@@ -637,6 +645,9 @@ impl<'a> Placer<'a> {
         }
         for (what, k) in &constraints {
             parts.push((*k, format!("{what} filtered {k} of {n} nodes")));
+        }
+        for (what, k) in &volumes {
+            parts.push((*k, format!("{what} on {k} of {n} nodes")));
         }
         if distinct > 0 {
             parts.push((

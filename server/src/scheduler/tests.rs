@@ -2071,3 +2071,58 @@ fn the_canaries_of_a_failed_deployment_are_stopped() {
     assert_eq!(stops[0].alloc_id, canary);
     assert!(placed(&out).is_empty());
 }
+
+/// Host volumes (issue 27): a group is placed only on a node with every host volume it
+/// asks for, writable where it wants to write; otherwise the reason names the volume.
+#[test]
+fn a_group_needing_a_host_volume_goes_where_the_volume_is() {
+    let mut s = three_nodes();
+    let mut g = group("db", 1, 100, 64);
+    g.volumes.insert(
+        "data".into(),
+        drover_server_api::VolumeRequest {
+            volume_type: "host".into(),
+            source: "pgdata".into(),
+            read_only: false,
+            access_mode: String::new(),
+            attachment_mode: String::new(),
+        },
+    );
+    s.register(spec("web", JobType::Service, vec![g.clone()]));
+    let out = run(&s, "web");
+    let f = &out.failed_tg_allocs["db"];
+    assert_eq!(f.reason, "missing host volume \"pgdata\" on 3 of 3 nodes");
+    assert_eq!(
+        f.nodes_filtered,
+        BTreeMap::from([("missing host volume \"pgdata\"".into(), 3)])
+    );
+    // Offered read-only on b: not for a group that writes.
+    let volume = |read_only| drover_server_api::HostVolume {
+        path: "/srv/pgdata".into(),
+        read_only,
+    };
+    s.nodes[1]
+        .host_volumes
+        .insert("pgdata".into(), volume(true));
+    let out = run(&s, "web");
+    let f = &out.failed_tg_allocs["db"];
+    assert!(
+        f.reason
+            .contains("host volume \"pgdata\" is read-only on 1 of 3 nodes"),
+        "{}",
+        f.reason
+    );
+    // A read-only request fits there.
+    let mut ro = g.clone();
+    ro.volumes.get_mut("data").unwrap().read_only = true;
+    s.register(spec("web", JobType::Service, vec![ro]));
+    let out = run(&s, "web");
+    assert_eq!(placed(&out)[0].node_name, "b");
+    // Writable on c: the writing group goes there.
+    s.nodes[2]
+        .host_volumes
+        .insert("pgdata".into(), volume(false));
+    s.register(spec("web", JobType::Service, vec![g]));
+    let out = run(&s, "web");
+    assert_eq!(placed(&out)[0].node_name, "c");
+}

@@ -124,6 +124,8 @@ pub struct AllocManager {
     node: Mutex<Arc<NodeEnv>>,
     /// Bridge networking of groups in `bridge` mode; `None`: not offered here.
     bridge: Mutex<Option<Arc<Bridge>>>,
+    /// The node's host volumes (the agent's config, checked at start), by name.
+    host_volumes: Mutex<Arc<BTreeMap<String, drover_server_api::HostVolume>>>,
 }
 
 impl AllocManager {
@@ -162,6 +164,7 @@ impl AllocManager {
             stop: CancellationToken::new(),
             node: Mutex::new(Arc::new(NodeEnv::default())),
             bridge: Mutex::new(Bridge::new(BridgeConfig::default()).ok().map(Arc::new)),
+            host_volumes: Mutex::new(Arc::new(BTreeMap::new())),
         })
     }
 
@@ -181,6 +184,16 @@ impl AllocManager {
     /// The agent sets it before the first allocation arrives.
     pub fn set_node(&self, node: NodeEnv) {
         *lock(&self.node) = Arc::new(node);
+    }
+
+    /// The node's host volumes, for the mounts of the tasks started from now on
+    /// (checked by the caller: [`crate::volumes::check_host_volumes`]).
+    pub fn set_host_volumes(&self, volumes: BTreeMap<String, drover_server_api::HostVolume>) {
+        *lock(&self.host_volumes) = Arc::new(volumes);
+    }
+
+    fn host_volumes(&self) -> Arc<BTreeMap<String, drover_server_api::HostVolume>> {
+        lock(&self.host_volumes).clone()
     }
 
     fn node(&self) -> Arc<NodeEnv> {

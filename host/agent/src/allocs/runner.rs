@@ -653,6 +653,18 @@ impl Runner {
         if let Some(slot) = self.rec.tasks.get_mut(name) {
             slot.prestart_error = None;
         }
+        let volumes = match crate::volumes::task_volumes(
+            &self.rec.alloc.group,
+            &task,
+            &self.mgr.host_volumes(),
+        ) {
+            Ok(v) => v,
+            Err(e) => {
+                self.mark_started(name, Some(format!("cannot start task {name}: {e}")))
+                    .await;
+                return true;
+            }
+        };
         let opts = RunOptions {
             id: Some(id.clone()),
             alloc_dir: Some(self.shared.clone()),
@@ -664,6 +676,7 @@ impl Runner {
                 .map(|n| n.netns.clone()),
 
             ports: task_ports(&self.rec.alloc.alloc.ports),
+            volumes,
         };
         let outcome = match self.mgr.tasks.run_with(req, opts).await {
             Ok(_) | Err(DriverError::AlreadyExists(_)) => None,

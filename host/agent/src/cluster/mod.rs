@@ -62,6 +62,9 @@ pub enum ClusterError {
         /// What is wrong, and what to do.
         reason: String,
     },
+    /// A host volume of the config cannot be offered; the message names it.
+    #[error("host volume: {0}")]
+    HostVolume(String),
     /// The node secret file is unreadable or corrupt.
     #[error("node secret file {}: {reason}", path.display())]
     NodeSecret {
@@ -96,6 +99,7 @@ pub struct Prepared {
     meta: BTreeMap<String, String>,
     host: fingerprint::HostFacts,
     network: drover_server_api::NodeNetwork,
+    host_volumes: BTreeMap<String, drover_server_api::HostVolume>,
 }
 
 impl Prepared {
@@ -119,6 +123,10 @@ impl Prepared {
     pub fn network(&self) -> &drover_server_api::NodeNetwork {
         &self.network
     }
+    /// The node's host volumes (checked), as registered.
+    pub fn host_volumes(&self) -> &BTreeMap<String, drover_server_api::HostVolume> {
+        &self.host_volumes
+    }
     /// What the node's tasks may know of it (their environment and interpolation):
     /// the values it registers with.
     pub fn node_env(&self) -> crate::taskenv::NodeEnv {
@@ -137,6 +145,7 @@ impl Prepared {
 /// everything that can be wrong before the client dials a server.
 pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
     let conn = connect(config)?;
+    crate::volumes::check_host_volumes(&config.host_volume).map_err(ClusterError::HostVolume)?;
     let node_id = identity::load_or_create(&config.data_dir())?;
     let node_secret = identity::load_or_create_secret(&config.data_dir())?;
     let host = fingerprint::host();
@@ -155,6 +164,7 @@ pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
         meta: config.meta.clone(),
         host,
         network,
+        host_volumes: config.host_volume.clone(),
     })
 }
 
@@ -364,7 +374,7 @@ impl Client {
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
             devices: (self.devices)(),
-            host_volumes: Default::default(),
+            host_volumes: self.node.host_volumes.clone(),
             network: self.node.network.clone(),
             datacenter: self.node.datacenter.clone(),
             id: self.node.node_id.clone(),

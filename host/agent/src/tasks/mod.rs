@@ -99,6 +99,9 @@ pub struct RunOptions {
 
     /// The allocation's ports on the node ([`TaskSpec::ports`]).
     pub ports: Vec<drover_plugin_sdk::TaskPort>,
+    /// The host volumes the task mounts ([`TaskSpec::volumes`]); only a driver that
+    /// isolates the filesystem can.
+    pub volumes: Vec<drover_plugin_sdk::TaskVolume>,
 }
 
 /// One task: its record and what coordinates the runner with user calls.
@@ -567,6 +570,15 @@ impl TaskManager {
                  network {{ mode = \"bridge\" }}"
             )));
         }
+        if let Some(v) = opts.volumes.first()
+            && driver.fs_isolation() == drover_plugin_sdk::FsIsolation::None
+        {
+            return Err(DriverError::InvalidConfig(format!(
+                "volume_mount of volume {:?}: driver {driver_name} has no filesystem \
+                 isolation, so it cannot mount volumes (use exec, java or docker)",
+                v.name
+            )));
+        }
         let settings = Settings::from_request(&req)?;
         let (resources, logs) = limits(&req)?;
 
@@ -595,6 +607,9 @@ impl TaskManager {
         }
         if !opts.ports.is_empty() {
             spec = spec.with_ports(opts.ports);
+        }
+        if !opts.volumes.is_empty() {
+            spec = spec.with_volumes(opts.volumes);
         }
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {

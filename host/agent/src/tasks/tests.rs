@@ -506,6 +506,7 @@ async fn a_driver_without_the_group_network_mode_cannot_join_a_bridge_network() 
         alloc_dir: None,
         netns: Some("/run/netns/some-alloc".into()),
         ports: Vec::new(),
+        volumes: Vec::new(),
     };
     let e = env.mgr.run_with(req, opts).await.unwrap_err();
     assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
@@ -532,6 +533,7 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
         alloc_dir: Some(shared.clone()),
         netns: None,
         ports: vec![port.clone()],
+        volumes: Vec::new(),
     };
     let v = env.mgr.run_with(req.clone(), opts.clone()).await.unwrap();
     assert_eq!(v.id, "chosen-1");

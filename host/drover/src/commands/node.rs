@@ -81,6 +81,18 @@ pub async fn node_command(c: &Client, cmd: NodeCommand) -> anyhow::Result<ExitCo
                         );
                     }
                 }
+                if !node.host_volumes.is_empty() {
+                    println!();
+                    println!("Host Volumes");
+                    for (name, v) in &node.host_volumes {
+                        let mode = if v.read_only {
+                            "read-only"
+                        } else {
+                            "read-write"
+                        };
+                        println!("{name}  {}  {mode}", v.path);
+                    }
+                }
                 let allocs = c
                     .node_allocations(&node.id, &QueryOptions::default())
                     .await

@@ -21,5 +21,6 @@ mod rollouts;
 mod server_names;
 mod services;
 mod variables;
+mod volumes;
 
 mod templates;

@@ -225,6 +225,12 @@ pub enum MountKind {
     /// `tty` bound from the host, `fd`/`stdin`/`stdout`/`stderr` links and a `shm`
     /// tmpfs.
     Dev,
+    /// A host volume: the directory `source` itself (every component of its path
+    /// opened without following a link, so a link a task planted where a nested
+    /// volume was is refused, not followed) bound, not recursively, at `target`, whose
+    /// path in the task's root is also walked without following links (a task's link
+    /// in its own directory cannot move the mount elsewhere).
+    HostVolume,
 }
 
 /// One mount of the task's root.
@@ -255,6 +261,20 @@ impl Mount {
     pub fn bind(source: impl Into<PathBuf>, target: impl Into<PathBuf>, read_only: bool) -> Self {
         Mount {
             kind: MountKind::Bind,
+            source: source.into(),
+            target: target.into(),
+            read_only,
+        }
+    }
+
+    /// The host volume directory `source` at `target` ([`MountKind::HostVolume`]).
+    pub fn host_volume(
+        source: impl Into<PathBuf>,
+        target: impl Into<PathBuf>,
+        read_only: bool,
+    ) -> Self {
+        Mount {
+            kind: MountKind::HostVolume,
             source: source.into(),
             target: target.into(),
             read_only,

@@ -497,8 +497,9 @@ impl<F: Flavor> IsolatedDriver<F> {
                 F::NAME
             )));
         }
-        let root =
-            TaskRoot::build(&settings.chroot, &spec.task_dir)?.with_alloc_dir(&spec.alloc_dir);
+        let root = TaskRoot::build(&settings.chroot, &spec.task_dir)?
+            .with_alloc_dir(&spec.alloc_dir)
+            .with_volumes(&spec.volumes)?;
         let env = task_env(&spec);
         let cwd = PathBuf::from(iso.cwd.as_deref().unwrap_or("/"));
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);

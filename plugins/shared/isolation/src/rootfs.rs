@@ -197,6 +197,64 @@ impl TaskRoot {
         self
     }
 
+    /// With the task's host volumes bound at their destinations
+    /// ([`MountKind::HostVolume`]: the volume's directory and the mount point are
+    /// reached without following links). A destination that is one of the root's own
+    /// mount points (`/proc`, `/dev`, `/local`, ...) or above one is refused.
+    ///
+    /// ```
+    /// use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
+    /// use drover_plugin_sdk::TaskVolume;
+    /// use std::path::Path;
+    /// let root = TaskRoot::build(&ChrootEnv::default_list(), Path::new("/srv/t1"))
+    ///     .unwrap()
+    ///     .with_volumes(&[TaskVolume::new("data", "/srv/data", "/data")])
+    ///     .unwrap();
+    /// assert_eq!(root.host_path(Path::new("/data/x")).unwrap(), Path::new("/srv/data/x"));
+    /// assert!(TaskRoot::build(&ChrootEnv::default_list(), Path::new("/srv/t1"))
+    ///     .unwrap()
+    ///     .with_volumes(&[TaskVolume::new("data", "/srv/data", "/usr")])
+    ///     .is_err());
+    /// ```
+    pub fn with_volumes(
+        mut self,
+        volumes: &[drover_plugin_sdk::TaskVolume],
+    ) -> Result<Self, DriverError> {
+        for v in volumes {
+            let dest = &v.destination;
+            let plain = dest.is_absolute()
+                && dest.components().count() >= 2
+                && dest
+                    .components()
+                    .skip(1)
+                    .all(|c| matches!(c, Component::Normal(_)));
+            if !plain || !v.host_path.is_absolute() {
+                return Err(DriverError::InvalidConfig(format!(
+                    "volume_mount of volume {:?}: destination {} must be an absolute path \
+                     below / without `..` (and the volume's path absolute)",
+                    v.name,
+                    dest.display()
+                )));
+            }
+            if let Some(m) = self.mounts.iter().find(|m| {
+                m.target.starts_with(dest)
+                    || (m.kind != MountKind::Bind && dest.starts_with(&m.target))
+            }) {
+                return Err(DriverError::InvalidConfig(format!(
+                    "volume_mount of volume {:?}: destination {} would hide or go inside \
+                     the task's {}: pick another path, e.g. /data",
+                    v.name,
+                    dest.display(),
+                    m.target.display()
+                )));
+            }
+            self.mounts
+                .push(Mount::host_volume(&v.host_path, dest, v.read_only));
+        }
+        self.mounts.sort_by_key(|m| m.target.components().count());
+        Ok(self)
+    }
+
     /// The mounts for the executor.
     pub fn mounts(&self) -> Vec<Mount> {
         self.mounts.clone()
@@ -215,7 +273,10 @@ impl TaskRoot {
     pub fn host_path(&self, inside: &Path) -> Option<PathBuf> {
         self.mounts
             .iter()
-            .filter(|m| m.kind == MountKind::Bind && inside.starts_with(&m.target))
+            .filter(|m| {
+                matches!(m.kind, MountKind::Bind | MountKind::HostVolume)
+                    && inside.starts_with(&m.target)
+            })
             .max_by_key(|m| m.target.components().count())
             .and_then(|m| {
                 let rest = inside.strip_prefix(&m.target).ok()?;

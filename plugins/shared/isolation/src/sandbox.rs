@@ -144,7 +144,7 @@ pub(crate) fn validate(iso: &Isolation) -> Result<(), String> {
                 t.display()
             ));
         }
-        if m.kind == MountKind::Bind && !m.source.is_absolute() {
+        if matches!(m.kind, MountKind::Bind | MountKind::HostVolume) && !m.source.is_absolute() {
             return Err(format!(
                 "bind mount source {} must be an absolute path",
                 m.source.display()
@@ -478,6 +478,10 @@ fn build_root(root: &Path, mounts: &[Mount]) -> Result<(), String> {
     )))?;
     for m in mounts {
         let rel = m.target.strip_prefix("/").unwrap_or(&m.target);
+        if m.kind == MountKind::HostVolume {
+            mount_host_volume(m, root, rel)?;
+            continue;
+        }
         let target = root.join(rel);
         mount_one(m, &target)?;
     }
@@ -576,7 +580,210 @@ fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
             .map_err(errno_step(format_args!("cannot mount a tmpfs at {shown}")))
         }
         MountKind::Dev => mount_dev(target, &shown.to_string()),
+        // Mounted by `mount_host_volume`, from the root's descriptor.
+        MountKind::HostVolume => Err(format!("host volume at {shown} mounted by path")),
     }
+}
+
+/// `openat2` flags that never follow a link, `..` out of the start, or a magic link.
+fn no_links() -> rustix::fs::ResolveFlags {
+    rustix::fs::ResolveFlags::NO_SYMLINKS
+        | rustix::fs::ResolveFlags::NO_MAGICLINKS
+        | rustix::fs::ResolveFlags::BENEATH
+}
+
+/// Open directory `rel` below `start` as an `O_PATH` descriptor, following no link.
+fn open_dir_beneath(start: impl AsFd, rel: &Path) -> Result<OwnedFd, rustix::io::Errno> {
+    rustix::fs::openat2(
+        start,
+        rel,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+        no_links(),
+    )
+}
+
+/// Bind a host volume ([`MountKind::HostVolume`]) at `rel` in `root`: the volume's
+/// directory and the mount point are both reached without following any link, and
+/// the mount is made on descriptors (`open_tree`, `mount_setattr`, `move_mount`), so
+/// no path is looked up again between the checks and the mount.
+fn mount_host_volume(m: &Mount, root: &Path, rel: &Path) -> Result<(), String> {
+    let shown = m.target.display();
+    let source_rel = m.source.strip_prefix("/").unwrap_or(&m.source);
+    let host_root = rustix::fs::open(
+        "/",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(errno_step("cannot open /"))?;
+    let source = open_dir_beneath(&host_root, source_rel).map_err(|e| {
+        format!(
+            "host volume {} at {shown}: cannot open it as a directory without following \
+             links ({e}); a link in its path is refused",
+            m.source.display()
+        )
+    })?;
+    let task_root = rustix::fs::open(
+        root,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(errno_step(format_args!(
+        "cannot open the task's root {}",
+        root.display()
+    )))?;
+    // The mount point, created one component at a time below the task's root; an
+    // existing component must be a directory reached without a link.
+    let mut walked = PathBuf::new();
+    for c in rel.components() {
+        walked.push(c);
+        match open_dir_beneath(&task_root, &walked) {
+            Ok(_) => continue,
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => {
+                return Err(format!(
+                    "volume mount point {shown}: /{} is not a directory reached without \
+                     following links ({e})",
+                    walked.display()
+                ));
+            }
+        }
+        let parent = walked.parent().unwrap_or(Path::new(""));
+        let parent_fd = if parent.as_os_str().is_empty() {
+            rustix::io::dup(&task_root).map_err(errno_step("cannot duplicate a descriptor"))?
+        } else {
+            open_dir_beneath(&task_root, parent).map_err(errno_step(format_args!(
+                "volume mount point {shown}: /{}",
+                parent.display()
+            )))?
+        };
+        // O_PATH descriptors cannot be mkdirat's base: reopen the parent for it.
+        let parent_dir = rustix::fs::openat(
+            &parent_fd,
+            ".",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(errno_step(format_args!("volume mount point {shown}")))?;
+        let name = walked.file_name().unwrap_or_default();
+        match rustix::fs::mkdirat(&parent_dir, name, rustix::fs::Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot create volume mount point /{}: {e}",
+                    walked.display()
+                ));
+            }
+        }
+    }
+    let target = open_dir_beneath(&task_root, rel).map_err(|e| {
+        format!("volume mount point {shown}: cannot open it without following links ({e})")
+    })?;
+    let tree = open_tree_clone(&source).map_err(errno_step(format_args!(
+        "cannot clone the mount of host volume {}",
+        m.source.display()
+    )))?;
+    let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if m.read_only {
+        attrs |= MOUNT_ATTR_RDONLY;
+    }
+    set_fd_attrs(&tree, attrs).map_err(errno_step(format_args!(
+        "cannot restrict the mount of host volume {}",
+        m.source.display()
+    )))?;
+    move_mount_to(&tree, &target).map_err(errno_step(format_args!(
+        "cannot mount host volume {} at {shown}",
+        m.source.display()
+    )))
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+/// A detached copy of the mount of the directory `dir` (not of the mounts below it):
+/// `open_tree(2)` with `OPEN_TREE_CLONE` (Linux 5.2), which rustix does not wrap.
+#[allow(unsafe_code)]
+fn open_tree_clone(dir: &OwnedFd) -> Result<OwnedFd, rustix::io::Errno> {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: the path is a NUL-terminated empty string and the descriptor is open for
+    // the call; the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            dir.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        return Err(rustix::io::Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    let fd = RawFd::try_from(rc).map_err(|_| rustix::io::Errno::INVAL)?;
+    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mount_setattr(2)` on the detached mount `tree` itself.
+#[allow(unsafe_code)]
+fn set_fd_attrs(tree: &OwnedFd, attrs: u64) -> Result<(), rustix::io::Errno> {
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: the path is a NUL-terminated empty string and `attr` a valid mount_attr
+    // of the size passed; both outlive the call, and the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(rustix::io::Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    Ok(())
+}
+
+/// Attach the detached mount `tree` on the directory `target`: `move_mount(2)`.
+#[allow(unsafe_code)]
+fn move_mount_to(tree: &OwnedFd, target: &OwnedFd) -> Result<(), rustix::io::Errno> {
+    // SAFETY: both paths are NUL-terminated empty strings and both descriptors are
+    // open for the call; the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(rustix::io::Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    Ok(())
 }
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;

@@ -764,6 +764,78 @@ impl Reader<'_, '_> {
         Ok(Json::Object(o))
     }
 
+    /// A group's `volume "NAME" { ... }` blocks as Nomad's `Volumes` map (by name),
+    /// each as Nomad 1.0 prints it (`Name`, `Type`, `Source`, `ReadOnly`,
+    /// `MountOptions`); `access_mode` and `attachment_mode` (Nomad 1.1's) when set.
+    fn volumes(&self, body: &Body) -> Result<Option<Json>, HclError> {
+        let mut out = Obj::new();
+        for b in blocks(body, "volume") {
+            label_count(self.src, b, 1)?;
+            let name = label(b, 0).unwrap_or_default();
+            if out.contains_key(&name) {
+                return Err(self.src.error(
+                    b,
+                    format!("volume \"{name}\" is defined twice in the group"),
+                ));
+            }
+            check_body(
+                self.src,
+                &b.body,
+                &[
+                    "type",
+                    "source",
+                    "read_only",
+                    "access_mode",
+                    "attachment_mode",
+                ],
+                &[],
+            )?;
+            let mut o = Obj::new();
+            o.insert("Name".into(), name.clone().into());
+            o.insert("Type".into(), "".into());
+            self.put(&mut o, &b.body, "type", "Type", Kind::String)?;
+            o.insert("Source".into(), "".into());
+            self.put(&mut o, &b.body, "source", "Source", Kind::String)?;
+            o.insert("ReadOnly".into(), false.into());
+            self.put(&mut o, &b.body, "read_only", "ReadOnly", Kind::Bool)?;
+            self.put(&mut o, &b.body, "access_mode", "AccessMode", Kind::String)?;
+            self.put(
+                &mut o,
+                &b.body,
+                "attachment_mode",
+                "AttachmentMode",
+                Kind::String,
+            )?;
+            o.insert("MountOptions".into(), Json::Null);
+            out.insert(name, Json::Object(o));
+        }
+        Ok((!out.is_empty()).then_some(Json::Object(out)))
+    }
+
+    /// A task's `volume_mount { ... }` (`api.VolumeMount`), unset fields `null` as
+    /// Nomad 1.0 prints them.
+    fn volume_mount(&self, b: &Block) -> Result<Json, HclError> {
+        label_count(self.src, b, 0)?;
+        let body = &b.body;
+        check_body(
+            self.src,
+            body,
+            &["volume", "destination", "read_only", "propagation_mode"],
+            &[],
+        )?;
+        let mut o = Obj::new();
+        for (name, key, kind) in [
+            ("volume", "Volume", Kind::String),
+            ("destination", "Destination", Kind::String),
+            ("read_only", "ReadOnly", Kind::Bool),
+            ("propagation_mode", "PropagationMode", Kind::String),
+        ] {
+            o.insert(key.into(), Json::Null);
+            self.put(&mut o, body, name, key, kind)?;
+        }
+        Ok(Json::Object(o))
+    }
+
     fn group(&self, b: &Block) -> Result<Json, HclError> {
         label_count(self.src, b, 1)?;
         let body = &b.body;
@@ -780,11 +852,15 @@ impl Reader<'_, '_> {
                 "task",
                 "network",
                 "service",
+                "volume",
             ],
         )?;
         let mut o = Obj::new();
         o.insert("Name".into(), label(b, 0).unwrap_or_default().into());
         self.put(&mut o, body, "count", "Count", Kind::Int)?;
+        if let Some(v) = self.volumes(body)? {
+            o.insert("Volumes".into(), v);
+        }
         if let Some(n) = single_block(self.src, body, "network")? {
             o.insert("Networks".into(), json!([self.network(n)?]));
         }
@@ -840,6 +916,7 @@ impl Reader<'_, '_> {
                 "artifact",
                 "template",
                 "identity",
+                "volume_mount",
             ],
         )?;
         let mut o = Obj::new();
@@ -913,6 +990,12 @@ impl Reader<'_, '_> {
             .collect::<Result<Vec<_>, _>>()?;
         if !templates.is_empty() {
             o.insert("Templates".into(), Json::Array(templates));
+        }
+        let mounts = blocks(body, "volume_mount")
+            .map(|m| self.volume_mount(m))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !mounts.is_empty() {
+            o.insert("VolumeMounts".into(), Json::Array(mounts));
         }
         if let Some(id) = single_block(self.src, body, "identity")? {
             let fields: &[Field] = &[("env", "Env", Kind::Bool), ("file", "File", Kind::Bool)];

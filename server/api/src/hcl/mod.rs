@@ -84,8 +84,6 @@ pub const UNSUPPORTED_BLOCKS: &[&str] = &[
     "scaling",
     "spread",
     "vault",
-    "volume",
-    "volume_mount",
 ];
 
 /// Nomad's arguments that Drover does not support yet (refused like

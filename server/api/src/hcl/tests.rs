@@ -1075,3 +1075,73 @@ fn device_blocks_become_device_requests() {
         "{e:?}"
     );
 }
+
+/// Issue 27: a group's `volume` and a task's `volume_mount` blocks read as Nomad 1.0.18
+/// prints them (`nomad job run -output`), and convert into the spec.
+#[test]
+fn volume_and_volume_mount_blocks_read_as_nomad_prints_them() {
+    let text = r#"
+job "v" {
+  group "g" {
+    volume "data" {
+      type = "host"
+      source = "shared"
+      read_only = false
+    }
+    volume "ro" {
+      type = "host"
+      source = "shared"
+      read_only = true
+    }
+    task "t" {
+      driver = "exec"
+      volume_mount {
+        volume = "data"
+        destination = "/data"
+      }
+      volume_mount {
+        volume = "ro"
+        destination = "/ro"
+        read_only = true
+      }
+    }
+  }
+}
+"#;
+    let json = parse_text(text).unwrap_or_else(|e| panic!("{e}"));
+    let g = &json["Job"]["TaskGroups"][0];
+    // What Nomad 1.0.18 prints for this file.
+    assert_eq!(
+        g["Volumes"],
+        json!({
+            "data": {"Name": "data", "Type": "host", "Source": "shared", "ReadOnly": false, "MountOptions": null},
+            "ro": {"Name": "ro", "Type": "host", "Source": "shared", "ReadOnly": true, "MountOptions": null}
+        })
+    );
+    assert_eq!(
+        g["Tasks"][0]["VolumeMounts"],
+        json!([
+            {"Volume": "data", "Destination": "/data", "ReadOnly": null, "PropagationMode": null},
+            {"Volume": "ro", "Destination": "/ro", "ReadOnly": true, "PropagationMode": null}
+        ])
+    );
+    let spec = to_job("job.hcl", json).unwrap().to_spec().unwrap().spec;
+    crate::validate(&spec).unwrap_or_else(|e| panic!("{e:?}"));
+    let g = &spec.groups[0];
+    assert_eq!(g.volumes["ro"].source, "shared");
+    assert!(g.volumes["ro"].read_only && !g.volumes["data"].read_only);
+    assert_eq!(
+        g.tasks[0].volume_mounts[1],
+        crate::VolumeMount {
+            volume: "ro".into(),
+            destination: "/ro".into(),
+            read_only: true
+        }
+    );
+    assert!(
+        err(&task_file(
+            "      volume_mount {\n        volum = \"x\"\n      }"
+        ))
+        .contains("unsupported argument \"volum\"; did you mean \"volume\"?")
+    );
+}

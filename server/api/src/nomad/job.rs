@@ -197,9 +197,9 @@ pub struct TaskGroup {
     /// Not supported yet.
     #[serde(rename = "Spreads", default)]
     pub spreads: Option<Value>,
-    /// Not supported yet.
-    #[serde(rename = "Volumes", default)]
-    pub volumes: Option<Value>,
+    /// The volumes its tasks may mount, by name.
+    #[serde(rename = "Volumes", alias = "volumes", default)]
+    pub volumes: Option<BTreeMap<String, super::VolumeRequest>>,
     /// Not supported yet.
     #[serde(rename = "EphemeralDisk", default)]
     pub ephemeral_disk: Option<Value>,
@@ -306,9 +306,9 @@ pub struct Task {
     /// Not supported yet.
     #[serde(rename = "DispatchPayload", default)]
     pub dispatch_payload: Option<Value>,
-    /// Not supported yet.
-    #[serde(rename = "VolumeMounts", default)]
-    pub volume_mounts: Option<Value>,
+    /// The group's volumes the task mounts.
+    #[serde(rename = "VolumeMounts", alias = "volume_mounts", default)]
+    pub volume_mounts: Option<Vec<super::VolumeMount>>,
     /// Not supported yet.
     #[serde(rename = "CSIPluginConfig", default, skip_serializing)]
     pub csi_plugin_config: Option<Value>,
@@ -1309,7 +1309,6 @@ impl Job {
             &[
                 ("Affinities", &g.affinities),
                 ("Spreads", &g.spreads),
-                ("Volumes", &g.volumes),
                 ("EphemeralDisk", &ephemeral_disk),
                 ("Migrate", &migrate),
                 ("ShutdownDelay", &g.shutdown_delay),
@@ -1388,8 +1387,10 @@ impl Job {
                 task: None,
             },
         )?;
+        let volumes =
+            super::volumes::volume_requests(path, g.volumes.as_ref().unwrap_or(&BTreeMap::new()))?;
         Ok(internal::TaskGroup {
-            volumes: Default::default(),
+            volumes,
             network,
             services: group_services,
             name,
@@ -1416,7 +1417,6 @@ fn task(
             ("Affinities", &t.affinities),
             ("Vault", &t.vault),
             ("DispatchPayload", &t.dispatch_payload),
-            ("VolumeMounts", &t.volume_mounts),
             ("CSIPluginConfig", &t.csi_plugin_config),
             ("Leader", &t.leader),
             ("ShutdownDelay", &t.shutdown_delay),
@@ -1510,9 +1510,11 @@ fn task(
             .map(|(i, d)| device_request(&join(path, &format!("Resources.Devices[{i}]")), d))
             .collect::<Result<_, _>>()?,
     };
+    let volume_mounts =
+        super::volumes::volume_mounts(path, t.volume_mounts.as_deref().unwrap_or_default())?;
     Ok(internal::Task {
         devices,
-        volume_mounts: Default::default(),
+        volume_mounts,
         services: Default::default(),
         name,
         driver,
@@ -1829,6 +1831,12 @@ impl From<&internal::TaskGroup> for TaskGroup {
             meta: Some(g.meta.clone()),
             networks: g.network.as_ref().map(|n| vec![NetworkResource::from(n)]),
             services: Some(g.services.iter().map(Service::from).collect()),
+            volumes: Some(
+                g.volumes
+                    .iter()
+                    .map(|(name, v)| (name.clone(), super::VolumeRequest::from((name, v))))
+                    .collect(),
+            ),
             ..Default::default()
         }
     }
@@ -1885,6 +1893,12 @@ impl From<&internal::Task> for Task {
                 file: Some(id.file),
                 other: BTreeMap::new(),
             }),
+            volume_mounts: Some(
+                t.volume_mounts
+                    .iter()
+                    .map(super::VolumeMount::from)
+                    .collect(),
+            ),
             ..Default::default()
         }
     }

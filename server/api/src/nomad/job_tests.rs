@@ -301,8 +301,8 @@ fn unsupported_fields_with_a_value_are_errors_naming_the_field() {
         (
             "/TaskGroups/0",
             "Volumes",
-            json!({"v": {"Type": "host"}}),
-            "TaskGroups[0].Volumes",
+            json!({"v": {"Type": "host", "Source": "s", "PerAlloc": true}}),
+            "TaskGroups[0].Volumes[\"v\"].PerAlloc",
         ),
         (
             "/TaskGroups/0/Tasks/0",
@@ -1098,4 +1098,75 @@ fn an_allocations_ports_and_a_nodes_network_in_nomads_shape() {
     );
     let back: Node = serde_json::from_value(v).unwrap();
     assert_eq!(back.to_internal().network, node_network);
+}
+
+/// Issue 27: `Volumes` and `VolumeMounts` convert both ways; what Drover cannot do yet
+/// (per-allocation volumes, mount propagation) is refused by name.
+#[test]
+fn volumes_in_nomads_json_convert_both_ways_and_unsupported_parts_are_named() {
+    let job = |volumes: serde_json::Value, mounts: serde_json::Value| {
+        json!({"Job": {"ID": "v", "TaskGroups": [{
+            "Name": "g",
+            "Volumes": volumes,
+            "Tasks": [{"Name": "t", "Driver": "exec", "VolumeMounts": mounts}]
+        }]}})
+    };
+    let spec = parse(job(
+        json!({"data": {"Type": "host", "Source": "shared", "ReadOnly": true,
+                        "AccessMode": "", "AttachmentMode": "", "PerAlloc": false}}),
+        json!([{"Volume": "data", "Destination": "/data", "ReadOnly": false,
+                "PropagationMode": "private"}]),
+    ))
+    .unwrap()
+    .spec;
+    let g = &spec.groups[0];
+    assert_eq!(
+        g.volumes["data"],
+        crate::VolumeRequest {
+            volume_type: "host".into(),
+            source: "shared".into(),
+            read_only: true,
+            access_mode: String::new(),
+            attachment_mode: String::new(),
+        }
+    );
+    assert_eq!(g.tasks[0].volume_mounts[0].destination, "/data");
+    // Served back in Nomad's shape, and converted again to the same spec.
+    let wire = Job::from(&spec);
+    let back = serde_json::to_value(&wire).unwrap();
+    assert_eq!(back["TaskGroups"][0]["Volumes"]["data"]["Source"], "shared");
+    assert_eq!(
+        back["TaskGroups"][0]["Tasks"][0]["VolumeMounts"][0]["Volume"],
+        "data"
+    );
+    assert_eq!(wire.to_spec().unwrap().spec, spec);
+
+    let e = parse(job(
+        json!({"data": {"Type": "host", "Source": "s", "PerAlloc": true}}),
+        json!([]),
+    ))
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "TaskGroups[0].Volumes[\"data\"].PerAlloc: not supported yet by Drover"
+    );
+    let e = parse(job(
+        json!({"data": {"Type": "host", "Source": "s"}}),
+        json!([{"Volume": "data", "Destination": "/d", "PropagationMode": "bidirectional"}]),
+    ))
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("TaskGroups[0].Tasks[0].VolumeMounts[0].PropagationMode"),
+        "{e}"
+    );
+    let e = parse(job(
+        json!({"data": {"Name": "other", "Type": "host", "Source": "s"}}),
+        json!([]),
+    ))
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("differs from the volume's key"),
+        "{e}"
+    );
 }

@@ -28,6 +28,7 @@ mod job;
 mod job_tests;
 mod network;
 mod node;
+mod volumes;
 #[cfg(test)]
 mod wire_tests;
 
@@ -38,6 +39,7 @@ pub use eval::*;
 pub use job::*;
 pub use network::*;
 pub use node::*;
+pub use volumes::*;
 
 use serde_json::Value;
 

@@ -351,9 +351,9 @@ pub struct Node {
     /// Drivers by name.
     #[serde(rename = "Drivers")]
     pub drivers: Option<BTreeMap<String, DriverInfo>>,
-    /// Host volumes (none in Drover).
+    /// Host volumes of the agent's config, by name (Nomad's `HostVolumeInfo`).
     #[serde(rename = "HostVolumes")]
-    pub host_volumes: Option<Value>,
+    pub host_volumes: Option<BTreeMap<String, HostVolumeInfo>>,
     /// CSI (none in Drover).
     #[serde(rename = "CSIControllerPlugins")]
     pub csi_controller_plugins: Option<Value>,
@@ -623,6 +623,17 @@ fn internal_network(
     out
 }
 
+/// A host volume of a node in Nomad's shape (`api.HostVolumeInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HostVolumeInfo {
+    /// The directory on the node.
+    #[serde(rename = "Path", default)]
+    pub path: String,
+    /// Offered read-only.
+    #[serde(rename = "ReadOnly", default)]
+    pub read_only: bool,
+}
+
 impl From<&internal::Node> for Node {
     fn from(n: &internal::Node) -> Node {
         Node {
@@ -660,7 +671,21 @@ impl From<&internal::Node> for Node {
             status_updated_at: n.status_updated_at.div_euclid(1_000_000_000),
             events: None,
             drivers: drivers(&n.drivers),
-            host_volumes: None,
+            // Nomad's is null for a node without host volumes.
+            host_volumes: (!n.host_volumes.is_empty()).then(|| {
+                n.host_volumes
+                    .iter()
+                    .map(|(name, v)| {
+                        (
+                            name.clone(),
+                            HostVolumeInfo {
+                                path: v.path.clone(),
+                                read_only: v.read_only,
+                            },
+                        )
+                    })
+                    .collect()
+            }),
             csi_controller_plugins: None,
             csi_node_plugins: None,
             create_index: n.create_index,
@@ -689,7 +714,20 @@ impl Node {
         };
         internal::Node {
             devices: internal_devices(self.node_resources.as_ref()),
-            host_volumes: Default::default(),
+            host_volumes: self
+                .host_volumes
+                .iter()
+                .flatten()
+                .map(|(name, v)| {
+                    (
+                        name.clone(),
+                        crate::HostVolume {
+                            path: v.path.clone(),
+                            read_only: v.read_only,
+                        },
+                    )
+                })
+                .collect(),
             network: internal_network(
                 self.node_resources.as_ref(),
                 self.reserved_resources.as_ref(),
