@@ -109,6 +109,17 @@ const SCALE_CAPABILITIES: &[&str] = &[
     "scale-job",
 ];
 
+/// The capabilities a `host_volume` rule's `policy` stands for (Nomad's: `read`
+/// mounts read-only, `write` read-only or writable).
+pub fn expand_host_volume_policy(policy: &str) -> &'static [&'static str] {
+    match policy {
+        "deny" => &["deny"],
+        "read" => &["mount-readonly"],
+        "write" => &["mount-readonly", "mount-readwrite"],
+        _ => &[],
+    }
+}
+
 /// The capabilities a namespace `policy` stands for.
 pub fn expand_namespace_policy(policy: &str) -> Vec<&'static str> {
     match policy {
@@ -218,7 +229,8 @@ pub struct Policy {
     pub plugin: Option<Level>,
     /// `node_pool "x" { ... }` rules (kept, not enforced: no node pools).
     pub node_pools: Vec<NamedRule>,
-    /// `host_volume "x" { ... }` rules (kept, not enforced).
+    /// `host_volume "x" { ... }` rules: which host volumes a job may mount (checked
+    /// when a job is submitted).
     pub host_volumes: Vec<NamedRule>,
 }
 
@@ -718,6 +730,9 @@ pub struct Acl {
     /// Keyed by `namespace \0 path`.
     variables: BTreeMap<String, CapSet>,
     wildcard_variables: BTreeMap<String, CapSet>,
+    /// `host_volume` rules by name, and by glob.
+    host_volumes: BTreeMap<String, CapSet>,
+    wildcard_host_volumes: BTreeMap<String, CapSet>,
     node: Level,
     agent: Level,
     operator: Level,
@@ -778,6 +793,29 @@ impl Acl {
                 }
                 caps.extend(ns.capabilities.iter().cloned());
             }
+            for hv in &p.host_volumes {
+                let mut granted: CapSet = hv.capabilities.clone();
+                granted.extend(
+                    expand_host_volume_policy(hv.policy.as_deref().unwrap_or(""))
+                        .iter()
+                        .map(|c| (*c).to_owned()),
+                );
+                let map = if hv.name.contains('*') {
+                    &mut acl.wildcard_host_volumes
+                } else {
+                    &mut acl.host_volumes
+                };
+                // Deny wins across policies, as for namespaces.
+                let caps = map.entry(hv.name.clone()).or_default();
+                if caps.contains("deny") {
+                    continue;
+                }
+                if granted.contains("deny") {
+                    *caps = BTreeSet::from(["deny".to_owned()]);
+                    continue;
+                }
+                caps.extend(granted);
+            }
             for (slot, l) in [
                 (&mut acl.node, p.node),
                 (&mut acl.agent, p.agent),
@@ -821,6 +859,26 @@ impl Acl {
         }
         self.namespace_caps(ns)
             .is_some_and(|c| c.contains(capability))
+    }
+
+    /// May a job mount host volume `name` (read-only when `read_only`)? Nomad's
+    /// `host_volume` rules: `mount-readonly` or `mount-readwrite` for a read-only
+    /// mount, `mount-readwrite` for a writable one; no rule, or `deny`: no.
+    pub fn allow_host_volume(&self, name: &str, read_only: bool) -> bool {
+        if self.management {
+            return true;
+        }
+        let Some(caps) = self
+            .host_volumes
+            .get(name)
+            .or_else(|| closest_glob(&self.wildcard_host_volumes, name))
+        else {
+            return false;
+        };
+        if caps.contains("deny") {
+            return false;
+        }
+        caps.contains("mount-readwrite") || (read_only && caps.contains("mount-readonly"))
     }
 
     /// Has the token any capability in namespace `ns` (what listing namespaces
@@ -989,6 +1047,25 @@ pub fn check_policy_name(name: &str) -> Result<(), PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_volume_rules_say_which_volumes_a_job_may_mount() {
+        let p = parse_policy(
+            r#"host_volume "shared" { policy = "read" }
+host_volume "scratch-*" { policy = "write" }
+host_volume "scratch-secret" { policy = "deny" }
+host_volume "logs" { capabilities = ["mount-readwrite"] }"#,
+        )
+        .unwrap();
+        let acl = Acl::new([&p]);
+        assert!(acl.allow_host_volume("shared", true));
+        assert!(!acl.allow_host_volume("shared", false), "read is read-only");
+        assert!(acl.allow_host_volume("scratch-a", false));
+        assert!(!acl.allow_host_volume("scratch-secret", true), "deny wins");
+        assert!(acl.allow_host_volume("logs", false) && acl.allow_host_volume("logs", true));
+        assert!(!acl.allow_host_volume("other", true), "no rule: no mount");
+        assert!(Acl::management().allow_host_volume("other", false));
+    }
 
     fn acl(rules: &[&str]) -> Acl {
         let ps: Vec<Policy> = rules.iter().map(|r| parse_policy(r).unwrap()).collect();

@@ -173,3 +173,89 @@ async fn with_acls_off_the_acl_endpoints_say_so() {
     stop.cancel();
     let _ = served.await;
 }
+
+/// A job mounting a host volume needs the volume's `host_volume` rule (Nomad's): a
+/// submitter without one is refused, naming the volume; `read` allows a read-only
+/// request only; management mounts anything. Reverting to a version with a volume is
+/// checked the same way.
+#[tokio::test]
+async fn a_host_volume_is_mounted_only_as_the_tokens_host_volume_rules_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let boot = s.client(None).acl_bootstrap().await.unwrap();
+    let mgmt = s.client(Some(&boot.secret_id));
+    mgmt.put_acl_policy(&AclPolicy {
+        name: "team".into(),
+        rules: r#"namespace "default" { policy = "write" }
+host_volume "shared" { policy = "read" }"#
+            .into(),
+        ..AclPolicy::default()
+    })
+    .await
+    .unwrap();
+    let team = mgmt
+        .create_acl_token(&AclToken {
+            name: "t".into(),
+            token_type: "client".into(),
+            policies: vec!["team".into()],
+            ..AclToken::default()
+        })
+        .await
+        .unwrap();
+    let team = s.client(Some(&team.secret_id));
+    let job = |source: &str, read_only: bool| {
+        serde_json::to_vec(&serde_json::json!({"Job": {
+            "ID": "v", "Datacenters": ["dc1"],
+            "TaskGroups": [{
+                "Name": "g",
+                "Volumes": {"data": {"Type": "host", "Source": source, "ReadOnly": read_only}},
+                "Tasks": [{"Name": "t", "Driver": "exec",
+                    "Config": {"command": "/bin/true"},
+                    "VolumeMounts": [{"Volume": "data", "Destination": "/data", "ReadOnly": read_only}]}]
+            }]
+        }}))
+        .unwrap()
+    };
+    for (source, read_only, want) in [
+        ("secrets", true, StatusCode::FORBIDDEN),
+        ("shared", false, StatusCode::FORBIDDEN),
+        ("shared", true, StatusCode::OK),
+    ] {
+        let r = team
+            .raw(Method::PUT, "/v1/jobs", Some(job(source, read_only)))
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, want, "{source} read_only={read_only}: {body}");
+        if want == StatusCode::FORBIDDEN {
+            assert!(body.contains(&format!("host volume {source:?}")), "{body}");
+        }
+    }
+    // Management registers a version the team may not mount; the team cannot go
+    // back to it once another version is current.
+    let r = mgmt
+        .raw(Method::PUT, "/v1/jobs", Some(job("secrets", false)))
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    let r = mgmt
+        .raw(Method::PUT, "/v1/jobs", Some(job("shared", true)))
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    let r = team
+        .raw(
+            Method::PUT,
+            "/v1/job/v/revert",
+            Some(br#"{"JobID": "v", "JobVersion": 1}"#.to_vec()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        StatusCode::FORBIDDEN,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    s.stop().await;
+}

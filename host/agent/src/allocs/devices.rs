@@ -105,7 +105,7 @@ impl AllocTaskHook for DeviceHook {
                 ));
             }
             for (k, v) in reservation.envs {
-                if v.len() > MAX_ENV_VALUE || k.is_empty() || k.contains(['=', '\0']) {
+                if v.len() > MAX_ENV_VALUE || v.contains('\0') || !plugin_env_allowed(&k) {
                     return Err(format!(
                         "device plugin {} set an unusable variable {k:?} for {group}",
                         plugin.name
@@ -146,5 +146,47 @@ mod tests {
             device_env_name("nvidia", "gpu", "1080-ti.x"),
             "DROVER_DEVICE_NVIDIA_GPU_1080_TI_X"
         );
+    }
+}
+
+/// May a device plugin set variable `name` in a task? A plain name
+/// (`[A-Za-z_][A-Za-z0-9_]*`), and none that changes how the task's programs load
+/// (`LD_*`, `PATH`) or that the agent sets itself (`NOMAD_*`, `DROVER_*`, `VAULT_*`):
+/// a third-party plugin must not reach past its devices.
+fn plugin_env_allowed(name: &str) -> bool {
+    let mut chars = name.chars();
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    plain
+        && name != "PATH"
+        && !["LD_", "NOMAD_", "DROVER_", "VAULT_"]
+            .iter()
+            .any(|p| name.starts_with(p))
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::plugin_env_allowed;
+
+    #[test]
+    fn a_device_plugin_sets_only_plain_variables_of_its_own() {
+        for ok in ["CUDA_VISIBLE_DEVICES", "EXAMPLE_DEVICES", "_X1"] {
+            assert!(plugin_env_allowed(ok), "{ok}");
+        }
+        for bad in [
+            "LD_PRELOAD",
+            "PATH",
+            "NOMAD_TOKEN",
+            "DROVER_TASK_DIR",
+            "VAULT_TOKEN",
+            "A=B",
+            "1X",
+            "",
+            "A B",
+        ] {
+            assert!(!plugin_env_allowed(bad), "{bad}");
+        }
     }
 }

@@ -173,6 +173,14 @@ pub(super) async fn revert(
     if !req.job_id.is_empty() && req.job_id != id {
         return Err(ApiError::bad_request("Job ID does not match"));
     }
+    // The version gone back to mounts what it mounts: the caller must be allowed to.
+    if let Some(old) = api
+        .server
+        .job_versions(scope.namespace(), &id)
+        .and_then(|vs| vs.into_iter().find(|j| j.version == req.job_version))
+    {
+        scope.check_host_volumes(&old.spec)?;
+    }
     let resp = api
         .server
         .revert_job(

@@ -59,7 +59,8 @@ fn place_in_namespace(
     if let Some(ns) = scope.query_namespace().map(str::to_owned).or(request_ns) {
         spec.namespace = ns;
     }
-    scope.check(&spec.namespace, "submit-job")
+    scope.check(&spec.namespace, "submit-job")?;
+    scope.check_host_volumes(spec)
 }
 
 /// A job naming another region than this server's is refused (Nomad forwards it to

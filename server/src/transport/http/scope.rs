@@ -48,6 +48,37 @@ impl Scope {
             .is_none_or(|acl| acl.allow_namespace_op(ns, capability))
     }
 
+    /// 403 unless the caller may mount every host volume `spec` asks for (Nomad's
+    /// `host_volume` rules; read-only when the group's request is), naming the first
+    /// it may not.
+    pub(super) fn check_host_volumes(
+        &self,
+        spec: &drover_server_api::JobSpec,
+    ) -> Result<(), ApiError> {
+        let Some(acl) = &self.acl else {
+            return Ok(());
+        };
+        for g in &spec.groups {
+            for v in g.volumes.values().filter(|v| v.volume_type == "host") {
+                // As Nomad: a request that is not read-only needs `mount-readwrite`,
+                // whatever its tasks' mounts say.
+                let writable = !v.read_only;
+                if !acl.allow_host_volume(&v.source, !writable) {
+                    return Err(ApiError::new(
+                        axum::http::StatusCode::FORBIDDEN,
+                        format!(
+                            "{}: host volume {:?} ({})",
+                            super::PERMISSION_DENIED,
+                            v.source,
+                            if writable { "read-write" } else { "read-only" }
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Has the caller any capability in namespace `ns` (what shows it in a list of
     /// namespaces)?
     pub(super) fn may_see_namespace(&self, ns: &str) -> bool {
