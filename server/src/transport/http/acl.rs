@@ -197,17 +197,8 @@ pub(super) fn denied() -> ApiError {
 }
 
 fn namespace_of(req: &Request) -> String {
-    let query = req.uri().query().unwrap_or("");
-    super::serde_urlencoded_pairs(query)
-        .ok()
-        .and_then(|pairs| {
-            pairs
-                .into_iter()
-                .find(|(k, _)| k == "namespace")
-                .map(|(_, v)| v)
-        })
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "default".to_owned())
+    super::scope::query_namespace(req.uri().query().unwrap_or(""))
+        .unwrap_or_else(|| drover_server_api::DEFAULT_NAMESPACE.to_owned())
 }
 
 /// Is the event stream of this request allowed: each topic asked for (all of them

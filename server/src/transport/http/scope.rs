@@ -140,20 +140,26 @@ impl Scope {
     }
 }
 
+/// The namespace a query string names (its first non-empty `namespace=`), if any:
+/// what the ACL middleware checks and the handlers act on, read the same way.
+pub(super) fn query_namespace(query: &str) -> Option<String> {
+    super::serde_urlencoded_pairs(query)
+        .ok()
+        .and_then(|pairs| {
+            pairs
+                .into_iter()
+                .find(|(k, _)| k == "namespace")
+                .map(|(_, v)| v)
+        })
+        .filter(|n| !n.is_empty())
+}
+
 impl FromRequestParts<Api> for Scope {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _api: &Api) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
-        let named = super::serde_urlencoded_pairs(query)
-            .ok()
-            .and_then(|pairs| {
-                pairs
-                    .into_iter()
-                    .find(|(k, _)| k == "namespace")
-                    .map(|(_, v)| v)
-            })
-            .filter(|n| !n.is_empty());
+        let named = query_namespace(query);
         let explicit = named.is_some();
         let namespace = named.unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
         let acl = match parts.extensions.get::<TokenLookup>() {
