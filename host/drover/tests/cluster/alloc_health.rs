@@ -162,5 +162,16 @@ fn the_agent_reports_a_deployment_allocation_healthy_once_it_ran_min_healthy_tim
         started.elapsed() < Duration::from_secs(20),
         "unhealthy by the task's failure, not by the deadline: {a:#}"
     );
+    // The health decision and the allocation's end travel in separate updates
+    // (as in Nomad); the allocation ends failed right after.
+    let id = a["ID"].as_str().expect("allocation id").to_owned();
+    let a = wait_for(
+        &api,
+        &agent,
+        &format!("/v1/allocation/{id}"),
+        "the failed allocation's client status",
+        Duration::from_secs(20),
+        |v| !matches!(v["ClientStatus"].as_str(), Some("pending" | "running")),
+    );
     assert_eq!(a["ClientStatus"], "failed", "{a:#}");
 }
