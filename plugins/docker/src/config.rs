@@ -894,20 +894,22 @@ impl<'a> TaskDir<'a> {
 /// The allocation's shared directory, to be mounted at [`CONTAINER_ALLOC_DIR`]: an
 /// absolute path under the agent's allocation directory whose last component is a
 /// directory, not a link (the agent made it; its parents are the agent's).
-/// A host volume as a bind (`HOST:DEST[:ro]`). The volume's directory must be
-/// reached without following a link from `/` (the agent checked it at start; this
-/// checks again, as a task of another volume might have put a link where a nested
-/// volume was); docker binds that directory itself, and resolves the destination
-/// inside the container's root (never through the container's links to the host).
-fn host_volume_bind(v: &drover_plugin_sdk::TaskVolume) -> Result<String, DriverError> {
+/// A host volume as a bind (`STAGED:DEST[:ro]`): dockerd binds the volume's staging
+/// mount (see [`crate::volumes`]), never the volume's own path, and resolves the
+/// destination inside the container's root (never through the container's links to
+/// the host).
+fn host_volume_bind(
+    v: &drover_plugin_sdk::TaskVolume,
+    staged: &std::path::Path,
+) -> Result<String, DriverError> {
     let bad = |why: String| {
         DriverError::InvalidConfig(format!("volume_mount of volume {:?}: {why}", v.name))
     };
-    let host = v.host_path.to_str().unwrap_or_default();
+    let host = staged.to_str().unwrap_or_default();
     let dest = v.destination.to_str().unwrap_or_default();
-    if !host.starts_with('/') || host.contains([':', ',']) {
+    if !v.host_path.is_absolute() || !host.starts_with('/') || host.contains([':', ',']) {
         return Err(bad(format!(
-            "the volume's path {} must be absolute, without ':' or ','",
+            "the volume's path {} (staged at {host}) must be absolute, without ':' or ','",
             v.host_path.display()
         )));
     }
@@ -917,19 +919,6 @@ fn host_volume_bind(v: &drover_plugin_sdk::TaskVolume) -> Result<String, DriverE
             v.destination.display()
         )));
     }
-    rustix::fs::openat2(
-        rustix::fs::CWD,
-        host,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-        rustix::fs::ResolveFlags::NO_SYMLINKS | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(|e| {
-        bad(format!(
-            "cannot open {host} as a directory without following links ({e}); a link in \
-             its path is refused"
-        ))
-    })?;
     Ok(if v.read_only {
         format!("{host}:{dest}:ro")
     } else {
@@ -1002,6 +991,9 @@ pub(crate) struct Policy {
     pub config: PluginConfig,
     /// The agent's allocation directory (identifies this agent's containers).
     pub alloc_dir: String,
+    /// Where host volumes are staged for dockerd to bind ([`crate::volumes`]):
+    /// `<plugin state dir>/docker/volumes`; empty without a state directory.
+    pub volume_staging: PathBuf,
 }
 
 /// The size of each of Docker's 3 json-file files per container, in MB: the task's log
@@ -1162,8 +1154,9 @@ impl TaskConfig {
             binds.push(format!("{}:{CONTAINER_ALLOC_DIR}", dir.display()));
             dir_env.push(("DROVER_ALLOC_DIR", CONTAINER_ALLOC_DIR));
         }
-        for v in &spec.volumes {
-            binds.push(host_volume_bind(v)?);
+        for (i, v) in spec.volumes.iter().enumerate() {
+            let staged = crate::volumes::staged_path(&policy.volume_staging, &spec.id, i)?;
+            binds.push(host_volume_bind(v, &staged)?);
         }
         for v in &self.volumes {
             binds.push(self.bind(&task, pc, v)?);
@@ -1839,6 +1832,7 @@ mod tests {
         Policy {
             config: PluginConfig::default(),
             alloc_dir: "/var/lib/drover/alloc".into(),
+            volume_staging: PathBuf::new(),
         }
     }
 
@@ -1852,6 +1846,7 @@ mod tests {
         let p = Policy {
             config: PluginConfig::default(),
             alloc_dir: agent.path().display().to_string(),
+            volume_staging: PathBuf::new(),
         };
         let cfg = parse(r#"{"image": "busybox"}"#);
         let plan = cfg

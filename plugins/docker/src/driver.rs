@@ -1,6 +1,7 @@
 //! The docker driver: the [`DriverPlugin`] impl.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -48,11 +49,20 @@ struct Settings {
 }
 
 impl Settings {
-    fn new(config: PluginConfig, alloc_dir: String) -> Result<Self, DriverError> {
+    fn new(config: PluginConfig, agent: &AgentInfo) -> Result<Self, DriverError> {
         let address =
             DaemonAddress::resolve(config.endpoint.as_deref(), |n| std::env::var(n).ok())?;
+        let volume_staging = if agent.plugin_state_dir.as_os_str().is_empty() {
+            PathBuf::new()
+        } else {
+            agent.plugin_state_dir.join("docker").join("volumes")
+        };
         Ok(Settings {
-            policy: Policy { config, alloc_dir },
+            policy: Policy {
+                config,
+                alloc_dir: agent.alloc_dir.display().to_string(),
+                volume_staging,
+            },
             engine: Ok(Arc::new(Engine::new(address))),
         })
     }
@@ -84,8 +94,8 @@ impl DockerDriver {
     /// A driver with the default configuration (daemon from `DOCKER_HOST`, else
     /// `/var/run/docker.sock`) and no tasks.
     pub fn new() -> Self {
-        let settings =
-            Settings::new(PluginConfig::default(), String::new()).unwrap_or_else(|e| Settings {
+        let settings = Settings::new(PluginConfig::default(), &AgentInfo::default())
+            .unwrap_or_else(|e| Settings {
                 policy: Policy::default(),
                 engine: Err(e.to_string()),
             });
@@ -343,10 +353,7 @@ impl DriverPlugin for DockerDriver {
     }
 
     async fn set_config(&self, config: PluginConfig, agent: AgentInfo) -> Result<(), DriverError> {
-        let settings = Arc::new(Settings::new(
-            config,
-            agent.alloc_dir.display().to_string(),
-        )?);
+        let settings = Arc::new(Settings::new(config, &agent)?);
         self.restart_reconciler(&settings);
         *self
             .settings
@@ -449,7 +456,15 @@ impl DriverPlugin for DockerDriver {
             self.event(&spec.id, format!("pulling image {}", plan.image));
             image::pull(&docker, &plan.image, plan.auth.clone(), pull_timeout).await?;
         }
-        let cid = self.create(&docker, &plan, &spec, pull_timeout).await?;
+        let staging = settings.policy.volume_staging.clone();
+        crate::volumes::stage(&staging, &spec.id, &spec.volumes)?;
+        let cid = match self.create(&docker, &plan, &spec, pull_timeout).await {
+            Ok(cid) => cid,
+            Err(e) => {
+                crate::volumes::unstage(&staging, &spec.id);
+                return Err(e);
+            }
+        };
         // Before the start: a container can be OOM killed, and its cgroup removed,
         // before the start call returns (see `oom`).
         let oom = match engine.endpoint() {
@@ -464,6 +479,7 @@ impl DriverPlugin for DockerDriver {
             if let Err(rm) = remove_container(&docker, &cid).await {
                 tracing::warn!(task = %spec.id, "{rm}");
             }
+            crate::volumes::unstage(&staging, &spec.id);
             return Err(docker_err(format!("starting container {}", plan.name), e));
         }
         let state = HandleState {
@@ -547,6 +563,7 @@ impl DriverPlugin for DockerDriver {
         let gc = &settings.policy.config.gc;
         let docker = task.engine.client().await?;
         remove_container(&docker, &task.state.container_id).await?;
+        crate::volumes::unstage(&settings.policy.volume_staging, task_id);
         task.cancel.cancel();
         self.store.remove(task_id);
         logs::remove_cursor(&task.logs);
@@ -595,6 +612,7 @@ impl DriverPlugin for DockerDriver {
                     }
                 }
                 Err(e) if status_of(&e) == Some(404) => {
+                    crate::volumes::unstage(&settings.policy.volume_staging, &id);
                     return Err(DriverError::NotFound(format!(
                         "container {} of task {id} no longer exists",
                         short(&state.container_id)

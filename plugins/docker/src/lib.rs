@@ -44,6 +44,7 @@ mod image;
 mod logs;
 mod oom;
 mod store;
+mod volumes;
 
 pub use config::{
     AuthConfig, CONTAINER_LOCAL_DIR, CONTAINER_SECRETS_DIR, DEFAULT_ALLOW_CAPS, DanglingConfig,

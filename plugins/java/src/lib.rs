@@ -89,9 +89,17 @@ fn inside(path: &str) -> PathBuf {
 /// task directory is looked at beneath it without following links: the plugin runs as
 /// root, and a link planted by an earlier run of the task (`local/app.jar ->
 /// /root/x`) would otherwise tell the task whether a root-only host path exists. A jar
-/// elsewhere in the root (a host directory bound into it) is the host's, not the
-/// task's.
-fn check_jar(jar: &str, host: &Path, task_dir: &Path) -> Result<(), DriverError> {
+/// elsewhere in the root is looked at by `in_root` ([`TaskRoot::metadata`]: in the
+/// allocation's directory or a host volume, which tasks control too, a link resolves
+/// inside that directory, never on the host).
+///
+/// [`TaskRoot::metadata`]: drover_isolation::rootfs::TaskRoot::metadata
+fn check_jar(
+    jar: &str,
+    host: &Path,
+    task_dir: &Path,
+    in_root: impl FnOnce() -> std::io::Result<std::fs::Metadata>,
+) -> Result<(), DriverError> {
     let invalid = |m: String| Err(DriverError::InvalidConfig(m));
     if Path::new(jar)
         .components()
@@ -105,7 +113,7 @@ fn check_jar(jar: &str, host: &Path, task_dir: &Path) -> Result<(), DriverError>
         Ok(rel) => drover_plugin_sdk::taskdir::Dir::open(task_dir)
             .and_then(|dir| dir.metadata(rel))
             .map(|m| m.kind),
-        Err(_) => std::fs::metadata(host).map(|m| {
+        Err(_) => in_root().map(|m| {
             if m.is_file() {
                 FileKind::File
             } else {
@@ -162,7 +170,9 @@ impl Flavor for Java {
                      local/ directory (jar_path = \"local/app.jar\")"
                 ))
             })?;
-            check_jar(jar, &host, &task.spec.task_dir)?;
+            check_jar(jar, &host, &task.spec.task_dir, || {
+                task.root.metadata(&jar_inside)
+            })?;
             args.push("-jar".into());
             args.push(jar_inside.display().to_string());
         } else if let Some(class) = &config.class {

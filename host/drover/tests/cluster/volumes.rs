@@ -462,7 +462,7 @@ source = "results"
 [[group.task]]
 name = "t"
 driver = "docker"
-config = {{ image = "{image}", command = "/bin/sh", args = ["-c", 'cat /data/note > /out/read; echo from-docker > /data/docker-note; if echo x 2> /out/ro-error > /ro/x; then echo wrote > /out/ro; else echo refused > /out/ro; fi; cat /data/escape/marker > /out/escape 2>&1; echo done > /out/done'] }}
+config = {{ image = "{image}", command = "/bin/sh", args = ["-c", 'cat /data/note > /out/read; echo from-docker > /data/docker-note; if echo x 2> /out/ro-error > /ro/x; then echo wrote > /out/ro; else echo refused > /out/ro; fi; cat /data/escape/marker > /out/escape 2>&1; grep " /data " /proc/mounts > /out/mounts; echo done > /out/done'] }}
 resources = {{ cpu = 100, memory_mb = 64 }}
 
 [[group.task.volume_mount]]
@@ -496,6 +496,14 @@ destination = "/out"
         !read(&results.join("escape")).contains("top-secret"),
         "{}",
         read(&results.join("escape"))
+    );
+    // Bound from the plugin's nosuid,nodev staging mount: a root container cannot
+    // leave a setuid file or a device node there for the host's users.
+    let mounts = read(&results.join("mounts"));
+    let opts = mounts.split(' ').nth(3).unwrap_or_default();
+    assert!(
+        opts.split(',').any(|o| o == "nosuid") && opts.split(',').any(|o| o == "nodev"),
+        "{mounts}"
     );
 }
 

@@ -271,6 +271,17 @@ impl TaskRoot {
     /// assert_eq!(root.host_path(Path::new("/root/secret")), None);
     /// ```
     pub fn host_path(&self, inside: &Path) -> Option<PathBuf> {
+        self.mount_of(inside).map(|(m, rest)| {
+            if rest.as_os_str().is_empty() {
+                m.source.clone()
+            } else {
+                m.source.join(rest)
+            }
+        })
+    }
+
+    /// The mount `inside` is under (the deepest), and the rest of the path below it.
+    fn mount_of<'a>(&self, inside: &'a Path) -> Option<(&Mount, &'a Path)> {
         self.mounts
             .iter()
             .filter(|m| {
@@ -278,14 +289,63 @@ impl TaskRoot {
                     && inside.starts_with(&m.target)
             })
             .max_by_key(|m| m.target.components().count())
-            .and_then(|m| {
-                let rest = inside.strip_prefix(&m.target).ok()?;
-                Some(if rest.as_os_str().is_empty() {
-                    m.source.clone()
-                } else {
-                    m.source.join(rest)
-                })
-            })
+            .and_then(|m| Some((m, inside.strip_prefix(&m.target).ok()?)))
+    }
+
+    /// What `inside` (an absolute path in the task's root) is, looked at on the host
+    /// the way the task would see it. Below a mount whose contents a task controls
+    /// (its own directories, the allocation's, a host volume) the path is resolved with
+    /// that mount's directory as `/` (`openat2(RESOLVE_IN_ROOT)`): a link a task
+    /// planted there (`local/x -> /root/secret`) resolves inside it, never on the host,
+    /// so this cannot tell the task anything about the host's files. Below the
+    /// read-only host directories of the chroot list it is the host's own path.
+    ///
+    /// ```
+    /// use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
+    /// use std::path::Path;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// std::fs::create_dir(dir.path().join("local")).unwrap();
+    /// std::os::unix::fs::symlink("/etc/passwd", dir.path().join("local/x")).unwrap();
+    /// let root = TaskRoot::build(&ChrootEnv::default_list(), dir.path()).unwrap();
+    /// // The link resolves inside the task's local/, where there is no etc/passwd.
+    /// assert!(root.metadata(Path::new("/local/x")).is_err());
+    /// assert!(root.metadata(Path::new("/usr/bin/env")).unwrap().is_file());
+    /// ```
+    pub fn metadata(&self, inside: &Path) -> std::io::Result<std::fs::Metadata> {
+        let not_in_root = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let (m, rest) = self.mount_of(inside).ok_or_else(not_in_root)?;
+        let task_controlled = m.kind == MountKind::HostVolume || !m.read_only;
+        if !task_controlled {
+            return std::fs::metadata(m.source.join(rest));
+        }
+        use rustix::fs::{OFlags, ResolveFlags};
+        let dir_flags = if m.kind == MountKind::HostVolume {
+            // The volume's own path has no link in it (the agent checked, the sandbox
+            // checks again when it mounts it).
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
+        } else {
+            ResolveFlags::NO_MAGICLINKS
+        };
+        let top = rustix::fs::openat2(
+            rustix::fs::CWD,
+            &m.source,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+            dir_flags,
+        )?;
+        let rel = if rest.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rest
+        };
+        let fd = rustix::fs::openat2(
+            &top,
+            rel,
+            OFlags::PATH | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )?;
+        std::fs::File::from(fd).metadata()
     }
 
     /// Check that `command` can be run in the root: an absolute path, one relative to
@@ -310,7 +370,7 @@ impl TaskRoot {
                     inside.display()
                 ))
             })?;
-            return match executable(&host) {
+            return match executable(self.metadata(&inside)) {
                 Ok(()) => Ok(inside),
                 Err(why) => Err(invalid(format!(
                     "command {command:?} ({} on the host) {why}",
@@ -320,9 +380,7 @@ impl TaskRoot {
         }
         for dir in path.split(':').filter(|d| d.starts_with('/')) {
             let inside = Path::new(dir).join(command);
-            if let Some(host) = self.host_path(&inside)
-                && executable(&host).is_ok()
-            {
+            if executable(self.metadata(&inside)).is_ok() {
                 return Ok(inside);
             }
         }
@@ -332,8 +390,8 @@ impl TaskRoot {
     }
 }
 
-fn executable(host: &Path) -> Result<(), &'static str> {
-    match std::fs::metadata(host) {
+fn executable(meta: std::io::Result<std::fs::Metadata>) -> Result<(), &'static str> {
+    match meta {
         Err(_) => Err("does not exist"),
         Ok(m) if !m.is_file() => Err("is not a file"),
         Ok(m) if m.permissions().mode() & 0o111 == 0 => Err("is not executable"),

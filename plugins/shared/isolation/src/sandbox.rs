@@ -623,6 +623,23 @@ fn mount_host_volume(m: &Mount, root: &Path, rel: &Path) -> Result<(), String> {
             m.source.display()
         )
     })?;
+    // The agent only takes root's directories as volumes. Checked again on the
+    // descriptor that is mounted: a task of a writable parent volume that replaced a
+    // nested volume's directory with one of its own (not a link: a directory it made)
+    // must not have it mounted into another task as that volume.
+    let owner = rustix::fs::fstat(&source)
+        .map_err(errno_step(format_args!(
+            "cannot stat host volume {}",
+            m.source.display()
+        )))?
+        .st_uid;
+    if owner != 0 {
+        return Err(format!(
+            "host volume {} at {shown}: its directory is owned by uid {owner}, not root: \
+             refused (was it replaced by a task?)",
+            m.source.display()
+        ));
+    }
     let task_root = rustix::fs::open(
         root,
         rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
