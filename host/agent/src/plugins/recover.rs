@@ -234,9 +234,20 @@ impl Catalog {
         let mut configuring = tokio::task::JoinSet::new();
         for (name, fp) in winners {
             let settings = ctx.settings(&name);
-            let (ctx, policy) = (ctx.clone(), policy.clone());
+            let (ctx, policy, records) = (ctx.clone(), policy.clone(), self.records.clone());
             configuring.spawn(async move {
                 let r = configure(&fp, &settings, &ctx, &policy).await;
+                // A reattached process that fails now may be on its way out (a call
+                // can fail on the closing connection before the exit is seen): give
+                // the exit a moment to show.
+                if r.is_err()
+                    && fp.process.is_reattached()
+                    && tokio::time::timeout(EXIT_GRACE, fp.process.exited())
+                        .await
+                        .is_ok()
+                {
+                    return relaunch_exited(fp, &ctx, &records, &policy).await;
+                }
                 (fp, r)
             });
         }
@@ -270,6 +281,42 @@ impl Catalog {
             serving.push(plugin);
         }
         serving
+    }
+}
+
+/// How long a reattached process whose configuration failed is watched for its exit.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A reattached plugin process that exited before it could be configured: launch a
+/// fresh one and configure that. Go plugins (Nomad's) die of SIGPIPE at their next log
+/// line once the agent that held their stderr is gone, so after a `kill -9` of the
+/// agent a reattach can succeed and the process be gone a moment later; Nomad's
+/// client launches such a plugin again, and so does this.
+async fn relaunch_exited(
+    old: Fingerprinted,
+    ctx: &LoadContext,
+    records: &Records,
+    policy: &trust::Policy,
+) -> (Fingerprinted, Result<(), String>) {
+    tracing::info!(
+        plugin = %old.info.name,
+        pid = ?old.process.pid(),
+        "the reattached plugin process exited before it was configured; launching a fresh one"
+    );
+    records.forget(&old.info.name).await;
+    match launch_checked(&old.candidate, ctx, records, policy).await {
+        Ok(fresh) => {
+            records.save(&fresh).await;
+            let settings = ctx.settings(&fresh.info.name);
+            let r = configure(&fresh, &settings, ctx, policy).await;
+            (fresh, r)
+        }
+        Err(e) => (
+            old,
+            Err(format!(
+                "the reattached process exited, and launching a fresh one failed: {e}"
+            )),
+        ),
     }
 }
 

@@ -127,12 +127,15 @@ fn run_job(agent: &Agent, path: &Path) {
 /// The ids the task of `job` wrote, once it has.
 fn ids_seen(agent: &Agent, root: &Path, job: &str) -> Vec<String> {
     let file = root.join("out").join(job);
-    drover_test_support::until_blocking(
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        &format!("the task of {job} writing its device ids"),
-        || file.exists(),
-    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task of {job} did not write its device ids within 30s\nagent log:\n{}",
+            tail(&agent.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let text = std::fs::read_to_string(&file).unwrap();
     let mut ids: Vec<String> = text
         .trim()
@@ -283,4 +286,185 @@ fn nomads_example_device_plugin_fingerprints_places_reserves_and_blocks() {
         "{fourth:?} has the unhealthy {sick}"
     );
     assert_eq!(ids_seen(&agent, root.path(), "fourth"), fourth);
+}
+
+/// The running allocation of `job`: its id and its task `t`'s state.
+fn running_task(agent: &Agent, job: &str) -> (String, serde_json::Value) {
+    let v = wait_job(agent, job, &format!("{job} running"), |v| {
+        v["allocations"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["client_status"] == "running"))
+    });
+    let id = v["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["client_status"] == "running")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let a = agent.cli_json(&["alloc", "status", &id, "--json"]);
+    (id, a["task_states"]["t"].clone())
+}
+
+/// Acceptance 5: `kill -9` of the agent (its embedded server too) while an exec task
+/// holds 2 device instances and has a host volume mounted. After the restart the task
+/// was not restarted (same task, same start, no restart counted: the device hook,
+/// which reserves, runs only when a task starts), it still writes through its volume
+/// mount, the allocation keeps its instances, and nothing is given twice: a job asking for 2 more waits ("1 of 2 instances free"), one asking for 1
+/// gets the one instance the first does not hold.
+#[test]
+fn kill_9_of_the_agent_keeps_reserved_devices_and_mounted_volumes_and_restarts_nothing() {
+    let Some(p) = peers() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let devices = root.path().join("devices");
+    std::fs::create_dir(&devices).unwrap();
+    for f in ["dev-a", "dev-b", "dev-c"] {
+        std::fs::write(devices.join(f), f).unwrap();
+        std::fs::set_permissions(devices.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    // Exec tasks run as nobody: the operator lets anyone write into this volume.
+    let keep = root.path().join("keep");
+    std::fs::create_dir(&keep).unwrap();
+    std::fs::set_permissions(&keep, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(
+        p.device_example(),
+        plugins.join("nomad-device-example-v1.0.18"),
+    )
+    .unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[plugin.example-fs-device]\nconfig = {{ dir = {:?}, list_period = \"1s\" }}\n\
+             [host_volume.keep]\npath = {:?}\n",
+            devices.display().to_string(),
+            keep.display().to_string()
+        ),
+    )
+    .unwrap();
+    let args = ["--dev", "--config", config.to_str().unwrap()];
+    let mut first = Agent::start(root.path(), &plugins, &args);
+    wait_dev_node_ready(&first, &["exec"], Duration::from_secs(30));
+    wait_instances(&first, "3 healthy instances", |i| {
+        i.len() == 3 && i.iter().all(|(_, h)| *h)
+    });
+
+    let holder = root.path().join("holder.nomad.hcl");
+    std::fs::write(
+        &holder,
+        r#"
+job "holder" {
+  datacenters = ["dc1"]
+  group "g" {
+    volume "data" {
+      type   = "host"
+      source = "keep"
+    }
+    task "t" {
+      driver = "exec"
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "echo \"$DROVER_DEVICE_NOMAD_FILE_MOCK\" > /data/ids.tmp && mv /data/ids.tmp /data/ids; n=0; while true; do n=$((n+1)); echo $n > /data/tick.tmp; mv /data/tick.tmp /data/tick; sleep 0.1; done"]
+      }
+      volume_mount {
+        volume      = "data"
+        destination = "/data"
+      }
+      resources {
+        cpu    = 50
+        memory = 32
+        device "nomad/file/mock" {
+          count = 2
+        }
+      }
+    }
+  }
+}
+"#,
+    )
+    .unwrap();
+    run_job(&first, &holder);
+    let held = ids_given(&first, "holder");
+    assert_eq!(held.len(), 2, "{held:?}");
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the holder's task writing its ids into its volume",
+        || keep.join("ids").exists(),
+    );
+    let mut seen: Vec<String> = std::fs::read_to_string(keep.join("ids"))
+        .unwrap()
+        .trim()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    seen.sort();
+    assert_eq!(seen, held);
+    let (alloc, before) = running_task(&first, "holder");
+
+    // kill -9: no shutdown of any kind. The task keeps running and writing.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let tick = |what: &str| -> u64 {
+        std::fs::read_to_string(keep.join("tick"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no tick in the volume"))
+    };
+    let at_kill = tick("after the kill");
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "the task ticking while its agent is dead",
+        || tick("while the agent is dead") > at_kill,
+    );
+
+    let mut second = Agent::start(root.path(), &plugins, &args);
+    second.end_tasks = true;
+    wait_dev_node_ready(&second, &["exec"], Duration::from_secs(60));
+    wait_instances(&second, "3 instances after the restart", |i| i.len() == 3);
+    let (alloc_after, after) = running_task(&second, "holder");
+    assert_eq!(alloc_after, alloc, "the same allocation runs");
+    for field in ["task_id", "started_at", "starts", "restarts"] {
+        assert_eq!(
+            after[field], before[field],
+            "{field}: {before:#} then {after:#}"
+        );
+    }
+    assert_eq!(after["restarts"], 0, "{after:#}");
+    assert_eq!(ids_given(&second, "holder"), held, "the holder's devices");
+    let at_restart = tick("after the restart");
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "the recovered task still writing through its volume mount",
+        || tick("after the restart") > at_restart,
+    );
+
+    // Nothing given twice: one instance is free, and only that one.
+    run_job(&second, &job(root.path(), "two-more", 2));
+    wait_job(
+        &second,
+        "two-more",
+        "two-more blocked with the reason",
+        |v| {
+            v["placement_failures"]["g"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("device nomad/file/mock: 1 of 2 instances free"))
+        },
+    );
+    run_job(&second, &job(root.path(), "one-more", 1));
+    let one = ids_given(&second, "one-more");
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert!(
+        !held.contains(&one[0]),
+        "{one:?} is held by the holder {held:?}"
+    );
+    assert_eq!(ids_seen(&second, root.path(), "one-more"), one);
+    drop(second);
+    drop(first);
 }
