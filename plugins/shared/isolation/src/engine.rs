@@ -499,7 +499,9 @@ impl<F: Flavor> IsolatedDriver<F> {
         }
         let root = TaskRoot::build(&settings.chroot, &spec.task_dir)?
             .with_alloc_dir(&spec.alloc_dir)
-            .with_volumes(&spec.volumes)?;
+            .with_volumes(&spec.volumes)?
+            .with_devices(&spec.devices)?
+            .with_device_mounts(&spec.mounts)?;
         let env = task_env(&spec);
         let cwd = PathBuf::from(iso.cwd.as_deref().unwrap_or("/"));
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);

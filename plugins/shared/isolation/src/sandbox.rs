@@ -144,7 +144,22 @@ pub(crate) fn validate(iso: &Isolation) -> Result<(), String> {
                 t.display()
             ));
         }
-        if matches!(m.kind, MountKind::Bind | MountKind::HostVolume) && !m.source.is_absolute() {
+        if m.kind == MountKind::DeviceNode
+            && !iso
+                .mounts
+                .iter()
+                .any(|d| d.kind == MountKind::Dev && t.starts_with(&d.target) && *t != d.target)
+        {
+            return Err(format!(
+                "device node {} must be below the task's /dev",
+                t.display()
+            ));
+        }
+        if matches!(
+            m.kind,
+            MountKind::Bind | MountKind::HostVolume | MountKind::DeviceNode
+        ) && !m.source.is_absolute()
+        {
             return Err(format!(
                 "bind mount source {} must be an absolute path",
                 m.source.display()
@@ -482,7 +497,20 @@ fn build_root(root: &Path, mounts: &[Mount]) -> Result<(), String> {
             mount_host_volume(m, root, rel)?;
             continue;
         }
+        if m.kind == MountKind::DeviceNode {
+            // Made with its /dev (validate: every one is below a Dev mount).
+            continue;
+        }
         let target = root.join(rel);
+        if m.kind == MountKind::Dev {
+            // Its device nodes are made before it turns read-only.
+            let nodes: Vec<&Mount> = mounts
+                .iter()
+                .filter(|d| d.kind == MountKind::DeviceNode && d.target.starts_with(&m.target))
+                .collect();
+            mount_dev(&target, &m.target.display().to_string(), &m.target, &nodes)?;
+            continue;
+        }
         mount_one(m, &target)?;
     }
     // Only mount points in it: read-only, so the task cannot litter its root.
@@ -579,9 +607,11 @@ fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
             )
             .map_err(errno_step(format_args!("cannot mount a tmpfs at {shown}")))
         }
-        MountKind::Dev => mount_dev(target, &shown.to_string()),
+        MountKind::Dev => mount_dev(target, &shown.to_string(), &m.target, &[]),
         // Mounted by `mount_host_volume`, from the root's descriptor.
         MountKind::HostVolume => Err(format!("host volume at {shown} mounted by path")),
+        // Made by `mount_dev`, before the task's /dev turns read-only.
+        MountKind::DeviceNode => Err(format!("device node {shown} outside the task's /dev")),
     }
 }
 
@@ -830,7 +860,73 @@ fn set_tree_attrs(target: &Path, attrs: u64) -> Result<(), rustix::io::Errno> {
     Ok(())
 }
 
-fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
+/// Make device node `m` ([`MountKind::DeviceNode`]) at `at` (below the fresh `/dev`
+/// tmpfs): the host node is opened without following a link and must be a character
+/// or block device; the copy has its type, major:minor and owner, and its mode without
+/// the read or write bits `m.device_permissions` does not grant.
+fn make_device_node(m: &Mount, at: &Path) -> Result<(), String> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let shown = m.target.display();
+    let fd = rustix::fs::open(
+        &m.source,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno_step(format_args!(
+        "device node {shown}: cannot open {}",
+        m.source.display()
+    )))?;
+    let st = rustix::fs::fstat(&fd).map_err(errno_step(format_args!(
+        "device node {shown}: cannot stat {}",
+        m.source.display()
+    )))?;
+    let kind = FileType::from_raw_mode(st.st_mode);
+    if !matches!(kind, FileType::CharacterDevice | FileType::BlockDevice) {
+        return Err(format!(
+            "device node {shown}: {} is not a character or block device",
+            m.source.display()
+        ));
+    }
+    let mut mode = st.st_mode & 0o777;
+    if !m.device_permissions.contains('r') {
+        mode &= !0o444;
+    }
+    if !m.device_permissions.contains('w') {
+        mode &= !0o222;
+    }
+    if let Some(parent) = at.parent() {
+        mkdirs(parent)?;
+    }
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        at,
+        kind,
+        Mode::from_raw_mode(mode),
+        st.st_rdev,
+    )
+    .map_err(errno_step(format_args!("cannot make device node {shown}")))?;
+    // mknod applies the umask: set the mode exactly, and the host node's owner.
+    rustix::fs::chmodat(
+        rustix::fs::CWD,
+        at,
+        Mode::from_raw_mode(mode),
+        rustix::fs::AtFlags::empty(),
+    )
+    .and_then(|()| {
+        rustix::fs::chownat(
+            rustix::fs::CWD,
+            at,
+            Some(rustix::fs::Uid::from_raw(st.st_uid)),
+            Some(rustix::fs::Gid::from_raw(st.st_gid)),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+    })
+    .map_err(errno_step(format_args!(
+        "cannot set up device node {shown}"
+    )))
+}
+
+fn mount_dev(target: &Path, shown: &str, inside: &Path, nodes: &[&Mount]) -> Result<(), String> {
     mkdirs(target)?;
     rustix::mount::mount(
         "tmpfs",
@@ -855,6 +951,12 @@ fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
     for (name, to) in DEV_LINKS {
         std::os::unix::fs::symlink(to, target.join(name))
             .map_err(io_step(format_args!("cannot create link {shown}/{name}")))?;
+    }
+    for m in nodes {
+        let Ok(rel) = m.target.strip_prefix(inside) else {
+            continue;
+        };
+        make_device_node(m, &target.join(rel))?;
     }
     let shm = target.join("shm");
     mkdirs(&shm)?;
