@@ -165,14 +165,14 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
 /// sets Drover's cookie and offers app protocols `1,2`, or a Nomad agent, which sets
 /// Nomad's): go-plugin's handshake with app protocol 2, Nomad's `BasePlugin`
 /// (`PluginInfo` says type `device`, API version `v0.1.0`; the config's JSON Schema
-/// as an hclspec; `SetConfig` decodes msgpack into [`DevicePlugin::Config`]) and
+/// as an hclspec; `SetConfig` decodes msgpack into [`crate::device::DevicePlugin::Config`]) and
 /// `hashicorp.nomad.plugins.device.DevicePlugin`:
 ///
-/// - `Fingerprint`: [`DevicePlugin::fingerprint`] at once and every
-///   [`DevicePlugin::fingerprint_interval`], sent when the groups changed (and at
+/// - `Fingerprint`: [`crate::device::DevicePlugin::fingerprint`] at once and every
+///   [`crate::device::DevicePlugin::fingerprint_interval`], sent when the groups changed (and at
 ///   least every 30 s); a failed fingerprint ends the stream with its error;
-/// - `Reserve`: [`DevicePlugin::reserve`];
-/// - `Stats`: [`DevicePlugin::stats`] at the interval the host asks for.
+/// - `Reserve`: [`crate::device::DevicePlugin::reserve`];
+/// - `Stats`: [`crate::device::DevicePlugin::stats`] at the interval the host asks for.
 ///
 /// Everything else is as for [`serve`]: the socket, AutoMTLS and multiplexing, the
 /// orphan check, SIGTERM and `GRPCController.Shutdown`, logs on stderr.
