@@ -149,7 +149,16 @@ destination = "/out"
     )
 }
 
-fn run_and_finish(agent: &Agent, root: &Path, name: &str, text: &str) {
+/// Run job `name` and wait until its task wrote `done` in `results`; `while_running`
+/// looks at it then; the task is released and the job must complete.
+fn run_and_finish(
+    agent: &Agent,
+    root: &Path,
+    results: &Path,
+    name: &str,
+    text: &str,
+    while_running: impl FnOnce(),
+) {
     let file = job_file(root, name, text);
     let out = agent.cli(&["job", "run", "--detach", file.to_str().unwrap()]);
     assert!(
@@ -158,6 +167,19 @@ fn run_and_finish(agent: &Agent, root: &Path, name: &str, text: &str) {
         String::from_utf8_lossy(&out.stderr),
         tail(&agent.log_text())
     );
+    let done = results.join("done");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done.exists() {
+        let v = agent.cli_json(&["job", "status", name, "--json"]);
+        assert!(
+            allocs_with(&v, "failed").is_empty() && std::time::Instant::now() < deadline,
+            "job {name}: its task did not get to the end of its script:\n{v:#}\nagent log:\n{}",
+            tail(&agent.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    while_running();
+    std::fs::write(results.join("release"), "").unwrap();
     let v = wait_job(agent, name, &format!("job {name} finished"), |v| {
         !allocs_with(v, "complete").is_empty() || !allocs_with(v, "failed").is_empty()
     });
@@ -178,7 +200,9 @@ fn script(given: &Path, other: &Path) -> String {
          for p in /dev/drover-other0 {given} {other}; do \
            if head -c 1 $p > /dev/null 2>> /out/refusals; then echo \"opened $p\" >> /out/opened; fi; \
          done; \
-         echo \"$FIXTURE_DEVICES\" > /out/env; ls /dev > /out/dev; echo done > /out/done",
+         echo \"$FIXTURE_DEVICES\" > /out/env; ls /dev > /out/dev; cat /proc/self/cgroup > /out/cgroup; \
+         echo done > /out/done; \
+         i=0; while [ ! -e /out/release ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
         given = given.display(),
         other = other.display()
     )
@@ -252,8 +276,28 @@ fn an_sdk_device_plugins_device_node_is_given_to_exec_and_docker_tasks() {
     run_and_finish(
         &agent,
         root.path(),
+        &results,
         "exec-dev",
         &device_job("exec-dev", "exec", &config),
+        || {
+            // cgroup v1: the task is in a devices cgroup that denies every device but
+            // its /dev's (the given node is /dev/zero's 1:5).
+            let cgroups = read(&results.join("cgroup"));
+            if let Some(path) = cgroups
+                .lines()
+                .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_owned()))
+            {
+                let list = read(
+                    &Path::new("/sys/fs/cgroup/devices")
+                        .join(path.trim_start_matches('/'))
+                        .join("devices.list"),
+                );
+                assert!(
+                    !list.contains("a *:* rwm") && list.contains("c 1:5 rw"),
+                    "the exec task's devices cgroup {path}: {list}"
+                );
+            }
+        },
     );
     check_results(&agent, &results, "exec");
 
@@ -272,8 +316,10 @@ fn an_sdk_device_plugins_device_node_is_given_to_exec_and_docker_tasks() {
     run_and_finish(
         &agent,
         root.path(),
+        &results,
         "docker-dev",
         &device_job("docker-dev", "docker", &config),
+        || {},
     );
     check_results(&agent, &results, "docker");
 }

@@ -232,10 +232,10 @@ pub enum MountKind {
     /// in its own directory cannot move the mount elsewhere).
     HostVolume,
     /// A device node given to the task (a device plugin's reservation): `target` must
-    /// be below the root's [`MountKind::Dev`] mount, where the node is made with the
-    /// type, major and minor, mode and owner of the host node `source` (opened without
-    /// following a link); [`Mount::device_permissions`] (some of `r`, `w`, `m`) takes
-    /// the read or write bits away that it does not grant.
+    /// be below the root's [`MountKind::Dev`] mount, where the host node `source`
+    /// (opened without following a link; a character or block device) is bound.
+    /// [`Mount::device_permissions`] (some of `r`, `w`, `m`) is what the driver's
+    /// devices cgroup rule for it grants (cgroup v1).
     DeviceNode,
 }
 

@@ -861,9 +861,11 @@ fn set_tree_attrs(target: &Path, attrs: u64) -> Result<(), rustix::io::Errno> {
 }
 
 /// Make device node `m` ([`MountKind::DeviceNode`]) at `at` (below the fresh `/dev`
-/// tmpfs): the host node is opened without following a link and must be a character
-/// or block device; the copy has its type, major:minor and owner, and its mode without
-/// the read or write bits `m.device_permissions` does not grant.
+/// tmpfs): the host node, opened without following a link, must be a character or
+/// block device on a mount that allows device nodes; it is bind-mounted (through its
+/// descriptor) on an empty file at `at`. A bind rather than `mknod`: the init is in
+/// the task's devices cgroup already, which grants no `m`. What the task may do with
+/// it is the cgroup's rule for it (the driver wrote it from `m.device_permissions`).
 fn make_device_node(m: &Mount, at: &Path) -> Result<(), String> {
     use rustix::fs::{FileType, Mode, OFlags};
     let shown = m.target.display();
@@ -887,42 +889,25 @@ fn make_device_node(m: &Mount, at: &Path) -> Result<(), String> {
             m.source.display()
         ));
     }
-    let mut mode = st.st_mode & 0o777;
-    if !m.device_permissions.contains('r') {
-        mode &= !0o444;
-    }
-    if !m.device_permissions.contains('w') {
-        mode &= !0o222;
+    let vfs = rustix::fs::fstatvfs(&fd).map_err(errno_step(format_args!(
+        "device node {shown}: cannot read the mount of {}",
+        m.source.display()
+    )))?;
+    if vfs.f_flag.contains(rustix::fs::StatVfsMountFlags::NODEV) {
+        return Err(format!(
+            "device node {shown}: {} is on a mount that allows no device nodes (nodev)",
+            m.source.display()
+        ));
     }
     if let Some(parent) = at.parent() {
         mkdirs(parent)?;
     }
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        at,
-        kind,
-        Mode::from_raw_mode(mode),
-        st.st_rdev,
-    )
-    .map_err(errno_step(format_args!("cannot make device node {shown}")))?;
-    // mknod applies the umask: set the mode exactly, and the host node's owner.
-    rustix::fs::chmodat(
-        rustix::fs::CWD,
-        at,
-        Mode::from_raw_mode(mode),
-        rustix::fs::AtFlags::empty(),
-    )
-    .and_then(|()| {
-        rustix::fs::chownat(
-            rustix::fs::CWD,
-            at,
-            Some(rustix::fs::Uid::from_raw(st.st_uid)),
-            Some(rustix::fs::Gid::from_raw(st.st_gid)),
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        )
-    })
-    .map_err(errno_step(format_args!(
-        "cannot set up device node {shown}"
+    std::fs::File::create(at)
+        .map_err(io_step(format_args!("cannot create device node {shown}")))?;
+    let by_fd = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::mount::mount_bind(by_fd.as_str(), at).map_err(errno_step(format_args!(
+        "cannot bind {} at {shown}",
+        m.source.display()
     )))
 }
 
