@@ -1062,6 +1062,31 @@ mod tests {
     }
 
     #[test]
+    fn a_nomad_agents_device_reservation_reaches_the_driver() {
+        let mut cfg = nomad_task_config();
+        cfg.devices = vec![nd::Device {
+            task_path: "/dev/zero0".into(),
+            host_path: "/srv/nodes/zero0".into(),
+            cgroup_permissions: "rw".into(),
+        }];
+        cfg.mounts = vec![nd::Mount {
+            task_path: "/opt/lib".into(),
+            host_path: "/usr/lib/acme".into(),
+            readonly: true,
+            propagation_mode: String::new(),
+        }];
+        let spec = task_spec(&cfg);
+        assert_eq!(
+            spec.devices,
+            [TaskDevice::new("/srv/nodes/zero0", "/dev/zero0").with_permissions("rw")]
+        );
+        assert_eq!(
+            spec.mounts,
+            [TaskMount::new("/usr/lib/acme", "/opt/lib").with_read_only(true)]
+        );
+    }
+
+    #[test]
     fn nomad_ids_become_distinct_valid_drover_ids() {
         let a = drover_task_id("5f2c9a1b/web/0a1b2c3d");
         let b = drover_task_id("5f2c9a1b/web/0a1b2c3e");
