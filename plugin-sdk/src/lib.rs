@@ -45,7 +45,7 @@ pub mod version;
 
 pub use driver::{DriverPlugin, EmptyConfig};
 pub use error::DriverError;
-pub use server::serve;
+pub use server::{serve, serve_device};
 pub use signal::{ParseSignalError, Signal};
 pub use types::*;
 

@@ -17,6 +17,7 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+mod device;
 mod nomad;
 pub use nomad::{NOMAD_PLUGIN_API_VERSIONS, drover_task_id};
 
@@ -155,6 +156,71 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
         );
         std::process::exit(1);
     };
+    run_plugin(serve_async(driver, protocol))
+}
+
+/// Serve `plugin` as a device plugin process and exit. Call it from `main`.
+///
+/// It speaks Nomad's device protocol whichever host started it (a Drover agent, which
+/// sets Drover's cookie and offers app protocols `1,2`, or a Nomad agent, which sets
+/// Nomad's): go-plugin's handshake with app protocol 2, Nomad's `BasePlugin`
+/// (`PluginInfo` says type `device`, API version `v0.1.0`; the config's JSON Schema
+/// as an hclspec; `SetConfig` decodes msgpack into [`crate::device::DevicePlugin::Config`]) and
+/// `hashicorp.nomad.plugins.device.DevicePlugin`:
+///
+/// - `Fingerprint`: [`crate::device::DevicePlugin::fingerprint`] at once and every
+///   [`crate::device::DevicePlugin::fingerprint_interval`], sent when the groups changed (and at
+///   least every 30 s); a failed fingerprint ends the stream with its error;
+/// - `Reserve`: [`crate::device::DevicePlugin::reserve`];
+/// - `Stats`: [`crate::device::DevicePlugin::stats`] at the interval the host asks for.
+///
+/// Everything else is as for [`serve`]: the socket, AutoMTLS and multiplexing, the
+/// orphan check, SIGTERM and `GRPCController.Shutdown`, logs on stderr.
+///
+/// ```no_run
+/// # use drover_plugin_sdk::device::*;
+/// # use drover_plugin_sdk::{DriverError, EmptyConfig, PluginInfo};
+/// # struct MyDevices;
+/// # impl DevicePlugin for MyDevices {
+/// #     type Config = EmptyConfig;
+/// #     fn info(&self) -> PluginInfo { PluginInfo::new("my-devices", "0.1.0") }
+/// #     async fn fingerprint(&self) -> Result<Vec<DeviceGroup>, DriverError> { Ok(vec![]) }
+/// #     async fn reserve(&self, _: Vec<String>) -> Result<Reservation, DriverError> { Ok(Reservation::default()) }
+/// # }
+/// fn main() {
+///     drover_plugin_sdk::server::serve_device(MyDevices)
+/// }
+/// ```
+pub fn serve_device<P: crate::device::DevicePlugin>(plugin: P) -> ! {
+    if Protocol::from_env().is_none() {
+        let name = std::env::args()
+            .next()
+            .unwrap_or_else(|| "this program".into());
+        eprintln!(
+            "{name} is a Drover device plugin. It is not meant to be run by hand: put it \
+             in a Drover (or Nomad) agent's plugin_dir and the agent will start it."
+        );
+        std::process::exit(1);
+    }
+    let stop = CancellationToken::new();
+    let plugin = Arc::new(plugin);
+    let serving = async move {
+        let router = goplugin_router(stop.clone()).await;
+        let router = device::add_services(router, plugin, stop.clone());
+        serve_router(
+            &[handshake::NOMAD_APP_PROTOCOL_VERSION],
+            router,
+            stop,
+            async {},
+        )
+        .await
+    };
+    run_plugin(serving)
+}
+
+/// Run `serving` on a one-thread runtime with the plugin's logging, and exit with its
+/// outcome.
+fn run_plugin(serving: impl Future<Output = Result<(), ServeError>>) -> ! {
     crate::logging::init_plugin_logging();
     set_process_name();
     // One thread: a plugin is I/O-bound control-plane code. No worker threads to start
@@ -164,7 +230,7 @@ pub fn serve<D: DriverPlugin>(driver: D) -> ! {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime);
-    let code = match runtime.and_then(|rt| rt.block_on(serve_async(driver, protocol))) {
+    let code = match runtime.and_then(|rt| rt.block_on(serving)) {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!("{e}");
@@ -292,9 +358,29 @@ fn transport_from_env() -> Result<(ServerTransport, Option<String>, Option<bool>
 }
 
 async fn serve_async<D: DriverPlugin>(driver: D, protocol: Protocol) -> Result<(), ServeError> {
+    let stop = CancellationToken::new();
+    let driver = Arc::new(driver);
+    let router = match protocol {
+        Protocol::Drover => plugin_router(driver.clone(), stop.clone()).await,
+        Protocol::Nomad => nomad_router(driver.clone(), stop.clone()).await,
+    };
+    serve_router(protocol.app_protocol_versions(), router, stop, async move {
+        shutdown_driver(driver.as_ref()).await;
+    })
+    .await
+}
+
+/// Serve `router` on a fresh socket, announce it, and return once `stop` is cancelled
+/// (SIGTERM, the host's Shutdown, or orphaned) and `shutdown` has run.
+async fn serve_router(
+    app_protocol_versions: &[u32],
+    router: tonic::transport::server::Router,
+    stop: CancellationToken,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let (transport, server_cert, multiplex_grpc) = transport_from_env()?;
     let app_version = handshake::negotiate_app_protocol(
-        protocol.app_protocol_versions(),
+        app_protocol_versions,
         std::env::var(handshake::ENV_PROTOCOL_VERSIONS)
             .ok()
             .as_deref(),
@@ -318,12 +404,6 @@ async fn serve_async<D: DriverPlugin>(driver: D, protocol: Protocol) -> Result<(
             source,
         })?;
 
-    let stop = CancellationToken::new();
-    let driver = Arc::new(driver);
-    let router = match protocol {
-        Protocol::Drover => plugin_router(driver.clone(), stop.clone()).await,
-        Protocol::Nomad => nomad_router(driver.clone(), stop.clone()).await,
-    };
     let connections = Arc::new(AtomicUsize::new(0));
     let counter = connections.clone();
     let incoming = crate::transport::accept_loop(
@@ -357,7 +437,7 @@ async fn serve_async<D: DriverPlugin>(driver: D, protocol: Protocol) -> Result<(
     spawn_signal_handlers(stop.clone());
     spawn_orphan_watch(path.clone(), socket_id, connections, stop.clone());
     stop.cancelled().await;
-    shutdown_driver(driver.as_ref()).await;
+    shutdown.await;
     // Open streams (Fingerprint, WaitTask) and the host's idle connection keep a
     // graceful shutdown waiting forever; give in-flight calls a moment, then exit.
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;

@@ -409,6 +409,94 @@ pub struct TaskSpec {
     /// links) at [`TaskVolume::destination`]; one that cannot must refuse the task.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<TaskVolume>,
+    /// Device nodes the task was given by a device plugin's reservation. A driver that
+    /// isolates the filesystem creates each [`TaskDevice::task_path`] as the node
+    /// [`TaskDevice::host_path`] is (its type, major and minor, read without
+    /// following a link) and lets the task use it with [`TaskDevice::permissions`]
+    /// only; a driver without isolation ignores them (the task sees the host's
+    /// `/dev` anyway).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<TaskDevice>,
+    /// Host paths a device plugin's reservation mounts into the task (driver
+    /// libraries, control files). A driver that isolates the filesystem binds each
+    /// [`TaskMount::host_path`] at [`TaskMount::task_path`]; one without ignores them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<TaskMount>,
+}
+
+/// A device node a task was given (a device plugin's reservation).
+///
+/// ```
+/// let d = drover_plugin_sdk::TaskDevice::new("/srv/nodes/zero0", "/dev/zero0").with_permissions("r");
+/// assert_eq!(d.permissions, "r");
+/// let spec = drover_plugin_sdk::TaskSpec::new("t1").with_devices([d]);
+/// assert_eq!(spec.devices[0].task_path, std::path::Path::new("/dev/zero0"));
+/// // Read and write unless said otherwise.
+/// assert_eq!(drover_plugin_sdk::TaskDevice::new("/dev/kvm", "/dev/kvm").permissions, "rw");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TaskDevice {
+    /// The device node on the host (a character or block device).
+    pub host_path: PathBuf,
+    /// Where the task sees it: an absolute path, usually below `/dev`.
+    pub task_path: PathBuf,
+    /// What the task may do with it, as cgroup device rules say: some of `r` (read),
+    /// `w` (write) and `m` (mknod).
+    pub permissions: String,
+}
+
+impl TaskDevice {
+    /// The node `host_path` seen at `task_path`, readable and writable.
+    pub fn new(host_path: impl Into<PathBuf>, task_path: impl Into<PathBuf>) -> Self {
+        TaskDevice {
+            host_path: host_path.into(),
+            task_path: task_path.into(),
+            permissions: "rw".into(),
+        }
+    }
+    /// With [`TaskDevice::permissions`] set.
+    pub fn with_permissions(mut self, permissions: impl Into<String>) -> Self {
+        self.permissions = permissions.into();
+        self
+    }
+}
+
+/// A host path mounted into a task by a device plugin's reservation.
+///
+/// ```
+/// let m = drover_plugin_sdk::TaskMount::new("/usr/lib/gpu", "/usr/lib/gpu").with_read_only(true);
+/// assert!(m.read_only);
+/// let spec = drover_plugin_sdk::TaskSpec::new("t1").with_mounts([m]);
+/// assert_eq!(spec.mounts.len(), 1);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TaskMount {
+    /// The path on the host.
+    pub host_path: PathBuf,
+    /// Where the task sees it: an absolute path without `..`.
+    pub task_path: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+impl TaskMount {
+    /// `host_path` seen at `task_path`, writable.
+    pub fn new(host_path: impl Into<PathBuf>, task_path: impl Into<PathBuf>) -> Self {
+        TaskMount {
+            host_path: host_path.into(),
+            task_path: task_path.into(),
+            read_only: false,
+        }
+    }
+    /// With [`TaskMount::read_only`] set.
+    pub fn with_read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
 }
 
 /// A host volume a task mounts.
@@ -643,6 +731,16 @@ impl TaskSpec {
     /// With [`TaskSpec::volumes`] set.
     pub fn with_volumes(mut self, volumes: impl IntoIterator<Item = TaskVolume>) -> Self {
         self.volumes = volumes.into_iter().collect();
+        self
+    }
+    /// With [`TaskSpec::devices`] set.
+    pub fn with_devices(mut self, devices: impl IntoIterator<Item = TaskDevice>) -> Self {
+        self.devices = devices.into_iter().collect();
+        self
+    }
+    /// With [`TaskSpec::mounts`] set.
+    pub fn with_mounts(mut self, mounts: impl IntoIterator<Item = TaskMount>) -> Self {
+        self.mounts = mounts.into_iter().collect();
         self
     }
     /// The allocation's port labelled `label`, if it has one.
@@ -1343,6 +1441,24 @@ impl From<TaskSpec> for pb::TaskConfig {
                     read_only: v.read_only,
                 })
                 .collect(),
+            devices: s
+                .devices
+                .into_iter()
+                .map(|d| pb::TaskDevice {
+                    host_path: d.host_path.display().to_string(),
+                    task_path: d.task_path.display().to_string(),
+                    permissions: d.permissions,
+                })
+                .collect(),
+            mounts: s
+                .mounts
+                .into_iter()
+                .map(|m| pb::TaskMount {
+                    host_path: m.host_path.display().to_string(),
+                    task_path: m.task_path.display().to_string(),
+                    read_only: m.read_only,
+                })
+                .collect(),
         }
     }
 }
@@ -1393,6 +1509,24 @@ impl From<pb::TaskConfig> for TaskSpec {
                     host_path: v.host_path.into(),
                     destination: v.destination.into(),
                     read_only: v.read_only,
+                })
+                .collect(),
+            devices: c
+                .devices
+                .into_iter()
+                .map(|d| TaskDevice {
+                    host_path: d.host_path.into(),
+                    task_path: d.task_path.into(),
+                    permissions: d.permissions,
+                })
+                .collect(),
+            mounts: c
+                .mounts
+                .into_iter()
+                .map(|m| TaskMount {
+                    host_path: m.host_path.into(),
+                    task_path: m.task_path.into(),
+                    read_only: m.read_only,
                 })
                 .collect(),
         }

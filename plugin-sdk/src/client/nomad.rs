@@ -432,6 +432,26 @@ impl NomadBridge {
                     ..Default::default()
                 }
             }),
+            // A device plugin's reservation, as Nomad gives it to its drivers.
+            devices: spec
+                .devices
+                .iter()
+                .map(|d| nd::Device {
+                    task_path: d.task_path.display().to_string(),
+                    host_path: d.host_path.display().to_string(),
+                    cgroup_permissions: d.permissions.clone(),
+                })
+                .collect(),
+            mounts: spec
+                .mounts
+                .iter()
+                .map(|m| nd::Mount {
+                    task_path: m.task_path.display().to_string(),
+                    host_path: m.host_path.display().to_string(),
+                    readonly: m.read_only,
+                    propagation_mode: String::new(),
+                })
+                .collect(),
             ..Default::default()
         };
         let answer = self

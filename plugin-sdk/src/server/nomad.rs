@@ -31,8 +31,8 @@ use crate::driver::DriverPlugin;
 use crate::signal::Signal;
 use crate::types::{
     AgentInfo, Capabilities, ExitResult, Fingerprint, FsIsolation, Health, LogConfig, LogMode,
-    Resources, TaskHandle, TaskPort, TaskSpec, TaskState, TaskStats, TaskStatus, from_duration,
-    to_timestamp, validate_task_id,
+    Resources, TaskDevice, TaskHandle, TaskMount, TaskPort, TaskSpec, TaskState, TaskStats,
+    TaskStatus, from_duration, to_timestamp, validate_task_id,
 };
 use crate::{DriverError, TaskEvent};
 
@@ -145,7 +145,7 @@ pub(crate) fn add_services<D: DriverPlugin>(
 
 /// The hclspec of `T`'s JSON Schema; a schema with no hclspec form is the plugin's
 /// fault, answered as INTERNAL naming where in the schema.
-fn spec_of<T: schemars::JsonSchema>(what: &str) -> Result<hclspec::Spec, Status> {
+pub(super) fn spec_of<T: schemars::JsonSchema>(what: &str) -> Result<hclspec::Spec, Status> {
     let schema = serde_json::to_value(schemars::schema_for!(T))
         .map_err(|e| Status::internal(format!("{what} schema: {e}")))?;
     hcl::from_json_schema(&schema).map_err(|e| {
@@ -159,7 +159,7 @@ fn spec_of<T: schemars::JsonSchema>(what: &str) -> Result<hclspec::Spec, Status>
 /// A config Nomad sent as msgpack (empty: none), as the JSON the driver's serde type
 /// reads. Nomad sends every attribute of the spec, null when the user left it out:
 /// those are dropped, so serde's defaults apply as they do under a Drover agent.
-fn decode_config(what: &str, msgpack: &[u8]) -> Result<serde_json::Value, DriverError> {
+pub(super) fn decode_config(what: &str, msgpack: &[u8]) -> Result<serde_json::Value, DriverError> {
     if msgpack.is_empty() {
         return Ok(serde_json::Value::Object(Default::default()));
     }
@@ -183,7 +183,7 @@ fn strip_nulls(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
-fn typed<T: serde::de::DeserializeOwned>(
+pub(super) fn typed<T: serde::de::DeserializeOwned>(
     what: &str,
     value: serde_json::Value,
 ) -> Result<T, DriverError> {
@@ -268,7 +268,15 @@ fn task_spec(cfg: &nd::TaskConfig) -> TaskSpec {
         .with_stdout_path(cfg.stdout_path.clone())
         .with_stderr_path(cfg.stderr_path.clone())
         .with_logs(LogConfig::default().with_mode(LogMode::Direct))
-        .with_ports(ports_from_nomad(&resources.ports));
+        .with_ports(ports_from_nomad(&resources.ports))
+        .with_devices(cfg.devices.iter().map(|d| {
+            TaskDevice::new(&d.host_path, &d.task_path).with_permissions(&d.cgroup_permissions)
+        }))
+        .with_mounts(
+            cfg.mounts
+                .iter()
+                .map(|m| TaskMount::new(&m.host_path, &m.task_path).with_read_only(m.readonly)),
+        );
     if !cfg.alloc_dir.is_empty() {
         spec = spec
             .with_task_dir(alloc.join(&cfg.name))
@@ -1051,6 +1059,31 @@ mod tests {
         );
         assert_eq!(attr("driver.recorder.cgroups"), Value::BoolVal(true));
         assert_eq!(attr("driver.recorder.slots"), Value::IntVal(4));
+    }
+
+    #[test]
+    fn a_nomad_agents_device_reservation_reaches_the_driver() {
+        let mut cfg = nomad_task_config();
+        cfg.devices = vec![nd::Device {
+            task_path: "/dev/zero0".into(),
+            host_path: "/srv/nodes/zero0".into(),
+            cgroup_permissions: "rw".into(),
+        }];
+        cfg.mounts = vec![nd::Mount {
+            task_path: "/opt/lib".into(),
+            host_path: "/usr/lib/acme".into(),
+            readonly: true,
+            propagation_mode: String::new(),
+        }];
+        let spec = task_spec(&cfg);
+        assert_eq!(
+            spec.devices,
+            [TaskDevice::new("/srv/nodes/zero0", "/dev/zero0").with_permissions("rw")]
+        );
+        assert_eq!(
+            spec.mounts,
+            [TaskMount::new("/usr/lib/acme", "/opt/lib").with_read_only(true)]
+        );
     }
 
     #[test]

@@ -1158,6 +1158,11 @@ impl TaskConfig {
             let staged = crate::volumes::staged_path(&policy.volume_staging, &spec.id, i)?;
             binds.push(host_volume_bind(v, &staged)?);
         }
+        // A device plugin's reservation (the operator installed the plugin: no
+        // allow_devices or volumes.enabled needed, as in Nomad).
+        for m in &spec.mounts {
+            binds.push(device_mount_bind(m)?);
+        }
         for v in &self.volumes {
             binds.push(self.bind(&task, pc, v)?);
         }
@@ -1293,7 +1298,7 @@ impl TaskConfig {
             ipc_mode: host.ipc_mode,
             uts_mode: host.uts_mode,
             userns_mode: host.userns_mode,
-            devices: host.devices,
+            devices: reserved_devices(host.devices, &spec.devices)?,
             security_opt: host.security_opt,
             sysctls: host.sysctls,
             cap_add: (!cap_add.is_empty()).then_some(cap_add),
@@ -1736,6 +1741,54 @@ fn tightens_only(opt: &str) -> bool {
         opt.trim(),
         "no-new-privileges" | "no-new-privileges:true" | "no-new-privileges=true"
     )
+}
+
+/// A path of a device plugin's reservation for docker's `Binds`/`Devices`: absolute,
+/// without `..`, `:` or `,`.
+fn reserved_path(what: &str, path: &Path) -> Result<String, DriverError> {
+    let text = path.to_str().unwrap_or_default();
+    if !text.starts_with('/') || text.contains([':', ',']) || text.split('/').any(|c| c == "..") {
+        return Err(invalid(format!(
+            "{what} {} of a device reservation must be an absolute path without '..', ':' \
+             or ','",
+            path.display()
+        )));
+    }
+    Ok(text.to_owned())
+}
+
+/// A device plugin's mount as a bind.
+fn device_mount_bind(m: &drover_plugin_sdk::TaskMount) -> Result<String, DriverError> {
+    let host = reserved_path("host path", &m.host_path)?;
+    let task = reserved_path("task path", &m.task_path)?;
+    Ok(if m.read_only {
+        format!("{host}:{task}:ro")
+    } else {
+        format!("{host}:{task}")
+    })
+}
+
+/// The task config's `devices` and a device plugin's device nodes, for `Devices`.
+fn reserved_devices(
+    configured: Option<Vec<DeviceMapping>>,
+    reserved: &[drover_plugin_sdk::TaskDevice],
+) -> Result<Option<Vec<DeviceMapping>>, DriverError> {
+    let mut all = configured.unwrap_or_default();
+    for d in reserved {
+        let perms = &d.permissions;
+        if perms.is_empty() || !perms.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
+            return Err(invalid(format!(
+                "device node {}: permissions {perms:?} must be made of r, w and m",
+                d.task_path.display()
+            )));
+        }
+        all.push(DeviceMapping {
+            path_on_host: Some(reserved_path("host path", &d.host_path)?),
+            path_in_container: Some(reserved_path("task path", &d.task_path)?),
+            cgroup_permissions: Some(perms.clone()),
+        });
+    }
+    Ok((!all.is_empty()).then_some(all))
 }
 
 fn device(d: &DeviceConfig) -> Result<DeviceMapping, DriverError> {
@@ -2554,5 +2607,25 @@ mod tests {
         assert_eq!(container_name(&s), "drover-abc");
         s.name = String::new();
         assert_eq!(container_name(&s), "drover-abc");
+    }
+
+    #[test]
+    fn a_device_reservation_becomes_devices_and_binds() {
+        let d =
+            drover_plugin_sdk::TaskDevice::new("/srv/n/zero0", "/dev/zero0").with_permissions("rw");
+        let all = reserved_devices(None, &[d]).unwrap().unwrap();
+        assert_eq!(all[0].path_on_host.as_deref(), Some("/srv/n/zero0"));
+        assert_eq!(all[0].path_in_container.as_deref(), Some("/dev/zero0"));
+        assert_eq!(all[0].cgroup_permissions.as_deref(), Some("rw"));
+        assert_eq!(reserved_devices(None, &[]).unwrap(), None);
+        let bad = drover_plugin_sdk::TaskDevice::new("/srv/n/zero0", "/dev/a:b");
+        assert!(reserved_devices(None, &[bad]).is_err());
+        let bad =
+            drover_plugin_sdk::TaskDevice::new("/srv/n/zero0", "/dev/z").with_permissions("x");
+        assert!(reserved_devices(None, &[bad]).is_err());
+        let m = drover_plugin_sdk::TaskMount::new("/opt/lib", "/usr/lib/acme").with_read_only(true);
+        assert_eq!(device_mount_bind(&m).unwrap(), "/opt/lib:/usr/lib/acme:ro");
+        let m = drover_plugin_sdk::TaskMount::new("/opt/lib", "/usr/../etc");
+        assert!(device_mount_bind(&m).is_err());
     }
 }

@@ -302,6 +302,14 @@ impl DriverPlugin for QemuDriver {
         spec: TaskSpec,
         config: TaskConfig,
     ) -> Result<TaskHandle, DriverError> {
+        if !spec.devices.is_empty() || !spec.mounts.is_empty() {
+            tracing::info!(
+                task = %spec.id,
+                device_nodes = spec.devices.len(),
+                mounts = spec.mounts.len(),
+                "qemu does not pass host devices to its guests: the device nodes and mounts of the task's device reservation are ignored (its environment has the device variables)"
+            );
+        }
         if let Some(v) = spec.volumes.first() {
             return Err(DriverError::InvalidConfig(format!(
                 "volume_mount of volume {:?}: the qemu driver does not share host volumes \

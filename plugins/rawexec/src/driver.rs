@@ -133,6 +133,14 @@ impl DriverPlugin for RawExecDriver {
             return Err(DriverError::FailedPrecondition(DISABLED.into()));
         }
         config.validate()?;
+        if !spec.devices.is_empty() || !spec.mounts.is_empty() {
+            drover_plugin_sdk::tracing::info!(
+                task = %spec.id,
+                device_nodes = spec.devices.len(),
+                mounts = spec.mounts.len(),
+                "raw_exec has no filesystem isolation: the device nodes and mounts of the task's device reservation are not applied (the task sees the host's /dev; its environment has the device variables), as in Nomad"
+            );
+        }
         if let Some(v) = spec.volumes.first() {
             return Err(DriverError::InvalidConfig(format!(
                 "volume_mount of volume {:?}: raw_exec has no filesystem isolation, so it \

@@ -134,6 +134,8 @@ fn check_entries(
 fn check_registration(reg: &NodeRegistration) -> Result<(), ServerError> {
     let id = &reg.id;
     check_host_volumes(id, &reg.host_volumes)?;
+    drover_server_api::devices::check_device_groups(&reg.devices)
+        .map_err(|e| ServerError::Invalid(format!("node {id}: {e}")))?;
     check_entries(id, "attributes", &reg.attributes)?;
     check_entries(id, "meta", &reg.meta)?;
     if reg.drivers.len() > MAX_NODE_DRIVERS {
@@ -205,6 +207,8 @@ fn capacity_changed(old: &Node, new: &Node) -> bool {
         || old.meta != new.meta
         || old.network != new.network
         || old.host_volumes != new.host_volumes
+        // Instances that appear or become healthy may unblock evaluations.
+        || old.devices != new.devices
 }
 
 /// Reserved port ranges a node may report at most.
@@ -663,5 +667,66 @@ impl Server {
             })
             .await?;
         Ok(index)
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    fn group(instances: usize) -> drover_server_api::NodeDeviceGroup {
+        drover_server_api::NodeDeviceGroup {
+            vendor: "nomad".into(),
+            device_type: "file".into(),
+            name: "mock".into(),
+            instances: (0..instances)
+                .map(|i| drover_server_api::NodeDeviceInstance {
+                    id: format!("dev-{i}"),
+                    healthy: true,
+                    health_description: String::new(),
+                })
+                .collect(),
+            attributes: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_device_instance_becoming_healthy_is_new_capacity() {
+        let mut old = crate::scheduler::tests::node("n1", 1000, 1000);
+        old.devices = vec![group(2)];
+        old.devices[0].instances[1].healthy = false;
+        let mut new = old.clone();
+        assert!(!capacity_changed(&old, &new));
+        new.devices[0].instances[1].healthy = true;
+        assert!(capacity_changed(&old, &new));
+    }
+
+    #[test]
+    fn a_registration_with_too_many_or_bad_devices_is_refused() {
+        let node = crate::scheduler::tests::node("n1", 1000, 1000);
+        let reg = |devices: Vec<drover_server_api::NodeDeviceGroup>| {
+            let mut r: NodeRegistration =
+                serde_json::from_value(serde_json::to_value(&node).unwrap())
+                    .unwrap_or_else(|e| panic!("a node's JSON as a registration: {e}"));
+            r.devices = devices;
+            r
+        };
+        let e = check_registration(&reg(vec![group(
+            drover_server_api::devices::MAX_DEVICE_INSTANCES + 1,
+        )]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("node id-n1: devices[0] (nomad/file/mock)"),
+            "{e}"
+        );
+        let mut slash = group(1);
+        slash.instances[0].id = "a/b".into();
+        let e = check_registration(&reg(vec![slash]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("devices[0].instances[0].id"), "{e}");
+        let many = vec![group(1); drover_server_api::devices::MAX_DEVICE_GROUPS + 1];
+        assert!(check_registration(&reg(many)).is_err());
     }
 }

@@ -665,6 +665,13 @@ impl Runner {
                 return true;
             }
         };
+        // The device nodes and mounts the device hook reserved for this start.
+        let reserved = super::devices::reserved(
+            self.rec
+                .tasks
+                .get(name)
+                .and_then(|s| s.hooks.get("devices")),
+        );
         let opts = RunOptions {
             id: Some(id.clone()),
             alloc_dir: Some(self.shared.clone()),
@@ -677,6 +684,8 @@ impl Runner {
 
             ports: task_ports(&self.rec.alloc.alloc.ports),
             volumes,
+            devices: reserved.devices,
+            device_mounts: reserved.mounts,
         };
         let outcome = match self.mgr.tasks.run_with(req, opts).await {
             Ok(_) | Err(DriverError::AlreadyExists(_)) => None,

@@ -196,23 +196,7 @@ pub fn devices(catalog: &Catalog) -> Vec<drover_server_api::NodeDeviceGroup> {
     let mut out: BTreeMap<String, drover_server_api::NodeDeviceGroup> = BTreeMap::new();
     for plugin in catalog.device_plugins() {
         for g in plugin.devices() {
-            let mut instances: Vec<_> = g
-                .instances
-                .into_iter()
-                .map(|i| drover_server_api::NodeDeviceInstance {
-                    id: i.id,
-                    healthy: i.healthy,
-                    health_description: i.health_description,
-                })
-                .collect();
-            instances.sort_by(|a, b| a.id.cmp(&b.id));
-            let group = drover_server_api::NodeDeviceGroup {
-                vendor: g.vendor,
-                device_type: g.device_type,
-                name: g.name,
-                instances,
-                attributes: g.attributes,
-            };
+            let group = node_device_group(g);
             let id = group.id();
             if out.contains_key(&id) {
                 tracing::warn!(plugin = %plugin.name, device = %id, "device group reported by two plugins; keeping the first");
@@ -222,6 +206,38 @@ pub fn devices(catalog: &Catalog) -> Vec<drover_server_api::NodeDeviceGroup> {
         }
     }
     out.into_values().collect()
+}
+
+/// A plugin's device group as the node registers it (instances by id).
+pub fn node_device_group(
+    g: drover_plugin_sdk::device::DeviceGroup,
+) -> drover_server_api::NodeDeviceGroup {
+    let mut instances: Vec<_> = g
+        .instances
+        .into_iter()
+        .map(|i| drover_server_api::NodeDeviceInstance {
+            id: i.id,
+            healthy: i.healthy,
+            health_description: i.health_description,
+        })
+        .collect();
+    instances.sort_by(|a, b| a.id.cmp(&b.id));
+    drover_server_api::NodeDeviceGroup {
+        vendor: g.vendor,
+        device_type: g.device_type,
+        name: g.name,
+        instances,
+        attributes: g.attributes,
+    }
+}
+
+/// Check a device plugin's fingerprint before it is kept (the bounds the server
+/// checks again when the node registers; ids without `/` or `,`).
+pub fn check_plugin_devices(
+    groups: &[drover_plugin_sdk::device::DeviceGroup],
+) -> Result<(), String> {
+    let converted: Vec<_> = groups.iter().cloned().map(node_device_group).collect();
+    drover_server_api::devices::check_device_groups(&converted)
 }
 
 /// The device plugin that reported device group `vendor/type/name`.
@@ -241,6 +257,43 @@ pub fn device_plugin_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plugins_device_fingerprint_is_bounded_before_it_is_kept() {
+        use drover_plugin_sdk::device::{DeviceGroup, DeviceInstance};
+        let ok = DeviceGroup::new("drover", "test", "node")
+            .with_instances([DeviceInstance::healthy("b"), DeviceInstance::healthy("a")]);
+        assert!(check_plugin_devices(std::slice::from_ref(&ok)).is_ok());
+        // Instances are registered in id order.
+        let ids: Vec<String> = node_device_group(ok.clone())
+            .instances
+            .into_iter()
+            .map(|i| i.id)
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        for bad_id in ["a,b", "a/b", ""] {
+            let g = ok.clone().with_instances([DeviceInstance::healthy(bad_id)]);
+            let e = check_plugin_devices(&[g]).unwrap_err();
+            assert!(e.contains("devices[0].instances[0].id"), "{bad_id:?}: {e}");
+        }
+        let too_many = ok.clone().with_instances(
+            (0..=drover_server_api::devices::MAX_DEVICE_INSTANCES)
+                .map(|i| DeviceInstance::healthy(format!("i{i}"))),
+        );
+        assert!(check_plugin_devices(&[too_many]).is_err());
+        let groups = vec![ok.clone(); drover_server_api::devices::MAX_DEVICE_GROUPS + 1];
+        assert!(check_plugin_devices(&groups).is_err());
+        let mut attrs = ok.clone();
+        for i in 0..=drover_server_api::devices::MAX_DEVICE_ATTRIBUTES {
+            attrs = attrs.with_attribute(format!("k{i}"), "v");
+        }
+        assert!(check_plugin_devices(&[attrs]).is_err());
+        let long = ok.with_attribute(
+            "k",
+            "x".repeat(drover_server_api::devices::MAX_DEVICE_TEXT_BYTES + 1),
+        );
+        assert!(check_plugin_devices(&[long]).is_err());
+    }
 
     #[test]
     fn this_hosts_facts_are_sane() {

@@ -81,6 +81,16 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 pub const MAX_REPORTS_PER_CALL: usize = 500;
 /// How often the drivers' fingerprints are compared with the registered ones.
 pub const DRIVER_POLL: Duration = Duration::from_secs(3);
+/// Least time between two registrations for changed drivers or devices: a device
+/// plugin whose instances flap must not have the node registered (and every blocked
+/// evaluation looked at again) more than about once a second.
+const MIN_REREGISTER_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When a change noticed at `now` may register the node again, the last registration
+/// having been at `last`.
+fn reregister_at(last: Instant, now: Instant) -> Instant {
+    (last + MIN_REREGISTER_INTERVAL).max(now)
+}
 /// Deadline of one unary call (register, heartbeat, a status batch).
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// First and longest delay before reconnecting.
@@ -524,6 +534,7 @@ async fn heartbeats(
     let mut poll = tokio::time::interval(DRIVER_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     poll.tick().await;
+    let mut last_register = Instant::now();
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(next) => {
@@ -556,6 +567,8 @@ async fn heartbeats(
                     } => {}
                 }
             } => {
+                // Paced: changes within the pause are gathered into one registration.
+                tokio::time::sleep_until(reregister_at(last_register, Instant::now())).await;
                 let drivers = read_drivers();
                 let devices = read_devices();
                 if drivers != registration.drivers || devices != registration.devices {
@@ -566,6 +579,7 @@ async fn heartbeats(
                     );
                     registration.drivers = drivers;
                     registration.devices = devices;
+                    last_register = Instant::now();
                     match register(&mut rpc, &registration, secret).await {
                         Ok(t) => ttl = t,
                         Err(e) => return e,

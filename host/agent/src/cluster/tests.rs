@@ -680,3 +680,15 @@ fn the_resume_index_follows_complete_sets_and_never_goes_back_on_changes() {
     assert_eq!(next_index(9, 8, false), 9);
     assert_eq!(next_index(9, 2, true), 2, "a replaced store starts over");
 }
+
+#[test]
+fn re_registrations_for_changes_are_at_least_a_second_apart() {
+    let last = tokio::time::Instant::now();
+    let soon = last + Duration::from_millis(200);
+    assert_eq!(
+        super::reregister_at(last, soon),
+        last + super::MIN_REREGISTER_INTERVAL
+    );
+    let later = last + Duration::from_secs(5);
+    assert_eq!(super::reregister_at(last, later), later);
+}

@@ -264,6 +264,18 @@ async fn watch_device_fingerprints(plugin: Arc<LoadedPlugin>, client: PluginClie
                     match next {
                         Some(Ok(groups)) => {
                             retry = RELAUNCH_BACKOFF.0;
+                            if let Err(e) =
+                                crate::cluster::fingerprint::check_plugin_devices(&groups)
+                            {
+                                // Nothing of a fingerprint out of bounds is kept; the
+                                // next one may be fine.
+                                plugin.set_devices(Vec::new());
+                                plugin.set_state(
+                                    PluginState::Unhealthy,
+                                    format!("device fingerprint refused: {e}"),
+                                );
+                                continue;
+                            }
                             let instances: usize = groups.iter().map(|g| g.instances.len()).sum();
                             plugin.set_devices(groups);
                             plugin.set_state(

@@ -102,6 +102,12 @@ pub struct RunOptions {
     /// The host volumes the task mounts ([`TaskSpec::volumes`]); only a driver that
     /// isolates the filesystem can.
     pub volumes: Vec<drover_plugin_sdk::TaskVolume>,
+    /// Device nodes a device plugin's reservation gives the task
+    /// ([`TaskSpec::devices`]).
+    pub devices: Vec<drover_plugin_sdk::TaskDevice>,
+    /// Host paths a device plugin's reservation mounts into the task
+    /// ([`TaskSpec::mounts`]).
+    pub device_mounts: Vec<drover_plugin_sdk::TaskMount>,
 }
 
 /// One task: its record and what coordinates the runner with user calls.
@@ -610,6 +616,12 @@ impl TaskManager {
         }
         if !opts.volumes.is_empty() {
             spec = spec.with_volumes(opts.volumes);
+        }
+        if !opts.devices.is_empty() {
+            spec = spec.with_devices(opts.devices);
+        }
+        if !opts.device_mounts.is_empty() {
+            spec = spec.with_mounts(opts.device_mounts);
         }
         for hook in &self.hooks {
             if let Err(e) = hook.prestart(&mut spec).await {

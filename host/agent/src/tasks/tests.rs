@@ -507,6 +507,8 @@ async fn a_driver_without_the_group_network_mode_cannot_join_a_bridge_network() 
         netns: Some("/run/netns/some-alloc".into()),
         ports: Vec::new(),
         volumes: Vec::new(),
+        devices: Vec::new(),
+        device_mounts: Vec::new(),
     };
     let e = env.mgr.run_with(req, opts).await.unwrap_err();
     assert!(matches!(e, DriverError::InvalidConfig(_)), "{e:?}");
@@ -534,6 +536,8 @@ async fn run_with_takes_the_callers_id_and_alloc_dir_and_changes_are_announced()
         netns: None,
         ports: vec![port.clone()],
         volumes: Vec::new(),
+        devices: Vec::new(),
+        device_mounts: Vec::new(),
     };
     let v = env.mgr.run_with(req.clone(), opts.clone()).await.unwrap();
     assert_eq!(v.id, "chosen-1");

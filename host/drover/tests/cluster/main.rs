@@ -16,6 +16,7 @@ mod cluster_ha;
 mod cluster_join;
 mod cluster_ports;
 mod deployments;
+mod device_nodes;
 mod devices;
 mod rollouts;
 mod server_names;

@@ -137,6 +137,100 @@ pub fn open_path(version: Version, path: &str) -> Box<dyn TaskCgroup> {
     }
 }
 
+/// Root of cgroup v1's devices hierarchy.
+const V1_DEVICES_ROOT: &str = "/sys/fs/cgroup/devices";
+
+/// One rule of a v1 devices cgroup: `c 1:5 rw`.
+///
+/// ```
+/// use drover_executor::cgroup::DeviceRule;
+/// assert_eq!(DeviceRule::char(1, 5, "rw").to_string(), "c 1:5 rw");
+/// assert_eq!(DeviceRule { block: true, major: 8, minor: 0, access: "r".into() }.to_string(), "b 8:0 r");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceRule {
+    /// A block device (else a character device).
+    pub block: bool,
+    /// Its major number.
+    pub major: u32,
+    /// Its minor number.
+    pub minor: u32,
+    /// Some of `r`, `w`, `m`.
+    pub access: String,
+}
+
+impl DeviceRule {
+    /// Character device `major:minor` with `access`.
+    pub fn char(major: u32, minor: u32, access: &str) -> Self {
+        DeviceRule {
+            block: false,
+            major,
+            minor,
+            access: access.to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.block { 'b' } else { 'c' };
+        write!(f, "{kind} {}:{} {}", self.major, self.minor, self.access)
+    }
+}
+
+/// The nodes of an isolated task's minimal `/dev` (null, zero, full, random, urandom,
+/// tty), read and write.
+///
+/// ```
+/// assert_eq!(drover_executor::cgroup::minimal_dev_rules()[1].to_string(), "c 1:5 rw");
+/// ```
+pub fn minimal_dev_rules() -> Vec<DeviceRule> {
+    [(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0)]
+        .into_iter()
+        .map(|(major, minor)| DeviceRule::char(major, minor, "rw"))
+        .collect()
+}
+
+/// On cgroup v1, give the task cgroup at `path` (as [`TaskCgroup::path`] says) a
+/// devices cgroup that denies every device but `rules`; the task joins it with the
+/// others ([`TaskCgroup::procs_files`]) and it is removed with them
+/// ([`TaskCgroup::delete`]). Call it after [`TaskCgroup::create`], before the task
+/// starts. On error nothing is left.
+pub fn restrict_devices_v1(path: &str, rules: &[DeviceRule]) -> Result<(), String> {
+    let dir = Path::new(V1_DEVICES_ROOT).join(path.trim_matches('/'));
+    if !Path::new(V1_DEVICES_ROOT).join("devices.allow").exists() {
+        return Err(format!(
+            "the devices cgroup controller is not mounted at {V1_DEVICES_ROOT}: device rules \
+             for {path} cannot be set"
+        ));
+    }
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("cannot create devices cgroup {}: {e}", dir.display()))?;
+    let write = |file: &str, rule: &str| {
+        std::fs::write(dir.join(file), rule).map_err(|e| {
+            format!(
+                "devices cgroup {}: cannot write {rule:?} to {file}: {e}",
+                dir.display()
+            )
+        })
+    };
+    let result = write("devices.deny", "a").and_then(|()| {
+        rules
+            .iter()
+            .try_for_each(|r| write("devices.allow", &r.to_string()))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    result
+}
+
+/// The devices cgroup [`restrict_devices_v1`] made for `path`, if it did.
+fn v1_devices_dir(path: &str) -> Option<PathBuf> {
+    let dir = Path::new(V1_DEVICES_ROOT).join(path);
+    dir.join("tasks").exists().then_some(dir)
+}
+
 /// Controllers of a plain (rawexec) task's cgroup on v1: the freezer alone, which is
 /// what emptying it needs (no limits are set, and every other controller would cost
 /// start latency and kernel memory for nothing).
@@ -525,11 +619,16 @@ impl TaskCgroup for V1Cgroup {
         // its one thread moves the process, and the kernel then skips the global
         // threadgroup lock whose write side waits for an RCU grace period (10 ms and
         // more on a busy machine, the bulk of an isolated start otherwise).
-        self.cg
+        let mut files: Vec<PathBuf> = self
+            .cg
             .subsystems()
             .iter()
             .map(|s| s.to_controller().path().join("tasks"))
-            .collect()
+            .collect();
+        if let Some(dir) = v1_devices_dir(&self.path) {
+            files.push(dir.join("tasks"));
+        }
+        files
     }
 
     fn pids(&self) -> Vec<u32> {
@@ -573,7 +672,12 @@ impl TaskCgroup for V1Cgroup {
     }
 
     fn delete(&self) -> Result<(), String> {
-        self.cg.delete().map_err(err(&self.path, "remove"))
+        self.cg.delete().map_err(err(&self.path, "remove"))?;
+        if let Some(dir) = v1_devices_dir(&self.path) {
+            std::fs::remove_dir(&dir)
+                .map_err(|e| format!("cannot remove devices cgroup {}: {e}", dir.display()))?;
+        }
+        Ok(())
     }
 }
 

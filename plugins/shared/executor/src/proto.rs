@@ -231,6 +231,12 @@ pub enum MountKind {
     /// path in the task's root is also walked without following links (a task's link
     /// in its own directory cannot move the mount elsewhere).
     HostVolume,
+    /// A device node given to the task (a device plugin's reservation): `target` must
+    /// be below the root's [`MountKind::Dev`] mount, where the host node `source`
+    /// (opened without following a link; a character or block device) is bound.
+    /// [`Mount::device_permissions`] (some of `r`, `w`, `m`) is what the driver's
+    /// devices cgroup rule for it grants (cgroup v1).
+    DeviceNode,
 }
 
 /// One mount of the task's root.
@@ -254,6 +260,9 @@ pub struct Mount {
     /// Mount it read-only (binds only; proc, dev and tmpfs are never read-only).
     #[serde(default)]
     pub read_only: bool,
+    /// What the task may do with a [`MountKind::DeviceNode`]: some of `r`, `w`, `m`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device_permissions: String,
 }
 
 impl Mount {
@@ -264,6 +273,7 @@ impl Mount {
             source: source.into(),
             target: target.into(),
             read_only,
+            device_permissions: String::new(),
         }
     }
 
@@ -278,6 +288,29 @@ impl Mount {
             source: source.into(),
             target: target.into(),
             read_only,
+            device_permissions: String::new(),
+        }
+    }
+
+    /// The host device node `source` made at `target` (below the root's `/dev`) with
+    /// `permissions` ([`MountKind::DeviceNode`]).
+    ///
+    /// ```
+    /// use drover_executor::{Mount, MountKind};
+    /// let m = Mount::device_node("/srv/nodes/zero0", "/dev/zero0", "r");
+    /// assert_eq!((m.kind, m.device_permissions.as_str()), (MountKind::DeviceNode, "r"));
+    /// ```
+    pub fn device_node(
+        source: impl Into<PathBuf>,
+        target: impl Into<PathBuf>,
+        permissions: impl Into<String>,
+    ) -> Self {
+        Mount {
+            kind: MountKind::DeviceNode,
+            source: source.into(),
+            target: target.into(),
+            read_only: false,
+            device_permissions: permissions.into(),
         }
     }
 
@@ -302,6 +335,7 @@ impl Mount {
             source: PathBuf::new(),
             target: target.into(),
             read_only: false,
+            device_permissions: String::new(),
         }
     }
 }

@@ -165,6 +165,41 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Kill everything in `cg` and remove it.
+/// The devices cgroup rules of a task given `devices`: its minimal `/dev`, and each
+/// given node (read without following a link; it must be a character or block
+/// device) with its permissions.
+fn device_rules(
+    devices: &[drover_plugin_sdk::TaskDevice],
+) -> Result<Vec<cgroup::DeviceRule>, DriverError> {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let mut rules = cgroup::minimal_dev_rules();
+    for d in devices {
+        let meta = std::fs::symlink_metadata(&d.host_path).map_err(|e| {
+            DriverError::InvalidConfig(format!(
+                "device node {}: cannot read {}: {e}",
+                d.task_path.display(),
+                d.host_path.display()
+            ))
+        })?;
+        let block = meta.file_type().is_block_device();
+        if !block && !meta.file_type().is_char_device() {
+            return Err(DriverError::InvalidConfig(format!(
+                "device node {}: {} is not a character or block device",
+                d.task_path.display(),
+                d.host_path.display()
+            )));
+        }
+        let rdev = meta.rdev();
+        rules.push(cgroup::DeviceRule {
+            block,
+            major: rustix::fs::major(rdev),
+            minor: rustix::fs::minor(rdev),
+            access: d.permissions.clone(),
+        });
+    }
+    Ok(rules)
+}
+
 async fn remove_cgroup(cg: Arc<dyn TaskCgroup>) -> Result<(), DriverError> {
     blocking(move || cgroup::empty_and_remove(&*cg, CGROUP_EMPTY))
         .await?
@@ -356,6 +391,36 @@ impl<F: Flavor> IsolatedDriver<F> {
         self.events.send(task_id, message);
     }
 
+    /// Deny the task every device but its minimal `/dev` and the device nodes it was
+    /// given: on cgroup v1 a devices cgroup beside its others. cgroup v2 has no devices
+    /// files (its rules are eBPF programs, not made here): there the task's `/dev`,
+    /// read-only and holding only those nodes, is the only limit, and a task event
+    /// says so.
+    async fn restrict_devices(
+        &self,
+        spec: &TaskSpec,
+        cg: &Arc<dyn TaskCgroup>,
+    ) -> Result<(), DriverError> {
+        let rules = device_rules(&spec.devices)?;
+        match cg.version() {
+            Version::V1 => {
+                let path = cg.path().to_owned();
+                blocking(move || cgroup::restrict_devices_v1(&path, &rules))
+                    .await?
+                    .map_err(DriverError::Internal)
+            }
+            Version::V2 => {
+                self.event(
+                    &spec.id,
+                    "cgroup v2: the device nodes' permissions are not enforced by a devices \
+                     cgroup; the task's /dev holds only its minimal nodes and the ones it was given"
+                        .into(),
+                );
+                Ok(())
+            }
+        }
+    }
+
     /// Follow `task` until it exits: a `wait` on its executor, or, without a live
     /// executor, its cgroup until it is empty.
     fn watch(&self, task: Arc<Task>) {
@@ -499,7 +564,9 @@ impl<F: Flavor> IsolatedDriver<F> {
         }
         let root = TaskRoot::build(&settings.chroot, &spec.task_dir)?
             .with_alloc_dir(&spec.alloc_dir)
-            .with_volumes(&spec.volumes)?;
+            .with_volumes(&spec.volumes)?
+            .with_devices(&spec.devices)?
+            .with_device_mounts(&spec.mounts)?;
         let env = task_env(&spec);
         let cwd = PathBuf::from(iso.cwd.as_deref().unwrap_or("/"));
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
@@ -550,6 +617,12 @@ impl<F: Flavor> IsolatedDriver<F> {
         blocking(move || created.create(&lim))
             .await?
             .map_err(DriverError::Internal)?;
+        if !spec.devices.is_empty()
+            && let Err(e) = self.restrict_devices(&spec, &cg).await
+        {
+            let _ = remove_cgroup(cg.clone()).await;
+            return Err(e);
+        }
 
         let mut isolation = Isolation::default();
         isolation.cgroup_procs = cg.procs_files();

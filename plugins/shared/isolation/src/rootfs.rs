@@ -255,6 +255,107 @@ impl TaskRoot {
         Ok(self)
     }
 
+    /// With the device nodes a device plugin's reservation gave the task
+    /// ([`MountKind::DeviceNode`]): each made in the task's `/dev` as the host node is,
+    /// with only the permissions given. A task path outside `/dev`, or one of `/dev`'s
+    /// own entries (`null`, `shm`, `fd`, ...), is refused.
+    ///
+    /// ```
+    /// use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
+    /// use drover_plugin_sdk::TaskDevice;
+    /// use std::path::Path;
+    /// let root = || TaskRoot::build(&ChrootEnv::default_list(), Path::new("/srv/t1")).unwrap();
+    /// let r = root().with_devices(&[TaskDevice::new("/srv/nodes/zero0", "/dev/zero0")]).unwrap();
+    /// assert!(r.mounts().iter().any(|m| m.target == Path::new("/dev/zero0")));
+    /// assert!(root().with_devices(&[TaskDevice::new("/dev/sda", "/etc/sda")]).is_err());
+    /// assert!(root().with_devices(&[TaskDevice::new("/dev/sda", "/dev/null")]).is_err());
+    /// ```
+    pub fn with_devices(
+        mut self,
+        devices: &[drover_plugin_sdk::TaskDevice],
+    ) -> Result<Self, DriverError> {
+        const DEV_OWN: [&str; 11] = [
+            "null", "zero", "full", "random", "urandom", "tty", "fd", "stdin", "stdout", "stderr",
+            "shm",
+        ];
+        for d in devices {
+            let t = &d.task_path;
+            let below_dev = t.starts_with("/dev")
+                && t.components().count() >= 3
+                && t.components()
+                    .skip(1)
+                    .all(|c| matches!(c, Component::Normal(_)));
+            let first = t.components().nth(2).map(|c| c.as_os_str().to_owned());
+            let own = first.is_some_and(|f| DEV_OWN.iter().any(|o| f == *o));
+            if !below_dev || own || !d.host_path.is_absolute() {
+                return Err(DriverError::InvalidConfig(format!(
+                    "device node {} (host {}): a device node is made below the task's \
+                     /dev, not at one of its own entries, from an absolute host path",
+                    t.display(),
+                    d.host_path.display()
+                )));
+            }
+            if self.mounts.iter().any(|m| m.target == *t) {
+                return Err(DriverError::InvalidConfig(format!(
+                    "device node {} is given twice",
+                    t.display()
+                )));
+            }
+            self.mounts
+                .push(Mount::device_node(&d.host_path, t, &d.permissions));
+        }
+        self.mounts.sort_by_key(|m| m.target.components().count());
+        Ok(self)
+    }
+
+    /// With the host paths a device plugin's reservation mounts into the task, bound
+    /// at their task paths. A task path inside or above another of the root's mounts
+    /// (a task's own directory could hold links there) is refused.
+    ///
+    /// ```
+    /// use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
+    /// use drover_plugin_sdk::TaskMount;
+    /// use std::path::Path;
+    /// let root = || TaskRoot::build(&ChrootEnv::default_list(), Path::new("/srv/t1")).unwrap();
+    /// let r = root().with_device_mounts(&[TaskMount::new("/opt/acme", "/opt/acme")]).unwrap();
+    /// assert_eq!(r.host_path(Path::new("/opt/acme/lib.so")).unwrap(), Path::new("/opt/acme/lib.so"));
+    /// assert!(root().with_device_mounts(&[TaskMount::new("/opt/acme", "/local/acme")]).is_err());
+    /// ```
+    pub fn with_device_mounts(
+        mut self,
+        mounts: &[drover_plugin_sdk::TaskMount],
+    ) -> Result<Self, DriverError> {
+        for d in mounts {
+            let t = &d.task_path;
+            let plain = t.is_absolute()
+                && t.components().count() >= 2
+                && t.components()
+                    .skip(1)
+                    .all(|c| matches!(c, Component::Normal(_)));
+            if !plain || !d.host_path.is_absolute() {
+                return Err(DriverError::InvalidConfig(format!(
+                    "device mount {} (host {}): paths must be absolute without `..`",
+                    t.display(),
+                    d.host_path.display()
+                )));
+            }
+            if let Some(m) = self
+                .mounts
+                .iter()
+                .find(|m| m.target.starts_with(t) || t.starts_with(&m.target))
+            {
+                return Err(DriverError::InvalidConfig(format!(
+                    "device mount {} would hide or go inside the task's {}",
+                    t.display(),
+                    m.target.display()
+                )));
+            }
+            self.mounts.push(Mount::bind(&d.host_path, t, d.read_only));
+        }
+        self.mounts.sort_by_key(|m| m.target.components().count());
+        Ok(self)
+    }
+
     /// The mounts for the executor.
     pub fn mounts(&self) -> Vec<Mount> {
         self.mounts.clone()

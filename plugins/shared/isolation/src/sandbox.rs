@@ -144,7 +144,22 @@ pub(crate) fn validate(iso: &Isolation) -> Result<(), String> {
                 t.display()
             ));
         }
-        if matches!(m.kind, MountKind::Bind | MountKind::HostVolume) && !m.source.is_absolute() {
+        if m.kind == MountKind::DeviceNode
+            && !iso
+                .mounts
+                .iter()
+                .any(|d| d.kind == MountKind::Dev && t.starts_with(&d.target) && *t != d.target)
+        {
+            return Err(format!(
+                "device node {} must be below the task's /dev",
+                t.display()
+            ));
+        }
+        if matches!(
+            m.kind,
+            MountKind::Bind | MountKind::HostVolume | MountKind::DeviceNode
+        ) && !m.source.is_absolute()
+        {
             return Err(format!(
                 "bind mount source {} must be an absolute path",
                 m.source.display()
@@ -482,7 +497,20 @@ fn build_root(root: &Path, mounts: &[Mount]) -> Result<(), String> {
             mount_host_volume(m, root, rel)?;
             continue;
         }
+        if m.kind == MountKind::DeviceNode {
+            // Made with its /dev (validate: every one is below a Dev mount).
+            continue;
+        }
         let target = root.join(rel);
+        if m.kind == MountKind::Dev {
+            // Its device nodes are made before it turns read-only.
+            let nodes: Vec<&Mount> = mounts
+                .iter()
+                .filter(|d| d.kind == MountKind::DeviceNode && d.target.starts_with(&m.target))
+                .collect();
+            mount_dev(&target, &m.target.display().to_string(), &m.target, &nodes)?;
+            continue;
+        }
         mount_one(m, &target)?;
     }
     // Only mount points in it: read-only, so the task cannot litter its root.
@@ -579,9 +607,11 @@ fn mount_one(m: &Mount, target: &Path) -> Result<(), String> {
             )
             .map_err(errno_step(format_args!("cannot mount a tmpfs at {shown}")))
         }
-        MountKind::Dev => mount_dev(target, &shown.to_string()),
+        MountKind::Dev => mount_dev(target, &shown.to_string(), &m.target, &[]),
         // Mounted by `mount_host_volume`, from the root's descriptor.
         MountKind::HostVolume => Err(format!("host volume at {shown} mounted by path")),
+        // Made by `mount_dev`, before the task's /dev turns read-only.
+        MountKind::DeviceNode => Err(format!("device node {shown} outside the task's /dev")),
     }
 }
 
@@ -847,7 +877,58 @@ fn set_tree_attrs(target: &Path, attrs: u64) -> Result<(), rustix::io::Errno> {
     Ok(())
 }
 
-fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
+/// Make device node `m` ([`MountKind::DeviceNode`]) at `at` (below the fresh `/dev`
+/// tmpfs): the host node, opened without following a link, must be a character or
+/// block device on a mount that allows device nodes; it is bind-mounted (through its
+/// descriptor) on an empty file at `at`. A bind rather than `mknod`: the init is in
+/// the task's devices cgroup already, which grants no `m`. What the task may do with
+/// it is the cgroup's rule for it (the driver wrote it from `m.device_permissions`).
+fn make_device_node(m: &Mount, at: &Path) -> Result<(), String> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let shown = m.target.display();
+    let fd = rustix::fs::open(
+        &m.source,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno_step(format_args!(
+        "device node {shown}: cannot open {}",
+        m.source.display()
+    )))?;
+    let st = rustix::fs::fstat(&fd).map_err(errno_step(format_args!(
+        "device node {shown}: cannot stat {}",
+        m.source.display()
+    )))?;
+    let kind = FileType::from_raw_mode(st.st_mode);
+    if !matches!(kind, FileType::CharacterDevice | FileType::BlockDevice) {
+        return Err(format!(
+            "device node {shown}: {} is not a character or block device",
+            m.source.display()
+        ));
+    }
+    let vfs = rustix::fs::fstatvfs(&fd).map_err(errno_step(format_args!(
+        "device node {shown}: cannot read the mount of {}",
+        m.source.display()
+    )))?;
+    if vfs.f_flag.contains(rustix::fs::StatVfsMountFlags::NODEV) {
+        return Err(format!(
+            "device node {shown}: {} is on a mount that allows no device nodes (nodev)",
+            m.source.display()
+        ));
+    }
+    if let Some(parent) = at.parent() {
+        mkdirs(parent)?;
+    }
+    std::fs::File::create(at)
+        .map_err(io_step(format_args!("cannot create device node {shown}")))?;
+    let by_fd = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::mount::mount_bind(by_fd.as_str(), at).map_err(errno_step(format_args!(
+        "cannot bind {} at {shown}",
+        m.source.display()
+    )))
+}
+
+fn mount_dev(target: &Path, shown: &str, inside: &Path, nodes: &[&Mount]) -> Result<(), String> {
     mkdirs(target)?;
     rustix::mount::mount(
         "tmpfs",
@@ -872,6 +953,12 @@ fn mount_dev(target: &Path, shown: &str) -> Result<(), String> {
     for (name, to) in DEV_LINKS {
         std::os::unix::fs::symlink(to, target.join(name))
             .map_err(io_step(format_args!("cannot create link {shown}/{name}")))?;
+    }
+    for m in nodes {
+        let Ok(rel) = m.target.strip_prefix(inside) else {
+            continue;
+        };
+        make_device_node(m, &target.join(rel))?;
     }
     let shm = target.join("shm");
     mkdirs(&shm)?;
