@@ -919,11 +919,10 @@ fn host_volume_bind(
             v.destination.display()
         )));
     }
-    Ok(if v.read_only {
-        format!("{host}:{dest}:ro")
-    } else {
-        format!("{host}:{dest}")
-    })
+    // No `:ro`: the staging mount is read-only itself when the volume is, and a plain
+    // bind inherits that with its nosuid,nodev; older runc turned `:ro` into a
+    // remount that cleared them.
+    Ok(format!("{host}:{dest}"))
 }
 
 fn shared_alloc_dir(spec: &TaskSpec, policy: &Policy) -> Result<Option<PathBuf>, DriverError> {

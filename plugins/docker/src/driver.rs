@@ -456,15 +456,9 @@ impl DriverPlugin for DockerDriver {
             self.event(&spec.id, format!("pulling image {}", plan.image));
             image::pull(&docker, &plan.image, plan.auth.clone(), pull_timeout).await?;
         }
-        let staging = settings.policy.volume_staging.clone();
-        crate::volumes::stage(&staging, &spec.id, &spec.volumes)?;
-        let cid = match self.create(&docker, &plan, &spec, pull_timeout).await {
-            Ok(cid) => cid,
-            Err(e) => {
-                crate::volumes::unstage(&staging, &spec.id);
-                return Err(e);
-            }
-        };
+        let staged =
+            crate::volumes::Staged::new(&settings.policy.volume_staging, &spec.id, &spec.volumes)?;
+        let cid = self.create(&docker, &plan, &spec, pull_timeout).await?;
         // Before the start: a container can be OOM killed, and its cgroup removed,
         // before the start call returns (see `oom`).
         let oom = match engine.endpoint() {
@@ -479,7 +473,6 @@ impl DriverPlugin for DockerDriver {
             if let Err(rm) = remove_container(&docker, &cid).await {
                 tracing::warn!(task = %spec.id, "{rm}");
             }
-            crate::volumes::unstage(&staging, &spec.id);
             return Err(docker_err(format!("starting container {}", plan.name), e));
         }
         let state = HandleState {
@@ -491,6 +484,7 @@ impl DriverPlugin for DockerDriver {
             task.set_oom_watch(w);
         }
         reservation.commit(task.clone());
+        staged.keep();
         self.watch(&task);
         self.event(
             &spec.id,
@@ -595,7 +589,15 @@ impl DriverPlugin for DockerDriver {
         let reservation = self.store.reserve(&id)?;
         let state = if handle.version == 0 && handle.driver_state.is_empty() {
             let docker = engine.client().await?;
-            self.find(&docker, &id, &settings.policy.alloc_dir).await?
+            match self.find(&docker, &id, &settings.policy.alloc_dir).await {
+                Ok(state) => state,
+                Err(e) => {
+                    // Never started (or gone): nothing will destroy it, so its
+                    // volumes are unstaged now.
+                    crate::volumes::unstage(&settings.policy.volume_staging, &id);
+                    return Err(e);
+                }
+            }
         } else {
             handle.decode_state::<HandleState>(HANDLE_VERSION)?
         };

@@ -21,7 +21,7 @@ use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 
 use drover_plugin_sdk::{DriverError, TaskVolume};
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags, ResolveFlags, StatVfsMountFlags};
 use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
 
 /// The directory holding task `task_id`'s staging mounts under `root`.
@@ -113,6 +113,23 @@ fn stage_one(at: &Path, v: &TaskVolume) -> Result<(), DriverError> {
             v.host_path.display()
         )));
     }
+    // A writable volume must already be nosuid,nodev where the host sees it: a root
+    // container can create a setuid-root file or a device node in it, and the staging
+    // mount's nosuid,nodev only govern use through the staging mount, not through
+    // the operator's own path to the same directory.
+    let source_flags = rustix::fs::fstatvfs(&source)
+        .map_err(|e| internal("read the volume's mount flags", e))?
+        .f_flag;
+    let safe = StatVfsMountFlags::NOSUID | StatVfsMountFlags::NODEV;
+    if !v.read_only && !source_flags.contains(safe) {
+        let p = v.host_path.display();
+        return Err(bad(format!(
+            "{p} is mounted writable into a container, but its filesystem is not mounted \
+             nosuid,nodev: a root container could leave a setuid file or a device node in it \
+             for the host's users. Mount it so (e.g. `mount --bind {p} {p} && mount -o \
+             remount,bind,nosuid,nodev {p}`), or mount the volume read_only"
+        )));
+    }
     let tree = rustix::mount::open_tree(
         &source,
         "",
@@ -139,11 +156,62 @@ fn stage_one(at: &Path, v: &TaskVolume) -> Result<(), DriverError> {
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
     .map_err(|e| internal("attach the volume", e))?;
+    // A bind remount sets every flag anew: keep the source's own (read-only, noexec,
+    // atime) and add ours.
     let mut flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+    for (theirs, ours) in [
+        (StatVfsMountFlags::RDONLY, MountFlags::RDONLY),
+        (StatVfsMountFlags::NOEXEC, MountFlags::NOEXEC),
+        (StatVfsMountFlags::NOATIME, MountFlags::NOATIME),
+        (StatVfsMountFlags::NODIRATIME, MountFlags::NODIRATIME),
+        (StatVfsMountFlags::RELATIME, MountFlags::RELATIME),
+    ] {
+        if source_flags.contains(theirs) {
+            flags |= ours;
+        }
+    }
     if v.read_only {
         flags |= MountFlags::RDONLY;
     }
     rustix::mount::mount_remount(at, flags, "").map_err(|e| internal("restrict the volume", e))
+}
+
+/// A task's staged volumes, unstaged when dropped unless [`Staged::keep`] was called:
+/// a start that fails, or whose call is abandoned (a timeout drops it), leaves no
+/// mount behind.
+pub(crate) struct Staged {
+    root: PathBuf,
+    task_id: String,
+    kept: bool,
+}
+
+impl Staged {
+    /// Stage the task's volumes ([`stage`]).
+    pub(crate) fn new(
+        root: &Path,
+        task_id: &str,
+        volumes: &[TaskVolume],
+    ) -> Result<Self, DriverError> {
+        stage(root, task_id, volumes)?;
+        Ok(Staged {
+            root: root.to_owned(),
+            task_id: task_id.to_owned(),
+            kept: volumes.is_empty(),
+        })
+    }
+
+    /// The task started: its volumes stay staged until it is destroyed.
+    pub(crate) fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.kept {
+            unstage(&self.root, &self.task_id);
+        }
+    }
 }
 
 /// Unmount and remove task `task_id`'s staging directories, as far as possible (a
@@ -201,6 +269,30 @@ mod tests {
         false
     }
 
+    /// `dir` bound on itself `nosuid,nodev` (as an operator makes a volume's
+    /// filesystem), unmounted when dropped.
+    struct SafeMount(PathBuf);
+
+    impl SafeMount {
+        fn new(dir: &Path) -> Self {
+            rustix::mount::mount_bind(dir, dir).unwrap();
+            let m = SafeMount(dir.to_owned());
+            rustix::mount::mount_remount(
+                dir,
+                MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV,
+                "",
+            )
+            .unwrap();
+            m
+        }
+    }
+
+    impl Drop for SafeMount {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
+        }
+    }
+
     #[test]
     fn a_volume_is_staged_nosuid_nodev_and_read_only_when_asked_then_unstaged() {
         if !root_or_skip() {
@@ -210,6 +302,7 @@ mod tests {
         let vol = tmp.path().join("vol");
         std::fs::create_dir(&vol).unwrap();
         std::fs::write(vol.join("note"), "hi").unwrap();
+        let _safe = SafeMount::new(&vol);
         let root = tmp.path().join("staging");
         let vols = [
             TaskVolume::new("rw", &vol, "/data"),
@@ -241,6 +334,36 @@ mod tests {
     }
 
     #[test]
+    fn a_writable_volume_on_a_filesystem_allowing_setuid_or_devices_is_refused() {
+        if !root_or_skip() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let vol = tmp.path().join("vol");
+        std::fs::create_dir(&vol).unwrap();
+        // Bound on itself without nosuid,nodev: whatever the test's tmp is, this is not.
+        rustix::mount::mount_bind(&vol, &vol).unwrap();
+        let plain = SafeMount(vol.clone());
+        rustix::mount::mount_remount(&vol, MountFlags::BIND, "").unwrap();
+        let root = tmp.path().join("staging");
+        let err = stage(&root, "t1", &[TaskVolume::new("v", &vol, "/v")]).unwrap_err();
+        assert!(
+            err.to_string().contains("not mounted nosuid,nodev"),
+            "{err}"
+        );
+        assert!(!root.join("t1").exists());
+        // Read-only, it is staged: a container cannot write there.
+        stage(
+            &root,
+            "t1",
+            &[TaskVolume::new("v", &vol, "/v").with_read_only(true)],
+        )
+        .unwrap();
+        unstage(&root, "t1");
+        drop(plain);
+    }
+
+    #[test]
     fn a_link_or_a_directory_not_owned_by_root_is_not_staged() {
         if !root_or_skip() {
             return;
@@ -253,6 +376,7 @@ mod tests {
         let root = tmp.path().join("staging");
         let err = stage(&root, "t1", &[TaskVolume::new("v", &link, "/v")]).unwrap_err();
         assert!(err.to_string().contains("without following links"), "{err}");
+        let _safe = SafeMount::new(&real);
         let theirs = tmp.path().join("theirs");
         std::fs::create_dir(&theirs).unwrap();
         rustix::fs::chown(&theirs, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();

@@ -90,36 +90,29 @@ fn inside(path: &str) -> PathBuf {
 /// root, and a link planted by an earlier run of the task (`local/app.jar ->
 /// /root/x`) would otherwise tell the task whether a root-only host path exists. A jar
 /// elsewhere in the root is looked at by `in_root` ([`TaskRoot::metadata`]: in the
-/// allocation's directory or a host volume, which tasks control too, a link resolves
-/// inside that directory, never on the host).
+/// allocation's directory or a host volume, which tasks control too, no link is
+/// followed from the host).
 ///
 /// [`TaskRoot::metadata`]: drover_isolation::rootfs::TaskRoot::metadata
 fn check_jar(
     jar: &str,
     host: &Path,
     task_dir: &Path,
-    in_root: impl FnOnce() -> std::io::Result<std::fs::Metadata>,
+    in_root: impl FnOnce() -> std::io::Result<Option<std::fs::Metadata>>,
 ) -> Result<(), DriverError> {
     let invalid = |m: String| Err(DriverError::InvalidConfig(m));
-    if Path::new(jar)
-        .components()
-        .any(|c| c == std::path::Component::ParentDir)
-    {
-        return invalid(format!(
-            "jar_path {jar:?} contains `..`: give the jar's path without it"
-        ));
-    }
     let kind = match host.strip_prefix(task_dir) {
         Ok(rel) => drover_plugin_sdk::taskdir::Dir::open(task_dir)
             .and_then(|dir| dir.metadata(rel))
             .map(|m| m.kind),
-        Err(_) => in_root().map(|m| {
-            if m.is_file() {
-                FileKind::File
-            } else {
-                FileKind::Unknown
-            }
-        }),
+        Err(_) => match in_root() {
+            // Through a link in the allocation's directory or a volume: not followed
+            // from the host; the JVM, inside the task's root, says if it is no jar.
+            Ok(None) => return Ok(()),
+            Ok(Some(m)) if m.is_file() => Ok(FileKind::File),
+            Ok(Some(_)) => Ok(FileKind::Unknown),
+            Err(e) => Err(e),
+        },
     };
     match kind {
         Ok(FileKind::File) => Ok(()),
@@ -163,6 +156,14 @@ impl Flavor for Java {
             })?;
         let mut args = config.jvm_options.clone();
         if let Some(jar) = &config.jar_path {
+            if Path::new(jar)
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
+            {
+                return Err(DriverError::InvalidConfig(format!(
+                    "jar_path {jar:?} contains `..`: give the jar's path without it"
+                )));
+            }
             let jar_inside = inside(jar);
             let host = task.root.host_path(&jar_inside).ok_or_else(|| {
                 DriverError::InvalidConfig(format!(

@@ -305,6 +305,17 @@ async fn relaunch_exited(
     );
     records.forget(&old.info.name).await;
     match launch_checked(&old.candidate, ctx, records, policy).await {
+        // The binary may have been replaced meanwhile: the fresh process must be the
+        // plugin it replaces (same name and kind), or two would serve one name.
+        Ok(fresh) if fresh.info.name != old.info.name || fresh.kind != old.kind => {
+            let why = format!(
+                "the reattached process exited, and the fresh one is another plugin \
+                 ({:?} of type {:?})",
+                fresh.info.name, fresh.kind
+            );
+            fresh.process.shutdown().await;
+            (old, Err(why))
+        }
         Ok(fresh) => {
             records.save(&fresh).await;
             let settings = ctx.settings(&fresh.info.name);

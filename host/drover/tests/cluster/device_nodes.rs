@@ -255,6 +255,8 @@ fn an_sdk_device_plugins_device_node_is_given_to_exec_and_docker_tasks() {
     mknod(&given, 5);
     mknod(&other, 7);
     let results = dir(root.path(), "results");
+    // The docker task mounts it writable: nosuid,nodev where the host sees it.
+    let _safe = common::NosuidNodev::mount(&results);
     let docker = drover_test_support::docker::docker_env();
     let (extra, drivers): (String, Vec<&str>) = match &docker {
         Some(env) => (

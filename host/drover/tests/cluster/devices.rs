@@ -308,8 +308,9 @@ fn running_task(agent: &Agent, job: &str) -> (String, serde_json::Value) {
     (id, a["task_states"]["t"].clone())
 }
 
-/// Acceptance 5: `kill -9` of the agent (its embedded server too) while an exec task
-/// holds 2 device instances and has a host volume mounted. After the restart the task
+/// Acceptance 5: `kill -9` of the agent (its embedded server too) while a docker task
+/// holds 2 device instances (the example plugin's reservation mounts are bound into
+/// the container) and has a host volume mounted (staged by the docker plugin). After the restart the task
 /// was not restarted (same task, same start, no restart counted: the device hook,
 /// which reserves, runs only when a task starts), it still writes through its volume
 /// mount, the allocation keeps its instances, and nothing is given twice: a job asking for 2 more waits ("1 of 2 instances free"), one asking for 1
@@ -317,6 +318,9 @@ fn running_task(agent: &Agent, job: &str) -> (String, serde_json::Value) {
 #[test]
 fn kill_9_of_the_agent_keeps_reserved_devices_and_mounted_volumes_and_restarts_nothing() {
     let Some(p) = peers() else { return };
+    let Some(docker) = drover_test_support::docker::docker_env() else {
+        return;
+    };
     let root = tempfile::tempdir().unwrap();
     let devices = root.path().join("devices");
     std::fs::create_dir(&devices).unwrap();
@@ -324,10 +328,9 @@ fn kill_9_of_the_agent_keeps_reserved_devices_and_mounted_volumes_and_restarts_n
         std::fs::write(devices.join(f), f).unwrap();
         std::fs::set_permissions(devices.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
     }
-    // Exec tasks run as nobody: the operator lets anyone write into this volume.
     let keep = root.path().join("keep");
     std::fs::create_dir(&keep).unwrap();
-    std::fs::set_permissions(&keep, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _safe = common::NosuidNodev::mount(&keep);
     let plugins = root.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     std::fs::copy(
@@ -340,15 +343,17 @@ fn kill_9_of_the_agent_keeps_reserved_devices_and_mounted_volumes_and_restarts_n
         &config,
         format!(
             "[plugin.example-fs-device]\nconfig = {{ dir = {:?}, list_period = \"1s\" }}\n\
+             [plugin.docker]\nconfig = {{ endpoint = {:?} }}\n\
              [host_volume.keep]\npath = {:?}\n",
             devices.display().to_string(),
+            docker.host,
             keep.display().to_string()
         ),
     )
     .unwrap();
     let args = ["--dev", "--config", config.to_str().unwrap()];
     let mut first = Agent::start(root.path(), &plugins, &args);
-    wait_dev_node_ready(&first, &["exec"], Duration::from_secs(30));
+    wait_dev_node_ready(&first, &["docker"], Duration::from_secs(30));
     wait_instances(&first, "3 healthy instances", |i| {
         i.len() == 3 && i.iter().all(|(_, h)| *h)
     });
@@ -365,10 +370,11 @@ job "holder" {
       source = "keep"
     }
     task "t" {
-      driver = "exec"
+      driver = "docker"
       config {
+        image   = "IMAGE"
         command = "/bin/sh"
-        args    = ["-c", "echo \"$DROVER_DEVICE_NOMAD_FILE_MOCK\" > /data/ids.tmp && mv /data/ids.tmp /data/ids; n=0; while true; do n=$((n+1)); echo $n > /data/tick.tmp; mv /data/tick.tmp /data/tick; sleep 0.1; done"]
+        args    = ["-c", "cat /tmp/task-mounts/* > /data/mounted; echo \"$DROVER_DEVICE_NOMAD_FILE_MOCK\" > /data/ids.tmp && mv /data/ids.tmp /data/ids; n=0; while true; do n=$((n+1)); echo $n > /data/tick.tmp; mv /data/tick.tmp /data/tick; sleep 0.1; done"]
       }
       volume_mount {
         volume      = "data"
@@ -384,7 +390,8 @@ job "holder" {
     }
   }
 }
-"#,
+"#
+        .replace("IMAGE", &docker.image),
     )
     .unwrap();
     run_job(&first, &holder);
@@ -404,6 +411,10 @@ job "holder" {
         .collect();
     seen.sort();
     assert_eq!(seen, held);
+    // The plugin's reservation mounts (its files, one per instance) are in the
+    // container: their contents are the instances' names.
+    let mounted = std::fs::read_to_string(keep.join("mounted")).unwrap_or_default();
+    assert_eq!(mounted, held.concat(), "the reserved instances' mounts");
     let (alloc, before) = running_task(&first, "holder");
 
     // kill -9: no shutdown of any kind. The task keeps running and writing.
@@ -425,7 +436,7 @@ job "holder" {
 
     let mut second = Agent::start(root.path(), &plugins, &args);
     second.end_tasks = true;
-    wait_dev_node_ready(&second, &["exec"], Duration::from_secs(60));
+    wait_dev_node_ready(&second, &["docker"], Duration::from_secs(60));
     wait_instances(&second, "3 instances after the restart", |i| i.len() == 3);
     let (alloc_after, after) = running_task(&second, "holder");
     assert_eq!(alloc_after, alloc, "the same allocation runs");

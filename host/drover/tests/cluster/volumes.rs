@@ -434,6 +434,11 @@ fn a_docker_task_mounts_a_host_volume() {
     std::fs::write(secret.join("marker"), "top-secret\n").unwrap();
     std::fs::write(shared.join("note"), "from the host\n").unwrap();
     std::os::unix::fs::symlink(&secret, shared.join("escape")).unwrap();
+    // Writable volumes of docker tasks must be nosuid,nodev where the host sees them.
+    let _safe = [
+        common::NosuidNodev::mount(&shared),
+        common::NosuidNodev::mount(&results),
+    ];
     let (agent, _) = volume_agent_with(
         root.path(),
         &[("shared", &shared, false), ("results", &results, false)],

@@ -389,6 +389,32 @@ impl Drop for Agent {
     }
 }
 
+/// `dir` bound on itself `nosuid,nodev`, as an operator makes the filesystem of a
+/// host volume that docker tasks mount writable (the docker driver refuses it
+/// otherwise); unmounted when dropped.
+pub struct NosuidNodev(PathBuf);
+
+impl NosuidNodev {
+    pub fn mount(dir: &Path) -> Self {
+        use rustix::mount::MountFlags;
+        rustix::mount::mount_bind(dir, dir).expect("bind a volume directory on itself");
+        let m = NosuidNodev(dir.to_owned());
+        rustix::mount::mount_remount(
+            dir,
+            MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV,
+            "",
+        )
+        .expect("remount a volume nosuid,nodev");
+        m
+    }
+}
+
+impl Drop for NosuidNodev {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
 pub fn nix_kill(pid: u32, sig: i32) -> nix::Result<()> {
     let signal = nix::sys::signal::Signal::try_from(sig)?;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)

@@ -382,7 +382,15 @@ impl TaskRoot {
     }
 
     /// The mount `inside` is under (the deepest), and the rest of the path below it.
+    /// A path with `..` (or `.`) is under none: `/usr/../root` must not be taken for a
+    /// path below `/usr`.
     fn mount_of<'a>(&self, inside: &'a Path) -> Option<(&Mount, &'a Path)> {
+        if !inside
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        {
+            return None;
+        }
         self.mounts
             .iter()
             .filter(|m| {
@@ -393,31 +401,38 @@ impl TaskRoot {
             .and_then(|m| Some((m, inside.strip_prefix(&m.target).ok()?)))
     }
 
-    /// What `inside` (an absolute path in the task's root) is, looked at on the host
-    /// the way the task would see it. Below a mount whose contents a task controls
-    /// (its own directories, the allocation's, a host volume) the path is resolved with
-    /// that mount's directory as `/` (`openat2(RESOLVE_IN_ROOT)`): a link a task
-    /// planted there (`local/x -> /root/secret`) resolves inside it, never on the host,
-    /// so this cannot tell the task anything about the host's files. Below the
-    /// read-only host directories of the chroot list it is the host's own path.
+    /// What `inside` (an absolute path in the task's root) is, looked at from the host
+    /// without ever following a link a task could have planted. Below a mount whose
+    /// contents a task controls (its own directories, the allocation's, a host volume,
+    /// a writable device mount) the path is opened beneath that mount's directory with
+    /// no link followed: `Ok(None)` when it goes through a link (not checked here: the
+    /// task's own exec, inside its root, resolves it and says what is wrong), so a
+    /// planted `local/x -> /root/secret` tells the task nothing about the host's files
+    /// and a legitimate `local/venv/bin/python -> /usr/bin/python3` is not refused.
+    /// Below the read-only host directories of the chroot list it is the host's own
+    /// path. A path with `..` is under no mount (`NotFound`).
     ///
     /// ```
     /// use drover_isolation::rootfs::{ChrootEnv, TaskRoot};
     /// use std::path::Path;
     /// let dir = tempfile::tempdir().unwrap();
     /// std::fs::create_dir(dir.path().join("local")).unwrap();
+    /// std::fs::write(dir.path().join("local/app"), "#!/bin/sh\n").unwrap();
     /// std::os::unix::fs::symlink("/etc/passwd", dir.path().join("local/x")).unwrap();
     /// let root = TaskRoot::build(&ChrootEnv::default_list(), dir.path()).unwrap();
-    /// // The link resolves inside the task's local/, where there is no etc/passwd.
-    /// assert!(root.metadata(Path::new("/local/x")).is_err());
-    /// assert!(root.metadata(Path::new("/usr/bin/env")).unwrap().is_file());
+    /// assert!(root.metadata(Path::new("/local/app")).unwrap().unwrap().is_file());
+    /// // A link in the task's directory is not followed from the host.
+    /// assert!(root.metadata(Path::new("/local/x")).unwrap().is_none());
+    /// assert!(root.metadata(Path::new("/local/missing")).is_err());
+    /// assert!(root.metadata(Path::new("/usr/bin/env")).unwrap().unwrap().is_file());
+    /// assert!(root.metadata(Path::new("/usr/../etc/passwd")).is_err());
     /// ```
-    pub fn metadata(&self, inside: &Path) -> std::io::Result<std::fs::Metadata> {
+    pub fn metadata(&self, inside: &Path) -> std::io::Result<Option<std::fs::Metadata>> {
         let not_in_root = || std::io::Error::from(std::io::ErrorKind::NotFound);
         let (m, rest) = self.mount_of(inside).ok_or_else(not_in_root)?;
         let task_controlled = m.kind == MountKind::HostVolume || !m.read_only;
         if !task_controlled {
-            return std::fs::metadata(m.source.join(rest));
+            return std::fs::metadata(m.source.join(rest)).map(Some);
         }
         use rustix::fs::{OFlags, ResolveFlags};
         let dir_flags = if m.kind == MountKind::HostVolume {
@@ -439,14 +454,17 @@ impl TaskRoot {
         } else {
             rest
         };
-        let fd = rustix::fs::openat2(
+        match rustix::fs::openat2(
             &top,
             rel,
             OFlags::PATH | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
-            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-        )?;
-        std::fs::File::from(fd).metadata()
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => std::fs::File::from(fd).metadata().map(Some),
+            Err(rustix::io::Errno::LOOP) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Check that `command` can be run in the root: an absolute path, one relative to
@@ -491,7 +509,13 @@ impl TaskRoot {
     }
 }
 
-fn executable(meta: std::io::Result<std::fs::Metadata>) -> Result<(), &'static str> {
+fn executable(meta: std::io::Result<Option<std::fs::Metadata>>) -> Result<(), &'static str> {
+    let meta = match meta {
+        // Through a link in a task's directory: the exec inside the root tells.
+        Ok(None) => return Ok(()),
+        Ok(Some(m)) => Ok(m),
+        Err(e) => Err(e),
+    };
     match meta {
         Err(_) => Err("does not exist"),
         Ok(m) if !m.is_file() => Err("is not a file"),
