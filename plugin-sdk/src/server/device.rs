@@ -11,8 +11,8 @@ use drover_proto::nomad::{base as nb, device as ndev, structs as ns};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::nomad::{decode_config, spec_of, typed};
-use super::{BoxStream, FINGERPRINT_HEARTBEAT, MAX_MESSAGE_SIZE, contained, contained_sync};
+use super::nomad::{NomadBase, NomadBased};
+use super::{BoxStream, FINGERPRINT_HEARTBEAT, MAX_MESSAGE_SIZE, contained};
 use crate::device::{DeviceGroup, DevicePlugin, DeviceStats, Reservation};
 use crate::types::AgentInfo;
 
@@ -28,9 +28,11 @@ pub(super) fn add_services<P: DevicePlugin>(
 ) -> tonic::transport::server::Router {
     router
         .add_service(
-            nb::base_plugin_server::BasePluginServer::new(DeviceBase(plugin.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            nb::base_plugin_server::BasePluginServer::new(NomadBase::<_, AsDevice>::new(
+                plugin.clone(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE),
         )
         .add_service(
             ndev::device_plugin_server::DevicePluginServer::new(DeviceService { plugin, stop })
@@ -39,47 +41,22 @@ pub(super) fn add_services<P: DevicePlugin>(
         )
 }
 
-struct DeviceBase<P>(Arc<P>);
+/// [`NomadBased`] for a [`DevicePlugin`].
+pub(super) enum AsDevice {}
 
-#[tonic::async_trait]
-impl<P: DevicePlugin> nb::base_plugin_server::BasePlugin for DeviceBase<P> {
-    async fn plugin_info(
-        &self,
-        _: Request<nb::PluginInfoRequest>,
-    ) -> Result<Response<nb::PluginInfoResponse>, Status> {
-        let info = contained_sync("PluginInfo", || self.0.info())?;
-        Ok(Response::new(nb::PluginInfoResponse {
-            r#type: nb::PluginType::Device as i32,
-            plugin_api_versions: NOMAD_DEVICE_API_VERSIONS
-                .iter()
-                .map(|v| (*v).to_owned())
-                .collect(),
-            plugin_version: info.version,
-            name: info.name,
-        }))
+impl<P: DevicePlugin> NomadBased<AsDevice> for P {
+    type Config = P::Config;
+    const TYPE: nb::PluginType = nb::PluginType::Device;
+    const API_VERSIONS: &'static [&'static str] = NOMAD_DEVICE_API_VERSIONS;
+    fn info(&self) -> crate::PluginInfo {
+        DevicePlugin::info(self)
     }
-
-    async fn config_schema(
+    fn set_config(
         &self,
-        _: Request<nb::ConfigSchemaRequest>,
-    ) -> Result<Response<nb::ConfigSchemaResponse>, Status> {
-        Ok(Response::new(nb::ConfigSchemaResponse {
-            spec: Some(spec_of::<P::Config>("plugin config")?),
-        }))
-    }
-
-    async fn set_config(
-        &self,
-        req: Request<nb::SetConfigRequest>,
-    ) -> Result<Response<nb::SetConfigResponse>, Status> {
-        let req = req.into_inner();
-        let config: P::Config = typed(
-            "plugin config",
-            decode_config("plugin config", &req.msgpack_config)?,
-        )?;
-        let info = AgentInfo::new(req.plugin_api_version);
-        contained("SetConfig", self.0.set_config(config, info)).await??;
-        Ok(Response::new(nb::SetConfigResponse {}))
+        config: Self::Config,
+        agent: AgentInfo,
+    ) -> impl std::future::Future<Output = Result<(), crate::DriverError>> + Send {
+        DevicePlugin::set_config(self, config, agent)
     }
 }
 

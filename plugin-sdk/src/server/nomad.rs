@@ -128,9 +128,11 @@ pub(crate) fn add_services<D: DriverPlugin>(
     let tasks = Arc::new(Tasks::default());
     router
         .add_service(
-            nb::base_plugin_server::BasePluginServer::new(NomadBase(driver.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            nb::base_plugin_server::BasePluginServer::new(NomadBase::<_, AsDriver>::new(
+                driver.clone(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE),
         )
         .add_service(
             nd::driver_server::DriverServer::new(NomadDriver {
@@ -190,21 +192,61 @@ pub(super) fn typed<T: serde::de::DeserializeOwned>(
     serde_json::from_value(value).map_err(|e| DriverError::InvalidConfig(format!("{what}: {e}")))
 }
 
-struct NomadBase<D>(Arc<D>);
+/// What Nomad's `BasePlugin` service asks of a plugin, drivers and device plugins
+/// alike: its identity, its config's schema, and the config itself. `K` tells the
+/// two blanket implementations apart ([`AsDriver`], [`crate::server::device::AsDevice`]).
+pub(super) trait NomadBased<K>: Send + Sync + 'static {
+    type Config: serde::de::DeserializeOwned + schemars::JsonSchema + Send;
+    /// The plugin type `PluginInfo` reports.
+    const TYPE: nb::PluginType;
+    /// The plugin API versions it offers.
+    const API_VERSIONS: &'static [&'static str];
+    fn info(&self) -> crate::PluginInfo;
+    fn set_config(
+        &self,
+        config: Self::Config,
+        agent: AgentInfo,
+    ) -> impl std::future::Future<Output = Result<(), DriverError>> + Send;
+}
+
+/// [`NomadBased`] for a [`DriverPlugin`].
+pub(super) enum AsDriver {}
+
+impl<D: DriverPlugin> NomadBased<AsDriver> for D {
+    type Config = D::Config;
+    const TYPE: nb::PluginType = nb::PluginType::Driver;
+    const API_VERSIONS: &'static [&'static str] = NOMAD_PLUGIN_API_VERSIONS;
+    fn info(&self) -> crate::PluginInfo {
+        DriverPlugin::info(self)
+    }
+    fn set_config(
+        &self,
+        config: Self::Config,
+        agent: AgentInfo,
+    ) -> impl std::future::Future<Output = Result<(), DriverError>> + Send {
+        DriverPlugin::set_config(self, config, agent)
+    }
+}
+
+/// Nomad's `BasePlugin` over a plugin `P` of kind `K`.
+pub(super) struct NomadBase<P, K>(pub(super) Arc<P>, std::marker::PhantomData<fn() -> K>);
+
+impl<P, K> NomadBase<P, K> {
+    pub(super) fn new(plugin: Arc<P>) -> Self {
+        NomadBase(plugin, std::marker::PhantomData)
+    }
+}
 
 #[tonic::async_trait]
-impl<D: DriverPlugin> nb::base_plugin_server::BasePlugin for NomadBase<D> {
+impl<K: 'static, P: NomadBased<K>> nb::base_plugin_server::BasePlugin for NomadBase<P, K> {
     async fn plugin_info(
         &self,
         _: Request<nb::PluginInfoRequest>,
     ) -> Result<Response<nb::PluginInfoResponse>, Status> {
         let info = contained_sync("PluginInfo", || self.0.info())?;
         Ok(Response::new(nb::PluginInfoResponse {
-            r#type: nb::PluginType::Driver as i32,
-            plugin_api_versions: NOMAD_PLUGIN_API_VERSIONS
-                .iter()
-                .map(|v| (*v).to_owned())
-                .collect(),
+            r#type: P::TYPE as i32,
+            plugin_api_versions: P::API_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
             plugin_version: info.version,
             name: info.name,
         }))
@@ -215,7 +257,7 @@ impl<D: DriverPlugin> nb::base_plugin_server::BasePlugin for NomadBase<D> {
         _: Request<nb::ConfigSchemaRequest>,
     ) -> Result<Response<nb::ConfigSchemaResponse>, Status> {
         Ok(Response::new(nb::ConfigSchemaResponse {
-            spec: Some(spec_of::<D::Config>("plugin config")?),
+            spec: Some(spec_of::<P::Config>("plugin config")?),
         }))
     }
 
@@ -224,12 +266,12 @@ impl<D: DriverPlugin> nb::base_plugin_server::BasePlugin for NomadBase<D> {
         req: Request<nb::SetConfigRequest>,
     ) -> Result<Response<nb::SetConfigResponse>, Status> {
         let req = req.into_inner();
-        let config: D::Config = typed(
+        let config: P::Config = typed(
             "plugin config",
             decode_config("plugin config", &req.msgpack_config)?,
         )?;
-        // Nomad tells a driver neither where allocations live (each TaskConfig says)
-        // nor a state directory: the driver picks its own (the executors' fallback).
+        // Nomad tells a plugin neither where allocations live (each TaskConfig says)
+        // nor a state directory: the plugin picks its own (the executors' fallback).
         let info = AgentInfo::new(req.plugin_api_version);
         contained("SetConfig", self.0.set_config(config, info)).await??;
         Ok(Response::new(nb::SetConfigResponse {}))
@@ -982,7 +1024,7 @@ mod tests {
     #[tokio::test]
     async fn plugin_info_schema_capabilities_and_fingerprint_are_nomads() {
         use nb::base_plugin_server::BasePlugin as _;
-        let base = NomadBase(Arc::new(Recorder::default()));
+        let base = NomadBase::<_, AsDriver>::new(Arc::new(Recorder::default()));
         let info = base
             .plugin_info(Request::new(nb::PluginInfoRequest {}))
             .await
