@@ -11,7 +11,8 @@ use commands::plugin::{PluginCommand, serve_builtin};
 use commands::task::{TaskCommand, task_command};
 use commands::{client_main, cluster_main, server};
 
-/// Built-in drivers: name and how to serve it. Only this file names drivers.
+/// Built-in plugins (drivers and one device plugin): name and how to serve it. Only
+/// this file names them.
 const BUILTINS: &[(&str, fn() -> !)] = &[
     // Nomad's name; `rawexec`, its name before, is an alias (drover_api::DRIVER_ALIASES).
     ("raw_exec", || {
@@ -28,6 +29,10 @@ const BUILTINS: &[(&str, fn() -> !)] = &[
     }),
     ("qemu", || {
         drover_plugin_sdk::serve(drover_driver_qemu::QemuDriver::new())
+    }),
+    // A device plugin: host device nodes (by default /dev/kvm) offered to tasks.
+    (drover_device_nodes::PLUGIN_NAME, || {
+        drover_plugin_sdk::server::serve_device(drover_device_nodes::DeviceNodes::default())
     }),
 ];
 

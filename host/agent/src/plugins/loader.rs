@@ -214,10 +214,10 @@ pub async fn fingerprint(
             opts.host_env = launch.host_env.clone();
             opts.env = launch.set.clone();
             opts.auto_mtls = launch.auto_mtls;
-            // A built-in is the agent's own binary, which speaks Drover's protocol.
-            if candidate.source == PluginSource::External {
-                opts.nomad = launch.nomad.clone();
-            }
+            // Nomad's protocol is offered to built-ins too: the built-in drivers pick
+            // Drover's (their cookie comes first), the built-in device plugin speaks
+            // Nomad's device protocol, as every SDK device plugin does.
+            opts.nomad = launch.nomad.clone();
             opts.handshake_timeout = timeout;
             opts.socket_dir = Some(socket_dir.to_owned());
             opts.executable = Some(binary.fd.clone());

@@ -195,6 +195,11 @@ pub fn run_agent(args: AgentArgs) -> ExitCode {
     };
     let builtins = BUILTINS
         .iter()
+        // The device plugin runs only where the operator asked for it: a process per
+        // agent for devices most nodes do not offer would be a cost for nothing.
+        .filter(|(name, _)| {
+            *name != drover_device_nodes::PLUGIN_NAME || config.plugin.contains_key(*name)
+        })
         .map(|(name, _)| Builtin {
             name: (*name).to_owned(),
             command: exe.clone(),

@@ -325,3 +325,98 @@ fn an_sdk_device_plugins_device_node_is_given_to_exec_and_docker_tasks() {
     );
     check_results(&agent, &results, "docker");
 }
+
+/// The built-in device plugin `device_nodes` (served by the `drover` binary itself,
+/// nothing in plugin_dir), configured with a node the test made, shared by 2 tasks:
+/// the node shows 2 instances; an exec task asking for one gets the node at
+/// `/dev/<file name>` and reads it; a job asking for 3 is blocked, naming the device.
+#[test]
+fn the_built_in_device_nodes_plugin_offers_configured_nodes_in_shares() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = root.path().join("nodes");
+    std::fs::create_dir(&nodes).unwrap();
+    let zero = nodes.join("drover-zero0");
+    mknod(&zero, 5);
+    let results = dir(root.path(), "results");
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[plugin.device_nodes]\nconfig = {{ groups = [{{ vendor = \"drover\", type = \
+             \"test\", name = \"zero\", paths = [{:?}], shares = 2, permissions = \"r\" }}] }}\n\
+             [host_volume.results]\npath = {:?}\n",
+            zero.display().to_string(),
+            results.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut agent = Agent::start(
+        root.path(),
+        &plugins,
+        &["--dev", "--config", config.to_str().unwrap()],
+    );
+    agent.end_tasks = true;
+    wait_dev_node_ready(&agent, &["exec"], Duration::from_secs(30));
+    let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
+        rows.iter()
+            .any(|r| r["name"] == "device_nodes" && r["state"] == "healthy")
+    });
+    let row = rows.iter().find(|r| r["name"] == "device_nodes").unwrap();
+    assert_eq!(row["type"], "device", "{row:#}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = agent.cli_json(&["node", "status", "--json"]);
+        let id = list[0]["id"].as_str().unwrap_or_default().to_owned();
+        let node = agent.cli_json(&["node", "status", &id, "--json"]);
+        let mut ids: Vec<String> = node["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["vendor"] == "drover" && g["type"] == "test" && g["name"] == "zero")
+            .flat_map(|g| g["instances"].as_array().cloned().unwrap_or_default())
+            .filter(|i| i["healthy"] == true)
+            .filter_map(|i| i["id"].as_str().map(str::to_owned))
+            .collect();
+        ids.sort();
+        if ids == ["drover-zero0-0", "drover-zero0-1"] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "2 shares of drover-zero0 on the node: not within 30s; node:\n{node:#}\nagent log:\n{}",
+            tail(&agent.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let job = device_job(
+        "zero-reader",
+        "exec",
+        "{ command = \"/bin/sh\", args = [\"-c\", 'head -c 16 /dev/drover-zero0 | od -An -tx1 | tr -d \" \\n\" > /out/read; echo done > /out/done; i=0; while [ ! -e /out/release ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done'] }",
+    )
+    .replace("drover/test/node", "drover/test/zero");
+    run_and_finish(&agent, root.path(), &results, "zero-reader", &job, || {});
+    assert_eq!(read(&results.join("read")).trim(), "00".repeat(16));
+    let too_many = device_job("too-many", "exec", "{ command = \"/bin/true\" }").replace(
+        "name = \"drover/test/node\"\ncount = 1",
+        "name = \"drover/test/zero\"\ncount = 3",
+    );
+    let file = job_file(root.path(), "too-many", &too_many);
+    let out = agent.cli(&["job", "run", "--detach", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_job(
+        &agent,
+        "too-many",
+        "too-many blocked, naming the device",
+        |v| {
+            v["placement_failures"]["g"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("drover/test/zero"))
+        },
+    );
+}
