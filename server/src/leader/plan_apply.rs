@@ -93,6 +93,9 @@ struct ApplyCtx {
     devices_base: HashMap<String, std::collections::HashSet<String>>,
     /// Device instances taken and freed on each node by earlier plans of the batch.
     devices: HashMap<String, DevicesDelta>,
+    /// CSI volume claims ((node id, write)) by (namespace, volume id): the state's,
+    /// read when a placement claiming the volume first comes, plus this batch's.
+    csi: HashMap<(String, String), Vec<(String, bool)>>,
 }
 
 #[derive(Default)]
@@ -332,6 +335,41 @@ fn apply_one(
                 let dd = ctx.devices.entry(node_id.clone()).or_default();
                 for k in crate::scheduler::devices::held_by(want) {
                     dd.taken.insert(k);
+                }
+            }
+            let csi_needs = job
+                .and_then(|j| j.spec.groups.iter().find(|g| g.name == want.group))
+                .map(crate::scheduler::csi::csi_needs)
+                .unwrap_or_default();
+            if !csi_needs.is_empty() {
+                let ns = plan.namespace.as_str();
+                let mut conflict = None;
+                for need in &csi_needs {
+                    let claims = ctx
+                        .csi
+                        .entry((ns.to_owned(), need.source.to_owned()))
+                        .or_insert_with(|| {
+                            crate::scheduler::csi::claim_pairs(&st.csi_claims(ns, need.source))
+                        });
+                    if let Err(why) = crate::scheduler::csi::check_claim(
+                        st.csi_volume(ns, need.source),
+                        need,
+                        node,
+                        claims,
+                    ) {
+                        conflict = Some(why);
+                        break;
+                    }
+                }
+                if let Some(why) = conflict {
+                    refuse(&mut r, allocs.len() - i, why);
+                    break;
+                }
+                for need in &csi_needs {
+                    if let Some(claims) = ctx.csi.get_mut(&(ns.to_owned(), need.source.to_owned()))
+                    {
+                        claims.push((node_id.clone(), need.write));
+                    }
                 }
             }
             used_cpu += cpu;
