@@ -655,6 +655,159 @@ mod tests {
         p
     }
 
+    /// [`state`] where group `g` of `web` claims CSI volume `vol` (single-node-writer)
+    /// and the node runs its plugin, healthy.
+    fn state_with_csi_volume() -> State {
+        use drover_server_api::csi::*;
+        let mut st = state();
+        let mut job = st.job_in("default", "web").expect("web").clone();
+        job.spec.groups[0].volumes.insert(
+            "data".into(),
+            drover_server_api::VolumeRequest {
+                volume_type: "csi".into(),
+                source: "vol".into(),
+                read_only: false,
+                access_mode: "single-node-writer".into(),
+                attachment_mode: "file-system".into(),
+            },
+        );
+        let mut n = st.node("id-n1").expect("n1").clone();
+        n.csi_plugins.insert(
+            "hp".into(),
+            CsiPluginFingerprint {
+                plugin_id: "hp".into(),
+                plugin_type: CsiPluginType::Monolith,
+                healthy: true,
+                health_description: String::new(),
+                provider: "hostpath.csi.k8s.io".into(),
+                provider_version: String::new(),
+                node_id: "id-n1".into(),
+                max_volumes: 0,
+                topology: Default::default(),
+                node: Some(CsiNodeCapabilities::default()),
+                controller: Some(CsiControllerCapabilities::default()),
+            },
+        );
+        let vol = CsiVolume {
+            id: "vol".into(),
+            namespace: "default".into(),
+            name: "vol".into(),
+            external_id: "ext".into(),
+            plugin_id: "hp".into(),
+            provider: String::new(),
+            capacity_min: 0,
+            capacity_max: 0,
+            capacity: 0,
+            capabilities: vec![CsiCapability {
+                access_mode: CsiAccessMode::SingleNodeWriter,
+                attachment_mode: CsiAttachmentMode::FileSystem,
+            }],
+            mount_options: Default::default(),
+            parameters: Default::default(),
+            context: Default::default(),
+            created: true,
+            create_index: 2,
+            modify_index: 2,
+        };
+        st.apply(
+            Batch {
+                jobs: vec![job],
+                nodes: vec![n],
+                csi_volumes: vec![vol],
+                ..Batch::default()
+            },
+            2,
+        );
+        st
+    }
+
+    #[test]
+    fn a_single_node_writer_csi_volume_is_never_claimed_by_two_live_allocations() {
+        let mut st = state_with_csi_volume();
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        // Two plans of one commit: the second writer is refused.
+        let first = apply_one(
+            &st,
+            &plan(vec![alloc("a", 9090)], &[]),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        let second = apply_one(
+            &st,
+            &plan(vec![alloc("b", 9091)], &[]),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!((first.placed, first.refused), (1, 0));
+        assert_eq!((second.placed, second.refused), (0, 1));
+        assert!(
+            second.refused_nodes["id-n1"].contains("CSI volume \"vol\" has no free write claim"),
+            "{:?}",
+            second.refused_nodes
+        );
+        st.apply(batch, 3);
+        // The claim is in the state now: a later plan is refused too, even one that
+        // stops the claiming allocation (it holds the volume until its client is done).
+        let placed = st
+            .allocs_of_job("default", "web")
+            .map(|a| a.id.clone())
+            .collect::<Vec<_>>();
+        assert_eq!(placed.len(), 1);
+        assert_eq!(st.csi_claims("default", "vol").len(), 1);
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let third = apply_one(
+            &st,
+            &plan(vec![alloc("c", 9092)], &[placed[0].as_str()]),
+            None,
+            4,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            (third.placed, third.refused),
+            (0, 1),
+            "{:?}",
+            third.refused_nodes
+        );
+        // Once its client reports it complete, the claim is gone and a writer fits.
+        let mut done = st.alloc(&placed[0]).expect("placed").clone();
+        done.client_status = ClientStatus::Complete;
+        st.apply(
+            Batch {
+                allocs: vec![done],
+                ..Batch::default()
+            },
+            5,
+        );
+        assert!(st.csi_claims("default", "vol").is_empty());
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let fourth = apply_one(
+            &st,
+            &plan(vec![alloc("d", 9093)], &[]),
+            None,
+            6,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            (fourth.placed, fourth.refused),
+            (1, 0),
+            "{:?}",
+            fourth.refused_nodes
+        );
+    }
+
     #[test]
     fn two_plans_picking_the_same_port_on_a_node_commit_only_the_first() {
         let st = state();

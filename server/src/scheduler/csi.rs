@@ -110,3 +110,122 @@ pub(crate) fn claim_pairs(claims: &[CsiClaim]) -> Vec<(String, bool)> {
         .map(|c| (c.node_id.clone(), c.write))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use drover_server_api::csi::*;
+
+    use super::*;
+
+    fn vol(mode: CsiAccessMode) -> CsiVolume {
+        CsiVolume {
+            id: "v".into(),
+            namespace: "default".into(),
+            name: "v".into(),
+            external_id: "e".into(),
+            plugin_id: "p".into(),
+            provider: String::new(),
+            capacity_min: 0,
+            capacity_max: 0,
+            capacity: 0,
+            capabilities: vec![CsiCapability {
+                access_mode: mode,
+                attachment_mode: CsiAttachmentMode::FileSystem,
+            }],
+            mount_options: Default::default(),
+            parameters: Default::default(),
+            context: Default::default(),
+            created: false,
+            create_index: 0,
+            modify_index: 0,
+        }
+    }
+
+    fn node(id: &str, plugin: Option<bool>) -> Node {
+        let mut n = crate::scheduler::tests::node(id, 1000, 1000);
+        n.id = id.into();
+        if let Some(healthy) = plugin {
+            n.csi_plugins.insert(
+                "p".into(),
+                CsiPluginFingerprint {
+                    plugin_id: "p".into(),
+                    plugin_type: CsiPluginType::Node,
+                    healthy,
+                    health_description: String::new(),
+                    provider: String::new(),
+                    provider_version: String::new(),
+                    node_id: id.into(),
+                    max_volumes: 0,
+                    topology: Default::default(),
+                    node: Some(CsiNodeCapabilities::default()),
+                    controller: None,
+                },
+            );
+        }
+        n
+    }
+
+    fn need(write: bool) -> CsiNeed<'static> {
+        CsiNeed {
+            source: "v",
+            write,
+            access_mode: None,
+        }
+    }
+
+    #[test]
+    fn claims_fit_the_access_mode_and_the_node_plugin() {
+        use CsiAccessMode::*;
+        let n1 = node("n1", Some(true));
+        let snw = vol(SingleNodeWriter);
+        assert!(
+            check_claim(None, &need(true), &n1, &[])
+                .unwrap_err()
+                .contains("not found")
+        );
+        let e = check_claim(Some(&snw), &need(true), &node("n1", None), &[]).unwrap_err();
+        assert!(e.contains("missing CSI node plugin \"p\""), "{e}");
+        let e = check_claim(Some(&snw), &need(true), &node("n1", Some(false)), &[]).unwrap_err();
+        assert!(e.contains("unhealthy"), "{e}");
+        check_claim(Some(&snw), &need(true), &n1, &[]).unwrap();
+        let one_writer = [("n1".to_owned(), true)];
+        let e = check_claim(Some(&snw), &need(true), &n1, &one_writer).unwrap_err();
+        assert!(
+            e.contains("no free write claim (single-node-writer, 1 of 1 taken)"),
+            "{e}"
+        );
+        // A reader beside the writer on its node, not on another node.
+        check_claim(Some(&snw), &need(false), &n1, &one_writer).unwrap();
+        let e = check_claim(
+            Some(&snw),
+            &need(false),
+            &node("n2", Some(true)),
+            &one_writer,
+        )
+        .unwrap_err();
+        assert!(e.contains("claimed on another node"), "{e}");
+        // Reader-only modes take no writer; multi-node-multi-writer any.
+        let e = check_claim(Some(&vol(MultiNodeReaderOnly)), &need(true), &n1, &[]).unwrap_err();
+        assert!(e.contains("read-only"), "{e}");
+        let many = [("n1".to_owned(), true), ("n2".to_owned(), true)];
+        check_claim(Some(&vol(MultiNodeMultiWriter)), &need(true), &n1, &many).unwrap();
+        let e = check_claim(
+            Some(&vol(MultiNodeSingleWriter)),
+            &need(true),
+            &n1,
+            &many[..1],
+        )
+        .unwrap_err();
+        assert!(e.contains("no free write claim"), "{e}");
+        // An access mode the volume does not offer.
+        let asked = CsiNeed {
+            access_mode: Some(MultiNodeMultiWriter),
+            ..need(true)
+        };
+        let e = check_claim(Some(&snw), &asked, &n1, &[]).unwrap_err();
+        assert!(
+            e.contains("does not offer access mode multi-node-multi-writer"),
+            "{e}"
+        );
+    }
+}

@@ -26,6 +26,13 @@ use crate::config::SchedulerAlgorithm;
 /// Most characters of a driver's own description quoted in a placement failure.
 const MAX_DRIVER_SAYS: usize = 240;
 
+/// A CSI volume as a placement pass sees it: the volume (if it exists) and its claims
+/// ((node id, write)), the pass's placements included.
+type CsiVolumeClaims<'a> = (
+    Option<&'a drover_server_api::csi::CsiVolume>,
+    Vec<(String, bool)>,
+);
+
 /// Per group: its needs and which nodes are statically feasible (0 unknown, 1 yes, 2 no).
 struct GroupCtx<'a> {
     needs: GroupNeeds<'a>,
@@ -109,13 +116,7 @@ pub(crate) struct Placer<'a> {
     /// its claims ((node id, write)), this plan's placements included. A stop in the
     /// plan frees no claim: a claim ends when the client reports its allocation
     /// terminal (it still has the volume mounted until then).
-    csi: HashMap<
-        &'a str,
-        (
-            Option<&'a drover_server_api::csi::CsiVolume>,
-            Vec<(String, bool)>,
-        ),
-    >,
+    csi: HashMap<&'a str, CsiVolumeClaims<'a>>,
 }
 
 #[derive(Default)]
