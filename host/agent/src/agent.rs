@@ -269,6 +269,11 @@ pub async fn run(
         allocs.set_host_volumes(prepared.host_volumes().clone());
         allocs.set_csi_mounts(Arc::new(crate::csi::mounts::CsiMounts::new(
             csi_plugins.clone(),
+            Some(crate::csi::controller::ControllerLink::new(
+                prepared.connection().clone(),
+                prepared.node_id().to_owned(),
+                prepared.node_secret().clone(),
+            )),
         )));
         // Checked when the config was loaded.
         allocs.set_bridge(config.bridge().ok());

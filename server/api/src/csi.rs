@@ -681,13 +681,42 @@ pub enum ControllerCall {
         /// The plugin's id of the volume.
         external_id: String,
     },
+    /// `ControllerPublishVolume` to a node (asked by that node's agent).
+    Publish {
+        /// The plugin.
+        plugin_id: String,
+        /// The plugin's id of the volume.
+        external_id: String,
+        /// The node as the plugin knows it (its node plugin's `NodeGetInfo`).
+        node_id: String,
+        /// How the volume is used.
+        capability: CsiCapability,
+        /// Its mount options.
+        mount_options: CsiMountOptions,
+        /// Published read-only.
+        readonly: bool,
+        /// The volume context.
+        context: BTreeMap<String, String>,
+    },
+    /// `ControllerUnpublishVolume` from a node (asked by that node's agent).
+    Unpublish {
+        /// The plugin.
+        plugin_id: String,
+        /// The plugin's id of the volume.
+        external_id: String,
+        /// The node as the plugin knows it.
+        node_id: String,
+    },
 }
 
 impl ControllerCall {
     /// The plugin it is for.
     pub fn plugin_id(&self) -> &str {
         match self {
-            Self::Create { plugin_id, .. } | Self::Delete { plugin_id, .. } => plugin_id,
+            Self::Create { plugin_id, .. }
+            | Self::Delete { plugin_id, .. }
+            | Self::Publish { plugin_id, .. }
+            | Self::Unpublish { plugin_id, .. } => plugin_id,
         }
     }
 }
@@ -707,6 +736,16 @@ pub enum ControllerOutcome {
     },
     /// DeleteVolume succeeded.
     Deleted,
+    /// ControllerPublishVolume succeeded: the context the Node calls get.
+    Published {
+        /// The publish context.
+        publish_context: BTreeMap<String, String>,
+    },
+    /// ControllerUnpublishVolume succeeded.
+    Unpublished,
+    /// The plugin's controllers do not publish (no `PUBLISH_UNPUBLISH_VOLUME`, or no
+    /// controller at all): the node goes on without.
+    NotRequired,
     /// The call failed; why.
     Failed {
         /// The plugin's error.

@@ -301,6 +301,58 @@ impl Server {
         self.deregister_csi_volume(ns, id).await
     }
 
+    /// Node `node_id`'s own controller call: ControllerPublishVolume or
+    /// ControllerUnpublishVolume of a volume of a plugin the node runs, through a
+    /// healthy controller that publishes; `NotRequired` when the plugin's controllers
+    /// do not (or it has none). A failed call is the outcome `Failed`.
+    pub async fn csi_node_controller_call(
+        &self,
+        node_id: &str,
+        call: ControllerCall,
+    ) -> Result<ControllerOutcome, ServerError> {
+        let plugin_id = match &call {
+            ControllerCall::Publish { plugin_id, .. }
+            | ControllerCall::Unpublish { plugin_id, .. } => plugin_id.clone(),
+            _ => {
+                return Err(ServerError::Invalid(
+                    "call_json: a node may ask for publish or unpublish only".into(),
+                ));
+            }
+        };
+        {
+            let st = self.core.read();
+            let runs = crate::scheduler::StateView::node(&*st, node_id)
+                .and_then(|n| n.csi_plugins.get(&plugin_id))
+                .is_some_and(|f| f.plugin_type.is_node());
+            if !runs {
+                return Err(ServerError::Denied(format!(
+                    "node {node_id} runs no node plugin {plugin_id:?}"
+                )));
+            }
+            let publishes = crate::scheduler::StateView::nodes(&*st)
+                .into_iter()
+                .any(|n| {
+                    n.csi_plugins.get(&plugin_id).is_some_and(|f| {
+                        f.plugin_type.is_controller()
+                            && f.controller.as_ref().is_some_and(|c| c.publish_unpublish)
+                    })
+                });
+            if !publishes {
+                return Ok(ControllerOutcome::NotRequired);
+            }
+        }
+        let node = self.controller_node(
+            &plugin_id,
+            |c| c.publish_unpublish,
+            "PUBLISH_UNPUBLISH_VOLUME",
+        )?;
+        match self.controller_call(&node, call).await {
+            Ok(o) => Ok(o),
+            Err(ServerError::Invalid(error)) => Ok(ControllerOutcome::Failed { error }),
+            Err(e) => Err(e),
+        }
+    }
+
     fn check_namespace(&self, ns: &str) -> Result<(), ServerError> {
         if self.core.read().namespace(ns).is_none() {
             return Err(ServerError::Invalid(format!(

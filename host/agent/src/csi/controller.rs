@@ -179,5 +179,104 @@ pub async fn run(plugins: &CsiPlugins, call: ControllerCall) -> ControllerOutcom
                 Err(e) => failed(e.to_string()),
             }
         }
+        ControllerCall::Publish {
+            external_id,
+            node_id,
+            capability,
+            mount_options,
+            readonly,
+            context,
+            ..
+        } => {
+            let cap = Capability {
+                access_mode: capability.access_mode,
+                attachment_mode: capability.attachment_mode,
+                fs_type: mount_options.fs_type,
+                mount_flags: mount_options.mount_flags,
+            };
+            match client
+                .controller_publish(&external_id, &node_id, &cap, readonly, &context, &none)
+                .await
+            {
+                Ok(publish_context) => ControllerOutcome::Published { publish_context },
+                Err(e) => failed(e.to_string()),
+            }
+        }
+        ControllerCall::Unpublish {
+            external_id,
+            node_id,
+            ..
+        } => match client
+            .controller_unpublish(&external_id, &node_id, &none)
+            .await
+        {
+            Ok(()) => ControllerOutcome::Unpublished,
+            Err(e) => failed(e.to_string()),
+        },
+    }
+}
+
+/// How a node's agent asks its servers for its own controller calls
+/// (ControllerPublish and ControllerUnpublish of the volumes it stages).
+#[derive(Clone)]
+pub struct ControllerLink {
+    conn: ServerConnection,
+    node_id: String,
+    secret: NodeSecret,
+}
+
+impl std::fmt::Debug for ControllerLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerLink")
+            .field("node_id", &self.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Deadline of a node's own controller call (the server waits up to a minute for the
+/// controller).
+const NODE_CALL_TIMEOUT: Duration = Duration::from_secs(75);
+
+impl ControllerLink {
+    /// Calls as node `node_id` through `conn`.
+    pub fn new(conn: ServerConnection, node_id: String, secret: NodeSecret) -> Self {
+        Self {
+            conn,
+            node_id,
+            secret,
+        }
+    }
+
+    /// Run `call` through the servers (each tried in turn): its outcome.
+    pub async fn call(&self, call: &ControllerCall) -> Result<ControllerOutcome, String> {
+        let call_json = serde_json::to_vec(call).map_err(|e| e.to_string())?;
+        let mut last = String::from("no server");
+        for i in 0..self.conn.len() {
+            let channel = match self.conn.connect(i).await {
+                Ok(c) => c,
+                Err(e) => {
+                    last = format!("{}: cannot connect: {e}", self.conn.address(i));
+                    continue;
+                }
+            };
+            let mut rpc = CsiControllerClient::with_interceptor(channel, self.conn.interceptor());
+            let req = pb::CsiControllerCallRequest {
+                node_id: self.node_id.clone(),
+                node_secret: self.secret.expose().to_owned(),
+                call_json: call_json.clone(),
+            };
+            match tokio::time::timeout(NODE_CALL_TIMEOUT, rpc.call(req)).await {
+                Ok(Ok(r)) => {
+                    return serde_json::from_slice(&r.into_inner().outcome_json)
+                        .map_err(|e| format!("the server's answer: {e}"));
+                }
+                Ok(Err(s)) if s.code() == tonic::Code::Unavailable => {
+                    last = format!("{}: {}", self.conn.address(i), s.message());
+                }
+                Ok(Err(s)) => return Err(s.message().to_owned()),
+                Err(_) => return Err(format!("no answer within {NODE_CALL_TIMEOUT:?}")),
+            }
+        }
+        Err(last)
     }
 }

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use drover_plugin_sdk::TaskVolume;
-use drover_server_api::csi::{CsiAccessMode, CsiAttachmentMode, CsiVolume};
+use drover_server_api::csi::{
+    ControllerCall, ControllerOutcome, CsiAccessMode, CsiAttachmentMode, CsiCapability, CsiVolume,
+};
 use drover_server_api::{ClientAllocation, HostVolume, Task, TaskGroup};
 
 use super::client::Capability;
@@ -24,6 +26,8 @@ use super::plugins::{CsiPlugin, CsiPlugins};
 #[derive(Debug)]
 pub struct CsiMounts {
     plugins: Arc<CsiPlugins>,
+    /// The servers, for ControllerPublish and ControllerUnpublish (none: never asked).
+    link: Option<super::controller::ControllerLink>,
     /// One stage/publish or unpublish/unstage at a time: staging decisions read the
     /// per-alloc directories of other allocations.
     lock: tokio::sync::Mutex<()>,
@@ -94,11 +98,89 @@ fn read_only(vol: &CsiVolume, group: &TaskGroup) -> bool {
 }
 
 impl CsiMounts {
-    /// Mounts through `plugins`.
-    pub fn new(plugins: Arc<CsiPlugins>) -> Self {
+    /// Mounts through `plugins`, asking the servers (`link`) for the controller's
+    /// publish when the plugin's controllers publish.
+    pub fn new(plugins: Arc<CsiPlugins>, link: Option<super::controller::ControllerLink>) -> Self {
         Self {
             plugins,
+            link,
             lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// ControllerPublishVolume of `vol` to this node, through the servers: the publish
+    /// context (empty when the plugin's controllers do not publish).
+    async fn controller_publish(
+        &self,
+        plugin: &CsiPlugin,
+        vol: &CsiVolume,
+        cap: &Capability,
+        readonly: bool,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let Some(link) = &self.link else {
+            return Ok(BTreeMap::new());
+        };
+        let call = ControllerCall::Publish {
+            plugin_id: vol.plugin_id.clone(),
+            external_id: vol.external_id.clone(),
+            node_id: plugin.fingerprint().node_id,
+            capability: CsiCapability {
+                access_mode: cap.access_mode,
+                attachment_mode: cap.attachment_mode,
+            },
+            mount_options: vol.mount_options.clone(),
+            readonly,
+            context: vol.context.clone(),
+        };
+        match link.call(&call).await {
+            Ok(ControllerOutcome::Published { publish_context }) => {
+                tracing::info!(volume = %vol.id, "CSI volume published to this node by the controller");
+                Ok(publish_context)
+            }
+            Ok(ControllerOutcome::NotRequired) => Ok(BTreeMap::new()),
+            Ok(ControllerOutcome::Failed { error }) => Err(format!(
+                "CSI volume {:?}: ControllerPublishVolume: {error}",
+                vol.id
+            )),
+            Ok(other) => Err(format!(
+                "CSI volume {:?}: ControllerPublishVolume answered {other:?}",
+                vol.id
+            )),
+            Err(e) => Err(format!(
+                "CSI volume {:?}: ControllerPublishVolume: {e}",
+                vol.id
+            )),
+        }
+    }
+
+    /// ControllerUnpublishVolume of `vol` from this node, through the servers.
+    async fn controller_unpublish(
+        &self,
+        plugin: &CsiPlugin,
+        vol: &CsiVolume,
+    ) -> Result<(), String> {
+        let Some(link) = &self.link else {
+            return Ok(());
+        };
+        let call = ControllerCall::Unpublish {
+            plugin_id: vol.plugin_id.clone(),
+            external_id: vol.external_id.clone(),
+            node_id: plugin.fingerprint().node_id,
+        };
+        match link.call(&call).await {
+            Ok(ControllerOutcome::Unpublished | ControllerOutcome::NotRequired) => Ok(()),
+            Ok(ControllerOutcome::Failed { error }) => Err(format!(
+                "CSI volume {:?}: ControllerUnpublishVolume: {error}",
+                vol.id
+            )),
+            Ok(other) => Err(format!(
+                "CSI volume {:?}: ControllerUnpublishVolume answered {other:?}",
+                vol.id
+            )),
+            Err(e) => Err(format!(
+                "CSI volume {:?}: ControllerUnpublishVolume: {e}",
+                vol.id
+            )),
         }
     }
 
@@ -168,29 +250,39 @@ impl CsiMounts {
             .await
             .map_err(|e| e.to_string())?;
         let cap = capability(vol, group);
+        let readonly = read_only(vol, group);
         let none = BTreeMap::new();
+        let publish_context = self.controller_publish(plugin, vol, &cap, readonly).await?;
         let staging = if caps.stage_unstage {
             let staging = staging_path(plugin, vol)?;
             make_dirs(&staging)?;
             client
-                .node_stage(&vol.external_id, &staging, &cap, &none, &vol.context, &none)
+                .node_stage(
+                    &vol.external_id,
+                    &staging,
+                    &cap,
+                    &publish_context,
+                    &vol.context,
+                    &none,
+                )
                 .await
                 .map_err(|e| format!("CSI volume {:?}: {e}", vol.id))?;
             Some(staging)
         } else {
             None
         };
-        if let Some(parent) = target.parent() {
-            make_dirs(parent)?;
-        }
+        // The target's parent is the CO's to make (the spec); the target too, so that
+        // a plugin that mounts nothing (an in-memory one) still leaves a directory to
+        // bind. Plugins that mount accept an existing empty directory.
+        make_dirs(target)?;
         client
             .node_publish(
                 &vol.external_id,
                 staging.as_deref(),
                 target,
                 &cap,
-                read_only(vol, group),
-                &none,
+                readonly,
+                &publish_context,
                 &vol.context,
                 &none,
             )
@@ -212,7 +304,9 @@ impl CsiMounts {
             let plugin = self.node_plugin(vol)?;
             let target = target_path(plugin, &alloc.alloc.id, vol)?;
             let client = plugin.client().await.map_err(|e| e.to_string())?;
+            let mut undone = false;
             if target.exists() {
+                undone = true;
                 client
                     .node_unpublish(&vol.external_id, &target)
                     .await
@@ -223,13 +317,22 @@ impl CsiMounts {
             }
             remove_empty_parents(&target, &plugin.mount_dir().join("per-alloc"));
             let staging = staging_path(plugin, vol)?;
-            if staging.exists() && !published_elsewhere(plugin, vol)? {
+            if published_elsewhere(plugin, vol)? {
+                continue;
+            }
+            if staging.exists() {
+                undone = true;
                 client
                     .node_unstage(&vol.external_id, &staging)
                     .await
                     .map_err(|e| format!("CSI volume {:?}: {e}", vol.id))?;
                 let _ = std::fs::remove_dir(&staging);
                 tracing::info!(volume = %vol.id, "CSI volume unstaged");
+            }
+            // The last use of the volume on this node is gone: the controller may
+            // detach it.
+            if undone {
+                self.controller_unpublish(plugin, vol).await?;
             }
         }
         Ok(())

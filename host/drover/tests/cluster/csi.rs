@@ -384,3 +384,127 @@ destination = "/data"
     let list = agent.cli_json(&["volume", "status", "--json"]);
     assert_eq!(list, serde_json::json!([]), "{list:#}");
 }
+
+/// The CSI test suite's mock driver advertises PUBLISH_UNPUBLISH_VOLUME and refuses
+/// NodeStageVolume without the `device` that ControllerPublishVolume puts in the
+/// publish context: a job on its volume runs only if the node's agent had the
+/// controller publish it first (through the server, which routes the call to the
+/// controller's agent); stopping the job unpublishes it, and the volume is deleted.
+#[test]
+fn a_plugin_that_needs_controller_publish_gets_it_before_the_node_stages() {
+    let Some(peers) = drover_test_support::csi::peers() else {
+        return;
+    };
+    if !root_or_skip() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"
+[csi_plugin.mock]
+type = "monolith"
+command = "{}"
+env = {{ CSI_ENDPOINT = "{{socket}}" }}
+"#,
+        peers.mock().display()
+    );
+    let config_file = root.path().join("csi.toml");
+    std::fs::write(&config_file, config).unwrap();
+    let plugins = root.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut agent = Agent::start(
+        root.path(),
+        &plugins,
+        &[
+            "--dev",
+            "--dev-http-addr",
+            &addr,
+            "--config",
+            config_file.to_str().unwrap(),
+        ],
+    );
+    agent.end_tasks = true;
+    wait_dev_node_ready(&agent, &["exec"], Duration::from_secs(30));
+    let nodes = agent.cli_json(&["node", "status", "--json"]);
+    let node_id = nodes[0]["id"].as_str().unwrap().to_owned();
+    let mut node = serde_json::Value::Null;
+    drover_test_support::until_blocking(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        "the node showing the mock plugin healthy",
+        || {
+            node = agent.cli_json(&["node", "status", &node_id, "--json"]);
+            node["csi_plugins"]["mock"]["healthy"] == true
+        },
+    );
+    let f = &node["csi_plugins"]["mock"];
+    assert_eq!(f["controller"]["publish_unpublish"], true, "{f:#}");
+    assert_eq!(f["node"]["stage_unstage"], true, "{f:#}");
+
+    let spec = root.path().join("mock.hcl");
+    std::fs::write(
+        &spec,
+        "id = \"m\"\ntype = \"csi\"\nplugin_id = \"mock\"\n\
+         capability {\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}\n",
+    )
+    .unwrap();
+    cli_ok(&agent, &["volume", "create", spec.to_str().unwrap()]);
+
+    let job = r#"
+name = "uses-mock"
+type = "service"
+
+[[group]]
+name = "g"
+
+[group.volume.data]
+type = "csi"
+source = "m"
+
+[[group.task]]
+name = "t"
+driver = "exec"
+config = { command = "/bin/sh", args = ["-c", 'test -d /data && exec sleep 600'] }
+resources = { cpu = 100, memory_mb = 64 }
+
+[[group.task.volume_mount]]
+volume = "data"
+destination = "/data"
+"#;
+    let file = job_file(root.path(), "uses-mock", job);
+    cli_ok(&agent, &["job", "run", "--detach", file.to_str().unwrap()]);
+    wait_job(
+        &agent,
+        "uses-mock",
+        "the job running on the mock's volume",
+        |v| allocs_with(v, "running").len() == 1,
+    );
+    let vol = agent.cli_json(&["volume", "status", "m", "--json"]);
+    assert_eq!(vol["CurrentWriters"], 1, "{vol:#}");
+    assert!(
+        agent
+            .log_text()
+            .contains("CSI volume published to this node by the controller"),
+        "{}",
+        common::cluster::tail(&agent.log_text())
+    );
+
+    cli_ok(&agent, &["job", "stop", "uses-mock"]);
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "the volume without claims",
+        || {
+            let vol = agent.cli_json(&["volume", "status", "m", "--json"]);
+            vol["Allocations"].as_array().is_some_and(Vec::is_empty)
+        },
+    );
+    cli_ok(&agent, &["volume", "delete", "m"]);
+    assert!(
+        !agent.log_text().contains("ControllerUnpublishVolume:"),
+        "an unpublish failed:\n{}",
+        common::cluster::tail(&agent.log_text())
+    );
+}

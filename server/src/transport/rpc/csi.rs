@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use drover_proto::drover::cluster::v1 as pb;
-use drover_server_api::csi::ControllerOutcome;
+use drover_server_api::csi::{ControllerCall, ControllerOutcome};
 use pb::csi_controller_server::CsiController;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -70,6 +70,29 @@ impl CsiController for CsiControllerRpc {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn call(
+        &self,
+        request: Request<pb::CsiControllerCallRequest>,
+    ) -> Result<Response<pb::CsiControllerCallResponse>, Status> {
+        let pb::CsiControllerCallRequest {
+            node_id,
+            node_secret,
+            call_json,
+        } = request.into_inner();
+        self.server
+            .authenticate_node(&node_id, &node_secret)
+            .map_err(status_from)?;
+        let call: ControllerCall = decode("call_json", &call_json)?;
+        let outcome = self
+            .server
+            .csi_node_controller_call(&node_id, call)
+            .await
+            .map_err(status_from)?;
+        Ok(Response::new(pb::CsiControllerCallResponse {
+            outcome_json: encode(&outcome)?,
+        }))
     }
 
     async fn reply(
