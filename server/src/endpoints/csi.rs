@@ -310,9 +310,28 @@ impl Server {
         node_id: &str,
         call: ControllerCall,
     ) -> Result<ControllerOutcome, ServerError> {
-        let plugin_id = match &call {
-            ControllerCall::Publish { plugin_id, .. }
-            | ControllerCall::Unpublish { plugin_id, .. } => plugin_id.clone(),
+        let (plugin_id, external_id, plugin_node_id, publish) = match &call {
+            ControllerCall::Publish {
+                plugin_id,
+                external_id,
+                node_id,
+                ..
+            } => (
+                plugin_id.clone(),
+                external_id.clone(),
+                node_id.clone(),
+                true,
+            ),
+            ControllerCall::Unpublish {
+                plugin_id,
+                external_id,
+                node_id,
+            } => (
+                plugin_id.clone(),
+                external_id.clone(),
+                node_id.clone(),
+                false,
+            ),
             _ => {
                 return Err(ServerError::Invalid(
                     "call_json: a node may ask for publish or unpublish only".into(),
@@ -321,13 +340,40 @@ impl Server {
         };
         {
             let st = self.core.read();
-            let runs = crate::scheduler::StateView::node(&*st, node_id)
+            // A node acts for itself only: the plugin's id of the node is the one its
+            // node plugin fingerprinted, and it publishes only volumes its own
+            // allocations claim.
+            let known = crate::scheduler::StateView::node(&*st, node_id)
                 .and_then(|n| n.csi_plugins.get(&plugin_id))
-                .is_some_and(|f| f.plugin_type.is_node());
-            if !runs {
-                return Err(ServerError::Denied(format!(
-                    "node {node_id} runs no node plugin {plugin_id:?}"
-                )));
+                .filter(|f| f.plugin_type.is_node())
+                .map(|f| f.node_id.clone());
+            match known {
+                None => {
+                    return Err(ServerError::Denied(format!(
+                        "node {node_id} runs no node plugin {plugin_id:?}"
+                    )));
+                }
+                Some(id) if id != plugin_node_id => {
+                    return Err(ServerError::Denied(format!(
+                        "node {node_id} is {id:?} to plugin {plugin_id:?}, not {plugin_node_id:?}"
+                    )));
+                }
+                Some(_) => {}
+            }
+            if publish {
+                let claimed = st.csi_volumes("*").any(|v| {
+                    v.plugin_id == plugin_id
+                        && v.external_id == external_id
+                        && st
+                            .csi_claims(&v.namespace, &v.id)
+                            .iter()
+                            .any(|c| c.node_id == node_id)
+                });
+                if !claimed {
+                    return Err(ServerError::Denied(format!(
+                        "no allocation of node {node_id} claims volume {external_id:?} of plugin {plugin_id:?}"
+                    )));
+                }
             }
             let publishes = crate::scheduler::StateView::nodes(&*st)
                 .into_iter()
