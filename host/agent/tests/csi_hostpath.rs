@@ -220,3 +220,85 @@ async fn hostpath_plugin_stages_publishes_and_keeps_data() {
     })
     .await;
 }
+
+/// The hostpath plugin processes this test process launched whose command line names
+/// `state_dir`.
+fn plugin_pids(state_dir: &Path) -> Vec<u32> {
+    let me = std::process::id();
+    let want = state_dir.to_string_lossy().into_owned();
+    drover_test_support::procs::processes(|ppid, _| ppid == me)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&want))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_dies_is_relaunched_and_healthy_again() {
+    let Some(peers) = drover_test_support::csi::peers() else {
+        return;
+    };
+    if !root_or_skip() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let state_dir = tmp.path().join("relaunch-state");
+    let config = CsiPluginConfig {
+        plugin_type: CsiPluginType::Node,
+        command: peers.hostpath(),
+        args: vec![
+            "-endpoint".into(),
+            "{endpoint}".into(),
+            "-nodeid".into(),
+            "n".into(),
+            "-statedir".into(),
+            state_dir.to_string_lossy().into_owned(),
+        ],
+        env: BTreeMap::new(),
+        mount_dir: None,
+    };
+    let stop = CancellationToken::new();
+    let plugins = CsiPlugins::start(
+        &BTreeMap::from([("hp".to_owned(), config)]),
+        tmp.path(),
+        "n",
+        stop.clone(),
+    )
+    .expect("start");
+    plugins
+        .wait_healthy("hp", Duration::from_secs(30))
+        .await
+        .expect("healthy");
+    let plugin = plugins.get("hp").expect("configured");
+    assert!(plugin.fingerprint().node.is_some() && plugin.fingerprint().controller.is_none());
+    let first = plugin_pids(&state_dir);
+    assert_eq!(first.len(), 1, "{first:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &first[0].to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    drover_test_support::until(
+        Duration::from_secs(10),
+        "the plugin marked unhealthy",
+        || !plugin.fingerprint().healthy,
+    )
+    .await;
+    plugins
+        .wait_healthy("hp", Duration::from_secs(30))
+        .await
+        .expect("healthy again");
+    let second = plugin_pids(&state_dir);
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first, "a new process");
+    stop.cancel();
+    drover_test_support::until(
+        Duration::from_secs(10),
+        "the plugin gone with the stop",
+        || plugin_pids(&state_dir).is_empty(),
+    )
+    .await;
+}

@@ -328,6 +328,21 @@ async fn supervise(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+        // The plugin dies with the agent, even a killed one (SIGKILL has no drop):
+        // the next agent launches its own instead of finding an orphan on a socket
+        // path it reuses. Volumes it published stay mounted (mounts outlive their
+        // maker) and the next instance unpublishes them. SAFETY: only prctl runs
+        // between fork and exec (async-signal-safe, no allocation); the death signal
+        // follows the forking thread, a runtime worker that lives as long as the agent.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(|| {
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))?;
+                Ok(())
+            });
+        }
         let started = tokio::time::Instant::now();
         let mut child = match cmd.spawn() {
             Ok(c) => c,
