@@ -351,6 +351,8 @@ pub fn parse_volume_spec(file: &str, text: &str) -> Result<CsiVolume, VolumeSpec
         "capacity_min",
         "capacity_max",
         "capability",
+        "access_mode",
+        "attachment_mode",
         "mount_options",
         "parameters",
         "context",
@@ -412,7 +414,15 @@ pub fn parse_volume_spec(file: &str, text: &str) -> Result<CsiVolume, VolumeSpec
             format!("{capacity_max} bytes is less than capacity_min ({capacity_min})"),
         ));
     }
-    let caps = match top.remove("capability") {
+    // Nomad 1.0's spec: one `access_mode` and `attachment_mode` at the top.
+    let old_style = match (top.remove("access_mode"), top.remove("attachment_mode")) {
+        (None, None) => None,
+        (a, b) => Some(serde_json::json!({
+            "access_mode": a.unwrap_or_default(),
+            "attachment_mode": b.unwrap_or_default(),
+        })),
+    };
+    let caps = match top.remove("capability").or(old_style) {
         None => {
             return Err(fail(
                 "capability",
@@ -630,6 +640,18 @@ parameters {
         .expect("one capability");
         assert_eq!(one.capabilities.len(), 1);
         assert_eq!(one.name, "x");
+
+        // Nomad 1.0's top-level modes.
+        let old = parse_volume_spec(
+            "v.hcl",
+            "id = \"x\"\ntype = \"csi\"\nplugin_id = \"p\"\nexternal_id = \"e\"\n\
+             access_mode = \"single-node-writer\"\nattachment_mode = \"file-system\"\n",
+        )
+        .expect("Nomad 1.0 style");
+        assert_eq!(
+            old.capabilities[0].access_mode,
+            CsiAccessMode::SingleNodeWriter
+        );
     }
 
     #[test]

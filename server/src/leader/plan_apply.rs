@@ -806,6 +806,24 @@ mod tests {
             "{:?}",
             fourth.refused_nodes
         );
+        // Its node is lost: the allocation is lost, and so is its claim.
+        st.apply(batch, 6);
+        assert_eq!(st.csi_claims("default", "vol").len(), 1);
+        let mut lost = st
+            .allocs_of_job("default", "web")
+            .find(|a| !a.client_status.is_terminal())
+            .expect("the fourth")
+            .clone();
+        lost.client_status = ClientStatus::Lost;
+        lost.desired_status = DesiredStatus::Stop;
+        st.apply(
+            Batch {
+                allocs: vec![lost],
+                ..Batch::default()
+            },
+            7,
+        );
+        assert!(st.csi_claims("default", "vol").is_empty());
     }
 
     #[test]

@@ -116,6 +116,75 @@ args = ["-endpoint", "{{endpoint}}", "-nodeid", "{{node_id}}", "-statedir", "{}"
         true,
         "{plugin:#}"
     );
+
+    // Nomad 1.0.18's own CLI reads the plugin, and deregisters and registers (its
+    // spec's top-level access_mode) a volume Drover created.
+    let Some(nomad) = drover_test_support::nomad::peers() else {
+        return;
+    };
+    let nomad_cli = |args: &[&str]| {
+        let out = std::process::Command::new(nomad.nomad())
+            .args(args)
+            .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+            .env("NOMAD_TOKEN", token.trim())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "nomad {}: {text}", args.join(" "));
+        text
+    };
+    let out = nomad_cli(&["plugin", "status", "hostpath"]);
+    assert!(
+        out.contains("hostpath.csi.k8s.io") && out.contains("Nodes Healthy        = 1"),
+        "{out}"
+    );
+    let spec = root.path().join("v.hcl");
+    std::fs::write(
+        &spec,
+        "id = \"v\"\ntype = \"csi\"\nplugin_id = \"hostpath\"\n\
+         capability {\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}\n",
+    )
+    .unwrap();
+    let out = agent.cli(&["volume", "create", spec.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vol = agent.cli_json(&["volume", "status", "v", "--json"]);
+    let external = vol["ExternalID"].as_str().unwrap().to_owned();
+    nomad_cli(&["volume", "deregister", "v"]);
+    assert_eq!(
+        agent.cli_json(&["volume", "status", "--json"]),
+        serde_json::json!([])
+    );
+    let old_spec = root.path().join("v-nomad10.hcl");
+    std::fs::write(
+        &old_spec,
+        format!(
+            "id = \"v\"\nname = \"v\"\ntype = \"csi\"\nexternal_id = \"{external}\"\n\
+             plugin_id = \"hostpath\"\naccess_mode = \"single-node-writer\"\n\
+             attachment_mode = \"file-system\"\n"
+        ),
+    )
+    .unwrap();
+    nomad_cli(&["volume", "register", old_spec.to_str().unwrap()]);
+    let out = nomad_cli(&["volume", "status", "v"]);
+    assert!(
+        out.contains(&external) && out.contains("Schedulable          = true"),
+        "{out}"
+    );
+    let out = agent.cli(&["volume", "delete", "v"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!state.join(&external).exists());
 }
 
 /// A dev agent running the hostpath plugin as `[csi_plugin.hostpath]` with its

@@ -182,6 +182,11 @@ struct WireVolume {
     capacity_max: i64,
     #[serde(default)]
     requested_capabilities: Option<Vec<WireCapability>>,
+    /// Nomad 1.0's single capability (before `RequestedCapabilities`).
+    #[serde(default)]
+    access_mode: String,
+    #[serde(default)]
+    attachment_mode: String,
     #[serde(default)]
     mount_options: Option<WireMountOptions>,
     #[serde(default)]
@@ -227,12 +232,14 @@ fn from_wire(w: WireVolume, ns: &str) -> Result<CsiVolume, ApiError> {
         ));
     }
     let mut capabilities = Vec::new();
-    for (i, c) in w
-        .requested_capabilities
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-    {
+    let mut requested = w.requested_capabilities.unwrap_or_default();
+    if requested.is_empty() && !w.access_mode.is_empty() {
+        requested.push(WireCapability {
+            access_mode: w.access_mode.clone(),
+            attachment_mode: w.attachment_mode.clone(),
+        });
+    }
+    for (i, c) in requested.iter().enumerate() {
         let access_mode = CsiAccessMode::parse(&c.access_mode).ok_or_else(|| {
             ApiError::bad_request(format!(
                 "Volumes[0].RequestedCapabilities[{i}].AccessMode: unknown {:?}",
