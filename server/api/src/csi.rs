@@ -121,6 +121,14 @@ pub enum CsiPluginType {
 }
 
 impl CsiPluginType {
+    /// Nomad's spelling (`node`, `controller`, `monolith`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "node",
+            Self::Controller => "controller",
+            Self::Monolith => "monolith",
+        }
+    }
     /// Whether the plugin serves the Node service.
     pub fn is_node(self) -> bool {
         matches!(self, Self::Node | Self::Monolith)

@@ -94,6 +94,13 @@ args = ["-endpoint", "{{endpoint}}", "-nodeid", "{{node_id}}", "-statedir", "{}"
     );
     assert_eq!(f["node"]["stage_unstage"], true, "{f:#}");
     assert_eq!(f["controller"]["create_delete"], true, "{f:#}");
+    let text = agent.cli(&["node", "status", &node_id]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("CSI Plugins")
+            && text.contains("hostpath  monolith  hostpath.csi.k8s.io  healthy"),
+        "{text}"
+    );
 
     // Nomad's plugin endpoints.
     let token = std::fs::read_to_string(agent.data_dir.join("server/dev-token")).unwrap();
