@@ -119,9 +119,15 @@ impl Server {
     /// The CSI volumes of the namespaces `namespaces` takes, with their claims.
     pub fn csi_volumes(&self, namespaces: super::NsFilter<'_>) -> Vec<(CsiVolume, Vec<CsiClaim>)> {
         let st = self.core.read();
+        let mut claims = st.all_csi_claims();
         st.csi_volumes("*")
             .filter(|v| namespaces(&v.namespace))
-            .map(|v| (v.clone(), st.csi_claims(&v.namespace, &v.id)))
+            .map(|v| {
+                let c = claims
+                    .remove(&(v.namespace.clone(), v.id.clone()))
+                    .unwrap_or_default();
+                (v.clone(), c)
+            })
             .collect()
     }
 

@@ -761,6 +761,10 @@ mod tests {
             .collect::<Vec<_>>();
         assert_eq!(placed.len(), 1);
         assert_eq!(st.csi_claims("default", "vol").len(), 1);
+        assert_eq!(
+            st.all_csi_claims()[&("default".to_owned(), "vol".to_owned())],
+            st.csi_claims("default", "vol")
+        );
         let mut ctx = ApplyCtx::default();
         let mut batch = Batch::default();
         let third = apply_one(

@@ -50,6 +50,48 @@ impl State {
         self.csi_volumes.len()
     }
 
+    /// The claims of every CSI volume, by (namespace, volume id), in one pass over
+    /// the allocations (a list of volumes would otherwise scan them once per volume).
+    pub(crate) fn all_csi_claims(
+        &self,
+    ) -> std::collections::HashMap<(String, String), Vec<CsiClaim>> {
+        let mut out: std::collections::HashMap<(String, String), Vec<CsiClaim>> =
+            std::collections::HashMap::new();
+        if self.csi_volumes.is_empty() {
+            return out;
+        }
+        for a in self.allocs.values().filter(|a| holds_volumes(a)) {
+            let Some(job) = self.job_at_version(&a.namespace, &a.job_name, a.job_version) else {
+                continue;
+            };
+            let Some(group) = job.spec.groups.iter().find(|g| g.name == a.group) else {
+                continue;
+            };
+            let mut seen: Vec<&str> = Vec::new();
+            for v in group.volumes.values().filter(|v| v.volume_type == "csi") {
+                if seen.contains(&v.source.as_str()) {
+                    continue;
+                }
+                seen.push(&v.source);
+                let Some(write) = group_claims(group, &v.source) else {
+                    continue;
+                };
+                out.entry((a.namespace.clone(), v.source.clone()))
+                    .or_default()
+                    .push(CsiClaim {
+                        alloc_id: a.id.clone(),
+                        node_id: a.node_id.clone(),
+                        job: a.job_name.clone(),
+                        write,
+                    });
+            }
+        }
+        for claims in out.values_mut() {
+            claims.sort_by(|a, b| a.alloc_id.cmp(&b.alloc_id));
+        }
+        out
+    }
+
     /// The claims of volume `id` in `ns`: the live allocations whose group asks for it.
     pub(crate) fn csi_claims(&self, ns: &str, id: &str) -> Vec<CsiClaim> {
         let mut out: Vec<CsiClaim> = self
