@@ -24,6 +24,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/etcd/api/mvccpb/kv.proto",
         "proto/etcd/api/etcdserverpb/rpc.proto",
         "proto/etcd/api/v3electionpb/v3election.proto",
+        // The CSI spec's csi.v1 (our own copy: the spec's names and numbers), for
+        // talking to CSI plugins as a container orchestrator.
+        "proto/csi/v1/csi.proto",
     ];
     // protox and tonic-prost-build emit no rerun-if-changed; without this Cargo reruns
     // the script on any change in the package.

@@ -145,6 +145,7 @@ fn registration(i: usize) -> NodeRegistration {
     NodeRegistration {
         devices: Default::default(),
         host_volumes: Default::default(),
+        csi_plugins: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("00000000-0000-4000-8000-{i:012}"),

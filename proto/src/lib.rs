@@ -30,6 +30,16 @@ pub mod drover {
     }
 }
 
+/// The CSI spec's `csi.v1` package (Identity, Controller, Node), trimmed to what Drover
+/// sends and reads as a container orchestrator: our own `.proto` with the spec's names
+/// and field numbers.
+pub mod csi {
+    /// `csi.v1`
+    pub mod v1 {
+        tonic::include_proto!("csi.v1");
+    }
+}
+
 /// etcd's v3 API as the server's etcd store uses it: trimmed copies of etcd's own
 /// `.proto` files (same packages, names and field numbers), so these speak etcd's wire
 /// protocol; fields we do not use are left out and skipped on decode.

@@ -37,6 +37,8 @@ pub struct Server {
         tokio::sync::Mutex<Option<(std::time::Instant, drover_server_api::ServersStatus)>>,
     /// The keyring's KEK and unwrapped root keys (variables, workload identities).
     pub(crate) keyring: Arc<crate::keyring::Keyring>,
+    /// CSI controller calls waiting for agents (see `endpoints/csi.rs`).
+    pub(crate) csi_queue: crate::endpoints::csi::ControllerQueue,
 }
 
 /// A batch of a node's allocations for its client (see the `WatchAllocations` RPC).
@@ -154,6 +156,7 @@ impl Server {
             tasks: Mutex::new(tasks),
             status_cache: tokio::sync::Mutex::new(None),
             keyring,
+            csi_queue: Default::default(),
         }))
     }
 

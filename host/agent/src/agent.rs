@@ -241,6 +241,20 @@ pub async fn run(
     // Allocation runners report every status change here; the cluster client batches
     // them to the servers.
     let (alloc_updates, alloc_updates_rx) = tokio::sync::mpsc::unbounded_channel();
+    // CSI plugins of the config, launched and supervised until the agent stops; the
+    // cluster client fingerprints them.
+    let csi_plugins = match &cluster {
+        Some(prepared) => Arc::new(
+            crate::csi::plugins::CsiPlugins::start(
+                &config.csi_plugin,
+                &data_dir,
+                prepared.node_id(),
+                stop.child_token(),
+            )
+            .map_err(|e| AgentError::Cluster(crate::cluster::ClusterError::CsiPlugin(e)))?,
+        ),
+        None => Arc::default(),
+    };
     let allocs = cluster.as_ref().map(|prepared| {
         let mut hooks = crate::allocs::configured_hooks(
             config.artifact,
@@ -253,6 +267,14 @@ pub async fn run(
         let allocs = AllocManager::with_hooks(tasks.clone(), store.clone(), alloc_updates, hooks);
         allocs.set_node(prepared.node_env());
         allocs.set_host_volumes(prepared.host_volumes().clone());
+        allocs.set_csi_mounts(Arc::new(crate::csi::mounts::CsiMounts::new(
+            csi_plugins.clone(),
+            Some(crate::csi::controller::ControllerLink::new(
+                prepared.connection().clone(),
+                prepared.node_id().to_owned(),
+                prepared.node_secret().clone(),
+            )),
+        )));
         // Checked when the config was loaded.
         allocs.set_bridge(config.bridge().ok());
         allocs
@@ -301,10 +323,18 @@ pub async fn run(
     let client = match (cluster, &allocs) {
         (Some(prepared), Some(allocs)) if recovered => {
             allocs.restore().await;
+            tokio::spawn(crate::csi::controller::serve(
+                prepared.connection().clone(),
+                prepared.node_id().to_owned(),
+                prepared.node_secret().clone(),
+                csi_plugins.clone(),
+                stop.child_token(),
+            ));
             Some(tokio::spawn(crate::cluster::run_prepared(
                 prepared,
                 catalog.clone(),
                 allocs.clone(),
+                csi_plugins.clone(),
                 alloc_updates_rx,
                 stop.child_token(),
             )))

@@ -306,6 +306,11 @@ pub struct AgentConfig {
     /// an absolute directory owned by root with no link in it, checked at start.
     #[serde(default)]
     pub host_volume: BTreeMap<String, drover_server_api::HostVolume>,
+    /// CSI plugins the agent runs itself, by plugin id: `[csi_plugin.ID] type =
+    /// "monolith"`, `command`, `args`, `mount_dir` (see
+    /// [`crate::csi::plugins::CsiPluginConfig`]).
+    #[serde(default)]
+    pub csi_plugin: BTreeMap<String, crate::csi::plugins::CsiPluginConfig>,
 }
 
 /// Nomad's `acl` block: `[acl] enabled = true` enforces ACLs on the HTTP API of the
@@ -407,6 +412,7 @@ impl Default for AgentConfig {
             reserved: Reserved::default(),
             acl: AclSettings::default(),
             host_volume: BTreeMap::new(),
+            csi_plugin: BTreeMap::new(),
 
             artifact: crate::allocs::ArtifactLimits::default(),
         }

@@ -11,6 +11,7 @@ pub mod api;
 mod client_api;
 pub mod cluster;
 pub mod config;
+pub mod csi;
 pub mod dirs;
 pub mod limits;
 pub mod logs;

@@ -93,6 +93,9 @@ enum Command {
     /// Create, list, show and delete namespaces (what ACL policies grant per team).
     #[command(subcommand)]
     Namespace(commands::namespace::NamespaceCommand),
+    /// Create, register, show, deregister and delete CSI volumes.
+    #[command(subcommand)]
+    Volume(commands::volume::VolumeCommand),
     /// Read, write, list and purge variables (encrypted at rest).
     #[command(subcommand)]
     Var(commands::var::VarCommand),
@@ -151,6 +154,9 @@ fn main() -> ExitCode {
 
         Command::Namespace(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::namespace::namespace_command(&c, cmd).await
+        }),
+        Command::Volume(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
+            commands::volume::volume_command(&c, cmd).await
         }),
         Command::Var(cmd) => cluster_main((cli.address, cli.namespace), |c| async move {
             commands::var::var_command(&c, cmd).await

@@ -808,6 +808,7 @@ pub(crate) mod tests {
         let node = |name: &str, status: NodeStatus, drain: bool| Node {
             devices: Default::default(),
             host_volumes: Default::default(),
+            csi_plugins: Default::default(),
             network: Default::default(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: format!("{name}-0123456789"),

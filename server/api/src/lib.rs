@@ -20,6 +20,7 @@ pub mod client;
 pub mod client_fs;
 #[cfg(feature = "client")]
 pub mod client_vars;
+pub mod csi;
 pub mod devices;
 pub mod hcl;
 pub mod jobfile;

@@ -1120,6 +1120,9 @@ pub struct NodeRegistration {
     /// Host volumes of the agent's config, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub host_volumes: BTreeMap<String, crate::HostVolume>,
+    /// CSI plugins the node runs, by plugin id, with their health.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub csi_plugins: BTreeMap<String, crate::csi::CsiPluginFingerprint>,
 }
 
 /// The datacenter of a node that names none: Nomad's default.
@@ -1199,6 +1202,9 @@ pub struct Node {
     /// Host volumes by name (see [`NodeRegistration::host_volumes`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub host_volumes: BTreeMap<String, crate::HostVolume>,
+    /// CSI plugins by plugin id (see [`NodeRegistration::csi_plugins`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub csi_plugins: BTreeMap<String, crate::csi::CsiPluginFingerprint>,
     /// Unix time of the last status change, nanoseconds.
     pub status_updated_at: i64,
     /// Index of the first registration.
@@ -1473,6 +1479,10 @@ pub struct ClientAllocation {
     /// allocation, or before the keyring has a key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub identities: BTreeMap<String, String>,
+    /// The CSI volumes the group claims, by volume id (its requests' `source`), as
+    /// the server keeps them: what the client stages and publishes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub csi_volumes: BTreeMap<String, crate::csi::CsiVolume>,
 }
 
 /// The region of a server that names none: Nomad's default.

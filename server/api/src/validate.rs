@@ -530,6 +530,54 @@ pub const MAX_VOLUMES: usize = 64;
 /// Longest volume destination.
 pub const MAX_VOLUME_DESTINATION_BYTES: usize = 4096;
 
+/// A group's `volume "x" { type = "csi", source, access_mode, attachment_mode }`: the
+/// volume's id, and Nomad's spellings of the modes when given.
+fn check_csi_volume_request(vpath: &str, v: &crate::VolumeRequest) -> Result<(), ValidationError> {
+    if v.source.is_empty()
+        || v.source.len() > MAX_NAME_LEN
+        || v.source.chars().any(char::is_control)
+        || v.source.contains('/')
+    {
+        return Err(fail(
+            format!("{vpath}.source"),
+            format!(
+                "must name the CSI volume's id (1 to {MAX_NAME_LEN} characters without \
+                 control characters or '/'), as in source = \"shared-data\""
+            ),
+        ));
+    }
+    if !v.access_mode.is_empty() && crate::csi::CsiAccessMode::parse(&v.access_mode).is_none() {
+        return Err(fail(
+            format!("{vpath}.access_mode"),
+            format!(
+                "unknown {:?}: expected one of {}",
+                v.access_mode,
+                crate::csi::CsiAccessMode::ALL
+                    .map(|m| m.as_str())
+                    .join(", ")
+            ),
+        ));
+    }
+    if !v.attachment_mode.is_empty()
+        && crate::csi::CsiAttachmentMode::parse(&v.attachment_mode).is_none()
+    {
+        return Err(fail(
+            format!("{vpath}.attachment_mode"),
+            format!(
+                "unknown {:?}: expected file-system or block-device",
+                v.attachment_mode
+            ),
+        ));
+    }
+    if v.attachment_mode == "block-device" {
+        return Err(fail(
+            format!("{vpath}.attachment_mode"),
+            "block-device CSI volumes are not supported by Drover yet",
+        ));
+    }
+    Ok(())
+}
+
 /// A group's `volume` blocks and its tasks' `volume_mount`s: host volumes with a
 /// source, mounts of volumes the group has at absolute destinations without `..`.
 fn check_volumes(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
@@ -547,16 +595,14 @@ fn check_volumes(path: &str, g: &TaskGroup) -> Result<(), ValidationError> {
         match v.volume_type.as_str() {
             "host" => {}
             "csi" => {
-                return Err(fail(
-                    format!("{vpath}.type"),
-                    "CSI volumes are not supported yet",
-                ));
+                check_csi_volume_request(&vpath, v)?;
+                continue;
             }
             "" => return Err(fail(format!("{vpath}.type"), "missing: type = \"host\"")),
             other => {
                 return Err(fail(
                     format!("{vpath}.type"),
-                    format!("unknown volume type {other:?}: expected \"host\""),
+                    format!("unknown volume type {other:?}: expected \"host\" or \"csi\""),
                 ));
             }
         }
@@ -2404,9 +2450,9 @@ mod tests {
             validate(&j)
         };
         with("host", "shared", "data", "/data").unwrap();
-        let e = with("csi", "vol1", "data", "/data").unwrap_err();
-        assert_eq!(e.field, "group[0].volume[\"data\"].type");
-        assert_eq!(e.message, "CSI volumes are not supported yet");
+        with("csi", "vol1", "data", "/data").unwrap();
+        let e = with("csi", "", "data", "/data").unwrap_err();
+        assert_eq!(e.field, "group[0].volume[\"data\"].source");
         let e = with("nfs", "x", "data", "/data").unwrap_err();
         assert!(e.message.contains("unknown volume type \"nfs\""), "{e:?}");
         let e = with("host", "", "data", "/data").unwrap_err();

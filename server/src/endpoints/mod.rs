@@ -6,6 +6,7 @@
 
 pub(crate) mod acl;
 pub(crate) mod allocs;
+pub(crate) mod csi;
 pub(crate) mod deployments;
 pub(crate) mod evals;
 pub(crate) mod jobs;

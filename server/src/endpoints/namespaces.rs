@@ -82,6 +82,12 @@ impl Server {
                          purged one: stop and purge them (and wait for their collection) first"
                     )));
                 }
+                let volumes = st.csi_volumes(name).count();
+                if volumes > 0 {
+                    return Err(ServerError::Invalid(format!(
+                        "namespace {name:?} has {volumes} CSI volumes: deregister or delete them first"
+                    )));
+                }
                 let vars = st.var_count(name);
                 if vars > 0 {
                     return Err(ServerError::Invalid(format!(

@@ -321,6 +321,7 @@ impl Server {
                         let group = st.alloc_group(a);
                         self.workload_identities(&st, a, &group)
                     },
+                    csi_volumes: st.csi_volumes_of(&a.namespace, &st.alloc_group(a)),
                     group: st.alloc_group(a),
                     job_meta: st.alloc_job_meta(a),
                     region: self.core.config.region.clone(),
@@ -460,6 +461,7 @@ impl Server {
                 let node = Node {
                     devices: reg.devices.clone(),
                     host_volumes: reg.host_volumes.clone(),
+                    csi_plugins: reg.csi_plugins.clone(),
                     network: reg.network.clone(),
                     id: reg.id.clone(),
                     name: reg.name.clone(),

@@ -128,6 +128,7 @@ mod tests {
         NodeRegistration {
             devices: Default::default(),
             host_volumes: Default::default(),
+            csi_plugins: Default::default(),
             network: Default::default(),
             datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
             id: id.into(),

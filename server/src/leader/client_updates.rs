@@ -265,7 +265,11 @@ fn client_updates(
             }
             a.modify_index = index;
             a.modify_time = now;
-            if !old.is_terminal() && a.is_terminal() {
+            // The second: a stopped allocation's client is done with it, which frees
+            // its CSI volume claims (they last until then).
+            if (!old.is_terminal() && a.is_terminal())
+                || (!old.client_status.is_terminal() && a.client_status.is_terminal())
+            {
                 b.unblock = true;
             }
             if let Some(job) = st.job_in(&a.namespace, &a.job_name).filter(|j| !j.stop) {

@@ -93,6 +93,9 @@ struct ApplyCtx {
     devices_base: HashMap<String, std::collections::HashSet<String>>,
     /// Device instances taken and freed on each node by earlier plans of the batch.
     devices: HashMap<String, DevicesDelta>,
+    /// CSI volume claims ((node id, write)) by (namespace, volume id): the state's,
+    /// read when a placement claiming the volume first comes, plus this batch's.
+    csi: HashMap<(String, String), Vec<(String, bool)>>,
 }
 
 #[derive(Default)]
@@ -332,6 +335,41 @@ fn apply_one(
                 let dd = ctx.devices.entry(node_id.clone()).or_default();
                 for k in crate::scheduler::devices::held_by(want) {
                     dd.taken.insert(k);
+                }
+            }
+            let csi_needs = job
+                .and_then(|j| j.spec.groups.iter().find(|g| g.name == want.group))
+                .map(crate::scheduler::csi::csi_needs)
+                .unwrap_or_default();
+            if !csi_needs.is_empty() {
+                let ns = plan.namespace.as_str();
+                let mut conflict = None;
+                for need in &csi_needs {
+                    let claims = ctx
+                        .csi
+                        .entry((ns.to_owned(), need.source.to_owned()))
+                        .or_insert_with(|| {
+                            crate::scheduler::csi::claim_pairs(&st.csi_claims(ns, need.source))
+                        });
+                    if let Err(why) = crate::scheduler::csi::check_claim(
+                        st.csi_volume(ns, need.source),
+                        need,
+                        node,
+                        claims,
+                    ) {
+                        conflict = Some(why);
+                        break;
+                    }
+                }
+                if let Some(why) = conflict {
+                    refuse(&mut r, allocs.len() - i, why);
+                    break;
+                }
+                for need in &csi_needs {
+                    if let Some(claims) = ctx.csi.get_mut(&(ns.to_owned(), need.source.to_owned()))
+                    {
+                        claims.push((node_id.clone(), need.write));
+                    }
                 }
             }
             used_cpu += cpu;
@@ -615,6 +653,181 @@ mod tests {
             );
         }
         p
+    }
+
+    /// [`state`] where group `g` of `web` claims CSI volume `vol` (single-node-writer)
+    /// and the node runs its plugin, healthy.
+    fn state_with_csi_volume() -> State {
+        use drover_server_api::csi::*;
+        let mut st = state();
+        let mut job = st.job_in("default", "web").expect("web").clone();
+        job.spec.groups[0].volumes.insert(
+            "data".into(),
+            drover_server_api::VolumeRequest {
+                volume_type: "csi".into(),
+                source: "vol".into(),
+                read_only: false,
+                access_mode: "single-node-writer".into(),
+                attachment_mode: "file-system".into(),
+            },
+        );
+        let mut n = st.node("id-n1").expect("n1").clone();
+        n.csi_plugins.insert(
+            "hp".into(),
+            CsiPluginFingerprint {
+                plugin_id: "hp".into(),
+                plugin_type: CsiPluginType::Monolith,
+                healthy: true,
+                health_description: String::new(),
+                provider: "hostpath.csi.k8s.io".into(),
+                provider_version: String::new(),
+                node_id: "id-n1".into(),
+                max_volumes: 0,
+                topology: Default::default(),
+                node: Some(CsiNodeCapabilities::default()),
+                controller: Some(CsiControllerCapabilities::default()),
+            },
+        );
+        let vol = CsiVolume {
+            id: "vol".into(),
+            namespace: "default".into(),
+            name: "vol".into(),
+            external_id: "ext".into(),
+            plugin_id: "hp".into(),
+            provider: String::new(),
+            capacity_min: 0,
+            capacity_max: 0,
+            capacity: 0,
+            capabilities: vec![CsiCapability {
+                access_mode: CsiAccessMode::SingleNodeWriter,
+                attachment_mode: CsiAttachmentMode::FileSystem,
+            }],
+            mount_options: Default::default(),
+            parameters: Default::default(),
+            context: Default::default(),
+            created: true,
+            create_index: 2,
+            modify_index: 2,
+        };
+        st.apply(
+            Batch {
+                jobs: vec![job],
+                nodes: vec![n],
+                csi_volumes: vec![vol],
+                ..Batch::default()
+            },
+            2,
+        );
+        st
+    }
+
+    #[test]
+    fn a_single_node_writer_csi_volume_is_never_claimed_by_two_live_allocations() {
+        let mut st = state_with_csi_volume();
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        // Two plans of one commit: the second writer is refused.
+        let first = apply_one(
+            &st,
+            &plan(vec![alloc("a", 9090)], &[]),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        let second = apply_one(
+            &st,
+            &plan(vec![alloc("b", 9091)], &[]),
+            None,
+            3,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!((first.placed, first.refused), (1, 0));
+        assert_eq!((second.placed, second.refused), (0, 1));
+        assert!(
+            second.refused_nodes["id-n1"].contains("CSI volume \"vol\" has no free write claim"),
+            "{:?}",
+            second.refused_nodes
+        );
+        st.apply(batch, 3);
+        // The claim is in the state now: a later plan is refused too, even one that
+        // stops the claiming allocation (it holds the volume until its client is done).
+        let placed = st
+            .allocs_of_job("default", "web")
+            .map(|a| a.id.clone())
+            .collect::<Vec<_>>();
+        assert_eq!(placed.len(), 1);
+        assert_eq!(st.csi_claims("default", "vol").len(), 1);
+        assert_eq!(
+            st.all_csi_claims()[&("default".to_owned(), "vol".to_owned())],
+            st.csi_claims("default", "vol")
+        );
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let third = apply_one(
+            &st,
+            &plan(vec![alloc("c", 9092)], &[placed[0].as_str()]),
+            None,
+            4,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            (third.placed, third.refused),
+            (0, 1),
+            "{:?}",
+            third.refused_nodes
+        );
+        // Once its client reports it complete, the claim is gone and a writer fits.
+        let mut done = st.alloc(&placed[0]).expect("placed").clone();
+        done.client_status = ClientStatus::Complete;
+        st.apply(
+            Batch {
+                allocs: vec![done],
+                ..Batch::default()
+            },
+            5,
+        );
+        assert!(st.csi_claims("default", "vol").is_empty());
+        let mut ctx = ApplyCtx::default();
+        let mut batch = Batch::default();
+        let fourth = apply_one(
+            &st,
+            &plan(vec![alloc("d", 9093)], &[]),
+            None,
+            6,
+            0,
+            &mut ctx,
+            &mut batch,
+        );
+        assert_eq!(
+            (fourth.placed, fourth.refused),
+            (1, 0),
+            "{:?}",
+            fourth.refused_nodes
+        );
+        // Its node is lost: the allocation is lost, and so is its claim.
+        st.apply(batch, 6);
+        assert_eq!(st.csi_claims("default", "vol").len(), 1);
+        let mut lost = st
+            .allocs_of_job("default", "web")
+            .find(|a| !a.client_status.is_terminal())
+            .expect("the fourth")
+            .clone();
+        lost.client_status = ClientStatus::Lost;
+        lost.desired_status = DesiredStatus::Stop;
+        st.apply(
+            Batch {
+                allocs: vec![lost],
+                ..Batch::default()
+            },
+            7,
+        );
+        assert!(st.csi_claims("default", "vol").is_empty());
     }
 
     #[test]

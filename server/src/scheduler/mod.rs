@@ -19,6 +19,7 @@ use drover_server_api::{
 
 use crate::config::SchedulerAlgorithm;
 
+pub(crate) mod csi;
 pub(crate) mod devices;
 mod feasible;
 mod place;
@@ -54,6 +55,17 @@ pub trait StateView {
     fn latest_deployment(&self, ns: &str, job: &str) -> Option<&Deployment> {
         let _ = (ns, job);
         None
+    }
+    /// The CSI volume `id` of namespace `ns`. The default: none (a state without
+    /// CSI volumes).
+    fn csi_volume(&self, ns: &str, id: &str) -> Option<&drover_server_api::csi::CsiVolume> {
+        let _ = (ns, id);
+        None
+    }
+    /// The live claims of CSI volume `id` of namespace `ns`. The default: none.
+    fn csi_claims(&self, ns: &str, id: &str) -> Vec<drover_server_api::csi::CsiClaim> {
+        let _ = (ns, id);
+        Vec::new()
     }
     /// Every node, in a stable order.
     fn nodes(&self) -> Vec<&Node>;

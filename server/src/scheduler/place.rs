@@ -26,6 +26,13 @@ use crate::config::SchedulerAlgorithm;
 /// Most characters of a driver's own description quoted in a placement failure.
 const MAX_DRIVER_SAYS: usize = 240;
 
+/// A CSI volume as a placement pass sees it: the volume (if it exists) and its claims
+/// ((node id, write)), the pass's placements included.
+type CsiVolumeClaims<'a> = (
+    Option<&'a drover_server_api::csi::CsiVolume>,
+    Vec<(String, bool)>,
+);
+
 /// Per group: its needs and which nodes are statically feasible (0 unknown, 1 yes, 2 no).
 struct GroupCtx<'a> {
     needs: GroupNeeds<'a>,
@@ -35,6 +42,8 @@ struct GroupCtx<'a> {
     on_node: Vec<u32>,
     /// The ports each allocation needs (empty: none).
     ports: &'a [PortSpec],
+    /// The CSI volumes it claims (empty: none).
+    csi: Vec<super::csi::CsiNeed<'a>>,
 }
 
 impl<'a> GroupCtx<'a> {
@@ -54,6 +63,7 @@ impl<'a> GroupCtx<'a> {
                 .network
                 .as_ref()
                 .map_or(&[], |net| net.ports.as_slice()),
+            csi: super::csi::csi_needs(group),
         }
     }
 }
@@ -102,6 +112,11 @@ pub(crate) struct Placer<'a> {
     devices_delta: HashMap<usize, DevicesDelta>,
     /// The devices of the last placement, for [`Placer::allocation`].
     assigned_devices: TaskDevices,
+    /// CSI volumes by id, read when a group claiming one first looks: the volume and
+    /// its claims ((node id, write)), this plan's placements included. A stop in the
+    /// plan frees no claim: a claim ends when the client reports its allocation
+    /// terminal (it still has the volume mounted until then).
+    csi: HashMap<&'a str, CsiVolumeClaims<'a>>,
 }
 
 #[derive(Default)]
@@ -197,6 +212,7 @@ impl<'a> Placer<'a> {
             devices_base: HashMap::new(),
             devices_delta: HashMap::new(),
             assigned_devices: TaskDevices::new(),
+            csi: HashMap::new(),
         };
         for a in allocs {
             if a.desired_status == DesiredStatus::Run
@@ -346,8 +362,30 @@ impl<'a> Placer<'a> {
         )
     }
 
+    /// Whether one allocation of group `gi` on node `i` may claim its CSI volumes;
+    /// why not, naming the volume.
+    fn pick_csi(&mut self, gi: usize, i: usize) -> Result<(), String> {
+        if self.groups[gi].csi.is_empty() {
+            return Ok(());
+        }
+        let state = self.state;
+        let ns = self.job.spec.namespace.as_str();
+        let node = self.nodes[i];
+        for need in &self.groups[gi].csi {
+            let (vol, claims) = self.csi.entry(need.source).or_insert_with(|| {
+                (
+                    state.csi_volume(ns, need.source),
+                    super::csi::claim_pairs(&state.csi_claims(ns, need.source)),
+                )
+            });
+            super::csi::check_claim(*vol, need, node, claims)?;
+        }
+        Ok(())
+    }
+
     /// Ports and devices of one allocation of group `gi` on node `i`, if it gets them.
     fn pick(&mut self, gi: usize, i: usize) -> Option<Pick> {
+        self.pick_csi(gi, i).ok()?;
         let ports = self.pick_ports(gi, i).ok()?;
         let devices = self.pick_devices(gi, i).ok()?;
         Some(Pick { ports, devices })
@@ -488,6 +526,11 @@ impl<'a> Placer<'a> {
             }
         }
         self.assigned = ports;
+        for need in &self.groups[gi].csi {
+            if let Some((_, claims)) = self.csi.get_mut(need.source) {
+                claims.push((self.nodes[i].id.clone(), need.write));
+            }
+        }
         self.delta[i].0 += ask.cpu as i64;
         self.delta[i].1 += ask.memory_mb as i64;
         self.job_on_node[i] += 1;
@@ -620,6 +663,12 @@ impl<'a> Placer<'a> {
                         *exhausted.entry(p.key()).or_default() += 1;
                     } else if let Err(d) = self.pick_devices(gi, i) {
                         *exhausted.entry(d.key()).or_default() += 1;
+                    } else if let Err(why) = self.pick_csi(gi, i) {
+                        *filtered.entry(why.clone()).or_default() += 1;
+                        match volumes.iter_mut().find(|(w, _)| *w == why) {
+                            Some((_, k)) => *k += 1,
+                            None => volumes.push((why, 1)),
+                        }
                     }
                 }
             }

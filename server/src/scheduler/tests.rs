@@ -217,6 +217,7 @@ pub(crate) fn node(name: &str, cpu: u64, memory_mb: u64) -> Node {
     Node {
         devices: Default::default(),
         host_volumes: Default::default(),
+        csi_plugins: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: format!("id-{name}"),

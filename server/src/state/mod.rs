@@ -7,6 +7,7 @@
 //! API) take the state's read lock for the duration of one call.
 
 pub(crate) mod acl;
+pub(crate) mod csi;
 pub(crate) mod evals;
 pub(crate) mod services;
 
@@ -152,6 +153,10 @@ pub(crate) struct Batch {
     pub drop_vars: Vec<(String, String)>,
     /// Root keys written (metadata and wrapped material; see `crate::keyring`).
     pub root_keys: Vec<crate::keyring::StoredRootKey>,
+    /// CSI volumes written.
+    pub csi_volumes: Vec<drover_server_api::csi::CsiVolume>,
+    /// CSI volumes removed: (namespace, id).
+    pub drop_csi_volumes: Vec<(String, String)>,
     /// Capacity may have been freed: retry blocked evaluations after the commit.
     pub unblock: bool,
 }
@@ -184,6 +189,8 @@ impl Batch {
             && self.vars.is_empty()
             && self.drop_vars.is_empty()
             && self.root_keys.is_empty()
+            && self.csi_volumes.is_empty()
+            && self.drop_csi_volumes.is_empty()
     }
 
     /// The batch a follower applies for one change the leader committed (or one part
@@ -223,6 +230,14 @@ impl Batch {
                 "aclpolicy" => b.drop_acl_policies.push(rest.to_owned()),
                 "acltoken" => b.drop_acl_tokens.push(rest.to_owned()),
 
+                "csivol" => match rest.split_once('/') {
+                    Some((ns, id)) => b.drop_csi_volumes.push((ns.to_owned(), id.to_owned())),
+                    None => {
+                        return Err(StoreError::Corrupt(format!(
+                            "deleted key {key}: not csivol/<namespace>/<id>"
+                        )));
+                    }
+                },
                 "var" => match rest.split_once('/') {
                     Some((ns, path)) => b.drop_vars.push((ns.to_owned(), path.to_owned())),
                     None => {
@@ -252,6 +267,7 @@ impl Batch {
 
                 "var" => b.vars.push(decode(kv)?),
                 "rootkey" => b.root_keys.push(decode(kv)?),
+                "csivol" => b.csi_volumes.push(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -393,6 +409,14 @@ impl Batch {
         if let Some(index) = self.acl_bootstrap {
             ops.push(put(acl::BOOTSTRAP_KEY.to_owned(), &index)?);
         }
+        for (ns, id) in &self.drop_csi_volumes {
+            ops.push(Op::Delete {
+                key: csi::csi_volume_key(ns, id),
+            });
+        }
+        for v in &self.csi_volumes {
+            ops.push(put(csi::csi_volume_key(&v.namespace, &v.id), v)?);
+        }
         Ok(ops)
     }
 }
@@ -445,6 +469,8 @@ pub(crate) struct State {
     vars: BTreeMap<(String, String), crate::variables::StoredVariable>,
     /// The keyring's root keys by id (their material wrapped).
     root_keys: BTreeMap<String, crate::keyring::StoredRootKey>,
+    /// CSI volumes by (namespace, id).
+    csi_volumes: BTreeMap<(String, String), drover_server_api::csi::CsiVolume>,
 }
 
 impl State {
@@ -494,6 +520,7 @@ impl State {
                     let k: crate::keyring::StoredRootKey = decode(kv)?;
                     s.root_keys.insert(k.meta.key_id.clone(), k);
                 }
+                "csivol" => s.put_csi_volume(decode(kv)?),
                 _ => note_unknown_key(&kv.key),
             }
         }
@@ -597,6 +624,12 @@ impl State {
         }
         for v in batch.vars {
             self.put_var(v);
+        }
+        for (ns, id) in batch.drop_csi_volumes {
+            self.remove_csi_volume(&ns, &id);
+        }
+        for v in batch.csi_volumes {
+            self.put_csi_volume(v);
         }
         self.index = index;
     }
@@ -991,6 +1024,14 @@ impl StateView for State {
 
     fn nodes(&self) -> Vec<&Node> {
         self.nodes.values().collect()
+    }
+
+    fn csi_volume(&self, ns: &str, id: &str) -> Option<&drover_server_api::csi::CsiVolume> {
+        State::csi_volume(self, ns, id)
+    }
+
+    fn csi_claims(&self, ns: &str, id: &str) -> Vec<drover_server_api::csi::CsiClaim> {
+        State::csi_claims(self, ns, id)
     }
 
     fn node(&self, id: &str) -> Option<&Node> {

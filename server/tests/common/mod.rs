@@ -62,6 +62,7 @@ pub fn node(id: &str, cpu: u64, memory_mb: u64) -> NodeRegistration {
     NodeRegistration {
         devices: Default::default(),
         host_volumes: Default::default(),
+        csi_plugins: Default::default(),
         network: Default::default(),
         datacenter: drover_server_api::DEFAULT_DATACENTER.to_owned(),
         id: id.into(),

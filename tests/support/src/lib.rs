@@ -5,7 +5,7 @@
 //! [`until`], [`until_blocking`]), reading processes from `/proc` ([`procs`]), the
 //! private Docker daemon that `scripts/test.sh` starts ([`docker`]), a real etcd
 //! ([`etcd`]), real go-plugin programs ([`goplugin`]), the real Nomad 1.0.18 programs
-//! ([`nomad`]), a test certificate authority
+//! ([`nomad`]), real CSI plugins ([`csi`]), a test certificate authority
 //! ([`pki`]), and reading a task's rotated logs ([`read_log`]).
 //!
 //! Only for tests: every helper panics with a message naming what did not happen.
@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 pub mod cni;
+pub mod csi;
 pub mod docker;
 pub mod etcd;
 pub mod goplugin;

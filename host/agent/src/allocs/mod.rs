@@ -126,6 +126,8 @@ pub struct AllocManager {
     bridge: Mutex<Option<Arc<Bridge>>>,
     /// The node's host volumes (the agent's config, checked at start), by name.
     host_volumes: Mutex<Arc<BTreeMap<String, drover_server_api::HostVolume>>>,
+    /// The node's CSI plugins, which publish allocations' CSI volumes; `None`: none.
+    csi: Mutex<Option<Arc<crate::csi::mounts::CsiMounts>>>,
 }
 
 impl AllocManager {
@@ -165,6 +167,7 @@ impl AllocManager {
             node: Mutex::new(Arc::new(NodeEnv::default())),
             bridge: Mutex::new(Bridge::new(BridgeConfig::default()).ok().map(Arc::new)),
             host_volumes: Mutex::new(Arc::new(BTreeMap::new())),
+            csi: Mutex::new(None),
         })
     }
 
@@ -190,6 +193,15 @@ impl AllocManager {
     /// (checked by the caller: [`crate::volumes::check_host_volumes`]).
     pub fn set_host_volumes(&self, volumes: BTreeMap<String, drover_server_api::HostVolume>) {
         *lock(&self.host_volumes) = Arc::new(volumes);
+    }
+
+    /// Publish allocations' CSI volumes through `mounts`.
+    pub fn set_csi_mounts(&self, mounts: Arc<crate::csi::mounts::CsiMounts>) {
+        *lock(&self.csi) = Some(mounts);
+    }
+
+    fn csi_mounts(&self) -> Option<Arc<crate::csi::mounts::CsiMounts>> {
+        lock(&self.csi).clone()
     }
 
     fn host_volumes(&self) -> Arc<BTreeMap<String, drover_server_api::HostVolume>> {

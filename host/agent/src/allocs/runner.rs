@@ -472,8 +472,11 @@ impl Runner {
                     }
                 }
                 if all_dead {
-                    // Every task of the group is dead: its network goes.
+                    // Every task of the group is dead: its network goes, and its CSI
+                    // volumes are unpublished before the end is reported (which frees
+                    // their claims on the server).
                     self.release_network().await;
+                    self.release_csi().await;
                     return self.enter(Phase::Done).await;
                 }
                 if progressed {
@@ -549,6 +552,44 @@ impl Runner {
                 Ok(true)
             }
             Err(e) => Err(format!("cannot set up the group's bridge network: {e}")),
+        }
+    }
+
+    /// Stage and publish the group's CSI volumes (none: nothing to do): their targets
+    /// by volume id.
+    async fn publish_csi(&self) -> Result<BTreeMap<String, std::path::PathBuf>, String> {
+        if self.rec.alloc.csi_volumes.is_empty()
+            && !self
+                .rec
+                .alloc
+                .group
+                .volumes
+                .values()
+                .any(|v| v.volume_type == "csi")
+        {
+            return Ok(BTreeMap::new());
+        }
+        match self.mgr.csi_mounts() {
+            Some(m) => m.publish(&self.rec.alloc).await,
+            None => Err("this node runs no CSI plugins".into()),
+        }
+    }
+
+    /// Unpublish (and unstage) the group's CSI volumes; false when it failed (tried
+    /// again when the allocation is collected).
+    async fn release_csi(&mut self) -> bool {
+        if self.rec.alloc.csi_volumes.is_empty() {
+            return true;
+        }
+        let Some(m) = self.mgr.csi_mounts() else {
+            return true;
+        };
+        match m.unpublish(&self.rec.alloc).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(alloc = %self.id(), "cannot unpublish the CSI volumes yet: {e}");
+                false
+            }
         }
     }
 
@@ -653,10 +694,19 @@ impl Runner {
         if let Some(slot) = self.rec.tasks.get_mut(name) {
             slot.prestart_error = None;
         }
-        let volumes = match crate::volumes::task_volumes(
+        let csi = match self.publish_csi().await {
+            Ok(c) => c,
+            Err(e) => {
+                self.mark_started(name, Some(format!("cannot start task {name}: {e}")))
+                    .await;
+                return true;
+            }
+        };
+        let volumes = match crate::csi::mounts::task_volumes(
             &self.rec.alloc.group,
             &task,
             &self.mgr.host_volumes(),
+            &csi,
         ) {
             Ok(v) => v,
             Err(e) => {
@@ -1320,6 +1370,9 @@ impl Runner {
         if !self.release_network().await {
             return false;
         }
+        if !self.release_csi().await {
+            return false;
+        }
         let root = self.root.clone();
         let removed = tokio::task::spawn_blocking(move || {
             // std's remove_dir_all removes links, never what they point to.
@@ -1440,6 +1493,7 @@ mod tests {
             job_meta: BTreeMap::new(),
             region: drover_server_api::DEFAULT_REGION.to_owned(),
             identities: BTreeMap::new(),
+            csi_volumes: BTreeMap::new(),
         }
     }
 

@@ -65,6 +65,9 @@ pub enum ClusterError {
     /// A host volume of the config cannot be offered; the message names it.
     #[error("host volume: {0}")]
     HostVolume(String),
+    /// A CSI plugin of the config cannot be run; the message names it.
+    #[error("CSI plugin: {0}")]
+    CsiPlugin(String),
     /// The node secret file is unreadable or corrupt.
     #[error("node secret file {}: {reason}", path.display())]
     NodeSecret {
@@ -133,6 +136,10 @@ impl Prepared {
     pub fn network(&self) -> &drover_server_api::NodeNetwork {
         &self.network
     }
+    /// The node's secret (what its RPCs carry).
+    pub fn node_secret(&self) -> &identity::NodeSecret {
+        &self.node_secret
+    }
     /// The node's host volumes (checked), as registered.
     pub fn host_volumes(&self) -> &BTreeMap<String, drover_server_api::HostVolume> {
         &self.host_volumes
@@ -156,6 +163,7 @@ impl Prepared {
 pub fn prepare(config: &AgentConfig) -> Result<Prepared, ClusterError> {
     let conn = connect(config)?;
     crate::volumes::check_host_volumes(&config.host_volume).map_err(ClusterError::HostVolume)?;
+    crate::csi::plugins::check_config(&config.csi_plugin).map_err(ClusterError::CsiPlugin)?;
     let node_id = identity::load_or_create(&config.data_dir())?;
     let node_secret = identity::load_or_create_secret(&config.data_dir())?;
     let host = fingerprint::host();
@@ -195,7 +203,7 @@ pub async fn run(
             return;
         }
     };
-    run_prepared(prepared, catalog, allocs, updates, stop).await;
+    run_prepared(prepared, catalog, allocs, Arc::default(), updates, stop).await;
 }
 
 /// [`run`] with settings already checked by [`prepare`].
@@ -203,10 +211,12 @@ pub async fn run_prepared(
     prepared: Prepared,
     catalog: Arc<Catalog>,
     allocs: Arc<AllocManager>,
+    csi: Arc<crate::csi::plugins::CsiPlugins>,
     updates: mpsc::UnboundedReceiver<AllocClientUpdate>,
     stop: CancellationToken,
 ) {
     let changes = catalog.driver_changes();
+    let csi_changes = csi.changes();
     let device_catalog = catalog.clone();
     let drivers = move || fingerprint::drivers(&catalog);
     let devices = move || fingerprint::devices(&device_catalog);
@@ -219,6 +229,7 @@ pub async fn run_prepared(
     )
     .with_driver_changes(changes)
     .with_devices(Box::new(devices))
+    .with_csi_plugins(Box::new(move || csi.fingerprints()), csi_changes)
     .run()
     .await;
 }
@@ -250,6 +261,9 @@ impl AllocSink for Manager {
 pub type Drivers = Box<dyn Fn() -> BTreeMap<String, DriverInfo> + Send + Sync>;
 /// Reads every device group the device plugins fingerprinted, now.
 pub type Devices = Box<dyn Fn() -> Vec<drover_server_api::NodeDeviceGroup> + Send + Sync>;
+/// Reads every configured CSI plugin's fingerprint, now.
+pub type CsiFingerprints =
+    Box<dyn Fn() -> BTreeMap<String, drover_server_api::csi::CsiPluginFingerprint> + Send + Sync>;
 type Rpc = NodeClient<InterceptedService<Channel, TokenInterceptor>>;
 
 /// Why a session ended.
@@ -285,6 +299,10 @@ pub struct Client {
     devices: Devices,
     /// Fires when a driver's fingerprint may have changed (else: polled).
     driver_changes: Option<tokio::sync::watch::Receiver<u64>>,
+    /// The CSI plugins' fingerprints (none without).
+    csi: CsiFingerprints,
+    /// Fires when a CSI plugin's fingerprint changed.
+    csi_changes: Option<tokio::sync::watch::Receiver<u64>>,
     allocs: Arc<dyn AllocSink>,
     updates: mpsc::UnboundedReceiver<AllocClientUpdate>,
     updates_open: bool,
@@ -311,6 +329,8 @@ impl Client {
             drivers,
             devices: Box::new(Vec::new),
             driver_changes: None,
+            csi: Box::new(BTreeMap::new),
+            csi_changes: None,
             allocs,
             updates,
             updates_open: true,
@@ -325,6 +345,18 @@ impl Client {
     /// Read device groups from `devices` for each registration.
     pub fn with_devices(mut self, devices: Devices) -> Self {
         self.devices = devices;
+        self
+    }
+
+    /// Read the CSI plugins' fingerprints from `csi` for each registration, and
+    /// register again as soon as `changes` sees a change.
+    pub fn with_csi_plugins(
+        mut self,
+        csi: CsiFingerprints,
+        changes: Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> Self {
+        self.csi = csi;
+        self.csi_changes = changes;
         self
     }
 
@@ -384,6 +416,7 @@ impl Client {
     fn registration(&self, drivers: BTreeMap<String, DriverInfo>) -> NodeRegistration {
         NodeRegistration {
             devices: (self.devices)(),
+            csi_plugins: (self.csi)(),
             host_volumes: self.node.host_volumes.clone(),
             network: self.node.network.clone(),
             datacenter: self.node.datacenter.clone(),
@@ -435,6 +468,8 @@ impl Client {
             drivers: read_drivers,
             devices: read_devices,
             driver_changes,
+            csi: read_csi,
+            csi_changes,
             allocs,
             updates,
             updates_open,
@@ -453,6 +488,7 @@ impl Client {
             read_drivers,
             read_devices,
             driver_changes,
+            (read_csi, csi_changes),
             ttl,
         );
         let watch = watch(rpc.clone(), node_id, secret, last_index, allocs, applying);
@@ -520,6 +556,9 @@ async fn register(
 
 /// Heartbeat at half the TTL; register again when the server forgot the node or the
 /// drivers changed. Returns only on failure.
+// Each reader is the session's borrow of the client's own: bundling them into a
+// struct would only rename the borrows.
+#[allow(clippy::too_many_arguments)]
 async fn heartbeats(
     mut rpc: Rpc,
     mut registration: NodeRegistration,
@@ -527,6 +566,10 @@ async fn heartbeats(
     read_drivers: &Drivers,
     read_devices: &Devices,
     driver_changes: &mut Option<tokio::sync::watch::Receiver<u64>>,
+    (read_csi, csi_changes): (
+        &CsiFingerprints,
+        &mut Option<tokio::sync::watch::Receiver<u64>>,
+    ),
     mut ttl: Duration,
 ) -> Ended {
     let every = |ttl: Duration| (ttl / 2).max(Duration::from_millis(100));
@@ -565,13 +608,23 @@ async fn heartbeats(
                             None => std::future::pending().await,
                         }
                     } => {}
+                    Ok(()) = async {
+                        match csi_changes.as_mut() {
+                            Some(rx) => rx.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
                 }
             } => {
                 // Paced: changes within the pause are gathered into one registration.
                 tokio::time::sleep_until(reregister_at(last_register, Instant::now())).await;
                 let drivers = read_drivers();
                 let devices = read_devices();
-                if drivers != registration.drivers || devices != registration.devices {
+                let csi = read_csi();
+                if drivers != registration.drivers
+                    || devices != registration.devices
+                    || csi != registration.csi_plugins
+                {
                     tracing::info!(
                         healthy = ?drivers.iter().filter(|(_, d)| d.healthy).map(|(n, _)| n).collect::<Vec<_>>(),
                         devices = devices.len(),
@@ -579,6 +632,7 @@ async fn heartbeats(
                     );
                     registration.drivers = drivers;
                     registration.devices = devices;
+                    registration.csi_plugins = csi;
                     last_register = Instant::now();
                     match register(&mut rpc, &registration, secret).await {
                         Ok(t) => ttl = t,

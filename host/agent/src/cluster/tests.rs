@@ -233,6 +233,7 @@ fn allocation(id: &str) -> ClientAllocation {
         job_meta: BTreeMap::new(),
         region: drover_server_api::DEFAULT_REGION.to_owned(),
         identities: BTreeMap::new(),
+        csi_volumes: BTreeMap::new(),
     }
 }
 

@@ -420,6 +420,7 @@ mod tests {
             job_meta: BTreeMap::new(),
             region: "europe".into(),
             identities: BTreeMap::new(),
+            csi_volumes: BTreeMap::new(),
         }
     }
 

@@ -24,6 +24,7 @@ pub mod server;
 pub mod service;
 pub mod task;
 pub mod var;
+pub mod volume;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

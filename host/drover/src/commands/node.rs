@@ -93,6 +93,18 @@ pub async fn node_command(c: &Client, cmd: NodeCommand) -> anyhow::Result<ExitCo
                         println!("{name}  {}  {mode}", v.path);
                     }
                 }
+                if !node.csi_plugins.is_empty() {
+                    println!();
+                    println!("CSI Plugins");
+                    for (id, f) in &node.csi_plugins {
+                        let health = if f.healthy {
+                            "healthy".to_owned()
+                        } else {
+                            format!("unhealthy ({})", f.health_description)
+                        };
+                        println!("{id}  {}  {}  {health}", f.plugin_type.as_str(), f.provider);
+                    }
+                }
                 let allocs = c
                     .node_allocations(&node.id, &QueryOptions::default())
                     .await

@@ -15,6 +15,7 @@ mod cluster_dev;
 mod cluster_ha;
 mod cluster_join;
 mod cluster_ports;
+mod csi;
 mod deployments;
 mod device_nodes;
 mod devices;

@@ -135,5 +135,6 @@ pub fn alloc(id: &str, job_type: JobType, tasks: Vec<Task>) -> ClientAllocation 
         job_meta: BTreeMap::new(),
         region: drover_server_api::DEFAULT_REGION.to_owned(),
         identities: BTreeMap::new(),
+        csi_volumes: BTreeMap::new(),
     }
 }

@@ -354,10 +354,10 @@ pub struct Node {
     /// Host volumes of the agent's config, by name (Nomad's `HostVolumeInfo`).
     #[serde(rename = "HostVolumes")]
     pub host_volumes: Option<BTreeMap<String, HostVolumeInfo>>,
-    /// CSI (none in Drover).
+    /// The node's CSI controller plugins: `CSIInfo` by plugin id (null: none).
     #[serde(rename = "CSIControllerPlugins")]
     pub csi_controller_plugins: Option<Value>,
-    /// CSI (none in Drover).
+    /// The node's CSI node plugins: `CSIInfo` by plugin id (null: none).
     #[serde(rename = "CSINodePlugins")]
     pub csi_node_plugins: Option<Value>,
     /// Index of the first registration.
@@ -686,8 +686,8 @@ impl From<&internal::Node> for Node {
                     })
                     .collect()
             }),
-            csi_controller_plugins: None,
-            csi_node_plugins: None,
+            csi_controller_plugins: crate::csi::nomad_csi_maps(&n.csi_plugins).0,
+            csi_node_plugins: crate::csi::nomad_csi_maps(&n.csi_plugins).1,
             create_index: n.create_index,
             modify_index: n.modify_index,
             drover_status: Some(n.status.as_str().to_owned()),
@@ -713,6 +713,10 @@ impl Node {
             (None, None) => internal::NodeResources::default(),
         };
         internal::Node {
+            csi_plugins: crate::csi::from_nomad_csi_maps(
+                self.csi_controller_plugins.as_ref(),
+                self.csi_node_plugins.as_ref(),
+            ),
             devices: internal_devices(self.node_resources.as_ref()),
             host_volumes: self
                 .host_volumes
@@ -789,6 +793,7 @@ impl NodeListStub {
         internal::Node {
             devices: internal_devices(self.node_resources.as_ref()),
             host_volumes: Default::default(),
+            csi_plugins: Default::default(),
             network: internal_network(self.node_resources.as_ref(), None),
             id: self.id.clone(),
             name: self.name.clone(),

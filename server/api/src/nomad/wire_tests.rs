@@ -442,6 +442,7 @@ fn sample_node(rng: &mut Rng) -> internal::Node {
     internal::Node {
         devices: Default::default(),
         host_volumes: Default::default(),
+        csi_plugins: Default::default(),
         network: Default::default(),
         id: rng.word(),
         name: rng.word(),

@@ -43,6 +43,10 @@ pub(crate) enum Need {
     NodeRead,
     /// `node:write`.
     NodeWrite,
+    /// `plugin:list`.
+    PluginList,
+    /// `plugin:read`.
+    PluginRead,
     /// `agent:read`.
     AgentRead,
     /// `operator:read`.
@@ -102,6 +106,24 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
         Obj("read-job"),
         NotRouted,
     ),
+    ("/v1/plugins", PluginList, NotRouted),
+    ("/v1/volumes", Ns("csi-list-volume"), NotRouted),
+    (
+        "/v1/volume/csi/{id}",
+        Ns("csi-read-volume"),
+        Ns("csi-write-volume"),
+    ),
+    (
+        "/v1/volume/csi/{id}/create",
+        NotRouted,
+        Ns("csi-write-volume"),
+    ),
+    (
+        "/v1/volume/csi/{id}/delete",
+        NotRouted,
+        Ns("csi-write-volume"),
+    ),
+    ("/v1/plugin/csi/{id}", PluginRead, NotRouted),
     ("/v1/nodes", NodeRead, NotRouted),
     ("/v1/node/{id}", NodeRead, NotRouted),
     ("/v1/node/{id}/allocations", NodeRead, NotRouted),
@@ -279,6 +301,8 @@ pub(crate) async fn enforce(req: Request, next: Next) -> Response {
         Ns(cap) => acl.allow_namespace_op(&ns, cap),
         NodeRead => acl.allow_node_read(),
         NodeWrite => acl.allow_node_write(),
+        PluginList => acl.allow_plugin_list(),
+        PluginRead => acl.allow_plugin_read(),
         AgentRead => acl.allow_agent_read(),
         OperatorRead => acl.allow_operator_read(),
         OperatorWrite => acl.allow_operator_write(),

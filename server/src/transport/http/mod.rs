@@ -23,6 +23,7 @@ mod acl;
 mod agent;
 mod allocs;
 mod client_routes;
+mod csi;
 mod deployments;
 mod events;
 mod jobs;
@@ -230,6 +231,21 @@ pub fn router_with_local_agent(
         .acl_route("/v1/evaluations", get(allocs::list_evals))
         .acl_route("/v1/evaluation/{id}", get(allocs::get_eval))
         .acl_route("/v1/evaluation/{id}/allocations", get(allocs::eval_allocs))
+        .acl_route("/v1/plugins", get(csi::list))
+        .acl_route("/v1/volumes", get(csi::list_volumes))
+        .acl_route(
+            "/v1/volume/csi/{id}",
+            get(csi::get_volume)
+                .put(csi::register_volume)
+                .post(csi::register_volume)
+                .delete(csi::deregister_volume),
+        )
+        .acl_route(
+            "/v1/volume/csi/{id}/create",
+            put(csi::create_volume).post(csi::create_volume),
+        )
+        .acl_route("/v1/volume/csi/{id}/delete", delete(csi::delete_volume))
+        .acl_route("/v1/plugin/csi/{id}", get(csi::get))
         .acl_route("/v1/nodes", get(nodes::list))
         .acl_route("/v1/node/{id}", get(nodes::get))
         .acl_route("/v1/node/{id}/allocations", get(nodes::allocations))

@@ -8,6 +8,7 @@
 //! token as well, node RPCs may carry that one instead (`RpcOptions::node_token`).
 
 mod conn;
+mod csi;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -656,6 +657,13 @@ pub async fn serve(
     } else {
         TokenCheck::new(&[&token])
     };
+    let csi = pb::csi_controller_server::CsiControllerServer::new(csi::CsiControllerRpc {
+        server: server.clone(),
+        shutdown: shutdown.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let csi = tonic::service::interceptor::InterceptedService::new(csi, node_check.clone());
     let node = NodeServer::new(NodeRpc {
         server,
         shutdown: shutdown.clone(),
@@ -685,6 +693,7 @@ pub async fn serve(
     );
     builder
         .add_service(node)
+        .add_service(csi)
         .add_optional_service(api)
         .serve_with_incoming_shutdown(
             incoming(
