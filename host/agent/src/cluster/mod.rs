@@ -577,7 +577,11 @@ async fn heartbeats(
     let mut poll = tokio::time::interval(DRIVER_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     poll.tick().await;
-    let mut last_register = Instant::now();
+    // The first change after connecting goes at once (drivers finishing their first
+    // fingerprints just after the node registered); later ones are paced.
+    let mut last_register = Instant::now()
+        .checked_sub(MIN_REREGISTER_INTERVAL)
+        .unwrap_or_else(Instant::now);
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(next) => {

@@ -78,10 +78,18 @@ fn dead_node(kill_tasks: bool) {
     server.wait_json(
         &["node", "status", "--json"],
         Duration::from_secs(30),
-        "three ready nodes",
+        "three ready nodes with raw_exec healthy",
         |v| {
-            v.as_array()
-                .is_some_and(|n| n.iter().filter(|n| n["status"] == "ready").count() == 3)
+            // Ready is not enough: a node registers before its drivers' first
+            // fingerprints, and reports them in a later registration.
+            v.as_array().is_some_and(|n| {
+                n.iter()
+                    .filter(|n| {
+                        n["status"] == "ready" && n["drivers"]["raw_exec"]["healthy"] == true
+                    })
+                    .count()
+                    == 3
+            })
         },
     );
     let argv = sleeper(if kill_tasks {
@@ -235,10 +243,18 @@ fn a_killed_server_comes_back_with_its_state_and_no_task_restarts() {
     server.wait_json(
         &["node", "status", "--json"],
         Duration::from_secs(30),
-        "two ready nodes",
+        "two ready nodes with raw_exec healthy",
         |v| {
-            v.as_array()
-                .is_some_and(|n| n.iter().filter(|n| n["status"] == "ready").count() == 2)
+            // Ready is not enough: a node registers before its drivers' first
+            // fingerprints, and reports them in a later registration.
+            v.as_array().is_some_and(|n| {
+                n.iter()
+                    .filter(|n| {
+                        n["status"] == "ready" && n["drivers"]["raw_exec"]["healthy"] == true
+                    })
+                    .count()
+                    == 2
+            })
         },
     );
     let argv = sleeper("server-kill");
