@@ -180,7 +180,10 @@ fn instances(config: &Config) -> Result<Vec<Instance>, String> {
                 .file_name()
                 .and_then(|f| f.to_str())
                 .unwrap_or_default();
-            let clean = path.is_absolute()
+            // Below /dev only: a node elsewhere could sit in a directory someone else
+            // can write, and docker resolves the path again when it creates a container.
+            let clean = path.starts_with("/dev")
+                && path.components().count() >= 3
                 && path
                     .components()
                     .skip(1)
@@ -191,7 +194,7 @@ fn instances(config: &Config) -> Result<Vec<Instance>, String> {
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
             if !clean || !plain_file {
                 return Err(format!(
-                    "{}: {p:?} must be an absolute path without `..` whose file name is \
+                    "{}: {p:?} must be a path below /dev without `..` whose file name is \
                      letters, digits, '-', '_' or '.'",
                     at("paths")
                 ));
@@ -217,6 +220,16 @@ fn instances(config: &Config) -> Result<Vec<Instance>, String> {
                 });
             }
         }
+    }
+    // Ids are what the scheduler hands out and `reserve` looks up: one id, one node
+    // (`kvm` shared as `kvm-0` must not meet a node called `kvm-0`).
+    let mut ids = BTreeSet::new();
+    if let Some(dup) = out.iter().find(|i| !ids.insert(i.id.as_str())) {
+        return Err(format!(
+            "groups[{}].paths: instance id {:?} would name two nodes (a shared node's \
+             instances are <file name>-<n>): rename one",
+            dup.group, dup.id
+        ));
     }
     Ok(out)
 }
@@ -361,9 +374,20 @@ mod tests {
         bad(
             serde_json::json!({"groups": [
                 {"vendor": "a", "type": "t", "name": "n", "paths": ["/dev/x"]},
-                {"vendor": "b", "type": "t", "name": "n", "paths": ["/srv/x"]}
+                {"vendor": "b", "type": "t", "name": "n", "paths": ["/dev/sub/x"]}
             ]}),
             "also called \"x\"",
+        );
+        bad(
+            serde_json::json!({"groups": [{"vendor": "a", "type": "t", "name": "n", "paths": ["/srv/x"]}]}),
+            "below /dev",
+        );
+        bad(
+            serde_json::json!({"groups": [
+                {"vendor": "a", "type": "t", "name": "n", "paths": ["/dev/kvm"], "shares": 2},
+                {"vendor": "b", "type": "t", "name": "n", "paths": ["/dev/kvm-0"]}
+            ]}),
+            "would name two nodes",
         );
         assert!(
             serde_json::from_value::<Config>(serde_json::json!({"groups": [], "typo": 1})).is_err()
@@ -372,14 +396,12 @@ mod tests {
 
     #[tokio::test]
     async fn nodes_are_fingerprinted_by_kind_and_reserved_once_per_node() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("notadev");
-        std::fs::write(&file, "").unwrap();
+        // /dev/shm is a directory on every Linux: present, but no device node.
         let p = DeviceNodes::default();
         let cfg = config(serde_json::json!({"groups": [
             {"vendor": "acme", "type": "null", "name": "n", "paths": ["/dev/null"], "shares": 2, "permissions": "r"},
-            {"vendor": "acme", "type": "file", "name": "f", "paths": [file.display().to_string()]},
-            {"vendor": "acme", "type": "none", "name": "x", "paths": ["/nonexistent/dev0"]}
+            {"vendor": "acme", "type": "file", "name": "f", "paths": ["/dev/shm"]},
+            {"vendor": "acme", "type": "none", "name": "x", "paths": ["/dev/drover-nonexistent0"]}
         ]}));
         p.set_config(cfg, AgentInfo::new("0.1.0")).await.unwrap();
         let groups = p.fingerprint().await.unwrap();
@@ -403,6 +425,6 @@ mod tests {
         assert_eq!(r.devices[0].task_path, "/dev/null");
         assert_eq!(r.devices[0].permissions, "r");
         assert!(p.reserve(vec!["nope".into()]).await.is_err());
-        assert!(p.reserve(vec!["notadev".into()]).await.is_err());
+        assert!(p.reserve(vec!["shm".into()]).await.is_err());
     }
 }

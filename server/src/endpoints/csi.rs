@@ -159,6 +159,7 @@ impl Server {
         let term = self.leadership.require()?;
         let (index, ()) = term
             .commit(|st, index, _now| {
+                refuse_shared_storage(st, &v)?;
                 match st.csi_volume(&v.namespace, &v.id) {
                     Some(old) => {
                         if !st.csi_claims(&v.namespace, &v.id).is_empty()
@@ -235,7 +236,7 @@ impl Server {
             self.controller_node(&v.plugin_id, |c| c.create_delete, "CREATE_DELETE_VOLUME")?;
         let call = ControllerCall::Create {
             plugin_id: v.plugin_id.clone(),
-            name: v.name.clone(),
+            name: plugin_volume_name(&v),
             capacity_min: v.capacity_min,
             capacity_max: v.capacity_max,
             capabilities: v.capabilities.clone(),
@@ -269,6 +270,7 @@ impl Server {
                         v.id
                     )));
                 }
+                refuse_shared_storage(st, &v)?;
                 v.create_index = index;
                 v.modify_index = index;
                 Ok((
@@ -516,5 +518,51 @@ fn check_volume(v: &CsiVolume) -> Result<(), ServerError> {
     if big(&v.parameters) || big(&v.context) {
         return bad("parameters/context", "an entry is longer than 4096 bytes");
     }
+    if v.name.len() > 256 {
+        return bad("name", "at most 256 bytes");
+    }
+    if v.plugin_id.len() > 128 {
+        return bad("plugin_id", "at most 128 bytes");
+    }
+    if v.external_id.len() > 1024 {
+        return bad("external_id", "at most 1024 bytes");
+    }
+    if v.capacity_min < 0 || v.capacity_max < 0 {
+        return bad("capacity_min/capacity_max", "not negative");
+    }
+    if v.capacity_max > 0 && v.capacity_min > v.capacity_max {
+        return bad("capacity_min", "above capacity_max");
+    }
+    let flags = &v.mount_options.mount_flags;
+    if flags.len() > MAX_VOLUME_ENTRIES
+        || flags.iter().any(|f| f.len() > 256)
+        || v.mount_options.fs_type.len() > 64
+    {
+        return bad(
+            "mount_options",
+            &format!("at most {MAX_VOLUME_ENTRIES} mount_flags of 256 bytes, fs_type 64 bytes"),
+        );
+    }
     Ok(())
+}
+
+/// The name a volume is created under in its plugin: `<namespace>.<name>`. CSI's
+/// CreateVolume is idempotent by name (a second call with a name in use returns that
+/// volume), so a bare name would let a volume of one namespace be created as another
+/// namespace's storage; a namespace's name holds no `.`, so these never meet.
+fn plugin_volume_name(v: &CsiVolume) -> String {
+    format!("{}.{}", v.namespace, v.name)
+}
+
+/// Refuse a volume whose plugin volume another volume (of any namespace) already is:
+/// two records of one storage would each count claims on their own, and a namespace
+/// could reach another's data.
+fn refuse_shared_storage(st: &crate::state::State, v: &CsiVolume) -> Result<(), ServerError> {
+    match st.csi_volume_with_external_id(&v.plugin_id, &v.external_id, &v.namespace, &v.id) {
+        Some(other) => Err(ServerError::Conflict(format!(
+            "plugin {:?}'s volume {:?} is already registered as volume {:?} in namespace {:?}",
+            v.plugin_id, v.external_id, other.id, other.namespace
+        ))),
+        None => Ok(()),
+    }
 }

@@ -32,6 +32,30 @@ pub(crate) fn group_claims(group: &TaskGroup, id: &str) -> Option<bool> {
 }
 
 impl State {
+    /// The job (version) whose group says what allocation `a` claims: its own version,
+    /// else (that version pruned from the kept history) the job's current one, so a
+    /// live allocation's claim does not vanish with an old version.
+    fn claiming_job(&self, a: &Allocation) -> Option<&super::Job> {
+        self.job_at_version(&a.namespace, &a.job_name, a.job_version)
+            .or_else(|| self.job_of(a))
+    }
+
+    /// The volume of any namespace that names the plugin's volume `external_id` of
+    /// plugin `plugin_id`, other than (`ns`, `id`) itself.
+    pub(crate) fn csi_volume_with_external_id(
+        &self,
+        plugin_id: &str,
+        external_id: &str,
+        ns: &str,
+        id: &str,
+    ) -> Option<&CsiVolume> {
+        self.csi_volumes.values().find(|v| {
+            v.plugin_id == plugin_id
+                && v.external_id == external_id
+                && !(v.namespace == ns && v.id == id)
+        })
+    }
+
     /// One CSI volume.
     pub(crate) fn csi_volume(&self, ns: &str, id: &str) -> Option<&CsiVolume> {
         self.csi_volumes.get(&(ns.to_owned(), id.to_owned()))
@@ -61,7 +85,7 @@ impl State {
             return out;
         }
         for a in self.allocs.values().filter(|a| holds_volumes(a)) {
-            let Some(job) = self.job_at_version(&a.namespace, &a.job_name, a.job_version) else {
+            let Some(job) = self.claiming_job(a) else {
                 continue;
             };
             let Some(group) = job.spec.groups.iter().find(|g| g.name == a.group) else {
@@ -99,7 +123,7 @@ impl State {
             .values()
             .filter(|a| a.namespace == ns && holds_volumes(a))
             .filter_map(|a| {
-                let job = self.job_at_version(&a.namespace, &a.job_name, a.job_version)?;
+                let job = self.claiming_job(a)?;
                 let group = job.spec.groups.iter().find(|g| g.name == a.group)?;
                 let write = group_claims(group, id)?;
                 Some(CsiClaim {

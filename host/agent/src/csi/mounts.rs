@@ -69,6 +69,27 @@ fn is_mount_point(path: &Path) -> bool {
         .any(|m| m == want)
 }
 
+/// Remount the mount at `path` `nosuid,nodev`, keeping its read-only, noexec and
+/// atime flags (a bind remount sets every flag anew).
+fn restrict_mount(path: &Path) -> Result<(), rustix::io::Errno> {
+    use rustix::fs::StatVfsMountFlags as St;
+    use rustix::mount::MountFlags as Ms;
+    let have = rustix::fs::statvfs(path)?.f_flag;
+    let mut flags = Ms::BIND | Ms::NOSUID | Ms::NODEV;
+    for (theirs, ours) in [
+        (St::RDONLY, Ms::RDONLY),
+        (St::NOEXEC, Ms::NOEXEC),
+        (St::NOATIME, Ms::NOATIME),
+        (St::NODIRATIME, Ms::NODIRATIME),
+        (St::RELATIME, Ms::RELATIME),
+    ] {
+        if have.contains(theirs) {
+            flags |= ours;
+        }
+    }
+    rustix::mount::mount_remount(path, flags, "")
+}
+
 /// The capability a claim of `vol` by `group` is made in: the request's access mode
 /// (else the volume's first), file-system, with the volume's mount options.
 fn capability(vol: &CsiVolume, group: &TaskGroup) -> Capability {
@@ -84,8 +105,23 @@ fn capability(vol: &CsiVolume, group: &TaskGroup) -> Capability {
         access_mode: mode,
         attachment_mode: CsiAttachmentMode::FileSystem,
         fs_type: vol.mount_options.fs_type.clone(),
-        mount_flags: vol.mount_options.mount_flags.clone(),
+        mount_flags: node_mount_flags(&vol.mount_options.mount_flags),
     }
+}
+
+/// The mount flags the node calls get: the volume's, always with `nosuid,nodev`
+/// (and never `suid` or `dev`, which a volume's submitter could ask for): what a
+/// plugin mounts on the host must not let a task's setuid file or device node work
+/// there, and docker takes a writable volume only from a `nosuid,nodev` mount.
+fn node_mount_flags(asked: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = asked
+        .iter()
+        .filter(|f| !matches!(f.as_str(), "suid" | "dev" | "nosuid" | "nodev"))
+        .cloned()
+        .collect();
+    out.push("nosuid".into());
+    out.push("nodev".into());
+    out
 }
 
 /// Whether every request of `vol` in `group` is read-only.
@@ -288,6 +324,19 @@ impl CsiMounts {
             )
             .await
             .map_err(|e| format!("CSI volume {:?}: {e}", vol.id))?;
+        // Plugins need not honour the flags asked for (the hostpath plugin's bind does
+        // not): the agent makes the published mount nosuid,nodev itself, keeping its
+        // other flags. The target is under the plugin's mount dir, only root's.
+        if is_mount_point(target)
+            && let Err(e) = restrict_mount(target)
+        {
+            let _ = client.node_unpublish(&vol.external_id, target).await;
+            return Err(format!(
+                "CSI volume {:?}: cannot make its mount at {} nosuid,nodev: {e}",
+                vol.id,
+                target.display()
+            ));
+        }
         tracing::info!(volume = %vol.id, target = %target.display(), "CSI volume published");
         Ok(())
     }

@@ -185,6 +185,27 @@ args = ["-endpoint", "{{endpoint}}", "-nodeid", "{{node_id}}", "-statedir", "{}"
         out.contains(&external) && out.contains("Schedulable          = true"),
         "{out}"
     );
+    // Another namespace cannot register the same storage under a volume of its own
+    // (it would reach this namespace's data, and count claims apart).
+    let out = agent.cli(&["namespace", "apply", "other"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = agent.cli(&[
+        "--namespace",
+        "other",
+        "volume",
+        "register",
+        old_spec.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("already registered as volume \"v\" in namespace \"default\""),
+        "{err}"
+    );
     let out = agent.cli(&["volume", "delete", "v"]);
     assert!(
         out.status.success(),
@@ -369,6 +390,17 @@ destination = "/data"
         mounts.contains(&target.to_string_lossy().into_owned()),
         "{} among {mounts:?}",
         target.display()
+    );
+    // ... nosuid,nodev: the agent asks the plugin for them whatever the volume says.
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(&*target.to_string_lossy()))
+        .unwrap_or_default();
+    let opts = line.split(' ').nth(5).unwrap_or_default();
+    assert!(
+        opts.split(',').any(|o| o == "nosuid") && opts.split(',').any(|o| o == "nodev"),
+        "the published mount's options: {line}"
     );
     // The volume shows its claim.
     let vol = agent.cli_json(&["volume", "status", "shared", "--json"]);

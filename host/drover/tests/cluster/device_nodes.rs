@@ -333,10 +333,19 @@ fn an_sdk_device_plugins_device_node_is_given_to_exec_and_docker_tasks() {
 #[test]
 fn the_built_in_device_nodes_plugin_offers_configured_nodes_in_shares() {
     let root = tempfile::tempdir().unwrap();
-    let nodes = root.path().join("nodes");
-    std::fs::create_dir(&nodes).unwrap();
-    let zero = nodes.join("drover-zero0");
+    // The plugin takes nodes below /dev only: one of the test's own there, removed
+    // at the end.
+    struct Removed(PathBuf);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let file = format!("drover-zero-{}", std::process::id());
+    let zero = Path::new("/dev").join(&file);
+    let _ = std::fs::remove_file(&zero);
     mknod(&zero, 5);
+    let _removed = Removed(zero.clone());
     let results = dir(root.path(), "results");
     let plugins = root.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
@@ -380,12 +389,12 @@ fn the_built_in_device_nodes_plugin_offers_configured_nodes_in_shares() {
             .filter_map(|i| i["id"].as_str().map(str::to_owned))
             .collect();
         ids.sort();
-        if ids == ["drover-zero0-0", "drover-zero0-1"] {
+        if ids == [format!("{file}-0"), format!("{file}-1")] {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "2 shares of drover-zero0 on the node: not within 30s; node:\n{node:#}\nagent log:\n{}",
+            "2 shares of {file} on the node: not within 30s; node:\n{node:#}\nagent log:\n{}",
             tail(&agent.log_text())
         );
         std::thread::sleep(Duration::from_millis(200));
@@ -393,7 +402,8 @@ fn the_built_in_device_nodes_plugin_offers_configured_nodes_in_shares() {
     let job = device_job(
         "zero-reader",
         "exec",
-        "{ command = \"/bin/sh\", args = [\"-c\", 'head -c 16 /dev/drover-zero0 | od -An -tx1 | tr -d \" \\n\" > /out/read; echo done > /out/done; i=0; while [ ! -e /out/release ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done'] }",
+        &"{ command = \"/bin/sh\", args = [\"-c\", 'head -c 16 /dev/FILE | od -An -tx1 | tr -d \" \\n\" > /out/read; echo done > /out/done; i=0; while [ ! -e /out/release ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done'] }"
+            .replace("FILE", &file),
     )
     .replace("drover/test/node", "drover/test/zero");
     run_and_finish(&agent, root.path(), &results, "zero-reader", &job, || {});

@@ -179,7 +179,7 @@ pub(super) async fn revert(
         .job_versions(scope.namespace(), &id)
         .and_then(|vs| vs.into_iter().find(|j| j.version == req.job_version))
     {
-        scope.check_host_volumes(&old.spec)?;
+        scope.check_volumes(&old.spec)?;
     }
     let resp = api
         .server

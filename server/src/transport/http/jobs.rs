@@ -60,15 +60,7 @@ fn place_in_namespace(
         spec.namespace = ns;
     }
     scope.check(&spec.namespace, "submit-job")?;
-    scope.check_host_volumes(spec)?;
-    // Nomad's: a job claiming CSI volumes needs `csi-mount-volume` in its namespace.
-    if spec
-        .groups
-        .iter()
-        .any(|g| g.volumes.values().any(|v| v.volume_type == "csi"))
-    {
-        scope.check(&spec.namespace, "csi-mount-volume")?;
-    }
+    scope.check_volumes(spec)?;
     Ok(())
 }
 

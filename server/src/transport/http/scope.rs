@@ -48,13 +48,19 @@ impl Scope {
             .is_none_or(|acl| acl.allow_namespace_op(ns, capability))
     }
 
-    /// 403 unless the caller may mount every host volume `spec` asks for (Nomad's
-    /// `host_volume` rules; read-only when the group's request is), naming the first
-    /// it may not.
-    pub(super) fn check_host_volumes(
-        &self,
-        spec: &drover_server_api::JobSpec,
-    ) -> Result<(), ApiError> {
+    /// 403 unless the caller may mount every volume `spec` asks for: each host volume
+    /// as Nomad's `host_volume` rules say (read-only when the group's request is),
+    /// naming the first it may not, and CSI volumes with `csi-mount-volume` in the
+    /// job's namespace. Checked on every path a job's volumes come in by (register,
+    /// plan, revert).
+    pub(super) fn check_volumes(&self, spec: &drover_server_api::JobSpec) -> Result<(), ApiError> {
+        if spec
+            .groups
+            .iter()
+            .any(|g| g.volumes.values().any(|v| v.volume_type == "csi"))
+        {
+            self.check(&spec.namespace, "csi-mount-volume")?;
+        }
         let Some(acl) = &self.acl else {
             return Ok(());
         };
