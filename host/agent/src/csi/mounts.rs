@@ -360,6 +360,25 @@ impl CsiMounts {
                     .node_unpublish(&vol.external_id, &target)
                     .await
                     .map_err(|e| format!("CSI volume {:?}: {e}", vol.id))?;
+                // A plugin that lost track of a publish (the hostpath plugin after it
+                // was restarted with the agent's kill -9) answers OK and leaves the
+                // mount: the target is the agent's, under the plugin's root-only mount
+                // dir, so the agent unmounts what is left itself.
+                if is_mount_point(&target) {
+                    tracing::warn!(volume = %vol.id, target = %target.display(), "the CSI plugin said the volume was unpublished but left it mounted; unmounting it");
+                    rustix::mount::unmount(
+                        &target,
+                        rustix::mount::UnmountFlags::DETACH | rustix::mount::UnmountFlags::NOFOLLOW,
+                    )
+                    .map_err(|e| {
+                        format!(
+                            "CSI volume {:?}: still mounted at {} after NodeUnpublish, and \
+                             cannot be unmounted: {e}",
+                            vol.id,
+                            target.display()
+                        )
+                    })?;
+                }
                 // The plugin may leave the target directory: an empty one goes.
                 let _ = std::fs::remove_dir(&target);
                 tracing::info!(volume = %vol.id, target = %target.display(), "CSI volume unpublished");

@@ -616,3 +616,159 @@ destination = "/data"
         common::cluster::tail(&agent.log_text())
     );
 }
+
+/// Acceptance 5 for CSI volumes: `kill -9` of the agent (its embedded server and the
+/// plugin, which dies with it) while an exec task writes through a published
+/// single-node-writer volume. After the restart the task was not restarted and still
+/// writes through the same mount, the volume keeps its one writer claim, and a second
+/// writer is still refused.
+#[test]
+fn kill_9_of_the_agent_keeps_a_published_csi_volume_its_claim_and_its_task() {
+    let Some(peers) = drover_test_support::csi::peers() else {
+        return;
+    };
+    if !root_or_skip() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("hostpath-state");
+    let (mut first, _, _) = hostpath_agent(root.path(), &peers.hostpath(), &state);
+    first.end_tasks = false;
+    let spec = root.path().join("kept.hcl");
+    std::fs::write(
+        &spec,
+        "id = \"kept\"\ntype = \"csi\"\nplugin_id = \"hostpath\"\n\
+         capability {\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}\n",
+    )
+    .unwrap();
+    cli_ok(&first, &["volume", "create", spec.to_str().unwrap()]);
+    let vol = first.cli_json(&["volume", "status", "kept", "--json"]);
+    let data = state.join(vol["ExternalID"].as_str().unwrap());
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let job = |name: &str| {
+        format!(
+            r#"
+name = "{name}"
+type = "service"
+
+[[group]]
+name = "g"
+
+[group.volume.data]
+type = "csi"
+source = "kept"
+access_mode = "single-node-writer"
+attachment_mode = "file-system"
+
+[[group.task]]
+name = "t"
+driver = "exec"
+config = {{ command = "/bin/sh", args = ["-c", 'n=0; while true; do n=$((n+1)); echo $n > /data/tick.tmp; mv /data/tick.tmp /data/tick; sleep 0.1; done'] }}
+resources = {{ cpu = 100, memory_mb = 64 }}
+
+[[group.task.volume_mount]]
+volume = "data"
+destination = "/data"
+"#
+        )
+    };
+    let file = job_file(root.path(), "ticker", &job("ticker"));
+    cli_ok(&first, &["job", "run", "--detach", file.to_str().unwrap()]);
+    let status = wait_job(&first, "ticker", "the ticker running", |v| {
+        allocs_with(v, "running").len() == 1
+    });
+    let alloc = allocs_with(&status, "running")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tick = || -> u64 {
+        std::fs::read_to_string(data.join("tick"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    drover_test_support::until_blocking(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        "the ticker writing through its volume",
+        || tick() > 0,
+    );
+    let before = first.cli_json(&["alloc", "status", &alloc, "--json"])["task_states"]["t"].clone();
+    let mount_dir = first.data_dir.join("csi/hostpath/mounts");
+    let target = mount_dir
+        .join(format!("per-alloc/{alloc}/default/kept"))
+        .to_string_lossy()
+        .into_owned();
+    assert!(mounts_under(&mount_dir).contains(&target));
+
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let at_kill = tick();
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "the task writing while its agent is dead",
+        || tick() > at_kill,
+    );
+
+    let (second, _, _) = hostpath_agent(root.path(), &peers.hostpath(), &state);
+    let status = wait_job(
+        &second,
+        "ticker",
+        "the ticker running after the restart",
+        |v| allocs_with(v, "running").len() == 1,
+    );
+    assert_eq!(allocs_with(&status, "running")[0]["id"], alloc.as_str());
+    let after = second.cli_json(&["alloc", "status", &alloc, "--json"])["task_states"]["t"].clone();
+    for field in ["task_id", "started_at", "starts", "restarts"] {
+        assert_eq!(
+            after[field], before[field],
+            "{field}: {before:#} then {after:#}"
+        );
+    }
+    assert!(
+        mounts_under(&mount_dir).contains(&target),
+        "the published mount is still there"
+    );
+    let at_restart = tick();
+    drover_test_support::until_blocking(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        "the recovered task still writing through its volume",
+        || tick() > at_restart,
+    );
+    let vol = second.cli_json(&["volume", "status", "kept", "--json"]);
+    assert_eq!(vol["CurrentWriters"], 1, "{vol:#}");
+    let file = job_file(root.path(), "rival", &job("rival"));
+    cli_ok(&second, &["job", "run", "--detach", file.to_str().unwrap()]);
+    wait_job(
+        &second,
+        "rival",
+        "a second writer refused with the reason",
+        |v| {
+            v["placement_failures"]["g"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("no free write claim"))
+        },
+    );
+    // Stopped, the recovered allocation is unpublished like any other (the rival is
+    // stopped first: it would take the volume).
+    cli_ok(&second, &["job", "stop", "rival"]);
+    cli_ok(&second, &["job", "stop", "ticker"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !mounts_under(&mount_dir).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the recovered allocation's volume unpublished after its stop: not within 30s \
+             ({:?})\nagent log:\n{}",
+            mounts_under(&mount_dir),
+            common::cluster::tail(&second.log_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(second);
+    drop(first);
+}
