@@ -265,6 +265,14 @@ impl DevicePlugin for DeviceNodes {
     }
 
     async fn set_config(&self, config: Config, _agent: AgentInfo) -> Result<(), DriverError> {
+        // No groups is the default (a config that left `groups` out may arrive as an
+        // empty list through the hclspec): offering nothing is done by not
+        // configuring the plugin at all.
+        let config = if config.groups.is_empty() {
+            Config::default()
+        } else {
+            config
+        };
         let list = instances(&config).map_err(DriverError::InvalidConfig)?;
         *self.state.lock().unwrap_or_else(PoisonError::into_inner) = Some((config, list));
         Ok(())
@@ -392,6 +400,20 @@ mod tests {
         assert!(
             serde_json::from_value::<Config>(serde_json::json!({"groups": [], "typo": 1})).is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn an_empty_config_offers_kvm() {
+        let p = DeviceNodes::default();
+        p.set_config(
+            config(serde_json::json!({"groups": []})),
+            AgentInfo::new("0.1.0"),
+        )
+        .await
+        .unwrap();
+        let (config, list) = p.state();
+        assert_eq!(config.groups[0].paths, ["/dev/kvm"]);
+        assert_eq!(list.len(), 8);
     }
 
     #[tokio::test]
