@@ -24,6 +24,7 @@ pub mod etcd;
 pub mod goplugin;
 pub mod net;
 pub mod nomad;
+mod peers;
 pub mod pki;
 pub mod procs;
 pub mod vm;

@@ -8,15 +8,20 @@
 //! against its `SHA256SUMS` before anything runs it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
-
-/// Name of the archive and of the directory it unpacks to.
-const ARCHIVE: &str = "nomad-peers-v1.0.18.tar.xz";
-const UNPACKED: &str = "nomad-peers-v1.0.18";
 
 /// Environment variable naming the archive, when it is elsewhere.
 pub const ENV_ARCHIVE: &str = "DROVER_NOMAD_PEERS";
+
+/// The archive and how to find it.
+const ARCHIVE: crate::peers::PeerArchive = crate::peers::PeerArchive {
+    archive: "nomad-peers-v1.0.18.tar.xz",
+    unpacked: "nomad-peers-v1.0.18",
+    env: ENV_ARCHIVE,
+    shared_dir: "nomad",
+    missing: "the real Nomad programs",
+    skipped: "the real Nomad 1.0.18 programs",
+};
 
 /// The unpacked, checked programs.
 #[derive(Debug, Clone)]
@@ -57,97 +62,8 @@ impl NomadPeers {
 /// }
 /// ```
 pub fn peers() -> Option<NomadPeers> {
-    static UNPACK: OnceLock<Result<NomadPeers, String>> = OnceLock::new();
-    match UNPACK.get_or_init(unpack) {
-        Ok(p) => Some(p.clone()),
-        Err(why) => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("the real Nomad programs are missing (CI=true: a failure): {why}");
-            }
-            eprintln!("SKIPPED: a test against the real Nomad 1.0.18 programs: {why}");
-            None
-        }
-    }
-}
-
-fn archive() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os(ENV_ARCHIVE) {
-        return Ok(PathBuf::from(p));
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let candidates = [
-        repo.join("../shared/nomad").join(ARCHIVE),
-        PathBuf::from("/work/shared/nomad").join(ARCHIVE),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| {
-            format!(
-                "no {ARCHIVE} at {} (set {ENV_ARCHIVE} to its path)",
-                candidates
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            )
-        })
-}
-
-/// Unpack into `<target>/<profile>/nomad-peers-v1.0.18` (beside the test binaries),
-/// through a private temporary directory renamed into place, so that test binaries
-/// running at once never see a half-unpacked tree; then check the sums.
-fn unpack() -> Result<NomadPeers, String> {
-    let archive = archive()?;
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    // target/<profile>/deps/<test binary>
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| format!("unexpected test binary path {}", exe.display()))?;
-    let dest = profile_dir.join(UNPACKED);
-    if !dest.join("SHA256SUMS").is_file() {
-        let staging = tempfile::Builder::new()
-            .prefix(".nomad-peers-")
-            .tempdir_in(profile_dir)
-            .map_err(|e| format!("temporary dir in {}: {e}", profile_dir.display()))?;
-        let out = Command::new("tar")
-            .arg("-xJf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(staging.path())
-            .output()
-            .map_err(|e| format!("cannot run tar: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "tar -xJf {} failed: {}",
-                archive.display(),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let unpacked = staging.path().join(UNPACKED);
-        // Another test binary may have won the race: its tree is as good as ours.
-        if let Err(e) = std::fs::rename(&unpacked, &dest)
-            && !dest.join("SHA256SUMS").is_file()
-        {
-            return Err(format!("cannot move {} into place: {e}", dest.display()));
-        }
-    }
-    let check = Command::new("sha256sum")
-        .args(["--quiet", "-c", "SHA256SUMS"])
-        .current_dir(&dest)
-        .output()
-        .map_err(|e| format!("cannot run sha256sum: {e}"))?;
-    if !check.status.success() {
-        return Err(format!(
-            "{}: the programs do not match SHA256SUMS: {}{}",
-            dest.display(),
-            String::from_utf8_lossy(&check.stdout),
-            String::from_utf8_lossy(&check.stderr)
-        ));
-    }
-    Ok(NomadPeers { dir: dest })
+    static UNPACK: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    crate::peers::unpacked(&ARCHIVE, &UNPACK).map(|dir| NomadPeers { dir })
 }
 
 /// Where `scripts/test.sh` announces the Python interpreter of its python-nomad venv.
