@@ -226,6 +226,8 @@ pub struct Metadata {
     pub uid: u32,
     /// Group.
     pub gid: u32,
+    /// Last modification (`st_mtime`), where the clock allows it.
+    pub modified: Option<std::time::SystemTime>,
 }
 
 impl Metadata {
@@ -237,7 +239,20 @@ impl Metadata {
             mode: st.st_mode & 0o7777,
             uid: st.st_uid,
             gid: st.st_gid,
+            modified: modified(st),
         }
+    }
+}
+
+/// `st_mtime` as a time, if it fits one.
+fn modified(st: &rfs::Stat) -> Option<std::time::SystemTime> {
+    let nanos = u32::try_from(st.st_mtime_nsec).ok()?;
+    let epoch = std::time::UNIX_EPOCH;
+    match u64::try_from(st.st_mtime) {
+        Ok(secs) => epoch.checked_add(std::time::Duration::new(secs, nanos)),
+        Err(_) => epoch
+            .checked_sub(std::time::Duration::from_secs(st.st_mtime.unsigned_abs()))?
+            .checked_add(std::time::Duration::from_nanos(u64::from(nanos))),
     }
 }
 
@@ -546,6 +561,34 @@ impl Dir {
             }
         }
         Ok(names)
+    }
+
+    /// The first `limit` names read from this directory (without `.` and `..`), in no
+    /// particular order, and whether there were more: what a listing shows of a
+    /// directory a task may have filled with millions of names, in bounded memory.
+    ///
+    /// ```
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// for n in 0..5 {
+    ///     std::fs::write(tmp.path().join(format!("f{n}")), "").unwrap();
+    /// }
+    /// let dir = drover_plugin_sdk::taskdir::Dir::open(tmp.path()).unwrap();
+    /// let (names, more) = dir.entries_limited(3).unwrap();
+    /// assert_eq!((names.len(), more), (3, true));
+    /// ```
+    pub fn entries_limited(&self, limit: usize) -> io::Result<(Vec<OsString>, bool)> {
+        let mut names = Vec::new();
+        for entry in rfs::Dir::new(self.reopen_self()?)? {
+            let name = entry?.file_name().to_bytes().to_vec();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if names.len() == limit {
+                return Ok((names, true));
+            }
+            names.push(OsStr::from_bytes(&name).to_owned());
+        }
+        Ok((names, false))
     }
 
     /// A new descriptor of this directory, for reading its entries from the start.

@@ -3,6 +3,7 @@
 //!
 //! - `GET /v1/client/fs/logs/{alloc}?task=T&type=stdout|stderr&follow=&origin=&offset=&plain=`
 //! - `GET /v1/client/allocation/{alloc}/stats`
+//! - `GET /v1/client/fs/{ls,stat,cat,readat,stream}/{alloc}?path=...` ([`fs`])
 //!
 //! An allocation of another node is the servers' to place: the request is forwarded,
 //! and the server says which node has it. Errors are Nomad's: a status code and a line
@@ -36,14 +37,18 @@ use crate::logs::{FilePosition, FollowOptions, LogChunk, LogStart};
 /// Nomad's: a client that went away is noticed at the next write.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
+mod fs;
+
 /// The routes, merged into the agent's API.
 pub(crate) fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/client/fs/logs/{alloc}", get(alloc_logs))
         .route("/v1/client/allocation/{alloc}/stats", get(alloc_stats))
+        .merge(fs::routes())
 }
 
 /// A Nomad error: a status and a line of plain text.
+#[derive(Debug)]
 struct NomadError(StatusCode, String);
 
 impl IntoResponse for NomadError {

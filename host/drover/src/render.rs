@@ -50,6 +50,39 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// Entries of an allocation's directory, as `nomad alloc fs` prints them: mode, size,
+/// modification time and name (a directory's with a `/`).
+pub fn file_listing(entries: &[drover_server_api::client_fs::AllocFileInfo]) -> String {
+    let mut out = String::new();
+    let mode_width = entries
+        .iter()
+        .map(|e| e.file_mode.len())
+        .chain([4])
+        .max()
+        .unwrap_or(4);
+    let _ = writeln!(
+        out,
+        "{:<mode_width$}  {:>10}  {:<30}  Name",
+        "Mode", "Size", "Modified Time"
+    );
+    for e in entries {
+        let size = human_bytes(u64::try_from(e.size).unwrap_or(0));
+        let slash = if e.is_dir { "/" } else { "" };
+        // Names are the task's: keep control characters off the terminal.
+        let name: String = e
+            .name
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<mode_width$}  {size:>10}  {:<30}  {name}{slash}",
+            e.file_mode, e.mod_time
+        );
+    }
+    out
+}
+
 /// The header of the `task stats` table.
 pub fn stats_header() -> String {
     format!(

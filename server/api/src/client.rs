@@ -39,6 +39,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 mod acl;
 mod namespaces;
 
+use crate::client_fs::AllocFileInfo;
 use crate::nomad;
 use crate::{
     AllocLogsQuery, Allocation, Deployment, DeploymentUpdateResponse, Evaluation, INDEX_HEADER,
@@ -813,6 +814,106 @@ impl Client {
         })
     }
 
+    /// `GET /v1/client/fs/ls/{alloc}?path=P`: the entries of a directory of the
+    /// allocation's directory (`/` holds `alloc/` and one directory per task).
+    pub async fn alloc_fs_ls(&self, alloc: &str, path: &str) -> Result<Vec<AllocFileInfo>, Error> {
+        self.alloc_fs_json("ls", alloc, path).await
+    }
+
+    /// `GET /v1/client/fs/stat/{alloc}?path=P`: what one path of the allocation's
+    /// directory is (a link is described, not followed).
+    pub async fn alloc_fs_stat(&self, alloc: &str, path: &str) -> Result<AllocFileInfo, Error> {
+        self.alloc_fs_json("stat", alloc, path).await
+    }
+
+    async fn alloc_fs_json<T: DeserializeOwned>(
+        &self,
+        what: &str,
+        alloc: &str,
+        file: &str,
+    ) -> Result<T, Error> {
+        let q = serde_urlencoded::to_string([("path", file)])
+            .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
+        let path = path(&["v1", "client", "fs", what, alloc])?;
+        let request = format!("GET {path}");
+        let resp = self.send(Method::GET, &path, Some(q), None).await?;
+        let status = resp.status();
+        let body = read_body(&request, resp.into_body()).await?;
+        if status != StatusCode::OK {
+            return Err(refusal(&request, status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|source| Error::Decode { request, source })
+    }
+
+    /// A file of the allocation's directory: whole (`GET /v1/client/fs/cat/...`), or
+    /// `limit` bytes from `offset` (`GET /v1/client/fs/readat/...`), read a piece at a
+    /// time.
+    pub async fn alloc_fs_read(
+        &self,
+        alloc: &str,
+        file: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<RawBytes, Error> {
+        let (what, q) = match range {
+            None => ("cat", serde_urlencoded::to_string([("path", file)])),
+            Some((offset, limit)) => (
+                "readat",
+                serde_urlencoded::to_string([
+                    ("path", file.to_owned()),
+                    ("offset", offset.to_string()),
+                    ("limit", limit.to_string()),
+                ]),
+            ),
+        };
+        let q = q.map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
+        let path = path(&["v1", "client", "fs", what, alloc])?;
+        let request = format!("GET {path}");
+        let resp = self.send(Method::GET, &path, Some(q), None).await?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let body = read_body(&request, resp.into_body()).await?;
+            return Err(refusal(&request, status, &body));
+        }
+        Ok(RawBytes {
+            request,
+            body: resp.into_body(),
+        })
+    }
+
+    /// `GET /v1/client/fs/stream/{alloc}?path=P`: a file of the allocation's directory
+    /// as Nomad's frames, from `offset` bytes after its start (or before its end with
+    /// `from_end`), following it as it grows when `follow`.
+    pub async fn alloc_fs_stream(
+        &self,
+        alloc: &str,
+        file: &str,
+        offset: u64,
+        from_end: bool,
+        follow: bool,
+    ) -> Result<AllocLogFrames, Error> {
+        let q = serde_urlencoded::to_string([
+            ("path", file.to_owned()),
+            ("offset", offset.to_string()),
+            ("origin", if from_end { "end" } else { "start" }.to_owned()),
+            ("follow", follow.to_string()),
+        ])
+        .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
+        let path = path(&["v1", "client", "fs", "stream", alloc])?;
+        let request = format!("GET {path}");
+        let resp = self.send(Method::GET, &path, Some(q), None).await?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let body = read_body(&request, resp.into_body()).await?;
+            return Err(refusal(&request, status, &body));
+        }
+        Ok(AllocLogFrames {
+            request,
+            body: resp.into_body(),
+            buf: Vec::new(),
+            done: false,
+        })
+    }
+
     /// Any request, answered whatever its status: for tests of the server's own
     /// checks (tokens, bodies, routes). `path_and_query` is sent as given.
     pub async fn raw(
@@ -1116,6 +1217,37 @@ fn refusal(request: &str, status: StatusCode, body: &[u8]) -> Error {
         }
     };
     Error::Status { status, message }
+}
+
+/// The bytes of a file of an allocation, as they arrive ([`Client::alloc_fs_read`]).
+#[derive(Debug)]
+pub struct RawBytes {
+    request: String,
+    body: Incoming,
+}
+
+impl RawBytes {
+    /// The next piece of the file; `Ok(None)` at its end.
+    pub async fn next(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        loop {
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => {
+                    return Err(Error::Body {
+                        request: self.request.clone(),
+                        reason: e.to_string(),
+                    });
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        return Ok(Some(data.to_vec()));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A task's log as it arrives, from [`Client::alloc_logs`]: Nomad's frames

@@ -3,7 +3,11 @@
 //! - `GET /v1/client/fs/logs/:alloc?task=T&type=stdout|stderr&follow=&origin=&offset=&plain=`:
 //!   a task's log as a stream of [`StreamFrame`]s (JSON objects one after the other,
 //!   no separator, as Nomad writes them), or its raw bytes with `plain=true`;
-//! - `GET /v1/client/allocation/:id/stats`: [`AllocResourceUsage`].
+//! - `GET /v1/client/allocation/:id/stats`: [`AllocResourceUsage`];
+//! - `GET /v1/client/fs/{ls,stat}/:alloc?path=P`: [`AllocFileInfo`]s of the allocation's
+//!   directory (`alloc/`, and one directory per task by task name);
+//! - `GET /v1/client/fs/{cat,readat,stream}/:alloc?path=P`: a file's bytes, whole, from an
+//!   offset (`offset=&limit=`), or as [`StreamFrame`]s that follow it as it grows.
 //!
 //! The shapes are Nomad 1.0's (`api.StreamFrame`, `api.AllocResourceUsage`), so that
 //! Nomad's clients (its CLI, python-nomad) read them unchanged. Two Drover additions
@@ -65,6 +69,103 @@ impl StreamFrame {
     pub fn log_file_name(task: &str, stream: &str, index: u64) -> String {
         format!("alloc/logs/{task}.{stream}.{index}")
     }
+}
+
+/// A file of an allocation's directory (Nomad's `AllocFileInfo`), as `fs ls` and
+/// `fs stat` describe it: a link is described as a link, never followed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct AllocFileInfo {
+    /// The entry's name (the last component of its path).
+    pub name: String,
+    /// Whether it is a directory.
+    pub is_dir: bool,
+    /// Size in bytes.
+    pub size: i64,
+    /// Type and permission bits as Go's `os.FileMode` prints them (`-rw-r--r--`,
+    /// `drwxr-xr-x`, `Lrwxrwxrwx` for a link), as Nomad's clients show them.
+    pub file_mode: String,
+    /// Last modification, RFC 3339 (UTC).
+    pub mod_time: String,
+    /// `text/plain; charset=utf-8` and the like, for a regular file whose first bytes
+    /// were looked at (`fs stat`); empty otherwise.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub content_type: String,
+}
+
+/// What kind of file an [`AllocFileInfo`] is, for [`go_file_mode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// A named pipe.
+    Fifo,
+    /// A unix socket.
+    Socket,
+    /// A character device.
+    CharDevice,
+    /// A block device.
+    BlockDevice,
+    /// Anything else.
+    Other,
+}
+
+/// `mode` (permission bits with setuid, setgid and sticky: `0o7777` of `st_mode`) of a
+/// file of type `kind`, as Go's `os.FileMode.String()` prints it: Nomad's `FileMode`.
+///
+/// ```
+/// use drover_server_api::client_fs::{FileType, go_file_mode};
+/// assert_eq!(go_file_mode(FileType::File, 0o644), "-rw-r--r--");
+/// assert_eq!(go_file_mode(FileType::Dir, 0o1777), "dtrwxrwxrwx");
+/// assert_eq!(go_file_mode(FileType::Symlink, 0o777), "Lrwxrwxrwx");
+/// assert_eq!(go_file_mode(FileType::CharDevice, 0o666), "Dcrw-rw-rw-");
+/// assert_eq!(go_file_mode(FileType::File, 0o4755), "urwxr-xr-x");
+/// ```
+pub fn go_file_mode(kind: FileType, mode: u32) -> String {
+    let mut out = String::with_capacity(12);
+    // Go's order of type letters: d a l T L D p S u g c t ?
+    match kind {
+        FileType::Dir => out.push('d'),
+        FileType::Symlink => out.push('L'),
+        FileType::BlockDevice => out.push('D'),
+        FileType::CharDevice => out.push_str("Dc"),
+        FileType::Fifo => out.push('p'),
+        FileType::Socket => out.push('S'),
+        FileType::File | FileType::Other => {}
+    }
+    if mode & 0o4000 != 0 {
+        out.push('u');
+    }
+    if mode & 0o2000 != 0 {
+        out.push('g');
+    }
+    if mode & 0o1000 != 0 {
+        out.push('t');
+    }
+    if kind == FileType::Other {
+        out.push('?');
+    }
+    if out.is_empty() {
+        out.push('-');
+    }
+    for (bit, letter) in [
+        (0o400, 'r'),
+        (0o200, 'w'),
+        (0o100, 'x'),
+        (0o040, 'r'),
+        (0o020, 'w'),
+        (0o010, 'x'),
+        (0o004, 'r'),
+        (0o002, 'w'),
+        (0o001, 'x'),
+    ] {
+        out.push(if mode & bit != 0 { letter } else { '-' });
+    }
+    out
 }
 
 mod base64_bytes {

@@ -1,5 +1,5 @@
-//! `drover alloc`: show an allocation, and print its tasks' output (the server asks
-//! the agent of the node the allocation runs on).
+//! `drover alloc`: show an allocation, print its tasks' output and its directory's
+//! files (the server asks the agent of the node the allocation runs on).
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -35,6 +35,153 @@ pub enum AllocCommand {
         #[arg(long)]
         stderr: bool,
     },
+    /// List a directory of the allocation, or print a file (Nomad's `alloc fs`). `/`
+    /// holds `alloc/` (shared by the group's tasks; its `logs/` has every task's
+    /// output) and one directory per task; `<task>/secrets` is never shown.
+    Fs {
+        /// Allocation id (or a unique prefix).
+        alloc: String,
+        /// A path in the allocation's directory (`web/local/app.conf`).
+        #[arg(default_value = "/")]
+        path: String,
+        /// Describe the path instead of listing or printing it.
+        #[arg(long)]
+        stat: bool,
+        /// Keep printing the file as it grows (until it is deleted, or Ctrl-C).
+        #[arg(short, long)]
+        follow: bool,
+        /// Print the end of the file: the last `-n` lines (10 by default) or `-c` bytes.
+        #[arg(long)]
+        tail: bool,
+        /// With --tail: how many lines.
+        #[arg(short = 'n', long = "lines", value_name = "N")]
+        lines: Option<u64>,
+        /// With --tail: how many bytes (instead of lines).
+        #[arg(
+            short = 'c',
+            long = "bytes",
+            value_name = "N",
+            conflicts_with = "lines"
+        )]
+        bytes: Option<u64>,
+        /// Print JSON (listings and --stat).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Write `data` to stdout; `false` when stdout is gone (a closed pipe ends quietly).
+fn write_out(out: &mut impl std::io::Write, data: &[u8]) -> anyhow::Result<bool> {
+    match out.write_all(data).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e).context("writing to stdout"),
+    }
+}
+
+/// The offset the last `lines` lines of a file of `size` bytes start at: windows from
+/// the end, doubling, until enough line ends are seen or the start is reached.
+async fn tail_lines_offset(
+    c: &Client,
+    alloc: &str,
+    path: &str,
+    size: u64,
+    lines: u64,
+) -> anyhow::Result<u64> {
+    let mut window: u64 = 4096;
+    loop {
+        let start = size.saturating_sub(window);
+        let mut bytes = c
+            .alloc_fs_read(alloc, path, Some((start, size - start)))
+            .await
+            .map_err(cluster_error)?;
+        let mut data = Vec::new();
+        while let Some(piece) = bytes.next().await.map_err(cluster_error)? {
+            data.extend_from_slice(&piece);
+        }
+        // A last line without its end counts too.
+        let body = data.strip_suffix(b"\n").unwrap_or(&data);
+        let ends: Vec<usize> = body
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| (*b == b'\n').then_some(i))
+            .collect();
+        if let Some(cut) = usize::try_from(lines)
+            .ok()
+            .and_then(|l| ends.len().checked_sub(l))
+            .map(|k| ends[k])
+        {
+            return Ok(start + cut as u64 + 1);
+        }
+        if start == 0 {
+            return Ok(0);
+        }
+        window = window.saturating_mul(2);
+    }
+}
+
+async fn alloc_fs(
+    c: &Client,
+    alloc: &str,
+    path: &str,
+    stat: bool,
+    follow: bool,
+    tail: Option<(Option<u64>, Option<u64>)>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let info = c.alloc_fs_stat(alloc, path).await.map_err(cluster_error)?;
+    if stat {
+        if json {
+            print_json(&info)?;
+        } else {
+            print!(
+                "{}",
+                crate::render::file_listing(std::slice::from_ref(&info))
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if info.is_dir {
+        let entries = c.alloc_fs_ls(alloc, path).await.map_err(cluster_error)?;
+        if json {
+            print_json(&entries)?;
+        } else {
+            print!("{}", crate::render::file_listing(&entries));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let size = u64::try_from(info.size).unwrap_or(0);
+    let start = match tail {
+        None => 0,
+        Some((_, Some(bytes))) => size.saturating_sub(bytes),
+        Some((lines, None)) => tail_lines_offset(c, alloc, path, size, lines.unwrap_or(10)).await?,
+    };
+    let mut out = std::io::stdout().lock();
+    if follow {
+        let mut frames = c
+            .alloc_fs_stream(alloc, path, start, false, true)
+            .await
+            .map_err(cluster_error)?;
+        while let Some(frame) = frames.next().await.map_err(cluster_error)? {
+            if let drover_api::Frame::Data(d) = frame
+                && !write_out(&mut out, &d)?
+            {
+                break;
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let range = (start > 0).then(|| (start, size - start));
+    let mut bytes = c
+        .alloc_fs_read(alloc, path, range)
+        .await
+        .map_err(cluster_error)?;
+    while let Some(piece) = bytes.next().await.map_err(cluster_error)? {
+        if !write_out(&mut out, &piece)? {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Run an `alloc` subcommand.
@@ -100,6 +247,28 @@ pub async fn alloc_command(c: &Client, cmd: AllocCommand) -> anyhow::Result<Exit
                     drover_api::Frame::Error(e) => bail!("{e}"),
                 }
             }
+        }
+        AllocCommand::Fs {
+            alloc,
+            path,
+            stat,
+            follow,
+            tail,
+            lines,
+            bytes,
+            json,
+        } => {
+            if (lines.is_some() || bytes.is_some()) && !tail {
+                bail!("-n and -c count from the end of the file: give --tail (-tail) too");
+            }
+            // The full id: the agent finds its local allocations by it.
+            let a = c
+                .allocation(&alloc, &QueryOptions::default())
+                .await
+                .map_err(cluster_error)?
+                .value;
+            let tail = tail.then_some((lines, bytes));
+            return alloc_fs(c, &a.id, &path, stat, follow, tail, json).await;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -198,6 +198,9 @@ const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &[
     // `nomad namespace apply -description D -meta k=v`.
     "description",
     "meta",
+    // `nomad alloc fs -stat -tail`.
+    "stat",
+    "tail",
 ];
 
 /// Nomad's single-dash flags of `nomad acl ...`.

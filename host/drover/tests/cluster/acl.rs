@@ -847,6 +847,22 @@ fn namespaces_keep_two_teams_apart() {
             None,
         ),
         (
+            http::Method::GET,
+            format!("/v1/client/fs/ls/{b_alloc}?path=/"),
+            None,
+        ),
+        // `read` in its own namespace does not grant `read-fs` (Nomad's).
+        (
+            http::Method::GET,
+            format!("/v1/client/fs/ls/{a_alloc}?path=/"),
+            None,
+        ),
+        (
+            http::Method::GET,
+            format!("/v1/client/fs/cat/{a_alloc}?path=alloc/logs/t.stdout.0"),
+            None,
+        ),
+        (
             http::Method::PUT,
             format!("/v1/allocation/{b_alloc}/stop"),
             None,
@@ -876,6 +892,23 @@ fn namespaces_keep_two_teams_apart() {
         let (status, text) = reader.call(method.clone(), &path, body.as_ref()).unwrap();
         assert_eq!(status, 403, "{method} {path}: {text}");
     }
+    // Whoever holds `read-fs` there sees the allocation's files (its task's directory
+    // once the task has started).
+    drover_test_support::until_blocking(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "a's allocation directory listed with its task",
+        || {
+            let listing = mgmt.get_ok(&format!("/v1/client/fs/ls/{a_alloc}?path=/"));
+            let names: Vec<&str> = listing
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|e| e["Name"].as_str())
+                .collect();
+            names == ["alloc", "t"]
+        },
+    );
     // An id prefix of another namespace's object is as unknown as none (prefixes are
     // no way to learn which ids exist there); the whole id is refused.
     for path in [

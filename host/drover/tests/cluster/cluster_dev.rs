@@ -546,3 +546,140 @@ resources = {{ cpu = 50, memory_mb = 16 }}
     cli_ok(&agent, &["job", "stop", "fixed"]);
     cli_ok(&agent, &["job", "stop", "dynamic"]);
 }
+
+/// Issue 28, acceptance 3: `drover alloc fs` lists an isolated (exec) task's
+/// allocation directory and prints its files, by Nomad's paths; a link the task
+/// planted to `/etc/shadow` is shown as a link and refused when read, through the
+/// agent's socket and through the server's HTTP address alike.
+#[test]
+fn alloc_fs_lists_and_reads_a_tasks_files_and_refuses_its_planted_links() {
+    let root = tempfile::tempdir().unwrap();
+    let (agent, api) = common::cluster::dev_agent_with_api(root.path());
+    let job = job_file(
+        root.path(),
+        "files",
+        r#"
+name = "files"
+type = "service"
+
+[[group]]
+name = "app"
+
+[[group.task]]
+name = "main"
+driver = "exec"
+config = { command = "/bin/sh", args = ["-c", "printf 'one\ntwo\nthree\n' > /local/notes.txt; ln -s /etc/shadow /local/shadow; ln -s /etc /local/etc; echo planted; exec sleep 1000"] }
+resources = { cpu = 100, memory_mb = 64 }
+"#,
+    );
+    cli_ok(&agent, &["job", "run", job.to_str().unwrap()]);
+    let status = wait_job(&agent, "files", "the allocation running", |v| {
+        allocs_with(v, "running").len() == 1
+    });
+    let id = allocs_with(&status, "running")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    drover_test_support::until_blocking(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        "the task's output in alloc fs",
+        || {
+            let out = agent.cli(&["alloc", "fs", &id, "alloc/logs/main.stdout.0"]);
+            out.status.success() && out.stdout == b"planted\n"
+        },
+    );
+    let listing = cli_ok(&agent, &["alloc", "fs", &id]);
+    assert!(
+        listing.contains(" alloc/\n") && listing.contains(" main/\n"),
+        "{listing}"
+    );
+    let local = cli_ok(&agent, &["alloc", "fs", &id[..8], "main/local"]);
+    assert!(local.contains("notes.txt"), "{local}");
+    assert!(
+        local
+            .lines()
+            .any(|l| l.starts_with("Lrwxrwxrwx") && l.ends_with(" shadow")),
+        "{local}"
+    );
+    assert_eq!(
+        cli_ok(&agent, &["alloc", "fs", &id, "main/local/notes.txt"]),
+        "one\ntwo\nthree\n"
+    );
+    assert_eq!(
+        cli_ok(
+            &agent,
+            &[
+                "alloc",
+                "fs",
+                "-tail",
+                "-n",
+                "2",
+                &id,
+                "main/local/notes.txt"
+            ]
+        ),
+        "two\nthree\n"
+    );
+    assert_eq!(
+        cli_ok(
+            &agent,
+            &[
+                "alloc",
+                "fs",
+                "--tail",
+                "-c",
+                "3",
+                &id,
+                "main/local/notes.txt"
+            ]
+        ),
+        "ee\n"
+    );
+    let stat: serde_json::Value = serde_json::from_str(&cli_ok(
+        &agent,
+        &[
+            "alloc",
+            "fs",
+            "-stat",
+            "--json",
+            &id,
+            "main/local/notes.txt",
+        ],
+    ))
+    .unwrap();
+    assert_eq!(stat["Size"], 14, "{stat}");
+    assert_eq!(stat["IsDir"], false);
+
+    for path in ["main/local/shadow", "main/local/etc/shadow", "main/secrets"] {
+        let out = agent.cli(&["alloc", "fs", &id, path]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{path}: {err}");
+        assert!(
+            err.contains("403") || err.contains("refusing") || err.contains("prohibited"),
+            "{path}: {err}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("root:"),
+            "{path} leaked"
+        );
+    }
+    // The same through the server's HTTP address (Nomad's clients ask it).
+    let (code, body) = api
+        .call(
+            http::Method::GET,
+            &format!("/v1/client/fs/cat/{id}?path=main/local/notes.txt"),
+            None,
+        )
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, "one\ntwo\nthree\n"));
+    let (code, body) = api
+        .call(
+            http::Method::GET,
+            &format!("/v1/client/fs/cat/{id}?path=main/local/shadow"),
+            None,
+        )
+        .unwrap();
+    assert_eq!(code, 403, "{body}");
+    assert!(!body.contains("root:"), "{body}");
+}

@@ -757,3 +757,178 @@ async fn a_server_passes_client_requests_to_its_local_agent_after_the_token_chec
     stop.cancel();
     std::fs::write(&gate, "").unwrap();
 }
+
+/// `fs ls/stat/cat/readat/stream` of a running task's allocation: what the task wrote
+/// is listed and read, by Nomad's paths; a link the task planted to `/etc/shadow` is
+/// listed as a link and refused when read, as is anything in `secrets/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocation_files_are_listed_and_read_and_planted_links_refused() {
+    let agent = Agent::start().await;
+    let gate = agent.gate("more");
+    let stop_gate = agent.gate("stop");
+    let id = "aaaaaaaa-0000-4000-8000-0000000000a6";
+    let script = format!(
+        "printf 'line one\\nline two\\n' > \"$NOMAD_TASK_DIR/notes.txt\"; \
+         echo shared > \"$NOMAD_ALLOC_DIR/data/shared.txt\"; \
+         ln -s /etc/shadow \"$NOMAD_TASK_DIR/shadow\"; \
+         ln -s /etc \"$NOMAD_TASK_DIR/etc\"; \
+         echo hunter2 > \"$NOMAD_SECRETS_DIR/password\"; \
+         echo ready; {}; echo 'line three' >> \"$NOMAD_TASK_DIR/notes.txt\"; {}",
+        wait_for(&gate),
+        wait_for(&stop_gate)
+    );
+    agent.run(id, vec![sh("web", &script)]).await;
+    agent.task_dir(id, "web").await;
+    agent
+        .poll_body(
+            &format!("/v1/client/fs/logs/{id}?task=web&type=stdout&plain=true"),
+            |b| b == b"ready\n",
+        )
+        .await;
+    let json = |body: &[u8]| -> serde_json::Value {
+        serde_json::from_slice(body)
+            .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(body)))
+    };
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["Name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let get_ok = |target: String| {
+        let agent = &agent;
+        async move {
+            let resp = agent.get(&target).await;
+            let status = resp.status();
+            let (body, broken) = read_all(resp.into_body()).await;
+            assert_eq!(
+                (status, broken),
+                (StatusCode::OK, None),
+                "{target}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            body
+        }
+    };
+    let base = "/v1/client/fs";
+
+    let root = json(&get_ok(format!("{base}/ls/{id}?path=/")).await);
+    assert_eq!(names(&root), ["alloc", "web"], "{root}");
+    assert_eq!(root[0]["IsDir"], true);
+    assert!(
+        root[0]["FileMode"].as_str().unwrap().starts_with('d'),
+        "{root}"
+    );
+    let shared = json(&get_ok(format!("{base}/ls/{id}?path=alloc/data")).await);
+    assert_eq!(names(&shared), ["shared.txt"]);
+    let logs = json(&get_ok(format!("{base}/ls/{id}?path=alloc/logs")).await);
+    assert!(names(&logs).contains(&"web.stdout.0".to_owned()), "{logs}");
+    assert_eq!(
+        get_ok(format!("{base}/cat/{id}?path=alloc/logs/web.stdout.0")).await,
+        b"ready\n"
+    );
+    let local = json(&get_ok(format!("{base}/ls/{id}?path=web/local")).await);
+    assert_eq!(names(&local), ["etc", "notes.txt", "shadow"], "{local}");
+    let shadow = &local[2];
+    assert_eq!(shadow["FileMode"], "Lrwxrwxrwx", "{local}");
+    assert_eq!(shadow["IsDir"], false);
+    let notes = json(&get_ok(format!("{base}/stat/{id}?path=/web/local/notes.txt")).await);
+    assert_eq!(notes["Name"], "notes.txt");
+    assert_eq!(notes["Size"], 18);
+    assert_eq!(notes["ContentType"], "text/plain; charset=utf-8");
+    assert_eq!(
+        get_ok(format!("{base}/cat/{id}?path=web/local/notes.txt")).await,
+        b"line one\nline two\n"
+    );
+    assert_eq!(
+        get_ok(format!(
+            "{base}/readat/{id}?path=web/local/notes.txt&offset=5&limit=7"
+        ))
+        .await,
+        b"one\nlin"
+    );
+
+    // Refused: the planted links (read, or walked through), `secrets/`, `..`.
+    for (path, status) in [
+        ("web/local/shadow", StatusCode::FORBIDDEN),
+        ("web/local/etc/shadow", StatusCode::FORBIDDEN),
+        ("web/secrets/password", StatusCode::FORBIDDEN),
+        ("web/../../../etc/shadow", StatusCode::BAD_REQUEST),
+        ("web/local/missing", StatusCode::NOT_FOUND),
+    ] {
+        for op in ["cat", "stat", "stream", "readat"] {
+            if op == "stat" && path == "web/local/shadow" {
+                continue; // described as a link: checked above
+            }
+            let target = format!("{base}/{op}/{id}?path={path}&offset=0&limit=10");
+            let resp = agent.get(&target).await;
+            let got = resp.status();
+            let (body, _) = read_all(resp.into_body()).await;
+            let text = String::from_utf8_lossy(&body).into_owned();
+            assert_eq!(got, status, "{target}: {text}");
+            assert!(
+                !text.contains("root:"),
+                "{target} leaked the host's file: {text}"
+            );
+            assert!(
+                !text.contains(&*agent.root.path().to_string_lossy()),
+                "{target} names host paths: {text}"
+            );
+        }
+    }
+    let resp = agent
+        .get(&format!("{base}/ls/{id}?path=web/local/etc"))
+        .await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    // An allocation this node does not run (and no servers to ask).
+    let resp = agent
+        .get(&format!(
+            "{base}/ls/aaaaaaaa-0000-4000-8000-00000000ffff?path=/"
+        ))
+        .await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+
+    // A stream follows the file as the task appends to it, from an offset.
+    let resp = agent
+        .get(&format!(
+            "{base}/stream/{id}?path=web/local/notes.txt&offset=9"
+        ))
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(content_type(&resp), "application/json");
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    std::fs::write(&gate, "").unwrap();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while data_of(&frames(&got)) != b"line two\nline three\n" {
+        let frame = tokio::time::timeout_at(deadline, body.frame())
+            .await
+            .unwrap_or_else(|_| panic!("so far {:?}", String::from_utf8_lossy(&got)))
+            .expect("the stream ended")
+            .unwrap();
+        if let Ok(d) = frame.into_data() {
+            got.extend_from_slice(&d);
+        }
+    }
+    let last = frames(&got)
+        .into_iter()
+        .rev()
+        .find(|f| !f.data.is_empty())
+        .unwrap();
+    assert_eq!(
+        (last.file.as_str(), last.offset),
+        ("web/local/notes.txt", 29)
+    );
+    assert_eq!(agent.streams.logs.active(), 1, "a follower is counted");
+    drop(body);
+    let streams = agent.streams.clone();
+    until(LIMIT, "the follower freed", || streams.logs.active() == 0).await;
+    // Without follow, the stream ends at the end of the file.
+    let plain = get_ok(format!(
+        "{base}/stream/{id}?path=web/local/notes.txt&origin=end&offset=11&follow=false&plain=true"
+    ))
+    .await;
+    assert_eq!(plain, b"line three\n");
+    std::fs::write(&stop_gate, "").unwrap();
+}

@@ -143,6 +143,11 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
     ("/v1/service/{name}/{id}", NotRouted, Ns("submit-job")),
     // The agents' endpoints, passed to the agent that runs the allocation.
     ("/v1/client/fs/logs/{alloc}", Obj("read-logs"), NotRouted),
+    ("/v1/client/fs/ls/{alloc}", Obj("read-fs"), NotRouted),
+    ("/v1/client/fs/stat/{alloc}", Obj("read-fs"), NotRouted),
+    ("/v1/client/fs/cat/{alloc}", Obj("read-fs"), NotRouted),
+    ("/v1/client/fs/readat/{alloc}", Obj("read-fs"), NotRouted),
+    ("/v1/client/fs/stream/{alloc}", Obj("read-fs"), NotRouted),
     (
         "/v1/client/allocation/{alloc}/stats",
         Obj("read-job"),

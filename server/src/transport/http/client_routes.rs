@@ -1,5 +1,6 @@
 //! Nomad's client endpoints for allocations on the server's HTTP address:
-//! `GET /v1/client/fs/logs/{alloc}` and `GET /v1/client/allocation/{alloc}/stats`.
+//! `GET /v1/client/fs/logs/{alloc}`, `GET /v1/client/allocation/{alloc}/stats` and the
+//! allocation directory's files, `GET /v1/client/fs/{ls,stat,cat,readat,stream}/{alloc}`.
 //!
 //! Only the agent of the node that runs an allocation has its logs and its tasks'
 //! stats. A server with a local agent (`drover agent --dev`: the server runs inside
@@ -31,6 +32,9 @@ use crate::server::Server;
 /// about a second).
 const AGENT_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The agent's header on a directory listing it stopped at its bound.
+const LISTING_TRUNCATED: &str = "x-drover-listing-truncated";
+
 #[derive(Clone)]
 struct ClientRoutes {
     server: Arc<Server>,
@@ -48,6 +52,11 @@ pub fn client_routes<S: Clone + Send + Sync + 'static>(
     Router::new()
         .route("/v1/client/fs/logs/{alloc}", get(client_request))
         .route("/v1/client/allocation/{alloc}/stats", get(client_request))
+        .route("/v1/client/fs/ls/{alloc}", get(client_request))
+        .route("/v1/client/fs/stat/{alloc}", get(client_request))
+        .route("/v1/client/fs/cat/{alloc}", get(client_request))
+        .route("/v1/client/fs/readat/{alloc}", get(client_request))
+        .route("/v1/client/fs/stream/{alloc}", get(client_request))
         .with_state(ClientRoutes {
             server,
             local_agent: local_agent.map(Arc::new),
@@ -70,16 +79,12 @@ async fn client_request(
     stop: Option<Extension<CancellationToken>>,
     req: Request,
 ) -> Response {
-    // With ACLs, the caller needs `read-logs` (logs) or `read-job` (stats) in the
-    // allocation's own namespace (`enforce` let any valid caller through: only here
-    // is the allocation known).
+    // With ACLs, the caller needs `read-logs` (logs), `read-fs` (files) or `read-job`
+    // (stats) in the allocation's own namespace, as Nomad's (`enforce` let any valid
+    // caller through: only here is the allocation known).
     if let Some(super::acl::TokenLookup(lookup)) = req.extensions().get::<super::acl::TokenLookup>()
     {
-        let capability = if req.uri().path().ends_with("/stats") {
-            "read-job"
-        } else {
-            "read-logs"
-        };
+        let capability = capability_of(req.uri().path());
         let unknown = || {
             error(
                 StatusCode::NOT_FOUND,
@@ -113,6 +118,17 @@ async fn client_request(
     }
 }
 
+/// The capability a client endpoint needs in the allocation's namespace.
+fn capability_of(path: &str) -> &'static str {
+    if path.ends_with("/stats") {
+        "read-job"
+    } else if path.starts_with("/v1/client/fs/logs/") {
+        "read-logs"
+    } else {
+        "read-fs"
+    }
+}
+
 /// The allocation's node, for a client that asked a server without a local agent.
 fn elsewhere(server: &Server, alloc: &str, path: &str) -> Response {
     let Some(a) = server.allocation(alloc) else {
@@ -121,10 +137,10 @@ fn elsewhere(server: &Server, alloc: &str, path: &str) -> Response {
             format!("Unknown allocation {alloc:?}"),
         );
     };
-    let what = if path.ends_with("/stats") {
-        "the resource use"
-    } else {
-        "the logs"
+    let what = match capability_of(path) {
+        "read-job" => "the resource use",
+        "read-logs" => "the logs",
+        _ => "the files",
     };
     error(
         StatusCode::BAD_REQUEST,
@@ -197,5 +213,9 @@ async fn proxy(socket: &std::path::Path, req: Request, stop: CancellationToken) 
         .unwrap_or_else(|| HeaderValue::from_static("application/octet-stream"));
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, content_type);
+    // A listing the agent cut short says so.
+    if let Some(v) = parts.headers.get(LISTING_TRUNCATED) {
+        resp.headers_mut().insert(LISTING_TRUNCATED, v.clone());
+    }
     resp
 }
