@@ -10,8 +10,8 @@ use tokio::sync::broadcast;
 use crate::DriverError;
 use crate::signal::Signal;
 use crate::types::{
-    AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, PluginInfo, TaskEvent,
-    TaskHandle, TaskSpec, TaskStats, TaskStatus,
+    AgentInfo, Capabilities, ExecOutput, ExecSession, ExitResult, Fingerprint, PluginInfo,
+    TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
 };
 
 /// A task driver. Implement this, then call [`crate::serve`] from `main`.
@@ -181,6 +181,20 @@ pub trait DriverPlugin: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ExecOutput, DriverError>> + Send {
         let _ = (task_id, command, timeout);
         async { Err(DriverError::Unimplemented("ExecTask".into())) }
+    }
+
+    /// Run a command inside the task's sandbox interactively (`drover alloc exec`,
+    /// Nomad's `ExecTaskStreaming`): the same user, namespaces, cgroup, capabilities
+    /// and seccomp filter as the task, so that it can never be used to leave them.
+    /// Optional. See [`ExecSession`] for the stream; [`crate::exec`] has the relay of
+    /// a local process or pseudo-terminal.
+    fn exec_task_streaming(
+        &self,
+        task_id: &str,
+        session: ExecSession,
+    ) -> impl Future<Output = Result<ExitResult, DriverError>> + Send {
+        let _ = (task_id, session);
+        async { Err(DriverError::Unimplemented("ExecTaskStreaming".into())) }
     }
 
     /// Called once when the host asks the plugin to shut down, before the process exits.

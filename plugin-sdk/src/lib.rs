@@ -28,6 +28,7 @@ pub mod client;
 pub mod device;
 pub mod driver;
 pub mod error;
+pub mod exec;
 pub mod handshake;
 pub mod inproc;
 pub mod logging;

@@ -26,7 +26,10 @@ use crate::driver::DriverPlugin;
 use crate::handshake::{self, HandshakeLine, PluginAddr};
 use crate::signal::Signal;
 use crate::transport::{ServerTransport, tls};
-use crate::types::{AgentInfo, TaskSpec, from_duration, validate_task_id};
+use crate::types::{
+    AgentInfo, ExecChunk, ExecInput, ExecSession, TaskSpec, TerminalSize, from_duration,
+    validate_task_id,
+};
 
 /// Largest gRPC message a plugin accepts or sends (go-plugin hosts allow more than
 /// gRPC's 4 MiB default; task configs and exec output can be large).
@@ -1051,4 +1054,138 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
             result: Some(out.result.into()),
         }))
     }
+
+    type ExecTaskStreamingStream = BoxStream<pb::ExecTaskStreamingResponse>;
+
+    async fn exec_task_streaming(
+        &self,
+        req: Request<tonic::Streaming<pb::ExecTaskStreamingRequest>>,
+    ) -> Result<Response<Self::ExecTaskStreamingStream>, Status> {
+        use pb::exec_task_streaming_request::Msg as In;
+        use pb::exec_task_streaming_response::Msg as Out;
+        let mut inbound = req.into_inner();
+        let setup = match inbound.message().await? {
+            Some(pb::ExecTaskStreamingRequest {
+                msg: Some(In::Setup(setup)),
+            }) => setup,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "ExecTaskStreaming: the first message must be the setup",
+                ));
+            }
+        };
+        if setup.command.is_empty() {
+            return Err(Status::invalid_argument(
+                "ExecTaskStreaming needs a command",
+            ));
+        }
+        let inputs = async_stream_of(inbound, |m| match m.msg {
+            Some(In::Stdin(data)) => Some(ExecInput::Stdin(data)),
+            Some(In::StdinClose(true)) => Some(ExecInput::StdinClosed),
+            Some(In::TtySize(size)) => Some(ExecInput::Resize(TerminalSize {
+                rows: u16::try_from(size.rows).unwrap_or(u16::MAX),
+                cols: u16::try_from(size.cols).unwrap_or(u16::MAX),
+            })),
+            _ => None,
+        });
+        Ok(Response::new(exec_session_stream(
+            self.0.clone(),
+            setup.task_id,
+            setup.command,
+            setup.tty,
+            inputs,
+            |chunk| pb::ExecTaskStreamingResponse {
+                msg: Some(match chunk {
+                    ExecChunk::Stdout(d) => Out::Stdout(d),
+                    ExecChunk::Stderr(d) => Out::Stderr(d),
+                }),
+            },
+            |result| pb::ExecTaskStreamingResponse {
+                msg: Some(Out::Exited(result.into())),
+            },
+        )))
+    }
+}
+
+/// The inputs of a client stream of exec requests, mapped by `map` (`None`: ignored),
+/// fed into a channel until the stream ends or fails.
+pub(crate) fn async_stream_of<M: Send + 'static>(
+    mut inbound: tonic::Streaming<M>,
+    map: impl Fn(M) -> Option<ExecInput> + Send + 'static,
+) -> tokio::sync::mpsc::Receiver<ExecInput> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Ok(Some(m)) = inbound.message().await {
+            if let Some(input) = map(m)
+                && tx.send(input).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Run the driver's interactive exec of `command` in `task_id` with `inputs`, as a
+/// stream of answers: what the command writes (`chunk`), then how it ended
+/// (`exited`), or the driver's error. The command is killed when the stream's
+/// receiver goes away (the driver sees its input end).
+pub(crate) fn exec_session_stream<D: DriverPlugin, T: Send + 'static>(
+    driver: Arc<D>,
+    task_id: String,
+    command: Vec<String>,
+    tty: bool,
+    mut inputs: tokio::sync::mpsc::Receiver<ExecInput>,
+    chunk: impl Fn(ExecChunk) -> T + Send + 'static,
+    exited: impl FnOnce(crate::types::ExitResult) -> T + Send + 'static,
+) -> BoxStream<T> {
+    let (session, in_tx, mut out_rx) = ExecSession::channel(command, tty, 16);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<T, Status>>(16);
+    // The caller's inputs, until the caller goes (its stream ends or the answer's
+    // receiver is dropped): then the driver's input ends and it kills the command.
+    let closed = tx.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                input = inputs.recv() => match input {
+                    Some(i) => if in_tx.send(i).await.is_err() { return },
+                    None => break,
+                },
+                () = closed.closed() => return,
+            }
+        }
+        // The request stream ended: keep the driver's input open until the answer's
+        // receiver goes (a client may half-close after its last input).
+        closed.closed().await;
+    });
+    tokio::spawn(async move {
+        let run = contained(
+            "ExecTaskStreaming",
+            driver.exec_task_streaming(&task_id, session),
+        );
+        tokio::pin!(run);
+        let result = loop {
+            tokio::select! {
+                r = &mut run => break r,
+                Some(c) = out_rx.recv() => {
+                    if tx.send(Ok(chunk(c))).await.is_err() {
+                        // The caller went away; the driver sees its input end.
+                        continue;
+                    }
+                }
+            }
+        };
+        // What the driver sent before it returned.
+        out_rx.close();
+        while let Ok(c) = out_rx.try_recv() {
+            let _ = tx.send(Ok(chunk(c))).await;
+        }
+        let last = match result {
+            Ok(Ok(r)) => Ok(exited(r)),
+            Ok(Err(e)) => Err(Status::from(e)),
+            Err(status) => Err(status),
+        };
+        let _ = tx.send(last).await;
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }

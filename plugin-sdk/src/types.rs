@@ -1205,6 +1205,101 @@ where
     Ok(kept)
 }
 
+/// A terminal's size, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TerminalSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+/// What the caller of an interactive exec sends to its command
+/// ([`crate::DriverPlugin::exec_task_streaming`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecInput {
+    /// Bytes for the command's stdin (or its terminal).
+    Stdin(Vec<u8>),
+    /// The caller's stdin ended.
+    StdinClosed,
+    /// The caller's terminal changed size (with a terminal only).
+    Resize(TerminalSize),
+}
+
+/// What an interactive exec's command writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecChunk {
+    /// Bytes of its stdout (everything it writes, with a terminal).
+    Stdout(Vec<u8>),
+    /// Bytes of its stderr (never with a terminal).
+    Stderr(Vec<u8>),
+}
+
+/// What the host reads from an interactive exec: output, then how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecEvent {
+    /// What the command wrote.
+    Output(ExecChunk),
+    /// How it ended: the last event.
+    Exited(ExitResult),
+}
+
+/// An interactive exec: the command, whether it gets a terminal, and the two
+/// directions of its stream. The driver reads `input` until it ends (the caller went
+/// away: kill the command) and sends what the command writes to `output`; it returns
+/// how the command ended once it has and its output is sent.
+///
+/// ```
+/// use drover_plugin_sdk::{ExecChunk, ExecInput, ExecSession};
+/// let (session, input, mut output) = ExecSession::channel(vec!["/bin/sh".into()], true, 16);
+/// input.try_send(ExecInput::Stdin(b"exit 3\n".to_vec())).unwrap();
+/// # drop((session, output.try_recv()));
+/// ```
+#[derive(Debug)]
+pub struct ExecSession {
+    /// The command and its arguments (not empty).
+    pub command: Vec<String>,
+    /// Whether the command gets a pseudo-terminal as stdin, stdout and stderr.
+    pub tty: bool,
+    /// The terminal's size at the start, when the caller knows it.
+    pub size: Option<TerminalSize>,
+    /// From the caller.
+    pub input: tokio::sync::mpsc::Receiver<ExecInput>,
+    /// To the caller.
+    pub output: tokio::sync::mpsc::Sender<ExecChunk>,
+}
+
+impl ExecSession {
+    /// A session and the caller's ends of its channels, each holding up to `depth`
+    /// messages.
+    pub fn channel(
+        command: Vec<String>,
+        tty: bool,
+        depth: usize,
+    ) -> (
+        ExecSession,
+        tokio::sync::mpsc::Sender<ExecInput>,
+        tokio::sync::mpsc::Receiver<ExecChunk>,
+    ) {
+        let (in_tx, in_rx) = tokio::sync::mpsc::channel(depth);
+        let (out_tx, out_rx) = tokio::sync::mpsc::channel(depth);
+        (
+            ExecSession {
+                command,
+                tty,
+                size: None,
+                input: in_rx,
+                output: out_tx,
+            },
+            in_tx,
+            out_rx,
+        )
+    }
+}
+
 /// Output of a command run with `ExecTask`.
 ///
 /// ```

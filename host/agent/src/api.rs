@@ -486,7 +486,10 @@ pub async fn serve(
             () = stop.cancelled() => break,
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        // With upgrades: `alloc exec` is a WebSocket.
+        let conn = http
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .with_upgrades();
         let stop = stop.clone();
         let open = open.clone();
         tokio::spawn(async move {

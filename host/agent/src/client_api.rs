@@ -4,6 +4,7 @@
 //! - `GET /v1/client/fs/logs/{alloc}?task=T&type=stdout|stderr&follow=&origin=&offset=&plain=`
 //! - `GET /v1/client/allocation/{alloc}/stats`
 //! - `GET /v1/client/fs/{ls,stat,cat,readat,stream}/{alloc}?path=...` ([`fs`])
+//! - `GET /v1/client/allocation/{alloc}/exec?task=&command=&tty=` (WebSocket, [`exec`])
 //!
 //! An allocation of another node is the servers' to place: the request is forwarded,
 //! and the server says which node has it. Errors are Nomad's: a status code and a line
@@ -37,6 +38,7 @@ use crate::logs::{FilePosition, FollowOptions, LogChunk, LogStart};
 /// Nomad's: a client that went away is noticed at the next write.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
+mod exec;
 mod fs;
 
 /// The routes, merged into the agent's API.
@@ -44,6 +46,7 @@ pub(crate) fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/client/fs/logs/{alloc}", get(alloc_logs))
         .route("/v1/client/allocation/{alloc}/stats", get(alloc_stats))
+        .route("/v1/client/allocation/{alloc}/exec", get(exec::alloc_exec))
         .merge(fs::routes())
 }
 

@@ -39,8 +39,8 @@ use tonic::transport::Channel;
 use crate::DriverError;
 use crate::signal::Signal;
 use crate::types::{
-    AgentInfo, Capabilities, ExecOutput, ExitResult, Fingerprint, TaskEvent, TaskHandle, TaskSpec,
-    TaskStats, TaskStatus, to_duration,
+    AgentInfo, Capabilities, ExecChunk, ExecEvent, ExecInput, ExecOutput, ExitResult, Fingerprint,
+    TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus, to_duration,
 };
 
 use process::Exit;
@@ -516,6 +516,59 @@ impl PluginClient {
             .await?;
         Ok(Box::pin(s.map(|r| {
             r.map(TaskEvent::from).map_err(DriverError::from)
+        })))
+    }
+
+    /// `ExecTaskStreaming`: run `command` inside task `task_id` interactively, fed
+    /// from `inputs`; what it writes and, last, how it ended. Dropping the stream (or
+    /// `inputs` ending) ends the call, and the driver kills the command.
+    pub async fn exec_task_streaming(
+        &self,
+        task_id: &str,
+        command: Vec<String>,
+        tty: bool,
+        inputs: tokio::sync::mpsc::Receiver<ExecInput>,
+    ) -> Result<BoxStream<ExecEvent>, DriverError> {
+        if let Some(b) = &self.nomad {
+            let s = self
+                .guard_call(b.exec_task_streaming(task_id, command, tty, inputs))
+                .await?;
+            return Ok(Box::pin(s));
+        }
+        use pb::exec_task_streaming_request::{Msg as In, Setup, TerminalSize as Size};
+        use pb::exec_task_streaming_response::Msg as Out;
+        let setup = pb::ExecTaskStreamingRequest {
+            msg: Some(In::Setup(Setup {
+                task_id: task_id.into(),
+                command,
+                tty,
+            })),
+        };
+        let requests = tokio_stream::once(setup).chain(
+            tokio_stream::wrappers::ReceiverStream::new(inputs).map(|i| {
+                pb::ExecTaskStreamingRequest {
+                    msg: Some(match i {
+                        ExecInput::Stdin(d) => In::Stdin(d),
+                        ExecInput::StdinClosed => In::StdinClose(true),
+                        ExecInput::Resize(s) => In::TtySize(Size {
+                            rows: u32::from(s.rows),
+                            cols: u32::from(s.cols),
+                        }),
+                    }),
+                }
+            }),
+        );
+        let s = self
+            .guard(self.driver().exec_task_streaming(requests))
+            .await?;
+        Ok(Box::pin(s.filter_map(|r| match r {
+            Err(e) => Some(Err(DriverError::from(e))),
+            Ok(pb::ExecTaskStreamingResponse { msg: None }) => None,
+            Ok(pb::ExecTaskStreamingResponse { msg: Some(m) }) => Some(Ok(match m {
+                Out::Stdout(d) => ExecEvent::Output(ExecChunk::Stdout(d)),
+                Out::Stderr(d) => ExecEvent::Output(ExecChunk::Stderr(d)),
+                Out::Exited(r) => ExecEvent::Exited(ExitResult::from(r)),
+            })),
         })))
     }
 

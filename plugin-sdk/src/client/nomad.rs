@@ -923,6 +923,75 @@ impl NomadBridge {
         Ok(s.map(|r| r.map(event_from_nomad).map_err(DriverError::from)))
     }
 
+    /// `ExecTaskStreaming`, in Nomad's messages.
+    pub(crate) async fn exec_task_streaming(
+        &self,
+        task_id: &str,
+        command: Vec<String>,
+        tty: bool,
+        inputs: tokio::sync::mpsc::Receiver<crate::types::ExecInput>,
+    ) -> Result<impl Stream<Item = Result<crate::types::ExecEvent, DriverError>> + use<>, DriverError>
+    {
+        use crate::types::{ExecChunk, ExecEvent, ExecInput};
+        let setup = nd::ExecTaskStreamingRequest {
+            setup: Some(nd::exec_task_streaming_request::Setup {
+                task_id: task_id.into(),
+                command,
+                tty,
+            }),
+            ..Default::default()
+        };
+        let requests = tokio_stream::once(setup).chain(
+            tokio_stream::wrappers::ReceiverStream::new(inputs).map(|i| match i {
+                ExecInput::Stdin(data) => nd::ExecTaskStreamingRequest {
+                    stdin: Some(nd::ExecTaskStreamingIoOperation { data, close: false }),
+                    ..Default::default()
+                },
+                ExecInput::StdinClosed => nd::ExecTaskStreamingRequest {
+                    stdin: Some(nd::ExecTaskStreamingIoOperation {
+                        data: Vec::new(),
+                        close: true,
+                    }),
+                    ..Default::default()
+                },
+                ExecInput::Resize(s) => nd::ExecTaskStreamingRequest {
+                    tty_size: Some(nd::exec_task_streaming_request::TerminalSize {
+                        height: i32::from(s.rows),
+                        width: i32::from(s.cols),
+                    }),
+                    ..Default::default()
+                },
+            }),
+        );
+        let s = self
+            .driver()
+            .exec_task_streaming(requests)
+            .await
+            .map_err(DriverError::from)?
+            .into_inner();
+        Ok(futures_util::StreamExt::flat_map(s, |r| {
+            let events: Vec<Result<ExecEvent, DriverError>> = match r {
+                Err(e) => vec![Err(DriverError::from(e))],
+                Ok(m) => {
+                    let mut v = Vec::new();
+                    if let Some(o) = m.stdout.filter(|o| !o.data.is_empty()) {
+                        v.push(Ok(ExecEvent::Output(ExecChunk::Stdout(o.data))));
+                    }
+                    if let Some(o) = m.stderr.filter(|o| !o.data.is_empty()) {
+                        v.push(Ok(ExecEvent::Output(ExecChunk::Stderr(o.data))));
+                    }
+                    if m.exited {
+                        v.push(Ok(ExecEvent::Exited(
+                            m.result.map(exit_from_nomad).unwrap_or_default(),
+                        )));
+                    }
+                    v
+                }
+            };
+            futures_util::stream::iter(events)
+        }))
+    }
+
     /// `ExecTask`.
     pub(crate) async fn exec_task(
         &self,

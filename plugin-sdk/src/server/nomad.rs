@@ -719,12 +719,81 @@ impl<D: DriverPlugin> nd::driver_server::Driver for NomadDriver<D> {
 
     async fn exec_task_streaming(
         &self,
-        _: Request<tonic::Streaming<nd::ExecTaskStreamingRequest>>,
+        req: Request<tonic::Streaming<nd::ExecTaskStreamingRequest>>,
     ) -> Result<Response<Self::ExecTaskStreamingStream>, Status> {
-        Err(Status::unimplemented(
-            "ExecTaskStreaming: drivers built on drover-plugin-sdk run commands with ExecTask \
-             only (no interactive exec, no TTY)",
-        ))
+        use crate::types::{ExecChunk, ExecInput, TerminalSize};
+        let mut inbound = req.into_inner();
+        // Nomad's first message is the setup; sizes and stdin may ride on any message.
+        let Some(first) = inbound.message().await? else {
+            return Err(Status::invalid_argument("ExecTaskStreaming: no setup"));
+        };
+        let Some(setup) = first.setup.clone() else {
+            return Err(Status::invalid_argument(
+                "ExecTaskStreaming: the first message must carry the setup",
+            ));
+        };
+        if setup.command.is_empty() {
+            return Err(Status::invalid_argument(
+                "ExecTaskStreaming needs a command",
+            ));
+        }
+        let inputs_of = |m: nd::ExecTaskStreamingRequest| -> Vec<ExecInput> {
+            let mut v = Vec::new();
+            if let Some(size) = m.tty_size {
+                v.push(ExecInput::Resize(TerminalSize {
+                    rows: u16::try_from(size.height.max(0)).unwrap_or(u16::MAX),
+                    cols: u16::try_from(size.width.max(0)).unwrap_or(u16::MAX),
+                }));
+            }
+            if let Some(stdin) = m.stdin {
+                if !stdin.data.is_empty() {
+                    v.push(ExecInput::Stdin(stdin.data));
+                }
+                if stdin.close {
+                    v.push(ExecInput::StdinClosed);
+                }
+            }
+            v
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let first_inputs = inputs_of(first);
+        tokio::spawn(async move {
+            for i in first_inputs {
+                if tx.send(i).await.is_err() {
+                    return;
+                }
+            }
+            while let Ok(Some(m)) = inbound.message().await {
+                for i in inputs_of(m) {
+                    if tx.send(i).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let op = |data: Vec<u8>| Some(nd::ExecTaskStreamingIoOperation { data, close: false });
+        Ok(Response::new(super::exec_session_stream(
+            self.driver.clone(),
+            drover_task_id(&setup.task_id),
+            setup.command,
+            setup.tty,
+            rx,
+            move |chunk| match chunk {
+                ExecChunk::Stdout(d) => nd::ExecTaskStreamingResponse {
+                    stdout: op(d),
+                    ..Default::default()
+                },
+                ExecChunk::Stderr(d) => nd::ExecTaskStreamingResponse {
+                    stderr: op(d),
+                    ..Default::default()
+                },
+            },
+            |result| nd::ExecTaskStreamingResponse {
+                exited: true,
+                result: Some(nomad_exit(&result)),
+                ..Default::default()
+            },
+        )))
     }
 
     async fn create_network(

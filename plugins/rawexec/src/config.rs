@@ -118,17 +118,24 @@ impl Launch {
 
     /// A command for `program` with this environment and directory, stdin closed.
     pub(crate) fn command(&self, program: &str, args: &[String]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
-            .env_clear()
-            .envs(&self.env)
-            .current_dir(&self.cwd)
-            .stdin(std::process::Stdio::null())
+        let mut cmd = self.command_in_env(program, args);
+        cmd.stdin(std::process::Stdio::null())
             // Its own process group, so that signals reach everything it forks and a
             // Ctrl-C at a terminal reaches none of it.
             .process_group(0)
             // Tasks outlive the plugin: dropping the handle must never kill one.
             .kill_on_drop(false);
+        cmd
+    }
+
+    /// `program` with `args` in the task's environment and working directory, and
+    /// nothing else set (an interactive exec on a terminal makes its own session).
+    pub(crate) fn command_in_env(&self, program: &str, args: &[String]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(&self.env)
+            .current_dir(&self.cwd);
         cmd
     }
 }

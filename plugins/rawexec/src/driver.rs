@@ -6,9 +6,11 @@ use std::time::Duration;
 use drover_executor::LaunchSpec;
 use drover_executor::cgroup;
 use drover_executor::plain::PlainEngine;
+use drover_plugin_sdk::exec::{Pty, relay_pipes, relay_pty};
 use drover_plugin_sdk::{
-    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, Health, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec, read_exec_output,
+    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExecSession, ExitResult,
+    Fingerprint, FsIsolation, Health, NetworkModes, PluginInfo, Signal, TaskHandle, TaskSpec,
+    read_exec_output,
 };
 use serde::Deserialize;
 
@@ -274,6 +276,47 @@ impl DriverPlugin for RawExecDriver {
                         .with_err(format!("timed out after {timeout:?}: killed")),
                 ))
             }
+        }
+    }
+
+    async fn exec_task_streaming(
+        &self,
+        task_id: &str,
+        session: ExecSession,
+    ) -> Result<ExitResult, DriverError> {
+        let task = self.engine.get(task_id)?;
+        let (program, args) = session
+            .command
+            .split_first()
+            .ok_or_else(|| DriverError::InvalidConfig("exec needs a command".into()))?;
+        // As `exec_task`: in the task's cgroup, so that stopping the task stops it.
+        let dir = task.exec.dir().to_owned();
+        let join = tokio::task::spawn_blocking(move || cgroup::join_plain_task(&dir))
+            .await
+            .map_err(DriverError::internal)?
+            .map_err(|e| {
+                DriverError::FailedPrecondition(format!("cannot exec in task {task_id:?}: {e}"))
+            })?;
+        let mut cmd = task.extra.command_in_env(program, args);
+        if let Some(join) = join {
+            join.before_exec(cmd.as_std_mut());
+        }
+        let spawn_error = |e: std::io::Error| {
+            DriverError::InvalidConfig(format!("cannot start {program:?} in task {task_id:?}: {e}"))
+        };
+        if session.tty {
+            let pty = Pty::open(session.size).map_err(DriverError::internal)?;
+            pty.attach(cmd.as_std_mut())
+                .map_err(DriverError::internal)?;
+            let child = cmd.spawn().map_err(spawn_error)?;
+            relay_pty(pty, child, session).await
+        } else {
+            cmd.stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .process_group(0);
+            let child = cmd.spawn().map_err(spawn_error)?;
+            relay_pipes(child, session).await
         }
     }
 

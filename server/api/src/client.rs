@@ -262,7 +262,11 @@ impl fmt::Debug for Client {
     }
 }
 
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+/// The exec WebSocket of [`Client::alloc_exec`].
+pub type ExecSocket = tokio_tungstenite::WebSocketStream<Box<dyn Io>>;
+
+/// A connection to the server or agent (unix socket, TCP, TLS).
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 impl Client {
@@ -912,6 +916,53 @@ impl Client {
             buf: Vec::new(),
             done: false,
         })
+    }
+
+    /// `GET /v1/client/allocation/{alloc}/exec` (a WebSocket of
+    /// [`crate::exec::ExecFrame`]s): run `command` in task `task` of the allocation
+    /// interactively, on a terminal with `tty`. The agent of the allocation's node
+    /// answers (through a server with a local agent).
+    pub async fn alloc_exec(
+        &self,
+        alloc: &str,
+        task: &str,
+        command: &[String],
+        tty: bool,
+    ) -> Result<ExecSocket, Error> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        let command = serde_json::to_string(command)
+            .map_err(|e| Error::InvalidRequest(format!("cannot encode the command: {e}")))?;
+        let q = serde_urlencoded::to_string([
+            ("task", task),
+            ("command", command.as_str()),
+            ("tty", if tty { "true" } else { "false" }),
+        ])
+        .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
+        let path = path(&["v1", "client", "allocation", alloc, "exec"])?;
+        let host = match &self.target {
+            Target::Tcp { host, port, .. } => format!("{host}:{port}"),
+            Target::Unix(_) => "localhost".to_owned(),
+        };
+        let request_name = format!("GET {path}");
+        let mut request = format!("ws://{host}{path}?{q}")
+            .into_client_request()
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        if let Some(token) = &self.token {
+            request.headers_mut().insert(TOKEN_HEADER, token.clone());
+        }
+        let io = self.connect().await?;
+        match tokio_tungstenite::client_async(request, io).await {
+            Ok((socket, _)) => Ok(socket),
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                let status = resp.status();
+                let body = resp.into_body().unwrap_or_default();
+                Err(refusal(&request_name, status, &body))
+            }
+            Err(e) => Err(Error::Request {
+                address: self.address.clone(),
+                reason: e.to_string(),
+            }),
+        }
     }
 
     /// Any request, answered whatever its status: for tests of the server's own

@@ -168,7 +168,7 @@ pub fn go_file_mode(kind: FileType, mode: u32) -> String {
     out
 }
 
-mod base64_bytes {
+pub(crate) mod base64_bytes {
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD;
     use serde::{Deserialize as _, Deserializer, Serializer};

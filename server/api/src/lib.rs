@@ -22,6 +22,7 @@ pub mod client_fs;
 pub mod client_vars;
 pub mod csi;
 pub mod devices;
+pub mod exec;
 pub mod hcl;
 pub mod jobfile;
 pub mod namespaces;

@@ -82,12 +82,29 @@ pub trait TaskDriver: Send + Sync {
         let _ = (id, command, timeout);
         Err(DriverError::Unimplemented("ExecTask".into()))
     }
+    /// `ExecTaskStreaming`: run a command inside the task interactively (`alloc exec`).
+    /// Default: the driver cannot.
+    async fn exec_task_streaming(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        tty: bool,
+        inputs: tokio::sync::mpsc::Receiver<drover_plugin_sdk::ExecInput>,
+    ) -> Result<ExecEventStream, DriverError> {
+        let _ = (id, command, tty, inputs);
+        Err(DriverError::Unimplemented("ExecTaskStreaming".into()))
+    }
     /// `TaskEvents`: what the driver's current process says about its tasks, until
     /// that process goes away. Default: the driver has nothing to say.
     async fn task_events(&self) -> Result<TaskEventStream, DriverError> {
         Err(DriverError::Unimplemented("TaskEvents".into()))
     }
 }
+
+/// What an interactive exec writes, then how it ended.
+pub type ExecEventStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<drover_plugin_sdk::ExecEvent, DriverError>> + Send>,
+>;
 
 /// A driver's stream of task events.
 pub type TaskEventStream =
@@ -191,5 +208,16 @@ impl TaskDriver for LoadedPlugin {
         timeout: Duration,
     ) -> Result<drover_plugin_sdk::ExecOutput, DriverError> {
         self.client().exec_task(id, command, timeout).await
+    }
+    async fn exec_task_streaming(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        tty: bool,
+        inputs: tokio::sync::mpsc::Receiver<drover_plugin_sdk::ExecInput>,
+    ) -> Result<ExecEventStream, DriverError> {
+        self.client()
+            .exec_task_streaming(id, command, tty, inputs)
+            .await
     }
 }

@@ -958,6 +958,26 @@ impl TaskManager {
             .await
     }
 
+    /// Run a command inside a running task interactively through its driver's
+    /// `ExecTaskStreaming` (`alloc exec`): what it writes, then how it ended.
+    pub async fn exec_streaming(
+        &self,
+        id: &str,
+        command: Vec<String>,
+        tty: bool,
+        inputs: tokio::sync::mpsc::Receiver<drover_plugin_sdk::ExecInput>,
+    ) -> Result<driver::ExecEventStream, DriverError> {
+        let task = self.entry(id)?;
+        if task.state() != TaskLifecycle::Running || !task.attached.load(Ordering::SeqCst) {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {id} is not running"
+            )));
+        }
+        self.driver(&task.driver)?
+            .exec_task_streaming(id, command, tty, inputs)
+            .await
+    }
+
     /// Send a signal to a running task.
     pub async fn signal(&self, id: &str, signal: &str) -> Result<TaskView, DriverError> {
         let task = self.entry(id)?;

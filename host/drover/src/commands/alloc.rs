@@ -35,6 +35,26 @@ pub enum AllocCommand {
         #[arg(long)]
         stderr: bool,
     },
+    /// Run a command inside a running task, interactively (Nomad's `alloc exec`):
+    /// `alloc exec -i -t ALLOC [TASK] /bin/sh`. Its exit code is the command's.
+    Exec {
+        /// The task (default: the first argument if it names one, else the only task).
+        #[arg(long)]
+        task: Option<String>,
+        /// Send stdin to the command (`-i=false`: none).
+        #[arg(short = 'i', long = "stdin", num_args = 0..=1, default_value = "true",
+              default_missing_value = "true", require_equals = true, value_name = "BOOL")]
+        stdin: bool,
+        /// Give the command a terminal (default: when stdin is one).
+        #[arg(short = 't', long = "tty", num_args = 0..=1, default_missing_value = "true",
+              require_equals = true, value_name = "BOOL")]
+        tty: Option<bool>,
+        /// Allocation id (or a unique prefix).
+        alloc: String,
+        /// [TASK] COMMAND [ARGS...]
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<String>,
+    },
     /// List a directory of the allocation, or print a file (Nomad's `alloc fs`). `/`
     /// holds `alloc/` (shared by the group's tasks; its `logs/` has every task's
     /// output) and one directory per task; `<task>/secrets` is never shown.
@@ -247,6 +267,15 @@ pub async fn alloc_command(c: &Client, cmd: AllocCommand) -> anyhow::Result<Exit
                     drover_api::Frame::Error(e) => bail!("{e}"),
                 }
             }
+        }
+        AllocCommand::Exec {
+            task,
+            stdin,
+            tty,
+            alloc,
+            args,
+        } => {
+            return super::alloc_exec::alloc_exec(c, &alloc, task, stdin, tty, args).await;
         }
         AllocCommand::Fs {
             alloc,

@@ -198,9 +198,10 @@ const NOMAD_SINGLE_DASH_FLAGS: &[&str] = &[
     // `nomad namespace apply -description D -meta k=v`.
     "description",
     "meta",
-    // `nomad alloc fs -stat -tail`.
+    // `nomad alloc fs -stat -tail`, `nomad alloc exec -task T`.
     "stat",
     "tail",
+    "task",
 ];
 
 /// Nomad's single-dash flags of `nomad acl ...`.

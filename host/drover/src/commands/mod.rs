@@ -13,6 +13,7 @@
 pub mod acl;
 pub mod agent;
 pub mod alloc;
+pub mod alloc_exec;
 pub mod deployment;
 pub mod eval;
 pub mod job;

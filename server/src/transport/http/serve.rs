@@ -180,7 +180,10 @@ async fn serve_connection<IO>(
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper_util::service::TowerToHyperService::new(app);
-    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    // With upgrades: `alloc exec` is a WebSocket.
+    let conn = http
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .with_upgrades();
     let mut conn = std::pin::pin!(conn);
     let done = tokio::select! {
         r = conn.as_mut() => Some(r),
