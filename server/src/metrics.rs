@@ -254,7 +254,9 @@ impl ServerMetrics {
                 .map(|s| (job_status(*s), 0))
                 .collect();
         for j in st.jobs() {
-            *jobs.entry(job_status(j.status)).or_default() += 1;
+            // As the API shows it: derived from the job's allocations and evaluations.
+            let status = crate::endpoints::jobs::job_status(st, j);
+            *jobs.entry(job_status(status)).or_default() += 1;
         }
         set_all(&self.jobs, jobs);
         let mut allocs: HashMap<&'static str, i64> = [
