@@ -224,10 +224,11 @@ fn parse_sample(line: &str) -> Option<Sample> {
 }
 
 /// OpenMetrics families in Nomad's JSON shape (go-metrics' `DisplayMetrics`): gauges
-/// with their value; counters as one interval whose `Count`... the value (Drover's
-/// counters are totals since start, not per interval: `Count` and `Sum` are both the
-/// total); histograms as `Samples` with their count, sum and mean. Names are the
-/// Prometheus names; labels are a map.
+/// with their value; counters with `Count` and `Sum` both the total since start
+/// (Drover's counters are totals, not go-metrics' per-interval aggregates);
+/// histograms as `Samples` with their count, sum and mean. Names are the Prometheus
+/// names; labels are a map. Only this crate's own output is read here (see
+/// [`parse_sample`]).
 fn to_nomad_json(families: &str, now: std::time::SystemTime) -> String {
     use serde_json::{Value, json};
     let mut gauges = Vec::new();
