@@ -307,13 +307,16 @@ fi
 
 # python-nomad, the Python client of Nomad's HTTP API (host/drover/tests/compat/nomad_api.rs
 # drives a dev agent with it), pinned, in a venv of its own under target/; the tests find
-# its interpreter in DROVER_TEST_PYTHON_NOMAD.
+# its interpreter in DROVER_TEST_PYTHON_NOMAD. The same venv has the Prometheus Python
+# client, whose text parser reads /v1/metrics (host/drover/tests/cluster/metrics.rs).
 PY_NOMAD_VENV="$PWD/target/python-nomad"
 PY_NOMAD_VERSION=2.1.0
-if ! "$PY_NOMAD_VENV/bin/python" -c "import nomad, importlib.metadata as m; assert m.version('python-nomad') == '$PY_NOMAD_VERSION'" 2>/dev/null; then
+PY_PROMETHEUS_VERSION=0.26.0
+if ! "$PY_NOMAD_VENV/bin/python" -c "import nomad, prometheus_client, importlib.metadata as m; assert m.version('python-nomad') == '$PY_NOMAD_VERSION'; assert m.version('prometheus-client') == '$PY_PROMETHEUS_VERSION'" 2>/dev/null; then
     rm -rf "$PY_NOMAD_VENV"
     if python3 -m venv "$PY_NOMAD_VENV" &&
-        "$PY_NOMAD_VENV/bin/pip" install -q "python-nomad==$PY_NOMAD_VERSION"; then
+        "$PY_NOMAD_VENV/bin/pip" install -q "python-nomad==$PY_NOMAD_VERSION" \
+            "prometheus-client==$PY_PROMETHEUS_VERSION"; then
         :
     elif [ "${CI:-}" = "true" ]; then
         echo "python-nomad could not be installed (above; CI=true: this is a failure)" >&2

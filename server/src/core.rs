@@ -51,6 +51,8 @@ pub(crate) struct Core {
     pub shutdown: CancellationToken,
     /// Every commit applied here, as events (`/v1/event/stream`).
     pub(crate) events: Arc<EventBroker>,
+    /// The server's metrics (`/v1/metrics`).
+    pub(crate) metrics: crate::metrics::ServerMetrics,
 }
 
 impl Core {
@@ -68,6 +70,7 @@ impl Core {
             commit_lock: tokio::sync::Mutex::new(()),
             shutdown,
             events: Arc::new(EventBroker::default()),
+            metrics: crate::metrics::ServerMetrics::new(),
         }
     }
 
@@ -116,7 +119,12 @@ impl Core {
         };
         // Fenced: the store refuses it once this server's term is over, whatever the
         // server believes (a paused leader resumed after its lease expired).
-        let outcome = self.store.txn(fence.conditions.clone(), ops).await?;
+        let started = std::time::Instant::now();
+        let outcome = self.store.txn(fence.conditions.clone(), ops).await;
+        self.metrics
+            .store_commit_duration
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = outcome?;
         if !outcome.succeeded {
             tracing::warn!(
                 term = fence.term,

@@ -33,6 +33,7 @@ pub mod error;
 pub mod events;
 pub mod keyring;
 pub mod leader;
+mod metrics;
 pub mod scheduler;
 pub mod server;
 mod state;

@@ -253,6 +253,27 @@ impl Server {
         }
     }
 
+    /// The server's metrics as OpenMetrics families without `# EOF` (see
+    /// `drover_metrics::render`), the gauges read from the state now.
+    pub fn metrics_families(&self) -> String {
+        let term = self.leadership.term();
+        let gauges = term.as_ref().map(|t| {
+            let (ready, unacked) = t.broker.ready_and_unacked();
+            crate::metrics::TermGauges {
+                ready,
+                unacked,
+                delayed: t.broker.delayed_len(),
+                plan_queue_depth: crate::leader::term::PLAN_QUEUE
+                    .saturating_sub(t.plans.capacity()),
+            }
+        });
+        {
+            let st = self.core.read();
+            self.core.metrics.refresh(&st, term.is_some(), gauges);
+        }
+        self.core.metrics.families()
+    }
+
     /// Wait until the index is above `index` or `wait` passed; the index then.
     pub async fn wait_for_index(&self, index: Index, wait: Duration) -> Index {
         let mut rx = self.core.index_tx.subscribe();

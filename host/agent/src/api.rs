@@ -95,6 +95,7 @@ fn ok(value: impl serde::Serialize) -> ApiResult {
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/agent/health", get(health))
+        .route("/v1/metrics", get(metrics))
         .route("/v1/plugins", get(plugins))
         .route("/v1/plugins/reload", post(reload_plugins))
         .route("/v1/tasks", get(list_tasks).post(run_task))
@@ -140,6 +141,26 @@ async fn health(State(s): State<ApiState>) -> ApiResult {
         status: HealthStatus::Ok,
         recovery: s.tasks.recovery(),
     })
+}
+
+/// `GET /v1/metrics`: the agent's own metrics (never forwarded to the servers; see
+/// `drover_metrics` for the formats).
+async fn metrics(
+    State(s): State<ApiState>,
+    headers: axum::http::HeaderMap,
+    query: Result<Query<std::collections::HashMap<String, String>>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = query.map_err(bad_query)?;
+    let format = q.get("format");
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = drover_metrics::Format::negotiate(format.map(String::as_str), accept)
+        .map_err(|why| ApiError(StatusCode::BAD_REQUEST, why))?;
+    let families = crate::metrics::families(&s).await;
+    Ok((
+        [(header::CONTENT_TYPE, format.content_type())],
+        drover_metrics::render(&families, format),
+    )
+        .into_response())
 }
 
 async fn plugins(State(s): State<ApiState>) -> ApiResult {

@@ -15,6 +15,7 @@ pub mod csi;
 pub mod dirs;
 pub mod limits;
 pub mod logs;
+mod metrics;
 pub mod network;
 pub mod plugins;
 pub mod private_file;

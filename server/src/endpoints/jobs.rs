@@ -41,7 +41,7 @@ fn check_ports(st: &State, spec: &JobSpec) -> Result<(), ServerError> {
 }
 
 /// A job's status, derived from its allocations and evaluations.
-fn job_status(st: &State, job: &Job) -> JobStatus {
+pub(crate) fn job_status(st: &State, job: &Job) -> JobStatus {
     let mut any = false;
     let (ns, name) = (&job.spec.namespace, &job.spec.name);
     for a in st.allocs_of_job(ns, name) {

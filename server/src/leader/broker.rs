@@ -291,6 +291,14 @@ impl Broker {
         (self.unack_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
+    /// Evaluations waiting for a worker (ready, or behind another of their job) and
+    /// evaluations a worker holds unacknowledged (the metrics' gauges).
+    pub(crate) fn ready_and_unacked(&self) -> (usize, usize) {
+        let g = self.lock();
+        let unacked = g.inflight.len();
+        (g.known.len().saturating_sub(unacked), unacked)
+    }
+
     /// Evaluations held (ready, waiting or in flight).
     pub(crate) fn len(&self) -> usize {
         self.lock().known.len()

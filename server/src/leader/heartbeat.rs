@@ -62,10 +62,10 @@ impl LeaderTerm {
                 let mut b = Batch::default();
                 // A heartbeat or registration that came in since the deadline wins.
                 if self.timers().has(node_id) {
-                    return Ok((b, 0));
+                    return Ok((b, None));
                 }
                 let Some(node) = st.node(node_id).filter(|n| n.status != NodeStatus::Down) else {
-                    return Ok((b, 0));
+                    return Ok((b, None));
                 };
                 let mut node = node.clone();
                 node.status = NodeStatus::Down;
@@ -102,9 +102,12 @@ impl LeaderTerm {
                 }
                 system_job_evals(st, node_id, index, now, &mut b);
                 b.nodes.push(node);
-                Ok((b, n))
+                Ok((b, Some(n)))
             })
             .await?;
+        // Not marked down after all (a heartbeat came, or it was down already).
+        let Some(n) = n else { return Ok(()) };
+        self.core.metrics.heartbeats_missed.inc();
         tracing::warn!(node = %node_id, index, lost_allocations = n, "node missed its heartbeats: down");
         Ok(())
     }

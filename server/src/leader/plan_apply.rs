@@ -43,26 +43,36 @@ pub(crate) async fn run(
     let commit = |reqs: Vec<PlanRequest>| {
         let term = term.clone();
         async move {
-            term.commit(|st, index, now| {
-                let mut batch = Batch::default();
-                let mut ctx = ApplyCtx::default();
-                let results = reqs
-                    .iter()
-                    .map(|r| {
-                        apply_one(
-                            st,
-                            &r.plan,
-                            r.finish.as_ref(),
-                            index,
-                            now,
-                            &mut ctx,
-                            &mut batch,
-                        )
-                    })
-                    .collect::<Vec<_>>();
-                Ok((batch, results))
-            })
-            .await
+            let started = std::time::Instant::now();
+            let plans = reqs.len() as u64;
+            let committed = term
+                .commit(|st, index, now| {
+                    let mut batch = Batch::default();
+                    let mut ctx = ApplyCtx::default();
+                    let results = reqs
+                        .iter()
+                        .map(|r| {
+                            apply_one(
+                                st,
+                                &r.plan,
+                                r.finish.as_ref(),
+                                index,
+                                now,
+                                &mut ctx,
+                                &mut batch,
+                            )
+                        })
+                        .collect::<Vec<_>>();
+                    Ok((batch, results))
+                })
+                .await;
+            let m = &term.core.metrics;
+            m.plan_apply_duration
+                .observe(started.elapsed().as_secs_f64());
+            if committed.is_ok() {
+                m.plans_applied.inc_by(plans);
+            }
+            committed
         }
     };
     batcher::run(

@@ -27,8 +27,16 @@ pub(crate) async fn run(term: Arc<LeaderTerm>, worker: usize, stop: Cancellation
             e = term.broker.dequeue() => e,
         };
         let r = process(&term, &eval).await;
+        let outcome = |outcome| {
+            term.core
+                .metrics
+                .evaluations
+                .get_or_create(&crate::metrics::OutcomeLabel { outcome })
+                .inc();
+        };
         match r {
             Ok(()) => {
+                outcome("acked");
                 if let Err(e) = term.broker.ack(&eval.id, &token) {
                     tracing::warn!(worker, eval = %eval.id, "ack: {e}");
                 }
@@ -36,8 +44,9 @@ pub(crate) async fn run(term: Arc<LeaderTerm>, worker: usize, stop: Cancellation
             Err(e) => {
                 tracing::warn!(worker, eval = %eval.id, job = %eval.job_name, "evaluation failed: {e}");
                 match term.broker.nack(&eval.id, &token) {
-                    Ok(Nacked::Redelivered) => {}
+                    Ok(Nacked::Redelivered) => outcome("nacked"),
                     Ok(Nacked::Failed(ev)) => {
+                        outcome("failed");
                         term.fail_eval(
                             &ev,
                             format!(
@@ -77,12 +86,26 @@ async fn schedule(
 ) -> Result<SchedulerOutput, ServerError> {
     let c = term.clone();
     let ev = eval.clone();
-    tokio::task::spawn_blocking(move || {
-        let st = c.core.read();
-        scheduler::schedule(&*st, &ev, c.core.settings())
+    let out = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let out = {
+            let st = c.core.read();
+            scheduler::schedule(&*st, &ev, c.core.settings())
+        };
+        let m = &c.core.metrics;
+        m.scheduler_duration
+            .observe(started.elapsed().as_secs_f64());
+        let unplaced: u64 = out
+            .failed_tg_allocs
+            .values()
+            .map(|f| u64::from(f.unplaced))
+            .sum();
+        m.placement_failures.inc_by(unplaced);
+        out
     })
     .await
-    .map_err(|e| ServerError::Unavailable(format!("the scheduler failed: {e}")))
+    .map_err(|e| ServerError::Unavailable(format!("the scheduler failed: {e}")))?;
+    Ok(out)
 }
 
 pub(crate) async fn process(term: &Arc<LeaderTerm>, eval: &Evaluation) -> Result<(), ServerError> {

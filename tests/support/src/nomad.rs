@@ -81,28 +81,39 @@ pub const ENV_PYTHON_NOMAD: &str = "DROVER_TEST_PYTHON_NOMAD";
 /// }
 /// ```
 pub fn python_nomad() -> Option<PathBuf> {
+    venv_python_importing("nomad", "python-nomad")
+}
+
+/// The venv's interpreter of [`python_nomad`] when it imports `prometheus_client`
+/// (PyPI `prometheus-client`: the Prometheus text parser the metrics tests read
+/// `/v1/metrics` with), or `None` after a loud skip line; a failure under `CI=true`.
+pub fn python_prometheus() -> Option<PathBuf> {
+    venv_python_importing("prometheus_client", "prometheus-client")
+}
+
+fn venv_python_importing(module: &str, package: &str) -> Option<PathBuf> {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let candidate = std::env::var_os(ENV_PYTHON_NOMAD)
         .map(PathBuf::from)
         .unwrap_or_else(|| repo.join("target/python-nomad/bin/python"));
     let why = match std::process::Command::new(&candidate)
-        .args(["-c", "import nomad"])
+        .args(["-c", &format!("import {module}")])
         .output()
     {
         Ok(out) if out.status.success() => return Some(candidate),
         Ok(out) => format!(
-            "{} cannot import nomad: {}",
+            "{} cannot import {module}: {}",
             candidate.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         ),
         Err(e) => format!(
-            "no python-nomad interpreter at {}: {e}",
+            "no Python interpreter with {package} at {}: {e}",
             candidate.display()
         ),
     };
     if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("python-nomad is missing (CI=true: a failure): {why}; scripts/test.sh installs it");
+        panic!("{package} is missing (CI=true: a failure): {why}; scripts/test.sh installs it");
     }
-    eprintln!("SKIPPED: a test with python-nomad: {why} (scripts/test.sh installs it)");
+    eprintln!("SKIPPED: a test with {package}: {why} (scripts/test.sh installs it)");
     None
 }

@@ -386,6 +386,22 @@ impl AllocManager {
         lock(&h.task_ids).get(task).cloned()
     }
 
+    /// Every started task of every allocation here: (allocation id, task name, task
+    /// id) — the metrics' per-allocation series.
+    pub fn all_task_ids(&self) -> Vec<(String, String, String)> {
+        let handles: Vec<(String, Arc<Handle>)> = lock(&self.handles)
+            .iter()
+            .map(|(id, h)| (id.clone(), h.clone()))
+            .collect();
+        let mut out = Vec::new();
+        for (alloc_id, h) in handles {
+            for (task, id) in lock(&h.task_ids).iter() {
+                out.push((alloc_id.clone(), task.clone(), id.clone()));
+            }
+        }
+        out
+    }
+
     /// The node-local task ids of allocation `alloc_id`'s started tasks by task name,
     /// or `None` when the allocation is not on this node (Nomad's client endpoints).
     pub fn task_ids(&self, alloc_id: &str) -> Option<BTreeMap<String, String>> {

@@ -207,6 +207,7 @@ pub async fn fingerprint(
     accepted: &semver::VersionReq,
     launch: &LaunchSettings,
 ) -> Result<Fingerprinted, String> {
+    let launched = std::time::Instant::now();
     let instance: PluginInstance = match candidate.kind() {
         CandidateKind::Binary => {
             let mut opts = LaunchOptions::new(candidate.label.clone(), candidate.path.clone());
@@ -228,6 +229,12 @@ pub async fn fingerprint(
         }
         CandidateKind::Library => library::load(candidate, binary, timeout).await?.into(),
     };
+    crate::metrics::metrics()
+        .plugin_handshake
+        .get_or_create(&crate::metrics::PluginLabel {
+            plugin: candidate.label.as_str().into(),
+        })
+        .observe(launched.elapsed().as_secs_f64());
     let fp = adopt(
         candidate,
         instance,

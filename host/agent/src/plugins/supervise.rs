@@ -170,6 +170,12 @@ async fn relaunch(
         return Ok(());
     }
     tracing::info!(plugin = %plugin.name, pid = ?fp.process.pid(), "plugin relaunched");
+    crate::metrics::metrics()
+        .plugin_restarts
+        .get_or_create(&crate::metrics::PluginLabel {
+            plugin: plugin.name.as_str().into(),
+        })
+        .inc();
     records.save(&fp).await;
     let mut live = plugin.live();
     let retiring = live.retiring.take();

@@ -729,11 +729,13 @@ impl TaskManager {
                 self.remove(&id);
                 let _ = std::fs::remove_dir_all(&task_dir);
                 self.ended(&task);
+                crate::metrics::metrics().task_failures.inc();
                 return Err(e);
             }
         };
         let attributes = runner::poststart(&self.hooks, &*driver, &handle).await;
         runner::started(&task, handle, attributes, false);
+        crate::metrics::metrics().task_starts.inc();
         self.attached(&task, generation);
         if let Err(e) = task.persist(&self.store).await {
             // The caller hears "failed", so nothing may keep running.

@@ -602,6 +602,9 @@ impl Runner {
 
     async fn ended(&mut self, result: ExitResult, ran: bool) -> Phase {
         self.task.attached.store(false, Ordering::SeqCst);
+        if !result.successful() {
+            crate::metrics::metrics().task_failures.inc();
+        }
         {
             let mut rec = self.task.rec();
             let v = &mut rec.view;
@@ -764,6 +767,11 @@ impl Runner {
             Ok(handle) => {
                 let attributes = poststart(&self.mgr.hooks, &*driver, &handle).await;
                 started(&self.task, handle, attributes, restart);
+                let m = crate::metrics::metrics();
+                m.task_starts.inc();
+                if restart {
+                    m.task_restarts.inc();
+                }
                 self.mgr.attached(&self.task, generation);
                 self.task.save(&self.mgr.store).await;
                 drop(ops);

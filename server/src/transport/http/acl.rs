@@ -132,6 +132,9 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
     ("/v1/agent/self", AgentRead, NotRouted),
     ("/v1/agent/members", AgentRead, NotRouted),
     ("/v1/agent/health", Public, NotRouted),
+    // Outside the token check (as Nomad 1.0's, which resolves no token for it); here
+    // for the record, routed beside the JWKS.
+    ("/v1/metrics", Public, NotRouted),
     ("/v1/status/leader", Public, NotRouted),
     ("/v1/status/peers", Public, NotRouted),
     ("/v1/status/servers", OperatorRead, NotRouted),

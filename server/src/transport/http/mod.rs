@@ -27,6 +27,7 @@ mod csi;
 mod deployments;
 mod events;
 mod jobs;
+mod metrics;
 mod namespaces;
 mod nodes;
 mod scope;
@@ -169,6 +170,10 @@ pub fn router_with_local_agent(
     token: Option<String>,
     local_agent: Option<std::path::PathBuf>,
 ) -> axum::Router {
+    let metrics_state = metrics::Metrics {
+        server: server.clone(),
+        local_agent: local_agent.clone().map(Arc::new),
+    };
     let client = client_routes(server.clone(), local_agent);
     let acl_enabled = server.acl_enabled();
     let api = Api {
@@ -337,10 +342,17 @@ pub fn router_with_local_agent(
         ))
         .with_state(api.clone())
         .merge(client);
-    // Outside every token check: public keys, which anyone may use to verify.
+    // Outside every token check: public keys, which anyone may use to verify, and the
+    // metrics (no token, as Nomad's: see `metrics.rs`).
     let public = Router::new()
         .route(JWKS_PATH, get(variables::jwks))
-        .with_state(api.clone());
+        .with_state(api.clone())
+        .merge(
+            Router::new()
+                .route("/v1/metrics", get(metrics::metrics))
+                .with_state(metrics_state),
+        );
+    let server = api.server.clone();
     let routes = match token {
         // With ACLs, each request's own token says who it is; the cluster token is
         // the servers' and nodes' credential on the RPCs, not a user's.
@@ -350,7 +362,12 @@ pub fn router_with_local_agent(
         })),
         None => routes,
     };
-    public.merge(routes)
+    public
+        .merge(routes)
+        .layer(axum::middleware::from_fn_with_state(
+            server,
+            metrics::record,
+        ))
 }
 
 /// Nomad's JSON Web Key Set of the keys that sign workload identities.

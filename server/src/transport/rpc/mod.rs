@@ -631,6 +631,7 @@ pub async fn serve(
     api: Option<axum::Router>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
+    let metrics_server = server.clone();
     let mut builder = tonic::transport::Server::builder()
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         // Detect clients that vanished without closing (a killed agent's host).
@@ -692,6 +693,10 @@ pub async fn serve(
         "serving node RPCs"
     );
     builder
+        .layer(tower::layer::layer_fn(move |inner| RpcMetrics {
+            inner,
+            server: metrics_server.clone(),
+        }))
         .add_service(node)
         .add_service(csi)
         .add_optional_service(api)
@@ -792,5 +797,60 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.message().contains("GE T"), "{}", err.message());
+    }
+}
+
+/// Counts and times every RPC by its gRPC method (the request's path); a method no
+/// service has (answered `Unimplemented`) is `unknown`, so that callers cannot grow
+/// the label set. Time is to the response head: a stream counts until it starts.
+#[derive(Clone)]
+struct RpcMetrics<S> {
+    inner: S,
+    server: Arc<Server>,
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for RpcMetrics<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>> + Send,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = crate::store::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let started = std::time::Instant::now();
+        let path = req.uri().path().to_owned();
+        let answer = self.inner.call(req);
+        let server = self.server.clone();
+        Box::pin(async move {
+            let r = answer.await;
+            let unimplemented = r.as_ref().is_ok_and(|resp| {
+                resp.headers()
+                    .get("grpc-status")
+                    .is_some_and(|s| s.as_bytes() == b"12")
+            });
+            let method = if unimplemented {
+                "unknown".to_owned()
+            } else {
+                path
+            };
+            let labels = crate::metrics::RpcLabels {
+                method: drover_metrics::LabelText(method),
+            };
+            let m = &server.core.metrics;
+            m.rpc_requests.get_or_create(&labels).inc();
+            m.rpc_duration
+                .get_or_create(&labels)
+                .observe(started.elapsed().as_secs_f64());
+            r
+        })
     }
 }
