@@ -285,3 +285,102 @@ fn the_packaged_server_and_agent_run_from_the_unpacked_tree() {
         },
     );
 }
+
+/// The maintainer scripts, run as dpkg runs them, in a mount namespace whose /etc,
+/// /var/lib and unit directory are overlays on temporary directories (nothing reaches
+/// the host): a fresh install makes the `drover` user, the state directories with
+/// their owners and modes, and the cluster token; an upgrade keeps the token and the
+/// admin's enablement of a unit; a purge removes the token and the enablement and
+/// keeps the state (tasks may still run from it).
+#[test]
+fn the_maintainer_scripts_make_the_user_dirs_and_token_and_an_upgrade_keeps_them() {
+    if !need("dpkg-deb", "dpkg")
+        || !need("adduser", "adduser")
+        || !need("deb-systemd-helper", "init-system-helpers")
+    {
+        return;
+    }
+    if !root() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the maintainer script check mounts overlays: it needs root; CI=true: this is a failure"
+        );
+        eprintln!("#### SKIPPING: the maintainer script check mounts overlays and needs root ####");
+        return;
+    }
+    let host_user = || {
+        Command::new("getent")
+            .args(["passwd", "drover"])
+            .output()
+            .map(|o| o.stdout)
+            .unwrap_or_default()
+    };
+    let host_had_user = host_user();
+    let dir = tempfile::tempdir().unwrap();
+    let (deb, tree) = unpacked(dir.path());
+    let control = dir.path().join("control");
+    run(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(&control));
+    let w = dir.path().join("overlays");
+    let units_dir = std::fs::canonicalize("/lib/systemd/system").unwrap();
+    let script = format!(
+        r#"set -e
+W={w}; C={control}; T={tree}
+for d in etc varlib units; do mkdir -p "$W/$d-upper" "$W/$d-work"; done
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$W/etc-upper,workdir=$W/etc-work" /etc
+mount -t overlay overlay -o "lowerdir=/var/lib,upperdir=$W/varlib-upper,workdir=$W/varlib-work" /var/lib
+mount -t overlay overlay -o "lowerdir={units},upperdir=$W/units-upper,workdir=$W/units-work" {units}
+# What dpkg unpacks before the postinst runs.
+mkdir -p /etc/drover && cp "$T"/etc/drover/*.toml /etc/drover/
+cp "$T"/lib/systemd/system/drover-*.service {units}/
+export DPKG_MAINTSCRIPT_PACKAGE=drover DPKG_MAINTSCRIPT_ARCH=amd64
+step() {{ script=$1; shift; DPKG_MAINTSCRIPT_NAME=$script sh "$C/$script" "$@"; }}
+step postinst configure ''
+echo "user $(getent passwd drover | cut -d: -f6,7)"
+stat -c 'mode %n %U:%G %a' /var/lib/drover /var/lib/drover/agent /var/lib/drover/server /etc/drover/cluster-token
+first=$(cat /etc/drover/cluster-token)
+echo "token ${{#first}}"
+enabled=/etc/systemd/system/multi-user.target.wants/drover-agent.service
+[ -e "$enabled" ] && echo "enabled at install" || echo "not enabled at install"
+# The admin enables the agent (offline: systemctl only makes the links).
+systemctl enable drover-agent.service 2>/dev/null
+step prerm upgrade 0.1.0
+step postinst configure 0.1.0
+[ "$(cat /etc/drover/cluster-token)" = "$first" ] && echo "token kept"
+[ -e "$enabled" ] && echo "still enabled after upgrade"
+step prerm remove
+step postrm remove
+step postrm purge
+[ -e /etc/drover/cluster-token ] || echo "token purged"
+[ -e "$enabled" ] || echo "enablement purged"
+[ -d /var/lib/drover/agent ] && echo "state kept"
+"#,
+        w = w.display(),
+        control = control.display(),
+        tree = tree.display(),
+        units = units_dir.display(),
+    );
+    let out = run(Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(&script));
+    for line in [
+        "user /var/lib/drover/server:/usr/sbin/nologin",
+        "mode /var/lib/drover root:root 755",
+        "mode /var/lib/drover/agent root:root 700",
+        "mode /var/lib/drover/server drover:drover 700",
+        "mode /etc/drover/cluster-token root:drover 640",
+        "token 64",
+        "not enabled at install",
+        "token kept",
+        "still enabled after upgrade",
+        "token purged",
+        "enablement purged",
+        "state kept",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} in:\n{out}");
+    }
+    assert_eq!(
+        host_user(),
+        host_had_user,
+        "the host's users were left alone (the scripts ran on overlays)"
+    );
+}
