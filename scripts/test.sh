@@ -27,6 +27,9 @@ gocode=/usr/share/gocode/src
 command -v javac >/dev/null || need_pkgs+=(default-jdk-headless)
 # scripts/test.sh reads cargo's JSON messages (the test binaries of the cgroup v2 guest).
 command -v jq >/dev/null || need_pkgs+=(jq)
+# The package tests (host/drover/tests/service): `systemd-analyze verify` of the units.
+command -v systemd-analyze >/dev/null || need_pkgs+=(systemd)
+command -v dpkg-deb >/dev/null || need_pkgs+=(dpkg)
 # The etcd store's tests (and the HA tests) run a real etcd: Debian's etcd-server.
 command -v etcd >/dev/null || [ -x /usr/bin/etcd ] || need_pkgs+=(etcd-server)
 # The real Nomad 1.0.18 programs (Nomad driver compatibility tests) come as a .tar.xz.

@@ -148,6 +148,27 @@ pub async fn run(
     builtins: Vec<Builtin>,
     stop: CancellationToken,
 ) -> Result<(), AgentError> {
+    run_with(config, builtins, stop, None).await
+}
+
+/// The agent is up: its API serves, its plugins were launched (or reattached to) and
+/// its stored tasks recovered; a cluster client has started to join its servers.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    /// The plugins, for what acts on them later (a SIGHUP's reload of `plugin_dir`).
+    pub catalog: Arc<Catalog>,
+    /// The API socket.
+    pub api_socket: PathBuf,
+}
+
+/// [`run`], telling `ready` once the agent is up (see [`Ready`]); nothing is sent when
+/// it stops or fails first.
+pub async fn run_with(
+    config: AgentConfig,
+    builtins: Vec<Builtin>,
+    stop: CancellationToken,
+    ready: Option<tokio::sync::oneshot::Sender<Ready>>,
+) -> Result<(), AgentError> {
     raise_nofile_limit(&config);
     check_builtins_binary(&builtins);
     let data_dir = config.data_dir();
@@ -341,6 +362,12 @@ pub async fn run(
         }
         _ => None,
     };
+    if let (true, Some(ready)) = (recovered, ready) {
+        let _ = ready.send(Ready {
+            catalog: catalog.clone(),
+            api_socket: api_path.clone(),
+        });
+    }
     stop.cancelled().await;
     if let Some(client) = client {
         let _ = client.await;

@@ -2,10 +2,11 @@
 
 mod commands;
 mod render;
+mod service;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use commands::agent::{AgentArgs, run_agent};
 use commands::plugin::{PluginCommand, serve_builtin};
 use commands::task::{TaskCommand, task_command};
@@ -112,7 +113,17 @@ fn main() -> ExitCode {
     // A task's log relay (Nomad drivers' stdout/stderr FIFOs into the log files) is
     // this binary re-executed too, once per task: the same reasons apply.
     drover_plugin_sdk::logs::relay::run_if_relay();
-    let cli = Cli::parse_from(commands::jobspec::nomad_style_args(std::env::args_os()));
+    let argv = commands::jobspec::nomad_style_args(std::env::args_os());
+    let cli = match server::with_config_file(Cli::command(), &argv) {
+        Ok(command) => command
+            .try_get_matches_from(&argv)
+            .and_then(|m| Cli::from_arg_matches(&m))
+            .unwrap_or_else(|e| e.exit()),
+        Err(e) => {
+            eprintln!("drover: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     match cli.command {
         Command::Plugin(PluginCommand::Serve { name }) => serve_builtin(&name),
         Command::Agent(args) => run_agent(args),

@@ -9,6 +9,7 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use drover_host::config::{AgentConfig, LogFormat};
 use drover_host::plugins::candidate::Builtin;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::BUILTINS;
 
@@ -84,23 +85,6 @@ pub struct AgentArgs {
     tls_key_file: Option<PathBuf>,
 }
 
-fn init_logging(config: &AgentConfig) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log_level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    // Colours only on a terminal: a log file or journald gets plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Human => builder.init(),
-    }
-}
-
 fn agent_flags(args: &AgentArgs) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut flags = serde_json::Map::new();
     let mut put = |k: &str, v: Option<serde_json::Value>| {
@@ -158,14 +142,25 @@ pub fn run_agent(args: AgentArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = match AgentConfig::load(&args.config, std::env::vars(), &flags) {
+    // Absolute now: SIGHUP reads the same files again after the agent has moved to `/`.
+    let config_files: Vec<PathBuf> = match std::path::absolute(PathBuf::new()) {
+        Ok(cwd) => args.config.iter().map(|f| cwd.join(f)).collect(),
+        Err(_) => args.config.clone(),
+    };
+    let config = match AgentConfig::load(&config_files, std::env::vars(), &flags) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("drover: {e}");
             return ExitCode::from(2);
         }
     };
-    init_logging(&config);
+    let log = crate::service::init_logging(&config.log_level, config.log_format == LogFormat::Json);
+    let reload = Reload {
+        files: config_files,
+        flags,
+        loaded: config.clone(),
+        log,
+    };
     let mut config = config;
     if args.acl_enabled {
         config.acl.enabled = true;
@@ -226,7 +221,18 @@ pub fn run_agent(args: AgentArgs) -> ExitCode {
     let agent_stop = stop.clone();
     let code = runtime.block_on(async move {
         tokio::spawn(stop_on_signals(agent_stop.clone()));
-        match drover_host::run(config, builtins, agent_stop).await {
+        // At once: SIGHUP's default action would end the agent. Handled once it is ready.
+        let hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!("cannot handle SIGHUP (configuration reloads): {e}");
+                None
+            }
+        };
+        crate::service::spawn_watchdog();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(serve_service_manager(ready_rx, hangups, reload));
+        match drover_host::agent::run_with(config, builtins, agent_stop, Some(ready_tx)).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");
@@ -366,9 +372,89 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// What a SIGHUP reloads from: the config's sources as the agent started with them.
+struct Reload {
+    /// `--config` files, absolute.
+    files: Vec<PathBuf>,
+    /// The flags given.
+    flags: serde_json::Map<String, serde_json::Value>,
+    /// The config as loaded at start (before `--dev` filled in its server), to tell
+    /// what a reload changed.
+    loaded: AgentConfig,
+    log: crate::service::LogReload,
+}
+
+/// Tell the service manager when the agent is ready, then handle SIGHUP: RELOADING=1,
+/// the reload, READY=1 again.
+async fn serve_service_manager(
+    ready: tokio::sync::oneshot::Receiver<drover_host::agent::Ready>,
+    hangups: Option<Signal>,
+    mut reload: Reload,
+) {
+    // Dropped unsent: the agent stopped or failed before it was ready.
+    let Ok(ready) = ready.await else { return };
+    let status = |ready: &drover_host::agent::Ready| {
+        format!(
+            "serving on {}; plugins: {}",
+            ready.api_socket.display(),
+            ready.catalog.names().join(", ")
+        )
+    };
+    tracing::info!("drover agent ready");
+    crate::service::ready(&status(&ready));
+    let Some(mut hangups) = hangups else { return };
+    while hangups.recv().await.is_some() {
+        crate::service::reloading();
+        reload_on_hangup(&ready, &mut reload).await;
+        crate::service::ready(&status(&ready));
+    }
+}
+
+/// SIGHUP: read the config again and apply what can change while the agent runs, the
+/// log filter; rescan `plugin_dir` as `drover plugin reload` does (new, upgraded and
+/// removed plugin files; failed ones tried again). A config that does not load is
+/// logged and the one in use kept. Other changed settings are named: they apply at the
+/// next start, and a restart keeps every task.
+async fn reload_on_hangup(ready: &drover_host::agent::Ready, reload: &mut Reload) {
+    tracing::info!("SIGHUP: reloading the configuration");
+    match AgentConfig::load(&reload.files, std::env::vars(), &reload.flags) {
+        Err(e) => {
+            tracing::error!("the configuration cannot be loaded, keeping the one in use: {e}")
+        }
+        Ok(new) => {
+            reload.log.apply(&new.log_level);
+            // Shown only if the new filter lets debug lines through.
+            tracing::debug!(files = ?reload.files, "configuration read again");
+            let mut unchanged = new.clone();
+            unchanged.log_level.clone_from(&reload.loaded.log_level);
+            if unchanged.plugin != reload.loaded.plugin {
+                tracing::warn!(
+                    "[plugin.*] settings changed: running plugins keep theirs until the \
+                     agent restarts (`systemctl restart drover-agent` keeps every task)"
+                );
+            }
+            unchanged.plugin.clone_from(&reload.loaded.plugin);
+            if unchanged != reload.loaded {
+                tracing::warn!(
+                    "settings other than log_level and [plugin.*] changed: they apply when \
+                     the agent restarts (which keeps every task)"
+                );
+            }
+            if new.tls.is_some() {
+                tracing::info!(
+                    "the cluster TLS files ([tls]) are read when the agent starts: restart \
+                     it to use new certificates (tasks keep running)"
+                );
+            }
+            reload.loaded.log_level = new.log_level;
+        }
+    }
+    let changes = ready.catalog.reload(true).await;
+    tracing::info!(changes = changes.len(), "plugin directory rescanned");
+}
+
 /// First SIGINT/SIGTERM: graceful stop. Second: exit at once.
 pub async fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
@@ -378,6 +464,7 @@ pub async fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
     };
     tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
     tracing::info!("signal received; stopping (send again to exit at once)");
+    crate::service::stopping();
     stop.cancel();
     tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
     std::process::exit(130);

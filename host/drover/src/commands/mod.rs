@@ -47,9 +47,13 @@ pub fn resolve_address(given: Option<&str>) -> anyhow::Result<PathBuf> {
         }
         return Ok(PathBuf::from(path));
     }
-    let system = default_api_socket(Path::new("/var/lib/drover"));
-    if system.exists() {
-        return Ok(system);
+    // An agent with the default data dir, then the packaged agent's (its data dir is
+    // /var/lib/drover/agent, beside the server's: see packaging/etc/agent.toml).
+    for data_dir in ["/var/lib/drover", "/var/lib/drover/agent"] {
+        let system = default_api_socket(Path::new(data_dir));
+        if system.exists() {
+            return Ok(system);
+        }
     }
     let dev = drover_host::config::AgentConfig {
         dev: true,

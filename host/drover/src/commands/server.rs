@@ -1,6 +1,7 @@
 //! `drover server`: its flags, a server's start and life (also the in-process server
 //! of `drover agent --dev`), and `drover server status`.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +27,11 @@ pub struct ServerArgs {
     /// `drover server status`, instead of running a server.
     #[command(subcommand)]
     pub command: Option<ServerCommand>,
+    /// TOML file of settings: each key is one of these flags' long name (`data_dir`
+    /// or `data-dir`), e.g. `http_addr = "127.0.0.1:4646"`. A flag given on the command
+    /// line wins over the file. SIGHUP reads its `log_level` again.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The server's own files (the embedded store, and with etcd nothing but what
     /// other parts keep there) live here.
     #[arg(long, value_name = "DIR", required = true)]
@@ -694,6 +700,138 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create the data directory {}", dir.display()))
 }
 
+/// The argument of `drover server --config FILE` in `argv` (the whole command line),
+/// if it is one.
+fn server_config_arg(argv: &[OsString]) -> Option<PathBuf> {
+    // The command is the first word that is neither a flag nor the value of a global
+    // flag that takes one (as `jobspec::nomad_style_args` finds it).
+    let mut i = 1;
+    while i < argv.len() {
+        match argv[i].to_str() {
+            Some("--address" | "--namespace") => i += 2,
+            Some(a) if a.starts_with('-') => i += 1,
+            _ => break,
+        }
+    }
+    if argv.get(i).and_then(|a| a.to_str()) != Some("server") {
+        return None;
+    }
+    let mut rest = argv[i + 1..].iter();
+    while let Some(arg) = rest.next() {
+        match arg.to_str() {
+            Some("--") => return None,
+            Some("--config") => return rest.next().map(PathBuf::from),
+            Some(a) if a.starts_with("--config=") => {
+                return Some(PathBuf::from(&a["--config=".len()..]));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A TOML value as the text(s) of a flag, or why it cannot be one.
+fn config_value_texts(value: &toml::Value, multiple: bool) -> Result<Vec<String>, String> {
+    let scalar = |v: &toml::Value| match v {
+        toml::Value::String(s) => Ok(s.clone()),
+        toml::Value::Integer(n) => Ok(n.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        other => Err(format!(
+            "a {} is not a value of this setting (give a string, a number or true/false)",
+            other.type_str()
+        )),
+    };
+    match value {
+        toml::Value::Array(items) if multiple => items.iter().map(scalar).collect(),
+        toml::Value::Array(_) => Err("takes one value, not a list".to_owned()),
+        v => scalar(v).map(|t| vec![t]),
+    }
+}
+
+/// `drover server --config FILE`: `command` (the whole CLI) with the file's settings as
+/// the defaults of the server's flags, so that a flag on the command line wins, the
+/// file wins over the built-in defaults, and the file's values are parsed and checked
+/// exactly as the flags are. Unchanged without `--config`. Errors name the file and the
+/// key: an unknown key, a value of the wrong kind, a value the flag refuses.
+pub fn with_config_file(
+    command: clap::Command,
+    argv: &[OsString],
+) -> anyhow::Result<clap::Command> {
+    let Some(file) = server_config_arg(argv) else {
+        return Ok(command);
+    };
+    let shown = file.display();
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("--config {shown}: cannot read it"))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("--config {shown}: not valid TOML"))?;
+    let Some(server) = command.find_subcommand("server") else {
+        return Ok(command);
+    };
+    let mut defaults: Vec<(clap::Id, Vec<String>)> = Vec::new();
+    // The file's values as flags, parsed below exactly as the command line would be.
+    let mut as_flags: Vec<String> = Vec::new();
+    for (key, value) in &table {
+        let long = key.replace('_', "-");
+        let arg = server
+            .get_arguments()
+            .filter(|_| !matches!(long.as_str(), "config" | "help" | "version"))
+            .find(|a| a.get_long() == Some(long.as_str()) && !a.is_global_set())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--config {shown}: unknown setting {key:?} (the settings are the long \
+                     names of `drover server --help`'s flags, e.g. http_addr)"
+                )
+            })?;
+        let switch = matches!(arg.get_action(), clap::ArgAction::SetTrue);
+        let multiple = arg.get_num_args().is_some_and(|n| n.max_values() > 1)
+            || matches!(arg.get_action(), clap::ArgAction::Append);
+        let texts = config_value_texts(value, multiple)
+            .map_err(|why| anyhow::anyhow!("--config {shown}: {key}: {why}"))?;
+        if switch {
+            match value {
+                toml::Value::Boolean(true) => as_flags.push(format!("--{long}")),
+                toml::Value::Boolean(false) => {}
+                _ => bail!("--config {shown}: {key}: give true or false"),
+            }
+        } else {
+            as_flags.extend(texts.iter().map(|t| format!("--{long}={t}")));
+        }
+        defaults.push((arg.get_id().clone(), texts));
+    }
+    // Required flags may come from the command line: only the values are checked here.
+    let check = server
+        .clone()
+        .no_binary_name(true)
+        .mut_args(|a| a.required(false))
+        .try_get_matches_from(&as_flags);
+    if let Err(e) = check {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        bail!("--config {shown}: {}", first.trim_start_matches("error: "));
+    }
+    Ok(command.mut_subcommand("server", |mut server| {
+        for (id, texts) in defaults {
+            // Leaked once per process start: clap's defaults are `&'static str` here
+            // (owned ones need clap's `string` feature), and the file is small.
+            let texts: Vec<&'static str> = texts.into_iter().map(|t| &*t.leak()).collect();
+            server = server.mut_arg(id, |a| a.default_values(texts).required(false));
+        }
+        server
+    }))
+}
+
+/// The `log_level` of `--config FILE`, for a SIGHUP (`info` when it has none).
+fn config_log_level(file: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file).context("cannot read it")?;
+    let table: toml::Table = toml::from_str(&text).context("not valid TOML")?;
+    match table.get("log_level").or_else(|| table.get("log-level")) {
+        None => Ok("info".to_owned()),
+        Some(toml::Value::String(level)) => Ok(level.clone()),
+        Some(_) => bail!("log_level: give a string, e.g. \"info\""),
+    }
+}
+
 /// `drover server`: run until SIGINT/SIGTERM.
 pub fn run(args: ServerArgs) -> ExitCode {
     // Flags and files first: a bad one exits before any socket opens.
@@ -704,7 +842,16 @@ pub fn run(args: ServerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&args.log_level);
+    let log = crate::service::init_logging(&args.log_level, false);
+    // A --log-level on the command line wins over the file's, on SIGHUP too.
+    let log_level_flag = std::env::args_os().any(|a| {
+        a.to_str()
+            .is_some_and(|a| a == "--log-level" || a.starts_with("--log-level="))
+    });
+    let config_file = match (&args.config, log_level_flag) {
+        (Some(f), false) => std::path::absolute(f).ok(),
+        _ => None,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -718,6 +865,10 @@ pub fn run(args: ServerArgs) -> ExitCode {
     runtime.block_on(async move {
         let stop = CancellationToken::new();
         tokio::spawn(super::agent::stop_on_signals(stop.clone()));
+        // At once: SIGHUP's default action would end the server.
+        let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        crate::service::spawn_watchdog();
+        let tls = options.tls.is_some();
         let started = match start(options, stop.clone()).await {
             Ok(s) => s,
             Err(e) => {
@@ -725,6 +876,14 @@ pub fn run(args: ServerArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let status = format!("serving HTTP on {}, RPC on {}", started.http, started.rpc);
+        crate::service::ready(&status);
+        match hangups {
+            Ok(hangups) => {
+                tokio::spawn(reload_on_hangups(hangups, config_file, log, tls, status));
+            }
+            Err(e) => tracing::error!("cannot handle SIGHUP (configuration reloads): {e}"),
+        }
         match started.done.await {
             Ok(Ok(())) => {
                 tracing::info!("drover server stopped");
@@ -742,17 +901,39 @@ pub fn run(args: ServerArgs) -> ExitCode {
     })
 }
 
-fn init_logging(level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
+/// SIGHUP: RELOADING=1, the `log_level` of `--config` applied (unless `--log-level`
+/// was given; a file that does not load is logged and the filter kept), READY=1.
+async fn reload_on_hangups(
+    mut hangups: tokio::signal::unix::Signal,
+    config_file: Option<PathBuf>,
+    log: crate::service::LogReload,
+    tls: bool,
+    status: String,
+) {
+    while hangups.recv().await.is_some() {
+        crate::service::reloading();
+        tracing::info!("SIGHUP: reloading the configuration");
+        match &config_file {
+            None => tracing::info!(
+                "no --config file (or --log-level given): the log filter is unchanged"
+            ),
+            Some(file) => match config_log_level(file) {
+                Ok(level) => log.apply(&level),
+                Err(e) => tracing::error!(
+                    "--config {}: {e:#}; keeping the configuration in use",
+                    file.display()
+                ),
+            },
+        }
+        if tls {
+            // The listeners hold the certificates they were started with (rustls and
+            // tonic configs built at start): replacing them needs a restart.
+            tracing::info!(
+                "TLS certificates are read when the server starts: restart it to use new ones"
+            );
+        }
+        crate::service::ready(&status);
+    }
 }
 
 /// Where the dev agent's HTTP API listens unless told otherwise: Nomad's.
@@ -913,6 +1094,84 @@ mod tests {
 
     fn err(extra: &[&str]) -> String {
         format!("{:#}", args(extra).options().unwrap_err())
+    }
+
+    /// `drover server ARGS` parsed as main() does, with `--config` files applied.
+    fn parse_with_config(argv: &[&str]) -> anyhow::Result<ServerArgs> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Sub,
+        }
+        #[derive(clap::Subcommand)]
+        enum Sub {
+            Server(ServerArgs),
+        }
+        let argv: Vec<OsString> = ["drover", "server"]
+            .iter()
+            .chain(argv)
+            .map(OsString::from)
+            .collect();
+        let command = with_config_file(<Cli as clap::CommandFactory>::command(), &argv)?;
+        let matches = command.try_get_matches_from(&argv)?;
+        let Sub::Server(args) = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?.command;
+        Ok(args)
+    }
+
+    #[test]
+    fn a_config_file_sets_the_flags_defaults_and_the_command_line_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("server.toml");
+        let config = file.to_str().unwrap();
+        std::fs::write(
+            &file,
+            "data_dir = \"/srv/d\"\nhttp-addr = \"127.0.0.1:5646\"\nacl_enabled = true\n\
+             workers = 3\netcd_endpoints = [\"http://127.0.0.1:1\", \"http://127.0.0.1:2\"]\n",
+        )
+        .unwrap();
+        let args = parse_with_config(&["--config", config]).unwrap();
+        assert_eq!(args.data_dir, Some(PathBuf::from("/srv/d")));
+        assert_eq!(args.http_addr, "127.0.0.1:5646".parse().unwrap());
+        assert!(args.acl_enabled);
+        assert_eq!(args.workers, Some(3));
+        assert_eq!(args.etcd_endpoints.len(), 2);
+        assert_eq!(args.log_level, "info", "built-in default kept");
+        let args = parse_with_config(&[
+            &format!("--config={config}"),
+            "--http-addr",
+            "127.0.0.1:1",
+            "--data-dir",
+            "/other",
+        ])
+        .unwrap();
+        assert_eq!(args.http_addr, "127.0.0.1:1".parse().unwrap());
+        assert_eq!(args.data_dir, Some(PathBuf::from("/other")));
+
+        for (text, expected) in [
+            ("datadir = \"/d\"\n", "unknown setting \"datadir\""),
+            ("config = \"/x\"\n", "unknown setting \"config\""),
+            ("http_addr = \"nope\"\n", "--http-addr"),
+            ("workers = 0\n", "workers"),
+            ("acl_enabled = \"yes\"\n", "acl_enabled: give true or false"),
+            ("data_dir = [\"/a\", \"/b\"]\n", "data_dir: takes one value"),
+            ("data_dir = 1.5\n", "data_dir: a float"),
+            ("data_dir = \n", "not valid TOML"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = format!(
+                "{:#}",
+                parse_with_config(&["--config", config]).unwrap_err()
+            );
+            assert!(e.contains(config) && e.contains(expected), "{text:?}: {e}");
+        }
+        let e = format!(
+            "{:#}",
+            parse_with_config(&["--config", "/nonexistent/server.toml"]).unwrap_err()
+        );
+        assert!(
+            e.contains("/nonexistent/server.toml: cannot read it"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -130,7 +130,8 @@ impl Agent {
         Agent::spawn(&drover(), root, plugin_dir, extra, &[])
     }
 
-    fn start_binary_env(
+    /// [`Agent::start_binary`] with `env` added to the agent's environment.
+    pub fn start_binary_env(
         binary: &Path,
         root: &Path,
         plugin_dir: &Path,
