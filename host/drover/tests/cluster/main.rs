@@ -22,6 +22,7 @@ mod devices;
 mod rollouts;
 mod server_names;
 mod services;
+mod ui;
 mod variables;
 mod volumes;
 

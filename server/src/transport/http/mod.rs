@@ -18,6 +18,8 @@
 //!   is looked up, and each route checks what it needs (see `acl.rs`).
 //! - `/v1/client/*` is the agents' (logs, files, stats of an allocation): not routed
 //!   here, but merged from [`client_routes`].
+//! - `/ui/` is the web UI (`ui.rs`): public, outside the token check, as it holds no
+//!   data (its pages call this API with the user's token).
 
 mod acl;
 mod agent;
@@ -32,6 +34,7 @@ mod nodes;
 mod scope;
 mod serve;
 mod services;
+mod ui;
 mod variables;
 mod wire;
 
@@ -337,10 +340,12 @@ pub fn router_with_local_agent(
         ))
         .with_state(api.clone())
         .merge(client);
-    // Outside every token check: public keys, which anyone may use to verify.
+    // Outside every token check: public keys, which anyone may use to verify, and
+    // the web UI's page and assets (no data: the page calls the API with its token).
     let public = Router::new()
         .route(JWKS_PATH, get(variables::jwks))
-        .with_state(api.clone());
+        .with_state(api.clone())
+        .merge(ui::routes());
     let routes = match token {
         // With ACLs, each request's own token says who it is; the cluster token is
         // the servers' and nodes' credential on the RPCs, not a user's.
