@@ -242,7 +242,14 @@ try:
     driver.get(alloc_url + "/exec?task=server")
     wait("the terminal page", lambda: driver.find_elements(By.CSS_SELECTOR, "pre.term"))
     shot("terminal-1280x800.png")
-    step("terminal page shown (not connected: exec is tested elsewhere)")
+    # Connect: whatever the server answers (exec is tested elsewhere), the CSP must let
+    # the page open its WebSocket to its own origin (checked in the console below).
+    driver.find_element(By.CSS_SELECTOR, ".term-bar button[type=submit]").click()
+    wait(
+        "the terminal's connection attempt to finish",
+        lambda: text_of(".term-status") not in ("", "not connected", "connecting…") and text_of(".term-status"),
+    )
+    step(f"terminal page shown; connecting: {text_of('.term-status')}")
 
     # --- A phone: the device metrics of a 390x844 screen.
     driver.execute_cdp_cmd(
