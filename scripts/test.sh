@@ -44,6 +44,10 @@ command -v iptables >/dev/null || need_pkgs+=(iptables)
 command -v nsenter >/dev/null || need_pkgs+=(util-linux)
 command -v ip >/dev/null || need_pkgs+=(iproute2)
 [ -x /bin/busybox ] || need_pkgs+=(busybox-static)
+# The web UI is tested in headless Chromium, driven through chromedriver (the same
+# Debian source package as chromium: the two always match).
+[ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_pkgs+=(chromium-driver)
 if ((${#need_pkgs[@]})); then
     if ! is_root; then
         echo "missing packages: ${need_pkgs[*]} (run as root or install them)" >&2
@@ -329,6 +333,25 @@ if ! "$PY_NOMAD_VENV/bin/python" -c "import nomad, prometheus_client, importlib.
     fi
 fi
 [ -x "$PY_NOMAD_VENV/bin/python" ] && export DROVER_TEST_PYTHON_NOMAD="$PY_NOMAD_VENV/bin/python"
+
+# Selenium, which drives chromium for the web UI's test (host/drover/tests/cluster/ui.rs),
+# pinned, in a venv of its own under target/ (it needs no Node.js, and Playwright's own
+# browser builds cannot be downloaded here); the test finds it in DROVER_TEST_PYTHON_UI.
+PY_UI_VENV="$PWD/target/python-ui"
+PY_SELENIUM_VERSION=4.51.0
+if ! "$PY_UI_VENV/bin/python" -c "import selenium, importlib.metadata as m; assert m.version('selenium') == '$PY_SELENIUM_VERSION'" 2>/dev/null; then
+    rm -rf "$PY_UI_VENV"
+    if python3 -m venv "$PY_UI_VENV" &&
+        "$PY_UI_VENV/bin/pip" install -q "selenium==$PY_SELENIUM_VERSION"; then
+        :
+    elif [ "${CI:-}" = "true" ]; then
+        echo "selenium could not be installed (above; CI=true: this is a failure)" >&2
+        exit 1
+    else
+        echo "# SKIPPING the web UI's browser test: selenium could not be installed (above)" >&2
+    fi
+fi
+[ -x "$PY_UI_VENV/bin/python" ] && export DROVER_TEST_PYTHON_UI="$PY_UI_VENV/bin/python"
 
 cargo build --workspace --bins --locked
 # The go-plugin 1.6.3 host and plugin of host/drover/tests/compat/goplugin16*.rs, built offline

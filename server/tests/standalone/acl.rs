@@ -259,3 +259,28 @@ host_volume "shared" { policy = "read" }"#
     );
     s.stop().await;
 }
+
+/// The web UI's page and assets hold no data: anyone gets them, with ACLs on, while
+/// the API they call stays behind the token.
+#[tokio::test]
+async fn the_web_ui_is_public_and_the_api_it_calls_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let anon = s.client(None);
+    let page = anon.raw(Method::GET, "/ui/jobs", None).await.unwrap();
+    assert_eq!(page.status, StatusCode::OK);
+    let html = String::from_utf8_lossy(&page.body).into_owned();
+    let script = html
+        .split('"')
+        .find(|p| p.starts_with("/ui/assets/") && p.ends_with("/app.js"))
+        .unwrap_or_else(|| panic!("no app.js in the page: {html}"));
+    let app = anon.raw(Method::GET, script, None).await.unwrap();
+    assert_eq!(app.status, StatusCode::OK);
+    let root = anon.raw(Method::GET, "/", None).await.unwrap();
+    assert_eq!(root.status, StatusCode::TEMPORARY_REDIRECT);
+    for path in ["/v1/jobs", "/v1/nodes", "/v1/event/stream"] {
+        let r = anon.raw(Method::GET, path, None).await.unwrap();
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{path}");
+    }
+    s.stop().await;
+}

@@ -23,6 +23,7 @@ mod metrics;
 mod rollouts;
 mod server_names;
 mod services;
+mod ui;
 mod variables;
 mod volumes;
 

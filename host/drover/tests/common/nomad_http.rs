@@ -49,6 +49,11 @@ impl NomadApi {
         }
     }
 
+    /// `http://127.0.0.1:PORT`: where the API (and a server's web UI) is.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// The same API, sending `token` in `X-Nomad-Token`.
     pub fn with_token(mut self, token: &str) -> Self {
         self.token = Some(token.to_owned());

@@ -3,6 +3,8 @@
 //! [`enforce`] after routing), and Nomad's `/v1/acl/*` endpoints.
 //!
 //! With ACLs off none of this runs (the shared token, when set, is checked instead).
+//! Outside all of it: the JWKS and the web UI's page and assets under `/ui/`, which
+//! hold no data (see `ui.rs`); every `/v1/` route is in [`RULES`].
 //!
 //! What a route needs, by method: reads (`GET`, `HEAD`) and writes (every other
 //! method) may need different things. The namespace of a namespaced capability is the

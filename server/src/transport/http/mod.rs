@@ -18,6 +18,8 @@
 //!   is looked up, and each route checks what it needs (see `acl.rs`).
 //! - `/v1/client/*` is the agents' (logs, files, stats of an allocation): not routed
 //!   here, but merged from [`client_routes`].
+//! - `/ui/` is the web UI (`ui.rs`): public, outside the token check, as it holds no
+//!   data (its pages call this API with the user's token).
 
 mod acl;
 mod agent;
@@ -33,6 +35,7 @@ mod nodes;
 mod scope;
 mod serve;
 mod services;
+mod ui;
 mod variables;
 mod wire;
 
@@ -342,8 +345,9 @@ pub fn router_with_local_agent(
         ))
         .with_state(api.clone())
         .merge(client);
-    // Outside every token check: public keys, which anyone may use to verify, and the
-    // metrics (no token, as Nomad's: see `metrics.rs`).
+    // Outside every token check: public keys, which anyone may use to verify, the
+    // metrics (no token, as Nomad's: see `metrics.rs`), and the web UI's page and
+    // assets (no data: the page calls the API with its token).
     let public = Router::new()
         .route(JWKS_PATH, get(variables::jwks))
         .with_state(api.clone())
@@ -351,7 +355,8 @@ pub fn router_with_local_agent(
             Router::new()
                 .route("/v1/metrics", get(metrics::metrics))
                 .with_state(metrics_state),
-        );
+        )
+        .merge(ui::routes());
     let server = api.server.clone();
     let routes = match token {
         // With ACLs, each request's own token says who it is; the cluster token is
