@@ -71,10 +71,16 @@ impl Pty {
         set_size(&self.master, size)
     }
 
+    /// The master end as a file (for a caller that drives the terminal itself, as a
+    /// user's keyboard and screen would: a test).
+    pub fn master_file(&self) -> io::Result<std::fs::File> {
+        Ok(std::fs::File::from(self.master.try_clone()?))
+    }
+
     /// The slave end, for a command started another way (a helper that makes it its
     /// controlling terminal itself).
     pub fn slave(&self) -> io::Result<OwnedFd> {
-        Ok(self.slave.try_clone()?)
+        self.slave.try_clone()
     }
 
     /// Make `cmd` run on this terminal: the slave as stdin, stdout and stderr, in a
@@ -126,23 +132,49 @@ pub fn exit_result(status: std::process::ExitStatus) -> ExitResult {
     r
 }
 
-/// Kill the process group `child` leads (its session: [`Pty::attach`] or
-/// `process_group(0)` made it lead one).
-fn kill_group(child: &Child) {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok())
+/// At most this much of the caller's input waits for a command that does not read
+/// it; beyond, the caller's input is not taken (back-pressure) until it does.
+const MAX_PENDING_INPUT: usize = 256 * 1024;
+
+/// Kill process group `pgid` (a child that leads one: [`Pty::attach`] or
+/// `process_group(0)`), by the id saved at its start: `Child::id` is gone once it
+/// was waited for.
+fn kill_group(pgid: Option<u32>) {
+    if let Some(pid) = pgid.and_then(|p| i32::try_from(p).ok())
         && let Some(pid) = rustix::process::Pid::from_raw(pid)
     {
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
 }
 
+fn caller_gone() -> DriverError {
+    DriverError::Unavailable("the exec's caller went away".into())
+}
+
+/// The caller's input not yet written to the command.
+#[derive(Default)]
+struct Pending {
+    bytes: std::collections::VecDeque<u8>,
+    /// Close the command's stdin once `bytes` are written.
+    close: bool,
+}
+
+impl Pending {
+    fn has_room(&self) -> bool {
+        self.bytes.len() < MAX_PENDING_INPUT && !self.close
+    }
+}
+
 /// Relay `session` to `child`, which runs on `pty` ([`Pty::attach`]), until it has
-/// exited and what it wrote is sent. The caller going away kills it.
+/// exited and what it wrote is sent. The caller going away kills it (and its process
+/// group). Input the command does not read waits (bounded) without holding up its
+/// output.
 pub async fn relay_pty(
     pty: Pty,
     mut child: Child,
     mut session: ExecSession,
 ) -> Result<ExitResult, DriverError> {
+    let pgid = child.id();
     let Pty { master, slave } = pty;
     // Only the command holds the slave now: reading the master ends (EIO) once the
     // command and everything it started have closed it.
@@ -156,10 +188,12 @@ pub async fn relay_pty(
     let mut status = None;
     let mut eof = false;
     let mut input_open = true;
+    let mut pending = Pending::default();
     let mut drain_until = None;
-    loop {
+    let output = session.output.clone();
+    let result = loop {
         if eof && status.is_some() {
-            break;
+            break Ok(());
         }
         let drain = async {
             match drain_until {
@@ -174,47 +208,68 @@ pub async fn relay_pty(
                     Ok(Ok(0)) | Ok(Err(_)) => eof = true,
                     Ok(Ok(n)) => {
                         if session.output.send(ExecChunk::Stdout(buf[..n].to_vec())).await.is_err() {
-                            kill_group(&child);
-                            let _ = child.wait().await;
-                            return Err(DriverError::Unavailable("the exec's caller went away".into()));
+                            break Err(caller_gone());
                         }
                     }
                     Err(_would_block) => {}
                 }
             }
-            input = session.input.recv(), if input_open => match input {
-                Some(ExecInput::Stdin(data)) => write_all_fd(&master, &data).await?,
+            w = master.writable(), if !pending.bytes.is_empty() => {
+                let mut guard = w.map_err(io_error)?;
+                let (front, _) = pending.bytes.as_slices();
+                match guard.try_io(|f| rustix::io::write(f.get_ref(), front).map_err(io::Error::from)) {
+                    Ok(Ok(n)) => { pending.bytes.drain(..n); }
+                    // The command closed its terminal: what it does not read is dropped.
+                    Ok(Err(_)) => pending.bytes.clear(),
+                    Err(_would_block) => {}
+                }
+                if pending.bytes.is_empty() && pending.close {
+                    // The terminal's end-of-file character, as a terminal would send it.
+                    pending.bytes.push_back(0x04);
+                    pending.close = false;
+                }
+            }
+            input = session.input.recv(), if input_open && pending.has_room() => match input {
+                Some(ExecInput::Stdin(data)) => pending.bytes.extend(data),
                 Some(ExecInput::Resize(size)) => set_size(master.get_ref(), size).map_err(io_error)?,
-                // The terminal's end-of-file character, as a terminal would send it.
                 Some(ExecInput::StdinClosed) => {
-                    write_all_fd(&master, &[0x04]).await?;
+                    if pending.bytes.is_empty() {
+                        pending.bytes.push_back(0x04);
+                    } else {
+                        pending.close = true;
+                    }
                     input_open = false;
                 }
-                None => {
-                    kill_group(&child);
-                    let _ = child.wait().await;
-                    return Err(DriverError::Unavailable("the exec's caller went away".into()));
-                }
+                None => break Err(caller_gone()),
             },
+            () = output.closed() => break Err(caller_gone()),
             s = child.wait(), if status.is_none() => {
                 status = Some(s.map_err(io_error)?);
                 drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
             }
-            () = drain => break,
+            () = drain => break Ok(()),
+        }
+    };
+    // Whatever way it ends, nothing the command started on the terminal stays.
+    kill_group(pgid);
+    match result {
+        Ok(()) => Ok(status.map(exit_result).unwrap_or_default()),
+        Err(e) => {
+            let _ = child.wait().await;
+            Err(e)
         }
     }
-    // A process the command left behind on the terminal goes with it.
-    kill_group(&child);
-    Ok(status.map(exit_result).unwrap_or_default())
 }
 
 /// Relay `session` to `child`, whose stdin, stdout and stderr are pipes
-/// (`Stdio::piped()`), until it has exited and what it wrote is sent. The caller
-/// going away kills its process group.
+/// (`Stdio::piped()`) and which leads its process group, until it has exited and
+/// what it wrote is sent. The caller going away kills its process group. Input the
+/// command does not read waits (bounded) without holding up its output.
 pub async fn relay_pipes(
     mut child: Child,
     mut session: ExecSession,
 ) -> Result<ExitResult, DriverError> {
+    let pgid = child.id();
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
@@ -222,10 +277,17 @@ pub async fn relay_pipes(
     let mut err_buf = vec![0u8; CHUNK];
     let mut status = None;
     let mut input_open = true;
+    let mut pending = Pending::default();
     let mut drain_until = None;
-    loop {
+    let output = session.output.clone();
+    let result = loop {
         if stdout.is_none() && stderr.is_none() && status.is_some() {
-            break;
+            break Ok(());
+        }
+        if pending.bytes.is_empty() && pending.close {
+            // Everything given was written: the command's stdin ends.
+            stdin = None;
+            pending.close = false;
         }
         let drain = async {
             match drain_until {
@@ -245,50 +307,55 @@ pub async fn relay_pipes(
                 None => std::future::pending().await,
             }
         };
-        let gone = tokio::select! {
+        // A piece of what waits (the write may take part of it).
+        let (front, _) = pending.bytes.as_slices();
+        let front = front[..front.len().min(CHUNK)].to_vec();
+        let write_in = async {
+            match stdin.as_mut() {
+                Some(s) if !front.is_empty() => s.write(&front).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
             r = read_out => match r {
-                Ok(0) | Err(_) => { stdout = None; false }
-                Ok(n) => session.output.send(ExecChunk::Stdout(out_buf[..n].to_vec())).await.is_err(),
+                Ok(0) | Err(_) => stdout = None,
+                Ok(n) => if session.output.send(ExecChunk::Stdout(out_buf[..n].to_vec())).await.is_err() {
+                    break Err(caller_gone());
+                },
             },
             r = read_err => match r {
-                Ok(0) | Err(_) => { stderr = None; false }
-                Ok(n) => session.output.send(ExecChunk::Stderr(err_buf[..n].to_vec())).await.is_err(),
+                Ok(0) | Err(_) => stderr = None,
+                Ok(n) => if session.output.send(ExecChunk::Stderr(err_buf[..n].to_vec())).await.is_err() {
+                    break Err(caller_gone());
+                },
             },
-            input = session.input.recv(), if input_open => match input {
-                Some(ExecInput::Stdin(data)) => {
-                    // A command that closed its stdin just does not get it.
-                    if let Some(s) = stdin.as_mut()
-                        && s.write_all(&data).await.is_err()
-                    {
-                        stdin = None;
-                    }
-                    false
-                }
-                Some(ExecInput::Resize(_)) => false,
-                Some(ExecInput::StdinClosed) => {
-                    stdin = None;
-                    input_open = false;
-                    false
-                }
-                None => true,
+            w = write_in => match w {
+                Ok(n) => { pending.bytes.drain(..n); }
+                // The command closed its stdin: what it does not read is dropped.
+                Err(_) => { pending.bytes.clear(); stdin = None; }
             },
+            input = session.input.recv(), if input_open && pending.has_room() => match input {
+                Some(ExecInput::Stdin(data)) => if stdin.is_some() { pending.bytes.extend(data) },
+                Some(ExecInput::StdinClosed) => { pending.close = true; input_open = false; }
+                Some(_) => {}
+                None => break Err(caller_gone()),
+            },
+            () = output.closed() => break Err(caller_gone()),
             s = child.wait(), if status.is_none() => {
                 status = Some(s.map_err(io_error)?);
                 drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
-                false
             }
-            () = drain => break,
-        };
-        if gone {
-            kill_group(&child);
+            () = drain => break Ok(()),
+        }
+    };
+    kill_group(pgid);
+    match result {
+        Ok(()) => Ok(status.map(exit_result).unwrap_or_default()),
+        Err(e) => {
             let _ = child.wait().await;
-            return Err(DriverError::Unavailable(
-                "the exec's caller went away".into(),
-            ));
+            Err(e)
         }
     }
-    kill_group(&child);
-    Ok(status.map(exit_result).unwrap_or_default())
 }
 
 fn io_error(e: io::Error) -> DriverError {
@@ -308,19 +375,6 @@ fn read_fd(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
         Err(rustix::io::Errno::IO) => Ok(0),
         Err(e) => Err(e.into()),
     }
-}
-
-async fn write_all_fd(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> Result<(), DriverError> {
-    while !data.is_empty() {
-        let mut guard = fd.writable().await.map_err(io_error)?;
-        match guard.try_io(|f| rustix::io::write(f.get_ref(), data).map_err(io::Error::from)) {
-            Ok(Ok(n)) => data = &data[n..],
-            // The command closed its terminal: what it does not read is dropped.
-            Ok(Err(_)) => return Ok(()),
-            Err(_would_block) => {}
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -402,6 +456,67 @@ mod tests {
             reader.await.unwrap(),
             (b"hello\n".to_vec(), b"err\n".to_vec())
         );
+    }
+
+    #[tokio::test]
+    async fn a_big_paste_to_a_command_that_echoes_it_neither_deadlocks_nor_is_lost() {
+        let (session, input, output) = ExecSession::channel(vec!["/bin/cat".into()], false, 16);
+        let mut cmd = tokio::process::Command::new("/bin/cat");
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0);
+        let child = cmd.spawn().unwrap();
+        let relay = tokio::spawn(relay_pipes(child, session));
+        let reader = tokio::spawn(collect(output));
+        let big: Vec<u8> = (0..5 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        for piece in big.chunks(64 * 1024) {
+            input.send(ExecInput::Stdin(piece.to_vec())).await.unwrap();
+        }
+        input.send(ExecInput::StdinClosed).await.unwrap();
+        let result = tokio::time::timeout(Duration::from_secs(30), relay)
+            .await
+            .expect("the relay deadlocked")
+            .unwrap()
+            .unwrap();
+        assert_eq!(result.exit_code, 0);
+        drop(input);
+        let (out, _) = reader.await.unwrap();
+        assert!(out == big, "{} bytes back of {}", out.len(), big.len());
+    }
+
+    #[tokio::test]
+    async fn what_the_command_left_running_in_its_group_dies_when_it_exits() {
+        let (session, input, output) = ExecSession::channel(vec!["/bin/sh".into()], false, 16);
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.args(["-c", "sleep 1000 & echo $!"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0);
+        let child = cmd.spawn().unwrap();
+        let relay = tokio::spawn(relay_pipes(child, session));
+        let reader = tokio::spawn(collect(output));
+        let r = tokio::time::timeout(Duration::from_secs(20), relay)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.exit_code, 0);
+        drop(input);
+        let (out, _) = reader.await.unwrap();
+        let pid: u32 = String::from_utf8_lossy(&out).trim().parse().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // Gone, or a zombie of ours not yet reaped (init reaps it).
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the background sleep {pid} outlived the exec"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     #[tokio::test]

@@ -1169,10 +1169,12 @@ pub(crate) fn exec_session_stream<D: DriverPlugin, T: Send + 'static>(
                 r = &mut run => break r,
                 Some(c) = out_rx.recv() => {
                     if tx.send(Ok(chunk(c))).await.is_err() {
-                        // The caller went away; the driver sees its input end.
-                        continue;
+                        // The caller went away: the driver sees its output close
+                        // (and its input end) and kills the command.
+                        out_rx.close();
                     }
                 }
+                () = tx.closed(), if !out_rx.is_closed() => out_rx.close(),
             }
         };
         // What the driver sent before it returned.

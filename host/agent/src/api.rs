@@ -144,7 +144,9 @@ async fn health(State(s): State<ApiState>) -> ApiResult {
 }
 
 /// `GET /v1/metrics`: the agent's own metrics (never forwarded to the servers; see
-/// `drover_metrics` for the formats).
+/// `drover_metrics` for the formats). `allocations=false` leaves out the series per
+/// allocation task (what a public exposition must not show: ids and task names of
+/// every namespace).
 async fn metrics(
     State(s): State<ApiState>,
     headers: axum::http::HeaderMap,
@@ -155,7 +157,8 @@ async fn metrics(
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = drover_metrics::Format::negotiate(format.map(String::as_str), accept)
         .map_err(|why| ApiError(StatusCode::BAD_REQUEST, why))?;
-    let families = crate::metrics::families(&s).await;
+    let allocations = q.get("allocations").is_none_or(|v| v != "false");
+    let families = crate::metrics::families(&s, allocations).await;
     Ok((
         [(header::CONTENT_TYPE, format.content_type())],
         drover_metrics::render(&families, format),

@@ -112,7 +112,7 @@ impl AgentMetrics {
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The agent's metrics now, as OpenMetrics families without `# EOF`.
-pub(crate) async fn families(s: &ApiState) -> String {
+pub(crate) async fn families(s: &ApiState, allocations: bool) -> String {
     let m = metrics();
     let tasks = s.tasks.list();
     let mut by_state = [
@@ -147,7 +147,9 @@ pub(crate) async fn families(s: &ApiState) -> String {
         m.plugins.get_or_create(&StateLabel { state }).set(n);
     }
     let mut out = drover_metrics::families(&m.registry);
-    out.push_str(&alloc_usage(s).await);
+    if allocations {
+        out.push_str(&alloc_usage(s).await);
+    }
     out
 }
 

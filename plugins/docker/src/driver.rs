@@ -13,9 +13,9 @@ use bollard::query_parameters::{
     StatsOptions,
 };
 use drover_plugin_sdk::{
-    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecOutput, ExitResult, Fingerprint,
-    FsIsolation, Health, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec,
-    TaskStats, TaskStatus,
+    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecChunk, ExecInput, ExecOutput,
+    ExecSession, ExitResult, Fingerprint, FsIsolation, Health, NetworkModes, PluginInfo, Signal,
+    TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
 };
 use futures_util::StreamExt as _;
 use tokio::sync::broadcast;
@@ -746,6 +746,132 @@ impl DriverPlugin for DockerDriver {
                 ))))
             }
         }
+    }
+
+    async fn exec_task_streaming(
+        &self,
+        task_id: &str,
+        mut session: ExecSession,
+    ) -> Result<ExitResult, DriverError> {
+        use tokio::io::AsyncWriteExt as _;
+        if session.command.is_empty() {
+            return Err(DriverError::InvalidConfig("exec needs a command".into()));
+        }
+        let task = self.store.get(task_id)?;
+        if !task.running() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "task {task_id} has exited"
+            )));
+        }
+        let docker = task.engine.client().await?;
+        let cid = task.state.container_id.clone();
+        let tty = session.tty;
+        // Docker runs it in the container: its user, namespaces, cgroup, capabilities,
+        // seccomp and AppArmor profiles, as the task's own processes.
+        let options = CreateExecOptions {
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(tty),
+            cmd: Some(session.command.clone()),
+            ..Default::default()
+        };
+        let what = format!("exec in container {}", short(&cid));
+        let exec = docker
+            .create_exec(&cid, options)
+            .await
+            .map_err(|e| docker_err(what.clone(), e))?;
+        let started = docker
+            .start_exec(
+                &exec.id,
+                Some(bollard::exec::StartExecOptions {
+                    detach: false,
+                    tty,
+                    output_capacity: None,
+                }),
+            )
+            .await
+            .map_err(|e| docker_err(what.clone(), e))?;
+        let StartExecResults::Attached {
+            mut output,
+            mut input,
+        } = started
+        else {
+            return Err(DriverError::Internal(format!("{what}: not attached")));
+        };
+        let resize = |size: drover_plugin_sdk::TerminalSize| {
+            let docker = docker.clone();
+            let id = exec.id.clone();
+            async move {
+                let _ = docker
+                    .resize_exec(
+                        &id,
+                        bollard::exec::ResizeExecOptions {
+                            height: size.rows,
+                            width: size.cols,
+                        },
+                    )
+                    .await;
+            }
+        };
+        if tty && let Some(size) = session.size {
+            resize(size).await;
+        }
+        let mut input_open = true;
+        let gone = loop {
+            tokio::select! {
+                chunk = output.next() => match chunk {
+                    None => break false,
+                    Some(Err(e)) => return Err(docker_err(what, e)),
+                    Some(Ok(out)) => {
+                        let chunk = match out {
+                            bollard::container::LogOutput::StdErr { message } => ExecChunk::Stderr(message.to_vec()),
+                            bollard::container::LogOutput::StdOut { message }
+                            | bollard::container::LogOutput::Console { message } => ExecChunk::Stdout(message.to_vec()),
+                            _ => continue,
+                        };
+                        if session.output.send(chunk).await.is_err() {
+                            break true;
+                        }
+                    }
+                },
+                msg = session.input.recv(), if input_open => match msg {
+                    Some(ExecInput::Stdin(data)) => {
+                        if input.write_all(&data).await.is_err() {
+                            input_open = false;
+                        }
+                    }
+                    Some(ExecInput::Resize(size)) => resize(size).await,
+                    Some(ExecInput::StdinClosed) => {
+                        if tty {
+                            // The terminal's end-of-file character.
+                            let _ = input.write_all(&[0x04]).await;
+                        } else {
+                            let _ = input.shutdown().await;
+                        }
+                        input_open = false;
+                    }
+                    Some(_) => {}
+                    None => break true,
+                },
+            }
+        };
+        if gone {
+            // The caller went away: Docker cannot end an exec; kill its process.
+            let _ = kill_exec(&docker, &exec.id, &cid).await;
+            return Err(DriverError::Unavailable(
+                "the exec's caller went away".into(),
+            ));
+        }
+        let info = docker
+            .inspect_exec(&exec.id)
+            .await
+            .map_err(|e| docker_err(what, e))?;
+        Ok(ExitResult::code(
+            info.exit_code
+                .and_then(|c| i32::try_from(c).ok())
+                .unwrap_or(-1),
+        ))
     }
 
     async fn shutdown(&self) {

@@ -384,7 +384,7 @@ async fn fingerprint_is_healthy_with_the_cgroup_version_and_capabilities_tell_th
     assert_eq!(v, cgroups().name());
     let caps = p.client.capabilities().await.unwrap();
     assert_eq!(caps.fs_isolation, drover_plugin_sdk::FsIsolation::Chroot);
-    assert!(caps.send_signals && !caps.exec && caps.recover && caps.task_stats);
+    assert!(caps.send_signals && caps.exec && caps.recover && caps.task_stats);
     assert!(caps.network_modes.host && caps.network_modes.none && !caps.network_modes.bridge);
     assert!(
         caps.network_modes.group,
@@ -417,6 +417,74 @@ async fn rlimits_hostname_and_cwd_apply_inside() {
         p.stdout("limits").trim(),
         "soft=100 hard=200 host=box-1 cwd=/local"
     );
+}
+
+/// `ExecTask` (script checks; `alloc exec` is the same path, streamed): the command
+/// runs with the task's rlimits, cwd, user, seccomp filter and namespaces, and its
+/// exit code and output come back.
+#[tokio::test]
+async fn an_exec_enters_the_tasks_sandbox() {
+    if !isolation_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Plugin::launch(dir.path(), json!({})).await;
+    p.start(
+        "host",
+        sh_with(
+            "readlink /proc/self/ns/pid > /local/pidns; exec sleep 1000",
+            json!({
+                "rlimits": { "nofile": { "soft": 100, "hard": 200 } },
+                "cwd": "/local",
+            }),
+        ),
+    )
+    .await;
+    let script = "until [ -s /local/pidns ]; do sleep 0.05; done; \
+        echo uid=$(id -u) nofile=$(ulimit -n) cwd=$(pwd) pidns=$(cat /local/pidns) \
+        mine=$(readlink /proc/self/ns/pid); grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; exit 4";
+    let out = p
+        .client
+        .exec_task(
+            "host",
+            vec!["/bin/sh".into(), "-c".into(), script.into()],
+            std::time::Duration::from_secs(20),
+        )
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.result.exit_code,
+        4,
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("uid=65534 nofile=100 cwd=/local"), "{text}");
+    let pidns = text
+        .split("pidns=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap();
+    assert!(
+        text.contains(&format!("mine={pidns}")),
+        "not in the task's pid namespace: {text}"
+    );
+    assert!(
+        text.contains("Seccomp:\t2") && text.contains("NoNewPrivs:\t1"),
+        "{text}"
+    );
+    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+    // A command that is no program is refused by name, the task keeps running.
+    let e = p
+        .client
+        .exec_task(
+            "host",
+            vec!["/nope".into()],
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("/nope"), "{e}");
 }
 
 #[tokio::test]

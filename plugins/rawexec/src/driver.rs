@@ -298,6 +298,8 @@ impl DriverPlugin for RawExecDriver {
                 DriverError::FailedPrecondition(format!("cannot exec in task {task_id:?}: {e}"))
             })?;
         let mut cmd = task.extra.command_in_env(program, args);
+        // A call dropped (cancelled) takes the command with it.
+        cmd.kill_on_drop(true);
         if let Some(join) = join {
             join.before_exec(cmd.as_std_mut());
         }

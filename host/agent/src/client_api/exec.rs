@@ -29,6 +29,8 @@ const MAX_MESSAGE: usize = 1024 * 1024;
 /// The most arguments, and bytes of them, an exec'd command may have.
 const MAX_ARGS: usize = 256;
 const MAX_ARGS_BYTES: usize = 64 * 1024;
+/// The most caller messages held while the command does not take its input.
+const MAX_PENDING: usize = 64;
 
 /// The parameters of an exec, checked before the upgrade.
 #[derive(Debug, PartialEq, Eq)]
@@ -120,11 +122,12 @@ pub(crate) async fn alloc_exec(
         alloc = %alloc,
         task = %request.task,
         // The program only: its arguments may carry secrets.
-        program = %request.command[0],
+        program = ?request.command[0],
         tty = request.tty,
         "exec into a task"
     );
     ws.max_message_size(MAX_MESSAGE)
+        .max_frame_size(MAX_MESSAGE)
         .on_upgrade(move |socket| async move {
             let _counted = permit;
             relay(s, socket, task_id, request).await;
@@ -183,6 +186,10 @@ async fn relay(s: ApiState, mut socket: WebSocket, task_id: String, request: Exe
             return;
         }
     };
+    // The caller's inputs wait here (bounded) while the driver's input is full, so
+    // that the command's output is always relayed meanwhile (a command that does not
+    // read its stdin must not stop its output, or the exec's end).
+    let mut pending: std::collections::VecDeque<ExecInput> = std::collections::VecDeque::new();
     let mut input_open = true;
     loop {
         tokio::select! {
@@ -212,7 +219,19 @@ async fn relay(s: ApiState, mut socket: WebSocket, task_id: String, request: Exe
                     return;
                 }
             },
-            message = socket.recv(), if input_open => match message {
+            permit = tx.reserve(), if !pending.is_empty() => match permit {
+                Ok(permit) => {
+                    if let Some(input) = pending.pop_front() {
+                        permit.send(input);
+                    }
+                }
+                // The driver no longer takes input; its output still comes.
+                Err(_) => {
+                    pending.clear();
+                    input_open = false;
+                }
+            },
+            message = socket.recv(), if input_open && pending.len() < MAX_PENDING => match message {
                 Some(Ok(Message::Text(text))) => {
                     let frame: ExecFrame = match serde_json::from_str(text.as_str()) {
                         Ok(f) => f,
@@ -221,18 +240,10 @@ async fn relay(s: ApiState, mut socket: WebSocket, task_id: String, request: Exe
                             return;
                         }
                     };
-                    for input in inputs_of(frame) {
-                        if tx.send(input).await.is_err() {
-                            input_open = false;
-                        }
-                    }
+                    pending.extend(inputs_of(frame));
                 }
-                Some(Ok(Message::Binary(data))) => {
-                    // Raw bytes are stdin, as some clients send them.
-                    if tx.send(ExecInput::Stdin(data.to_vec())).await.is_err() {
-                        input_open = false;
-                    }
-                }
+                // Raw bytes are stdin, as some clients send them.
+                Some(Ok(Message::Binary(data))) => pending.push_back(ExecInput::Stdin(data.to_vec())),
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 // The caller went away: dropping the input ends the command.
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,

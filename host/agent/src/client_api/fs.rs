@@ -485,9 +485,13 @@ async fn cat(
         Here::Yes(fs) => fs,
         Here::Elsewhere(r) => return r,
     };
+    let permit = match s.streams.logs.acquire(&format!("alloc {alloc}")) {
+        Ok(p) => p,
+        Err(e) => return NomadError::from(e).into_response(),
+    };
     let path = path_param(&q);
     match blocking(move || open_file(&fs, &path)).await {
-        Ok(f) => raw_body(f, 0, None),
+        Ok(f) => raw_body(f, 0, None, permit),
         Err(e) => e.into_response(),
     }
 }
@@ -508,44 +512,62 @@ async fn readat(
         (Ok(None), _) => return bad_request("must provide offset").into_response(),
         (_, Ok(None)) => return bad_request("must provide limit").into_response(),
     };
+    let permit = match s.streams.logs.acquire(&format!("alloc {alloc}")) {
+        Ok(p) => p,
+        Err(e) => return NomadError::from(e).into_response(),
+    };
     let path = path_param(&q);
     match blocking(move || open_file(&fs, &path)).await {
-        Ok(f) => raw_body(f, offset, Some(limit)),
+        Ok(f) => raw_body(f, offset, Some(limit), permit),
         Err(e) => e.into_response(),
     }
 }
 
 /// `file` from `offset`, at most `limit` bytes, as a body read a piece at a time (a
-/// file of any size costs one piece of memory).
-fn raw_body(mut file: std::fs::File, offset: u64, limit: Option<u64>) -> Response {
+/// file of any size costs one piece of memory). Each piece is read on a blocking
+/// thread of its own and sent from the runtime: a client that reads slowly holds no
+/// thread, only `permit` (counted with the log followers).
+fn raw_body(
+    file: std::fs::File,
+    offset: u64,
+    limit: Option<u64>,
+    permit: crate::limits::StreamPermit,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(2);
-    tokio::task::spawn_blocking(move || {
-        if offset > 0
-            && let Err(e) = file.seek(io::SeekFrom::Start(offset))
-        {
-            let _ = tx.blocking_send(Err(e));
-            return;
-        }
+    tokio::spawn(async move {
+        let _counted = permit;
+        let mut file = Some(file);
+        let mut at = offset;
         let mut left = limit.unwrap_or(u64::MAX);
-        let mut buf = vec![0u8; MAX_FRAME_DATA];
         while left > 0 {
-            let want = usize::try_from(left).map_or(buf.len(), |l| l.min(buf.len()));
-            match file.read(&mut buf[..want]) {
-                Ok(0) => return,
-                Ok(n) => {
-                    left -= n as u64;
-                    if tx
-                        .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            let Some(mut f) = file.take() else { return };
+            let want = usize::try_from(left).map_or(MAX_FRAME_DATA, |l| l.min(MAX_FRAME_DATA));
+            let read = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; want];
+                let r = f
+                    .seek(io::SeekFrom::Start(at))
+                    .and_then(|_| f.read(&mut buf))
+                    .map(|n| {
+                        buf.truncate(n);
+                        buf
+                    });
+                (f, r)
+            })
+            .await;
+            let Ok((f, r)) = read else { return };
+            file = Some(f);
+            let piece = match r {
+                Ok(p) if p.is_empty() => return,
+                Ok(p) => p,
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
+                    let _ = tx.send(Err(e)).await;
                     return;
                 }
+            };
+            at += piece.len() as u64;
+            left -= piece.len() as u64;
+            if tx.send(Ok(Bytes::from(piece))).await.is_err() {
+                return;
             }
         }
     });
@@ -608,15 +630,11 @@ async fn stream(
         Here::Yes(fs) => fs,
         Here::Elsewhere(r) => return r,
     };
-    // A follower holds its file open until its client goes: counted with the log
-    // followers, per allocation.
-    let permit = if request.follow {
-        match s.streams.logs.acquire(&format!("alloc {alloc}")) {
-            Ok(p) => Some(p),
-            Err(e) => return NomadError::from(e).into_response(),
-        }
-    } else {
-        None
+    // A stream holds its file open until its client goes: counted with the log
+    // followers, per allocation (a slow reader of a big file as much as a follower).
+    let permit = match s.streams.logs.acquire(&format!("alloc {alloc}")) {
+        Ok(p) => p,
+        Err(e) => return NomadError::from(e).into_response(),
     };
     let path = request.path.clone();
     let mut file = match blocking(move || open_file(&fs, &path)).await {

@@ -106,10 +106,20 @@ pub async fn alloc_exec(
         .map_err(cluster_error)?
         .value;
     let tasks: Vec<String> = a.task_states.keys().cloned().collect();
-    if tasks.is_empty() {
-        bail!("allocation {} has no task started yet", a.id);
-    }
-    let (task, command) = task_and_command(&tasks, task, args)?;
+    let (task, command) = if tasks.is_empty() {
+        // No task state reported yet: the task named is taken as given (the agent
+        // says if it is not one).
+        match (task, args.split_first()) {
+            (Some(t), _) => (t, args),
+            (None, Some((t, rest))) if !rest.is_empty() => (t.clone(), rest.to_vec()),
+            _ => bail!(
+                "allocation {} reports no task yet: name the task (--task or first argument)",
+                a.id
+            ),
+        }
+    } else {
+        task_and_command(&tasks, task, args)?
+    };
     if command.is_empty() {
         bail!("give the command to run (e.g. /bin/sh)");
     }

@@ -909,6 +909,74 @@ fn namespaces_keep_two_teams_apart() {
             names == ["alloc", "t"]
         },
     );
+    // `alloc exec` (issue 28, acceptance 2): a reader of `a` has no `alloc-exec`; one
+    // with `alloc-exec` only cannot exec into a raw_exec task (a shell there is a
+    // shell on the node: `alloc-node-exec`, as Nomad's); with both it can.
+    let exec_as = |secret: &str| {
+        cli(
+            port,
+            Some(secret),
+            &[
+                "alloc",
+                "exec",
+                "-t=false",
+                &a_alloc,
+                "t",
+                "/bin/sh",
+                "-c",
+                "echo in-a; exit 7",
+            ],
+        )
+    };
+    let out = exec_as(&reader_secret);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    let exec_token = |name: &str, caps: &str| {
+        let rules = root.path().join(format!("{name}.hcl"));
+        std::fs::write(
+            &rules,
+            format!("namespace \"a\" {{\n  capabilities = [{caps}]\n}}\n"),
+        )
+        .unwrap();
+        let out = m(&["acl", "policy", "apply", name, rules.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let t = ok_json(
+            &m(&[
+                "acl", "token", "create", "-name", name, "-policy", name, "-json",
+            ]),
+            "acl token create",
+        );
+        t["SecretID"].as_str().unwrap().to_owned()
+    };
+    let exec_only = exec_token("a-exec", "\"alloc-exec\", \"read-job\"");
+    let out = exec_as(&exec_only);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    let node_exec = exec_token(
+        "a-node-exec",
+        "\"alloc-exec\", \"alloc-node-exec\", \"read-job\"",
+    );
+    let out = exec_as(&node_exec);
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "in-a\n");
+    // Not into another namespace's allocation.
+    let out = cli(
+        port,
+        Some(&node_exec),
+        &["alloc", "exec", "-t=false", &b_alloc, "t", "/bin/true"],
+    );
+    assert!(
+        !out.status.success(),
+        "exec into b's allocation with a's token"
+    );
     // An id prefix of another namespace's object is as unknown as none (prefixes are
     // no way to learn which ids exist there); the whole id is refused.
     for path in [

@@ -555,6 +555,8 @@ resources = {{ cpu = 50, memory_mb = 16 }}
 fn alloc_fs_lists_and_reads_a_tasks_files_and_refuses_its_planted_links() {
     let root = tempfile::tempdir().unwrap();
     let (agent, api) = common::cluster::dev_agent_with_api(root.path());
+    // The exec driver too (the helper waits for raw_exec only).
+    common::cluster::wait_dev_node_ready(&agent, &["raw_exec", "exec"], Duration::from_secs(30));
     let job = job_file(
         root.path(),
         "files",

@@ -19,6 +19,7 @@ mod csi;
 mod deployments;
 mod device_nodes;
 mod devices;
+mod exec;
 mod metrics;
 mod rollouts;
 mod server_names;

@@ -206,21 +206,30 @@ config = {{ command = "/bin/sleep", args = ["{marker}"] }}
             .unwrap()
             >= 1.0
     );
-    // Each running allocation task's memory, labelled by allocation and task.
-    let rss: Vec<_> = after
+    // The public exposition (no token) shows no allocation ids or task names: those
+    // are on the agent's socket only (Nomad publishes them only when told to).
+    assert!(
+        !after
+            .samples
+            .iter()
+            .any(|(n, _, _)| n.starts_with("drover_agent_alloc_")),
+        "allocation series on the public address"
+    );
+
+    // The agent's socket: its own metrics, the same counter, and each running
+    // allocation task's memory, labelled by allocation and task.
+    let own = scrape(&python, &socket);
+    assert_eq!(
+        own.value("drover_agent_task_starts_total", &[]),
+        Some(starts_after)
+    );
+    let rss: Vec<_> = own
         .samples
         .iter()
         .filter(|(n, l, _)| n == "drover_agent_alloc_memory_rss_bytes" && l["task"] == "t")
         .collect();
     assert_eq!(rss.len(), 5, "one memory series per allocation");
     assert!(rss.iter().all(|(_, _, v)| *v > 0.0), "{rss:?}");
-
-    // The agent's socket: its own metrics, the same counter.
-    let own = scrape(&python, &socket);
-    assert_eq!(
-        own.value("drover_agent_task_starts_total", &[]),
-        Some(starts_after)
-    );
     assert_eq!(own.family_type("drover_server_is_leader"), None);
 }
 

@@ -54,6 +54,11 @@ impl NomadApi {
         &self.base
     }
 
+    /// The token it sends, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// The same API, sending `token` in `X-Nomad-Token`.
     pub fn with_token(mut self, token: &str) -> Self {
         self.token = Some(token.to_owned());

@@ -330,10 +330,7 @@ impl Join {
 /// # Ok(()) }
 /// ```
 pub fn join_plain_task(dir: &std::path::Path) -> Result<Option<Join>, String> {
-    let file = dir.join(crate::SPEC_FILE);
-    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let spec: crate::LaunchSpec = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("cannot parse {}: {e}", file.display()))?;
+    let spec = crate::read_launch_spec(dir)?;
     if !spec.own_cgroup || spec.isolation.is_some() {
         return Ok(None);
     }

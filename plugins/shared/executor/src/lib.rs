@@ -137,6 +137,15 @@ pub(crate) const ENV_EXECUTOR_NOFILE: &str = "DROVER_EXECUTOR_NOFILE";
 pub(crate) const SOCKET_FILE: &str = "sock";
 pub(crate) const LOCK_FILE: &str = "lock";
 pub(crate) const SPEC_FILE: &str = "task.json";
+
+/// The launch spec an executor was started with, from its directory `dir` (the
+/// plugin's own, never the task's): what a command run inside the task later (an
+/// interactive exec) must match, its sandbox included.
+pub fn read_launch_spec(dir: &Path) -> Result<LaunchSpec, String> {
+    let file = dir.join(SPEC_FILE);
+    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("cannot parse {}: {e}", file.display()))
+}
 pub(crate) const EXIT_FILE: &str = "exit.json";
 pub(crate) const LOG_FILE: &str = "executor.log";
 

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
@@ -17,8 +18,9 @@ use drover_plugin_sdk::schemars::JsonSchema;
 use drover_plugin_sdk::serde::de::DeserializeOwned;
 use drover_plugin_sdk::store::TaskEvents;
 use drover_plugin_sdk::{
-    AgentInfo, Capabilities, DriverError, DriverPlugin, ExitResult, Fingerprint, FsIsolation,
-    NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats, TaskStatus,
+    AgentInfo, Capabilities, DriverError, DriverPlugin, ExecSession, ExitResult, Fingerprint,
+    FsIsolation, NetworkModes, PluginInfo, Signal, TaskEvent, TaskHandle, TaskSpec, TaskStats,
+    TaskStatus,
 };
 use tokio::sync::broadcast;
 
@@ -775,8 +777,8 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
             .with_send_signals(true)
-            // Not yet: a command would have to join the task's namespaces and cgroup.
-            .with_exec(false)
+            // A command joins the task's namespaces, cgroup and sandbox (crate::exec).
+            .with_exec(true)
             .with_fs_isolation(FsIsolation::Chroot)
             .with_task_stats(true)
             .with_task_events(true)
@@ -840,6 +842,123 @@ impl<F: Flavor> DriverPlugin for IsolatedDriver<F> {
         };
         let fp = fp.attribute(format!("driver.{}.version", F::NAME), F::VERSION);
         self.flavor.fingerprint(fp).await
+    }
+
+    async fn exec_task_streaming(
+        &self,
+        task_id: &str,
+        session: ExecSession,
+    ) -> Result<ExitResult, DriverError> {
+        let task = self.store.get(task_id)?;
+        task.base.ensure_running()?;
+        let (program, args) = session
+            .command
+            .split_first()
+            .ok_or_else(|| DriverError::InvalidConfig("exec needs a command".into()))?;
+        crate::exec::check_program(program).map_err(DriverError::InvalidConfig)?;
+        let dir = task.state.executor_dir.clone();
+        let (pid, start_time) = (task.state.pid, task.state.start_time);
+        let procs = task.cgroup.procs_files();
+        let tty = session.tty;
+        let (plan, env) = blocking(move || {
+            let spec = executor::read_launch_spec(&dir)?;
+            let plan = crate::exec::ExecPlan::new(&spec, pid, start_time, &procs, tty)?;
+            Ok::<_, String>((plan, spec.env))
+        })
+        .await?
+        .map_err(|e| {
+            DriverError::FailedPrecondition(format!("cannot exec in task {task_id}: {e}"))
+        })?;
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(&env)
+            // The intermediate leads a group, which the relay kills when the caller
+            // goes; the command dies with it (parent-death signal).
+            .process_group(0);
+        let spawn_error = |e: std::io::Error| {
+            DriverError::InvalidConfig(format!("cannot start {program:?} in task {task_id}: {e}"))
+        };
+        let event = format!(
+            "exec: {program} ({})",
+            if tty {
+                "with a terminal"
+            } else {
+                "no terminal"
+            }
+        );
+        if tty {
+            let pty =
+                drover_plugin_sdk::exec::Pty::open(session.size).map_err(DriverError::internal)?;
+            let slave = |p: &drover_plugin_sdk::exec::Pty| p.slave().map_err(DriverError::internal);
+            cmd.stdin(slave(&pty)?)
+                .stdout(slave(&pty)?)
+                .stderr(slave(&pty)?);
+            plan.apply(&mut cmd);
+            let child = tokio::process::Command::from(cmd)
+                // A call dropped (timed out, cancelled) takes the command with it.
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(spawn_error)?;
+            self.event(task_id, event);
+            drover_plugin_sdk::exec::relay_pty(pty, child, session).await
+        } else {
+            cmd.stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            plan.apply(&mut cmd);
+            let child = tokio::process::Command::from(cmd)
+                // A call dropped (timed out, cancelled) takes the command with it.
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(spawn_error)?;
+            self.event(task_id, event);
+            drover_plugin_sdk::exec::relay_pipes(child, session).await
+        }
+    }
+
+    async fn exec_task(
+        &self,
+        task_id: &str,
+        command: Vec<String>,
+        timeout: Duration,
+    ) -> Result<drover_plugin_sdk::ExecOutput, DriverError> {
+        // The interactive path with no input and no terminal, output kept up to the
+        // limit (the rest is read and dropped, so the command never blocks on it).
+        let (session, input, mut output) = ExecSession::channel(command, false, 16);
+        drop(input);
+        let (tx, keep_open) = tokio::sync::mpsc::channel::<drover_plugin_sdk::ExecInput>(1);
+        let session = ExecSession {
+            input: keep_open,
+            ..session
+        };
+        let run = self.exec_task_streaming(task_id, session);
+        let collect = async {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            while let Some(chunk) = output.recv().await {
+                let (buf, data) = match chunk {
+                    drover_plugin_sdk::ExecChunk::Stdout(d) => (&mut out, d),
+                    drover_plugin_sdk::ExecChunk::Stderr(d) => (&mut err, d),
+                    _ => continue,
+                };
+                let room = drover_plugin_sdk::EXEC_OUTPUT_LIMIT.saturating_sub(buf.len());
+                buf.extend_from_slice(&data[..data.len().min(room)]);
+            }
+            (out, err)
+        };
+        match tokio::time::timeout(timeout, async { tokio::join!(run, collect) }).await {
+            Ok((result, (out, err))) => {
+                drop(tx);
+                Ok(drover_plugin_sdk::ExecOutput::new(result?)
+                    .with_stdout(out)
+                    .with_stderr(err))
+            }
+            // Dropping the call drops the input's sender: the command is killed.
+            Err(_) => Ok(drover_plugin_sdk::ExecOutput::new(
+                ExitResult::signaled(Signal::KILL)
+                    .with_err(format!("timed out after {timeout:?}: killed")),
+            )),
+        }
     }
 
     async fn start_task(

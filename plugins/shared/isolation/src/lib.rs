@@ -35,6 +35,7 @@ pub mod caps;
 pub use drover_executor::cgroup;
 mod config;
 pub mod engine;
+pub mod exec;
 mod handle;
 mod probe;
 pub mod rootfs;

@@ -1263,7 +1263,7 @@ fn find_program(plan: &Plan<'_>) -> Result<CString, String> {
     ))
 }
 
-fn resource(r: RlimitResource) -> rustix::process::Resource {
+pub(crate) fn resource(r: RlimitResource) -> rustix::process::Resource {
     use rustix::process::Resource;
     match r {
         RlimitResource::As => Resource::As,

@@ -148,6 +148,10 @@ pub(crate) const RULES: &[(&str, Need, Need)] = &[
     ("/v1/service/{name}/{id}", NotRouted, Ns("submit-job")),
     // The agents' endpoints, passed to the agent that runs the allocation.
     ("/v1/client/fs/logs/{alloc}", Obj("read-logs"), NotRouted),
+    // A WebSocket outside the token middleware (a browser sends its token in the first
+    // message): its handler checks alloc-exec, and alloc-node-exec for raw_exec
+    // (exec_route.rs).
+    ("/v1/client/allocation/{alloc}/exec", Caller, NotRouted),
     ("/v1/client/fs/ls/{alloc}", Obj("read-fs"), NotRouted),
     ("/v1/client/fs/stat/{alloc}", Obj("read-fs"), NotRouted),
     ("/v1/client/fs/cat/{alloc}", Obj("read-fs"), NotRouted),

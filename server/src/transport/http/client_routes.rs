@@ -112,10 +112,42 @@ async fn client_request(
     match &routes.local_agent {
         Some(socket) => {
             let stop = stop.map(|Extension(t)| t).unwrap_or_default();
+            // The agent finds its allocations by whole id: a prefix the server
+            // resolved is passed on as the id it names.
+            let mut req = req;
+            if let Some(a) = routes.server.allocation(&alloc)
+                && a.id != alloc
+                && let Some(uri) = with_whole_id(req.uri(), &alloc, &a.id)
+            {
+                *req.uri_mut() = uri;
+            }
             proxy(socket, req, stop).await
         }
         None => elsewhere(&routes.server, &alloc, req.uri().path()),
     }
+}
+
+/// `uri` with its path segment `prefix` (the allocation as asked) replaced by `id`.
+fn with_whole_id(uri: &axum::http::Uri, prefix: &str, id: &str) -> Option<axum::http::Uri> {
+    let mut replaced = false;
+    let path: Vec<&str> = uri
+        .path()
+        .split('/')
+        .map(|seg| {
+            if !replaced && seg == prefix {
+                replaced = true;
+                id
+            } else {
+                seg
+            }
+        })
+        .collect();
+    let mut text = path.join("/");
+    if let Some(q) = uri.query() {
+        text.push('?');
+        text.push_str(q);
+    }
+    text.parse().ok()
 }
 
 /// The capability a client endpoint needs in the allocation's namespace.

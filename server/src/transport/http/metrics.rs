@@ -3,8 +3,9 @@
 //!
 //! As Nomad 1.0's (`command/agent/metrics_endpoint.go`: no token is resolved, no ACL
 //! checked) it needs no token: it sits beside the JWKS, outside the token check, so
-//! that a Prometheus scraper needs no credential. What it shows are counts, latencies
-//! and the dev agent's allocation ids, as Nomad's own metrics do.
+//! that a Prometheus scraper needs no credential. What it shows are counts and
+//! latencies; the series per allocation task (ids and task names of every namespace)
+//! are on the agent's own socket only, as Nomad publishes them only when told to.
 //!
 //! A server with a local agent (`drover agent --dev`) answers with the agent's
 //! metrics too, read from the agent's socket, in one exposition as Nomad's single
@@ -85,7 +86,7 @@ async fn agent_families(socket: &std::path::Path) -> Result<String, String> {
         });
         let request = http::Request::builder()
             .method(http::Method::GET)
-            .uri("/v1/metrics?format=openmetrics")
+            .uri("/v1/metrics?format=openmetrics&allocations=false")
             .header(header::HOST, "localhost")
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .map_err(|e| e.to_string())?;

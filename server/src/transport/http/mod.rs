@@ -28,6 +28,7 @@ mod client_routes;
 mod csi;
 mod deployments;
 mod events;
+mod exec_route;
 mod jobs;
 mod metrics;
 mod namespaces;
@@ -177,6 +178,7 @@ pub fn router_with_local_agent(
         server: server.clone(),
         local_agent: local_agent.clone().map(Arc::new),
     };
+    let exec = exec_route::exec_routes(server.clone(), local_agent.clone(), token.clone());
     let client = client_routes(server.clone(), local_agent);
     let acl_enabled = server.acl_enabled();
     let api = Api {
@@ -356,7 +358,9 @@ pub fn router_with_local_agent(
                 .route("/v1/metrics", get(metrics::metrics))
                 .with_state(metrics_state),
         )
-        .merge(ui::routes());
+        .merge(ui::routes())
+        // Checks its caller itself (a browser's token comes in its first message).
+        .merge(exec);
     let server = api.server.clone();
     let routes = match token {
         // With ACLs, each request's own token says who it is; the cluster token is

@@ -800,9 +800,33 @@ mod tests {
     }
 }
 
+/// The most distinct method labels the RPC metrics hold: the services' methods are
+/// far fewer; anything beyond (a path no check caught) is `other`.
+const MAX_RPC_METHOD_LABELS: usize = 128;
+
+/// `path` as a method label, while there is room for new ones.
+fn rpc_method_label(path: String) -> String {
+    static SEEN: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+        std::sync::Mutex::new(None);
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let seen = seen.get_or_insert_with(Default::default);
+    if seen.contains(&path) {
+        return path;
+    }
+    if seen.len() >= MAX_RPC_METHOD_LABELS {
+        return "other".to_owned();
+    }
+    seen.insert(path.clone());
+    path
+}
+
 /// Counts and times every RPC by its gRPC method (the request's path); a method no
-/// service has (answered `Unimplemented`) is `unknown`, so that callers cannot grow
-/// the label set. Time is to the response head: a stream counts until it starts.
+/// service has (answered `Unimplemented`) or one refused before routing (a bad token)
+/// is `unknown`, and labels are capped ([`MAX_RPC_METHOD_LABELS`]), so that callers
+/// cannot grow the label set. Time is to the response head: a stream counts until it
+/// starts.
 #[derive(Clone)]
 struct RpcMetrics<S> {
     inner: S,
@@ -832,15 +856,17 @@ where
         let server = self.server.clone();
         Box::pin(async move {
             let r = answer.await;
-            let unimplemented = r.as_ref().is_ok_and(|resp| {
+            // Not routed to a method: no such method (12), or refused before
+            // routing for its token (16), whatever path the caller made up.
+            let unrouted = r.as_ref().is_ok_and(|resp| {
                 resp.headers()
                     .get("grpc-status")
-                    .is_some_and(|s| s.as_bytes() == b"12")
+                    .is_some_and(|s| matches!(s.as_bytes(), b"12" | b"16"))
             });
-            let method = if unimplemented {
+            let method = if unrouted {
                 "unknown".to_owned()
             } else {
-                path
+                rpc_method_label(path)
             };
             let labels = crate::metrics::RpcLabels {
                 method: drover_metrics::LabelText(method),

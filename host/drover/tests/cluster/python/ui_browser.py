@@ -27,6 +27,7 @@ from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 
 base, token, shots, work = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 os.makedirs(shots, exist_ok=True)
@@ -241,7 +242,6 @@ try:
 
     driver.get(alloc_url + "/exec?task=server")
     wait("the terminal page", lambda: driver.find_elements(By.CSS_SELECTOR, "pre.term"))
-    shot("terminal-1280x800.png")
     # Connect: whatever the server answers (exec is tested elsewhere), the CSP must let
     # the page open its WebSocket to its own origin (checked in the console below).
     driver.find_element(By.CSS_SELECTOR, ".term-bar button[type=submit]").click()
@@ -250,6 +250,17 @@ try:
         lambda: text_of(".term-status") not in ("", "not connected", "connecting…") and text_of(".term-status"),
     )
     step(f"terminal page shown; connecting: {text_of('.term-status')}")
+    # The exec works from the browser: the token rides in the first message, a line
+    # typed runs in the task's shell, its output comes back (the terminal's echo of
+    # the typed line says `$((6*7))`, never 42), and `exit 3` ends it with code 3.
+    wait("the terminal connected", lambda: text_of(".term-status") == "connected")
+    line = driver.find_element(By.CSS_SELECTOR, "input[aria-label='Line to send']")
+    line.send_keys("echo exec-$((6*7))" + Keys.ENTER)
+    wait("the command's output in the terminal", lambda: "exec-42" in text_of("pre.term"))
+    shot("terminal-1280x800.png")
+    line.send_keys("exit 3" + Keys.ENTER)
+    wait("the exec's exit code", lambda: text_of(".term-status") == "exited with code 3")
+    step("a command ran through the terminal and exited with code 3")
 
     # --- A phone: the device metrics of a 390x844 screen.
     driver.execute_cdp_cmd(
