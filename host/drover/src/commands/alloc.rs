@@ -51,7 +51,7 @@ pub enum AllocCommand {
         tty: Option<bool>,
         /// Allocation id (or a unique prefix).
         alloc: String,
-        /// [TASK] COMMAND [ARGS...]
+        /// The task (optional, see --task), then the command and its arguments.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         args: Vec<String>,
     },
