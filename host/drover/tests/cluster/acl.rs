@@ -497,8 +497,15 @@ fn job_with(id: &str, script: &str, templates: Value) -> Value {
 
 /// The runs of web's task so far: (secrets/app.env, $PASSWORD, the file's mode).
 fn web_runs(dir: &Path) -> Vec<(String, String, String)> {
+    // A run's directory is written as `<t>.tmp` and renamed when whole: one still
+    // being written (its `mode` file made, not yet filled) is no run yet.
     let mut names: Vec<_> = std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_none_or(|x| x != "tmp"))
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     names
