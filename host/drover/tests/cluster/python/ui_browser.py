@@ -118,6 +118,17 @@ def wait(what, check, limit=30):
     raise AssertionError(f"{what}: not within {limit}s; last seen {seen!r}; the page showed:\n{body[:3000]}")
 
 
+def click(by, what):
+    """Find and click, again if the page redrew the element in between (live pages
+    rebuild their tables at every change)."""
+
+    def attempt():
+        driver.find_element(by, what).click()
+        return True
+
+    wait(f"a click on {what}", attempt)
+
+
 def text_of(css):
     els = driver.find_elements(By.CSS_SELECTOR, css)
     return els[0].text if els else ""
@@ -145,17 +156,17 @@ try:
     step("without a token the jobs page says permission denied")
 
     # --- The token, typed into the UI's token page.
-    driver.find_element(By.CSS_SELECTOR, "a.token-link").click()
+    click(By.CSS_SELECTOR, "a.token-link")
     field = wait("the token field", lambda: driver.find_element(By.ID, "token-secret"))
     field.send_keys(token)
-    driver.find_element(By.ID, "token-save").click()
+    click(By.ID, "token-save")
     wait("the token accepted", lambda: "accepted" in text_of(".notice.ok"))
     stored = driver.execute_script("return localStorage.getItem('drover.token')")
     assert stored == token, stored
     assert token not in driver.current_url
     step("token saved in the UI")
 
-    driver.find_element(By.LINK_TEXT, "Jobs").click()
+    click(By.LINK_TEXT, "Jobs")
     wait("the empty jobs list", lambda: "No jobs yet" in text_of("main"))
     # Anything kept in the page's window survives only if the page never reloads.
     driver.execute_script("window.__droverTestLoaded = 'still here'")
@@ -201,7 +212,7 @@ try:
     shot("jobs-1280x800.png")
 
     # --- The job's page, then its allocation's.
-    driver.find_element(By.CSS_SELECTOR, f"{row} a").click()
+    click(By.CSS_SELECTOR, f"{row} a")
     wait("the job page's allocation", lambda: driver.find_elements(By.CSS_SELECTOR, "tr[data-alloc]"))
     wait(
         "the allocation running on the job page",
@@ -211,7 +222,7 @@ try:
     shot("job-1280x800.png")
     step("job page shows its groups, allocation and evaluation")
 
-    driver.find_element(By.CSS_SELECTOR, "tr[data-alloc] a").click()
+    click(By.CSS_SELECTOR, "tr[data-alloc] a")
     wait("the task's first line in the log view", lambda: "task started" in text_of("pre.log"))
     wait("the log stream live", lambda: text_of(".log-state") == "live")
     assert marker not in text_of("pre.log")
@@ -230,13 +241,13 @@ try:
     shot("allocation-1280x800.png")
     alloc_url = driver.current_url
 
-    driver.find_element(By.LINK_TEXT, "Nodes").click()
+    click(By.LINK_TEXT, "Nodes")
     wait("the node ready with raw_exec", lambda: "ready" in text_of("tbody") and "raw_exec" in text_of("tbody"))
     shot("nodes-1280x800.png")
-    driver.find_element(By.CSS_SELECTOR, "tbody a").click()
+    click(By.CSS_SELECTOR, "tbody a")
     wait("the node's drivers and allocations", lambda: "raw_exec" in text_of("main") and job_id in text_of("main"))
     shot("node-1280x800.png")
-    driver.find_element(By.LINK_TEXT, "Services").click()
+    click(By.LINK_TEXT, "Services")
     wait("the services page", lambda: "Registered services" in text_of("main"))
     step("nodes, node and services pages shown")
 
@@ -244,7 +255,7 @@ try:
     wait("the terminal page", lambda: driver.find_elements(By.CSS_SELECTOR, "pre.term"))
     # Connect: whatever the server answers (exec is tested elsewhere), the CSP must let
     # the page open its WebSocket to its own origin (checked in the console below).
-    driver.find_element(By.CSS_SELECTOR, ".term-bar button[type=submit]").click()
+    click(By.CSS_SELECTOR, ".term-bar button[type=submit]")
     wait(
         "the terminal's connection attempt to finish",
         lambda: text_of(".term-status") not in ("", "not connected", "connecting…") and text_of(".term-status"),
