@@ -48,6 +48,9 @@ const NAMESPACES: [(&str, rustix::thread::LinkNameSpaceType); 5] = [
 pub struct ExecPlan {
     /// The init's namespaces, open.
     namespaces: Vec<(OwnedFd, rustix::thread::LinkNameSpaceType)>,
+    /// The init's root directory (`/proc/<pid>/root`), entered after the mount
+    /// namespace: the task's root whatever way the init entered it.
+    root: OwnedFd,
     /// The task's cgroup files to write `0` to.
     cgroup_procs: Vec<OwnedFd>,
     rlimits: Vec<(rustix::process::Resource, rustix::process::Rlimit)>,
@@ -94,8 +97,15 @@ impl ExecPlan {
             let f = std::fs::File::open(&path).map_err(|e| format!("cannot open {path}: {e}"))?;
             namespaces.push((OwnedFd::from(f), kind));
         }
+        let root_path = format!("/proc/{pid}/root");
+        let root = rustix::fs::open(
+            root_path.as_str(),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open {root_path}: {e}"))?;
         // Still the same init: the pid could not have been reused while it lived, so
-        // the namespaces opened are its.
+        // the namespaces and root opened are its.
         if drover_executor::lost::wait_exit(&proof, std::time::Duration::ZERO) {
             return Err("the task's init exited while its namespaces were opened".into());
         }
@@ -137,6 +147,7 @@ impl ExecPlan {
             .map_err(|_| "the task's working directory has a NUL byte".to_owned())?;
         Ok(ExecPlan {
             namespaces,
+            root,
             cgroup_procs: procs,
             rlimits,
             bounding: iso.capabilities.map(|c| c.bounding),
@@ -169,6 +180,10 @@ impl ExecPlan {
         for (fd, kind) in &self.namespaces {
             rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(fd), Some(*kind))?;
         }
+        // The task's root: the mount namespace's own root is it when the init used
+        // pivot_root, but not on every kernel and set-up; the init's root always is.
+        rustix::process::fchdir(&self.root)?;
+        rustix::process::chroot(".")?;
         // The pid namespace takes effect for children only. A raw clone (fork's
         // semantics), not libc's fork: no atfork handlers run in this child of a
         // multi-threaded process.
