@@ -9,11 +9,13 @@
 //!
 //! ```no_run
 //! # async fn f(session: drover_plugin_sdk::ExecSession) -> Result<(), drover_plugin_sdk::DriverError> {
+//! use drover_plugin_sdk::DriverError;
 //! use drover_plugin_sdk::exec::{Pty, relay_pty};
-//! let pty = Pty::open(session.size)?;
+//! let pty = Pty::open(session.size).map_err(DriverError::internal)?;
 //! let mut cmd = tokio::process::Command::new("/bin/sh");
-//! pty.attach(cmd.as_std_mut())?; // stdio on the terminal, a session of its own
-//! let child = cmd.spawn()?;
+//! // Stdio on the terminal, a session of its own.
+//! pty.attach(cmd.as_std_mut()).map_err(DriverError::internal)?;
+//! let child = cmd.spawn().map_err(DriverError::internal)?;
 //! let result = relay_pty(pty, child, session).await?;
 //! println!("exit code {}", result.exit_code);
 //! # Ok(()) }
