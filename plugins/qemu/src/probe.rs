@@ -426,10 +426,16 @@ async fn run_trial(
     // is open in the child (CLOEXEC closes it only at exec, which this clears for the
     // child alone); `image` outlives the spawn. The death signal follows the thread
     // that forks: a runtime worker, which lives as long as the plugin does.
+    // The plugin's pid, for the child to see that its parent is still the plugin once
+    // the death signal is armed (a parent killed before that never sends it).
+    let parent = rustix::process::getpid();
     #[allow(unsafe_code)]
     unsafe {
         command.pre_exec(move || {
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            if rustix::process::getppid() != Some(parent) {
+                return Err(rustix::io::Errno::SRCH.into());
+            }
             let fd = std::os::fd::BorrowedFd::borrow_raw(image_fd);
             rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
             Ok(())
