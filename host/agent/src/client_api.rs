@@ -100,6 +100,21 @@ fn parse_bool(field: &str, value: Option<&String>) -> Result<bool, NomadError> {
     }
 }
 
+/// A non-negative integer parameter (Nomad's `offset`, `limit`), if given.
+fn int_param(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, NomadError> {
+    match q.get(name).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(text) => {
+            let n: i64 = text
+                .parse()
+                .map_err(|e| bad_request(format!("error parsing {name} {text:?}: {e}")))?;
+            u64::try_from(n)
+                .map(Some)
+                .map_err(|_| bad_request(format!("error parsing {name}: {n} is negative")))
+        }
+    }
+}
+
 /// The parameters of a logs request, checked in Nomad's order.
 #[derive(Debug, PartialEq, Eq)]
 struct LogsRequest {
@@ -123,16 +138,7 @@ impl LogsRequest {
             Some("stderr") => true,
             _ => return Err(bad_request("must provide log type (stdout/stderr)")),
         };
-        let offset = match q.get("offset").map(String::as_str) {
-            None | Some("") => 0,
-            Some(text) => {
-                let n: i64 = text
-                    .parse()
-                    .map_err(|e| bad_request(format!("error parsing offset {text:?}: {e}")))?;
-                u64::try_from(n)
-                    .map_err(|_| bad_request(format!("error parsing offset: {n} is negative")))?
-            }
-        };
+        let offset = int_param(q, "offset")?.unwrap_or(0);
         let start = match q.get("origin").map(String::as_str) {
             None | Some("" | "start") if offset == 0 => LogStart::Beginning,
             None | Some("" | "start") => LogStart::Offset(offset),

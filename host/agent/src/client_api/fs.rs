@@ -38,7 +38,7 @@ use drover_server_api::client_fs::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{NomadError, bad_request, parse_bool, push_json, unknown_allocation};
+use super::{NomadError, bad_request, int_param, parse_bool, push_json, unknown_allocation};
 use crate::api::ApiState;
 
 /// At most this many entries in one listing: a task can fill a directory with
@@ -65,7 +65,7 @@ pub(crate) fn routes() -> Router<ApiState> {
         .route("/v1/client/fs/stream/{alloc}", get(stream))
 }
 
-type Params = BTreeMap<String, String>;
+type Params = std::collections::HashMap<String, String>;
 
 /// The allocation's directory on this node: where `alloc/` is and each started task's
 /// directory by task name.
@@ -457,21 +457,6 @@ async fn stat(
     match blocking(move || stat_path(&fs, &path)).await {
         Ok(i) => axum::Json(i).into_response(),
         Err(e) => e.into_response(),
-    }
-}
-
-/// Parses a non-negative integer parameter.
-fn int_param(q: &Params, name: &str) -> Result<Option<u64>, NomadError> {
-    match q.get(name).map(String::as_str) {
-        None | Some("") => Ok(None),
-        Some(text) => {
-            let n: i64 = text
-                .parse()
-                .map_err(|e| bad_request(format!("error parsing {name} {text:?}: {e}")))?;
-            u64::try_from(n)
-                .map(Some)
-                .map_err(|_| bad_request(format!("error parsing {name}: {n} is negative")))
-        }
     }
 }
 

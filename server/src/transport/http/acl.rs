@@ -200,7 +200,7 @@ pub(crate) fn rule(path: &str) -> Option<(Need, Need)> {
 pub(crate) struct TokenLookup(pub Result<Identity, TokenRefusal>);
 
 /// The token of a request: `X-Nomad-Token`, else `Authorization: Bearer`.
-fn token_of(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn token_of(headers: &HeaderMap) -> Option<&str> {
     if let Some(t) = headers.get(TOKEN_HEADER) {
         return t.to_str().ok();
     }

@@ -67,16 +67,16 @@ fn plain(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-/// The token of a request's headers, if it has one.
+/// The token of a request's headers, if it has one ([`super::acl::token_of`]); a
+/// token header that is no text is a token that cannot be anyone's, never none.
 fn header_token(headers: &HeaderMap) -> Option<String> {
-    if let Some(t) = headers.get(drover_server_api::TOKEN_HEADER) {
-        return Some(t.to_str().unwrap_or("\u{0}not text").to_owned());
-    }
-    let auth = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, rest) = auth.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| rest.trim().to_owned())
+    super::acl::token_of(headers)
+        .map(str::to_owned)
+        .or_else(|| {
+            headers
+                .contains_key(drover_server_api::TOKEN_HEADER)
+                .then(|| "\u{0}not text".to_owned())
+        })
 }
 
 /// What the exec needs: the allocation's namespace, and whether its task runs
