@@ -149,6 +149,24 @@ fn kill_group(pgid: Option<u32>) {
     }
 }
 
+/// How a relay ends: the command's process group killed (what it left behind goes
+/// with it), and its exit result, or the relay's error once the command is reaped.
+async fn finish(
+    pgid: Option<u32>,
+    mut child: Child,
+    status: Option<std::process::ExitStatus>,
+    result: Result<(), DriverError>,
+) -> Result<ExitResult, DriverError> {
+    kill_group(pgid);
+    match result {
+        Ok(()) => Ok(status.map(exit_result).unwrap_or_default()),
+        Err(e) => {
+            let _ = child.wait().await;
+            Err(e)
+        }
+    }
+}
+
 fn caller_gone() -> DriverError {
     DriverError::Unavailable("the exec's caller went away".into())
 }
@@ -253,14 +271,7 @@ pub async fn relay_pty(
         }
     };
     // Whatever way it ends, nothing the command started on the terminal stays.
-    kill_group(pgid);
-    match result {
-        Ok(()) => Ok(status.map(exit_result).unwrap_or_default()),
-        Err(e) => {
-            let _ = child.wait().await;
-            Err(e)
-        }
-    }
+    finish(pgid, child, status, result).await
 }
 
 /// Relay `session` to `child`, whose stdin, stdout and stderr are pipes
@@ -350,14 +361,7 @@ pub async fn relay_pipes(
             () = drain => break Ok(()),
         }
     };
-    kill_group(pgid);
-    match result {
-        Ok(()) => Ok(status.map(exit_result).unwrap_or_default()),
-        Err(e) => {
-            let _ = child.wait().await;
-            Err(e)
-        }
-    }
+    finish(pgid, child, status, result).await
 }
 
 fn io_error(e: io::Error) -> DriverError {
