@@ -792,13 +792,7 @@ impl Client {
         ])
         .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
         let path = path(&["v1", "client", "fs", "logs", alloc])?;
-        let request = format!("GET {path}");
-        let resp = self.send(Method::GET, &path, Some(q), None).await?;
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let body = read_body(&request, resp.into_body()).await?;
-            return Err(refusal(&request, status, &body));
-        }
+        let (request, resp) = self.get_streaming(&path, q).await?;
         let got = resp
             .headers()
             .get(header::CONTENT_TYPE)
@@ -871,13 +865,7 @@ impl Client {
         };
         let q = q.map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
         let path = path(&["v1", "client", "fs", what, alloc])?;
-        let request = format!("GET {path}");
-        let resp = self.send(Method::GET, &path, Some(q), None).await?;
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let body = read_body(&request, resp.into_body()).await?;
-            return Err(refusal(&request, status, &body));
-        }
+        let (request, resp) = self.get_streaming(&path, q).await?;
         Ok(RawBytes {
             request,
             body: resp.into_body(),
@@ -903,13 +891,7 @@ impl Client {
         ])
         .map_err(|e| Error::InvalidRequest(format!("cannot encode the query: {e}")))?;
         let path = path(&["v1", "client", "fs", "stream", alloc])?;
-        let request = format!("GET {path}");
-        let resp = self.send(Method::GET, &path, Some(q), None).await?;
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let body = read_body(&request, resp.into_body()).await?;
-            return Err(refusal(&request, status, &body));
-        }
+        let (request, resp) = self.get_streaming(&path, q).await?;
         Ok(AllocLogFrames {
             request,
             body: resp.into_body(),
@@ -990,6 +972,23 @@ impl Client {
     }
 
     // --- plumbing -------------------------------------------------------------------
+
+    /// `GET path?q` whose answer is read as it comes (a log, a file): the request's
+    /// name (for errors) and the answer, or the refusal a non-200 answer says.
+    async fn get_streaming(
+        &self,
+        path: &str,
+        q: String,
+    ) -> Result<(String, hyper::Response<Incoming>), Error> {
+        let request = format!("GET {path}");
+        let resp = self.send(Method::GET, path, Some(q), None).await?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let body = read_body(&request, resp.into_body()).await?;
+            return Err(refusal(&request, status, &body));
+        }
+        Ok((request, resp))
+    }
 
     async fn read<T: DeserializeOwned>(
         &self,
