@@ -6,7 +6,8 @@
 #   cargo build --release -p drover && scripts/package-deb.sh
 #   scripts/package-deb.sh --binary target/debug/drover --out /tmp/deb --compress none
 #
-# Contents: /usr/bin/drover; the systemd units drover-agent.service and
+# Contents: /usr/bin/drover and /usr/bin/drover-executor (beside it, where the
+# drivers find it); the systemd units drover-agent.service and
 # drover-server.service in /lib/systemd/system; /etc/drover/{agent,server}.toml
 # (conffiles); the maintainer scripts (packaging/deb/). Prints the .deb's path.
 set -euo pipefail
@@ -48,6 +49,15 @@ if [ ! -x "$binary" ]; then
     exit 1
 fi
 
+# Built with it (cargo build -p drover builds both): the drivers refuse an executor of
+# another build, so the package never ships a pair that does not match.
+executor="$(dirname "$binary")/drover-executor"
+if [ ! -x "$executor" ]; then
+    echo "package-deb.sh: no drover-executor beside $binary (cargo build --release -p drover" \
+        "builds both)" >&2
+    exit 1
+fi
+
 # The version is the binary's own (`drover 0.1.0`), so the package never claims
 # another.
 version=$("$binary" --version | awk 'NR == 1 { print $2 }')
@@ -62,6 +72,8 @@ trap 'rm -rf "$stage"' EXIT
 chmod 0755 "$stage"
 
 install -D -m 0755 "$binary" "$stage/usr/bin/drover"
+# The per-task executor, beside drover, where the drivers look for it.
+install -D -m 0755 "$executor" "$stage/usr/bin/drover-executor"
 for unit in drover-agent.service drover-server.service; do
     install -D -m 0644 "$src/$unit" "$stage/lib/systemd/system/$unit"
 done

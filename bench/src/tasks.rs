@@ -55,6 +55,16 @@ pub(crate) fn start_agent_with(
     root: &Path,
     extra: &[&std::ffi::OsStr],
 ) -> anyhow::Result<AgentProc> {
+    start_agent_env(drover, root, extra, &[])
+}
+
+/// [`start_agent_with`] with `env` added to the agent's environment.
+pub(crate) fn start_agent_env(
+    drover: &Path,
+    root: &Path,
+    extra: &[&std::ffi::OsStr],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> anyhow::Result<AgentProc> {
     let data = root.join("data");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -77,6 +87,7 @@ pub(crate) fn start_agent_with(
         // agent (of this bench, or anyone's) may hold.
         .args(["--dev-http-addr", "127.0.0.1:0"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -266,19 +277,28 @@ async fn measure(
         mib(agent_rss),
         plugin_rss.map_or("?".into(), mib)
     );
-    if pss.is_empty() {
+    let dedicated_pss = if pss.is_empty() {
         println!("  executor PSS: no executor processes found (tasks are children of the plugin)");
+        None
     } else {
         let mut sorted = pss.clone();
         sorted.sort_unstable();
         let avg = pss.iter().sum::<u64>() as f64 / pss.len() as f64;
+        let dirty: Vec<u64> = executors
+            .iter()
+            .filter_map(|p| proc_kib(*p, "smaps_rollup", "Private_Dirty:"))
+            .collect();
         println!(
-            "  executor PSS over {} executors: mean {:.0} KiB, max {} KiB (goal < 1024 KiB)",
+            "  executor PSS over {} executors ({}): mean {:.0} KiB, max {} KiB, private dirty \
+             mean {:.0} KiB (goal <= 400 KiB PSS)",
             pss.len(),
+            executor_program(executors[0]),
             avg,
-            sorted[sorted.len() - 1]
+            sorted[sorted.len() - 1],
+            dirty.iter().sum::<u64>() as f64 / dirty.len().max(1) as f64
         );
-    }
+        Some(avg)
+    };
     reference_shims();
 
     // Idle CPU of the agent with every task running.
@@ -336,7 +356,74 @@ async fn measure(
         ms(reattach),
         task_pids.len()
     );
+    if let Some(dedicated) = dedicated_pss {
+        own_binary_baseline(drover, count.min(100), dedicated).await?;
+    }
     Ok(())
+}
+
+/// The program an executor runs, as `ps` would name it.
+fn executor_program(pid: u32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Baseline for the executor's memory, same run: `count` tasks on a second agent whose
+/// drivers are told to use an executor that does not exist, so that they run the
+/// driver's own binary (`drover`) as executor, the form before `drover-executor`.
+async fn own_binary_baseline(drover: &Path, count: usize, dedicated: f64) -> anyhow::Result<()> {
+    let root = tempfile::Builder::new().prefix("drover-bench-").tempdir()?;
+    std::fs::create_dir_all(root.path().join("plugins"))?;
+    let missing = root.path().join("no-such-executor");
+    let mut agent = start_agent_env(
+        drover,
+        root.path(),
+        &[],
+        &[
+            ("DROVER_EXECUTOR", missing.as_os_str()),
+            ("DROVER_PLUGIN_PASS_ENV", "DROVER_EXECUTOR".as_ref()),
+        ],
+    )?;
+    let result = async {
+        wait_healthy(&agent.api, "raw_exec", Duration::from_secs(30)).await?;
+        let mut executors = Vec::with_capacity(count);
+        for i in 0..count {
+            let view = agent
+                .api
+                .run_task(&RunRequest {
+                    driver: "rawexec".into(),
+                    name: Some(format!("own-{i}")),
+                    config: serde_json::json!({"command": "/bin/sleep", "args": ["3600"]}),
+                    ..Default::default()
+                })
+                .await?;
+            if let Some(pid) = view.attributes.get("pid").and_then(|p| p.parse().ok()) {
+                executors.extend(parent_pid(pid));
+            }
+        }
+        let pss: Vec<u64> = executors
+            .iter()
+            .filter_map(|p| proc_kib(*p, "smaps_rollup", "Pss:"))
+            .collect();
+        if pss.is_empty() {
+            bail!("no executor of the own-binary baseline found");
+        }
+        let avg = pss.iter().sum::<u64>() as f64 / pss.len() as f64;
+        println!(
+            "  baseline, same run: {} tasks whose executor is the driver's own binary ({}): \
+             executor PSS mean {avg:.0} KiB; the dedicated executor's is {:.2}x of it",
+            pss.len(),
+            executor_program(executors[0]),
+            dedicated / avg
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    cleanup(&agent.api).await;
+    terminate(&mut agent.child);
+    result
 }
 
 /// SIGTERM, then SIGKILL after 30 s.

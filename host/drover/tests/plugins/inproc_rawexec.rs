@@ -145,8 +145,9 @@ fn rawexec_in_process_runs_tasks_through_the_cli() {
     let id = run(&agent, "rawexec", &sh("exit 3"));
     assert_eq!(wait(&agent, &id), Some(3));
 
-    // A long task runs under an executor that is the agent's binary, in a session of
-    // its own: not in the agent's process group, so not killed with it.
+    // A long task runs under the dedicated executor installed beside the agent's
+    // binary (the library's build matches it), in a session of its own: not in the
+    // agent's process group, so not killed with it.
     let id = run(
         &agent,
         "rawexec",
@@ -159,8 +160,8 @@ fn rawexec_in_process_runs_tasks_through_the_cli() {
     let exe = std::fs::read_link(format!("/proc/{executor}/exe")).unwrap();
     assert_eq!(
         exe,
-        drover().canonicalize().unwrap(),
-        "the executor is not the agent binary"
+        workspace_bin("drover-executor").canonicalize().unwrap(),
+        "the executor is not drover-executor"
     );
     let agent_pid = agent.child.id();
     let agent_group = procs::stat(agent_pid).unwrap().pgid;

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod executor_binary;
 mod hot_inproc;
 mod hot_upgrade;
 mod inproc_contained;

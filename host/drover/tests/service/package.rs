@@ -89,6 +89,9 @@ fn the_deb_holds_the_binary_the_units_the_configs_and_the_maintainer_scripts() {
     };
     let binary = entry("/usr/bin/drover");
     assert!(binary.starts_with("-rwxr-xr-x root/root"), "{binary}");
+    // The per-task executor, beside drover, where its drivers look for it.
+    let executor = entry("/usr/bin/drover-executor");
+    assert!(executor.starts_with("-rwxr-xr-x root/root"), "{executor}");
     for unit in UNITS {
         let line = entry(&format!("/lib/systemd/system/{unit}"));
         assert!(line.starts_with("-rw-r--r-- root/root"), "{line}");

@@ -54,10 +54,12 @@ fn fd_headroom() -> Option<u64> {
 }
 
 /// Start an executor for `spec` under `state_dir` (see [`super::state_dir`]) and
-/// return once the task runs. The plugin binary is re-executed (`/proc/self/exe`; for a
-/// driver loaded into a host, the program the host named, by default the host's own
-/// binary: [`drover_plugin_sdk::inproc::executor_program`]) in executor mode; the executor is the plugin's child only until the
-/// plugin exits: it is never killed with the plugin.
+/// return once the task runs. The executor is the dedicated `drover-executor` binary
+/// when a good one is installed (see [`super::EXECUTOR_BINARY`]), else the plugin binary
+/// re-executed (`/proc/self/exe`; for a driver loaded into a host, the program the host
+/// named, by default the host's own binary:
+/// [`drover_plugin_sdk::inproc::executor_program`]) in executor mode; the executor is
+/// the plugin's child only until the plugin exits: it is never killed with the plugin.
 ///
 /// Errors: [`DriverError::InvalidConfig`] when the task cannot start (no such command,
 /// bad working directory, log directory missing), naming what is wrong, and then
@@ -142,7 +144,7 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             cleanup(&dir);
             return Err(DriverError::Internal(format!(
                 "cannot start an executor (running {}): {e}",
-                drover_plugin_sdk::inproc::executor_program().display()
+                super::program::program().display_path().display()
             )));
         }
     };
@@ -218,15 +220,16 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
     }
 }
 
-/// The plugin binary again (`/proc/self/exe`, or the host's program for a driver loaded
-/// in process: [`drover_plugin_sdk::inproc::executor_program`]), in executor mode, with the directory's
-/// lock as stdin. Executor mode is chosen by the environment, not the arguments: it gets
+/// The executor program (the dedicated `drover-executor` if a good one is installed,
+/// else the plugin binary again: `/proc/self/exe`, or the host's program for a driver
+/// loaded in process, [`drover_plugin_sdk::inproc::executor_program`]), in executor
+/// mode, with the directory's lock as stdin. Executor mode is chosen by the environment, not the arguments: it gets
 /// none, and an argv[0] of its own (`drover-executor: <task id>`), so that `ps` tells
 /// executors from plugins and `pkill -f "plugin serve rawexec"` does not reach them.
 /// Its environment is only the executor variables: the task's environment comes from
 /// the spec.
 fn executor_command(dir: &Path, lock: std::fs::File, task_id: &str) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(drover_plugin_sdk::inproc::executor_program());
+    let mut cmd = tokio::process::Command::new(super::program::program().exec_path());
     cmd.arg0(format!("{EXECUTOR_ARG0}{task_id}"))
         .env_clear()
         .env(ENV_EXECUTOR_DIR, dir)

@@ -1,10 +1,12 @@
 //! The per-task executor: a small process that owns one task so that the task outlives
 //! the plugin process (and the agent).
 //!
-//! A driver calls [`launch`] to start a task. It re-executes the plugin binary
-//! (`/proc/self/exe`, same arguments) with [`ENV_EXECUTOR_DIR`] set; the plugin's
-//! `main` calls [`run_if_executor`] first thing, which notices the variable and runs
-//! the executor instead of the plugin. The executor detaches
+//! A driver calls [`launch`] to start a task. It runs the dedicated executor binary
+//! `drover-executor` ([`executor_main`]) when a good one of the same build is
+//! installed beside the driver (see [`EXECUTOR_BINARY`] for where it is looked for and what is checked), and
+//! otherwise re-executes the plugin binary (`/proc/self/exe`) with [`ENV_EXECUTOR_DIR`]
+//! set; the plugin's `main` calls [`run_if_executor`] first thing, which notices the
+//! variable and runs the executor instead of the plugin. The executor detaches
 //! (`setsid`), starts the task, drains its stdout/stderr into rotated log files
 //! ([`drover_plugin_sdk::logs::RotatingWriter`]), reaps it, writes its exit result durably to
 //! `exit.json`, and answers [`ExecutorHandle`] calls over a unix socket. It is one
@@ -100,6 +102,7 @@ mod files;
 pub mod lost;
 pub mod plain;
 pub mod procfs;
+mod program;
 mod proto;
 pub mod sandbox;
 mod spawn;
@@ -107,6 +110,7 @@ pub mod task;
 
 pub use client::{ExecutorHandle, launch};
 pub use files::read_exit_file;
+pub use program::{BUILD_ID, ENV_EXECUTOR_PROGRAM, EXECUTOR_BINARY};
 pub use proto::{
     BpfInstruction, CapabilitySets, Credentials, ExecutorStatus, ExitInfo, Isolation, LaunchSpec,
     Mount, MountKind, Namespaces, Rlimit, RlimitResource,
@@ -167,6 +171,35 @@ pub fn run_if_executor(sandbox: Option<&dyn Sandbox>) {
     if let Some(dir) = std::env::var_os(ENV_EXECUTOR_DIR) {
         std::process::exit(daemon::run(PathBuf::from(dir), sandbox));
     }
+}
+
+/// The `main` of the dedicated executor binary, `drover-executor`: run the executor of
+/// the task directory in [`ENV_EXECUTOR_DIR`] and exit with its code. `--version`
+/// prints the build ([`BUILD_ID`]); anything else is refused, since only a driver
+/// starts an executor. `sandbox` isolates the tasks that ask for it (exec, java).
+///
+/// The binary links nothing else: no async runtime, no gRPC, no TLS, so that the
+/// private memory each running task costs stays small.
+///
+/// ```no_run
+/// // The whole `main` of an executor program whose tasks never ask for isolation:
+/// drover_executor::executor_main(None);
+/// ```
+pub fn executor_main(sandbox: Option<&dyn Sandbox>) -> ! {
+    if let Some(dir) = std::env::var_os(ENV_EXECUTOR_DIR) {
+        std::process::exit(daemon::run(PathBuf::from(dir), sandbox));
+    }
+    let marker = program::BUILD_MARKER.trim_end_matches('\0');
+    let build = marker.rsplit(':').next().unwrap_or(marker);
+    if std::env::args_os().nth(1).is_some_and(|a| a == "--version") {
+        println!("drover-executor {build} (protocol {PROTOCOL_VERSION})");
+        std::process::exit(0);
+    }
+    eprintln!(
+        "drover-executor {build}: Drover's drivers start this program, one per running task \
+         (with {ENV_EXECUTOR_DIR} set); it is not run by hand. `--version` prints its build."
+    );
+    std::process::exit(2);
 }
 
 /// The executor directory of task `task_id` under `state_dir`: 16 hex digits of the
