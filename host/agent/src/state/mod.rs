@@ -100,6 +100,16 @@ pub trait StateStore: Send + Sync + 'static {
     fn delete_plugin(&self, name: &str) -> Result<(), StateError>;
     /// Insert or replace the record of task `id`.
     fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError>;
+    /// Insert or replace the record of task `id` without waiting for it to reach the
+    /// disk: it is durable with the next durable write of this store (any `put_*`), and
+    /// a crash before that may lose it, leaving the record as it was at the last
+    /// durable write. Only for records whose loss that earlier record covers: the
+    /// record written right after a start, whose durable predecessor (the task, no
+    /// handle yet) makes a restarted agent probe the driver for the task by id. The
+    /// default is [`StateStore::put_task`].
+    fn put_task_lazily(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        self.put_task(id, record)
+    }
     /// Every task record, by id.
     fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
     /// Forget task `id` (absent is fine).
@@ -244,6 +254,28 @@ mod tests {
             ]
         );
         assert!(!dir.path().join("state.db.new").exists());
+    }
+
+    #[test]
+    fn a_lazy_task_write_is_read_at_once_and_made_durable_by_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_when_free(dir.path()).unwrap();
+        store.put_task("t1", b"before the start").unwrap();
+        store.put_task_lazily("t1", b"started").unwrap();
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![("t1".into(), b"started".to_vec())]
+        );
+        store.put_task("t2", b"another task").unwrap();
+        drop(store);
+        let store = open_when_free(dir.path()).unwrap();
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![
+                ("t1".into(), b"started".to_vec()),
+                ("t2".into(), b"another task".to_vec())
+            ]
+        );
     }
 
     #[test]

@@ -120,11 +120,23 @@ impl RedbStore {
         op: impl Fn() -> String,
         f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
     ) -> Result<(), StateError> {
+        self.write_with(redb::Durability::Immediate, op, f)
+    }
+
+    fn write_with(
+        &self,
+        durability: redb::Durability,
+        op: impl Fn() -> String,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), StateError> {
         let io = |e: redb::Error| StateError::Io {
             op: op(),
             reason: e.to_string(),
         };
-        let txn = self.db.begin_write().map_err(|e| io(e.into()))?;
+        let mut txn = self.db.begin_write().map_err(|e| io(e.into()))?;
+        // A file that cannot take a non-durable commit gets a durable one, which is
+        // never wrong, only slower.
+        let _ = txn.set_durability(durability);
         f(&txn).map_err(io)?;
         txn.commit().map_err(|e| io(e.into()))
     }
@@ -197,6 +209,18 @@ impl StateStore for RedbStore {
 
     fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
         self.write(
+            || format!("put task {id}"),
+            |txn| {
+                txn.open_table(TASKS)?.insert(id, record)?;
+                Ok(())
+            },
+        )
+    }
+
+    fn put_task_lazily(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        // No fsync: made durable by the next durable commit of any record.
+        self.write_with(
+            redb::Durability::None,
             || format!("put task {id}"),
             |txn| {
                 txn.open_table(TASKS)?.insert(id, record)?;

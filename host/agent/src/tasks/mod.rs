@@ -223,15 +223,22 @@ impl Task {
 
     /// Write the record; durable when this returns.
     async fn persist(&self, store: &Records) -> Result<(), StateError> {
+        self.write_record(store, true).await
+    }
+
+    /// Write the record; durable with the store's next durable write (see
+    /// [`StateStore::put_task_lazily`] for when that is enough).
+    async fn persist_lazily(&self, store: &Records) -> Result<(), StateError> {
+        self.write_record(store, false).await
+    }
+
+    async fn write_record(&self, store: &Records, durable: bool) -> Result<(), StateError> {
         let _order = self.persist_lock.lock().await;
         if self.destroyed.load(Ordering::SeqCst) {
             return Ok(());
         }
         let bytes = self.rec().encode()?;
-        let id = self.id.clone();
-        let written = store
-            .call(format!("put task {id}"), move |s| s.put_task(&id, &bytes))
-            .await;
+        let written = store.put_task(self.id.clone(), bytes, durable).await;
         // Nobody listening is fine.
         let _ = store.changes.send(self.id.clone());
         written
@@ -737,7 +744,10 @@ impl TaskManager {
         runner::started(&task, handle, attributes, false);
         crate::metrics::metrics().task_starts.inc();
         self.attached(&task, generation);
-        if let Err(e) = task.persist(&self.store).await {
+        // One fsync per start: the record before the start was durable, and if this
+        // one is lost in a crash, that one (no handle yet) makes the next agent find
+        // the task by probing its driver by id, as for a crash during the start.
+        if let Err(e) = task.persist_lazily(&self.store).await {
             // The caller hears "failed", so nothing may keep running.
             match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(&id, true)).await {
                 Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}

@@ -225,6 +225,13 @@ impl Agent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `lines` lines of the agent's log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// This agent's API, through `drover_api::Client`.
     pub fn api(&self) -> Api {
         Api::new(&self.socket)
@@ -260,9 +267,10 @@ impl Agent {
         let out = self.cli(args);
         assert!(
             out.status.success(),
-            "drover {args:?} failed: {}\n{}",
+            "drover {args:?} failed: {}\n{}\nthe agent's log ends:\n{}",
             String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
+            String::from_utf8_lossy(&out.stdout),
+            self.log_tail(40)
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
