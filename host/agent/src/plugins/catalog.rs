@@ -204,6 +204,12 @@ impl LoadedPlugin {
         self.live().task_schema.clone()
     }
 
+    /// Whether the current instance speaks Drover's driver protocol (a Nomad driver
+    /// finds a task again only with the handle it gave).
+    pub fn speaks_drover(&self) -> bool {
+        self.live().process.protocol() == drover_api::PluginProtocol::Drover
+    }
+
     /// What the driver supports.
     pub fn capabilities(&self) -> Capabilities {
         self.live().capabilities

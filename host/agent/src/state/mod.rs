@@ -110,6 +110,11 @@ pub trait StateStore: Send + Sync + 'static {
     fn put_task_lazily(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
         self.put_task(id, record)
     }
+    /// Make every lazy write so far durable (an empty durable commit). The default
+    /// does nothing: stores whose writes are all durable.
+    fn sync(&self) -> Result<(), StateError> {
+        Ok(())
+    }
     /// Every task record, by id.
     fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
     /// Forget task `id` (absent is fine).

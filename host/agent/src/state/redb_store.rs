@@ -229,6 +229,10 @@ impl StateStore for RedbStore {
         )
     }
 
+    fn sync(&self) -> Result<(), StateError> {
+        self.write(|| "sync the state file".into(), |_| Ok(()))
+    }
+
     fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
         self.read_all(TASKS, "read task records")
     }

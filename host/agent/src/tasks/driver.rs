@@ -40,6 +40,13 @@ pub trait TaskDriver: Send + Sync {
         let _ = generation;
         false
     }
+    /// Whether a `RecoverTask` with a handle made from the task's spec alone (no handle
+    /// the driver gave) finds a task the driver started: true for Drover's drivers,
+    /// which find their tasks by id; Nomad's drivers need the handle they gave. Only
+    /// then may the record that adds the handle after a start be written lazily.
+    fn finds_tasks_by_id(&self) -> bool {
+        false
+    }
     /// Where its tasks see their directories (its capabilities' filesystem
     /// isolation): the host's paths, or `/local`, `/secrets` and `/alloc` inside a
     /// chroot or image. Default: no isolation.
@@ -157,6 +164,9 @@ impl TaskDriver for LoadedPlugin {
     }
     fn fs_isolation(&self) -> FsIsolation {
         self.capabilities().fs_isolation
+    }
+    fn finds_tasks_by_id(&self) -> bool {
+        self.speaks_drover()
     }
     fn network_modes(&self) -> NetworkModes {
         self.capabilities().network_modes

@@ -746,8 +746,14 @@ impl TaskManager {
         self.attached(&task, generation);
         // One fsync per start: the record before the start was durable, and if this
         // one is lost in a crash, that one (no handle yet) makes the next agent find
-        // the task by probing its driver by id, as for a crash during the start.
-        if let Err(e) = task.persist_lazily(&self.store).await {
+        // the task by probing its driver by id, as for a crash during the start. A
+        // driver that cannot be probed by id (Nomad's) gets a durable write.
+        let written = if driver.finds_tasks_by_id() {
+            task.persist_lazily(&self.store).await
+        } else {
+            task.persist(&self.store).await
+        };
+        if let Err(e) = written {
             // The caller hears "failed", so nothing may keep running.
             match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(&id, true)).await {
                 Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}

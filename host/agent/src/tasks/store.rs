@@ -19,7 +19,13 @@ struct PendingWrite {
 struct WriteQueue {
     pending: Vec<PendingWrite>,
     writing: bool,
+    /// A lazy write is not durable yet and a sync is due (see [`LAZY_SYNC`]).
+    sync_due: bool,
 }
+
+/// How long a lazy write may stay off the disk at most: a sync follows it by then, if no
+/// durable write came first. Bounds what a crash of the agent can take back.
+const LAZY_SYNC: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The state store as the task manager uses it: every call off the event loop (the
 /// agent's runtime has one thread, and a durable write waits for the disk), and only a
@@ -87,12 +93,41 @@ impl Records {
                 commit_until_empty(&queue, &*store)
             }));
         }
-        answer.await.unwrap_or_else(|_| {
+        let written = answer.await.unwrap_or_else(|_| {
             Err(StateError::Io {
                 op: format!("put task {id}"),
                 reason: "the store writer ended without an answer".into(),
             })
-        })
+        });
+        if written.is_ok() && !durable {
+            self.sync_soon();
+        }
+        written
+    }
+
+    /// After a lazy write: a durable (empty) commit within [`LAZY_SYNC`], unless one
+    /// is due already or a durable write makes it needless meanwhile.
+    fn sync_soon(&self) {
+        if std::mem::replace(&mut lock(&self.queue).sync_due, true) {
+            return;
+        }
+        let queue = self.queue.clone();
+        let store = self.store.clone();
+        drop(tokio::spawn(async move {
+            tokio::time::sleep(LAZY_SYNC).await;
+            let synced = tokio::task::spawn_blocking(move || {
+                if !std::mem::take(&mut lock(&queue).sync_due) {
+                    return Ok(());
+                }
+                store.sync()
+            })
+            .await;
+            match synced {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!("cannot sync the state file: {e}"),
+                Err(e) => tracing::error!("the state file's sync panicked: {e}"),
+            }
+        }));
     }
 
     pub(super) async fn call<T: Send + 'static>(
@@ -120,6 +155,25 @@ fn lock(queue: &Mutex<WriteQueue>) -> std::sync::MutexGuard<'_, WriteQueue> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+fn write_one(store: &dyn StateStore, w: &PendingWrite) -> Result<(), StateError> {
+    if w.durable {
+        store.put_task(&w.id, &w.record)
+    } else {
+        store.put_task_lazily(&w.id, &w.record)
+    }
+}
+
+/// A store call whose panic becomes an error: the writer must go on answering, or
+/// every later write would wait for ever.
+fn guarded(what: &str, call: impl FnOnce() -> Result<(), StateError>) -> Result<(), StateError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
+        Err(StateError::Io {
+            op: format!("put task {what}"),
+            reason: "the store call panicked".into(),
+        })
+    })
+}
+
 /// The group commit's writer: commit what is queued, answer, and again, until the
 /// queue is empty (then the next writer leads).
 fn commit_until_empty(queue: &Mutex<WriteQueue>, store: &dyn StateStore) {
@@ -130,41 +184,48 @@ fn commit_until_empty(queue: &Mutex<WriteQueue>, store: &dyn StateStore) {
                 q.writing = false;
                 return;
             }
-            std::mem::take(&mut q.pending)
+            let batch = std::mem::take(&mut q.pending);
+            if batch.iter().any(|w| w.durable) {
+                // This commit carries every lazy write before it to the disk.
+                q.sync_due = false;
+            }
+            batch
         };
-        let result = match batch.as_slice() {
+        let result = if let [one] = batch.as_slice() {
             // Alone: the plain calls (a store counts and fails them one by one).
-            [one] if one.durable => store.put_task(&one.id, &one.record),
-            [one] => store.put_task_lazily(&one.id, &one.record),
-            many if many.iter().any(|w| w.durable) => {
-                let records: Vec<(&str, &[u8])> = many
-                    .iter()
-                    .map(|w| (w.id.as_str(), w.record.as_slice()))
-                    .collect();
-                store.put_tasks(&records)
-            }
-            many => many
+            guarded(&one.id, || write_one(store, one))
+        } else if batch.iter().any(|w| w.durable) {
+            let records: Vec<(&str, &[u8])> = batch
                 .iter()
-                .try_for_each(|w| store.put_task_lazily(&w.id, &w.record)),
+                .map(|w| (w.id.as_str(), w.record.as_slice()))
+                .collect();
+            guarded("of a batch", || store.put_tasks(&records))
+        } else {
+            guarded("of a batch", || {
+                batch
+                    .iter()
+                    .try_for_each(|w| store.put_task_lazily(&w.id, &w.record))
+            })
         };
-        let n = batch.len();
-        let mut batch = batch.into_iter();
-        if n == 1 {
-            if let Some(w) = batch.next() {
-                // A caller that went away needs no answer.
-                let _ = w.done.send(result);
+        match result {
+            Ok(()) => {
+                for w in batch {
+                    // A caller that went away needs no answer.
+                    let _ = w.done.send(Ok(()));
+                }
             }
-            continue;
-        }
-        for w in batch {
-            let answer = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(StateError::Io {
-                    op: format!("put task {} (with {} others in one commit)", w.id, n - 1),
-                    reason: e.to_string(),
-                }),
-            };
-            let _ = w.done.send(answer);
+            Err(e) if batch.len() == 1 => {
+                if let Some(w) = batch.into_iter().next() {
+                    let _ = w.done.send(Err(e));
+                }
+            }
+            // One bad record must not fail the others' writes: each on its own again.
+            Err(_) => {
+                for w in batch {
+                    let answer = guarded(&w.id, || write_one(store, &w));
+                    let _ = w.done.send(answer);
+                }
+            }
         }
     }
 }
@@ -232,6 +293,61 @@ mod tests {
         fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
             self.inner.delete_alloc(id)
         }
+    }
+
+    /// Panics on the record `b"boom"`, stores the rest.
+    struct PanickyStore(MemStore);
+
+    impl StateStore for PanickyStore {
+        fn put_plugin(&self, rec: &PluginRecord) -> Result<(), StateError> {
+            self.0.put_plugin(rec)
+        }
+        fn plugins(&self) -> Result<Vec<PluginRecord>, StateError> {
+            self.0.plugins()
+        }
+        fn delete_plugin(&self, name: &str) -> Result<(), StateError> {
+            self.0.delete_plugin(name)
+        }
+        fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+            assert_ne!(record, b"boom", "the store fell over");
+            self.0.put_task(id, record)
+        }
+        fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+            records.iter().try_for_each(|(id, r)| self.put_task(id, r))
+        }
+        fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+            self.0.tasks()
+        }
+        fn delete_task(&self, id: &str) -> Result<(), StateError> {
+            self.0.delete_task(id)
+        }
+        fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+            self.0.put_alloc(id, record)
+        }
+        fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+            self.0.allocs()
+        }
+        fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
+            self.0.delete_alloc(id)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_panics_fails_that_write_and_the_next_writes_go_on() {
+        let records = Records::new(Arc::new(PanickyStore(MemStore::default())));
+        let err = records
+            .put_task("t1".into(), b"boom".to_vec(), true)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("panicked"), "{err}");
+        records
+            .put_task("t2".into(), b"fine".to_vec(), true)
+            .await
+            .unwrap();
+        assert_eq!(
+            records.store.tasks().unwrap(),
+            vec![("t2".to_owned(), b"fine".to_vec())]
+        );
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@
 use std::fs::File;
 use std::io::Read as _;
 use std::os::fd::AsRawFd as _;
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -155,6 +155,8 @@ pub(crate) enum Refusal {
     Missing,
     Unreadable(String),
     NotAFile,
+    Link,
+    UnsafeDirectory { uid: u32, mode: u32 },
     NotExecutable,
     Owner { uid: u32, me: u32 },
     Writable { mode: u32 },
@@ -169,6 +171,12 @@ impl Refusal {
             Refusal::Missing => format!("{p} does not exist"),
             Refusal::Unreadable(e) => format!("cannot read {p}: {e}"),
             Refusal::NotAFile => format!("{p} is not a regular file"),
+            Refusal::Link => format!("{p} is a symbolic link; install the file itself"),
+            Refusal::UnsafeDirectory { uid, mode } => format!(
+                "the directory of {p} is owned by uid {uid} with mode {mode:o}: it must be \
+                 owned by root or this driver's user and writable by no one else, or someone \
+                 else could put an executor there"
+            ),
             Refusal::NotExecutable => format!("{p} is not executable"),
             Refusal::Owner { uid, me } => {
                 format!("{p} is owned by uid {uid}, neither root nor this driver's uid {me}")
@@ -187,16 +195,53 @@ impl Refusal {
     }
 }
 
-/// Open `path` and check it as an executor binary of this build.
+/// Open `path` and check it as an executor binary of this build: its directory first
+/// (owned by root or us, writable by no one else, so that no one else can put a file
+/// or a link there), then the file, opened beneath that directory without following a
+/// link and without blocking on a FIFO, and checked on the descriptor.
 pub(crate) fn check(path: &Path) -> Result<File, Refusal> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::CLOEXEC.bits() as i32)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Refusal::Missing,
-            _ => Refusal::Unreadable(e.to_string()),
-        })?;
+    use rustix::fs::{Mode, OFlags};
+    let unreadable = |e: rustix::io::Errno| Refusal::Unreadable(e.to_string());
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Refusal::NotAFile);
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let dir = rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOENT => Refusal::Missing,
+        e => unreadable(e),
+    })?;
+    let dmeta = rustix::fs::fstat(&dir).map_err(unreadable)?;
+    if (dmeta.st_uid != 0 && dmeta.st_uid != me) || dmeta.st_mode & 0o022 != 0 {
+        return Err(Refusal::UnsafeDirectory {
+            uid: dmeta.st_uid,
+            mode: dmeta.st_mode & 0o7777,
+        });
+    }
+    let fd = rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOENT => Refusal::Missing,
+        rustix::io::Errno::LOOP => Refusal::Link,
+        e => unreadable(e),
+    })?;
+    // Above the standard descriptors, whatever this process left closed: the child
+    // maps 0-2 to its stdio before it runs /proc/self/fd/N.
+    let fd = rustix::io::fcntl_dupfd_cloexec(&fd, 3).map_err(unreadable)?;
+    let file = File::from(fd);
     let meta = file
         .metadata()
         .map_err(|e| Refusal::Unreadable(e.to_string()))?;
@@ -206,7 +251,6 @@ pub(crate) fn check(path: &Path) -> Result<File, Refusal> {
     if meta.mode() & 0o100 == 0 {
         return Err(Refusal::NotExecutable);
     }
-    let me = rustix::process::geteuid().as_raw();
     if meta.uid() != 0 && meta.uid() != me {
         return Err(Refusal::Owner {
             uid: meta.uid(),
@@ -308,11 +352,39 @@ mod tests {
         );
         let noexec = write(tmp.path(), "n", body.as_bytes(), 0o644);
         assert_eq!(check(&noexec).unwrap_err(), Refusal::NotExecutable);
-        assert_eq!(check(tmp.path()).unwrap_err(), Refusal::NotAFile);
+        let sub = tmp.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert_eq!(check(&sub).unwrap_err(), Refusal::NotAFile);
         assert_eq!(
             check(&tmp.path().join("absent")).unwrap_err(),
             Refusal::Missing
         );
+        let good = write(tmp.path(), "good", body.as_bytes(), 0o755);
+        std::os::unix::fs::symlink(&good, tmp.path().join("link")).unwrap();
+        assert_eq!(check(&tmp.path().join("link")).unwrap_err(), Refusal::Link);
+        // A FIFO is refused without blocking the driver.
+        let fifo = tmp.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o700),
+        )
+        .unwrap();
+        assert_eq!(check(&fifo).unwrap_err(), Refusal::NotAFile);
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let p = write(&open, "x", BUILD_MARKER.as_bytes(), 0o755);
+        assert!(check(&p).is_ok());
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(
+            check(&p).unwrap_err(),
+            Refusal::UnsafeDirectory { mode: 0o777, .. }
+        ));
     }
 
     #[test]
