@@ -244,8 +244,8 @@ impl Server {
         let st = self.core.read();
         ServerStats {
             index: st.index,
-            jobs: st.jobs().count(),
-            nodes: st.all_nodes().count(),
+            jobs: st.job_count(),
+            nodes: st.node_count(),
             allocations: st.alloc_count(),
             evaluations_in_broker: term.as_ref().map_or(0, |t| t.broker.len()),
             delayed_evaluations: term.as_ref().map_or(0, |t| t.broker.delayed_len()),

@@ -50,11 +50,11 @@ pub(crate) async fn run(
                     let mut batch = Batch::default();
                     let mut ctx = ApplyCtx::default();
                     let results = reqs
-                        .iter()
-                        .map(|r| {
+                        .into_iter()
+                        .map(|mut r| {
                             apply_one(
                                 st,
-                                &r.plan,
+                                &mut r.plan,
                                 r.finish.as_ref(),
                                 index,
                                 now,
@@ -206,9 +206,12 @@ fn touch<'a>(
     batch.allocs.get_mut(i)
 }
 
+/// Check `plan` against the state and what earlier plans of the batch did; add what
+/// fits to `batch`. The plan's new allocations are moved into the batch (the plan is
+/// left without them).
 fn apply_one(
     st: &State,
-    plan: &Plan,
+    plan: &mut Plan,
     finish: Option<&EvalFinish>,
     index: Index,
     now: i64,
@@ -277,27 +280,40 @@ fn apply_one(
             }
         }
     }
+    // The deployments this plan places into: the one it creates or changes, and the
+    // running one its placements join (their counts go up). Gathered before the
+    // placements move into the batch.
+    let mut deployment_ids: Vec<String> = plan.deployment.iter().map(|d| d.id.clone()).collect();
+    for a in plan.node_allocation.values().flatten() {
+        if let Some(id) = a.deployment_id.as_deref()
+            && !deployment_ids.iter().any(|d| d == id)
+        {
+            deployment_ids.push(id.to_owned());
+        }
+    }
     let placeable = job.is_some_and(|j| !j.stop);
-    for (node_id, allocs) in &plan.node_allocation {
+    for (node_id, allocs) in plan.node_allocation.iter_mut() {
         if allocs.is_empty() {
             continue;
         }
+        let allocs = std::mem::take(allocs);
+        let wanted = allocs.len();
         let refuse = |r: &mut PlanResult, n: usize, why: String| {
             r.refused += n;
             r.refused_nodes.insert(node_id.clone(), why);
         };
         if !placeable {
-            refuse(&mut r, allocs.len(), "the job is stopped or purged".into());
+            refuse(&mut r, wanted, "the job is stopped or purged".into());
             continue;
         }
         let Some(node) = st.node(node_id) else {
-            refuse(&mut r, allocs.len(), "node not found".into());
+            refuse(&mut r, wanted, "node not found".into());
             continue;
         };
         if node.status != drover_server_api::NodeStatus::Ready || node.drain {
             refuse(
                 &mut r,
-                allocs.len(),
+                wanted,
                 format!(
                     "node is {}",
                     if node.drain {
@@ -315,40 +331,40 @@ fn apply_one(
         let mut used_mem = i128::from(usage.memory_mb) + d_mem;
         let cap_cpu = i128::from(node.resources.cpu);
         let cap_mem = i128::from(node.resources.memory_mb);
-        for (i, want) in allocs.iter().enumerate() {
-            let cpu = i128::from(want.resources.cpu);
-            let mem = i128::from(want.resources.memory_mb);
+        for (i, mut a) in allocs.into_iter().enumerate() {
+            let cpu = i128::from(a.resources.cpu);
+            let mem = i128::from(a.resources.memory_mb);
             if used_cpu + cpu > cap_cpu || used_mem + mem > cap_mem {
                 let dim = if used_cpu + cpu > cap_cpu {
                     "cpu"
                 } else {
                     "memory"
                 };
-                refuse(&mut r, allocs.len() - i, format!("{dim} exhausted"));
+                refuse(&mut r, wanted - i, format!("{dim} exhausted"));
                 break;
             }
-            if !want.ports.is_empty() {
-                if let Some(why) = port_conflict(st, node, ctx.ports.get(node_id), want) {
-                    refuse(&mut r, allocs.len() - i, why);
+            if !a.ports.is_empty() {
+                if let Some(why) = port_conflict(st, node, ctx.ports.get(node_id), &a) {
+                    refuse(&mut r, wanted - i, why);
                     break;
                 }
                 let pd = ctx.ports.entry(node_id.clone()).or_default();
-                for p in &want.ports {
+                for p in &a.ports {
                     *pd.taken.entry(p.value).or_default() += 1;
                 }
             }
-            if !want.task_devices.is_empty() {
-                if let Some(why) = device_conflict(st, node, ctx, want) {
-                    refuse(&mut r, allocs.len() - i, why);
+            if !a.task_devices.is_empty() {
+                if let Some(why) = device_conflict(st, node, ctx, &a) {
+                    refuse(&mut r, wanted - i, why);
                     break;
                 }
                 let dd = ctx.devices.entry(node_id.clone()).or_default();
-                for k in crate::scheduler::devices::held_by(want) {
+                for k in crate::scheduler::devices::held_by(&a) {
                     dd.taken.insert(k);
                 }
             }
             let csi_needs = job
-                .and_then(|j| j.spec.groups.iter().find(|g| g.name == want.group))
+                .and_then(|j| j.spec.groups.iter().find(|g| g.name == a.group))
                 .map(crate::scheduler::csi::csi_needs)
                 .unwrap_or_default();
             if !csi_needs.is_empty() {
@@ -372,7 +388,7 @@ fn apply_one(
                     }
                 }
                 if let Some(why) = conflict {
-                    refuse(&mut r, allocs.len() - i, why);
+                    refuse(&mut r, wanted - i, why);
                     break;
                 }
                 for need in &csi_needs {
@@ -387,17 +403,22 @@ fn apply_one(
             let d = ctx.delta.entry(node_id.clone()).or_default();
             d.0 += cpu;
             d.1 += mem;
-            let mut a = want.clone();
             // Random ids (UUID v4), not time-ordered ones: users name allocations by
             // their first 8 characters (`drover alloc status 1f0c2a9e`), and the
-            // allocations of one plan would share them with v7 ids. v7 made plan
-            // commits about 1.7x faster in `drover-bench schedule` (B-tree locality);
-            // v4 still places well above the goal.
-            a.id = uuid::Uuid::new_v4().to_string();
-            a.job_name = plan.job_name.clone();
-            a.node_id = node_id.clone();
-            a.node_name = node.name.clone();
-            a.eval_id = plan.eval_id.clone();
+            // allocations of one plan would share them with v7 ids. The store keeps
+            // allocations in creation order anyway (`state::alloc_key`). `clone_from`
+            // and the id written in place: no allocation per placement when the
+            // scheduler already set the same values.
+            a.id.clear();
+            a.id.push_str(
+                uuid::Uuid::new_v4()
+                    .hyphenated()
+                    .encode_lower(&mut uuid::Uuid::encode_buffer()),
+            );
+            a.job_name.clone_from(&plan.job_name);
+            a.node_id.clone_from(node_id);
+            a.node_name.clone_from(&node.name);
+            a.eval_id.clone_from(&plan.eval_id);
             a.desired_status = DesiredStatus::Run;
             a.client_status = ClientStatus::Pending;
             a.next_allocation = None;
@@ -419,18 +440,8 @@ fn apply_one(
             }
         }
     }
-    // The deployments this plan placed into: the one it creates or changes, and the
-    // running one its placements join (their counts go up).
-    let mut ids: Vec<&str> = plan.deployment.iter().map(|d| d.id.as_str()).collect();
-    for a in plan.node_allocation.values().flatten() {
-        if let Some(id) = a.deployment_id.as_deref()
-            && !ids.contains(&id)
-        {
-            ids.push(id);
-        }
-    }
-    for id in ids {
-        let planned = plan.deployment.as_ref().filter(|d| d.id == id);
+    for id in &deployment_ids {
+        let planned = plan.deployment.as_ref().filter(|d| &d.id == id);
         write_deployment(st, id, planned, &plan.eval_id, index, now, batch);
     }
     if r.fully_committed()
@@ -739,7 +750,7 @@ mod tests {
         // Two plans of one commit: the second writer is refused.
         let first = apply_one(
             &st,
-            &plan(vec![alloc("a", 9090)], &[]),
+            &mut plan(vec![alloc("a", 9090)], &[]),
             None,
             3,
             0,
@@ -748,7 +759,7 @@ mod tests {
         );
         let second = apply_one(
             &st,
-            &plan(vec![alloc("b", 9091)], &[]),
+            &mut plan(vec![alloc("b", 9091)], &[]),
             None,
             3,
             0,
@@ -779,7 +790,7 @@ mod tests {
         let mut batch = Batch::default();
         let third = apply_one(
             &st,
-            &plan(vec![alloc("c", 9092)], &[placed[0].as_str()]),
+            &mut plan(vec![alloc("c", 9092)], &[placed[0].as_str()]),
             None,
             4,
             0,
@@ -807,7 +818,7 @@ mod tests {
         let mut batch = Batch::default();
         let fourth = apply_one(
             &st,
-            &plan(vec![alloc("d", 9093)], &[]),
+            &mut plan(vec![alloc("d", 9093)], &[]),
             None,
             6,
             0,
@@ -847,7 +858,7 @@ mod tests {
         let mut batch = Batch::default();
         let first = apply_one(
             &st,
-            &plan(vec![alloc("a", 9090)], &[]),
+            &mut plan(vec![alloc("a", 9090)], &[]),
             None,
             2,
             0,
@@ -856,7 +867,7 @@ mod tests {
         );
         let second = apply_one(
             &st,
-            &plan(vec![alloc("b", 9090)], &[]),
+            &mut plan(vec![alloc("b", 9090)], &[]),
             None,
             2,
             0,
@@ -869,7 +880,7 @@ mod tests {
         // Another port is fine.
         let third = apply_one(
             &st,
-            &plan(vec![alloc("c", 9091)], &[]),
+            &mut plan(vec![alloc("c", 9091)], &[]),
             None,
             2,
             0,
@@ -896,7 +907,7 @@ mod tests {
         let mut batch = Batch::default();
         let r = apply_one(
             &st,
-            &plan(vec![alloc("a", 9090)], &[]),
+            &mut plan(vec![alloc("a", 9090)], &[]),
             None,
             3,
             0,
@@ -906,7 +917,7 @@ mod tests {
         assert_eq!(r.refused_nodes["id-n1"], "port 9090 in use");
         let r = apply_one(
             &st,
-            &plan(vec![alloc("b", 8080)], &[]),
+            &mut plan(vec![alloc("b", 8080)], &[]),
             None,
             3,
             0,
@@ -917,7 +928,7 @@ mod tests {
         // The plan stops the holder: its port is the new allocation's.
         let r = apply_one(
             &st,
-            &plan(vec![alloc("c", 9090)], &["held"]),
+            &mut plan(vec![alloc("c", 9090)], &["held"]),
             None,
             3,
             0,
@@ -980,7 +991,7 @@ mod tests {
         let p = |a| plan(vec![a], &[]);
         let r = apply_one(
             &st,
-            &p(with_device(alloc("a", 1), &["d1"])),
+            &mut p(with_device(alloc("a", 1), &["d1"])),
             None,
             3,
             0,
@@ -991,7 +1002,7 @@ mod tests {
         // The same instance in a later plan of the batch, or twice in one allocation.
         let r = apply_one(
             &st,
-            &p(with_device(alloc("b", 1), &["d1"])),
+            &mut p(with_device(alloc("b", 1), &["d1"])),
             None,
             3,
             0,
@@ -1004,7 +1015,7 @@ mod tests {
         );
         let r = apply_one(
             &st,
-            &p(with_device(alloc("c", 1), &["d2", "d2"])),
+            &mut p(with_device(alloc("c", 1), &["d2", "d2"])),
             None,
             3,
             0,
@@ -1017,7 +1028,7 @@ mod tests {
         );
         let r = apply_one(
             &st,
-            &p(with_device(alloc("d", 1), &["d9"])),
+            &mut p(with_device(alloc("d", 1), &["d9"])),
             None,
             3,
             0,
@@ -1041,7 +1052,7 @@ mod tests {
         let mut batch = Batch::default();
         let r = apply_one(
             &st,
-            &p(with_device(alloc("e", 1), &["d1"])),
+            &mut p(with_device(alloc("e", 1), &["d1"])),
             None,
             4,
             0,
@@ -1054,7 +1065,7 @@ mod tests {
         );
         let r = apply_one(
             &st,
-            &plan(vec![with_device(alloc("f", 1), &["d1"])], &[held.as_str()]),
+            &mut plan(vec![with_device(alloc("f", 1), &["d1"])], &[held.as_str()]),
             None,
             4,
             0,

@@ -241,6 +241,9 @@ pub fn schedule(
     }
     // System jobs: the nodes a group did not fit on, by group.
     let mut system_full: HashMap<&str, Vec<&Node>> = HashMap::new();
+    // The new allocations by node position, in placement order: keyed by the node's
+    // id only once per node at the end, not per placement.
+    let mut placed: HashMap<usize, Vec<Allocation>> = HashMap::new();
     for p in &rec.places {
         let name = p.group.name.as_str();
         if let Some(f) = out.failed_tg_allocs.get_mut(name) {
@@ -262,11 +265,7 @@ pub fn schedule(
                         });
                     }
                 }
-                out.plan
-                    .node_allocation
-                    .entry(placer.node(i).id.clone())
-                    .or_default()
-                    .push(alloc);
+                placed.entry(i).or_default().push(alloc);
             }
             Placed::Failed => match p.node {
                 Some(node) => system_full.entry(name).or_default().push(node),
@@ -277,6 +276,11 @@ pub fn schedule(
             },
             Placed::Skipped => {}
         }
+    }
+    for (i, allocs) in placed {
+        out.plan
+            .node_allocation
+            .insert(placer.node(i).id.clone(), allocs);
     }
     for g in &job.spec.groups {
         if let Some(nodes) = system_full.get(g.name.as_str()) {

@@ -70,6 +70,27 @@ pub(crate) fn deployment_key(id: &str) -> String {
     format!("deployment/{id}")
 }
 
+/// Key of an allocation: `alloc/<create index, 20 digits>/<id>`.
+///
+/// Allocations are created in index order, so the allocations of one plan are
+/// neighbours in the store and a commit of a thousand placements writes the few
+/// hundred B-tree pages at the right edge of the tree. Keyed by their random (v4) id
+/// alone, each placement landed on a page of its own anywhere in the tree: with
+/// 100,000 allocations stored, a plan's commit wrote about one page per placement and
+/// took five times as long (`drover-bench schedule`).
+///
+/// Allocations that older servers wrote keep their key (`alloc/<id>`): see
+/// [`State::alloc_store_key`].
+pub(crate) fn alloc_key(create_index: Index, id: &str) -> String {
+    format!("alloc/{create_index:020}/{id}")
+}
+
+/// The allocation id of the rest of an `alloc/` key: `<create index>/<id>`, or the
+/// `<id>` of the older form.
+fn alloc_id_of_key_rest(rest: &str) -> &str {
+    rest.rsplit_once('/').map_or(rest, |(_, id)| id)
+}
+
 /// Key of a root key of the keyring (metadata and wrapped material).
 pub(crate) fn root_key_key(id: &str) -> String {
     format!("rootkey/{id}")
@@ -118,6 +139,10 @@ pub(crate) struct Batch {
     pub node_secrets: Vec<(String, String)>,
     /// Allocations written.
     pub allocs: Vec<Allocation>,
+    /// Allocations of `allocs` stored under another key than [`alloc_key`] of their
+    /// create index (written by an older server): (id, key). Only a follower's
+    /// batches, made of another server's commits, have them.
+    pub alloc_keys: Vec<(String, String)>,
     /// Evaluations written.
     pub evals: Vec<Evaluation>,
     /// Evaluations deleted (old terminal ones).
@@ -223,7 +248,7 @@ impl Batch {
                 "namespace" => b.drop_namespaces.push(rest.to_owned()),
                 "node" => b.drop_nodes.push(rest.to_owned()),
                 "nodesecret" => b.drop_node_secrets.push(rest.to_owned()),
-                "alloc" => b.drop_allocs.push(rest.to_owned()),
+                "alloc" => b.drop_allocs.push(alloc_id_of_key_rest(rest).to_owned()),
                 "eval" => b.drop_evals.push(rest.to_owned()),
                 "service" => b.drop_services.push(rest.to_owned()),
                 "deployment" => b.drop_deployments.push(rest.to_owned()),
@@ -257,7 +282,13 @@ impl Batch {
                 "namespace" => b.namespaces.push(decode(kv)?),
                 "node" => b.nodes.push(decode(kv)?),
                 "nodesecret" => b.node_secrets.push((rest.to_owned(), decode(kv)?)),
-                "alloc" => b.allocs.push(decode(kv)?),
+                "alloc" => {
+                    let a: Allocation = decode(kv)?;
+                    if alloc_key(a.create_index, &a.id) != kv.key {
+                        b.alloc_keys.push((a.id.clone(), kv.key.clone()));
+                    }
+                    b.allocs.push(a);
+                }
                 "eval" => b.evals.push(decode(kv)?),
                 "service" => b.services.push(decode(kv)?),
                 "deployment" => b.deployments.push(decode(kv)?),
@@ -327,7 +358,7 @@ impl Batch {
         }
         for id in &self.drop_allocs {
             ops.push(Op::Delete {
-                key: format!("alloc/{id}"),
+                key: state.alloc_store_key(id, None),
             });
         }
         for id in &self.drop_nodes {
@@ -379,7 +410,7 @@ impl Batch {
             ops.push(put(node_secret_key(id), hash)?);
         }
         for a in &self.allocs {
-            ops.push(put(format!("alloc/{}", a.id), a)?);
+            ops.push(put(state.alloc_store_key(&a.id, Some(a.create_index)), a)?);
         }
         for r in &self.services {
             ops.push(put(services::service_key(&r.id), r)?);
@@ -447,6 +478,9 @@ pub(crate) struct State {
     /// Hex SHA-256 of each node's secret, by node id (see `endpoints/nodes.rs`).
     node_secrets: HashMap<String, String>,
     allocs: HashMap<String, Allocation>,
+    /// The store keys of the allocations not stored under [`alloc_key`] of their
+    /// create index (`alloc/<id>`: written by a server before that key), by id.
+    alloc_keys: HashMap<String, String>,
     by_job: HashMap<JobKey, HashSet<String>>,
     by_node: HashMap<String, HashSet<String>>,
     usage: HashMap<String, AllocResources>,
@@ -507,7 +541,13 @@ impl State {
                     let id = kv.key.split_once('/').map_or("", |(_, id)| id).to_owned();
                     s.node_secrets.insert(id, decode(kv)?);
                 }
-                "alloc" => s.put_alloc(decode(kv)?),
+                "alloc" => {
+                    let a: Allocation = decode(kv)?;
+                    if alloc_key(a.create_index, &a.id) != kv.key {
+                        s.alloc_keys.insert(a.id.clone(), kv.key.clone());
+                    }
+                    s.put_alloc(a);
+                }
                 "eval" => s.put_eval(decode(kv)?),
                 "service" => s.services.put(decode(kv)?),
                 "deployment" => s.put_deployment(decode(kv)?),
@@ -569,6 +609,7 @@ impl State {
         for (id, hash) in batch.node_secrets {
             self.node_secrets.insert(id, hash);
         }
+        self.alloc_keys.extend(batch.alloc_keys);
         for a in batch.allocs {
             self.put_alloc(a);
         }
@@ -722,6 +763,7 @@ impl State {
     }
 
     fn remove_alloc(&mut self, id: &str) {
+        self.alloc_keys.remove(id);
         let Some(a) = self.allocs.remove(id) else {
             return;
         };
@@ -755,9 +797,10 @@ impl State {
         match self.allocs.get(&a.id) {
             Some(old) => {
                 if !old.is_terminal() {
-                    let u = self.usage.entry(old.node_id.clone()).or_default();
-                    u.cpu = u.cpu.saturating_sub(old.resources.cpu);
-                    u.memory_mb = u.memory_mb.saturating_sub(old.resources.memory_mb);
+                    if let Some(u) = self.usage.get_mut(&old.node_id) {
+                        u.cpu = u.cpu.saturating_sub(old.resources.cpu);
+                        u.memory_mb = u.memory_mb.saturating_sub(old.resources.memory_mb);
+                    }
                     free_ports(&mut self.ports, old);
                 }
             }
@@ -766,16 +809,28 @@ impl State {
                     .entry(job_id(&a.namespace, &a.job_name))
                     .or_default()
                     .insert(a.id.clone());
-                self.by_node
-                    .entry(a.node_id.clone())
-                    .or_default()
-                    .insert(a.id.clone());
+                // Looked up before inserting: an owned key costs an allocation, and a
+                // node's entry mostly exists already.
+                match self.by_node.get_mut(&a.node_id) {
+                    Some(ids) => {
+                        ids.insert(a.id.clone());
+                    }
+                    None => {
+                        self.by_node
+                            .insert(a.node_id.clone(), HashSet::from([a.id.clone()]));
+                    }
+                }
             }
         }
         if !a.is_terminal() {
-            let u = self.usage.entry(a.node_id.clone()).or_default();
-            u.cpu += a.resources.cpu;
-            u.memory_mb += a.resources.memory_mb;
+            if !self.usage.contains_key(&a.node_id) {
+                self.usage
+                    .insert(a.node_id.clone(), AllocResources::default());
+            }
+            if let Some(u) = self.usage.get_mut(&a.node_id) {
+                u.cpu += a.resources.cpu;
+                u.memory_mb += a.resources.memory_mb;
+            }
             if !a.ports.is_empty() {
                 match self.ports.get_mut(&a.node_id) {
                     Some(used) => used.add_alloc(&a),
@@ -943,6 +998,14 @@ impl State {
         self.allocs.values()
     }
 
+    pub(crate) fn job_count(&self) -> usize {
+        self.jobs.len()
+    }
+
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     pub(crate) fn alloc_count(&self) -> usize {
         self.allocs.len()
     }
@@ -989,6 +1052,20 @@ impl State {
     /// plan applier test ports against).
     pub(crate) fn used_ports(&self, node_id: &str) -> Option<&UsedPorts> {
         self.ports.get(node_id)
+    }
+
+    /// The store key of allocation `id`: where it is stored if the state holds it,
+    /// else [`alloc_key`] of `create_index` (a new allocation); the older form
+    /// `alloc/<id>` when neither is known (a delete of an allocation the state does
+    /// not hold: there is nothing else it could be stored under).
+    pub(crate) fn alloc_store_key(&self, id: &str, create_index: Option<Index>) -> String {
+        if let Some(key) = self.alloc_keys.get(id) {
+            return key.clone();
+        }
+        match self.allocs.get(id).map(|a| a.create_index).or(create_index) {
+            Some(index) => alloc_key(index, id),
+            None => format!("alloc/{id}"),
+        }
     }
 
     /// The node's allocations, by iteration over its index only.
@@ -1266,5 +1343,154 @@ mod ports_tests {
             5,
         );
         assert!(st.used_ports("id-n1").is_none());
+    }
+}
+
+#[cfg(test)]
+mod alloc_key_tests {
+    use super::*;
+
+    fn alloc(id: &str, create_index: Index) -> Allocation {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "name": "web.g[0]", "index": 0, "job_name": "web", "job_version": 0,
+            "group": "g", "node_id": "id-n1", "node_name": "n1",
+            "resources": {"cpu": 10, "memory_mb": 10},
+            "desired_status": "run", "desired_description": "",
+            "client_status": "running", "client_description": "",
+            "task_states": {}, "eval_id": "e", "create_index": create_index,
+            "modify_index": create_index, "alloc_modify_index": create_index,
+            "create_time": 0, "modify_time": 0
+        }))
+        .expect("an allocation")
+    }
+
+    fn keys(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Put { key, .. } => format!("put {key}"),
+                Op::Delete { key } => format!("delete {key}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn allocations_are_stored_in_creation_order() {
+        // Ids in reverse order, indexes ascending: the keys sort by index.
+        let mut ks = [
+            alloc_key(9, "ffff"),
+            alloc_key(10, "eeee"),
+            alloc_key(1_000_000, "0000"),
+        ];
+        let created = ks.clone();
+        ks.sort();
+        assert_eq!(ks, created);
+        assert_eq!(
+            alloc_key(12, "a1"),
+            "alloc/00000000000000000012/a1",
+            "the index is zero-padded to the width of u64::MAX"
+        );
+    }
+
+    #[test]
+    fn an_allocation_keeps_its_key_when_rewritten_and_deleted() {
+        let st = State::default();
+        let b = Batch {
+            allocs: vec![alloc("a1", 12)],
+            ..Batch::default()
+        };
+        assert_eq!(
+            keys(&b.ops(&st).unwrap()),
+            ["put alloc/00000000000000000012/a1"]
+        );
+        let mut st = State::default();
+        st.apply(b, 12);
+        // Rewritten later (a client's report): same key.
+        let b = Batch {
+            allocs: vec![alloc("a1", 12)],
+            drop_allocs: vec![],
+            ..Batch::default()
+        };
+        assert_eq!(
+            keys(&b.ops(&st).unwrap()),
+            ["put alloc/00000000000000000012/a1"]
+        );
+        let b = Batch {
+            drop_allocs: vec!["a1".into()],
+            ..Batch::default()
+        };
+        assert_eq!(
+            keys(&b.ops(&st).unwrap()),
+            ["delete alloc/00000000000000000012/a1"]
+        );
+    }
+
+    #[test]
+    fn allocations_an_older_server_wrote_keep_their_key() {
+        let kvs = vec![
+            KeyValue {
+                key: "alloc/old".into(),
+                value: serde_json::to_vec(&alloc("old", 3)).unwrap(),
+                create_revision: 3,
+                mod_revision: 3,
+            },
+            KeyValue {
+                key: alloc_key(4, "new"),
+                value: serde_json::to_vec(&alloc("new", 4)).unwrap(),
+                create_revision: 4,
+                mod_revision: 4,
+            },
+        ];
+        let st = State::load(kvs, 4).unwrap();
+        let b = Batch {
+            allocs: vec![alloc("old", 3), alloc("new", 4)],
+            drop_allocs: vec!["old".into(), "new".into()],
+            ..Batch::default()
+        };
+        assert_eq!(
+            keys(&b.ops(&st).unwrap()),
+            [
+                "delete alloc/old",
+                "delete alloc/00000000000000000004/new",
+                "put alloc/old",
+                "put alloc/00000000000000000004/new",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_follower_learns_the_keys_from_the_leaders_commits() {
+        let change = StoreChange {
+            revision: Some(5),
+            puts: vec![
+                KeyValue {
+                    key: "alloc/old".into(),
+                    value: serde_json::to_vec(&alloc("old", 3)).unwrap(),
+                    create_revision: 3,
+                    mod_revision: 5,
+                },
+                KeyValue {
+                    key: alloc_key(5, "new"),
+                    value: serde_json::to_vec(&alloc("new", 5)).unwrap(),
+                    create_revision: 5,
+                    mod_revision: 5,
+                },
+            ],
+            deletes: vec![],
+        };
+        let mut st = State::default();
+        st.apply(Batch::from_change(&change).unwrap(), 5);
+        assert_eq!(st.alloc_store_key("old", None), "alloc/old");
+        assert_eq!(st.alloc_store_key("new", None), alloc_key(5, "new"));
+        // Both forms of a deleted key name the allocation.
+        let change = StoreChange {
+            revision: Some(6),
+            puts: vec![],
+            deletes: vec!["alloc/old".into(), alloc_key(5, "new")],
+        };
+        let b = Batch::from_change(&change).unwrap();
+        assert_eq!(b.drop_allocs, ["old", "new"]);
+        st.apply(b, 6);
+        assert!(st.alloc("old").is_none() && st.alloc("new").is_none());
+        assert!(st.alloc_keys.is_empty());
     }
 }

@@ -214,8 +214,14 @@ impl RedbStore {
                 }
             }
             revision = current + 1;
+            // In key order: consecutive writes then land on the same B-tree pages
+            // (a plan's allocations are neighbours, see `state::alloc_key`) instead
+            // of hopping over the tree. A stable sort: two ops on one key keep their
+            // order, and ops on different keys commute within a transaction.
+            let mut sorted: Vec<&Op> = ops.iter().collect();
+            sorted.sort_by(|a, b| op_key(a).cmp(op_key(b)));
             let mut buf = Vec::new();
-            for op in ops {
+            for op in sorted {
                 match op {
                     Op::Put { key, value } => {
                         let created = match kv.get(key.as_str()).map_err(|x| e(x.into()))? {
@@ -257,6 +263,13 @@ impl RedbStore {
 
 /// Run blocking store work on tokio's blocking pool: an fsync must not stall the
 /// async workers.
+/// The key an op writes.
+fn op_key(op: &Op) -> &str {
+    match op {
+        Op::Put { key, .. } | Op::Delete { key } => key,
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     store: &RedbStore,
     f: impl FnOnce(&RedbStore) -> Result<T, StoreError> + Send + 'static,

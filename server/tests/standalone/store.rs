@@ -60,6 +60,35 @@ async fn range_returns_only_the_prefix_in_key_order() {
     assert_eq!(all.len(), 5);
 }
 
+/// The store writes a transaction's ops in key order (B-tree locality); ops on one
+/// key still take effect in the order given.
+#[tokio::test]
+async fn ops_on_one_key_keep_their_order_within_a_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = RedbStore::open(dir.path()).unwrap();
+    let delete = |k: &str| Op::Delete { key: k.into() };
+    s.txn(
+        vec![],
+        vec![
+            put("b", "1"),
+            put("a", "1"),
+            delete("b"),
+            put("a", "2"),
+            delete("c"),
+            put("c", "3"),
+        ],
+    )
+    .await
+    .unwrap();
+    let (kvs, _) = s.range("").await.unwrap();
+    let got: Vec<(&str, &[u8])> = kvs
+        .iter()
+        .filter(|kv| ["a", "b", "c"].contains(&kv.key.as_str()))
+        .map(|kv| (kv.key.as_str(), kv.value.as_slice()))
+        .collect();
+    assert_eq!(got, [("a", b"2".as_slice()), ("c", b"3".as_slice())]);
+}
+
 #[tokio::test]
 async fn conditions_compare_and_set_and_a_failed_txn_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
