@@ -85,6 +85,10 @@ impl Side {
 /// What one agent's measurement gave.
 struct Measured {
     to_running: Duration,
+    /// From the registration to every allocation listed (placed), and to the first
+    /// one running, as far as the polling sees (50 ms steps).
+    all_placed: Duration,
+    first_running: Duration,
     idle: Memory,
     loaded: Memory,
 }
@@ -456,12 +460,19 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
         }
         let deadline = Duration::from_secs(300);
         let mut counts = BTreeMap::new();
+        let (mut all_placed, mut first_running) = (None, None);
         loop {
             if let Ok(allocs) = self.api.get(&format!("/v1/job/{JOB_ID}/allocations")).await {
                 counts.clear();
                 for a in allocs.as_array().into_iter().flatten() {
                     let status = a["ClientStatus"].as_str().unwrap_or("?").to_owned();
                     *counts.entry(status).or_insert(0usize) += 1;
+                }
+                if all_placed.is_none() && counts.values().sum::<usize>() >= tasks {
+                    all_placed = Some(t.elapsed());
+                }
+                if first_running.is_none() && counts.contains_key("running") {
+                    first_running = Some(t.elapsed());
                 }
                 if counts.get("running") == Some(&tasks) {
                     break;
@@ -496,6 +507,8 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
         }
         Ok(Measured {
             to_running,
+            all_placed: all_placed.unwrap_or(to_running),
+            first_running: first_running.unwrap_or(to_running),
             idle,
             loaded,
         })
@@ -813,11 +826,13 @@ fn kib_per_task(kib: f64) -> String {
 fn print_one(round: usize, side: Side, m: &Measured, tasks: usize) {
     let per_task = per_task_kib(m, tasks);
     println!(
-        "round {round}, {}: {tasks} allocations running {:.3} s after the registration; \
-         runtime PSS idle {} ({} processes{}), loaded {} ({} processes{}); per task {}; \
+        "round {round}, {}: {tasks} allocations running {:.3} s after the registration (all \
+         placed {:.3} s, first running {:.3} s); runtime PSS idle {} ({} processes{}), loaded {} ({} processes{}); per task {}; \
          the {} tasks themselves {} ({:.0} KiB each)",
         side.label(),
         m.to_running.as_secs_f64(),
+        m.all_placed.as_secs_f64(),
+        m.first_running.as_secs_f64(),
         mib(m.idle.runtime_kib),
         m.idle.runtime_count,
         if m.idle.settled { "" } else { ", not settled" },
@@ -887,10 +902,18 @@ fn print_summary(results: &[(Side, Measured)], tasks: usize) {
     let mebibytes: Show = |v| mib(v as u64);
     let kib: Show = kib_per_task;
     let count: Show = |v| format!("{v:.0}");
-    let rows: [(&str, Pick, Show); 6] = [
+    const TIME_ROW: &str = "registration -> all running";
+    const MEMORY_ROW: &str = "runtime memory per task";
+    let rows: [(&str, Pick, Show); 8] = [
+        (TIME_ROW, |m, _| m.to_running.as_secs_f64(), secs),
         (
-            "registration -> all running",
-            |m, _| m.to_running.as_secs_f64(),
+            "  registration -> all placed",
+            |m, _| m.all_placed.as_secs_f64(),
+            secs,
+        ),
+        (
+            "  registration -> first running",
+            |m, _| m.first_running.as_secs_f64(),
             secs,
         ),
         (
@@ -903,7 +926,7 @@ fn print_summary(results: &[(Side, Measured)], tasks: usize) {
             |m, _| m.loaded.runtime_kib as f64,
             mebibytes,
         ),
-        ("runtime memory per task", per_task_kib, kib),
+        (MEMORY_ROW, per_task_kib, kib),
         (
             "runtime processes with the tasks",
             |m, _| m.loaded.runtime_count as f64,
@@ -915,7 +938,7 @@ fn print_summary(results: &[(Side, Measured)], tasks: usize) {
             kib,
         ),
     ];
-    let mut ratios = Vec::new();
+    let mut ratios = BTreeMap::new();
     for (what, pick, show) in rows {
         let n = of(Side::Nomad, &|m| pick(m, tasks));
         let d = of(Side::Drover, &|m| pick(m, tasks));
@@ -930,7 +953,7 @@ fn print_summary(results: &[(Side, Measured)], tasks: usize) {
                 "-".into()
             }
         );
-        ratios.push(ratio);
+        ratios.insert(what, ratio);
     }
     let verdict = |ratio: f64, target: f64| {
         if ratio.is_finite() && ratio <= target {
@@ -939,12 +962,12 @@ fn print_summary(results: &[(Side, Measured)], tasks: usize) {
             "FAIL"
         }
     };
+    let time = ratios.get(TIME_ROW).copied().unwrap_or(f64::NAN);
+    let memory = ratios.get(MEMORY_ROW).copied().unwrap_or(f64::NAN);
     println!(
-        "  acceptance: time to running {:.3}x (target <= {TIME_TARGET}x): {}; memory per task \
-         {:.3}x (target <= {MEMORY_TARGET}x): {}",
-        ratios[0],
-        verdict(ratios[0], TIME_TARGET),
-        ratios[3],
-        verdict(ratios[3], MEMORY_TARGET)
+        "  acceptance: time to running {time:.3}x (target <= {TIME_TARGET}x): {}; memory per \
+         task {memory:.3}x (target <= {MEMORY_TARGET}x): {}",
+        verdict(time, TIME_TARGET),
+        verdict(memory, MEMORY_TARGET)
     );
 }
