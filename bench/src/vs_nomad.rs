@@ -262,6 +262,9 @@ struct Agent {
     /// Every process seen belonging to the agent, with its start time (a pid alone may
     /// be another process's by the time it is killed).
     seen: BTreeMap<u32, u64>,
+    /// Whether [`Agent::stop`] ran (the agent exiting on its own leaves its processes
+    /// to clean up all the same).
+    stopped: bool,
     /// Last, so that it is removed after the clean-up in `drop`.
     root: tempfile::TempDir,
 }
@@ -307,6 +310,7 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
             child,
             api: NomadHttp::new(http, None),
             seen: BTreeMap::new(),
+            stopped: false,
             root,
         })
     }
@@ -321,6 +325,7 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
             // Its port is known once it listens.
             api: NomadHttp::new(0, None),
             seen: BTreeMap::new(),
+            stopped: false,
             root,
         };
         let token_file = agent.root.path().join("data/server/dev-token");
@@ -445,6 +450,7 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
     async fn measure(&mut self, tasks: usize) -> anyhow::Result<Measured> {
         self.wait_ready().await?;
         let idle = self.settled_memory().await;
+        self.check_alive()?;
 
         let job = self.job(tasks);
         let t = Instant::now();
@@ -497,6 +503,8 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
         let to_running = t.elapsed();
 
         let loaded = self.settled_memory().await;
+        // Its processes outlive it: a reading after its death would still look right.
+        self.check_alive()?;
         if loaded.tasks_count != tasks {
             bail!(
                 "{} allocations are running, but {} `/bin/sleep 3600` task processes were found \
@@ -607,6 +615,7 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
     /// SIGTERM, SIGKILL after 30 s; then kill whatever of it is left, by pid, and
     /// unmount what is left mounted in its directory.
     fn stop(&mut self) {
+        self.stopped = true;
         // What belongs to it now, before its processes are re-parented.
         let _ = self.memory();
         signal(self.pid(), rustix::process::Signal::TERM);
@@ -652,7 +661,7 @@ plugin "raw_exec" {{ config {{ enabled = true }} }}
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
+        if !self.stopped {
             self.stop();
         }
     }
