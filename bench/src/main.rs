@@ -35,6 +35,7 @@ mod qemu_start;
 mod rawexec_start;
 mod schedule;
 mod tasks;
+mod vs_nomad;
 
 #[derive(Parser)]
 #[command(name = "drover-bench")]
@@ -195,6 +196,25 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         jobs: usize,
     },
+    /// One job of N raw_exec `sleep` tasks on a Nomad 1.0.18 dev agent and on a Drover
+    /// dev agent, one after the other: registration -> all allocations running, and the
+    /// runtime's memory (PSS of agent, plugins, executors, log relays; tasks apart) idle
+    /// and with the tasks, per task, with the ratios Drover / Nomad.
+    VsNomad {
+        /// Allocations of the job (`count`).
+        #[arg(long, default_value_t = 100)]
+        tasks: usize,
+        /// Rounds; the order alternates (Nomad first in odd rounds); medians reported.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        /// The Nomad agent (default: the test peers archive's, unpacked and checked
+        /// against its SHA256SUMS).
+        #[arg(long)]
+        nomad: Option<PathBuf>,
+        /// The drover binary (default: the one next to this binary).
+        #[arg(long)]
+        drover: Option<PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -336,6 +356,26 @@ fn main() -> anyhow::Result<()> {
                 samples,
                 tasks,
                 raw_exec,
+            }))
+        }
+        Bench::VsNomad {
+            tasks,
+            rounds,
+            nomad,
+            drover,
+        } => {
+            let drover = match drover {
+                Some(p) => p,
+                None => sibling_binary("drover", "drover")?,
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(vs_nomad::run(vs_nomad::Options {
+                tasks,
+                rounds,
+                nomad,
+                drover,
             }))
         }
         Bench::QemuStart { iterations } => {

@@ -601,7 +601,7 @@ fn uss(pid: u32) -> u64 {
 }
 
 /// Every pid on the host.
-fn all_pids() -> Vec<u32> {
+pub(crate) fn all_pids() -> Vec<u32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
