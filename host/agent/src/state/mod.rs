@@ -132,6 +132,15 @@ pub trait StateStore: Send + Sync + 'static {
     /// Insert or replace the record of allocation `id` (opaque bytes: the allocation
     /// manager owns their encoding).
     fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError>;
+    /// Insert or replace several allocation records at once, all or none, in one
+    /// durable write (a node given 100 allocations at once pays one fsync, not 100).
+    /// The default writes them one by one (stores without transactions).
+    fn put_allocs(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+        for (id, record) in records {
+            self.put_alloc(id, record)?;
+        }
+        Ok(())
+    }
     /// Every allocation record, by id.
     fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
     /// Forget allocation `id` (absent is fine).
@@ -292,11 +301,21 @@ mod tests {
         store.put_alloc("a2", b"alloc two").unwrap();
         store.delete_alloc("a1").unwrap();
         store.delete_alloc("never-was").unwrap();
+        store
+            .put_allocs(&[
+                ("a3", b"alloc three".as_slice()),
+                ("a4", b"four".as_slice()),
+            ])
+            .unwrap();
         drop(store);
         let store = open_when_free(dir.path()).unwrap();
         assert_eq!(
             store.allocs().unwrap(),
-            vec![("a2".into(), b"alloc two".to_vec())]
+            vec![
+                ("a2".into(), b"alloc two".to_vec()),
+                ("a3".into(), b"alloc three".to_vec()),
+                ("a4".into(), b"four".to_vec())
+            ]
         );
         drop(store);
 

@@ -260,6 +260,19 @@ impl StateStore for RedbStore {
         )
     }
 
+    fn put_allocs(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+        self.write(
+            || format!("put {} allocation records", records.len()),
+            |txn| {
+                let mut t = txn.open_table(ALLOCS)?;
+                for (id, record) in records {
+                    t.insert(*id, *record)?;
+                }
+                Ok(())
+            },
+        )
+    }
+
     fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
         self.write(
             || format!("put alloc {id}"),
