@@ -276,21 +276,10 @@ impl Agent {
         std::fs::create_dir(&data)?;
         let port = || drover_test_support::net::free_local_addr().port();
         let (http, rpc, serf) = (port(), port(), port());
-        // Loopback only, the cloud fingerprinters (which probe 169.254.169.254) off; see
-        // ../shared/nomad/README.md.
-        let config = format!(
-            r#"bind_addr            = "127.0.0.1"
-data_dir             = "{data}"
-disable_update_check = true
-addresses {{ http = "127.0.0.1"  rpc = "127.0.0.1"  serf = "127.0.0.1" }}
-advertise {{ http = "127.0.0.1"  rpc = "127.0.0.1"  serf = "127.0.0.1" }}
-ports {{ http = {http}  rpc = {rpc}  serf = {serf} }}
-client {{
-  options {{ "fingerprint.denylist" = "env_aws,env_gce,env_azure" }}
-}}
-plugin "raw_exec" {{ config {{ enabled = true }} }}
-"#,
-            data = data.display(),
+        let config = drover_test_support::nomad::loopback_agent_hcl(
+            &data,
+            [http, rpc, serf],
+            "plugin \"raw_exec\" { config { enabled = true } }\n",
         );
         let config_file = root.path().join("agent.hcl");
         std::fs::write(&config_file, config)?;

@@ -66,6 +66,34 @@ pub fn peers() -> Option<NomadPeers> {
     crate::peers::unpacked(&ARCHIVE, &UNPACK).map(|dir| NomadPeers { dir })
 }
 
+/// The config of a Nomad agent kept to loopback (`nomad agent -dev -config FILE`): it
+/// binds and advertises 127.0.0.1 only on the ports given (`http`, `rpc`, `serf`), keeps
+/// its data in `data`, and leaves out the cloud fingerprinters, which would probe
+/// 169.254.169.254 (see `../shared/nomad/README.md`). `extra` is appended (plugin
+/// blocks, `plugin_dir`).
+///
+/// ```
+/// let hcl = drover_test_support::nomad::loopback_agent_hcl(
+///     std::path::Path::new("/tmp/d"), [4646, 4647, 4648], "");
+/// assert!(hcl.contains("bind_addr            = \"127.0.0.1\""));
+/// assert!(hcl.contains("http = 4646"));
+/// ```
+pub fn loopback_agent_hcl(data: &Path, [http, rpc, serf]: [u16; 3], extra: &str) -> String {
+    format!(
+        r#"bind_addr            = "127.0.0.1"
+data_dir             = "{data}"
+disable_update_check = true
+addresses {{ http = "127.0.0.1"  rpc = "127.0.0.1"  serf = "127.0.0.1" }}
+advertise {{ http = "127.0.0.1"  rpc = "127.0.0.1"  serf = "127.0.0.1" }}
+ports {{ http = {http}  rpc = {rpc}  serf = {serf} }}
+client {{
+  options {{ "fingerprint.denylist" = "env_aws,env_gce,env_azure" }}
+}}
+{extra}"#,
+        data = data.display(),
+    )
+}
+
 /// Where `scripts/test.sh` announces the Python interpreter of its python-nomad venv.
 pub const ENV_PYTHON_NOMAD: &str = "DROVER_TEST_PYTHON_NOMAD";
 

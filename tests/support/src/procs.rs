@@ -77,3 +77,22 @@ pub fn environ(pid: u32) -> std::collections::BTreeMap<String, String> {
         })
         .collect()
 }
+
+/// Proportional set size and private dirty memory of `pid` in KiB, from
+/// `/proc/<pid>/smaps_rollup` (0 for a field it lacks); `None` when there is no such
+/// process.
+///
+/// ```
+/// let (pss, _dirty) = drover_test_support::procs::memory_kib(std::process::id()).unwrap();
+/// assert!(pss > 0);
+/// ```
+pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    Some((field("Pss:"), field("Private_Dirty:")))
+}

@@ -239,15 +239,16 @@ mod tests {
     use crate::state::MemStore;
     use crate::state::PluginRecord;
 
-    /// A store that records the size of every commit, and holds its first commit until
-    /// told to go on.
-    struct GatedStore {
+    /// A store that records the size of every commit, holds its first commit until told
+    /// to go on (when given a gate), and panics on the record `b"boom"`.
+    #[derive(Default)]
+    struct TestStore {
         inner: MemStore,
         commits: Mutex<Vec<usize>>,
         gate: Mutex<Option<mpsc::Receiver<()>>>,
     }
 
-    impl GatedStore {
+    impl TestStore {
         fn commit(&self, n: usize) {
             if let Some(gate) = lock_any(&self.gate).take() {
                 let _ = gate.recv();
@@ -260,7 +261,7 @@ mod tests {
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    impl StateStore for GatedStore {
+    impl StateStore for TestStore {
         fn put_plugin(&self, rec: &PluginRecord) -> Result<(), StateError> {
             self.inner.put_plugin(rec)
         }
@@ -271,10 +272,15 @@ mod tests {
             self.inner.delete_plugin(name)
         }
         fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+            assert_ne!(record, b"boom", "the store fell over");
             self.commit(1);
             self.inner.put_task(id, record)
         }
         fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+            assert!(
+                records.iter().all(|(_, r)| *r != b"boom"),
+                "the store fell over"
+            );
             self.commit(records.len());
             self.inner.put_tasks(records)
         }
@@ -295,46 +301,9 @@ mod tests {
         }
     }
 
-    /// Panics on the record `b"boom"`, stores the rest.
-    struct PanickyStore(MemStore);
-
-    impl StateStore for PanickyStore {
-        fn put_plugin(&self, rec: &PluginRecord) -> Result<(), StateError> {
-            self.0.put_plugin(rec)
-        }
-        fn plugins(&self) -> Result<Vec<PluginRecord>, StateError> {
-            self.0.plugins()
-        }
-        fn delete_plugin(&self, name: &str) -> Result<(), StateError> {
-            self.0.delete_plugin(name)
-        }
-        fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
-            assert_ne!(record, b"boom", "the store fell over");
-            self.0.put_task(id, record)
-        }
-        fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
-            records.iter().try_for_each(|(id, r)| self.put_task(id, r))
-        }
-        fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-            self.0.tasks()
-        }
-        fn delete_task(&self, id: &str) -> Result<(), StateError> {
-            self.0.delete_task(id)
-        }
-        fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
-            self.0.put_alloc(id, record)
-        }
-        fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-            self.0.allocs()
-        }
-        fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
-            self.0.delete_alloc(id)
-        }
-    }
-
     #[tokio::test]
     async fn a_store_that_panics_fails_that_write_and_the_next_writes_go_on() {
-        let records = Records::new(Arc::new(PanickyStore(MemStore::default())));
+        let records = Records::new(Arc::new(TestStore::default()));
         let err = records
             .put_task("t1".into(), b"boom".to_vec(), true)
             .await
@@ -353,10 +322,9 @@ mod tests {
     #[tokio::test]
     async fn writes_that_wait_for_a_commit_share_the_next_one() {
         let (go, gate) = mpsc::channel();
-        let store = Arc::new(GatedStore {
-            inner: MemStore::default(),
-            commits: Mutex::default(),
+        let store = Arc::new(TestStore {
             gate: Mutex::new(Some(gate)),
+            ..TestStore::default()
         });
         let records = Arc::new(Records::new(store.clone()));
         let write = |i: usize| {

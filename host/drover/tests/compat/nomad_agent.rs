@@ -141,20 +141,10 @@ fn run_in_nomad(rawexec: RawExec) {
     let config = tmp.path().join("agent.hcl");
     std::fs::write(
         &config,
-        format!(
-            r#"bind_addr            = "127.0.0.1"
-data_dir             = "{data}"
-plugin_dir           = "{plugins}"
-disable_update_check = true
-addresses {{ http = "127.0.0.1"  rpc = "127.0.0.1"  serf = "127.0.0.1" }}
-advertise {{ http = "127.0.0.1"  rpc = "127.0.0.1"  serf = "127.0.0.1" }}
-ports {{ http = {http}  rpc = {rpc}  serf = {serf} }}
-client {{
-  options {{ "fingerprint.denylist" = "env_aws,env_gce,env_azure" }}
-}}
-{plugin_block}"#,
-            data = data_dir.display(),
-            plugins = plugin_dir.display(),
+        drover_test_support::nomad::loopback_agent_hcl(
+            &data_dir,
+            [http, rpc, serf],
+            &format!("plugin_dir = \"{}\"\n{plugin_block}", plugin_dir.display()),
         ),
     )
     .unwrap();

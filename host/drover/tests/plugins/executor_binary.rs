@@ -45,16 +45,9 @@ fn exe(pid: u32) -> PathBuf {
     std::fs::read_link(format!("/proc/{pid}/exe")).unwrap()
 }
 
-/// Proportional set size and private dirty memory of `pid`, in KiB.
+/// Proportional set size and private dirty memory of a live `pid`, in KiB.
 fn memory_kib(pid: u32) -> (u64, u64) {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (field("Pss:"), field("Private_Dirty:"))
+    drover_test_support::procs::memory_kib(pid).unwrap_or_else(|| panic!("process {pid} is gone"))
 }
 
 #[test]

@@ -267,13 +267,14 @@ pub(crate) fn check(path: &Path) -> Result<File, Refusal> {
         .take(MAX_BINARY)
         .read_to_end(&mut bytes)
         .map_err(|e| Refusal::Unreadable(e.to_string()))?;
-    match build_ids(&bytes).into_iter().find(|id| id == BUILD_ID) {
-        Some(_) => Ok(file),
-        None => Err(match build_ids(&bytes).into_iter().next() {
-            Some(theirs) => Refusal::OtherBuild(theirs),
-            None => Refusal::NoBuildId,
-        }),
+    let ids = build_ids(&bytes);
+    if ids.iter().any(|id| id == BUILD_ID) {
+        return Ok(file);
     }
+    Err(match ids.into_iter().next() {
+        Some(theirs) => Refusal::OtherBuild(theirs),
+        None => Refusal::NoBuildId,
+    })
 }
 
 /// Every build id marked in `bytes` (a binary holds one; a driver binary pointed at by
