@@ -304,7 +304,12 @@ impl AllocManager {
                 tracing::error!(alloc = ?id, "allocation refused: its id is not a UUID");
                 continue;
             }
-            listed.insert(id.clone());
+            // New allocations start only after the loop: a second copy of one in the same
+            // update (a server that lies or repeats itself) would start it twice.
+            if !listed.insert(id.clone()) {
+                tracing::error!(alloc = %id, "allocation listed twice in one update; the later copy is ignored");
+                continue;
+            }
             if lock(&self.unreadable).contains(&id) {
                 tracing::error!(alloc = %id, "allocation ignored: its record is unreadable");
                 continue;

@@ -480,6 +480,30 @@ fn lifecycle_runs_in_order_with_a_shared_dir_and_the_allocation_env() {
 }
 
 #[test]
+fn an_allocation_listed_twice_in_one_update_runs_once() {
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::boot(root.path(), default_hooks());
+    let id = "11111111-0000-4000-8000-000000000009";
+    let a = alloc(
+        id,
+        JobType::Batch,
+        vec![sh(
+            "main",
+            "echo started >> $DROVER_ALLOC_DIR/data/starts",
+            None,
+        )],
+    );
+    // New allocations of an update are recorded together and started after: a repeated
+    // one must not get a second runner.
+    node.apply(vec![a.clone(), a], false);
+    let done = node.wait(id, "complete", |u| u.client_status.is_terminal());
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    let starts = std::fs::read_to_string(shared(root.path(), id).join("data/starts")).unwrap();
+    assert_eq!(starts, "started\n");
+    assert_eq!(done.task_states["main"].starts, 1, "{done:#?}");
+}
+
+#[test]
 fn a_failing_prestart_fails_the_allocation_and_main_never_starts() {
     let root = tempfile::tempdir().unwrap();
     let node = Node::boot(root.path(), default_hooks());
