@@ -355,13 +355,25 @@ impl AllocManager {
                     .iter()
                     .map(|(id, bytes)| (id.as_str(), bytes.as_slice()))
                     .collect();
-                match store.put_allocs(&records) {
+                // A store call that panics fails like one that errs, so that the others
+                // still get their own write.
+                let guarded = |call: &dyn Fn() -> Result<(), crate::state::StateError>| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+                        .unwrap_or_else(|_| {
+                            Err(crate::state::StateError::Io {
+                                op: "put alloc".into(),
+                                reason: "the store call panicked".into(),
+                            })
+                        })
+                        .map_err(|e| e.to_string())
+                };
+                match guarded(&|| store.put_allocs(&records)) {
                     Ok(()) => vec![Ok(()); records.len()],
                     // One at a time again: one bad record must not keep the others
                     // from starting.
                     Err(_) => records
                         .iter()
-                        .map(|(id, bytes)| store.put_alloc(id, bytes).map_err(|e| e.to_string()))
+                        .map(|(id, bytes)| guarded(&|| store.put_alloc(id, bytes)))
                         .collect(),
                 }
             })

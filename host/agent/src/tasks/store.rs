@@ -184,17 +184,13 @@ fn commit_until_empty(queue: &Mutex<WriteQueue>, store: &dyn StateStore) {
                 q.writing = false;
                 return;
             }
-            let batch = std::mem::take(&mut q.pending);
-            if batch.iter().any(|w| w.durable) {
-                // This commit carries every lazy write before it to the disk.
-                q.sync_due = false;
-            }
-            batch
+            std::mem::take(&mut q.pending)
         };
+        let durable = batch.iter().any(|w| w.durable);
         let result = if let [one] = batch.as_slice() {
             // Alone: the plain calls (a store counts and fails them one by one).
             guarded(&one.id, || write_one(store, one))
-        } else if batch.iter().any(|w| w.durable) {
+        } else if durable {
             let records: Vec<(&str, &[u8])> = batch
                 .iter()
                 .map(|w| (w.id.as_str(), w.record.as_slice()))
@@ -207,6 +203,11 @@ fn commit_until_empty(queue: &Mutex<WriteQueue>, store: &dyn StateStore) {
                     .try_for_each(|w| store.put_task_lazily(&w.id, &w.record))
             })
         };
+        if durable && result.is_ok() {
+            // This commit carried every lazy write before it to the disk. (A failed one
+            // did not: the sync that is due stays due.)
+            lock(queue).sync_due = false;
+        }
         match result {
             Ok(()) => {
                 for w in batch {
