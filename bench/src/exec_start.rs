@@ -143,7 +143,8 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
         "rawexec",
         &rawexec_bin,
         root.path(),
-        serde_json::json!({}),
+        // raw_exec is off unless enabled, as Nomad's (only `--dev` agents turn it on).
+        serde_json::json!({ "enabled": true }),
         sleep.clone(),
     )
     .await?;

@@ -28,13 +28,21 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
         "rawexec",
         &bin,
         root.path(),
-        serde_json::json!({ "no_cgroups": true }),
+        // raw_exec is off unless enabled, as Nomad's (only `--dev` agents turn it on).
+        serde_json::json!({ "enabled": true, "no_cgroups": true }),
         sleep.clone(),
     )
     .await?;
     let cg_root = root.path().join("cg");
     std::fs::create_dir_all(&cg_root)?;
-    let grouped = launch("rawexec", &bin, &cg_root, serde_json::json!({}), sleep).await?;
+    let grouped = launch(
+        "rawexec",
+        &bin,
+        &cg_root,
+        serde_json::json!({ "enabled": true }),
+        sleep,
+    )
+    .await?;
     // The comparison means something only if the tasks of one do get a cgroup.
     check_cgroup(&grouped, true).await?;
     check_cgroup(&plain, false).await?;

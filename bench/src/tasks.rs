@@ -39,6 +39,59 @@ pub(crate) async fn wait_healthy(
     }
 }
 
+/// Until the agent and every process under it (its plugins, their fingerprint
+/// commands: a JVM for java, qemu for qemu) have used at most 3 % of one core for
+/// 300 ms: a latency measured while the agent is still starting its other plugins
+/// measures the machine being busy with that. Gives up (saying so) after `deadline`.
+pub(crate) async fn wait_settled(agent_pid: u32, deadline: Duration) {
+    let t = Instant::now();
+    let window = Duration::from_millis(300);
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    // 3 % of one core over the window, in clock ticks (at least one).
+    let quiet = (hz * 3 * window.as_millis() as u64 / 100 / 1000).max(1);
+    let mut before = tree_cpu_ticks(agent_pid);
+    loop {
+        tokio::time::sleep(window).await;
+        let now = tree_cpu_ticks(agent_pid);
+        if now.saturating_sub(before) <= quiet {
+            return;
+        }
+        if t.elapsed() > deadline {
+            println!(
+                "  note: the agent and its plugins were still busy {deadline:?} after it was \
+                 healthy; measuring anyway"
+            );
+            return;
+        }
+        before = now;
+    }
+}
+
+/// CPU ticks (user + system, with reaped children's) of `pid` and every process
+/// under it.
+fn tree_cpu_ticks(pid: u32) -> u64 {
+    let stats: Vec<procfs_core::process::Stat> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| proc_stat(p).ok())
+        .collect();
+    let mut tree = vec![pid];
+    let mut total = 0u64;
+    while let Some(p) = tree.pop() {
+        for s in &stats {
+            if u32::try_from(s.pid).ok() == Some(p) {
+                total += s.utime + s.stime + s.cutime.max(0) as u64 + s.cstime.max(0) as u64;
+            }
+            if u32::try_from(s.ppid).ok() == Some(p) {
+                tree.push(s.pid as u32);
+            }
+        }
+    }
+    total
+}
+
 pub(crate) struct AgentProc {
     pub(crate) child: Child,
     pub(crate) api: Client,
@@ -182,6 +235,7 @@ async fn measure(
     direct_elapsed: Duration,
 ) -> anyhow::Result<()> {
     wait_healthy(&agent.api, "raw_exec", Duration::from_secs(30)).await?;
+    wait_settled(agent.child.id(), Duration::from_secs(30)).await;
     let api = agent.api.clone();
     let body = |i: usize| RunRequest {
         driver: "rawexec".into(),
@@ -234,7 +288,7 @@ async fn measure(
     );
     let l = stats(latencies);
     println!(
-        "  StartTask latency, one at a time (API POST -> running): p50 {}  p99 {}",
+        "  StartTask latency, one at a time (API POST -> running, the agent settled): p50 {}  p99 {}",
         ms(l.median),
         ms(l.p99)
     );

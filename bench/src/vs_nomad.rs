@@ -8,7 +8,9 @@
 //! per allocation by default (100 of them would not fit on most disks), while Drover
 //! reserves no disk and refuses a size other than the default.
 //!
-//! Measured on each, with a fresh agent (private data dir, free ports) per measurement:
+//! Measured on each, with a fresh agent (private data dir under `$TMPDIR`, free ports)
+//! per measurement, the job registered once the machine is quiet again (90 % idle for
+//! 300 ms: the previous agent's teardown is not the next one's cost):
 //! - time to running: from sending the registration to every allocation reported
 //!   `running` by `GET /v1/job/:id/allocations` (polled every 50 ms);
 //! - runtime memory: PSS (`/proc/PID/smaps_rollup`) summed over the agent and every
@@ -441,6 +443,10 @@ impl Agent {
         let idle = self.settled_memory().await;
         self.check_alive()?;
 
+        // Whatever the machine still does for the previous agent (its tasks' cgroups
+        // and directories being removed, pages written back) slows whichever side
+        // comes next: both start on a quiet machine.
+        wait_machine_quiet(Duration::from_secs(30)).await;
         let job = self.job(tasks);
         let t = Instant::now();
         let (status, body) = self
@@ -653,6 +659,43 @@ impl Drop for Agent {
         if !self.stopped {
             self.stop();
         }
+    }
+}
+
+/// Until the whole machine has been at least 90 % idle for 300 ms (from `/proc/stat`),
+/// or `deadline` passed (then says so).
+async fn wait_machine_quiet(deadline: Duration) {
+    fn busy_and_total() -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal ...
+        let total: u64 = v.iter().take(8).sum();
+        let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+        Some((total.saturating_sub(idle), total))
+    }
+    let t = Instant::now();
+    let Some(mut before) = busy_and_total() else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let Some(now) = busy_and_total() else {
+            return;
+        };
+        let (busy, total) = (now.0 - before.0, now.1 - before.1);
+        if total > 0 && busy * 10 <= total {
+            return;
+        }
+        if t.elapsed() > deadline {
+            println!("  note: the machine was still busy {deadline:?} later; measuring anyway");
+            return;
+        }
+        before = now;
     }
 }
 
