@@ -46,7 +46,7 @@ use crate::config::AgentConfig;
 use crate::plugins::catalog::Catalog;
 
 pub use connection::{ServerConnection, TokenInterceptor, connect};
-use queue::{Backoff, StatusQueue};
+use queue::{Backoff, FlushClock, StatusQueue};
 
 /// Why the cluster client cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -78,8 +78,6 @@ pub enum ClusterError {
     },
 }
 
-/// Status reports are sent at least this often while any wait.
-pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 /// Status reports per `UpdateAllocations` call.
 pub const MAX_REPORTS_PER_CALL: usize = 500;
 /// How often the drivers' fingerprints are compared with the registered ones.
@@ -728,8 +726,9 @@ async fn watch(
     }
 }
 
-/// Queue reports as they come and send them every [`FLUSH_INTERVAL`]. Returns only on
-/// failure; whatever was not acknowledged stays queued.
+/// Queue reports as they come and send them when [`FlushClock`] says. Returns only on
+/// failure; whatever was not acknowledged stays queued (and is sent at once on the next
+/// connection).
 async fn reports(
     mut rpc: Rpc,
     node_id: &str,
@@ -738,15 +737,22 @@ async fn reports(
     updates: &mut mpsc::UnboundedReceiver<AllocClientUpdate>,
     open: &mut bool,
 ) -> Ended {
-    let mut tick = tokio::time::interval(FLUSH_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut clock = FlushClock::default();
+    if !queue.is_empty() {
+        clock.queued(Instant::now());
+    }
     loop {
+        let due = clock.due();
         tokio::select! {
             u = updates.recv(), if *open => match u {
-                Some(u) => queue.push(u),
+                Some(u) => {
+                    queue.push(u);
+                    clock.queued(Instant::now());
+                }
                 None => *open = false,
             },
-            _ = tick.tick(), if !queue.is_empty() => {
+            () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                clock.sent(Instant::now());
                 while !queue.is_empty() {
                     let batch = queue.batch(MAX_REPORTS_PER_CALL);
                     let updates_json = match batch

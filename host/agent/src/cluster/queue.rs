@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use drover_server_api::AllocClientUpdate;
 
 /// Pending status reports, newest per allocation.
@@ -73,6 +75,55 @@ impl StatusQueue {
     }
 }
 
+/// When queued status reports are sent: a lone report at once (after [`FlushClock::QUIET`]
+/// without another), a burst (a job's allocations starting together) as few calls, and
+/// never more than one call per [`FlushClock::MIN_GAP`] per node, so a busy node cannot
+/// flood the servers. Nomad's client sends every 200 ms whatever happens; a task that
+/// starts or fails here is known to the servers (and the scheduler) within
+/// milliseconds when the node is quiet.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FlushClock {
+    /// When the oldest report not yet sent was queued.
+    oldest: Option<Instant>,
+    /// When the newest one was.
+    newest: Option<Instant>,
+    /// When the last call started.
+    last_sent: Option<Instant>,
+}
+
+impl FlushClock {
+    /// Reports that keep coming closer together than this are sent together.
+    pub const QUIET: Duration = Duration::from_millis(10);
+    /// No report waits longer than this for the burst it is part of to end (unless
+    /// the previous call was less than [`FlushClock::MIN_GAP`] ago).
+    pub const MAX_WAIT: Duration = Duration::from_millis(100);
+    /// Least time between the starts of two calls.
+    pub const MIN_GAP: Duration = Duration::from_millis(50);
+
+    /// A report was queued at `now`.
+    pub fn queued(&mut self, now: Instant) {
+        self.oldest.get_or_insert(now);
+        self.newest = Some(now);
+    }
+
+    /// When to send what is queued; `None` while nothing is.
+    pub fn due(&self) -> Option<Instant> {
+        let (oldest, newest) = (self.oldest?, self.newest?);
+        let ready = (newest + Self::QUIET).min(oldest + Self::MAX_WAIT);
+        Some(match self.last_sent {
+            Some(last) => ready.max(last + Self::MIN_GAP),
+            None => ready,
+        })
+    }
+
+    /// Everything queued until now is being sent, in a call started at `now`.
+    pub fn sent(&mut self, now: Instant) {
+        self.oldest = None;
+        self.newest = None;
+        self.last_sent = Some(now);
+    }
+}
+
 /// Capped exponential backoff with jitter: the delays before reconnecting grow
 /// from `first` to `max`, each taken at random from its upper half, so that many
 /// agents that lost the same server do not come back in step.
@@ -124,6 +175,65 @@ mod tests {
             task_states: Default::default(),
             services: None,
         }
+    }
+
+    /// Simulates a node's reports at the given offsets (ms) and returns the offsets
+    /// of the calls that carry them.
+    fn calls_for(reports_ms: &[u64]) -> Vec<u64> {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut clock = FlushClock::default();
+        let mut calls = Vec::new();
+        let mut pending = reports_ms.iter().copied().peekable();
+        loop {
+            let next_report = pending.peek().copied().map(at);
+            match (next_report, clock.due()) {
+                (Some(r), Some(d)) if d <= r => {
+                    clock.sent(d);
+                    calls.push((d - t0).as_millis() as u64);
+                }
+                (Some(r), _) => {
+                    clock.queued(r);
+                    pending.next();
+                }
+                (None, Some(d)) => {
+                    clock.sent(d);
+                    calls.push((d - t0).as_millis() as u64);
+                }
+                (None, None) => return calls,
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_report_is_sent_at_once() {
+        assert_eq!(calls_for(&[0]), [10]);
+        // Two lone reports far apart: a call each, each soon after its report.
+        assert_eq!(calls_for(&[0, 1000]), [10, 1010]);
+    }
+
+    #[test]
+    fn a_burst_becomes_few_calls_and_its_end_is_not_kept_waiting() {
+        // 100 tasks starting 1.5 ms apart (150 ms): one call when the oldest waited
+        // MAX_WAIT, one right after the burst ended.
+        let burst: Vec<u64> = (0..100).map(|i| i * 3 / 2).collect();
+        assert_eq!(calls_for(&burst), [100, 158]);
+    }
+
+    #[test]
+    fn a_steady_stream_is_sent_at_most_once_per_min_gap() {
+        // A report every 12 ms, just over QUIET, for a second: not 80 calls.
+        let stream: Vec<u64> = (0..84).map(|i| i * 12).collect();
+        let calls = calls_for(&stream);
+        for pair in calls.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= FlushClock::MIN_GAP.as_millis() as u64,
+                "calls at {calls:?}"
+            );
+        }
+        assert!(calls.len() <= 21, "calls at {calls:?}");
+        // And the last report is not left behind.
+        assert!(*calls.last().unwrap() >= 996, "calls at {calls:?}");
     }
 
     #[test]
