@@ -10,8 +10,10 @@
 //! `skipped` status row with a reason for people; nothing here can take the agent
 //! down.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use drover_api::{PluginSource, PluginStatus};
@@ -393,13 +395,41 @@ async fn identify(
     ))
 }
 
+/// Most distinct schemas kept compiled: a plugin has two (its config and its task
+/// config) per version, so this only bounds a pathological churn of plugin versions.
+const COMPILED_SCHEMAS: usize = 64;
+
+/// `schema`, compiled once per distinct schema: compiling costs more than validating
+/// a task config, and every task start validates one.
+fn compiled(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, String> {
+    static CACHE: LazyLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> =
+        LazyLock::new(Default::default);
+    let key = schema.to_string();
+    let cache = || {
+        CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some(v) = cache().get(&key) {
+        return Ok(v.clone());
+    }
+    let validator =
+        Arc::new(jsonschema::validator_for(schema).map_err(|e| format!("bad schema: {e}"))?);
+    let mut cache = cache();
+    if cache.len() >= COMPILED_SCHEMAS {
+        cache.clear();
+    }
+    cache.insert(key, validator.clone());
+    Ok(validator)
+}
+
 /// Validate `value` against `schema`; the error lists each problem with its location.
 ///
 /// Unknown top-level fields (a typo is the most common mistake) are reported by name
 /// with the fields that are allowed; the validator's own message for them does not
 /// always name the field.
 pub fn validate(schema: &serde_json::Value, value: &serde_json::Value) -> Result<(), String> {
-    let validator = jsonschema::validator_for(schema).map_err(|e| format!("bad schema: {e}"))?;
+    let validator = compiled(schema)?;
     let mut problems = unknown_fields(schema, value);
     let reported_unknown = !problems.is_empty();
     for e in validator.iter_errors(value) {
