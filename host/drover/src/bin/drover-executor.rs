@@ -15,7 +15,8 @@
 #![no_main]
 
 /// The C `main`. Arguments are read through `std::env` (glibc hands them to Rust's
-/// runtime before `main`).
+/// runtime before `main`). A panic ends the executor with status 101, as from a Rust
+/// `main`, rather than unwinding into C (an abort).
 // SAFETY (no_mangle): this binary links no other `main`; the C runtime calls this one.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
@@ -23,5 +24,8 @@ pub extern "C" fn main(
     _argc: std::ffi::c_int,
     _argv: *const *const std::ffi::c_char,
 ) -> std::ffi::c_int {
-    drover_executor::executor_main(Some(&drover_isolation::LinuxSandbox))
+    std::panic::catch_unwind(|| {
+        drover_executor::executor_main(Some(&drover_isolation::LinuxSandbox))
+    })
+    .unwrap_or(101)
 }
