@@ -12,11 +12,13 @@
 //! program that needs none of it. The executor catches SIGPIPE itself (a client
 //! hanging up is an error, never a signal that ends it), is given its three
 //! descriptors by the driver, and a stack overflow in it is a crash either way.
-#![no_main]
+// Under `cargo test` the test harness brings its own `main`.
+#![cfg_attr(not(test), no_main)]
 
 /// The C `main`. Arguments are read through `std::env` (glibc hands them to Rust's
 /// runtime before `main`). A panic ends the executor with status 101, as from a Rust
 /// `main`, rather than unwinding into C (an abort).
+#[cfg(not(test))]
 // SAFETY (no_mangle): this binary links no other `main`; the C runtime calls this one.
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
