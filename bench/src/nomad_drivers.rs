@@ -30,7 +30,7 @@
 //!
 //! Ratios are Nomad's driver over Drover's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,8 @@ use drover_plugin_sdk::client::{LaunchOptions, NomadHostOptions, PluginProcess};
 use tokio_stream::StreamExt as _;
 
 use crate::tasks::{
-    AgentProc, cleanup, parent_pid, proc_kib, raise_nofile_limit, start_agent_with, terminate,
+    AgentProc, all_pids, cleanup, parent_pid, proc_kib, raise_nofile_limit, start_agent_with,
+    terminate, with_descendants,
 };
 use crate::{Stats, ms, sibling_binary, stats};
 
@@ -600,39 +601,16 @@ fn uss(pid: u32) -> u64 {
         .sum()
 }
 
-/// Every pid on the host.
-pub(crate) fn all_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
 /// The processes that may belong to the agent's tasks: its descendants, the holders of
 /// a FIFO in its FIFO directory (a log relay that left the agent's tree), `tasks` and
 /// their parents (an executor that did).
 fn related(agent: &DriverAgent, tasks: &[u32]) -> Vec<u32> {
-    let parents: HashMap<u32, u32> = all_pids()
-        .into_iter()
-        .filter_map(|p| Some((p, parent_pid(p)?)))
-        .collect();
-    let descends = |mut p: u32| {
-        for _ in 0..64 {
-            match parents.get(&p) {
-                Some(&pp) if pp == agent.pid() => return true,
-                Some(&pp) if pp > 1 => p = pp,
-                _ => return false,
-            }
-        }
-        false
-    };
-    let mut out: BTreeSet<u32> = parents.keys().copied().filter(|p| descends(*p)).collect();
+    let mut out = with_descendants([agent.pid()].into());
+    out.remove(&agent.pid());
     out.extend(fifo_holders(&agent.fifo_dir()));
     for t in tasks {
         out.insert(*t);
-        out.extend(parents.get(t).filter(|pp| **pp > 1));
+        out.extend(parent_pid(*t).filter(|pp| *pp > 1));
     }
     out.into_iter().collect()
 }

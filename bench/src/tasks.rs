@@ -5,6 +5,7 @@
 //! Baseline, measured in the same run: spawning N `sleep` processes directly (what the
 //! kernel costs without Drover), so the throughput is reported as a ratio.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -44,23 +45,62 @@ pub(crate) async fn wait_healthy(
 /// 300 ms: a latency measured while the agent is still starting its other plugins
 /// measures the machine being busy with that. Gives up (saying so) after `deadline`.
 pub(crate) async fn wait_settled(agent_pid: u32, deadline: Duration) {
-    let t = Instant::now();
-    let window = Duration::from_millis(300);
     let hz = rustix::param::clock_ticks_per_second().max(1);
-    // 3 % of one core over the window, in clock ticks (at least one).
-    let quiet = (hz * 3 * window.as_millis() as u64 / 100 / 1000).max(1);
-    let mut before = tree_cpu_ticks(agent_pid);
+    let started = Instant::now();
+    // Busy: the tree's CPU ticks; out of: one core's ticks since we began.
+    let sample = || {
+        let one_core = (started.elapsed().as_secs_f64() * hz as f64) as u64;
+        Some((tree_cpu_ticks(agent_pid), one_core))
+    };
+    wait_quiet("the agent and its plugins were", 3, deadline, sample).await;
+}
+
+/// Until the whole machine has been at least 90 % idle for 300 ms (from `/proc/stat`),
+/// or `deadline` passed (then says so).
+pub(crate) async fn wait_machine_quiet(deadline: Duration) {
+    let sample = || {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal ...
+        let total: u64 = v.iter().take(8).sum();
+        let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+        Some((total.saturating_sub(idle), total))
+    };
+    wait_quiet("the machine was", 10, deadline, sample).await;
+}
+
+/// Until `sample`'s busy ticks grew by at most `max_percent` of its total ticks over
+/// 300 ms; both are running counters. Gives up after `deadline`, saying `who` was
+/// still busy; at once if `sample` cannot read.
+async fn wait_quiet(
+    who: &str,
+    max_percent: u64,
+    deadline: Duration,
+    sample: impl Fn() -> Option<(u64, u64)>,
+) {
+    let t = Instant::now();
+    let Some(mut before) = sample() else {
+        return;
+    };
     loop {
-        tokio::time::sleep(window).await;
-        let now = tree_cpu_ticks(agent_pid);
-        if now.saturating_sub(before) <= quiet {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let Some(now) = sample() else {
+            return;
+        };
+        let (busy, total) = (
+            now.0.saturating_sub(before.0),
+            now.1.saturating_sub(before.1),
+        );
+        if total > 0 && busy * 100 <= max_percent * total {
             return;
         }
         if t.elapsed() > deadline {
-            println!(
-                "  note: the agent and its plugins were still busy {deadline:?} after it was \
-                 healthy; measuring anyway"
-            );
+            println!("  note: {who} still busy {deadline:?} later; measuring anyway");
             return;
         }
         before = now;
@@ -70,26 +110,41 @@ pub(crate) async fn wait_settled(agent_pid: u32, deadline: Duration) {
 /// CPU ticks (user + system, with reaped children's) of `pid` and every process
 /// under it.
 fn tree_cpu_ticks(pid: u32) -> u64 {
-    let stats: Vec<procfs_core::process::Stat> = std::fs::read_dir("/proc")
+    with_descendants([pid].into())
+        .into_iter()
+        .filter_map(|p| proc_stat(p).ok())
+        .map(|s| s.utime + s.stime + s.cutime.max(0) as u64 + s.cstime.max(0) as u64)
+        .sum()
+}
+
+/// Every pid on the host.
+pub(crate) fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|p| proc_stat(p).ok())
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// `roots` and every process under any of them (those still running).
+pub(crate) fn with_descendants(mut roots: BTreeSet<u32>) -> BTreeSet<u32> {
+    let parents: HashMap<u32, u32> = all_pids()
+        .into_iter()
+        .filter_map(|p| Some((p, parent_pid(p)?)))
         .collect();
-    let mut tree = vec![pid];
-    let mut total = 0u64;
-    while let Some(p) = tree.pop() {
-        for s in &stats {
-            if u32::try_from(s.pid).ok() == Some(p) {
-                total += s.utime + s.stime + s.cutime.max(0) as u64 + s.cstime.max(0) as u64;
-            }
-            if u32::try_from(s.ppid).ok() == Some(p) {
-                tree.push(s.pid as u32);
+    // Until nothing is added (the tree is shallow).
+    loop {
+        let before = roots.len();
+        for (pid, parent) in &parents {
+            if roots.contains(parent) {
+                roots.insert(*pid);
             }
         }
+        if roots.len() == before {
+            return roots;
+        }
     }
-    total
 }
 
 pub(crate) struct AgentProc {

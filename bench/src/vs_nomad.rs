@@ -29,7 +29,7 @@
 //! task's `secrets` dir, when run as root) unmounted and the directories removed: the
 //! [`Agent`] guard does it on drop, and Ctrl-C ends the run through it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,8 +38,10 @@ use anyhow::{Context as _, bail};
 use http_body_util::BodyExt as _;
 use serde_json::{Value, json};
 
-use crate::nomad_drivers::all_pids;
-use crate::tasks::{mib, parent_pid, proc_kib, raise_nofile_limit, start_agent_with};
+use crate::tasks::{
+    all_pids, mib, proc_kib, raise_nofile_limit, start_agent_with, wait_machine_quiet,
+    with_descendants,
+};
 
 /// Acceptance targets: Drover's time to running and memory per task, over Nomad's.
 const TIME_TARGET: f64 = 0.25;
@@ -662,43 +664,6 @@ impl Drop for Agent {
     }
 }
 
-/// Until the whole machine has been at least 90 % idle for 300 ms (from `/proc/stat`),
-/// or `deadline` passed (then says so).
-async fn wait_machine_quiet(deadline: Duration) {
-    fn busy_and_total() -> Option<(u64, u64)> {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
-        let v: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        // user nice system idle iowait irq softirq steal ...
-        let total: u64 = v.iter().take(8).sum();
-        let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-        Some((total.saturating_sub(idle), total))
-    }
-    let t = Instant::now();
-    let Some(mut before) = busy_and_total() else {
-        return;
-    };
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let Some(now) = busy_and_total() else {
-            return;
-        };
-        let (busy, total) = (now.0 - before.0, now.1 - before.1);
-        if total > 0 && busy * 10 <= total {
-            return;
-        }
-        if t.elapsed() > deadline {
-            println!("  note: the machine was still busy {deadline:?} later; measuring anyway");
-            return;
-        }
-        before = now;
-    }
-}
-
 /// A private (0700) directory for one agent.
 fn private_root(what: &str) -> anyhow::Result<tempfile::TempDir> {
     tempfile::Builder::new()
@@ -759,26 +724,11 @@ fn kind(cmdline: &[String]) -> String {
 /// process whose command line or environment names `root` (one that left its tree),
 /// with their descendants.
 fn belonging(agent: u32, root: &Path) -> BTreeSet<u32> {
-    let parents: HashMap<u32, u32> = all_pids()
-        .into_iter()
-        .filter_map(|p| Some((p, parent_pid(p)?)))
-        .collect();
-    let mut out: BTreeSet<u32> = [agent].into();
-    out.extend(mentioning(root));
-    out.remove(&std::process::id());
-    // Descendants of any member, until nothing is added (the tree is shallow).
-    loop {
-        let before = out.len();
-        for (pid, parent) in &parents {
-            if out.contains(parent) {
-                out.insert(*pid);
-            }
-        }
-        if out.len() == before {
-            break;
-        }
-    }
-    out.retain(|p| parents.contains_key(p) && drover_test_support::procs::alive(*p));
+    let mut roots: BTreeSet<u32> = [agent].into();
+    roots.extend(mentioning(root));
+    roots.remove(&std::process::id());
+    let mut out = with_descendants(roots);
+    out.retain(|p| drover_test_support::procs::alive(*p));
     out
 }
 
