@@ -59,9 +59,9 @@ pub(crate) fn write_token(
     // An existing file keeps its inode: make sure it is the task user's alone.
     use std::os::unix::fs::PermissionsExt as _;
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    // Not synced: a token lost to a machine crash went with the task it was for, and
-    // the task's next start writes it again (as Nomad, which does not sync it either).
-    // A sync here cost one fsync per task start of an allocation.
+    // Not synced: only a machine crash loses it, and a task lost in a crash is not
+    // restarted; after an agent restart the allocation's hooks write it again. Nomad
+    // does not sync it either. A sync here cost one fsync per task of an allocation.
     f.write_all(token.as_bytes())
 }
 

@@ -77,7 +77,7 @@ impl StatusQueue {
 
 /// When queued status reports are sent: a lone report at once (after [`FlushClock::QUIET`]
 /// without another), a burst (a job's allocations starting together) as few calls, and
-/// never more than one call per [`FlushClock::MIN_GAP`] per node, so a busy node cannot
+/// never more than one flush per [`FlushClock::MIN_GAP`] per node, so a busy node cannot
 /// flood the servers. Nomad's client sends every 200 ms whatever happens; a task that
 /// starts or fails here is known to the servers (and the scheduler) within
 /// milliseconds when the node is quiet.
@@ -97,7 +97,8 @@ impl FlushClock {
     /// No report waits longer than this for the burst it is part of to end (unless
     /// the previous call was less than [`FlushClock::MIN_GAP`] ago).
     pub const MAX_WAIT: Duration = Duration::from_millis(100);
-    /// Least time between the starts of two calls.
+    /// Least time between the starts of two flushes (a flush of more reports than one
+    /// call takes is several calls in a row).
     pub const MIN_GAP: Duration = Duration::from_millis(50);
 
     /// A report was queued at `now`.
@@ -116,7 +117,7 @@ impl FlushClock {
         })
     }
 
-    /// Everything queued until now is being sent, in a call started at `now`.
+    /// Everything queued until now is being sent, in a flush started at `now`.
     pub fn sent(&mut self, now: Instant) {
         self.oldest = None;
         self.newest = None;
