@@ -481,7 +481,8 @@ fn executor_program(pid: u32) -> String {
 
 /// Baseline for the executor's memory, same run: `count` tasks on a second agent whose
 /// drivers are told to use an executor that does not exist, so that they run the
-/// driver's own binary (`drover`) as executor, the form before `drover-executor`.
+/// driver's own binary (`drover`) as executor, the form before `drover-executor`, each
+/// executed afresh (no spawner).
 async fn own_binary_baseline(drover: &Path, count: usize, dedicated: f64) -> anyhow::Result<()> {
     let root = tempfile::Builder::new().prefix("drover-bench-").tempdir()?;
     std::fs::create_dir_all(root.path().join("plugins"))?;
@@ -492,7 +493,13 @@ async fn own_binary_baseline(drover: &Path, count: usize, dedicated: f64) -> any
         &[],
         &[
             ("DROVER_EXECUTOR", missing.as_os_str()),
-            ("DROVER_PLUGIN_PASS_ENV", "DROVER_EXECUTOR".as_ref()),
+            // Executed, as that form always was: forked from a spawner, executors share
+            // its pages and the comparison of the two programs would be lost.
+            ("DROVER_EXECUTOR_SPAWNER", "off".as_ref()),
+            (
+                "DROVER_PLUGIN_PASS_ENV",
+                "DROVER_EXECUTOR,DROVER_EXECUTOR_SPAWNER".as_ref(),
+            ),
         ],
     )?;
     let result = async {

@@ -268,8 +268,17 @@ async fn a_failed_start_leaves_no_executor_and_no_directory() {
         .map(|d| d.map(|e| e.unwrap().path()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "left behind: {left:?}");
-    until(PROMPT, "no child of the plugin is left", || {
-        processes(|ppid, _| ppid == p.process.pid()).is_empty()
+    // Nothing but the plugin's executor spawner: no executor of either start is left,
+    // whether the spawner forked it or the plugin executed it.
+    until(PROMPT, "no executor is left", || {
+        let plugin = p.process.pid();
+        let spawners: Vec<u32> = processes(|ppid, _| ppid == plugin)
+            .into_iter()
+            .filter(|&c| cmdline(c) == b"drover-executor: spawner\0")
+            .collect();
+        processes(|ppid, _| ppid == plugin || spawners.contains(&ppid))
+            .iter()
+            .all(|c| spawners.contains(c))
     })
     .await;
     p.shutdown().await;
@@ -925,4 +934,138 @@ async fn an_execd_setsid_child_is_in_the_tasks_cgroup_and_dies_with_the_task() {
     );
     p.client.destroy_task("plain", true).await.unwrap();
     p.shutdown().await;
+}
+
+fn cmdline(pid: u32) -> Vec<u8> {
+    std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()
+}
+
+fn parent(pid: u32) -> u32 {
+    drover_test_support::procs::stat(pid)
+        .map(|s| s.ppid)
+        .unwrap_or_else(|| panic!("process {pid} is gone"))
+}
+
+/// Executors are forked by one spawner per plugin instead of executed afresh. The
+/// spawner is named in `ps`, each executor still carries its own task's name, and a
+/// spawner that dies takes nothing with it: its executors and their tasks run on, the
+/// next start is executed directly, and the one after it has a new spawner. One that
+/// stops answering is replaced the same way, without a task getting two executors.
+#[tokio::test]
+async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
+    let (_dir, p) = setup().await;
+    let (_, first_pid) = p.start("first", sleeper()).await;
+    let first_executor = p.executor_pid("first").await;
+    let spawner = parent(first_executor);
+    assert_eq!(
+        cmdline(spawner),
+        b"drover-executor: spawner\0",
+        "the executor's parent is not the spawner"
+    );
+    assert_eq!(
+        parent(spawner),
+        p.process.pid(),
+        "the spawner is the plugin's"
+    );
+    assert_eq!(cmdline(first_executor), b"drover-executor: first\0");
+    let comm = std::fs::read_to_string(format!("/proc/{first_executor}/comm")).unwrap();
+    assert_eq!(comm.trim_end(), "drover-executor");
+    // Spawned executors are their own session, like executed ones: a signal to the
+    // plugin's group does not reach them.
+    assert_ne!(
+        drover_test_support::procs::stat(first_executor)
+            .unwrap()
+            .pgid,
+        drover_test_support::procs::stat(spawner).unwrap().pgid
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(spawner as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    until(PROMPT, "the spawner dies", || !alive(spawner)).await;
+    assert!(alive(first_executor) && alive(first_pid));
+    p.client.signal_task("first", Signal::CONT).await.unwrap();
+
+    let (_, second_pid) = p.start("second", sleeper()).await;
+    assert!(alive(second_pid));
+    assert_eq!(
+        parent(p.executor_pid("second").await),
+        p.process.pid(),
+        "with its spawner gone, the plugin executes the executor itself"
+    );
+    let (_, third_pid) = p.start("third", sleeper()).await;
+    assert!(alive(third_pid));
+    let new_spawner = parent(p.executor_pid("third").await);
+    assert_ne!(new_spawner, spawner);
+    assert_eq!(cmdline(new_spawner), b"drover-executor: spawner\0");
+
+    // Each task is still its executor's: stopping one stops exactly it.
+    let stopped = within(
+        PROMPT,
+        "stop",
+        p.client
+            .stop_task("first", Duration::from_secs(5), Signal::TERM),
+    )
+    .await;
+    assert!(stopped.is_ok(), "{stopped:?}");
+    until(PROMPT, "task first exits", || !alive(first_pid)).await;
+    assert!(alive(second_pid) && alive(third_pid));
+
+    // A spawner that takes the request but never answers (stopped here) is killed
+    // after its 2 s, and since it forked nothing, the plugin executes that executor
+    // itself: one executor, one task.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new_spawner as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let (_, fourth_pid) = p.start("fourth", sleeper()).await;
+    assert!(alive(fourth_pid));
+    assert_eq!(parent(p.executor_pid("fourth").await), p.process.pid());
+    until(PROMPT, "the silent spawner is killed", || {
+        !alive(new_spawner)
+    })
+    .await;
+    let fourth: Vec<u32> = processes(|_, _| true)
+        .into_iter()
+        .filter(|&pid| cmdline(pid) == b"drover-executor: fourth\0")
+        .collect();
+    assert_eq!(fourth.len(), 1, "executors of task fourth: {fourth:?}");
+    let (_, fifth_pid) = p.start("fifth", sleeper()).await;
+    let last_spawner = parent(p.executor_pid("fifth").await);
+    assert_eq!(cmdline(last_spawner), b"drover-executor: spawner\0");
+
+    // The spawner leaves with its plugin; the tasks stay.
+    let how = within(PROMPT, "shut the plugin down", p.process.shutdown()).await;
+    assert!(how.is_success(), "{how}");
+    until(PROMPT, "the spawner exits with its plugin", || {
+        !alive(last_spawner)
+    })
+    .await;
+    assert!(alive(second_pid) && alive(third_pid) && alive(fourth_pid) && alive(fifth_pid));
+}
+
+/// `DROVER_EXECUTOR_SPAWNER=off` in the plugin's environment: every executor is
+/// executed by the plugin itself, and named and detached as a spawned one is.
+#[tokio::test]
+async fn with_the_spawner_off_the_plugin_executes_every_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = drover_plugin_sdk::client::LaunchOptions::new("rawexec", BIN);
+    opts.env
+        .push((drover_executor::ENV_EXECUTOR_SPAWNER.into(), "off".into()));
+    let p = Plugin::launch_opts(dir.path(), opts, r#"{"enabled": true}"#).await;
+    for id in ["one", "two"] {
+        let (_, pid) = p.start(id, sleeper()).await;
+        assert!(alive(pid));
+        let executor = p.executor_pid(id).await;
+        assert_eq!(parent(executor), p.process.pid());
+        assert_eq!(
+            cmdline(executor),
+            format!("drover-executor: {id}\0").as_bytes()
+        );
+        let comm = std::fs::read_to_string(format!("/proc/{executor}/comm")).unwrap();
+        assert_eq!(comm.trim_end(), "drover-executor");
+    }
 }

@@ -146,8 +146,8 @@ fn rawexec_in_process_runs_tasks_through_the_cli() {
     assert_eq!(wait(&agent, &id), Some(3));
 
     // A long task runs under the dedicated executor installed beside the agent's
-    // binary (the library's build matches it), in a session of its own: not in the
-    // agent's process group, so not killed with it.
+    // binary (the library's build matches it), forked by the agent's executor spawner,
+    // in a session of its own: not in the agent's process group, so not killed with it.
     let id = run(
         &agent,
         "rawexec",
@@ -166,7 +166,17 @@ fn rawexec_in_process_runs_tasks_through_the_cli() {
     let agent_pid = agent.child.id();
     let agent_group = procs::stat(agent_pid).unwrap().pgid;
     let exec_stat = procs::stat(executor).unwrap();
-    assert_eq!(exec_stat.ppid, agent_pid, "the agent did not start it");
+    let spawner = exec_stat.ppid;
+    assert_eq!(
+        std::fs::read(format!("/proc/{spawner}/cmdline")).unwrap(),
+        b"drover-executor: spawner\0",
+        "the executor's parent is not a spawner"
+    );
+    assert_eq!(
+        procs::stat(spawner).unwrap().ppid,
+        agent_pid,
+        "the agent did not start the spawner"
+    );
     assert_eq!(
         exec_stat.pgid, executor,
         "the executor leads no group of its own"

@@ -50,13 +50,14 @@ impl Plugin {
 
     /// [`Self::launch`] with exactly `config` (JSON) as its plugin config.
     pub async fn launch_with_exactly(dir: &Path, config: &str) -> Plugin {
-        let process = within(
-            PROMPT,
-            "launch",
-            PluginProcess::launch(LaunchOptions::new("rawexec", BIN)),
-        )
-        .await
-        .expect("rawexec launches");
+        Self::launch_opts(dir, LaunchOptions::new("rawexec", BIN), config).await
+    }
+
+    /// [`Self::launch`] of the plugin as `opts` say (its environment, say).
+    pub async fn launch_opts(dir: &Path, opts: LaunchOptions, config: &str) -> Plugin {
+        let process = within(PROMPT, "launch", PluginProcess::launch(opts))
+            .await
+            .expect("rawexec launches");
         let client = process.client();
         let agent = AgentInfo::new(drover_plugin_sdk::version::PLUGIN_API_VERSION)
             .with_alloc_dir(dir)

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::io::{
+    AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWriteExt as _, BufReader,
+};
 
 use drover_plugin_sdk::types::{TaskStats, validate_task_id};
 use drover_plugin_sdk::{DriverError, Signal};
@@ -134,46 +136,103 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             return Err(io_err("lock", &dir.join(LOCK_FILE), e));
         }
     };
-    let mut command = executor_command(&dir, lock, &spec.task_id);
-    let spawned = command.spawn();
-    // Our copy of the lock goes with the command; the executor's copy keeps it held.
-    drop(command);
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            cleanup(&dir);
-            return Err(DriverError::Internal(format!(
-                "cannot start an executor (running {}): {e}",
-                super::program::program().display_path().display()
-            )));
+    // Forked by this driver's spawner when it can (see `spawner`), else executed.
+    let mut forked: Option<(Option<u32>, Box<dyn AsyncRead + Unpin + Send>)> = None;
+    if super::spawner::enabled() {
+        use super::spawner::Outcome;
+        match super::spawner::spawn(&dir, &lock, &spec.task_id, fd_headroom()).await {
+            Outcome::Spawned { pid, startup } => forked = Some((Some(pid), Box::new(startup))),
+            Outcome::NotForked(e) => tracing::warn!(
+                task_id = %spec.task_id,
+                "the executor spawner did not fork this task's executor ({e}); executing it \
+                 directly"
+            ),
+            Outcome::Unanswered { startup, why } => {
+                // Only an executor it forked can still answer on the pipe.
+                let mut first = String::new();
+                let read = tokio::time::timeout(
+                    STARTUP_TIMEOUT,
+                    BufReader::new(startup.take(MAX_REPLY)).read_line(&mut first),
+                )
+                .await;
+                match read {
+                    Ok(Ok(0)) | Ok(Err(_)) => tracing::warn!(
+                        task_id = %spec.task_id,
+                        "the executor spawner failed ({why}) without starting this task's \
+                         executor; executing it directly"
+                    ),
+                    // It did fork one: that executor's reply stands (its pid is not
+                    // known here, and not needed: it reports its own).
+                    Ok(Ok(_)) => forked = Some((None, Box::new(std::io::Cursor::new(first)))),
+                    Err(_) => {
+                        return Err(DriverError::Timeout(format!(
+                            "the executor spawner failed ({why}), and an executor it may have \
+                             forked for task {} gave no start-up reply within \
+                             {STARTUP_TIMEOUT:?}; it may still start the task, which is then \
+                             found by recovering it by id",
+                            spec.task_id
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    let (executor_pid, startup): (Option<u32>, Box<dyn AsyncRead + Unpin + Send>) = match forked {
+        Some((pid, startup)) => {
+            // The executor's copy of the lock keeps it held.
+            drop(lock);
+            (pid, startup)
+        }
+        None => {
+            let mut command = executor_command(&dir, lock, &spec.task_id);
+            let spawned = command.spawn();
+            // Our copy of the lock goes with the command; the executor's copy keeps it
+            // held.
+            drop(command);
+            let mut child = match spawned {
+                Ok(c) => c,
+                Err(e) => {
+                    cleanup(&dir);
+                    return Err(DriverError::Internal(format!(
+                        "cannot start an executor (running {}): {e}",
+                        super::program::program().display_path().display()
+                    )));
+                }
+            };
+            // Always piped; without it the reply is empty, and the executor is killed.
+            let stdout: Box<dyn AsyncRead + Unpin + Send> = match child.stdout.take() {
+                Some(out) => Box::new(out),
+                None => Box::new(tokio::io::empty()),
+            };
+            let pid = child.id();
+            // Reap the executor whenever it exits (no zombies), but never kill it on
+            // drop: it owns the task.
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+            });
+            (pid, stdout)
         }
     };
-    let stdout = child.stdout.take();
+    // To kill it by if its reply is not understood: a pidfd, opened while the process
+    // cannot have been reaped and its pid reused (an executed one is our child, not
+    // yet waited for; a forked one has not written its reply, so it has not exited).
+    let executor_pidfd = executor_pid
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     let line = async {
         let mut line = String::new();
-        match stdout {
-            Some(out) => BufReader::new(out.take(MAX_REPLY))
-                .read_line(&mut line)
-                .await
-                .map(|_| line),
-            None => Ok(line),
-        }
+        BufReader::new(startup.take(MAX_REPLY))
+            .read_line(&mut line)
+            .await
+            .map(|_| line)
     };
     let outcome = tokio::time::timeout(STARTUP_TIMEOUT, line).await;
-    let executor_pid = child.id();
-    // Reap the executor whenever it exits (no zombies), but never kill it on drop: it
-    // owns the task.
-    tokio::spawn(async move {
-        let _ = child.wait().await;
-    });
     let failed = |why: String| {
         // No answer we understand: it cannot be trusted to run the task. It is in its
-        // own session already, so only its pid reaches it.
-        if let Some(pid) = executor_pid.and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        // own session already, so only it is signalled, through its pidfd (never by a
+        // pid that may have been reused by now).
+        if let Some(fd) = &executor_pidfd {
+            let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
         }
         cleanup(&dir);
         DriverError::Internal(format!("executor for task {}: {why}", spec.task_id))

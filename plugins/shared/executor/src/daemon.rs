@@ -79,14 +79,18 @@ fn plain_cgroup(
 
 /// Run the executor for the task directory `dir`, isolating with `sandbox` a task that
 /// asks for it. Returns the process exit code.
-pub(crate) fn run(dir: PathBuf, sandbox: Option<&dyn Sandbox>) -> i32 {
+/// `nofile` is the open-file limit to put back (see [`super::ENV_EXECUTOR_NOFILE`]).
+pub(crate) fn run(dir: PathBuf, sandbox: Option<&dyn Sandbox>, nofile: Option<u64>) -> i32 {
     // Own session first: from here on a signal to the plugin's process group (the host
     // kills a plugin's whole group) no longer reaches the executor, and the task it
     // starts is not in the plugin's session.
     let _ = rustix::process::setsid();
+    // `ps` and `top` show `comm`: executed through a descriptor it would be that
+    // descriptor's number.
+    let _ = nix::sys::prctl::set_name(c"drover-executor");
     close_inherited_fds();
     block_signals();
-    restore_fd_limit();
+    restore_fd_limit(nofile);
     let _ = std::env::set_current_dir("/");
     if !dir.is_absolute() {
         report(&Reply::err(
@@ -136,14 +140,18 @@ fn report(reply: &Reply) {
     }
 }
 
-/// Put back the open-file limit the plugin had before it raised its own (see
-/// [`super::ENV_EXECUTOR_NOFILE`]), so the task inherits what the operator set.
-fn restore_fd_limit() {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let Some(original) = std::env::var(super::ENV_EXECUTOR_NOFILE)
+/// The open-file limit to put back, from [`super::ENV_EXECUTOR_NOFILE`].
+pub(crate) fn nofile_from_env() -> Option<u64> {
+    std::env::var(super::ENV_EXECUTOR_NOFILE)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-    else {
+}
+
+/// Put back the open-file limit the plugin had before it raised its own (see
+/// [`super::ENV_EXECUTOR_NOFILE`]), so the task inherits what the operator set.
+fn restore_fd_limit(original: Option<u64>) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let Some(original) = original else {
         return;
     };
     let limit = getrlimit(Resource::Nofile);
@@ -158,7 +166,7 @@ fn restore_fd_limit() {
 
 /// Close every descriptor above stderr: the executor lives for as long as its task,
 /// and must not keep, say, the plugin's gRPC socket or the agent's pipes open.
-fn close_inherited_fds() {
+pub(crate) fn close_inherited_fds() {
     let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
         Ok(dir) => dir
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())

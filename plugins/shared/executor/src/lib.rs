@@ -106,6 +106,7 @@ mod program;
 mod proto;
 pub mod sandbox;
 mod spawn;
+mod spawner;
 pub mod task;
 
 pub use client::{ExecutorHandle, launch};
@@ -116,6 +117,7 @@ pub use proto::{
     Mount, MountKind, Namespaces, Rlimit, RlimitResource,
 };
 pub use sandbox::{Sandbox, Sandboxed};
+pub use spawner::ENV_EXECUTOR_SPAWNER;
 
 /// Environment variable that switches the plugin binary into executor mode. Its value
 /// is the task's executor directory.
@@ -168,8 +170,15 @@ pub(crate) const LOG_FILE: &str = "executor.log";
 /// # fn start_the_plugin() {}
 /// ```
 pub fn run_if_executor(sandbox: Option<&dyn Sandbox>) {
+    if std::env::var_os(spawner::ENV_SPAWNER_SOCKET).is_some() {
+        std::process::exit(spawner::serve(sandbox));
+    }
     if let Some(dir) = std::env::var_os(ENV_EXECUTOR_DIR) {
-        std::process::exit(daemon::run(PathBuf::from(dir), sandbox));
+        std::process::exit(daemon::run(
+            PathBuf::from(dir),
+            sandbox,
+            daemon::nofile_from_env(),
+        ));
     }
 }
 
@@ -186,8 +195,15 @@ pub fn run_if_executor(sandbox: Option<&dyn Sandbox>) {
 /// drover_executor::executor_main(None);
 /// ```
 pub fn executor_main(sandbox: Option<&dyn Sandbox>) -> ! {
+    if std::env::var_os(spawner::ENV_SPAWNER_SOCKET).is_some() {
+        std::process::exit(spawner::serve(sandbox));
+    }
     if let Some(dir) = std::env::var_os(ENV_EXECUTOR_DIR) {
-        std::process::exit(daemon::run(PathBuf::from(dir), sandbox));
+        std::process::exit(daemon::run(
+            PathBuf::from(dir),
+            sandbox,
+            daemon::nofile_from_env(),
+        ));
     }
     let marker = program::BUILD_MARKER.trim_end_matches('\0');
     let build = marker.rsplit(':').next().unwrap_or(marker);

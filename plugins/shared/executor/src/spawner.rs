@@ -1,0 +1,606 @@
+//! The executor spawner: a fork server for executors.
+//!
+//! Starting an executor by `execve` costs most of a task start on a virtual machine:
+//! the kernel maps the program, the dynamic loader maps and relocates it and three
+//! libraries, the C library probes the CPU (each `cpuid` traps to the hypervisor),
+//! and every page touched on the way faults in, while a `fork` of an executor that is
+//! already running costs a fraction of that (measured here: 0.79 ms for `posix_spawn`
+//! of `drover-executor` and its exit, 0.19 ms for a fork of a small process that
+//! touches 50 pages). So a driver starts one executor program in spawner mode, once,
+//! and asks it for each task's executor: the spawner forks, and the child becomes the
+//! executor of that task exactly as an executed one does ([`crate::daemon::run`]): its
+//! own session, only its lock on stdin and the start-up pipe on stdout, every other
+//! descriptor closed, the plugin's open-file limit put back.
+//!
+//! The spawner is the same checked program file as the executors (the dedicated
+//! `drover-executor`, or the driver's own binary), started like one: with an empty
+//! environment but for [`ENV_SPAWNER_SOCKET`], and stdin a `SOCK_SEQPACKET` socket
+//! whose other end only the driver holds (no path in the filesystem). It is
+//! single-threaded, holds nothing of the driver's, ignores `SIGCHLD` so that the
+//! executors it forks are reaped by the kernel when they exit, and exits when the
+//! driver's end closes (the driver exited): the executors it started live on, as
+//! executors always outlived their driver.
+//!
+//! One request, one datagram: the task id and the executor directory, the open-file
+//! limit to put back, and two descriptors (the directory's lock and the write end of
+//! the start-up pipe) as `SCM_RIGHTS`. One answer: the executor's pid, or an errno.
+//! Everything after that (the start-up line, the task) is the same as for an executor
+//! that was executed directly. A spawner that cannot be reached, or answers that its
+//! fork failed, has started nothing: the driver executes that executor itself. One
+//! that was sent the request but gave no answer (it died, or took over 2 s) may have
+//! forked: it is killed, and the start-up pipe decides, since only an executor it
+//! forked can still hold its write end. A line on it is that executor's reply; its end
+//! without a line means that none exists, and the driver executes one itself. Never
+//! both: a task never gets two executors. The next task gets a new spawner.
+//!
+//! Executors forked by one spawner share its address-space layout, stack-protector
+//! canary and hash seeds (made once, at the spawner's `execve`). An executor holds no
+//! secret, and a task cannot read its executor's memory; `DROVER_EXECUTOR_SPAWNER=off`
+//! in the driver's environment executes every executor afresh instead.
+
+use std::ffi::OsString;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use tokio::io::unix::AsyncFd;
+
+use super::sandbox::Sandbox;
+
+/// Set (to `0`, the descriptor of its request socket) in the environment of an
+/// executor program started as a spawner. Internal: only a driver sets it, for its
+/// own spawner.
+pub(crate) const ENV_SPAWNER_SOCKET: &str = "DROVER_EXECUTOR_SPAWNER_FD";
+
+/// In a driver's environment, `off` (or `0`, `false`, `no`) makes the driver execute
+/// every executor directly instead of forking it from a spawner.
+///
+/// ```
+/// assert_eq!(drover_executor::ENV_EXECUTOR_SPAWNER, "DROVER_EXECUTOR_SPAWNER");
+/// ```
+pub const ENV_EXECUTOR_SPAWNER: &str = "DROVER_EXECUTOR_SPAWNER";
+
+/// What the spawner's command line says, and room behind it for an executor's
+/// (`drover-executor: <task id>`, a task id being at most 128 bytes): a forked
+/// executor writes its own over it.
+const SPAWNER_ARG0: &str = "drover-executor: spawner";
+const ARG0_ROOM: usize = super::client::EXECUTOR_ARG0.len() + 128;
+
+/// Version of the request datagram.
+const REQUEST_VERSION: u8 = 1;
+/// Largest request: the version, its number, the limit, the id's length, a 128-byte
+/// id and a directory path.
+const MAX_REQUEST: usize = 1 + 4 + 8 + 1 + 128 + 4096;
+/// No limit to put back.
+const NO_NOFILE: u64 = u64::MAX;
+
+/// How long a driver waits for the spawner's answer (a fork) before it gives up on
+/// this spawner and executes the executor itself.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+
+// ---------------------------------------------------------------------------------
+// The spawner process.
+
+/// Run as the spawner on the request socket `fd` (stdin) and return the exit code:
+/// 0 once the driver's end is closed.
+pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
+    name_process(SPAWNER_ARG0);
+    // Only the request socket (stdin) and /dev/null (stdout, stderr) are the
+    // spawner's: whatever else the driver's exec left open must not reach executors.
+    super::daemon::close_inherited_fds();
+    let _ = std::env::set_current_dir("/");
+    let socket_ok = rustix::net::sockopt::socket_type(rustix::stdio::stdin())
+        .is_ok_and(|t| t == SocketType::SEQPACKET);
+    if !socket_ok {
+        eprintln!(
+            "drover-executor: {ENV_SPAWNER_SOCKET} is set, but stdin is not a spawner's \
+             request socket; only a Drover driver starts a spawner"
+        );
+        return 2;
+    }
+    ignore_children();
+    ignore_terminal_signals();
+    let mut buf = vec![0u8; MAX_REQUEST];
+    loop {
+        let request = match receive(&mut buf) {
+            Ok(Some(r)) => r,
+            // The driver closed its end: it exited.
+            Ok(None) => return 0,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return 1,
+        };
+        let (sequence, answer) = match request {
+            Ok(request) => (request.sequence, fork_executor(request, sandbox)),
+            Err((sequence, errno)) => (sequence, -errno.raw_os_error()),
+        };
+        if send_answer(sequence, answer).is_err() {
+            return 1;
+        }
+    }
+}
+
+/// A request as received: the descriptors are owned, and closed in the spawner once
+/// the child has its copies.
+struct SpawnRequest {
+    sequence: u32,
+    task_id: Vec<u8>,
+    dir: PathBuf,
+    nofile: Option<u64>,
+    lock: OwnedFd,
+    startup: OwnedFd,
+}
+
+/// Read one request; `None` at the end of the stream. A request that is malformed
+/// (truncated, the wrong number of descriptors) is answered `EINVAL`.
+/// A request that cannot be served: its number (0 when unreadable) and why.
+type Refused = (u32, rustix::io::Errno);
+
+fn receive(buf: &mut [u8]) -> Result<Option<Result<SpawnRequest, Refused>>, rustix::io::Errno> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(
+        rustix::stdio::stdin(),
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    if msg.bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    let truncated = msg
+        .flags
+        .intersects(rustix::net::ReturnFlags::TRUNC | rustix::net::ReturnFlags::CTRUNC);
+    let Some((sequence, task_id, dir, nofile)) = parse_request(&buf[..msg.bytes]) else {
+        return Ok(Some(Err((0, rustix::io::Errno::INVAL))));
+    };
+    if truncated || fds.len() != 2 {
+        return Ok(Some(Err((sequence, rustix::io::Errno::INVAL))));
+    }
+    let startup = fds.pop();
+    let lock = fds.pop();
+    match (lock, startup) {
+        (Some(lock), Some(startup)) => Ok(Some(Ok(SpawnRequest {
+            sequence,
+            task_id,
+            dir,
+            nofile,
+            lock,
+            startup,
+        }))),
+        _ => Ok(Some(Err((sequence, rustix::io::Errno::INVAL)))),
+    }
+}
+
+/// The request's fields: version, its number (echoed in the answer), open-file limit
+/// (little-endian, [`NO_NOFILE`] for none), the task id's length and bytes, then the
+/// directory, which must be absolute.
+fn encode_request(sequence: u32, task_id: &str, dir: &Path, nofile: Option<u64>) -> Vec<u8> {
+    let dir = dir.as_os_str().as_bytes();
+    let mut out = Vec::with_capacity(14 + task_id.len() + dir.len());
+    out.push(REQUEST_VERSION);
+    out.extend_from_slice(&sequence.to_le_bytes());
+    out.extend_from_slice(&nofile.unwrap_or(NO_NOFILE).to_le_bytes());
+    // Task ids are at most 128 bytes (validate_task_id); a longer one is cut.
+    let id = &task_id.as_bytes()[..task_id.len().min(128)];
+    out.push(id.len() as u8);
+    out.extend_from_slice(id);
+    out.extend_from_slice(dir);
+    out
+}
+
+/// What [`encode_request`] made: (number, task id, directory, open-file limit).
+type Request = (u32, Vec<u8>, PathBuf, Option<u64>);
+
+fn parse_request(bytes: &[u8]) -> Option<Request> {
+    let (&version, rest) = bytes.split_first()?;
+    if version != REQUEST_VERSION {
+        return None;
+    }
+    let (sequence, rest) = rest.split_at_checked(4)?;
+    let sequence = u32::from_le_bytes(sequence.try_into().ok()?);
+    let (limit, rest) = rest.split_at_checked(8)?;
+    let nofile = u64::from_le_bytes(limit.try_into().ok()?);
+    let (&id_len, rest) = rest.split_first()?;
+    let (id, dir) = rest.split_at_checked(usize::from(id_len))?;
+    let dir = PathBuf::from(OsString::from_vec(dir.to_vec()));
+    if !dir.is_absolute() || id.len() > 128 {
+        return None;
+    }
+    Some((
+        sequence,
+        id.to_vec(),
+        dir,
+        (nofile != NO_NOFILE).then_some(nofile),
+    ))
+}
+
+/// An answer: the request's number, then the pid or a negative errno.
+const ANSWER_LEN: usize = 8;
+
+fn encode_answer(sequence: u32, answer: i32) -> [u8; ANSWER_LEN] {
+    let mut out = [0u8; ANSWER_LEN];
+    out[..4].copy_from_slice(&sequence.to_le_bytes());
+    out[4..].copy_from_slice(&answer.to_le_bytes());
+    out
+}
+
+fn decode_answer(bytes: [u8; ANSWER_LEN]) -> (u32, i32) {
+    let mut sequence = [0u8; 4];
+    let mut answer = [0u8; 4];
+    sequence.copy_from_slice(&bytes[..4]);
+    answer.copy_from_slice(&bytes[4..]);
+    (u32::from_le_bytes(sequence), i32::from_le_bytes(answer))
+}
+
+fn send_answer(sequence: u32, answer: i32) -> rustix::io::Result<()> {
+    let bytes = encode_answer(sequence, answer);
+    loop {
+        match rustix::net::send(rustix::stdio::stdin(), &bytes, SendFlags::NOSIGNAL) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => return other.map(|_| ()),
+        }
+    }
+}
+
+/// Fork the executor of `request`; its pid, or a negative errno.
+fn fork_executor(request: SpawnRequest, sandbox: Option<&dyn Sandbox>) -> i32 {
+    // SAFETY: the spawner is single-threaded (it never starts a thread, and is
+    // executed fresh by the driver), so the child is a complete copy of it, with no
+    // lock held by another thread; the child runs the executor and exits, never
+    // returning into this loop.
+    #[allow(unsafe_code)]
+    let forked = unsafe { nix::unistd::fork() };
+    match forked {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let code = executor_child(request, sandbox);
+            std::process::exit(code)
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child.as_raw(),
+        Err(errno) => -(errno as i32),
+    }
+}
+
+/// In the forked child: become the executor of `request`, as an executed executor
+/// starts (stdin the lock, stdout the start-up pipe, stderr /dev/null as the
+/// spawner's), and run it.
+fn executor_child(request: SpawnRequest, sandbox: Option<&dyn Sandbox>) -> i32 {
+    default_children();
+    let mut title = super::client::EXECUTOR_ARG0.as_bytes().to_vec();
+    title.extend_from_slice(&request.task_id);
+    name_process_bytes(&title);
+    // The request socket (stdin) goes: replaced by the lock.
+    if rustix::stdio::dup2_stdin(&request.lock).is_err()
+        || rustix::stdio::dup2_stdout(&request.startup).is_err()
+    {
+        return 1;
+    }
+    drop(request.lock);
+    drop(request.startup);
+    super::daemon::run(request.dir, sandbox, request.nofile)
+}
+
+/// The spawner's executors are reaped by the kernel when they exit: nothing waits for
+/// them here (their driver learns their end from their files and sockets).
+fn ignore_children() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    // SAFETY: installs no handler (SIG_IGN), in this single-threaded process.
+    #[allow(unsafe_code)]
+    let _ = unsafe { sigaction(Signal::SIGCHLD, &action) };
+}
+
+/// A Ctrl-C or hang-up of the agent's terminal reaches its whole process group, the
+/// spawner with it: as plugins do, the spawner stays. (Each executor catches both
+/// itself.)
+fn ignore_terminal_signals() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    for s in [Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: installs no handler (SIG_IGN), in this single-threaded process.
+        #[allow(unsafe_code)]
+        let _ = unsafe { sigaction(s, &action) };
+    }
+}
+
+/// An executor waits for its task: `SIGCHLD` back to its default, or the kernel would
+/// reap the task and its exit status would be lost.
+fn default_children() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: installs no handler (SIG_DFL), in this single-threaded process.
+    #[allow(unsafe_code)]
+    let _ = unsafe { sigaction(Signal::SIGCHLD, &action) };
+}
+
+fn name_process(title: &str) {
+    name_process_bytes(title.as_bytes());
+}
+
+/// How long argv[0] was when this process started (the spawner measures it before it
+/// first renames itself; its forked executors inherit the figure), 0 until measured.
+static ARG0_LEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Name this process for `ps` and `top`: `comm` (what a spawner executed through a
+/// descriptor would otherwise show: the descriptor's number) and its command line,
+/// written over the room its `argv[0]` has ([`ARG0_ROOM`] for a spawner and its
+/// executors). The byte that ended `argv[0]` is overwritten too, so that the kernel
+/// reads the command line up to the new end (as for `setproctitle`).
+fn name_process_bytes(title: &[u8]) {
+    let _ = nix::sys::prctl::set_name(c"drover-executor");
+    #[allow(unsafe_code)]
+    unsafe extern "C" {
+        // glibc's pointer to argv[0], the first byte of the command-line area.
+        static mut program_invocation_name: *mut std::ffi::c_char;
+    }
+    // SAFETY: glibc sets `program_invocation_name` to argv[0] before `main` and this
+    // process never changes it; argv[0]'s bytes (and its NUL) are the process's own,
+    // writable memory at the top of the stack, read by nothing else in this
+    // single-threaded process but Rust's `std::env::args`, which the executor does not
+    // call. Writes stay within argv[0]'s original length, its NUL included.
+    #[allow(unsafe_code)]
+    unsafe {
+        let start = program_invocation_name.cast::<u8>();
+        if start.is_null() {
+            return;
+        }
+        let mut room = ARG0_LEN.load(std::sync::atomic::Ordering::Relaxed);
+        if room == 0 {
+            room = std::ffi::CStr::from_ptr(start.cast()).to_bytes().len();
+            ARG0_LEN.store(room, std::sync::atomic::Ordering::Relaxed);
+        }
+        if room < ARG0_ROOM || title.len() >= room {
+            return;
+        }
+        std::ptr::copy_nonoverlapping(title.as_ptr(), start, title.len());
+        // The new end, then filler up to where argv[0] ended; its old NUL becomes a
+        // space, which tells the kernel the area was rewritten.
+        *start.add(title.len()) = 0;
+        for i in title.len() + 1..=room {
+            *start.add(i) = b' ';
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The driver's side.
+
+/// Whether this driver forks executors from a spawner ([`ENV_EXECUTOR_SPAWNER`]).
+pub(crate) fn enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        let off = std::env::var(ENV_EXECUTOR_SPAWNER).is_ok_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "off" | "0" | "false" | "no"
+            )
+        });
+        !off
+    })
+}
+
+/// A running spawner, as its driver holds it.
+struct Spawner {
+    socket: AsyncFd<OwnedFd>,
+    /// Number of the last request sent.
+    sequence: u32,
+    /// Killed when dropped: a spawner that stopped answering is replaced.
+    _process: tokio::process::Child,
+}
+
+/// The driver's spawner, started at its first executor.
+fn slot() -> &'static tokio::sync::Mutex<Option<Spawner>> {
+    static SLOT: OnceLock<tokio::sync::Mutex<Option<Spawner>>> = OnceLock::new();
+    SLOT.get_or_init(|| tokio::sync::Mutex::new(None))
+}
+
+/// What asking the spawner came to.
+pub(crate) enum Outcome {
+    /// Forked: the executor's pid and the read end of its start-up pipe.
+    Spawned {
+        pid: u32,
+        startup: tokio::net::unix::pipe::Receiver,
+    },
+    /// No executor was forked for this request (the request never reached a spawner,
+    /// or it answered that its fork failed): the caller executes one itself.
+    NotForked(std::io::Error),
+    /// The request reached the spawner but no answer came (it died, or was too slow:
+    /// it is killed now). It may have forked an executor before that, which then holds
+    /// the only write end of `startup` left: a line on it is that executor's start-up
+    /// reply; the end of it without a line means no executor of this task exists.
+    Unanswered {
+        startup: tokio::net::unix::pipe::Receiver,
+        why: std::io::Error,
+    },
+}
+
+/// Ask this driver's spawner (started now if there is none) for the executor of
+/// `task_id` in `dir`, with `lock` as its stdin.
+///
+/// The spawner is out of the driver's hands while a request is in flight: a caller
+/// cancelled half-way drops it (and so kills it), so that no answer is ever left
+/// behind on its socket for the next request to read. Each answer also echoes its
+/// request's number.
+pub(crate) async fn spawn(
+    dir: &Path,
+    lock: &std::fs::File,
+    task_id: &str,
+    nofile: Option<u64>,
+) -> Outcome {
+    let (read, write) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return Outcome::NotForked(e.into()),
+    };
+    let startup = match tokio::net::unix::pipe::Receiver::from_owned_fd(read) {
+        Ok(r) => r,
+        Err(e) => return Outcome::NotForked(e),
+    };
+    let mut slot = slot().lock().await;
+    let mut spawner = match slot.take() {
+        Some(s) => s,
+        None => match start_spawner() {
+            Ok(s) => s,
+            Err(e) => return Outcome::NotForked(e),
+        },
+    };
+    spawner.sequence = spawner.sequence.wrapping_add(1);
+    let request = encode_request(spawner.sequence, task_id, dir, nofile);
+    if let Err(e) = send(&spawner, &request, [lock.as_fd(), write.as_fd()]).await {
+        // Nothing reached it: a dead spawner (EPIPE), and it is dropped.
+        return Outcome::NotForked(e);
+    }
+    // From here on the spawner may have forked; only its answer, or the pipe, says.
+    drop(write);
+    let answer = tokio::time::timeout(ANSWER_TIMEOUT, answer(&spawner)).await;
+    let why = match answer {
+        Ok(Ok((sequence, answer))) if sequence == spawner.sequence => {
+            *slot = Some(spawner);
+            if answer <= 0 {
+                return Outcome::NotForked(std::io::Error::from_raw_os_error(-answer));
+            }
+            return Outcome::Spawned {
+                pid: answer as u32,
+                startup,
+            };
+        }
+        Ok(Ok((sequence, _))) => std::io::Error::other(format!(
+            "the executor spawner answered request {sequence} to request {}",
+            spawner.sequence
+        )),
+        Ok(Err(e)) => e,
+        Err(_) => std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the executor spawner gave no answer within {ANSWER_TIMEOUT:?}"),
+        ),
+    };
+    // Killed with its process handle: its copy of the pipe closes.
+    drop(spawner);
+    Outcome::Unanswered { startup, why }
+}
+
+/// Send one request with its two descriptors.
+async fn send(
+    spawner: &Spawner,
+    request: &[u8],
+    fds: [std::os::fd::BorrowedFd<'_>; 2],
+) -> std::io::Result<()> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("descriptor message does not fit"));
+    }
+    loop {
+        let mut ready = spawner.socket.writable().await?;
+        match ready.try_io(|fd| {
+            rustix::net::sendmsg(
+                fd,
+                &[IoSlice::new(request)],
+                &mut control,
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+            )
+            .map_err(std::io::Error::from)
+        }) {
+            Ok(sent) => return sent.map(|_| ()),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Read one answer: the request's number and the pid or a negative errno.
+async fn answer(spawner: &Spawner) -> std::io::Result<(u32, i32)> {
+    loop {
+        let mut ready = spawner.socket.readable().await?;
+        let mut answer = [0u8; ANSWER_LEN];
+        match ready.try_io(|fd| {
+            rustix::net::recv(fd, &mut answer, RecvFlags::DONTWAIT).map_err(std::io::Error::from)
+        }) {
+            Ok(Ok((ANSWER_LEN, _))) => return Ok(decode_answer(answer)),
+            Ok(Ok(_)) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the executor spawner closed its socket (it exited)",
+                ));
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Execute the executor program as a spawner, on a fresh socket pair.
+fn start_spawner() -> std::io::Result<Spawner> {
+    let (ours, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    // The spawner blocks on its end.
+    rustix::io::ioctl_fionbio(&theirs, false)?;
+    let mut arg0 = String::from(SPAWNER_ARG0);
+    // Room for an executor's name over it (see `name_process_bytes`).
+    while arg0.len() < ARG0_ROOM + 1 {
+        arg0.push(' ');
+    }
+    let mut cmd = tokio::process::Command::new(super::program::program().exec_path());
+    cmd.arg0(arg0)
+        .env_clear()
+        .env(ENV_SPAWNER_SOCKET, "0")
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let process = cmd.spawn()?;
+    // SAFETY: the descriptor is owned by the AsyncFd, open and unchanged until it is
+    // dropped.
+    #[allow(unsafe_code)]
+    let socket = unsafe { AsyncFd::register(ours) }.map_err(std::io::Error::from)?;
+    Ok(Spawner {
+        socket,
+        sequence: 0,
+        _process: process,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let bytes = encode_request(7, "web-1", Path::new("/data/x/0123"), Some(1024));
+        let (sequence, id, dir, nofile) = parse_request(&bytes).unwrap();
+        assert_eq!(sequence, 7);
+        assert_eq!(id, b"web-1");
+        assert_eq!(dir, Path::new("/data/x/0123"));
+        assert_eq!(nofile, Some(1024));
+        let bytes = encode_request(1, "a", Path::new("/d"), None);
+        assert_eq!(parse_request(&bytes).unwrap().3, None);
+        assert_eq!(decode_answer(encode_answer(9, -11)), (9, -11));
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        assert!(parse_request(&[]).is_none());
+        assert!(parse_request(&[9, 0, 0]).is_none(), "unknown version");
+        let relative = encode_request(1, "a", Path::new("d"), None);
+        assert!(parse_request(&relative).is_none(), "relative directory");
+        let mut short = encode_request(1, "abc", Path::new("/d"), None);
+        short.truncate(15);
+        assert!(parse_request(&short).is_none(), "cut inside the id");
+    }
+}
