@@ -573,3 +573,33 @@ async fn launch_once(
     }
     Ok((elapsed, shutdown))
 }
+
+/// What creating a file costs where the bench keeps its data (`$TMPDIR`), measured
+/// now: 200 `mkdir`s in a scratch directory, removed again. Every task start creates
+/// about a dozen inodes (task and log directories, log files, the executor's files),
+/// on either side of a comparison; on an ext4 without a journal that has just deleted
+/// many files the cost grows tenfold for minutes (it will not reuse an inode deleted
+/// in the last 60 s and searches for another), and figures taken then say more about
+/// the filesystem than about the runtime.
+pub(crate) fn fs_note() -> String {
+    let base = std::env::temp_dir();
+    let Ok(scratch) = tempfile::Builder::new()
+        .prefix("drover-bench-fs-")
+        .tempdir_in(&base)
+    else {
+        return format!("filesystem of {}: cannot measure", base.display());
+    };
+    const N: u32 = 200;
+    let t = Instant::now();
+    for i in 0..N {
+        if std::fs::create_dir(scratch.path().join(i.to_string())).is_err() {
+            return format!("filesystem of {}: cannot measure", base.display());
+        }
+    }
+    let each = t.elapsed() / N;
+    format!(
+        "filesystem of {} ($TMPDIR): {:.0} us per mkdir, now",
+        base.display(),
+        each.as_secs_f64() * 1e6
+    )
+}

@@ -341,6 +341,7 @@ async fn measure(
         "tasks benchmark: {count} rawexec tasks (/bin/sleep 3600): {sequential} started one at a time, \
          then {concurrent} with {concurrency} StartTask calls in flight"
     );
+    println!("  {}", crate::fs_note());
     let l = stats(latencies);
     println!(
         "  StartTask latency, one at a time (API POST -> running, the agent settled): p50 {}  p99 {}",

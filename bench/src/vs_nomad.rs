@@ -155,6 +155,9 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
                 [Side::Drover, Side::Nomad]
             };
             for side in order {
+                // Both sides create and delete thousands of files: say what the
+                // filesystem costs at the moment each one is measured.
+                println!("round {round}, {}: {}", side.label(), crate::fs_note());
                 let m = measure(side, &nomad, &opts.drover, opts.tasks).await?;
                 print_one(round, side, &m, opts.tasks);
                 results.push((side, m));

@@ -137,18 +137,30 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
         }
     };
     // Forked by this driver's spawner when it can (see `spawner`), else executed.
-    let mut forked: Option<(Option<u32>, Box<dyn AsyncRead + Unpin + Send>)> = None;
+    let mut forked: Option<Started> = None;
     if super::spawner::enabled() {
         use super::spawner::Outcome;
         match super::spawner::spawn(&dir, &lock, &spec.task_id, fd_headroom()).await {
-            Outcome::Spawned { pid, startup } => forked = Some((Some(pid), Box::new(startup))),
+            Outcome::Spawned {
+                pid,
+                pidfd,
+                startup,
+            } => {
+                forked = Some(Started {
+                    pid: Some(pid),
+                    pidfd,
+                    startup: Box::new(startup),
+                    marked: true,
+                });
+            }
             Outcome::NotForked(e) => tracing::warn!(
                 task_id = %spec.task_id,
                 "the executor spawner did not fork this task's executor ({e}); executing it \
                  directly"
             ),
             Outcome::Unanswered { startup, why } => {
-                // Only an executor it forked can still answer on the pipe.
+                // Only an executor it forked can still write on the pipe, and one that
+                // ran wrote its mark first.
                 let mut first = String::new();
                 let read = tokio::time::timeout(
                     STARTUP_TIMEOUT,
@@ -156,14 +168,29 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
                 )
                 .await;
                 match read {
-                    Ok(Ok(0)) | Ok(Err(_)) => tracing::warn!(
+                    Ok(Ok(0)) => tracing::warn!(
                         task_id = %spec.task_id,
                         "the executor spawner failed ({why}) without starting this task's \
                          executor; executing it directly"
                     ),
                     // It did fork one: that executor's reply stands (its pid is not
-                    // known here, and not needed: it reports its own).
-                    Ok(Ok(_)) => forked = Some((None, Box::new(std::io::Cursor::new(first)))),
+                    // known here: it reports its own).
+                    Ok(Ok(_)) => {
+                        forked = Some(Started {
+                            pid: None,
+                            pidfd: None,
+                            startup: Box::new(std::io::Cursor::new(first)),
+                            marked: true,
+                        });
+                    }
+                    Ok(Err(e)) => {
+                        cleanup(&dir);
+                        return Err(DriverError::Internal(format!(
+                            "the executor spawner failed ({why}), and reading the start-up \
+                             reply of an executor it may have forked for task {} failed: {e}",
+                            spec.task_id
+                        )));
+                    }
                     Err(_) => {
                         return Err(DriverError::Timeout(format!(
                             "the executor spawner failed ({why}), and an executor it may have \
@@ -177,11 +204,16 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             }
         }
     }
-    let (executor_pid, startup): (Option<u32>, Box<dyn AsyncRead + Unpin + Send>) = match forked {
-        Some((pid, startup)) => {
+    let Started {
+        pid: executor_pid,
+        pidfd: executor_pidfd,
+        startup,
+        marked,
+    } = match forked {
+        Some(started) => {
             // The executor's copy of the lock keeps it held.
             drop(lock);
-            (pid, startup)
+            started
         }
         None => {
             let mut command = executor_command(&dir, lock, &spec.task_id);
@@ -199,26 +231,32 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
                     )));
                 }
             };
-            // Always piped; without it the reply is empty, and the executor is killed.
+            // Always piped; without it the reply is empty.
             let stdout: Box<dyn AsyncRead + Unpin + Send> = match child.stdout.take() {
                 Some(out) => Box::new(out),
                 None => Box::new(tokio::io::empty()),
             };
             let pid = child.id();
+            // Opened before anything waits for it: our child cannot have been reaped
+            // yet, so the pidfd is of this executor for certain.
+            let pidfd = pid
+                .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+                .and_then(|p| {
+                    rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+                });
             // Reap the executor whenever it exits (no zombies), but never kill it on
             // drop: it owns the task.
             tokio::spawn(async move {
                 let _ = child.wait().await;
             });
-            (pid, stdout)
+            Started {
+                pid,
+                pidfd,
+                startup: stdout,
+                marked: false,
+            }
         }
     };
-    // To kill it by if its reply is not understood: a pidfd, opened while the process
-    // cannot have been reaped and its pid reused (an executed one is our child, not
-    // yet waited for; a forked one has not written its reply, so it has not exited).
-    let executor_pidfd = executor_pid
-        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
-        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     let line = async {
         let mut line = String::new();
         BufReader::new(startup.take(MAX_REPLY))
@@ -227,11 +265,11 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             .map(|_| line)
     };
     let outcome = tokio::time::timeout(STARTUP_TIMEOUT, line).await;
-    let failed = |why: String| {
+    let failed = |why: String, alive: bool| {
         // No answer we understand: it cannot be trusted to run the task. It is in its
         // own session already, so only it is signalled, through its pidfd (never by a
-        // pid that may have been reused by now).
-        if let Some(fd) = &executor_pidfd {
+        // pid that may have been reused by now). One whose pipe ended is gone already.
+        if alive && let Some(fd) = &executor_pidfd {
             let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
         }
         cleanup(&dir);
@@ -250,15 +288,25 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
                 executor_pid.unwrap_or_default()
             )));
         }
-        Ok(Err(e)) => return Err(failed(format!("reading its start-up reply: {e}"))),
-        Ok(Ok(t)) if t.is_empty() => {
-            return Err(failed("exited without a start-up reply".into()));
+        Ok(Err(e)) => {
+            return Err(failed(format!("reading its start-up reply: {e}"), true));
         }
         Ok(Ok(t)) => t,
     };
+    // A forked executor marks its start before its reply.
+    let text = if marked {
+        text.strip_prefix(char::from(super::spawner::STARTED_MARK))
+            .map(str::to_owned)
+            .unwrap_or(text)
+    } else {
+        text
+    };
+    if text.is_empty() {
+        return Err(failed("exited without a start-up reply".into(), false));
+    }
     let reply: Reply = match serde_json::from_str(text.trim_end()) {
         Ok(r) => r,
-        Err(e) => return Err(failed(format!("bad start-up reply {text:?}: {e}"))),
+        Err(e) => return Err(failed(format!("bad start-up reply {text:?}: {e}"), true)),
     };
     match reply {
         Reply {
@@ -277,6 +325,17 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             })
         }
     }
+}
+
+/// An executor just started, forked or executed.
+struct Started {
+    pid: Option<u32>,
+    /// To kill it by if its reply is not understood.
+    pidfd: Option<std::os::fd::OwnedFd>,
+    /// Its start-up pipe.
+    startup: Box<dyn AsyncRead + Unpin + Send>,
+    /// Forked: its reply is preceded by [`super::spawner::STARTED_MARK`].
+    marked: bool,
 }
 
 /// The executor program (the dedicated `drover-executor` if a good one is installed,

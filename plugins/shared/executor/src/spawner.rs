@@ -16,22 +16,27 @@
 //! `drover-executor`, or the driver's own binary), started like one: with an empty
 //! environment but for [`ENV_SPAWNER_SOCKET`], and stdin a `SOCK_SEQPACKET` socket
 //! whose other end only the driver holds (no path in the filesystem). It is
-//! single-threaded, holds nothing of the driver's, ignores `SIGCHLD` so that the
-//! executors it forks are reaped by the kernel when they exit, and exits when the
-//! driver's end closes (the driver exited): the executors it started live on, as
-//! executors always outlived their driver.
+//! single-threaded, holds nothing of the driver's, reaps the executors it forked (at
+//! the latest a second after they exit), and exits when the driver's end closes (the
+//! driver exited): the executors it started live on, as executors always outlived
+//! their driver.
 //!
-//! One request, one datagram: the task id and the executor directory, the open-file
-//! limit to put back, and two descriptors (the directory's lock and the write end of
-//! the start-up pipe) as `SCM_RIGHTS`. One answer: the executor's pid, or an errno.
+//! One request, one datagram: its number, the task id and the executor directory, the
+//! open-file limit to put back, and two descriptors (the directory's lock and the write
+//! end of the start-up pipe) as `SCM_RIGHTS`. One answer: the request's number and the
+//! executor's pid, with a pidfd of it opened before it could be reaped (so the driver
+//! never signals a reused pid), or an errno. The executor writes
+//! [`STARTED_MARK`] on the pipe before anything else, then its start-up line.
 //! Everything after that (the start-up line, the task) is the same as for an executor
 //! that was executed directly. A spawner that cannot be reached, or answers that its
 //! fork failed, has started nothing: the driver executes that executor itself. One
 //! that was sent the request but gave no answer (it died, or took over 2 s) may have
 //! forked: it is killed, and the start-up pipe decides, since only an executor it
-//! forked can still hold its write end. A line on it is that executor's reply; its end
-//! without a line means that none exists, and the driver executes one itself. Never
-//! both: a task never gets two executors. The next task gets a new spawner.
+//! forked can still hold its write end. A line on it is that executor's reply; an end
+//! after the mark alone is an executor that died (the start failed, and is not
+//! retried); an end with nothing on it means no executor ever ran, and the driver
+//! executes one itself. Never both: a task never gets two executors. The next task
+//! gets a new spawner.
 //!
 //! Executors forked by one spawner share its address-space layout, stack-protector
 //! canary and hash seeds (made once, at the spawner's `execve`). An executor holds no
@@ -107,10 +112,27 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         );
         return 2;
     }
-    ignore_children();
     ignore_terminal_signals();
     let mut buf = vec![0u8; MAX_REQUEST];
+    let requests = rustix::stdio::stdin();
     loop {
+        // Executors that exited are reaped here, at the latest a second after they
+        // exit: until then they are zombies, which keeps their pid from being reused
+        // while a driver may still hold it (it holds a pidfd, see `fork_executor`).
+        reap_exited();
+        let mut ready = [rustix::event::PollFd::new(
+            &requests,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut ready, Some(&timeout)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(_) => return 1,
+        }
         let request = match receive(&mut buf) {
             Ok(Some(r)) => r,
             // The driver closed its end: it exited.
@@ -118,12 +140,28 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
             Err(rustix::io::Errno::INTR) => continue,
             Err(_) => return 1,
         };
-        let (sequence, answer) = match request {
-            Ok(request) => (request.sequence, fork_executor(request, sandbox)),
-            Err((sequence, errno)) => (sequence, -errno.raw_os_error()),
+        let (sequence, answer, pidfd) = match request {
+            Ok(request) => {
+                let sequence = request.sequence;
+                match fork_executor(request, sandbox) {
+                    Ok((pid, pidfd)) => (sequence, pid, pidfd),
+                    Err(errno) => (sequence, -errno, None),
+                }
+            }
+            Err((sequence, errno)) => (sequence, -errno.raw_os_error(), None),
         };
-        if send_answer(sequence, answer).is_err() {
+        if send_answer(sequence, answer, pidfd.as_ref()).is_err() {
             return 1;
+        }
+    }
+}
+
+/// Reap every executor of this spawner that has exited.
+fn reap_exited() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
         }
     }
 }
@@ -247,18 +285,37 @@ fn decode_answer(bytes: [u8; ANSWER_LEN]) -> (u32, i32) {
     (u32::from_le_bytes(sequence), i32::from_le_bytes(answer))
 }
 
-fn send_answer(sequence: u32, answer: i32) -> rustix::io::Result<()> {
+fn send_answer(sequence: u32, answer: i32, pidfd: Option<&OwnedFd>) -> rustix::io::Result<()> {
     let bytes = encode_answer(sequence, answer);
+    let fds: Vec<std::os::fd::BorrowedFd<'_>> = pidfd.iter().map(|f| f.as_fd()).collect();
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(rustix::io::Errno::INVAL);
+    }
     loop {
-        match rustix::net::send(rustix::stdio::stdin(), &bytes, SendFlags::NOSIGNAL) {
+        match rustix::net::sendmsg(
+            rustix::stdio::stdin(),
+            &[IoSlice::new(&bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
             Err(rustix::io::Errno::INTR) => continue,
             other => return other.map(|_| ()),
         }
     }
 }
 
-/// Fork the executor of `request`; its pid, or a negative errno.
-fn fork_executor(request: SpawnRequest, sandbox: Option<&dyn Sandbox>) -> i32 {
+/// Fork the executor of `request`: its pid and a pidfd of it, or the errno of the
+/// failed fork.
+///
+/// The pidfd is opened before this spawner could have reaped the child (only
+/// `reap_exited` does, later), so it is of that child for certain, and its driver
+/// signals it through that, never by a pid that may have been reused.
+fn fork_executor(
+    request: SpawnRequest,
+    sandbox: Option<&dyn Sandbox>,
+) -> Result<(i32, Option<OwnedFd>), i32> {
     // SAFETY: the spawner is single-threaded (it never starts a thread, and is
     // executed fresh by the driver), so the child is a complete copy of it, with no
     // lock held by another thread; the child runs the executor and exits, never
@@ -270,10 +327,21 @@ fn fork_executor(request: SpawnRequest, sandbox: Option<&dyn Sandbox>) -> i32 {
             let code = executor_child(request, sandbox);
             std::process::exit(code)
         }
-        Ok(nix::unistd::ForkResult::Parent { child }) => child.as_raw(),
-        Err(errno) => -(errno as i32),
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            let pidfd = rustix::process::Pid::from_raw(child.as_raw()).and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+            });
+            Ok((child.as_raw(), pidfd))
+        }
+        Err(errno) => Err(errno as i32),
     }
 }
+
+/// The byte a forked executor writes to its start-up pipe before anything else: with
+/// it, the driver tells "no executor ever ran" (the pipe ends empty) from "it ran and
+/// died before its reply" (the pipe ends after this byte), which matters when the
+/// spawner gave no answer (see [`Outcome::Unanswered`]).
+pub(crate) const STARTED_MARK: u8 = b'+';
 
 /// In the forked child: become the executor of `request`, as an executed executor
 /// starts (stdin the lock, stdout the start-up pipe, stderr /dev/null as the
@@ -291,17 +359,9 @@ fn executor_child(request: SpawnRequest, sandbox: Option<&dyn Sandbox>) -> i32 {
     }
     drop(request.lock);
     drop(request.startup);
+    // A driver that is gone by now needs no mark; the executor carries on either way.
+    let _ = rustix::io::write(rustix::stdio::stdout(), &[STARTED_MARK]);
     super::daemon::run(request.dir, sandbox, request.nofile)
-}
-
-/// The spawner's executors are reaped by the kernel when they exit: nothing waits for
-/// them here (their driver learns their end from their files and sockets).
-fn ignore_children() {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
-    // SAFETY: installs no handler (SIG_IGN), in this single-threaded process.
-    #[allow(unsafe_code)]
-    let _ = unsafe { sigaction(Signal::SIGCHLD, &action) };
 }
 
 /// A Ctrl-C or hang-up of the agent's terminal reaches its whole process group, the
@@ -317,8 +377,9 @@ fn ignore_terminal_signals() {
     }
 }
 
-/// An executor waits for its task: `SIGCHLD` back to its default, or the kernel would
-/// reap the task and its exit status would be lost.
+/// An executor waits for its task: `SIGCHLD` at its default (as the spawner has it; set
+/// again should that ever change), or the kernel would reap the task and its exit
+/// status would be lost.
 fn default_children() {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
     let action = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
@@ -413,6 +474,8 @@ pub(crate) enum Outcome {
     /// Forked: the executor's pid and the read end of its start-up pipe.
     Spawned {
         pid: u32,
+        /// Opened by the spawner before the executor could be reaped.
+        pidfd: Option<OwnedFd>,
         startup: tokio::net::unix::pipe::Receiver,
     },
     /// No executor was forked for this request (the request never reached a spawner,
@@ -467,17 +530,18 @@ pub(crate) async fn spawn(
     drop(write);
     let answer = tokio::time::timeout(ANSWER_TIMEOUT, answer(&spawner)).await;
     let why = match answer {
-        Ok(Ok((sequence, answer))) if sequence == spawner.sequence => {
+        Ok(Ok((sequence, answer, pidfd))) if sequence == spawner.sequence => {
             *slot = Some(spawner);
             if answer <= 0 {
                 return Outcome::NotForked(std::io::Error::from_raw_os_error(-answer));
             }
             return Outcome::Spawned {
                 pid: answer as u32,
+                pidfd,
                 startup,
             };
         }
-        Ok(Ok((sequence, _))) => std::io::Error::other(format!(
+        Ok(Ok((sequence, _, _))) => std::io::Error::other(format!(
             "the executor spawner answered request {sequence} to request {}",
             spawner.sequence
         )),
@@ -520,15 +584,33 @@ async fn send(
     }
 }
 
-/// Read one answer: the request's number and the pid or a negative errno.
-async fn answer(spawner: &Spawner) -> std::io::Result<(u32, i32)> {
+/// Read one answer: the request's number, the pid or a negative errno, and the
+/// executor's pidfd.
+async fn answer(spawner: &Spawner) -> std::io::Result<(u32, i32, Option<OwnedFd>)> {
     loop {
         let mut ready = spawner.socket.readable().await?;
         let mut answer = [0u8; ANSWER_LEN];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
         match ready.try_io(|fd| {
-            rustix::net::recv(fd, &mut answer, RecvFlags::DONTWAIT).map_err(std::io::Error::from)
+            rustix::net::recvmsg(
+                fd,
+                &mut [IoSliceMut::new(&mut answer)],
+                &mut control,
+                RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)
         }) {
-            Ok(Ok((ANSWER_LEN, _))) => return Ok(decode_answer(answer)),
+            Ok(Ok(msg)) if msg.bytes == ANSWER_LEN => {
+                let mut fds: Vec<OwnedFd> = Vec::new();
+                for message in control.drain() {
+                    if let RecvAncillaryMessage::ScmRights(rights) = message {
+                        fds.extend(rights);
+                    }
+                }
+                let (sequence, answer) = decode_answer(answer);
+                return Ok((sequence, answer, fds.pop()));
+            }
             Ok(Ok(_)) => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
