@@ -184,10 +184,13 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
                         });
                     }
                     Ok(Err(e)) => {
-                        cleanup(&dir);
-                        return Err(DriverError::Internal(format!(
+                        // Something wrote: an executor it forked may run. Its directory
+                        // and lock stay; recovery by id decides.
+                        return Err(DriverError::Timeout(format!(
                             "the executor spawner failed ({why}), and reading the start-up \
-                             reply of an executor it may have forked for task {} failed: {e}",
+                             reply of an executor it may have forked for task {} failed: \
+                             {e}; it may still start the task, which is then found by \
+                             recovering it by id",
                             spec.task_id
                         )));
                     }
@@ -269,7 +272,17 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
         // No answer we understand: it cannot be trusted to run the task. It is in its
         // own session already, so only it is signalled, through its pidfd (never by a
         // pid that may have been reused by now). One whose pipe ended is gone already.
-        if alive && let Some(fd) = &executor_pidfd {
+        if alive {
+            let Some(fd) = &executor_pidfd else {
+                // Not to be stopped from here (no pidfd of it): its directory and lock
+                // stay, so that no second executor starts beside it; recovery by id
+                // decides.
+                return DriverError::Timeout(format!(
+                    "executor for task {}: {why}; it cannot be stopped from here and may \
+                     still start the task, which is then found by recovering it by id",
+                    spec.task_id
+                ));
+            };
             let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
         }
         cleanup(&dir);

@@ -88,6 +88,9 @@ pub(crate) fn run(dir: PathBuf, sandbox: Option<&dyn Sandbox>, nofile: Option<u6
     // `ps` and `top` show `comm`: executed through a descriptor it would be that
     // descriptor's number.
     let _ = nix::sys::prctl::set_name(c"drover-executor");
+    // It waits for its task: an ignored SIGCHLD inherited from above would let the
+    // kernel reap the task and lose its exit status.
+    super::spawner::default_children();
     close_inherited_fds();
     block_signals();
     restore_fd_limit(nofile);

@@ -113,6 +113,13 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         return 2;
     }
     ignore_terminal_signals();
+    // Reaping is this process's own (see `reap_exited`): SIGCHLD at its default
+    // whatever the driver's parent left it at. A closed start-up pipe is an EPIPE
+    // error, never a signal, for the spawner and for an executor's first write (its
+    // mark) alike, as for an executor executed by the `drover` binary; each executor
+    // then installs its own handler (`daemon::run`).
+    default_children();
+    ignore_sigpipe();
     let mut buf = vec![0u8; MAX_REQUEST];
     let requests = rustix::stdio::stdin();
     loop {
@@ -377,10 +384,18 @@ fn ignore_terminal_signals() {
     }
 }
 
+fn ignore_sigpipe() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    // SAFETY: installs no handler (SIG_IGN), in this single-threaded process.
+    #[allow(unsafe_code)]
+    let _ = unsafe { sigaction(Signal::SIGPIPE, &action) };
+}
+
 /// An executor waits for its task: `SIGCHLD` at its default (as the spawner has it; set
 /// again should that ever change), or the kernel would reap the task and its exit
 /// status would be lost.
-fn default_children() {
+pub(crate) fn default_children() {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
     let action = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
     // SAFETY: installs no handler (SIG_DFL), in this single-threaded process.
