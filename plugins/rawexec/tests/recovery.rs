@@ -406,11 +406,7 @@ async fn a_killed_executor_is_reported_only_once_its_task_is_killed() {
     .await;
     p.track(child);
     let executor = p.executor_pid("unowned").await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(executor as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    signal(executor, nix::sys::signal::Signal::SIGKILL);
     let result = p.wait("unowned").await;
     // Reported ended only once nothing of it runs: a restart cannot make a second copy.
     assert!(
@@ -940,6 +936,21 @@ fn cmdline(pid: u32) -> Vec<u8> {
     std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()
 }
 
+/// Stop task `id` with SIGTERM (SIGKILL 5 s later), and check the call succeeded.
+async fn stop(p: &Plugin, id: &str) {
+    let stopped = within(
+        PROMPT,
+        "stop",
+        p.client.stop_task(id, Duration::from_secs(5), Signal::TERM),
+    )
+    .await;
+    assert!(stopped.is_ok(), "stop {id}: {stopped:?}");
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+}
+
 fn parent(pid: u32) -> u32 {
     drover_test_support::procs::stat(pid)
         .map(|s| s.ppid)
@@ -1002,25 +1013,14 @@ async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
     assert_eq!(cmdline(new_spawner), b"drover-executor: spawner\0");
 
     // Each task is still its executor's: stopping one stops exactly it.
-    let stopped = within(
-        PROMPT,
-        "stop",
-        p.client
-            .stop_task("first", Duration::from_secs(5), Signal::TERM),
-    )
-    .await;
-    assert!(stopped.is_ok(), "{stopped:?}");
+    stop(&p, "first").await;
     until(PROMPT, "task first exits", || !alive(first_pid)).await;
     assert!(alive(second_pid) && alive(third_pid));
 
     // A spawner that takes the request but never answers (stopped here) is killed
     // after its 2 s, and since it forked nothing, the plugin executes that executor
     // itself: one executor, one task.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(new_spawner as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
+    signal(new_spawner, nix::sys::signal::Signal::SIGSTOP);
     let (_, fourth_pid) = p.start("fourth", sleeper()).await;
     assert!(alive(fourth_pid));
     assert_eq!(parent(p.executor_pid("fourth").await), p.process.pid());
@@ -1039,14 +1039,7 @@ async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
     assert_eq!(cmdline(last_spawner), b"drover-executor: spawner\0");
     // The spawner reaps the executors it forked: one whose task is over and collected
     // leaves no zombie.
-    let stopped = within(
-        PROMPT,
-        "stop",
-        p.client
-            .stop_task("fifth", Duration::from_secs(5), Signal::TERM),
-    )
-    .await;
-    assert!(stopped.is_ok(), "{stopped:?}");
+    stop(&p, "fifth").await;
     until(PROMPT, "the executor of fifth is reaped", || {
         drover_test_support::procs::stat(fifth_executor).is_none()
     })

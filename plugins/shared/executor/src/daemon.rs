@@ -194,24 +194,19 @@ pub(crate) fn close_inherited_fds() {
 /// exec, whereas a caught one reverts to its default there. The poll loop and every
 /// read and write already retry on EINTR.
 fn block_signals() {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    use nix::sys::signal::{SaFlags, SigHandler, Signal};
+    // Async-signal-safe: it does nothing.
     extern "C" fn nothing(_: nix::libc::c_int) {}
-    let action = SigAction::new(
+    super::spawner::set_disposition(
+        &[
+            Signal::SIGINT,
+            Signal::SIGHUP,
+            Signal::SIGTERM,
+            Signal::SIGPIPE,
+        ],
         SigHandler::Handler(nothing),
         SaFlags::SA_RESTART,
-        SigSet::empty(),
     );
-    for s in [
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGTERM,
-        Signal::SIGPIPE,
-    ] {
-        // SAFETY: the handler is async-signal-safe (it does nothing) and replaces
-        // the default action of these signals for this single-threaded process only.
-        #[allow(unsafe_code)]
-        let _ = unsafe { sigaction(s, &action) };
-    }
 }
 
 /// Memory and CPU time of process `pid`, from `/proc/<pid>/stat`.

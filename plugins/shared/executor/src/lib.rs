@@ -170,16 +170,23 @@ pub(crate) const LOG_FILE: &str = "executor.log";
 /// # fn start_the_plugin() {}
 /// ```
 pub fn run_if_executor(sandbox: Option<&dyn Sandbox>) {
+    if let Some(code) = run_executor_mode(sandbox) {
+        std::process::exit(code);
+    }
+}
+
+/// Run the mode the environment asks for, a spawner or one task's executor, and return
+/// its exit code; `None` when it asks for neither.
+fn run_executor_mode(sandbox: Option<&dyn Sandbox>) -> Option<i32> {
     if std::env::var_os(spawner::ENV_SPAWNER_SOCKET).is_some() {
-        std::process::exit(spawner::serve(sandbox));
+        return Some(spawner::serve(sandbox));
     }
-    if let Some(dir) = std::env::var_os(ENV_EXECUTOR_DIR) {
-        std::process::exit(daemon::run(
-            PathBuf::from(dir),
-            sandbox,
-            daemon::nofile_from_env(),
-        ));
-    }
+    let dir = std::env::var_os(ENV_EXECUTOR_DIR)?;
+    Some(daemon::run(
+        PathBuf::from(dir),
+        sandbox,
+        daemon::nofile_from_env(),
+    ))
 }
 
 /// The `main` of the dedicated executor binary, `drover-executor`: run the executor of
@@ -195,16 +202,7 @@ pub fn run_if_executor(sandbox: Option<&dyn Sandbox>) {
 /// drover_executor::executor_main(None);
 /// ```
 pub fn executor_main(sandbox: Option<&dyn Sandbox>) -> ! {
-    if std::env::var_os(spawner::ENV_SPAWNER_SOCKET).is_some() {
-        std::process::exit(spawner::serve(sandbox));
-    }
-    if let Some(dir) = std::env::var_os(ENV_EXECUTOR_DIR) {
-        std::process::exit(daemon::run(
-            PathBuf::from(dir),
-            sandbox,
-            daemon::nofile_from_env(),
-        ));
-    }
+    run_if_executor(sandbox);
     let marker = program::BUILD_MARKER.trim_end_matches('\0');
     let build = marker.rsplit(':').next().unwrap_or(marker);
     if std::env::args_os().nth(1).is_some_and(|a| a == "--version") {

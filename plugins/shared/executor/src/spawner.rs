@@ -98,7 +98,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Run as the spawner on the request socket `fd` (stdin) and return the exit code:
 /// 0 once the driver's end is closed.
 pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
-    name_process(SPAWNER_ARG0);
+    name_process(SPAWNER_ARG0.as_bytes());
     // Only the request socket (stdin) and /dev/null (stdout, stderr) are the
     // spawner's: whatever else the driver's exec left open must not reach executors.
     super::daemon::close_inherited_fds();
@@ -112,14 +112,10 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         );
         return 2;
     }
-    ignore_terminal_signals();
+    ignore_terminal_signals_and_sigpipe();
     // Reaping is this process's own (see `reap_exited`): SIGCHLD at its default
-    // whatever the driver's parent left it at. A closed start-up pipe is an EPIPE
-    // error, never a signal, for the spawner and for an executor's first write (its
-    // mark) alike, as for an executor executed by the `drover` binary; each executor
-    // then installs its own handler (`daemon::run`).
+    // whatever the driver's parent left it at.
     default_children();
-    ignore_sigpipe();
     let mut buf = vec![0u8; MAX_REQUEST];
     let requests = rustix::stdio::stdin();
     loop {
@@ -184,11 +180,11 @@ struct SpawnRequest {
     startup: OwnedFd,
 }
 
-/// Read one request; `None` at the end of the stream. A request that is malformed
-/// (truncated, the wrong number of descriptors) is answered `EINVAL`.
 /// A request that cannot be served: its number (0 when unreadable) and why.
 type Refused = (u32, rustix::io::Errno);
 
+/// Read one request; `None` at the end of the stream. A request that is malformed
+/// (truncated, the wrong number of descriptors) is answered `EINVAL`.
 fn receive(buf: &mut [u8]) -> Result<Option<Result<SpawnRequest, Refused>>, rustix::io::Errno> {
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -213,13 +209,9 @@ fn receive(buf: &mut [u8]) -> Result<Option<Result<SpawnRequest, Refused>>, rust
     let Some((sequence, task_id, dir, nofile)) = parse_request(&buf[..msg.bytes]) else {
         return Ok(Some(Err((0, rustix::io::Errno::INVAL))));
     };
-    if truncated || fds.len() != 2 {
-        return Ok(Some(Err((sequence, rustix::io::Errno::INVAL))));
-    }
-    let startup = fds.pop();
-    let lock = fds.pop();
-    match (lock, startup) {
-        (Some(lock), Some(startup)) => Ok(Some(Ok(SpawnRequest {
+    let fds: Result<[OwnedFd; 2], _> = fds.try_into();
+    match fds {
+        Ok([lock, startup]) if !truncated => Ok(Some(Ok(SpawnRequest {
             sequence,
             task_id,
             dir,
@@ -357,7 +349,7 @@ fn executor_child(request: SpawnRequest, sandbox: Option<&dyn Sandbox>) -> i32 {
     default_children();
     let mut title = super::client::EXECUTOR_ARG0.as_bytes().to_vec();
     title.extend_from_slice(&request.task_id);
-    name_process_bytes(&title);
+    name_process(&title);
     // The request socket (stdin) goes: replaced by the lock.
     if rustix::stdio::dup2_stdin(&request.lock).is_err()
         || rustix::stdio::dup2_stdout(&request.startup).is_err()
@@ -371,40 +363,43 @@ fn executor_child(request: SpawnRequest, sandbox: Option<&dyn Sandbox>) -> i32 {
     super::daemon::run(request.dir, sandbox, request.nofile)
 }
 
-/// A Ctrl-C or hang-up of the agent's terminal reaches its whole process group, the
-/// spawner with it: as plugins do, the spawner stays. (Each executor catches both
-/// itself.)
-fn ignore_terminal_signals() {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
-    for s in [Signal::SIGINT, Signal::SIGHUP] {
-        // SAFETY: installs no handler (SIG_IGN), in this single-threaded process.
+/// Set the disposition of `signals` to `handler` (`SIG_IGN`, `SIG_DFL`, or a handler
+/// that is async-signal-safe), in this single-threaded process.
+pub(crate) fn set_disposition(
+    signals: &[nix::sys::signal::Signal],
+    handler: nix::sys::signal::SigHandler,
+    flags: nix::sys::signal::SaFlags,
+) {
+    use nix::sys::signal::{SigAction, SigSet, sigaction};
+    let action = SigAction::new(handler, flags, SigSet::empty());
+    for &s in signals {
+        // SAFETY: every caller passes SIG_IGN, SIG_DFL or a handler that is
+        // async-signal-safe, and the process is single-threaded.
         #[allow(unsafe_code)]
         let _ = unsafe { sigaction(s, &action) };
     }
 }
 
-fn ignore_sigpipe() {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
-    // SAFETY: installs no handler (SIG_IGN), in this single-threaded process.
-    #[allow(unsafe_code)]
-    let _ = unsafe { sigaction(Signal::SIGPIPE, &action) };
+/// A Ctrl-C or hang-up of the agent's terminal reaches its whole process group, the
+/// spawner with it: as plugins do, the spawner stays (each executor catches both
+/// itself). A closed start-up pipe is an EPIPE error, never a signal, for the spawner
+/// and for an executor's first write (its mark) alike, as for an executor executed by
+/// the `drover` binary; each executor then installs its own handler (`daemon::run`).
+fn ignore_terminal_signals_and_sigpipe() {
+    use nix::sys::signal::{SaFlags, SigHandler, Signal};
+    set_disposition(
+        &[Signal::SIGINT, Signal::SIGHUP, Signal::SIGPIPE],
+        SigHandler::SigIgn,
+        SaFlags::empty(),
+    );
 }
 
 /// An executor waits for its task: `SIGCHLD` at its default (as the spawner has it; set
 /// again should that ever change), or the kernel would reap the task and its exit
 /// status would be lost.
 pub(crate) fn default_children() {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    // SAFETY: installs no handler (SIG_DFL), in this single-threaded process.
-    #[allow(unsafe_code)]
-    let _ = unsafe { sigaction(Signal::SIGCHLD, &action) };
-}
-
-fn name_process(title: &str) {
-    name_process_bytes(title.as_bytes());
+    use nix::sys::signal::{SaFlags, SigHandler, Signal};
+    set_disposition(&[Signal::SIGCHLD], SigHandler::SigDfl, SaFlags::empty());
 }
 
 /// How long argv[0] was when this process started (the spawner measures it before it
@@ -416,7 +411,7 @@ static ARG0_LEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize
 /// written over the room its `argv[0]` has ([`ARG0_ROOM`] for a spawner and its
 /// executors). The byte that ended `argv[0]` is overwritten too, so that the kernel
 /// reads the command line up to the new end (as for `setproctitle`).
-fn name_process_bytes(title: &[u8]) {
+fn name_process(title: &[u8]) {
     let _ = nix::sys::prctl::set_name(c"drover-executor");
     #[allow(unsafe_code)]
     unsafe extern "C" {
@@ -649,7 +644,7 @@ fn start_spawner() -> std::io::Result<Spawner> {
     // The spawner blocks on its end.
     rustix::io::ioctl_fionbio(&theirs, false)?;
     let mut arg0 = String::from(SPAWNER_ARG0);
-    // Room for an executor's name over it (see `name_process_bytes`).
+    // Room for an executor's name over it (see `name_process`).
     while arg0.len() < ARG0_ROOM + 1 {
         arg0.push(' ');
     }
