@@ -925,9 +925,17 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         let spec = TaskSpec::from(task);
         validate_task_id(&spec.id)?;
         let config: D::TaskConfig = parse_config("task config", &spec.driver_config_json)?;
+        let id = spec.id.clone();
         let handle = contained("StartTask", self.0.start_task(spec, config)).await??;
+        // The task's facts ride along, saving the host an InspectTask round trip; a
+        // driver that cannot say yet leaves them out and the host asks.
+        let attributes = match contained("InspectTask", self.0.inspect_task(&id)).await {
+            Ok(Ok(status)) => status.attributes.into_iter().collect(),
+            _ => Default::default(),
+        };
         Ok(Response::new(pb::StartTaskResponse {
             handle: Some(handle.into()),
+            attributes,
         }))
     }
 

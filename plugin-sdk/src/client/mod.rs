@@ -26,6 +26,7 @@ pub use process::{
 pub use reattach::{ReattachConfig, ReattachError, process_start_time};
 pub use reattach_tls::ReattachTls;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -385,17 +386,32 @@ impl PluginClient {
 
     /// `StartTask`.
     pub async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
+        self.start_task_reporting(spec)
+            .await
+            .map(|(handle, _)| handle)
+    }
+
+    /// `StartTask`, with the task's attributes when the plugin sends them along (a
+    /// Drover plugin does; `None` from a Nomad plugin or one that said nothing, which
+    /// [`PluginClient::inspect_task`] then asks).
+    pub async fn start_task_reporting(
+        &self,
+        spec: TaskSpec,
+    ) -> Result<(TaskHandle, Option<BTreeMap<String, String>>), DriverError> {
         if let Some(b) = &self.nomad {
-            return self.guard_call(b.start_task(spec)).await;
+            return self.guard_call(b.start_task(spec)).await.map(|h| (h, None));
         }
         let r = self
             .guard(self.driver().start_task(pb::StartTaskRequest {
                 task: Some(spec.into()),
             }))
             .await?;
-        r.handle
+        let attributes = (!r.attributes.is_empty()).then(|| r.attributes.into_iter().collect());
+        let handle = r
+            .handle
             .map(TaskHandle::from)
-            .ok_or_else(|| DriverError::Internal("StartTask answered without a handle".into()))
+            .ok_or_else(|| DriverError::Internal("StartTask answered without a handle".into()))?;
+        Ok((handle, attributes))
     }
 
     /// `WaitTask`: blocks until the task exits.

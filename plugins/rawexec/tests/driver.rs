@@ -31,6 +31,32 @@ async fn exit_code_is_reported_and_wait_repeats_it() {
     p.shutdown().await;
 }
 
+/// StartTask's answer carries what InspectTask says of the task's attributes, so the
+/// host needs no second call after a start.
+#[tokio::test]
+async fn start_answers_with_the_attributes_inspect_gives() {
+    let (_dir, p) = setup().await;
+    let (handle, reported) = p
+        .client
+        .start_task_reporting(p.spec(
+            "facts",
+            json!({ "command": "/bin/sleep", "args": ["1000"] }),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(handle.spec.id, "facts");
+    let reported = reported.expect("no attributes in the StartTask answer");
+    let inspected = p.client.inspect_task("facts").await.unwrap().attributes;
+    assert!(reported.contains_key("pid"), "{reported:?}");
+    assert_eq!(
+        reported,
+        inspected.into_iter().collect::<BTreeMap<_, _>>(),
+        "StartTask and InspectTask disagree"
+    );
+    p.client.destroy_task("facts", true).await.unwrap();
+    p.shutdown().await;
+}
+
 #[tokio::test]
 async fn task_killed_from_outside_reports_signal_9() {
     let (_dir, p) = setup().await;

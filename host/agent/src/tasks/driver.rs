@@ -2,6 +2,7 @@
 //! the agent, a scripted fake in tests (so the runner's restart, recovery and failure
 //! paths are tested without plugin processes).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +60,15 @@ pub trait TaskDriver: Send + Sync {
     }
     /// `StartTask`.
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError>;
+    /// `StartTask`, with the task's attributes if the driver sent them along (then no
+    /// `InspectTask` is needed after the start). Default: [`TaskDriver::start_task`],
+    /// no attributes.
+    async fn start_task_reporting(
+        &self,
+        spec: TaskSpec,
+    ) -> Result<(TaskHandle, Option<BTreeMap<String, String>>), DriverError> {
+        self.start_task(spec).await.map(|h| (h, None))
+    }
     /// `WaitTask`: until the task exits.
     async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError>;
     /// `StopTask`.
@@ -174,6 +184,13 @@ impl TaskDriver for LoadedPlugin {
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         self.after_handover().await;
         self.client().start_task(spec).await
+    }
+    async fn start_task_reporting(
+        &self,
+        spec: TaskSpec,
+    ) -> Result<(TaskHandle, Option<BTreeMap<String, String>>), DriverError> {
+        self.after_handover().await;
+        self.client().start_task_reporting(spec).await
     }
     async fn wait_task(&self, id: &str) -> Result<ExitResult, DriverError> {
         self.client().wait_task(id).await

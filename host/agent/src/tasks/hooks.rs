@@ -23,6 +23,8 @@ pub(crate) struct Started<'a> {
     pub driver: &'a dyn TaskDriver,
     /// Its handle.
     pub handle: &'a TaskHandle,
+    /// The attributes the driver sent with its `StartTask` answer, if it did.
+    pub reported: Option<BTreeMap<String, String>>,
     /// Driver facts for the task's view, e.g. `pid`.
     pub attributes: BTreeMap<String, String>,
 }
@@ -199,6 +201,10 @@ impl TaskHook for AttributesHook {
         "attributes"
     }
     async fn poststart(&self, started: &mut Started<'_>) {
+        if let Some(attributes) = started.reported.take() {
+            started.attributes = attributes;
+            return;
+        }
         let id = &started.handle.spec.id;
         // Facts are nice to have; a slow or failing InspectTask must not hold up a start.
         match tokio::time::timeout(INSPECT_TIMEOUT, started.driver.inspect_task(id)).await {

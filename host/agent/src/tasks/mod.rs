@@ -286,6 +286,9 @@ pub struct TaskManager {
     /// Bumped whenever a task attaches to a driver instance or ends, for a plugin
     /// hand-over waiting on [`TaskManager::handover_progress`].
     attachments: watch::Sender<u64>,
+    /// Task directories [`TaskManager::load`] found without a record, for
+    /// [`TaskManager::recover`] to clear.
+    unrecorded: Mutex<Vec<String>>,
 }
 
 impl TaskManager {
@@ -316,6 +319,7 @@ impl TaskManager {
             start_timeout: START_TIMEOUT,
             event_watchers: Mutex::new(HashSet::new()),
             attachments: watch::channel(0).0,
+            unrecorded: Mutex::default(),
         }
     }
 
@@ -408,6 +412,16 @@ impl TaskManager {
             loaded.insert(id, Arc::new(Task::new(rec, settings)));
         }
         let n = loaded.len();
+        // Read before the API takes a task: every directory without a record now was
+        // left by an earlier agent.
+        let unrecorded = unrecorded_task_dirs(&self.alloc_dir, &loaded);
+        if !unrecorded.is_empty() {
+            tracing::info!(
+                dirs = unrecorded.len(),
+                "task directories without a record: their drivers are asked once plugins are loaded"
+            );
+        }
+        *lock_unpoisoned(&self.unrecorded) = unrecorded;
         if let Ok(mut t) = self.tasks.write() {
             t.extend(loaded);
         }
@@ -424,6 +438,10 @@ impl TaskManager {
             return RecoverySummary::default();
         }
         let started = Instant::now();
+        let unrecorded = std::mem::take(&mut *lock_unpoisoned(&self.unrecorded));
+        for id in unrecorded {
+            self.clear_unrecorded(&id).await;
+        }
         let live: Vec<Arc<Task>> = self
             .tasks
             .read()
@@ -462,6 +480,82 @@ impl TaskManager {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(summary.clone());
         summary
+    }
+
+    /// Destroy task `id` of `driver`, which has no record (its write failed, or the
+    /// agent that started it died before it landed): nothing may run that no agent
+    /// knows. True when the driver has no such task any more.
+    async fn destroy_unrecorded(&self, driver: &dyn TaskDriver, id: &str) -> bool {
+        match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(id, true)).await {
+            Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => true,
+            Ok(Err(e)) => {
+                tracing::error!(task = %id, "cannot destroy a task that has no record: {e}");
+                false
+            }
+            Err(_) => {
+                tracing::error!(task = %id, "DestroyTask of a task that has no record timed out");
+                false
+            }
+        }
+    }
+
+    /// A task directory an earlier agent left without a record: that agent died while
+    /// it started the task, before the task's record was on disk (see
+    /// [`TaskManager::run`]). Every driver that finds its tasks by id is asked for
+    /// task `id`; one that has it destroys it. The directory goes once no driver has
+    /// the task; it stays, with an error in the log, while one cannot say.
+    async fn clear_unrecorded(&self, id: &str) {
+        let dir = self.task_dir(id);
+        let mut unsure = Vec::new();
+        for name in self.drivers.names() {
+            let Some(driver) = self.drivers.driver(&name) else {
+                continue;
+            };
+            if !driver.finds_tasks_by_id() {
+                continue;
+            }
+            let probe = TaskHandle::for_spec(TaskSpec::new(id).with_task_dir(dir.clone()));
+            let found = tokio::time::timeout(self.recover_timeout, driver.recover_task(probe))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(DriverError::Timeout(format!(
+                        "no answer to RecoverTask within {}",
+                        human(self.recover_timeout)
+                    )))
+                });
+            match found {
+                Ok(()) => {
+                    tracing::warn!(
+                        task = %id,
+                        driver = %name,
+                        "task started by an agent that stopped before recording it: destroying it"
+                    );
+                    if self.destroy_unrecorded(&*driver, id).await {
+                        // One driver ran it: the others need not be asked.
+                        unsure.clear();
+                        break;
+                    }
+                    unsure.push(format!("{name} could not destroy it"));
+                }
+                Err(DriverError::NotFound(_)) => {}
+                Err(e) => unsure.push(format!("{name}: {e}")),
+            }
+        }
+        if unsure.is_empty() {
+            if let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::error!(task = %id, "cannot remove the directory of a task without a record: {e}");
+            }
+        } else {
+            tracing::warn!(
+                task = %id,
+                dir = %dir.display(),
+                "task directory without a record kept: a driver cannot say whether it runs \
+                 the task ({})",
+                unsure.join("; ")
+            );
+        }
     }
 
     /// The directory task directories are made in (`<data_dir>/alloc`).
@@ -684,29 +778,55 @@ impl TaskManager {
             self.ended(&task);
             DriverError::Internal(why)
         };
-        if let Err(e) = task.persist(&self.store).await {
-            task.destroyed.store(true, Ordering::SeqCst);
-            return Err(undo(format!(
-                "cannot record task {id} before starting it: {e}"
-            )));
-        }
         let generation = *driver.generation().borrow();
-        let answer = tokio::time::timeout(self.start_timeout, driver.start_task(spec))
-            .await
-            .unwrap_or_else(|_| {
-                Err(DriverError::Timeout(format!(
-                    "driver {} did not answer StartTask within {}",
-                    task.driver,
-                    human(self.start_timeout)
-                )))
-            });
+        let start = async {
+            tokio::time::timeout(self.start_timeout, driver.start_task_reporting(spec))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(DriverError::Timeout(format!(
+                        "driver {} did not answer StartTask within {}",
+                        task.driver,
+                        human(self.start_timeout)
+                    )))
+                })
+        };
+        // The pending record must be durable before the caller hears of the task. With
+        // a driver that finds its tasks by id, its fsync runs while the driver starts the
+        // task: an agent that dies before it lands leaves the task directory without a
+        // record, and the next agent destroys what that start left behind
+        // ([`TaskManager::recover`]). A machine crash meanwhile ends the task anyway.
+        // Nomad's drivers need the handle they give to find a task again, so theirs is
+        // written first, as before.
+        let answer = if driver.finds_tasks_by_id() {
+            // The start first: its request is on its way before the record is encoded.
+            let (answer, written) = tokio::join!(start, task.persist(&self.store));
+            if let Err(e) = written {
+                task.destroyed.store(true, Ordering::SeqCst);
+                // Whatever the start did, nothing may run without a record.
+                if answer.is_ok() || answer.as_ref().is_err_and(runner::maybe_started) {
+                    self.destroy_unrecorded(&*driver, &id).await;
+                }
+                return Err(undo(format!(
+                    "cannot record task {id} before starting it: {e}"
+                )));
+            }
+            answer
+        } else {
+            if let Err(e) = task.persist(&self.store).await {
+                task.destroyed.store(true, Ordering::SeqCst);
+                return Err(undo(format!(
+                    "cannot record task {id} before starting it: {e}"
+                )));
+            }
+            start.await
+        };
         let failed = match answer {
-            Ok(h) => Ok(h),
+            Ok(started) => Ok(started),
             Err(e) if runner::maybe_started(&e) => {
                 // The plugin died or stalled during the call: the task may or may not
                 // have been started. Ask the driver by id before deciding.
                 match runner::probe(self, &task, &*driver).await {
-                    runner::Probe::Started(h) => Ok(*h),
+                    runner::Probe::Started(h) => Ok((*h, None)),
                     runner::Probe::NeverStarted => Err(e),
                     runner::Probe::Unknown(why) => {
                         // Keep the record (pending, no handle); the runner asks the
@@ -727,8 +847,8 @@ impl TaskManager {
             }
             Err(e) => Err(e),
         };
-        let handle = match failed {
-            Ok(h) => h,
+        let (handle, reported) = match failed {
+            Ok(started) => started,
             Err(e) => {
                 if let Err(se) = task.forget(&self.store).await {
                     tracing::error!(task = %id, "cannot delete the record of a task that failed to start: {se}");
@@ -740,7 +860,7 @@ impl TaskManager {
                 return Err(e);
             }
         };
-        let attributes = runner::poststart(&self.hooks, &*driver, &handle).await;
+        let attributes = runner::poststart(&self.hooks, &*driver, &handle, reported).await;
         runner::started(&task, handle, attributes, false);
         crate::metrics::metrics().task_starts.inc();
         self.attached(&task, generation);
@@ -755,15 +875,7 @@ impl TaskManager {
         };
         if let Err(e) = written {
             // The caller hears "failed", so nothing may keep running.
-            match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(&id, true)).await {
-                Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}
-                Ok(Err(de)) => {
-                    tracing::error!(task = %id, "cannot destroy a task whose record could not be written: {de}")
-                }
-                Err(_) => {
-                    tracing::error!(task = %id, "DestroyTask of a task whose record could not be written timed out")
-                }
-            }
+            self.destroy_unrecorded(&*driver, &id).await;
             if let Err(se) = task.forget(&self.store).await {
                 tracing::error!(task = %id, "cannot delete the record of a destroyed task: {se}");
             }
@@ -1188,4 +1300,28 @@ impl crate::plugins::catalog::TaskHandover for TaskManager {
 /// before the driver took Nomad's name `raw_exec`).
 fn driven_by(recorded: &str, plugin: &str) -> bool {
     recorded == plugin || drover_api::canonical_driver_name(recorded) == plugin
+}
+
+/// The names in `alloc_dir` that are task ids this agent makes (32 lowercase hex
+/// digits; allocations' directories are hyphenated) and have no record in `recorded`.
+fn unrecorded_task_dirs(
+    alloc_dir: &std::path::Path,
+    recorded: &HashMap<String, Arc<Task>>,
+) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(alloc_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| {
+            name.len() == 32 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+        .filter(|name| !recorded.contains_key(name))
+        .collect()
+}
+
+fn lock_unpoisoned<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

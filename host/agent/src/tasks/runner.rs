@@ -159,10 +159,12 @@ pub(super) async fn poststart(
     hooks: &[Box<dyn TaskHook>],
     driver: &dyn TaskDriver,
     handle: &TaskHandle,
+    reported: Option<BTreeMap<String, String>>,
 ) -> BTreeMap<String, String> {
     let mut started = Started {
         driver,
         handle,
+        reported,
         attributes: BTreeMap::new(),
     };
     for hook in hooks {
@@ -356,7 +358,7 @@ impl Runner {
                 Ok(Ok(())) => {
                     if probe {
                         // StartTask had reached the driver: this is the end of that start.
-                        let attributes = poststart(&self.mgr.hooks, &*driver, &handle).await;
+                        let attributes = poststart(&self.mgr.hooks, &*driver, &handle, None).await;
                         started(&self.task, handle, attributes, false);
                     }
                     let pid = self.task.rec().view.attributes.get("pid").cloned();
@@ -737,17 +739,18 @@ impl Runner {
                 return self.start_failed(why).await;
             }
         }
-        let answer = tokio::time::timeout(self.mgr.start_timeout, driver.start_task(spec))
-            .await
-            .unwrap_or_else(|_| {
-                Err(DriverError::Timeout(format!(
-                    "driver {name} did not answer StartTask within {}",
-                    human(self.mgr.start_timeout)
-                )))
-            });
+        let answer =
+            tokio::time::timeout(self.mgr.start_timeout, driver.start_task_reporting(spec))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(DriverError::Timeout(format!(
+                        "driver {name} did not answer StartTask within {}",
+                        human(self.mgr.start_timeout)
+                    )))
+                });
         let answer = match answer {
             Err(e) if maybe_started(&e) => match probe(&self.mgr, &self.task, &*driver).await {
-                Probe::Started(handle) => Ok(*handle),
+                Probe::Started(handle) => Ok((*handle, None)),
                 Probe::NeverStarted => Err(e),
                 Probe::Unknown(why) => {
                     // It may or may not have been started: ask the driver again until
@@ -764,8 +767,8 @@ impl Runner {
             other => other,
         };
         match answer {
-            Ok(handle) => {
-                let attributes = poststart(&self.mgr.hooks, &*driver, &handle).await;
+            Ok((handle, reported)) => {
+                let attributes = poststart(&self.mgr.hooks, &*driver, &handle, reported).await;
                 started(&self.task, handle, attributes, restart);
                 let m = crate::metrics::metrics();
                 m.task_starts.inc();

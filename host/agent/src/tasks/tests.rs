@@ -58,6 +58,9 @@ struct FakeState {
     retiring: Option<String>,
     /// Subscribers to TaskEvents.
     event_subscribers: Vec<tokio::sync::mpsc::UnboundedSender<Result<TaskEvent, DriverError>>>,
+    /// RecoverTask with a handle made from the spec alone finds a task (as Drover's
+    /// drivers do): the manager starts tasks while their pending record is written.
+    by_id: bool,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -165,6 +168,9 @@ impl TaskDriver for Fake {
     }
     fn retiring(&self) -> Option<String> {
         self.s().retiring.clone()
+    }
+    fn finds_tasks_by_id(&self) -> bool {
+        self.s().by_id
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         let gate = {
@@ -1314,6 +1320,98 @@ async fn a_failed_record_write_leaves_nothing_running() {
     assert!(env.mgr.list().is_empty());
     assert!(env.store.tasks().unwrap().is_empty());
     assert_eq!(std::fs::read_dir(&env.alloc).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_pending_record_destroys_what_the_overlapping_start_started() {
+    // A driver that finds tasks by id starts the task while the pending record is
+    // written: when that write fails, the caller hears so and nothing runs.
+    let store = Arc::new(FlakyStore::default());
+    store.fail_put.store(1, Ordering::SeqCst);
+    let env = Env::with_store(store.clone());
+    env.fake.s().by_id = true;
+    let e = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("before starting it") && e.to_string().contains("disk full"),
+        "{e}"
+    );
+    let s = env.fake.s();
+    assert_eq!(s.starts.len(), 1, "the start ran beside the write");
+    assert_eq!(s.destroys.len(), 1, "the started task was left running");
+    assert!(s.tasks.is_empty());
+    drop(s);
+    assert!(env.mgr.list().is_empty());
+    assert!(env.store.tasks().unwrap().is_empty());
+    assert_eq!(std::fs::read_dir(&env.alloc).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_start_whose_record_never_landed_is_destroyed_by_the_next_agent() {
+    let env = Env::new();
+    env.fake.s().by_id = true;
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    // The agent died while the pending record was on its way to the disk: the task
+    // runs and its directory exists, but no record does.
+    env.store.delete_task(&v.id).unwrap();
+    // And a directory from a start that never reached the driver, an allocation's
+    // directory (hyphenated id), and a recorded task's.
+    let never_started = "0123456789abcdef0123456789abcdef";
+    std::fs::create_dir(env.alloc.join(never_started)).unwrap();
+    let alloc_root = "9b6a3b8e-1c2d-4e5f-8a9b-0c1d2e3f4a5b";
+    std::fs::create_dir(env.alloc.join(alloc_root)).unwrap();
+    let kept = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    env.fake.new_process();
+
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let summary = mgr.recover().await;
+    assert_eq!(summary.recovered, 1, "{summary:?}");
+    let s = env.fake.s();
+    assert_eq!(
+        s.destroys,
+        vec![v.id.clone()],
+        "the unrecorded task runs on"
+    );
+    assert!(!s.tasks.contains_key(&v.id));
+    assert!(
+        s.tasks.contains_key(&kept.id),
+        "a recorded task was touched"
+    );
+    drop(s);
+    assert!(!env.alloc.join(&v.id).exists(), "its directory was kept");
+    assert!(!env.alloc.join(never_started).exists());
+    assert!(
+        env.alloc.join(alloc_root).is_dir(),
+        "an allocation's directory went"
+    );
+    assert!(env.alloc.join(&kept.id).is_dir());
+    assert!(mgr.status(&v.id).is_err());
+}
+
+#[tokio::test]
+async fn an_unrecorded_directory_stays_while_a_driver_cannot_say() {
+    let env = Env::new();
+    env.fake.s().by_id = true;
+    let orphan = "fedcba9876543210fedcba9876543210";
+    std::fs::create_dir(env.alloc.join(orphan)).unwrap();
+    env.fake.s().recover_error = Some(DriverError::Unavailable("plugin restarting".into()));
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    mgr.recover().await;
+    assert!(env.alloc.join(orphan).is_dir());
+    assert!(env.fake.s().destroys.is_empty());
 }
 
 #[tokio::test]

@@ -423,3 +423,48 @@ fn unrecorded_plugin_and_dead_sockets_are_cleaned_up_at_start() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// An agent that dies while a task's pending record is on its way to the disk (the
+/// record is written while the driver starts the task) leaves a running task that no
+/// record names. The next agent finds its directory without a record, asks the
+/// drivers, and destroys the task: nothing runs that no agent knows.
+#[test]
+fn a_task_whose_record_never_landed_is_destroyed_by_the_next_agent() {
+    use drover_host::state::{RedbStore, StateStore as _};
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("plugins")).unwrap();
+    let (mut first, _) = start(root.path(), &[], "raw_exec");
+    let config = serde_json::json!({"command": "/bin/sleep", "args": ["3600"]}).to_string();
+    let view = first.cli_json(&[
+        "task", "run", "--driver", "rawexec", "--json", "--config", &config,
+    ]);
+    let id = view["id"].as_str().unwrap().to_owned();
+    let pid: u32 = view["attributes"]["pid"].as_str().unwrap().parse().unwrap();
+    let dir = std::path::PathBuf::from(view["task_dir"].as_str().unwrap());
+    assert!(alive(pid) && dir.is_dir());
+    kill9(&mut first);
+    {
+        let store = RedbStore::open(&first.data_dir).unwrap();
+        store.delete_task(&id).unwrap();
+    }
+
+    let (second, _) = start(root.path(), &[], "raw_exec");
+    wait_dead(pid);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the unrecorded task's directory stays; log:\n{}",
+            second.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        second.log_text().contains("stopped before recording it"),
+        "{}",
+        second.log_text()
+    );
+    assert!(!second.cli(&["task", "status", &id]).status.success());
+    drop(first);
+    drop(second);
+}
