@@ -71,6 +71,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(45);
 /// Recoveries in flight at once: enough to hand 1000 tasks back within a second or
 /// two, few enough not to flood one plugin.
 const RECOVERY_CONCURRENCY: usize = 32;
+
+/// The directory of start intents, beside the alloc dir (see
+/// [`TaskManager::write_start_intent`]).
+const STARTING_DIR: &str = "starting";
 /// How long `stop` waits for the exit once the driver acted, beyond the kill timeout.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -233,11 +237,29 @@ impl Task {
     }
 
     async fn write_record(&self, store: &Records, durable: bool) -> Result<(), StateError> {
+        self.write_bytes(store, None, durable).await
+    }
+
+    /// [`Task::persist`] of `bytes`, the record encoded by the caller a moment ago
+    /// (nothing changed it since).
+    async fn persist_encoded(&self, store: &Records, bytes: Vec<u8>) -> Result<(), StateError> {
+        self.write_bytes(store, Some(bytes), true).await
+    }
+
+    async fn write_bytes(
+        &self,
+        store: &Records,
+        bytes: Option<Vec<u8>>,
+        durable: bool,
+    ) -> Result<(), StateError> {
         let _order = self.persist_lock.lock().await;
         if self.destroyed.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let bytes = self.rec().encode()?;
+        let bytes = match bytes {
+            Some(b) => b,
+            None => self.rec().encode()?,
+        };
         let written = store.put_task(self.id.clone(), bytes, durable).await;
         // Nobody listening is fine.
         let _ = store.changes.send(self.id.clone());
@@ -286,9 +308,9 @@ pub struct TaskManager {
     /// Bumped whenever a task attaches to a driver instance or ends, for a plugin
     /// hand-over waiting on [`TaskManager::handover_progress`].
     attachments: watch::Sender<u64>,
-    /// Task directories [`TaskManager::load`] found without a record, for
-    /// [`TaskManager::recover`] to clear.
-    unrecorded: Mutex<Vec<String>>,
+    /// Where a start writes its task's pending record before `StartTask` while the
+    /// store writes it durably (see [`TaskManager::run`]): `<data_dir>/starting`.
+    starting_dir: PathBuf,
 }
 
 impl TaskManager {
@@ -308,7 +330,6 @@ impl TaskManager {
         TaskManager {
             drivers,
             store: Records::new(store),
-            alloc_dir,
             hooks: hooks::default_hooks(),
             tasks: RwLock::new(HashMap::new()),
             recovery_slots: Arc::new(Semaphore::new(RECOVERY_CONCURRENCY)),
@@ -319,7 +340,8 @@ impl TaskManager {
             start_timeout: START_TIMEOUT,
             event_watchers: Mutex::new(HashSet::new()),
             attachments: watch::channel(0).0,
-            unrecorded: Mutex::default(),
+            starting_dir: alloc_dir.with_file_name(STARTING_DIR),
+            alloc_dir,
         }
     }
 
@@ -411,17 +433,8 @@ impl TaskManager {
             })?;
             loaded.insert(id, Arc::new(Task::new(rec, settings)));
         }
+        self.adopt_start_intents(&mut loaded)?;
         let n = loaded.len();
-        // Read before the API takes a task: every directory without a record now was
-        // left by an earlier agent.
-        let unrecorded = unrecorded_task_dirs(&self.alloc_dir, &loaded);
-        if !unrecorded.is_empty() {
-            tracing::info!(
-                dirs = unrecorded.len(),
-                "task directories without a record: their drivers are asked once plugins are loaded"
-            );
-        }
-        *lock_unpoisoned(&self.unrecorded) = unrecorded;
         if let Ok(mut t) = self.tasks.write() {
             t.extend(loaded);
         }
@@ -438,10 +451,6 @@ impl TaskManager {
             return RecoverySummary::default();
         }
         let started = Instant::now();
-        let unrecorded = std::mem::take(&mut *lock_unpoisoned(&self.unrecorded));
-        for id in unrecorded {
-            self.clear_unrecorded(&id).await;
-        }
         let live: Vec<Arc<Task>> = self
             .tasks
             .read()
@@ -482,80 +491,113 @@ impl TaskManager {
         summary
     }
 
-    /// Destroy task `id` of `driver`, which has no record (its write failed, or the
-    /// agent that started it died before it landed): nothing may run that no agent
-    /// knows. True when the driver has no such task any more.
-    async fn destroy_unrecorded(&self, driver: &dyn TaskDriver, id: &str) -> bool {
+    /// Destroy task `id` of `driver`, whose record could not be written: nothing may
+    /// run that no agent knows.
+    async fn destroy_unrecorded(&self, driver: &dyn TaskDriver, id: &str) {
         match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(id, true)).await {
-            Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => true,
+            Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}
             Ok(Err(e)) => {
-                tracing::error!(task = %id, "cannot destroy a task that has no record: {e}");
-                false
+                tracing::error!(task = %id, "cannot destroy a task whose record could not be written: {e}")
             }
             Err(_) => {
-                tracing::error!(task = %id, "DestroyTask of a task that has no record timed out");
-                false
+                tracing::error!(task = %id, "DestroyTask of a task whose record could not be written timed out")
             }
         }
     }
 
-    /// A task directory an earlier agent left without a record: that agent died while
-    /// it started the task, before the task's record was on disk (see
-    /// [`TaskManager::run`]). Every driver that finds its tasks by id is asked for
-    /// task `id`; one that has it destroys it. The directory goes once no driver has
-    /// the task; it stays, with an error in the log, while one cannot say.
-    async fn clear_unrecorded(&self, id: &str) {
-        let dir = self.task_dir(id);
-        let mut unsure = Vec::new();
-        for name in self.drivers.names() {
-            let Some(driver) = self.drivers.driver(&name) else {
+    /// Write `record`, the pending record of task `id`, to `starting/<id>` before its
+    /// `StartTask`, while the store writes it durably: the file needs no fsync, since
+    /// it only has to outlive this process (a machine that crashes takes the task
+    /// with it), and it is removed once the store has the record.
+    fn write_start_intent(&self, id: &str, record: &[u8]) -> std::io::Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(self.starting_dir.join(id))?;
+        f.write_all(record)
+    }
+
+    fn remove_start_intent(&self, id: &str) {
+        if let Err(e) = std::fs::remove_file(self.starting_dir.join(id))
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(task = %id, "cannot remove the start intent of the task: {e}");
+        }
+    }
+
+    /// The start intents an agent that died left (see [`TaskManager::run`]): a task
+    /// whose record did not reach the store may have been started. Each one whose
+    /// task has no record becomes that record (written durably now), so the task is
+    /// recovered as any pending task is: found by id if it started, else started once.
+    /// Every intent is removed. A directory that cannot be made or read is an error:
+    /// the agent must not start tasks it could lose.
+    fn adopt_start_intents(
+        &self,
+        loaded: &mut HashMap<String, Arc<Task>>,
+    ) -> Result<(), StateError> {
+        let io = |op: &str, e: std::io::Error| StateError::Io {
+            op: format!("{op} {}", self.starting_dir.display()),
+            reason: e.to_string(),
+        };
+        crate::dirs::prepare(
+            &self.starting_dir,
+            "start intent directory",
+            crate::dirs::Access::Private,
+        )
+        .map_err(|e| StateError::Io {
+            op: "prepare the start intent directory".into(),
+            reason: e.to_string(),
+        })?;
+        let entries = std::fs::read_dir(&self.starting_dir).map_err(|e| io("read", e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io("read", e))?;
+            let path = entry.path();
+            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+                let _ = std::fs::remove_file(&path);
                 continue;
             };
-            if !driver.finds_tasks_by_id() {
-                continue;
-            }
-            let probe = TaskHandle::for_spec(TaskSpec::new(id).with_task_dir(dir.clone()));
-            let found = tokio::time::timeout(self.recover_timeout, driver.recover_task(probe))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(DriverError::Timeout(format!(
-                        "no answer to RecoverTask within {}",
-                        human(self.recover_timeout)
-                    )))
-                });
-            match found {
-                Ok(()) => {
-                    tracing::warn!(
-                        task = %id,
-                        driver = %name,
-                        "task started by an agent that stopped before recording it: destroying it"
-                    );
-                    if self.destroy_unrecorded(&*driver, id).await {
-                        // One driver ran it: the others need not be asked.
-                        unsure.clear();
-                        break;
+            if !loaded.contains_key(&id) {
+                let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
+                match TaskRecord::decode(&id, &bytes) {
+                    Ok(rec) => {
+                        let settings =
+                            Settings::from_request(&rec.request).map_err(|e| StateError::Io {
+                                op: format!("read the start intent of task {id}"),
+                                reason: format!("its request is no longer valid: {e}"),
+                            })?;
+                        self.store.store.put_task(&id, &bytes)?;
+                        tracing::warn!(
+                            task = %id,
+                            "task whose record an earlier agent did not finish writing: \
+                             recovered from its start intent"
+                        );
+                        loaded.insert(id.clone(), Arc::new(Task::new(rec, settings)));
                     }
-                    unsure.push(format!("{name} could not destroy it"));
+                    // Whole, but not a record this agent can read: as for the store's
+                    // records, refuse to start rather than lose the task.
+                    Err(e) if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() => {
+                        return Err(StateError::Io {
+                            op: format!("read the start intent {}", path.display()),
+                            reason: format!(
+                                "{e}; the agent that wrote it may have started the task: \
+                                 recover it with that agent's version, or move the file aside"
+                            ),
+                        });
+                    }
+                    // Cut short while it was written: its StartTask was never sent.
+                    Err(e) => tracing::warn!(
+                        task = %id,
+                        "start intent cut short ({e}): the task was never started"
+                    ),
                 }
-                Err(DriverError::NotFound(_)) => {}
-                Err(e) => unsure.push(format!("{name}: {e}")),
             }
+            std::fs::remove_file(&path).map_err(|e| io("clean", e))?;
         }
-        if unsure.is_empty() {
-            if let Err(e) = std::fs::remove_dir_all(&dir)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::error!(task = %id, "cannot remove the directory of a task without a record: {e}");
-            }
-        } else {
-            tracing::warn!(
-                task = %id,
-                dir = %dir.display(),
-                "task directory without a record kept: a driver cannot say whether it runs \
-                 the task ({})",
-                unsure.join("; ")
-            );
-        }
+        Ok(())
     }
 
     /// The directory task directories are made in (`<data_dir>/alloc`).
@@ -790,16 +832,32 @@ impl TaskManager {
                     )))
                 })
         };
-        // The pending record must be durable before the caller hears of the task. With
-        // a driver that finds its tasks by id, its fsync runs while the driver starts the
-        // task: an agent that dies before it lands leaves the task directory without a
-        // record, and the next agent destroys what that start left behind
-        // ([`TaskManager::recover`]). A machine crash meanwhile ends the task anyway.
-        // Nomad's drivers need the handle they give to find a task again, so theirs is
-        // written first, as before.
-        let answer = if driver.finds_tasks_by_id() {
-            // The start first: its request is on its way before the record is encoded.
-            let (answer, written) = tokio::join!(start, task.persist(&self.store));
+        // The pending record must be durable before the caller hears of the task, and
+        // survive this agent if the task may have started. With a driver that finds its
+        // tasks by id, the record's fsync runs while the driver starts the task: a copy
+        // goes first to `starting/<id>` (no fsync: only an agent that dies needs it, a
+        // machine that crashes ends the task too), and the next agent takes a task whose
+        // record did not land from there (`adopt_start_intents`). Nomad's drivers need
+        // the handle they give to find a task again, so theirs is written first, as
+        // before; so is any record whose intent cannot be written.
+        let intent = if driver.finds_tasks_by_id() {
+            task.rec().encode().ok().filter(|bytes| {
+                self.write_start_intent(&id, bytes)
+                    .inspect_err(|e| {
+                        tracing::warn!(task = %id, "cannot write the start intent ({e}): the record is made durable before the start instead")
+                    })
+                    .is_ok()
+            })
+        } else {
+            None
+        };
+        let answer = if let Some(record) = intent {
+            let written = async {
+                let written = task.persist_encoded(&self.store, record).await;
+                self.remove_start_intent(&id);
+                written
+            };
+            let (answer, written) = tokio::join!(start, written);
             if let Err(e) = written {
                 task.destroyed.store(true, Ordering::SeqCst);
                 // Whatever the start did, nothing may run without a record.
@@ -1300,28 +1358,4 @@ impl crate::plugins::catalog::TaskHandover for TaskManager {
 /// before the driver took Nomad's name `raw_exec`).
 fn driven_by(recorded: &str, plugin: &str) -> bool {
     recorded == plugin || drover_api::canonical_driver_name(recorded) == plugin
-}
-
-/// The names in `alloc_dir` that are task ids this agent makes (32 lowercase hex
-/// digits; allocations' directories are hyphenated) and have no record in `recorded`.
-fn unrecorded_task_dirs(
-    alloc_dir: &std::path::Path,
-    recorded: &HashMap<String, Arc<Task>>,
-) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(alloc_dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|name| {
-            name.len() == 32 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        })
-        .filter(|name| !recorded.contains_key(name))
-        .collect()
-}
-
-fn lock_unpoisoned<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

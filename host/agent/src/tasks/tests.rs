@@ -382,6 +382,8 @@ impl Env {
         std::fs::create_dir(&alloc).unwrap();
         let fake = Fake::new();
         let mgr = manager(&fake, &alloc, &store);
+        // As the agent does before it takes tasks (an empty store: nothing to read).
+        mgr.load().unwrap();
         Env {
             _dir: dir,
             alloc,
@@ -1347,10 +1349,27 @@ async fn a_failed_pending_record_destroys_what_the_overlapping_start_started() {
     assert!(env.mgr.list().is_empty());
     assert!(env.store.tasks().unwrap().is_empty());
     assert_eq!(std::fs::read_dir(&env.alloc).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
+}
+
+/// What the start of `id` wrote to `starting/<id>` before its StartTask: its record
+/// as it was then, pending and without a handle.
+fn start_intent(env: &Env, id: &str) -> Vec<u8> {
+    let task = env.mgr.entry(id).unwrap();
+    let mut rec = task.rec().clone();
+    rec.handle = None;
+    rec.view.state = TaskLifecycle::Pending;
+    rec.view.attributes.clear();
+    rec.view.started_at = None;
+    rec.encode().unwrap()
+}
+
+fn starting_dir(env: &Env) -> PathBuf {
+    env.alloc.with_file_name(STARTING_DIR)
 }
 
 #[tokio::test]
-async fn a_start_whose_record_never_landed_is_destroyed_by_the_next_agent() {
+async fn a_start_whose_record_never_landed_is_recovered_from_its_intent() {
     let env = Env::new();
     env.fake.s().by_id = true;
     let v = env
@@ -1358,60 +1377,77 @@ async fn a_start_whose_record_never_landed_is_destroyed_by_the_next_agent() {
         .run(request(serde_json::json!({}), None))
         .await
         .unwrap();
+    assert_eq!(
+        std::fs::read_dir(starting_dir(&env)).unwrap().count(),
+        0,
+        "the start intent outlived the durable record"
+    );
     // The agent died while the pending record was on its way to the disk: the task
-    // runs and its directory exists, but no record does.
+    // runs, its intent is there, its record is not.
+    std::fs::write(starting_dir(&env).join(&v.id), start_intent(&env, &v.id)).unwrap();
     env.store.delete_task(&v.id).unwrap();
-    // And a directory from a start that never reached the driver, an allocation's
-    // directory (hyphenated id), and a recorded task's.
-    let never_started = "0123456789abcdef0123456789abcdef";
-    std::fs::create_dir(env.alloc.join(never_started)).unwrap();
-    let alloc_root = "9b6a3b8e-1c2d-4e5f-8a9b-0c1d2e3f4a5b";
-    std::fs::create_dir(env.alloc.join(alloc_root)).unwrap();
-    let kept = env
-        .mgr
-        .run(request(serde_json::json!({}), None))
-        .await
-        .unwrap();
     env.fake.new_process();
 
     let mgr = env.restart_agent();
     mgr.load().unwrap();
     let summary = mgr.recover().await;
     assert_eq!(summary.recovered, 1, "{summary:?}");
-    let s = env.fake.s();
-    assert_eq!(
-        s.destroys,
-        vec![v.id.clone()],
-        "the unrecorded task runs on"
-    );
-    assert!(!s.tasks.contains_key(&v.id));
-    assert!(
-        s.tasks.contains_key(&kept.id),
-        "a recorded task was touched"
-    );
-    drop(s);
-    assert!(!env.alloc.join(&v.id).exists(), "its directory was kept");
-    assert!(!env.alloc.join(never_started).exists());
-    assert!(
-        env.alloc.join(alloc_root).is_dir(),
-        "an allocation's directory went"
-    );
-    assert!(env.alloc.join(&kept.id).is_dir());
-    assert!(mgr.status(&v.id).is_err());
+    assert_eq!(env.fake.starts(&v.id).len(), 1, "started a second time");
+    let t = mgr.status(&v.id).unwrap();
+    assert_eq!(t.state, TaskLifecycle::Running, "{t:#?}");
+    assert_eq!(env.stored(&v.id)["view"]["id"], v.id.as_str());
+    assert!(!starting_dir(&env).join(&v.id).exists());
 }
 
 #[tokio::test]
-async fn an_unrecorded_directory_stays_while_a_driver_cannot_say() {
+async fn an_intent_whose_start_never_reached_the_driver_is_started_once() {
     let env = Env::new();
     env.fake.s().by_id = true;
-    let orphan = "fedcba9876543210fedcba9876543210";
-    std::fs::create_dir(env.alloc.join(orphan)).unwrap();
-    env.fake.s().recover_error = Some(DriverError::Unavailable("plugin restarting".into()));
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    std::fs::write(starting_dir(&env).join(&v.id), start_intent(&env, &v.id)).unwrap();
+    env.store.delete_task(&v.id).unwrap();
+    // The driver never got that StartTask.
+    env.fake.lose(&v.id);
+    env.fake.new_process();
+    // And an intent cut short while it was written: its StartTask was never sent.
+    std::fs::write(starting_dir(&env).join("cut"), b"{\"version\": 1, \"req").unwrap();
+
     let mgr = env.restart_agent();
     mgr.load().unwrap();
-    mgr.recover().await;
-    assert!(env.alloc.join(orphan).is_dir());
-    assert!(env.fake.s().destroys.is_empty());
+    let summary = mgr.recover().await;
+    assert_eq!(summary.started, 1, "{summary:?}");
+    assert_eq!(
+        env.fake.starts(&v.id).len(),
+        2,
+        "the recovering agent starts it once"
+    );
+    assert_eq!(mgr.status(&v.id).unwrap().state, TaskLifecycle::Running);
+    assert!(mgr.status("cut").is_err());
+    assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn an_intent_this_agent_cannot_read_stops_the_load() {
+    let env = Env::new();
+    std::fs::create_dir_all(starting_dir(&env)).unwrap();
+    std::fs::write(
+        starting_dir(&env).join("t9"),
+        br#"{"version": 99, "whatever": true}"#,
+    )
+    .unwrap();
+    let e = env.restart_agent().load().unwrap_err().to_string();
+    assert!(
+        e.contains("start intent") && e.contains("move the file aside"),
+        "{e}"
+    );
+    assert!(
+        starting_dir(&env).join("t9").exists(),
+        "the intent was lost"
+    );
 }
 
 #[tokio::test]

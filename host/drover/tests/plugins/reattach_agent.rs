@@ -425,11 +425,11 @@ fn unrecorded_plugin_and_dead_sockets_are_cleaned_up_at_start() {
 }
 
 /// An agent that dies while a task's pending record is on its way to the disk (the
-/// record is written while the driver starts the task) leaves a running task that no
-/// record names. The next agent finds its directory without a record, asks the
-/// drivers, and destroys the task: nothing runs that no agent knows.
+/// record is written while the driver starts the task) leaves a running task whose
+/// record is only in `starting/<id>`, the start intent. The next agent takes the task
+/// from there: known, running, the very same process, started once.
 #[test]
-fn a_task_whose_record_never_landed_is_destroyed_by_the_next_agent() {
+fn a_task_whose_record_never_landed_is_recovered_from_its_start_intent() {
     use drover_host::state::{RedbStore, StateStore as _};
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("plugins")).unwrap();
@@ -440,31 +440,61 @@ fn a_task_whose_record_never_landed_is_destroyed_by_the_next_agent() {
     ]);
     let id = view["id"].as_str().unwrap().to_owned();
     let pid: u32 = view["attributes"]["pid"].as_str().unwrap().parse().unwrap();
-    let dir = std::path::PathBuf::from(view["task_dir"].as_str().unwrap());
-    assert!(alive(pid) && dir.is_dir());
+    let starting = first.data_dir.join("starting");
+    assert_eq!(
+        std::fs::read_dir(&starting).unwrap().count(),
+        0,
+        "a start intent outlived its durable record"
+    );
     kill9(&mut first);
+    // As if the agent had died before the record landed: the pending record (no
+    // handle yet) is in the intent, not in the store.
     {
         let store = RedbStore::open(&first.data_dir).unwrap();
+        let (_, bytes) = store
+            .tasks()
+            .unwrap()
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .unwrap();
+        let mut rec: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        rec["handle"] = serde_json::Value::Null;
+        rec["view"]["state"] = "pending".into();
+        rec["view"]["attributes"] = serde_json::json!({});
+        std::fs::write(starting.join(&id), serde_json::to_vec(&rec).unwrap()).unwrap();
         store.delete_task(&id).unwrap();
     }
 
     let (second, _) = start(root.path(), &[], "raw_exec");
-    wait_dead(pid);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while dir.exists() {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let task = loop {
+        let t = second.cli_json(&["task", "status", &id, "--json"]);
+        if t["state"] == "running" && t["attributes"]["pid"].is_string() {
+            break t;
+        }
         assert!(
             Instant::now() < deadline,
-            "the unrecorded task's directory stays; log:\n{}",
+            "task {id} not recovered: {t:#}\n{}",
             second.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    assert_eq!(
+        task["attributes"]["pid"].as_str().unwrap(),
+        pid.to_string(),
+        "the task was started again instead of found"
+    );
+    assert!(alive(pid));
+    assert!(!starting.join(&id).exists(), "the intent was kept");
     assert!(
-        second.log_text().contains("stopped before recording it"),
+        second
+            .log_text()
+            .contains("recovered from its start intent"),
         "{}",
         second.log_text()
     );
-    assert!(!second.cli(&["task", "status", &id]).status.success());
+    assert!(second.cli(&["task", "stop", &id]).status.success());
+    wait_dead(pid);
     drop(first);
     drop(second);
 }
