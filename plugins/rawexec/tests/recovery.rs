@@ -268,8 +268,8 @@ async fn a_failed_start_leaves_no_executor_and_no_directory() {
         .map(|d| d.map(|e| e.unwrap().path()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "left behind: {left:?}");
-    // Nothing but the plugin's executor spawner: no executor of either start is left,
-    // whether the spawner forked it or the plugin executed it.
+    // Nothing but the plugin's executor spawner and its idle spare: no executor of
+    // either start is left, whether the spawner forked it or the plugin executed it.
     until(PROMPT, "no executor is left", || {
         let plugin = p.process.pid();
         let spawners: Vec<u32> = processes(|ppid, _| ppid == plugin)
@@ -278,7 +278,7 @@ async fn a_failed_start_leaves_no_executor_and_no_directory() {
             .collect();
         processes(|ppid, _| ppid == plugin || spawners.contains(&ppid))
             .iter()
-            .all(|c| spawners.contains(c))
+            .all(|&c| spawners.contains(&c) || cmdline(c) == b"drover-executor: spare\0")
     })
     .await;
     p.shutdown().await;
@@ -990,12 +990,59 @@ async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
         drover_test_support::procs::stat(spawner).unwrap().pgid
     );
 
+    // The spawner keeps one executor forked ahead (a spare), named as such until it
+    // is given a task; the next start is that spare.
+    let spare_of = |spawner: u32| {
+        processes(|ppid, _| ppid == spawner)
+            .into_iter()
+            .filter(|&c| cmdline(c) == b"drover-executor: spare\0")
+            .collect::<Vec<u32>>()
+    };
+    until(PROMPT, "the spawner forks a spare", || {
+        spare_of(spawner).len() == 1
+    })
+    .await;
+    let spare = spare_of(spawner)[0];
+    let (_, spared_pid) = p.start("spared", sleeper()).await;
+    assert_eq!(
+        p.executor_pid("spared").await,
+        spare,
+        "the start did not take the spare"
+    );
+    assert_eq!(cmdline(spare), b"drover-executor: spared\0");
+    assert!(alive(spared_pid));
+    // A spare killed while it waits costs nothing: the next start is forked for it.
+    until(PROMPT, "the spawner forks the next spare", || {
+        spare_of(spawner).len() == 1
+    })
+    .await;
+    let next_spare = spare_of(spawner)[0];
+    signal(next_spare, nix::sys::signal::Signal::SIGKILL);
+    until(PROMPT, "the killed spare is gone", || !alive(next_spare)).await;
+    let (_, after_pid) = p.start("after-spare", sleeper()).await;
+    assert!(alive(after_pid));
+    let after = p.executor_pid("after-spare").await;
+    assert_eq!(parent(after), spawner);
+    assert_ne!(after, next_spare);
+    stop(&p, "spared").await;
+    stop(&p, "after-spare").await;
+    until(PROMPT, "the spawner forks a spare again", || {
+        spare_of(spawner).len() == 1
+    })
+    .await;
+    let last_spare = spare_of(spawner)[0];
+
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(spawner as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
     until(PROMPT, "the spawner dies", || !alive(spawner)).await;
+    // Its spare goes with it (its socket ended); its executors stay.
+    until(PROMPT, "the spare exits with its spawner", || {
+        !alive(last_spare)
+    })
+    .await;
     assert!(alive(first_executor) && alive(first_pid));
     p.client.signal_task("first", Signal::CONT).await.unwrap();
 

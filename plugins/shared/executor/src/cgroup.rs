@@ -486,10 +486,39 @@ struct V1Cgroup {
     wanted: usize,
 }
 
+/// The cgroup v1 mounts as a spawner last read them, for the executors it forks (see
+/// [`remember_v1_mounts`]); `None` in every other process, which reads
+/// `/proc/self/mountinfo` for each cgroup it opens.
+static V1_MOUNTS: std::sync::Mutex<Option<hierarchies::V1>> = std::sync::Mutex::new(None);
+
+/// Read the v1 mounts now and keep them for the cgroups this process (and every child it
+/// forks from now on) opens: a spawner does this before it forks executors, and again
+/// at most a second later whenever it is idle, so that a forked executor need not
+/// parse `mountinfo` on its way to starting its task. A no-op on cgroup v2.
+pub(crate) fn remember_v1_mounts() {
+    if Version::detect() != Version::V1 {
+        return;
+    }
+    let mounts = hierarchies::V1::new();
+    *V1_MOUNTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mounts);
+}
+
+/// The v1 mounts: remembered ones, else read now.
+fn v1_mounts() -> hierarchies::V1 {
+    let remembered = V1_MOUNTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    // `V1::default()` reads mountinfo, as `V1::new()` does.
+    remembered.unwrap_or_default()
+}
+
 impl V1Cgroup {
     fn new(path: String, controllers: &[&str]) -> Self {
         let cg = Cgroup::load_with_specified_controllers(
-            Box::new(hierarchies::V1::new()),
+            Box::new(v1_mounts()),
             &path,
             controllers.iter().map(|c| (*c).to_owned()).collect(),
         );

@@ -38,6 +38,13 @@
 //! executes one itself. Never both: a task never gets two executors. The next task
 //! gets a new spawner.
 //!
+//! The spawner forks one executor ahead of time, a spare (`drover-executor: spare` in
+//! `ps`), which waits on a socket of its own: a request goes to it, with its two
+//! descriptors, and the spawner answers with the spare's pid and pidfd, then forks the
+//! next spare. A start thus waits for no fork. A spare that is gone (killed while it
+//! waited) takes nothing with it: the request is forked for as before. A spare exits
+//! when its spawner does.
+//!
 //! Executors forked by one spawner share its address-space layout, stack-protector
 //! canary and hash seeds (made once, at the spawner's `execve`). An executor holds no
 //! secret, and a task cannot read its executor's memory; `DROVER_EXECUTOR_SPAWNER=off`
@@ -88,6 +95,9 @@ const MAX_REQUEST: usize = 1 + 4 + 8 + 1 + 128 + 4096;
 /// No limit to put back.
 const NO_NOFILE: u64 = u64::MAX;
 
+/// How old the cgroup mounts an idle spawner gives its executors may get.
+const MOUNTS_FRESH: Duration = Duration::from_secs(1);
+
 /// How long a driver waits for the spawner's answer (a fork) before it gives up on
 /// this spawner and executes the executor itself.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -118,6 +128,9 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
     default_children();
     let mut buf = vec![0u8; MAX_REQUEST];
     let requests = rustix::stdio::stdin();
+    super::cgroup::remember_v1_mounts();
+    let mut mounts_read = std::time::Instant::now();
+    let mut spare = fork_spare(sandbox);
     loop {
         // Executors that exited are reaped here, at the latest a second after they
         // exit: until then they are zombies, which keeps their pid from being reused
@@ -132,11 +145,18 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
             tv_nsec: 0,
         };
         match rustix::event::poll(&mut ready, Some(&timeout)) {
-            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(0) | Err(rustix::io::Errno::INTR) => {
+                // Idle: the mounts the next executors start with are read again.
+                if mounts_read.elapsed() >= MOUNTS_FRESH {
+                    super::cgroup::remember_v1_mounts();
+                    mounts_read = std::time::Instant::now();
+                }
+                continue;
+            }
             Ok(_) => {}
             Err(_) => return 1,
         }
-        let request = match receive(&mut buf) {
+        let request = match receive(requests, &mut buf) {
             Ok(Some(r)) => r,
             // The driver closed its end: it exited.
             Ok(None) => return 0,
@@ -146,7 +166,11 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         let (sequence, answer, pidfd) = match request {
             Ok(request) => {
                 let sequence = request.sequence;
-                match fork_executor(request, sandbox) {
+                let handed = match spare.take() {
+                    Some(s) => s.hand(request),
+                    None => Err(request),
+                };
+                match handed.or_else(|request| fork_executor(request, sandbox)) {
                     Ok((pid, pidfd)) => (sequence, pid, pidfd),
                     Err(errno) => (sequence, -errno, None),
                 }
@@ -155,6 +179,115 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         };
         if send_answer(sequence, answer, pidfd.as_ref()).is_err() {
             return 1;
+        }
+        // After the answer, so that the fork is not in the start's way.
+        if spare.is_none() {
+            spare = fork_spare(sandbox);
+        }
+    }
+}
+
+/// What a spare's command line says until it is given a task.
+const SPARE_ARG0: &str = "drover-executor: spare";
+
+/// An executor forked ahead of its request, waiting on a socket of its own for it, so
+/// that the fork (and what the child does before it needs its task) is not part of a
+/// task's start. One at a time; the spawner forks the next after it answered.
+struct Spare {
+    pid: i32,
+    pidfd: Option<OwnedFd>,
+    /// The spawner's end: the request goes here. Closed, it ends the spare (the
+    /// spawner exited, or never needed it).
+    socket: OwnedFd,
+}
+
+impl Spare {
+    /// Give `request` to this spare: its pid and pidfd, or the request back when the
+    /// spare is gone (then it saw nothing of it).
+    fn hand(self, request: SpawnRequest) -> Result<(i32, Option<OwnedFd>), SpawnRequest> {
+        let bytes = encode_request(
+            request.sequence,
+            &request.task_id,
+            &request.dir,
+            request.nofile,
+        );
+        let fds = [request.lock.as_fd(), request.startup.as_fd()];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(request);
+        }
+        loop {
+            match rustix::net::sendmsg(
+                &self.socket,
+                &[IoSlice::new(&bytes)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            ) {
+                Err(rustix::io::Errno::INTR) => continue,
+                // Delivered whole (a datagram): the spare has the only copies that
+                // count now, ours close with `request`.
+                Ok(_) => return Ok((self.pid, self.pidfd)),
+                // A spare that died (EPIPE) or is killed later is reaped by
+                // `reap_exited`; this request goes to a fresh fork.
+                Err(_) => return Err(request),
+            }
+        }
+    }
+}
+
+/// Fork a spare executor (see [`Spare`]); `None` if the fork failed (requests are then
+/// forked as they come).
+fn fork_spare(sandbox: Option<&dyn Sandbox>) -> Option<Spare> {
+    let (ours, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .ok()?;
+    // SAFETY: as in `fork_executor`: single-threaded, and the child never returns
+    // into the spawner's loop.
+    #[allow(unsafe_code)]
+    let forked = unsafe { nix::unistd::fork() };
+    match forked {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(ours);
+            std::process::exit(spare_child(theirs, sandbox))
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(theirs);
+            let pidfd = rustix::process::Pid::from_raw(child.as_raw()).and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+            });
+            Some(Spare {
+                pid: child.as_raw(),
+                pidfd,
+                socket: ours,
+            })
+        }
+        Err(_) => None,
+    }
+}
+
+/// In a spare: wait for a request on `socket`, then become its executor exactly as a
+/// child forked for it does. Exits 0 when the spawner closes its end first.
+fn spare_child(socket: OwnedFd, sandbox: Option<&dyn Sandbox>) -> i32 {
+    name_process(SPARE_ARG0.as_bytes());
+    // The request socket is the spawner's alone: /dev/null (the spawner's stdout) in
+    // its place until the lock comes.
+    let _ = rustix::stdio::dup2_stdin(rustix::stdio::stdout());
+    let mut buf = vec![0u8; MAX_REQUEST];
+    loop {
+        match receive(socket.as_fd(), &mut buf) {
+            Ok(Some(Ok(request))) => {
+                drop(socket);
+                return executor_child(request, sandbox);
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            // The spawner is gone (or sent what it never sends): nothing to do.
+            Ok(None) => return 0,
+            Ok(Some(Err(_))) | Err(_) => return 1,
         }
     }
 }
@@ -185,11 +318,14 @@ type Refused = (u32, rustix::io::Errno);
 
 /// Read one request; `None` at the end of the stream. A request that is malformed
 /// (truncated, the wrong number of descriptors) is answered `EINVAL`.
-fn receive(buf: &mut [u8]) -> Result<Option<Result<SpawnRequest, Refused>>, rustix::io::Errno> {
+fn receive(
+    from: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> Result<Option<Result<SpawnRequest, Refused>>, rustix::io::Errno> {
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = rustix::net::recvmsg(
-        rustix::stdio::stdin(),
+        from,
         &mut [IoSliceMut::new(buf)],
         &mut control,
         RecvFlags::CMSG_CLOEXEC,
@@ -226,14 +362,14 @@ fn receive(buf: &mut [u8]) -> Result<Option<Result<SpawnRequest, Refused>>, rust
 /// The request's fields: version, its number (echoed in the answer), open-file limit
 /// (little-endian, [`NO_NOFILE`] for none), the task id's length and bytes, then the
 /// directory, which must be absolute.
-fn encode_request(sequence: u32, task_id: &str, dir: &Path, nofile: Option<u64>) -> Vec<u8> {
+fn encode_request(sequence: u32, task_id: &[u8], dir: &Path, nofile: Option<u64>) -> Vec<u8> {
     let dir = dir.as_os_str().as_bytes();
     let mut out = Vec::with_capacity(14 + task_id.len() + dir.len());
     out.push(REQUEST_VERSION);
     out.extend_from_slice(&sequence.to_le_bytes());
     out.extend_from_slice(&nofile.unwrap_or(NO_NOFILE).to_le_bytes());
     // Task ids are at most 128 bytes (validate_task_id); a longer one is cut.
-    let id = &task_id.as_bytes()[..task_id.len().min(128)];
+    let id = &task_id[..task_id.len().min(128)];
     out.push(id.len() as u8);
     out.extend_from_slice(id);
     out.extend_from_slice(dir);
@@ -531,7 +667,7 @@ pub(crate) async fn spawn(
         },
     };
     spawner.sequence = spawner.sequence.wrapping_add(1);
-    let request = encode_request(spawner.sequence, task_id, dir, nofile);
+    let request = encode_request(spawner.sequence, task_id.as_bytes(), dir, nofile);
     if let Err(e) = send(&spawner, &request, [lock.as_fd(), write.as_fd()]).await {
         // Nothing reached it: a dead spawner (EPIPE), and it is dropped.
         return Outcome::NotForked(e);
@@ -674,13 +810,13 @@ mod tests {
 
     #[test]
     fn requests_round_trip() {
-        let bytes = encode_request(7, "web-1", Path::new("/data/x/0123"), Some(1024));
+        let bytes = encode_request(7, b"web-1", Path::new("/data/x/0123"), Some(1024));
         let (sequence, id, dir, nofile) = parse_request(&bytes).unwrap();
         assert_eq!(sequence, 7);
         assert_eq!(id, b"web-1");
         assert_eq!(dir, Path::new("/data/x/0123"));
         assert_eq!(nofile, Some(1024));
-        let bytes = encode_request(1, "a", Path::new("/d"), None);
+        let bytes = encode_request(1, b"a", Path::new("/d"), None);
         assert_eq!(parse_request(&bytes).unwrap().3, None);
         assert_eq!(decode_answer(encode_answer(9, -11)), (9, -11));
     }
@@ -689,9 +825,9 @@ mod tests {
     fn malformed_requests_are_refused() {
         assert!(parse_request(&[]).is_none());
         assert!(parse_request(&[9, 0, 0]).is_none(), "unknown version");
-        let relative = encode_request(1, "a", Path::new("d"), None);
+        let relative = encode_request(1, b"a", Path::new("d"), None);
         assert!(parse_request(&relative).is_none(), "relative directory");
-        let mut short = encode_request(1, "abc", Path::new("/d"), None);
+        let mut short = encode_request(1, b"abc", Path::new("/d"), None);
         short.truncate(15);
         assert!(parse_request(&short).is_none(), "cut inside the id");
     }
