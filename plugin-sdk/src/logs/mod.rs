@@ -326,7 +326,9 @@ impl RotatingWriter {
             file,
             direct: false,
         };
-        w.prune()?;
+        // The files were listed just now: prune from that list rather than a second
+        // scan (a start opens two streams; each scan is an open and two getdents).
+        w.prune_listed(files)?;
         Ok(w)
     }
 
@@ -380,8 +382,14 @@ impl RotatingWriter {
 
     /// Delete the oldest files beyond `max_files`.
     fn prune(&mut self) -> io::Result<()> {
+        let files = log_files_in(&self.dir, &self.stem)?;
+        self.prune_listed(files)
+    }
+
+    /// [`RotatingWriter::prune`] over `files`, a listing of this stream's files.
+    fn prune_listed(&mut self, files: Vec<(u64, OsString)>) -> io::Result<()> {
         let oldest_kept = self.index.saturating_add(1).saturating_sub(self.max_files);
-        for (i, name) in log_files_in(&self.dir, &self.stem)? {
+        for (i, name) in files {
             if i < oldest_kept {
                 match self.dir.remove_file(&name) {
                     Ok(()) => {}
