@@ -441,6 +441,39 @@ impl Dir {
         }
     }
 
+    /// The directory `name` (one plain name) made in this one now, with permission bits
+    /// `mode` exactly; an error of kind `AlreadyExists` if anything is there. Cheaper
+    /// than [`Dir::create_dir`] (a new directory cannot be a link, so it is opened
+    /// directly), for a directory that is new, such as everything in a new task
+    /// directory.
+    ///
+    /// ```
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// let task = drover_plugin_sdk::taskdir::Dir::open(tmp.path()).unwrap();
+    /// task.create_new_dir("local", 0o755).unwrap();
+    /// assert_eq!(task.metadata("local").unwrap().mode, 0o755);
+    /// let again = task.create_new_dir("local", 0o700).unwrap_err();
+    /// assert_eq!(again.kind(), std::io::ErrorKind::AlreadyExists);
+    /// ```
+    pub fn create_new_dir(&self, name: impl AsRef<Path>, mode: u32) -> io::Result<Dir> {
+        let rel = name.as_ref();
+        let names = self.components(rel)?;
+        let [name] = names.as_slice() else {
+            return Err(self.escape(rel));
+        };
+        rfs::mkdirat(&self.fd, *name, Mode::from_raw_mode(mode & 0o7777))?;
+        // O_NOFOLLOW: should the new name have been swapped for a link meanwhile (only
+        // whoever may write this directory could), it is refused, not followed.
+        let fd = rfs::openat(&self.fd, *name, O_DIR | OFlags::NOFOLLOW, Mode::empty())?;
+        let dir = Dir {
+            fd,
+            path: self.full(rel),
+        };
+        // The umask may have taken bits away.
+        dir.set_mode(mode)?;
+        Ok(dir)
+    }
+
     /// Like [`Dir::create_dir`], making every missing directory on the way with `mode`.
     pub fn create_dir_all(&self, rel: impl AsRef<Path>, mode: u32) -> io::Result<Dir> {
         let rel = rel.as_ref();

@@ -100,6 +100,28 @@ pub(crate) fn create_task_dir(dir: &Path) -> std::io::Result<()> {
     // The alloc dir is the agent's own (the task cannot write it): a trusted path.
     std::fs::create_dir_all(parent)?;
     let alloc = Dir::open(parent)?;
+    let (euid, egid) = (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    match alloc.create_new_dir(name, TASK_DIR_MODES[0].1) {
+        // New: nothing can be in it yet, so each directory is simply made.
+        Ok(task) => {
+            for (sub, mode) in &TASK_DIR_MODES[1..] {
+                let d = task.create_new_dir(sub, *mode)?;
+                if *sub == "logs" {
+                    // The agent's and the drivers' alone (a setgid parent would have
+                    // given it the parent's group).
+                    d.set_owner(euid, egid)?;
+                }
+            }
+            return Ok(());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // It exists (a restart, or an older agent's): whatever the task left in it is
+    // checked and tightened.
     let task = alloc.create_dir(name, 0o700)?;
     for (sub, mode) in TASK_DIR_MODES {
         let d = if sub.is_empty() {
@@ -124,10 +146,7 @@ pub(crate) fn create_task_dir(dir: &Path) -> std::io::Result<()> {
         d.set_mode(mode)?;
         if sub == "logs" {
             // The agent's and the drivers' alone, whoever owned it before.
-            d.set_owner(
-                rustix::process::geteuid().as_raw(),
-                rustix::process::getegid().as_raw(),
-            )?;
+            d.set_owner(euid, egid)?;
         }
     }
     Ok(())
