@@ -47,6 +47,10 @@ pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_millis(50);
 /// Fingerprints are resent at least this often even when nothing changed.
 const FINGERPRINT_HEARTBEAT: Duration = Duration::from_secs(30);
 
+/// How long StartTask waits for the task's attributes (an InspectTask in process) to
+/// send along; past it the answer goes without them and the host asks itself.
+const START_ATTRIBUTES_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How often a plugin with no host connected looks whether its socket is still where
 /// it announced it. A plugin whose socket is gone (its agent's data dir was deleted)
 /// can never be reached again, so it exits; see [`serve`].
@@ -929,8 +933,10 @@ impl<D: DriverPlugin> pb::driver_server::Driver for DriverService<D> {
         let handle = contained("StartTask", self.0.start_task(spec, config)).await??;
         // The task's facts ride along, saving the host an InspectTask round trip; a
         // driver that cannot say yet leaves them out and the host asks.
-        let attributes = match contained("InspectTask", self.0.inspect_task(&id)).await {
-            Ok(Ok(status)) => status.attributes.into_iter().collect(),
+        // Bounded: a slow InspectTask must not hold up the start's answer.
+        let inspect = contained("InspectTask", self.0.inspect_task(&id));
+        let attributes = match tokio::time::timeout(START_ATTRIBUTES_TIMEOUT, inspect).await {
+            Ok(Ok(Ok(status))) => status.attributes.into_iter().collect(),
             _ => Default::default(),
         };
         Ok(Response::new(pb::StartTaskResponse {

@@ -276,9 +276,15 @@ async fn a_failed_start_leaves_no_executor_and_no_directory() {
             .into_iter()
             .filter(|&c| cmdline(c) == b"drover-executor: spawner\0")
             .collect();
-        processes(|ppid, _| ppid == plugin || spawners.contains(&ppid))
+        let children = processes(|ppid, _| ppid == plugin || spawners.contains(&ppid));
+        let spares = children
             .iter()
-            .all(|&c| spawners.contains(&c) || cmdline(c) == b"drover-executor: spare\0")
+            .filter(|&&c| cmdline(c) == b"drover-executor: spare\0")
+            .count();
+        spares <= spawners.len()
+            && children
+                .iter()
+                .all(|&c| spawners.contains(&c) || cmdline(c) == b"drover-executor: spare\0")
     })
     .await;
     p.shutdown().await;

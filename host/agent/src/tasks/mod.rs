@@ -492,15 +492,17 @@ impl TaskManager {
     }
 
     /// Destroy task `id` of `driver`, whose record could not be written: nothing may
-    /// run that no agent knows.
-    async fn destroy_unrecorded(&self, driver: &dyn TaskDriver, id: &str) {
+    /// run that no agent knows. True once the driver has no such task.
+    async fn destroy_unrecorded(&self, driver: &dyn TaskDriver, id: &str) -> bool {
         match tokio::time::timeout(self.rpc_timeout, driver.destroy_task(id, true)).await {
-            Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => {}
+            Ok(Ok(())) | Ok(Err(DriverError::NotFound(_))) => true,
             Ok(Err(e)) => {
-                tracing::error!(task = %id, "cannot destroy a task whose record could not be written: {e}")
+                tracing::error!(task = %id, "cannot destroy a task whose record could not be written: {e}");
+                false
             }
             Err(_) => {
-                tracing::error!(task = %id, "DestroyTask of a task whose record could not be written timed out")
+                tracing::error!(task = %id, "DestroyTask of a task whose record could not be written timed out");
+                false
             }
         }
     }
@@ -512,13 +514,17 @@ impl TaskManager {
     fn write_start_intent(&self, id: &str, record: &[u8]) -> std::io::Result<()> {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
+        let path = self.starting_dir.join(id);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(self.starting_dir.join(id))?;
-        f.write_all(record)
+            .open(&path)?;
+        f.write_all(record).inspect_err(|_| {
+            // Half a record must not outlive this start.
+            let _ = std::fs::remove_file(&path);
+        })
     }
 
     fn remove_start_intent(&self, id: &str) {
@@ -854,15 +860,27 @@ impl TaskManager {
         let answer = if let Some(record) = intent {
             let written = async {
                 let written = task.persist_encoded(&self.store, record).await;
-                self.remove_start_intent(&id);
+                if written.is_ok() {
+                    self.remove_start_intent(&id);
+                }
                 written
             };
             let (answer, written) = tokio::join!(start, written);
             if let Err(e) = written {
+                // Whatever the start did, nothing may run without a record. The intent
+                // stays until that is certain: should this agent die first, the next
+                // one takes the task from it.
+                let started = match &answer {
+                    Ok(_) => true,
+                    Err(se) if runner::maybe_started(se) => !matches!(
+                        runner::probe(self, &task, &*driver).await,
+                        runner::Probe::NeverStarted
+                    ),
+                    Err(_) => false,
+                };
                 task.destroyed.store(true, Ordering::SeqCst);
-                // Whatever the start did, nothing may run without a record.
-                if answer.is_ok() || answer.as_ref().is_err_and(runner::maybe_started) {
-                    self.destroy_unrecorded(&*driver, &id).await;
+                if !started || self.destroy_unrecorded(&*driver, &id).await {
+                    self.remove_start_intent(&id);
                 }
                 return Err(undo(format!(
                     "cannot record task {id} before starting it: {e}"
@@ -1295,6 +1313,8 @@ impl TaskManager {
                 "the driver destroyed task {id}, but its record could not be deleted: {e}"
             ))
         })?;
+        // A start intent left behind (its removal failed) must not bring the task back.
+        self.remove_start_intent(id);
         self.remove(id);
         self.ended(&task);
         let dir = task.view().task_dir;

@@ -1,7 +1,7 @@
 //! The task manager against a scripted driver: restarts, recovery, failures of the
 //! driver and of the store, without plugin processes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt as _;
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
@@ -60,7 +60,13 @@ struct FakeState {
     event_subscribers: Vec<tokio::sync::mpsc::UnboundedSender<Result<TaskEvent, DriverError>>>,
     /// RecoverTask with a handle made from the spec alone finds a task (as Drover's
     /// drivers do): the manager starts tasks while their pending record is written.
-    by_id: bool,
+    /// Unset: no (Nomad's drivers), or yes with `DROVER_TEST_FAKE_BY_ID=1`, so that
+    /// `scripts/test.sh` runs every test that does not care on both paths.
+    by_id: Option<bool>,
+    /// StartTask answers with the task's attributes (as Drover's plugins do).
+    reports_attributes: bool,
+    /// InspectTask calls that arrived.
+    inspects: usize,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -170,7 +176,9 @@ impl TaskDriver for Fake {
         self.s().retiring.clone()
     }
     fn finds_tasks_by_id(&self) -> bool {
-        self.s().by_id
+        self.s()
+            .by_id
+            .unwrap_or_else(|| std::env::var_os("DROVER_TEST_FAKE_BY_ID").is_some_and(|v| v == "1"))
     }
     async fn start_task(&self, spec: TaskSpec) -> Result<TaskHandle, DriverError> {
         let gate = {
@@ -265,7 +273,17 @@ impl TaskDriver for Fake {
         s.destroys.push(id.to_owned());
         Ok(())
     }
+    async fn start_task_reporting(
+        &self,
+        spec: TaskSpec,
+    ) -> Result<(TaskHandle, Option<BTreeMap<String, String>>), DriverError> {
+        let reports = self.s().reports_attributes;
+        let handle = self.start_task(spec).await?;
+        let attributes = reports.then(|| BTreeMap::from([("pid".to_owned(), "4343".to_owned())]));
+        Ok((handle, attributes))
+    }
     async fn inspect_task(&self, id: &str) -> Result<TaskStatus, DriverError> {
+        self.s().inspects += 1;
         self.known(id)?;
         Ok(
             TaskStatus::new(id, drover_plugin_sdk::TaskState::Unknown)
@@ -343,6 +361,47 @@ impl StateStore for FlakyStore {
                 op: format!("put task {id}"),
                 reason: "disk full (injected)".into(),
             });
+        }
+        self.inner.put_task(id, record)
+    }
+    fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.inner.tasks()
+    }
+    fn delete_task(&self, id: &str) -> Result<(), StateError> {
+        self.inner.delete_task(id)
+    }
+    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        self.inner.put_alloc(id, record)
+    }
+    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
+        self.inner.allocs()
+    }
+    fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
+        self.inner.delete_alloc(id)
+    }
+}
+
+/// A store whose first `put_task` waits until the test sends on the gate.
+#[derive(Default)]
+struct GatedStore {
+    inner: MemStore,
+    gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl StateStore for GatedStore {
+    fn put_plugin(&self, rec: &crate::state::PluginRecord) -> Result<(), StateError> {
+        self.inner.put_plugin(rec)
+    }
+    fn plugins(&self) -> Result<Vec<crate::state::PluginRecord>, StateError> {
+        self.inner.plugins()
+    }
+    fn delete_plugin(&self, name: &str) -> Result<(), StateError> {
+        self.inner.delete_plugin(name)
+    }
+    fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        let gate = self.gate.lock().unwrap().take();
+        if let Some(gate) = gate {
+            let _ = gate.recv();
         }
         self.inner.put_task(id, record)
     }
@@ -1294,10 +1353,12 @@ async fn a_stop_while_the_agent_was_down_is_finished_by_recovery() {
 
 #[tokio::test]
 async fn a_failed_record_write_leaves_nothing_running() {
-    // Write 1 is the pending record: it fails, nothing is started.
+    // Write 1 is the pending record: it fails, nothing is started (a driver that needs
+    // its handle to find a task: the record is written before the start).
     let store = Arc::new(FlakyStore::default());
     store.fail_put.store(1, Ordering::SeqCst);
     let env = Env::with_store(store.clone());
+    env.fake.s().by_id = Some(false);
     let e = env
         .mgr
         .run(request(serde_json::json!({}), None))
@@ -1331,7 +1392,7 @@ async fn a_failed_pending_record_destroys_what_the_overlapping_start_started() {
     let store = Arc::new(FlakyStore::default());
     store.fail_put.store(1, Ordering::SeqCst);
     let env = Env::with_store(store.clone());
-    env.fake.s().by_id = true;
+    env.fake.s().by_id = Some(true);
     let e = env
         .mgr
         .run(request(serde_json::json!({}), None))
@@ -1350,6 +1411,66 @@ async fn a_failed_pending_record_destroys_what_the_overlapping_start_started() {
     assert!(env.store.tasks().unwrap().is_empty());
     assert_eq!(std::fs::read_dir(&env.alloc).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn the_driver_starts_the_task_while_its_record_is_written_and_the_intent_holds_it() {
+    let store = Arc::new(GatedStore::default());
+    let (open, gate) = std::sync::mpsc::channel();
+    *store.gate.lock().unwrap() = Some(gate);
+    let env = Env::with_store(store.clone());
+    env.fake.s().by_id = Some(true);
+    let mgr = env.mgr.clone();
+    let run = tokio::spawn(async move { mgr.run(request(serde_json::json!({}), None)).await });
+    // The durable write is held: the start goes on all the same.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.fake.s().starts.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "StartTask waited for the record's write"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Meanwhile the intent is there, whole: the pending task, no handle, which the
+    // next agent would read should this one die now.
+    let intents: Vec<_> = std::fs::read_dir(starting_dir(&env))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect();
+    assert_eq!(intents.len(), 1);
+    let id = intents[0].file_name().into_string().unwrap();
+    let mode = intents[0].metadata().unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let rec = TaskRecord::decode(&id, &std::fs::read(intents[0].path()).unwrap()).unwrap();
+    assert!(rec.handle.is_none());
+    assert_eq!(rec.view.state, TaskLifecycle::Pending);
+    assert!(!run.is_finished(), "answered before the record was durable");
+    open.send(()).unwrap();
+    let v = run.await.unwrap().unwrap();
+    assert_eq!(v.id, id);
+    assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn attributes_sent_with_the_start_spare_an_inspect() {
+    let env = Env::new();
+    env.fake.s().reports_attributes = true;
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    assert_eq!(v.attributes.get("pid").map(String::as_str), Some("4343"));
+    assert_eq!(env.fake.s().inspects, 0, "InspectTask asked all the same");
+    // A driver that sends none is asked.
+    env.fake.s().reports_attributes = false;
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    assert_eq!(v.attributes.get("pid").map(String::as_str), Some("4242"));
+    assert_eq!(env.fake.s().inspects, 1);
 }
 
 /// What the start of `id` wrote to `starting/<id>` before its StartTask: its record
@@ -1371,7 +1492,7 @@ fn starting_dir(env: &Env) -> PathBuf {
 #[tokio::test]
 async fn a_start_whose_record_never_landed_is_recovered_from_its_intent() {
     let env = Env::new();
-    env.fake.s().by_id = true;
+    env.fake.s().by_id = Some(true);
     let v = env
         .mgr
         .run(request(serde_json::json!({}), None))
@@ -1402,7 +1523,7 @@ async fn a_start_whose_record_never_landed_is_recovered_from_its_intent() {
 #[tokio::test]
 async fn an_intent_whose_start_never_reached_the_driver_is_started_once() {
     let env = Env::new();
-    env.fake.s().by_id = true;
+    env.fake.s().by_id = Some(true);
     let v = env
         .mgr
         .run(request(serde_json::json!({}), None))

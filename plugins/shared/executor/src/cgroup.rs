@@ -500,9 +500,20 @@ pub(crate) fn remember_v1_mounts() {
         return;
     }
     let mounts = hierarchies::V1::new();
+    // A reading without a single cgroup mount is a failed read (cgroups-rs reads an
+    // unreadable mountinfo as empty): not kept, each executor reads for itself.
+    let found = !cgroups_rs::fs::Hierarchy::subsystems(&mounts).is_empty();
     *V1_MOUNTS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mounts);
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = found.then_some(mounts);
+}
+
+/// Drop the remembered mounts: an executor does once its task is in its cgroups, so
+/// that what it opens later (stats, the kill) reads the mounts of the moment.
+pub(crate) fn forget_v1_mounts() {
+    *V1_MOUNTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
 }
 
 /// The v1 mounts: remembered ones, else read now.

@@ -123,6 +123,9 @@ pub(crate) fn run(dir: PathBuf, sandbox: Option<&dyn Sandbox>, nofile: Option<u6
             return 1;
         }
     };
+    // The spawner's reading of the cgroup mounts served the start; from here on the
+    // executor reads them afresh.
+    super::cgroup::forget_v1_mounts();
     report(&Reply::ok(executor.status.clone()));
     // Nothing more goes to the plugin: it may be gone by now, and the pipe must close
     // so that it sees the end of the start-up reply.

@@ -180,6 +180,8 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         if send_answer(sequence, answer, pidfd.as_ref()).is_err() {
             return 1;
         }
+        // Not to be inherited by the next spare.
+        drop(pidfd);
         // After the answer, so that the fork is not in the start's way.
         if spare.is_none() {
             spare = fork_spare(sandbox);
@@ -275,8 +277,11 @@ fn fork_spare(sandbox: Option<&dyn Sandbox>) -> Option<Spare> {
 fn spare_child(socket: OwnedFd, sandbox: Option<&dyn Sandbox>) -> i32 {
     name_process(SPARE_ARG0.as_bytes());
     // The request socket is the spawner's alone: /dev/null (the spawner's stdout) in
-    // its place until the lock comes.
-    let _ = rustix::stdio::dup2_stdin(rustix::stdio::stdout());
+    // its place until the lock comes. A spare that kept it would hide the driver's exit
+    // from the spawner.
+    if rustix::stdio::dup2_stdin(rustix::stdio::stdout()).is_err() {
+        return 1;
+    }
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
         match receive(socket.as_fd(), &mut buf) {
