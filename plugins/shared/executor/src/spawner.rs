@@ -95,9 +95,6 @@ const MAX_REQUEST: usize = 1 + 4 + 8 + 1 + 128 + 4096;
 /// No limit to put back.
 const NO_NOFILE: u64 = u64::MAX;
 
-/// How old the cgroup mounts an idle spawner gives its executors may get.
-const MOUNTS_FRESH: Duration = Duration::from_secs(1);
-
 /// How long a driver waits for the spawner's answer (a fork) before it gives up on
 /// this spawner and executes the executor itself.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -129,7 +126,6 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
     let mut buf = vec![0u8; MAX_REQUEST];
     let requests = rustix::stdio::stdin();
     super::cgroup::remember_v1_mounts();
-    let mut mounts_read = std::time::Instant::now();
     let mut spare = fork_spare(sandbox);
     loop {
         // Executors that exited are reaped here, at the latest a second after they
@@ -145,14 +141,13 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
             tv_nsec: 0,
         };
         match rustix::event::poll(&mut ready, Some(&timeout)) {
-            Ok(0) | Err(rustix::io::Errno::INTR) => {
-                // Idle: the mounts the next executors start with are read again.
-                if mounts_read.elapsed() >= MOUNTS_FRESH {
-                    super::cgroup::remember_v1_mounts();
-                    mounts_read = std::time::Instant::now();
-                }
+            Ok(0) => {
+                // A second without a request: the mounts the next executors start
+                // with are read again.
+                super::cgroup::remember_v1_mounts();
                 continue;
             }
+            Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
             Err(_) => return 1,
         }
@@ -214,26 +209,13 @@ impl Spare {
             request.nofile,
         );
         let fds = [request.lock.as_fd(), request.startup.as_fd()];
-        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(request);
-        }
-        loop {
-            match rustix::net::sendmsg(
-                &self.socket,
-                &[IoSlice::new(&bytes)],
-                &mut control,
-                SendFlags::NOSIGNAL,
-            ) {
-                Err(rustix::io::Errno::INTR) => continue,
-                // Delivered whole (a datagram): the spare has the only copies that
-                // count now, ours close with `request`.
-                Ok(_) => return Ok((self.pid, self.pidfd)),
-                // A spare that died (EPIPE) or is killed later is reaped by
-                // `reap_exited`; this request goes to a fresh fork.
-                Err(_) => return Err(request),
-            }
+        match send_datagram(self.socket.as_fd(), &bytes, &fds) {
+            // Delivered whole (a datagram): the spare has the only copies that count
+            // now, ours close with `request`.
+            Ok(()) => Ok((self.pid, self.pidfd)),
+            // A spare that died (EPIPE) or is killed later is reaped by `reap_exited`;
+            // this request goes to a fresh fork.
+            Err(_) => Err(request),
         }
     }
 }
@@ -426,17 +408,30 @@ fn decode_answer(bytes: [u8; ANSWER_LEN]) -> (u32, i32) {
 }
 
 fn send_answer(sequence: u32, answer: i32, pidfd: Option<&OwnedFd>) -> rustix::io::Result<()> {
-    let bytes = encode_answer(sequence, answer);
     let fds: Vec<std::os::fd::BorrowedFd<'_>> = pidfd.iter().map(|f| f.as_fd()).collect();
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    send_datagram(
+        rustix::stdio::stdin(),
+        &encode_answer(sequence, answer),
+        &fds,
+    )
+}
+
+/// Send `bytes` as one datagram on `to` with `fds` (at most two) as `SCM_RIGHTS`,
+/// blocking; a closed peer is `EPIPE`, never a signal.
+fn send_datagram(
+    to: std::os::fd::BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> rustix::io::Result<()> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(rustix::io::Errno::INVAL);
     }
     loop {
         match rustix::net::sendmsg(
-            rustix::stdio::stdin(),
-            &[IoSlice::new(&bytes)],
+            to,
+            &[IoSlice::new(bytes)],
             &mut control,
             SendFlags::NOSIGNAL,
         ) {
