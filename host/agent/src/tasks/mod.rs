@@ -427,11 +427,8 @@ impl TaskManager {
         let mut loaded = HashMap::new();
         for (id, bytes) in records {
             let rec = TaskRecord::decode(&id, &bytes)?;
-            let settings = Settings::from_request(&rec.request).map_err(|e| StateError::Io {
-                op: format!("read task record {id}"),
-                reason: format!("its request is no longer valid: {e}"),
-            })?;
-            loaded.insert(id, Arc::new(Task::new(rec, settings)));
+            let task = loaded_task(rec, || format!("read task record {id}"))?;
+            loaded.insert(id, task);
         }
         self.adopt_start_intents(&mut loaded)?;
         let n = loaded.len();
@@ -515,11 +512,11 @@ impl TaskManager {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
         let path = self.starting_dir.join(id);
+        // `create_new` (O_EXCL) fails on anything there, a link included.
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&path)?;
         f.write_all(record).inspect_err(|_| {
             // Half a record must not outlive this start.
@@ -570,18 +567,15 @@ impl TaskManager {
                 let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
                 match TaskRecord::decode(&id, &bytes) {
                     Ok(rec) => {
-                        let settings =
-                            Settings::from_request(&rec.request).map_err(|e| StateError::Io {
-                                op: format!("read the start intent of task {id}"),
-                                reason: format!("its request is no longer valid: {e}"),
-                            })?;
+                        let task =
+                            loaded_task(rec, || format!("read the start intent of task {id}"))?;
                         self.store.store.put_task(&id, &bytes)?;
                         tracing::warn!(
                             task = %id,
                             "task whose record an earlier agent did not finish writing: \
                              recovered from its start intent"
                         );
-                        loaded.insert(id.clone(), Arc::new(Task::new(rec, settings)));
+                        loaded.insert(id.clone(), task);
                     }
                     // Whole, but not a record this agent can read: as for the store's
                     // records, refuse to start rather than lose the task.
@@ -827,17 +821,7 @@ impl TaskManager {
             DriverError::Internal(why)
         };
         let generation = *driver.generation().borrow();
-        let start = async {
-            tokio::time::timeout(self.start_timeout, driver.start_task_reporting(spec))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(DriverError::Timeout(format!(
-                        "driver {} did not answer StartTask within {}",
-                        task.driver,
-                        human(self.start_timeout)
-                    )))
-                })
-        };
+        let start = runner::start_in_time(self, &*driver, &task.driver, spec);
         // The pending record must be durable before the caller hears of the task, and
         // survive this agent if the task may have started. With a driver that finds its
         // tasks by id, the record's fsync runs while the driver starts the task: a copy
@@ -1378,4 +1362,14 @@ impl crate::plugins::catalog::TaskHandover for TaskManager {
 /// before the driver took Nomad's name `raw_exec`).
 fn driven_by(recorded: &str, plugin: &str) -> bool {
     recorded == plugin || drover_api::canonical_driver_name(recorded) == plugin
+}
+
+/// A task of a stored record (or start intent): its settings are read from its
+/// request, which must still be valid; `op` names what was read, for the error.
+fn loaded_task(rec: TaskRecord, op: impl FnOnce() -> String) -> Result<Arc<Task>, StateError> {
+    let settings = Settings::from_request(&rec.request).map_err(|e| StateError::Io {
+        op: op(),
+        reason: format!("its request is no longer valid: {e}"),
+    })?;
+    Ok(Arc::new(Task::new(rec, settings)))
 }

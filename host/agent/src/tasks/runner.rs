@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use drover_api::TaskEventKind;
-use drover_plugin_sdk::{DriverError, ExitResult, Signal, TaskHandle};
+use drover_plugin_sdk::{DriverError, ExitResult, Signal, TaskHandle, TaskSpec};
 use tokio::sync::oneshot;
 
 use super::hooks::{Started, TaskHook};
@@ -152,6 +152,24 @@ enum Attach {
     NeverStarted,
     /// The driver cannot take the task back.
     Lost(String),
+}
+
+/// `StartTask` of `spec` on `driver` (named `name`), bounded by the manager's start
+/// timeout: the handle, with the attributes the driver sent along if it did.
+pub(super) async fn start_in_time(
+    mgr: &TaskManager,
+    driver: &dyn TaskDriver,
+    name: &str,
+    spec: TaskSpec,
+) -> Result<(TaskHandle, Option<BTreeMap<String, String>>), DriverError> {
+    tokio::time::timeout(mgr.start_timeout, driver.start_task_reporting(spec))
+        .await
+        .unwrap_or_else(|_| {
+            Err(DriverError::Timeout(format!(
+                "driver {name} did not answer StartTask within {}",
+                human(mgr.start_timeout)
+            )))
+        })
 }
 
 /// Run the poststart hooks; returns the driver facts they found.
@@ -739,15 +757,7 @@ impl Runner {
                 return self.start_failed(why).await;
             }
         }
-        let answer =
-            tokio::time::timeout(self.mgr.start_timeout, driver.start_task_reporting(spec))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(DriverError::Timeout(format!(
-                        "driver {name} did not answer StartTask within {}",
-                        human(self.mgr.start_timeout)
-                    )))
-                });
+        let answer = start_in_time(&self.mgr, &*driver, &name, spec).await;
         let answer = match answer {
             Err(e) if maybe_started(&e) => match probe(&self.mgr, &self.task, &*driver).await {
                 Probe::Started(handle) => Ok((*handle, None)),

@@ -336,12 +336,14 @@ impl Drivers for FakeDrivers {
     }
 }
 
-/// A store whose `put_task` number `fail_put` (1-based) fails.
+/// A store whose `put_task` number `fail_put` (1-based) fails, and whose next
+/// `put_task` waits until the test sends on `gate`, when one is set.
 #[derive(Default)]
 struct FlakyStore {
     inner: MemStore,
     puts: AtomicUsize,
     fail_put: AtomicUsize,
+    gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl StateStore for FlakyStore {
@@ -355,53 +357,16 @@ impl StateStore for FlakyStore {
         self.inner.delete_plugin(name)
     }
     fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
+        let gate = self.gate.lock().unwrap().take();
+        if let Some(gate) = gate {
+            let _ = gate.recv();
+        }
         let n = self.puts.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.fail_put.load(Ordering::SeqCst) {
             return Err(StateError::Io {
                 op: format!("put task {id}"),
                 reason: "disk full (injected)".into(),
             });
-        }
-        self.inner.put_task(id, record)
-    }
-    fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.inner.tasks()
-    }
-    fn delete_task(&self, id: &str) -> Result<(), StateError> {
-        self.inner.delete_task(id)
-    }
-    fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
-        self.inner.put_alloc(id, record)
-    }
-    fn allocs(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
-        self.inner.allocs()
-    }
-    fn delete_alloc(&self, id: &str) -> Result<(), StateError> {
-        self.inner.delete_alloc(id)
-    }
-}
-
-/// A store whose first `put_task` waits until the test sends on the gate.
-#[derive(Default)]
-struct GatedStore {
-    inner: MemStore,
-    gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
-}
-
-impl StateStore for GatedStore {
-    fn put_plugin(&self, rec: &crate::state::PluginRecord) -> Result<(), StateError> {
-        self.inner.put_plugin(rec)
-    }
-    fn plugins(&self) -> Result<Vec<crate::state::PluginRecord>, StateError> {
-        self.inner.plugins()
-    }
-    fn delete_plugin(&self, name: &str) -> Result<(), StateError> {
-        self.inner.delete_plugin(name)
-    }
-    fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
-        let gate = self.gate.lock().unwrap().take();
-        if let Some(gate) = gate {
-            let _ = gate.recv();
         }
         self.inner.put_task(id, record)
     }
@@ -1415,7 +1380,7 @@ async fn a_failed_pending_record_destroys_what_the_overlapping_start_started() {
 
 #[tokio::test]
 async fn the_driver_starts_the_task_while_its_record_is_written_and_the_intent_holds_it() {
-    let store = Arc::new(GatedStore::default());
+    let store = Arc::new(FlakyStore::default());
     let (open, gate) = std::sync::mpsc::channel();
     *store.gate.lock().unwrap() = Some(gate);
     let env = Env::with_store(store.clone());

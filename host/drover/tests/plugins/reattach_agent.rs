@@ -466,19 +466,17 @@ fn a_task_whose_record_never_landed_is_recovered_from_its_start_intent() {
     }
 
     let (second, _) = start(root.path(), &[], "raw_exec");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let task = loop {
-        let t = second.cli_json(&["task", "status", &id, "--json"]);
-        if t["state"] == "running" && t["attributes"]["pid"].is_string() {
-            break t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "task {id} not recovered: {t:#}\n{}",
-            second.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = || second.cli_json(&["task", "status", &id, "--json"]);
+    drover_test_support::until_blocking(
+        Duration::from_secs(15),
+        Duration::from_millis(20),
+        "the task to be recovered, running with its pid",
+        || {
+            let t = status();
+            t["state"] == "running" && t["attributes"]["pid"].is_string()
+        },
+    );
+    let task = status();
     assert_eq!(
         task["attributes"]["pid"].as_str().unwrap(),
         pid.to_string(),
