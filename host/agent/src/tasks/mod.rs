@@ -504,6 +504,40 @@ impl TaskManager {
         }
     }
 
+    /// Task `task` may run, its caller is told it failed (`why`: its record could not be
+    /// written), and destroying it failed too. Rather than leave a task running that no
+    /// agent knows, it stays, stopped as a user's stop would stop it: the stop goes in
+    /// its record and in its start intent (whichever of them can still be written; the
+    /// next agent takes it from either), and a runner recovers the task and stops it
+    /// once its driver answers. The error for the caller says so.
+    async fn stop_unrecorded(self: &Arc<Self>, task: &Arc<Task>, why: String) -> DriverError {
+        task.destroyed.store(false, Ordering::SeqCst);
+        {
+            let mut rec = task.rec();
+            if rec.kill.is_none() {
+                rec.kill = Some(KillRequest {
+                    signal: task.settings.kill_signal.clone(),
+                    timeout: task.settings.kill_timeout,
+                });
+            }
+        }
+        task.kill.cancel();
+        task.failure(format!(
+            "{why}; destroying it failed too: it is stopped once its driver answers"
+        ));
+        if let Err(e) = self.replace_start_intent(task) {
+            tracing::warn!(task = %task.id, "cannot write the stop into the task's start intent: {e}");
+        }
+        task.save(&self.store).await;
+        crate::metrics::metrics().task_failures.inc();
+        tokio::spawn(Runner::new(self.clone(), task.clone(), None).run(Phase::Recover));
+        DriverError::Internal(format!(
+            "{why}; destroying it failed too: task {} is stopped as soon as its driver \
+             answers",
+            task.id
+        ))
+    }
+
     /// Write `record`, the pending record of task `id`, to `starting/<id>` before its
     /// `StartTask`, while the store writes it durably: the file needs no fsync, since
     /// it only has to outlive this process (a machine that crashes takes the task
@@ -522,6 +556,29 @@ impl TaskManager {
             // Half a record must not outlive this start.
             let _ = std::fs::remove_file(&path);
         })
+    }
+
+    /// Replace the start intent of `task` with its record as it is now (with the stop
+    /// [`TaskManager::stop_unrecorded`] put in it), atomically: a new file renamed over
+    /// the old one, so that an agent that dies meanwhile leaves one whole intent.
+    fn replace_start_intent(&self, task: &Task) -> std::io::Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let bytes = task.rec().encode().map_err(std::io::Error::other)?;
+        // Never an id (`+` is not in their alphabet, see `validate_task_id`):
+        // `adopt_start_intents` removes a leftover one.
+        let tmp = self.starting_dir.join(format!("{}+new", task.id));
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&bytes)
+            .and_then(|()| std::fs::rename(&tmp, self.starting_dir.join(&task.id)))
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&tmp);
+            })
     }
 
     fn remove_start_intent(&self, id: &str) {
@@ -559,11 +616,36 @@ impl TaskManager {
         for entry in entries {
             let entry = entry.map_err(|e| io("read", e))?;
             let path = entry.path();
-            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+            let Some(id) = entry
+                .file_name()
+                .to_str()
+                .filter(|name| drover_plugin_sdk::validate_task_id(name).is_ok())
+                .map(str::to_owned)
+            else {
+                // Not an intent: a replacement that was never renamed into place (the
+                // intent it was for is still there), or a stranger.
                 let _ = std::fs::remove_file(&path);
                 continue;
             };
-            if !loaded.contains_key(&id) {
+            if let Some(task) = loaded.get(&id) {
+                // The record landed; an intent that asks for a stop (a task the caller
+                // was told failed, see `stop_unrecorded`) still gets it.
+                let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
+                if let Ok(TaskRecord {
+                    kill: Some(kill), ..
+                }) = TaskRecord::decode(&id, &bytes)
+                    && task.rec().kill.is_none()
+                {
+                    task.rec().kill = Some(kill);
+                    task.kill.cancel();
+                    let bytes = task.rec().encode()?;
+                    self.store.store.put_task(&id, &bytes)?;
+                    tracing::warn!(
+                        task = %id,
+                        "task an earlier agent could not record and was stopping: it is stopped"
+                    );
+                }
+            } else {
                 let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
                 match TaskRecord::decode(&id, &bytes) {
                     Ok(rec) => {
@@ -815,6 +897,9 @@ impl TaskManager {
         }
         let undo = |why: String| {
             self.remove(&id);
+            // Should its removal have failed before, an intent must not bring back a
+            // task whose caller heard it failed.
+            self.remove_start_intent(&id);
             let _ = std::fs::remove_dir_all(&task_dir);
             // Whoever waits on it (a concurrent stop or wait) is told it is over.
             self.ended(&task);
@@ -862,10 +947,16 @@ impl TaskManager {
                     ),
                     Err(_) => false,
                 };
-                task.destroyed.store(true, Ordering::SeqCst);
-                if !started || self.destroy_unrecorded(&*driver, &id).await {
-                    self.remove_start_intent(&id);
+                if started && !self.destroy_unrecorded(&*driver, &id).await {
+                    drop(ops);
+                    return Err(self
+                        .stop_unrecorded(
+                            &task,
+                            format!("cannot record task {id} before starting it ({e})"),
+                        )
+                        .await);
                 }
+                task.destroyed.store(true, Ordering::SeqCst);
                 return Err(undo(format!(
                     "cannot record task {id} before starting it: {e}"
                 )));
@@ -913,10 +1004,8 @@ impl TaskManager {
                 if let Err(se) = task.forget(&self.store).await {
                     tracing::error!(task = %id, "cannot delete the record of a task that failed to start: {se}");
                 }
-                self.remove(&id);
-                let _ = std::fs::remove_dir_all(&task_dir);
-                self.ended(&task);
                 crate::metrics::metrics().task_failures.inc();
+                undo(String::new());
                 return Err(e);
             }
         };
@@ -935,7 +1024,15 @@ impl TaskManager {
         };
         if let Err(e) = written {
             // The caller hears "failed", so nothing may keep running.
-            self.destroy_unrecorded(&*driver, &id).await;
+            if !self.destroy_unrecorded(&*driver, &id).await {
+                drop(ops);
+                return Err(self
+                    .stop_unrecorded(
+                        &task,
+                        format!("cannot record task {id} after starting it ({e})"),
+                    )
+                    .await);
+            }
             if let Err(se) = task.forget(&self.store).await {
                 tracing::error!(task = %id, "cannot delete the record of a destroyed task: {se}");
             }

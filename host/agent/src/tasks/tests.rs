@@ -67,6 +67,8 @@ struct FakeState {
     reports_attributes: bool,
     /// InspectTask calls that arrived.
     inspects: usize,
+    /// The next this many DestroyTask calls fail (the plugin is away for them).
+    fail_destroys: usize,
 }
 
 /// Task config of the fake: exit with `exit_code` after `after_ms`, or run until
@@ -266,6 +268,13 @@ impl TaskDriver for Fake {
         Ok(())
     }
     async fn destroy_task(&self, id: &str, _force: bool) -> Result<(), DriverError> {
+        {
+            let mut s = self.s();
+            if s.fail_destroys > 0 {
+                s.fail_destroys -= 1;
+                return Err(DriverError::Unavailable("fake plugin is away".into()));
+            }
+        }
         self.known(id)?;
         let mut s = self.s();
         s.known.remove(id);
@@ -1375,6 +1384,115 @@ async fn a_failed_pending_record_destroys_what_the_overlapping_start_started() {
     assert!(env.mgr.list().is_empty());
     assert!(env.store.tasks().unwrap().is_empty());
     assert_eq!(std::fs::read_dir(&env.alloc).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
+}
+
+/// The one start intent there is: its id and record.
+fn the_intent(env: &Env) -> (String, TaskRecord) {
+    let intents: Vec<_> = std::fs::read_dir(starting_dir(env))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect();
+    assert_eq!(intents.len(), 1, "{intents:?}");
+    let id = intents[0].file_name().into_string().unwrap();
+    let rec = TaskRecord::decode(&id, &std::fs::read(intents[0].path()).unwrap()).unwrap();
+    (id, rec)
+}
+
+#[tokio::test]
+async fn a_started_task_neither_recorded_nor_destroyed_is_stopped_not_lost() {
+    // The pending record's durable write fails while the start succeeds, and
+    // DestroyTask fails too: the caller hears "failed", so the task must not run on,
+    // and no agent may forget it meanwhile.
+    let store = Arc::new(FlakyStore::default());
+    store.fail_put.store(1, Ordering::SeqCst);
+    let env = Env::with_store(store.clone());
+    env.fake.s().by_id = Some(true);
+    env.fake.s().fail_destroys = 1;
+    let e = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("before starting it") && e.contains("destroying it failed too"),
+        "{e}"
+    );
+    // An agent that died now would find the stop in the intent.
+    let (id, rec) = the_intent(&env);
+    assert!(rec.kill.is_some(), "the intent does not ask for the stop");
+    // This one stops the task through the driver, and keeps it listed until then.
+    let dead = wait_dead(&env.mgr, &id).await;
+    assert!(env.fake.s().stops.contains(&id), "never stopped");
+    assert_eq!(dead.signal, Some(15), "{dead:#?}");
+    assert!(
+        dead.events
+            .iter()
+            .any(|e| e.message.contains("destroying it failed too")),
+        "{dead:#?}"
+    );
+    assert_eq!(env.fake.starts(&id).len(), 1);
+}
+
+#[tokio::test]
+async fn a_task_whose_handle_cannot_be_recorded_nor_destroyed_is_stopped_not_forgotten() {
+    // Write 2 records the handle after the start; it fails, and so does DestroyTask:
+    // the durable pending record is kept (with the stop), not deleted.
+    let store = Arc::new(FlakyStore::default());
+    store.fail_put.store(2, Ordering::SeqCst);
+    let env = Env::with_store(store.clone());
+    env.fake.s().fail_destroys = 1;
+    let e = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("after starting it") && e.contains("destroying it failed too"),
+        "{e}"
+    );
+    let id = env.fake.s().starts[0].0.clone();
+    let dead = wait_dead(&env.mgr, &id).await;
+    assert!(env.fake.s().stops.contains(&id), "never stopped");
+    assert_eq!(dead.signal, Some(15), "{dead:#?}");
+    assert!(env.stored(&id)["kill"].is_object(), "{}", env.stored(&id));
+}
+
+#[tokio::test]
+async fn a_stop_in_an_intent_is_obeyed_by_the_next_agent_whose_record_landed() {
+    // The agent died after writing the stop into the intent but before its record
+    // said so (the record is the pending one, or the running one): the next agent
+    // stops the task rather than recovering it as running.
+    let env = Env::new();
+    env.fake.s().by_id = Some(true);
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    let mut rec: TaskRecord = serde_json::from_value(env.stored(&v.id)).unwrap();
+    rec.kill = Some(KillRequest {
+        signal: "SIGTERM".into(),
+        timeout: Duration::from_secs(5),
+    });
+    std::fs::write(starting_dir(&env).join(&v.id), rec.encode().unwrap()).unwrap();
+    // And a replacement never renamed into place: not an intent.
+    std::fs::write(starting_dir(&env).join(format!("{}+new", v.id)), b"{").unwrap();
+    env.fake.new_process();
+
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    assert!(
+        env.stored(&v.id)["kill"].is_object(),
+        "the stop was not recorded"
+    );
+    mgr.recover().await;
+    let dead = wait_dead(&mgr, &v.id).await;
+    assert_eq!(dead.signal, Some(15), "{dead:#?}");
+    assert!(env.fake.s().stops.contains(&v.id));
+    assert_eq!(env.fake.starts(&v.id).len(), 1);
     assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
 }
 

@@ -489,12 +489,17 @@ struct V1Cgroup {
 /// The cgroup v1 mounts as a spawner last read them, for the executors it forks (see
 /// [`remember_v1_mounts`]); `None` in every other process, which reads
 /// `/proc/self/mountinfo` for each cgroup it opens.
-static V1_MOUNTS: std::sync::Mutex<Option<hierarchies::V1>> = std::sync::Mutex::new(None);
+static V1_MOUNTS: std::sync::Mutex<Option<(std::time::Instant, hierarchies::V1)>> =
+    std::sync::Mutex::new(None);
+
+/// How long a remembered reading of the mounts is used: the spawner reads them every
+/// second, and a spare forked with an older reading (it waited) reads its own.
+const MOUNTS_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Read the v1 mounts now and keep them for the cgroups this process (and every child it
 /// forks from now on) opens: a spawner does this before it forks executors, and again
-/// at most a second later whenever it is idle, so that a forked executor need not
-/// parse `mountinfo` on its way to starting its task. A no-op on cgroup v2.
+/// every second, so that a forked executor need not parse `mountinfo` on its way to
+/// starting its task. A no-op on cgroup v2.
 pub(crate) fn remember_v1_mounts() {
     if Version::detect() != Version::V1 {
         return;
@@ -505,7 +510,8 @@ pub(crate) fn remember_v1_mounts() {
     let found = !cgroups_rs::fs::Hierarchy::subsystems(&mounts).is_empty();
     *V1_MOUNTS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = found.then_some(mounts);
+        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+        found.then(|| (std::time::Instant::now(), mounts));
 }
 
 /// Drop the remembered mounts: an executor does once its task is in its cgroups, so
@@ -516,12 +522,14 @@ pub(crate) fn forget_v1_mounts() {
         .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
 }
 
-/// The v1 mounts: remembered ones, else read now.
+/// The v1 mounts: remembered ones less than [`MOUNTS_FRESH_FOR`] old, else read now.
 fn v1_mounts() -> hierarchies::V1 {
     let remembered = V1_MOUNTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
+        .as_ref()
+        .filter(|(read_at, _)| read_at.elapsed() < MOUNTS_FRESH_FOR)
+        .map(|(_, mounts)| mounts.clone());
     // `V1::default()` reads mountinfo, as `V1::new()` does.
     remembered.unwrap_or_default()
 }

@@ -127,11 +127,20 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
     let requests = rustix::stdio::stdin();
     super::cgroup::remember_v1_mounts();
     let mut spare = fork_spare(sandbox);
+    let mut chores_done = std::time::Instant::now();
     loop {
-        // Executors that exited are reaped here, at the latest a second after they
-        // exit: until then they are zombies, which keeps their pid from being reused
-        // while a driver may still hold it (it holds a pidfd, see `fork_executor`).
-        reap_exited();
+        // Once a second, busy or idle:
+        // - the mounts the next executors start with are read again;
+        // - executors that exited are reaped (at the latest two seconds after they
+        //   exit): until then they are zombies, which keeps their pid from being reused
+        //   while a driver may still hold it (it holds a pidfd, see `fork_executor`).
+        //   Not at every request: each `waitpid` walks every child, a thousand of them
+        //   with a thousand tasks.
+        if chores_done.elapsed() >= CHORES_EVERY {
+            super::cgroup::remember_v1_mounts();
+            reap_exited();
+            chores_done = std::time::Instant::now();
+        }
         let mut ready = [rustix::event::PollFd::new(
             &requests,
             rustix::event::PollFlags::IN,
@@ -141,12 +150,8 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
             tv_nsec: 0,
         };
         match rustix::event::poll(&mut ready, Some(&timeout)) {
-            Ok(0) => {
-                // A second without a request: the mounts the next executors start
-                // with are read again.
-                super::cgroup::remember_v1_mounts();
-                continue;
-            }
+            // A second without a request: the chores above are due.
+            Ok(0) => continue,
             Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
             Err(_) => return 1,
@@ -183,6 +188,9 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         }
     }
 }
+
+/// How often the spawner reads the mounts again and reaps its exited executors.
+const CHORES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a spare's command line says until it is given a task.
 const SPARE_ARG0: &str = "drover-executor: spare";
