@@ -184,7 +184,9 @@ pub struct PlainEngine<X> {
     state_dir: Mutex<PathBuf>,
     /// The cgroup hierarchy tasks get a cgroup of their own in; `None` where the host
     /// has none we can use (then a task is its process group, which `setsid` leaves).
-    cgroups: Option<cgroup::Version>,
+    /// Found on first use (SetConfig), not in `new`: reading the mounts is no part of
+    /// the plugin's launch before its handshake.
+    cgroups: std::sync::OnceLock<Option<cgroup::Version>>,
     /// The plugin config's `no_cgroups`.
     no_cgroups: AtomicBool,
 }
@@ -199,7 +201,7 @@ impl<X: Send + Sync + 'static> PlainEngine<X> {
             store: TaskStore::default(),
             events: TaskEvents::default(),
             state_dir: Mutex::new(crate::state_dir(Path::new(""), plugin)),
-            cgroups: cgroup::plain_support(),
+            cgroups: std::sync::OnceLock::new(),
             no_cgroups: AtomicBool::new(false),
         }
     }
@@ -221,8 +223,12 @@ impl<X: Send + Sync + 'static> PlainEngine<X> {
 
     /// The hierarchy new tasks get their own cgroup in, if any.
     pub fn task_cgroups(&self) -> Option<cgroup::Version> {
-        self.cgroups
+        self.cgroup_support()
             .filter(|_| !self.no_cgroups.load(Ordering::SeqCst))
+    }
+
+    fn cgroup_support(&self) -> Option<cgroup::Version> {
+        *self.cgroups.get_or_init(cgroup::plain_support)
     }
 
     /// Where executors live.
@@ -245,7 +251,7 @@ impl<X: Send + Sync + 'static> PlainEngine<X> {
         self.no_cgroups.store(no_cgroups, Ordering::SeqCst);
         let dir = crate::state_dir(&agent.plugin_state_dir, self.plugin);
         crate::prepare_state_dir(&dir)?;
-        if let Some(version) = self.cgroups {
+        if let Some(version) = self.cgroup_support() {
             tokio::task::spawn_blocking(move || {
                 let removed = cgroup::sweep_plain(version, CGROUP_SWEEP_AGE);
                 if removed > 0 {
