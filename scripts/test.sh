@@ -353,6 +353,14 @@ if ! "$PY_UI_VENV/bin/python" -c "import selenium, importlib.metadata as m; asse
 fi
 [ -x "$PY_UI_VENV/bin/python" ] && export DROVER_TEST_PYTHON_UI="$PY_UI_VENV/bin/python"
 
+# rawexec linked static-pie, as scripts/build-plugins.sh links the standalone plugins
+# (plugins/rawexec/tests/conformance.rs runs the harness against it). Copied aside: the
+# build below links the binary in target/debug dynamically again.
+scripts/build-plugins.sh --debug
+target_dir=$(cargo metadata --format-version 1 --no-deps --locked | jq -r .target_directory)
+mkdir -p "$target_dir/debug/static-pie"
+cp "$target_dir/debug/drover-driver-rawexec" "$target_dir/debug/static-pie/"
+export DROVER_TEST_STATIC_RAWEXEC="$target_dir/debug/static-pie/drover-driver-rawexec"
 cargo build --workspace --bins --locked
 # The go-plugin 1.6.3 host and plugin of host/drover/tests/compat/goplugin16*.rs, built offline
 # from ../shared/go-plugin/ (it skips loudly without the tarball; under CI=true it fails).

@@ -471,8 +471,9 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
     }
     let s = stats(spawn_samples);
     println!(
-        "handshake benchmark: {iterations} iterations, plugin {}",
-        plugin.display()
+        "handshake benchmark: {iterations} iterations, plugin {} ({})",
+        plugin.display(),
+        linkage(plugin)
     );
     let mut plain_median = None;
     for (transport, samples) in Transport::ALL.iter().zip(launch_samples) {
@@ -515,6 +516,33 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// How the binary at `path` is linked, for the report: a plugin linked static-pie
+/// (`scripts/build-plugins.sh`) launches faster than cargo's usual dynamically linked
+/// build, and a figure must say which it is.
+fn linkage(path: &Path) -> String {
+    use object::read::elf::{FileHeader as _, ProgramHeader as _};
+    let Ok(data) = std::fs::read(path) else {
+        return "unreadable".into();
+    };
+    let Ok(header) = object::elf::FileHeader64::<object::Endianness>::parse(&*data) else {
+        return "not a 64-bit ELF file".into();
+    };
+    let Ok(endian) = header.endian() else {
+        return "ELF of unknown byte order".into();
+    };
+    let Ok(segments) = header.program_headers(endian, &*data) else {
+        return "ELF without readable program headers".into();
+    };
+    let interpreted = segments
+        .iter()
+        .any(|s| s.p_type(endian) == object::elf::PT_INTERP);
+    match (interpreted, header.e_type(endian) == object::elf::ET_DYN) {
+        (true, _) => "dynamically linked; scripts/build-plugins.sh links it static-pie".into(),
+        (false, true) => "static-pie".into(),
+        (false, false) => "static, not position independent".into(),
+    }
 }
 
 /// How the host talks to the plugin.

@@ -27,6 +27,47 @@ async fn rawexec_conforms_in_process() {
     .await;
 }
 
+/// The same checks against rawexec linked static-pie by `scripts/build-plugins.sh`, the
+/// form that launches fastest: `scripts/test.sh` builds it and names it in
+/// `DROVER_TEST_STATIC_RAWEXEC`. Without it the test skips, loudly; under `CI=true` it
+/// fails.
+#[tokio::test]
+async fn rawexec_linked_static_pie_conforms() {
+    let Some(binary) = std::env::var_os("DROVER_TEST_STATIC_RAWEXEC") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but DROVER_TEST_STATIC_RAWEXEC is not set (scripts/test.sh builds it)"
+        );
+        eprintln!("SKIPPED: DROVER_TEST_STATIC_RAWEXEC is not set (scripts/test.sh sets it)");
+        return;
+    };
+    let data = std::fs::read(&binary).unwrap_or_else(|e| panic!("{binary:?}: {e}"));
+    let segments = program_header_types(&data);
+    assert!(
+        !segments.contains(&object::elf::PT_INTERP),
+        "{binary:?} asks for a dynamic loader: it is not linked statically"
+    );
+    check(Conformance::new(binary)).await;
+}
+
+/// The `p_type` of each program header of the 64-bit ELF file `data`.
+fn program_header_types(data: &[u8]) -> Vec<object::elf::ProgramType> {
+    use object::read::elf::{FileHeader as _, ProgramHeader as _};
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(data).expect("ELF");
+    let endian = header.endian().expect("byte order");
+    assert_eq!(
+        header.e_type(endian),
+        object::elf::ET_DYN,
+        "not position independent"
+    );
+    header
+        .program_headers(endian, data)
+        .expect("program headers")
+        .iter()
+        .map(|p| p.p_type(endian))
+        .collect()
+}
+
 /// rawexec as a library, as cargo names it.
 const LIBRARY: &str = "libdrover_driver_rawexec.so";
 
