@@ -47,6 +47,9 @@ async fn rawexec_linked_static_pie_conforms() {
         !segments.contains(&object::elf::PT_INTERP),
         "{binary:?} asks for a dynamic loader: it is not linked statically"
     );
+    // Alone in its directory, with no `drover-executor` beside it: its executors are
+    // the static binary itself, the most static form. Installed beside the dedicated
+    // executor, the plugin runs that one, as every other form here does.
     check(Conformance::new(binary)).await;
 }
 

@@ -72,6 +72,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(45);
 /// two, few enough not to flood one plugin.
 const RECOVERY_CONCURRENCY: usize = 32;
 
+/// The name suffix of a start intent's replacement before it is renamed into place
+/// (see [`TaskManager::replace_start_intent`]).
+const INTENT_REPLACEMENT: &str = "+new";
+
 /// The directory of start intents, beside the alloc dir (see
 /// [`TaskManager::write_start_intent`]).
 const STARTING_DIR: &str = "starting";
@@ -511,7 +515,8 @@ impl TaskManager {
     /// next agent takes it from either), and a runner recovers the task and stops it
     /// once its driver answers. The error for the caller says so.
     async fn stop_unrecorded(self: &Arc<Self>, task: &Arc<Task>, why: String) -> DriverError {
-        task.destroyed.store(false, Ordering::SeqCst);
+        // Neither forgotten nor destroyed: its record may still be written.
+        debug_assert!(!task.destroyed.load(Ordering::SeqCst));
         {
             let mut rec = task.rec();
             if rec.kill.is_none() {
@@ -567,7 +572,9 @@ impl TaskManager {
         let bytes = task.rec().encode().map_err(std::io::Error::other)?;
         // Never an id (`+` is not in their alphabet, see `validate_task_id`):
         // `adopt_start_intents` removes a leftover one.
-        let tmp = self.starting_dir.join(format!("{}+new", task.id));
+        let tmp = self
+            .starting_dir
+            .join(format!("{}{INTENT_REPLACEMENT}", task.id));
         let _ = std::fs::remove_file(&tmp);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -616,34 +623,45 @@ impl TaskManager {
         for entry in entries {
             let entry = entry.map_err(|e| io("read", e))?;
             let path = entry.path();
-            let Some(id) = entry
-                .file_name()
+            let name = entry.file_name();
+            let Some(id) = name
                 .to_str()
                 .filter(|name| drover_plugin_sdk::validate_task_id(name).is_ok())
                 .map(str::to_owned)
             else {
-                // Not an intent: a replacement that was never renamed into place (the
-                // intent it was for is still there), or a stranger.
-                let _ = std::fs::remove_file(&path);
+                if name
+                    .to_str()
+                    .is_some_and(|n| n.ends_with(INTENT_REPLACEMENT))
+                {
+                    // A replacement never renamed into place: the intent it was for is
+                    // still there.
+                    let _ = std::fs::remove_file(&path);
+                } else {
+                    tracing::warn!(
+                        "{} is not a start intent (its name is no task id): left alone",
+                        path.display()
+                    );
+                }
                 continue;
             };
             if let Some(task) = loaded.get(&id) {
                 // The record landed; an intent that asks for a stop (a task the caller
-                // was told failed, see `stop_unrecorded`) still gets it.
+                // was told failed, see `stop_unrecorded`) still gets it. Such an intent
+                // is newer than a record without the stop (every write after the stop
+                // carries it), so it replaces the record whole: with the handle it may
+                // have and the record lacks, which a driver that cannot find its tasks
+                // by id needs to reach the task at all.
                 let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
-                if let Ok(TaskRecord {
-                    kill: Some(kill), ..
-                }) = TaskRecord::decode(&id, &bytes)
+                if let Ok(rec @ TaskRecord { kill: Some(_), .. }) = TaskRecord::decode(&id, &bytes)
                     && task.rec().kill.is_none()
                 {
-                    task.rec().kill = Some(kill);
-                    task.kill.cancel();
-                    let bytes = task.rec().encode()?;
+                    let task = loaded_task(rec, || format!("read the start intent of task {id}"))?;
                     self.store.store.put_task(&id, &bytes)?;
                     tracing::warn!(
                         task = %id,
                         "task an earlier agent could not record and was stopping: it is stopped"
                     );
+                    loaded.insert(id.clone(), task);
                 }
             } else {
                 let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;

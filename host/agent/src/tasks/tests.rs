@@ -1497,6 +1497,47 @@ async fn a_stop_in_an_intent_is_obeyed_by_the_next_agent_whose_record_landed() {
 }
 
 #[tokio::test]
+async fn a_stopping_intent_newer_than_the_record_brings_its_handle() {
+    // A driver that needs its handle (Nomad's): the handle's record failed after the
+    // start, DestroyTask failed, and the agent died with the stop (and the handle) only
+    // in the intent; the store holds the pending record, without a handle. The next
+    // agent must take the intent whole, or it could never reach the task.
+    let env = Env::new();
+    env.fake.s().by_id = Some(false);
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    let mut rec: TaskRecord = serde_json::from_value(env.stored(&v.id)).unwrap();
+    assert!(rec.handle.is_some());
+    rec.kill = Some(KillRequest {
+        signal: "SIGTERM".into(),
+        timeout: Duration::from_secs(5),
+    });
+    std::fs::write(starting_dir(&env).join(&v.id), rec.encode().unwrap()).unwrap();
+    env.store
+        .put_task(&v.id, &start_intent(&env, &v.id))
+        .unwrap();
+    // A file that is no intent is left alone, not deleted.
+    std::fs::write(starting_dir(&env).join("not an id"), b"x").unwrap();
+    env.fake.new_process();
+
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let stored = env.stored(&v.id);
+    assert!(
+        stored["handle"].is_object(),
+        "the handle was lost: {stored}"
+    );
+    assert!(stored["kill"].is_object(), "the stop was lost: {stored}");
+    mgr.recover().await;
+    let dead = wait_dead(&mgr, &v.id).await;
+    assert_eq!(dead.signal, Some(15), "{dead:#?}");
+    assert!(starting_dir(&env).join("not an id").exists());
+}
+
+#[tokio::test]
 async fn the_driver_starts_the_task_while_its_record_is_written_and_the_intent_holds_it() {
     let store = Arc::new(FlakyStore::default());
     let (open, gate) = std::sync::mpsc::channel();

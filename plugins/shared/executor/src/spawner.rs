@@ -16,8 +16,8 @@
 //! `drover-executor`, or the driver's own binary), started like one: with an empty
 //! environment but for [`ENV_SPAWNER_SOCKET`], and stdin a `SOCK_SEQPACKET` socket
 //! whose other end only the driver holds (no path in the filesystem). It is
-//! single-threaded, holds nothing of the driver's, reaps the executors it forked (at
-//! the latest a second after they exit), and exits when the driver's end closes (the
+//! single-threaded, holds nothing of the driver's, reaps the executors it forked (once
+//! a second: at the latest two seconds after they exit), and exits when the driver's end closes (the
 //! driver exited): the executors it started live on, as executors always outlived
 //! their driver.
 //!
