@@ -548,27 +548,13 @@ impl TaskManager {
     /// it only has to outlive this process (a machine that crashes takes the task
     /// with it), and it is removed once the store has the record.
     fn write_start_intent(&self, id: &str, record: &[u8]) -> std::io::Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let path = self.starting_dir.join(id);
-        // `create_new` (O_EXCL) fails on anything there, a link included.
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
-        f.write_all(record).inspect_err(|_| {
-            // Half a record must not outlive this start.
-            let _ = std::fs::remove_file(&path);
-        })
+        write_new_private_file(&self.starting_dir.join(id), record)
     }
 
     /// Replace the start intent of `task` with its record as it is now (with the stop
     /// [`TaskManager::stop_unrecorded`] put in it), atomically: a new file renamed over
     /// the old one, so that an agent that dies meanwhile leaves one whole intent.
     fn replace_start_intent(&self, task: &Task) -> std::io::Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
         let bytes = task.rec().encode().map_err(std::io::Error::other)?;
         // Never an id (`+` is not in their alphabet, see `validate_task_id`):
         // `adopt_start_intents` removes a leftover one.
@@ -576,16 +562,10 @@ impl TaskManager {
             .starting_dir
             .join(format!("{}{INTENT_REPLACEMENT}", task.id));
         let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&bytes)
-            .and_then(|()| std::fs::rename(&tmp, self.starting_dir.join(&task.id)))
-            .inspect_err(|_| {
-                let _ = std::fs::remove_file(&tmp);
-            })
+        write_new_private_file(&tmp, &bytes)?;
+        std::fs::rename(&tmp, self.starting_dir.join(&task.id)).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
     }
 
     fn remove_start_intent(&self, id: &str) {
@@ -644,56 +624,51 @@ impl TaskManager {
                 }
                 continue;
             };
-            if let Some(task) = loaded.get(&id) {
+            let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
+            let adopted = match (loaded.get(&id), TaskRecord::decode(&id, &bytes)) {
                 // The record landed; an intent that asks for a stop (a task the caller
                 // was told failed, see `stop_unrecorded`) still gets it. Such an intent
                 // is newer than a record without the stop (every write after the stop
                 // carries it), so it replaces the record whole: with the handle it may
                 // have and the record lacks, which a driver that cannot find its tasks
                 // by id needs to reach the task at all.
-                let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
-                if let Ok(rec @ TaskRecord { kill: Some(_), .. }) = TaskRecord::decode(&id, &bytes)
-                    && task.rec().kill.is_none()
+                (Some(task), Ok(rec)) if rec.kill.is_some() && task.rec().kill.is_none() => Some((
+                    rec,
+                    "task an earlier agent could not record and was stopping: it is stopped",
+                )),
+                (Some(_), _) => None,
+                (None, Ok(rec)) => Some((
+                    rec,
+                    "task whose record an earlier agent did not finish writing: recovered \
+                     from its start intent",
+                )),
+                // Whole, but not a record this agent can read: as for the store's
+                // records, refuse to start rather than lose the task.
+                (None, Err(e))
+                    if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() =>
                 {
-                    let task = loaded_task(rec, || format!("read the start intent of task {id}"))?;
-                    self.store.store.put_task(&id, &bytes)?;
+                    return Err(StateError::Io {
+                        op: format!("read the start intent {}", path.display()),
+                        reason: format!(
+                            "{e}; the agent that wrote it may have started the task: \
+                             recover it with that agent's version, or move the file aside"
+                        ),
+                    });
+                }
+                // Cut short while it was written: its StartTask was never sent.
+                (None, Err(e)) => {
                     tracing::warn!(
                         task = %id,
-                        "task an earlier agent could not record and was stopping: it is stopped"
-                    );
-                    loaded.insert(id.clone(), task);
-                }
-            } else {
-                let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
-                match TaskRecord::decode(&id, &bytes) {
-                    Ok(rec) => {
-                        let task =
-                            loaded_task(rec, || format!("read the start intent of task {id}"))?;
-                        self.store.store.put_task(&id, &bytes)?;
-                        tracing::warn!(
-                            task = %id,
-                            "task whose record an earlier agent did not finish writing: \
-                             recovered from its start intent"
-                        );
-                        loaded.insert(id.clone(), task);
-                    }
-                    // Whole, but not a record this agent can read: as for the store's
-                    // records, refuse to start rather than lose the task.
-                    Err(e) if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() => {
-                        return Err(StateError::Io {
-                            op: format!("read the start intent {}", path.display()),
-                            reason: format!(
-                                "{e}; the agent that wrote it may have started the task: \
-                                 recover it with that agent's version, or move the file aside"
-                            ),
-                        });
-                    }
-                    // Cut short while it was written: its StartTask was never sent.
-                    Err(e) => tracing::warn!(
-                        task = %id,
                         "start intent cut short ({e}): the task was never started"
-                    ),
+                    );
+                    None
                 }
+            };
+            if let Some((rec, why)) = adopted {
+                let task = loaded_task(rec, || format!("read the start intent of task {id}"))?;
+                self.store.store.put_task(&id, &bytes)?;
+                tracing::warn!(task = %id, "{why}");
+                loaded.insert(id.clone(), task);
             }
             std::fs::remove_file(&path).map_err(|e| io("clean", e))?;
         }
@@ -913,7 +888,8 @@ impl TaskManager {
         if let Ok(mut t) = self.tasks.write() {
             t.insert(id.clone(), task.clone());
         }
-        let undo = |why: String| {
+        // Everything of a start that failed goes.
+        let clean_up = || {
             self.remove(&id);
             // Should its removal have failed before, an intent must not bring back a
             // task whose caller heard it failed.
@@ -921,6 +897,9 @@ impl TaskManager {
             let _ = std::fs::remove_dir_all(&task_dir);
             // Whoever waits on it (a concurrent stop or wait) is told it is over.
             self.ended(&task);
+        };
+        let undo = |why: String| {
+            clean_up();
             DriverError::Internal(why)
         };
         let generation = *driver.generation().borrow();
@@ -1023,7 +1002,7 @@ impl TaskManager {
                     tracing::error!(task = %id, "cannot delete the record of a task that failed to start: {se}");
                 }
                 crate::metrics::metrics().task_failures.inc();
-                undo(String::new());
+                clean_up();
                 return Err(e);
             }
         };
@@ -1477,6 +1456,22 @@ impl crate::plugins::catalog::TaskHandover for TaskManager {
 /// before the driver took Nomad's name `raw_exec`).
 fn driven_by(recorded: &str, plugin: &str) -> bool {
     recorded == plugin || drover_api::canonical_driver_name(recorded) == plugin
+}
+
+/// Write `bytes` to `path`, a new file (0600) that nothing may be at yet: `create_new`
+/// (O_EXCL) fails on anything there, a link included. A file cut short by a failed
+/// write is removed: half a record must not be read as one.
+fn write_new_private_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes).inspect_err(|_| {
+        let _ = std::fs::remove_file(path);
+    })
 }
 
 /// A task of a stored record (or start intent): its settings are read from its

@@ -17,9 +17,9 @@
 //! environment but for [`ENV_SPAWNER_SOCKET`], and stdin a `SOCK_SEQPACKET` socket
 //! whose other end only the driver holds (no path in the filesystem). It is
 //! single-threaded, holds nothing of the driver's, reaps the executors it forked (once
-//! a second: at the latest two seconds after they exit), and exits when the driver's end closes (the
-//! driver exited): the executors it started live on, as executors always outlived
-//! their driver.
+//! a second: at the latest two seconds after they exit), and exits when the driver's
+//! end closes (the driver exited): the executors it started live on, as executors
+//! always outlived their driver.
 //!
 //! One request, one datagram: its number, the task id and the executor directory, the
 //! open-file limit to put back, and two descriptors (the directory's lock and the write
