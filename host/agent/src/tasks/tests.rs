@@ -1387,16 +1387,43 @@ async fn a_failed_pending_record_destroys_what_the_overlapping_start_started() {
     assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
 }
 
-/// The one start intent there is: its id and record.
-fn the_intent(env: &Env) -> (String, TaskRecord) {
+/// The one start intent there is: its id, record and permission bits.
+fn the_intent(env: &Env) -> (String, TaskRecord, u32) {
     let intents: Vec<_> = std::fs::read_dir(starting_dir(env))
         .unwrap()
         .map(|e| e.unwrap())
         .collect();
     assert_eq!(intents.len(), 1, "{intents:?}");
     let id = intents[0].file_name().into_string().unwrap();
+    let mode = intents[0].metadata().unwrap().permissions().mode() & 0o777;
     let rec = TaskRecord::decode(&id, &std::fs::read(intents[0].path()).unwrap()).unwrap();
-    (id, rec)
+    (id, rec, mode)
+}
+
+/// An agent whose store fails its `put_task` number `n` (1-based).
+fn env_failing_put(n: usize) -> Env {
+    let store = Arc::new(FlakyStore::default());
+    store.fail_put.store(n, Ordering::SeqCst);
+    Env::with_store(store)
+}
+
+/// The error of a start that must fail.
+async fn failed_start(env: &Env) -> String {
+    env.mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap_err()
+        .to_string()
+}
+
+/// The stored record of `id`, with a user's stop in it (SIGTERM, 5 s).
+fn stopping_record(env: &Env, id: &str) -> TaskRecord {
+    let mut rec: TaskRecord = serde_json::from_value(env.stored(id)).unwrap();
+    rec.kill = Some(KillRequest {
+        signal: "SIGTERM".into(),
+        timeout: Duration::from_secs(5),
+    });
+    rec
 }
 
 #[tokio::test]
@@ -1404,23 +1431,16 @@ async fn a_started_task_neither_recorded_nor_destroyed_is_stopped_not_lost() {
     // The pending record's durable write fails while the start succeeds, and
     // DestroyTask fails too: the caller hears "failed", so the task must not run on,
     // and no agent may forget it meanwhile.
-    let store = Arc::new(FlakyStore::default());
-    store.fail_put.store(1, Ordering::SeqCst);
-    let env = Env::with_store(store.clone());
+    let env = env_failing_put(1);
     env.fake.s().by_id = Some(true);
     env.fake.s().fail_destroys = 1;
-    let e = env
-        .mgr
-        .run(request(serde_json::json!({}), None))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = failed_start(&env).await;
     assert!(
         e.contains("before starting it") && e.contains("destroying it failed too"),
         "{e}"
     );
     // An agent that died now would find the stop in the intent.
-    let (id, rec) = the_intent(&env);
+    let (id, rec, _) = the_intent(&env);
     assert!(rec.kill.is_some(), "the intent does not ask for the stop");
     // This one stops the task through the driver, and keeps it listed until then.
     let dead = wait_dead(&env.mgr, &id).await;
@@ -1439,16 +1459,9 @@ async fn a_started_task_neither_recorded_nor_destroyed_is_stopped_not_lost() {
 async fn a_task_whose_handle_cannot_be_recorded_nor_destroyed_is_stopped_not_forgotten() {
     // Write 2 records the handle after the start; it fails, and so does DestroyTask:
     // the durable pending record is kept (with the stop), not deleted.
-    let store = Arc::new(FlakyStore::default());
-    store.fail_put.store(2, Ordering::SeqCst);
-    let env = Env::with_store(store.clone());
+    let env = env_failing_put(2);
     env.fake.s().fail_destroys = 1;
-    let e = env
-        .mgr
-        .run(request(serde_json::json!({}), None))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = failed_start(&env).await;
     assert!(
         e.contains("after starting it") && e.contains("destroying it failed too"),
         "{e}"
@@ -1472,11 +1485,7 @@ async fn a_stop_in_an_intent_is_obeyed_by_the_next_agent_whose_record_landed() {
         .run(request(serde_json::json!({}), None))
         .await
         .unwrap();
-    let mut rec: TaskRecord = serde_json::from_value(env.stored(&v.id)).unwrap();
-    rec.kill = Some(KillRequest {
-        signal: "SIGTERM".into(),
-        timeout: Duration::from_secs(5),
-    });
+    let rec = stopping_record(&env, &v.id);
     std::fs::write(starting_dir(&env).join(&v.id), rec.encode().unwrap()).unwrap();
     // And a replacement never renamed into place: not an intent.
     std::fs::write(starting_dir(&env).join(format!("{}+new", v.id)), b"{").unwrap();
@@ -1509,12 +1518,8 @@ async fn a_stopping_intent_newer_than_the_record_brings_its_handle() {
         .run(request(serde_json::json!({}), None))
         .await
         .unwrap();
-    let mut rec: TaskRecord = serde_json::from_value(env.stored(&v.id)).unwrap();
+    let rec = stopping_record(&env, &v.id);
     assert!(rec.handle.is_some());
-    rec.kill = Some(KillRequest {
-        signal: "SIGTERM".into(),
-        timeout: Duration::from_secs(5),
-    });
     std::fs::write(starting_dir(&env).join(&v.id), rec.encode().unwrap()).unwrap();
     env.store
         .put_task(&v.id, &start_intent(&env, &v.id))
@@ -1557,15 +1562,8 @@ async fn the_driver_starts_the_task_while_its_record_is_written_and_the_intent_h
     }
     // Meanwhile the intent is there, whole: the pending task, no handle, which the
     // next agent would read should this one die now.
-    let intents: Vec<_> = std::fs::read_dir(starting_dir(&env))
-        .unwrap()
-        .map(|e| e.unwrap())
-        .collect();
-    assert_eq!(intents.len(), 1);
-    let id = intents[0].file_name().into_string().unwrap();
-    let mode = intents[0].metadata().unwrap().permissions().mode() & 0o777;
+    let (id, rec, mode) = the_intent(&env);
     assert_eq!(mode, 0o600);
-    let rec = TaskRecord::decode(&id, &std::fs::read(intents[0].path()).unwrap()).unwrap();
     assert!(rec.handle.is_none());
     assert_eq!(rec.view.state, TaskLifecycle::Pending);
     assert!(!run.is_finished(), "answered before the record was durable");
