@@ -288,6 +288,17 @@ impl Join {
         Ok(Join(fds))
     }
 
+    /// A join of already open files (tests).
+    #[cfg(test)]
+    pub(crate) fn from_files(files: Vec<std::os::fd::OwnedFd>) -> Join {
+        Join(files)
+    }
+
+    /// The open join files, for a child started without `std::process::Command`.
+    pub(crate) fn files(&self) -> &[std::os::fd::OwnedFd] {
+        &self.0
+    }
+
     /// Make `command`'s child join the cgroup before it execs; a failed join fails the
     /// spawn with that OS error. The descriptors move into `command` and close when it
     /// is dropped, so they stay open for every spawn of it.

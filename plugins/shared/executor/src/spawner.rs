@@ -126,6 +126,10 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
     let mut buf = vec![0u8; MAX_REQUEST];
     let requests = rustix::stdio::stdin();
     super::cgroup::remember_v1_mounts();
+    // Work every executor does once, done here once for all of them: they are forked
+    // from this process and inherit the result. sha2 asks the CPU for its features
+    // (`cpuid`, which traps to the hypervisor on a virtual machine) at its first use.
+    let _ = super::task_dir(Path::new("/"), "");
     let mut spare = fork_spare(sandbox);
     let mut chores_done = std::time::Instant::now();
     loop {
