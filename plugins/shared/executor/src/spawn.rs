@@ -163,6 +163,9 @@ pub(crate) fn spawn_task(
         err.as_ref()
             .map_or(devnull.as_raw_fd(), |(_, w)| w.as_raw_fd()),
     ];
+    // The child moves them to 0-2 in order: none may be one of 0-2 itself, which an
+    // earlier move would replace (the executor keeps 0-2 open, so new ones are above).
+    debug_assert!(stdio.iter().all(|&fd| fd > 2), "{stdio:?}");
     let joins: Vec<_> = join.files().iter().map(|f| f.as_raw_fd()).collect();
     let pid = vfork::start(
         &program,
@@ -200,6 +203,11 @@ pub(crate) fn spawn_task(
 /// `errno`, and all signals stay blocked until it has put every handler of the
 /// executor back to the default, so no handler of the executor ever runs in it.
 mod vfork {
+    // The kernel structures below (a 64-bit signal set, `struct sigaction`'s layout)
+    // are those of these architectures.
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    compile_error!("the executor's task start supports x86_64 and aarch64 Linux only");
+
     use std::ffi::{CString, c_char, c_int, c_void};
     use std::os::fd::RawFd;
     use std::ptr;
@@ -294,12 +302,12 @@ mod vfork {
                             format!("{}/{}", dir.trim_end_matches('/'), spec.command).into_bytes()
                         }
                     })
+                    // As execvp(3): a directory too long to hold the name is skipped.
+                    .filter(|p| p.len() < libc::PATH_MAX as usize)
                     .collect()
             };
             let mut candidates = Vec::with_capacity(paths.len());
-            // As execvp(3): a candidate longer than a path can be is skipped.
-            let fits = |p: &Vec<u8>| p.len() < libc::PATH_MAX as usize;
-            for path in paths.into_iter().filter(fits) {
+            for path in paths {
                 let path = c("command", &path)?;
                 let mut script_argv = vec![SHELL.as_ptr(), path.as_ptr()];
                 script_argv.extend_from_slice(&argv[1..]);
@@ -326,24 +334,31 @@ mod vfork {
         errno: c_int,
     }
 
-    /// The child's stack: ample for the few system calls it makes, with a guard page
-    /// below it.
+    /// The child's stack: ample for the few system calls it makes (at least this,
+    /// whole pages), with a guard page below it.
     const STACK: usize = 64 * 1024;
-    const GUARD: usize = 4096;
 
     /// A stack for the child: mapped, not allocated on the heap, so that an overflow
     /// faults on the guard page rather than overwriting the executor's heap.
-    struct Stack(*mut c_void);
+    struct Stack {
+        base: *mut c_void,
+        /// The guard page's size: one page, whatever this kernel's page size is.
+        guard: usize,
+        /// Guard page and stack.
+        len: usize,
+    }
 
     impl Stack {
         fn map() -> std::io::Result<Stack> {
+            let guard = rustix::param::page_size();
+            let len = guard + STACK.next_multiple_of(guard);
             #[allow(unsafe_code)]
             // SAFETY: a fresh anonymous mapping, owned by the returned value, which
             // unmaps it; the guard page is the lowest of it.
             unsafe {
                 let base = libc::mmap(
                     ptr::null_mut(),
-                    GUARD + STACK,
+                    len,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
                     -1,
@@ -352,8 +367,8 @@ mod vfork {
                 if base == libc::MAP_FAILED {
                     return Err(std::io::Error::last_os_error());
                 }
-                let stack = Stack(base);
-                if libc::mprotect(base, GUARD, libc::PROT_NONE) != 0 {
+                let stack = Stack { base, guard, len };
+                if libc::mprotect(base, guard, libc::PROT_NONE) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(stack)
@@ -362,7 +377,8 @@ mod vfork {
 
         /// Its top (stacks grow down), 16-byte aligned as the ABI wants.
         fn top(&self) -> *mut c_void {
-            self.0.cast::<u8>().wrapping_add(GUARD + STACK).cast()
+            debug_assert!(self.len > self.guard);
+            self.base.cast::<u8>().wrapping_add(self.len).cast()
         }
     }
 
@@ -371,7 +387,7 @@ mod vfork {
             #[allow(unsafe_code)]
             // SAFETY: our own mapping, of this size, used by no one any more.
             unsafe {
-                libc::munmap(self.0, GUARD + STACK);
+                libc::munmap(self.base, self.len);
             }
         }
     }
@@ -379,21 +395,22 @@ mod vfork {
     /// Every signal, glibc's own two included (its `sigfillset` leaves them out).
     const ALL_SIGNALS: u64 = !0;
 
-    /// `rt_sigprocmask(SIG_SETMASK, set)`: the previous mask.
-    fn set_signal_mask(set: u64) -> u64 {
+    /// `rt_sigprocmask(SIG_SETMASK, set)`: the previous mask, or None if it failed.
+    fn set_signal_mask(set: u64) -> Option<u64> {
         let mut old: u64 = 0;
         #[allow(unsafe_code)]
-        // SAFETY: rt_sigprocmask reads and writes 8-byte masks we own.
-        unsafe {
+        // SAFETY: rt_sigprocmask reads and writes 8-byte masks we own (the kernel's
+        // signal set is 64 bits on the architectures this builds for).
+        let done = unsafe {
             libc::syscall(
                 libc::SYS_rt_sigprocmask,
                 libc::SIG_SETMASK,
                 ptr::from_ref(&set),
                 ptr::from_mut(&mut old),
                 8usize,
-            );
-        }
-        old
+            )
+        };
+        (done == 0).then_some(old)
     }
 
     /// Start `program` with `stdio` at descriptors 0-2, in a process group of its
@@ -416,7 +433,8 @@ mod vfork {
         let stack = Stack::map().map_err(|e| (Step::Exec, e))?;
         // Every signal blocked around the clone: the child must not run a handler of
         // the executor's before it has reset them. Put back right after.
-        let mask = set_signal_mask(ALL_SIGNALS);
+        let mask = set_signal_mask(ALL_SIGNALS)
+            .ok_or_else(|| (Step::Exec, std::io::Error::last_os_error()))?;
         #[allow(unsafe_code)]
         // SAFETY: clone(2) with CLONE_VM | CLONE_VFORK: the child runs `child_main` on
         // `stack`, which outlives it (the executor is suspended until the child has
@@ -431,7 +449,7 @@ mod vfork {
             )
         };
         let clone_error = std::io::Error::last_os_error();
-        set_signal_mask(mask);
+        let _ = set_signal_mask(mask);
         drop(stack);
         let Ok(pid) = u32::try_from(pid) else {
             return Err((Step::Exec, clone_error));
@@ -505,10 +523,11 @@ mod vfork {
     }
 
     /// The child: runs on its own stack in the executor's memory, while the executor
-    /// is suspended. Raw system calls only, never the C library's wrappers, which
-    /// a preloaded library (an exec logger, a security agent) may replace with code
-    /// that allocates or takes locks: that would run in the executor's memory. Never
-    /// returns.
+    /// is suspended. System calls only, made by rustix's own code or through glibc's
+    /// `syscall(3)` (which neither allocates nor locks), never the C library's named
+    /// wrappers (`execve`, `write`, ...): a preloaded library (an exec logger, a
+    /// security agent) may replace those with code that allocates or takes locks,
+    /// which would run in the executor's memory. Never returns.
     extern "C" fn child_main(arg: *mut c_void) -> c_int {
         #[allow(unsafe_code)]
         // SAFETY: `arg` is the `Child` that `start` passed, alive until the child has
@@ -522,11 +541,16 @@ mod vfork {
             };
             exit_127()
         };
+        // Out of the executor's process group first: a signal aimed at that group
+        // from now on no longer reaches the child.
+        if let Err(e) = rustix::process::setpgid(None, None) {
+            give_up(child, Step::ProcessGroup, e);
+        }
         // A handler of the executor's must never run here: each goes back to the
         // default, and so does SIGPIPE (the task starts with standard signal
         // handling). Ignored first, which throws away an instance already waiting
-        // (one aimed at the executor's process group, which the child is still in):
-        // the executor's handlers swallowed those, and the task must not die of one.
+        // (one that reached the executor's group before the line above): the
+        // executor's handlers swallowed those, and the task must not die of one.
         for signal in 1..=64 {
             let Some(handler) = swap_handler(signal, None) else {
                 continue;
@@ -558,9 +582,6 @@ mod vfork {
         if let Err(e) = rustix::process::chdir(child.program.cwd.as_c_str()) {
             give_up(child, Step::WorkingDirectory, e);
         }
-        if let Err(e) = rustix::process::setpgid(None, None) {
-            give_up(child, Step::ProcessGroup, e);
-        }
         for &fd in child.joins {
             #[allow(unsafe_code)]
             // SAFETY: an open join file of the executor's (see `Join`).
@@ -583,7 +604,7 @@ mod vfork {
                 give_up(child, Step::NetworkNamespace, e);
             }
         }
-        set_signal_mask(0);
+        let _ = set_signal_mask(0);
         // execvp(3)'s search: a file that cannot be found, entered or executed (nor
         // run by /bin/sh) moves on to the next candidate; any other error ends it.
         // EACCES is reported if met anywhere, else the last error.
