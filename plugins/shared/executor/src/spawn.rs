@@ -806,7 +806,15 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("no-shebang");
-        std::fs::write(&script, "echo \"ran with $1\"\nexit 7\n").unwrap();
+        // Written by another process: a file this (multi-threaded) test process had
+        // open for writing could still be open in a child another test is starting
+        // at that moment, and executing it would fail with ETXTBSY.
+        let written = std::process::Command::new("/bin/sh")
+            .args(["-c", "printf 'echo \"ran with $1\"\\nexit 7\\n' > \"$0\""])
+            .arg(&script)
+            .status()
+            .unwrap();
+        assert!(written.success());
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
         let mut spec = LaunchSpec::new("t", script.to_string_lossy());
         spec.args = vec!["an argument".into()];
