@@ -1426,6 +1426,21 @@ fn stopping_record(env: &Env, id: &str) -> TaskRecord {
     rec
 }
 
+/// A task started through `env` (a driver that wants its handle unless `by_id`), and
+/// the agent died after writing a stop into its start intent: the task's id and the
+/// record that intent holds.
+async fn started_with_a_stopping_intent(env: &Env, by_id: bool) -> (String, TaskRecord) {
+    env.fake.s().by_id = Some(by_id);
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    let rec = stopping_record(env, &v.id);
+    std::fs::write(starting_dir(env).join(&v.id), rec.encode().unwrap()).unwrap();
+    (v.id, rec)
+}
+
 #[tokio::test]
 async fn a_started_task_neither_recorded_nor_destroyed_is_stopped_not_lost() {
     // The pending record's durable write fails while the start succeeds, and
@@ -1479,29 +1494,22 @@ async fn a_stop_in_an_intent_is_obeyed_by_the_next_agent_whose_record_landed() {
     // said so (the record is the pending one, or the running one): the next agent
     // stops the task rather than recovering it as running.
     let env = Env::new();
-    env.fake.s().by_id = Some(true);
-    let v = env
-        .mgr
-        .run(request(serde_json::json!({}), None))
-        .await
-        .unwrap();
-    let rec = stopping_record(&env, &v.id);
-    std::fs::write(starting_dir(&env).join(&v.id), rec.encode().unwrap()).unwrap();
+    let (id, _) = started_with_a_stopping_intent(&env, true).await;
     // And a replacement never renamed into place: not an intent.
-    std::fs::write(starting_dir(&env).join(format!("{}+new", v.id)), b"{").unwrap();
+    std::fs::write(starting_dir(&env).join(format!("{id}+new")), b"{").unwrap();
     env.fake.new_process();
 
     let mgr = env.restart_agent();
     mgr.load().unwrap();
     assert!(
-        env.stored(&v.id)["kill"].is_object(),
+        env.stored(&id)["kill"].is_object(),
         "the stop was not recorded"
     );
     mgr.recover().await;
-    let dead = wait_dead(&mgr, &v.id).await;
+    let dead = wait_dead(&mgr, &id).await;
     assert_eq!(dead.signal, Some(15), "{dead:#?}");
-    assert!(env.fake.s().stops.contains(&v.id));
-    assert_eq!(env.fake.starts(&v.id).len(), 1);
+    assert!(env.fake.s().stops.contains(&id));
+    assert_eq!(env.fake.starts(&id).len(), 1);
     assert_eq!(std::fs::read_dir(starting_dir(&env)).unwrap().count(), 0);
 }
 
@@ -1512,32 +1520,23 @@ async fn a_stopping_intent_newer_than_the_record_brings_its_handle() {
     // in the intent; the store holds the pending record, without a handle. The next
     // agent must take the intent whole, or it could never reach the task.
     let env = Env::new();
-    env.fake.s().by_id = Some(false);
-    let v = env
-        .mgr
-        .run(request(serde_json::json!({}), None))
-        .await
-        .unwrap();
-    let rec = stopping_record(&env, &v.id);
+    let (id, rec) = started_with_a_stopping_intent(&env, false).await;
     assert!(rec.handle.is_some());
-    std::fs::write(starting_dir(&env).join(&v.id), rec.encode().unwrap()).unwrap();
-    env.store
-        .put_task(&v.id, &start_intent(&env, &v.id))
-        .unwrap();
+    env.store.put_task(&id, &start_intent(&env, &id)).unwrap();
     // A file that is no intent is left alone, not deleted.
     std::fs::write(starting_dir(&env).join("not an id"), b"x").unwrap();
     env.fake.new_process();
 
     let mgr = env.restart_agent();
     mgr.load().unwrap();
-    let stored = env.stored(&v.id);
+    let stored = env.stored(&id);
     assert!(
         stored["handle"].is_object(),
         "the handle was lost: {stored}"
     );
     assert!(stored["kill"].is_object(), "the stop was lost: {stored}");
     mgr.recover().await;
-    let dead = wait_dead(&mgr, &v.id).await;
+    let dead = wait_dead(&mgr, &id).await;
     assert_eq!(dead.signal, Some(15), "{dead:#?}");
     assert!(starting_dir(&env).join("not an id").exists());
 }

@@ -197,7 +197,7 @@ pub(crate) fn spawn_task(
 /// executor's memory, runs on a stack of its own, and the executor is suspended
 /// until the child has called `execve` or `_exit` (`CLONE_VFORK`).
 ///
-/// The rules that makes for the child (`child_main`): it only makes system calls on
+/// The rules this makes for the child (`child_main`): it only makes system calls on
 /// data prepared before the clone (no allocation, no locks, nothing that can panic),
 /// it writes nothing of the executor's but the two result fields of [`Child`] and
 /// `errno`, and all signals stay blocked until it has put every handler of the
@@ -217,8 +217,7 @@ mod vfork {
     use crate::LaunchSpec;
 
     /// The step of the child that failed.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
     pub(super) enum Step {
         Stdio,
         WorkingDirectory,
@@ -470,6 +469,7 @@ mod vfork {
     /// The kernel's `struct sigaction` (x86-64 and aarch64 layout): what
     /// rt_sigaction(2) takes, unlike the C library's.
     #[repr(C)]
+    #[derive(Default)]
     struct KernelSigaction {
         handler: usize,
         flags: u64,
@@ -482,16 +482,9 @@ mod vfork {
     fn swap_handler(signal: c_int, handler: Option<usize>) -> Option<usize> {
         let new = handler.map(|handler| KernelSigaction {
             handler,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
+            ..KernelSigaction::default()
         });
-        let mut old = KernelSigaction {
-            handler: 0,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
-        };
+        let mut old = KernelSigaction::default();
         #[allow(unsafe_code)]
         // SAFETY: rt_sigaction reads `new` and writes `old`, both ours, of the
         // kernel's layout; a signal that cannot be asked about is an error.
