@@ -10,7 +10,8 @@ use std::io::Write as _;
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::layer::{Context, Layer, Layered};
+use tracing_subscriber::{EnvFilter, Registry};
 
 /// The `tracing` target of plugin log lines replayed in a host.
 const FORWARDED_TARGET: &str = "drover::plugin";
@@ -184,13 +185,79 @@ pub(crate) fn init_inproc_logging() {
 /// tracing::info!("visible in the agent's log under this plugin's name");
 /// ```
 pub fn init_plugin_logging() {
-    use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_env(ENV_PLUGIN_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(JsonStderrLayer)
-        .try_init();
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let spec = std::env::var(ENV_PLUGIN_LOG).ok();
+    let _ = plugin_subscriber(spec.as_deref(), JsonStderrLayer).try_init();
+}
+
+/// A plugin's logger: `output` under the filter `spec` (EnvFilter syntax; `info` when
+/// unset or invalid), over [`Spanless`] unless a directive names a span
+/// (`target[span{field=value}]=level`), which needs spans tracked from creation to
+/// close: then over the registry.
+fn plugin_subscriber<L>(spec: Option<&str>, output: L) -> Box<dyn Subscriber + Send + Sync>
+where
+    L: Layer<Layered<EnvFilter, Registry>>
+        + Layer<Layered<EnvFilter, Spanless>>
+        + Send
+        + Sync
+        + 'static,
+{
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let filter = spec
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    if spec.is_some_and(|s| s.contains('[')) {
+        Box::new(tracing_subscriber::registry().with(filter).with(output))
+    } else {
+        Box::new(Spanless::default().with(filter).with(output))
+    }
+}
+
+/// The subscriber under a plugin's logger when no directive names a span: it keeps
+/// nothing of spans, because a log line carries no span's fields (see
+/// [`JsonStderrLayer`]).
+///
+/// The registry, which would keep them, costs a launch its first-use allocations
+/// (a sharded slab, tens of pages faulted in before the handshake line), and every
+/// span of the libraries under the plugin (h2, tonic, tower at debug and trace) then
+/// a slot in it.
+#[derive(Debug)]
+struct Spanless {
+    /// Ids are never reused, so a layer that keys spans by id (the filter does, for
+    /// directives with span fields) never mistakes one span for another.
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Spanless {
+    fn default() -> Self {
+        Spanless {
+            next_id: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+}
+
+impl Subscriber for Spanless {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Zero is not an id; u64 ids do not run out.
+        tracing::span::Id::from_u64(id.max(1))
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, _: &Event<'_>) {}
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 /// A parsed plugin log line (host side: feature `launcher`).
@@ -286,6 +353,69 @@ pub fn forward_plugin_log(plugin: &str, line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keeps the `@message` of every event that reached the output.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl<S: Subscriber> Layer<S> for Captured {
+        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+            let line: Value = serde_json::from_str(&event_line(event)).unwrap();
+            let message = line["@message"].as_str().unwrap_or_default().to_owned();
+            self.0.lock().unwrap().push(message);
+        }
+    }
+
+    fn logged(spec: Option<&str>, log: impl FnOnce()) -> Vec<String> {
+        let out = Captured::default();
+        tracing::subscriber::with_default(plugin_subscriber(spec, out.clone()), log);
+        out.0.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn the_plugin_filter_holds_with_and_without_spans() {
+        let log = || {
+            tracing::info!("plain info");
+            tracing::debug!("plain debug");
+            let span = tracing::info_span!("rpc", task = "t1");
+            let _in = span.enter();
+            tracing::info!("info in a span");
+            let inner = tracing::debug_span!("inner");
+            inner.in_scope(|| tracing::debug!("debug in a span"));
+            tracing::warn!("warn in a span");
+        };
+        assert_eq!(
+            logged(None, log),
+            ["plain info", "info in a span", "warn in a span"]
+        );
+        assert_eq!(
+            logged(Some("not a filter=="), log),
+            ["plain info", "info in a span", "warn in a span"],
+            "an invalid filter is `info`"
+        );
+        assert_eq!(logged(Some("warn"), log), ["warn in a span"]);
+        assert_eq!(
+            logged(Some("debug"), log),
+            [
+                "plain info",
+                "plain debug",
+                "info in a span",
+                "debug in a span",
+                "warn in a span"
+            ]
+        );
+        // A directive naming a span: debug inside `inner` alone (the registry tracks
+        // which span an event is in).
+        assert_eq!(
+            logged(Some("info,[inner]=debug"), log),
+            [
+                "plain info",
+                "info in a span",
+                "debug in a span",
+                "warn in a span"
+            ]
+        );
+    }
 
     #[test]
     fn timestamp_has_six_fraction_digits() {
