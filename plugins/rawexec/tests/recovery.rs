@@ -965,9 +965,10 @@ fn parent(pid: u32) -> u32 {
 
 /// Executors are forked by one spawner per plugin instead of executed afresh. The
 /// spawner is named in `ps`, each executor still carries its own task's name, and a
-/// spawner that dies takes nothing with it: its executors and their tasks run on, the
-/// next start is executed directly, and the one after it has a new spawner. One that
-/// stops answering is replaced the same way, without a task getting two executors.
+/// spawner that dies takes nothing with it: the plugin reaps it at once, its executors
+/// and their tasks run on, and the next start has a new spawner. One that stops
+/// answering is killed, that start's executor is executed directly, and the next
+/// start has a new spawner, without a task getting two executors.
 #[tokio::test]
 async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
     let (_dir, p) = setup().await;
@@ -1043,7 +1044,11 @@ async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    until(PROMPT, "the spawner dies", || !alive(spawner)).await;
+    // The plugin reaps it at once: no zombie waits for the next start.
+    until(PROMPT, "the killed spawner is reaped", || {
+        drover_test_support::procs::stat(spawner).is_none()
+    })
+    .await;
     // Its spare goes with it (its socket ended); its executors stay.
     until(PROMPT, "the spare exits with its spawner", || {
         !alive(last_spare)
@@ -1052,18 +1057,16 @@ async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
     assert!(alive(first_executor) && alive(first_pid));
     p.client.signal_task("first", Signal::CONT).await.unwrap();
 
+    // The next start sees that the spawner has exited and starts a new one.
     let (_, second_pid) = p.start("second", sleeper()).await;
     assert!(alive(second_pid));
-    assert_eq!(
-        parent(p.executor_pid("second").await),
-        p.process.pid(),
-        "with its spawner gone, the plugin executes the executor itself"
-    );
+    let new_spawner = parent(p.executor_pid("second").await);
+    assert_ne!(new_spawner, spawner);
+    assert_ne!(new_spawner, p.process.pid());
+    assert_eq!(cmdline(new_spawner), b"drover-executor: spawner\0");
     let (_, third_pid) = p.start("third", sleeper()).await;
     assert!(alive(third_pid));
-    let new_spawner = parent(p.executor_pid("third").await);
-    assert_ne!(new_spawner, spawner);
-    assert_eq!(cmdline(new_spawner), b"drover-executor: spawner\0");
+    assert_eq!(parent(p.executor_pid("third").await), new_spawner);
 
     // Each task is still its executor's: stopping one stops exactly it.
     stop(&p, "first").await;
@@ -1077,8 +1080,8 @@ async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
     let (_, fourth_pid) = p.start("fourth", sleeper()).await;
     assert!(alive(fourth_pid));
     assert_eq!(parent(p.executor_pid("fourth").await), p.process.pid());
-    until(PROMPT, "the silent spawner is killed", || {
-        !alive(new_spawner)
+    until(PROMPT, "the silent spawner is killed and reaped", || {
+        drover_test_support::procs::stat(new_spawner).is_none()
     })
     .await;
     let fourth: Vec<u32> = processes(|_, _| true)
@@ -1090,6 +1093,7 @@ async fn executors_are_forked_by_a_spawner_whose_death_loses_nothing() {
     let fifth_executor = p.executor_pid("fifth").await;
     let last_spawner = parent(fifth_executor);
     assert_eq!(cmdline(last_spawner), b"drover-executor: spawner\0");
+    assert_ne!(last_spawner, new_spawner);
     // The spawner reaps the executors it forked: one whose task is over and collected
     // leaves no zombie.
     stop(&p, "fifth").await;

@@ -36,7 +36,9 @@
 //! after the mark alone is an executor that died (the start failed, and is not
 //! retried); an end with nothing on it means no executor ever ran, and the driver
 //! executes one itself. Never both: a task never gets two executors. The next task
-//! gets a new spawner.
+//! gets a new spawner. So does the next task after a spawner exited between requests
+//! (killed from outside, say): the driver reaps a spawner the moment it exits, and
+//! sees through its pidfd that it has.
 //!
 //! The spawner forks one executor ahead of time, a spare (`drover-executor: spare` in
 //! `ps`), which waits on a socket of its own: a request goes to it, with its two
@@ -612,13 +614,57 @@ pub(crate) fn enabled() -> bool {
     })
 }
 
-/// A running spawner, as its driver holds it.
+/// A running spawner, as its driver holds it. Killed when dropped: a spawner that
+/// stopped answering is replaced.
 struct Spawner {
     socket: AsyncFd<OwnedFd>,
     /// Number of the last request sent.
     sequence: u32,
-    /// Killed when dropped: a spawner that stopped answering is replaced.
-    _process: tokio::process::Child,
+    /// How it is watched and killed.
+    process: SpawnerProcess,
+}
+
+/// The spawner process. With a pidfd, a task of the driver's runtime waits for it (it
+/// is reaped the moment it exits, whoever killed it) and the pidfd tells that it has
+/// exited and kills it; without one (a kernel before 5.3), the child handle kills it
+/// when dropped and it is reaped after. Either way the end of the driver's runtime
+/// kills it (the waiting task's child handle goes), as the driver's exit would end it:
+/// its executors are sessions of their own and live on.
+enum SpawnerProcess {
+    Watched(OwnedFd),
+    Held { _child: tokio::process::Child },
+}
+
+impl Spawner {
+    /// Whether the spawner has exited (killed from outside, say): the next request
+    /// then goes to a new one rather than to a socket nobody reads.
+    fn exited(&self) -> bool {
+        match &self.process {
+            SpawnerProcess::Watched(pidfd) => {
+                // A pidfd is readable once its process has exited, reaped or not.
+                let mut ready = [rustix::event::PollFd::new(
+                    pidfd,
+                    rustix::event::PollFlags::IN,
+                )];
+                let zero = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                rustix::event::poll(&mut ready, Some(&zero)).is_ok_and(|n| n > 0)
+            }
+            SpawnerProcess::Held { .. } => false,
+        }
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        if let SpawnerProcess::Watched(pidfd) = &self.process {
+            // A pidfd names this process alone, so an exited (even reaped) one's pid
+            // reused since is never signalled.
+            let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
+        }
+    }
 }
 
 /// The driver's spawner, started at its first executor.
@@ -671,7 +717,7 @@ pub(crate) async fn spawn(
         Err(e) => return Outcome::NotForked(e),
     };
     let mut slot = slot().lock().await;
-    let mut spawner = match slot.take() {
+    let mut spawner = match slot.take().filter(|s| !s.exited()) {
         Some(s) => s,
         None => match start_spawner() {
             Ok(s) => s,
@@ -796,6 +842,12 @@ fn start_spawner() -> std::io::Result<Spawner> {
     while arg0.len() < ARG0_ROOM + 1 {
         arg0.push(' ');
     }
+    // Registered before the spawn, so that no failure leaves a spawner without its
+    // `Spawner` (whose drop kills it).
+    // SAFETY: the descriptor is owned by the AsyncFd, open and unchanged until it is
+    // dropped.
+    #[allow(unsafe_code)]
+    let socket = unsafe { AsyncFd::register(ours) }.map_err(std::io::Error::from)?;
     let mut cmd = tokio::process::Command::new(super::program::program().exec_path());
     cmd.arg0(arg0)
         .env_clear()
@@ -804,15 +856,38 @@ fn start_spawner() -> std::io::Result<Spawner> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
-    let process = cmd.spawn()?;
-    // SAFETY: the descriptor is owned by the AsyncFd, open and unchanged until it is
-    // dropped.
-    #[allow(unsafe_code)]
-    let socket = unsafe { AsyncFd::register(ours) }.map_err(std::io::Error::from)?;
+    let mut child = cmd.spawn()?;
+    let pidfd = child
+        .id()
+        .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
+        .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok())
+        // Still unreaped after the pidfd was opened (as nothing else of this driver
+        // reaps it, unless SIGCHLD is ignored and the kernel does): the pidfd is the
+        // spawner's, not that of a process that got its pid since.
+        .filter(|_| matches!(child.try_wait(), Ok(None)));
+    let process = match pidfd {
+        Some(pidfd) => {
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+            });
+            SpawnerProcess::Watched(pidfd)
+        }
+        None => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "no pidfd of the executor spawner (a kernel before 5.3, or the call is \
+                     filtered): a spawner killed from outside stays a zombie until the next \
+                     task start, which then executes its executor directly"
+                );
+            });
+            SpawnerProcess::Held { _child: child }
+        }
+    };
     Ok(Spawner {
         socket,
         sequence: 0,
-        _process: process,
+        process,
     })
 }
 
