@@ -12,7 +12,8 @@
 //! per measurement, the job registered once the machine is quiet again (90 % idle for
 //! 300 ms: the previous agent's teardown is not the next one's cost):
 //! - time to running: from sending the registration to every allocation reported
-//!   `running` by `GET /v1/job/:id/allocations` (polled every 50 ms);
+//!   `running` by `GET /v1/job/:id/allocations`, a blocking query on the index of the
+//!   last answer (each change is seen when the server records it);
 //! - runtime memory: PSS (`/proc/PID/smaps_rollup`) summed over the agent and every
 //!   process that belongs to it (its descendants, and any process whose command line or
 //!   environment names the agent's private directory, in case one left the tree), the
@@ -60,7 +61,8 @@ const BUILTIN_DRIVERS: [&str; 5] = ["docker", "exec", "java", "qemu", "raw_exec"
 /// to 3 s when KVM hangs).
 const SETTLE_READINGS: usize = 6;
 
-/// How often the allocations are polled while waiting for them to run.
+/// How often the allocations are polled while waiting for them to run, when a
+/// blocking query cannot be made.
 const POLL: Duration = Duration::from_millis(50);
 
 pub(crate) struct Options {
@@ -90,7 +92,7 @@ impl Side {
 struct Measured {
     to_running: Duration,
     /// From the registration to every allocation listed (placed), and to the first
-    /// one running, as far as the polling sees (50 ms steps).
+    /// one running, as the blocking queries see them.
     all_placed: Duration,
     first_running: Duration,
     idle: Memory,
@@ -222,6 +224,19 @@ impl NomadHttp {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<(u16, Vec<u8>)> {
+        self.call_indexed(method, path, body)
+            .await
+            .map(|(status, body, _)| (status, body))
+    }
+
+    /// As [`NomadHttp::call`], with the answer's `X-Nomad-Index` (the state index it
+    /// was read at), if any.
+    async fn call_indexed(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Vec<u8>, Option<u64>)> {
         let mut req = http::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base))
@@ -237,8 +252,13 @@ impl NomadHttp {
         let answer = async {
             let resp = self.client.request(req).await?;
             let status = resp.status().as_u16();
+            let index = resp
+                .headers()
+                .get("x-nomad-index")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
             let body = resp.into_body().collect().await?.to_bytes().to_vec();
-            anyhow::Ok((status, body))
+            anyhow::Ok((status, body, index))
         };
         tokio::time::timeout(Duration::from_secs(10), answer)
             .await
@@ -467,8 +487,26 @@ impl Agent {
         let deadline = Duration::from_secs(300);
         let mut counts = BTreeMap::new();
         let (mut all_placed, mut first_running) = (None, None);
+        // A blocking query (both agents answer one): it returns as soon as the state
+        // changes past `index`, so each moment is seen when the server records it, not
+        // up to a polling step later (50 ms was a sixth of Drover's whole time).
+        let mut index: Option<u64> = None;
         loop {
-            if let Ok(allocs) = self.api.get(&format!("/v1/job/{JOB_ID}/allocations")).await {
+            let path = match index {
+                Some(i) => format!("/v1/job/{JOB_ID}/allocations?index={i}&wait=5s"),
+                None => format!("/v1/job/{JOB_ID}/allocations"),
+            };
+            let answer = self
+                .api
+                .call_indexed(http::Method::GET, &path, None)
+                .await
+                .ok()
+                .filter(|(status, _, _)| *status == 200);
+            let blocked = answer.as_ref().is_some_and(|(_, _, i)| i.is_some());
+            index = answer.as_ref().and_then(|(_, _, i)| *i);
+            let allocs =
+                answer.and_then(|(_, body, _)| serde_json::from_slice::<Value>(&body).ok());
+            if let Some(allocs) = allocs {
                 counts.clear();
                 for a in allocs.as_array().into_iter().flatten() {
                     let status = a["ClientStatus"].as_str().unwrap_or("?").to_owned();
@@ -498,7 +536,10 @@ impl Agent {
                 );
             }
             self.check_alive()?;
-            tokio::time::sleep(POLL).await;
+            if !blocked {
+                // No index to block on (an error, or an answer without one): poll.
+                tokio::time::sleep(POLL).await;
+            }
         }
         let to_running = t.elapsed();
 
