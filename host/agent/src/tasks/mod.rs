@@ -76,6 +76,10 @@ const RECOVERY_CONCURRENCY: usize = 32;
 /// (see [`TaskManager::replace_start_intent`]).
 const INTENT_REPLACEMENT: &str = "+new";
 
+/// The name suffix a whole start intent this agent cannot read is kept under when the
+/// task's record exists (see [`TaskManager::adopt_start_intents`]).
+const INTENT_UNREADABLE: &str = "+unreadable";
+
 /// The directory of start intents, beside the alloc dir (see
 /// [`TaskManager::write_start_intent`]).
 const STARTING_DIR: &str = "starting";
@@ -616,6 +620,15 @@ impl TaskManager {
                     // A replacement never renamed into place: the intent it was for is
                     // still there.
                     let _ = std::fs::remove_file(&path);
+                } else if name
+                    .to_str()
+                    .is_some_and(|n| n.ends_with(INTENT_UNREADABLE))
+                {
+                    tracing::warn!(
+                        "{} is a start intent an earlier agent could not read, kept aside: \
+                         read it with the version that wrote it, then delete it",
+                        path.display()
+                    );
                 } else {
                     tracing::warn!(
                         "{} is not a start intent (its name is no task id): left alone",
@@ -636,6 +649,23 @@ impl TaskManager {
                     rec,
                     "task an earlier agent could not record and was stopping: it is stopped",
                 )),
+                // The record landed, but this intent, whole and newer than this agent,
+                // may hold what the record lacks (a stop, see above): kept aside, not
+                // deleted, and said, for the version that wrote it to read.
+                (Some(_), Err(e))
+                    if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() =>
+                {
+                    let aside = self.starting_dir.join(format!("{id}{INTENT_UNREADABLE}"));
+                    std::fs::rename(&path, &aside).map_err(|e| io("keep aside", e))?;
+                    tracing::warn!(
+                        task = %id,
+                        "the start intent of task {id} cannot be read ({e}); the task is \
+                         loaded from its record, and the intent is kept as {}: read it with \
+                         the version that wrote it, then delete it",
+                        aside.display()
+                    );
+                    continue;
+                }
                 (Some(_), _) => None,
                 (None, Ok(rec)) => Some((
                     rec,

@@ -1693,6 +1693,36 @@ async fn an_intent_this_agent_cannot_read_stops_the_load() {
 }
 
 #[tokio::test]
+async fn an_unreadable_intent_beside_its_record_is_kept_aside_not_deleted() {
+    let env = Env::new();
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    // A newer agent's intent for a task whose record landed: whole, but not a record
+    // this agent reads.
+    let newer = br#"{"version": 99, "kill": {"signal": "SIGTERM"}}"#;
+    std::fs::write(starting_dir(&env).join(&v.id), newer).unwrap();
+    env.fake.new_process();
+
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    assert_eq!(
+        mgr.status(&v.id).unwrap().id,
+        v.id,
+        "the record was not loaded"
+    );
+    let aside = starting_dir(&env).join(format!("{}+unreadable", v.id));
+    assert_eq!(std::fs::read(&aside).unwrap(), newer, "the intent was lost");
+    assert!(!starting_dir(&env).join(&v.id).exists());
+    // Kept until someone deletes it: the next agent loads and leaves it.
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    assert!(aside.exists());
+}
+
+#[tokio::test]
 async fn damaged_and_foreign_records_stop_the_load() {
     let env = Env::new();
     env.store.put_task("t1", b"\x00\x01garbage").unwrap();
