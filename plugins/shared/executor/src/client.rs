@@ -242,11 +242,7 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             let pid = child.id();
             // Opened before anything waits for it: our child cannot have been reaped
             // yet, so the pidfd is of this executor for certain.
-            let pidfd = pid
-                .and_then(|p| rustix::process::Pid::from_raw(p as i32))
-                .and_then(|p| {
-                    rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-                });
+            let pidfd = pid.and_then(|p| super::lost::pidfd_of_child(p as i32));
             // Reap the executor whenever it exits (no zombies), but never kill it on
             // drop: it owns the task.
             tokio::spawn(async move {

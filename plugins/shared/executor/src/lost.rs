@@ -79,6 +79,12 @@ pub fn signal_proven(pid: u32, start_time: u64, signal: i32) -> Result<bool, Str
     }
 }
 
+/// A pidfd of `pid`, a child of this process not yet reaped (so its pid cannot have
+/// gone to another process); `None` without pidfds (a kernel before 5.3).
+pub(crate) fn pidfd_of_child(pid: i32) -> Option<OwnedFd> {
+    Pid::from_raw(pid).and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok())
+}
+
 /// Wait until the process of `pidfd` has exited (a zombie counts), up to `limit`.
 pub fn wait_exit(pidfd: &OwnedFd, limit: Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;

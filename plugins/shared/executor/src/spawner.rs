@@ -255,9 +255,7 @@ fn fork_spare(sandbox: Option<&dyn Sandbox>) -> Option<Spare> {
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(theirs);
-            let pidfd = rustix::process::Pid::from_raw(child.as_raw()).and_then(|p| {
-                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-            });
+            let pidfd = super::lost::pidfd_of_child(child.as_raw());
             Some(Spare {
                 pid: child.as_raw(),
                 pidfd,
@@ -477,9 +475,7 @@ fn fork_executor(
             std::process::exit(code)
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
-            let pidfd = rustix::process::Pid::from_raw(child.as_raw()).and_then(|p| {
-                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-            });
+            let pidfd = super::lost::pidfd_of_child(child.as_raw());
             Ok((child.as_raw(), pidfd))
         }
         Err(errno) => Err(errno as i32),
@@ -640,18 +636,7 @@ impl Spawner {
     /// then goes to a new one rather than to a socket nobody reads.
     fn exited(&self) -> bool {
         match &self.process {
-            SpawnerProcess::Watched(pidfd) => {
-                // A pidfd is readable once its process has exited, reaped or not.
-                let mut ready = [rustix::event::PollFd::new(
-                    pidfd,
-                    rustix::event::PollFlags::IN,
-                )];
-                let zero = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                rustix::event::poll(&mut ready, Some(&zero)).is_ok_and(|n| n > 0)
-            }
+            SpawnerProcess::Watched(pidfd) => super::lost::wait_exit(pidfd, Duration::ZERO),
             SpawnerProcess::Held { .. } => false,
         }
     }
@@ -859,8 +844,7 @@ fn start_spawner() -> std::io::Result<Spawner> {
     let mut child = cmd.spawn()?;
     let pidfd = child
         .id()
-        .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
-        .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok())
+        .and_then(|pid| super::lost::pidfd_of_child(pid as i32))
         // Still unreaped after the pidfd was opened (as nothing else of this driver
         // reaps it, unless SIGCHLD is ignored and the kernel does): the pidfd is the
         // spawner's, not that of a process that got its pid since.
