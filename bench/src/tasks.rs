@@ -207,7 +207,6 @@ pub(crate) fn start_agent_env(
     })
 }
 
-/// `/proc/<pid>/stat` of a process.
 /// CPU time this process has used so far, all its threads (exited ones too).
 fn process_cpu() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
@@ -217,6 +216,7 @@ fn process_cpu() -> Duration {
     )
 }
 
+/// `/proc/<pid>/stat` of a process.
 fn proc_stat(pid: u32) -> anyhow::Result<procfs_core::process::Stat> {
     use procfs_core::FromRead as _;
     let text = std::fs::read(format!("/proc/{pid}/stat"))?;

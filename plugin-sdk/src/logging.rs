@@ -223,8 +223,8 @@ where
 /// a slot in it.
 #[derive(Debug)]
 struct Spanless {
-    /// Ids are never reused, so a layer that keys spans by id (the filter does, for
-    /// directives with span fields) never mistakes one span for another.
+    /// The next span's id: never reused, as `tracing` wants ids of open spans to be
+    /// unique.
     next_id: std::sync::atomic::AtomicU64,
 }
 

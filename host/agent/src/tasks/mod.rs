@@ -638,6 +638,9 @@ impl TaskManager {
                 continue;
             };
             let bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
+            // Whole JSON, for an intent that is not a record this agent reads: a newer
+            // agent's, not one cut short while it was written.
+            let whole = || serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
             let adopted = match (loaded.get(&id), TaskRecord::decode(&id, &bytes)) {
                 // The record landed; an intent that asks for a stop (a task the caller
                 // was told failed, see `stop_unrecorded`) still gets it. Such an intent
@@ -652,9 +655,7 @@ impl TaskManager {
                 // The record landed, but this intent, whole and newer than this agent,
                 // may hold what the record lacks (a stop, see above): kept aside, not
                 // deleted, and said, for the version that wrote it to read.
-                (Some(_), Err(e))
-                    if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() =>
-                {
+                (Some(_), Err(e)) if whole() => {
                     let aside = self.starting_dir.join(format!("{id}{INTENT_UNREADABLE}"));
                     std::fs::rename(&path, &aside).map_err(|e| io("keep aside", e))?;
                     tracing::warn!(
@@ -674,9 +675,7 @@ impl TaskManager {
                 )),
                 // Whole, but not a record this agent can read: as for the store's
                 // records, refuse to start rather than lose the task.
-                (None, Err(e))
-                    if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok() =>
-                {
+                (None, Err(e)) if whole() => {
                     return Err(StateError::Io {
                         op: format!("read the start intent {}", path.display()),
                         reason: format!(
