@@ -44,33 +44,50 @@ target_dir=$(cargo metadata --format-version 1 --no-deps --locked | jq -r .targe
 built_dir="$target_dir/$([ "$profile" = dev ] && echo debug || echo "$profile")"
 out_dir="$target_dir/$([ "$profile" = dev ] && echo debug || echo release)"
 mkdir -p "$out_dir"
-for plugin in "${plugins[@]}"; do
-    cargo rustc --locked --profile "$profile" -p "$plugin" --bin "$plugin" \
-        -- -C target-feature=+crt-static
-    binary="$out_dir/$plugin"
-    if [ "$built_dir" != "$out_dir" ]; then
-        # Beside the other release binaries; a new file, so that a plugin process still
-        # running the old one keeps its bytes.
-        cp "$built_dir/$plugin" "$binary.new"
-        mv -f "$binary.new" "$binary"
-    fi
+
+# Refuse a binary that is not what this script promises: static-pie, and no name
+# lookups. Checked on the file cargo built, before anything is installed from it.
+check_static_pie() {
+    local binary=$1
     # static-pie: position independent (ELF type DYN) and no program interpreter.
     if ! readelf -h "$binary" | grep -q 'DYN (Position-Independent Executable'; then
         echo "build-plugins.sh: $binary is not position independent" >&2
-        exit 1
+        return 1
     fi
     if readelf -l "$binary" | grep -q 'INTERP'; then
         echo "build-plugins.sh: $binary still asks for a dynamic loader" >&2
-        exit 1
+        return 1
     fi
     # The list above is kept by hand: a listed plugin that starts looking names up is
     # refused here rather than shipped with a glibc that may not find its NSS modules.
+    local lookups
     lookups=$(readelf -sW "$binary" |
         grep -oE ' (getpwnam|getpwuid|getgrnam|getgrgid|getgrouplist|getaddrinfo|gethostbyname)(_r)?$' |
         sort -u | tr -d ' ' | paste -sd, -) || true
     if [ -n "$lookups" ]; then
         echo "build-plugins.sh: $binary looks names up ($lookups): it must stay dynamically linked" >&2
-        exit 1
+        return 1
+    fi
+}
+
+staged=""
+trap 'if [ -n "$staged" ]; then rm -f -- "$staged"; fi' EXIT
+for plugin in "${plugins[@]}"; do
+    cargo rustc --locked --profile "$profile" -p "$plugin" --bin "$plugin" \
+        -- -C target-feature=+crt-static
+    check_static_pie "$built_dir/$plugin"
+    binary="$out_dir/$plugin"
+    if [ "$built_dir" != "$out_dir" ]; then
+        # Beside the other release binaries, under a fresh name in the same directory
+        # (removed if anything fails), then renamed over the old one: a plugin process
+        # still running the old file keeps its bytes, and an agent never sees half a
+        # binary.
+        staged=$(mktemp "$out_dir/.$plugin.XXXXXX")
+        cp "$built_dir/$plugin" "$staged"
+        chmod 0755 "$staged"
+        check_static_pie "$staged"
+        mv -f -- "$staged" "$binary"
+        staged=""
     fi
     echo "static-pie: $binary"
 done
