@@ -28,7 +28,7 @@ mod tests;
 mod validate;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -656,8 +656,8 @@ impl TaskManager {
                 // may hold what the record lacks (a stop, see above): kept aside, not
                 // deleted, and said, for the version that wrote it to read.
                 (Some(_), Err(e)) if whole() => {
-                    let aside = self.starting_dir.join(format!("{id}{INTENT_UNREADABLE}"));
-                    std::fs::rename(&path, &aside).map_err(|e| io("keep aside", e))?;
+                    let aside = keep_aside(&self.starting_dir, &id, &path)
+                        .map_err(|e| io("keep aside", e))?;
                     tracing::warn!(
                         task = %id,
                         "the start intent of task {id} cannot be read ({e}); the task is \
@@ -1511,4 +1511,37 @@ fn loaded_task(rec: TaskRecord, op: impl FnOnce() -> String) -> Result<Arc<Task>
         reason: format!("its request is no longer valid: {e}"),
     })?;
     Ok(Arc::new(Task::new(rec, settings)))
+}
+
+/// Most intents of one task kept aside before the agent refuses to load: each is a
+/// downgrade across a change of the intent format, so more is a loop, not history.
+const INTENTS_KEPT_ASIDE: u32 = 100;
+
+/// Rename the start intent `path` of task `id` to `<id>+unreadable` in `dir`, or to
+/// `<id>+<n>+unreadable` when an earlier one is kept there: never over an intent kept
+/// aside before (a task downgraded twice keeps both), and never into a name that is a
+/// task id (`+` is not in one), which the next load would read as an intent.
+fn keep_aside(dir: &Path, id: &str, path: &Path) -> std::io::Result<PathBuf> {
+    for n in 1..=INTENTS_KEPT_ASIDE {
+        let aside = if n == 1 {
+            dir.join(format!("{id}{INTENT_UNREADABLE}"))
+        } else {
+            dir.join(format!("{id}+{n}{INTENT_UNREADABLE}"))
+        };
+        match rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::CWD,
+            &aside,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => return Ok(aside),
+            Err(rustix::io::Errno::EXIST) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "{INTENTS_KEPT_ASIDE} unreadable intents of task {id} are already kept aside in {}",
+        dir.display()
+    )))
 }

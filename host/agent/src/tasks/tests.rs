@@ -1719,7 +1719,26 @@ async fn an_unreadable_intent_beside_its_record_is_kept_aside_not_deleted() {
     // Kept until someone deletes it: the next agent loads and leaves it.
     let mgr = env.restart_agent();
     mgr.load().unwrap();
-    assert!(aside.exists());
+    assert_eq!(std::fs::read(&aside).unwrap(), newer);
+
+    // A second downgrade leaves a second unreadable intent of the same task: kept
+    // beside the first, which it does not replace.
+    let newest = br#"{"version": 100, "kill": {"signal": "SIGINT"}}"#;
+    std::fs::write(starting_dir(&env).join(&v.id), newest).unwrap();
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    assert_eq!(
+        std::fs::read(&aside).unwrap(),
+        newer,
+        "the first was replaced"
+    );
+    let second = starting_dir(&env).join(format!("{}+2+unreadable", v.id));
+    assert_eq!(
+        std::fs::read(&second).unwrap(),
+        newest,
+        "the second was lost"
+    );
+    assert!(!starting_dir(&env).join(&v.id).exists());
 }
 
 #[tokio::test]
