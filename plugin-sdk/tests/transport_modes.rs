@@ -95,6 +95,10 @@ fn main() {
             "auto_mtls or multiplexing against a plugin without them: clear errors",
             || Box::pin(features_the_plugin_lacks_are_clear_errors()),
         ),
+        (
+            "a plugin started with SIGCHLD ignored sets it back to its default",
+            || Box::pin(an_ignored_sigchld_is_set_back()),
+        ),
     ];
     for (name, case) in cases {
         rt.block_on(case());
@@ -431,4 +435,50 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
             rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
         ]
     }
+}
+
+/// Whether signal `signal` is in the `SigIgn` mask of a `/proc/<pid>/status` text.
+fn ignores(status: &str, signal: u32) -> bool {
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .expect("a SigIgn line");
+    let mask = u64::from_str_radix(mask.trim(), 16).expect("a hex mask");
+    mask & (1 << (signal - 1)) != 0
+}
+
+/// An ignored SIGCHLD survives exec. A plugin started with it (by an agent started
+/// with it) would have its children reaped by the kernel: their exit statuses lost,
+/// their pids free for others while handles still name them.
+async fn an_ignored_sigchld_is_set_back() {
+    const SIGCHLD: u32 = 17;
+    // bash's `trap '' CHLD` then `exec` (dash does not hand an ignored SIGCHLD on):
+    // what the wrapper below hands on, checked, so that the plugin's mask below cannot
+    // pass for want of an ignored SIGCHLD.
+    let out = std::process::Command::new("/bin/bash")
+        .args(["-c", "trap '' CHLD; exec cat /proc/self/status"])
+        .output()
+        .expect("/bin/sh runs");
+    assert!(
+        ignores(&String::from_utf8_lossy(&out.stdout), SIGCHLD),
+        "the wrapper does not hand on an ignored SIGCHLD"
+    );
+
+    let mut opts = opts(false, false);
+    let exe = std::mem::replace(&mut opts.command, "/bin/bash".into());
+    opts.args = vec![
+        "-c".into(),
+        "trap '' CHLD; exec \"$0\"".into(),
+        exe.into_os_string(),
+    ];
+    let plugin = PluginProcess::launch(opts).await.expect("launches");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", plugin.pid()))
+        .expect("the plugin's status");
+    assert!(
+        !ignores(&status, SIGCHLD),
+        "the plugin still ignores SIGCHLD:\n{status}"
+    );
+    let info = plugin.client().plugin_info().await.expect("PluginInfo");
+    assert_eq!(info.name, "transport");
+    assert!(plugin.shutdown().await.is_success());
 }

@@ -852,7 +852,13 @@ fn start_spawner() -> std::io::Result<Spawner> {
     let process = match pidfd {
         Some(pidfd) => {
             tokio::spawn(async move {
-                let _ = child.wait().await;
+                if child.wait().await.is_err() {
+                    // Not this driver's to reap any more (someone else did: a SIGCHLD
+                    // ignored, which plugins on the SDK set back at start): its pid may
+                    // be another process's by now, which `kill_on_drop` would signal.
+                    // The pidfd still kills the spawner, if it lives.
+                    std::mem::forget(child);
+                }
             });
             SpawnerProcess::Watched(pidfd)
         }
