@@ -8,10 +8,13 @@
 //! The file (and `secrets/`) belongs to the user the task runs as
 //! ([`super::task_user`]): an exec task runs as `nobody` and must be able to read it.
 //!
-//! The task owns its directory and may have planted links there: the file is opened
-//! beneath the task directory's descriptor without following links, created with
-//! `O_EXCL` or, when present, refused if it is not a regular file with one link, and
-//! given to the task's user through that descriptor.
+//! The task owns its directory and may have planted links there. The token is written
+//! to a new file beside the old one, opened beneath the task directory's descriptor
+//! without following links (created with `O_EXCL`; a file of that name left there is
+//! removed first, a link itself, never its target), given to the task's user through
+//! that descriptor, and renamed over `nomad_token`: a reader (the task, a template
+//! that embeds the token) sees the old token or the new one, never a part of one, and
+//! a link planted as `nomad_token` is replaced, never followed.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -45,8 +48,16 @@ pub(crate) fn write_token(
         // no use to the task otherwise.
         owner.give(&secrets)?;
     }
+    // A leftover of a write that failed, or the task's own file of that name: gone
+    // (a directory there is no file to remove, and fails the open below).
+    match secrets.remove_file(TOKEN_NEW) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound && !is_a_directory(&e) => {
+            return Err(e);
+        }
+        _ => {}
+    }
     let mut f = secrets.open_file(
-        "nomad_token",
+        TOKEN_NEW,
         &OpenOptions::new()
             .write(true)
             .truncate(true)
@@ -56,13 +67,22 @@ pub(crate) fn write_token(
     if let Some(owner) = owner {
         owner.give(&f)?;
     }
-    // An existing file keeps its inode: make sure it is the task user's alone.
+    // Exactly 0600, had the task made the file in the moment since the removal.
     use std::os::unix::fs::PermissionsExt as _;
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     // Not synced: only a machine crash loses it, and a task lost in a crash is not
     // restarted; after an agent restart the allocation's hooks write it again. Nomad
     // does not sync it either. A sync here cost one fsync per task of an allocation.
-    f.write_all(token.as_bytes())
+    f.write_all(token.as_bytes())?;
+    drop(f);
+    secrets.rename(TOKEN_NEW, "nomad_token")
+}
+
+/// The token being written, renamed over `nomad_token` once whole.
+const TOKEN_NEW: &str = ".nomad_token.drover-new";
+
+fn is_a_directory(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EISDIR)
 }
 
 #[tonic::async_trait]
@@ -106,7 +126,7 @@ mod tests {
     use std::os::unix::fs::{MetadataExt as _, symlink};
 
     #[test]
-    fn the_token_is_private_and_a_planted_link_is_not_followed() {
+    fn the_token_is_private_and_a_planted_link_is_replaced_not_followed() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("alloc/t1");
         write_token(&dir, "a.b.c", None).unwrap();
@@ -116,22 +136,72 @@ mod tests {
         // Written again (a restart, a new key): replaced, not appended.
         write_token(&dir, "d.e.f", None).unwrap();
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "d.e.f");
-        // The task replaced it with a link to a host file: refused, the target intact.
+        // The task replaced it with a link to a host file: the link is replaced, its
+        // target intact.
         let target = tmp.path().join("host-file");
         std::fs::write(&target, "keep").unwrap();
         std::fs::remove_file(&file).unwrap();
         symlink(&target, &file).unwrap();
-        assert!(write_token(&dir, "x.y.z", None).is_err());
+        write_token(&dir, "x.y.z", None).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
-        // A hard link to a host file: refused too.
+        assert!(std::fs::symlink_metadata(&file).unwrap().is_file());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x.y.z");
+        // A hard link to a host file: the name is replaced, the host file intact.
         std::fs::remove_file(&file).unwrap();
         std::fs::hard_link(&target, &file).unwrap();
-        assert!(write_token(&dir, "x.y.z", None).is_err());
+        write_token(&dir, "u.v.w", None).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(std::fs::metadata(&target).unwrap().nlink(), 1);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "u.v.w");
+        // Links planted at the name the token is written under first: removed (the
+        // link, not its target), never written through.
+        let new = dir.join("secrets").join(TOKEN_NEW);
+        symlink(&target, &new).unwrap();
+        write_token(&dir, "s.y.m", None).unwrap();
+        std::fs::hard_link(&target, &new).unwrap();
+        write_token(&dir, "h.a.r", None).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "h.a.r");
+        assert!(!new.exists(), "the new file stayed under its own name");
+        // A directory there: an error, nothing written anywhere.
+        std::fs::create_dir(&new).unwrap();
+        assert!(write_token(&dir, "d.i.r", None).is_err());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "h.a.r");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
     }
 
+    /// A reader of the token while it is written again (a restart with a new key, a
+    /// template rendering it) sees the old token or the new one, whole.
+    #[test]
+    fn a_reader_never_sees_part_of_a_token() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("alloc/t1");
+        let (old, new) = ("o".repeat(4096), "n".repeat(8192));
+        write_token(&dir, &old, None).unwrap();
+        let file = dir.join(TOKEN_FILE);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (file, stop) = (file.clone(), stop.clone());
+            let (old, new) = (old.clone(), new.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let got = std::fs::read_to_string(&file).unwrap();
+                    assert!(got == old || got == new, "read {} bytes", got.len());
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for i in 0..2000 {
+            write_token(&dir, if i % 2 == 0 { &new } else { &old }, None).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+    }
+
     /// The token and `secrets/` go to the task's user; a link planted in place of the
-    /// file is refused and its target keeps its owner. Needs root (chown).
+    /// file is replaced and its target keeps its owner. Needs root (chown).
     #[test]
     fn the_token_goes_to_the_task_user_never_through_a_link() {
         if !rustix::process::geteuid().is_root() {
@@ -158,7 +228,10 @@ mod tests {
         std::fs::write(&target, "keep").unwrap();
         std::fs::remove_file(&file).unwrap();
         symlink(&target, &file).unwrap();
-        assert!(write_token(&dir, "x.y.z", Some(nobody)).is_err());
+        write_token(&dir, "x.y.z", Some(nobody)).unwrap();
+        let m = std::fs::symlink_metadata(&file).unwrap();
+        assert!(m.is_file());
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (65534, 65534, 0o600));
         let t = std::fs::metadata(&target).unwrap();
         assert_eq!(
             (t.uid(), std::fs::read_to_string(&target).unwrap().as_str()),
