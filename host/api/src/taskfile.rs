@@ -244,7 +244,7 @@ impl TaskFile {
     ///
     /// The agent phrases these as `task config for driver "NAME": P1; P2`, each problem
     /// either `unknown field "KEY" (...)` or `/json/pointer: ...` (see the agent's
-    /// `loader::validate`; a test of `drover task run` runs both to keep them in step).
+    /// `loader::Schema::validate`; a test of `drover task run` runs both to keep them in step).
     pub fn locate_config_error(&self, message: &str) -> Option<String> {
         const MARK: &str = "task config for driver ";
         let start = message.find(MARK)?;

@@ -105,7 +105,7 @@ pub(super) struct Live {
     pub(super) reattached: bool,
     pub(super) version: String,
     pub(super) api_version: String,
-    pub(super) task_schema: serde_json::Value,
+    pub(super) task_schema: super::loader::Schema,
     pub(super) capabilities: Capabilities,
     pub(super) state: PluginState,
     pub(super) reason: String,
@@ -199,8 +199,8 @@ impl LoadedPlugin {
         self.live().process.client()
     }
 
-    /// The JSON Schema of the task config.
-    pub fn task_schema(&self) -> serde_json::Value {
+    /// The JSON Schema of the task config, compiled.
+    pub fn task_schema(&self) -> super::loader::Schema {
         self.live().task_schema.clone()
     }
 

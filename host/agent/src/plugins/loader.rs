@@ -10,10 +10,9 @@
 //! `skipped` status row with a reason for people; nothing here can take the agent
 //! down.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use drover_api::{PluginSource, PluginStatus};
@@ -40,9 +39,9 @@ pub struct Fingerprinted {
     /// The negotiated plugin API version.
     pub api_version: semver::Version,
     /// JSON Schema of the plugin config.
-    pub config_schema: serde_json::Value,
+    pub config_schema: Schema,
     /// JSON Schema of the task config.
-    pub task_schema: serde_json::Value,
+    pub task_schema: Schema,
     /// What it supports.
     pub capabilities: Capabilities,
     /// sha256 of the binary the process runs (checked before it was launched, or
@@ -85,15 +84,13 @@ pub fn scan_plugin_dir(dir: &Path) -> (Vec<Candidate>, Vec<PluginStatus>) {
     (candidates, skipped)
 }
 
-fn parse_schema(what: &str, text: &str) -> Result<serde_json::Value, String> {
+fn parse_schema(what: &str, text: &str) -> Result<Schema, String> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("{what} is not JSON: {e}"))?;
     if !value.is_object() && !value.is_boolean() {
         return Err(format!("{what} is not a JSON Schema object"));
     }
-    jsonschema::validator_for(&value)
-        .map_err(|e| format!("{what} is not a valid JSON Schema: {e}"))?;
-    Ok(value)
+    Schema::new(value).map_err(|e| format!("{what} is not a valid JSON Schema: {e}"))
 }
 
 /// Explain an RPC failure during fingerprinting.
@@ -302,8 +299,8 @@ type Identity = (
     PluginInfo,
     drover_api::PluginKind,
     semver::Version,
-    serde_json::Value,
-    serde_json::Value,
+    Schema,
+    Schema,
     Capabilities,
 );
 
@@ -370,7 +367,7 @@ async fn identify(
             kind,
             api_version,
             config_schema,
-            serde_json::json!({}),
+            Schema::any(),
             Capabilities::default(),
         ));
     }
@@ -395,63 +392,73 @@ async fn identify(
     ))
 }
 
-/// Most distinct schemas kept compiled: a plugin has two (its config and its task
-/// config) per version, so this only bounds a pathological churn of plugin versions.
-const COMPILED_SCHEMAS: usize = 64;
-
-/// `schema`, compiled once per distinct schema: compiling costs more than validating
-/// a task config, and every task start validates one.
-fn compiled(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, String> {
-    static CACHE: LazyLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> =
-        LazyLock::new(Default::default);
-    let key = schema.to_string();
-    let cache = || {
-        CACHE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    };
-    if let Some(v) = cache().get(&key) {
-        return Ok(v.clone());
-    }
-    let validator =
-        Arc::new(jsonschema::validator_for(schema).map_err(|e| format!("bad schema: {e}"))?);
-    let mut cache = cache();
-    if cache.len() >= COMPILED_SCHEMAS {
-        cache.clear();
-    }
-    cache.insert(key, validator.clone());
-    Ok(validator)
+/// A plugin's JSON Schema (of its config, or of a task's), compiled once, when the
+/// plugin's fingerprint is taken: compiling costs more than validating a task config,
+/// and every task start validates one. Cloned cheaply (both parts are shared).
+#[derive(Clone)]
+pub struct Schema {
+    json: Arc<serde_json::Value>,
+    validator: Arc<jsonschema::Validator>,
 }
 
-/// Validate `value` against `schema`; the error lists each problem with its location.
-///
-/// Unknown top-level fields (a typo is the most common mistake) are reported by name
-/// with the fields that are allowed; the validator's own message for them does not
-/// always name the field.
-pub fn validate(schema: &serde_json::Value, value: &serde_json::Value) -> Result<(), String> {
-    let validator = compiled(schema)?;
-    let mut problems = unknown_fields(schema, value);
-    let reported_unknown = !problems.is_empty();
-    for e in validator.iter_errors(value) {
-        let at = e.instance_path().to_string();
-        let about_extra_fields = matches!(
-            e.kind(),
-            jsonschema::error::ValidationErrorKind::AdditionalProperties { .. }
-                | jsonschema::error::ValidationErrorKind::FalseSchema
-        );
-        if at.is_empty() && about_extra_fields && reported_unknown {
-            continue;
-        }
-        problems.push(if at.is_empty() {
-            e.to_string()
-        } else {
-            format!("{at}: {e}")
-        });
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Schema").field(&self.json).finish()
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
+}
+
+impl Schema {
+    /// Compile `json`; the error says why it is no JSON Schema.
+    pub fn new(json: serde_json::Value) -> Result<Schema, String> {
+        let validator = jsonschema::validator_for(&json).map_err(|e| e.to_string())?;
+        Ok(Schema {
+            json: Arc::new(json),
+            validator: Arc::new(validator),
+        })
+    }
+
+    /// The schema that takes anything (`{}`): a device plugin's task config.
+    pub fn any() -> Schema {
+        static ANY: LazyLock<Schema> = LazyLock::new(|| {
+            Schema::new(serde_json::json!({})).unwrap_or_else(|e| unreachable!("{{}}: {e}"))
+        });
+        ANY.clone()
+    }
+
+    /// The schema as the plugin gave it.
+    pub fn json(&self) -> &serde_json::Value {
+        &self.json
+    }
+
+    /// Validate `value`; the error lists each problem with its location.
+    ///
+    /// Unknown top-level fields (a typo is the most common mistake) are reported by
+    /// name with the fields that are allowed; the validator's own message for them
+    /// does not always name the field.
+    pub fn validate(&self, value: &serde_json::Value) -> Result<(), String> {
+        let mut problems = unknown_fields(&self.json, value);
+        let reported_unknown = !problems.is_empty();
+        for e in self.validator.iter_errors(value) {
+            let at = e.instance_path().to_string();
+            let about_extra_fields = matches!(
+                e.kind(),
+                jsonschema::error::ValidationErrorKind::AdditionalProperties { .. }
+                    | jsonschema::error::ValidationErrorKind::FalseSchema
+            );
+            if at.is_empty() && about_extra_fields && reported_unknown {
+                continue;
+            }
+            problems.push(if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("{at}: {e}")
+            });
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
     }
 }
 
@@ -507,18 +514,30 @@ mod tests {
             "required": ["command"],
             "additionalProperties": false
         });
-        let err = validate(&schema, &serde_json::json!({"comand": "x"})).unwrap_err();
+        let schema = Schema::new(schema).unwrap();
+        let err = schema
+            .validate(&serde_json::json!({"comand": "x"}))
+            .unwrap_err();
         assert!(
             err.contains("unknown field \"comand\" (expected one of: command)"),
             "{err}"
         );
         assert!(err.contains("\"command\" is a required property"), "{err}");
         let empty = serde_json::json!({"type": "object", "additionalProperties": false});
-        let err = validate(&empty, &serde_json::json!({"colour": "blue"})).unwrap_err();
+        let empty = Schema::new(empty).unwrap();
+        let err = empty
+            .validate(&serde_json::json!({"colour": "blue"}))
+            .unwrap_err();
         assert_eq!(err, "unknown field \"colour\" (it takes no fields)");
-        let err = validate(&schema, &serde_json::json!({"command": 3})).unwrap_err();
+        let err = schema
+            .validate(&serde_json::json!({"command": 3}))
+            .unwrap_err();
         assert!(err.contains("/command"), "{err}");
-        assert!(validate(&schema, &serde_json::json!({"command": "x"})).is_ok());
+        assert!(
+            schema
+                .validate(&serde_json::json!({"command": "x"}))
+                .is_ok()
+        );
     }
 
     #[test]

@@ -57,7 +57,8 @@ pub(super) async fn configure(
     policy: &trust::Policy,
 ) -> Result<(), String> {
     policy.before_serve(&fp.info.name, fp.candidate.source, &fp.sha256)?;
-    loader::validate(&fp.config_schema, &settings.config)
+    fp.config_schema
+        .validate(&settings.config)
         .map_err(|e| format!("invalid [plugin.{}] config: {e}", fp.info.name))?;
     let mut agent = ctx.agent.clone();
     agent.api_version = fp.api_version.to_string();

@@ -24,8 +24,8 @@ use drover_api::PluginState;
 pub trait TaskDriver: Send + Sync {
     /// Health and why.
     fn state(&self) -> (PluginState, String);
-    /// JSON Schema of the task config.
-    fn task_schema(&self) -> serde_json::Value;
+    /// JSON Schema of the task config, compiled.
+    fn task_schema(&self) -> crate::plugins::loader::Schema;
     /// Bumped each time the driver's process is replaced.
     fn generation(&self) -> watch::Receiver<u64>;
     /// Why the driver takes no new tasks (its plugin file was removed and it only
@@ -160,7 +160,7 @@ impl TaskDriver for LoadedPlugin {
     fn state(&self) -> (PluginState, String) {
         LoadedPlugin::state(self)
     }
-    fn task_schema(&self) -> serde_json::Value {
+    fn task_schema(&self) -> crate::plugins::loader::Schema {
         LoadedPlugin::task_schema(self)
     }
     fn generation(&self) -> watch::Receiver<u64> {

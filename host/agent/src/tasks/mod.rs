@@ -813,7 +813,7 @@ impl TaskManager {
         } else {
             req.config.clone()
         };
-        crate::plugins::loader::validate(&driver.task_schema(), &config).map_err(|e| {
+        driver.task_schema().validate(&config).map_err(|e| {
             DriverError::InvalidConfig(format!("task config for driver {:?}: {e}", req.driver))
         })?;
         if opts.netns.is_some() && !driver.network_modes().group {

@@ -168,8 +168,8 @@ impl TaskDriver for Fake {
     fn state(&self) -> (PluginState, String) {
         (PluginState::Healthy, "ready".into())
     }
-    fn task_schema(&self) -> serde_json::Value {
-        serde_json::json!({})
+    fn task_schema(&self) -> crate::plugins::loader::Schema {
+        crate::plugins::loader::Schema::any()
     }
     fn generation(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()

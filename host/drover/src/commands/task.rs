@@ -618,8 +618,10 @@ max_files = 4
         });
         let text = "driver = \"rawexec\"\n[config]\ncommand = \"/bin/echo\"\nargs = [\"a\", 5]\ncomand = \"x\"\n";
         let spec = drover_api::taskfile::parse(text, "t.toml", &check_kill_signal).unwrap();
-        let problems =
-            drover_host::plugins::loader::validate(&schema, &spec.request.config).unwrap_err();
+        let problems = drover_host::plugins::loader::Schema::new(schema)
+            .unwrap()
+            .validate(&spec.request.config)
+            .unwrap_err();
         let message = format!(
             "{}",
             drover_plugin_sdk::DriverError::InvalidConfig(format!(
