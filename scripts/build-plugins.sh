@@ -48,13 +48,17 @@ mkdir -p "$out_dir"
 # Refuse a binary that is not what this script promises: static-pie, and no name
 # lookups. Checked on the file cargo built, before anything is installed from it.
 check_static_pie() {
-    local binary=$1
+    local binary=$1 header segments
+    # Read whole before matching: `grep -q` stops reading at its match, and under
+    # pipefail the reader's SIGPIPE would count as a failed match.
+    header=$(readelf -h "$binary")
+    segments=$(readelf -l "$binary")
     # static-pie: position independent (ELF type DYN) and no program interpreter.
-    if ! readelf -h "$binary" | grep -q 'DYN (Position-Independent Executable'; then
+    if ! grep -q 'DYN (Position-Independent Executable' <<<"$header"; then
         echo "build-plugins.sh: $binary is not position independent" >&2
         return 1
     fi
-    if readelf -l "$binary" | grep -q 'INTERP'; then
+    if grep -q 'INTERP' <<<"$segments"; then
         echo "build-plugins.sh: $binary still asks for a dynamic loader" >&2
         return 1
     fi

@@ -230,7 +230,7 @@ pub fn serve_device<P: crate::device::DevicePlugin>(plugin: P) -> ! {
 fn run_plugin(serving: impl Future<Output = Result<(), ServeError>>) -> ! {
     crate::logging::init_plugin_logging();
     set_process_name();
-    if take_back_sigchld() {
+    if crate::signal::reset_ignored_sigchld() {
         tracing::warn!(
             "this plugin was started with SIGCHLD ignored (by whoever started the agent); \
              set back to its default, so that the plugin reaps its own children"
@@ -252,32 +252,6 @@ fn run_plugin(serving: impl Future<Output = Result<(), ServeError>>) -> ! {
         }
     };
     std::process::exit(code)
-}
-
-/// Set SIGCHLD back to its default if it came ignored, and say whether it did.
-///
-/// An ignored SIGCHLD survives `exec`: an agent started that way hands it to its
-/// plugins. The kernel then reaps their children itself, so a driver loses its
-/// children's exit statuses, and a handle that kills a child by pid when dropped
-/// (tokio's `kill_on_drop`) may signal whatever process got that pid since. Called
-/// before the runtime exists: no handler of this process's own is replaced.
-fn take_back_sigchld() -> bool {
-    use nix::sys::signal::{SigHandler, Signal, signal};
-    // SAFETY: SIG_DFL is no handler, and the runtime that may install one for SIGCHLD
-    // (tokio's process driver) is not built yet; the previous disposition is put back
-    // unless it was SIG_IGN.
-    #[allow(unsafe_code)]
-    let previous = unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) };
-    match previous {
-        Ok(SigHandler::SigIgn) => true,
-        Ok(SigHandler::SigDfl) | Err(_) => false,
-        Ok(other) => {
-            // SAFETY: as above: putting back what was there.
-            #[allow(unsafe_code)]
-            let _ = unsafe { signal(Signal::SIGCHLD, other) };
-            false
-        }
-    }
 }
 
 /// Which host started the plugin, told by the magic cookie in its environment.

@@ -272,6 +272,7 @@ pub struct OpenOptions {
     append: bool,
     truncate: bool,
     create: Option<u32>,
+    create_new: bool,
     single_link: bool,
 }
 
@@ -310,6 +311,25 @@ impl OpenOptions {
     /// a link either.
     pub fn create(mut self, mode: u32) -> Self {
         self.create = Some(mode);
+        self
+    }
+
+    /// Create the file with permission bits `mode`, and fail with
+    /// [`io::ErrorKind::AlreadyExists`] if anything is there already: the file opened
+    /// is always the one this call made, never one someone else put at that name.
+    ///
+    /// ```
+    /// use drover_plugin_sdk::taskdir::{Dir, OpenOptions};
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// let task = Dir::open(tmp.path()).unwrap();
+    /// let fresh = OpenOptions::new().write(true).create_new(0o600);
+    /// task.open_file("token.new", &fresh).unwrap();
+    /// let again = task.open_file("token.new", &fresh).unwrap_err();
+    /// assert_eq!(again.kind(), std::io::ErrorKind::AlreadyExists);
+    /// ```
+    pub fn create_new(mut self, mode: u32) -> Self {
+        self.create = Some(mode);
+        self.create_new = true;
         self
     }
 
@@ -503,6 +523,12 @@ impl Dir {
         // which cannot follow a link. Someone creating it in between: look again.
         for _ in 0..8 {
             match self.resolve_fd(rel, O_PATH, Mode::empty()) {
+                Ok(_) if opts.create_new => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} exists", self.full(rel).display()),
+                    ));
+                }
                 Ok(fd) => return self.reopen(rel, &fd, opts),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     let Some(mode) = opts.create.map(|m| m & 0o7777) else {
@@ -515,7 +541,9 @@ impl Dir {
                             rfs::fchmod(&fd, Mode::from_raw_mode(mode))?;
                             return Ok(File::from(fd));
                         }
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !opts.create_new => {
+                            continue;
+                        }
                         Err(e) => return Err(e),
                     }
                 }

@@ -9,12 +9,12 @@
 //! ([`super::task_user`]): an exec task runs as `nobody` and must be able to read it.
 //!
 //! The task owns its directory and may have planted links there. The token is written
-//! to a new file beside the old one, opened beneath the task directory's descriptor
-//! without following links (created with `O_EXCL`; a file of that name left there is
-//! removed first, a link itself, never its target), given to the task's user through
-//! that descriptor, and renamed over `nomad_token`: a reader (the task, a template
-//! that embeds the token) sees the old token or the new one, never a part of one, and
-//! a link planted as `nomad_token` is replaced, never followed.
+//! to a new file beside the old one, created beneath the task directory's descriptor
+//! without following links (`O_EXCL`, never a file someone else put at that name:
+//! whatever is there is removed first, a link itself, never its target), given to the
+//! task's user through that descriptor, and renamed over `nomad_token`: a reader (the
+//! task, a template that embeds the token) sees the old token or the new one, never a
+//! part of one, and a link planted as `nomad_token` is replaced, never followed.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -48,38 +48,49 @@ pub(crate) fn write_token(
         // no use to the task otherwise.
         owner.give(&secrets)?;
     }
-    // A leftover of a write that failed, or the task's own file of that name: gone
-    // (a directory there is no file to remove, and fails the open below).
-    match secrets.remove_file(TOKEN_NEW) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound && !is_a_directory(&e) => {
-            return Err(e);
+    let mut f = create_staging(&secrets)?;
+    let written = (|| {
+        if let Some(owner) = owner {
+            owner.give(&f)?;
         }
-        _ => {}
+        // Not synced: only a machine crash loses it, and a task lost in a crash is not
+        // restarted; after an agent restart the allocation's hooks write it again.
+        // Nomad does not sync it either. A sync here cost one fsync per task of an
+        // allocation.
+        f.write_all(token.as_bytes())?;
+        secrets.rename(TOKEN_NEW, "nomad_token")
+    })();
+    if written.is_err() {
+        let _ = secrets.remove_file(TOKEN_NEW);
     }
-    let mut f = secrets.open_file(
-        TOKEN_NEW,
-        &OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .create(0o600)
-            .single_link(true),
-    )?;
-    if let Some(owner) = owner {
-        owner.give(&f)?;
-    }
-    // Exactly 0600, had the task made the file in the moment since the removal.
-    use std::os::unix::fs::PermissionsExt as _;
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    // Not synced: only a machine crash loses it, and a task lost in a crash is not
-    // restarted; after an agent restart the allocation's hooks write it again. Nomad
-    // does not sync it either. A sync here cost one fsync per task of an allocation.
-    f.write_all(token.as_bytes())?;
-    drop(f);
-    secrets.rename(TOKEN_NEW, "nomad_token")
+    written
 }
 
-/// The token being written, renamed over `nomad_token` once whole.
-const TOKEN_NEW: &str = ".nomad_token.drover-new";
+/// The token being written, renamed over `nomad_token` once whole. Its own name: no
+/// template destination or other writer stages a file under it.
+const TOKEN_NEW: &str = ".nomad_token.identity-new";
+
+/// Create `TOKEN_NEW` in `secrets`, 0600, a file of this call's own: whatever is at
+/// that name (a leftover of a write that failed, or the task's own file, link or
+/// FIFO) is removed first, a link itself and never its target, and a file the task
+/// puts back in between is removed again rather than used.
+fn create_staging(secrets: &Dir) -> std::io::Result<std::fs::File> {
+    let mut last = None;
+    for _ in 0..8 {
+        match secrets.remove_file(TOKEN_NEW) {
+            // A directory there is no file to remove; the create below fails on it.
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound && !is_a_directory(&e) => {
+                return Err(e);
+            }
+            _ => {}
+        }
+        match secrets.open_file(TOKEN_NEW, &OpenOptions::new().write(true).create_new(0o600)) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no attempt made")))
+}
 
 fn is_a_directory(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::EISDIR)

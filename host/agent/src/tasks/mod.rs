@@ -1537,6 +1537,16 @@ fn keep_aside(dir: &Path, id: &str, path: &Path) -> std::io::Result<PathBuf> {
         ) {
             Ok(()) => return Ok(aside),
             Err(rustix::io::Errno::EXIST) => continue,
+            // A filesystem without RENAME_NOREPLACE (NFS, some FUSE): a hard link
+            // never replaces either, and the intent's own name goes after.
+            Err(rustix::io::Errno::INVAL) => match std::fs::hard_link(path, &aside) {
+                Ok(()) => {
+                    std::fs::remove_file(path)?;
+                    return Ok(aside);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            },
             Err(e) => return Err(e.into()),
         }
     }

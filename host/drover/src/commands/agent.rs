@@ -134,6 +134,9 @@ fn agent_flags(args: &AgentArgs) -> anyhow::Result<serde_json::Map<String, serde
 }
 
 pub fn run_agent(args: AgentArgs) -> ExitCode {
+    // Before anything could install a SIGCHLD handler: the agent reaps its children
+    // (plugins, CNI and CSI programs), and its plugins inherit what it has.
+    let sigchld_was_ignored = drover_plugin_sdk::signal::reset_ignored_sigchld();
     // Pure config parse first: a bad config exits before any socket opens.
     let flags = match agent_flags(&args) {
         Ok(f) => f,
@@ -155,6 +158,12 @@ pub fn run_agent(args: AgentArgs) -> ExitCode {
         }
     };
     let log = crate::service::init_logging(&config.log_level, config.log_format == LogFormat::Json);
+    if sigchld_was_ignored {
+        tracing::warn!(
+            "the agent was started with SIGCHLD ignored; set back to its default, so that \
+             it and its plugins reap their own children"
+        );
+    }
     let reload = Reload {
         files: config_files,
         flags,

@@ -58,15 +58,69 @@ fn pgrp(pid: u32) -> u32 {
         .pgid
 }
 
-/// SIGPIPE (13) is in the `SigIgn` mask of /proc/<pid>/status.
-fn sigpipe_ignored(pid: u32) -> bool {
+/// Signal `signal` is in the `SigIgn` mask of /proc/<pid>/status.
+fn ignores(pid: u32, signal: u32) -> bool {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let mask = status
         .lines()
         .find_map(|l| l.strip_prefix("SigIgn:"))
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
         .unwrap();
-    mask & (1 << (13 - 1)) != 0
+    mask & (1 << (signal - 1)) != 0
+}
+
+/// SIGPIPE (13) is in the `SigIgn` mask of /proc/<pid>/status.
+fn sigpipe_ignored(pid: u32) -> bool {
+    ignores(pid, 13)
+}
+
+/// An agent started with SIGCHLD ignored (a careless supervisor; the disposition
+/// survives exec) would have the kernel reap its children and its plugins' children:
+/// exit statuses lost, pids reused under handles that kill by pid. It sets SIGCHLD
+/// back, says so, and its plugins start with the default.
+#[test]
+fn an_agent_started_with_sigchld_ignored_sets_it_back() {
+    const SIGCHLD: u32 = 17;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("plugins")).unwrap();
+    // bash hands an ignored SIGCHLD on through exec (dash does not).
+    let wrapper = root.path().join("drover-sigchld-ignored");
+    write_exec(
+        &wrapper,
+        &format!(
+            "#!/bin/bash\ntrap '' CHLD\nexec {} \"$@\"\n",
+            drover().display()
+        ),
+        0o755,
+    );
+    let probe = std::process::Command::new("/bin/bash")
+        .args(["-c", "trap '' CHLD; exec cat /proc/self/status"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&probe.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("SigIgn:"))
+            .filter_map(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .any(|mask| mask & (1 << (SIGCHLD - 1)) != 0),
+        "the wrapper does not hand on an ignored SIGCHLD"
+    );
+
+    let mut agent = Agent::start_binary(&wrapper, root.path(), &root.path().join("plugins"), &[]);
+    let rows = agent.wait_plugins(Duration::from_secs(15), healthy("raw_exec"));
+    let plugin = pid_of(row(&rows, "raw_exec"));
+    assert!(
+        !ignores(agent.child.id(), SIGCHLD),
+        "the agent ignores SIGCHLD"
+    );
+    assert!(!ignores(plugin, SIGCHLD), "its plugin ignores SIGCHLD");
+    assert!(
+        agent.log_text().contains("started with SIGCHLD ignored"),
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(run_sh(&agent, "exit 7"), Some(7));
+    assert!(agent.stop().success());
 }
 
 fn kill9(agent: &mut Agent) {

@@ -844,11 +844,26 @@ fn start_spawner() -> std::io::Result<Spawner> {
     let mut child = cmd.spawn()?;
     let pidfd = child
         .id()
-        .and_then(|pid| super::lost::pidfd_of_child(pid as i32))
-        // Still unreaped after the pidfd was opened (as nothing else of this driver
-        // reaps it, unless SIGCHLD is ignored and the kernel does): the pidfd is the
-        // spawner's, not that of a process that got its pid since.
-        .filter(|_| matches!(child.try_wait(), Ok(None)));
+        .and_then(|pid| super::lost::pidfd_of_child(pid as i32));
+    // Still unreaped after the pidfd was opened (as nothing else of this driver reaps
+    // it, unless SIGCHLD is ignored and the kernel does): the pidfd is the spawner's,
+    // not that of a process that got its pid since.
+    let pidfd = match child.try_wait() {
+        Ok(None) => pidfd,
+        Ok(Some(status)) => {
+            return Err(std::io::Error::other(format!(
+                "the executor spawner exited at once ({status})"
+            )));
+        }
+        Err(e) => {
+            // Reaped by someone else: its pid may be another process's already, which
+            // the child handle's `kill_on_drop` would signal.
+            std::mem::forget(child);
+            return Err(std::io::Error::other(format!(
+                "the executor spawner was reaped by another ({e})"
+            )));
+        }
+    };
     let process = match pidfd {
         Some(pidfd) => {
             tokio::spawn(async move {
