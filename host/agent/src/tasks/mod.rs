@@ -80,6 +80,11 @@ const INTENT_REPLACEMENT: &str = "+new";
 /// task's record exists (see [`TaskManager::adopt_start_intents`]).
 const INTENT_UNREADABLE: &str = "+unreadable";
 
+/// The name suffix of an empty file that asks the next agent to stop a task (see
+/// [`TaskManager::stop_unrecorded`]): written when neither the task's record nor its
+/// start intent could be, on a full disk, where an empty file still fits.
+const INTENT_STOP: &str = "+stop";
+
 /// The directory of start intents, beside the alloc dir (see
 /// [`TaskManager::write_start_intent`]).
 const STARTING_DIR: &str = "starting";
@@ -534,10 +539,33 @@ impl TaskManager {
         task.failure(format!(
             "{why}; destroying it failed too: it is stopped once its driver answers"
         ));
-        if let Err(e) = self.replace_start_intent(task) {
+        let intent = self.replace_start_intent(task);
+        if let Err(e) = &intent {
             tracing::warn!(task = %task.id, "cannot write the stop into the task's start intent: {e}");
         }
-        task.save(&self.store).await;
+        let recorded = task.persist(&self.store).await;
+        if let Err(e) = &recorded {
+            tracing::error!(task = %task.id, "cannot record the task's state: {e}");
+        }
+        if recorded.is_err() && intent.is_err() {
+            // Neither holds the stop: an agent that died now would recover the task as
+            // running, which its caller was told failed. An empty file needs no data
+            // block, which is what a full disk has none of.
+            let marker = self.starting_dir.join(format!("{}{INTENT_STOP}", task.id));
+            match write_new_private_file(&marker, b"") {
+                Ok(()) => tracing::warn!(
+                    task = %task.id,
+                    "the stop is kept in {} for the next agent, should this one die first",
+                    marker.display()
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => tracing::error!(
+                    task = %task.id,
+                    "cannot keep the stop anywhere ({e}): an agent that dies before the \
+                     task is stopped leaves it running"
+                ),
+            }
+        }
         crate::metrics::metrics().task_failures.inc();
         tokio::spawn(Runner::new(self.clone(), task.clone(), None).run(Phase::Recover));
         DriverError::Internal(format!(
@@ -604,6 +632,8 @@ impl TaskManager {
             reason: e.to_string(),
         })?;
         let entries = std::fs::read_dir(&self.starting_dir).map_err(|e| io("read", e))?;
+        // Stops kept as markers: obeyed once every intent is adopted.
+        let mut stops = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| io("read", e))?;
             let path = entry.path();
@@ -620,6 +650,12 @@ impl TaskManager {
                     // A replacement never renamed into place: the intent it was for is
                     // still there.
                     let _ = std::fs::remove_file(&path);
+                } else if let Some(id) = name
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(INTENT_STOP))
+                    .filter(|id| drover_plugin_sdk::validate_task_id(id).is_ok())
+                {
+                    stops.push((id.to_owned(), path));
                 } else if name
                     .to_str()
                     .is_some_and(|n| n.ends_with(INTENT_UNREADABLE))
@@ -700,6 +736,43 @@ impl TaskManager {
                 loaded.insert(id.clone(), task);
             }
             std::fs::remove_file(&path).map_err(|e| io("clean", e))?;
+        }
+        for (id, marker) in stops {
+            if let Some(task) = loaded.get(&id) {
+                let bytes = {
+                    let mut rec = task.rec();
+                    if rec.kill.is_some() {
+                        None
+                    } else {
+                        rec.kill = Some(KillRequest {
+                            signal: task.settings.kill_signal.clone(),
+                            timeout: task.settings.kill_timeout,
+                        });
+                        Some(
+                            rec.encode()
+                                .map_err(|e| io("encode", std::io::Error::other(e)))?,
+                        )
+                    }
+                };
+                if let Some(bytes) = bytes {
+                    // Durable before the marker goes; if it cannot be, the marker stays
+                    // for the next agent, and this one stops the task all the same.
+                    if let Err(e) = self.store.store.put_task(&id, &bytes) {
+                        tracing::warn!(
+                            task = %id,
+                            "cannot record the stop an earlier agent kept in {} ({e}): \
+                             the task is stopped, the file kept",
+                            marker.display()
+                        );
+                        continue;
+                    }
+                    tracing::warn!(
+                        task = %id,
+                        "task an earlier agent could not record and was stopping: it is stopped"
+                    );
+                }
+            }
+            std::fs::remove_file(&marker).map_err(|e| io("clean", e))?;
         }
         Ok(())
     }

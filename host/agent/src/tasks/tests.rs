@@ -352,6 +352,8 @@ struct FlakyStore {
     inner: MemStore,
     puts: AtomicUsize,
     fail_put: AtomicUsize,
+    /// Every `put_task` from this number on fails too (0: none).
+    fail_from: AtomicUsize,
     gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
@@ -371,7 +373,8 @@ impl StateStore for FlakyStore {
             let _ = gate.recv();
         }
         let n = self.puts.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == self.fail_put.load(Ordering::SeqCst) {
+        let from = self.fail_from.load(Ordering::SeqCst);
+        if n == self.fail_put.load(Ordering::SeqCst) || (from != 0 && n >= from) {
             return Err(StateError::Io {
                 op: format!("put task {id}"),
                 reason: "disk full (injected)".into(),
@@ -410,7 +413,11 @@ impl Env {
     }
 
     fn with_store(store: Arc<dyn StateStore>) -> Env {
-        let dir = tempfile::tempdir().unwrap();
+        Self::with_store_in(tempfile::tempdir().unwrap(), store)
+    }
+
+    /// [`Env::with_store`] in `dir`.
+    fn with_store_in(dir: tempfile::TempDir, store: Arc<dyn StateStore>) -> Env {
         let alloc = dir.path().join("alloc");
         std::fs::create_dir(&alloc).unwrap();
         let fake = Fake::new();
@@ -1468,6 +1475,117 @@ async fn a_started_task_neither_recorded_nor_destroyed_is_stopped_not_lost() {
         "{dead:#?}"
     );
     assert_eq!(env.fake.starts(&id).len(), 1);
+}
+
+/// A tmpfs of `size` mounted on a directory, unmounted (and the directory removed)
+/// when dropped: a disk that can be filled.
+struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> SmallTmpfs {
+        rustix::mount::mount(
+            "tmpfs",
+            dir,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            Some(
+                std::ffi::CString::new(format!("size={size},mode=0700"))
+                    .unwrap()
+                    .as_c_str(),
+            ),
+        )
+        .expect("mount a tmpfs");
+        SmallTmpfs(dir.to_owned())
+    }
+
+    /// Fill it but for one page: an empty file still fits, and one small file.
+    fn fill_but_one_page(&self) {
+        use std::io::Write as _;
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let page = [0u8; 4096];
+        while f.write_all(&page).is_ok() {}
+        let len = f.metadata().unwrap().len();
+        f.set_len(len - 4096).unwrap();
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_stop_that_fits_nowhere_else_is_kept_in_an_empty_marker() {
+    // A full disk: the pending record fails to land (the store), the task started,
+    // DestroyTask fails, and then neither the record nor a new intent with the stop
+    // can be written. An agent that died then would recover a task its caller was told
+    // failed as running; an empty marker file (no data block needed) keeps the stop.
+    if !rustix::process::geteuid().is_root() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "a full disk is a tmpfs mounted by the test: it needs root (CI=true: a failure)"
+        );
+        eprintln!("SKIPPED: mounting a small tmpfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SmallTmpfs::mount(dir.path(), "64k");
+    let store = Arc::new(FlakyStore::default());
+    store.fail_from.store(1, Ordering::SeqCst);
+    let env = Env::with_store_in(dir, store.clone());
+    env.fake.s().by_id = Some(true);
+    env.fake.s().fail_destroys = 1;
+    disk.fill_but_one_page();
+    let e = failed_start(&env).await;
+    assert!(e.contains("destroying it failed too"), "{e}");
+    // What an agent that died now would leave: the first intent (without the stop),
+    // no record, and the marker. Copied to a second agent's dirs and store at once,
+    // before this agent's runner can act.
+    let (id, rec, _) = {
+        let intents: Vec<_> = std::fs::read_dir(starting_dir(&env))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        let id = intents
+            .iter()
+            .find(|n| !n.contains('+'))
+            .unwrap_or_else(|| panic!("{intents:?}"))
+            .clone();
+        assert!(
+            intents.contains(&format!("{id}+stop")),
+            "no stop marker: {intents:?}"
+        );
+        let bytes = std::fs::read(starting_dir(&env).join(&id)).unwrap();
+        (id.clone(), TaskRecord::decode(&id, &bytes).unwrap(), bytes)
+    };
+    assert!(rec.kill.is_none(), "the intent holds the stop after all");
+    assert!(store.tasks().unwrap().is_empty(), "a record landed");
+    let next = Env::new();
+    for name in [id.clone(), format!("{id}+stop")] {
+        std::fs::copy(
+            starting_dir(&env).join(&name),
+            starting_dir(&next).join(&name),
+        )
+        .unwrap();
+    }
+
+    let mgr = next.restart_agent();
+    mgr.load().unwrap();
+    assert!(
+        next.stored(&id)["kill"].is_object(),
+        "the next agent did not take the stop: {}",
+        next.stored(&id)
+    );
+    assert_eq!(
+        std::fs::read_dir(starting_dir(&next)).unwrap().count(),
+        0,
+        "the intent or the marker stayed"
+    );
+    drop(env);
+    drop(disk);
 }
 
 #[tokio::test]
