@@ -198,6 +198,43 @@ impl schemars::JsonSchema for Signal {
     }
 }
 
+/// Set SIGCHLD back to its default disposition if this process was started with it
+/// ignored, and say whether it was. Call it first thing in `main`, before anything
+/// installs a handler for SIGCHLD; [`crate::serve`] does, for every plugin.
+///
+/// An ignored SIGCHLD survives `exec`, so a daemon started that way (by a careless
+/// supervisor or shell) hands it to everything it runs. The kernel then reaps the
+/// process's children itself: their exit statuses are lost, and a handle that signals
+/// a child by pid (tokio's `kill_on_drop`) may hit whatever process got that pid since.
+/// A caught or default SIGCHLD is left as it is.
+///
+/// ```
+/// // First thing in `main`:
+/// if drover_plugin_sdk::signal::reset_ignored_sigchld() {
+///     eprintln!("started with SIGCHLD ignored; set back to its default");
+/// }
+/// // Done once: nothing left to change.
+/// assert!(!drover_plugin_sdk::signal::reset_ignored_sigchld());
+/// ```
+pub fn reset_ignored_sigchld() -> bool {
+    // SAFETY: a query (null new action) of SIGCHLD's disposition into a zeroed
+    // struct the call fills.
+    #[allow(unsafe_code)]
+    let ignored = unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    };
+    if ignored {
+        // SAFETY: SIG_DFL installs no handler; it replaces SIG_IGN only.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        }
+    }
+    ignored
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,37 +326,4 @@ mod tests {
         let schema = serde_json::to_value(schemars::schema_for!(Signal)).unwrap();
         assert_eq!(schema["type"], "string", "{schema}");
     }
-}
-
-/// Set SIGCHLD back to its default disposition if this process was started with it
-/// ignored, and say whether it was. Call it first thing in `main`, before anything
-/// installs a handler for SIGCHLD; [`crate::serve`] does, for every plugin.
-///
-/// An ignored SIGCHLD survives `exec`, so a daemon started that way (by a careless
-/// supervisor or shell) hands it to everything it runs. The kernel then reaps the
-/// process's children itself: their exit statuses are lost, and a handle that signals
-/// a child by pid (tokio's `kill_on_drop`) may hit whatever process got that pid since.
-/// A caught or default SIGCHLD is left as it is.
-///
-/// ```
-/// // A process started normally does not ignore SIGCHLD: nothing to change.
-/// assert!(!drover_plugin_sdk::signal::reset_ignored_sigchld());
-/// ```
-pub fn reset_ignored_sigchld() -> bool {
-    // SAFETY: a query (null new action) of SIGCHLD's disposition into a zeroed
-    // struct the call fills.
-    #[allow(unsafe_code)]
-    let ignored = unsafe {
-        let mut current: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut current) == 0
-            && current.sa_sigaction == libc::SIG_IGN
-    };
-    if ignored {
-        // SAFETY: SIG_DFL installs no handler; it replaces SIG_IGN only.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-        }
-    }
-    ignored
 }

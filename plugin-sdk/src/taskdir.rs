@@ -326,6 +326,14 @@ impl OpenOptions {
     /// task.open_file("token.new", &fresh).unwrap();
     /// let again = task.open_file("token.new", &fresh).unwrap_err();
     /// assert_eq!(again.kind(), std::io::ErrorKind::AlreadyExists);
+    /// // A link there, dangling or not, is something there too: never followed.
+    /// std::os::unix::fs::symlink("/nonexistent", tmp.path().join("dangling")).unwrap();
+    /// std::os::unix::fs::symlink("/etc/passwd", tmp.path().join("passwd")).unwrap();
+    /// for name in ["dangling", "passwd"] {
+    ///     let e = task.open_file(name, &fresh).unwrap_err();
+    ///     assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{name}: {e}");
+    /// }
+    /// assert!(!std::path::Path::new("/nonexistent").exists());
     /// ```
     pub fn create_new(mut self, mode: u32) -> Self {
         self.create = Some(mode);
@@ -521,14 +529,17 @@ impl Dir {
         }
         // An existing file is checked first; a missing one is created with O_EXCL,
         // which cannot follow a link. Someone creating it in between: look again.
+        if opts.create_new {
+            // Straight to O_EXCL: whatever is at the name (a link too, dangling or not)
+            // is EEXIST, and nothing there is ever opened.
+            let mode = opts.create.map_or(0o600, |m| m & 0o7777);
+            let flags = opts.access() | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+            let fd = self.resolve_fd(rel, flags, Mode::from_raw_mode(mode))?;
+            rfs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+            return Ok(File::from(fd));
+        }
         for _ in 0..8 {
             match self.resolve_fd(rel, O_PATH, Mode::empty()) {
-                Ok(_) if opts.create_new => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::AlreadyExists,
-                        format!("{} exists", self.full(rel).display()),
-                    ));
-                }
                 Ok(fd) => return self.reopen(rel, &fd, opts),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     let Some(mode) = opts.create.map(|m| m & 0o7777) else {
@@ -541,9 +552,7 @@ impl Dir {
                             rfs::fchmod(&fd, Mode::from_raw_mode(mode))?;
                             return Ok(File::from(fd));
                         }
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !opts.create_new => {
-                            continue;
-                        }
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                         Err(e) => return Err(e),
                     }
                 }

@@ -748,6 +748,9 @@ impl TaskManager {
                             signal: task.settings.kill_signal.clone(),
                             timeout: task.settings.kill_timeout,
                         });
+                        // What the runner goes by (as for a record loaded with its
+                        // stop, see `Task::new`): stopped, never started or restarted.
+                        task.kill.cancel();
                         Some(
                             rec.encode()
                                 .map_err(|e| io("encode", std::io::Error::other(e)))?,

@@ -1503,10 +1503,10 @@ impl SmallTmpfs {
         use std::io::Write as _;
         let path = self.0.join("filler");
         let mut f = std::fs::File::create(&path).unwrap();
-        let page = [0u8; 4096];
+        let page = vec![0u8; rustix::param::page_size()];
         while f.write_all(&page).is_ok() {}
         let len = f.metadata().unwrap().len();
-        f.set_len(len - 4096).unwrap();
+        f.set_len(len - page.len() as u64).unwrap();
     }
 }
 
@@ -1532,7 +1532,8 @@ async fn a_stop_that_fits_nowhere_else_is_kept_in_an_empty_marker() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let disk = SmallTmpfs::mount(dir.path(), "64k");
+    // Sixteen pages, whatever the page size.
+    let disk = SmallTmpfs::mount(dir.path(), &(16 * rustix::param::page_size()).to_string());
     let store = Arc::new(FlakyStore::default());
     store.fail_from.store(1, Ordering::SeqCst);
     let env = Env::with_store_in(dir, store.clone());
@@ -1564,6 +1565,7 @@ async fn a_stop_that_fits_nowhere_else_is_kept_in_an_empty_marker() {
     assert!(rec.kill.is_none(), "the intent holds the stop after all");
     assert!(store.tasks().unwrap().is_empty(), "a record landed");
     let next = Env::new();
+    next.fake.s().by_id = Some(true);
     for name in [id.clone(), format!("{id}+stop")] {
         std::fs::copy(
             starting_dir(&env).join(&name),
@@ -1584,6 +1586,11 @@ async fn a_stop_that_fits_nowhere_else_is_kept_in_an_empty_marker() {
         0,
         "the intent or the marker stayed"
     );
+    // And goes by it: the task (unknown to this driver, so never started as far as
+    // it can tell) is not started again, but ends.
+    mgr.recover().await;
+    let dead = wait_dead(&mgr, &id).await;
+    assert!(next.fake.starts(&id).is_empty(), "started again: {dead:#?}");
     drop(env);
     drop(disk);
 }
