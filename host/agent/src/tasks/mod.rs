@@ -195,6 +195,26 @@ impl Task {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Put `kill` in the record unless it asks for a stop already (the first stop
+    /// wins); whether it was put.
+    fn record_kill(&self, kill: KillRequest) -> bool {
+        let mut rec = self.rec();
+        if rec.kill.is_some() {
+            return false;
+        }
+        rec.kill = Some(kill);
+        true
+    }
+
+    /// The stop of a user's stop without a signal of its own: the task's
+    /// `kill_signal`, then SIGKILL after its `kill_timeout`.
+    fn default_kill(&self) -> KillRequest {
+        KillRequest {
+            signal: self.settings.kill_signal.clone(),
+            timeout: self.settings.kill_timeout,
+        }
+    }
+
     fn view(&self) -> TaskView {
         self.rec().view.clone()
     }
@@ -526,15 +546,7 @@ impl TaskManager {
     async fn stop_unrecorded(self: &Arc<Self>, task: &Arc<Task>, why: String) -> DriverError {
         // Neither forgotten nor destroyed: its record may still be written.
         debug_assert!(!task.destroyed.load(Ordering::SeqCst));
-        {
-            let mut rec = task.rec();
-            if rec.kill.is_none() {
-                rec.kill = Some(KillRequest {
-                    signal: task.settings.kill_signal.clone(),
-                    timeout: task.settings.kill_timeout,
-                });
-            }
-        }
+        task.record_kill(task.default_kill());
         task.kill.cancel();
         task.failure(format!(
             "{why}; destroying it failed too: it is stopped once its driver answers"
@@ -738,42 +750,31 @@ impl TaskManager {
             std::fs::remove_file(&path).map_err(|e| io("clean", e))?;
         }
         for (id, marker) in stops {
-            if let Some(task) = loaded.get(&id) {
-                let bytes = {
-                    let mut rec = task.rec();
-                    if rec.kill.is_some() {
-                        None
-                    } else {
-                        rec.kill = Some(KillRequest {
-                            signal: task.settings.kill_signal.clone(),
-                            timeout: task.settings.kill_timeout,
-                        });
-                        // What the runner goes by (as for a record loaded with its
-                        // stop, see `Task::new`): stopped, never started or restarted.
-                        task.kill.cancel();
-                        Some(
-                            rec.encode()
-                                .map_err(|e| io("encode", std::io::Error::other(e)))?,
-                        )
-                    }
-                };
-                if let Some(bytes) = bytes {
-                    // Durable before the marker goes; if it cannot be, the marker stays
-                    // for the next agent, and this one stops the task all the same.
-                    if let Err(e) = self.store.store.put_task(&id, &bytes) {
-                        tracing::warn!(
-                            task = %id,
-                            "cannot record the stop an earlier agent kept in {} ({e}): \
-                             the task is stopped, the file kept",
-                            marker.display()
-                        );
-                        continue;
-                    }
+            if let Some(task) = loaded.get(&id)
+                && task.record_kill(task.default_kill())
+            {
+                // What the runner goes by (as for a record loaded with its stop,
+                // see `Task::new`): stopped, never started or restarted.
+                task.kill.cancel();
+                let bytes = task
+                    .rec()
+                    .encode()
+                    .map_err(|e| io("encode", std::io::Error::other(e)))?;
+                // Durable before the marker goes; if it cannot be, the marker stays
+                // for the next agent, and this one stops the task all the same.
+                if let Err(e) = self.store.store.put_task(&id, &bytes) {
                     tracing::warn!(
                         task = %id,
-                        "task an earlier agent could not record and was stopping: it is stopped"
+                        "cannot record the stop an earlier agent kept in {} ({e}): \
+                         the task is stopped, the file kept",
+                        marker.display()
                     );
+                    continue;
                 }
+                tracing::warn!(
+                    task = %id,
+                    "task an earlier agent could not record and was stopping: it is stopped"
+                );
             }
             std::fs::remove_file(&marker).map_err(|e| io("clean", e))?;
         }
@@ -1205,15 +1206,10 @@ impl TaskManager {
         let bound = timeout.checked_add(STOP_GRACE).ok_or_else(|| {
             DriverError::InvalidConfig(format!("stop timeout {} is too long", human(timeout)))
         })?;
-        {
-            let mut rec = task.rec();
-            if rec.kill.is_none() {
-                rec.kill = Some(KillRequest {
-                    signal: signal.clone(),
-                    timeout,
-                });
-            }
-        }
+        task.record_kill(KillRequest {
+            signal: signal.clone(),
+            timeout,
+        });
         task.event(
             TaskEventKind::Killing,
             format!("sending {signal}, SIGKILL after {}", human(timeout)),
@@ -1460,15 +1456,10 @@ impl TaskManager {
                     task.driver
                 )));
             }
-            {
-                let mut rec = task.rec();
-                if rec.kill.is_none() {
-                    rec.kill = Some(KillRequest {
-                        signal: "SIGKILL".into(),
-                        timeout: Duration::ZERO,
-                    });
-                }
-            }
+            task.record_kill(KillRequest {
+                signal: "SIGKILL".into(),
+                timeout: Duration::ZERO,
+            });
             task.save(&self.store).await;
             task.kill.cancel();
         }
