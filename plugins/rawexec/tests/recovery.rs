@@ -1135,3 +1135,91 @@ async fn with_the_spawner_off_the_plugin_executes_every_executor() {
         assert_eq!(comm.trim_end(), "drover-executor");
     }
 }
+
+/// An executor killed between its task's start and its start-up reply (the OOM killer,
+/// an operator's `kill -9`): the start fails, and no copy of the task is left running
+/// untracked behind it. The task is found by its cgroup, or, without cgroups, by the
+/// pid and start time its executor wrote into its lock file; whether the spawner
+/// forked the executor or the plugin executed it.
+#[tokio::test]
+async fn an_executor_killed_before_its_start_up_reply_leaves_no_task_running() {
+    const ARGS: [&str; 2] = ["/bin/sleep", "987.654321"];
+    let cgroups = drover_executor::cgroup::plain_support().is_some();
+    if !cgroups {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs cgroups (a mounted v1 freezer or a writable v2 hierarchy)"
+        );
+        eprintln!("skipped in part: this host offers rawexec no cgroups");
+    }
+    let mut cases = vec![(
+        r#"{"enabled": true, "no_cgroups": true}"#,
+        true,
+        "killed its process",
+    )];
+    if cgroups {
+        cases.push((
+            r#"{"enabled": true}"#,
+            true,
+            "killed every process in its cgroup",
+        ));
+        cases.push((
+            r#"{"enabled": true}"#,
+            false,
+            "killed every process in its cgroup",
+        ));
+    }
+    // Should the test fail, the copy it found does not outlive it.
+    struct KillCopies;
+    impl Drop for KillCopies {
+        fn drop(&mut self) {
+            for pid in running_with_cmdline(&ARGS) {
+                let pid = nix::unistd::Pid::from_raw(pid as i32);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+    let _copies = KillCopies;
+    for (config, spawner, says) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = drover_plugin_sdk::client::LaunchOptions::new("rawexec", BIN);
+        opts.env.push((
+            drover_executor::ENV_EXECUTOR_FAILPOINT.into(),
+            "before-reply".into(),
+        ));
+        if !spawner {
+            opts.env
+                .push((drover_executor::ENV_EXECUTOR_SPAWNER.into(), "off".into()));
+        }
+        let p = Plugin::launch_opts(dir.path(), opts, config).await;
+        let case = format!("config {config}, spawner {spawner}");
+        let command = json!({ "command": ARGS[0], "args": [ARGS[1]] });
+        for attempt in 0..2 {
+            let err = within(
+                PROMPT,
+                "start",
+                p.client.start_task(p.spec("doomed", command.clone())),
+            )
+            .await
+            .unwrap_err();
+            // Final, not "may still run": what the task left was found and killed.
+            assert!(
+                matches!(&err, DriverError::Internal(m)
+                    if m.contains("exited without a start-up reply") && m.contains(says)),
+                "{case}, attempt {attempt}: {err:?}"
+            );
+            assert_eq!(
+                running_with_cmdline(&ARGS),
+                Vec::<u32>::new(),
+                "{case}: a copy of the task runs on after its start failed"
+            );
+            // Nothing is left in the way: the second attempt fails the same way, not
+            // as a start beside a live executor.
+            let left: Vec<_> = std::fs::read_dir(state_dir(&p.dir).join("rawexec"))
+                .map(|d| d.map(|e| e.unwrap().path()).collect())
+                .unwrap_or_default();
+            assert!(left.is_empty(), "{case}: left behind: {left:?}");
+        }
+        p.shutdown().await;
+    }
+}

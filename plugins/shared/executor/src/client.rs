@@ -264,26 +264,6 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             .map(|_| line)
     };
     let outcome = tokio::time::timeout(STARTUP_TIMEOUT, line).await;
-    let failed = |why: String, alive: bool| {
-        // No answer we understand: it cannot be trusted to run the task. It is in its
-        // own session already, so only it is signalled, through its pidfd (never by a
-        // pid that may have been reused by now). One whose pipe ended is gone already.
-        if alive {
-            let Some(fd) = &executor_pidfd else {
-                // Not to be stopped from here (no pidfd of it): its directory and lock
-                // stay, so that no second executor starts beside it; recovery by id
-                // decides.
-                return DriverError::Timeout(format!(
-                    "executor for task {}: {why}; it cannot be stopped from here and may \
-                     still start the task, which is then found by recovering it by id",
-                    spec.task_id
-                ));
-            };
-            let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
-        }
-        cleanup(&dir);
-        DriverError::Internal(format!("executor for task {}: {why}", spec.task_id))
-    };
     let text = match outcome {
         Err(_) => {
             // It may be running the task already (a loaded machine): killing it could
@@ -298,7 +278,8 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
             )));
         }
         Ok(Err(e)) => {
-            return Err(failed(format!("reading its start-up reply: {e}"), true));
+            let why = format!("reading its start-up reply: {e}");
+            return Err(abandon_start(&dir, executor_pidfd, true, &spec.task_id, why).await);
         }
         Ok(Ok(t)) => t,
     };
@@ -311,11 +292,15 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
         text
     };
     if text.is_empty() {
-        return Err(failed("exited without a start-up reply".into(), false));
+        let why = "exited without a start-up reply".to_owned();
+        return Err(abandon_start(&dir, executor_pidfd, false, &spec.task_id, why).await);
     }
     let reply: Reply = match serde_json::from_str(text.trim_end()) {
         Ok(r) => r,
-        Err(e) => return Err(failed(format!("bad start-up reply {text:?}: {e}"), true)),
+        Err(e) => {
+            let why = format!("bad start-up reply {text:?}: {e}");
+            return Err(abandon_start(&dir, executor_pidfd, true, &spec.task_id, why).await);
+        }
     };
     match reply {
         Reply {
@@ -333,6 +318,72 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
                 }
             })
         }
+    }
+}
+
+/// Give up on a start whose executor (still `alive`, or gone) gave no start-up reply
+/// that can be trusted: stop the executor through its pidfd (never by a pid that may
+/// have been reused by now), wait until it is dead, and kill whatever of the task it
+/// may have started, by proof ([`crate::lost::kill_unreported_task`]: an executor dies
+/// between its task's `execve` and its reply when the OOM killer or an operator's
+/// `kill -9` picks it). Only then is the directory removed, and the error is final.
+/// Where nothing proves which processes are the task's (or the executor cannot be
+/// stopped from here), the directory and lock stay and the error is
+/// [`DriverError::Timeout`]: the host then recovers the task by id, which kills it
+/// once it can, rather than start it again beside a copy that may run.
+async fn abandon_start(
+    dir: &Path,
+    executor: Option<std::os::fd::OwnedFd>,
+    alive: bool,
+    task_id: &str,
+    why: String,
+) -> DriverError {
+    let kept = |more: String| {
+        DriverError::Timeout(format!(
+            "executor for task {task_id}: {why}; {more}; its directory {} stays, and \
+             recovering the task by id finds it",
+            dir.display()
+        ))
+    };
+    if alive {
+        let Some(fd) = &executor else {
+            return kept("it cannot be stopped from here and may still start the task".into());
+        };
+        let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+    }
+    let d = dir.to_owned();
+    let settled = tokio::task::spawn_blocking(move || {
+        // While the executor lives it may still start the task: decide only once it is
+        // dead. Its lock goes with it (the task never inherits it).
+        if let Some(fd) = &executor
+            && !crate::lost::wait_exit(fd, crate::lost::KILL_LIMIT)
+        {
+            return Err(format!(
+                "its executor is still alive {:?} after SIGKILL",
+                crate::lost::KILL_LIMIT
+            ));
+        }
+        let deadline = Instant::now() + crate::lost::KILL_LIMIT;
+        while files::lock_state(&d).held() {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "its executor still holds {} {:?} after its start failed",
+                    d.join(LOCK_FILE).display(),
+                    crate::lost::KILL_LIMIT
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        crate::lost::kill_unreported_task(&d)
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the check of what it left panicked: {e}")));
+    match settled {
+        Ok(done) => {
+            let _ = std::fs::remove_dir_all(dir);
+            DriverError::Internal(format!("executor for task {task_id}: {why}; {done}"))
+        }
+        Err(more) => kept(more),
     }
 }
 
@@ -369,6 +420,7 @@ fn executor_command(dir: &Path, lock: std::fs::File, task_id: &str) -> tokio::pr
     if let Some(original) = fd_headroom() {
         cmd.env(ENV_EXECUTOR_NOFILE, original.to_string());
     }
+    super::failpoint::hand_on(&mut cmd);
     cmd
 }
 

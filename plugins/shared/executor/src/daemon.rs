@@ -126,6 +126,7 @@ pub(crate) fn run(dir: PathBuf, sandbox: Option<&dyn Sandbox>, nofile: Option<u6
     // The spawner's reading of the cgroup mounts served the start; from here on the
     // executor reads them afresh.
     super::cgroup::forget_v1_mounts();
+    super::failpoint::die_at("before-reply");
     report(&Reply::ok(executor.status.clone()));
     // Nothing more goes to the plugin: it may be gone by now, and the pipe must close
     // so that it sees the end of the start-up reply.
@@ -426,9 +427,12 @@ impl Executor {
                 });
             }
         }
+        let start_time = crate::procfs::process_start_time(pid).unwrap_or(0);
         // From now on a client that finds no socket knows it was removed, rather than
-        // not bound yet.
-        if let Err(e) = files::mark_ready(&mut lock, std::process::id()) {
+        // not bound yet; and should this executor die before its start-up reply, the
+        // plugin can still prove which process is its task.
+        let proof = files::TaskProof { pid, start_time };
+        if let Err(e) = files::mark_ready(&mut lock, std::process::id(), proof) {
             files::note(
                 &dir,
                 &format!("cannot write the pid into the lock file: {e}"),
@@ -438,7 +442,7 @@ impl Executor {
             task_id: spec.task_id.clone(),
             pid,
             pgid: pid,
-            start_time: crate::procfs::process_start_time(pid).unwrap_or(0),
+            start_time,
             started_at,
             executor_pid: std::process::id(),
             exit: None,

@@ -118,8 +118,11 @@ pub(crate) fn lock_state(dir: &Path) -> LockState {
         Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
             let mut text = String::new();
             let _ = f.read_to_string(&mut text);
-            text.trim()
-                .parse()
+            // The executor's pid is the first line (and was the whole file before the
+            // task's proof was added; see `mark_ready`).
+            text.lines()
+                .next()
+                .and_then(|first| first.trim().parse().ok())
                 .map_or(LockState::Starting, LockState::Ready)
         }
         // Cannot tell; assume the safe answer: somebody may own it.
@@ -172,12 +175,36 @@ pub(crate) fn inherit_lock(dir: &Path) -> io::Result<File> {
     Ok(f)
 }
 
-/// Mark the executor ready: its pid in the lock file.
-pub(crate) fn mark_ready(lock: &mut File, pid: u32) -> io::Result<()> {
+/// Mark the executor ready: its pid in the lock file, then the pid and start time of
+/// the task it started. The task's are what proves, once the executor is dead, which
+/// process was its task (see [`crate::lost`]) before anyone heard of the task: an
+/// executor killed between its task's start and its start-up reply leaves them only
+/// here. No fsync: they matter while the machine is up (a reboot ends the task too).
+pub(crate) fn mark_ready(lock: &mut File, pid: u32, task: TaskProof) -> io::Result<()> {
     use std::io::{Seek as _, SeekFrom};
     lock.set_len(0)?;
     lock.seek(SeekFrom::Start(0))?;
-    writeln!(lock, "{pid}")
+    // One write: a reader never sees the pid without the proof behind it.
+    lock.write_all(format!("{pid}\n{} {}\n", task.pid, task.start_time).as_bytes())
+}
+
+/// The main process of a task as its executor recorded it in the lock file: enough to
+/// prove it is that process ([`crate::lost::prove`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TaskProof {
+    pub(crate) pid: u32,
+    pub(crate) start_time: u64,
+}
+
+/// The task proof in `dir`'s lock file, if its executor got as far as writing one
+/// (executors before the proof was added wrote only their own pid).
+pub(crate) fn read_task_proof(dir: &Path) -> Option<TaskProof> {
+    let text = std::fs::read_to_string(dir.join(LOCK_FILE)).ok()?;
+    let mut fields = text.lines().nth(1)?.split_ascii_whitespace();
+    let pid = fields.next()?.parse().ok()?;
+    let start_time = fields.next()?.parse().ok()?;
+    (fields.next().is_none() && pid != 0 && start_time != 0)
+        .then_some(TaskProof { pid, start_time })
 }
 
 /// Note a problem in `dir/executor.log`. The executor has no stderr after start-up;
@@ -255,8 +282,14 @@ mod tests {
         let mut held = create_lock(dir.path()).unwrap();
         assert_eq!(lock_state(dir.path()), LockState::Starting);
         assert!(inherit_lock(dir.path()).is_err(), "a second owner");
-        mark_ready(&mut held, 4242).unwrap();
+        assert_eq!(read_task_proof(dir.path()), None);
+        let proof = TaskProof {
+            pid: 77,
+            start_time: 123_456,
+        };
+        mark_ready(&mut held, 4242, proof).unwrap();
         assert_eq!(lock_state(dir.path()), LockState::Ready(4242));
+        assert_eq!(read_task_proof(dir.path()), Some(proof));
         drop(held);
         // The lock belongs to the open file description: a child another test of this
         // binary forks at that moment shares it until its exec closes it (the fd is
@@ -269,6 +302,20 @@ mod tests {
                 lock_state(dir.path())
             );
             std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_lock_file_of_an_older_executor_gives_its_pid_and_no_proof() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = create_lock(dir.path()).unwrap();
+        // What executors wrote before the task's proof was added.
+        std::fs::write(dir.path().join(LOCK_FILE), "4242\n").unwrap();
+        assert_eq!(lock_state(dir.path()), LockState::Ready(4242));
+        assert_eq!(read_task_proof(dir.path()), None);
+        for bad in ["4242\n0 5\n", "4242\n7\n", "4242\n7 x\n", "4242\n7 8 9\n"] {
+            std::fs::write(dir.path().join(LOCK_FILE), bad).unwrap();
+            assert_eq!(read_task_proof(dir.path()), None, "{bad:?}");
         }
     }
 }

@@ -18,7 +18,7 @@
 //! | file | written by | what |
 //! |---|---|---|
 //! | `task.json` | the plugin, before the executor starts | the [`LaunchSpec`] |
-//! | `lock` | the executor | held (`flock`) for the executor's whole life |
+//! | `lock` | the plugin creates it, the executor holds it | held (`flock`) for the executor's whole life; once the task runs, the executor's pid, then the task's pid and start time (which prove the task's process should the executor die before its start-up reply: [`lost::kill_unreported_task`]) |
 //! | `sock` | the executor | its unix socket |
 //! | `exit.json` | the executor, durably, before any client hears the result | the final [`ExecutorStatus`] |
 //! | `executor.log` | the executor | problems it met after start-up (disk full, …) |
@@ -98,6 +98,7 @@ use drover_plugin_sdk::DriverError;
 pub mod cgroup;
 mod client;
 mod daemon;
+mod failpoint;
 mod files;
 pub mod lost;
 pub mod plain;
@@ -110,6 +111,7 @@ mod spawner;
 pub mod task;
 
 pub use client::{ExecutorHandle, launch};
+pub use failpoint::ENV_EXECUTOR_FAILPOINT;
 pub use files::read_exit_file;
 pub use program::{BUILD_ID, ENV_EXECUTOR_PROGRAM, EXECUTOR_BINARY};
 pub use proto::{

@@ -197,6 +197,38 @@ pub fn kill_lost_task(dir: &Path, pid: u32, pgid: u32, start_time: u64) -> Resul
     }
 }
 
+/// Kill what is left of the task whose executor in `dir` died before anyone heard of
+/// its task (no start-up reply reached the plugin, so no task handle holds its pid):
+/// nothing when the task cannot have started ([`nothing_can_run`]); else everything in
+/// its cgroup; else its main process, proven by the pid and start time its executor
+/// wrote into the lock file (see [`kill_lost_task`]). An error when none of these can
+/// tell which processes are the task's: a copy may then still run, and the caller must
+/// keep the directory. Blocking (up to [`KILL_LIMIT`]).
+pub fn kill_unreported_task(dir: &Path) -> Result<String, String> {
+    if files::lock_state(dir).held() {
+        return Err(format!(
+            "the executor in {} is alive: it owns the task",
+            dir.display()
+        ));
+    }
+    if nothing_can_run(dir) {
+        return Ok(
+            "nothing of the task runs (its executor died before starting it, or its cgroup              is gone)"
+                .into(),
+        );
+    }
+    if let Some(done) = empty_plain_cgroup(dir)? {
+        return Ok(done);
+    }
+    match files::read_task_proof(dir) {
+        Some(task) => kill_lost_task(dir, task.pid, task.pid, task.start_time),
+        None => Err(format!(
+            "its executor died without a result, and neither a cgroup nor the task's pid              (which it writes into {} once the task runs) tells which processes are the              task's, so the task may still run",
+            dir.join(crate::LOCK_FILE).display()
+        )),
+    }
+}
+
 /// [`kill_lost_task`] from async code.
 pub async fn kill_lost_task_async(
     dir: &Path,
@@ -235,5 +267,53 @@ mod tests {
         use std::os::unix::process::ExitStatusExt as _;
         assert_eq!(status.signal(), Some(9));
         assert!(prove(pid, 0).is_err());
+    }
+
+    #[test]
+    fn a_task_nobody_heard_of_is_found_by_the_proof_in_its_lock_file() {
+        use std::os::unix::process::CommandExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // An executor that bound its socket (so its task may have started) and died.
+        std::fs::write(crate::socket_path(dir), "").unwrap();
+        let spec = crate::LaunchSpec::new("t", "/bin/sleep");
+        std::fs::write(
+            dir.join(crate::SPEC_FILE),
+            serde_json::to_vec(&spec).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(dir.join(crate::LOCK_FILE), "4242\n").unwrap();
+        // No cgroup and no proof: it may run, and nothing says which process it is.
+        let err = kill_unreported_task(dir).unwrap_err();
+        assert!(err.contains("may still run"), "{err}");
+
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = procfs::process_start_time(pid).unwrap();
+        // A proof naming someone else (a reused pid): left alone, and nothing to kill.
+        std::fs::write(
+            dir.join(crate::LOCK_FILE),
+            format!("4242\n{pid} {}\n", start + 3),
+        )
+        .unwrap();
+        let done = kill_unreported_task(dir).unwrap();
+        assert!(done.contains("had exited already"), "{done}");
+        assert!(child.try_wait().unwrap().is_none());
+
+        std::fs::write(dir.join(crate::LOCK_FILE), format!("4242\n{pid} {start}\n")).unwrap();
+        let done = kill_unreported_task(dir).unwrap();
+        assert!(done.contains("killed its process"), "{done}");
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(child.wait().unwrap().signal(), Some(9));
+
+        // An executor that never bound its socket never started its task.
+        std::fs::remove_file(crate::socket_path(dir)).unwrap();
+        std::fs::write(dir.join(crate::LOCK_FILE), "").unwrap();
+        let done = kill_unreported_task(dir).unwrap();
+        assert!(done.contains("nothing of the task runs"), "{done}");
     }
 }

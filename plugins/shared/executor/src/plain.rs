@@ -452,28 +452,23 @@ impl<X: Send + Sync + 'static> PlainEngine<X> {
         match state {
             Some(s) => crate::lost::kill_lost_task_async(dir, s.pid, s.pgid, s.start_time).await,
             None => {
-                // No handle: only the cgroup can prove which processes are the task's.
-                if crate::lost::nothing_can_run(dir) {
-                    return Ok("nothing of the task runs (its executor died before starting it, or its cgroup is gone)".into());
-                }
+                // No handle: the host never got the start-up reply. The cgroup, or the
+                // proof the executor left in its lock file, tells which processes were
+                // the task's. Without either, keep the directory and say so (the host
+                // keeps the task and retries, rather than start it again beside a copy
+                // that may run).
                 let d = dir.to_owned();
-                let done = tokio::task::spawn_blocking(move || crate::lost::empty_plain_cgroup(&d))
+                tokio::task::spawn_blocking(move || crate::lost::kill_unreported_task(&d))
                     .await
                     .map_err(DriverError::internal)?
-                    .map_err(DriverError::Internal)?;
-                // Without either, nothing tells which processes were the task's: keep
-                // the directory and say so (the host keeps the task and retries, rather
-                // than start it again beside a copy that may run).
-                done.ok_or_else(|| {
-                    DriverError::FailedPrecondition(format!(
-                        "the executor of task {} died without a result, and neither a cgroup \
-                         nor a task handle tells which processes were the task's, so it may \
-                         still run: find and kill them (their working directory is the task \
-                         directory), then remove {}",
-                        handle.spec.id,
-                        dir.display()
-                    ))
-                })
+                    .map_err(|why| {
+                        DriverError::FailedPrecondition(format!(
+                            "task {}: {why}: find and kill them (their working directory is \
+                             the task directory), then remove {}",
+                            handle.spec.id,
+                            dir.display()
+                        ))
+                    })
             }
         }
     }

@@ -841,6 +841,7 @@ fn start_spawner() -> std::io::Result<Spawner> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
+    super::failpoint::hand_on(&mut cmd);
     let mut child = cmd.spawn()?;
     let pidfd = child
         .id()
