@@ -1141,6 +1141,8 @@ async fn with_the_spawner_off_the_plugin_executes_every_executor() {
 /// untracked behind it. The task is found by its cgroup, or, without cgroups, by the
 /// pid and start time its executor wrote into its lock file; whether the spawner
 /// forked the executor or the plugin executed it.
+/// Needs the failure point, which only debug builds have.
+#[cfg(debug_assertions)]
 #[tokio::test]
 async fn an_executor_killed_before_its_start_up_reply_leaves_no_task_running() {
     const ARGS: [&str; 2] = ["/bin/sleep", "987.654321"];

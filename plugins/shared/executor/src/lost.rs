@@ -32,11 +32,20 @@ pub const KILL_LIMIT: Duration = Duration::from_secs(10);
 /// `None` when that process has exited (whatever holds the pid now is someone else).
 /// An error when the proof cannot be made (no start time was recorded).
 ///
+/// Init, the calling process and its parent are never a task: naming one is an error.
+///
 /// ```
+/// use drover_executor::{lost::prove, procfs::process_start_time};
+/// let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+/// let pid = child.id();
+/// let start = process_start_time(pid).unwrap();
+/// assert!(prove(pid, start).unwrap().is_some());
+/// assert!(prove(pid, start + 1).unwrap().is_none());
 /// let me = std::process::id();
-/// let start = drover_executor::procfs::process_start_time(me).unwrap();
-/// assert!(drover_executor::lost::prove(me, start).unwrap().is_some());
-/// assert!(drover_executor::lost::prove(me, start + 1).unwrap().is_none());
+/// assert!(prove(me, process_start_time(me).unwrap()).is_err());
+/// assert!(prove(1, process_start_time(1).unwrap()).is_err());
+/// child.kill().unwrap();
+/// child.wait().unwrap();
 /// ```
 pub fn prove(pid: u32, start_time: u64) -> Result<Option<OwnedFd>, String> {
     if start_time == 0 {
@@ -48,6 +57,14 @@ pub fn prove(pid: u32, start_time: u64) -> Result<Option<OwnedFd>, String> {
     let Some(raw) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
         return Err(format!("impossible pid {pid}"));
     };
+    // Never a task's: init, this process or its parent (the plugin's host). Whatever
+    // recorded such a pid was wrong or forged.
+    let me = std::process::id();
+    if pid <= 1 || pid == me || Some(pid) == procfs::parent_pid(me) {
+        return Err(format!(
+            "process {pid} is init, this driver or its parent, never a task's; the record              naming it is wrong"
+        ));
+    }
     let pidfd = match rustix::process::pidfd_open(raw, PidfdFlags::empty()) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::SRCH) => return Ok(None),
@@ -108,8 +125,11 @@ pub fn wait_exit(pidfd: &OwnedFd, limit: Duration) -> bool {
 /// Kill the process proven by `pidfd` and, when it leads it, its process group `pgid`;
 /// wait until it has exited.
 fn kill_proven(pidfd: &OwnedFd, pid: u32, pgid: u32) -> Result<String, String> {
+    // A group id of 1 or less would be `kill(-1)` (every process) or worse.
     if pgid == pid
+        && pgid > 1
         && let Ok(group) = i32::try_from(pgid)
+        && leads_own_group(pidfd, pid)
     {
         // The leader is alive (we hold its pidfd and it has not exited: checked just
         // now), so the group id is still its own.
@@ -132,6 +152,18 @@ fn kill_proven(pidfd: &OwnedFd, pid: u32, pgid: u32) -> Result<String, String> {
             "process {pid} is still alive {KILL_LIMIT:?} after SIGKILL"
         ))
     }
+}
+
+/// Whether the process of `pidfd` (pid `pid`) has not exited and leads the process group
+/// of its own pid: only then is a signal to that group id sure to reach its group and
+/// nobody else's (a group id stays taken while its leader lives).
+fn leads_own_group(pidfd: &OwnedFd, pid: u32) -> bool {
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let exited = !matches!(
+        rustix::event::poll(&mut fds, Some(&Timespec::default())),
+        Ok(0)
+    );
+    !exited && procfs::process_group(pid).is_ok_and(|g| g == pid)
 }
 
 /// Empty and remove the plain task cgroup of executor directory `dir`, if there is
@@ -211,19 +243,24 @@ pub fn kill_unreported_task(dir: &Path) -> Result<String, String> {
             dir.display()
         ));
     }
-    if nothing_can_run(dir) {
-        return Ok(
-            "nothing of the task runs (its executor died before starting it, or its cgroup              is gone)"
-                .into(),
-        );
-    }
+    // The cgroup first, whatever else is there: it holds every process, proven ours by
+    // where it is (a socket file removed by hand must not leave it populated).
     if let Some(done) = empty_plain_cgroup(dir)? {
         return Ok(done);
+    }
+    if nothing_can_run(dir) {
+        return Ok(
+            "nothing of the task runs (its executor died before starting it, or its cgroup \
+             is gone)"
+                .into(),
+        );
     }
     match files::read_task_proof(dir) {
         Some(task) => kill_lost_task(dir, task.pid, task.pid, task.start_time),
         None => Err(format!(
-            "its executor died without a result, and neither a cgroup nor the task's pid              (which it writes into {} once the task runs) tells which processes are the              task's, so the task may still run",
+            "its executor died without a result, and neither a cgroup nor the task's pid \
+             (which it writes into {} once the task runs) tells which processes are the \
+             task's, so the task may still run",
             dir.join(crate::LOCK_FILE).display()
         )),
     }
@@ -309,6 +346,15 @@ mod tests {
         assert!(done.contains("killed its process"), "{done}");
         use std::os::unix::process::ExitStatusExt as _;
         assert_eq!(child.wait().unwrap().signal(), Some(9));
+
+        // A forged or wrong proof naming init or this process is refused, not obeyed
+        // (init's group id would make the group kill `kill(-1)`).
+        for pid in [1, std::process::id()] {
+            let start = procfs::process_start_time(pid).unwrap();
+            std::fs::write(dir.join(crate::LOCK_FILE), format!("4242\n{pid} {start}\n")).unwrap();
+            let err = kill_unreported_task(dir).unwrap_err();
+            assert!(err.contains("never a task's"), "{err}");
+        }
 
         // An executor that never bound its socket never started its task.
         std::fs::remove_file(crate::socket_path(dir)).unwrap();

@@ -457,6 +457,14 @@ impl<X: Send + Sync + 'static> PlainEngine<X> {
                 // the task's. Without either, keep the directory and say so (the host
                 // keeps the task and retries, rather than start it again beside a copy
                 // that may run).
+                if crate::files::lock_state(dir).held() {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "task {}: its executor in {} is alive but cannot be reached; it \
+                         owns the task, which is recovered once it answers",
+                        handle.spec.id,
+                        dir.display()
+                    )));
+                }
                 let d = dir.to_owned();
                 tokio::task::spawn_blocking(move || crate::lost::kill_unreported_task(&d))
                     .await
