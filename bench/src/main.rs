@@ -218,7 +218,64 @@ enum Bench {
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().bench {
+    let cpu_before = CpuTimes::read();
+    let result = run_bench(Cli::parse().bench);
+    if let (Some(before), Some(after)) = (cpu_before, CpuTimes::read()) {
+        println!("{}", after.since(&before).steal_note());
+    }
+    result
+}
+
+/// The machine's CPU time counters from `/proc/stat`, in clock ticks: how much of the
+/// run the hypervisor gave to other guests (`steal`). On a contended VM every latency
+/// and rate here is worse, the baseline's included, and figures from runs with much
+/// steal cannot be compared with each other.
+#[derive(Debug, Clone, Copy)]
+struct CpuTimes {
+    total: u64,
+    steal: u64,
+}
+
+impl CpuTimes {
+    fn read() -> Option<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let fields: Vec<u64> = stat
+            .lines()
+            .find(|l| l.starts_with("cpu "))?
+            .split_whitespace()
+            .skip(1)
+            .map_while(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest counts are in user).
+        Some(CpuTimes {
+            total: fields.iter().take(8).sum(),
+            steal: *fields.get(7)?,
+        })
+    }
+
+    fn since(&self, before: &CpuTimes) -> CpuTimes {
+        CpuTimes {
+            total: self.total.saturating_sub(before.total),
+            steal: self.steal.saturating_sub(before.steal),
+        }
+    }
+
+    fn steal_note(&self) -> String {
+        let percent = self.steal as f64 * 100.0 / self.total.max(1) as f64;
+        format!(
+            "machine: {percent:.1} % of CPU time over this run was stolen by the hypervisor \
+             (steal in /proc/stat){}",
+            if percent >= 5.0 {
+                "; figures from a run with this much steal are not comparable with others"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+fn run_bench(bench: Bench) -> anyhow::Result<()> {
+    match bench {
         Bench::Handshake {
             iterations,
             plugin,
