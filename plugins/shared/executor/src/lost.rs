@@ -59,10 +59,11 @@ pub fn prove(pid: u32, start_time: u64) -> Result<Option<OwnedFd>, String> {
     };
     // Never a task's: init, this process or its parent (the plugin's host). Whatever
     // recorded such a pid was wrong or forged.
-    let me = std::process::id();
-    if pid <= 1 || pid == me || Some(pid) == procfs::parent_pid(me) {
+    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get().unsigned_abs());
+    if pid <= 1 || pid == std::process::id() || Some(pid) == parent {
         return Err(format!(
-            "process {pid} is init, this driver or its parent, never a task's; the record              naming it is wrong"
+            "process {pid} is init, this driver or its parent, never a task's; the record \
+             naming it is wrong"
         ));
     }
     let pidfd = match rustix::process::pidfd_open(raw, PidfdFlags::empty()) {
@@ -163,7 +164,10 @@ fn leads_own_group(pidfd: &OwnedFd, pid: u32) -> bool {
         rustix::event::poll(&mut fds, Some(&Timespec::default())),
         Ok(0)
     );
-    !exited && procfs::process_group(pid).is_ok_and(|g| g == pid)
+    let Some(raw) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return false;
+    };
+    !exited && rustix::process::getpgid(Some(raw)).is_ok_and(|g| g == raw)
 }
 
 /// Empty and remove the plain task cgroup of executor directory `dir`, if there is
@@ -213,20 +217,7 @@ pub fn nothing_can_run(dir: &Path) -> bool {
 /// a copy of the task may still run (the caller must then not report the task as
 /// ended). Blocking (up to [`KILL_LIMIT`]): call it from `spawn_blocking`.
 pub fn kill_lost_task(dir: &Path, pid: u32, pgid: u32, start_time: u64) -> Result<String, String> {
-    if files::lock_state(dir).held() {
-        return Err(format!(
-            "the executor in {} is alive: it owns the task",
-            dir.display()
-        ));
-    }
-    // The cgroup first: it holds every process, proven ours by where it is.
-    if let Some(done) = empty_plain_cgroup(dir)? {
-        return Ok(done);
-    }
-    match prove(pid, start_time)? {
-        None => Ok(format!("its process {pid} had exited already")),
-        Some(pidfd) => kill_proven(&pidfd, pid, pgid),
-    }
+    kill_left_behind(dir, || kill_process(pid, pgid, start_time))
 }
 
 /// Kill what is left of the task whose executor in `dir` died before anyone heard of
@@ -237,32 +228,53 @@ pub fn kill_lost_task(dir: &Path, pid: u32, pgid: u32, start_time: u64) -> Resul
 /// tell which processes are the task's: a copy may then still run, and the caller must
 /// keep the directory. Blocking (up to [`KILL_LIMIT`]).
 pub fn kill_unreported_task(dir: &Path) -> Result<String, String> {
+    kill_left_behind(dir, || {
+        if nothing_can_run(dir) {
+            return Ok(
+                "nothing of the task runs (its executor died before starting it, or its \
+                 cgroup is gone)"
+                    .into(),
+            );
+        }
+        match files::read_task_proof(dir) {
+            Some(task) => kill_process(task.pid, task.pid, task.start_time),
+            None => Err(format!(
+                "its executor died without a result, and neither a cgroup nor the task's \
+                 pid (which it writes into {} once the task runs) tells which processes are \
+                 the task's, so the task may still run: find and kill them (their working \
+                 directory is the task directory), then remove {}",
+                dir.join(crate::LOCK_FILE).display(),
+                dir.display()
+            )),
+        }
+    })
+}
+
+/// What [`kill_lost_task`] and [`kill_unreported_task`] share: nothing while the
+/// executor in `dir` lives (it owns the task); else the task's cgroup first, whatever
+/// else is known (it holds every process, proven ours by where it is, and a socket
+/// file removed by hand must not leave it populated); else `otherwise`.
+fn kill_left_behind(
+    dir: &Path,
+    otherwise: impl FnOnce() -> Result<String, String>,
+) -> Result<String, String> {
     if files::lock_state(dir).held() {
         return Err(format!(
             "the executor in {} is alive: it owns the task",
             dir.display()
         ));
     }
-    // The cgroup first, whatever else is there: it holds every process, proven ours by
-    // where it is (a socket file removed by hand must not leave it populated).
     if let Some(done) = empty_plain_cgroup(dir)? {
         return Ok(done);
     }
-    if nothing_can_run(dir) {
-        return Ok(
-            "nothing of the task runs (its executor died before starting it, or its cgroup \
-             is gone)"
-                .into(),
-        );
-    }
-    match files::read_task_proof(dir) {
-        Some(task) => kill_lost_task(dir, task.pid, task.pid, task.start_time),
-        None => Err(format!(
-            "its executor died without a result, and neither a cgroup nor the task's pid \
-             (which it writes into {} once the task runs) tells which processes are the \
-             task's, so the task may still run",
-            dir.join(crate::LOCK_FILE).display()
-        )),
+    otherwise()
+}
+
+/// Kill process `pid` (and its group `pgid`) once proven by `start_time`.
+fn kill_process(pid: u32, pgid: u32, start_time: u64) -> Result<String, String> {
+    match prove(pid, start_time)? {
+        None => Ok(format!("its process {pid} had exited already")),
+        Some(pidfd) => kill_proven(&pidfd, pid, pgid),
     }
 }
 

@@ -12,10 +12,6 @@ use procfs_core::process::{Stat, Status};
 pub struct ProcStat {
     /// Process state letter (`R`, `S`, `Z`, ...).
     pub state: char,
-    /// Parent process id (field 4).
-    pub ppid: u32,
-    /// Process group id (field 5).
-    pub pgrp: u32,
     /// User CPU time in clock ticks (field 14).
     pub utime: u64,
     /// System CPU time in clock ticks (field 15).
@@ -30,8 +26,6 @@ impl From<Stat> for ProcStat {
     fn from(s: Stat) -> Self {
         ProcStat {
             state: s.state,
-            ppid: u32::try_from(s.ppid).unwrap_or(0),
-            pgrp: u32::try_from(s.pgrp).unwrap_or(0),
             utime: s.utime,
             stime: s.stime,
             start_time: s.starttime,
@@ -47,7 +41,6 @@ impl From<Stat> for ProcStat {
 ///     "42 (a b)) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 123456 \
 ///      2000000 200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0").unwrap();
 /// assert_eq!((s.state, s.utime, s.stime, s.start_time), ('S', 7, 3, 123456));
-/// assert_eq!((s.ppid, s.pgrp), (1, 42));
 /// ```
 pub fn parse_stat(text: &str) -> Option<ProcStat> {
     stat_of(text.as_bytes()).ok().map(ProcStat::from)
@@ -80,16 +73,6 @@ pub fn read_stat(pid: u32) -> std::io::Result<ProcStat> {
 /// process for good (a reused pid has another start time).
 pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
     read_stat(pid).map(|s| s.start_time)
-}
-
-/// The process group of process `pid`.
-pub fn process_group(pid: u32) -> std::io::Result<u32> {
-    read_stat(pid).map(|s| s.pgrp)
-}
-
-/// The parent of process `pid`, if it can be read.
-pub fn parent_pid(pid: u32) -> Option<u32> {
-    read_stat(pid).ok().map(|s| s.ppid)
 }
 
 /// `VmRSS` of the text of a `/proc/<pid>/status` file, in bytes; 0 when absent (a
