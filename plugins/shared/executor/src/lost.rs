@@ -127,26 +127,33 @@ pub fn wait_exit(pidfd: &OwnedFd, limit: Duration) -> bool {
 /// wait until it has exited.
 fn kill_proven(pidfd: &OwnedFd, pid: u32, pgid: u32) -> Result<String, String> {
     // A group id of 1 or less would be `kill(-1)` (every process) or worse.
-    if pgid == pid
+    let group_killed = if pgid == pid
         && pgid > 1
         && let Ok(group) = i32::try_from(pgid)
         && leads_own_group(pidfd, pid)
     {
         // The leader is alive (we hold its pidfd and it has not exited: checked just
         // now), so the group id is still its own.
-        let _ = nix::sys::signal::killpg(
+        nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(group),
             nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+        )
+        .is_ok()
+    } else {
+        false
+    };
     match rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL) {
         Ok(()) | Err(rustix::io::Errno::SRCH) => {}
         Err(e) => return Err(format!("cannot SIGKILL process {pid}: {e}")),
     }
     if wait_exit(pidfd, KILL_LIMIT) {
+        let group = if group_killed {
+            format!(" and its process group {pgid}")
+        } else {
+            String::new()
+        };
         Ok(format!(
-            "killed its process {pid} (identity proven by pidfd and start time) and its \
-             process group {pgid}"
+            "killed its process {pid} (identity proven by pidfd and start time){group}"
         ))
     } else {
         Err(format!(
@@ -164,10 +171,13 @@ fn leads_own_group(pidfd: &OwnedFd, pid: u32) -> bool {
         rustix::event::poll(&mut fds, Some(&Timespec::default())),
         Ok(0)
     );
-    let Some(raw) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+    let Ok(raw) = i32::try_from(pid) else {
         return false;
     };
-    !exited && rustix::process::getpgid(Some(raw)).is_ok_and(|g| g == raw)
+    // nix's, not rustix's: a group outside this pid namespace reads as 0, which
+    // rustix's `Pid` cannot hold.
+    let leader = nix::unistd::Pid::from_raw(raw);
+    !exited && nix::unistd::getpgid(Some(leader)).is_ok_and(|g| g == leader)
 }
 
 /// Empty and remove the plain task cgroup of executor directory `dir`, if there is
@@ -241,10 +251,8 @@ pub fn kill_unreported_task(dir: &Path) -> Result<String, String> {
             None => Err(format!(
                 "its executor died without a result, and neither a cgroup nor the task's \
                  pid (which it writes into {} once the task runs) tells which processes are \
-                 the task's, so the task may still run: find and kill them (their working \
-                 directory is the task directory), then remove {}",
-                dir.join(crate::LOCK_FILE).display(),
-                dir.display()
+                 the task's, so the task may still run",
+                dir.join(crate::LOCK_FILE).display()
             )),
         }
     })
@@ -361,7 +369,8 @@ mod tests {
 
         // A forged or wrong proof naming init or this process is refused, not obeyed
         // (init's group id would make the group kill `kill(-1)`).
-        for pid in [1, std::process::id()] {
+        let parent = nix::unistd::getppid().as_raw().unsigned_abs();
+        for pid in [1, std::process::id(), parent] {
             let start = procfs::process_start_time(pid).unwrap();
             std::fs::write(dir.join(crate::LOCK_FILE), format!("4242\n{pid} {start}\n")).unwrap();
             let err = kill_unreported_task(dir).unwrap_err();

@@ -457,12 +457,25 @@ impl<X: Send + Sync + 'static> PlainEngine<X> {
                 // the task's. Without either, keep the directory and say so (the host
                 // keeps the task and retries, rather than start it again beside a copy
                 // that may run).
+                if crate::files::lock_state(dir).held() {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "task {}: its executor in {} is alive but cannot be reached; it \
+                         owns the task, which is recovered once it answers",
+                        handle.spec.id,
+                        dir.display()
+                    )));
+                }
                 let d = dir.to_owned();
                 tokio::task::spawn_blocking(move || crate::lost::kill_unreported_task(&d))
                     .await
                     .map_err(DriverError::internal)?
                     .map_err(|why| {
-                        DriverError::FailedPrecondition(format!("task {}: {why}", handle.spec.id))
+                        DriverError::FailedPrecondition(format!(
+                            "task {}: {why}: find and kill them (their working directory is \
+                             the task directory), then remove {}",
+                            handle.spec.id,
+                            dir.display()
+                        ))
                     })
             }
         }
