@@ -429,6 +429,24 @@ impl Dir {
         Ok(Dir { fd, path })
     }
 
+    /// A second handle on this very directory (a new descriptor of it): for two owners
+    /// of one directory opened once.
+    ///
+    /// ```
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// let dir = drover_plugin_sdk::taskdir::Dir::open(tmp.path()).unwrap();
+    /// let again = dir.try_clone().unwrap();
+    /// drop(dir);
+    /// assert_eq!(again.path(), tmp.path());
+    /// assert!(again.entries().unwrap().is_empty());
+    /// ```
+    pub fn try_clone(&self) -> io::Result<Dir> {
+        Ok(Dir {
+            fd: self.fd.try_clone()?,
+            path: self.path.clone(),
+        })
+    }
+
     /// The path this directory was opened at (for messages; never re-opened).
     pub fn path(&self) -> &Path {
         &self.path

@@ -202,11 +202,16 @@ pub fn log_files(base: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// assert_eq!(files, [(0, "stdout.0".into()), (1, "stdout.1".into())]);
 /// ```
 pub fn log_files_in(dir: &Dir, stem: &OsStr) -> io::Result<Vec<(u64, OsString)>> {
+    Ok(log_files_among(&dir.entries()?, stem))
+}
+
+/// [`log_files_in`] over `names`, a listing of the directory.
+fn log_files_among(names: &[OsString], stem: &OsStr) -> Vec<(u64, OsString)> {
     let mut prefix = stem.to_owned();
     prefix.push(".");
     let prefix = prefix.to_string_lossy().into_owned();
     let mut files = Vec::new();
-    for name in dir.entries()? {
+    for name in names {
         let Some(index) = name
             .to_str()
             .and_then(|n| n.strip_prefix(&prefix))
@@ -215,10 +220,10 @@ pub fn log_files_in(dir: &Dir, stem: &OsStr) -> io::Result<Vec<(u64, OsString)>>
         else {
             continue;
         };
-        files.push((index, name));
+        files.push((index, name.clone()));
     }
     files.sort_unstable_by_key(|(i, _)| *i);
-    Ok(files)
+    files
 }
 
 /// How a log file is opened to be written: appended to, created 0600, and refused
@@ -300,6 +305,52 @@ impl RotatingWriter {
     /// ```
     pub fn open_in(dir: Dir, stem: &OsStr, limits: LogConfig) -> io::Result<Self> {
         if limits.mode == LogMode::Direct {
+            return Self::open_listed(dir, stem, limits, &[]);
+        }
+        let names = dir.entries()?;
+        Self::open_listed(dir, stem, limits, &names)
+    }
+
+    /// The streams at `first` and `second` (a task's stdout and stderr), both with
+    /// `limits`: their directory opened and listed once when they share it, where
+    /// [`RotatingWriter::open`] twice would do each twice (a start costs that many
+    /// fewer system calls).
+    ///
+    /// ```
+    /// use drover_plugin_sdk::logs::RotatingWriter;
+    /// use std::io::Write as _;
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// std::fs::write(tmp.path().join("stderr.3"), "older\n").unwrap();
+    /// let (mut out, mut err) = RotatingWriter::open_pair(
+    ///     &tmp.path().join("stdout"),
+    ///     &tmp.path().join("stderr"),
+    ///     Default::default(),
+    /// )
+    /// .unwrap();
+    /// out.write_all(b"one\n").unwrap();
+    /// err.write_all(b"two\n").unwrap();
+    /// assert_eq!((out.current_index(), err.current_index()), (0, 3));
+    /// assert_eq!(std::fs::read(tmp.path().join("stderr.3")).unwrap(), b"older\ntwo\n");
+    /// ```
+    pub fn open_pair(first: &Path, second: &Path, limits: LogConfig) -> io::Result<(Self, Self)> {
+        let ((dir, stem), (second_dir, second_stem)) = (split(first)?, split(second)?);
+        if dir != second_dir || stem == second_stem || limits.mode == LogMode::Direct {
+            return Ok((Self::open(first, limits)?, Self::open(second, limits)?));
+        }
+        let dir = Dir::open(dir)?;
+        let names = dir.entries()?;
+        let first = Self::open_listed(dir.try_clone()?, stem, limits, &names)?;
+        Ok((first, Self::open_listed(dir, second_stem, limits, &names)?))
+    }
+
+    /// [`RotatingWriter::open_in`] with `names`, a listing of `dir` made just now.
+    fn open_listed(
+        dir: Dir,
+        stem: &OsStr,
+        limits: LogConfig,
+        names: &[OsString],
+    ) -> io::Result<Self> {
+        if limits.mode == LogMode::Direct {
             let file = open_direct(&dir, stem, Some(DIRECT_OPEN_TIMEOUT))?;
             return Ok(RotatingWriter {
                 dir,
@@ -312,7 +363,7 @@ impl RotatingWriter {
                 direct: true,
             });
         }
-        let files = log_files_in(&dir, stem)?;
+        let files = log_files_among(names, stem);
         let index = files.last().map_or(0, |(i, _)| *i);
         let file = dir.open_file(part(stem, index), &append())?;
         let written = file.metadata()?.len();
@@ -697,6 +748,52 @@ mod tests {
 
     fn file_len(path: &Path) -> u64 {
         std::fs::metadata(path).unwrap().len()
+    }
+
+    /// Both streams of a task opened together keep what each opened alone does: its
+    /// own newest file, its own pruning, a planted link refused, and streams in two
+    /// directories opened each in its own.
+    #[test]
+    fn a_pair_opened_together_is_two_streams_opened_alone() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let logs = tmp.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        for name in ["stdout.0", "stdout.1", "stdout.2", "stderr.4"] {
+            std::fs::write(logs.join(name), name).unwrap();
+        }
+        let (out, err) = (logs.join("stdout"), logs.join("stderr"));
+        let (mut o, mut e) = RotatingWriter::open_pair(&out, &err, limits(2)).unwrap();
+        assert_eq!((o.current_index(), e.current_index()), (2, 4));
+        o.write_all(b"+o").unwrap();
+        e.write_all(b"+e").unwrap();
+        drop((o, e));
+        let names = |base: &Path| -> Vec<u64> {
+            log_files(base).unwrap().iter().map(|(i, _)| *i).collect()
+        };
+        // Two files kept of stdout's three; stderr's one untouched but for the write.
+        assert_eq!(names(&out), [1, 2]);
+        assert_eq!(std::fs::read(logs.join("stdout.2")).unwrap(), b"stdout.2+o");
+        assert_eq!(std::fs::read(logs.join("stderr.4")).unwrap(), b"stderr.4+e");
+
+        // A link planted as the newest stderr file fails the pair, as it fails stderr
+        // alone, and nothing is written through it.
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, "root only").unwrap();
+        symlink(&secret, logs.join("stderr.5")).unwrap();
+        let refused = RotatingWriter::open_pair(&out, &err, limits(2)).unwrap_err();
+        assert!(crate::taskdir::refusal(&refused).is_some(), "{refused}");
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root only");
+
+        // Two directories: each stream in its own.
+        let other = tmp.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let (mut o, mut e) =
+            RotatingWriter::open_pair(&out, &other.join("stderr"), limits(2)).unwrap();
+        o.write_all(b"!").unwrap();
+        e.write_all(b"!").unwrap();
+        drop((o, e));
+        assert_eq!(std::fs::read(other.join("stderr.0")).unwrap(), b"!");
     }
 
     /// A task that can write its log directory plants links: the writer neither writes

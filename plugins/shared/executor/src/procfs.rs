@@ -62,8 +62,14 @@ fn stat_of(text: &[u8]) -> Result<Stat, String> {
 
 /// Read and parse `/proc/<pid>/stat`.
 pub fn read_stat(pid: u32) -> std::io::Result<ProcStat> {
+    use std::io::Read as _;
     let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read(&path)?;
+    // Room for the whole file up front: `fs::read` sizes its buffer from the file's
+    // length, which is 0 for /proc, and grows it read by read (six reads, not one).
+    // The comm is at most 64 bytes (a kernel thread's), the 50-odd numbers well
+    // under 1 KiB.
+    let mut text = Vec::with_capacity(1024);
+    std::fs::File::open(&path)?.read_to_end(&mut text)?;
     stat_of(&text)
         .map(ProcStat::from)
         .map_err(|e| std::io::Error::other(format!("unexpected {path} format: {e}")))
