@@ -429,8 +429,9 @@ impl Dir {
         Ok(Dir { fd, path })
     }
 
-    /// A second handle on this very directory (a new descriptor of it): for two owners
-    /// of one directory opened once.
+    /// A second handle on this very directory (a duplicate of its descriptor): for two
+    /// owners of one directory opened once. The two share a read position, which no
+    /// method depends on ([`Dir::entries`] lists from a descriptor of its own).
     ///
     /// ```
     /// let tmp = tempfile::tempdir().unwrap();

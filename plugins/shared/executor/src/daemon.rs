@@ -363,28 +363,31 @@ impl Executor {
                     )
                 })
         };
-        let (stdout_log, stderr_log) =
-            if spec.stdout_path.as_os_str().is_empty() || spec.stderr_path.as_os_str().is_empty() {
-                (
-                    open_log("stdout", &spec.stdout_path)?,
-                    open_log("stderr", &spec.stderr_path)?,
-                )
-            } else {
-                // Both (as every driver asks): their directory opened and listed once.
-                let (out, err) =
-                    RotatingWriter::open_pair(&spec.stdout_path, &spec.stderr_path, spec.logs)
-                        .map_err(|e| {
-                            (
-                                ErrorKind::Spawn,
-                                format!(
-                                    "cannot open the logs {} and {}: {e}",
-                                    spec.stdout_path.display(),
-                                    spec.stderr_path.display()
-                                ),
-                            )
-                        })?;
-                (Some(out), Some(err))
-            };
+        let (stdout_log, stderr_log) = if spec.stdout_path.parent() != spec.stderr_path.parent()
+            || spec.stdout_path.as_os_str().is_empty()
+            || spec.stderr_path.as_os_str().is_empty()
+        {
+            (
+                open_log("stdout", &spec.stdout_path)?,
+                open_log("stderr", &spec.stderr_path)?,
+            )
+        } else {
+            // Both in one directory (as every driver asks): it is opened and listed
+            // once. An error names the file where it is about one file.
+            let (out, err) =
+                RotatingWriter::open_pair(&spec.stdout_path, &spec.stderr_path, spec.logs)
+                    .map_err(|e| {
+                        (
+                            ErrorKind::Spawn,
+                            format!(
+                                "cannot open the stdout and stderr logs {} and {}: {e}",
+                                spec.stdout_path.display(),
+                                spec.stderr_path.display()
+                            ),
+                        )
+                    })?;
+            (Some(out), Some(err))
+        };
         let (cgroup, join) = if spec.own_cgroup && spec.isolation.is_none() {
             let (cg, join) = plain_cgroup(&dir, &spec.task_id)?;
             (Some(cg), join)

@@ -64,12 +64,15 @@ fn stat_of(text: &[u8]) -> Result<Stat, String> {
 pub fn read_stat(pid: u32) -> std::io::Result<ProcStat> {
     use std::io::Read as _;
     let path = format!("/proc/{pid}/stat");
-    // Room for the whole file up front: `fs::read` sizes its buffer from the file's
-    // length, which is 0 for /proc, and grows it read by read (six reads, not one).
-    // The comm is at most 64 bytes (a kernel thread's), the 50-odd numbers well
-    // under 1 KiB.
+    // Room for the usual file (300-odd bytes) up front: `fs::read` sizes its buffer
+    // from the file's length, which /proc gives as 0, and grew it read by read (six
+    // reads). Through `take`, `read_to_end` does not ask the length either (a statx
+    // and an lseek): one read, and one that finds the end. A longer file (52 numbers
+    // of up to 20 digits could pass 1 KiB) still grows the buffer, up to the bound.
     let mut text = Vec::with_capacity(1024);
-    std::fs::File::open(&path)?.read_to_end(&mut text)?;
+    std::fs::File::open(&path)?
+        .take(64 * 1024)
+        .read_to_end(&mut text)?;
     stat_of(&text)
         .map(ProcStat::from)
         .map_err(|e| std::io::Error::other(format!("unexpected {path} format: {e}")))
