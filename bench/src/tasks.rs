@@ -503,11 +503,6 @@ async fn measure(
 
     // Memory: the agent, the plugin, and every executor (the task's parent).
     let agent_rss = proc_kib(agent_pid, "status", "VmRSS:").unwrap_or(0);
-    let plugins = api.plugins().await?;
-    let plugin_pid = plugins
-        .iter()
-        .find(|p| p.name == "raw_exec")
-        .and_then(|p| p.pid);
     let plugin_rss = plugin_pid.and_then(|p| proc_kib(p, "status", "VmRSS:"));
     let mut executors: Vec<u32> = task_pids
         .iter()
