@@ -379,6 +379,7 @@ pub async fn run_with(
     }
     tracing::info!(drain = config.drain_on_shutdown, "drover agent stopping");
     let _ = api.await;
+    tasks.flush_records().await;
     plugins_stop.cancel();
     if config.drain_on_shutdown {
         let stopped = tasks.drain().await;

@@ -105,9 +105,9 @@ impl StateStore for ErrorStore {
         self.check(true, || format!("delete task {id}"))?;
         self.inner.delete_task(id)
     }
-    fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
-        self.check(true, || format!("put {} task records", records.len()))?;
-        self.inner.put_tasks(records)
+    fn write_tasks(&self, writes: &[super::TaskWrite<'_>]) -> Result<(), StateError> {
+        self.check(true, || format!("write {} task records", writes.len()))?;
+        self.inner.write_tasks(writes)
     }
     fn put_alloc(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
         self.check(true, || format!("put alloc {id}"))?;

@@ -90,6 +90,10 @@ pub enum StateError {
     },
 }
 
+/// One change of [`StateStore::write_tasks`]: task id, and its new record or `None` to
+/// delete it.
+pub type TaskWrite<'a> = (&'a str, Option<&'a [u8]>);
+
 /// Durable storage of plugin reattach records and task records.
 pub trait StateStore: Send + Sync + 'static {
     /// Insert or replace the record of plugin `rec.name`.
@@ -100,32 +104,21 @@ pub trait StateStore: Send + Sync + 'static {
     fn delete_plugin(&self, name: &str) -> Result<(), StateError>;
     /// Insert or replace the record of task `id`.
     fn put_task(&self, id: &str, record: &[u8]) -> Result<(), StateError>;
-    /// Insert or replace the record of task `id` without waiting for it to reach the
-    /// disk: it is durable with the next durable write of this store (any `put_*`), and
-    /// a crash before that may lose it, leaving the record as it was at the last
-    /// durable write. Only for records whose loss that earlier record covers: the
-    /// record written right after a start, whose durable predecessor (the task, no
-    /// handle yet) makes a restarted agent probe the driver for the task by id. The
-    /// default is [`StateStore::put_task`].
-    fn put_task_lazily(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
-        self.put_task(id, record)
-    }
-    /// Make every lazy write so far durable (an empty durable commit). The default
-    /// does nothing: stores whose writes are all durable.
-    fn sync(&self) -> Result<(), StateError> {
-        Ok(())
-    }
     /// Every task record, by id.
     fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError>;
     /// Forget task `id` (absent is fine).
     fn delete_task(&self, id: &str) -> Result<(), StateError>;
-    /// Insert or replace several task records at once: all of them or none are stored.
-    /// Every write costs an fsync (~2.5 ms here), so writing many records together is
-    /// much cheaper than one `put_task` each. The default writes them one by one
-    /// (stores without transactions).
-    fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
-        for (id, record) in records {
-            self.put_task(id, record)?;
+    /// Apply `writes` in their order (a record to store, or `None` to delete the
+    /// task's record), all of them or none, in one durable write. Every durable write
+    /// costs an fsync (~2.5 ms on a disk here) and a commit, so writing many records
+    /// together is much cheaper than one `put_task` each. The default writes them one
+    /// by one (stores without transactions).
+    fn write_tasks(&self, writes: &[TaskWrite<'_>]) -> Result<(), StateError> {
+        for (id, record) in writes {
+            match record {
+                Some(record) => self.put_task(id, record)?,
+                None => self.delete_task(id)?,
+            }
         }
         Ok(())
     }
@@ -253,7 +246,10 @@ mod tests {
         store.put_task("t2", b"two").unwrap();
         store.delete_task("t1").unwrap();
         store
-            .put_tasks(&[("t3", b"three".as_slice()), ("t4", b"four".as_slice())])
+            .write_tasks(&[
+                ("t3", Some(b"three".as_slice())),
+                ("t4", Some(b"four".as_slice())),
+            ])
             .unwrap();
         store.delete_task("t4").unwrap();
         drop(store);
@@ -271,25 +267,29 @@ mod tests {
     }
 
     #[test]
-    fn a_lazy_task_write_is_read_at_once_and_made_durable_by_the_next_write() {
+    fn task_writes_apply_in_order_in_one_commit_and_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let store = open_when_free(dir.path()).unwrap();
-        store.put_task("t1", b"before the start").unwrap();
-        store.put_task_lazily("t1", b"started").unwrap();
-        assert_eq!(
-            store.tasks().unwrap(),
-            vec![("t1".into(), b"started".to_vec())]
-        );
-        store.put_task("t2", b"another task").unwrap();
+        store.put_task("gone", b"deleted below").unwrap();
+        store
+            .write_tasks(&[
+                ("t1", Some(b"before the start".as_slice())),
+                ("t1", Some(b"started".as_slice())),
+                ("gone", None),
+                ("t2", Some(b"another task".as_slice())),
+                ("t3", Some(b"short-lived".as_slice())),
+                ("t3", None),
+                ("never-was", None),
+            ])
+            .unwrap();
+        let expected = vec![
+            ("t1".to_owned(), b"started".to_vec()),
+            ("t2".to_owned(), b"another task".to_vec()),
+        ];
+        assert_eq!(store.tasks().unwrap(), expected);
         drop(store);
         let store = open_when_free(dir.path()).unwrap();
-        assert_eq!(
-            store.tasks().unwrap(),
-            vec![
-                ("t1".into(), b"started".to_vec()),
-                ("t2".into(), b"another task".to_vec())
-            ]
-        );
+        assert_eq!(store.tasks().unwrap(), expected);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadableDatabase as _, ReadableTable as _, StorageBackend as _, TableDefinition};
 
-use super::{PluginRecord, StateError, StateStore};
+use super::{PluginRecord, StateError, StateStore, TaskWrite};
 
 /// File name of the state store inside `data_dir`.
 pub const STATE_FILE: &str = "state.db";
@@ -120,23 +120,11 @@ impl RedbStore {
         op: impl Fn() -> String,
         f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
     ) -> Result<(), StateError> {
-        self.write_with(redb::Durability::Immediate, op, f)
-    }
-
-    fn write_with(
-        &self,
-        durability: redb::Durability,
-        op: impl Fn() -> String,
-        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
-    ) -> Result<(), StateError> {
         let io = |e: redb::Error| StateError::Io {
             op: op(),
             reason: e.to_string(),
         };
-        let mut txn = self.db.begin_write().map_err(|e| io(e.into()))?;
-        // A file that cannot take a non-durable commit gets a durable one, which is
-        // never wrong, only slower.
-        let _ = txn.set_durability(durability);
+        let txn = self.db.begin_write().map_err(|e| io(e.into()))?;
         f(&txn).map_err(io)?;
         txn.commit().map_err(|e| io(e.into()))
     }
@@ -217,22 +205,6 @@ impl StateStore for RedbStore {
         )
     }
 
-    fn put_task_lazily(&self, id: &str, record: &[u8]) -> Result<(), StateError> {
-        // No fsync: made durable by the next durable commit of any record.
-        self.write_with(
-            redb::Durability::None,
-            || format!("put task {id}"),
-            |txn| {
-                txn.open_table(TASKS)?.insert(id, record)?;
-                Ok(())
-            },
-        )
-    }
-
-    fn sync(&self) -> Result<(), StateError> {
-        self.write(|| "sync the state file".into(), |_| Ok(()))
-    }
-
     fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
         self.read_all(TASKS, "read task records")
     }
@@ -247,13 +219,20 @@ impl StateStore for RedbStore {
         )
     }
 
-    fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+    fn write_tasks(&self, writes: &[TaskWrite<'_>]) -> Result<(), StateError> {
         self.write(
-            || format!("put {} task records", records.len()),
+            || format!("write {} task records", writes.len()),
             |txn| {
                 let mut t = txn.open_table(TASKS)?;
-                for (id, record) in records {
-                    t.insert(*id, *record)?;
+                for (id, record) in writes {
+                    match record {
+                        Some(record) => {
+                            t.insert(*id, *record)?;
+                        }
+                        None => {
+                            t.remove(*id)?;
+                        }
+                    }
                 }
                 Ok(())
             },

@@ -44,7 +44,7 @@ pub trait TaskDriver: Send + Sync {
     /// Whether a `RecoverTask` with a handle made from the task's spec alone (no handle
     /// the driver gave) finds a task the driver started: true for Drover's drivers,
     /// which find their tasks by id; Nomad's drivers need the handle they gave. Only
-    /// then may the record that adds the handle after a start be written lazily.
+    /// then may the record that adds the handle after a start be deferred.
     fn finds_tasks_by_id(&self) -> bool {
         false
     }

@@ -263,8 +263,8 @@ impl Task {
         self.write_record(store, true).await
     }
 
-    /// Write the record; durable with the store's next durable write (see
-    /// [`StateStore::put_task_lazily`] for when that is enough).
+    /// Write the record when the store next commits, without waiting for it (see
+    /// [`Records::put_task`] for when that is enough).
     async fn persist_lazily(&self, store: &Records) -> Result<(), StateError> {
         self.write_record(store, false).await
     }
@@ -310,10 +310,7 @@ impl Task {
     async fn forget(&self, store: &Records) -> Result<(), StateError> {
         let _order = self.persist_lock.lock().await;
         self.destroyed.store(true, Ordering::SeqCst);
-        let id = self.id.clone();
-        let deleted = store
-            .call(format!("delete task {id}"), move |s| s.delete_task(&id))
-            .await;
+        let deleted = store.delete_task(self.id.clone()).await;
         let _ = store.changes.send(self.id.clone());
         deleted
     }
@@ -1116,10 +1113,11 @@ impl TaskManager {
         runner::started(&task, handle, attributes, false);
         crate::metrics::metrics().task_starts.inc();
         self.attached(&task, generation);
-        // One fsync per start: the record before the start was durable, and if this
-        // one is lost in a crash, that one (no handle yet) makes the next agent find
-        // the task by probing its driver by id, as for a crash during the start. A
-        // driver that cannot be probed by id (Nomad's) gets a durable write.
+        // At most one commit per start: the record before the start was durable, and
+        // this one is deferred (it rides with the next commit, of any task, within
+        // 100 ms). If it is lost in a crash, that one (no handle yet) makes the next
+        // agent find the task by probing its driver by id, as for a crash during the
+        // start. A driver that cannot be probed by id (Nomad's) gets a durable write.
         let written = if driver.finds_tasks_by_id() {
             task.persist_lazily(&self.store).await
         } else {
@@ -1147,6 +1145,14 @@ impl TaskManager {
         let view = task.view();
         tokio::spawn(Runner::new(self.clone(), task, None).run(Phase::Watch { generation }));
         Ok(view)
+    }
+
+    /// Commit every task record write still deferred (see [`Records::put_task`]): an
+    /// agent going away leaves the next one the records as they are now.
+    pub async fn flush_records(&self) {
+        if let Err(e) = self.store.flush().await {
+            tracing::error!("cannot commit the last task records: {e}");
+        }
     }
 
     /// The task's current view.

@@ -2,86 +2,180 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Semaphore, broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot};
 
-use crate::state::{StateError, StateStore};
+use crate::state::{StateError, StateStore, TaskWrite};
 
-/// A task record waiting for the next group commit.
-struct PendingWrite {
-    id: String,
-    record: Vec<u8>,
-    durable: bool,
-    done: oneshot::Sender<Result<(), StateError>>,
+/// What a queued write does.
+enum Change {
+    /// Store this record.
+    Put(Vec<u8>),
+    /// Delete the task's record.
+    Delete,
+    /// Nothing: a [`Records::flush`] waiting for the writes queued before it.
+    Flush,
 }
 
-/// Task record writes queued for the writer, and whether a writer is at work.
+/// A change waiting for the next group commit.
+struct PendingWrite {
+    id: String,
+    change: Change,
+    /// Whoever waits for the commit; `None` for a deferred write (see
+    /// [`Records::put_task`]), which nobody waits for.
+    done: Option<oneshot::Sender<Result<(), StateError>>>,
+}
+
+/// Writes queued for the writer, and whether a writer is at work.
 #[derive(Default)]
 struct WriteQueue {
     pending: Vec<PendingWrite>,
     writing: bool,
-    /// A lazy write is not durable yet and a sync is due (see [`LAZY_SYNC`]).
-    sync_due: bool,
+    /// A commit of the deferred writes is scheduled, [`DEFER_FOR`] after the first.
+    flush_scheduled: bool,
+    /// That commit is due: deferred writes are committed even if nobody waits.
+    flush_due: bool,
 }
 
-/// How long a lazy write may stay off the disk at most: a sync follows it by then, if no
-/// durable write came first. Bounds what a crash of the agent can take back.
-const LAZY_SYNC: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a deferred write may wait for a commit at most: one follows by then if no
+/// durable write carried it first. Bounds what a crash of the agent can take back.
+const DEFER_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The state store as the task manager uses it: every call off the event loop (the
-/// agent's runtime has one thread, and a durable write waits for the disk), and only a
-/// few at once (a store commits one write at a time anyway; 1000 tasks reporting a
-/// plugin crash together must not become 1000 blocking threads).
+/// The state store as the task manager uses it: every write off the event loop (the
+/// agent's runtime has one thread, and a durable write waits for the disk), queued
+/// for a single writer that commits what is queued together (1000 tasks reporting a
+/// plugin crash at once are one writer, not 1000 blocking threads).
 pub(crate) struct Records {
     pub(super) store: Arc<dyn StateStore>,
-    slots: Semaphore,
     /// The id of every task whose record was just written or deleted: every change of
     /// a task's state is written, so this is the task manager's change notification
     /// (the allocation runners watch their tasks through it). Lossy by design: a
     /// subscriber that lags is told so and reads the tasks it cares about again.
     pub(super) changes: broadcast::Sender<String>,
-    /// Task record writes for the group commit ([`Records::put_task`]).
+    /// Writes for the group commit ([`Records::put_task`]).
     queue: Arc<Mutex<WriteQueue>>,
 }
 
 /// Task changes buffered per subscriber before it is told it lagged.
 const CHANGES_BUFFER: usize = 1024;
 
-/// Store calls in flight at once.
-const STORE_CONCURRENCY: usize = 4;
-
 impl Records {
     pub(super) fn new(store: Arc<dyn StateStore>) -> Self {
         Records {
             store,
-            slots: Semaphore::new(STORE_CONCURRENCY),
             changes: broadcast::channel(CHANGES_BUFFER).0,
             queue: Arc::default(),
         }
     }
 
-    /// Write the record of task `id`: durable when this returns if `durable` (else see
-    /// [`StateStore::put_task_lazily`]).
+    /// Write the record of task `id`: durable when this returns if `durable`.
     ///
     /// Group commit: every write asked for while the store is busy with a commit goes
     /// into the next one, a single transaction with one fsync for all of them (16
     /// tasks starting at once cost one fsync, not 16). The first writer to find no
     /// commit under way commits on a blocking thread until the queue is empty; the
-    /// others wait for its answer. A task's writes never share a batch (each waits for
-    /// the previous one under the task's own lock), so their order is kept.
+    /// others wait for its answer. A task's writes are queued in their order (each
+    /// waits for the previous one under the task's own lock) and a commit applies
+    /// them in that order, so the last one stands.
+    ///
+    /// Not `durable`: the write is deferred. It is queued and this returns at once;
+    /// it is committed with the next commit that somebody waits for, or [`DEFER_FOR`]
+    /// later, whichever comes first. An agent that dies before then loses it, and the
+    /// task's record is the one before it: only for a record whose loss that earlier
+    /// one covers (the record that adds the handle after a start: its predecessor,
+    /// durable and without a handle, makes the next agent ask the driver for the task
+    /// by id). A deferred write that fails is logged; there is nobody to tell.
     pub(super) async fn put_task(
         &self,
         id: String,
         record: Vec<u8>,
         durable: bool,
     ) -> Result<(), StateError> {
+        if durable {
+            return self.commit(id, Change::Put(record)).await;
+        }
+        let schedule = {
+            let mut q = lock(&self.queue);
+            q.pending.push(PendingWrite {
+                id,
+                change: Change::Put(record),
+                done: None,
+            });
+            !std::mem::replace(&mut q.flush_scheduled, true)
+        };
+        if schedule {
+            let queue = self.queue.clone();
+            let store = self.store.clone();
+            drop(tokio::spawn(async move {
+                tokio::time::sleep(DEFER_FOR).await;
+                let lead = {
+                    let mut q = lock(&queue);
+                    q.flush_scheduled = false;
+                    if q.pending.is_empty() {
+                        // A commit somebody waited for carried them.
+                        false
+                    } else {
+                        // An active writer sees this and takes them too.
+                        q.flush_due = true;
+                        !std::mem::replace(&mut q.writing, true)
+                    }
+                };
+                if lead {
+                    drop(tokio::task::spawn_blocking(move || {
+                        commit_until_empty(&queue, &*store)
+                    }));
+                }
+            }));
+        }
+        Ok(())
+    }
+
+    /// Delete the record of task `id`; durable when this returns. Queued behind the
+    /// task's writes, deferred ones too, so none of them brings the record back.
+    pub(super) async fn delete_task(&self, id: String) -> Result<(), StateError> {
+        self.commit(id, Change::Delete).await
+    }
+
+    /// Commit every write queued so far, deferred ones too (an agent going away).
+    pub(crate) async fn flush(&self) -> Result<(), StateError> {
+        {
+            let q = lock(&self.queue);
+            if q.pending.is_empty() && !q.writing {
+                return Ok(());
+            }
+        }
+        self.commit(String::new(), Change::Flush).await
+    }
+
+    /// Commit the queued deferred writes on this thread, now (tests: the store then
+    /// holds what it would a moment later, with nothing else of the agent run between).
+    #[cfg(test)]
+    pub(super) fn commit_deferred_now(&self) {
+        let batch = std::mem::take(&mut lock(&self.queue).pending);
+        assert!(
+            batch.iter().all(|w| w.done.is_none()),
+            "a write somebody waits for is queued: its writer commits it"
+        );
+        let writes: Vec<TaskWrite<'_>> = batch.iter().filter_map(task_write).collect();
+        if !writes.is_empty() {
+            let result = self.store.write_tasks(&writes);
+            assert!(result.is_ok(), "deferred writes failed: {result:?}");
+        }
+    }
+
+    /// Queue `change` for the next commit and wait for it.
+    async fn commit(&self, id: String, change: Change) -> Result<(), StateError> {
         let (done, answer) = oneshot::channel();
+        let op = match change {
+            Change::Put(_) => format!("put task {id}"),
+            Change::Delete => format!("delete task {id}"),
+            Change::Flush => "commit the deferred task records".to_owned(),
+        };
         let lead = {
             let mut q = lock(&self.queue);
             q.pending.push(PendingWrite {
-                id: id.clone(),
-                record,
-                durable,
-                done,
+                id,
+                change,
+                done: Some(done),
             });
             !std::mem::replace(&mut q.writing, true)
         };
@@ -93,59 +187,12 @@ impl Records {
                 commit_until_empty(&queue, &*store)
             }));
         }
-        let written = answer.await.unwrap_or_else(|_| {
+        answer.await.unwrap_or_else(|_| {
             Err(StateError::Io {
-                op: format!("put task {id}"),
+                op,
                 reason: "the store writer ended without an answer".into(),
             })
-        });
-        if written.is_ok() && !durable {
-            self.sync_soon();
-        }
-        written
-    }
-
-    /// After a lazy write: a durable (empty) commit within [`LAZY_SYNC`], unless one
-    /// is due already or a durable write makes it needless meanwhile.
-    fn sync_soon(&self) {
-        if std::mem::replace(&mut lock(&self.queue).sync_due, true) {
-            return;
-        }
-        let queue = self.queue.clone();
-        let store = self.store.clone();
-        drop(tokio::spawn(async move {
-            tokio::time::sleep(LAZY_SYNC).await;
-            let synced = tokio::task::spawn_blocking(move || {
-                if !std::mem::take(&mut lock(&queue).sync_due) {
-                    return Ok(());
-                }
-                store.sync()
-            })
-            .await;
-            match synced {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!("cannot sync the state file: {e}"),
-                Err(e) => tracing::error!("the state file's sync panicked: {e}"),
-            }
-        }));
-    }
-
-    pub(super) async fn call<T: Send + 'static>(
-        &self,
-        op: String,
-        call: impl FnOnce(&dyn StateStore) -> Result<T, StateError> + Send + 'static,
-    ) -> Result<T, StateError> {
-        let _slot = self.slots.acquire().await.map_err(|e| StateError::Io {
-            op: op.clone(),
-            reason: e.to_string(),
-        })?;
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || call(&*store))
-            .await
-            .map_err(|e| StateError::Io {
-                op,
-                reason: format!("the store call panicked or was cancelled: {e}"),
-            })?
+        })
     }
 }
 
@@ -155,11 +202,12 @@ fn lock(queue: &Mutex<WriteQueue>) -> std::sync::MutexGuard<'_, WriteQueue> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn write_one(store: &dyn StateStore, w: &PendingWrite) -> Result<(), StateError> {
-    if w.durable {
-        store.put_task(&w.id, &w.record)
-    } else {
-        store.put_task_lazily(&w.id, &w.record)
+/// The store's form of a queued write; `None` for a flush, which writes nothing.
+fn task_write(w: &PendingWrite) -> Option<TaskWrite<'_>> {
+    match &w.change {
+        Change::Put(record) => Some((w.id.as_str(), Some(record.as_slice()))),
+        Change::Delete => Some((w.id.as_str(), None)),
+        Change::Flush => None,
     }
 }
 
@@ -168,63 +216,74 @@ fn write_one(store: &dyn StateStore, w: &PendingWrite) -> Result<(), StateError>
 fn guarded(what: &str, call: impl FnOnce() -> Result<(), StateError>) -> Result<(), StateError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
         Err(StateError::Io {
-            op: format!("put task {what}"),
+            op: format!("write task {what}"),
             reason: "the store call panicked".into(),
         })
     })
 }
 
+/// Tell whoever waits for `w` how its write went; a deferred write's failure is
+/// logged, there being nobody to tell.
+fn answer(w: PendingWrite, result: Result<(), StateError>) {
+    match (w.done, result) {
+        // A caller that went away needs no answer.
+        (Some(done), result) => drop(done.send(result)),
+        (None, Ok(())) => {}
+        (None, Err(e)) => tracing::error!(
+            task = %w.id,
+            "cannot record the task's state ({e}); its stored record is the one before: \
+             should this agent die now, the next one asks the driver for the task by id"
+        ),
+    }
+}
+
 /// The group commit's writer: commit what is queued, answer, and again, until the
-/// queue is empty (then the next writer leads).
+/// queue is empty or holds deferred writes alone whose commit is not due yet (then
+/// the next writer leads).
 fn commit_until_empty(queue: &Mutex<WriteQueue>, store: &dyn StateStore) {
     loop {
         let batch = {
             let mut q = lock(queue);
-            if q.pending.is_empty() {
+            let waited_for = q.pending.iter().any(|w| w.done.is_some());
+            if !(waited_for || q.flush_due && !q.pending.is_empty()) {
                 q.writing = false;
                 return;
             }
+            q.flush_due = false;
             std::mem::take(&mut q.pending)
         };
-        let durable = batch.iter().any(|w| w.durable);
-        let result = if let [one] = batch.as_slice() {
-            // Alone: the plain calls (a store counts and fails them one by one).
-            guarded(&one.id, || write_one(store, one))
-        } else if durable {
-            let records: Vec<(&str, &[u8])> = batch
-                .iter()
-                .map(|w| (w.id.as_str(), w.record.as_slice()))
-                .collect();
-            guarded("of a batch", || store.put_tasks(&records))
+        let writes: Vec<TaskWrite<'_>> = batch.iter().filter_map(task_write).collect();
+        let result = if writes.is_empty() {
+            Ok(())
         } else {
-            guarded("of a batch", || {
-                batch
-                    .iter()
-                    .try_for_each(|w| store.put_task_lazily(&w.id, &w.record))
-            })
+            guarded("records", || store.write_tasks(&writes))
         };
-        if durable && result.is_ok() {
-            // This commit carried every lazy write before it to the disk. (A failed one
-            // did not: the sync that is due stays due.)
-            lock(queue).sync_due = false;
-        }
         match result {
             Ok(()) => {
                 for w in batch {
-                    // A caller that went away needs no answer.
-                    let _ = w.done.send(Ok(()));
+                    answer(w, Ok(()));
                 }
             }
-            Err(e) if batch.len() == 1 => {
-                if let Some(w) = batch.into_iter().next() {
-                    let _ = w.done.send(Err(e));
+            // One write: its error is the answer (a store counts and fails them one by
+            // one). A flush beside it committed nothing that could fail.
+            Err(e) if writes.len() == 1 => {
+                let mut e = Some(e);
+                for w in batch {
+                    let result = match w.change {
+                        Change::Flush => Ok(()),
+                        _ => e.take().map_or(Ok(()), Err),
+                    };
+                    answer(w, result);
                 }
             }
             // One bad record must not fail the others' writes: each on its own again.
             Err(_) => {
                 for w in batch {
-                    let answer = guarded(&w.id, || write_one(store, &w));
-                    let _ = w.done.send(answer);
+                    let result = match task_write(&w) {
+                        Some(write) => guarded(&w.id, || store.write_tasks(&[write])),
+                        None => Ok(()),
+                    };
+                    answer(w, result);
                 }
             }
         }
@@ -277,13 +336,13 @@ mod tests {
             self.commit(1);
             self.inner.put_task(id, record)
         }
-        fn put_tasks(&self, records: &[(&str, &[u8])]) -> Result<(), StateError> {
+        fn write_tasks(&self, writes: &[TaskWrite<'_>]) -> Result<(), StateError> {
             assert!(
-                records.iter().all(|(_, r)| *r != b"boom"),
+                writes.iter().all(|(_, r)| *r != Some(b"boom".as_slice())),
                 "the store fell over"
             );
-            self.commit(records.len());
-            self.inner.put_tasks(records)
+            self.commit(writes.len());
+            self.inner.write_tasks(writes)
         }
         fn tasks(&self) -> Result<Vec<(String, Vec<u8>)>, StateError> {
             self.inner.tasks()
@@ -364,5 +423,126 @@ mod tests {
             assert!(Instant::now() < deadline, "the writer never stood down");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    /// Until `cond` holds, for at most 10 s.
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what}: not within 10 s");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deferred_write_rides_with_the_next_durable_commit() {
+        let store = Arc::new(TestStore::default());
+        let records = Records::new(store.clone());
+        records
+            .put_task("t1".into(), b"before the start".to_vec(), true)
+            .await
+            .unwrap();
+        records
+            .put_task("t1".into(), b"started".to_vec(), false)
+            .await
+            .unwrap();
+        // Deferred: not committed yet, and no commit of its own is under way.
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![("t1".to_owned(), b"before the start".to_vec())]
+        );
+        records
+            .put_task("t2".into(), b"another task".to_vec(), true)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![
+                ("t1".to_owned(), b"started".to_vec()),
+                ("t2".to_owned(), b"another task".to_vec())
+            ]
+        );
+        assert_eq!(*lock_any(&store.commits), vec![1, 2], "one commit each");
+    }
+
+    #[tokio::test]
+    async fn a_deferred_write_alone_is_committed_within_its_bound() {
+        let store = Arc::new(TestStore::default());
+        let records = Records::new(store.clone());
+        let t = Instant::now();
+        for i in 0..3 {
+            records
+                .put_task("t1".into(), format!("record {i}").into_bytes(), false)
+                .await
+                .unwrap();
+        }
+        until("the deferred writes committed", || {
+            !lock_any(&store.commits).is_empty()
+        })
+        .await;
+        assert!(t.elapsed() >= DEFER_FOR, "committed before it was due");
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![("t1".to_owned(), b"record 2".to_vec())],
+            "the last write of the task stands"
+        );
+        until("the writer stood down", || !lock(&records.queue).writing).await;
+        assert_eq!(
+            *lock_any(&store.commits),
+            vec![3],
+            "one commit for all three"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delete_after_a_deferred_write_leaves_no_record() {
+        let store = Arc::new(TestStore::default());
+        let records = Records::new(store.clone());
+        records
+            .put_task("t1".into(), b"started".to_vec(), false)
+            .await
+            .unwrap();
+        records.delete_task("t1".into()).await.unwrap();
+        assert!(store.tasks().unwrap().is_empty());
+        // Nothing deferred is left to bring it back later.
+        tokio::time::sleep(DEFER_FOR * 2).await;
+        assert!(store.tasks().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_flush_commits_the_deferred_writes_now() {
+        let store = Arc::new(TestStore::default());
+        let records = Records::new(store.clone());
+        records
+            .put_task("t1".into(), b"started".to_vec(), false)
+            .await
+            .unwrap();
+        records.flush().await.unwrap();
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![("t1".to_owned(), b"started".to_vec())]
+        );
+        // Nothing queued: nothing to wait for.
+        records.flush().await.unwrap();
+        until("the writer stood down", || !lock(&records.queue).writing).await;
+        assert_eq!(*lock_any(&store.commits), vec![1]);
+    }
+
+    #[tokio::test]
+    async fn a_deferred_write_that_fails_fails_nobody_else() {
+        let store = Arc::new(TestStore::default());
+        let records = Records::new(store.clone());
+        records
+            .put_task("bad".into(), b"boom".to_vec(), false)
+            .await
+            .unwrap();
+        records
+            .put_task("t2".into(), b"fine".to_vec(), true)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.tasks().unwrap(),
+            vec![("t2".to_owned(), b"fine".to_vec())]
+        );
     }
 }

@@ -434,8 +434,17 @@ impl Env {
     }
 
     /// A second agent on the same store, driver and alloc dir.
+    /// The agent stops (committing its deferred records, as `drover agent` does) and
+    /// a new one starts on the same state.
     fn restart_agent(&self) -> Arc<TaskManager> {
+        self.settle();
         manager(&self.fake, &self.alloc, &self.store)
+    }
+
+    /// Commit the agent's deferred record writes now, on this thread (nothing else of
+    /// the agent runs meanwhile): the store then says what a later look at it would.
+    fn settle(&self) {
+        self.mgr.store.commit_deferred_now();
     }
 
     fn stored(&self, id: &str) -> serde_json::Value {
@@ -525,6 +534,19 @@ async fn until(
     }
 }
 
+/// Until the stored record of `id` satisfies `cond`, for at most 5 s.
+async fn until_stored(env: &Env, id: &str, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let rec = env.stored(id);
+        if cond(&rec) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {rec:#}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn the_handle_is_durable_before_run_returns() {
     let env = Env::new();
@@ -534,6 +556,14 @@ async fn the_handle_is_durable_before_run_returns() {
         .await
         .unwrap();
     assert_eq!(v.state, TaskLifecycle::Running);
+    if env.fake.finds_tasks_by_id() {
+        // Deferred (see `Records::put_task`): the record before the start stands until
+        // the next commit, at most 100 ms away.
+        until_stored(&env, &v.id, "the handle recorded", |r| {
+            r["handle"].is_object()
+        })
+        .await;
+    }
     let rec = env.stored(&v.id);
     assert_eq!(rec["version"], 1);
     assert_eq!(rec["view"]["state"], "running");
@@ -981,6 +1011,7 @@ async fn recovery_reattaches_without_restarting_and_reports_the_real_exit() {
 /// Rewrite a stored record as if the agent died after sending StartTask but before
 /// storing the reply.
 fn forget_handle(env: &Env, id: &str) {
+    env.settle();
     let mut rec = env.stored(id);
     rec["handle"] = serde_json::Value::Null;
     rec["view"]["state"] = "pending".into();
@@ -1318,6 +1349,7 @@ async fn a_stop_while_the_agent_was_down_is_finished_by_recovery() {
         .await
         .unwrap();
     // The stop was recorded, then the agent died before the driver acted.
+    env.settle();
     let mut rec = env.stored(&v.id);
     rec["kill"] = serde_json::json!({"signal": "SIGINT", "timeout": {"secs": 1, "nanos": 0}});
     env.store
@@ -1443,6 +1475,7 @@ async fn started_with_a_stopping_intent(env: &Env, by_id: bool) -> (String, Task
         .run(request(serde_json::json!({}), None))
         .await
         .unwrap();
+    env.settle();
     let rec = stopping_record(env, &v.id);
     std::fs::write(starting_dir(env).join(&v.id), rec.encode().unwrap()).unwrap();
     (v.id, rec)
@@ -1597,9 +1630,11 @@ async fn a_stop_that_fits_nowhere_else_is_kept_in_an_empty_marker() {
 
 #[tokio::test]
 async fn a_task_whose_handle_cannot_be_recorded_nor_destroyed_is_stopped_not_forgotten() {
-    // Write 2 records the handle after the start; it fails, and so does DestroyTask:
-    // the durable pending record is kept (with the stop), not deleted.
+    // Write 2 records the handle after the start (durably: a driver that needs its
+    // handle); it fails, and so does DestroyTask: the durable pending record is kept
+    // (with the stop), not deleted.
     let env = env_failing_put(2);
+    env.fake.s().by_id = Some(false);
     env.fake.s().fail_destroys = 1;
     let e = failed_start(&env).await;
     assert!(
@@ -1611,6 +1646,46 @@ async fn a_task_whose_handle_cannot_be_recorded_nor_destroyed_is_stopped_not_for
     assert!(env.fake.s().stops.contains(&id), "never stopped");
     assert_eq!(dead.signal, Some(15), "{dead:#?}");
     assert!(env.stored(&id)["kill"].is_object(), "{}", env.stored(&id));
+}
+
+#[tokio::test]
+async fn a_deferred_handle_write_that_fails_leaves_the_task_running_and_findable() {
+    // A driver that finds its tasks by id: the record that adds the handle is deferred,
+    // and its failure fails nobody. The task runs on; the record before the start
+    // stays, and is what the next agent probes the driver with.
+    let store = Arc::new(FlakyStore::default());
+    store.fail_put.store(2, Ordering::SeqCst);
+    let env = Env::with_store(store.clone());
+    env.fake.s().by_id = Some(true);
+    let v = env
+        .mgr
+        .run(request(serde_json::json!({}), None))
+        .await
+        .unwrap();
+    assert_eq!(v.state, TaskLifecycle::Running);
+    // The deferred write is tried within its bound (on its own: nothing else is
+    // written), and fails.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.puts.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the deferred write was never tried"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(env.fake.s().destroys.is_empty(), "destroyed a running task");
+    assert_eq!(env.mgr.status(&v.id).unwrap().state, TaskLifecycle::Running);
+    assert!(
+        env.stored(&v.id)["handle"].is_null(),
+        "{}",
+        env.stored(&v.id)
+    );
+    env.fake.new_process();
+    let mgr = env.restart_agent();
+    mgr.load().unwrap();
+    let summary = mgr.recover().await;
+    assert_eq!(summary.recovered, 1, "{summary:?}");
+    assert_eq!(env.fake.starts(&v.id).len(), 1, "started a second time");
 }
 
 #[tokio::test]
@@ -1751,6 +1826,7 @@ async fn a_start_whose_record_never_landed_is_recovered_from_its_intent() {
     );
     // The agent died while the pending record was on its way to the disk: the task
     // runs, its intent is there, its record is not.
+    env.settle();
     std::fs::write(starting_dir(&env).join(&v.id), start_intent(&env, &v.id)).unwrap();
     env.store.delete_task(&v.id).unwrap();
     env.fake.new_process();
@@ -1775,6 +1851,7 @@ async fn an_intent_whose_start_never_reached_the_driver_is_started_once() {
         .run(request(serde_json::json!({}), None))
         .await
         .unwrap();
+    env.settle();
     std::fs::write(starting_dir(&env).join(&v.id), start_intent(&env, &v.id)).unwrap();
     env.store.delete_task(&v.id).unwrap();
     // The driver never got that StartTask.
