@@ -106,13 +106,26 @@ pub(crate) fn create_task_dir(dir: &Path) -> std::io::Result<()> {
     );
     match alloc.create_new_dir(name, TASK_DIR_MODES[0].1) {
         // New: nothing can be in it yet, so each directory is simply made.
+        // Made just now, 0700 and the agent's: nobody else can have put anything in
+        // it, so its directories are made and set by name (no descriptor of each to
+        // open and close: a tenth of a task start's work in the agent).
         Ok(task) => {
+            use rustix::fs::{AtFlags, Gid, Mode, Uid};
             for (sub, mode) in &TASK_DIR_MODES[1..] {
-                let d = task.create_new_dir(sub, *mode)?;
+                let mode = Mode::from_raw_mode(*mode);
+                rustix::fs::mkdirat(&task, *sub, mode)?;
+                // The umask may have taken bits away.
+                rustix::fs::chmodat(&task, *sub, mode, AtFlags::empty())?;
                 if *sub == "logs" {
                     // The agent's and the drivers' alone (a setgid parent would have
                     // given it the parent's group).
-                    d.set_owner(euid, egid)?;
+                    rustix::fs::chownat(
+                        &task,
+                        *sub,
+                        Some(Uid::from_raw(euid)),
+                        Some(Gid::from_raw(egid)),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    )?;
                 }
             }
             return Ok(());
