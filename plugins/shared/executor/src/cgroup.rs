@@ -500,8 +500,16 @@ struct V1Cgroup {
 /// The cgroup v1 mounts as a spawner last read them, for the executors it forks (see
 /// [`remember_v1_mounts`]); `None` in every other process, which reads
 /// `/proc/self/mountinfo` for each cgroup it opens.
-static V1_MOUNTS: std::sync::Mutex<Option<(std::time::Instant, hierarchies::V1)>> =
-    std::sync::Mutex::new(None);
+static V1_MOUNTS: std::sync::Mutex<Option<RememberedV1>> = std::sync::Mutex::new(None);
+
+/// What a spawner read of the v1 mounts, and when.
+struct RememberedV1 {
+    read_at: std::time::Instant,
+    mounts: hierarchies::V1,
+    /// The freezer directory of [`PLAIN_PARENT`], where plain tasks' cgroups go
+    /// ([`create_plain_v1_quickly`]); `None` without a freezer hierarchy.
+    plain_freezer: Option<PathBuf>,
+}
 
 /// How long a remembered reading of the mounts is used: the spawner reads them every
 /// second, and a spare forked with an older reading (it waited) reads its own.
@@ -519,10 +527,28 @@ pub(crate) fn remember_v1_mounts() {
     // A reading without a single cgroup mount is a failed read (cgroups-rs reads an
     // unreadable mountinfo as empty): not kept, each executor reads for itself.
     let found = !cgroups_rs::fs::Hierarchy::subsystems(&mounts).is_empty();
+    // Where cgroups-rs puts the freezer of `drover-plain` with these mounts: the fast
+    // path makes plain cgroups exactly where the slow one would.
+    let plain_freezer = found
+        .then(|| {
+            let parent = Cgroup::load_with_specified_controllers(
+                Box::new(mounts.clone()),
+                PLAIN_PARENT,
+                PLAIN_V1_CONTROLLERS.map(str::to_owned).to_vec(),
+            );
+            parent
+                .subsystems()
+                .first()
+                .map(|s| s.to_controller().path().to_owned())
+        })
+        .flatten();
     *V1_MOUNTS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) =
-        found.then(|| (std::time::Instant::now(), mounts));
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = found.then(|| RememberedV1 {
+        read_at: std::time::Instant::now(),
+        mounts,
+        plain_freezer,
+    });
 }
 
 /// Drop the remembered mounts: an executor does once its task is in its cgroups, so
@@ -539,10 +565,105 @@ fn v1_mounts() -> hierarchies::V1 {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_ref()
-        .filter(|(read_at, _)| read_at.elapsed() < MOUNTS_FRESH_FOR)
-        .map(|(_, mounts)| mounts.clone());
+        .filter(|r| r.read_at.elapsed() < MOUNTS_FRESH_FOR)
+        .map(|r| r.mounts.clone());
     // `V1::default()` reads mountinfo, as `V1::new()` does.
     remembered.unwrap_or_default()
+}
+
+/// Make the plain task cgroup `path` (from [`plain_path`]) the short way, in an
+/// executor forked by a spawner that remembered the v1 mounts: one `mkdir` of its
+/// freezer directory and an `open` of its `tasks` file, where the general path
+/// (cgroups-rs) looks the cgroup up in every hierarchy, checks it is not there and
+/// creates it (over a third of an executor's start, measured with `perf`). The
+/// cgroups-rs view of it is built the first time anything else is asked of it (its
+/// processes, the kill at the end). `None` where the short way does not apply: no
+/// remembered mounts (cgroup v2, an executor that was executed, not forked), or a
+/// directory that already exists or whose parent does not (the general path deals
+/// with a stale cgroup and makes the parent).
+pub(crate) fn create_plain_v1_quickly(path: &str) -> Option<Result<MadeCgroup, String>> {
+    let parent = V1_MOUNTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .filter(|r| r.read_at.elapsed() < MOUNTS_FRESH_FOR)
+        .and_then(|r| r.plain_freezer.clone())?;
+    let name = path.strip_prefix(PLAIN_PARENT)?.strip_prefix('/')?;
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    let dir = parent.join(name);
+    match rustix::fs::mkdir(&dir, rustix::fs::Mode::from_raw_mode(0o755)) {
+        Ok(()) => {}
+        Err(_) => return None,
+    }
+    let cg = LazyV1Cgroup {
+        path: path.to_owned(),
+        cg: std::sync::OnceLock::new(),
+    };
+    let tasks = dir.join("tasks");
+    let join = match std::fs::OpenOptions::new().write(true).open(&tasks) {
+        Ok(f) => Join(vec![std::os::fd::OwnedFd::from(f)]),
+        Err(e) => {
+            let _ = std::fs::remove_dir(&dir);
+            return Some(Err(format!(
+                "cannot open {} to join it: {e}",
+                tasks.display()
+            )));
+        }
+    };
+    Some(Ok((Box::new(cg), join)))
+}
+
+/// A task's cgroup, and the files its process writes to join it.
+pub(crate) type MadeCgroup = (Box<dyn TaskCgroup>, Join);
+
+/// A plain task's v1 cgroup made by [`create_plain_v1_quickly`]: its cgroups-rs view
+/// ([`V1Cgroup`]) made when first needed.
+#[derive(Debug)]
+struct LazyV1Cgroup {
+    path: String,
+    cg: std::sync::OnceLock<V1Cgroup>,
+}
+
+impl LazyV1Cgroup {
+    fn get(&self) -> &V1Cgroup {
+        self.cg
+            .get_or_init(|| V1Cgroup::new(self.path.clone(), &PLAIN_V1_CONTROLLERS))
+    }
+}
+
+impl TaskCgroup for LazyV1Cgroup {
+    fn version(&self) -> Version {
+        Version::V1
+    }
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn create(&self, limits: &Limits) -> Result<(), String> {
+        self.get().create(limits)
+    }
+    fn exists(&self) -> bool {
+        self.get().exists()
+    }
+    fn procs_files(&self) -> Vec<PathBuf> {
+        self.get().procs_files()
+    }
+    fn pids(&self) -> Vec<u32> {
+        self.get().pids()
+    }
+    fn usage(&self) -> Usage {
+        self.get().usage()
+    }
+    fn oom_kills(&self) -> u64 {
+        self.get().oom_kills()
+    }
+    fn kill_all(&self) -> Result<(), String> {
+        self.get().kill_all()
+    }
+    fn delete(&self) -> Result<(), String> {
+        self.get().delete()
+    }
 }
 
 impl V1Cgroup {

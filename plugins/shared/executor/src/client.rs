@@ -93,29 +93,32 @@ pub async fn launch(state_dir: &Path, spec: &LaunchSpec) -> Result<ExecutorHandl
     let io_err = |what: &str, path: &Path, e: std::io::Error| {
         DriverError::Internal(format!("cannot {what} {}: {e}", path.display()))
     };
-    if dir.exists() {
-        if files::lock_state(&dir).held() {
-            return Err(DriverError::AlreadyExists(format!(
-                "task {} already has a live executor in {}; recover it instead of starting it \
-                 again",
-                spec.task_id,
-                dir.display()
-            )));
+    let make_dir = || std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let made = match make_dir() {
+        // Already there (a first look would cost every start a stat for this rare
+        // case): a live executor's, or a dead one's leftovers (an earlier run of this id
+        // that was never destroyed, or a start that died half-way).
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if files::lock_state(&dir).held() {
+                return Err(DriverError::AlreadyExists(format!(
+                    "task {} already has a live executor in {}; recover it instead of \
+                     starting it again",
+                    spec.task_id,
+                    dir.display()
+                )));
+            }
+            std::fs::remove_dir_all(&dir).map_err(|e| io_err("remove stale", &dir, e))?;
+            make_dir()
         }
-        // A dead executor's leftovers (an earlier run of this id that was never
-        // destroyed, or a start that died half-way).
-        std::fs::remove_dir_all(&dir).map_err(|e| io_err("remove stale", &dir, e))?;
-    }
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => DriverError::AlreadyExists(format!(
-                "task {} is being started concurrently",
-                spec.task_id
-            )),
-            _ => io_err("create", &dir, e),
-        })?;
+        made => made,
+    };
+    made.map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => DriverError::AlreadyExists(format!(
+            "task {} is being started concurrently",
+            spec.task_id
+        )),
+        _ => io_err("create", &dir, e),
+    })?;
     let cleanup = |dir: &Path| {
         let _ = std::fs::remove_dir_all(dir);
     };

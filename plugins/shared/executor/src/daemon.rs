@@ -50,8 +50,12 @@ fn plain_cgroup(
     dir: &Path,
     task_id: &str,
 ) -> Result<(Box<dyn TaskCgroup>, cgroup::Join), StartError> {
+    let path = cgroup::plain_path(dir);
+    if let Some(made) = cgroup::create_plain_v1_quickly(&path) {
+        return made.map_err(|e| (ErrorKind::Internal, e));
+    }
     let version = cgroup::Version::detect();
-    let cg = cgroup::open_plain(version, &cgroup::plain_path(dir));
+    let cg = cgroup::open_plain(version, &path);
     if cg.exists() {
         let left = cg.pids();
         if !left.is_empty() {
@@ -296,6 +300,9 @@ struct Executor {
     done: bool,
     /// Next look at whether the directory was removed under an uncollected result.
     orphan_check_at: Option<Instant>,
+    /// The buffer output is copied through, [`READ_CHUNK`] bytes once the task first
+    /// writes any (many never do: zeroing it at the start cost every executor four
+    /// pages).
     chunk: Vec<u8>,
 }
 
@@ -394,6 +401,9 @@ impl Executor {
         } else {
             (None, cgroup::Join::default())
         };
+        // The task is created between these two readings: where they agree, that is
+        // its start time (see `boot_tick_now`).
+        let tick_before = crate::procfs::boot_tick_now();
         let spawned = spawn::spawn(
             &spec,
             &dir,
@@ -408,6 +418,7 @@ impl Executor {
             }
             (ErrorKind::Spawn, m)
         })?;
+        let tick_after = crate::procfs::boot_tick_now();
         let started_at = SystemTime::now();
         let pid = spawned.pid;
         // The child is not reaped before we wait for it, so its pid cannot be reused
@@ -450,7 +461,10 @@ impl Executor {
                 });
             }
         }
-        let start_time = crate::procfs::process_start_time(pid).unwrap_or(0);
+        let start_time = match (tick_before, tick_after) {
+            (Some(before), Some(after)) if before == after => before,
+            _ => crate::procfs::process_start_time(pid).unwrap_or(0),
+        };
         // From now on a client that finds no socket knows it was removed, rather than
         // not bound yet; and should this executor die before its start-up reply, the
         // plugin can still prove which process is its task.
@@ -489,7 +503,7 @@ impl Executor {
             persist_retry_at: None,
             done: false,
             orphan_check_at: None,
-            chunk: vec![0; READ_CHUNK],
+            chunk: Vec::new(),
         })
     }
 
@@ -610,6 +624,9 @@ impl Executor {
         let Some(out) = self.outputs.get_mut(i) else {
             return;
         };
+        if self.chunk.is_empty() {
+            self.chunk.resize(READ_CHUNK, 0);
+        }
         for _ in 0..reads {
             match out.pipe.read(&mut self.chunk) {
                 Ok(0) => {

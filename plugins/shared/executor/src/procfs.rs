@@ -84,6 +84,38 @@ pub fn process_start_time(pid: u32) -> std::io::Result<u64> {
     read_stat(pid).map(|s| s.start_time)
 }
 
+/// The clock tick since boot it is now, in the unit and from the clock of
+/// `/proc/<pid>/stat`'s start time (the kernel's `nsec_to_clock_t` of the boot-time
+/// clock: whole ticks, rounded down). `None` where the tick does not divide a second
+/// into whole nanoseconds (then the kernel rounds otherwise).
+///
+/// A process created between two readings that give the same tick started in that
+/// tick: its start time is known without reading `/proc`, which costs an executor's
+/// start an open of a `/proc` file, a read and a close.
+///
+/// ```
+/// use drover_executor::procfs::{boot_tick_now, process_start_time};
+/// let before = boot_tick_now().unwrap();
+/// let child = std::process::Command::new("true").spawn().unwrap();
+/// let after = boot_tick_now().unwrap();
+/// if before == after {
+///     assert_eq!(process_start_time(child.id()).unwrap(), before);
+/// }
+/// ```
+pub fn boot_tick_now() -> Option<u64> {
+    const NANOS: u64 = 1_000_000_000;
+    let hz = clock_ticks_per_second();
+    if !NANOS.is_multiple_of(hz) {
+        return None;
+    }
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    let ns = u64::try_from(now.tv_sec)
+        .ok()?
+        .checked_mul(NANOS)?
+        .checked_add(u64::try_from(now.tv_nsec).ok()?)?;
+    Some(ns / (NANOS / hz))
+}
+
 /// `VmRSS` of the text of a `/proc/<pid>/status` file, in bytes; 0 when absent (a
 /// zombie has none) or unreadable.
 pub fn parse_vm_rss(status: &str) -> u64 {
@@ -157,5 +189,39 @@ mod tests {
         let hz = clock_ticks_per_second();
         assert_eq!(ticks(hz * 3), Duration::from_secs(3));
         assert_eq!(ticks(hz / 2), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_process_made_within_one_boot_tick_has_that_tick_as_its_start_time() {
+        // Children spawned across a few ticks: every one whose two readings agree has
+        // that start time in /proc, and most of them do (a spawn is far shorter than a
+        // tick).
+        let mut agreed = 0;
+        let mut children = Vec::new();
+        for _ in 0..60 {
+            let before = boot_tick_now().expect("a tick that divides a second");
+            let child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let after = boot_tick_now().unwrap();
+            assert!(after >= before);
+            let started = process_start_time(child.id()).unwrap();
+            assert!(
+                (before..=after).contains(&started),
+                "{started} outside {before}..={after}"
+            );
+            if before == after {
+                assert_eq!(started, before);
+                agreed += 1;
+            }
+            children.push(child);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for mut c in children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!(agreed >= 30, "only {agreed} of 60 spawns within one tick");
     }
 }

@@ -132,7 +132,7 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
     // from this process and inherit the result. sha2 asks the CPU for its features
     // (`cpuid`, which traps to the hypervisor on a virtual machine) at its first use.
     let _ = super::task_dir(Path::new("/"), "");
-    let mut spare = fork_spare(sandbox);
+    let mut spare = fork_spare(sandbox, &mut buf);
     let mut chores_done = std::time::Instant::now();
     loop {
         // Once a second, busy or idle:
@@ -190,7 +190,7 @@ pub(crate) fn serve(sandbox: Option<&dyn Sandbox>) -> i32 {
         drop(pidfd);
         // After the answer, so that the fork is not in the start's way.
         if spare.is_none() {
-            spare = fork_spare(sandbox);
+            spare = fork_spare(sandbox, &mut buf);
         }
     }
 }
@@ -236,7 +236,11 @@ impl Spare {
 
 /// Fork a spare executor (see [`Spare`]); `None` if the fork failed (requests are then
 /// forked as they come).
-fn fork_spare(sandbox: Option<&dyn Sandbox>) -> Option<Spare> {
+/// `buf` is the spawner's request buffer: the spare receives its request into its copy
+/// of it, rather than allocate one (a first large allocation in a forked child makes
+/// the C library consolidate the free chunks it inherited, writing to, and so
+/// copying, a dozen of the spawner's heap pages).
+fn fork_spare(sandbox: Option<&dyn Sandbox>, buf: &mut [u8]) -> Option<Spare> {
     let (ours, theirs) = rustix::net::socketpair(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -251,7 +255,7 @@ fn fork_spare(sandbox: Option<&dyn Sandbox>) -> Option<Spare> {
     match forked {
         Ok(nix::unistd::ForkResult::Child) => {
             drop(ours);
-            std::process::exit(spare_child(theirs, sandbox))
+            std::process::exit(spare_child(theirs, sandbox, buf))
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(theirs);
@@ -268,7 +272,7 @@ fn fork_spare(sandbox: Option<&dyn Sandbox>) -> Option<Spare> {
 
 /// In a spare: wait for a request on `socket`, then become its executor exactly as a
 /// child forked for it does. Exits 0 when the spawner closes its end first.
-fn spare_child(socket: OwnedFd, sandbox: Option<&dyn Sandbox>) -> i32 {
+fn spare_child(socket: OwnedFd, sandbox: Option<&dyn Sandbox>, buf: &mut [u8]) -> i32 {
     name_process(SPARE_ARG0.as_bytes());
     // The request socket is the spawner's alone: /dev/null (the spawner's stdout) in
     // its place until the lock comes. A spare that kept it would hide the driver's exit
@@ -276,9 +280,8 @@ fn spare_child(socket: OwnedFd, sandbox: Option<&dyn Sandbox>) -> i32 {
     if rustix::stdio::dup2_stdin(rustix::stdio::stdout()).is_err() {
         return 1;
     }
-    let mut buf = vec![0u8; MAX_REQUEST];
     loop {
-        match receive(socket.as_fd(), &mut buf) {
+        match receive(socket.as_fd(), buf) {
             Ok(Some(Ok(request))) => {
                 drop(socket);
                 return executor_child(request, sandbox);
