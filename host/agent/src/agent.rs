@@ -392,6 +392,9 @@ pub async fn run_with(
              to them (use --drain to stop them instead)"
         );
     }
+    // Again: a start that was under way at the first flush may have deferred a record
+    // since (the timer that would commit it ends with the runtime).
+    tasks.flush_records().await;
     let _ = std::fs::remove_file(&api_path);
     drop(store);
     tracing::info!("drover agent stopped");

@@ -582,12 +582,12 @@ fn v1_mounts() -> hierarchies::V1 {
 /// directory that already exists or whose parent does not (the general path deals
 /// with a stale cgroup and makes the parent).
 pub(crate) fn create_plain_v1_quickly(path: &str) -> Option<Result<MadeCgroup, String>> {
-    let parent = V1_MOUNTS
+    let (parent, mounts) = V1_MOUNTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_ref()
         .filter(|r| r.read_at.elapsed() < MOUNTS_FRESH_FOR)
-        .and_then(|r| r.plain_freezer.clone())?;
+        .and_then(|r| Some((r.plain_freezer.clone()?, r.mounts.clone())))?;
     let name = path.strip_prefix(PLAIN_PARENT)?.strip_prefix('/')?;
     if name.is_empty() || name.contains('/') {
         return None;
@@ -599,6 +599,7 @@ pub(crate) fn create_plain_v1_quickly(path: &str) -> Option<Result<MadeCgroup, S
     }
     let cg = LazyV1Cgroup {
         path: path.to_owned(),
+        mounts: std::sync::Mutex::new(Some(mounts)),
         cg: std::sync::OnceLock::new(),
     };
     let tasks = dir.join("tasks");
@@ -620,16 +621,29 @@ pub(crate) type MadeCgroup = (Box<dyn TaskCgroup>, Join);
 
 /// A plain task's v1 cgroup made by [`create_plain_v1_quickly`]: its cgroups-rs view
 /// ([`V1Cgroup`]) made when first needed.
+///
+/// The view is built from the mounts read before the task started (kept here), never
+/// from a reading made later, while the task runs: a reading that failed then (the
+/// task can exhaust memory or descriptors) would give a view without the freezer,
+/// and the kill at the end would reach nothing.
 #[derive(Debug)]
 struct LazyV1Cgroup {
     path: String,
+    mounts: std::sync::Mutex<Option<hierarchies::V1>>,
     cg: std::sync::OnceLock<V1Cgroup>,
 }
 
 impl LazyV1Cgroup {
     fn get(&self) -> &V1Cgroup {
-        self.cg
-            .get_or_init(|| V1Cgroup::new(self.path.clone(), &PLAIN_V1_CONTROLLERS))
+        self.cg.get_or_init(|| {
+            let mounts = self
+                .mounts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+                .unwrap_or_default();
+            V1Cgroup::with_mounts(self.path.clone(), &PLAIN_V1_CONTROLLERS, mounts)
+        })
     }
 }
 
@@ -668,8 +682,12 @@ impl TaskCgroup for LazyV1Cgroup {
 
 impl V1Cgroup {
     fn new(path: String, controllers: &[&str]) -> Self {
+        Self::with_mounts(path, controllers, v1_mounts())
+    }
+
+    fn with_mounts(path: String, controllers: &[&str], mounts: hierarchies::V1) -> Self {
         let cg = Cgroup::load_with_specified_controllers(
-            Box::new(v1_mounts()),
+            Box::new(mounts),
             &path,
             controllers.iter().map(|c| (*c).to_owned()).collect(),
         );
