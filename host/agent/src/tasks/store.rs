@@ -120,9 +120,7 @@ impl Records {
                     }
                 };
                 if lead {
-                    drop(tokio::task::spawn_blocking(move || {
-                        commit_until_empty(&queue, &*store)
-                    }));
+                    start_writer(queue, store);
                 }
             }));
         }
@@ -180,12 +178,7 @@ impl Records {
             !std::mem::replace(&mut q.writing, true)
         };
         if lead {
-            let queue = self.queue.clone();
-            let store = self.store.clone();
-            // Not awaited: the writer answers through the channels, this caller's too.
-            drop(tokio::task::spawn_blocking(move || {
-                commit_until_empty(&queue, &*store)
-            }));
+            start_writer(self.queue.clone(), self.store.clone());
         }
         answer.await.unwrap_or_else(|_| {
             Err(StateError::Io {
@@ -194,6 +187,14 @@ impl Records {
             })
         })
     }
+}
+
+/// Start the group commit's writer on a blocking thread ([`commit_until_empty`]); the
+/// caller set `writing`. Not awaited: the writer answers through the channels.
+fn start_writer(queue: Arc<Mutex<WriteQueue>>, store: Arc<dyn StateStore>) {
+    drop(tokio::task::spawn_blocking(move || {
+        commit_until_empty(&queue, &*store)
+    }));
 }
 
 fn lock(queue: &Mutex<WriteQueue>) -> std::sync::MutexGuard<'_, WriteQueue> {
