@@ -1147,8 +1147,9 @@ impl TaskManager {
         Ok(view)
     }
 
-    /// Commit every task record write still deferred (see [`Records::put_task`]): an
-    /// agent going away leaves the next one the records as they are now.
+    /// Commit every task record write still deferred (a started task's handle is
+    /// recorded with the next commit, within a bound): an agent going away leaves the
+    /// next one the records as they are now.
     pub async fn flush_records(&self) {
         if let Err(e) = self.store.flush().await {
             tracing::error!("cannot commit the last task records: {e}");
