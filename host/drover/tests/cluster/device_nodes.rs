@@ -53,11 +53,10 @@ fn device_agent(
 ) -> Agent {
     let plugins = root.join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(
+    crate::common::copy_exec(
         common::workspace_bin("drover-fixture-device"),
         plugins.join("drover-fixture-device"),
-    )
-    .unwrap();
+    );
     let list: Vec<String> = nodes
         .iter()
         .map(|n| format!("{:?}", n.display().to_string()))

@@ -19,7 +19,7 @@ use drover_test_support::nomad::peers;
 fn agent_with_devices(root: &Path, plugin: &Path, devices: &Path) -> Agent {
     let plugins = root.join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(plugin, plugins.join("nomad-device-example-v1.0.18")).unwrap();
+    crate::common::copy_exec(plugin, plugins.join("nomad-device-example-v1.0.18"));
     let config = root.join("agent.toml");
     std::fs::write(
         &config,
@@ -333,11 +333,10 @@ fn kill_9_of_the_agent_keeps_reserved_devices_and_mounted_volumes_and_restarts_n
     let _safe = common::NosuidNodev::mount(&keep);
     let plugins = root.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(
+    crate::common::copy_exec(
         p.device_example(),
         plugins.join("nomad-device-example-v1.0.18"),
-    )
-    .unwrap();
+    );
     let config = root.path().join("agent.toml");
     std::fs::write(
         &config,

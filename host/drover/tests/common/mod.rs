@@ -38,9 +38,54 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 /// Write an executable file.
+///
+/// Written by a child process, never through a descriptor of this one: tests run on
+/// many threads, and a child another thread forks while this process holds the file
+/// open for writing keeps that descriptor until it execs. Executing the file meanwhile
+/// (here or in an agent) fails with `ETXTBSY`, "Text file busy". A copy of a large
+/// binary keeps that window open for a long time.
 pub fn write_exec(path: &Path, body: &str, mode: u32) {
-    std::fs::write(path, body).unwrap();
+    write_exec_bytes(path, body.as_bytes(), mode);
+}
+
+/// [`write_exec`] of any bytes (a patched binary).
+pub fn write_exec_bytes(path: &Path, body: &[u8], mode: u32) {
+    use std::io::Write as _;
+    let mut cat = Command::new("sh")
+        .args(["-c", "cat > \"$1\"", "sh"])
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("start sh to write an executable");
+    let mut stdin = cat.stdin.take().expect("piped stdin");
+    stdin.write_all(body).expect("write to sh");
+    drop(stdin);
+    let status = cat.wait().expect("wait for sh");
+    assert!(
+        status.success(),
+        "writing {} failed: {status}",
+        path.display()
+    );
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Copy the executable `from` to `to` (mode 0755), out of this process for the reason
+/// [`write_exec`] gives.
+pub fn copy_exec(from: impl AsRef<Path>, to: impl AsRef<Path>) {
+    let (from, to) = (from.as_ref(), to.as_ref());
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("start cp");
+    assert!(
+        status.success(),
+        "cp {} {} failed: {status}",
+        from.display(),
+        to.display()
+    );
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// Tests that measure load time, or boot VMs, hold this so that no other test of the

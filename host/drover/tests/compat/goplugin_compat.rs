@@ -116,7 +116,7 @@ fn go_plugin_for_another_app_is_refused_and_shut_down() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
-    std::fs::copy(&program, dir.join("go-other-app")).unwrap();
+    crate::common::copy_exec(&program, dir.join("go-other-app"));
     let agent = Agent::start(root.path(), &dir, &[]);
     let rows = agent.wait_plugins(Duration::from_secs(15), |rows| {
         // Every plugin settled, the built-ins included.

@@ -125,12 +125,11 @@ fn run_in_nomad(rawexec: RawExec) {
             "plugin \"drover\" {\n  args = [\"plugin\", \"serve\", \"rawexec\"]\n  config {\n    enabled = true\n  }\n}\n"
         }
     };
-    std::fs::copy(
+    crate::common::copy_exec(
         workspace_bin("drover-skeleton-driver"),
         plugin_dir.join("drover-skeleton-driver"),
-    )
-    .unwrap();
-    std::fs::copy(rawexec_bin, plugin_dir.join(rawexec_file)).unwrap();
+    );
+    crate::common::copy_exec(rawexec_bin, plugin_dir.join(rawexec_file));
     let data_dir = tmp.path().join("data");
     std::fs::create_dir(&data_dir).unwrap();
     let (http, rpc, serf) = (

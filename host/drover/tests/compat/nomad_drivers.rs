@@ -22,7 +22,7 @@ fn agent_with(files: &[(&Path, &str)], config: &str) -> (tempfile::TempDir, Agen
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
     for (src, name) in files {
-        std::fs::copy(src, dir.join(name)).unwrap();
+        crate::common::copy_exec(src, dir.join(name));
     }
     let file = root.path().join("agent.toml");
     std::fs::write(&file, config).unwrap();
@@ -495,7 +495,7 @@ fn a_cluster_job_on_nomad_raw_exec_runs_shows_its_logs_and_stops_without_leftove
     let root = tempfile::tempdir().unwrap();
     let plugins = root.path().join("plugins");
     std::fs::create_dir(&plugins).unwrap();
-    std::fs::copy(p.raw_exec(), plugins.join("raw_exec")).unwrap();
+    crate::common::copy_exec(p.raw_exec(), plugins.join("raw_exec"));
     let config = root.path().join("agent.toml");
     std::fs::write(&config, "[plugin.raw_exec]\nconfig = { enabled = true }\n").unwrap();
     let mut agent = Agent::start(

@@ -99,8 +99,7 @@ fn builtin_drivers_run_tasks_under_the_small_dedicated_executor() {
 
 /// Copy `from` to `to`, mode 0755.
 fn install(from: &Path, to: &Path) {
-    std::fs::copy(from, to).unwrap();
-    std::fs::set_permissions(to, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    crate::common::copy_exec(from, to);
 }
 
 #[test]
@@ -126,8 +125,7 @@ fn a_stale_executor_binary_is_refused_and_tasks_run_under_the_driver_binary() {
         executor_binary().display()
     );
     let stale = bin.join("drover-executor");
-    std::fs::write(&stale, &bytes).unwrap();
-    std::fs::set_permissions(&stale, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    crate::common::write_exec_bytes(&stale, &bytes, 0o755);
 
     let plugins = root.path().join("plugins");
     std::fs::create_dir(&plugins).unwrap();

@@ -18,11 +18,10 @@ fn plugins_left_behind_exit_once_their_agents_data_dir_is_deleted() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
-    std::fs::copy(
+    crate::common::copy_exec(
         workspace_bin("drover-skeleton-driver"),
         dir.join("skeleton"),
-    )
-    .unwrap();
+    );
     let mut agent = Agent::start(root.path(), &dir, &[]);
     let rows = agent.wait_plugins(Duration::from_secs(20), |rows| {
         ["skeleton", "raw_exec"].iter().all(|n| {

@@ -47,7 +47,7 @@ fn a_pin_is_checked_before_the_binary_runs_whatever_its_file_is_called() {
     let dir = plugin_dir(root.path());
     let skeleton = workspace_bin("drover-skeleton-driver");
     // The genuine, pinned plugin, under a name of the operator's choosing.
-    std::fs::copy(&skeleton, dir.join("skeleton")).unwrap();
+    crate::common::copy_exec(&skeleton, dir.join("skeleton"));
     let marker = root.path().join("the-script-ran");
     write_exec(
         &dir.join("drover-skeleton-driver"),
@@ -123,7 +123,7 @@ fn a_crashed_plugin_is_not_relaunched_from_a_binary_that_fails_its_pin() {
     let root = tempfile::tempdir().unwrap();
     let dir = plugin_dir(root.path());
     let skeleton = workspace_bin("drover-skeleton-driver");
-    std::fs::copy(&skeleton, dir.join("skeleton")).unwrap();
+    crate::common::copy_exec(&skeleton, dir.join("skeleton"));
     let config = root.path().join("agent.toml");
     std::fs::write(
         &config,
@@ -148,11 +148,10 @@ fn a_crashed_plugin_is_not_relaunched_from_a_world_writable_binary() {
     let _serial = serial();
     let root = tempfile::tempdir().unwrap();
     let dir = plugin_dir(root.path());
-    std::fs::copy(
+    crate::common::copy_exec(
         workspace_bin("drover-skeleton-driver"),
         dir.join("skeleton"),
-    )
-    .unwrap();
+    );
     let agent = Agent::start(root.path(), &dir, &[]);
     let marker = root.path().join("the-swapped-file-ran");
     swap_and_crash(
@@ -174,7 +173,7 @@ async fn the_bytes_checked_are_the_bytes_executed() {
     let root = tempfile::tempdir().unwrap();
     let dir = plugin_dir(root.path());
     let path = dir.join("skeleton");
-    std::fs::copy(workspace_bin("drover-skeleton-driver"), &path).unwrap();
+    crate::common::copy_exec(workspace_bin("drover-skeleton-driver"), &path);
     let candidate = Candidate {
         path: path.clone(),
         args: Vec::new(),
@@ -308,7 +307,7 @@ fn a_group_writable_agent_binary_is_an_error_naming_it_and_the_fix() {
     let bin_dir = root.path().join("bin");
     std::fs::create_dir(&bin_dir).unwrap();
     let binary = bin_dir.join("drover");
-    std::fs::copy(drover(), &binary).unwrap();
+    crate::common::copy_exec(drover(), &binary);
     std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o775)).unwrap();
     let agent = Agent::start_binary(&binary, root.path(), &dir, &[]);
     let fix = format!("chmod go-w {}", binary.display());

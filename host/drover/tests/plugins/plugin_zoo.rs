@@ -23,16 +23,14 @@ fn zoo_of_plugins_loads_good_skips_bad_and_leaves_nothing_behind() {
     let fixture = workspace_bin("drover-fixture-plugin");
 
     // Good plugins, copied in as an operator would.
-    std::fs::copy(
+    crate::common::copy_exec(
         workspace_bin("drover-skeleton-driver"),
         dir.join("skeleton"),
-    )
-    .unwrap();
-    std::fs::copy(
+    );
+    crate::common::copy_exec(
         workspace_bin("drover-driver-rawexec"),
         dir.join("rawexec-external"),
-    )
-    .unwrap();
+    );
     let wrap = |name: &str, env: &str| {
         write_exec(
             &dir.join(name),
@@ -265,7 +263,7 @@ fn operator_settings_allow_deny_pin_and_config_are_enforced() {
     let dir = root.path().join("plugins");
     std::fs::create_dir(&dir).unwrap();
     let skeleton = workspace_bin("drover-skeleton-driver");
-    std::fs::copy(&skeleton, dir.join("skeleton")).unwrap();
+    crate::common::copy_exec(&skeleton, dir.join("skeleton"));
     let fixture = workspace_bin("drover-fixture-plugin");
     let wrap = |name: &str, env: &str| {
         write_exec(

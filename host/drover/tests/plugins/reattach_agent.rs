@@ -403,7 +403,7 @@ fn upgraded_plugin_binary_replaces_the_old_process() {
     let plugins = root.path().join("plugins");
     std::fs::create_dir(&plugins).unwrap();
     let bin = plugins.join("skeleton");
-    std::fs::copy(workspace_bin("drover-skeleton-driver"), &bin).unwrap();
+    crate::common::copy_exec(workspace_bin("drover-skeleton-driver"), &bin);
     let (mut first, row1) = start(root.path(), &[], "skeleton");
     let old = pid_of(&row1);
     kill9(&mut first);
