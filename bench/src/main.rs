@@ -14,7 +14,7 @@
 //!
 //! `handshake` launches the rawexec plugin N times per transport (plain h2c, go-plugin
 //! AutoMTLS, go-plugin 1.6 broker multiplexing) and measures launch → handshake →
-//! health → first RPC (`PluginInfo`), then `GRPCController.Shutdown` → exit observed,
+//! connect → first RPC (`PluginInfo`), then `GRPCController.Shutdown` → exit observed,
 //! next to spawning `/bin/true` and waiting for it (the process-spawn floor on this
 //! machine), all interleaved in the same run.
 
@@ -54,7 +54,7 @@ enum Bench {
         /// Plugin binary (default: drover-driver-rawexec next to this binary, built if missing).
         #[arg(long)]
         plugin: Option<PathBuf>,
-        /// Log each launch's phases (spawn to handshake line, connected, healthy).
+        /// Log each launch's phases (spawn to handshake line, connected).
         #[arg(long)]
         verbose: bool,
     },
@@ -97,7 +97,7 @@ enum Bench {
         iterations: usize,
     },
     /// rawexec loaded in process (sealed copy, dlopen, start, health, first
-    /// fingerprint) against launched as a process (spawn, handshake, health, first
+    /// fingerprint) against launched as a process (spawn, handshake, connect, first
     /// fingerprint), ABBA-interleaved in one run.
     InprocLoad {
         /// Rounds; each loads the library twice and launches the binary twice. Every
@@ -546,7 +546,7 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
             ),
         };
         println!(
-            "  launch -> handshake -> health -> PluginInfo, {:<9} median {}  p99 {}  min {}{vs_plain}",
+            "  launch -> handshake -> PluginInfo, {:<19} median {}  p99 {}  min {}{vs_plain}",
             transport.label(),
             ms(p.median),
             ms(p.p99),

@@ -646,14 +646,10 @@ async fn establish(
         }
     };
     let connected_at = started.elapsed();
-    let limit = remaining();
-    match tokio::time::timeout(limit, check_health(channel.clone())).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(e.into()),
-        Err(_) => {
-            return Err(LaunchError::Health(format!("no answer within {limit:?}")).into());
-        }
-    }
+    // No health check here: go-plugin's host makes none before its first RPC either,
+    // and that RPC proves the plugin serves (or fails with why, bounded by the
+    // caller's timeout). A health round trip first would add one more to every launch
+    // (about a tenth of a launch's time).
     Ok(Established {
         line,
         channel,
@@ -863,9 +859,14 @@ pub(super) async fn check_health(channel: Channel) -> Result<(), LaunchError> {
 }
 
 impl PluginProcess {
-    /// Start the plugin, read and check its handshake, connect and health-check it, all
-    /// within `opts.handshake_timeout`. On any failure the process group is killed and
-    /// reaped before returning, so nothing is left behind.
+    /// Start the plugin, read and check its handshake and connect to it, all within
+    /// `opts.handshake_timeout`. On any failure the process group is killed and reaped
+    /// before returning, so nothing is left behind.
+    ///
+    /// Like go-plugin's host, the launch makes no RPC of its own: the caller's first
+    /// one (usually [`crate::client::PluginClient::plugin_info`]) is the proof that the plugin serves,
+    /// and the caller bounds it. A plugin that answers the handshake but serves no
+    /// gRPC fails that RPC.
     ///
     /// The plugin's stderr is forwarded into `tracing` (see
     /// [`crate::logging::forward_plugin_log`]) for as long as it runs.
@@ -937,10 +938,9 @@ impl PluginProcess {
             pid,
             handshake_us = established.line_at.as_micros() as u64,
             connected_us = established.connected_at.as_micros() as u64,
-            healthy_us = started.elapsed().as_micros() as u64,
             "plugin launched"
         );
-        // Healthy. Keep draining stdout so a chatty plugin never blocks on a full pipe.
+        // Connected. Keep draining stdout so a chatty plugin never blocks on a full pipe.
         let name = opts.name.clone();
         tokio::spawn(async move {
             let mut buf = Vec::new();

@@ -7,6 +7,8 @@
 //!   - `normal` (default): a trivial driver whose tasks finish at once with exit 0;
 //!   - `goplugin-only`: a go-plugin plugin for another application — handshake, health
 //!     and go-plugin's own services, none of Drover's;
+//!   - `mute-after-handshake`: prints a handshake line naming a socket it listens on,
+//!     then never answers a byte there;
 //!   - `crash-after-handshake`: a normal plugin that exits with code 7 after 2 s
 //!     (long enough for a loaded machine to finish the handshake first);
 //!   - `rawexec`: the real rawexec driver, named `FIXTURE_NAME` (default `raw_exec`) at
@@ -180,6 +182,7 @@ fn main() {
             ))
         }
         "goplugin-only" => goplugin_only(),
+        "mute-after-handshake" => mute_after_handshake(),
         "crash-after-handshake" => {
             std::thread::spawn(|| {
                 std::thread::sleep(Duration::from_secs(2));
@@ -246,6 +249,23 @@ impl goplugin::grpc_broker_server::GrpcBroker for Broker {
     ) -> Result<tonic::Response<Self::StartStreamStream>, tonic::Status> {
         Ok(tonic::Response::new(Box::pin(tokio_stream::pending())))
     }
+}
+
+/// Print a good handshake line for a socket that takes connections (the kernel queues
+/// them on the listener) but never reads or writes one.
+fn mute_after_handshake() {
+    let base = std::env::var_os(drover_plugin_sdk::handshake::ENV_UNIX_SOCKET_DIR)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = tempfile::Builder::new()
+        .prefix("fixture-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(base)
+        .expect("socket dir");
+    let path = dir.path().join("plugin.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    println!("1|1|unix|{}|grpc", path.display());
+    std::thread::sleep(Duration::from_secs(1000));
 }
 
 /// Behave like a go-plugin plugin of some other program that happens to share the
