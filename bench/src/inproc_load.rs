@@ -3,8 +3,8 @@
 //!
 //! - in process: open the `.so`, sealed copy (memfd), `dlopen`, start its runtime,
 //!   first health answer (`InProcessPlugin::load`), then the first `Fingerprint`;
-//! - as a process: spawn, handshake, connect, first health answer
-//!   (`PluginProcess::launch`), then the first `Fingerprint`.
+//! - as a process: spawn, handshake, connect (`PluginProcess::launch`, which makes
+//!   no RPC of its own), then the first `Fingerprint`.
 //!
 //! Also reported alone: the sealed copy (proportional to the library's size) and
 //! `load` without it. Every in-process load leaves its library in this process (a

@@ -645,7 +645,18 @@ async fn launch_once(
     transport.apply(&mut opts);
     let t = Instant::now();
     let process = PluginProcess::launch(opts).await?;
-    let info = process.client().plugin_info().await?;
+    // Bounded: a plugin may take the connection and never answer.
+    let info =
+        match tokio::time::timeout(Duration::from_secs(10), process.client().plugin_info()).await {
+            Ok(Ok(info)) => info,
+            failed => {
+                process.kill().await;
+                match failed {
+                    Ok(Err(e)) => bail!("PluginInfo failed: {e}"),
+                    _ => bail!("the plugin did not answer PluginInfo within 10 s"),
+                }
+            }
+        };
     let elapsed = t.elapsed();
     if info.name.is_empty() {
         bail!("plugin answered PluginInfo without a name");

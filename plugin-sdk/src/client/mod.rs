@@ -186,8 +186,10 @@ pub type BoxStream<T> =
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+/// use std::time::Duration;
 /// let plugin = PluginProcess::launch(LaunchOptions::new("rawexec", "./drover-driver-rawexec")).await?;
-/// let info = plugin.client().plugin_info().await?;
+/// // The first RPC proves the plugin serves; bound it (it may never answer).
+/// let info = tokio::time::timeout(Duration::from_secs(5), plugin.client().plugin_info()).await??;
 /// println!("{} {} speaks {:?}", info.name, info.version, info.api_versions);
 /// plugin.shutdown().await;
 /// # Ok(()) }
@@ -256,6 +258,33 @@ impl PluginClient {
         } else {
             PluginProtocol::Drover
         }
+    }
+
+    /// go-plugin's `Ping`: whether the plugin's health service says service `plugin`
+    /// is `SERVING`. A launch makes no RPC of its own (see [`PluginProcess::launch`]);
+    /// this is the check for a host that wants liveness proven without a driver call.
+    /// Bound it with a timeout: a plugin may accept a connection and never answer.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+    /// let plugin = PluginProcess::launch(LaunchOptions::new("rawexec", "./drover-driver-rawexec")).await?;
+    /// match tokio::time::timeout(Duration::from_secs(5), plugin.client().ping()).await {
+    ///     Ok(Ok(())) => println!("serving"),
+    ///     Ok(Err(e)) => println!("not serving: {e}"),
+    ///     Err(_) => println!("no answer within 5 s"),
+    /// }
+    /// plugin.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn ping(&self) -> Result<(), DriverError> {
+        self.guard_call(async {
+            process::check_health(self.channel.clone())
+                .await
+                .map_err(|e| DriverError::Unavailable(format!("plugin {}: {e}", self.name)))
+        })
+        .await
     }
 
     /// `PluginInfo`: identity plus the plugin API versions it offers.

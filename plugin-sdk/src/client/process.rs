@@ -1,5 +1,4 @@
-//! Launching a plugin binary: spawn, handshake, connect, health check; its liveness
-//! and shutdown.
+//! Launching a plugin binary: spawn, handshake, connect; its liveness and shutdown.
 
 use std::collections::VecDeque;
 use std::ffi::{CString, OsStr, OsString};
@@ -290,7 +289,8 @@ pub enum LaunchError {
         /// The cause.
         error: String,
     },
-    /// The health service did not report `plugin` as SERVING.
+    /// The health service did not report `plugin` as SERVING (a driver library
+    /// loaded into the host, checked when it starts).
     #[error("health check failed: {0}")]
     Health(String),
     /// Automatic mTLS was asked for and failed: no certificate could be made, or the
@@ -332,7 +332,7 @@ fn kill_group(pid: u32) {
     }
 }
 
-/// A running, connected, healthy plugin process.
+/// A running, connected plugin process (its first RPC proves it serves).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), drover_plugin_sdk::client::LaunchError> {
@@ -558,7 +558,7 @@ impl ExecFd {
     }
 }
 
-/// A launched plugin that handshook, answers and is healthy.
+/// A launched plugin that handshook and is connected.
 struct Established {
     line: HandshakeLine,
     channel: Channel,
@@ -582,8 +582,8 @@ impl From<LaunchError> for Unestablished {
     }
 }
 
-/// Read and check the handshake line, connect and health-check, all within the
-/// handshake timeout counted from `started`.
+/// Read and check the handshake line and connect, all within the handshake timeout
+/// counted from `started`.
 /// The stderr tail of an error is filled in by the caller, once the plugin is gone.
 async fn establish(
     opts: &LaunchOptions,

@@ -257,8 +257,10 @@ fn mute_after_handshake() {
     let base = std::env::var_os(drover_plugin_sdk::handshake::ENV_UNIX_SOCKET_DIR)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
+    // The SDK's prefix: the host removes a dead plugin's socket directory only when it
+    // is named so, and this plugin ends by SIGKILL (its TempDir is never dropped).
     let dir = tempfile::Builder::new()
-        .prefix("fixture-")
+        .prefix("drover-plugin-")
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir_in(base)
         .expect("socket dir");

@@ -63,3 +63,29 @@ async fn crash_mode_exits_7_shortly_after_the_handshake() {
         .expect("crashes in time");
     assert_eq!(how, ExitOutcome::Code(7));
 }
+
+#[tokio::test]
+async fn mute_mode_connects_never_answers_and_leaves_nothing_once_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    // A launch makes no RPC of its own: it connects (the kernel queues the connection).
+    let p = launch(&[("FIXTURE_MODE", "mute-after-handshake")], dir.path()).await;
+    let client = p.client();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), client.ping())
+            .await
+            .is_err(),
+        "a mute plugin answered Ping"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), client.plugin_info())
+            .await
+            .is_err(),
+        "a mute plugin answered PluginInfo"
+    );
+    assert_eq!(
+        p.kill().await,
+        ExitOutcome::Signal(drover_plugin_sdk::Signal::KILL)
+    );
+    // Its socket and the directory it made for it went with it.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -1,7 +1,7 @@
 //! Drover's host side (the SDK client the agent launches plugins with) against a real
 //! go-plugin 1.6.3 plugin (tests/goplugin16, built by scripts/go-plugin-16.sh): with
 //! AutoMTLS and gRPC broker multiplexing each on and off it connects, the health check
-//! passes, Drover RPCs get answers over that transport, and Shutdown ends the process;
+//! (`ping`) passes, Drover RPCs get answers over that transport, and Shutdown ends the process;
 //! and a fresh host reattaches to it over AutoMTLS from the stored reattach record.
 //! The other direction (a go-plugin 1.6.3 host launching Drover plugins) is in
 //! goplugin16.rs.
@@ -31,8 +31,8 @@ async fn launch_go_plugin(
     opts.handshake_timeout = BUDGET;
     opts.auto_mtls = auto_mtls;
     opts.multiplex_grpc = multiplex_grpc;
-    // `launch` returns only once the health service answered SERVING over the
-    // transport the handshake set up.
+    // `launch` returns once connected over the transport the handshake set up (with
+    // AutoMTLS: the TLS handshake done, the plugin's certificate checked).
     let started = std::time::Instant::now();
     let plugin = within(BUDGET, "launching the go-plugin 1.6.3 plugin", async {
         PluginProcess::launch(opts).await
@@ -46,7 +46,7 @@ async fn launch_go_plugin(
     });
     eprintln!(
         "Drover host -> go-plugin 1.6.3 plugin (AutoMTLS {auto_mtls}, multiplexing \
-         {multiplex_grpc}): launch to healthy {} ms",
+         {multiplex_grpc}): launch to connected {} ms",
         started.elapsed().as_millis()
     );
     // As the agent does: go-plugin plugins mirror their stdio over GRPCStdio.
@@ -58,6 +58,10 @@ async fn launch_go_plugin(
 /// gRPC status (UNIMPLEMENTED) for a Driver RPC it does not serve.
 async fn assert_round_trips(plugin: &PluginProcess) {
     let client = plugin.client();
+    // go-plugin's Ping: its health service says `plugin` is SERVING.
+    within(BUDGET, "Ping", client.ping())
+        .await
+        .expect("the go-plugin 1.6.3 plugin's health service says SERVING");
     let info = within(BUDGET, "PluginInfo", client.plugin_info())
         .await
         .expect("PluginInfo from the go-plugin 1.6.3 plugin");

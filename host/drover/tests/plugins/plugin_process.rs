@@ -128,7 +128,7 @@ async fn the_host_leaves_a_live_socket_named_by_a_dead_plugin_alone() {
     );
     let liar = PluginProcess::launch(LaunchOptions::new("liar", &liar))
         .await
-        .expect("the liar passes the health check on the honest plugin's socket");
+        .expect("the liar connects to the honest plugin's socket");
     let how = liar.kill().await;
     assert_eq!(
         how,
