@@ -251,20 +251,27 @@ impl goplugin::grpc_broker_server::GrpcBroker for Broker {
     }
 }
 
-/// Print a good handshake line for a socket that takes connections (the kernel queues
-/// them on the listener) but never reads or writes one.
-fn mute_after_handshake() {
+/// A 0700 directory named `prefix…` where the host asked for sockets, and the socket
+/// path in it.
+fn socket_dir(prefix: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let base = std::env::var_os(drover_plugin_sdk::handshake::ENV_UNIX_SOCKET_DIR)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
-    // The SDK's prefix: the host removes a dead plugin's socket directory only when it
-    // is named so, and this plugin ends by SIGKILL (its TempDir is never dropped).
     let dir = tempfile::Builder::new()
-        .prefix("drover-plugin-")
+        .prefix(prefix)
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir_in(base)
         .expect("socket dir");
     let path = dir.path().join("plugin.sock");
+    (dir, path)
+}
+
+/// Print a good handshake line for a socket that takes connections (the kernel queues
+/// them on the listener) but never reads or writes one.
+fn mute_after_handshake() {
+    // The SDK's prefix: the host removes a dead plugin's socket directory only when it
+    // is named so, and this plugin ends by SIGKILL (its TempDir is never dropped).
+    let (_dir, path) = socket_dir("drover-plugin-");
     let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
     println!("1|1|unix|{}|grpc", path.display());
     std::thread::sleep(Duration::from_secs(1000));
@@ -281,15 +288,7 @@ fn goplugin_only() {
     }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let base = std::env::var_os(handshake::ENV_UNIX_SOCKET_DIR)
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let dir = tempfile::Builder::new()
-            .prefix("fixture-")
-            .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir_in(base)
-            .expect("socket dir");
-        let path = dir.path().join("plugin.sock");
+        let (dir, path) = socket_dir("fixture-");
         let listener = tokio::net::UnixListener::bind(&path).expect("bind");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .expect("socket mode");
