@@ -582,11 +582,12 @@ impl From<LaunchError> for Unestablished {
     }
 }
 
-/// Read and check the handshake line and connect, all within the handshake timeout
-/// counted from `started`.
+/// Read and check the handshake line and connect to plugin `pid`, all within the
+/// handshake timeout counted from `started`.
 /// The stderr tail of an error is filled in by the caller, once the plugin is gone.
 async fn establish(
     opts: &LaunchOptions,
+    pid: u32,
     client_cert: Option<&tls::GeneratedCert>,
     stdout: &mut BufReader<tokio::process::ChildStdout>,
     started: Instant,
@@ -621,7 +622,7 @@ async fn establish(
         }
         .into());
     }
-    let (transport, tls) = client_transport(opts, client_cert, &line, line_text.trim_end())?;
+    let (transport, tls) = client_transport(opts, pid, client_cert, &line, line_text.trim_end())?;
     let remaining = || {
         opts.handshake_timeout
             .saturating_sub(started.elapsed())
@@ -663,6 +664,7 @@ async fn establish(
 /// (`text`) answered; with AutoMTLS, the material for the reattach record.
 fn client_transport(
     opts: &LaunchOptions,
+    plugin_pid: u32,
     client_cert: Option<&tls::GeneratedCert>,
     line: &HandshakeLine,
     text: &str,
@@ -673,6 +675,7 @@ fn client_transport(
     let mut transport = ClientTransport {
         tls: None,
         multiplex: opts.multiplex_grpc,
+        served_by_group: Some(plugin_pid),
     };
     if opts.multiplex_grpc && line.multiplex_grpc != Some(true) {
         return Err(LaunchError::Multiplex {
@@ -776,16 +779,64 @@ async fn read_handshake_line<R: tokio::io::AsyncBufRead + Unpin>(
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
-/// One connection to the plugin's address.
-async fn dial(addr: &PluginAddr) -> std::io::Result<Box<dyn Io>> {
+/// One connection to the plugin's address; a unix socket must be served by a process
+/// of `served_by_group` when that is given.
+async fn dial(addr: &PluginAddr, served_by_group: Option<u32>) -> std::io::Result<Box<dyn Io>> {
     Ok(match addr {
-        PluginAddr::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
+        PluginAddr::Unix(path) => {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            if let Some(group) = served_by_group {
+                check_served_by(&stream, path, group)?;
+            }
+            Box::new(stream)
+        }
         PluginAddr::Tcp(a) => {
             let stream = tokio::net::TcpStream::connect(a.as_str()).await?;
             stream.set_nodelay(true)?;
             Box::new(stream)
         }
     })
+}
+
+/// Refuse a unix socket that no process of the plugin's process `group` serves.
+///
+/// The kernel records who called `listen` on the socket (`SO_PEERCRED`); the
+/// plugin leads its own process group, so its listener, or that of a child it
+/// forked, is in that group. Another plugin's socket, named in a lying handshake
+/// line, is not.
+fn check_served_by(
+    stream: &tokio::net::UnixStream,
+    path: &std::path::Path,
+    group: u32,
+) -> std::io::Result<()> {
+    let refuse = |why: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not the plugin's socket: {why}, and the plugin's process group is {group}",
+                path.display()
+            ),
+        )
+    };
+    let server = stream
+        .peer_cred()?
+        .pid()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| refuse("its server's pid is not visible from here".into()))?;
+    let server_group = rustix::process::getpgid(Some(server)).map_err(|e| {
+        refuse(format!(
+            "its server, pid {}, is gone ({e})",
+            server.as_raw_nonzero()
+        ))
+    })?;
+    if server_group.as_raw_nonzero().get() as u32 != group {
+        return Err(refuse(format!(
+            "it is served by pid {} of process group {}",
+            server.as_raw_nonzero(),
+            server_group.as_raw_nonzero()
+        )));
+    }
+    Ok(())
 }
 
 /// A gRPC channel to the plugin at `addr`, carried as `transport` says: each (re)connect
@@ -797,7 +848,7 @@ pub(super) async fn connect(
     transport: &ClientTransport,
 ) -> Result<Channel, String> {
     let mux = if transport.multiplex {
-        let conn = tokio::time::timeout(timeout, dial(addr))
+        let conn = tokio::time::timeout(timeout, dial(addr, transport.served_by_group))
             .await
             .map_err(|_| format!("no answer within {timeout:?}"))?
             .map_err(|e| e.to_string())?;
@@ -806,6 +857,7 @@ pub(super) async fn connect(
         None
     };
     let tls = transport.tls.clone().map(tokio_rustls::TlsConnector::from);
+    let served_by_group = transport.served_by_group;
     let endpoint = Endpoint::try_from("http://plugin")
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout);
@@ -816,7 +868,7 @@ pub(super) async fn connect(
             async move {
                 let conn: Box<dyn Io> = match mux {
                     Some(mux) => Box::new(mux.open().await?),
-                    None => dial(&addr).await?,
+                    None => dial(&addr, served_by_group).await?,
                 };
                 let conn: Box<dyn Io> = match tls {
                     Some(tls) => Box::new(tls.connect(tls::server_name(), conn).await?),
@@ -897,42 +949,43 @@ impl PluginProcess {
             });
         };
         let mut stdout = BufReader::new(stdout);
-        let established = match establish(&opts, client_cert.as_ref(), &mut stdout, started).await {
-            Ok(e) => e,
-            Err(Unestablished::Failed(e)) => {
-                kill_and_reap(pid, child).await;
-                // Read the tail after the kill: the plugin's last words are in by now.
-                return Err(with_stderr_tail(e, &tail));
-            }
-            Err(Unestablished::StdoutClosed) => {
-                // stdout closed without a line: it exited (or closed stdout and hangs).
-                // Whatever it forked stays in its group: kill the group while the
-                // leader is an unreaped zombie (its pid, the group's id, cannot be
-                // reused until then), and only then reap it for its status.
-                let exited = match pidfd {
-                    Some(fd) => exited_within(fd, Duration::from_secs(1)).await,
-                    None => false,
-                };
-                let status = if exited {
-                    kill_group(pid);
-                    match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
-                        Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
-                        _ => "exited; exit status unknown".into(),
-                    }
-                } else {
+        let established =
+            match establish(&opts, pid, client_cert.as_ref(), &mut stdout, started).await {
+                Ok(e) => e,
+                Err(Unestablished::Failed(e)) => {
                     kill_and_reap(pid, child).await;
-                    "closed stdout without a handshake".into()
-                };
-                // Let the stderr reader catch the last lines it printed.
-                if let Some(done) = stderr_done {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), done).await;
+                    // Read the tail after the kill: the plugin's last words are in by now.
+                    return Err(with_stderr_tail(e, &tail));
                 }
-                return Err(LaunchError::Exited {
-                    status,
-                    stderr: format_tail(&tail),
-                });
-            }
-        };
+                Err(Unestablished::StdoutClosed) => {
+                    // stdout closed without a line: it exited (or closed stdout and hangs).
+                    // Whatever it forked stays in its group: kill the group while the
+                    // leader is an unreaped zombie (its pid, the group's id, cannot be
+                    // reused until then), and only then reap it for its status.
+                    let exited = match pidfd {
+                        Some(fd) => exited_within(fd, Duration::from_secs(1)).await,
+                        None => false,
+                    };
+                    let status = if exited {
+                        kill_group(pid);
+                        match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+                            Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
+                            _ => "exited; exit status unknown".into(),
+                        }
+                    } else {
+                        kill_and_reap(pid, child).await;
+                        "closed stdout without a handshake".into()
+                    };
+                    // Let the stderr reader catch the last lines it printed.
+                    if let Some(done) = stderr_done {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), done).await;
+                    }
+                    return Err(LaunchError::Exited {
+                        status,
+                        stderr: format_tail(&tail),
+                    });
+                }
+            };
         tracing::debug!(
             plugin = %opts.name,
             pid,

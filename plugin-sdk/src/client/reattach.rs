@@ -278,6 +278,8 @@ pub(super) async fn reattach_inner(
             None => None,
         },
         multiplex: config.multiplex_grpc,
+        // Launched as its group's leader, the plugin keeps that group after our restart.
+        served_by_group: Some(pid),
     };
     let channel = connect(&config.addr, timeout, &transport)
         .await

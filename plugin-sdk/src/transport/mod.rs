@@ -186,4 +186,9 @@ pub(crate) struct ClientTransport {
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
     /// Multiplexing: gRPC connections are streams of one yamux session.
     pub(crate) multiplex: bool,
+    /// The process group that must serve a unix socket: the plugin's (it leads its
+    /// own group). The address comes from the plugin's handshake line, so without this
+    /// a plugin could name another plugin's live socket and have the host identify and
+    /// shut down that one as if it were itself. `None` checks nothing.
+    pub(crate) served_by_group: Option<u32>,
 }

@@ -105,11 +105,13 @@ async fn a_killed_plugins_socket_dir_is_removed_by_the_host() {
     assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
 }
 
-/// A dead plugin's handshake may have named any path: the host removes only a dead
-/// socket (nothing listening) and an emptied directory, never a live socket, such as
-/// another plugin's that a lying plugin announced as its own.
+/// A plugin's handshake line may name any socket: the host connects only to one that a
+/// process of the plugin's own group serves. A plugin that names another plugin's live
+/// socket is refused before any RPC (the host would otherwise identify, configure and
+/// at last shut down the other plugin as if it were the liar), and the other plugin is
+/// left serving.
 #[tokio::test]
-async fn the_host_leaves_a_live_socket_named_by_a_dead_plugin_alone() {
+async fn a_plugin_naming_another_plugins_socket_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let mut opts = LaunchOptions::new("skeleton", workspace_bin("drover-skeleton-driver"));
     opts.socket_dir = Some(root.path().to_owned());
@@ -118,27 +120,39 @@ async fn the_host_leaves_a_live_socket_named_by_a_dead_plugin_alone() {
         panic!("expected a unix socket");
     };
     let liar = root.path().join("liar");
+    let pid_file = root.path().join("liar.pid");
     write_exec(
         &liar,
         &format!(
-            "#!/bin/sh\necho '1|1|unix|{}|grpc'\nexec sleep 1000\n",
+            "#!/bin/sh\necho $$ > '{}'\necho '1|1|unix|{}|grpc'\nexec sleep 1000\n",
+            pid_file.display(),
             sock.display()
         ),
         0o755,
     );
-    let liar = PluginProcess::launch(LaunchOptions::new("liar", &liar))
+    let err = PluginProcess::launch(LaunchOptions::new("liar", &liar))
         .await
-        .expect("the liar connects to the honest plugin's socket");
-    let how = liar.kill().await;
-    assert_eq!(
-        how,
-        ExitOutcome::Signal(drover_plugin_sdk::Signal::KILL),
-        "{how}"
-    );
+        .err()
+        .expect("a plugin naming another plugin's socket is refused");
+    let msg = err.to_string();
     assert!(
-        sock.exists(),
-        "a live socket named by a dead plugin was removed"
+        matches!(err, LaunchError::Connect { .. })
+            && msg.contains(&sock.display().to_string())
+            && msg.contains("is not the plugin's socket")
+            && msg.contains(&format!("process group {}", honest.pid())),
+        "{msg}"
     );
+    // The liar was killed with its launch.
+    let liar_pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !drover_test_support::procs::alive(liar_pid),
+        "the refused plugin {liar_pid} still runs"
+    );
+    assert!(sock.exists(), "the honest plugin's socket was removed");
     let info = honest
         .client()
         .plugin_info()
@@ -146,6 +160,30 @@ async fn the_host_leaves_a_live_socket_named_by_a_dead_plugin_alone() {
         .expect("still reachable");
     assert_eq!(info.name, "skeleton");
     honest.shutdown().await;
+}
+
+/// The serving process may be a child of the one the host launched (a wrapper script
+/// that does not `exec`): it is in the plugin's process group, so it is accepted.
+#[tokio::test]
+async fn a_plugin_served_by_a_child_of_its_wrapper_is_accepted() {
+    let root = tempfile::tempdir().unwrap();
+    let wrapper = root.path().join("wrapper");
+    write_exec(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\n'{}'\n",
+            workspace_bin("drover-skeleton-driver").display()
+        ),
+        0o755,
+    );
+    let mut opts = LaunchOptions::new("skeleton", &wrapper);
+    opts.socket_dir = Some(root.path().to_owned());
+    let plugin = PluginProcess::launch(opts)
+        .await
+        .expect("launch via a wrapper");
+    let info = plugin.client().plugin_info().await.expect("plugin info");
+    assert_eq!(info.name, "skeleton");
+    plugin.kill().await;
 }
 
 #[tokio::test]

@@ -123,10 +123,27 @@ async fn unproven_processes_are_left_alone() {
         tls: None,
         multiplex_grpc: false,
     };
-    let err = PluginProcess::reattach("skeleton", foreign, BUDGET)
+    let err = PluginProcess::reattach("skeleton", foreign.clone(), BUDGET)
         .await
         .unwrap_err();
     assert!(matches!(err, ReattachError::Connect { .. }), "{err}");
+    // The same process with a record naming the live plugin's socket (a record written
+    // by a lying plugin): the socket is not served by that process's group, so the
+    // reattach is refused before any RPC, instead of adopting the sleeper as
+    // "skeleton".
+    let borrowed = ReattachConfig {
+        addr: good.addr.clone(),
+        ..foreign
+    };
+    let err = PluginProcess::reattach("skeleton", borrowed, BUDGET)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ReattachError::Connect { error, .. }
+            if error.contains("is not the plugin's socket")
+                && error.contains(&format!("process group {}", plugin.pid()))),
+        "{err}"
+    );
     assert!(
         alive(sleeper.id()),
         "a process that is not a plugin was signalled"
