@@ -802,8 +802,10 @@ async fn dial(addr: &PluginAddr, served_by_group: Option<u32>) -> std::io::Resul
 ///
 /// The kernel records who called `listen` on the socket (`SO_PEERCRED`); the
 /// plugin leads its own process group, so its listener, or that of a child it
-/// forked, is in that group. Another plugin's socket, named in a lying handshake
-/// line, is not.
+/// forked, is in that group. Another plugin's socket, named in a confused or lying
+/// handshake line or a stale reattach record, is not. This is a consistency check,
+/// not a wall: a plugin runs as the agent's user and could relay its own socket to
+/// another's (AutoMTLS, with its per-launch client certificate, stops that).
 fn check_served_by(
     stream: &tokio::net::UnixStream,
     path: &std::path::Path,
@@ -819,7 +821,12 @@ fn check_served_by(
         )
     };
     let server = stream
-        .peer_cred()?
+        .peer_cred()
+        .map_err(|e| {
+            refuse(format!(
+                "the credentials of its server are unreadable ({e})"
+            ))
+        })?
         .pid()
         .and_then(rustix::process::Pid::from_raw)
         .ok_or_else(|| refuse("its server's pid is not visible from here".into()))?;
