@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
 
 mod cluster;
@@ -57,6 +57,10 @@ enum Bench {
         /// Log each launch's phases (spawn to handshake line, connected).
         #[arg(long)]
         verbose: bool,
+        /// Which transports to launch with, comma-separated (to profile one alone;
+        /// the ratio to the floor is printed for `plain`).
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = Transport::ALL)]
+        transports: Vec<Transport>,
     },
     /// Start N sleeping rawexec tasks through a real agent: throughput, latency,
     /// memory, idle CPU, and reattach time after `kill -9` of the agent.
@@ -280,6 +284,7 @@ fn run_bench(bench: Bench) -> anyhow::Result<()> {
             iterations,
             plugin,
             verbose,
+            transports,
         } => {
             if verbose {
                 tracing_subscriber::fmt()
@@ -295,7 +300,7 @@ fn run_bench(bench: Bench) -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(handshake(&plugin, iterations))
+            rt.block_on(handshake(&plugin, iterations, &transports))
         }
         Bench::Tasks { count, concurrency } => {
             let drover = sibling_binary("drover", "drover")?;
@@ -492,25 +497,32 @@ pub(crate) fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1000.0)
 }
 
-async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
+async fn handshake(
+    plugin: &Path,
+    iterations: usize,
+    transports: &[Transport],
+) -> anyhow::Result<()> {
     if iterations == 0 {
         bail!("--iterations must be at least 1");
+    }
+    if transports.is_empty() {
+        bail!("--transports names none");
     }
     let socket_dir = tempfile::Builder::new()
         .prefix("drover-bench-")
         .tempdir()
         .context("make the socket dir")?;
     // One warm-up of each, so page cache and dynamic loader state are the same for all.
-    for transport in Transport::ALL {
+    for &transport in transports {
         launch_once(plugin, socket_dir.path(), transport).await?;
     }
     std::process::Command::new("/bin/true").status()?;
 
-    let mut launch_samples: Vec<Vec<Duration>> = Transport::ALL
+    let mut launch_samples: Vec<Vec<Duration>> = transports
         .iter()
         .map(|_| Vec::with_capacity(iterations))
         .collect();
-    let mut shutdown_samples = Vec::with_capacity(iterations * Transport::ALL.len());
+    let mut shutdown_samples = Vec::with_capacity(iterations * transports.len());
     let mut spawn_samples = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
@@ -520,7 +532,7 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
             bail!("/bin/true failed: {status}");
         }
         // Interleaved, so that drift on the machine touches every form alike.
-        for (i, transport) in Transport::ALL.iter().enumerate() {
+        for (i, transport) in transports.iter().enumerate() {
             let (launch, shutdown) = launch_once(plugin, socket_dir.path(), *transport).await?;
             launch_samples[i].push(launch);
             shutdown_samples.push(shutdown);
@@ -532,18 +544,22 @@ async fn handshake(plugin: &Path, iterations: usize) -> anyhow::Result<()> {
         plugin.display(),
         linkage(plugin)
     );
-    let mut plain_median = None;
-    for (transport, samples) in Transport::ALL.iter().zip(launch_samples) {
-        let p = stats(samples);
+    let medians: Vec<(Transport, Stats)> = transports
+        .iter()
+        .zip(launch_samples)
+        .map(|(t, samples)| (*t, stats(samples)))
+        .collect();
+    let plain_median = medians
+        .iter()
+        .find(|(t, _)| *t == Transport::Plain)
+        .map(|(_, p)| p.median);
+    for (transport, p) in &medians {
         let vs_plain = match plain_median {
-            None => {
-                plain_median = Some(p.median);
-                String::new()
-            }
-            Some(plain) => format!(
+            Some(plain) if *transport != Transport::Plain => format!(
                 "  ({:.2}x plain)",
-                p.median.as_secs_f64() / Duration::as_secs_f64(&plain)
+                p.median.as_secs_f64() / plain.as_secs_f64()
             ),
+            _ => String::new(),
         };
         println!(
             "  launch -> handshake -> PluginInfo, {:<19} median {}  p99 {}  min {}{vs_plain}",
@@ -603,13 +619,15 @@ fn linkage(path: &Path) -> String {
 }
 
 /// How the host talks to the plugin.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, ValueEnum)]
 enum Transport {
     /// h2c on the unix socket.
     Plain,
     /// go-plugin AutoMTLS: a P-521 certificate made on each side, TLS on the socket.
+    #[value(name = "automtls")]
     AutoMtls,
     /// go-plugin 1.6 broker multiplexing: gRPC in a yamux stream.
+    #[value(name = "yamux")]
     Multiplex,
 }
 
