@@ -19,6 +19,15 @@
 # builds its own copy of every dependency (target/plugin/, 3-5 minutes on two cores);
 # the binary is then copied to target/release/, where agents and `drover-bench` look.
 #
+# Relative relocations are packed (DT_RELR, `-z pack-relative-relocs`) where the linker
+# and the static glibc support them (binutils 2.38, glibc 2.36): rawexec's relocation
+# table shrinks from 341 KB of RELA entries (14,183 of them, all read and applied at
+# every start) to 3.7 KB of bitmaps, and a start costs ~15 % less CPU (`perf stat -r 400`
+# of the plugin run by hand: 0.85 -> 0.72 and 0.99 -> 0.82 ms task-clock, alternated).
+# The relocated pages are the same; only the table that says where they are is smaller.
+# Probed on a static-pie C program first: a glibc without RELR support in its static
+# start-up would link the packed table and then crash at the first pointer.
+#
 # Only `cargo rustc` can link one binary of a package statically (crt-static for the
 # whole build would reach the proc-macros and the plugins' cdylibs): the libraries
 # are the ones `cargo build` (or `--profile plugin`) makes; only the final link
@@ -74,11 +83,31 @@ check_static_pie() {
     fi
 }
 
+# Whether this toolchain packs relative relocations into a static-pie that then runs:
+# prints the rustc flags for it, or nothing.
+relr_flags() {
+    local probe
+    probe=$(mktemp -d)
+    # A relocated pointer (`p`), which the start-up code must fix up before main.
+    printf 'static int x = 42; int *p = &x;\nint main(void) { return *p == 42 ? 0 : 1; }\n' \
+        >"$probe/probe.c"
+    if cc -static-pie -fPIE -Wl,-z,pack-relative-relocs -o "$probe/probe" "$probe/probe.c" \
+        2>/dev/null &&
+        readelf -d "$probe/probe" | grep -q '(RELR)' &&
+        "$probe/probe"; then
+        echo "-C link-arg=-Wl,-z,pack-relative-relocs"
+    else
+        echo "build-plugins.sh: the linker or static glibc cannot pack relative relocations (DT_RELR); linking without" >&2
+    fi
+    rm -rf -- "$probe"
+}
+read -r -a extra_flags <<<"$(relr_flags)"
+
 staged=""
 trap 'if [ -n "$staged" ]; then rm -f -- "$staged"; fi' EXIT
 for plugin in "${plugins[@]}"; do
     cargo rustc --locked --profile "$profile" -p "$plugin" --bin "$plugin" \
-        -- -C target-feature=+crt-static
+        -- -C target-feature=+crt-static "${extra_flags[@]}"
     check_static_pie "$built_dir/$plugin"
     binary="$out_dir/$plugin"
     if [ "$built_dir" != "$out_dir" ]; then
