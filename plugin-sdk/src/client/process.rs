@@ -675,7 +675,7 @@ fn client_transport(
     let mut transport = ClientTransport {
         tls: None,
         multiplex: opts.multiplex_grpc,
-        served_by_group: Some(plugin_pid),
+        served_by_group: plugin_pid,
     };
     if opts.multiplex_grpc && line.multiplex_grpc != Some(true) {
         return Err(LaunchError::Multiplex {
@@ -780,14 +780,12 @@ async fn read_handshake_line<R: tokio::io::AsyncBufRead + Unpin>(
 }
 
 /// One connection to the plugin's address; a unix socket must be served by a process
-/// of `served_by_group` when that is given.
-async fn dial(addr: &PluginAddr, served_by_group: Option<u32>) -> std::io::Result<Box<dyn Io>> {
+/// of process group `served_by_group`.
+async fn dial(addr: &PluginAddr, served_by_group: u32) -> std::io::Result<Box<dyn Io>> {
     Ok(match addr {
         PluginAddr::Unix(path) => {
             let stream = tokio::net::UnixStream::connect(path).await?;
-            if let Some(group) = served_by_group {
-                check_served_by(&stream, path, group)?;
-            }
+            check_served_by(&stream, path, served_by_group)?;
             Box::new(stream)
         }
         PluginAddr::Tcp(a) => {
@@ -956,43 +954,43 @@ impl PluginProcess {
             });
         };
         let mut stdout = BufReader::new(stdout);
-        let established =
-            match establish(&opts, pid, client_cert.as_ref(), &mut stdout, started).await {
-                Ok(e) => e,
-                Err(Unestablished::Failed(e)) => {
-                    kill_and_reap(pid, child).await;
-                    // Read the tail after the kill: the plugin's last words are in by now.
-                    return Err(with_stderr_tail(e, &tail));
-                }
-                Err(Unestablished::StdoutClosed) => {
-                    // stdout closed without a line: it exited (or closed stdout and hangs).
-                    // Whatever it forked stays in its group: kill the group while the
-                    // leader is an unreaped zombie (its pid, the group's id, cannot be
-                    // reused until then), and only then reap it for its status.
-                    let exited = match pidfd {
-                        Some(fd) => exited_within(fd, Duration::from_secs(1)).await,
-                        None => false,
-                    };
-                    let status = if exited {
-                        kill_group(pid);
-                        match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
-                            Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
-                            _ => "exited; exit status unknown".into(),
-                        }
-                    } else {
-                        kill_and_reap(pid, child).await;
-                        "closed stdout without a handshake".into()
-                    };
-                    // Let the stderr reader catch the last lines it printed.
-                    if let Some(done) = stderr_done {
-                        let _ = tokio::time::timeout(Duration::from_secs(1), done).await;
+        let outcome = establish(&opts, pid, client_cert.as_ref(), &mut stdout, started).await;
+        let established = match outcome {
+            Ok(e) => e,
+            Err(Unestablished::Failed(e)) => {
+                kill_and_reap(pid, child).await;
+                // Read the tail after the kill: the plugin's last words are in by now.
+                return Err(with_stderr_tail(e, &tail));
+            }
+            Err(Unestablished::StdoutClosed) => {
+                // stdout closed without a line: it exited (or closed stdout and hangs).
+                // Whatever it forked stays in its group: kill the group while the
+                // leader is an unreaped zombie (its pid, the group's id, cannot be
+                // reused until then), and only then reap it for its status.
+                let exited = match pidfd {
+                    Some(fd) => exited_within(fd, Duration::from_secs(1)).await,
+                    None => false,
+                };
+                let status = if exited {
+                    kill_group(pid);
+                    match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+                        Ok(Ok(s)) => ExitOutcome::from_status(s).to_string(),
+                        _ => "exited; exit status unknown".into(),
                     }
-                    return Err(LaunchError::Exited {
-                        status,
-                        stderr: format_tail(&tail),
-                    });
+                } else {
+                    kill_and_reap(pid, child).await;
+                    "closed stdout without a handshake".into()
+                };
+                // Let the stderr reader catch the last lines it printed.
+                if let Some(done) = stderr_done {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), done).await;
                 }
-            };
+                return Err(LaunchError::Exited {
+                    status,
+                    stderr: format_tail(&tail),
+                });
+            }
+        };
         tracing::debug!(
             plugin = %opts.name,
             pid,

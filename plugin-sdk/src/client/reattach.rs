@@ -279,7 +279,7 @@ pub(super) async fn reattach_inner(
         },
         multiplex: config.multiplex_grpc,
         // Launched as its group's leader, the plugin keeps that group after our restart.
-        served_by_group: Some(pid),
+        served_by_group: pid,
     };
     let channel = connect(&config.addr, timeout, &transport)
         .await

@@ -180,7 +180,7 @@ fn offer<C: Io>(
 }
 
 /// How a host reaches a plugin's gRPC server.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct ClientTransport {
     /// AutoMTLS: TLS with this config, checked for the name `localhost`.
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
@@ -189,6 +189,6 @@ pub(crate) struct ClientTransport {
     /// The process group that must serve a unix socket: the plugin's (it leads its
     /// own group). The address comes from the plugin's handshake line, so without this
     /// a plugin could name another plugin's live socket and have the host identify and
-    /// shut down that one as if it were itself. `None` checks nothing.
-    pub(crate) served_by_group: Option<u32>,
+    /// shut down that one as if it were itself.
+    pub(crate) served_by_group: u32,
 }
