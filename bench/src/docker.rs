@@ -16,13 +16,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use drover_plugin_sdk::client::{LaunchOptions, PluginClient, PluginProcess};
+use drover_plugin_sdk::client::{LaunchOptions, PluginClient};
 use drover_plugin_sdk::{AgentInfo, TaskSpec};
 
 use drover_api::{Client, RunRequest, TaskLifecycle};
 
 use crate::tasks::wait_healthy;
-use crate::{ms, stats};
+use crate::{LaunchedPlugin, ms, stats};
 
 /// Label on the CLI's containers, for the clean-up.
 const CLI_LABEL: &str = "drover-bench=docker-start";
@@ -79,7 +79,7 @@ pub async fn run(plugin_bin: &Path, drover: &Path, o: Options) -> anyhow::Result
     // The plugin, driven directly.
     let mut opts = LaunchOptions::new("docker", plugin_bin);
     opts.socket_dir = Some(root.path().to_owned());
-    let plugin = PluginProcess::launch(opts).await?;
+    let plugin = LaunchedPlugin::launch(opts).await?;
     let client = plugin.client();
     let plugin_config = serde_json::json!({
         "endpoint": o.docker_host,

@@ -16,16 +16,16 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use drover_plugin_sdk::client::{InProcessPlugin, LaunchOptions, PluginClient, PluginProcess};
+use drover_plugin_sdk::client::{InProcessPlugin, LaunchOptions, PluginClient};
 use drover_plugin_sdk::{AgentInfo, TaskSpec};
 
-use crate::{ms, sibling_binary, stats};
+use crate::{LaunchedPlugin, ms, sibling_binary, stats};
 
 /// What serves a driver: a plugin process, or a driver library loaded into this
 /// process.
 pub(crate) enum Served {
     /// Boxed: a `PluginProcess` is far bigger than an `InProcessPlugin` handle.
-    Process(Box<PluginProcess>),
+    Process(Box<LaunchedPlugin>),
     Library(InProcessPlugin),
 }
 
@@ -59,7 +59,7 @@ pub(crate) async fn launch(
     plugin_config: serde_json::Value,
     task_config: serde_json::Value,
 ) -> anyhow::Result<Driver> {
-    let process = PluginProcess::launch(LaunchOptions::new(name, binary))
+    let process = LaunchedPlugin::launch(LaunchOptions::new(name, binary))
         .await
         .with_context(|| format!("launching {}", binary.display()))?;
     configure(
@@ -165,37 +165,44 @@ pub(crate) async fn run(iterations: usize) -> anyhow::Result<()> {
     )
     .await?;
 
-    // Warm-up: page cache, the executor binary, the cgroup parent.
-    for n in 0..3 {
-        rawexec.once(root.path(), 1_000_000 + n).await?;
-        exec.once(root.path(), 1_000_000 + n).await?;
-        unconfined.once(root.path(), 1_000_000 + n).await?;
+    // Measured apart, so that the plugins are shut down and the cgroup parent removed
+    // (once empty: a task whose DestroyTask failed stays in it) also after an error.
+    let measured = async {
+        // Warm-up: page cache, the executor binary, the cgroup parent.
+        for n in 0..3 {
+            rawexec.once(root.path(), 1_000_000 + n).await?;
+            exec.once(root.path(), 1_000_000 + n).await?;
+            unconfined.once(root.path(), 1_000_000 + n).await?;
+        }
+        let mut raw_samples = Vec::with_capacity(iterations);
+        let mut exec_samples = Vec::with_capacity(iterations);
+        let mut open_samples = Vec::with_capacity(iterations);
+        let mut pair_diffs = Vec::with_capacity(iterations);
+        for n in 0..iterations {
+            // Interleaved, so that load from elsewhere hits all alike; the two exec
+            // flavours ABBA, so that neither always runs right after rawexec.
+            raw_samples.push(rawexec.once(root.path(), n).await?);
+            let (with, without) = if n % 2 == 0 {
+                let w = exec.once(root.path(), n).await?;
+                (w, unconfined.once(root.path(), n).await?)
+            } else {
+                let wo = unconfined.once(root.path(), n).await?;
+                (exec.once(root.path(), n).await?, wo)
+            };
+            exec_samples.push(with);
+            open_samples.push(without);
+            pair_diffs.push(with.as_secs_f64() - without.as_secs_f64());
+        }
+        anyhow::Ok((raw_samples, exec_samples, open_samples, pair_diffs))
     }
-    let mut raw_samples = Vec::with_capacity(iterations);
-    let mut exec_samples = Vec::with_capacity(iterations);
-    let mut open_samples = Vec::with_capacity(iterations);
-    let mut pair_diffs = Vec::with_capacity(iterations);
-    for n in 0..iterations {
-        // Interleaved, so that load from elsewhere hits all alike; the two exec
-        // flavours ABBA, so that neither always runs right after rawexec.
-        raw_samples.push(rawexec.once(root.path(), n).await?);
-        let (with, without) = if n % 2 == 0 {
-            let w = exec.once(root.path(), n).await?;
-            (w, unconfined.once(root.path(), n).await?)
-        } else {
-            let wo = unconfined.once(root.path(), n).await?;
-            (exec.once(root.path(), n).await?, wo)
-        };
-        exec_samples.push(with);
-        open_samples.push(without);
-        pair_diffs.push(with.as_secs_f64() - without.as_secs_f64());
-    }
+    .await;
     for d in [&rawexec, &exec, &unconfined] {
         d.process.shutdown().await;
     }
     for c in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
         let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(&parent[1..]));
     }
+    let (raw_samples, exec_samples, open_samples, mut pair_diffs) = measured?;
     let r = stats(raw_samples);
     let e = stats(exec_samples);
     let o = stats(open_samples);

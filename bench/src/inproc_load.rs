@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use drover_plugin_sdk::client::{
-    InProcessOptions, InProcessPlugin, LaunchOptions, PluginClient, PluginProcess, sealed_copy,
+    InProcessOptions, InProcessPlugin, LaunchOptions, PluginClient, sealed_copy,
 };
 use tokio_stream::StreamExt as _;
 
-use crate::{ms, sibling_binary, stats};
+use crate::{LaunchedPlugin, ms, sibling_binary, stats};
 
 /// The library's file name as cargo builds it.
 const LIBRARY: &str = "libdrover_driver_rawexec.so";
@@ -134,7 +134,7 @@ async fn load_once(lib: &Path, executor: &Path) -> anyhow::Result<LoadTimes> {
 
 async fn launch_once(bin: &Path) -> anyhow::Result<Duration> {
     let t = Instant::now();
-    let process = PluginProcess::launch(LaunchOptions::new("rawexec", bin)).await?;
+    let process = LaunchedPlugin::launch(LaunchOptions::new("rawexec", bin)).await?;
     first_fingerprint(&process.client()).await?;
     let elapsed = t.elapsed();
     process.shutdown().await;

@@ -662,7 +662,7 @@ async fn launch_once(
     opts.socket_dir = Some(socket_dir.to_owned());
     transport.apply(&mut opts);
     let t = Instant::now();
-    let process = PluginProcess::launch(opts).await?;
+    let process = LaunchedPlugin::launch(opts).await?;
     // Bounded: a plugin may take the connection and never answer.
     let info =
         match tokio::time::timeout(Duration::from_secs(10), process.client().plugin_info()).await {
@@ -686,6 +686,49 @@ async fn launch_once(
         bail!("the plugin did not exit after Shutdown within the grace ({outcome})");
     }
     Ok((elapsed, shutdown))
+}
+
+/// A plugin process this bench launched. Plugins outlive their host on purpose (the
+/// next agent reattaches), so a run that fails half-way (a `?` between the launch and
+/// the `shutdown`) would leave them running: one that is dropped before it exited is
+/// killed instead, with its process group (the plugin and its spawner). Executors, and
+/// the tasks they hold, are sessions of their own and are not reached: a run destroys
+/// its tasks itself. A clone of the inner `PluginProcess` has no such guard.
+pub(crate) struct LaunchedPlugin(PluginProcess);
+
+impl LaunchedPlugin {
+    /// [`PluginProcess::launch`], killed when dropped before it exited.
+    pub(crate) async fn launch(
+        opts: LaunchOptions,
+    ) -> Result<Self, drover_plugin_sdk::client::LaunchError> {
+        PluginProcess::launch(opts).await.map(LaunchedPlugin)
+    }
+}
+
+impl std::ops::Deref for LaunchedPlugin {
+    type Target = PluginProcess;
+
+    fn deref(&self) -> &PluginProcess {
+        &self.0
+    }
+}
+
+impl Drop for LaunchedPlugin {
+    fn drop(&mut self) {
+        // One that exited (shut down, or died) may have its pid taken by another
+        // process by now: leave it. (The SDK reaps a moment before it says so, the same
+        // window its own `kill` has.) A reattached one leads no group of its own.
+        if self.0.has_exited() || self.0.is_reattached() {
+            return;
+        }
+        // Launched: it leads a process group of its own, its pid.
+        if let Some(group) = i32::try_from(self.0.pid())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
 }
 
 /// What creating a file costs where the bench keeps its data (`$TMPDIR`), measured

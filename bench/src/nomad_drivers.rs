@@ -36,14 +36,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use drover_api::{Client, PluginProtocol, PluginSource, PluginState, RunRequest, TaskLifecycle};
-use drover_plugin_sdk::client::{LaunchOptions, NomadHostOptions, PluginProcess};
+use drover_plugin_sdk::client::{LaunchOptions, NomadHostOptions};
 use tokio_stream::StreamExt as _;
 
 use crate::tasks::{
     AgentProc, all_pids, cleanup, parent_pid, proc_kib, raise_nofile_limit, start_agent_with,
     terminate, with_descendants,
 };
-use crate::{Stats, ms, sibling_binary, stats};
+use crate::{LaunchedPlugin, Stats, ms, sibling_binary, stats};
 
 /// The built-in drivers other than `raw_exec`, denied so that each agent runs the
 /// driver compared only (the built-in `raw_exec` loses to the external binary of the
@@ -245,7 +245,7 @@ async fn launch_once(
     opts.socket_dir = Some(socket_dir.to_owned());
     opts.nomad = Some(NomadHostOptions::new(fifo_dir, &build.drover));
     let t = Instant::now();
-    let process = PluginProcess::launch(opts)
+    let process = LaunchedPlugin::launch(opts)
         .await
         .with_context(|| format!("launching {}", binary.display()))?;
     let handshake = t.elapsed();
