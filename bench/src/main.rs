@@ -715,19 +715,8 @@ impl std::ops::Deref for LaunchedPlugin {
 
 impl Drop for LaunchedPlugin {
     fn drop(&mut self) {
-        // One that exited (shut down, or died) may have its pid taken by another
-        // process by now: leave it. (The SDK reaps a moment before it says so, the same
-        // window its own `kill` has.) A reattached one leads no group of its own.
-        if self.0.has_exited() || self.0.is_reattached() {
-            return;
-        }
-        // Launched: it leads a process group of its own, its pid.
-        if let Some(group) = i32::try_from(self.0.pid())
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
-        }
+        // Sends nothing once the plugin has exited (its pid may be another's by then).
+        self.0.start_kill();
     }
 }
 

@@ -354,6 +354,8 @@ pub struct PluginProcess {
     /// Set for a reattached process (not our child): its pidfd, which tells when it
     /// exits and which signals cannot reach a later process that reuses the pid.
     pub(super) pidfd: Option<Arc<std::os::fd::OwnedFd>>,
+    /// Set for a launched process (our child): see [`ReapGate`].
+    pub(super) reap_gate: Option<Arc<ReapGate>>,
     /// The AutoMTLS material, for the reattach record.
     pub(super) tls: Option<Arc<ReattachTls>>,
     /// Whether the connection is multiplexed, for the reattach record.
@@ -734,16 +736,47 @@ async fn kill_and_reap(pid: u32, mut child: tokio::process::Child) {
     let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
 }
 
+/// Whether our launched child has been reaped. Its pid is also its process group's id,
+/// and either can be taken by a later process only once it is reaped: so the group is
+/// signalled only under this lock and only while it says "not reaped", and the exit
+/// watcher sets it, under the lock, before it reaps. A kill thus never reaches a
+/// process that reused the pid, even when it races the plugin's exit.
+#[derive(Debug, Default)]
+pub(super) struct ReapGate(Mutex<bool>);
+
+impl ReapGate {
+    /// SIGKILL the child's process group, unless the child has been reaped.
+    fn kill_group(&self, pid: u32) {
+        let reaped = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !*reaped {
+            kill_group(pid);
+        }
+    }
+
+    /// From now on, nothing signals the group: the caller reaps next.
+    fn close(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+}
+
 /// Wait for our child in the background; the receiver holds how it ended.
 /// `within`: the directory the plugin was told to make its socket in (see
-/// [`super::dead_socket`]).
+/// [`super::dead_socket`]). `pidfd` (opened before the child could be reaped) tells
+/// when it exited without reaping it, so `gate` is closed before the pid is freed;
+/// without one (a kernel before 5.3), the gate closes just after the reap.
 fn watch_exit(
     mut child: tokio::process::Child,
+    pidfd: Option<OwnedFd>,
+    gate: Arc<ReapGate>,
     addr: PluginAddr,
     within: PathBuf,
 ) -> watch::Receiver<Option<Exit>> {
     let (exit_tx, exit_rx) = watch::channel(None);
     tokio::spawn(async move {
+        if let Some(fd) = pidfd {
+            exited(fd).await;
+        }
+        gate.close();
         let exit = match child.wait().await {
             Ok(status) => Exit::of(status),
             Err(e) => Exit {
@@ -1013,7 +1046,14 @@ impl PluginProcess {
         // Where the plugin was told to make its socket: the dir given, or the temp
         // dir of an environment like this host's.
         let within = opts.socket_dir.clone().unwrap_or_else(std::env::temp_dir);
-        let exit = watch_exit(child, established.line.addr.clone(), within);
+        let reap_gate = Arc::new(ReapGate::default());
+        let exit = watch_exit(
+            child,
+            pidfd,
+            reap_gate.clone(),
+            established.line.addr.clone(),
+            within,
+        );
         let nomad = match (&opts.nomad, established.line.app_protocol_version) {
             (Some(host), handshake::NOMAD_APP_PROTOCOL_VERSION) => {
                 Some(Arc::new(super::nomad::NomadBridge::new(
@@ -1033,6 +1073,7 @@ impl PluginProcess {
             channel: established.channel,
             exit,
             pidfd: None,
+            reap_gate: Some(reap_gate),
             tls: established.tls.map(Arc::new),
             multiplex_grpc: opts.multiplex_grpc,
         })
@@ -1143,7 +1184,7 @@ impl PluginProcess {
                 .is_err()
             {
                 tracing::warn!(plugin = %self.name, pid = self.pid, "plugin did not exit after Shutdown; killing it");
-                self.sigkill();
+                self.start_kill();
             }
         }
         self.exited().await
@@ -1151,22 +1192,31 @@ impl PluginProcess {
 
     /// SIGKILL the plugin's process group at once and wait for it.
     pub async fn kill(&self) -> ExitOutcome {
-        if !self.has_exited() {
-            self.sigkill();
-        }
+        self.start_kill();
         self.exited().await
     }
-}
 
-impl PluginProcess {
-    /// SIGKILL: our child's whole process group; a reattached process through its
-    /// pidfd, which cannot hit a later process that reused the pid.
-    fn sigkill(&self) {
-        match &self.pidfd {
-            None => kill_group(self.pid),
-            Some(fd) => {
+    /// SIGKILL the plugin at once, without waiting for it (what [`Self::kill`] does
+    /// first; for a `Drop`, where nothing can be awaited). A launched plugin is killed
+    /// with its process group (helpers it forked; not tasks, which run in sessions of
+    /// their own), a reattached one alone. Nothing is sent once it has exited, so this
+    /// never reaches a later process that reused its pid.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), drover_plugin_sdk::client::LaunchError> {
+    /// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
+    /// let plugin = PluginProcess::launch(LaunchOptions::new("skeleton", "./drover-skeleton-driver")).await?;
+    /// plugin.start_kill();
+    /// println!("it ended: {}", plugin.exited().await);
+    /// # Ok(()) }
+    /// ```
+    pub fn start_kill(&self) {
+        match (&self.pidfd, &self.reap_gate) {
+            (Some(fd), _) => {
                 let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
             }
+            (None, Some(gate)) => gate.kill_group(self.pid),
+            (None, None) => {}
         }
     }
 }
@@ -1204,13 +1254,19 @@ pub(super) fn spawn_stderr_forwarder(
 /// Whether the process behind `pidfd` exits within `limit` (a pidfd turns readable when
 /// its process exits; it is not reaped by this).
 async fn exited_within(pidfd: OwnedFd, limit: Duration) -> bool {
+    tokio::time::timeout(limit, exited(pidfd)).await.is_ok()
+}
+
+/// Resolves once the process behind `pidfd` has exited (not reaped by this), or at
+/// once when the pidfd cannot be watched.
+async fn exited(pidfd: OwnedFd) {
     // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
     // moved into the AsyncFd, which deregisters it before dropping (closing) it.
     #[allow(unsafe_code)]
     let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(pidfd) }) else {
-        return false;
+        return;
     };
-    matches!(tokio::time::timeout(limit, fd.readable()).await, Ok(Ok(_)))
+    let _ = fd.readable().await;
 }
 
 /// Read one line into `buf` (without its newline), keeping at most `max` bytes of it:
@@ -1250,6 +1306,37 @@ async fn read_bounded_line<R: AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kill path's guarantee, on a real process group: while the gate is open a
+    /// kill takes the group; once the exit watcher has closed it (it reaps next, and
+    /// the pid may then be reused) a kill sends nothing at all. Which signal ended the
+    /// child tells: a SIGKILL sent before our SIGTERM would have ended it first.
+    #[test]
+    fn a_kill_after_the_reap_gate_closed_sends_nothing() {
+        use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+        let spawn_leader = || {
+            let mut cmd = std::process::Command::new("sleep");
+            cmd.arg("30").process_group(0);
+            cmd.spawn().expect("spawn sleep")
+        };
+        let mut closed = spawn_leader();
+        let gate = ReapGate::default();
+        gate.close();
+        gate.kill_group(closed.id());
+        let pid = rustix::process::Pid::from_raw(closed.id() as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        let status = closed.wait().expect("wait");
+        assert_eq!(
+            status.signal(),
+            Some(15),
+            "a closed gate let SIGKILL through"
+        );
+
+        let mut open = spawn_leader();
+        ReapGate::default().kill_group(open.id());
+        let status = open.wait().expect("wait");
+        assert_eq!(status.signal(), Some(9), "an open gate must kill the group");
+    }
 
     #[test]
     fn handshake_variables_of_the_hosts_own_environment_do_not_pass() {

@@ -369,6 +369,7 @@ pub(super) async fn reattach_inner(
         channel,
         exit: exit_rx,
         pidfd: Some(shared),
+        reap_gate: None,
         tls: config.tls.map(Arc::new),
         multiplex_grpc: config.multiplex_grpc,
         nomad,
