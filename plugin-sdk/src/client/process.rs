@@ -762,8 +762,10 @@ impl ReapGate {
 /// Wait for our child in the background; the receiver holds how it ended.
 /// `within`: the directory the plugin was told to make its socket in (see
 /// [`super::dead_socket`]). `pidfd` (opened before the child could be reaped) tells
-/// when it exited without reaping it, so `gate` is closed before the pid is freed;
-/// without one (a kernel before 5.3), the gate closes just after the reap.
+/// when it exited without reaping it, so `gate` is closed before the pid is freed.
+/// Without one (a kernel before 5.3, no descriptor left), or one that cannot be
+/// watched, the gate closes just after the reap: the old narrow window, where a
+/// pidfd is impossible, rather than a gate closed on a running plugin.
 fn watch_exit(
     mut child: tokio::process::Child,
     pidfd: Option<OwnedFd>,
@@ -771,12 +773,25 @@ fn watch_exit(
     addr: PluginAddr,
     within: PathBuf,
 ) -> watch::Receiver<Option<Exit>> {
+    /// Closes the gate however the watcher ends, dropped too: a runtime shut down
+    /// while it waited hands the child to tokio's orphan reaper, which may reap it
+    /// at any time after, so no kill may go out any more.
+    struct CloseOnDrop(Arc<ReapGate>);
+    impl Drop for CloseOnDrop {
+        fn drop(&mut self) {
+            self.0.close();
+        }
+    }
     let (exit_tx, exit_rx) = watch::channel(None);
     tokio::spawn(async move {
-        if let Some(fd) = pidfd {
-            exited(fd).await;
+        let _close = CloseOnDrop(gate.clone());
+        let seen = match pidfd {
+            Some(fd) => exited(fd).await,
+            None => false,
+        };
+        if seen {
+            gate.close();
         }
-        gate.close();
         let exit = match child.wait().await {
             Ok(status) => Exit::of(status),
             Err(e) => Exit {
@@ -784,6 +799,7 @@ fn watch_exit(
                 outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
             },
         };
+        gate.close();
         super::dead_socket::remove_dead_socket(&addr, Some(&within)).await;
         let _ = exit_tx.send(Some(exit));
     });
@@ -971,9 +987,16 @@ impl PluginProcess {
         let pid = child.id().unwrap_or(0);
         // Opened while the child cannot have been reaped yet: it tells when the plugin
         // exits without reaping it, so its group can still be killed safely then.
-        let pidfd = rustix::process::Pid::from_raw(pid as i32).and_then(|p| {
-            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-        });
+        let pidfd = match rustix::process::Pid::from_raw(pid as i32)
+            .map(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()))
+        {
+            Some(Ok(fd)) => Some(fd),
+            Some(Err(e)) => {
+                tracing::debug!(plugin = %opts.name, pid, "no pidfd for the plugin: {e}");
+                None
+            }
+            None => None,
+        };
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let stderr_done = child
             .stderr
@@ -1254,19 +1277,19 @@ pub(super) fn spawn_stderr_forwarder(
 /// Whether the process behind `pidfd` exits within `limit` (a pidfd turns readable when
 /// its process exits; it is not reaped by this).
 async fn exited_within(pidfd: OwnedFd, limit: Duration) -> bool {
-    tokio::time::timeout(limit, exited(pidfd)).await.is_ok()
+    matches!(tokio::time::timeout(limit, exited(pidfd)).await, Ok(true))
 }
 
-/// Resolves once the process behind `pidfd` has exited (not reaped by this), or at
-/// once when the pidfd cannot be watched.
-async fn exited(pidfd: OwnedFd) {
+/// Waits until the process behind `pidfd` has exited (it is not reaped by this) and
+/// returns `true`; `false` at once when the pidfd cannot be watched.
+async fn exited(pidfd: OwnedFd) -> bool {
     // SAFETY: `register` requires the fd to stay open while registered. The OwnedFd is
     // moved into the AsyncFd, which deregisters it before dropping (closing) it.
     #[allow(unsafe_code)]
     let Ok(fd) = (unsafe { tokio::io::unix::AsyncFd::register(pidfd) }) else {
-        return;
+        return false;
     };
-    let _ = fd.readable().await;
+    fd.readable().await.is_ok()
 }
 
 /// Read one line into `buf` (without its newline), keeping at most `max` bytes of it:
@@ -1336,6 +1359,59 @@ mod tests {
         ReapGate::default().kill_group(open.id());
         let status = open.wait().expect("wait");
         assert_eq!(status.signal(), Some(9), "an open gate must kill the group");
+    }
+
+    /// The exit watcher keeps the gate open while the plugin runs (a kill ends it)
+    /// and closes it by the time the exit is published: with the pidfd that launch
+    /// opens, and without one (where a pidfd is impossible).
+    #[tokio::test]
+    async fn the_exit_watcher_closes_the_gate_only_once_the_plugin_exited() {
+        use std::os::unix::process::ExitStatusExt as _;
+        for with_pidfd in [true, false] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let child = tokio::process::Command::new("sleep")
+                .arg("30")
+                .process_group(0)
+                .spawn()
+                .expect("spawn sleep");
+            let pid = child.id().expect("pid");
+            let pidfd = with_pidfd.then(|| {
+                let p = rustix::process::Pid::from_raw(pid as i32).expect("pid");
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+                    .expect("pidfd_open")
+            });
+            let gate = Arc::new(ReapGate::default());
+            let mut exit = watch_exit(
+                child,
+                pidfd,
+                gate.clone(),
+                PluginAddr::Unix(dir.path().join("plugin.sock")),
+                dir.path().to_owned(),
+            );
+            // Let the watcher start waiting: a gate it closed too early shows now.
+            tokio::task::yield_now().await;
+            assert!(
+                !*gate.0.lock().unwrap(),
+                "gate closed on a running plugin (pidfd: {with_pidfd})"
+            );
+            gate.kill_group(pid);
+            let ended =
+                tokio::time::timeout(Duration::from_secs(10), exit.wait_for(Option::is_some))
+                    .await
+                    .expect("exit published within 10 s")
+                    .expect("watcher alive")
+                    .clone()
+                    .expect("an exit");
+            assert_eq!(
+                ended.status.and_then(|s| s.signal()),
+                Some(9),
+                "the kill through an open gate ended it (pidfd: {with_pidfd})"
+            );
+            assert!(
+                *gate.0.lock().unwrap(),
+                "gate still open after the reap (pidfd: {with_pidfd})"
+            );
+        }
     }
 
     #[test]
