@@ -526,13 +526,15 @@ async fn rpc_latencies(
         .prefix("drover-bench-forms-rpc")
         .tempdir()?;
     let sleep = serde_json::json!({ "command": "/bin/sleep", "args": ["1000"] });
+    // raw_exec runs nothing unless enabled, as Nomad's (only `--dev` agents turn it on).
+    let enabled = serde_json::json!({ "enabled": true });
     let process_root = root.path().join("process");
     let library_root = root.path().join("library");
     let process = crate::exec_start::launch(
         "rawexec",
         &build.rawexec_bin,
         &process_root,
-        serde_json::json!({}),
+        enabled.clone(),
         sleep.clone(),
     )
     .await?;
@@ -544,7 +546,7 @@ async fn rpc_latencies(
         "rawexec",
         Served::Library(InProcessPlugin::load(load).await?),
         &library_root,
-        serde_json::json!({}),
+        enabled,
         sleep,
     )
     .await?;
