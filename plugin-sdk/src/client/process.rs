@@ -736,26 +736,52 @@ async fn kill_and_reap(pid: u32, mut child: tokio::process::Child) {
     let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
 }
 
-/// Whether our launched child has been reaped. Its pid is also its process group's id,
-/// and either can be taken by a later process only once it is reaped: so the group is
-/// signalled only under this lock and only while it says "not reaped", and the exit
-/// watcher sets it, under the lock, before it reaps. A kill thus never reaches a
-/// process that reused the pid, even when it races the plugin's exit.
+/// Whether a launched child's process group may still be signalled. Its pid is also
+/// its group's id, and either can be taken by a later process only once it is reaped:
+/// so the group is signalled only under this lock and only while the gate is open,
+/// and the exit watcher closes it, under the lock, before it reaps (with a pidfd that
+/// tells the exit without reaping). A kill then never reaches a process that reused
+/// the pid, even when it races the plugin's exit. Without a usable pidfd the gate
+/// closes just after the reap, which leaves that narrow window where a pidfd is
+/// impossible. Closed, the gate also stays closed: a kill after that sends nothing.
 #[derive(Debug, Default)]
-pub(super) struct ReapGate(Mutex<bool>);
+pub(super) struct ReapGate {
+    closed: Mutex<bool>,
+}
 
 impl ReapGate {
-    /// SIGKILL the child's process group, unless the child has been reaped.
+    /// SIGKILL the child's process group, unless the gate is closed.
     fn kill_group(&self, pid: u32) {
-        let reaped = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if !*reaped {
+        let closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        if !*closed {
             kill_group(pid);
         }
     }
 
-    /// From now on, nothing signals the group: the caller reaps next.
+    /// From now on, nothing signals the group.
     fn close(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+
+    #[cfg(test)]
+    fn is_closed(&self) -> bool {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The child the exit watcher owns, with its gate: dropped (the watcher cut short by a
+/// runtime shutting down), it closes the gate before the child is dropped, since
+/// tokio's `Child` reaps an exited process as it drops and hands a running one to its
+/// orphan reaper, either of which frees the pid.
+struct Watched {
+    gate: Arc<ReapGate>,
+    child: tokio::process::Child,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // Runs before the fields are dropped, so before the child is.
+        self.gate.close();
     }
 }
 
@@ -767,39 +793,31 @@ impl ReapGate {
 /// watched, the gate closes just after the reap: the old narrow window, where a
 /// pidfd is impossible, rather than a gate closed on a running plugin.
 fn watch_exit(
-    mut child: tokio::process::Child,
+    child: tokio::process::Child,
     pidfd: Option<OwnedFd>,
     gate: Arc<ReapGate>,
     addr: PluginAddr,
     within: PathBuf,
 ) -> watch::Receiver<Option<Exit>> {
-    /// Closes the gate however the watcher ends, dropped too: a runtime shut down
-    /// while it waited hands the child to tokio's orphan reaper, which may reap it
-    /// at any time after, so no kill may go out any more.
-    struct CloseOnDrop(Arc<ReapGate>);
-    impl Drop for CloseOnDrop {
-        fn drop(&mut self) {
-            self.0.close();
-        }
-    }
     let (exit_tx, exit_rx) = watch::channel(None);
+    let mut watched = Watched { gate, child };
     tokio::spawn(async move {
-        let _close = CloseOnDrop(gate.clone());
         let seen = match pidfd {
             Some(fd) => exited(fd).await,
             None => false,
         };
         if seen {
-            gate.close();
+            watched.gate.close();
         }
-        let exit = match child.wait().await {
+        let exit = match watched.child.wait().await {
             Ok(status) => Exit::of(status),
             Err(e) => Exit {
                 status: None,
                 outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
             },
         };
-        gate.close();
+        watched.gate.close();
+        drop(watched);
         super::dead_socket::remove_dead_socket(&addr, Some(&within)).await;
         let _ = exit_tx.send(Some(exit));
     });
@@ -984,7 +1002,14 @@ impl PluginProcess {
             None
         };
         let mut child = spawn(&opts, client_cert.as_ref().map(|c| c.pem.as_str()))?;
-        let pid = child.id().unwrap_or(0);
+        // Known until the child is reaped, which nothing has done yet; 0 would make
+        // every kill below one of our own process group.
+        let Some(pid) = child.id().filter(|&pid| pid != 0) else {
+            return Err(LaunchError::Exited {
+                status: "its pid is unknown".into(),
+                stderr: String::new(),
+            });
+        };
         // Opened while the child cannot have been reaped yet: it tells when the plugin
         // exits without reaping it, so its group can still be killed safely then.
         let pidfd = match rustix::process::Pid::from_raw(pid as i32)
@@ -1220,18 +1245,27 @@ impl PluginProcess {
     }
 
     /// SIGKILL the plugin at once, without waiting for it (what [`Self::kill`] does
-    /// first; for a `Drop`, where nothing can be awaited). A launched plugin is killed
+    /// first): for a `Drop`, where nothing can be awaited. A launched plugin is killed
     /// with its process group (helpers it forked; not tasks, which run in sessions of
-    /// their own), a reattached one alone. Nothing is sent once it has exited, so this
-    /// never reaches a later process that reused its pid.
+    /// their own), a reattached one alone, through its pidfd.
+    ///
+    /// Nothing is sent once the SDK has seen the plugin exit, so the signal never
+    /// reaches a later process that reused its pid; on a kernel without pidfds (before
+    /// 5.3) a narrow window remains between the reap and that moment. Nothing is sent
+    /// either once the runtime that launched it has shut down (the plugin may then run
+    /// on: plugins outlive their host by design).
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), drover_plugin_sdk::client::LaunchError> {
-    /// use drover_plugin_sdk::client::{LaunchOptions, PluginProcess};
-    /// let plugin = PluginProcess::launch(LaunchOptions::new("skeleton", "./drover-skeleton-driver")).await?;
-    /// plugin.start_kill();
-    /// println!("it ended: {}", plugin.exited().await);
-    /// # Ok(()) }
+    /// use drover_plugin_sdk::client::PluginProcess;
+    ///
+    /// /// A plugin that must not outlive the scope holding it.
+    /// struct Scoped(PluginProcess);
+    ///
+    /// impl Drop for Scoped {
+    ///     fn drop(&mut self) {
+    ///         self.0.start_kill();
+    ///     }
+    /// }
     /// ```
     pub fn start_kill(&self) {
         match (&self.pidfd, &self.reap_gate) {
@@ -1337,18 +1371,26 @@ mod tests {
     #[test]
     fn a_kill_after_the_reap_gate_closed_sends_nothing() {
         use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+        /// Killed when dropped: a failed assertion leaves no `sleep` behind.
+        struct Leader(std::process::Child);
+        impl Drop for Leader {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
         let spawn_leader = || {
             let mut cmd = std::process::Command::new("sleep");
             cmd.arg("30").process_group(0);
-            cmd.spawn().expect("spawn sleep")
+            Leader(cmd.spawn().expect("spawn sleep"))
         };
         let mut closed = spawn_leader();
         let gate = ReapGate::default();
         gate.close();
-        gate.kill_group(closed.id());
-        let pid = rustix::process::Pid::from_raw(closed.id() as i32).expect("pid");
+        gate.kill_group(closed.0.id());
+        let pid = rustix::process::Pid::from_raw(closed.0.id() as i32).expect("pid");
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-        let status = closed.wait().expect("wait");
+        let status = closed.0.wait().expect("wait");
         assert_eq!(
             status.signal(),
             Some(15),
@@ -1356,8 +1398,8 @@ mod tests {
         );
 
         let mut open = spawn_leader();
-        ReapGate::default().kill_group(open.id());
-        let status = open.wait().expect("wait");
+        ReapGate::default().kill_group(open.0.id());
+        let status = open.0.wait().expect("wait");
         assert_eq!(status.signal(), Some(9), "an open gate must kill the group");
     }
 
@@ -1372,6 +1414,7 @@ mod tests {
             let child = tokio::process::Command::new("sleep")
                 .arg("30")
                 .process_group(0)
+                .kill_on_drop(true)
                 .spawn()
                 .expect("spawn sleep");
             let pid = child.id().expect("pid");
@@ -1391,7 +1434,7 @@ mod tests {
             // Let the watcher start waiting: a gate it closed too early shows now.
             tokio::task::yield_now().await;
             assert!(
-                !*gate.0.lock().unwrap(),
+                !gate.is_closed(),
                 "gate closed on a running plugin (pidfd: {with_pidfd})"
             );
             gate.kill_group(pid);
@@ -1408,10 +1451,43 @@ mod tests {
                 "the kill through an open gate ended it (pidfd: {with_pidfd})"
             );
             assert!(
-                *gate.0.lock().unwrap(),
+                gate.is_closed(),
                 "gate still open after the reap (pidfd: {with_pidfd})"
             );
         }
+    }
+
+    /// A watcher cut short (its runtime shut down while the plugin ran) closes the
+    /// gate as it goes: the child it held is then tokio's orphan reaper's, which may
+    /// free the pid at any time.
+    #[test]
+    fn a_watcher_cut_short_closes_the_gate() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gate = Arc::new(ReapGate::default());
+        {
+            let _in_runtime = rt.enter();
+            let child = tokio::process::Command::new("sleep")
+                .arg("30")
+                .process_group(0)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn sleep");
+            let _exit = watch_exit(
+                child,
+                None,
+                gate.clone(),
+                PluginAddr::Unix(dir.path().join("plugin.sock")),
+                dir.path().to_owned(),
+            );
+        }
+        rt.block_on(tokio::task::yield_now());
+        assert!(!gate.is_closed(), "gate closed on a running plugin");
+        drop(rt);
+        assert!(gate.is_closed(), "a dropped watcher left the gate open");
     }
 
     #[test]
