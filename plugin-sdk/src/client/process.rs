@@ -351,11 +351,8 @@ pub struct PluginProcess {
     pub(super) path: PathBuf,
     pub(super) channel: Channel,
     pub(super) exit: watch::Receiver<Option<Exit>>,
-    /// Set for a reattached process (not our child): its pidfd, which tells when it
-    /// exits and which signals cannot reach a later process that reuses the pid.
-    pub(super) pidfd: Option<Arc<std::os::fd::OwnedFd>>,
-    /// Set for a launched process (our child): see [`ReapGate`].
-    pub(super) reap_gate: Option<Arc<ReapGate>>,
+    /// How a kill reaches it, which also tells whether we launched it.
+    pub(super) kill_via: KillVia,
     /// The AutoMTLS material, for the reattach record.
     pub(super) tls: Option<Arc<ReattachTls>>,
     /// Whether the connection is multiplexed, for the reattach record.
@@ -736,6 +733,16 @@ async fn kill_and_reap(pid: u32, mut child: tokio::process::Child) {
     let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
 }
 
+/// How [`PluginProcess::start_kill`] reaches a plugin.
+#[derive(Debug, Clone)]
+pub(super) enum KillVia {
+    /// Our child, which leads its process group: the group, through its gate.
+    Launched(Arc<ReapGate>),
+    /// Reattached (not our child): its pidfd, which tells when it exits and which
+    /// signals cannot reach a later process that reuses the pid.
+    Reattached(Arc<OwnedFd>),
+}
+
 /// Whether a launched child's process group may still be signalled. Its pid is also
 /// its group's id, and either can be taken by a later process only once it is reaped:
 /// so the group is signalled only under this lock and only while the gate is open,
@@ -816,7 +823,7 @@ fn watch_exit(
                 outcome: ExitOutcome::Other(format!("exit status unknown: wait failed: {e}")),
             },
         };
-        watched.gate.close();
+        // Closes the gate (without a pidfd, this is where it closes).
         drop(watched);
         super::dead_socket::remove_dead_socket(&addr, Some(&within)).await;
         let _ = exit_tx.send(Some(exit));
@@ -1120,8 +1127,7 @@ impl PluginProcess {
             path: opts.command,
             channel: established.channel,
             exit,
-            pidfd: None,
-            reap_gate: Some(reap_gate),
+            kill_via: KillVia::Launched(reap_gate),
             tls: established.tls.map(Arc::new),
             multiplex_grpc: opts.multiplex_grpc,
         })
@@ -1129,7 +1135,7 @@ impl PluginProcess {
 
     /// Whether this process was reattached rather than launched by us.
     pub fn is_reattached(&self) -> bool {
-        self.pidfd.is_some()
+        matches!(self.kill_via, KillVia::Reattached(_))
     }
 
     /// Read the plugin's `GRPCStdio` stream for as long as it runs and log what comes.
@@ -1268,12 +1274,11 @@ impl PluginProcess {
     /// }
     /// ```
     pub fn start_kill(&self) {
-        match (&self.pidfd, &self.reap_gate) {
-            (Some(fd), _) => {
+        match &self.kill_via {
+            KillVia::Launched(gate) => gate.kill_group(self.pid),
+            KillVia::Reattached(fd) => {
                 let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
             }
-            (None, Some(gate)) => gate.kill_group(self.pid),
-            (None, None) => {}
         }
     }
 }
@@ -1403,6 +1408,16 @@ mod tests {
         assert_eq!(status.signal(), Some(9), "an open gate must kill the group");
     }
 
+    /// `sleep 30` leading a process group of its own, killed if the test drops it.
+    fn spawn_sleeping_leader() -> tokio::process::Child {
+        tokio::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn sleep")
+    }
+
     /// The exit watcher keeps the gate open while the plugin runs (a kill ends it)
     /// and closes it by the time the exit is published: with the pidfd that launch
     /// opens, and without one (where a pidfd is impossible).
@@ -1411,12 +1426,7 @@ mod tests {
         use std::os::unix::process::ExitStatusExt as _;
         for with_pidfd in [true, false] {
             let dir = tempfile::tempdir().expect("tempdir");
-            let child = tokio::process::Command::new("sleep")
-                .arg("30")
-                .process_group(0)
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn sleep");
+            let child = spawn_sleeping_leader();
             let pid = child.id().expect("pid");
             let pidfd = with_pidfd.then(|| {
                 let p = rustix::process::Pid::from_raw(pid as i32).expect("pid");
@@ -1470,12 +1480,7 @@ mod tests {
         let gate = Arc::new(ReapGate::default());
         {
             let _in_runtime = rt.enter();
-            let child = tokio::process::Command::new("sleep")
-                .arg("30")
-                .process_group(0)
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn sleep");
+            let child = spawn_sleeping_leader();
             let _exit = watch_exit(
                 child,
                 None,
